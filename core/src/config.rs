@@ -1,0 +1,360 @@
+//! The agent's configuration after flags and files are merged and addresses resolved.
+//!
+//! `bootstrap_expect` lives here and nowhere else: it is immutable for the life of the process.
+//! Whether this server has bootstrapped is runtime state owned by [`crate::bootstrap`].
+//! [`AgentConfig::validate`] applies Nomad's rules and wording (`command/agent/command.go`).
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+use core::net::{IpAddr, Ipv4Addr, SocketAddr};
+use core::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_HTTP_PORT: u16 = 4646;
+pub const DEFAULT_RPC_PORT: u16 = 4647;
+pub const DEFAULT_SERF_PORT: u16 = 4648;
+pub const DEFAULT_REGION: &str = "global";
+pub const DEFAULT_DATACENTER: &str = "dc1";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    pub name: String,
+    pub region: String,
+    pub datacenter: String,
+    pub data_dir: Option<String>,
+    pub bind_addr: IpAddr,
+    pub ports: Ports,
+    /// Addresses other agents use to reach this one (resolved by the driver from `advertise {}`
+    /// or the bind address).
+    pub advertise: Advertise,
+    pub server: ServerConfig,
+    pub client: ClientConfig,
+    pub consul: ConsulConfig,
+    pub dev_mode: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ports {
+    pub http: u16,
+    pub rpc: u16,
+    pub serf: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Ports {
+            http: DEFAULT_HTTP_PORT,
+            rpc: DEFAULT_RPC_PORT,
+            serf: DEFAULT_SERF_PORT,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Advertise {
+    pub http: SocketAddr,
+    pub rpc: SocketAddr,
+    pub serf: SocketAddr,
+}
+
+impl Advertise {
+    pub fn on(ip: IpAddr, ports: Ports) -> Self {
+        Advertise {
+            http: SocketAddr::new(ip, ports.http),
+            rpc: SocketAddr::new(ip, ports.rpc),
+            serf: SocketAddr::new(ip, ports.serf),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServerConfig {
+    pub enabled: bool,
+    /// 0 = never self-bootstrap, 1 = single server, N = wait for N voters. Immutable.
+    pub bootstrap_expect: u32,
+    pub non_voting_server: bool,
+    /// `server_join { retry_join }`: addresses ("ip", "ip:port", "host:port") to gossip-join.
+    pub retry_join: Vec<String>,
+    pub retry_interval: Duration,
+    /// 0 = retry forever.
+    pub retry_max: u32,
+    pub timing: ServerTiming,
+    /// Test-only fault injection; never set from flags or config files.
+    #[serde(skip)]
+    pub bootstrap_fault: Option<BootstrapFault>,
+}
+
+/// Re-creates a historical defect on purpose so the simulation can prove it detects it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BootstrapFault {
+    /// The pre-0.11 test-knob bug: a server that sees no leader for one election timeout
+    /// elects itself alone instead of waiting for `bootstrap_expect` voters.
+    SelfElectAfterElectionTimeout,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServerTiming {
+    pub raft_heartbeat: Duration,
+    pub raft_election_timeout_min: Duration,
+    pub raft_election_timeout_max: Duration,
+    /// How often an undecided server re-evaluates the bootstrap decision.
+    pub bootstrap_retry: Duration,
+    /// Deadline for one `Status.Peers` call.
+    pub peer_query_timeout: Duration,
+    /// First backoff between `Status.Peers` retries; doubles each time (Nomad: 1 s).
+    pub peer_retry_base: Duration,
+    /// Attempts per server before the bootstrap attempt is abandoned (Nomad: 6).
+    pub peer_retries_max: u32,
+    /// How often a leader looks for gossip servers missing from the Raft configuration.
+    pub reconcile_interval: Duration,
+    pub gossip: GossipTiming,
+}
+
+impl Default for ServerTiming {
+    fn default() -> Self {
+        ServerTiming {
+            raft_heartbeat: Duration::from_millis(200),
+            raft_election_timeout_min: Duration::from_millis(1000),
+            raft_election_timeout_max: Duration::from_millis(2000),
+            bootstrap_retry: Duration::from_secs(2),
+            peer_query_timeout: Duration::from_secs(5),
+            peer_retry_base: Duration::from_secs(1),
+            peer_retries_max: 6,
+            reconcile_interval: Duration::from_secs(5),
+            gossip: GossipTiming::default(),
+        }
+    }
+}
+
+/// SWIM timing, a LAN profile tuned so a healed partition reconnects within seconds.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct GossipTiming {
+    pub probe_period: Duration,
+    pub probe_rtt: Duration,
+    pub suspect_to_down_after: Duration,
+    pub gossip_period: Duration,
+    pub announce_period: Duration,
+    pub announce_down_period: Duration,
+    pub remove_down_after: Duration,
+}
+
+impl Default for GossipTiming {
+    fn default() -> Self {
+        GossipTiming {
+            probe_period: Duration::from_secs(1),
+            probe_rtt: Duration::from_millis(500),
+            suspect_to_down_after: Duration::from_secs(4),
+            gossip_period: Duration::from_millis(500),
+            announce_period: Duration::from_secs(5),
+            announce_down_period: Duration::from_secs(5),
+            remove_down_after: Duration::from_secs(60),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            enabled: false,
+            bootstrap_expect: 0,
+            non_voting_server: false,
+            retry_join: Vec::new(),
+            retry_interval: Duration::from_secs(30),
+            retry_max: 0,
+            timing: ServerTiming::default(),
+            bootstrap_fault: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientConfig {
+    pub enabled: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ConsulConfig {
+    /// `host:port` of the local Consul agent; `None` disables Consul integration.
+    pub address: Option<String>,
+    pub server_service_name: String,
+    /// Look up servers in Consul's catalog when no leader is known.
+    pub server_auto_join: bool,
+    /// Register this server in Consul's catalog so others can find it.
+    pub auto_advertise: bool,
+    /// Deadline for one catalog call.
+    pub timeout: Duration,
+    /// Interval between catalog lookups while the cluster lacks a leader.
+    pub poll_interval: Duration,
+}
+
+impl Default for ConsulConfig {
+    fn default() -> Self {
+        ConsulConfig {
+            address: None,
+            server_service_name: "nomad".to_string(),
+            server_auto_join: true,
+            auto_advertise: true,
+            timeout: Duration::from_secs(5),
+            poll_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Default for AgentConfig {
+    fn default() -> Self {
+        let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+        AgentConfig {
+            name: "drover".to_string(),
+            region: DEFAULT_REGION.to_string(),
+            datacenter: DEFAULT_DATACENTER.to_string(),
+            data_dir: None,
+            bind_addr: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            ports: Ports::default(),
+            advertise: Advertise::on(ip, Ports::default()),
+            server: ServerConfig::default(),
+            client: ClientConfig::default(),
+            consul: ConsulConfig::default(),
+            dev_mode: false,
+        }
+    }
+}
+
+/// A configuration the agent refuses to start with. Texts follow Nomad's.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("Must specify either server, client or dev mode for the agent.")]
+    NoMode,
+    #[error("Bootstrap requires server mode to be enabled")]
+    BootstrapWithoutServer,
+    #[error("Must specify \"data_dir\" config option or \"data-dir\" CLI flag")]
+    MissingDataDir,
+    #[error("invalid {field} {value:?}: {reason}")]
+    Invalid {
+        field: &'static str,
+        value: String,
+        reason: &'static str,
+    },
+}
+
+/// A configuration the agent starts with but an operator should hear about.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigWarning {
+    #[error("WARNING: Bootstrap mode enabled! Potentially unsafe operation.")]
+    BootstrapModeUnsafe,
+    #[error("WARNING: Number of bootstrap servers should ideally be set to an odd number.")]
+    EvenBootstrapExpect,
+}
+
+impl AgentConfig {
+    pub fn validate(&self) -> Result<Vec<ConfigWarning>, ConfigError> {
+        if !self.server.enabled && !self.client.enabled && !self.dev_mode {
+            return Err(ConfigError::NoMode);
+        }
+        if self.server.bootstrap_expect > 0 && !self.server.enabled {
+            return Err(ConfigError::BootstrapWithoutServer);
+        }
+        if self.data_dir.is_none() && !self.dev_mode {
+            return Err(ConfigError::MissingDataDir);
+        }
+        validate_label("name", &self.name)?;
+        validate_label("region", &self.region)?;
+        validate_label("datacenter", &self.datacenter)?;
+        let mut warnings = Vec::new();
+        if self.server.enabled && self.server.bootstrap_expect == 1 && !self.dev_mode {
+            warnings.push(ConfigWarning::BootstrapModeUnsafe);
+        }
+        if self.server.enabled
+            && self.server.bootstrap_expect > 1
+            && self.server.bootstrap_expect % 2 == 0
+        {
+            warnings.push(ConfigWarning::EvenBootstrapExpect);
+        }
+        Ok(warnings)
+    }
+}
+
+const LABEL_LEN_MAX: usize = 128;
+
+fn validate_label(field: &'static str, value: &str) -> Result<(), ConfigError> {
+    let reason = if value.is_empty() {
+        Some("must not be empty")
+    } else if value.len() > LABEL_LEN_MAX {
+        Some("must be at most 128 bytes")
+    } else if value.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        Some("must not contain whitespace or control characters")
+    } else {
+        None
+    };
+    match reason {
+        Some(reason) => Err(ConfigError::Invalid {
+            field,
+            value: value.to_string(),
+            reason,
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[allow(unused_imports)]
+    use crate::prelude::*;
+
+    fn server(expect: u32) -> AgentConfig {
+        let mut config = AgentConfig {
+            data_dir: Some("/tmp/x".into()),
+            ..AgentConfig::default()
+        };
+        config.server.enabled = true;
+        config.server.bootstrap_expect = expect;
+        config
+    }
+
+    #[test]
+    fn bootstrap_expect_rules_follow_nomad() {
+        assert_eq!(server(3).validate(), Ok(vec![]));
+        assert_eq!(server(0).validate(), Ok(vec![]));
+        assert_eq!(server(1).validate(), Ok(vec![ConfigWarning::BootstrapModeUnsafe]));
+        assert_eq!(server(4).validate(), Ok(vec![ConfigWarning::EvenBootstrapExpect]));
+        assert_eq!(
+            ConfigWarning::BootstrapModeUnsafe.to_string(),
+            "WARNING: Bootstrap mode enabled! Potentially unsafe operation."
+        );
+
+        let mut client = server(3);
+        client.server.enabled = false;
+        client.client.enabled = true;
+        assert_eq!(client.validate(), Err(ConfigError::BootstrapWithoutServer));
+        assert_eq!(
+            ConfigError::BootstrapWithoutServer.to_string(),
+            "Bootstrap requires server mode to be enabled"
+        );
+    }
+
+    #[test]
+    fn dev_mode_needs_no_data_dir_and_does_not_warn() {
+        let mut dev = server(1);
+        dev.dev_mode = true;
+        dev.data_dir = None;
+        assert_eq!(dev.validate(), Ok(vec![]));
+        let mut missing = server(3);
+        missing.data_dir = None;
+        assert_eq!(missing.validate(), Err(ConfigError::MissingDataDir));
+    }
+
+    #[test]
+    fn labels_are_checked() {
+        let mut bad = server(3);
+        bad.region = "eu west".into();
+        let err = bad.validate().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid region \"eu west\": must not contain whitespace or control characters"
+        );
+        let mut none = server(0);
+        none.server.enabled = false;
+        assert_eq!(none.validate(), Err(ConfigError::NoMode));
+    }
+}

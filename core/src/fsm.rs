@@ -1,0 +1,234 @@
+//! The server state machine: a pure `apply(index, entry) -> response` over ordered tables.
+//!
+//! openraft's `RaftStateMachine` in io-real is a thin adapter over [`ServerState`]: it feeds
+//! committed entries in log order, snapshots with [`ServerState::snapshot`] and restores with
+//! [`ServerState::restore`]. Whatever needs a clock value is stamped into the [`Entry`] by the
+//! proposer, so every server computes the same state from the same log.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+use alloc::collections::BTreeMap;
+use alloc::string::String;
+use alloc::vec::Vec;
+
+use serde::{Deserialize, Serialize};
+
+/// One Raft log payload: a command plus the proposer's wall-clock stamp.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Milliseconds since the Unix epoch on the proposing server.
+    pub at_unix_ms: u64,
+    pub command: Command,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Appended by every new leader. The first one applied fixes the cluster's identity.
+    LeadershipEstablished {
+        leader_id: u64,
+        term: u64,
+        cluster_id: String,
+    },
+    /// Nomad Variables (`/v1/var/:path`): a small replicated key/value used by operators and
+    /// tests to prove the write path propose → commit → apply → response.
+    VariableUpsert {
+        path: String,
+        items: BTreeMap<String, String>,
+    },
+    VariableDelete {
+        path: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Response {
+    Done,
+    Variable(Variable),
+    NotFound,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMeta {
+    pub cluster_id: String,
+    pub create_time_unix_ms: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Variable {
+    pub path: String,
+    pub items: BTreeMap<String, String>,
+    pub create_index: u64,
+    pub modify_index: u64,
+    pub create_time_unix_ms: u64,
+    pub modify_time_unix_ms: u64,
+}
+
+/// State-store tables, each with the Raft index of its last change (for blocking queries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Table {
+    ClusterMeta,
+    Variables,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerState {
+    last_applied: u64,
+    cluster: Option<ClusterMeta>,
+    leader_terms: u64,
+    variables: BTreeMap<String, Variable>,
+    table_index: BTreeMap<Table, u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("corrupt state snapshot: {0}")]
+pub struct SnapshotError(String);
+
+impl ServerState {
+    /// Applies the entry committed at `index`. Entries arrive in strictly increasing order.
+    pub fn apply(&mut self, index: u64, entry: &Entry) -> Response {
+        assert!(index > self.last_applied, "apply out of order: {index} after {}", self.last_applied);
+        self.last_applied = index;
+        let response = match &entry.command {
+            Command::LeadershipEstablished { cluster_id, .. } => {
+                self.leader_terms += 1;
+                if self.cluster.is_none() {
+                    self.cluster = Some(ClusterMeta {
+                        cluster_id: cluster_id.clone(),
+                        create_time_unix_ms: entry.at_unix_ms,
+                    });
+                    self.table_index.insert(Table::ClusterMeta, index);
+                }
+                Response::Done
+            }
+            Command::VariableUpsert { path, items } => {
+                let variable = match self.variables.get(path) {
+                    Some(existing) => Variable {
+                        items: items.clone(),
+                        modify_index: index,
+                        modify_time_unix_ms: entry.at_unix_ms,
+                        ..existing.clone()
+                    },
+                    None => Variable {
+                        path: path.clone(),
+                        items: items.clone(),
+                        create_index: index,
+                        modify_index: index,
+                        create_time_unix_ms: entry.at_unix_ms,
+                        modify_time_unix_ms: entry.at_unix_ms,
+                    },
+                };
+                self.variables.insert(path.clone(), variable.clone());
+                self.table_index.insert(Table::Variables, index);
+                Response::Variable(variable)
+            }
+            Command::VariableDelete { path } => match self.variables.remove(path) {
+                Some(_) => {
+                    self.table_index.insert(Table::Variables, index);
+                    Response::Done
+                }
+                None => Response::NotFound,
+            },
+        };
+        assert_eq!(self.last_applied, index);
+        response
+    }
+
+    /// Records a log position that carries no command (blank or membership entries).
+    pub fn advance(&mut self, index: u64) {
+        assert!(index > self.last_applied, "advance out of order: {index} after {}", self.last_applied);
+        self.last_applied = index;
+    }
+
+    pub fn last_applied(&self) -> u64 {
+        self.last_applied
+    }
+
+    pub fn cluster(&self) -> Option<&ClusterMeta> {
+        self.cluster.as_ref()
+    }
+
+    pub fn variable(&self, path: &str) -> Option<&Variable> {
+        self.variables.get(path)
+    }
+
+    pub fn variables(&self) -> impl Iterator<Item = &Variable> {
+        self.variables.values()
+    }
+
+    /// Index of the last change to `table`; 0 when never changed.
+    pub fn table_index(&self, table: Table) -> u64 {
+        self.table_index.get(&table).copied().unwrap_or(0)
+    }
+
+    pub fn snapshot(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("state serializes")
+    }
+
+    pub fn restore(data: &[u8]) -> Result<Self, SnapshotError> {
+        serde_json::from_slice(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[allow(unused_imports)]
+    use crate::prelude::*;
+
+    fn entry(at: u64, command: Command) -> Entry {
+        Entry { at_unix_ms: at, command }
+    }
+
+    fn upsert(path: &str, value: &str) -> Command {
+        Command::VariableUpsert {
+            path: path.into(),
+            items: [("v".to_string(), value.to_string())].into(),
+        }
+    }
+
+    #[test]
+    fn first_leader_fixes_cluster_identity() {
+        let mut state = ServerState::default();
+        let lead = |id: &str| Command::LeadershipEstablished {
+            leader_id: 1,
+            term: 1,
+            cluster_id: id.into(),
+        };
+        state.apply(1, &entry(10, lead("a")));
+        state.apply(2, &entry(20, lead("b")));
+        assert_eq!(state.cluster().unwrap().cluster_id, "a");
+        assert_eq!(state.cluster().unwrap().create_time_unix_ms, 10);
+        assert_eq!(state.table_index(Table::ClusterMeta), 1);
+    }
+
+    #[test]
+    fn variables_track_create_and_modify_indexes() {
+        let mut state = ServerState::default();
+        state.apply(3, &entry(1, upsert("a", "1")));
+        state.advance(4);
+        let response = state.apply(5, &entry(2, upsert("a", "2")));
+        let Response::Variable(variable) = response else { panic!("{response:?}") };
+        assert_eq!((variable.create_index, variable.modify_index), (3, 5));
+        assert_eq!(state.table_index(Table::Variables), 5);
+        assert_eq!(state.apply(6, &entry(3, Command::VariableDelete { path: "x".into() })), Response::NotFound);
+        assert_eq!(state.table_index(Table::Variables), 5);
+    }
+
+    #[test]
+    fn snapshot_restores_equal_state() {
+        let mut state = ServerState::default();
+        state.apply(1, &entry(1, upsert("a", "1")));
+        state.apply(2, &entry(1, upsert("b/c", "2")));
+        let restored = ServerState::restore(&state.snapshot()).unwrap();
+        assert_eq!(restored, state);
+        assert!(ServerState::restore(b"{").is_err());
+    }
+
+    #[test]
+    #[should_panic(expected = "apply out of order")]
+    fn apply_rejects_reordering() {
+        let mut state = ServerState::default();
+        state.apply(2, &entry(1, upsert("a", "1")));
+        state.apply(2, &entry(1, upsert("a", "1")));
+    }
+}

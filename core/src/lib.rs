@@ -1,0 +1,33 @@
+//! Drover's decisions, as sans-IO state machines.
+//!
+//! Every machine has the same shape: `handle(now, Input)`, `handle_timeout(now)`,
+//! `poll_action() -> Option<Action>`, `poll_timeout() -> Option<Instant>`. Time enters only as
+//! the `now` argument ([`time::Instant`]); randomness only as a seed handed in; every action that
+//! starts I/O carries an [`op::OpId`] and its outcome returns as an input with the same id.
+//!
+//! Architecture invariant: this crate has no async, no clock, no threads, no files and no
+//! sockets, and iterates only ordered collections. `tests/purity.rs` checks the dependency tree.
+
+#![no_std]
+extern crate alloc;
+#[cfg(test)]
+extern crate std;
+
+/// What `std`'s prelude would give us, from `alloc`.
+#[allow(unused_imports)]
+mod prelude {
+    pub use alloc::string::{String, ToString};
+    pub use alloc::vec::Vec;
+    pub use alloc::{format, vec};
+}
+
+pub mod agent;
+pub mod bootstrap;
+pub mod config;
+pub mod fsm;
+pub mod membership;
+pub mod op;
+pub mod server;
+pub mod time;
+
+pub use time::Instant;

@@ -1,0 +1,471 @@
+//! The server machine: gossip membership, the bootstrap decision, discovery (retry-join and
+//! Consul), and the leader's duties that are about cluster shape (adding servers to Raft,
+//! stamping leadership).
+//!
+//! Raft itself (openraft) runs in the driver; this machine sees it only through
+//! [`Input::RaftObserved`] and drives it only through actions.
+//!
+//! Inputs ([`Input`]): gossip packets, resolved join targets, `Status.Peers` answers, Raft
+//! initialisation and membership-change outcomes, Raft observations, Consul answers.
+//! Actions ([`Action`]): packets to send, names to resolve, RPCs, Raft operations, Consul calls.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::format;
+use alloc::string::String;
+use alloc::vec::Vec;
+use core::net::SocketAddr;
+use core::time::Duration;
+
+use rand_010::RngExt;
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use crate::bootstrap::{BootState, Bootstrap, BootstrapAction, Peer};
+use crate::config::{AgentConfig, ServerConfig};
+use crate::fsm::Command;
+use crate::membership::{MemberId, MemberView, Membership, ServerTags};
+use crate::op::{OpId, OpIds};
+use crate::time::Instant;
+
+/// Deadline for adding one server to the Raft configuration (the learner must catch up).
+const RAFT_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RaftRole {
+    #[default]
+    Follower,
+    Candidate,
+    Leader,
+    Learner,
+    Shutdown,
+}
+
+/// What the driver's Raft instance looks like right now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftView {
+    pub role: RaftRole,
+    pub term: u64,
+    pub leader: Option<u64>,
+    pub last_log_index: u64,
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+}
+
+impl RaftView {
+    pub fn peer_count(&self) -> usize {
+        self.voters.len() + self.learners.len()
+    }
+
+    fn contains(&self, id: u64) -> bool {
+        self.voters.contains(&id) || self.learners.contains(&id)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Input {
+    GossipReceived { data: Vec<u8> },
+    JoinResolved { op: OpId, result: Result<Vec<SocketAddr>, String> },
+    PeersAnswered { op: OpId, result: Result<Vec<String>, String> },
+    RaftInitialized { op: OpId, result: Result<(), String> },
+    RaftObserved(RaftView),
+    ServerAdded { op: OpId, result: Result<(), String> },
+    Proposed { op: OpId, result: Result<u64, String> },
+    ConsulServersFound { op: OpId, result: Result<Vec<SocketAddr>, String> },
+    ConsulRegistered { op: OpId, result: Result<(), String> },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Action {
+    SendGossip { to: SocketAddr, data: Vec<u8> },
+    /// Resolve a `retry_join` entry ("ip", "ip:port", "host:port"); `default_port` if none.
+    ResolveJoin { op: OpId, target: String, default_port: u16 },
+    QueryPeers { op: OpId, peer: Peer },
+    InitializeRaft { op: OpId, servers: Vec<Peer> },
+    PersistBootstrapped,
+    /// Add a server to the Raft configuration (as a voter unless `peer.nonvoter`).
+    AddRaftServer { op: OpId, peer: Peer },
+    Propose { op: OpId, command: Command },
+    LookupConsul { op: OpId, service: String, tag: String },
+    RegisterConsul { op: OpId, service: String, tags: Vec<String>, addr: SocketAddr, id: String },
+}
+
+/// A pending operation whose outcome the core waits for, with its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    Join,
+    AddServer,
+    Propose,
+    ConsulLookup,
+    ConsulRegister,
+}
+
+#[derive(Debug)]
+pub struct Server {
+    config: ServerConfig,
+    consul: crate::config::ConsulConfig,
+    region: String,
+    name: String,
+    serf_addr: SocketAddr,
+    node_id: u64,
+    membership: Membership,
+    bootstrap: Bootstrap,
+    raft: RaftView,
+    led_term: Option<u64>,
+    ops: OpIds,
+    pending: BTreeMap<OpId, (Pending, Instant)>,
+    rng: ChaCha8Rng,
+    join_attempts: u32,
+    join_retry_at: Option<Instant>,
+    consul_poll_at: Option<Instant>,
+    consul_registered: bool,
+    reconcile_at: Option<Instant>,
+    actions: VecDeque<Action>,
+}
+
+/// Read-only view for the HTTP API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServerStatus {
+    pub node_id: u64,
+    pub bootstrap_expect: u32,
+    pub bootstrapped: bool,
+    pub members: Vec<MemberView>,
+    pub raft: RaftView,
+}
+
+impl Server {
+    /// `node_id` is the persisted Raft id, `generation` grows with every restart, and
+    /// `seed` feeds every random choice this machine makes.
+    pub fn new(now: Instant, config: &AgentConfig, node_id: u64, generation: u64, boot: BootState, seed: u64) -> Self {
+        assert!(config.server.enabled, "a server machine needs server mode");
+        let server = &config.server;
+        let tags = ServerTags {
+            region: config.region.clone(),
+            datacenter: config.datacenter.clone(),
+            id: node_id,
+            rpc_addr: config.advertise.rpc,
+            expect: server.bootstrap_expect,
+            bootstrap: server.bootstrap_expect == 1,
+            nonvoter: server.non_voting_server,
+            build: String::from(env!("CARGO_PKG_VERSION")),
+        };
+        let me = MemberId {
+            name: format!("{}.{}", config.name, config.region),
+            addr: config.advertise.serf,
+            generation: generation << 32,
+            tags: Some(tags),
+        };
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let membership = Membership::new(me, &server.timing.gossip, rng.random());
+        let bootstrap = Bootstrap::new(
+            now,
+            server.bootstrap_expect,
+            config.region.clone(),
+            node_id,
+            server.timing,
+            server.bootstrap_fault,
+            boot,
+        );
+        let consul_enabled = config.consul.address.is_some();
+        let mut this = Server {
+            config: server.clone(),
+            consul: config.consul.clone(),
+            region: config.region.clone(),
+            name: format!("{}.{}", config.name, config.region),
+            serf_addr: config.advertise.serf,
+            node_id,
+            membership,
+            bootstrap,
+            raft: RaftView::default(),
+            led_term: None,
+            ops: OpIds::default(),
+            pending: BTreeMap::new(),
+            rng,
+            join_attempts: 0,
+            join_retry_at: (!server.retry_join.is_empty()).then_some(now),
+            consul_poll_at: (consul_enabled && config.consul.server_auto_join).then_some(now),
+            consul_registered: !(consul_enabled && config.consul.auto_advertise),
+            reconcile_at: None,
+            actions: VecDeque::new(),
+        };
+        this.drain_children();
+        this
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    pub fn handle(&mut self, now: Instant, input: Input) {
+        match input {
+            Input::GossipReceived { data } => self.membership.handle_packet(now, &data),
+            Input::JoinResolved { op, result } => {
+                if self.complete(op).is_some() {
+                    match result {
+                        Ok(addrs) => {
+                            for addr in addrs {
+                                self.membership.join(now, addr);
+                            }
+                        }
+                        Err(error) => tracing::warn!(%error, "retry_join: could not resolve address"),
+                    }
+                }
+            }
+            Input::PeersAnswered { op, result } => self.bootstrap.handle_peers(now, op, result, &mut self.ops),
+            Input::RaftInitialized { op, result } => self.bootstrap.handle_initialized(op, result),
+            Input::RaftObserved(view) => self.observe_raft(now, view),
+            Input::ServerAdded { op, result } => {
+                if self.complete(op).is_some() {
+                    if let Err(error) = result {
+                        tracing::warn!(%error, "failed to add server to the Raft configuration");
+                    }
+                    self.reconcile_at = Some(now);
+                }
+            }
+            Input::Proposed { op, result } => {
+                if self.complete(op).is_some() {
+                    if let Err(error) = result {
+                        tracing::warn!(%error, "leadership barrier was not committed");
+                    }
+                }
+            }
+            Input::ConsulServersFound { op, result } => {
+                if self.complete(op).is_some() {
+                    self.handle_consul_servers(now, result);
+                }
+            }
+            Input::ConsulRegistered { op, result } => {
+                if self.complete(op).is_some() {
+                    match result {
+                        Ok(()) => self.consul_registered = true,
+                        Err(error) => tracing::warn!(%error, "failed to register with Consul; will retry"),
+                    }
+                }
+            }
+        }
+        self.after_input(now);
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        self.membership.handle_timeout(now);
+        let members = self.membership.live_members();
+        self.bootstrap.handle_timeout(now, &members, &mut self.ops);
+        self.expire_pending(now);
+        if self.join_retry_at.is_some_and(|at| at <= now) {
+            self.retry_join(now);
+        }
+        if self.consul_poll_at.is_some_and(|at| at <= now) {
+            self.poll_consul(now);
+        }
+        if self.reconcile_at.is_some_and(|at| at <= now) {
+            self.reconcile(now);
+        }
+        self.after_input(now);
+    }
+
+    pub fn poll_action(&mut self) -> Option<Action> {
+        self.actions.pop_front()
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        [
+            self.membership.poll_timeout(),
+            self.bootstrap.poll_timeout(),
+            self.pending.values().map(|(_, deadline)| *deadline).min(),
+            self.join_retry_at,
+            self.consul_poll_at,
+            self.reconcile_at,
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+    }
+
+    pub fn status(&self) -> ServerStatus {
+        ServerStatus {
+            node_id: self.node_id,
+            bootstrap_expect: self.bootstrap.expect(),
+            bootstrapped: self.bootstrap.is_bootstrapped(),
+            members: self.membership.all_members(),
+            raft: self.raft.clone(),
+        }
+    }
+
+    /// The gossip member name of this server (`name.region`).
+    pub fn member_name(&self) -> &str {
+        &self.name
+    }
+
+    fn after_input(&mut self, now: Instant) {
+        if self.membership.take_changed() {
+            let members = self.membership.live_members();
+            self.bootstrap.evaluate(now, &members, &mut self.ops);
+            if self.is_leader() {
+                self.reconcile_at = Some(now);
+            }
+            if self.membership.peer_count() == 0 && self.join_retry_at.is_none() && !self.config.retry_join.is_empty() {
+                self.join_retry_at = Some(now + self.config.retry_interval);
+            }
+        }
+        self.drain_children();
+    }
+
+    fn drain_children(&mut self) {
+        while let Some((to, data)) = self.membership.poll_send() {
+            self.actions.push_back(Action::SendGossip { to, data });
+        }
+        while let Some(action) = self.bootstrap.poll_action() {
+            self.actions.push_back(match action {
+                BootstrapAction::QueryPeers { op, peer } => Action::QueryPeers { op, peer },
+                BootstrapAction::Initialize { op, servers } => Action::InitializeRaft { op, servers },
+                BootstrapAction::PersistBootstrapped => Action::PersistBootstrapped,
+            });
+        }
+    }
+
+    fn is_leader(&self) -> bool {
+        self.raft.role == RaftRole::Leader
+    }
+
+    fn observe_raft(&mut self, now: Instant, view: RaftView) {
+        self.bootstrap.observe_raft(view.last_log_index, view.leader.is_some());
+        let became_leader = view.role == RaftRole::Leader && self.led_term != Some(view.term);
+        self.raft = view;
+        if became_leader {
+            self.led_term = Some(self.raft.term);
+            tracing::info!(term = self.raft.term, "leadership gained");
+            let cluster_id = format!("{:016x}{:016x}", self.rng.random::<u64>(), self.rng.random::<u64>());
+            let op = self.start(now, Pending::Propose, PROPOSE_TIMEOUT);
+            self.actions.push_back(Action::Propose {
+                op,
+                command: Command::LeadershipEstablished {
+                    leader_id: self.node_id,
+                    term: self.raft.term,
+                    cluster_id,
+                },
+            });
+            self.reconcile_at = Some(now);
+        }
+        if !self.is_leader() {
+            self.reconcile_at = None;
+        }
+    }
+
+    /// Leader duty: every live server of our region that gossip knows but Raft does not is added.
+    fn reconcile(&mut self, now: Instant) {
+        self.reconcile_at = None;
+        if !self.is_leader() {
+            return;
+        }
+        self.reconcile_at = Some(now + self.config.timing.reconcile_interval);
+        if self.busy(Pending::AddServer) {
+            return;
+        }
+        let missing = self.membership.live_members().into_iter().find_map(|member| {
+            let tags = member.tags.as_ref()?;
+            (tags.region == self.region && !self.raft.contains(tags.id)).then(|| Peer {
+                id: tags.id,
+                name: member.name.clone(),
+                rpc_addr: tags.rpc_addr,
+                nonvoter: tags.nonvoter,
+            })
+        });
+        if let Some(peer) = missing {
+            tracing::info!(server = %peer.name, id = peer.id, nonvoter = peer.nonvoter, "adding server to the Raft configuration");
+            let op = self.start(now, Pending::AddServer, RAFT_CHANGE_TIMEOUT);
+            self.actions.push_back(Action::AddRaftServer { op, peer });
+        }
+    }
+
+    fn retry_join(&mut self, now: Instant) {
+        self.join_retry_at = None;
+        if self.membership.peer_count() > 0 {
+            return;
+        }
+        if self.config.retry_max != 0 && self.join_attempts >= self.config.retry_max {
+            tracing::error!(attempts = self.join_attempts, "retry_join: giving up after retry_max attempts");
+            return;
+        }
+        self.join_attempts += 1;
+        for target in self.config.retry_join.clone() {
+            let op = self.start(now, Pending::Join, self.config.retry_interval);
+            self.actions.push_back(Action::ResolveJoin {
+                op,
+                target,
+                default_port: self.serf_addr.port(),
+            });
+        }
+        self.join_retry_at = Some(now + self.config.retry_interval);
+    }
+
+    fn poll_consul(&mut self, now: Instant) {
+        let jitter_ms = self.rng.random_range(0..=self.consul.poll_interval.as_millis() as u64 / 4);
+        self.consul_poll_at = Some(now + self.consul.poll_interval + Duration::from_millis(jitter_ms));
+        if !self.consul_registered && !self.busy(Pending::ConsulRegister) {
+            let op = self.start(now, Pending::ConsulRegister, self.consul.timeout);
+            self.actions.push_back(Action::RegisterConsul {
+                op,
+                service: self.consul.server_service_name.clone(),
+                tags: alloc::vec![String::from("serf")],
+                addr: self.serf_addr,
+                id: format!("_nomad-server-{}-serf", self.name),
+            });
+        }
+        let expected = self.bootstrap.expect().max(1) as usize;
+        let wanted = self.consul.server_auto_join && self.raft.leader.is_none() && self.raft.peer_count() < expected;
+        if wanted && !self.busy(Pending::ConsulLookup) {
+            let op = self.start(now, Pending::ConsulLookup, self.consul.timeout);
+            self.actions.push_back(Action::LookupConsul {
+                op,
+                service: self.consul.server_service_name.clone(),
+                tag: String::from("serf"),
+            });
+        }
+    }
+
+    fn handle_consul_servers(&mut self, now: Instant, result: Result<Vec<SocketAddr>, String>) {
+        match result {
+            Ok(addrs) => {
+                let known: BTreeSet<SocketAddr> = self.membership.live_members().iter().map(|member| member.addr).collect();
+                for addr in addrs.into_iter().filter(|addr| !known.contains(addr)) {
+                    tracing::info!(%addr, "joining server found in Consul");
+                    self.membership.join(now, addr);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "Consul server lookup failed; will retry"),
+        }
+    }
+
+    fn busy(&self, kind: Pending) -> bool {
+        self.pending.values().any(|(pending, _)| *pending == kind)
+    }
+
+    fn start(&mut self, now: Instant, kind: Pending, timeout: Duration) -> OpId {
+        let op = self.ops.next();
+        self.pending.insert(op, (kind, now + timeout));
+        op
+    }
+
+    fn complete(&mut self, op: OpId) -> Option<Pending> {
+        self.pending.remove(&op).map(|(kind, _)| kind)
+    }
+
+    fn expire_pending(&mut self, now: Instant) {
+        let expired: Vec<(OpId, Pending)> = self
+            .pending
+            .iter()
+            .filter(|(_, (_, deadline))| *deadline <= now)
+            .map(|(op, (kind, _))| (*op, *kind))
+            .collect();
+        for (op, kind) in expired {
+            self.pending.remove(&op);
+            tracing::warn!(%op, ?kind, "operation timed out");
+            if kind == Pending::AddServer {
+                self.reconcile_at = Some(now);
+            }
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Wire definitions shared by every Drover process: the CSI v1.9 protocol (`csi::v1`) and the
+//! agent's own RPC envelope (`agent::v1`). Both are generated at build time by prost/tonic from
+//! the `.proto` files in `proto/`, compiled by `protox` so no system `protoc` is needed.
+
+#![allow(clippy::all, clippy::pedantic, missing_docs)]
+
+pub mod csi {
+    pub mod v1 {
+        tonic::include_proto!("csi.v1");
+    }
+}
+
+pub mod agent {
+    pub mod v1 {
+        tonic::include_proto!("drover.agent.v1");
+    }
+}
