@@ -1,1 +1,272 @@
-fn main() {}
+//! `agent`: runs a Drover agent (server, client or both) with Nomad's flags and HCL config.
+//!
+//! `agent -dev` starts a single server+client with an embedded store under a temporary
+//! directory. Flags may be written Nomad's way (`-bootstrap-expect=3`) or GNU-style.
+
+mod config;
+
+use std::ffi::OsString;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use drover_io_real::consul::ConsulHttp;
+use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
+use drover_io_real::io::{Consul, NoConsul, TracingObserver};
+use drover_io_real::net::GrpcTransport;
+
+use crate::config::{Flags, Loaded};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "agent",
+    version,
+    about = "Drover agent: Nomad-compatible cluster formation, replicated state and CSI storage",
+    after_help = "Flags may also be written with a single dash, as Nomad does: agent -dev, agent -server -bootstrap-expect=3"
+)]
+struct Cli {
+    /// Start a single server+client with an embedded store in a temporary directory.
+    #[arg(long)]
+    dev: bool,
+    /// Enable server mode.
+    #[arg(long)]
+    server: bool,
+    /// Enable client mode.
+    #[arg(long)]
+    client: bool,
+    /// Servers to wait for before bootstrapping Raft (0 = never, 1 = single server).
+    #[arg(long = "bootstrap-expect", value_name = "N")]
+    bootstrap_expect: Option<u32>,
+    /// Directory for the agent's durable state.
+    #[arg(long = "data-dir", value_name = "PATH")]
+    data_dir: Option<String>,
+    /// Address to bind every listener to.
+    #[arg(long, value_name = "IP")]
+    bind: Option<String>,
+    /// HTTP API port (default 4646).
+    #[arg(long = "http-port", value_name = "PORT")]
+    http_port: Option<u16>,
+    /// RPC port (default 4647).
+    #[arg(long = "rpc-port", value_name = "PORT")]
+    rpc_port: Option<u16>,
+    /// Gossip port (default 4648).
+    #[arg(long = "serf-port", value_name = "PORT")]
+    serf_port: Option<u16>,
+    /// Address of a server to join; repeatable.
+    #[arg(long = "retry-join", value_name = "ADDR")]
+    retry_join: Vec<String>,
+    /// Interval between join attempts (default 30s).
+    #[arg(long = "retry-interval", value_name = "DURATION")]
+    retry_interval: Option<String>,
+    /// Maximum join attempts (0 = unlimited).
+    #[arg(long = "retry-max", value_name = "N")]
+    retry_max: Option<u32>,
+    /// Region of this agent (default "global").
+    #[arg(long, value_name = "NAME")]
+    region: Option<String>,
+    /// Datacenter of this agent (default "dc1").
+    #[arg(long, value_name = "NAME")]
+    dc: Option<String>,
+    /// Node name (default: "dev" in dev mode, else "drover").
+    #[arg(long, value_name = "NAME")]
+    node: Option<String>,
+    /// Consul agent address (host:port) for server discovery.
+    #[arg(long = "consul-address", value_name = "ADDR")]
+    consul_address: Option<String>,
+    /// Log level (TRACE, DEBUG, INFO, WARN, ERROR).
+    #[arg(long = "log-level", value_name = "LEVEL")]
+    log_level: Option<String>,
+    /// Config file or directory of *.hcl files; repeatable, later ones win.
+    #[arg(long, value_name = "PATH")]
+    config: Vec<PathBuf>,
+}
+
+impl Cli {
+    fn into_flags(self) -> Flags {
+        Flags {
+            dev: self.dev,
+            server: self.server,
+            client: self.client,
+            bootstrap_expect: self.bootstrap_expect,
+            data_dir: self.data_dir,
+            bind: self.bind,
+            http_port: self.http_port,
+            rpc_port: self.rpc_port,
+            serf_port: self.serf_port,
+            retry_join: self.retry_join,
+            retry_interval: self.retry_interval,
+            retry_max: self.retry_max,
+            region: self.region,
+            dc: self.dc,
+            node: self.node,
+            consul_address: self.consul_address,
+            log_level: self.log_level,
+            config: self.config,
+        }
+    }
+}
+
+/// Nomad writes long flags with one dash (`-bootstrap-expect=3`); clap wants two.
+fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
+    args.enumerate()
+        .map(|(position, arg)| match arg.to_str() {
+            Some(text)
+                if position > 0
+                    && text.len() > 2
+                    && text.starts_with('-')
+                    && !text.starts_with("--") =>
+            {
+                OsString::from(format!("-{text}"))
+            }
+            _ => arg,
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse_from(normalize_args(std::env::args_os()));
+    let flags = cli.into_flags();
+    let mut dev_dir: Option<PathBuf> = None;
+    let loaded = config::load(&flags, || {
+        let dir = std::env::temp_dir().join(format!("drover-dev-{}", std::process::id()));
+        dev_dir = Some(dir.clone());
+        Ok(dir.display().to_string())
+    });
+    let loaded = match loaded {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            eprintln!("==> {error:#}");
+            return ExitCode::from(1);
+        }
+    };
+    for note in &loaded.notes {
+        eprintln!("==> WARNING: {note}");
+    }
+    match loaded.config.validate() {
+        Ok(warnings) => {
+            for warning in warnings {
+                eprintln!("==> {warning}");
+            }
+        }
+        Err(error) => {
+            eprintln!("==> {error}");
+            return ExitCode::from(1);
+        }
+    }
+    init_logging(&loaded.log_level);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let result = runtime.block_on(run(loaded));
+    if let Some(dir) = dev_dir {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("==> Error starting agent: {error:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", level.to_lowercase()))
+    });
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .init();
+}
+
+async fn run(loaded: Loaded) -> anyhow::Result<()> {
+    let config = loaded.config.clone();
+    let data_dir = PathBuf::from(config.data_dir.clone().context("no data dir")?);
+    let db = drover_io_real::disk::open_database(&data_dir)?;
+    let handle = match &config.consul.address {
+        Some(address) => {
+            start(
+                loaded.clone_config(),
+                db,
+                ConsulHttp::new(address, config.consul.timeout),
+            )
+            .await?
+        }
+        None => start(loaded.clone_config(), db, NoConsul).await?,
+    };
+    let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
+    let bound = drover_io_real::http::serve(handle.clone(), http_addr)
+        .await
+        .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
+    print_banner(&loaded, bound);
+    wait_for_signal().await;
+    eprintln!("==> Caught signal, shutting down");
+    handle.shutdown().await;
+    Ok(())
+}
+
+impl Loaded {
+    fn clone_config(&self) -> drover_core::config::AgentConfig {
+        self.config.clone()
+    }
+}
+
+async fn start<C: Consul>(
+    config: drover_core::config::AgentConfig,
+    db: redb::Database,
+    consul: C,
+) -> anyhow::Result<AgentHandle> {
+    let parts = AgentParts {
+        config,
+        db,
+        transport: GrpcTransport::default(),
+        consul,
+        observer: Arc::new(TracingObserver),
+    };
+    Ok(start_agent(parts).await?)
+}
+
+fn print_banner(loaded: &Loaded, http: SocketAddr) {
+    let config = &loaded.config;
+    println!("==> Drover agent configuration:");
+    println!();
+    println!(
+        "       Advertise Addrs: HTTP: {}; RPC: {}; Serf: {}",
+        config.advertise.http, config.advertise.rpc, config.advertise.serf
+    );
+    println!(
+        "            Bind Addrs: HTTP: {http}; RPC: {}:{}; Serf: {}:{}",
+        config.bind_addr, config.ports.rpc, config.bind_addr, config.ports.serf
+    );
+    println!("                Client: {}", config.client.enabled);
+    println!(
+        "              Data Dir: {}",
+        config.data_dir.as_deref().unwrap_or("")
+    );
+    println!("             Log Level: {}", loaded.log_level);
+    println!(
+        "                Region: {} (DC: {})",
+        config.region, config.datacenter
+    );
+    println!(
+        "                Server: {} (bootstrap_expect: {})",
+        config.server.enabled, config.server.bootstrap_expect
+    );
+    println!("               Version: {}", env!("CARGO_PKG_VERSION"));
+    println!();
+    println!("==> Drover agent started! Log data will stream in below:");
+}
+
+async fn wait_for_signal() {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+}

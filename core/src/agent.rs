@@ -37,8 +37,16 @@ pub struct Agent {
 
 impl Agent {
     pub fn new(now: Instant, config: &AgentConfig, boot: Boot) -> Self {
-        let server = (config.server.enabled || config.dev_mode)
-            .then(|| Server::new(now, config, boot.node_id, boot.boot_count, boot.state, boot.seed));
+        let server = (config.server.enabled || config.dev_mode).then(|| {
+            Server::new(
+                now,
+                config,
+                boot.node_id,
+                boot.boot_count,
+                boot.state,
+                boot.seed,
+            )
+        });
         Agent { server }
     }
 
@@ -63,11 +71,17 @@ impl Agent {
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.server.as_mut().and_then(Server::poll_action).map(Action::Server)
+        self.server
+            .as_mut()
+            .and_then(Server::poll_action)
+            .map(Action::Server)
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.server.as_ref().and_then(Server::poll_timeout)].into_iter().flatten().min()
+        [self.server.as_ref().and_then(Server::poll_timeout)]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// Drains every pending action (convenience for drivers and tests).

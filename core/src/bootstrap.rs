@@ -48,15 +48,16 @@ pub struct Peer {
 /// What the server's durable store said when the process started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BootState {
-    /// Index of the last Raft log entry on disk, 0 when the log is empty.
-    pub last_log_index: u64,
+    /// Index of the last Raft log entry on disk, `None` when the log is empty. (openraft's
+    /// first entry, written by initialisation, has index 0.)
+    pub last_log_index: Option<u64>,
     /// The persisted `bootstrapped` flag.
     pub bootstrapped: bool,
 }
 
 impl BootState {
     pub fn has_raft_state(&self) -> bool {
-        self.last_log_index != 0
+        self.last_log_index.is_some()
     }
 }
 
@@ -86,9 +87,16 @@ struct Query {
 
 #[derive(Clone, Debug)]
 enum Phase {
-    Waiting { next_evaluation: Instant },
-    Querying { servers: Vec<Peer>, queries: BTreeMap<OpId, Query> },
-    Initializing { op: OpId },
+    Waiting {
+        next_evaluation: Instant,
+    },
+    Querying {
+        servers: Vec<Peer>,
+        queries: BTreeMap<OpId, Query>,
+    },
+    Initializing {
+        op: OpId,
+    },
     Bootstrapped,
 }
 
@@ -132,7 +140,7 @@ impl Bootstrap {
             bootstrap.phase = Phase::Bootstrapped;
         } else if boot.has_raft_state() {
             // Restart with existing state: never bootstrap again.
-            tracing::info!(last_log_index = boot.last_log_index, "existing Raft state found; not bootstrapping");
+            tracing::info!(last_log_index = ?boot.last_log_index, "existing Raft state found; not bootstrapping");
             bootstrap.mark_bootstrapped();
         }
         bootstrap
@@ -148,14 +156,23 @@ impl Bootstrap {
 
     /// Whether an attempt is under way (peers being queried or Raft being initialised).
     pub fn is_attempting(&self) -> bool {
-        matches!(self.phase, Phase::Querying { .. } | Phase::Initializing { .. })
+        matches!(
+            self.phase,
+            Phase::Querying { .. } | Phase::Initializing { .. }
+        )
     }
 
     /// The Raft log gained entries or a leader was seen: existing state, never bootstrap.
-    pub fn observe_raft(&mut self, last_log_index: u64, leader_known: bool) {
+    pub fn observe_raft(&mut self, last_log_index: Option<u64>, leader_known: bool) {
         self.leader_known = leader_known;
-        if last_log_index != 0 && !self.is_bootstrapped() && !matches!(self.phase, Phase::Initializing { .. }) {
-            tracing::info!(last_log_index, "Raft state appeared; bootstrap no longer needed");
+        if last_log_index.is_some()
+            && !self.is_bootstrapped()
+            && !matches!(self.phase, Phase::Initializing { .. })
+        {
+            tracing::info!(
+                ?last_log_index,
+                "Raft state appeared; bootstrap no longer needed"
+            );
             self.mark_bootstrapped();
         }
     }
@@ -207,14 +224,21 @@ impl Bootstrap {
             });
         }
         if voters < self.expect {
-            tracing::debug!(voters, expect = self.expect, "waiting for more servers before bootstrapping");
+            tracing::debug!(
+                voters,
+                expect = self.expect,
+                "waiting for more servers before bootstrapping"
+            );
             return;
         }
         servers.sort();
         let mut queries = BTreeMap::new();
         for peer in servers.iter().filter(|peer| peer.id != self.self_id) {
-            let op = ops.next();
-            self.actions.push_back(BootstrapAction::QueryPeers { op, peer: peer.clone() });
+            let op = ops.allocate();
+            self.actions.push_back(BootstrapAction::QueryPeers {
+                op,
+                peer: peer.clone(),
+            });
             queries.insert(
                 op,
                 Query {
@@ -226,7 +250,10 @@ impl Bootstrap {
                 },
             );
         }
-        tracing::info!(servers = servers.len(), "enough servers discovered; confirming none has Raft peers");
+        tracing::info!(
+            servers = servers.len(),
+            "enough servers discovered; confirming none has Raft peers"
+        );
         self.phase = Phase::Querying { servers, queries };
         self.maybe_initialize(ops);
     }
@@ -235,12 +262,19 @@ impl Bootstrap {
     fn evaluate_faulty(&mut self, now: Instant, members: &[MemberId], ops: &mut OpIds) {
         let due = self.started_at + self.timing.raft_election_timeout_max;
         if self.leader_known || now < due {
-            self.phase = Phase::Waiting { next_evaluation: due };
+            self.phase = Phase::Waiting {
+                next_evaluation: due,
+            };
             return;
         }
         let me = members
             .iter()
-            .find(|member| member.tags.as_ref().is_some_and(|tags| tags.id == self.self_id))
+            .find(|member| {
+                member
+                    .tags
+                    .as_ref()
+                    .is_some_and(|tags| tags.id == self.self_id)
+            })
             .and_then(|member| member.tags.as_ref().map(|tags| (member.name.clone(), tags)));
         let Some((name, tags)) = me else { return };
         let servers = alloc::vec![Peer {
@@ -249,18 +283,27 @@ impl Bootstrap {
             rpc_addr: tags.rpc_addr,
             nonvoter: false,
         }];
-        let op = ops.next();
+        let op = ops.allocate();
         tracing::warn!("fault injection: electing ourselves without waiting for bootstrap_expect");
-        self.actions.push_back(BootstrapAction::Initialize { op, servers });
+        self.actions
+            .push_back(BootstrapAction::Initialize { op, servers });
         self.phase = Phase::Initializing { op };
     }
 
     /// Outcome of a `QueryPeers` action.
-    pub fn handle_peers(&mut self, now: Instant, op: OpId, result: Result<Vec<String>, String>, ops: &mut OpIds) {
+    pub fn handle_peers(
+        &mut self,
+        now: Instant,
+        op: OpId,
+        result: Result<Vec<String>, String>,
+        ops: &mut OpIds,
+    ) {
         let Phase::Querying { queries, .. } = &mut self.phase else {
             return;
         };
-        let Some(query) = queries.get_mut(&op) else { return };
+        let Some(query) = queries.get_mut(&op) else {
+            return;
+        };
         if !matches!(query.state, QueryState::InFlight { .. }) {
             return;
         }
@@ -345,7 +388,9 @@ impl Bootstrap {
         let Phase::Querying { queries, .. } = &mut self.phase else {
             return;
         };
-        let Some(query) = queries.get_mut(&op) else { return };
+        let Some(query) = queries.get_mut(&op) else {
+            return;
+        };
         if query.attempts >= self.timing.peer_retries_max {
             tracing::error!(
                 peer = %query.peer.name,
@@ -360,19 +405,23 @@ impl Bootstrap {
         }
         let backoff = backoff(self.timing.peer_retry_base, query.attempts);
         tracing::warn!(peer = %query.peer.name, %error, retry_in = ?backoff, "failed to confirm peer status");
-        query.state = QueryState::Backoff { until: now + backoff };
+        query.state = QueryState::Backoff {
+            until: now + backoff,
+        };
     }
 
     fn resend(&mut self, now: Instant, op: OpId, ops: &mut OpIds) {
         let Phase::Querying { queries, .. } = &mut self.phase else {
             return;
         };
-        let Some(mut query) = queries.remove(&op) else { return };
+        let Some(mut query) = queries.remove(&op) else {
+            return;
+        };
         query.attempts += 1;
         query.state = QueryState::InFlight {
             deadline: now + self.timing.peer_query_timeout,
         };
-        let op = ops.next();
+        let op = ops.allocate();
         self.actions.push_back(BootstrapAction::QueryPeers {
             op,
             peer: query.peer.clone(),
@@ -384,19 +433,28 @@ impl Bootstrap {
         let Phase::Querying { servers, queries } = &self.phase else {
             return;
         };
-        if !queries.values().all(|query| query.state == QueryState::Confirmed) {
+        if !queries
+            .values()
+            .all(|query| query.state == QueryState::Confirmed)
+        {
             return;
         }
         let confirmed: BTreeSet<u64> = queries.values().map(|query| query.peer.id).collect();
         assert!(
-            servers.iter().all(|peer| peer.id == self.self_id || confirmed.contains(&peer.id)),
+            servers
+                .iter()
+                .all(|peer| peer.id == self.self_id || confirmed.contains(&peer.id)),
             "every other server was confirmed before initialising"
         );
-        assert!(servers.iter().any(|peer| peer.id == self.self_id), "we are part of our own configuration");
+        assert!(
+            servers.iter().any(|peer| peer.id == self.self_id),
+            "we are part of our own configuration"
+        );
         let servers = servers.clone();
-        let op = ops.next();
+        let op = ops.allocate();
         tracing::info!(servers = ?servers.iter().map(|peer| &peer.name).collect::<Vec<_>>(), "bootstrapping Raft");
-        self.actions.push_back(BootstrapAction::Initialize { op, servers });
+        self.actions
+            .push_back(BootstrapAction::Initialize { op, servers });
         self.phase = Phase::Initializing { op };
     }
 

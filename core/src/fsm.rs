@@ -72,7 +72,7 @@ pub enum Table {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerState {
-    last_applied: u64,
+    last_applied: Option<u64>,
     cluster: Option<ClusterMeta>,
     leader_terms: u64,
     variables: BTreeMap<String, Variable>,
@@ -86,8 +86,8 @@ pub struct SnapshotError(String);
 impl ServerState {
     /// Applies the entry committed at `index`. Entries arrive in strictly increasing order.
     pub fn apply(&mut self, index: u64, entry: &Entry) -> Response {
-        assert!(index > self.last_applied, "apply out of order: {index} after {}", self.last_applied);
-        self.last_applied = index;
+        self.check_order(index);
+        self.last_applied = Some(index);
         let response = match &entry.command {
             Command::LeadershipEstablished { cluster_id, .. } => {
                 self.leader_terms += 1;
@@ -129,18 +129,27 @@ impl ServerState {
                 None => Response::NotFound,
             },
         };
-        assert_eq!(self.last_applied, index);
+        assert_eq!(self.last_applied, Some(index));
         response
     }
 
     /// Records a log position that carries no command (blank or membership entries).
     pub fn advance(&mut self, index: u64) {
-        assert!(index > self.last_applied, "advance out of order: {index} after {}", self.last_applied);
-        self.last_applied = index;
+        self.check_order(index);
+        self.last_applied = Some(index);
     }
 
-    pub fn last_applied(&self) -> u64 {
+    /// Index of the last applied log position (Raft's first entry has index 0).
+    pub fn last_applied(&self) -> Option<u64> {
         self.last_applied
+    }
+
+    fn check_order(&self, index: u64) {
+        assert!(
+            self.last_applied.is_none_or(|last| index > last),
+            "apply out of order: {index} after {:?}",
+            self.last_applied
+        );
     }
 
     pub fn cluster(&self) -> Option<&ClusterMeta> {
@@ -176,7 +185,10 @@ mod tests {
     use crate::prelude::*;
 
     fn entry(at: u64, command: Command) -> Entry {
-        Entry { at_unix_ms: at, command }
+        Entry {
+            at_unix_ms: at,
+            command,
+        }
     }
 
     fn upsert(path: &str, value: &str) -> Command {
@@ -207,10 +219,15 @@ mod tests {
         state.apply(3, &entry(1, upsert("a", "1")));
         state.advance(4);
         let response = state.apply(5, &entry(2, upsert("a", "2")));
-        let Response::Variable(variable) = response else { panic!("{response:?}") };
+        let Response::Variable(variable) = response else {
+            panic!("{response:?}")
+        };
         assert_eq!((variable.create_index, variable.modify_index), (3, 5));
         assert_eq!(state.table_index(Table::Variables), 5);
-        assert_eq!(state.apply(6, &entry(3, Command::VariableDelete { path: "x".into() })), Response::NotFound);
+        assert_eq!(
+            state.apply(6, &entry(3, Command::VariableDelete { path: "x".into() })),
+            Response::NotFound
+        );
         assert_eq!(state.table_index(Table::Variables), 5);
     }
 

@@ -16,7 +16,10 @@ use alloc::vec::Vec;
 use core::net::SocketAddr;
 use core::num::{NonZeroU8, NonZeroUsize};
 
-use foca::{AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification, PostcardCodec, State, Timer};
+use foca::{
+    AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification, PostcardCodec,
+    State, Timer,
+};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -147,7 +150,9 @@ pub struct Membership {
 
 impl core::fmt::Debug for Membership {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Membership").field("me", &self.me).finish_non_exhaustive()
+        f.debug_struct("Membership")
+            .field("me", &self.me)
+            .finish_non_exhaustive()
     }
 }
 
@@ -172,7 +177,12 @@ impl Membership {
             frequency: timing.announce_down_period,
             num_members: NonZeroUsize::new(2).expect("non-zero"),
         });
-        let foca = Foca::new(me.clone(), config, ChaCha8Rng::seed_from_u64(seed), PostcardCodec);
+        let foca = Foca::new(
+            me.clone(),
+            config,
+            ChaCha8Rng::seed_from_u64(seed),
+            PostcardCodec,
+        );
         Membership {
             me,
             foca,
@@ -193,7 +203,10 @@ impl Membership {
         if addr == self.me.addr {
             return;
         }
-        if let Err(error) = self.foca.announce(MemberId::placeholder(addr), &mut self.runtime) {
+        if let Err(error) = self
+            .foca
+            .announce(MemberId::placeholder(addr), &mut self.runtime)
+        {
             tracing::debug!(%addr, %error, "gossip announce failed");
         }
         self.drain(now);
@@ -296,11 +309,16 @@ impl Membership {
                     self.changed = true;
                 }
                 OwnedNotification::Rejoin(id) => {
-                    tracing::info!(generation = id.generation, "rejoined gossip with a renewed identity");
+                    tracing::info!(
+                        generation = id.generation,
+                        "rejoined gossip with a renewed identity"
+                    );
                     self.me = id;
                     self.changed = true;
                 }
-                OwnedNotification::Active | OwnedNotification::Idle | OwnedNotification::Defunct => {}
+                OwnedNotification::Active
+                | OwnedNotification::Idle
+                | OwnedNotification::Defunct => {}
             }
         }
     }

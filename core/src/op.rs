@@ -28,7 +28,7 @@ pub struct OpIds {
 }
 
 impl OpIds {
-    pub fn next(&mut self) -> OpId {
+    pub fn allocate(&mut self) -> OpId {
         self.next += 1;
         OpId(self.next)
     }

@@ -50,7 +50,7 @@ pub struct RaftView {
     pub role: RaftRole,
     pub term: u64,
     pub leader: Option<u64>,
-    pub last_log_index: u64,
+    pub last_log_index: Option<u64>,
     pub voters: BTreeSet<u64>,
     pub learners: BTreeSet<u64>,
 }
@@ -67,30 +67,82 @@ impl RaftView {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Input {
-    GossipReceived { data: Vec<u8> },
-    JoinResolved { op: OpId, result: Result<Vec<SocketAddr>, String> },
-    PeersAnswered { op: OpId, result: Result<Vec<String>, String> },
-    RaftInitialized { op: OpId, result: Result<(), String> },
+    GossipReceived {
+        data: Vec<u8>,
+    },
+    JoinResolved {
+        op: OpId,
+        result: Result<Vec<SocketAddr>, String>,
+    },
+    PeersAnswered {
+        op: OpId,
+        result: Result<Vec<String>, String>,
+    },
+    RaftInitialized {
+        op: OpId,
+        result: Result<(), String>,
+    },
     RaftObserved(RaftView),
-    ServerAdded { op: OpId, result: Result<(), String> },
-    Proposed { op: OpId, result: Result<u64, String> },
-    ConsulServersFound { op: OpId, result: Result<Vec<SocketAddr>, String> },
-    ConsulRegistered { op: OpId, result: Result<(), String> },
+    ServerAdded {
+        op: OpId,
+        result: Result<(), String>,
+    },
+    Proposed {
+        op: OpId,
+        result: Result<u64, String>,
+    },
+    ConsulServersFound {
+        op: OpId,
+        result: Result<Vec<SocketAddr>, String>,
+    },
+    ConsulRegistered {
+        op: OpId,
+        result: Result<(), String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Action {
-    SendGossip { to: SocketAddr, data: Vec<u8> },
+    SendGossip {
+        to: SocketAddr,
+        data: Vec<u8>,
+    },
     /// Resolve a `retry_join` entry ("ip", "ip:port", "host:port"); `default_port` if none.
-    ResolveJoin { op: OpId, target: String, default_port: u16 },
-    QueryPeers { op: OpId, peer: Peer },
-    InitializeRaft { op: OpId, servers: Vec<Peer> },
+    ResolveJoin {
+        op: OpId,
+        target: String,
+        default_port: u16,
+    },
+    QueryPeers {
+        op: OpId,
+        peer: Peer,
+    },
+    InitializeRaft {
+        op: OpId,
+        servers: Vec<Peer>,
+    },
     PersistBootstrapped,
     /// Add a server to the Raft configuration (as a voter unless `peer.nonvoter`).
-    AddRaftServer { op: OpId, peer: Peer },
-    Propose { op: OpId, command: Command },
-    LookupConsul { op: OpId, service: String, tag: String },
-    RegisterConsul { op: OpId, service: String, tags: Vec<String>, addr: SocketAddr, id: String },
+    AddRaftServer {
+        op: OpId,
+        peer: Peer,
+    },
+    Propose {
+        op: OpId,
+        command: Command,
+    },
+    LookupConsul {
+        op: OpId,
+        service: String,
+        tag: String,
+    },
+    RegisterConsul {
+        op: OpId,
+        service: String,
+        tags: Vec<String>,
+        addr: SocketAddr,
+        id: String,
+    },
 }
 
 /// A pending operation whose outcome the core waits for, with its deadline.
@@ -139,7 +191,14 @@ pub struct ServerStatus {
 impl Server {
     /// `node_id` is the persisted Raft id, `generation` grows with every restart, and
     /// `seed` feeds every random choice this machine makes.
-    pub fn new(now: Instant, config: &AgentConfig, node_id: u64, generation: u64, boot: BootState, seed: u64) -> Self {
+    pub fn new(
+        now: Instant,
+        config: &AgentConfig,
+        node_id: u64,
+        generation: u64,
+        boot: BootState,
+        seed: u64,
+    ) -> Self {
         assert!(config.server.enabled, "a server machine needs server mode");
         let server = &config.server;
         let tags = ServerTags {
@@ -210,11 +269,15 @@ impl Server {
                                 self.membership.join(now, addr);
                             }
                         }
-                        Err(error) => tracing::warn!(%error, "retry_join: could not resolve address"),
+                        Err(error) => {
+                            tracing::warn!(%error, "retry_join: could not resolve address")
+                        }
                     }
                 }
             }
-            Input::PeersAnswered { op, result } => self.bootstrap.handle_peers(now, op, result, &mut self.ops),
+            Input::PeersAnswered { op, result } => {
+                self.bootstrap.handle_peers(now, op, result, &mut self.ops)
+            }
             Input::RaftInitialized { op, result } => self.bootstrap.handle_initialized(op, result),
             Input::RaftObserved(view) => self.observe_raft(now, view),
             Input::ServerAdded { op, result } => {
@@ -226,10 +289,10 @@ impl Server {
                 }
             }
             Input::Proposed { op, result } => {
-                if self.complete(op).is_some() {
-                    if let Err(error) = result {
-                        tracing::warn!(%error, "leadership barrier was not committed");
-                    }
+                if self.complete(op).is_some()
+                    && let Err(error) = result
+                {
+                    tracing::warn!(%error, "leadership barrier was not committed");
                 }
             }
             Input::ConsulServersFound { op, result } => {
@@ -241,7 +304,9 @@ impl Server {
                 if self.complete(op).is_some() {
                     match result {
                         Ok(()) => self.consul_registered = true,
-                        Err(error) => tracing::warn!(%error, "failed to register with Consul; will retry"),
+                        Err(error) => {
+                            tracing::warn!(%error, "failed to register with Consul; will retry")
+                        }
                     }
                 }
             }
@@ -306,7 +371,10 @@ impl Server {
             if self.is_leader() {
                 self.reconcile_at = Some(now);
             }
-            if self.membership.peer_count() == 0 && self.join_retry_at.is_none() && !self.config.retry_join.is_empty() {
+            if self.membership.peer_count() == 0
+                && self.join_retry_at.is_none()
+                && !self.config.retry_join.is_empty()
+            {
                 self.join_retry_at = Some(now + self.config.retry_interval);
             }
         }
@@ -320,7 +388,9 @@ impl Server {
         while let Some(action) = self.bootstrap.poll_action() {
             self.actions.push_back(match action {
                 BootstrapAction::QueryPeers { op, peer } => Action::QueryPeers { op, peer },
-                BootstrapAction::Initialize { op, servers } => Action::InitializeRaft { op, servers },
+                BootstrapAction::Initialize { op, servers } => {
+                    Action::InitializeRaft { op, servers }
+                }
                 BootstrapAction::PersistBootstrapped => Action::PersistBootstrapped,
             });
         }
@@ -331,13 +401,18 @@ impl Server {
     }
 
     fn observe_raft(&mut self, now: Instant, view: RaftView) {
-        self.bootstrap.observe_raft(view.last_log_index, view.leader.is_some());
+        self.bootstrap
+            .observe_raft(view.last_log_index, view.leader.is_some());
         let became_leader = view.role == RaftRole::Leader && self.led_term != Some(view.term);
         self.raft = view;
         if became_leader {
             self.led_term = Some(self.raft.term);
             tracing::info!(term = self.raft.term, "leadership gained");
-            let cluster_id = format!("{:016x}{:016x}", self.rng.random::<u64>(), self.rng.random::<u64>());
+            let cluster_id = format!(
+                "{:016x}{:016x}",
+                self.rng.random::<u64>(),
+                self.rng.random::<u64>()
+            );
             let op = self.start(now, Pending::Propose, PROPOSE_TIMEOUT);
             self.actions.push_back(Action::Propose {
                 op,
@@ -364,15 +439,19 @@ impl Server {
         if self.busy(Pending::AddServer) {
             return;
         }
-        let missing = self.membership.live_members().into_iter().find_map(|member| {
-            let tags = member.tags.as_ref()?;
-            (tags.region == self.region && !self.raft.contains(tags.id)).then(|| Peer {
-                id: tags.id,
-                name: member.name.clone(),
-                rpc_addr: tags.rpc_addr,
-                nonvoter: tags.nonvoter,
-            })
-        });
+        let missing = self
+            .membership
+            .live_members()
+            .into_iter()
+            .find_map(|member| {
+                let tags = member.tags.as_ref()?;
+                (tags.region == self.region && !self.raft.contains(tags.id)).then(|| Peer {
+                    id: tags.id,
+                    name: member.name.clone(),
+                    rpc_addr: tags.rpc_addr,
+                    nonvoter: tags.nonvoter,
+                })
+            });
         if let Some(peer) = missing {
             tracing::info!(server = %peer.name, id = peer.id, nonvoter = peer.nonvoter, "adding server to the Raft configuration");
             let op = self.start(now, Pending::AddServer, RAFT_CHANGE_TIMEOUT);
@@ -386,7 +465,10 @@ impl Server {
             return;
         }
         if self.config.retry_max != 0 && self.join_attempts >= self.config.retry_max {
-            tracing::error!(attempts = self.join_attempts, "retry_join: giving up after retry_max attempts");
+            tracing::error!(
+                attempts = self.join_attempts,
+                "retry_join: giving up after retry_max attempts"
+            );
             return;
         }
         self.join_attempts += 1;
@@ -402,8 +484,11 @@ impl Server {
     }
 
     fn poll_consul(&mut self, now: Instant) {
-        let jitter_ms = self.rng.random_range(0..=self.consul.poll_interval.as_millis() as u64 / 4);
-        self.consul_poll_at = Some(now + self.consul.poll_interval + Duration::from_millis(jitter_ms));
+        let jitter_ms = self
+            .rng
+            .random_range(0..=self.consul.poll_interval.as_millis() as u64 / 4);
+        self.consul_poll_at =
+            Some(now + self.consul.poll_interval + Duration::from_millis(jitter_ms));
         if !self.consul_registered && !self.busy(Pending::ConsulRegister) {
             let op = self.start(now, Pending::ConsulRegister, self.consul.timeout);
             self.actions.push_back(Action::RegisterConsul {
@@ -415,7 +500,9 @@ impl Server {
             });
         }
         let expected = self.bootstrap.expect().max(1) as usize;
-        let wanted = self.consul.server_auto_join && self.raft.leader.is_none() && self.raft.peer_count() < expected;
+        let wanted = self.consul.server_auto_join
+            && self.raft.leader.is_none()
+            && self.raft.peer_count() < expected;
         if wanted && !self.busy(Pending::ConsulLookup) {
             let op = self.start(now, Pending::ConsulLookup, self.consul.timeout);
             self.actions.push_back(Action::LookupConsul {
@@ -429,7 +516,12 @@ impl Server {
     fn handle_consul_servers(&mut self, now: Instant, result: Result<Vec<SocketAddr>, String>) {
         match result {
             Ok(addrs) => {
-                let known: BTreeSet<SocketAddr> = self.membership.live_members().iter().map(|member| member.addr).collect();
+                let known: BTreeSet<SocketAddr> = self
+                    .membership
+                    .live_members()
+                    .iter()
+                    .map(|member| member.addr)
+                    .collect();
                 for addr in addrs.into_iter().filter(|addr| !known.contains(addr)) {
                     tracing::info!(%addr, "joining server found in Consul");
                     self.membership.join(now, addr);
@@ -444,7 +536,7 @@ impl Server {
     }
 
     fn start(&mut self, now: Instant, kind: Pending, timeout: Duration) -> OpId {
-        let op = self.ops.next();
+        let op = self.ops.allocate();
         self.pending.insert(op, (kind, now + timeout));
         op
     }

@@ -87,7 +87,10 @@ mod tests {
         let t = Instant::from_millis(1500);
         assert_eq!(t + Duration::from_millis(500), Instant::from_millis(2000));
         assert_eq!(t - Instant::from_millis(2000), Duration::ZERO);
-        assert_eq!(Instant::from_nanos(u64::MAX) + Duration::from_secs(1), Instant::from_nanos(u64::MAX));
+        assert_eq!(
+            Instant::from_nanos(u64::MAX) + Duration::from_secs(1),
+            Instant::from_nanos(u64::MAX)
+        );
         assert_eq!(t.to_string(), "1.500s");
     }
 }

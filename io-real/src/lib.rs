@@ -1,1 +1,20 @@
+//! Drover's driver and its production I/O.
+//!
+//! [`driver`] runs the core machines against the narrow traits in [`io`]; [`raft`] adapts
+//! openraft to the core FSM and to redb; [`runtime`] is the openraft runtime that works under
+//! tokio and madsim alike. The production implementations (tonic transport, redb files,
+//! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
+pub mod driver;
+pub mod io;
+pub mod raft;
+pub mod runtime;
+
+#[cfg(not(madsim))]
+pub mod consul;
+#[cfg(not(madsim))]
+pub mod disk;
+#[cfg(not(madsim))]
+pub mod http;
+#[cfg(not(madsim))]
+pub mod net;

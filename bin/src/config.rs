@@ -1,0 +1,564 @@
+//! Agent configuration: Nomad's HCL agent blocks and command-line flags, merged into the core's
+//! [`AgentConfig`] (defaults < files in order < flags).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use drover_core::config::{Advertise, AgentConfig};
+use serde::Deserialize;
+
+/// Nomad's agent config file, for the blocks Drover understands.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct FileConfig {
+    pub name: Option<String>,
+    pub region: Option<String>,
+    pub datacenter: Option<String>,
+    pub data_dir: Option<String>,
+    pub bind_addr: Option<String>,
+    pub log_level: Option<String>,
+    pub ports: Option<PortsBlock>,
+    pub advertise: Option<AdvertiseBlock>,
+    pub server: Option<ServerBlock>,
+    pub client: Option<ClientBlock>,
+    pub consul: Option<ConsulBlock>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct PortsBlock {
+    pub http: Option<u16>,
+    pub rpc: Option<u16>,
+    pub serf: Option<u16>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct AdvertiseBlock {
+    pub http: Option<String>,
+    pub rpc: Option<String>,
+    pub serf: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ServerBlock {
+    pub enabled: Option<bool>,
+    pub bootstrap_expect: Option<u32>,
+    pub non_voting_server: Option<bool>,
+    pub server_join: Option<ServerJoinBlock>,
+    /// Deprecated placement Nomad still accepts directly in `server {}`.
+    pub retry_join: Option<Vec<String>>,
+    pub retry_interval: Option<String>,
+    pub retry_max: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ServerJoinBlock {
+    pub retry_join: Option<Vec<String>>,
+    pub retry_interval: Option<String>,
+    pub retry_max: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ClientBlock {
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ConsulBlock {
+    pub address: Option<String>,
+    pub server_service_name: Option<String>,
+    pub server_auto_join: Option<bool>,
+    pub auto_advertise: Option<bool>,
+    pub timeout: Option<String>,
+}
+
+const KNOWN_TOP_LEVEL: &[&str] = &[
+    "name",
+    "region",
+    "datacenter",
+    "data_dir",
+    "bind_addr",
+    "log_level",
+    "ports",
+    "advertise",
+    "server",
+    "client",
+    "consul",
+];
+
+/// Command-line flags, already parsed.
+#[derive(Debug, Default, Clone)]
+pub struct Flags {
+    pub dev: bool,
+    pub server: bool,
+    pub client: bool,
+    pub bootstrap_expect: Option<u32>,
+    pub data_dir: Option<String>,
+    pub bind: Option<String>,
+    pub http_port: Option<u16>,
+    pub rpc_port: Option<u16>,
+    pub serf_port: Option<u16>,
+    pub retry_join: Vec<String>,
+    pub retry_interval: Option<String>,
+    pub retry_max: Option<u32>,
+    pub region: Option<String>,
+    pub dc: Option<String>,
+    pub node: Option<String>,
+    pub consul_address: Option<String>,
+    pub log_level: Option<String>,
+    pub config: Vec<PathBuf>,
+}
+
+/// The merged configuration, plus what is not part of the core's config.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: AgentConfig,
+    pub log_level: String,
+    /// Operator-facing notes (ignored keys); validation warnings are added by the caller.
+    pub notes: Vec<String>,
+}
+
+/// Parses one HCL config file, returning the typed blocks and the top-level keys it ignores.
+pub fn parse_file(path: &Path) -> anyhow::Result<(FileConfig, Vec<String>)> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("Error loading configuration from {}", path.display()))?;
+    parse_text(&text)
+        .with_context(|| format!("Error loading configuration from {}", path.display()))
+}
+
+pub fn parse_text(text: &str) -> anyhow::Result<(FileConfig, Vec<String>)> {
+    let body: hcl::Body = hcl::from_str(text).map_err(|error| anyhow::anyhow!("{error}"))?;
+    let mut ignored = Vec::new();
+    for structure in body.iter() {
+        let key = match structure {
+            hcl::Structure::Attribute(attribute) => attribute.key.to_string(),
+            hcl::Structure::Block(block) => block.identifier.to_string(),
+        };
+        if !KNOWN_TOP_LEVEL.contains(&key.as_str()) && !ignored.contains(&key) {
+            ignored.push(key);
+        }
+    }
+    let config: FileConfig = hcl::from_body(body).map_err(|error| anyhow::anyhow!("{error}"))?;
+    Ok((config, ignored))
+}
+
+/// Parses a Go-style duration ("30s", "1m", "500ms").
+pub fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: u64 = number.parse().with_context(|| {
+        format!("invalid {field} {text:?}: expected a duration such as \"30s\"")
+    })?;
+    let duration = match unit {
+        "ms" => Duration::from_millis(value),
+        "s" => Duration::from_secs(value),
+        "m" => Duration::from_secs(value * 60),
+        "h" => Duration::from_secs(value * 3600),
+        _ => bail!("invalid {field} {text:?}: expected a duration such as \"30s\""),
+    };
+    Ok(duration)
+}
+
+fn parse_ip(field: &str, text: &str) -> anyhow::Result<IpAddr> {
+    text.trim()
+        .parse()
+        .with_context(|| format!("invalid {field} {text:?}: expected an IP address"))
+}
+
+/// An `advertise` value: "ip" or "ip:port"; the port defaults to `port`.
+fn parse_advertise(field: &str, text: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr);
+    }
+    Ok(SocketAddr::new(parse_ip(field, text)?, port))
+}
+
+/// Merges defaults, files and flags. `dev_data_dir` is used for `-dev` without `-data-dir`.
+pub fn load(
+    flags: &Flags,
+    dev_data_dir: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<Loaded> {
+    let mut config = AgentConfig::default();
+    let mut log_level = "INFO".to_string();
+    let mut notes = Vec::new();
+    let mut bind: Option<IpAddr> = None;
+    let mut advertise = AdvertiseBlock::default();
+
+    if flags.dev {
+        config.dev_mode = true;
+        config.server.enabled = true;
+        config.client.enabled = true;
+        config.server.bootstrap_expect = 1;
+        bind = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
+        config.name = "dev".to_string();
+    }
+
+    for path in &flags.config {
+        let files = config_files(path)?;
+        for file in files {
+            let (parsed, ignored) = parse_file(&file)?;
+            for key in ignored {
+                notes.push(format!(
+                    "{}: ignoring unsupported config key {key:?}",
+                    file.display()
+                ));
+            }
+            apply_file(
+                &mut config,
+                &mut log_level,
+                &mut bind,
+                &mut advertise,
+                parsed,
+            )?;
+        }
+    }
+
+    if flags.server {
+        config.server.enabled = true;
+    }
+    if flags.client {
+        config.client.enabled = true;
+    }
+    if let Some(expect) = flags.bootstrap_expect {
+        config.server.bootstrap_expect = expect;
+    }
+    if let Some(dir) = &flags.data_dir {
+        config.data_dir = Some(dir.clone());
+    }
+    if let Some(text) = &flags.bind {
+        bind = Some(parse_ip("-bind", text)?);
+    }
+    if let Some(port) = flags.http_port {
+        config.ports.http = port;
+    }
+    if let Some(port) = flags.rpc_port {
+        config.ports.rpc = port;
+    }
+    if let Some(port) = flags.serf_port {
+        config.ports.serf = port;
+    }
+    if !flags.retry_join.is_empty() {
+        config.server.retry_join = flags.retry_join.clone();
+    }
+    if let Some(text) = &flags.retry_interval {
+        config.server.retry_interval = parse_duration("-retry-interval", text)?;
+    }
+    if let Some(max) = flags.retry_max {
+        config.server.retry_max = max;
+    }
+    if let Some(region) = &flags.region {
+        config.region = region.clone();
+    }
+    if let Some(dc) = &flags.dc {
+        config.datacenter = dc.clone();
+    }
+    if let Some(node) = &flags.node {
+        config.name = node.clone();
+    }
+    if let Some(address) = &flags.consul_address {
+        config.consul.address = Some(address.clone());
+    }
+    if let Some(level) = &flags.log_level {
+        log_level = level.clone();
+    }
+    if config.dev_mode && config.data_dir.is_none() {
+        config.data_dir = Some(dev_data_dir()?);
+    }
+
+    config.bind_addr = bind.unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    let default_ip = if config.bind_addr.is_unspecified() {
+        local_ip()
+    } else {
+        config.bind_addr
+    };
+    let mut resolved = Advertise::on(default_ip, config.ports);
+    if let Some(text) = &advertise.http {
+        resolved.http = parse_advertise("advertise.http", text, config.ports.http)?;
+    }
+    if let Some(text) = &advertise.rpc {
+        resolved.rpc = parse_advertise("advertise.rpc", text, config.ports.rpc)?;
+    }
+    if let Some(text) = &advertise.serf {
+        resolved.serf = parse_advertise("advertise.serf", text, config.ports.serf)?;
+    }
+    config.advertise = resolved;
+    Ok(Loaded {
+        config,
+        log_level,
+        notes,
+    })
+}
+
+/// A path names a file, or a directory whose `*.hcl` files are read in name order (as Nomad).
+fn config_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    let metadata = std::fs::metadata(path)
+        .with_context(|| format!("Error loading configuration from {}", path.display()))?;
+    if !metadata.is_dir() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .with_context(|| format!("Error loading configuration from {}", path.display()))?
+        .filter_map(|entry| entry.ok().map(|entry| entry.path()))
+        .filter(|file| file.extension().is_some_and(|ext| ext == "hcl"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn apply_file(
+    config: &mut AgentConfig,
+    log_level: &mut String,
+    bind: &mut Option<IpAddr>,
+    advertise: &mut AdvertiseBlock,
+    file: FileConfig,
+) -> anyhow::Result<()> {
+    if let Some(name) = file.name {
+        config.name = name;
+    }
+    if let Some(region) = file.region {
+        config.region = region;
+    }
+    if let Some(datacenter) = file.datacenter {
+        config.datacenter = datacenter;
+    }
+    if let Some(dir) = file.data_dir {
+        config.data_dir = Some(dir);
+    }
+    if let Some(text) = file.bind_addr {
+        *bind = Some(parse_ip("bind_addr", &text)?);
+    }
+    if let Some(level) = file.log_level {
+        *log_level = level;
+    }
+    if let Some(ports) = file.ports {
+        config.ports.http = ports.http.unwrap_or(config.ports.http);
+        config.ports.rpc = ports.rpc.unwrap_or(config.ports.rpc);
+        config.ports.serf = ports.serf.unwrap_or(config.ports.serf);
+    }
+    if let Some(block) = file.advertise {
+        advertise.http = block.http.or(advertise.http.take());
+        advertise.rpc = block.rpc.or(advertise.rpc.take());
+        advertise.serf = block.serf.or(advertise.serf.take());
+    }
+    if let Some(server) = file.server {
+        if let Some(enabled) = server.enabled {
+            config.server.enabled = enabled;
+        }
+        if let Some(expect) = server.bootstrap_expect {
+            config.server.bootstrap_expect = expect;
+        }
+        if let Some(nonvoter) = server.non_voting_server {
+            config.server.non_voting_server = nonvoter;
+        }
+        let join = server.server_join.unwrap_or_default();
+        if let Some(targets) = join.retry_join.or(server.retry_join) {
+            config.server.retry_join = targets;
+        }
+        if let Some(text) = join.retry_interval.or(server.retry_interval) {
+            config.server.retry_interval = parse_duration("retry_interval", &text)?;
+        }
+        if let Some(max) = join.retry_max.or(server.retry_max) {
+            config.server.retry_max = max;
+        }
+    }
+    if let Some(enabled) = file.client.and_then(|client| client.enabled) {
+        config.client.enabled = enabled;
+    }
+    if let Some(consul) = file.consul {
+        if let Some(address) = consul.address {
+            config.consul.address = Some(address);
+        }
+        if let Some(name) = consul.server_service_name {
+            config.consul.server_service_name = name;
+        }
+        if let Some(auto_join) = consul.server_auto_join {
+            config.consul.server_auto_join = auto_join;
+        }
+        if let Some(auto_advertise) = consul.auto_advertise {
+            config.consul.auto_advertise = auto_advertise;
+        }
+        if let Some(text) = consul.timeout {
+            config.consul.timeout = parse_duration("consul.timeout", &text)?;
+        }
+    }
+    Ok(())
+}
+
+/// The address other agents should use when we bind to every interface: the source address
+/// of the default route, or loopback when there is none. No packet is sent.
+fn local_ip() -> IpAddr {
+    std::net::UdpSocket::bind("0.0.0.0:0")
+        .and_then(|socket| {
+            socket.connect("10.254.254.254:1")?;
+            socket.local_addr()
+        })
+        .map(|addr| addr.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOMAD_SERVER: &str = r#"
+name       = "server-1"
+region     = "eu"
+datacenter = "eu-west-1"
+data_dir   = "/var/lib/nomad"
+bind_addr  = "10.0.0.5"
+
+ports {
+  http = 5646
+  rpc  = 5647
+  serf = 5648
+}
+
+advertise {
+  rpc = "192.168.1.5"
+}
+
+server {
+  enabled          = true
+  bootstrap_expect = 3
+  server_join {
+    retry_join     = ["10.0.0.6", "10.0.0.7:5648"]
+    retry_interval = "15s"
+  }
+}
+
+client {
+  enabled = false
+}
+
+telemetry {
+  publish_allocation_metrics = true
+}
+
+acl {
+  enabled = true
+}
+"#;
+
+    fn no_dev() -> anyhow::Result<String> {
+        panic!("not in dev mode")
+    }
+
+    #[test]
+    fn an_operators_nomad_config_works_unchanged() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("server.hcl");
+        std::fs::write(&file, NOMAD_SERVER).unwrap();
+        let flags = Flags {
+            config: vec![file.clone()],
+            ..Flags::default()
+        };
+        let loaded = load(&flags, no_dev).unwrap();
+        let config = loaded.config;
+        assert_eq!(config.name, "server-1");
+        assert_eq!(
+            (config.region.as_str(), config.datacenter.as_str()),
+            ("eu", "eu-west-1")
+        );
+        assert_eq!(config.data_dir.as_deref(), Some("/var/lib/nomad"));
+        assert_eq!(config.bind_addr, "10.0.0.5".parse::<IpAddr>().unwrap());
+        assert_eq!(
+            (config.ports.http, config.ports.rpc, config.ports.serf),
+            (5646, 5647, 5648)
+        );
+        assert_eq!(config.advertise.rpc, "192.168.1.5:5647".parse().unwrap());
+        assert_eq!(config.advertise.serf, "10.0.0.5:5648".parse().unwrap());
+        assert!(config.server.enabled && !config.client.enabled);
+        assert_eq!(config.server.bootstrap_expect, 3);
+        assert_eq!(config.server.retry_join, vec!["10.0.0.6", "10.0.0.7:5648"]);
+        assert_eq!(config.server.retry_interval, Duration::from_secs(15));
+        assert_eq!(
+            loaded.notes,
+            vec![
+                format!(
+                    "{}: ignoring unsupported config key \"telemetry\"",
+                    file.display()
+                ),
+                format!(
+                    "{}: ignoring unsupported config key \"acl\"",
+                    file.display()
+                ),
+            ]
+        );
+        assert_eq!(config.validate(), Ok(vec![]));
+    }
+
+    #[test]
+    fn flags_override_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("a.hcl");
+        std::fs::write(
+            &file,
+            "region = \"a\"\nserver {\n  enabled = true\n  bootstrap_expect = 5\n}\n",
+        )
+        .unwrap();
+        let flags = Flags {
+            config: vec![dir.path().to_path_buf()],
+            bootstrap_expect: Some(3),
+            region: Some("b".into()),
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        let config = load(&flags, no_dev).unwrap().config;
+        assert_eq!(
+            (config.region.as_str(), config.server.bootstrap_expect),
+            ("b", 3)
+        );
+    }
+
+    #[test]
+    fn defaults_are_nomads_ports() {
+        let flags = Flags {
+            dev: true,
+            ..Flags::default()
+        };
+        let config = load(&flags, || Ok("/tmp/dev".into())).unwrap().config;
+        assert_eq!(
+            (config.ports.http, config.ports.rpc, config.ports.serf),
+            (4646, 4647, 4648)
+        );
+        assert_eq!(config.server.bootstrap_expect, 1);
+        assert_eq!(config.data_dir.as_deref(), Some("/tmp/dev"));
+        assert_eq!(config.validate(), Ok(vec![]));
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let error = parse_text("server { bootstrap_expect = \"three\" }")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("three") || error.contains("u32") || error.contains("invalid type"),
+            "{error}"
+        );
+        let error = parse_duration("retry_interval", "soon")
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            "invalid retry_interval \"soon\": expected a duration such as \"30s\""
+        );
+        let flags = Flags {
+            bind: Some("not-an-ip".into()),
+            server: true,
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        let error = load(&flags, no_dev).unwrap_err().to_string();
+        assert_eq!(error, "invalid -bind \"not-an-ip\": expected an IP address");
+    }
+}

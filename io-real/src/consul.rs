@@ -1,0 +1,152 @@
+//! Production Consul client: catalog lookups and service registration over Consul's HTTP API,
+//! each call bounded by a deadline. Mirrored by `drover-io-sim`'s `consul.rs`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Deserialize;
+
+use crate::io::{Consul, ServiceRegistration};
+
+#[derive(Clone)]
+pub struct ConsulHttp {
+    base: String,
+    timeout: Duration,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CatalogService {
+    address: String,
+    #[serde(default)]
+    service_address: String,
+    service_port: u16,
+}
+
+impl ConsulHttp {
+    /// `address` is Consul's `host:port` (Nomad's `consul { address }`).
+    pub fn new(address: &str, timeout: Duration) -> Self {
+        let base = if address.starts_with("http://") {
+            address.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}", address.trim_end_matches('/'))
+        };
+        ConsulHttp {
+            base,
+            timeout,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    async fn request(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<Vec<u8>, String> {
+        let uri = format!("{}{}", self.base, path);
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|error| format!("bad Consul request {uri}: {error}"))?;
+        let call = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|error| format!("{uri}: {error}"))?;
+            let status = response.status();
+            let bytes = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|error| format!("{uri}: {error}"))?
+                .to_bytes();
+            if !status.is_success() {
+                return Err(format!(
+                    "{uri}: HTTP {status}: {}",
+                    String::from_utf8_lossy(&bytes)
+                ));
+            }
+            Ok(bytes.to_vec())
+        };
+        tokio::time::timeout(self.timeout, call)
+            .await
+            .map_err(|_| format!("{uri}: timed out after {:?}", self.timeout))?
+    }
+
+    async fn service_in(
+        &self,
+        service: &str,
+        tag: &str,
+        datacenter: Option<&str>,
+    ) -> Result<Vec<SocketAddr>, String> {
+        let mut path = format!("/v1/catalog/service/{service}?tag={tag}");
+        if let Some(datacenter) = datacenter {
+            path.push_str("&dc=");
+            path.push_str(datacenter);
+        }
+        let body = self.request(hyper::Method::GET, &path, Vec::new()).await?;
+        let services: Vec<CatalogService> = serde_json::from_slice(&body)
+            .map_err(|error| format!("malformed catalog answer: {error}"))?;
+        Ok(services
+            .into_iter()
+            .filter_map(|service| {
+                let host = if service.service_address.is_empty() {
+                    service.address
+                } else {
+                    service.service_address
+                };
+                host.parse::<IpAddr>()
+                    .ok()
+                    .map(|ip| SocketAddr::new(ip, service.service_port))
+            })
+            .collect())
+    }
+}
+
+impl Consul for ConsulHttp {
+    /// The local datacenter first, then every other datacenter Consul knows.
+    async fn catalog_service(&self, service: &str, tag: &str) -> Result<Vec<SocketAddr>, String> {
+        let mut addrs = self.service_in(service, tag, None).await?;
+        if let Ok(body) = self
+            .request(hyper::Method::GET, "/v1/catalog/datacenters", Vec::new())
+            .await
+        {
+            let datacenters: Vec<String> = serde_json::from_slice(&body).unwrap_or_default();
+            for datacenter in datacenters.iter().skip(1) {
+                if let Ok(more) = self.service_in(service, tag, Some(datacenter)).await {
+                    addrs.extend(more);
+                }
+            }
+        }
+        addrs.sort();
+        addrs.dedup();
+        Ok(addrs)
+    }
+
+    async fn register_service(&self, registration: ServiceRegistration) -> Result<(), String> {
+        let body = serde_json::json!({
+            "ID": registration.id,
+            "Name": registration.name,
+            "Tags": registration.tags,
+            "Address": registration.addr.ip().to_string(),
+            "Port": registration.addr.port(),
+        });
+        self.request(
+            hyper::Method::PUT,
+            "/v1/agent/service/register",
+            serde_json::to_vec(&body).expect("json serializes"),
+        )
+        .await
+        .map(|_| ())
+    }
+}

@@ -1,0 +1,842 @@
+//! The driver: runs the core [`Agent`] machine against the I/O traits.
+//!
+//! Written once, used twice: production wires it to tonic, UDP, redb files and Consul's HTTP
+//! API (this crate); the simulation wires it to madsim's network, a crash-prone disk and a
+//! faulty Consul (`drover-io-sim`). Everything here is plumbing: each action the core emits is
+//! started as a task whose outcome is posted back to the core as an input with the same
+//! operation id. Deadlines belong to the core; the driver only sleeps until `poll_timeout`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::Instant;
+use drover_core::agent::{self, Agent, Boot};
+use drover_core::bootstrap::Peer;
+use drover_core::config::AgentConfig;
+use drover_core::fsm::{Command, Entry, Response};
+use drover_core::server::{self, RaftRole, RaftView, ServerStatus};
+use drover_proto::agent::v1::agent_request::Body as RequestBody;
+use drover_proto::agent::v1::agent_response::Body as ResponseBody;
+use drover_proto::agent::v1::rpc_error::Kind as ErrorKind;
+use drover_proto::agent::v1::{
+    AgentRequest, AgentResponse, ApplyRequest, ApplyResponse, RaftPayload, RpcError,
+    StatusPeersRequest, StatusPeersResponse,
+};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::{ChangeMembers, ServerState};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, watch};
+
+use crate::io::{
+    AgentEvent, Consul, Observer, RpcHandler, ServiceRegistration, Transport, TransportError,
+};
+use crate::raft::network::NetworkFactory;
+use crate::raft::store::{Applied, ApplyHook, LogStore, StateMachine, Store, StoreError};
+use crate::raft::{Raft, RaftMetrics, ServerNode};
+
+/// Deadline for one forwarded write or `Status.Peers` call at the transport level; the core's
+/// own deadlines are usually shorter and win.
+const RPC_TIMEOUT: Duration = Duration::from_secs(10);
+const GOSSIP_PACKET_MAX: usize = 65_536;
+
+/// Everything the driver needs from the outside world.
+pub struct AgentParts<T, C, O> {
+    pub config: AgentConfig,
+    pub db: redb::Database,
+    pub transport: T,
+    pub consul: C,
+    pub observer: Arc<O>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("invalid Raft configuration: {0}")]
+    RaftConfig(String),
+    #[error("failed to start Raft: {0}")]
+    Raft(String),
+    #[error("failed to bind {what} on {addr}: {error}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ApplyError {
+    #[error("No cluster leader")]
+    NoLeader,
+    #[error("this agent is not a server")]
+    NotServer,
+    #[error("forwarding to the leader failed: {0}")]
+    Forward(String),
+    #[error("{0}")]
+    Raft(String),
+}
+
+/// What the HTTP API shows about this agent; republished after every step.
+#[derive(Clone, Debug, Default)]
+pub struct AgentStatus {
+    pub server: Option<ServerStatus>,
+    pub raft: Option<RaftSummary>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct RaftSummary {
+    pub role: Option<RaftRole>,
+    pub term: u64,
+    pub leader: Option<(u64, ServerNode)>,
+    /// Every server in the Raft configuration (voters and non-voters), by id.
+    pub peers: BTreeMap<u64, (ServerNode, bool)>,
+    pub last_log_index: Option<u64>,
+    pub last_applied: Option<u64>,
+    pub commit_index: Option<u64>,
+    pub millis_since_quorum_ack: Option<u64>,
+}
+
+/// Sends one request to another server (used to forward writes to the leader).
+type Forwarder = Arc<
+    dyn Fn(SocketAddr, AgentRequest) -> crate::io::BoxFuture<Result<AgentResponse, TransportError>>
+        + Send
+        + Sync,
+>;
+
+/// A running agent.
+#[derive(Clone)]
+pub struct AgentHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: AgentConfig,
+    node_id: u64,
+    status: watch::Receiver<AgentStatus>,
+    raft: Option<Raft>,
+    applied: Option<Arc<Mutex<Applied>>>,
+    changes: Option<watch::Receiver<u64>>,
+    forward: Forwarder,
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl AgentHandle {
+    pub fn config(&self) -> &AgentConfig {
+        &self.inner.config
+    }
+
+    pub fn node_id(&self) -> u64 {
+        self.inner.node_id
+    }
+
+    pub fn status(&self) -> AgentStatus {
+        self.inner.status.borrow().clone()
+    }
+
+    /// Resolves when the status changes.
+    pub fn status_watch(&self) -> watch::Receiver<AgentStatus> {
+        self.inner.status.clone()
+    }
+
+    /// Reads the applied server state.
+    pub fn read_state<R>(
+        &self,
+        read: impl FnOnce(&drover_core::fsm::ServerState) -> R,
+    ) -> Option<R> {
+        let applied = self.inner.applied.as_ref()?;
+        let applied = applied.lock().expect("state lock");
+        Some(read(&applied.state))
+    }
+
+    /// Changes whenever the applied server state changes (`None` on client-only agents).
+    pub fn state_changes(&self) -> Option<watch::Receiver<u64>> {
+        self.inner.changes.clone()
+    }
+
+    /// Proposes `command` through Raft (forwarding to the leader when needed) and waits until it
+    /// is applied. Returns the log index and the state machine's response.
+    pub async fn apply(&self, command: Command) -> Result<(u64, Response), ApplyError> {
+        let raft = self.inner.raft.as_ref().ok_or(ApplyError::NotServer)?;
+        let entry = Entry {
+            at_unix_ms: unix_millis(),
+            command,
+        };
+        match raft.client_write(entry.clone()).await {
+            Ok(response) => Ok((response.log_id.index, response.data)),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                let Some(node) = forward.leader_node else {
+                    return Err(ApplyError::NoLeader);
+                };
+                let addr: SocketAddr = node.rpc_addr.parse().map_err(|_| {
+                    ApplyError::Forward(format!("bad leader address {}", node.rpc_addr))
+                })?;
+                let request = AgentRequest {
+                    region: self.inner.config.region.clone(),
+                    body: Some(RequestBody::Apply(ApplyRequest {
+                        command_json: serde_json::to_vec(&entry).expect("entry serializes"),
+                    })),
+                };
+                let response = (self.inner.forward)(addr, request)
+                    .await
+                    .map_err(|error| ApplyError::Forward(error.to_string()))?;
+                match response.body {
+                    Some(ResponseBody::Apply(apply)) => {
+                        let data = serde_json::from_slice(&apply.response_json)
+                            .map_err(|error| ApplyError::Forward(error.to_string()))?;
+                        Ok((apply.index, data))
+                    }
+                    Some(ResponseBody::Error(error)) if error.kind() == ErrorKind::NotLeader => {
+                        Err(ApplyError::NoLeader)
+                    }
+                    Some(ResponseBody::Error(error)) => Err(ApplyError::Forward(error.message)),
+                    other => Err(ApplyError::Forward(format!(
+                        "unexpected response {other:?}"
+                    ))),
+                }
+            }
+            Err(error) => Err(ApplyError::Raft(error.to_string())),
+        }
+    }
+
+    /// Stops the agent's loop and Raft.
+    pub async fn shutdown(&self) {
+        if let Some(stop) = self.inner.stop.lock().expect("stop lock").take() {
+            let _ = stop.send(());
+        }
+        if let Some(raft) = &self.inner.raft {
+            let _ = raft.shutdown().await;
+        }
+    }
+}
+
+fn unix_millis() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// Opens the store, starts Raft, the gossip socket, the RPC server and the core loop.
+pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
+    parts: AgentParts<T, C, O>,
+) -> Result<AgentHandle, StartError> {
+    let AgentParts {
+        config,
+        db,
+        transport,
+        consul,
+        observer,
+    } = parts;
+    let store = Store::new(db)?;
+    let fresh_node_id = loop {
+        let id: u64 = rand::random();
+        if id != 0 {
+            break id;
+        }
+    };
+    let record = store.boot(fresh_node_id)?;
+    observer.record(AgentEvent::Started {
+        node_id: record.node_id,
+        boot_count: record.boot_count,
+        boot: record.boot,
+    });
+    tracing::info!(node_id = record.node_id, boot_count = record.boot_count, boot = ?record.boot, "agent starting");
+
+    let is_server = config.server.enabled || config.dev_mode;
+    let (inbox_tx, inbox_rx) = mpsc::unbounded_channel::<agent::Input>();
+    let (status_tx, status_rx) = watch::channel(AgentStatus::default());
+
+    let (raft, applied, changes) = if is_server {
+        let (raft, applied, changes) = start_raft(
+            &config,
+            record.node_id,
+            &store,
+            transport.clone(),
+            observer.clone(),
+        )
+        .await?;
+        (Some(raft), Some(applied), Some(changes))
+    } else {
+        (None, None, None)
+    };
+
+    if let Some(raft) = &raft {
+        let rpc_addr = SocketAddr::new(config.bind_addr, config.ports.rpc);
+        let handler = rpc_handler(raft.clone(), config.region.clone());
+        transport
+            .serve(rpc_addr, handler)
+            .await
+            .map_err(|error| StartError::Bind {
+                what: "RPC",
+                addr: rpc_addr,
+                error,
+            })?;
+        tokio::spawn(watch_raft(raft.clone(), inbox_tx.clone(), observer.clone()));
+    }
+
+    let gossip = if is_server {
+        let serf_addr = SocketAddr::new(config.bind_addr, config.ports.serf);
+        let socket = tokio::net::UdpSocket::bind(serf_addr)
+            .await
+            .map_err(|error| StartError::Bind {
+                what: "gossip",
+                addr: serf_addr,
+                error,
+            })?;
+        let socket = Arc::new(socket);
+        tokio::spawn(receive_gossip(socket.clone(), inbox_tx.clone()));
+        Some(socket)
+    } else {
+        None
+    };
+
+    let epoch = tokio::time::Instant::now();
+    let boot = Boot {
+        node_id: record.node_id,
+        boot_count: record.boot_count,
+        state: record.boot,
+        seed: rand::random(),
+    };
+    let agent = Agent::new(core_now(epoch), &config, boot);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let forward_transport = transport.clone();
+    let handle = AgentHandle {
+        inner: Arc::new(Inner {
+            config: config.clone(),
+            node_id: record.node_id,
+            status: status_rx,
+            raft: raft.clone(),
+            applied: applied.clone(),
+            changes,
+            forward: Arc::new(move |addr, request| {
+                let transport = forward_transport.clone();
+                Box::pin(async move { transport.call(addr, request, RPC_TIMEOUT).await })
+            }),
+            stop: Mutex::new(Some(stop_tx)),
+        }),
+    };
+    let driver = Driver {
+        agent,
+        region: config.region.clone(),
+        epoch,
+        inbox: inbox_tx,
+        store,
+        raft,
+        gossip,
+        transport,
+        consul: Arc::new(consul),
+        observer,
+        status: status_tx,
+    };
+    tokio::spawn(driver.run(inbox_rx, stop_rx));
+    Ok(handle)
+}
+
+async fn start_raft<T: Transport, O: Observer>(
+    config: &AgentConfig,
+    node_id: u64,
+    store: &Store,
+    transport: T,
+    observer: Arc<O>,
+) -> Result<(Raft, Arc<Mutex<Applied>>, watch::Receiver<u64>), StartError> {
+    let timing = &config.server.timing;
+    let raft_config = openraft::Config {
+        cluster_name: config.region.clone(),
+        heartbeat_interval: timing.raft_heartbeat.as_millis() as u64,
+        election_timeout_min: timing.raft_election_timeout_min.as_millis() as u64,
+        election_timeout_max: timing.raft_election_timeout_max.as_millis() as u64,
+        install_snapshot_timeout: 5_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000),
+        max_in_snapshot_log_to_keep: 500,
+        ..Default::default()
+    }
+    .validate()
+    .map_err(|error| StartError::RaftConfig(error.to_string()))?;
+    let hook: ApplyHook = Arc::new(move |index, entry| {
+        observer.record(AgentEvent::Applied {
+            index,
+            term: entry.log_id.leader_id.term,
+            digest: entry_digest(entry),
+        });
+    });
+    let state_machine = StateMachine::open(store.clone(), Some(hook))?;
+    let applied = state_machine.applied();
+    let changes = state_machine.changes();
+    let network = NetworkFactory::new(transport, config.region.clone());
+    let raft = Raft::new(
+        node_id,
+        Arc::new(raft_config),
+        network,
+        LogStore::new(store.clone()),
+        state_machine,
+    )
+    .await
+    .map_err(|error| StartError::Raft(error.to_string()))?;
+    Ok((raft, applied, changes))
+}
+
+/// A stable digest of an entry's payload (FNV-1a over its JSON), for cross-server comparison.
+fn entry_digest(entry: &openraft::Entry<crate::raft::TypeConfig>) -> u64 {
+    let bytes = serde_json::to_vec(&entry.payload).expect("payload serializes");
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn core_now(epoch: tokio::time::Instant) -> Instant {
+    Instant::from_nanos(
+        tokio::time::Instant::now()
+            .saturating_duration_since(epoch)
+            .as_nanos() as u64,
+    )
+}
+
+struct Driver<T, C, O> {
+    agent: Agent,
+    region: String,
+    epoch: tokio::time::Instant,
+    inbox: mpsc::UnboundedSender<agent::Input>,
+    store: Store,
+    raft: Option<Raft>,
+    gossip: Option<Arc<tokio::net::UdpSocket>>,
+    transport: T,
+    consul: Arc<C>,
+    observer: Arc<O>,
+    status: watch::Sender<AgentStatus>,
+}
+
+impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
+    async fn run(
+        mut self,
+        mut inbox: mpsc::UnboundedReceiver<agent::Input>,
+        mut stop: tokio::sync::oneshot::Receiver<()>,
+    ) {
+        self.agent.handle_timeout(core_now(self.epoch));
+        self.execute_actions().await;
+        loop {
+            let deadline = self
+                .agent
+                .poll_timeout()
+                .map(|at| self.epoch + Duration::from_nanos(at.as_nanos()))
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
+            tokio::select! {
+                input = inbox.recv() => {
+                    let Some(input) = input else { break };
+                    self.agent.handle(core_now(self.epoch), input);
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    self.agent.handle_timeout(core_now(self.epoch));
+                }
+                _ = &mut stop => break,
+            }
+            self.execute_actions().await;
+        }
+        tracing::info!("agent loop stopped");
+    }
+
+    async fn execute_actions(&mut self) {
+        while let Some(action) = self.agent.poll_action() {
+            match action {
+                agent::Action::Server(action) => self.execute_server(action).await,
+            }
+        }
+        self.publish_status();
+    }
+
+    fn publish_status(&self) {
+        let server = self.agent.server().map(|server| server.status());
+        let raft = self
+            .raft
+            .as_ref()
+            .map(|raft| summarize(&raft.metrics().borrow()));
+        self.status.send_replace(AgentStatus { server, raft });
+    }
+
+    async fn execute_server(&mut self, action: server::Action) {
+        use server::Action as A;
+        use server::Input as I;
+        match action {
+            A::SendGossip { to, data } => {
+                if let Some(socket) = &self.gossip
+                    && let Err(error) = socket.send_to(&data, to).await
+                {
+                    tracing::debug!(%to, %error, "gossip send failed");
+                }
+            }
+            A::ResolveJoin {
+                op,
+                target,
+                default_port,
+            } => {
+                let transport = self.transport.clone();
+                let inbox = self.inbox.clone();
+                tokio::spawn(async move {
+                    let result = transport.resolve(&target, default_port).await;
+                    let _ = inbox.send(agent::Input::Server(I::JoinResolved { op, result }));
+                });
+            }
+            A::QueryPeers { op, peer } => {
+                let transport = self.transport.clone();
+                let inbox = self.inbox.clone();
+                let region = self.region.clone();
+                tokio::spawn(async move {
+                    let result = query_peers(&transport, region, &peer).await;
+                    let _ = inbox.send(agent::Input::Server(I::PeersAnswered { op, result }));
+                });
+            }
+            A::InitializeRaft { op, servers } => {
+                let Some(raft) = self.raft.clone() else {
+                    return;
+                };
+                let voters: BTreeMap<u64, ServerNode> = servers
+                    .iter()
+                    .filter(|peer| !peer.nonvoter)
+                    .map(|peer| (peer.id, server_node(peer)))
+                    .collect();
+                self.observer.record(AgentEvent::BootstrapRequested {
+                    voters: voters.keys().copied().collect(),
+                });
+                let inbox = self.inbox.clone();
+                let observer = self.observer.clone();
+                tokio::spawn(async move {
+                    let result = raft
+                        .initialize(voters)
+                        .await
+                        .map_err(|error| error.to_string());
+                    observer.record(AgentEvent::BootstrapFinished {
+                        result: result.clone(),
+                    });
+                    let _ = inbox.send(agent::Input::Server(I::RaftInitialized { op, result }));
+                });
+            }
+            A::PersistBootstrapped => match self.store.set_bootstrapped() {
+                Ok(()) => self.observer.record(AgentEvent::BootstrappedPersisted),
+                Err(error) => tracing::error!(%error, "failed to persist the bootstrapped flag"),
+            },
+            A::AddRaftServer { op, peer } => {
+                let Some(raft) = self.raft.clone() else {
+                    return;
+                };
+                let inbox = self.inbox.clone();
+                let observer = self.observer.clone();
+                tokio::spawn(async move {
+                    let result = add_server(&raft, &peer).await;
+                    observer.record(AgentEvent::ServerAdded {
+                        id: peer.id,
+                        result: result.clone(),
+                    });
+                    let _ = inbox.send(agent::Input::Server(I::ServerAdded { op, result }));
+                });
+            }
+            A::Propose { op, command } => {
+                let Some(raft) = self.raft.clone() else {
+                    return;
+                };
+                let inbox = self.inbox.clone();
+                tokio::spawn(async move {
+                    let entry = Entry {
+                        at_unix_ms: unix_millis(),
+                        command,
+                    };
+                    let result = raft
+                        .client_write(entry)
+                        .await
+                        .map(|response| response.log_id.index)
+                        .map_err(|error| error.to_string());
+                    let _ = inbox.send(agent::Input::Server(I::Proposed { op, result }));
+                });
+            }
+            A::LookupConsul { op, service, tag } => {
+                let consul = self.consul.clone();
+                let inbox = self.inbox.clone();
+                tokio::spawn(async move {
+                    let result = consul.catalog_service(&service, &tag).await;
+                    let _ = inbox.send(agent::Input::Server(I::ConsulServersFound { op, result }));
+                });
+            }
+            A::RegisterConsul {
+                op,
+                service,
+                tags,
+                addr,
+                id,
+            } => {
+                let consul = self.consul.clone();
+                let inbox = self.inbox.clone();
+                tokio::spawn(async move {
+                    let registration = ServiceRegistration {
+                        id,
+                        name: service,
+                        tags,
+                        addr,
+                    };
+                    let result = consul.register_service(registration).await;
+                    let _ = inbox.send(agent::Input::Server(I::ConsulRegistered { op, result }));
+                });
+            }
+        }
+    }
+}
+
+fn server_node(peer: &Peer) -> ServerNode {
+    ServerNode {
+        name: peer.name.clone(),
+        rpc_addr: peer.rpc_addr.to_string(),
+    }
+}
+
+/// `Status.Peers` on one server: `Ok(peers)` (possibly empty) or why it could not be asked.
+async fn query_peers<T: Transport>(
+    transport: &T,
+    region: String,
+    peer: &Peer,
+) -> Result<Vec<String>, String> {
+    let request = AgentRequest {
+        region,
+        body: Some(RequestBody::StatusPeers(StatusPeersRequest {})),
+    };
+    let response = transport
+        .call(peer.rpc_addr, request, RPC_TIMEOUT)
+        .await
+        .map_err(|error| error.to_string())?;
+    match response.body {
+        Some(ResponseBody::StatusPeers(peers)) => Ok(peers.peers),
+        Some(ResponseBody::Error(error)) => Err(error.message),
+        other => Err(format!("unexpected response to Status.Peers: {other:?}")),
+    }
+}
+
+/// Adds `peer` as a learner, waits for it to catch up, then promotes it unless it is a
+/// non-voter.
+async fn add_server(raft: &Raft, peer: &Peer) -> Result<(), String> {
+    raft.add_learner(peer.id, server_node(peer), true)
+        .await
+        .map_err(|error| error.to_string())?;
+    if !peer.nonvoter {
+        raft.change_membership(ChangeMembers::AddVoterIds([peer.id].into()), false)
+            .await
+            .map_err(|error| error.to_string())?;
+    }
+    Ok(())
+}
+
+fn raft_role(state: ServerState) -> RaftRole {
+    match state {
+        ServerState::Leader => RaftRole::Leader,
+        ServerState::Candidate => RaftRole::Candidate,
+        ServerState::Follower => RaftRole::Follower,
+        ServerState::Learner => RaftRole::Learner,
+        ServerState::Shutdown => RaftRole::Shutdown,
+    }
+}
+
+fn raft_view(metrics: &RaftMetrics) -> RaftView {
+    let membership = metrics.membership_config.membership();
+    RaftView {
+        role: raft_role(metrics.state),
+        term: metrics.current_term,
+        leader: metrics.current_leader,
+        last_log_index: metrics.last_log_index,
+        voters: membership.voter_ids().collect(),
+        learners: membership.learner_ids().collect(),
+    }
+}
+
+fn summarize(metrics: &RaftMetrics) -> RaftSummary {
+    let membership = metrics.membership_config.membership();
+    let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+    let peers: BTreeMap<u64, (ServerNode, bool)> = membership
+        .nodes()
+        .map(|(id, node)| (*id, (node.clone(), voters.contains(id))))
+        .collect();
+    let leader = metrics
+        .current_leader
+        .and_then(|id| peers.get(&id).map(|(node, _)| (id, node.clone())));
+    RaftSummary {
+        role: Some(raft_role(metrics.state)),
+        term: metrics.current_term,
+        leader,
+        peers,
+        last_log_index: metrics.last_log_index,
+        last_applied: metrics.last_applied.map(|log_id| log_id.index),
+        commit_index: metrics.last_applied.map(|log_id| log_id.index),
+        millis_since_quorum_ack: metrics.millis_since_quorum_ack,
+    }
+}
+
+/// Feeds Raft's observable state to the core whenever it changes in a way the core cares about.
+async fn watch_raft<O: Observer>(
+    raft: Raft,
+    inbox: mpsc::UnboundedSender<agent::Input>,
+    observer: Arc<O>,
+) {
+    let mut metrics = raft.metrics();
+    let mut last: Option<RaftView> = None;
+    loop {
+        let view = raft_view(&metrics.borrow_and_update());
+        if last.as_ref() != Some(&view) {
+            let changed_shape = last.as_ref().is_none_or(|last| {
+                (last.role, last.term, last.leader, &last.voters)
+                    != (view.role, view.term, view.leader, &view.voters)
+            });
+            if changed_shape {
+                observer.record(AgentEvent::RaftChanged {
+                    role: view.role,
+                    term: view.term,
+                    leader: view.leader,
+                    voters: view.voters.iter().copied().collect(),
+                });
+            }
+            if inbox
+                .send(agent::Input::Server(server::Input::RaftObserved(
+                    view.clone(),
+                )))
+                .is_err()
+            {
+                return;
+            }
+            last = Some(view);
+        }
+        if metrics.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn receive_gossip(
+    socket: Arc<tokio::net::UdpSocket>,
+    inbox: mpsc::UnboundedSender<agent::Input>,
+) {
+    let mut buf = vec![0u8; GOSSIP_PACKET_MAX];
+    loop {
+        match socket.recv_from(&mut buf).await {
+            Ok((len, _from)) => {
+                let data = buf[..len].to_vec();
+                if inbox
+                    .send(agent::Input::Server(server::Input::GossipReceived { data }))
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            Err(error) => tracing::debug!(%error, "gossip receive failed"),
+        }
+    }
+}
+
+fn error_response(
+    kind: ErrorKind,
+    message: impl Into<String>,
+    leader_addr: String,
+) -> AgentResponse {
+    AgentResponse {
+        body: Some(ResponseBody::Error(RpcError {
+            kind: kind as i32,
+            message: message.into(),
+            leader_addr,
+        })),
+    }
+}
+
+fn raft_response<R: Serialize>(result: R) -> AgentResponse {
+    AgentResponse {
+        body: Some(ResponseBody::Raft(RaftPayload {
+            json: serde_json::to_vec(&result).expect("raft response serializes"),
+        })),
+    }
+}
+
+fn decode_payload<R: DeserializeOwned>(payload: &RaftPayload) -> Result<R, AgentResponse> {
+    serde_json::from_slice(&payload.json).map_err(|error| {
+        error_response(
+            ErrorKind::Invalid,
+            format!("malformed request: {error}"),
+            String::new(),
+        )
+    })
+}
+
+/// The server side of the agent RPC envelope.
+fn rpc_handler(raft: Raft, region: String) -> RpcHandler {
+    Arc::new(move |request: AgentRequest| {
+        let raft = raft.clone();
+        let region = region.clone();
+        Box::pin(async move { handle_rpc(&raft, &region, request).await })
+    })
+}
+
+async fn handle_rpc(raft: &Raft, region: &str, request: AgentRequest) -> AgentResponse {
+    if request.region != region {
+        return error_response(
+            ErrorKind::WrongRegion,
+            format!(
+                "request for region {:?} reached a server of region {region:?}",
+                request.region
+            ),
+            String::new(),
+        );
+    }
+    let Some(body) = request.body else {
+        return error_response(ErrorKind::Invalid, "empty request", String::new());
+    };
+    match body {
+        RequestBody::RaftAppendEntries(payload) => match decode_payload(&payload) {
+            Ok(rpc) => raft_response(raft.append_entries(rpc).await),
+            Err(response) => response,
+        },
+        RequestBody::RaftVote(payload) => match decode_payload(&payload) {
+            Ok(rpc) => raft_response(raft.vote(rpc).await),
+            Err(response) => response,
+        },
+        RequestBody::RaftInstallSnapshot(payload) => match decode_payload(&payload) {
+            Ok(rpc) => raft_response(raft.install_snapshot(rpc).await),
+            Err(response) => response,
+        },
+        RequestBody::StatusPeers(_) => {
+            let summary = summarize(&raft.metrics().borrow());
+            let peers = summary
+                .peers
+                .values()
+                .map(|(node, _)| node.rpc_addr.clone())
+                .collect();
+            AgentResponse {
+                body: Some(ResponseBody::StatusPeers(StatusPeersResponse { peers })),
+            }
+        }
+        RequestBody::Apply(apply) => {
+            let entry: Entry = match serde_json::from_slice(&apply.command_json) {
+                Ok(entry) => entry,
+                Err(error) => {
+                    return error_response(
+                        ErrorKind::Invalid,
+                        format!("malformed command: {error}"),
+                        String::new(),
+                    );
+                }
+            };
+            match raft.client_write(entry).await {
+                Ok(response) => AgentResponse {
+                    body: Some(ResponseBody::Apply(ApplyResponse {
+                        index: response.log_id.index,
+                        response_json: serde_json::to_vec(&response.data)
+                            .expect("response serializes"),
+                    })),
+                },
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                    error_response(
+                        ErrorKind::NotLeader,
+                        "not the leader",
+                        forward
+                            .leader_node
+                            .map(|node| node.rpc_addr)
+                            .unwrap_or_default(),
+                    )
+                }
+                Err(error) => error_response(ErrorKind::Internal, error.to_string(), String::new()),
+            }
+        }
+    }
+}

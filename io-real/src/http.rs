@@ -1,0 +1,466 @@
+//! The HTTP API, in Nomad's shapes (reference §7): status, agent and variables endpoints.
+//! Reads answer from the agent's published status and applied state; writes go through Raft.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use drover_core::fsm::{Command, Response as FsmResponse, Table, Variable};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::driver::{AgentHandle, AgentStatus, ApplyError};
+
+/// Blocking queries wait at most this long (Nomad: default and maximum 300 s).
+const WAIT_MAX: Duration = Duration::from_secs(300);
+const VARIABLE_PATH_LEN_MAX: usize = 128;
+
+/// Binds the HTTP API on `addr` and serves it in a background task.
+pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let app = router(handle);
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "HTTP server stopped");
+        }
+    });
+    Ok(bound)
+}
+
+pub fn router(handle: AgentHandle) -> Router {
+    Router::new()
+        .route("/v1/status/leader", get(status_leader))
+        .route("/v1/status/peers", get(status_peers))
+        .route("/v1/agent/members", get(agent_members))
+        .route("/v1/agent/self", get(agent_self))
+        .route("/v1/vars", get(list_variables))
+        .route(
+            "/v1/var/{*path}",
+            get(get_variable)
+                .put(put_variable)
+                .post(put_variable)
+                .delete(delete_variable),
+        )
+        .with_state(handle)
+}
+
+struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
+impl From<ApplyError> for ApiError {
+    fn from(error: ApplyError) -> Self {
+        ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+    }
+}
+
+fn leader_addr(status: &AgentStatus) -> String {
+    status
+        .raft
+        .as_ref()
+        .and_then(|raft| raft.leader.as_ref())
+        .map(|(_, node)| node.rpc_addr.clone())
+        .unwrap_or_default()
+}
+
+async fn status_leader(State(handle): State<AgentHandle>) -> impl IntoResponse {
+    axum::Json(json!(leader_addr(&handle.status())))
+}
+
+async fn status_peers(State(handle): State<AgentHandle>) -> impl IntoResponse {
+    let status = handle.status();
+    let peers: Vec<String> = status
+        .raft
+        .iter()
+        .flat_map(|raft| raft.peers.values().map(|(node, _)| node.rpc_addr.clone()))
+        .collect();
+    axum::Json(json!(peers))
+}
+
+fn member_json(view: &drover_core::membership::MemberView) -> Value {
+    let tags = view
+        .id
+        .tags
+        .as_ref()
+        .map(|tags| tags.to_map())
+        .unwrap_or_default();
+    json!({
+        "Name": view.id.name,
+        "Addr": view.id.addr.ip().to_string(),
+        "Port": view.id.addr.port(),
+        "Tags": tags,
+        "Status": view.status.as_serf_str(),
+        "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
+        "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4,
+    })
+}
+
+async fn agent_members(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+    let status = handle.status();
+    let server = status.server.as_ref().ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_IMPLEMENTED,
+            "Nomad agent is not a server".into(),
+        )
+    })?;
+    let config = handle.config();
+    let members: Vec<Value> = server.members.iter().map(member_json).collect();
+    Ok(axum::Json(json!({
+        "ServerName": format!("{}.{}", config.name, config.region),
+        "ServerRegion": config.region,
+        "ServerDC": config.datacenter,
+        "Members": members,
+    })))
+}
+
+async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
+    let status = handle.status();
+    let config = handle.config();
+    let member = status.server.as_ref().and_then(|server| {
+        server
+            .members
+            .iter()
+            .find(|member| {
+                member
+                    .id
+                    .tags
+                    .as_ref()
+                    .is_some_and(|tags| tags.id == server.node_id)
+            })
+            .map(member_json)
+    });
+    let mut stats = serde_json::Map::new();
+    if let Some(server) = &status.server {
+        let raft = status.raft.clone().unwrap_or_default();
+        let is_leader = raft.role == Some(drover_core::server::RaftRole::Leader);
+        stats.insert(
+            "nomad".into(),
+            json!({
+                "server": "true",
+                "leader": is_leader.to_string(),
+                "leader_addr": leader_addr(&status),
+                "bootstrap": (server.bootstrap_expect == 1).to_string(),
+                "bootstrap_expect": server.bootstrap_expect.to_string(),
+                "bootstrapped": server.bootstrapped.to_string(),
+                "known_regions": "1",
+            }),
+        );
+        stats.insert(
+            "raft".into(),
+            json!({
+                "state": raft.role.map(|role| format!("{role:?}")).unwrap_or_default(),
+                "term": raft.term.to_string(),
+                "last_log_index": raft.last_log_index.map(|index| index.to_string()).unwrap_or_default(),
+                "applied_index": raft.last_applied.map(|index| index.to_string()).unwrap_or_default(),
+                "num_peers": raft.peers.len().saturating_sub(1).to_string(),
+                "latest_configuration": format!("{:?}", raft.peers.values().map(|(node, voter)| (node.rpc_addr.clone(), *voter)).collect::<Vec<_>>()),
+            }),
+        );
+    }
+    stats.insert(
+        "agent".into(),
+        json!({ "node_id": handle.node_id().to_string() }),
+    );
+    axum::Json(json!({
+        "config": {
+            "Region": config.region,
+            "Datacenter": config.datacenter,
+            "NodeName": config.name,
+            "DataDir": config.data_dir.clone().unwrap_or_default(),
+            "BindAddr": config.bind_addr.to_string(),
+            "DevMode": config.dev_mode,
+            "Ports": { "HTTP": config.ports.http, "RPC": config.ports.rpc, "Serf": config.ports.serf },
+            "AdvertiseAddrs": {
+                "HTTP": config.advertise.http.to_string(),
+                "RPC": config.advertise.rpc.to_string(),
+                "Serf": config.advertise.serf.to_string(),
+            },
+            "Server": {
+                "Enabled": config.server.enabled || config.dev_mode,
+                "BootstrapExpect": config.server.bootstrap_expect,
+                "NonVotingServer": config.server.non_voting_server,
+                "ServerJoin": {
+                    "RetryJoin": config.server.retry_join,
+                    "RetryInterval": config.server.retry_interval.as_nanos() as u64,
+                    "RetryMaxAttempts": config.server.retry_max,
+                },
+            },
+            "Client": { "Enabled": config.client.enabled || config.dev_mode },
+            "Consul": {
+                "Addr": config.consul.address.clone().unwrap_or_default(),
+                "ServerServiceName": config.consul.server_service_name,
+                "ServerAutoJoin": config.consul.server_auto_join,
+            },
+        },
+        "member": member,
+        "stats": stats,
+    }))
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct QueryOptions {
+    index: Option<u64>,
+    wait: Option<String>,
+}
+
+/// Parses Go durations as Nomad accepts them for `wait` ("5s", "1m", "250ms", "1m30s").
+fn parse_go_duration(text: &str) -> Option<Duration> {
+    let mut total = Duration::ZERO;
+    let mut rest = text.trim();
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let value: f64 = number.parse().ok()?;
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, next) = tail.split_at(unit_len);
+        let seconds = match unit {
+            "ns" => value / 1e9,
+            "us" | "µs" => value / 1e6,
+            "ms" => value / 1e3,
+            "s" => value,
+            "m" => value * 60.0,
+            "h" => value * 3600.0,
+            _ => return None,
+        };
+        total += Duration::from_secs_f64(seconds);
+        rest = next;
+    }
+    Some(total)
+}
+
+/// Waits until `table` changed after `index` (a blocking query), then returns its index.
+async fn block_on_table(
+    handle: &AgentHandle,
+    table: Table,
+    options: &QueryOptions,
+) -> Result<u64, ApiError> {
+    let current = || {
+        handle
+            .read_state(|state| state.table_index(table))
+            .unwrap_or(0)
+    };
+    let Some(min_index) = options.index.filter(|index| *index > 0) else {
+        return Ok(current());
+    };
+    let wait = match &options.wait {
+        Some(text) => parse_go_duration(text).ok_or_else(|| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("Invalid wait time: {text:?}"),
+            )
+        })?,
+        None => WAIT_MAX,
+    }
+    .min(WAIT_MAX);
+    let Some(mut changes) = handle.state_changes() else {
+        return Ok(current());
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let index = current();
+        if index > min_index {
+            return Ok(index);
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => return Ok(index),
+        }
+    }
+}
+
+fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
+    let status = handle.status();
+    let known_leader = status
+        .raft
+        .as_ref()
+        .is_some_and(|raft| raft.leader.is_some());
+    let mut headers = HeaderMap::new();
+    headers.insert("X-Nomad-Index", HeaderValue::from(index.max(1)));
+    headers.insert(
+        "X-Nomad-KnownLeader",
+        HeaderValue::from_static(if known_leader { "true" } else { "false" }),
+    );
+    headers.insert("X-Nomad-LastContact", HeaderValue::from(0u64));
+    headers
+}
+
+fn variable_json(variable: &Variable) -> Value {
+    json!({
+        "Namespace": "default",
+        "Path": variable.path,
+        "Items": variable.items,
+        "CreateIndex": variable.create_index,
+        "ModifyIndex": variable.modify_index,
+        "CreateTime": variable.create_time_unix_ms as i128 * 1_000_000,
+        "ModifyTime": variable.modify_time_unix_ms as i128 * 1_000_000,
+    })
+}
+
+fn validate_variable_path(path: &str) -> Result<(), ApiError> {
+    let bad = |reason: &str| {
+        Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid path {path:?}: {reason}"),
+        ))
+    };
+    if path.is_empty() {
+        return bad("must not be empty");
+    }
+    if path.len() > VARIABLE_PATH_LEN_MAX {
+        return bad("must be at most 128 characters");
+    }
+    if !path
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '~' | '/'))
+    {
+        return bad("may only contain letters, digits and - _ ~ /");
+    }
+    if path
+        .split('/')
+        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        return bad("must not contain empty, '.' or '..' segments");
+    }
+    Ok(())
+}
+
+async fn list_variables(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Variables, &options).await?;
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .variables()
+                .map(|variable| {
+                    json!({
+                        "Namespace": "default",
+                        "Path": variable.path,
+                        "CreateIndex": variable.create_index,
+                        "ModifyIndex": variable.modify_index,
+                    })
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(list)))
+}
+
+async fn get_variable(
+    State(handle): State<AgentHandle>,
+    Path(path): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_variable_path(&path)?;
+    let index = block_on_table(&handle, Table::Variables, &options).await?;
+    let variable = handle
+        .read_state(|state| state.variable(&path).cloned())
+        .flatten();
+    match variable {
+        Some(variable) => Ok((
+            query_headers(&handle, index),
+            axum::Json(variable_json(&variable)),
+        )),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "variable not found".into())),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct VariableBody {
+    #[serde(default)]
+    items: BTreeMap<String, String>,
+}
+
+async fn put_variable(
+    State(handle): State<AgentHandle>,
+    Path(path): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_variable_path(&path)?;
+    let body: VariableBody = serde_json::from_slice(&body).map_err(|error| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("failed to parse variable body: {error}"),
+        )
+    })?;
+    if body.items.is_empty() {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "variable must contain at least one item".into(),
+        ));
+    }
+    let (index, response) = handle
+        .apply(Command::VariableUpsert {
+            path,
+            items: body.items,
+        })
+        .await?;
+    match response {
+        FsmResponse::Variable(variable) => Ok((
+            query_headers(&handle, index),
+            axum::Json(variable_json(&variable)),
+        )),
+        other => Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected result {other:?}"),
+        )),
+    }
+}
+
+async fn delete_variable(
+    State(handle): State<AgentHandle>,
+    Path(path): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_variable_path(&path)?;
+    let (index, _) = handle.apply(Command::VariableDelete { path }).await?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_go_duration("5"), None);
+        assert_eq!(parse_go_duration("abc"), None);
+    }
+
+    #[test]
+    fn variable_paths_are_validated() {
+        assert!(validate_variable_path("nomad/jobs/a-b_c~d").is_ok());
+        for bad in [
+            "",
+            "a/../b",
+            "a//b",
+            "/a",
+            "a b",
+            "a\u{7}",
+            &"x".repeat(129),
+        ] {
+            assert!(validate_variable_path(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! The narrow I/O traits the driver is written against. Each has a production implementation
+//! in this crate and a simulated one in `drover-io-sim`, in files of the same name
+//! (`net.rs`, `consul.rs`, `disk.rs`).
+//!
+//! Gossip uses `tokio::net::UdpSocket` directly: under `--cfg madsim` that name is madsim's
+//! simulated socket, so the same code runs in both worlds without a trait.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_core::bootstrap::BootState;
+use drover_core::server::RaftRole;
+use drover_proto::agent::v1::{AgentRequest, AgentResponse};
+
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// Answers one agent RPC envelope.
+pub type RpcHandler = Arc<dyn Fn(AgentRequest) -> BoxFuture<AgentResponse> + Send + Sync>;
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TransportError {
+    #[error("cannot reach {addr}: {reason}")]
+    Unreachable { addr: SocketAddr, reason: String },
+    #[error("call to {addr} timed out after {timeout:?}")]
+    Timeout { addr: SocketAddr, timeout: Duration },
+    #[error("call to {addr} failed: {reason}")]
+    Failed { addr: SocketAddr, reason: String },
+}
+
+/// Moves agent RPC envelopes between agents and resolves join targets.
+pub trait Transport: Clone + Send + Sync + 'static {
+    /// Sends one request and waits for its response, at most `timeout`.
+    fn call(
+        &self,
+        addr: SocketAddr,
+        request: AgentRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<AgentResponse, TransportError>> + Send;
+
+    /// Starts answering requests arriving at `addr` in a background task; returns once bound.
+    fn serve(
+        &self,
+        addr: SocketAddr,
+        handler: RpcHandler,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
+
+    /// Resolves "ip", "ip:port", "host" or "host:port" to addresses, using `default_port`
+    /// when the target names none.
+    fn resolve(
+        &self,
+        target: &str,
+        default_port: u16,
+    ) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
+}
+
+/// A service registration in Consul's catalog.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServiceRegistration {
+    pub id: String,
+    pub name: String,
+    pub tags: Vec<String>,
+    pub addr: SocketAddr,
+}
+
+/// The part of Consul's HTTP API the agent uses.
+pub trait Consul: Send + Sync + 'static {
+    /// Addresses of the healthy instances of `service` carrying `tag`, across datacenters.
+    fn catalog_service(
+        &self,
+        service: &str,
+        tag: &str,
+    ) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
+
+    fn register_service(
+        &self,
+        registration: ServiceRegistration,
+    ) -> impl Future<Output = Result<(), String>> + Send;
+}
+
+/// For agents configured without Consul: the core never asks, and if it did it would hear no.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NoConsul;
+
+impl Consul for NoConsul {
+    async fn catalog_service(&self, _service: &str, _tag: &str) -> Result<Vec<SocketAddr>, String> {
+        Err("consul is not configured".to_string())
+    }
+
+    async fn register_service(&self, _registration: ServiceRegistration) -> Result<(), String> {
+        Err("consul is not configured".to_string())
+    }
+}
+
+/// Facts a driver reports as they happen: tracing in production, the trace recorder and
+/// invariant checkers in the simulation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentEvent {
+    Started {
+        node_id: u64,
+        boot_count: u64,
+        boot: BootState,
+    },
+    /// About to call Raft initialisation with exactly these voters.
+    BootstrapRequested {
+        voters: Vec<u64>,
+    },
+    BootstrapFinished {
+        result: Result<(), String>,
+    },
+    BootstrappedPersisted,
+    RaftChanged {
+        role: RaftRole,
+        term: u64,
+        leader: Option<u64>,
+        voters: Vec<u64>,
+    },
+    /// A log entry was applied; `digest` identifies its content.
+    Applied {
+        index: u64,
+        term: u64,
+        digest: u64,
+    },
+    ServerAdded {
+        id: u64,
+        result: Result<(), String>,
+    },
+}
+
+pub trait Observer: Send + Sync + 'static {
+    fn record(&self, event: AgentEvent);
+}
+
+/// Production observer: every event is a structured tracing line.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TracingObserver;
+
+impl Observer for TracingObserver {
+    fn record(&self, event: AgentEvent) {
+        tracing::debug!(?event, "agent event");
+    }
+}

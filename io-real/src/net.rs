@@ -1,0 +1,163 @@
+//! Production agent transport: the agent RPC envelope over tonic (HTTP/2 on the RPC port),
+//! and DNS resolution of join targets. Mirrored by `drover-io-sim`'s `net.rs`.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_proto::agent::v1::agent_client::AgentClient;
+use drover_proto::agent::v1::agent_server::{Agent, AgentServer};
+use drover_proto::agent::v1::{AgentRequest, AgentResponse};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::io::{RpcHandler, Transport, TransportError};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// tonic client connections, one lazily-connected channel per remote address.
+#[derive(Clone, Default)]
+pub struct GrpcTransport {
+    channels: Arc<Mutex<BTreeMap<SocketAddr, Channel>>>,
+}
+
+impl GrpcTransport {
+    fn channel(&self, addr: SocketAddr) -> Channel {
+        let mut channels = self.channels.lock().expect("channel cache lock");
+        channels
+            .entry(addr)
+            .or_insert_with(|| {
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .expect("a socket address is a valid URI authority")
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .tcp_nodelay(true)
+                    .connect_lazy()
+            })
+            .clone()
+    }
+}
+
+struct Service {
+    handler: RpcHandler,
+}
+
+#[tonic::async_trait]
+impl Agent for Service {
+    async fn call(
+        &self,
+        request: tonic::Request<AgentRequest>,
+    ) -> Result<tonic::Response<AgentResponse>, tonic::Status> {
+        Ok(tonic::Response::new(
+            (self.handler)(request.into_inner()).await,
+        ))
+    }
+}
+
+impl Transport for GrpcTransport {
+    async fn call(
+        &self,
+        addr: SocketAddr,
+        request: AgentRequest,
+        timeout: Duration,
+    ) -> Result<AgentResponse, TransportError> {
+        let mut client = AgentClient::new(self.channel(addr));
+        match tokio::time::timeout(timeout, client.call(request)).await {
+            Err(_) => Err(TransportError::Timeout { addr, timeout }),
+            Ok(Ok(response)) => Ok(response.into_inner()),
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
+                Err(TransportError::Unreachable {
+                    addr,
+                    reason: status.message().to_string(),
+                })
+            }
+            Ok(Err(status)) => Err(TransportError::Failed {
+                addr,
+                reason: format!("{}: {}", status.code(), status.message()),
+            }),
+        }
+    }
+
+    async fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> std::io::Result<()> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let service = AgentServer::new(Service { handler });
+        tokio::spawn(async move {
+            if let Err(error) = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await
+            {
+                tracing::error!(%error, "RPC server stopped");
+            }
+        });
+        Ok(())
+    }
+
+    async fn resolve(&self, target: &str, default_port: u16) -> Result<Vec<SocketAddr>, String> {
+        resolve(target, default_port).await
+    }
+}
+
+/// "ip", "ip:port", "[v6]:port", "host" or "host:port" to socket addresses.
+pub async fn resolve(target: &str, default_port: u16) -> Result<Vec<SocketAddr>, String> {
+    let target = target.trim();
+    if let Ok(addr) = target.parse::<SocketAddr>() {
+        return Ok(vec![addr]);
+    }
+    if let Ok(ip) = target
+        .trim_matches(|c| c == '[' || c == ']')
+        .parse::<IpAddr>()
+    {
+        return Ok(vec![SocketAddr::new(ip, default_port)]);
+    }
+    let with_port = if target
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
+    {
+        target.to_string()
+    } else {
+        format!("{target}:{default_port}")
+    };
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&with_port)
+        .await
+        .map_err(|error| format!("cannot resolve {target:?}: {error}"))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(format!("{target:?} resolved to no addresses"));
+    }
+    Ok(addrs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn resolves_every_target_shape() {
+        assert_eq!(
+            resolve("10.0.0.1", 4648).await.unwrap(),
+            vec!["10.0.0.1:4648".parse().unwrap()]
+        );
+        assert_eq!(
+            resolve("10.0.0.1:5000", 4648).await.unwrap(),
+            vec!["10.0.0.1:5000".parse().unwrap()]
+        );
+        assert_eq!(
+            resolve("[::1]:5000", 4648).await.unwrap(),
+            vec!["[::1]:5000".parse().unwrap()]
+        );
+        assert_eq!(
+            resolve("::1", 4648).await.unwrap(),
+            vec!["[::1]:4648".parse().unwrap()]
+        );
+        assert!(
+            resolve("localhost", 4648)
+                .await
+                .unwrap()
+                .iter()
+                .all(|addr| addr.port() == 4648)
+        );
+        assert!(resolve("no-such-host.invalid", 4648).await.is_err());
+    }
+}

@@ -1,0 +1,572 @@
+//! Raft log, vote and snapshots in redb; the state machine is the core's pure [`ServerState`].
+//!
+//! One redb database per agent data dir holds three tables: the Raft log (index → entry),
+//! Raft metadata (vote, committed, last purged, snapshot) and agent metadata (node id, boot
+//! count, `bootstrapped`). Every write that openraft must be able to rely on is committed with
+//! `Durability::Immediate` before it is acknowledged, so what was acknowledged survives a crash;
+//! the simulated disk in io-sim drops everything that was not synced to prove it.
+
+use std::fmt::Debug;
+use std::io::Cursor;
+use std::ops::{Bound, RangeBounds};
+use std::sync::{Arc, Mutex};
+
+use drover_core::bootstrap::BootState;
+use drover_core::fsm::{Response, ServerState};
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
+use openraft::{
+    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
+    StorageError, StorageIOError, StoredMembership, Vote,
+};
+use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
+use serde::{Deserialize, Serialize};
+
+use super::{ServerNode, TypeConfig};
+
+const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
+const RAFT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
+const AGENT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_meta");
+
+const KEY_VOTE: &str = "vote";
+const KEY_COMMITTED: &str = "committed";
+const KEY_LAST_PURGED: &str = "last_purged";
+const KEY_SNAPSHOT: &str = "snapshot";
+const KEY_NODE_ID: &str = "node_id";
+const KEY_BOOT_COUNT: &str = "boot_count";
+const KEY_BOOTSTRAPPED: &str = "bootstrapped";
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("storage error: {0}")]
+    Redb(String),
+    #[error("corrupt record {key}: {reason}")]
+    Corrupt { key: String, reason: String },
+}
+
+fn redb_err(error: impl std::fmt::Display) -> StoreError {
+    StoreError::Redb(error.to_string())
+}
+
+/// The agent's durable store, shared by the log store, the state machine and the driver.
+#[derive(Clone, Debug)]
+pub struct Store {
+    db: Arc<Database>,
+}
+
+/// What the agent learns about itself from disk at start-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentRecord {
+    pub node_id: u64,
+    pub boot_count: u64,
+    pub boot: BootState,
+}
+
+impl Store {
+    pub fn new(db: Database) -> Result<Self, StoreError> {
+        let txn = db.begin_write().map_err(redb_err)?;
+        txn.open_table(LOG).map_err(redb_err)?;
+        txn.open_table(RAFT_META).map_err(redb_err)?;
+        txn.open_table(AGENT_META).map_err(redb_err)?;
+        txn.commit().map_err(redb_err)?;
+        Ok(Store { db: Arc::new(db) })
+    }
+
+    /// Reads (or on first start creates) the node id, counts this boot, and reports whether
+    /// Raft state exists. `fresh_node_id` is used only when no id is stored yet.
+    pub fn boot(&self, fresh_node_id: u64) -> Result<AgentRecord, StoreError> {
+        let node_id = match self.get_agent::<u64>(KEY_NODE_ID)? {
+            Some(id) => id,
+            None => {
+                self.put_agent(KEY_NODE_ID, &fresh_node_id)?;
+                fresh_node_id
+            }
+        };
+        let boot_count = self.get_agent::<u64>(KEY_BOOT_COUNT)?.unwrap_or(0) + 1;
+        self.put_agent(KEY_BOOT_COUNT, &boot_count)?;
+        let bootstrapped = self.get_agent::<bool>(KEY_BOOTSTRAPPED)?.unwrap_or(false);
+        let last_log_index = self.last_log_id()?.map(|log_id| log_id.index);
+        Ok(AgentRecord {
+            node_id,
+            boot_count,
+            boot: BootState {
+                last_log_index,
+                bootstrapped,
+            },
+        })
+    }
+
+    pub fn set_bootstrapped(&self) -> Result<(), StoreError> {
+        self.put_agent(KEY_BOOTSTRAPPED, &true)
+    }
+
+    fn last_log_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
+        let txn = self.db.begin_read().map_err(redb_err)?;
+        let table = txn.open_table(LOG).map_err(redb_err)?;
+        let last = match table.last().map_err(redb_err)? {
+            Some((_, value)) => {
+                Some(decode::<Entry<TypeConfig>>("raft_log", value.value())?.log_id)
+            }
+            None => None,
+        };
+        match last {
+            Some(log_id) => Ok(Some(log_id)),
+            None => self.get_raft::<LogId<u64>>(KEY_LAST_PURGED),
+        }
+    }
+
+    fn get_agent<T: for<'a> Deserialize<'a>>(&self, key: &str) -> Result<Option<T>, StoreError> {
+        self.get(AGENT_META, key)
+    }
+
+    fn put_agent<T: Serialize>(&self, key: &str, value: &T) -> Result<(), StoreError> {
+        self.put(AGENT_META, key, value, Durability::Immediate)
+    }
+
+    fn get_raft<T: for<'a> Deserialize<'a>>(&self, key: &str) -> Result<Option<T>, StoreError> {
+        self.get(RAFT_META, key)
+    }
+
+    fn get<T: for<'a> Deserialize<'a>>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let txn = self.db.begin_read().map_err(redb_err)?;
+        let table = txn.open_table(table).map_err(redb_err)?;
+        match table.get(key).map_err(redb_err)? {
+            Some(value) => Ok(Some(decode(key, value.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put<T: Serialize>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+        value: &T,
+        durability: Durability,
+    ) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(value).expect("metadata serializes");
+        let mut txn = self.db.begin_write().map_err(redb_err)?;
+        txn.set_durability(durability).map_err(redb_err)?;
+        {
+            let mut table = txn.open_table(table).map_err(redb_err)?;
+            table.insert(key, bytes.as_slice()).map_err(redb_err)?;
+        }
+        txn.commit().map_err(redb_err)
+    }
+}
+
+fn decode<T: for<'a> Deserialize<'a>>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
+    serde_json::from_slice(bytes).map_err(|error| StoreError::Corrupt {
+        key: key.to_string(),
+        reason: error.to_string(),
+    })
+}
+
+fn io_read(error: StoreError) -> StorageError<u64> {
+    StorageIOError::read(&error).into()
+}
+
+fn io_write(error: StoreError) -> StorageError<u64> {
+    StorageIOError::write(&error).into()
+}
+
+/// openraft's log storage over [`Store`].
+#[derive(Clone, Debug)]
+pub struct LogStore {
+    store: Store,
+}
+
+impl LogStore {
+    pub fn new(store: Store) -> Self {
+        LogStore { store }
+    }
+
+    fn read_range(
+        &self,
+        start: u64,
+        end: Bound<u64>,
+    ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        let txn = self.store.db.begin_read().map_err(redb_err)?;
+        let table = txn.open_table(LOG).map_err(redb_err)?;
+        let range = match end {
+            Bound::Included(end) => table.range(start..=end),
+            Bound::Excluded(end) => table.range(start..end),
+            Bound::Unbounded => table.range(start..),
+        }
+        .map_err(redb_err)?;
+        let mut entries = Vec::new();
+        for item in range {
+            let (_, value) = item.map_err(redb_err)?;
+            entries.push(decode("raft_log", value.value())?);
+        }
+        Ok(entries)
+    }
+
+    fn write_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<(), StoreError> {
+        let txn = self.store.db.begin_write().map_err(redb_err)?;
+        {
+            let mut table = txn.open_table(LOG).map_err(redb_err)?;
+            for entry in &entries {
+                let bytes = serde_json::to_vec(entry).expect("entry serializes");
+                table
+                    .insert(entry.log_id.index, bytes.as_slice())
+                    .map_err(redb_err)?;
+            }
+        }
+        txn.commit().map_err(redb_err)
+    }
+
+    fn remove_range(
+        &self,
+        range: impl RangeBounds<u64>,
+        purged: Option<LogId<u64>>,
+    ) -> Result<(), StoreError> {
+        let txn = self.store.db.begin_write().map_err(redb_err)?;
+        {
+            let mut table = txn.open_table(LOG).map_err(redb_err)?;
+            let keys: Vec<u64> = table
+                .range(range)
+                .map_err(redb_err)?
+                .map(|item| item.map(|(key, _)| key.value()))
+                .collect::<Result<_, _>>()
+                .map_err(redb_err)?;
+            for key in keys {
+                table.remove(key).map_err(redb_err)?;
+            }
+            if let Some(purged) = purged {
+                let mut meta = txn.open_table(RAFT_META).map_err(redb_err)?;
+                let bytes = serde_json::to_vec(&purged).expect("log id serializes");
+                meta.insert(KEY_LAST_PURGED, bytes.as_slice())
+                    .map_err(redb_err)?;
+            }
+        }
+        txn.commit().map_err(redb_err)
+    }
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry<TypeConfig>>, StorageError<u64>> {
+        let start = match range.start_bound() {
+            Bound::Included(start) => *start,
+            Bound::Excluded(start) => start + 1,
+            Bound::Unbounded => 0,
+        };
+        self.read_range(start, range.end_bound().cloned())
+            .map_err(io_read)
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<u64>> {
+        let last_purged_log_id = self.store.get_raft(KEY_LAST_PURGED).map_err(io_read)?;
+        let last_log_id = self.store.last_log_id().map_err(io_read)?;
+        Ok(LogState {
+            last_purged_log_id,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        self.store
+            .put(RAFT_META, KEY_VOTE, vote, Durability::Immediate)
+            .map_err(|error| StorageIOError::write_vote(&error).into())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {
+        self.store
+            .get_raft(KEY_VOTE)
+            .map_err(|error| StorageIOError::read_vote(&error).into())
+    }
+
+    /// Committed is a hint that lets a restarted server re-apply its log at once; losing the
+    /// latest value is harmless, so it is written without forcing a sync.
+    async fn save_committed(
+        &mut self,
+        committed: Option<LogId<u64>>,
+    ) -> Result<(), StorageError<u64>> {
+        self.store
+            .put(RAFT_META, KEY_COMMITTED, &committed, Durability::None)
+            .map_err(io_write)
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
+        Ok(self
+            .store
+            .get_raft::<Option<LogId<u64>>>(KEY_COMMITTED)
+            .map_err(io_read)?
+            .flatten())
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let entries: Vec<_> = entries.into_iter().collect();
+        let result = self.write_entries(entries);
+        match result {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(error) => {
+                callback.log_io_completed(Err(std::io::Error::other(error.to_string())));
+                Err(io_write(error))
+            }
+        }
+    }
+
+    async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        self.remove_range(log_id.index.., None).map_err(io_write)
+    }
+
+    async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        self.remove_range(..=log_id.index, Some(log_id))
+            .map_err(io_write)
+    }
+}
+
+/// The applied state: the core FSM plus what openraft needs to know about it.
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub state: ServerState,
+    pub last_applied: Option<LogId<u64>>,
+    pub membership: StoredMembership<u64, ServerNode>,
+}
+
+/// Notified of every applied entry (used by the simulation's invariant checker).
+pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>) + Send + Sync>;
+
+#[derive(Serialize, Deserialize)]
+struct StoredSnapshot {
+    meta: SnapshotMeta<u64, ServerNode>,
+    data: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct SnapshotBody {
+    last_applied: Option<LogId<u64>>,
+    membership: StoredMembership<u64, ServerNode>,
+    state: Vec<u8>,
+}
+
+/// openraft's state machine: a thin adapter that feeds committed entries to [`ServerState`].
+#[derive(Clone)]
+pub struct StateMachine {
+    store: Store,
+    applied: Arc<Mutex<Applied>>,
+    /// Bumped after every apply or install, for blocking queries.
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+    on_apply: Option<ApplyHook>,
+    snapshot_seq: Arc<Mutex<u64>>,
+}
+
+impl StateMachine {
+    /// Restores the state from the stored snapshot, if any.
+    pub fn open(store: Store, on_apply: Option<ApplyHook>) -> Result<Self, StoreError> {
+        let mut applied = Applied::default();
+        if let Some(snapshot) = store.get_raft::<StoredSnapshot>(KEY_SNAPSHOT)? {
+            let body: SnapshotBody = decode("snapshot", &snapshot.data)?;
+            applied.state =
+                ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
+                    key: "snapshot".into(),
+                    reason: error.to_string(),
+                })?;
+            applied.last_applied = body.last_applied;
+            applied.membership = body.membership;
+        }
+        Ok(StateMachine {
+            store,
+            applied: Arc::new(Mutex::new(applied)),
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
+            on_apply,
+            snapshot_seq: Arc::new(Mutex::new(0)),
+        })
+    }
+
+    /// Shared read access to the applied state for API reads.
+    pub fn applied(&self) -> Arc<Mutex<Applied>> {
+        self.applied.clone()
+    }
+
+    /// Changes whenever the applied state changes.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn notify(&self) {
+        self.changes.send_modify(|count| *count += 1);
+    }
+
+    fn install(
+        &self,
+        meta: &SnapshotMeta<u64, ServerNode>,
+        data: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        let body: SnapshotBody = decode("snapshot", &data)?;
+        let state = ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
+            key: "snapshot".into(),
+            reason: error.to_string(),
+        })?;
+        self.store.put(
+            RAFT_META,
+            KEY_SNAPSHOT,
+            &StoredSnapshot {
+                meta: meta.clone(),
+                data,
+            },
+            Durability::Immediate,
+        )?;
+        let mut applied = self.applied.lock().expect("state lock");
+        applied.state = state;
+        applied.last_applied = meta.last_log_id;
+        applied.membership = meta.last_membership.clone();
+        drop(applied);
+        self.notify();
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
+        let (body, last_applied, membership) = {
+            let applied = self.applied.lock().expect("state lock");
+            let body = SnapshotBody {
+                last_applied: applied.last_applied,
+                membership: applied.membership.clone(),
+                state: applied.state.snapshot(),
+            };
+            (body, applied.last_applied, applied.membership.clone())
+        };
+        let data = serde_json::to_vec(&body).expect("snapshot serializes");
+        let seq = {
+            let mut seq = self.snapshot_seq.lock().expect("seq lock");
+            *seq += 1;
+            *seq
+        };
+        let snapshot_id = match last_applied {
+            Some(log_id) => format!("{}-{}-{seq}", log_id.leader_id, log_id.index),
+            None => format!("none-{seq}"),
+        };
+        let meta = SnapshotMeta {
+            last_log_id: last_applied,
+            last_membership: membership,
+            snapshot_id,
+        };
+        self.store
+            .put(
+                RAFT_META,
+                KEY_SNAPSHOT,
+                &StoredSnapshot {
+                    meta: meta.clone(),
+                    data: data.clone(),
+                },
+                Durability::Immediate,
+            )
+            .map_err(|error| {
+                StorageError::from(StorageIOError::write_snapshot(
+                    Some(meta.signature()),
+                    &error,
+                ))
+            })?;
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<LogId<u64>>, StoredMembership<u64, ServerNode>), StorageError<u64>> {
+        let applied = self.applied.lock().expect("state lock");
+        Ok((applied.last_applied, applied.membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<u64>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut responses = Vec::new();
+        for entry in entries {
+            let mut applied = self.applied.lock().expect("state lock");
+            let index = entry.log_id.index;
+            let response = match &entry.payload {
+                EntryPayload::Normal(data) => applied.state.apply(index, data),
+                EntryPayload::Blank => {
+                    applied.state.advance(index);
+                    Response::Done
+                }
+                EntryPayload::Membership(membership) => {
+                    applied.state.advance(index);
+                    applied.membership =
+                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    Response::Done
+                }
+            };
+            applied.last_applied = Some(entry.log_id);
+            drop(applied);
+            if let Some(hook) = &self.on_apply {
+                hook(entry.log_id.index, &entry);
+            }
+            responses.push(response);
+        }
+        self.notify();
+        Ok(responses)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, ServerNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<u64>> {
+        self.install(meta, snapshot.into_inner()).map_err(|error| {
+            StorageError::from(StorageIOError::write_snapshot(
+                Some(meta.signature()),
+                &error,
+            ))
+        })
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+        let stored = self
+            .store
+            .get_raft::<StoredSnapshot>(KEY_SNAPSHOT)
+            .map_err(io_read)?;
+        Ok(stored.map(|stored| Snapshot {
+            meta: stored.meta,
+            snapshot: Box::new(Cursor::new(stored.data)),
+        }))
+    }
+}

@@ -1,0 +1,172 @@
+//! The openraft [`AsyncRuntime`] Drover runs Raft on.
+//!
+//! It is written against `tokio` as the workspace names it, which is madsim's shim: plain tokio
+//! in production and madsim's deterministic executor under `--cfg madsim`. The only types
+//! whose names differ between the two (the instant and the timeout future) are defined here, so
+//! one runtime serves both worlds.
+
+use std::fmt;
+use std::future::Future;
+use std::ops::{Add, AddAssign, Sub, SubAssign};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use openraft::{AsyncRuntime, OptionalSend};
+
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct DroverRuntime;
+
+/// `tokio::time::Instant` (madsim's virtual instant under simulation) as an openraft instant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RaftInstant(pub tokio::time::Instant);
+
+impl openraft::Instant for RaftInstant {
+    fn now() -> Self {
+        RaftInstant(tokio::time::Instant::now())
+    }
+}
+
+impl Add<Duration> for RaftInstant {
+    type Output = RaftInstant;
+    fn add(self, rhs: Duration) -> RaftInstant {
+        RaftInstant(self.0 + rhs)
+    }
+}
+
+impl AddAssign<Duration> for RaftInstant {
+    fn add_assign(&mut self, rhs: Duration) {
+        self.0 += rhs;
+    }
+}
+
+impl Sub<Duration> for RaftInstant {
+    type Output = RaftInstant;
+    fn sub(self, rhs: Duration) -> RaftInstant {
+        RaftInstant(self.0 - rhs)
+    }
+}
+
+impl Sub<RaftInstant> for RaftInstant {
+    type Output = Duration;
+    fn sub(self, rhs: RaftInstant) -> Duration {
+        self.0.saturating_duration_since(rhs.0)
+    }
+}
+
+impl SubAssign<Duration> for RaftInstant {
+    fn sub_assign(&mut self, rhs: Duration) {
+        self.0 -= rhs;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed;
+
+impl fmt::Display for Elapsed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("deadline has elapsed")
+    }
+}
+
+impl std::error::Error for Elapsed {}
+
+/// A future with a deadline, built from the runtime's `Sleep` so it works in both worlds.
+pub struct Timeout<T> {
+    future: Pin<Box<T>>,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<R, T: Future<Output = R>> Future for Timeout<T> {
+    type Output = Result<R, Elapsed>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if let Poll::Ready(value) = self.future.as_mut().poll(cx) {
+            return Poll::Ready(Ok(value));
+        }
+        match self.sleep.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+pub struct OneshotSender<T>(tokio::sync::oneshot::Sender<T>);
+
+impl<T> fmt::Debug for OneshotSender<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("OneshotSender")
+    }
+}
+
+impl<T: OptionalSend> openraft::async_runtime::AsyncOneshotSendExt<T> for OneshotSender<T> {
+    fn send(self, value: T) -> Result<(), T> {
+        self.0.send(value)
+    }
+}
+
+impl AsyncRuntime for DroverRuntime {
+    type JoinError = tokio::task::JoinError;
+    type JoinHandle<T: OptionalSend + 'static> = tokio::task::JoinHandle<T>;
+    type Sleep = tokio::time::Sleep;
+    type Instant = RaftInstant;
+    type TimeoutError = Elapsed;
+    type Timeout<R, T: Future<Output = R> + OptionalSend> = Timeout<T>;
+    type ThreadLocalRng = rand::rngs::ThreadRng;
+    type OneshotSender<T: OptionalSend> = OneshotSender<T>;
+    type OneshotReceiver<T: OptionalSend> = tokio::sync::oneshot::Receiver<T>;
+    type OneshotReceiverError = tokio::sync::oneshot::error::RecvError;
+
+    fn spawn<T>(future: T) -> Self::JoinHandle<T::Output>
+    where
+        T: Future + OptionalSend + 'static,
+        T::Output: OptionalSend + 'static,
+    {
+        tokio::spawn(future)
+    }
+
+    fn sleep(duration: Duration) -> Self::Sleep {
+        tokio::time::sleep(duration)
+    }
+
+    fn sleep_until(deadline: Self::Instant) -> Self::Sleep {
+        tokio::time::sleep_until(deadline.0)
+    }
+
+    fn timeout<R, F: Future<Output = R> + OptionalSend>(
+        duration: Duration,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        Timeout {
+            future: Box::pin(future),
+            sleep: Box::pin(tokio::time::sleep(duration)),
+        }
+    }
+
+    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(
+        deadline: Self::Instant,
+        future: F,
+    ) -> Self::Timeout<R, F> {
+        Timeout {
+            future: Box::pin(future),
+            sleep: Box::pin(tokio::time::sleep_until(deadline.0)),
+        }
+    }
+
+    fn is_panic(join_error: &Self::JoinError) -> bool {
+        join_error.is_panic()
+    }
+
+    /// Deterministic under madsim, which seeds the process's entropy source from the run seed.
+    fn thread_rng() -> Self::ThreadLocalRng {
+        rand::thread_rng()
+    }
+
+    fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)
+    where
+        T: OptionalSend,
+    {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        (OneshotSender(tx), rx)
+    }
+}
