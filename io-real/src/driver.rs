@@ -31,7 +31,8 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
 use crate::io::{
-    AgentEvent, Consul, Observer, RpcHandler, ServiceRegistration, Transport, TransportError,
+    AgentEvent, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport,
+    TransportError,
 };
 use crate::raft::network::NetworkFactory;
 use crate::raft::store::{Applied, ApplyHook, LogStore, StateMachine, Store, StoreError};
@@ -232,7 +233,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     } = parts;
     let store = Store::new(db)?;
     let fresh_node_id = loop {
-        let id: u64 = rand::random();
+        let id: u64 = crate::runtime::random();
         if id != 0 {
             break id;
         }
@@ -279,7 +280,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
 
     let gossip = if is_server {
         let serf_addr = SocketAddr::new(config.bind_addr, config.ports.serf);
-        let socket = tokio::net::UdpSocket::bind(serf_addr)
+        let socket = transport
+            .bind_gossip(serf_addr)
             .await
             .map_err(|error| StartError::Bind {
                 what: "gossip",
@@ -298,7 +300,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         node_id: record.node_id,
         boot_count: record.boot_count,
         state: record.boot,
-        seed: rand::random(),
+        seed: crate::runtime::random(),
     };
     let agent = Agent::new(core_now(epoch), &config, boot);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
@@ -394,14 +396,14 @@ fn core_now(epoch: tokio::time::Instant) -> Instant {
     )
 }
 
-struct Driver<T, C, O> {
+struct Driver<T: Transport, C, O> {
     agent: Agent,
     region: String,
     epoch: tokio::time::Instant,
     inbox: mpsc::UnboundedSender<agent::Input>,
     store: Store,
     raft: Option<Raft>,
-    gossip: Option<Arc<tokio::net::UdpSocket>>,
+    gossip: Option<Arc<T::Gossip>>,
     transport: T,
     consul: Arc<C>,
     observer: Arc<O>,
@@ -423,6 +425,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 .map(|at| self.epoch + Duration::from_nanos(at.as_nanos()))
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
+                biased;
                 input = inbox.recv() => {
                     let Some(input) = input else { break };
                     self.agent.handle(core_now(self.epoch), input);
@@ -706,8 +709,8 @@ async fn watch_raft<O: Observer>(
     }
 }
 
-async fn receive_gossip(
-    socket: Arc<tokio::net::UdpSocket>,
+async fn receive_gossip<G: GossipSocket>(
+    socket: Arc<G>,
     inbox: mpsc::UnboundedSender<agent::Input>,
 ) {
     let mut buf = vec![0u8; GOSSIP_PACKET_MAX];

@@ -2,8 +2,6 @@
 //! in this crate and a simulated one in `drover-io-sim`, in files of the same name
 //! (`net.rs`, `consul.rs`, `disk.rs`).
 //!
-//! Gossip uses `tokio::net::UdpSocket` directly: under `--cfg madsim` that name is madsim's
-//! simulated socket, so the same code runs in both worlds without a trait.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -30,8 +28,29 @@ pub enum TransportError {
     Failed { addr: SocketAddr, reason: String },
 }
 
-/// Moves agent RPC envelopes between agents and resolves join targets.
+/// A datagram socket for gossip.
+pub trait GossipSocket: Send + Sync + 'static {
+    fn send_to(
+        &self,
+        data: &[u8],
+        to: SocketAddr,
+    ) -> impl Future<Output = std::io::Result<()>> + Send;
+    fn recv_from(
+        &self,
+        buf: &mut [u8],
+    ) -> impl Future<Output = std::io::Result<(usize, SocketAddr)>> + Send;
+}
+
+/// Moves agent RPC envelopes and gossip datagrams between agents, and resolves join targets.
 pub trait Transport: Clone + Send + Sync + 'static {
+    type Gossip: GossipSocket;
+
+    /// Binds the gossip socket.
+    fn bind_gossip(
+        &self,
+        addr: SocketAddr,
+    ) -> impl Future<Output = std::io::Result<Self::Gossip>> + Send;
+
     /// Sends one request and waits for its response, at most `timeout`.
     fn call(
         &self,

@@ -1,5 +1,5 @@
 //! Production agent transport: the agent RPC envelope over tonic (HTTP/2 on the RPC port),
-//! and DNS resolution of join targets. Mirrored by `drover-io-sim`'s `net.rs`.
+//! gossip over UDP on the serf port, and DNS resolution of join targets. Mirrored by `drover-io-sim`'s `net.rs`.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -11,7 +11,7 @@ use drover_proto::agent::v1::agent_server::{Agent, AgentServer};
 use drover_proto::agent::v1::{AgentRequest, AgentResponse};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::io::{RpcHandler, Transport, TransportError};
+use crate::io::{GossipSocket, RpcHandler, Transport, TransportError};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -53,7 +53,26 @@ impl Agent for Service {
     }
 }
 
+/// Gossip over a UDP socket on the serf port.
+pub struct UdpGossip(tokio::net::UdpSocket);
+
+impl GossipSocket for UdpGossip {
+    async fn send_to(&self, data: &[u8], to: SocketAddr) -> std::io::Result<()> {
+        self.0.send_to(data, to).await.map(|_| ())
+    }
+
+    async fn recv_from(&self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
+        self.0.recv_from(buf).await
+    }
+}
+
 impl Transport for GrpcTransport {
+    type Gossip = UdpGossip;
+
+    async fn bind_gossip(&self, addr: SocketAddr) -> std::io::Result<UdpGossip> {
+        tokio::net::UdpSocket::bind(addr).await.map(UdpGossip)
+    }
+
     async fn call(
         &self,
         addr: SocketAddr,

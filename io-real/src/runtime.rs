@@ -17,6 +17,34 @@ use openraft::{AsyncRuntime, OptionalSend};
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct DroverRuntime;
 
+/// The runtime's random generator: the OS-seeded thread generator in production, the
+/// simulator's seeded global generator under madsim (where `getrandom`'s raw syscall would
+/// otherwise escape the seed).
+#[cfg(not(madsim))]
+pub type RuntimeRng = rand::rngs::ThreadRng;
+#[cfg(madsim)]
+pub type RuntimeRng = madsim::rand::GlobalRng;
+
+pub fn runtime_rng() -> RuntimeRng {
+    #[cfg(not(madsim))]
+    {
+        rand::thread_rng()
+    }
+    #[cfg(madsim)]
+    {
+        madsim::rand::thread_rng()
+    }
+}
+
+/// A random value from the runtime's generator (see [`RuntimeRng`]).
+pub fn random<T>() -> T
+where
+    rand::distributions::Standard: rand::distributions::Distribution<T>,
+{
+    use rand::Rng;
+    runtime_rng().r#gen()
+}
+
 /// `tokio::time::Instant` (madsim's virtual instant under simulation) as an openraft instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RaftInstant(pub tokio::time::Instant);
@@ -112,7 +140,7 @@ impl AsyncRuntime for DroverRuntime {
     type Instant = RaftInstant;
     type TimeoutError = Elapsed;
     type Timeout<R, T: Future<Output = R> + OptionalSend> = Timeout<T>;
-    type ThreadLocalRng = rand::rngs::ThreadRng;
+    type ThreadLocalRng = RuntimeRng;
     type OneshotSender<T: OptionalSend> = OneshotSender<T>;
     type OneshotReceiver<T: OptionalSend> = tokio::sync::oneshot::Receiver<T>;
     type OneshotReceiverError = tokio::sync::oneshot::error::RecvError;
@@ -157,9 +185,8 @@ impl AsyncRuntime for DroverRuntime {
         join_error.is_panic()
     }
 
-    /// Deterministic under madsim, which seeds the process's entropy source from the run seed.
     fn thread_rng() -> Self::ThreadLocalRng {
-        rand::thread_rng()
+        runtime_rng()
     }
 
     fn oneshot<T>() -> (Self::OneshotSender<T>, Self::OneshotReceiver<T>)

@@ -1,1 +1,15 @@
+//! Seeded scenario suites for the full-agent simulation lane.
+//!
+//! Each scenario builds a cluster of whole agents (openraft, the production driver, the core)
+//! inside madsim, derives every option from the seed (start order, start delays, which faults
+//! and when), runs a fault phase and then a quiet phase in which a leader must emerge. Safety
+//! invariants are checked after every event by `drover_io_sim::trace`.
+//!
+//! The code exists only under `--cfg madsim`; `tests/sim.rs` arranges that build itself.
 
+#[cfg(madsim)]
+pub mod cli;
+#[cfg(madsim)]
+pub mod runner;
+#[cfg(madsim)]
+pub mod scenarios;

@@ -1,0 +1,283 @@
+//! A simulated cluster of whole agents: each server is a madsim node running the production
+//! driver (`drover_io_real::driver::start_agent`) over the simulated network, disk and Consul.
+//! Nodes can be killed (with or without losing unsynced writes), restarted with their disk,
+//! partitioned and healed; the recorder sees everything.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::config::AgentConfig;
+use drover_core::fsm::Command;
+use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
+use madsim::net::NetSim;
+use madsim::runtime::{Handle, NodeHandle};
+
+use crate::consul::SimConsul;
+use crate::disk::{Crash, SimDisk};
+use crate::net::SimTransport;
+use crate::trace::Recorder;
+
+/// How one server is configured and when it first starts.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    pub name: String,
+    pub ip: IpAddr,
+    pub config: AgentConfig,
+    pub first_start_delay: Duration,
+}
+
+struct SimServer {
+    spec: ServerSpec,
+    disk: SimDisk,
+    node: NodeHandle,
+    agent: Arc<Mutex<Option<AgentHandle>>>,
+    alive: bool,
+}
+
+pub struct SimCluster {
+    handle: Handle,
+    recorder: Recorder,
+    consul: SimConsul,
+    servers: Vec<SimServer>,
+    clogged: BTreeSet<(usize, usize)>,
+}
+
+impl SimCluster {
+    pub fn new(recorder: Recorder, consul: SimConsul) -> Self {
+        SimCluster {
+            handle: Handle::current(),
+            recorder,
+            consul,
+            servers: Vec::new(),
+            clogged: BTreeSet::new(),
+        }
+    }
+
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    pub fn consul(&self) -> &SimConsul {
+        &self.consul
+    }
+
+    pub fn len(&self) -> usize {
+        self.servers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.servers.is_empty()
+    }
+
+    pub fn name(&self, index: usize) -> &str {
+        &self.servers[index].spec.name
+    }
+
+    pub fn is_alive(&self, index: usize) -> bool {
+        self.servers[index].alive
+    }
+
+    /// Creates the server's node; its process starts after `first_start_delay`.
+    pub fn add_server(&mut self, spec: ServerSpec) -> usize {
+        let disk = SimDisk::new();
+        let agent: Arc<Mutex<Option<AgentHandle>>> = Arc::new(Mutex::new(None));
+        let first_boot_done = Arc::new(AtomicBool::new(false));
+        let init = {
+            let spec = spec.clone();
+            let disk = disk.clone();
+            let agent = agent.clone();
+            let recorder = self.recorder.clone();
+            let consul = self.consul.clone();
+            move || {
+                let spec = spec.clone();
+                let disk = disk.clone();
+                let agent = agent.clone();
+                let recorder = recorder.clone();
+                let consul = consul.clone();
+                let first_boot_done = first_boot_done.clone();
+                async move {
+                    if !first_boot_done.swap(true, Ordering::SeqCst) {
+                        tokio::time::sleep(spec.first_start_delay).await;
+                    }
+                    run_server(spec, disk, agent, recorder, consul).await;
+                }
+            }
+        };
+        let node = self
+            .handle
+            .create_node()
+            .name(&spec.name)
+            .ip(spec.ip)
+            .init(init)
+            .build();
+        self.servers.push(SimServer {
+            spec,
+            disk,
+            node,
+            agent,
+            alive: true,
+        });
+        self.servers.len() - 1
+    }
+
+    /// Kills the server's process; `crash` says what happens to its unsynced writes.
+    pub fn kill(&mut self, index: usize, crash: Crash) {
+        let server = &mut self.servers[index];
+        if !server.alive {
+            return;
+        }
+        let lost = server.disk.crash(crash);
+        *server.agent.lock().expect("agent slot") = None;
+        self.handle.kill(server.node.id());
+        server.alive = false;
+        self.recorder.note(format!(
+            "kill {} ({crash:?}, {lost} unsynced bytes lost)",
+            server.spec.name
+        ));
+    }
+
+    /// Starts a killed server's process again on its surviving disk.
+    pub fn restart(&mut self, index: usize) {
+        let server = &mut self.servers[index];
+        if server.alive {
+            return;
+        }
+        self.handle.restart(server.node.id());
+        server.alive = true;
+        self.recorder.note(format!("restart {}", server.spec.name));
+    }
+
+    fn clog(&mut self, from: usize, to: usize) {
+        if from != to && self.clogged.insert((from, to)) {
+            NetSim::current().clog_link(self.servers[from].node.id(), self.servers[to].node.id());
+        }
+    }
+
+    /// Cuts every link between `side` and the other servers, both ways.
+    pub fn partition(&mut self, side: &[usize]) {
+        let others: Vec<usize> = (0..self.servers.len())
+            .filter(|index| !side.contains(index))
+            .collect();
+        for &a in side {
+            for &b in &others {
+                self.clog(a, b);
+                self.clog(b, a);
+            }
+        }
+        let names = |set: &[usize]| {
+            set.iter()
+                .map(|index| self.name(*index).to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        self.recorder.note(format!(
+            "partition {{{}}} | {{{}}}",
+            names(side),
+            names(&others)
+        ));
+    }
+
+    /// Cuts the link from `from` to `to` only.
+    pub fn clog_one_way(&mut self, from: usize, to: usize) {
+        self.clog(from, to);
+        self.recorder
+            .note(format!("clog {} -> {}", self.name(from), self.name(to)));
+    }
+
+    pub fn heal(&mut self) {
+        for (from, to) in std::mem::take(&mut self.clogged) {
+            NetSim::current().unclog_link(self.servers[from].node.id(), self.servers[to].node.id());
+        }
+        self.recorder.note("heal all links");
+    }
+
+    /// Status of every live server whose agent has started: (name, node id, status).
+    pub fn live_statuses(&self) -> Vec<(String, u64, AgentStatus)> {
+        self.servers
+            .iter()
+            .filter(|server| server.alive)
+            .filter_map(|server| {
+                let agent = server.agent.lock().expect("agent slot").clone()?;
+                Some((server.spec.name.clone(), agent.node_id(), agent.status()))
+            })
+            .collect()
+    }
+
+    /// The running agent of a live server, if its process has started.
+    pub fn agent(&self, index: usize) -> Option<AgentHandle> {
+        let server = &self.servers[index];
+        if !server.alive {
+            return None;
+        }
+        server.agent.lock().expect("agent slot").clone()
+    }
+
+    /// Starts writing `path = value` through server `index` (forwarded to the leader as
+    /// needed); `None` when the server is down. The write runs on that server's node, so it
+    /// sees that server's network; the returned future resolves to the log index.
+    pub fn start_write(
+        &self,
+        index: usize,
+        path: String,
+        value: String,
+        timeout: Duration,
+    ) -> Option<impl std::future::Future<Output = Result<u64, String>> + use<>> {
+        let agent = self.agent(index)?;
+        let command = Command::VariableUpsert {
+            path,
+            items: [("v".to_string(), value)].into(),
+        };
+        let task = self.servers[index]
+            .node
+            .spawn(async move { agent.apply(command).await });
+        Some(async move {
+            match tokio::time::timeout(timeout, task).await {
+                Ok(Ok(Ok((index, _)))) => Ok(index),
+                Ok(Ok(Err(error))) => Err(error.to_string()),
+                Ok(Err(error)) if error.is_cancelled() => {
+                    Err("the server was killed mid-write".to_string())
+                }
+                Ok(Err(_)) => Err("the write task panicked".to_string()),
+                Err(_) => Err("timed out".to_string()),
+            }
+        })
+    }
+}
+
+async fn run_server(
+    spec: ServerSpec,
+    disk: SimDisk,
+    slot: Arc<Mutex<Option<AgentHandle>>>,
+    recorder: Recorder,
+    consul: SimConsul,
+) {
+    recorder.note(format!("{} process starts", spec.name));
+    let db = match redb::Builder::new().create_with_backend(disk.backend()) {
+        Ok(db) => db,
+        Err(error) => {
+            recorder.violate(
+                "durable state reopens after a crash",
+                format!("{}: {error}", spec.name),
+            );
+            return;
+        }
+    };
+    let parts = AgentParts {
+        config: spec.config.clone(),
+        db,
+        transport: SimTransport,
+        consul,
+        observer: recorder.observer(&spec.name),
+    };
+    match start_agent(parts).await {
+        Ok(agent) => *slot.lock().expect("agent slot") = Some(agent),
+        Err(error) => {
+            recorder.violate("agent starts", format!("{}: {error}", spec.name));
+            return;
+        }
+    }
+    std::future::pending::<()>().await;
+}

@@ -1,0 +1,26 @@
+//! Safety invariants, checked after every recorded event; one file per invariant.
+//! Liveness is checked by the scenario runner after the fault phase ([`liveness`]).
+
+pub mod leader_per_term;
+pub mod liveness;
+pub mod log_matching;
+pub mod no_rebootstrap;
+pub mod single_cluster;
+
+use drover_io_real::io::AgentEvent;
+
+/// A property every event must preserve. `observe` returns a description of the violation.
+pub trait Invariant: Send {
+    fn name(&self) -> &'static str;
+    fn observe(&mut self, node: &str, event: &AgentEvent) -> Result<(), String>;
+}
+
+/// Every safety invariant, fresh for one run.
+pub fn all() -> Vec<Box<dyn Invariant>> {
+    vec![
+        Box::new(leader_per_term::LeaderPerTerm::default()),
+        Box::new(single_cluster::SingleCluster::default()),
+        Box::new(no_rebootstrap::NoRebootstrap::default()),
+        Box::new(log_matching::LogMatching::default()),
+    ]
+}

@@ -1,0 +1,121 @@
+//! The run's trace: every agent event and every scenario action, stamped with virtual time,
+//! in the order they happened. Safety invariants run after each recorded event; the first
+//! violation is kept with the trace position where it happened.
+
+use std::sync::{Arc, Mutex};
+
+use drover_io_real::io::{AgentEvent, Observer};
+
+use crate::invariants::{self, Invariant};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub invariant: &'static str,
+    pub detail: String,
+    pub at_line: usize,
+}
+
+struct State {
+    start: tokio::time::Instant,
+    lines: Vec<String>,
+    invariants: Vec<Box<dyn Invariant>>,
+    violations: Vec<Violation>,
+}
+
+/// Shared by every node of one run.
+#[derive(Clone)]
+pub struct Recorder {
+    state: Arc<Mutex<State>>,
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Recorder::new()
+    }
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Recorder {
+            state: Arc::new(Mutex::new(State {
+                start: tokio::time::Instant::now(),
+                lines: Vec::new(),
+                invariants: invariants::all(),
+                violations: Vec::new(),
+            })),
+        }
+    }
+
+    fn stamp(state: &State) -> String {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(state.start);
+        format!("{:>6}.{:03}", elapsed.as_secs(), elapsed.subsec_millis())
+    }
+
+    /// Records a scenario action (fault injected, write acknowledged, phase change).
+    pub fn note(&self, text: impl AsRef<str>) {
+        let mut state = self.state.lock().expect("trace lock");
+        let line = format!("{} -- {}", Self::stamp(&state), text.as_ref());
+        state.lines.push(line);
+    }
+
+    pub fn record(&self, node: &str, event: AgentEvent) {
+        let mut state = self.state.lock().expect("trace lock");
+        let line = format!("{} {node} {event:?}", Self::stamp(&state));
+        state.lines.push(line);
+        let at_line = state.lines.len();
+        let mut found = Vec::new();
+        for invariant in state.invariants.iter_mut() {
+            if let Err(detail) = invariant.observe(node, &event) {
+                found.push(Violation {
+                    invariant: invariant.name(),
+                    detail,
+                    at_line,
+                });
+            }
+        }
+        state.violations.extend(found);
+    }
+
+    /// A violation found outside the event stream (liveness).
+    pub fn violate(&self, invariant: &'static str, detail: String) {
+        let mut state = self.state.lock().expect("trace lock");
+        let at_line = state.lines.len();
+        let line = format!("{} !! {invariant}: {detail}", Self::stamp(&state));
+        state.lines.push(line);
+        state.violations.push(Violation {
+            invariant,
+            detail,
+            at_line,
+        });
+    }
+
+    pub fn violations(&self) -> Vec<Violation> {
+        self.state.lock().expect("trace lock").violations.clone()
+    }
+
+    pub fn text(&self) -> String {
+        let state = self.state.lock().expect("trace lock");
+        let mut text = state.lines.join("\n");
+        text.push('\n');
+        text
+    }
+
+    pub fn observer(&self, node: &str) -> Arc<NodeObserver> {
+        Arc::new(NodeObserver {
+            node: node.to_string(),
+            recorder: self.clone(),
+        })
+    }
+}
+
+/// One node's view of the recorder.
+pub struct NodeObserver {
+    node: String,
+    recorder: Recorder,
+}
+
+impl Observer for NodeObserver {
+    fn record(&self, event: AgentEvent) {
+        self.recorder.record(&self.node, event);
+    }
+}

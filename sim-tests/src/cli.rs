@@ -1,0 +1,340 @@
+//! The simulation lane's command line: `-- --seed N`, `-- --seeds A..B`, `--scenario NAME`,
+//! `--negative-control`, `--check-determinism`, `--trace`, `--list`. With no seed given it runs
+//! the default range, checks determinism on the first seed of every scenario and runs the
+//! negative control.
+
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use crate::runner::{self, Report};
+use crate::scenarios::{Options, SCENARIOS, Scenario, find};
+
+/// Seeds per scenario when none are given; keeps CI fast.
+const DEFAULT_SEEDS: std::ops::Range<u64> = 0..10;
+/// The negative control must find the split brain within this many seeds.
+const NEGATIVE_CONTROL_SEEDS: u64 = 200;
+const TRACE_TAIL_LINES: usize = 60;
+
+#[derive(Default)]
+struct Args {
+    seeds: Option<std::ops::Range<u64>>,
+    scenarios: Vec<&'static Scenario>,
+    negative_control: bool,
+    check_determinism: bool,
+    trace: bool,
+    list: bool,
+}
+
+fn parse_range(text: &str) -> Result<std::ops::Range<u64>, String> {
+    let bad = || format!("invalid seed range {text:?}: expected A..B or A..=B");
+    if let Some((start, end)) = text.split_once("..=") {
+        let start: u64 = start.parse().map_err(|_| bad())?;
+        let end: u64 = end.parse().map_err(|_| bad())?;
+        return Ok(start..end + 1);
+    }
+    let (start, end) = text.split_once("..").ok_or_else(bad)?;
+    let start: u64 = start.parse().map_err(|_| bad())?;
+    let end: u64 = end.parse().map_err(|_| bad())?;
+    if end <= start {
+        return Err(bad());
+    }
+    Ok(start..end)
+}
+
+fn parse_args(raw: Vec<String>) -> Result<Args, String> {
+    let mut args = Args::default();
+    let mut raw = raw.into_iter();
+    while let Some(arg) = raw.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => {
+                (flag.to_string(), Some(value.to_string()))
+            }
+            _ => (arg.clone(), None),
+        };
+        let mut value = |name: &str| {
+            inline
+                .clone()
+                .or_else(|| raw.next())
+                .ok_or_else(|| format!("{name} needs a value"))
+        };
+        match flag.as_str() {
+            "--seed" => {
+                let seed: u64 = value("--seed")?
+                    .parse()
+                    .map_err(|_| "--seed needs a number".to_string())?;
+                args.seeds = Some(seed..seed + 1);
+            }
+            "--seeds" => args.seeds = Some(parse_range(&value("--seeds")?)?),
+            "--scenario" => {
+                for name in value("--scenario")?.split(',') {
+                    let scenario = find(name)
+                        .ok_or_else(|| format!("unknown scenario {name:?} (see --list)"))?;
+                    args.scenarios.push(scenario);
+                }
+            }
+            "--negative-control" => args.negative_control = true,
+            "--check-determinism" => args.check_determinism = true,
+            "--trace" => args.trace = true,
+            "--list" => args.list = true,
+            // Flags cargo or libtest habits may pass through; they mean nothing here.
+            "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored"
+            | "--ignored" | "--exact" => {}
+            "--test-threads" | "--color" | "--format" => {
+                let _ = value(&flag)?;
+            }
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if args.scenarios.is_empty() {
+        args.scenarios = SCENARIOS.iter().collect();
+    }
+    Ok(args)
+}
+
+pub fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1).collect()) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("sim-tests: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.list {
+        for scenario in SCENARIOS {
+            println!("{:<28} {}", scenario.name, scenario.about);
+        }
+        return ExitCode::SUCCESS;
+    }
+    if args.negative_control {
+        return exit(negative_control(&args));
+    }
+    let explicit = args.seeds.is_some();
+    let seeds = args.seeds.clone().unwrap_or(DEFAULT_SEEDS);
+    let mut ok = run_range(&args, seeds);
+    if !explicit {
+        ok &= negative_control(&args);
+    }
+    exit(ok)
+}
+
+fn exit(ok: bool) -> ExitCode {
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Runs `jobs` on as many threads as there are cores; results come back in job order.
+fn run_parallel(jobs: Vec<(&'static Scenario, u64)>, options: Options) -> Vec<Report> {
+    let workers = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len().max(1));
+    let next = Arc::new(AtomicUsize::new(0));
+    let results: Arc<Mutex<Vec<Option<Report>>>> = Arc::new(Mutex::new(vec![None; jobs.len()]));
+    let jobs = Arc::new(jobs);
+    let handles: Vec<_> = (0..workers)
+        .map(|_| {
+            let (next, results, jobs) = (next.clone(), results.clone(), jobs.clone());
+            std::thread::spawn(move || {
+                loop {
+                    let job = next.fetch_add(1, Ordering::SeqCst);
+                    let Some((scenario, seed)) = jobs.get(job).copied() else {
+                        return;
+                    };
+                    let report = runner::run(scenario, seed, options);
+                    results.lock().expect("results lock")[job] = Some(report);
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().expect("worker thread");
+    }
+    let results = std::mem::take(&mut *results.lock().expect("results lock"));
+    results
+        .into_iter()
+        .map(|report| report.expect("every job ran"))
+        .collect()
+}
+
+fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
+    let started = Instant::now();
+    let jobs: Vec<(&'static Scenario, u64)> = seeds
+        .clone()
+        .flat_map(|seed| args.scenarios.iter().map(move |scenario| (*scenario, seed)))
+        .collect();
+    let runs = jobs.len();
+    let reports = run_parallel(jobs, Options::default());
+    let mut failures = 0;
+    let mut virtual_secs = 0;
+    for report in &reports {
+        virtual_secs += report.virtual_secs;
+        if report.passed() {
+            println!(
+                "ok     {:<28} seed={:<6} ({} virtual s)",
+                report.scenario, report.seed, report.virtual_secs
+            );
+        } else {
+            failures += 1;
+            print_failure(report, false);
+        }
+        if args.trace {
+            println!(
+                "--- trace {} seed={} ---\n{}",
+                report.scenario, report.seed, report.trace
+            );
+        }
+    }
+    let mut deterministic = true;
+    let determinism_jobs: Vec<(&'static Scenario, u64)> = reports
+        .iter()
+        .filter(|report| args.check_determinism || report.seed == seeds.start)
+        .map(|report| (find(report.scenario).expect("known scenario"), report.seed))
+        .collect();
+    let replays = run_parallel(determinism_jobs, Options::default());
+    for replay in &replays {
+        let first = reports
+            .iter()
+            .find(|report| report.scenario == replay.scenario && report.seed == replay.seed)
+            .expect("original run");
+        if first.trace == replay.trace {
+            println!(
+                "same   {:<28} seed={:<6} replay gave a byte-identical trace ({} bytes)",
+                replay.scenario,
+                replay.seed,
+                replay.trace.len()
+            );
+        } else {
+            deterministic = false;
+            let line = first
+                .trace
+                .lines()
+                .zip(replay.trace.lines())
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            println!(
+                "FAILED {:<28} seed={:<6} nondeterminism: the replay's trace differs from line {}",
+                replay.scenario,
+                replay.seed,
+                line + 1
+            );
+            println!("  first:  {}", first.trace.lines().nth(line).unwrap_or(""));
+            println!("  replay: {}", replay.trace.lines().nth(line).unwrap_or(""));
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let total_runs = runs + replays.len();
+    println!(
+        "sim: {runs} runs ({} scenarios x {} seeds) + {} determinism replays, {failures} failed, \
+         {virtual_secs} virtual s in {elapsed:.1} s wall ({:.0} runs/minute)",
+        args.scenarios.len(),
+        seeds.end - seeds.start,
+        replays.len(),
+        total_runs as f64 * 60.0 / elapsed.max(0.001),
+    );
+    failures == 0 && deterministic
+}
+
+fn print_failure(report: &Report, negative_control: bool) {
+    println!(
+        "FAILED {:<28} seed={:<6}{}",
+        report.scenario,
+        report.seed,
+        if negative_control {
+            " (negative control)"
+        } else {
+            ""
+        }
+    );
+    for violation in &report.violations {
+        println!(
+            "  invariant violated: {}: {}",
+            violation.invariant, violation.detail
+        );
+    }
+    let mut replay = format!(
+        "cargo test -p sim-tests -- --seed {} --scenario {}",
+        report.seed, report.scenario
+    );
+    if negative_control {
+        replay.push_str(" --negative-control");
+    }
+    println!("  replay: {replay} --trace");
+    println!("  fault schedule:");
+    for line in &report.schedule {
+        println!("    {line}");
+    }
+    let lines: Vec<&str> = report.trace.lines().collect();
+    let first_violation = report
+        .violations
+        .iter()
+        .map(|violation| violation.at_line)
+        .min()
+        .unwrap_or(lines.len());
+    let end = first_violation.min(lines.len());
+    let start = end.saturating_sub(TRACE_TAIL_LINES);
+    println!(
+        "  trace up to the first violation (lines {}..{} of {}):",
+        start + 1,
+        end,
+        lines.len()
+    );
+    for line in &lines[start..end] {
+        println!("    {line}");
+    }
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/sim-traces");
+    if std::fs::create_dir_all(&dir).is_ok() {
+        let path = dir.join(format!("{}-{}.txt", report.scenario, report.seed));
+        if std::fs::write(&path, &report.trace).is_ok() {
+            println!("  full trace: {}", path.display());
+        }
+    }
+}
+
+/// Scenarios the negative control runs: formation with and without a partition.
+const NEGATIVE_CONTROL_SCENARIOS: &[&str] = &["formation_3", "partition_during_formation"];
+
+/// With the old self-election bug switched on, the suite must see a split brain.
+fn negative_control(args: &Args) -> bool {
+    let scenarios: Vec<&'static Scenario> = NEGATIVE_CONTROL_SCENARIOS
+        .iter()
+        .map(|name| find(name).expect("negative-control scenario exists"))
+        .collect();
+    let seeds = args.seeds.clone().unwrap_or(0..NEGATIVE_CONTROL_SEEDS);
+    let options = Options {
+        negative_control: true,
+    };
+    let batch = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut seed = seeds.start;
+    while seed < seeds.end {
+        let jobs: Vec<_> = (seed..(seed + batch).min(seeds.end))
+            .flat_map(|seed| scenarios.iter().map(move |scenario| (*scenario, seed)))
+            .collect();
+        for report in run_parallel(jobs, options) {
+            let split = report.violations.iter().find(|violation| {
+                violation.invariant.contains("split brain")
+                    || violation.invariant.contains("one leader per term")
+            });
+            if let Some(violation) = split {
+                println!(
+                    "ok     negative control: with the self-election bug switched on, seed {} of {} shows \
+                     \"{}\": {}",
+                    report.seed, report.scenario, violation.invariant, violation.detail
+                );
+                if args.trace {
+                    print_failure(&report, true);
+                }
+                return true;
+            }
+        }
+        seed += batch;
+    }
+    println!(
+        "FAILED negative control: the self-election bug went unnoticed over seeds {}..{} of {:?}",
+        seeds.start, seeds.end, NEGATIVE_CONTROL_SCENARIOS
+    );
+    false
+}

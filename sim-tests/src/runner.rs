@@ -1,0 +1,312 @@
+//! Runs one (scenario, seed): builds the plan, starts the cluster inside a fresh madsim
+//! runtime, plays the fault schedule with a write workload, then the quiet phase, and returns
+//! the trace and every violation found.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_io_sim::cluster::SimCluster;
+use drover_io_sim::consul::{ConsulMode, SimConsul};
+use drover_io_sim::invariants::liveness;
+use drover_io_sim::trace::{Recorder, Violation};
+use rand::{Rng, SeedableRng};
+use rand_chacha_03::ChaCha8Rng;
+
+use crate::scenarios::{Action, Options, Plan, Scenario, Target};
+
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+const LIVENESS_POLL: Duration = Duration::from_millis(200);
+
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub scenario: &'static str,
+    pub seed: u64,
+    pub trace: String,
+    pub violations: Vec<Violation>,
+    pub schedule: Vec<String>,
+    /// Virtual seconds simulated.
+    pub virtual_secs: u64,
+}
+
+impl Report {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// A stable per-scenario salt so every scenario explores a different schedule for one seed.
+fn salt(name: &str) -> u64 {
+    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt(scenario.name));
+    (scenario.build)(&mut rng, options)
+}
+
+/// Runs in a fresh thread so nothing (thread-local hash keys included) leaks between runs.
+pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
+    let plan = plan_for(scenario, seed, &options);
+    let schedule = plan.schedule();
+    // The recorder lives outside the simulation thread so a run that panics still reports
+    // the trace and every violation recorded before the panic.
+    let recorder_slot: Arc<Mutex<Option<Recorder>>> = Arc::new(Mutex::new(None));
+    let slot = recorder_slot.clone();
+    let result = std::thread::Builder::new()
+        .name(format!("{}-{seed}", scenario.name))
+        .spawn(move || {
+            let runtime =
+                madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+            runtime.block_on(play(plan, seed ^ salt(scenario.name), slot))
+        })
+        .expect("spawn simulation thread")
+        .join();
+    match result {
+        Ok((trace, violations, virtual_secs)) => Report {
+            scenario: scenario.name,
+            seed,
+            trace,
+            violations,
+            schedule,
+            virtual_secs,
+        },
+        Err(panic) => {
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                .unwrap_or_else(|| "unknown panic".to_string());
+            let recorder = recorder_slot.lock().expect("recorder slot").take();
+            let (trace, mut violations) = match recorder {
+                Some(recorder) => (recorder.text(), recorder.violations()),
+                None => (String::new(), Vec::new()),
+            };
+            violations.push(Violation {
+                invariant: "no panic",
+                detail: message,
+                at_line: trace.lines().count(),
+            });
+            Report {
+                scenario: scenario.name,
+                seed,
+                trace,
+                violations,
+                schedule,
+                virtual_secs: 0,
+            }
+        }
+    }
+}
+
+struct Workload {
+    rng: ChaCha8Rng,
+    next_write_at: tokio::time::Instant,
+    written: u64,
+    acked: Arc<Mutex<BTreeMap<String, u64>>>,
+}
+
+async fn play(
+    plan: Plan,
+    workload_seed: u64,
+    slot: Arc<Mutex<Option<Recorder>>>,
+) -> (String, Vec<Violation>, u64) {
+    let recorder = Recorder::new();
+    *slot.lock().expect("recorder slot") = Some(recorder.clone());
+    let consul = SimConsul::default();
+    consul.set_mode(plan.consul_initial);
+    let mut cluster = SimCluster::new(recorder.clone(), consul);
+    for spec in plan.servers.iter().cloned() {
+        cluster.add_server(spec);
+    }
+    let start = tokio::time::Instant::now();
+    let mut workload = Workload {
+        rng: ChaCha8Rng::seed_from_u64(workload_seed.rotate_left(17)),
+        next_write_at: start + Duration::from_secs(2),
+        written: 0,
+        acked: Arc::new(Mutex::new(BTreeMap::new())),
+    };
+    let mut last_killed: Option<usize> = None;
+    recorder.note("fault phase");
+    for step in &plan.steps {
+        drive_workload(&cluster, &mut workload, start + step.at).await;
+        match &step.action {
+            Action::Kill { target, crash } => {
+                if let Some(index) = resolve(&cluster, *target, last_killed) {
+                    cluster.kill(index, *crash);
+                    last_killed = Some(index);
+                }
+            }
+            Action::Restart(target) => {
+                if let Some(index) = resolve(&cluster, *target, last_killed) {
+                    cluster.restart(index);
+                }
+            }
+            Action::Partition(side) => cluster.partition(side),
+            Action::ClogOneWay(from, to) => cluster.clog_one_way(*from, *to),
+            Action::Heal => cluster.heal(),
+            Action::Consul(mode) => {
+                cluster.consul().set_mode(*mode);
+                recorder.note(format!("consul {mode:?}"));
+            }
+            Action::AddServer(spec) => {
+                let index = cluster.add_server((**spec).clone());
+                recorder.note(format!("add server {}", cluster.name(index)));
+            }
+        }
+    }
+    drive_workload(&cluster, &mut workload, start + plan.fault_phase_end()).await;
+
+    recorder.note("quiet phase");
+    cluster.heal();
+    cluster.consul().set_mode(ConsulMode::Healthy);
+    let keep_dead: Vec<usize> = plan
+        .keep_dead
+        .iter()
+        .filter_map(|target| resolve(&cluster, *target, last_killed))
+        .collect();
+    for index in 0..cluster.len() {
+        if !cluster.is_alive(index) && !keep_dead.contains(&index) {
+            cluster.restart(index);
+        }
+    }
+    let quiet_start = tokio::time::Instant::now();
+    let deadline = quiet_start + plan.quiet_bound;
+    let leader = loop {
+        let statuses = cluster.live_statuses();
+        let expected = (0..cluster.len())
+            .filter(|index| cluster.is_alive(*index))
+            .count();
+        let verdict = if statuses.len() < expected {
+            Err(format!(
+                "{} of {expected} live servers have started",
+                statuses.len()
+            ))
+        } else {
+            liveness::common_leader(&statuses)
+        };
+        match verdict {
+            Ok(leader) => break Some(leader),
+            Err(why) if tokio::time::Instant::now() >= deadline => {
+                recorder.violate(
+                    "liveness: a leader known on every live server",
+                    format!(
+                        "not within {:?} of the quiet phase: {why}",
+                        plan.quiet_bound
+                    ),
+                );
+                break None;
+            }
+            Err(_) => tokio::time::sleep(LIVENESS_POLL).await,
+        }
+    };
+    if let Some(leader) = leader {
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(quiet_start);
+        recorder.note(format!(
+            "leader {leader} known everywhere after {} ms of quiet",
+            elapsed.as_millis()
+        ));
+        check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
+    }
+    let virtual_secs = tokio::time::Instant::now()
+        .saturating_duration_since(start)
+        .as_secs();
+    (recorder.text(), recorder.violations(), virtual_secs)
+}
+
+fn resolve(cluster: &SimCluster, target: Target, last_killed: Option<usize>) -> Option<usize> {
+    match target {
+        Target::Server(index) => Some(index),
+        Target::LastKilled => last_killed,
+        Target::Leader => cluster
+            .live_statuses()
+            .iter()
+            .find_map(|(name, id, status)| {
+                let leads = status.raft.as_ref().is_some_and(|raft| {
+                    raft.leader.as_ref().is_some_and(|(leader, _)| leader == id)
+                });
+                leads.then(|| (0..cluster.len()).find(|index| cluster.name(*index) == name))?
+            }),
+    }
+}
+
+/// Issues writes to random live servers at seeded intervals until `until`.
+async fn drive_workload(
+    cluster: &SimCluster,
+    workload: &mut Workload,
+    until: tokio::time::Instant,
+) {
+    loop {
+        if workload.next_write_at > until {
+            tokio::time::sleep_until(until).await;
+            return;
+        }
+        tokio::time::sleep_until(workload.next_write_at).await;
+        workload.next_write_at += Duration::from_millis(workload.rng.gen_range(300..2_000));
+        let index = workload.rng.gen_range(0..cluster.len());
+        let Some(write) = cluster.start_write(
+            index,
+            format!("w/{}", workload.written),
+            workload.written.to_string(),
+            WRITE_TIMEOUT,
+        ) else {
+            continue;
+        };
+        let path = format!("w/{}", workload.written);
+        workload.written += 1;
+        let acked = workload.acked.clone();
+        let recorder = cluster.recorder().clone();
+        let name = cluster.name(index).to_string();
+        tokio::spawn(async move {
+            match write.await {
+                Ok(log_index) => {
+                    recorder.note(format!(
+                        "write {path} via {name} acknowledged at index {log_index}"
+                    ));
+                    acked.lock().expect("acked lock").insert(path, log_index);
+                }
+                Err(error) => recorder.note(format!("write {path} via {name} failed: {error}")),
+            }
+        });
+    }
+}
+
+/// Nothing acknowledged is lost: after the quiet phase the leader has every acknowledged write.
+async fn check_acknowledged_writes(
+    cluster: &SimCluster,
+    recorder: &Recorder,
+    workload: &Workload,
+    leader: u64,
+) {
+    // Let in-flight writes settle so the acknowledged set is final.
+    tokio::time::sleep(WRITE_TIMEOUT).await;
+    let acked = workload.acked.lock().expect("acked lock").clone();
+    let Some(agent) = (0..cluster.len())
+        .filter_map(|index| cluster.agent(index))
+        .find(|agent| agent.node_id() == leader)
+    else {
+        return;
+    };
+    let missing: Vec<String> = agent
+        .read_state(|state| {
+            acked
+                .keys()
+                .filter(|path| state.variable(path).is_none())
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    if missing.is_empty() {
+        recorder.note(format!(
+            "all {} acknowledged writes present on the leader",
+            acked.len()
+        ));
+    } else {
+        recorder.violate(
+            "nothing acknowledged is lost",
+            format!("the leader lacks acknowledged writes {missing:?}"),
+        );
+    }
+}

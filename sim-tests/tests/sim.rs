@@ -1,0 +1,56 @@
+//! `cargo test -p sim-tests -- --seed N` (or `--seeds A..B`, or nothing for the default range).
+//!
+//! In a normal build this binary is a trampoline: it re-runs itself through cargo with
+//! `--cfg madsim` and a separate target directory (`target/madsim`), so nobody has to remember
+//! the flags. Under madsim it runs the scenarios.
+
+use std::process::ExitCode;
+
+#[cfg(madsim)]
+fn main() -> ExitCode {
+    sim_tests::cli::main()
+}
+
+#[cfg(not(madsim))]
+fn main() -> ExitCode {
+    use std::path::Path;
+    use std::process::Command;
+
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("sim-tests lives in the workspace");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    let mut rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();
+    if !rustflags.split_whitespace().any(|flag| flag == "madsim") {
+        rustflags.push_str(" --cfg madsim");
+    }
+    eprintln!("sim-tests: building the simulation under --cfg madsim in target/madsim ...");
+    let status = Command::new(cargo)
+        .current_dir(workspace)
+        .env("RUSTFLAGS", rustflags.trim())
+        .env("CARGO_TARGET_DIR", workspace.join("target").join("madsim"))
+        .args([
+            "test",
+            "--profile",
+            "sim",
+            "-p",
+            "sim-tests",
+            "--test",
+            "sim",
+            "--",
+        ])
+        .args(&args)
+        .status();
+    match status {
+        Ok(status) if status.success() => ExitCode::SUCCESS,
+        Ok(status) => {
+            eprintln!("sim-tests: simulation failed ({status})");
+            ExitCode::FAILURE
+        }
+        Err(error) => {
+            eprintln!("sim-tests: could not run cargo: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
