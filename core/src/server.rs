@@ -131,6 +131,10 @@ pub enum Action {
         op: OpId,
         command: Command,
     },
+    /// Allow or forbid this server to start Raft elections (it keeps voting either way).
+    SetElections {
+        enabled: bool,
+    },
     LookupConsul {
         op: OpId,
         service: String,
@@ -175,7 +179,20 @@ pub struct Server {
     consul_poll_at: Option<Instant>,
     consul_registered: bool,
     reconcile_at: Option<Instant>,
+    split_votes: SplitVotes,
     actions: VecDeque<Action>,
+}
+
+/// Breaks repeated split votes. openraft 0.9 draws one election timeout per server for its
+/// whole life and checks it on heartbeat ticks, so two candidates whose ticks line up and whose
+/// timeouts fall in the same tick can split the vote forever (the simulation found this).
+/// Classic Raft re-randomises the timeout on every election; we get the same effect by having a
+/// server that stood for election twice in a row without a leader sit out for a random pause.
+#[derive(Debug, Default)]
+struct SplitVotes {
+    last_candidate_term: u64,
+    streak: u32,
+    paused_until: Option<Instant>,
 }
 
 /// Read-only view for the HTTP API.
@@ -248,6 +265,7 @@ impl Server {
             consul_poll_at: (consul_enabled && config.consul.server_auto_join).then_some(now),
             consul_registered: !(consul_enabled && config.consul.auto_advertise),
             reconcile_at: None,
+            split_votes: SplitVotes::default(),
             actions: VecDeque::new(),
         };
         this.drain_children();
@@ -265,7 +283,8 @@ impl Server {
                 if self.complete(op).is_some() {
                     match result {
                         Ok(addrs) => {
-                            for addr in addrs {
+                            let known = self.live_gossip_addrs();
+                            for addr in addrs.into_iter().filter(|addr| !known.contains(addr)) {
                                 self.membership.join(now, addr);
                             }
                         }
@@ -328,6 +347,12 @@ impl Server {
         if self.reconcile_at.is_some_and(|at| at <= now) {
             self.reconcile(now);
         }
+        if self.split_votes.paused_until.is_some_and(|at| at <= now) {
+            self.split_votes.paused_until = None;
+            tracing::debug!("standing for election again");
+            self.actions
+                .push_back(Action::SetElections { enabled: true });
+        }
         self.after_input(now);
     }
 
@@ -343,6 +368,7 @@ impl Server {
             self.join_retry_at,
             self.consul_poll_at,
             self.reconcile_at,
+            self.split_votes.paused_until,
         ]
         .into_iter()
         .flatten()
@@ -370,12 +396,6 @@ impl Server {
             self.bootstrap.evaluate(now, &members, &mut self.ops);
             if self.is_leader() {
                 self.reconcile_at = Some(now);
-            }
-            if self.membership.peer_count() == 0
-                && self.join_retry_at.is_none()
-                && !self.config.retry_join.is_empty()
-            {
-                self.join_retry_at = Some(now + self.config.retry_interval);
             }
         }
         self.drain_children();
@@ -427,6 +447,35 @@ impl Server {
         if !self.is_leader() {
             self.reconcile_at = None;
         }
+        self.break_split_votes(now);
+    }
+
+    fn break_split_votes(&mut self, now: Instant) {
+        if self.raft.leader.is_some() {
+            self.split_votes.streak = 0;
+            return;
+        }
+        if self.raft.role != RaftRole::Candidate
+            || self.raft.term <= self.split_votes.last_candidate_term
+        {
+            return;
+        }
+        self.split_votes.last_candidate_term = self.raft.term;
+        self.split_votes.streak += 1;
+        if self.split_votes.streak >= 2 && self.split_votes.paused_until.is_none() {
+            // openraft would stand again at `last vote + its fixed timeout` anyway; only a
+            // pause that outlasts the longest timeout moves the next candidacy.
+            let max_ms = self.config.timing.raft_election_timeout_max.as_millis() as u64;
+            let pause = Duration::from_millis(self.rng.random_range(max_ms + 1..=2 * max_ms));
+            tracing::info!(
+                term = self.raft.term,
+                ?pause,
+                "no leader after repeated elections; sitting out for a random pause"
+            );
+            self.split_votes.paused_until = Some(now + pause);
+            self.actions
+                .push_back(Action::SetElections { enabled: false });
+        }
     }
 
     /// Leader duty: every live server of our region that gossip knows but Raft does not is added.
@@ -459,16 +508,24 @@ impl Server {
         }
     }
 
+    /// Re-announces to the `retry_join` targets. Nomad stops after the first successful join,
+    /// which leaves servers that came up on opposite sides of a partition in two gossip
+    /// islands forever; we keep announcing to targets that are not live members for as long
+    /// as no Raft leader is known.
     fn retry_join(&mut self, now: Instant) {
-        self.join_retry_at = None;
-        if self.membership.peer_count() > 0 {
+        self.join_retry_at = Some(now + self.config.retry_interval);
+        let isolated = self.membership.peer_count() == 0;
+        if !isolated && self.raft.leader.is_some() {
             return;
         }
         if self.config.retry_max != 0 && self.join_attempts >= self.config.retry_max {
-            tracing::error!(
-                attempts = self.join_attempts,
-                "retry_join: giving up after retry_max attempts"
-            );
+            if self.join_attempts == self.config.retry_max {
+                tracing::error!(
+                    attempts = self.join_attempts,
+                    "retry_join: giving up after retry_max attempts"
+                );
+                self.join_attempts += 1;
+            }
             return;
         }
         self.join_attempts += 1;
@@ -480,7 +537,6 @@ impl Server {
                 default_port: self.serf_addr.port(),
             });
         }
-        self.join_retry_at = Some(now + self.config.retry_interval);
     }
 
     fn poll_consul(&mut self, now: Instant) {
@@ -529,6 +585,14 @@ impl Server {
             }
             Err(error) => tracing::warn!(%error, "Consul server lookup failed; will retry"),
         }
+    }
+
+    fn live_gossip_addrs(&self) -> BTreeSet<SocketAddr> {
+        self.membership
+            .live_members()
+            .iter()
+            .map(|member| member.addr)
+            .collect()
     }
 
     fn busy(&self, kind: Pending) -> bool {

@@ -552,6 +552,11 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     let _ = inbox.send(agent::Input::Server(I::Proposed { op, result }));
                 });
             }
+            A::SetElections { enabled } => {
+                if let Some(raft) = &self.raft {
+                    raft.runtime_config().elect(enabled);
+                }
+            }
             A::LookupConsul { op, service, tag } => {
                 let consul = self.consul.clone();
                 let inbox = self.inbox.clone();

@@ -16,7 +16,7 @@ use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
-use crate::disk::{Crash, SimDisk};
+use crate::disk::{Crash, DiskProbe, SimDisk};
 use crate::net::SimTransport;
 use crate::trace::Recorder;
 
@@ -74,6 +74,14 @@ impl SimCluster {
 
     pub fn name(&self, index: usize) -> &str {
         &self.servers[index].spec.name
+    }
+
+    /// Probes of every server's disk, to check after the run that the world was freed.
+    pub fn disk_probes(&self) -> Vec<DiskProbe> {
+        self.servers
+            .iter()
+            .map(|server| server.disk.probe())
+            .collect()
     }
 
     pub fn is_alive(&self, index: usize) -> bool {
@@ -148,6 +156,17 @@ impl SimCluster {
         self.handle.restart(server.node.id());
         server.alive = true;
         self.recorder.note(format!("restart {}", server.spec.name));
+    }
+
+    /// Ends the run: kills every node so the executor drops their tasks (tasks left waiting on
+    /// each other would otherwise keep a whole simulated world alive after the run).
+    pub async fn shutdown(&mut self) {
+        for server in &mut self.servers {
+            *server.agent.lock().expect("agent slot") = None;
+            self.handle.kill(server.node.id());
+            server.alive = false;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 
     fn clog(&mut self, from: usize, to: usize) {

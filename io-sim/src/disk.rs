@@ -36,6 +36,11 @@ impl SimDisk {
         SimDisk::default()
     }
 
+    /// A handle that tells whether this disk still exists, without keeping it alive.
+    pub fn probe(&self) -> DiskProbe {
+        DiskProbe(Arc::downgrade(&self.image))
+    }
+
     /// A storage backend for a new process incarnation.
     pub fn backend(&self) -> SimDiskBackend {
         let epoch = self.image.lock().expect("disk lock").epoch;
@@ -65,6 +70,16 @@ impl SimDisk {
     /// Number of `sync_data` calls so far (for tests and figures).
     pub fn syncs(&self) -> u64 {
         self.image.lock().expect("disk lock").syncs
+    }
+}
+
+/// Observes a disk's lifetime: a run whose disks outlive it has leaked its simulated world.
+#[derive(Clone, Debug)]
+pub struct DiskProbe(std::sync::Weak<Mutex<Image>>);
+
+impl DiskProbe {
+    pub fn is_alive(&self) -> bool {
+        self.0.strong_count() > 0
     }
 }
 

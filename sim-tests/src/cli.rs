@@ -1,5 +1,6 @@
 //! The simulation lane's command line: `-- --seed N`, `-- --seeds A..B`, `--scenario NAME`,
-//! `--negative-control`, `--check-determinism`, `--trace`, `--list`. With no seed given it runs
+//! `--negative-control`, `--check-determinism`, `--trace`, `--log` (agent logs, filtered by
+//! `RUST_LOG`), `--list`. With no seed given it runs
 //! the default range, checks determinism on the first seed of every scenario and runs the
 //! negative control.
 
@@ -12,7 +13,21 @@ use crate::runner::{self, Report};
 use crate::scenarios::{Options, SCENARIOS, Scenario, find};
 
 /// Seeds per scenario when none are given; keeps CI fast.
-const DEFAULT_SEEDS: std::ops::Range<u64> = 0..10;
+const DEFAULT_SEEDS: std::ops::Range<u64> = 0..100;
+/// Seeds that once exposed a bug, replayed by every default run.
+const REGRESSION_SEEDS: &[(&str, u64, &str)] = &[
+    (
+        "partition_during_formation",
+        32,
+        "servers that came up on opposite sides of a partition stayed in two gossip islands",
+    ),
+    (
+        "leader_killed",
+        643,
+        "two survivors split the vote forever: openraft 0.9 keeps one election timeout per server",
+    ),
+];
+
 /// The negative control must find the split brain within this many seeds.
 const NEGATIVE_CONTROL_SEEDS: u64 = 200;
 const TRACE_TAIL_LINES: usize = 60;
@@ -25,6 +40,7 @@ struct Args {
     check_determinism: bool,
     trace: bool,
     list: bool,
+    log: bool,
 }
 
 fn parse_range(text: &str) -> Result<std::ops::Range<u64>, String> {
@@ -78,6 +94,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--check-determinism" => args.check_determinism = true,
             "--trace" => args.trace = true,
             "--list" => args.list = true,
+            "--log" => args.log = true,
             // Flags cargo or libtest habits may pass through; they mean nothing here.
             "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored"
             | "--ignored" | "--exact" => {}
@@ -101,6 +118,10 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.log {
+        // Agent logs (core decisions included), filtered by RUST_LOG, e.g. RUST_LOG=info.
+        madsim::runtime::init_logger();
+    }
     if args.list {
         for scenario in SCENARIOS {
             println!("{:<28} {}", scenario.name, scenario.about);
@@ -114,6 +135,7 @@ pub fn main() -> ExitCode {
     let seeds = args.seeds.clone().unwrap_or(DEFAULT_SEEDS);
     let mut ok = run_range(&args, seeds);
     if !explicit {
+        ok &= regression_seeds();
         ok &= negative_control(&args);
     }
     exit(ok)
@@ -236,6 +258,29 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         total_runs as f64 * 60.0 / elapsed.max(0.001),
     );
     failures == 0 && deterministic
+}
+
+fn regression_seeds() -> bool {
+    let jobs: Vec<(&'static Scenario, u64)> = REGRESSION_SEEDS
+        .iter()
+        .map(|(name, seed, _)| (find(name).expect("regression scenario exists"), *seed))
+        .collect();
+    let mut ok = true;
+    for (report, (_, _, bug)) in run_parallel(jobs, Options::default())
+        .iter()
+        .zip(REGRESSION_SEEDS)
+    {
+        if report.passed() {
+            println!(
+                "ok     {:<28} seed={:<6} regression: {bug}",
+                report.scenario, report.seed
+            );
+        } else {
+            ok = false;
+            print_failure(report, false);
+        }
+    }
+    ok
 }
 
 fn print_failure(report: &Report, negative_control: bool) {

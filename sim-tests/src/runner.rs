@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use drover_io_sim::cluster::SimCluster;
 use drover_io_sim::consul::{ConsulMode, SimConsul};
+use drover_io_sim::disk::DiskProbe;
 use drover_io_sim::invariants::liveness;
 use drover_io_sim::trace::{Recorder, Violation};
 use rand::{Rng, SeedableRng};
@@ -55,24 +56,43 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     // the trace and every violation recorded before the panic.
     let recorder_slot: Arc<Mutex<Option<Recorder>>> = Arc::new(Mutex::new(None));
     let slot = recorder_slot.clone();
+    let probes: Arc<Mutex<Vec<DiskProbe>>> = Arc::new(Mutex::new(Vec::new()));
+    let probes_out = probes.clone();
     let result = std::thread::Builder::new()
         .name(format!("{}-{seed}", scenario.name))
         .spawn(move || {
             let runtime =
                 madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
-            runtime.block_on(play(plan, seed ^ salt(scenario.name), slot))
+            let result = runtime.block_on(play(plan, seed ^ salt(scenario.name), slot, probes_out));
+            drop(runtime);
+            result
         })
         .expect("spawn simulation thread")
         .join();
+    // Thousands of seeds per process only work if each run frees its world.
+    let leaked = probes
+        .lock()
+        .expect("probes lock")
+        .iter()
+        .filter(|probe| probe.is_alive())
+        .count();
+    let leak = (leaked > 0).then(|| Violation {
+        invariant: "the simulated world is freed after the run",
+        detail: format!("{leaked} simulated disks outlived their runtime"),
+        at_line: 0,
+    });
     match result {
-        Ok((trace, violations, virtual_secs)) => Report {
-            scenario: scenario.name,
-            seed,
-            trace,
-            violations,
-            schedule,
-            virtual_secs,
-        },
+        Ok((trace, mut violations, virtual_secs)) => {
+            violations.extend(leak);
+            Report {
+                scenario: scenario.name,
+                seed,
+                trace,
+                violations,
+                schedule,
+                virtual_secs,
+            }
+        }
         Err(panic) => {
             let message = panic
                 .downcast_ref::<String>()
@@ -112,6 +132,7 @@ async fn play(
     plan: Plan,
     workload_seed: u64,
     slot: Arc<Mutex<Option<Recorder>>>,
+    probes: Arc<Mutex<Vec<DiskProbe>>>,
 ) -> (String, Vec<Violation>, u64) {
     let recorder = Recorder::new();
     *slot.lock().expect("recorder slot") = Some(recorder.clone());
@@ -213,7 +234,10 @@ async fn play(
     let virtual_secs = tokio::time::Instant::now()
         .saturating_duration_since(start)
         .as_secs();
-    (recorder.text(), recorder.violations(), virtual_secs)
+    let result = (recorder.text(), recorder.violations(), virtual_secs);
+    *probes.lock().expect("probes lock") = cluster.disk_probes();
+    cluster.shutdown().await;
+    result
 }
 
 fn resolve(cluster: &SimCluster, target: Target, last_killed: Option<usize>) -> Option<usize> {
