@@ -154,6 +154,17 @@ impl Bootstrap {
         self.expect
     }
 
+    /// The current phase, for status output and tests: `waiting`, `querying`, `initializing`
+    /// or `bootstrapped`.
+    pub fn phase(&self) -> &'static str {
+        match self.phase {
+            Phase::Waiting { .. } => "waiting",
+            Phase::Querying { .. } => "querying",
+            Phase::Initializing { .. } => "initializing",
+            Phase::Bootstrapped => "bootstrapped",
+        }
+    }
+
     /// Whether an attempt is under way (peers being queried or Raft being initialised).
     pub fn is_attempting(&self) -> bool {
         matches!(

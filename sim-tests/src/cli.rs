@@ -118,6 +118,18 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // A panic is reported with its seed like any other violation; one line on stderr is
+    // enough (the negative control provokes openraft's own split-brain assertion on purpose).
+    // `--log` keeps Rust's default hook (with backtraces) for debugging one seed.
+    if !args.log {
+        std::panic::set_hook(Box::new(|info| {
+            let thread = std::thread::current();
+            eprintln!(
+                "sim: panic in {}: {info}",
+                thread.name().unwrap_or("simulation")
+            );
+        }));
+    }
     if args.log {
         // Agent logs (core decisions included), filtered by RUST_LOG, e.g. RUST_LOG=info.
         madsim::runtime::init_logger();
