@@ -1,0 +1,140 @@
+//! Real `agent` processes on loopback: three servers with `bootstrap_expect = 3`, started in
+//! every order, form one cluster; kill -9 the leader and a new leader is elected; restart it and
+//! it rejoins without bootstrapping again.
+
+mod support;
+
+use std::time::Duration;
+
+use support::{Agent, agreed_leader, cluster_specs, http, server_args, wait_for};
+
+const FORMATION_LIMIT: Duration = Duration::from_secs(60);
+
+fn permutations() -> Vec<[usize; 3]> {
+    vec![
+        [0, 1, 2],
+        [0, 2, 1],
+        [1, 0, 2],
+        [1, 2, 0],
+        [2, 0, 1],
+        [2, 1, 0],
+    ]
+}
+
+fn bootstrap_lines(log: &str) -> usize {
+    log.lines()
+        .filter(|line| line.contains("bootstrapping Raft"))
+        .count()
+}
+
+#[test]
+fn three_servers_form_one_cluster_in_every_start_order() {
+    for order in permutations() {
+        let root = tempfile::tempdir().unwrap();
+        let specs = cluster_specs(root.path(), 3);
+        let mut agents: Vec<Option<Agent>> = (0..3).map(|_| None).collect();
+        for &index in &order {
+            agents[index] = Some(Agent::start(
+                specs[index].clone(),
+                server_args(&specs, index),
+            ));
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let agents: Vec<Agent> = agents.into_iter().map(Option::unwrap).collect();
+        let refs: Vec<&Agent> = agents.iter().collect();
+        let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3));
+        let logs: Vec<String> = agents.iter().map(Agent::log).collect();
+        assert!(
+            leader.is_some(),
+            "order {order:?}: no common leader\n{}",
+            logs.join("\n---\n")
+        );
+        // One cluster: every server reports the same three peers.
+        let mut peer_sets: Vec<Vec<String>> = agents
+            .iter()
+            .map(|agent| {
+                let mut peers = agent.peers();
+                peers.sort();
+                peers
+            })
+            .collect();
+        peer_sets.dedup();
+        assert_eq!(
+            peer_sets.len(),
+            1,
+            "order {order:?}: servers disagree on membership: {peer_sets:?}"
+        );
+    }
+}
+
+#[test]
+fn leader_killed_then_restarted_rejoins_without_bootstrapping() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let mut agents: Vec<Agent> = (0..3)
+        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("cluster forms");
+
+    // A write acknowledged before the crash must survive it.
+    let written = http(
+        "PUT",
+        agents[0].spec.http,
+        "/v1/var/test/before-crash",
+        Some(r#"{"Items":{"k":"v"}}"#),
+    );
+    assert!(
+        written.is_some(),
+        "write through s1 failed:\n{}",
+        agents[0].log()
+    );
+
+    let leader_index = agents
+        .iter()
+        .position(|agent| agent.rpc_addr() == leader)
+        .unwrap();
+    agents[leader_index].kill();
+    let survivors: Vec<&Agent> = agents
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != leader_index)
+        .map(|(_, a)| a)
+        .collect();
+    let new_leader = wait_for(FORMATION_LIMIT, || agreed_leader(&survivors, 3));
+    assert!(
+        new_leader.as_ref().is_some_and(|new| *new != leader),
+        "no new leader after killing {leader}: {new_leader:?}"
+    );
+
+    let bootstraps_before = bootstrap_lines(&agents[leader_index].log());
+    agents[leader_index].restart();
+    let everyone: Vec<&Agent> = agents.iter().collect();
+    let settled = wait_for(FORMATION_LIMIT, || agreed_leader(&everyone, 3));
+    assert!(
+        settled.is_some(),
+        "the restarted server did not rejoin:\n{}",
+        agents[leader_index].log()
+    );
+    let log = agents[leader_index].log();
+    let second_life = log.split("=== restart ===").nth(1).unwrap_or_default();
+    assert_eq!(
+        bootstrap_lines(second_life),
+        0,
+        "re-bootstrapped after restart:\n{second_life}"
+    );
+    assert!(bootstraps_before <= 1);
+    assert!(second_life.contains("boot_count=2"), "{second_life}");
+
+    // The restarted server has the write (replicated and durable).
+    let body = wait_for(FORMATION_LIMIT, || {
+        agents[leader_index].get("/v1/var/test/before-crash")
+    });
+    let body = body.expect("variable readable on the restarted server");
+    assert!(body.contains(r#""k":"v""#), "{body}");
+    let self_info = agents[leader_index].get("/v1/agent/self").unwrap();
+    assert!(
+        self_info.contains(r#""bootstrapped":"true""#),
+        "{self_info}"
+    );
+}

@@ -1,0 +1,227 @@
+//! Real `agent` processes on loopback for integration tests and the formation bench: distinct
+//! ports and data dirs, a tiny HTTP client for the API, and kill -9 / restart.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub const AGENT: &str = env!("CARGO_BIN_EXE_agent");
+
+/// Three free ports (HTTP, RPC, serf); the serf port is free for both TCP and UDP.
+pub fn free_ports() -> [u16; 3] {
+    loop {
+        let listeners: Vec<TcpListener> = (0..3)
+            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
+            .collect();
+        let ports: Vec<u16> = listeners
+            .iter()
+            .map(|l| l.local_addr().unwrap().port())
+            .collect();
+        if UdpSocket::bind(("127.0.0.1", ports[2])).is_ok() {
+            return [ports[0], ports[1], ports[2]];
+        }
+    }
+}
+
+/// One server's identity on this machine.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    pub name: String,
+    pub http: u16,
+    pub rpc: u16,
+    pub serf: u16,
+    pub data_dir: PathBuf,
+}
+
+/// A running (or killed) agent process whose output is captured.
+pub struct Agent {
+    pub spec: ServerSpec,
+    child: Option<Child>,
+    pub log: Arc<Mutex<String>>,
+    args: Vec<String>,
+}
+
+impl Agent {
+    pub fn start(spec: ServerSpec, args: Vec<String>) -> Agent {
+        let mut agent = Agent {
+            spec,
+            child: None,
+            log: Arc::new(Mutex::new(String::new())),
+            args,
+        };
+        agent.spawn();
+        agent
+    }
+
+    fn spawn(&mut self) {
+        let mut child = Command::new(AGENT)
+            .args(&self.args)
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("agent starts");
+        for stream in [
+            Box::new(child.stdout.take().unwrap()) as Box<dyn Read + Send>,
+            Box::new(child.stderr.take().unwrap()) as Box<dyn Read + Send>,
+        ] {
+            let log = self.log.clone();
+            std::thread::spawn(move || {
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    let mut log = log.lock().unwrap();
+                    log.push_str(&line);
+                    log.push('\n');
+                }
+            });
+        }
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, as `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the same process again on the same data dir; returns the output of this life.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.log.lock().unwrap().push_str("=== restart ===\n");
+        self.spawn();
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| child.try_wait().unwrap().is_none())
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub fn get(&self, path: &str) -> Option<String> {
+        http_get(self.spec.http, path)
+    }
+
+    pub fn leader(&self) -> Option<String> {
+        self.get("/v1/status/leader")
+            .and_then(|body| serde_json::from_str::<String>(&body).ok())
+            .filter(|leader| !leader.is_empty())
+    }
+
+    pub fn peers(&self) -> Vec<String> {
+        self.get("/v1/status/peers")
+            .and_then(|body| serde_json::from_str(&body).ok())
+            .unwrap_or_default()
+    }
+
+    pub fn rpc_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.spec.rpc)
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// GET over a fresh connection; `None` when the agent does not answer 200.
+pub fn http_get(port: u16, path: &str) -> Option<String> {
+    http("GET", port, path, None)
+}
+
+pub fn http(method: &str, port: u16, path: &str, body: Option<&str>) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .ok()?;
+    let body = body.unwrap_or("");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}
+
+/// Polls `check` until it returns `Some` or `limit` passes.
+pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The specs of an `n`-server cluster under `root`.
+pub fn cluster_specs(root: &Path, n: usize) -> Vec<ServerSpec> {
+    (0..n)
+        .map(|i| {
+            let [http, rpc, serf] = free_ports();
+            ServerSpec {
+                name: format!("s{}", i + 1),
+                http,
+                rpc,
+                serf,
+                data_dir: root.join(format!("s{}", i + 1)),
+            }
+        })
+        .collect()
+}
+
+/// Flags for a server of `specs` with `bootstrap_expect = specs.len()`, joining the others.
+pub fn server_args(specs: &[ServerSpec], index: usize) -> Vec<String> {
+    let spec = &specs[index];
+    let mut args = vec![
+        "-server".to_string(),
+        format!("-bootstrap-expect={}", specs.len()),
+        format!("-data-dir={}", spec.data_dir.display()),
+        format!("-node={}", spec.name),
+        "-bind=127.0.0.1".to_string(),
+        format!("-http-port={}", spec.http),
+        format!("-rpc-port={}", spec.rpc),
+        format!("-serf-port={}", spec.serf),
+        "-retry-interval=1s".to_string(),
+    ];
+    for (other, peer) in specs.iter().enumerate() {
+        if other != index {
+            args.push(format!("-retry-join=127.0.0.1:{}", peer.serf));
+        }
+    }
+    args
+}
+
+/// The leader every running agent in `agents` agrees on, once they all know it and it is one of
+/// them with `peers_expected` Raft peers.
+pub fn agreed_leader(agents: &[&Agent], peers_expected: usize) -> Option<String> {
+    let leaders: Vec<String> = agents
+        .iter()
+        .map(|agent| agent.leader())
+        .collect::<Option<_>>()?;
+    let first = leaders.first()?.clone();
+    let agreed = leaders.iter().all(|leader| *leader == first);
+    let known = agents.iter().any(|agent| agent.rpc_addr() == first);
+    let shaped = agents
+        .iter()
+        .all(|agent| agent.peers().len() == peers_expected);
+    (agreed && known && shaped).then_some(first)
+}
