@@ -1,0 +1,124 @@
+//! The production Consul client against a real HTTP server playing Consul: catalog lookups
+//! (local and other datacenters), service registration, and a Consul that hangs.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::routing::{get, put};
+use drover_io_real::consul::ConsulHttp;
+use drover_io_real::io::{Consul, ServiceRegistration};
+use serde_json::{Value, json};
+
+#[derive(Clone, Default)]
+struct FakeConsul {
+    registered: Arc<Mutex<Vec<Value>>>,
+    hang: bool,
+}
+
+async fn catalog(
+    State(fake): State<FakeConsul>,
+    Path(service): Path<String>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> axum::Json<Value> {
+    if fake.hang {
+        std::future::pending::<()>().await;
+    }
+    assert_eq!(service, "nomad");
+    assert_eq!(query.get("tag").map(String::as_str), Some("serf"));
+    let answer = match query.get("dc").map(String::as_str) {
+        None => json!([
+            {"Address": "10.0.0.1", "ServiceAddress": "", "ServicePort": 4648},
+            {"Address": "10.0.0.9", "ServiceAddress": "10.0.0.2", "ServicePort": 5648}
+        ]),
+        Some("dc2") => json!([{"Address": "10.1.0.1", "ServiceAddress": "", "ServicePort": 4648}]),
+        Some(other) => panic!("unexpected dc {other}"),
+    };
+    axum::Json(answer)
+}
+
+async fn datacenters() -> axum::Json<Value> {
+    axum::Json(json!(["dc1", "dc2"]))
+}
+
+async fn register(State(fake): State<FakeConsul>, body: axum::Json<Value>) {
+    fake.registered.lock().unwrap().push(body.0);
+}
+
+async fn serve(fake: FakeConsul) -> SocketAddr {
+    let app = Router::new()
+        .route("/v1/catalog/service/{service}", get(catalog))
+        .route("/v1/catalog/datacenters", get(datacenters))
+        .route("/v1/agent/service/register", put(register))
+        .with_state(fake);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+#[tokio::test]
+async fn catalog_lookup_covers_every_datacenter_and_prefers_service_addresses() {
+    let addr = serve(FakeConsul::default()).await;
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_secs(2));
+    let servers = consul.catalog_service("nomad", "serf").await.unwrap();
+    let expected: Vec<SocketAddr> = ["10.0.0.1:4648", "10.0.0.2:5648", "10.1.0.1:4648"]
+        .iter()
+        .map(|text| text.parse().unwrap())
+        .collect();
+    assert_eq!(servers, expected);
+}
+
+#[tokio::test]
+async fn registration_uses_consuls_field_names() {
+    let fake = FakeConsul::default();
+    let addr = serve(fake.clone()).await;
+    let consul = ConsulHttp::new(&format!("http://{addr}/"), Duration::from_secs(2));
+    consul
+        .register_service(ServiceRegistration {
+            id: "_nomad-server-s1.global-serf".into(),
+            name: "nomad".into(),
+            tags: vec!["serf".into()],
+            addr: "10.0.0.1:4648".parse().unwrap(),
+        })
+        .await
+        .unwrap();
+    let registered = fake.registered.lock().unwrap().clone();
+    assert_eq!(
+        registered,
+        vec![
+            json!({"ID": "_nomad-server-s1.global-serf", "Name": "nomad", "Tags": ["serf"], "Address": "10.0.0.1", "Port": 4648})
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_hung_consul_fails_the_call_at_the_deadline() {
+    let addr = serve(FakeConsul {
+        hang: true,
+        ..FakeConsul::default()
+    })
+    .await;
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_millis(300));
+    let started = Instant::now();
+    let error = consul.catalog_service("nomad", "serf").await.unwrap_err();
+    assert!(error.contains("timed out"), "{error}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the deadline held"
+    );
+}
+
+#[tokio::test]
+async fn a_down_consul_is_an_error_not_a_hang() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let consul = ConsulHttp::new(&format!("127.0.0.1:{port}"), Duration::from_secs(2));
+    assert!(consul.catalog_service("nomad", "serf").await.is_err());
+}
