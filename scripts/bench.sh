@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Prints Drover's formation and simulation figures. Not part of the test suite: figures are
+# measured here, never asserted in timed tests.
+#   scripts/bench.sh [ROUNDS] [SIM_SEEDS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-5}
+seeds=${2:-200}
+echo "== real processes (cargo bench -p drover --bench formation -- $rounds)"
+cargo bench -p drover --bench formation -- "$rounds"
+echo
+echo "== simulation lane throughput (cargo test -p sim-tests -- --seeds 0..$seeds)"
+cargo test -p sim-tests -- --seeds "0..$seeds" | grep -E '^sim:'
