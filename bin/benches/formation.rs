@@ -18,7 +18,9 @@ fn stats(label: &str, samples: &mut [Duration], baseline: Option<Duration>) {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let median = samples[samples.len() / 2];
-    let ratio = baseline.map_or(String::new(), |base| format!("  = {:.1}x baseline", ms(median) / ms(base)));
+    let ratio = baseline.map_or(String::new(), |base| {
+        format!("  = {:.1}x baseline", ms(median) / ms(base))
+    });
     println!(
         "{label:<44} median {:>8.1} ms  min {:>8.1} ms  max {:>8.1} ms  (n={}){ratio}",
         ms(median),
@@ -49,9 +51,15 @@ fn dev_agent(root: &std::path::Path, round: usize) -> (Agent, Instant) {
 }
 
 fn main() {
-    let rounds: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(5);
+    let rounds: usize = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse().ok())
+        .unwrap_or(5);
     let root = tempfile::tempdir().unwrap();
-    println!("formation bench: {rounds} rounds, release agent at {}", support::AGENT);
+    println!(
+        "formation bench: {rounds} rounds, release agent at {}",
+        support::AGENT
+    );
 
     let mut http_ready = Vec::new();
     let mut dev_leader = Vec::new();
@@ -67,8 +75,16 @@ fn main() {
         sorted.sort();
         sorted[sorted.len() / 2]
     };
-    stats("baseline: agent -dev spawn -> HTTP answering", &mut http_ready, None);
-    stats("agent -dev spawn -> leader", &mut dev_leader, Some(baseline));
+    stats(
+        "baseline: agent -dev spawn -> HTTP answering",
+        &mut http_ready,
+        None,
+    );
+    stats(
+        "agent -dev spawn -> leader",
+        &mut dev_leader,
+        Some(baseline),
+    );
 
     let mut formation = Vec::new();
     let mut failover = Vec::new();
@@ -78,18 +94,32 @@ fn main() {
         let specs = cluster_specs(&cluster_root, 3);
         let mut agents: Vec<Agent> = Vec::new();
         for index in 0..3 {
-            agents.push(Agent::start(specs[index].clone(), server_args(&specs, index)));
+            agents.push(Agent::start(
+                specs[index].clone(),
+                server_args(&specs, index),
+            ));
         }
         let last_start = Instant::now();
         let refs: Vec<&Agent> = agents.iter().collect();
         let leader = wait_for(LIMIT, || agreed_leader(&refs, 3)).expect("cluster forms");
         formation.push(last_start.elapsed());
 
-        let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+        let leader_index = agents
+            .iter()
+            .position(|agent| agent.rpc_addr() == leader)
+            .unwrap();
         agents[leader_index].kill();
         let killed = Instant::now();
-        let survivors: Vec<&Agent> = agents.iter().enumerate().filter(|(i, _)| *i != leader_index).map(|(_, a)| a).collect();
-        wait_for(LIMIT, || agreed_leader(&survivors, 3).filter(|new| *new != leader)).expect("new leader");
+        let survivors: Vec<&Agent> = agents
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| *i != leader_index)
+            .map(|(_, a)| a)
+            .collect();
+        wait_for(LIMIT, || {
+            agreed_leader(&survivors, 3).filter(|new| *new != leader)
+        })
+        .expect("new leader");
         failover.push(killed.elapsed());
 
         agents[leader_index].restart();
@@ -98,8 +128,20 @@ fn main() {
         wait_for(LIMIT, || agreed_leader(&everyone, 3)).expect("rejoin");
         rejoin.push(restarted.elapsed());
     }
-    stats("3 servers: last start -> leader known on all 3", &mut formation, Some(baseline));
-    stats("3 servers: kill -9 leader -> new leader", &mut failover, Some(baseline));
-    stats("3 servers: restart killed leader -> rejoined", &mut rejoin, Some(baseline));
+    stats(
+        "3 servers: last start -> leader known on all 3",
+        &mut formation,
+        Some(baseline),
+    );
+    stats(
+        "3 servers: kill -9 leader -> new leader",
+        &mut failover,
+        Some(baseline),
+    );
+    stats(
+        "3 servers: restart killed leader -> rejoined",
+        &mut rejoin,
+        Some(baseline),
+    );
     println!("(Raft election timeout is configured at 1000-2000 ms, heartbeat 200 ms.)");
 }

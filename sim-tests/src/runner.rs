@@ -224,6 +224,7 @@ async fn play(
         }
     };
     if let Some(leader) = leader {
+        check_one_configuration(&cluster, &recorder, leader, deadline).await;
         let elapsed = tokio::time::Instant::now().saturating_duration_since(quiet_start);
         recorder.note(format!(
             "leader {leader} known everywhere after {} ms of quiet",
@@ -294,6 +295,41 @@ async fn drive_workload(
                 Err(error) => recorder.note(format!("write {path} via {name} failed: {error}")),
             }
         });
+    }
+}
+
+/// One cluster, in its final form: within the quiet bound, the leader's configuration holds
+/// every server of the run (late joiners included) as a voter.
+async fn check_one_configuration(
+    cluster: &SimCluster,
+    recorder: &Recorder,
+    leader: u64,
+    deadline: tokio::time::Instant,
+) {
+    loop {
+        let statuses = cluster.live_statuses();
+        let voters = statuses
+            .iter()
+            .find(|(_, id, _)| *id == leader)
+            .and_then(|(_, _, status)| status.raft.as_ref())
+            .map_or(0, |raft| {
+                raft.peers.values().filter(|(_, voter)| *voter).count()
+            });
+        if voters == cluster.len() {
+            recorder.note(format!("the leader has all {voters} servers as voters"));
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            recorder.violate(
+                "every server ends up a voter of the one cluster",
+                format!(
+                    "the leader has {voters} voters, the run has {} servers",
+                    cluster.len()
+                ),
+            );
+            return;
+        }
+        tokio::time::sleep(LIVENESS_POLL).await;
     }
 }
 
