@@ -1,5 +1,7 @@
 //! Architecture invariant: drover-core is sans-IO. Its normal (non-dev) dependency tree must
-//! not contain a runtime, a network stack, a consensus engine, a storage engine or a simulator.
+//! not contain a runtime, a network stack, a consensus engine, a storage engine, a simulator,
+//! or an OS entropy source (`getrandom`: without it no thread RNG can exist in core, so every
+//! random choice comes from the seeded generator handed in).
 
 use std::process::Command;
 

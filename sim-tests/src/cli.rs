@@ -261,13 +261,15 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
     }
     let elapsed = started.elapsed().as_secs_f64();
     let total_runs = runs + replays.len();
+    let runs_per_minute = total_runs as f64 * 60.0 / elapsed.max(0.001);
     println!(
         "sim: {runs} runs ({} scenarios x {} seeds) + {} determinism replays, {failures} failed, \
-         {virtual_secs} virtual s in {elapsed:.1} s wall ({:.0} runs/minute)",
+         {virtual_secs} virtual s in {elapsed:.1} s wall ({runs_per_minute:.0} runs/minute = {:.0} seeds/minute \
+         with every scenario per seed)",
         args.scenarios.len(),
         seeds.end - seeds.start,
         replays.len(),
-        total_runs as f64 * 60.0 / elapsed.max(0.001),
+        runs_per_minute / args.scenarios.len() as f64,
     );
     failures == 0 && deterministic
 }
