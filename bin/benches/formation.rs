@@ -143,5 +143,5 @@ fn main() {
         &mut rejoin,
         Some(baseline),
     );
-    println!("(Raft election timeout is configured at 1000-2000 ms, heartbeat 200 ms.)");
+    println!("(Raft election timeout is configured at 600-1200 ms, heartbeat 150 ms.)");
 }

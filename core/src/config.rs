@@ -114,9 +114,12 @@ pub struct ServerTiming {
 impl Default for ServerTiming {
     fn default() -> Self {
         ServerTiming {
-            raft_heartbeat: Duration::from_millis(200),
-            raft_election_timeout_min: Duration::from_millis(1000),
-            raft_election_timeout_max: Duration::from_millis(2000),
+            // LAN values (etcd uses 100 ms / 1000 ms). openraft adds a leader lease of
+            // `raft_election_timeout_max` before a follower stands, so failover takes
+            // roughly max + [min, max].
+            raft_heartbeat: Duration::from_millis(150),
+            raft_election_timeout_min: Duration::from_millis(600),
+            raft_election_timeout_max: Duration::from_millis(1200),
             bootstrap_retry: Duration::from_secs(2),
             peer_query_timeout: Duration::from_secs(5),
             peer_retry_base: Duration::from_secs(1),
