@@ -24,10 +24,12 @@ mod prelude {
 pub mod agent;
 pub mod bootstrap;
 pub mod config;
+pub mod csi;
 pub mod fsm;
 pub mod membership;
 pub mod op;
 pub mod server;
+pub mod structs;
 pub mod time;
 
 pub use time::Instant;

@@ -30,7 +30,8 @@ const AGENT_META: TableDefinition<&str, &[u8]> = TableDefinition::new("agent_met
 const KEY_VOTE: &str = "vote";
 const KEY_COMMITTED: &str = "committed";
 const KEY_LAST_PURGED: &str = "last_purged";
-const KEY_SNAPSHOT: &str = "snapshot";
+const KEY_SNAPSHOT_META: &str = "snapshot_meta";
+const KEY_SNAPSHOT_DATA: &str = "snapshot_data";
 const KEY_NODE_ID: &str = "node_id";
 const KEY_BOOT_COUNT: &str = "boot_count";
 const KEY_BOOTSTRAPPED: &str = "bootstrapped";
@@ -114,6 +115,41 @@ impl Store {
         }
     }
 
+    /// Stores a snapshot (metadata as JSON, body as raw bytes) in one durable transaction.
+    fn put_snapshot(
+        &self,
+        meta: &SnapshotMeta<u64, ServerNode>,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        let meta = serde_json::to_vec(meta).expect("snapshot meta serializes");
+        let txn = self.db.begin_write().map_err(redb_err)?;
+        {
+            let mut table = txn.open_table(RAFT_META).map_err(redb_err)?;
+            table
+                .insert(KEY_SNAPSHOT_META, meta.as_slice())
+                .map_err(redb_err)?;
+            table.insert(KEY_SNAPSHOT_DATA, data).map_err(redb_err)?;
+        }
+        txn.commit().map_err(redb_err)
+    }
+
+    fn get_snapshot(&self) -> Result<Option<StoredSnapshot>, StoreError> {
+        let Some(meta) = self.get_raft::<SnapshotMeta<u64, ServerNode>>(KEY_SNAPSHOT_META)? else {
+            return Ok(None);
+        };
+        let txn = self.db.begin_read().map_err(redb_err)?;
+        let table = txn.open_table(RAFT_META).map_err(redb_err)?;
+        let data = table
+            .get(KEY_SNAPSHOT_DATA)
+            .map_err(redb_err)?
+            .map(|value| value.value().to_vec())
+            .ok_or_else(|| StoreError::Corrupt {
+                key: KEY_SNAPSHOT_DATA.into(),
+                reason: "snapshot metadata without data".into(),
+            })?;
+        Ok(Some((meta, data)))
+    }
+
     fn get_agent<T: for<'a> Deserialize<'a>>(&self, key: &str) -> Result<Option<T>, StoreError> {
         self.get(AGENT_META, key)
     }
@@ -160,6 +196,16 @@ impl Store {
 fn decode<T: for<'a> Deserialize<'a>>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
     serde_json::from_slice(bytes).map_err(|error| StoreError::Corrupt {
         key: key.to_string(),
+        reason: error.to_string(),
+    })
+}
+
+/// A stored snapshot: its metadata and its postcard body.
+type StoredSnapshot = (SnapshotMeta<u64, ServerNode>, Vec<u8>);
+
+fn decode_body(data: &[u8]) -> Result<SnapshotBody, StoreError> {
+    postcard::from_bytes(data).map_err(|error| StoreError::Corrupt {
+        key: KEY_SNAPSHOT_DATA.into(),
         reason: error.to_string(),
     })
 }
@@ -353,12 +399,6 @@ pub struct Applied {
 pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>) + Send + Sync>;
 
 #[derive(Serialize, Deserialize)]
-struct StoredSnapshot {
-    meta: SnapshotMeta<u64, ServerNode>,
-    data: Vec<u8>,
-}
-
-#[derive(Serialize, Deserialize)]
 struct SnapshotBody {
     last_applied: Option<LogId<u64>>,
     membership: StoredMembership<u64, ServerNode>,
@@ -380,8 +420,8 @@ impl StateMachine {
     /// Restores the state from the stored snapshot, if any.
     pub fn open(store: Store, on_apply: Option<ApplyHook>) -> Result<Self, StoreError> {
         let mut applied = Applied::default();
-        if let Some(snapshot) = store.get_raft::<StoredSnapshot>(KEY_SNAPSHOT)? {
-            let body: SnapshotBody = decode("snapshot", &snapshot.data)?;
+        if let Some((_, data)) = store.get_snapshot()? {
+            let body = decode_body(&data)?;
             applied.state =
                 ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
                     key: "snapshot".into(),
@@ -418,20 +458,12 @@ impl StateMachine {
         meta: &SnapshotMeta<u64, ServerNode>,
         data: Vec<u8>,
     ) -> Result<(), StoreError> {
-        let body: SnapshotBody = decode("snapshot", &data)?;
+        let body = decode_body(&data)?;
         let state = ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
             key: "snapshot".into(),
             reason: error.to_string(),
         })?;
-        self.store.put(
-            RAFT_META,
-            KEY_SNAPSHOT,
-            &StoredSnapshot {
-                meta: meta.clone(),
-                data,
-            },
-            Durability::Immediate,
-        )?;
+        self.store.put_snapshot(meta, &data)?;
         let mut applied = self.applied.lock().expect("state lock");
         applied.state = state;
         applied.last_applied = meta.last_log_id;
@@ -453,7 +485,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             };
             (body, applied.last_applied, applied.membership.clone())
         };
-        let data = serde_json::to_vec(&body).expect("snapshot serializes");
+        let data = postcard::to_allocvec(&body).expect("snapshot serializes");
         let seq = {
             let mut seq = self.snapshot_seq.lock().expect("seq lock");
             *seq += 1;
@@ -468,22 +500,12 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             last_membership: membership,
             snapshot_id,
         };
-        self.store
-            .put(
-                RAFT_META,
-                KEY_SNAPSHOT,
-                &StoredSnapshot {
-                    meta: meta.clone(),
-                    data: data.clone(),
-                },
-                Durability::Immediate,
-            )
-            .map_err(|error| {
-                StorageError::from(StorageIOError::write_snapshot(
-                    Some(meta.signature()),
-                    &error,
-                ))
-            })?;
+        self.store.put_snapshot(&meta, &data).map_err(|error| {
+            StorageError::from(StorageIOError::write_snapshot(
+                Some(meta.signature()),
+                &error,
+            ))
+        })?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -560,13 +582,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn get_current_snapshot(
         &mut self,
     ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
-        let stored = self
-            .store
-            .get_raft::<StoredSnapshot>(KEY_SNAPSHOT)
-            .map_err(io_read)?;
-        Ok(stored.map(|stored| Snapshot {
-            meta: stored.meta,
-            snapshot: Box::new(Cursor::new(stored.data)),
+        let stored = self.store.get_snapshot().map_err(io_read)?;
+        Ok(stored.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
         }))
     }
 }

@@ -7,11 +7,18 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
-use alloc::collections::BTreeMap;
+pub(crate) mod csi;
+
+use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::String;
 use alloc::vec::Vec;
 
 use serde::{Deserialize, Serialize};
+
+use crate::structs::{
+    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Evaluation, Job, Node,
+    NodeStatus,
+};
 
 /// One Raft log payload: a command plus the proposer's wall-clock stamp.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -38,6 +45,60 @@ pub enum Command {
     VariableDelete {
         path: String,
     },
+    /// `Node.Register`: creates or replaces the node (keeping its create index).
+    NodeRegister {
+        node: Node,
+    },
+    NodeUpdateStatus {
+        node_id: String,
+        status: NodeStatus,
+    },
+    /// `Node.UpdateCSIInfo`: the node's controller and node plugin fingerprints.
+    NodeUpdateCsiInfo {
+        node_id: String,
+        controllers: BTreeMap<String, CsiInfo>,
+        nodes: BTreeMap<String, CsiInfo>,
+    },
+    NodeDeregister {
+        node_id: String,
+    },
+    JobUpsert {
+        job: Job,
+    },
+    JobDeregister {
+        namespace: String,
+        job_id: String,
+    },
+    AllocUpsert {
+        allocs: Vec<Allocation>,
+    },
+    AllocClientUpdate {
+        alloc_id: String,
+        client_status: ClientStatus,
+    },
+    /// Garbage collection of allocations.
+    AllocDelete {
+        alloc_ids: Vec<String>,
+    },
+    EvalUpsert {
+        evals: Vec<Evaluation>,
+    },
+    CsiVolumeRegister {
+        volumes: Vec<CsiVolume>,
+    },
+    CsiVolumeDeregister {
+        namespace: String,
+        volume_ids: Vec<String>,
+        force: bool,
+    },
+    CsiVolumeClaim {
+        namespace: String,
+        volume_id: String,
+        claim: CsiVolumeClaim,
+    },
+    CsiPluginDelete {
+        plugin_id: String,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +106,10 @@ pub enum Response {
     Done,
     Variable(Variable),
     NotFound,
+    /// The command was refused; nothing changed. The text is Nomad's where it has one.
+    Error(String),
+    /// The volume as stored after the command (claims).
+    Volume(alloc::boxed::Box<CsiVolume>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -68,6 +133,12 @@ pub struct Variable {
 pub enum Table {
     ClusterMeta,
     Variables,
+    Nodes,
+    Jobs,
+    Allocs,
+    Evals,
+    CsiVolumes,
+    CsiPlugins,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,6 +148,12 @@ pub struct ServerState {
     leader_terms: u64,
     variables: BTreeMap<String, Variable>,
     table_index: BTreeMap<Table, u64>,
+    nodes: BTreeMap<String, Node>,
+    jobs: BTreeMap<(String, String), Job>,
+    allocs: BTreeMap<String, Allocation>,
+    evals: BTreeMap<String, Evaluation>,
+    volumes: BTreeMap<(String, String), CsiVolume>,
+    plugins: BTreeMap<String, CsiPlugin>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +205,7 @@ impl ServerState {
                 }
                 None => Response::NotFound,
             },
+            other => self.apply_cluster(index, entry.at_unix_ms, other),
         };
         assert_eq!(self.last_applied, Some(index));
         response
@@ -164,17 +242,80 @@ impl ServerState {
         self.variables.values()
     }
 
+    fn touch(&mut self, table: Table, index: u64) {
+        self.table_index.insert(table, index);
+    }
+
+    pub fn node(&self, id: &str) -> Option<&Node> {
+        self.nodes.get(id)
+    }
+
+    pub fn nodes(&self) -> impl Iterator<Item = &Node> {
+        self.nodes.values()
+    }
+
+    pub fn alloc(&self, id: &str) -> Option<&Allocation> {
+        self.allocs.get(id)
+    }
+
+    pub fn allocs(&self) -> impl Iterator<Item = &Allocation> {
+        self.allocs.values()
+    }
+
+    pub fn job(&self, namespace: &str, id: &str) -> Option<&Job> {
+        self.jobs.get(&(namespace.to_string(), id.to_string()))
+    }
+
+    pub fn evals(&self) -> impl Iterator<Item = &Evaluation> {
+        self.evals.values()
+    }
+
+    pub fn plugin(&self, id: &str) -> Option<&CsiPlugin> {
+        self.plugins.get(id)
+    }
+
+    pub fn plugins(&self) -> impl Iterator<Item = &CsiPlugin> {
+        self.plugins.values()
+    }
+
+    /// Keys of every volume, in order.
+    pub fn volume_keys(&self) -> impl Iterator<Item = &(String, String)> {
+        self.volumes.keys()
+    }
+
+    /// The volume as stored (no denormalisation).
+    pub fn volume_raw(&self, namespace: &str, id: &str) -> Option<&CsiVolume> {
+        self.volumes.get(&(namespace.to_string(), id.to_string()))
+    }
+
+    /// Volumes claimed by an allocation on `node_id` (current or past claims).
+    pub fn volumes_on_node(&self, node_id: &str) -> BTreeSet<(String, String)> {
+        self.volumes
+            .iter()
+            .filter(|(_, volume)| {
+                volume
+                    .read_claims
+                    .values()
+                    .chain(volume.write_claims.values())
+                    .chain(volume.past_claims.values())
+                    .any(|claim| claim.node_id == node_id)
+            })
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
     /// Index of the last change to `table`; 0 when never changed.
     pub fn table_index(&self, table: Table) -> u64 {
         self.table_index.get(&table).copied().unwrap_or(0)
     }
 
+    /// The whole state, postcard-encoded (compact; map keys need not be strings).
     pub fn snapshot(&self) -> Vec<u8> {
-        serde_json::to_vec(self).expect("state serializes")
+        postcard::to_allocvec(self).expect("state serializes")
     }
 
     pub fn restore(data: &[u8]) -> Result<Self, SnapshotError> {
-        serde_json::from_slice(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
+        postcard::from_bytes(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
     }
 }
 
@@ -238,7 +379,7 @@ mod tests {
         state.apply(2, &entry(1, upsert("b/c", "2")));
         let restored = ServerState::restore(&state.snapshot()).unwrap();
         assert_eq!(restored, state);
-        assert!(ServerState::restore(b"{").is_err());
+        assert!(ServerState::restore(b"\xff\xff").is_err());
     }
 
     #[test]

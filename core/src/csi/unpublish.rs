@@ -1,0 +1,316 @@
+//! The checkpointed release of one claim (reference §3.5, HEAD), as a pure next-step rule.
+//!
+//! ```text
+//!  Taken/Unpublishing ──node detach (or node down/gone: skip)──▶ NodeDetached
+//!  NodeDetached ──controller detach (or not needed / node still uses it)──▶ ReadyToFree
+//!  ControllerDetached ─────────────────────────────────────────────────────▶ ReadyToFree
+//!  ReadyToFree ──commit──▶ claim freed
+//! ```
+//! Every transition is committed through Raft (a `Checkpoint`) before the next external call,
+//! so any leader can resume a half-done release from the stored claim state. The CSI call
+//! order per (volume, node) is therefore node unpublish before controller unpublish.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::BTreeMap;
+
+use crate::fsm::ServerState;
+use crate::structs::{
+    AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, NodeStatus,
+};
+
+/// `ClientCSI.NodeDetachVolume` to the client that owns the node.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct NodeDetachRequest {
+    pub node_id: String,
+    pub plugin_id: String,
+    pub volume_id: String,
+    pub volume_namespace: String,
+    pub external_id: String,
+    pub alloc_id: String,
+    pub attachment_mode: AttachmentMode,
+    pub access_mode: AccessMode,
+    pub read_only: bool,
+}
+
+/// `ClientCSI.ControllerDetachVolume` to a client running a healthy controller.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ControllerDetachRequest {
+    pub plugin_id: String,
+    /// The volume's remote id (external id when set).
+    pub volume_id: String,
+    pub client_csi_node_id: String,
+    pub secrets: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Commit this claim state before anything else happens.
+    Checkpoint(CsiVolumeClaim),
+    NodeDetach(NodeDetachRequest),
+    ControllerDetach(ControllerDetachRequest),
+    /// The claim is freed.
+    Done,
+}
+
+fn with_state(claim: &CsiVolumeClaim, state: ClaimState) -> Step {
+    let mut claim = claim.clone();
+    claim.state = state;
+    Step::Checkpoint(claim)
+}
+
+/// What to do next for `claim` (its state as last committed) on `volume` (denormalised).
+pub fn next_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
+    let recorded = volume.past_claims.contains_key(&claim.allocation_id)
+        || volume.read_claims.contains_key(&claim.allocation_id)
+        || volume.write_claims.contains_key(&claim.allocation_id);
+    if !recorded && claim.state == ClaimState::ReadyToFree {
+        return Step::Done;
+    }
+    match claim.state {
+        ClaimState::Taken | ClaimState::Unpublishing => node_step(state, volume, claim),
+        ClaimState::NodeDetached => controller_step(state, volume, claim),
+        ClaimState::ControllerDetached => with_state(claim, ClaimState::ReadyToFree),
+        ClaimState::ReadyToFree => Step::Checkpoint(claim.clone()),
+    }
+}
+
+fn node_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
+    let node = state.node(&claim.node_id);
+    // A node that is gone or down cannot unmount; it will not use the volume again (#13301).
+    if !claim.node_id.is_empty() && node.is_none_or(|node| node.status == NodeStatus::Down) {
+        return with_state(claim, ClaimState::NodeDetached);
+    }
+    if claim.allocation_id.is_empty() || claim.access_mode == AccessMode::Unknown {
+        return with_state(claim, ClaimState::NodeDetached);
+    }
+    Step::NodeDetach(NodeDetachRequest {
+        node_id: claim.node_id.clone(),
+        plugin_id: volume.plugin_id.clone(),
+        volume_id: volume.id.clone(),
+        volume_namespace: volume.namespace.clone(),
+        external_id: volume.remote_id().to_string(),
+        alloc_id: claim.allocation_id.clone(),
+        attachment_mode: claim.attachment_mode,
+        access_mode: claim.access_mode,
+        read_only: claim.mode == ClaimMode::Read,
+    })
+}
+
+fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
+    let plugin = state.plugin(&volume.plugin_id);
+    let attach_detach = plugin.is_some_and(|plugin| plugin.supports_attach_detach());
+    if !volume.plugin_health.controller_required || !attach_detach {
+        return with_state(claim, ClaimState::ReadyToFree);
+    }
+    // Another live allocation on the same node still uses the volume: the controller must
+    // not detach it from the node (#14484: never count the claim itself).
+    let still_used = volume
+        .read_claims
+        .values()
+        .chain(volume.write_claims.values())
+        .filter(|other| {
+            other.allocation_id != claim.allocation_id && other.node_id == claim.node_id
+        })
+        .any(|other| {
+            state
+                .alloc(&other.allocation_id)
+                .is_some_and(|alloc| !alloc.terminal())
+        });
+    if still_used {
+        return with_state(claim, ClaimState::ReadyToFree);
+    }
+    let external_node_id = if claim.external_node_id.is_empty() {
+        state
+            .node(&claim.node_id)
+            .and_then(|node| node.csi_node_plugins.get(&volume.plugin_id))
+            .and_then(|info| info.node_info.as_ref())
+            .map(|info| info.id.clone())
+            .unwrap_or_default()
+    } else {
+        claim.external_node_id.clone()
+    };
+    if external_node_id.is_empty() {
+        // The node was garbage collected: nothing left to detach from.
+        return with_state(claim, ClaimState::ReadyToFree);
+    }
+    Step::ControllerDetach(ControllerDetachRequest {
+        plugin_id: volume.plugin_id.clone(),
+        volume_id: volume.remote_id().to_string(),
+        client_csi_node_id: external_node_id,
+        secrets: volume.secrets.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fsm::Command;
+    use crate::fsm::csi::tests::{Fixture, alloc, claim, node, volume};
+    use crate::structs::{ClientStatus, NodeStatus};
+
+    fn setup() -> Fixture {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1"), alloc("a2", "n1")],
+        });
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+        });
+        fx
+    }
+
+    fn step(fx: &Fixture, state: ClaimState) -> Step {
+        let vol = fx.state.volume("default", "v").unwrap();
+        next_step(&fx.state, &vol, &claim("a1", "n1", ClaimMode::Write, state))
+    }
+
+    #[test]
+    fn node_detach_comes_first_then_controller_detach() {
+        let fx = setup();
+        let Step::NodeDetach(request) = step(&fx, ClaimState::Unpublishing) else {
+            panic!()
+        };
+        assert_eq!(
+            (
+                request.node_id.as_str(),
+                request.alloc_id.as_str(),
+                request.read_only
+            ),
+            ("n1", "a1", false)
+        );
+        let Step::ControllerDetach(request) = step(&fx, ClaimState::NodeDetached) else {
+            panic!()
+        };
+        assert_eq!(request.client_csi_node_id, "ext-plug-n1");
+        assert_eq!(request.secrets["token"], "s3cr3t");
+        assert_eq!(
+            step(&fx, ClaimState::ControllerDetached),
+            Step::Checkpoint(claim("a1", "n1", ClaimMode::Write, ClaimState::ReadyToFree))
+        );
+    }
+
+    #[test]
+    fn a_down_or_missing_node_skips_node_detach() {
+        let mut fx = setup();
+        fx.ok(Command::NodeUpdateStatus {
+            node_id: "n1".into(),
+            status: NodeStatus::Down,
+        });
+        assert_eq!(
+            step(&fx, ClaimState::Unpublishing),
+            Step::Checkpoint(claim(
+                "a1",
+                "n1",
+                ClaimMode::Write,
+                ClaimState::NodeDetached
+            ))
+        );
+        let mut fx = setup();
+        fx.ok(Command::NodeDeregister {
+            node_id: "n1".into(),
+        });
+        assert_eq!(
+            step(&fx, ClaimState::Unpublishing),
+            Step::Checkpoint(claim(
+                "a1",
+                "n1",
+                ClaimMode::Write,
+                ClaimState::NodeDetached
+            ))
+        );
+        // ... and with the node gone there is no external node id to detach from either.
+        assert_eq!(
+            step(&fx, ClaimState::NodeDetached),
+            Step::Checkpoint(claim("a1", "n1", ClaimMode::Write, ClaimState::ReadyToFree))
+        );
+    }
+
+    #[test]
+    fn controller_detach_is_skipped_while_another_live_alloc_on_the_node_uses_the_volume() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        let mut multi = volume("v");
+        multi.requested_capabilities[0].access_mode = AccessMode::MultiNodeMultiWriter;
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![multi],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1"), alloc("a2", "n1")],
+        });
+        for id in ["a1", "a2"] {
+            let mut c = claim(id, "n1", ClaimMode::Write, ClaimState::Taken);
+            c.access_mode = AccessMode::MultiNodeMultiWriter;
+            fx.ok(Command::CsiVolumeClaim {
+                namespace: "default".into(),
+                volume_id: "v".into(),
+                claim: c,
+            });
+        }
+        let vol = fx.state.volume("default", "v").unwrap();
+        let mut mine = claim("a1", "n1", ClaimMode::Write, ClaimState::NodeDetached);
+        mine.access_mode = AccessMode::MultiNodeMultiWriter;
+        let Step::Checkpoint(next) = next_step(&fx.state, &vol, &mine) else {
+            panic!()
+        };
+        assert_eq!(next.state, ClaimState::ReadyToFree);
+        // Once a2 is terminal too, the controller detach happens.
+        fx.ok(Command::AllocClientUpdate {
+            alloc_id: "a2".into(),
+            client_status: ClientStatus::Complete,
+        });
+        let vol = fx.state.volume("default", "v").unwrap();
+        assert!(matches!(
+            next_step(&fx.state, &vol, &mine),
+            Step::ControllerDetach(_)
+        ));
+    }
+
+    #[test]
+    fn a_plugin_without_attach_detach_needs_no_controller() {
+        let mut fx = Fixture::new();
+        let mut n1 = node("n1", true);
+        n1.csi_controller_plugins.clear();
+        for info in n1.csi_node_plugins.values_mut() {
+            info.requires_controller_plugin = false;
+        }
+        fx.ok(Command::NodeRegister { node: n1 });
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1")],
+        });
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+        });
+        assert_eq!(
+            step(&fx, ClaimState::NodeDetached),
+            Step::Checkpoint(claim("a1", "n1", ClaimMode::Write, ClaimState::ReadyToFree))
+        );
+    }
+
+    #[test]
+    fn a_freed_claim_is_done() {
+        let mut fx = setup();
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, ClaimState::ReadyToFree),
+        });
+        assert_eq!(step(&fx, ClaimState::ReadyToFree), Step::Done);
+    }
+}

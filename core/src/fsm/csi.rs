@@ -1,0 +1,1115 @@
+//! Cluster tables of the state store: nodes, jobs, allocations, evaluations, CSI volumes and
+//! plugins, and the derivations between them (reference §3.2–§3.4).
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, BTreeSet};
+
+use super::{Command, Response, ServerState, Table};
+use crate::structs::{
+    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job,
+    JobType, Node,
+};
+
+/// Which half of a plugin an instance is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Half {
+    Controller,
+    Node,
+}
+
+impl ServerState {
+    pub(super) fn apply_cluster(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
+        match command {
+            Command::NodeRegister { node } => {
+                let mut node = node.clone();
+                let old = self.nodes.get(&node.id).cloned();
+                node.create_index = old.as_ref().map_or(index, |old| old.create_index);
+                node.modify_index = index;
+                node.status_updated_at_ms = at_ms;
+                if node.events.is_empty() {
+                    node.events = old
+                        .as_ref()
+                        .map(|old| old.events.clone())
+                        .unwrap_or_default();
+                }
+                self.nodes.insert(node.id.clone(), node.clone());
+                self.touch(Table::Nodes, index);
+                self.update_node_plugins(index, at_ms, old.as_ref(), Some(&node));
+                Response::Done
+            }
+            Command::NodeUpdateStatus { node_id, status } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(format!("node not found: {node_id}"));
+                };
+                node.status = *status;
+                node.status_updated_at_ms = at_ms;
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
+                // Node status feeds volume release decisions; wake volume watchers.
+                self.touch(Table::CsiVolumes, index);
+                Response::Done
+            }
+            Command::NodeUpdateCsiInfo {
+                node_id,
+                controllers,
+                nodes,
+            } => {
+                let Some(old) = self.nodes.get(node_id).cloned() else {
+                    return Response::Error(format!("node not found: {node_id}"));
+                };
+                let mut node = old.clone();
+                node.csi_controller_plugins = controllers.clone();
+                node.csi_node_plugins = nodes.clone();
+                node.modify_index = index;
+                self.nodes.insert(node_id.clone(), node.clone());
+                self.touch(Table::Nodes, index);
+                self.update_node_plugins(index, at_ms, Some(&old), Some(&node));
+                Response::Done
+            }
+            Command::NodeDeregister { node_id } => {
+                let Some(old) = self.nodes.remove(node_id) else {
+                    return Response::Error(format!("node not found: {node_id}"));
+                };
+                self.touch(Table::Nodes, index);
+                self.update_node_plugins(index, at_ms, Some(&old), None);
+                Response::Done
+            }
+            Command::JobUpsert { job } => {
+                let key = (job.namespace.clone(), job.id.clone());
+                let mut job = job.clone();
+                job.create_index = self.jobs.get(&key).map_or(index, |old| old.create_index);
+                job.modify_index = index;
+                self.jobs.insert(key.clone(), job);
+                self.touch(Table::Jobs, index);
+                self.recompute_job_plugins(index, at_ms, &key);
+                Response::Done
+            }
+            Command::JobDeregister { namespace, job_id } => {
+                let key = (namespace.clone(), job_id.clone());
+                if self.jobs.remove(&key).is_none() {
+                    return Response::Error(format!("job not found: {job_id}"));
+                }
+                self.touch(Table::Jobs, index);
+                self.recompute_job_plugins(index, at_ms, &key);
+                Response::Done
+            }
+            Command::AllocUpsert { allocs } => {
+                let mut jobs = BTreeSet::new();
+                for alloc in allocs {
+                    let mut alloc = alloc.clone();
+                    let old = self.allocs.get(&alloc.id);
+                    alloc.create_index = old.map_or(index, |old| old.create_index);
+                    alloc.create_time_ms = old.map_or(at_ms, |old| old.create_time_ms);
+                    alloc.modify_index = index;
+                    alloc.modify_time_ms = at_ms;
+                    jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
+                    self.allocs.insert(alloc.id.clone(), alloc.clone());
+                    self.alloc_changed(index, at_ms, &alloc);
+                }
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
+                for key in jobs {
+                    self.recompute_job_plugins(index, at_ms, &key);
+                }
+                Response::Done
+            }
+            Command::AllocClientUpdate {
+                alloc_id,
+                client_status,
+            } => {
+                let Some(alloc) = self.allocs.get_mut(alloc_id) else {
+                    return Response::Error(format!("Unknown allocation: {alloc_id}"));
+                };
+                alloc.client_status = *client_status;
+                alloc.modify_index = index;
+                alloc.modify_time_ms = at_ms;
+                let alloc = alloc.clone();
+                self.alloc_changed(index, at_ms, &alloc);
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
+                self.recompute_job_plugins(
+                    index,
+                    at_ms,
+                    &(alloc.namespace.clone(), alloc.job_id.clone()),
+                );
+                Response::Done
+            }
+            Command::AllocDelete { alloc_ids } => {
+                let mut jobs = BTreeSet::new();
+                for id in alloc_ids {
+                    if let Some(alloc) = self.allocs.remove(id) {
+                        jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
+                    }
+                }
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
+                for key in jobs {
+                    self.recompute_job_plugins(index, at_ms, &key);
+                }
+                Response::Done
+            }
+            Command::EvalUpsert { evals } => {
+                for eval in evals {
+                    let mut eval = eval.clone();
+                    eval.create_index = self
+                        .evals
+                        .get(&eval.id)
+                        .map_or(index, |old| old.create_index);
+                    eval.modify_index = index;
+                    self.evals.insert(eval.id.clone(), eval);
+                }
+                self.touch(Table::Evals, index);
+                Response::Done
+            }
+            Command::CsiVolumeRegister { volumes } => self.register_volumes(index, at_ms, volumes),
+            Command::CsiVolumeDeregister {
+                namespace,
+                volume_ids,
+                force,
+            } => self.deregister_volumes(index, namespace, volume_ids, *force),
+            Command::CsiVolumeClaim {
+                namespace,
+                volume_id,
+                claim,
+            } => self.claim_volume(index, at_ms, namespace, volume_id, claim),
+            Command::CsiPluginDelete { plugin_id } => match self.plugins.get(plugin_id) {
+                None => Response::Error(format!("plugin not found: {plugin_id}")),
+                Some(plugin) if !plugin.is_empty() => Response::Error("plugin in use".to_string()),
+                Some(_) => {
+                    self.plugins.remove(plugin_id);
+                    self.touch(Table::CsiPlugins, index);
+                    self.touch(Table::CsiVolumes, index);
+                    Response::Done
+                }
+            },
+            Command::LeadershipEstablished { .. }
+            | Command::VariableUpsert { .. }
+            | Command::VariableDelete { .. } => {
+                unreachable!("handled by apply")
+            }
+        }
+    }
+
+    /// The volume as the API and the claim logic see it: plugin health copied from the plugin,
+    /// and every current claim whose allocation is gone or client-terminal read as a past claim
+    /// in state `Unpublishing` (what makes volume reaping self-healing, #10052).
+    pub fn volume(&self, namespace: &str, id: &str) -> Option<CsiVolume> {
+        let mut volume = self.volume_raw(namespace, id)?.clone();
+        volume.plugin_health = self
+            .plugins
+            .get(&volume.plugin_id)
+            .map(CsiPlugin::health)
+            .unwrap_or_default();
+        let current: Vec<CsiVolumeClaim> = volume
+            .read_claims
+            .values()
+            .chain(volume.write_claims.values())
+            .cloned()
+            .collect();
+        for claim in current {
+            if volume.past_claims.contains_key(&claim.allocation_id) {
+                continue;
+            }
+            let gone = self
+                .allocs
+                .get(&claim.allocation_id)
+                .is_none_or(Allocation::client_terminal);
+            if gone {
+                let mut past = claim;
+                past.state = ClaimState::Unpublishing;
+                volume.past_claims.insert(past.allocation_id.clone(), past);
+            }
+        }
+        Some(volume)
+    }
+
+    fn register_volumes(&mut self, index: u64, at_ms: u64, volumes: &[CsiVolume]) -> Response {
+        let mut merged = Vec::new();
+        for volume in volumes {
+            if let Err(error) = validate_volume(volume) {
+                return Response::Error(error);
+            }
+            if !self.plugins.contains_key(&volume.plugin_id) {
+                return Response::Error(format!(
+                    "no CSI plugin named: {} could be found",
+                    volume.plugin_id
+                ));
+            }
+            let key = volume.key();
+            let result = match self.volumes.get(&key) {
+                None => {
+                    let mut new = volume.clone();
+                    new.read_claims.clear();
+                    new.write_claims.clear();
+                    new.past_claims.clear();
+                    new.access_mode = AccessMode::Unknown;
+                    new.attachment_mode = crate::structs::AttachmentMode::Unknown;
+                    if new.topologies.is_empty() {
+                        new.topologies = new
+                            .requested_topologies
+                            .as_ref()
+                            .map(|t| t.required.clone())
+                            .unwrap_or_default();
+                    }
+                    new.create_index = index;
+                    new.create_time_ms = at_ms;
+                    Ok(new)
+                }
+                Some(existing) => merge_volume(existing, volume),
+            };
+            match result {
+                Ok(mut volume) => {
+                    volume.modify_index = index;
+                    volume.modify_time_ms = at_ms;
+                    merged.push(volume);
+                }
+                Err(error) => return Response::Error(error),
+            }
+        }
+        for volume in merged {
+            self.volumes.insert(volume.key(), volume);
+        }
+        self.touch(Table::CsiVolumes, index);
+        Response::Done
+    }
+
+    fn deregister_volumes(
+        &mut self,
+        index: u64,
+        namespace: &str,
+        ids: &[String],
+        force: bool,
+    ) -> Response {
+        for id in ids {
+            let Some(volume) = self.volume(namespace, id) else {
+                return Response::Error("volume not found".to_string());
+            };
+            let recorded: BTreeSet<String> = volume
+                .claimed_allocs()
+                .into_iter()
+                .chain(volume.past_claims.keys().cloned())
+                .collect();
+            if recorded.is_empty() {
+                continue;
+            }
+            let all_terminal = recorded.iter().all(|alloc| {
+                self.allocs
+                    .get(alloc)
+                    .is_none_or(|alloc| alloc.server_terminal() && alloc.client_terminal())
+            });
+            if !force || !all_terminal {
+                return Response::Error(format!("volume in use: {id}"));
+            }
+        }
+        for id in ids {
+            self.volumes.remove(&(namespace.to_string(), id.clone()));
+        }
+        self.touch(Table::CsiVolumes, index);
+        Response::Done
+    }
+
+    fn claim_volume(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        namespace: &str,
+        id: &str,
+        claim: &CsiVolumeClaim,
+    ) -> Response {
+        let Some(mut volume) = self.volume(namespace, id) else {
+            return Response::Error("volume not found".to_string());
+        };
+        let alloc = self.allocs.get(&claim.allocation_id);
+        if let Err(error) = volume.claim(claim.clone(), alloc) {
+            return Response::Error(error.to_string());
+        }
+        // Store only what is stored: synthesised past claims stay derived.
+        let stored = self
+            .volumes
+            .get_mut(&(namespace.to_string(), id.to_string()))
+            .expect("volume exists");
+        stored.access_mode = volume.access_mode;
+        stored.attachment_mode = volume.attachment_mode;
+        stored.read_claims = volume.read_claims.clone();
+        stored.write_claims = volume.write_claims.clone();
+        stored.past_claims = volume
+            .past_claims
+            .iter()
+            .filter(|(alloc, past)| {
+                past.state != ClaimState::Unpublishing
+                    || stored.past_claims.contains_key(*alloc)
+                    || **alloc == claim.allocation_id
+            })
+            .map(|(alloc, past)| (alloc.clone(), past.clone()))
+            .collect();
+        stored.modify_index = index;
+        stored.modify_time_ms = at_ms;
+        self.touch(Table::CsiVolumes, index);
+        let volume = self.volume(namespace, id).expect("volume exists");
+        Response::Volume(Box::new(volume))
+    }
+
+    fn alloc_changed(&mut self, index: u64, at_ms: u64, alloc: &Allocation) {
+        if !alloc.server_terminal() {
+            return;
+        }
+        // A stopped plugin allocation no longer provides its plugin on that node.
+        let mut changed = false;
+        for plugin in self.plugins.values_mut() {
+            for (half, map) in [
+                (Half::Controller, &mut plugin.controllers),
+                (Half::Node, &mut plugin.nodes),
+            ] {
+                if map
+                    .get(&alloc.node_id)
+                    .is_some_and(|info| info.alloc_id == alloc.id)
+                {
+                    let info = map.remove(&alloc.node_id).expect("present");
+                    if info.healthy {
+                        match half {
+                            Half::Controller => plugin.controllers_healthy -= 1,
+                            Half::Node => plugin.nodes_healthy -= 1,
+                        }
+                    }
+                    plugin.modify_index = index;
+                    plugin.modify_time_ms = at_ms;
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            self.plugins.retain(|_, plugin| !plugin.is_empty());
+            self.touch(Table::CsiPlugins, index);
+        }
+    }
+
+    /// Nomad's `upsertCSIPluginsForNode` and node-deletion cleanup (§3.3).
+    fn update_node_plugins(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        old: Option<&Node>,
+        new: Option<&Node>,
+    ) {
+        let node_id = new.or(old).map(|node| node.id.clone()).expect("a node");
+        let mut changed = false;
+        for half in [Half::Controller, Half::Node] {
+            let pick = |node: &Node| match half {
+                Half::Controller => node.csi_controller_plugins.clone(),
+                Half::Node => node.csi_node_plugins.clone(),
+            };
+            let new_infos = new.map(pick).unwrap_or_default();
+            for (plugin_id, info) in &new_infos {
+                if !self.plugins.contains_key(plugin_id) {
+                    if !info.healthy {
+                        continue;
+                    }
+                    self.plugins.insert(
+                        plugin_id.clone(),
+                        CsiPlugin {
+                            id: plugin_id.clone(),
+                            create_index: index,
+                            create_time_ms: at_ms,
+                            ..CsiPlugin::default()
+                        },
+                    );
+                }
+                let plugin = self.plugins.get_mut(plugin_id).expect("present");
+                if add_instance(plugin, half, &node_id, info) {
+                    plugin.modify_index = index;
+                    plugin.modify_time_ms = at_ms;
+                    changed = true;
+                }
+            }
+            for plugin in self.plugins.values_mut() {
+                if new_infos.contains_key(&plugin.id) {
+                    continue;
+                }
+                let map = match half {
+                    Half::Controller => &mut plugin.controllers,
+                    Half::Node => &mut plugin.nodes,
+                };
+                if let Some(info) = map.remove(&node_id) {
+                    if info.healthy {
+                        match half {
+                            Half::Controller => plugin.controllers_healthy -= 1,
+                            Half::Node => plugin.nodes_healthy -= 1,
+                        }
+                    }
+                    plugin.modify_index = index;
+                    plugin.modify_time_ms = at_ms;
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            self.plugins.retain(|_, plugin| !plugin.is_empty());
+            self.touch(Table::CsiPlugins, index);
+            self.touch(Table::CsiVolumes, index);
+        }
+    }
+
+    /// Expected plugin instances from one job (HEAD behaviour, §3.3): service/batch groups
+    /// count their `count`; system jobs count their live allocations.
+    fn recompute_job_plugins(&mut self, index: u64, at_ms: u64, key: &(String, String)) {
+        let mut expected: BTreeMap<String, (u32, u32)> = BTreeMap::new();
+        if let Some(job) = self.jobs.get(key).filter(|job| !job.stop) {
+            for group in &job.task_groups {
+                let count = match job.job_type {
+                    JobType::Service | JobType::Batch => group.count,
+                    JobType::System => self.live_allocs(job, &group.name),
+                };
+                for task in &group.tasks {
+                    let Some(plugin) = &task.csi_plugin else {
+                        continue;
+                    };
+                    let entry = expected.entry(plugin.id.clone()).or_default();
+                    if plugin.plugin_type.is_controller() {
+                        entry.0 += count;
+                    }
+                    if plugin.plugin_type.is_node() {
+                        entry.1 += count;
+                    }
+                }
+            }
+        }
+        let mut changed = false;
+        for plugin in self.plugins.values_mut() {
+            let had = plugin.controller_jobs.remove(key).is_some()
+                | plugin.node_jobs.remove(key).is_some();
+            changed |= had && !expected.contains_key(&plugin.id);
+        }
+        for (plugin_id, (controllers, nodes)) in expected {
+            let plugin = self
+                .plugins
+                .entry(plugin_id.clone())
+                .or_insert_with(|| CsiPlugin {
+                    id: plugin_id.clone(),
+                    create_index: index,
+                    create_time_ms: at_ms,
+                    ..CsiPlugin::default()
+                });
+            if controllers > 0 {
+                plugin.controller_jobs.insert(key.clone(), controllers);
+            }
+            if nodes > 0 {
+                plugin.node_jobs.insert(key.clone(), nodes);
+            }
+            plugin.modify_index = index;
+            plugin.modify_time_ms = at_ms;
+            changed = true;
+        }
+        if changed {
+            self.plugins.retain(|_, plugin| !plugin.is_empty());
+            self.touch(Table::CsiPlugins, index);
+            self.touch(Table::CsiVolumes, index);
+        }
+    }
+
+    fn live_allocs(&self, job: &Job, group: &str) -> u32 {
+        self.allocs
+            .values()
+            .filter(|alloc| {
+                alloc.namespace == job.namespace
+                    && alloc.job_id == job.id
+                    && alloc.task_group == group
+            })
+            .filter(|alloc| !alloc.terminal())
+            .count() as u32
+    }
+}
+
+/// Nomad's `AddPlugin`: returns whether anything changed.
+fn add_instance(plugin: &mut CsiPlugin, half: Half, node_id: &str, info: &CsiInfo) -> bool {
+    let (map, healthy) = match half {
+        Half::Controller => (&mut plugin.controllers, &mut plugin.controllers_healthy),
+        Half::Node => (&mut plugin.nodes, &mut plugin.nodes_healthy),
+    };
+    let previous = map.get(node_id).cloned();
+    if previous.as_ref().is_some_and(|prev| prev == info) {
+        return false;
+    }
+    if previous.as_ref().is_some_and(|prev| prev.healthy) {
+        *healthy -= 1;
+    }
+    if previous.is_some() || info.healthy {
+        map.insert(node_id.to_string(), info.clone());
+    }
+    if info.healthy {
+        *healthy += 1;
+    }
+    if !info.provider.is_empty() {
+        plugin.provider = info.provider.clone();
+        plugin.version = info.provider_version.clone();
+    }
+    if half == Half::Controller || info.requires_controller_plugin {
+        plugin.controller_required = info.requires_controller_plugin;
+    }
+    true
+}
+
+/// Nomad's `CSIVolume.Validate`, every problem listed.
+fn validate_volume(volume: &CsiVolume) -> Result<(), String> {
+    let mut problems = Vec::new();
+    if volume.id.is_empty() {
+        problems.push("missing volume ID");
+    }
+    if volume.plugin_id.is_empty() {
+        problems.push("missing plugin ID");
+    }
+    if volume.namespace.is_empty() {
+        problems.push("missing namespace");
+    }
+    if volume.requested_capabilities.is_empty() {
+        problems.push("must include at least one capability block");
+    }
+    if !volume.snapshot_id.is_empty() && !volume.clone_id.is_empty() {
+        problems.push("only one of snapshot_id and clone_id is allowed");
+    }
+    let empty_segments = volume
+        .requested_topologies
+        .iter()
+        .flat_map(|request| request.required.iter().chain(request.preferred.iter()))
+        .any(|topology| topology.segments.is_empty());
+    if empty_segments {
+        problems.push("CSI Topology cannot be empty");
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("validation: {}", problems.join("; ")))
+    }
+}
+
+/// Registration onto an existing volume (HEAD merge rules, §3.4).
+fn merge_volume(existing: &CsiVolume, update: &CsiVolume) -> Result<CsiVolume, String> {
+    let immutable = [
+        (
+            "name",
+            existing.name != update.name && !update.name.is_empty(),
+        ),
+        ("external ID", existing.external_id != update.external_id),
+        ("plugin ID", existing.plugin_id != update.plugin_id),
+        ("clone ID", existing.clone_id != update.clone_id),
+        ("snapshot ID", existing.snapshot_id != update.snapshot_id),
+        (
+            "parameters",
+            existing.parameters != update.parameters && !update.parameters.is_empty(),
+        ),
+    ];
+    if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
+        return Err(format!("volume {field} cannot be updated"));
+    }
+    let in_use = !existing.read_claims.is_empty()
+        || !existing.write_claims.is_empty()
+        || !existing.past_claims.is_empty();
+    if in_use {
+        let keeps_current = update.requested_capabilities.iter().any(|cap| {
+            cap.access_mode == existing.access_mode
+                && cap.attachment_mode == existing.attachment_mode
+        });
+        if existing.access_mode != AccessMode::Unknown && !keeps_current {
+            return Err(
+                "volume requested capabilities must keep the access and attachment modes in use"
+                    .to_string(),
+            );
+        }
+        if update.mount_options.is_some() && update.mount_options != existing.mount_options {
+            return Err(
+                "volume mount options cannot be updated while the volume is in use".to_string(),
+            );
+        }
+    }
+    let mut merged = existing.clone();
+    merged.requested_capabilities = update.requested_capabilities.clone();
+    if update.mount_options.is_some() {
+        merged.mount_options = update.mount_options.clone();
+    }
+    merged.secrets = update.secrets.clone();
+    merged.context = update.context.clone();
+    merged.requested_capacity_min = update.requested_capacity_min;
+    merged.requested_capacity_max = update.requested_capacity_max;
+    if update.requested_topologies.is_some() {
+        merged.requested_topologies = update.requested_topologies.clone();
+    }
+    Ok(merged)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::fsm::Entry;
+    use crate::structs::{
+        AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo,
+        CsiPluginType, DesiredStatus, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,
+    };
+
+    /// A tiny builder: applies commands at increasing indexes.
+    pub(crate) struct Fixture {
+        pub state: ServerState,
+        pub index: u64,
+    }
+
+    impl Fixture {
+        pub fn new() -> Self {
+            Fixture {
+                state: ServerState::default(),
+                index: 0,
+            }
+        }
+
+        pub fn apply(&mut self, command: Command) -> Response {
+            self.index += 1;
+            self.state.apply(
+                self.index,
+                &Entry {
+                    at_unix_ms: 1_000 * self.index,
+                    command,
+                },
+            )
+        }
+
+        pub fn ok(&mut self, command: Command) {
+            let response = self.apply(command);
+            assert!(!matches!(response, Response::Error(_)), "{response:?}");
+        }
+    }
+
+    pub(crate) fn info(plugin: &str, alloc: &str, healthy: bool, controller: bool) -> CsiInfo {
+        CsiInfo {
+            plugin_id: plugin.into(),
+            alloc_id: alloc.into(),
+            healthy,
+            health_description: if healthy {
+                "healthy".into()
+            } else {
+                "unhealthy".into()
+            },
+            provider: "example.com/hostpath".into(),
+            provider_version: "1.0".into(),
+            requires_controller_plugin: true,
+            controller_info: controller.then(|| CsiControllerInfo {
+                supports_attach_detach: true,
+                ..CsiControllerInfo::default()
+            }),
+            node_info: (!controller).then(|| CsiNodeInfo {
+                id: format!("ext-{alloc}"),
+                max_volumes: 100,
+                ..CsiNodeInfo::default()
+            }),
+            ..CsiInfo::default()
+        }
+    }
+
+    /// A ready node running a monolith plugin `p` (controller + node halves).
+    pub(crate) fn node(id: &str, healthy: bool) -> Node {
+        Node {
+            id: id.into(),
+            name: id.into(),
+            rpc_addr: format!("10.0.1.{}:4647", id.len()),
+            status: NodeStatus::Ready,
+            csi_controller_plugins: [(
+                "p".to_string(),
+                info("p", &format!("plug-{id}"), healthy, true),
+            )]
+            .into(),
+            csi_node_plugins: [(
+                "p".to_string(),
+                info("p", &format!("plug-{id}"), healthy, false),
+            )]
+            .into(),
+            ..Node::default()
+        }
+    }
+
+    pub(crate) fn volume(id: &str) -> CsiVolume {
+        CsiVolume {
+            id: id.into(),
+            namespace: "default".into(),
+            name: id.into(),
+            plugin_id: "p".into(),
+            requested_capabilities: vec![CsiCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            secrets: [("token".to_string(), "s3cr3t".to_string())].into(),
+            ..CsiVolume::default()
+        }
+    }
+
+    pub(crate) fn alloc(id: &str, node: &str) -> Allocation {
+        Allocation {
+            id: id.into(),
+            namespace: "default".into(),
+            node_id: node.into(),
+            job_id: "app".into(),
+            task_group: "web".into(),
+            ..Allocation::default()
+        }
+    }
+
+    pub(crate) fn claim(
+        alloc: &str,
+        node: &str,
+        mode: ClaimMode,
+        state: ClaimState,
+    ) -> CsiVolumeClaim {
+        CsiVolumeClaim {
+            allocation_id: alloc.into(),
+            node_id: node.into(),
+            external_node_id: String::new(),
+            mode,
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            state,
+        }
+    }
+
+    fn error(response: Response) -> String {
+        match response {
+            Response::Error(error) => error,
+            other => panic!("expected an error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn plugins_derive_from_node_fingerprints() {
+        let mut fx = Fixture::new();
+        // An unhealthy fingerprint does not create a plugin.
+        fx.ok(Command::NodeRegister {
+            node: node("n1", false),
+        });
+        assert!(fx.state.plugin("p").is_none());
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        fx.ok(Command::NodeRegister {
+            node: node("n2", true),
+        });
+        let plugin = fx.state.plugin("p").unwrap();
+        assert_eq!((plugin.controllers_healthy, plugin.nodes_healthy), (2, 2));
+        assert!(plugin.controller_required && plugin.supports_attach_detach());
+        // Going unhealthy keeps the entry, drops the count.
+        fx.ok(Command::NodeRegister {
+            node: node("n2", false),
+        });
+        let plugin = fx.state.plugin("p").unwrap();
+        assert_eq!(
+            (
+                plugin.controllers_healthy,
+                plugin.nodes_healthy,
+                plugin.nodes.len()
+            ),
+            (1, 1, 2)
+        );
+        // A node that stops reporting the plugin is removed from it.
+        fx.ok(Command::NodeUpdateCsiInfo {
+            node_id: "n2".into(),
+            controllers: BTreeMap::new(),
+            nodes: BTreeMap::new(),
+        });
+        assert_eq!(fx.state.plugin("p").unwrap().nodes.len(), 1);
+        // Deleting the last node deletes the now empty plugin.
+        fx.ok(Command::NodeDeregister {
+            node_id: "n1".into(),
+        });
+        assert!(fx.state.plugin("p").is_none());
+        assert!(fx.state.table_index(Table::CsiPlugins) > 0);
+    }
+
+    #[test]
+    fn expected_counts_come_from_jobs_and_system_allocs() {
+        let mut fx = Fixture::new();
+        let plugin_task = |kind| Task {
+            name: "plugin".into(),
+            driver: "raw_exec".into(),
+            csi_plugin: Some(TaskCsiPluginConfig {
+                id: "p".into(),
+                plugin_type: kind,
+            }),
+        };
+        fx.ok(Command::JobUpsert {
+            job: Job {
+                id: "controller".into(),
+                namespace: "default".into(),
+                job_type: JobType::Service,
+                task_groups: vec![TaskGroup {
+                    name: "c".into(),
+                    count: 2,
+                    tasks: vec![plugin_task(CsiPluginType::Controller)],
+                }],
+                ..Job::default()
+            },
+        });
+        fx.ok(Command::JobUpsert {
+            job: Job {
+                id: "nodes".into(),
+                namespace: "default".into(),
+                job_type: JobType::System,
+                task_groups: vec![TaskGroup {
+                    name: "n".into(),
+                    count: 1,
+                    tasks: vec![plugin_task(CsiPluginType::Node)],
+                }],
+                ..Job::default()
+            },
+        });
+        let plugin = fx.state.plugin("p").expect("created from the job");
+        assert_eq!(
+            (plugin.controllers_expected(), plugin.nodes_expected()),
+            (2, 0)
+        );
+        let system_alloc = |id: &str, node: &str| Allocation {
+            job_id: "nodes".into(),
+            task_group: "n".into(),
+            ..alloc(id, node)
+        };
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![system_alloc("s1", "n1"), system_alloc("s2", "n2")],
+        });
+        assert_eq!(fx.state.plugin("p").unwrap().nodes_expected(), 2);
+        fx.ok(Command::AllocClientUpdate {
+            alloc_id: "s2".into(),
+            client_status: ClientStatus::Failed,
+        });
+        assert_eq!(fx.state.plugin("p").unwrap().nodes_expected(), 1);
+        fx.ok(Command::JobDeregister {
+            namespace: "default".into(),
+            job_id: "controller".into(),
+        });
+        fx.ok(Command::JobDeregister {
+            namespace: "default".into(),
+            job_id: "nodes".into(),
+        });
+        assert!(
+            fx.state.plugin("p").is_none(),
+            "no instances and nothing expected"
+        );
+    }
+
+    #[test]
+    fn a_stopped_plugin_alloc_no_longer_provides_the_plugin() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        let mut plugin_alloc = alloc("plug-n1", "n1");
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![plugin_alloc.clone()],
+        });
+        plugin_alloc.desired_status = DesiredStatus::Stop;
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![plugin_alloc],
+        });
+        assert!(fx.state.plugin("p").is_none());
+    }
+
+    #[test]
+    fn register_validates_and_needs_the_plugin() {
+        let mut fx = Fixture::new();
+        assert_eq!(
+            error(fx.apply(Command::CsiVolumeRegister {
+                volumes: vec![volume("v")]
+            })),
+            "no CSI plugin named: p could be found"
+        );
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        let mut bad = volume("");
+        bad.requested_capabilities.clear();
+        assert_eq!(
+            error(fx.apply(Command::CsiVolumeRegister {
+                volumes: vec![volume("good"), bad]
+            })),
+            "validation: missing volume ID; must include at least one capability block"
+        );
+        assert!(
+            fx.state.volume("default", "good").is_none(),
+            "nothing stored when one volume is bad"
+        );
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")],
+        });
+        let stored = fx.state.volume("default", "v").unwrap();
+        assert!(stored.plugin_health.schedulable);
+        let mut renamed = volume("v");
+        renamed.external_id = "other".into();
+        assert_eq!(
+            error(fx.apply(Command::CsiVolumeRegister {
+                volumes: vec![renamed]
+            })),
+            "volume external ID cannot be updated"
+        );
+        let mut updated = volume("v");
+        updated.secrets = [("token".to_string(), "rotated".to_string())].into();
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![updated],
+        });
+        let stored = fx.state.volume("default", "v").unwrap();
+        assert_eq!(stored.secrets["token"], "rotated");
+        // Index 4: refused commands consume a log index too.
+        assert_eq!((stored.create_index, stored.modify_index), (4, 6));
+    }
+
+    #[test]
+    fn claims_release_and_deregister() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1"), alloc("a2", "n1")],
+        });
+        let take = |alloc: &str| Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim(alloc, "n1", ClaimMode::Write, ClaimState::Taken),
+        };
+        assert!(matches!(fx.apply(take("a1")), Response::Volume(_)));
+        assert_eq!(error(fx.apply(take("a2"))), "volume max claims reached");
+        assert_eq!(error(fx.apply(take("gone"))), "Unknown allocation: gone");
+        assert_eq!(
+            error(fx.apply(Command::CsiVolumeDeregister {
+                namespace: "default".into(),
+                volume_ids: vec!["v".into()],
+                force: false
+            })),
+            "volume in use: v"
+        );
+        // The alloc finishes: read back as a past claim in state Unpublishing, still holding
+        // its write claim until freed.
+        fx.ok(Command::AllocClientUpdate {
+            alloc_id: "a1".into(),
+            client_status: ClientStatus::Complete,
+        });
+        let vol = fx.state.volume("default", "v").unwrap();
+        assert_eq!(vol.past_claims["a1"].state, ClaimState::Unpublishing);
+        assert!(vol.write_claims.contains_key("a1"));
+        assert!(
+            fx.state
+                .volume_raw("default", "v")
+                .unwrap()
+                .past_claims
+                .is_empty(),
+            "derived, not stored"
+        );
+        assert_eq!(error(fx.apply(take("a2"))), "volume max claims reached");
+        // force needs every recorded alloc terminal on both sides.
+        assert_eq!(
+            error(fx.apply(Command::CsiVolumeDeregister {
+                namespace: "default".into(),
+                volume_ids: vec!["v".into()],
+                force: true
+            })),
+            "volume in use: v"
+        );
+        for state in [ClaimState::NodeDetached, ClaimState::ReadyToFree] {
+            fx.ok(Command::CsiVolumeClaim {
+                namespace: "default".into(),
+                volume_id: "v".into(),
+                claim: claim("a1", "n1", ClaimMode::Write, state),
+            });
+        }
+        let vol = fx.state.volume("default", "v").unwrap();
+        assert!(vol.write_claims.is_empty() && vol.past_claims.is_empty());
+        assert!(matches!(fx.apply(take("a2")), Response::Volume(_)));
+        let mut a2 = alloc("a2", "n1");
+        a2.desired_status = DesiredStatus::Stop;
+        a2.client_status = ClientStatus::Complete;
+        fx.ok(Command::AllocUpsert { allocs: vec![a2] });
+        fx.ok(Command::CsiVolumeDeregister {
+            namespace: "default".into(),
+            volume_ids: vec!["v".into()],
+            force: true,
+        });
+        assert!(fx.state.volume("default", "v").is_none());
+        assert_eq!(
+            error(fx.apply(Command::CsiVolumeDeregister {
+                namespace: "default".into(),
+                volume_ids: vec!["v".into()],
+                force: false
+            })),
+            "volume not found"
+        );
+    }
+
+    #[test]
+    fn gc_d_allocs_read_as_past_claims() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1")],
+        });
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+        });
+        fx.ok(Command::AllocDelete {
+            alloc_ids: vec!["a1".into()],
+        });
+        assert_eq!(
+            fx.state.volume("default", "v").unwrap().past_claims["a1"].state,
+            ClaimState::Unpublishing
+        );
+    }
+
+    #[test]
+    fn plugin_delete_refuses_a_plugin_in_use() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        assert_eq!(
+            error(fx.apply(Command::CsiPluginDelete {
+                plugin_id: "p".into()
+            })),
+            "plugin in use"
+        );
+        assert_eq!(
+            error(fx.apply(Command::CsiPluginDelete {
+                plugin_id: "x".into()
+            })),
+            "plugin not found: x"
+        );
+    }
+
+    #[test]
+    fn snapshot_of_every_table_restores_equal() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: node("n1", true),
+        });
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1")],
+        });
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+        });
+        fx.ok(Command::EvalUpsert {
+            evals: vec![crate::structs::Evaluation {
+                id: "e1".into(),
+                ..Default::default()
+            }],
+        });
+        let restored = ServerState::restore(&fx.state.snapshot()).unwrap();
+        assert_eq!(restored, fx.state);
+    }
+}
