@@ -28,6 +28,7 @@ pub mod csi;
 pub mod fsm;
 pub mod membership;
 pub mod op;
+pub mod rpc;
 pub mod server;
 pub mod structs;
 pub mod time;
