@@ -51,15 +51,9 @@ fn dev_agent(root: &std::path::Path, round: usize) -> (Agent, Instant) {
 }
 
 fn main() {
-    let rounds: usize = std::env::args()
-        .skip(1)
-        .find_map(|arg| arg.parse().ok())
-        .unwrap_or(5);
+    let rounds: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(5);
     let root = tempfile::tempdir().unwrap();
-    println!(
-        "formation bench: {rounds} rounds, release agent at {}",
-        support::AGENT
-    );
+    println!("formation bench: {rounds} rounds, release agent at {}", support::AGENT);
 
     let mut http_ready = Vec::new();
     let mut dev_leader = Vec::new();
@@ -75,16 +69,8 @@ fn main() {
         sorted.sort();
         sorted[sorted.len() / 2]
     };
-    stats(
-        "baseline: agent -dev spawn -> HTTP answering",
-        &mut http_ready,
-        None,
-    );
-    stats(
-        "agent -dev spawn -> leader",
-        &mut dev_leader,
-        Some(baseline),
-    );
+    stats("baseline: agent -dev spawn -> HTTP answering", &mut http_ready, None);
+    stats("agent -dev spawn -> leader", &mut dev_leader, Some(baseline));
 
     let mut formation = Vec::new();
     let mut failover = Vec::new();
@@ -94,20 +80,14 @@ fn main() {
         let specs = cluster_specs(&cluster_root, 3);
         let mut agents: Vec<Agent> = Vec::new();
         for index in 0..3 {
-            agents.push(Agent::start(
-                specs[index].clone(),
-                server_args(&specs, index),
-            ));
+            agents.push(Agent::start(specs[index].clone(), server_args(&specs, index)));
         }
         let last_start = Instant::now();
         let refs: Vec<&Agent> = agents.iter().collect();
         let leader = wait_for(LIMIT, || agreed_leader(&refs, 3)).expect("cluster forms");
         formation.push(last_start.elapsed());
 
-        let leader_index = agents
-            .iter()
-            .position(|agent| agent.rpc_addr() == leader)
-            .unwrap();
+        let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
         agents[leader_index].kill();
         let killed = Instant::now();
         let survivors: Vec<&Agent> = agents
@@ -116,10 +96,7 @@ fn main() {
             .filter(|(i, _)| *i != leader_index)
             .map(|(_, a)| a)
             .collect();
-        wait_for(LIMIT, || {
-            agreed_leader(&survivors, 3).filter(|new| *new != leader)
-        })
-        .expect("new leader");
+        wait_for(LIMIT, || agreed_leader(&survivors, 3).filter(|new| *new != leader)).expect("new leader");
         failover.push(killed.elapsed());
 
         agents[leader_index].restart();
@@ -133,11 +110,7 @@ fn main() {
         &mut formation,
         Some(baseline),
     );
-    stats(
-        "3 servers: kill -9 leader -> new leader",
-        &mut failover,
-        Some(baseline),
-    );
+    stats("3 servers: kill -9 leader -> new leader", &mut failover, Some(baseline));
     stats(
         "3 servers: restart killed leader -> rejoined",
         &mut rejoin,

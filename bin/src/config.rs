@@ -129,8 +129,7 @@ pub struct Loaded {
 pub fn parse_file(path: &Path) -> anyhow::Result<(FileConfig, Vec<String>)> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("Error loading configuration from {}", path.display()))?;
-    parse_text(&text)
-        .with_context(|| format!("Error loading configuration from {}", path.display()))
+    parse_text(&text).with_context(|| format!("Error loading configuration from {}", path.display()))
 }
 
 pub fn parse_text(text: &str) -> anyhow::Result<(FileConfig, Vec<String>)> {
@@ -152,13 +151,11 @@ pub fn parse_text(text: &str) -> anyhow::Result<(FileConfig, Vec<String>)> {
 /// Parses a Go-style duration ("30s", "1m", "500ms").
 pub fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
     let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let value: u64 = number.parse().with_context(|| {
-        format!("invalid {field} {text:?}: expected a duration such as \"30s\"")
-    })?;
+    let value: u64 = number
+        .parse()
+        .with_context(|| format!("invalid {field} {text:?}: expected a duration such as \"30s\""))?;
     let duration = match unit {
         "ms" => Duration::from_millis(value),
         "s" => Duration::from_secs(value),
@@ -184,10 +181,7 @@ fn parse_advertise(field: &str, text: &str, port: u16) -> anyhow::Result<SocketA
 }
 
 /// Merges defaults, files and flags. `dev_data_dir` is used for `-dev` without `-data-dir`.
-pub fn load(
-    flags: &Flags,
-    dev_data_dir: impl FnOnce() -> anyhow::Result<String>,
-) -> anyhow::Result<Loaded> {
+pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>) -> anyhow::Result<Loaded> {
     let mut config = AgentConfig::default();
     let mut log_level = "INFO".to_string();
     let mut notes = Vec::new();
@@ -208,18 +202,9 @@ pub fn load(
         for file in files {
             let (parsed, ignored) = parse_file(&file)?;
             for key in ignored {
-                notes.push(format!(
-                    "{}: ignoring unsupported config key {key:?}",
-                    file.display()
-                ));
+                notes.push(format!("{}: ignoring unsupported config key {key:?}", file.display()));
             }
-            apply_file(
-                &mut config,
-                &mut log_level,
-                &mut bind,
-                &mut advertise,
-                parsed,
-            )?;
+            apply_file(&mut config, &mut log_level, &mut bind, &mut advertise, parsed)?;
         }
     }
 
@@ -301,8 +286,8 @@ pub fn load(
 
 /// A path names a file, or a directory whose `*.hcl` files are read in name order (as Nomad).
 fn config_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let metadata = std::fs::metadata(path)
-        .with_context(|| format!("Error loading configuration from {}", path.display()))?;
+    let metadata =
+        std::fs::metadata(path).with_context(|| format!("Error loading configuration from {}", path.display()))?;
     if !metadata.is_dir() {
         return Ok(vec![path.to_path_buf()]);
     }
@@ -484,14 +469,8 @@ acl {
         assert_eq!(
             loaded.notes,
             vec![
-                format!(
-                    "{}: ignoring unsupported config key \"telemetry\"",
-                    file.display()
-                ),
-                format!(
-                    "{}: ignoring unsupported config key \"acl\"",
-                    file.display()
-                ),
+                format!("{}: ignoring unsupported config key \"telemetry\"", file.display()),
+                format!("{}: ignoring unsupported config key \"acl\"", file.display()),
             ]
         );
         assert_eq!(config.validate(), Ok(vec![]));
@@ -514,10 +493,7 @@ acl {
             ..Flags::default()
         };
         let config = load(&flags, no_dev).unwrap().config;
-        assert_eq!(
-            (config.region.as_str(), config.server.bootstrap_expect),
-            ("b", 3)
-        );
+        assert_eq!((config.region.as_str(), config.server.bootstrap_expect), ("b", 3));
     }
 
     #[test]
@@ -545,9 +521,7 @@ acl {
             error.contains("three") || error.contains("u32") || error.contains("invalid type"),
             "{error}"
         );
-        let error = parse_duration("retry_interval", "soon")
-            .unwrap_err()
-            .to_string();
+        let error = parse_duration("retry_interval", "soon").unwrap_err().to_string();
         assert_eq!(
             error,
             "invalid retry_interval \"soon\": expected a duration such as \"30s\""

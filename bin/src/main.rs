@@ -113,12 +113,7 @@ impl Cli {
 fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     args.enumerate()
         .map(|(position, arg)| match arg.to_str() {
-            Some(text)
-                if position > 0
-                    && text.len() > 2
-                    && text.starts_with('-')
-                    && !text.starts_with("--") =>
-            {
+            Some(text) if position > 0 && text.len() > 2 && text.starts_with('-') && !text.starts_with("--") => {
                 OsString::from(format!("-{text}"))
             }
             _ => arg,
@@ -175,9 +170,8 @@ fn main() -> ExitCode {
 }
 
 fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", level.to_lowercase()))
-    });
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", level.to_lowercase())));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)
@@ -227,6 +221,8 @@ async fn start<C: Consul>(
         transport: GrpcTransport::default(),
         consul,
         observer: Arc::new(TracingObserver),
+        // CSI plugins as tasks arrive with the client; until then this agent runs none.
+        client_csi: None,
     };
     Ok(start_agent(parts).await?)
 }
@@ -244,15 +240,9 @@ fn print_banner(loaded: &Loaded, http: SocketAddr) {
         config.bind_addr, config.ports.rpc, config.bind_addr, config.ports.serf
     );
     println!("                Client: {}", config.client.enabled);
-    println!(
-        "              Data Dir: {}",
-        config.data_dir.as_deref().unwrap_or("")
-    );
+    println!("              Data Dir: {}", config.data_dir.as_deref().unwrap_or(""));
     println!("             Log Level: {}", loaded.log_level);
-    println!(
-        "                Region: {} (DC: {})",
-        config.region, config.datacenter
-    );
+    println!("                Region: {} (DC: {})", config.region, config.datacenter);
     println!(
         "                Server: {} (bootstrap_expect: {})",
         config.server.enabled, config.server.bootstrap_expect
@@ -263,8 +253,8 @@ fn print_banner(loaded: &Loaded, http: SocketAddr) {
 }
 
 async fn wait_for_signal() {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}

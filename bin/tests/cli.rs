@@ -20,10 +20,7 @@ fn bootstrap_expect_without_server_mode_is_an_error() {
     let data_dir = format!("-data-dir={}", dir.path().display());
     let (code, text) = run(&["-client", "-bootstrap-expect=3", &data_dir]);
     assert_eq!(code, 1, "{text}");
-    assert!(
-        text.contains("Bootstrap requires server mode to be enabled"),
-        "{text}"
-    );
+    assert!(text.contains("Bootstrap requires server mode to be enabled"), "{text}");
 }
 
 #[test]
@@ -77,10 +74,7 @@ fn bad_config_file_is_named() {
     let (code, text) = run(&[&format!("-config={}", file.display())]);
     assert_eq!(code, 1);
     assert!(
-        text.contains(&format!(
-            "Error loading configuration from {}",
-            file.display()
-        )),
+        text.contains(&format!("Error loading configuration from {}", file.display())),
         "{text}"
     );
 }
@@ -89,10 +83,7 @@ fn free_ports() -> [u16; 3] {
     let listeners: Vec<std::net::TcpListener> = (0..3)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
         .collect();
-    let ports: Vec<u16> = listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect();
+    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
     [ports[0], ports[1], ports[2]]
 }
 
@@ -100,10 +91,7 @@ fn free_ports() -> [u16; 3] {
 #[test]
 fn risky_bootstrap_expect_values_warn() {
     for (expect, warning) in [
-        (
-            "1",
-            "WARNING: Bootstrap mode enabled! Potentially unsafe operation.",
-        ),
+        ("1", "WARNING: Bootstrap mode enabled! Potentially unsafe operation."),
         (
             "4",
             "WARNING: Number of bootstrap servers should ideally be set to an odd number.",

@@ -11,20 +11,11 @@ use support::{Agent, agreed_leader, cluster_specs, http, server_args, wait_for};
 const FORMATION_LIMIT: Duration = Duration::from_secs(60);
 
 fn permutations() -> Vec<[usize; 3]> {
-    vec![
-        [0, 1, 2],
-        [0, 2, 1],
-        [1, 0, 2],
-        [1, 2, 0],
-        [2, 0, 1],
-        [2, 1, 0],
-    ]
+    vec![[0, 1, 2], [0, 2, 1], [1, 0, 2], [1, 2, 0], [2, 0, 1], [2, 1, 0]]
 }
 
 fn bootstrap_lines(log: &str) -> usize {
-    log.lines()
-        .filter(|line| line.contains("bootstrapping Raft"))
-        .count()
+    log.lines().filter(|line| line.contains("bootstrapping Raft")).count()
 }
 
 #[test]
@@ -34,10 +25,7 @@ fn three_servers_form_one_cluster_in_every_start_order() {
         let specs = cluster_specs(root.path(), 3);
         let mut agents: Vec<Option<Agent>> = (0..3).map(|_| None).collect();
         for &index in &order {
-            agents[index] = Some(Agent::start(
-                specs[index].clone(),
-                server_args(&specs, index),
-            ));
+            agents[index] = Some(Agent::start(specs[index].clone(), server_args(&specs, index)));
             std::thread::sleep(Duration::from_millis(300));
         }
         let agents: Vec<Agent> = agents.into_iter().map(Option::unwrap).collect();
@@ -84,16 +72,9 @@ fn leader_killed_then_restarted_rejoins_without_bootstrapping() {
         "/v1/var/test/before-crash",
         Some(r#"{"Items":{"k":"v"}}"#),
     );
-    assert!(
-        written.is_some(),
-        "write through s1 failed:\n{}",
-        agents[0].log()
-    );
+    assert!(written.is_some(), "write through s1 failed:\n{}", agents[0].log());
 
-    let leader_index = agents
-        .iter()
-        .position(|agent| agent.rpc_addr() == leader)
-        .unwrap();
+    let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
     agents[leader_index].kill();
     let survivors: Vec<&Agent> = agents
         .iter()
@@ -133,8 +114,5 @@ fn leader_killed_then_restarted_rejoins_without_bootstrapping() {
     let body = body.expect("variable readable on the restarted server");
     assert!(body.contains(r#""k":"v""#), "{body}");
     let self_info = agents[leader_index].get("/v1/agent/self").unwrap();
-    assert!(
-        self_info.contains(r#""bootstrapped":"true""#),
-        "{self_info}"
-    );
+    assert!(self_info.contains(r#""bootstrapped":"true""#), "{self_info}");
 }

@@ -42,11 +42,7 @@ fn handle(consul: &FakeConsul, stream: std::net::TcpStream) {
         );
         return;
     }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .to_string();
+    let path = request_line.split_whitespace().nth(1).unwrap_or("").to_string();
     let answer = if path.starts_with("/v1/agent/service/register") {
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let entry = (
@@ -108,9 +104,7 @@ fn servers_find_each_other_through_consul() {
             let config = root.path().join(format!("{}.hcl", spec.name));
             std::fs::write(
                 &config,
-                format!(
-                    "consul {{\n  address = \"127.0.0.1:{consul_port}\"\n  timeout = \"2s\"\n}}\n"
-                ),
+                format!("consul {{\n  address = \"127.0.0.1:{consul_port}\"\n  timeout = \"2s\"\n}}\n"),
             )
             .unwrap();
             Agent::start(
@@ -138,8 +132,7 @@ fn servers_find_each_other_through_consul() {
         logs.join("\n---\n")
     );
     assert!(
-        logs.iter()
-            .any(|log| log.contains("joining server found in Consul")),
+        logs.iter().any(|log| log.contains("joining server found in Consul")),
         "discovery went through Consul:\n{}",
         logs.join("\n---\n")
     );

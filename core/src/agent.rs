@@ -5,19 +5,28 @@
 use crate::prelude::*;
 use alloc::vec::Vec;
 
+use core::time::Duration;
+
 use crate::bootstrap::BootState;
 use crate::config::AgentConfig;
+use crate::fsm::ServerState;
+use crate::rpc::{self, RpcEndpoints};
 use crate::server::{self, Server};
 use crate::time::Instant;
+
+/// Deadline for one `ClientCSI` call made by a server.
+pub const CLIENT_CSI_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
     Server(server::Input),
+    Rpc(rpc::Input),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Action {
     Server(server::Action),
+    Rpc(rpc::Action),
 }
 
 /// Identity and durable facts the driver read from disk before starting the agent.
@@ -30,55 +39,73 @@ pub struct Boot {
     pub seed: u64,
 }
 
+/// The server half: cluster formation and the write endpoints, which only act while this
+/// server leads.
+#[derive(Debug)]
+struct ServerHalf {
+    server: Server,
+    rpc: RpcEndpoints,
+}
+
+/// Every machine takes the replicated state store as read-only context (`state`); it changes
+/// only through Raft.
 #[derive(Debug)]
 pub struct Agent {
-    server: Option<Server>,
+    server: Option<ServerHalf>,
 }
 
 impl Agent {
     pub fn new(now: Instant, config: &AgentConfig, boot: Boot) -> Self {
-        let server = (config.server.enabled || config.dev_mode).then(|| {
-            Server::new(
-                now,
-                config,
-                boot.node_id,
-                boot.boot_count,
-                boot.state,
-                boot.seed,
-            )
+        let server = (config.server.enabled || config.dev_mode).then(|| ServerHalf {
+            server: Server::new(now, config, boot.node_id, boot.boot_count, boot.state, boot.seed),
+            rpc: RpcEndpoints::new(CLIENT_CSI_TIMEOUT),
         });
         Agent { server }
     }
 
     pub fn server(&self) -> Option<&Server> {
-        self.server.as_ref()
+        self.server.as_ref().map(|half| &half.server)
     }
 
-    pub fn handle(&mut self, now: Instant, input: Input) {
+    pub fn endpoints(&self) -> Option<&RpcEndpoints> {
+        self.server.as_ref().map(|half| &half.rpc)
+    }
+
+    pub fn handle(&mut self, now: Instant, input: Input, state: &ServerState) {
+        let Some(half) = &mut self.server else { return };
         match input {
-            Input::Server(input) => {
-                if let Some(server) = &mut self.server {
-                    server.handle(now, input);
-                }
-            }
+            Input::Server(input) => half.server.handle(now, input),
+            Input::Rpc(input) => half.rpc.handle(now, input, state),
         }
+        Self::sync_leadership(half, now, state);
     }
 
-    pub fn handle_timeout(&mut self, now: Instant) {
-        if let Some(server) = &mut self.server {
-            server.handle_timeout(now);
+    pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
+        let Some(half) = &mut self.server else { return };
+        half.server.handle_timeout(now);
+        half.rpc.handle_timeout(now, state);
+        Self::sync_leadership(half, now, state);
+    }
+
+    /// The endpoints act only while Raft says we lead.
+    fn sync_leadership(half: &mut ServerHalf, now: Instant, state: &ServerState) {
+        let leader = half.server.is_leader();
+        if leader != half.rpc.is_leader() {
+            half.rpc.handle(now, rpc::Input::Leadership { leader }, state);
         }
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.server
-            .as_mut()
-            .and_then(Server::poll_action)
+        let half = self.server.as_mut()?;
+        half.server
+            .poll_action()
             .map(Action::Server)
+            .or_else(|| half.rpc.poll_action().map(Action::Rpc))
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        [self.server.as_ref().and_then(Server::poll_timeout)]
+        let half = self.server.as_ref()?;
+        [half.server.poll_timeout(), half.rpc.poll_timeout()]
             .into_iter()
             .flatten()
             .min()

@@ -131,9 +131,7 @@ impl Bootstrap {
             fault,
             started_at: now,
             leader_known: false,
-            phase: Phase::Waiting {
-                next_evaluation: now,
-            },
+            phase: Phase::Waiting { next_evaluation: now },
             actions: VecDeque::new(),
         };
         if boot.bootstrapped {
@@ -167,23 +165,14 @@ impl Bootstrap {
 
     /// Whether an attempt is under way (peers being queried or Raft being initialised).
     pub fn is_attempting(&self) -> bool {
-        matches!(
-            self.phase,
-            Phase::Querying { .. } | Phase::Initializing { .. }
-        )
+        matches!(self.phase, Phase::Querying { .. } | Phase::Initializing { .. })
     }
 
     /// The Raft log gained entries or a leader was seen: existing state, never bootstrap.
     pub fn observe_raft(&mut self, last_log_index: Option<u64>, leader_known: bool) {
         self.leader_known = leader_known;
-        if last_log_index.is_some()
-            && !self.is_bootstrapped()
-            && !matches!(self.phase, Phase::Initializing { .. })
-        {
-            tracing::info!(
-                ?last_log_index,
-                "Raft state appeared; bootstrap no longer needed"
-            );
+        if last_log_index.is_some() && !self.is_bootstrapped() && !matches!(self.phase, Phase::Initializing { .. }) {
+            tracing::info!(?last_log_index, "Raft state appeared; bootstrap no longer needed");
             self.mark_bootstrapped();
         }
     }
@@ -246,10 +235,8 @@ impl Bootstrap {
         let mut queries = BTreeMap::new();
         for peer in servers.iter().filter(|peer| peer.id != self.self_id) {
             let op = ops.allocate();
-            self.actions.push_back(BootstrapAction::QueryPeers {
-                op,
-                peer: peer.clone(),
-            });
+            self.actions
+                .push_back(BootstrapAction::QueryPeers { op, peer: peer.clone() });
             queries.insert(
                 op,
                 Query {
@@ -273,19 +260,12 @@ impl Bootstrap {
     fn evaluate_faulty(&mut self, now: Instant, members: &[MemberId], ops: &mut OpIds) {
         let due = self.started_at + self.timing.raft_election_timeout_max;
         if self.leader_known || now < due {
-            self.phase = Phase::Waiting {
-                next_evaluation: due,
-            };
+            self.phase = Phase::Waiting { next_evaluation: due };
             return;
         }
         let me = members
             .iter()
-            .find(|member| {
-                member
-                    .tags
-                    .as_ref()
-                    .is_some_and(|tags| tags.id == self.self_id)
-            })
+            .find(|member| member.tags.as_ref().is_some_and(|tags| tags.id == self.self_id))
             .and_then(|member| member.tags.as_ref().map(|tags| (member.name.clone(), tags)));
         let Some((name, tags)) = me else { return };
         let servers = alloc::vec![Peer {
@@ -296,19 +276,12 @@ impl Bootstrap {
         }];
         let op = ops.allocate();
         tracing::warn!("fault injection: electing ourselves without waiting for bootstrap_expect");
-        self.actions
-            .push_back(BootstrapAction::Initialize { op, servers });
+        self.actions.push_back(BootstrapAction::Initialize { op, servers });
         self.phase = Phase::Initializing { op };
     }
 
     /// Outcome of a `QueryPeers` action.
-    pub fn handle_peers(
-        &mut self,
-        now: Instant,
-        op: OpId,
-        result: Result<Vec<String>, String>,
-        ops: &mut OpIds,
-    ) {
+    pub fn handle_peers(&mut self, now: Instant, op: OpId, result: Result<Vec<String>, String>, ops: &mut OpIds) {
         let Phase::Querying { queries, .. } = &mut self.phase else {
             return;
         };
@@ -416,9 +389,7 @@ impl Bootstrap {
         }
         let backoff = backoff(self.timing.peer_retry_base, query.attempts);
         tracing::warn!(peer = %query.peer.name, %error, retry_in = ?backoff, "failed to confirm peer status");
-        query.state = QueryState::Backoff {
-            until: now + backoff,
-        };
+        query.state = QueryState::Backoff { until: now + backoff };
     }
 
     fn resend(&mut self, now: Instant, op: OpId, ops: &mut OpIds) {
@@ -444,10 +415,7 @@ impl Bootstrap {
         let Phase::Querying { servers, queries } = &self.phase else {
             return;
         };
-        if !queries
-            .values()
-            .all(|query| query.state == QueryState::Confirmed)
-        {
+        if !queries.values().all(|query| query.state == QueryState::Confirmed) {
             return;
         }
         let confirmed: BTreeSet<u64> = queries.values().map(|query| query.peer.id).collect();
@@ -464,8 +432,7 @@ impl Bootstrap {
         let servers = servers.clone();
         let op = ops.allocate();
         tracing::info!(servers = ?servers.iter().map(|peer| &peer.name).collect::<Vec<_>>(), "bootstrapping Raft");
-        self.actions
-            .push_back(BootstrapAction::Initialize { op, servers });
+        self.actions.push_back(BootstrapAction::Initialize { op, servers });
         self.phase = Phase::Initializing { op };
     }
 

@@ -267,10 +267,7 @@ impl AgentConfig {
         if self.server.enabled && self.server.bootstrap_expect == 1 && !self.dev_mode {
             warnings.push(ConfigWarning::BootstrapModeUnsafe);
         }
-        if self.server.enabled
-            && self.server.bootstrap_expect > 1
-            && self.server.bootstrap_expect.is_multiple_of(2)
-        {
+        if self.server.enabled && self.server.bootstrap_expect > 1 && self.server.bootstrap_expect.is_multiple_of(2) {
             warnings.push(ConfigWarning::EvenBootstrapExpect);
         }
         Ok(warnings)
@@ -319,14 +316,8 @@ mod tests {
     fn bootstrap_expect_rules_follow_nomad() {
         assert_eq!(server(3).validate(), Ok(vec![]));
         assert_eq!(server(0).validate(), Ok(vec![]));
-        assert_eq!(
-            server(1).validate(),
-            Ok(vec![ConfigWarning::BootstrapModeUnsafe])
-        );
-        assert_eq!(
-            server(4).validate(),
-            Ok(vec![ConfigWarning::EvenBootstrapExpect])
-        );
+        assert_eq!(server(1).validate(), Ok(vec![ConfigWarning::BootstrapModeUnsafe]));
+        assert_eq!(server(4).validate(), Ok(vec![ConfigWarning::EvenBootstrapExpect]));
         assert_eq!(
             ConfigWarning::BootstrapModeUnsafe.to_string(),
             "WARNING: Bootstrap mode enabled! Potentially unsafe operation."

@@ -16,10 +16,7 @@ use alloc::vec::Vec;
 use core::net::SocketAddr;
 use core::num::{NonZeroU8, NonZeroUsize};
 
-use foca::{
-    AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification, PostcardCodec,
-    State, Timer,
-};
+use foca::{AccumulatingRuntime, Foca, Identity, NoCustomBroadcast, OwnedNotification, PostcardCodec, State, Timer};
 use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -177,12 +174,7 @@ impl Membership {
             frequency: timing.announce_down_period,
             num_members: NonZeroUsize::new(2).expect("non-zero"),
         });
-        let foca = Foca::new(
-            me.clone(),
-            config,
-            ChaCha8Rng::seed_from_u64(seed),
-            PostcardCodec,
-        );
+        let foca = Foca::new(me.clone(), config, ChaCha8Rng::seed_from_u64(seed), PostcardCodec);
         Membership {
             me,
             foca,
@@ -203,10 +195,7 @@ impl Membership {
         if addr == self.me.addr {
             return;
         }
-        if let Err(error) = self
-            .foca
-            .announce(MemberId::placeholder(addr), &mut self.runtime)
-        {
+        if let Err(error) = self.foca.announce(MemberId::placeholder(addr), &mut self.runtime) {
             tracing::debug!(%addr, %error, "gossip announce failed");
         }
         self.drain(now);
@@ -309,16 +298,11 @@ impl Membership {
                     self.changed = true;
                 }
                 OwnedNotification::Rejoin(id) => {
-                    tracing::info!(
-                        generation = id.generation,
-                        "rejoined gossip with a renewed identity"
-                    );
+                    tracing::info!(generation = id.generation, "rejoined gossip with a renewed identity");
                     self.me = id;
                     self.changed = true;
                 }
-                OwnedNotification::Active
-                | OwnedNotification::Idle
-                | OwnedNotification::Defunct => {}
+                OwnedNotification::Active | OwnedNotification::Idle | OwnedNotification::Defunct => {}
             }
         }
     }

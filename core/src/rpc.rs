@@ -29,8 +29,8 @@ use crate::csi::unpublish::{self, ControllerDetachRequest, NodeDetachRequest, St
 use crate::fsm::{Command, Response, ServerState};
 use crate::op::{OpId, OpIds};
 use crate::structs::{
-    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiCapability,
-    CsiInfo, CsiMountOptions, CsiVolume, CsiVolumeClaim, Job, Node, NodeStatus,
+    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiCapability, CsiInfo,
+    CsiMountOptions, CsiVolume, CsiVolumeClaim, Job, Node, NodeStatus,
 };
 use crate::time::Instant;
 
@@ -165,9 +165,7 @@ impl ClientCsiRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientCsiReply {
     Done,
-    Attached {
-        publish_context: BTreeMap<String, String>,
-    },
+    Attached { publish_context: BTreeMap<String, String> },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -355,10 +353,7 @@ impl RpcEndpoints {
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.client_ops
-            .values()
-            .map(|(_, deadline)| *deadline)
-            .min()
+        self.client_ops.values().map(|(_, deadline)| *deadline).min()
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
@@ -401,13 +396,9 @@ impl RpcEndpoints {
                 controllers,
                 nodes,
             }),
-            ServerRequest::NodeDeregister { node_id } => {
-                simple(Command::NodeDeregister { node_id })
-            }
+            ServerRequest::NodeDeregister { node_id } => simple(Command::NodeDeregister { node_id }),
             ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
-            ServerRequest::JobDeregister { namespace, job_id } => {
-                simple(Command::JobDeregister { namespace, job_id })
-            }
+            ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
             ServerRequest::AllocUpsert { allocs } => simple(Command::AllocUpsert { allocs }),
             ServerRequest::AllocClientUpdate {
                 alloc_id,
@@ -426,9 +417,7 @@ impl RpcEndpoints {
                 volume_ids,
                 force,
             }),
-            ServerRequest::PluginDelete { plugin_id } => {
-                simple(Command::CsiPluginDelete { plugin_id })
-            }
+            ServerRequest::PluginDelete { plugin_id } => simple(Command::CsiPluginDelete { plugin_id }),
             ServerRequest::VolumeRegister { volumes } => {
                 self.register(now, req, volumes, state);
                 None
@@ -461,14 +450,7 @@ impl RpcEndpoints {
                 volume_id,
                 claim,
             } => {
-                self.start_unpublish(
-                    now,
-                    Waiter::Request(req),
-                    namespace,
-                    volume_id,
-                    claim,
-                    state,
-                );
+                self.start_unpublish(now, Waiter::Request(req), namespace, volume_id, claim, state);
                 None
             }
             ServerRequest::VolumeDetach {
@@ -587,11 +569,7 @@ impl RpcEndpoints {
         claim: CsiVolumeClaim,
         state: &ServerState,
     ) {
-        let key = (
-            namespace.clone(),
-            volume_id.clone(),
-            claim.allocation_id.clone(),
-        );
+        let key = (namespace.clone(), volume_id.clone(), claim.allocation_id.clone());
         if let Some(job) = self.unpublishing.get(&key).copied()
             && let Some(Flow::Unpublish { waiters, .. }) = self.jobs.get_mut(&job)
         {
@@ -623,13 +601,7 @@ impl RpcEndpoints {
         );
     }
 
-    fn proposed(
-        &mut self,
-        now: Instant,
-        job_id: JobId,
-        result: Result<(u64, Response), String>,
-        state: &ServerState,
-    ) {
+    fn proposed(&mut self, now: Instant, job_id: JobId, result: Result<(u64, Response), String>, state: &ServerState) {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -793,10 +765,8 @@ impl RpcEndpoints {
                     return;
                 };
                 let op = self.ops.allocate();
-                self.client_ops.insert(
-                    op,
-                    (ClientOp::Node { job: job_id }, now + self.client_timeout),
-                );
+                self.client_ops
+                    .insert(op, (ClientOp::Node { job: job_id }, now + self.client_timeout));
                 self.actions.push_back(Action::CallClient {
                     op,
                     node_id: request.node_id.clone(),
@@ -805,12 +775,7 @@ impl RpcEndpoints {
                 });
             }
             Step::ControllerDetach(request) => {
-                self.enqueue_controller(
-                    now,
-                    job_id,
-                    ClientCsiRequest::ControllerDetach(request),
-                    state,
-                );
+                self.enqueue_controller(now, job_id, ClientCsiRequest::ControllerDetach(request), state);
             }
         }
     }
@@ -827,13 +792,7 @@ impl RpcEndpoints {
         }
     }
 
-    fn finish_unpublish(
-        &mut self,
-        now: Instant,
-        job_id: JobId,
-        result: Result<(), RpcError>,
-        state: &ServerState,
-    ) {
+    fn finish_unpublish(&mut self, now: Instant, job_id: JobId, result: Result<(), RpcError>, state: &ServerState) {
         let Some(Flow::Unpublish { key, waiters, .. }) = self.jobs.remove(&job_id) else {
             return;
         };
@@ -843,13 +802,7 @@ impl RpcEndpoints {
         }
     }
 
-    fn finish_waiter(
-        &mut self,
-        _now: Instant,
-        waiter: Waiter,
-        result: Result<(), RpcError>,
-        state: &ServerState,
-    ) {
+    fn finish_waiter(&mut self, _now: Instant, waiter: Waiter, result: Result<(), RpcError>, state: &ServerState) {
         let index = state.last_applied().unwrap_or(0);
         match waiter {
             Waiter::Request(req) => {
@@ -880,13 +833,7 @@ impl RpcEndpoints {
         }
     }
 
-    fn enqueue_controller(
-        &mut self,
-        now: Instant,
-        job: JobId,
-        request: ClientCsiRequest,
-        state: &ServerState,
-    ) {
+    fn enqueue_controller(&mut self, now: Instant, job: JobId, request: ClientCsiRequest, state: &ServerState) {
         let plugin_id = request.plugin_id().to_string();
         self.queues
             .entry(plugin_id.clone())
@@ -915,8 +862,7 @@ impl RpcEndpoints {
             };
             call.candidates = routing::controller_candidates(state, plugin_id);
             if call.candidates.is_empty() {
-                let message =
-                    format!("failed to find clients running controller plugin {plugin_id:?}");
+                let message = format!("failed to find clients running controller plugin {plugin_id:?}");
                 self.controller_done(now, call, Err(error(message, true)), state);
                 continue;
             }
@@ -943,10 +889,7 @@ impl RpcEndpoints {
             rpc_addr: target.rpc_addr,
             request: call.request.clone(),
         });
-        self.queues
-            .entry(plugin_id.to_string())
-            .or_default()
-            .in_flight = Some((op, call));
+        self.queues.entry(plugin_id.to_string()).or_default().in_flight = Some((op, call));
     }
 
     fn client_replied(
@@ -980,10 +923,7 @@ impl RpcEndpoints {
                         },
                     );
                 } else {
-                    let message = format!(
-                        "could not detach from node: {}",
-                        result.expect_err("failed")
-                    );
+                    let message = format!("could not detach from node: {}", result.expect_err("failed"));
                     self.finish_unpublish(now, job, Err(error(message, true)), state);
                 }
             }
@@ -996,24 +936,19 @@ impl RpcEndpoints {
                 };
                 assert_eq!(in_flight, op, "one controller call in flight per plugin");
                 match result {
-                    Err(message)
-                        if routing::is_retryable(&message)
-                            && call.next + 1 < call.candidates.len() =>
-                    {
+                    Err(message) if routing::is_retryable(&message) && call.next + 1 < call.candidates.len() => {
                         call.errors.push(message);
                         call.next += 1;
                         self.send_controller(now, &plugin_id, call);
                     }
                     Err(message) => {
-                        let retryable = message.contains("FailedPrecondition")
-                            || routing::is_retryable(&message);
-                        let message = if message.contains("FailedPrecondition")
-                            && !message.starts_with(RETRYABLE_PREFIX)
-                        {
-                            format!("{RETRYABLE_PREFIX}: {message}")
-                        } else {
-                            message
-                        };
+                        let retryable = message.contains("FailedPrecondition") || routing::is_retryable(&message);
+                        let message =
+                            if message.contains("FailedPrecondition") && !message.starts_with(RETRYABLE_PREFIX) {
+                                format!("{RETRYABLE_PREFIX}: {message}")
+                            } else {
+                                message
+                            };
                         self.controller_done(now, call, Err(error(message, retryable)), state);
                         self.dispatch(now, &plugin_id, state);
                     }
@@ -1058,9 +993,7 @@ impl RpcEndpoints {
                     self.reply(req, ServerReply::Error(error(message, failure.retryable)));
                 }
             },
-            Flow::Claim {
-                req, index, volume, ..
-            } => {
+            Flow::Claim { req, index, volume, .. } => {
                 let (req, index) = (*req, *index);
                 let volume = volume.take().unwrap_or_default();
                 self.jobs.remove(&job_id);
@@ -1095,10 +1028,7 @@ impl RpcEndpoints {
                     );
                 }
                 Err(failure) => {
-                    let failure = error(
-                        format!("could not detach from controller: {}", failure.message),
-                        true,
-                    );
+                    let failure = error(format!("could not detach from controller: {}", failure.message), true);
                     self.finish_unpublish(now, job_id, Err(failure), state);
                 }
             },
@@ -1148,12 +1078,8 @@ mod tests {
     impl Harness {
         fn new() -> Self {
             let mut fx = Fixture::new();
-            fx.ok(Command::NodeRegister {
-                node: node("n1", true),
-            });
-            fx.ok(Command::NodeRegister {
-                node: node("n2", true),
-            });
+            fx.ok(Command::NodeRegister { node: node("n1", true) });
+            fx.ok(Command::NodeRegister { node: node("n2", true) });
             fx.ok(Command::CsiVolumeRegister {
                 volumes: vec![volume("v"), volume("w")],
             });
@@ -1192,10 +1118,7 @@ mod tests {
                         );
                     }
                     Action::CallClient {
-                        op,
-                        node_id,
-                        request,
-                        ..
+                        op, node_id, request, ..
                     } => {
                         self.log.push(format!("call {node_id} {}", kind(&request)));
                         self.calls.push((op, node_id, request));
@@ -1213,11 +1136,8 @@ mod tests {
 
         fn answer(&mut self, index: usize, result: Result<ClientCsiReply, String>) {
             let (op, _, _) = self.calls.remove(index);
-            self.machine.handle(
-                self.now,
-                Input::ClientReplied { op, result },
-                &self.fx.state,
-            );
+            self.machine
+                .handle(self.now, Input::ClientReplied { op, result }, &self.fx.state);
             self.pump();
         }
     }
@@ -1262,13 +1182,7 @@ mod tests {
                 publish_context: [("dev".into(), "/dev/x".into())].into(),
             }),
         );
-        let (
-            req,
-            ServerReply::Claimed {
-                publish_context, ..
-            },
-        ) = &h.replies[0]
-        else {
+        let (req, ServerReply::Claimed { publish_context, .. }) = &h.replies[0] else {
             panic!("{:?}", h.replies)
         };
         assert_eq!((*req, publish_context["dev"].as_str()), (1, "/dev/x"));
@@ -1300,10 +1214,7 @@ mod tests {
         assert_eq!(h.calls[0].1, "n1");
         h.answer(0, Err(format!("{RETRYABLE_PREFIX}: plugin not ready")));
         assert_eq!(h.calls[0].1, "n2");
-        h.answer(
-            0,
-            Err("rpc error: code = FailedPrecondition desc = busy".into()),
-        );
+        h.answer(0, Err("rpc error: code = FailedPrecondition desc = busy".into()));
         let ServerReply::Error(failure) = &h.replies[0].1 else {
             panic!()
         };
@@ -1339,17 +1250,13 @@ mod tests {
                 "checkpoint ReadyToFree",
             ]
         );
-        assert!(matches!(
-            h.replies.last(),
-            Some((2, ServerReply::Done { .. }))
-        ));
+        assert!(matches!(h.replies.last(), Some((2, ServerReply::Done { .. }))));
         let vol = h.fx.state.volume("default", "v").unwrap();
         assert!(vol.write_claims.is_empty() && vol.past_claims.is_empty());
     }
 
     #[test]
-    fn a_client_that_never_answers_fails_the_walk_at_the_deadline_and_resumes_from_its_checkpoint()
-    {
+    fn a_client_that_never_answers_fails_the_walk_at_the_deadline_and_resumes_from_its_checkpoint() {
         let mut h = Harness::new();
         h.request(1, take("a1", "n1"));
         h.answer(0, Ok(ClientCsiReply::Done));
@@ -1359,10 +1266,7 @@ mod tests {
             claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
         };
         h.request(2, unpublish());
-        assert_eq!(
-            h.machine.poll_timeout(),
-            Some(Instant::ZERO + Duration::from_secs(10))
-        );
+        assert_eq!(h.machine.poll_timeout(), Some(Instant::ZERO + Duration::from_secs(10)));
         h.now = Instant::ZERO + Duration::from_secs(10);
         h.machine.handle_timeout(h.now, &h.fx.state);
         h.pump();
@@ -1475,10 +1379,7 @@ mod tests {
                 volumes: vec![volume("y")],
             },
         );
-        h.answer(
-            0,
-            Err("rpc error: code = InvalidArgument desc = no such volume".into()),
-        );
+        h.answer(0, Err("rpc error: code = InvalidArgument desc = no such volume".into()));
         let ServerReply::Error(failure) = &h.replies[1].1 else {
             panic!()
         };
@@ -1504,16 +1405,7 @@ mod tests {
         );
         h.answer(0, Ok(ClientCsiReply::Done));
         h.answer(0, Ok(ClientCsiReply::Done));
-        assert!(matches!(
-            h.replies.last(),
-            Some((2, ServerReply::Done { .. }))
-        ));
-        assert!(
-            h.fx.state
-                .volume("default", "v")
-                .unwrap()
-                .write_claims
-                .is_empty()
-        );
+        assert!(matches!(h.replies.last(), Some((2, ServerReply::Done { .. }))));
+        assert!(h.fx.state.volume("default", "v").unwrap().write_claims.is_empty());
     }
 }

@@ -208,14 +208,7 @@ pub struct ServerStatus {
 impl Server {
     /// `node_id` is the persisted Raft id, `generation` grows with every restart, and
     /// `seed` feeds every random choice this machine makes.
-    pub fn new(
-        now: Instant,
-        config: &AgentConfig,
-        node_id: u64,
-        generation: u64,
-        boot: BootState,
-        seed: u64,
-    ) -> Self {
+    pub fn new(now: Instant, config: &AgentConfig, node_id: u64, generation: u64, boot: BootState, seed: u64) -> Self {
         assert!(config.server.enabled, "a server machine needs server mode");
         let server = &config.server;
         let tags = ServerTags {
@@ -294,9 +287,7 @@ impl Server {
                     }
                 }
             }
-            Input::PeersAnswered { op, result } => {
-                self.bootstrap.handle_peers(now, op, result, &mut self.ops)
-            }
+            Input::PeersAnswered { op, result } => self.bootstrap.handle_peers(now, op, result, &mut self.ops),
             Input::RaftInitialized { op, result } => self.bootstrap.handle_initialized(op, result),
             Input::RaftObserved(view) => self.observe_raft(now, view),
             Input::ServerAdded { op, result } => {
@@ -350,8 +341,7 @@ impl Server {
         if self.split_votes.paused_until.is_some_and(|at| at <= now) {
             self.split_votes.paused_until = None;
             tracing::debug!("standing for election again");
-            self.actions
-                .push_back(Action::SetElections { enabled: true });
+            self.actions.push_back(Action::SetElections { enabled: true });
         }
         self.after_input(now);
     }
@@ -408,31 +398,24 @@ impl Server {
         while let Some(action) = self.bootstrap.poll_action() {
             self.actions.push_back(match action {
                 BootstrapAction::QueryPeers { op, peer } => Action::QueryPeers { op, peer },
-                BootstrapAction::Initialize { op, servers } => {
-                    Action::InitializeRaft { op, servers }
-                }
+                BootstrapAction::Initialize { op, servers } => Action::InitializeRaft { op, servers },
                 BootstrapAction::PersistBootstrapped => Action::PersistBootstrapped,
             });
         }
     }
 
-    fn is_leader(&self) -> bool {
+    pub fn is_leader(&self) -> bool {
         self.raft.role == RaftRole::Leader
     }
 
     fn observe_raft(&mut self, now: Instant, view: RaftView) {
-        self.bootstrap
-            .observe_raft(view.last_log_index, view.leader.is_some());
+        self.bootstrap.observe_raft(view.last_log_index, view.leader.is_some());
         let became_leader = view.role == RaftRole::Leader && self.led_term != Some(view.term);
         self.raft = view;
         if became_leader {
             self.led_term = Some(self.raft.term);
             tracing::info!(term = self.raft.term, "leadership gained");
-            let cluster_id = format!(
-                "{:016x}{:016x}",
-                self.rng.random::<u64>(),
-                self.rng.random::<u64>()
-            );
+            let cluster_id = format!("{:016x}{:016x}", self.rng.random::<u64>(), self.rng.random::<u64>());
             let op = self.start(now, Pending::Propose, PROPOSE_TIMEOUT);
             self.actions.push_back(Action::Propose {
                 op,
@@ -455,9 +438,7 @@ impl Server {
             self.split_votes.streak = 0;
             return;
         }
-        if self.raft.role != RaftRole::Candidate
-            || self.raft.term <= self.split_votes.last_candidate_term
-        {
+        if self.raft.role != RaftRole::Candidate || self.raft.term <= self.split_votes.last_candidate_term {
             return;
         }
         self.split_votes.last_candidate_term = self.raft.term;
@@ -473,8 +454,7 @@ impl Server {
                 "no leader after repeated elections; sitting out for a random pause"
             );
             self.split_votes.paused_until = Some(now + pause);
-            self.actions
-                .push_back(Action::SetElections { enabled: false });
+            self.actions.push_back(Action::SetElections { enabled: false });
         }
     }
 
@@ -488,19 +468,15 @@ impl Server {
         if self.busy(Pending::AddServer) {
             return;
         }
-        let missing = self
-            .membership
-            .live_members()
-            .into_iter()
-            .find_map(|member| {
-                let tags = member.tags.as_ref()?;
-                (tags.region == self.region && !self.raft.contains(tags.id)).then(|| Peer {
-                    id: tags.id,
-                    name: member.name.clone(),
-                    rpc_addr: tags.rpc_addr,
-                    nonvoter: tags.nonvoter,
-                })
-            });
+        let missing = self.membership.live_members().into_iter().find_map(|member| {
+            let tags = member.tags.as_ref()?;
+            (tags.region == self.region && !self.raft.contains(tags.id)).then(|| Peer {
+                id: tags.id,
+                name: member.name.clone(),
+                rpc_addr: tags.rpc_addr,
+                nonvoter: tags.nonvoter,
+            })
+        });
         if let Some(peer) = missing {
             tracing::info!(server = %peer.name, id = peer.id, nonvoter = peer.nonvoter, "adding server to the Raft configuration");
             let op = self.start(now, Pending::AddServer, RAFT_CHANGE_TIMEOUT);
@@ -543,8 +519,7 @@ impl Server {
         let jitter_ms = self
             .rng
             .random_range(0..=self.consul.poll_interval.as_millis() as u64 / 4);
-        self.consul_poll_at =
-            Some(now + self.consul.poll_interval + Duration::from_millis(jitter_ms));
+        self.consul_poll_at = Some(now + self.consul.poll_interval + Duration::from_millis(jitter_ms));
         if !self.consul_registered && !self.busy(Pending::ConsulRegister) {
             let op = self.start(now, Pending::ConsulRegister, self.consul.timeout);
             self.actions.push_back(Action::RegisterConsul {
@@ -556,9 +531,7 @@ impl Server {
             });
         }
         let expected = self.bootstrap.expect().max(1) as usize;
-        let wanted = self.consul.server_auto_join
-            && self.raft.leader.is_none()
-            && self.raft.peer_count() < expected;
+        let wanted = self.consul.server_auto_join && self.raft.leader.is_none() && self.raft.peer_count() < expected;
         if wanted && !self.busy(Pending::ConsulLookup) {
             let op = self.start(now, Pending::ConsulLookup, self.consul.timeout);
             self.actions.push_back(Action::LookupConsul {

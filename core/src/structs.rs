@@ -194,10 +194,7 @@ pub enum ClientStatus {
 
 impl ClientStatus {
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            ClientStatus::Complete | ClientStatus::Failed | ClientStatus::Lost
-        )
+        matches!(self, ClientStatus::Complete | ClientStatus::Failed | ClientStatus::Lost)
     }
 }
 
@@ -248,9 +245,7 @@ pub struct Evaluation {
     pub modify_index: u64,
 }
 
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AccessMode {
     #[default]
     #[serde(rename = "")]
@@ -289,17 +284,13 @@ impl AccessMode {
     }
 
     pub fn parse(text: &str) -> Option<AccessMode> {
-        AccessMode::ALL
-            .into_iter()
-            .find(|mode| mode.as_str() == text)
+        AccessMode::ALL.into_iter().find(|mode| mode.as_str() == text)
     }
 
     pub fn is_writer(self) -> bool {
         matches!(
             self,
-            AccessMode::SingleNodeWriter
-                | AccessMode::MultiNodeSingleWriter
-                | AccessMode::MultiNodeMultiWriter
+            AccessMode::SingleNodeWriter | AccessMode::MultiNodeSingleWriter | AccessMode::MultiNodeMultiWriter
         )
     }
 }
@@ -310,9 +301,7 @@ impl fmt::Display for AccessMode {
     }
 }
 
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AttachmentMode {
     #[default]
     #[serde(rename = "")]
@@ -527,8 +516,7 @@ impl CsiPlugin {
     }
 
     pub fn health(&self) -> PluginHealth {
-        let schedulable =
-            self.nodes_healthy > 0 && (!self.controller_required || self.controllers_healthy > 0);
+        let schedulable = self.nodes_healthy > 0 && (!self.controller_required || self.controllers_healthy > 0);
         PluginHealth {
             provider: self.provider.clone(),
             provider_version: self.version.clone(),

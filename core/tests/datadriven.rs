@@ -105,15 +105,9 @@ fn render(parsed: &[(Vec<String>, Directive)], outputs: &[String]) -> String {
 }
 
 /// Runs every script in `dir` through `run`, comparing or (with UPDATE_TESTDATA) rewriting.
-fn run_dir<S>(
-    dir: &str,
-    mut new_state: impl FnMut() -> S,
-    mut run: impl FnMut(&mut S, &Directive) -> String,
-) {
+fn run_dir<S>(dir: &str, mut new_state: impl FnMut() -> S, mut run: impl FnMut(&mut S, &Directive) -> String) {
     let update = std::env::var_os("UPDATE_TESTDATA").is_some();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/testdata")
-        .join(dir);
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata").join(dir);
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .expect("testdata dir")
         .map(|e| e.unwrap().path())
@@ -125,10 +119,7 @@ fn run_dir<S>(
         let text = std::fs::read_to_string(&file).unwrap();
         let parsed = parse(&text);
         let mut state = new_state();
-        let outputs: Vec<String> = parsed
-            .iter()
-            .map(|(_, directive)| run(&mut state, directive))
-            .collect();
+        let outputs: Vec<String> = parsed.iter().map(|(_, directive)| run(&mut state, directive)).collect();
         if update {
             std::fs::write(&file, render(&parsed, &outputs)).unwrap();
             continue;
@@ -221,12 +212,7 @@ fn describe(machine: &mut Bootstrap, now: Instant) -> String {
     }
     let timeout = machine
         .poll_timeout()
-        .map(|at| {
-            format!(
-                " timeout=+{}ms",
-                at.saturating_duration_since(now).as_millis()
-            )
-        })
+        .map(|at| format!(" timeout=+{}ms", at.saturating_duration_since(now).as_millis()))
         .unwrap_or_default();
     writeln!(out, "phase: {}{timeout}", machine.phase()).unwrap();
     out
@@ -275,11 +261,7 @@ fn bootstrap() {
                 }
                 "peers" => {
                     let result = match (args.get("ok"), args.get("err")) {
-                        (Some(list), _) => Ok(list
-                            .split(',')
-                            .filter(|p| !p.is_empty())
-                            .map(String::from)
-                            .collect()),
+                        (Some(list), _) => Ok(list.split(',').filter(|p| !p.is_empty()).map(String::from).collect()),
                         (None, Some(error)) => Err(error.replace('_', " ")),
                         _ => panic!("peers needs ok= or err="),
                     };
@@ -287,9 +269,7 @@ fn bootstrap() {
                     machine.handle_peers(harness.now, op(directive), result, &mut harness.ops);
                 }
                 "initialized" => {
-                    let result = args
-                        .get("err")
-                        .map_or(Ok(()), |error| Err(error.replace('_', " ")));
+                    let result = args.get("err").map_or(Ok(()), |error| Err(error.replace('_', " ")));
                     harness
                         .machine
                         .as_mut()

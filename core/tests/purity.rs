@@ -33,14 +33,8 @@ fn core_dependency_tree_has_no_io_crates() {
         String::from_utf8_lossy(&output.stderr)
     );
     let tree = String::from_utf8(output.stdout).expect("utf-8");
-    let crates: Vec<&str> = tree
-        .lines()
-        .filter_map(|line| line.split_whitespace().next())
-        .collect();
-    assert!(
-        crates.contains(&"drover-core"),
-        "unexpected cargo tree output:\n{tree}"
-    );
+    let crates: Vec<&str> = tree.lines().filter_map(|line| line.split_whitespace().next()).collect();
+    assert!(crates.contains(&"drover-core"), "unexpected cargo tree output:\n{tree}");
     let found: Vec<&str> = crates
         .iter()
         .copied()
@@ -50,20 +44,13 @@ fn core_dependency_tree_has_no_io_crates() {
                 .any(|forbidden| name == forbidden || name.starts_with(&format!("{forbidden}-")))
         })
         .collect();
-    assert!(
-        found.is_empty(),
-        "drover-core depends on {found:?}:\n{tree}"
-    );
+    assert!(found.is_empty(), "drover-core depends on {found:?}:\n{tree}");
 }
 
 #[test]
 fn core_is_no_std_so_std_io_is_unreachable() {
-    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs"))
-        .expect("lib.rs");
-    assert!(
-        lib.contains("#![no_std]"),
-        "drover-core must stay #![no_std]"
-    );
+    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).expect("lib.rs");
+    assert!(lib.contains("#![no_std]"), "drover-core must stay #![no_std]");
     assert!(
         lib.contains("#[cfg(test)]\nextern crate std;"),
         "std may only be linked for unit tests"

@@ -44,12 +44,7 @@ impl ConsulHttp {
         }
     }
 
-    async fn request(
-        &self,
-        method: hyper::Method,
-        path: &str,
-        body: Vec<u8>,
-    ) -> Result<Vec<u8>, String> {
+    async fn request(&self, method: hyper::Method, path: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
         let uri = format!("{}{}", self.base, path);
         let request = hyper::Request::builder()
             .method(method)
@@ -71,10 +66,7 @@ impl ConsulHttp {
                 .map_err(|error| format!("{uri}: {error}"))?
                 .to_bytes();
             if !status.is_success() {
-                return Err(format!(
-                    "{uri}: HTTP {status}: {}",
-                    String::from_utf8_lossy(&bytes)
-                ));
+                return Err(format!("{uri}: HTTP {status}: {}", String::from_utf8_lossy(&bytes)));
             }
             Ok(bytes.to_vec())
         };
@@ -83,20 +75,15 @@ impl ConsulHttp {
             .map_err(|_| format!("{uri}: timed out after {:?}", self.timeout))?
     }
 
-    async fn service_in(
-        &self,
-        service: &str,
-        tag: &str,
-        datacenter: Option<&str>,
-    ) -> Result<Vec<SocketAddr>, String> {
+    async fn service_in(&self, service: &str, tag: &str, datacenter: Option<&str>) -> Result<Vec<SocketAddr>, String> {
         let mut path = format!("/v1/catalog/service/{service}?tag={tag}");
         if let Some(datacenter) = datacenter {
             path.push_str("&dc=");
             path.push_str(datacenter);
         }
         let body = self.request(hyper::Method::GET, &path, Vec::new()).await?;
-        let services: Vec<CatalogService> = serde_json::from_slice(&body)
-            .map_err(|error| format!("malformed catalog answer: {error}"))?;
+        let services: Vec<CatalogService> =
+            serde_json::from_slice(&body).map_err(|error| format!("malformed catalog answer: {error}"))?;
         Ok(services
             .into_iter()
             .filter_map(|service| {

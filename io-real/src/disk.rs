@@ -8,10 +8,7 @@ pub const DATABASE_FILE: &str = "drover.redb";
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
     #[error("cannot create data dir {path}: {source}")]
-    CreateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    CreateDir { path: PathBuf, source: std::io::Error },
     #[error("data dir {path} is not a directory")]
     NotADirectory { path: PathBuf },
     #[error("cannot open database {path}: {reason}")]
@@ -47,10 +44,7 @@ mod tests {
         let file = dir.path().join("plain-file");
         std::fs::write(&file, b"x").unwrap();
         let error = open_database(&file).unwrap_err().to_string();
-        assert_eq!(
-            error,
-            format!("data dir {} is not a directory", file.display())
-        );
+        assert_eq!(error, format!("data dir {} is not a directory", file.display()));
 
         let nested = file.join("below");
         let error = open_database(&nested).unwrap_err().to_string();

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -16,27 +17,21 @@ use drover_core::agent::{self, Agent, Boot};
 use drover_core::bootstrap::Peer;
 use drover_core::config::AgentConfig;
 use drover_core::fsm::{Command, Entry, Response};
+use drover_core::rpc::{self, ClientCsiRequest, ServerReply, ServerRequest};
 use drover_core::server::{self, RaftRole, RaftView, ServerStatus};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
 use drover_proto::agent::v1::rpc_error::Kind as ErrorKind;
-use drover_proto::agent::v1::{
-    AgentRequest, AgentResponse, ApplyRequest, ApplyResponse, RaftPayload, RpcError,
-    StatusPeersRequest, StatusPeersResponse,
-};
+use drover_proto::agent::v1::{AgentRequest, ApplyRequest, StatusPeersRequest};
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{ChangeMembers, ServerState};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, watch};
 
-use crate::io::{
-    AgentEvent, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport,
-    TransportError,
-};
+use crate::io::{AgentEvent, ClientCsi, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport};
 use crate::raft::network::NetworkFactory;
 use crate::raft::store::{Applied, ApplyHook, LogStore, StateMachine, Store, StoreError};
 use crate::raft::{Raft, RaftMetrics, ServerNode};
+use crate::service::{Replies, Service, client_csi_envelope, client_csi_reply};
 
 /// Deadline for one forwarded write or `Status.Peers` call at the transport level; the core's
 /// own deadlines are usually shorter and win.
@@ -50,6 +45,8 @@ pub struct AgentParts<T, C, O> {
     pub transport: T,
     pub consul: C,
     pub observer: Arc<O>,
+    /// This agent's CSI plugins, when it is a client that runs any.
+    pub client_csi: Option<Arc<dyn ClientCsi>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -100,13 +97,6 @@ pub struct RaftSummary {
     pub millis_since_quorum_ack: Option<u64>,
 }
 
-/// Sends one request to another server (used to forward writes to the leader).
-type Forwarder = Arc<
-    dyn Fn(SocketAddr, AgentRequest) -> crate::io::BoxFuture<Result<AgentResponse, TransportError>>
-        + Send
-        + Sync,
->;
-
 /// A running agent.
 #[derive(Clone)]
 pub struct AgentHandle {
@@ -120,7 +110,7 @@ struct Inner {
     raft: Option<Raft>,
     applied: Option<Arc<Mutex<Applied>>>,
     changes: Option<watch::Receiver<u64>>,
-    forward: Forwarder,
+    service: Service,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
 
@@ -143,10 +133,7 @@ impl AgentHandle {
     }
 
     /// Reads the applied server state.
-    pub fn read_state<R>(
-        &self,
-        read: impl FnOnce(&drover_core::fsm::ServerState) -> R,
-    ) -> Option<R> {
+    pub fn read_state<R>(&self, read: impl FnOnce(&drover_core::fsm::ServerState) -> R) -> Option<R> {
         let applied = self.inner.applied.as_ref()?;
         let applied = applied.lock().expect("state lock");
         Some(read(&applied.state))
@@ -171,16 +158,18 @@ impl AgentHandle {
                 let Some(node) = forward.leader_node else {
                     return Err(ApplyError::NoLeader);
                 };
-                let addr: SocketAddr = node.rpc_addr.parse().map_err(|_| {
-                    ApplyError::Forward(format!("bad leader address {}", node.rpc_addr))
-                })?;
+                let addr: SocketAddr = node
+                    .rpc_addr
+                    .parse()
+                    .map_err(|_| ApplyError::Forward(format!("bad leader address {}", node.rpc_addr)))?;
                 let request = AgentRequest {
                     region: self.inner.config.region.clone(),
+                    forwarded: true,
                     body: Some(RequestBody::Apply(ApplyRequest {
                         command_json: serde_json::to_vec(&entry).expect("entry serializes"),
                     })),
                 };
-                let response = (self.inner.forward)(addr, request)
+                let response = (self.inner.service.forward)(addr, request, RPC_TIMEOUT)
                     .await
                     .map_err(|error| ApplyError::Forward(error.to_string()))?;
                 match response.body {
@@ -193,13 +182,17 @@ impl AgentHandle {
                         Err(ApplyError::NoLeader)
                     }
                     Some(ResponseBody::Error(error)) => Err(ApplyError::Forward(error.message)),
-                    other => Err(ApplyError::Forward(format!(
-                        "unexpected response {other:?}"
-                    ))),
+                    other => Err(ApplyError::Forward(format!("unexpected response {other:?}"))),
                 }
             }
             Err(error) => Err(ApplyError::Raft(error.to_string())),
         }
+    }
+
+    /// Submits a request to the servers' write endpoints (through the leader) and waits for
+    /// its reply.
+    pub async fn request(&self, request: ServerRequest) -> ServerReply {
+        self.inner.service.server_request(request, false).await
     }
 
     /// Stops the agent's loop and Raft.
@@ -230,6 +223,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         transport,
         consul,
         observer,
+        client_csi,
     } = parts;
     let store = Store::new(db)?;
     let fresh_node_id = loop {
@@ -251,22 +245,35 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
 
     let (raft, applied, changes) = if is_server {
-        let (raft, applied, changes) = start_raft(
-            &config,
-            record.node_id,
-            &store,
-            transport.clone(),
-            observer.clone(),
-        )
-        .await?;
+        let (raft, applied, changes) =
+            start_raft(&config, record.node_id, &store, transport.clone(), observer.clone()).await?;
         (Some(raft), Some(applied), Some(changes))
     } else {
         (None, None, None)
     };
+    let replies: Replies = Arc::new(Mutex::new(BTreeMap::new()));
+    let forward_transport = transport.clone();
+    let service = Service {
+        raft: raft.clone(),
+        node_id: record.node_id,
+        region: config.region.clone(),
+        inbox: inbox_tx.clone(),
+        replies: replies.clone(),
+        next_req: Arc::new(AtomicU64::new(1)),
+        forward: Arc::new(move |addr, request, timeout| {
+            let transport = forward_transport.clone();
+            Box::pin(async move { transport.call(addr, request, timeout).await })
+        }),
+        client_csi,
+    };
 
-    if let Some(raft) = &raft {
+    if raft.is_some() || service.client_csi.is_some() {
         let rpc_addr = SocketAddr::new(config.bind_addr, config.ports.rpc);
-        let handler = rpc_handler(raft.clone(), config.region.clone());
+        let rpc_service = service.clone();
+        let handler: RpcHandler = Arc::new(move |request| {
+            let service = rpc_service.clone();
+            Box::pin(async move { service.handle(request).await })
+        });
         transport
             .serve(rpc_addr, handler)
             .await
@@ -275,6 +282,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
                 addr: rpc_addr,
                 error,
             })?;
+    }
+    if let Some(raft) = &raft {
         tokio::spawn(watch_raft(raft.clone(), inbox_tx.clone(), observer.clone()));
     }
 
@@ -304,7 +313,6 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     };
     let agent = Agent::new(core_now(epoch), &config, boot);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-    let forward_transport = transport.clone();
     let handle = AgentHandle {
         inner: Arc::new(Inner {
             config: config.clone(),
@@ -313,15 +321,14 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             raft: raft.clone(),
             applied: applied.clone(),
             changes,
-            forward: Arc::new(move |addr, request| {
-                let transport = forward_transport.clone();
-                Box::pin(async move { transport.call(addr, request, RPC_TIMEOUT).await })
-            }),
+            service,
             stop: Mutex::new(Some(stop_tx)),
         }),
     };
     let driver = Driver {
         agent,
+        applied: applied.unwrap_or_default(),
+        replies,
         region: config.region.clone(),
         epoch,
         inbox: inbox_tx,
@@ -389,15 +396,14 @@ fn entry_digest(entry: &openraft::Entry<crate::raft::TypeConfig>) -> u64 {
 }
 
 fn core_now(epoch: tokio::time::Instant) -> Instant {
-    Instant::from_nanos(
-        tokio::time::Instant::now()
-            .saturating_duration_since(epoch)
-            .as_nanos() as u64,
-    )
+    Instant::from_nanos(tokio::time::Instant::now().saturating_duration_since(epoch).as_nanos() as u64)
 }
 
 struct Driver<T: Transport, C, O> {
     agent: Agent,
+    /// The applied state store, read-only context for the core (empty on client-only agents).
+    applied: Arc<Mutex<Applied>>,
+    replies: Replies,
     region: String,
     epoch: tokio::time::Instant,
     inbox: mpsc::UnboundedSender<agent::Input>,
@@ -416,7 +422,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
         mut inbox: mpsc::UnboundedReceiver<agent::Input>,
         mut stop: tokio::sync::oneshot::Receiver<()>,
     ) {
-        self.agent.handle_timeout(core_now(self.epoch));
+        self.step(None);
         self.execute_actions().await;
         loop {
             let deadline = self
@@ -425,36 +431,109 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 .map(|at| self.epoch + Duration::from_nanos(at.as_nanos()))
                 .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(3600));
             tokio::select! {
-                biased;
-                input = inbox.recv() => {
-                    let Some(input) = input else { break };
-                    self.agent.handle(core_now(self.epoch), input);
-                }
-                () = tokio::time::sleep_until(deadline) => {
-                    self.agent.handle_timeout(core_now(self.epoch));
-                }
-                _ = &mut stop => break,
+                            biased;
+                            input = inbox.recv() => {
+                                let Some(input) = input else { break };
+                                self.step(Some(input));
+                            }
+                            () = tokio::time::sleep_until(deadline) => {
+                                self.step(None);
             }
+                            _ = &mut stop => break,
+                        }
             self.execute_actions().await;
         }
         tracing::info!("agent loop stopped");
+    }
+
+    /// One step of the core: an input, or the timeout when `None`.
+    fn step(&mut self, input: Option<agent::Input>) {
+        let now = core_now(self.epoch);
+        let applied = self.applied.lock().expect("state lock");
+        match input {
+            Some(input) => self.agent.handle(now, input, &applied.state),
+            None => self.agent.handle_timeout(now, &applied.state),
+        }
     }
 
     async fn execute_actions(&mut self) {
         while let Some(action) = self.agent.poll_action() {
             match action {
                 agent::Action::Server(action) => self.execute_server(action).await,
+                agent::Action::Rpc(action) => self.execute_rpc(action),
             }
         }
         self.publish_status();
     }
 
+    fn execute_rpc(&mut self, action: rpc::Action) {
+        match action {
+            rpc::Action::Propose { op, command } => {
+                let Some(raft) = self.raft.clone() else { return };
+                let inbox = self.inbox.clone();
+                tokio::spawn(async move {
+                    let entry = Entry {
+                        at_unix_ms: unix_millis(),
+                        command,
+                    };
+                    let result = raft
+                        .client_write(entry)
+                        .await
+                        .map(|response| (response.log_id.index, response.data))
+                        .map_err(|error| match error {
+                            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => "not the leader".to_string(),
+                            other => other.to_string(),
+                        });
+                    let _ = inbox.send(agent::Input::Rpc(rpc::Input::Proposed { op, result }));
+                });
+            }
+            rpc::Action::CallClient {
+                op,
+                node_id,
+                rpc_addr,
+                request,
+            } => {
+                let transport = self.transport.clone();
+                let inbox = self.inbox.clone();
+                let observer = self.observer.clone();
+                let region = self.region.clone();
+                tokio::spawn(async move {
+                    let call = describe_call(&request);
+                    observer.record(AgentEvent::ClientCsiCall {
+                        node_id: node_id.clone(),
+                        call: call.clone(),
+                    });
+                    let result = match rpc_addr.parse::<SocketAddr>() {
+                        Ok(addr) => {
+                            let envelope = client_csi_envelope(&region, &request);
+                            // The core's deadline is the real one; this only bounds the task.
+                            let timeout = agent::CLIENT_CSI_TIMEOUT + Duration::from_secs(5);
+                            match transport.call(addr, envelope, timeout).await {
+                                Ok(response) => client_csi_reply(response),
+                                Err(error) => Err(error.to_string()),
+                            }
+                        }
+                        Err(_) => Err(format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}")),
+                    };
+                    observer.record(AgentEvent::ClientCsiDone {
+                        node_id,
+                        call,
+                        result: result.as_ref().map(|_| ()).map_err(Clone::clone),
+                    });
+                    let _ = inbox.send(agent::Input::Rpc(rpc::Input::ClientReplied { op, result }));
+                });
+            }
+            rpc::Action::Reply { req, reply } => {
+                if let Some(slot) = self.replies.lock().expect("replies lock").remove(&req) {
+                    let _ = slot.send(reply);
+                }
+            }
+        }
+    }
+
     fn publish_status(&self) {
         let server = self.agent.server().map(|server| server.status());
-        let raft = self
-            .raft
-            .as_ref()
-            .map(|raft| summarize(&raft.metrics().borrow()));
+        let raft = self.raft.as_ref().map(|raft| summarize(&raft.metrics().borrow()));
         self.status.send_replace(AgentStatus { server, raft });
     }
 
@@ -505,13 +584,8 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let inbox = self.inbox.clone();
                 let observer = self.observer.clone();
                 tokio::spawn(async move {
-                    let result = raft
-                        .initialize(voters)
-                        .await
-                        .map_err(|error| error.to_string());
-                    observer.record(AgentEvent::BootstrapFinished {
-                        result: result.clone(),
-                    });
+                    let result = raft.initialize(voters).await.map_err(|error| error.to_string());
+                    observer.record(AgentEvent::BootstrapFinished { result: result.clone() });
                     let _ = inbox.send(agent::Input::Server(I::RaftInitialized { op, result }));
                 });
             }
@@ -597,13 +671,10 @@ fn server_node(peer: &Peer) -> ServerNode {
 }
 
 /// `Status.Peers` on one server: `Ok(peers)` (possibly empty) or why it could not be asked.
-async fn query_peers<T: Transport>(
-    transport: &T,
-    region: String,
-    peer: &Peer,
-) -> Result<Vec<String>, String> {
+async fn query_peers<T: Transport>(transport: &T, region: String, peer: &Peer) -> Result<Vec<String>, String> {
     let request = AgentRequest {
         region,
+        forwarded: false,
         body: Some(RequestBody::StatusPeers(StatusPeersRequest {})),
     };
     let response = transport
@@ -676,19 +747,14 @@ fn summarize(metrics: &RaftMetrics) -> RaftSummary {
 }
 
 /// Feeds Raft's observable state to the core whenever it changes in a way the core cares about.
-async fn watch_raft<O: Observer>(
-    raft: Raft,
-    inbox: mpsc::UnboundedSender<agent::Input>,
-    observer: Arc<O>,
-) {
+async fn watch_raft<O: Observer>(raft: Raft, inbox: mpsc::UnboundedSender<agent::Input>, observer: Arc<O>) {
     let mut metrics = raft.metrics();
     let mut last: Option<RaftView> = None;
     loop {
         let view = raft_view(&metrics.borrow_and_update());
         if last.as_ref() != Some(&view) {
             let changed_shape = last.as_ref().is_none_or(|last| {
-                (last.role, last.term, last.leader, &last.voters)
-                    != (view.role, view.term, view.leader, &view.voters)
+                (last.role, last.term, last.leader, &last.voters) != (view.role, view.term, view.leader, &view.voters)
             });
             if changed_shape {
                 observer.record(AgentEvent::RaftChanged {
@@ -699,9 +765,7 @@ async fn watch_raft<O: Observer>(
                 });
             }
             if inbox
-                .send(agent::Input::Server(server::Input::RaftObserved(
-                    view.clone(),
-                )))
+                .send(agent::Input::Server(server::Input::RaftObserved(view.clone())))
                 .is_err()
             {
                 return;
@@ -714,10 +778,7 @@ async fn watch_raft<O: Observer>(
     }
 }
 
-async fn receive_gossip<G: GossipSocket>(
-    socket: Arc<G>,
-    inbox: mpsc::UnboundedSender<agent::Input>,
-) {
+async fn receive_gossip<G: GossipSocket>(socket: Arc<G>, inbox: mpsc::UnboundedSender<agent::Input>) {
     let mut buf = vec![0u8; GOSSIP_PACKET_MAX];
     loop {
         match socket.recv_from(&mut buf).await {
@@ -735,116 +796,18 @@ async fn receive_gossip<G: GossipSocket>(
     }
 }
 
-fn error_response(
-    kind: ErrorKind,
-    message: impl Into<String>,
-    leader_addr: String,
-) -> AgentResponse {
-    AgentResponse {
-        body: Some(ResponseBody::Error(RpcError {
-            kind: kind as i32,
-            message: message.into(),
-            leader_addr,
-        })),
-    }
-}
-
-fn raft_response<R: Serialize>(result: R) -> AgentResponse {
-    AgentResponse {
-        body: Some(ResponseBody::Raft(RaftPayload {
-            json: serde_json::to_vec(&result).expect("raft response serializes"),
-        })),
-    }
-}
-
-fn decode_payload<R: DeserializeOwned>(payload: &RaftPayload) -> Result<R, AgentResponse> {
-    serde_json::from_slice(&payload.json).map_err(|error| {
-        error_response(
-            ErrorKind::Invalid,
-            format!("malformed request: {error}"),
-            String::new(),
-        )
-    })
-}
-
-/// The server side of the agent RPC envelope.
-fn rpc_handler(raft: Raft, region: String) -> RpcHandler {
-    Arc::new(move |request: AgentRequest| {
-        let raft = raft.clone();
-        let region = region.clone();
-        Box::pin(async move { handle_rpc(&raft, &region, request).await })
-    })
-}
-
-async fn handle_rpc(raft: &Raft, region: &str, request: AgentRequest) -> AgentResponse {
-    if request.region != region {
-        return error_response(
-            ErrorKind::WrongRegion,
-            format!(
-                "request for region {:?} reached a server of region {region:?}",
-                request.region
-            ),
-            String::new(),
-        );
-    }
-    let Some(body) = request.body else {
-        return error_response(ErrorKind::Invalid, "empty request", String::new());
-    };
-    match body {
-        RequestBody::RaftAppendEntries(payload) => match decode_payload(&payload) {
-            Ok(rpc) => raft_response(raft.append_entries(rpc).await),
-            Err(response) => response,
-        },
-        RequestBody::RaftVote(payload) => match decode_payload(&payload) {
-            Ok(rpc) => raft_response(raft.vote(rpc).await),
-            Err(response) => response,
-        },
-        RequestBody::RaftInstallSnapshot(payload) => match decode_payload(&payload) {
-            Ok(rpc) => raft_response(raft.install_snapshot(rpc).await),
-            Err(response) => response,
-        },
-        RequestBody::StatusPeers(_) => {
-            let summary = summarize(&raft.metrics().borrow());
-            let peers = summary
-                .peers
-                .values()
-                .map(|(node, _)| node.rpc_addr.clone())
-                .collect();
-            AgentResponse {
-                body: Some(ResponseBody::StatusPeers(StatusPeersResponse { peers })),
-            }
-        }
-        RequestBody::Apply(apply) => {
-            let entry: Entry = match serde_json::from_slice(&apply.command_json) {
-                Ok(entry) => entry,
-                Err(error) => {
-                    return error_response(
-                        ErrorKind::Invalid,
-                        format!("malformed command: {error}"),
-                        String::new(),
-                    );
-                }
-            };
-            match raft.client_write(entry).await {
-                Ok(response) => AgentResponse {
-                    body: Some(ResponseBody::Apply(ApplyResponse {
-                        index: response.log_id.index,
-                        response_json: serde_json::to_vec(&response.data)
-                            .expect("response serializes"),
-                    })),
-                },
-                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                    error_response(
-                        ErrorKind::NotLeader,
-                        "not the leader",
-                        forward
-                            .leader_node
-                            .map(|node| node.rpc_addr)
-                            .unwrap_or_default(),
-                    )
-                }
-                Err(error) => error_response(ErrorKind::Internal, error.to_string(), String::new()),
-            }
-        }
+/// A short description of a `ClientCSI` call for the event trace.
+fn describe_call(request: &ClientCsiRequest) -> String {
+    match request {
+        ClientCsiRequest::ControllerAttach(r) => format!(
+            "controller-attach {} {} on {}",
+            r.plugin_id, r.volume_id, r.client_csi_node_id
+        ),
+        ClientCsiRequest::ControllerDetach(r) => format!(
+            "controller-detach {} {} on {}",
+            r.plugin_id, r.volume_id, r.client_csi_node_id
+        ),
+        ClientCsiRequest::ControllerValidate(r) => format!("controller-validate {} {}", r.plugin_id, r.volume_id),
+        ClientCsiRequest::NodeDetach(r) => format!("node-detach {} {} alloc {}", r.plugin_id, r.volume_id, r.alloc_id),
     }
 }

@@ -88,12 +88,7 @@ async fn status_peers(State(handle): State<AgentHandle>) -> impl IntoResponse {
 }
 
 fn member_json(view: &drover_core::membership::MemberView) -> Value {
-    let tags = view
-        .id
-        .tags
-        .as_ref()
-        .map(|tags| tags.to_map())
-        .unwrap_or_default();
+    let tags = view.id.tags.as_ref().map(|tags| tags.to_map()).unwrap_or_default();
     json!({
         "Name": view.id.name,
         "Addr": view.id.addr.ip().to_string(),
@@ -107,12 +102,10 @@ fn member_json(view: &drover_core::membership::MemberView) -> Value {
 
 async fn agent_members(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
     let status = handle.status();
-    let server = status.server.as_ref().ok_or_else(|| {
-        ApiError(
-            StatusCode::NOT_IMPLEMENTED,
-            "Nomad agent is not a server".into(),
-        )
-    })?;
+    let server = status
+        .server
+        .as_ref()
+        .ok_or_else(|| ApiError(StatusCode::NOT_IMPLEMENTED, "Nomad agent is not a server".into()))?;
     let config = handle.config();
     let members: Vec<Value> = server.members.iter().map(member_json).collect();
     Ok(axum::Json(json!({
@@ -130,13 +123,7 @@ async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
         server
             .members
             .iter()
-            .find(|member| {
-                member
-                    .id
-                    .tags
-                    .as_ref()
-                    .is_some_and(|tags| tags.id == server.node_id)
-            })
+            .find(|member| member.id.tags.as_ref().is_some_and(|tags| tags.id == server.node_id))
             .map(member_json)
     });
     let mut stats = serde_json::Map::new();
@@ -167,10 +154,7 @@ async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
             }),
         );
     }
-    stats.insert(
-        "agent".into(),
-        json!({ "node_id": handle.node_id().to_string() }),
-    );
+    stats.insert("agent".into(), json!({ "node_id": handle.node_id().to_string() }));
     axum::Json(json!({
         "config": {
             "Region": config.region,
@@ -226,9 +210,7 @@ fn parse_go_duration(text: &str) -> Option<Duration> {
             .unwrap_or(rest.len());
         let (number, tail) = rest.split_at(digits);
         let value: f64 = number.parse().ok()?;
-        let unit_len = tail
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(tail.len());
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
         let (unit, next) = tail.split_at(unit_len);
         let seconds = match unit {
             "ns" => value / 1e9,
@@ -246,26 +228,14 @@ fn parse_go_duration(text: &str) -> Option<Duration> {
 }
 
 /// Waits until `table` changed after `index` (a blocking query), then returns its index.
-async fn block_on_table(
-    handle: &AgentHandle,
-    table: Table,
-    options: &QueryOptions,
-) -> Result<u64, ApiError> {
-    let current = || {
-        handle
-            .read_state(|state| state.table_index(table))
-            .unwrap_or(0)
-    };
+async fn block_on_table(handle: &AgentHandle, table: Table, options: &QueryOptions) -> Result<u64, ApiError> {
+    let current = || handle.read_state(|state| state.table_index(table)).unwrap_or(0);
     let Some(min_index) = options.index.filter(|index| *index > 0) else {
         return Ok(current());
     };
     let wait = match &options.wait {
-        Some(text) => parse_go_duration(text).ok_or_else(|| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("Invalid wait time: {text:?}"),
-            )
-        })?,
+        Some(text) => parse_go_duration(text)
+            .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("Invalid wait time: {text:?}")))?,
         None => WAIT_MAX,
     }
     .min(WAIT_MAX);
@@ -287,10 +257,7 @@ async fn block_on_table(
 
 fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
     let status = handle.status();
-    let known_leader = status
-        .raft
-        .as_ref()
-        .is_some_and(|raft| raft.leader.is_some());
+    let known_leader = status.raft.as_ref().is_some_and(|raft| raft.leader.is_some());
     let mut headers = HeaderMap::new();
     headers.insert("X-Nomad-Index", HeaderValue::from(index.max(1)));
     headers.insert(
@@ -371,14 +338,9 @@ async fn get_variable(
 ) -> Result<impl IntoResponse, ApiError> {
     validate_variable_path(&path)?;
     let index = block_on_table(&handle, Table::Variables, &options).await?;
-    let variable = handle
-        .read_state(|state| state.variable(&path).cloned())
-        .flatten();
+    let variable = handle.read_state(|state| state.variable(&path).cloned()).flatten();
     match variable {
-        Some(variable) => Ok((
-            query_headers(&handle, index),
-            axum::Json(variable_json(&variable)),
-        )),
+        Some(variable) => Ok((query_headers(&handle, index), axum::Json(variable_json(&variable)))),
         None => Err(ApiError(StatusCode::NOT_FOUND, "variable not found".into())),
     }
 }
@@ -415,10 +377,7 @@ async fn put_variable(
         })
         .await?;
     match response {
-        FsmResponse::Variable(variable) => Ok((
-            query_headers(&handle, index),
-            axum::Json(variable_json(&variable)),
-        )),
+        FsmResponse::Variable(variable) => Ok((query_headers(&handle, index), axum::Json(variable_json(&variable)))),
         other => Err(ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("unexpected result {other:?}"),
@@ -451,15 +410,7 @@ mod tests {
     #[test]
     fn variable_paths_are_validated() {
         assert!(validate_variable_path("nomad/jobs/a-b_c~d").is_ok());
-        for bad in [
-            "",
-            "a/../b",
-            "a//b",
-            "/a",
-            "a b",
-            "a\u{7}",
-            &"x".repeat(129),
-        ] {
+        for bad in ["", "a/../b", "a//b", "/a", "a b", "a\u{7}", &"x".repeat(129)] {
             assert!(validate_variable_path(bad).is_err(), "{bad:?}");
         }
     }

@@ -30,15 +30,8 @@ pub enum TransportError {
 
 /// A datagram socket for gossip.
 pub trait GossipSocket: Send + Sync + 'static {
-    fn send_to(
-        &self,
-        data: &[u8],
-        to: SocketAddr,
-    ) -> impl Future<Output = std::io::Result<()>> + Send;
-    fn recv_from(
-        &self,
-        buf: &mut [u8],
-    ) -> impl Future<Output = std::io::Result<(usize, SocketAddr)>> + Send;
+    fn send_to(&self, data: &[u8], to: SocketAddr) -> impl Future<Output = std::io::Result<()>> + Send;
+    fn recv_from(&self, buf: &mut [u8]) -> impl Future<Output = std::io::Result<(usize, SocketAddr)>> + Send;
 }
 
 /// Moves agent RPC envelopes and gossip datagrams between agents, and resolves join targets.
@@ -46,10 +39,7 @@ pub trait Transport: Clone + Send + Sync + 'static {
     type Gossip: GossipSocket;
 
     /// Binds the gossip socket.
-    fn bind_gossip(
-        &self,
-        addr: SocketAddr,
-    ) -> impl Future<Output = std::io::Result<Self::Gossip>> + Send;
+    fn bind_gossip(&self, addr: SocketAddr) -> impl Future<Output = std::io::Result<Self::Gossip>> + Send;
 
     /// Sends one request and waits for its response, at most `timeout`.
     fn call(
@@ -60,19 +50,11 @@ pub trait Transport: Clone + Send + Sync + 'static {
     ) -> impl Future<Output = Result<AgentResponse, TransportError>> + Send;
 
     /// Starts answering requests arriving at `addr` in a background task; returns once bound.
-    fn serve(
-        &self,
-        addr: SocketAddr,
-        handler: RpcHandler,
-    ) -> impl Future<Output = std::io::Result<()>> + Send;
+    fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> impl Future<Output = std::io::Result<()>> + Send;
 
     /// Resolves "ip", "ip:port", "host" or "host:port" to addresses, using `default_port`
     /// when the target names none.
-    fn resolve(
-        &self,
-        target: &str,
-        default_port: u16,
-    ) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
+    fn resolve(&self, target: &str, default_port: u16) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
 }
 
 /// A service registration in Consul's catalog.
@@ -87,16 +69,10 @@ pub struct ServiceRegistration {
 /// The part of Consul's HTTP API the agent uses.
 pub trait Consul: Send + Sync + 'static {
     /// Addresses of the healthy instances of `service` carrying `tag`, across datacenters.
-    fn catalog_service(
-        &self,
-        service: &str,
-        tag: &str,
-    ) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
+    fn catalog_service(&self, service: &str, tag: &str)
+    -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
 
-    fn register_service(
-        &self,
-        registration: ServiceRegistration,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    fn register_service(&self, registration: ServiceRegistration) -> impl Future<Output = Result<(), String>> + Send;
 }
 
 /// For agents configured without Consul: the core never asks, and if it did it would hear no.
@@ -111,6 +87,15 @@ impl Consul for NoConsul {
     async fn register_service(&self, _registration: ServiceRegistration) -> Result<(), String> {
         Err("consul is not configured".to_string())
     }
+}
+
+/// A client's CSI plugins, answering `ClientCSI` calls from servers. The full client (plugins
+/// as tasks, gRPC over unix sockets) implements this; tests and the simulation plug in theirs.
+pub trait ClientCsi: Send + Sync + 'static {
+    fn call(
+        &self,
+        request: drover_core::rpc::ClientCsiRequest,
+    ) -> BoxFuture<Result<drover_core::rpc::ClientCsiReply, String>>;
 }
 
 /// Facts a driver reports as they happen: tracing in production, the trace recorder and
@@ -144,6 +129,16 @@ pub enum AgentEvent {
     },
     ServerAdded {
         id: u64,
+        result: Result<(), String>,
+    },
+    /// A server started a `ClientCSI` call on a node.
+    ClientCsiCall {
+        node_id: String,
+        call: String,
+    },
+    ClientCsiDone {
+        node_id: String,
+        call: String,
         result: Result<(), String>,
     },
 }

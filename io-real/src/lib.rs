@@ -9,6 +9,7 @@ pub mod driver;
 pub mod io;
 pub mod raft;
 pub mod runtime;
+pub mod service;
 
 #[cfg(not(madsim))]
 pub mod consul;

@@ -47,9 +47,7 @@ impl Agent for Service {
         &self,
         request: tonic::Request<AgentRequest>,
     ) -> Result<tonic::Response<AgentResponse>, tonic::Status> {
-        Ok(tonic::Response::new(
-            (self.handler)(request.into_inner()).await,
-        ))
+        Ok(tonic::Response::new((self.handler)(request.into_inner()).await))
     }
 }
 
@@ -83,12 +81,10 @@ impl Transport for GrpcTransport {
         match tokio::time::timeout(timeout, client.call(request)).await {
             Err(_) => Err(TransportError::Timeout { addr, timeout }),
             Ok(Ok(response)) => Ok(response.into_inner()),
-            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
-                Err(TransportError::Unreachable {
-                    addr,
-                    reason: status.message().to_string(),
-                })
-            }
+            Ok(Err(status)) if status.code() == tonic::Code::Unavailable => Err(TransportError::Unreachable {
+                addr,
+                reason: status.message().to_string(),
+            }),
             Ok(Err(status)) => Err(TransportError::Failed {
                 addr,
                 reason: format!("{}: {}", status.code(), status.message()),
@@ -98,8 +94,7 @@ impl Transport for GrpcTransport {
 
     async fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> std::io::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let service = AgentServer::new(Service { handler });
         tokio::spawn(async move {
             if let Err(error) = tonic::transport::Server::builder()
@@ -124,10 +119,7 @@ pub async fn resolve(target: &str, default_port: u16) -> Result<Vec<SocketAddr>,
     if let Ok(addr) = target.parse::<SocketAddr>() {
         return Ok(vec![addr]);
     }
-    if let Ok(ip) = target
-        .trim_matches(|c| c == '[' || c == ']')
-        .parse::<IpAddr>()
-    {
+    if let Ok(ip) = target.trim_matches(|c| c == '[' || c == ']').parse::<IpAddr>() {
         return Ok(vec![SocketAddr::new(ip, default_port)]);
     }
     let with_port = if target
@@ -166,10 +158,7 @@ mod tests {
             resolve("[::1]:5000", 4648).await.unwrap(),
             vec!["[::1]:5000".parse().unwrap()]
         );
-        assert_eq!(
-            resolve("::1", 4648).await.unwrap(),
-            vec!["[::1]:4648".parse().unwrap()]
-        );
+        assert_eq!(resolve("::1", 4648).await.unwrap(), vec!["[::1]:4648".parse().unwrap()]);
         assert!(
             resolve("localhost", 4648)
                 .await

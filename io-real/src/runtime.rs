@@ -161,20 +161,14 @@ impl AsyncRuntime for DroverRuntime {
         tokio::time::sleep_until(deadline.0)
     }
 
-    fn timeout<R, F: Future<Output = R> + OptionalSend>(
-        duration: Duration,
-        future: F,
-    ) -> Self::Timeout<R, F> {
+    fn timeout<R, F: Future<Output = R> + OptionalSend>(duration: Duration, future: F) -> Self::Timeout<R, F> {
         Timeout {
             future: Box::pin(future),
             sleep: Box::pin(tokio::time::sleep(duration)),
         }
     }
 
-    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(
-        deadline: Self::Instant,
-        future: F,
-    ) -> Self::Timeout<R, F> {
+    fn timeout_at<R, F: Future<Output = R> + OptionalSend>(deadline: Self::Instant, future: F) -> Self::Timeout<R, F> {
         Timeout {
             future: Box::pin(future),
             sleep: Box::pin(tokio::time::sleep_until(deadline.0)),

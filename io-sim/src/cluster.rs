@@ -78,10 +78,7 @@ impl SimCluster {
 
     /// Probes of every server's disk, to check after the run that the world was freed.
     pub fn disk_probes(&self) -> Vec<DiskProbe> {
-        self.servers
-            .iter()
-            .map(|server| server.disk.probe())
-            .collect()
+        self.servers.iter().map(|server| server.disk.probe()).collect()
     }
 
     pub fn is_alive(&self, index: usize) -> bool {
@@ -177,9 +174,7 @@ impl SimCluster {
 
     /// Cuts every link between `side` and the other servers, both ways.
     pub fn partition(&mut self, side: &[usize]) {
-        let others: Vec<usize> = (0..self.servers.len())
-            .filter(|index| !side.contains(index))
-            .collect();
+        let others: Vec<usize> = (0..self.servers.len()).filter(|index| !side.contains(index)).collect();
         for &a in side {
             for &b in &others {
                 self.clog(a, b);
@@ -192,11 +187,8 @@ impl SimCluster {
                 .collect::<Vec<_>>()
                 .join(",")
         };
-        self.recorder.note(format!(
-            "partition {{{}}} | {{{}}}",
-            names(side),
-            names(&others)
-        ));
+        self.recorder
+            .note(format!("partition {{{}}} | {{{}}}", names(side), names(&others)));
     }
 
     /// Cuts the link from `from` to `to` only.
@@ -256,9 +248,7 @@ impl SimCluster {
             match tokio::time::timeout(timeout, task).await {
                 Ok(Ok(Ok((index, _)))) => Ok(index),
                 Ok(Ok(Err(error))) => Err(error.to_string()),
-                Ok(Err(error)) if error.is_cancelled() => {
-                    Err("the server was killed mid-write".to_string())
-                }
+                Ok(Err(error)) if error.is_cancelled() => Err("the server was killed mid-write".to_string()),
                 Ok(Err(_)) => Err("the write task panicked".to_string()),
                 Err(_) => Err("timed out".to_string()),
             }
@@ -277,10 +267,7 @@ async fn run_server(
     let db = match redb::Builder::new().create_with_backend(disk.backend()) {
         Ok(db) => db,
         Err(error) => {
-            recorder.violate(
-                "durable state reopens after a crash",
-                format!("{}: {error}", spec.name),
-            );
+            recorder.violate("durable state reopens after a crash", format!("{}: {error}", spec.name));
             return;
         }
     };
@@ -290,6 +277,7 @@ async fn run_server(
         transport: SimTransport,
         consul,
         observer: recorder.observer(&spec.name),
+        client_csi: None,
     };
     match start_agent(parts).await {
         Ok(agent) => *slot.lock().expect("agent slot") = Some(agent),

@@ -90,9 +90,7 @@ impl Consul for SimConsul {
         Ok(state
             .services
             .values()
-            .filter(|registration| {
-                registration.name == service && registration.tags.iter().any(|t| t == tag)
-            })
+            .filter(|registration| registration.name == service && registration.tags.iter().any(|t| t == tag))
             .map(|registration| registration.addr)
             .collect())
     }

@@ -60,11 +60,7 @@ impl SimDisk {
             Crash::KeepUnsynced => image.durable = image.volatile.clone(),
         }
         image.dirty.clear();
-        if crash == Crash::KeepUnsynced {
-            0
-        } else {
-            lost
-        }
+        if crash == Crash::KeepUnsynced { 0 } else { lost }
     }
 
     /// Number of `sync_data` calls so far (for tests and figures).
@@ -93,9 +89,7 @@ impl SimDiskBackend {
     fn with_image<R>(&self, f: impl FnOnce(&mut Image) -> R) -> io::Result<R> {
         let mut image = self.disk.image.lock().expect("disk lock");
         if image.epoch != self.epoch {
-            return Err(io::Error::other(
-                "simulated disk detached: its process crashed",
-            ));
+            return Err(io::Error::other("simulated disk detached: its process crashed"));
         }
         Ok(f(&mut image))
     }
@@ -184,11 +178,7 @@ mod tests {
             return vec![];
         };
         use redb::ReadableTable;
-        table
-            .iter()
-            .unwrap()
-            .map(|item| item.unwrap().0.value())
-            .collect()
+        table.iter().unwrap().map(|item| item.unwrap().0.value()).collect()
     }
 
     #[test]

@@ -13,26 +13,19 @@ use prost::Message;
 #[derive(Clone, Copy, Debug, Default)]
 pub struct SimTransport;
 
-async fn call_once(
-    addr: SocketAddr,
-    request: AgentRequest,
-) -> Result<AgentResponse, TransportError> {
+async fn call_once(addr: SocketAddr, request: AgentRequest) -> Result<AgentResponse, TransportError> {
     let unreachable = |error: std::io::Error| TransportError::Unreachable {
         addr,
         reason: error.to_string(),
     };
     let endpoint = Endpoint::bind("0.0.0.0:0").await.map_err(unreachable)?;
     let (tx, mut rx) = endpoint.connect1(addr).await.map_err(unreachable)?;
-    tx.send(Box::new(request.encode_to_vec()))
-        .await
-        .map_err(unreachable)?;
+    tx.send(Box::new(request.encode_to_vec())).await.map_err(unreachable)?;
     let payload = rx.recv().await.map_err(unreachable)?;
-    let bytes = payload
-        .downcast::<Vec<u8>>()
-        .map_err(|_| TransportError::Failed {
-            addr,
-            reason: "unexpected payload type".to_string(),
-        })?;
+    let bytes = payload.downcast::<Vec<u8>>().map_err(|_| TransportError::Failed {
+        addr,
+        reason: "unexpected payload type".to_string(),
+    })?;
     AgentResponse::decode(bytes.as_slice()).map_err(|error| TransportError::Failed {
         addr,
         reason: format!("malformed response: {error}"),
@@ -102,9 +95,7 @@ impl Transport for SimTransport {
         }
         match target.parse::<IpAddr>() {
             Ok(ip) => Ok(vec![SocketAddr::new(ip, default_port)]),
-            Err(_) => Err(format!(
-                "cannot resolve {target:?}: no DNS in the simulation"
-            )),
+            Err(_) => Err(format!("cannot resolve {target:?}: no DNS in the simulation")),
         }
     }
 }

@@ -70,9 +70,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
     let mut raw = raw.into_iter();
     while let Some(arg) = raw.next() {
         let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => {
-                (flag.to_string(), Some(value.to_string()))
-            }
+            Some((flag, value)) if flag.starts_with("--") => (flag.to_string(), Some(value.to_string())),
             _ => (arg.clone(), None),
         };
         let mut value = |name: &str| {
@@ -91,8 +89,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--seeds" => args.seeds = Some(parse_range(&value("--seeds")?)?),
             "--scenario" => {
                 for name in value("--scenario")?.split(',') {
-                    let scenario = find(name)
-                        .ok_or_else(|| format!("unknown scenario {name:?} (see --list)"))?;
+                    let scenario = find(name).ok_or_else(|| format!("unknown scenario {name:?} (see --list)"))?;
                     args.scenarios.push(scenario);
                 }
             }
@@ -102,8 +99,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--list" => args.list = true,
             "--log" => args.log = true,
             // Flags cargo or libtest habits may pass through; they mean nothing here.
-            "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored"
-            | "--ignored" | "--exact" => {}
+            "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored" | "--ignored" | "--exact" => {}
             "--test-threads" | "--color" | "--format" => {
                 let _ = value(&flag)?;
             }
@@ -130,10 +126,7 @@ pub fn main() -> ExitCode {
     if !args.log {
         std::panic::set_hook(Box::new(|info| {
             let thread = std::thread::current();
-            eprintln!(
-                "sim: panic in {}: {info}",
-                thread.name().unwrap_or("simulation")
-            );
+            eprintln!("sim: panic in {}: {info}", thread.name().unwrap_or("simulation"));
         }));
     }
     if args.log {
@@ -160,11 +153,7 @@ pub fn main() -> ExitCode {
 }
 
 fn exit(ok: bool) -> ExitCode {
-    if ok {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 /// Runs `jobs` on as many threads as there are cores; results come back in job order.
@@ -286,10 +275,7 @@ fn regression_seeds() -> bool {
         .map(|(name, seed, _)| (find(name).expect("regression scenario exists"), *seed))
         .collect();
     let mut ok = true;
-    for (report, (_, _, bug)) in run_parallel(jobs, Options::default())
-        .iter()
-        .zip(REGRESSION_SEEDS)
-    {
+    for (report, (_, _, bug)) in run_parallel(jobs, Options::default()).iter().zip(REGRESSION_SEEDS) {
         if report.passed() {
             println!(
                 "ok     {:<28} seed={:<6} regression: {bug}",
@@ -308,17 +294,10 @@ fn print_failure(report: &Report, negative_control: bool) {
         "FAILED {:<28} seed={:<6}{}",
         report.scenario,
         report.seed,
-        if negative_control {
-            " (negative control)"
-        } else {
-            ""
-        }
+        if negative_control { " (negative control)" } else { "" }
     );
     for violation in &report.violations {
-        println!(
-            "  invariant violated: {}: {}",
-            violation.invariant, violation.detail
-        );
+        println!("  invariant violated: {}: {}", violation.invariant, violation.detail);
     }
     let mut replay = format!(
         "cargo test -p sim-tests -- --seed {} --scenario {}",
@@ -369,9 +348,7 @@ fn negative_control(args: &Args) -> bool {
         .map(|name| find(name).expect("negative-control scenario exists"))
         .collect();
     let seeds = args.seeds.clone().unwrap_or(0..NEGATIVE_CONTROL_SEEDS);
-    let options = Options {
-        negative_control: true,
-    };
+    let options = Options { negative_control: true };
     let batch = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let mut seed = seeds.start;
     while seed < seeds.end {
@@ -380,8 +357,7 @@ fn negative_control(args: &Args) -> bool {
             .collect();
         for report in run_parallel(jobs, options) {
             let split = report.violations.iter().find(|violation| {
-                violation.invariant.contains("split brain")
-                    || violation.invariant.contains("one leader per term")
+                violation.invariant.contains("split brain") || violation.invariant.contains("one leader per term")
             });
             if let Some(violation) = split {
                 println!(

@@ -61,8 +61,7 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     let result = std::thread::Builder::new()
         .name(format!("{}-{seed}", scenario.name))
         .spawn(move || {
-            let runtime =
-                madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+            let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
             let result = runtime.block_on(play(plan, seed ^ salt(scenario.name), slot, probes_out));
             drop(runtime);
             result
@@ -197,14 +196,9 @@ async fn play(
     let deadline = quiet_start + plan.quiet_bound;
     let leader = loop {
         let statuses = cluster.live_statuses();
-        let expected = (0..cluster.len())
-            .filter(|index| cluster.is_alive(*index))
-            .count();
+        let expected = (0..cluster.len()).filter(|index| cluster.is_alive(*index)).count();
         let verdict = if statuses.len() < expected {
-            Err(format!(
-                "{} of {expected} live servers have started",
-                statuses.len()
-            ))
+            Err(format!("{} of {expected} live servers have started", statuses.len()))
         } else {
             liveness::common_leader(&statuses)
         };
@@ -213,10 +207,7 @@ async fn play(
             Err(why) if tokio::time::Instant::now() >= deadline => {
                 recorder.violate(
                     "liveness: a leader known on every live server",
-                    format!(
-                        "not within {:?} of the quiet phase: {why}",
-                        plan.quiet_bound
-                    ),
+                    format!("not within {:?} of the quiet phase: {why}", plan.quiet_bound),
                 );
                 break None;
             }
@@ -232,9 +223,7 @@ async fn play(
         ));
         check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
     }
-    let virtual_secs = tokio::time::Instant::now()
-        .saturating_duration_since(start)
-        .as_secs();
+    let virtual_secs = tokio::time::Instant::now().saturating_duration_since(start).as_secs();
     let result = (recorder.text(), recorder.violations(), virtual_secs);
     *probes.lock().expect("probes lock") = cluster.disk_probes();
     cluster.shutdown().await;
@@ -245,24 +234,18 @@ fn resolve(cluster: &SimCluster, target: Target, last_killed: Option<usize>) -> 
     match target {
         Target::Server(index) => Some(index),
         Target::LastKilled => last_killed,
-        Target::Leader => cluster
-            .live_statuses()
-            .iter()
-            .find_map(|(name, id, status)| {
-                let leads = status.raft.as_ref().is_some_and(|raft| {
-                    raft.leader.as_ref().is_some_and(|(leader, _)| leader == id)
-                });
-                leads.then(|| (0..cluster.len()).find(|index| cluster.name(*index) == name))?
-            }),
+        Target::Leader => cluster.live_statuses().iter().find_map(|(name, id, status)| {
+            let leads = status
+                .raft
+                .as_ref()
+                .is_some_and(|raft| raft.leader.as_ref().is_some_and(|(leader, _)| leader == id));
+            leads.then(|| (0..cluster.len()).find(|index| cluster.name(*index) == name))?
+        }),
     }
 }
 
 /// Issues writes to random live servers at seeded intervals until `until`.
-async fn drive_workload(
-    cluster: &SimCluster,
-    workload: &mut Workload,
-    until: tokio::time::Instant,
-) {
+async fn drive_workload(cluster: &SimCluster, workload: &mut Workload, until: tokio::time::Instant) {
     loop {
         if workload.next_write_at > until {
             tokio::time::sleep_until(until).await;
@@ -287,9 +270,7 @@ async fn drive_workload(
         tokio::spawn(async move {
             match write.await {
                 Ok(log_index) => {
-                    recorder.note(format!(
-                        "write {path} via {name} acknowledged at index {log_index}"
-                    ));
+                    recorder.note(format!("write {path} via {name} acknowledged at index {log_index}"));
                     acked.lock().expect("acked lock").insert(path, log_index);
                 }
                 Err(error) => recorder.note(format!("write {path} via {name} failed: {error}")),
@@ -312,9 +293,7 @@ async fn check_one_configuration(
             .iter()
             .find(|(_, id, _)| *id == leader)
             .and_then(|(_, _, status)| status.raft.as_ref())
-            .map_or(0, |raft| {
-                raft.peers.values().filter(|(_, voter)| *voter).count()
-            });
+            .map_or(0, |raft| raft.peers.values().filter(|(_, voter)| *voter).count());
         if voters == cluster.len() {
             recorder.note(format!("the leader has all {voters} servers as voters"));
             return;
@@ -322,10 +301,7 @@ async fn check_one_configuration(
         if tokio::time::Instant::now() >= deadline {
             recorder.violate(
                 "every server ends up a voter of the one cluster",
-                format!(
-                    "the leader has {voters} voters, the run has {} servers",
-                    cluster.len()
-                ),
+                format!("the leader has {voters} voters, the run has {} servers", cluster.len()),
             );
             return;
         }
@@ -334,12 +310,7 @@ async fn check_one_configuration(
 }
 
 /// Nothing acknowledged is lost: after the quiet phase the leader has every acknowledged write.
-async fn check_acknowledged_writes(
-    cluster: &SimCluster,
-    recorder: &Recorder,
-    workload: &Workload,
-    leader: u64,
-) {
+async fn check_acknowledged_writes(cluster: &SimCluster, recorder: &Recorder, workload: &Workload, leader: u64) {
     // Let in-flight writes settle so the acknowledged set is final.
     tokio::time::sleep(WRITE_TIMEOUT).await;
     let acked = workload.acked.lock().expect("acked lock").clone();
@@ -359,10 +330,7 @@ async fn check_acknowledged_writes(
         })
         .unwrap_or_default();
     if missing.is_empty() {
-        recorder.note(format!(
-            "all {} acknowledged writes present on the leader",
-            acked.len()
-        ));
+        recorder.note(format!("all {} acknowledged writes present on the leader", acked.len()));
     } else {
         recorder.violate(
             "nothing acknowledged is lost",

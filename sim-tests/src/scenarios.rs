@@ -66,10 +66,7 @@ impl fmt::Display for Step {
 }
 
 fn names(indexes: &[usize]) -> Vec<String> {
-    indexes
-        .iter()
-        .map(|index| format!("s{}", index + 1))
-        .collect()
+    indexes.iter().map(|index| format!("s{}", index + 1)).collect()
 }
 
 #[derive(Clone, Debug)]
@@ -91,12 +88,7 @@ impl Plan {
             .iter()
             .map(|spec| {
                 let at = spec.first_start_delay;
-                format!(
-                    "{:>3}.{:03}s start {}",
-                    at.as_secs(),
-                    at.subsec_millis(),
-                    spec.name
-                )
+                format!("{:>3}.{:03}s start {}", at.as_secs(), at.subsec_millis(), spec.name)
             })
             .collect();
         lines.sort();
@@ -111,12 +103,7 @@ impl Plan {
             .map(|spec| spec.first_start_delay)
             .max()
             .unwrap_or_default();
-        let last_step = self
-            .steps
-            .iter()
-            .map(|step| step.at)
-            .max()
-            .unwrap_or_default();
+        let last_step = self.steps.iter().map(|step| step.at).max().unwrap_or_default();
         last_start.max(last_step) + Duration::from_secs(1)
     }
 }
@@ -178,14 +165,7 @@ fn millis(rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) -> Duration {
 }
 
 /// A server of the simulated cluster: Nomad's default ports on its own address.
-fn server(
-    index: usize,
-    expect: u32,
-    join: &[usize],
-    consul: bool,
-    delay: Duration,
-    options: &Options,
-) -> ServerSpec {
+fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Duration, options: &Options) -> ServerSpec {
     let ports = Ports::default();
     let mut config = AgentConfig {
         name: format!("s{}", index + 1),
@@ -229,16 +209,7 @@ fn servers(
     let everyone: Vec<usize> = (0..n).collect();
     let join: &[usize] = if consul { &[] } else { &everyone };
     (0..n)
-        .map(|index| {
-            server(
-                index,
-                expect,
-                join,
-                consul,
-                millis(rng, 0..spread_ms),
-                options,
-            )
-        })
+        .map(|index| server(index, expect, join, consul, millis(rng, 0..spread_ms), options))
         .collect()
 }
 

@@ -30,16 +30,7 @@ fn main() -> ExitCode {
         .current_dir(workspace)
         .env("RUSTFLAGS", rustflags.trim())
         .env("CARGO_TARGET_DIR", workspace.join("target").join("madsim"))
-        .args([
-            "test",
-            "--profile",
-            "sim",
-            "-p",
-            "sim-tests",
-            "--test",
-            "sim",
-            "--",
-        ])
+        .args(["test", "--profile", "sim", "-p", "sim-tests", "--test", "sim", "--"])
         .args(&args)
         .status();
     match status {

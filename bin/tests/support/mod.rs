@@ -15,13 +15,8 @@ pub const AGENT: &str = env!("CARGO_BIN_EXE_agent");
 /// Three free ports (HTTP, RPC, serf); the serf port is free for both TCP and UDP.
 pub fn free_ports() -> [u16; 3] {
     loop {
-        let listeners: Vec<TcpListener> = (0..3)
-            .map(|_| TcpListener::bind("127.0.0.1:0").unwrap())
-            .collect();
-        let ports: Vec<u16> = listeners
-            .iter()
-            .map(|l| l.local_addr().unwrap().port())
-            .collect();
+        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
         if UdpSocket::bind(("127.0.0.1", ports[2])).is_ok() {
             return [ports[0], ports[1], ports[2]];
         }
@@ -142,9 +137,7 @@ pub fn http_get(port: u16, path: &str) -> Option<String> {
 
 pub fn http(method: &str, port: u16, path: &str, body: Option<&str>) -> Option<String> {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
     let body = body.unwrap_or("");
     write!(
         stream,
@@ -213,15 +206,10 @@ pub fn server_args(specs: &[ServerSpec], index: usize) -> Vec<String> {
 /// The leader every running agent in `agents` agrees on, once they all know it and it is one of
 /// them with `peers_expected` Raft peers.
 pub fn agreed_leader(agents: &[&Agent], peers_expected: usize) -> Option<String> {
-    let leaders: Vec<String> = agents
-        .iter()
-        .map(|agent| agent.leader())
-        .collect::<Option<_>>()?;
+    let leaders: Vec<String> = agents.iter().map(|agent| agent.leader()).collect::<Option<_>>()?;
     let first = leaders.first()?.clone();
     let agreed = leaders.iter().all(|leader| *leader == first);
     let known = agents.iter().any(|agent| agent.rpc_addr() == first);
-    let shaped = agents
-        .iter()
-        .all(|agent| agent.peers().len() == peers_expected);
+    let shaped = agents.iter().all(|agent| agent.peers().len() == peers_expected);
     (agreed && known && shaped).then_some(first)
 }

@@ -4,9 +4,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use crate::structs::{
-    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim,
-};
+use crate::structs::{AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ClaimError {
@@ -49,9 +47,7 @@ impl CsiVolume {
     pub fn has_free_read_claims(&self) -> bool {
         match self.access_mode {
             AccessMode::SingleNodeReader => self.read_claims.is_empty(),
-            AccessMode::SingleNodeWriter => {
-                self.read_claims.is_empty() && self.write_claims.is_empty()
-            }
+            AccessMode::SingleNodeWriter => self.read_claims.is_empty() && self.write_claims.is_empty(),
             AccessMode::MultiNodeReader
             | AccessMode::MultiNodeSingleWriter
             | AccessMode::MultiNodeMultiWriter
@@ -62,9 +58,7 @@ impl CsiVolume {
     pub fn has_free_write_claims(&self) -> bool {
         match self.access_mode {
             AccessMode::SingleNodeReader | AccessMode::MultiNodeReader => false,
-            AccessMode::SingleNodeWriter | AccessMode::MultiNodeSingleWriter => {
-                self.write_claims.is_empty()
-            }
+            AccessMode::SingleNodeWriter | AccessMode::MultiNodeSingleWriter => self.write_claims.is_empty(),
             AccessMode::MultiNodeMultiWriter | AccessMode::Unknown => true,
         }
     }
@@ -81,11 +75,7 @@ impl CsiVolume {
     /// Applies a claim (taken, or a release checkpoint). `alloc` is the claiming allocation as
     /// the state store knows it, `None` when it does not exist (GC'd or never registered).
     /// Idempotent per allocation.
-    pub fn claim(
-        &mut self,
-        claim: CsiVolumeClaim,
-        alloc: Option<&Allocation>,
-    ) -> Result<(), ClaimError> {
+    pub fn claim(&mut self, claim: CsiVolumeClaim, alloc: Option<&Allocation>) -> Result<(), ClaimError> {
         if claim.mode == ClaimMode::Gc {
             return Ok(());
         }
@@ -93,8 +83,8 @@ impl CsiVolume {
             self.release(claim);
             return Ok(());
         }
-        let is_current = self.read_claims.contains_key(&claim.allocation_id)
-            || self.write_claims.contains_key(&claim.allocation_id);
+        let is_current =
+            self.read_claims.contains_key(&claim.allocation_id) || self.write_claims.contains_key(&claim.allocation_id);
         if self.is_claimed() && !is_current {
             if claim.attachment_mode != AttachmentMode::Unknown
                 && self.attachment_mode != AttachmentMode::Unknown
@@ -116,11 +106,7 @@ impl CsiVolume {
         }
     }
 
-    fn claim_read(
-        &mut self,
-        claim: CsiVolumeClaim,
-        alloc: Option<&Allocation>,
-    ) -> Result<(), ClaimError> {
+    fn claim_read(&mut self, claim: CsiVolumeClaim, alloc: Option<&Allocation>) -> Result<(), ClaimError> {
         if self.read_claims.contains_key(&claim.allocation_id) {
             return Ok(());
         }
@@ -137,11 +123,7 @@ impl CsiVolume {
         Ok(())
     }
 
-    fn claim_write(
-        &mut self,
-        claim: CsiVolumeClaim,
-        alloc: Option<&Allocation>,
-    ) -> Result<(), ClaimError> {
+    fn claim_write(&mut self, claim: CsiVolumeClaim, alloc: Option<&Allocation>) -> Result<(), ClaimError> {
         if self.write_claims.contains_key(&claim.allocation_id) {
             return Ok(());
         }
@@ -184,10 +166,7 @@ impl CsiVolume {
             self.read_claims.remove(&alloc_id);
             self.write_claims.remove(&alloc_id);
             self.past_claims.remove(&alloc_id);
-            if self.read_claims.is_empty()
-                && self.write_claims.is_empty()
-                && self.past_claims.is_empty()
-            {
+            if self.read_claims.is_empty() && self.write_claims.is_empty() && self.past_claims.is_empty() {
                 self.access_mode = AccessMode::Unknown;
                 self.attachment_mode = AttachmentMode::Unknown;
             }
@@ -250,57 +229,21 @@ mod tests {
         type Case = (AccessMode, usize, usize, ClaimMode, Result<(), ClaimError>);
         let cases: &[Case] = &[
             (SingleNodeReader, 0, 0, Read, Ok(())),
-            (
-                SingleNodeReader,
-                1,
-                0,
-                Read,
-                Err(ClaimError::MaxClaimsReached),
-            ),
-            (
-                SingleNodeReader,
-                0,
-                0,
-                Write,
-                Err(ClaimError::Unschedulable),
-            ),
+            (SingleNodeReader, 1, 0, Read, Err(ClaimError::MaxClaimsReached)),
+            (SingleNodeReader, 0, 0, Write, Err(ClaimError::Unschedulable)),
             (SingleNodeWriter, 0, 0, Read, Ok(())),
-            (
-                SingleNodeWriter,
-                1,
-                0,
-                Read,
-                Err(ClaimError::MaxClaimsReached),
-            ),
-            (
-                SingleNodeWriter,
-                0,
-                1,
-                Read,
-                Err(ClaimError::MaxClaimsReached),
-            ),
+            (SingleNodeWriter, 1, 0, Read, Err(ClaimError::MaxClaimsReached)),
+            (SingleNodeWriter, 0, 1, Read, Err(ClaimError::MaxClaimsReached)),
             (SingleNodeWriter, 0, 0, Write, Ok(())),
             (SingleNodeWriter, 1, 0, Write, Ok(())),
-            (
-                SingleNodeWriter,
-                0,
-                1,
-                Write,
-                Err(ClaimError::MaxClaimsReached),
-            ),
+            (SingleNodeWriter, 0, 1, Write, Err(ClaimError::MaxClaimsReached)),
             (MultiNodeReader, 0, 0, Read, Ok(())),
             (MultiNodeReader, 5, 0, Read, Ok(())),
             (MultiNodeReader, 0, 0, Write, Err(ClaimError::Unschedulable)),
             (MultiNodeSingleWriter, 3, 0, Read, Ok(())),
             (MultiNodeSingleWriter, 3, 1, Read, Ok(())),
             (MultiNodeSingleWriter, 3, 0, Write, Ok(())),
-            (
-                MultiNodeSingleWriter,
-                0,
-                1,
-                Write,
-                Err(ClaimError::MaxClaimsReached),
-            ),
+            (MultiNodeSingleWriter, 0, 1, Write, Err(ClaimError::MaxClaimsReached)),
             (MultiNodeMultiWriter, 2, 2, Read, Ok(())),
             (MultiNodeMultiWriter, 2, 2, Write, Ok(())),
             (Unknown, 0, 0, Read, Ok(())),
@@ -334,10 +277,7 @@ mod tests {
         vol.requested_capabilities[0].access_mode = AccessMode::MultiNodeReader;
         assert!(!vol.writable());
         assert_eq!(
-            vol.claim(
-                claim("a", ClaimMode::Write, AccessMode::Unknown),
-                Some(&alloc("a"))
-            ),
+            vol.claim(claim("a", ClaimMode::Write, AccessMode::Unknown), Some(&alloc("a"))),
             Err(ClaimError::Unschedulable)
         );
     }
@@ -421,10 +361,7 @@ mod tests {
     fn unschedulable_and_unknown_allocs_are_refused() {
         let mut vol = volume(AccessMode::MultiNodeMultiWriter);
         assert_eq!(
-            vol.claim(
-                claim("a", ClaimMode::Read, AccessMode::MultiNodeMultiWriter),
-                None
-            ),
+            vol.claim(claim("a", ClaimMode::Read, AccessMode::MultiNodeMultiWriter), None),
             Err(ClaimError::UnknownAllocation("a".into()))
         );
         vol.plugin_health.schedulable = false;
@@ -439,9 +376,6 @@ mod tests {
             ClaimError::Unschedulable.to_string(),
             "volume is currently unschedulable"
         );
-        assert_eq!(
-            ClaimError::MaxClaimsReached.to_string(),
-            "volume max claims reached"
-        );
+        assert_eq!(ClaimError::MaxClaimsReached.to_string(), "volume max claims reached");
     }
 }

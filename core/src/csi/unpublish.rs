@@ -16,9 +16,7 @@ use crate::prelude::*;
 use alloc::collections::BTreeMap;
 
 use crate::fsm::ServerState;
-use crate::structs::{
-    AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, NodeStatus,
-};
+use crate::structs::{AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, NodeStatus};
 
 /// `ClientCSI.NodeDetachVolume` to the client that owns the node.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -110,14 +108,8 @@ fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeCla
         .read_claims
         .values()
         .chain(volume.write_claims.values())
-        .filter(|other| {
-            other.allocation_id != claim.allocation_id && other.node_id == claim.node_id
-        })
-        .any(|other| {
-            state
-                .alloc(&other.allocation_id)
-                .is_some_and(|alloc| !alloc.terminal())
-        });
+        .filter(|other| other.allocation_id != claim.allocation_id && other.node_id == claim.node_id)
+        .any(|other| state.alloc(&other.allocation_id).is_some_and(|alloc| !alloc.terminal()));
     if still_used {
         return with_state(claim, ClaimState::ReadyToFree);
     }
@@ -152,9 +144,7 @@ mod tests {
 
     fn setup() -> Fixture {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         fx.ok(Command::CsiVolumeRegister {
             volumes: vec![volume("v")],
         });
@@ -181,11 +171,7 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            (
-                request.node_id.as_str(),
-                request.alloc_id.as_str(),
-                request.read_only
-            ),
+            (request.node_id.as_str(), request.alloc_id.as_str(), request.read_only),
             ("n1", "a1", false)
         );
         let Step::ControllerDetach(request) = step(&fx, ClaimState::NodeDetached) else {
@@ -208,25 +194,13 @@ mod tests {
         });
         assert_eq!(
             step(&fx, ClaimState::Unpublishing),
-            Step::Checkpoint(claim(
-                "a1",
-                "n1",
-                ClaimMode::Write,
-                ClaimState::NodeDetached
-            ))
+            Step::Checkpoint(claim("a1", "n1", ClaimMode::Write, ClaimState::NodeDetached))
         );
         let mut fx = setup();
-        fx.ok(Command::NodeDeregister {
-            node_id: "n1".into(),
-        });
+        fx.ok(Command::NodeDeregister { node_id: "n1".into() });
         assert_eq!(
             step(&fx, ClaimState::Unpublishing),
-            Step::Checkpoint(claim(
-                "a1",
-                "n1",
-                ClaimMode::Write,
-                ClaimState::NodeDetached
-            ))
+            Step::Checkpoint(claim("a1", "n1", ClaimMode::Write, ClaimState::NodeDetached))
         );
         // ... and with the node gone there is no external node id to detach from either.
         assert_eq!(
@@ -238,14 +212,10 @@ mod tests {
     #[test]
     fn controller_detach_is_skipped_while_another_live_alloc_on_the_node_uses_the_volume() {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         let mut multi = volume("v");
         multi.requested_capabilities[0].access_mode = AccessMode::MultiNodeMultiWriter;
-        fx.ok(Command::CsiVolumeRegister {
-            volumes: vec![multi],
-        });
+        fx.ok(Command::CsiVolumeRegister { volumes: vec![multi] });
         fx.ok(Command::AllocUpsert {
             allocs: vec![alloc("a1", "n1"), alloc("a2", "n1")],
         });
@@ -271,10 +241,7 @@ mod tests {
             client_status: ClientStatus::Complete,
         });
         let vol = fx.state.volume("default", "v").unwrap();
-        assert!(matches!(
-            next_step(&fx.state, &vol, &mine),
-            Step::ControllerDetach(_)
-        ));
+        assert!(matches!(next_step(&fx.state, &vol, &mine), Step::ControllerDetach(_)));
     }
 
     #[test]

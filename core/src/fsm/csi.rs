@@ -9,8 +9,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::{Command, Response, ServerState, Table};
 use crate::structs::{
-    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job,
-    JobType, Node,
+    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job, JobType, Node,
 };
 
 /// Which half of a plugin an instance is.
@@ -30,10 +29,7 @@ impl ServerState {
                 node.modify_index = index;
                 node.status_updated_at_ms = at_ms;
                 if node.events.is_empty() {
-                    node.events = old
-                        .as_ref()
-                        .map(|old| old.events.clone())
-                        .unwrap_or_default();
+                    node.events = old.as_ref().map(|old| old.events.clone()).unwrap_or_default();
                 }
                 self.nodes.insert(node.id.clone(), node.clone());
                 self.touch(Table::Nodes, index);
@@ -130,11 +126,7 @@ impl ServerState {
                 self.alloc_changed(index, at_ms, &alloc);
                 self.touch(Table::Allocs, index);
                 self.touch(Table::CsiVolumes, index);
-                self.recompute_job_plugins(
-                    index,
-                    at_ms,
-                    &(alloc.namespace.clone(), alloc.job_id.clone()),
-                );
+                self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
                 Response::Done
             }
             Command::AllocDelete { alloc_ids } => {
@@ -154,10 +146,7 @@ impl ServerState {
             Command::EvalUpsert { evals } => {
                 for eval in evals {
                     let mut eval = eval.clone();
-                    eval.create_index = self
-                        .evals
-                        .get(&eval.id)
-                        .map_or(index, |old| old.create_index);
+                    eval.create_index = self.evals.get(&eval.id).map_or(index, |old| old.create_index);
                     eval.modify_index = index;
                     self.evals.insert(eval.id.clone(), eval);
                 }
@@ -185,9 +174,7 @@ impl ServerState {
                     Response::Done
                 }
             },
-            Command::LeadershipEstablished { .. }
-            | Command::VariableUpsert { .. }
-            | Command::VariableDelete { .. } => {
+            Command::LeadershipEstablished { .. } | Command::VariableUpsert { .. } | Command::VariableDelete { .. } => {
                 unreachable!("handled by apply")
             }
         }
@@ -233,10 +220,7 @@ impl ServerState {
                 return Response::Error(error);
             }
             if !self.plugins.contains_key(&volume.plugin_id) {
-                return Response::Error(format!(
-                    "no CSI plugin named: {} could be found",
-                    volume.plugin_id
-                ));
+                return Response::Error(format!("no CSI plugin named: {} could be found", volume.plugin_id));
             }
             let key = volume.key();
             let result = match self.volumes.get(&key) {
@@ -276,13 +260,7 @@ impl ServerState {
         Response::Done
     }
 
-    fn deregister_volumes(
-        &mut self,
-        index: u64,
-        namespace: &str,
-        ids: &[String],
-        force: bool,
-    ) -> Response {
+    fn deregister_volumes(&mut self, index: u64, namespace: &str, ids: &[String], force: bool) -> Response {
         for id in ids {
             let Some(volume) = self.volume(namespace, id) else {
                 return Response::Error("volume not found".to_string());
@@ -311,14 +289,7 @@ impl ServerState {
         Response::Done
     }
 
-    fn claim_volume(
-        &mut self,
-        index: u64,
-        at_ms: u64,
-        namespace: &str,
-        id: &str,
-        claim: &CsiVolumeClaim,
-    ) -> Response {
+    fn claim_volume(&mut self, index: u64, at_ms: u64, namespace: &str, id: &str, claim: &CsiVolumeClaim) -> Response {
         let Some(mut volume) = self.volume(namespace, id) else {
             return Response::Error("volume not found".to_string());
         };
@@ -363,10 +334,7 @@ impl ServerState {
                 (Half::Controller, &mut plugin.controllers),
                 (Half::Node, &mut plugin.nodes),
             ] {
-                if map
-                    .get(&alloc.node_id)
-                    .is_some_and(|info| info.alloc_id == alloc.id)
-                {
+                if map.get(&alloc.node_id).is_some_and(|info| info.alloc_id == alloc.id) {
                     let info = map.remove(&alloc.node_id).expect("present");
                     if info.healthy {
                         match half {
@@ -387,13 +355,7 @@ impl ServerState {
     }
 
     /// Nomad's `upsertCSIPluginsForNode` and node-deletion cleanup (§3.3).
-    fn update_node_plugins(
-        &mut self,
-        index: u64,
-        at_ms: u64,
-        old: Option<&Node>,
-        new: Option<&Node>,
-    ) {
+    fn update_node_plugins(&mut self, index: u64, at_ms: u64, old: Option<&Node>, new: Option<&Node>) {
         let node_id = new.or(old).map(|node| node.id.clone()).expect("a node");
         let mut changed = false;
         for half in [Half::Controller, Half::Node] {
@@ -478,20 +440,16 @@ impl ServerState {
         }
         let mut changed = false;
         for plugin in self.plugins.values_mut() {
-            let had = plugin.controller_jobs.remove(key).is_some()
-                | plugin.node_jobs.remove(key).is_some();
+            let had = plugin.controller_jobs.remove(key).is_some() | plugin.node_jobs.remove(key).is_some();
             changed |= had && !expected.contains_key(&plugin.id);
         }
         for (plugin_id, (controllers, nodes)) in expected {
-            let plugin = self
-                .plugins
-                .entry(plugin_id.clone())
-                .or_insert_with(|| CsiPlugin {
-                    id: plugin_id.clone(),
-                    create_index: index,
-                    create_time_ms: at_ms,
-                    ..CsiPlugin::default()
-                });
+            let plugin = self.plugins.entry(plugin_id.clone()).or_insert_with(|| CsiPlugin {
+                id: plugin_id.clone(),
+                create_index: index,
+                create_time_ms: at_ms,
+                ..CsiPlugin::default()
+            });
             if controllers > 0 {
                 plugin.controller_jobs.insert(key.clone(), controllers);
             }
@@ -512,11 +470,7 @@ impl ServerState {
     fn live_allocs(&self, job: &Job, group: &str) -> u32 {
         self.allocs
             .values()
-            .filter(|alloc| {
-                alloc.namespace == job.namespace
-                    && alloc.job_id == job.id
-                    && alloc.task_group == group
-            })
+            .filter(|alloc| alloc.namespace == job.namespace && alloc.job_id == job.id && alloc.task_group == group)
             .filter(|alloc| !alloc.terminal())
             .count() as u32
     }
@@ -587,10 +541,7 @@ fn validate_volume(volume: &CsiVolume) -> Result<(), String> {
 /// Registration onto an existing volume (HEAD merge rules, §3.4).
 fn merge_volume(existing: &CsiVolume, update: &CsiVolume) -> Result<CsiVolume, String> {
     let immutable = [
-        (
-            "name",
-            existing.name != update.name && !update.name.is_empty(),
-        ),
+        ("name", existing.name != update.name && !update.name.is_empty()),
         ("external ID", existing.external_id != update.external_id),
         ("plugin ID", existing.plugin_id != update.plugin_id),
         ("clone ID", existing.clone_id != update.clone_id),
@@ -603,24 +554,18 @@ fn merge_volume(existing: &CsiVolume, update: &CsiVolume) -> Result<CsiVolume, S
     if let Some((field, _)) = immutable.iter().find(|(_, changed)| *changed) {
         return Err(format!("volume {field} cannot be updated"));
     }
-    let in_use = !existing.read_claims.is_empty()
-        || !existing.write_claims.is_empty()
-        || !existing.past_claims.is_empty();
+    let in_use =
+        !existing.read_claims.is_empty() || !existing.write_claims.is_empty() || !existing.past_claims.is_empty();
     if in_use {
-        let keeps_current = update.requested_capabilities.iter().any(|cap| {
-            cap.access_mode == existing.access_mode
-                && cap.attachment_mode == existing.attachment_mode
-        });
+        let keeps_current = update
+            .requested_capabilities
+            .iter()
+            .any(|cap| cap.access_mode == existing.access_mode && cap.attachment_mode == existing.attachment_mode);
         if existing.access_mode != AccessMode::Unknown && !keeps_current {
-            return Err(
-                "volume requested capabilities must keep the access and attachment modes in use"
-                    .to_string(),
-            );
+            return Err("volume requested capabilities must keep the access and attachment modes in use".to_string());
         }
         if update.mount_options.is_some() && update.mount_options != existing.mount_options {
-            return Err(
-                "volume mount options cannot be updated while the volume is in use".to_string(),
-            );
+            return Err("volume mount options cannot be updated while the volume is in use".to_string());
         }
     }
     let mut merged = existing.clone();
@@ -643,8 +588,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::fsm::Entry;
     use crate::structs::{
-        AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo,
-        CsiPluginType, DesiredStatus, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,
+        AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo, CsiPluginType,
+        DesiredStatus, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,
     };
 
     /// A tiny builder: applies commands at increasing indexes.
@@ -683,11 +628,7 @@ pub(crate) mod tests {
             plugin_id: plugin.into(),
             alloc_id: alloc.into(),
             healthy,
-            health_description: if healthy {
-                "healthy".into()
-            } else {
-                "unhealthy".into()
-            },
+            health_description: if healthy { "healthy".into() } else { "unhealthy".into() },
             provider: "example.com/hostpath".into(),
             provider_version: "1.0".into(),
             requires_controller_plugin: true,
@@ -711,16 +652,8 @@ pub(crate) mod tests {
             name: id.into(),
             rpc_addr: format!("10.0.1.{}:4647", id.len()),
             status: NodeStatus::Ready,
-            csi_controller_plugins: [(
-                "p".to_string(),
-                info("p", &format!("plug-{id}"), healthy, true),
-            )]
-            .into(),
-            csi_node_plugins: [(
-                "p".to_string(),
-                info("p", &format!("plug-{id}"), healthy, false),
-            )]
-            .into(),
+            csi_controller_plugins: [("p".to_string(), info("p", &format!("plug-{id}"), healthy, true))].into(),
+            csi_node_plugins: [("p".to_string(), info("p", &format!("plug-{id}"), healthy, false))].into(),
             ..Node::default()
         }
     }
@@ -751,12 +684,7 @@ pub(crate) mod tests {
         }
     }
 
-    pub(crate) fn claim(
-        alloc: &str,
-        node: &str,
-        mode: ClaimMode,
-        state: ClaimState,
-    ) -> CsiVolumeClaim {
+    pub(crate) fn claim(alloc: &str, node: &str, mode: ClaimMode, state: ClaimState) -> CsiVolumeClaim {
         CsiVolumeClaim {
             allocation_id: alloc.into(),
             node_id: node.into(),
@@ -783,12 +711,8 @@ pub(crate) mod tests {
             node: node("n1", false),
         });
         assert!(fx.state.plugin("p").is_none());
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
-        fx.ok(Command::NodeRegister {
-            node: node("n2", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
+        fx.ok(Command::NodeRegister { node: node("n2", true) });
         let plugin = fx.state.plugin("p").unwrap();
         assert_eq!((plugin.controllers_healthy, plugin.nodes_healthy), (2, 2));
         assert!(plugin.controller_required && plugin.supports_attach_detach());
@@ -798,11 +722,7 @@ pub(crate) mod tests {
         });
         let plugin = fx.state.plugin("p").unwrap();
         assert_eq!(
-            (
-                plugin.controllers_healthy,
-                plugin.nodes_healthy,
-                plugin.nodes.len()
-            ),
+            (plugin.controllers_healthy, plugin.nodes_healthy, plugin.nodes.len()),
             (1, 1, 2)
         );
         // A node that stops reporting the plugin is removed from it.
@@ -813,9 +733,7 @@ pub(crate) mod tests {
         });
         assert_eq!(fx.state.plugin("p").unwrap().nodes.len(), 1);
         // Deleting the last node deletes the now empty plugin.
-        fx.ok(Command::NodeDeregister {
-            node_id: "n1".into(),
-        });
+        fx.ok(Command::NodeDeregister { node_id: "n1".into() });
         assert!(fx.state.plugin("p").is_none());
         assert!(fx.state.table_index(Table::CsiPlugins) > 0);
     }
@@ -858,10 +776,7 @@ pub(crate) mod tests {
             },
         });
         let plugin = fx.state.plugin("p").expect("created from the job");
-        assert_eq!(
-            (plugin.controllers_expected(), plugin.nodes_expected()),
-            (2, 0)
-        );
+        assert_eq!((plugin.controllers_expected(), plugin.nodes_expected()), (2, 0));
         let system_alloc = |id: &str, node: &str| Allocation {
             job_id: "nodes".into(),
             task_group: "n".into(),
@@ -884,18 +799,13 @@ pub(crate) mod tests {
             namespace: "default".into(),
             job_id: "nodes".into(),
         });
-        assert!(
-            fx.state.plugin("p").is_none(),
-            "no instances and nothing expected"
-        );
+        assert!(fx.state.plugin("p").is_none(), "no instances and nothing expected");
     }
 
     #[test]
     fn a_stopped_plugin_alloc_no_longer_provides_the_plugin() {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         let mut plugin_alloc = alloc("plug-n1", "n1");
         fx.ok(Command::AllocUpsert {
             allocs: vec![plugin_alloc.clone()],
@@ -916,9 +826,7 @@ pub(crate) mod tests {
             })),
             "no CSI plugin named: p could be found"
         );
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         let mut bad = volume("");
         bad.requested_capabilities.clear();
         assert_eq!(
@@ -939,16 +847,12 @@ pub(crate) mod tests {
         let mut renamed = volume("v");
         renamed.external_id = "other".into();
         assert_eq!(
-            error(fx.apply(Command::CsiVolumeRegister {
-                volumes: vec![renamed]
-            })),
+            error(fx.apply(Command::CsiVolumeRegister { volumes: vec![renamed] })),
             "volume external ID cannot be updated"
         );
         let mut updated = volume("v");
         updated.secrets = [("token".to_string(), "rotated".to_string())].into();
-        fx.ok(Command::CsiVolumeRegister {
-            volumes: vec![updated],
-        });
+        fx.ok(Command::CsiVolumeRegister { volumes: vec![updated] });
         let stored = fx.state.volume("default", "v").unwrap();
         assert_eq!(stored.secrets["token"], "rotated");
         // Index 4: refused commands consume a log index too.
@@ -958,9 +862,7 @@ pub(crate) mod tests {
     #[test]
     fn claims_release_and_deregister() {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         fx.ok(Command::CsiVolumeRegister {
             volumes: vec![volume("v")],
         });
@@ -993,11 +895,7 @@ pub(crate) mod tests {
         assert_eq!(vol.past_claims["a1"].state, ClaimState::Unpublishing);
         assert!(vol.write_claims.contains_key("a1"));
         assert!(
-            fx.state
-                .volume_raw("default", "v")
-                .unwrap()
-                .past_claims
-                .is_empty(),
+            fx.state.volume_raw("default", "v").unwrap().past_claims.is_empty(),
             "derived, not stored"
         );
         assert_eq!(error(fx.apply(take("a2"))), "volume max claims reached");
@@ -1043,9 +941,7 @@ pub(crate) mod tests {
     #[test]
     fn gc_d_allocs_read_as_past_claims() {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         fx.ok(Command::CsiVolumeRegister {
             volumes: vec![volume("v")],
         });
@@ -1069,19 +965,13 @@ pub(crate) mod tests {
     #[test]
     fn plugin_delete_refuses_a_plugin_in_use() {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         assert_eq!(
-            error(fx.apply(Command::CsiPluginDelete {
-                plugin_id: "p".into()
-            })),
+            error(fx.apply(Command::CsiPluginDelete { plugin_id: "p".into() })),
             "plugin in use"
         );
         assert_eq!(
-            error(fx.apply(Command::CsiPluginDelete {
-                plugin_id: "x".into()
-            })),
+            error(fx.apply(Command::CsiPluginDelete { plugin_id: "x".into() })),
             "plugin not found: x"
         );
     }
@@ -1089,9 +979,7 @@ pub(crate) mod tests {
     #[test]
     fn snapshot_of_every_table_restores_equal() {
         let mut fx = Fixture::new();
-        fx.ok(Command::NodeRegister {
-            node: node("n1", true),
-        });
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
         fx.ok(Command::CsiVolumeRegister {
             volumes: vec![volume("v")],
         });

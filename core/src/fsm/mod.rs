@@ -16,8 +16,7 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::structs::{
-    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Evaluation, Job, Node,
-    NodeStatus,
+    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Evaluation, Job, Node, NodeStatus,
 };
 
 /// One Raft log payload: a command plus the proposer's wall-clock stamp.

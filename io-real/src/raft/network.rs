@@ -8,13 +8,11 @@ use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
 use drover_proto::agent::v1::{AgentRequest, RaftPayload};
 use openraft::AnyError;
-use openraft::error::{
-    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
-};
+use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
+    VoteResponse,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -76,6 +74,7 @@ impl<T: Transport> Connection<T> {
         let json = serde_json::to_vec(request).expect("raft request serializes");
         let envelope = AgentRequest {
             region: self.region.clone(),
+            forwarded: false,
             body: Some(wrap(RaftPayload { json })),
         };
         let response = self
@@ -83,24 +82,21 @@ impl<T: Transport> Connection<T> {
             .call(addr, envelope, option.hard_ttl())
             .await
             .map_err(|error| match error {
-                TransportError::Unreachable { .. } => {
-                    RPCError::Unreachable(Unreachable::new(&error))
-                }
+                TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&error)),
                 _ => RPCError::Network(NetworkError::new(&error)),
             })?;
         match response.body {
             Some(ResponseBody::Raft(payload)) => {
                 let result: Result<Resp, RaftError<u64, E>> = serde_json::from_slice(&payload.json)
                     .map_err(|error| RPCError::Network(NetworkError::new(&error)))?;
-                result
-                    .map_err(|remote| RPCError::RemoteError(RemoteError::new(self.target, remote)))
+                result.map_err(|remote| RPCError::RemoteError(RemoteError::new(self.target, remote)))
             }
-            Some(ResponseBody::Error(error)) => Err(RPCError::Network(NetworkError::new(
-                &AnyError::error(error.message),
-            ))),
-            other => Err(RPCError::Network(NetworkError::new(&AnyError::error(
-                format!("unexpected response to a Raft RPC: {other:?}"),
-            )))),
+            Some(ResponseBody::Error(error)) => {
+                Err(RPCError::Network(NetworkError::new(&AnyError::error(error.message))))
+            }
+            other => Err(RPCError::Network(NetworkError::new(&AnyError::error(format!(
+                "unexpected response to a Raft RPC: {other:?}"
+            ))))),
         }
     }
 }
@@ -111,8 +107,7 @@ impl<T: Transport> RaftNetwork<TypeConfig> for Connection<T> {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<u64>, openraft::error::Infallible> {
-        self.send(RequestBody::RaftAppendEntries, &rpc, &option)
-            .await
+        self.send(RequestBody::RaftAppendEntries, &rpc, &option).await
     }
 
     async fn install_snapshot(
@@ -120,8 +115,7 @@ impl<T: Transport> RaftNetwork<TypeConfig> for Connection<T> {
         rpc: InstallSnapshotRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<InstallSnapshotResponse<u64>, InstallSnapshotError> {
-        self.send(RequestBody::RaftInstallSnapshot, &rpc, &option)
-            .await
+        self.send(RequestBody::RaftInstallSnapshot, &rpc, &option).await
     }
 
     async fn vote(

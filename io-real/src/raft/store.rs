@@ -15,8 +15,8 @@ use drover_core::bootstrap::BootState;
 use drover_core::fsm::{Response, ServerState};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
-    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta,
-    StorageError, StorageIOError, StoredMembership, Vote,
+    Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership, Vote,
 };
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -104,9 +104,7 @@ impl Store {
         let txn = self.db.begin_read().map_err(redb_err)?;
         let table = txn.open_table(LOG).map_err(redb_err)?;
         let last = match table.last().map_err(redb_err)? {
-            Some((_, value)) => {
-                Some(decode::<Entry<TypeConfig>>("raft_log", value.value())?.log_id)
-            }
+            Some((_, value)) => Some(decode::<Entry<TypeConfig>>("raft_log", value.value())?.log_id),
             None => None,
         };
         match last {
@@ -116,18 +114,12 @@ impl Store {
     }
 
     /// Stores a snapshot (metadata as JSON, body as raw bytes) in one durable transaction.
-    fn put_snapshot(
-        &self,
-        meta: &SnapshotMeta<u64, ServerNode>,
-        data: &[u8],
-    ) -> Result<(), StoreError> {
+    fn put_snapshot(&self, meta: &SnapshotMeta<u64, ServerNode>, data: &[u8]) -> Result<(), StoreError> {
         let meta = serde_json::to_vec(meta).expect("snapshot meta serializes");
         let txn = self.db.begin_write().map_err(redb_err)?;
         {
             let mut table = txn.open_table(RAFT_META).map_err(redb_err)?;
-            table
-                .insert(KEY_SNAPSHOT_META, meta.as_slice())
-                .map_err(redb_err)?;
+            table.insert(KEY_SNAPSHOT_META, meta.as_slice()).map_err(redb_err)?;
             table.insert(KEY_SNAPSHOT_DATA, data).map_err(redb_err)?;
         }
         txn.commit().map_err(redb_err)
@@ -229,11 +221,7 @@ impl LogStore {
         LogStore { store }
     }
 
-    fn read_range(
-        &self,
-        start: u64,
-        end: Bound<u64>,
-    ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+    fn read_range(&self, start: u64, end: Bound<u64>) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
         let txn = self.store.db.begin_read().map_err(redb_err)?;
         let table = txn.open_table(LOG).map_err(redb_err)?;
         let range = match end {
@@ -256,19 +244,13 @@ impl LogStore {
             let mut table = txn.open_table(LOG).map_err(redb_err)?;
             for entry in &entries {
                 let bytes = serde_json::to_vec(entry).expect("entry serializes");
-                table
-                    .insert(entry.log_id.index, bytes.as_slice())
-                    .map_err(redb_err)?;
+                table.insert(entry.log_id.index, bytes.as_slice()).map_err(redb_err)?;
             }
         }
         txn.commit().map_err(redb_err)
     }
 
-    fn remove_range(
-        &self,
-        range: impl RangeBounds<u64>,
-        purged: Option<LogId<u64>>,
-    ) -> Result<(), StoreError> {
+    fn remove_range(&self, range: impl RangeBounds<u64>, purged: Option<LogId<u64>>) -> Result<(), StoreError> {
         let txn = self.store.db.begin_write().map_err(redb_err)?;
         {
             let mut table = txn.open_table(LOG).map_err(redb_err)?;
@@ -284,8 +266,7 @@ impl LogStore {
             if let Some(purged) = purged {
                 let mut meta = txn.open_table(RAFT_META).map_err(redb_err)?;
                 let bytes = serde_json::to_vec(&purged).expect("log id serializes");
-                meta.insert(KEY_LAST_PURGED, bytes.as_slice())
-                    .map_err(redb_err)?;
+                meta.insert(KEY_LAST_PURGED, bytes.as_slice()).map_err(redb_err)?;
             }
         }
         txn.commit().map_err(redb_err)
@@ -302,8 +283,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(start) => start + 1,
             Bound::Unbounded => 0,
         };
-        self.read_range(start, range.end_bound().cloned())
-            .map_err(io_read)
+        self.read_range(start, range.end_bound().cloned()).map_err(io_read)
     }
 }
 
@@ -337,10 +317,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// Committed is a hint that lets a restarted server re-apply its log at once; losing the
     /// latest value is harmless, so it is written without forcing a sync.
-    async fn save_committed(
-        &mut self,
-        committed: Option<LogId<u64>>,
-    ) -> Result<(), StorageError<u64>> {
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError<u64>> {
         self.store
             .put(RAFT_META, KEY_COMMITTED, &committed, Durability::None)
             .map_err(io_write)
@@ -354,11 +331,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .flatten())
     }
 
-    async fn append<I>(
-        &mut self,
-        entries: I,
-        callback: LogFlushed<TypeConfig>,
-    ) -> Result<(), StorageError<u64>>
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> Result<(), StorageError<u64>>
     where
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
@@ -382,8 +355,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
-        self.remove_range(..=log_id.index, Some(log_id))
-            .map_err(io_write)
+        self.remove_range(..=log_id.index, Some(log_id)).map_err(io_write)
     }
 }
 
@@ -422,11 +394,10 @@ impl StateMachine {
         let mut applied = Applied::default();
         if let Some((_, data)) = store.get_snapshot()? {
             let body = decode_body(&data)?;
-            applied.state =
-                ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
-                    key: "snapshot".into(),
-                    reason: error.to_string(),
-                })?;
+            applied.state = ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
+                key: "snapshot".into(),
+                reason: error.to_string(),
+            })?;
             applied.last_applied = body.last_applied;
             applied.membership = body.membership;
         }
@@ -453,11 +424,7 @@ impl StateMachine {
         self.changes.send_modify(|count| *count += 1);
     }
 
-    fn install(
-        &self,
-        meta: &SnapshotMeta<u64, ServerNode>,
-        data: Vec<u8>,
-    ) -> Result<(), StoreError> {
+    fn install(&self, meta: &SnapshotMeta<u64, ServerNode>, data: Vec<u8>) -> Result<(), StoreError> {
         let body = decode_body(&data)?;
         let state = ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
             key: "snapshot".into(),
@@ -500,12 +467,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             last_membership: membership,
             snapshot_id,
         };
-        self.store.put_snapshot(&meta, &data).map_err(|error| {
-            StorageError::from(StorageIOError::write_snapshot(
-                Some(meta.signature()),
-                &error,
-            ))
-        })?;
+        self.store
+            .put_snapshot(&meta, &data)
+            .map_err(|error| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &error)))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
@@ -540,8 +504,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
                 EntryPayload::Membership(membership) => {
                     applied.state.advance(index);
-                    applied.membership =
-                        StoredMembership::new(Some(entry.log_id), membership.clone());
+                    applied.membership = StoredMembership::new(Some(entry.log_id), membership.clone());
                     Response::Done
                 }
             };
@@ -560,9 +523,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         self.clone()
     }
 
-    async fn begin_receiving_snapshot(
-        &mut self,
-    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
+    async fn begin_receiving_snapshot(&mut self) -> Result<Box<Cursor<Vec<u8>>>, StorageError<u64>> {
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
@@ -571,17 +532,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         meta: &SnapshotMeta<u64, ServerNode>,
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> Result<(), StorageError<u64>> {
-        self.install(meta, snapshot.into_inner()).map_err(|error| {
-            StorageError::from(StorageIOError::write_snapshot(
-                Some(meta.signature()),
-                &error,
-            ))
-        })
+        self.install(meta, snapshot.into_inner())
+            .map_err(|error| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &error)))
     }
 
-    async fn get_current_snapshot(
-        &mut self,
-    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
+    async fn get_current_snapshot(&mut self) -> Result<Option<Snapshot<TypeConfig>>, StorageError<u64>> {
         let stored = self.store.get_snapshot().map_err(io_read)?;
         Ok(stored.map(|(meta, data)| Snapshot {
             meta,

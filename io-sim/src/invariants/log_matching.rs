@@ -18,16 +18,9 @@ impl Invariant for LogMatching {
     }
 
     fn observe(&mut self, node: &str, event: &AgentEvent) -> Result<(), String> {
-        if let AgentEvent::Applied {
-            index,
-            term,
-            digest,
-        } = event
-        {
+        if let AgentEvent::Applied { index, term, digest } = event {
             match self.applied.get(index) {
-                Some((first, first_term, first_digest))
-                    if (*first_term, *first_digest) != (*term, *digest) =>
-                {
+                Some((first, first_term, first_digest)) if (*first_term, *first_digest) != (*term, *digest) => {
                     return Err(format!(
                         "index {index}: {first} applied term {first_term} digest {first_digest:016x} \
                          but {node} applied term {term} digest {digest:016x}"
@@ -35,8 +28,7 @@ impl Invariant for LogMatching {
                 }
                 Some(_) => {}
                 None => {
-                    self.applied
-                        .insert(*index, (node.to_string(), *term, *digest));
+                    self.applied.insert(*index, (node.to_string(), *term, *digest));
                 }
             }
         }

@@ -23,9 +23,7 @@ impl Invariant for NoRebootstrap {
                 self.started_with_state
                     .insert(node.to_string(), boot.has_raft_state() || boot.bootstrapped);
             }
-            AgentEvent::BootstrapRequested { .. }
-                if self.started_with_state.get(node) == Some(&true) =>
-            {
+            AgentEvent::BootstrapRequested { .. } if self.started_with_state.get(node) == Some(&true) => {
                 return Err(format!(
                     "{node} started with existing Raft state and bootstrapped again"
                 ));

@@ -1,0 +1,279 @@
+//! The agent RPC service: what an agent answers on its RPC port, and how it submits requests
+//! to the servers' write endpoints.
+//!
+//! - Raft messages and `Status.Peers` go to openraft.
+//! - `Apply` (a state-machine command) is proposed locally; the caller forwards on NOT_LEADER.
+//! - `Server` (a [`ServerRequest`]) is handed to the core's `RpcEndpoints` when this server
+//!   leads, else forwarded once to the leader.
+//! - `ClientCsi` is answered by this agent's CSI plugins through [`ClientCsi`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::agent;
+use drover_core::fsm::Entry;
+use drover_core::rpc::{
+    self, ClientCsiReply, ClientCsiRequest, ReqId, RpcError as CoreRpcError, ServerReply, ServerRequest,
+};
+use drover_proto::agent::v1::agent_request::Body as RequestBody;
+use drover_proto::agent::v1::agent_response::Body as ResponseBody;
+use drover_proto::agent::v1::rpc_error::Kind as ErrorKind;
+use drover_proto::agent::v1::{
+    AgentRequest, AgentResponse, ApplyResponse, JsonPayload, RaftPayload, RpcError, StatusPeersResponse,
+};
+use openraft::error::{ClientWriteError, RaftError};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::io::{BoxFuture, ClientCsi, TransportError};
+use crate::raft::Raft;
+
+/// How long a caller waits for the leader's endpoints to answer.
+pub const SERVER_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Sends one request to another agent.
+pub type Forwarder =
+    Arc<dyn Fn(SocketAddr, AgentRequest, Duration) -> BoxFuture<Result<AgentResponse, TransportError>> + Send + Sync>;
+
+/// Reply slots for requests handed to the core, by request id.
+pub type Replies = Arc<Mutex<BTreeMap<ReqId, oneshot::Sender<ServerReply>>>>;
+
+#[derive(Clone)]
+pub struct Service {
+    pub raft: Option<Raft>,
+    pub node_id: u64,
+    pub region: String,
+    pub inbox: mpsc::UnboundedSender<agent::Input>,
+    pub replies: Replies,
+    pub next_req: Arc<AtomicU64>,
+    pub forward: Forwarder,
+    pub client_csi: Option<Arc<dyn ClientCsi>>,
+}
+
+fn error_response(kind: ErrorKind, message: impl Into<String>, leader_addr: String) -> AgentResponse {
+    AgentResponse {
+        body: Some(ResponseBody::Error(RpcError {
+            kind: kind as i32,
+            message: message.into(),
+            leader_addr,
+        })),
+    }
+}
+
+fn raft_response<R: Serialize>(result: R) -> AgentResponse {
+    AgentResponse {
+        body: Some(ResponseBody::Raft(RaftPayload {
+            json: serde_json::to_vec(&result).expect("raft response serializes"),
+        })),
+    }
+}
+
+fn json_payload<T: Serialize>(value: &T) -> JsonPayload {
+    JsonPayload {
+        json: serde_json::to_vec(value).expect("payload serializes"),
+    }
+}
+
+fn decode<R: DeserializeOwned>(json: &[u8]) -> Result<R, AgentResponse> {
+    serde_json::from_slice(json)
+        .map_err(|error| error_response(ErrorKind::Invalid, format!("malformed request: {error}"), String::new()))
+}
+
+fn server_error(message: impl Into<String>, retryable: bool) -> ServerReply {
+    ServerReply::Error(CoreRpcError {
+        message: message.into(),
+        retryable,
+    })
+}
+
+/// Builds the envelope for a server request.
+pub fn server_envelope(region: &str, request: &ServerRequest, forwarded: bool) -> AgentRequest {
+    AgentRequest {
+        region: region.to_string(),
+        forwarded,
+        body: Some(RequestBody::Server(json_payload(request))),
+    }
+}
+
+/// Reads a server reply out of a response envelope.
+pub fn server_reply(response: AgentResponse) -> ServerReply {
+    match response.body {
+        Some(ResponseBody::Server(payload)) => serde_json::from_slice(&payload.json)
+            .unwrap_or_else(|error| server_error(format!("malformed reply: {error}"), false)),
+        Some(ResponseBody::Error(error)) => server_error(error.message, true),
+        other => server_error(format!("unexpected response {other:?}"), false),
+    }
+}
+
+/// Builds the envelope for a `ClientCSI` call.
+pub fn client_csi_envelope(region: &str, request: &ClientCsiRequest) -> AgentRequest {
+    AgentRequest {
+        region: region.to_string(),
+        forwarded: false,
+        body: Some(RequestBody::ClientCsi(json_payload(request))),
+    }
+}
+
+/// Reads a `ClientCSI` outcome out of a response envelope.
+pub fn client_csi_reply(response: AgentResponse) -> Result<ClientCsiReply, String> {
+    match response.body {
+        Some(ResponseBody::ClientCsi(payload)) => {
+            serde_json::from_slice::<Result<ClientCsiReply, String>>(&payload.json)
+                .unwrap_or_else(|error| Err(format!("malformed reply: {error}")))
+        }
+        Some(ResponseBody::Error(error)) => Err(error.message),
+        other => Err(format!("unexpected response {other:?}")),
+    }
+}
+
+impl Service {
+    pub async fn handle(&self, request: AgentRequest) -> AgentResponse {
+        if request.region != self.region {
+            return error_response(
+                ErrorKind::WrongRegion,
+                format!(
+                    "request for region {:?} reached an agent of region {:?}",
+                    request.region, self.region
+                ),
+                String::new(),
+            );
+        }
+        let forwarded = request.forwarded;
+        let Some(body) = request.body else {
+            return error_response(ErrorKind::Invalid, "empty request", String::new());
+        };
+        if let RequestBody::ClientCsi(payload) = body {
+            return self.client_csi(payload).await;
+        }
+        if let RequestBody::Server(payload) = body {
+            let request: ServerRequest = match decode(&payload.json) {
+                Ok(request) => request,
+                Err(response) => return response,
+            };
+            let reply = self.server_request(request, forwarded).await;
+            return AgentResponse {
+                body: Some(ResponseBody::Server(json_payload(&reply))),
+            };
+        }
+        let Some(raft) = &self.raft else {
+            return error_response(ErrorKind::Invalid, "this agent is not a server", String::new());
+        };
+        match body {
+            RequestBody::RaftAppendEntries(payload) => match decode(&payload.json) {
+                Ok(rpc) => raft_response(raft.append_entries(rpc).await),
+                Err(response) => response,
+            },
+            RequestBody::RaftVote(payload) => match decode(&payload.json) {
+                Ok(rpc) => raft_response(raft.vote(rpc).await),
+                Err(response) => response,
+            },
+            RequestBody::RaftInstallSnapshot(payload) => match decode(&payload.json) {
+                Ok(rpc) => raft_response(raft.install_snapshot(rpc).await),
+                Err(response) => response,
+            },
+            RequestBody::StatusPeers(_) => {
+                let metrics = raft.metrics().borrow().clone();
+                let peers = metrics
+                    .membership_config
+                    .membership()
+                    .nodes()
+                    .map(|(_, node)| node.rpc_addr.clone())
+                    .collect();
+                AgentResponse {
+                    body: Some(ResponseBody::StatusPeers(StatusPeersResponse { peers })),
+                }
+            }
+            RequestBody::Apply(apply) => {
+                let entry: Entry = match decode(&apply.command_json) {
+                    Ok(entry) => entry,
+                    Err(response) => return response,
+                };
+                match raft.client_write(entry).await {
+                    Ok(response) => AgentResponse {
+                        body: Some(ResponseBody::Apply(ApplyResponse {
+                            index: response.log_id.index,
+                            response_json: serde_json::to_vec(&response.data).expect("response serializes"),
+                        })),
+                    },
+                    Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => error_response(
+                        ErrorKind::NotLeader,
+                        "not the leader",
+                        forward.leader_node.map(|node| node.rpc_addr).unwrap_or_default(),
+                    ),
+                    Err(error) => error_response(ErrorKind::Internal, error.to_string(), String::new()),
+                }
+            }
+            RequestBody::Server(_) | RequestBody::ClientCsi(_) => unreachable!("handled above"),
+        }
+    }
+
+    async fn client_csi(&self, payload: JsonPayload) -> AgentResponse {
+        let request: ClientCsiRequest = match decode(&payload.json) {
+            Ok(request) => request,
+            Err(response) => return response,
+        };
+        let result = match &self.client_csi {
+            Some(plugins) => plugins.call(request).await,
+            None => Err("Unknown node: this agent runs no CSI plugins".to_string()),
+        };
+        AgentResponse {
+            body: Some(ResponseBody::ClientCsi(json_payload(&result))),
+        }
+    }
+
+    /// Submits a request to the write endpoints: to the core when this server leads, else to
+    /// the leader (once: a forwarded request that finds no leader here fails as retryable).
+    pub async fn server_request(&self, request: ServerRequest, forwarded: bool) -> ServerReply {
+        let Some(raft) = &self.raft else {
+            return server_error("this agent is not a server", true);
+        };
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.current_leader == Some(self.node_id) {
+            return self.submit_local(request).await;
+        }
+        if forwarded {
+            return server_error("No cluster leader", true);
+        }
+        let leader_addr = metrics.current_leader.and_then(|leader| {
+            metrics
+                .membership_config
+                .membership()
+                .get_node(&leader)
+                .map(|node| node.rpc_addr.clone())
+        });
+        let Some(addr) = leader_addr.and_then(|addr| addr.parse().ok()) else {
+            return server_error("No cluster leader", true);
+        };
+        let envelope = server_envelope(&self.region, &request, true);
+        match (self.forward)(addr, envelope, SERVER_REQUEST_TIMEOUT).await {
+            Ok(response) => server_reply(response),
+            Err(error) => server_error(format!("forwarding to the leader failed: {error}"), true),
+        }
+    }
+
+    async fn submit_local(&self, request: ServerRequest) -> ServerReply {
+        let req = self.next_req.fetch_add(1, Ordering::SeqCst);
+        let (tx, rx) = oneshot::channel();
+        self.replies.lock().expect("replies lock").insert(req, tx);
+        if self
+            .inbox
+            .send(agent::Input::Rpc(rpc::Input::Request { req, request }))
+            .is_err()
+        {
+            self.replies.lock().expect("replies lock").remove(&req);
+            return server_error("agent is shutting down", true);
+        }
+        match tokio::time::timeout(SERVER_REQUEST_TIMEOUT, rx).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => server_error("agent is shutting down", true),
+            Err(_) => {
+                self.replies.lock().expect("replies lock").remove(&req);
+                server_error("timed out waiting for the leader", true)
+            }
+        }
+    }
+}
