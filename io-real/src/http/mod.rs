@@ -1,5 +1,9 @@
-//! The HTTP API, in Nomad's shapes (reference §7): status, agent and variables endpoints.
-//! Reads answer from the agent's published status and applied state; writes go through Raft.
+//! The HTTP API, in Nomad's shapes (reference §7): status, agent, variables, CSI volumes and
+//! plugins, and nodes. Reads answer from the agent's published status and applied state
+//! (blocking queries on a table's index); writes go through Raft.
+
+mod csi;
+mod render;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -40,6 +44,19 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/agent/members", get(agent_members))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/vars", get(list_variables))
+        .route("/v1/volumes", get(csi::list_volumes))
+        .route(
+            "/v1/volume/csi/{id}",
+            get(csi::get_volume)
+                .put(csi::put_volume)
+                .post(csi::put_volume)
+                .delete(csi::delete_volume),
+        )
+        .route("/v1/volume/csi/{id}/detach", axum::routing::delete(csi::detach_volume))
+        .route("/v1/plugins", get(csi::list_plugins))
+        .route("/v1/plugin/csi/{id}", get(csi::get_plugin).delete(csi::delete_plugin))
+        .route("/v1/nodes", get(csi::list_nodes))
+        .route("/v1/node/{id}", get(csi::get_node))
         .route(
             "/v1/var/{*path}",
             get(get_variable)
@@ -195,6 +212,14 @@ async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
 struct QueryOptions {
     index: Option<u64>,
     wait: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    prefix: Option<String>,
+    namespace: Option<String>,
+    plugin_id: Option<String>,
+    node_id: Option<String>,
+    node: Option<String>,
+    force: Option<bool>,
 }
 
 /// Parses Go durations as Nomad accepts them for `wait` ("5s", "1m", "250ms", "1m30s").

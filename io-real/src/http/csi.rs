@@ -1,0 +1,442 @@
+//! CSI volumes, CSI plugins and nodes (reference §7.1): reads from the local state store
+//! (stale reads allowed, blocking on the table's index), writes through the leader's endpoints.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use drover_core::fsm::Table;
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{
+    AccessMode, AttachmentMode, CsiCapability, CsiMountOptions, CsiTopology, CsiTopologyRequest, CsiVolume,
+    DEFAULT_NAMESPACE,
+};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, QueryOptions, block_on_table, query_headers, render};
+use crate::driver::AgentHandle;
+
+const ID_LEN_MAX: usize = 128;
+
+/// Volume and plugin ids become CSI RPC arguments and client path components: no path
+/// separators, no `..`, no control characters, bounded length.
+pub fn validate_id(kind: &str, id: &str) -> Result<(), ApiError> {
+    let reason = if id.is_empty() {
+        "must not be empty"
+    } else if id.len() > ID_LEN_MAX {
+        "must be at most 128 bytes"
+    } else if id.contains('/') || id.contains('\\') {
+        "must not contain path separators"
+    } else if id.contains("..") {
+        "must not contain \"..\""
+    } else if id.chars().any(char::is_control) {
+        "must not contain control characters"
+    } else {
+        return Ok(());
+    };
+    Err(ApiError(
+        StatusCode::BAD_REQUEST,
+        format!("invalid {kind} ID {id:?}: {reason}"),
+    ))
+}
+
+fn namespace(options: &QueryOptions) -> String {
+    options
+        .namespace
+        .clone()
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string())
+}
+
+/// Maps an endpoint reply to HTTP: not found → 404, validation → 400, other RPC errors → 500.
+fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
+    match reply {
+        ServerReply::Done { index } | ServerReply::Claimed { index, .. } => Ok(index),
+        ServerReply::Error(error) => {
+            let status = if error.message == "volume not found" || error.message.starts_with("plugin not found") {
+                StatusCode::NOT_FOUND
+            } else if error.message.starts_with("validation:") || error.message.starts_with("no CSI plugin named") {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
+            let message = if error.retryable || status != StatusCode::INTERNAL_SERVER_ERROR {
+                error.message
+            } else {
+                format!("rpc error: {}", error.message)
+            };
+            Err(ApiError(status, message))
+        }
+    }
+}
+
+pub async fn list_volumes(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    match options.kind.as_deref() {
+        None => return Ok((query_headers(&handle, 1), axum::Json(json!([])))),
+        Some("csi") => {}
+        Some(other) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("unsupported volume type {other:?}"),
+            ));
+        }
+    }
+    let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
+    let namespace = namespace(&options);
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            let on_node = options.node_id.as_ref().map(|node| state.volumes_on_node(node));
+            state
+                .volume_keys()
+                .filter(|(ns, _)| namespace == "*" || *ns == namespace)
+                .filter(|(_, id)| options.prefix.as_ref().is_none_or(|prefix| id.starts_with(prefix)))
+                .filter(|key| on_node.as_ref().is_none_or(|keys| keys.contains(*key)))
+                .filter_map(|(ns, id)| state.volume(ns, id))
+                .filter(|volume| {
+                    options
+                        .plugin_id
+                        .as_ref()
+                        .is_none_or(|plugin| volume.plugin_id == *plugin)
+                })
+                .map(|volume| render::volume_stub(&volume))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn get_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("volume", &id)?;
+    let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
+    let namespace = namespace(&options);
+    let volume = handle
+        .read_state(|state| {
+            state
+                .volume(&namespace, &id)
+                .map(|volume| render::volume(&volume, state))
+        })
+        .flatten();
+    match volume {
+        Some(volume) => Ok((query_headers(&handle, index), axum::Json(volume))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "volume not found".into())),
+    }
+}
+
+#[derive(Deserialize)]
+struct RegisterBody {
+    #[serde(rename = "Volumes", default)]
+    volumes: Vec<VolumeSpec>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct CapabilitySpec {
+    #[serde(rename = "AccessMode")]
+    access_mode: String,
+    #[serde(rename = "AttachmentMode")]
+    attachment_mode: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct MountSpec {
+    #[serde(rename = "FSType")]
+    fs_type: String,
+    #[serde(rename = "MountFlags")]
+    mount_flags: Vec<String>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct TopologySpec {
+    #[serde(rename = "Segments")]
+    segments: BTreeMap<String, String>,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct TopologyRequestSpec {
+    #[serde(rename = "Required")]
+    required: Vec<TopologySpec>,
+    #[serde(rename = "Preferred")]
+    preferred: Vec<TopologySpec>,
+}
+
+/// A volume as Nomad's API accepts it for registration.
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct VolumeSpec {
+    #[serde(rename = "ID")]
+    id: String,
+    #[serde(rename = "Name")]
+    name: String,
+    #[serde(rename = "ExternalID")]
+    external_id: String,
+    #[serde(rename = "Namespace")]
+    namespace: String,
+    #[serde(rename = "PluginID")]
+    plugin_id: String,
+    #[serde(rename = "AccessMode")]
+    access_mode: String,
+    #[serde(rename = "AttachmentMode")]
+    attachment_mode: String,
+    #[serde(rename = "RequestedCapabilities")]
+    requested_capabilities: Vec<CapabilitySpec>,
+    #[serde(rename = "MountOptions")]
+    mount_options: Option<MountSpec>,
+    #[serde(rename = "Secrets")]
+    secrets: BTreeMap<String, String>,
+    #[serde(rename = "Parameters")]
+    parameters: BTreeMap<String, String>,
+    #[serde(rename = "Context")]
+    context: BTreeMap<String, String>,
+    #[serde(rename = "RequestedTopologies")]
+    requested_topologies: Option<TopologyRequestSpec>,
+    #[serde(rename = "RequestedCapacityMin")]
+    requested_capacity_min: u64,
+    #[serde(rename = "RequestedCapacityMax")]
+    requested_capacity_max: u64,
+    #[serde(rename = "SnapshotID")]
+    snapshot_id: String,
+    #[serde(rename = "CloneID")]
+    clone_id: String,
+}
+
+fn access_mode(text: &str) -> Result<AccessMode, ApiError> {
+    AccessMode::parse(text).ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("unknown access mode {text:?}")))
+}
+
+fn attachment_mode(text: &str) -> Result<AttachmentMode, ApiError> {
+    AttachmentMode::parse(text)
+        .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("unknown attachment mode {text:?}")))
+}
+
+fn topology(spec: TopologySpec) -> CsiTopology {
+    CsiTopology {
+        segments: spec.segments,
+    }
+}
+
+impl VolumeSpec {
+    fn into_volume(self) -> Result<CsiVolume, ApiError> {
+        validate_id("volume", &self.id)?;
+        if !self.plugin_id.is_empty() {
+            validate_id("plugin", &self.plugin_id)?;
+        }
+        let mut capabilities = Vec::new();
+        for capability in &self.requested_capabilities {
+            capabilities.push(CsiCapability {
+                access_mode: access_mode(&capability.access_mode)?,
+                attachment_mode: attachment_mode(&capability.attachment_mode)?,
+            });
+        }
+        // Before 1.1 the modes sat on the volume itself; accept that shape too.
+        if capabilities.is_empty() && !self.access_mode.is_empty() {
+            capabilities.push(CsiCapability {
+                access_mode: access_mode(&self.access_mode)?,
+                attachment_mode: attachment_mode(&self.attachment_mode)?,
+            });
+        }
+        Ok(CsiVolume {
+            name: if self.name.is_empty() {
+                self.id.clone()
+            } else {
+                self.name
+            },
+            id: self.id,
+            namespace: if self.namespace.is_empty() {
+                DEFAULT_NAMESPACE.to_string()
+            } else {
+                self.namespace
+            },
+            external_id: self.external_id,
+            plugin_id: self.plugin_id,
+            requested_capabilities: capabilities,
+            mount_options: self.mount_options.map(|options| CsiMountOptions {
+                fs_type: options.fs_type,
+                mount_flags: options.mount_flags,
+            }),
+            secrets: self.secrets,
+            parameters: self.parameters,
+            context: self.context,
+            requested_topologies: self.requested_topologies.map(|request| CsiTopologyRequest {
+                required: request.required.into_iter().map(topology).collect(),
+                preferred: request.preferred.into_iter().map(topology).collect(),
+            }),
+            requested_capacity_min: self.requested_capacity_min,
+            requested_capacity_max: self.requested_capacity_max,
+            snapshot_id: self.snapshot_id,
+            clone_id: self.clone_id,
+            ..CsiVolume::default()
+        })
+    }
+}
+
+pub async fn put_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("volume", &id)?;
+    let body: RegisterBody = serde_json::from_slice(&body).map_err(|error| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("failed to parse volume request: {error}"),
+        )
+    })?;
+    if body.volumes.is_empty() {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "request must contain a \"Volumes\" list with at least one volume".into(),
+        ));
+    }
+    let mut volumes = Vec::new();
+    for mut spec in body.volumes {
+        if spec.id.is_empty() {
+            spec.id = id.clone();
+        }
+        volumes.push(spec.into_volume()?);
+    }
+    let keys: Vec<(String, String)> = volumes.iter().map(CsiVolume::key).collect();
+    let index = reply_to_result(handle.request(ServerRequest::VolumeRegister { volumes }).await)?;
+    let registered: Vec<Value> = handle
+        .read_state(|state| {
+            keys.iter()
+                .filter_map(|(ns, id)| state.volume(ns, id))
+                .map(|volume| render::volume(&volume, state))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((
+        query_headers(&handle, index),
+        axum::Json(json!({ "Volumes": registered, "Warnings": "", "Index": index })),
+    ))
+}
+
+pub async fn delete_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("volume", &id)?;
+    let request = ServerRequest::VolumeDeregister {
+        namespace: namespace(&options),
+        volume_ids: vec![id],
+        force: options.force.unwrap_or(false),
+    };
+    let index = reply_to_result(handle.request(request).await)?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+pub async fn detach_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("volume", &id)?;
+    let Some(node) = options.node.clone().filter(|node| !node.is_empty()) else {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "detach requires node ID".into()));
+    };
+    let request = ServerRequest::VolumeDetach {
+        namespace: namespace(&options),
+        volume_id: id,
+        node_id: node,
+    };
+    let index = reply_to_result(handle.request(request).await)?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+pub async fn list_plugins(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    match options.kind.as_deref() {
+        None => return Ok((query_headers(&handle, 1), axum::Json(json!([])))),
+        Some("csi") => {}
+        Some(other) => {
+            return Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("unsupported plugin type {other:?}"),
+            ));
+        }
+    }
+    let index = block_on_table(&handle, Table::CsiPlugins, &options).await?;
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .plugins()
+                .filter(|plugin| {
+                    options
+                        .prefix
+                        .as_ref()
+                        .is_none_or(|prefix| plugin.id.starts_with(prefix))
+                })
+                .map(render::plugin_stub)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn get_plugin(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("plugin", &id)?;
+    let index = block_on_table(&handle, Table::CsiPlugins, &options).await?;
+    let plugin = handle
+        .read_state(|state| state.plugin(&id).map(|plugin| render::plugin(plugin, state)))
+        .flatten();
+    match plugin {
+        Some(plugin) => Ok((query_headers(&handle, index), axum::Json(plugin))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "plugin not found".into())),
+    }
+}
+
+pub async fn delete_plugin(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("plugin", &id)?;
+    let index = reply_to_result(handle.request(ServerRequest::PluginDelete { plugin_id: id }).await)?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+pub async fn list_nodes(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Nodes, &options).await?;
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .nodes()
+                .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
+                .map(render::node_stub)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn get_node(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Nodes, &options).await?;
+    let node = handle.read_state(|state| state.node(&id).map(render::node)).flatten();
+    match node {
+        Some(node) => Ok((query_headers(&handle, index), axum::Json(node))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "node not found".into())),
+    }
+}

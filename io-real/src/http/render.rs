@@ -1,0 +1,328 @@
+//! Nomad's JSON shapes (reference §7.3) rendered from the state store's records. Secrets are
+//! never rendered; mount flags show as `["[REDACTED]"]`, as Nomad's encoder does.
+
+use drover_core::fsm::ServerState;
+use drover_core::structs::{Allocation, CsiInfo, CsiPlugin, CsiTopology, CsiVolume, CsiVolumeClaim, Node, NodeEvent};
+use serde_json::{Map, Value, json};
+
+/// Milliseconds since the epoch as RFC 3339 (UTC, millisecond precision).
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, day_secs) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        day_secs / 3600,
+        day_secs % 3600 / 60,
+        day_secs % 60,
+        ms % 1000
+    )
+}
+
+/// Go's `time.Time` as int64 nanoseconds, as Nomad's volume and plugin times are.
+pub fn nanos(ms: u64) -> i128 {
+    i128::from(ms) * 1_000_000
+}
+
+fn topology(topology: &CsiTopology) -> Value {
+    json!({ "Segments": topology.segments })
+}
+
+pub fn csi_info(info: &CsiInfo) -> Value {
+    let mut value = json!({
+        "PluginID": info.plugin_id,
+        "AllocID": info.alloc_id,
+        "Healthy": info.healthy,
+        "HealthDescription": info.health_description,
+        "UpdateTime": rfc3339(info.update_time_ms),
+        "Provider": info.provider,
+        "ProviderVersion": info.provider_version,
+        "RequiresControllerPlugin": info.requires_controller_plugin,
+        "RequiresTopologies": info.requires_topologies,
+    });
+    if let Some(controller) = &info.controller_info {
+        value["ControllerInfo"] = json!({
+            "SupportsReadOnlyAttach": controller.supports_read_only_attach,
+            "SupportsAttachDetach": controller.supports_attach_detach,
+            "SupportsListVolumes": controller.supports_list_volumes,
+            "SupportsGetCapacity": controller.supports_get_capacity,
+            "SupportsCreateDelete": controller.supports_create_delete,
+            "SupportsCreateDeleteSnapshot": controller.supports_create_delete_snapshot,
+            "SupportsListSnapshots": controller.supports_list_snapshots,
+            "SupportsClone": controller.supports_clone,
+            "SupportsExpand": controller.supports_expand,
+            "SupportsListVolumesAttachedNodes": controller.supports_list_volumes_attached_nodes,
+            "SupportsCondition": controller.supports_condition,
+            "SupportsGet": controller.supports_get,
+        });
+    }
+    if let Some(node) = &info.node_info {
+        value["NodeInfo"] = json!({
+            "ID": node.id,
+            "MaxVolumes": node.max_volumes,
+            "AccessibleTopology": node.accessible_topology.as_ref().map(topology),
+            "RequiresNodeStageVolume": node.requires_node_stage_volume,
+            "SupportsStats": node.supports_stats,
+            "SupportsExpand": node.supports_expand,
+            "SupportsCondition": node.supports_condition,
+        });
+    }
+    value
+}
+
+pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
+    let node_name = state
+        .node(&alloc.node_id)
+        .map(|node| node.name.clone())
+        .unwrap_or_default();
+    let job_type = state
+        .job(&alloc.namespace, &alloc.job_id)
+        .map(|job| format!("{:?}", job.job_type).to_lowercase())
+        .unwrap_or_default();
+    json!({
+        "ID": alloc.id,
+        "EvalID": alloc.eval_id,
+        "Name": alloc.name,
+        "Namespace": alloc.namespace,
+        "NodeID": alloc.node_id,
+        "NodeName": node_name,
+        "JobID": alloc.job_id,
+        "JobType": job_type,
+        "JobVersion": 0,
+        "TaskGroup": alloc.task_group,
+        "DesiredStatus": format!("{:?}", alloc.desired_status).to_lowercase(),
+        "DesiredDescription": "",
+        "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
+        "ClientDescription": "",
+        "TaskStates": Value::Null,
+        "CreateIndex": alloc.create_index,
+        "ModifyIndex": alloc.modify_index,
+        "CreateTime": nanos(alloc.create_time_ms),
+        "ModifyTime": nanos(alloc.modify_time_ms),
+    })
+}
+
+fn claim(claim: &CsiVolumeClaim) -> Value {
+    json!({
+        "AllocationID": claim.allocation_id,
+        "NodeID": claim.node_id,
+        "ExternalNodeID": claim.external_node_id,
+        "Mode": claim.mode.as_int(),
+        "AccessMode": claim.access_mode.as_str(),
+        "AttachmentMode": claim.attachment_mode.as_str(),
+        "State": claim.state.as_int(),
+    })
+}
+
+fn health_fields(volume: &CsiVolume, value: &mut Map<String, Value>) {
+    let health = &volume.plugin_health;
+    value.insert("Schedulable".into(), json!(health.schedulable));
+    value.insert("Provider".into(), json!(health.provider));
+    value.insert("ProviderVersion".into(), json!(health.provider_version));
+    value.insert("ControllerRequired".into(), json!(health.controller_required));
+    value.insert("ControllersHealthy".into(), json!(health.controllers_healthy));
+    value.insert("ControllersExpected".into(), json!(health.controllers_expected));
+    value.insert("NodesHealthy".into(), json!(health.nodes_healthy));
+    value.insert("NodesExpected".into(), json!(health.nodes_expected));
+}
+
+pub fn volume_stub(volume: &CsiVolume) -> Value {
+    let mut value = json!({
+        "ID": volume.id,
+        "Namespace": volume.namespace,
+        "Name": volume.name,
+        "ExternalID": volume.external_id,
+        "Topologies": volume.topologies.iter().map(topology).collect::<Vec<_>>(),
+        "AccessMode": volume.access_mode.as_str(),
+        "AttachmentMode": volume.attachment_mode.as_str(),
+        "CurrentReaders": volume.read_claims.len(),
+        "CurrentWriters": volume.write_claims.len(),
+        "PluginID": volume.plugin_id,
+        "ResourceExhausted": Value::Null,
+        "CreateIndex": volume.create_index,
+        "ModifyIndex": volume.modify_index,
+        "CreateTime": nanos(volume.create_time_ms),
+        "ModifyTime": nanos(volume.modify_time_ms),
+    });
+    health_fields(volume, value.as_object_mut().expect("object"));
+    value
+}
+
+/// The full volume (`GET /v1/volume/csi/:id`), denormalised, secrets removed.
+pub fn volume(volume: &CsiVolume, state: &ServerState) -> Value {
+    let mount_options = volume.mount_options.as_ref().map(|options| {
+        json!({
+            "FSType": options.fs_type,
+            "MountFlags": if options.mount_flags.is_empty() { json!([]) } else { json!(["[REDACTED]"]) },
+        })
+    });
+    let null_map = |claims: &std::collections::BTreeMap<String, CsiVolumeClaim>| -> Map<String, Value> {
+        claims.keys().map(|alloc| (alloc.clone(), Value::Null)).collect()
+    };
+    let allocations: Vec<Value> = volume
+        .read_claims
+        .keys()
+        .chain(volume.write_claims.keys())
+        .filter_map(|id| state.alloc(id))
+        .map(|alloc| alloc_stub(alloc, state))
+        .collect();
+    let mut value = json!({
+        "ID": volume.id,
+        "Name": volume.name,
+        "ExternalID": volume.external_id,
+        "Namespace": volume.namespace,
+        "PluginID": volume.plugin_id,
+        "AccessMode": volume.access_mode.as_str(),
+        "AttachmentMode": volume.attachment_mode.as_str(),
+        "RequestedCapabilities": volume.requested_capabilities.iter().map(|cap| json!({
+            "AccessMode": cap.access_mode.as_str(),
+            "AttachmentMode": cap.attachment_mode.as_str(),
+        })).collect::<Vec<_>>(),
+        "MountOptions": mount_options,
+        "Parameters": volume.parameters,
+        "Context": volume.context,
+        "Topologies": volume.topologies.iter().map(topology).collect::<Vec<_>>(),
+        "RequestedTopologies": volume.requested_topologies.as_ref().map(|request| json!({
+            "Required": request.required.iter().map(topology).collect::<Vec<_>>(),
+            "Preferred": request.preferred.iter().map(topology).collect::<Vec<_>>(),
+        })),
+        "Capacity": volume.capacity,
+        "RequestedCapacityMin": volume.requested_capacity_min,
+        "RequestedCapacityMax": volume.requested_capacity_max,
+        "SnapshotID": volume.snapshot_id,
+        "CloneID": volume.clone_id,
+        "ReadAllocs": null_map(&volume.read_claims),
+        "WriteAllocs": null_map(&volume.write_claims),
+        "ReadClaims": volume.read_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
+        "WriteClaims": volume.write_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
+        "PastClaims": volume.past_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
+        "Allocations": allocations,
+        "ResourceExhausted": Value::Null,
+        "CreateIndex": volume.create_index,
+        "ModifyIndex": volume.modify_index,
+        "CreateTime": nanos(volume.create_time_ms),
+        "ModifyTime": nanos(volume.modify_time_ms),
+    });
+    health_fields(volume, value.as_object_mut().expect("object"));
+    value
+}
+
+pub fn plugin_stub(plugin: &CsiPlugin) -> Value {
+    json!({
+        "ID": plugin.id,
+        "Provider": plugin.provider,
+        "ControllerRequired": plugin.controller_required,
+        "ControllersHealthy": plugin.controllers_healthy,
+        "ControllersExpected": plugin.controllers_expected(),
+        "NodesHealthy": plugin.nodes_healthy,
+        "NodesExpected": plugin.nodes_expected(),
+        "CreateIndex": plugin.create_index,
+        "ModifyIndex": plugin.modify_index,
+    })
+}
+
+pub fn plugin(plugin: &CsiPlugin, state: &ServerState) -> Value {
+    let allocations: Vec<Value> = plugin
+        .controllers
+        .values()
+        .chain(plugin.nodes.values())
+        .map(|info| info.alloc_id.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .iter()
+        .filter_map(|id| state.alloc(id))
+        .map(|alloc| alloc_stub(alloc, state))
+        .collect();
+    json!({
+        "ID": plugin.id,
+        "Provider": plugin.provider,
+        "Version": plugin.version,
+        "ControllerRequired": plugin.controller_required,
+        "Controllers": plugin.controllers.iter().map(|(node, info)| (node.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "Nodes": plugin.nodes.iter().map(|(node, info)| (node.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "Allocations": allocations,
+        "ControllersHealthy": plugin.controllers_healthy,
+        "ControllersExpected": plugin.controllers_expected(),
+        "NodesHealthy": plugin.nodes_healthy,
+        "NodesExpected": plugin.nodes_expected(),
+        "CreateIndex": plugin.create_index,
+        "ModifyIndex": plugin.modify_index,
+        "CreateTime": nanos(plugin.create_time_ms),
+        "ModifyTime": nanos(plugin.modify_time_ms),
+    })
+}
+
+fn event(event: &NodeEvent) -> Value {
+    json!({
+        "Message": event.message,
+        "Subsystem": event.subsystem,
+        "Details": event.details,
+        "Timestamp": rfc3339(event.timestamp_ms),
+        "CreateIndex": event.create_index,
+    })
+}
+
+pub fn node_stub(node: &Node) -> Value {
+    json!({
+        "ID": node.id,
+        "Datacenter": node.datacenter,
+        "Name": node.name,
+        "NodeClass": "",
+        "NodePool": "default",
+        "Version": "",
+        "Drain": false,
+        "SchedulingEligibility": "eligible",
+        "Status": node.status.as_str(),
+        "StatusDescription": node.status_description,
+        "Drivers": {},
+        "Address": node.http_addr.split(':').next().unwrap_or_default(),
+        "CreateIndex": node.create_index,
+        "ModifyIndex": node.modify_index,
+    })
+}
+
+pub fn node(node: &Node) -> Value {
+    json!({
+        "ID": node.id,
+        "Datacenter": node.datacenter,
+        "Name": node.name,
+        "HTTPAddr": node.http_addr,
+        "TLSEnabled": false,
+        "Attributes": node.attributes,
+        "NodeClass": "",
+        "NodePool": "default",
+        "Drain": false,
+        "DrainStrategy": Value::Null,
+        "SchedulingEligibility": "eligible",
+        "Status": node.status.as_str(),
+        "StatusDescription": node.status_description,
+        "StatusUpdatedAt": node.status_updated_at_ms / 1000,
+        "Events": node.events.iter().map(event).collect::<Vec<_>>(),
+        "Drivers": {},
+        "HostVolumes": {},
+        "CSIControllerPlugins": node.csi_controller_plugins.iter().map(|(id, info)| (id.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "CSINodePlugins": node.csi_node_plugins.iter().map(|(id, info)| (id.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "CreateIndex": node.create_index,
+        "ModifyIndex": node.modify_index,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_309_296_985), "2026-11-22T01:01:36.985Z");
+    }
+}

@@ -1,0 +1,323 @@
+//! The CSI control plane through real sockets: an agent (server + client) whose ClientCSI calls
+//! go over tonic to its own recording fake plugin, driven through the HTTP API and the
+//! endpoints a client uses.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ServerReply, ServerRequest};
+use drover_core::structs::{
+    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiControllerInfo, CsiInfo,
+    CsiNodeInfo, CsiVolumeClaim, Node, NodeStatus,
+};
+use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
+use drover_io_real::io::{BoxFuture, ClientCsi, NoConsul, TracingObserver};
+use drover_io_real::net::GrpcTransport;
+
+#[derive(Default)]
+struct FakePlugins {
+    calls: Mutex<Vec<String>>,
+}
+
+impl ClientCsi for FakePlugins {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+        let (name, reply) = match &request {
+            ClientCsiRequest::ControllerValidate(r) => (format!("validate {}", r.volume_id), ClientCsiReply::Done),
+            ClientCsiRequest::ControllerAttach(r) => (
+                format!("controller-publish {} on {}", r.volume_id, r.client_csi_node_id),
+                ClientCsiReply::Attached {
+                    publish_context: [("device".into(), "/dev/fake0".into())].into(),
+                },
+            ),
+            ClientCsiRequest::ControllerDetach(r) => {
+                (format!("controller-unpublish {}", r.volume_id), ClientCsiReply::Done)
+            }
+            ClientCsiRequest::NodeDetach(r) => (
+                format!("node-unpublish {} alloc {}", r.volume_id, r.alloc_id),
+                ClientCsiReply::Done,
+            ),
+        };
+        self.calls.lock().unwrap().push(name);
+        Box::pin(async move { Ok(reply) })
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn http(method: &str, port: u16, path: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+async fn call(method: &'static str, port: u16, path: String, body: String) -> (u16, String) {
+    tokio::task::spawn_blocking(move || http(method, port, &path, &body))
+        .await
+        .unwrap()
+}
+
+async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = Ports {
+        http: free_port(),
+        rpc: free_port(),
+        serf: free_port(),
+    };
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut config = AgentConfig {
+        name: "dev".into(),
+        data_dir: Some(dir.path().display().to_string()),
+        bind_addr: ip,
+        ports,
+        advertise: Advertise::on(ip, ports),
+        dev_mode: true,
+        ..AgentConfig::default()
+    };
+    config.server.enabled = true;
+    config.server.bootstrap_expect = 1;
+    config.client.enabled = true;
+    let plugins = Arc::new(FakePlugins::default());
+    let db = drover_io_real::disk::open_database(dir.path()).unwrap();
+    let handle = start_agent(AgentParts {
+        config,
+        db,
+        transport: GrpcTransport::default(),
+        consul: NoConsul,
+        observer: Arc::new(TracingObserver),
+        client_csi: Some(plugins.clone()),
+    })
+    .await
+    .unwrap();
+    drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, ports.http))
+        .await
+        .unwrap();
+    for _ in 0..200 {
+        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (handle, ports.http, plugins, dir)
+}
+
+fn info(node_half: bool) -> CsiInfo {
+    CsiInfo {
+        plugin_id: "hostpath".into(),
+        alloc_id: "plugin-alloc".into(),
+        healthy: true,
+        health_description: "healthy".into(),
+        provider: "hostpath.csi.k8s.io".into(),
+        provider_version: "1.9.0".into(),
+        requires_controller_plugin: true,
+        controller_info: (!node_half).then(|| CsiControllerInfo {
+            supports_attach_detach: true,
+            ..Default::default()
+        }),
+        node_info: node_half.then(|| CsiNodeInfo {
+            id: "host-1".into(),
+            max_volumes: 64,
+            ..Default::default()
+        }),
+        ..CsiInfo::default()
+    }
+}
+
+async fn ok(handle: &AgentHandle, request: ServerRequest) -> ServerReply {
+    let reply = handle.request(request).await;
+    assert!(!matches!(reply, ServerReply::Error(_)), "{reply:?}");
+    reply
+}
+
+fn claim(state: ClaimState) -> CsiVolumeClaim {
+    CsiVolumeClaim {
+        allocation_id: "a1".into(),
+        node_id: "n1".into(),
+        external_node_id: String::new(),
+        mode: ClaimMode::Write,
+        access_mode: AccessMode::SingleNodeWriter,
+        attachment_mode: AttachmentMode::FileSystem,
+        state,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_claim_release_and_deregister_through_real_sockets() {
+    let (handle, port, plugins, _dir) = start().await;
+    let rpc_addr = format!("127.0.0.1:{}", handle.config().ports.rpc);
+    ok(
+        &handle,
+        ServerRequest::NodeRegister {
+            node: Node {
+                id: "n1".into(),
+                name: "client-1".into(),
+                rpc_addr,
+                status: NodeStatus::Ready,
+                csi_controller_plugins: [("hostpath".to_string(), info(false))].into(),
+                csi_node_plugins: [("hostpath".to_string(), info(true))].into(),
+                ..Node::default()
+            },
+        },
+    )
+    .await;
+
+    let (status, body) = call("GET", port, "/v1/plugins?type=csi".into(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains(r#""ControllersHealthy":1"#) && body.contains(r#""NodesHealthy":1"#),
+        "{body}"
+    );
+    let (_, body) = call("GET", port, "/v1/plugins".into(), String::new()).await;
+    assert_eq!(body, "[]", "no type means an empty list, as Nomad");
+
+    let volume = r#"{"Volumes":[{"ID":"vol0","Name":"vol0","ExternalID":"ext-vol0","PluginID":"hostpath",
+        "RequestedCapabilities":[{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}],
+        "MountOptions":{"FSType":"ext4","MountFlags":["noatime"]},"Secrets":{"password":"hunter2"}}]}"#;
+    let (status, body) = call("PUT", port, "/v1/volume/csi/vol0".into(), volume.into()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("hunter2"), "secrets never appear: {body}");
+
+    let (status, body) = call("GET", port, "/v1/volume/csi/vol0".into(), String::new()).await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(json.get("Secrets").is_none() && !body.contains("hunter2"), "{body}");
+    assert_eq!(json["MountOptions"]["MountFlags"], serde_json::json!(["[REDACTED]"]));
+    assert_eq!(json["Schedulable"], true);
+
+    ok(
+        &handle,
+        ServerRequest::AllocUpsert {
+            allocs: vec![Allocation {
+                id: "a1".into(),
+                namespace: "default".into(),
+                node_id: "n1".into(),
+                ..Default::default()
+            }],
+        },
+    )
+    .await;
+    let claimed = ok(
+        &handle,
+        ServerRequest::VolumeClaim {
+            namespace: "default".into(),
+            volume_id: "vol0".into(),
+            claim: claim(ClaimState::Taken),
+        },
+    )
+    .await;
+    let ServerReply::Claimed { publish_context, .. } = claimed else {
+        panic!("{claimed:?}")
+    };
+    assert_eq!(publish_context["device"], "/dev/fake0");
+
+    let (status, body) = call("DELETE", port, "/v1/volume/csi/vol0".into(), String::new()).await;
+    assert_eq!((status, body.as_str()), (500, "rpc error: volume in use: vol0"));
+
+    ok(
+        &handle,
+        ServerRequest::AllocClientUpdate {
+            alloc_id: "a1".into(),
+            client_status: ClientStatus::Complete,
+        },
+    )
+    .await;
+    let (_, body) = call("GET", port, "/v1/volume/csi/vol0".into(), String::new()).await;
+    assert!(
+        body.contains(r#""State":4"#),
+        "a terminal alloc reads as a past claim in state Unpublishing: {body}"
+    );
+    ok(
+        &handle,
+        ServerRequest::VolumeUnpublish {
+            namespace: "default".into(),
+            volume_id: "vol0".into(),
+            claim: claim(ClaimState::Unpublishing),
+        },
+    )
+    .await;
+    assert_eq!(
+        *plugins.calls.lock().unwrap(),
+        [
+            "validate ext-vol0",
+            "controller-publish ext-vol0 on host-1",
+            "node-unpublish vol0 alloc a1",
+            "controller-unpublish ext-vol0",
+        ]
+    );
+    let (status, _) = call("DELETE", port, "/v1/volume/csi/vol0".into(), String::new()).await;
+    assert_eq!(status, 200);
+    let (status, body) = call("GET", port, "/v1/volume/csi/vol0".into(), String::new()).await;
+    assert_eq!((status, body.as_str()), (404, "volume not found"));
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ids_are_validated_and_reads_block_until_the_table_changes() {
+    let (handle, port, _plugins, _dir) = start().await;
+    for (path, reason) in [
+        ("/v1/volume/csi/a%2Fb", "must not contain path separators"),
+        ("/v1/volume/csi/..x", "must not contain \\\"..\\\""),
+        ("/v1/volume/csi/a%07b", "must not contain control characters"),
+        ("/v1/plugin/csi/a%5Cb", "must not contain path separators"),
+    ] {
+        let (status, body) = call("GET", port, path.into(), String::new()).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert!(
+            body.contains(reason.trim_matches('\\')) || body.contains("\"..\""),
+            "{path}: {body}"
+        );
+    }
+    let long = "x".repeat(129);
+    let (status, body) = call("GET", port, format!("/v1/volume/csi/{long}"), String::new()).await;
+    assert_eq!((status, body.contains("at most 128 bytes")), (400, true));
+    let (status, body) = call("PUT", port, "/v1/volume/csi/v".into(), "{\"Volumes\":[]}".into()).await;
+    assert_eq!(status, 400, "{body}");
+
+    // A blocking query on the nodes table returns when a node registers.
+    let (_, _) = call("GET", port, "/v1/nodes".into(), String::new()).await;
+    let index = handle.read_state(|state| state.last_applied().unwrap_or(0)).unwrap();
+    let waiter = tokio::spawn(call(
+        "GET",
+        port,
+        format!("/v1/nodes?index={index}&wait=30s"),
+        String::new(),
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "blocked");
+    ok(
+        &handle,
+        ServerRequest::NodeRegister {
+            node: Node {
+                id: "n9".into(),
+                name: "late".into(),
+                status: NodeStatus::Ready,
+                ..Node::default()
+            },
+        },
+    )
+    .await;
+    let (status, body) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status, 200);
+    assert!(body.contains("\"n9\""), "{body}");
+    handle.shutdown().await;
+}
