@@ -109,6 +109,8 @@ pub struct ServerTiming {
     /// How often a leader looks for gossip servers missing from the Raft configuration.
     pub reconcile_interval: Duration,
     pub gossip: GossipTiming,
+    /// CSI claim and plugin garbage collection (Nomad's intervals by default).
+    pub csi_gc: crate::csi::watcher::GcConfig,
 }
 
 impl Default for ServerTiming {
@@ -126,6 +128,7 @@ impl Default for ServerTiming {
             peer_retries_max: 6,
             reconcile_interval: Duration::from_secs(5),
             gossip: GossipTiming::default(),
+            csi_gc: crate::csi::watcher::GcConfig::default(),
         }
     }
 }

@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::csi::routing::{self, ControllerTarget};
 use crate::csi::unpublish::{self, ControllerDetachRequest, NodeDetachRequest, Step};
+use crate::csi::watcher::{GcConfig, VolumeWatcher, WatcherAction};
 use crate::fsm::{Command, Response, ServerState};
 use crate::op::{OpId, OpIds};
 use crate::structs::{
@@ -215,6 +216,8 @@ type ClaimKey = (String, String, String);
 enum Flow {
     /// Propose one command and answer.
     Simple { req: ReqId },
+    /// Propose one command nobody waits for (GC jobs).
+    Internal,
     Register {
         req: ReqId,
         volumes: Vec<CsiVolume>,
@@ -245,6 +248,8 @@ enum Flow {
 enum Waiter {
     Request(ReqId),
     Detach(JobId),
+    /// The volume watcher; it retries on its own schedule.
+    Watcher,
 }
 
 #[derive(Debug)]
@@ -281,6 +286,7 @@ pub struct RpcEndpoints {
     client_ops: BTreeMap<OpId, (ClientOp, Instant)>,
     queues: BTreeMap<String, PluginQueue>,
     unpublishing: BTreeMap<ClaimKey, JobId>,
+    watcher: VolumeWatcher,
     actions: VecDeque<Action>,
 }
 
@@ -292,7 +298,7 @@ fn error(message: impl Into<String>, retryable: bool) -> RpcError {
 }
 
 impl RpcEndpoints {
-    pub fn new(client_timeout: Duration) -> Self {
+    pub fn new(client_timeout: Duration, gc: GcConfig) -> Self {
         RpcEndpoints {
             leader: false,
             client_timeout,
@@ -303,8 +309,13 @@ impl RpcEndpoints {
             client_ops: BTreeMap::new(),
             queues: BTreeMap::new(),
             unpublishing: BTreeMap::new(),
+            watcher: VolumeWatcher::new(gc),
             actions: VecDeque::new(),
         }
+    }
+
+    pub fn watcher(&self) -> &VolumeWatcher {
+        &self.watcher
     }
 
     pub fn is_leader(&self) -> bool {
@@ -334,6 +345,47 @@ impl RpcEndpoints {
                     self.fail_everything("leadership lost");
                 }
                 self.leader = leader;
+                self.watcher.set_enabled(now, leader);
+            }
+        }
+        self.run_watcher(now, state);
+    }
+
+    fn run_watcher(&mut self, now: Instant, state: &ServerState) {
+        let releasing: alloc::collections::BTreeSet<ClaimKey> = self.unpublishing.keys().cloned().collect();
+        for action in self.watcher.run(now, state, &releasing) {
+            match action {
+                WatcherAction::Unpublish {
+                    namespace,
+                    volume_id,
+                    claim,
+                } => {
+                    self.start_unpublish(now, Waiter::Watcher, namespace, volume_id, claim, state);
+                }
+                WatcherAction::ClaimGc { namespace, volume_id } => {
+                    let job = self.new_job(Flow::Internal);
+                    let claim = CsiVolumeClaim {
+                        allocation_id: String::new(),
+                        node_id: String::new(),
+                        external_node_id: String::new(),
+                        mode: ClaimMode::Gc,
+                        access_mode: AccessMode::Unknown,
+                        attachment_mode: AttachmentMode::Unknown,
+                        state: ClaimState::Unpublishing,
+                    };
+                    self.propose(
+                        job,
+                        Command::CsiVolumeClaim {
+                            namespace,
+                            volume_id,
+                            claim,
+                        },
+                    );
+                }
+                WatcherAction::DeletePlugin { plugin_id } => {
+                    let job = self.new_job(Flow::Internal);
+                    self.propose(job, Command::CsiPluginDelete { plugin_id });
+                }
             }
         }
     }
@@ -350,10 +402,17 @@ impl RpcEndpoints {
             let message = format!("CSI call timed out after {:?}", self.client_timeout);
             self.client_replied(now, op, client_op, Err(message), state);
         }
+        self.run_watcher(now, state);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.client_ops.values().map(|(_, deadline)| *deadline).min()
+        [
+            self.client_ops.values().map(|(_, deadline)| *deadline).min(),
+            self.watcher.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
@@ -611,6 +670,12 @@ impl RpcEndpoints {
             Err(message) => Err(error(message, true)),
         };
         match job {
+            Flow::Internal => {
+                self.jobs.remove(&job_id);
+                if let Err(failure) = outcome {
+                    tracing::debug!(error = %failure.message, "CSI garbage collection proposal failed");
+                }
+            }
             Flow::Simple { req } | Flow::Register { req, .. } => {
                 let req = *req;
                 self.jobs.remove(&job_id);
@@ -805,6 +870,11 @@ impl RpcEndpoints {
     fn finish_waiter(&mut self, _now: Instant, waiter: Waiter, result: Result<(), RpcError>, state: &ServerState) {
         let index = state.last_applied().unwrap_or(0);
         match waiter {
+            Waiter::Watcher => {
+                if let Err(failure) = result {
+                    tracing::debug!(error = %failure.message, "volume watcher: release failed; will retry");
+                }
+            }
             Waiter::Request(req) => {
                 let reply = match result {
                     Ok(()) => ServerReply::Done { index },
@@ -1032,7 +1102,7 @@ impl RpcEndpoints {
                     self.finish_unpublish(now, job_id, Err(failure), state);
                 }
             },
-            Flow::Simple { .. } | Flow::Detach { .. } => {}
+            Flow::Simple { .. } | Flow::Detach { .. } | Flow::Internal => {}
         }
     }
 
@@ -1052,6 +1122,7 @@ impl RpcEndpoints {
                         }
                     }
                 }
+                Flow::Internal => {}
             }
         }
         self.proposals.clear();
@@ -1086,7 +1157,7 @@ mod tests {
             fx.ok(Command::AllocUpsert {
                 allocs: vec![alloc("a1", "n1"), alloc("a2", "n2")],
             });
-            let mut machine = RpcEndpoints::new(Duration::from_secs(10));
+            let mut machine = RpcEndpoints::new(Duration::from_secs(10), GcConfig::default());
             machine.handle(Instant::ZERO, Input::Leadership { leader: true }, &fx.state);
             Harness {
                 fx,
@@ -1256,7 +1327,7 @@ mod tests {
     }
 
     #[test]
-    fn a_client_that_never_answers_fails_the_walk_at_the_deadline_and_resumes_from_its_checkpoint() {
+    fn a_client_that_never_answers_fails_the_walk_at_the_deadline_and_the_watcher_resumes_it() {
         let mut h = Harness::new();
         h.request(1, take("a1", "n1"));
         h.answer(0, Ok(ClientCsiReply::Done));
@@ -1266,7 +1337,7 @@ mod tests {
             claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
         };
         h.request(2, unpublish());
-        assert_eq!(h.machine.poll_timeout(), Some(Instant::ZERO + Duration::from_secs(10)));
+        assert_eq!(h.calls.len(), 1);
         h.now = Instant::ZERO + Duration::from_secs(10);
         h.machine.handle_timeout(h.now, &h.fx.state);
         h.pump();
@@ -1277,24 +1348,90 @@ mod tests {
             failure.retryable && failure.message.contains("timed out"),
             "{failure:?}"
         );
-        // A late answer is ignored; the claim stays checkpointed and a new walk resumes it.
-        let (op, _, _) = h.calls.remove(0);
+        assert_eq!(
+            h.fx.state.volume("default", "v").unwrap().past_claims["a1"].state,
+            ClaimState::Unpublishing
+        );
+        // The watcher picks the checkpointed claim up again at once (the late answer to the
+        // first call is ignored) and a new request joins its walk.
+        assert_eq!(h.calls.len(), 2, "{:?}", h.log);
+        let (stale, _, _) = h.calls.remove(0);
         h.machine.handle(
             h.now,
             Input::ClientReplied {
-                op,
+                op: stale,
                 result: Ok(ClientCsiReply::Done),
             },
             &h.fx.state,
         );
         h.pump();
-        assert!(h.calls.is_empty());
-        assert_eq!(
-            h.fx.state.volume("default", "v").unwrap().past_claims["a1"].state,
-            ClaimState::Unpublishing
-        );
-        h.request(3, unpublish());
         assert_eq!(kind(&h.calls[0].2), "node-detach");
+        h.request(3, unpublish());
+        assert_eq!(h.calls.len(), 1, "shared walk, no second call");
+        h.answer(0, Ok(ClientCsiReply::Done));
+        h.answer(0, Ok(ClientCsiReply::Done));
+        assert!(matches!(h.replies.last(), Some((3, ServerReply::Done { .. }))));
+        assert!(h.fx.state.volume("default", "v").unwrap().past_claims.is_empty());
+    }
+
+    #[test]
+    fn the_watcher_releases_terminal_allocs_claims_rate_limited_and_stops_when_leadership_is_lost() {
+        let mut h = Harness::new();
+        h.request(1, take("a1", "n1"));
+        h.answer(0, Ok(ClientCsiReply::Done));
+        h.log.clear();
+        // The alloc finishes: nobody asks, the watcher releases its claim.
+        h.fx.ok(Command::AllocClientUpdate {
+            alloc_id: "a1".into(),
+            client_status: ClientStatus::Complete,
+        });
+        h.machine.handle_timeout(h.now, &h.fx.state);
+        h.pump();
+        assert_eq!(h.log, ["checkpoint Unpublishing", "call n1 node-detach"]);
+        assert_eq!(h.machine.watcher().workers(), 1);
+        // A failing node: every pass re-drives, at most once a second after the burst.
+        let mut passes = 0;
+        for second in 1..=10 {
+            h.answer(0, Err("connection refused".into()));
+            h.now = Instant::ZERO + Duration::from_secs(second);
+            h.machine.handle_timeout(h.now, &h.fx.state);
+            h.pump();
+            passes += h.calls.len();
+        }
+        assert_eq!(passes, 10, "one retry per second");
+        h.machine
+            .handle(h.now, Input::Leadership { leader: false }, &h.fx.state);
+        h.pump();
+        assert_eq!(h.machine.watcher().workers(), 0);
+        assert_eq!(h.machine.poll_timeout(), None);
+    }
+
+    #[test]
+    fn claim_gc_bumps_old_volumes_with_past_claims() {
+        let mut h = Harness::new();
+        h.fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("gone", "n1")],
+        });
+        h.fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "w".into(),
+            claim: claim("gone", "n1", ClaimMode::Write, ClaimState::Taken),
+        });
+        h.fx.ok(Command::AllocDelete {
+            alloc_ids: vec!["gone".into()],
+        });
+        let before = h.fx.state.volume("default", "w").unwrap().modify_index;
+        // Advance the cluster clock past the 5 minute threshold with an unrelated write.
+        for _ in 0..400 {
+            h.fx.ok(Command::EvalUpsert { evals: vec![] });
+        }
+        h.now = Instant::ZERO + Duration::from_secs(300);
+        h.machine.handle_timeout(h.now, &h.fx.state);
+        h.pump();
+        assert!(
+            h.fx.state.volume("default", "w").unwrap().modify_index > before,
+            "GC claim bumped the volume"
+        );
     }
 
     #[test]

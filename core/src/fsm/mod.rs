@@ -143,6 +143,9 @@ pub enum Table {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerState {
     last_applied: Option<u64>,
+    /// The proposer's clock stamp of the last applied entry: the cluster's notion of "now"
+    /// for age thresholds (GC), identical on every server.
+    last_applied_time_ms: u64,
     cluster: Option<ClusterMeta>,
     leader_terms: u64,
     variables: BTreeMap<String, Variable>,
@@ -164,6 +167,7 @@ impl ServerState {
     pub fn apply(&mut self, index: u64, entry: &Entry) -> Response {
         self.check_order(index);
         self.last_applied = Some(index);
+        self.last_applied_time_ms = self.last_applied_time_ms.max(entry.at_unix_ms);
         let response = match &entry.command {
             Command::LeadershipEstablished { cluster_id, .. } => {
                 self.leader_terms += 1;
@@ -219,6 +223,10 @@ impl ServerState {
     /// Index of the last applied log position (Raft's first entry has index 0).
     pub fn last_applied(&self) -> Option<u64> {
         self.last_applied
+    }
+
+    pub fn last_applied_time_ms(&self) -> u64 {
+        self.last_applied_time_ms
     }
 
     fn check_order(&self, index: u64) {
