@@ -58,7 +58,11 @@ impl Agent {
     pub fn new(now: Instant, config: &AgentConfig, boot: Boot) -> Self {
         let server = (config.server.enabled || config.dev_mode).then(|| ServerHalf {
             server: Server::new(now, config, boot.node_id, boot.boot_count, boot.state, boot.seed),
-            rpc: RpcEndpoints::new(CLIENT_CSI_TIMEOUT, config.server.timing.csi_gc),
+            rpc: RpcEndpoints::new(
+                CLIENT_CSI_TIMEOUT,
+                config.server.timing.csi_gc,
+                config.server.csi_faults,
+            ),
         });
         Agent { server }
     }

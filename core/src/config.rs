@@ -83,6 +83,9 @@ pub struct ServerConfig {
     /// Test-only fault injection; never set from flags or config files.
     #[serde(skip)]
     pub bootstrap_fault: Option<BootstrapFault>,
+    /// Test-only re-creations of historical CSI defects; never set from flags or config files.
+    #[serde(skip)]
+    pub csi_faults: CsiFaults,
 }
 
 /// Re-creates a historical defect on purpose so the simulation can prove it detects it.
@@ -91,6 +94,15 @@ pub enum BootstrapFault {
     /// The pre-0.11 test-knob bug: a server that sees no leader for one election timeout
     /// elects itself alone instead of waiting for `bootstrap_expect` voters.
     SelfElectAfterElectionTimeout,
+}
+
+/// Historical Nomad CSI defects, re-created on purpose so the simulation can prove it sees them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CsiFaults {
+    /// Nomad #10927: a claim whose release failed once is never retried (it leaks).
+    pub abandon_failed_unpublish: bool,
+    /// Nomad #13416: node detach is attempted even when the node is down or gone.
+    pub node_detach_on_down_node: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -111,6 +123,8 @@ pub struct ServerTiming {
     pub gossip: GossipTiming,
     /// CSI claim and plugin garbage collection (Nomad's intervals by default).
     pub csi_gc: crate::csi::watcher::GcConfig,
+    /// Raft log entries between snapshots.
+    pub snapshot_threshold: u64,
 }
 
 impl Default for ServerTiming {
@@ -129,6 +143,7 @@ impl Default for ServerTiming {
             reconcile_interval: Duration::from_secs(5),
             gossip: GossipTiming::default(),
             csi_gc: crate::csi::watcher::GcConfig::default(),
+            snapshot_threshold: 1_000,
         }
     }
 }
@@ -170,6 +185,7 @@ impl Default for ServerConfig {
             retry_max: 0,
             timing: ServerTiming::default(),
             bootstrap_fault: None,
+            csi_faults: CsiFaults::default(),
         }
     }
 }

@@ -200,6 +200,11 @@ pub enum Action {
         rpc_addr: String,
         request: ClientCsiRequest,
     },
+    /// Abandon a `CallClient` whose outcome no longer matters (deadline passed, leadership
+    /// lost): the driver stops waiting so nothing stays in flight behind the core's back.
+    CancelClientCall {
+        op: OpId,
+    },
     Reply {
         req: ReqId,
         reply: ServerReply,
@@ -287,6 +292,9 @@ pub struct RpcEndpoints {
     queues: BTreeMap<String, PluginQueue>,
     unpublishing: BTreeMap<ClaimKey, JobId>,
     watcher: VolumeWatcher,
+    faults: crate::config::CsiFaults,
+    /// Claims given up after a failed release (only with the #10927 fault switched on).
+    abandoned: alloc::collections::BTreeSet<ClaimKey>,
     actions: VecDeque<Action>,
 }
 
@@ -298,7 +306,7 @@ fn error(message: impl Into<String>, retryable: bool) -> RpcError {
 }
 
 impl RpcEndpoints {
-    pub fn new(client_timeout: Duration, gc: GcConfig) -> Self {
+    pub fn new(client_timeout: Duration, gc: GcConfig, faults: crate::config::CsiFaults) -> Self {
         RpcEndpoints {
             leader: false,
             client_timeout,
@@ -310,6 +318,8 @@ impl RpcEndpoints {
             queues: BTreeMap::new(),
             unpublishing: BTreeMap::new(),
             watcher: VolumeWatcher::new(gc),
+            faults,
+            abandoned: alloc::collections::BTreeSet::new(),
             actions: VecDeque::new(),
         }
     }
@@ -352,7 +362,8 @@ impl RpcEndpoints {
     }
 
     fn run_watcher(&mut self, now: Instant, state: &ServerState) {
-        let releasing: alloc::collections::BTreeSet<ClaimKey> = self.unpublishing.keys().cloned().collect();
+        let releasing: alloc::collections::BTreeSet<ClaimKey> =
+            self.unpublishing.keys().chain(self.abandoned.iter()).cloned().collect();
         for action in self.watcher.run(now, state, &releasing) {
             match action {
                 WatcherAction::Unpublish {
@@ -399,6 +410,7 @@ impl RpcEndpoints {
             .collect();
         for op in expired {
             let (client_op, _) = self.client_ops.remove(&op).expect("present");
+            self.actions.push_back(Action::CancelClientCall { op });
             let message = format!("CSI call timed out after {:?}", self.client_timeout);
             self.client_replied(now, op, client_op, Err(message), state);
         }
@@ -794,7 +806,7 @@ impl RpcEndpoints {
             self.finish_unpublish(now, job_id, Ok(()), state);
             return;
         };
-        match unpublish::next_step(state, &volume, &claim) {
+        match unpublish::next_step_with(state, &volume, &claim, self.faults.node_detach_on_down_node) {
             Step::Done => self.finish_unpublish(now, job_id, Ok(()), state),
             Step::Checkpoint(next) => {
                 if claim.state == ClaimState::ReadyToFree
@@ -862,6 +874,9 @@ impl RpcEndpoints {
             return;
         };
         self.unpublishing.remove(&key);
+        if result.is_err() && self.faults.abandon_failed_unpublish {
+            self.abandoned.insert(key.clone());
+        }
         for waiter in waiters {
             self.finish_waiter(now, waiter, result.clone(), state);
         }
@@ -1126,7 +1141,9 @@ impl RpcEndpoints {
             }
         }
         self.proposals.clear();
-        self.client_ops.clear();
+        for op in core::mem::take(&mut self.client_ops).into_keys() {
+            self.actions.push_back(Action::CancelClientCall { op });
+        }
         self.queues.clear();
         self.unpublishing.clear();
     }
@@ -1157,7 +1174,11 @@ mod tests {
             fx.ok(Command::AllocUpsert {
                 allocs: vec![alloc("a1", "n1"), alloc("a2", "n2")],
             });
-            let mut machine = RpcEndpoints::new(Duration::from_secs(10), GcConfig::default());
+            let mut machine = RpcEndpoints::new(
+                Duration::from_secs(10),
+                GcConfig::default(),
+                crate::config::CsiFaults::default(),
+            );
             machine.handle(Instant::ZERO, Input::Leadership { leader: true }, &fx.state);
             Harness {
                 fx,
@@ -1195,6 +1216,7 @@ mod tests {
                         self.calls.push((op, node_id, request));
                     }
                     Action::Reply { req, reply } => self.replies.push((req, reply)),
+                    Action::CancelClientCall { op } => self.log.push(format!("cancel {op}")),
                 }
             }
         }

@@ -329,6 +329,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         agent,
         applied: applied.unwrap_or_default(),
         replies,
+        client_calls: BTreeMap::new(),
         region: config.region.clone(),
         epoch,
         inbox: inbox_tx,
@@ -358,13 +359,28 @@ async fn start_raft<T: Transport, O: Observer>(
         election_timeout_min: timing.raft_election_timeout_min.as_millis() as u64,
         election_timeout_max: timing.raft_election_timeout_max.as_millis() as u64,
         install_snapshot_timeout: 5_000,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(1_000),
-        max_in_snapshot_log_to_keep: 500,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_threshold),
+        max_in_snapshot_log_to_keep: timing.snapshot_threshold / 2,
         ..Default::default()
     }
     .validate()
     .map_err(|error| StartError::RaftConfig(error.to_string()))?;
-    let hook: ApplyHook = Arc::new(move |index, entry| {
+    let hook: ApplyHook = Arc::new(move |index, entry, state| {
+        if let openraft::EntryPayload::Normal(Entry {
+            command: Command::CsiVolumeClaim {
+                namespace, volume_id, ..
+            },
+            ..
+        }) = &entry.payload
+            && let Some(volume) = state.volume_raw(namespace, volume_id)
+        {
+            observer.record(AgentEvent::VolumeClaims {
+                volume: format!("{namespace}/{volume_id}"),
+                access_mode: volume.access_mode.as_str().to_string(),
+                writers: volume.write_claims.keys().cloned().collect(),
+                readers: volume.read_claims.len(),
+            });
+        }
         observer.record(AgentEvent::Applied {
             index,
             term: entry.log_id.leader_id.term,
@@ -404,6 +420,8 @@ struct Driver<T: Transport, C, O> {
     /// The applied state store, read-only context for the core (empty on client-only agents).
     applied: Arc<Mutex<Applied>>,
     replies: Replies,
+    /// `ClientCSI` calls in flight, so the core can abandon them.
+    client_calls: BTreeMap<drover_core::op::OpId, (tokio::task::JoinHandle<()>, String, String)>,
     region: String,
     epoch: tokio::time::Instant,
     inbox: mpsc::UnboundedSender<agent::Input>,
@@ -497,12 +515,14 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let inbox = self.inbox.clone();
                 let observer = self.observer.clone();
                 let region = self.region.clone();
-                tokio::spawn(async move {
-                    let call = describe_call(&request);
-                    observer.record(AgentEvent::ClientCsiCall {
-                        node_id: node_id.clone(),
-                        call: call.clone(),
-                    });
+                let call = describe_call(&request);
+                let (task_node, task_call) = (node_id.clone(), call.clone());
+                self.client_calls.retain(|_, (task, _, _)| !task.is_finished());
+                observer.record(AgentEvent::ClientCsiCall {
+                    node_id: node_id.clone(),
+                    call: call.clone(),
+                });
+                let task = tokio::spawn(async move {
                     let result = match rpc_addr.parse::<SocketAddr>() {
                         Ok(addr) => {
                             let envelope = client_csi_envelope(&region, &request);
@@ -522,6 +542,19 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     });
                     let _ = inbox.send(agent::Input::Rpc(rpc::Input::ClientReplied { op, result }));
                 });
+                self.client_calls.insert(op, (task, task_node, task_call));
+            }
+            rpc::Action::CancelClientCall { op } => {
+                if let Some((task, node_id, call)) = self.client_calls.remove(&op)
+                    && !task.is_finished()
+                {
+                    task.abort();
+                    self.observer.record(AgentEvent::ClientCsiDone {
+                        node_id,
+                        call,
+                        result: Err("abandoned by the server".to_string()),
+                    });
+                }
             }
             rpc::Action::Reply { req, reply } => {
                 if let Some(slot) = self.replies.lock().expect("replies lock").remove(&req) {

@@ -131,6 +131,13 @@ pub enum AgentEvent {
         id: u64,
         result: Result<(), String>,
     },
+    /// A claim command was applied: who holds the volume's write claims now.
+    VolumeClaims {
+        volume: String,
+        access_mode: String,
+        writers: Vec<String>,
+        readers: usize,
+    },
     /// A server started a `ClientCSI` call on a node.
     ClientCsiCall {
         node_id: String,

@@ -60,6 +60,16 @@ fn with_state(claim: &CsiVolumeClaim, state: ClaimState) -> Step {
 
 /// What to do next for `claim` (its state as last committed) on `volume` (denormalised).
 pub fn next_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
+    next_step_with(state, volume, claim, false)
+}
+
+/// [`next_step`], optionally re-creating Nomad #13416 (node detach attempted on a down node).
+pub fn next_step_with(
+    state: &ServerState,
+    volume: &CsiVolume,
+    claim: &CsiVolumeClaim,
+    detach_down_nodes: bool,
+) -> Step {
     let recorded = volume.past_claims.contains_key(&claim.allocation_id)
         || volume.read_claims.contains_key(&claim.allocation_id)
         || volume.write_claims.contains_key(&claim.allocation_id);
@@ -67,17 +77,18 @@ pub fn next_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim
         return Step::Done;
     }
     match claim.state {
-        ClaimState::Taken | ClaimState::Unpublishing => node_step(state, volume, claim),
+        ClaimState::Taken | ClaimState::Unpublishing => node_step(state, volume, claim, detach_down_nodes),
         ClaimState::NodeDetached => controller_step(state, volume, claim),
         ClaimState::ControllerDetached => with_state(claim, ClaimState::ReadyToFree),
         ClaimState::ReadyToFree => Step::Checkpoint(claim.clone()),
     }
 }
 
-fn node_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
+fn node_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim, detach_down_nodes: bool) -> Step {
     let node = state.node(&claim.node_id);
     // A node that is gone or down cannot unmount; it will not use the volume again (#13301).
-    if !claim.node_id.is_empty() && node.is_none_or(|node| node.status == NodeStatus::Down) {
+    let unreachable = node.is_none_or(|node| node.status == NodeStatus::Down);
+    if !claim.node_id.is_empty() && unreachable && !(detach_down_nodes && node.is_some()) {
         return with_state(claim, ClaimState::NodeDetached);
     }
     if claim.allocation_id.is_empty() || claim.access_mode == AccessMode::Unknown {

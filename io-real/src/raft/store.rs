@@ -368,7 +368,8 @@ pub struct Applied {
 }
 
 /// Notified of every applied entry (used by the simulation's invariant checker).
-pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>) + Send + Sync>;
+/// Called with the state as it is right after the entry was applied.
+pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>, &ServerState) + Send + Sync>;
 
 #[derive(Serialize, Deserialize)]
 struct SnapshotBody {
@@ -509,10 +510,10 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 }
             };
             applied.last_applied = Some(entry.log_id);
-            drop(applied);
             if let Some(hook) = &self.on_apply {
-                hook(entry.log_id.index, &entry);
+                hook(entry.log_id.index, &entry, &applied.state);
             }
+            drop(applied);
             responses.push(response);
         }
         self.notify();
