@@ -13,4 +13,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # The simulation-only crates compile to nothing in a normal build; lint them as simulated.
 RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim \
   cargo clippy --profile sim --locked -p drover-io-sim -p sim-tests --all-targets -- -D warnings
+# The simulated world's own unit tests (invariant checkers) exist only under --cfg madsim.
+RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim cargo test --profile sim --locked -p drover-io-sim --lib
 cargo test --workspace --locked

@@ -11,13 +11,16 @@ use std::time::Duration;
 
 use drover_core::config::AgentConfig;
 use drover_core::fsm::Command;
+use drover_core::rpc::{RpcError, ServerReply, ServerRequest};
 use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
+use crate::csi::{PluginControl, SimPlugins};
 use crate::disk::{Crash, DiskProbe, SimDisk};
 use crate::net::SimTransport;
+use crate::trace::PluginEvent;
 use crate::trace::Recorder;
 
 /// How one server is configured and when it first starts.
@@ -27,6 +30,22 @@ pub struct ServerSpec {
     pub ip: IpAddr,
     pub config: AgentConfig,
     pub first_start_delay: Duration,
+}
+
+/// A client node: the agent in client mode with simulated CSI plugins.
+#[derive(Clone, Debug)]
+pub struct ClientSpec {
+    pub name: String,
+    pub ip: IpAddr,
+    pub config: AgentConfig,
+}
+
+struct SimClient {
+    spec: ClientSpec,
+    disk: SimDisk,
+    node: NodeHandle,
+    plugins: PluginControl,
+    alive: bool,
 }
 
 struct SimServer {
@@ -42,6 +61,7 @@ pub struct SimCluster {
     recorder: Recorder,
     consul: SimConsul,
     servers: Vec<SimServer>,
+    clients: Vec<SimClient>,
     clogged: BTreeSet<(usize, usize)>,
 }
 
@@ -52,6 +72,7 @@ impl SimCluster {
             recorder,
             consul,
             servers: Vec::new(),
+            clients: Vec::new(),
             clogged: BTreeSet::new(),
         }
     }
@@ -78,7 +99,11 @@ impl SimCluster {
 
     /// Probes of every server's disk, to check after the run that the world was freed.
     pub fn disk_probes(&self) -> Vec<DiskProbe> {
-        self.servers.iter().map(|server| server.disk.probe()).collect()
+        self.servers
+            .iter()
+            .map(|server| server.disk.probe())
+            .chain(self.clients.iter().map(|client| client.disk.probe()))
+            .collect()
     }
 
     pub fn is_alive(&self, index: usize) -> bool {
@@ -128,6 +153,114 @@ impl SimCluster {
         self.servers.len() - 1
     }
 
+    /// Creates a client node; its process starts at once.
+    pub fn add_client(&mut self, spec: ClientSpec) -> usize {
+        let disk = SimDisk::new();
+        let plugins = PluginControl::default();
+        let init = {
+            let spec = spec.clone();
+            let disk = disk.clone();
+            let recorder = self.recorder.clone();
+            let plugins = plugins.clone();
+            let consul = self.consul.clone();
+            move || {
+                let (spec, disk, recorder, plugins, consul) = (
+                    spec.clone(),
+                    disk.clone(),
+                    recorder.clone(),
+                    plugins.clone(),
+                    consul.clone(),
+                );
+                async move { run_client(spec, disk, recorder, plugins, consul).await }
+            }
+        };
+        let node = self
+            .handle
+            .create_node()
+            .name(&spec.name)
+            .ip(spec.ip)
+            .init(init)
+            .build();
+        self.clients.push(SimClient {
+            spec,
+            disk,
+            node,
+            plugins,
+            alive: true,
+        });
+        self.clients.len() - 1
+    }
+
+    pub fn client_count(&self) -> usize {
+        self.clients.len()
+    }
+
+    pub fn client_name(&self, index: usize) -> &str {
+        &self.clients[index].spec.name
+    }
+
+    pub fn client_rpc_addr(&self, index: usize) -> String {
+        format!(
+            "{}:{}",
+            self.clients[index].spec.ip, self.clients[index].spec.config.ports.rpc
+        )
+    }
+
+    pub fn client_alive(&self, index: usize) -> bool {
+        self.clients[index].alive
+    }
+
+    pub fn plugins(&self, index: usize) -> &PluginControl {
+        &self.clients[index].plugins
+    }
+
+    /// The client mounted `volume` for `alloc` (what the client half will do after a claim).
+    pub fn node_publish(&self, client: usize, volume: &str, alloc: &str) {
+        self.recorder.record_plugin(
+            &self.clients[client].spec.name,
+            PluginEvent::NodePublished {
+                volume: volume.to_string(),
+                alloc: alloc.to_string(),
+            },
+        );
+    }
+
+    /// Kills a client node; its mounts die with it.
+    pub fn kill_client(&mut self, index: usize) {
+        let client = &mut self.clients[index];
+        if !client.alive {
+            return;
+        }
+        client.disk.crash(Crash::KeepUnsynced);
+        self.handle.kill(client.node.id());
+        client.alive = false;
+        self.recorder.note(format!("kill client {}", client.spec.name));
+        self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+    }
+
+    pub fn restart_client(&mut self, index: usize) {
+        let client = &mut self.clients[index];
+        if client.alive {
+            return;
+        }
+        self.handle.restart(client.node.id());
+        client.alive = true;
+        self.recorder.note(format!("restart client {}", client.spec.name));
+    }
+
+    /// A way into the servers' write endpoints through every live server, for tasks that
+    /// outlive a borrow of the cluster.
+    pub fn gateways(&self) -> Vec<Gateway> {
+        (0..self.servers.len())
+            .filter_map(|index| {
+                Some(Gateway {
+                    agent: self.agent(index)?,
+                    node: self.servers[index].node.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// Kills the server's process; `crash` says what happens to its unsynced writes.
     pub fn kill(&mut self, index: usize, crash: Crash) {
         let server = &mut self.servers[index];
@@ -158,6 +291,10 @@ impl SimCluster {
     /// Ends the run: kills every node so the executor drops their tasks (tasks left waiting on
     /// each other would otherwise keep a whole simulated world alive after the run).
     pub async fn shutdown(&mut self) {
+        for client in &mut self.clients {
+            self.handle.kill(client.node.id());
+            client.alive = false;
+        }
         for server in &mut self.servers {
             *server.agent.lock().expect("agent slot") = None;
             self.handle.kill(server.node.id());
@@ -287,4 +424,56 @@ async fn run_server(
         }
     }
     std::future::pending::<()>().await;
+}
+
+async fn run_client(spec: ClientSpec, disk: SimDisk, recorder: Recorder, plugins: PluginControl, consul: SimConsul) {
+    recorder.note(format!("{} process starts", spec.name));
+    let db = match redb::Builder::new().create_with_backend(disk.backend()) {
+        Ok(db) => db,
+        Err(error) => {
+            recorder.violate("durable state reopens after a crash", format!("{}: {error}", spec.name));
+            return;
+        }
+    };
+    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> =
+        Arc::new(SimPlugins::new(&spec.name, recorder.clone(), plugins));
+    let parts = AgentParts {
+        config: spec.config.clone(),
+        db,
+        transport: SimTransport,
+        consul,
+        observer: recorder.observer(&spec.name),
+        client_csi: Some(client_csi),
+    };
+    if let Err(error) = start_agent(parts).await {
+        recorder.violate("agent starts", format!("{}: {error}", spec.name));
+        return;
+    }
+    std::future::pending::<()>().await;
+}
+
+/// Sends requests to the servers' write endpoints through one server (forwarded to the leader
+/// there). Requests run on that server's node, so they see its network and die with it.
+#[derive(Clone)]
+pub struct Gateway {
+    agent: AgentHandle,
+    node: NodeHandle,
+}
+
+impl Gateway {
+    pub async fn request(&self, request: ServerRequest, timeout: Duration) -> ServerReply {
+        let agent = self.agent.clone();
+        let task = self.node.spawn(async move { agent.request(request).await });
+        let failed = |message: &str| {
+            ServerReply::Error(RpcError {
+                message: message.to_string(),
+                retryable: true,
+            })
+        };
+        match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(reply)) => reply,
+            Ok(Err(_)) => failed("the server was killed mid-request"),
+            Err(_) => failed("timed out"),
+        }
+    }
 }

@@ -1,9 +1,10 @@
 //! The simulated world Drover's real driver runs in under `--cfg madsim`.
 //!
-//! Files mirror `drover-io-real`: [`net`] (agent RPC and gossip over madsim's network), [`disk`] (a redb backend
-//! that loses unsynced writes on a crash) and [`consul`] (a catalog that can be down, hang or be
-//! slow). [`trace`] records every agent event with its virtual time and runs the
-//! [`invariants`] after each one; [`cluster`] starts, kills, restarts and partitions agents.
+//! Files mirror `drover-io-real`: [`net`] (agent RPC and gossip over madsim's network), [`disk`]
+//! (a redb backend that loses unsynced writes on a crash), [`consul`] (a catalog that can be
+//! down, hang or be slow) and [`csi`] (CSI plugins on client nodes that fail, hang or are slow
+//! on command). [`trace`] records every agent and plugin event with its virtual time and runs
+//! the [`invariants`] after each one; [`cluster`] starts, kills, restarts and partitions agents.
 //!
 //! Everything here exists only in the simulation build; in a normal build the crate is empty.
 
@@ -11,6 +12,8 @@
 pub mod cluster;
 #[cfg(madsim)]
 pub mod consul;
+#[cfg(madsim)]
+pub mod csi;
 pub mod disk;
 #[cfg(madsim)]
 pub mod invariants;

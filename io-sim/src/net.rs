@@ -80,8 +80,14 @@ impl Transport for SimTransport {
                     let Ok(request) = AgentRequest::decode(bytes.as_slice()) else {
                         return;
                     };
-                    let response = handler(request).await;
-                    let _ = tx.send(Box::new(response.encode_to_vec())).await;
+                    // As with gRPC, a caller that gives up cancels the call: the handler's future
+                    // is dropped, so an abandoned operation never takes effect late.
+                    tokio::select! {
+                        response = handler(request) => {
+                            let _ = tx.send(Box::new(response.encode_to_vec())).await;
+                        }
+                        () = tx.closed() => {}
+                    }
                 });
             }
         });

@@ -8,6 +8,34 @@ use drover_io_real::io::{AgentEvent, Observer};
 
 use crate::invariants::{self, Invariant};
 
+/// A plugin-side observation: what a simulated CSI plugin did, on which client node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PluginEvent {
+    /// The client mounted the volume for an allocation (node stage + publish).
+    NodePublished { volume: String, alloc: String },
+    /// `NodeUnpublishVolume` (+ unstage) for an allocation, asked by a server.
+    NodeUnpublished { volume: String, alloc: String },
+    ControllerPublished {
+        plugin: String,
+        volume: String,
+        external_node: String,
+    },
+    ControllerUnpublished {
+        plugin: String,
+        volume: String,
+        external_node: String,
+    },
+    /// The client node died: everything it had mounted is gone with it.
+    NodeLost,
+}
+
+/// Everything the invariants see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SimEvent {
+    Agent(AgentEvent),
+    Plugin(PluginEvent),
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Violation {
     pub invariant: &'static str,
@@ -59,8 +87,19 @@ impl Recorder {
     }
 
     pub fn record(&self, node: &str, event: AgentEvent) {
+        self.record_event(node, SimEvent::Agent(event));
+    }
+
+    pub fn record_plugin(&self, node: &str, event: PluginEvent) {
+        self.record_event(node, SimEvent::Plugin(event));
+    }
+
+    fn record_event(&self, node: &str, event: SimEvent) {
         let mut state = self.state.lock().expect("trace lock");
-        let line = format!("{} {node} {event:?}", Self::stamp(&state));
+        let line = match &event {
+            SimEvent::Agent(event) => format!("{} {node} {event:?}", Self::stamp(&state)),
+            SimEvent::Plugin(event) => format!("{} {node} plugin {event:?}", Self::stamp(&state)),
+        };
         state.lines.push(line);
         let at_line = state.lines.len();
         let mut found = Vec::new();

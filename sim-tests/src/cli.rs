@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::runner::{self, Report};
-use crate::scenarios::{Options, SCENARIOS, Scenario, find};
+use drover_core::config::CsiFaults;
+
+use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
 /// Seeds per scenario when none are given; keeps CI fast.
 const DEFAULT_SEEDS: std::ops::Range<u64> = 0..100;
@@ -47,6 +49,8 @@ struct Args {
     trace: bool,
     list: bool,
     log: bool,
+    /// Run only the given regression switch ("10927" or "13416").
+    regression_switch: Option<String>,
 }
 
 fn parse_range(text: &str) -> Result<std::ops::Range<u64>, String> {
@@ -98,6 +102,13 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--trace" => args.trace = true,
             "--list" => args.list = true,
             "--log" => args.log = true,
+            "--regression-switch" => {
+                let which = value("--regression-switch")?;
+                if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
+                    return Err(format!("unknown regression switch {which:?}: expected 10927 or 13416"));
+                }
+                args.regression_switch = Some(which);
+            }
             // Flags cargo or libtest habits may pass through; they mean nothing here.
             "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored" | "--ignored" | "--exact" => {}
             "--test-threads" | "--color" | "--format" => {
@@ -107,7 +118,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
         }
     }
     if args.scenarios.is_empty() {
-        args.scenarios = SCENARIOS.iter().collect();
+        args.scenarios = all_scenarios().collect();
     }
     Ok(args)
 }
@@ -134,7 +145,7 @@ pub fn main() -> ExitCode {
         madsim::runtime::init_logger();
     }
     if args.list {
-        for scenario in SCENARIOS {
+        for scenario in all_scenarios() {
             println!("{:<28} {}", scenario.name, scenario.about);
         }
         return ExitCode::SUCCESS;
@@ -142,12 +153,18 @@ pub fn main() -> ExitCode {
     if args.negative_control {
         return exit(negative_control(&args));
     }
+    if let Some(which) = args.regression_switch.clone() {
+        return exit(regression_switch(&args, &which));
+    }
     let explicit = args.seeds.is_some();
     let seeds = args.seeds.clone().unwrap_or(DEFAULT_SEEDS);
     let mut ok = run_range(&args, seeds);
     if !explicit {
         ok &= regression_seeds();
         ok &= negative_control(&args);
+        for (which, ..) in REGRESSION_SWITCHES {
+            ok &= regression_switch(&args, which);
+        }
     }
     exit(ok)
 }
@@ -348,7 +365,10 @@ fn negative_control(args: &Args) -> bool {
         .map(|name| find(name).expect("negative-control scenario exists"))
         .collect();
     let seeds = args.seeds.clone().unwrap_or(0..NEGATIVE_CONTROL_SEEDS);
-    let options = Options { negative_control: true };
+    let options = Options {
+        negative_control: true,
+        ..Options::default()
+    };
     let batch = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let mut seed = seeds.start;
     while seed < seeds.end {
@@ -376,6 +396,73 @@ fn negative_control(args: &Args) -> bool {
     println!(
         "FAILED negative control: the self-election bug went unnoticed over seeds {}..{} of {:?}",
         seeds.start, seeds.end, NEGATIVE_CONTROL_SCENARIOS
+    );
+    false
+}
+
+/// Historical Nomad CSI defects, re-created by a test-only switch: with the switch on, the
+/// suite must report the leaked claim within this many seeds of the scenarios listed.
+const REGRESSION_SWITCH_SEEDS: u64 = 500;
+type Switch = (&'static str, &'static str, fn() -> CsiFaults, &'static [&'static str]);
+const REGRESSION_SWITCHES: &[Switch] = &[
+    (
+        "10927",
+        "claims leak when unpublish fails once",
+        || CsiFaults {
+            abandon_failed_unpublish: true,
+            ..CsiFaults::default()
+        },
+        &["csi_controller_faults", "csi_node_detach_hang"],
+    ),
+    (
+        "13416",
+        "detach blocked by a down node",
+        || CsiFaults {
+            node_detach_on_down_node: true,
+            ..CsiFaults::default()
+        },
+        &["csi_node_down"],
+    ),
+];
+
+fn regression_switch(args: &Args, which: &str) -> bool {
+    let (name, bug, faults, scenario_names) = *REGRESSION_SWITCHES
+        .iter()
+        .find(|(name, ..)| *name == which)
+        .expect("known switch");
+    let scenarios: Vec<&'static Scenario> = scenario_names
+        .iter()
+        .map(|name| find(name).expect("scenario"))
+        .collect();
+    let options = Options {
+        csi_faults: faults(),
+        ..Options::default()
+    };
+    let seeds = args.seeds.clone().unwrap_or(0..REGRESSION_SWITCH_SEEDS);
+    let batch = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let mut seed = seeds.start;
+    while seed < seeds.end {
+        let jobs: Vec<_> = (seed..(seed + batch).min(seeds.end))
+            .flat_map(|seed| scenarios.iter().map(move |scenario| (*scenario, seed)))
+            .collect();
+        for report in run_parallel(jobs, options) {
+            let leak = report
+                .violations
+                .iter()
+                .find(|violation| violation.invariant.contains("leaked claims"));
+            if let Some(violation) = leak {
+                println!(
+                    "ok     regression switch #{name} ({bug}): caught at seed {} of {}: \"{}\": {}",
+                    report.seed, report.scenario, violation.invariant, violation.detail
+                );
+                return true;
+            }
+        }
+        seed += batch;
+    }
+    println!(
+        "FAILED regression switch #{name} ({bug}) went unnoticed over seeds {}..{} of {scenario_names:?}",
+        seeds.start, seeds.end
     );
     false
 }

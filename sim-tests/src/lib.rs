@@ -10,6 +10,8 @@
 #[cfg(madsim)]
 pub mod cli;
 #[cfg(madsim)]
+pub mod csi_workload;
+#[cfg(madsim)]
 pub mod runner;
 #[cfg(madsim)]
 pub mod scenarios;

@@ -6,15 +6,18 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drover_core::fsm::ServerState;
 use drover_io_sim::cluster::SimCluster;
 use drover_io_sim::consul::{ConsulMode, SimConsul};
+use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::DiskProbe;
-use drover_io_sim::invariants::liveness;
+use drover_io_sim::invariants::{claims_freed, liveness, state_equal};
 use drover_io_sim::trace::{Recorder, Violation};
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
 
-use crate::scenarios::{Action, Options, Plan, Scenario, Target};
+use crate::csi_workload::{self, CsiWorkload};
+use crate::scenarios::{self, Action, CsiPlan, Options, Plan, Scenario, Target};
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const LIVENESS_POLL: Duration = Duration::from_millis(200);
@@ -142,6 +145,20 @@ async fn play(
         cluster.add_server(spec);
     }
     let start = tokio::time::Instant::now();
+    let mut csi = match &plan.csi {
+        Some(csi_plan) => {
+            for index in 0..csi_plan.clients {
+                cluster.add_client(scenarios::client(index));
+            }
+            let mut csi = CsiWorkload::new(csi_plan.clone(), workload_seed, start);
+            wait_for_leader(&cluster, Duration::from_secs(30)).await;
+            if let Err(error) = csi.setup(&cluster).await {
+                recorder.violate("the CSI workload can be set up", error);
+            }
+            Some(csi)
+        }
+        None => None,
+    };
     let mut workload = Workload {
         rng: ChaCha8Rng::seed_from_u64(workload_seed.rotate_left(17)),
         next_write_at: start + Duration::from_secs(2),
@@ -151,7 +168,10 @@ async fn play(
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
     for step in &plan.steps {
-        drive_workload(&cluster, &mut workload, start + step.at).await;
+        match &mut csi {
+            Some(csi) => csi.drive(&cluster, start + step.at).await,
+            None => drive_workload(&cluster, &mut workload, start + step.at).await,
+        }
         match &step.action {
             Action::Kill { target, crash } => {
                 if let Some(index) = resolve(&cluster, *target, last_killed) {
@@ -175,13 +195,28 @@ async fn play(
                 let index = cluster.add_server((**spec).clone());
                 recorder.note(format!("add server {}", cluster.name(index)));
             }
+            Action::NodeDown(client) => {
+                if let Some(csi) = &mut csi {
+                    csi.node_down(&mut cluster, *client);
+                }
+            }
+            Action::Plugin(client, mode) => {
+                cluster.plugins(*client).set(*mode);
+                recorder.note(format!("plugin on {} {mode:?}", cluster.client_name(*client)));
+            }
         }
     }
-    drive_workload(&cluster, &mut workload, start + plan.fault_phase_end()).await;
+    match &mut csi {
+        Some(csi) => csi.drive(&cluster, start + plan.fault_phase_end()).await,
+        None => drive_workload(&cluster, &mut workload, start + plan.fault_phase_end()).await,
+    }
 
     recorder.note("quiet phase");
     cluster.heal();
     cluster.consul().set_mode(ConsulMode::Healthy);
+    for client in 0..cluster.client_count() {
+        cluster.plugins(client).set(PluginMode::Healthy);
+    }
     let keep_dead: Vec<usize> = plan
         .keep_dead
         .iter()
@@ -221,7 +256,13 @@ async fn play(
             "leader {leader} known everywhere after {} ms of quiet",
             elapsed.as_millis()
         ));
-        check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
+        match (&mut csi, &plan.csi) {
+            (Some(csi), Some(csi_plan)) => {
+                csi.wind_down(&cluster).await;
+                check_csi_end(&cluster, &recorder, csi_plan, leader, deadline).await;
+            }
+            _ => check_acknowledged_writes(&cluster, &recorder, &workload, leader).await,
+        }
     }
     let virtual_secs = tokio::time::Instant::now().saturating_duration_since(start).as_secs();
     let result = (recorder.text(), recorder.violations(), virtual_secs);
@@ -276,6 +317,90 @@ async fn drive_workload(cluster: &SimCluster, workload: &mut Workload, until: to
                 Err(error) => recorder.note(format!("write {path} via {name} failed: {error}")),
             }
         });
+    }
+}
+
+async fn wait_for_leader(cluster: &SimCluster, bound: Duration) {
+    let deadline = tokio::time::Instant::now() + bound;
+    while tokio::time::Instant::now() < deadline {
+        if liveness::common_leader(&cluster.live_statuses()).is_ok() {
+            return;
+        }
+        tokio::time::sleep(LIVENESS_POLL).await;
+    }
+}
+
+fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
+    (0..cluster.len())
+        .filter_map(|index| cluster.agent(index))
+        .find(|agent| agent.node_id() == leader)
+        .and_then(|agent| agent.read_state(Clone::clone))
+}
+
+/// After the quiet phase: every claim of a finished allocation is freed (no leaks), released
+/// volumes deregister, and every caught-up server holds the leader's exact state.
+async fn check_csi_end(
+    cluster: &SimCluster,
+    recorder: &Recorder,
+    plan: &CsiPlan,
+    leader: u64,
+    deadline: tokio::time::Instant,
+) {
+    let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(60));
+    loop {
+        let verdict = match leader_state(cluster, leader) {
+            Some(state) => claims_freed::no_leaked_claims(&state).and_then(|()| {
+                let pending: usize = state
+                    .volume_keys()
+                    .filter_map(|(ns, id)| state.volume(ns, id))
+                    .map(|volume| volume.past_claims.len())
+                    .sum();
+                if pending == 0 {
+                    Ok(())
+                } else {
+                    Err(format!("{pending} past claims still being released"))
+                }
+            }),
+            None => Err("the leader is gone".to_string()),
+        };
+        match verdict {
+            Ok(()) => {
+                recorder.note("every claim of a finished allocation is freed");
+                break;
+            }
+            Err(why) if tokio::time::Instant::now() >= deadline => {
+                recorder.violate("no leaked claims once the cluster is quiet", why);
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    csi_workload::deregister_all(cluster, plan, recorder).await;
+    // Let followers catch up, then compare their state with the leader's byte for byte.
+    loop {
+        let Some(reference) = leader_state(cluster, leader) else {
+            return;
+        };
+        let others: Vec<(String, ServerState)> = (0..cluster.len())
+            .filter_map(|index| {
+                let agent = cluster.agent(index)?;
+                (agent.node_id() != leader)
+                    .then(|| agent.read_state(Clone::clone))
+                    .flatten()
+                    .map(|state| (cluster.name(index).to_string(), state))
+            })
+            .collect();
+        let caught_up = others
+            .iter()
+            .all(|(_, state)| state.last_applied() == reference.last_applied());
+        if caught_up || tokio::time::Instant::now() >= deadline {
+            match state_equal::same_state(("leader", &reference), &others) {
+                Ok(compared) => recorder.note(format!("{compared} servers hold the leader's exact state")),
+                Err(why) => recorder.violate("snapshot restore and replication give the leader's state", why),
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

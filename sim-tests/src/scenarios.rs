@@ -6,9 +6,13 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, BootstrapFault, Ports};
+use drover_core::config::{Advertise, AgentConfig, BootstrapFault, CsiFaults, Ports};
+use drover_core::csi::watcher::GcConfig;
+use drover_core::structs::AccessMode;
+use drover_io_sim::cluster::ClientSpec;
 use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
+use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::Crash;
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -18,6 +22,8 @@ use rand_chacha_03::ChaCha8Rng;
 pub struct Options {
     /// Re-create the pre-0.11 self-election bug on every server (negative control).
     pub negative_control: bool,
+    /// Re-create a historical CSI defect on every server (regression switch).
+    pub csi_faults: CsiFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,6 +48,10 @@ pub enum Action {
     Heal,
     Consul(ConsulMode),
     AddServer(Box<ServerSpec>),
+    /// A client node dies and the servers mark it down (its allocations are lost).
+    NodeDown(usize),
+    /// Set a client node's CSI plugin behaviour.
+    Plugin(usize, PluginMode),
 }
 
 #[derive(Clone, Debug)]
@@ -61,6 +71,8 @@ impl fmt::Display for Step {
             Action::Heal => write!(f, "{at} heal"),
             Action::Consul(mode) => write!(f, "{at} consul {mode:?}"),
             Action::AddServer(spec) => write!(f, "{at} add server {}", spec.name),
+            Action::NodeDown(client) => write!(f, "{at} client c{} goes down", client + 1),
+            Action::Plugin(client, mode) => write!(f, "{at} plugin on c{} {mode:?}", client + 1),
         }
     }
 }
@@ -78,6 +90,19 @@ pub struct Plan {
     pub keep_dead: Vec<Target>,
     /// How long after the fault phase a leader must be known everywhere.
     pub quiet_bound: Duration,
+    /// A CSI workload on client nodes, when the scenario has one.
+    pub csi: Option<CsiPlan>,
+}
+
+/// Client nodes, volumes and the shape of the claim workload.
+#[derive(Clone, Debug)]
+pub struct CsiPlan {
+    pub clients: usize,
+    pub volumes: Vec<(String, AccessMode)>,
+    /// Start allocations three at a time on one volume (contention for a single writer).
+    pub bursts: bool,
+    /// Try to deregister claimed volumes now and then (must fail with "volume in use").
+    pub deregister_attempts: bool,
 }
 
 impl Plan {
@@ -152,8 +177,46 @@ pub const SCENARIOS: &[Scenario] = &[
     },
 ];
 
+/// The CSI scenarios (claims and releases under faults).
+pub const CSI_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "csi_leader_failover",
+        about: "claims and releases from many allocations while the leader is killed mid-release",
+        build: csi_leader_failover,
+    },
+    Scenario {
+        name: "csi_node_down",
+        about: "a client node dies holding claims and is marked down",
+        build: csi_node_down,
+    },
+    Scenario {
+        name: "csi_controller_faults",
+        about: "the controller plugin fails or hangs while volumes are detached",
+        build: csi_controller_faults,
+    },
+    Scenario {
+        name: "csi_node_detach_hang",
+        about: "a client never answers NodeDetachVolume for a while",
+        build: csi_node_detach_hang,
+    },
+    Scenario {
+        name: "csi_deregister_while_claimed",
+        about: "volume deregister attempted while claims exist",
+        build: csi_deregister_while_claimed,
+    },
+    Scenario {
+        name: "csi_single_writer",
+        about: "concurrent claims for one single-node-writer volume",
+        build: csi_single_writer,
+    },
+];
+
+pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
+    SCENARIOS.iter().chain(CSI_SCENARIOS.iter())
+}
+
 pub fn find(name: &str) -> Option<&'static Scenario> {
-    SCENARIOS.iter().find(|scenario| scenario.name == name)
+    all_scenarios().find(|scenario| scenario.name == name)
 }
 
 fn ip(index: usize) -> IpAddr {
@@ -189,6 +252,15 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     if options.negative_control {
         config.server.bootstrap_fault = Some(BootstrapFault::SelfElectAfterElectionTimeout);
     }
+    config.server.csi_faults = options.csi_faults;
+    // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
+    config.server.timing.snapshot_threshold = 64;
+    config.server.timing.csi_gc = GcConfig {
+        claim_gc_interval: Duration::from_secs(20),
+        claim_gc_threshold: Duration::from_secs(10),
+        plugin_gc_interval: Duration::from_secs(30),
+        plugin_gc_threshold: Duration::from_secs(30),
+    };
     ServerSpec {
         name: format!("s{}", index + 1),
         ip: ip(index),
@@ -220,6 +292,7 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         steps,
         keep_dead: Vec::new(),
         quiet_bound: Duration::from_secs(60),
+        csi: None,
     }
 }
 
@@ -354,4 +427,153 @@ fn leader_killed(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         plan.keep_dead = vec![Target::LastKilled];
     }
     plan
+}
+
+/// A client node on its own address, Nomad's ports, client mode.
+pub fn client(index: usize) -> ClientSpec {
+    let ip = IpAddr::V4(Ipv4Addr::new(10, 0, 1, index as u8 + 1));
+    let ports = Ports::default();
+    let mut config = AgentConfig {
+        name: format!("c{}", index + 1),
+        data_dir: Some(format!("/sim/c{}", index + 1)),
+        bind_addr: ip,
+        ports,
+        advertise: Advertise::on(ip, ports),
+        ..AgentConfig::default()
+    };
+    config.client.enabled = true;
+    ClientSpec {
+        name: format!("c{}", index + 1),
+        ip,
+        config,
+    }
+}
+
+fn csi_plan(rng: &mut ChaCha8Rng, options: &Options, steps: Vec<Step>, csi: CsiPlan) -> Plan {
+    let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
+    plan.csi = Some(csi);
+    plan.quiet_bound = Duration::from_secs(90);
+    plan
+}
+
+fn mixed_volumes() -> Vec<(String, AccessMode)> {
+    vec![
+        ("vol-snw".to_string(), AccessMode::SingleNodeWriter),
+        ("vol-mnsw".to_string(), AccessMode::MultiNodeSingleWriter),
+        ("vol-mnmw".to_string(), AccessMode::MultiNodeMultiWriter),
+        ("vol-mnr".to_string(), AccessMode::MultiNodeReader),
+    ]
+}
+
+fn workload(clients: usize) -> CsiPlan {
+    CsiPlan {
+        clients,
+        volumes: mixed_volumes(),
+        bursts: false,
+        deregister_attempts: false,
+    }
+}
+
+fn csi_leader_failover(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut steps = Vec::new();
+    let mut at = millis(rng, 12_000..20_000);
+    for _ in 0..rng.gen_range(1..=2) {
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        at += millis(rng, 1_000..8_000);
+        steps.push(Step {
+            at,
+            action: Action::Restart(Target::LastKilled),
+        });
+        at += millis(rng, 3_000..10_000);
+    }
+    steps.push(Step {
+        at: at.max(Duration::from_secs(35)),
+        action: Action::Heal,
+    });
+    csi_plan(rng, options, steps, workload(3))
+}
+
+fn csi_node_down(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let client = rng.gen_range(0..3);
+    let at = millis(rng, 15_000..30_000);
+    let steps = vec![
+        Step {
+            at,
+            action: Action::NodeDown(client),
+        },
+        Step {
+            at: Duration::from_secs(40),
+            action: Action::Heal,
+        },
+    ];
+    csi_plan(rng, options, steps, workload(3))
+}
+
+fn csi_controller_faults(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    // Controllers are tried in sorted order, so c1's controller serves first.
+    let mut steps = Vec::new();
+    let mut at = millis(rng, 10_000..18_000);
+    for _ in 0..rng.gen_range(1..=3) {
+        let client = if rng.gen_bool(0.7) { 0 } else { rng.gen_range(0..3) };
+        let mode = *[PluginMode::Failing, PluginMode::Hanging, PluginMode::Slow]
+            .choose(rng)
+            .expect("non-empty");
+        steps.push(Step {
+            at,
+            action: Action::Plugin(client, mode),
+        });
+        at += millis(rng, 3_000..15_000);
+        steps.push(Step {
+            at,
+            action: Action::Plugin(client, PluginMode::Healthy),
+        });
+        at += millis(rng, 1_000..5_000);
+    }
+    csi_plan(rng, options, steps, workload(3))
+}
+
+fn csi_node_detach_hang(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let client = rng.gen_range(0..3);
+    let at = millis(rng, 12_000..20_000);
+    let steps = vec![
+        Step {
+            at,
+            action: Action::Plugin(client, PluginMode::Hanging),
+        },
+        Step {
+            at: at + millis(rng, 10_000..25_000),
+            action: Action::Plugin(client, PluginMode::Healthy),
+        },
+    ];
+    csi_plan(rng, options, steps, workload(3))
+}
+
+fn csi_deregister_while_claimed(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let steps = vec![Step {
+        at: Duration::from_secs(35),
+        action: Action::Heal,
+    }];
+    let mut csi = workload(2);
+    csi.deregister_attempts = true;
+    csi_plan(rng, options, steps, csi)
+}
+
+fn csi_single_writer(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let steps = vec![Step {
+        at: Duration::from_secs(35),
+        action: Action::Heal,
+    }];
+    let csi = CsiPlan {
+        clients: 3,
+        volumes: vec![("vol-single".to_string(), AccessMode::SingleNodeWriter)],
+        bursts: true,
+        deregister_attempts: false,
+    };
+    csi_plan(rng, options, steps, csi)
 }

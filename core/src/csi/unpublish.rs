@@ -113,14 +113,22 @@ fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeCla
     if !volume.plugin_health.controller_required || !attach_detach {
         return with_state(claim, ClaimState::ReadyToFree);
     }
-    // Another live allocation on the same node still uses the volume: the controller must
-    // not detach it from the node (#14484: never count the claim itself).
+    // Another claim on the same node whose node-side release is not finished still has the
+    // volume mounted there: the controller must not detach it from the node yet. Nomad (#14484)
+    // looks only at non-terminal allocations, which lets a terminal-but-still-mounted one be
+    // detached under its feet (found by the simulation). The last claim to finish its node
+    // release does the controller detach.
     let still_used = volume
         .read_claims
         .values()
         .chain(volume.write_claims.values())
         .filter(|other| other.allocation_id != claim.allocation_id && other.node_id == claim.node_id)
-        .any(|other| state.alloc(&other.allocation_id).is_some_and(|alloc| !alloc.terminal()));
+        .any(|other| {
+            volume
+                .past_claims
+                .get(&other.allocation_id)
+                .is_none_or(|past| matches!(past.state, ClaimState::Taken | ClaimState::Unpublishing))
+        });
     if still_used {
         return with_state(claim, ClaimState::ReadyToFree);
     }
@@ -221,7 +229,7 @@ mod tests {
     }
 
     #[test]
-    fn controller_detach_is_skipped_while_another_live_alloc_on_the_node_uses_the_volume() {
+    fn controller_detach_waits_until_every_other_claim_on_the_node_is_node_detached() {
         let mut fx = Fixture::new();
         fx.ok(Command::NodeRegister { node: node("n1", true) });
         let mut multi = volume("v");
@@ -246,10 +254,22 @@ mod tests {
             panic!()
         };
         assert_eq!(next.state, ClaimState::ReadyToFree);
-        // Once a2 is terminal too, the controller detach happens.
+        // a2 finishing is not enough: it is still mounted until its node release is done.
         fx.ok(Command::AllocClientUpdate {
             alloc_id: "a2".into(),
             client_status: ClientStatus::Complete,
+        });
+        let vol = fx.state.volume("default", "v").unwrap();
+        let Step::Checkpoint(next) = next_step(&fx.state, &vol, &mine) else {
+            panic!()
+        };
+        assert_eq!(next.state, ClaimState::ReadyToFree);
+        let mut theirs = claim("a2", "n1", ClaimMode::Write, ClaimState::NodeDetached);
+        theirs.access_mode = AccessMode::MultiNodeMultiWriter;
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: theirs,
         });
         let vol = fx.state.volume("default", "v").unwrap();
         assert!(matches!(next_step(&fx.state, &vol, &mine), Step::ControllerDetach(_)));

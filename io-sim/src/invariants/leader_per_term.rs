@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use drover_core::server::RaftRole;
 use drover_io_real::io::AgentEvent;
 
+use crate::trace::SimEvent;
+
 use super::Invariant;
 
 #[derive(Debug, Default)]
@@ -19,7 +21,8 @@ impl Invariant for LeaderPerTerm {
         "at most one leader per term"
     }
 
-    fn observe(&mut self, node: &str, event: &AgentEvent) -> Result<(), String> {
+    fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String> {
+        let SimEvent::Agent(event) = event else { return Ok(()) };
         match event {
             AgentEvent::Started { node_id, .. } => {
                 self.node_ids.insert(node.to_string(), *node_id);

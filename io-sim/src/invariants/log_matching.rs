@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use drover_io_real::io::AgentEvent;
 
+use crate::trace::SimEvent;
+
 use super::Invariant;
 
 #[derive(Debug, Default)]
@@ -17,7 +19,8 @@ impl Invariant for LogMatching {
         "same committed entries in the same order on every server"
     }
 
-    fn observe(&mut self, node: &str, event: &AgentEvent) -> Result<(), String> {
+    fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String> {
+        let SimEvent::Agent(event) = event else { return Ok(()) };
         if let AgentEvent::Applied { index, term, digest } = event {
             match self.applied.get(index) {
                 Some((first, first_term, first_digest)) if (*first_term, *first_digest) != (*term, *digest) => {

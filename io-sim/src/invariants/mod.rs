@@ -1,18 +1,23 @@
 //! Safety invariants, checked after every recorded event; one file per invariant.
 //! Liveness is checked by the scenario runner after the fault phase ([`liveness`]).
 
+pub mod claims_freed;
+pub mod controller_serial;
+pub mod csi_call_order;
 pub mod leader_per_term;
 pub mod liveness;
 pub mod log_matching;
 pub mod no_rebootstrap;
 pub mod single_cluster;
+pub mod state_equal;
+pub mod writers;
 
-use drover_io_real::io::AgentEvent;
+use crate::trace::SimEvent;
 
 /// A property every event must preserve. `observe` returns a description of the violation.
 pub trait Invariant: Send {
     fn name(&self) -> &'static str;
-    fn observe(&mut self, node: &str, event: &AgentEvent) -> Result<(), String>;
+    fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String>;
 }
 
 /// Every safety invariant, fresh for one run.
@@ -22,5 +27,8 @@ pub fn all() -> Vec<Box<dyn Invariant>> {
         Box::new(single_cluster::SingleCluster::default()),
         Box::new(no_rebootstrap::NoRebootstrap::default()),
         Box::new(log_matching::LogMatching::default()),
+        Box::new(writers::Writers),
+        Box::new(csi_call_order::CsiCallOrder::default()),
+        Box::new(controller_serial::ControllerSerial::default()),
     ]
 }

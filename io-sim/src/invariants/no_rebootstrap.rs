@@ -5,6 +5,8 @@ use std::collections::BTreeMap;
 
 use drover_io_real::io::AgentEvent;
 
+use crate::trace::SimEvent;
+
 use super::Invariant;
 
 #[derive(Debug, Default)]
@@ -17,7 +19,8 @@ impl Invariant for NoRebootstrap {
         "no re-bootstrap with existing state"
     }
 
-    fn observe(&mut self, node: &str, event: &AgentEvent) -> Result<(), String> {
+    fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String> {
+        let SimEvent::Agent(event) = event else { return Ok(()) };
         match event {
             AgentEvent::Started { boot, .. } => {
                 self.started_with_state

@@ -1,0 +1,116 @@
+//! Simulated CSI plugins on a client node: answer `ClientCSI` calls from servers the way a
+//! plugin would, and can fail, hang or be slow on command. Every effect is reported to the
+//! trace as a plugin event, which the CSI invariants check.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
+use drover_io_real::io::{BoxFuture, ClientCsi};
+
+use crate::trace::{PluginEvent, Recorder};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PluginMode {
+    Healthy,
+    /// Every call fails at once with an internal error.
+    Failing,
+    /// No call is ever answered.
+    Hanging,
+    /// Calls are answered after the server's deadline.
+    Slow,
+}
+
+const LATENCY: Duration = Duration::from_millis(2);
+const SLOW_LATENCY: Duration = Duration::from_secs(15);
+
+/// The scenario's handle on one node's plugins.
+#[derive(Clone, Debug)]
+pub struct PluginControl {
+    mode: Arc<Mutex<PluginMode>>,
+}
+
+impl Default for PluginControl {
+    fn default() -> Self {
+        PluginControl {
+            mode: Arc::new(Mutex::new(PluginMode::Healthy)),
+        }
+    }
+}
+
+impl PluginControl {
+    pub fn set(&self, mode: PluginMode) {
+        *self.mode.lock().expect("plugin lock") = mode;
+    }
+
+    pub fn mode(&self) -> PluginMode {
+        *self.mode.lock().expect("plugin lock")
+    }
+}
+
+/// One client node's plugins (a monolith plugin: controller and node halves).
+#[derive(Clone)]
+pub struct SimPlugins {
+    node: String,
+    recorder: Recorder,
+    control: PluginControl,
+}
+
+impl SimPlugins {
+    pub fn new(node: &str, recorder: Recorder, control: PluginControl) -> Self {
+        SimPlugins {
+            node: node.to_string(),
+            recorder,
+            control,
+        }
+    }
+}
+
+impl ClientCsi for SimPlugins {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+        let plugins = self.clone();
+        Box::pin(async move {
+            match plugins.control.mode() {
+                PluginMode::Healthy => tokio::time::sleep(LATENCY).await,
+                PluginMode::Failing => {
+                    tokio::time::sleep(LATENCY).await;
+                    return Err("rpc error: code = Internal desc = injected plugin failure".to_string());
+                }
+                PluginMode::Hanging => std::future::pending::<()>().await,
+                PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
+            }
+            let (event, reply) = match request {
+                ClientCsiRequest::ControllerAttach(r) => (
+                    Some(PluginEvent::ControllerPublished {
+                        plugin: r.plugin_id,
+                        volume: r.volume_id.clone(),
+                        external_node: r.client_csi_node_id,
+                    }),
+                    ClientCsiReply::Attached {
+                        publish_context: [("device".to_string(), format!("/dev/sim/{}", r.volume_id))].into(),
+                    },
+                ),
+                ClientCsiRequest::ControllerDetach(r) => (
+                    Some(PluginEvent::ControllerUnpublished {
+                        plugin: r.plugin_id,
+                        volume: r.volume_id,
+                        external_node: r.client_csi_node_id,
+                    }),
+                    ClientCsiReply::Done,
+                ),
+                ClientCsiRequest::ControllerValidate(_) => (None, ClientCsiReply::Done),
+                ClientCsiRequest::NodeDetach(r) => (
+                    Some(PluginEvent::NodeUnpublished {
+                        volume: r.volume_id,
+                        alloc: r.alloc_id,
+                    }),
+                    ClientCsiReply::Done,
+                ),
+            };
+            if let Some(event) = event {
+                plugins.recorder.record_plugin(&plugins.node, event);
+            }
+            Ok(reply)
+        })
+    }
+}

@@ -1,0 +1,465 @@
+//! The CSI workload: allocations on client nodes claim volumes, use them, finish, and their
+//! claims are released (by the client or by the leader's volume watcher), while the scenario
+//! injects faults. Every request goes through a random live server, as a client would.
+//!
+//! The model here is the *client's* view; the safety checks are the trace invariants, and the
+//! end checks compare against the leader's state store.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{
+    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiCapability, CsiControllerInfo,
+    CsiInfo, CsiNodeInfo, CsiVolume, CsiVolumeClaim, Node, NodeStatus,
+};
+use drover_io_sim::cluster::{Gateway, SimCluster};
+use drover_io_sim::trace::{PluginEvent, Recorder};
+use rand::{Rng, SeedableRng};
+use rand_chacha_03::ChaCha8Rng;
+
+use crate::scenarios::CsiPlan;
+
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+const CLAIM_ATTEMPTS: u32 = 12;
+const ACTIVE_MAX: usize = 10;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Claiming,
+    Claimed,
+    Releasing,
+    Done,
+}
+
+#[derive(Clone, Debug)]
+struct AllocModel {
+    client: usize,
+    volume: String,
+    access: AccessMode,
+    write: bool,
+    phase: Phase,
+}
+
+#[derive(Default)]
+struct Model {
+    allocs: BTreeMap<String, AllocModel>,
+    next_alloc: u64,
+}
+
+pub struct CsiWorkload {
+    plan: CsiPlan,
+    model: Arc<Mutex<Model>>,
+    rng: ChaCha8Rng,
+    next_tick: tokio::time::Instant,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+fn plugin_info(client: &str, controller: bool) -> CsiInfo {
+    CsiInfo {
+        plugin_id: "p".into(),
+        alloc_id: format!("plugin-{client}"),
+        healthy: true,
+        health_description: "healthy".into(),
+        provider: "sim.csi.drover".into(),
+        provider_version: "1.0".into(),
+        requires_controller_plugin: true,
+        controller_info: controller.then(|| CsiControllerInfo {
+            supports_attach_detach: true,
+            ..CsiControllerInfo::default()
+        }),
+        node_info: (!controller).then(|| CsiNodeInfo {
+            id: client.to_string(),
+            max_volumes: 100,
+            ..CsiNodeInfo::default()
+        }),
+        ..CsiInfo::default()
+    }
+}
+
+/// Retries a request through the gateways until it is done or refused for good.
+async fn request(gateways: &[Gateway], rng_pick: usize, request: ServerRequest, attempts: u32) -> ServerReply {
+    let mut reply = ServerReply::Error(drover_core::rpc::RpcError {
+        message: "no live server".into(),
+        retryable: true,
+    });
+    for attempt in 0..attempts {
+        if gateways.is_empty() {
+            break;
+        }
+        let gateway = &gateways[(rng_pick + attempt as usize) % gateways.len()];
+        reply = gateway.request(request.clone(), REQUEST_TIMEOUT).await;
+        match &reply {
+            ServerReply::Error(error) if error.retryable => tokio::time::sleep(Duration::from_millis(500)).await,
+            _ => return reply,
+        }
+    }
+    reply
+}
+
+fn claim(alloc: &str, model: &AllocModel, state: ClaimState) -> CsiVolumeClaim {
+    CsiVolumeClaim {
+        allocation_id: alloc.to_string(),
+        node_id: format!("c{}", model.client + 1),
+        external_node_id: String::new(),
+        mode: if model.write { ClaimMode::Write } else { ClaimMode::Read },
+        access_mode: model.access,
+        attachment_mode: AttachmentMode::FileSystem,
+        state,
+    }
+}
+
+impl CsiWorkload {
+    pub fn new(plan: CsiPlan, seed: u64, start: tokio::time::Instant) -> Self {
+        CsiWorkload {
+            plan,
+            model: Arc::new(Mutex::new(Model::default())),
+            rng: ChaCha8Rng::seed_from_u64(seed.rotate_left(29)),
+            next_tick: start,
+            tasks: Vec::new(),
+        }
+    }
+
+    /// Registers the client nodes (with a healthy monolith plugin) and the volumes.
+    pub async fn setup(&mut self, cluster: &SimCluster) -> Result<(), String> {
+        let gateways = cluster.gateways();
+        for client in 0..cluster.client_count() {
+            let name = cluster.client_name(client).to_string();
+            let node = Node {
+                id: name.clone(),
+                name: name.clone(),
+                datacenter: "dc1".into(),
+                rpc_addr: cluster.client_rpc_addr(client),
+                status: NodeStatus::Ready,
+                csi_controller_plugins: [("p".to_string(), plugin_info(&name, true))].into(),
+                csi_node_plugins: [("p".to_string(), plugin_info(&name, false))].into(),
+                ..Node::default()
+            };
+            expect_done(
+                request(&gateways, client, ServerRequest::NodeRegister { node }, 20).await,
+                "register node",
+            )?;
+        }
+        let volumes: Vec<CsiVolume> = self
+            .plan
+            .volumes
+            .iter()
+            .map(|(id, access)| CsiVolume {
+                id: id.clone(),
+                namespace: "default".into(),
+                name: id.clone(),
+                plugin_id: "p".into(),
+                requested_capabilities: vec![CsiCapability {
+                    access_mode: *access,
+                    attachment_mode: AttachmentMode::FileSystem,
+                }],
+                secrets: [("token".to_string(), "sim-secret".to_string())].into(),
+                ..CsiVolume::default()
+            })
+            .collect();
+        expect_done(
+            request(&gateways, 0, ServerRequest::VolumeRegister { volumes }, 20).await,
+            "register volumes",
+        )
+    }
+
+    /// Runs the workload until `until`, one operation per tick.
+    pub async fn drive(&mut self, cluster: &SimCluster, until: tokio::time::Instant) {
+        loop {
+            if self.next_tick > until {
+                tokio::time::sleep_until(until).await;
+                return;
+            }
+            tokio::time::sleep_until(self.next_tick).await;
+            self.next_tick += Duration::from_millis(self.rng.gen_range(200..800));
+            self.tick(cluster);
+        }
+    }
+
+    fn tick(&mut self, cluster: &SimCluster) {
+        let gateways = cluster.gateways();
+        let pick = self.rng.r#gen::<u16>() as usize;
+        let (active, claimed): (usize, Vec<String>) = {
+            let model = self.model.lock().expect("model lock");
+            let active = model.allocs.values().filter(|alloc| alloc.phase != Phase::Done).count();
+            let claimed = model
+                .allocs
+                .iter()
+                .filter(|(_, alloc)| alloc.phase == Phase::Claimed)
+                .map(|(id, _)| id.clone())
+                .collect();
+            (active, claimed)
+        };
+        let roll = self.rng.gen_range(0..100);
+        if self.plan.deregister_attempts && roll < 10 && !claimed.is_empty() {
+            let alloc = claimed[pick % claimed.len()].clone();
+            let volume = self.model.lock().expect("model lock").allocs[&alloc].volume.clone();
+            let recorder = cluster.recorder().clone();
+            self.tasks.push(tokio::spawn(async move {
+                let reply = request(
+                    &gateways,
+                    pick,
+                    ServerRequest::VolumeDeregister {
+                        namespace: "default".into(),
+                        volume_ids: vec![volume.clone()],
+                        force: false,
+                    },
+                    3,
+                )
+                .await;
+                match reply {
+                    ServerReply::Error(error) if error.message.contains("volume in use") => {
+                        recorder.note(format!("deregister {volume} refused: volume in use"));
+                    }
+                    ServerReply::Error(_) => {}
+                    other => recorder.violate(
+                        "a claimed volume cannot be deregistered",
+                        format!("deregister of {volume} claimed by {alloc} returned {other:?}"),
+                    ),
+                }
+            }));
+        } else if roll < 55 && active < ACTIVE_MAX {
+            let starts = if self.plan.bursts { 3 } else { 1 };
+            let volume_index = self.rng.gen_range(0..self.plan.volumes.len());
+            for _ in 0..starts {
+                let live: Vec<usize> = (0..cluster.client_count())
+                    .filter(|c| cluster.client_alive(*c))
+                    .collect();
+                if live.is_empty() {
+                    return;
+                }
+                let client = live[self.rng.gen_range(0..live.len())];
+                let (volume, access) = self.plan.volumes[volume_index].clone();
+                let write = access.is_writer() && self.rng.gen_bool(0.7);
+                self.start_alloc(cluster, gateways.clone(), pick, client, volume, access, write);
+            }
+        } else if !claimed.is_empty() {
+            let alloc = claimed[pick % claimed.len()].clone();
+            let client_driven = self.rng.gen_bool(0.5);
+            self.finish_alloc(gateways, pick, alloc, client_driven);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_alloc(
+        &mut self,
+        cluster: &SimCluster,
+        gateways: Vec<Gateway>,
+        pick: usize,
+        client: usize,
+        volume: String,
+        access: AccessMode,
+        write: bool,
+    ) {
+        let alloc_id = {
+            let mut model = self.model.lock().expect("model lock");
+            model.next_alloc += 1;
+            let id = format!("alloc-{}", model.next_alloc);
+            model.allocs.insert(
+                id.clone(),
+                AllocModel {
+                    client,
+                    volume: volume.clone(),
+                    access,
+                    write,
+                    phase: Phase::Claiming,
+                },
+            );
+            id
+        };
+        let model = self.model.clone();
+        let recorder = cluster.recorder().clone();
+        let client_name = cluster.client_name(client).to_string();
+        self.tasks.push(tokio::spawn(async move {
+            let alloc = Allocation {
+                id: alloc_id.clone(),
+                namespace: "default".into(),
+                name: format!("app.web[{alloc_id}]"),
+                node_id: client_name.clone(),
+                job_id: "app".into(),
+                task_group: "web".into(),
+                ..Allocation::default()
+            };
+            let placed = request(&gateways, pick, ServerRequest::AllocUpsert { allocs: vec![alloc] }, 10).await;
+            let snapshot = model.lock().expect("model lock").allocs[&alloc_id].clone();
+            if !matches!(placed, ServerReply::Done { .. }) || snapshot.phase != Phase::Claiming {
+                mark(&model, &alloc_id, Phase::Done);
+                return;
+            }
+            for attempt in 0..CLAIM_ATTEMPTS {
+                if model.lock().expect("model lock").allocs[&alloc_id].phase != Phase::Claiming {
+                    return;
+                }
+                let request_claim = ServerRequest::VolumeClaim {
+                    namespace: "default".into(),
+                    volume_id: snapshot.volume.clone(),
+                    claim: claim(&alloc_id, &snapshot, ClaimState::Taken),
+                };
+                match request(&gateways, pick + attempt as usize, request_claim, 2).await {
+                    ServerReply::Claimed { .. } => {
+                        let mut guard = model.lock().expect("model lock");
+                        let entry = guard.allocs.get_mut(&alloc_id).expect("alloc");
+                        if entry.phase == Phase::Claiming {
+                            entry.phase = Phase::Claimed;
+                            drop(guard);
+                            recorder.record_plugin(
+                                &client_name,
+                                PluginEvent::NodePublished {
+                                    volume: snapshot.volume.clone(),
+                                    alloc: alloc_id.clone(),
+                                },
+                            );
+                        }
+                        return;
+                    }
+                    // "volume max claims reached", unschedulable, no leader: the client retries.
+                    _ => tokio::time::sleep(Duration::from_secs(1)).await,
+                }
+            }
+            // Gave up: the allocation fails; the watcher releases anything that was claimed.
+            mark(&model, &alloc_id, Phase::Releasing);
+            let update = ServerRequest::AllocClientUpdate {
+                alloc_id: alloc_id.clone(),
+                client_status: ClientStatus::Failed,
+            };
+            if matches!(request(&gateways, pick, update, 10).await, ServerReply::Done { .. }) {
+                mark(&model, &alloc_id, Phase::Done);
+            }
+        }));
+    }
+
+    fn finish_alloc(&mut self, gateways: Vec<Gateway>, pick: usize, alloc_id: String, client_driven: bool) {
+        let snapshot = {
+            let mut model = self.model.lock().expect("model lock");
+            let entry = model.allocs.get_mut(&alloc_id).expect("alloc");
+            entry.phase = Phase::Releasing;
+            entry.clone()
+        };
+        let model = self.model.clone();
+        self.tasks.push(tokio::spawn(async move {
+            if client_driven {
+                let unpublish = ServerRequest::VolumeUnpublish {
+                    namespace: "default".into(),
+                    volume_id: snapshot.volume.clone(),
+                    claim: claim(&alloc_id, &snapshot, ClaimState::Unpublishing),
+                };
+                let _ = request(&gateways, pick, unpublish, 2).await;
+            }
+            let update = ServerRequest::AllocClientUpdate {
+                alloc_id: alloc_id.clone(),
+                client_status: ClientStatus::Complete,
+            };
+            if matches!(request(&gateways, pick, update, 10).await, ServerReply::Done { .. }) {
+                mark(&model, &alloc_id, Phase::Done);
+            }
+        }));
+    }
+
+    /// A client died: the servers mark it down and its allocations lost.
+    pub fn node_down(&mut self, cluster: &mut SimCluster, client: usize) {
+        cluster.kill_client(client);
+        let gateways = cluster.gateways();
+        let name = cluster.client_name(client).to_string();
+        let lost: Vec<String> = {
+            let mut model = self.model.lock().expect("model lock");
+            model
+                .allocs
+                .iter_mut()
+                .filter(|(_, alloc)| alloc.client == client && alloc.phase != Phase::Done)
+                .map(|(id, alloc)| {
+                    alloc.phase = Phase::Releasing;
+                    id.clone()
+                })
+                .collect()
+        };
+        let model = self.model.clone();
+        self.tasks.push(tokio::spawn(async move {
+            let down = ServerRequest::NodeUpdateStatus {
+                node_id: name,
+                status: NodeStatus::Down,
+            };
+            let _ = request(&gateways, 0, down, 20).await;
+            for alloc_id in lost {
+                let update = ServerRequest::AllocClientUpdate {
+                    alloc_id: alloc_id.clone(),
+                    client_status: ClientStatus::Lost,
+                };
+                if matches!(request(&gateways, 0, update, 20).await, ServerReply::Done { .. }) {
+                    mark(&model, &alloc_id, Phase::Done);
+                }
+            }
+        }));
+    }
+
+    /// The quiet phase: no new work; every unfinished allocation finishes. Returns when all
+    /// workload tasks have ended.
+    pub async fn wind_down(&mut self, cluster: &SimCluster) {
+        for task in std::mem::take(&mut self.tasks) {
+            let _ = task.await;
+        }
+        let gateways = cluster.gateways();
+        let unfinished: Vec<String> = {
+            let model = self.model.lock().expect("model lock");
+            model
+                .allocs
+                .iter()
+                .filter(|(_, alloc)| alloc.phase != Phase::Done)
+                .map(|(id, _)| id.clone())
+                .collect()
+        };
+        for alloc_id in unfinished {
+            let update = ServerRequest::AllocClientUpdate {
+                alloc_id: alloc_id.clone(),
+                client_status: ClientStatus::Complete,
+            };
+            let reply = request(&gateways, 0, update, 40).await;
+            if matches!(reply, ServerReply::Done { .. })
+                || matches!(&reply, ServerReply::Error(e) if e.message.starts_with("Unknown allocation"))
+            {
+                mark(&self.model, &alloc_id, Phase::Done);
+            }
+        }
+    }
+
+    pub fn allocs(&self) -> usize {
+        self.model.lock().expect("model lock").allocs.len()
+    }
+}
+
+fn mark(model: &Arc<Mutex<Model>>, alloc: &str, phase: Phase) {
+    if let Some(entry) = model.lock().expect("model lock").allocs.get_mut(alloc) {
+        entry.phase = phase;
+    }
+}
+
+fn expect_done(reply: ServerReply, what: &str) -> Result<(), String> {
+    match reply {
+        ServerReply::Done { .. } => Ok(()),
+        other => Err(format!("{what}: {other:?}")),
+    }
+}
+
+/// Deregisters every volume once the quiet phase has released all claims (must succeed).
+pub async fn deregister_all(cluster: &SimCluster, plan: &CsiPlan, recorder: &Recorder) {
+    let gateways = cluster.gateways();
+    for (volume, _) in &plan.volumes {
+        let reply = request(
+            &gateways,
+            0,
+            ServerRequest::VolumeDeregister {
+                namespace: "default".into(),
+                volume_ids: vec![volume.clone()],
+                force: false,
+            },
+            20,
+        )
+        .await;
+        if !matches!(reply, ServerReply::Done { .. }) {
+            recorder.violate(
+                "a released volume can be deregistered",
+                format!("deregister of {volume} after every claim was released: {reply:?}"),
+            );
+        }
+    }
+}
