@@ -9,5 +9,8 @@ seeds=${2:-200}
 echo "== real processes (cargo bench -p drover --bench formation -- $rounds)"
 cargo bench -p drover --bench formation -- "$rounds"
 echo
+echo "== CSI claim+release cycles and 100k-volume snapshot (cargo bench -p drover --bench csi)"
+cargo bench -p drover --bench csi
+echo
 echo "== simulation lane throughput (cargo test -p sim-tests -- --seeds 0..$seeds)"
 cargo test -p sim-tests -- --seeds "0..$seeds" | grep -E '^sim:'

@@ -194,6 +194,20 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains("hunter2"), "secrets never appear: {body}");
 
+    for (query, listed) in [
+        ("type=csi", true),
+        ("type=csi&plugin_id=hostpath", true),
+        ("type=csi&plugin_id=other", false),
+        ("type=csi&prefix=vol", true),
+        ("type=csi&prefix=x", false),
+    ] {
+        let (status, body) = call("GET", port, format!("/v1/volumes?{query}"), String::new()).await;
+        assert_eq!(
+            (status, body.contains(r#""ID":"vol0""#)),
+            (200, listed),
+            "{query}: {body}"
+        );
+    }
     let (status, body) = call("GET", port, "/v1/volume/csi/vol0".into(), String::new()).await;
     assert_eq!(status, 200);
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();

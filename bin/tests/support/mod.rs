@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod csi;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};

@@ -254,6 +254,10 @@ impl ServerState {
             }
         }
         for volume in merged {
+            self.volumes_by_plugin
+                .entry(volume.plugin_id.clone())
+                .or_default()
+                .insert(volume.key());
             self.volumes.insert(volume.key(), volume);
         }
         self.touch(Table::CsiVolumes, index);
@@ -283,7 +287,15 @@ impl ServerState {
             }
         }
         for id in ids {
-            self.volumes.remove(&(namespace.to_string(), id.clone()));
+            let key = (namespace.to_string(), id.clone());
+            if let Some(volume) = self.volumes.remove(&key)
+                && let Some(keys) = self.volumes_by_plugin.get_mut(&volume.plugin_id)
+            {
+                keys.remove(&key);
+                if keys.is_empty() {
+                    self.volumes_by_plugin.remove(&volume.plugin_id);
+                }
+            }
         }
         self.touch(Table::CsiVolumes, index);
         Response::Done
@@ -853,6 +865,10 @@ pub(crate) mod tests {
         let mut updated = volume("v");
         updated.secrets = [("token".to_string(), "rotated".to_string())].into();
         fx.ok(Command::CsiVolumeRegister { volumes: vec![updated] });
+        assert_eq!(
+            fx.state.volumes_of_plugin("p").collect::<Vec<_>>(),
+            [&("default".to_string(), "v".to_string())]
+        );
         let stored = fx.state.volume("default", "v").unwrap();
         assert_eq!(stored.secrets["token"], "rotated");
         // Index 4: refused commands consume a log index too.
@@ -928,6 +944,11 @@ pub(crate) mod tests {
             force: true,
         });
         assert!(fx.state.volume("default", "v").is_none());
+        assert_eq!(
+            fx.state.volumes_of_plugin("p").count(),
+            0,
+            "the plugin index follows deregistration"
+        );
         assert_eq!(
             error(fx.apply(Command::CsiVolumeDeregister {
                 namespace: "default".into(),

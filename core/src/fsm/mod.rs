@@ -155,6 +155,8 @@ pub struct ServerState {
     allocs: BTreeMap<String, Allocation>,
     evals: BTreeMap<String, Evaluation>,
     volumes: BTreeMap<(String, String), CsiVolume>,
+    /// Secondary index: plugin id → volumes of that plugin.
+    volumes_by_plugin: BTreeMap<String, BTreeSet<(String, String)>>,
     plugins: BTreeMap<String, CsiPlugin>,
 }
 
@@ -293,6 +295,11 @@ impl ServerState {
     /// The volume as stored (no denormalisation).
     pub fn volume_raw(&self, namespace: &str, id: &str) -> Option<&CsiVolume> {
         self.volumes.get(&(namespace.to_string(), id.to_string()))
+    }
+
+    /// Keys of the volumes of one plugin, in order (the plugin index).
+    pub fn volumes_of_plugin(&self, plugin_id: &str) -> impl Iterator<Item = &(String, String)> {
+        self.volumes_by_plugin.get(plugin_id).into_iter().flatten()
     }
 
     /// Volumes claimed by an allocation on `node_id` (current or past claims).

@@ -90,8 +90,11 @@ pub async fn list_volumes(
     let list: Vec<Value> = handle
         .read_state(|state| {
             let on_node = options.node_id.as_ref().map(|node| state.volumes_on_node(node));
-            state
-                .volume_keys()
+            let keys: Vec<&(String, String)> = match &options.plugin_id {
+                Some(plugin) => state.volumes_of_plugin(plugin).collect(),
+                None => state.volume_keys().collect(),
+            };
+            keys.into_iter()
                 .filter(|(ns, _)| namespace == "*" || *ns == namespace)
                 .filter(|(_, id)| options.prefix.as_ref().is_none_or(|prefix| id.starts_with(prefix)))
                 .filter(|key| on_node.as_ref().is_none_or(|keys| keys.contains(*key)))

@@ -1,0 +1,154 @@
+//! Three real servers on loopback; volumes registered and read through the HTTP API, claimed
+//! and released by a fake client over real gRPC, while the leader is killed. Nothing
+//! acknowledged is lost and every release walks node unpublish before controller unpublish.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{ClaimState, ClientStatus};
+use support::csi::{FakeClient, volume_body};
+use support::{Agent, agreed_leader, cluster_specs, free_ports, http, server_args, wait_for};
+
+const CYCLES: usize = 12;
+
+fn done(reply: &ServerReply) -> bool {
+    matches!(reply, ServerReply::Done { .. } | ServerReply::Claimed { .. })
+}
+
+#[test]
+fn claims_and_releases_survive_a_leader_kill() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let mut agents: Vec<Agent> = (0..3)
+        .map(|i| Agent::start(specs[i].clone(), server_args(&specs, i)))
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    let leader = wait_for(Duration::from_secs(60), || agreed_leader(&refs, 3)).expect("cluster forms");
+    let servers: Vec<SocketAddr> = agents.iter().map(|agent| agent.rpc_addr().parse().unwrap()).collect();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(FakeClient::start("client-1", free_ports()[0]));
+    assert!(done(&runtime.block_on(client.request_any(
+        &servers,
+        ServerRequest::NodeRegister { node: client.node() }
+    ))));
+
+    // Volumes registered through the HTTP API of a follower (forwarded to the leader).
+    let follower = agents.iter().position(|agent| agent.rpc_addr() != leader).unwrap();
+    for volume in ["vol-a", "vol-b"] {
+        let reply = wait_for(Duration::from_secs(30), || {
+            http(
+                "PUT",
+                agents[follower].spec.http,
+                &format!("/v1/volume/csi/{volume}"),
+                Some(&volume_body(volume)),
+            )
+        });
+        assert!(
+            reply.is_some_and(|body| !body.contains("do-not-leak")),
+            "register {volume} through HTTP"
+        );
+    }
+
+    let mut killed = None;
+    for cycle in 0..CYCLES {
+        let alloc = format!("alloc-{cycle}");
+        let volume = if cycle % 2 == 0 { "vol-a" } else { "vol-b" };
+        if cycle == CYCLES / 2 {
+            let leader_now = agents.iter().find_map(|agent| agent.leader()).unwrap();
+            let index = agents.iter().position(|agent| agent.rpc_addr() == leader_now).unwrap();
+            agents[index].kill();
+            killed = Some(index);
+        }
+        let requests = [
+            ServerRequest::AllocUpsert {
+                allocs: vec![client.alloc(&alloc)],
+            },
+            ServerRequest::VolumeClaim {
+                namespace: "default".into(),
+                volume_id: volume.into(),
+                claim: client.claim(&alloc, ClaimState::Taken),
+            },
+            ServerRequest::AllocClientUpdate {
+                alloc_id: alloc.clone(),
+                client_status: ClientStatus::Complete,
+            },
+            ServerRequest::VolumeUnpublish {
+                namespace: "default".into(),
+                volume_id: volume.into(),
+                claim: client.claim(&alloc, ClaimState::Unpublishing),
+            },
+        ];
+        for request in requests {
+            let reply = runtime.block_on(client.request_any(&servers, request.clone()));
+            assert!(done(&reply), "cycle {cycle}: {request:?} -> {reply:?}");
+        }
+    }
+    let killed = killed.unwrap();
+
+    // Every acknowledged claim was published and released in CSI order, once.
+    let calls = client.calls.lock().unwrap().clone();
+    for cycle in 0..CYCLES {
+        let alloc = format!("alloc-{cycle}");
+        let volume = if cycle % 2 == 0 { "vol-a" } else { "vol-b" };
+        let node = calls
+            .iter()
+            .position(|call| *call == format!("node-unpublish {volume} {alloc}"));
+        let publish = calls
+            .iter()
+            .position(|call| *call == format!("controller-publish {volume} host-client-1"));
+        let controller = calls
+            .iter()
+            .rposition(|call| *call == format!("controller-unpublish {volume}"));
+        assert!(
+            publish.is_some() && node.is_some() && controller.is_some(),
+            "cycle {cycle}: {calls:?}"
+        );
+        assert!(
+            node < controller,
+            "node unpublish before controller unpublish: {calls:?}"
+        );
+    }
+
+    // Nothing acknowledged is lost: on every survivor both volumes exist and hold no claims.
+    let survivors: Vec<&Agent> = agents
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != killed)
+        .map(|(_, a)| a)
+        .collect();
+    for agent in &survivors {
+        for volume in ["vol-a", "vol-b"] {
+            let body = wait_for(Duration::from_secs(30), || {
+                agent
+                    .get(&format!("/v1/volume/csi/{volume}"))
+                    .filter(|body| body.contains(r#""WriteClaims":{}"#) && body.contains(r#""PastClaims":{}"#))
+            });
+            assert!(
+                body.is_some(),
+                "{volume} on {}: {:?}",
+                agent.spec.name,
+                agent.get(&format!("/v1/volume/csi/{volume}"))
+            );
+        }
+        let nodes = agent.get("/v1/nodes").unwrap();
+        assert!(nodes.contains("client-1"), "{nodes}");
+    }
+    // The killed server comes back and catches up to the same state.
+    agents[killed].restart();
+    let body = wait_for(Duration::from_secs(60), || {
+        agents[killed]
+            .get("/v1/volume/csi/vol-b")
+            .filter(|body| body.contains(r#""WriteClaims":{}"#))
+    });
+    assert!(body.is_some(), "restarted server caught up:\n{}", agents[killed].log());
+    let (status_ok, list) = (true, agents[killed].get("/v1/volumes?type=csi").unwrap_or_default());
+    assert!(status_ok && list.contains("vol-a") && list.contains("vol-b"), "{list}");
+}
