@@ -6,7 +6,7 @@
 use crate::prelude::*;
 
 use crate::fsm::ServerState;
-use crate::structs::NodeStatus;
+use crate::structs::{CsiVolumeClaim, NodeStatus};
 
 /// A client able to run a controller RPC: node id and its agent RPC address.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -31,6 +31,20 @@ pub fn controller_candidates(state: &ServerState, plugin_id: &str) -> Vec<Contro
             })
         })
         .collect()
+}
+
+/// The storage provider's name for the claim's node (CSI's node id): the one recorded in the
+/// claim, else the node plugin's fingerprint; empty when the node or its plugin is gone.
+pub fn external_node_id(state: &ServerState, claim: &CsiVolumeClaim, plugin_id: &str) -> String {
+    if !claim.external_node_id.is_empty() {
+        return claim.external_node_id.clone();
+    }
+    state
+        .node(&claim.node_id)
+        .and_then(|node| node.csi_node_plugins.get(plugin_id))
+        .and_then(|info| info.node_info.as_ref())
+        .map(|info| info.id.clone())
+        .unwrap_or_default()
 }
 
 /// Errors after which the next candidate is tried.

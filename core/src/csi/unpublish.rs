@@ -132,16 +132,7 @@ fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeCla
     if still_used {
         return with_state(claim, ClaimState::ReadyToFree);
     }
-    let external_node_id = if claim.external_node_id.is_empty() {
-        state
-            .node(&claim.node_id)
-            .and_then(|node| node.csi_node_plugins.get(&volume.plugin_id))
-            .and_then(|info| info.node_info.as_ref())
-            .map(|info| info.id.clone())
-            .unwrap_or_default()
-    } else {
-        claim.external_node_id.clone()
-    };
+    let external_node_id = super::routing::external_node_id(state, claim, &volume.plugin_id);
     if external_node_id.is_empty() {
         // The node was garbage collected: nothing left to detach from.
         return with_state(claim, ClaimState::ReadyToFree);
