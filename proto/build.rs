@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // Unimplemented RPCs answer UNIMPLEMENTED, as the CSI spec expects of optional calls.
+        .generate_default_stubs(true)
         .compile_fds(descriptors)?;
     Ok(())
 }

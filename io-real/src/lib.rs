@@ -14,6 +14,8 @@ pub mod service;
 #[cfg(not(madsim))]
 pub mod consul;
 #[cfg(not(madsim))]
+pub mod csi;
+#[cfg(not(madsim))]
 pub mod disk;
 #[cfg(not(madsim))]
 pub mod http;
