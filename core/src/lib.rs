@@ -23,6 +23,7 @@ mod prelude {
 
 pub mod agent;
 pub mod bootstrap;
+pub mod client;
 pub mod config;
 pub mod csi;
 pub mod fsm;

@@ -10,6 +10,7 @@ use crate::prelude::*;
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use core::fmt;
+use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -140,17 +141,258 @@ impl CsiPluginType {
     }
 }
 
+/// Where a CSI plugin task keeps its socket unless told otherwise (Nomad's api Canonicalize).
+pub const DEFAULT_CSI_MOUNT_DIR: &str = "/csi";
+/// Base inside the plugin task for staging and per-alloc targets (HEAD default).
+pub const DEFAULT_CSI_STAGE_PUBLISH_BASE_DIR: &str = "/local/csi";
+/// How long the plugin has to answer its first probe before the task is restarted.
+pub const DEFAULT_CSI_HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCsiPluginConfig {
     pub id: String,
     pub plugin_type: CsiPluginType,
+    /// Directory inside the task where the plugin creates `csi.sock`.
+    pub mount_dir: String,
+    /// Base inside the task for staging and per-alloc target paths sent to the plugin.
+    pub stage_publish_base_dir: String,
+    pub health_timeout: Duration,
+}
+
+impl TaskCsiPluginConfig {
+    /// A plugin stanza with Nomad's defaults for everything but id and type.
+    pub fn new(id: impl Into<String>, plugin_type: CsiPluginType) -> Self {
+        TaskCsiPluginConfig {
+            id: id.into(),
+            plugin_type,
+            mount_dir: DEFAULT_CSI_MOUNT_DIR.into(),
+            stage_publish_base_dir: DEFAULT_CSI_STAGE_PUBLISH_BASE_DIR.into(),
+            health_timeout: DEFAULT_CSI_HEALTH_TIMEOUT,
+        }
+    }
+
+    /// Nomad's `Task.Validate` rules for the stanza (§1.1), every problem listed.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.id.is_empty() {
+            errors.push("CSIPluginConfig must have a non-empty PluginID".to_string());
+        }
+        let base = self.stage_publish_base_dir.trim_end_matches('/');
+        let mount = self.mount_dir.trim_end_matches('/');
+        // The supervisor's stop hook removes the socket dir; staging under it would wipe the
+        // mounts of every consumer (#19440).
+        if !base.is_empty() && !mount.is_empty() && (base == mount || base.starts_with(&format!("{mount}/"))) {
+            errors.push(format!(
+                "CSIPluginConfig StagePublishBaseDir must not be a subdirectory of MountDir, got: \
+                 StagePublishBaseDir=\"{}\" MountDir=\"{}\"",
+                self.stage_publish_base_dir, self.mount_dir
+            ));
+        }
+        if self.health_timeout.is_zero() {
+            errors.push("CSIPluginConfig HealthTimeout must be positive".to_string());
+        }
+        errors
+    }
+}
+
+/// One value of a driver's free-form `config` block (typed so snapshots stay postcard).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConfigValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+    List(Vec<ConfigValue>),
+    Map(BTreeMap<String, ConfigValue>),
+}
+
+impl ConfigValue {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            ConfigValue::String(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            ConfigValue::Int(value) => Some(*value),
+            ConfigValue::String(text) => text.parse().ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            ConfigValue::Bool(value) => Some(*value),
+            _ => None,
+        }
+    }
+
+    /// A list of strings (`args = ["-c", "..."]`).
+    pub fn as_strings(&self) -> Option<Vec<String>> {
+        match self {
+            ConfigValue::List(items) => items.iter().map(|item| item.as_str().map(String::from)).collect(),
+            _ => None,
+        }
+    }
+}
+
+/// Mount propagation of a bind mount into a task (`private` / `host-to-task` / `bidirectional`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Propagation {
+    #[default]
+    #[serde(rename = "private")]
+    Private,
+    #[serde(rename = "host-to-task")]
+    HostToTask,
+    #[serde(rename = "bidirectional")]
+    Bidirectional,
+}
+
+impl Propagation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Propagation::Private => "private",
+            Propagation::HostToTask => "host-to-task",
+            Propagation::Bidirectional => "bidirectional",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Propagation> {
+        [
+            Propagation::Private,
+            Propagation::HostToTask,
+            Propagation::Bidirectional,
+        ]
+        .into_iter()
+        .find(|mode| mode.as_str() == text)
+    }
+}
+
+/// A task's `volume_mount` block.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The group `volume` alias.
+    pub volume: String,
+    pub destination: String,
+    pub read_only: bool,
+    pub propagation_mode: Propagation,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeType {
+    #[default]
+    Host,
+    Csi,
+}
+
+/// A group's `volume "<alias>"` block (`source` at the top level, the seed-003 shape).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRequest {
+    pub name: String,
+    pub volume_type: VolumeType,
+    pub source: String,
+    pub read_only: bool,
+    pub access_mode: AccessMode,
+    pub attachment_mode: AttachmentMode,
+    pub mount_options: Option<CsiMountOptions>,
+    pub per_alloc: bool,
+}
+
+impl VolumeRequest {
+    /// The volume this allocation uses: `source`, or `source[<index>]` with `per_alloc`.
+    pub fn source_for(&self, alloc_index: u32) -> String {
+        if self.per_alloc {
+            format!("{}[{alloc_index}]", self.source)
+        } else {
+            self.source.clone()
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestartMode {
+    #[default]
+    Fail,
+    Delay,
+}
+
+/// A group's `restart` block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartPolicy {
+    pub attempts: u32,
+    pub interval: Duration,
+    pub delay: Duration,
+    pub mode: RestartMode,
+}
+
+impl RestartPolicy {
+    /// Nomad's defaults for service (and system) jobs: 2 attempts in 30 min, 15 s apart, fail.
+    pub const SERVICE: RestartPolicy = RestartPolicy {
+        attempts: 2,
+        interval: Duration::from_secs(30 * 60),
+        delay: Duration::from_secs(15),
+        mode: RestartMode::Fail,
+    };
+    /// Nomad's defaults for batch jobs: 3 attempts in 24 h, 15 s apart, fail.
+    pub const BATCH: RestartPolicy = RestartPolicy {
+        attempts: 3,
+        interval: Duration::from_secs(24 * 60 * 60),
+        delay: Duration::from_secs(15),
+        mode: RestartMode::Fail,
+    };
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy::SERVICE
+    }
+}
+
+/// A device a task asks for (`device "<vendor/type/name>" { count = N }`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestedDevice {
+    pub name: String,
+    pub count: u32,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskResources {
+    pub cpu: u32,
+    pub memory_mb: u32,
+    pub devices: Vec<RequestedDevice>,
+}
+
+/// Nomad's default `kill_timeout`.
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
     pub name: String,
     pub driver: String,
+    pub config: BTreeMap<String, ConfigValue>,
+    pub env: BTreeMap<String, String>,
+    pub volume_mounts: Vec<VolumeMount>,
     pub csi_plugin: Option<TaskCsiPluginConfig>,
+    pub kill_timeout: Duration,
+    pub resources: TaskResources,
+}
+
+impl Default for Task {
+    fn default() -> Self {
+        Task {
+            name: String::new(),
+            driver: String::new(),
+            config: BTreeMap::new(),
+            env: BTreeMap::new(),
+            volume_mounts: Vec::new(),
+            csi_plugin: None,
+            kill_timeout: DEFAULT_KILL_TIMEOUT,
+            resources: TaskResources::default(),
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -158,6 +400,23 @@ pub struct TaskGroup {
     pub name: String,
     pub count: u32,
     pub tasks: Vec<Task>,
+    /// `volume` blocks by alias.
+    pub volumes: BTreeMap<String, VolumeRequest>,
+    /// `None`: the job type's default.
+    pub restart_policy: Option<RestartPolicy>,
+}
+
+impl TaskGroup {
+    pub fn restart_policy(&self, job_type: JobType) -> RestartPolicy {
+        self.restart_policy.unwrap_or(match job_type {
+            JobType::Batch => RestartPolicy::BATCH,
+            JobType::Service | JobType::System => RestartPolicy::SERVICE,
+        })
+    }
+
+    pub fn task(&self, name: &str) -> Option<&Task> {
+        self.tasks.iter().find(|task| task.name == name)
+    }
 }
 
 /// A job, as far as the CSI control plane needs it (expected plugin counts).
@@ -207,6 +466,10 @@ pub struct Allocation {
     pub node_id: String,
     pub job_id: String,
     pub task_group: String,
+    /// The allocation this one replaces (its disk and volumes are handed over).
+    pub previous_allocation: Option<String>,
+    /// Allocations evicted to make room for this one.
+    pub preempted_allocations: Vec<String>,
     pub desired_status: DesiredStatus,
     pub client_status: ClientStatus,
     pub create_index: u64,
@@ -216,6 +479,15 @@ pub struct Allocation {
 }
 
 impl Allocation {
+    /// The index in `job.group[<index>]`, used by `per_alloc` volumes (0 when absent).
+    pub fn index(&self) -> u32 {
+        self.name
+            .rsplit_once('[')
+            .and_then(|(_, rest)| rest.strip_suffix(']'))
+            .and_then(|index| index.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// The server no longer wants it running.
     pub fn server_terminal(&self) -> bool {
         self.desired_status != DesiredStatus::Run

@@ -293,3 +293,703 @@ fn bootstrap() {
         },
     );
 }
+
+// --- client: alloc runner with its task runners -------------------------------------------
+
+mod client_harness {
+    use super::*;
+    use drover_core::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
+    use drover_core::client::paths::ClientPaths;
+    use drover_core::client::task_runner::{LocalTaskState, TaskAction};
+    use drover_core::client::volume_hook::HostVolumeConfig;
+    use drover_core::client::{
+        CsiReply, DriverCapabilities, ErrorKind, ExitResult, Io, IoError, MountConfigSupport, MountInfo, Outcome,
+        Reply, Reservation, TaskHandle, VolumeOp,
+    };
+    use drover_core::rpc::{RpcError, ServerReply, ServerRequest};
+    use drover_core::structs::{
+        AccessMode, Allocation, AttachmentMode, CsiPluginType, CsiVolume, JobType, RequestedDevice, RestartMode,
+        RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
+    };
+
+    pub struct Harness {
+        pub now: Instant,
+        pub ops: OpIds,
+        pub spec: Option<AllocSpec>,
+        pub runner: Option<AllocRunner>,
+        pub saved_alloc: LocalAllocState,
+        pub saved_tasks: BTreeMap<String, LocalTaskState>,
+        pub contacted: bool,
+        /// The newest op issued (`reply op=last`).
+        pub last_op: u64,
+    }
+
+    impl Harness {
+        pub fn new() -> Self {
+            Harness {
+                now: Instant::ZERO,
+                ops: OpIds::default(),
+                spec: None,
+                runner: None,
+                saved_alloc: LocalAllocState::default(),
+                saved_tasks: BTreeMap::new(),
+                contacted: false,
+                last_op: 0,
+            }
+        }
+    }
+
+    fn caps(driver: &str) -> DriverCapabilities {
+        match driver {
+            "raw_exec" => DriverCapabilities {
+                mount_configs: MountConfigSupport::None,
+                fs_isolation: false,
+            },
+            "mock" => DriverCapabilities {
+                mount_configs: MountConfigSupport::None,
+                fs_isolation: false,
+            },
+            _ => DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            },
+        }
+    }
+
+    fn spec(directive: &Directive) -> AllocSpec {
+        let args = &directive.args;
+        let job_type = match args.get("job").map(String::as_str) {
+            Some("batch") => JobType::Batch,
+            Some("system") => JobType::System,
+            _ => JobType::Service,
+        };
+        let mut group = TaskGroup {
+            name: "g".into(),
+            count: 1,
+            ..TaskGroup::default()
+        };
+        if let Some(attempts) = args.get("attempts") {
+            group.restart_policy = Some(RestartPolicy {
+                attempts: attempts.parse().unwrap(),
+                interval: Duration::from_secs(300),
+                delay: Duration::from_secs(10),
+                mode: if args.get("mode").map(String::as_str) == Some("delay") {
+                    RestartMode::Delay
+                } else {
+                    RestartMode::Fail
+                },
+            });
+        }
+        for line in &directive.input {
+            let mut words = line.split_whitespace();
+            match words.next() {
+                Some("task") => {
+                    let mut task = Task {
+                        name: words.next().expect("task name").into(),
+                        ..Task::default()
+                    };
+                    for word in words {
+                        let (key, value) = word.split_once('=').expect("key=value");
+                        match key {
+                            "driver" => task.driver = value.into(),
+                            "mount" => {
+                                let (volume, rest) = value.split_once(':').expect("alias:dest[:ro]");
+                                let (destination, read_only) = match rest.strip_suffix(":ro") {
+                                    Some(dest) => (dest, true),
+                                    None => (rest, false),
+                                };
+                                task.volume_mounts.push(VolumeMount {
+                                    volume: volume.into(),
+                                    destination: destination.into(),
+                                    read_only,
+                                    ..VolumeMount::default()
+                                });
+                            }
+                            "plugin" => {
+                                let (id, kind) = value.split_once(':').expect("id:type");
+                                let kind = match kind {
+                                    "node" => CsiPluginType::Node,
+                                    "controller" => CsiPluginType::Controller,
+                                    _ => CsiPluginType::Monolith,
+                                };
+                                let mut config = TaskCsiPluginConfig::new(id, kind);
+                                if let Some(timeout) = args.get("health") {
+                                    config.health_timeout = Duration::from_secs(timeout.parse().unwrap());
+                                }
+                                task.csi_plugin = Some(config);
+                            }
+                            "device" => task.resources.devices.push(RequestedDevice {
+                                name: value.into(),
+                                count: 1,
+                            }),
+                            "env" => {
+                                let (k, v) = value.split_once(':').unwrap();
+                                task.env.insert(k.into(), v.into());
+                            }
+                            other => panic!("unknown task attribute {other}"),
+                        }
+                    }
+                    group.tasks.push(task);
+                }
+                Some("volume") => {
+                    let alias = words.next().expect("alias").to_string();
+                    let mut request = VolumeRequest {
+                        name: alias.clone(),
+                        access_mode: AccessMode::SingleNodeWriter,
+                        attachment_mode: AttachmentMode::FileSystem,
+                        ..VolumeRequest::default()
+                    };
+                    for word in words {
+                        let (key, value) = word.split_once('=').unwrap_or((word, ""));
+                        match key {
+                            "csi" => request.volume_type = VolumeType::Csi,
+                            "host" => request.volume_type = VolumeType::Host,
+                            "source" => request.source = value.into(),
+                            "ro" => request.read_only = true,
+                            "per_alloc" => request.per_alloc = true,
+                            other => panic!("unknown volume attribute {other}"),
+                        }
+                    }
+                    group.volumes.insert(alias, request);
+                }
+                other => panic!("unknown spec line {other:?}"),
+            }
+        }
+        let drivers = args
+            .get("drivers")
+            .map(|list| list.split(',').map(|d| (d.to_string(), caps(d))).collect())
+            .unwrap_or_default();
+        let mut host_volumes = BTreeMap::new();
+        host_volumes.insert(
+            "cache".to_string(),
+            HostVolumeConfig {
+                path: "/srv/cache".into(),
+                read_only: false,
+            },
+        );
+        AllocSpec {
+            alloc: Allocation {
+                id: args.get("alloc").cloned().unwrap_or_else(|| "a1".into()),
+                namespace: "default".into(),
+                name: "j.g[0]".into(),
+                job_id: "j".into(),
+                task_group: "g".into(),
+                previous_allocation: args.get("prev").cloned(),
+                preempted_allocations: args
+                    .get("preempted")
+                    .map(|list| list.split(',').map(String::from).collect())
+                    .unwrap_or_default(),
+                ..Allocation::default()
+            },
+            job_type,
+            group,
+            node_id: "n1".into(),
+            paths: ClientPaths::new("/s", "/a"),
+            host_volumes,
+            drivers,
+            seed: 1,
+        }
+    }
+
+    pub fn reply(directive: &Directive) -> Outcome {
+        let args = &directive.args;
+        if let Some(error) = args.get("err") {
+            let (kind, message) = error.split_once(':').unwrap_or(("other", error));
+            let kind = match kind {
+                "timeout" => ErrorKind::Timeout,
+                "unavailable" => ErrorKind::Unavailable,
+                "notfound" => ErrorKind::NotFound,
+                _ => ErrorKind::Other,
+            };
+            return Err(IoError::new(kind, message.replace('_', " ")));
+        }
+        if let Some(message) = args.get("rpc-err") {
+            return Ok(Reply::Server(ServerReply::Error(RpcError {
+                message: message.replace('_', " "),
+                retryable: args.contains_key("retryable"),
+            })));
+        }
+        if let Some(volume) = args.get("claimed") {
+            return Ok(Reply::Server(ServerReply::Claimed {
+                index: 10,
+                volume: Box::new(CsiVolume {
+                    id: volume.clone(),
+                    namespace: "default".into(),
+                    plugin_id: args.get("plugin").cloned().unwrap_or_else(|| "hp".into()),
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                    ..CsiVolume::default()
+                }),
+                publish_context: BTreeMap::new(),
+            }));
+        }
+        if let Some(source) = args.get("mounted") {
+            return Ok(Reply::Mounted(MountInfo {
+                source: source.clone(),
+                is_device: false,
+            }));
+        }
+        if let Some(value) = args.get("bool") {
+            return Ok(Reply::Bool(value == "true"));
+        }
+        if let Some(value) = args.get("probe") {
+            return Ok(Reply::Csi(CsiReply::Probe { ready: value == "true" }));
+        }
+        if let Some(value) = args.get("info") {
+            let (name, version) = value.split_once(':').unwrap();
+            return Ok(Reply::Csi(CsiReply::PluginInfo {
+                name: name.into(),
+                version: version.into(),
+            }));
+        }
+        if args.contains_key("done") {
+            return Ok(Reply::Server(ServerReply::Done { index: 11 }));
+        }
+        if let Some(task) = args.get("started") {
+            return Ok(Reply::Started(TaskHandle {
+                driver: "d".into(),
+                alloc_id: "a1".into(),
+                task: task.clone(),
+                state: "pid=1".into(),
+            }));
+        }
+        if args.contains_key("reserved") {
+            let mut reservation = Reservation::default();
+            reservation.env.insert("FAKE_DEVICE".into(), "dev0".into());
+            return Ok(Reply::Reserved(reservation));
+        }
+        Ok(Reply::Unit)
+    }
+
+    pub fn describe_io(io: &Io) -> String {
+        match io {
+            Io::Mkdir { path } => format!("mkdir {path}"),
+            Io::RemoveAll { path } => format!("rm -rf {path}"),
+            Io::Rmdir { path } => format!("rmdir {path}"),
+            Io::IsMountPoint { path } => format!("is-mount {path}"),
+            Io::StartTask(config) => {
+                let env: Vec<String> = config
+                    .env
+                    .iter()
+                    .filter(|(k, _)| !k.starts_with("NOMAD_"))
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                let mounts: Vec<String> = config.mounts.iter().map(|m| m.to_string()).collect();
+                format!(
+                    "start {} env=[{}] mounts=[{}]",
+                    config.task,
+                    env.join(" "),
+                    mounts.join(" ")
+                )
+            }
+            Io::StopTask { handle, kill_timeout } => format!("stop {} kill_timeout={kill_timeout:?}", handle.task),
+            Io::RecoverTask { handle } => format!("recover {}", handle.task),
+            Io::ReserveDevices { devices } => format!("reserve {}", devices[0].name),
+            Io::Csi { socket, call } => format!("csi {} {socket}", call.name()),
+            Io::Server(request) => match request {
+                ServerRequest::VolumeClaim { volume_id, claim, .. } => {
+                    format!(
+                        "server claim {volume_id} {:?} alloc={}",
+                        claim.mode, claim.allocation_id
+                    )
+                }
+                ServerRequest::VolumeUnpublish { volume_id, claim, .. } => {
+                    format!("server unpublish {volume_id} alloc={}", claim.allocation_id)
+                }
+                other => format!("server {other:?}"),
+            },
+            Io::Volume(op) => match op {
+                VolumeOp::Mount {
+                    plugin_id,
+                    volume,
+                    usage,
+                    ..
+                } => format!("volume mount {} plugin={plugin_id} usage={}", volume.id, usage.to_fs()),
+                VolumeOp::Unmount {
+                    plugin_id, volume_id, ..
+                } => format!("volume unmount {volume_id} plugin={plugin_id}"),
+                VolumeOp::HasMount { mount, .. } => format!("volume has-mount {}", mount.source),
+            },
+        }
+    }
+
+    pub fn drain(harness: &mut Harness) -> String {
+        let mut out = String::new();
+        let runner = harness.runner.as_mut().expect("run first");
+        while let Some(action) = runner.poll_action() {
+            match action {
+                AllocAction::Io { op, io } => {
+                    harness.last_op = op.0;
+                    writeln!(out, "io {op} {}", describe_io(&io))
+                }
+                AllocAction::Persist(local) => {
+                    let stubs: Vec<String> = local
+                        .csi_stubs
+                        .iter()
+                        .map(|(alias, stub)| {
+                            format!(
+                                "{alias}:{}{}",
+                                stub.volume_id,
+                                if stub.mount.is_some() { "(mounted)" } else { "" }
+                            )
+                        })
+                        .collect();
+                    let line = format!(
+                        "persist alloc stubs=[{}]{}{}",
+                        stubs.join(" "),
+                        if local.postrun_done { " postrun-done" } else { "" },
+                        if local.destroyed { " destroyed" } else { "" }
+                    );
+                    harness.saved_alloc = *local;
+                    writeln!(out, "{line}")
+                }
+                AllocAction::Task { task, action } => match action {
+                    TaskAction::Io { op, io } => {
+                        harness.last_op = op.0;
+                        writeln!(out, "task {task} io {op} {}", describe_io(&io))
+                    }
+                    TaskAction::Event(event) => {
+                        writeln!(out, "task {task} event {}: {}", event.kind, event.message)
+                    }
+                    TaskAction::Persist(local) => {
+                        let hooks: Vec<String> = local
+                            .hooks
+                            .iter()
+                            .map(|(name, state)| format!("{name}{}", if state.prestart_done { "*" } else { "" }))
+                            .collect();
+                        let line = format!(
+                            "task {task} persist hooks=[{}] handle={} state={}{} restarts={}",
+                            hooks.join(" "),
+                            local.handle.is_some(),
+                            local.state.state.as_str(),
+                            if local.state.failed { " failed" } else { "" },
+                            local.state.restarts
+                        );
+                        harness.saved_tasks.insert(task.clone(), *local);
+                        writeln!(out, "{line}")
+                    }
+                    TaskAction::Register(info) => {
+                        writeln!(
+                            out,
+                            "task {task} register {} {} v{} socket={} root={}",
+                            info.kind.as_str(),
+                            info.name,
+                            info.version,
+                            info.socket_path,
+                            info.container_mount_point
+                        )
+                    }
+                    TaskAction::Deregister { kind, name, alloc_id } => {
+                        writeln!(out, "task {task} deregister {} {name} {alloc_id}", kind.as_str())
+                    }
+                },
+                AllocAction::Hook { hook, phase, result } => match result {
+                    Ok(()) => writeln!(out, "hook {hook} {phase} ok"),
+                    Err(error) => writeln!(out, "hook {hook} {phase} err: {error}"),
+                },
+                AllocAction::Status(status) => writeln!(out, "status {status:?}"),
+            }
+            .unwrap();
+        }
+        if let Some(at) = runner.poll_timeout() {
+            writeln!(
+                out,
+                "timeout=+{}ms",
+                at.saturating_duration_since(harness.now).as_millis()
+            )
+            .unwrap();
+        }
+        out
+    }
+
+    pub fn run(harness: &mut Harness, directive: &Directive) -> String {
+        let args = &directive.args;
+        match directive.command.as_str() {
+            "new" => {
+                let spec = spec(directive);
+                harness.runner = Some(AllocRunner::new(spec.clone()));
+                harness.spec = Some(spec);
+            }
+            "run" => harness.runner.as_mut().unwrap().run(harness.now, &mut harness.ops),
+            "reply" => {
+                let outcome = reply(directive);
+                let op = match args["op"].as_str() {
+                    "last" => OpId(harness.last_op),
+                    _ => op(directive),
+                };
+                let consumed = harness
+                    .runner
+                    .as_mut()
+                    .unwrap()
+                    .outcome(harness.now, op, outcome, &mut harness.ops);
+                if !consumed {
+                    return format!("ignored {op}\n{}", drain(harness));
+                }
+            }
+            "exit" => {
+                let exit = ExitResult {
+                    exit_code: args.get("code").map_or(0, |c| c.parse().unwrap()),
+                    ..ExitResult::default()
+                };
+                harness
+                    .runner
+                    .as_mut()
+                    .unwrap()
+                    .task_exited(harness.now, &args["task"], exit, &mut harness.ops);
+            }
+            "stop" => harness.runner.as_mut().unwrap().stop(harness.now, &mut harness.ops),
+            "destroy" => harness.runner.as_mut().unwrap().destroy(harness.now, &mut harness.ops),
+            "contact" => {
+                harness.contacted = true;
+                harness
+                    .runner
+                    .as_mut()
+                    .unwrap()
+                    .servers_contacted(harness.now, &mut harness.ops);
+            }
+            "terminal" => {
+                let ids = args["ids"].split(',').map(String::from).collect();
+                harness
+                    .runner
+                    .as_mut()
+                    .unwrap()
+                    .allocs_terminal(harness.now, &ids, &mut harness.ops);
+            }
+            "advance" => {
+                let ms: u64 = args["ms"].parse().unwrap();
+                harness.now = harness.now + Duration::from_millis(ms);
+                harness
+                    .runner
+                    .as_mut()
+                    .unwrap()
+                    .handle_timeout(harness.now, &mut harness.ops);
+            }
+            "agent-restart" => {
+                // Everything in memory is lost; only what was persisted comes back.
+                let spec = harness.spec.clone().unwrap();
+                let runner = AllocRunner::restore(
+                    spec,
+                    harness.saved_alloc.clone(),
+                    harness.saved_tasks.clone(),
+                    args.contains_key("contacted"),
+                );
+                harness.runner = Some(runner);
+            }
+            "tasks" => {
+                let runner = harness.runner.as_ref().unwrap();
+                let mut out = String::new();
+                for task in runner.tasks() {
+                    let state = task.state();
+                    writeln!(
+                        out,
+                        "{}: {} hooks={:?} failed={} restarts={}",
+                        task.name(),
+                        state.state.as_str(),
+                        task.hook_names(),
+                        state.failed,
+                        state.restarts
+                    )
+                    .unwrap();
+                }
+                writeln!(out, "alloc: {:?} done={}", runner.status(), runner.is_done()).unwrap();
+                return out;
+            }
+            other => panic!("line {}: unknown directive {other}", directive.line_no),
+        }
+        drain(harness)
+    }
+}
+
+#[test]
+fn alloc_runner() {
+    run_dir("alloc_runner", client_harness::Harness::new, client_harness::run);
+}
+
+// --- client: the volume manager of one node plugin ----------------------------------------
+
+mod volume_harness {
+    use super::*;
+    use drover_core::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
+    use drover_core::client::{CsiCall, Io, MountInfo, UsageOptions, VolumeOp};
+    use drover_core::structs::{AccessMode, AttachmentMode, CsiVolume};
+
+    pub struct Harness {
+        now: Instant,
+        ops: OpIds,
+        manager: Option<VolumeManager>,
+        last_op: u64,
+    }
+
+    pub fn new() -> Harness {
+        Harness {
+            now: Instant::ZERO,
+            ops: OpIds::default(),
+            manager: None,
+            last_op: 0,
+        }
+    }
+
+    fn usage(args: &BTreeMap<String, String>) -> UsageOptions {
+        UsageOptions {
+            read_only: args.contains_key("ro"),
+            attachment_mode: AttachmentMode::FileSystem,
+            access_mode: if args.contains_key("ro") {
+                AccessMode::MultiNodeReader
+            } else {
+                AccessMode::SingleNodeWriter
+            },
+            fs_type: "ext4".into(),
+            mount_flags: Vec::new(),
+        }
+    }
+
+    fn drain(harness: &mut Harness) -> String {
+        let mut out = String::new();
+        let manager = harness.manager.as_mut().unwrap();
+        while let Some(action) = manager.poll_action() {
+            match action {
+                VolumeAction::Io { op, io } => {
+                    harness.last_op = op.0;
+                    let text = match &io {
+                        Io::Csi { call, .. } => match call {
+                            CsiCall::NodeStageVolume {
+                                volume_id,
+                                staging_target_path,
+                                ..
+                            } => format!("NodeStageVolume {volume_id} staging={staging_target_path}"),
+                            CsiCall::NodePublishVolume {
+                                volume_id,
+                                staging_target_path,
+                                target_path,
+                                readonly,
+                                ..
+                            } => format!(
+                                "NodePublishVolume {volume_id} staging={staging_target_path:?} target={target_path} readonly={readonly}"
+                            ),
+                            CsiCall::NodeUnpublishVolume { volume_id, target_path } => {
+                                format!("NodeUnpublishVolume {volume_id} target={target_path}")
+                            }
+                            CsiCall::NodeUnstageVolume {
+                                volume_id,
+                                staging_target_path,
+                            } => format!("NodeUnstageVolume {volume_id} staging={staging_target_path}"),
+                            other => other.name().to_string(),
+                        },
+                        other => super::client_harness::describe_io(other),
+                    };
+                    writeln!(out, "io {op} {text}")
+                }
+                VolumeAction::Reply { request, outcome } => match outcome {
+                    Ok(reply) => writeln!(out, "reply {request} {reply:?}"),
+                    Err(error) => writeln!(out, "reply {request} error {:?}: {}", error.kind, error.message),
+                },
+                VolumeAction::NodeEvent(event) => {
+                    let details: Vec<String> = event.details.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    writeln!(out, "node-event {}: {} {{{}}}", event.subsystem, event.message, details.join(" "))
+                }
+            }
+            .unwrap();
+        }
+        if let Some(at) = manager.poll_timeout() {
+            writeln!(
+                out,
+                "timeout=+{}ms",
+                at.saturating_duration_since(harness.now).as_millis()
+            )
+            .unwrap();
+        }
+        out
+    }
+
+    pub fn run(harness: &mut Harness, directive: &Directive) -> String {
+        let args = &directive.args;
+        let mut prefix = String::new();
+        match directive.command.as_str() {
+            "new" => {
+                harness.manager = Some(VolumeManager::new(PluginMounts {
+                    plugin_id: "hp".into(),
+                    socket: "/s/csi/plugins/p1/csi.sock".into(),
+                    mount_root: "/s/csi/node/hp".into(),
+                    container_mount_point: "/local/csi".into(),
+                    requires_stage: args.get("stage").map(String::as_str) == Some("true"),
+                }));
+            }
+            "mount" | "unmount" | "has-mount" => {
+                let request = harness.ops.allocate();
+                let vol = args.get("vol").cloned().unwrap_or_default();
+                let alloc = args.get("alloc").cloned().unwrap_or_default();
+                let op = match directive.command.as_str() {
+                    "mount" => VolumeOp::Mount {
+                        plugin_id: "hp".into(),
+                        volume: Box::new(CsiVolume {
+                            id: vol,
+                            namespace: "default".into(),
+                            external_id: args.get("external").cloned().unwrap_or_default(),
+                            plugin_id: "hp".into(),
+                            ..CsiVolume::default()
+                        }),
+                        alloc_id: alloc,
+                        usage: usage(args),
+                        publish_context: BTreeMap::new(),
+                    },
+                    "unmount" => VolumeOp::Unmount {
+                        plugin_id: "hp".into(),
+                        namespace: "default".into(),
+                        volume_id: vol.clone(),
+                        remote_id: args.get("external").cloned().unwrap_or(vol),
+                        alloc_id: alloc,
+                        usage: usage(args),
+                    },
+                    _ => VolumeOp::HasMount {
+                        plugin_id: "hp".into(),
+                        mount: MountInfo {
+                            source: args["path"].clone(),
+                            is_device: false,
+                        },
+                    },
+                };
+                prefix = format!("request {request}\n");
+                harness
+                    .manager
+                    .as_mut()
+                    .unwrap()
+                    .submit(harness.now, request, op, &mut harness.ops);
+            }
+            "reply" => {
+                let outcome = super::client_harness::reply(directive);
+                let op = match args["op"].as_str() {
+                    "last" => OpId(harness.last_op),
+                    _ => op(directive),
+                };
+                if !harness
+                    .manager
+                    .as_mut()
+                    .unwrap()
+                    .outcome(harness.now, op, outcome, &mut harness.ops)
+                {
+                    prefix = format!("ignored {op}\n");
+                }
+            }
+            "advance" => {
+                let ms: u64 = args["ms"].parse().unwrap();
+                harness.now = harness.now + Duration::from_millis(ms);
+                harness
+                    .manager
+                    .as_mut()
+                    .unwrap()
+                    .handle_timeout(harness.now, &mut harness.ops);
+            }
+            "users" => {
+                let users = harness.manager.as_ref().unwrap().users("default", &args["vol"]);
+                return format!("{users:?}\n");
+            }
+            other => panic!("line {}: unknown directive {other}", directive.line_no),
+        }
+        prefix + &drain(harness)
+    }
+}
+
+#[test]
+fn volume_manager() {
+    run_dir("volume_manager", volume_harness::new, volume_harness::run);
+}

@@ -756,10 +756,8 @@ pub(crate) mod tests {
         let plugin_task = |kind| Task {
             name: "plugin".into(),
             driver: "raw_exec".into(),
-            csi_plugin: Some(TaskCsiPluginConfig {
-                id: "p".into(),
-                plugin_type: kind,
-            }),
+            csi_plugin: Some(TaskCsiPluginConfig::new("p", kind)),
+            ..Task::default()
         };
         fx.ok(Command::JobUpsert {
             job: Job {
@@ -770,6 +768,7 @@ pub(crate) mod tests {
                     name: "c".into(),
                     count: 2,
                     tasks: vec![plugin_task(CsiPluginType::Controller)],
+                    ..TaskGroup::default()
                 }],
                 ..Job::default()
             },
@@ -783,6 +782,7 @@ pub(crate) mod tests {
                     name: "n".into(),
                     count: 1,
                     tasks: vec![plugin_task(CsiPluginType::Node)],
+                    ..TaskGroup::default()
                 }],
                 ..Job::default()
             },

@@ -1,0 +1,990 @@
+//! The alloc runner (§2.2): prerun hooks in order (`alloc_dir`, `await_previous_allocations`,
+//! `csi_hook`), then one task runner per task, then postrun hooks once every task is dead, and
+//! destroy hooks when the allocation is garbage collected. Postrun never runs before prerun
+//! finished or failed.
+//!
+//! `csi_hook` claims every CSI volume through the servers (the one narrow RPC interface,
+//! [`Io::Server`]), retrying while the answer says a retry can help, mounts each through the
+//! node plugin's volume manager, and hands `alias → MountInfo` to the task runners as a
+//! message. Its stubs are persisted, so after an agent restart it checks the mounts are still
+//! there instead of claiming again. Postrun unmounts locally first (no server needed) and then
+//! asks the servers to unpublish, each volume on its own.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, BTreeSet};
+use core::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::hooks::{ALLOC_HOOKS, AllocHook, AllocHookResources};
+use crate::client::paths::{self, ClientPaths};
+use crate::client::task_runner::{LocalTaskState, TaskAction, TaskRunner, TaskSpec, TaskStatus};
+use crate::client::volume_hook::HostVolumeConfig;
+use crate::client::{
+    DriverCapabilities, ExitResult, Io, MountConfigSupport, MountInfo, Outcome, Reply, UsageOptions, VolumeOp,
+};
+use crate::op::{OpId, OpIds};
+use crate::rpc::{ServerReply, ServerRequest};
+use crate::structs::{
+    Allocation, ClaimMode, ClaimState, ClientStatus, CsiMountOptions, CsiVolumeClaim, JobType, TaskGroup,
+    VolumeRequest, VolumeType,
+};
+use crate::time::Instant;
+
+/// Claim retries back off from 1 s to 1 min, for at most 24 h (§2.3).
+pub const CLAIM_BACKOFF_START: Duration = Duration::from_secs(1);
+pub const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(60);
+pub const CLAIM_RETRY_CAP: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Server answers worth waiting out (§2.3).
+const RETRYABLE_CLAIM_ERRORS: &[&str] = &[
+    "volume max claims reached",
+    "CSI client error (retryable)",
+    "no servers",
+    "No cluster leader",
+];
+
+/// What `csi_hook` keeps per volume so it can restore instead of claiming again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiVolumeStub {
+    pub volume_id: String,
+    pub namespace: String,
+    pub remote_id: String,
+    pub plugin_id: String,
+    pub mode: ClaimMode,
+    pub usage: UsageOptions,
+    /// `None` while claimed but not (yet) mounted.
+    pub mount: Option<MountInfo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalAllocState {
+    pub csi_stubs: BTreeMap<String, CsiVolumeStub>,
+    pub prerun_failed: Option<String>,
+    pub postrun_done: bool,
+    pub destroyed: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllocSpec {
+    pub alloc: Allocation,
+    pub job_type: JobType,
+    pub group: TaskGroup,
+    pub node_id: String,
+    pub paths: ClientPaths,
+    pub host_volumes: BTreeMap<String, HostVolumeConfig>,
+    /// Detected drivers and their capabilities.
+    pub drivers: BTreeMap<String, DriverCapabilities>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AllocAction {
+    Io {
+        op: OpId,
+        io: Io,
+    },
+    Persist(Box<LocalAllocState>),
+    Task {
+        task: String,
+        action: TaskAction,
+    },
+    /// A hook started or finished a lifecycle point (for traces and the hook-order invariant).
+    Hook {
+        hook: &'static str,
+        phase: &'static str,
+        result: Result<(), String>,
+    },
+    Status(ClientStatus),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Prerun { index: usize },
+    Running,
+    Postrun { index: usize },
+    Done,
+    Destroying { op: OpId },
+    Destroyed,
+}
+
+/// `csi_hook`'s progress through prerun: restore checks, claims, mounts — each step for every
+/// volume before the next step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum CsiStep {
+    Restore { index: usize },
+    Claim { index: usize },
+    Mount { index: usize },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum VolumeRelease {
+    Unmount,
+    Unpublish,
+    Done,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Release {
+    step: VolumeRelease,
+    pending: Option<OpId>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    give_up_at: Instant,
+}
+
+/// Postrun retries unpublish for at most this long; the servers' volume watcher reaps claims
+/// of terminal allocations after that.
+pub const UNPUBLISH_RETRY_CAP: Duration = Duration::from_secs(5 * 60);
+
+#[derive(Debug)]
+pub struct AllocRunner {
+    spec: AllocSpec,
+    local: LocalAllocState,
+    phase: Phase,
+    tasks: BTreeMap<String, TaskRunner>,
+    resources: AllocHookResources,
+    /// Previous and preempted allocations still to finish (`await_previous_allocations`).
+    waiting_for: BTreeSet<String>,
+    stop_requested: bool,
+    /// The one hook I/O in flight during prerun.
+    pending: Option<OpId>,
+    csi: Option<CsiStep>,
+    claim_backoff: Duration,
+    claim_retry_at: Option<Instant>,
+    claim_give_up_at: Option<Instant>,
+    releases: BTreeMap<String, Release>,
+    /// Volumes claimed in this prerun, with their publish context, until mounted.
+    claimed: BTreeMap<String, (Box<crate::structs::CsiVolume>, BTreeMap<String, String>)>,
+    alloc_dir_requested: bool,
+    status: ClientStatus,
+    actions: Vec<AllocAction>,
+}
+
+impl AllocRunner {
+    pub fn new(spec: AllocSpec) -> Self {
+        Self::restore(spec, LocalAllocState::default(), BTreeMap::new(), false)
+    }
+
+    pub fn restore(
+        spec: AllocSpec,
+        local: LocalAllocState,
+        mut tasks: BTreeMap<String, LocalTaskState>,
+        servers_contacted: bool,
+    ) -> Self {
+        let runners = spec
+            .group
+            .tasks
+            .iter()
+            .enumerate()
+            .map(|(position, task)| {
+                let task_spec = TaskSpec {
+                    alloc_id: spec.alloc.id.clone(),
+                    alloc_index: spec.alloc.index(),
+                    job_type: spec.job_type,
+                    group: spec.group.clone(),
+                    task: task.clone(),
+                    paths: spec.paths.clone(),
+                    host_volumes: spec.host_volumes.clone(),
+                    driver: spec.drivers.get(&task.driver).copied(),
+                    seed: spec.seed.wrapping_add(position as u64),
+                };
+                let saved = tasks.remove(&task.name).unwrap_or_default();
+                (
+                    task.name.clone(),
+                    TaskRunner::restore(task_spec, saved, servers_contacted),
+                )
+            })
+            .collect();
+        let mut waiting_for: BTreeSet<String> = spec.alloc.preempted_allocations.iter().cloned().collect();
+        waiting_for.extend(spec.alloc.previous_allocation.clone());
+        AllocRunner {
+            spec,
+            local,
+            phase: Phase::Idle,
+            tasks: runners,
+            resources: AllocHookResources::default(),
+            waiting_for,
+            stop_requested: false,
+            pending: None,
+            csi: None,
+            claim_backoff: CLAIM_BACKOFF_START,
+            claim_retry_at: None,
+            claim_give_up_at: None,
+            releases: BTreeMap::new(),
+            claimed: BTreeMap::new(),
+            alloc_dir_requested: false,
+            status: ClientStatus::Pending,
+            actions: Vec::new(),
+        }
+    }
+
+    pub fn alloc_id(&self) -> &str {
+        &self.spec.alloc.id
+    }
+
+    pub fn alloc(&self) -> &Allocation {
+        &self.spec.alloc
+    }
+
+    pub fn status(&self) -> ClientStatus {
+        self.status
+    }
+
+    pub fn local(&self) -> &LocalAllocState {
+        &self.local
+    }
+
+    pub fn task(&self, name: &str) -> Option<&TaskRunner> {
+        self.tasks.get(name)
+    }
+
+    pub fn tasks(&self) -> impl Iterator<Item = &TaskRunner> {
+        self.tasks.values()
+    }
+
+    pub fn resources(&self) -> &AllocHookResources {
+        &self.resources
+    }
+
+    /// Postrun finished: nothing of this allocation runs or is mounted any more.
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done | Phase::Destroying { .. } | Phase::Destroyed)
+    }
+
+    pub fn is_destroyed(&self) -> bool {
+        self.phase == Phase::Destroyed
+    }
+
+    /// Begins prerun (also after an agent restart; the hooks are idempotent and `csi_hook`
+    /// restores its mounts).
+    pub fn run(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.phase != Phase::Idle {
+            return;
+        }
+        if self.local.postrun_done {
+            self.phase = Phase::Done;
+            self.refresh_status();
+            return;
+        }
+        self.phase = Phase::Prerun { index: 0 };
+        self.advance_prerun(now, ops);
+    }
+
+    /// The servers want the allocation stopped.
+    pub fn stop(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.stop_requested {
+            return;
+        }
+        self.stop_requested = true;
+        match self.phase {
+            Phase::Idle => {
+                self.local.prerun_failed = None;
+                self.begin_postrun(now, ops);
+            }
+            // Waiting (for previous allocs or a claim retry) ends now; an op in flight
+            // finishes first.
+            Phase::Prerun { .. } if self.pending.is_none() => self.begin_postrun(now, ops),
+            Phase::Running => {
+                for task in self.tasks.values_mut() {
+                    task.kill(now, ops);
+                }
+                self.collect_tasks(now, ops);
+            }
+            _ => {}
+        }
+    }
+
+    /// Garbage collection: remove the alloc dir once postrun is done.
+    pub fn destroy(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.phase != Phase::Done {
+            self.stop(now, ops);
+            return;
+        }
+        let op = ops.allocate();
+        self.hook_event(AllocHook::AllocDir, "destroy", Ok(()));
+        self.phase = Phase::Destroying { op };
+        self.actions.push(AllocAction::Io {
+            op,
+            io: Io::RemoveAll {
+                path: self.spec.paths.alloc(&self.spec.alloc.id),
+            },
+        });
+    }
+
+    /// Allocations that became terminal (for `await_previous_allocations`).
+    pub fn allocs_terminal(&mut self, now: Instant, terminal: &BTreeSet<String>, ops: &mut OpIds) {
+        let before = self.waiting_for.len();
+        self.waiting_for.retain(|id| !terminal.contains(id));
+        if before != self.waiting_for.len() && self.pending.is_none() {
+            self.advance_prerun(now, ops);
+        }
+    }
+
+    pub fn servers_contacted(&mut self, now: Instant, ops: &mut OpIds) {
+        for task in self.tasks.values_mut() {
+            task.servers_contacted(now, ops);
+        }
+        self.collect_tasks(now, ops);
+    }
+
+    pub fn task_exited(&mut self, now: Instant, task: &str, exit: ExitResult, ops: &mut OpIds) {
+        if let Some(runner) = self.tasks.get_mut(task) {
+            runner.exited(now, exit, ops);
+        }
+        self.collect_tasks(now, ops);
+    }
+
+    pub fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome, ops: &mut OpIds) -> bool {
+        if let Phase::Destroying { op: pending } = self.phase
+            && pending == op
+        {
+            self.phase = Phase::Destroyed;
+            self.local.destroyed = true;
+            self.persist();
+            return true;
+        }
+        if self.pending == Some(op) {
+            self.pending = None;
+            self.prerun_outcome(now, outcome, ops);
+            return true;
+        }
+        let release = self
+            .releases
+            .iter()
+            .find(|(_, release)| release.pending == Some(op))
+            .map(|(alias, _)| alias.clone());
+        if let Some(alias) = release {
+            self.release_outcome(now, &alias, outcome, ops);
+            return true;
+        }
+        let mut consumed = false;
+        for runner in self.tasks.values_mut() {
+            if runner.outcome(now, op, outcome.clone(), ops) {
+                consumed = true;
+                break;
+            }
+        }
+        if consumed {
+            self.collect_tasks(now, ops);
+        }
+        consumed
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.claim_retry_at.is_some_and(|at| now >= at) {
+            self.claim_retry_at = None;
+            if self.stop_requested {
+                self.begin_postrun(now, ops);
+            } else {
+                self.advance_prerun(now, ops);
+            }
+        }
+        let due: Vec<String> = self
+            .releases
+            .iter()
+            .filter(|(_, release)| release.retry_at.is_some_and(|at| now >= at))
+            .map(|(alias, _)| alias.clone())
+            .collect();
+        for alias in due {
+            if let Some(release) = self.releases.get_mut(&alias) {
+                release.retry_at = None;
+            }
+            self.release_step(now, &alias, ops);
+        }
+        for runner in self.tasks.values_mut() {
+            runner.handle_timeout(now, ops);
+        }
+        self.collect_tasks(now, ops);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let own = self
+            .claim_retry_at
+            .into_iter()
+            .chain(self.releases.values().filter_map(|release| release.retry_at));
+        own.chain(self.tasks.values().filter_map(TaskRunner::poll_timeout))
+            .min()
+    }
+
+    pub fn poll_action(&mut self) -> Option<AllocAction> {
+        if self.actions.is_empty() {
+            None
+        } else {
+            Some(self.actions.remove(0))
+        }
+    }
+
+    // --- prerun ---------------------------------------------------------------------------
+
+    fn advance_prerun(&mut self, now: Instant, ops: &mut OpIds) {
+        loop {
+            let Phase::Prerun { index } = self.phase else { return };
+            if self.pending.is_some() || self.claim_retry_at.is_some() {
+                return;
+            }
+            if self.stop_requested {
+                self.begin_postrun(now, ops);
+                return;
+            }
+            let Some((hook, phases)) = ALLOC_HOOKS.get(index) else {
+                self.start_tasks(now, ops);
+                return;
+            };
+            if !phases.prerun {
+                self.phase = Phase::Prerun { index: index + 1 };
+                continue;
+            }
+            match self.prerun_hook(now, *hook, ops) {
+                HookProgress::Waiting => return,
+                HookProgress::Done => {
+                    self.hook_event(*hook, "prerun", Ok(()));
+                    self.phase = Phase::Prerun { index: index + 1 };
+                }
+                HookProgress::Failed(message) => {
+                    self.hook_event(*hook, "prerun", Err(message.clone()));
+                    self.local.prerun_failed = Some(format!("prerun hook \"{}\" failed: {message}", hook.name()));
+                    self.persist();
+                    self.begin_postrun(now, ops);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn prerun_hook(&mut self, now: Instant, hook: AllocHook, ops: &mut OpIds) -> HookProgress {
+        match hook {
+            AllocHook::AllocDir => {
+                // Two mkdirs, tracked by whether the data dir was asked for yet.
+                if !self.alloc_dir_requested {
+                    self.alloc_dir_requested = true;
+                    let op = ops.allocate();
+                    self.pending = Some(op);
+                    self.actions.push(AllocAction::Io {
+                        op,
+                        io: Io::Mkdir {
+                            path: self.spec.paths.log_dir(&self.spec.alloc.id),
+                        },
+                    });
+                    return HookProgress::Waiting;
+                }
+                HookProgress::Done
+            }
+            AllocHook::AwaitPrevious => {
+                if self.waiting_for.is_empty() {
+                    HookProgress::Done
+                } else {
+                    HookProgress::Waiting
+                }
+            }
+            AllocHook::Csi => self.csi_prerun(now, ops),
+        }
+    }
+
+    fn csi_requests(&self) -> Vec<(String, VolumeRequest)> {
+        self.spec
+            .group
+            .volumes
+            .iter()
+            .filter(|(_, request)| request.volume_type == VolumeType::Csi)
+            .map(|(alias, request)| (alias.clone(), request.clone()))
+            .collect()
+    }
+
+    fn csi_prerun(&mut self, now: Instant, ops: &mut OpIds) -> HookProgress {
+        let requests = self.csi_requests();
+        if requests.is_empty() {
+            return HookProgress::Done;
+        }
+        if self.csi.is_none() {
+            let supports = self.spec.group.tasks.iter().any(|task| {
+                self.spec
+                    .drivers
+                    .get(&task.driver)
+                    .is_some_and(|caps| caps.mount_configs != MountConfigSupport::None)
+            });
+            if !supports {
+                return HookProgress::Failed("no task supports CSI".into());
+            }
+            for (alias, request) in &requests {
+                let volume_id = request.source_for(self.spec.alloc.index());
+                if let Err(error) = paths::check_component("volume ID", &volume_id) {
+                    return HookProgress::Failed(format!("volume {alias}: {error}"));
+                }
+            }
+            self.csi = Some(CsiStep::Restore { index: 0 });
+            self.claim_give_up_at = Some(now + CLAIM_RETRY_CAP);
+        }
+        loop {
+            match self.csi.clone().expect("set above") {
+                CsiStep::Restore { index } => {
+                    let Some((alias, _)) = requests.get(index) else {
+                        self.csi = Some(CsiStep::Claim { index: 0 });
+                        continue;
+                    };
+                    let Some(mount) = self.local.csi_stubs.get(alias).and_then(|stub| stub.mount.clone()) else {
+                        self.csi = Some(CsiStep::Restore { index: index + 1 });
+                        continue;
+                    };
+                    let plugin_id = self.local.csi_stubs[alias].plugin_id.clone();
+                    return self.request(ops, Io::Volume(VolumeOp::HasMount { plugin_id, mount }));
+                }
+                CsiStep::Claim { index } => {
+                    let Some((alias, request)) = requests.get(index) else {
+                        self.csi = Some(CsiStep::Mount { index: 0 });
+                        continue;
+                    };
+                    if self.local.csi_stubs.contains_key(alias) {
+                        self.csi = Some(CsiStep::Claim { index: index + 1 });
+                        continue;
+                    }
+                    let claim = CsiVolumeClaim {
+                        allocation_id: self.spec.alloc.id.clone(),
+                        node_id: self.spec.node_id.clone(),
+                        external_node_id: String::new(),
+                        mode: if request.read_only {
+                            ClaimMode::Read
+                        } else {
+                            ClaimMode::Write
+                        },
+                        access_mode: request.access_mode,
+                        attachment_mode: request.attachment_mode,
+                        state: ClaimState::Taken,
+                    };
+                    let io = Io::Server(ServerRequest::VolumeClaim {
+                        namespace: self.spec.alloc.namespace.clone(),
+                        volume_id: request.source_for(self.spec.alloc.index()),
+                        claim,
+                    });
+                    return self.request(ops, io);
+                }
+                CsiStep::Mount { index } => {
+                    let Some((alias, _)) = requests.get(index) else {
+                        self.resources.csi_mounts = self
+                            .local
+                            .csi_stubs
+                            .iter()
+                            .filter_map(|(alias, stub)| stub.mount.clone().map(|mount| (alias.clone(), mount)))
+                            .collect();
+                        self.csi = None;
+                        return HookProgress::Done;
+                    };
+                    let stub = &self.local.csi_stubs[alias];
+                    if stub.mount.is_some() {
+                        self.csi = Some(CsiStep::Mount { index: index + 1 });
+                        continue;
+                    }
+                    let Some((volume, publish_context)) = self.claimed.get(alias).cloned() else {
+                        return HookProgress::Failed(format!("volume {alias} was not claimed"));
+                    };
+                    let io = Io::Volume(VolumeOp::Mount {
+                        plugin_id: stub.plugin_id.clone(),
+                        volume,
+                        alloc_id: self.spec.alloc.id.clone(),
+                        usage: stub.usage.clone(),
+                        publish_context,
+                    });
+                    return self.request(ops, io);
+                }
+            }
+        }
+    }
+
+    fn request(&mut self, ops: &mut OpIds, io: Io) -> HookProgress {
+        let op = ops.allocate();
+        self.pending = Some(op);
+        self.actions.push(AllocAction::Io { op, io });
+        HookProgress::Waiting
+    }
+
+    fn prerun_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
+        let Phase::Prerun { index } = self.phase else { return };
+        let hook = ALLOC_HOOKS[index].0;
+        let failed = |runner: &mut Self, message: String, ops: &mut OpIds| {
+            runner.hook_event(hook, "prerun", Err(message.clone()));
+            runner.local.prerun_failed = Some(format!("prerun hook \"{}\" failed: {message}", hook.name()));
+            runner.csi = None;
+            runner.persist();
+            runner.begin_postrun(now, ops);
+        };
+        match hook {
+            AllocHook::AllocDir => {
+                if let Err(error) = outcome {
+                    return failed(self, error.message, ops);
+                }
+            }
+            AllocHook::AwaitPrevious => {}
+            AllocHook::Csi => {
+                let requests = self.csi_requests();
+                match self.csi.clone() {
+                    Some(CsiStep::Restore { index }) => {
+                        let alias = &requests[index].0;
+                        if !matches!(outcome, Ok(Reply::Bool(true))) {
+                            // Gone (or unknown): claim and mount it again.
+                            self.local.csi_stubs.remove(alias);
+                            self.persist();
+                        }
+                        self.csi = Some(CsiStep::Restore { index: index + 1 });
+                    }
+                    Some(CsiStep::Claim { index }) => {
+                        let (alias, request) = &requests[index];
+                        match outcome {
+                            Ok(Reply::Server(ServerReply::Claimed {
+                                volume,
+                                publish_context,
+                                ..
+                            })) => {
+                                let usage = usage_for(request, &volume.mount_options, &volume);
+                                let stub = CsiVolumeStub {
+                                    volume_id: volume.id.clone(),
+                                    namespace: volume.namespace.clone(),
+                                    remote_id: volume.remote_id().to_string(),
+                                    plugin_id: volume.plugin_id.clone(),
+                                    mode: if request.read_only {
+                                        ClaimMode::Read
+                                    } else {
+                                        ClaimMode::Write
+                                    },
+                                    usage,
+                                    mount: None,
+                                };
+                                self.local.csi_stubs.insert(alias.clone(), stub);
+                                self.claimed.insert(alias.clone(), (volume, publish_context));
+                                self.persist();
+                                self.claim_backoff = CLAIM_BACKOFF_START;
+                                self.csi = Some(CsiStep::Claim { index: index + 1 });
+                            }
+                            other => {
+                                let (message, retryable) = match other {
+                                    Ok(Reply::Server(ServerReply::Error(error))) => {
+                                        let retryable = error.retryable
+                                            || RETRYABLE_CLAIM_ERRORS.iter().any(|text| error.message.contains(text));
+                                        (error.message, retryable)
+                                    }
+                                    Ok(reply) => (format!("unexpected reply {reply:?}"), false),
+                                    // The servers could not be reached at all.
+                                    Err(error) => (format!("no servers: {error}"), true),
+                                };
+                                let message = format!("claim volume {}: {message}", request.source);
+                                if retryable && self.claim_give_up_at.is_some_and(|at| now < at) {
+                                    self.hook_event(hook, "prerun-retry", Err(message));
+                                    self.claim_retry_at = Some(now + self.claim_backoff);
+                                    self.claim_backoff = (self.claim_backoff * 2).min(CLAIM_BACKOFF_MAX);
+                                    return;
+                                }
+                                return failed(self, message, ops);
+                            }
+                        }
+                    }
+                    Some(CsiStep::Mount { index }) => {
+                        let alias = requests[index].0.clone();
+                        match outcome {
+                            Ok(Reply::Mounted(info)) => {
+                                if let Some(stub) = self.local.csi_stubs.get_mut(&alias) {
+                                    stub.mount = Some(info);
+                                }
+                                self.persist();
+                                self.csi = Some(CsiStep::Mount { index: index + 1 });
+                            }
+                            Ok(reply) => {
+                                return failed(self, format!("mount {alias}: unexpected reply {reply:?}"), ops);
+                            }
+                            Err(error) => return failed(self, format!("mount volume {alias}: {error}"), ops),
+                        }
+                    }
+                    None => {}
+                }
+            }
+        }
+        if self.stop_requested {
+            self.begin_postrun(now, ops);
+        } else {
+            self.advance_prerun(now, ops);
+        }
+    }
+
+    fn start_tasks(&mut self, now: Instant, ops: &mut OpIds) {
+        self.phase = Phase::Running;
+        for runner in self.tasks.values_mut() {
+            runner.set_resources(self.resources.clone());
+            runner.start(now, ops);
+        }
+        self.collect_tasks(now, ops);
+    }
+
+    /// Forwards task actions and moves on once every task is dead.
+    fn collect_tasks(&mut self, now: Instant, ops: &mut OpIds) {
+        // A task that failed for good takes its siblings down with it, as in Nomad.
+        let failed = self
+            .tasks
+            .values()
+            .find(|task| task.is_dead() && task.state().failed)
+            .map(|task| task.name().to_string());
+        if let Some(failed) = failed
+            && self.phase == Phase::Running
+        {
+            for runner in self.tasks.values_mut() {
+                runner.sibling_failed(now, &failed, ops);
+            }
+        }
+        for (name, runner) in &mut self.tasks {
+            while let Some(action) = runner.poll_action() {
+                self.actions.push(AllocAction::Task {
+                    task: name.clone(),
+                    action,
+                });
+            }
+        }
+        self.refresh_status();
+        if self.phase == Phase::Running && self.tasks.values().all(TaskRunner::is_dead) {
+            self.begin_postrun(now, ops);
+        }
+    }
+
+    fn refresh_status(&mut self) {
+        let status = if self.local.prerun_failed.is_some() {
+            ClientStatus::Failed
+        } else if self
+            .tasks
+            .values()
+            .any(|task| task.state().state == TaskStatus::Running)
+        {
+            ClientStatus::Running
+        } else if matches!(self.phase, Phase::Idle | Phase::Prerun { .. }) {
+            ClientStatus::Pending
+        } else if self.tasks.values().all(|task| task.state().state == TaskStatus::Dead) {
+            if self.tasks.values().any(|task| task.state().failed) {
+                ClientStatus::Failed
+            } else {
+                ClientStatus::Complete
+            }
+        } else {
+            ClientStatus::Pending
+        };
+        if status != self.status {
+            self.status = status;
+            self.actions.push(AllocAction::Status(status));
+        }
+    }
+
+    // --- postrun --------------------------------------------------------------------------
+
+    fn begin_postrun(&mut self, now: Instant, ops: &mut OpIds) {
+        if matches!(
+            self.phase,
+            Phase::Postrun { .. } | Phase::Done | Phase::Destroying { .. } | Phase::Destroyed
+        ) {
+            return;
+        }
+        // Tasks that never started are dead without running.
+        for runner in self.tasks.values_mut() {
+            runner.kill(now, ops);
+        }
+        self.claim_retry_at = None;
+        self.phase = Phase::Postrun { index: 0 };
+        self.collect_tasks(now, ops);
+        self.advance_postrun(now, ops);
+    }
+
+    fn advance_postrun(&mut self, now: Instant, ops: &mut OpIds) {
+        loop {
+            let Phase::Postrun { index } = self.phase else { return };
+            let Some((hook, phases)) = ALLOC_HOOKS.get(index) else {
+                self.phase = Phase::Done;
+                self.local.postrun_done = true;
+                self.persist();
+                self.refresh_status();
+                return;
+            };
+            if !phases.postrun {
+                self.phase = Phase::Postrun { index: index + 1 };
+                continue;
+            }
+            match hook {
+                AllocHook::Csi => {
+                    if self.releases.is_empty() {
+                        for alias in self.local.csi_stubs.keys() {
+                            self.releases.insert(
+                                alias.clone(),
+                                Release {
+                                    step: VolumeRelease::Unmount,
+                                    pending: None,
+                                    retry_at: None,
+                                    backoff: CLAIM_BACKOFF_START,
+                                    give_up_at: now + UNPUBLISH_RETRY_CAP,
+                                },
+                            );
+                        }
+                        for alias in self.releases.keys().cloned().collect::<Vec<_>>() {
+                            self.release_step(now, &alias, ops);
+                        }
+                    }
+                    if self
+                        .releases
+                        .values()
+                        .any(|release| release.step != VolumeRelease::Done)
+                    {
+                        return;
+                    }
+                    self.releases.clear();
+                    self.hook_event(*hook, "postrun", Ok(()));
+                }
+                AllocHook::AllocDir | AllocHook::AwaitPrevious => {
+                    self.hook_event(*hook, "postrun", Ok(()));
+                }
+            }
+            self.phase = Phase::Postrun { index: index + 1 };
+        }
+    }
+
+    fn release_step(&mut self, now: Instant, alias: &str, ops: &mut OpIds) {
+        let Some(stub) = self.local.csi_stubs.get(alias).cloned() else {
+            return;
+        };
+        let Some(release) = self.releases.get_mut(alias) else {
+            return;
+        };
+        let io = match release.step {
+            VolumeRelease::Unmount if stub.mount.is_some() => Io::Volume(VolumeOp::Unmount {
+                plugin_id: stub.plugin_id.clone(),
+                namespace: stub.namespace.clone(),
+                volume_id: stub.volume_id.clone(),
+                remote_id: stub.remote_id.clone(),
+                alloc_id: self.spec.alloc.id.clone(),
+                usage: stub.usage.clone(),
+            }),
+            VolumeRelease::Unmount | VolumeRelease::Unpublish => {
+                release.step = VolumeRelease::Unpublish;
+                Io::Server(ServerRequest::VolumeUnpublish {
+                    namespace: stub.namespace.clone(),
+                    volume_id: stub.volume_id.clone(),
+                    claim: CsiVolumeClaim {
+                        allocation_id: self.spec.alloc.id.clone(),
+                        node_id: self.spec.node_id.clone(),
+                        external_node_id: String::new(),
+                        mode: stub.mode,
+                        access_mode: stub.usage.access_mode,
+                        attachment_mode: stub.usage.attachment_mode,
+                        state: ClaimState::Unpublishing,
+                    },
+                })
+            }
+            VolumeRelease::Done => return,
+        };
+        let _ = now;
+        let op = ops.allocate();
+        release.pending = Some(op);
+        self.actions.push(AllocAction::Io { op, io });
+    }
+
+    fn release_outcome(&mut self, now: Instant, alias: &str, outcome: Outcome, ops: &mut OpIds) {
+        let Some(release) = self.releases.get_mut(alias) else {
+            return;
+        };
+        release.pending = None;
+        match release.step {
+            VolumeRelease::Unmount => {
+                match outcome {
+                    Ok(_) => {
+                        if let Some(stub) = self.local.csi_stubs.get_mut(alias) {
+                            stub.mount = None;
+                        }
+                        self.persist();
+                    }
+                    Err(error) => {
+                        // Recorded; the servers' node detach retries the unmount later.
+                        self.hook_event(AllocHook::Csi, "postrun-unmount", Err(format!("{alias}: {error}")));
+                    }
+                }
+                if let Some(release) = self.releases.get_mut(alias) {
+                    release.step = VolumeRelease::Unpublish;
+                }
+                self.release_step(now, alias, ops);
+            }
+            VolumeRelease::Unpublish => {
+                let retry = match &outcome {
+                    Ok(Reply::Server(ServerReply::Done { .. })) => None,
+                    Ok(Reply::Server(ServerReply::Error(error))) => Some((error.message.clone(), error.retryable)),
+                    Ok(reply) => Some((format!("unexpected reply {reply:?}"), false)),
+                    Err(error) => Some((format!("no servers: {error}"), true)),
+                };
+                match retry {
+                    Some((message, true)) if now < release.give_up_at => {
+                        release.retry_at = Some(now + release.backoff);
+                        release.backoff = (release.backoff * 2).min(CLAIM_BACKOFF_MAX);
+                        self.hook_event(AllocHook::Csi, "postrun-retry", Err(format!("{alias}: {message}")));
+                    }
+                    other => {
+                        release.step = VolumeRelease::Done;
+                        if let Some((message, _)) = other {
+                            self.hook_event(AllocHook::Csi, "postrun-unpublish", Err(format!("{alias}: {message}")));
+                        }
+                        self.local.csi_stubs.remove(alias);
+                        self.persist();
+                        self.advance_postrun(now, ops);
+                    }
+                }
+            }
+            VolumeRelease::Done => {}
+        }
+    }
+
+    fn hook_event(&mut self, hook: AllocHook, phase: &'static str, result: Result<(), String>) {
+        self.actions.push(AllocAction::Hook {
+            hook: hook.name(),
+            phase,
+            result,
+        });
+    }
+
+    fn persist(&mut self) {
+        self.actions.push(AllocAction::Persist(Box::new(self.local.clone())));
+    }
+}
+
+enum HookProgress {
+    Waiting,
+    Done,
+    Failed(String),
+}
+
+/// How this allocation uses the volume: read-only and modes from the request (the volume's
+/// modes when the request has none), mount options merged per field with the request winning.
+fn usage_for(
+    request: &VolumeRequest,
+    volume_options: &Option<CsiMountOptions>,
+    volume: &crate::structs::CsiVolume,
+) -> UsageOptions {
+    let mut fs_type = volume_options.as_ref().map(|o| o.fs_type.clone()).unwrap_or_default();
+    let mut mount_flags = volume_options
+        .as_ref()
+        .map(|o| o.mount_flags.clone())
+        .unwrap_or_default();
+    if let Some(options) = &request.mount_options {
+        if !options.fs_type.is_empty() {
+            fs_type = options.fs_type.clone();
+        }
+        if !options.mount_flags.is_empty() {
+            mount_flags = options.mount_flags.clone();
+        }
+    }
+    UsageOptions {
+        read_only: request.read_only,
+        attachment_mode: if request.attachment_mode == Default::default() {
+            volume.attachment_mode
+        } else {
+            request.attachment_mode
+        },
+        access_mode: if request.access_mode == Default::default() {
+            volume.access_mode
+        } else {
+            request.access_mode
+        },
+        fs_type,
+        mount_flags,
+    }
+}

@@ -1,0 +1,433 @@
+//! The client half: alloc and task runners with their hooks, the CSI plugin registry, the
+//! plugin supervisor and the volume manager, as sans-IO machines.
+//!
+//! Every hook is a small machine that asks for I/O ([`Io`]) one request at a time and is
+//! resumed with the [`Outcome`]. Runners own the order (written once, as data, in
+//! [`hooks`]); the client routes outcomes back by operation id. Requests the client answers
+//! itself (mounting through the volume manager) use the same shape, so a hook never knows who
+//! served it.
+
+pub mod alloc_runner;
+pub mod hooks;
+pub mod paths;
+pub mod plugin_supervisor;
+pub mod registry;
+pub mod restarts;
+pub mod task_runner;
+pub mod volume_hook;
+pub mod volume_manager;
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::BTreeMap;
+use core::fmt;
+use core::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::rpc::{ServerReply, ServerRequest};
+use crate::structs::{
+    AccessMode, AttachmentMode, ConfigValue, CsiControllerInfo, CsiMountOptions, CsiTopology, CsiVolume, Propagation,
+    RequestedDevice,
+};
+use crate::time::Instant;
+
+/// A bind mount handed to the task driver (Nomad's `drivers.MountConfig`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct MountConfig {
+    pub task_path: String,
+    pub host_path: String,
+    pub readonly: bool,
+    pub propagation: Propagation,
+}
+
+impl fmt::Display for MountConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}->{}({}{})",
+            self.host_path,
+            self.task_path,
+            if self.readonly { "ro," } else { "rw," },
+            self.propagation.as_str()
+        )
+    }
+}
+
+/// A device node handed to the task driver (`drivers.DeviceConfig`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeviceConfig {
+    pub task_path: String,
+    pub host_path: String,
+    pub permissions: String,
+}
+
+/// Where a published CSI volume is on the host (`csimanager.MountInfo`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MountInfo {
+    pub source: String,
+    pub is_device: bool,
+}
+
+/// Whether a task driver can bind mounts into its tasks (#8030). There is no host-only value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MountConfigSupport {
+    All,
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverCapabilities {
+    pub mount_configs: MountConfigSupport,
+    /// The task sees the host filesystem (raw_exec): sockets are reached by host path.
+    pub fs_isolation: bool,
+}
+
+/// Everything a task driver needs to start a task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskConfig {
+    pub alloc_id: String,
+    pub task: String,
+    pub driver: String,
+    pub config: BTreeMap<String, ConfigValue>,
+    pub env: BTreeMap<String, String>,
+    pub mounts: Vec<MountConfig>,
+    pub devices: Vec<DeviceConfig>,
+    /// Host path of the task's working directory.
+    pub task_dir: String,
+    /// Host path of the alloc's log directory (`<task>.stdout.0`, `<task>.stderr.0`).
+    pub log_dir: String,
+    pub kill_timeout: Duration,
+}
+
+/// A running task, as the driver describes it; persisted so the agent can reattach.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskHandle {
+    pub driver: String,
+    pub alloc_id: String,
+    pub task: String,
+    /// The driver's own reattach data (a pid and start time, for the process drivers).
+    pub state: String,
+}
+
+/// How a task ended.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitResult {
+    pub exit_code: i32,
+    pub signal: i32,
+    pub oom_killed: bool,
+    pub err: Option<String>,
+}
+
+impl ExitResult {
+    pub fn successful(&self) -> bool {
+        self.exit_code == 0 && self.signal == 0 && self.err.is_none()
+    }
+}
+
+/// What a device plugin reserved for a task.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reservation {
+    pub env: BTreeMap<String, String>,
+    pub mounts: Vec<MountConfig>,
+    pub devices: Vec<DeviceConfig>,
+}
+
+/// A CSI volume capability as sent to a node plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeCapability {
+    pub access_mode: AccessMode,
+    pub attachment_mode: AttachmentMode,
+    pub mount_options: CsiMountOptions,
+}
+
+/// Calls to a CSI plugin over its unix socket.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CsiCall {
+    Probe,
+    GetPluginInfo,
+    GetPluginCapabilities,
+    ControllerGetCapabilities,
+    NodeGetInfo,
+    NodeGetCapabilities,
+    NodeStageVolume {
+        volume_id: String,
+        publish_context: BTreeMap<String, String>,
+        staging_target_path: String,
+        capability: VolumeCapability,
+        secrets: BTreeMap<String, String>,
+        volume_context: BTreeMap<String, String>,
+    },
+    NodePublishVolume {
+        volume_id: String,
+        publish_context: BTreeMap<String, String>,
+        staging_target_path: String,
+        target_path: String,
+        capability: VolumeCapability,
+        readonly: bool,
+        secrets: BTreeMap<String, String>,
+        volume_context: BTreeMap<String, String>,
+    },
+    NodeUnpublishVolume {
+        volume_id: String,
+        target_path: String,
+    },
+    NodeUnstageVolume {
+        volume_id: String,
+        staging_target_path: String,
+    },
+}
+
+impl CsiCall {
+    pub fn name(&self) -> &'static str {
+        match self {
+            CsiCall::Probe => "Probe",
+            CsiCall::GetPluginInfo => "GetPluginInfo",
+            CsiCall::GetPluginCapabilities => "GetPluginCapabilities",
+            CsiCall::ControllerGetCapabilities => "ControllerGetCapabilities",
+            CsiCall::NodeGetInfo => "NodeGetInfo",
+            CsiCall::NodeGetCapabilities => "NodeGetCapabilities",
+            CsiCall::NodeStageVolume { .. } => "NodeStageVolume",
+            CsiCall::NodePublishVolume { .. } => "NodePublishVolume",
+            CsiCall::NodeUnpublishVolume { .. } => "NodeUnpublishVolume",
+            CsiCall::NodeUnstageVolume { .. } => "NodeUnstageVolume",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CsiReply {
+    Probe {
+        ready: bool,
+    },
+    PluginInfo {
+        name: String,
+        version: String,
+    },
+    PluginCapabilities {
+        controller_service: bool,
+        accessibility_constraints: bool,
+    },
+    ControllerCapabilities(CsiControllerInfo),
+    NodeInfo {
+        node_id: String,
+        max_volumes: u64,
+        topology: Option<CsiTopology>,
+    },
+    NodeCapabilities {
+        stage_unstage: bool,
+        stats: bool,
+        expand: bool,
+        condition: bool,
+    },
+    Done,
+}
+
+/// A request the client answers itself: the volume manager of a node plugin.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeOp {
+    Mount {
+        plugin_id: String,
+        volume: alloc::boxed::Box<CsiVolume>,
+        alloc_id: String,
+        usage: UsageOptions,
+        publish_context: BTreeMap<String, String>,
+    },
+    Unmount {
+        plugin_id: String,
+        namespace: String,
+        volume_id: String,
+        remote_id: String,
+        alloc_id: String,
+        usage: UsageOptions,
+    },
+    HasMount {
+        plugin_id: String,
+        mount: MountInfo,
+    },
+}
+
+/// How an allocation uses a volume (`csimanager.UsageOptions`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct UsageOptions {
+    pub read_only: bool,
+    pub attachment_mode: AttachmentMode,
+    pub access_mode: AccessMode,
+    pub fs_type: String,
+    pub mount_flags: Vec<String>,
+}
+
+impl UsageOptions {
+    /// The directory name of this usage: `rw-file-system-single-node-writer` (`ToFS`).
+    pub fn to_fs(&self) -> String {
+        format!(
+            "{}-{}-{}",
+            if self.read_only { "ro" } else { "rw" },
+            self.attachment_mode.as_str(),
+            self.access_mode.as_str()
+        )
+    }
+}
+
+/// One piece of I/O a hook or runner needs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Io {
+    /// `mkdir -p` with mode 0700.
+    Mkdir {
+        path: String,
+    },
+    /// `rm -rf`.
+    RemoveAll {
+        path: String,
+    },
+    /// `rmdir` (fails when the directory is not empty or is still a mount point).
+    Rmdir {
+        path: String,
+    },
+    /// Is `path` a mount point? Replies `Bool`.
+    IsMountPoint {
+        path: String,
+    },
+    StartTask(alloc::boxed::Box<TaskConfig>),
+    /// Signal, then SIGKILL after `kill_timeout`; replies once the task is gone.
+    StopTask {
+        handle: TaskHandle,
+        kill_timeout: Duration,
+    },
+    /// Reattach to a task started before an agent restart.
+    RecoverTask {
+        handle: TaskHandle,
+    },
+    ReserveDevices {
+        devices: Vec<RequestedDevice>,
+    },
+    Csi {
+        socket: String,
+        call: CsiCall,
+    },
+    /// The narrow server interface (Nomad's `RPCer`): one request, one reply.
+    Server(ServerRequest),
+    Volume(VolumeOp),
+}
+
+impl Io {
+    /// Requests the client answers itself rather than the driver.
+    pub fn is_internal(&self) -> bool {
+        matches!(self, Io::Volume(_))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    Unit,
+    Bool(bool),
+    Started(TaskHandle),
+    Reserved(Reservation),
+    Csi(CsiReply),
+    Server(ServerReply),
+    Mounted(MountInfo),
+}
+
+/// Why an I/O request failed; the kind decides retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    Timeout,
+    Unavailable,
+    ResourceExhausted,
+    NotFound,
+    FailedPrecondition,
+    Other,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IoError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl IoError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        IoError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn other(message: impl Into<String>) -> Self {
+        IoError::new(ErrorKind::Other, message)
+    }
+
+    /// Retried by node RPCs: timeout, unavailable, resource exhausted (§1.6).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.kind,
+            ErrorKind::Timeout | ErrorKind::Unavailable | ErrorKind::ResourceExhausted
+        )
+    }
+}
+
+impl fmt::Display for IoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+pub type Outcome = Result<Reply, IoError>;
+
+/// A task event, with Nomad's type names (`Received`, `Task Setup`, `Started`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskEvent {
+    pub kind: String,
+    pub message: String,
+    pub at: Instant,
+}
+
+pub mod events {
+    pub const RECEIVED: &str = "Received";
+    pub const SETUP: &str = "Task Setup";
+    pub const SETUP_FAILURE: &str = "Setup Failure";
+    pub const STARTED: &str = "Started";
+    pub const DRIVER_FAILURE: &str = "Driver Failure";
+    pub const TERMINATED: &str = "Terminated";
+    pub const RESTARTING: &str = "Restarting";
+    pub const NOT_RESTARTING: &str = "Not Restarting";
+    pub const KILLING: &str = "Killing";
+    pub const KILLED: &str = "Killed";
+    pub const RESTART_SIGNALED: &str = "Restart Signaled";
+    pub const SIBLING_FAILED: &str = "Sibling Task Failed";
+    pub const PLUGIN_HEALTHY: &str = "Plugin became healthy";
+    pub const PLUGIN_UNHEALTHY: &str = "Plugin became unhealthy";
+    pub const WAITING_ON_SERVERS: &str = "Waiting for servers";
+}
+
+/// A node event (`Mount volume`, `Unmount volume`, plugin health).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientNodeEvent {
+    pub subsystem: String,
+    pub message: String,
+    pub details: BTreeMap<String, String>,
+}
+
+/// Deterministic jitter from a seed handed in (no global randomness in core).
+#[derive(Clone, Debug)]
+pub struct Jitter(u64);
+
+impl Jitter {
+    pub fn new(seed: u64) -> Self {
+        Jitter(seed | 1)
+    }
+
+    /// A value in `0..bound` (xorshift; quality is irrelevant, determinism is not).
+    pub fn below(&mut self, bound: u64) -> u64 {
+        if bound == 0 {
+            return 0;
+        }
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x % bound
+    }
+}

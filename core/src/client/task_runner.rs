@@ -1,0 +1,914 @@
+//! The task runner (§2.4): runs a task's prestart hooks in order, starts the task through its
+//! driver, runs poststart hooks, watches it, restarts it under the group's restart policy,
+//! kills it on request, and runs the stop hooks once it is gone for good.
+//!
+//! Hook progress (`prestart done`, data, env), the driver handle and the task state are
+//! persisted as one record on every change ([`TaskAction::Persist`]); a runner rebuilt from
+//! that record after an agent restart skips finished hooks (re-applying their env) and
+//! reattaches to the task instead of starting it again. If reattaching fails for a task that
+//! was running, the runner waits for the server-contact gate before starting it anew, so a
+//! task the servers already moved elsewhere is not restarted here (#1795).
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::hooks::{AllocHookResources, HookError, HookResponse, HookState, TaskHook, TaskPhases, task_hooks};
+use crate::client::paths::{self, ClientPaths};
+use crate::client::plugin_supervisor::{PluginSupervisor, SupervisorOut};
+use crate::client::registry::{PluginInfo, PluginKind};
+use crate::client::restarts::{Decision, RestartTracker, go_duration};
+use crate::client::volume_hook::{self, HostVolumeConfig};
+use crate::client::{
+    DeviceConfig, DriverCapabilities, ExitResult, Io, MountConfig, Outcome, Reply, TaskConfig, TaskEvent, TaskHandle,
+    events,
+};
+use crate::op::{OpId, OpIds};
+use crate::structs::{JobType, Propagation, Task, TaskGroup};
+use crate::time::Instant;
+
+/// Nomad keeps the last ten events per task.
+pub const MAX_EVENTS: usize = 10;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TaskStatus {
+    #[default]
+    Pending,
+    Running,
+    Dead,
+}
+
+impl TaskStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Pending => "pending",
+            TaskStatus::Running => "running",
+            TaskStatus::Dead => "dead",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskState {
+    pub state: TaskStatus,
+    pub failed: bool,
+    pub restarts: u32,
+    pub events: Vec<TaskEvent>,
+}
+
+/// Everything of a task runner that survives an agent restart.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalTaskState {
+    pub hooks: BTreeMap<String, HookState>,
+    pub handle: Option<TaskHandle>,
+    pub state: TaskState,
+}
+
+/// The fixed facts a task runner is built from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskSpec {
+    pub alloc_id: String,
+    pub alloc_index: u32,
+    pub job_type: JobType,
+    pub group: TaskGroup,
+    pub task: Task,
+    pub paths: ClientPaths,
+    pub host_volumes: BTreeMap<String, HostVolumeConfig>,
+    /// `None`: the driver is not detected on this node.
+    pub driver: Option<DriverCapabilities>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskAction {
+    Io {
+        op: OpId,
+        io: Io,
+    },
+    Persist(Box<LocalTaskState>),
+    Event(TaskEvent),
+    Register(PluginInfo),
+    Deregister {
+        kind: PluginKind,
+        name: String,
+        alloc_id: String,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    Idle,
+    Restoring { op: OpId },
+    WaitingOnServers,
+    Prestart { index: usize, io: usize, op: Option<OpId> },
+    Starting { op: OpId },
+    Running,
+    RestartDelay { until: Instant },
+    Killing { op: OpId },
+    Stopping { index: usize, op: Option<OpId> },
+    Dead,
+}
+
+#[derive(Debug)]
+pub struct TaskRunner {
+    spec: TaskSpec,
+    hooks: Vec<(TaskHook, TaskPhases)>,
+    local: LocalTaskState,
+    phase: Phase,
+    tracker: RestartTracker,
+    resources: AllocHookResources,
+    servers_contacted: bool,
+    kill_requested: bool,
+    /// The task is being killed to be restarted (its plugin never became healthy).
+    restart_after_kill: bool,
+    /// Mounts, devices and env gathered by this round of prestart hooks.
+    mounts: Vec<MountConfig>,
+    devices: Vec<DeviceConfig>,
+    hook_env: BTreeMap<String, String>,
+    /// Replies of the current hook's I/O, in order.
+    replies: Vec<Reply>,
+    supervisor: Option<PluginSupervisor>,
+    actions: Vec<TaskAction>,
+}
+
+impl TaskRunner {
+    pub fn new(spec: TaskSpec) -> Self {
+        Self::restore(spec, LocalTaskState::default(), false)
+    }
+
+    /// A runner rebuilt from its persisted record after an agent restart.
+    pub fn restore(spec: TaskSpec, local: LocalTaskState, servers_contacted: bool) -> Self {
+        let hooks = task_hooks(&spec.task);
+        let policy = spec.group.restart_policy(spec.job_type);
+        let tracker = RestartTracker::new(policy, spec.job_type != JobType::Batch, spec.seed);
+        TaskRunner {
+            spec,
+            hooks,
+            local,
+            phase: Phase::Idle,
+            tracker,
+            resources: AllocHookResources::default(),
+            servers_contacted,
+            kill_requested: false,
+            restart_after_kill: false,
+            mounts: Vec::new(),
+            devices: Vec::new(),
+            hook_env: BTreeMap::new(),
+            replies: Vec::new(),
+            supervisor: None,
+            actions: Vec::new(),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.spec.task.name
+    }
+
+    pub fn state(&self) -> &TaskState {
+        &self.local.state
+    }
+
+    pub fn local(&self) -> &LocalTaskState {
+        &self.local
+    }
+
+    pub fn is_dead(&self) -> bool {
+        self.phase == Phase::Dead
+    }
+
+    /// The hooks this task runs, in order (for traces and tests).
+    pub fn hook_names(&self) -> Vec<&'static str> {
+        self.hooks.iter().map(|(hook, _)| hook.name()).collect()
+    }
+
+    pub fn set_resources(&mut self, resources: AllocHookResources) {
+        self.resources = resources;
+    }
+
+    /// Begins (or, for a restored runner, resumes) the task.
+    pub fn start(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.phase != Phase::Idle {
+            return;
+        }
+        if self.local.state.state == TaskStatus::Dead {
+            // Finished before the agent restarted; nothing to run again.
+            self.phase = Phase::Dead;
+            return;
+        }
+        if let Some(handle) = self.local.handle.clone() {
+            let op = ops.allocate();
+            self.phase = Phase::Restoring { op };
+            self.actions.push(TaskAction::Io {
+                op,
+                io: Io::RecoverTask { handle },
+            });
+            return;
+        }
+        if self.local.state.events.is_empty() {
+            self.event(now, events::RECEIVED, "Task received by client");
+        }
+        self.begin_prestart(now, ops);
+    }
+
+    /// The client heard from servers for the first time since it started.
+    pub fn servers_contacted(&mut self, now: Instant, ops: &mut OpIds) {
+        self.servers_contacted = true;
+        if self.phase == Phase::WaitingOnServers {
+            self.begin_prestart(now, ops);
+        }
+    }
+
+    /// Stop the task for good (the allocation is stopping).
+    pub fn kill(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.kill_requested || matches!(self.phase, Phase::Dead | Phase::Stopping { .. }) {
+            return;
+        }
+        self.kill_requested = true;
+        match self.phase {
+            Phase::Running => self.send_kill(now, ops),
+            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } => self.begin_stop(now, ops),
+            // An operation is in flight; its outcome finishes the kill.
+            _ => {}
+        }
+    }
+
+    /// Another task of the allocation failed for good: this one is killed too.
+    pub fn sibling_failed(&mut self, now: Instant, sibling: &str, ops: &mut OpIds) {
+        if self.kill_requested || matches!(self.phase, Phase::Dead | Phase::Stopping { .. }) {
+            return;
+        }
+        self.event(
+            now,
+            events::SIBLING_FAILED,
+            &format!("Task's sibling \"{sibling}\" failed"),
+        );
+        self.kill(now, ops);
+    }
+
+    /// The driver reports the task exited.
+    pub fn exited(&mut self, now: Instant, exit: ExitResult, ops: &mut OpIds) {
+        if !matches!(self.phase, Phase::Running | Phase::Killing { .. }) {
+            return;
+        }
+        self.stop_supervisor();
+        self.local.handle = None;
+        let mut message = format!("Exit Code: {}", exit.exit_code);
+        if exit.signal != 0 {
+            message.push_str(&format!(", Signal: {}", exit.signal));
+        }
+        if let Some(err) = &exit.err {
+            message.push_str(&format!(", Exit Message: {err:?}"));
+        }
+        self.event(now, events::TERMINATED, &message);
+        if let Phase::Killing { .. } = self.phase {
+            // The stop reply follows; it finishes the kill.
+            self.persist();
+            return;
+        }
+        if self.kill_requested {
+            self.begin_stop(now, ops);
+            return;
+        }
+        let decision = self.tracker.on_exit(now, &exit);
+        self.decide(now, decision, ops);
+    }
+
+    fn decide(&mut self, now: Instant, decision: Decision, ops: &mut OpIds) {
+        match decision {
+            Decision::Restart { delay, .. } => {
+                self.local.state.restarts += 1;
+                self.local.state.state = TaskStatus::Pending;
+                self.event(
+                    now,
+                    events::RESTARTING,
+                    &format!("Task restarting in {}", go_duration(delay)),
+                );
+                self.phase = Phase::RestartDelay { until: now + delay };
+                self.persist();
+            }
+            Decision::NotRestarting { reason } => {
+                self.local.state.failed = true;
+                self.event(now, events::NOT_RESTARTING, &reason);
+                self.begin_stop(now, ops);
+            }
+            Decision::Terminated { .. } => self.begin_stop(now, ops),
+        }
+    }
+
+    /// Routes an I/O outcome; returns false when the op is not this runner's.
+    pub fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome, ops: &mut OpIds) -> bool {
+        if let Some(supervisor) = &mut self.supervisor
+            && supervisor.owns(op)
+        {
+            let mut out = Vec::new();
+            supervisor.outcome(now, op, outcome, ops, &mut out);
+            self.supervisor_out(now, out, ops);
+            return true;
+        }
+        match self.phase.clone() {
+            Phase::Restoring { op: pending } if pending == op => {
+                match outcome {
+                    Ok(_) => {
+                        self.begin_prestart(now, ops);
+                    }
+                    Err(error) => {
+                        let was_running = self.local.state.state == TaskStatus::Running;
+                        self.local.handle = None;
+                        self.persist();
+                        if was_running && !self.servers_contacted {
+                            self.event(
+                                now,
+                                events::WAITING_ON_SERVERS,
+                                &format!("failed to restore task handle ({error}); waiting to contact servers"),
+                            );
+                            self.phase = Phase::WaitingOnServers;
+                            if self.kill_requested {
+                                self.begin_stop(now, ops);
+                            }
+                        } else {
+                            self.begin_prestart(now, ops);
+                        }
+                    }
+                }
+                true
+            }
+            Phase::Prestart {
+                index,
+                io,
+                op: Some(pending),
+            } if pending == op => {
+                match outcome {
+                    Ok(reply) => {
+                        self.replies.push(reply);
+                        self.phase = Phase::Prestart {
+                            index,
+                            io: io + 1,
+                            op: None,
+                        };
+                        self.run_prestart(now, ops);
+                    }
+                    Err(error) => {
+                        let hook = self.hooks[index].0;
+                        self.prestart_failed(
+                            now,
+                            HookError::recoverable(format!("prestart hook \"{}\" failed: {error}", hook.name())),
+                            ops,
+                        );
+                    }
+                }
+                true
+            }
+            Phase::Starting { op: pending } if pending == op => {
+                match outcome {
+                    Ok(Reply::Started(handle)) => {
+                        self.local.handle = Some(handle);
+                        self.local.state.state = TaskStatus::Running;
+                        self.event(now, events::STARTED, "Task started by client");
+                        self.persist();
+                        if self.kill_requested {
+                            self.send_kill(now, ops);
+                        } else {
+                            self.phase = Phase::Running;
+                            self.poststart(now, ops);
+                        }
+                    }
+                    other => {
+                        let message = match other {
+                            Err(error) => error.message,
+                            Ok(reply) => format!("unexpected reply {reply:?}"),
+                        };
+                        self.event(now, events::DRIVER_FAILURE, &message);
+                        if self.kill_requested {
+                            self.begin_stop(now, ops);
+                        } else {
+                            let decision = self.tracker.on_start_error(now, true);
+                            self.decide(now, decision, ops);
+                        }
+                    }
+                }
+                true
+            }
+            Phase::Killing { op: pending } if pending == op => {
+                self.stop_supervisor();
+                self.local.handle = None;
+                match outcome {
+                    Ok(_) => self.event(now, events::KILLED, "Task successfully killed"),
+                    Err(error) => self.event(now, events::KILLED, &format!("Task killed with error: {error}")),
+                }
+                if core::mem::take(&mut self.restart_after_kill) && !self.kill_requested {
+                    // A failure under the restart policy, like any other.
+                    let decision = self.tracker.on_start_error(now, true);
+                    self.decide(now, decision, ops);
+                } else {
+                    self.begin_stop(now, ops);
+                }
+                true
+            }
+            Phase::Stopping {
+                index,
+                op: Some(pending),
+            } if pending == op => {
+                // Stop hooks are best effort: a failure is recorded, the next hook still runs.
+                if let Err(error) = outcome {
+                    let hook = self.hooks[index].0;
+                    self.event(
+                        now,
+                        events::SETUP_FAILURE,
+                        &format!("stop hook \"{}\" failed: {error}", hook.name()),
+                    );
+                }
+                self.phase = Phase::Stopping {
+                    index: index + 1,
+                    op: None,
+                };
+                self.run_stop(now, ops);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {
+        if let Phase::RestartDelay { until } = self.phase
+            && now >= until
+        {
+            self.begin_prestart(now, ops);
+        }
+        if let Some(supervisor) = &mut self.supervisor {
+            let mut out = Vec::new();
+            supervisor.handle_timeout(now, ops, &mut out);
+            self.supervisor_out(now, out, ops);
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let delay = match self.phase {
+            Phase::RestartDelay { until } => Some(until),
+            _ => None,
+        };
+        let supervisor = self.supervisor.as_ref().and_then(PluginSupervisor::poll_timeout);
+        delay.into_iter().chain(supervisor).min()
+    }
+
+    pub fn poll_action(&mut self) -> Option<TaskAction> {
+        if self.actions.is_empty() {
+            None
+        } else {
+            Some(self.actions.remove(0))
+        }
+    }
+
+    // --- prestart -------------------------------------------------------------------------
+
+    fn begin_prestart(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.kill_requested {
+            self.begin_stop(now, ops);
+            return;
+        }
+        self.mounts.clear();
+        self.devices.clear();
+        self.hook_env.clear();
+        self.replies.clear();
+        self.phase = Phase::Prestart {
+            index: 0,
+            io: 0,
+            op: None,
+        };
+        self.run_prestart(now, ops);
+    }
+
+    /// Advances prestart hooks until one needs I/O or all are done.
+    fn run_prestart(&mut self, now: Instant, ops: &mut OpIds) {
+        loop {
+            let Phase::Prestart { index, io, op: None } = self.phase else {
+                return;
+            };
+            if self.kill_requested {
+                self.begin_stop(now, ops);
+                return;
+            }
+            if index == self.hooks.len() {
+                self.start_task(now, ops);
+                return;
+            }
+            let (hook, phases) = self.hooks[index];
+            let name = hook.name();
+            let saved = self.local.hooks.get(name).cloned().unwrap_or_default();
+            if !phases.prestart || saved.prestart_done {
+                // A finished hook is not run again; its env still applies.
+                self.hook_env.extend(saved.env);
+                self.next_hook(index);
+                continue;
+            }
+            let needed = self.prestart_io(hook);
+            if io < needed.len() {
+                let op = ops.allocate();
+                self.phase = Phase::Prestart {
+                    index,
+                    io,
+                    op: Some(op),
+                };
+                self.actions.push(TaskAction::Io {
+                    op,
+                    io: needed[io].clone(),
+                });
+                return;
+            }
+            match self.prestart_finish(hook) {
+                Ok(response) => {
+                    self.hook_env.extend(response.env.clone());
+                    for mount in response.mounts {
+                        volume_hook::add_mount(&mut self.mounts, mount);
+                    }
+                    self.devices.extend(response.devices);
+                    let state = HookState {
+                        prestart_done: response.done,
+                        data: response.data,
+                        env: response.env,
+                    };
+                    if self.local.hooks.get(name).cloned().unwrap_or_default() != state {
+                        self.local.hooks.insert(name.to_string(), state);
+                        self.persist();
+                    }
+                    self.next_hook(index);
+                }
+                Err(error) => {
+                    self.prestart_failed(now, error, ops);
+                    return;
+                }
+            }
+        }
+    }
+
+    fn next_hook(&mut self, index: usize) {
+        self.replies.clear();
+        self.phase = Phase::Prestart {
+            index: index + 1,
+            io: 0,
+            op: None,
+        };
+    }
+
+    fn prestart_failed(&mut self, now: Instant, error: HookError, ops: &mut OpIds) {
+        self.event(now, events::SETUP_FAILURE, &error.message);
+        if self.kill_requested {
+            self.begin_stop(now, ops);
+            return;
+        }
+        let decision = self.tracker.on_start_error(now, error.recoverable);
+        self.decide(now, decision, ops);
+    }
+
+    /// The I/O a hook's prestart needs, in order; replies are collected in `self.replies`.
+    fn prestart_io(&self, hook: TaskHook) -> Vec<Io> {
+        let spec = &self.spec;
+        match hook {
+            TaskHook::Validate | TaskHook::Volumes => Vec::new(),
+            TaskHook::TaskDir => {
+                let dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
+                vec![
+                    Io::Mkdir {
+                        path: paths::join(&dir, "local"),
+                    },
+                    Io::Mkdir {
+                        path: paths::join(&dir, "secrets"),
+                    },
+                ]
+            }
+            TaskHook::Devices => {
+                if spec.task.resources.devices.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![Io::ReserveDevices {
+                        devices: spec.task.resources.devices.clone(),
+                    }]
+                }
+            }
+            TaskHook::CsiPluginSupervisor => {
+                let Some(plugin) = &spec.task.csi_plugin else {
+                    return Vec::new();
+                };
+                vec![
+                    Io::Mkdir {
+                        path: spec.paths.plugin_root(plugin.plugin_type, &plugin.id),
+                    },
+                    Io::Mkdir {
+                        path: spec.paths.plugin_socket_dir(&spec.alloc_id),
+                    },
+                ]
+            }
+        }
+    }
+
+    fn prestart_finish(&self, hook: TaskHook) -> Result<HookResponse, HookError> {
+        let spec = &self.spec;
+        let task = &spec.task;
+        match hook {
+            TaskHook::Validate => {
+                if spec.driver.is_none() {
+                    return Err(HookError::fatal(format!(
+                        "failed to validate task: driver \"{}\" is not detected on this node",
+                        task.driver
+                    )));
+                }
+                if let Some(plugin) = &task.csi_plugin {
+                    let errors = plugin.validate();
+                    if !errors.is_empty() {
+                        return Err(HookError::fatal(format!(
+                            "failed to validate task: {}",
+                            errors.join("; ")
+                        )));
+                    }
+                }
+                Ok(HookResponse::default())
+            }
+            TaskHook::TaskDir => {
+                let mut env = BTreeMap::new();
+                let dir = spec.paths.task_dir(&spec.alloc_id, &task.name);
+                env.insert(
+                    "NOMAD_ALLOC_DIR".into(),
+                    paths::join(&spec.paths.alloc(&spec.alloc_id), "alloc"),
+                );
+                env.insert("NOMAD_TASK_DIR".into(), paths::join(&dir, "local"));
+                env.insert("NOMAD_SECRETS_DIR".into(), paths::join(&dir, "secrets"));
+                Ok(HookResponse {
+                    env,
+                    done: true,
+                    ..HookResponse::default()
+                })
+            }
+            TaskHook::Volumes => {
+                let capabilities = spec.driver.expect("validated");
+                let env = self.task_env();
+                let mounts = volume_hook::volume_mounts(
+                    task,
+                    &spec.group,
+                    spec.alloc_index,
+                    &spec.host_volumes,
+                    &self.resources,
+                    capabilities,
+                    &env,
+                )?;
+                Ok(HookResponse {
+                    mounts,
+                    ..HookResponse::default()
+                })
+            }
+            TaskHook::Devices => match self.replies.first() {
+                None => Ok(HookResponse {
+                    done: true,
+                    ..HookResponse::default()
+                }),
+                Some(Reply::Reserved(reservation)) => Ok(HookResponse {
+                    env: reservation.env.clone(),
+                    mounts: reservation.mounts.clone(),
+                    devices: reservation.devices.clone(),
+                    done: true,
+                    data: BTreeMap::new(),
+                }),
+                Some(other) => Err(HookError::recoverable(format!(
+                    "device reservation: unexpected reply {other:?}"
+                ))),
+            },
+            TaskHook::CsiPluginSupervisor => {
+                let plugin = task.csi_plugin.as_ref().expect("hook only for plugins");
+                let socket_dir = spec.paths.plugin_socket_dir(&spec.alloc_id);
+                let root = spec.paths.plugin_root(plugin.plugin_type, &plugin.id);
+                let mounts = vec![
+                    MountConfig {
+                        task_path: plugin.mount_dir.clone(),
+                        host_path: socket_dir.clone(),
+                        readonly: false,
+                        propagation: Propagation::Bidirectional,
+                    },
+                    MountConfig {
+                        task_path: plugin.stage_publish_base_dir.clone(),
+                        host_path: root,
+                        readonly: false,
+                        propagation: Propagation::Bidirectional,
+                    },
+                    MountConfig {
+                        task_path: "/dev".into(),
+                        host_path: "/dev".into(),
+                        readonly: false,
+                        propagation: Propagation::Private,
+                    },
+                ];
+                let mut env = BTreeMap::new();
+                if !task.env.contains_key("CSI_ENDPOINT") {
+                    // Without filesystem isolation the task sees host paths.
+                    let isolated = spec.driver.is_some_and(|caps| caps.fs_isolation);
+                    let socket = if isolated {
+                        paths::join(&plugin.mount_dir, paths::CSI_SOCKET_NAME)
+                    } else {
+                        paths::join(&socket_dir, paths::CSI_SOCKET_NAME)
+                    };
+                    env.insert("CSI_ENDPOINT".into(), format!("unix://{socket}"));
+                }
+                // Not done: the mounts must be re-added after every restore.
+                Ok(HookResponse {
+                    env,
+                    mounts,
+                    ..HookResponse::default()
+                })
+            }
+        }
+    }
+
+    /// The task's environment: Nomad's variables, the task's own, then what hooks added.
+    fn task_env(&self) -> BTreeMap<String, String> {
+        let spec = &self.spec;
+        let mut env = BTreeMap::new();
+        env.insert("NOMAD_ALLOC_ID".to_string(), spec.alloc_id.clone());
+        env.insert("NOMAD_ALLOC_INDEX".to_string(), spec.alloc_index.to_string());
+        env.insert("NOMAD_TASK_NAME".to_string(), spec.task.name.clone());
+        env.insert("NOMAD_GROUP_NAME".to_string(), spec.group.name.clone());
+        for (key, value) in &spec.task.env {
+            env.insert(key.clone(), value.clone());
+        }
+        for (key, value) in &self.hook_env {
+            env.insert(key.clone(), value.clone());
+        }
+        env
+    }
+
+    fn start_task(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.local.handle.is_some() {
+            // Reattached after a restart: the task is already running.
+            self.local.state.state = TaskStatus::Running;
+            self.phase = Phase::Running;
+            self.persist();
+            self.poststart(now, ops);
+            return;
+        }
+        let spec = &self.spec;
+        let config = TaskConfig {
+            alloc_id: spec.alloc_id.clone(),
+            task: spec.task.name.clone(),
+            driver: spec.task.driver.clone(),
+            config: spec.task.config.clone(),
+            env: self.task_env(),
+            mounts: self.mounts.clone(),
+            devices: self.devices.clone(),
+            task_dir: spec.paths.task_dir(&spec.alloc_id, &spec.task.name),
+            log_dir: spec.paths.log_dir(&spec.alloc_id),
+            kill_timeout: spec.task.kill_timeout,
+        };
+        let op = ops.allocate();
+        self.phase = Phase::Starting { op };
+        self.event(now, events::SETUP, "Building Task Directory");
+        self.actions.push(TaskAction::Io {
+            op,
+            io: Io::StartTask(Box::new(config)),
+        });
+    }
+
+    fn poststart(&mut self, now: Instant, ops: &mut OpIds) {
+        for (hook, phases) in self.hooks.clone() {
+            if !phases.poststart {
+                continue;
+            }
+            if hook == TaskHook::CsiPluginSupervisor
+                && self.supervisor.is_none()
+                && let Some(plugin) = self.spec.task.csi_plugin.clone()
+            {
+                let socket = self.spec.paths.plugin_socket(&self.spec.alloc_id);
+                let root = self.spec.paths.plugin_root(plugin.plugin_type, &plugin.id);
+                // Without filesystem isolation the plugin sees host paths, so the paths it is
+                // sent must be host paths too.
+                let container = if self.spec.driver.is_some_and(|caps| caps.fs_isolation) {
+                    plugin.stage_publish_base_dir.clone()
+                } else {
+                    root.clone()
+                };
+                let mut supervisor =
+                    PluginSupervisor::start(now, plugin, self.spec.alloc_id.clone(), socket, root, container);
+                let mut out = Vec::new();
+                supervisor.handle_timeout(now, ops, &mut out);
+                self.supervisor = Some(supervisor);
+                self.supervisor_out(now, out, ops);
+            }
+        }
+    }
+
+    fn supervisor_out(&mut self, now: Instant, out: Vec<SupervisorOut>, ops: &mut OpIds) {
+        for item in out {
+            match item {
+                SupervisorOut::Call { op, socket, call } => {
+                    self.actions.push(TaskAction::Io {
+                        op,
+                        io: Io::Csi { socket, call },
+                    });
+                }
+                SupervisorOut::Event { kind, message } => self.event(now, kind, &message),
+                SupervisorOut::Register(info) => self.actions.push(TaskAction::Register(info)),
+                SupervisorOut::Deregister { kind, name, alloc_id } => {
+                    self.actions.push(TaskAction::Deregister { kind, name, alloc_id })
+                }
+                SupervisorOut::RestartTask { .. } => {
+                    if self.phase == Phase::Running {
+                        self.event(now, events::RESTART_SIGNALED, "healthcheck: plugin not healthy");
+                        // Not a kill of the allocation: once the task is gone, restart it.
+                        self.restart_after_kill = true;
+                        self.send_kill(now, ops);
+                    }
+                }
+            }
+        }
+    }
+
+    fn stop_supervisor(&mut self) {
+        if let Some(mut supervisor) = self.supervisor.take() {
+            let mut out = Vec::new();
+            supervisor.stop(&mut out);
+            for item in out {
+                if let SupervisorOut::Deregister { kind, name, alloc_id } = item {
+                    self.actions.push(TaskAction::Deregister { kind, name, alloc_id });
+                }
+            }
+        }
+    }
+
+    // --- kill and stop --------------------------------------------------------------------
+
+    fn send_kill(&mut self, now: Instant, ops: &mut OpIds) {
+        let Some(handle) = self.local.handle.clone() else {
+            self.begin_stop(now, ops);
+            return;
+        };
+        let timeout = self.spec.task.kill_timeout;
+        self.event(
+            now,
+            events::KILLING,
+            &format!("Sent interrupt. Waiting {} before force killing", go_duration(timeout)),
+        );
+        let op = ops.allocate();
+        self.phase = Phase::Killing { op };
+        self.actions.push(TaskAction::Io {
+            op,
+            io: Io::StopTask {
+                handle,
+                kill_timeout: timeout,
+            },
+        });
+    }
+
+    fn begin_stop(&mut self, now: Instant, ops: &mut OpIds) {
+        self.stop_supervisor();
+        self.phase = Phase::Stopping { index: 0, op: None };
+        self.run_stop(now, ops);
+    }
+
+    fn run_stop(&mut self, now: Instant, ops: &mut OpIds) {
+        loop {
+            let Phase::Stopping { index, op: None } = self.phase else {
+                return;
+            };
+            if index == self.hooks.len() {
+                self.local.state.state = TaskStatus::Dead;
+                self.phase = Phase::Dead;
+                self.persist();
+                return;
+            }
+            let (hook, phases) = self.hooks[index];
+            if phases.stop && hook == TaskHook::CsiPluginSupervisor {
+                let op = ops.allocate();
+                self.phase = Phase::Stopping { index, op: Some(op) };
+                self.actions.push(TaskAction::Io {
+                    op,
+                    io: Io::RemoveAll {
+                        path: self.spec.paths.plugin_socket_dir(&self.spec.alloc_id),
+                    },
+                });
+                return;
+            }
+            let _ = now;
+            self.phase = Phase::Stopping {
+                index: index + 1,
+                op: None,
+            };
+        }
+    }
+
+    fn event(&mut self, now: Instant, kind: &str, message: &str) {
+        let event = TaskEvent {
+            kind: kind.to_string(),
+            message: message.to_string(),
+            at: now,
+        };
+        self.local.state.events.push(event.clone());
+        let len = self.local.state.events.len();
+        if len > MAX_EVENTS {
+            self.local.state.events.drain(..len - MAX_EVENTS);
+        }
+        self.actions.push(TaskAction::Event(event));
+    }
+
+    fn persist(&mut self) {
+        self.actions.push(TaskAction::Persist(Box::new(self.local.clone())));
+    }
+}

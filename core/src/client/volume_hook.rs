@@ -1,0 +1,135 @@
+//! The `volumes` task hook (§2.5): bind mounts for host volumes from the client's config and
+//! for CSI volumes from the alloc hook resources, with the friendly errors of §2.5/§2.6 when
+//! the driver cannot mount anything.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::client::hooks::{AllocHookResources, HookError};
+use crate::client::{DriverCapabilities, MountConfig, MountConfigSupport};
+use crate::structs::{Propagation, Task, TaskGroup, VolumeType};
+
+/// A `host_volume` block of the client's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostVolumeConfig {
+    pub path: String,
+    pub read_only: bool,
+}
+
+/// `${NAME}` from the task's env; unknown names are left as written (Nomad does the same).
+pub fn interpolate(text: &str, env: &BTreeMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        match after.find('}') {
+            Some(end) => {
+                let name = &after[..end];
+                match env.get(name) {
+                    Some(value) => out.push_str(value),
+                    None => {
+                        out.push_str("${");
+                        out.push_str(name);
+                        out.push('}');
+                    }
+                }
+                rest = &after[end + 1..];
+            }
+            None => {
+                out.push_str(&rest[start..]);
+                rest = "";
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The mounts of `task`; never "done", so it re-runs after a restore and every restart.
+pub fn volume_mounts(
+    task: &Task,
+    group: &TaskGroup,
+    alloc_index: u32,
+    host_volumes: &BTreeMap<String, HostVolumeConfig>,
+    resources: &AllocHookResources,
+    capabilities: DriverCapabilities,
+    env: &BTreeMap<String, String>,
+) -> Result<Vec<MountConfig>, HookError> {
+    let mut host_mounts = Vec::new();
+    let mut csi_mounts = Vec::new();
+    let mut missing = Vec::new();
+    for mount in &task.volume_mounts {
+        let alias = interpolate(&mount.volume, env);
+        let destination = interpolate(&mount.destination, env);
+        let Some(request) = group.volumes.get(&alias) else {
+            return Err(HookError::fatal(format!(
+                "No volume with name {alias} found in task group"
+            )));
+        };
+        match request.volume_type {
+            VolumeType::Host => {
+                let source = request.source_for(alloc_index);
+                match host_volumes.get(&source) {
+                    Some(host) => host_mounts.push(MountConfig {
+                        task_path: destination,
+                        host_path: host.path.clone(),
+                        readonly: host.read_only || request.read_only || mount.read_only,
+                        propagation: mount.propagation_mode,
+                    }),
+                    None => missing.push(source),
+                }
+            }
+            VolumeType::Csi => {
+                let Some(info) = resources.csi_mounts.get(&alias) else {
+                    return Err(HookError::recoverable(format!(
+                        "No CSI Mount Point found for volume: {alias}"
+                    )));
+                };
+                csi_mounts.push(MountConfig {
+                    task_path: destination,
+                    host_path: info.source.clone(),
+                    readonly: request.read_only || mount.read_only,
+                    propagation: mount.propagation_mode,
+                });
+            }
+        }
+    }
+    if !missing.is_empty() {
+        missing.sort();
+        missing.dedup();
+        return Err(HookError::fatal(format!(
+            "host volume validation error: missing {}",
+            missing.join(", missing ")
+        )));
+    }
+    let none = capabilities.mount_configs == MountConfigSupport::None;
+    if none && !host_mounts.is_empty() {
+        return Err(HookError::fatal(format!(
+            "task driver \"{}\" for \"{}\" does not support host volumes",
+            task.driver, task.name
+        )));
+    }
+    if none && !csi_mounts.is_empty() {
+        return Err(HookError::fatal(format!(
+            "task driver \"{}\" for \"{}\" does not support CSI",
+            task.driver, task.name
+        )));
+    }
+    host_mounts.extend(csi_mounts);
+    Ok(host_mounts)
+}
+
+/// Adds `mount` unless an identical one is already present (hooks re-run after restores).
+pub fn add_mount(mounts: &mut Vec<MountConfig>, mount: MountConfig) {
+    if !mounts.contains(&mount) {
+        mounts.push(mount);
+    }
+}
+
+/// The default propagation when none is asked for.
+pub const DEFAULT_PROPAGATION: Propagation = Propagation::Private;

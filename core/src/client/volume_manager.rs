@@ -1,0 +1,542 @@
+//! The volume manager of one node plugin (§1.6): mounts and unmounts CSI volumes for
+//! allocations, one operation per volume at a time, with usage tracking so a staged volume is
+//! unstaged only when its last user leaves.
+//!
+//! Mount: record usage first (a concurrent unmount then cannot unstage underneath us); when
+//! the plugin has STAGE_UNSTAGE_VOLUME, mkdir the staging dir and `NodeStageVolume` unless it
+//! is already a mount point; mkdir the target's parent and `NodePublishVolume` unless the
+//! target is already mounted (the restore case). Unmount: `NodeUnpublishVolume`; an error is
+//! downgraded when the target dir can be removed (nothing is mounted there any more); then
+//! free the usage and `NodeUnstageVolume` when no other allocation uses the staged volume.
+//! Host-scoped paths for mkdir and mount checks, plugin-scoped paths in every RPC (seed 002).
+//! Node RPCs are retried only on timeout / unavailable / resource exhausted, three tries.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use core::time::Duration;
+
+use crate::client::paths::{self, check_component};
+use crate::client::{
+    ClientNodeEvent, CsiCall, ErrorKind, Io, IoError, MountInfo, Outcome, Reply, UsageOptions, VolumeCapability,
+    VolumeOp,
+};
+use crate::op::{OpId, OpIds};
+use crate::structs::{AttachmentMode, CsiMountOptions};
+use crate::time::Instant;
+
+pub const MAX_TRIES: u32 = 3;
+pub const RETRY_BASE: Duration = Duration::from_millis(100);
+
+/// What the manager needs to know about its plugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PluginMounts {
+    pub plugin_id: String,
+    pub socket: String,
+    /// Host path of the plugin root.
+    pub mount_root: String,
+    /// The plugin root as the plugin sees it.
+    pub container_mount_point: String,
+    pub requires_stage: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum VolumeAction {
+    Io {
+        op: OpId,
+        io: Io,
+    },
+    /// The answer to a [`VolumeOp`] request.
+    Reply {
+        request: OpId,
+        outcome: Outcome,
+    },
+    NodeEvent(ClientNodeEvent),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Step {
+    MkdirStaging,
+    CheckStaged,
+    Stage,
+    MkdirTarget,
+    CheckPublished,
+    Publish,
+    Unpublish,
+    RmdirTarget,
+    Unstage,
+    CheckMount,
+}
+
+#[derive(Clone, Debug)]
+struct Job {
+    request: OpId,
+    op: VolumeOp,
+    step: Step,
+    tries: u32,
+    pending: Option<OpId>,
+    retry_at: Option<Instant>,
+    /// The unpublish error, kept in case the target cannot be removed either.
+    unpublish_error: Option<IoError>,
+}
+
+type VolumeKey = (String, String);
+
+#[derive(Debug)]
+pub struct VolumeManager {
+    plugin: PluginMounts,
+    /// (namespace, volume, usage) → allocations using it.
+    usage: BTreeMap<(String, String, String), BTreeSet<String>>,
+    running: BTreeMap<VolumeKey, Job>,
+    queue: VecDeque<(OpId, VolumeOp)>,
+    actions: Vec<VolumeAction>,
+}
+
+fn key_of(op: &VolumeOp) -> VolumeKey {
+    match op {
+        VolumeOp::Mount { volume, .. } => (volume.namespace.clone(), volume.id.clone()),
+        VolumeOp::Unmount {
+            namespace, volume_id, ..
+        } => (namespace.clone(), volume_id.clone()),
+        // Mount checks touch no volume state; serialise them on their path.
+        VolumeOp::HasMount { mount, .. } => (String::new(), mount.source.clone()),
+    }
+}
+
+impl VolumeManager {
+    pub fn new(plugin: PluginMounts) -> Self {
+        VolumeManager {
+            plugin,
+            usage: BTreeMap::new(),
+            running: BTreeMap::new(),
+            queue: VecDeque::new(),
+            actions: Vec::new(),
+        }
+    }
+
+    pub fn plugin(&self) -> &PluginMounts {
+        &self.plugin
+    }
+
+    /// Allocations using `(namespace, volume)` under any usage.
+    pub fn users(&self, namespace: &str, volume_id: &str) -> BTreeSet<String> {
+        self.usage
+            .iter()
+            .filter(|((ns, vol, _), _)| ns == namespace && vol == volume_id)
+            .flat_map(|(_, allocs)| allocs.iter().cloned())
+            .collect()
+    }
+
+    /// A mount, unmount or mount check; answered with `VolumeAction::Reply { request }`.
+    pub fn submit(&mut self, now: Instant, request: OpId, op: VolumeOp, ops: &mut OpIds) {
+        if let Err(error) = validate(&op) {
+            self.actions.push(VolumeAction::Reply {
+                request,
+                outcome: Err(IoError::other(error)),
+            });
+            return;
+        }
+        self.queue.push_back((request, op));
+        self.start_queued(now, ops);
+    }
+
+    fn start_queued(&mut self, now: Instant, ops: &mut OpIds) {
+        let mut waiting = VecDeque::new();
+        while let Some((request, op)) = self.queue.pop_front() {
+            let key = key_of(&op);
+            if self.running.contains_key(&key) {
+                waiting.push_back((request, op));
+                continue;
+            }
+            let step = match &op {
+                VolumeOp::Mount { alloc_id, usage, .. } => {
+                    // Usage first, so a concurrent unmount cannot unstage underneath us.
+                    self.usage
+                        .entry((key.0.clone(), key.1.clone(), usage.to_fs()))
+                        .or_default()
+                        .insert(alloc_id.clone());
+                    if self.plugin.requires_stage {
+                        Step::MkdirStaging
+                    } else {
+                        Step::MkdirTarget
+                    }
+                }
+                VolumeOp::Unmount { .. } => Step::Unpublish,
+                VolumeOp::HasMount { .. } => Step::CheckMount,
+            };
+            self.running.insert(
+                key.clone(),
+                Job {
+                    request,
+                    op,
+                    step,
+                    tries: 0,
+                    pending: None,
+                    retry_at: None,
+                    unpublish_error: None,
+                },
+            );
+            self.issue(now, &key, ops);
+        }
+        self.queue = waiting;
+    }
+
+    fn staging_suffix(&self, namespace: &str, volume_id: &str, usage: &UsageOptions) -> String {
+        paths::staging_suffix(namespace, volume_id, &usage.to_fs())
+    }
+
+    /// Sends the I/O of the job's current step.
+    fn issue(&mut self, _now: Instant, key: &VolumeKey, ops: &mut OpIds) {
+        let plugin = self.plugin.clone();
+        let Some(job) = self.running.get(key) else { return };
+        let host = |suffix: &str| paths::join(&plugin.mount_root, suffix);
+        let scoped = |suffix: &str| paths::join(&plugin.container_mount_point, suffix);
+        let io = match (&job.op, &job.step) {
+            (VolumeOp::Mount { volume, usage, .. }, Step::MkdirStaging) => Io::Mkdir {
+                path: host(&self.staging_suffix(&volume.namespace, &volume.id, usage)),
+            },
+            (VolumeOp::Mount { volume, usage, .. }, Step::CheckStaged) => Io::IsMountPoint {
+                path: host(&self.staging_suffix(&volume.namespace, &volume.id, usage)),
+            },
+            (
+                VolumeOp::Mount {
+                    volume,
+                    usage,
+                    publish_context,
+                    ..
+                },
+                Step::Stage,
+            ) => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodeStageVolume {
+                    volume_id: volume.remote_id().to_string(),
+                    publish_context: publish_context.clone(),
+                    staging_target_path: scoped(&self.staging_suffix(&volume.namespace, &volume.id, usage)),
+                    capability: capability(usage),
+                    secrets: volume.secrets.clone(),
+                    volume_context: volume.context.clone(),
+                },
+            },
+            (VolumeOp::Mount { volume, alloc_id, .. }, Step::MkdirTarget) => Io::Mkdir {
+                path: host(&format!("per-alloc/{alloc_id}/{}", volume.id)),
+            },
+            (
+                VolumeOp::Mount {
+                    volume,
+                    alloc_id,
+                    usage,
+                    ..
+                },
+                Step::CheckPublished,
+            ) => Io::IsMountPoint {
+                path: host(&paths::target_suffix(alloc_id, &volume.id, &usage.to_fs())),
+            },
+            (
+                VolumeOp::Mount {
+                    volume,
+                    alloc_id,
+                    usage,
+                    publish_context,
+                    ..
+                },
+                Step::Publish,
+            ) => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodePublishVolume {
+                    volume_id: volume.remote_id().to_string(),
+                    publish_context: publish_context.clone(),
+                    staging_target_path: if plugin.requires_stage {
+                        scoped(&self.staging_suffix(&volume.namespace, &volume.id, usage))
+                    } else {
+                        String::new()
+                    },
+                    target_path: scoped(&paths::target_suffix(alloc_id, &volume.id, &usage.to_fs())),
+                    capability: capability(usage),
+                    readonly: usage.read_only,
+                    secrets: volume.secrets.clone(),
+                    volume_context: volume.context.clone(),
+                },
+            },
+            (
+                VolumeOp::Unmount {
+                    volume_id,
+                    remote_id,
+                    alloc_id,
+                    usage,
+                    ..
+                },
+                Step::Unpublish,
+            ) => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodeUnpublishVolume {
+                    volume_id: remote_id.clone(),
+                    target_path: scoped(&paths::target_suffix(alloc_id, volume_id, &usage.to_fs())),
+                },
+            },
+            (
+                VolumeOp::Unmount {
+                    volume_id,
+                    alloc_id,
+                    usage,
+                    ..
+                },
+                Step::RmdirTarget,
+            ) => Io::Rmdir {
+                path: host(&paths::target_suffix(alloc_id, volume_id, &usage.to_fs())),
+            },
+            (
+                VolumeOp::Unmount {
+                    namespace,
+                    volume_id,
+                    remote_id,
+                    usage,
+                    ..
+                },
+                Step::Unstage,
+            ) => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodeUnstageVolume {
+                    volume_id: remote_id.clone(),
+                    staging_target_path: scoped(&self.staging_suffix(namespace, volume_id, usage)),
+                },
+            },
+            (VolumeOp::HasMount { mount, .. }, Step::CheckMount) => Io::IsMountPoint {
+                path: mount.source.clone(),
+            },
+            (op, step) => unreachable!("step {step:?} for {op:?}"),
+        };
+        let op = ops.allocate();
+        if let Some(job) = self.running.get_mut(key) {
+            job.pending = Some(op);
+            job.tries += 1;
+        }
+        self.actions.push(VolumeAction::Io { op, io });
+    }
+
+    pub fn owns(&self, op: OpId) -> bool {
+        self.running.values().any(|job| job.pending == Some(op))
+    }
+
+    pub fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome, ops: &mut OpIds) -> bool {
+        let Some(key) = self
+            .running
+            .iter()
+            .find(|(_, job)| job.pending == Some(op))
+            .map(|(key, _)| key.clone())
+        else {
+            return false;
+        };
+        let job = self.running.get_mut(&key).expect("found");
+        job.pending = None;
+        if job.step == Step::CheckMount {
+            let job = self.running.remove(&key).expect("found");
+            let outcome = match outcome {
+                Ok(Reply::Bool(mounted)) => Ok(Reply::Bool(mounted)),
+                Ok(_) => Ok(Reply::Bool(false)),
+                Err(error) => Err(error),
+            };
+            self.actions.push(VolumeAction::Reply {
+                request: job.request,
+                outcome,
+            });
+            self.start_queued(now, ops);
+            return true;
+        }
+        let is_rpc = matches!(job.step, Step::Stage | Step::Publish | Step::Unpublish | Step::Unstage);
+        if let Err(error) = &outcome
+            && is_rpc
+            && error.is_retryable()
+            && job.tries < MAX_TRIES
+        {
+            job.retry_at = Some(now + RETRY_BASE * (1 << (job.tries - 1)));
+            return true;
+        }
+        let next = match (&job.step, outcome) {
+            (Step::MkdirStaging, Ok(_)) => Ok(Some(Step::CheckStaged)),
+            (Step::CheckStaged, Ok(Reply::Bool(true))) => Ok(Some(Step::MkdirTarget)),
+            (Step::CheckStaged, Ok(_)) => Ok(Some(Step::Stage)),
+            (Step::Stage, Ok(_)) => Ok(Some(Step::MkdirTarget)),
+            (Step::MkdirTarget, Ok(_)) => Ok(Some(Step::CheckPublished)),
+            (Step::CheckPublished, Ok(Reply::Bool(true))) => Ok(None),
+            (Step::CheckPublished, Ok(_)) => Ok(Some(Step::Publish)),
+            (Step::Publish, Ok(_)) => Ok(None),
+            (Step::Unpublish, Ok(_)) => Ok(Some(Step::Unstage)),
+            (Step::Unpublish, Err(error)) => {
+                job.unpublish_error = Some(error);
+                Ok(Some(Step::RmdirTarget))
+            }
+            // The target is gone: nothing is mounted there, the unpublish error is moot.
+            (Step::RmdirTarget, Ok(_)) => Ok(Some(Step::Unstage)),
+            (Step::RmdirTarget, Err(error)) if error.kind == ErrorKind::NotFound => Ok(Some(Step::Unstage)),
+            (Step::RmdirTarget, Err(_)) => Err(job.unpublish_error.clone().expect("set before rmdir")),
+            (Step::Unstage, Ok(_)) => Ok(None),
+            (Step::CheckMount, Ok(_)) => Ok(None),
+            (_, Err(error)) => Err(error),
+        };
+        self.advance(now, &key, next, ops);
+        true
+    }
+
+    fn advance(&mut self, now: Instant, key: &VolumeKey, next: Result<Option<Step>, IoError>, ops: &mut OpIds) {
+        let mut next = next;
+        // Unstage only when the plugin stages and no other allocation uses the staged volume.
+        if let Ok(Some(Step::Unstage)) = next {
+            let job = &self.running[key];
+            if let VolumeOp::Unmount {
+                namespace,
+                volume_id,
+                alloc_id,
+                usage,
+                ..
+            } = &job.op
+            {
+                let usage_key = (namespace.clone(), volume_id.clone(), usage.to_fs());
+                if let Some(users) = self.usage.get_mut(&usage_key) {
+                    users.remove(alloc_id);
+                    if users.is_empty() {
+                        self.usage.remove(&usage_key);
+                    }
+                }
+                if !self.plugin.requires_stage || self.usage.contains_key(&usage_key) {
+                    next = Ok(None);
+                }
+            }
+        }
+        match next {
+            Ok(Some(step)) => {
+                if let Some(job) = self.running.get_mut(key) {
+                    job.step = step;
+                    job.tries = 0;
+                }
+                self.issue(now, key, ops);
+            }
+            Ok(None) => self.finish(now, key, Ok(()), ops),
+            Err(error) => self.finish(now, key, Err(error), ops),
+        }
+    }
+
+    fn finish(&mut self, now: Instant, key: &VolumeKey, result: Result<(), IoError>, ops: &mut OpIds) {
+        let job = self.running.remove(key).expect("running");
+        let outcome = match (&job.op, result) {
+            (
+                VolumeOp::Mount {
+                    volume,
+                    alloc_id,
+                    usage,
+                    ..
+                },
+                result,
+            ) => {
+                let mut details = BTreeMap::new();
+                details.insert("volume_id".to_string(), volume.id.clone());
+                details.insert("success".to_string(), result.is_ok().to_string());
+                if let Err(error) = &result {
+                    details.insert("error".to_string(), error.message.clone());
+                    // A failed mount leaves no usage behind.
+                    let usage_key = (volume.namespace.clone(), volume.id.clone(), usage.to_fs());
+                    if let Some(users) = self.usage.get_mut(&usage_key) {
+                        users.remove(alloc_id);
+                        if users.is_empty() {
+                            self.usage.remove(&usage_key);
+                        }
+                    }
+                }
+                self.node_event("Mount volume", details);
+                result.map(|()| {
+                    Reply::Mounted(MountInfo {
+                        source: paths::join(
+                            &self.plugin.mount_root,
+                            &paths::target_suffix(alloc_id, &volume.id, &usage.to_fs()),
+                        ),
+                        is_device: usage.attachment_mode == AttachmentMode::BlockDevice,
+                    })
+                })
+            }
+            (VolumeOp::Unmount { volume_id, .. }, result) => {
+                let mut details = BTreeMap::new();
+                details.insert("volume_id".to_string(), volume_id.clone());
+                details.insert("success".to_string(), result.is_ok().to_string());
+                if let Err(error) = &result {
+                    details.insert("error".to_string(), error.message.clone());
+                }
+                self.node_event("Unmount volume", details);
+                result.map(|()| Reply::Unit)
+            }
+            (VolumeOp::HasMount { .. }, result) => result.map(|()| Reply::Bool(false)),
+        };
+        self.actions.push(VolumeAction::Reply {
+            request: job.request,
+            outcome,
+        });
+        self.start_queued(now, ops);
+    }
+
+    fn node_event(&mut self, message: &str, details: BTreeMap<String, String>) {
+        self.actions.push(VolumeAction::NodeEvent(ClientNodeEvent {
+            subsystem: "Storage".into(),
+            message: message.into(),
+            details,
+        }));
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {
+        let due: Vec<VolumeKey> = self
+            .running
+            .iter()
+            .filter(|(_, job)| job.retry_at.is_some_and(|at| now >= at))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in due {
+            if let Some(job) = self.running.get_mut(&key) {
+                job.retry_at = None;
+            }
+            self.issue(now, &key, ops);
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.running.values().filter_map(|job| job.retry_at).min()
+    }
+
+    pub fn poll_action(&mut self) -> Option<VolumeAction> {
+        if self.actions.is_empty() {
+            None
+        } else {
+            Some(self.actions.remove(0))
+        }
+    }
+}
+
+fn capability(usage: &UsageOptions) -> VolumeCapability {
+    VolumeCapability {
+        access_mode: usage.access_mode,
+        attachment_mode: usage.attachment_mode,
+        mount_options: CsiMountOptions {
+            fs_type: usage.fs_type.clone(),
+            mount_flags: usage.mount_flags.clone(),
+        },
+    }
+}
+
+/// Ids become path components; check them before they do.
+fn validate(op: &VolumeOp) -> Result<(), String> {
+    match op {
+        VolumeOp::Mount { volume, alloc_id, .. } => {
+            check_component("volume ID", &volume.id)?;
+            check_component("volume namespace", &volume.namespace)?;
+            check_component("allocation ID", alloc_id)
+        }
+        VolumeOp::Unmount {
+            namespace,
+            volume_id,
+            alloc_id,
+            ..
+        } => {
+            check_component("volume ID", volume_id)?;
+            check_component("volume namespace", namespace)?;
+            check_component("allocation ID", alloc_id)
+        }
+        VolumeOp::HasMount { .. } => Ok(()),
+    }
+}
