@@ -8,6 +8,8 @@
 //! served it.
 
 pub mod alloc_runner;
+#[allow(clippy::module_inception)]
+pub mod client;
 pub mod hooks;
 pub mod paths;
 pub mod plugin_supervisor;

@@ -115,6 +115,11 @@ impl VolumeManager {
         }
     }
 
+    /// The plugin was re-registered (a new plugin alloc, a new socket); usage is kept.
+    pub fn set_plugin(&mut self, plugin: PluginMounts) {
+        self.plugin = plugin;
+    }
+
     pub fn plugin(&self) -> &PluginMounts {
         &self.plugin
     }

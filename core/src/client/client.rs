@@ -1,0 +1,880 @@
+//! The client half of an agent: one alloc runner per allocation the servers placed here, the
+//! dynamic plugin registry, one CSI instance manager per registered plugin (fingerprinting at
+//! once and every 30 s), one volume manager per node plugin, and the server-contact gate.
+//!
+//! It routes every outcome back by operation id, answers volume requests of alloc runners with
+//! the right volume manager (waiting up to a minute for the node plugin to appear), serves the
+//! servers' `ClientCSI.NodeDetachVolume` through the same volume manager (so unmounts stay
+//! serialised per volume), and tells the servers about allocation status and CSI fingerprints
+//! through the one narrow RPC interface.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::boxed::Box;
+use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use core::time::Duration;
+
+use crate::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
+use crate::client::paths::ClientPaths;
+use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
+use crate::client::task_runner::{LocalTaskState, TaskAction, TaskState};
+use crate::client::volume_hook::HostVolumeConfig;
+use crate::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
+use crate::client::{
+    ClientNodeEvent, CsiCall, CsiReply, DriverCapabilities, ExitResult, Io, IoError, Outcome, Reply, TaskEvent,
+    UsageOptions, VolumeOp,
+};
+use crate::csi::unpublish::NodeDetachRequest;
+use crate::op::{OpId, OpIds};
+use crate::rpc::ServerRequest;
+use crate::structs::{Allocation, ClientStatus, CsiControllerInfo, CsiInfo, CsiNodeInfo, Job};
+use crate::time::Instant;
+
+/// Fingerprint every plugin this often (`managerFingerprintInterval`).
+pub const FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
+pub const FINGERPRINT_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a volume request waits for its node plugin (`WaitForPlugin`, 1 min cap).
+pub const PLUGIN_WAIT: Duration = Duration::from_secs(60);
+/// Deadline for one server RPC made for the client's own bookkeeping.
+pub const SERVER_RPC_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientSettings {
+    pub node_id: String,
+    pub paths: ClientPaths,
+    pub host_volumes: BTreeMap<String, HostVolumeConfig>,
+    pub seed: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientInput {
+    /// The allocations the servers placed on this node, with their jobs (a successful sync).
+    Allocs {
+        allocs: Vec<(Allocation, Job)>,
+    },
+    Outcome {
+        op: OpId,
+        outcome: Outcome,
+    },
+    TaskExited {
+        alloc_id: String,
+        task: String,
+        exit: ExitResult,
+    },
+    /// A task driver was fingerprinted (`None`: not detected or unhealthy).
+    Driver {
+        name: String,
+        capabilities: Option<DriverCapabilities>,
+    },
+    /// `ClientCSI.NodeDetachVolume` from a server; answered with `ClientAction::NodeDetached`.
+    NodeDetach {
+        req: u64,
+        request: NodeDetachRequest,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClientAction {
+    Io {
+        op: OpId,
+        io: Io,
+    },
+    PersistAlloc {
+        alloc_id: String,
+        state: Box<LocalAllocState>,
+    },
+    PersistTask {
+        alloc_id: String,
+        task: String,
+        state: Box<LocalTaskState>,
+    },
+    PersistRegistry(Box<Registry>),
+    TaskEvent {
+        alloc_id: String,
+        task: String,
+        event: TaskEvent,
+    },
+    NodeEvent(ClientNodeEvent),
+    /// A hook passed a lifecycle point (traces; the hook-order invariant).
+    Hook {
+        alloc_id: String,
+        hook: &'static str,
+        phase: &'static str,
+        result: Result<(), String>,
+    },
+    NodeDetached {
+        req: u64,
+        result: Result<(), String>,
+    },
+}
+
+/// Who is waiting for an op's outcome.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Route {
+    Alloc(String),
+    Volume(String),
+    Instance(PluginKind, String),
+    /// Bookkeeping RPCs whose answers only matter for retries (status, fingerprints).
+    Ignore,
+}
+
+/// Who asked a volume manager.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum VolumeRequester {
+    Alloc(String),
+    NodeDetach(u64),
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum FingerprintStep {
+    Capabilities,
+    NodeInfo,
+    Probe,
+    ServiceCapabilities,
+}
+
+#[derive(Clone, Debug)]
+struct Instance {
+    info: PluginInfo,
+    step: Option<FingerprintStep>,
+    pending: Option<(OpId, Instant)>,
+    next_at: Option<Instant>,
+    /// Basic facts, cached after the first success.
+    basic: Option<(bool, bool)>,
+    node_info: Option<CsiNodeInfo>,
+    healthy: bool,
+    error: Option<String>,
+    controller: Option<CsiControllerInfo>,
+}
+
+#[derive(Debug)]
+pub struct Client {
+    settings: ClientSettings,
+    ops: OpIds,
+    allocs: BTreeMap<String, AllocRunner>,
+    registry: Registry,
+    instances: BTreeMap<(PluginKind, String), Instance>,
+    volumes: BTreeMap<String, VolumeManager>,
+    drivers: BTreeMap<String, DriverCapabilities>,
+    servers_contacted: bool,
+    routes: BTreeMap<OpId, Route>,
+    requesters: BTreeMap<OpId, VolumeRequester>,
+    /// Volume requests waiting for their node plugin: (request, plugin, op, give up at).
+    waiting: Vec<(OpId, String, VolumeOp, Instant)>,
+    node_controllers: BTreeMap<String, CsiInfo>,
+    node_plugins: BTreeMap<String, CsiInfo>,
+    statuses: BTreeMap<String, ClientStatus>,
+    actions: VecDeque<ClientAction>,
+}
+
+impl Client {
+    pub fn new(settings: ClientSettings) -> Self {
+        Client {
+            settings,
+            ops: OpIds::default(),
+            allocs: BTreeMap::new(),
+            registry: Registry::default(),
+            instances: BTreeMap::new(),
+            volumes: BTreeMap::new(),
+            drivers: BTreeMap::new(),
+            servers_contacted: false,
+            routes: BTreeMap::new(),
+            requesters: BTreeMap::new(),
+            waiting: Vec::new(),
+            node_controllers: BTreeMap::new(),
+            node_plugins: BTreeMap::new(),
+            statuses: BTreeMap::new(),
+            actions: VecDeque::new(),
+        }
+    }
+
+    /// Rebuilds the client from what it persisted before an agent restart: the registry (so
+    /// volumes can be unmounted) and every allocation's runner state.
+    pub fn restore(
+        &mut self,
+        now: Instant,
+        registry: Registry,
+        allocs: Vec<(Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>)>,
+    ) {
+        for info in [PluginKind::CsiController, PluginKind::CsiNode]
+            .into_iter()
+            .flat_map(|kind| registry.list(kind).into_iter().cloned().collect::<Vec<_>>())
+        {
+            self.registry.register(info).ok();
+        }
+        self.drain_registry(now);
+        for (alloc, job, local, tasks) in allocs {
+            let Some(spec) = self.spec(&alloc, &job) else { continue };
+            let mut runner = AllocRunner::restore(spec, local, tasks, self.servers_contacted);
+            runner.run(now, &mut self.ops);
+            self.allocs.insert(alloc.id.clone(), runner);
+            self.collect(now, &alloc.id);
+        }
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    pub fn alloc(&self, id: &str) -> Option<&AllocRunner> {
+        self.allocs.get(id)
+    }
+
+    pub fn allocs(&self) -> impl Iterator<Item = &AllocRunner> {
+        self.allocs.values()
+    }
+
+    pub fn servers_contacted(&self) -> bool {
+        self.servers_contacted
+    }
+
+    /// The socket of the newest registration of a controller plugin (for `ClientCSI`
+    /// controller calls, which need no client-side state).
+    pub fn controller_socket(&self, plugin_id: &str) -> Option<&str> {
+        self.registry
+            .get(PluginKind::CsiController, plugin_id)
+            .map(|info| info.socket_path.as_str())
+    }
+
+    pub fn node_csi(&self) -> (&BTreeMap<String, CsiInfo>, &BTreeMap<String, CsiInfo>) {
+        (&self.node_controllers, &self.node_plugins)
+    }
+
+    fn spec(&self, alloc: &Allocation, job: &Job) -> Option<AllocSpec> {
+        let group = job
+            .task_groups
+            .iter()
+            .find(|group| group.name == alloc.task_group)?
+            .clone();
+        Some(AllocSpec {
+            alloc: alloc.clone(),
+            job_type: job.job_type,
+            group,
+            node_id: self.settings.node_id.clone(),
+            paths: self.settings.paths.clone(),
+            host_volumes: self.settings.host_volumes.clone(),
+            drivers: self.drivers.clone(),
+            seed: self.settings.seed ^ fnv(&alloc.id),
+        })
+    }
+
+    pub fn handle(&mut self, now: Instant, input: ClientInput) {
+        match input {
+            ClientInput::Allocs { allocs } => self.sync_allocs(now, allocs),
+            ClientInput::Outcome { op, outcome } => self.outcome(now, op, outcome),
+            ClientInput::TaskExited { alloc_id, task, exit } => {
+                if let Some(runner) = self.allocs.get_mut(&alloc_id) {
+                    runner.task_exited(now, &task, exit, &mut self.ops);
+                    self.collect(now, &alloc_id);
+                }
+            }
+            ClientInput::Driver { name, capabilities } => match capabilities {
+                Some(capabilities) => {
+                    self.drivers.insert(name, capabilities);
+                }
+                None => {
+                    self.drivers.remove(&name);
+                }
+            },
+            ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
+        }
+    }
+
+    fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Job)>) {
+        let first = !self.servers_contacted;
+        self.servers_contacted = true;
+        let mut terminal = BTreeSet::new();
+        for (alloc, job) in &allocs {
+            if alloc.client_terminal() || alloc.server_terminal() {
+                terminal.insert(alloc.id.clone());
+            }
+            match self.allocs.get_mut(&alloc.id) {
+                Some(runner) => {
+                    if alloc.server_terminal() {
+                        runner.stop(now, &mut self.ops);
+                    }
+                }
+                None => {
+                    if alloc.server_terminal() || alloc.client_terminal() {
+                        continue;
+                    }
+                    let Some(spec) = self.spec(alloc, job) else { continue };
+                    let mut runner = AllocRunner::new(spec);
+                    runner.run(now, &mut self.ops);
+                    self.allocs.insert(alloc.id.clone(), runner);
+                }
+            }
+        }
+        // Allocations the servers no longer list here are stopped.
+        let listed: BTreeSet<&String> = allocs.iter().map(|(alloc, _)| &alloc.id).collect();
+        let gone: Vec<String> = self.allocs.keys().filter(|id| !listed.contains(id)).cloned().collect();
+        for id in gone {
+            if let Some(runner) = self.allocs.get_mut(&id) {
+                runner.stop(now, &mut self.ops);
+            }
+        }
+        // Local runners that finished count as terminal for their replacements.
+        terminal.extend(
+            self.allocs
+                .values()
+                .filter(|runner| runner.is_done())
+                .map(|runner| runner.alloc_id().to_string()),
+        );
+        let ids: Vec<String> = self.allocs.keys().cloned().collect();
+        for id in ids {
+            let runner = self.allocs.get_mut(&id).expect("listed");
+            if first {
+                runner.servers_contacted(now, &mut self.ops);
+            }
+            runner.allocs_terminal(now, &terminal, &mut self.ops);
+            self.collect(now, &id);
+        }
+    }
+
+    fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
+        match self.routes.remove(&op) {
+            Some(Route::Alloc(id)) => {
+                if let Some(runner) = self.allocs.get_mut(&id) {
+                    runner.outcome(now, op, outcome, &mut self.ops);
+                    self.collect(now, &id);
+                }
+            }
+            Some(Route::Volume(plugin)) => {
+                if let Some(manager) = self.volumes.get_mut(&plugin) {
+                    manager.outcome(now, op, outcome, &mut self.ops);
+                    self.collect_volume(now, &plugin);
+                }
+            }
+            Some(Route::Instance(kind, name)) => self.fingerprint_outcome(now, kind, &name, op, outcome),
+            Some(Route::Ignore) | None => {}
+        }
+    }
+
+    // --- routing --------------------------------------------------------------------------
+
+    /// Drains an alloc runner's actions: I/O to the driver (or to a volume manager), records
+    /// to persist, registry changes, events, and status changes to report.
+    fn collect(&mut self, now: Instant, alloc_id: &str) {
+        loop {
+            let Some(runner) = self.allocs.get_mut(alloc_id) else {
+                return;
+            };
+            let Some(action) = runner.poll_action() else { break };
+            match action {
+                AllocAction::Io { op, io } => self.dispatch(now, op, io, Route::Alloc(alloc_id.to_string())),
+                AllocAction::Persist(state) => self.actions.push_back(ClientAction::PersistAlloc {
+                    alloc_id: alloc_id.to_string(),
+                    state,
+                }),
+                AllocAction::Hook { hook, phase, result } => self.actions.push_back(ClientAction::Hook {
+                    alloc_id: alloc_id.to_string(),
+                    hook,
+                    phase,
+                    result,
+                }),
+                AllocAction::Status(status) => {
+                    self.statuses.insert(alloc_id.to_string(), status);
+                    let op = self.ops.allocate();
+                    self.routes.insert(op, Route::Ignore);
+                    self.actions.push_back(ClientAction::Io {
+                        op,
+                        io: Io::Server(ServerRequest::AllocClientUpdate {
+                            alloc_id: alloc_id.to_string(),
+                            client_status: status,
+                        }),
+                    });
+                }
+                AllocAction::Task { task, action } => match action {
+                    TaskAction::Io { op, io } => self.dispatch(now, op, io, Route::Alloc(alloc_id.to_string())),
+                    TaskAction::Persist(state) => self.actions.push_back(ClientAction::PersistTask {
+                        alloc_id: alloc_id.to_string(),
+                        task,
+                        state,
+                    }),
+                    TaskAction::Event(event) => self.actions.push_back(ClientAction::TaskEvent {
+                        alloc_id: alloc_id.to_string(),
+                        task,
+                        event,
+                    }),
+                    TaskAction::Register(info) => {
+                        if self.registry.register(info).unwrap_or(false) {
+                            self.persist_registry();
+                        }
+                        self.drain_registry(now);
+                    }
+                    TaskAction::Deregister { kind, name, alloc_id } => {
+                        if self.registry.deregister(kind, &name, &alloc_id) {
+                            self.persist_registry();
+                        }
+                        self.drain_registry(now);
+                    }
+                },
+            }
+        }
+    }
+
+    fn dispatch(&mut self, now: Instant, op: OpId, io: Io, route: Route) {
+        match io {
+            Io::Volume(volume_op) => {
+                let requester = match &route {
+                    Route::Alloc(id) => VolumeRequester::Alloc(id.clone()),
+                    _ => return,
+                };
+                self.requesters.insert(op, requester);
+                let plugin = match &volume_op {
+                    VolumeOp::Mount { plugin_id, .. }
+                    | VolumeOp::Unmount { plugin_id, .. }
+                    | VolumeOp::HasMount { plugin_id, .. } => plugin_id.clone(),
+                };
+                self.submit_volume(now, op, plugin, volume_op);
+            }
+            io => {
+                self.routes.insert(op, route);
+                self.actions.push_back(ClientAction::Io { op, io });
+            }
+        }
+    }
+
+    fn submit_volume(&mut self, now: Instant, request: OpId, plugin: String, op: VolumeOp) {
+        match self.volumes.get_mut(&plugin) {
+            Some(manager) => {
+                manager.submit(now, request, op, &mut self.ops);
+                self.collect_volume(now, &plugin);
+            }
+            None => self.waiting.push((request, plugin, op, now + PLUGIN_WAIT)),
+        }
+    }
+
+    fn collect_volume(&mut self, now: Instant, plugin: &str) {
+        loop {
+            let Some(manager) = self.volumes.get_mut(plugin) else {
+                return;
+            };
+            let Some(action) = manager.poll_action() else { return };
+            match action {
+                VolumeAction::Io { op, io } => {
+                    self.routes.insert(op, Route::Volume(plugin.to_string()));
+                    self.actions.push_back(ClientAction::Io { op, io });
+                }
+                VolumeAction::NodeEvent(event) => self.actions.push_back(ClientAction::NodeEvent(event)),
+                VolumeAction::Reply { request, outcome } => self.volume_reply(now, request, outcome),
+            }
+        }
+    }
+
+    fn volume_reply(&mut self, now: Instant, request: OpId, outcome: Outcome) {
+        match self.requesters.remove(&request) {
+            Some(VolumeRequester::Alloc(id)) => {
+                if let Some(runner) = self.allocs.get_mut(&id) {
+                    runner.outcome(now, request, outcome, &mut self.ops);
+                    self.collect(now, &id);
+                }
+            }
+            Some(VolumeRequester::NodeDetach(req)) => {
+                self.actions.push_back(ClientAction::NodeDetached {
+                    req,
+                    result: outcome.map(|_| ()).map_err(|error| error.message),
+                });
+            }
+            None => {}
+        }
+    }
+
+    fn node_detach(&mut self, now: Instant, req: u64, request: NodeDetachRequest) {
+        let op = self.ops.allocate();
+        self.requesters.insert(op, VolumeRequester::NodeDetach(req));
+        // The alloc may be long gone: the usage directory names only modes.
+        let usage = self
+            .allocs
+            .get(&request.alloc_id)
+            .and_then(|runner| {
+                runner
+                    .local()
+                    .csi_stubs
+                    .values()
+                    .find(|stub| stub.volume_id == request.volume_id && stub.namespace == request.volume_namespace)
+                    .map(|stub| stub.usage.clone())
+            })
+            .unwrap_or(UsageOptions {
+                read_only: request.read_only,
+                attachment_mode: request.attachment_mode,
+                access_mode: request.access_mode,
+                fs_type: String::new(),
+                mount_flags: Vec::new(),
+            });
+        let remote_id = if request.external_id.is_empty() {
+            request.volume_id.clone()
+        } else {
+            request.external_id.clone()
+        };
+        let volume_op = VolumeOp::Unmount {
+            plugin_id: request.plugin_id.clone(),
+            namespace: request.volume_namespace.clone(),
+            volume_id: request.volume_id.clone(),
+            remote_id,
+            alloc_id: request.alloc_id.clone(),
+            usage,
+        };
+        self.submit_volume(now, op, request.plugin_id, volume_op);
+    }
+
+    // --- plugins --------------------------------------------------------------------------
+
+    fn persist_registry(&mut self) {
+        self.actions
+            .push_back(ClientAction::PersistRegistry(Box::new(self.registry.clone())));
+    }
+
+    /// Starts, replaces or stops instance managers as registrations come and go.
+    fn drain_registry(&mut self, now: Instant) {
+        while let Some(event) = self.registry.poll_update() {
+            let (kind, name) = match &event {
+                RegistryEvent::Registered(info) | RegistryEvent::Deregistered(info) => (info.kind, info.name.clone()),
+            };
+            match self.registry.get(kind, &name).cloned() {
+                Some(info) => {
+                    let replace = self
+                        .instances
+                        .get(&(kind, name.clone()))
+                        .is_none_or(|instance| instance.info.alloc_id != info.alloc_id);
+                    if replace {
+                        self.instances.insert(
+                            (kind, name.clone()),
+                            Instance {
+                                info,
+                                step: None,
+                                pending: None,
+                                next_at: Some(now),
+                                basic: None,
+                                node_info: None,
+                                healthy: false,
+                                error: None,
+                                controller: None,
+                            },
+                        );
+                        self.start_fingerprint(now, kind, &name);
+                    }
+                }
+                None => {
+                    self.instances.remove(&(kind, name.clone()));
+                    let map = match kind {
+                        PluginKind::CsiController => &mut self.node_controllers,
+                        PluginKind::CsiNode => &mut self.node_plugins,
+                    };
+                    if map.remove(&name).is_some() {
+                        self.push_csi_info();
+                    }
+                }
+            }
+        }
+    }
+
+    fn start_fingerprint(&mut self, now: Instant, kind: PluginKind, name: &str) {
+        let Some(instance) = self.instances.get_mut(&(kind, name.to_string())) else {
+            return;
+        };
+        if instance.pending.is_some() {
+            return;
+        }
+        instance.next_at = None;
+        instance.step = Some(if instance.basic.is_none() {
+            FingerprintStep::Capabilities
+        } else {
+            FingerprintStep::Probe
+        });
+        self.fingerprint_call(now, kind, name);
+    }
+
+    fn fingerprint_call(&mut self, now: Instant, kind: PluginKind, name: &str) {
+        let Some(instance) = self.instances.get_mut(&(kind, name.to_string())) else {
+            return;
+        };
+        let call = match instance.step {
+            Some(FingerprintStep::Capabilities) => CsiCall::GetPluginCapabilities,
+            Some(FingerprintStep::NodeInfo) => CsiCall::NodeGetInfo,
+            Some(FingerprintStep::Probe) => CsiCall::Probe,
+            Some(FingerprintStep::ServiceCapabilities) => match kind {
+                PluginKind::CsiController => CsiCall::ControllerGetCapabilities,
+                PluginKind::CsiNode => CsiCall::NodeGetCapabilities,
+            },
+            None => return,
+        };
+        let op = self.ops.allocate();
+        instance.pending = Some((op, now + FINGERPRINT_TIMEOUT));
+        let socket = instance.info.socket_path.clone();
+        self.routes.insert(op, Route::Instance(kind, name.to_string()));
+        self.actions.push_back(ClientAction::Io {
+            op,
+            io: Io::Csi { socket, call },
+        });
+    }
+
+    fn fingerprint_outcome(&mut self, now: Instant, kind: PluginKind, name: &str, op: OpId, outcome: Outcome) {
+        let Some(instance) = self.instances.get_mut(&(kind, name.to_string())) else {
+            return;
+        };
+        if instance.pending.map(|(pending, _)| pending) != Some(op) {
+            return;
+        }
+        instance.pending = None;
+        let step = instance.step.clone();
+        let next = match (step, outcome) {
+            (
+                Some(FingerprintStep::Capabilities),
+                Ok(Reply::Csi(CsiReply::PluginCapabilities {
+                    controller_service,
+                    accessibility_constraints,
+                })),
+            ) => {
+                instance.basic = Some((controller_service, accessibility_constraints));
+                Ok(match kind {
+                    PluginKind::CsiNode => FingerprintStep::NodeInfo,
+                    PluginKind::CsiController => FingerprintStep::Probe,
+                })
+            }
+            (
+                Some(FingerprintStep::NodeInfo),
+                Ok(Reply::Csi(CsiReply::NodeInfo {
+                    node_id,
+                    max_volumes,
+                    topology,
+                })),
+            ) => {
+                instance.node_info = Some(CsiNodeInfo {
+                    id: node_id,
+                    // 0 means unlimited (#7583).
+                    max_volumes: if max_volumes == 0 { i64::MAX as u64 } else { max_volumes },
+                    accessible_topology: topology,
+                    ..CsiNodeInfo::default()
+                });
+                Ok(FingerprintStep::Probe)
+            }
+            (Some(FingerprintStep::Probe), Ok(Reply::Csi(CsiReply::Probe { ready }))) => {
+                instance.healthy = ready;
+                Ok(FingerprintStep::ServiceCapabilities)
+            }
+            (Some(FingerprintStep::ServiceCapabilities), Ok(Reply::Csi(CsiReply::ControllerCapabilities(info)))) => {
+                instance.controller = Some(info);
+                Err(None)
+            }
+            (
+                Some(FingerprintStep::ServiceCapabilities),
+                Ok(Reply::Csi(CsiReply::NodeCapabilities {
+                    stage_unstage,
+                    stats,
+                    expand,
+                    condition,
+                })),
+            ) => {
+                if let Some(node) = &mut instance.node_info {
+                    node.requires_node_stage_volume = stage_unstage;
+                    node.supports_stats = stats;
+                    node.supports_expand = expand;
+                    node.supports_condition = condition;
+                }
+                Err(None)
+            }
+            (step, other) => {
+                let message = match other {
+                    Err(error) => error.message,
+                    Ok(reply) => format!("unexpected reply {reply:?}"),
+                };
+                instance.healthy = false;
+                if matches!(step, Some(FingerprintStep::Capabilities | FingerprintStep::NodeInfo)) {
+                    instance.basic = None;
+                    Err(Some(format!("failed initial fingerprint with err: {message}")))
+                } else {
+                    Err(Some(message))
+                }
+            }
+        };
+        match next {
+            Ok(step) => {
+                instance.step = Some(step);
+                self.fingerprint_call(now, kind, name);
+            }
+            Err(error) => {
+                instance.step = None;
+                instance.error = error;
+                instance.next_at = Some(now + FINGERPRINT_INTERVAL);
+                self.fingerprinted(now, kind, name);
+            }
+        }
+    }
+
+    /// A fingerprint round finished: update the node's CSI info, create the node plugin's
+    /// volume manager after its first success, and tell the servers about changes.
+    fn fingerprinted(&mut self, now: Instant, kind: PluginKind, name: &str) {
+        let Some(instance) = self.instances.get(&(kind, name.to_string())) else {
+            return;
+        };
+        let healthy = instance.healthy && instance.error.is_none();
+        let (controller_required, topologies) = instance.basic.unwrap_or_default();
+        let info = CsiInfo {
+            plugin_id: name.to_string(),
+            alloc_id: instance.info.alloc_id.clone(),
+            healthy,
+            health_description: match &instance.error {
+                Some(error) => error.clone(),
+                None if healthy => "healthy".into(),
+                None => "unhealthy".into(),
+            },
+            update_time_ms: 0,
+            provider: instance.info.provider.clone(),
+            provider_version: instance.info.version.clone(),
+            requires_controller_plugin: controller_required,
+            requires_topologies: topologies,
+            controller_info: (kind == PluginKind::CsiController)
+                .then(|| instance.controller.clone().unwrap_or_default()),
+            node_info: (kind == PluginKind::CsiNode).then(|| instance.node_info.clone().unwrap_or_default()),
+        };
+        if kind == PluginKind::CsiNode
+            && healthy
+            && let Some(node) = &instance.node_info
+        {
+            let mounts = PluginMounts {
+                plugin_id: name.to_string(),
+                socket: instance.info.socket_path.clone(),
+                mount_root: instance.info.mount_point.clone(),
+                container_mount_point: instance.info.container_mount_point.clone(),
+                requires_stage: node.requires_node_stage_volume,
+            };
+            match self.volumes.get_mut(name) {
+                Some(manager) => manager.set_plugin(mounts),
+                None => {
+                    self.volumes.insert(name.to_string(), VolumeManager::new(mounts));
+                }
+            }
+            // Requests that waited for this plugin go now.
+            let (ready, rest): (Vec<_>, Vec<_>) = core::mem::take(&mut self.waiting)
+                .into_iter()
+                .partition(|(_, plugin, _, _)| plugin == name);
+            self.waiting = rest;
+            for (request, plugin, op, _) in ready {
+                self.submit_volume(now, request, plugin, op);
+            }
+        }
+        let map = match kind {
+            PluginKind::CsiController => &mut self.node_controllers,
+            PluginKind::CsiNode => &mut self.node_plugins,
+        };
+        let previous = map.insert(name.to_string(), info.clone());
+        if previous.as_ref() != Some(&info) {
+            if previous.as_ref().map(|old| old.healthy) != Some(info.healthy) {
+                let mut details = BTreeMap::new();
+                details.insert("plugin".to_string(), name.to_string());
+                details.insert("type".to_string(), kind.as_str().to_string());
+                self.actions.push_back(ClientAction::NodeEvent(ClientNodeEvent {
+                    subsystem: "CSI".into(),
+                    message: info.health_description.clone(),
+                    details,
+                }));
+            }
+            self.push_csi_info();
+        }
+    }
+
+    fn push_csi_info(&mut self) {
+        let op = self.ops.allocate();
+        self.routes.insert(op, Route::Ignore);
+        self.actions.push_back(ClientAction::Io {
+            op,
+            io: Io::Server(ServerRequest::NodeUpdateCsiInfo {
+                node_id: self.settings.node_id.clone(),
+                controllers: self.node_controllers.clone(),
+                nodes: self.node_plugins.clone(),
+            }),
+        });
+    }
+
+    // --- time -----------------------------------------------------------------------------
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        // Fingerprint deadlines and rounds.
+        let keys: Vec<(PluginKind, String)> = self.instances.keys().cloned().collect();
+        for (kind, name) in keys {
+            let Some(instance) = self.instances.get(&(kind, name.clone())) else {
+                continue;
+            };
+            if let Some((op, deadline)) = instance.pending
+                && now >= deadline
+            {
+                self.routes.remove(&op);
+                self.fingerprint_outcome(
+                    now,
+                    kind,
+                    &name,
+                    op,
+                    Err(IoError::new(crate::client::ErrorKind::Timeout, "fingerprint timed out")),
+                );
+            } else if instance.pending.is_none() && instance.next_at.is_some_and(|at| now >= at) {
+                self.start_fingerprint(now, kind, &name);
+            }
+        }
+        // Volume requests whose plugin never appeared.
+        let (expired, rest): (Vec<_>, Vec<_>) = core::mem::take(&mut self.waiting)
+            .into_iter()
+            .partition(|(_, _, _, at)| now >= *at);
+        self.waiting = rest;
+        for (request, plugin, _, _) in expired {
+            self.volume_reply(
+                now,
+                request,
+                Err(IoError::new(
+                    crate::client::ErrorKind::Unavailable,
+                    format!("plugin {plugin} for type csi-node not found"),
+                )),
+            );
+        }
+        let plugins: Vec<String> = self.volumes.keys().cloned().collect();
+        for plugin in plugins {
+            if let Some(manager) = self.volumes.get_mut(&plugin) {
+                manager.handle_timeout(now, &mut self.ops);
+            }
+            self.collect_volume(now, &plugin);
+        }
+        let ids: Vec<String> = self.allocs.keys().cloned().collect();
+        for id in ids {
+            if let Some(runner) = self.allocs.get_mut(&id) {
+                runner.handle_timeout(now, &mut self.ops);
+            }
+            self.collect(now, &id);
+        }
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let instances = self
+            .instances
+            .values()
+            .filter_map(|instance| instance.pending.map(|(_, deadline)| deadline).or(instance.next_at));
+        let waiting = self.waiting.iter().map(|(_, _, _, at)| *at);
+        let volumes = self.volumes.values().filter_map(VolumeManager::poll_timeout);
+        let allocs = self.allocs.values().filter_map(AllocRunner::poll_timeout);
+        instances.chain(waiting).chain(volumes).chain(allocs).min()
+    }
+
+    pub fn poll_action(&mut self) -> Option<ClientAction> {
+        self.actions.pop_front()
+    }
+
+    /// Task states by allocation and task (for the API).
+    pub fn task_states(&self, alloc_id: &str) -> BTreeMap<String, TaskState> {
+        self.allocs
+            .get(alloc_id)
+            .map(|runner| {
+                runner
+                    .tasks()
+                    .map(|task| (task.name().to_string(), task.state().clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// A stable per-allocation seed.
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -1,0 +1,334 @@
+//! The client half end to end against a scripted world: a node plugin task registers and is
+//! fingerprinted, a consumer allocation claims, stages, publishes and runs with the bind
+//! mount, and stopping it unpublishes, unstages and releases the claim — in that order.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use drover_core::Instant;
+use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
+use drover_core::client::paths::ClientPaths;
+use drover_core::client::{
+    CsiCall, CsiReply, DriverCapabilities, ExitResult, Io, IoError, MountConfigSupport, Outcome, Reply, TaskHandle,
+};
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{
+    AccessMode, Allocation, AttachmentMode, CsiPluginType, CsiVolume, DesiredStatus, Job, JobType, Task,
+    TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
+};
+
+#[derive(Default)]
+struct World {
+    /// CSI node calls in order, as `Call volume`.
+    calls: Vec<String>,
+    server: Vec<String>,
+    mounts: BTreeSet<String>,
+    running: BTreeMap<(String, String), Vec<String>>,
+    stops: Vec<(String, String)>,
+}
+
+impl World {
+    fn answer(&mut self, io: &Io) -> Outcome {
+        Ok(match io {
+            Io::Mkdir { .. } | Io::RemoveAll { .. } | Io::Rmdir { .. } => Reply::Unit,
+            Io::IsMountPoint { path } => Reply::Bool(self.mounts.contains(path)),
+            Io::StartTask(config) => {
+                let mounts = config.mounts.iter().map(|m| m.to_string()).collect();
+                self.running
+                    .insert((config.alloc_id.clone(), config.task.clone()), mounts);
+                Reply::Started(TaskHandle {
+                    driver: config.driver.clone(),
+                    alloc_id: config.alloc_id.clone(),
+                    task: config.task.clone(),
+                    state: "pid=1".into(),
+                })
+            }
+            Io::StopTask { handle, .. } => {
+                self.stops.push((handle.alloc_id.clone(), handle.task.clone()));
+                Reply::Unit
+            }
+            Io::RecoverTask { .. } => return Err(IoError::other("gone")),
+            Io::ReserveDevices { .. } => Reply::Reserved(Default::default()),
+            Io::Csi { call, .. } => Reply::Csi(match call {
+                CsiCall::Probe => CsiReply::Probe { ready: true },
+                CsiCall::GetPluginInfo => CsiReply::PluginInfo {
+                    name: "fake.drover.dev".into(),
+                    version: "0.1.0".into(),
+                },
+                CsiCall::GetPluginCapabilities => CsiReply::PluginCapabilities {
+                    controller_service: false,
+                    accessibility_constraints: false,
+                },
+                CsiCall::NodeGetInfo => CsiReply::NodeInfo {
+                    node_id: "ext-n1".into(),
+                    max_volumes: 0,
+                    topology: None,
+                },
+                CsiCall::NodeGetCapabilities => CsiReply::NodeCapabilities {
+                    stage_unstage: true,
+                    stats: false,
+                    expand: false,
+                    condition: false,
+                },
+                CsiCall::ControllerGetCapabilities => CsiReply::ControllerCapabilities(Default::default()),
+                CsiCall::NodeStageVolume {
+                    volume_id,
+                    staging_target_path,
+                    ..
+                } => {
+                    self.calls.push(format!("NodeStageVolume {volume_id}"));
+                    self.mounts
+                        .insert(staging_target_path.replace("/local/csi", "/s/csi/node/hp"));
+                    CsiReply::Done
+                }
+                CsiCall::NodePublishVolume {
+                    volume_id, target_path, ..
+                } => {
+                    self.calls.push(format!("NodePublishVolume {volume_id}"));
+                    self.mounts.insert(target_path.replace("/local/csi", "/s/csi/node/hp"));
+                    CsiReply::Done
+                }
+                CsiCall::NodeUnpublishVolume { volume_id, target_path } => {
+                    self.calls.push(format!("NodeUnpublishVolume {volume_id}"));
+                    self.mounts.remove(&target_path.replace("/local/csi", "/s/csi/node/hp"));
+                    CsiReply::Done
+                }
+                CsiCall::NodeUnstageVolume {
+                    volume_id,
+                    staging_target_path,
+                } => {
+                    self.calls.push(format!("NodeUnstageVolume {volume_id}"));
+                    self.mounts
+                        .remove(&staging_target_path.replace("/local/csi", "/s/csi/node/hp"));
+                    CsiReply::Done
+                }
+            }),
+            Io::Server(request) => Reply::Server(match request {
+                ServerRequest::VolumeClaim { volume_id, claim, .. } => {
+                    self.server.push(format!("claim {volume_id} {}", claim.allocation_id));
+                    ServerReply::Claimed {
+                        index: 1,
+                        volume: Box::new(CsiVolume {
+                            id: volume_id.clone(),
+                            namespace: "default".into(),
+                            plugin_id: "hp".into(),
+                            access_mode: AccessMode::SingleNodeWriter,
+                            attachment_mode: AttachmentMode::FileSystem,
+                            ..CsiVolume::default()
+                        }),
+                        publish_context: BTreeMap::new(),
+                    }
+                }
+                ServerRequest::VolumeUnpublish { volume_id, claim, .. } => {
+                    self.server
+                        .push(format!("unpublish {volume_id} {}", claim.allocation_id));
+                    ServerReply::Done { index: 2 }
+                }
+                ServerRequest::NodeUpdateCsiInfo { nodes, .. } => {
+                    self.server.push(format!(
+                        "csi-info healthy={}",
+                        nodes.values().filter(|i| i.healthy).count()
+                    ));
+                    ServerReply::Done { index: 3 }
+                }
+                _ => ServerReply::Done { index: 4 },
+            }),
+            Io::Volume(_) => unreachable!("answered inside the client"),
+        })
+    }
+}
+
+/// Runs the client until it has nothing more to do right now; returns its hook events.
+fn settle(client: &mut Client, world: &mut World, now: Instant, hooks: &mut Vec<String>) {
+    while let Some(action) = client.poll_action() {
+        match action {
+            ClientAction::Io { op, io } => {
+                let outcome = world.answer(&io);
+                client.handle(now, ClientInput::Outcome { op, outcome });
+            }
+            ClientAction::Hook {
+                alloc_id, hook, phase, ..
+            } => hooks.push(format!("{alloc_id} {hook} {phase}")),
+            _ => {}
+        }
+    }
+}
+
+fn plugin_job() -> Job {
+    let mut plugin = TaskCsiPluginConfig::new("hp", CsiPluginType::Node);
+    plugin.health_timeout = Duration::from_secs(30);
+    Job {
+        id: "plugin".into(),
+        namespace: "default".into(),
+        job_type: JobType::System,
+        task_groups: vec![TaskGroup {
+            name: "nodes".into(),
+            count: 1,
+            tasks: vec![Task {
+                name: "plugin".into(),
+                driver: "raw_exec".into(),
+                csi_plugin: Some(plugin),
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
+fn app_job() -> Job {
+    let mut volumes = BTreeMap::new();
+    volumes.insert(
+        "data".to_string(),
+        VolumeRequest {
+            name: "data".into(),
+            volume_type: VolumeType::Csi,
+            source: "vol0".into(),
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            ..VolumeRequest::default()
+        },
+    );
+    Job {
+        id: "app".into(),
+        namespace: "default".into(),
+        job_type: JobType::Service,
+        task_groups: vec![TaskGroup {
+            name: "web".into(),
+            count: 1,
+            volumes,
+            tasks: vec![Task {
+                name: "web".into(),
+                driver: "exec".into(),
+                volume_mounts: vec![VolumeMount {
+                    volume: "data".into(),
+                    destination: "/data".into(),
+                    ..VolumeMount::default()
+                }],
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
+fn alloc(id: &str, job: &Job) -> Allocation {
+    Allocation {
+        id: id.into(),
+        namespace: "default".into(),
+        name: format!("{}.{}[0]", job.id, job.task_groups[0].name),
+        node_id: "n1".into(),
+        job_id: job.id.clone(),
+        task_group: job.task_groups[0].name.clone(),
+        ..Allocation::default()
+    }
+}
+
+#[test]
+fn plugin_then_consumer_then_release() {
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 9,
+    });
+    let mut world = World::default();
+    let mut hooks = Vec::new();
+    let mut now = Instant::ZERO;
+    for (name, mounts) in [
+        ("raw_exec", MountConfigSupport::None),
+        ("exec", MountConfigSupport::All),
+    ] {
+        client.handle(
+            now,
+            ClientInput::Driver {
+                name: name.into(),
+                capabilities: Some(DriverCapabilities {
+                    mount_configs: mounts,
+                    fs_isolation: name == "exec",
+                }),
+            },
+        );
+    }
+    let (plugin, app) = (plugin_job(), app_job());
+    // The consumer arrives together with the plugin: its mount waits for the plugin.
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("p1", &plugin), plugin.clone()), (alloc("a1", &app), app.clone())],
+        },
+    );
+    for _ in 0..5 {
+        settle(&mut client, &mut world, now, &mut hooks);
+        now = now + Duration::from_secs(1);
+        client.handle_timeout(now);
+    }
+    settle(&mut client, &mut world, now, &mut hooks);
+    assert!(
+        client
+            .registry()
+            .get(drover_core::client::registry::PluginKind::CsiNode, "hp")
+            .is_some()
+    );
+    assert_eq!(client.node_csi().1["hp"].node_info.as_ref().unwrap().id, "ext-n1");
+    assert_eq!(world.calls, ["NodeStageVolume vol0", "NodePublishVolume vol0"]);
+    let web = &world.running[&("a1".to_string(), "web".to_string())];
+    assert_eq!(
+        web,
+        &["/s/csi/node/hp/per-alloc/a1/vol0/rw-file-system-single-node-writer->/data(rw,private)".to_string()]
+    );
+    assert_eq!(
+        hooks
+            .iter()
+            .filter(|h| h.starts_with("a1"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [
+            "a1 alloc_dir prerun",
+            "a1 await_previous_allocations prerun",
+            "a1 csi_hook prerun"
+        ]
+    );
+
+    // The servers stop the consumer: kill, then unmount locally, then unpublish.
+    let mut stopped = alloc("a1", &app);
+    stopped.desired_status = DesiredStatus::Stop;
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("p1", &plugin), plugin.clone()), (stopped, app.clone())],
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    client.handle(
+        now,
+        ClientInput::TaskExited {
+            alloc_id: "a1".into(),
+            task: "web".into(),
+            exit: ExitResult::default(),
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    assert_eq!(
+        world.calls,
+        [
+            "NodeStageVolume vol0",
+            "NodePublishVolume vol0",
+            "NodeUnpublishVolume vol0",
+            "NodeUnstageVolume vol0"
+        ]
+    );
+    assert!(world.mounts.is_empty(), "no mount left: {:?}", world.mounts);
+    assert_eq!(
+        world
+            .server
+            .iter()
+            .filter(|s| !s.starts_with("csi-info"))
+            .cloned()
+            .collect::<Vec<_>>(),
+        ["claim vol0 a1", "unpublish vol0 a1"]
+    );
+    assert!(client.alloc("a1").unwrap().is_done());
+    assert!(hooks.contains(&"a1 csi_hook postrun".to_string()));
+}
