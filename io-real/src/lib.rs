@@ -6,6 +6,7 @@
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
 pub mod driver;
+pub mod drivers;
 pub mod io;
 pub mod raft;
 pub mod runtime;

@@ -628,13 +628,18 @@ impl TaskRunner {
             }
             TaskHook::TaskDir => {
                 let mut env = BTreeMap::new();
-                let dir = spec.paths.task_dir(&spec.alloc_id, &task.name);
-                env.insert(
-                    "NOMAD_ALLOC_DIR".into(),
-                    paths::join(&spec.paths.alloc(&spec.alloc_id), "alloc"),
-                );
-                env.insert("NOMAD_TASK_DIR".into(), paths::join(&dir, "local"));
-                env.insert("NOMAD_SECRETS_DIR".into(), paths::join(&dir, "secrets"));
+                if spec.driver.is_some_and(|caps| caps.fs_isolation) {
+                    // The task's root is its task dir; the alloc dir is bound at /alloc.
+                    env.insert("NOMAD_ALLOC_DIR".into(), "/alloc".into());
+                    env.insert("NOMAD_TASK_DIR".into(), "/local".into());
+                    env.insert("NOMAD_SECRETS_DIR".into(), "/secrets".into());
+                } else {
+                    let dir = spec.paths.task_dir(&spec.alloc_id, &task.name);
+                    let alloc_dir = paths::join(&spec.paths.alloc(&spec.alloc_id), "alloc");
+                    env.insert("NOMAD_ALLOC_DIR".into(), alloc_dir);
+                    env.insert("NOMAD_TASK_DIR".into(), paths::join(&dir, "local"));
+                    env.insert("NOMAD_SECRETS_DIR".into(), paths::join(&dir, "secrets"));
+                }
                 Ok(HookResponse {
                     env,
                     done: true,

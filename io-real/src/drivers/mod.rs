@@ -1,0 +1,80 @@
+//! Task drivers: the `TaskDriver` I/O trait the client driver executes `StartTask`,
+//! `StopTask` and `RecoverTask` with, and the built-in drivers — `raw_exec` and `exec`
+//! (real child processes, production only) and `mock` (scripted, also in the simulation).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_core::client::{DriverCapabilities, ExitResult, IoError, TaskConfig, TaskHandle};
+
+use crate::io::BoxFuture;
+
+pub mod mock;
+#[cfg(not(madsim))]
+pub mod process;
+
+/// What a driver reports about itself on this host (`DriverInfo`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DriverFingerprint {
+    pub detected: bool,
+    pub healthy: bool,
+    pub health_description: String,
+    pub attributes: BTreeMap<String, String>,
+}
+
+pub trait TaskDriver: Send + Sync + 'static {
+    fn name(&self) -> &'static str;
+
+    fn capabilities(&self) -> DriverCapabilities;
+
+    fn fingerprint(&self) -> DriverFingerprint;
+
+    /// Starts the task; the handle carries what `recover` needs after an agent restart.
+    fn start(&self, config: TaskConfig) -> BoxFuture<Result<TaskHandle, IoError>>;
+
+    /// Resolves when the task exits (the driver's task-event stream, one task at a time).
+    fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
+
+    /// Signals the task, then kills it after `kill_timeout`; resolves once it is gone.
+    fn stop(&self, handle: TaskHandle, kill_timeout: Duration) -> BoxFuture<Result<(), IoError>>;
+
+    /// Reattaches to a task started before an agent restart.
+    fn recover(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>>;
+}
+
+/// The drivers of one client, by name (the driver manager's table).
+#[derive(Clone, Default)]
+pub struct Drivers {
+    drivers: BTreeMap<String, Arc<dyn TaskDriver>>,
+}
+
+impl Drivers {
+    pub fn with(mut self, driver: Arc<dyn TaskDriver>) -> Self {
+        self.drivers.insert(driver.name().to_string(), driver);
+        self
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn TaskDriver>> {
+        self.drivers.get(name)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn TaskDriver>> {
+        self.drivers.values()
+    }
+
+    /// The built-in drivers of a production client.
+    #[cfg(not(madsim))]
+    pub fn builtin() -> Self {
+        Drivers::default()
+            .with(Arc::new(process::ProcessDriver::raw_exec()))
+            .with(Arc::new(process::ProcessDriver::exec()))
+            .with(Arc::new(mock::MockDriver::default()))
+    }
+}
+
+impl std::fmt::Debug for Drivers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.drivers.keys()).finish()
+    }
+}

@@ -1,0 +1,467 @@
+//! The process drivers. `raw_exec` runs the command as a child of the agent with no
+//! isolation (and cannot mount anything: `MountConfigs = none`). `exec` runs it in its own
+//! mount namespace, chrooted into its task dir with the host's system dirs bound read-only,
+//! the alloc dir at `/alloc`, and every volume and CSI mount bound at its destination with
+//! the requested propagation (`MountConfigs = all`); the namespace, and so every bind mount,
+//! disappears with the task. Both put the task in its own process group, send SIGINT, then
+//! SIGKILL after `kill_timeout`, and write stdout/stderr to `<log_dir>/<task>.std{out,err}.0`.
+
+use std::collections::BTreeMap;
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::client::{
+    DriverCapabilities, ErrorKind, ExitResult, IoError, MountConfigSupport, TaskConfig, TaskHandle,
+};
+use drover_core::structs::{ConfigValue, Propagation};
+use tokio::sync::watch;
+
+use super::{DriverFingerprint, TaskDriver};
+use crate::io::BoxFuture;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    RawExec,
+    Exec,
+}
+
+type Key = (String, String);
+
+#[derive(Clone)]
+struct Running {
+    pid: i32,
+    exit: watch::Receiver<Option<ExitResult>>,
+}
+
+#[derive(Clone)]
+pub struct ProcessDriver {
+    kind: Kind,
+    tasks: Arc<Mutex<BTreeMap<Key, Running>>>,
+}
+
+/// What a handle carries for reattaching: the pid and its start time (so a recycled pid is
+/// not mistaken for the task).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct HandleState {
+    pid: i32,
+    start_time: u64,
+}
+
+/// Host directories bound read-only into an `exec` task's root.
+const SYSTEM_DIRS: &[&str] = &["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/etc"];
+
+impl ProcessDriver {
+    pub fn raw_exec() -> Self {
+        ProcessDriver {
+            kind: Kind::RawExec,
+            tasks: Arc::default(),
+        }
+    }
+
+    pub fn exec() -> Self {
+        ProcessDriver {
+            kind: Kind::Exec,
+            tasks: Arc::default(),
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat).
+fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    after.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn cstring(path: &Path) -> Result<CString, IoError> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| IoError::other(format!("path {} contains NUL", path.display())))
+}
+
+/// One mount the child makes before it execs.
+struct BindMount {
+    source: CString,
+    target: CString,
+    readonly: bool,
+    propagation: libc::c_ulong,
+}
+
+fn propagation_flag(propagation: Propagation) -> libc::c_ulong {
+    match propagation {
+        Propagation::Private => libc::MS_PRIVATE,
+        Propagation::HostToTask => libc::MS_SLAVE,
+        Propagation::Bidirectional => libc::MS_SHARED,
+    }
+}
+
+fn io_error(context: &str, error: std::io::Error) -> IoError {
+    let kind = match error.kind() {
+        std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+        _ => ErrorKind::Other,
+    };
+    IoError::new(kind, format!("{context}: {error}"))
+}
+
+/// Prepares the root of an `exec` task: directories for every bind target, created by the
+/// agent before the fork (the child only mounts and chroots).
+fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoError> {
+    let root = PathBuf::from(&config.task_dir);
+    let mut binds = Vec::new();
+    let mut add = |source: &Path, task_path: &str, readonly: bool, propagation: Propagation| -> Result<(), IoError> {
+        let target = root.join(task_path.trim_start_matches('/'));
+        if source.is_dir() {
+            std::fs::create_dir_all(&target).map_err(|e| io_error(&format!("create {}", target.display()), e))?;
+        } else {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io_error(&format!("create {}", parent.display()), e))?;
+            }
+            if !target.exists() {
+                std::fs::File::create(&target).map_err(|e| io_error(&format!("create {}", target.display()), e))?;
+            }
+        }
+        binds.push(BindMount {
+            source: cstring(source)?,
+            target: cstring(&target)?,
+            readonly,
+            propagation: propagation_flag(propagation),
+        });
+        Ok(())
+    };
+    for dir in SYSTEM_DIRS {
+        let path = Path::new(dir);
+        if path.exists() {
+            add(path, dir, true, Propagation::Private)?;
+        }
+    }
+    add(Path::new("/dev"), "/dev", false, Propagation::Private)?;
+    add(Path::new("/proc"), "/proc", false, Propagation::Private)?;
+    let alloc_shared = Path::new(&config.log_dir).parent().map(Path::to_path_buf);
+    if let Some(alloc_shared) = alloc_shared {
+        add(&alloc_shared, "/alloc", false, Propagation::Private)?;
+    }
+    for mount in &config.mounts {
+        let source = Path::new(&mount.host_path);
+        if !source.exists() {
+            return Err(IoError::new(
+                ErrorKind::NotFound,
+                format!("mount source {} does not exist", mount.host_path),
+            ));
+        }
+        add(source, &mount.task_path, mount.readonly, mount.propagation)?;
+    }
+    std::fs::create_dir_all(root.join("tmp")).map_err(|e| io_error("create tmp", e))?;
+    Ok((cstring(&root)?, binds))
+}
+
+/// Runs in the forked child before exec: only syscalls on data prepared before the fork.
+fn enter_namespace(root: &CString, binds: &[BindMount]) -> std::io::Result<()> {
+    let check = |result: libc::c_int| {
+        if result == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::last_os_error())
+        }
+    };
+    let none = std::ptr::null::<libc::c_char>();
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call, or null where
+    // the syscall allows it; no allocation happens here.
+    unsafe {
+        check(libc::unshare(libc::CLONE_NEWNS))?;
+        // Receive host mounts, never send ours back.
+        check(libc::mount(
+            none,
+            c"/".as_ptr(),
+            none,
+            libc::MS_REC | libc::MS_SLAVE,
+            std::ptr::null(),
+        ))?;
+        for bind in binds {
+            check(libc::mount(
+                bind.source.as_ptr(),
+                bind.target.as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ))?;
+            if bind.readonly {
+                check(libc::mount(
+                    bind.source.as_ptr(),
+                    bind.target.as_ptr(),
+                    none,
+                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
+                    std::ptr::null(),
+                ))?;
+            }
+            check(libc::mount(
+                none,
+                bind.target.as_ptr(),
+                none,
+                bind.propagation | libc::MS_REC,
+                std::ptr::null(),
+            ))?;
+        }
+        check(libc::chroot(root.as_ptr()))?;
+        check(libc::chdir(c"/".as_ptr()))?;
+    }
+    Ok(())
+}
+
+fn exit_result(status: std::process::ExitStatus) -> ExitResult {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitResult {
+            exit_code: code,
+            ..ExitResult::default()
+        },
+        (None, Some(signal)) => ExitResult {
+            exit_code: 128 + signal,
+            signal,
+            ..ExitResult::default()
+        },
+        _ => ExitResult {
+            err: Some("unknown exit status".into()),
+            ..ExitResult::default()
+        },
+    }
+}
+
+impl ProcessDriver {
+    async fn spawn(&self, config: TaskConfig) -> Result<TaskHandle, IoError> {
+        let command = config
+            .config
+            .get("command")
+            .and_then(ConfigValue::as_str)
+            .ok_or_else(|| IoError::other(format!("{}: config is missing \"command\"", self.name())))?
+            .to_string();
+        let args = match config.config.get("args") {
+            None => Vec::new(),
+            Some(value) => value
+                .as_strings()
+                .ok_or_else(|| IoError::other(format!("{}: \"args\" must be a list of strings", self.name())))?,
+        };
+        std::fs::create_dir_all(&config.log_dir).map_err(|e| io_error("create log dir", e))?;
+        let open_log = |stream: &str| {
+            let path = Path::new(&config.log_dir).join(format!("{}.{stream}.0", config.task));
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)
+                .map_err(|e| io_error(&format!("open {}", path.display()), e))
+        };
+        let (stdout, stderr) = (open_log("stdout")?, open_log("stderr")?);
+        let mut cmd = tokio::process::Command::new(&command);
+        cmd.args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr);
+        match self.kind {
+            Kind::RawExec => {
+                std::fs::create_dir_all(&config.task_dir).map_err(|e| io_error("create task dir", e))?;
+                cmd.current_dir(&config.task_dir).envs(&config.env);
+                // SAFETY: setsid is async-signal-safe.
+                unsafe {
+                    cmd.pre_exec(|| {
+                        libc::setsid();
+                        Ok(())
+                    });
+                }
+            }
+            Kind::Exec => {
+                let (root, binds) = prepare_root(&config)?;
+                cmd.env_clear()
+                    .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
+                    .envs(&config.env);
+                // SAFETY: the closure only makes syscalls on data prepared before the fork.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        libc::setsid();
+                        enter_namespace(&root, &binds)
+                    });
+                }
+            }
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| io_error(&format!("{}: start {command}", self.name()), e))?;
+        let pid = child
+            .id()
+            .map(|pid| pid as i32)
+            .ok_or_else(|| IoError::other("child exited at once"))?;
+        let start_time = start_time(pid).unwrap_or(0);
+        let (sender, receiver) = watch::channel(None);
+        tokio::spawn(async move {
+            let exit = match child.wait().await {
+                Ok(status) => exit_result(status),
+                Err(error) => ExitResult {
+                    err: Some(error.to_string()),
+                    ..ExitResult::default()
+                },
+            };
+            let _ = sender.send(Some(exit));
+        });
+        self.tasks.lock().unwrap().insert(
+            (config.alloc_id.clone(), config.task.clone()),
+            Running { pid, exit: receiver },
+        );
+        Ok(TaskHandle {
+            driver: self.name().to_string(),
+            alloc_id: config.alloc_id,
+            task: config.task,
+            state: serde_json::to_string(&HandleState { pid, start_time }).expect("serializable"),
+        })
+    }
+
+    fn running(&self, handle: &TaskHandle) -> Option<Running> {
+        self.tasks
+            .lock()
+            .unwrap()
+            .get(&(handle.alloc_id.clone(), handle.task.clone()))
+            .cloned()
+    }
+}
+
+/// Waits for a task that is not our child (reattached after a restart): its exit status is
+/// not ours to read.
+async fn wait_foreign(pid: i32, started: u64) -> ExitResult {
+    loop {
+        if start_time(pid) != Some(started) {
+            return ExitResult {
+                err: Some("task exited while the agent was not its parent; exit status unknown".into()),
+                ..ExitResult::default()
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+impl TaskDriver for ProcessDriver {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::RawExec => "raw_exec",
+            Kind::Exec => "exec",
+        }
+    }
+
+    fn capabilities(&self) -> DriverCapabilities {
+        match self.kind {
+            Kind::RawExec => DriverCapabilities {
+                mount_configs: MountConfigSupport::None,
+                fs_isolation: false,
+            },
+            Kind::Exec => DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            },
+        }
+    }
+
+    fn fingerprint(&self) -> DriverFingerprint {
+        let mut attributes = BTreeMap::new();
+        match self.kind {
+            Kind::RawExec => {
+                attributes.insert("driver.raw_exec".to_string(), "1".to_string());
+                DriverFingerprint {
+                    detected: true,
+                    healthy: true,
+                    health_description: "Healthy".into(),
+                    attributes,
+                }
+            }
+            Kind::Exec => {
+                let root = is_root();
+                if root {
+                    attributes.insert("driver.exec".to_string(), "1".to_string());
+                }
+                DriverFingerprint {
+                    detected: root,
+                    healthy: root,
+                    health_description: if root {
+                        "Healthy".into()
+                    } else {
+                        "exec driver must run as root".into()
+                    },
+                    attributes,
+                }
+            }
+        }
+    }
+
+    fn start(&self, config: TaskConfig) -> BoxFuture<Result<TaskHandle, IoError>> {
+        let driver = self.clone();
+        Box::pin(async move { driver.spawn(config).await })
+    }
+
+    fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult> {
+        let running = self.running(&handle);
+        Box::pin(async move {
+            match running {
+                Some(Running { mut exit, .. }) => loop {
+                    if let Some(result) = exit.borrow().clone() {
+                        return result;
+                    }
+                    if exit.changed().await.is_err() {
+                        return ExitResult {
+                            err: Some("task watcher gone".into()),
+                            ..ExitResult::default()
+                        };
+                    }
+                },
+                None => match serde_json::from_str::<HandleState>(&handle.state) {
+                    Ok(state) => wait_foreign(state.pid, state.start_time).await,
+                    Err(error) => ExitResult {
+                        err: Some(format!("bad task handle: {error}")),
+                        ..ExitResult::default()
+                    },
+                },
+            }
+        })
+    }
+
+    fn stop(&self, handle: TaskHandle, kill_timeout: Duration) -> BoxFuture<Result<(), IoError>> {
+        let running = self.running(&handle);
+        let state = serde_json::from_str::<HandleState>(&handle.state).ok();
+        let driver = self.clone();
+        Box::pin(async move {
+            let Some(pid) = running.as_ref().map(|r| r.pid).or(state.as_ref().map(|s| s.pid)) else {
+                return Err(IoError::other("bad task handle"));
+            };
+            // The whole process group: the task and anything it started.
+            // SAFETY: kill has no memory preconditions.
+            unsafe { libc::kill(-pid, libc::SIGINT) };
+            let gone = driver.wait(handle.clone());
+            if tokio::time::timeout(kill_timeout, gone).await.is_err() {
+                // SAFETY: as above.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                driver.wait(handle).await;
+            }
+            Ok(())
+        })
+    }
+
+    fn recover(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
+        let known = self.running(&handle).is_some();
+        Box::pin(async move {
+            if known {
+                return Ok(());
+            }
+            let state: HandleState = serde_json::from_str(&handle.state)
+                .map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+            if start_time(state.pid) == Some(state.start_time) {
+                Ok(())
+            } else {
+                Err(IoError::new(
+                    ErrorKind::NotFound,
+                    format!("task process {} is gone", state.pid),
+                ))
+            }
+        })
+    }
+}

@@ -1,0 +1,173 @@
+//! The process drivers against real processes: exit codes, logs, env, SIGINT then SIGKILL,
+//! reattaching after a "restart", and (as root) `exec`'s mount namespace with bind mounts
+//! that vanish with the task.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use drover_core::client::{MountConfig, TaskConfig};
+use drover_core::structs::{ConfigValue, Propagation};
+use drover_io_real::drivers::TaskDriver;
+use drover_io_real::drivers::process::ProcessDriver;
+
+fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
+    let mut config = BTreeMap::new();
+    config.insert("command".to_string(), ConfigValue::String(command.into()));
+    config.insert(
+        "args".to_string(),
+        ConfigValue::List(args.iter().map(|a| ConfigValue::String(a.to_string())).collect()),
+    );
+    TaskConfig {
+        alloc_id: "a1".into(),
+        task: task.into(),
+        driver: String::new(),
+        config,
+        env: BTreeMap::from([("GREETING".to_string(), "hi there".to_string())]),
+        mounts: Vec::new(),
+        devices: Vec::new(),
+        task_dir: dir.join(task).display().to_string(),
+        log_dir: dir.join("alloc/logs").display().to_string(),
+        kill_timeout: Duration::from_millis(300),
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn mounts_under(path: &Path) -> Vec<String> {
+    let prefix = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
+        .filter(|mount_point| mount_point.starts_with(&prefix))
+        .collect()
+}
+
+#[tokio::test]
+async fn raw_exec_runs_logs_and_exits() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = ProcessDriver::raw_exec();
+    let handle = driver
+        .start(config(
+            dir.path(),
+            "t",
+            "/bin/sh",
+            &["-c", "echo hello; echo \"$GREETING\" >&2; exit 3"],
+        ))
+        .await
+        .unwrap();
+    let exit = driver.wait(handle).await;
+    assert_eq!(exit.exit_code, 3);
+    let logs = dir.path().join("alloc/logs");
+    assert_eq!(std::fs::read_to_string(logs.join("t.stdout.0")).unwrap(), "hello\n");
+    assert_eq!(std::fs::read_to_string(logs.join("t.stderr.0")).unwrap(), "hi there\n");
+    let missing = driver
+        .start(config(dir.path(), "u", "/nonexistent/bin", &[]))
+        .await
+        .unwrap_err();
+    assert!(missing.message.contains("/nonexistent/bin"), "{}", missing.message);
+}
+
+#[tokio::test]
+async fn stop_interrupts_then_kills_after_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = ProcessDriver::raw_exec();
+    // Ignores SIGINT: only SIGKILL after kill_timeout ends it.
+    let handle = driver
+        .start(config(
+            dir.path(),
+            "stubborn",
+            "/bin/sh",
+            &["-c", "trap '' INT; sleep 30 & wait"],
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(driver.wait(handle).await.signal, libc::SIGKILL);
+
+    // A polite task exits on SIGINT at once.
+    let handle = driver
+        .start(config(dir.path(), "polite", "/bin/sleep", &["30"]))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = std::time::Instant::now();
+    driver.stop(handle.clone(), Duration::from_secs(10)).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(driver.wait(handle).await.signal, libc::SIGINT);
+}
+
+#[tokio::test]
+async fn a_new_driver_reattaches_by_handle() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = ProcessDriver::raw_exec();
+    let handle = first
+        .start(config(dir.path(), "long", "/bin/sleep", &["30"]))
+        .await
+        .unwrap();
+    // The agent restarted: a fresh driver knows only the persisted handle.
+    let second = ProcessDriver::raw_exec();
+    second.recover(handle.clone()).await.unwrap();
+    second.stop(handle.clone(), Duration::from_secs(5)).await.unwrap();
+    let exit = second.wait(handle.clone()).await;
+    assert!(exit.err.is_some(), "exit status of a non-child is unknown: {exit:?}");
+    assert!(second.recover(handle).await.is_err(), "gone after stop");
+}
+
+#[tokio::test]
+async fn exec_binds_mounts_in_its_own_namespace() {
+    if !is_root() {
+        eprintln!("skipped: the exec driver needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("volume");
+    let readonly = dir.path().join("readonly");
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::create_dir_all(&readonly).unwrap();
+    std::fs::write(volume.join("in"), "from the host\n").unwrap();
+    let driver = ProcessDriver::exec();
+    assert!(driver.fingerprint().healthy);
+    let mut task = config(
+        dir.path(),
+        "web",
+        "/bin/sh",
+        &[
+            "-c",
+            "cat /data/in > /data/out && echo task >> /data/out && ! touch /ro/x 2>/dev/null && ls /alloc >/dev/null",
+        ],
+    );
+    task.mounts = vec![
+        MountConfig {
+            task_path: "/data".into(),
+            host_path: volume.display().to_string(),
+            readonly: false,
+            propagation: Propagation::Private,
+        },
+        MountConfig {
+            task_path: "/ro".into(),
+            host_path: readonly.display().to_string(),
+            readonly: true,
+            propagation: Propagation::HostToTask,
+        },
+    ];
+    let handle = driver.start(task).await.unwrap();
+    // The task's bind mounts live only in its namespace.
+    assert!(mounts_under(dir.path()).is_empty(), "{:?}", mounts_under(dir.path()));
+    let exit = driver.wait(handle).await;
+    let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/web.stderr.0")).unwrap_or_default();
+    assert_eq!(exit.exit_code, 0, "stderr: {stderr}");
+    assert_eq!(
+        std::fs::read_to_string(volume.join("out")).unwrap(),
+        "from the host\ntask\n"
+    );
+    assert!(!readonly.join("x").exists());
+    assert!(mounts_under(dir.path()).is_empty());
+}
