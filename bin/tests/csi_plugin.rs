@@ -401,3 +401,129 @@ fn fault_switches_fail_and_crash_named_calls_and_a_restart_reuses_the_stale_sock
         assert_eq!(probe.ready, Some(true));
     });
 }
+
+/// The client's CSI calls (`CsiCall`) and the servers' controller calls, executed by
+/// `CsiClient` against the fake plugin: the mapping from the core's types to CSI messages and
+/// from gRPC codes to the core's retry kinds.
+#[test]
+fn the_cores_calls_over_grpc() {
+    use drover_core::client::{CsiCall, CsiReply, ErrorKind, Reply, VolumeCapability};
+    use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ControllerAttachRequest, ControllerValidateRequest};
+    use drover_core::structs::{AccessMode, AttachmentMode, CsiCapability};
+
+    let fake = start(&["--stage-unstage", "--attach-detach", "--auto-create"]);
+    let root = fake.dir.path().to_path_buf();
+    runtime().block_on(async {
+        let plugin = client(&fake).await;
+        let csi = |reply| match reply {
+            Ok(Reply::Csi(reply)) => reply,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            csi(plugin.execute(&CsiCall::GetPluginCapabilities).await),
+            CsiReply::PluginCapabilities {
+                controller_service: true,
+                accessibility_constraints: false
+            }
+        );
+        assert!(matches!(
+            csi(plugin.execute(&CsiCall::NodeGetCapabilities).await),
+            CsiReply::NodeCapabilities {
+                stage_unstage: true,
+                ..
+            }
+        ));
+        assert!(matches!(
+            csi(plugin.execute(&CsiCall::NodeGetInfo).await),
+            CsiReply::NodeInfo { node_id, .. } if node_id == "node-1"
+        ));
+        match csi(plugin.execute(&CsiCall::ControllerGetCapabilities).await) {
+            CsiReply::ControllerCapabilities(info) => {
+                assert!(info.supports_attach_detach && info.supports_create_delete)
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            csi(plugin.execute(&CsiCall::Probe).await),
+            CsiReply::Probe { ready: true }
+        );
+
+        let validate = ClientCsiRequest::ControllerValidate(ControllerValidateRequest {
+            plugin_id: "fake".into(),
+            volume_id: "vol".into(),
+            capabilities: vec![CsiCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            parameters: Default::default(),
+            context: Default::default(),
+            secrets: Default::default(),
+        });
+        assert_eq!(plugin.controller_request(&validate).await, Ok(ClientCsiReply::Done));
+        let attach = ClientCsiRequest::ControllerAttach(ControllerAttachRequest {
+            plugin_id: "fake".into(),
+            volume_id: "vol".into(),
+            client_csi_node_id: "node-1".into(),
+            attachment_mode: AttachmentMode::FileSystem,
+            access_mode: AccessMode::SingleNodeWriter,
+            mount_options: None,
+            read_only: false,
+            secrets: Default::default(),
+            volume_context: Default::default(),
+        });
+        assert!(matches!(
+            plugin.controller_request(&attach).await,
+            Ok(ClientCsiReply::Attached { .. })
+        ));
+
+        let capability = VolumeCapability {
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            mount_options: Default::default(),
+        };
+        let staging = root.join("staging/default/vol/rw-file-system-single-node-writer");
+        let target = root.join("per-alloc/a1/vol/rw-file-system-single-node-writer");
+        std::fs::create_dir_all(&staging).unwrap();
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let publish = CsiCall::NodePublishVolume {
+            volume_id: "vol".into(),
+            publish_context: Default::default(),
+            staging_target_path: staging.display().to_string(),
+            target_path: target.display().to_string(),
+            capability: capability.clone(),
+            readonly: false,
+            secrets: Default::default(),
+            volume_context: Default::default(),
+        };
+        // Before staging: FailedPrecondition, which the core does not retry.
+        let early = plugin.execute(&publish).await.unwrap_err();
+        assert_eq!(early.kind, ErrorKind::FailedPrecondition, "{}", early.message);
+        assert!(
+            early.message.starts_with("NodePublishVolume: rpc error"),
+            "{}",
+            early.message
+        );
+        let stage = CsiCall::NodeStageVolume {
+            volume_id: "vol".into(),
+            publish_context: Default::default(),
+            staging_target_path: staging.display().to_string(),
+            capability,
+            secrets: Default::default(),
+            volume_context: Default::default(),
+        };
+        assert_eq!(csi(plugin.execute(&stage).await), CsiReply::Done);
+        assert_eq!(csi(plugin.execute(&publish).await), CsiReply::Done);
+        assert!(is_mounted(&staging) && is_mounted(&target));
+        let unpublish = CsiCall::NodeUnpublishVolume {
+            volume_id: "vol".into(),
+            target_path: target.display().to_string(),
+        };
+        assert_eq!(csi(plugin.execute(&unpublish).await), CsiReply::Done);
+        let unstage = CsiCall::NodeUnstageVolume {
+            volume_id: "vol".into(),
+            staging_target_path: staging.display().to_string(),
+        };
+        assert_eq!(csi(plugin.execute(&unstage).await), CsiReply::Done);
+        assert!(!is_mounted(&staging) && !is_mounted(&target));
+    });
+}

@@ -61,3 +61,318 @@ impl CsiClient {
         NodeClient::new(self.channel.clone())
     }
 }
+
+// --- the core's CSI calls, executed over gRPC ----------------------------------------------
+
+use drover_core::client::{CsiCall, CsiReply, ErrorKind, IoError, Outcome, Reply, VolumeCapability};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
+use drover_core::structs::{AccessMode, AttachmentMode, CsiCapability, CsiControllerInfo, CsiTopology};
+use drover_proto::csi::v1 as csi;
+
+/// gRPC status codes the core's retry rules care about.
+pub fn status_error(call: &str, status: tonic::Status) -> IoError {
+    let kind = match status.code() {
+        tonic::Code::DeadlineExceeded => ErrorKind::Timeout,
+        tonic::Code::Unavailable => ErrorKind::Unavailable,
+        tonic::Code::ResourceExhausted => ErrorKind::ResourceExhausted,
+        tonic::Code::NotFound => ErrorKind::NotFound,
+        tonic::Code::FailedPrecondition => ErrorKind::FailedPrecondition,
+        _ => ErrorKind::Other,
+    };
+    IoError::new(
+        kind,
+        format!(
+            "{call}: rpc error: code = {:?} desc = {}",
+            status.code(),
+            status.message()
+        ),
+    )
+}
+
+fn access_mode(mode: AccessMode) -> i32 {
+    use csi::volume_capability::access_mode::Mode;
+    (match mode {
+        AccessMode::Unknown => Mode::Unknown,
+        AccessMode::SingleNodeReader => Mode::SingleNodeReaderOnly,
+        AccessMode::SingleNodeWriter => Mode::SingleNodeWriter,
+        AccessMode::MultiNodeReader => Mode::MultiNodeReaderOnly,
+        AccessMode::MultiNodeSingleWriter => Mode::MultiNodeSingleWriter,
+        AccessMode::MultiNodeMultiWriter => Mode::MultiNodeMultiWriter,
+    }) as i32
+}
+
+/// Attachment mode → access type (`file-system` mounts with fs type and flags; `block-device`).
+pub fn capability(capability: &VolumeCapability) -> csi::VolumeCapability {
+    let access_type = match capability.attachment_mode {
+        AttachmentMode::BlockDevice => {
+            csi::volume_capability::AccessType::Block(csi::volume_capability::BlockVolume {})
+        }
+        AttachmentMode::FileSystem | AttachmentMode::Unknown => {
+            csi::volume_capability::AccessType::Mount(csi::volume_capability::MountVolume {
+                fs_type: capability.mount_options.fs_type.clone(),
+                mount_flags: capability.mount_options.mount_flags.clone(),
+                volume_mount_group: String::new(),
+            })
+        }
+    };
+    csi::VolumeCapability {
+        access_type: Some(access_type),
+        access_mode: Some(csi::volume_capability::AccessMode {
+            mode: access_mode(capability.access_mode),
+        }),
+    }
+}
+
+fn plain(capability: &CsiCapability) -> csi::VolumeCapability {
+    self::capability(&VolumeCapability {
+        access_mode: capability.access_mode,
+        attachment_mode: capability.attachment_mode,
+        mount_options: Default::default(),
+    })
+}
+
+fn controller_info(capabilities: &[csi::ControllerServiceCapability]) -> CsiControllerInfo {
+    use csi::controller_service_capability::rpc::Type;
+    let mut info = CsiControllerInfo::default();
+    for capability in capabilities {
+        let Some(csi::controller_service_capability::Type::Rpc(rpc)) = &capability.r#type else {
+            continue;
+        };
+        match Type::try_from(rpc.r#type) {
+            Ok(Type::CreateDeleteVolume) => info.supports_create_delete = true,
+            Ok(Type::PublishUnpublishVolume) => info.supports_attach_detach = true,
+            Ok(Type::ListVolumes) => info.supports_list_volumes = true,
+            Ok(Type::GetCapacity) => info.supports_get_capacity = true,
+            Ok(Type::CreateDeleteSnapshot) => info.supports_create_delete_snapshot = true,
+            Ok(Type::ListSnapshots) => info.supports_list_snapshots = true,
+            Ok(Type::CloneVolume) => info.supports_clone = true,
+            Ok(Type::PublishReadonly) => info.supports_read_only_attach = true,
+            Ok(Type::ExpandVolume) => info.supports_expand = true,
+            Ok(Type::ListVolumesPublishedNodes) => info.supports_list_volumes_attached_nodes = true,
+            Ok(Type::VolumeCondition) => info.supports_condition = true,
+            Ok(Type::GetVolume) => info.supports_get = true,
+            _ => {}
+        }
+    }
+    info
+}
+
+impl CsiClient {
+    /// Executes one of the core's CSI calls; the deadline is the caller's.
+    pub async fn execute(&self, call: &CsiCall) -> Outcome {
+        let name = call.name();
+        let error = |status| status_error(name, status);
+        let reply = match call.clone() {
+            CsiCall::Probe => {
+                let response = self.identity().probe(csi::ProbeRequest {}).await.map_err(error)?;
+                // An absent `ready` means ready (CSI spec).
+                CsiReply::Probe {
+                    ready: response.into_inner().ready.unwrap_or(true),
+                }
+            }
+            CsiCall::GetPluginInfo => {
+                let info = self
+                    .identity()
+                    .get_plugin_info(csi::GetPluginInfoRequest {})
+                    .await
+                    .map_err(error)?
+                    .into_inner();
+                CsiReply::PluginInfo {
+                    name: info.name,
+                    version: info.vendor_version,
+                }
+            }
+            CsiCall::GetPluginCapabilities => {
+                use csi::plugin_capability::service::Type;
+                let capabilities = self
+                    .identity()
+                    .get_plugin_capabilities(csi::GetPluginCapabilitiesRequest {})
+                    .await
+                    .map_err(error)?
+                    .into_inner()
+                    .capabilities;
+                let has = |wanted: Type| {
+                    capabilities.iter().any(|capability| {
+                        matches!(&capability.r#type,
+                            Some(csi::plugin_capability::Type::Service(service)) if service.r#type == wanted as i32)
+                    })
+                };
+                CsiReply::PluginCapabilities {
+                    controller_service: has(Type::ControllerService),
+                    accessibility_constraints: has(Type::VolumeAccessibilityConstraints),
+                }
+            }
+            CsiCall::ControllerGetCapabilities => {
+                let response = self
+                    .controller()
+                    .controller_get_capabilities(csi::ControllerGetCapabilitiesRequest {})
+                    .await
+                    .map_err(error)?
+                    .into_inner();
+                CsiReply::ControllerCapabilities(controller_info(&response.capabilities))
+            }
+            CsiCall::NodeGetInfo => {
+                let info = self
+                    .node()
+                    .node_get_info(csi::NodeGetInfoRequest {})
+                    .await
+                    .map_err(error)?
+                    .into_inner();
+                CsiReply::NodeInfo {
+                    node_id: info.node_id,
+                    max_volumes: info.max_volumes_per_node.max(0) as u64,
+                    topology: info.accessible_topology.map(|topology| CsiTopology {
+                        segments: topology.segments.into_iter().collect(),
+                    }),
+                }
+            }
+            CsiCall::NodeGetCapabilities => {
+                use csi::node_service_capability::rpc::Type;
+                let capabilities = self
+                    .node()
+                    .node_get_capabilities(csi::NodeGetCapabilitiesRequest {})
+                    .await
+                    .map_err(error)?
+                    .into_inner()
+                    .capabilities;
+                let has = |wanted: Type| {
+                    capabilities.iter().any(|capability| {
+                        matches!(&capability.r#type,
+                            Some(csi::node_service_capability::Type::Rpc(rpc)) if rpc.r#type == wanted as i32)
+                    })
+                };
+                CsiReply::NodeCapabilities {
+                    stage_unstage: has(Type::StageUnstageVolume),
+                    stats: has(Type::GetVolumeStats),
+                    expand: has(Type::ExpandVolume),
+                    condition: has(Type::VolumeCondition),
+                }
+            }
+            CsiCall::NodeStageVolume {
+                volume_id,
+                publish_context,
+                staging_target_path,
+                capability,
+                secrets,
+                volume_context,
+            } => {
+                self.node()
+                    .node_stage_volume(csi::NodeStageVolumeRequest {
+                        volume_id,
+                        publish_context: publish_context.into_iter().collect(),
+                        staging_target_path,
+                        volume_capability: Some(self::capability(&capability)),
+                        secrets: secrets.into_iter().collect(),
+                        volume_context: volume_context.into_iter().collect(),
+                    })
+                    .await
+                    .map_err(error)?;
+                CsiReply::Done
+            }
+            CsiCall::NodePublishVolume {
+                volume_id,
+                publish_context,
+                staging_target_path,
+                target_path,
+                capability,
+                readonly,
+                secrets,
+                volume_context,
+            } => {
+                self.node()
+                    .node_publish_volume(csi::NodePublishVolumeRequest {
+                        volume_id,
+                        publish_context: publish_context.into_iter().collect(),
+                        staging_target_path,
+                        target_path,
+                        volume_capability: Some(self::capability(&capability)),
+                        readonly,
+                        secrets: secrets.into_iter().collect(),
+                        volume_context: volume_context.into_iter().collect(),
+                    })
+                    .await
+                    .map_err(error)?;
+                CsiReply::Done
+            }
+            CsiCall::NodeUnpublishVolume { volume_id, target_path } => {
+                self.node()
+                    .node_unpublish_volume(csi::NodeUnpublishVolumeRequest { volume_id, target_path })
+                    .await
+                    .map_err(error)?;
+                CsiReply::Done
+            }
+            CsiCall::NodeUnstageVolume {
+                volume_id,
+                staging_target_path,
+            } => {
+                self.node()
+                    .node_unstage_volume(csi::NodeUnstageVolumeRequest {
+                        volume_id,
+                        staging_target_path,
+                    })
+                    .await
+                    .map_err(error)?;
+                CsiReply::Done
+            }
+        };
+        Ok(Reply::Csi(reply))
+    }
+
+    /// A server's `ClientCSI` controller call, executed against this controller plugin.
+    pub async fn controller_request(&self, request: &ClientCsiRequest) -> Result<ClientCsiReply, String> {
+        match request {
+            ClientCsiRequest::ControllerAttach(request) => {
+                let response = self
+                    .controller()
+                    .controller_publish_volume(csi::ControllerPublishVolumeRequest {
+                        volume_id: request.volume_id.clone(),
+                        node_id: request.client_csi_node_id.clone(),
+                        volume_capability: Some(capability(&VolumeCapability {
+                            access_mode: request.access_mode,
+                            attachment_mode: request.attachment_mode,
+                            mount_options: request.mount_options.clone().unwrap_or_default(),
+                        })),
+                        readonly: request.read_only,
+                        secrets: request.secrets.clone().into_iter().collect(),
+                        volume_context: request.volume_context.clone().into_iter().collect(),
+                    })
+                    .await
+                    .map_err(|status| status_error("ControllerPublishVolume", status).message)?;
+                Ok(ClientCsiReply::Attached {
+                    publish_context: response.into_inner().publish_context.into_iter().collect(),
+                })
+            }
+            ClientCsiRequest::ControllerDetach(request) => {
+                self.controller()
+                    .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                        volume_id: request.volume_id.clone(),
+                        node_id: request.client_csi_node_id.clone(),
+                        secrets: request.secrets.clone().into_iter().collect(),
+                    })
+                    .await
+                    .map_err(|status| status_error("ControllerUnpublishVolume", status).message)?;
+                Ok(ClientCsiReply::Done)
+            }
+            ClientCsiRequest::ControllerValidate(request) => {
+                let response = self
+                    .controller()
+                    .validate_volume_capabilities(csi::ValidateVolumeCapabilitiesRequest {
+                        volume_id: request.volume_id.clone(),
+                        volume_context: request.context.clone().into_iter().collect(),
+                        volume_capabilities: request.capabilities.iter().map(plain).collect(),
+                        parameters: request.parameters.clone().into_iter().collect(),
+                        secrets: request.secrets.clone().into_iter().collect(),
+                        mutable_parameters: Default::default(),
+                    })
+                    .await
+                    .map_err(|status| status_error("ValidateVolumeCapabilities", status).message)?
+                    .into_inner();
+                if response.confirmed.is_none() {
+                    return Err(format!("volume capability validation failed: {}", response.message));
+                }
+                Ok(ClientCsiReply::Done)
+            }
+            ClientCsiRequest::NodeDetach(_) => Err("node detach is served by the client's volume manager".into()),
+        }
+    }
+}
