@@ -5,6 +5,7 @@
 
 mod config;
 
+use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -13,8 +14,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, HostExecutor, client_identity, start_client};
 use drover_io_real::consul::ConsulHttp;
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
+use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{Consul, NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
 
@@ -158,7 +161,7 @@ fn main() -> ExitCode {
         .expect("tokio runtime");
     let result = runtime.block_on(run(loaded));
     if let Some(dir) = dev_dir {
-        let _ = std::fs::remove_dir_all(dir);
+        remove_dev_dir(&dir);
     }
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -166,6 +169,27 @@ fn main() -> ExitCode {
             eprintln!("==> Error starting agent: {error:#}");
             ExitCode::from(1)
         }
+    }
+}
+
+/// Removes the throwaway data dir of `-dev`, unless something is still mounted below it:
+/// deleting through a bind mount would delete a volume's data.
+fn remove_dev_dir(dir: &std::path::Path) {
+    let prefix = dir.display().to_string();
+    let mounted: Vec<String> = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
+        .filter(|point| point.starts_with(&prefix))
+        .collect();
+    if mounted.is_empty() {
+        let _ = std::fs::remove_dir_all(dir);
+    } else {
+        eprintln!(
+            "==> Keeping {}: still mounted below it: {}",
+            dir.display(),
+            mounted.join(", ")
+        );
     }
 }
 
@@ -182,17 +206,36 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let config = loaded.config.clone();
     let data_dir = PathBuf::from(config.data_dir.clone().context("no data dir")?);
     let db = drover_io_real::disk::open_database(&data_dir)?;
+    let is_client = config.client.enabled || config.dev_mode;
+    let (router, inbox) = ClientCsiRouter::new();
+    let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {
         Some(address) => {
             start(
                 loaded.clone_config(),
                 db,
                 ConsulHttp::new(address, config.consul.timeout),
+                client_csi,
             )
             .await?
         }
-        None => start(loaded.clone_config(), db, NoConsul).await?,
+        None => start(loaded.clone_config(), db, NoConsul, client_csi).await?,
     };
+    if is_client {
+        // The client reads its allocations from the local server's state; a client-only
+        // agent (remote servers) starts without one until remote alloc sync exists.
+        let (settings, node) = client_identity(&config, handle.node_id(), &data_dir, BTreeMap::new());
+        start_client(ClientParts {
+            agent: handle.clone(),
+            settings,
+            executor: Arc::new(HostExecutor {
+                drivers: Drivers::builtin(),
+            }),
+            store: ClientStore::open(&data_dir.join("client"))?,
+            inbox,
+            node,
+        })?;
+    }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
     let bound = drover_io_real::http::serve(handle.clone(), http_addr)
         .await
@@ -214,6 +257,7 @@ async fn start<C: Consul>(
     config: drover_core::config::AgentConfig,
     db: redb::Database,
     consul: C,
+    client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>>,
 ) -> anyhow::Result<AgentHandle> {
     let parts = AgentParts {
         config,
@@ -221,8 +265,7 @@ async fn start<C: Consul>(
         transport: GrpcTransport::default(),
         consul,
         observer: Arc::new(TracingObserver),
-        // CSI plugins as tasks arrive with the client; until then this agent runs none.
-        client_csi: None,
+        client_csi,
     };
     Ok(start_agent(parts).await?)
 }

@@ -13,6 +13,8 @@ pub mod runtime;
 pub mod service;
 
 #[cfg(not(madsim))]
+pub mod client;
+#[cfg(not(madsim))]
 pub mod consul;
 #[cfg(not(madsim))]
 pub mod csi;

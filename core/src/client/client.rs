@@ -115,9 +115,20 @@ enum Route {
     Alloc(String),
     Volume(String),
     Instance(PluginKind, String),
-    /// Bookkeeping RPCs whose answers only matter for retries (status, fingerprints).
-    Ignore,
+    /// A report to the servers (alloc status, node CSI info): one in flight per subject.
+    Report(Report),
 }
+
+/// What the servers are told; only the latest value matters, sent one at a time per subject
+/// so an older report can never land after a newer one.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Report {
+    AllocStatus(String),
+    CsiInfo,
+}
+
+/// How long a failed report waits before it is sent again.
+pub const REPORT_RETRY: Duration = Duration::from_secs(1);
 
 /// Who asked a volume manager.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -165,6 +176,10 @@ pub struct Client {
     node_controllers: BTreeMap<String, CsiInfo>,
     node_plugins: BTreeMap<String, CsiInfo>,
     statuses: BTreeMap<String, ClientStatus>,
+    /// Reports in flight (with the request sent), acknowledged values, and retry times.
+    reports_in_flight: BTreeMap<Report, (OpId, ServerRequest)>,
+    reports_acked: BTreeMap<Report, ServerRequest>,
+    reports_retry: BTreeMap<Report, Instant>,
     actions: VecDeque<ClientAction>,
 }
 
@@ -185,6 +200,9 @@ impl Client {
             node_controllers: BTreeMap::new(),
             node_plugins: BTreeMap::new(),
             statuses: BTreeMap::new(),
+            reports_in_flight: BTreeMap::new(),
+            reports_acked: BTreeMap::new(),
+            reports_retry: BTreeMap::new(),
             actions: VecDeque::new(),
         }
     }
@@ -347,8 +365,68 @@ impl Client {
                 }
             }
             Some(Route::Instance(kind, name)) => self.fingerprint_outcome(now, kind, &name, op, outcome),
-            Some(Route::Ignore) | None => {}
+            Some(Route::Report(report)) => {
+                let Some((_, sent)) = self.reports_in_flight.remove(&report) else {
+                    return;
+                };
+                match outcome {
+                    Ok(Reply::Server(crate::rpc::ServerReply::Error(error))) if !error.retryable => {
+                        // Refused for good (the alloc is gone, say): retrying cannot help.
+                        self.reports_acked.insert(report.clone(), sent);
+                    }
+                    Ok(Reply::Server(crate::rpc::ServerReply::Done { .. })) => {
+                        self.reports_acked.insert(report.clone(), sent);
+                    }
+                    _ => {
+                        self.reports_retry.insert(report.clone(), now + REPORT_RETRY);
+                        return;
+                    }
+                }
+                self.report(now, report);
+            }
+            None => {}
         }
+    }
+
+    /// The request that reports `report`'s latest value.
+    fn report_request(&self, report: &Report) -> Option<ServerRequest> {
+        match report {
+            Report::AllocStatus(alloc_id) => {
+                self.statuses
+                    .get(alloc_id)
+                    .map(|status| ServerRequest::AllocClientUpdate {
+                        alloc_id: alloc_id.clone(),
+                        client_status: *status,
+                    })
+            }
+            Report::CsiInfo => Some(ServerRequest::NodeUpdateCsiInfo {
+                node_id: self.settings.node_id.clone(),
+                controllers: self.node_controllers.clone(),
+                nodes: self.node_plugins.clone(),
+            }),
+        }
+    }
+
+    /// Sends the latest value of `report` unless one is in flight, waiting to be retried, or
+    /// already acknowledged.
+    fn report(&mut self, now: Instant, report: Report) {
+        if self.reports_in_flight.contains_key(&report) || self.reports_retry.get(&report).is_some_and(|at| now < *at) {
+            return;
+        }
+        self.reports_retry.remove(&report);
+        let Some(request) = self.report_request(&report) else {
+            return;
+        };
+        if self.reports_acked.get(&report) == Some(&request) {
+            return;
+        }
+        let op = self.ops.allocate();
+        self.routes.insert(op, Route::Report(report.clone()));
+        self.reports_in_flight.insert(report, (op, request.clone()));
+        self.actions.push_back(ClientAction::Io {
+            op,
+            io: Io::Server(request),
+        });
     }
 
     // --- routing --------------------------------------------------------------------------
@@ -375,15 +453,7 @@ impl Client {
                 }),
                 AllocAction::Status(status) => {
                     self.statuses.insert(alloc_id.to_string(), status);
-                    let op = self.ops.allocate();
-                    self.routes.insert(op, Route::Ignore);
-                    self.actions.push_back(ClientAction::Io {
-                        op,
-                        io: Io::Server(ServerRequest::AllocClientUpdate {
-                            alloc_id: alloc_id.to_string(),
-                            client_status: status,
-                        }),
-                    });
+                    self.report(now, Report::AllocStatus(alloc_id.to_string()));
                 }
                 AllocAction::Task { task, action } => match action {
                     TaskAction::Io { op, io } => self.dispatch(now, op, io, Route::Alloc(alloc_id.to_string())),
@@ -563,7 +633,7 @@ impl Client {
                         PluginKind::CsiNode => &mut self.node_plugins,
                     };
                     if map.remove(&name).is_some() {
-                        self.push_csi_info();
+                        self.push_csi_info(now);
                     }
                 }
             }
@@ -771,26 +841,27 @@ impl Client {
                     details,
                 }));
             }
-            self.push_csi_info();
+            self.push_csi_info(now);
         }
     }
 
-    fn push_csi_info(&mut self) {
-        let op = self.ops.allocate();
-        self.routes.insert(op, Route::Ignore);
-        self.actions.push_back(ClientAction::Io {
-            op,
-            io: Io::Server(ServerRequest::NodeUpdateCsiInfo {
-                node_id: self.settings.node_id.clone(),
-                controllers: self.node_controllers.clone(),
-                nodes: self.node_plugins.clone(),
-            }),
-        });
+    fn push_csi_info(&mut self, now: Instant) {
+        self.report(now, Report::CsiInfo);
     }
 
     // --- time -----------------------------------------------------------------------------
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<Report> = self
+            .reports_retry
+            .iter()
+            .filter(|(_, at)| now >= **at)
+            .map(|(report, _)| report.clone())
+            .collect();
+        for report in due {
+            self.reports_retry.remove(&report);
+            self.report(now, report);
+        }
         // Fingerprint deadlines and rounds.
         let keys: Vec<(PluginKind, String)> = self.instances.keys().cloned().collect();
         for (kind, name) in keys {
@@ -851,7 +922,13 @@ impl Client {
         let waiting = self.waiting.iter().map(|(_, _, _, at)| *at);
         let volumes = self.volumes.values().filter_map(VolumeManager::poll_timeout);
         let allocs = self.allocs.values().filter_map(AllocRunner::poll_timeout);
-        instances.chain(waiting).chain(volumes).chain(allocs).min()
+        let reports = self.reports_retry.values().copied();
+        instances
+            .chain(waiting)
+            .chain(volumes)
+            .chain(allocs)
+            .chain(reports)
+            .min()
     }
 
     pub fn poll_action(&mut self) -> Option<ClientAction> {

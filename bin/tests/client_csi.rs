@@ -1,0 +1,335 @@
+//! The client for real, as root: an agent (server + client) runs the project's fake CSI plugin
+//! as a `raw_exec` monolith plugin task; an `exec` task writes to a volume the plugin stages and
+//! publishes; after it stops, the bind mounts are gone and the claim is released; a second
+//! `exec` task reads the file back from the same volume.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{
+    AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
+    DesiredStatus, Job, JobType, Task, TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
+};
+use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, HostExecutor, client_identity, start_client};
+use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
+use drover_io_real::drivers::Drivers;
+use drover_io_real::io::{NoConsul, TracingObserver};
+use drover_io_real::net::GrpcTransport;
+
+const PLUGIN: &str = env!("CARGO_BIN_EXE_drover-csi-fake");
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn mounts_under(path: &Path) -> Vec<String> {
+    let prefix = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
+        .filter(|point| point.starts_with(&prefix))
+        .collect()
+}
+
+/// Unmounts whatever a failed run left under `dir`.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        for point in mounts_under(&self.0).into_iter().rev() {
+            let _ = std::process::Command::new("umount").arg("-l").arg(&point).status();
+        }
+    }
+}
+
+fn strings(items: &[&str]) -> ConfigValue {
+    ConfigValue::List(items.iter().map(|item| ConfigValue::String(item.to_string())).collect())
+}
+
+fn task(name: &str, driver: &str, command: &str, args: &[&str]) -> Task {
+    Task {
+        name: name.into(),
+        driver: driver.into(),
+        config: BTreeMap::from([
+            ("command".to_string(), ConfigValue::String(command.into())),
+            ("args".to_string(), strings(args)),
+        ]),
+        kill_timeout: Duration::from_secs(2),
+        ..Task::default()
+    }
+}
+
+fn job(id: &str, job_type: JobType, group: TaskGroup) -> Job {
+    Job {
+        id: id.into(),
+        namespace: "default".into(),
+        job_type,
+        task_groups: vec![group],
+        ..Job::default()
+    }
+}
+
+fn alloc(id: &str, job: &Job, node: &str) -> Allocation {
+    Allocation {
+        id: id.into(),
+        namespace: "default".into(),
+        name: format!("{}.{}[0]", job.id, job.task_groups[0].name),
+        node_id: node.into(),
+        job_id: job.id.clone(),
+        task_group: job.task_groups[0].name.clone(),
+        ..Allocation::default()
+    }
+}
+
+fn consumer(id: &str, script: &str) -> Job {
+    let mut group = TaskGroup {
+        name: "web".into(),
+        count: 1,
+        ..TaskGroup::default()
+    };
+    group.volumes.insert(
+        "data".into(),
+        VolumeRequest {
+            name: "data".into(),
+            volume_type: VolumeType::Csi,
+            source: "vol0".into(),
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            ..VolumeRequest::default()
+        },
+    );
+    let mut web = task("web", "exec", "/bin/sh", &["-c", script]);
+    web.volume_mounts.push(VolumeMount {
+        volume: "data".into(),
+        destination: "/data".into(),
+        ..VolumeMount::default()
+    });
+    group.tasks.push(web);
+    job(id, JobType::Batch, group)
+}
+
+async fn ok(handle: &AgentHandle, request: ServerRequest) {
+    if let ServerReply::Error(error) = handle.request(request.clone()).await {
+        panic!("{request:?}: {}", error.message);
+    }
+}
+
+async fn until<T>(what: &str, handle: &AgentHandle, check: impl Fn(&drover_core::fsm::ServerState) -> Option<T>) -> T {
+    for _ in 0..600 {
+        if let Some(Some(value)) = handle.read_state(|state| check(state)) {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
+    assert!(is_root(), "bind mounts and the exec driver need root");
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir().unwrap();
+    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let ports = Ports {
+        http: free_port(),
+        rpc: free_port(),
+        serf: free_port(),
+    };
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut config = AgentConfig {
+        name: "dev".into(),
+        data_dir: Some(dir.path().display().to_string()),
+        bind_addr: ip,
+        ports,
+        advertise: Advertise::on(ip, ports),
+        dev_mode: true,
+        ..AgentConfig::default()
+    };
+    config.server.enabled = true;
+    config.server.bootstrap_expect = 1;
+    config.client.enabled = true;
+    let (router, inbox) = ClientCsiRouter::new();
+    let db = drover_io_real::disk::open_database(dir.path()).unwrap();
+    let handle = start_agent(AgentParts {
+        config: config.clone(),
+        db,
+        transport: GrpcTransport::default(),
+        consul: NoConsul,
+        observer: Arc::new(TracingObserver),
+        client_csi: Some(Arc::new(router)),
+    })
+    .await
+    .unwrap();
+    let (settings, node) = client_identity(&config, handle.node_id(), dir.path(), BTreeMap::new());
+    let node_id = node.id.clone();
+    start_client(ClientParts {
+        agent: handle.clone(),
+        settings,
+        executor: Arc::new(HostExecutor {
+            drivers: Drivers::builtin(),
+        }),
+        store: ClientStore::open(&dir.path().join("client")).unwrap(),
+        inbox,
+        node,
+    })
+    .unwrap();
+    until("the node to register", &handle, |state| {
+        state.node(&node_id).map(|_| ())
+    })
+    .await;
+
+    // The plugin: drover-csi-fake as a raw_exec monolith plugin task.
+    let fake_state = dir.path().join("fake-state");
+    let mut plugin_task = task(
+        "plugin",
+        "raw_exec",
+        PLUGIN,
+        &[
+            &format!("--state-dir={}", fake_state.display()),
+            "--node-id=node-1",
+            "--stage-unstage",
+            "--auto-create",
+        ],
+    );
+    plugin_task.csi_plugin = Some(TaskCsiPluginConfig::new("fake", CsiPluginType::Monolith));
+    let plugin_job = job(
+        "plugin",
+        JobType::System,
+        TaskGroup {
+            name: "plugin".into(),
+            count: 1,
+            tasks: vec![plugin_task],
+            ..TaskGroup::default()
+        },
+    );
+    ok(
+        &handle,
+        ServerRequest::JobUpsert {
+            job: plugin_job.clone(),
+        },
+    )
+    .await;
+    ok(
+        &handle,
+        ServerRequest::AllocUpsert {
+            allocs: vec![alloc("plugin-1", &plugin_job, &node_id)],
+        },
+    )
+    .await;
+    until("the plugin to be healthy", &handle, |state| {
+        state
+            .plugin("fake")
+            .filter(|plugin| plugin.nodes_healthy == 1 && plugin.controllers_healthy == 1)
+            .map(|_| ())
+    })
+    .await;
+    ok(
+        &handle,
+        ServerRequest::VolumeRegister {
+            volumes: vec![CsiVolume {
+                id: "vol0".into(),
+                namespace: "default".into(),
+                name: "vol0".into(),
+                plugin_id: "fake".into(),
+                requested_capabilities: vec![CsiCapability {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                }],
+                ..CsiVolume::default()
+            }],
+        },
+    )
+    .await;
+
+    // The writer: an exec task with the volume at /data.
+    let writer = consumer("writer", "echo hello from the writer > /data/hello");
+    ok(&handle, ServerRequest::JobUpsert { job: writer.clone() }).await;
+    ok(
+        &handle,
+        ServerRequest::AllocUpsert {
+            allocs: vec![alloc("writer-1", &writer, &node_id)],
+        },
+    )
+    .await;
+    until("the writer to complete", &handle, |state| {
+        state
+            .alloc("writer-1")
+            .filter(|alloc| alloc.client_status == ClientStatus::Complete)
+            .map(|_| ())
+    })
+    .await;
+    until("the writer's claim to be released", &handle, |state| {
+        state
+            .volume_raw("default", "vol0")
+            .filter(|volume| volume.write_claims.is_empty() && volume.past_claims.is_empty())
+            .map(|_| ())
+    })
+    .await;
+    let plugin_root = dir.path().join("client/csi/monolith/fake");
+    for _ in 0..50 {
+        if mounts_under(&plugin_root).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        mounts_under(&plugin_root),
+        Vec::<String>::new(),
+        "no staging or publish mount left"
+    );
+    let logs = dir.path().join("alloc/writer-1/alloc/logs/web.stderr.0");
+    assert_eq!(std::fs::read_to_string(&logs).unwrap_or_default(), "");
+
+    // The reader: a second exec task on the same volume reads the file back.
+    let reader = consumer("reader", "cat /data/hello");
+    ok(&handle, ServerRequest::JobUpsert { job: reader.clone() }).await;
+    ok(
+        &handle,
+        ServerRequest::AllocUpsert {
+            allocs: vec![alloc("reader-1", &reader, &node_id)],
+        },
+    )
+    .await;
+    until("the reader to complete", &handle, |state| {
+        state
+            .alloc("reader-1")
+            .filter(|alloc| alloc.client_status == ClientStatus::Complete)
+            .map(|_| ())
+    })
+    .await;
+    let out = std::fs::read_to_string(dir.path().join("alloc/reader-1/alloc/logs/web.stdout.0")).unwrap();
+    assert_eq!(out, "hello from the writer\n");
+
+    // Stop the plugin: it deregisters and its socket dir goes.
+    let mut stopped = alloc("plugin-1", &plugin_job, &node_id);
+    stopped.desired_status = DesiredStatus::Stop;
+    ok(&handle, ServerRequest::AllocUpsert { allocs: vec![stopped] }).await;
+    until("the plugin alloc to stop", &handle, |state| {
+        state
+            .alloc("plugin-1")
+            .filter(|alloc| alloc.client_status == ClientStatus::Complete)
+            .map(|_| ())
+    })
+    .await;
+    assert!(!dir.path().join("client/csi/plugins/plugin-1").exists());
+    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    handle.shutdown().await;
+}

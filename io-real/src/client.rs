@@ -1,0 +1,613 @@
+//! The production client runtime: runs the core's [`Client`] machine against real task
+//! drivers, the host filesystem, CSI plugins over their unix sockets and the servers (through
+//! the agent's own write path), and keeps the client's state in its own redb file so a
+//! restarted agent reattaches to its tasks and still knows its mounts and plugins.
+//!
+//! The loop only plumbs: it executes the core's I/O requests, feeds outcomes and task exits
+//! back, persists records, and hands the core the allocations the servers placed on this node
+//! (read from the local server's state store; a client-only agent's remote alloc sync arrives
+//! with the scheduling work).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::Instant;
+use drover_core::client::alloc_runner::LocalAllocState;
+use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
+use drover_core::client::registry::{PluginKind, Registry};
+use drover_core::client::task_runner::LocalTaskState;
+use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ServerReply, ServerRequest};
+use drover_core::structs::{Allocation, Job, Node, NodeStatus};
+use redb::{ReadableDatabase, TableDefinition};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::csi::CsiClient;
+use crate::driver::AgentHandle;
+use crate::drivers::Drivers;
+use crate::io::{BoxFuture, ClientCsi};
+
+const CLIENT: TableDefinition<&str, &[u8]> = TableDefinition::new("client_state");
+pub const CLIENT_STATE_FILE: &str = "client.redb";
+
+/// Deadlines for the requests the core does not time itself.
+const FS_TIMEOUT: Duration = Duration::from_secs(30);
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Per-try deadline of a node CSI call (`DefaultMountActionTimeout`).
+const CSI_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientStoreError {
+    #[error("cannot open client state {path}: {reason}")]
+    Open { path: PathBuf, reason: String },
+    #[error("client state {key}: {reason}")]
+    Io { key: String, reason: String },
+}
+
+/// The client's durable records: the plugin registry, each allocation (with its job) and its
+/// runner state, and each task's runner state.
+#[derive(Clone)]
+pub struct ClientStore {
+    db: Arc<redb::Database>,
+}
+
+impl ClientStore {
+    pub fn open(state_dir: &Path) -> Result<ClientStore, ClientStoreError> {
+        let open = |reason: String| ClientStoreError::Open {
+            path: state_dir.join(CLIENT_STATE_FILE),
+            reason,
+        };
+        std::fs::create_dir_all(state_dir).map_err(|error| open(error.to_string()))?;
+        let db = redb::Database::create(state_dir.join(CLIENT_STATE_FILE)).map_err(|error| open(error.to_string()))?;
+        Ok(ClientStore { db: Arc::new(db) })
+    }
+
+    fn put<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<(), ClientStoreError> {
+        let fail = |reason: String| ClientStoreError::Io {
+            key: key.to_string(),
+            reason,
+        };
+        let bytes = postcard::to_allocvec(value).map_err(|error| fail(error.to_string()))?;
+        let txn = self.db.begin_write().map_err(|error| fail(error.to_string()))?;
+        {
+            let mut table = txn.open_table(CLIENT).map_err(|error| fail(error.to_string()))?;
+            table
+                .insert(key, bytes.as_slice())
+                .map_err(|error| fail(error.to_string()))?;
+        }
+        txn.commit().map_err(|error| fail(error.to_string()))
+    }
+
+    /// Every record whose key starts with `prefix`, decoded; undecodable records are reported
+    /// and skipped, never overwritten.
+    fn scan<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(String, T)>, ClientStoreError> {
+        let fail = |reason: String| ClientStoreError::Io {
+            key: prefix.to_string(),
+            reason,
+        };
+        let txn = self.db.begin_read().map_err(|error| fail(error.to_string()))?;
+        let table = match txn.open_table(CLIENT) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(Vec::new()),
+            Err(error) => return Err(fail(error.to_string())),
+        };
+        let mut out = Vec::new();
+        for entry in table.range(prefix..).map_err(|error| fail(error.to_string()))? {
+            let (key, value) = entry.map_err(|error| fail(error.to_string()))?;
+            let key = key.value().to_string();
+            if !key.starts_with(prefix) {
+                break;
+            }
+            match postcard::from_bytes(value.value()) {
+                Ok(decoded) => out.push((key, decoded)),
+                Err(error) => tracing::error!(%key, %error, "client state record cannot be read; skipped"),
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn registry(&self) -> Result<Registry, ClientStoreError> {
+        Ok(self
+            .scan::<Registry>("registry")?
+            .into_iter()
+            .next()
+            .map(|(_, registry)| registry)
+            .unwrap_or_default())
+    }
+
+    /// Allocations with their jobs, runner states and task states.
+    #[allow(clippy::type_complexity)]
+    pub fn allocs(
+        &self,
+    ) -> Result<Vec<(Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>)>, ClientStoreError> {
+        let specs: Vec<(String, (Allocation, Job))> = self.scan("spec/")?;
+        let states: BTreeMap<String, LocalAllocState> = self
+            .scan::<LocalAllocState>("alloc/")?
+            .into_iter()
+            .map(|(key, state)| (key["alloc/".len()..].to_string(), state))
+            .collect();
+        let mut tasks: BTreeMap<String, BTreeMap<String, LocalTaskState>> = BTreeMap::new();
+        for (key, state) in self.scan::<LocalTaskState>("task/")? {
+            if let Some((alloc, task)) = key["task/".len()..].split_once('/') {
+                tasks
+                    .entry(alloc.to_string())
+                    .or_default()
+                    .insert(task.to_string(), state);
+            }
+        }
+        Ok(specs
+            .into_iter()
+            .map(|(_, (alloc, job))| {
+                let state = states.get(&alloc.id).cloned().unwrap_or_default();
+                let tasks = tasks.remove(&alloc.id).unwrap_or_default();
+                (alloc, job, state, tasks)
+            })
+            .collect())
+    }
+}
+
+/// Executes the core's I/O requests on this host.
+pub trait ClientExecutor: Send + Sync + 'static {
+    fn execute(&self, io: Io) -> BoxFuture<Outcome>;
+    fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
+    /// Every driver with its capabilities when detected and healthy, and its attributes.
+    fn fingerprint(&self) -> Vec<(String, Option<DriverCapabilities>, BTreeMap<String, String>)>;
+}
+
+/// The production executor: host filesystem, process drivers, CSI over unix sockets.
+#[derive(Clone, Debug)]
+pub struct HostExecutor {
+    pub drivers: Drivers,
+}
+
+fn fs_error(context: &str, error: std::io::Error) -> IoError {
+    let kind = match error.kind() {
+        std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+        _ => ErrorKind::Other,
+    };
+    IoError::new(kind, format!("{context}: {error}"))
+}
+
+/// Whether `path` is a mount point, from the kernel's own table.
+fn is_mount_point(path: &str) -> Result<bool, IoError> {
+    let canonical = match std::fs::canonicalize(path) {
+        Ok(path) => path,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(error) => return Err(fs_error(&format!("resolve {path}"), error)),
+    };
+    let table = std::fs::read_to_string("/proc/self/mountinfo").map_err(|error| fs_error("read mountinfo", error))?;
+    Ok(table
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .any(|point| Path::new(point) == canonical))
+}
+
+impl ClientExecutor for HostExecutor {
+    fn execute(&self, io: Io) -> BoxFuture<Outcome> {
+        let drivers = self.drivers.clone();
+        Box::pin(async move {
+            let driver = |name: &str| {
+                drivers
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| IoError::other(format!("driver \"{name}\" is not available")))
+            };
+            match io {
+                Io::Mkdir { path } => {
+                    let mut builder = std::fs::DirBuilder::new();
+                    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+                    builder
+                        .recursive(true)
+                        .create(&path)
+                        .map_err(|error| fs_error(&format!("mkdir {path}"), error))?;
+                    Ok(Reply::Unit)
+                }
+                Io::RemoveAll { path } => match std::fs::remove_dir_all(&path) {
+                    Ok(()) => Ok(Reply::Unit),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Reply::Unit),
+                    Err(error) => Err(fs_error(&format!("remove {path}"), error)),
+                },
+                Io::Rmdir { path } => std::fs::remove_dir(&path)
+                    .map(|()| Reply::Unit)
+                    .map_err(|error| fs_error(&format!("rmdir {path}"), error)),
+                Io::IsMountPoint { path } => is_mount_point(&path).map(Reply::Bool),
+                Io::StartTask(config) => {
+                    let driver = driver(&config.driver)?;
+                    let started = tokio::time::timeout(START_TIMEOUT, driver.start(*config))
+                        .await
+                        .map_err(|_| IoError::new(ErrorKind::Timeout, "task start timed out"))??;
+                    Ok(Reply::Started(started))
+                }
+                Io::StopTask { handle, kill_timeout } => {
+                    let driver = driver(&handle.driver)?;
+                    driver.stop(handle, kill_timeout).await?;
+                    Ok(Reply::Unit)
+                }
+                Io::RecoverTask { handle } => {
+                    let driver = driver(&handle.driver)?;
+                    driver.recover(handle).await?;
+                    Ok(Reply::Unit)
+                }
+                Io::ReserveDevices { devices } => Err(IoError::other(format!(
+                    "no device plugin provides {}",
+                    devices.first().map(|d| d.name.as_str()).unwrap_or("devices")
+                ))),
+                Io::Csi { socket, call } => {
+                    let name = call.name();
+                    let attempt = async {
+                        let client = CsiClient::connect(&socket, Duration::from_secs(5))
+                            .await
+                            .map_err(|error| IoError::new(ErrorKind::Unavailable, error.to_string()))?;
+                        client.execute(&call).await
+                    };
+                    tokio::time::timeout(CSI_TIMEOUT, attempt)
+                        .await
+                        .map_err(|_| IoError::new(ErrorKind::Timeout, format!("{name} timed out")))?
+                }
+                Io::Server(_) | Io::Volume(_) => Err(IoError::other("not an executor request")),
+            }
+        })
+    }
+
+    fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult> {
+        match self.drivers.get(&handle.driver) {
+            Some(driver) => driver.wait(handle),
+            None => Box::pin(async move {
+                ExitResult {
+                    err: Some(format!("driver \"{}\" is not available", handle.driver)),
+                    ..ExitResult::default()
+                }
+            }),
+        }
+    }
+
+    fn fingerprint(&self) -> Vec<(String, Option<DriverCapabilities>, BTreeMap<String, String>)> {
+        self.drivers
+            .iter()
+            .map(|driver| {
+                let fingerprint = driver.fingerprint();
+                let capabilities = (fingerprint.detected && fingerprint.healthy).then(|| driver.capabilities());
+                (driver.name().to_string(), capabilities, fingerprint.attributes)
+            })
+            .collect()
+    }
+}
+
+enum Message {
+    Outcome(drover_core::op::OpId, Outcome),
+    Exited {
+        alloc_id: String,
+        task: String,
+        exit: ExitResult,
+    },
+    NodeDetach {
+        request: drover_core::csi::unpublish::NodeDetachRequest,
+        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+    },
+}
+
+/// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
+/// volume manager, controller calls straight to the newest controller registration.
+#[derive(Clone)]
+pub struct ClientCsiRouter {
+    inbox: mpsc::UnboundedSender<Message>,
+    registry: Arc<Mutex<Registry>>,
+}
+
+pub struct ClientInbox {
+    receiver: mpsc::UnboundedReceiver<Message>,
+    sender: mpsc::UnboundedSender<Message>,
+    registry: Arc<Mutex<Registry>>,
+}
+
+impl ClientCsiRouter {
+    pub fn new() -> (ClientCsiRouter, ClientInbox) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let registry = Arc::new(Mutex::new(Registry::default()));
+        (
+            ClientCsiRouter {
+                inbox: sender.clone(),
+                registry: registry.clone(),
+            },
+            ClientInbox {
+                receiver,
+                sender,
+                registry,
+            },
+        )
+    }
+}
+
+impl ClientCsi for ClientCsiRouter {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+        let router = self.clone();
+        Box::pin(async move {
+            match request {
+                ClientCsiRequest::NodeDetach(request) => {
+                    let (reply, answer) = oneshot::channel();
+                    router
+                        .inbox
+                        .send(Message::NodeDetach { request, reply })
+                        .map_err(|_| "client is shutting down".to_string())?;
+                    answer.await.map_err(|_| "client is shutting down".to_string())?
+                }
+                request => {
+                    let socket = router
+                        .registry
+                        .lock()
+                        .unwrap()
+                        .get(PluginKind::CsiController, request.plugin_id())
+                        .map(|info| info.socket_path.clone())
+                        .ok_or_else(|| {
+                            format!(
+                                "CSI client error (retryable): plugin {} for type csi-controller not found",
+                                request.plugin_id()
+                            )
+                        })?;
+                    let client = CsiClient::connect(&socket, Duration::from_secs(5))
+                        .await
+                        .map_err(|error| format!("CSI client error (retryable): {error}"))?;
+                    client.controller_request(&request).await
+                }
+            }
+        })
+    }
+}
+
+pub struct ClientParts {
+    pub agent: AgentHandle,
+    pub settings: ClientSettings,
+    pub executor: Arc<dyn ClientExecutor>,
+    pub store: ClientStore,
+    pub inbox: ClientInbox,
+    /// The node record to register (id, name, datacenter, addresses).
+    pub node: Node,
+}
+
+/// Starts the client loop; it runs until the runtime stops.
+pub fn start_client(parts: ClientParts) -> Result<(), ClientStoreError> {
+    let registry = parts.store.registry()?;
+    let allocs = parts.store.allocs()?;
+    tokio::spawn(run(parts, registry, allocs));
+    Ok(())
+}
+
+fn core_now(epoch: tokio::time::Instant) -> Instant {
+    Instant::from_nanos(tokio::time::Instant::now().saturating_duration_since(epoch).as_nanos() as u64)
+}
+
+#[allow(clippy::type_complexity)]
+async fn run(
+    parts: ClientParts,
+    registry: Registry,
+    saved: Vec<(Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>)>,
+) {
+    let ClientParts {
+        agent,
+        settings,
+        executor,
+        store,
+        inbox,
+        mut node,
+    } = parts;
+    let ClientInbox {
+        mut receiver,
+        sender,
+        registry: shared_registry,
+    } = inbox;
+    let epoch = tokio::time::Instant::now();
+    let node_id = settings.node_id.clone();
+    let mut client = Client::new(settings);
+    for (name, capabilities, attributes) in executor.fingerprint() {
+        node.attributes.extend(attributes);
+        client.handle(core_now(epoch), ClientInput::Driver { name, capabilities });
+    }
+    node.status = NodeStatus::Ready;
+    {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            while let ServerReply::Error(error) =
+                agent.request(ServerRequest::NodeRegister { node: node.clone() }).await
+            {
+                tracing::warn!(error = %error.message, "node registration failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+    let mut known: std::collections::BTreeSet<String> = saved.iter().map(|(alloc, ..)| alloc.id.clone()).collect();
+    *shared_registry.lock().unwrap() = registry.clone();
+    client.restore(core_now(epoch), registry, saved);
+    let mut changes = agent.state_changes();
+    let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
+    let mut next_detach = 0u64;
+    let mut first_sync = true;
+    loop {
+        // Execute everything the core asked for.
+        while let Some(action) = client.poll_action() {
+            match action {
+                ClientAction::Io { op, io } => {
+                    let sender = sender.clone();
+                    let executor = executor.clone();
+                    let agent = agent.clone();
+                    tokio::spawn(async move {
+                        let outcome = match io {
+                            Io::Server(request) => Ok(Reply::Server(agent.request(request).await)),
+                            Io::StartTask(config) => {
+                                let outcome = executor.execute(Io::StartTask(config)).await;
+                                if let Ok(Reply::Started(handle)) = &outcome {
+                                    watch_task(executor.clone(), handle.clone(), sender.clone());
+                                }
+                                outcome
+                            }
+                            Io::RecoverTask { handle } => {
+                                let outcome = executor.execute(Io::RecoverTask { handle: handle.clone() }).await;
+                                if outcome.is_ok() {
+                                    watch_task(executor.clone(), handle, sender.clone());
+                                }
+                                outcome
+                            }
+                            io @ (Io::Mkdir { .. }
+                            | Io::RemoveAll { .. }
+                            | Io::Rmdir { .. }
+                            | Io::IsMountPoint { .. }) => tokio::time::timeout(FS_TIMEOUT, executor.execute(io))
+                                .await
+                                .unwrap_or_else(|_| Err(IoError::new(ErrorKind::Timeout, "filesystem call timed out"))),
+                            io => executor.execute(io).await,
+                        };
+                        let _ = sender.send(Message::Outcome(op, outcome));
+                    });
+                }
+                ClientAction::PersistAlloc { alloc_id, state } => {
+                    if let Err(error) = store.put(&format!("alloc/{alloc_id}"), &*state) {
+                        tracing::error!(%error, "persisting allocation state failed");
+                    }
+                }
+                ClientAction::PersistTask { alloc_id, task, state } => {
+                    if let Err(error) = store.put(&format!("task/{alloc_id}/{task}"), &*state) {
+                        tracing::error!(%error, "persisting task state failed");
+                    }
+                }
+                ClientAction::PersistRegistry(registry) => {
+                    *shared_registry.lock().unwrap() = (*registry).clone();
+                    if let Err(error) = store.put("registry", &*registry) {
+                        tracing::error!(%error, "persisting the plugin registry failed");
+                    }
+                }
+                ClientAction::TaskEvent { alloc_id, task, event } => {
+                    tracing::info!(alloc = %alloc_id, %task, kind = %event.kind, message = %event.message, "task event");
+                }
+                ClientAction::NodeEvent(event) => {
+                    tracing::info!(subsystem = %event.subsystem, message = %event.message, details = ?event.details, "node event");
+                }
+                ClientAction::Hook {
+                    alloc_id,
+                    hook,
+                    phase,
+                    result,
+                } => {
+                    tracing::debug!(alloc = %alloc_id, hook, phase, ?result, "alloc hook");
+                }
+                ClientAction::NodeDetached { req, result } => {
+                    if let Some(reply) = detaches.remove(&req) {
+                        let _ = reply.send(result.map(|()| ClientCsiReply::Done));
+                    }
+                }
+            }
+        }
+        let now = core_now(epoch);
+        let sleep = client
+            .poll_timeout()
+            .map(|at| Duration::from_nanos(at.as_nanos().saturating_sub(now.as_nanos())))
+            .unwrap_or(Duration::from_secs(3600));
+        let changed = async {
+            match &mut changes {
+                Some(changes) if !first_sync => changes.changed().await.is_ok(),
+                Some(_) => true,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            message = receiver.recv() => {
+                let Some(message) = message else { return };
+                let now = core_now(epoch);
+                match message {
+                    Message::Outcome(op, outcome) => client.handle(now, ClientInput::Outcome { op, outcome }),
+                    Message::Exited { alloc_id, task, exit } => {
+                        client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
+                    }
+                    Message::NodeDetach { request, reply } => {
+                        next_detach += 1;
+                        detaches.insert(next_detach, reply);
+                        client.handle(now, ClientInput::NodeDetach { req: next_detach, request });
+                    }
+                }
+            }
+            _ = tokio::time::sleep(sleep) => client.handle_timeout(core_now(epoch)),
+            ok = changed => {
+                if !ok {
+                    changes = None;
+                    continue;
+                }
+                first_sync = false;
+                let allocs: Vec<(Allocation, Job)> = agent
+                    .read_state(|state| {
+                        state
+                            .allocs()
+                            .filter(|alloc| alloc.node_id == node_id)
+                            .filter_map(|alloc| state.job(&alloc.namespace, &alloc.job_id).map(|job| (alloc.clone(), job.clone())))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                for (alloc, job) in &allocs {
+                    if known.insert(alloc.id.clone())
+                        && let Err(error) = store.put(&format!("spec/{}", alloc.id), &(alloc, job))
+                    {
+                        tracing::error!(%error, "persisting an allocation failed");
+                    }
+                }
+                client.handle(core_now(epoch), ClientInput::Allocs { allocs });
+            }
+        }
+    }
+}
+
+/// The driver's task-event stream for one task: its exit goes back to the core.
+fn watch_task(executor: Arc<dyn ClientExecutor>, handle: TaskHandle, sender: mpsc::UnboundedSender<Message>) {
+    tokio::spawn(async move {
+        let exit = executor.wait(handle.clone()).await;
+        let _ = sender.send(Message::Exited {
+            alloc_id: handle.alloc_id,
+            task: handle.task,
+            exit,
+        });
+    });
+}
+
+/// This agent's node id, shaped like Nomad's (a UUID), derived from its persisted agent id.
+pub fn node_uuid(node_id: u64) -> String {
+    let hex = format!(
+        "{:016x}{:016x}",
+        node_id,
+        node_id.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The client's settings and node record for an agent whose data lives in `data_dir`:
+/// client state under `<data_dir>/client`, allocations under `<data_dir>/alloc`.
+pub fn client_identity(
+    config: &drover_core::config::AgentConfig,
+    node_id: u64,
+    data_dir: &Path,
+    host_volumes: BTreeMap<String, drover_core::client::volume_hook::HostVolumeConfig>,
+) -> (ClientSettings, Node) {
+    let id = node_uuid(node_id);
+    let settings = ClientSettings {
+        node_id: id.clone(),
+        paths: drover_core::client::paths::ClientPaths::new(
+            data_dir.join("client").display().to_string(),
+            data_dir.join("alloc").display().to_string(),
+        ),
+        host_volumes,
+        seed: node_id,
+    };
+    let node = Node {
+        id,
+        name: config.name.clone(),
+        datacenter: config.datacenter.clone(),
+        rpc_addr: config.advertise.rpc.to_string(),
+        http_addr: config.advertise.http.to_string(),
+        status: NodeStatus::Ready,
+        ..Node::default()
+    };
+    (settings, node)
+}
