@@ -942,6 +942,10 @@ mod volume_harness {
                     },
                     _ => VolumeOp::HasMount {
                         plugin_id: "hp".into(),
+                        namespace: "default".into(),
+                        volume_id: vol,
+                        alloc_id: alloc,
+                        usage: usage(args),
                         mount: MountInfo {
                             source: args["path"].clone(),
                             is_device: false,

@@ -9,6 +9,8 @@
 //! Everything here exists only in the simulation build; in a normal build the crate is empty.
 
 #[cfg(madsim)]
+pub mod client_world;
+#[cfg(madsim)]
 pub mod cluster;
 #[cfg(madsim)]
 pub mod consul;

@@ -55,6 +55,26 @@ pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
 pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     let plan = plan_for(scenario, seed, &options);
     let schedule = plan.schedule();
+    if let Some(world) = plan.client_world {
+        let report = drover_io_sim::client_world::run(world, seed ^ salt(scenario.name));
+        let lines = report.trace.lines().count();
+        return Report {
+            scenario: scenario.name,
+            seed,
+            trace: report.trace,
+            violations: report
+                .violations
+                .into_iter()
+                .map(|(invariant, detail)| Violation {
+                    invariant,
+                    detail,
+                    at_line: lines,
+                })
+                .collect(),
+            schedule,
+            virtual_secs: report.virtual_secs,
+        };
+    }
     // The recorder lives outside the simulation thread so a run that panics still reports
     // the trace and every violation recorded before the panic.
     let recorder_slot: Arc<Mutex<Option<Recorder>>> = Arc::new(Mutex::new(None));

@@ -9,6 +9,7 @@ use std::time::Duration;
 use drover_core::config::{Advertise, AgentConfig, BootstrapFault, CsiFaults, Ports};
 use drover_core::csi::watcher::GcConfig;
 use drover_core::structs::AccessMode;
+use drover_io_sim::client_world::{Consumer, PluginFault, WorldPlan};
 use drover_io_sim::cluster::ClientSpec;
 use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
@@ -92,6 +93,8 @@ pub struct Plan {
     pub quiet_bound: Duration,
     /// A CSI workload on client nodes, when the scenario has one.
     pub csi: Option<CsiPlan>,
+    /// A simulated client host instead of a cluster (the client scenarios).
+    pub client_world: Option<WorldPlan>,
 }
 
 /// Client nodes, volumes and the shape of the claim workload.
@@ -118,6 +121,23 @@ impl Plan {
             .collect();
         lines.sort();
         lines.extend(self.steps.iter().map(ToString::to_string));
+        if let Some(world) = &self.client_world {
+            lines.push(format!(
+                "client host: stage_unstage={} refused_claims={} faults={:?}",
+                world.stage_unstage, world.refused_claims, world.faults
+            ));
+            for consumer in &world.consumers {
+                lines.push(format!(
+                    "{:>7.3}s place {}, stop at {:.3}s",
+                    consumer.start_at.as_secs_f64(),
+                    consumer.alloc,
+                    consumer.stop_at.as_secs_f64()
+                ));
+            }
+            for at in &world.agent_restarts {
+                lines.push(format!("{:>7.3}s agent restart", at.as_secs_f64()));
+            }
+        }
         lines
     }
 
@@ -211,8 +231,40 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
     },
 ];
 
+/// The client scenarios: one simulated client host, its plugin task and consumers.
+pub const CLIENT_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "client_plugin_crash",
+        about: "the node plugin crashes during stage, publish or unpublish and is restarted",
+        build: client_plugin_crash,
+    },
+    Scenario {
+        name: "client_plugin_never_healthy",
+        about: "the node plugin never becomes ready: restarted after health_timeout, consumers fail cleanly",
+        build: client_plugin_never_healthy,
+    },
+    Scenario {
+        name: "client_stale_socket",
+        about: "the plugin dies between calls and its restart must replace a stale socket",
+        build: client_stale_socket,
+    },
+    Scenario {
+        name: "client_agent_restart",
+        about: "the agent restarts while volumes are mounted: mounts restored, not claimed again",
+        build: client_agent_restart,
+    },
+    Scenario {
+        name: "client_shared_stage",
+        about: "two allocations share one staged volume; unstage only after the last leaves",
+        build: client_shared_stage,
+    },
+];
+
 pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
-    SCENARIOS.iter().chain(CSI_SCENARIOS.iter())
+    SCENARIOS
+        .iter()
+        .chain(CSI_SCENARIOS.iter())
+        .chain(CLIENT_SCENARIOS.iter())
 }
 
 pub fn find(name: &str) -> Option<&'static Scenario> {
@@ -293,6 +345,7 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         keep_dead: Vec::new(),
         quiet_bound: Duration::from_secs(60),
         csi: None,
+        client_world: None,
     }
 }
 
@@ -576,4 +629,68 @@ fn csi_single_writer(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         deregister_attempts: false,
     };
     csi_plan(rng, options, steps, csi)
+}
+
+fn world(rng: &mut ChaCha8Rng, consumers: usize, faults: Vec<PluginFault>) -> Plan {
+    let consumers = (0..consumers)
+        .map(|index| {
+            let start = millis(rng, 500..8_000);
+            Consumer {
+                alloc: format!("app-{}", index + 1),
+                start_at: start,
+                stop_at: start + millis(rng, 5_000..40_000),
+            }
+        })
+        .collect();
+    let mut plan = plan(Vec::new(), Vec::new());
+    plan.client_world = Some(WorldPlan {
+        stage_unstage: rng.gen_bool(0.7),
+        consumers,
+        faults,
+        agent_restarts: Vec::new(),
+        refused_claims: rng.gen_range(0..3),
+        end: Duration::from_secs(600),
+    });
+    plan
+}
+
+fn client_plugin_crash(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+    let call = *[
+        "NodeStageVolume",
+        "NodePublishVolume",
+        "NodeUnpublishVolume",
+        "NodeUnstageVolume",
+    ]
+    .choose(rng)
+    .expect("non-empty");
+    let consumers = rng.gen_range(1..=2);
+    world(rng, consumers, vec![PluginFault::CrashOn { call, nth: 1 }])
+}
+
+fn client_plugin_never_healthy(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+    world(rng, 1, vec![PluginFault::NeverReady])
+}
+
+fn client_stale_socket(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+    // The plugin dies on a heartbeat probe; the next process finds the old socket file.
+    let nth = rng.gen_range(2..6);
+    world(rng, 1, vec![PluginFault::CrashOn { call: "Probe", nth }])
+}
+
+fn client_agent_restart(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+    let consumers = rng.gen_range(1..=2);
+    let mut plan = world(rng, consumers, Vec::new());
+    let restarts = (0..rng.gen_range(1..=2)).map(|_| millis(rng, 2_000..30_000)).collect();
+    if let Some(world) = &mut plan.client_world {
+        world.agent_restarts = restarts;
+    }
+    plan
+}
+
+fn client_shared_stage(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+    let mut plan = world(rng, 2, Vec::new());
+    if let Some(world) = &mut plan.client_world {
+        world.stage_unstage = true;
+    }
+    plan
 }

@@ -530,8 +530,16 @@ impl AllocRunner {
                         self.csi = Some(CsiStep::Restore { index: index + 1 });
                         continue;
                     };
-                    let plugin_id = self.local.csi_stubs[alias].plugin_id.clone();
-                    return self.request(ops, Io::Volume(VolumeOp::HasMount { plugin_id, mount }));
+                    let stub = &self.local.csi_stubs[alias];
+                    let check = VolumeOp::HasMount {
+                        plugin_id: stub.plugin_id.clone(),
+                        namespace: stub.namespace.clone(),
+                        volume_id: stub.volume_id.clone(),
+                        alloc_id: self.spec.alloc.id.clone(),
+                        usage: stub.usage.clone(),
+                        mount,
+                    };
+                    return self.request(ops, Io::Volume(check));
                 }
                 CsiStep::Claim { index } => {
                     let Some((alias, request)) = requests.get(index) else {

@@ -244,8 +244,14 @@ pub enum VolumeOp {
         alloc_id: String,
         usage: UsageOptions,
     },
+    /// After an agent restart: is the allocation's volume still mounted? If so the manager
+    /// takes the allocation back as a user of the volume (usage lives only in memory).
     HasMount {
         plugin_id: String,
+        namespace: String,
+        volume_id: String,
+        alloc_id: String,
+        usage: UsageOptions,
         mount: MountInfo,
     },
 }

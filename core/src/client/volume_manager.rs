@@ -100,7 +100,9 @@ fn key_of(op: &VolumeOp) -> VolumeKey {
             namespace, volume_id, ..
         } => (namespace.clone(), volume_id.clone()),
         // Mount checks touch no volume state; serialise them on their path.
-        VolumeOp::HasMount { mount, .. } => (String::new(), mount.source.clone()),
+        VolumeOp::HasMount {
+            namespace, volume_id, ..
+        } => (namespace.clone(), volume_id.clone()),
     }
 }
 
@@ -336,6 +338,23 @@ impl VolumeManager {
         job.pending = None;
         if job.step == Step::CheckMount {
             let job = self.running.remove(&key).expect("found");
+            if let (
+                Ok(Reply::Bool(true)),
+                VolumeOp::HasMount {
+                    namespace,
+                    volume_id,
+                    alloc_id,
+                    usage,
+                    ..
+                },
+            ) = (&outcome, &job.op)
+            {
+                // Still mounted after a restart: this allocation uses the volume again.
+                self.usage
+                    .entry((namespace.clone(), volume_id.clone(), usage.to_fs()))
+                    .or_default()
+                    .insert(alloc_id.clone());
+            }
             let outcome = match outcome {
                 Ok(Reply::Bool(mounted)) => Ok(Reply::Bool(mounted)),
                 Ok(_) => Ok(Reply::Bool(false)),
@@ -542,6 +561,15 @@ fn validate(op: &VolumeOp) -> Result<(), String> {
             check_component("volume namespace", namespace)?;
             check_component("allocation ID", alloc_id)
         }
-        VolumeOp::HasMount { .. } => Ok(()),
+        VolumeOp::HasMount {
+            namespace,
+            volume_id,
+            alloc_id,
+            ..
+        } => {
+            check_component("volume ID", volume_id)?;
+            check_component("volume namespace", namespace)?;
+            check_component("allocation ID", alloc_id)
+        }
     }
 }
