@@ -16,6 +16,7 @@ use anyhow::Context;
 use clap::Parser;
 use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, HostExecutor, client_identity, start_client};
 use drover_io_real::consul::ConsulHttp;
+use drover_io_real::devices::{DeviceManager, FakeDevicePlugin};
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{Consul, NoConsul, TracingObserver};
@@ -230,6 +231,12 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             settings,
             executor: Arc::new(HostExecutor {
                 drivers: Drivers::builtin(),
+                // -dev shows the device hook at work with two fake GPUs.
+                devices: if config.dev_mode {
+                    DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(2)))
+                } else {
+                    DeviceManager::default()
+                },
             }),
             store: ClientStore::open(&data_dir.join("client"))?,
             inbox,

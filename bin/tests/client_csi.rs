@@ -16,6 +16,7 @@ use drover_core::structs::{
     DesiredStatus, Job, JobType, Task, TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
 };
 use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, HostExecutor, client_identity, start_client};
+use drover_io_real::devices::{DeviceManager, FakeDevicePlugin};
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{NoConsul, TracingObserver};
@@ -185,6 +186,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         settings,
         executor: Arc::new(HostExecutor {
             drivers: Drivers::builtin(),
+            devices: DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(1))),
         }),
         store: ClientStore::open(&dir.path().join("client")).unwrap(),
         inbox,
@@ -299,7 +301,19 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     assert_eq!(std::fs::read_to_string(&logs).unwrap_or_default(), "");
 
     // The reader: a second exec task on the same volume reads the file back.
-    let reader = consumer("reader", "cat /data/hello");
+    // It also asks for a (fake) GPU: the devices hook reserves one and the task sees its env
+    // and its device node.
+    let mut reader = consumer(
+        "reader",
+        "cat /data/hello && echo \"gpus=$DROVER_FAKE_GPUS\" && test -c /dev/fake-gpu0 && echo node",
+    );
+    reader.task_groups[0].tasks[0]
+        .resources
+        .devices
+        .push(drover_core::structs::RequestedDevice {
+            name: "gpu".into(),
+            count: 1,
+        });
     ok(&handle, ServerRequest::JobUpsert { job: reader.clone() }).await;
     ok(
         &handle,
@@ -316,7 +330,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     })
     .await;
     let out = std::fs::read_to_string(dir.path().join("alloc/reader-1/alloc/logs/web.stdout.0")).unwrap();
-    assert_eq!(out, "hello from the writer\n");
+    assert_eq!(out, "hello from the writer\ngpus=fake-gpu-0\nnode\n");
 
     // Stop the plugin: it deregisters and its socket dir goes.
     let mut stopped = alloc("plugin-1", &plugin_job, &node_id);

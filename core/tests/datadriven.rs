@@ -584,7 +584,7 @@ mod client_harness {
             }
             Io::StopTask { handle, kill_timeout } => format!("stop {} kill_timeout={kill_timeout:?}", handle.task),
             Io::RecoverTask { handle } => format!("recover {}", handle.task),
-            Io::ReserveDevices { devices } => format!("reserve {}", devices[0].name),
+            Io::ReserveDevices { task, devices, .. } => format!("reserve {} for {task}", devices[0].name),
             Io::Csi { socket, call } => format!("csi {} {socket}", call.name()),
             Io::Server(request) => match request {
                 ServerRequest::VolumeClaim { volume_id, claim, .. } => {

@@ -25,6 +25,7 @@ use redb::{ReadableDatabase, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::csi::CsiClient;
+use crate::devices::DeviceManager;
 use crate::driver::AgentHandle;
 use crate::drivers::Drivers;
 use crate::io::{BoxFuture, ClientCsi};
@@ -160,6 +161,7 @@ pub trait ClientExecutor: Send + Sync + 'static {
 #[derive(Clone, Debug)]
 pub struct HostExecutor {
     pub drivers: Drivers,
+    pub devices: DeviceManager,
 }
 
 fn fs_error(context: &str, error: std::io::Error) -> IoError {
@@ -187,6 +189,7 @@ fn is_mount_point(path: &str) -> Result<bool, IoError> {
 impl ClientExecutor for HostExecutor {
     fn execute(&self, io: Io) -> BoxFuture<Outcome> {
         let drivers = self.drivers.clone();
+        let devices = self.devices.clone();
         Box::pin(async move {
             let driver = |name: &str| {
                 drivers
@@ -222,7 +225,9 @@ impl ClientExecutor for HostExecutor {
                 }
                 Io::StopTask { handle, kill_timeout } => {
                     let driver = driver(&handle.driver)?;
+                    let (alloc_id, task) = (handle.alloc_id.clone(), handle.task.clone());
                     driver.stop(handle, kill_timeout).await?;
+                    devices.release(&alloc_id, &task);
                     Ok(Reply::Unit)
                 }
                 Io::RecoverTask { handle } => {
@@ -230,10 +235,11 @@ impl ClientExecutor for HostExecutor {
                     driver.recover(handle).await?;
                     Ok(Reply::Unit)
                 }
-                Io::ReserveDevices { devices } => Err(IoError::other(format!(
-                    "no device plugin provides {}",
-                    devices.first().map(|d| d.name.as_str()).unwrap_or("devices")
-                ))),
+                Io::ReserveDevices {
+                    alloc_id,
+                    task,
+                    devices: requested,
+                } => devices.reserve(&alloc_id, &task, &requested).map(Reply::Reserved),
                 Io::Csi { socket, call } => {
                     let name = call.name();
                     let attempt = async {

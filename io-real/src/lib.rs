@@ -5,6 +5,7 @@
 //! tokio and madsim alike. The production implementations (tonic transport, redb files,
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
+pub mod devices;
 pub mod driver;
 pub mod drivers;
 pub mod io;

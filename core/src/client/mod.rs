@@ -307,7 +307,10 @@ pub enum Io {
     RecoverTask {
         handle: TaskHandle,
     },
+    /// Devices for one task from the client's device plugins (the devices hook).
     ReserveDevices {
+        alloc_id: String,
+        task: String,
         devices: Vec<RequestedDevice>,
     },
     Csi {

@@ -584,6 +584,8 @@ impl TaskRunner {
                     Vec::new()
                 } else {
                     vec![Io::ReserveDevices {
+                        alloc_id: spec.alloc_id.clone(),
+                        task: spec.task.name.clone(),
                         devices: spec.task.resources.devices.clone(),
                     }]
                 }

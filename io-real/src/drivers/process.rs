@@ -2,7 +2,8 @@
 //! isolation (and cannot mount anything: `MountConfigs = none`). `exec` runs it in its own
 //! mount namespace, chrooted into its task dir with the host's system dirs bound read-only,
 //! the alloc dir at `/alloc`, and every volume and CSI mount bound at its destination with
-//! the requested propagation (`MountConfigs = all`); the namespace, and so every bind mount,
+//! the requested propagation (`MountConfigs = all`), and a /dev of its own with the usual
+//! nodes plus the reserved devices; the namespace, and so every bind mount,
 //! disappears with the task. Both put the task in its own process group, send SIGINT, then
 //! SIGKILL after `kill_timeout`, and write stdout/stderr to `<log_dir>/<task>.std{out,err}.0`.
 
@@ -141,7 +142,29 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoErro
             add(path, dir, true, Propagation::Private)?;
         }
     }
-    add(Path::new("/dev"), "/dev", false, Propagation::Private)?;
+    // A minimal /dev of the task's own (the host's /dev is not shared): the usual nodes, then
+    // the devices its reservation names.
+    for node in ["null", "zero", "full", "random", "urandom", "tty", "pts", "shm"] {
+        let host = Path::new("/dev").join(node);
+        if host.exists() {
+            add(&host, &format!("/dev/{node}"), false, Propagation::Private)?;
+        }
+    }
+    for device in &config.devices {
+        let source = Path::new(&device.host_path);
+        if !source.exists() {
+            return Err(IoError::new(
+                ErrorKind::NotFound,
+                format!("device {} does not exist", device.host_path),
+            ));
+        }
+        add(
+            source,
+            &device.task_path,
+            !device.permissions.contains('w'),
+            Propagation::Private,
+        )?;
+    }
     add(Path::new("/proc"), "/proc", false, Propagation::Private)?;
     let alloc_shared = Path::new(&config.log_dir).parent().map(Path::to_path_buf);
     if let Some(alloc_shared) = alloc_shared {
