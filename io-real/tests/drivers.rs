@@ -141,7 +141,8 @@ async fn exec_binds_mounts_in_its_own_namespace() {
         "/bin/sh",
         &[
             "-c",
-            "cat /data/in > /data/out && echo task >> /data/out && ! touch /ro/x 2>/dev/null && ls /alloc >/dev/null",
+            "cat /data/in > /data/out && echo task >> /data/out && ! touch /ro/x 2>/dev/null && ls /alloc >/dev/null \
+             && test -L /dev/fd && echo err >&2",
         ],
     );
     task.mounts = vec![
@@ -164,6 +165,7 @@ async fn exec_binds_mounts_in_its_own_namespace() {
     let exit = driver.wait(handle).await;
     let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/web.stderr.0")).unwrap_or_default();
     assert_eq!(exit.exit_code, 0, "stderr: {stderr}");
+    assert_eq!(stderr, "err\n");
     assert_eq!(
         std::fs::read_to_string(volume.join("out")).unwrap(),
         "from the host\ntask\n"

@@ -150,6 +150,17 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoErro
             add(&host, &format!("/dev/{node}"), false, Propagation::Private)?;
         }
     }
+    for (link, target) in [
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let path = root.join("dev").join(link);
+        if path.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(target, &path).map_err(|e| io_error(&format!("link {}", path.display()), e))?;
+        }
+    }
     for device in &config.devices {
         let source = Path::new(&device.host_path);
         if !source.exists() {
