@@ -332,3 +332,92 @@ fn plugin_then_consumer_then_release() {
     assert!(client.alloc("a1").unwrap().is_done());
     assert!(hooks.contains(&"a1 csi_hook postrun".to_string()));
 }
+
+/// Reports to the servers go one at a time per subject and always carry the latest value: a
+/// task that starts and finishes while the first report is still in flight is reported as
+/// `Complete` next, never as a late `Running`.
+#[test]
+fn status_reports_never_go_backwards() {
+    use drover_core::structs::ClientStatus;
+
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 3,
+    });
+    let now = Instant::ZERO;
+    client.handle(
+        now,
+        ClientInput::Driver {
+            name: "exec".into(),
+            capabilities: Some(DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            }),
+        },
+    );
+    let mut job = app_job();
+    job.job_type = JobType::Batch;
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("a1", &job), job.clone())],
+        },
+    );
+    let mut world = World::default();
+    let mut held: Vec<(drover_core::op::OpId, ClientStatus)> = Vec::new();
+    let mut sent = Vec::new();
+    // Answer everything except status reports, which are held back.
+    for _ in 0..50 {
+        let Some(action) = client.poll_action() else { break };
+        if let ClientAction::Io { op, io } = action {
+            if let Io::Server(ServerRequest::AllocClientUpdate { client_status, .. }) = &io {
+                sent.push(*client_status);
+                held.push((op, *client_status));
+                continue;
+            }
+            let outcome = world.answer(&io);
+            client.handle(now, ClientInput::Outcome { op, outcome });
+        }
+    }
+    assert_eq!(sent, [ClientStatus::Running], "one report in flight");
+    client.handle(
+        now,
+        ClientInput::TaskExited {
+            alloc_id: "a1".into(),
+            task: "web".into(),
+            exit: ExitResult::default(),
+        },
+    );
+    while let Some(action) = client.poll_action() {
+        if let ClientAction::Io {
+            io: Io::Server(ServerRequest::AllocClientUpdate { .. }),
+            ..
+        } = action
+        {
+            panic!("a second report while the first is in flight");
+        }
+    }
+    // The first report is acknowledged: the latest value follows.
+    let (op, _) = held.remove(0);
+    client.handle(
+        now,
+        ClientInput::Outcome {
+            op,
+            outcome: Ok(Reply::Server(ServerReply::Done { index: 9 })),
+        },
+    );
+    let next: Vec<ClientStatus> = std::iter::from_fn(|| client.poll_action())
+        .filter_map(|action| match action {
+            ClientAction::Io {
+                io: Io::Server(ServerRequest::AllocClientUpdate { client_status, .. }),
+                ..
+            } => Some(client_status),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(next, [ClientStatus::Complete]);
+}
