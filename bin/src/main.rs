@@ -222,11 +222,12 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         }
         None => start(loaded.clone_config(), db, NoConsul, client_csi).await?,
     };
+    let mut client_view = None;
     if is_client {
         // The client reads its allocations from the local server's state; a client-only
         // agent (remote servers) starts without one until remote alloc sync exists.
         let (settings, node) = client_identity(&config, handle.node_id(), &data_dir, BTreeMap::new());
-        start_client(ClientParts {
+        client_view = Some(start_client(ClientParts {
             agent: handle.clone(),
             settings,
             executor: Arc::new(HostExecutor {
@@ -241,10 +242,10 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             store: ClientStore::open(&data_dir.join("client"))?,
             inbox,
             node,
-        })?;
+        })?);
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
-    let bound = drover_io_real::http::serve(handle.clone(), http_addr)
+    let bound = drover_io_real::http::serve_with_client(handle.clone(), client_view, http_addr)
         .await
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
     print_banner(&loaded, bound);

@@ -53,6 +53,23 @@ impl Drop for Cleanup {
     }
 }
 
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let path = path.to_string();
+    tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response
+            .split_once("\r\n\r\n")
+            .map(|(_, body)| body.to_string())
+            .unwrap_or_default()
+    })
+    .await
+    .unwrap()
+}
+
 fn strings(items: &[&str]) -> ConfigValue {
     ConfigValue::List(items.iter().map(|item| ConfigValue::String(item.to_string())).collect())
 }
@@ -181,7 +198,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     .unwrap();
     let (settings, node) = client_identity(&config, handle.node_id(), dir.path(), BTreeMap::new());
     let node_id = node.id.clone();
-    start_client(ClientParts {
+    let view = start_client(ClientParts {
         agent: handle.clone(),
         settings,
         executor: Arc::new(HostExecutor {
@@ -193,6 +210,9 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         node,
     })
     .unwrap();
+    let http = drover_io_real::http::serve_with_client(handle.clone(), Some(view), (ip, ports.http).into())
+        .await
+        .unwrap();
     until("the node to register", &handle, |state| {
         state.node(&node_id).map(|_| ())
     })
@@ -331,6 +351,61 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     .await;
     let out = std::fs::read_to_string(dir.path().join("alloc/reader-1/alloc/logs/web.stdout.0")).unwrap();
     assert_eq!(out, "hello from the writer\ngpus=fake-gpu-0\nnode\n");
+
+    // A running task's device usage is in its allocation's resource usage.
+    let mut trainer = consumer("trainer", "sleep 30");
+    trainer.job_type = JobType::Service;
+    trainer.task_groups[0].volumes.clear();
+    trainer.task_groups[0].tasks[0].volume_mounts.clear();
+    trainer.task_groups[0].tasks[0]
+        .resources
+        .devices
+        .push(drover_core::structs::RequestedDevice {
+            name: "gpu".into(),
+            count: 1,
+        });
+    ok(&handle, ServerRequest::JobUpsert { job: trainer.clone() }).await;
+    ok(
+        &handle,
+        ServerRequest::AllocUpsert {
+            allocs: vec![alloc("trainer-1", &trainer, &node_id)],
+        },
+    )
+    .await;
+    let mut stats = String::new();
+    for _ in 0..100 {
+        stats = http_get(http, "/v1/client/allocation/trainer-1/stats").await;
+        if stats.contains("fake-gpu-0") && stats.contains("\"running\"") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let stats: serde_json::Value = serde_json::from_str(&stats).expect(&stats);
+    let group = &stats["Tasks"]["web"]["ResourceUsage"]["DeviceStats"][0];
+    assert_eq!(
+        (group["Vendor"].as_str(), group["Type"].as_str()),
+        (Some("drover"), Some("gpu"))
+    );
+    assert_eq!(
+        group["InstanceStats"]["fake-gpu-0"]["Summary"]["FloatNumeratorVal"],
+        10.0
+    );
+    assert_eq!(stats["Tasks"]["web"]["State"], "running");
+    assert!(
+        http_get(http, "/v1/client/allocation/nope/stats")
+            .await
+            .contains("Unknown allocation")
+    );
+    let mut stopped = alloc("trainer-1", &trainer, &node_id);
+    stopped.desired_status = DesiredStatus::Stop;
+    ok(&handle, ServerRequest::AllocUpsert { allocs: vec![stopped] }).await;
+    until("the trainer to stop", &handle, |state| {
+        state
+            .alloc("trainer-1")
+            .filter(|alloc| alloc.client_status == ClientStatus::Complete)
+            .map(|_| ())
+    })
+    .await;
 
     // Stop the plugin: it deregisters and its socket dir goes.
     let mut stopped = alloc("plugin-1", &plugin_job, &node_id);

@@ -25,7 +25,7 @@ use redb::{ReadableDatabase, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::csi::CsiClient;
-use crate::devices::DeviceManager;
+use crate::devices::{DeviceManager, DeviceStats};
 use crate::driver::AgentHandle;
 use crate::drivers::Drivers;
 use crate::io::{BoxFuture, ClientCsi};
@@ -155,6 +155,8 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
     /// Every driver with its capabilities when detected and healthy, and its attributes.
     fn fingerprint(&self) -> Vec<(String, Option<DriverCapabilities>, BTreeMap<String, String>)>;
+    /// Usage of the devices reserved for one task.
+    fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats>;
 }
 
 /// The production executor: host filesystem, process drivers, CSI over unix sockets.
@@ -259,7 +261,16 @@ impl ClientExecutor for HostExecutor {
 
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult> {
         match self.drivers.get(&handle.driver) {
-            Some(driver) => driver.wait(handle),
+            Some(driver) => {
+                let devices = self.devices.clone();
+                let wait = driver.wait(handle.clone());
+                Box::pin(async move {
+                    let exit = wait.await;
+                    // The task is gone: its devices are free again (a restart reserves anew).
+                    devices.release(&handle.alloc_id, &handle.task);
+                    exit
+                })
+            }
             None => Box::pin(async move {
                 ExitResult {
                     err: Some(format!("driver \"{}\" is not available", handle.driver)),
@@ -270,14 +281,24 @@ impl ClientExecutor for HostExecutor {
     }
 
     fn fingerprint(&self) -> Vec<(String, Option<DriverCapabilities>, BTreeMap<String, String>)> {
-        self.drivers
+        let mut drivers: Vec<_> = self
+            .drivers
             .iter()
             .map(|driver| {
                 let fingerprint = driver.fingerprint();
                 let capabilities = (fingerprint.detected && fingerprint.healthy).then(|| driver.capabilities());
                 (driver.name().to_string(), capabilities, fingerprint.attributes)
             })
-            .collect()
+            .collect();
+        // Device fingerprints ride along as node attributes.
+        if let Some((_, _, attributes)) = drivers.first_mut() {
+            attributes.extend(self.devices.attributes());
+        }
+        drivers
+    }
+
+    fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats> {
+        self.devices.task_stats(alloc_id, task)
     }
 }
 
@@ -362,6 +383,36 @@ impl ClientCsi for ClientCsiRouter {
     }
 }
 
+/// What the HTTP API may read of the client: task states as last persisted and device usage.
+#[derive(Clone)]
+pub struct ClientView {
+    tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
+    executor: Arc<dyn ClientExecutor>,
+}
+
+/// One task's resource usage (only what is measured: device stats).
+#[derive(Clone, Debug)]
+pub struct TaskUsage {
+    pub state: LocalTaskState,
+    pub devices: Vec<DeviceStats>,
+}
+
+impl ClientView {
+    /// `None`: this client does not run the allocation.
+    pub fn alloc_usage(&self, alloc_id: &str) -> Option<BTreeMap<String, TaskUsage>> {
+        let tasks = self.tasks.lock().unwrap().get(alloc_id).cloned()?;
+        Some(
+            tasks
+                .into_iter()
+                .map(|(task, state)| {
+                    let devices = self.executor.device_stats(alloc_id, &task);
+                    (task, TaskUsage { state, devices })
+                })
+                .collect(),
+        )
+    }
+}
+
 pub struct ClientParts {
     pub agent: AgentHandle,
     pub settings: ClientSettings,
@@ -373,11 +424,20 @@ pub struct ClientParts {
 }
 
 /// Starts the client loop; it runs until the runtime stops.
-pub fn start_client(parts: ClientParts) -> Result<(), ClientStoreError> {
+pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> {
     let registry = parts.store.registry()?;
     let allocs = parts.store.allocs()?;
-    tokio::spawn(run(parts, registry, allocs));
-    Ok(())
+    let view = ClientView {
+        tasks: Arc::new(Mutex::new(
+            allocs
+                .iter()
+                .map(|(alloc, _, _, tasks)| (alloc.id.clone(), tasks.clone()))
+                .collect(),
+        )),
+        executor: parts.executor.clone(),
+    };
+    tokio::spawn(run(parts, registry, allocs, view.clone()));
+    Ok(view)
 }
 
 fn core_now(epoch: tokio::time::Instant) -> Instant {
@@ -389,6 +449,7 @@ async fn run(
     parts: ClientParts,
     registry: Registry,
     saved: Vec<(Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>)>,
+    view: ClientView,
 ) {
     let ClientParts {
         agent,
@@ -471,6 +532,12 @@ async fn run(
                     }
                 }
                 ClientAction::PersistTask { alloc_id, task, state } => {
+                    view.tasks
+                        .lock()
+                        .unwrap()
+                        .entry(alloc_id.clone())
+                        .or_default()
+                        .insert(task.clone(), (*state).clone());
                     if let Err(error) = store.put(&format!("task/{alloc_id}/{task}"), &*state) {
                         tracing::error!(%error, "persisting task state failed");
                     }

@@ -20,6 +20,8 @@ pub struct DeviceInstance {
 /// Usage of one device instance.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeviceStats {
+    /// `vendor/type/name` of the plugin that owns the instance.
+    pub device: String,
     pub id: String,
     pub summary: String,
     pub utilization_percent: f64,
@@ -221,6 +223,7 @@ impl DevicePlugin for FakeDevicePlugin {
             .map(|id| {
                 let index: u64 = id.trim_start_matches("fake-gpu-").parse().unwrap_or(0);
                 DeviceStats {
+                    device: self.name().to_string(),
                     id: id.clone(),
                     summary: format!("{}% busy", 10 * (index + 1)),
                     utilization_percent: 10.0 * (index + 1) as f64,

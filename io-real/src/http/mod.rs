@@ -2,6 +2,7 @@
 //! plugins, and nodes. Reads answer from the agent's published status and applied state
 //! (blocking queries on a table's index); writes go through Raft.
 
+mod client;
 mod csi;
 mod render;
 
@@ -26,9 +27,21 @@ const VARIABLE_PATH_LEN_MAX: usize = 128;
 
 /// Binds the HTTP API on `addr` and serves it in a background task.
 pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    serve_with_client(handle, None, addr).await
+}
+
+/// Like [`serve`], with the client endpoints when this agent runs a client.
+pub async fn serve_with_client(
+    handle: AgentHandle,
+    client: Option<crate::client::ClientView>,
+    addr: SocketAddr,
+) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let app = router(handle);
+    let mut app = router(handle);
+    if let Some(view) = client {
+        app = app.merge(client::router(view));
+    }
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "HTTP server stopped");
