@@ -195,6 +195,24 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoErro
     Ok((cstring(&root)?, binds))
 }
 
+/// Gives the task default signal handling whatever the agent inherited: an agent started in
+/// the background of a non-interactive shell ignores SIGINT, and ignored signals survive exec,
+/// so the task would never hear the polite half of a stop. Async-signal-safe.
+fn reset_signals() {
+    // SAFETY: signal and sigprocmask are async-signal-safe and take no pointers we own
+    // beyond a local, zeroed set.
+    unsafe {
+        for signal in 1..32 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
+}
+
 /// Runs in the forked child before exec: only syscalls on data prepared before the fork.
 fn enter_namespace(root: &CString, binds: &[BindMount]) -> std::io::Result<()> {
     let check = |result: libc::c_int| {
@@ -300,10 +318,11 @@ impl ProcessDriver {
             Kind::RawExec => {
                 std::fs::create_dir_all(&config.task_dir).map_err(|e| io_error("create task dir", e))?;
                 cmd.current_dir(&config.task_dir).envs(&config.env);
-                // SAFETY: setsid is async-signal-safe.
+                // SAFETY: setsid and the signal resets are async-signal-safe.
                 unsafe {
                     cmd.pre_exec(|| {
                         libc::setsid();
+                        reset_signals();
                         Ok(())
                     });
                 }
@@ -317,6 +336,7 @@ impl ProcessDriver {
                 unsafe {
                     cmd.pre_exec(move || {
                         libc::setsid();
+                        reset_signals();
                         enter_namespace(&root, &binds)
                     });
                 }
