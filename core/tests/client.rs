@@ -331,6 +331,36 @@ fn plugin_then_consumer_then_release() {
     );
     assert!(client.alloc("a1").unwrap().is_done());
     assert!(hooks.contains(&"a1 csi_hook postrun".to_string()));
+
+    // The servers garbage-collect the allocation: its dir is removed and its records go.
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("p1", &plugin), plugin.clone())],
+        },
+    );
+    let mut removed = Vec::new();
+    let mut forgotten = Vec::new();
+    while let Some(action) = client.poll_action() {
+        match action {
+            ClientAction::Io { op, io } => {
+                if let Io::RemoveAll { path } = &io {
+                    removed.push(path.clone());
+                }
+                let outcome = world.answer(&io);
+                client.handle(now, ClientInput::Outcome { op, outcome });
+            }
+            ClientAction::Forget { alloc_id } => forgotten.push(alloc_id),
+            _ => {}
+        }
+    }
+    assert_eq!(removed, ["/a/a1"]);
+    assert_eq!(forgotten, ["a1"]);
+    assert!(client.alloc("a1").is_none());
+    assert!(
+        client.alloc("p1").is_some(),
+        "the plugin alloc is still listed and kept"
+    );
 }
 
 /// Reports to the servers go one at a time per subject and always carry the latest value: a

@@ -49,7 +49,7 @@ fn core_dependency_tree_has_no_io_crates() {
 
 #[test]
 fn core_is_no_std_so_std_io_is_unreachable() {
-    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).expect("lib.rs");
+    let lib = include_str!("../src/lib.rs");
     assert!(lib.contains("#![no_std]"), "drover-core must stay #![no_std]");
     assert!(
         lib.contains("#[cfg(test)]\nextern crate std;"),

@@ -109,6 +109,26 @@ impl ClientStore {
         Ok(out)
     }
 
+    /// Drops every record of an allocation that is gone from the servers and this host.
+    pub fn forget(&self, alloc_id: &str) -> Result<(), ClientStoreError> {
+        let fail = |reason: String| ClientStoreError::Io {
+            key: format!("alloc {alloc_id}"),
+            reason,
+        };
+        let txn = self.db.begin_write().map_err(|error| fail(error.to_string()))?;
+        {
+            let mut table = txn.open_table(CLIENT).map_err(|error| fail(error.to_string()))?;
+            for key in [format!("spec/{alloc_id}"), format!("alloc/{alloc_id}")] {
+                table.remove(key.as_str()).map_err(|error| fail(error.to_string()))?;
+            }
+            let prefix = format!("task/{alloc_id}/");
+            table
+                .retain_in(prefix.as_str()..format!("task/{alloc_id}0").as_str(), |_, _| false)
+                .map_err(|error| fail(error.to_string()))?;
+        }
+        txn.commit().map_err(|error| fail(error.to_string()))
+    }
+
     pub fn registry(&self) -> Result<Registry, ClientStoreError> {
         Ok(self
             .scan::<Registry>("registry")?
@@ -562,6 +582,13 @@ async fn run(
                 } => {
                     tracing::debug!(alloc = %alloc_id, hook, phase, ?result, "alloc hook");
                 }
+                ClientAction::Forget { alloc_id } => {
+                    view.tasks.lock().unwrap().remove(&alloc_id);
+                    known.remove(&alloc_id);
+                    if let Err(error) = store.forget(&alloc_id) {
+                        tracing::error!(%error, "forgetting an allocation failed");
+                    }
+                }
                 ClientAction::NodeDetached { req, result } => {
                     if let Some(reply) = detaches.remove(&req) {
                         let _ = reply.send(result.map(|()| ClientCsiReply::Done));
@@ -683,4 +710,35 @@ pub fn client_identity(
         ..Node::default()
     };
     (settings, node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_round_trips_and_forgets_one_allocation() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ClientStore::open(dir.path()).unwrap();
+        for id in ["a1", "a10"] {
+            let alloc = Allocation {
+                id: id.into(),
+                ..Allocation::default()
+            };
+            store.put(&format!("spec/{id}"), &(alloc, Job::default())).unwrap();
+            store.put(&format!("alloc/{id}"), &LocalAllocState::default()).unwrap();
+            store
+                .put(&format!("task/{id}/web"), &LocalTaskState::default())
+                .unwrap();
+        }
+        assert_eq!(store.allocs().unwrap().len(), 2);
+        store.forget("a1").unwrap();
+        let left = store.allocs().unwrap();
+        assert_eq!(left.len(), 1);
+        assert_eq!(left[0].0.id, "a10", "a prefix-sharing id is untouched");
+        assert_eq!(left[0].3.len(), 1, "its task record is kept");
+        // Reopening sees the same records (they are on disk, not in memory).
+        drop(store);
+        assert_eq!(ClientStore::open(dir.path()).unwrap().allocs().unwrap().len(), 1);
+    }
 }

@@ -278,6 +278,10 @@ impl World {
                     phase,
                     result,
                 } => self.hook(alloc_id, hook, phase, result),
+                ClientAction::Forget { alloc_id } => {
+                    self.alloc_states.remove(&alloc_id);
+                    self.task_states.remove(&alloc_id);
+                }
                 ClientAction::NodeDetached { req, result } => {
                     let latency = self.latency();
                     self.at(latency, Event::NodeDetached { req, result });

@@ -256,6 +256,10 @@ impl AllocRunner {
         matches!(self.phase, Phase::Done | Phase::Destroying { .. } | Phase::Destroyed)
     }
 
+    pub fn is_destroying(&self) -> bool {
+        matches!(self.phase, Phase::Destroying { .. })
+    }
+
     pub fn is_destroyed(&self) -> bool {
         self.phase == Phase::Destroyed
     }

@@ -107,6 +107,10 @@ pub enum ClientAction {
         req: u64,
         result: Result<(), String>,
     },
+    /// The allocation is gone from the servers and from this host: drop its records.
+    Forget {
+        alloc_id: String,
+    },
 }
 
 /// Who is waiting for an op's outcome.
@@ -176,6 +180,8 @@ pub struct Client {
     node_controllers: BTreeMap<String, CsiInfo>,
     node_plugins: BTreeMap<String, CsiInfo>,
     statuses: BTreeMap<String, ClientStatus>,
+    /// Allocations the servers no longer list: destroyed (alloc dir removed) once done.
+    collect_garbage: BTreeSet<String>,
     /// Reports in flight (with the request sent), acknowledged values, and retry times.
     reports_in_flight: BTreeMap<Report, (OpId, ServerRequest)>,
     reports_acked: BTreeMap<Report, ServerRequest>,
@@ -200,6 +206,7 @@ impl Client {
             node_controllers: BTreeMap::new(),
             node_plugins: BTreeMap::new(),
             statuses: BTreeMap::new(),
+            collect_garbage: BTreeSet::new(),
             reports_in_flight: BTreeMap::new(),
             reports_acked: BTreeMap::new(),
             reports_retry: BTreeMap::new(),
@@ -331,6 +338,7 @@ impl Client {
             if let Some(runner) = self.allocs.get_mut(&id) {
                 runner.stop(now, &mut self.ops);
             }
+            self.collect_garbage.insert(id);
         }
         // Local runners that finished count as terminal for their replacements.
         terminal.extend(
@@ -438,7 +446,25 @@ impl Client {
             let Some(runner) = self.allocs.get_mut(alloc_id) else {
                 return;
             };
-            let Some(action) = runner.poll_action() else { break };
+            let Some(action) = runner.poll_action() else {
+                // Garbage: destroy once postrun is done, then forget.
+                if self.collect_garbage.contains(alloc_id) {
+                    if runner.is_destroyed() {
+                        self.allocs.remove(alloc_id);
+                        self.collect_garbage.remove(alloc_id);
+                        self.statuses.remove(alloc_id);
+                        self.actions.push_back(ClientAction::Forget {
+                            alloc_id: alloc_id.to_string(),
+                        });
+                        return;
+                    }
+                    if runner.is_done() && !runner.is_destroying() {
+                        runner.destroy(now, &mut self.ops);
+                        continue;
+                    }
+                }
+                break;
+            };
             match action {
                 AllocAction::Io { op, io } => self.dispatch(now, op, io, Route::Alloc(alloc_id.to_string())),
                 AllocAction::Persist(state) => self.actions.push_back(ClientAction::PersistAlloc {
