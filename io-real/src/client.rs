@@ -492,16 +492,12 @@ async fn run(
         client.handle(core_now(epoch), ClientInput::Driver { name, capabilities });
     }
     node.status = NodeStatus::Ready;
-    {
-        let agent = agent.clone();
-        tokio::spawn(async move {
-            while let ServerReply::Error(error) =
-                agent.request(ServerRequest::NodeRegister { node: node.clone() }).await
-            {
-                tracing::warn!(error = %error.message, "node registration failed; retrying");
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+    // Register before the client reports anything: a node registration replaces the node
+    // record (CSI info included), so a CSI report that landed first would be wiped — or
+    // refused with "node not found" — and not sent again until it changed.
+    while let ServerReply::Error(error) = agent.request(ServerRequest::NodeRegister { node: node.clone() }).await {
+        tracing::warn!(error = %error.message, "node registration failed; retrying");
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let mut known: std::collections::BTreeSet<String> = saved.iter().map(|(alloc, ..)| alloc.id.clone()).collect();
     *shared_registry.lock().unwrap() = registry.clone();
