@@ -18,7 +18,7 @@ use core::time::Duration;
 use crate::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
 use crate::client::paths::ClientPaths;
 use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
-use crate::client::task_runner::{LocalTaskState, TaskAction, TaskState};
+use crate::client::task_runner::{LocalTaskState, TaskAction};
 use crate::client::volume_hook::HostVolumeConfig;
 use crate::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
 use crate::client::{
@@ -248,18 +248,6 @@ impl Client {
 
     pub fn allocs(&self) -> impl Iterator<Item = &AllocRunner> {
         self.allocs.values()
-    }
-
-    pub fn servers_contacted(&self) -> bool {
-        self.servers_contacted
-    }
-
-    /// The socket of the newest registration of a controller plugin (for `ClientCSI`
-    /// controller calls, which need no client-side state).
-    pub fn controller_socket(&self, plugin_id: &str) -> Option<&str> {
-        self.registry
-            .get(PluginKind::CsiController, plugin_id)
-            .map(|info| info.socket_path.as_str())
     }
 
     pub fn node_csi(&self) -> (&BTreeMap<String, CsiInfo>, &BTreeMap<String, CsiInfo>) {
@@ -959,19 +947,6 @@ impl Client {
 
     pub fn poll_action(&mut self) -> Option<ClientAction> {
         self.actions.pop_front()
-    }
-
-    /// Task states by allocation and task (for the API).
-    pub fn task_states(&self, alloc_id: &str) -> BTreeMap<String, TaskState> {
-        self.allocs
-            .get(alloc_id)
-            .map(|runner| {
-                runner
-                    .tasks()
-                    .map(|task| (task.name().to_string(), task.state().clone()))
-                    .collect()
-            })
-            .unwrap_or_default()
     }
 }
 

@@ -322,13 +322,6 @@ pub enum Io {
     Volume(VolumeOp),
 }
 
-impl Io {
-    /// Requests the client answers itself rather than the driver.
-    pub fn is_internal(&self) -> bool {
-        matches!(self, Io::Volume(_))
-    }
-}
-
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Reply {
     Unit,

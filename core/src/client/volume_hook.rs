@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::hooks::{AllocHookResources, HookError};
 use crate::client::{DriverCapabilities, MountConfig, MountConfigSupport};
-use crate::structs::{Propagation, Task, TaskGroup, VolumeType};
+use crate::structs::{Task, TaskGroup, VolumeType};
 
 /// A `host_volume` block of the client's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +130,3 @@ pub fn add_mount(mounts: &mut Vec<MountConfig>, mount: MountConfig) {
         mounts.push(mount);
     }
 }
-
-/// The default propagation when none is asked for.
-pub const DEFAULT_PROPAGATION: Propagation = Propagation::Private;

@@ -321,10 +321,6 @@ impl VolumeManager {
         self.actions.push(VolumeAction::Io { op, io });
     }
 
-    pub fn owns(&self, op: OpId) -> bool {
-        self.running.values().any(|job| job.pending == Some(op))
-    }
-
     pub fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome, ops: &mut OpIds) -> bool {
         let Some(key) = self
             .running
