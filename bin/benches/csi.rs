@@ -59,7 +59,12 @@ fn claim_cycles(cycles: usize) {
         .build()
         .unwrap();
     let client = runtime.block_on(FakeClient::start("client-1", free_ports()[0]));
-    ok(runtime.block_on(client.request(leader_addr, ServerRequest::NodeRegister { node: client.node() })));
+    ok(runtime.block_on(client.request(
+        leader_addr,
+        ServerRequest::NodeRegister {
+            node: Box::new(client.node()),
+        },
+    )));
     http("PUT", leader_http, "/v1/volume/csi/bench", Some(&volume_body("bench"))).expect("volume registers");
 
     let mut baseline = Vec::new();

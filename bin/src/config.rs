@@ -67,6 +67,16 @@ pub struct ServerJoinBlock {
 #[serde(default)]
 pub struct ClientBlock {
     pub enabled: Option<bool>,
+    /// Servers to talk to, `host[:port]` (port 4647 when left out).
+    pub servers: Option<Vec<String>>,
+    pub host_volume: Option<std::collections::BTreeMap<String, HostVolumeBlock>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct HostVolumeBlock {
+    pub path: String,
+    pub read_only: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +118,7 @@ pub struct Flags {
     pub retry_join: Vec<String>,
     pub retry_interval: Option<String>,
     pub retry_max: Option<u32>,
+    pub servers: Vec<String>,
     pub region: Option<String>,
     pub dc: Option<String>,
     pub node: Option<String>,
@@ -180,6 +191,29 @@ fn parse_advertise(field: &str, text: &str, port: u16) -> anyhow::Result<SocketA
     Ok(SocketAddr::new(parse_ip(field, text)?, port))
 }
 
+/// A client's server address, `host[:port]` with Nomad's RPC port 4647 as the default,
+/// resolved to `ip:port` once at start.
+fn resolve_server(field: &str, text: &str) -> anyhow::Result<String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(addr) = text.parse::<SocketAddr>() {
+        return Ok(addr.to_string());
+    }
+    if let Ok(ip) = text.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, 4647).to_string());
+    }
+    let with_port = if text.contains(':') {
+        text.to_string()
+    } else {
+        format!("{text}:4647")
+    };
+    let addr = with_port
+        .to_socket_addrs()
+        .with_context(|| format!("invalid {field} address {text:?}"))?
+        .next()
+        .with_context(|| format!("invalid {field} address {text:?}: it resolves to nothing"))?;
+    Ok(addr.to_string())
+}
+
 /// Merges defaults, files and flags. `dev_data_dir` is used for `-dev` without `-data-dir`.
 pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>) -> anyhow::Result<Loaded> {
     let mut config = AgentConfig::default();
@@ -234,6 +268,15 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     }
     if !flags.retry_join.is_empty() {
         config.server.retry_join = flags.retry_join.clone();
+    }
+    if !flags.servers.is_empty() {
+        config.client.servers = flags
+            .servers
+            .iter()
+            .flat_map(|list| list.split(','))
+            .filter(|server| !server.trim().is_empty())
+            .map(|server| resolve_server("-servers", server.trim()))
+            .collect::<anyhow::Result<_>>()?;
     }
     if let Some(text) = &flags.retry_interval {
         config.server.retry_interval = parse_duration("-retry-interval", text)?;
@@ -356,8 +399,25 @@ fn apply_file(
             config.server.retry_max = max;
         }
     }
-    if let Some(enabled) = file.client.and_then(|client| client.enabled) {
-        config.client.enabled = enabled;
+    if let Some(client) = file.client {
+        if let Some(enabled) = client.enabled {
+            config.client.enabled = enabled;
+        }
+        if let Some(servers) = client.servers {
+            config.client.servers = servers
+                .iter()
+                .map(|server| resolve_server("client.servers", server))
+                .collect::<anyhow::Result<_>>()?;
+        }
+        for (name, volume) in client.host_volume.unwrap_or_default() {
+            config.client.host_volumes.insert(
+                name,
+                drover_core::client::volume_hook::HostVolumeConfig {
+                    path: volume.path,
+                    read_only: volume.read_only,
+                },
+            );
+        }
     }
     if let Some(consul) = file.consul {
         if let Some(address) = consul.address {
@@ -494,6 +554,65 @@ acl {
         };
         let config = load(&flags, no_dev).unwrap().config;
         assert_eq!((config.region.as_str(), config.server.bootstrap_expect), ("b", 3));
+    }
+
+    #[test]
+    fn a_client_block_names_its_servers_and_host_volumes() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("client.hcl");
+        std::fs::write(
+            &file,
+            r#"
+client {
+  enabled = true
+  servers = ["127.0.0.1", "127.0.0.2:5647", "[::1]"]
+  host_volume "certs" {
+    path      = "/etc/ssl/certs"
+    read_only = true
+  }
+  host_volume "data" {
+    path = "/srv/data"
+  }
+}
+"#,
+        )
+        .unwrap();
+        let flags = Flags {
+            config: vec![file.clone()],
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        let config = load(&flags, no_dev).unwrap().config;
+        assert_eq!(
+            config.client.servers,
+            ["127.0.0.1:4647", "127.0.0.2:5647", "[::1]:4647"]
+        );
+        assert_eq!(config.client.host_volumes["certs"].path, "/etc/ssl/certs");
+        assert!(config.client.host_volumes["certs"].read_only);
+        assert!(!config.client.host_volumes["data"].read_only);
+        assert_eq!(config.validate(), Ok(vec![]));
+
+        // The flag wins, comma lists and repeats alike.
+        let flags = Flags {
+            config: vec![file],
+            data_dir: Some("/d".into()),
+            servers: vec!["10.0.0.1,10.0.0.2:4000".into(), "10.0.0.3".into()],
+            ..Flags::default()
+        };
+        let config = load(&flags, no_dev).unwrap().config;
+        assert_eq!(
+            config.client.servers,
+            ["10.0.0.1:4647", "10.0.0.2:4000", "10.0.0.3:4647"]
+        );
+
+        let flags = Flags {
+            client: true,
+            data_dir: Some("/d".into()),
+            servers: vec!["no such host!".into()],
+            ..Flags::default()
+        };
+        let error = load(&flags, no_dev).unwrap_err().to_string();
+        assert_eq!(error, "invalid -servers address \"no such host!\"");
     }
 
     #[test]

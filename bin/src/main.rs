@@ -5,7 +5,6 @@
 
 mod config;
 
-use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,6 +67,9 @@ struct Cli {
     /// Maximum join attempts (0 = unlimited).
     #[arg(long = "retry-max", value_name = "N")]
     retry_max: Option<u32>,
+    /// Servers a client talks to, `host[:port]`, comma-separated; repeatable.
+    #[arg(long, value_name = "ADDRS")]
+    servers: Vec<String>,
     /// Region of this agent (default "global").
     #[arg(long, value_name = "NAME")]
     region: Option<String>,
@@ -103,6 +105,7 @@ impl Cli {
             retry_join: self.retry_join,
             retry_interval: self.retry_interval,
             retry_max: self.retry_max,
+            servers: self.servers,
             region: self.region,
             dc: self.dc,
             node: self.node,
@@ -224,9 +227,14 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     };
     let mut client_view = None;
     if is_client {
-        // The client reads its allocations from the local server's state; a client-only
-        // agent (remote servers) starts without one until remote alloc sync exists.
-        let (settings, node) = client_identity(&config, handle.node_id(), &data_dir, BTreeMap::new());
+        // Allocations come from the local server's state, or from `client.servers`.
+        for (name, volume) in &config.client.host_volumes {
+            if !std::path::Path::new(&volume.path).is_dir() {
+                anyhow::bail!("host_volume {name:?}: path {:?} is not a directory", volume.path);
+            }
+        }
+        let (settings, node) =
+            client_identity(&config, handle.node_id(), &data_dir, config.client.host_volumes.clone());
         client_view = Some(start_client(ClientParts {
             agent: handle.clone(),
             settings,

@@ -10,34 +10,9 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::rpc::ServerRequest;
 use drover_core::structs::{Allocation, ConfigValue, DesiredStatus, Job, JobType, Task, TaskGroup};
-use drover_io_real::io::Transport;
-use drover_io_real::net::GrpcTransport;
-use drover_io_real::service::{server_envelope, server_reply};
-use support::{Agent, cluster_specs, server_args, wait_for};
-
-fn request(rpc: SocketAddr, request: ServerRequest) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    for _ in 0..120 {
-        let reply = runtime.block_on(async {
-            let envelope = server_envelope("global", &request, false);
-            GrpcTransport::default()
-                .call(rpc, envelope, Duration::from_secs(10))
-                .await
-                .map(server_reply)
-        });
-        match reply {
-            Ok(ServerReply::Error(error)) if !error.retryable => panic!("{request:?}: {}", error.message),
-            Ok(ServerReply::Error(_)) | Err(_) => std::thread::sleep(Duration::from_millis(250)),
-            Ok(_) => return,
-        }
-    }
-    panic!("{request:?} never succeeded");
-}
+use support::{Agent, cluster_specs, server_args, submit as request, wait_for};
 
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.

@@ -37,7 +37,9 @@ fn claims_and_releases_survive_a_leader_kill() {
     let client = runtime.block_on(FakeClient::start("client-1", free_ports()[0]));
     assert!(done(&runtime.block_on(client.request_any(
         &servers,
-        ServerRequest::NodeRegister { node: client.node() }
+        ServerRequest::NodeRegister {
+            node: Box::new(client.node()),
+        }
     ))));
 
     // Volumes registered through the HTTP API of a follower (forwarded to the leader).

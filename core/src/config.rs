@@ -6,6 +6,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+use alloc::collections::BTreeMap;
 use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use core::time::Duration;
 
@@ -193,6 +194,10 @@ impl Default for ServerConfig {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientConfig {
     pub enabled: bool,
+    /// Servers a client-only agent talks to, `ip:port` (RPC port).
+    pub servers: Vec<String>,
+    /// `host_volume "name" { path read_only }` blocks.
+    pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -251,6 +256,12 @@ pub enum ConfigError {
     BootstrapWithoutServer,
     #[error("Must specify \"data_dir\" config option or \"data-dir\" CLI flag")]
     MissingDataDir,
+    #[error("client mode without server mode needs servers: set \"servers\" in the client block or the -servers flag")]
+    ClientWithoutServers,
+    #[error("invalid client server address {0:?}: want ip:port")]
+    BadServerAddress(String),
+    #[error("host_volume {name:?}: path {path:?} must be absolute")]
+    HostVolumePath { name: String, path: String },
     #[error("invalid {field} {value:?}: {reason}")]
     Invalid {
         field: &'static str,
@@ -278,6 +289,22 @@ impl AgentConfig {
         }
         if self.data_dir.is_none() && !self.dev_mode {
             return Err(ConfigError::MissingDataDir);
+        }
+        if self.client.enabled && !self.server.enabled && !self.dev_mode && self.client.servers.is_empty() {
+            return Err(ConfigError::ClientWithoutServers);
+        }
+        for addr in &self.client.servers {
+            if addr.parse::<SocketAddr>().is_err() {
+                return Err(ConfigError::BadServerAddress(addr.clone()));
+            }
+        }
+        for (name, volume) in &self.client.host_volumes {
+            if !volume.path.starts_with('/') {
+                return Err(ConfigError::HostVolumePath {
+                    name: name.clone(),
+                    path: volume.path.clone(),
+                });
+            }
         }
         validate_label("name", &self.name)?;
         validate_label("region", &self.region)?;
@@ -349,6 +376,29 @@ mod tests {
         assert_eq!(
             ConfigError::BootstrapWithoutServer.to_string(),
             "Bootstrap requires server mode to be enabled"
+        );
+    }
+
+    #[test]
+    fn a_client_only_agent_needs_servers_and_absolute_host_volumes() {
+        let mut client = server(0);
+        client.server.enabled = false;
+        client.client.enabled = true;
+        assert_eq!(client.validate(), Err(ConfigError::ClientWithoutServers));
+        client.client.servers = vec!["10.0.0.1".into()];
+        assert_eq!(client.validate(), Err(ConfigError::BadServerAddress("10.0.0.1".into())));
+        client.client.servers = vec!["10.0.0.1:4647".into()];
+        assert_eq!(client.validate(), Ok(vec![]));
+        client.client.host_volumes.insert(
+            "data".into(),
+            crate::client::volume_hook::HostVolumeConfig {
+                path: "srv/data".into(),
+                read_only: false,
+            },
+        );
+        assert_eq!(
+            client.validate().unwrap_err().to_string(),
+            "host_volume \"data\": path \"srv/data\" must be absolute"
         );
     }
 

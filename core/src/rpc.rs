@@ -31,7 +31,7 @@ use crate::fsm::{Command, Response, ServerState};
 use crate::op::{OpId, OpIds};
 use crate::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiCapability, CsiInfo,
-    CsiMountOptions, CsiVolume, CsiVolumeClaim, Job, Node, NodeStatus,
+    CsiMountOptions, CsiVolume, CsiVolumeClaim, DriverInfo, Job, Node, NodeEvent, NodeStatus,
 };
 use crate::time::Instant;
 
@@ -41,7 +41,7 @@ pub type ReqId = u64;
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ServerRequest {
     NodeRegister {
-        node: Node,
+        node: alloc::boxed::Box<Node>,
     },
     NodeUpdateStatus {
         node_id: String,
@@ -51,6 +51,14 @@ pub enum ServerRequest {
         node_id: String,
         controllers: BTreeMap<String, CsiInfo>,
         nodes: BTreeMap<String, CsiInfo>,
+    },
+    NodeUpdateDrivers {
+        node_id: String,
+        drivers: BTreeMap<String, DriverInfo>,
+    },
+    NodeEmitEvents {
+        node_id: String,
+        events: Vec<NodeEvent>,
     },
     NodeDeregister {
         node_id: String,
@@ -105,6 +113,22 @@ pub struct RpcError {
     pub message: String,
     /// The caller may retry (no leader, leadership lost, a retryable plugin error).
     pub retryable: bool,
+}
+
+/// `Node.GetClientAllocs`: the allocations placed on `node_id`, as a blocking query — the
+/// server answers once its applied index passes `min_index` or after `max_wait_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocsRequest {
+    pub node_id: String,
+    pub min_index: u64,
+    pub max_wait_ms: u64,
+}
+
+/// The allocations of one node with their jobs, as of the server's applied `index`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocsReply {
+    pub index: u64,
+    pub allocs: Vec<(Allocation, Job)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -192,7 +216,7 @@ pub enum Input {
 pub enum Action {
     Propose {
         op: OpId,
-        command: Command,
+        command: alloc::boxed::Box<Command>,
     },
     CallClient {
         op: OpId,
@@ -440,7 +464,10 @@ impl RpcEndpoints {
     fn propose(&mut self, job: JobId, command: Command) {
         let op = self.ops.allocate();
         self.proposals.insert(op, job);
-        self.actions.push_back(Action::Propose { op, command });
+        self.actions.push_back(Action::Propose {
+            op,
+            command: alloc::boxed::Box::new(command),
+        });
     }
 
     fn reply(&mut self, req: ReqId, reply: ServerReply) {
@@ -454,7 +481,7 @@ impl RpcEndpoints {
         }
         let simple = |command| Some(command);
         let command = match request {
-            ServerRequest::NodeRegister { node } => simple(Command::NodeRegister { node }),
+            ServerRequest::NodeRegister { node } => simple(Command::NodeRegister { node: *node }),
             ServerRequest::NodeUpdateStatus { node_id, status } => {
                 simple(Command::NodeUpdateStatus { node_id, status })
             }
@@ -467,6 +494,10 @@ impl RpcEndpoints {
                 controllers,
                 nodes,
             }),
+            ServerRequest::NodeUpdateDrivers { node_id, drivers } => {
+                simple(Command::NodeUpdateDrivers { node_id, drivers })
+            }
+            ServerRequest::NodeEmitEvents { node_id, events } => simple(Command::NodeEmitEvents { node_id, events }),
             ServerRequest::NodeDeregister { node_id } => simple(Command::NodeDeregister { node_id }),
             ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
             ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
@@ -1186,10 +1217,10 @@ mod tests {
             while let Some(action) = self.machine.poll_action() {
                 match action {
                     Action::Propose { op, command } => {
-                        if let Command::CsiVolumeClaim { claim, .. } = &command {
+                        if let Command::CsiVolumeClaim { claim, .. } = &*command {
                             self.log.push(format!("checkpoint {:?}", claim.state));
                         }
-                        let response = self.fx.apply(command);
+                        let response = self.fx.apply(*command);
                         let index = self.fx.index;
                         self.machine.handle(
                             self.now,

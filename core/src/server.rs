@@ -129,7 +129,7 @@ pub enum Action {
     },
     Propose {
         op: OpId,
-        command: Command,
+        command: alloc::boxed::Box<Command>,
     },
     /// Allow or forbid this server to start Raft elections (it keeps voting either way).
     SetElections {
@@ -419,11 +419,11 @@ impl Server {
             let op = self.start(now, Pending::Propose, PROPOSE_TIMEOUT);
             self.actions.push_back(Action::Propose {
                 op,
-                command: Command::LeadershipEstablished {
+                command: alloc::boxed::Box::new(Command::LeadershipEstablished {
                     leader_id: self.node_id,
                     term: self.raft.term,
                     cluster_id,
-                },
+                }),
             });
             self.reconcile_at = Some(now);
         }

@@ -86,6 +86,18 @@ pub struct CsiInfo {
     pub node_info: Option<CsiNodeInfo>,
 }
 
+/// What a task driver reports about itself on a node (Nomad's `DriverInfo`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverInfo {
+    pub detected: bool,
+    pub healthy: bool,
+    pub health_description: String,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// How many events a node keeps (Nomad's `MaxRetainedNodeEvents`).
+pub const MAX_RETAINED_NODE_EVENTS: usize = 10;
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeEvent {
     pub message: String,
@@ -109,6 +121,12 @@ pub struct Node {
     pub attributes: BTreeMap<String, String>,
     pub csi_controller_plugins: BTreeMap<String, CsiInfo>,
     pub csi_node_plugins: BTreeMap<String, CsiInfo>,
+    /// Task drivers by name, from the client's driver manager.
+    #[serde(default)]
+    pub drivers: BTreeMap<String, DriverInfo>,
+    /// The client's `host_volume` blocks by name.
+    #[serde(default)]
+    pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
     pub events: Vec<NodeEvent>,
     pub create_index: u64,
     pub modify_index: u64,

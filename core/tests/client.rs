@@ -13,7 +13,7 @@ use drover_core::client::{
 };
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
-    AccessMode, Allocation, AttachmentMode, CsiPluginType, CsiVolume, DesiredStatus, Job, JobType, Task,
+    AccessMode, Allocation, AttachmentMode, CsiPluginType, CsiVolume, DesiredStatus, DriverInfo, Job, JobType, Task,
     TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
 };
 
@@ -244,10 +244,16 @@ fn plugin_then_consumer_then_release() {
             now,
             ClientInput::Driver {
                 name: name.into(),
-                capabilities: Some(DriverCapabilities {
+                capabilities: DriverCapabilities {
                     mount_configs: mounts,
                     fs_isolation: name == "exec",
-                }),
+                },
+                info: DriverInfo {
+                    detected: true,
+                    healthy: true,
+                    health_description: "Healthy".into(),
+                    attributes: BTreeMap::new(),
+                },
             },
         );
     }
@@ -381,10 +387,16 @@ fn status_reports_never_go_backwards() {
         now,
         ClientInput::Driver {
             name: "exec".into(),
-            capabilities: Some(DriverCapabilities {
+            capabilities: DriverCapabilities {
                 mount_configs: MountConfigSupport::All,
                 fs_isolation: true,
-            }),
+            },
+            info: DriverInfo {
+                detected: true,
+                healthy: true,
+                health_description: "Healthy".into(),
+                attributes: BTreeMap::new(),
+            },
         },
     );
     let mut job = app_job();
@@ -450,4 +462,137 @@ fn status_reports_never_go_backwards() {
         })
         .collect();
     assert_eq!(next, [ClientStatus::Complete]);
+}
+
+/// Driver fingerprints: the node's driver table is reported when it changes (not on every
+/// fingerprint), a health change becomes a `Driver` node event sent with `Node.EmitEvents`, a
+/// driver that turns unhealthy is no longer offered to tasks, and events that fail to reach
+/// the servers are sent again.
+#[test]
+fn driver_fingerprints_report_changes_and_health_events() {
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 3,
+    });
+    let capabilities = DriverCapabilities {
+        mount_configs: MountConfigSupport::All,
+        fs_isolation: true,
+    };
+    let info = |healthy: bool, description: &str| DriverInfo {
+        detected: true,
+        healthy,
+        health_description: description.into(),
+        attributes: BTreeMap::from([("driver.exec".to_string(), "1".to_string())]),
+    };
+    let fingerprint = |client: &mut Client, now: Instant, healthy: bool, description: &str| {
+        client.handle(
+            now,
+            ClientInput::Driver {
+                name: "exec".into(),
+                capabilities,
+                info: info(healthy, description),
+            },
+        )
+    };
+    // Requests to the servers, as (op, request).
+    let drain = |client: &mut Client| -> Vec<(drover_core::op::OpId, ServerRequest)> {
+        std::iter::from_fn(|| client.poll_action())
+            .filter_map(|action| match action {
+                ClientAction::Io {
+                    op,
+                    io: Io::Server(request),
+                } => Some((op, request)),
+                _ => None,
+            })
+            .collect()
+    };
+    let done = |client: &mut Client, now: Instant, op| {
+        client.handle(
+            now,
+            ClientInput::Outcome {
+                op,
+                outcome: Ok(Reply::Server(ServerReply::Done { index: 1 })),
+            },
+        )
+    };
+
+    let now = Instant::ZERO;
+    fingerprint(&mut client, now, true, "Healthy");
+    let sent = drain(&mut client);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    let ServerRequest::NodeUpdateDrivers { drivers, .. } = &sent[0].1 else {
+        panic!("{sent:?}")
+    };
+    assert!(drivers["exec"].healthy);
+    done(&mut client, now, sent[0].0);
+    assert!(drain(&mut client).is_empty());
+
+    // The same fingerprint again: nothing to tell.
+    fingerprint(&mut client, now, true, "Healthy");
+    assert!(drain(&mut client).is_empty());
+
+    // Unhealthy: the table and an event; the event fails once and is sent again.
+    fingerprint(&mut client, now, false, "exec driver must run as root");
+    let sent = drain(&mut client);
+    let kinds: Vec<&str> = sent
+        .iter()
+        .map(|(_, request)| match request {
+            ServerRequest::NodeUpdateDrivers { .. } => "drivers",
+            ServerRequest::NodeEmitEvents { .. } => "events",
+            _ => "other",
+        })
+        .collect();
+    assert_eq!(kinds, ["events", "drivers"]);
+    let ServerRequest::NodeEmitEvents { events, .. } = &sent[0].1 else {
+        unreachable!()
+    };
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].subsystem, "Driver");
+    assert_eq!(events[0].message, "exec driver must run as root");
+    assert_eq!(events[0].details["driver"], "exec");
+    client.handle(
+        now,
+        ClientInput::Outcome {
+            op: sent[0].0,
+            outcome: Err(IoError::new(drover_core::client::ErrorKind::Unavailable, "no server")),
+        },
+    );
+    done(&mut client, now, sent[1].0);
+    assert!(drain(&mut client).is_empty(), "waits before retrying");
+    let later = now + Duration::from_secs(2);
+    client.handle_timeout(later);
+    let retried = drain(&mut client);
+    assert!(
+        matches!(&retried[..], [(_, ServerRequest::NodeEmitEvents { events, .. })] if events.len() == 1),
+        "{retried:?}"
+    );
+    done(&mut client, later, retried[0].0);
+    assert!(drain(&mut client).is_empty(), "an accepted event is not sent twice");
+
+    // A task for the unhealthy driver does not start: the driver is not offered.
+    let mut job = app_job();
+    job.job_type = JobType::Batch;
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    client.handle(
+        later,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("a1", &job), job.clone())],
+        },
+    );
+    let mut world = World::default();
+    for _ in 0..50 {
+        let Some(action) = client.poll_action() else { break };
+        if let ClientAction::Io { op, io } = action {
+            let outcome = world.answer(&io);
+            client.handle(later, ClientInput::Outcome { op, outcome });
+        }
+    }
+    assert!(
+        world.running.is_empty(),
+        "started on an unhealthy driver: {:?}",
+        world.running
+    );
 }

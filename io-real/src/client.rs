@@ -19,8 +19,8 @@ use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSetti
 use drover_core::client::registry::{PluginKind, Registry};
 use drover_core::client::task_runner::LocalTaskState;
 use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
-use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ServerReply, ServerRequest};
-use drover_core::structs::{Allocation, Job, Node, NodeStatus};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, NodeAllocsRequest, ServerReply, ServerRequest};
+use drover_core::structs::{Allocation, DriverInfo, Job, Node, NodeStatus};
 use redb::{ReadableDatabase, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
@@ -174,7 +174,10 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn execute(&self, io: Io) -> BoxFuture<Outcome>;
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
     /// Every driver with its capabilities when detected and healthy, and its attributes.
-    fn fingerprint(&self) -> Vec<(String, Option<DriverCapabilities>, BTreeMap<String, String>)>;
+    /// Every driver's fingerprint (taken again every `DRIVER_FINGERPRINT_INTERVAL`).
+    fn fingerprint(&self) -> Vec<(String, DriverCapabilities, DriverInfo)>;
+    /// Node attributes that do not belong to a driver (device fingerprints).
+    fn node_attributes(&self) -> BTreeMap<String, String>;
     /// Usage of the devices reserved for one task.
     fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats>;
 }
@@ -300,21 +303,15 @@ impl ClientExecutor for HostExecutor {
         }
     }
 
-    fn fingerprint(&self) -> Vec<(String, Option<DriverCapabilities>, BTreeMap<String, String>)> {
-        let mut drivers: Vec<_> = self
-            .drivers
+    fn fingerprint(&self) -> Vec<(String, DriverCapabilities, DriverInfo)> {
+        self.drivers
             .iter()
-            .map(|driver| {
-                let fingerprint = driver.fingerprint();
-                let capabilities = (fingerprint.detected && fingerprint.healthy).then(|| driver.capabilities());
-                (driver.name().to_string(), capabilities, fingerprint.attributes)
-            })
-            .collect();
-        // Device fingerprints ride along as node attributes.
-        if let Some((_, _, attributes)) = drivers.first_mut() {
-            attributes.extend(self.devices.attributes());
-        }
-        drivers
+            .map(|driver| (driver.name().to_string(), driver.capabilities(), driver.fingerprint()))
+            .collect()
+    }
+
+    fn node_attributes(&self) -> BTreeMap<String, String> {
+        self.devices.attributes()
     }
 
     fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats> {
@@ -332,6 +329,13 @@ enum Message {
     NodeDetach {
         request: drover_core::csi::unpublish::NodeDetachRequest,
         reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+    },
+    /// The node's allocations from an alloc sync.
+    Allocs(Vec<(Allocation, Job)>),
+    Driver {
+        name: String,
+        capabilities: DriverCapabilities,
+        info: DriverInfo,
     },
 }
 
@@ -487,25 +491,41 @@ async fn run(
     let epoch = tokio::time::Instant::now();
     let node_id = settings.node_id.clone();
     let mut client = Client::new(settings);
-    for (name, capabilities, attributes) in executor.fingerprint() {
-        node.attributes.extend(attributes);
-        client.handle(core_now(epoch), ClientInput::Driver { name, capabilities });
+    node.attributes.extend(executor.node_attributes());
+    for (name, capabilities, info) in executor.fingerprint() {
+        if info.detected {
+            node.attributes.extend(info.attributes.clone());
+        }
+        node.drivers.insert(name.clone(), info.clone());
+        client.handle(
+            core_now(epoch),
+            ClientInput::Driver {
+                name,
+                capabilities,
+                info,
+            },
+        );
     }
     node.status = NodeStatus::Ready;
     // Register before the client reports anything: a node registration replaces the node
     // record (CSI info included), so a CSI report that landed first would be wiped — or
     // refused with "node not found" — and not sent again until it changed.
-    while let ServerReply::Error(error) = agent.request(ServerRequest::NodeRegister { node: node.clone() }).await {
+    while let ServerReply::Error(error) = agent
+        .request(ServerRequest::NodeRegister {
+            node: Box::new(node.clone()),
+        })
+        .await
+    {
         tracing::warn!(error = %error.message, "node registration failed; retrying");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let mut known: std::collections::BTreeSet<String> = saved.iter().map(|(alloc, ..)| alloc.id.clone()).collect();
     *shared_registry.lock().unwrap() = registry.clone();
     client.restore(core_now(epoch), registry, saved);
-    let mut changes = agent.state_changes();
+    tokio::spawn(watch_allocs(agent.clone(), node_id.clone(), sender.clone()));
+    tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
     let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
     let mut next_detach = 0u64;
-    let mut first_sync = true;
     loop {
         // Execute everything the core asked for.
         while let Some(action) = client.poll_action() {
@@ -597,13 +617,6 @@ async fn run(
             .poll_timeout()
             .map(|at| Duration::from_nanos(at.as_nanos().saturating_sub(now.as_nanos())))
             .unwrap_or(Duration::from_secs(3600));
-        let changed = async {
-            match &mut changes {
-                Some(changes) if !first_sync => changes.changed().await.is_ok(),
-                Some(_) => true,
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             message = receiver.recv() => {
                 let Some(message) = message else { return };
@@ -613,6 +626,19 @@ async fn run(
                     Message::Exited { alloc_id, task, exit } => {
                         client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
                     }
+                    Message::Driver { name, capabilities, info } => {
+                        client.handle(now, ClientInput::Driver { name, capabilities, info });
+                    }
+                    Message::Allocs(allocs) => {
+                        for (alloc, job) in &allocs {
+                            if known.insert(alloc.id.clone())
+                                && let Err(error) = store.put(&format!("spec/{}", alloc.id), &(alloc, job))
+                            {
+                                tracing::error!(%error, "persisting an allocation failed");
+                            }
+                        }
+                        client.handle(now, ClientInput::Allocs { allocs });
+                    }
                     Message::NodeDetach { request, reply } => {
                         next_detach += 1;
                         detaches.insert(next_detach, reply);
@@ -621,29 +647,68 @@ async fn run(
                 }
             }
             _ = tokio::time::sleep(sleep) => client.handle_timeout(core_now(epoch)),
-            ok = changed => {
-                if !ok {
-                    changes = None;
+        }
+    }
+}
+
+/// How often drivers are fingerprinted again (Nomad's driver plugins re-check every 30 s).
+pub const DRIVER_FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The driver manager's fingerprint stream: every driver, again and again; the core decides
+/// what changed and what to tell the servers.
+async fn fingerprint_drivers(executor: Arc<dyn ClientExecutor>, sender: mpsc::UnboundedSender<Message>) {
+    loop {
+        tokio::time::sleep(DRIVER_FINGERPRINT_INTERVAL).await;
+        let executor = executor.clone();
+        let Ok(fingerprints) = tokio::task::spawn_blocking(move || executor.fingerprint()).await else {
+            continue;
+        };
+        for (name, capabilities, info) in fingerprints {
+            if sender
+                .send(Message::Driver {
+                    name,
+                    capabilities,
+                    info,
+                })
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// How long one alloc sync may block on the servers.
+const ALLOC_SYNC_WAIT: Duration = Duration::from_secs(30);
+
+/// The client's alloc sync (Nomad's `watchAllocations`): a blocking `Node.GetClientAllocs`
+/// loop. A reply is used only when its index moved past the last one used, so a lagging
+/// server (reads are stale) can never hand back an older list — one that would make the
+/// client stop an allocation a newer state still has.
+async fn watch_allocs(agent: AgentHandle, node_id: String, sender: mpsc::UnboundedSender<Message>) {
+    let mut last: Option<u64> = None;
+    let mut backoff = Duration::from_millis(500);
+    loop {
+        let request = NodeAllocsRequest {
+            node_id: node_id.clone(),
+            min_index: last.unwrap_or(0),
+            max_wait_ms: ALLOC_SYNC_WAIT.as_millis() as u64,
+        };
+        match agent.node_allocs(request).await {
+            Ok(reply) => {
+                backoff = Duration::from_millis(500);
+                if last.is_some_and(|last| reply.index <= last) {
                     continue;
                 }
-                first_sync = false;
-                let allocs: Vec<(Allocation, Job)> = agent
-                    .read_state(|state| {
-                        state
-                            .allocs()
-                            .filter(|alloc| alloc.node_id == node_id)
-                            .filter_map(|alloc| state.job(&alloc.namespace, &alloc.job_id).map(|job| (alloc.clone(), job.clone())))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                for (alloc, job) in &allocs {
-                    if known.insert(alloc.id.clone())
-                        && let Err(error) = store.put(&format!("spec/{}", alloc.id), &(alloc, job))
-                    {
-                        tracing::error!(%error, "persisting an allocation failed");
-                    }
+                last = Some(reply.index);
+                if sender.send(Message::Allocs(reply.allocs)).is_err() {
+                    return;
                 }
-                client.handle(core_now(epoch), ClientInput::Allocs { allocs });
+            }
+            Err(error) => {
+                tracing::warn!(error = %error.message, "alloc sync failed; retrying");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(15));
             }
         }
     }
@@ -693,7 +758,7 @@ pub fn client_identity(
             data_dir.join("client").display().to_string(),
             data_dir.join("alloc").display().to_string(),
         ),
-        host_volumes,
+        host_volumes: host_volumes.clone(),
         seed: node_id,
     };
     let node = Node {
@@ -703,6 +768,7 @@ pub fn client_identity(
         rpc_addr: config.advertise.rpc.to_string(),
         http_addr: config.advertise.http.to_string(),
         status: NodeStatus::Ready,
+        host_volumes,
         ..Node::default()
     };
     (settings, node)

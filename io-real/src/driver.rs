@@ -17,7 +17,7 @@ use drover_core::agent::{self, Agent, Boot};
 use drover_core::bootstrap::Peer;
 use drover_core::config::AgentConfig;
 use drover_core::fsm::{Command, Entry, Response};
-use drover_core::rpc::{self, ClientCsiRequest, ServerReply, ServerRequest};
+use drover_core::rpc::{self, ClientCsiRequest, NodeAllocsReply, NodeAllocsRequest, ServerReply, ServerRequest};
 use drover_core::server::{self, RaftRole, RaftView, ServerStatus};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
@@ -195,6 +195,12 @@ impl AgentHandle {
         self.inner.service.server_request(request, false).await
     }
 
+    /// `Node.GetClientAllocs` as a blocking query: this server's state, or a client-only
+    /// agent's servers.
+    pub async fn node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, rpc::RpcError> {
+        self.inner.service.node_allocs(request).await
+    }
+
     /// Stops the agent's loop and Raft.
     pub async fn shutdown(&self) {
         if let Some(stop) = self.inner.stop.lock().expect("stop lock").take() {
@@ -265,6 +271,16 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             Box::pin(async move { transport.call(addr, request, timeout).await })
         }),
         client_csi,
+        state: applied.clone().zip(changes.clone()),
+        servers: Arc::new(
+            config
+                .client
+                .servers
+                .iter()
+                .filter_map(|addr| addr.parse().ok())
+                .collect(),
+        ),
+        server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
     };
 
     if raft.is_some() || service.client_csi.is_some() {
@@ -492,7 +508,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 tokio::spawn(async move {
                     let entry = Entry {
                         at_unix_ms: unix_millis(),
-                        command,
+                        command: *command,
                     };
                     let result = raft
                         .client_write(entry)
@@ -649,7 +665,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 tokio::spawn(async move {
                     let entry = Entry {
                         at_unix_ms: unix_millis(),
-                        command,
+                        command: *command,
                     };
                     let result = raft
                         .client_write(entry)

@@ -6,17 +6,24 @@
 //! - `Server` (a [`ServerRequest`]) is handed to the core's `RpcEndpoints` when this server
 //!   leads, else forwarded once to the leader.
 //! - `ClientCsi` is answered by this agent's CSI plugins through [`ClientCsi`].
+//! - `NodeAllocs` (`Node.GetClientAllocs`) is a blocking read any server answers from its own
+//!   applied state.
+//!
+//! A client-only agent has no Raft: its server requests and alloc syncs go to the servers of
+//! its `client { servers = [...] }`, sticking to the one that last answered and moving on to
+//! the next when the transport fails.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_core::agent;
 use drover_core::fsm::Entry;
 use drover_core::rpc::{
-    self, ClientCsiReply, ClientCsiRequest, ReqId, RpcError as CoreRpcError, ServerReply, ServerRequest,
+    self, ClientCsiReply, ClientCsiRequest, NodeAllocsReply, NodeAllocsRequest, ReqId, RpcError as CoreRpcError,
+    ServerReply, ServerRequest,
 };
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
@@ -27,10 +34,11 @@ use drover_proto::agent::v1::{
 use openraft::error::{ClientWriteError, RaftError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::io::{BoxFuture, ClientCsi, TransportError};
 use crate::raft::Raft;
+use crate::raft::store::Applied;
 
 /// How long a caller waits for the leader's endpoints to answer.
 pub const SERVER_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -52,7 +60,16 @@ pub struct Service {
     pub next_req: Arc<AtomicU64>,
     pub forward: Forwarder,
     pub client_csi: Option<Arc<dyn ClientCsi>>,
+    /// A server's applied state and its change counter (for blocking reads).
+    pub state: Option<(Arc<Mutex<Applied>>, watch::Receiver<u64>)>,
+    /// A client-only agent's servers (`client { servers }`), and the one to try first.
+    pub servers: Arc<Vec<SocketAddr>>,
+    pub server_cursor: Arc<AtomicUsize>,
 }
+
+/// The longest a blocking alloc sync may wait (Nomad's default blocking-query wait is 5 min;
+/// a shorter one keeps a client's view of a silent server fresh).
+pub const NODE_ALLOCS_MAX_WAIT: Duration = Duration::from_secs(60);
 
 fn error_response(kind: ErrorKind, message: impl Into<String>, leader_addr: String) -> AgentResponse {
     AgentResponse {
@@ -149,6 +166,16 @@ impl Service {
         if let RequestBody::ClientCsi(payload) = body {
             return self.client_csi(payload).await;
         }
+        if let RequestBody::NodeAllocs(payload) = body {
+            let request: NodeAllocsRequest = match decode(&payload.json) {
+                Ok(request) => request,
+                Err(response) => return response,
+            };
+            let reply = self.local_node_allocs(request).await;
+            return AgentResponse {
+                body: Some(ResponseBody::NodeAllocs(json_payload(&reply))),
+            };
+        }
         if let RequestBody::Server(payload) = body {
             let request: ServerRequest = match decode(&payload.json) {
                 Ok(request) => request,
@@ -207,7 +234,9 @@ impl Service {
                     Err(error) => error_response(ErrorKind::Internal, error.to_string(), String::new()),
                 }
             }
-            RequestBody::Server(_) | RequestBody::ClientCsi(_) => unreachable!("handled above"),
+            RequestBody::Server(_) | RequestBody::ClientCsi(_) | RequestBody::NodeAllocs(_) => {
+                unreachable!("handled above")
+            }
         }
     }
 
@@ -229,7 +258,14 @@ impl Service {
     /// the leader (once: a forwarded request that finds no leader here fails as retryable).
     pub async fn server_request(&self, request: ServerRequest, forwarded: bool) -> ServerReply {
         let Some(raft) = &self.raft else {
-            return server_error("this agent is not a server", true);
+            if forwarded || self.servers.is_empty() {
+                return server_error("this agent is not a server", true);
+            }
+            let envelope = server_envelope(&self.region, &request, false);
+            return match self.call_servers(envelope, SERVER_REQUEST_TIMEOUT).await {
+                Ok(response) => server_reply(response),
+                Err(message) => server_error(message, true),
+            };
         };
         let metrics = raft.metrics().borrow().clone();
         if metrics.current_leader == Some(self.node_id) {
@@ -253,6 +289,104 @@ impl Service {
             Ok(response) => server_reply(response),
             Err(error) => server_error(format!("forwarding to the leader failed: {error}"), true),
         }
+    }
+
+    /// `Node.GetClientAllocs`: from this server's state, else from the configured servers.
+    pub async fn node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, CoreRpcError> {
+        if self.state.is_some() {
+            return self.local_node_allocs(request).await;
+        }
+        if self.servers.is_empty() {
+            return Err(CoreRpcError {
+                message: "this agent is not a server and knows no servers".into(),
+                retryable: true,
+            });
+        }
+        let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
+        let envelope = AgentRequest {
+            region: self.region.clone(),
+            forwarded: false,
+            body: Some(RequestBody::NodeAllocs(json_payload(&request))),
+        };
+        let unavailable = |message: String| CoreRpcError {
+            message,
+            retryable: true,
+        };
+        match self.call_servers(envelope, wait + Duration::from_secs(10)).await {
+            Ok(AgentResponse {
+                body: Some(ResponseBody::NodeAllocs(payload)),
+            }) => serde_json::from_slice::<Result<NodeAllocsReply, CoreRpcError>>(&payload.json)
+                .unwrap_or_else(|error| Err(unavailable(format!("malformed reply: {error}")))),
+            Ok(AgentResponse {
+                body: Some(ResponseBody::Error(error)),
+            }) => Err(unavailable(error.message)),
+            Ok(other) => Err(unavailable(format!("unexpected response {other:?}"))),
+            Err(message) => Err(unavailable(message)),
+        }
+    }
+
+    /// The blocking read itself: waits until the applied index passes `min_index` (or the
+    /// wait ends), then lists the node's allocations with their jobs.
+    async fn local_node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, CoreRpcError> {
+        let Some((applied, changes)) = &self.state else {
+            return Err(CoreRpcError {
+                message: "this agent is not a server".into(),
+                retryable: true,
+            });
+        };
+        let index = || {
+            applied
+                .lock()
+                .expect("state lock")
+                .last_applied
+                .map(|log| log.index)
+                .unwrap_or(0)
+        };
+        let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut changes = changes.clone();
+        while index() <= request.min_index {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            match tokio::time::timeout(left, changes.changed()).await {
+                Ok(Ok(())) => continue,
+                Ok(Err(_)) | Err(_) => break,
+            }
+        }
+        let applied = applied.lock().expect("state lock");
+        let state = &applied.state;
+        let allocs = state
+            .allocs()
+            .filter(|alloc| alloc.node_id == request.node_id)
+            .filter_map(|alloc| {
+                state
+                    .job(&alloc.namespace, &alloc.job_id)
+                    .map(|job| (alloc.clone(), job.clone()))
+            })
+            .collect();
+        Ok(NodeAllocsReply {
+            index: applied.last_applied.map(|log| log.index).unwrap_or(0),
+            allocs,
+        })
+    }
+
+    /// Sends `envelope` to the configured servers, starting with the last one that answered;
+    /// a transport failure moves on to the next. Errors only when none answered.
+    async fn call_servers(&self, envelope: AgentRequest, timeout: Duration) -> Result<AgentResponse, String> {
+        let count = self.servers.len();
+        let start = self.server_cursor.load(Ordering::SeqCst);
+        let mut failures = Vec::new();
+        for step in 0..count {
+            let position = (start + step) % count;
+            let addr = self.servers[position];
+            match (self.forward)(addr, envelope.clone(), timeout).await {
+                Ok(response) => {
+                    self.server_cursor.store(position, Ordering::SeqCst);
+                    return Ok(response);
+                }
+                Err(error) => failures.push(format!("{addr}: {error}")),
+            }
+        }
+        Err(format!("no server reachable ({})", failures.join("; ")))
     }
 
     async fn submit_local(&self, request: ServerRequest) -> ServerReply {

@@ -165,7 +165,7 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
     ok(
         &handle,
         ServerRequest::NodeRegister {
-            node: Node {
+            node: Box::new(Node {
                 id: "n1".into(),
                 name: "client-1".into(),
                 rpc_addr,
@@ -173,7 +173,7 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
                 csi_controller_plugins: [("hostpath".to_string(), info(false))].into(),
                 csi_node_plugins: [("hostpath".to_string(), info(true))].into(),
                 ..Node::default()
-            },
+            }),
         },
     )
     .await;
@@ -318,12 +318,12 @@ async fn ids_are_validated_and_reads_block_until_the_table_changes() {
     ok(
         &handle,
         ServerRequest::NodeRegister {
-            node: Node {
+            node: Box::new(Node {
                 id: "n9".into(),
                 name: "late".into(),
                 status: NodeStatus::Ready,
                 ..Node::default()
-            },
+            }),
         },
     )
     .await;

@@ -28,7 +28,7 @@ use drover_core::csi::unpublish::NodeDetachRequest;
 use drover_core::op::OpId;
 use drover_core::rpc::{RpcError, ServerReply, ServerRequest};
 use drover_core::structs::{
-    AccessMode, Allocation, AttachmentMode, CsiPluginType, CsiVolume, DesiredStatus, Job, JobType, Task,
+    AccessMode, Allocation, AttachmentMode, CsiPluginType, CsiVolume, DesiredStatus, DriverInfo, Job, JobType, Task,
     TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
 };
 use rand::Rng;
@@ -147,10 +147,16 @@ fn drivers(client: &mut Client, now: Instant) {
             now,
             ClientInput::Driver {
                 name: name.into(),
-                capabilities: Some(DriverCapabilities {
+                capabilities: DriverCapabilities {
                     mount_configs,
                     fs_isolation,
-                }),
+                },
+                info: DriverInfo {
+                    detected: true,
+                    healthy: true,
+                    health_description: "Healthy".into(),
+                    attributes: BTreeMap::new(),
+                },
             },
         );
     }

@@ -137,7 +137,13 @@ impl CsiWorkload {
                 ..Node::default()
             };
             expect_done(
-                request(&gateways, client, ServerRequest::NodeRegister { node }, 20).await,
+                request(
+                    &gateways,
+                    client,
+                    ServerRequest::NodeRegister { node: Box::new(node) },
+                    20,
+                )
+                .await,
                 "register node",
             )?;
         }

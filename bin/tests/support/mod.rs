@@ -15,11 +15,20 @@ use std::time::{Duration, Instant};
 pub const AGENT: &str = env!("CARGO_BIN_EXE_agent");
 
 /// Three free ports (HTTP, RPC, serf); the serf port is free for both TCP and UDP.
+/// A port is never handed out twice in one test process: tests run in parallel threads, and
+/// the kernel readily gives a just-released port to the next `bind(0)`, so two agents of two
+/// tests could otherwise be told the same port before either has bound it.
 pub fn free_ports() -> [u16; 3] {
+    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
     loop {
         let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
+        let mut handed_out = HANDED_OUT.lock().unwrap();
+        if ports.iter().any(|port| handed_out.contains(port)) {
+            continue;
+        }
         if UdpSocket::bind(("127.0.0.1", ports[2])).is_ok() {
+            handed_out.extend(ports.iter().copied());
             return [ports[0], ports[1], ports[2]];
         }
     }
@@ -165,6 +174,32 @@ pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Opt
         }
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+/// Submits a server request over agent RPC, retrying while the servers answer "retry".
+pub fn submit(rpc: std::net::SocketAddr, request: drover_core::rpc::ServerRequest) {
+    use drover_core::rpc::ServerReply;
+    use drover_io_real::io::Transport;
+    use drover_io_real::service::{server_envelope, server_reply};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for _ in 0..120 {
+        let reply = runtime.block_on(async {
+            let envelope = server_envelope("global", &request, false);
+            drover_io_real::net::GrpcTransport::default()
+                .call(rpc, envelope, Duration::from_secs(10))
+                .await
+                .map(server_reply)
+        });
+        match reply {
+            Ok(ServerReply::Error(error)) if !error.retryable => panic!("{request:?}: {}", error.message),
+            Ok(ServerReply::Error(_)) | Err(_) => std::thread::sleep(Duration::from_millis(250)),
+            Ok(_) => return,
+        }
+    }
+    panic!("{request:?} never succeeded");
 }
 
 /// The specs of an `n`-server cluster under `root`.

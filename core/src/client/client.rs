@@ -28,7 +28,10 @@ use crate::client::{
 use crate::csi::unpublish::NodeDetachRequest;
 use crate::op::{OpId, OpIds};
 use crate::rpc::ServerRequest;
-use crate::structs::{Allocation, ClientStatus, CsiControllerInfo, CsiInfo, CsiNodeInfo, Job};
+use crate::structs::{
+    Allocation, ClientStatus, CsiControllerInfo, CsiInfo, CsiNodeInfo, DriverInfo, Job, MAX_RETAINED_NODE_EVENTS,
+    NodeEvent,
+};
 use crate::time::Instant;
 
 /// Fingerprint every plugin this often (`managerFingerprintInterval`).
@@ -62,10 +65,12 @@ pub enum ClientInput {
         task: String,
         exit: ExitResult,
     },
-    /// A task driver was fingerprinted (`None`: not detected or unhealthy).
+    /// A task driver was fingerprinted (the driver manager's fingerprint stream). Tasks may
+    /// use it while it is detected and healthy; the node's driver table follows `info`.
     Driver {
         name: String,
-        capabilities: Option<DriverCapabilities>,
+        capabilities: DriverCapabilities,
+        info: DriverInfo,
     },
     /// `ClientCSI.NodeDetachVolume` from a server; answered with `ClientAction::NodeDetached`.
     NodeDetach {
@@ -129,6 +134,9 @@ enum Route {
 enum Report {
     AllocStatus(String),
     CsiInfo,
+    Drivers,
+    /// Node events waiting to be sent (a queue, not a latest value).
+    NodeEvents,
 }
 
 /// How long a failed report waits before it is sent again.
@@ -172,6 +180,9 @@ pub struct Client {
     instances: BTreeMap<(PluginKind, String), Instance>,
     volumes: BTreeMap<String, VolumeManager>,
     drivers: BTreeMap<String, DriverCapabilities>,
+    driver_infos: BTreeMap<String, DriverInfo>,
+    /// Node events not yet accepted by the servers, oldest first.
+    pending_events: Vec<ClientNodeEvent>,
     servers_contacted: bool,
     routes: BTreeMap<OpId, Route>,
     requesters: BTreeMap<OpId, VolumeRequester>,
@@ -199,6 +210,8 @@ impl Client {
             instances: BTreeMap::new(),
             volumes: BTreeMap::new(),
             drivers: BTreeMap::new(),
+            driver_infos: BTreeMap::new(),
+            pending_events: Vec::new(),
             servers_contacted: false,
             routes: BTreeMap::new(),
             requesters: BTreeMap::new(),
@@ -282,14 +295,11 @@ impl Client {
                     self.collect(now, &alloc_id);
                 }
             }
-            ClientInput::Driver { name, capabilities } => match capabilities {
-                Some(capabilities) => {
-                    self.drivers.insert(name, capabilities);
-                }
-                None => {
-                    self.drivers.remove(&name);
-                }
-            },
+            ClientInput::Driver {
+                name,
+                capabilities,
+                info,
+            } => self.driver_fingerprint(now, name, capabilities, info),
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
         }
     }
@@ -365,12 +375,17 @@ impl Client {
                 let Some((_, sent)) = self.reports_in_flight.remove(&report) else {
                     return;
                 };
-                match outcome {
-                    Ok(Reply::Server(crate::rpc::ServerReply::Error(error))) if !error.retryable => {
-                        // Refused for good (the alloc is gone, say): retrying cannot help.
-                        self.reports_acked.insert(report.clone(), sent);
+                let accepted = match outcome {
+                    // Refused for good (the alloc is gone, say): retrying cannot help.
+                    Ok(Reply::Server(crate::rpc::ServerReply::Error(error))) if !error.retryable => true,
+                    Ok(Reply::Server(crate::rpc::ServerReply::Done { .. })) => true,
+                    _ => false,
+                };
+                match (accepted, &sent) {
+                    (true, ServerRequest::NodeEmitEvents { events, .. }) => {
+                        self.pending_events.drain(..events.len().min(self.pending_events.len()));
                     }
-                    Ok(Reply::Server(crate::rpc::ServerReply::Done { .. })) => {
+                    (true, _) => {
                         self.reports_acked.insert(report.clone(), sent);
                     }
                     _ => {
@@ -399,6 +414,24 @@ impl Client {
                 node_id: self.settings.node_id.clone(),
                 controllers: self.node_controllers.clone(),
                 nodes: self.node_plugins.clone(),
+            }),
+            Report::Drivers => Some(ServerRequest::NodeUpdateDrivers {
+                node_id: self.settings.node_id.clone(),
+                drivers: self.driver_infos.clone(),
+            }),
+            Report::NodeEvents => (!self.pending_events.is_empty()).then(|| ServerRequest::NodeEmitEvents {
+                node_id: self.settings.node_id.clone(),
+                events: self
+                    .pending_events
+                    .iter()
+                    .take(MAX_RETAINED_NODE_EVENTS)
+                    .map(|event| NodeEvent {
+                        message: event.message.clone(),
+                        subsystem: event.subsystem.clone(),
+                        details: event.details.clone(),
+                        ..NodeEvent::default()
+                    })
+                    .collect(),
             }),
         }
     }
@@ -541,7 +574,7 @@ impl Client {
                     self.routes.insert(op, Route::Volume(plugin.to_string()));
                     self.actions.push_back(ClientAction::Io { op, io });
                 }
-                VolumeAction::NodeEvent(event) => self.actions.push_back(ClientAction::NodeEvent(event)),
+                VolumeAction::NodeEvent(event) => self.node_event(now, event),
                 VolumeAction::Reply { request, outcome } => self.volume_reply(now, request, outcome),
             }
         }
@@ -849,11 +882,14 @@ impl Client {
                 let mut details = BTreeMap::new();
                 details.insert("plugin".to_string(), name.to_string());
                 details.insert("type".to_string(), kind.as_str().to_string());
-                self.actions.push_back(ClientAction::NodeEvent(ClientNodeEvent {
-                    subsystem: "CSI".into(),
-                    message: info.health_description.clone(),
-                    details,
-                }));
+                self.node_event(
+                    now,
+                    ClientNodeEvent {
+                        subsystem: "CSI".into(),
+                        message: info.health_description.clone(),
+                        details,
+                    },
+                );
             }
             self.push_csi_info(now);
         }
@@ -861,6 +897,50 @@ impl Client {
 
     fn push_csi_info(&mut self, now: Instant) {
         self.report(now, Report::CsiInfo);
+    }
+
+    /// A node event: traced locally and queued for the servers (`Node.EmitEvents`).
+    fn node_event(&mut self, now: Instant, event: ClientNodeEvent) {
+        self.actions.push_back(ClientAction::NodeEvent(event.clone()));
+        self.pending_events.push(event);
+        // The servers keep only the last few; while they are unreachable, so does the queue
+        // (never while a batch is in flight: its acknowledgement drains by count).
+        if !self.reports_in_flight.contains_key(&Report::NodeEvents) {
+            let excess = self.pending_events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
+            self.pending_events.drain(..excess);
+        }
+        self.report(now, Report::NodeEvents);
+    }
+
+    /// A driver fingerprint: usable while detected and healthy; a health change is a node
+    /// event (subsystem `Driver`, as Nomad's driver manager raises), and the node's driver
+    /// table is reported when it changed.
+    fn driver_fingerprint(&mut self, now: Instant, name: String, capabilities: DriverCapabilities, info: DriverInfo) {
+        if info.detected && info.healthy {
+            self.drivers.insert(name.clone(), capabilities);
+        } else {
+            self.drivers.remove(&name);
+        }
+        let previous = self.driver_infos.insert(name.clone(), info.clone());
+        let health_changed = match &previous {
+            Some(old) => old.healthy != info.healthy || old.detected != info.detected,
+            None => info.detected && !info.healthy,
+        };
+        if health_changed {
+            let mut details = BTreeMap::new();
+            details.insert("driver".to_string(), name);
+            self.node_event(
+                now,
+                ClientNodeEvent {
+                    subsystem: "Driver".into(),
+                    message: info.health_description.clone(),
+                    details,
+                },
+            );
+        }
+        if previous.as_ref() != Some(&info) {
+            self.report(now, Report::Drivers);
+        }
     }
 
     // --- time -----------------------------------------------------------------------------

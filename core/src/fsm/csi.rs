@@ -9,7 +9,8 @@ use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::{Command, Response, ServerState, Table};
 use crate::structs::{
-    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job, JobType, Node,
+    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job, JobType,
+    MAX_RETAINED_NODE_EVENTS, Node,
 };
 
 /// Which half of a plugin an instance is.
@@ -63,6 +64,40 @@ impl ServerState {
                 self.nodes.insert(node_id.clone(), node.clone());
                 self.touch(Table::Nodes, index);
                 self.update_node_plugins(index, at_ms, Some(&old), Some(&node));
+                Response::Done
+            }
+            Command::NodeUpdateDrivers { node_id, drivers } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(format!("node not found: {node_id}"));
+                };
+                for (name, info) in drivers {
+                    let prefix = format!("driver.{name}");
+                    node.attributes
+                        .retain(|key, _| !(key == &prefix || key.starts_with(&format!("{prefix}."))));
+                    if info.detected {
+                        node.attributes
+                            .extend(info.attributes.iter().map(|(key, value)| (key.clone(), value.clone())));
+                    }
+                }
+                node.drivers = drivers.clone();
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
+                Response::Done
+            }
+            Command::NodeEmitEvents { node_id, events } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(format!("node not found: {node_id}"));
+                };
+                for event in events {
+                    let mut event = event.clone();
+                    event.timestamp_ms = at_ms;
+                    event.create_index = index;
+                    node.events.push(event);
+                }
+                let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
+                node.events.drain(..excess);
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
                 Response::Done
             }
             Command::NodeDeregister { node_id } => {
@@ -601,7 +636,7 @@ pub(crate) mod tests {
     use crate::fsm::Entry;
     use crate::structs::{
         AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo, CsiPluginType,
-        DesiredStatus, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,
+        DesiredStatus, DriverInfo, NodeEvent, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,
     };
 
     /// A tiny builder: applies commands at increasing indexes.
@@ -713,6 +748,66 @@ pub(crate) mod tests {
             Response::Error(error) => error,
             other => panic!("expected an error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn driver_updates_keep_csi_info_and_events_are_capped() {
+        let mut fx = Fixture::new();
+        let mut registered = node("n1", true);
+        registered.attributes = [
+            ("driver.exec".to_string(), "1".to_string()),
+            ("driver.exec.version".to_string(), "0.1".to_string()),
+            ("kernel.name".to_string(), "linux".to_string()),
+        ]
+        .into();
+        fx.ok(Command::NodeRegister { node: registered });
+        let unhealthy = DriverInfo {
+            detected: false,
+            healthy: false,
+            health_description: "exec driver must run as root".into(),
+            attributes: BTreeMap::new(),
+        };
+        fx.ok(Command::NodeUpdateDrivers {
+            node_id: "n1".into(),
+            drivers: [("exec".to_string(), unhealthy.clone())].into(),
+        });
+        let node = fx.state.node("n1").unwrap();
+        assert_eq!(node.drivers["exec"], unhealthy);
+        // The driver's attributes go with it; the others and the CSI info stay.
+        assert_eq!(
+            node.attributes.keys().collect::<Vec<_>>(),
+            ["kernel.name"],
+            "{:?}",
+            node.attributes
+        );
+        assert!(node.csi_node_plugins.contains_key("p"));
+        assert_eq!(fx.state.plugin("p").unwrap().nodes_healthy, 1);
+
+        for i in 0..12 {
+            fx.ok(Command::NodeEmitEvents {
+                node_id: "n1".into(),
+                events: vec![NodeEvent {
+                    message: format!("event {i}"),
+                    subsystem: "Driver".into(),
+                    ..NodeEvent::default()
+                }],
+            });
+        }
+        let events = &fx.state.node("n1").unwrap().events;
+        assert_eq!(events.len(), MAX_RETAINED_NODE_EVENTS);
+        assert_eq!(events[0].message, "event 2");
+        assert_eq!(events[9].message, "event 11");
+        assert!(
+            events[9].timestamp_ms > events[0].timestamp_ms,
+            "stamped by the proposer's clock"
+        );
+        assert_eq!(
+            error(fx.apply(Command::NodeEmitEvents {
+                node_id: "n9".into(),
+                events: vec![],
+            })),
+            "node not found: n9"
+        );
     }
 
     #[test]

@@ -16,7 +16,8 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::structs::{
-    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Evaluation, Job, Node, NodeStatus,
+    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, DriverInfo, Evaluation, Job, Node,
+    NodeEvent, NodeStatus,
 };
 
 /// One Raft log payload: a command plus the proposer's wall-clock stamp.
@@ -57,6 +58,17 @@ pub enum Command {
         node_id: String,
         controllers: BTreeMap<String, CsiInfo>,
         nodes: BTreeMap<String, CsiInfo>,
+    },
+    /// The driver manager's fingerprints; a driver's `driver.<name>*` node attributes follow.
+    NodeUpdateDrivers {
+        node_id: String,
+        drivers: BTreeMap<String, DriverInfo>,
+    },
+    /// `Node.EmitEvents`: events the client raised (CSI mounts, driver health), newest last;
+    /// the node keeps the last `MAX_RETAINED_NODE_EVENTS`.
+    NodeEmitEvents {
+        node_id: String,
+        events: Vec<NodeEvent>,
     },
     NodeDeregister {
         node_id: String,

@@ -14,14 +14,8 @@ pub mod mock;
 #[cfg(not(madsim))]
 pub mod process;
 
-/// What a driver reports about itself on this host (`DriverInfo`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DriverFingerprint {
-    pub detected: bool,
-    pub healthy: bool,
-    pub health_description: String,
-    pub attributes: BTreeMap<String, String>,
-}
+/// What a driver reports about itself on this host (Nomad's `DriverInfo`).
+pub use drover_core::structs::DriverInfo as DriverFingerprint;
 
 pub trait TaskDriver: Send + Sync + 'static {
     fn name(&self) -> &'static str;

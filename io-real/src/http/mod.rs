@@ -2,6 +2,7 @@
 //! plugins, and nodes. Reads answer from the agent's published status and applied state
 //! (blocking queries on a table's index); writes go through Raft.
 
+mod allocs;
 mod client;
 mod csi;
 mod render;
@@ -68,6 +69,8 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/volume/csi/{id}/detach", axum::routing::delete(csi::detach_volume))
         .route("/v1/plugins", get(csi::list_plugins))
         .route("/v1/plugin/csi/{id}", get(csi::get_plugin).delete(csi::delete_plugin))
+        .route("/v1/allocations", get(allocs::list_allocations))
+        .route("/v1/allocation/{id}", get(allocs::get_allocation))
         .route("/v1/nodes", get(csi::list_nodes))
         .route("/v1/node/{id}", get(csi::get_node))
         .route(

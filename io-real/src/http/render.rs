@@ -111,6 +111,20 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
     })
 }
 
+/// One allocation in full (`GET /v1/allocation/:id`): the stub's fields plus the
+/// replacement links.
+pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
+    let mut value = alloc_stub(alloc, state);
+    if let Value::Object(map) = &mut value {
+        map.insert(
+            "PreviousAllocation".into(),
+            Value::String(alloc.previous_allocation.clone().unwrap_or_default()),
+        );
+        map.insert("PreemptedAllocations".into(), json!(alloc.preempted_allocations));
+    }
+    value
+}
+
 fn claim(claim: &CsiVolumeClaim) -> Value {
     json!({
         "AllocationID": claim.allocation_id,
@@ -270,6 +284,35 @@ fn event(event: &NodeEvent) -> Value {
     })
 }
 
+fn drivers(node: &Node) -> Map<String, Value> {
+    node.drivers
+        .iter()
+        .map(|(name, info)| {
+            (
+                name.clone(),
+                json!({
+                    "Attributes": info.attributes,
+                    "Detected": info.detected,
+                    "Healthy": info.healthy,
+                    "HealthDescription": info.health_description,
+                }),
+            )
+        })
+        .collect()
+}
+
+fn host_volumes(node: &Node) -> Map<String, Value> {
+    node.host_volumes
+        .iter()
+        .map(|(name, volume)| {
+            (
+                name.clone(),
+                json!({ "Name": name, "Path": volume.path, "ReadOnly": volume.read_only }),
+            )
+        })
+        .collect()
+}
+
 pub fn node_stub(node: &Node) -> Value {
     json!({
         "ID": node.id,
@@ -282,7 +325,7 @@ pub fn node_stub(node: &Node) -> Value {
         "SchedulingEligibility": "eligible",
         "Status": node.status.as_str(),
         "StatusDescription": node.status_description,
-        "Drivers": {},
+        "Drivers": drivers(node),
         "Address": node.http_addr.split(':').next().unwrap_or_default(),
         "CreateIndex": node.create_index,
         "ModifyIndex": node.modify_index,
@@ -306,8 +349,8 @@ pub fn node(node: &Node) -> Value {
         "StatusDescription": node.status_description,
         "StatusUpdatedAt": node.status_updated_at_ms / 1000,
         "Events": node.events.iter().map(event).collect::<Vec<_>>(),
-        "Drivers": {},
-        "HostVolumes": {},
+        "Drivers": drivers(node),
+        "HostVolumes": host_volumes(node),
         "CSIControllerPlugins": node.csi_controller_plugins.iter().map(|(id, info)| (id.clone(), csi_info(info))).collect::<Map<_, _>>(),
         "CSINodePlugins": node.csi_node_plugins.iter().map(|(id, info)| (id.clone(), csi_info(info))).collect::<Map<_, _>>(),
         "CreateIndex": node.create_index,
