@@ -391,6 +391,15 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         10.0
     );
     assert_eq!(stats["Tasks"]["web"]["State"], "running");
+    // The exec driver measures the task's memory and CPU; the pids are listed.
+    let memory = &stats["Tasks"]["web"]["ResourceUsage"]["MemoryStats"];
+    assert_eq!(memory["Measured"], serde_json::json!(["RSS"]), "{stats:#}");
+    assert!(memory["RSS"].as_u64().unwrap() > 0, "{stats:#}");
+    assert!(
+        !stats["Tasks"]["web"]["Pids"].as_object().unwrap().is_empty(),
+        "{stats:#}"
+    );
+    assert_eq!(stats["ResourceUsage"]["MemoryStats"]["RSS"], memory["RSS"]);
     assert!(
         http_get(http, "/v1/client/allocation/nope/stats")
             .await

@@ -27,7 +27,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::csi::CsiClient;
 use crate::devices::{DeviceManager, DeviceStats};
 use crate::driver::AgentHandle;
-use crate::drivers::Drivers;
+use crate::drivers::{Drivers, TaskResourceUsage};
 use crate::io::{BoxFuture, ClientCsi};
 
 const CLIENT: TableDefinition<&str, &[u8]> = TableDefinition::new("client_state");
@@ -180,6 +180,8 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn node_attributes(&self) -> BTreeMap<String, String>;
     /// Usage of the devices reserved for one task.
     fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats>;
+    /// CPU and memory of one running task, from its driver.
+    fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage>;
 }
 
 /// The production executor: host filesystem, process drivers, CSI over unix sockets.
@@ -317,6 +319,10 @@ impl ClientExecutor for HostExecutor {
     fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats> {
         self.devices.task_stats(alloc_id, task)
     }
+
+    fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
+        self.drivers.get(&handle.driver)?.stats(handle)
+    }
 }
 
 enum Message {
@@ -414,10 +420,12 @@ pub struct ClientView {
     executor: Arc<dyn ClientExecutor>,
 }
 
-/// One task's resource usage (only what is measured: device stats).
+/// One task's resource usage: CPU and memory from its driver (when it measures them and the
+/// task runs) and its devices.
 #[derive(Clone, Debug)]
 pub struct TaskUsage {
     pub state: LocalTaskState,
+    pub resources: Option<TaskResourceUsage>,
     pub devices: Vec<DeviceStats>,
 }
 
@@ -430,7 +438,19 @@ impl ClientView {
                 .into_iter()
                 .map(|(task, state)| {
                     let devices = self.executor.device_stats(alloc_id, &task);
-                    (task, TaskUsage { state, devices })
+                    let resources = state
+                        .handle
+                        .as_ref()
+                        .filter(|_| state.state.state == drover_core::client::task_runner::TaskStatus::Running)
+                        .and_then(|handle| self.executor.task_stats(handle));
+                    (
+                        task,
+                        TaskUsage {
+                            state,
+                            resources,
+                            devices,
+                        },
+                    )
                 })
                 .collect(),
         )

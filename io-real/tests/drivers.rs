@@ -104,6 +104,36 @@ async fn stop_interrupts_then_kills_after_the_timeout() {
     assert_eq!(driver.wait(handle).await.signal, libc::SIGINT);
 }
 
+/// CPU and memory of the task's whole session: a child that spins is counted, its pid
+/// listed; the numbers are the kernel's (only their presence is checked, not a speed).
+#[tokio::test]
+async fn stats_cover_the_whole_task_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let driver = ProcessDriver::raw_exec();
+    let handle = driver
+        .start(config(
+            dir.path(),
+            "busy",
+            "/bin/sh",
+            &["-c", "(while :; do :; done) & wait"],
+        ))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = driver.stats(&handle).expect("a running task is measured");
+    assert!(first.pids.len() >= 2, "the shell and its spinning child: {first:?}");
+    assert!(first.rss_bytes > 0, "{first:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let second = driver.stats(&handle).unwrap();
+    assert!(
+        second.user_percent + second.system_percent > 1.0,
+        "a spinning child uses CPU: {second:?}"
+    );
+    driver.stop(handle.clone(), Duration::from_secs(2)).await.unwrap();
+    driver.wait(handle.clone()).await;
+    assert_eq!(driver.stats(&handle), None, "a task that is gone is not measured");
+}
+
 #[tokio::test]
 async fn a_new_driver_reattaches_by_handle() {
     let dir = tempfile::tempdir().unwrap();

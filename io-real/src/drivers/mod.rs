@@ -35,6 +35,22 @@ pub trait TaskDriver: Send + Sync + 'static {
 
     /// Reattaches to a task started before an agent restart.
     fn recover(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>>;
+
+    /// The task's CPU and memory use now (`None`: not measured by this driver, or gone).
+    fn stats(&self, _handle: &TaskHandle) -> Option<TaskResourceUsage> {
+        None
+    }
+}
+
+/// One task's measured resource use (Nomad's `ResourceUsage` for the executor-based drivers:
+/// RSS, and CPU percent split into user and system mode).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TaskResourceUsage {
+    pub rss_bytes: u64,
+    /// Percent of one core since the previous sample (or since the task started).
+    pub user_percent: f64,
+    pub system_percent: f64,
+    pub pids: Vec<i32>,
 }
 
 /// The drivers of one client, by name (the driver manager's table).

@@ -20,7 +20,7 @@ use drover_core::client::{
 use drover_core::structs::{ConfigValue, Propagation};
 use tokio::sync::watch;
 
-use super::{DriverFingerprint, TaskDriver};
+use super::{DriverFingerprint, TaskDriver, TaskResourceUsage};
 use crate::io::BoxFuture;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,7 +41,12 @@ struct Running {
 pub struct ProcessDriver {
     kind: Kind,
     tasks: Arc<Mutex<BTreeMap<Key, Running>>>,
+    /// The previous CPU sample of each task, by session leader.
+    samples: Arc<Mutex<BTreeMap<i32, CpuSample>>>,
 }
+
+/// When a task's CPU was sampled, and its user and system ticks then.
+type CpuSample = (std::time::Instant, u64, u64);
 
 /// What a handle carries for reattaching: the pid and its start time (so a recycled pid is
 /// not mistaken for the task).
@@ -59,6 +64,7 @@ impl ProcessDriver {
         ProcessDriver {
             kind: Kind::RawExec,
             tasks: Arc::default(),
+            samples: Arc::default(),
         }
     }
 
@@ -66,6 +72,7 @@ impl ProcessDriver {
         ProcessDriver {
             kind: Kind::Exec,
             tasks: Arc::default(),
+            samples: Arc::default(),
         }
     }
 }
@@ -80,6 +87,62 @@ fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 2..];
     after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// What /proc says about one process: session, user and system ticks, RSS pages.
+struct ProcStat {
+    session: i32,
+    utime: u64,
+    stime: u64,
+    rss_pages: u64,
+}
+
+fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces and parentheses); field 3 is [0].
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split_whitespace().collect();
+    let field = |n: usize| -> Option<u64> { fields.get(n - 3)?.parse().ok() };
+    Some(ProcStat {
+        session: fields.get(6 - 3)?.parse().ok()?,
+        utime: field(14)?,
+        stime: field(15)?,
+        rss_pages: field(24)?,
+    })
+}
+
+/// The processes of the session `leader` started (tasks run with `setsid`).
+fn session_members(leader: i32) -> Vec<(i32, ProcStat)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut members: Vec<(i32, ProcStat)> = entries
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((pid, proc_stat(pid)?)))
+        .filter(|(_, stat)| stat.session == leader)
+        .collect();
+    members.sort_by_key(|(pid, _)| *pid);
+    members
+}
+
+fn clock_ticks_per_second() -> f64 {
+    // SAFETY: sysconf has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    if ticks > 0 { ticks as f64 } else { 100.0 }
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if size > 0 { size as u64 } else { 4096 }
+}
+
+fn uptime_seconds() -> Option<f64> {
+    std::fs::read_to_string("/proc/uptime")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 fn cstring(path: &Path) -> Result<CString, IoError> {
@@ -396,6 +459,49 @@ async fn wait_foreign(pid: i32, started: u64) -> ExitResult {
     }
 }
 
+impl ProcessDriver {
+    /// CPU and RSS of every process in the task's session. CPU percent covers the time since
+    /// the previous sample of this task, or since the task started for the first one.
+    fn session_usage(&self, leader: i32, leader_start: u64) -> Option<TaskResourceUsage> {
+        if start_time(leader) != Some(leader_start) {
+            self.samples.lock().unwrap().remove(&leader);
+            return None;
+        }
+        let members = session_members(leader);
+        let (user, system) = members
+            .iter()
+            .fold((0u64, 0u64), |(u, s), (_, stat)| (u + stat.utime, s + stat.stime));
+        let rss_bytes = members.iter().map(|(_, stat)| stat.rss_pages).sum::<u64>() * page_size();
+        let hz = clock_ticks_per_second();
+        let now = std::time::Instant::now();
+        let previous = self.samples.lock().unwrap().insert(leader, (now, user, system));
+        let (seconds, user_delta, system_delta) = match previous {
+            Some((at, prev_user, prev_system)) if now.duration_since(at).as_secs_f64() >= 0.05 => (
+                now.duration_since(at).as_secs_f64(),
+                user.saturating_sub(prev_user),
+                system.saturating_sub(prev_system),
+            ),
+            _ => {
+                let started = leader_start as f64 / hz;
+                (uptime_seconds().map(|up| up - started).unwrap_or(0.0), user, system)
+            }
+        };
+        let percent = |ticks: u64| {
+            if seconds > 0.0 {
+                ticks as f64 / hz / seconds * 100.0
+            } else {
+                0.0
+            }
+        };
+        Some(TaskResourceUsage {
+            rss_bytes,
+            user_percent: percent(user_delta),
+            system_percent: percent(system_delta),
+            pids: members.iter().map(|(pid, _)| *pid).collect(),
+        })
+    }
+}
+
 impl TaskDriver for ProcessDriver {
     fn name(&self) -> &'static str {
         match self.kind {
@@ -517,5 +623,10 @@ impl TaskDriver for ProcessDriver {
                 ))
             }
         })
+    }
+
+    fn stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
+        let state: HandleState = serde_json::from_str(&handle.state).ok()?;
+        self.session_usage(state.pid, state.start_time)
     }
 }

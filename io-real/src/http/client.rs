@@ -1,5 +1,6 @@
 //! Client endpoints: `GET /v1/client/allocation/:id/stats` (Nomad's `AllocResourceUsage`, with
-//! what this client measures — device stats per task — and task states).
+//! what this client measures — RSS and CPU per task from its driver, device stats — and task
+//! states).
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::client::{ClientView, TaskUsage};
 use crate::devices::DeviceStats;
+use crate::drivers::TaskResourceUsage;
 
 pub fn router(view: ClientView) -> Router {
     Router::new()
@@ -60,12 +62,42 @@ fn device_groups(stats: &[DeviceStats]) -> Vec<Value> {
         .collect()
 }
 
-/// CPU and memory are not measured by this client yet: empty `Measured` lists say so.
-fn usage(devices: &[DeviceStats]) -> Value {
+/// Nomad's `ResourceUsage`: what is measured is listed in `Measured` (the executor-based
+/// drivers measure RSS and CPU percent in user and system mode; the rest stays 0).
+fn usage(resources: Option<&TaskResourceUsage>, devices: &[DeviceStats]) -> Value {
+    let (memory_measured, cpu_measured) = if resources.is_some() {
+        (json!(["RSS"]), json!(["System Mode", "User Mode", "Percent"]))
+    } else {
+        (json!([]), json!([]))
+    };
+    let usage = resources.cloned().unwrap_or_default();
     json!({
-        "MemoryStats": {"RSS": 0, "Cache": 0, "Swap": 0, "Usage": 0, "MaxUsage": 0, "Measured": []},
-        "CpuStats": {"SystemMode": 0.0, "UserMode": 0.0, "TotalTicks": 0.0, "Percent": 0.0, "Measured": []},
+        "MemoryStats": {
+            "RSS": usage.rss_bytes, "Cache": 0, "Swap": 0, "Usage": 0, "MaxUsage": 0,
+            "Measured": memory_measured,
+        },
+        "CpuStats": {
+            "SystemMode": usage.system_percent,
+            "UserMode": usage.user_percent,
+            "TotalTicks": 0.0,
+            "Percent": usage.system_percent + usage.user_percent,
+            "Measured": cpu_measured,
+        },
         "DeviceStats": device_groups(devices),
+    })
+}
+
+/// The allocation's total: the sum over its measured tasks.
+fn total(tasks: &BTreeMap<String, TaskUsage>) -> Option<TaskResourceUsage> {
+    let measured: Vec<&TaskResourceUsage> = tasks.values().filter_map(|task| task.resources.as_ref()).collect();
+    if measured.is_empty() {
+        return None;
+    }
+    Some(TaskResourceUsage {
+        rss_bytes: measured.iter().map(|usage| usage.rss_bytes).sum(),
+        user_percent: measured.iter().map(|usage| usage.user_percent).sum(),
+        system_percent: measured.iter().map(|usage| usage.system_percent).sum(),
+        pids: measured.iter().flat_map(|usage| usage.pids.clone()).collect(),
     })
 }
 
@@ -76,18 +108,21 @@ async fn alloc_stats(State(view): State<ClientView>, Path(id): Path<String>) -> 
     let all: Vec<DeviceStats> = tasks.values().flat_map(|task| task.devices.clone()).collect();
     let rendered: serde_json::Map<String, Value> = tasks
         .iter()
-        .map(|(name, TaskUsage { state, devices })| {
+        .map(|(name, task)| {
+            let state = &task.state.state;
             (
                 name.clone(),
                 json!({
-                    "ResourceUsage": usage(devices),
-                    "State": state.state.state.as_str(),
-                    "Failed": state.state.failed,
-                    "Restarts": state.state.restarts,
-                    "Pids": Value::Null,
+                    "ResourceUsage": usage(task.resources.as_ref(), &task.devices),
+                    "State": state.state.as_str(),
+                    "Failed": state.failed,
+                    "Restarts": state.restarts,
+                    "Pids": task.resources.as_ref().map(|usage| {
+                        usage.pids.iter().map(|pid| (pid.to_string(), json!({}))).collect::<serde_json::Map<_, _>>()
+                    }),
                 }),
             )
         })
         .collect();
-    Json(json!({"ResourceUsage": usage(&all), "Tasks": rendered})).into_response()
+    Json(json!({"ResourceUsage": usage(total(&tasks).as_ref(), &all), "Tasks": rendered})).into_response()
 }
