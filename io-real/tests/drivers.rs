@@ -203,3 +203,86 @@ async fn exec_binds_mounts_in_its_own_namespace() {
     assert!(!readonly.join("x").exists());
     assert!(mounts_under(dir.path()).is_empty());
 }
+
+/// A bidirectional mount, as a CSI plugin run under `exec` needs it: what the task mounts
+/// below it shows up on the host (and stays after the task is gone: a staged volume outlives
+/// its plugin), while the task's other mounts stay in its namespace. A mount the host makes
+/// below it reaches the task.
+#[tokio::test]
+async fn exec_bidirectional_mounts_reach_the_host() {
+    if !is_root() {
+        eprintln!("skipped: the exec driver needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("plugin-root");
+    let socket = dir.path().join("socket-dir");
+    let host_made = root.join("from-host");
+    std::fs::create_dir_all(root.join("staging")).unwrap();
+    std::fs::create_dir_all(&host_made).unwrap();
+    std::fs::create_dir_all(&socket).unwrap();
+    let driver = ProcessDriver::exec();
+    let mut task = config(
+        dir.path(),
+        "plugin",
+        "/bin/sh",
+        &[
+            "-c",
+            "mount -t tmpfs staged /local/csi/staging && echo staged > /local/csi/staging/file && touch /csi/ready \
+             && while [ ! -e /local/csi/from-host/marker ]; do sleep 0.05; done && echo seen > /csi/host-mount-seen",
+        ],
+    );
+    task.mounts = vec![
+        MountConfig {
+            task_path: "/csi".into(),
+            host_path: socket.display().to_string(),
+            readonly: false,
+            propagation: Propagation::Bidirectional,
+        },
+        MountConfig {
+            task_path: "/local/csi".into(),
+            host_path: root.display().to_string(),
+            readonly: false,
+            propagation: Propagation::Bidirectional,
+        },
+    ];
+    let handle = driver.start(task).await.unwrap();
+    let ready = socket.join("ready");
+    for _ in 0..100 {
+        if ready.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready.exists(), "the task ran");
+    // The task's mount reached the host.
+    let staging = root.join("staging").canonicalize().unwrap();
+    assert!(
+        mounts_under(dir.path()).contains(&staging.display().to_string()),
+        "{:?}",
+        mounts_under(dir.path())
+    );
+    assert_eq!(std::fs::read_to_string(staging.join("file")).unwrap(), "staged\n");
+    // A host mount reaches the task.
+    let host_tmpfs = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "fromhost"])
+        .arg(&host_made)
+        .status()
+        .unwrap();
+    assert!(host_tmpfs.success());
+    std::fs::write(host_made.join("marker"), "").unwrap();
+    let exit = driver.wait(handle).await;
+    let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/plugin.stderr.0")).unwrap_or_default();
+    assert_eq!(exit.exit_code, 0, "stderr: {stderr}");
+    assert!(socket.join("host-mount-seen").exists());
+    // After the task: the socket dir's self-bind is gone (nothing below it), the staged
+    // mount and the plugin root that holds it remain.
+    let mounts = mounts_under(dir.path());
+    let socket_path = socket.canonicalize().unwrap().display().to_string();
+    assert!(!mounts.contains(&socket_path), "{mounts:?}");
+    assert!(mounts.contains(&staging.display().to_string()), "{mounts:?}");
+    for mount in mounts.iter().rev() {
+        let _ = std::process::Command::new("umount").arg(mount).status();
+    }
+    assert!(mounts_under(dir.path()).is_empty(), "{:?}", mounts_under(dir.path()));
+}

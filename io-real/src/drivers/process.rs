@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -54,6 +55,9 @@ type CpuSample = (std::time::Instant, u64, u64);
 struct HandleState {
     pid: i32,
     start_time: u64,
+    /// Host sources bound onto themselves to share them with the task; released on exit.
+    #[serde(default)]
+    shared: Vec<String>,
 }
 
 /// Host directories bound read-only into an `exec` task's root.
@@ -156,6 +160,84 @@ struct BindMount {
     target: CString,
     readonly: bool,
     propagation: libc::c_ulong,
+    /// A bidirectional mount: a detached clone of the (shared) host source, made in the
+    /// agent's namespace before the fork and attached in the task's with `move_mount`, so it
+    /// stays a peer of the host source — mounts the task makes below it reach the host.
+    detached: Option<OwnedFd>,
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// Makes `source` a shared mount on the host (bound onto itself first when it is not a mount
+/// point) and returns a detached recursive clone of it, plus whether the self-bind was ours.
+fn shared_clone(source: &Path) -> Result<(OwnedFd, bool), IoError> {
+    let path = cstring(source)?;
+    let none = std::ptr::null::<libc::c_char>();
+    let fail = |what: &str| {
+        IoError::other(format!(
+            "{what} {}: {}",
+            source.display(),
+            std::io::Error::last_os_error()
+        ))
+    };
+    let ours = !is_mount_point(source);
+    // SAFETY: NUL-terminated paths that outlive the calls; null where the syscalls allow it.
+    unsafe {
+        if ours
+            && libc::mount(
+                path.as_ptr(),
+                path.as_ptr(),
+                none,
+                libc::MS_BIND | libc::MS_REC,
+                std::ptr::null(),
+            ) != 0
+        {
+            return Err(fail("bind"));
+        }
+        if libc::mount(none, path.as_ptr(), none, libc::MS_SHARED, std::ptr::null()) != 0 {
+            return Err(fail("make shared"));
+        }
+        let fd = libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
+        );
+        if fd < 0 {
+            return Err(fail("open_tree"));
+        }
+        Ok((OwnedFd::from_raw_fd(fd as RawFd), ours))
+    }
+}
+
+/// Whether `path` is a mount point, from the kernel's own table.
+fn is_mount_point(path: &Path) -> bool {
+    let Ok(path) = path.canonicalize() else {
+        return false;
+    };
+    let path = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .any(|point| point == path)
+}
+
+/// Undoes the self-binds `shared_clone` made, once their task is gone — unless something is
+/// still mounted below (a staged volume outlives its plugin task), in which case the shared
+/// mount stays for the next plugin task to reuse.
+fn release_shared(sources: &[String]) {
+    for source in sources {
+        let Ok(path) = CString::new(source.as_bytes()) else {
+            continue;
+        };
+        // SAFETY: a NUL-terminated path; plain umount fails with EBUSY when mounts remain.
+        unsafe {
+            libc::umount2(path.as_ptr(), 0);
+        }
+    }
 }
 
 fn propagation_flag(propagation: Propagation) -> libc::c_ulong {
@@ -176,9 +258,12 @@ fn io_error(context: &str, error: std::io::Error) -> IoError {
 
 /// Prepares the root of an `exec` task: directories for every bind target, created by the
 /// agent before the fork (the child only mounts and chroots).
-fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoError> {
+/// Also returns the host sources it bound onto themselves to share them (see
+/// [`release_shared`]).
+fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<String>), IoError> {
     let root = PathBuf::from(&config.task_dir);
     let mut binds = Vec::new();
+    let mut shared = Vec::new();
     let mut add = |source: &Path, task_path: &str, readonly: bool, propagation: Propagation| -> Result<(), IoError> {
         let target = root.join(task_path.trim_start_matches('/'));
         if source.is_dir() {
@@ -191,11 +276,21 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoErro
                 std::fs::File::create(&target).map_err(|e| io_error(&format!("create {}", target.display()), e))?;
             }
         }
+        let detached = if propagation == Propagation::Bidirectional {
+            let (fd, ours) = shared_clone(source)?;
+            if ours {
+                shared.push(source.display().to_string());
+            }
+            Some(fd)
+        } else {
+            None
+        };
         binds.push(BindMount {
             source: cstring(source)?,
             target: cstring(&target)?,
             readonly,
             propagation: propagation_flag(propagation),
+            detached,
         });
         Ok(())
     };
@@ -255,7 +350,7 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>), IoErro
         add(source, &mount.task_path, mount.readonly, mount.propagation)?;
     }
     std::fs::create_dir_all(root.join("tmp")).map_err(|e| io_error("create tmp", e))?;
-    Ok((cstring(&root)?, binds))
+    Ok((cstring(&root)?, binds, shared))
 }
 
 /// Gives the task default signal handling whatever the agent inherited: an agent started in
@@ -299,6 +394,19 @@ fn enter_namespace(root: &CString, binds: &[BindMount]) -> std::io::Result<()> {
             std::ptr::null(),
         ))?;
         for bind in binds {
+            if let Some(fd) = &bind.detached {
+                // Attach the shared clone as it is: re-marking it would cut it off the host.
+                let moved = libc::syscall(
+                    libc::SYS_move_mount,
+                    fd.as_raw_fd(),
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    bind.target.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                );
+                check(if moved == 0 { 0 } else { -1 })?;
+                continue;
+            }
             check(libc::mount(
                 bind.source.as_ptr(),
                 bind.target.as_ptr(),
@@ -372,6 +480,7 @@ impl ProcessDriver {
                 .map_err(|e| io_error(&format!("open {}", path.display()), e))
         };
         let (stdout, stderr) = (open_log("stdout")?, open_log("stderr")?);
+        let mut shared = Vec::new();
         let mut cmd = tokio::process::Command::new(&command);
         cmd.args(&args)
             .stdin(std::process::Stdio::null())
@@ -391,7 +500,8 @@ impl ProcessDriver {
                 }
             }
             Kind::Exec => {
-                let (root, binds) = prepare_root(&config)?;
+                let (root, binds, prepared) = prepare_root(&config)?;
+                shared = prepared;
                 cmd.env_clear()
                     .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
                     .envs(&config.env);
@@ -405,15 +515,20 @@ impl ProcessDriver {
                 }
             }
         }
-        let mut child = cmd
-            .spawn()
-            .map_err(|e| io_error(&format!("{}: start {command}", self.name()), e))?;
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                release_shared(&shared);
+                return Err(io_error(&format!("{}: start {command}", self.name()), error));
+            }
+        };
         let pid = child
             .id()
             .map(|pid| pid as i32)
             .ok_or_else(|| IoError::other("child exited at once"))?;
         let start_time = start_time(pid).unwrap_or(0);
         let (sender, receiver) = watch::channel(None);
+        let released = shared.clone();
         tokio::spawn(async move {
             let exit = match child.wait().await {
                 Ok(status) => exit_result(status),
@@ -422,6 +537,7 @@ impl ProcessDriver {
                     ..ExitResult::default()
                 },
             };
+            release_shared(&released);
             let _ = sender.send(Some(exit));
         });
         self.tasks.lock().unwrap().insert(
@@ -432,7 +548,12 @@ impl ProcessDriver {
             driver: self.name().to_string(),
             alloc_id: config.alloc_id,
             task: config.task,
-            state: serde_json::to_string(&HandleState { pid, start_time }).expect("serializable"),
+            state: serde_json::to_string(&HandleState {
+                pid,
+                start_time,
+                shared,
+            })
+            .expect("serializable"),
         })
     }
 
@@ -575,7 +696,11 @@ impl TaskDriver for ProcessDriver {
                     }
                 },
                 None => match serde_json::from_str::<HandleState>(&handle.state) {
-                    Ok(state) => wait_foreign(state.pid, state.start_time).await,
+                    Ok(state) => {
+                        let exit = wait_foreign(state.pid, state.start_time).await;
+                        release_shared(&state.shared);
+                        exit
+                    }
                     Err(error) => ExitResult {
                         err: Some(format!("bad task handle: {error}")),
                         ..ExitResult::default()
