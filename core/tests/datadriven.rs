@@ -1,14 +1,14 @@
 //! Data-driven tests of the core machines (the etcd/raft-rs style).
 //!
-//! Each file under `tests/testdata/<machine>/` is a script of directives. A directive is a line
-//! (`name key=value ...`), optional input lines, a `----` line, and the expected output up to
-//! the next blank line. The harness runs the directive and compares its output; with
-//! `UPDATE_TESTDATA=1` it rewrites the files with what the machine did instead. Regenerate, then
-//! read every diff: the expected output is reviewed, never hand-tuned.
+//! Each file under `tests/testdata/<machine>/` is a script of directives in the `datadriven`
+//! format (cockroachdb's, ported): a line `name key=value ...`, optional input lines, a `----`
+//! line, and the expected output up to the next blank line. The harness runs the directive and
+//! the crate compares its output; with `REWRITE=1` it rewrites the files with what the machine
+//! did instead. Regenerate, then read every diff: the expected output is reviewed, never
+//! hand-tuned.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::path::Path;
 use std::time::Duration;
 
 use drover_core::Instant;
@@ -17,131 +17,50 @@ use drover_core::config::{BootstrapFault, ServerTiming};
 use drover_core::membership::{MemberId, ServerTags};
 use drover_core::op::{OpId, OpIds};
 
+/// One directive as the harnesses read it: the `datadriven` crate's test case with its
+/// arguments flattened (`key=value`; `key=(a,b)` reads as `a,b`; `key` alone is a flag) and
+/// its input as lines. A value the directive line cannot spell (a path, an address) is
+/// written as a bare key with the value on the input lines (several lines read as `a,b`).
+/// Arguments whose values may come on the input lines.
+const SPELLED_ON_INPUT: &[&str] = &["ok", "mounted", "path", "alloc"];
+
 struct Directive {
-    line_no: usize,
     command: String,
     args: BTreeMap<String, String>,
     input: Vec<String>,
-    expected: String,
 }
 
-fn parse(text: &str) -> Vec<(Vec<String>, Directive)> {
-    let lines: Vec<&str> = text.lines().collect();
-    let mut out = Vec::new();
-    let mut comments = Vec::new();
-    let mut i = 0;
-    while i < lines.len() {
-        let line = lines[i];
-        if line.trim().is_empty() || line.starts_with('#') {
-            comments.push(line.to_string());
-            i += 1;
-            continue;
-        }
-        let line_no = i + 1;
-        let mut words = line.split_whitespace();
-        let command = words.next().expect("directive").to_string();
-        let args = words
-            .map(|word| match word.split_once('=') {
-                Some((key, value)) => (key.to_string(), value.to_string()),
-                None => (word.to_string(), String::new()),
-            })
+impl Directive {
+    fn from_case(case: &datadriven::TestCase) -> Directive {
+        // Ordered: the harnesses may iterate arguments into actions.
+        let mut args: BTreeMap<String, String> = case
+            .args
+            .iter()
+            .map(|(key, values)| (key.clone(), values.join(",")))
             .collect();
-        i += 1;
-        let mut input = Vec::new();
-        while i < lines.len() && lines[i] != "----" {
-            input.push(lines[i].to_string());
-            i += 1;
-        }
-        assert!(i < lines.len(), "line {line_no}: directive without ----");
-        i += 1;
-        let mut expected = String::new();
-        while i < lines.len() && !lines[i].is_empty() {
-            expected.push_str(lines[i]);
-            expected.push('\n');
-            i += 1;
-        }
-        out.push((
-            std::mem::take(&mut comments),
-            Directive {
-                line_no,
-                command,
-                args,
-                input,
-                expected,
-            },
-        ));
-    }
-    out
-}
-
-fn render(parsed: &[(Vec<String>, Directive)], outputs: &[String]) -> String {
-    let mut text = String::new();
-    for ((comments, directive), output) in parsed.iter().zip(outputs) {
-        for comment in comments {
-            if !(comment.is_empty() && (text.is_empty() || text.ends_with("\n\n"))) {
-                text.push_str(comment);
-                text.push('\n');
+        let mut input: Vec<String> = case.input.lines().map(String::from).collect();
+        for key in SPELLED_ON_INPUT {
+            if args.get(*key).is_some_and(String::is_empty) && !input.is_empty() {
+                args.insert(key.to_string(), std::mem::take(&mut input).join(","));
             }
         }
-        text.push_str(&directive.command);
-        for (key, value) in &directive.args {
-            text.push(' ');
-            text.push_str(key);
-            if !value.is_empty() {
-                text.push('=');
-                text.push_str(value);
-            }
+        Directive {
+            command: case.directive.clone(),
+            args,
+            input,
         }
-        text.push('\n');
-        for line in &directive.input {
-            text.push_str(line);
-            text.push('\n');
-        }
-        text.push_str("----\n");
-        text.push_str(output);
-        text.push('\n');
     }
-    text
 }
 
-/// Runs every script in `dir` through `run`, comparing or (with UPDATE_TESTDATA) rewriting.
+/// Runs every script in `tests/testdata/<dir>` through `run`, one fresh state per file. The
+/// `datadriven` crate compares each output (`REWRITE=1` rewrites the files instead: then
+/// review every diff — the expected output is reviewed, never hand-tuned).
 fn run_dir<S>(dir: &str, mut new_state: impl FnMut() -> S, mut run: impl FnMut(&mut S, &Directive) -> String) {
-    let update = std::env::var_os("UPDATE_TESTDATA").is_some();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/testdata").join(dir);
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .expect("testdata dir")
-        .map(|e| e.unwrap().path())
-        .collect();
-    files.sort();
-    assert!(!files.is_empty(), "no scripts in {}", dir.display());
-    let mut failures = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).unwrap();
-        let parsed = parse(&text);
+    let dir = format!("{}/tests/testdata/{dir}", env!("CARGO_MANIFEST_DIR"));
+    datadriven::walk(&dir, |file| {
         let mut state = new_state();
-        let outputs: Vec<String> = parsed.iter().map(|(_, directive)| run(&mut state, directive)).collect();
-        if update {
-            std::fs::write(&file, render(&parsed, &outputs)).unwrap();
-            continue;
-        }
-        for ((_, directive), output) in parsed.iter().zip(&outputs) {
-            if *output != directive.expected {
-                failures.push(format!(
-                    "{}:{}: {}\n--- expected\n{}--- actual\n{}",
-                    file.display(),
-                    directive.line_no,
-                    directive.command,
-                    directive.expected,
-                    output
-                ));
-            }
-        }
-    }
-    assert!(
-        failures.is_empty(),
-        "{}\n(rerun with UPDATE_TESTDATA=1 to regenerate, then review the diff)",
-        failures.join("\n")
-    );
+        file.run(|case| -> String { run(&mut state, &Directive::from_case(case)) });
+    });
 }
 
 struct BootstrapHarness {
@@ -287,7 +206,7 @@ fn bootstrap() {
                     let machine = harness.machine.as_mut().expect("new first");
                     machine.observe_raft(log, args.contains_key("leader"));
                 }
-                other => panic!("line {}: unknown directive {other}", directive.line_no),
+                other => panic!("unknown directive {other}"),
             }
             describe(harness.machine.as_mut().expect("new first"), harness.now)
         },
@@ -494,7 +413,7 @@ mod client_harness {
     pub fn reply(directive: &Directive) -> Outcome {
         let args = &directive.args;
         if let Some(error) = args.get("err") {
-            let (kind, message) = error.split_once(':').unwrap_or(("other", error));
+            let (kind, message) = error.split_once(',').unwrap_or(("other", error));
             let kind = match kind {
                 "timeout" => ErrorKind::Timeout,
                 "unavailable" => ErrorKind::Unavailable,
@@ -536,7 +455,7 @@ mod client_harness {
             return Ok(Reply::Csi(CsiReply::Probe { ready: value == "true" }));
         }
         if let Some(value) = args.get("info") {
-            let (name, version) = value.split_once(':').unwrap();
+            let (name, version) = value.split_once(',').unwrap();
             return Ok(Reply::Csi(CsiReply::PluginInfo {
                 name: name.into(),
                 version: version.into(),
@@ -794,7 +713,7 @@ mod client_harness {
                 writeln!(out, "alloc: {:?} done={}", runner.status(), runner.is_done()).unwrap();
                 return out;
             }
-            other => panic!("line {}: unknown directive {other}", directive.line_no),
+            other => panic!("unknown directive {other}"),
         }
         drain(harness)
     }
@@ -987,7 +906,7 @@ mod volume_harness {
                 let users = harness.manager.as_ref().unwrap().users("default", &args["vol"]);
                 return format!("{users:?}\n");
             }
-            other => panic!("line {}: unknown directive {other}", directive.line_no),
+            other => panic!("unknown directive {other}"),
         }
         prefix + &drain(harness)
     }
