@@ -62,6 +62,7 @@ impl Agent {
                 CLIENT_CSI_TIMEOUT,
                 config.server.timing.csi_gc,
                 config.server.csi_faults,
+                boot.seed ^ 0x5ced_u64,
             ),
         });
         Agent { server }

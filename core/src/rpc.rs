@@ -29,9 +29,10 @@ use crate::csi::unpublish::{self, ControllerDetachRequest, NodeDetachRequest, St
 use crate::csi::watcher::{GcConfig, VolumeWatcher, WatcherAction};
 use crate::fsm::{Command, Response, ServerState};
 use crate::op::{OpId, OpIds};
+use crate::scheduler::worker::Worker;
 use crate::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiCapability, CsiInfo,
-    CsiMountOptions, CsiVolume, CsiVolumeClaim, DriverInfo, Job, Node, NodeEvent, NodeStatus,
+    CsiMountOptions, CsiVolume, CsiVolumeClaim, DriverInfo, Evaluation, Job, JobType, Node, NodeEvent, NodeStatus,
 };
 use crate::time::Instant;
 
@@ -106,6 +107,17 @@ pub enum ServerRequest {
     PluginDelete {
         plugin_id: String,
     },
+    /// `Job.Register`: validated, stored (a new version when the spec changed) with an
+    /// evaluation; replies `JobRegistered`.
+    JobRegister {
+        job: alloc::boxed::Box<Job>,
+    },
+    /// `Job.Deregister`: stop the job (or, with `purge`, remove it) with an evaluation.
+    JobStop {
+        namespace: String,
+        job_id: String,
+        purge: bool,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -142,6 +154,12 @@ pub enum ServerReply {
         publish_context: BTreeMap<String, String>,
     },
     Error(RpcError),
+    /// A job write: the evaluation it created and the job's modify index after it.
+    JobRegistered {
+        index: u64,
+        eval_id: String,
+        job_modify_index: u64,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,6 +288,15 @@ enum Flow {
         left: usize,
         error: Option<RpcError>,
     },
+    /// A job register or deregister: answered with its evaluation.
+    JobWrite {
+        req: ReqId,
+        eval_id: String,
+        namespace: String,
+        job_id: String,
+    },
+    /// A scheduler worker proposal.
+    Schedule,
 }
 
 /// Who waits for an unpublish walk: a request, or a detach job.
@@ -319,6 +346,7 @@ pub struct RpcEndpoints {
     faults: crate::config::CsiFaults,
     /// Claims given up after a failed release (only with the #10927 fault switched on).
     abandoned: alloc::collections::BTreeSet<ClaimKey>,
+    scheduler: Worker,
     actions: VecDeque<Action>,
 }
 
@@ -330,7 +358,7 @@ fn error(message: impl Into<String>, retryable: bool) -> RpcError {
 }
 
 impl RpcEndpoints {
-    pub fn new(client_timeout: Duration, gc: GcConfig, faults: crate::config::CsiFaults) -> Self {
+    pub fn new(client_timeout: Duration, gc: GcConfig, faults: crate::config::CsiFaults, seed: u64) -> Self {
         RpcEndpoints {
             leader: false,
             client_timeout,
@@ -344,6 +372,7 @@ impl RpcEndpoints {
             watcher: VolumeWatcher::new(gc),
             faults,
             abandoned: alloc::collections::BTreeSet::new(),
+            scheduler: Worker::new(seed),
             actions: VecDeque::new(),
         }
     }
@@ -380,9 +409,18 @@ impl RpcEndpoints {
                 }
                 self.leader = leader;
                 self.watcher.set_enabled(now, leader);
+                self.scheduler.set_enabled(now, leader);
             }
         }
         self.run_watcher(now, state);
+        self.run_scheduler(now, state);
+    }
+
+    fn run_scheduler(&mut self, now: Instant, state: &ServerState) {
+        if let Some(command) = self.scheduler.run(now, state) {
+            let job = self.new_job(Flow::Schedule);
+            self.propose(job, command);
+        }
     }
 
     fn run_watcher(&mut self, now: Instant, state: &ServerState) {
@@ -439,12 +477,14 @@ impl RpcEndpoints {
             self.client_replied(now, op, client_op, Err(message), state);
         }
         self.run_watcher(now, state);
+        self.run_scheduler(now, state);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         [
             self.client_ops.values().map(|(_, deadline)| *deadline).min(),
             self.watcher.poll_timeout(),
+            self.scheduler.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -453,6 +493,26 @@ impl RpcEndpoints {
 
     pub fn poll_action(&mut self) -> Option<Action> {
         self.actions.pop_front()
+    }
+
+    fn new_eval(
+        &mut self,
+        namespace: &str,
+        job_id: &str,
+        job_type: JobType,
+        priority: u32,
+        trigger: &str,
+    ) -> Evaluation {
+        Evaluation {
+            id: self.scheduler.new_id(),
+            namespace: namespace.to_string(),
+            priority,
+            eval_type: job_type.as_str().to_string(),
+            triggered_by: trigger.to_string(),
+            job_id: job_id.to_string(),
+            status: crate::structs::EVAL_PENDING.into(),
+            ..Evaluation::default()
+        }
     }
 
     fn new_job(&mut self, job: Flow) -> JobId {
@@ -501,6 +561,58 @@ impl RpcEndpoints {
             ServerRequest::NodeDeregister { node_id } => simple(Command::NodeDeregister { node_id }),
             ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
             ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
+            ServerRequest::JobRegister { job } => {
+                let mut job = *job;
+                if job.name.is_empty() {
+                    job.name = job.id.clone();
+                }
+                let errors = crate::jobspec::validate(&job);
+                if !errors.is_empty() {
+                    self.reply(
+                        req,
+                        ServerReply::Error(error(crate::jobspec::format_errors(&errors), false)),
+                    );
+                    return;
+                }
+                let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-register");
+                let flow = Flow::JobWrite {
+                    req,
+                    eval_id: eval.id.clone(),
+                    namespace: job.namespace.clone(),
+                    job_id: job.id.clone(),
+                };
+                let id = self.new_job(flow);
+                self.propose(id, Command::JobRegister { job, eval });
+                None
+            }
+            ServerRequest::JobStop {
+                namespace,
+                job_id,
+                purge,
+            } => {
+                let Some(job) = state.job(&namespace, &job_id) else {
+                    self.reply(req, ServerReply::Error(error("job not found", false)));
+                    return;
+                };
+                let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-deregister");
+                let flow = Flow::JobWrite {
+                    req,
+                    eval_id: eval.id.clone(),
+                    namespace: namespace.clone(),
+                    job_id: job_id.clone(),
+                };
+                let id = self.new_job(flow);
+                self.propose(
+                    id,
+                    Command::JobStop {
+                        namespace,
+                        job_id,
+                        purge,
+                        eval,
+                    },
+                );
+                None
+            }
             ServerRequest::AllocUpsert { allocs } => simple(Command::AllocUpsert { allocs }),
             ServerRequest::AllocClientUpdate {
                 alloc_id,
@@ -718,6 +830,32 @@ impl RpcEndpoints {
                 if let Err(failure) = outcome {
                     tracing::debug!(error = %failure.message, "CSI garbage collection proposal failed");
                 }
+            }
+            Flow::Schedule => {
+                self.jobs.remove(&job_id);
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "scheduler proposal failed");
+                }
+                self.scheduler.proposed();
+            }
+            Flow::JobWrite {
+                req,
+                eval_id,
+                namespace,
+                job_id: id,
+            } => {
+                let (req, eval_id) = (*req, eval_id.clone());
+                let job_modify_index = state.job(namespace, id).map_or(0, |job| job.job_modify_index);
+                self.jobs.remove(&job_id);
+                let reply = match outcome {
+                    Ok((index, _)) => ServerReply::JobRegistered {
+                        index,
+                        eval_id,
+                        job_modify_index,
+                    },
+                    Err(error) => ServerReply::Error(error),
+                };
+                self.reply(req, reply);
             }
             Flow::Simple { req } | Flow::Register { req, .. } => {
                 let req = *req;
@@ -1139,7 +1277,7 @@ impl RpcEndpoints {
                     self.finish_unpublish(now, job_id, Err(failure), state);
                 }
             },
-            Flow::Simple { .. } | Flow::Detach { .. } | Flow::Internal => {}
+            Flow::Simple { .. } | Flow::Detach { .. } | Flow::Internal | Flow::JobWrite { .. } | Flow::Schedule => {}
         }
     }
 
@@ -1151,7 +1289,9 @@ impl RpcEndpoints {
                 Flow::Simple { req }
                 | Flow::Register { req, .. }
                 | Flow::Claim { req, .. }
-                | Flow::Detach { req, .. } => self.reply(req, failure),
+                | Flow::Detach { req, .. }
+                | Flow::JobWrite { req, .. } => self.reply(req, failure),
+                Flow::Schedule => self.scheduler.proposed(),
                 Flow::Unpublish { waiters, .. } => {
                     for waiter in waiters {
                         if let Waiter::Request(req) = waiter {
@@ -1200,6 +1340,7 @@ mod tests {
                 Duration::from_secs(10),
                 GcConfig::default(),
                 crate::config::CsiFaults::default(),
+                7,
             );
             machine.handle(Instant::ZERO, Input::Leadership { leader: true }, &fx.state);
             Harness {

@@ -95,6 +95,13 @@ pub struct DriverInfo {
     pub attributes: BTreeMap<String, String>,
 }
 
+/// A node's total CPU (MHz, summed over cores) and memory (MB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeResources {
+    pub cpu: u64,
+    pub memory_mb: u64,
+}
+
 /// How many events a node keeps (Nomad's `MaxRetainedNodeEvents`).
 pub const MAX_RETAINED_NODE_EVENTS: usize = 10;
 
@@ -127,6 +134,9 @@ pub struct Node {
     /// The client's `host_volume` blocks by name.
     #[serde(default)]
     pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
+    /// What the node offers to allocations (fingerprinted CPU and memory).
+    #[serde(default)]
+    pub resources: NodeResources,
     pub events: Vec<NodeEvent>,
     pub create_index: u64,
     pub modify_index: u64,
@@ -139,6 +149,22 @@ pub enum JobType {
     Service,
     Batch,
     System,
+}
+
+impl JobType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobType::Service => "service",
+            JobType::Batch => "batch",
+            JobType::System => "system",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<JobType> {
+        [JobType::Service, JobType::Batch, JobType::System]
+            .into_iter()
+            .find(|kind| kind.as_str() == text)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -437,16 +463,65 @@ impl TaskGroup {
     }
 }
 
-/// A job, as far as the CSI control plane needs it (expected plugin counts).
+/// A job: what to run, where (datacenters), and its versioned history.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Job {
     pub id: String,
     pub namespace: String,
+    #[serde(default)]
+    pub name: String,
     pub job_type: JobType,
+    #[serde(default)]
+    pub priority: u32,
+    /// Datacenters the job may run in; `*` globs as Nomad's do. Empty means every one.
+    #[serde(default)]
+    pub datacenters: Vec<String>,
     pub task_groups: Vec<TaskGroup>,
     pub stop: bool,
+    /// Bumped by every register that changes the spec (and by a stop).
+    #[serde(default)]
+    pub version: u64,
+    #[serde(default)]
+    pub submit_time_ms: u64,
     pub create_index: u64,
     pub modify_index: u64,
+    /// The index of the last change to the spec (not to its status).
+    #[serde(default)]
+    pub job_modify_index: u64,
+}
+
+impl Job {
+    /// Whether `datacenter` matches one of the job's datacenters (`*` as a glob).
+    pub fn runs_in(&self, datacenter: &str) -> bool {
+        self.datacenters.is_empty() || self.datacenters.iter().any(|pattern| glob_match(pattern, datacenter))
+    }
+
+    /// Nomad's job status: `dead` when stopped or nothing runs, `running` when something
+    /// does, `pending` otherwise.
+    pub fn status(&self, allocs: &[&Allocation]) -> &'static str {
+        if allocs.iter().any(|alloc| !alloc.terminal()) {
+            "running"
+        } else if self.stop || !allocs.is_empty() {
+            "dead"
+        } else {
+            "pending"
+        }
+    }
+}
+
+/// `*` matches any run of characters; everything else literally.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(remainder) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=remainder.len())
+                .filter(|at| remainder.is_char_boundary(*at))
+                .any(|at| glob_match(rest, &remainder[at..]))
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -489,11 +564,45 @@ pub struct Allocation {
     /// Allocations evicted to make room for this one.
     pub preempted_allocations: Vec<String>,
     pub desired_status: DesiredStatus,
+    #[serde(default)]
+    pub desired_description: String,
     pub client_status: ClientStatus,
+    #[serde(default)]
+    pub client_description: String,
+    /// The job version this allocation runs.
+    #[serde(default)]
+    pub job_version: u64,
+    /// The resources it was placed with (the scheduler's bin-packing reads them).
+    #[serde(default)]
+    pub resources: AllocatedResources,
+    /// How the scheduler chose its node.
+    #[serde(default)]
+    pub metrics: Option<AllocMetric>,
     pub create_index: u64,
     pub modify_index: u64,
     pub create_time_ms: u64,
     pub modify_time_ms: u64,
+}
+
+/// CPU (MHz) and memory (MB) an allocation holds on its node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatedResources {
+    pub cpu: u64,
+    pub memory_mb: u64,
+}
+
+/// What the scheduler saw placing one allocation (or failing to): Nomad's `AllocMetric`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocMetric {
+    pub nodes_evaluated: u32,
+    pub nodes_filtered: u32,
+    pub nodes_available: BTreeMap<String, u32>,
+    /// Filter reasons (Nomad's strings) and how many nodes each removed.
+    pub constraint_filtered: BTreeMap<String, u32>,
+    pub nodes_exhausted: u32,
+    /// Exhausted dimensions (`cpu`, `memory`) and how many nodes ran out of each.
+    pub dimension_exhausted: BTreeMap<String, u32>,
+    pub coalesced_failures: u32,
 }
 
 impl Allocation {
@@ -521,19 +630,52 @@ impl Allocation {
     }
 }
 
-/// Evaluations are recorded (shape only) until the scheduler arrives.
+/// Why the scheduler runs, and what came of it (Nomad's `Evaluation`).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evaluation {
     pub id: String,
     pub namespace: String,
     pub priority: u32,
+    /// The job's type (`service`, `batch`, `system`).
     pub eval_type: String,
+    /// `job-register`, `job-deregister`, `node-update`, `alloc-failure`, `queued-allocs`, ...
     pub triggered_by: String,
     pub job_id: String,
+    /// The job's `job_modify_index` when the evaluation was created.
+    #[serde(default)]
+    pub job_modify_index: u64,
+    #[serde(default)]
+    pub node_id: String,
+    /// `pending`, `complete`, `blocked`, `failed`, `canceled`.
     pub status: String,
+    #[serde(default)]
+    pub status_description: String,
+    /// Task groups that could not be placed, with what the scheduler saw.
+    #[serde(default)]
+    pub failed_tg_allocs: BTreeMap<String, AllocMetric>,
+    /// Allocations still to place, by task group (a blocked evaluation retries them).
+    #[serde(default)]
+    pub queued_allocations: BTreeMap<String, u32>,
+    /// The blocked evaluation created to retry what this one could not place.
+    #[serde(default)]
+    pub blocked_eval: String,
+    #[serde(default)]
+    pub previous_eval: String,
+    /// A blocked evaluation is retried once the cluster changed after this state index.
+    #[serde(default)]
+    pub snapshot_index: u64,
     pub create_index: u64,
     pub modify_index: u64,
+    #[serde(default)]
+    pub create_time_ms: u64,
+    #[serde(default)]
+    pub modify_time_ms: u64,
 }
+
+pub const EVAL_PENDING: &str = "pending";
+pub const EVAL_COMPLETE: &str = "complete";
+pub const EVAL_BLOCKED: &str = "blocked";
+pub const EVAL_CANCELED: &str = "canceled";
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum AccessMode {

@@ -789,9 +789,37 @@ pub fn client_identity(
         http_addr: config.advertise.http.to_string(),
         status: NodeStatus::Ready,
         host_volumes,
+        resources: host_resources(),
         ..Node::default()
     };
     (settings, node)
+}
+
+/// The host's CPU (cores × MHz, as Nomad counts it) and memory (MB), from /proc.
+pub fn host_resources() -> drover_core::structs::NodeResources {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let mhz: Vec<f64> = cpuinfo
+        .lines()
+        .filter(|line| line.starts_with("cpu MHz"))
+        .filter_map(|line| line.split(':').nth(1)?.trim().parse().ok())
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    // Without a clock rate (some VMs and ARM hosts) Nomad's fallback: 1 GHz per core.
+    let per_core = if mhz.is_empty() {
+        1000.0
+    } else {
+        mhz.iter().sum::<f64>() / mhz.len() as f64
+    };
+    let memory_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|line| line.starts_with("MemTotal:"))
+        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    drover_core::structs::NodeResources {
+        cpu: (per_core * cores as f64) as u64,
+        memory_mb: memory_kb / 1024,
+    }
 }
 
 #[cfg(test)]

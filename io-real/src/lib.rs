@@ -9,6 +9,7 @@ pub mod devices;
 pub mod driver;
 pub mod drivers;
 pub mod io;
+pub mod jobs;
 pub mod raft;
 pub mod runtime;
 pub mod service;

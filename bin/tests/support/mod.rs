@@ -162,6 +162,24 @@ pub fn http(method: &str, port: u16, path: &str, body: Option<&str>) -> Option<S
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
 
+/// Any status: `(code, body)`.
+pub fn http_status(method: &str, port: u16, path: &str, body: Option<&str>) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    let body = body.unwrap_or("");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
 /// Polls `check` until it returns `Some` or `limit` passes.
 pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;

@@ -178,14 +178,25 @@ impl ServerState {
                 }
                 Response::Done
             }
+            Command::JobRegister { job, eval } => self.register_job(index, at_ms, job, eval),
+            Command::JobStop {
+                namespace,
+                job_id,
+                purge,
+                eval,
+            } => self.stop_job(index, at_ms, namespace, job_id, *purge, eval),
+            Command::PlanApply { allocs, evals } => {
+                // An empty plan must not touch the allocs table: blocked evaluations wake on it.
+                let response = if allocs.is_empty() {
+                    Response::Done
+                } else {
+                    self.apply_cluster(index, at_ms, &Command::AllocUpsert { allocs: allocs.clone() })
+                };
+                self.upsert_evals(index, at_ms, evals);
+                response
+            }
             Command::EvalUpsert { evals } => {
-                for eval in evals {
-                    let mut eval = eval.clone();
-                    eval.create_index = self.evals.get(&eval.id).map_or(index, |old| old.create_index);
-                    eval.modify_index = index;
-                    self.evals.insert(eval.id.clone(), eval);
-                }
-                self.touch(Table::Evals, index);
+                self.upsert_evals(index, at_ms, evals);
                 Response::Done
             }
             Command::CsiVolumeRegister { volumes } => self.register_volumes(index, at_ms, volumes),
@@ -463,7 +474,7 @@ impl ServerState {
 
     /// Expected plugin instances from one job (HEAD behaviour, §3.3): service/batch groups
     /// count their `count`; system jobs count their live allocations.
-    fn recompute_job_plugins(&mut self, index: u64, at_ms: u64, key: &(String, String)) {
+    pub(super) fn recompute_job_plugins(&mut self, index: u64, at_ms: u64, key: &(String, String)) {
         let mut expected: BTreeMap<String, (u32, u32)> = BTreeMap::new();
         if let Some(job) = self.jobs.get(key).filter(|job| !job.stop) {
             for group in &job.task_groups {

@@ -8,6 +8,9 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 pub(crate) mod csi;
+mod jobs;
+
+pub use jobs::JOB_TRACKED_VERSIONS;
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::String;
@@ -79,6 +82,24 @@ pub enum Command {
     JobDeregister {
         namespace: String,
         job_id: String,
+    },
+    /// `Job.Register`: the job (a new version when its spec changed) and its evaluation.
+    JobRegister {
+        job: Job,
+        eval: Evaluation,
+    },
+    /// `Job.Deregister`: stopped (a new version with `stop`), or with `purge` removed with
+    /// its versions; either way with an evaluation that stops its allocations.
+    JobStop {
+        namespace: String,
+        job_id: String,
+        purge: bool,
+        eval: Evaluation,
+    },
+    /// A scheduler plan: allocations placed or stopped, evaluations completed or blocked.
+    PlanApply {
+        allocs: Vec<Allocation>,
+        evals: Vec<Evaluation>,
     },
     AllocUpsert {
         allocs: Vec<Allocation>,
@@ -164,6 +185,8 @@ pub struct ServerState {
     table_index: BTreeMap<Table, u64>,
     nodes: BTreeMap<String, Node>,
     jobs: BTreeMap<(String, String), Job>,
+    /// Past versions of each job, by (namespace, id, version); the last `JOB_TRACKED_VERSIONS`.
+    job_versions: BTreeMap<(String, String, u64), Job>,
     allocs: BTreeMap<String, Allocation>,
     evals: BTreeMap<String, Evaluation>,
     volumes: BTreeMap<(String, String), CsiVolume>,
@@ -285,6 +308,25 @@ impl ServerState {
 
     pub fn job(&self, namespace: &str, id: &str) -> Option<&Job> {
         self.jobs.get(&(namespace.to_string(), id.to_string()))
+    }
+
+    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
+        self.jobs.values()
+    }
+
+    /// The kept versions of a job, newest first.
+    pub fn job_versions(&self, namespace: &str, id: &str) -> Vec<&Job> {
+        let mut versions: Vec<&Job> = self
+            .job_versions
+            .range((namespace.to_string(), id.to_string(), 0)..=(namespace.to_string(), id.to_string(), u64::MAX))
+            .map(|(_, job)| job)
+            .collect();
+        versions.reverse();
+        versions
+    }
+
+    pub fn eval(&self, id: &str) -> Option<&Evaluation> {
+        self.evals.get(id)
     }
 
     pub fn evals(&self) -> impl Iterator<Item = &Evaluation> {

@@ -3,6 +3,9 @@
 //! (blocking queries on a table's index); writes go through Raft.
 
 mod allocs;
+mod jobs;
+
+pub(crate) use jobs::metric as jobs_metric;
 mod client;
 mod csi;
 mod render;
@@ -69,6 +72,22 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/volume/csi/{id}/detach", axum::routing::delete(csi::detach_volume))
         .route("/v1/plugins", get(csi::list_plugins))
         .route("/v1/plugin/csi/{id}", get(csi::get_plugin).delete(csi::delete_plugin))
+        .route(
+            "/v1/jobs",
+            get(jobs::list_jobs).put(jobs::register_jobs).post(jobs::register_jobs),
+        )
+        .route(
+            "/v1/job/{id}",
+            get(jobs::get_job)
+                .put(jobs::register_job)
+                .post(jobs::register_job)
+                .delete(jobs::deregister_job),
+        )
+        .route("/v1/job/{id}/allocations", get(jobs::job_allocations))
+        .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
+        .route("/v1/job/{id}/versions", get(jobs::job_versions))
+        .route("/v1/evaluations", get(jobs::list_evaluations))
+        .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
         .route("/v1/allocations", get(allocs::list_allocations))
         .route("/v1/allocation/{id}", get(allocs::get_allocation))
         .route("/v1/nodes", get(csi::list_nodes))

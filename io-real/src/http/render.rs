@@ -97,12 +97,12 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         "NodeName": node_name,
         "JobID": alloc.job_id,
         "JobType": job_type,
-        "JobVersion": 0,
+        "JobVersion": alloc.job_version,
         "TaskGroup": alloc.task_group,
         "DesiredStatus": format!("{:?}", alloc.desired_status).to_lowercase(),
-        "DesiredDescription": "",
+        "DesiredDescription": alloc.desired_description,
         "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
-        "ClientDescription": "",
+        "ClientDescription": alloc.client_description,
         "TaskStates": Value::Null,
         "CreateIndex": alloc.create_index,
         "ModifyIndex": alloc.modify_index,
@@ -121,6 +121,14 @@ pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
             Value::String(alloc.previous_allocation.clone().unwrap_or_default()),
         );
         map.insert("PreemptedAllocations".into(), json!(alloc.preempted_allocations));
+        map.insert(
+            "Metrics".into(),
+            alloc.metrics.as_ref().map_or(Value::Null, crate::http::jobs_metric),
+        );
+        map.insert(
+            "AllocatedResources".into(),
+            json!({"Shared": {}, "Tasks": {}, "Total": {"Cpu": {"CpuShares": alloc.resources.cpu}, "Memory": {"MemoryMB": alloc.resources.memory_mb}}}),
+        );
     }
     value
 }

@@ -1,0 +1,143 @@
+//! Jobs through Nomad's HTTP API, for real: a single agent (server + client) takes a JSON job
+//! as a client written for Nomad would send it, the scheduler places it, the client runs its
+//! `raw_exec` tasks; an update replaces them with the new version; a bad job is refused with
+//! every problem and nothing stored; a purge stops everything.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::{Agent, cluster_specs, http, http_status, server_args, wait_for};
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn pids(file: &Path) -> Vec<i32> {
+    std::fs::read_to_string(file)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|line| line.parse().ok())
+        .collect()
+}
+
+fn job(marker: &Path, version: &str) -> String {
+    json!({"Job": {
+        "ID": "web",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{
+            "Name": "g",
+            "Count": 2,
+            "Tasks": [{
+                "Name": "t",
+                "Driver": "raw_exec",
+                "Env": {"VERSION": version},
+                "Config": {"command": "/bin/sh", "args": ["-c", format!("echo $$ >> {}; exec sleep 300", marker.display())]},
+                "KillTimeout": 2_000_000_000u64,
+            }],
+        }],
+    }})
+    .to_string()
+}
+
+fn get(port: u16, path: &str) -> Option<Value> {
+    serde_json::from_str(&http("GET", port, path, None)?).ok()
+}
+
+fn running(port: u16, version: u64) -> Option<Vec<Value>> {
+    let allocs = get(port, "/v1/job/web/allocations")?;
+    let live: Vec<Value> = allocs
+        .as_array()?
+        .iter()
+        .filter(|a| a["DesiredStatus"] == "run" && a["ClientStatus"] == "running" && a["JobVersion"] == version)
+        .cloned()
+        .collect();
+    (live.len() == 2).then_some(live)
+}
+
+#[test]
+fn register_update_refuse_and_purge_a_job_over_http() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
+
+    let marker = root.path().join("pids");
+    let reply: Value =
+        serde_json::from_str(&http("PUT", port, "/v1/jobs", Some(&job(&marker, "1"))).expect("registered")).unwrap();
+    let eval_id = reply["EvalID"].as_str().unwrap().to_string();
+    assert!(reply["JobModifyIndex"].as_u64().unwrap() > 0, "{reply}");
+    let first = wait_for(Duration::from_secs(30), || running(port, 0))
+        .unwrap_or_else(|| panic!("both allocations run:\n{}", agent.log()));
+    let names: Vec<&str> = first.iter().map(|a| a["Name"].as_str().unwrap()).collect();
+    assert!(names.contains(&"web.g[0]") && names.contains(&"web.g[1]"), "{names:?}");
+    let eval = get(port, &format!("/v1/evaluation/{eval_id}")).unwrap();
+    assert_eq!(
+        (eval["Status"].as_str(), eval["TriggeredBy"].as_str()),
+        (Some("complete"), Some("job-register"))
+    );
+    let listed = get(port, "/v1/jobs").unwrap();
+    assert_eq!(listed[0]["ID"], "web");
+    assert_eq!(listed[0]["Status"], "running");
+    assert_eq!(listed[0]["JobSummary"]["Summary"]["g"]["Running"], 2);
+    wait_for(Duration::from_secs(10), || (pids(&marker).len() == 2).then_some(())).expect("two tasks");
+    let old_pids = pids(&marker);
+
+    // An update: version 1 replaces both, each handing over to the one it replaces.
+    http("PUT", port, "/v1/job/web", Some(&job(&marker, "2"))).expect("updated");
+    let second = wait_for(Duration::from_secs(60), || running(port, 1))
+        .unwrap_or_else(|| panic!("the new version runs:\n{}", agent.log()));
+    let old_ids: Vec<&str> = first.iter().map(|a| a["ID"].as_str().unwrap()).collect();
+    for alloc in &second {
+        let full = get(port, &format!("/v1/allocation/{}", alloc["ID"].as_str().unwrap())).unwrap();
+        assert!(
+            old_ids.contains(&full["PreviousAllocation"].as_str().unwrap()),
+            "{full}"
+        );
+        assert_eq!(full["Metrics"]["NodesEvaluated"], 1);
+    }
+    wait_for(Duration::from_secs(30), || {
+        old_pids.iter().all(|pid| !alive(*pid)).then_some(())
+    })
+    .expect("the old tasks are stopped");
+    assert_eq!(get(port, "/v1/job/web").unwrap()["Version"], 1);
+    assert_eq!(
+        get(port, "/v1/job/web/versions").unwrap()["Versions"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // A bad job: every problem, HTTP 400, nothing stored.
+    let bad = json!({"Job": {"ID": "bad", "Priority": 500, "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]}});
+    let (code, body) = http_status("PUT", port, "/v1/jobs", Some(&bad.to_string())).unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(body.starts_with("2 errors occurred:"), "{body}");
+    assert!(body.contains("Job priority must be between [1, 100]"), "{body}");
+    assert!(body.contains("Missing task driver"), "{body}");
+    assert_eq!(http_status("GET", port, "/v1/job/bad", None).unwrap().0, 404);
+
+    // Purge: every task stops, the job is gone.
+    http("DELETE", port, "/v1/job/web?purge=true", None).expect("purged");
+    let new_pids: Vec<i32> = pids(&marker)
+        .into_iter()
+        .filter(|pid| !old_pids.contains(pid))
+        .collect();
+    assert_eq!(new_pids.len(), 2);
+    wait_for(Duration::from_secs(30), || {
+        new_pids.iter().all(|pid| !alive(*pid)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("purging stops the tasks:\n{}", agent.log()));
+    assert_eq!(http_status("GET", port, "/v1/job/web", None).unwrap().0, 404);
+}

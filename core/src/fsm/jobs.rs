@@ -1,0 +1,131 @@
+//! Jobs and evaluations in the state store: registration with versions, stop and purge, and
+//! evaluation upserts (plans reuse the allocation upsert).
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use super::{Response, ServerState, Table};
+use crate::structs::{Evaluation, Job};
+
+/// How many versions of a job are kept (Nomad's `JobTrackedVersions`).
+pub const JOB_TRACKED_VERSIONS: usize = 6;
+
+/// The spec of a job, without what the state store stamps on it.
+fn spec(job: &Job) -> Job {
+    Job {
+        version: 0,
+        submit_time_ms: 0,
+        create_index: 0,
+        modify_index: 0,
+        job_modify_index: 0,
+        stop: false,
+        ..job.clone()
+    }
+}
+
+impl ServerState {
+    pub(super) fn upsert_evals(&mut self, index: u64, at_ms: u64, evals: &[Evaluation]) {
+        for eval in evals {
+            let mut eval = eval.clone();
+            let old = self.evals.get(&eval.id);
+            eval.create_index = old.map_or(index, |old| old.create_index);
+            eval.create_time_ms = old.map_or(at_ms, |old| old.create_time_ms);
+            eval.modify_index = index;
+            eval.modify_time_ms = at_ms;
+            self.evals.insert(eval.id.clone(), eval);
+        }
+        self.touch(Table::Evals, index);
+    }
+
+    fn keep_version(&mut self, job: &Job) {
+        let key = (job.namespace.clone(), job.id.clone());
+        self.job_versions
+            .insert((key.0.clone(), key.1.clone(), job.version), job.clone());
+        let versions: Vec<u64> = self
+            .job_versions
+            .range((key.0.clone(), key.1.clone(), 0)..=(key.0.clone(), key.1.clone(), u64::MAX))
+            .map(|((_, _, version), _)| *version)
+            .collect();
+        for version in versions
+            .iter()
+            .take(versions.len().saturating_sub(JOB_TRACKED_VERSIONS))
+        {
+            self.job_versions.remove(&(key.0.clone(), key.1.clone(), *version));
+        }
+    }
+
+    /// A register that changes nothing keeps the version (and does not un-stop nothing).
+    pub(super) fn register_job(&mut self, index: u64, at_ms: u64, job: &Job, eval: &Evaluation) -> Response {
+        let key = (job.namespace.clone(), job.id.clone());
+        let old = self.jobs.get(&key).cloned();
+        let changed = old.as_ref().is_none_or(|old| old.stop || spec(old) != spec(job));
+        let mut job = job.clone();
+        job.stop = false;
+        job.create_index = old.as_ref().map_or(index, |old| old.create_index);
+        job.modify_index = index;
+        match (&old, changed) {
+            (Some(old), false) => {
+                job.version = old.version;
+                job.job_modify_index = old.job_modify_index;
+                job.submit_time_ms = old.submit_time_ms;
+            }
+            (old, _) => {
+                job.version = old.as_ref().map_or(0, |old| old.version + 1);
+                job.job_modify_index = index;
+                job.submit_time_ms = at_ms;
+                self.keep_version(&job);
+            }
+        }
+        let mut eval = eval.clone();
+        eval.job_modify_index = job.job_modify_index;
+        self.jobs.insert(key.clone(), job);
+        self.touch(Table::Jobs, index);
+        self.recompute_job_plugins(index, at_ms, &key);
+        self.upsert_evals(index, at_ms, &[eval]);
+        Response::Done
+    }
+
+    pub(super) fn stop_job(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        namespace: &str,
+        job_id: &str,
+        purge: bool,
+        eval: &Evaluation,
+    ) -> Response {
+        let key = (namespace.to_string(), job_id.to_string());
+        let Some(old) = self.jobs.get(&key).cloned() else {
+            return Response::Error("job not found".into());
+        };
+        if purge {
+            self.jobs.remove(&key);
+            let versions: Vec<(String, String, u64)> = self
+                .job_versions
+                .range((key.0.clone(), key.1.clone(), 0)..=(key.0.clone(), key.1.clone(), u64::MAX))
+                .map(|(version, _)| version.clone())
+                .collect();
+            for version in versions {
+                self.job_versions.remove(&version);
+            }
+        } else if !old.stop {
+            let mut job = old.clone();
+            job.stop = true;
+            job.version = old.version + 1;
+            job.modify_index = index;
+            job.job_modify_index = index;
+            job.submit_time_ms = at_ms;
+            self.keep_version(&job);
+            self.jobs.insert(key.clone(), job);
+        }
+        self.touch(Table::Jobs, index);
+        self.recompute_job_plugins(index, at_ms, &key);
+        let mut eval = eval.clone();
+        eval.job_modify_index = self
+            .jobs
+            .get(&key)
+            .map_or(old.job_modify_index, |job| job.job_modify_index);
+        self.upsert_evals(index, at_ms, &[eval]);
+        Response::Done
+    }
+}

@@ -1,0 +1,544 @@
+//! The scheduler: turns one evaluation into a plan — allocations to place, allocations to
+//! stop — from the state store alone (a pure function of the state and the evaluation; ids
+//! come from the caller's seeded generator).
+//!
+//! - Service and batch jobs: `count` allocations per task group, named `job.group[i]`. A
+//!   live allocation of an older job version is replaced (stopped, and its successor placed
+//!   with `previous_allocation` pointing at it so volumes are handed over); a lost or failed
+//!   one is replaced; extra ones are stopped. A batch allocation that completed stays done.
+//! - System jobs: one allocation per task group on every feasible node.
+//! - Feasibility (§3.9): node ready and in the job's datacenters, every driver detected and
+//!   healthy, host volumes present, CSI volumes and plugins as Nomad's `CSIVolumeChecker`
+//!   (with its filter reasons). Then bin-packing on CPU and memory: the feasible node that is
+//!   fullest after the placement wins (ties by node id), so the outcome is deterministic.
+//! - What could not be placed is recorded on the evaluation (`failed_tg_allocs`, with the
+//!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
+
+pub mod worker;
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::{BTreeMap, BTreeSet};
+
+use crate::fsm::ServerState;
+use crate::structs::{
+    AllocMetric, AllocatedResources, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, Evaluation,
+    Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
+};
+
+/// Nomad's desired-status descriptions.
+pub const ALLOC_NOT_NEEDED: &str = "alloc not needed due to job update";
+pub const ALLOC_UPDATING: &str = "alloc is being updated due to job update";
+pub const ALLOC_LOST: &str = "alloc is lost since its node is down";
+pub const ALLOC_NODE_INELIGIBLE: &str = "alloc not needed as node is tainted";
+
+/// The outcome of one evaluation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    /// New allocations, and existing ones with a new desired (or lost client) status.
+    pub allocs: Vec<Allocation>,
+    /// The evaluation as processed, plus a blocked one when something could not be placed.
+    pub evals: Vec<Evaluation>,
+}
+
+impl Plan {
+    pub fn placed(&self) -> impl Iterator<Item = &Allocation> {
+        self.allocs.iter().filter(|alloc| alloc.create_index == 0)
+    }
+}
+
+/// One allocation to place: its name, group, and the allocation it replaces.
+struct Placement<'a> {
+    group: &'a TaskGroup,
+    name: String,
+    previous: Option<String>,
+    /// System jobs: the node it must go to.
+    node: Option<String>,
+}
+
+/// Usage of one node: what live allocations hold, adjusted by the plan so far.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    cpu: u64,
+    memory_mb: u64,
+}
+
+pub fn group_resources(group: &TaskGroup) -> AllocatedResources {
+    group
+        .tasks
+        .iter()
+        .fold(AllocatedResources::default(), |sum, task| AllocatedResources {
+            cpu: sum.cpu + u64::from(task.resources.cpu),
+            memory_mb: sum.memory_mb + u64::from(task.resources.memory_mb),
+        })
+}
+
+fn alloc_name(job: &Job, group: &TaskGroup, index: u32) -> String {
+    format!("{}.{}[{index}]", job.id, group.name)
+}
+
+/// Whether the scheduler owns the job's allocations: jobs written through `Job.Register`
+/// (which stamps `job_modify_index`). A job stored with the raw `JobUpsert` command — tests
+/// and the simulation's workloads placing allocations themselves — is left alone.
+pub fn is_scheduled(job: &Job) -> bool {
+    job.job_modify_index > 0
+}
+
+/// Computes the plan for `eval`. `new_id` hands out allocation and evaluation ids.
+pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut() -> String) -> Plan {
+    let stored = state.job(&eval.namespace, &eval.job_id);
+    if stored.is_some_and(|job| !is_scheduled(job)) {
+        let mut processed = eval.clone();
+        processed.status = EVAL_COMPLETE.into();
+        processed.status_description = "job is not managed by the scheduler".into();
+        return Plan {
+            allocs: Vec::new(),
+            evals: vec![processed],
+        };
+    }
+    let job = stored.filter(|job| !job.stop);
+    let allocs: Vec<&Allocation> = state
+        .allocs()
+        .filter(|alloc| alloc.namespace == eval.namespace && alloc.job_id == eval.job_id)
+        .collect();
+    let mut plan = Plan::default();
+    let mut usage = node_usage(state);
+    let mut placements = Vec::new();
+    let stop = |plan: &mut Plan, usage: &mut BTreeMap<String, Usage>, alloc: &Allocation, why: &str, lost: bool| {
+        let mut stopped = alloc.clone();
+        stopped.desired_status = DesiredStatus::Stop;
+        stopped.desired_description = why.to_string();
+        if lost {
+            stopped.client_status = ClientStatus::Lost;
+        }
+        if let Some(node) = usage.get_mut(&alloc.node_id) {
+            node.cpu = node.cpu.saturating_sub(alloc.resources.cpu);
+            node.memory_mb = node.memory_mb.saturating_sub(alloc.resources.memory_mb);
+        }
+        plan.allocs.push(stopped);
+    };
+    let node_down = |alloc: &Allocation| {
+        state
+            .node(&alloc.node_id)
+            .is_none_or(|node| node.status == NodeStatus::Down)
+    };
+
+    match job {
+        None => {
+            for alloc in allocs.iter().filter(|alloc| !alloc.terminal()) {
+                stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
+            }
+        }
+        Some(job) if job.job_type == JobType::System => {
+            let nodes: Vec<&Node> = state.nodes().collect();
+            for group in &job.task_groups {
+                let mine: Vec<&&Allocation> = allocs
+                    .iter()
+                    .filter(|alloc| alloc.task_group == group.name && !alloc.server_terminal())
+                    .collect();
+                for node in &nodes {
+                    let here: Vec<&&&Allocation> = mine.iter().filter(|alloc| alloc.node_id == node.id).collect();
+                    let wanted = node.status == NodeStatus::Ready && job.runs_in(&node.datacenter);
+                    let mut kept = false;
+                    for alloc in here {
+                        if node.status == NodeStatus::Down {
+                            if !alloc.client_terminal() {
+                                stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
+                            }
+                        } else if !wanted {
+                            stop(&mut plan, &mut usage, alloc, ALLOC_NODE_INELIGIBLE, false);
+                        } else if kept {
+                            stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
+                        } else if alloc.job_version < job.version {
+                            stop(&mut plan, &mut usage, alloc, ALLOC_UPDATING, false);
+                            placements.push(Placement {
+                                group,
+                                name: alloc_name(job, group, 0),
+                                previous: Some(alloc.id.clone()),
+                                node: Some(node.id.clone()),
+                            });
+                            kept = true;
+                        } else if alloc.client_status == ClientStatus::Failed {
+                            // Failed on this node: left as it is (no reschedule for system jobs).
+                            kept = true;
+                        } else {
+                            kept = true;
+                        }
+                    }
+                    if wanted && !kept {
+                        placements.push(Placement {
+                            group,
+                            name: alloc_name(job, group, 0),
+                            previous: None,
+                            node: Some(node.id.clone()),
+                        });
+                    }
+                }
+                // Allocations on nodes that are gone altogether.
+                for alloc in mine.iter().filter(|alloc| state.node(&alloc.node_id).is_none()) {
+                    if !alloc.client_terminal() {
+                        stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
+                    }
+                }
+            }
+        }
+        Some(job) => {
+            for group in &job.task_groups {
+                let mut by_name: BTreeMap<String, Vec<&Allocation>> = BTreeMap::new();
+                for alloc in allocs.iter().filter(|alloc| alloc.task_group == group.name) {
+                    by_name.entry(alloc.name.clone()).or_default().push(alloc);
+                }
+                let wanted: BTreeSet<String> = (0..group.count).map(|i| alloc_name(job, group, i)).collect();
+                for (name, history) in &by_name {
+                    let mut history = history.clone();
+                    history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));
+                    if !wanted.contains(name) {
+                        for alloc in history.iter().filter(|alloc| !alloc.terminal()) {
+                            stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
+                        }
+                    }
+                }
+                for name in &wanted {
+                    let history: Vec<&Allocation> = by_name.get(name).cloned().unwrap_or_default();
+                    let mut live: Vec<&Allocation> = history
+                        .iter()
+                        .copied()
+                        .filter(|alloc| !alloc.server_terminal())
+                        .collect();
+                    live.sort_by_key(|alloc| (core::cmp::Reverse(alloc.create_index), alloc.id.clone()));
+                    // Duplicates (two live allocations of one name): keep the newest.
+                    for extra in live.iter().skip(1) {
+                        if !extra.client_terminal() {
+                            stop(&mut plan, &mut usage, extra, ALLOC_NOT_NEEDED, false);
+                        }
+                    }
+                    let current = live.first().copied();
+                    let replace_previous = match current {
+                        None => {
+                            // Nothing live. A batch allocation that completed at this
+                            // version is done; anything else is (re)placed.
+                            let done = job.job_type == JobType::Batch
+                                && history.iter().any(|alloc| {
+                                    alloc.client_status == ClientStatus::Complete && alloc.job_version == job.version
+                                });
+                            if done {
+                                continue;
+                            }
+                            Some(None)
+                        }
+                        Some(alloc) if !alloc.client_terminal() && node_down(alloc) => {
+                            stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
+                            Some(Some(alloc.id.clone()))
+                        }
+                        Some(alloc) if alloc.job_version < job.version && !alloc.client_terminal() => {
+                            stop(&mut plan, &mut usage, alloc, ALLOC_UPDATING, false);
+                            Some(Some(alloc.id.clone()))
+                        }
+                        Some(alloc) if alloc.client_terminal() => {
+                            let done = job.job_type == JobType::Batch
+                                && alloc.client_status == ClientStatus::Complete
+                                && alloc.job_version == job.version;
+                            if done {
+                                continue;
+                            }
+                            // Failed or lost (or a service that exited): replace it.
+                            stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
+                            Some(Some(alloc.id.clone()))
+                        }
+                        Some(_) => None,
+                    };
+                    if let Some(previous) = replace_previous {
+                        placements.push(Placement {
+                            group,
+                            name: name.clone(),
+                            previous,
+                            node: None,
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    let mut processed = eval.clone();
+    processed.status = EVAL_COMPLETE.into();
+    processed.status_description.clear();
+    processed.failed_tg_allocs.clear();
+    processed.queued_allocations.clear();
+    if let Some(job) = job {
+        let mut failed: BTreeMap<String, AllocMetric> = BTreeMap::new();
+        for placement in placements {
+            let ask = group_resources(placement.group);
+            let (chosen, metric) = select_node(state, job, placement.group, &placement, ask, &usage, &plan);
+            match chosen {
+                Some(node_id) => {
+                    let entry = usage.entry(node_id.clone()).or_default();
+                    entry.cpu += ask.cpu;
+                    entry.memory_mb += ask.memory_mb;
+                    plan.allocs.push(Allocation {
+                        id: new_id(),
+                        namespace: job.namespace.clone(),
+                        eval_id: eval.id.clone(),
+                        name: placement.name,
+                        node_id,
+                        job_id: job.id.clone(),
+                        task_group: placement.group.name.clone(),
+                        previous_allocation: placement.previous,
+                        job_version: job.version,
+                        resources: ask,
+                        metrics: Some(metric),
+                        ..Allocation::default()
+                    });
+                }
+                None => {
+                    *processed
+                        .queued_allocations
+                        .entry(placement.group.name.clone())
+                        .or_default() += 1;
+                    failed
+                        .entry(placement.group.name.clone())
+                        .and_modify(|known| known.coalesced_failures += 1)
+                        .or_insert(metric);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            processed.failed_tg_allocs = failed;
+            if eval.triggered_by == "queued-allocs" {
+                // A retried blocked evaluation that still cannot place everything blocks
+                // again itself (no new evaluation per retry).
+                processed.status = EVAL_BLOCKED.into();
+                processed.status_description = "created to place remaining allocations".into();
+                processed.snapshot_index = state.last_applied().unwrap_or(0);
+                plan.evals.push(processed);
+                return plan;
+            }
+            let blocked = Evaluation {
+                id: new_id(),
+                namespace: eval.namespace.clone(),
+                priority: eval.priority,
+                eval_type: eval.eval_type.clone(),
+                triggered_by: "queued-allocs".into(),
+                job_id: eval.job_id.clone(),
+                job_modify_index: job.job_modify_index,
+                status: EVAL_BLOCKED.into(),
+                status_description: "created to place remaining allocations".into(),
+                queued_allocations: processed.queued_allocations.clone(),
+                failed_tg_allocs: processed.failed_tg_allocs.clone(),
+                previous_eval: eval.id.clone(),
+                snapshot_index: state.last_applied().unwrap_or(0),
+                ..Evaluation::default()
+            };
+            processed.blocked_eval = blocked.id.clone();
+            plan.evals.push(processed);
+            plan.evals.push(blocked);
+            return plan;
+        }
+    }
+    plan.evals.push(processed);
+    plan
+}
+
+/// What live allocations (placed, not stopped, not finished) hold on each node.
+fn node_usage(state: &ServerState) -> BTreeMap<String, Usage> {
+    let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
+    for alloc in state.allocs().filter(|alloc| !alloc.terminal()) {
+        let entry = usage.entry(alloc.node_id.clone()).or_default();
+        entry.cpu += alloc.resources.cpu;
+        entry.memory_mb += alloc.resources.memory_mb;
+    }
+    usage
+}
+
+/// Filters every node (recording why each one was filtered), then bin-packs: the feasible
+/// node with the highest utilisation after the placement wins.
+fn select_node(
+    state: &ServerState,
+    job: &Job,
+    group: &TaskGroup,
+    placement: &Placement<'_>,
+    ask: AllocatedResources,
+    usage: &BTreeMap<String, Usage>,
+    plan: &Plan,
+) -> (Option<String>, AllocMetric) {
+    let mut metric = AllocMetric::default();
+    let mut best: Option<(u64, String)> = None;
+    for node in state.nodes() {
+        if placement.node.as_ref().is_some_and(|wanted| *wanted != node.id) {
+            continue;
+        }
+        if node.status != NodeStatus::Ready || !job.runs_in(&node.datacenter) {
+            // Not a candidate at all (Nomad does not count these as evaluated).
+            continue;
+        }
+        metric.nodes_evaluated += 1;
+        *metric.nodes_available.entry(node.datacenter.clone()).or_default() += 1;
+        if let Err(reason) = feasible(state, job, group, placement, node, plan) {
+            metric.nodes_filtered += 1;
+            *metric.constraint_filtered.entry(reason).or_default() += 1;
+            continue;
+        }
+        let used = usage.get(&node.id).copied().unwrap_or_default();
+        let cpu_after = used.cpu + ask.cpu;
+        let memory_after = used.memory_mb + ask.memory_mb;
+        let mut exhausted = None;
+        if node.resources.cpu > 0 && cpu_after > node.resources.cpu {
+            exhausted = Some("cpu");
+        } else if node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {
+            exhausted = Some("memory");
+        }
+        if let Some(dimension) = exhausted {
+            metric.nodes_exhausted += 1;
+            *metric.dimension_exhausted.entry(dimension.to_string()).or_default() += 1;
+            continue;
+        }
+        // Fullest after placement first: utilisation in parts per million, summed.
+        let share = |used: u64, total: u64| used.saturating_mul(1_000_000).checked_div(total).unwrap_or(0);
+        let score = share(cpu_after, node.resources.cpu) + share(memory_after, node.resources.memory_mb);
+        let better = match &best {
+            None => true,
+            Some((best_score, best_id)) => score > *best_score || (score == *best_score && node.id < *best_id),
+        };
+        if better {
+            best = Some((score, node.id.clone()));
+        }
+    }
+    (best.map(|(_, id)| id), metric)
+}
+
+/// Whether `node` can run `group`: drivers, host volumes and the CSI checks, with Nomad's
+/// filter reasons.
+fn feasible(
+    state: &ServerState,
+    job: &Job,
+    group: &TaskGroup,
+    placement: &Placement<'_>,
+    node: &Node,
+    plan: &Plan,
+) -> Result<(), String> {
+    for task in &group.tasks {
+        let usable = node
+            .drivers
+            .get(&task.driver)
+            .is_some_and(|driver| driver.detected && driver.healthy);
+        if !usable {
+            return Err("missing drivers".into());
+        }
+    }
+    for request in group
+        .volumes
+        .values()
+        .filter(|request| request.volume_type == VolumeType::Host)
+    {
+        match node.host_volumes.get(&request.source) {
+            Some(volume) if !volume.read_only || request.read_only => {}
+            _ => return Err("missing compatible host volumes".into()),
+        }
+    }
+    let index = placement
+        .name
+        .rsplit_once('[')
+        .and_then(|(_, rest)| rest.strip_suffix(']'))
+        .and_then(|index| index.parse().ok())
+        .unwrap_or(0);
+    // Volumes already claimed on this node, per plugin (for MaxVolumes).
+    let mut claimed_per_plugin: BTreeMap<String, u64> = BTreeMap::new();
+    for (namespace, id) in state.volumes_on_node(&node.id) {
+        if let Some(volume) = state.volume_raw(&namespace, &id) {
+            let live = volume
+                .read_claims
+                .values()
+                .chain(volume.write_claims.values())
+                .any(|claim| claim.node_id == node.id);
+            if live {
+                *claimed_per_plugin.entry(volume.plugin_id.clone()).or_default() += 1;
+            }
+        }
+    }
+    for request in group
+        .volumes
+        .values()
+        .filter(|request| request.volume_type == VolumeType::Csi)
+    {
+        let source = request.source_for(index);
+        let Some(volume) = state.volume(&job.namespace, &source) else {
+            return Err(format!("missing CSI volume(s) {source}"));
+        };
+        let Some(plugin) = node.csi_node_plugins.get(&volume.plugin_id) else {
+            return Err(format!(
+                "CSI plugin {} is missing from client {}",
+                volume.plugin_id, node.id
+            ));
+        };
+        if !plugin.healthy {
+            return Err(format!(
+                "CSI plugin {} is unhealthy on client {}",
+                volume.plugin_id, node.id
+            ));
+        }
+        if let Some(info) = &plugin.node_info
+            && info.max_volumes > 0
+            && claimed_per_plugin.get(&volume.plugin_id).copied().unwrap_or(0) >= info.max_volumes
+        {
+            return Err(format!(
+                "CSI plugin {} has the maximum number of volumes on client {}",
+                volume.plugin_id, node.id
+            ));
+        }
+        if !volume.topologies.is_empty() {
+            let accessible = plugin
+                .node_info
+                .as_ref()
+                .and_then(|info| info.accessible_topology.as_ref());
+            let meets = accessible.is_some_and(|node_topology| {
+                volume.topologies.iter().any(|topology| {
+                    topology
+                        .segments
+                        .iter()
+                        .all(|(key, value)| node_topology.segments.get(key) == Some(value))
+                })
+            });
+            if !meets {
+                return Err("did not meet topology requirement".into());
+            }
+        }
+        if request.read_only {
+            if !volume.read_schedulable() || !volume.has_free_read_claims() {
+                return Err(format!(
+                    "CSI volume {source} is unschedulable or has exhausted its available reader claims"
+                ));
+            }
+        } else {
+            if !volume.write_schedulable() {
+                return Err(format!("CSI volume {source} is unschedulable or is read-only"));
+            }
+            if !volume.has_free_write_claims() {
+                for writer in volume.write_claims.keys() {
+                    let stopping = plan
+                        .allocs
+                        .iter()
+                        .any(|alloc| alloc.id == *writer && alloc.desired_status != DesiredStatus::Run);
+                    match state.alloc(writer) {
+                        None => {
+                            return Err(format!(
+                                "CSI volume {source} has exhausted its available writer claims and is claimed by a garbage collected allocation {writer}; waiting for claim to be released"
+                            ));
+                        }
+                        // Writers of the same job do not block: an update places the
+                        // replacement and its claim waits for the old allocation.
+                        Some(holder) if holder.namespace == job.namespace && holder.job_id == job.id => {}
+                        Some(_) if stopping => {}
+                        Some(_) => {
+                            return Err(format!("CSI volume {source} has exhausted its available writer claims"));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

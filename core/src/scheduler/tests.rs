@@ -1,0 +1,493 @@
+//! The scheduler against hand-built states: placement and bin-packing, updates, lost nodes,
+//! system jobs, the feasibility checks with Nomad's filter reasons, blocked evaluations.
+
+use super::*;
+use crate::fsm::Command;
+use crate::fsm::csi::tests::{Fixture, volume};
+use crate::structs::{
+    AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiInfo, CsiNodeInfo, CsiVolumeClaim, DriverInfo, EVAL_PENDING,
+    NodeResources, Task, TaskResources, VolumeRequest,
+};
+
+fn node(id: &str, cpu: u64) -> Node {
+    Node {
+        id: id.into(),
+        name: id.into(),
+        datacenter: "dc1".into(),
+        status: NodeStatus::Ready,
+        drivers: BTreeMap::from([(
+            "exec".to_string(),
+            DriverInfo {
+                detected: true,
+                healthy: true,
+                ..DriverInfo::default()
+            },
+        )]),
+        resources: NodeResources { cpu, memory_mb: 4096 },
+        ..Node::default()
+    }
+}
+
+fn job(id: &str, job_type: JobType, count: u32, cpu: u32) -> Job {
+    Job {
+        id: id.into(),
+        name: id.into(),
+        namespace: "default".into(),
+        job_type,
+        priority: 50,
+        datacenters: vec!["*".into()],
+        task_groups: vec![TaskGroup {
+            name: "g".into(),
+            count,
+            tasks: vec![Task {
+                name: "t".into(),
+                driver: "exec".into(),
+                resources: TaskResources {
+                    cpu,
+                    memory_mb: 100,
+                    devices: Vec::new(),
+                },
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
+struct World {
+    fx: Fixture,
+    next: u64,
+}
+
+impl World {
+    fn new(nodes: &[Node]) -> World {
+        let mut fx = Fixture::new();
+        for node in nodes {
+            fx.ok(Command::NodeRegister { node: node.clone() });
+        }
+        World { fx, next: 0 }
+    }
+
+    fn eval(&mut self, job_id: &str) -> Evaluation {
+        self.next += 1;
+        Evaluation {
+            id: format!("e{}", self.next),
+            namespace: "default".into(),
+            job_id: job_id.into(),
+            status: EVAL_PENDING.into(),
+            ..Evaluation::default()
+        }
+    }
+
+    fn register(&mut self, job: &Job) -> Evaluation {
+        let eval = self.eval(&job.id);
+        self.fx.ok(Command::JobRegister {
+            job: job.clone(),
+            eval: eval.clone(),
+        });
+        eval
+    }
+
+    /// Schedules `eval` and applies the plan.
+    fn run(&mut self, eval: &Evaluation) -> Plan {
+        let mut counter = 0;
+        let prefix = eval.id.clone();
+        let plan = schedule(&self.fx.state, eval, &mut || {
+            counter += 1;
+            format!("{prefix}-{counter}")
+        });
+        self.fx.ok(Command::PlanApply {
+            allocs: plan.allocs.clone(),
+            evals: plan.evals.clone(),
+        });
+        plan
+    }
+
+    fn live(&self, job_id: &str) -> Vec<(String, String)> {
+        self.fx
+            .state
+            .allocs()
+            .filter(|alloc| alloc.job_id == job_id && !alloc.terminal())
+            .map(|alloc| (alloc.name.clone(), alloc.node_id.clone()))
+            .collect()
+    }
+
+    fn set_client_status(&mut self, alloc_id: &str, status: ClientStatus) {
+        self.fx.ok(Command::AllocClientUpdate {
+            alloc_id: alloc_id.into(),
+            client_status: status,
+        });
+    }
+}
+
+#[test]
+fn a_service_job_gets_its_count_bin_packed_onto_the_fullest_node() {
+    let mut world = World::new(&[node("n1", 4000), node("n2", 4000)]);
+    // Something already runs on n2: bin-packing prefers it.
+    let filler = job("filler", JobType::Service, 1, 1000);
+    let mut filler_with_node = filler.clone();
+    filler_with_node.datacenters = vec!["dc1".into()];
+    let eval = world.register(&filler_with_node);
+    world.run(&eval);
+    let filler_node = world.live("filler")[0].1.clone();
+    let web = job("web", JobType::Service, 3, 500);
+    let eval = world.register(&web);
+    let plan = world.run(&eval);
+    assert_eq!(plan.allocs.len(), 3);
+    let live = world.live("web");
+    assert_eq!(
+        live.iter().map(|(name, _)| name.as_str()).collect::<BTreeSet<_>>(),
+        BTreeSet::from(["web.g[0]", "web.g[1]", "web.g[2]"])
+    );
+    assert!(
+        live.iter().all(|(_, node)| *node == filler_node),
+        "packed onto {filler_node}: {live:?}"
+    );
+    assert_eq!(plan.evals[0].status, EVAL_COMPLETE);
+    // Scheduling again changes nothing.
+    let again = world.eval("web");
+    assert!(world.run(&again).allocs.is_empty());
+}
+
+#[test]
+fn an_update_replaces_every_allocation_and_hands_over_to_the_old_one() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let mut web = job("web", JobType::Service, 2, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let before: BTreeMap<String, String> = world
+        .fx
+        .state
+        .allocs()
+        .map(|alloc| (alloc.name.clone(), alloc.id.clone()))
+        .collect();
+    web.task_groups[0].tasks[0].env.insert("V".into(), "2".into());
+    let eval = world.register(&web);
+    assert_eq!(world.fx.state.job("default", "web").unwrap().version, 1);
+    let plan = world.run(&eval);
+    let stopped: Vec<&Allocation> = plan
+        .allocs
+        .iter()
+        .filter(|a| a.desired_status == DesiredStatus::Stop)
+        .collect();
+    assert_eq!(stopped.len(), 2);
+    assert!(stopped.iter().all(|a| a.desired_description == ALLOC_UPDATING));
+    for placed in plan.allocs.iter().filter(|a| a.desired_status == DesiredStatus::Run) {
+        assert_eq!(placed.job_version, 1);
+        assert_eq!(placed.previous_allocation.as_ref(), before.get(&placed.name));
+    }
+    // The same spec again is not a new version and moves nothing.
+    let eval = world.register(&web);
+    assert_eq!(world.fx.state.job("default", "web").unwrap().version, 1);
+    assert!(world.run(&eval).allocs.is_empty());
+}
+
+#[test]
+fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 1, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let first = world.fx.state.allocs().next().unwrap().id.clone();
+    world.fx.ok(Command::NodeRegister { node: node("n2", 4000) });
+    world.fx.ok(Command::NodeUpdateStatus {
+        node_id: "n1".into(),
+        status: NodeStatus::Down,
+    });
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    let lost = plan.allocs.iter().find(|a| a.id == first).unwrap();
+    assert_eq!(
+        (
+            lost.desired_status,
+            lost.client_status,
+            lost.desired_description.as_str()
+        ),
+        (DesiredStatus::Stop, ClientStatus::Lost, ALLOC_LOST)
+    );
+    assert_eq!(world.live("web"), [("web.g[0]".to_string(), "n2".to_string())]);
+}
+
+#[test]
+fn batch_allocations_that_completed_stay_done_and_failed_ones_are_replaced() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let batch = job("report", JobType::Batch, 2, 100);
+    let eval = world.register(&batch);
+    world.run(&eval);
+    let ids: Vec<(String, String)> = world
+        .fx
+        .state
+        .allocs()
+        .map(|alloc| (alloc.name.clone(), alloc.id.clone()))
+        .collect();
+    let find = |name: &str| ids.iter().find(|(n, _)| n == name).unwrap().1.clone();
+    world.set_client_status(&find("report.g[0]"), ClientStatus::Complete);
+    world.set_client_status(&find("report.g[1]"), ClientStatus::Failed);
+    let eval = world.eval("report");
+    let plan = world.run(&eval);
+    let placed: Vec<&Allocation> = plan
+        .allocs
+        .iter()
+        .filter(|a| a.desired_status == DesiredStatus::Run)
+        .collect();
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].name, "report.g[1]");
+    assert_eq!(
+        placed[0].previous_allocation.as_deref(),
+        Some(find("report.g[1]").as_str())
+    );
+}
+
+#[test]
+fn a_system_job_runs_once_on_every_feasible_node_and_follows_a_late_node() {
+    let mut no_exec = node("n3", 4000);
+    no_exec.drivers.clear();
+    let mut world = World::new(&[node("n1", 4000), node("n2", 4000), no_exec]);
+    let plugin = job("plugin", JobType::System, 1, 100);
+    let eval = world.register(&plugin);
+    let plan = world.run(&eval);
+    let mut nodes: Vec<String> = world.live("plugin").into_iter().map(|(_, node)| node).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["n1", "n2"]);
+    // n3 lacks the driver: recorded as a filter reason, but nothing is blocked for it.
+    assert_eq!(
+        plan.evals[0].failed_tg_allocs["g"].constraint_filtered["missing drivers"],
+        1
+    );
+    world.fx.ok(Command::NodeRegister { node: node("n4", 4000) });
+    let eval = world.eval("plugin");
+    let plan = world.run(&eval);
+    assert_eq!(plan.allocs.len(), 1);
+    assert_eq!(plan.allocs[0].node_id, "n4");
+}
+
+#[test]
+fn an_unplaceable_group_records_why_and_blocks() {
+    let mut world = World::new(&[node("n1", 1000)]);
+    let big = job("big", JobType::Service, 1, 5000);
+    let eval = world.register(&big);
+    let plan = world.run(&eval);
+    assert!(plan.allocs.is_empty());
+    let processed = &plan.evals[0];
+    assert_eq!(processed.status, EVAL_COMPLETE);
+    assert_eq!(processed.queued_allocations["g"], 1);
+    let metric = &processed.failed_tg_allocs["g"];
+    assert_eq!((metric.nodes_evaluated, metric.nodes_exhausted), (1, 1));
+    assert_eq!(metric.dimension_exhausted["cpu"], 1);
+    let blocked = &plan.evals[1];
+    assert_eq!(
+        (blocked.status.as_str(), blocked.triggered_by.as_str()),
+        (EVAL_BLOCKED, "queued-allocs")
+    );
+    assert_eq!(processed.blocked_eval, blocked.id);
+    // Retried once a bigger node joins: it places, and the blocked evaluation completes.
+    world.fx.ok(Command::NodeRegister { node: node("n2", 8000) });
+    let mut retry = world.fx.state.eval(&blocked.id).unwrap().clone();
+    retry.status = EVAL_PENDING.into();
+    let plan = world.run(&retry);
+    assert_eq!(plan.allocs.len(), 1);
+    assert_eq!(plan.allocs[0].node_id, "n2");
+    assert_eq!(plan.evals[0].status, EVAL_COMPLETE);
+}
+
+fn csi_node(id: &str, healthy: bool, max_volumes: u64) -> Node {
+    let mut node = node(id, 4000);
+    node.csi_node_plugins.insert(
+        "p".into(),
+        CsiInfo {
+            plugin_id: "p".into(),
+            healthy,
+            node_info: Some(CsiNodeInfo {
+                id: id.into(),
+                max_volumes,
+                ..CsiNodeInfo::default()
+            }),
+            ..CsiInfo::default()
+        },
+    );
+    node
+}
+
+fn csi_job(id: &str, source: &str, read_only: bool) -> Job {
+    let mut job = job(id, JobType::Service, 1, 100);
+    job.task_groups[0].volumes.insert(
+        "data".into(),
+        VolumeRequest {
+            name: "data".into(),
+            volume_type: VolumeType::Csi,
+            source: source.into(),
+            read_only,
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            ..VolumeRequest::default()
+        },
+    );
+    job
+}
+
+fn reasons(plan: &Plan) -> BTreeMap<String, u32> {
+    plan.evals[0]
+        .failed_tg_allocs
+        .get("g")
+        .map(|metric| metric.constraint_filtered.clone())
+        .unwrap_or_default()
+}
+
+#[test]
+fn csi_feasibility_uses_nomads_filter_reasons() {
+    // The plugin exists (it was healthy once) but is unhealthy on n1 now.
+    let mut world = World::new(&[csi_node("n1", true, 0), node("n2", 4000)]);
+    world.fx.ok(Command::NodeRegister {
+        node: csi_node("n1", false, 0),
+    });
+    // No such volume.
+    let eval = world.register(&csi_job("a", "vol0", false));
+    let plan = world.run(&eval);
+    assert_eq!(
+        reasons(&plan),
+        BTreeMap::from([("missing CSI volume(s) vol0".to_string(), 2)])
+    );
+
+    world.fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("vol0")],
+    });
+    let eval = world.eval("a");
+    let plan = world.run(&eval);
+    assert_eq!(
+        reasons(&plan),
+        BTreeMap::from([
+            ("CSI plugin p is missing from client n2".to_string(), 1),
+            ("CSI plugin p is unhealthy on client n1".to_string(), 1),
+        ])
+    );
+
+    // Healthy, but at its maximum number of volumes: another job's allocation holds vol9.
+    world.fx.ok(Command::NodeRegister {
+        node: csi_node("n1", true, 1),
+    });
+    world.fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("vol9")],
+    });
+    world.fx.ok(Command::AllocUpsert {
+        allocs: vec![Allocation {
+            id: "x1".into(),
+            namespace: "default".into(),
+            node_id: "n1".into(),
+            job_id: "other".into(),
+            task_group: "g".into(),
+            ..Allocation::default()
+        }],
+    });
+    world.fx.ok(Command::CsiVolumeClaim {
+        namespace: "default".into(),
+        volume_id: "vol9".into(),
+        claim: CsiVolumeClaim {
+            allocation_id: "x1".into(),
+            node_id: "n1".into(),
+            external_node_id: String::new(),
+            mode: ClaimMode::Write,
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            state: ClaimState::Taken,
+        },
+    });
+    let eval = world.eval("a");
+    let plan = world.run(&eval);
+    assert_eq!(
+        reasons(&plan)
+            .get("CSI plugin p has the maximum number of volumes on client n1")
+            .copied(),
+        Some(1),
+        "{:?}",
+        reasons(&plan)
+    );
+
+    // Room again: placed on n1.
+    world.fx.ok(Command::NodeRegister {
+        node: csi_node("n1", true, 0),
+    });
+    let eval = world.eval("a");
+    let plan = world.run(&eval);
+    assert_eq!(plan.allocs.len(), 1, "{:?}", reasons(&plan));
+    assert_eq!(plan.allocs[0].node_id, "n1");
+}
+
+#[test]
+fn a_claimed_single_writer_volume_blocks_other_jobs_but_not_the_same_job() {
+    let mut world = World::new(&[csi_node("n1", true, 0)]);
+    let mut vol = volume("vol0");
+    vol.access_mode = AccessMode::SingleNodeWriter;
+    world.fx.ok(Command::CsiVolumeRegister { volumes: vec![vol] });
+    let writer = csi_job("writer", "vol0", false);
+    let eval = world.register(&writer);
+    world.run(&eval);
+    let holder = world.fx.state.allocs().next().unwrap().clone();
+    world.fx.ok(Command::CsiVolumeClaim {
+        namespace: "default".into(),
+        volume_id: "vol0".into(),
+        claim: CsiVolumeClaim {
+            allocation_id: holder.id.clone(),
+            node_id: "n1".into(),
+            external_node_id: String::new(),
+            mode: ClaimMode::Write,
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+            state: ClaimState::Taken,
+        },
+    });
+    // Another job's writer is filtered.
+    let eval = world.register(&csi_job("intruder", "vol0", false));
+    let plan = world.run(&eval);
+    assert_eq!(
+        reasons(&plan),
+        BTreeMap::from([(
+            "CSI volume vol0 has exhausted its available writer claims".to_string(),
+            1
+        )])
+    );
+    // An update of the holder's own job places its replacement (the claim waits on the
+    // client for the old allocation to let go — Nomad #8609).
+    let mut updated = writer.clone();
+    updated.task_groups[0].tasks[0].env.insert("V".into(), "2".into());
+    let eval = world.register(&updated);
+    let plan = world.run(&eval);
+    let placed: Vec<&Allocation> = plan
+        .allocs
+        .iter()
+        .filter(|a| a.desired_status == DesiredStatus::Run)
+        .collect();
+    assert_eq!(placed.len(), 1, "{:?}", reasons(&plan));
+    assert_eq!(placed[0].previous_allocation.as_deref(), Some(holder.id.as_str()));
+}
+
+#[test]
+fn stopping_and_purging_a_job_stops_its_allocations() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 2, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let stop = world.eval("web");
+    world.fx.ok(Command::JobStop {
+        namespace: "default".into(),
+        job_id: "web".into(),
+        purge: false,
+        eval: stop.clone(),
+    });
+    let stored = world.fx.state.job("default", "web").unwrap();
+    assert!(stored.stop);
+    assert_eq!(stored.version, 1);
+    let plan = world.run(&stop);
+    assert_eq!(plan.allocs.len(), 2);
+    assert!(plan.allocs.iter().all(|a| a.desired_status == DesiredStatus::Stop));
+    let purge = world.eval("web");
+    world.fx.ok(Command::JobStop {
+        namespace: "default".into(),
+        job_id: "web".into(),
+        purge: true,
+        eval: purge.clone(),
+    });
+    assert!(world.fx.state.job("default", "web").is_none());
+    assert!(world.fx.state.job_versions("default", "web").is_empty());
+    assert!(world.run(&purge).allocs.is_empty(), "already stopped");
+}

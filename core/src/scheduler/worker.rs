@@ -1,0 +1,211 @@
+//! The leader's scheduler worker: one evaluation at a time, from the state store.
+//!
+//! Each step it does the first of these that applies, then waits for that proposal to be
+//! applied before the next (so every plan is computed from a state that already holds the
+//! previous one — no two plans ever race for the same node):
+//! 1. nodes that changed status (or appeared, or vanished) since last seen get `node-update`
+//!    evaluations for the jobs with allocations on them and for every system job;
+//! 2. the oldest pending evaluation is scheduled and its plan proposed (older blocked
+//!    evaluations of the same job are canceled with it);
+//! 3. blocked evaluations are made pending again once nodes, allocations, volumes or plugins
+//!    changed after they blocked (at most once a second).
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use core::time::Duration;
+
+use rand_010::RngExt;
+use rand_chacha::ChaCha8Rng;
+use rand_chacha::rand_core::SeedableRng;
+
+use crate::fsm::{Command, ServerState, Table};
+use crate::structs::{EVAL_BLOCKED, EVAL_CANCELED, EVAL_PENDING, Evaluation, JobType, NodeStatus};
+use crate::time::Instant;
+
+/// How often the worker looks again without being prodded.
+pub const TICK: Duration = Duration::from_secs(1);
+
+#[derive(Debug)]
+pub struct Worker {
+    rng: ChaCha8Rng,
+    enabled: bool,
+    in_flight: bool,
+    /// Node statuses as last seen (`None` until seeded from the state on taking leadership).
+    nodes_seen: Option<BTreeMap<String, NodeStatus>>,
+    last_unblock: Option<Instant>,
+    next_tick: Option<Instant>,
+}
+
+impl Worker {
+    pub fn new(seed: u64) -> Self {
+        Worker {
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            enabled: false,
+            in_flight: false,
+            nodes_seen: None,
+            last_unblock: None,
+            next_tick: None,
+        }
+    }
+
+    /// A fresh id in the UUID text form, from the seeded generator.
+    pub fn new_id(&mut self) -> String {
+        let high: u64 = self.rng.random();
+        let low: u64 = self.rng.random();
+        format!(
+            "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            high >> 32,
+            (high >> 16) & 0xffff,
+            high & 0xffff,
+            low >> 48,
+            low & 0xffff_ffff_ffff
+        )
+    }
+
+    pub fn set_enabled(&mut self, now: Instant, enabled: bool) {
+        self.enabled = enabled;
+        self.in_flight = false;
+        self.nodes_seen = None;
+        self.next_tick = enabled.then_some(now);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.next_tick.filter(|_| self.enabled)
+    }
+
+    /// The previous proposal was applied (or failed): the next step may run.
+    pub fn proposed(&mut self) {
+        self.in_flight = false;
+    }
+
+    /// One step; returns the command to propose, if any.
+    pub fn run(&mut self, now: Instant, state: &ServerState) -> Option<Command> {
+        if !self.enabled {
+            return None;
+        }
+        self.next_tick = Some(now + TICK);
+        if self.in_flight {
+            return None;
+        }
+        let command = self
+            .node_updates(state)
+            .or_else(|| self.next_plan(state))
+            .or_else(|| self.unblock(now, state));
+        self.in_flight = command.is_some();
+        command
+    }
+
+    fn node_updates(&mut self, state: &ServerState) -> Option<Command> {
+        let current: BTreeMap<String, NodeStatus> = state.nodes().map(|node| (node.id.clone(), node.status)).collect();
+        let seen = self.nodes_seen.replace(current.clone())?;
+        let changed: BTreeSet<&String> = current
+            .keys()
+            .chain(seen.keys())
+            .filter(|id| current.get(*id) != seen.get(*id))
+            .collect();
+        if changed.is_empty() {
+            return None;
+        }
+        let mut jobs: BTreeMap<(String, String), (String, &str, String)> = BTreeMap::new();
+        for alloc in state
+            .allocs()
+            .filter(|alloc| changed.contains(&alloc.node_id) && !alloc.terminal())
+        {
+            if let Some(job) = state
+                .job(&alloc.namespace, &alloc.job_id)
+                .filter(|job| super::is_scheduled(job))
+            {
+                jobs.insert(
+                    (job.namespace.clone(), job.id.clone()),
+                    (job.job_type.as_str().to_string(), "node-update", alloc.node_id.clone()),
+                );
+            }
+        }
+        for job in state
+            .jobs()
+            .filter(|job| job.job_type == JobType::System && !job.stop && super::is_scheduled(job))
+        {
+            let node = changed.iter().next().map(|id| id.to_string()).unwrap_or_default();
+            jobs.entry((job.namespace.clone(), job.id.clone())).or_insert((
+                job.job_type.as_str().to_string(),
+                "node-update",
+                node,
+            ));
+        }
+        if jobs.is_empty() {
+            return None;
+        }
+        let evals = jobs
+            .into_iter()
+            .map(|((namespace, job_id), (eval_type, trigger, node_id))| {
+                let priority = state.job(&namespace, &job_id).map_or(50, |job| job.priority);
+                Evaluation {
+                    id: self.new_id(),
+                    namespace,
+                    priority,
+                    eval_type,
+                    triggered_by: trigger.into(),
+                    job_id,
+                    node_id,
+                    status: EVAL_PENDING.into(),
+                    ..Evaluation::default()
+                }
+            })
+            .collect();
+        Some(Command::EvalUpsert { evals })
+    }
+
+    fn next_plan(&mut self, state: &ServerState) -> Option<Command> {
+        let eval = state
+            .evals()
+            .filter(|eval| eval.status == EVAL_PENDING)
+            .min_by_key(|eval| (eval.create_index, eval.id.clone()))?
+            .clone();
+        let plan = super::schedule(state, &eval, &mut || self.new_id());
+        let mut evals = plan.evals;
+        let keep: BTreeSet<String> = evals.iter().map(|eval| eval.id.clone()).collect();
+        // One blocked evaluation per job: the older ones are superseded.
+        for older in state.evals().filter(|other| {
+            other.status == EVAL_BLOCKED
+                && other.namespace == eval.namespace
+                && other.job_id == eval.job_id
+                && !keep.contains(&other.id)
+        }) {
+            let mut canceled = older.clone();
+            canceled.status = EVAL_CANCELED.into();
+            canceled.status_description = format!("superseded by evaluation {}", eval.id);
+            evals.push(canceled);
+        }
+        Some(Command::PlanApply {
+            allocs: plan.allocs,
+            evals,
+        })
+    }
+
+    fn unblock(&mut self, now: Instant, state: &ServerState) -> Option<Command> {
+        if self.last_unblock.is_some_and(|at| now < at + TICK) {
+            return None;
+        }
+        let changed_at = [Table::Nodes, Table::Allocs, Table::CsiVolumes, Table::CsiPlugins]
+            .into_iter()
+            .map(|table| state.table_index(table))
+            .max()
+            .unwrap_or(0);
+        let evals: Vec<Evaluation> = state
+            .evals()
+            .filter(|eval| eval.status == EVAL_BLOCKED && eval.snapshot_index < changed_at)
+            .map(|eval| {
+                let mut pending = eval.clone();
+                pending.status = EVAL_PENDING.into();
+                pending
+            })
+            .collect();
+        if evals.is_empty() {
+            return None;
+        }
+        self.last_unblock = Some(now);
+        Some(Command::EvalUpsert { evals })
+    }
+}

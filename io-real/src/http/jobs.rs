@@ -1,0 +1,387 @@
+//! Jobs and evaluations: `/v1/jobs`, `/v1/job/:id` (+ `/allocations`, `/evaluations`,
+//! `/versions`), `/v1/evaluations`, `/v1/evaluation/:id`, in Nomad's JSON shapes. A
+//! register returns the evaluation it created; a bad job is refused with every problem.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use drover_core::fsm::{ServerState, Table};
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{AllocMetric, Allocation, ClientStatus, Evaluation, Job};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, QueryOptions, block_on_table, query_headers, render};
+use crate::driver::AgentHandle;
+use crate::jobs::ApiJob;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RegisterBody {
+    job: Option<ApiJob>,
+}
+
+fn namespace(options: &QueryOptions) -> String {
+    options.namespace.clone().unwrap_or_else(|| "default".to_string())
+}
+
+fn job_allocs<'a>(state: &'a ServerState, job: &Job) -> Vec<&'a Allocation> {
+    state
+        .allocs()
+        .filter(|alloc| alloc.namespace == job.namespace && alloc.job_id == job.id)
+        .collect()
+}
+
+/// Nomad's `JobSummary`: allocations per task group by client status.
+fn summary(state: &ServerState, job: &Job) -> Value {
+    let allocs = job_allocs(state, job);
+    let groups: serde_json::Map<String, Value> = job
+        .task_groups
+        .iter()
+        .map(|group| {
+            let mine: Vec<&&Allocation> = allocs.iter().filter(|alloc| alloc.task_group == group.name).collect();
+            let count = |status: ClientStatus| mine.iter().filter(|alloc| alloc.client_status == status).count();
+            let queued: u32 = state
+                .evals()
+                .filter(|eval| eval.job_id == job.id && eval.namespace == job.namespace && eval.status == "blocked")
+                .filter_map(|eval| eval.queued_allocations.get(&group.name))
+                .sum();
+            (
+                group.name.clone(),
+                json!({
+                    "Queued": queued,
+                    "Complete": count(ClientStatus::Complete),
+                    "Failed": count(ClientStatus::Failed),
+                    "Running": count(ClientStatus::Running),
+                    "Starting": count(ClientStatus::Pending),
+                    "Lost": count(ClientStatus::Lost),
+                    "Unknown": 0,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "JobID": job.id,
+        "Namespace": job.namespace,
+        "Summary": groups,
+        "CreateIndex": job.create_index,
+        "ModifyIndex": job.modify_index,
+    })
+}
+
+fn status(state: &ServerState, job: &Job) -> &'static str {
+    job.status(&job_allocs(state, job))
+}
+
+fn job_stub(state: &ServerState, job: &Job) -> Value {
+    json!({
+        "ID": job.id,
+        "ParentID": "",
+        "Name": job.name,
+        "Namespace": job.namespace,
+        "Datacenters": job.datacenters,
+        "Type": job.job_type.as_str(),
+        "Priority": job.priority,
+        "Periodic": false,
+        "ParameterizedJob": false,
+        "Stop": job.stop,
+        "Status": status(state, job),
+        "StatusDescription": "",
+        "JobSummary": summary(state, job),
+        "CreateIndex": job.create_index,
+        "ModifyIndex": job.modify_index,
+        "JobModifyIndex": job.job_modify_index,
+        "SubmitTime": (job.submit_time_ms as i64).saturating_mul(1_000_000),
+    })
+}
+
+pub fn metric(metric: &AllocMetric) -> Value {
+    json!({
+        "NodesEvaluated": metric.nodes_evaluated,
+        "NodesFiltered": metric.nodes_filtered,
+        "NodesInPool": metric.nodes_evaluated,
+        "NodesAvailable": metric.nodes_available,
+        "ClassFiltered": {},
+        "ConstraintFiltered": metric.constraint_filtered,
+        "NodesExhausted": metric.nodes_exhausted,
+        "ClassExhausted": {},
+        "DimensionExhausted": metric.dimension_exhausted,
+        "QuotaExhausted": [],
+        "ScoreMetaData": [],
+        "AllocationTime": 0,
+        "CoalescedFailures": metric.coalesced_failures,
+    })
+}
+
+pub fn eval(eval: &Evaluation) -> Value {
+    json!({
+        "ID": eval.id,
+        "Namespace": eval.namespace,
+        "Priority": eval.priority,
+        "Type": eval.eval_type,
+        "TriggeredBy": eval.triggered_by,
+        "JobID": eval.job_id,
+        "JobModifyIndex": eval.job_modify_index,
+        "NodeID": eval.node_id,
+        "Status": eval.status,
+        "StatusDescription": eval.status_description,
+        "FailedTGAllocs": if eval.failed_tg_allocs.is_empty() {
+            Value::Null
+        } else {
+            eval.failed_tg_allocs.iter().map(|(group, m)| (group.clone(), metric(m))).collect::<serde_json::Map<_, _>>().into()
+        },
+        "QueuedAllocations": eval.queued_allocations,
+        "BlockedEval": eval.blocked_eval,
+        "PreviousEval": eval.previous_eval,
+        "SnapshotIndex": eval.snapshot_index,
+        "CreateIndex": eval.create_index,
+        "ModifyIndex": eval.modify_index,
+        "CreateTime": (eval.create_time_ms as i64).saturating_mul(1_000_000),
+        "ModifyTime": (eval.modify_time_ms as i64).saturating_mul(1_000_000),
+    })
+}
+
+fn reply_error(reply: ServerReply) -> ApiError {
+    match reply {
+        ServerReply::Error(error) if error.message == "job not found" => ApiError(StatusCode::NOT_FOUND, error.message),
+        ServerReply::Error(error) if error.retryable => ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.message),
+        ServerReply::Error(error)
+            if error.message.contains("error occurred") || error.message.contains("errors occurred") =>
+        {
+            ApiError(StatusCode::BAD_REQUEST, error.message)
+        }
+        ServerReply::Error(error) => ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("rpc error: {}", error.message),
+        ),
+        other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}")),
+    }
+}
+
+async fn register(
+    handle: &AgentHandle,
+    body: &[u8],
+    path_id: Option<&str>,
+) -> Result<axum::response::Response, ApiError> {
+    let body: RegisterBody = serde_json::from_slice(body)
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse job: {error}")))?;
+    let Some(api) = body.job else {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
+    };
+    if let Some(id) = path_id
+        && api.id != id
+    {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "Job ID does not match name".into()));
+    }
+    let job = api
+        .to_job()
+        .map_err(|problems| ApiError(StatusCode::BAD_REQUEST, drover_core::jobspec::format_errors(&problems)))?;
+    match handle.request(ServerRequest::JobRegister { job: Box::new(job) }).await {
+        ServerReply::JobRegistered {
+            index,
+            eval_id,
+            job_modify_index,
+        } => Ok((
+            query_headers(handle, index),
+            axum::Json(json!({
+                "EvalID": eval_id,
+                "EvalCreateIndex": index,
+                "JobModifyIndex": job_modify_index,
+                "Warnings": "",
+                "Index": index,
+                "LastContact": 0,
+                "KnownLeader": true,
+            })),
+        )
+            .into_response()),
+        other => Err(reply_error(other)),
+    }
+}
+
+pub async fn register_jobs(
+    State(handle): State<AgentHandle>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    register(&handle, &body, None).await
+}
+
+pub async fn register_job(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    register(&handle, &body, Some(&id)).await
+}
+
+pub async fn list_jobs(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .jobs()
+                .filter(|job| {
+                    options
+                        .namespace
+                        .as_ref()
+                        .is_none_or(|ns| *ns == "*" || *ns == job.namespace)
+                })
+                .filter(|job| options.prefix.as_ref().is_none_or(|prefix| job.id.starts_with(prefix)))
+                .map(|job| job_stub(state, job))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn get_job(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let namespace = namespace(&options);
+    let job = handle
+        .read_state(|state| {
+            state
+                .job(&namespace, &id)
+                .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+        })
+        .flatten();
+    match job {
+        Some(job) => Ok((query_headers(&handle, index), axum::Json(job))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DeregisterOptions {
+    purge: Option<bool>,
+    namespace: Option<String>,
+}
+
+pub async fn deregister_job(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<DeregisterOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let request = ServerRequest::JobStop {
+        namespace: options.namespace.unwrap_or_else(|| "default".into()),
+        job_id: id,
+        purge: options.purge.unwrap_or(false),
+    };
+    match handle.request(request).await {
+        ServerReply::JobRegistered {
+            index,
+            eval_id,
+            job_modify_index,
+        } => Ok((
+            query_headers(&handle, index),
+            axum::Json(json!({
+                "EvalID": eval_id,
+                "EvalCreateIndex": index,
+                "JobModifyIndex": job_modify_index,
+                "Index": index,
+                "LastContact": 0,
+                "KnownLeader": true,
+            })),
+        )),
+        other => Err(reply_error(other)),
+    }
+}
+
+pub async fn job_allocations(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let namespace = namespace(&options);
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .allocs()
+                .filter(|alloc| alloc.namespace == namespace && alloc.job_id == id)
+                .map(|alloc| render::alloc_stub(alloc, state))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn job_evaluations(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Evals, &options).await?;
+    let namespace = namespace(&options);
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .evals()
+                .filter(|e| e.namespace == namespace && e.job_id == id)
+                .map(eval)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn job_versions(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let namespace = namespace(&options);
+    let versions = handle
+        .read_state(|state| {
+            let versions = state.job_versions(&namespace, &id);
+            (!versions.is_empty()).then(|| {
+                versions
+                    .into_iter()
+                    .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .flatten();
+    match versions {
+        Some(versions) => Ok((
+            query_headers(&handle, index),
+            axum::Json(json!({ "Versions": versions, "Diffs": Value::Null })),
+        )),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job versions not found".into())),
+    }
+}
+
+pub async fn list_evaluations(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Evals, &options).await?;
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .evals()
+                .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
+                .map(eval)
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn get_evaluation(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Evals, &options).await?;
+    match handle.read_state(|state| state.eval(&id).map(eval)).flatten() {
+        Some(found) => Ok((query_headers(&handle, index), axum::Json(found))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "eval not found".into())),
+    }
+}

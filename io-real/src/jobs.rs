@@ -1,0 +1,541 @@
+//! Nomad's API form of a job (`{"Job": {...}}` with PascalCase fields, durations in
+//! nanoseconds), converted to and from the core's [`Job`]. The HTTP API reads and writes it;
+//! the CLI produces it from HCL. Omitted fields get Nomad's defaults (its `Canonicalize`):
+//! namespace `default`, name = ID, priority 50, type `service`, count 1, 100 MHz and 300 MB
+//! per task, a 5 s kill timeout.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use drover_core::structs::{
+    AccessMode, AttachmentMode, ConfigValue, CsiMountOptions, CsiPluginType, Job, JobType, Propagation,
+    RequestedDevice, RestartMode, RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount,
+    VolumeRequest, VolumeType,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+pub const DEFAULT_CPU: u32 = 100;
+pub const DEFAULT_MEMORY_MB: u32 = 300;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiJob {
+    #[serde(rename = "ID")]
+    pub id: String,
+    pub name: String,
+    pub namespace: String,
+    pub region: String,
+    #[serde(rename = "Type")]
+    pub job_type: String,
+    pub priority: Option<u32>,
+    pub datacenters: Vec<String>,
+    pub task_groups: Vec<ApiTaskGroup>,
+    pub stop: bool,
+    // Read-only on the way out.
+    pub status: String,
+    pub version: u64,
+    pub submit_time: i64,
+    pub create_index: u64,
+    pub modify_index: u64,
+    pub job_modify_index: u64,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiTaskGroup {
+    pub name: String,
+    pub count: Option<u32>,
+    pub tasks: Vec<ApiTask>,
+    pub volumes: BTreeMap<String, ApiVolumeRequest>,
+    pub restart_policy: Option<ApiRestartPolicy>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiRestartPolicy {
+    pub attempts: Option<u32>,
+    pub interval: Option<i64>,
+    pub delay: Option<i64>,
+    pub mode: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiTask {
+    pub name: String,
+    pub driver: String,
+    pub config: BTreeMap<String, Value>,
+    pub env: BTreeMap<String, String>,
+    pub resources: Option<ApiResources>,
+    pub volume_mounts: Vec<ApiVolumeMount>,
+    #[serde(rename = "CSIPluginConfig")]
+    pub csi_plugin_config: Option<ApiCsiPluginConfig>,
+    pub kill_timeout: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiResources {
+    #[serde(rename = "CPU")]
+    pub cpu: Option<u32>,
+    #[serde(rename = "MemoryMB")]
+    pub memory_mb: Option<u32>,
+    pub devices: Vec<ApiDevice>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiDevice {
+    pub name: String,
+    pub count: Option<u32>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiVolumeMount {
+    pub volume: String,
+    pub destination: String,
+    pub read_only: bool,
+    pub propagation_mode: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiCsiPluginConfig {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "Type")]
+    pub plugin_type: String,
+    pub mount_dir: String,
+    pub stage_publish_base_dir: String,
+    pub health_timeout: Option<i64>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiVolumeRequest {
+    pub name: String,
+    #[serde(rename = "Type")]
+    pub volume_type: String,
+    pub source: String,
+    pub read_only: bool,
+    pub access_mode: String,
+    pub attachment_mode: String,
+    pub mount_options: Option<ApiMountOptions>,
+    pub per_alloc: bool,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiMountOptions {
+    #[serde(rename = "FSType")]
+    pub fs_type: String,
+    pub mount_flags: Vec<String>,
+}
+
+fn nanos(duration: Duration) -> i64 {
+    duration.as_nanos().min(i64::MAX as u128) as i64
+}
+
+fn duration(field: &str, nanos: i64, problems: &mut Vec<String>) -> Duration {
+    if nanos < 0 {
+        problems.push(format!("{field} must not be negative"));
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(nanos as u64)
+}
+
+fn config_value(value: &Value) -> Option<ConfigValue> {
+    Some(match value {
+        Value::Bool(flag) => ConfigValue::Bool(*flag),
+        Value::Number(number) => ConfigValue::Int(number.as_i64()?),
+        Value::String(text) => ConfigValue::String(text.clone()),
+        Value::Array(items) => ConfigValue::List(items.iter().map(config_value).collect::<Option<_>>()?),
+        Value::Object(map) => ConfigValue::Map(
+            map.iter()
+                .map(|(key, value)| Some((key.clone(), config_value(value)?)))
+                .collect::<Option<_>>()?,
+        ),
+        Value::Null => return None,
+    })
+}
+
+fn config_json(value: &ConfigValue) -> Value {
+    match value {
+        ConfigValue::Bool(flag) => Value::Bool(*flag),
+        ConfigValue::Int(number) => Value::from(*number),
+        ConfigValue::String(text) => Value::String(text.clone()),
+        ConfigValue::List(items) => Value::Array(items.iter().map(config_json).collect()),
+        ConfigValue::Map(map) => Value::Object(map.iter().map(|(k, v)| (k.clone(), config_json(v))).collect()),
+    }
+}
+
+fn enum_text<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(text)) => text,
+        _ => String::new(),
+    }
+}
+
+impl ApiJob {
+    /// The core job, with Nomad's defaults; problems the conversion finds (unknown modes,
+    /// bad values) come back as a list, like validation's.
+    pub fn to_job(&self) -> Result<Job, Vec<String>> {
+        let mut problems = Vec::new();
+        let job_type = if self.job_type.is_empty() {
+            JobType::Service
+        } else {
+            JobType::parse(&self.job_type).unwrap_or_else(|| {
+                problems.push(format!("Invalid job type: {:?}", self.job_type));
+                JobType::Service
+            })
+        };
+        let task_groups = self
+            .task_groups
+            .iter()
+            .map(|group| group.to_group(&mut problems))
+            .collect();
+        let job = Job {
+            id: self.id.clone(),
+            namespace: if self.namespace.is_empty() {
+                "default".into()
+            } else {
+                self.namespace.clone()
+            },
+            name: if self.name.is_empty() {
+                self.id.clone()
+            } else {
+                self.name.clone()
+            },
+            job_type,
+            priority: self.priority.unwrap_or(drover_core::jobspec::PRIORITY_DEFAULT),
+            datacenters: if self.datacenters.is_empty() {
+                vec!["*".into()]
+            } else {
+                self.datacenters.clone()
+            },
+            task_groups,
+            stop: self.stop,
+            ..Job::default()
+        };
+        if problems.is_empty() { Ok(job) } else { Err(problems) }
+    }
+
+    pub fn from_job(job: &Job, status: &str) -> ApiJob {
+        ApiJob {
+            id: job.id.clone(),
+            name: job.name.clone(),
+            namespace: job.namespace.clone(),
+            region: "global".into(),
+            job_type: job.job_type.as_str().into(),
+            priority: Some(job.priority),
+            datacenters: job.datacenters.clone(),
+            task_groups: job.task_groups.iter().map(ApiTaskGroup::from_group).collect(),
+            stop: job.stop,
+            status: status.into(),
+            version: job.version,
+            submit_time: (job.submit_time_ms as i64).saturating_mul(1_000_000),
+            create_index: job.create_index,
+            modify_index: job.modify_index,
+            job_modify_index: job.job_modify_index,
+        }
+    }
+}
+
+impl ApiTaskGroup {
+    fn to_group(&self, problems: &mut Vec<String>) -> TaskGroup {
+        let restart_policy = self.restart_policy.as_ref().map(|policy| {
+            let mut base = RestartPolicy::SERVICE;
+            if let Some(attempts) = policy.attempts {
+                base.attempts = attempts;
+            }
+            if let Some(interval) = policy.interval {
+                base.interval = duration("restart interval", interval, problems);
+            }
+            if let Some(delay) = policy.delay {
+                base.delay = duration("restart delay", delay, problems);
+            }
+            if let Some(mode) = &policy.mode {
+                base.mode = match mode.as_str() {
+                    "fail" => RestartMode::Fail,
+                    "delay" => RestartMode::Delay,
+                    other => {
+                        problems.push(format!("Unsupported restart mode: {other:?}"));
+                        RestartMode::Fail
+                    }
+                };
+            }
+            base
+        });
+        TaskGroup {
+            name: self.name.clone(),
+            count: self.count.unwrap_or(1),
+            tasks: self.tasks.iter().map(|task| task.to_task(problems)).collect(),
+            volumes: self
+                .volumes
+                .iter()
+                .map(|(alias, request)| (alias.clone(), request.to_request(alias, problems)))
+                .collect(),
+            restart_policy,
+        }
+    }
+
+    fn from_group(group: &TaskGroup) -> ApiTaskGroup {
+        ApiTaskGroup {
+            name: group.name.clone(),
+            count: Some(group.count),
+            tasks: group.tasks.iter().map(ApiTask::from_task).collect(),
+            volumes: group
+                .volumes
+                .iter()
+                .map(|(alias, request)| (alias.clone(), ApiVolumeRequest::from_request(request)))
+                .collect(),
+            restart_policy: group.restart_policy.map(|policy| ApiRestartPolicy {
+                attempts: Some(policy.attempts),
+                interval: Some(nanos(policy.interval)),
+                delay: Some(nanos(policy.delay)),
+                mode: Some(match policy.mode {
+                    RestartMode::Fail => "fail".into(),
+                    RestartMode::Delay => "delay".into(),
+                }),
+            }),
+        }
+    }
+}
+
+impl ApiTask {
+    fn to_task(&self, problems: &mut Vec<String>) -> Task {
+        let resources = self.resources.clone().unwrap_or_default();
+        let mut config = BTreeMap::new();
+        for (key, value) in &self.config {
+            match config_value(value) {
+                Some(value) => {
+                    config.insert(key.clone(), value);
+                }
+                None => problems.push(format!("Task {}: config {key:?} has an unsupported value", self.name)),
+            }
+        }
+        let csi_plugin = self.csi_plugin_config.as_ref().map(|plugin| {
+            let plugin_type = match plugin.plugin_type.as_str() {
+                "controller" => CsiPluginType::Controller,
+                "node" => CsiPluginType::Node,
+                "monolith" => CsiPluginType::Monolith,
+                other => {
+                    problems.push(format!(
+                        "Task {}: csi_plugin type must be controller, node or monolith, not {other:?}",
+                        self.name
+                    ));
+                    CsiPluginType::Monolith
+                }
+            };
+            let mut stanza = TaskCsiPluginConfig::new(plugin.id.clone(), plugin_type);
+            if !plugin.mount_dir.is_empty() {
+                stanza.mount_dir = plugin.mount_dir.clone();
+            }
+            if !plugin.stage_publish_base_dir.is_empty() {
+                stanza.stage_publish_base_dir = plugin.stage_publish_base_dir.clone();
+            }
+            if let Some(timeout) = plugin.health_timeout {
+                stanza.health_timeout = duration("csi_plugin health_timeout", timeout, problems);
+            }
+            stanza
+        });
+        Task {
+            name: self.name.clone(),
+            driver: self.driver.clone(),
+            config,
+            env: self.env.clone(),
+            volume_mounts: self
+                .volume_mounts
+                .iter()
+                .map(|mount| VolumeMount {
+                    volume: mount.volume.clone(),
+                    destination: mount.destination.clone(),
+                    read_only: mount.read_only,
+                    propagation_mode: if mount.propagation_mode.is_empty() {
+                        Propagation::Private
+                    } else {
+                        Propagation::parse(&mount.propagation_mode).unwrap_or_else(|| {
+                            problems.push(format!("unknown propagation_mode {:?}", mount.propagation_mode));
+                            Propagation::Private
+                        })
+                    },
+                })
+                .collect(),
+            csi_plugin,
+            kill_timeout: self
+                .kill_timeout
+                .map(|nanos| duration("kill_timeout", nanos, problems))
+                .unwrap_or(drover_core::structs::DEFAULT_KILL_TIMEOUT),
+            resources: TaskResources {
+                cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
+                memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
+                devices: resources
+                    .devices
+                    .iter()
+                    .map(|device| RequestedDevice {
+                        name: device.name.clone(),
+                        count: device.count.unwrap_or(1),
+                    })
+                    .collect(),
+            },
+        }
+    }
+
+    fn from_task(task: &Task) -> ApiTask {
+        ApiTask {
+            name: task.name.clone(),
+            driver: task.driver.clone(),
+            config: task.config.iter().map(|(k, v)| (k.clone(), config_json(v))).collect(),
+            env: task.env.clone(),
+            resources: Some(ApiResources {
+                cpu: Some(task.resources.cpu),
+                memory_mb: Some(task.resources.memory_mb),
+                devices: task
+                    .resources
+                    .devices
+                    .iter()
+                    .map(|device| ApiDevice {
+                        name: device.name.clone(),
+                        count: Some(device.count),
+                    })
+                    .collect(),
+            }),
+            volume_mounts: task
+                .volume_mounts
+                .iter()
+                .map(|mount| ApiVolumeMount {
+                    volume: mount.volume.clone(),
+                    destination: mount.destination.clone(),
+                    read_only: mount.read_only,
+                    propagation_mode: mount.propagation_mode.as_str().into(),
+                })
+                .collect(),
+            csi_plugin_config: task.csi_plugin.as_ref().map(|plugin| ApiCsiPluginConfig {
+                id: plugin.id.clone(),
+                plugin_type: enum_text(&plugin.plugin_type),
+                mount_dir: plugin.mount_dir.clone(),
+                stage_publish_base_dir: plugin.stage_publish_base_dir.clone(),
+                health_timeout: Some(nanos(plugin.health_timeout)),
+            }),
+            kill_timeout: Some(nanos(task.kill_timeout)),
+        }
+    }
+}
+
+impl ApiVolumeRequest {
+    fn to_request(&self, alias: &str, problems: &mut Vec<String>) -> VolumeRequest {
+        let volume_type = match self.volume_type.as_str() {
+            "" | "host" => VolumeType::Host,
+            "csi" => VolumeType::Csi,
+            other => {
+                problems.push(format!("Volume {alias}: invalid volume type: {other:?}"));
+                VolumeType::Host
+            }
+        };
+        let access_mode: AccessMode = if self.access_mode.is_empty() {
+            AccessMode::Unknown
+        } else {
+            AccessMode::parse(&self.access_mode).unwrap_or_else(|| {
+                problems.push(format!("Volume {alias}: unknown access_mode {:?}", self.access_mode));
+                AccessMode::Unknown
+            })
+        };
+        let attachment_mode: AttachmentMode = if self.attachment_mode.is_empty() {
+            AttachmentMode::Unknown
+        } else {
+            AttachmentMode::parse(&self.attachment_mode).unwrap_or_else(|| {
+                problems.push(format!(
+                    "Volume {alias}: unknown attachment_mode {:?}",
+                    self.attachment_mode
+                ));
+                AttachmentMode::Unknown
+            })
+        };
+        VolumeRequest {
+            name: if self.name.is_empty() {
+                alias.to_string()
+            } else {
+                self.name.clone()
+            },
+            volume_type,
+            source: self.source.clone(),
+            read_only: self.read_only,
+            access_mode,
+            attachment_mode,
+            mount_options: self.mount_options.as_ref().map(|options| CsiMountOptions {
+                fs_type: options.fs_type.clone(),
+                mount_flags: options.mount_flags.clone(),
+            }),
+            per_alloc: self.per_alloc,
+        }
+    }
+
+    fn from_request(request: &VolumeRequest) -> ApiVolumeRequest {
+        ApiVolumeRequest {
+            name: request.name.clone(),
+            volume_type: match request.volume_type {
+                VolumeType::Host => "host".into(),
+                VolumeType::Csi => "csi".into(),
+            },
+            source: request.source.clone(),
+            read_only: request.read_only,
+            access_mode: request.access_mode.as_str().into(),
+            attachment_mode: request.attachment_mode.as_str().into(),
+            mount_options: request.mount_options.as_ref().map(|options| ApiMountOptions {
+                fs_type: options.fs_type.clone(),
+                mount_flags: options.mount_flags.clone(),
+            }),
+            per_alloc: request.per_alloc,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_minimal_api_job_gets_nomads_defaults_and_round_trips() {
+        let api: ApiJob = serde_json::from_str(
+            r#"{"ID":"web","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Driver":"raw_exec",
+               "Config":{"command":"/bin/sleep","args":["10"]}}]}]}"#,
+        )
+        .unwrap();
+        let job = api.to_job().unwrap();
+        assert_eq!(
+            (job.namespace.as_str(), job.name.as_str(), job.priority),
+            ("default", "web", 50)
+        );
+        assert_eq!(job.job_type, JobType::Service);
+        assert_eq!(job.datacenters, ["*"]);
+        assert_eq!(job.task_groups[0].count, 1);
+        let task = &job.task_groups[0].tasks[0];
+        assert_eq!((task.resources.cpu, task.resources.memory_mb), (100, 300));
+        assert_eq!(task.kill_timeout, Duration::from_secs(5));
+        assert_eq!(
+            task.config["args"],
+            ConfigValue::List(vec![ConfigValue::String("10".into())])
+        );
+        let back = ApiJob::from_job(&job, "pending").to_job().unwrap();
+        assert_eq!(back, job);
+    }
+
+    #[test]
+    fn unknown_modes_are_named() {
+        let api: ApiJob = serde_json::from_str(
+            r#"{"ID":"web","Type":"cron","TaskGroups":[{"Name":"g","Volumes":{"data":{"Type":"nfs","Source":"x",
+               "AccessMode":"single-mode-writer"}},"Tasks":[{"Name":"t","Driver":"exec"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            api.to_job().unwrap_err(),
+            [
+                "Invalid job type: \"cron\"",
+                "Volume data: invalid volume type: \"nfs\"",
+                "Volume data: unknown access_mode \"single-mode-writer\"",
+            ]
+        );
+    }
+}
