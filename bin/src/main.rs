@@ -3,7 +3,9 @@
 //! `agent -dev` starts a single server+client with an embedded store under a temporary
 //! directory. Flags may be written Nomad's way (`-bootstrap-expect=3`) or GNU-style.
 
+mod cli;
 mod config;
+mod jobspec;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -31,6 +33,11 @@ use crate::config::{Flags, Loaded};
     after_help = "Flags may also be written with a single dash, as Nomad does: agent -dev, agent -server -bootstrap-expect=3"
 )]
 struct Cli {
+    /// Operator commands (talk to an agent's HTTP API); without one, run the agent.
+    #[command(subcommand)]
+    command: Option<cli::Command>,
+    #[command(flatten)]
+    global: cli::Global,
     /// Start a single server+client with an embedded store in a temporary directory.
     #[arg(long)]
     dev: bool,
@@ -129,7 +136,10 @@ fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(normalize_args(std::env::args_os()));
+    let mut cli = Cli::parse_from(normalize_args(std::env::args_os()));
+    if let Some(command) = cli.command.take() {
+        return cli::run(cli.global, command);
+    }
     let flags = cli.into_flags();
     let mut dev_dir: Option<PathBuf> = None;
     let loaded = config::load(&flags, || {

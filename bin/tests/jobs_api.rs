@@ -141,3 +141,78 @@ fn register_update_refuse_and_purge_a_job_over_http() {
     .unwrap_or_else(|| panic!("purging stops the tasks:\n{}", agent.log()));
     assert_eq!(http_status("GET", port, "/v1/job/web", None).unwrap().0, 404);
 }
+
+fn cli(port: u16, args: &[&str]) -> (i32, String) {
+    let output = std::process::Command::new(support::AGENT)
+        .args(args)
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("the CLI runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
+/// The operator CLI against a real agent: `job run` of an HCL file follows placement and
+/// exits 0, or 2 when something cannot be placed; `job status` shows the tables; `job stop
+/// -purge` stops it; an unknown job exits 1.
+#[test]
+fn the_cli_runs_inspects_and_stops_jobs() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    let spec = |name: &str, cpu: u64| {
+        format!(
+            "job \"{name}\" {{\n  group \"g\" {{\n    count = 2\n    task \"t\" {{\n      driver = \"raw_exec\"\n      config {{\n        command = \"/bin/sleep\"\n        args    = [\"300\"]\n      }}\n      resources {{\n        cpu    = {cpu}\n        memory = 32\n      }}\n    }}\n  }}\n}}\n"
+        )
+    };
+    let web = root.path().join("web.hcl");
+    std::fs::write(&web, spec("web", 50)).unwrap();
+    let (code, out) = cli(port, &["job", "run", web.to_str().unwrap()]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("==> Monitoring evaluation"), "{out}");
+    assert_eq!(out.matches("created: node").count(), 2, "{out}");
+    assert!(out.contains("finished with status \"complete\""), "{out}");
+
+    let (code, out) = cli(port, &["job", "status", "web"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ID          = web"), "{out}");
+    assert!(
+        out.contains("Task Group  Queued  Starting  Running  Failed  Complete  Lost"),
+        "{out}"
+    );
+
+    let huge = root.path().join("huge.hcl");
+    std::fs::write(&huge, spec("huge", 100_000_000)).unwrap();
+    let (code, out) = cli(port, &["job", "run", huge.to_str().unwrap()]);
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("failed to place 2 allocations"), "{out}");
+    assert!(out.contains("Dimension \"cpu\" exhausted on 1 nodes"), "{out}");
+
+    let (code, out) = cli(port, &["node", "status"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("raw_exec") && out.contains("ready"), "{out}");
+
+    let (code, out) = cli(port, &["job", "stop", "-purge", "web"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = cli(port, &["job", "status", "web"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("No job(s) with prefix or id \"web\" found"), "{out}");
+
+    let bad = root.path().join("bad.hcl");
+    std::fs::write(&bad, "job \"bad\" {\n  colour = \"blue\"\n}\n").unwrap();
+    let (code, out) = cli(port, &["job", "run", bad.to_str().unwrap()]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("unsupported key \"colour\""), "{out}");
+}

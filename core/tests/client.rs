@@ -596,3 +596,45 @@ fn driver_fingerprints_report_changes_and_health_events() {
         world.running
     );
 }
+
+/// A fingerprint round of several drivers is reported as one whole table: reported driver by
+/// driver, the first update would replace the node's table with a partial one (the scheduler
+/// then saw `missing drivers` for a moment).
+#[test]
+fn a_fingerprint_round_is_reported_whole() {
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 3,
+    });
+    let healthy = DriverInfo {
+        detected: true,
+        healthy: true,
+        health_description: "Healthy".into(),
+        attributes: BTreeMap::new(),
+    };
+    let capabilities = DriverCapabilities {
+        mount_configs: MountConfigSupport::All,
+        fs_isolation: true,
+    };
+    client.handle(
+        Instant::ZERO,
+        ClientInput::Drivers {
+            drivers: vec![
+                ("exec".into(), capabilities, healthy.clone()),
+                ("raw_exec".into(), capabilities, healthy.clone()),
+            ],
+        },
+    );
+    let tables: Vec<Vec<String>> = std::iter::from_fn(|| client.poll_action())
+        .filter_map(|action| match action {
+            ClientAction::Io {
+                io: Io::Server(ServerRequest::NodeUpdateDrivers { drivers, .. }),
+                ..
+            } => Some(drivers.into_keys().collect()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(tables, [vec!["exec".to_string(), "raw_exec".to_string()]]);
+}

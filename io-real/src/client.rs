@@ -338,11 +338,8 @@ enum Message {
     },
     /// The node's allocations from an alloc sync.
     Allocs(Vec<(Allocation, Job)>),
-    Driver {
-        name: String,
-        capabilities: DriverCapabilities,
-        info: DriverInfo,
-    },
+    /// One fingerprint round of every driver.
+    Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
 }
 
 /// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
@@ -512,20 +509,14 @@ async fn run(
     let node_id = settings.node_id.clone();
     let mut client = Client::new(settings);
     node.attributes.extend(executor.node_attributes());
-    for (name, capabilities, info) in executor.fingerprint() {
+    let drivers = executor.fingerprint();
+    for (name, _, info) in &drivers {
         if info.detected {
             node.attributes.extend(info.attributes.clone());
         }
         node.drivers.insert(name.clone(), info.clone());
-        client.handle(
-            core_now(epoch),
-            ClientInput::Driver {
-                name,
-                capabilities,
-                info,
-            },
-        );
     }
+    client.handle(core_now(epoch), ClientInput::Drivers { drivers });
     node.status = NodeStatus::Ready;
     // Register before the client reports anything: a node registration replaces the node
     // record (CSI info included), so a CSI report that landed first would be wiped — or
@@ -646,9 +637,7 @@ async fn run(
                     Message::Exited { alloc_id, task, exit } => {
                         client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
                     }
-                    Message::Driver { name, capabilities, info } => {
-                        client.handle(now, ClientInput::Driver { name, capabilities, info });
-                    }
+                    Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
                     Message::Allocs(allocs) => {
                         for (alloc, job) in &allocs {
                             if known.insert(alloc.id.clone())
@@ -683,17 +672,8 @@ async fn fingerprint_drivers(executor: Arc<dyn ClientExecutor>, sender: mpsc::Un
         let Ok(fingerprints) = tokio::task::spawn_blocking(move || executor.fingerprint()).await else {
             continue;
         };
-        for (name, capabilities, info) in fingerprints {
-            if sender
-                .send(Message::Driver {
-                    name,
-                    capabilities,
-                    info,
-                })
-                .is_err()
-            {
-                return;
-            }
+        if sender.send(Message::Drivers(fingerprints)).is_err() {
+            return;
         }
     }
 }

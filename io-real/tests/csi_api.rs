@@ -17,9 +17,20 @@ use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::io::{BoxFuture, ClientCsi, NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
 
-#[derive(Default)]
 struct FakePlugins {
     calls: Mutex<Vec<String>>,
+    /// Node detaches wait until this turns true (so a test can look at a release in flight:
+    /// the volume watcher starts one as soon as a claiming allocation turns terminal).
+    node_detach_open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for FakePlugins {
+    fn default() -> Self {
+        FakePlugins {
+            calls: Mutex::default(),
+            node_detach_open: tokio::sync::watch::channel(true).0,
+        }
+    }
 }
 
 impl ClientCsi for FakePlugins {
@@ -41,7 +52,14 @@ impl ClientCsi for FakePlugins {
             ),
         };
         self.calls.lock().unwrap().push(name);
-        Box::pin(async move { Ok(reply) })
+        let mut open = self.node_detach_open.subscribe();
+        let gated = matches!(request, ClientCsiRequest::NodeDetach(_));
+        Box::pin(async move {
+            if gated {
+                let _ = open.wait_for(|open| *open).await;
+            }
+            Ok(reply)
+        })
     }
 }
 
@@ -244,6 +262,8 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
     let (status, body) = call("DELETE", port, "/v1/volume/csi/vol0".into(), String::new()).await;
     assert_eq!((status, body.as_str()), (500, "rpc error: volume in use: vol0"));
 
+    // Hold node detaches: the watcher releases the claim as soon as the alloc is terminal.
+    plugins.node_detach_open.send_replace(false);
     ok(
         &handle,
         ServerRequest::AllocClientUpdate {
@@ -257,6 +277,8 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
         body.contains(r#""State":4"#),
         "a terminal alloc reads as a past claim in state Unpublishing: {body}"
     );
+    plugins.node_detach_open.send_replace(true);
+    // The client's own unpublish joins (or follows) the release the watcher started.
     ok(
         &handle,
         ServerRequest::VolumeUnpublish {

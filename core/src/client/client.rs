@@ -72,6 +72,11 @@ pub enum ClientInput {
         capabilities: DriverCapabilities,
         info: DriverInfo,
     },
+    /// One fingerprint round of every driver: the node's driver table is reported once, whole
+    /// (driver by driver, the first report would carry a partial table).
+    Drivers {
+        drivers: Vec<(String, DriverCapabilities, DriverInfo)>,
+    },
     /// `ClientCSI.NodeDetachVolume` from a server; answered with `ClientAction::NodeDetached`.
     NodeDetach {
         req: u64,
@@ -299,7 +304,20 @@ impl Client {
                 name,
                 capabilities,
                 info,
-            } => self.driver_fingerprint(now, name, capabilities, info),
+            } => {
+                if self.driver_fingerprint(now, name, capabilities, info) {
+                    self.report(now, Report::Drivers);
+                }
+            }
+            ClientInput::Drivers { drivers } => {
+                let mut changed = false;
+                for (name, capabilities, info) in drivers {
+                    changed |= self.driver_fingerprint(now, name, capabilities, info);
+                }
+                if changed {
+                    self.report(now, Report::Drivers);
+                }
+            }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
         }
     }
@@ -915,7 +933,14 @@ impl Client {
     /// A driver fingerprint: usable while detected and healthy; a health change is a node
     /// event (subsystem `Driver`, as Nomad's driver manager raises), and the node's driver
     /// table is reported when it changed.
-    fn driver_fingerprint(&mut self, now: Instant, name: String, capabilities: DriverCapabilities, info: DriverInfo) {
+    /// Returns whether the driver's entry in the node's table changed.
+    fn driver_fingerprint(
+        &mut self,
+        now: Instant,
+        name: String,
+        capabilities: DriverCapabilities,
+        info: DriverInfo,
+    ) -> bool {
         if info.detected && info.healthy {
             self.drivers.insert(name.clone(), capabilities);
         } else {
@@ -938,9 +963,7 @@ impl Client {
                 },
             );
         }
-        if previous.as_ref() != Some(&info) {
-            self.report(now, Report::Drivers);
-        }
+        previous.as_ref() != Some(&info)
     }
 
     // --- time -----------------------------------------------------------------------------

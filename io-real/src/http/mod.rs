@@ -6,6 +6,7 @@ mod allocs;
 mod jobs;
 
 pub(crate) use jobs::metric as jobs_metric;
+pub use render::rfc3339;
 mod client;
 mod csi;
 mod render;

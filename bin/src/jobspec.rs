@@ -1,0 +1,504 @@
+//! HCL jobspecs (Nomad's block names) into the API job form the HTTP API takes. Parsed with
+//! hcl-rs into a value tree, then walked by hand so every problem — an unknown key, a value of
+//! the wrong type, a bad duration — is reported with where it is, all at once.
+
+use std::collections::BTreeMap;
+
+use drover_io_real::jobs::{
+    ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMountOptions, ApiResources, ApiRestartPolicy, ApiTask, ApiTaskGroup,
+    ApiVolumeMount, ApiVolumeRequest,
+};
+use serde_json::{Map, Value};
+
+/// Where a value sits, for error messages (`job "web" group "g" task "t"`).
+struct Walker {
+    problems: Vec<String>,
+}
+
+type Object = Map<String, Value>;
+
+impl Walker {
+    fn problem(&mut self, at: &str, message: impl std::fmt::Display) {
+        self.problems.push(format!("{at}: {message}"));
+    }
+
+    fn object<'a>(&mut self, at: &str, value: &'a Value) -> Option<&'a Object> {
+        match value {
+            Value::Object(map) => Some(map),
+            _ => {
+                self.problem(at, "expected a block");
+                None
+            }
+        }
+    }
+
+    /// Keys this block understands; anything else is named.
+    fn known(&mut self, at: &str, block: &Object, keys: &[&str]) {
+        for key in block.keys() {
+            if !keys.contains(&key.as_str()) {
+                self.problem(at, format!("unsupported key {key:?}"));
+            }
+        }
+    }
+
+    fn string(&mut self, at: &str, block: &Object, key: &str) -> Option<String> {
+        match block.get(key)? {
+            Value::String(text) => Some(text.clone()),
+            _ => {
+                self.problem(at, format!("{key} must be a string"));
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, at: &str, block: &Object, key: &str) -> Option<bool> {
+        match block.get(key)? {
+            Value::Bool(flag) => Some(*flag),
+            _ => {
+                self.problem(at, format!("{key} must be true or false"));
+                None
+            }
+        }
+    }
+
+    fn number(&mut self, at: &str, block: &Object, key: &str) -> Option<u32> {
+        match block.get(key)? {
+            Value::Number(number) if number.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)) => {
+                number.as_u64().map(|n| n as u32)
+            }
+            _ => {
+                self.problem(at, format!("{key} must be a non-negative whole number"));
+                None
+            }
+        }
+    }
+
+    fn strings(&mut self, at: &str, block: &Object, key: &str) -> Option<Vec<String>> {
+        match block.get(key)? {
+            Value::Array(items) if items.iter().all(Value::is_string) => Some(
+                items
+                    .iter()
+                    .filter_map(|item| item.as_str().map(String::from))
+                    .collect(),
+            ),
+            _ => {
+                self.problem(at, format!("{key} must be a list of strings"));
+                None
+            }
+        }
+    }
+
+    /// A Go duration (`"30s"`, `"1m30s"`, `"250ms"`) as nanoseconds.
+    fn duration(&mut self, at: &str, block: &Object, key: &str) -> Option<i64> {
+        let text = self.string(at, block, key)?;
+        match parse_duration(&text) {
+            Some(nanos) => Some(nanos),
+            None => {
+                self.problem(at, format!("{key} {text:?} is not a duration such as \"30s\""));
+                None
+            }
+        }
+    }
+
+    /// Labeled blocks (`task "a" {}`): label → block, in file order.
+    fn labeled<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Vec<(String, &'a Object)> {
+        let Some(value) = block.get(key) else {
+            return Vec::new();
+        };
+        let Some(map) = self.object(&format!("{at} {key}"), value) else {
+            return Vec::new();
+        };
+        map.iter()
+            .filter_map(|(label, inner)| {
+                let inner = self.object(&format!("{at} {key} {label:?}"), inner)?;
+                Some((label.clone(), inner))
+            })
+            .collect()
+    }
+
+    /// Unlabeled blocks that may repeat (`volume_mount {}`).
+    fn repeated<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Vec<&'a Object> {
+        match block.get(key) {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .filter_map(|item| self.object(&format!("{at} {key}"), item))
+                .collect(),
+            Some(value) => self.object(&format!("{at} {key}"), value).into_iter().collect(),
+        }
+    }
+
+    fn single<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Option<&'a Object> {
+        let found = self.repeated(at, block, key);
+        if found.len() > 1 {
+            self.problem(at, format!("only one {key} block is allowed"));
+        }
+        found.into_iter().next()
+    }
+}
+
+/// Go's duration syntax: a sequence of number+unit (`h`, `m`, `s`, `ms`, `us`, `ns`).
+pub fn parse_duration(text: &str) -> Option<i64> {
+    if text == "0" {
+        return Some(0);
+    }
+    let mut total: i64 = 0;
+    let mut rest = text;
+    if rest.is_empty() {
+        return None;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let number: f64 = number.parse().ok()?;
+        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let scale = match unit {
+            "h" => 3_600_000_000_000.0,
+            "m" => 60_000_000_000.0,
+            "s" => 1_000_000_000.0,
+            "ms" => 1_000_000.0,
+            "us" | "µs" => 1_000.0,
+            "ns" => 1.0,
+            _ => return None,
+        };
+        total = total.checked_add((number * scale) as i64)?;
+        rest = tail;
+    }
+    Some(total)
+}
+
+/// Parses one jobspec file: exactly one `job "<id>" {}` block.
+pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
+    let value: hcl::Value = hcl::from_str(text).map_err(|error| vec![format!("error parsing jobspec: {error}")])?;
+    let value = serde_json::to_value(&value).map_err(|error| vec![error.to_string()])?;
+    let mut walker = Walker { problems: Vec::new() };
+    let Some(root) = walker.object("jobspec", &value) else {
+        return Err(walker.problems);
+    };
+    walker.known("jobspec", root, &["job"]);
+    let jobs = walker.labeled("jobspec", root, "job");
+    if jobs.len() != 1 {
+        walker.problem("jobspec", format!("expected one job block, found {}", jobs.len()));
+        return Err(walker.problems);
+    }
+    let (id, block) = &jobs[0];
+    let at = format!("job {id:?}");
+    walker.known(
+        &at,
+        block,
+        &[
+            "name",
+            "namespace",
+            "region",
+            "type",
+            "priority",
+            "datacenters",
+            "group",
+        ],
+    );
+    let job = ApiJob {
+        id: id.clone(),
+        name: walker.string(&at, block, "name").unwrap_or_default(),
+        namespace: walker.string(&at, block, "namespace").unwrap_or_default(),
+        region: walker.string(&at, block, "region").unwrap_or_default(),
+        job_type: walker.string(&at, block, "type").unwrap_or_default(),
+        priority: walker.number(&at, block, "priority"),
+        datacenters: walker.strings(&at, block, "datacenters").unwrap_or_default(),
+        task_groups: walker
+            .labeled(&at, block, "group")
+            .into_iter()
+            .map(|(name, group)| parse_group(&mut walker, &format!("{at} group {name:?}"), name, group))
+            .collect(),
+        ..ApiJob::default()
+    };
+    if walker.problems.is_empty() {
+        Ok(job)
+    } else {
+        Err(walker.problems)
+    }
+}
+
+fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> ApiTaskGroup {
+    walker.known(at, block, &["count", "volume", "restart", "task"]);
+    let restart_policy = walker.single(at, block, "restart").map(|restart| {
+        let at = format!("{at} restart");
+        walker.known(&at, restart, &["attempts", "interval", "delay", "mode"]);
+        ApiRestartPolicy {
+            attempts: walker.number(&at, restart, "attempts"),
+            interval: walker.duration(&at, restart, "interval"),
+            delay: walker.duration(&at, restart, "delay"),
+            mode: walker.string(&at, restart, "mode"),
+        }
+    });
+    let volumes = walker
+        .labeled(at, block, "volume")
+        .into_iter()
+        .map(|(alias, volume)| {
+            let at = format!("{at} volume {alias:?}");
+            walker.known(
+                &at,
+                volume,
+                &[
+                    "type",
+                    "source",
+                    "read_only",
+                    "access_mode",
+                    "attachment_mode",
+                    "per_alloc",
+                    "mount_options",
+                ],
+            );
+            let mount_options = walker.single(&at, volume, "mount_options").map(|options| {
+                let at = format!("{at} mount_options");
+                walker.known(&at, options, &["fs_type", "mount_flags"]);
+                ApiMountOptions {
+                    fs_type: walker.string(&at, options, "fs_type").unwrap_or_default(),
+                    mount_flags: walker.strings(&at, options, "mount_flags").unwrap_or_default(),
+                }
+            });
+            let request = ApiVolumeRequest {
+                name: alias.clone(),
+                volume_type: walker.string(&at, volume, "type").unwrap_or_default(),
+                source: walker.string(&at, volume, "source").unwrap_or_default(),
+                read_only: walker.boolean(&at, volume, "read_only").unwrap_or(false),
+                access_mode: walker.string(&at, volume, "access_mode").unwrap_or_default(),
+                attachment_mode: walker.string(&at, volume, "attachment_mode").unwrap_or_default(),
+                mount_options,
+                per_alloc: walker.boolean(&at, volume, "per_alloc").unwrap_or(false),
+            };
+            (alias, request)
+        })
+        .collect();
+    ApiTaskGroup {
+        name,
+        count: walker.number(at, block, "count"),
+        tasks: walker
+            .labeled(at, block, "task")
+            .into_iter()
+            .map(|(name, task)| parse_task(walker, &format!("{at} task {name:?}"), name, task))
+            .collect(),
+        volumes,
+        restart_policy,
+    }
+}
+
+fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> ApiTask {
+    walker.known(
+        at,
+        block,
+        &[
+            "driver",
+            "config",
+            "env",
+            "resources",
+            "volume_mount",
+            "csi_plugin",
+            "kill_timeout",
+        ],
+    );
+    let config: BTreeMap<String, Value> = walker
+        .single(at, block, "config")
+        .map(|config| config.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+        .unwrap_or_default();
+    let env: BTreeMap<String, String> = walker
+        .single(at, block, "env")
+        .map(|env| {
+            env.iter()
+                .filter_map(|(key, value)| match value {
+                    Value::String(text) => Some((key.clone(), text.clone())),
+                    Value::Number(number) => Some((key.clone(), number.to_string())),
+                    Value::Bool(flag) => Some((key.clone(), flag.to_string())),
+                    _ => {
+                        walker.problem(&format!("{at} env"), format!("{key} must be a string"));
+                        None
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let resources = walker.single(at, block, "resources").map(|resources| {
+        let at = format!("{at} resources");
+        walker.known(&at, resources, &["cpu", "memory", "device"]);
+        ApiResources {
+            cpu: walker.number(&at, resources, "cpu"),
+            memory_mb: walker.number(&at, resources, "memory"),
+            devices: walker
+                .labeled(&at, resources, "device")
+                .into_iter()
+                .map(|(name, device)| {
+                    let at = format!("{at} device {name:?}");
+                    walker.known(&at, device, &["count"]);
+                    ApiDevice {
+                        count: walker.number(&at, device, "count"),
+                        name,
+                    }
+                })
+                .collect(),
+        }
+    });
+    let volume_mounts = walker
+        .repeated(at, block, "volume_mount")
+        .into_iter()
+        .map(|mount| {
+            let at = format!("{at} volume_mount");
+            walker.known(&at, mount, &["volume", "destination", "read_only", "propagation_mode"]);
+            ApiVolumeMount {
+                volume: walker.string(&at, mount, "volume").unwrap_or_default(),
+                destination: walker.string(&at, mount, "destination").unwrap_or_default(),
+                read_only: walker.boolean(&at, mount, "read_only").unwrap_or(false),
+                propagation_mode: walker.string(&at, mount, "propagation_mode").unwrap_or_default(),
+            }
+        })
+        .collect();
+    let csi_plugin_config = walker.single(at, block, "csi_plugin").map(|plugin| {
+        let at = format!("{at} csi_plugin");
+        walker.known(
+            &at,
+            plugin,
+            &["id", "type", "mount_dir", "stage_publish_base_dir", "health_timeout"],
+        );
+        ApiCsiPluginConfig {
+            id: walker.string(&at, plugin, "id").unwrap_or_default(),
+            plugin_type: walker.string(&at, plugin, "type").unwrap_or_default(),
+            mount_dir: walker.string(&at, plugin, "mount_dir").unwrap_or_default(),
+            stage_publish_base_dir: walker.string(&at, plugin, "stage_publish_base_dir").unwrap_or_default(),
+            health_timeout: walker.duration(&at, plugin, "health_timeout"),
+        }
+    });
+    ApiTask {
+        driver: walker.string(at, block, "driver").unwrap_or_default(),
+        config,
+        env,
+        resources,
+        volume_mounts,
+        csi_plugin_config,
+        kill_timeout: walker.duration(at, block, "kill_timeout"),
+        name,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_core::structs::{AccessMode, ConfigValue, CsiPluginType, JobType, VolumeType};
+
+    #[test]
+    fn a_plugin_job_and_a_consumer_parse_into_the_core_job() {
+        let job = parse(
+            r#"
+job "plugin" {
+  type        = "system"
+  datacenters = ["dc1"]
+  group "nodes" {
+    task "plugin" {
+      driver = "raw_exec"
+      config {
+        command = "drover-csi-fake"
+        args    = ["--endpoint", "${CSI_ENDPOINT}"]
+      }
+      csi_plugin {
+        id             = "fake"
+        type           = "monolith"
+        mount_dir      = "/csi"
+        health_timeout = "1m30s"
+      }
+      resources {
+        cpu    = 50
+        memory = 64
+      }
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        assert_eq!(job.job_type, JobType::System);
+        let task = &job.task_groups[0].tasks[0];
+        let plugin = task.csi_plugin.as_ref().unwrap();
+        assert_eq!(
+            (plugin.id.as_str(), plugin.plugin_type),
+            ("fake", CsiPluginType::Monolith)
+        );
+        assert_eq!(plugin.health_timeout.as_secs(), 90);
+        assert_eq!(
+            task.config["args"],
+            ConfigValue::List(vec![
+                ConfigValue::String("--endpoint".into()),
+                ConfigValue::String("${CSI_ENDPOINT}".into())
+            ])
+        );
+
+        let job = parse(
+            r#"
+job "writer" {
+  group "g" {
+    count = 1
+    volume "data" {
+      type            = "csi"
+      source          = "vol0"
+      access_mode     = "single-node-writer"
+      attachment_mode = "file-system"
+      mount_options {
+        fs_type = "ext4"
+      }
+    }
+    task "w" {
+      driver = "exec"
+      volume_mount {
+        volume      = "data"
+        destination = "/data"
+      }
+      kill_timeout = "2s"
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        let request = &job.task_groups[0].volumes["data"];
+        assert_eq!(request.volume_type, VolumeType::Csi);
+        assert_eq!(request.access_mode, AccessMode::SingleNodeWriter);
+        assert_eq!(request.mount_options.as_ref().unwrap().fs_type, "ext4");
+        assert_eq!(job.task_groups[0].tasks[0].volume_mounts[0].destination, "/data");
+        assert_eq!(job.task_groups[0].tasks[0].kill_timeout.as_secs(), 2);
+    }
+
+    #[test]
+    fn every_problem_is_named_with_where_it_is() {
+        let problems = parse(
+            r#"
+job "web" {
+  colour = "blue"
+  group "g" {
+    count = "two"
+    task "t" {
+      driver       = "exec"
+      kill_timeout = "soon"
+      resources { disk = 10 }
+    }
+  }
+}
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "job \"web\": unsupported key \"colour\"",
+                "job \"web\" group \"g\": count must be a non-negative whole number",
+                "job \"web\" group \"g\" task \"t\" resources: unsupported key \"disk\"",
+                "job \"web\" group \"g\" task \"t\": kill_timeout \"soon\" is not a duration such as \"30s\"",
+            ]
+        );
+        assert!(parse("job {").unwrap_err()[0].starts_with("error parsing jobspec"));
+        assert_eq!(parse_duration("1m30s"), Some(90_000_000_000));
+        assert_eq!(parse_duration("250ms"), Some(250_000_000));
+    }
+}
