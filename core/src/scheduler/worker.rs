@@ -9,6 +9,8 @@
 //!    evaluations of the same job are canceled with it);
 //! 3. blocked evaluations are made pending again once nodes, allocations, volumes or plugins
 //!    changed after they blocked (at most once a second).
+//!
+//! It runs on every input of the leader's core; a timer is set only for the rate limit.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -24,7 +26,7 @@ use crate::fsm::{Command, ServerState, Table};
 use crate::structs::{EVAL_BLOCKED, EVAL_CANCELED, EVAL_PENDING, Evaluation, JobType, NodeStatus};
 use crate::time::Instant;
 
-/// How often the worker looks again without being prodded.
+/// The least time between two wake-ups of blocked evaluations.
 pub const TICK: Duration = Duration::from_secs(1);
 
 #[derive(Debug)]
@@ -35,7 +37,10 @@ pub struct Worker {
     /// Node statuses as last seen (`None` until seeded from the state on taking leadership).
     nodes_seen: Option<BTreeMap<String, NodeStatus>>,
     last_unblock: Option<Instant>,
-    next_tick: Option<Instant>,
+    /// Set only when blocked evaluations wait for the rate limit: every other change to the
+    /// state reaches the leader's core as an input (a proposal's result, a request), and each
+    /// input runs the worker — so an idle cluster costs no wake-ups.
+    wake_at: Option<Instant>,
 }
 
 impl Worker {
@@ -46,7 +51,7 @@ impl Worker {
             in_flight: false,
             nodes_seen: None,
             last_unblock: None,
-            next_tick: None,
+            wake_at: None,
         }
     }
 
@@ -68,11 +73,11 @@ impl Worker {
         self.enabled = enabled;
         self.in_flight = false;
         self.nodes_seen = None;
-        self.next_tick = enabled.then_some(now);
+        self.wake_at = enabled.then_some(now);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.next_tick.filter(|_| self.enabled)
+        self.wake_at.filter(|_| self.enabled)
     }
 
     /// The previous proposal was applied (or failed): the next step may run.
@@ -85,7 +90,7 @@ impl Worker {
         if !self.enabled {
             return None;
         }
-        self.next_tick = Some(now + TICK);
+        self.wake_at = None;
         if self.in_flight {
             return None;
         }
@@ -185,9 +190,6 @@ impl Worker {
     }
 
     fn unblock(&mut self, now: Instant, state: &ServerState) -> Option<Command> {
-        if self.last_unblock.is_some_and(|at| now < at + TICK) {
-            return None;
-        }
         let changed_at = [Table::Nodes, Table::Allocs, Table::CsiVolumes, Table::CsiPlugins]
             .into_iter()
             .map(|table| state.table_index(table))
@@ -203,6 +205,10 @@ impl Worker {
             })
             .collect();
         if evals.is_empty() {
+            return None;
+        }
+        if let Some(at) = self.last_unblock.map(|last| last + TICK).filter(|at| now < *at) {
+            self.wake_at = Some(at);
             return None;
         }
         self.last_unblock = Some(now);

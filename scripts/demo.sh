@@ -1,0 +1,190 @@
+#!/usr/bin/env bash
+# The demo that must always work (run as root: the exec driver and the plugin's bind mounts
+# need it). One `agent -dev`; the project's fake CSI plugin as a raw_exec system job; a
+# volume; an exec job that writes to it; a second job that reads the file back; everything
+# stopped. Each step shows the volume's claims, and the end shows the CSI calls in order.
+#
+#   scripts/demo.sh            # builds the debug binaries first
+#   BIN=target/release scripts/demo.sh
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+BIN=${BIN:-target/debug}
+if [[ -z "${SKIP_BUILD:-}" ]]; then
+  cargo build -q --bin agent --bin drover-csi-fake
+fi
+AGENT=$(realpath "$BIN/agent")
+FAKE=$(realpath "$BIN/drover-csi-fake")
+if [[ $(id -u) -ne 0 ]]; then
+  echo "demo: run as root (exec tasks and CSI mounts need it)" >&2
+  exit 1
+fi
+
+WORK=$(mktemp -d /tmp/drover-demo.XXXXXX)
+HTTP=${DEMO_HTTP_PORT:-14646}
+export NOMAD_ADDR=http://127.0.0.1:$HTTP
+AGENT_PID=
+
+cleanup() {
+  if [[ -n "$AGENT_PID" ]] && kill -0 "$AGENT_PID" 2>/dev/null; then
+    kill -INT "$AGENT_PID" 2>/dev/null || true
+    wait "$AGENT_PID" 2>/dev/null || true
+  fi
+}
+trap cleanup EXIT
+
+step() { printf '\n==== %s\n' "$*"; }
+
+# Polls a condition (a shell snippet) for up to $2 seconds.
+wait_until() {
+  local what=$1 limit=$2 condition=$3
+  for _ in $(seq 1 $((limit * 5))); do
+    if eval "$condition" >/dev/null 2>&1; then return 0; fi
+    sleep 0.2
+  done
+  echo "demo: timed out waiting for $what" >&2
+  echo "---- agent log (last 40 lines)" >&2
+  tail -40 "$WORK/agent.log" >&2
+  return 1
+}
+
+json() { curl -sf "$NOMAD_ADDR$1"; }
+
+# The allocation of a job, by its status ("" for any).
+alloc_of() {
+  json "/v1/job/$1/allocations" | python3 -c "
+import json, sys
+allocs = [a for a in json.load(sys.stdin) if '$2' in ('', a['ClientStatus'])]
+print(allocs[0]['ID'] if allocs else '')"
+}
+
+claims() {
+  json /v1/volume/csi/vol0 | python3 -c "
+import json, sys
+v = json.load(sys.stdin)
+print('  claims: read=%s write=%s' % (sorted(v['ReadAllocs']), sorted(v['WriteAllocs'])))"
+}
+
+step "start agent -dev (data in $WORK/data)"
+"$AGENT" -dev -data-dir="$WORK/data" -http-port="$HTTP" -rpc-port=$((HTTP + 1)) -serf-port=$((HTTP + 2)) \
+  >"$WORK/agent.log" 2>&1 &
+AGENT_PID=$!
+wait_until "the node" 30 "json /v1/nodes | grep -q '\"Status\":\"ready\"'"
+"$AGENT" node status
+
+step "run the fake CSI plugin as a raw_exec system job"
+cat >"$WORK/plugin.hcl" <<EOF
+job "plugin" {
+  type = "system"
+  group "nodes" {
+    task "plugin" {
+      driver = "raw_exec"
+      config {
+        command = "$FAKE"
+        args    = ["--state-dir=$WORK/fake-state", "--node-id=demo-node", "--stage-unstage", "--auto-create"]
+      }
+      csi_plugin {
+        id   = "fake"
+        type = "monolith"
+      }
+      resources {
+        cpu    = 50
+        memory = 32
+      }
+    }
+  }
+}
+EOF
+"$AGENT" job run "$WORK/plugin.hcl"
+wait_until "the plugin to be healthy" 60 \
+  "json /v1/plugin/csi/fake | python3 -c 'import json,sys; p=json.load(sys.stdin); sys.exit(0 if p[\"NodesHealthy\"]==1 and p[\"ControllersHealthy\"]==1 else 1)'"
+"$AGENT" plugin status fake
+
+step "register volume vol0"
+cat >"$WORK/volume.hcl" <<EOF
+id        = "vol0"
+name      = "vol0"
+type      = "csi"
+plugin_id = "fake"
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+EOF
+"$AGENT" volume register "$WORK/volume.hcl"
+"$AGENT" volume status vol0
+
+consumer() {
+  local name=$1 script=$2
+  cat >"$WORK/$name.hcl" <<EOF
+job "$name" {
+  type = "batch"
+  group "g" {
+    volume "data" {
+      type            = "csi"
+      source          = "vol0"
+      access_mode     = "single-node-writer"
+      attachment_mode = "file-system"
+    }
+    task "$name" {
+      driver = "exec"
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "$script"]
+      }
+      volume_mount {
+        volume      = "data"
+        destination = "/data"
+      }
+      resources {
+        cpu    = 50
+        memory = 32
+      }
+    }
+  }
+}
+EOF
+}
+
+step "run an exec job that writes to the volume"
+consumer writer "echo hello from the writer > /data/hello && sleep 2"
+"$AGENT" job run "$WORK/writer.hcl"
+wait_until "the writer to run" 60 "[[ -n \$(alloc_of writer running) ]]"
+claims
+wait_until "the writer to finish" 60 "[[ -n \$(alloc_of writer complete) ]]"
+"$AGENT" job stop -purge writer
+wait_until "the writer's claim to be released" 60 \
+  "json /v1/volume/csi/vol0 | python3 -c 'import json,sys; v=json.load(sys.stdin); sys.exit(0 if not v[\"WriteAllocs\"] and not v[\"ReadAllocs\"] else 1)'"
+claims
+
+step "run a second job that reads the file back"
+consumer reader "cat /data/hello && sleep 2"
+"$AGENT" job run "$WORK/reader.hcl"
+wait_until "the reader to run" 60 "[[ -n \$(alloc_of reader running) ]]"
+claims
+wait_until "the reader to finish" 60 "[[ -n \$(alloc_of reader complete) ]]"
+READER=$(alloc_of reader complete)
+READ=$(cat "$WORK/data/alloc/$READER/alloc/logs/reader.stdout.0")
+echo "  the reader printed: $READ"
+"$AGENT" job stop -purge reader
+wait_until "the reader's claim to be released" 60 \
+  "json /v1/volume/csi/vol0 | python3 -c 'import json,sys; v=json.load(sys.stdin); sys.exit(0 if not v[\"WriteAllocs\"] and not v[\"ReadAllocs\"] else 1)'"
+claims
+
+step "the CSI calls the plugin saw, in order"
+PLUGIN_ALLOC=$(alloc_of plugin running)
+grep -h '^drover-csi-fake: ' "$WORK"/data/alloc/"$PLUGIN_ALLOC"/alloc/logs/plugin.stderr.0 \
+  | grep -v -e 'serving on' -e 'Probe' -e 'GetPluginInfo' -e 'GetPluginCapabilities' -e 'NodeGetInfo' \
+    -e 'NodeGetCapabilities' -e 'ControllerGetCapabilities' \
+  | sed 's/^drover-csi-fake: /  /'
+
+step "stop everything"
+"$AGENT" job stop -purge plugin
+wait_until "the plugin to stop" 30 "[[ -z \$(alloc_of plugin running) ]]"
+
+if [[ "$READ" == "hello from the writer" ]]; then
+  step "demo complete: the reader read what the writer wrote"
+else
+  echo "demo: the reader did not read the writer's file (got: $READ)" >&2
+  exit 1
+fi
