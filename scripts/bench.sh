@@ -12,5 +12,8 @@ echo
 echo "== CSI claim+release cycles and 100k-volume snapshot (cargo bench -p drover --bench csi)"
 cargo bench -p drover --bench csi
 echo
+echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
+cargo bench -p drover --bench scheduler
+echo
 echo "== simulation lane throughput (cargo test -p sim-tests -- --seeds 0..$seeds)"
 cargo test -p sim-tests -- --seeds "0..$seeds" | grep -E '^sim:'
