@@ -53,6 +53,10 @@ pub struct ServerBlock {
     pub retry_join: Option<Vec<String>>,
     pub retry_interval: Option<String>,
     pub retry_max: Option<u32>,
+    pub heartbeat_grace: Option<String>,
+    pub min_heartbeat_ttl: Option<String>,
+    pub max_heartbeats_per_second: Option<f64>,
+    pub failover_heartbeat_ttl: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -398,6 +402,22 @@ fn apply_file(
         if let Some(max) = join.retry_max.or(server.retry_max) {
             config.server.retry_max = max;
         }
+        let heartbeat = &mut config.server.timing.heartbeat;
+        if let Some(text) = &server.heartbeat_grace {
+            heartbeat.grace = parse_duration("heartbeat_grace", text)?;
+        }
+        if let Some(text) = &server.min_heartbeat_ttl {
+            heartbeat.min_ttl = parse_duration("min_heartbeat_ttl", text)?;
+        }
+        if let Some(text) = &server.failover_heartbeat_ttl {
+            heartbeat.failover_ttl = parse_duration("failover_heartbeat_ttl", text)?;
+        }
+        if let Some(rate) = server.max_heartbeats_per_second {
+            if !(rate >= 1.0 && rate <= f64::from(u32::MAX)) {
+                bail!("max_heartbeats_per_second must be at least 1, got {rate}");
+            }
+            heartbeat.max_per_second = rate as u32;
+        }
     }
     if let Some(client) = file.client {
         if let Some(enabled) = client.enabled {
@@ -473,8 +493,11 @@ advertise {
 }
 
 server {
-  enabled          = true
-  bootstrap_expect = 3
+  enabled                = true
+  bootstrap_expect       = 3
+  heartbeat_grace        = "20s"
+  min_heartbeat_ttl      = "15s"
+  failover_heartbeat_ttl = "10m"
   server_join {
     retry_join     = ["10.0.0.6", "10.0.0.7:5648"]
     retry_interval = "15s"
@@ -526,6 +549,21 @@ acl {
         assert_eq!(config.server.bootstrap_expect, 3);
         assert_eq!(config.server.retry_join, vec!["10.0.0.6", "10.0.0.7:5648"]);
         assert_eq!(config.server.retry_interval, Duration::from_secs(15));
+        let heartbeat = config.server.timing.heartbeat;
+        assert_eq!(
+            (
+                heartbeat.grace,
+                heartbeat.min_ttl,
+                heartbeat.failover_ttl,
+                heartbeat.max_per_second
+            ),
+            (
+                Duration::from_secs(20),
+                Duration::from_secs(15),
+                Duration::from_secs(600),
+                50
+            )
+        );
         assert_eq!(
             loaded.notes,
             vec![

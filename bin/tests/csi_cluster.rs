@@ -15,7 +15,10 @@ use support::{Agent, agreed_leader, cluster_specs, free_ports, http, server_args
 const CYCLES: usize = 12;
 
 fn done(reply: &ServerReply) -> bool {
-    matches!(reply, ServerReply::Done { .. } | ServerReply::Claimed { .. })
+    matches!(
+        reply,
+        ServerReply::Done { .. } | ServerReply::Claimed { .. } | ServerReply::Heartbeat { .. }
+    )
 }
 
 #[test]

@@ -61,6 +61,7 @@ impl Agent {
             rpc: RpcEndpoints::new(
                 CLIENT_CSI_TIMEOUT,
                 config.server.timing.csi_gc,
+                config.server.timing.heartbeat,
                 config.server.csi_faults,
                 boot.seed ^ 0x5ced_u64,
             ),

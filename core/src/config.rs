@@ -124,6 +124,8 @@ pub struct ServerTiming {
     pub gossip: GossipTiming,
     /// CSI claim and plugin garbage collection (Nomad's intervals by default).
     pub csi_gc: crate::csi::watcher::GcConfig,
+    /// Node heartbeat TTLs (Nomad's defaults).
+    pub heartbeat: crate::heartbeat::HeartbeatConfig,
     /// Raft log entries between snapshots.
     pub snapshot_threshold: u64,
 }
@@ -144,6 +146,7 @@ impl Default for ServerTiming {
             reconcile_interval: Duration::from_secs(5),
             gossip: GossipTiming::default(),
             csi_gc: crate::csi::watcher::GcConfig::default(),
+            heartbeat: crate::heartbeat::HeartbeatConfig::default(),
             snapshot_threshold: 1_000,
         }
     }

@@ -27,6 +27,7 @@ pub mod client;
 pub mod config;
 pub mod csi;
 pub mod fsm;
+pub mod heartbeat;
 pub mod jobspec;
 pub mod membership;
 pub mod op;

@@ -28,6 +28,7 @@ use crate::csi::routing::{self, ControllerTarget};
 use crate::csi::unpublish::{self, ControllerDetachRequest, NodeDetachRequest, Step};
 use crate::csi::watcher::{GcConfig, VolumeWatcher, WatcherAction};
 use crate::fsm::{Command, Response, ServerState};
+use crate::heartbeat::{HeartbeatConfig, Heartbeats};
 use crate::op::{OpId, OpIds};
 use crate::scheduler::worker::Worker;
 use crate::structs::{
@@ -141,6 +142,9 @@ pub struct NodeAllocsRequest {
 pub struct NodeAllocsReply {
     pub index: u64,
     pub allocs: Vec<(Allocation, Job)>,
+    /// Allocations on other nodes that these wait for and that have finished
+    /// ([`ServerState::node_allocs`]).
+    pub finished_elsewhere: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -154,6 +158,12 @@ pub enum ServerReply {
         publish_context: BTreeMap<String, String>,
     },
     Error(RpcError),
+    /// A node registration or status update (a heartbeat): the client calls in again within
+    /// `heartbeat_ttl_ms` or the leader marks the node down.
+    Heartbeat {
+        index: u64,
+        heartbeat_ttl_ms: u64,
+    },
     /// A job write: the evaluation it created and the job's modify index after it.
     JobRegistered {
         index: u64,
@@ -297,6 +307,10 @@ enum Flow {
     },
     /// A scheduler worker proposal.
     Schedule,
+    /// A node registration or status change: answered with the heartbeat TTL once applied.
+    NodeWrite { req: ReqId, node_id: String },
+    /// A node marked down because its heartbeat deadline passed.
+    HeartbeatMissed { node_id: String },
 }
 
 /// Who waits for an unpublish walk: a request, or a detach job.
@@ -347,6 +361,7 @@ pub struct RpcEndpoints {
     /// Claims given up after a failed release (only with the #10927 fault switched on).
     abandoned: alloc::collections::BTreeSet<ClaimKey>,
     scheduler: Worker,
+    heartbeats: Heartbeats,
     actions: VecDeque<Action>,
 }
 
@@ -358,7 +373,13 @@ fn error(message: impl Into<String>, retryable: bool) -> RpcError {
 }
 
 impl RpcEndpoints {
-    pub fn new(client_timeout: Duration, gc: GcConfig, faults: crate::config::CsiFaults, seed: u64) -> Self {
+    pub fn new(
+        client_timeout: Duration,
+        gc: GcConfig,
+        heartbeat: HeartbeatConfig,
+        faults: crate::config::CsiFaults,
+        seed: u64,
+    ) -> Self {
         RpcEndpoints {
             leader: false,
             client_timeout,
@@ -373,6 +394,7 @@ impl RpcEndpoints {
             faults,
             abandoned: alloc::collections::BTreeSet::new(),
             scheduler: Worker::new(seed),
+            heartbeats: Heartbeats::new(heartbeat, seed ^ 0x4ea7),
             actions: VecDeque::new(),
         }
     }
@@ -383,6 +405,10 @@ impl RpcEndpoints {
 
     pub fn is_leader(&self) -> bool {
         self.leader
+    }
+
+    pub fn heartbeats(&self) -> &Heartbeats {
+        &self.heartbeats
     }
 
     /// Releases in flight, by (namespace, volume, allocation).
@@ -410,10 +436,36 @@ impl RpcEndpoints {
                 self.leader = leader;
                 self.watcher.set_enabled(now, leader);
                 self.scheduler.set_enabled(now, leader);
+                self.heartbeats.set_enabled(leader);
             }
         }
+        self.run_heartbeats(now, state);
         self.run_watcher(now, state);
         self.run_scheduler(now, state);
+    }
+
+    /// Marks down every node whose heartbeat deadline passed.
+    fn run_heartbeats(&mut self, now: Instant, state: &ServerState) {
+        self.heartbeats.reconcile(now, state);
+        for node_id in self.heartbeats.expired(now) {
+            tracing::warn!(node = %node_id, "node heartbeat missed; marking it down");
+            let job = self.new_job(Flow::HeartbeatMissed {
+                node_id: node_id.clone(),
+            });
+            let event = NodeEvent {
+                message: crate::heartbeat::HEARTBEAT_MISSED.into(),
+                subsystem: "Cluster".into(),
+                ..NodeEvent::default()
+            };
+            self.propose(
+                job,
+                Command::NodeUpdateStatus {
+                    node_id,
+                    status: NodeStatus::Down,
+                    event: Some(event),
+                },
+            );
+        }
     }
 
     fn run_scheduler(&mut self, now: Instant, state: &ServerState) {
@@ -476,6 +528,7 @@ impl RpcEndpoints {
             let message = format!("CSI call timed out after {:?}", self.client_timeout);
             self.client_replied(now, op, client_op, Err(message), state);
         }
+        self.run_heartbeats(now, state);
         self.run_watcher(now, state);
         self.run_scheduler(now, state);
     }
@@ -485,6 +538,7 @@ impl RpcEndpoints {
             self.client_ops.values().map(|(_, deadline)| *deadline).min(),
             self.watcher.poll_timeout(),
             self.scheduler.poll_timeout(),
+            self.heartbeats.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -541,9 +595,17 @@ impl RpcEndpoints {
         }
         let simple = |command| Some(command);
         let command = match request {
-            ServerRequest::NodeRegister { node } => simple(Command::NodeRegister { node: *node }),
+            ServerRequest::NodeRegister { node } => {
+                let job = self.new_job(Flow::NodeWrite {
+                    req,
+                    node_id: node.id.clone(),
+                });
+                self.propose(job, Command::NodeRegister { node: *node });
+                None
+            }
             ServerRequest::NodeUpdateStatus { node_id, status } => {
-                simple(Command::NodeUpdateStatus { node_id, status })
+                self.update_status(now, req, node_id, status, state);
+                None
             }
             ServerRequest::NodeUpdateCsiInfo {
                 node_id,
@@ -680,6 +742,44 @@ impl RpcEndpoints {
             let job = self.new_job(Flow::Simple { req });
             self.propose(job, command);
         }
+    }
+
+    /// `Node.UpdateStatus`, which is also the client's heartbeat: the deadline moves on, and
+    /// only a change of status goes through Raft (a down node that calls in is ready again).
+    fn update_status(&mut self, now: Instant, req: ReqId, node_id: String, status: NodeStatus, state: &ServerState) {
+        let Some(node) = state.node(&node_id) else {
+            self.reply(
+                req,
+                ServerReply::Error(error(format!("node not found: {node_id}"), false)),
+            );
+            return;
+        };
+        if node.status == status {
+            let heartbeat_ttl_ms = if status == NodeStatus::Down {
+                0
+            } else {
+                self.heartbeats.reset(now, &node_id, state).as_millis() as u64
+            };
+            let index = node.modify_index;
+            self.reply(
+                req,
+                ServerReply::Heartbeat {
+                    index,
+                    heartbeat_ttl_ms,
+                },
+            );
+            return;
+        }
+        let event = (node.status == NodeStatus::Down && status == NodeStatus::Ready).then(|| NodeEvent {
+            message: crate::heartbeat::REREGISTERED.into(),
+            subsystem: "Cluster".into(),
+            ..NodeEvent::default()
+        });
+        let job = self.new_job(Flow::NodeWrite {
+            req,
+            node_id: node_id.clone(),
+        });
+        self.propose(job, Command::NodeUpdateStatus { node_id, status, event });
     }
 
     fn register(&mut self, now: Instant, req: ReqId, volumes: Vec<CsiVolume>, state: &ServerState) {
@@ -837,6 +937,34 @@ impl RpcEndpoints {
                     tracing::warn!(error = %failure.message, "scheduler proposal failed");
                 }
                 self.scheduler.proposed();
+            }
+            Flow::NodeWrite { req, node_id } => {
+                let (req, node_id) = (*req, node_id.clone());
+                self.jobs.remove(&job_id);
+                let reply = match outcome {
+                    Ok((index, _)) => {
+                        let live = state.node(&node_id).is_some_and(|node| node.status != NodeStatus::Down);
+                        let ttl = if live {
+                            self.heartbeats.reset(now, &node_id, state)
+                        } else {
+                            Duration::ZERO
+                        };
+                        ServerReply::Heartbeat {
+                            index,
+                            heartbeat_ttl_ms: ttl.as_millis() as u64,
+                        }
+                    }
+                    Err(error) => ServerReply::Error(error),
+                };
+                self.reply(req, reply);
+            }
+            Flow::HeartbeatMissed { node_id } => {
+                let node_id = node_id.clone();
+                self.jobs.remove(&job_id);
+                if let Err(failure) = outcome {
+                    tracing::warn!(node = %node_id, error = %failure.message, "marking a node down failed");
+                }
+                self.heartbeats.marked(&node_id);
             }
             Flow::JobWrite {
                 req,
@@ -1277,7 +1405,13 @@ impl RpcEndpoints {
                     self.finish_unpublish(now, job_id, Err(failure), state);
                 }
             },
-            Flow::Simple { .. } | Flow::Detach { .. } | Flow::Internal | Flow::JobWrite { .. } | Flow::Schedule => {}
+            Flow::Simple { .. }
+            | Flow::Detach { .. }
+            | Flow::Internal
+            | Flow::JobWrite { .. }
+            | Flow::Schedule
+            | Flow::NodeWrite { .. }
+            | Flow::HeartbeatMissed { .. } => {}
         }
     }
 
@@ -1290,7 +1424,9 @@ impl RpcEndpoints {
                 | Flow::Register { req, .. }
                 | Flow::Claim { req, .. }
                 | Flow::Detach { req, .. }
-                | Flow::JobWrite { req, .. } => self.reply(req, failure),
+                | Flow::JobWrite { req, .. }
+                | Flow::NodeWrite { req, .. } => self.reply(req, failure),
+                Flow::HeartbeatMissed { .. } => {}
                 Flow::Schedule => self.scheduler.proposed(),
                 Flow::Unpublish { waiters, .. } => {
                     for waiter in waiters {
@@ -1339,6 +1475,7 @@ mod tests {
             let mut machine = RpcEndpoints::new(
                 Duration::from_secs(10),
                 GcConfig::default(),
+                HeartbeatConfig::default(),
                 crate::config::CsiFaults::default(),
                 7,
             );
@@ -1627,6 +1764,7 @@ mod tests {
         h.fx.ok(Command::NodeUpdateStatus {
             node_id: "n1".into(),
             status: NodeStatus::Down,
+            event: None,
         });
         h.log.clear();
         let unpublish = ServerRequest::VolumeUnpublish {
@@ -1729,5 +1867,123 @@ mod tests {
         h.answer(0, Ok(ClientCsiReply::Done));
         assert!(matches!(h.replies.last(), Some((2, ServerReply::Done { .. }))));
         assert!(h.fx.state.volume("default", "v").unwrap().write_claims.is_empty());
+    }
+
+    impl Harness {
+        fn advance(&mut self, by: Duration) {
+            self.now = self.now + by;
+            self.machine.handle_timeout(self.now, &self.fx.state);
+            self.pump();
+        }
+
+        fn status(&self, node: &str) -> NodeStatus {
+            self.fx.state.node(node).unwrap().status
+        }
+
+        fn heartbeat(&mut self, req: ReqId, node: &str) -> ServerReply {
+            self.request(
+                req,
+                ServerRequest::NodeUpdateStatus {
+                    node_id: node.into(),
+                    status: NodeStatus::Ready,
+                },
+            );
+            self.replies.last().unwrap().1.clone()
+        }
+    }
+
+    fn ttl_of(reply: &ServerReply) -> Duration {
+        let ServerReply::Heartbeat { heartbeat_ttl_ms, .. } = reply else {
+            panic!("not a heartbeat reply: {reply:?}")
+        };
+        Duration::from_millis(*heartbeat_ttl_ms)
+    }
+
+    #[test]
+    fn a_node_that_stops_heartbeating_is_marked_down_after_its_ttl_and_grace() {
+        let mut h = Harness::new();
+        let grace = HeartbeatConfig::default().grace;
+        let index = h.fx.index;
+        let ttl = ttl_of(&h.heartbeat(1, "n1"));
+        // Nomad's TTL: at least 10 s, staggered by up to another TTL.
+        assert!(
+            ttl >= Duration::from_secs(10) && ttl < Duration::from_secs(20),
+            "{ttl:?}"
+        );
+        assert_eq!(h.fx.index, index, "an unchanged status is not written through Raft");
+        h.advance(ttl + grace - Duration::from_millis(1));
+        assert_eq!(h.status("n1"), NodeStatus::Ready);
+        // A heartbeat in time moves the deadline on.
+        let ttl = ttl_of(&h.heartbeat(2, "n1"));
+        h.advance(ttl + grace - Duration::from_millis(1));
+        assert_eq!(h.status("n1"), NodeStatus::Ready);
+        h.advance(Duration::from_millis(1));
+        assert_eq!(h.status("n1"), NodeStatus::Down);
+        let event = h.fx.state.node("n1").unwrap().events.last().cloned().unwrap();
+        assert_eq!(
+            (event.subsystem.as_str(), event.message.as_str()),
+            ("Cluster", "Node heartbeat missed")
+        );
+        assert_eq!(h.machine.heartbeats().deadline("n1"), None, "a down node is not timed");
+        // n2 never heartbeated to this leader: it still has the failover TTL.
+        assert_eq!(h.status("n2"), NodeStatus::Ready);
+    }
+
+    #[test]
+    fn a_new_leader_gives_every_live_node_the_failover_ttl() {
+        let mut h = Harness::new();
+        let failover = HeartbeatConfig::default().failover_ttl;
+        assert_eq!(h.machine.heartbeats().deadline("n1"), Some(Instant::ZERO + failover));
+        h.advance(failover - Duration::from_secs(1));
+        assert_eq!((h.status("n1"), h.status("n2")), (NodeStatus::Ready, NodeStatus::Ready));
+        ttl_of(&h.heartbeat(1, "n2"));
+        h.advance(Duration::from_secs(1));
+        assert_eq!((h.status("n1"), h.status("n2")), (NodeStatus::Down, NodeStatus::Ready));
+        // Leadership lost and regained: the clock starts again from the failover TTL.
+        h.machine
+            .handle(h.now, Input::Leadership { leader: false }, &h.fx.state);
+        h.machine.handle(h.now, Input::Leadership { leader: true }, &h.fx.state);
+        assert_eq!(h.machine.heartbeats().deadline("n2"), Some(h.now + failover));
+        assert_eq!(h.machine.heartbeats().deadline("n1"), None);
+    }
+
+    #[test]
+    fn a_down_node_that_heartbeats_is_ready_again_and_unknown_nodes_are_told_so() {
+        let mut h = Harness::new();
+        h.advance(HeartbeatConfig::default().failover_ttl);
+        assert_eq!(h.status("n1"), NodeStatus::Down);
+        let index = h.fx.index;
+        let reply = h.heartbeat(1, "n1");
+        assert!(ttl_of(&reply) >= Duration::from_secs(10));
+        assert!(h.fx.index > index, "a status change is written through Raft");
+        assert_eq!(h.status("n1"), NodeStatus::Ready);
+        let event = h.fx.state.node("n1").unwrap().events.last().cloned().unwrap();
+        assert_eq!(event.message, "Node reregistered by heartbeat");
+        assert!(h.machine.heartbeats().deadline("n1").is_some());
+        let ServerReply::Error(failure) = h.heartbeat(2, "n9") else {
+            panic!()
+        };
+        assert!(
+            !failure.retryable && failure.message.contains("node not found"),
+            "{failure:?}"
+        );
+    }
+
+    #[test]
+    fn the_ttl_grows_with_the_cluster_past_the_heartbeat_rate() {
+        let mut h = Harness::new();
+        for i in 0..1_000 {
+            h.fx.ok(Command::NodeRegister {
+                node: node(&format!("m{i:04}"), true),
+            });
+        }
+        // 1,002 nodes at 50 heartbeats a second: 20.04 s, staggered by up to as much again.
+        for req in 0..20 {
+            let ttl = ttl_of(&h.heartbeat(req, "n1"));
+            assert!(
+                ttl >= Duration::from_millis(20_040) && ttl < Duration::from_millis(40_080),
+                "{ttl:?}"
+            );
+        }
     }
 }

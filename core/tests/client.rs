@@ -263,6 +263,7 @@ fn plugin_then_consumer_then_release() {
         now,
         ClientInput::Allocs {
             allocs: vec![(alloc("p1", &plugin), plugin.clone()), (alloc("a1", &app), app.clone())],
+            finished_elsewhere: Vec::new(),
         },
     );
     for _ in 0..5 {
@@ -304,6 +305,7 @@ fn plugin_then_consumer_then_release() {
         now,
         ClientInput::Allocs {
             allocs: vec![(alloc("p1", &plugin), plugin.clone()), (stopped, app.clone())],
+            finished_elsewhere: Vec::new(),
         },
     );
     settle(&mut client, &mut world, now, &mut hooks);
@@ -343,6 +345,7 @@ fn plugin_then_consumer_then_release() {
         now,
         ClientInput::Allocs {
             allocs: vec![(alloc("p1", &plugin), plugin.clone())],
+            finished_elsewhere: Vec::new(),
         },
     );
     let mut removed = Vec::new();
@@ -407,6 +410,7 @@ fn status_reports_never_go_backwards() {
         now,
         ClientInput::Allocs {
             allocs: vec![(alloc("a1", &job), job.clone())],
+            finished_elsewhere: Vec::new(),
         },
     );
     let mut world = World::default();
@@ -580,6 +584,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
         later,
         ClientInput::Allocs {
             allocs: vec![(alloc("a1", &job), job.clone())],
+            finished_elsewhere: Vec::new(),
         },
     );
     let mut world = World::default();
@@ -637,4 +642,124 @@ fn a_fingerprint_round_is_reported_whole() {
         })
         .collect();
     assert_eq!(tables, [vec!["exec".to_string(), "raw_exec".to_string()]]);
+}
+
+/// The client side of heartbeats: one `Node.UpdateStatus` per TTL the servers hand back, a
+/// retry a second after a failure, and a re-registration (then every report again) when the
+/// servers no longer know the node.
+#[test]
+fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 3,
+    });
+    let healthy = DriverInfo {
+        detected: true,
+        healthy: true,
+        health_description: "Healthy".into(),
+        attributes: BTreeMap::new(),
+    };
+    let capabilities = DriverCapabilities {
+        mount_configs: MountConfigSupport::All,
+        fs_isolation: true,
+    };
+    client.handle(
+        Instant::ZERO,
+        ClientInput::Drivers {
+            drivers: vec![("exec".into(), capabilities, healthy)],
+        },
+    );
+    // The driver table is reported and acknowledged.
+    let drain = |client: &mut Client, at: Instant, reply: &dyn Fn(&ServerRequest) -> ServerReply| {
+        let mut sent = Vec::new();
+        let mut other = Vec::new();
+        while let Some(action) = client.poll_action() {
+            match action {
+                ClientAction::Io {
+                    op,
+                    io: Io::Server(request),
+                } => {
+                    sent.push(match &request {
+                        ServerRequest::NodeUpdateStatus { .. } => "heartbeat".to_string(),
+                        ServerRequest::NodeUpdateDrivers { .. } => "drivers".to_string(),
+                        ServerRequest::NodeUpdateCsiInfo { .. } => "csi".to_string(),
+                        other => format!("{other:?}"),
+                    });
+                    let answer = reply(&request);
+                    client.handle(
+                        at,
+                        ClientInput::Outcome {
+                            op,
+                            outcome: Ok(Reply::Server(answer)),
+                        },
+                    );
+                }
+                ClientAction::Register => other.push("register"),
+                _ => {}
+            }
+        }
+        (sent, other)
+    };
+    let ok = |_: &ServerRequest| ServerReply::Heartbeat {
+        index: 5,
+        heartbeat_ttl_ms: 12_000,
+    };
+    let done = |_: &ServerRequest| ServerReply::Done { index: 5 };
+    assert_eq!(drain(&mut client, Instant::ZERO, &done).0, ["drivers"]);
+    assert_eq!(
+        client.poll_timeout(),
+        None,
+        "no heartbeats before the node is registered"
+    );
+
+    let t0 = Instant::ZERO + Duration::from_secs(1);
+    client.handle(
+        t0,
+        ClientInput::Registered {
+            heartbeat_ttl: Duration::from_secs(15),
+        },
+    );
+    assert_eq!(client.poll_timeout(), Some(t0 + Duration::from_secs(15)));
+    client.handle_timeout(t0 + Duration::from_secs(14));
+    assert!(drain(&mut client, t0, &ok).0.is_empty(), "not before the TTL");
+    let t1 = t0 + Duration::from_secs(15);
+    client.handle_timeout(t1);
+    assert_eq!(drain(&mut client, t1, &ok).0, ["heartbeat"]);
+    assert_eq!(client.heartbeat_ttl(), Duration::from_secs(12));
+    assert_eq!(client.poll_timeout(), Some(t1 + Duration::from_secs(12)));
+
+    // A failed heartbeat is retried a second later.
+    let t2 = t1 + Duration::from_secs(12);
+    client.handle_timeout(t2);
+    let unreachable = |_: &ServerRequest| {
+        ServerReply::Error(drover_core::rpc::RpcError {
+            message: "No cluster leader".into(),
+            retryable: true,
+        })
+    };
+    assert_eq!(drain(&mut client, t2, &unreachable).0, ["heartbeat"]);
+    assert_eq!(client.poll_timeout(), Some(t2 + Duration::from_secs(1)));
+
+    // The servers forgot the node: register again, then report everything again.
+    let t3 = t2 + Duration::from_secs(1);
+    client.handle_timeout(t3);
+    let forgotten = |_: &ServerRequest| {
+        ServerReply::Error(drover_core::rpc::RpcError {
+            message: "node not found: n1".into(),
+            retryable: false,
+        })
+    };
+    let (sent, other) = drain(&mut client, t3, &forgotten);
+    assert_eq!((sent, other), (vec!["heartbeat".to_string()], vec!["register"]));
+    assert_eq!(client.poll_timeout(), None, "heartbeats wait for the registration");
+    client.handle(
+        t3,
+        ClientInput::Registered {
+            heartbeat_ttl: Duration::from_secs(10),
+        },
+    );
+    assert_eq!(drain(&mut client, t3, &done).0, ["csi", "drivers"]);
+    assert_eq!(client.poll_timeout(), Some(t3 + Duration::from_secs(10)));
 }

@@ -337,9 +337,11 @@ enum Message {
         reply: oneshot::Sender<Result<ClientCsiReply, String>>,
     },
     /// The node's allocations from an alloc sync.
-    Allocs(Vec<(Allocation, Job)>),
+    Allocs(Vec<(Allocation, Job)>, Vec<String>),
     /// One fingerprint round of every driver.
     Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
+    /// The node was registered (again); heartbeats go out within this TTL.
+    Registered(Duration),
 }
 
 /// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
@@ -521,15 +523,8 @@ async fn run(
     // Register before the client reports anything: a node registration replaces the node
     // record (CSI info included), so a CSI report that landed first would be wiped — or
     // refused with "node not found" — and not sent again until it changed.
-    while let ServerReply::Error(error) = agent
-        .request(ServerRequest::NodeRegister {
-            node: Box::new(node.clone()),
-        })
-        .await
-    {
-        tracing::warn!(error = %error.message, "node registration failed; retrying");
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let heartbeat_ttl = register_node(&agent, &node).await;
+    client.handle(core_now(epoch), ClientInput::Registered { heartbeat_ttl });
     let mut known: std::collections::BTreeSet<String> = saved.iter().map(|(alloc, ..)| alloc.id.clone()).collect();
     *shared_registry.lock().unwrap() = registry.clone();
     client.restore(core_now(epoch), registry, saved);
@@ -616,6 +611,14 @@ async fn run(
                         tracing::error!(%error, "forgetting an allocation failed");
                     }
                 }
+                ClientAction::Register => {
+                    tracing::info!("the servers do not know this node; registering it again");
+                    let (agent, node, sender) = (agent.clone(), node.clone(), sender.clone());
+                    tokio::spawn(async move {
+                        let ttl = register_node(&agent, &node).await;
+                        let _ = sender.send(Message::Registered(ttl));
+                    });
+                }
                 ClientAction::NodeDetached { req, result } => {
                     if let Some(reply) = detaches.remove(&req) {
                         let _ = reply.send(result.map(|()| ClientCsiReply::Done));
@@ -638,7 +641,8 @@ async fn run(
                         client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
                     }
                     Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
-                    Message::Allocs(allocs) => {
+                    Message::Registered(heartbeat_ttl) => client.handle(now, ClientInput::Registered { heartbeat_ttl }),
+                    Message::Allocs(allocs, finished_elsewhere) => {
                         for (alloc, job) in &allocs {
                             if known.insert(alloc.id.clone())
                                 && let Err(error) = store.put(&format!("spec/{}", alloc.id), &(alloc, job))
@@ -646,7 +650,13 @@ async fn run(
                                 tracing::error!(%error, "persisting an allocation failed");
                             }
                         }
-                        client.handle(now, ClientInput::Allocs { allocs });
+                        client.handle(
+                            now,
+                            ClientInput::Allocs {
+                                allocs,
+                                finished_elsewhere,
+                            },
+                        );
                     }
                     Message::NodeDetach { request, reply } => {
                         next_detach += 1;
@@ -657,6 +667,25 @@ async fn run(
             }
             _ = tokio::time::sleep(sleep) => client.handle_timeout(core_now(epoch)),
         }
+    }
+}
+
+/// `Node.Register`, retried every second until a server takes it; returns the heartbeat TTL.
+async fn register_node(agent: &AgentHandle, node: &Node) -> Duration {
+    loop {
+        match agent
+            .request(ServerRequest::NodeRegister {
+                node: Box::new(node.clone()),
+            })
+            .await
+        {
+            ServerReply::Heartbeat { heartbeat_ttl_ms, .. } => return Duration::from_millis(heartbeat_ttl_ms),
+            ServerReply::Error(error) => {
+                tracing::warn!(error = %error.message, "node registration failed; retrying");
+            }
+            other => tracing::warn!(reply = ?other, "unexpected reply to a node registration; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
 
@@ -701,7 +730,10 @@ async fn watch_allocs(agent: AgentHandle, node_id: String, sender: mpsc::Unbound
                     continue;
                 }
                 last = Some(reply.index);
-                if sender.send(Message::Allocs(reply.allocs)).is_err() {
+                if sender
+                    .send(Message::Allocs(reply.allocs, reply.finished_elsewhere))
+                    .is_err()
+                {
                     return;
                 }
             }

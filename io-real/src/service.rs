@@ -354,18 +354,11 @@ impl Service {
         }
         let applied = applied.lock().expect("state lock");
         let state = &applied.state;
-        let allocs = state
-            .allocs()
-            .filter(|alloc| alloc.node_id == request.node_id)
-            .filter_map(|alloc| {
-                state
-                    .job(&alloc.namespace, &alloc.job_id)
-                    .map(|job| (alloc.clone(), job.clone()))
-            })
-            .collect();
+        let (allocs, finished_elsewhere) = state.node_allocs(&request.node_id);
         Ok(NodeAllocsReply {
             index: applied.last_applied.map(|log| log.index).unwrap_or(0),
             allocs,
+            finished_elsewhere,
         })
     }
 

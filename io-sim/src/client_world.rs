@@ -160,7 +160,17 @@ fn drivers(client: &mut Client, now: Instant) {
             },
         );
     }
+    // Registered (the servers here are simulated): heartbeats go out every TTL.
+    client.handle(
+        now,
+        ClientInput::Registered {
+            heartbeat_ttl: HEARTBEAT_TTL,
+        },
+    );
 }
+
+/// The TTL the simulated servers hand back.
+const HEARTBEAT_TTL: Duration = Duration::from_secs(10);
 
 fn plugin_job() -> Job {
     Job {
@@ -292,6 +302,10 @@ impl World {
                     let latency = self.latency();
                     self.at(latency, Event::NodeDetached { req, result });
                 }
+                ClientAction::Register => self.violate(
+                    "the node stays registered",
+                    "the client re-registered although the servers never forgot it".into(),
+                ),
             }
         }
     }
@@ -569,6 +583,10 @@ impl World {
                 self.client.handle(self.now, ClientInput::NodeDetach { req, request });
                 return None;
             }
+            ServerRequest::NodeUpdateStatus { .. } => ServerReply::Heartbeat {
+                index: 1,
+                heartbeat_ttl_ms: HEARTBEAT_TTL.as_millis() as u64,
+            },
             _ => ServerReply::Done { index: 1 },
         };
         Some(Ok(Reply::Server(reply)))
@@ -576,7 +594,13 @@ impl World {
 
     fn sync_allocs(&mut self) {
         let allocs = self.allocs.values().cloned().collect();
-        self.client.handle(self.now, ClientInput::Allocs { allocs });
+        self.client.handle(
+            self.now,
+            ClientInput::Allocs {
+                allocs,
+                finished_elsewhere: Vec::new(),
+            },
+        );
     }
 
     fn step(&mut self, event: Event) {

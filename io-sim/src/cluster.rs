@@ -476,4 +476,9 @@ impl Gateway {
             Err(_) => failed("timed out"),
         }
     }
+
+    /// Reads this server's applied state (a stale read, as any follower's is).
+    pub fn read_state<R>(&self, read: impl FnOnce(&drover_core::fsm::ServerState) -> R) -> Option<R> {
+        self.agent.read_state(read)
+    }
 }

@@ -54,6 +54,8 @@ pub struct CsiWorkload {
     rng: ChaCha8Rng,
     next_tick: tokio::time::Instant,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Per client: whether it still heartbeats (a dead client's node is left to time out).
+    heartbeating: Vec<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 fn plugin_info(client: &str, controller: bool) -> CsiInfo {
@@ -118,6 +120,7 @@ impl CsiWorkload {
             rng: ChaCha8Rng::seed_from_u64(seed.rotate_left(29)),
             next_tick: start,
             tasks: Vec::new(),
+            heartbeating: Vec::new(),
         }
     }
 
@@ -136,16 +139,25 @@ impl CsiWorkload {
                 csi_node_plugins: [("p".to_string(), plugin_info(&name, false))].into(),
                 ..Node::default()
             };
-            expect_done(
-                request(
-                    &gateways,
-                    client,
-                    ServerRequest::NodeRegister { node: Box::new(node) },
-                    20,
-                )
-                .await,
-                "register node",
-            )?;
+            let reply = request(
+                &gateways,
+                client,
+                ServerRequest::NodeRegister { node: Box::new(node) },
+                20,
+            )
+            .await;
+            let ServerReply::Heartbeat { heartbeat_ttl_ms, .. } = reply else {
+                return Err(format!("register node: {reply:?}"));
+            };
+            let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
+            self.heartbeating.push(alive.clone());
+            tokio::spawn(heartbeat(
+                gateways.clone(),
+                client,
+                name,
+                Duration::from_millis(heartbeat_ttl_ms),
+                alive,
+            ));
         }
         let volumes: Vec<CsiVolume> = self
             .plan
@@ -362,9 +374,11 @@ impl CsiWorkload {
         }));
     }
 
-    /// A client died: the servers mark it down and its allocations lost.
+    /// A client died: it stops heartbeating, the leader marks its node down when the TTL
+    /// runs out, and its allocations are then reported lost.
     pub fn node_down(&mut self, cluster: &mut SimCluster, client: usize) {
         cluster.kill_client(client);
+        self.heartbeating[client].store(false, std::sync::atomic::Ordering::SeqCst);
         let gateways = cluster.gateways();
         let name = cluster.client_name(client).to_string();
         let lost: Vec<String> = {
@@ -381,11 +395,19 @@ impl CsiWorkload {
         };
         let model = self.model.clone();
         self.tasks.push(tokio::spawn(async move {
-            let down = ServerRequest::NodeUpdateStatus {
-                node_id: name,
-                status: NodeStatus::Down,
-            };
-            let _ = request(&gateways, 0, down, 20).await;
+            // Wait (bounded) for a server to see the node down; the leader's heartbeat timer
+            // is the only thing that marks it.
+            for _ in 0..240 {
+                let down = gateways.iter().any(|gateway| {
+                    gateway
+                        .read_state(|state| state.node(&name).is_some_and(|node| node.status == NodeStatus::Down))
+                        .unwrap_or(false)
+                });
+                if down {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
             for alloc_id in lost {
                 let update = ServerRequest::AllocClientUpdate {
                     alloc_id: alloc_id.clone(),
@@ -436,6 +458,33 @@ impl CsiWorkload {
 fn mark(model: &Arc<Mutex<Model>>, alloc: &str, phase: Phase) {
     if let Some(entry) = model.lock().expect("model lock").allocs.get_mut(alloc) {
         entry.phase = phase;
+    }
+}
+
+/// A live client's heartbeats (`Node.UpdateStatus`) at the TTL the servers hand back, until
+/// the client dies.
+async fn heartbeat(
+    gateways: Vec<Gateway>,
+    client: usize,
+    node_id: String,
+    mut ttl: Duration,
+    alive: Arc<std::sync::atomic::AtomicBool>,
+) {
+    loop {
+        tokio::time::sleep(ttl).await;
+        if !alive.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        let status = ServerRequest::NodeUpdateStatus {
+            node_id: node_id.clone(),
+            status: NodeStatus::Ready,
+        };
+        ttl = match request(&gateways, client, status, 3).await {
+            ServerReply::Heartbeat { heartbeat_ttl_ms, .. } if heartbeat_ttl_ms > 0 => {
+                Duration::from_millis(heartbeat_ttl_ms)
+            }
+            _ => Duration::from_secs(1),
+        };
     }
 }
 

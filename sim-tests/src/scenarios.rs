@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use drover_core::config::{Advertise, AgentConfig, BootstrapFault, CsiFaults, Ports};
 use drover_core::csi::watcher::GcConfig;
+use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
 use drover_io_sim::client_world::{Consumer, PluginFault, WorldPlan};
 use drover_io_sim::cluster::ClientSpec;
@@ -312,6 +313,13 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
         claim_gc_threshold: Duration::from_secs(10),
         plugin_gc_interval: Duration::from_secs(30),
         plugin_gc_threshold: Duration::from_secs(30),
+    };
+    // Short heartbeat TTLs so a dead client is marked down well within a run.
+    config.server.timing.heartbeat = HeartbeatConfig {
+        min_ttl: Duration::from_secs(3),
+        max_per_second: 50,
+        grace: Duration::from_secs(3),
+        failover_ttl: Duration::from_secs(20),
     };
     ServerSpec {
         name: format!("s{}", index + 1),

@@ -55,6 +55,9 @@ pub enum ClientInput {
     /// The allocations the servers placed on this node, with their jobs (a successful sync).
     Allocs {
         allocs: Vec<(Allocation, Job)>,
+        /// Allocations elsewhere that these wait for and that finished (see
+        /// `ServerState::node_allocs`).
+        finished_elsewhere: Vec<String>,
     },
     Outcome {
         op: OpId,
@@ -81,6 +84,12 @@ pub enum ClientInput {
     NodeDetach {
         req: u64,
         request: NodeDetachRequest,
+    },
+    /// The driver registered the node (`Node.Register` answered with this TTL): heartbeats
+    /// start. After a re-registration everything reported before is reported again, since a
+    /// registration replaces the node record.
+    Registered {
+        heartbeat_ttl: Duration,
     },
 }
 
@@ -121,6 +130,9 @@ pub enum ClientAction {
     Forget {
         alloc_id: String,
     },
+    /// The servers no longer know this node (`node not found` on a heartbeat): register it
+    /// again and answer with `ClientInput::Registered`.
+    Register,
 }
 
 /// Who is waiting for an op's outcome.
@@ -131,6 +143,8 @@ enum Route {
     Instance(PluginKind, String),
     /// A report to the servers (alloc status, node CSI info): one in flight per subject.
     Report(Report),
+    /// A heartbeat (`Node.UpdateStatus`).
+    Heartbeat,
 }
 
 /// What the servers are told; only the latest value matters, sent one at a time per subject
@@ -146,6 +160,22 @@ enum Report {
 
 /// How long a failed report waits before it is sent again.
 pub const REPORT_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a failed heartbeat waits before the next attempt (the server's grace period is
+/// what this retry has to fit in).
+pub const HEARTBEAT_RETRY: Duration = Duration::from_secs(1);
+
+/// The client's side of heartbeats (Nomad's `registerAndHeartbeat`).
+#[derive(Clone, Debug, Default)]
+struct HeartbeatState {
+    /// Registered at least once (so `Registered` after that is a re-registration).
+    registered: bool,
+    /// When the next heartbeat goes out.
+    next_at: Option<Instant>,
+    in_flight: Option<OpId>,
+    /// The TTL of the last accepted heartbeat.
+    ttl: Duration,
+}
 
 /// Who asked a volume manager.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -202,6 +232,7 @@ pub struct Client {
     reports_in_flight: BTreeMap<Report, (OpId, ServerRequest)>,
     reports_acked: BTreeMap<Report, ServerRequest>,
     reports_retry: BTreeMap<Report, Instant>,
+    heartbeat: HeartbeatState,
     actions: VecDeque<ClientAction>,
 }
 
@@ -228,6 +259,7 @@ impl Client {
             reports_in_flight: BTreeMap::new(),
             reports_acked: BTreeMap::new(),
             reports_retry: BTreeMap::new(),
+            heartbeat: HeartbeatState::default(),
             actions: VecDeque::new(),
         }
     }
@@ -292,7 +324,10 @@ impl Client {
 
     pub fn handle(&mut self, now: Instant, input: ClientInput) {
         match input {
-            ClientInput::Allocs { allocs } => self.sync_allocs(now, allocs),
+            ClientInput::Allocs {
+                allocs,
+                finished_elsewhere,
+            } => self.sync_allocs(now, allocs, finished_elsewhere),
             ClientInput::Outcome { op, outcome } => self.outcome(now, op, outcome),
             ClientInput::TaskExited { alloc_id, task, exit } => {
                 if let Some(runner) = self.allocs.get_mut(&alloc_id) {
@@ -319,13 +354,65 @@ impl Client {
                 }
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
+            ClientInput::Registered { heartbeat_ttl } => self.registered(now, heartbeat_ttl),
         }
     }
 
-    fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Job)>) {
+    /// The TTL the servers gave the last heartbeat or registration.
+    pub fn heartbeat_ttl(&self) -> Duration {
+        self.heartbeat.ttl
+    }
+
+    fn registered(&mut self, now: Instant, ttl: Duration) {
+        let again = core::mem::replace(&mut self.heartbeat.registered, true);
+        self.heartbeat.ttl = ttl;
+        self.heartbeat.next_at = Some(now + ttl.max(HEARTBEAT_RETRY));
+        if again {
+            for report in [Report::CsiInfo, Report::Drivers] {
+                self.reports_acked.remove(&report);
+                self.report(now, report);
+            }
+        }
+    }
+
+    fn send_heartbeat(&mut self, now: Instant) {
+        let due = self.heartbeat.next_at.is_some_and(|at| now >= at);
+        if !due || self.heartbeat.in_flight.is_some() {
+            return;
+        }
+        self.heartbeat.next_at = None;
+        let op = self.ops.allocate();
+        self.heartbeat.in_flight = Some(op);
+        self.routes.insert(op, Route::Heartbeat);
+        self.actions.push_back(ClientAction::Io {
+            op,
+            io: Io::Server(ServerRequest::NodeUpdateStatus {
+                node_id: self.settings.node_id.clone(),
+                status: crate::structs::NodeStatus::Ready,
+            }),
+        });
+    }
+
+    fn heartbeat_outcome(&mut self, now: Instant, outcome: Outcome) {
+        self.heartbeat.in_flight = None;
+        match outcome {
+            Ok(Reply::Server(crate::rpc::ServerReply::Heartbeat { heartbeat_ttl_ms, .. })) => {
+                self.heartbeat.ttl = Duration::from_millis(heartbeat_ttl_ms);
+                self.heartbeat.next_at = Some(now + self.heartbeat.ttl.max(HEARTBEAT_RETRY));
+            }
+            Ok(Reply::Server(crate::rpc::ServerReply::Error(error)))
+                if !error.retryable && error.message.contains("node not found") =>
+            {
+                self.actions.push_back(ClientAction::Register);
+            }
+            _ => self.heartbeat.next_at = Some(now + HEARTBEAT_RETRY),
+        }
+    }
+
+    fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Job)>, finished_elsewhere: Vec<String>) {
         let first = !self.servers_contacted;
         self.servers_contacted = true;
-        let mut terminal = BTreeSet::new();
+        let mut terminal: BTreeSet<String> = finished_elsewhere.into_iter().collect();
         for (alloc, job) in &allocs {
             if alloc.client_terminal() || alloc.server_terminal() {
                 terminal.insert(alloc.id.clone());
@@ -389,6 +476,7 @@ impl Client {
                 }
             }
             Some(Route::Instance(kind, name)) => self.fingerprint_outcome(now, kind, &name, op, outcome),
+            Some(Route::Heartbeat) => self.heartbeat_outcome(now, outcome),
             Some(Route::Report(report)) => {
                 let Some((_, sent)) = self.reports_in_flight.remove(&report) else {
                     return;
@@ -979,6 +1067,7 @@ impl Client {
             self.reports_retry.remove(&report);
             self.report(now, report);
         }
+        self.send_heartbeat(now);
         // Fingerprint deadlines and rounds.
         let keys: Vec<(PluginKind, String)> = self.instances.keys().cloned().collect();
         for (kind, name) in keys {
@@ -1040,7 +1129,9 @@ impl Client {
         let volumes = self.volumes.values().filter_map(VolumeManager::poll_timeout);
         let allocs = self.allocs.values().filter_map(AllocRunner::poll_timeout);
         let reports = self.reports_retry.values().copied();
+        let heartbeat = self.heartbeat.next_at.filter(|_| self.heartbeat.in_flight.is_none());
         instances
+            .chain(heartbeat)
             .chain(waiting)
             .chain(volumes)
             .chain(allocs)

@@ -201,6 +201,7 @@ mod tests {
         fx.ok(Command::NodeUpdateStatus {
             node_id: "n1".into(),
             status: NodeStatus::Down,
+            event: None,
         });
         assert_eq!(
             step(&fx, ClaimState::Unpublishing),

@@ -37,10 +37,18 @@ impl ServerState {
                 self.update_node_plugins(index, at_ms, old.as_ref(), Some(&node));
                 Response::Done
             }
-            Command::NodeUpdateStatus { node_id, status } => {
+            Command::NodeUpdateStatus { node_id, status, event } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Response::Error(format!("node not found: {node_id}"));
                 };
+                if let Some(event) = event {
+                    let mut event = event.clone();
+                    event.timestamp_ms = at_ms;
+                    event.create_index = index;
+                    node.events.push(event);
+                    let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
+                    node.events.drain(..excess);
+                }
                 node.status = *status;
                 node.status_updated_at_ms = at_ms;
                 node.modify_index = index;
@@ -1126,5 +1134,52 @@ pub(crate) mod tests {
         });
         let restored = ServerState::restore(&fx.state.snapshot()).unwrap();
         assert_eq!(restored, fx.state);
+    }
+
+    #[test]
+    fn node_allocs_name_awaited_allocations_that_finished_on_other_nodes() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::JobUpsert {
+            job: crate::structs::Job {
+                id: "j".into(),
+                namespace: "default".into(),
+                ..Default::default()
+            },
+        });
+        let mut running_elsewhere = alloc("old-running", "n2");
+        running_elsewhere.client_status = ClientStatus::Running;
+        running_elsewhere.desired_status = crate::structs::DesiredStatus::Stop;
+        let mut lost = alloc("old-lost", "n3");
+        lost.client_status = ClientStatus::Lost;
+        let mut local = alloc("old-local", "n1");
+        local.client_status = ClientStatus::Complete;
+        let next = |id: &str, previous: &str| {
+            let mut placed = alloc(id, "n1");
+            placed.job_id = "j".into();
+            placed.previous_allocation = Some(previous.into());
+            placed
+        };
+        let mut preempting = next("d", "old-gone");
+        preempting.preempted_allocations = vec!["old-running".into()];
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![
+                running_elsewhere,
+                lost,
+                local,
+                next("a", "old-running"),
+                next("b", "old-lost"),
+                next("c", "old-local"),
+                preempting,
+            ],
+        });
+        let (allocs, finished) = fx.state.node_allocs("n1");
+        let ids: Vec<&str> = allocs.iter().map(|(placed, _)| placed.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["a", "b", "c", "d"],
+            "allocations whose job is gone are not listed"
+        );
+        // Stopping but still running elsewhere: waited for. Local ones: the client knows.
+        assert_eq!(finished, ["old-gone", "old-lost"]);
     }
 }

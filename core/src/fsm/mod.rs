@@ -52,9 +52,11 @@ pub enum Command {
     NodeRegister {
         node: Node,
     },
+    /// `Node.UpdateStatus`, with the event that explains it (a missed heartbeat, say).
     NodeUpdateStatus {
         node_id: String,
         status: NodeStatus,
+        event: Option<NodeEvent>,
     },
     /// `Node.UpdateCSIInfo`: the node's controller and node plugin fingerprints.
     NodeUpdateCsiInfo {
@@ -304,6 +306,35 @@ impl ServerState {
 
     pub fn allocs(&self) -> impl Iterator<Item = &Allocation> {
         self.allocs.values()
+    }
+
+    /// `Node.GetClientAllocs`: the allocations placed on `node_id` with their jobs, and the
+    /// ids of the allocations they wait for (previous and preempted) that are on other nodes
+    /// and finished there — stopped by their client, lost with their node, or gone. A client
+    /// sees only its own allocations; without this a replacement of an allocation on another
+    /// node (a rolling update across nodes, a lost node) would wait for it forever.
+    pub fn node_allocs(&self, node_id: &str) -> (Vec<(Allocation, Job)>, Vec<String>) {
+        let mut allocs = Vec::new();
+        let mut finished = alloc::collections::BTreeSet::new();
+        for placed in self.allocs.values().filter(|placed| placed.node_id == node_id) {
+            if let Some(job) = self.job(&placed.namespace, &placed.job_id) {
+                allocs.push((placed.clone(), job.clone()));
+            }
+            for awaited in placed
+                .previous_allocation
+                .iter()
+                .chain(placed.preempted_allocations.iter())
+            {
+                match self.allocs.get(awaited) {
+                    Some(other) if other.node_id == node_id => {}
+                    Some(other) if !other.client_terminal() => {}
+                    _ => {
+                        finished.insert(awaited.clone());
+                    }
+                }
+            }
+        }
+        (allocs, finished.into_iter().collect())
     }
 
     pub fn job(&self, namespace: &str, id: &str) -> Option<&Job> {

@@ -194,6 +194,7 @@ fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
     world.fx.ok(Command::NodeUpdateStatus {
         node_id: "n1".into(),
         status: NodeStatus::Down,
+        event: None,
     });
     let eval = world.eval("web");
     let plan = world.run(&eval);

@@ -52,9 +52,10 @@ fn namespace(options: &QueryOptions) -> String {
 /// Maps an endpoint reply to HTTP: not found → 404, validation → 400, other RPC errors → 500.
 fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
     match reply {
-        ServerReply::Done { index } | ServerReply::Claimed { index, .. } | ServerReply::JobRegistered { index, .. } => {
-            Ok(index)
-        }
+        ServerReply::Done { index }
+        | ServerReply::Claimed { index, .. }
+        | ServerReply::JobRegistered { index, .. }
+        | ServerReply::Heartbeat { index, .. } => Ok(index),
         ServerReply::Error(error) => {
             let status = if error.message == "volume not found" || error.message.starts_with("plugin not found") {
                 StatusCode::NOT_FOUND
