@@ -4,9 +4,23 @@
 # volume; an exec job that writes to it; a second job that reads the file back; everything
 # stopped. Each step shows the volume's claims, and the end shows the CSI calls in order.
 #
-#   scripts/demo.sh            # builds the debug binaries first
+#   scripts/demo.sh              # builds the debug binaries first
+#   scripts/demo.sh --servers 3  # three servers (bootstrap_expect = 3) and a client-only
+#                                # agent; the leader is killed (SIGKILL) while the writer runs
 #   BIN=target/release scripts/demo.sh
 set -euo pipefail
+
+SERVERS=1
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --servers) SERVERS=$2; shift 2 ;;
+    *) echo "demo: unknown argument $1 (usage: demo.sh [--servers 1|3])" >&2; exit 2 ;;
+  esac
+done
+if [[ $SERVERS != 1 && $SERVERS != 3 ]]; then
+  echo "demo: --servers must be 1 or 3" >&2
+  exit 2
+fi
 
 cd "$(dirname "$0")/.."
 BIN=${BIN:-target/debug}
@@ -23,13 +37,20 @@ fi
 WORK=$(mktemp -d /tmp/drover-demo.XXXXXX)
 HTTP=${DEMO_HTTP_PORT:-14646}
 export NOMAD_ADDR=http://127.0.0.1:$HTTP
-AGENT_PID=
+# Every agent started, as "pid name"; the client's alloc dirs are under $DATA/alloc.
+PIDS=()
+DATA=$WORK/data
 
 cleanup() {
-  if [[ -n "$AGENT_PID" ]] && kill -0 "$AGENT_PID" 2>/dev/null; then
-    kill -INT "$AGENT_PID" 2>/dev/null || true
-    wait "$AGENT_PID" 2>/dev/null || true
-  fi
+  local entry pid
+  # The client first, so it stops its tasks while the servers still answer.
+  for entry in "${PIDS[@]}"; do
+    pid=${entry%% *}
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -INT "$pid" 2>/dev/null || true
+      wait "$pid" 2>/dev/null || true
+    fi
+  done
 }
 trap cleanup EXIT
 
@@ -43,8 +64,10 @@ wait_until() {
     sleep 0.2
   done
   echo "demo: timed out waiting for $what" >&2
-  echo "---- agent log (last 40 lines)" >&2
-  tail -40 "$WORK/agent.log" >&2
+  for log in "$WORK"/*.log; do
+    echo "---- $(basename "$log") (last 40 lines)" >&2
+    tail -40 "$log" >&2
+  done
   return 1
 }
 
@@ -65,10 +88,87 @@ v = json.load(sys.stdin)
 print('  claims: read=%s write=%s' % (sorted(v['ReadAllocs']), sorted(v['WriteAllocs'])))"
 }
 
-step "start agent -dev (data in $WORK/data)"
-"$AGENT" -dev -data-dir="$WORK/data" -http-port="$HTTP" -rpc-port=$((HTTP + 1)) -serf-port=$((HTTP + 2)) \
-  >"$WORK/agent.log" 2>&1 &
-AGENT_PID=$!
+# The RPC address (as /v1/status/leader names it) -> pid and name of each server.
+declare -A SERVER_PID SERVER_NAME
+
+start_cluster() {
+  local i http rpc serf join=() servers=()
+  for i in 1 2 3; do
+    join+=("-retry-join=127.0.0.1:$((HTTP + 10 * i + 2))")
+    servers+=("127.0.0.1:$((HTTP + 10 * i + 1))")
+  done
+  for i in 1 2 3; do
+    http=$((HTTP + 10 * i)) rpc=$((HTTP + 10 * i + 1)) serf=$((HTTP + 10 * i + 2))
+    "$AGENT" -server -bootstrap-expect=3 -data-dir="$WORK/s$i" -node="s$i" -bind=127.0.0.1 \
+      -http-port=$http -rpc-port=$rpc -serf-port=$serf -retry-interval=1s "${join[@]}" \
+      >"$WORK/s$i.log" 2>&1 &
+    PIDS+=("$! s$i")
+    SERVER_PID["127.0.0.1:$rpc"]=$!
+    SERVER_NAME["127.0.0.1:$rpc"]=s$i
+  done
+  "$AGENT" -client -data-dir="$DATA" -node=c1 -bind=127.0.0.1 -http-port="$HTTP" \
+    -rpc-port=$((HTTP + 1)) -serf-port=$((HTTP + 2)) -servers="$(IFS=,; echo "${servers[*]}")" \
+    >"$WORK/c1.log" 2>&1 &
+  # The client goes first in cleanup.
+  PIDS=("$! c1" "${PIDS[@]}")
+}
+
+leader_of() { curl -sf "http://127.0.0.1:$1/v1/status/leader" | tr -d '"'; }
+
+# The leader all live servers agree on ("" while they do not).
+agreed_leader() {
+  local i leader="" seen
+  for i in 1 2 3; do
+    kill -0 "${SERVER_PID[127.0.0.1:$((HTTP + 10 * i + 1))]}" 2>/dev/null || continue
+    seen=$(leader_of $((HTTP + 10 * i))) || return 1
+    [[ -n $seen && ( -z $leader || $seen == "$leader" ) ]] || return 1
+    leader=$seen
+  done
+  echo "$leader"
+}
+
+kill_leader() {
+  local leader pid i
+  leader=$(agreed_leader)
+  pid=${SERVER_PID[$leader]}
+  step "kill the leader ${SERVER_NAME[$leader]} ($leader) with SIGKILL"
+  kill -KILL "$pid"
+  wait "$pid" 2>/dev/null || true
+  if [[ $NOMAD_ADDR == "http://127.0.0.1:$((${leader##*:} - 1))" ]]; then
+    # The CLI's server was the one killed (leadership moved to it since): use a survivor.
+    for i in 1 2 3; do
+      if [[ "127.0.0.1:$((HTTP + 10 * i + 1))" != "$leader" ]]; then
+        export NOMAD_ADDR=http://127.0.0.1:$((HTTP + 10 * i))
+        break
+      fi
+    done
+    echo "  the CLI now uses $NOMAD_ADDR"
+  fi
+  wait_until "a new leader" 60 "next=\$(agreed_leader) && [[ -n \$next && \$next != $leader ]]"
+  echo "  new leader: ${SERVER_NAME[$(agreed_leader)]} ($(agreed_leader))"
+  "$AGENT" operator raft list-peers
+}
+
+if [[ $SERVERS == 1 ]]; then
+  step "start agent -dev (data in $DATA)"
+  "$AGENT" -dev -data-dir="$DATA" -http-port="$HTTP" -rpc-port=$((HTTP + 1)) -serf-port=$((HTTP + 2)) \
+    >"$WORK/agent.log" 2>&1 &
+  PIDS+=("$! agent")
+else
+  step "start three servers (bootstrap_expect = 3) and a client-only agent (data in $WORK)"
+  start_cluster
+  wait_until "the servers to elect a leader" 60 "[[ -n \$(agreed_leader) ]]"
+  # The CLI talks to a follower's HTTP API, which forwards writes to the leader.
+  for i in 1 2 3; do
+    if [[ "127.0.0.1:$((HTTP + 10 * i + 1))" != "$(agreed_leader)" ]]; then
+      export NOMAD_ADDR=http://127.0.0.1:$((HTTP + 10 * i))
+      break
+    fi
+  done
+  echo "  the CLI uses $NOMAD_ADDR (a follower)"
+  "$AGENT" server members
+  "$AGENT" operator raft list-peers
+fi
 wait_until "the node" 30 "json /v1/nodes | grep -q '\"Status\":\"ready\"'"
 "$AGENT" node status
 
@@ -151,6 +251,9 @@ consumer writer "echo hello from the writer > /data/hello && sleep 2"
 "$AGENT" job run "$WORK/writer.hcl"
 wait_until "the writer to run" 60 "[[ -n \$(alloc_of writer running) ]]"
 claims
+if [[ $SERVERS == 3 ]]; then
+  kill_leader
+fi
 wait_until "the writer to finish" 60 "[[ -n \$(alloc_of writer complete) ]]"
 "$AGENT" job stop -purge writer
 wait_until "the writer's claim to be released" 60 \
@@ -164,7 +267,7 @@ wait_until "the reader to run" 60 "[[ -n \$(alloc_of reader running) ]]"
 claims
 wait_until "the reader to finish" 60 "[[ -n \$(alloc_of reader complete) ]]"
 READER=$(alloc_of reader complete)
-READ=$(cat "$WORK/data/alloc/$READER/alloc/logs/reader.stdout.0")
+READ=$(cat "$DATA/alloc/$READER/alloc/logs/reader.stdout.0")
 echo "  the reader printed: $READ"
 "$AGENT" job stop -purge reader
 wait_until "the reader's claim to be released" 60 \
@@ -173,7 +276,7 @@ claims
 
 step "the CSI calls the plugin saw, in order"
 PLUGIN_ALLOC=$(alloc_of plugin running)
-grep -h '^drover-csi-fake: ' "$WORK"/data/alloc/"$PLUGIN_ALLOC"/alloc/logs/plugin.stderr.0 \
+grep -h '^drover-csi-fake: ' "$DATA/alloc/$PLUGIN_ALLOC/alloc/logs/plugin.stderr.0" \
   | grep -v -e 'serving on' -e 'Probe' -e 'GetPluginInfo' -e 'GetPluginCapabilities' -e 'NodeGetInfo' \
     -e 'NodeGetCapabilities' -e 'ControllerGetCapabilities' \
   | sed 's/^drover-csi-fake: /  /'

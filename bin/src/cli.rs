@@ -257,15 +257,22 @@ fn job_run(api: &Api, file: &str, detach: bool) -> Result<(), Failure> {
         return Ok(());
     }
     println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
-    monitor(api, &eval_id)
+    monitor(api, &eval_id, reply["EvalCreateIndex"].as_u64().unwrap_or(0))
 }
 
 /// Follows an evaluation (and the blocked one it leaves) until it is done; exit code 2 when
-/// something could not be placed.
-fn monitor(api: &Api, eval_id: &str) -> Result<(), Failure> {
+/// something could not be placed. The first read blocks until the server answering has
+/// applied the write that created the evaluation (`created_at`): a follower may not have it
+/// yet when the leader acknowledged the write.
+fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), Failure> {
     let deadline = Instant::now() + Duration::from_secs(60);
+    let mut path = format!(
+        "/v1/evaluation/{eval_id}?index={}&wait=30s",
+        created_at.saturating_sub(1)
+    );
     let eval = loop {
-        let eval = api.get(&format!("/v1/evaluation/{eval_id}"))?;
+        let eval = api.get(&path)?;
+        path = format!("/v1/evaluation/{eval_id}");
         if eval["Status"] != "pending" || Instant::now() > deadline {
             break eval;
         }
@@ -446,7 +453,11 @@ fn job_stop(api: &Api, id: &str, purge: bool) -> Result<(), Failure> {
             }
         })?;
     println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
-    monitor(api, &text(&reply["EvalID"]))
+    monitor(
+        api,
+        &text(&reply["EvalID"]),
+        reply["EvalCreateIndex"].as_u64().unwrap_or(0),
+    )
 }
 
 fn resolve_alloc(api: &Api, prefix: &str) -> Result<Value, Failure> {
