@@ -477,6 +477,22 @@ impl Gateway {
         }
     }
 
+    /// `Node.GetClientAllocs` answered by this server (a blocking, possibly stale read).
+    pub async fn node_allocs(
+        &self,
+        request: drover_core::rpc::NodeAllocsRequest,
+        timeout: Duration,
+    ) -> Result<drover_core::rpc::NodeAllocsReply, String> {
+        let agent = self.agent.clone();
+        let task = self.node.spawn(async move { agent.node_allocs(request).await });
+        match tokio::time::timeout(timeout, task).await {
+            Ok(Ok(Ok(reply))) => Ok(reply),
+            Ok(Ok(Err(error))) => Err(error.message),
+            Ok(Err(_)) => Err("the server was killed mid-request".into()),
+            Err(_) => Err("timed out".into()),
+        }
+    }
+
     /// Reads this server's applied state (a stale read, as any follower's is).
     pub fn read_state<R>(&self, read: impl FnOnce(&drover_core::fsm::ServerState) -> R) -> Option<R> {
         self.agent.read_state(read)

@@ -19,6 +19,7 @@ use drover_io_sim::trace::{PluginEvent, Recorder};
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
 
+use crate::job_workload::{self, JobPlan};
 use crate::scenarios::CsiPlan;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -56,6 +57,10 @@ pub struct CsiWorkload {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Per client: whether it still heartbeats (a dead client's node is left to time out).
     heartbeating: Vec<Arc<std::sync::atomic::AtomicBool>>,
+    start: tokio::time::Instant,
+    /// With a job plan: the clients' shared view, and the job's next version.
+    jobs: Option<Arc<job_workload::Shared>>,
+    job_version: u64,
 }
 
 fn plugin_info(client: &str, controller: bool) -> CsiInfo {
@@ -121,6 +126,9 @@ impl CsiWorkload {
             next_tick: start,
             tasks: Vec::new(),
             heartbeating: Vec::new(),
+            start,
+            jobs: None,
+            job_version: 0,
         }
     }
 
@@ -137,6 +145,20 @@ impl CsiWorkload {
                 status: NodeStatus::Ready,
                 csi_controller_plugins: [("p".to_string(), plugin_info(&name, true))].into(),
                 csi_node_plugins: [("p".to_string(), plugin_info(&name, false))].into(),
+                drivers: [(
+                    "mock".to_string(),
+                    drover_core::structs::DriverInfo {
+                        detected: true,
+                        healthy: true,
+                        health_description: "Healthy".into(),
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+                resources: drover_core::structs::NodeResources {
+                    cpu: 4_000,
+                    memory_mb: 8_192,
+                },
                 ..Node::default()
             };
             let reply = request(
@@ -154,10 +176,18 @@ impl CsiWorkload {
             tokio::spawn(heartbeat(
                 gateways.clone(),
                 client,
-                name,
+                name.clone(),
                 Duration::from_millis(heartbeat_ttl_ms),
-                alive,
+                alive.clone(),
             ));
+            if self.plan.jobs.is_some() {
+                let shared = self
+                    .jobs
+                    .get_or_insert_with(|| job_workload::Shared::new(cluster.recorder().clone()))
+                    .clone();
+                *shared.gateways.lock().expect("gateways lock") = gateways.clone();
+                tokio::spawn(job_workload::client_node(shared, client, name, alive));
+            }
         }
         let volumes: Vec<CsiVolume> = self
             .plan
@@ -191,7 +221,75 @@ impl CsiWorkload {
             }
             tokio::time::sleep_until(self.next_tick).await;
             self.next_tick += Duration::from_millis(self.rng.gen_range(200..800));
-            self.tick(cluster);
+            if self.jobs.is_some() {
+                self.job_tick(cluster);
+            } else {
+                self.tick(cluster);
+            }
+        }
+    }
+
+    /// Registers the job's first version (job plans only).
+    pub async fn register_job(&mut self, cluster: &SimCluster) -> Result<(), String> {
+        let (Some(plan), Some(shared)) = (&self.plan.jobs, &self.jobs) else {
+            return Ok(());
+        };
+        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
+        let job = job_workload::job(plan, 0);
+        match shared
+            .request(0, ServerRequest::JobRegister { job: Box::new(job) }, 20)
+            .await
+        {
+            ServerReply::JobRegistered { .. } => Ok(()),
+            other => Err(format!("register job: {other:?}")),
+        }
+    }
+
+    /// Job plans: keep the clients' server list fresh and register each scheduled version.
+    fn job_tick(&mut self, cluster: &SimCluster) {
+        let (Some(plan), Some(shared)) = (self.plan.jobs.clone(), self.jobs.clone()) else {
+            return;
+        };
+        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
+        let elapsed = tokio::time::Instant::now().saturating_duration_since(self.start);
+        let due = plan.updates.iter().filter(|at| **at <= elapsed).count() as u64;
+        if due > self.job_version {
+            self.job_version = due;
+            let job = job_workload::job(&plan, due);
+            let recorder = cluster.recorder().clone();
+            self.tasks.push(tokio::spawn(async move {
+                let reply = shared
+                    .request(0, ServerRequest::JobRegister { job: Box::new(job) }, 20)
+                    .await;
+                recorder.note(format!("job update {due}: {reply:?}"));
+            }));
+        }
+    }
+
+    /// The job plan's clients' shared view (for the end checks).
+    pub fn job_shared(&self) -> Option<(&JobPlan, &Arc<job_workload::Shared>)> {
+        Some((self.plan.jobs.as_ref()?, self.jobs.as_ref()?))
+    }
+
+    /// The client running the job's live allocation dies (job plans).
+    pub fn lose_job_node(&mut self, cluster: &mut SimCluster) {
+        let running = cluster.gateways().iter().find_map(|gateway| {
+            gateway
+                .read_state(|state| {
+                    state
+                        .allocs()
+                        .find(|alloc| {
+                            alloc.job_id == job_workload::JOB_ID
+                                && !alloc.terminal()
+                                && alloc.client_status == ClientStatus::Running
+                        })
+                        .map(|alloc| alloc.node_id.clone())
+                })
+                .flatten()
+        });
+        match running.and_then(|node| (0..cluster.client_count()).find(|index| cluster.client_name(*index) == node)) {
+            Some(client) => self.node_down(cluster, client),
+            None => cluster.recorder().note("no running allocation to lose a node under"),
         }
     }
 

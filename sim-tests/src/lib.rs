@@ -12,6 +12,8 @@ pub mod cli;
 #[cfg(madsim)]
 pub mod csi_workload;
 #[cfg(madsim)]
+pub mod job_workload;
+#[cfg(madsim)]
 pub mod runner;
 #[cfg(madsim)]
 pub mod scenarios;

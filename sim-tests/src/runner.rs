@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_core::fsm::ServerState;
+use drover_core::rpc::ServerRequest;
 use drover_io_sim::cluster::SimCluster;
 use drover_io_sim::consul::{ConsulMode, SimConsul};
 use drover_io_sim::csi::PluginMode;
@@ -17,6 +18,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
 
 use crate::csi_workload::{self, CsiWorkload};
+use crate::job_workload;
 use crate::scenarios::{self, Action, CsiPlan, Options, Plan, Scenario, Target};
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -175,6 +177,9 @@ async fn play(
             if let Err(error) = csi.setup(&cluster).await {
                 recorder.violate("the CSI workload can be set up", error);
             }
+            if let Err(error) = csi.register_job(&cluster).await {
+                recorder.violate("the job can be registered", error);
+            }
             Some(csi)
         }
         None => None,
@@ -223,6 +228,11 @@ async fn play(
             Action::Plugin(client, mode) => {
                 cluster.plugins(*client).set(*mode);
                 recorder.note(format!("plugin on {} {mode:?}", cluster.client_name(*client)));
+            }
+            Action::LoseJobNode => {
+                if let Some(csi) = &mut csi {
+                    csi.lose_job_node(&mut cluster);
+                }
             }
         }
     }
@@ -279,6 +289,7 @@ async fn play(
         match (&mut csi, &plan.csi) {
             (Some(csi), Some(csi_plan)) => {
                 csi.wind_down(&cluster).await;
+                check_job_end(&cluster, &recorder, csi, leader, deadline).await;
                 check_csi_end(&cluster, &recorder, csi_plan, leader, deadline).await;
             }
             _ => check_acknowledged_writes(&cluster, &recorder, &workload, leader).await,
@@ -355,6 +366,105 @@ fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
         .filter_map(|index| cluster.agent(index))
         .find(|agent| agent.node_id() == leader)
         .and_then(|agent| agent.read_state(Clone::clone))
+}
+
+/// Job plans, once quiet: the job's latest version runs everywhere it should (the #8609
+/// check: no replacement failed for good), and after a stop every allocation finishes.
+async fn check_job_end(
+    cluster: &SimCluster,
+    recorder: &Recorder,
+    csi: &CsiWorkload,
+    leader: u64,
+    deadline: tokio::time::Instant,
+) {
+    let Some((plan, shared)) = csi.job_shared() else {
+        return;
+    };
+    let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(60));
+    let job_allocs = |state: &ServerState| -> Vec<drover_core::structs::Allocation> {
+        state
+            .allocs()
+            .filter(|alloc| alloc.job_id == job_workload::JOB_ID)
+            .cloned()
+            .collect()
+    };
+    loop {
+        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
+        let verdict = match leader_state(cluster, leader) {
+            Some(state) => {
+                let version = state.job("default", job_workload::JOB_ID).map(|job| job.version);
+                let allocs = job_allocs(&state);
+                let running = allocs
+                    .iter()
+                    .filter(|alloc| {
+                        Some(alloc.job_version) == version
+                            && alloc.desired_status == drover_core::structs::DesiredStatus::Run
+                            && alloc.client_status == drover_core::structs::ClientStatus::Running
+                    })
+                    .count();
+                if running == plan.count as usize {
+                    Ok(version.unwrap_or_default())
+                } else {
+                    let summary: Vec<String> = allocs
+                        .iter()
+                        .map(|alloc| {
+                            format!(
+                                "{} v{} on {} {:?}/{:?}",
+                                alloc.id, alloc.job_version, alloc.node_id, alloc.desired_status, alloc.client_status
+                            )
+                        })
+                        .collect();
+                    Err(format!(
+                        "version {version:?}: {running} of {} running; allocations: {summary:?}",
+                        plan.count
+                    ))
+                }
+            }
+            None => Err("the leader is gone".to_string()),
+        };
+        match verdict {
+            Ok(version) => {
+                recorder.note(format!("the job's version {version} runs"));
+                break;
+            }
+            Err(why) if tokio::time::Instant::now() >= deadline => {
+                recorder.violate("the job's latest version runs once the cluster is quiet", why);
+                return;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    let stop = ServerRequest::JobStop {
+        namespace: "default".into(),
+        job_id: job_workload::JOB_ID.into(),
+        purge: false,
+    };
+    let reply = shared.request(0, stop, 20).await;
+    recorder.note(format!("job stopped: {reply:?}"));
+    loop {
+        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
+        let unfinished: Vec<String> = leader_state(cluster, leader)
+            .map(|state| {
+                job_allocs(&state)
+                    .iter()
+                    .filter(|alloc| !alloc.client_terminal())
+                    .map(|alloc| alloc.id.clone())
+                    .collect()
+            })
+            .unwrap_or_else(|| vec!["(the leader is gone)".to_string()]);
+        if unfinished.is_empty() {
+            recorder.note("every allocation of the stopped job finished");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            recorder.violate(
+                "a stopped job's allocations all finish",
+                format!("still running: {unfinished:?}"),
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// After the quiet phase: every claim of a finished allocation is freed (no leaks), released

@@ -16,6 +16,8 @@ use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::Crash;
+
+use crate::job_workload::JobPlan;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha_03::ChaCha8Rng;
@@ -54,6 +56,8 @@ pub enum Action {
     NodeDown(usize),
     /// Set a client node's CSI plugin behaviour.
     Plugin(usize, PluginMode),
+    /// The client running the job's allocation dies (job scenarios).
+    LoseJobNode,
 }
 
 #[derive(Clone, Debug)]
@@ -75,6 +79,7 @@ impl fmt::Display for Step {
             Action::AddServer(spec) => write!(f, "{at} add server {}", spec.name),
             Action::NodeDown(client) => write!(f, "{at} client c{} goes down", client + 1),
             Action::Plugin(client, mode) => write!(f, "{at} plugin on c{} {mode:?}", client + 1),
+            Action::LoseJobNode => write!(f, "{at} the client running the job dies"),
         }
     }
 }
@@ -107,6 +112,8 @@ pub struct CsiPlan {
     pub bursts: bool,
     /// Try to deregister claimed volumes now and then (must fail with "volume in use").
     pub deregister_attempts: bool,
+    /// A scheduled job instead of allocations the workload places itself.
+    pub jobs: Option<JobPlan>,
 }
 
 impl Plan {
@@ -229,6 +236,16 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
         name: "csi_single_writer",
         about: "concurrent claims for one single-node-writer volume",
         build: csi_single_writer,
+    },
+    Scenario {
+        name: "jobs_rolling_update",
+        about: "a scheduled job on a single-node-writer volume updated again and again (Nomad #8609), a leader kill in some seeds",
+        build: jobs_rolling_update,
+    },
+    Scenario {
+        name: "jobs_node_loss",
+        about: "the client running a job with a single-writer volume dies; its node times out, the job moves",
+        build: jobs_node_loss,
     },
 ];
 
@@ -532,6 +549,7 @@ fn workload(clients: usize) -> CsiPlan {
         volumes: mixed_volumes(),
         bursts: false,
         deregister_attempts: false,
+        jobs: None,
     }
 }
 
@@ -635,8 +653,70 @@ fn csi_single_writer(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         volumes: vec![("vol-single".to_string(), AccessMode::SingleNodeWriter)],
         bursts: true,
         deregister_attempts: false,
+        jobs: None,
     };
     csi_plan(rng, options, steps, csi)
+}
+
+fn job_plan(updates: Vec<Duration>) -> CsiPlan {
+    CsiPlan {
+        clients: 3,
+        volumes: vec![("vol-single".to_string(), AccessMode::SingleNodeWriter)],
+        bursts: false,
+        deregister_attempts: false,
+        jobs: Some(JobPlan {
+            count: 1,
+            volume: "vol-single".into(),
+            access: AccessMode::SingleNodeWriter,
+            updates,
+        }),
+    }
+}
+
+fn jobs_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut at = Duration::ZERO;
+    let updates: Vec<Duration> = (0..rng.gen_range(2..=4))
+        .map(|_| {
+            at += millis(rng, 4_000..10_000);
+            at
+        })
+        .collect();
+    let mut steps = Vec::new();
+    if rng.gen_bool(0.5) {
+        let kill = millis(rng, 8_000..25_000);
+        steps.push(Step {
+            at: kill,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: kill + millis(rng, 2_000..8_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    steps.push(Step {
+        at: Duration::from_secs(40),
+        action: Action::Heal,
+    });
+    csi_plan(rng, options, steps, job_plan(updates))
+}
+
+fn jobs_node_loss(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let lose = millis(rng, 10_000..20_000);
+    let update = lose + millis(rng, 5_000..15_000);
+    let steps = vec![
+        Step {
+            at: lose,
+            action: Action::LoseJobNode,
+        },
+        Step {
+            at: Duration::from_secs(40),
+            action: Action::Heal,
+        },
+    ];
+    csi_plan(rng, options, steps, job_plan(vec![update]))
 }
 
 fn world(rng: &mut ChaCha8Rng, consumers: usize, faults: Vec<PluginFault>) -> Plan {

@@ -123,6 +123,18 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
             .node(&alloc.node_id)
             .is_none_or(|node| node.status == NodeStatus::Down)
     };
+    // Stopped by an earlier plan but still running when its node went down: no client will
+    // ever report it finished, so it is lost — otherwise it would hold its volume claims
+    // forever (found by the jobs_node_loss simulation: an update's replacement on another
+    // node waited for a single-writer claim that was never released).
+    for alloc in allocs
+        .iter()
+        .filter(|alloc| alloc.server_terminal() && !alloc.client_terminal() && node_down(alloc))
+    {
+        let mut lost = (*alloc).clone();
+        lost.client_status = ClientStatus::Lost;
+        plan.allocs.push(lost);
+    }
 
     match job {
         None => {

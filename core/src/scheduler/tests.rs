@@ -211,6 +211,33 @@ fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
 }
 
 #[test]
+fn a_stopped_allocation_still_running_on_a_node_that_goes_down_is_lost() {
+    let mut world = World::new(&[node("n1", 4000), node("n2", 4000)]);
+    let web = job("web", JobType::Service, 1, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let old = world.fx.state.allocs().next().unwrap().clone();
+    // Stopped by an update while its client still runs it...
+    let mut stopping = old.clone();
+    stopping.desired_status = DesiredStatus::Stop;
+    stopping.client_status = ClientStatus::Running;
+    world.fx.ok(Command::AllocUpsert { allocs: vec![stopping] });
+    // ...when its node goes down: nobody will report it finished.
+    world.fx.ok(Command::NodeUpdateStatus {
+        node_id: old.node_id.clone(),
+        status: NodeStatus::Down,
+        event: None,
+    });
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    let lost = plan.allocs.iter().find(|a| a.id == old.id).expect("in the plan");
+    assert_eq!(
+        (lost.desired_status, lost.client_status),
+        (DesiredStatus::Stop, ClientStatus::Lost)
+    );
+}
+
+#[test]
 fn batch_allocations_that_completed_stay_done_and_failed_ones_are_replaced() {
     let mut world = World::new(&[node("n1", 4000)]);
     let batch = job("report", JobType::Batch, 2, 100);

@@ -116,7 +116,7 @@ impl Worker {
         let mut jobs: BTreeMap<(String, String), (String, &str, String)> = BTreeMap::new();
         for alloc in state
             .allocs()
-            .filter(|alloc| changed.contains(&alloc.node_id) && !alloc.terminal())
+            .filter(|alloc| changed.contains(&alloc.node_id) && !alloc.client_terminal())
         {
             if let Some(job) = state
                 .job(&alloc.namespace, &alloc.job_id)
