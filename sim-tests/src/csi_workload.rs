@@ -58,6 +58,8 @@ pub struct CsiWorkload {
     /// Per client: whether it still heartbeats (a dead client's node is left to time out).
     heartbeating: Vec<Arc<std::sync::atomic::AtomicBool>>,
     start: tokio::time::Instant,
+    /// The live servers, refreshed on every tick (heartbeats and job clients use them).
+    gateways: Arc<Mutex<Vec<Gateway>>>,
     /// With a job plan: the clients' shared view, and the job's next version.
     jobs: Option<Arc<job_workload::Shared>>,
     job_version: u64,
@@ -127,15 +129,65 @@ impl CsiWorkload {
             tasks: Vec::new(),
             heartbeating: Vec::new(),
             start,
+            gateways: Arc::new(Mutex::new(Vec::new())),
             jobs: None,
             job_version: 0,
         }
     }
 
-    /// Registers the client nodes (with a healthy monolith plugin) and the volumes.
+    /// Refreshes the live servers the heartbeats and job clients go through.
+    pub fn refresh(&self, cluster: &SimCluster) {
+        *self.gateways.lock().expect("gateways lock") = cluster.gateways();
+    }
+
+    /// Registers the client nodes (with a healthy monolith plugin; the late ones wait for
+    /// `join_late_clients`) and the volumes.
     pub async fn setup(&mut self, cluster: &SimCluster) -> Result<(), String> {
+        self.refresh(cluster);
         let gateways = cluster.gateways();
-        for client in 0..cluster.client_count() {
+        for client in 0..cluster.client_count() - self.plan.late_clients {
+            self.register_client(cluster, client).await?;
+        }
+        let volumes: Vec<CsiVolume> = self
+            .plan
+            .volumes
+            .iter()
+            .map(|(id, access)| CsiVolume {
+                id: id.clone(),
+                namespace: "default".into(),
+                name: id.clone(),
+                plugin_id: "p".into(),
+                requested_capabilities: vec![CsiCapability {
+                    access_mode: *access,
+                    attachment_mode: AttachmentMode::FileSystem,
+                }],
+                secrets: [("token".to_string(), "sim-secret".to_string())].into(),
+                ..CsiVolume::default()
+            })
+            .collect();
+        expect_done(
+            request(&gateways, 0, ServerRequest::VolumeRegister { volumes }, 20).await,
+            "register volumes",
+        )
+    }
+
+    /// The clients held back by the plan register now (a node joining late).
+    pub async fn join_late_clients(&mut self, cluster: &SimCluster) {
+        self.refresh(cluster);
+        for client in cluster.client_count() - self.plan.late_clients..cluster.client_count() {
+            cluster
+                .recorder()
+                .note(format!("{} joins late", cluster.client_name(client)));
+            if let Err(error) = self.register_client(cluster, client).await {
+                cluster.recorder().note(format!("late client: {error}"));
+            }
+        }
+    }
+
+    /// Registers one client node, starts its heartbeats (and, with a job plan, its alloc sync).
+    async fn register_client(&mut self, cluster: &SimCluster, client: usize) -> Result<(), String> {
+        let gateways = cluster.gateways();
+        {
             let name = cluster.client_name(client).to_string();
             let node = Node {
                 id: name.clone(),
@@ -172,44 +224,27 @@ impl CsiWorkload {
                 return Err(format!("register node: {reply:?}"));
             };
             let alive = Arc::new(std::sync::atomic::AtomicBool::new(true));
-            self.heartbeating.push(alive.clone());
+            if self.heartbeating.len() <= client {
+                self.heartbeating.resize_with(client + 1, Default::default);
+            }
+            self.heartbeating[client] = alive.clone();
             tokio::spawn(heartbeat(
-                gateways.clone(),
+                self.gateways.clone(),
                 client,
                 name.clone(),
                 Duration::from_millis(heartbeat_ttl_ms),
                 alive.clone(),
             ));
             if self.plan.jobs.is_some() {
+                let (recorder, gateways) = (cluster.recorder().clone(), self.gateways.clone());
                 let shared = self
                     .jobs
-                    .get_or_insert_with(|| job_workload::Shared::new(cluster.recorder().clone()))
+                    .get_or_insert_with(|| job_workload::Shared::new(recorder, gateways))
                     .clone();
-                *shared.gateways.lock().expect("gateways lock") = gateways.clone();
                 tokio::spawn(job_workload::client_node(shared, client, name, alive));
             }
         }
-        let volumes: Vec<CsiVolume> = self
-            .plan
-            .volumes
-            .iter()
-            .map(|(id, access)| CsiVolume {
-                id: id.clone(),
-                namespace: "default".into(),
-                name: id.clone(),
-                plugin_id: "p".into(),
-                requested_capabilities: vec![CsiCapability {
-                    access_mode: *access,
-                    attachment_mode: AttachmentMode::FileSystem,
-                }],
-                secrets: [("token".to_string(), "sim-secret".to_string())].into(),
-                ..CsiVolume::default()
-            })
-            .collect();
-        expect_done(
-            request(&gateways, 0, ServerRequest::VolumeRegister { volumes }, 20).await,
-            "register volumes",
-        )
+        Ok(())
     }
 
     /// Runs the workload until `until`, one operation per tick.
@@ -221,6 +256,7 @@ impl CsiWorkload {
             }
             tokio::time::sleep_until(self.next_tick).await;
             self.next_tick += Duration::from_millis(self.rng.gen_range(200..800));
+            self.refresh(cluster);
             if self.jobs.is_some() {
                 self.job_tick(cluster);
             } else {
@@ -234,15 +270,21 @@ impl CsiWorkload {
         let (Some(plan), Some(shared)) = (&self.plan.jobs, &self.jobs) else {
             return Ok(());
         };
-        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
-        let job = job_workload::job(plan, 0);
-        match shared
-            .request(0, ServerRequest::JobRegister { job: Box::new(job) }, 20)
-            .await
-        {
-            ServerReply::JobRegistered { .. } => Ok(()),
-            other => Err(format!("register job: {other:?}")),
+        self.refresh(cluster);
+        let mut jobs = vec![job_workload::job(plan, 0)];
+        if plan.system {
+            jobs.push(job_workload::system_job());
         }
+        for job in jobs {
+            match shared
+                .request(0, ServerRequest::JobRegister { job: Box::new(job) }, 20)
+                .await
+            {
+                ServerReply::JobRegistered { .. } => {}
+                other => return Err(format!("register job: {other:?}")),
+            }
+        }
+        Ok(())
     }
 
     /// Job plans: keep the clients' server list fresh and register each scheduled version.
@@ -250,7 +292,6 @@ impl CsiWorkload {
         let (Some(plan), Some(shared)) = (self.plan.jobs.clone(), self.jobs.clone()) else {
             return;
         };
-        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
         let elapsed = tokio::time::Instant::now().saturating_duration_since(self.start);
         let due = plan.updates.iter().filter(|at| **at <= elapsed).count() as u64;
         if due > self.job_version {
@@ -521,6 +562,7 @@ impl CsiWorkload {
     /// The quiet phase: no new work; every unfinished allocation finishes. Returns when all
     /// workload tasks have ended.
     pub async fn wind_down(&mut self, cluster: &SimCluster) {
+        self.refresh(cluster);
         for task in std::mem::take(&mut self.tasks) {
             let _ = task.await;
         }
@@ -562,7 +604,7 @@ fn mark(model: &Arc<Mutex<Model>>, alloc: &str, phase: Phase) {
 /// A live client's heartbeats (`Node.UpdateStatus`) at the TTL the servers hand back, until
 /// the client dies.
 async fn heartbeat(
-    gateways: Vec<Gateway>,
+    gateways: Arc<Mutex<Vec<Gateway>>>,
     client: usize,
     node_id: String,
     mut ttl: Duration,
@@ -577,7 +619,8 @@ async fn heartbeat(
             node_id: node_id.clone(),
             status: NodeStatus::Ready,
         };
-        ttl = match request(&gateways, client, status, 3).await {
+        let live = gateways.lock().expect("gateways lock").clone();
+        ttl = match request(&live, client, status, 3).await {
             ServerReply::Heartbeat { heartbeat_ttl_ms, .. } if heartbeat_ttl_ms > 0 => {
                 Duration::from_millis(heartbeat_ttl_ms)
             }

@@ -28,6 +28,8 @@ const SYNC_WAIT: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(250);
 
 pub const JOB_ID: &str = "app";
+/// The system job of plans with `system`: one allocation on every ready node.
+pub const SYSTEM_JOB_ID: &str = "node-agent";
 
 /// The job and its updates.
 #[derive(Clone, Debug)]
@@ -37,6 +39,8 @@ pub struct JobPlan {
     pub access: AccessMode,
     /// When a new version is registered (each one a destructive update).
     pub updates: Vec<Duration>,
+    /// Also run a system job (no volumes) that must reach every node, late ones included.
+    pub system: bool,
 }
 
 #[derive(Default)]
@@ -51,15 +55,15 @@ struct NodeView {
 /// What the client tasks share.
 pub struct Shared {
     /// The live servers, refreshed by the workload's driver as servers die and come back.
-    pub gateways: Mutex<Vec<Gateway>>,
+    pub gateways: Arc<Mutex<Vec<Gateway>>>,
     recorder: Recorder,
     nodes: Mutex<BTreeMap<String, NodeView>>,
 }
 
 impl Shared {
-    pub fn new(recorder: Recorder) -> Arc<Self> {
+    pub fn new(recorder: Recorder, gateways: Arc<Mutex<Vec<Gateway>>>) -> Arc<Self> {
         Arc::new(Shared {
-            gateways: Mutex::new(Vec::new()),
+            gateways,
             recorder,
             nodes: Mutex::new(BTreeMap::new()),
         })
@@ -159,6 +163,34 @@ pub fn job(plan: &JobPlan, version: u64) -> Job {
     }
 }
 
+/// The system job: a tiny task on every node.
+pub fn system_job() -> Job {
+    Job {
+        id: SYSTEM_JOB_ID.into(),
+        name: SYSTEM_JOB_ID.into(),
+        namespace: "default".into(),
+        job_type: JobType::System,
+        priority: 50,
+        datacenters: vec!["dc1".into()],
+        task_groups: vec![TaskGroup {
+            name: "agent".into(),
+            count: 1,
+            tasks: vec![Task {
+                name: "agent".into(),
+                driver: "mock".into(),
+                resources: TaskResources {
+                    cpu: 50,
+                    memory_mb: 32,
+                    devices: Vec::new(),
+                },
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
 /// One client node's alloc sync, until the node dies.
 pub async fn client_node(shared: Arc<Shared>, pick: usize, node_id: String, alive: Arc<AtomicBool>) {
     shared
@@ -201,7 +233,7 @@ pub async fn client_node(shared: Arc<Shared>, pick: usize, node_id: String, aliv
             let view = nodes.entry(node_id.clone()).or_default();
             view.finished.extend(reply.finished_elsewhere.iter().cloned());
             for (alloc, job) in reply.allocs {
-                if alloc.job_id != JOB_ID {
+                if alloc.job_id != JOB_ID && alloc.job_id != SYSTEM_JOB_ID {
                     continue;
                 }
                 if !alloc.terminal() && view.started.insert(alloc.id.clone()) {

@@ -234,6 +234,11 @@ async fn play(
                     csi.lose_job_node(&mut cluster);
                 }
             }
+            Action::JoinLateClients => {
+                if let Some(csi) = &mut csi {
+                    csi.join_late_clients(&cluster).await;
+                }
+            }
         }
     }
     match &mut csi {
@@ -384,7 +389,7 @@ async fn check_job_end(
     let job_allocs = |state: &ServerState| -> Vec<drover_core::structs::Allocation> {
         state
             .allocs()
-            .filter(|alloc| alloc.job_id == job_workload::JOB_ID)
+            .filter(|alloc| alloc.job_id == job_workload::JOB_ID || alloc.job_id == job_workload::SYSTEM_JOB_ID)
             .cloned()
             .collect()
     };
@@ -397,12 +402,34 @@ async fn check_job_end(
                 let running = allocs
                     .iter()
                     .filter(|alloc| {
-                        Some(alloc.job_version) == version
+                        alloc.job_id == job_workload::JOB_ID
+                            && Some(alloc.job_version) == version
                             && alloc.desired_status == drover_core::structs::DesiredStatus::Run
                             && alloc.client_status == drover_core::structs::ClientStatus::Running
                     })
                     .count();
-                if running == plan.count as usize {
+                let system_missing: Vec<String> = if plan.system {
+                    let version = state.job("default", job_workload::SYSTEM_JOB_ID).map(|job| job.version);
+                    state
+                        .nodes()
+                        .filter(|node| node.status == drover_core::structs::NodeStatus::Ready)
+                        .filter(|node| {
+                            !state.allocs().any(|alloc| {
+                                alloc.job_id == job_workload::SYSTEM_JOB_ID
+                                    && alloc.node_id == node.id
+                                    && Some(alloc.job_version) == version
+                                    && alloc.desired_status == drover_core::structs::DesiredStatus::Run
+                                    && alloc.client_status == drover_core::structs::ClientStatus::Running
+                            })
+                        })
+                        .map(|node| node.id.clone())
+                        .collect()
+                } else {
+                    Vec::new()
+                };
+                if !system_missing.is_empty() {
+                    Err(format!("the system job does not run on {system_missing:?}"))
+                } else if running == plan.count as usize {
                     Ok(version.unwrap_or_default())
                 } else {
                     let summary: Vec<String> = allocs
@@ -434,13 +461,18 @@ async fn check_job_end(
             Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
         }
     }
-    let stop = ServerRequest::JobStop {
-        namespace: "default".into(),
-        job_id: job_workload::JOB_ID.into(),
-        purge: false,
-    };
-    let reply = shared.request(0, stop, 20).await;
-    recorder.note(format!("job stopped: {reply:?}"));
+    for job_id in [job_workload::JOB_ID, job_workload::SYSTEM_JOB_ID] {
+        if job_id == job_workload::SYSTEM_JOB_ID && !plan.system {
+            continue;
+        }
+        let stop = ServerRequest::JobStop {
+            namespace: "default".into(),
+            job_id: job_id.into(),
+            purge: false,
+        };
+        let reply = shared.request(0, stop, 20).await;
+        recorder.note(format!("job {job_id} stopped: {reply:?}"));
+    }
     loop {
         *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
         let unfinished: Vec<String> = leader_state(cluster, leader)

@@ -58,6 +58,8 @@ pub enum Action {
     Plugin(usize, PluginMode),
     /// The client running the job's allocation dies (job scenarios).
     LoseJobNode,
+    /// The clients held back by the plan register.
+    JoinLateClients,
 }
 
 #[derive(Clone, Debug)]
@@ -80,6 +82,7 @@ impl fmt::Display for Step {
             Action::NodeDown(client) => write!(f, "{at} client c{} goes down", client + 1),
             Action::Plugin(client, mode) => write!(f, "{at} plugin on c{} {mode:?}", client + 1),
             Action::LoseJobNode => write!(f, "{at} the client running the job dies"),
+            Action::JoinLateClients => write!(f, "{at} late clients join"),
         }
     }
 }
@@ -114,6 +117,8 @@ pub struct CsiPlan {
     pub deregister_attempts: bool,
     /// A scheduled job instead of allocations the workload places itself.
     pub jobs: Option<JobPlan>,
+    /// The last clients register only at a `JoinLateClients` step.
+    pub late_clients: usize,
 }
 
 impl Plan {
@@ -241,6 +246,11 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
         name: "jobs_rolling_update",
         about: "a scheduled job on a single-node-writer volume updated again and again (Nomad #8609), a leader kill in some seeds",
         build: jobs_rolling_update,
+    },
+    Scenario {
+        name: "jobs_system_late_node",
+        about: "a system job on every node, one node joining late, beside a job with a single-writer volume",
+        build: jobs_system_late_node,
     },
     Scenario {
         name: "jobs_node_loss",
@@ -550,6 +560,7 @@ fn workload(clients: usize) -> CsiPlan {
         bursts: false,
         deregister_attempts: false,
         jobs: None,
+        late_clients: 0,
     }
 }
 
@@ -654,6 +665,7 @@ fn csi_single_writer(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         bursts: true,
         deregister_attempts: false,
         jobs: None,
+        late_clients: 0,
     };
     csi_plan(rng, options, steps, csi)
 }
@@ -669,8 +681,32 @@ fn job_plan(updates: Vec<Duration>) -> CsiPlan {
             volume: "vol-single".into(),
             access: AccessMode::SingleNodeWriter,
             updates,
+            system: false,
         }),
+        late_clients: 0,
     }
+}
+
+fn jobs_system_late_node(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let join = millis(rng, 8_000..25_000);
+    let update = millis(rng, 5_000..30_000);
+    let steps = vec![
+        Step {
+            at: join,
+            action: Action::JoinLateClients,
+        },
+        Step {
+            at: Duration::from_secs(40),
+            action: Action::Heal,
+        },
+    ];
+    let mut csi = job_plan(vec![update]);
+    csi.clients = 4;
+    csi.late_clients = 1;
+    if let Some(jobs) = &mut csi.jobs {
+        jobs.system = true;
+    }
+    csi_plan(rng, options, steps, csi)
 }
 
 fn jobs_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
