@@ -15,5 +15,8 @@ echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo
+echo "== job register -> all running across simulated clients (cargo test -p sim-tests -- --bench-jobs)"
+cargo test -p sim-tests -- --bench-jobs | grep -vE '^(running|test result)'
+echo
 echo "== simulation lane throughput (cargo test -p sim-tests -- --seeds 0..$seeds)"
 cargo test -p sim-tests -- --seeds "0..$seeds" | grep -E '^sim:'

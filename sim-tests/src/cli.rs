@@ -53,6 +53,7 @@ struct Args {
     check_determinism: bool,
     trace: bool,
     list: bool,
+    bench_jobs: bool,
     log: bool,
     /// Run only the given regression switch ("10927" or "13416").
     regression_switch: Option<String>,
@@ -106,6 +107,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--check-determinism" => args.check_determinism = true,
             "--trace" => args.trace = true,
             "--list" => args.list = true,
+            "--bench-jobs" => args.bench_jobs = true,
             "--log" => args.log = true,
             "--regression-switch" => {
                 let which = value("--regression-switch")?;
@@ -148,6 +150,13 @@ pub fn main() -> ExitCode {
     if args.log {
         // Agent logs (core decisions included), filtered by RUST_LOG, e.g. RUST_LOG=info.
         madsim::runtime::init_logger();
+    }
+    if args.bench_jobs {
+        return if crate::bench::jobs_bench() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     if args.list {
         for scenario in all_scenarios() {

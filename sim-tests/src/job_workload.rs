@@ -35,6 +35,7 @@ pub const SYSTEM_JOB_ID: &str = "node-agent";
 #[derive(Clone, Debug)]
 pub struct JobPlan {
     pub count: u32,
+    /// The CSI volume every allocation claims ("" for none).
     pub volume: String,
     pub access: AccessMode,
     /// When a new version is registered (each one a destructive update).
@@ -133,19 +134,21 @@ pub fn job(plan: &JobPlan, version: u64) -> Job {
         task_groups: vec![TaskGroup {
             name: "web".into(),
             count: plan.count,
-            volumes: BTreeMap::from([(
-                "data".to_string(),
-                VolumeRequest {
-                    name: "data".into(),
-                    volume_type: VolumeType::Csi,
-                    source: plan.volume.clone(),
-                    read_only: false,
-                    access_mode: plan.access,
-                    attachment_mode: AttachmentMode::FileSystem,
-                    mount_options: None,
-                    per_alloc: false,
-                },
-            )]),
+            volumes: BTreeMap::from_iter((!plan.volume.is_empty()).then(|| {
+                (
+                    "data".to_string(),
+                    VolumeRequest {
+                        name: "data".into(),
+                        volume_type: VolumeType::Csi,
+                        source: plan.volume.clone(),
+                        read_only: false,
+                        access_mode: plan.access,
+                        attachment_mode: AttachmentMode::FileSystem,
+                        mount_options: None,
+                        per_alloc: false,
+                    },
+                )
+            })),
             tasks: vec![Task {
                 name: "server".into(),
                 driver: "mock".into(),

@@ -8,6 +8,8 @@
 //! The code exists only under `--cfg madsim`; `tests/sim.rs` arranges that build itself.
 
 #[cfg(madsim)]
+pub mod bench;
+#[cfg(madsim)]
 pub mod cli;
 #[cfg(madsim)]
 pub mod csi_workload;

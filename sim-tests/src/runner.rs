@@ -356,7 +356,7 @@ async fn drive_workload(cluster: &SimCluster, workload: &mut Workload, until: to
     }
 }
 
-async fn wait_for_leader(cluster: &SimCluster, bound: Duration) {
+pub(crate) async fn wait_for_leader(cluster: &SimCluster, bound: Duration) {
     let deadline = tokio::time::Instant::now() + bound;
     while tokio::time::Instant::now() < deadline {
         if liveness::common_leader(&cluster.live_statuses()).is_ok() {

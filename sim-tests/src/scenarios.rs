@@ -308,6 +308,13 @@ fn millis(rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) -> Duration {
 }
 
 /// A server of the simulated cluster: Nomad's default ports on its own address.
+/// Three servers that start together (the job bench's cluster).
+pub fn bench_servers() -> Vec<ServerSpec> {
+    (0..3)
+        .map(|index| server(index, 3, &[0, 1, 2], false, Duration::ZERO, &Options::default()))
+        .collect()
+}
+
 fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Duration, options: &Options) -> ServerSpec {
     let ports = Ports::default();
     let mut config = AgentConfig {

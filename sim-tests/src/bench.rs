@@ -1,0 +1,124 @@
+//! Job register → every allocation running, across simulated clients (`--bench-jobs`).
+//!
+//! Three servers and N client nodes in the simulation (real agents: openraft, the core, the
+//! scheduler); the clients are the job workload's (alloc sync by blocking query, report
+//! running). For each size it prints the simulated time from `Job.Register` to the last
+//! allocation reported running (the protocol's latency: Raft commits, the worker's plans,
+//! the clients' syncs), and the wall time of the whole run against a baseline run of the same
+//! cluster whose job has no allocations (best of three each) — their difference is what
+//! placing and running the allocations cost this machine.
+//!
+//!   cargo test -p sim-tests -- --bench-jobs
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::structs::{AccessMode, ClientStatus};
+use drover_io_sim::cluster::SimCluster;
+use drover_io_sim::consul::SimConsul;
+use drover_io_sim::trace::Recorder;
+
+use crate::csi_workload::CsiWorkload;
+use crate::job_workload::{JOB_ID, JobPlan};
+use crate::runner::wait_for_leader;
+use crate::scenarios::{self, CsiPlan};
+
+/// One simulated run: returns the simulated register → all running time (None if it never
+/// got there within ten simulated minutes).
+fn run(allocs: u32, clients: usize, seed: u64) -> Option<Duration> {
+    let result: Arc<Mutex<Option<Duration>>> = Arc::new(Mutex::new(None));
+    let out = result.clone();
+    std::thread::spawn(move || {
+        let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+        runtime.block_on(async move {
+            let recorder = Recorder::new();
+            let mut cluster = SimCluster::new(recorder, SimConsul::default());
+            for spec in scenarios::bench_servers() {
+                cluster.add_server(spec);
+            }
+            for index in 0..clients {
+                cluster.add_client(scenarios::client(index));
+            }
+            wait_for_leader(&cluster, Duration::from_secs(60)).await;
+            let plan = CsiPlan {
+                clients,
+                volumes: Vec::new(),
+                bursts: false,
+                deregister_attempts: false,
+                jobs: Some(JobPlan {
+                    count: allocs,
+                    volume: String::new(),
+                    access: AccessMode::SingleNodeWriter,
+                    updates: Vec::new(),
+                    system: false,
+                }),
+                late_clients: 0,
+            };
+            let start = tokio::time::Instant::now();
+            let mut workload = CsiWorkload::new(plan, seed, start);
+            if workload.setup(&cluster).await.is_err() {
+                return;
+            }
+            let registered = tokio::time::Instant::now();
+            if workload.register_job(&cluster).await.is_err() {
+                return;
+            }
+            while registered.elapsed() < Duration::from_secs(600) {
+                workload.refresh(&cluster);
+                let running = cluster.gateways().iter().find_map(|gateway| {
+                    gateway.read_state(|state| {
+                        state
+                            .allocs()
+                            .filter(|alloc| alloc.job_id == JOB_ID && alloc.client_status == ClientStatus::Running)
+                            .count()
+                    })
+                });
+                if running.is_some_and(|running| running >= allocs as usize) {
+                    *out.lock().expect("result lock") = Some(registered.elapsed());
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            cluster.shutdown().await;
+        });
+    })
+    .join()
+    .expect("bench run");
+    let guard = result.lock().expect("result lock");
+    *guard
+}
+
+pub fn jobs_bench() -> bool {
+    println!("jobs: register -> every allocation running, 3 servers, simulated clients");
+    println!("  allocs  clients  simulated s  wall s (run)  wall s (baseline)  wall per alloc ms");
+    let mut ok = true;
+    for (allocs, clients) in [(1u32, 10usize), (100, 50), (1_000, 100)] {
+        // Best of three of each, interleaved, so warm-up favours neither.
+        let (mut baseline, mut simulated) = (None, None);
+        let (mut baseline_wall, mut run_wall) = (Duration::MAX, Duration::MAX);
+        for _ in 0..3 {
+            let wall = std::time::Instant::now();
+            baseline = run(0, clients, 7);
+            baseline_wall = baseline_wall.min(wall.elapsed());
+            let wall = std::time::Instant::now();
+            simulated = run(allocs, clients, 7);
+            run_wall = run_wall.min(wall.elapsed());
+        }
+        match (simulated, baseline) {
+            (Some(simulated), Some(_)) => {
+                let per_alloc = run_wall.saturating_sub(baseline_wall).as_secs_f64() * 1_000.0 / f64::from(allocs);
+                println!(
+                    "  {allocs:>6}  {clients:>7}  {:>11.3}  {:>12.2}  {:>17.2}  {per_alloc:>17.2}",
+                    simulated.as_secs_f64(),
+                    run_wall.as_secs_f64(),
+                    baseline_wall.as_secs_f64()
+                );
+            }
+            _ => {
+                println!("  {allocs:>6}  {clients:>7}  did not finish within 600 simulated s");
+                ok = false;
+            }
+        }
+    }
+    ok
+}
