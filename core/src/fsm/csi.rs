@@ -10,7 +10,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use super::{Command, Response, ServerState, Table};
 use crate::structs::{
     AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job, JobType,
-    MAX_RETAINED_NODE_EVENTS, Node,
+    MAX_RETAINED_NODE_EVENTS, Node, NodeEvent,
 };
 
 /// Which half of a plugin an instance is.
@@ -18,6 +18,19 @@ use crate::structs::{
 enum Half {
     Controller,
     Node,
+}
+
+/// Appends events to a node, stamped with the entry's time and index; the node keeps the last
+/// `MAX_RETAINED_NODE_EVENTS`.
+fn record_events<'a>(node: &mut Node, events: impl Iterator<Item = &'a NodeEvent>, index: u64, at_ms: u64) {
+    for event in events {
+        let mut event = event.clone();
+        event.timestamp_ms = at_ms;
+        event.create_index = index;
+        node.events.push(event);
+    }
+    let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
+    node.events.drain(..excess);
 }
 
 impl ServerState {
@@ -41,14 +54,7 @@ impl ServerState {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Response::Error(format!("node not found: {node_id}"));
                 };
-                if let Some(event) = event {
-                    let mut event = event.clone();
-                    event.timestamp_ms = at_ms;
-                    event.create_index = index;
-                    node.events.push(event);
-                    let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
-                    node.events.drain(..excess);
-                }
+                record_events(node, event.iter(), index, at_ms);
                 node.status = *status;
                 node.status_updated_at_ms = at_ms;
                 node.modify_index = index;
@@ -96,14 +102,7 @@ impl ServerState {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Response::Error(format!("node not found: {node_id}"));
                 };
-                for event in events {
-                    let mut event = event.clone();
-                    event.timestamp_ms = at_ms;
-                    event.create_index = index;
-                    node.events.push(event);
-                }
-                let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
-                node.events.drain(..excess);
+                record_events(node, events.iter(), index, at_ms);
                 node.modify_index = index;
                 self.touch(Table::Nodes, index);
                 Response::Done
