@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use drover_io_real::jobs::{
-    ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMountOptions, ApiResources, ApiRestartPolicy, ApiTask, ApiTaskGroup,
-    ApiVolumeMount, ApiVolumeRequest,
+    ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiResources, ApiRestartPolicy, ApiTask,
+    ApiTaskGroup, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -222,7 +222,14 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
 }
 
 fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> ApiTaskGroup {
-    walker.known(at, block, &["count", "volume", "restart", "task"]);
+    walker.known(at, block, &["count", "volume", "restart", "migrate", "task"]);
+    let migrate = walker.single(at, block, "migrate").map(|migrate| {
+        let at = format!("{at} migrate");
+        walker.known(&at, migrate, &["max_parallel"]);
+        ApiMigrate {
+            max_parallel: walker.number(&at, migrate, "max_parallel"),
+        }
+    });
     let restart_policy = walker.single(at, block, "restart").map(|restart| {
         let at = format!("{at} restart");
         walker.known(&at, restart, &["attempts", "interval", "delay", "mode"]);
@@ -282,6 +289,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             .collect(),
         volumes,
         restart_policy,
+        migrate,
     }
 }
 

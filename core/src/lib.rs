@@ -26,6 +26,7 @@ pub mod bootstrap;
 pub mod client;
 pub mod config;
 pub mod csi;
+pub mod drainer;
 pub mod fsm;
 pub mod heartbeat;
 pub mod jobspec;

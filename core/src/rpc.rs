@@ -27,13 +27,15 @@ use serde::{Deserialize, Serialize};
 use crate::csi::routing::{self, ControllerTarget};
 use crate::csi::unpublish::{self, ControllerDetachRequest, NodeDetachRequest, Step};
 use crate::csi::watcher::{GcConfig, VolumeWatcher, WatcherAction};
+use crate::drainer::Drainer;
 use crate::fsm::{Command, Response, ServerState};
 use crate::heartbeat::{HeartbeatConfig, Heartbeats};
 use crate::op::{OpId, OpIds};
 use crate::scheduler::worker::Worker;
 use crate::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiCapability, CsiInfo,
-    CsiMountOptions, CsiVolume, CsiVolumeClaim, DriverInfo, Evaluation, Job, JobType, Node, NodeEvent, NodeStatus,
+    CsiMountOptions, CsiVolume, CsiVolumeClaim, DrainStrategy, DriverInfo, Evaluation, Job, JobType, Node, NodeEvent,
+    NodeStatus, SchedulingEligibility,
 };
 use crate::time::Instant;
 
@@ -64,6 +66,17 @@ pub enum ServerRequest {
     },
     NodeDeregister {
         node_id: String,
+    },
+    /// `Node.UpdateDrain`: `strategy` starts or changes a drain, `None` cancels it.
+    NodeUpdateDrain {
+        node_id: String,
+        strategy: Option<DrainStrategy>,
+        mark_eligible: bool,
+    },
+    /// `Node.UpdateEligibility`.
+    NodeUpdateEligibility {
+        node_id: String,
+        eligibility: SchedulingEligibility,
     },
     JobUpsert {
         job: Job,
@@ -307,6 +320,8 @@ enum Flow {
     },
     /// A scheduler worker proposal.
     Schedule,
+    /// A proposal of the node drainer.
+    Drain,
     /// A node registration or status change: answered with the heartbeat TTL once applied.
     NodeWrite { req: ReqId, node_id: String },
     /// A node marked down because its heartbeat deadline passed.
@@ -362,6 +377,7 @@ pub struct RpcEndpoints {
     abandoned: alloc::collections::BTreeSet<ClaimKey>,
     scheduler: Worker,
     heartbeats: Heartbeats,
+    drainer: Drainer,
     actions: VecDeque<Action>,
 }
 
@@ -395,6 +411,7 @@ impl RpcEndpoints {
             abandoned: alloc::collections::BTreeSet::new(),
             scheduler: Worker::new(seed),
             heartbeats: Heartbeats::new(heartbeat, seed ^ 0x4ea7),
+            drainer: Drainer::new(),
             actions: VecDeque::new(),
         }
     }
@@ -437,11 +454,21 @@ impl RpcEndpoints {
                 self.watcher.set_enabled(now, leader);
                 self.scheduler.set_enabled(now, leader);
                 self.heartbeats.set_enabled(leader);
+                self.drainer.set_enabled(leader);
             }
         }
         self.run_heartbeats(now, state);
         self.run_watcher(now, state);
+        self.run_drainer(now, state);
         self.run_scheduler(now, state);
+    }
+
+    fn run_drainer(&mut self, now: Instant, state: &ServerState) {
+        let scheduler = &mut self.scheduler;
+        if let Some(command) = self.drainer.run(now, state, &mut || scheduler.new_id()) {
+            let job = self.new_job(Flow::Drain);
+            self.propose(job, command);
+        }
     }
 
     /// Marks down every node whose heartbeat deadline passed.
@@ -530,6 +557,7 @@ impl RpcEndpoints {
         }
         self.run_heartbeats(now, state);
         self.run_watcher(now, state);
+        self.run_drainer(now, state);
         self.run_scheduler(now, state);
     }
 
@@ -539,6 +567,7 @@ impl RpcEndpoints {
             self.watcher.poll_timeout(),
             self.scheduler.poll_timeout(),
             self.heartbeats.poll_timeout(),
+            self.drainer.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -621,6 +650,33 @@ impl RpcEndpoints {
             }
             ServerRequest::NodeEmitEvents { node_id, events } => simple(Command::NodeEmitEvents { node_id, events }),
             ServerRequest::NodeDeregister { node_id } => simple(Command::NodeDeregister { node_id }),
+            ServerRequest::NodeUpdateDrain {
+                node_id,
+                strategy,
+                mark_eligible,
+            } => {
+                if state.node(&node_id).is_none() {
+                    self.reply(req, ServerReply::Error(error("node not found", false)));
+                    return;
+                }
+                simple(Command::NodeUpdateDrain {
+                    node_id,
+                    strategy,
+                    mark_eligible,
+                    complete: false,
+                })
+            }
+            ServerRequest::NodeUpdateEligibility { node_id, eligibility } => {
+                let Some(node) = state.node(&node_id) else {
+                    self.reply(req, ServerReply::Error(error("node not found", false)));
+                    return;
+                };
+                if node.drain_strategy.is_some() && eligibility == SchedulingEligibility::Eligible {
+                    self.reply(req, ServerReply::Error(error(crate::fsm::DRAINING_NOT_ELIGIBLE, false)));
+                    return;
+                }
+                simple(Command::NodeUpdateEligibility { node_id, eligibility })
+            }
             ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
             ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
             ServerRequest::JobRegister { job } => {
@@ -937,6 +993,13 @@ impl RpcEndpoints {
                     tracing::warn!(error = %failure.message, "scheduler proposal failed");
                 }
                 self.scheduler.proposed();
+            }
+            Flow::Drain => {
+                self.jobs.remove(&job_id);
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "drainer proposal failed");
+                }
+                self.drainer.proposed();
             }
             Flow::NodeWrite { req, node_id } => {
                 let (req, node_id) = (*req, node_id.clone());
@@ -1410,6 +1473,7 @@ impl RpcEndpoints {
             | Flow::Internal
             | Flow::JobWrite { .. }
             | Flow::Schedule
+            | Flow::Drain
             | Flow::NodeWrite { .. }
             | Flow::HeartbeatMissed { .. } => {}
         }
@@ -1428,6 +1492,7 @@ impl RpcEndpoints {
                 | Flow::NodeWrite { req, .. } => self.reply(req, failure),
                 Flow::HeartbeatMissed { .. } => {}
                 Flow::Schedule => self.scheduler.proposed(),
+                Flow::Drain => self.drainer.proposed(),
                 Flow::Unpublish { waiters, .. } => {
                     for waiter in waiters {
                         if let Waiter::Request(req) = waiter {

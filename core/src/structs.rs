@@ -138,8 +138,77 @@ pub struct Node {
     #[serde(default)]
     pub resources: NodeResources,
     pub events: Vec<NodeEvent>,
+    /// Whether the scheduler may place new allocations here (`node eligibility`); a drain
+    /// makes the node ineligible and leaves it so when it completes.
+    #[serde(default)]
+    pub scheduling_eligibility: SchedulingEligibility,
+    /// Set while the node is draining.
+    #[serde(default)]
+    pub drain_strategy: Option<DrainStrategy>,
+    /// The last drain: when it started, how it ended.
+    #[serde(default)]
+    pub last_drain: Option<DrainMetadata>,
     pub create_index: u64,
     pub modify_index: u64,
+}
+
+impl Node {
+    pub fn eligible(&self) -> bool {
+        self.scheduling_eligibility == SchedulingEligibility::Eligible
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingEligibility {
+    #[default]
+    Eligible,
+    Ineligible,
+}
+
+impl SchedulingEligibility {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulingEligibility::Eligible => "eligible",
+            SchedulingEligibility::Ineligible => "ineligible",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [SchedulingEligibility::Eligible, SchedulingEligibility::Ineligible]
+            .into_iter()
+            .find(|value| value.as_str() == text)
+    }
+}
+
+/// Nomad's `DrainStrategy`: how a node is drained.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainStrategy {
+    /// `DrainSpec.Deadline` in nanoseconds: `0` no deadline, `-1` force (everything at once),
+    /// positive: after that long every remaining allocation is stopped.
+    pub deadline_ns: i64,
+    /// Leave system jobs (and CSI plugin jobs) running on the node.
+    pub ignore_system_jobs: bool,
+    /// When the deadline passes (cluster time, ms); `None` without a deadline. Set when the
+    /// strategy is applied.
+    pub force_deadline_ms: Option<u64>,
+    pub started_at_ms: u64,
+}
+
+impl DrainStrategy {
+    /// Whether the deadline has passed at cluster time `now_ms`.
+    pub fn deadline_passed(&self, now_ms: u64) -> bool {
+        self.force_deadline_ms.is_some_and(|deadline| now_ms >= deadline)
+    }
+}
+
+/// Nomad's `DrainMetadata` (`LastDrain`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainMetadata {
+    pub started_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// `draining`, `complete` or `canceled`.
+    pub status: String,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -448,9 +517,30 @@ pub struct TaskGroup {
     pub volumes: BTreeMap<String, VolumeRequest>,
     /// `None`: the job type's default.
     pub restart_policy: Option<RestartPolicy>,
+    /// `migrate` block: how a node drain moves this group's allocations.
+    #[serde(default)]
+    pub migrate: Option<MigrateStrategy>,
+}
+
+/// Nomad's `MigrateStrategy` (the part a drain reads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateStrategy {
+    /// How many of the group's allocations a drain moves at once (Nomad's default, 1).
+    pub max_parallel: u32,
+}
+
+impl Default for MigrateStrategy {
+    fn default() -> Self {
+        MigrateStrategy { max_parallel: 1 }
+    }
 }
 
 impl TaskGroup {
+    /// The group's migrate strategy, or Nomad's default.
+    pub fn migrate(&self) -> MigrateStrategy {
+        self.migrate.unwrap_or_default()
+    }
+
     pub fn restart_policy(&self, job_type: JobType) -> RestartPolicy {
         self.restart_policy.unwrap_or(match job_type {
             JobType::Batch => RestartPolicy::BATCH,
@@ -494,6 +584,15 @@ impl Job {
     /// Whether `datacenter` matches one of the job's datacenters (`*` as a glob).
     pub fn runs_in(&self, datacenter: &str) -> bool {
         self.datacenters.is_empty() || self.datacenters.iter().any(|pattern| glob_match(pattern, datacenter))
+    }
+
+    /// Whether a task runs a CSI plugin: a drain stops such jobs last, like system jobs, so
+    /// the plugin outlives the volumes of the allocations it serves (Nomad #8232, #12324).
+    pub fn is_plugin(&self) -> bool {
+        self.task_groups
+            .iter()
+            .flat_map(|group| &group.tasks)
+            .any(|task| task.csi_plugin.is_some())
     }
 
     /// Nomad's job status: `dead` when stopped or nothing runs, `running` when something
@@ -578,10 +677,20 @@ pub struct Allocation {
     /// How the scheduler chose its node.
     #[serde(default)]
     pub metrics: Option<AllocMetric>,
+    /// What the servers want done with it beyond its desired status (a drain's migration).
+    #[serde(default)]
+    pub desired_transition: DesiredTransition,
     pub create_index: u64,
     pub modify_index: u64,
     pub create_time_ms: u64,
     pub modify_time_ms: u64,
+}
+
+/// Nomad's `DesiredTransition`: set by the node drainer, read by the scheduler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredTransition {
+    /// Stop it and place a replacement elsewhere (system jobs: just stop it).
+    pub migrate: bool,
 }
 
 /// CPU (MHz) and memory (MB) an allocation holds on its node.

@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use drover_core::structs::{
-    AccessMode, AttachmentMode, ConfigValue, CsiMountOptions, CsiPluginType, Job, JobType, Propagation,
-    RequestedDevice, RestartMode, RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount,
-    VolumeRequest, VolumeType,
+    AccessMode, AttachmentMode, ConfigValue, CsiMountOptions, CsiPluginType, Job, JobType, MigrateStrategy,
+    Propagation, RequestedDevice, RestartMode, RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, TaskResources,
+    VolumeMount, VolumeRequest, VolumeType,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -49,6 +49,14 @@ pub struct ApiTaskGroup {
     pub tasks: Vec<ApiTask>,
     pub volumes: BTreeMap<String, ApiVolumeRequest>,
     pub restart_policy: Option<ApiRestartPolicy>,
+    pub migrate: Option<ApiMigrate>,
+}
+
+/// The `migrate` block: how a node drain moves the group.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiMigrate {
+    pub max_parallel: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -278,11 +286,17 @@ impl ApiTaskGroup {
                 .map(|(alias, request)| (alias.clone(), request.to_request(alias, problems)))
                 .collect(),
             restart_policy,
+            migrate: self.migrate.as_ref().map(|migrate| MigrateStrategy {
+                max_parallel: migrate.max_parallel.unwrap_or(MigrateStrategy::default().max_parallel),
+            }),
         }
     }
 
     fn from_group(group: &TaskGroup) -> ApiTaskGroup {
         ApiTaskGroup {
+            migrate: group.migrate.map(|migrate| ApiMigrate {
+                max_parallel: Some(migrate.max_parallel),
+            }),
             name: group.name.clone(),
             count: Some(group.count),
             tasks: group.tasks.iter().map(ApiTask::from_task).collect(),

@@ -10,6 +10,10 @@ use crate::prelude::*;
 pub(crate) mod csi;
 mod jobs;
 
+pub use csi::{
+    DRAIN_COMPLETE_EVENT, DRAIN_DISABLED_EVENT, DRAIN_SET_EVENT, DRAIN_UPDATED_EVENT, DRAINING_NOT_ELIGIBLE,
+    ELIGIBLE_EVENT, INELIGIBLE_EVENT,
+};
 pub use jobs::JOB_TRACKED_VERSIONS;
 
 use alloc::collections::{BTreeMap, BTreeSet};
@@ -19,8 +23,8 @@ use alloc::vec::Vec;
 use serde::{Deserialize, Serialize};
 
 use crate::structs::{
-    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, DriverInfo, Evaluation, Job, Node,
-    NodeEvent, NodeStatus,
+    Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, DesiredTransition, DrainStrategy,
+    DriverInfo, Evaluation, Job, Node, NodeEvent, NodeStatus, SchedulingEligibility,
 };
 
 /// One Raft log payload: a command plus the proposer's wall-clock stamp.
@@ -77,6 +81,26 @@ pub enum Command {
     },
     NodeDeregister {
         node_id: String,
+    },
+    /// `Node.UpdateDrain`: starts or changes a drain (`strategy`), or ends it — canceled by an
+    /// operator, or `complete` when the leader's drainer finds nothing left to move.
+    /// `mark_eligible` makes the node eligible again as the drain ends.
+    NodeUpdateDrain {
+        node_id: String,
+        strategy: Option<DrainStrategy>,
+        mark_eligible: bool,
+        complete: bool,
+    },
+    /// `Node.UpdateEligibility`.
+    NodeUpdateEligibility {
+        node_id: String,
+        eligibility: SchedulingEligibility,
+    },
+    /// `Alloc.UpdateDesiredTransition`: the drainer marks allocations to migrate, with an
+    /// evaluation for each of their jobs.
+    AllocUpdateDesiredTransition {
+        transitions: BTreeMap<String, DesiredTransition>,
+        evals: Vec<Evaluation>,
     },
     JobUpsert {
         job: Job,

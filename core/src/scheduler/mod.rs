@@ -32,6 +32,7 @@ pub const ALLOC_NOT_NEEDED: &str = "alloc not needed due to job update";
 pub const ALLOC_UPDATING: &str = "alloc is being updated due to job update";
 pub const ALLOC_LOST: &str = "alloc is lost since its node is down";
 pub const ALLOC_NODE_INELIGIBLE: &str = "alloc not needed as node is tainted";
+pub const ALLOC_MIGRATING: &str = "alloc is being migrated";
 
 /// The outcome of one evaluation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -151,15 +152,23 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
                     .collect();
                 for node in &nodes {
                     let here: Vec<&&&Allocation> = mine.iter().filter(|alloc| alloc.node_id == node.id).collect();
-                    let wanted = node.status == NodeStatus::Ready && job.runs_in(&node.datacenter);
+                    let usable = node.status == NodeStatus::Ready && job.runs_in(&node.datacenter);
+                    let wanted = usable && node.eligible();
                     let mut kept = false;
                     for alloc in here {
                         if node.status == NodeStatus::Down {
                             if !alloc.client_terminal() {
                                 stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
                             }
-                        } else if !wanted {
+                        } else if alloc.desired_transition.migrate {
+                            // Drained: stopped, and not placed again while the node is
+                            // ineligible.
+                            stop(&mut plan, &mut usage, alloc, ALLOC_MIGRATING, false);
+                        } else if !usable {
                             stop(&mut plan, &mut usage, alloc, ALLOC_NODE_INELIGIBLE, false);
+                        } else if !node.eligible() {
+                            // Ineligible but not drained away: left alone (no updates either).
+                            kept = true;
                         } else if kept {
                             stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
                         } else if alloc.job_version < job.version {
@@ -241,6 +250,12 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
                         }
                         Some(alloc) if !alloc.client_terminal() && node_down(alloc) => {
                             stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
+                            Some(Some(alloc.id.clone()))
+                        }
+                        Some(alloc) if alloc.desired_transition.migrate && !alloc.client_terminal() => {
+                            // A drain moves it: the replacement goes to an eligible node and
+                            // takes its volumes over once it has stopped.
+                            stop(&mut plan, &mut usage, alloc, ALLOC_MIGRATING, false);
                             Some(Some(alloc.id.clone()))
                         }
                         Some(alloc) if alloc.job_version < job.version && !alloc.client_terminal() => {
@@ -380,7 +395,7 @@ fn select_node(
         if placement.node.as_ref().is_some_and(|wanted| *wanted != node.id) {
             continue;
         }
-        if node.status != NodeStatus::Ready || !job.runs_in(&node.datacenter) {
+        if node.status != NodeStatus::Ready || !node.eligible() || !job.runs_in(&node.datacenter) {
             // Not a candidate at all (Nomad does not count these as evaluated).
             continue;
         }

@@ -268,6 +268,61 @@ fn batch_allocations_that_completed_stay_done_and_failed_ones_are_replaced() {
 }
 
 #[test]
+fn a_drain_migrates_service_allocations_away_and_stops_system_ones_without_replacing_them() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 1, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let agent = job("agent", JobType::System, 1, 100);
+    let eval = world.register(&agent);
+    world.run(&eval);
+    world.fx.ok(Command::NodeRegister { node: node("n2", 4000) });
+    let eval = world.eval("agent");
+    world.run(&eval);
+    world.fx.ok(Command::NodeUpdateDrain {
+        node_id: "n1".into(),
+        strategy: Some(crate::structs::DrainStrategy::default()),
+        mark_eligible: false,
+        complete: false,
+    });
+    // Ineligible alone moves nothing: a system allocation stays, no update reaches it.
+    let eval = world.eval("agent");
+    let plan = world.run(&eval);
+    assert!(plan.allocs.is_empty(), "{plan:?}");
+    let on_n1: BTreeMap<String, String> = world
+        .fx
+        .state
+        .allocs()
+        .filter(|alloc| alloc.node_id == "n1")
+        .map(|alloc| (alloc.job_id.clone(), alloc.id.clone()))
+        .collect();
+    world.fx.ok(Command::AllocUpdateDesiredTransition {
+        transitions: on_n1
+            .values()
+            .map(|id| (id.clone(), crate::structs::DesiredTransition { migrate: true }))
+            .collect(),
+        evals: Vec::new(),
+    });
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    let old = plan.allocs.iter().find(|alloc| alloc.id == on_n1["web"]).unwrap();
+    assert_eq!(
+        (old.desired_status, old.desired_description.as_str()),
+        (DesiredStatus::Stop, ALLOC_MIGRATING)
+    );
+    let new = plan.placed().next().unwrap();
+    assert_eq!(new.node_id, "n2", "never the draining node");
+    assert_eq!(new.previous_allocation.as_deref(), Some(on_n1["web"].as_str()));
+    let eval = world.eval("agent");
+    let plan = world.run(&eval);
+    assert_eq!(plan.allocs.len(), 1, "stopped, not replaced: {plan:?}");
+    assert_eq!(plan.allocs[0].desired_description, ALLOC_MIGRATING);
+    let mut live: Vec<(String, String)> = world.live("agent");
+    live.sort();
+    assert_eq!(live, [("agent.g[0]".to_string(), "n2".to_string())]);
+}
+
+#[test]
 fn a_system_job_runs_once_on_every_feasible_node_and_follows_a_late_node() {
     let mut no_exec = node("n3", 4000);
     no_exec.drivers.clear();

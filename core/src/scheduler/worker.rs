@@ -3,7 +3,7 @@
 //! Each step it does the first of these that applies, then waits for that proposal to be
 //! applied before the next (so every plan is computed from a state that already holds the
 //! previous one — no two plans ever race for the same node):
-//! 1. nodes that changed status (or appeared, or vanished) since last seen get `node-update`
+//! 1. nodes that changed status or eligibility (or appeared, or vanished) since last seen get `node-update`
 //!    evaluations for the jobs with allocations on them and for every system job;
 //! 2. the oldest pending evaluation is scheduled and its plan proposed (older blocked
 //!    evaluations of the same job are canceled with it);
@@ -23,7 +23,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 
 use crate::fsm::{Command, ServerState, Table};
-use crate::structs::{EVAL_BLOCKED, EVAL_CANCELED, EVAL_PENDING, Evaluation, JobType, NodeStatus};
+use crate::structs::{
+    EVAL_BLOCKED, EVAL_CANCELED, EVAL_PENDING, Evaluation, JobType, NodeStatus, SchedulingEligibility,
+};
 use crate::time::Instant;
 
 /// The least time between two wake-ups of blocked evaluations.
@@ -34,8 +36,9 @@ pub struct Worker {
     rng: ChaCha8Rng,
     enabled: bool,
     in_flight: bool,
-    /// Node statuses as last seen (`None` until seeded from the state on taking leadership).
-    nodes_seen: Option<BTreeMap<String, NodeStatus>>,
+    /// Node statuses and eligibility as last seen (`None` until seeded from the state on
+    /// taking leadership).
+    nodes_seen: Option<BTreeMap<String, (NodeStatus, SchedulingEligibility)>>,
     last_unblock: Option<Instant>,
     /// Set only when blocked evaluations wait for the rate limit: every other change to the
     /// state reaches the leader's core as an input (a proposal's result, a request), and each
@@ -103,7 +106,10 @@ impl Worker {
     }
 
     fn node_updates(&mut self, state: &ServerState) -> Option<Command> {
-        let current: BTreeMap<String, NodeStatus> = state.nodes().map(|node| (node.id.clone(), node.status)).collect();
+        let current: BTreeMap<String, (NodeStatus, SchedulingEligibility)> = state
+            .nodes()
+            .map(|node| (node.id.clone(), (node.status, node.scheduling_eligibility)))
+            .collect();
         let seen = self.nodes_seen.replace(current.clone())?;
         let changed: BTreeSet<&String> = current
             .keys()

@@ -50,14 +50,17 @@ fn namespace(options: &QueryOptions) -> String {
 }
 
 /// Maps an endpoint reply to HTTP: not found → 404, validation → 400, other RPC errors → 500.
-fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
+pub(super) fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
     match reply {
         ServerReply::Done { index }
         | ServerReply::Claimed { index, .. }
         | ServerReply::JobRegistered { index, .. }
         | ServerReply::Heartbeat { index, .. } => Ok(index),
         ServerReply::Error(error) => {
-            let status = if error.message == "volume not found" || error.message.starts_with("plugin not found") {
+            let status = if error.message == "volume not found"
+                || error.message == "node not found"
+                || error.message.starts_with("plugin not found")
+            {
                 StatusCode::NOT_FOUND
             } else if error.message.starts_with("validation:") || error.message.starts_with("no CSI plugin named") {
                 StatusCode::BAD_REQUEST

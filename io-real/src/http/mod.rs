@@ -9,6 +9,7 @@ pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
 mod client;
 mod csi;
+mod nodes;
 mod render;
 
 use std::collections::BTreeMap;
@@ -93,6 +94,14 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/allocation/{id}", get(allocs::get_allocation))
         .route("/v1/nodes", get(csi::list_nodes))
         .route("/v1/node/{id}", get(csi::get_node))
+        .route(
+            "/v1/node/{id}/drain",
+            axum::routing::put(nodes::drain).post(nodes::drain),
+        )
+        .route(
+            "/v1/node/{id}/eligibility",
+            axum::routing::put(nodes::eligibility).post(nodes::eligibility),
+        )
         .route(
             "/v1/var/{*path}",
             get(get_variable)

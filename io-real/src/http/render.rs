@@ -101,6 +101,11 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         "TaskGroup": alloc.task_group,
         "DesiredStatus": format!("{:?}", alloc.desired_status).to_lowercase(),
         "DesiredDescription": alloc.desired_description,
+        "DesiredTransition": {
+            "Migrate": alloc.desired_transition.migrate.then_some(true),
+            "Reschedule": Value::Null,
+            "ForceReschedule": Value::Null,
+        },
         "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
         "ClientDescription": alloc.client_description,
         "TaskStates": Value::Null,
@@ -321,6 +326,36 @@ fn host_volumes(node: &Node) -> Map<String, Value> {
         .collect()
 }
 
+/// Go's zero `time.Time`, which Nomad renders for an unset deadline.
+const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+fn drain_strategy(node: &Node) -> Value {
+    let Some(strategy) = &node.drain_strategy else {
+        return Value::Null;
+    };
+    json!({
+        "DrainSpec": {
+            "Deadline": strategy.deadline_ns,
+            "IgnoreSystemJobs": strategy.ignore_system_jobs,
+        },
+        "ForceDeadline": strategy.force_deadline_ms.map_or(ZERO_TIME.to_string(), rfc3339),
+        "StartedAt": rfc3339(strategy.started_at_ms),
+    })
+}
+
+fn last_drain(node: &Node) -> Value {
+    let Some(last) = &node.last_drain else {
+        return Value::Null;
+    };
+    json!({
+        "StartedAt": rfc3339(last.started_at_ms),
+        "UpdatedAt": rfc3339(last.updated_at_ms),
+        "Status": last.status,
+        "AccessorID": "",
+        "Meta": Value::Null,
+    })
+}
+
 pub fn node_stub(node: &Node) -> Value {
     json!({
         "ID": node.id,
@@ -329,10 +364,11 @@ pub fn node_stub(node: &Node) -> Value {
         "NodeClass": "",
         "NodePool": "default",
         "Version": "",
-        "Drain": false,
-        "SchedulingEligibility": "eligible",
+        "Drain": node.drain_strategy.is_some(),
+        "SchedulingEligibility": node.scheduling_eligibility.as_str(),
         "Status": node.status.as_str(),
         "StatusDescription": node.status_description,
+        "LastDrain": last_drain(node),
         "Drivers": drivers(node),
         "Address": node.http_addr.split(':').next().unwrap_or_default(),
         "CreateIndex": node.create_index,
@@ -350,9 +386,10 @@ pub fn node(node: &Node) -> Value {
         "Attributes": node.attributes,
         "NodeClass": "",
         "NodePool": "default",
-        "Drain": false,
-        "DrainStrategy": Value::Null,
-        "SchedulingEligibility": "eligible",
+        "Drain": node.drain_strategy.is_some(),
+        "DrainStrategy": drain_strategy(node),
+        "LastDrain": last_drain(node),
+        "SchedulingEligibility": node.scheduling_eligibility.as_str(),
         "Status": node.status.as_str(),
         "StatusDescription": node.status_description,
         "StatusUpdatedAt": node.status_updated_at_ms / 1000,

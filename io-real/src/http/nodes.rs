@@ -1,0 +1,104 @@
+//! Node writes an operator makes (reference §7.1): `PUT /v1/node/:id/drain` and
+//! `PUT /v1/node/:id/eligibility`, in Nomad's request and response shapes, through the leader.
+//!
+//! The evaluations that follow (the drainer's migrations, the node-update evaluations of a
+//! node made eligible) are created by the leader afterwards, so `EvalIDs` is empty here.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use drover_core::rpc::ServerRequest;
+use drover_core::structs::{DrainStrategy, SchedulingEligibility};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::csi::reply_to_result;
+use super::{ApiError, query_headers};
+use crate::driver::AgentHandle;
+
+/// Nomad's `api.DrainSpec`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+struct DrainSpec {
+    /// Nanoseconds; `0` no deadline, negative: force.
+    deadline: i64,
+    ignore_system_jobs: bool,
+}
+
+/// Nomad's `api.NodeUpdateDrainRequest`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+struct DrainRequest {
+    drain_spec: Option<DrainSpec>,
+    mark_eligible: bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+struct EligibilityRequest {
+    eligibility: String,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|error| {
+        ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("failed to parse {what} request: {error}"),
+        )
+    })
+}
+
+fn update_response(index: u64) -> serde_json::Value {
+    json!({
+        "EvalIDs": [],
+        "EvalCreateIndex": 0,
+        "NodeModifyIndex": index,
+        "Index": index,
+    })
+}
+
+pub async fn drain(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let request: DrainRequest = parse(&body, "drain")?;
+    let strategy = request.drain_spec.map(|spec| DrainStrategy {
+        deadline_ns: spec.deadline,
+        ignore_system_jobs: spec.ignore_system_jobs,
+        ..DrainStrategy::default()
+    });
+    let index = reply_to_result(
+        handle
+            .request(ServerRequest::NodeUpdateDrain {
+                node_id: id,
+                strategy,
+                mark_eligible: request.mark_eligible,
+            })
+            .await,
+    )?;
+    Ok((query_headers(&handle, index), axum::Json(update_response(index))))
+}
+
+pub async fn eligibility(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let request: EligibilityRequest = parse(&body, "eligibility")?;
+    let Some(eligibility) = SchedulingEligibility::parse(&request.eligibility) else {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid scheduling eligibility {:?}", request.eligibility),
+        ));
+    };
+    let index = reply_to_result(
+        handle
+            .request(ServerRequest::NodeUpdateEligibility {
+                node_id: id,
+                eligibility,
+            })
+            .await,
+    )?;
+    Ok((query_headers(&handle, index), axum::Json(update_response(index))))
+}
