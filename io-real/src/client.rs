@@ -631,7 +631,11 @@ async fn run(
             .poll_timeout()
             .map(|at| Duration::from_nanos(at.as_nanos().saturating_sub(now.as_nanos())))
             .unwrap_or(Duration::from_secs(3600));
+        // `biased`, timer first: a flood of messages cannot starve the core's timeouts, and the
+        // order does not depend on tokio's process-seeded generator (the simulation replays it).
         tokio::select! {
+            biased;
+            _ = tokio::time::sleep(sleep) => client.handle_timeout(core_now(epoch)),
             message = receiver.recv() => {
                 let Some(message) = message else { return };
                 let now = core_now(epoch);
@@ -665,7 +669,6 @@ async fn run(
                     }
                 }
             }
-            _ = tokio::time::sleep(sleep) => client.handle_timeout(core_now(epoch)),
         }
     }
 }

@@ -28,6 +28,7 @@ use openraft::{ChangeMembers, ServerState};
 use tokio::sync::{mpsc, watch};
 
 use crate::io::{AgentEvent, ClientCsi, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport};
+use crate::raft::changes::Changes;
 use crate::raft::network::NetworkFactory;
 use crate::raft::store::{Applied, ApplyHook, LogStore, StateMachine, Store, StoreError};
 use crate::raft::{Raft, RaftMetrics, ServerNode};
@@ -109,7 +110,7 @@ struct Inner {
     status: watch::Receiver<AgentStatus>,
     raft: Option<Raft>,
     applied: Option<Arc<Mutex<Applied>>>,
-    changes: Option<watch::Receiver<u64>>,
+    changes: Option<Changes>,
     service: Service,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
 }
@@ -140,7 +141,7 @@ impl AgentHandle {
     }
 
     /// Changes whenever the applied server state changes (`None` on client-only agents).
-    pub fn state_changes(&self) -> Option<watch::Receiver<u64>> {
+    pub fn state_changes(&self) -> Option<Changes> {
         self.inner.changes.clone()
     }
 
@@ -367,7 +368,7 @@ async fn start_raft<T: Transport, O: Observer>(
     store: &Store,
     transport: T,
     observer: Arc<O>,
-) -> Result<(Raft, Arc<Mutex<Applied>>, watch::Receiver<u64>), StartError> {
+) -> Result<(Raft, Arc<Mutex<Applied>>, Changes), StartError> {
     let timing = &config.server.timing;
     let raft_config = openraft::Config {
         cluster_name: config.region.clone(),

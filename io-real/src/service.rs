@@ -34,10 +34,11 @@ use drover_proto::agent::v1::{
 use openraft::error::{ClientWriteError, RaftError};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::io::{BoxFuture, ClientCsi, TransportError};
 use crate::raft::Raft;
+use crate::raft::changes::Changes;
 use crate::raft::store::Applied;
 
 /// How long a caller waits for the leader's endpoints to answer.
@@ -61,7 +62,7 @@ pub struct Service {
     pub forward: Forwarder,
     pub client_csi: Option<Arc<dyn ClientCsi>>,
     /// A server's applied state and its change counter (for blocking reads).
-    pub state: Option<(Arc<Mutex<Applied>>, watch::Receiver<u64>)>,
+    pub state: Option<(Arc<Mutex<Applied>>, Changes)>,
     /// A client-only agent's servers (`client { servers }`), and the one to try first.
     pub servers: Arc<Vec<SocketAddr>>,
     pub server_cursor: Arc<AtomicUsize>,
@@ -344,12 +345,10 @@ impl Service {
         };
         let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
-        let mut changes = changes.clone();
-        while index() <= request.min_index {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            match tokio::time::timeout(left, changes.changed()).await {
-                Ok(Ok(())) => continue,
-                Ok(Err(_)) | Err(_) => break,
+        loop {
+            let seen = changes.count();
+            if index() > request.min_index || !changes.changed_since(seen, deadline).await {
+                break;
             }
         }
         let applied = applied.lock().expect("state lock");

@@ -81,8 +81,12 @@ impl Transport for SimTransport {
                         return;
                     };
                     // As with gRPC, a caller that gives up cancels the call: the handler's future
-                    // is dropped, so an abandoned operation never takes effect late.
+                    // is dropped, so an abandoned operation never takes effect late. `biased`:
+                    // an unbiased select draws from tokio's own generator, seeded from a
+                    // process-wide counter, so a replay in the same process would poll in another
+                    // order.
                     tokio::select! {
+                        biased;
                         response = handler(request) => {
                             let _ = tx.send(Box::new(response.encode_to_vec())).await;
                         }

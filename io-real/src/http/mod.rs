@@ -309,18 +309,15 @@ async fn block_on_table(handle: &AgentHandle, table: Table, options: &QueryOptio
         None => WAIT_MAX,
     }
     .min(WAIT_MAX);
-    let Some(mut changes) = handle.state_changes() else {
+    let Some(changes) = handle.state_changes() else {
         return Ok(current());
     };
     let deadline = tokio::time::Instant::now() + wait;
     loop {
+        let seen = changes.count();
         let index = current();
-        if index > min_index {
-            return Ok(index);
-        }
-        match tokio::time::timeout_at(deadline, changes.changed()).await {
-            Ok(Ok(())) => continue,
-            _ => return Ok(index),
+        if index > min_index || !changes.changed_since(seen, deadline).await {
+            return Ok(current());
         }
     }
 }

@@ -2,6 +2,7 @@
 //! ([`store`]), and the network adapter that carries Raft RPCs over the agent transport
 //! ([`network`]).
 
+pub mod changes;
 pub mod network;
 pub mod store;
 

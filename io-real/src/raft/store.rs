@@ -21,6 +21,7 @@ use openraft::{
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::changes::Changes;
 use super::{ServerNode, TypeConfig};
 
 const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
@@ -384,7 +385,7 @@ pub struct StateMachine {
     store: Store,
     applied: Arc<Mutex<Applied>>,
     /// Bumped after every apply or install, for blocking queries.
-    changes: Arc<tokio::sync::watch::Sender<u64>>,
+    changes: Changes,
     on_apply: Option<ApplyHook>,
     snapshot_seq: Arc<Mutex<u64>>,
 }
@@ -405,7 +406,7 @@ impl StateMachine {
         Ok(StateMachine {
             store,
             applied: Arc::new(Mutex::new(applied)),
-            changes: Arc::new(tokio::sync::watch::channel(0).0),
+            changes: Changes::default(),
             on_apply,
             snapshot_seq: Arc::new(Mutex::new(0)),
         })
@@ -417,12 +418,12 @@ impl StateMachine {
     }
 
     /// Changes whenever the applied state changes.
-    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
-        self.changes.subscribe()
+    pub fn changes(&self) -> Changes {
+        self.changes.clone()
     }
 
     fn notify(&self) {
-        self.changes.send_modify(|count| *count += 1);
+        self.changes.bump();
     }
 
     fn install(&self, meta: &SnapshotMeta<u64, ServerNode>, data: Vec<u8>) -> Result<(), StoreError> {
