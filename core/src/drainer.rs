@@ -75,6 +75,38 @@ pub fn consumers_released(state: &ServerState, node: &Node, keep: &BTreeSet<&str
     })
 }
 
+/// For an allocation of a system or plugin job on a draining node: what it would have to wait
+/// for before the drainer may stop it — other allocations on the node still running, and
+/// claims there not yet past node detach. Empty when it may go; `None` when the allocation is
+/// not drained last or its node is not draining (or was forced by its deadline). The
+/// simulation checks every migration the drainer commits against it.
+pub fn drained_last_blockers(state: &ServerState, alloc_id: &str) -> Option<Vec<String>> {
+    let alloc = state.alloc(alloc_id)?;
+    if !drained_last(state, alloc) {
+        return None;
+    }
+    let node = state.node(&alloc.node_id)?;
+    let strategy = node.drain_strategy.as_ref()?;
+    if strategy.deadline_ns < 0 || strategy.deadline_passed(state.last_applied_time_ms()) {
+        return None;
+    }
+    let remaining = Drainer::remaining(state, node);
+    let keep: BTreeSet<&str> = remaining
+        .iter()
+        .filter(|other| drained_last(state, other))
+        .map(|other| other.id.as_str())
+        .collect();
+    let mut blockers: Vec<String> = remaining
+        .iter()
+        .filter(|other| !keep.contains(other.id.as_str()))
+        .map(|other| format!("allocation {} still {:?}", other.id, other.client_status))
+        .collect();
+    if !consumers_released(state, node, &keep) {
+        blockers.push(format!("claims on node {} not yet node-detached", node.id));
+    }
+    Some(blockers)
+}
+
 impl Drainer {
     pub fn new() -> Self {
         Drainer::default()
@@ -495,11 +527,17 @@ mod tests {
             claim: claim(ClaimState::Unpublishing),
         });
         assert_eq!(fx.step(), None, "still unpublishing on the node");
+        assert_eq!(
+            drained_last_blockers(&fx.state, "plugin-1"),
+            Some(vec!["claims on node n1 not yet node-detached".to_string()])
+        );
+        assert_eq!(drained_last_blockers(&fx.state, "app-1"), None, "not drained last");
         fx.apply(Command::CsiVolumeClaim {
             namespace: "default".into(),
             volume_id: "vol".into(),
             claim: claim(ClaimState::NodeDetached),
         });
+        assert_eq!(drained_last_blockers(&fx.state, "plugin-1"), Some(Vec::new()));
         assert_eq!(migrated(&fx.step()), vec!["plugin-1"]);
     }
 

@@ -398,6 +398,25 @@ async fn start_raft<T: Transport, O: Observer>(
                 readers: volume.read_claims.len(),
             });
         }
+        if let openraft::EntryPayload::Normal(Entry {
+            command: Command::AllocUpdateDesiredTransition { transitions, .. },
+            ..
+        }) = &entry.payload
+        {
+            for alloc_id in transitions.keys() {
+                if let Some(blockers) = drover_core::drainer::drained_last_blockers(state, alloc_id) {
+                    let node_id = state
+                        .alloc(alloc_id)
+                        .map(|alloc| alloc.node_id.clone())
+                        .unwrap_or_default();
+                    observer.record(AgentEvent::DrainedLast {
+                        node_id,
+                        alloc_id: alloc_id.clone(),
+                        blockers,
+                    });
+                }
+            }
+        }
         observer.record(AgentEvent::Applied {
             index,
             term: entry.log_id.leader_id.term,

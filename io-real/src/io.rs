@@ -138,6 +138,14 @@ pub enum AgentEvent {
         writers: Vec<String>,
         readers: usize,
     },
+    /// The node drainer's migration of a system or CSI plugin allocation was applied, with
+    /// what it should still have waited for (empty when it went in order; see
+    /// `drover_core::drainer::drained_last_blockers`).
+    DrainedLast {
+        node_id: String,
+        alloc_id: String,
+        blockers: Vec<String>,
+    },
     /// A server started a `ClientCSI` call on a node.
     ClientCsiCall {
         node_id: String,

@@ -51,6 +51,7 @@ fn run(allocs: u32, clients: usize, seed: u64) -> Option<Duration> {
                     access: AccessMode::SingleNodeWriter,
                     updates: Vec::new(),
                     system: false,
+                    plugin: false,
                 }),
                 late_clients: 0,
             };

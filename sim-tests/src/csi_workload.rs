@@ -276,7 +276,7 @@ impl CsiWorkload {
         self.refresh(cluster);
         let mut jobs = vec![job_workload::job(plan, 0)];
         if plan.system {
-            jobs.push(job_workload::system_job());
+            jobs.push(job_workload::system_job(plan.plugin));
         }
         for job in jobs {
             match shared
@@ -315,9 +315,33 @@ impl CsiWorkload {
         Some((self.plan.jobs.as_ref()?, self.jobs.as_ref()?))
     }
 
-    /// The client running the job's live allocation dies (job plans).
-    pub fn lose_job_node(&mut self, cluster: &mut SimCluster) {
-        let running = cluster.gateways().iter().find_map(|gateway| {
+    /// The node running the job's live allocation is drained (job plans), through a live
+    /// server as an operator would: no deadline, system jobs included.
+    pub fn drain_job_node(&mut self, cluster: &SimCluster) {
+        let Some(node_id) = self.job_node(cluster) else {
+            cluster.recorder().note("no running allocation to drain a node under");
+            return;
+        };
+        let Some(shared) = self.jobs.clone() else {
+            return;
+        };
+        cluster.recorder().note(format!("draining {node_id}"));
+        let recorder = cluster.recorder().clone();
+        let request = ServerRequest::NodeUpdateDrain {
+            node_id,
+            strategy: Some(drover_core::structs::DrainStrategy::default()),
+            mark_eligible: false,
+        };
+        self.tasks.push(tokio::spawn(async move {
+            // Retried through whichever servers are live (a leader may be down).
+            let reply = shared.request(0, request, 40).await;
+            recorder.note(format!("drain set: {reply:?}"));
+        }));
+    }
+
+    /// The node of the job's running allocation, as a live server sees it.
+    fn job_node(&self, cluster: &SimCluster) -> Option<String> {
+        cluster.gateways().iter().find_map(|gateway| {
             gateway
                 .read_state(|state| {
                     state
@@ -330,7 +354,12 @@ impl CsiWorkload {
                         .map(|alloc| alloc.node_id.clone())
                 })
                 .flatten()
-        });
+        })
+    }
+
+    /// The client running the job's live allocation dies (job plans).
+    pub fn lose_job_node(&mut self, cluster: &mut SimCluster) {
+        let running = self.job_node(cluster);
         match running.and_then(|node| (0..cluster.client_count()).find(|index| cluster.client_name(*index) == node)) {
             Some(client) => self.node_down(cluster, client),
             None => cluster.recorder().note("no running allocation to lose a node under"),

@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use drover_core::rpc::{NodeAllocsRequest, ServerReply, ServerRequest};
 use drover_core::structs::{
-    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiVolumeClaim, DesiredStatus, Job,
-    JobType, Task, TaskGroup, TaskResources, VolumeRequest, VolumeType,
+    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiPluginType, CsiVolumeClaim,
+    DesiredStatus, Job, JobType, Task, TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeRequest, VolumeType,
 };
 use drover_io_sim::cluster::Gateway;
 use drover_io_sim::trace::Recorder;
@@ -40,8 +40,12 @@ pub struct JobPlan {
     pub access: AccessMode,
     /// When a new version is registered (each one a destructive update).
     pub updates: Vec<Duration>,
-    /// Also run a system job (no volumes) that must reach every node, late ones included.
+    /// Also run a system job (no volumes) that must reach every eligible node, late ones
+    /// included.
     pub system: bool,
+    /// The system job runs the volume's node plugin (a `csi_plugin` task): a drain must stop
+    /// it last.
+    pub plugin: bool,
 }
 
 #[derive(Default)]
@@ -166,8 +170,9 @@ pub fn job(plan: &JobPlan, version: u64) -> Job {
     }
 }
 
-/// The system job: a tiny task on every node.
-pub fn system_job() -> Job {
+/// The system job: a tiny task on every node; with `plugin`, the node half of the volume's
+/// CSI plugin, as Nomad recommends running node plugins.
+pub fn system_job(plugin: bool) -> Job {
     Job {
         id: SYSTEM_JOB_ID.into(),
         name: SYSTEM_JOB_ID.into(),
@@ -186,6 +191,13 @@ pub fn system_job() -> Job {
                     memory_mb: 32,
                     devices: Vec::new(),
                 },
+                csi_plugin: plugin.then(|| TaskCsiPluginConfig {
+                    id: "p".into(),
+                    plugin_type: CsiPluginType::Node,
+                    mount_dir: "/csi".into(),
+                    stage_publish_base_dir: "/local/csi".into(),
+                    health_timeout: Duration::from_secs(30),
+                }),
                 ..Task::default()
             }],
             ..TaskGroup::default()
@@ -351,9 +363,26 @@ async fn run_alloc(
         }
         tokio::time::sleep(POLL).await;
     }
-    // postrun: unmount and ask the servers to release, then the allocation is complete.
-    release(&shared, pick, &claimed, &claim).await;
-    report(&shared, pick, &node, &id, ClientStatus::Complete, &alive).await;
+    // postrun: unmount and ask the servers to release; the allocation is complete. Clients
+    // differ in order: a status update can race ahead of postrun, and a release that fails
+    // is left to the leader's volume watcher — so the servers see finished allocations whose
+    // claims are still held (what a drain must wait out before stopping the node plugin).
+    match id.bytes().map(u32::from).sum::<u32>() % 3 {
+        0 => {
+            release(&shared, pick, &claimed, &claim).await;
+            report(&shared, pick, &node, &id, ClientStatus::Complete, &alive).await;
+        }
+        1 => {
+            report(&shared, pick, &node, &id, ClientStatus::Complete, &alive).await;
+            release(&shared, pick, &claimed, &claim).await;
+        }
+        _ => {
+            shared
+                .recorder
+                .note(format!("{node}: {id} leaves its release to the servers"));
+            report(&shared, pick, &node, &id, ClientStatus::Complete, &alive).await;
+        }
+    }
 }
 
 async fn release(

@@ -234,6 +234,11 @@ async fn play(
                     csi.lose_job_node(&mut cluster);
                 }
             }
+            Action::DrainJobNode => {
+                if let Some(csi) = &mut csi {
+                    csi.drain_job_node(&cluster);
+                }
+            }
             Action::JoinLateClients => {
                 if let Some(csi) = &mut csi {
                     csi.join_late_clients(&cluster).await;
@@ -412,7 +417,7 @@ async fn check_job_end(
                     let version = state.job("default", job_workload::SYSTEM_JOB_ID).map(|job| job.version);
                     state
                         .nodes()
-                        .filter(|node| node.status == drover_core::structs::NodeStatus::Ready)
+                        .filter(|node| node.status == drover_core::structs::NodeStatus::Ready && node.eligible())
                         .filter(|node| {
                             !state.allocs().any(|alloc| {
                                 alloc.job_id == job_workload::SYSTEM_JOB_ID
@@ -427,7 +432,27 @@ async fn check_job_end(
                 } else {
                     Vec::new()
                 };
-                if !system_missing.is_empty() {
+                let draining: Vec<String> = state
+                    .nodes()
+                    .filter(|node| node.drain_strategy.is_some())
+                    .map(|node| node.id.clone())
+                    .collect();
+                let left_on_drained: Vec<String> = state
+                    .nodes()
+                    .filter(|node| node.last_drain.as_ref().is_some_and(|last| last.status == "complete"))
+                    .flat_map(|node| {
+                        allocs
+                            .iter()
+                            .filter(|alloc| alloc.node_id == node.id && !alloc.client_terminal())
+                            .map(|alloc| alloc.id.clone())
+                            .collect::<Vec<_>>()
+                    })
+                    .collect();
+                if !draining.is_empty() {
+                    Err(format!("nodes {draining:?} are still draining"))
+                } else if !left_on_drained.is_empty() {
+                    Err(format!("allocations {left_on_drained:?} still run on a drained node"))
+                } else if !system_missing.is_empty() {
                     Err(format!("the system job does not run on {system_missing:?}"))
                 } else if running == plan.count as usize {
                     Ok(version.unwrap_or_default())

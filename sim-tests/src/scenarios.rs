@@ -60,6 +60,8 @@ pub enum Action {
     LoseJobNode,
     /// The clients held back by the plan register.
     JoinLateClients,
+    /// The node running the job's allocation is drained (job scenarios).
+    DrainJobNode,
 }
 
 #[derive(Clone, Debug)]
@@ -83,6 +85,7 @@ impl fmt::Display for Step {
             Action::Plugin(client, mode) => write!(f, "{at} plugin on c{} {mode:?}", client + 1),
             Action::LoseJobNode => write!(f, "{at} the client running the job dies"),
             Action::JoinLateClients => write!(f, "{at} late clients join"),
+            Action::DrainJobNode => write!(f, "{at} the node running the job is drained"),
         }
     }
 }
@@ -251,6 +254,11 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
         name: "jobs_system_late_node",
         about: "a system job on every node, one node joining late, beside a job with a single-writer volume",
         build: jobs_system_late_node,
+    },
+    Scenario {
+        name: "jobs_node_drain",
+        about: "the node running a single-writer job is drained; its node plugin (a system job) goes last",
+        build: jobs_node_drain,
     },
     Scenario {
         name: "jobs_node_loss",
@@ -689,6 +697,7 @@ fn job_plan(updates: Vec<Duration>) -> CsiPlan {
             access: AccessMode::SingleNodeWriter,
             updates,
             system: false,
+            plugin: false,
         }),
         late_clients: 0,
     }
@@ -744,6 +753,45 @@ fn jobs_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         action: Action::Heal,
     });
     csi_plan(rng, options, steps, job_plan(updates))
+}
+
+fn jobs_node_drain(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let drain = millis(rng, 8_000..20_000);
+    let mut steps = vec![Step {
+        at: drain,
+        action: Action::DrainJobNode,
+    }];
+    if rng.gen_bool(0.5) {
+        // The leader dies mid-drain: the new one's drainer carries on from the state.
+        let kill = drain + millis(rng, 200..4_000);
+        steps.push(Step {
+            at: kill,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: kill + millis(rng, 2_000..8_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    steps.push(Step {
+        at: Duration::from_secs(40),
+        action: Action::Heal,
+    });
+    // Sometimes an update lands during the drain too.
+    let updates = if rng.gen_bool(0.5) {
+        vec![drain + millis(rng, 0..6_000)]
+    } else {
+        Vec::new()
+    };
+    let mut csi = job_plan(updates);
+    if let Some(jobs) = &mut csi.jobs {
+        jobs.system = true;
+        jobs.plugin = true;
+    }
+    csi_plan(rng, options, steps, csi)
 }
 
 fn jobs_node_loss(rng: &mut ChaCha8Rng, options: &Options) -> Plan {

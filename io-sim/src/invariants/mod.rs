@@ -4,6 +4,7 @@
 pub mod claims_freed;
 pub mod controller_serial;
 pub mod csi_call_order;
+pub mod drain_order;
 pub mod leader_per_term;
 pub mod liveness;
 pub mod log_matching;
@@ -30,5 +31,6 @@ pub fn all() -> Vec<Box<dyn Invariant>> {
         Box::new(writers::Writers),
         Box::new(csi_call_order::CsiCallOrder::default()),
         Box::new(controller_serial::ControllerSerial::default()),
+        Box::new(drain_order::DrainOrder),
     ]
 }
