@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use drover_io_real::jobs::{
-    ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiResources, ApiRestartPolicy, ApiTask,
-    ApiTaskGroup, ApiVolumeMount, ApiVolumeRequest,
+    ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiResources, ApiRestartPolicy, ApiService,
+    ApiServiceCheck, ApiTask, ApiTaskGroup, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -126,6 +126,24 @@ impl Walker {
                 .collect(),
             Some(value) => self.object(&format!("{at} {key}"), value).into_iter().collect(),
         }
+    }
+
+    /// A block of string values (`env {}`, `meta {}`); numbers and booleans become text.
+    fn string_map(&mut self, at: &str, block: &Object, key: &str) -> BTreeMap<String, String> {
+        let Some(map) = self.single(at, block, key) else {
+            return BTreeMap::new();
+        };
+        map.iter()
+            .filter_map(|(name, value)| match value {
+                Value::String(text) => Some((name.clone(), text.clone())),
+                Value::Number(number) => Some((name.clone(), number.to_string())),
+                Value::Bool(flag) => Some((name.clone(), flag.to_string())),
+                _ => {
+                    self.problem(&format!("{at} {key}"), format!("{name} must be a string"));
+                    None
+                }
+            })
+            .collect()
     }
 
     fn single<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Option<&'a Object> {
@@ -305,28 +323,14 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "volume_mount",
             "csi_plugin",
             "kill_timeout",
+            "service",
         ],
     );
     let config: BTreeMap<String, Value> = walker
         .single(at, block, "config")
         .map(|config| config.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
         .unwrap_or_default();
-    let env: BTreeMap<String, String> = walker
-        .single(at, block, "env")
-        .map(|env| {
-            env.iter()
-                .filter_map(|(key, value)| match value {
-                    Value::String(text) => Some((key.clone(), text.clone())),
-                    Value::Number(number) => Some((key.clone(), number.to_string())),
-                    Value::Bool(flag) => Some((key.clone(), flag.to_string())),
-                    _ => {
-                        walker.problem(&format!("{at} env"), format!("{key} must be a string"));
-                        None
-                    }
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let env = walker.string_map(at, block, "env");
     let resources = walker.single(at, block, "resources").map(|resources| {
         let at = format!("{at} resources");
         walker.known(&at, resources, &["cpu", "memory", "device"]);
@@ -376,7 +380,13 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             health_timeout: walker.duration(&at, plugin, "health_timeout"),
         }
     });
+    let services = walker
+        .repeated(at, block, "service")
+        .into_iter()
+        .map(|service| parse_service(walker, &format!("{at} service"), service))
+        .collect();
     ApiTask {
+        services,
         driver: walker.string(at, block, "driver").unwrap_or_default(),
         config,
         env,
@@ -385,6 +395,60 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         csi_plugin_config,
         kill_timeout: walker.duration(at, block, "kill_timeout"),
         name,
+    }
+}
+
+/// `service { name port address_mode tags canary_tags enable_tag_override meta {} check {} }`.
+fn parse_service(walker: &mut Walker, at: &str, block: &Object) -> ApiService {
+    walker.known(
+        at,
+        block,
+        &[
+            "name",
+            "port",
+            "address_mode",
+            "tags",
+            "canary_tags",
+            "enable_tag_override",
+            "meta",
+            "check",
+        ],
+    );
+    let checks = walker
+        .repeated(at, block, "check")
+        .into_iter()
+        .map(|check| {
+            let at = format!("{at} check");
+            walker.known(
+                &at,
+                check,
+                &[
+                    "name", "type", "command", "args", "path", "protocol", "method", "port", "interval", "timeout",
+                ],
+            );
+            ApiServiceCheck {
+                name: walker.string(&at, check, "name").unwrap_or_default(),
+                check_type: walker.string(&at, check, "type").unwrap_or_default(),
+                command: walker.string(&at, check, "command").unwrap_or_default(),
+                args: walker.strings(&at, check, "args").unwrap_or_default(),
+                path: walker.string(&at, check, "path").unwrap_or_default(),
+                protocol: walker.string(&at, check, "protocol").unwrap_or_default(),
+                method: walker.string(&at, check, "method").unwrap_or_default(),
+                port_label: walker.string(&at, check, "port").unwrap_or_default(),
+                interval: walker.duration(&at, check, "interval").unwrap_or_default(),
+                timeout: walker.duration(&at, check, "timeout").unwrap_or_default(),
+            }
+        })
+        .collect();
+    ApiService {
+        name: walker.string(at, block, "name").unwrap_or_default(),
+        port_label: walker.string(at, block, "port").unwrap_or_default(),
+        address_mode: walker.string(at, block, "address_mode").unwrap_or_default(),
+        tags: walker.strings(at, block, "tags").unwrap_or_default(),
+        canary_tags: walker.strings(at, block, "canary_tags").unwrap_or_default(),
+        enable_tag_override: walker.boolean(at, block, "enable_tag_override").unwrap_or(false),
+        meta: walker.string_map(at, block, "meta"),
+        checks,
     }
 }
 
@@ -476,6 +540,88 @@ job "writer" {
         assert_eq!(request.mount_options.as_ref().unwrap().fs_type, "ext4");
         assert_eq!(job.task_groups[0].tasks[0].volume_mounts[0].destination, "/data");
         assert_eq!(job.task_groups[0].tasks[0].kill_timeout.as_secs(), 2);
+    }
+
+    #[test]
+    fn services_and_checks_parse_into_canonical_core_services() {
+        let api = parse(
+            r#"
+job "web" {
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      service {
+        tags                = ["a", "b"]
+        enable_tag_override = true
+        meta {
+          version = 2
+        }
+        check {
+          type     = "script"
+          command  = "/bin/true"
+          interval = "10s"
+          timeout  = "2s"
+        }
+      }
+      service {
+        name         = "${JOB}-admin"
+        port         = "9090"
+        address_mode = "driver"
+        check {
+          name     = "admin alive"
+          type     = "tcp"
+          interval = "5s"
+          timeout  = "1s"
+        }
+      }
+    }
+  }
+}
+"#,
+        )
+        .unwrap();
+        let job = api.to_job().unwrap();
+        assert_eq!(drover_core::jobspec::validate(&job), Vec::<String>::new());
+        let services = &job.task_groups[0].tasks[0].services;
+        assert_eq!(services.len(), 2);
+        assert_eq!(services[0].name, "web-g-t");
+        assert_eq!(services[0].tags, ["a", "b"]);
+        assert!(services[0].enable_tag_override);
+        assert_eq!(services[0].meta["version"], "2");
+        assert_eq!(services[0].checks[0].name, "service: \"web-g-t\" check");
+        assert_eq!(services[0].checks[0].interval.as_secs(), 10);
+        assert_eq!(services[1].name, "web-admin");
+        assert_eq!(services[1].checks[0].check_type, "tcp");
+        // The API form round-trips what the core stores.
+        let back = drover_io_real::jobs::ApiJob::from_job(&job, "pending")
+            .to_job()
+            .unwrap();
+        assert_eq!(back.task_groups[0].tasks[0].services, *services);
+
+        let bad = parse(
+            r#"
+job "web" {
+  group "g" {
+    task "t" {
+      driver = "raw_exec"
+      service {
+        port = "http"
+        connect {}
+        check {
+          type     = "http"
+          interval = "500ms"
+          timeout  = "1s"
+        }
+      }
+    }
+  }
+}
+"#,
+        );
+        assert_eq!(
+            bad.unwrap_err(),
+            ["job \"web\" group \"g\" task \"t\" service: unsupported key \"connect\""]
+        );
     }
 
     #[test]

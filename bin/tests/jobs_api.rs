@@ -37,6 +37,9 @@ fn job(marker: &Path, version: &str) -> String {
                 "Env": {"VERSION": version},
                 "Config": {"command": "/bin/sh", "args": ["-c", format!("echo $$ >> {}; exec sleep 300", marker.display())]},
                 "KillTimeout": 2_000_000_000u64,
+                // As Nomad's Go client sends unset fields.
+                "VolumeMounts": null,
+                "Services": [{"Name": "web-${TASK}", "Tags": ["v"], "Meta": null, "Checks": null}],
             }],
         }],
     }})
@@ -110,7 +113,9 @@ fn register_update_refuse_and_purge_a_job_over_http() {
         old_pids.iter().all(|pid| !alive(*pid)).then_some(())
     })
     .expect("the old tasks are stopped");
-    assert_eq!(get(port, "/v1/job/web").unwrap()["Version"], 1);
+    let stored = get(port, "/v1/job/web").unwrap();
+    assert_eq!(stored["Version"], 1);
+    assert_eq!(stored["TaskGroups"][0]["Tasks"][0]["Services"][0]["Name"], "web-t");
     assert_eq!(
         get(port, "/v1/job/web/versions").unwrap()["Versions"]
             .as_array()
@@ -120,10 +125,16 @@ fn register_update_refuse_and_purge_a_job_over_http() {
     );
 
     // A bad job: every problem, HTTP 400, nothing stored.
-    let bad = json!({"Job": {"ID": "bad", "Priority": 500, "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]}});
+    let bad = json!({"Job": {"ID": "bad", "Priority": 500, "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t",
+        "Services": [{"Name": "no_underscores", "PortLabel": "http"}]}]}]}});
     let (code, body) = http_status("PUT", port, "/v1/jobs", Some(&bad.to_string())).unwrap();
     assert_eq!(code, 400, "{body}");
-    assert!(body.starts_with("2 errors occurred:"), "{body}");
+    assert!(body.starts_with("4 errors occurred:"), "{body}");
+    assert!(body.contains("Service name must be valid per RFC 1123"), "{body}");
+    assert!(
+        body.contains("port label \"http\" referenced by services no_underscores does not exist"),
+        "{body}"
+    );
     assert!(body.contains("Job priority must be between [1, 100]"), "{body}");
     assert!(body.contains("Missing task driver"), "{body}");
     assert_eq!(http_status("GET", port, "/v1/job/bad", None).unwrap().0, 404);

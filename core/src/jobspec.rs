@@ -5,9 +5,9 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeSet;
+use alloc::collections::{BTreeMap, BTreeSet};
 
-use crate::structs::{AccessMode, AttachmentMode, Job, JobType, TaskGroup, VolumeRequest, VolumeType};
+use crate::structs::{AccessMode, AttachmentMode, Job, JobType, Task, TaskGroup, VolumeRequest, VolumeType};
 
 /// Nomad's bounds on `priority`.
 pub const PRIORITY_MIN: u32 = 1;
@@ -105,8 +105,64 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         if let Some(plugin) = &task.csi_plugin {
             problems.extend(plugin.validate());
         }
+        problems.extend(validate_services(task));
         for problem in problems {
             errors.push(format!("Task {} validation failed: {problem}", task.name));
+        }
+    }
+    errors
+}
+
+/// Nomad's `validateServices`: each service valid, no name twice on one port, no check name
+/// twice in a service, and every port label a port the task has. This project has no
+/// `network` blocks yet, so the task has no port labels: only a literal port number with
+/// `address_mode = "driver"` passes.
+fn validate_services(task: &Task) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut known = BTreeSet::new();
+    let mut ports: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    let task_ports: BTreeSet<&str> = BTreeSet::new();
+    for (position, service) in task.services.iter().enumerate() {
+        let problems = service.validate();
+        if !problems.is_empty() {
+            errors.push(format!(
+                "service[{position}] {:?} validation failed: {}",
+                service.name,
+                problems.join("; ")
+            ));
+        }
+        if !known.insert((service.name.as_str(), service.port_label.as_str())) {
+            errors.push(format!("service {:?} is duplicate", service.name));
+        }
+        let mut checks = BTreeSet::new();
+        for check in &service.checks {
+            if !checks.insert(check.name.as_str()) {
+                errors.push(format!("check {:?} is duplicate", check.name));
+            }
+            if !check.port_label.is_empty() {
+                ports
+                    .entry(check.port_label.as_str())
+                    .or_default()
+                    .insert(service.name.as_str());
+            }
+        }
+        if service.port_label.is_empty()
+            || (service.address_mode == "driver" && service.port_label.parse::<u16>().is_ok())
+        {
+            continue;
+        }
+        ports
+            .entry(service.port_label.as_str())
+            .or_default()
+            .insert(service.name.as_str());
+    }
+    for (label, services) in ports {
+        if !task_ports.contains(label) {
+            let names: Vec<&str> = services.into_iter().collect();
+            errors.push(format!(
+                "port label {label:?} referenced by services {} does not exist",
+                names.join(", ")
+            ));
         }
     }
     errors
@@ -275,5 +331,81 @@ mod tests {
             ]
         );
         assert!(format_errors(&errors).starts_with("5 errors occurred:\n\t* Job priority"));
+    }
+
+    #[test]
+    fn services_are_canonicalised_and_checked_with_nomads_texts() {
+        use crate::structs::{Service, ServiceCheck};
+        use core::time::Duration;
+        let mut good = Service {
+            name: "${JOB}-api".into(),
+            checks: vec![ServiceCheck {
+                check_type: "script".into(),
+                command: "/bin/true".into(),
+                interval: Duration::from_secs(10),
+                timeout: Duration::from_secs(2),
+                ..ServiceCheck::default()
+            }],
+            ..Service::default()
+        };
+        good.canonicalize("web", "g", "t");
+        assert_eq!(good.name, "web-api");
+        assert_eq!(good.address_mode, "auto");
+        assert_eq!(good.checks[0].name, "service: \"web-api\" check");
+        let mut unnamed = Service::default();
+        unnamed.canonicalize("web", "g", "t");
+        assert_eq!(unnamed.name, "web-g-t");
+
+        let mut ok = job();
+        ok.task_groups[0].tasks[0].services = vec![good.clone(), unnamed];
+        assert_eq!(validate(&ok), Vec::<String>::new());
+
+        let check = |check_type: &str, interval_ms: u64, timeout_ms: u64| ServiceCheck {
+            check_type: check_type.into(),
+            path: "/health".into(),
+            interval: Duration::from_millis(interval_ms),
+            timeout: Duration::from_millis(timeout_ms),
+            ..ServiceCheck::default()
+        };
+        assert_eq!(
+            check("http", 500, 1000).validate(),
+            Err("interval (500ms) cannot be lower than 1s".to_string())
+        );
+        assert_eq!(
+            check("tcp", 1000, 0).validate(),
+            Err("missing required value timeout. Timeout cannot be less than 1s".to_string())
+        );
+        assert_eq!(
+            check("udp", 1000, 1000).validate(),
+            Err("invalid type (\"udp\"), must be one of \"grpc\", \"tcp\", \"http\", \"script\"".to_string())
+        );
+        assert_eq!(check("http", 1000, 1000).validate(), Ok(()));
+
+        let mut bad = job();
+        let mut http = good.clone();
+        http.name = "bad_name".into();
+        http.checks = vec![ServiceCheck {
+            name: "alive".into(),
+            check_type: "http".into(),
+            interval: Duration::from_millis(500),
+            timeout: Duration::from_secs(1),
+            ..ServiceCheck::default()
+        }];
+        let mut ported = good.clone();
+        ported.port_label = "http".into();
+        bad.task_groups[0].tasks[0].services = vec![http, good.clone(), good, ported];
+        let prefix = "Task group g validation failed: Task t validation failed: ";
+        assert_eq!(
+            validate(&bad),
+            [
+                format!(
+                    "{prefix}service[0] \"bad_name\" validation failed: Service name must be valid per RFC 1123 and can \
+                     contain only alphanumeric characters or dashes: \"bad_name\"; Check alive invalid: check requires a \
+                     port but neither check nor service \"bad_name\" have a port"
+                ),
+                format!("{prefix}service \"web-api\" is duplicate"),
+                format!("{prefix}port label \"http\" referenced by services web-api does not exist"),
+            ]
+        );
     }
 }

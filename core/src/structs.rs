@@ -491,6 +491,193 @@ pub struct Task {
     pub csi_plugin: Option<TaskCsiPluginConfig>,
     pub kill_timeout: Duration,
     pub resources: TaskResources,
+    /// `service` blocks, names already canonicalised (`${JOB}`, `${TASKGROUP}`, `${TASK}`,
+    /// `${BASE}` replaced; an empty name is `<job>-<group>-<task>`).
+    #[serde(default)]
+    pub services: Vec<Service>,
+}
+
+/// Service `address_mode` values Nomad accepts.
+pub const SERVICE_ADDRESS_MODES: [&str; 4] = ["", "auto", "host", "driver"];
+/// Nomad's shortest check interval and timeout.
+pub const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+pub const MIN_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A task's `service` block (Nomad's `structs.Service`): how the task is advertised in the
+/// service catalog.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Service {
+    pub name: String,
+    pub port_label: String,
+    pub address_mode: String,
+    pub tags: Vec<String>,
+    pub canary_tags: Vec<String>,
+    /// Consul's anti-entropy leaves tags changed through its catalog alone (#2057).
+    pub enable_tag_override: bool,
+    pub meta: BTreeMap<String, String>,
+    pub checks: Vec<ServiceCheck>,
+}
+
+/// A `check` block inside a `service`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceCheck {
+    /// Default `service: "<service>" check`.
+    pub name: String,
+    /// `http`, `tcp`, `grpc` or `script`.
+    pub check_type: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub path: String,
+    pub protocol: String,
+    pub method: String,
+    pub port_label: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl ServiceCheck {
+    /// Whether the check reaches the task over a port (every type but `script`).
+    pub fn requires_port(&self) -> bool {
+        matches!(self.check_type.as_str(), "http" | "tcp" | "grpc")
+    }
+
+    /// Nomad's `ServiceCheck.validate` texts.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.check_type.as_str() {
+            "http" => {
+                if self.path.is_empty() {
+                    return Err("http type must have a valid http path".into());
+                }
+                if self.path.contains("://") {
+                    return Err("http type must have a relative http path".into());
+                }
+            }
+            "script" => {
+                if self.command.is_empty() {
+                    return Err("script type must have a valid script path".into());
+                }
+            }
+            "tcp" | "grpc" => {}
+            other => {
+                return Err(format!(
+                    "invalid type ({other:?}), must be one of \"grpc\", \"tcp\", \"http\", \"script\""
+                ));
+            }
+        }
+        if self.interval.is_zero() {
+            return Err(format!(
+                "missing required value interval. Interval cannot be less than {}s",
+                MIN_CHECK_INTERVAL.as_secs()
+            ));
+        }
+        if self.interval < MIN_CHECK_INTERVAL {
+            return Err(format!(
+                "interval ({:?}) cannot be lower than {}s",
+                self.interval,
+                MIN_CHECK_INTERVAL.as_secs()
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(format!(
+                "missing required value timeout. Timeout cannot be less than {}s",
+                MIN_CHECK_TIMEOUT.as_secs()
+            ));
+        }
+        if self.timeout < MIN_CHECK_TIMEOUT {
+            return Err(format!(
+                "timeout ({:?}) is lower than required minimum timeout {}s",
+                self.timeout,
+                MIN_CHECK_TIMEOUT.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Service {
+    /// Nomad's `Service.Canonicalize`: the default name, and the runtime variables it allows.
+    pub fn canonicalize(&mut self, job: &str, group: &str, task: &str) {
+        if self.name.is_empty() {
+            self.name = format!("{job}-{group}-{task}");
+        }
+        self.name = self
+            .name
+            .replace("${JOB}", job)
+            .replace("${TASKGROUP}", group)
+            .replace("${TASK}", task)
+            .replace("${BASE}", &format!("{job}-{group}-{task}"));
+        if self.address_mode.is_empty() {
+            self.address_mode = "auto".into();
+        }
+        for check in &mut self.checks {
+            if check.name.is_empty() {
+                check.name = format!("service: {:?} check", self.name);
+            }
+        }
+    }
+
+    /// Every problem with the service itself (Nomad's `Service.Validate` texts); port labels
+    /// and duplicates are checked with the task (`jobspec::validate`).
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if !valid_service_name(&strip_env_vars(&self.name)) {
+            errors.push(format!(
+                "Service name must be valid per RFC 1123 and can contain only alphanumeric characters or dashes: {:?}",
+                self.name
+            ));
+        }
+        if !SERVICE_ADDRESS_MODES.contains(&self.address_mode.as_str()) {
+            errors.push(format!(
+                "Service address_mode must be \"auto\", \"host\", or \"driver\"; not {:?}",
+                self.address_mode
+            ));
+        }
+        for check in &self.checks {
+            if self.port_label.is_empty() && check.port_label.is_empty() && check.requires_port() {
+                errors.push(format!(
+                    "Check {} invalid: check requires a port but neither check nor service {:?} have a port",
+                    check.name, self.name
+                ));
+                continue;
+            }
+            if let Err(problem) = check.validate() {
+                errors.push(format!("Check {} invalid: {problem}", check.name));
+            }
+        }
+        errors
+    }
+}
+
+/// Nomad's service-name rule: 1 to 63 letters, digits and dashes, not starting or ending with
+/// a dash.
+fn valid_service_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+/// Replaces `${...}` interpolations by a placeholder, as Nomad does before checking a name.
+fn strip_env_vars(name: &str) -> String {
+    let mut out = String::new();
+    let mut rest = name;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        match rest[start..].find('}') {
+            Some(end) => {
+                out.push_str("ENV-VAR");
+                rest = &rest[start + end + 1..];
+            }
+            None => {
+                rest = &rest[start..];
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 impl Default for Task {
@@ -504,6 +691,7 @@ impl Default for Task {
             csi_plugin: None,
             kill_timeout: DEFAULT_KILL_TIMEOUT,
             resources: TaskResources::default(),
+            services: Vec::new(),
         }
     }
 }

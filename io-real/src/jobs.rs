@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use drover_core::structs::{
     AccessMode, AttachmentMode, ConfigValue, CsiMountOptions, CsiPluginType, Job, JobType, MigrateStrategy,
-    Propagation, RequestedDevice, RestartMode, RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, TaskResources,
-    VolumeMount, VolumeRequest, VolumeType,
+    Propagation, RequestedDevice, RestartMode, RestartPolicy, Service, ServiceCheck, Task, TaskCsiPluginConfig,
+    TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -80,6 +80,38 @@ pub struct ApiTask {
     #[serde(rename = "CSIPluginConfig")]
     pub csi_plugin_config: Option<ApiCsiPluginConfig>,
     pub kill_timeout: Option<i64>,
+    pub services: Vec<ApiService>,
+}
+
+/// Nomad's `api.Service` (the fields this project keeps).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiService {
+    pub name: String,
+    pub port_label: String,
+    pub address_mode: String,
+    pub tags: Vec<String>,
+    pub canary_tags: Vec<String>,
+    pub enable_tag_override: bool,
+    pub meta: BTreeMap<String, String>,
+    pub checks: Vec<ApiServiceCheck>,
+}
+
+/// Nomad's `api.ServiceCheck`; `Interval` and `Timeout` in nanoseconds.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiServiceCheck {
+    pub name: String,
+    #[serde(rename = "Type")]
+    pub check_type: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub path: String,
+    pub protocol: String,
+    pub method: String,
+    pub port_label: String,
+    pub interval: i64,
+    pub timeout: i64,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -179,6 +211,21 @@ fn config_json(value: &ConfigValue) -> Value {
     }
 }
 
+/// `value` with every `null` object member removed, at any depth. Nomad's Go API client
+/// encodes nil slices, maps and pointers as `null`; here they mean what an absent field means.
+pub fn without_nulls(value: Value) -> Value {
+    match value {
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .filter(|(_, value)| !value.is_null())
+                .map(|(key, value)| (key, without_nulls(value)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_nulls).collect()),
+        other => other,
+    }
+}
+
 fn enum_text<T: Serialize>(value: &T) -> String {
     match serde_json::to_value(value) {
         Ok(Value::String(text)) => text,
@@ -199,10 +246,15 @@ impl ApiJob {
                 JobType::Service
             })
         };
+        let name = if self.name.is_empty() {
+            self.id.clone()
+        } else {
+            self.name.clone()
+        };
         let task_groups = self
             .task_groups
             .iter()
-            .map(|group| group.to_group(&mut problems))
+            .map(|group| group.to_group(&name, &mut problems))
             .collect();
         let job = Job {
             id: self.id.clone(),
@@ -211,11 +263,7 @@ impl ApiJob {
             } else {
                 self.namespace.clone()
             },
-            name: if self.name.is_empty() {
-                self.id.clone()
-            } else {
-                self.name.clone()
-            },
+            name,
             job_type,
             priority: self.priority.unwrap_or(drover_core::jobspec::PRIORITY_DEFAULT),
             datacenters: if self.datacenters.is_empty() {
@@ -252,7 +300,7 @@ impl ApiJob {
 }
 
 impl ApiTaskGroup {
-    fn to_group(&self, problems: &mut Vec<String>) -> TaskGroup {
+    fn to_group(&self, job_name: &str, problems: &mut Vec<String>) -> TaskGroup {
         let restart_policy = self.restart_policy.as_ref().map(|policy| {
             let mut base = RestartPolicy::SERVICE;
             if let Some(attempts) = policy.attempts {
@@ -279,7 +327,11 @@ impl ApiTaskGroup {
         TaskGroup {
             name: self.name.clone(),
             count: self.count.unwrap_or(1),
-            tasks: self.tasks.iter().map(|task| task.to_task(problems)).collect(),
+            tasks: self
+                .tasks
+                .iter()
+                .map(|task| task.to_task(job_name, &self.name, problems))
+                .collect(),
             volumes: self
                 .volumes
                 .iter()
@@ -319,7 +371,7 @@ impl ApiTaskGroup {
 }
 
 impl ApiTask {
-    fn to_task(&self, problems: &mut Vec<String>) -> Task {
+    fn to_task(&self, job_name: &str, group_name: &str, problems: &mut Vec<String>) -> Task {
         let resources = self.resources.clone().unwrap_or_default();
         let mut config = BTreeMap::new();
         for (key, value) in &self.config {
@@ -382,6 +434,15 @@ impl ApiTask {
                 .kill_timeout
                 .map(|nanos| duration("kill_timeout", nanos, problems))
                 .unwrap_or(drover_core::structs::DEFAULT_KILL_TIMEOUT),
+            services: self
+                .services
+                .iter()
+                .map(|service| {
+                    let mut service = service.to_service(problems);
+                    service.canonicalize(job_name, group_name, &self.name);
+                    service
+                })
+                .collect(),
             resources: TaskResources {
                 cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
                 memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
@@ -434,6 +495,65 @@ impl ApiTask {
                 health_timeout: Some(nanos(plugin.health_timeout)),
             }),
             kill_timeout: Some(nanos(task.kill_timeout)),
+            services: task.services.iter().map(ApiService::from_service).collect(),
+        }
+    }
+}
+
+impl ApiService {
+    fn to_service(&self, problems: &mut Vec<String>) -> Service {
+        Service {
+            name: self.name.clone(),
+            port_label: self.port_label.clone(),
+            address_mode: self.address_mode.clone(),
+            tags: self.tags.clone(),
+            canary_tags: self.canary_tags.clone(),
+            enable_tag_override: self.enable_tag_override,
+            meta: self.meta.clone(),
+            checks: self
+                .checks
+                .iter()
+                .map(|check| ServiceCheck {
+                    name: check.name.clone(),
+                    check_type: check.check_type.clone(),
+                    command: check.command.clone(),
+                    args: check.args.clone(),
+                    path: check.path.clone(),
+                    protocol: check.protocol.clone(),
+                    method: check.method.clone(),
+                    port_label: check.port_label.clone(),
+                    interval: duration("check interval", check.interval, problems),
+                    timeout: duration("check timeout", check.timeout, problems),
+                })
+                .collect(),
+        }
+    }
+
+    fn from_service(service: &Service) -> ApiService {
+        ApiService {
+            name: service.name.clone(),
+            port_label: service.port_label.clone(),
+            address_mode: service.address_mode.clone(),
+            tags: service.tags.clone(),
+            canary_tags: service.canary_tags.clone(),
+            enable_tag_override: service.enable_tag_override,
+            meta: service.meta.clone(),
+            checks: service
+                .checks
+                .iter()
+                .map(|check| ApiServiceCheck {
+                    name: check.name.clone(),
+                    check_type: check.check_type.clone(),
+                    command: check.command.clone(),
+                    args: check.args.clone(),
+                    path: check.path.clone(),
+                    protocol: check.protocol.clone(),
+                    method: check.method.clone(),
+                    port_label: check.port_label.clone(),
+                    interval: nanos(check.interval),
+                    timeout: nanos(check.timeout),
+                })
+                .collect(),
         }
     }
 }
@@ -534,6 +654,32 @@ mod tests {
         );
         let back = ApiJob::from_job(&job, "pending").to_job().unwrap();
         assert_eq!(back, job);
+    }
+
+    #[test]
+    fn a_go_client_job_with_nulls_and_services_is_read() {
+        // Shaped like Nomad's Go `api.Job` encoding: nil slices and maps are `null`.
+        let body: Value = serde_json::from_str(
+            r#"{"ID":"web","Name":null,"Datacenters":null,"Priority":null,"TaskGroups":[{"Name":"g","Count":null,
+               "Volumes":null,"RestartPolicy":null,"Migrate":null,"Tasks":[{"Name":"t","Driver":"raw_exec",
+               "Config":{"command":"/bin/true"},"Env":null,"Resources":null,"VolumeMounts":null,
+               "CSIPluginConfig":null,"KillTimeout":null,"Services":[{"Name":"","PortLabel":"","Tags":null,
+               "CanaryTags":null,"Meta":null,"Checks":[{"Name":"","Type":"script","Command":"/bin/true",
+               "Args":null,"Interval":10000000000,"Timeout":2000000000}]}]}]}]}"#,
+        )
+        .unwrap();
+        let api: ApiJob = serde_json::from_value(without_nulls(body)).unwrap();
+        let job = api.to_job().unwrap();
+        assert_eq!(job.name, "web");
+        let service = &job.task_groups[0].tasks[0].services[0];
+        assert_eq!(service.name, "web-g-t");
+        assert_eq!(service.checks[0].timeout, Duration::from_secs(2));
+        assert_eq!(drover_core::jobspec::validate(&job), Vec::<String>::new());
+        let rendered = serde_json::to_value(ApiJob::from_job(&job, "pending")).unwrap();
+        assert_eq!(
+            rendered["TaskGroups"][0]["Tasks"][0]["Services"][0]["Checks"][0]["Interval"],
+            10_000_000_000i64
+        );
     }
 
     #[test]

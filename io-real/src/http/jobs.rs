@@ -163,7 +163,10 @@ async fn register(
     body: &[u8],
     path_id: Option<&str>,
 ) -> Result<axum::response::Response, ApiError> {
-    let body: RegisterBody = serde_json::from_slice(body)
+    // Nomad's Go client sends unset slices and maps as `null`: read as absent.
+    let body: RegisterBody = serde_json::from_slice::<Value>(body)
+        .map(crate::jobs::without_nulls)
+        .and_then(serde_json::from_value)
         .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse job: {error}")))?;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
