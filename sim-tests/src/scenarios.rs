@@ -252,7 +252,7 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "jobs_system_late_node",
-        about: "a system job on every node, one node joining late, beside a job with a single-writer volume",
+        about: "the volume's node plugin as a system job on every node, one joining late, beside a single-writer job",
         build: jobs_system_late_node,
     },
     Scenario {
@@ -720,7 +720,9 @@ fn jobs_system_late_node(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     csi.clients = 4;
     csi.late_clients = 1;
     if let Some(jobs) = &mut csi.jobs {
+        // The system job is the volume's node plugin, as Nomad recommends running one.
         jobs.system = true;
+        jobs.plugin = true;
     }
     csi_plan(rng, options, steps, csi)
 }
