@@ -260,6 +260,11 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             store: ClientStore::open(&data_dir.join("client"))?,
             inbox,
             node,
+            consul: config
+                .consul
+                .address
+                .as_ref()
+                .map(|address| ConsulHttp::new(address, config.consul.timeout)),
         })?);
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);

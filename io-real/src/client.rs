@@ -20,10 +20,11 @@ use drover_core::client::registry::{PluginKind, Registry};
 use drover_core::client::task_runner::LocalTaskState;
 use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, NodeAllocsRequest, ServerReply, ServerRequest};
-use drover_core::structs::{Allocation, DriverInfo, Job, Node, NodeStatus};
+use drover_core::structs::{Allocation, DriverInfo, Job, Node, NodeStatus, Service};
 use redb::{ReadableDatabase, TableDefinition};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::consul::ConsulHttp;
 use crate::csi::CsiClient;
 use crate::devices::{DeviceManager, DeviceStats};
 use crate::driver::AgentHandle;
@@ -464,6 +465,90 @@ pub struct ClientParts {
     pub inbox: ClientInbox,
     /// The node record to register (id, name, datacenter, addresses).
     pub node: Node,
+    /// The local Consul agent (`consul { address }`): running tasks' `service` blocks are
+    /// registered there. `None`: services are stored with the job but not registered.
+    pub consul: Option<ConsulHttp>,
+}
+
+/// Task `service` blocks of the allocations this client knows: alloc → task → services.
+type ServiceSpecs = Arc<Mutex<BTreeMap<String, BTreeMap<String, Vec<Service>>>>>;
+
+/// Consul anti-entropy: the agent is compared with what should be there at least this often,
+/// and at once after any change (Nomad's service client syncs every 30 s).
+const SERVICE_SYNC_PERIOD: Duration = Duration::from_secs(30);
+
+fn remember_services(specs: &ServiceSpecs, alloc: &Allocation, job: &Job) {
+    let tasks: BTreeMap<String, Vec<Service>> = job
+        .task_groups
+        .iter()
+        .filter(|group| group.name == alloc.task_group)
+        .flat_map(|group| group.tasks.iter())
+        .filter(|task| !task.services.is_empty())
+        .map(|task| (task.name.clone(), task.services.clone()))
+        .collect();
+    let mut specs = specs.lock().unwrap();
+    if tasks.is_empty() {
+        specs.remove(&alloc.id);
+    } else {
+        specs.insert(alloc.id.clone(), tasks);
+    }
+}
+
+/// Keeps the Consul agent's task services equal to the running tasks' `service` blocks: on
+/// every change of a task's state or of the allocations, and every [`SERVICE_SYNC_PERIOD`].
+/// Consul being down fails nothing: the next pass tries again.
+async fn sync_services(
+    consul: ConsulHttp,
+    tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
+    specs: ServiceSpecs,
+    changed: Arc<tokio::sync::Notify>,
+    address: std::net::IpAddr,
+) {
+    use drover_core::client::services::{plan_sync, registrations};
+    loop {
+        let desired: BTreeMap<String, drover_core::client::services::TaskServiceRegistration> = {
+            let tasks = tasks.lock().unwrap();
+            let specs = specs.lock().unwrap();
+            tasks
+                .iter()
+                .flat_map(|(alloc_id, states)| {
+                    states
+                        .iter()
+                        .filter(|(_, state)| state.state.state == drover_core::client::task_runner::TaskStatus::Running)
+                        .filter_map(|(task, _)| {
+                            let services = specs.get(alloc_id)?.get(task)?;
+                            Some(registrations(alloc_id, task, services))
+                        })
+                        .flatten()
+                        .collect::<Vec<_>>()
+                })
+                .map(|registration| (registration.id.clone(), registration))
+                .collect()
+        };
+        match consul.agent_services().await {
+            Ok(registered) => {
+                let plan = plan_sync(&desired, &registered);
+                for registration in &plan.register {
+                    match consul.register_task_service(registration, address).await {
+                        Ok(()) => {
+                            tracing::info!(id = %registration.id, name = %registration.name, "service registered in consul")
+                        }
+                        Err(error) => {
+                            tracing::warn!(id = %registration.id, %error, "registering a service in consul failed")
+                        }
+                    }
+                }
+                for id in &plan.deregister {
+                    match consul.deregister_service(id).await {
+                        Ok(()) => tracing::info!(%id, "service deregistered from consul"),
+                        Err(error) => tracing::warn!(%id, %error, "deregistering a service from consul failed"),
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "reading the consul agent's services failed; retrying"),
+        }
+        let _ = tokio::time::timeout(SERVICE_SYNC_PERIOD, changed.notified()).await;
+    }
 }
 
 /// Starts the client loop; it runs until the runtime stops.
@@ -501,7 +586,28 @@ async fn run(
         store,
         inbox,
         mut node,
+        consul,
     } = parts;
+    let service_specs: ServiceSpecs = Arc::default();
+    let services_changed = Arc::new(tokio::sync::Notify::new());
+    for (alloc, job, ..) in &saved {
+        remember_services(&service_specs, alloc, job);
+    }
+    if let Some(consul) = consul {
+        let address = node
+            .http_addr
+            .parse::<std::net::SocketAddr>()
+            .map(|addr| addr.ip())
+            .or_else(|_| node.http_addr.parse::<std::net::IpAddr>())
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        tokio::spawn(sync_services(
+            consul,
+            view.tasks.clone(),
+            service_specs.clone(),
+            services_changed.clone(),
+            address,
+        ));
+    }
     let ClientInbox {
         mut receiver,
         sender,
@@ -580,6 +686,7 @@ async fn run(
                         .entry(alloc_id.clone())
                         .or_default()
                         .insert(task.clone(), (*state).clone());
+                    services_changed.notify_one();
                     if let Err(error) = store.put(&format!("task/{alloc_id}/{task}"), &*state) {
                         tracing::error!(%error, "persisting task state failed");
                     }
@@ -606,6 +713,8 @@ async fn run(
                 }
                 ClientAction::Forget { alloc_id } => {
                     view.tasks.lock().unwrap().remove(&alloc_id);
+                    service_specs.lock().unwrap().remove(&alloc_id);
+                    services_changed.notify_one();
                     known.remove(&alloc_id);
                     if let Err(error) = store.forget(&alloc_id) {
                         tracing::error!(%error, "forgetting an allocation failed");
@@ -648,6 +757,7 @@ async fn run(
                     Message::Registered(heartbeat_ttl) => client.handle(now, ClientInput::Registered { heartbeat_ttl }),
                     Message::Allocs(allocs, finished_elsewhere) => {
                         for (alloc, job) in &allocs {
+                            remember_services(&service_specs, alloc, job);
                             if known.insert(alloc.id.clone())
                                 && let Err(error) = store.put(&format!("spec/{}", alloc.id), &(alloc, job))
                             {

@@ -75,6 +75,77 @@ impl ConsulHttp {
             .map_err(|_| format!("{uri}: timed out after {:?}", self.timeout))?
     }
 
+    /// The services the local agent holds, by id (`GET /v1/agent/services`).
+    pub async fn agent_services(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, drover_core::client::services::RegisteredService>, String> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct AgentService {
+            service: String,
+            #[serde(default)]
+            tags: Option<Vec<String>>,
+            #[serde(default)]
+            meta: Option<std::collections::BTreeMap<String, String>>,
+            #[serde(default)]
+            port: u16,
+        }
+        let bytes = self
+            .request(hyper::Method::GET, "/v1/agent/services", Vec::new())
+            .await?;
+        let services: std::collections::BTreeMap<String, AgentService> =
+            serde_json::from_slice(&bytes).map_err(|error| format!("/v1/agent/services: {error}"))?;
+        Ok(services
+            .into_iter()
+            .map(|(id, service)| {
+                (
+                    id,
+                    drover_core::client::services::RegisteredService {
+                        name: service.service,
+                        tags: service.tags.unwrap_or_default(),
+                        meta: service.meta.unwrap_or_default(),
+                        port: service.port,
+                    },
+                )
+            })
+            .collect())
+    }
+
+    /// Registers a task's service with the local agent, at `address`.
+    pub async fn register_task_service(
+        &self,
+        registration: &drover_core::client::services::TaskServiceRegistration,
+        address: IpAddr,
+    ) -> Result<(), String> {
+        let body = serde_json::json!({
+            "ID": registration.id,
+            "Name": registration.name,
+            "Tags": registration.tags,
+            "Meta": registration.meta,
+            "EnableTagOverride": registration.enable_tag_override,
+            "Address": address.to_string(),
+            "Port": registration.port,
+        });
+        self.request(
+            hyper::Method::PUT,
+            "/v1/agent/service/register",
+            serde_json::to_vec(&body).expect("json serializes"),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Removes a service from the local agent.
+    pub async fn deregister_service(&self, id: &str) -> Result<(), String> {
+        self.request(
+            hyper::Method::PUT,
+            &format!("/v1/agent/service/deregister/{id}"),
+            Vec::new(),
+        )
+        .await
+        .map(|_| ())
+    }
+
     async fn service_in(&self, service: &str, tag: &str, datacenter: Option<&str>) -> Result<Vec<SocketAddr>, String> {
         let mut path = format!("/v1/catalog/service/{service}?tag={tag}");
         if let Some(datacenter) = datacenter {

@@ -15,6 +15,7 @@ pub mod paths;
 pub mod plugin_supervisor;
 pub mod registry;
 pub mod restarts;
+pub mod services;
 pub mod task_runner;
 pub mod volume_hook;
 pub mod volume_manager;
