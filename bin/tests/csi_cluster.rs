@@ -10,7 +10,7 @@ use std::time::Duration;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{ClaimState, ClientStatus};
 use support::csi::{FakeClient, volume_body};
-use support::{Agent, agreed_leader, cluster_specs, free_ports, http, server_args, wait_for};
+use support::{Agent, agreed_leader, cluster_specs, free_ports, http, http_status, server_args, wait_for};
 
 const CYCLES: usize = 12;
 
@@ -59,6 +59,18 @@ fn claims_and_releases_survive_a_leader_kill() {
         assert!(
             reply.is_some_and(|body| !body.contains("do-not-leak")),
             "register {volume} through HTTP"
+        );
+        // Read-your-writes: the follower answered only once it applied the write itself.
+        assert_eq!(
+            http_status(
+                "GET",
+                agents[follower].spec.http,
+                &format!("/v1/volume/csi/{volume}"),
+                None
+            )
+            .map(|(code, _)| code),
+            Some(200),
+            "{volume} readable through the follower that took the write"
         );
     }
 

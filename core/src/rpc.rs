@@ -185,6 +185,19 @@ pub enum ServerReply {
     },
 }
 
+impl ServerReply {
+    /// The Raft index the write was applied at; `None` for an error.
+    pub fn index(&self) -> Option<u64> {
+        match self {
+            ServerReply::Done { index }
+            | ServerReply::Claimed { index, .. }
+            | ServerReply::Heartbeat { index, .. }
+            | ServerReply::JobRegistered { index, .. } => Some(*index),
+            ServerReply::Error(_) => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ControllerAttachRequest {
     pub plugin_id: String,

@@ -196,6 +196,31 @@ impl AgentHandle {
         self.inner.service.server_request(request, false).await
     }
 
+    /// [`AgentHandle::request`], then, on a server, waits until this server has applied the
+    /// write itself (at most [`READ_YOUR_WRITES_WAIT`]): a write forwarded to the leader is
+    /// answered once the leader applied it, and a read through this same agent right after
+    /// must see it. The HTTP API's writes go through here.
+    pub async fn request_applied(&self, request: ServerRequest) -> ServerReply {
+        let reply = self.request(request).await;
+        let (Some(index), Some(applied), Some(changes)) = (reply.index(), &self.inner.applied, &self.inner.changes)
+        else {
+            return reply;
+        };
+        let deadline = tokio::time::Instant::now() + READ_YOUR_WRITES_WAIT;
+        loop {
+            let seen = changes.count();
+            let current = applied
+                .lock()
+                .expect("state lock")
+                .last_applied
+                .map(|log| log.index)
+                .unwrap_or(0);
+            if current >= index || !changes.changed_since(seen, deadline).await {
+                return reply;
+            }
+        }
+    }
+
     /// `Node.GetClientAllocs` as a blocking query: this server's state, or a client-only
     /// agent's servers.
     pub async fn node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, rpc::RpcError> {
@@ -212,6 +237,9 @@ impl AgentHandle {
         }
     }
 }
+
+/// How long an HTTP write waits for its own server to catch up with the leader.
+pub const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(5);
 
 fn unix_millis() -> u64 {
     std::time::SystemTime::now()

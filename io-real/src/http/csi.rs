@@ -315,7 +315,7 @@ pub async fn put_volume(
         volumes.push(spec.into_volume()?);
     }
     let keys: Vec<(String, String)> = volumes.iter().map(CsiVolume::key).collect();
-    let index = reply_to_result(handle.request(ServerRequest::VolumeRegister { volumes }).await)?;
+    let index = reply_to_result(handle.request_applied(ServerRequest::VolumeRegister { volumes }).await)?;
     let registered: Vec<Value> = handle
         .read_state(|state| {
             keys.iter()
@@ -341,7 +341,7 @@ pub async fn delete_volume(
         volume_ids: vec![id],
         force: options.force.unwrap_or(false),
     };
-    let index = reply_to_result(handle.request(request).await)?;
+    let index = reply_to_result(handle.request_applied(request).await)?;
     Ok((query_headers(&handle, index), StatusCode::OK))
 }
 
@@ -359,7 +359,7 @@ pub async fn detach_volume(
         volume_id: id,
         node_id: node,
     };
-    let index = reply_to_result(handle.request(request).await)?;
+    let index = reply_to_result(handle.request_applied(request).await)?;
     Ok((query_headers(&handle, index), StatusCode::OK))
 }
 
@@ -416,7 +416,11 @@ pub async fn delete_plugin(
     Path(id): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
     validate_id("plugin", &id)?;
-    let index = reply_to_result(handle.request(ServerRequest::PluginDelete { plugin_id: id }).await)?;
+    let index = reply_to_result(
+        handle
+            .request_applied(ServerRequest::PluginDelete { plugin_id: id })
+            .await,
+    )?;
     Ok((query_headers(&handle, index), StatusCode::OK))
 }
 

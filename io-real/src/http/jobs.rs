@@ -179,7 +179,10 @@ async fn register(
     let job = api
         .to_job()
         .map_err(|problems| ApiError(StatusCode::BAD_REQUEST, drover_core::jobspec::format_errors(&problems)))?;
-    match handle.request(ServerRequest::JobRegister { job: Box::new(job) }).await {
+    match handle
+        .request_applied(ServerRequest::JobRegister { job: Box::new(job) })
+        .await
+    {
         ServerReply::JobRegistered {
             index,
             eval_id,
@@ -275,7 +278,7 @@ pub async fn deregister_job(
         job_id: id,
         purge: options.purge.unwrap_or(false),
     };
-    match handle.request(request).await {
+    match handle.request_applied(request).await {
         ServerReply::JobRegistered {
             index,
             eval_id,

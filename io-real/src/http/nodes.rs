@@ -70,7 +70,7 @@ pub async fn drain(
     });
     let index = reply_to_result(
         handle
-            .request(ServerRequest::NodeUpdateDrain {
+            .request_applied(ServerRequest::NodeUpdateDrain {
                 node_id: id,
                 strategy,
                 mark_eligible: request.mark_eligible,
@@ -94,7 +94,7 @@ pub async fn eligibility(
     };
     let index = reply_to_result(
         handle
-            .request(ServerRequest::NodeUpdateEligibility {
+            .request_applied(ServerRequest::NodeUpdateEligibility {
                 node_id: id,
                 eligibility,
             })
