@@ -33,7 +33,10 @@ fn ms(duration: Duration) -> f64 {
 
 fn ok(reply: ServerReply) {
     assert!(
-        matches!(reply, ServerReply::Done { .. } | ServerReply::Claimed { .. }),
+        matches!(
+            reply,
+            ServerReply::Done { .. } | ServerReply::Claimed { .. } | ServerReply::Heartbeat { .. }
+        ),
         "{reply:?}"
     );
 }
@@ -178,22 +181,45 @@ fn snapshot_100k() {
     let clone_time = started.elapsed();
     drop(copy);
     let started = Instant::now();
+    let legacy = postcard::to_allocvec(&state).unwrap();
+    let legacy_time = started.elapsed();
+    let started = Instant::now();
+    let legacy_restored = ServerState::restore(&legacy).unwrap();
+    let legacy_restore_time = started.elapsed();
+    assert_eq!(legacy_restored, state);
+    drop(legacy_restored);
+    let started = Instant::now();
     let bytes = state.snapshot();
     let snapshot_time = started.elapsed();
     let started = Instant::now();
     let restored = ServerState::restore(&bytes).unwrap();
     let restore_time = started.elapsed();
     assert_eq!(restored, state, "restore gives the state that made the snapshot");
+    let mib = |len: usize| len as f64 / (1024.0 * 1024.0);
     println!("state store with {VOLUMES} volumes:");
-    println!("  baseline: in-memory clone   {:>8.1} ms", ms(clone_time));
+    println!("  baseline: in-memory clone            {:>8.1} ms", ms(clone_time));
     println!(
-        "  snapshot (postcard)         {:>8.1} ms ({:.1}x baseline), {:.1} MiB",
-        ms(snapshot_time),
-        ms(snapshot_time) / ms(clone_time),
-        bytes.len() as f64 / (1024.0 * 1024.0)
+        "  snapshot, unversioned postcard       {:>8.1} ms ({:.1}x baseline), {:.1} MiB",
+        ms(legacy_time),
+        ms(legacy_time) / ms(clone_time),
+        mib(legacy.len())
     );
     println!(
-        "  restore                     {:>8.1} ms ({:.1}x baseline)",
+        "  restore,  unversioned postcard       {:>8.1} ms ({:.1}x baseline)",
+        ms(legacy_restore_time),
+        ms(legacy_restore_time) / ms(clone_time)
+    );
+    println!(
+        "  snapshot, state format v{} (CBOR+LZ4) {:>7.1} ms ({:.1}x baseline), {:.1} MiB ({:.1}x postcard)",
+        drover_core::codec::FORMAT_VERSION,
+        ms(snapshot_time),
+        ms(snapshot_time) / ms(clone_time),
+        mib(bytes.len()),
+        bytes.len() as f64 / legacy.len() as f64
+    );
+    println!(
+        "  restore,  state format v{} (CBOR+LZ4) {:>7.1} ms ({:.1}x baseline)",
+        drover_core::codec::FORMAT_VERSION,
         ms(restore_time),
         ms(restore_time) / ms(clone_time)
     );

@@ -24,6 +24,7 @@ mod prelude {
 pub mod agent;
 pub mod bootstrap;
 pub mod client;
+pub mod codec;
 pub mod config;
 pub mod csi;
 pub mod drainer;

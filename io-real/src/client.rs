@@ -71,7 +71,7 @@ impl ClientStore {
             key: key.to_string(),
             reason,
         };
-        let bytes = postcard::to_allocvec(value).map_err(|error| fail(error.to_string()))?;
+        let bytes = drover_core::codec::encode(value);
         let txn = self.db.begin_write().map_err(|error| fail(error.to_string()))?;
         {
             let mut table = txn.open_table(CLIENT).map_err(|error| fail(error.to_string()))?;
@@ -83,8 +83,12 @@ impl ClientStore {
     }
 
     /// Every record whose key starts with `prefix`, decoded; undecodable records are reported
-    /// and skipped, never overwritten.
-    fn scan<T: serde::de::DeserializeOwned>(&self, prefix: &str) -> Result<Vec<(String, T)>, ClientStoreError> {
+    /// and skipped, never overwritten. Records of the unversioned form an earlier agent wrote
+    /// are rewritten in the current format once read, so the next upgrade still reads them.
+    fn scan<T: serde::de::DeserializeOwned + serde::Serialize>(
+        &self,
+        prefix: &str,
+    ) -> Result<Vec<(String, T)>, ClientStoreError> {
         let fail = |reason: String| ClientStoreError::Io {
             key: prefix.to_string(),
             reason,
@@ -96,16 +100,29 @@ impl ClientStore {
             Err(error) => return Err(fail(error.to_string())),
         };
         let mut out = Vec::new();
+        let mut unversioned = Vec::new();
         for entry in table.range(prefix..).map_err(|error| fail(error.to_string()))? {
             let (key, value) = entry.map_err(|error| fail(error.to_string()))?;
             let key = key.value().to_string();
             if !key.starts_with(prefix) {
                 break;
             }
-            match postcard::from_bytes(value.value()) {
-                Ok(decoded) => out.push((key, decoded)),
+            match drover_core::codec::decode(value.value()) {
+                Ok(decoded) => {
+                    if !value.value().starts_with(&drover_core::codec::MAGIC) {
+                        unversioned.push(out.len());
+                    }
+                    out.push((key, decoded));
+                }
                 Err(error) => tracing::error!(%key, %error, "client state record cannot be read; skipped"),
             }
+        }
+        drop(table);
+        drop(txn);
+        for at in unversioned {
+            let (key, value) = &out[at];
+            self.put(key, value)?;
+            tracing::info!(%key, "client state record rewritten in the versioned state format");
         }
         Ok(out)
     }
@@ -975,5 +992,47 @@ mod tests {
         // Reopening sees the same records (they are on disk, not in memory).
         drop(store);
         assert_eq!(ClientStore::open(dir.path()).unwrap().allocs().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn records_of_an_agent_from_before_the_versioned_format_are_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ClientStore::open(dir.path()).unwrap();
+        let alloc = Allocation {
+            id: "old".into(),
+            ..Allocation::default()
+        };
+        let mut task = LocalTaskState::default();
+        task.state.restarts = 2;
+        let records = [
+            ("spec/old", postcard::to_allocvec(&(alloc, Job::default())).unwrap()),
+            ("alloc/old", postcard::to_allocvec(&LocalAllocState::default()).unwrap()),
+            ("task/old/web", postcard::to_allocvec(&task).unwrap()),
+        ];
+        let txn = store.db.begin_write().unwrap();
+        {
+            let mut table = txn.open_table(CLIENT).unwrap();
+            for (key, bytes) in &records {
+                table.insert(*key, bytes.as_slice()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+        let allocs = store.allocs().unwrap();
+        assert_eq!(allocs.len(), 1);
+        assert_eq!(allocs[0].0.id, "old");
+        assert_eq!(allocs[0].3["web"].state.restarts, 2);
+        // Reading rewrote them in the current format, so a later build still reads them.
+        let txn = store.db.begin_read().unwrap();
+        let table = txn.open_table(CLIENT).unwrap();
+        for (key, _) in &records {
+            let stored = table.get(*key).unwrap().unwrap();
+            assert!(
+                stored.value().starts_with(&drover_core::codec::MAGIC),
+                "{key} not rewritten"
+            );
+        }
+        drop(table);
+        drop(txn);
+        assert_eq!(store.allocs().unwrap()[0].3["web"].state.restarts, 2);
     }
 }

@@ -432,13 +432,13 @@ impl ServerState {
         self.table_index.get(&table).copied().unwrap_or(0)
     }
 
-    /// The whole state, postcard-encoded (compact; map keys need not be strings).
+    /// The whole state as a versioned record ([`crate::codec`]).
     pub fn snapshot(&self) -> Vec<u8> {
-        postcard::to_allocvec(self).expect("state serializes")
+        crate::codec::encode(self)
     }
 
     pub fn restore(data: &[u8]) -> Result<Self, SnapshotError> {
-        postcard::from_bytes(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
+        crate::codec::decode(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
     }
 }
 

@@ -12,6 +12,7 @@ use std::ops::{Bound, RangeBounds};
 use std::sync::{Arc, Mutex};
 
 use drover_core::bootstrap::BootState;
+use drover_core::codec;
 use drover_core::fsm::{Response, ServerState};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine, Snapshot};
 use openraft::{
@@ -193,13 +194,24 @@ fn decode<T: for<'a> Deserialize<'a>>(key: &str, bytes: &[u8]) -> Result<T, Stor
     })
 }
 
-/// A stored snapshot: its metadata and its postcard body.
+/// A stored snapshot: its metadata and its body (a [`SnapshotBody`] record).
 type StoredSnapshot = (SnapshotMeta<u64, ServerNode>, Vec<u8>);
 
+/// Reads a snapshot body: a versioned record ([`drover_core::codec`]), or the unversioned
+/// postcard form written before, whose state was itself postcard inside.
 fn decode_body(data: &[u8]) -> Result<SnapshotBody, StoreError> {
-    postcard::from_bytes(data).map_err(|error| StoreError::Corrupt {
+    let corrupt = |reason: String| StoreError::Corrupt {
         key: KEY_SNAPSHOT_DATA.into(),
-        reason: error.to_string(),
+        reason,
+    };
+    if data.starts_with(&codec::MAGIC) {
+        return codec::decode(data).map_err(|error| corrupt(error.to_string()));
+    }
+    let body: UnversionedSnapshotBody = postcard::from_bytes(data).map_err(|error| corrupt(error.to_string()))?;
+    Ok(SnapshotBody {
+        last_applied: body.last_applied,
+        membership: body.membership,
+        state: ServerState::restore(&body.state).map_err(|error| corrupt(error.to_string()))?,
     })
 }
 
@@ -372,8 +384,26 @@ pub struct Applied {
 /// Called with the state as it is right after the entry was applied.
 pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>, &ServerState) + Send + Sync>;
 
-#[derive(Serialize, Deserialize)]
+/// A snapshot's body, as stored and as sent to other servers: a versioned record, so a server
+/// of a later build reads it and one of an earlier build skips fields it does not know.
+#[derive(Deserialize)]
 struct SnapshotBody {
+    last_applied: Option<LogId<u64>>,
+    membership: StoredMembership<u64, ServerNode>,
+    state: ServerState,
+}
+
+/// [`SnapshotBody`] by reference, to encode without copying the state.
+#[derive(Serialize)]
+struct SnapshotBodyRef<'a> {
+    last_applied: Option<LogId<u64>>,
+    membership: &'a StoredMembership<u64, ServerNode>,
+    state: &'a ServerState,
+}
+
+/// The body written before the state format was versioned.
+#[derive(Serialize, Deserialize)]
+struct UnversionedSnapshotBody {
     last_applied: Option<LogId<u64>>,
     membership: StoredMembership<u64, ServerNode>,
     state: Vec<u8>,
@@ -394,12 +424,20 @@ impl StateMachine {
     /// Restores the state from the stored snapshot, if any.
     pub fn open(store: Store, on_apply: Option<ApplyHook>) -> Result<Self, StoreError> {
         let mut applied = Applied::default();
-        if let Some((_, data)) = store.get_snapshot()? {
+        if let Some((meta, data)) = store.get_snapshot()? {
             let body = decode_body(&data)?;
-            applied.state = ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
-                key: "snapshot".into(),
-                reason: error.to_string(),
-            })?;
+            if !data.starts_with(&codec::MAGIC) {
+                // Rewritten in the versioned format now, while this build can still read the
+                // unversioned one (it reads only the shapes of its own time).
+                let data = codec::encode(&SnapshotBodyRef {
+                    last_applied: body.last_applied,
+                    membership: &body.membership,
+                    state: &body.state,
+                });
+                store.put_snapshot(&meta, &data)?;
+                tracing::info!("Raft snapshot rewritten in the versioned state format");
+            }
+            applied.state = body.state;
             applied.last_applied = body.last_applied;
             applied.membership = body.membership;
         }
@@ -428,13 +466,9 @@ impl StateMachine {
 
     fn install(&self, meta: &SnapshotMeta<u64, ServerNode>, data: Vec<u8>) -> Result<(), StoreError> {
         let body = decode_body(&data)?;
-        let state = ServerState::restore(&body.state).map_err(|error| StoreError::Corrupt {
-            key: "snapshot".into(),
-            reason: error.to_string(),
-        })?;
         self.store.put_snapshot(meta, &data)?;
         let mut applied = self.applied.lock().expect("state lock");
-        applied.state = state;
+        applied.state = body.state;
         applied.last_applied = meta.last_log_id;
         applied.membership = meta.last_membership.clone();
         drop(applied);
@@ -445,16 +479,15 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        let (body, last_applied, membership) = {
+        let (data, last_applied, membership) = {
             let applied = self.applied.lock().expect("state lock");
-            let body = SnapshotBody {
+            let data = codec::encode(&SnapshotBodyRef {
                 last_applied: applied.last_applied,
-                membership: applied.membership.clone(),
-                state: applied.state.snapshot(),
-            };
-            (body, applied.last_applied, applied.membership.clone())
+                membership: &applied.membership,
+                state: &applied.state,
+            });
+            (data, applied.last_applied, applied.membership.clone())
         };
-        let data = postcard::to_allocvec(&body).expect("snapshot serializes");
         let seq = {
             let mut seq = self.snapshot_seq.lock().expect("seq lock");
             *seq += 1;
@@ -544,5 +577,63 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_core::fsm::Command;
+    use std::collections::BTreeMap;
+
+    fn state() -> ServerState {
+        let mut state = ServerState::default();
+        let command = Command::VariableUpsert {
+            path: "app".into(),
+            items: BTreeMap::from([("k".into(), "v".into())]),
+        };
+        state.apply(1, &drover_core::fsm::Entry { at_unix_ms: 1, command });
+        state
+    }
+
+    fn meta() -> SnapshotMeta<u64, ServerNode> {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), 1)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "1-1-1".into(),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_of_the_unversioned_form_and_of_the_current_one_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let legacy = postcard::to_allocvec(&UnversionedSnapshotBody {
+            last_applied: meta().last_log_id,
+            membership: StoredMembership::default(),
+            state: postcard::to_allocvec(&state()).unwrap(),
+        })
+        .unwrap();
+        store.put_snapshot(&meta(), &legacy).unwrap();
+        let mut machine = StateMachine::open(store.clone(), None).unwrap();
+        assert_eq!(machine.applied().lock().unwrap().state, state());
+        let (_, rewritten) = store.get_snapshot().unwrap().unwrap();
+        assert!(
+            rewritten.starts_with(&codec::MAGIC),
+            "opening rewrites it in the versioned format"
+        );
+
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let snapshot = runtime.block_on(machine.build_snapshot()).unwrap();
+        assert!(snapshot.snapshot.get_ref().starts_with(&codec::MAGIC));
+        let reopened = StateMachine::open(store.clone(), None).unwrap();
+        assert_eq!(reopened.applied().lock().unwrap().state, state());
+        assert_eq!(reopened.applied().lock().unwrap().last_applied, meta().last_log_id);
+
+        store.put_snapshot(&meta(), b"\xffDRV\x09").unwrap();
+        let error = StateMachine::open(store, None)
+            .err()
+            .expect("a newer format is refused");
+        assert!(error.to_string().contains("newer Drover (state format v9"), "{error}");
     }
 }
