@@ -286,3 +286,57 @@ async fn exec_bidirectional_mounts_reach_the_host() {
     }
     assert!(mounts_under(dir.path()).is_empty(), "{:?}", mounts_under(dir.path()));
 }
+
+/// Kills the process it holds when dropped, so a failing assertion leaves nothing running.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn proc_start_time(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    after.split_whitespace().nth(19).unwrap().parse().unwrap()
+}
+
+fn handle_for(pid: i64, start_time: u64) -> drover_core::client::TaskHandle {
+    drover_core::client::TaskHandle {
+        driver: "raw_exec".into(),
+        alloc_id: "gone".into(),
+        task: "t".into(),
+        state: format!(r#"{{"pid":{pid},"start_time":{start_time}}}"#),
+    }
+}
+
+/// A persisted handle whose pid now belongs to another process (the task exited while the agent
+/// was down and the pid was reused) must not be signalled; pids 0 and 1 never are.
+#[tokio::test]
+async fn stop_never_signals_a_process_that_is_not_the_task() {
+    use std::os::unix::process::CommandExt;
+    let mut command = std::process::Command::new("sleep");
+    command.arg("30").process_group(0);
+    let mut foreign = KillOnDrop(command.spawn().unwrap());
+    let pid = foreign.0.id();
+    let actual = proc_start_time(pid);
+    let driver = ProcessDriver::raw_exec();
+    let timeout = Duration::from_millis(100);
+
+    driver.stop(handle_for(pid.into(), actual + 1), timeout).await.unwrap();
+    driver.stop(handle_for(1, 0), timeout).await.unwrap();
+    driver.stop(handle_for(0, 0), timeout).await.unwrap();
+    driver.stop(handle_for(-1, 0), timeout).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        foreign.0.try_wait().unwrap().is_none(),
+        "a process that is not the task was signalled"
+    );
+
+    // The same pid with its true start time is the task: stopped.
+    driver.stop(handle_for(pid.into(), actual), timeout).await.unwrap();
+    let status = foreign.0.wait().unwrap();
+    assert!(!status.success(), "{status:?}");
+}

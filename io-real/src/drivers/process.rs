@@ -34,7 +34,6 @@ type Key = (String, String);
 
 #[derive(Clone)]
 struct Running {
-    pid: i32,
     exit: watch::Receiver<Option<ExitResult>>,
 }
 
@@ -91,6 +90,21 @@ fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 2..];
     after.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `pid` is the live process that started at `started`: a zombie has exited even though
+/// its /proc entry stays until its parent reaps it.
+fn is_running(pid: i32, started: u64) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    let Some(after) = stat.rfind(')').map(|at| &stat[at + 2..]) else {
+        return false;
+    };
+    let mut fields = after.split_whitespace();
+    let state = fields.next();
+    let start = fields.nth(18).and_then(|field| field.parse::<u64>().ok());
+    state != Some("Z") && state != Some("X") && start == Some(started)
 }
 
 /// What /proc says about one process: session, user and system ticks, RSS pages.
@@ -526,7 +540,18 @@ impl ProcessDriver {
             .id()
             .map(|pid| pid as i32)
             .ok_or_else(|| IoError::other("child exited at once"))?;
-        let start_time = start_time(pid).unwrap_or(0);
+        // The start time is what makes the pid safe to signal later: without it a stop could
+        // reach whatever process reused the pid, so a task whose start time cannot be read does
+        // not start.
+        let Some(start_time) = start_time(pid) else {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            release_shared(&shared);
+            return Err(IoError::other(format!(
+                "{}: cannot read the start time of task process {pid}",
+                self.name()
+            )));
+        };
         let (sender, receiver) = watch::channel(None);
         let released = shared.clone();
         tokio::spawn(async move {
@@ -542,7 +567,7 @@ impl ProcessDriver {
         });
         self.tasks.lock().unwrap().insert(
             (config.alloc_id.clone(), config.task.clone()),
-            Running { pid, exit: receiver },
+            Running { exit: receiver },
         );
         Ok(TaskHandle {
             driver: self.name().to_string(),
@@ -566,11 +591,24 @@ impl ProcessDriver {
     }
 }
 
+/// Sends `signal` to the process group the task leads, but only while `pid` is still the
+/// process the task started as (same start time): after the task was reaped, or after an agent
+/// restart, the pid may belong to another process, whose group must not be signalled. Pids 0
+/// and 1 are never signalled (`kill(-1)` reaches every process, `kill(0)` our own group).
+/// Returns whether the signal was sent.
+pub(crate) fn signal_task(pid: i32, started: u64, signal: i32) -> bool {
+    if pid <= 1 || start_time(pid) != Some(started) {
+        return false;
+    }
+    // SAFETY: kill has no memory preconditions.
+    unsafe { libc::kill(-pid, signal) == 0 }
+}
+
 /// Waits for a task that is not our child (reattached after a restart): its exit status is
 /// not ours to read.
 async fn wait_foreign(pid: i32, started: u64) -> ExitResult {
     loop {
-        if start_time(pid) != Some(started) {
+        if !is_running(pid, started) {
             return ExitResult {
                 err: Some("task exited while the agent was not its parent; exit status unknown".into()),
                 ..ExitResult::default()
@@ -711,20 +749,18 @@ impl TaskDriver for ProcessDriver {
     }
 
     fn stop(&self, handle: TaskHandle, kill_timeout: Duration) -> BoxFuture<Result<(), IoError>> {
-        let running = self.running(&handle);
-        let state = serde_json::from_str::<HandleState>(&handle.state).ok();
+        let state = serde_json::from_str::<HandleState>(&handle.state);
         let driver = self.clone();
         Box::pin(async move {
-            let Some(pid) = running.as_ref().map(|r| r.pid).or(state.as_ref().map(|s| s.pid)) else {
-                return Err(IoError::other("bad task handle"));
-            };
-            // The whole process group: the task and anything it started.
-            // SAFETY: kill has no memory preconditions.
-            unsafe { libc::kill(-pid, libc::SIGINT) };
+            let state = state.map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+            // The whole process group: the task and anything it started; only while the pid
+            // is still the task's (`signal_task`).
+            if !signal_task(state.pid, state.start_time, libc::SIGINT) {
+                return Ok(());
+            }
             let gone = driver.wait(handle.clone());
             if tokio::time::timeout(kill_timeout, gone).await.is_err() {
-                // SAFETY: as above.
-                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                signal_task(state.pid, state.start_time, libc::SIGKILL);
                 driver.wait(handle).await;
             }
             Ok(())
@@ -739,7 +775,7 @@ impl TaskDriver for ProcessDriver {
             }
             let state: HandleState = serde_json::from_str(&handle.state)
                 .map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
-            if start_time(state.pid) == Some(state.start_time) {
+            if is_running(state.pid, state.start_time) {
                 Ok(())
             } else {
                 Err(IoError::new(
