@@ -163,22 +163,10 @@ pub fn parse_text(text: &str) -> anyhow::Result<(FileConfig, Vec<String>)> {
     Ok((config, ignored))
 }
 
-/// Parses a Go-style duration ("30s", "1m", "500ms").
+/// Parses a Go-style duration ("30s", "1m", "500ms"), naming the field when it does not.
 pub fn parse_duration(field: &str, text: &str) -> anyhow::Result<Duration> {
-    let text = text.trim();
-    let split = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: u64 = number
-        .parse()
-        .with_context(|| format!("invalid {field} {text:?}: expected a duration such as \"30s\""))?;
-    let duration = match unit {
-        "ms" => Duration::from_millis(value),
-        "s" => Duration::from_secs(value),
-        "m" => Duration::from_secs(value * 60),
-        "h" => Duration::from_secs(value * 3600),
-        _ => bail!("invalid {field} {text:?}: expected a duration such as \"30s\""),
-    };
-    Ok(duration)
+    drover_core::goduration::parse(text.trim())
+        .map_err(|error| anyhow::anyhow!("invalid {field} {text:?}: {error}; expected a duration such as \"30s\""))
 }
 
 fn parse_ip(field: &str, text: &str) -> anyhow::Result<IpAddr> {
@@ -681,7 +669,7 @@ client {
         let error = parse_duration("retry_interval", "soon").unwrap_err().to_string();
         assert_eq!(
             error,
-            "invalid retry_interval \"soon\": expected a duration such as \"30s\""
+            "invalid retry_interval \"soon\": time: invalid duration \"soon\"; expected a duration such as \"30s\""
         );
         let flags = Flags {
             bind: Some("not-an-ip".into()),

@@ -155,37 +155,9 @@ impl Walker {
     }
 }
 
-/// Go's duration syntax: a sequence of number+unit (`h`, `m`, `s`, `ms`, `us`, `ns`).
+/// Go's duration syntax (`drover_core::goduration`), in nanoseconds.
 pub fn parse_duration(text: &str) -> Option<i64> {
-    if text == "0" {
-        return Some(0);
-    }
-    let mut total: i64 = 0;
-    let mut rest = text;
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(digits);
-        let number: f64 = number.parse().ok()?;
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_len);
-        let scale = match unit {
-            "h" => 3_600_000_000_000.0,
-            "m" => 60_000_000_000.0,
-            "s" => 1_000_000_000.0,
-            "ms" => 1_000_000.0,
-            "us" | "µs" => 1_000.0,
-            "ns" => 1.0,
-            _ => return None,
-        };
-        total = total.checked_add((number * scale) as i64)?;
-        rest = tail;
-    }
-    Some(total)
+    drover_core::goduration::parse_nanos(text).ok()
 }
 
 /// Parses one jobspec file: exactly one `job "<id>" {}` block.

@@ -330,7 +330,7 @@ mod tests {
                 command,
             };
             let response = self.state.apply(self.index, &entry);
-            assert!(!matches!(response, Response::Error(_)), "{response:?}");
+            assert!(!matches!(response, Response::Error(..)), "{response:?}");
         }
 
         /// Runs the drainer once and applies what it proposes.
@@ -615,7 +615,13 @@ mod tests {
                 },
             },
         );
-        assert_eq!(response, Response::Error(crate::fsm::DRAINING_NOT_ELIGIBLE.into()));
+        assert_eq!(
+            response,
+            Response::Error(
+                crate::error::ErrorKind::Refused,
+                crate::fsm::DRAINING_NOT_ELIGIBLE.into()
+            )
+        );
         // A client re-registering does not end the drain.
         fx.node("n1");
         assert!(fx.state.node("n1").unwrap().drain_strategy.is_some());

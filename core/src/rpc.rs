@@ -28,6 +28,7 @@ use crate::csi::routing::{self, ControllerTarget};
 use crate::csi::unpublish::{self, ControllerDetachRequest, NodeDetachRequest, Step};
 use crate::csi::watcher::{GcConfig, VolumeWatcher, WatcherAction};
 use crate::drainer::Drainer;
+pub use crate::error::ErrorKind;
 use crate::fsm::{Command, Response, ServerState};
 use crate::heartbeat::{HeartbeatConfig, Heartbeats};
 use crate::op::{OpId, OpIds};
@@ -136,9 +137,49 @@ pub enum ServerRequest {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RpcError {
+    /// What kind of failure this is (absent in replies of builds before it existed).
+    #[serde(default)]
+    pub kind: ErrorKind,
     pub message: String,
     /// The caller may retry (no leader, leadership lost, a retryable plugin error).
     pub retryable: bool,
+}
+
+impl RpcError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>, retryable: bool) -> Self {
+        RpcError {
+            kind,
+            message: message.into(),
+            retryable,
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::NotFound, message, false)
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::Invalid, message, false)
+    }
+
+    pub fn refused(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::Refused, message, false)
+    }
+
+    /// No leader, a lost leadership, an unreachable peer: retryable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::Unavailable, message, true)
+    }
+
+    /// A plugin's or controller's failure, retryable or not as the plugin said.
+    pub fn from_plugin(message: impl Into<String>, retryable: bool) -> Self {
+        let kind = if retryable {
+            ErrorKind::Unavailable
+        } else {
+            ErrorKind::Refused
+        };
+        RpcError::new(kind, message, retryable)
+    }
 }
 
 /// `Node.GetClientAllocs`: the allocations placed on `node_id`, as a blocking query — the
@@ -394,13 +435,6 @@ pub struct RpcEndpoints {
     actions: VecDeque<Action>,
 }
 
-fn error(message: impl Into<String>, retryable: bool) -> RpcError {
-    RpcError {
-        message: message.into(),
-        retryable,
-    }
-}
-
 impl RpcEndpoints {
     pub fn new(
         client_timeout: Duration,
@@ -632,7 +666,7 @@ impl RpcEndpoints {
 
     fn request(&mut self, now: Instant, req: ReqId, request: ServerRequest, state: &ServerState) {
         if !self.leader {
-            self.reply(req, ServerReply::Error(error("No cluster leader", true)));
+            self.reply(req, ServerReply::Error(RpcError::unavailable("No cluster leader")));
             return;
         }
         let simple = |command| Some(command);
@@ -669,7 +703,7 @@ impl RpcEndpoints {
                 mark_eligible,
             } => {
                 if state.node(&node_id).is_none() {
-                    self.reply(req, ServerReply::Error(error("node not found", false)));
+                    self.reply(req, ServerReply::Error(RpcError::not_found("node not found")));
                     return;
                 }
                 simple(Command::NodeUpdateDrain {
@@ -681,11 +715,14 @@ impl RpcEndpoints {
             }
             ServerRequest::NodeUpdateEligibility { node_id, eligibility } => {
                 let Some(node) = state.node(&node_id) else {
-                    self.reply(req, ServerReply::Error(error("node not found", false)));
+                    self.reply(req, ServerReply::Error(RpcError::not_found("node not found")));
                     return;
                 };
                 if node.drain_strategy.is_some() && eligibility == SchedulingEligibility::Eligible {
-                    self.reply(req, ServerReply::Error(error(crate::fsm::DRAINING_NOT_ELIGIBLE, false)));
+                    self.reply(
+                        req,
+                        ServerReply::Error(RpcError::refused(crate::fsm::DRAINING_NOT_ELIGIBLE)),
+                    );
                     return;
                 }
                 simple(Command::NodeUpdateEligibility { node_id, eligibility })
@@ -701,7 +738,7 @@ impl RpcEndpoints {
                 if !errors.is_empty() {
                     self.reply(
                         req,
-                        ServerReply::Error(error(crate::jobspec::format_errors(&errors), false)),
+                        ServerReply::Error(RpcError::invalid(crate::jobspec::format_errors(&errors))),
                     );
                     return;
                 }
@@ -722,7 +759,7 @@ impl RpcEndpoints {
                 purge,
             } => {
                 let Some(job) = state.job(&namespace, &job_id) else {
-                    self.reply(req, ServerReply::Error(error("job not found", false)));
+                    self.reply(req, ServerReply::Error(RpcError::not_found("job not found")));
                     return;
                 };
                 let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-deregister");
@@ -819,7 +856,7 @@ impl RpcEndpoints {
         let Some(node) = state.node(&node_id) else {
             self.reply(
                 req,
-                ServerReply::Error(error(format!("node not found: {node_id}"), false)),
+                ServerReply::Error(RpcError::not_found(format!("node not found: {node_id}"))),
             );
             return;
         };
@@ -894,7 +931,7 @@ impl RpcEndpoints {
         state: &ServerState,
     ) {
         let Some(volume) = state.volume(&namespace, &volume_id) else {
-            self.reply(req, ServerReply::Error(error("volume not found", false)));
+            self.reply(req, ServerReply::Error(RpcError::not_found("volume not found")));
             return;
         };
         let mut claims: BTreeMap<String, CsiVolumeClaim> = BTreeMap::new();
@@ -960,7 +997,7 @@ impl RpcEndpoints {
             return;
         }
         if state.volume(&namespace, &volume_id).is_none() {
-            self.finish_waiter(now, waiter, Err(error("volume not found", false)), state);
+            self.finish_waiter(now, waiter, Err(RpcError::not_found("volume not found")), state);
             return;
         }
         let mut claim = claim;
@@ -989,9 +1026,9 @@ impl RpcEndpoints {
             return;
         };
         let outcome = match result {
-            Ok((_, Response::Error(message))) => Err(error(message, false)),
+            Ok((_, Response::Error(kind, message))) => Err(RpcError::new(kind, message, false)),
             Ok((index, response)) => Ok((index, response)),
-            Err(message) => Err(error(message, true)),
+            Err(message) => Err(RpcError::unavailable(message)),
         };
         match job {
             Flow::Internal => {
@@ -1142,7 +1179,7 @@ impl RpcEndpoints {
                 "node plugin {} is not running or has not fingerprinted on node {}",
                 volume.plugin_id, claim.node_id
             );
-            self.reply(req, ServerReply::Error(error(message, true)));
+            self.reply(req, ServerReply::Error(RpcError::unavailable(message)));
             return;
         }
         let request = ClientCsiRequest::ControllerAttach(ControllerAttachRequest {
@@ -1312,7 +1349,7 @@ impl RpcEndpoints {
             call.candidates = routing::controller_candidates(state, plugin_id);
             if call.candidates.is_empty() {
                 let message = format!("failed to find clients running controller plugin {plugin_id:?}");
-                self.controller_done(now, call, Err(error(message, true)), state);
+                self.controller_done(now, call, Err(RpcError::unavailable(message)), state);
                 continue;
             }
             self.send_controller(now, plugin_id, call);
@@ -1373,7 +1410,7 @@ impl RpcEndpoints {
                     );
                 } else {
                     let message = format!("could not detach from node: {}", result.expect_err("failed"));
-                    self.finish_unpublish(now, job, Err(error(message, true)), state);
+                    self.finish_unpublish(now, job, Err(RpcError::unavailable(message)), state);
                 }
             }
             ClientOp::Controller { plugin_id } => {
@@ -1398,7 +1435,7 @@ impl RpcEndpoints {
                             } else {
                                 message
                             };
-                        self.controller_done(now, call, Err(error(message, retryable)), state);
+                        self.controller_done(now, call, Err(RpcError::from_plugin(message, retryable)), state);
                         self.dispatch(now, &plugin_id, state);
                     }
                     Ok(reply) => {
@@ -1439,7 +1476,10 @@ impl RpcEndpoints {
                     let req = *req;
                     self.jobs.remove(&job_id);
                     let message = format!("controller validate volume: {}", failure.message);
-                    self.reply(req, ServerReply::Error(error(message, failure.retryable)));
+                    self.reply(
+                        req,
+                        ServerReply::Error(RpcError::from_plugin(message, failure.retryable)),
+                    );
                 }
             },
             Flow::Claim { req, index, volume, .. } => {
@@ -1477,7 +1517,8 @@ impl RpcEndpoints {
                     );
                 }
                 Err(failure) => {
-                    let failure = error(format!("could not detach from controller: {}", failure.message), true);
+                    let failure =
+                        RpcError::unavailable(format!("could not detach from controller: {}", failure.message));
                     self.finish_unpublish(now, job_id, Err(failure), state);
                 }
             },
@@ -1495,7 +1536,7 @@ impl RpcEndpoints {
     fn fail_everything(&mut self, why: &str) {
         let jobs = core::mem::take(&mut self.jobs);
         for (_, job) in jobs {
-            let failure = ServerReply::Error(error(why, true));
+            let failure = ServerReply::Error(RpcError::unavailable(why));
             match job {
                 Flow::Simple { req }
                 | Flow::Register { req, .. }

@@ -9,7 +9,8 @@ use drover_core::Instant;
 use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
 use drover_core::client::paths::ClientPaths;
 use drover_core::client::{
-    CsiCall, CsiReply, DriverCapabilities, ExitResult, Io, IoError, MountConfigSupport, Outcome, Reply, TaskHandle,
+    ClientNodeEvent, CsiCall, CsiReply, DriverCapabilities, ExitResult, Io, IoError, MountConfigSupport, Outcome,
+    Reply, TaskHandle,
 };
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
@@ -733,24 +734,15 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
     // A failed heartbeat is retried a second later.
     let t2 = t1 + Duration::from_secs(12);
     client.handle_timeout(t2);
-    let unreachable = |_: &ServerRequest| {
-        ServerReply::Error(drover_core::rpc::RpcError {
-            message: "No cluster leader".into(),
-            retryable: true,
-        })
-    };
+    let unreachable =
+        |_: &ServerRequest| ServerReply::Error(drover_core::rpc::RpcError::unavailable("No cluster leader"));
     assert_eq!(drain(&mut client, t2, &unreachable).0, ["heartbeat"]);
     assert_eq!(client.poll_timeout(), Some(t2 + Duration::from_secs(1)));
 
     // The servers forgot the node: register again, then report everything again.
     let t3 = t2 + Duration::from_secs(1);
     client.handle_timeout(t3);
-    let forgotten = |_: &ServerRequest| {
-        ServerReply::Error(drover_core::rpc::RpcError {
-            message: "node not found: n1".into(),
-            retryable: false,
-        })
-    };
+    let forgotten = |_: &ServerRequest| ServerReply::Error(drover_core::rpc::RpcError::not_found("node not found: n1"));
     let (sent, other) = drain(&mut client, t3, &forgotten);
     assert_eq!((sent, other), (vec!["heartbeat".to_string()], vec!["register"]));
     assert_eq!(client.poll_timeout(), None, "heartbeats wait for the registration");
@@ -762,4 +754,60 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
     );
     assert_eq!(drain(&mut client, t3, &done).0, ["csi", "drivers"]);
     assert_eq!(client.poll_timeout(), Some(t3 + Duration::from_secs(10)));
+}
+
+/// A failed write to the client store reaches the operator as a `Storage` node event, at most
+/// one per interval, with the number of failures it stands for.
+#[test]
+fn persist_failures_become_rate_limited_storage_events() {
+    use drover_core::client::client::PERSIST_EVENT_INTERVAL;
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 3,
+    });
+    let storage_events = |client: &mut Client| -> Vec<ClientNodeEvent> {
+        let mut events = Vec::new();
+        while let Some(action) = client.poll_action() {
+            if let ClientAction::NodeEvent(event) = action {
+                assert_eq!(event.subsystem, "Storage");
+                events.push(event);
+            }
+        }
+        events
+    };
+    let fail = |client: &mut Client, now: Instant, record: &str| {
+        client.handle(
+            now,
+            ClientInput::PersistFailed {
+                record: record.into(),
+                error: "No space left on device".into(),
+            },
+        );
+    };
+    let start = Instant::from_nanos(0);
+    fail(&mut client, start, "task/a1/web");
+    let first = storage_events(&mut client);
+    assert_eq!(first.len(), 1);
+    assert_eq!(
+        first[0].message,
+        "client state could not be persisted: No space left on device"
+    );
+    assert_eq!(first[0].details["record"], "task/a1/web");
+    assert_eq!(first[0].details["failures"], "1");
+
+    for second in 1..=3 {
+        fail(&mut client, start + Duration::from_secs(second), "alloc/a1");
+    }
+    assert!(
+        storage_events(&mut client).is_empty(),
+        "within the interval: counted, not raised"
+    );
+
+    fail(&mut client, start + PERSIST_EVENT_INTERVAL, "registry");
+    let next = storage_events(&mut client);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].details["failures"], "4");
+    assert_eq!(next[0].details["record"], "registry");
 }

@@ -423,10 +423,10 @@ mod client_harness {
             return Err(IoError::new(kind, message.replace('_', " ")));
         }
         if let Some(message) = args.get("rpc-err") {
-            return Ok(Reply::Server(ServerReply::Error(RpcError {
-                message: message.replace('_', " "),
-                retryable: args.contains_key("retryable"),
-            })));
+            return Ok(Reply::Server(ServerReply::Error(RpcError::from_plugin(
+                message.replace('_', " "),
+                args.contains_key("retryable"),
+            ))));
         }
         if let Some(volume) = args.get("claimed") {
             return Ok(Reply::Server(ServerReply::Claimed {

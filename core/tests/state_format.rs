@@ -38,7 +38,7 @@ fn representative_state() -> ServerState {
                 command,
             },
         );
-        assert!(!matches!(response, Response::Error(_)), "entry {index}: {response:?}");
+        assert!(!matches!(response, Response::Error(..)), "entry {index}: {response:?}");
     };
     apply(Command::LeadershipEstablished {
         leader_id: 1,

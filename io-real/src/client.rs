@@ -430,6 +430,13 @@ impl ClientCsi for ClientCsiRouter {
     }
 }
 
+/// A failed write to the client store, handed to the core as a fact (it decides what the
+/// operator hears of it), never only logged here.
+fn persist_failed(client: &mut Client, epoch: tokio::time::Instant, record: String, error: impl std::fmt::Display) {
+    let error = error.to_string();
+    client.handle(core_now(epoch), ClientInput::PersistFailed { record, error });
+}
+
 /// What the HTTP API may read of the client: task states as last persisted and device usage.
 #[derive(Clone)]
 pub struct ClientView {
@@ -692,8 +699,9 @@ async fn run(
                     });
                 }
                 ClientAction::PersistAlloc { alloc_id, state } => {
-                    if let Err(error) = store.put(&format!("alloc/{alloc_id}"), &*state) {
-                        tracing::error!(%error, "persisting allocation state failed");
+                    let record = format!("alloc/{alloc_id}");
+                    if let Err(error) = store.put(&record, &*state) {
+                        persist_failed(&mut client, epoch, record, error);
                     }
                 }
                 ClientAction::PersistTask { alloc_id, task, state } => {
@@ -704,14 +712,15 @@ async fn run(
                         .or_default()
                         .insert(task.clone(), (*state).clone());
                     services_changed.notify_one();
-                    if let Err(error) = store.put(&format!("task/{alloc_id}/{task}"), &*state) {
-                        tracing::error!(%error, "persisting task state failed");
+                    let record = format!("task/{alloc_id}/{task}");
+                    if let Err(error) = store.put(&record, &*state) {
+                        persist_failed(&mut client, epoch, record, error);
                     }
                 }
                 ClientAction::PersistRegistry(registry) => {
                     *shared_registry.lock().unwrap() = (*registry).clone();
                     if let Err(error) = store.put("registry", &*registry) {
-                        tracing::error!(%error, "persisting the plugin registry failed");
+                        persist_failed(&mut client, epoch, "registry".into(), error);
                     }
                 }
                 ClientAction::TaskEvent { alloc_id, task, event } => {
@@ -734,7 +743,7 @@ async fn run(
                     services_changed.notify_one();
                     known.remove(&alloc_id);
                     if let Err(error) = store.forget(&alloc_id) {
-                        tracing::error!(%error, "forgetting an allocation failed");
+                        persist_failed(&mut client, epoch, format!("alloc/{alloc_id} (forget)"), error);
                     }
                 }
                 ClientAction::Register => {
@@ -775,10 +784,11 @@ async fn run(
                     Message::Allocs(allocs, finished_elsewhere) => {
                         for (alloc, job) in &allocs {
                             remember_services(&service_specs, alloc, job);
+                            let record = format!("spec/{}", alloc.id);
                             if known.insert(alloc.id.clone())
-                                && let Err(error) = store.put(&format!("spec/{}", alloc.id), &(alloc, job))
+                                && let Err(error) = store.put(&record, &(alloc, job))
                             {
-                                tracing::error!(%error, "persisting an allocation failed");
+                                persist_failed(&mut client, epoch, record, error);
                             }
                         }
                         client.handle(

@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 use crate::io::{AgentEvent, ClientCsi, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport};
 use crate::raft::changes::Changes;
 use crate::raft::network::NetworkFactory;
-use crate::raft::store::{Applied, ApplyHook, LogStore, StateMachine, Store, StoreError};
+use crate::raft::store::{AppliedState, ApplyHook, LogStore, StateMachine, Store, StoreError};
 use crate::raft::{Raft, RaftMetrics, ServerNode};
 use crate::service::{Replies, Service, client_csi_envelope, client_csi_reply};
 
@@ -76,6 +76,9 @@ pub enum ApplyError {
     Forward(String),
     #[error("{0}")]
     Raft(String),
+    /// The command is not a valid direct write (`Command::check_direct_write`).
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// What the HTTP API shows about this agent; republished after every step.
@@ -109,7 +112,7 @@ struct Inner {
     node_id: u64,
     status: watch::Receiver<AgentStatus>,
     raft: Option<Raft>,
-    applied: Option<Arc<Mutex<Applied>>>,
+    applied: Option<AppliedState>,
     changes: Option<Changes>,
     service: Service,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
@@ -136,8 +139,7 @@ impl AgentHandle {
     /// Reads the applied server state.
     pub fn read_state<R>(&self, read: impl FnOnce(&drover_core::fsm::ServerState) -> R) -> Option<R> {
         let applied = self.inner.applied.as_ref()?;
-        let applied = applied.lock().expect("state lock");
-        Some(read(&applied.state))
+        Some(applied.read(|applied| read(&applied.state)))
     }
 
     /// Changes whenever the applied server state changes (`None` on client-only agents).
@@ -149,6 +151,9 @@ impl AgentHandle {
     /// is applied. Returns the log index and the state machine's response.
     pub async fn apply(&self, command: Command) -> Result<(u64, Response), ApplyError> {
         let raft = self.inner.raft.as_ref().ok_or(ApplyError::NotServer)?;
+        command
+            .check_direct_write()
+            .map_err(|error| ApplyError::Invalid(error.to_string()))?;
         let entry = Entry {
             at_unix_ms: unix_millis(),
             command,
@@ -166,6 +171,7 @@ impl AgentHandle {
                 let request = AgentRequest {
                     region: self.inner.config.region.clone(),
                     forwarded: true,
+                    version: crate::service::ENVELOPE_VERSION,
                     body: Some(RequestBody::Apply(ApplyRequest {
                         command_json: serde_json::to_vec(&entry).expect("entry serializes"),
                     })),
@@ -181,6 +187,9 @@ impl AgentHandle {
                     }
                     Some(ResponseBody::Error(error)) if error.kind() == ErrorKind::NotLeader => {
                         Err(ApplyError::NoLeader)
+                    }
+                    Some(ResponseBody::Error(error)) if error.kind() == ErrorKind::Invalid => {
+                        Err(ApplyError::Invalid(error.message))
                     }
                     Some(ResponseBody::Error(error)) => Err(ApplyError::Forward(error.message)),
                     other => Err(ApplyError::Forward(format!("unexpected response {other:?}"))),
@@ -209,12 +218,7 @@ impl AgentHandle {
         let deadline = tokio::time::Instant::now() + READ_YOUR_WRITES_WAIT;
         loop {
             let seen = changes.count();
-            let current = applied
-                .lock()
-                .expect("state lock")
-                .last_applied
-                .map(|log| log.index)
-                .unwrap_or(0);
+            let current = applied.last_applied_index();
             if current >= index || !changes.changed_since(seen, deadline).await {
                 return reply;
             }
@@ -241,7 +245,7 @@ impl AgentHandle {
 /// How long an HTTP write waits for its own server to catch up with the leader.
 pub const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(5);
 
-fn unix_millis() -> u64 {
+pub(crate) fn unix_millis() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_millis() as u64)
@@ -396,7 +400,7 @@ async fn start_raft<T: Transport, O: Observer>(
     store: &Store,
     transport: T,
     observer: Arc<O>,
-) -> Result<(Raft, Arc<Mutex<Applied>>, Changes), StartError> {
+) -> Result<(Raft, AppliedState, Changes), StartError> {
     let timing = &config.server.timing;
     let raft_config = openraft::Config {
         cluster_name: config.region.clone(),
@@ -482,7 +486,7 @@ fn core_now(epoch: tokio::time::Instant) -> Instant {
 struct Driver<T: Transport, C, O> {
     agent: Agent,
     /// The applied state store, read-only context for the core (empty on client-only agents).
-    applied: Arc<Mutex<Applied>>,
+    applied: AppliedState,
     replies: Replies,
     /// `ClientCSI` calls in flight, so the core can abandon them.
     client_calls: BTreeMap<drover_core::op::OpId, (tokio::task::JoinHandle<()>, String, String)>,
@@ -531,11 +535,11 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
     /// One step of the core: an input, or the timeout when `None`.
     fn step(&mut self, input: Option<agent::Input>) {
         let now = core_now(self.epoch);
-        let applied = self.applied.lock().expect("state lock");
-        match input {
-            Some(input) => self.agent.handle(now, input, &applied.state),
-            None => self.agent.handle_timeout(now, &applied.state),
-        }
+        let agent = &mut self.agent;
+        self.applied.read(|applied| match input {
+            Some(input) => agent.handle(now, input, &applied.state),
+            None => agent.handle_timeout(now, &applied.state),
+        });
     }
 
     async fn execute_actions(&mut self) {
@@ -772,6 +776,7 @@ async fn query_peers<T: Transport>(transport: &T, region: String, peer: &Peer) -
     let request = AgentRequest {
         region,
         forwarded: false,
+        version: crate::service::ENVELOPE_VERSION,
         body: Some(RequestBody::StatusPeers(StatusPeersRequest {})),
     };
     let response = transport

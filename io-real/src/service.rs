@@ -39,7 +39,12 @@ use tokio::sync::{mpsc, oneshot};
 use crate::io::{BoxFuture, ClientCsi, TransportError};
 use crate::raft::Raft;
 use crate::raft::changes::Changes;
-use crate::raft::store::Applied;
+use crate::raft::store::AppliedState;
+
+/// The agent envelope version this build speaks (`AgentRequest.version`): the shapes of the
+/// JSON payloads it carries. Bumped when a payload type changes in a way an earlier build would
+/// misread (a new `Command` variant, say); requests of a newer version are refused by name.
+pub const ENVELOPE_VERSION: u32 = 1;
 
 /// How long a caller waits for the leader's endpoints to answer.
 pub const SERVER_REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -62,7 +67,7 @@ pub struct Service {
     pub forward: Forwarder,
     pub client_csi: Option<Arc<dyn ClientCsi>>,
     /// A server's applied state and its change counter (for blocking reads).
-    pub state: Option<(Arc<Mutex<Applied>>, Changes)>,
+    pub state: Option<(AppliedState, Changes)>,
     /// A client-only agent's servers (`client { servers }`), and the one to try first.
     pub servers: Arc<Vec<SocketAddr>>,
     pub server_cursor: Arc<AtomicUsize>,
@@ -74,6 +79,7 @@ pub const NODE_ALLOCS_MAX_WAIT: Duration = Duration::from_secs(60);
 
 fn error_response(kind: ErrorKind, message: impl Into<String>, leader_addr: String) -> AgentResponse {
     AgentResponse {
+        version: ENVELOPE_VERSION,
         body: Some(ResponseBody::Error(RpcError {
             kind: kind as i32,
             message: message.into(),
@@ -84,6 +90,7 @@ fn error_response(kind: ErrorKind, message: impl Into<String>, leader_addr: Stri
 
 fn raft_response<R: Serialize>(result: R) -> AgentResponse {
     AgentResponse {
+        version: ENVELOPE_VERSION,
         body: Some(ResponseBody::Raft(RaftPayload {
             json: serde_json::to_vec(&result).expect("raft response serializes"),
         })),
@@ -102,10 +109,12 @@ fn decode<R: DeserializeOwned>(json: &[u8]) -> Result<R, AgentResponse> {
 }
 
 fn server_error(message: impl Into<String>, retryable: bool) -> ServerReply {
-    ServerReply::Error(CoreRpcError {
-        message: message.into(),
-        retryable,
-    })
+    let kind = if retryable {
+        rpc::ErrorKind::Unavailable
+    } else {
+        rpc::ErrorKind::Refused
+    };
+    ServerReply::Error(CoreRpcError::new(kind, message, retryable))
 }
 
 /// Builds the envelope for a server request.
@@ -113,6 +122,7 @@ pub fn server_envelope(region: &str, request: &ServerRequest, forwarded: bool) -
     AgentRequest {
         region: region.to_string(),
         forwarded,
+        version: ENVELOPE_VERSION,
         body: Some(RequestBody::Server(json_payload(request))),
     }
 }
@@ -122,7 +132,10 @@ pub fn server_reply(response: AgentResponse) -> ServerReply {
     match response.body {
         Some(ResponseBody::Server(payload)) => serde_json::from_slice(&payload.json)
             .unwrap_or_else(|error| server_error(format!("malformed reply: {error}"), false)),
-        Some(ResponseBody::Error(error)) => server_error(error.message, true),
+        Some(ResponseBody::Error(error)) => {
+            let retryable = !matches!(error.kind(), ErrorKind::Invalid | ErrorKind::UnsupportedVersion);
+            server_error(error.message, retryable)
+        }
         other => server_error(format!("unexpected response {other:?}"), false),
     }
 }
@@ -132,6 +145,7 @@ pub fn client_csi_envelope(region: &str, request: &ClientCsiRequest) -> AgentReq
     AgentRequest {
         region: region.to_string(),
         forwarded: false,
+        version: crate::service::ENVELOPE_VERSION,
         body: Some(RequestBody::ClientCsi(json_payload(request))),
     }
 }
@@ -150,6 +164,22 @@ pub fn client_csi_reply(response: AgentResponse) -> Result<ClientCsiReply, Strin
 
 impl Service {
     pub async fn handle(&self, request: AgentRequest) -> AgentResponse {
+        let mut response = self.answer(request).await;
+        response.version = ENVELOPE_VERSION;
+        response
+    }
+
+    async fn answer(&self, request: AgentRequest) -> AgentResponse {
+        if request.version > ENVELOPE_VERSION {
+            return error_response(
+                ErrorKind::UnsupportedVersion,
+                format!(
+                    "request in agent envelope v{}; this agent reads up to v{ENVELOPE_VERSION}: upgrade it",
+                    request.version
+                ),
+                String::new(),
+            );
+        }
         if request.region != self.region {
             return error_response(
                 ErrorKind::WrongRegion,
@@ -174,6 +204,7 @@ impl Service {
             };
             let reply = self.local_node_allocs(request).await;
             return AgentResponse {
+                version: ENVELOPE_VERSION,
                 body: Some(ResponseBody::NodeAllocs(json_payload(&reply))),
             };
         }
@@ -184,6 +215,7 @@ impl Service {
             };
             let reply = self.server_request(request, forwarded).await;
             return AgentResponse {
+                version: ENVELOPE_VERSION,
                 body: Some(ResponseBody::Server(json_payload(&reply))),
             };
         }
@@ -212,6 +244,7 @@ impl Service {
                     .map(|(_, node)| node.rpc_addr.clone())
                     .collect();
                 AgentResponse {
+                    version: ENVELOPE_VERSION,
                     body: Some(ResponseBody::StatusPeers(StatusPeersResponse { peers })),
                 }
             }
@@ -220,8 +253,18 @@ impl Service {
                     Ok(entry) => entry,
                     Err(response) => return response,
                 };
+                // Only the direct writes a server would itself propose for a caller, stamped
+                // with this leader's clock rather than the caller's.
+                if let Err(error) = entry.command.check_direct_write() {
+                    return error_response(ErrorKind::Invalid, error.to_string(), String::new());
+                }
+                let entry = Entry {
+                    at_unix_ms: crate::driver::unix_millis(),
+                    command: entry.command,
+                };
                 match raft.client_write(entry).await {
                     Ok(response) => AgentResponse {
+                        version: ENVELOPE_VERSION,
                         body: Some(ResponseBody::Apply(ApplyResponse {
                             index: response.log_id.index,
                             response_json: serde_json::to_vec(&response.data).expect("response serializes"),
@@ -251,6 +294,7 @@ impl Service {
             None => Err("Unknown node: this agent runs no CSI plugins".to_string()),
         };
         AgentResponse {
+            version: ENVELOPE_VERSION,
             body: Some(ResponseBody::ClientCsi(json_payload(&result))),
         }
     }
@@ -298,28 +342,27 @@ impl Service {
             return self.local_node_allocs(request).await;
         }
         if self.servers.is_empty() {
-            return Err(CoreRpcError {
-                message: "this agent is not a server and knows no servers".into(),
-                retryable: true,
-            });
+            return Err(CoreRpcError::unavailable(
+                "this agent is not a server and knows no servers",
+            ));
         }
         let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
         let envelope = AgentRequest {
             region: self.region.clone(),
             forwarded: false,
+            version: crate::service::ENVELOPE_VERSION,
             body: Some(RequestBody::NodeAllocs(json_payload(&request))),
         };
-        let unavailable = |message: String| CoreRpcError {
-            message,
-            retryable: true,
-        };
+        let unavailable = |message: String| CoreRpcError::unavailable(message);
         match self.call_servers(envelope, wait + Duration::from_secs(10)).await {
             Ok(AgentResponse {
                 body: Some(ResponseBody::NodeAllocs(payload)),
+                ..
             }) => serde_json::from_slice::<Result<NodeAllocsReply, CoreRpcError>>(&payload.json)
                 .unwrap_or_else(|error| Err(unavailable(format!("malformed reply: {error}")))),
             Ok(AgentResponse {
                 body: Some(ResponseBody::Error(error)),
+                ..
             }) => Err(unavailable(error.message)),
             Ok(other) => Err(unavailable(format!("unexpected response {other:?}"))),
             Err(message) => Err(unavailable(message)),
@@ -330,19 +373,9 @@ impl Service {
     /// wait ends), then lists the node's allocations with their jobs.
     async fn local_node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, CoreRpcError> {
         let Some((applied, changes)) = &self.state else {
-            return Err(CoreRpcError {
-                message: "this agent is not a server".into(),
-                retryable: true,
-            });
+            return Err(CoreRpcError::unavailable("this agent is not a server"));
         };
-        let index = || {
-            applied
-                .lock()
-                .expect("state lock")
-                .last_applied
-                .map(|log| log.index)
-                .unwrap_or(0)
-        };
+        let index = || applied.last_applied_index();
         let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
         loop {
@@ -351,14 +384,14 @@ impl Service {
                 break;
             }
         }
-        let applied = applied.lock().expect("state lock");
-        let state = &applied.state;
-        let (allocs, finished_elsewhere) = state.node_allocs(&request.node_id);
-        Ok(NodeAllocsReply {
-            index: applied.last_applied.map(|log| log.index).unwrap_or(0),
-            allocs,
-            finished_elsewhere,
-        })
+        Ok(applied.read(|applied| {
+            let (allocs, finished_elsewhere) = applied.state.node_allocs(&request.node_id);
+            NodeAllocsReply {
+                index: applied.last_applied.map(|log| log.index).unwrap_or(0),
+                allocs,
+                finished_elsewhere,
+            }
+        }))
     }
 
     /// Sends `envelope` to the configured servers, starting with the last one that answered;
@@ -401,5 +434,107 @@ impl Service {
                 server_error("timed out waiting for the leader", true)
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    fn client_only_service() -> Service {
+        let (inbox, _) = mpsc::unbounded_channel();
+        Service {
+            raft: None,
+            node_id: 1,
+            region: "global".into(),
+            inbox,
+            replies: Replies::default(),
+            next_req: Arc::default(),
+            forward: Arc::new(|addr, _, _| {
+                Box::pin(async move {
+                    Err(TransportError::Unreachable {
+                        addr,
+                        reason: "no network in this test".into(),
+                    })
+                })
+            }),
+            client_csi: None,
+            state: None,
+            servers: Arc::new(Vec::new()),
+            server_cursor: Arc::default(),
+        }
+    }
+
+    fn client_csi_request(version: u32, json: &[u8]) -> AgentRequest {
+        AgentRequest {
+            region: "global".into(),
+            forwarded: false,
+            version,
+            body: Some(RequestBody::ClientCsi(JsonPayload { json: json.to_vec() })),
+        }
+    }
+
+    fn node_detach() -> Vec<u8> {
+        let request = ClientCsiRequest::NodeDetach(drover_core::csi::unpublish::NodeDetachRequest {
+            node_id: "n1".into(),
+            plugin_id: "p".into(),
+            volume_id: "v".into(),
+            volume_namespace: "default".into(),
+            external_id: "v".into(),
+            alloc_id: "a".into(),
+            attachment_mode: drover_core::structs::AttachmentMode::FileSystem,
+            access_mode: drover_core::structs::AccessMode::SingleNodeWriter,
+            read_only: false,
+        });
+        serde_json::to_vec(&request).unwrap()
+    }
+
+    /// An `AgentRequest` exactly as builds before envelope versions encoded it (region
+    /// "global", a `ClientCsi` body of `{}`): it still decodes, as version 0, and is answered.
+    const UNVERSIONED_REQUEST_HEX: &str = "0a06676c6f62616c8201040a027b7d";
+
+    fn hex(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&text[at..at + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn envelopes_of_earlier_versions_are_answered_and_newer_ones_refused_by_name() {
+        let old = AgentRequest::decode(hex(UNVERSIONED_REQUEST_HEX).as_slice()).unwrap();
+        assert_eq!(old, client_csi_request(0, b"{}"));
+        let service = client_only_service();
+
+        let answered = service.handle(client_csi_request(0, &node_detach())).await;
+        assert_eq!(answered.version, ENVELOPE_VERSION);
+        assert!(
+            matches!(answered.body, Some(ResponseBody::ClientCsi(_))),
+            "{answered:?}"
+        );
+
+        let newer = service
+            .handle(client_csi_request(ENVELOPE_VERSION + 1, &node_detach()))
+            .await;
+        let Some(ResponseBody::Error(error)) = newer.body else {
+            panic!("{newer:?}")
+        };
+        assert_eq!(error.kind(), ErrorKind::UnsupportedVersion);
+        assert_eq!(
+            error.message,
+            "request in agent envelope v2; this agent reads up to v1: upgrade it"
+        );
+        assert_eq!(
+            server_reply(AgentResponse {
+                version: ENVELOPE_VERSION,
+                body: Some(ResponseBody::Error(error)),
+            }),
+            server_error(
+                "request in agent envelope v2; this agent reads up to v1: upgrade it",
+                false
+            ),
+            "a refused version is not retried"
+        );
     }
 }

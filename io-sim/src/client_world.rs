@@ -540,10 +540,7 @@ impl World {
             ServerRequest::VolumeClaim { volume_id, claim, .. } => {
                 if self.refused < self.plan.refused_claims {
                     self.refused += 1;
-                    ServerReply::Error(RpcError {
-                        message: "volume max claims reached".into(),
-                        retryable: false,
-                    })
+                    ServerReply::Error(RpcError::refused("volume max claims reached"))
                 } else {
                     self.note(format!("server: claim {volume_id} for {}", claim.allocation_id));
                     ServerReply::Claimed {
@@ -673,10 +670,7 @@ impl World {
                 if let Some((op, generation)) = self.detaching.remove(&req) {
                     let reply = match result {
                         Ok(()) => ServerReply::Done { index: 2 },
-                        Err(message) => ServerReply::Error(RpcError {
-                            message: format!("node detach: {message}"),
-                            retryable: true,
-                        }),
+                        Err(message) => ServerReply::Error(RpcError::unavailable(format!("node detach: {message}"))),
                     };
                     if generation == self.agent_generation {
                         self.client.handle(

@@ -464,12 +464,7 @@ impl Gateway {
     pub async fn request(&self, request: ServerRequest, timeout: Duration) -> ServerReply {
         let agent = self.agent.clone();
         let task = self.node.spawn(async move { agent.request(request).await });
-        let failed = |message: &str| {
-            ServerReply::Error(RpcError {
-                message: message.to_string(),
-                retryable: true,
-            })
-        };
+        let failed = |message: &str| ServerReply::Error(RpcError::unavailable(message.to_string()));
         match tokio::time::timeout(timeout, task).await {
             Ok(Ok(reply)) => reply,
             Ok(Err(_)) => failed("the server was killed mid-request"),

@@ -89,10 +89,7 @@ fn plugin_info(client: &str, controller: bool) -> CsiInfo {
 
 /// Retries a request through the gateways until it is done or refused for good.
 async fn request(gateways: &[Gateway], rng_pick: usize, request: ServerRequest, attempts: u32) -> ServerReply {
-    let mut reply = ServerReply::Error(drover_core::rpc::RpcError {
-        message: "no live server".into(),
-        retryable: true,
-    });
+    let mut reply = ServerReply::Error(drover_core::rpc::RpcError::unavailable("no live server"));
     for attempt in 0..attempts {
         if gateways.is_empty() {
             break;

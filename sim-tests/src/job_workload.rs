@@ -80,10 +80,7 @@ impl Shared {
 
     /// Retries a request through the live servers until it is done or refused for good.
     pub async fn request(&self, pick: usize, request: ServerRequest, attempts: u32) -> ServerReply {
-        let mut reply = ServerReply::Error(drover_core::rpc::RpcError {
-            message: "no live server".into(),
-            retryable: true,
-        });
+        let mut reply = ServerReply::Error(drover_core::rpc::RpcError::unavailable("no live server"));
         for attempt in 0..attempts {
             let gateways = self.gateways();
             if gateways.is_empty() {

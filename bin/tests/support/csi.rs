@@ -52,13 +52,17 @@ impl FakeClient {
             let recorded = recorded.clone();
             Box::pin(async move {
                 let Some(RequestBody::ClientCsi(payload)) = request.body else {
-                    return AgentResponse { body: None };
+                    return AgentResponse {
+                        version: drover_io_real::service::ENVELOPE_VERSION,
+                        body: None,
+                    };
                 };
                 let request: ClientCsiRequest = serde_json::from_slice(&payload.json).expect("client csi request");
                 let (name, reply) = answer(&request);
                 recorded.lock().unwrap().push(name);
                 let result: Result<ClientCsiReply, String> = Ok(reply);
                 AgentResponse {
+                    version: drover_io_real::service::ENVELOPE_VERSION,
                     body: Some(ResponseBody::ClientCsi(JsonPayload {
                         json: serde_json::to_vec(&result).unwrap(),
                     })),
@@ -81,19 +85,13 @@ impl FakeClient {
         let envelope = server_envelope("global", &request, false);
         match self.transport.call(server, envelope, Duration::from_secs(30)).await {
             Ok(response) => server_reply(response),
-            Err(error) => ServerReply::Error(drover_core::rpc::RpcError {
-                message: error.to_string(),
-                retryable: true,
-            }),
+            Err(error) => ServerReply::Error(drover_core::rpc::RpcError::unavailable(error.to_string())),
         }
     }
 
     /// Retries over `servers` until the request is done or refused for good.
     pub async fn request_any(&self, servers: &[SocketAddr], request: ServerRequest) -> ServerReply {
-        let mut reply = ServerReply::Error(drover_core::rpc::RpcError {
-            message: "no server".into(),
-            retryable: true,
-        });
+        let mut reply = ServerReply::Error(drover_core::rpc::RpcError::unavailable("no server"));
         for attempt in 0..120 {
             reply = self.request(servers[attempt % servers.len()], request.clone()).await;
             match &reply {

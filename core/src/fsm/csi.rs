@@ -8,6 +8,7 @@ use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::{Command, Response, ServerState, Table};
+use crate::error::ErrorKind;
 use crate::structs::{
     AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, DrainMetadata, DrainStrategy,
     Job, JobType, MAX_RETAINED_NODE_EVENTS, Node, NodeEvent, SchedulingEligibility,
@@ -65,7 +66,7 @@ impl ServerState {
         complete: bool,
     ) -> Response {
         let Some(node) = self.nodes.get_mut(node_id) else {
-            return Response::Error("node not found".into());
+            return Response::Error(ErrorKind::NotFound, "node not found".into());
         };
         let was_draining = node.drain_strategy.is_some();
         let message = match (strategy, was_draining, complete) {
@@ -150,7 +151,7 @@ impl ServerState {
             }
             Command::NodeUpdateStatus { node_id, status, event } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(format!("node not found: {node_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
                 };
                 record_events(node, event.iter(), index, at_ms);
                 node.status = *status;
@@ -167,7 +168,7 @@ impl ServerState {
                 nodes,
             } => {
                 let Some(old) = self.nodes.get(node_id).cloned() else {
-                    return Response::Error(format!("node not found: {node_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
                 };
                 let mut node = old.clone();
                 node.csi_controller_plugins = controllers.clone();
@@ -180,7 +181,7 @@ impl ServerState {
             }
             Command::NodeUpdateDrivers { node_id, drivers } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(format!("node not found: {node_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
                 };
                 for (name, info) in drivers {
                     let prefix = format!("driver.{name}");
@@ -198,7 +199,7 @@ impl ServerState {
             }
             Command::NodeEmitEvents { node_id, events } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(format!("node not found: {node_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
                 };
                 record_events(node, events.iter(), index, at_ms);
                 node.modify_index = index;
@@ -207,7 +208,7 @@ impl ServerState {
             }
             Command::NodeDeregister { node_id } => {
                 let Some(old) = self.nodes.remove(node_id) else {
-                    return Response::Error(format!("node not found: {node_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
                 };
                 self.touch(Table::Nodes, index);
                 self.update_node_plugins(index, at_ms, Some(&old), None);
@@ -226,7 +227,7 @@ impl ServerState {
             Command::JobDeregister { namespace, job_id } => {
                 let key = (namespace.clone(), job_id.clone());
                 if self.jobs.remove(&key).is_none() {
-                    return Response::Error(format!("job not found: {job_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("job not found: {job_id}"));
                 }
                 self.touch(Table::Jobs, index);
                 self.recompute_job_plugins(index, at_ms, &key);
@@ -260,10 +261,10 @@ impl ServerState {
             } => self.update_drain(index, at_ms, node_id, strategy.as_ref(), *mark_eligible, *complete),
             Command::NodeUpdateEligibility { node_id, eligibility } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error("node not found".into());
+                    return Response::Error(ErrorKind::NotFound, "node not found".into());
                 };
                 if node.drain_strategy.is_some() && *eligibility == SchedulingEligibility::Eligible {
-                    return Response::Error(DRAINING_NOT_ELIGIBLE.into());
+                    return Response::Error(ErrorKind::Refused, DRAINING_NOT_ELIGIBLE.into());
                 }
                 if node.scheduling_eligibility != *eligibility {
                     let message = match eligibility {
@@ -295,7 +296,7 @@ impl ServerState {
                 client_status,
             } => {
                 let Some(alloc) = self.allocs.get_mut(alloc_id) else {
-                    return Response::Error(format!("Unknown allocation: {alloc_id}"));
+                    return Response::Error(ErrorKind::NotFound, format!("Unknown allocation: {alloc_id}"));
                 };
                 alloc.client_status = *client_status;
                 alloc.modify_index = index;
@@ -354,8 +355,8 @@ impl ServerState {
                 claim,
             } => self.claim_volume(index, at_ms, namespace, volume_id, claim),
             Command::CsiPluginDelete { plugin_id } => match self.plugins.get(plugin_id) {
-                None => Response::Error(format!("plugin not found: {plugin_id}")),
-                Some(plugin) if !plugin.is_empty() => Response::Error("plugin in use".to_string()),
+                None => Response::Error(ErrorKind::NotFound, format!("plugin not found: {plugin_id}")),
+                Some(plugin) if !plugin.is_empty() => Response::Error(ErrorKind::Refused, "plugin in use".to_string()),
                 Some(_) => {
                     self.plugins.remove(plugin_id);
                     self.touch(Table::CsiPlugins, index);
@@ -406,10 +407,13 @@ impl ServerState {
         let mut merged = Vec::new();
         for volume in volumes {
             if let Err(error) = validate_volume(volume) {
-                return Response::Error(error);
+                return Response::Error(ErrorKind::Invalid, error);
             }
             if !self.plugins.contains_key(&volume.plugin_id) {
-                return Response::Error(format!("no CSI plugin named: {} could be found", volume.plugin_id));
+                return Response::Error(
+                    ErrorKind::Invalid,
+                    format!("no CSI plugin named: {} could be found", volume.plugin_id),
+                );
             }
             let key = volume.key();
             let result = match self.volumes.get(&key) {
@@ -439,7 +443,7 @@ impl ServerState {
                     volume.modify_time_ms = at_ms;
                     merged.push(volume);
                 }
-                Err(error) => return Response::Error(error),
+                Err(error) => return Response::Error(ErrorKind::Refused, error),
             }
         }
         for volume in merged {
@@ -456,7 +460,7 @@ impl ServerState {
     fn deregister_volumes(&mut self, index: u64, namespace: &str, ids: &[String], force: bool) -> Response {
         for id in ids {
             let Some(volume) = self.volume(namespace, id) else {
-                return Response::Error("volume not found".to_string());
+                return Response::Error(ErrorKind::NotFound, "volume not found".to_string());
             };
             let recorded: BTreeSet<String> = volume
                 .claimed_allocs()
@@ -472,7 +476,7 @@ impl ServerState {
                     .is_none_or(|alloc| alloc.server_terminal() && alloc.client_terminal())
             });
             if !force || !all_terminal {
-                return Response::Error(format!("volume in use: {id}"));
+                return Response::Error(ErrorKind::Refused, format!("volume in use: {id}"));
             }
         }
         for id in ids {
@@ -492,11 +496,11 @@ impl ServerState {
 
     fn claim_volume(&mut self, index: u64, at_ms: u64, namespace: &str, id: &str, claim: &CsiVolumeClaim) -> Response {
         let Some(mut volume) = self.volume(namespace, id) else {
-            return Response::Error("volume not found".to_string());
+            return Response::Error(ErrorKind::NotFound, "volume not found".to_string());
         };
         let alloc = self.allocs.get(&claim.allocation_id);
         if let Err(error) = volume.claim(claim.clone(), alloc) {
-            return Response::Error(error.to_string());
+            return Response::Error(ErrorKind::Refused, error.to_string());
         }
         // Store only what is stored: synthesised past claims stay derived.
         let stored = self
@@ -820,7 +824,7 @@ pub(crate) mod tests {
 
         pub fn ok(&mut self, command: Command) {
             let response = self.apply(command);
-            assert!(!matches!(response, Response::Error(_)), "{response:?}");
+            assert!(!matches!(response, Response::Error(..)), "{response:?}");
         }
     }
 
@@ -899,7 +903,7 @@ pub(crate) mod tests {
 
     fn error(response: Response) -> String {
         match response {
-            Response::Error(error) => error,
+            Response::Error(_, error) => error,
             other => panic!("expected an error, got {other:?}"),
         }
     }

@@ -96,7 +96,7 @@ impl ServerState {
     ) -> Response {
         let key = (namespace.to_string(), job_id.to_string());
         let Some(old) = self.jobs.get(&key).cloned() else {
-            return Response::Error("job not found".into());
+            return Response::Error(crate::error::ErrorKind::NotFound, "job not found".into());
         };
         if purge {
             self.jobs.remove(&key);

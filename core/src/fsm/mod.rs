@@ -8,7 +8,13 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 pub(crate) mod csi;
+mod direct;
 mod jobs;
+mod shared;
+
+pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
+
+pub use shared::Shared;
 
 pub use csi::{
     DRAIN_COMPLETE_EVENT, DRAIN_DISABLED_EVENT, DRAIN_SET_EVENT, DRAIN_UPDATED_EVENT, DRAINING_NOT_ELIGIBLE,
@@ -21,6 +27,8 @@ use alloc::string::String;
 use alloc::vec::Vec;
 
 use serde::{Deserialize, Serialize};
+
+use crate::error::ErrorKind;
 
 use crate::structs::{
     Allocation, ClientStatus, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, DesiredTransition, DrainStrategy,
@@ -165,7 +173,7 @@ pub enum Response {
     Variable(Variable),
     NotFound,
     /// The command was refused; nothing changed. The text is Nomad's where it has one.
-    Error(String),
+    Error(ErrorKind, String),
     /// The volume as stored after the command (claims).
     Volume(alloc::boxed::Box<CsiVolume>),
 }
@@ -199,6 +207,8 @@ pub enum Table {
     CsiPlugins,
 }
 
+/// Cloning is cheap (the tables are [`Shared`]): a reader clones the state and lets go of any
+/// lock before a long read such as encoding a snapshot.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServerState {
     last_applied: Option<u64>,
@@ -207,18 +217,18 @@ pub struct ServerState {
     last_applied_time_ms: u64,
     cluster: Option<ClusterMeta>,
     leader_terms: u64,
-    variables: BTreeMap<String, Variable>,
+    variables: Shared<BTreeMap<String, Variable>>,
     table_index: BTreeMap<Table, u64>,
-    nodes: BTreeMap<String, Node>,
-    jobs: BTreeMap<(String, String), Job>,
+    nodes: Shared<BTreeMap<String, Node>>,
+    jobs: Shared<BTreeMap<(String, String), Job>>,
     /// Past versions of each job, by (namespace, id, version); the last `JOB_TRACKED_VERSIONS`.
-    job_versions: BTreeMap<(String, String, u64), Job>,
-    allocs: BTreeMap<String, Allocation>,
-    evals: BTreeMap<String, Evaluation>,
-    volumes: BTreeMap<(String, String), CsiVolume>,
+    job_versions: Shared<BTreeMap<(String, String, u64), Job>>,
+    allocs: Shared<BTreeMap<String, Allocation>>,
+    evals: Shared<BTreeMap<String, Evaluation>>,
+    volumes: Shared<BTreeMap<(String, String), CsiVolume>>,
     /// Secondary index: plugin id → volumes of that plugin.
-    volumes_by_plugin: BTreeMap<String, BTreeSet<(String, String)>>,
-    plugins: BTreeMap<String, CsiPlugin>,
+    volumes_by_plugin: Shared<BTreeMap<String, BTreeSet<(String, String)>>>,
+    plugins: Shared<BTreeMap<String, CsiPlugin>>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -26,17 +26,7 @@ pub struct MockDriver {
 
 /// Go-style durations (`250ms`, `5s`, `2m`).
 pub fn parse_duration(text: &str) -> Option<Duration> {
-    let text = text.trim();
-    let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit() && c != '.')?);
-    let value: f64 = number.parse().ok()?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        _ => return None,
-    };
-    Some(Duration::from_secs_f64(seconds))
+    drover_core::goduration::parse(text.trim()).ok()
 }
 
 fn duration(config: &BTreeMap<String, ConfigValue>, key: &str) -> Result<Option<Duration>, IoError> {

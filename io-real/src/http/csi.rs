@@ -15,7 +15,7 @@ use drover_core::structs::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, query_headers, render};
+use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, query_headers, render};
 use crate::driver::AgentHandle;
 
 const ID_LEN_MAX: usize = 128;
@@ -42,39 +42,9 @@ pub fn validate_id(kind: &str, id: &str) -> Result<(), ApiError> {
     ))
 }
 
-fn namespace(options: &QueryOptions) -> String {
-    options
-        .namespace
-        .clone()
-        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string())
-}
-
-/// Maps an endpoint reply to HTTP: not found → 404, validation → 400, other RPC errors → 500.
+/// Maps an endpoint reply to HTTP (by the error's kind, [`super::reply_index`]).
 pub(super) fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
-    match reply {
-        ServerReply::Done { index }
-        | ServerReply::Claimed { index, .. }
-        | ServerReply::JobRegistered { index, .. }
-        | ServerReply::Heartbeat { index, .. } => Ok(index),
-        ServerReply::Error(error) => {
-            let status = if error.message == "volume not found"
-                || error.message == "node not found"
-                || error.message.starts_with("plugin not found")
-            {
-                StatusCode::NOT_FOUND
-            } else if error.message.starts_with("validation:") || error.message.starts_with("no CSI plugin named") {
-                StatusCode::BAD_REQUEST
-            } else {
-                StatusCode::INTERNAL_SERVER_ERROR
-            };
-            let message = if error.retryable || status != StatusCode::INTERNAL_SERVER_ERROR {
-                error.message
-            } else {
-                format!("rpc error: {}", error.message)
-            };
-            Err(ApiError(status, message))
-        }
-    }
+    super::reply_index(reply)
 }
 
 pub async fn list_volumes(
@@ -295,12 +265,7 @@ pub async fn put_volume(
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     validate_id("volume", &id)?;
-    let body: RegisterBody = serde_json::from_slice(&body).map_err(|error| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("failed to parse volume request: {error}"),
-        )
-    })?;
+    let body: RegisterBody = parse_body(&body, "volume request")?;
     if body.volumes.is_empty() {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,

@@ -11,7 +11,7 @@ use drover_core::structs::{AllocMetric, Allocation, ClientStatus, Evaluation, Jo
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, query_headers, render};
+use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, query_headers, render};
 use crate::driver::AgentHandle;
 use crate::jobs::ApiJob;
 
@@ -19,10 +19,6 @@ use crate::jobs::ApiJob;
 #[serde(rename_all = "PascalCase")]
 struct RegisterBody {
     job: Option<ApiJob>,
-}
-
-fn namespace(options: &QueryOptions) -> String {
-    options.namespace.clone().unwrap_or_else(|| "default".to_string())
 }
 
 fn job_allocs<'a>(state: &'a ServerState, job: &Job) -> Vec<&'a Allocation> {
@@ -143,17 +139,7 @@ pub fn eval(eval: &Evaluation) -> Value {
 
 fn reply_error(reply: ServerReply) -> ApiError {
     match reply {
-        ServerReply::Error(error) if error.message == "job not found" => ApiError(StatusCode::NOT_FOUND, error.message),
-        ServerReply::Error(error) if error.retryable => ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.message),
-        ServerReply::Error(error)
-            if error.message.contains("error occurred") || error.message.contains("errors occurred") =>
-        {
-            ApiError(StatusCode::BAD_REQUEST, error.message)
-        }
-        ServerReply::Error(error) => ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("rpc error: {}", error.message),
-        ),
+        ServerReply::Error(error) => error.into(),
         other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}")),
     }
 }
@@ -164,10 +150,7 @@ async fn register(
     path_id: Option<&str>,
 ) -> Result<axum::response::Response, ApiError> {
     // Nomad's Go client sends unset slices and maps as `null`: read as absent.
-    let body: RegisterBody = serde_json::from_slice::<Value>(body)
-        .map(crate::jobs::without_nulls)
-        .and_then(serde_json::from_value)
-        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse job: {error}")))?;
+    let body: RegisterBody = parse_body(body, "job")?;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
     };

@@ -22,6 +22,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use drover_core::fsm::{Command, Response as FsmResponse, Table, Variable};
+use drover_core::rpc::{ErrorKind, RpcError, ServerReply};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -29,7 +30,6 @@ use crate::driver::{AgentHandle, AgentStatus, ApplyError};
 
 /// Blocking queries wait at most this long (Nomad: default and maximum 300 s).
 const WAIT_MAX: Duration = Duration::from_secs(300);
-const VARIABLE_PATH_LEN_MAX: usize = 128;
 
 /// Binds the HTTP API on `addr` and serves it in a background task.
 pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<SocketAddr> {
@@ -122,7 +122,37 @@ impl IntoResponse for ApiError {
 
 impl From<ApplyError> for ApiError {
     fn from(error: ApplyError) -> Self {
-        ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+        let status = match error {
+            ApplyError::Invalid(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, error.to_string())
+    }
+}
+
+/// The one place an endpoint's failure becomes an HTTP status, by its kind: not found 404,
+/// invalid 400, everything else 500, a non-retryable refusal with Nomad's `rpc error: ` prefix.
+impl From<RpcError> for ApiError {
+    fn from(error: RpcError) -> Self {
+        let status = match error.kind {
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ErrorKind::Refused | ErrorKind::Unavailable => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let message = if error.kind == ErrorKind::Refused && !error.retryable {
+            format!("rpc error: {}", error.message)
+        } else {
+            error.message
+        };
+        ApiError(status, message)
+    }
+}
+
+/// A write endpoint's reply: the index it was applied at, or its error as HTTP.
+fn reply_index(reply: ServerReply) -> Result<u64, ApiError> {
+    match reply {
+        ServerReply::Error(error) => Err(error.into()),
+        other => Ok(other.index().expect("every reply but an error has an index")),
     }
 }
 
@@ -253,6 +283,23 @@ async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
     }))
 }
 
+/// The request's namespace (`?namespace=`), Nomad's `default` when absent.
+fn namespace(options: &QueryOptions) -> String {
+    options
+        .namespace
+        .clone()
+        .unwrap_or_else(|| drover_core::structs::DEFAULT_NAMESPACE.to_string())
+}
+
+/// A JSON request body, with the `null`s Nomad's Go client sends for unset fields read as
+/// absent; a 400 naming `what` when it does not parse.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice::<Value>(body)
+        .map(crate::jobs::without_nulls)
+        .and_then(serde_json::from_value)
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse {what}: {error}")))
+}
+
 #[derive(Debug, Default, Deserialize)]
 struct QueryOptions {
     index: Option<u64>,
@@ -269,32 +316,7 @@ struct QueryOptions {
 
 /// Parses Go durations as Nomad accepts them for `wait` ("5s", "1m", "250ms", "1m30s").
 fn parse_go_duration(text: &str) -> Option<Duration> {
-    let mut total = Duration::ZERO;
-    let mut rest = text.trim();
-    if rest.is_empty() {
-        return None;
-    }
-    while !rest.is_empty() {
-        let digits = rest
-            .find(|c: char| !c.is_ascii_digit() && c != '.')
-            .unwrap_or(rest.len());
-        let (number, tail) = rest.split_at(digits);
-        let value: f64 = number.parse().ok()?;
-        let unit_len = tail.find(|c: char| c.is_ascii_digit()).unwrap_or(tail.len());
-        let (unit, next) = tail.split_at(unit_len);
-        let seconds = match unit {
-            "ns" => value / 1e9,
-            "us" | "µs" => value / 1e6,
-            "ms" => value / 1e3,
-            "s" => value,
-            "m" => value * 60.0,
-            "h" => value * 3600.0,
-            _ => return None,
-        };
-        total += Duration::from_secs_f64(seconds);
-        rest = next;
-    }
-    Some(total)
+    drover_core::goduration::parse(text.trim()).ok()
 }
 
 /// Waits until `table` changed after `index` (a blocking query), then returns its index.
@@ -348,31 +370,7 @@ fn variable_json(variable: &Variable) -> Value {
 }
 
 fn validate_variable_path(path: &str) -> Result<(), ApiError> {
-    let bad = |reason: &str| {
-        Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("invalid path {path:?}: {reason}"),
-        ))
-    };
-    if path.is_empty() {
-        return bad("must not be empty");
-    }
-    if path.len() > VARIABLE_PATH_LEN_MAX {
-        return bad("must be at most 128 characters");
-    }
-    if !path
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '~' | '/'))
-    {
-        return bad("may only contain letters, digits and - _ ~ /");
-    }
-    if path
-        .split('/')
-        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
-    {
-        return bad("must not contain empty, '.' or '..' segments");
-    }
-    Ok(())
+    drover_core::fsm::validate_variable_path(path).map_err(|error| ApiError(StatusCode::BAD_REQUEST, error.to_string()))
 }
 
 async fn list_variables(
@@ -425,12 +423,7 @@ async fn put_variable(
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     validate_variable_path(&path)?;
-    let body: VariableBody = serde_json::from_slice(&body).map_err(|error| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("failed to parse variable body: {error}"),
-        )
-    })?;
+    let body: VariableBody = parse_body(&body, "variable body")?;
     if body.items.is_empty() {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::csi::reply_to_result;
-use super::{ApiError, query_headers};
+use super::{ApiError, parse_body, query_headers};
 use crate::driver::AgentHandle;
 
 /// Nomad's `api.DrainSpec`.
@@ -39,15 +39,6 @@ struct EligibilityRequest {
     eligibility: String,
 }
 
-fn parse<T: for<'de> Deserialize<'de>>(body: &[u8], what: &str) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|error| {
-        ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("failed to parse {what} request: {error}"),
-        )
-    })
-}
-
 fn update_response(index: u64) -> serde_json::Value {
     json!({
         "EvalIDs": [],
@@ -62,7 +53,7 @@ pub async fn drain(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let request: DrainRequest = parse(&body, "drain")?;
+    let request: DrainRequest = parse_body(&body, "drain request")?;
     let strategy = request.drain_spec.map(|spec| DrainStrategy {
         deadline_ns: spec.deadline,
         ignore_system_jobs: spec.ignore_system_jobs,
@@ -85,7 +76,7 @@ pub async fn eligibility(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let request: EligibilityRequest = parse(&body, "eligibility")?;
+    let request: EligibilityRequest = parse_body(&body, "eligibility request")?;
     let Some(eligibility) = SchedulingEligibility::parse(&request.eligibility) else {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,

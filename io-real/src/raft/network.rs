@@ -75,6 +75,7 @@ impl<T: Transport> Connection<T> {
         let envelope = AgentRequest {
             region: self.region.clone(),
             forwarded: false,
+            version: crate::service::ENVELOPE_VERSION,
             body: Some(wrap(RaftPayload { json })),
         };
         let response = self

@@ -9,7 +9,9 @@
 use std::fmt::Debug;
 use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
-use std::sync::{Arc, Mutex};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use drover_core::bootstrap::BootState;
 use drover_core::codec;
@@ -74,6 +76,15 @@ impl Store {
         Ok(Store { db: Arc::new(db) })
     }
 
+    /// A write transaction committed with `Durability::Immediate`: synced before `commit`
+    /// returns, so what openraft is then told is durable is. Said explicitly rather than left
+    /// to redb's default, because acknowledged log entries and votes depend on it.
+    fn begin_durable_write(&self) -> Result<redb::WriteTransaction, StoreError> {
+        let mut txn = self.db.begin_write().map_err(redb_err)?;
+        txn.set_durability(Durability::Immediate).map_err(redb_err)?;
+        Ok(txn)
+    }
+
     /// Reads (or on first start creates) the node id, counts this boot, and reports whether
     /// Raft state exists. `fresh_node_id` is used only when no id is stored yet.
     pub fn boot(&self, fresh_node_id: u64) -> Result<AgentRecord, StoreError> {
@@ -117,8 +128,8 @@ impl Store {
 
     /// Stores a snapshot (metadata as JSON, body as raw bytes) in one durable transaction.
     fn put_snapshot(&self, meta: &SnapshotMeta<u64, ServerNode>, data: &[u8]) -> Result<(), StoreError> {
-        let meta = serde_json::to_vec(meta).expect("snapshot meta serializes");
-        let txn = self.db.begin_write().map_err(redb_err)?;
+        let meta = encode_record(meta);
+        let txn = self.begin_durable_write()?;
         {
             let mut table = txn.open_table(RAFT_META).map_err(redb_err)?;
             table.insert(KEY_SNAPSHOT_META, meta.as_slice()).map_err(redb_err)?;
@@ -176,7 +187,7 @@ impl Store {
         value: &T,
         durability: Durability,
     ) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(value).expect("metadata serializes");
+        let bytes = encode_record(value);
         let mut txn = self.db.begin_write().map_err(redb_err)?;
         txn.set_durability(durability).map_err(redb_err)?;
         {
@@ -187,11 +198,23 @@ impl Store {
     }
 }
 
+/// Every record of the store (log entries, vote, metadata) is a versioned state record
+/// ([`codec`]): a later build reads it, an earlier one refuses it by name instead of misreading it.
+fn encode_record<T: Serialize>(value: &T) -> Vec<u8> {
+    codec::encode(value)
+}
+
+/// Reads a versioned record, or the bare JSON every record was before the store was versioned
+/// (JSON never starts with the codec's magic byte `0xff`).
 fn decode<T: for<'a> Deserialize<'a>>(key: &str, bytes: &[u8]) -> Result<T, StoreError> {
-    serde_json::from_slice(bytes).map_err(|error| StoreError::Corrupt {
+    let corrupt = |reason: String| StoreError::Corrupt {
         key: key.to_string(),
-        reason: error.to_string(),
-    })
+        reason,
+    };
+    if bytes.starts_with(&codec::MAGIC) {
+        return codec::decode(bytes).map_err(|error| corrupt(error.to_string()));
+    }
+    serde_json::from_slice(bytes).map_err(|error| corrupt(error.to_string()))
 }
 
 /// A stored snapshot: its metadata and its body (a [`SnapshotBody`] record).
@@ -252,11 +275,11 @@ impl LogStore {
     }
 
     fn write_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<(), StoreError> {
-        let txn = self.store.db.begin_write().map_err(redb_err)?;
+        let txn = self.store.begin_durable_write()?;
         {
             let mut table = txn.open_table(LOG).map_err(redb_err)?;
             for entry in &entries {
-                let bytes = serde_json::to_vec(entry).expect("entry serializes");
+                let bytes = encode_record(entry);
                 table.insert(entry.log_id.index, bytes.as_slice()).map_err(redb_err)?;
             }
         }
@@ -264,7 +287,7 @@ impl LogStore {
     }
 
     fn remove_range(&self, range: impl RangeBounds<u64>, purged: Option<LogId<u64>>) -> Result<(), StoreError> {
-        let txn = self.store.db.begin_write().map_err(redb_err)?;
+        let txn = self.store.begin_durable_write()?;
         {
             let mut table = txn.open_table(LOG).map_err(redb_err)?;
             let keys: Vec<u64> = table
@@ -278,7 +301,7 @@ impl LogStore {
             }
             if let Some(purged) = purged {
                 let mut meta = txn.open_table(RAFT_META).map_err(redb_err)?;
-                let bytes = serde_json::to_vec(&purged).expect("log id serializes");
+                let bytes = encode_record(&purged);
                 meta.insert(KEY_LAST_PURGED, bytes.as_slice()).map_err(redb_err)?;
             }
         }
@@ -378,6 +401,45 @@ pub struct Applied {
     pub state: ServerState,
     pub last_applied: Option<LogId<u64>>,
     pub membership: StoredMembership<u64, ServerNode>,
+    /// Set when applying an entry panicked: the state may be half-changed, so nothing more is
+    /// applied (openraft stops on the storage error) and the agent says why; reads still answer.
+    pub failure: Option<String>,
+}
+
+/// The applied state, shared by the state machine (its only writer) and every reader (HTTP,
+/// the core's context, blocking queries).
+///
+/// The lock never wedges the agent: an apply that panics is caught inside the write section
+/// (so the lock is released normally and [`Applied::failure`] records it), and a poisoned lock
+/// is read through anyway ([`PoisonError::into_inner`]). Readers get closures, not guards, so no
+/// guard is ever held across an `.await`. Long reads (snapshots) clone the state, which costs a
+/// reference count per table ([`drover_core::fsm::Shared`]), and work outside the lock.
+#[derive(Clone, Debug, Default)]
+pub struct AppliedState {
+    inner: Arc<RwLock<Applied>>,
+}
+
+impl AppliedState {
+    fn new(applied: Applied) -> Self {
+        AppliedState {
+            inner: Arc::new(RwLock::new(applied)),
+        }
+    }
+
+    pub fn read<R>(&self, read: impl FnOnce(&Applied) -> R) -> R {
+        let guard = self.inner.read().unwrap_or_else(PoisonError::into_inner);
+        read(&guard)
+    }
+
+    fn write<R>(&self, write: impl FnOnce(&mut Applied) -> R) -> R {
+        let mut guard = self.inner.write().unwrap_or_else(PoisonError::into_inner);
+        write(&mut guard)
+    }
+
+    /// The index of the last applied log entry (0 before the first).
+    pub fn last_applied_index(&self) -> u64 {
+        self.read(|applied| applied.last_applied.map(|log| log.index).unwrap_or(0))
+    }
 }
 
 /// Notified of every applied entry (used by the simulation's invariant checker).
@@ -413,11 +475,11 @@ struct UnversionedSnapshotBody {
 #[derive(Clone)]
 pub struct StateMachine {
     store: Store,
-    applied: Arc<Mutex<Applied>>,
+    applied: AppliedState,
     /// Bumped after every apply or install, for blocking queries.
     changes: Changes,
     on_apply: Option<ApplyHook>,
-    snapshot_seq: Arc<Mutex<u64>>,
+    snapshot_seq: Arc<AtomicU64>,
 }
 
 impl StateMachine {
@@ -443,15 +505,15 @@ impl StateMachine {
         }
         Ok(StateMachine {
             store,
-            applied: Arc::new(Mutex::new(applied)),
+            applied: AppliedState::new(applied),
             changes: Changes::default(),
             on_apply,
-            snapshot_seq: Arc::new(Mutex::new(0)),
+            snapshot_seq: Arc::default(),
         })
     }
 
     /// Shared read access to the applied state for API reads.
-    pub fn applied(&self) -> Arc<Mutex<Applied>> {
+    pub fn applied(&self) -> AppliedState {
         self.applied.clone()
     }
 
@@ -467,32 +529,85 @@ impl StateMachine {
     fn install(&self, meta: &SnapshotMeta<u64, ServerNode>, data: Vec<u8>) -> Result<(), StoreError> {
         let body = decode_body(&data)?;
         self.store.put_snapshot(meta, &data)?;
-        let mut applied = self.applied.lock().expect("state lock");
-        applied.state = body.state;
-        applied.last_applied = meta.last_log_id;
-        applied.membership = meta.last_membership.clone();
-        drop(applied);
+        self.applied.write(|applied| {
+            applied.state = body.state;
+            applied.last_applied = meta.last_log_id;
+            applied.membership = meta.last_membership.clone();
+            // A snapshot from the leader is a whole, sound state again.
+            applied.failure = None;
+        });
         self.notify();
         Ok(())
     }
 }
 
+impl StateMachine {
+    /// Applies one entry under the write lock. A panic in the core's apply is caught here: the
+    /// state may be half-changed, so it is recorded as the machine's failure and nothing more
+    /// is applied; openraft stops on the error this returns.
+    fn apply_one(&self, applied: &mut Applied, entry: &Entry<TypeConfig>) -> Result<Response, String> {
+        if let Some(failure) = &applied.failure {
+            return Err(failure.clone());
+        }
+        let index = entry.log_id.index;
+        let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| match &entry.payload {
+            EntryPayload::Normal(data) => applied.state.apply(index, data),
+            EntryPayload::Blank => {
+                applied.state.advance(index);
+                Response::Done
+            }
+            EntryPayload::Membership(membership) => {
+                applied.state.advance(index);
+                applied.membership = StoredMembership::new(Some(entry.log_id), membership.clone());
+                Response::Done
+            }
+        }));
+        let response = match outcome {
+            Ok(response) => response,
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("unknown panic");
+                let failure = format!("applying Raft entry {index} failed: {message}");
+                tracing::error!(index, %message, "the state machine failed; no further entries are applied");
+                applied.failure = Some(failure.clone());
+                return Err(failure);
+            }
+        };
+        applied.last_applied = Some(entry.log_id);
+        if let Some(hook) = &self.on_apply {
+            hook(index, entry, &applied.state);
+        }
+        Ok(response)
+    }
+}
+
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        let (data, last_applied, membership) = {
-            let applied = self.applied.lock().expect("state lock");
-            let data = codec::encode(&SnapshotBodyRef {
-                last_applied: applied.last_applied,
-                membership: &applied.membership,
-                state: &applied.state,
-            });
-            (data, applied.last_applied, applied.membership.clone())
-        };
-        let seq = {
-            let mut seq = self.snapshot_seq.lock().expect("seq lock");
-            *seq += 1;
-            *seq
-        };
+        // A cheap clone under the read lock; encoded after letting go of it, so applies and
+        // reads go on while a large state is encoded.
+        let (state, last_applied, membership, failure) = self.applied.read(|applied| {
+            (
+                applied.state.clone(),
+                applied.last_applied,
+                applied.membership.clone(),
+                applied.failure.clone(),
+            )
+        });
+        if let Some(failure) = failure {
+            // A half-applied state must not reach the disk or another server as a snapshot.
+            let error = StoreError::Redb(failure);
+            return Err(StorageError::from(StorageIOError::write_snapshot(None, &error)));
+        }
+        let data = codec::encode(&SnapshotBodyRef {
+            last_applied,
+            membership: &membership,
+            state: &state,
+        });
+        drop(state);
+        let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let snapshot_id = match last_applied {
             Some(log_id) => format!("{}-{}-{seq}", log_id.leader_id, log_id.index),
             None => format!("none-{seq}"),
@@ -518,8 +633,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     async fn applied_state(
         &mut self,
     ) -> Result<(Option<LogId<u64>>, StoredMembership<u64, ServerNode>), StorageError<u64>> {
-        let applied = self.applied.lock().expect("state lock");
-        Ok((applied.last_applied, applied.membership.clone()))
+        Ok(self
+            .applied
+            .read(|applied| (applied.last_applied, applied.membership.clone())))
     }
 
     async fn apply<I>(&mut self, entries: I) -> Result<Vec<Response>, StorageError<u64>>
@@ -529,26 +645,14 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
     {
         let mut responses = Vec::new();
         for entry in entries {
-            let mut applied = self.applied.lock().expect("state lock");
-            let index = entry.log_id.index;
-            let response = match &entry.payload {
-                EntryPayload::Normal(data) => applied.state.apply(index, data),
-                EntryPayload::Blank => {
-                    applied.state.advance(index);
-                    Response::Done
+            match self.applied.write(|applied| self.apply_one(applied, &entry)) {
+                Ok(response) => responses.push(response),
+                Err(failure) => {
+                    self.notify();
+                    let error = StoreError::Redb(failure);
+                    return Err(StorageError::from(StorageIOError::apply(entry.log_id, &error)));
                 }
-                EntryPayload::Membership(membership) => {
-                    applied.state.advance(index);
-                    applied.membership = StoredMembership::new(Some(entry.log_id), membership.clone());
-                    Response::Done
-                }
-            };
-            applied.last_applied = Some(entry.log_id);
-            if let Some(hook) = &self.on_apply {
-                hook(entry.log_id.index, &entry, &applied.state);
             }
-            drop(applied);
-            responses.push(response);
         }
         self.notify();
         Ok(responses)
@@ -604,6 +708,86 @@ mod tests {
         }
     }
 
+    fn raft_entry(index: u64, path: &str) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(openraft::CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(drover_core::fsm::Entry {
+                at_unix_ms: index,
+                command: Command::VariableUpsert {
+                    path: path.into(),
+                    items: BTreeMap::from([("k".into(), "v".into())]),
+                },
+            }),
+        }
+    }
+
+    /// A log entry and a vote as builds before the versioned store wrote them (bare JSON),
+    /// and a log entry in state format v1, exactly as written: every later build reads them.
+    const LEGACY_ENTRY_JSON: &str = r#"{"log_id":{"leader_id":1,"index":5},"payload":{"Normal":{"at_unix_ms":5,"command":{"VariableUpsert":{"path":"a","items":{"k":"v"}}}}}}"#;
+    const LEGACY_VOTE_JSON: &str = r#"{"leader_id":{"term":3,"voted_for":2},"committed":true}"#;
+    const V1_ENTRY_HEX: &str = "ff4452560163000000f054a2666c6f675f6964a2696c65616465725f69640165696e64657805677061796c6f6164a1664e6f726d616ca26a61745f756e69785f6d730567636f6d6d616e64a16e5661726961626c65557073657274a264706174686161656974656d73a1616b6176";
+
+    fn hex(text: &str) -> Vec<u8> {
+        (0..text.len())
+            .step_by(2)
+            .map(|at| u8::from_str_radix(&text[at..at + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn log_records_of_earlier_builds_still_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let txn = store.db.begin_write().unwrap();
+        {
+            let mut log = txn.open_table(LOG).unwrap();
+            log.insert(5, LEGACY_ENTRY_JSON.as_bytes()).unwrap();
+            log.insert(6, hex(V1_ENTRY_HEX).as_slice()).unwrap();
+            let mut meta = txn.open_table(RAFT_META).unwrap();
+            meta.insert(KEY_VOTE, LEGACY_VOTE_JSON.as_bytes()).unwrap();
+        }
+        txn.commit().unwrap();
+
+        let mut log = LogStore::new(store);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let entries = runtime.block_on(log.try_get_log_entries(5..7)).unwrap();
+        assert_eq!(entries.len(), 2);
+        for entry in &entries {
+            assert_eq!(entry.payload, raft_entry(5, "a").payload);
+        }
+        assert_eq!(entries[0].log_id, raft_entry(5, "a").log_id);
+        let vote = runtime.block_on(log.read_vote()).unwrap();
+        assert_eq!(vote, Some(Vote::new_committed(3, 2)));
+        // What this build writes is the versioned form.
+        assert_eq!(encode_record(&raft_entry(5, "a")), hex(V1_ENTRY_HEX));
+    }
+
+    /// A panic inside the core's apply (here its own out-of-order assertion) must not wedge the
+    /// agent: the lock stays usable, reads answer, and nothing more is applied.
+    #[test]
+    fn a_panicking_apply_is_a_failure_not_a_wedged_lock() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let mut machine = StateMachine::open(store, None).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(machine.apply([raft_entry(2, "a")])).unwrap();
+        let error = runtime
+            .block_on(machine.apply([raft_entry(1, "b")]))
+            .expect_err("an out-of-order apply fails");
+        assert!(error.to_string().contains("apply"), "{error}");
+        let applied = machine.applied();
+        let failure = applied.read(|a| a.failure.clone()).expect("the failure is recorded");
+        assert!(failure.contains("apply out of order"), "{failure}");
+        assert_eq!(applied.last_applied_index(), 2, "reads still answer");
+        assert!(applied.read(|a| a.state.variable("a").is_some()));
+        runtime
+            .block_on(machine.apply([raft_entry(3, "c")]))
+            .expect_err("nothing is applied after a failure");
+        assert!(applied.read(|a| a.state.variable("c").is_none()));
+        // A state that may be half-applied is not snapshotted.
+        assert!(runtime.block_on(machine.build_snapshot()).is_err());
+    }
+
     #[test]
     fn a_snapshot_of_the_unversioned_form_and_of_the_current_one_reopen() {
         let dir = tempfile::tempdir().unwrap();
@@ -616,7 +800,7 @@ mod tests {
         .unwrap();
         store.put_snapshot(&meta(), &legacy).unwrap();
         let mut machine = StateMachine::open(store.clone(), None).unwrap();
-        assert_eq!(machine.applied().lock().unwrap().state, state());
+        assert_eq!(machine.applied().read(|a| a.state.clone()), state());
         let (_, rewritten) = store.get_snapshot().unwrap().unwrap();
         assert!(
             rewritten.starts_with(&codec::MAGIC),
@@ -627,8 +811,8 @@ mod tests {
         let snapshot = runtime.block_on(machine.build_snapshot()).unwrap();
         assert!(snapshot.snapshot.get_ref().starts_with(&codec::MAGIC));
         let reopened = StateMachine::open(store.clone(), None).unwrap();
-        assert_eq!(reopened.applied().lock().unwrap().state, state());
-        assert_eq!(reopened.applied().lock().unwrap().last_applied, meta().last_log_id);
+        assert_eq!(reopened.applied().read(|a| a.state.clone()), state());
+        assert_eq!(reopened.applied().read(|a| a.last_applied), meta().last_log_id);
 
         store.put_snapshot(&meta(), b"\xffDRV\x09").unwrap();
         let error = StateMachine::open(store, None)
