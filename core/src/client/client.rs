@@ -91,7 +91,17 @@ pub enum ClientInput {
     Registered {
         heartbeat_ttl: Duration,
     },
+    /// Writing a record to the client's store failed: what survives a restart is now behind
+    /// what runs. Raised to the operator as a `Storage` node event (at most one per
+    /// [`PERSIST_EVENT_INTERVAL`], with the count of failures since the last one).
+    PersistFailed {
+        record: String,
+        error: String,
+    },
 }
+
+/// The shortest time between two `Storage` node events about failed client state writes.
+pub const PERSIST_EVENT_INTERVAL: Duration = Duration::from_secs(300);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientAction {
@@ -218,6 +228,9 @@ pub struct Client {
     driver_infos: BTreeMap<String, DriverInfo>,
     /// Node events not yet accepted by the servers, oldest first.
     pending_events: Vec<ClientNodeEvent>,
+    /// When the last `Storage` node event was raised, and failures since (not yet raised).
+    persist_event_at: Option<Instant>,
+    persist_failures_unreported: u64,
     servers_contacted: bool,
     routes: BTreeMap<OpId, Route>,
     requesters: BTreeMap<OpId, VolumeRequester>,
@@ -248,6 +261,8 @@ impl Client {
             drivers: BTreeMap::new(),
             driver_infos: BTreeMap::new(),
             pending_events: Vec::new(),
+            persist_event_at: None,
+            persist_failures_unreported: 0,
             servers_contacted: false,
             routes: BTreeMap::new(),
             requesters: BTreeMap::new(),
@@ -355,7 +370,32 @@ impl Client {
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
             ClientInput::Registered { heartbeat_ttl } => self.registered(now, heartbeat_ttl),
+            ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
         }
+    }
+
+    fn persist_failed(&mut self, now: Instant, record: String, error: String) {
+        tracing::error!(%record, %error, "persisting client state failed");
+        self.persist_failures_unreported += 1;
+        let quiet = self
+            .persist_event_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= PERSIST_EVENT_INTERVAL);
+        if !quiet {
+            return;
+        }
+        let mut details = BTreeMap::new();
+        details.insert("record".to_string(), record);
+        details.insert("failures".to_string(), self.persist_failures_unreported.to_string());
+        self.persist_event_at = Some(now);
+        self.persist_failures_unreported = 0;
+        self.node_event(
+            now,
+            ClientNodeEvent {
+                subsystem: "Storage".into(),
+                message: format!("client state could not be persisted: {error}"),
+                details,
+            },
+        );
     }
 
     /// The TTL the servers gave the last heartbeat or registration.
