@@ -1,0 +1,246 @@
+//! The CSI flows after a commit: controller publish of new claims, and the checkpointed
+//! unpublish walk (node, then controller, committing each step) shared by its waiters.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use super::*;
+use alloc::collections::BTreeMap;
+
+use crate::csi::routing::{self};
+use crate::csi::unpublish::{self, Step};
+use crate::fsm::{Command, ServerState};
+use crate::structs::{ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim};
+use crate::time::Instant;
+
+impl RpcEndpoints {
+    pub(super) fn start_unpublish(
+        &mut self,
+        now: Instant,
+        waiter: Waiter,
+        namespace: String,
+        volume_id: String,
+        claim: CsiVolumeClaim,
+        state: &ServerState,
+    ) {
+        let key = (namespace.clone(), volume_id.clone(), claim.allocation_id.clone());
+        if let Some(job) = self.unpublishing.get(&key).copied()
+            && let Some(Flow::Unpublish { waiters, .. }) = self.jobs.get_mut(&job)
+        {
+            waiters.push(waiter);
+            return;
+        }
+        if state.volume(&namespace, &volume_id).is_none() {
+            self.finish_waiter(now, waiter, Err(RpcError::not_found("volume not found")), state);
+            return;
+        }
+        let mut claim = claim;
+        if claim.state == ClaimState::Taken {
+            claim.state = ClaimState::Unpublishing;
+        }
+        let job = self.new_job(Flow::Unpublish {
+            key: key.clone(),
+            claim: claim.clone(),
+            waiters: vec![waiter],
+        });
+        self.unpublishing.insert(key, job);
+        // Checkpoint the claim as given before any external call.
+        self.propose(
+            job,
+            Command::CsiVolumeClaim {
+                namespace,
+                volume_id,
+                claim,
+            },
+        );
+    }
+
+    /// After a claim commits: controller-publish new claims on plugins with attach/detach.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn publish(
+        &mut self,
+        now: Instant,
+        job: JobId,
+        req: ReqId,
+        index: u64,
+        claim: CsiVolumeClaim,
+        volume: CsiVolume,
+        state: &ServerState,
+    ) {
+        let needs_publish = claim.state == ClaimState::Taken
+            && claim.mode != ClaimMode::Gc
+            && volume.plugin_health.controller_required
+            && state
+                .plugin(&volume.plugin_id)
+                .is_some_and(|plugin| plugin.supports_attach_detach());
+        if !needs_publish {
+            self.jobs.remove(&job);
+            self.reply(
+                req,
+                ServerReply::Claimed {
+                    index,
+                    volume: alloc::boxed::Box::new(volume),
+                    publish_context: BTreeMap::new(),
+                },
+            );
+            return;
+        }
+        let external_node_id = routing::external_node_id(state, &claim, &volume.plugin_id);
+        if external_node_id.is_empty() {
+            self.jobs.remove(&job);
+            let message = format!(
+                "node plugin {} is not running or has not fingerprinted on node {}",
+                volume.plugin_id, claim.node_id
+            );
+            self.reply(req, ServerReply::Error(RpcError::unavailable(message)));
+            return;
+        }
+        let request = ClientCsiRequest::ControllerAttach(ControllerAttachRequest {
+            plugin_id: volume.plugin_id.clone(),
+            volume_id: volume.remote_id().to_string(),
+            client_csi_node_id: external_node_id,
+            attachment_mode: claim.attachment_mode,
+            access_mode: claim.access_mode,
+            mount_options: volume.mount_options.clone(),
+            read_only: claim.mode == ClaimMode::Read,
+            secrets: volume.secrets.clone(),
+            volume_context: volume.context.clone(),
+        });
+        self.enqueue_controller(now, job, request, state);
+    }
+
+    pub(super) fn unpublish_continue(&mut self, now: Instant, job_id: JobId, state: &ServerState) {
+        let Some(Flow::Unpublish { key, claim, .. }) = self.jobs.get(&job_id) else {
+            return;
+        };
+        let (namespace, volume_id, _) = key.clone();
+        let claim = claim.clone();
+        let Some(volume) = state.volume(&namespace, &volume_id) else {
+            // The volume is gone (force-deregistered): nothing left to release.
+            self.finish_unpublish(now, job_id, Ok(()), state);
+            return;
+        };
+        match unpublish::next_step_with(state, &volume, &claim, self.faults.node_detach_on_down_node) {
+            Step::Done => self.finish_unpublish(now, job_id, Ok(()), state),
+            Step::Checkpoint(next) => {
+                if claim.state == ClaimState::ReadyToFree
+                    && next.state == ClaimState::ReadyToFree
+                    && self.committed_free(&volume, &claim)
+                {
+                    self.finish_unpublish(now, job_id, Ok(()), state);
+                    return;
+                }
+                self.set_claim(job_id, next.clone());
+                self.propose(
+                    job_id,
+                    Command::CsiVolumeClaim {
+                        namespace,
+                        volume_id,
+                        claim: next,
+                    },
+                );
+            }
+            Step::NodeDetach(request) => {
+                let Some(node) = state.node(&request.node_id) else {
+                    let mut next = claim.clone();
+                    next.state = ClaimState::NodeDetached;
+                    self.set_claim(job_id, next.clone());
+                    self.propose(
+                        job_id,
+                        Command::CsiVolumeClaim {
+                            namespace,
+                            volume_id,
+                            claim: next,
+                        },
+                    );
+                    return;
+                };
+                let op = self.ops.allocate();
+                self.client_ops
+                    .insert(op, (ClientOp::Node { job: job_id }, now + self.client_timeout));
+                self.actions.push_back(Action::CallClient {
+                    op,
+                    node_id: request.node_id.clone(),
+                    rpc_addr: node.rpc_addr.clone(),
+                    request: ClientCsiRequest::NodeDetach(request),
+                });
+            }
+            Step::ControllerDetach(request) => {
+                self.enqueue_controller(now, job_id, ClientCsiRequest::ControllerDetach(request), state);
+            }
+        }
+    }
+
+    pub(super) fn committed_free(&self, volume: &CsiVolume, claim: &CsiVolumeClaim) -> bool {
+        !volume.past_claims.contains_key(&claim.allocation_id)
+            && !volume.read_claims.contains_key(&claim.allocation_id)
+            && !volume.write_claims.contains_key(&claim.allocation_id)
+    }
+
+    pub(super) fn set_claim(&mut self, job_id: JobId, next: CsiVolumeClaim) {
+        if let Some(Flow::Unpublish { claim, .. }) = self.jobs.get_mut(&job_id) {
+            *claim = next;
+        }
+    }
+
+    pub(super) fn finish_unpublish(
+        &mut self,
+        now: Instant,
+        job_id: JobId,
+        result: Result<(), RpcError>,
+        state: &ServerState,
+    ) {
+        let Some(Flow::Unpublish { key, waiters, .. }) = self.jobs.remove(&job_id) else {
+            return;
+        };
+        self.unpublishing.remove(&key);
+        if result.is_err() && self.faults.abandon_failed_unpublish {
+            self.abandoned.insert(key.clone());
+        }
+        for waiter in waiters {
+            self.finish_waiter(now, waiter, result.clone(), state);
+        }
+    }
+
+    pub(super) fn finish_waiter(
+        &mut self,
+        _now: Instant,
+        waiter: Waiter,
+        result: Result<(), RpcError>,
+        state: &ServerState,
+    ) {
+        let index = state.last_applied().unwrap_or(0);
+        match waiter {
+            Waiter::Watcher => {
+                if let Err(failure) = result {
+                    tracing::debug!(error = %failure.message, "volume watcher: release failed; will retry");
+                }
+            }
+            Waiter::Request(req) => {
+                let reply = match result {
+                    Ok(()) => ServerReply::Done { index },
+                    Err(error) => ServerReply::Error(error),
+                };
+                self.reply(req, reply);
+            }
+            Waiter::Detach(job) => {
+                let Some(Flow::Detach { req, left, error }) = self.jobs.get_mut(&job) else {
+                    return;
+                };
+                *left -= 1;
+                if let Err(failure) = result {
+                    error.get_or_insert(failure);
+                }
+                if *left == 0 {
+                    let req = *req;
+                    let reply = match error.take() {
+                        Some(error) => ServerReply::Error(error),
+                        None => ServerReply::Done { index },
+                    };
+                    self.jobs.remove(&job);
+                    self.reply(req, reply);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! The messages of the servers' write endpoints: requests, replies and errors as they travel
+//! between agents (JSON inside the agent envelope), and the `ClientCSI` calls the leader makes.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::csi::unpublish::{ControllerDetachRequest, NodeDetachRequest};
+pub use crate::error::ErrorKind;
+use crate::structs::{
+    AccessMode, Allocation, AttachmentMode, ClientStatus, CsiCapability, CsiInfo, CsiMountOptions, CsiVolume,
+    CsiVolumeClaim, DrainStrategy, DriverInfo, Job, Node, NodeEvent, NodeStatus, SchedulingEligibility,
+};
+
+/// Correlates a request with its reply; chosen by the driver.
+pub type ReqId = u64;
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerRequest {
+    NodeRegister {
+        node: alloc::boxed::Box<Node>,
+    },
+    NodeUpdateStatus {
+        node_id: String,
+        status: NodeStatus,
+    },
+    NodeUpdateCsiInfo {
+        node_id: String,
+        controllers: BTreeMap<String, CsiInfo>,
+        nodes: BTreeMap<String, CsiInfo>,
+    },
+    NodeUpdateDrivers {
+        node_id: String,
+        drivers: BTreeMap<String, DriverInfo>,
+    },
+    NodeEmitEvents {
+        node_id: String,
+        events: Vec<NodeEvent>,
+    },
+    NodeDeregister {
+        node_id: String,
+    },
+    /// `Node.UpdateDrain`: `strategy` starts or changes a drain, `None` cancels it.
+    NodeUpdateDrain {
+        node_id: String,
+        strategy: Option<DrainStrategy>,
+        mark_eligible: bool,
+    },
+    /// `Node.UpdateEligibility`.
+    NodeUpdateEligibility {
+        node_id: String,
+        eligibility: SchedulingEligibility,
+    },
+    JobUpsert {
+        job: Job,
+    },
+    JobDeregister {
+        namespace: String,
+        job_id: String,
+    },
+    AllocUpsert {
+        allocs: Vec<Allocation>,
+    },
+    AllocClientUpdate {
+        alloc_id: String,
+        client_status: ClientStatus,
+    },
+    AllocDelete {
+        alloc_ids: Vec<String>,
+    },
+    VolumeRegister {
+        volumes: Vec<CsiVolume>,
+    },
+    VolumeDeregister {
+        namespace: String,
+        volume_ids: Vec<String>,
+        force: bool,
+    },
+    VolumeClaim {
+        namespace: String,
+        volume_id: String,
+        claim: CsiVolumeClaim,
+    },
+    VolumeUnpublish {
+        namespace: String,
+        volume_id: String,
+        claim: CsiVolumeClaim,
+    },
+    VolumeDetach {
+        namespace: String,
+        volume_id: String,
+        node_id: String,
+    },
+    PluginDelete {
+        plugin_id: String,
+    },
+    /// `Job.Register`: validated, stored (a new version when the spec changed) with an
+    /// evaluation; replies `JobRegistered`.
+    JobRegister {
+        job: alloc::boxed::Box<Job>,
+    },
+    /// `Job.Deregister`: stop the job (or, with `purge`, remove it) with an evaluation.
+    JobStop {
+        namespace: String,
+        job_id: String,
+        purge: bool,
+    },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RpcError {
+    /// What kind of failure this is (absent in replies of builds before it existed).
+    #[serde(default)]
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The caller may retry (no leader, leadership lost, a retryable plugin error).
+    pub retryable: bool,
+}
+
+impl RpcError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>, retryable: bool) -> Self {
+        RpcError {
+            kind,
+            message: message.into(),
+            retryable,
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::NotFound, message, false)
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::Invalid, message, false)
+    }
+
+    pub fn refused(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::Refused, message, false)
+    }
+
+    /// No leader, a lost leadership, an unreachable peer: retryable.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        RpcError::new(ErrorKind::Unavailable, message, true)
+    }
+
+    /// A plugin's or controller's failure, retryable or not as the plugin said.
+    pub fn from_plugin(message: impl Into<String>, retryable: bool) -> Self {
+        let kind = if retryable {
+            ErrorKind::Unavailable
+        } else {
+            ErrorKind::Refused
+        };
+        RpcError::new(kind, message, retryable)
+    }
+}
+
+/// `Node.GetClientAllocs`: the allocations placed on `node_id`, as a blocking query — the
+/// server answers once its applied index passes `min_index` or after `max_wait_ms`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocsRequest {
+    pub node_id: String,
+    pub min_index: u64,
+    pub max_wait_ms: u64,
+}
+
+/// The allocations of one node with their jobs, as of the server's applied `index`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeAllocsReply {
+    pub index: u64,
+    pub allocs: Vec<(Allocation, Job)>,
+    /// Allocations on other nodes that these wait for and that have finished
+    /// ([`ServerState::node_allocs`]).
+    pub finished_elsewhere: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ServerReply {
+    Done {
+        index: u64,
+    },
+    Claimed {
+        index: u64,
+        volume: alloc::boxed::Box<CsiVolume>,
+        publish_context: BTreeMap<String, String>,
+    },
+    Error(RpcError),
+    /// A node registration or status update (a heartbeat): the client calls in again within
+    /// `heartbeat_ttl_ms` or the leader marks the node down.
+    Heartbeat {
+        index: u64,
+        heartbeat_ttl_ms: u64,
+    },
+    /// A job write: the evaluation it created and the job's modify index after it.
+    JobRegistered {
+        index: u64,
+        eval_id: String,
+        job_modify_index: u64,
+    },
+}
+
+impl ServerReply {
+    /// The Raft index the write was applied at; `None` for an error.
+    pub fn index(&self) -> Option<u64> {
+        match self {
+            ServerReply::Done { index }
+            | ServerReply::Claimed { index, .. }
+            | ServerReply::Heartbeat { index, .. }
+            | ServerReply::JobRegistered { index, .. } => Some(*index),
+            ServerReply::Error(_) => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerAttachRequest {
+    pub plugin_id: String,
+    pub volume_id: String,
+    pub client_csi_node_id: String,
+    pub attachment_mode: AttachmentMode,
+    pub access_mode: AccessMode,
+    pub mount_options: Option<CsiMountOptions>,
+    pub read_only: bool,
+    pub secrets: BTreeMap<String, String>,
+    pub volume_context: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerValidateRequest {
+    pub plugin_id: String,
+    pub volume_id: String,
+    pub capabilities: Vec<CsiCapability>,
+    pub parameters: BTreeMap<String, String>,
+    pub context: BTreeMap<String, String>,
+    pub secrets: BTreeMap<String, String>,
+}
+
+/// `ClientCSI.*`: calls a server makes to a client's CSI plugins.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientCsiRequest {
+    ControllerAttach(ControllerAttachRequest),
+    ControllerDetach(ControllerDetachRequest),
+    ControllerValidate(ControllerValidateRequest),
+    NodeDetach(NodeDetachRequest),
+}
+
+impl ClientCsiRequest {
+    pub fn plugin_id(&self) -> &str {
+        match self {
+            ClientCsiRequest::ControllerAttach(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerDetach(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerValidate(request) => &request.plugin_id,
+            ClientCsiRequest::NodeDetach(request) => &request.plugin_id,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClientCsiReply {
+    Done,
+    Attached { publish_context: BTreeMap<String, String> },
+}
