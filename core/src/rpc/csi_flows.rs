@@ -14,6 +14,46 @@ use crate::structs::{ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim};
 use crate::time::Instant;
 
 impl RpcEndpoints {
+    /// A claim's proposal came back: its error is the answer, else what was committed is
+    /// controller-published (`publish`).
+    pub(super) fn claim_committed(
+        &mut self,
+        now: Instant,
+        job_id: JobId,
+        outcome: Result<(u64, Response), RpcError>,
+        state: &ServerState,
+    ) {
+        let Some(Flow::Claim {
+            req,
+            claim,
+            index,
+            volume,
+            namespace,
+            volume_id,
+        }) = self.jobs.get_mut(&job_id)
+        else {
+            return;
+        };
+        let req = *req;
+        let (new_index, response) = match outcome {
+            Ok(done) => done,
+            Err(error) => {
+                self.jobs.remove(&job_id);
+                self.reply(req, ServerReply::Error(error));
+                return;
+            }
+        };
+        *index = new_index;
+        let claim = claim.clone();
+        let (namespace, volume_id) = (namespace.clone(), volume_id.clone());
+        let stored = match response {
+            Response::Volume(stored) => *stored,
+            _ => state.volume(&namespace, &volume_id).unwrap_or_default(),
+        };
+        *volume = Some(alloc::boxed::Box::new(stored.clone()));
+        self.publish(now, job_id, req, new_index, claim, stored, state);
+    }
+
     pub(super) fn start_unpublish(
         &mut self,
         now: Instant,

@@ -453,22 +453,7 @@ impl RpcEndpoints {
             Flow::NodeWrite { req, node_id } => {
                 let (req, node_id) = (*req, node_id.clone());
                 self.jobs.remove(&job_id);
-                let reply = match outcome {
-                    Ok((index, _)) => {
-                        let live = state.node(&node_id).is_some_and(|node| node.status != NodeStatus::Down);
-                        let ttl = if live {
-                            self.heartbeats.reset(now, &node_id, state)
-                        } else {
-                            Duration::ZERO
-                        };
-                        ServerReply::Heartbeat {
-                            index,
-                            heartbeat_ttl_ms: ttl.as_millis() as u64,
-                        }
-                    }
-                    Err(error) => ServerReply::Error(error),
-                };
-                self.reply(req, reply);
+                self.node_written(now, req, &node_id, outcome, state);
             }
             Flow::HeartbeatMissed { node_id } => {
                 let node_id = node_id.clone();
@@ -506,33 +491,7 @@ impl RpcEndpoints {
                 };
                 self.reply(req, reply);
             }
-            Flow::Claim {
-                req,
-                claim,
-                index,
-                volume,
-                namespace,
-                volume_id,
-            } => {
-                let req = *req;
-                let (new_index, response) = match outcome {
-                    Ok(done) => done,
-                    Err(error) => {
-                        self.jobs.remove(&job_id);
-                        self.reply(req, ServerReply::Error(error));
-                        return;
-                    }
-                };
-                *index = new_index;
-                let claim = claim.clone();
-                let (namespace, volume_id) = (namespace.clone(), volume_id.clone());
-                let stored = match response {
-                    Response::Volume(stored) => *stored,
-                    _ => state.volume(&namespace, &volume_id).unwrap_or_default(),
-                };
-                *volume = Some(alloc::boxed::Box::new(stored.clone()));
-                self.publish(now, job_id, req, new_index, claim, stored, state);
-            }
+            Flow::Claim { .. } => self.claim_committed(now, job_id, outcome, state),
             Flow::Unpublish { .. } => match outcome {
                 Ok(_) => self.unpublish_continue(now, job_id, state),
                 Err(error) => self.finish_unpublish(now, job_id, Err(error), state),

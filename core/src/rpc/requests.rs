@@ -250,6 +250,34 @@ impl RpcEndpoints {
         }
     }
 
+    /// A node registration or status change was applied: answered with the heartbeat TTL the
+    /// node is now held to (none for a node that is down).
+    pub(super) fn node_written(
+        &mut self,
+        now: Instant,
+        req: ReqId,
+        node_id: &str,
+        outcome: Result<(u64, Response), RpcError>,
+        state: &ServerState,
+    ) {
+        let reply = match outcome {
+            Ok((index, _)) => {
+                let live = state.node(node_id).is_some_and(|node| node.status != NodeStatus::Down);
+                let ttl = if live {
+                    self.heartbeats.reset(now, node_id, state)
+                } else {
+                    Duration::ZERO
+                };
+                ServerReply::Heartbeat {
+                    index,
+                    heartbeat_ttl_ms: ttl.as_millis() as u64,
+                }
+            }
+            Err(error) => ServerReply::Error(error),
+        };
+        self.reply(req, reply);
+    }
+
     /// `Node.UpdateStatus`, which is also the client's heartbeat: the deadline moves on, and
     /// only a change of status goes through Raft (a down node that calls in is ready again).
     pub(super) fn update_status(
