@@ -129,9 +129,21 @@ async fn stats_cover_the_whole_task_session() {
         second.user_percent + second.system_percent > 1.0,
         "a spinning child uses CPU: {second:?}"
     );
+    let members = second.pids.clone();
     driver.stop(handle.clone(), Duration::from_secs(2)).await.unwrap();
     driver.wait(handle.clone()).await;
     assert_eq!(driver.stats(&handle), None, "a task that is gone is not measured");
+    // The spinning child ignores SIGINT and outlives the shell: stop must not leave it behind.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let alive: Vec<&i32> = members
+        .iter()
+        .filter(|pid| {
+            // A zombie has exited; it waits only for its new parent to reap it.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|stat| stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+        })
+        .collect();
+    assert!(alive.is_empty(), "task processes left running after stop: {alive:?}");
 }
 
 #[tokio::test]

@@ -604,6 +604,20 @@ pub(crate) fn signal_task(pid: i32, started: u64, signal: i32) -> bool {
     unsafe { libc::kill(-pid, signal) == 0 }
 }
 
+/// Kills what is left of a task's session once its leader is gone: a shell that exits on
+/// SIGINT leaves background children (which ignore SIGINT) running, re-parented to PID 1. While
+/// any process still has the session id, that id cannot be handed out as a pid, so every
+/// process found with it belongs to the task.
+fn kill_session_leftovers(leader: i32) {
+    if leader <= 1 {
+        return;
+    }
+    for (pid, _) in session_members(leader) {
+        // SAFETY: kill has no memory preconditions.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
 /// Waits for a task that is not our child (reattached after a restart): its exit status is
 /// not ours to read.
 async fn wait_foreign(pid: i32, started: u64) -> ExitResult {
@@ -755,14 +769,14 @@ impl TaskDriver for ProcessDriver {
             let state = state.map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
             // The whole process group: the task and anything it started; only while the pid
             // is still the task's (`signal_task`).
-            if !signal_task(state.pid, state.start_time, libc::SIGINT) {
-                return Ok(());
+            if signal_task(state.pid, state.start_time, libc::SIGINT) {
+                let gone = driver.wait(handle.clone());
+                if tokio::time::timeout(kill_timeout, gone).await.is_err() {
+                    signal_task(state.pid, state.start_time, libc::SIGKILL);
+                    driver.wait(handle).await;
+                }
             }
-            let gone = driver.wait(handle.clone());
-            if tokio::time::timeout(kill_timeout, gone).await.is_err() {
-                signal_task(state.pid, state.start_time, libc::SIGKILL);
-                driver.wait(handle).await;
-            }
+            kill_session_leftovers(state.pid);
             Ok(())
         })
     }
