@@ -260,11 +260,10 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             store: ClientStore::open(&data_dir.join("client"))?,
             inbox,
             node,
-            consul: config
-                .consul
-                .address
-                .as_ref()
-                .map(|address| ConsulHttp::new(address, config.consul.timeout)),
+            services: config.consul.address.as_ref().map(|address| {
+                Arc::new(ConsulHttp::new(address, config.consul.timeout))
+                    as Arc<dyn drover_io_real::client::TaskServices>
+            }),
         })?);
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);

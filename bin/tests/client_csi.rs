@@ -208,7 +208,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         store: ClientStore::open(&dir.path().join("client")).unwrap(),
         inbox,
         node,
-        consul: None,
+        services: None,
     })
     .unwrap();
     let http = drover_io_real::http::serve_with_client(handle.clone(), Some(view), (ip, ports.http).into())

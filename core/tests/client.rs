@@ -104,6 +104,7 @@ impl World {
                     CsiReply::Done
                 }
             }),
+            Io::AllocSync(_) => return Err(IoError::other("this world hands allocations in directly")),
             Io::Server(request) => Reply::Server(match request {
                 ServerRequest::VolumeClaim { volume_id, claim, .. } => {
                     self.server.push(format!("claim {volume_id} {}", claim.allocation_id));
@@ -683,6 +684,7 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
                     io: Io::Server(request),
                 } => {
                     sent.push(match &request {
+                        ServerRequest::NodeRegister { .. } => "register".to_string(),
                         ServerRequest::NodeUpdateStatus { .. } => "heartbeat".to_string(),
                         ServerRequest::NodeUpdateDrivers { .. } => "drivers".to_string(),
                         ServerRequest::NodeUpdateCsiInfo { .. } => "csi".to_string(),
@@ -697,7 +699,9 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
                         },
                     );
                 }
-                ClientAction::Register => other.push("register"),
+                ClientAction::Io {
+                    io: Io::AllocSync(_), ..
+                } => other.push("alloc-sync"),
                 _ => {}
             }
         }
@@ -716,11 +720,18 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
     );
 
     let t0 = Instant::ZERO + Duration::from_secs(1);
-    client.handle(
-        t0,
-        ClientInput::Registered {
-            heartbeat_ttl: Duration::from_secs(15),
-        },
+    let node = drover_core::structs::Node {
+        id: "n1".into(),
+        ..Default::default()
+    };
+    client.connect(t0, node, Default::default(), Vec::new());
+    let registered = |_: &ServerRequest| ServerReply::Heartbeat {
+        index: 5,
+        heartbeat_ttl_ms: 15_000,
+    };
+    assert_eq!(
+        drain(&mut client, t0, &registered),
+        (vec!["register".to_string()], vec!["alloc-sync"])
     );
     assert_eq!(client.poll_timeout(), Some(t0 + Duration::from_secs(15)));
     client.handle_timeout(t0 + Duration::from_secs(14));
@@ -743,16 +754,16 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
     let t3 = t2 + Duration::from_secs(1);
     client.handle_timeout(t3);
     let forgotten = |_: &ServerRequest| ServerReply::Error(drover_core::rpc::RpcError::not_found("node not found: n1"));
-    let (sent, other) = drain(&mut client, t3, &forgotten);
-    assert_eq!((sent, other), (vec!["heartbeat".to_string()], vec!["register"]));
-    assert_eq!(client.poll_timeout(), None, "heartbeats wait for the registration");
-    client.handle(
-        t3,
-        ClientInput::Registered {
-            heartbeat_ttl: Duration::from_secs(10),
+    let reregistered = |request: &ServerRequest| match request {
+        ServerRequest::NodeUpdateStatus { .. } => forgotten(request),
+        ServerRequest::NodeRegister { .. } => ServerReply::Heartbeat {
+            index: 6,
+            heartbeat_ttl_ms: 10_000,
         },
-    );
-    assert_eq!(drain(&mut client, t3, &done).0, ["csi", "drivers"]);
+        _ => ServerReply::Done { index: 6 },
+    };
+    let (sent, _) = drain(&mut client, t3, &reregistered);
+    assert_eq!(sent, ["heartbeat", "register", "csi", "drivers"]);
     assert_eq!(client.poll_timeout(), Some(t3 + Duration::from_secs(10)));
 }
 

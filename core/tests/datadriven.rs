@@ -529,6 +529,7 @@ mod client_harness {
                 } => format!("volume unmount {volume_id} plugin={plugin_id}"),
                 VolumeOp::HasMount { mount, .. } => format!("volume has-mount {}", mount.source),
             },
+            Io::AllocSync(request) => format!("alloc-sync min_index={}", request.min_index),
         }
     }
 
@@ -915,4 +916,132 @@ mod volume_harness {
 #[test]
 fn volume_manager() {
     run_dir("volume_manager", volume_harness::new, volume_harness::run);
+}
+
+/// The client's link to the servers: `connect`, `tick at=<ms>` (sends what is due),
+/// `reply op=N at=<ms> <kind>` with kind `registered ttl=<ms>`, `heartbeat ttl=<ms>`,
+/// `unavailable`, `not-found` or `allocs index=N ids=(a,b)`; each prints the requests it sent,
+/// what the link learned, and when it wants to run next.
+mod link_harness {
+    use super::*;
+    use drover_core::client::server_link::{LinkEvent, ServerLink};
+    use drover_core::client::{ErrorKind, Io, IoError, Reply};
+    use drover_core::rpc::{NodeAllocsReply, RpcError, ServerReply, ServerRequest};
+    use drover_core::structs::{Allocation, Job, Node};
+
+    #[derive(Default)]
+    pub struct Harness {
+        link: ServerLink,
+        ops: OpIds,
+        now: Instant,
+    }
+
+    pub fn new() -> Harness {
+        Harness::default()
+    }
+
+    fn at(args: &BTreeMap<String, String>) -> Instant {
+        Instant::from_nanos(args["at"].parse::<u64>().expect("at=<ms>") * 1_000_000)
+    }
+
+    fn reply(args: &BTreeMap<String, String>, kind: &str) -> drover_core::client::Outcome {
+        let ms = |key: &str| args[key].parse::<u64>().expect("a number of ms");
+        match kind {
+            "registered" | "heartbeat" => Ok(Reply::Server(ServerReply::Heartbeat {
+                index: 1,
+                heartbeat_ttl_ms: ms("ttl"),
+            })),
+            "unavailable" => Ok(Reply::Server(ServerReply::Error(RpcError::unavailable(
+                "No cluster leader",
+            )))),
+            "not-found" => Ok(Reply::Server(ServerReply::Error(RpcError::not_found(
+                "node not found: n1",
+            )))),
+            "timeout" => Err(IoError::new(ErrorKind::Timeout, "timed out")),
+            "allocs" => Ok(Reply::Allocs(NodeAllocsReply {
+                index: ms("index"),
+                allocs: args["ids"]
+                    .split(',')
+                    .filter(|id| !id.is_empty())
+                    .map(|id| {
+                        (
+                            Allocation {
+                                id: id.to_string(),
+                                ..Allocation::default()
+                            },
+                            Job::default(),
+                        )
+                    })
+                    .collect(),
+                finished_elsewhere: Vec::new(),
+            })),
+            other => panic!("unknown reply {other}"),
+        }
+    }
+
+    fn describe(harness: &mut Harness, event: Option<LinkEvent>) -> String {
+        let mut out = String::new();
+        match event {
+            Some(LinkEvent::Registered { again }) => writeln!(out, "event: registered again={again}").unwrap(),
+            Some(LinkEvent::Allocs { allocs, .. }) => {
+                let ids: Vec<&str> = allocs.iter().map(|(alloc, _)| alloc.id.as_str()).collect();
+                writeln!(out, "event: allocs {}", ids.join(",")).unwrap();
+            }
+            None => {}
+        }
+        for (op, io) in harness.link.poll(harness.now, &mut harness.ops) {
+            let what = match io {
+                Io::Server(ServerRequest::NodeRegister { node }) => format!("register {}", node.id),
+                Io::Server(ServerRequest::NodeUpdateStatus { node_id, .. }) => format!("heartbeat {node_id}"),
+                Io::AllocSync(request) => format!(
+                    "alloc-sync min_index={} wait={}ms",
+                    request.min_index, request.max_wait_ms
+                ),
+                other => format!("{other:?}"),
+            };
+            writeln!(out, "send: {op} {what}").unwrap();
+        }
+        let next = match harness.link.poll_timeout() {
+            Some(at) => format!("+{}ms", at.saturating_duration_since(harness.now).as_millis()),
+            None => "none".into(),
+        };
+        writeln!(out, "next: {next}").unwrap();
+        out
+    }
+
+    pub fn run(harness: &mut Harness, directive: &Directive) -> String {
+        let args = &directive.args;
+        match directive.command.as_str() {
+            "connect" => {
+                let node = Node {
+                    id: "n1".into(),
+                    ..Node::default()
+                };
+                harness.link.connect(harness.now, node);
+                describe(harness, None)
+            }
+            "tick" => {
+                harness.now = at(args);
+                describe(harness, None)
+            }
+            "reply" => {
+                harness.now = at(args);
+                let kind = args
+                    .iter()
+                    .find(|(_, value)| value.is_empty())
+                    .map(|(key, _)| key.as_str())
+                    .expect("a reply kind");
+                let op = op(directive);
+                assert!(harness.link.owns(op), "{op} is not in flight");
+                let event = harness.link.outcome(harness.now, op, reply(args, kind));
+                describe(harness, event)
+            }
+            other => panic!("unknown directive {other}"),
+        }
+    }
+}
+
+#[test]
+fn server_link() {
+    run_dir("server_link", link_harness::new, link_harness::run);
 }

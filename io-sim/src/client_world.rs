@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use drover_core::Instant;
 use drover_core::client::alloc_runner::LocalAllocState;
-use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
+use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings, SavedAlloc};
 use drover_core::client::hooks::ALLOC_HOOKS;
 use drover_core::client::paths::ClientPaths;
 use drover_core::client::registry::Registry;
@@ -106,6 +106,8 @@ struct World {
     client: Client,
     /// Bumped on every agent restart: outcomes of a dead agent's ops are dropped.
     agent_generation: u64,
+    /// The agent generation that registered the node last.
+    registered: Option<u64>,
     // Persisted records.
     registry: Registry,
     alloc_states: BTreeMap<String, LocalAllocState>,
@@ -160,13 +162,16 @@ fn drivers(client: &mut Client, now: Instant) {
             },
         );
     }
-    // Registered (the servers here are simulated): heartbeats go out every TTL.
-    client.handle(
-        now,
-        ClientInput::Registered {
-            heartbeat_ttl: HEARTBEAT_TTL,
-        },
-    );
+}
+
+/// Links the client to the simulated servers: it registers (answered with [`HEARTBEAT_TTL`])
+/// and restores `saved` once registered, as the production driver does.
+fn connect(client: &mut Client, now: Instant, registry: Registry, saved: Vec<SavedAlloc>) {
+    let node = drover_core::structs::Node {
+        id: settings().node_id,
+        ..Default::default()
+    };
+    client.connect(now, node, registry, saved);
 }
 
 /// The TTL the simulated servers hand back.
@@ -302,10 +307,7 @@ impl World {
                     let latency = self.latency();
                     self.at(latency, Event::NodeDetached { req, result });
                 }
-                ClientAction::Register => self.violate(
-                    "the node stays registered",
-                    "the client re-registered although the servers never forgot it".into(),
-                ),
+                ClientAction::PersistSpec { .. } => {}
             }
         }
     }
@@ -406,6 +408,9 @@ impl World {
                 None => return,
             },
             Io::Volume(_) => unreachable!("answered inside the client"),
+            // This world hands the allocations in itself (`Event::Desired`): the blocking
+            // query stays open, as one does while nothing changes.
+            Io::AllocSync(_) => return,
         };
         let generation = self.agent_generation;
         self.at(latency, Event::Outcome(op, outcome, generation));
@@ -536,6 +541,14 @@ impl World {
     /// The servers: claims (maybe refused at first), and an unpublish that node-detaches
     /// through the client before it answers.
     fn server(&mut self, op: OpId, request: ServerRequest) -> Option<Outcome> {
+        if matches!(request, ServerRequest::NodeRegister { .. })
+            && self.registered.replace(self.agent_generation) == Some(self.agent_generation)
+        {
+            self.violate(
+                "the node stays registered",
+                "the client re-registered although the servers never forgot it".into(),
+            );
+        }
         let reply = match request {
             ServerRequest::VolumeClaim { volume_id, claim, .. } => {
                 if self.refused < self.plan.refused_claims {
@@ -580,7 +593,7 @@ impl World {
                 self.client.handle(self.now, ClientInput::NodeDetach { req, request });
                 return None;
             }
-            ServerRequest::NodeUpdateStatus { .. } => ServerReply::Heartbeat {
+            ServerRequest::NodeUpdateStatus { .. } | ServerRequest::NodeRegister { .. } => ServerReply::Heartbeat {
                 index: 1,
                 heartbeat_ttl_ms: HEARTBEAT_TTL.as_millis() as u64,
             },
@@ -646,7 +659,7 @@ impl World {
                 self.detaching.clear();
                 let mut client = Client::new(settings());
                 drivers(&mut client, self.now);
-                let saved = self
+                let saved: Vec<SavedAlloc> = self
                     .allocs
                     .values()
                     .filter(|(alloc, _)| {
@@ -661,7 +674,7 @@ impl World {
                         )
                     })
                     .collect();
-                client.restore(self.now, self.registry.clone(), saved);
+                connect(&mut client, self.now, self.registry.clone(), saved);
                 self.client = client;
                 // The first alloc sync after the restart opens the server-contact gate.
                 self.at(Duration::from_millis(500), Event::Desired);
@@ -709,6 +722,7 @@ pub fn run(plan: WorldPlan, seed: u64) -> WorldReport {
     let now = Instant::ZERO;
     let mut client = Client::new(settings());
     drivers(&mut client, now);
+    connect(&mut client, now, Registry::default(), Vec::new());
     let end = plan.end;
     let mut world = World {
         plan: plan.clone(),
@@ -718,6 +732,7 @@ pub fn run(plan: WorldPlan, seed: u64) -> WorldReport {
         rng: ChaCha8Rng::seed_from_u64(seed),
         client,
         agent_generation: 0,
+        registered: None,
         registry: Registry::default(),
         alloc_states: BTreeMap::new(),
         task_states: BTreeMap::new(),

@@ -18,6 +18,7 @@ use core::time::Duration;
 use crate::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
 use crate::client::paths::ClientPaths;
 use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
+use crate::client::server_link::{LinkEvent, ServerLink};
 use crate::client::task_runner::{LocalTaskState, TaskAction};
 use crate::client::volume_hook::HostVolumeConfig;
 use crate::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
@@ -29,10 +30,16 @@ use crate::csi::unpublish::NodeDetachRequest;
 use crate::op::{OpId, OpIds};
 use crate::rpc::ServerRequest;
 use crate::structs::{
-    Allocation, ClientStatus, CsiControllerInfo, CsiInfo, CsiNodeInfo, DriverInfo, Job, MAX_RETAINED_NODE_EVENTS,
+    Allocation, ClientStatus, CsiControllerInfo, CsiInfo, CsiNodeInfo, DriverInfo, Job, MAX_RETAINED_NODE_EVENTS, Node,
     NodeEvent,
 };
 use crate::time::Instant;
+
+/// One allocation as an earlier run persisted it: the allocation with its job, its runner's
+/// state and its tasks' states.
+pub type SavedAlloc = (Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>);
+/// The registry and allocations [`Client::connect`] restores.
+type SavedState = (Registry, Vec<SavedAlloc>);
 
 /// Fingerprint every plugin this often (`managerFingerprintInterval`).
 pub const FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
@@ -85,12 +92,6 @@ pub enum ClientInput {
         req: u64,
         request: NodeDetachRequest,
     },
-    /// The driver registered the node (`Node.Register` answered with this TTL): heartbeats
-    /// start. After a re-registration everything reported before is reported again, since a
-    /// registration replaces the node record.
-    Registered {
-        heartbeat_ttl: Duration,
-    },
     /// Writing a record to the client's store failed: what survives a restart is now behind
     /// what runs. Raised to the operator as a `Storage` node event (at most one per
     /// [`PERSIST_EVENT_INTERVAL`], with the count of failures since the last one).
@@ -140,9 +141,12 @@ pub enum ClientAction {
     Forget {
         alloc_id: String,
     },
-    /// The servers no longer know this node (`node not found` on a heartbeat): register it
-    /// again and answer with `ClientInput::Registered`.
-    Register,
+    /// A new allocation placed here, with its job: kept so a restarted agent can rebuild its
+    /// runner before the servers answer.
+    PersistSpec {
+        alloc: Box<Allocation>,
+        job: Box<Job>,
+    },
 }
 
 /// Who is waiting for an op's outcome.
@@ -153,8 +157,6 @@ enum Route {
     Instance(PluginKind, String),
     /// A report to the servers (alloc status, node CSI info): one in flight per subject.
     Report(Report),
-    /// A heartbeat (`Node.UpdateStatus`).
-    Heartbeat,
 }
 
 /// What the servers are told; only the latest value matters, sent one at a time per subject
@@ -170,22 +172,6 @@ enum Report {
 
 /// How long a failed report waits before it is sent again.
 pub const REPORT_RETRY: Duration = Duration::from_secs(1);
-
-/// How long a failed heartbeat waits before the next attempt (the server's grace period is
-/// what this retry has to fit in).
-pub const HEARTBEAT_RETRY: Duration = Duration::from_secs(1);
-
-/// The client's side of heartbeats (Nomad's `registerAndHeartbeat`).
-#[derive(Clone, Debug, Default)]
-struct HeartbeatState {
-    /// Registered at least once (so `Registered` after that is a re-registration).
-    registered: bool,
-    /// When the next heartbeat goes out.
-    next_at: Option<Instant>,
-    in_flight: Option<OpId>,
-    /// The TTL of the last accepted heartbeat.
-    ttl: Duration,
-}
 
 /// Who asked a volume manager.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -245,7 +231,9 @@ pub struct Client {
     reports_in_flight: BTreeMap<Report, (OpId, ServerRequest)>,
     reports_acked: BTreeMap<Report, ServerRequest>,
     reports_retry: BTreeMap<Report, Instant>,
-    heartbeat: HeartbeatState,
+    link: ServerLink,
+    /// What [`Client::connect`] restores once the node is first registered.
+    pending_restore: Option<SavedState>,
     actions: VecDeque<ClientAction>,
 }
 
@@ -274,19 +262,15 @@ impl Client {
             reports_in_flight: BTreeMap::new(),
             reports_acked: BTreeMap::new(),
             reports_retry: BTreeMap::new(),
-            heartbeat: HeartbeatState::default(),
+            link: ServerLink::default(),
+            pending_restore: None,
             actions: VecDeque::new(),
         }
     }
 
     /// Rebuilds the client from what it persisted before an agent restart: the registry (so
     /// volumes can be unmounted) and every allocation's runner state.
-    pub fn restore(
-        &mut self,
-        now: Instant,
-        registry: Registry,
-        allocs: Vec<(Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>)>,
-    ) {
+    pub fn restore(&mut self, now: Instant, registry: Registry, allocs: Vec<SavedAlloc>) {
         for info in [PluginKind::CsiController, PluginKind::CsiNode]
             .into_iter()
             .flat_map(|kind| registry.list(kind).into_iter().cloned().collect::<Vec<_>>())
@@ -369,9 +353,9 @@ impl Client {
                 }
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
-            ClientInput::Registered { heartbeat_ttl } => self.registered(now, heartbeat_ttl),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
         }
+        self.drive_link(now);
     }
 
     fn persist_failed(&mut self, now: Instant, record: String, error: String) {
@@ -400,52 +384,44 @@ impl Client {
 
     /// The TTL the servers gave the last heartbeat or registration.
     pub fn heartbeat_ttl(&self) -> Duration {
-        self.heartbeat.ttl
+        self.link.ttl()
     }
 
-    fn registered(&mut self, now: Instant, ttl: Duration) {
-        let again = core::mem::replace(&mut self.heartbeat.registered, true);
-        self.heartbeat.ttl = ttl;
-        self.heartbeat.next_at = Some(now + ttl.max(HEARTBEAT_RETRY));
-        if again {
-            for report in [Report::CsiInfo, Report::Drivers] {
-                self.reports_acked.remove(&report);
-                self.report(now, report);
-            }
+    /// Links the client to the servers: registers `node` (until a server takes it), then
+    /// heartbeats and syncs allocations on its own. `registry` and `saved` (the records of an
+    /// earlier run) are restored once the node is registered: a registration replaces the node
+    /// record, so a report that landed before it would be wiped.
+    pub fn connect(&mut self, now: Instant, node: Node, registry: Registry, saved: Vec<SavedAlloc>) {
+        self.pending_restore = Some((registry, saved));
+        self.link.connect(now, node);
+        self.drive_link(now);
+    }
+
+    /// Sends the link's requests that are due.
+    fn drive_link(&mut self, now: Instant) {
+        for (op, io) in self.link.poll(now, &mut self.ops) {
+            self.actions.push_back(ClientAction::Io { op, io });
         }
     }
 
-    fn send_heartbeat(&mut self, now: Instant) {
-        let due = self.heartbeat.next_at.is_some_and(|at| now >= at);
-        if !due || self.heartbeat.in_flight.is_some() {
-            return;
-        }
-        self.heartbeat.next_at = None;
-        let op = self.ops.allocate();
-        self.heartbeat.in_flight = Some(op);
-        self.routes.insert(op, Route::Heartbeat);
-        self.actions.push_back(ClientAction::Io {
-            op,
-            io: Io::Server(ServerRequest::NodeUpdateStatus {
-                node_id: self.settings.node_id.clone(),
-                status: crate::structs::NodeStatus::Ready,
-            }),
-        });
-    }
-
-    fn heartbeat_outcome(&mut self, now: Instant, outcome: Outcome) {
-        self.heartbeat.in_flight = None;
-        match outcome {
-            Ok(Reply::Server(crate::rpc::ServerReply::Heartbeat { heartbeat_ttl_ms, .. })) => {
-                self.heartbeat.ttl = Duration::from_millis(heartbeat_ttl_ms);
-                self.heartbeat.next_at = Some(now + self.heartbeat.ttl.max(HEARTBEAT_RETRY));
+    fn link_outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
+        match self.link.outcome(now, op, outcome) {
+            Some(LinkEvent::Registered { again: false }) => {
+                if let Some((registry, saved)) = self.pending_restore.take() {
+                    self.restore(now, registry, saved);
+                }
             }
-            Ok(Reply::Server(crate::rpc::ServerReply::Error(error)))
-                if !error.retryable && error.message.contains("node not found") =>
-            {
-                self.actions.push_back(ClientAction::Register);
+            Some(LinkEvent::Registered { again: true }) => {
+                for report in [Report::CsiInfo, Report::Drivers] {
+                    self.reports_acked.remove(&report);
+                    self.report(now, report);
+                }
             }
-            _ => self.heartbeat.next_at = Some(now + HEARTBEAT_RETRY),
+            Some(LinkEvent::Allocs {
+                allocs,
+                finished_elsewhere,
+            }) => self.sync_allocs(now, allocs, finished_elsewhere),
+            None => {}
         }
     }
 
@@ -468,6 +444,10 @@ impl Client {
                         continue;
                     }
                     let Some(spec) = self.spec(alloc, job) else { continue };
+                    self.actions.push_back(ClientAction::PersistSpec {
+                        alloc: Box::new(alloc.clone()),
+                        job: Box::new(job.clone()),
+                    });
                     let mut runner = AllocRunner::new(spec);
                     runner.run(now, &mut self.ops);
                     self.allocs.insert(alloc.id.clone(), runner);
@@ -502,6 +482,9 @@ impl Client {
     }
 
     fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
+        if self.link.owns(op) {
+            return self.link_outcome(now, op, outcome);
+        }
         match self.routes.remove(&op) {
             Some(Route::Alloc(id)) => {
                 if let Some(runner) = self.allocs.get_mut(&id) {
@@ -516,7 +499,6 @@ impl Client {
                 }
             }
             Some(Route::Instance(kind, name)) => self.fingerprint_outcome(now, kind, &name, op, outcome),
-            Some(Route::Heartbeat) => self.heartbeat_outcome(now, outcome),
             Some(Route::Report(report)) => {
                 let Some((_, sent)) = self.reports_in_flight.remove(&report) else {
                     return;
@@ -1107,7 +1089,6 @@ impl Client {
             self.reports_retry.remove(&report);
             self.report(now, report);
         }
-        self.send_heartbeat(now);
         // Fingerprint deadlines and rounds.
         let keys: Vec<(PluginKind, String)> = self.instances.keys().cloned().collect();
         for (kind, name) in keys {
@@ -1158,6 +1139,7 @@ impl Client {
             }
             self.collect(now, &id);
         }
+        self.drive_link(now);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -1169,9 +1151,8 @@ impl Client {
         let volumes = self.volumes.values().filter_map(VolumeManager::poll_timeout);
         let allocs = self.allocs.values().filter_map(AllocRunner::poll_timeout);
         let reports = self.reports_retry.values().copied();
-        let heartbeat = self.heartbeat.next_at.filter(|_| self.heartbeat.in_flight.is_none());
         instances
-            .chain(heartbeat)
+            .chain(self.link.poll_timeout())
             .chain(waiting)
             .chain(volumes)
             .chain(allocs)

@@ -10,11 +10,13 @@
 pub mod alloc_runner;
 #[allow(clippy::module_inception)]
 pub mod client;
+pub mod deadlines;
 pub mod hooks;
 pub mod paths;
 pub mod plugin_supervisor;
 pub mod registry;
 pub mod restarts;
+pub mod server_link;
 pub mod services;
 pub mod task_runner;
 pub mod volume_hook;
@@ -29,7 +31,7 @@ use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::rpc::{ServerReply, ServerRequest};
+use crate::rpc::{NodeAllocsReply, NodeAllocsRequest, ServerReply, ServerRequest};
 use crate::structs::{
     AccessMode, AttachmentMode, ConfigValue, CsiControllerInfo, CsiMountOptions, CsiTopology, CsiVolume, Propagation,
     RequestedDevice,
@@ -320,6 +322,8 @@ pub enum Io {
     },
     /// The narrow server interface (Nomad's `RPCer`): one request, one reply.
     Server(ServerRequest),
+    /// `Node.GetClientAllocs`, a blocking read any server answers; replies `Allocs`.
+    AllocSync(NodeAllocsRequest),
     Volume(VolumeOp),
 }
 
@@ -332,6 +336,7 @@ pub enum Reply {
     Csi(CsiReply),
     Server(ServerReply),
     Mounted(MountInfo),
+    Allocs(NodeAllocsReply),
 }
 
 /// Why an I/O request failed; the kind decides retries.

@@ -1,0 +1,62 @@
+//! How long the driver lets each I/O request run before it gives up and answers
+//! [`ErrorKind::Timeout`](crate::client::ErrorKind::Timeout), which the requesting machine's
+//! retry rules then act on. The values are decisions, so they live here; the driver only
+//! enforces them.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use core::time::Duration;
+
+use crate::client::Io;
+
+/// Filesystem calls (`mkdir`, `rm -rf`, `rmdir`, the mount table): a hung NFS mount must not
+/// hang a hook forever.
+pub const FS_TIMEOUT: Duration = Duration::from_secs(30);
+/// Starting a task (the driver's own start, not the task's lifetime).
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// One CSI call to a node plugin (Nomad's `DefaultMountActionTimeout`).
+pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
+/// A blocking alloc sync may take its whole wait; this much more covers the network.
+pub const ALLOC_SYNC_GRACE: Duration = Duration::from_secs(10);
+
+/// The deadline of `io`, or `None` when it has none of its own: stopping a task is bounded by
+/// its kill timeout, server requests by the agent's forwarding, and device reservations and
+/// volume operations answer from memory or through requests that have deadlines.
+pub fn deadline(io: &Io) -> Option<Duration> {
+    match io {
+        Io::Mkdir { .. } | Io::RemoveAll { .. } | Io::Rmdir { .. } | Io::IsMountPoint { .. } => Some(FS_TIMEOUT),
+        Io::StartTask(_) => Some(START_TIMEOUT),
+        Io::Csi { .. } => Some(CSI_TIMEOUT),
+        Io::AllocSync(request) => Some(Duration::from_millis(request.max_wait_ms) + ALLOC_SYNC_GRACE),
+        Io::StopTask { .. } | Io::RecoverTask { .. } | Io::ReserveDevices { .. } | Io::Server(_) | Io::Volume(_) => {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::server_link::ALLOC_SYNC_WAIT;
+    use crate::rpc::NodeAllocsRequest;
+
+    #[test]
+    fn each_request_kind_has_its_deadline() {
+        assert_eq!(deadline(&Io::Mkdir { path: "/a".into() }), Some(FS_TIMEOUT));
+        assert_eq!(deadline(&Io::IsMountPoint { path: "/a".into() }), Some(FS_TIMEOUT));
+        let sync = Io::AllocSync(NodeAllocsRequest {
+            node_id: "n1".into(),
+            min_index: 7,
+            max_wait_ms: ALLOC_SYNC_WAIT.as_millis() as u64,
+        });
+        assert_eq!(deadline(&sync), Some(Duration::from_secs(40)));
+        assert_eq!(
+            deadline(&Io::Server(crate::rpc::ServerRequest::NodeUpdateStatus {
+                node_id: "n1".into(),
+                status: crate::structs::NodeStatus::Ready,
+            })),
+            None
+        );
+    }
+}

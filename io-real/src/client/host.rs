@@ -1,0 +1,257 @@
+//! The production executor: the host filesystem and mount table, the process drivers, device
+//! plugins, and CSI plugins over their unix sockets; and the host's identity and resources.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use drover_core::client::client::ClientSettings;
+use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
+use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
+use drover_core::structs::{DriverInfo, Node, NodeStatus};
+
+use super::{ClientExecutor, TaskServices};
+use crate::consul::ConsulHttp;
+use crate::csi::CsiClient;
+use crate::devices::{DeviceManager, DeviceStats};
+use crate::drivers::{Drivers, TaskResourceUsage};
+use crate::io::BoxFuture;
+
+/// The production executor: host filesystem, process drivers, CSI over unix sockets.
+#[derive(Clone, Debug)]
+pub struct HostExecutor {
+    pub drivers: Drivers,
+    pub devices: DeviceManager,
+}
+
+fn fs_error(context: &str, error: std::io::Error) -> IoError {
+    let kind = match error.kind() {
+        std::io::ErrorKind::NotFound => ErrorKind::NotFound,
+        _ => ErrorKind::Other,
+    };
+    IoError::new(kind, format!("{context}: {error}"))
+}
+
+/// Whether `path` is a mount point, from the kernel's own table.
+fn is_mount_point(path: &str) -> Result<bool, IoError> {
+    let canonical = match std::fs::canonicalize(path) {
+        Ok(path) => path,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(error) => return Err(fs_error(&format!("resolve {path}"), error)),
+    };
+    let table = std::fs::read_to_string("/proc/self/mountinfo").map_err(|error| fs_error("read mountinfo", error))?;
+    Ok(table
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4))
+        .any(|point| Path::new(point) == canonical))
+}
+
+impl ClientExecutor for HostExecutor {
+    fn execute(&self, io: Io) -> BoxFuture<Outcome> {
+        let drivers = self.drivers.clone();
+        let devices = self.devices.clone();
+        Box::pin(async move {
+            let driver = |name: &str| {
+                drivers
+                    .get(name)
+                    .cloned()
+                    .ok_or_else(|| IoError::other(format!("driver \"{name}\" is not available")))
+            };
+            match io {
+                Io::Mkdir { path } => {
+                    let mut builder = std::fs::DirBuilder::new();
+                    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+                    builder
+                        .recursive(true)
+                        .create(&path)
+                        .map_err(|error| fs_error(&format!("mkdir {path}"), error))?;
+                    Ok(Reply::Unit)
+                }
+                Io::RemoveAll { path } => match std::fs::remove_dir_all(&path) {
+                    Ok(()) => Ok(Reply::Unit),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Reply::Unit),
+                    Err(error) => Err(fs_error(&format!("remove {path}"), error)),
+                },
+                Io::Rmdir { path } => std::fs::remove_dir(&path)
+                    .map(|()| Reply::Unit)
+                    .map_err(|error| fs_error(&format!("rmdir {path}"), error)),
+                Io::IsMountPoint { path } => is_mount_point(&path).map(Reply::Bool),
+                Io::StartTask(config) => {
+                    let driver = driver(&config.driver)?;
+                    Ok(Reply::Started(driver.start(*config).await?))
+                }
+                Io::StopTask { handle, kill_timeout } => {
+                    let driver = driver(&handle.driver)?;
+                    let (alloc_id, task) = (handle.alloc_id.clone(), handle.task.clone());
+                    driver.stop(handle, kill_timeout).await?;
+                    devices.release(&alloc_id, &task);
+                    Ok(Reply::Unit)
+                }
+                Io::RecoverTask { handle } => {
+                    let driver = driver(&handle.driver)?;
+                    driver.recover(handle).await?;
+                    Ok(Reply::Unit)
+                }
+                Io::ReserveDevices {
+                    alloc_id,
+                    task,
+                    devices: requested,
+                } => devices.reserve(&alloc_id, &task, &requested).map(Reply::Reserved),
+                Io::Csi { socket, call } => {
+                    let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)
+                        .await
+                        .map_err(|error| IoError::new(ErrorKind::Unavailable, error.to_string()))?;
+                    client.execute(&call).await
+                }
+                Io::Server(_) | Io::AllocSync(_) | Io::Volume(_) => Err(IoError::other("not an executor request")),
+            }
+        })
+    }
+
+    fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult> {
+        match self.drivers.get(&handle.driver) {
+            Some(driver) => {
+                let devices = self.devices.clone();
+                let wait = driver.wait(handle.clone());
+                Box::pin(async move {
+                    let exit = wait.await;
+                    // The task is gone: its devices are free again (a restart reserves anew).
+                    devices.release(&handle.alloc_id, &handle.task);
+                    exit
+                })
+            }
+            None => Box::pin(async move {
+                ExitResult {
+                    err: Some(format!("driver \"{}\" is not available", handle.driver)),
+                    ..ExitResult::default()
+                }
+            }),
+        }
+    }
+
+    fn fingerprint(&self) -> Vec<(String, DriverCapabilities, DriverInfo)> {
+        self.drivers
+            .iter()
+            .map(|driver| (driver.name().to_string(), driver.capabilities(), driver.fingerprint()))
+            .collect()
+    }
+
+    fn node_attributes(&self) -> BTreeMap<String, String> {
+        self.devices.attributes()
+    }
+
+    fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats> {
+        self.devices.task_stats(alloc_id, task)
+    }
+
+    fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
+        self.drivers.get(&handle.driver)?.stats(handle)
+    }
+
+    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+        Box::pin(async move {
+            let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)
+                .await
+                .map_err(|error| format!("CSI client error (retryable): {error}"))?;
+            client.controller_request(&request).await
+        })
+    }
+}
+
+/// How long connecting to a plugin's socket may take (the call itself has the core's deadline).
+const CSI_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl TaskServices for ConsulHttp {
+    fn agent_services(&self) -> BoxFuture<Result<BTreeMap<String, RegisteredService>, String>> {
+        let consul = self.clone();
+        Box::pin(async move { consul.agent_services().await })
+    }
+
+    fn register(&self, registration: TaskServiceRegistration, address: IpAddr) -> BoxFuture<Result<(), String>> {
+        let consul = self.clone();
+        Box::pin(async move { consul.register_task_service(&registration, address).await })
+    }
+
+    fn deregister(&self, id: String) -> BoxFuture<Result<(), String>> {
+        let consul = self.clone();
+        Box::pin(async move { consul.deregister_service(&id).await })
+    }
+}
+
+/// This agent's node id, shaped like Nomad's (a UUID), derived from its persisted agent id.
+pub fn node_uuid(node_id: u64) -> String {
+    let hex = format!(
+        "{:016x}{:016x}",
+        node_id,
+        node_id.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// The client's settings and node record for an agent whose data lives in `data_dir`:
+/// client state under `<data_dir>/client`, allocations under `<data_dir>/alloc`.
+pub fn client_identity(
+    config: &drover_core::config::AgentConfig,
+    node_id: u64,
+    data_dir: &Path,
+    host_volumes: BTreeMap<String, drover_core::client::volume_hook::HostVolumeConfig>,
+) -> (ClientSettings, Node) {
+    let id = node_uuid(node_id);
+    let settings = ClientSettings {
+        node_id: id.clone(),
+        paths: drover_core::client::paths::ClientPaths::new(
+            data_dir.join("client").display().to_string(),
+            data_dir.join("alloc").display().to_string(),
+        ),
+        host_volumes: host_volumes.clone(),
+        seed: node_id,
+    };
+    let node = Node {
+        id,
+        name: config.name.clone(),
+        datacenter: config.datacenter.clone(),
+        rpc_addr: config.advertise.rpc.to_string(),
+        http_addr: config.advertise.http.to_string(),
+        status: NodeStatus::Ready,
+        host_volumes,
+        resources: host_resources(),
+        ..Node::default()
+    };
+    (settings, node)
+}
+
+/// The host's CPU (cores × MHz, as Nomad counts it) and memory (MB), from /proc.
+pub fn host_resources() -> drover_core::structs::NodeResources {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let mhz: Vec<f64> = cpuinfo
+        .lines()
+        .filter(|line| line.starts_with("cpu MHz"))
+        .filter_map(|line| line.split(':').nth(1)?.trim().parse().ok())
+        .collect();
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    // Without a clock rate (some VMs and ARM hosts) Nomad's fallback: 1 GHz per core.
+    let per_core = if mhz.is_empty() {
+        1000.0
+    } else {
+        mhz.iter().sum::<f64>() / mhz.len() as f64
+    };
+    let memory_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|line| line.starts_with("MemTotal:"))
+        .and_then(|line| line.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    drover_core::structs::NodeResources {
+        cpu: (per_core * cores as f64) as u64,
+        memory_mb: memory_kb / 1024,
+    }
+}

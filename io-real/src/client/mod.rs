@@ -1,0 +1,544 @@
+//! The client driver: runs the core's [`Client`] machine against an executor (the host's
+//! drivers, filesystem and CSI plugins in production, [`HostExecutor`]; simulated ones under
+//! madsim), the servers (through the agent's own request path) and the client's redb store,
+//! so a restarted agent reattaches to its tasks and still knows its mounts and plugins. The
+//! same driver runs in both worlds.
+//!
+//! The loop only plumbs: it executes the core's I/O requests within the deadlines the core
+//! sets ([`deadlines`]), feeds outcomes and task exits back, and persists records. Every
+//! retry, backoff and stale-reply filter (registration, heartbeats, the alloc sync) is the
+//! core's ([`drover_core::client::server_link`]).
+
+mod store;
+pub use store::{CLIENT_STATE_FILE, ClientStore, ClientStoreError};
+#[cfg(not(madsim))]
+mod host;
+#[cfg(not(madsim))]
+pub use host::{HostExecutor, client_identity, host_resources, node_uuid};
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use drover_core::Instant;
+use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
+use drover_core::client::deadlines;
+use drover_core::client::registry::PluginKind;
+use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
+use drover_core::client::task_runner::LocalTaskState;
+use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
+use drover_core::structs::{Allocation, DriverInfo, Job, Node, NodeStatus, Service};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::devices::DeviceStats;
+use crate::driver::AgentHandle;
+use crate::drivers::TaskResourceUsage;
+use crate::io::{BoxFuture, ClientCsi};
+
+/// Executes the core's I/O requests on this host (or a simulated one).
+pub trait ClientExecutor: Send + Sync + 'static {
+    fn execute(&self, io: Io) -> BoxFuture<Outcome>;
+    fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
+    /// Every driver's fingerprint: its capabilities when detected and healthy, and its
+    /// attributes (taken again every [`DRIVER_FINGERPRINT_INTERVAL`]).
+    fn fingerprint(&self) -> Vec<(String, DriverCapabilities, DriverInfo)>;
+    /// Node attributes that do not belong to a driver (device fingerprints).
+    fn node_attributes(&self) -> BTreeMap<String, String>;
+    /// Usage of the devices reserved for one task.
+    fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats>;
+    /// CPU and memory of one running task, from its driver.
+    fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage>;
+    /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
+    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>>;
+}
+
+/// The local Consul agent's service API, as the client's service sync uses it.
+pub trait TaskServices: Send + Sync + 'static {
+    /// The services the agent holds, by id.
+    fn agent_services(&self) -> BoxFuture<Result<BTreeMap<String, RegisteredService>, String>>;
+    fn register(
+        &self,
+        registration: TaskServiceRegistration,
+        address: std::net::IpAddr,
+    ) -> BoxFuture<Result<(), String>>;
+    fn deregister(&self, id: String) -> BoxFuture<Result<(), String>>;
+}
+
+enum Message {
+    Outcome(drover_core::op::OpId, Outcome),
+    Exited {
+        alloc_id: String,
+        task: String,
+        exit: ExitResult,
+    },
+    NodeDetach {
+        request: drover_core::csi::unpublish::NodeDetachRequest,
+        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+    },
+    /// A server's controller call, for the newest controller registration of its plugin.
+    Controller {
+        request: ClientCsiRequest,
+        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+    },
+    /// One fingerprint round of every driver.
+    Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
+}
+
+/// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
+/// volume manager, controller calls to the newest controller registration. Both go through
+/// the client's loop, which knows the registry.
+#[derive(Clone)]
+pub struct ClientCsiRouter {
+    inbox: mpsc::UnboundedSender<Message>,
+}
+
+pub struct ClientInbox {
+    receiver: mpsc::UnboundedReceiver<Message>,
+    sender: mpsc::UnboundedSender<Message>,
+}
+
+impl ClientCsiRouter {
+    pub fn new() -> (ClientCsiRouter, ClientInbox) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        (
+            ClientCsiRouter { inbox: sender.clone() },
+            ClientInbox { receiver, sender },
+        )
+    }
+}
+
+impl ClientCsi for ClientCsiRouter {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+        let inbox = self.inbox.clone();
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let message = match request {
+                ClientCsiRequest::NodeDetach(request) => Message::NodeDetach { request, reply },
+                request => Message::Controller { request, reply },
+            };
+            inbox.send(message).map_err(|_| "client is shutting down".to_string())?;
+            answer.await.map_err(|_| "client is shutting down".to_string())?
+        })
+    }
+}
+
+/// A failed write to the client store, handed to the core as a fact (it decides what the
+/// operator hears of it), never only logged here.
+fn persist_failed(client: &mut Client, epoch: tokio::time::Instant, record: String, error: impl std::fmt::Display) {
+    let error = error.to_string();
+    client.handle(core_now(epoch), ClientInput::PersistFailed { record, error });
+}
+
+/// What the HTTP API may read of the client: task states as last persisted and device usage.
+#[derive(Clone)]
+pub struct ClientView {
+    tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
+    executor: Arc<dyn ClientExecutor>,
+}
+
+/// One task's resource usage: CPU and memory from its driver (when it measures them and the
+/// task runs) and its devices.
+#[derive(Clone, Debug)]
+pub struct TaskUsage {
+    pub state: LocalTaskState,
+    pub resources: Option<TaskResourceUsage>,
+    pub devices: Vec<DeviceStats>,
+}
+
+impl ClientView {
+    /// `None`: this client does not run the allocation.
+    pub fn alloc_usage(&self, alloc_id: &str) -> Option<BTreeMap<String, TaskUsage>> {
+        let tasks = self.tasks.lock().unwrap().get(alloc_id).cloned()?;
+        Some(
+            tasks
+                .into_iter()
+                .map(|(task, state)| {
+                    let devices = self.executor.device_stats(alloc_id, &task);
+                    let resources = state
+                        .handle
+                        .as_ref()
+                        .filter(|_| state.state.state == drover_core::client::task_runner::TaskStatus::Running)
+                        .and_then(|handle| self.executor.task_stats(handle));
+                    (
+                        task,
+                        TaskUsage {
+                            state,
+                            resources,
+                            devices,
+                        },
+                    )
+                })
+                .collect(),
+        )
+    }
+}
+
+pub struct ClientParts {
+    pub agent: AgentHandle,
+    pub settings: ClientSettings,
+    pub executor: Arc<dyn ClientExecutor>,
+    pub store: ClientStore,
+    pub inbox: ClientInbox,
+    /// The node record to register (id, name, datacenter, addresses).
+    pub node: Node,
+    /// The local Consul agent (`consul { address }`): running tasks' `service` blocks are
+    /// registered there. `None`: services are stored with the job but not registered.
+    pub services: Option<Arc<dyn TaskServices>>,
+}
+
+/// Task `service` blocks of the allocations this client knows: alloc → task → services.
+type ServiceSpecs = Arc<Mutex<BTreeMap<String, BTreeMap<String, Vec<Service>>>>>;
+
+/// Consul anti-entropy: the agent is compared with what should be there at least this often,
+/// and at once after any change (Nomad's service client syncs every 30 s).
+const SERVICE_SYNC_PERIOD: Duration = Duration::from_secs(30);
+
+fn remember_services(specs: &ServiceSpecs, alloc: &Allocation, job: &Job) {
+    let tasks: BTreeMap<String, Vec<Service>> = job
+        .task_groups
+        .iter()
+        .filter(|group| group.name == alloc.task_group)
+        .flat_map(|group| group.tasks.iter())
+        .filter(|task| !task.services.is_empty())
+        .map(|task| (task.name.clone(), task.services.clone()))
+        .collect();
+    let mut specs = specs.lock().unwrap();
+    if tasks.is_empty() {
+        specs.remove(&alloc.id);
+    } else {
+        specs.insert(alloc.id.clone(), tasks);
+    }
+}
+
+/// Keeps the Consul agent's task services equal to the running tasks' `service` blocks: on
+/// every change of a task's state or of the allocations, and every [`SERVICE_SYNC_PERIOD`].
+/// Consul being down fails nothing: the next pass tries again.
+async fn sync_services(
+    consul: Arc<dyn TaskServices>,
+    tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
+    specs: ServiceSpecs,
+    changed: Arc<tokio::sync::Notify>,
+    address: std::net::IpAddr,
+) {
+    use drover_core::client::services::{plan_sync, registrations};
+    loop {
+        let desired: BTreeMap<String, drover_core::client::services::TaskServiceRegistration> = {
+            let tasks = tasks.lock().unwrap();
+            let specs = specs.lock().unwrap();
+            tasks
+                .iter()
+                .flat_map(|(alloc_id, states)| {
+                    states
+                        .iter()
+                        .filter(|(_, state)| state.state.state == drover_core::client::task_runner::TaskStatus::Running)
+                        .filter_map(|(task, _)| {
+                            let services = specs.get(alloc_id)?.get(task)?;
+                            Some(registrations(alloc_id, task, services))
+                        })
+                        .flatten()
+                        .collect::<Vec<_>>()
+                })
+                .map(|registration| (registration.id.clone(), registration))
+                .collect()
+        };
+        match consul.agent_services().await {
+            Ok(registered) => {
+                let plan = plan_sync(&desired, &registered);
+                for registration in &plan.register {
+                    match consul.register(registration.clone(), address).await {
+                        Ok(()) => {
+                            tracing::info!(id = %registration.id, name = %registration.name, "service registered in consul")
+                        }
+                        Err(error) => {
+                            tracing::warn!(id = %registration.id, %error, "registering a service in consul failed")
+                        }
+                    }
+                }
+                for id in &plan.deregister {
+                    match consul.deregister(id.clone()).await {
+                        Ok(()) => tracing::info!(%id, "service deregistered from consul"),
+                        Err(error) => tracing::warn!(%id, %error, "deregistering a service from consul failed"),
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, "reading the consul agent's services failed; retrying"),
+        }
+        let _ = tokio::time::timeout(SERVICE_SYNC_PERIOD, changed.notified()).await;
+    }
+}
+
+/// Starts the client loop; it runs until the runtime stops.
+pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> {
+    let registry = parts.store.registry()?;
+    let allocs = parts.store.allocs()?;
+    let view = ClientView {
+        tasks: Arc::new(Mutex::new(
+            allocs
+                .iter()
+                .map(|(alloc, _, _, tasks)| (alloc.id.clone(), tasks.clone()))
+                .collect(),
+        )),
+        executor: parts.executor.clone(),
+    };
+    tokio::spawn(run(parts, registry, allocs, view.clone()));
+    Ok(view)
+}
+
+fn core_now(epoch: tokio::time::Instant) -> Instant {
+    Instant::from_nanos(tokio::time::Instant::now().saturating_duration_since(epoch).as_nanos() as u64)
+}
+
+/// The timeout error of a request the core gave a deadline.
+fn timed_out(io: &Io) -> IoError {
+    let what = match io {
+        Io::StartTask(_) => "task start".to_string(),
+        Io::Csi { call, .. } => call.name().to_string(),
+        Io::AllocSync(_) => "alloc sync".to_string(),
+        _ => "filesystem call".to_string(),
+    };
+    IoError::new(ErrorKind::Timeout, format!("{what} timed out"))
+}
+
+/// Carries out one I/O request of the core; a started or recovered task is watched for its
+/// exit from then on.
+async fn perform(
+    io: Io,
+    agent: AgentHandle,
+    executor: Arc<dyn ClientExecutor>,
+    sender: mpsc::UnboundedSender<Message>,
+) -> Outcome {
+    match io {
+        Io::Server(request) => Ok(Reply::Server(agent.request(request).await)),
+        Io::AllocSync(request) => agent
+            .node_allocs(request)
+            .await
+            .map(Reply::Allocs)
+            .map_err(|error| IoError::new(ErrorKind::Unavailable, error.message)),
+        Io::StartTask(config) => {
+            let outcome = executor.execute(Io::StartTask(config)).await;
+            if let Ok(Reply::Started(handle)) = &outcome {
+                watch_task(executor.clone(), handle.clone(), sender);
+            }
+            outcome
+        }
+        Io::RecoverTask { handle } => {
+            let outcome = executor.execute(Io::RecoverTask { handle: handle.clone() }).await;
+            if outcome.is_ok() {
+                watch_task(executor.clone(), handle, sender);
+            }
+            outcome
+        }
+        io => executor.execute(io).await,
+    }
+}
+
+async fn run(
+    parts: ClientParts,
+    registry: drover_core::client::registry::Registry,
+    saved: Vec<drover_core::client::client::SavedAlloc>,
+    view: ClientView,
+) {
+    let ClientParts {
+        agent,
+        settings,
+        executor,
+        store,
+        inbox,
+        mut node,
+        services,
+    } = parts;
+    let service_specs: ServiceSpecs = Arc::default();
+    let services_changed = Arc::new(tokio::sync::Notify::new());
+    for (alloc, job, ..) in &saved {
+        remember_services(&service_specs, alloc, job);
+    }
+    if let Some(services) = services {
+        let address = node
+            .http_addr
+            .parse::<std::net::SocketAddr>()
+            .map(|addr| addr.ip())
+            .or_else(|_| node.http_addr.parse::<std::net::IpAddr>())
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        tokio::spawn(sync_services(
+            services,
+            view.tasks.clone(),
+            service_specs.clone(),
+            services_changed.clone(),
+            address,
+        ));
+    }
+    let ClientInbox { mut receiver, sender } = inbox;
+    let epoch = tokio::time::Instant::now();
+    let mut client = Client::new(settings);
+    node.attributes.extend(executor.node_attributes());
+    let drivers = executor.fingerprint();
+    for (name, _, info) in &drivers {
+        if info.detected {
+            node.attributes.extend(info.attributes.clone());
+        }
+        node.drivers.insert(name.clone(), info.clone());
+    }
+    client.handle(core_now(epoch), ClientInput::Drivers { drivers });
+    node.status = NodeStatus::Ready;
+    // The core registers the node (retrying until a server takes it), restores what the
+    // store holds once it is registered, then heartbeats and syncs allocations.
+    client.connect(core_now(epoch), node, registry, saved);
+    tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
+    let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
+    let mut next_detach = 0u64;
+    loop {
+        // Execute everything the core asked for.
+        while let Some(action) = client.poll_action() {
+            match action {
+                ClientAction::Io { op, io } => {
+                    let (sender, executor, agent) = (sender.clone(), executor.clone(), agent.clone());
+                    tokio::spawn(async move {
+                        let outcome = match deadlines::deadline(&io) {
+                            Some(deadline) => {
+                                let error = timed_out(&io);
+                                tokio::time::timeout(deadline, perform(io, agent, executor, sender.clone()))
+                                    .await
+                                    .unwrap_or(Err(error))
+                            }
+                            None => perform(io, agent, executor, sender.clone()).await,
+                        };
+                        let _ = sender.send(Message::Outcome(op, outcome));
+                    });
+                }
+                ClientAction::PersistSpec { alloc, job } => {
+                    remember_services(&service_specs, &alloc, &job);
+                    let record = format!("spec/{}", alloc.id);
+                    if let Err(error) = store.put(&record, &(&*alloc, &*job)) {
+                        persist_failed(&mut client, epoch, record, error);
+                    }
+                }
+                ClientAction::PersistAlloc { alloc_id, state } => {
+                    let record = format!("alloc/{alloc_id}");
+                    if let Err(error) = store.put(&record, &*state) {
+                        persist_failed(&mut client, epoch, record, error);
+                    }
+                }
+                ClientAction::PersistTask { alloc_id, task, state } => {
+                    view.tasks
+                        .lock()
+                        .unwrap()
+                        .entry(alloc_id.clone())
+                        .or_default()
+                        .insert(task.clone(), (*state).clone());
+                    services_changed.notify_one();
+                    let record = format!("task/{alloc_id}/{task}");
+                    if let Err(error) = store.put(&record, &*state) {
+                        persist_failed(&mut client, epoch, record, error);
+                    }
+                }
+                ClientAction::PersistRegistry(registry) => {
+                    if let Err(error) = store.put("registry", &*registry) {
+                        persist_failed(&mut client, epoch, "registry".into(), error);
+                    }
+                }
+                ClientAction::TaskEvent { alloc_id, task, event } => {
+                    tracing::info!(alloc = %alloc_id, %task, kind = %event.kind, message = %event.message, "task event");
+                }
+                ClientAction::NodeEvent(event) => {
+                    tracing::info!(subsystem = %event.subsystem, message = %event.message, details = ?event.details, "node event");
+                }
+                ClientAction::Hook {
+                    alloc_id,
+                    hook,
+                    phase,
+                    result,
+                } => {
+                    tracing::debug!(alloc = %alloc_id, hook, phase, ?result, "alloc hook");
+                }
+                ClientAction::Forget { alloc_id } => {
+                    view.tasks.lock().unwrap().remove(&alloc_id);
+                    service_specs.lock().unwrap().remove(&alloc_id);
+                    services_changed.notify_one();
+                    if let Err(error) = store.forget(&alloc_id) {
+                        persist_failed(&mut client, epoch, format!("alloc/{alloc_id} (forget)"), error);
+                    }
+                }
+                ClientAction::NodeDetached { req, result } => {
+                    if let Some(reply) = detaches.remove(&req) {
+                        let _ = reply.send(result.map(|()| ClientCsiReply::Done));
+                    }
+                }
+            }
+        }
+        let now = core_now(epoch);
+        let sleep = client
+            .poll_timeout()
+            .map(|at| Duration::from_nanos(at.as_nanos().saturating_sub(now.as_nanos())))
+            .unwrap_or(Duration::from_secs(3600));
+        // `biased`, timer first: a flood of messages cannot starve the core's timeouts, and the
+        // order does not depend on tokio's process-seeded generator (the simulation replays it).
+        tokio::select! {
+            biased;
+            _ = tokio::time::sleep(sleep) => client.handle_timeout(core_now(epoch)),
+            message = receiver.recv() => {
+                let Some(message) = message else { return };
+                let now = core_now(epoch);
+                match message {
+                    Message::Outcome(op, outcome) => client.handle(now, ClientInput::Outcome { op, outcome }),
+                    Message::Exited { alloc_id, task, exit } => {
+                        client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
+                    }
+                    Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
+                    Message::NodeDetach { request, reply } => {
+                        next_detach += 1;
+                        detaches.insert(next_detach, reply);
+                        client.handle(now, ClientInput::NodeDetach { req: next_detach, request });
+                    }
+                    Message::Controller { request, reply } => {
+                        let socket = client
+                            .registry()
+                            .get(PluginKind::CsiController, request.plugin_id())
+                            .map(|info| info.socket_path.clone());
+                        let Some(socket) = socket else {
+                            let _ = reply.send(Err(format!(
+                                "CSI client error (retryable): plugin {} for type csi-controller not found",
+                                request.plugin_id()
+                            )));
+                            continue;
+                        };
+                        let executor = executor.clone();
+                        tokio::spawn(async move {
+                            let _ = reply.send(executor.controller(socket, request).await);
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// How often drivers are fingerprinted again (Nomad's driver plugins re-check every 30 s).
+pub const DRIVER_FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
+
+/// The driver manager's fingerprint stream: every driver, again and again; the core decides
+/// what changed and what to tell the servers.
+async fn fingerprint_drivers(executor: Arc<dyn ClientExecutor>, sender: mpsc::UnboundedSender<Message>) {
+    loop {
+        tokio::time::sleep(DRIVER_FINGERPRINT_INTERVAL).await;
+        let executor = executor.clone();
+        let Ok(fingerprints) = tokio::task::spawn_blocking(move || executor.fingerprint()).await else {
+            continue;
+        };
+        if sender.send(Message::Drivers(fingerprints)).is_err() {
+            return;
+        }
+    }
+}
+
+/// The driver's task-event stream for one task: its exit goes back to the core.
+fn watch_task(executor: Arc<dyn ClientExecutor>, handle: TaskHandle, sender: mpsc::UnboundedSender<Message>) {
+    tokio::spawn(async move {
+        let exit = executor.wait(handle.clone()).await;
+        let _ = sender.send(Message::Exited {
+            alloc_id: handle.alloc_id,
+            task: handle.task,
+            exit,
+        });
+    });
+}
