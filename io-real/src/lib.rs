@@ -2,9 +2,11 @@
 //!
 //! [`driver`] runs the core machines against the narrow traits in [`io`]; [`raft`] adapts
 //! openraft to the core FSM and to redb; [`runtime`] is the openraft runtime that works under
-//! tokio and madsim alike. The production implementations (tonic transport, redb files,
+//! tokio and madsim alike; [`client`] is the client driver, run in both worlds. The
+//! production implementations (tonic transport, redb files,
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
+pub mod client;
 pub mod devices;
 pub mod driver;
 pub mod drivers;
@@ -14,8 +16,6 @@ pub mod raft;
 pub mod runtime;
 pub mod service;
 
-#[cfg(not(madsim))]
-pub mod client;
 #[cfg(not(madsim))]
 pub mod consul;
 #[cfg(not(madsim))]

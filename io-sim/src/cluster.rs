@@ -9,9 +9,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drover_core::client::client::ClientSettings;
+use drover_core::client::paths::ClientPaths;
 use drover_core::config::AgentConfig;
 use drover_core::fsm::Command;
 use drover_core::rpc::{RpcError, ServerReply, ServerRequest};
+use drover_core::structs::{Node, NodeResources, NodeStatus};
+use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, node_uuid, start_client};
 use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
@@ -19,6 +23,7 @@ use madsim::runtime::{Handle, NodeHandle};
 use crate::consul::SimConsul;
 use crate::csi::{PluginControl, SimPlugins};
 use crate::disk::{Crash, DiskProbe, SimDisk};
+use crate::host::SimHost;
 use crate::net::SimTransport;
 use crate::trace::PluginEvent;
 use crate::trace::Recorder;
@@ -38,11 +43,17 @@ pub struct ClientSpec {
     pub name: String,
     pub ip: IpAddr,
     pub config: AgentConfig,
+    /// Runs the production client driver (`drover_io_real::client`) on a simulated host,
+    /// with its store on its own crash disk. Otherwise the scenario's workload plays the
+    /// client's part through the servers' endpoints.
+    pub real_client: bool,
 }
 
 struct SimClient {
     spec: ClientSpec,
     disk: SimDisk,
+    client_disk: SimDisk,
+    host: SimHost,
     node: NodeHandle,
     plugins: PluginControl,
     alive: bool,
@@ -103,6 +114,7 @@ impl SimCluster {
             .iter()
             .map(|server| server.disk.probe())
             .chain(self.clients.iter().map(|client| client.disk.probe()))
+            .chain(self.clients.iter().map(|client| client.client_disk.probe()))
             .collect()
     }
 
@@ -156,22 +168,22 @@ impl SimCluster {
     /// Creates a client node; its process starts at once.
     pub fn add_client(&mut self, spec: ClientSpec) -> usize {
         let disk = SimDisk::new();
+        let client_disk = SimDisk::new();
         let plugins = PluginControl::default();
+        let host = SimHost::new(&spec.name, self.recorder.clone(), plugins.clone());
         let init = {
-            let spec = spec.clone();
-            let disk = disk.clone();
-            let recorder = self.recorder.clone();
-            let plugins = plugins.clone();
-            let consul = self.consul.clone();
+            let node = ClientNode {
+                spec: spec.clone(),
+                disk: disk.clone(),
+                client_disk: client_disk.clone(),
+                host: host.clone(),
+                recorder: self.recorder.clone(),
+                plugins: plugins.clone(),
+                consul: self.consul.clone(),
+            };
             move || {
-                let (spec, disk, recorder, plugins, consul) = (
-                    spec.clone(),
-                    disk.clone(),
-                    recorder.clone(),
-                    plugins.clone(),
-                    consul.clone(),
-                );
-                async move { run_client(spec, disk, recorder, plugins, consul).await }
+                let node = node.clone();
+                async move { run_client(node).await }
             }
         };
         let node = self
@@ -184,6 +196,8 @@ impl SimCluster {
         self.clients.push(SimClient {
             spec,
             disk,
+            client_disk,
+            host,
             node,
             plugins,
             alive: true,
@@ -214,6 +228,11 @@ impl SimCluster {
         &self.clients[index].plugins
     }
 
+    /// The simulated host of a client node (its tasks and mounts).
+    pub fn host(&self, index: usize) -> &SimHost {
+        &self.clients[index].host
+    }
+
     /// The client mounted `volume` for `alloc` (what the client half will do after a claim).
     pub fn node_publish(&self, client: usize, volume: &str, alloc: &str) {
         self.recorder.record_plugin(
@@ -232,6 +251,7 @@ impl SimCluster {
             return;
         }
         client.disk.crash(Crash::KeepUnsynced);
+        client.client_disk.crash(Crash::KeepUnsynced);
         self.handle.kill(client.node.id());
         client.alive = false;
         self.recorder.note(format!("kill client {}", client.spec.name));
@@ -426,17 +446,48 @@ async fn run_server(
     std::future::pending::<()>().await;
 }
 
-async fn run_client(spec: ClientSpec, disk: SimDisk, recorder: Recorder, plugins: PluginControl, consul: SimConsul) {
-    recorder.note(format!("{} process starts", spec.name));
-    let db = match redb::Builder::new().create_with_backend(disk.backend()) {
-        Ok(db) => db,
+/// Everything a client node's process needs, kept outside the node so a restart finds it.
+#[derive(Clone)]
+struct ClientNode {
+    spec: ClientSpec,
+    disk: SimDisk,
+    client_disk: SimDisk,
+    host: SimHost,
+    recorder: Recorder,
+    plugins: PluginControl,
+    consul: SimConsul,
+}
+
+fn open_db(disk: &SimDisk, recorder: &Recorder, name: &str) -> Option<redb::Database> {
+    match redb::Builder::new().create_with_backend(disk.backend()) {
+        Ok(db) => Some(db),
         Err(error) => {
-            recorder.violate("durable state reopens after a crash", format!("{}: {error}", spec.name));
-            return;
+            recorder.violate("durable state reopens after a crash", format!("{name}: {error}"));
+            None
         }
+    }
+}
+
+async fn run_client(node: ClientNode) {
+    let ClientNode {
+        spec,
+        disk,
+        client_disk,
+        host,
+        recorder,
+        plugins,
+        consul,
+    } = node;
+    recorder.note(format!("{} process starts", spec.name));
+    let Some(db) = open_db(&disk, &recorder, &spec.name) else {
+        return;
     };
-    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> =
-        Arc::new(SimPlugins::new(&spec.name, recorder.clone(), plugins));
+    let (router, inbox) = ClientCsiRouter::new();
+    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = if spec.real_client {
+        Arc::new(router)
+    } else {
+        Arc::new(SimPlugins::new(&spec.name, recorder.clone(), plugins))
+    };
     let parts = AgentParts {
         config: spec.config.clone(),
         db,
@@ -445,11 +496,64 @@ async fn run_client(spec: ClientSpec, disk: SimDisk, recorder: Recorder, plugins
         observer: recorder.observer(&spec.name),
         client_csi: Some(client_csi),
     };
-    if let Err(error) = start_agent(parts).await {
-        recorder.violate("agent starts", format!("{}: {error}", spec.name));
-        return;
+    let agent = match start_agent(parts).await {
+        Ok(agent) => agent,
+        Err(error) => {
+            recorder.violate("agent starts", format!("{}: {error}", spec.name));
+            return;
+        }
+    };
+    if spec.real_client {
+        let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
+            return;
+        };
+        let (settings, node) = client_identity(&spec, agent.node_id());
+        let parts = ClientParts {
+            agent,
+            settings,
+            executor: Arc::new(host),
+            store: ClientStore::new(client_db),
+            inbox,
+            node,
+            services: None,
+        };
+        if let Err(error) = start_client(parts) {
+            recorder.violate("client starts", format!("{}: {error}", spec.name));
+            return;
+        }
     }
     std::future::pending::<()>().await;
+}
+
+/// The client's settings and node record on a simulated host (the production agent reads the
+/// host's CPU and memory; these hosts have 4 cores of 1 GHz and 8 GiB).
+fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
+    let id = node_uuid(agent_id);
+    let data_dir = spec
+        .config
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| format!("/sim/{}", spec.name));
+    let settings = ClientSettings {
+        node_id: id.clone(),
+        paths: ClientPaths::new(format!("{data_dir}/client"), format!("{data_dir}/alloc")),
+        host_volumes: Default::default(),
+        seed: agent_id,
+    };
+    let node = Node {
+        id,
+        name: spec.name.clone(),
+        datacenter: spec.config.datacenter.clone(),
+        rpc_addr: spec.config.advertise.rpc.to_string(),
+        http_addr: spec.config.advertise.http.to_string(),
+        status: NodeStatus::Ready,
+        resources: NodeResources {
+            cpu: 4_000,
+            memory_mb: 8_192,
+        },
+        ..Node::default()
+    };
+    (settings, node)
 }
 
 /// Sends requests to the servers' write endpoints through one server (forwarded to the leader

@@ -18,6 +18,8 @@ pub mod consul;
 pub mod csi;
 pub mod disk;
 #[cfg(madsim)]
+pub mod host;
+#[cfg(madsim)]
 pub mod invariants;
 #[cfg(madsim)]
 pub mod net;

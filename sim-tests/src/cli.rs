@@ -290,6 +290,19 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
     let elapsed = started.elapsed().as_secs_f64();
     let total_runs = runs + replays.len();
     let runs_per_minute = total_runs as f64 * 60.0 / elapsed.max(0.001);
+    let real_clients = args
+        .scenarios
+        .iter()
+        .filter(|scenario| {
+            crate::scenarios::REAL_CLIENT_SCENARIOS
+                .iter()
+                .any(|real| real.name == scenario.name)
+        })
+        .count();
+    println!(
+        "sim: {real_clients} of {} scenarios run the production client driver",
+        args.scenarios.len()
+    );
     println!(
         "sim: {runs} runs ({} scenarios x {} seeds) + {} determinism replays, {failures} failed, \
          {virtual_secs} virtual s in {elapsed:.1} s wall ({runs_per_minute:.0} runs/minute = {:.0} seeds/minute \

@@ -16,6 +16,8 @@ pub mod csi_workload;
 #[cfg(madsim)]
 pub mod job_workload;
 #[cfg(madsim)]
+pub mod real_clients;
+#[cfg(madsim)]
 pub mod runner;
 #[cfg(madsim)]
 pub mod scenarios;

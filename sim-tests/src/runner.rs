@@ -19,6 +19,7 @@ use rand_chacha_03::ChaCha8Rng;
 
 use crate::csi_workload::{self, CsiWorkload};
 use crate::job_workload;
+use crate::real_clients;
 use crate::scenarios::{self, Action, CsiPlan, Options, Plan, Scenario, Target};
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -184,6 +185,22 @@ async fn play(
         }
         None => None,
     };
+    if let Some(real) = &plan.real_clients {
+        for index in 0..real.clients {
+            let mut spec = scenarios::client(index);
+            spec.real_client = true;
+            spec.config.client.servers = plan
+                .servers
+                .iter()
+                .map(|server| format!("{}:{}", server.ip, server.config.ports.rpc))
+                .collect();
+            cluster.add_client(spec);
+        }
+        wait_for_leader(&cluster, Duration::from_secs(30)).await;
+        if let Err(error) = real_clients::register(&cluster, real).await {
+            recorder.violate("the job can be registered", error);
+        }
+    }
     let mut workload = Workload {
         rng: ChaCha8Rng::seed_from_u64(workload_seed.rotate_left(17)),
         next_write_at: start + Duration::from_secs(2),
@@ -239,6 +256,8 @@ async fn play(
                     csi.drain_job_node(&cluster);
                 }
             }
+            Action::KillClient(client) => cluster.kill_client(*client),
+            Action::RestartClient(client) => cluster.restart_client(*client),
             Action::JoinLateClients => {
                 if let Some(csi) = &mut csi {
                     csi.join_late_clients(&cluster).await;
@@ -265,6 +284,11 @@ async fn play(
     for index in 0..cluster.len() {
         if !cluster.is_alive(index) && !keep_dead.contains(&index) {
             cluster.restart(index);
+        }
+    }
+    if plan.real_clients.is_some() {
+        for client in 0..cluster.client_count() {
+            cluster.restart_client(client);
         }
     }
     let quiet_start = tokio::time::Instant::now();
@@ -302,7 +326,12 @@ async fn play(
                 check_job_end(&cluster, &recorder, csi, leader, deadline).await;
                 check_csi_end(&cluster, &recorder, csi_plan, leader, deadline).await;
             }
-            _ => check_acknowledged_writes(&cluster, &recorder, &workload, leader).await,
+            _ => {
+                check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
+                if let Some(real) = &plan.real_clients {
+                    real_clients::check_end(&cluster, &recorder, real, leader, deadline).await;
+                }
+            }
         }
     }
     let virtual_secs = tokio::time::Instant::now().saturating_duration_since(start).as_secs();

@@ -18,6 +18,7 @@ use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::Crash;
 
 use crate::job_workload::JobPlan;
+use crate::real_clients::RealClientPlan;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha_03::ChaCha8Rng;
@@ -62,6 +63,10 @@ pub enum Action {
     JoinLateClients,
     /// The node running the job's allocation is drained (job scenarios).
     DrainJobNode,
+    /// A client node's process is killed (its host's tasks keep running).
+    KillClient(usize),
+    /// A killed client node's process starts again.
+    RestartClient(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -86,6 +91,8 @@ impl fmt::Display for Step {
             Action::LoseJobNode => write!(f, "{at} the client running the job dies"),
             Action::JoinLateClients => write!(f, "{at} late clients join"),
             Action::DrainJobNode => write!(f, "{at} the node running the job is drained"),
+            Action::KillClient(client) => write!(f, "{at} kill client c{}", client + 1),
+            Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
         }
     }
 }
@@ -107,6 +114,8 @@ pub struct Plan {
     pub csi: Option<CsiPlan>,
     /// A simulated client host instead of a cluster (the client scenarios).
     pub client_world: Option<WorldPlan>,
+    /// Client nodes running the production client driver, and the job they run.
+    pub real_clients: Option<RealClientPlan>,
 }
 
 /// Client nodes, volumes and the shape of the claim workload.
@@ -137,6 +146,12 @@ impl Plan {
             .collect();
         lines.sort();
         lines.extend(self.steps.iter().map(ToString::to_string));
+        if let Some(real) = &self.real_clients {
+            lines.push(format!(
+                "{} real clients, job count {}, tasks run for {:?}",
+                real.clients, real.count, real.run_for
+            ));
+        }
         if let Some(world) = &self.client_world {
             lines.push(format!(
                 "client host: stage_unstage={} refused_claims={} faults={:?}",
@@ -296,11 +311,61 @@ pub const CLIENT_SCENARIOS: &[Scenario] = &[
     },
 ];
 
+/// Scenarios whose client nodes run the production client driver.
+pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[Scenario {
+    name: "real_clients_job",
+    about: "a service job on clients running the production client driver; client agents and the leader are killed and restarted",
+    build: real_clients_job,
+}];
+
 pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
     SCENARIOS
         .iter()
         .chain(CSI_SCENARIOS.iter())
         .chain(CLIENT_SCENARIOS.iter())
+        .chain(REAL_CLIENT_SCENARIOS.iter())
+}
+
+fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let clients = 2;
+    let mut steps = Vec::new();
+    // One or two client agent kills, each restarted after a while (sometimes past the
+    // heartbeat grace, so the node goes down and its allocations move).
+    for _ in 0..rng.gen_range(1..=2) {
+        let client = rng.gen_range(0..clients);
+        let at = millis(rng, 15_000..45_000);
+        steps.push(Step {
+            at,
+            action: Action::KillClient(client),
+        });
+        steps.push(Step {
+            at: at + millis(rng, 3_000..40_000),
+            action: Action::RestartClient(client),
+        });
+    }
+    if rng.gen_bool(0.5) {
+        let at = millis(rng, 20_000..50_000);
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: at + millis(rng, 2_000..15_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    steps.sort_by_key(|step| step.at);
+    let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
+    plan.real_clients = Some(RealClientPlan {
+        clients,
+        count: 3,
+        run_for: rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000)),
+    });
+    plan.quiet_bound = Duration::from_secs(90);
+    plan
 }
 
 pub fn find(name: &str) -> Option<&'static Scenario> {
@@ -396,6 +461,7 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         quiet_bound: Duration::from_secs(60),
         csi: None,
         client_world: None,
+        real_clients: None,
     }
 }
 
@@ -549,6 +615,7 @@ pub fn client(index: usize) -> ClientSpec {
         name: format!("c{}", index + 1),
         ip,
         config,
+        real_client: false,
     }
 }
 

@@ -796,6 +796,13 @@ impl AllocRunner {
         for runner in self.tasks.values_mut() {
             runner.kill(now, ops);
         }
+        if !self.tasks.values().all(TaskRunner::is_dead) {
+            // A task is still being stopped (one from before an agent restart, or one whose
+            // start is in flight): postrun hooks (unmounts) wait until it is gone.
+            self.phase = Phase::Running;
+            self.collect_tasks(now, ops);
+            return;
+        }
         self.claim_retry_at = None;
         self.phase = Phase::Postrun { index: 0 };
         self.collect_tasks(now, ops);

@@ -230,6 +230,13 @@ impl TaskRunner {
         self.kill_requested = true;
         match self.phase {
             Phase::Running => self.send_kill(now, ops),
+            // A restored runner that has not reattached yet may still hold a process from
+            // before the agent restarted: it is stopped through its handle, never abandoned
+            // (found by the real-client simulation: a client restarted after its allocations
+            // were lost left their tasks running for good).
+            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } if self.local.handle.is_some() => {
+                self.send_kill(now, ops)
+            }
             Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } => self.begin_stop(now, ops),
             // An operation is in flight; its outcome finishes the kill.
             _ => {}

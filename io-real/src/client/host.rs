@@ -180,23 +180,6 @@ impl TaskServices for ConsulHttp {
     }
 }
 
-/// This agent's node id, shaped like Nomad's (a UUID), derived from its persisted agent id.
-pub fn node_uuid(node_id: u64) -> String {
-    let hex = format!(
-        "{:016x}{:016x}",
-        node_id,
-        node_id.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15
-    );
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
-}
-
 /// The client's settings and node record for an agent whose data lives in `data_dir`:
 /// client state under `<data_dir>/client`, allocations under `<data_dir>/alloc`.
 pub fn client_identity(
@@ -205,7 +188,7 @@ pub fn client_identity(
     data_dir: &Path,
     host_volumes: BTreeMap<String, drover_core::client::volume_hook::HostVolumeConfig>,
 ) -> (ClientSettings, Node) {
-    let id = node_uuid(node_id);
+    let id = super::node_uuid(node_id);
     let settings = ClientSettings {
         node_id: id.clone(),
         paths: drover_core::client::paths::ClientPaths::new(

@@ -14,7 +14,7 @@ pub use store::{CLIENT_STATE_FILE, ClientStore, ClientStoreError};
 #[cfg(not(madsim))]
 mod host;
 #[cfg(not(madsim))]
-pub use host::{HostExecutor, client_identity, host_resources, node_uuid};
+pub use host::{HostExecutor, client_identity, host_resources};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -289,6 +289,23 @@ fn core_now(epoch: tokio::time::Instant) -> Instant {
     Instant::from_nanos(tokio::time::Instant::now().saturating_duration_since(epoch).as_nanos() as u64)
 }
 
+/// This agent's node id, shaped like Nomad's (a UUID), derived from its persisted agent id.
+pub fn node_uuid(node_id: u64) -> String {
+    let hex = format!(
+        "{:016x}{:016x}",
+        node_id,
+        node_id.rotate_left(29) ^ 0x9e37_79b9_7f4a_7c15
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 /// The timeout error of a request the core gave a deadline.
 fn timed_out(io: &Io) -> IoError {
     let what = match io {
@@ -521,13 +538,25 @@ pub const DRIVER_FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
 async fn fingerprint_drivers(executor: Arc<dyn ClientExecutor>, sender: mpsc::UnboundedSender<Message>) {
     loop {
         tokio::time::sleep(DRIVER_FINGERPRINT_INTERVAL).await;
-        let executor = executor.clone();
-        let Ok(fingerprints) = tokio::task::spawn_blocking(move || executor.fingerprint()).await else {
-            continue;
-        };
+        let fingerprints = fingerprint_off_loop(executor.clone()).await;
         if sender.send(Message::Drivers(fingerprints)).is_err() {
             return;
         }
+    }
+}
+
+/// One fingerprint round of every driver. Real fingerprints read files and run commands, so
+/// production takes them on a blocking thread; a simulated host answers from memory.
+async fn fingerprint_off_loop(executor: Arc<dyn ClientExecutor>) -> Vec<(String, DriverCapabilities, DriverInfo)> {
+    #[cfg(not(madsim))]
+    {
+        tokio::task::spawn_blocking(move || executor.fingerprint())
+            .await
+            .unwrap_or_default()
+    }
+    #[cfg(madsim)]
+    {
+        executor.fingerprint()
     }
 }
 
