@@ -7,19 +7,24 @@
 //! The end checks read only the leader's state and the hosts' process tables, so they are
 //! independent of the client code they judge.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use drover_core::fsm::ServerState;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
-    Allocation, ClientStatus, ConfigValue, DesiredStatus, Job, JobType, RestartMode, RestartPolicy, Task, TaskGroup,
-    TaskResources,
+    AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
+    DesiredStatus, Job, JobType, RestartMode, RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, TaskResources,
+    VolumeMount, VolumeRequest, VolumeType,
 };
 use drover_io_sim::cluster::SimCluster;
 use drover_io_sim::trace::Recorder;
 
 pub const JOB_ID: &str = "web";
+/// The CSI plugin, run as a system job on every client (a monolith: controller and node).
+pub const PLUGIN_JOB_ID: &str = "csi-plugin";
+pub const PLUGIN_ID: &str = "p";
+pub const VOLUME_ID: &str = "vol0";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(250);
 
@@ -31,6 +36,57 @@ pub struct RealClientPlan {
     /// Every task exits (successfully) after this long and is restarted by its restart policy
     /// (`None`: tasks run until stopped).
     pub run_for: Option<Duration>,
+    /// Every allocation mounts one multi-writer CSI volume through the plugin job.
+    pub volume: bool,
+}
+
+/// The plugin job: one monolith CSI plugin task per client node.
+pub fn plugin_job() -> Job {
+    Job {
+        id: PLUGIN_JOB_ID.into(),
+        name: PLUGIN_JOB_ID.into(),
+        namespace: "default".into(),
+        job_type: JobType::System,
+        priority: 50,
+        datacenters: vec!["dc1".into()],
+        task_groups: vec![TaskGroup {
+            name: "plugin".into(),
+            count: 1,
+            tasks: vec![Task {
+                name: "plugin".into(),
+                driver: "raw_exec".into(),
+                resources: TaskResources {
+                    cpu: 50,
+                    memory_mb: 32,
+                    devices: Vec::new(),
+                },
+                csi_plugin: Some(TaskCsiPluginConfig {
+                    id: PLUGIN_ID.into(),
+                    plugin_type: CsiPluginType::Monolith,
+                    mount_dir: "/csi".into(),
+                    stage_publish_base_dir: "/local/csi".into(),
+                    health_timeout: Duration::from_secs(30),
+                }),
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
+pub fn volume() -> CsiVolume {
+    CsiVolume {
+        id: VOLUME_ID.into(),
+        namespace: "default".into(),
+        name: VOLUME_ID.into(),
+        plugin_id: PLUGIN_ID.into(),
+        requested_capabilities: vec![CsiCapability {
+            access_mode: AccessMode::MultiNodeMultiWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        }],
+        ..CsiVolume::default()
+    }
 }
 
 pub fn job(plan: &RealClientPlan) -> Job {
@@ -41,6 +97,31 @@ pub fn job(plan: &RealClientPlan) -> Job {
             ConfigValue::String(format!("{}ms", run_for.as_millis())),
         );
     }
+    let volumes = plan.volume.then(|| {
+        (
+            "data".to_string(),
+            VolumeRequest {
+                name: "data".into(),
+                volume_type: VolumeType::Csi,
+                source: VOLUME_ID.into(),
+                read_only: false,
+                access_mode: AccessMode::MultiNodeMultiWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+                mount_options: None,
+                per_alloc: false,
+            },
+        )
+    });
+    let volume_mounts = plan
+        .volume
+        .then(|| VolumeMount {
+            volume: "data".into(),
+            destination: "/data".into(),
+            read_only: false,
+            propagation_mode: Default::default(),
+        })
+        .into_iter()
+        .collect();
     Job {
         id: JOB_ID.into(),
         name: JOB_ID.into(),
@@ -51,10 +132,13 @@ pub fn job(plan: &RealClientPlan) -> Job {
         task_groups: vec![TaskGroup {
             name: "web".into(),
             count: plan.count,
+            volumes: volumes.into_iter().collect(),
             tasks: vec![Task {
                 name: "server".into(),
-                driver: "raw_exec".into(),
+                // raw_exec cannot bind a volume into its task (Nomad #8030): `exec` can.
+                driver: if plan.volume { "exec" } else { "raw_exec" }.into(),
                 config,
+                volume_mounts,
                 resources: TaskResources {
                     cpu: 100,
                     memory_mb: 64,
@@ -97,6 +181,36 @@ pub async fn request(cluster: &SimCluster, request: ServerRequest, attempts: u32
 }
 
 pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(), String> {
+    if plan.volume {
+        match request(
+            cluster,
+            ServerRequest::JobRegister {
+                job: Box::new(plugin_job()),
+            },
+            40,
+        )
+        .await
+        {
+            ServerReply::JobRegistered { .. } => {}
+            other => return Err(format!("register the plugin job: {other:?}")),
+        }
+        // The servers refuse a volume of a plugin they have not heard of: register it once the
+        // clients have started the plugin and fingerprinted it, as an operator would.
+        let mut attempts = 0;
+        loop {
+            let register = ServerRequest::VolumeRegister {
+                volumes: vec![volume()],
+            };
+            match request(cluster, register, 40).await {
+                ServerReply::Done { .. } => break,
+                ServerReply::Error(error) if error.message.contains("no CSI plugin named") && attempts < 120 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                other => return Err(format!("register the volume: {other:?}")),
+            }
+        }
+    }
     match request(
         cluster,
         ServerRequest::JobRegister {
@@ -124,35 +238,82 @@ fn client_of(cluster: &SimCluster, state: &ServerState, alloc: &Allocation) -> O
     (0..cluster.client_count()).find(|index| cluster.client_name(*index) == name)
 }
 
-/// Whether the job runs as it should: `count` allocations the servers want running, each
-/// reported running and with its task in the process table of its host. `Err` says what is
-/// missing.
-fn job_running(cluster: &SimCluster, state: &ServerState, plan: &RealClientPlan) -> Result<(), String> {
+/// Whether the job runs as it should: `count` allocations the servers want running, each seen
+/// running (`seen` keeps those already seen). `Err` says what is missing.
+fn job_running(
+    cluster: &SimCluster,
+    state: &ServerState,
+    plan: &RealClientPlan,
+    seen: &mut BTreeSet<String>,
+) -> Result<(), String> {
     let wanted: Vec<&Allocation> = state
         .allocs()
         .filter(|alloc| alloc.job_id == JOB_ID && alloc.desired_status == DesiredStatus::Run)
         .filter(|alloc| !alloc.client_terminal())
         .collect();
     if wanted.len() != plan.count as usize {
-        return Err(format!("{} live allocations, want {}", wanted.len(), plan.count));
+        let evals: Vec<String> = state
+            .evals()
+            .filter(|eval| eval.job_id == JOB_ID)
+            .map(|eval| {
+                format!(
+                    "{} {} {:?} {:?}",
+                    eval.triggered_by, eval.status, eval.status_description, eval.failed_tg_allocs
+                )
+            })
+            .collect();
+        let allocs: Vec<String> = state
+            .allocs()
+            .filter(|alloc| alloc.job_id == JOB_ID)
+            .map(|alloc| {
+                let node = state.node(&alloc.node_id).map_or("?", |node| node.name.as_str());
+                format!(
+                    "{} on {node} {:?}/{:?} {:?}",
+                    &alloc.id[..8],
+                    alloc.desired_status,
+                    alloc.client_status,
+                    alloc.desired_description
+                )
+            })
+            .collect();
+        return Err(format!(
+            "{} live allocations, want {} (allocations: {}; evaluations: {})",
+            wanted.len(),
+            plan.count,
+            allocs.join(", "),
+            evals.join("; ")
+        ));
     }
-    for alloc in wanted {
-        if alloc.client_status != ClientStatus::Running {
-            return Err(format!("{} is {:?}", alloc.id, alloc.client_status));
-        }
+    // Tasks that exit on their own are pending between restarts, so each allocation only has
+    // to have been seen running (reported so, its task in its host's process table, its volume
+    // mounted) at some moment of the quiet phase, not all at once.
+    for alloc in &wanted {
         let Some(client) = client_of(cluster, state, alloc) else {
-            return Err(format!("{} is on unknown node {}", alloc.id, alloc.node_id));
+            continue;
         };
-        let running = cluster.host(client).running_tasks();
-        if !running.iter().any(|(id, task)| id == &alloc.id && task == "server") {
-            return Err(format!(
-                "{} is running per the servers but not on {}",
-                alloc.id,
-                cluster.client_name(client)
-            ));
+        let host = cluster.host(client);
+        let task_runs = host
+            .running_tasks()
+            .iter()
+            .any(|(id, task)| id == &alloc.id && task == "server");
+        let mounted = !plan.volume
+            || host
+                .mounts()
+                .iter()
+                .any(|mount| mount.contains(&format!("/per-alloc/{}/", alloc.id)));
+        if alloc.client_status == ClientStatus::Running && task_runs && mounted {
+            seen.insert(alloc.id.clone());
         }
     }
-    Ok(())
+    match wanted.iter().find(|alloc| !seen.contains(&alloc.id)) {
+        Some(alloc) => Err(format!(
+            "{} not seen running yet (reported {:?}, on {})",
+            alloc.id,
+            alloc.client_status,
+            client_of(cluster, state, alloc).map_or("an unknown node", |client| cluster.client_name(client))
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Tasks on the hosts whose allocation the servers do not want running.
@@ -181,9 +342,10 @@ pub async fn check_end(
     deadline: tokio::time::Instant,
 ) {
     let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(120));
+    let mut seen = BTreeSet::new();
     loop {
         let verdict = match leader_state(cluster, leader) {
-            Some(state) => job_running(cluster, &state, plan).and_then(|()| {
+            Some(state) => job_running(cluster, &state, plan, &mut seen).and_then(|()| {
                 let strays = strays(cluster, &state);
                 if strays.is_empty() {
                     Ok(())
@@ -224,26 +386,17 @@ pub async fn check_end(
         }
     }
     loop {
-        let running: Vec<String> = (0..cluster.client_count())
-            .flat_map(|client| {
-                cluster
-                    .host(client)
-                    .running_tasks()
-                    .into_iter()
-                    .map(move |(alloc, task)| format!("{alloc}/{task}"))
-            })
-            .collect();
-        let unfinished: Vec<String> = leader_state(cluster, leader)
-            .map(|state| {
-                state
-                    .allocs()
-                    .filter(|alloc| alloc.job_id == JOB_ID && !alloc.client_terminal())
-                    .map(|alloc| format!("{} ({:?})", alloc.id, alloc.client_status))
-                    .collect()
-            })
-            .unwrap_or_default();
+        let state = leader_state(cluster, leader);
+        let (running, unfinished) = leftovers(cluster, state.as_ref(), plan);
         if running.is_empty() && unfinished.is_empty() {
-            recorder.note("job stopped: no task left on any host, every allocation finished");
+            let freed = if plan.volume {
+                ", every mount and claim released"
+            } else {
+                ""
+            };
+            recorder.note(format!(
+                "job stopped: no task left on any host, every allocation finished{freed}"
+            ));
             return;
         }
         if tokio::time::Instant::now() >= deadline {
@@ -259,4 +412,45 @@ pub async fn check_end(
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// After a job stop: tasks of the job still running on a host, and what is not finished yet
+/// (allocations, mounts, volume claims).
+fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClientPlan) -> (Vec<String>, Vec<String>) {
+    let ours = |alloc_id: &str| {
+        state
+            .and_then(|state| state.alloc(alloc_id))
+            .is_none_or(|alloc| alloc.job_id == JOB_ID)
+    };
+    let running: Vec<String> = (0..cluster.client_count())
+        .flat_map(|client| {
+            cluster
+                .host(client)
+                .running_tasks()
+                .into_iter()
+                .filter(|(alloc, _)| ours(alloc))
+                .map(move |(alloc, task)| format!("{alloc}/{task}"))
+        })
+        .collect();
+    let mut unfinished: Vec<String> = state
+        .map(|state| {
+            state
+                .allocs()
+                .filter(|alloc| alloc.job_id == JOB_ID && !alloc.client_terminal())
+                .map(|alloc| format!("{} ({:?})", alloc.id, alloc.client_status))
+                .collect()
+        })
+        .unwrap_or_default();
+    if plan.volume {
+        let mounts = (0..cluster.client_count()).flat_map(|client| cluster.host(client).mounts());
+        unfinished.extend(mounts.map(|mount| format!("mount {mount}")));
+        let claims = state
+            .and_then(|state| state.volume("default", VOLUME_ID))
+            .map(|volume| volume.read_claims.len() + volume.write_claims.len() + volume.past_claims.len())
+            .unwrap_or(0);
+        if claims > 0 {
+            unfinished.push(format!("{claims} claims on {VOLUME_ID}"));
+        }
+    }
+    (running, unfinished)
 }

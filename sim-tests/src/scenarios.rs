@@ -148,8 +148,8 @@ impl Plan {
         lines.extend(self.steps.iter().map(ToString::to_string));
         if let Some(real) = &self.real_clients {
             lines.push(format!(
-                "{} real clients, job count {}, tasks run for {:?}",
-                real.clients, real.count, real.run_for
+                "{} real clients, job count {}, tasks run for {:?}, CSI volume {}",
+                real.clients, real.count, real.run_for, real.volume
             ));
         }
         if let Some(world) = &self.client_world {
@@ -312,11 +312,18 @@ pub const CLIENT_SCENARIOS: &[Scenario] = &[
 ];
 
 /// Scenarios whose client nodes run the production client driver.
-pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[Scenario {
-    name: "real_clients_job",
-    about: "a service job on clients running the production client driver; client agents and the leader are killed and restarted",
-    build: real_clients_job,
-}];
+pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
+    Scenario {
+        name: "real_clients_job",
+        about: "a service job on clients running the production client driver; client agents and the leader are killed and restarted",
+        build: real_clients_job,
+    },
+    Scenario {
+        name: "real_clients_csi",
+        about: "the same with a CSI plugin job on every client and a multi-writer volume mounted by every allocation",
+        build: real_clients_csi,
+    },
+];
 
 pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
     SCENARIOS
@@ -324,6 +331,14 @@ pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(CSI_SCENARIOS.iter())
         .chain(CLIENT_SCENARIOS.iter())
         .chain(REAL_CLIENT_SCENARIOS.iter())
+}
+
+fn real_clients_csi(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut plan = real_clients_job(rng, options);
+    if let Some(real) = &mut plan.real_clients {
+        real.volume = true;
+    }
+    plan
 }
 
 fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
@@ -363,6 +378,7 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         clients,
         count: 3,
         run_for: rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000)),
+        volume: false,
     });
     plan.quiet_bound = Duration::from_secs(90);
     plan

@@ -234,10 +234,8 @@ impl TaskRunner {
             // before the agent restarted: it is stopped through its handle, never abandoned
             // (found by the real-client simulation: a client restarted after its allocations
             // were lost left their tasks running for good).
-            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } if self.local.handle.is_some() => {
-                self.send_kill(now, ops)
-            }
-            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } => self.begin_stop(now, ops),
+            // (`send_kill` without a handle runs the stop hooks at once.)
+            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } => self.send_kill(now, ops),
             // An operation is in flight; its outcome finishes the kill.
             _ => {}
         }
@@ -473,7 +471,8 @@ impl TaskRunner {
 
     fn begin_prestart(&mut self, now: Instant, ops: &mut OpIds) {
         if self.kill_requested {
-            self.begin_stop(now, ops);
+            // A task reattached after an agent restart is stopped through its handle.
+            self.send_kill(now, ops);
             return;
         }
         self.mounts.clear();
@@ -495,7 +494,7 @@ impl TaskRunner {
                 return;
             };
             if self.kill_requested {
-                self.begin_stop(now, ops);
+                self.send_kill(now, ops);
                 return;
             }
             if index == self.hooks.len() {
