@@ -105,6 +105,7 @@ impl World {
                 }
             }),
             Io::AllocSync(_) => return Err(IoError::other("this world hands allocations in directly")),
+            Io::Consul(_) => return Err(IoError::other("this world has no consul")),
             Io::Server(request) => Reply::Server(match request {
                 ServerRequest::VolumeClaim { volume_id, claim, .. } => {
                     self.server.push(format!("claim {volume_id} {}", claim.allocation_id));

@@ -530,6 +530,7 @@ mod client_harness {
                 VolumeOp::HasMount { mount, .. } => format!("volume has-mount {}", mount.source),
             },
             Io::AllocSync(request) => format!("alloc-sync min_index={}", request.min_index),
+            Io::Consul(call) => format!("consul {call:?}"),
         }
     }
 

@@ -411,6 +411,7 @@ impl World {
             // This world hands the allocations in itself (`Event::Desired`): the blocking
             // query stays open, as one does while nothing changes.
             Io::AllocSync(_) => return,
+            Io::Consul(_) => Err(IoError::other("this host has no consul")),
         };
         let generation = self.agent_generation;
         self.at(latency, Event::Outcome(op, outcome, generation));

@@ -349,7 +349,9 @@ impl ClientExecutor for SimHost {
                     }
                     host.csi(&socket, call)
                 }
-                Io::Server(_) | Io::AllocSync(_) | Io::Volume(_) => Err(IoError::other("not an executor request")),
+                Io::Server(_) | Io::AllocSync(_) | Io::Consul(_) | Io::Volume(_) => {
+                    Err(IoError::other("not an executor request"))
+                }
             }
         })
     }

@@ -19,7 +19,9 @@ use crate::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllo
 use crate::client::paths::ClientPaths;
 use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
 use crate::client::server_link::{LinkEvent, ServerLink};
-use crate::client::task_runner::{LocalTaskState, TaskAction};
+use crate::client::service_sync::ServiceSync;
+use crate::client::services::{TaskServiceRegistration, registrations};
+use crate::client::task_runner::{LocalTaskState, TaskAction, TaskStatus};
 use crate::client::volume_hook::HostVolumeConfig;
 use crate::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
 use crate::client::{
@@ -232,6 +234,7 @@ pub struct Client {
     reports_acked: BTreeMap<Report, ServerRequest>,
     reports_retry: BTreeMap<Report, Instant>,
     link: ServerLink,
+    services: ServiceSync,
     /// What [`Client::connect`] restores once the node is first registered.
     pending_restore: Option<SavedState>,
     actions: VecDeque<ClientAction>,
@@ -263,6 +266,7 @@ impl Client {
             reports_acked: BTreeMap::new(),
             reports_retry: BTreeMap::new(),
             link: ServerLink::default(),
+            services: ServiceSync::default(),
             pending_restore: None,
             actions: VecDeque::new(),
         }
@@ -397,9 +401,19 @@ impl Client {
         self.drive_link(now);
     }
 
-    /// Sends the link's requests that are due.
+    /// Keeps the local Consul agent's task services equal to the running tasks' `service`
+    /// blocks, registering them at `address` (see [`ServiceSync`]).
+    pub fn enable_service_sync(&mut self, now: Instant, address: String) {
+        self.services.enable(now, address);
+        self.drive_link(now);
+    }
+
+    /// Sends the link's and the service sync's requests that are due.
     fn drive_link(&mut self, now: Instant) {
         for (op, io) in self.link.poll(now, &mut self.ops) {
+            self.actions.push_back(ClientAction::Io { op, io });
+        }
+        if let Some((op, io)) = self.services.poll(now, &mut self.ops) {
             self.actions.push_back(ClientAction::Io { op, io });
         }
     }
@@ -484,6 +498,10 @@ impl Client {
     fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
         if self.link.owns(op) {
             return self.link_outcome(now, op, outcome);
+        }
+        if self.services.owns(op) {
+            let allocs = &self.allocs;
+            return self.services.outcome(now, outcome, || desired_services(allocs));
         }
         match self.routes.remove(&op) {
             Some(Route::Alloc(id)) => {
@@ -632,11 +650,14 @@ impl Client {
                 }
                 AllocAction::Task { task, action } => match action {
                     TaskAction::Io { op, io } => self.dispatch(now, op, io, Route::Alloc(alloc_id.to_string())),
-                    TaskAction::Persist(state) => self.actions.push_back(ClientAction::PersistTask {
-                        alloc_id: alloc_id.to_string(),
-                        task,
-                        state,
-                    }),
+                    TaskAction::Persist(state) => {
+                        self.services.changed(now);
+                        self.actions.push_back(ClientAction::PersistTask {
+                            alloc_id: alloc_id.to_string(),
+                            task,
+                            state,
+                        });
+                    }
                     TaskAction::Event(event) => self.actions.push_back(ClientAction::TaskEvent {
                         alloc_id: alloc_id.to_string(),
                         task,
@@ -1153,6 +1174,7 @@ impl Client {
         let reports = self.reports_retry.values().copied();
         instances
             .chain(self.link.poll_timeout())
+            .chain(self.services.poll_timeout())
             .chain(waiting)
             .chain(volumes)
             .chain(allocs)
@@ -1163,6 +1185,20 @@ impl Client {
     pub fn poll_action(&mut self) -> Option<ClientAction> {
         self.actions.pop_front()
     }
+}
+
+/// The Consul registrations the running tasks' `service` blocks call for, by id.
+fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, TaskServiceRegistration> {
+    allocs
+        .values()
+        .flat_map(|runner| {
+            runner
+                .tasks()
+                .filter(|task| task.state().state == TaskStatus::Running && !task.services().is_empty())
+                .flat_map(|task| registrations(runner.alloc_id(), task.name(), task.services()))
+        })
+        .map(|registration| (registration.id.clone(), registration))
+        .collect()
 }
 
 /// A stable per-allocation seed.

@@ -17,6 +17,7 @@ pub mod plugin_supervisor;
 pub mod registry;
 pub mod restarts;
 pub mod server_link;
+pub mod service_sync;
 pub mod services;
 pub mod task_runner;
 pub mod volume_hook;
@@ -324,6 +325,8 @@ pub enum Io {
     Server(ServerRequest),
     /// `Node.GetClientAllocs`, a blocking read any server answers; replies `Allocs`.
     AllocSync(NodeAllocsRequest),
+    /// The local Consul agent's service API.
+    Consul(ConsulOp),
     Volume(VolumeOp),
 }
 
@@ -337,6 +340,22 @@ pub enum Reply {
     Server(ServerReply),
     Mounted(MountInfo),
     Allocs(NodeAllocsReply),
+    /// The services the Consul agent holds, by id.
+    Services(BTreeMap<String, services::RegisteredService>),
+}
+
+/// A call to the local Consul agent's service API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConsulOp {
+    /// `GET /v1/agent/services`; replies `Services`.
+    Services,
+    /// `PUT /v1/agent/service/register`, at `address`; replies `Unit`.
+    Register {
+        registration: services::TaskServiceRegistration,
+        address: String,
+    },
+    /// `PUT /v1/agent/service/deregister/<id>`; replies `Unit`.
+    Deregister { id: String },
 }
 
 /// Why an I/O request failed; the kind decides retries.

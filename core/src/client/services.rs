@@ -2,8 +2,9 @@
 //! `consul_services` hook): what should be registered for the tasks running on this client,
 //! and how to bring the agent there.
 //!
-//! The client driver reads what the agent holds, asks [`plan_sync`] for the difference and
-//! carries it out, on every change and periodically (anti-entropy). Only services whose id
+//! [`service_sync`](crate::client::service_sync) reads what the agent holds, asks
+//! [`plan_sync`] for the difference and carries it out, on every change and periodically
+//! (anti-entropy). Only services whose id
 //! carries [`TASK_SERVICE_PREFIX`] are Nomad's: anything else in the agent is left alone, and
 //! any of ours that no running task wants is removed — after a crash or an agent restart too.
 //! With `enable_tag_override` tags changed through Consul's catalog are not drift (§5.3,
@@ -21,7 +22,7 @@ use crate::structs::Service;
 pub const TASK_SERVICE_PREFIX: &str = "_nomad-task-";
 
 /// One service as the agent should hold it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskServiceRegistration {
     pub id: String,
     pub name: String,
@@ -33,7 +34,7 @@ pub struct TaskServiceRegistration {
 }
 
 /// What the agent holds for one service id.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RegisteredService {
     pub name: String,
     pub tags: Vec<String>,

@@ -168,6 +168,11 @@ impl TaskRunner {
         &self.spec.task.name
     }
 
+    /// The task's `service` blocks.
+    pub fn services(&self) -> &[crate::structs::Service] {
+        &self.spec.task.services
+    }
+
     pub fn state(&self) -> &TaskState {
         &self.local.state
     }

@@ -105,7 +105,9 @@ impl ClientExecutor for HostExecutor {
                         .map_err(|error| IoError::new(ErrorKind::Unavailable, error.to_string()))?;
                     client.execute(&call).await
                 }
-                Io::Server(_) | Io::AllocSync(_) | Io::Volume(_) => Err(IoError::other("not an executor request")),
+                Io::Server(_) | Io::AllocSync(_) | Io::Consul(_) | Io::Volume(_) => {
+                    Err(IoError::other("not an executor request"))
+                }
             }
         })
     }

@@ -26,9 +26,11 @@ use drover_core::client::deadlines;
 use drover_core::client::registry::PluginKind;
 use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
 use drover_core::client::task_runner::LocalTaskState;
-use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
+use drover_core::client::{
+    ConsulOp, DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle,
+};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
-use drover_core::structs::{Allocation, DriverInfo, Job, Node, NodeStatus, Service};
+use drover_core::structs::{DriverInfo, Node, NodeStatus};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::devices::DeviceStats;
@@ -187,87 +189,6 @@ pub struct ClientParts {
     pub services: Option<Arc<dyn TaskServices>>,
 }
 
-/// Task `service` blocks of the allocations this client knows: alloc → task → services.
-type ServiceSpecs = Arc<Mutex<BTreeMap<String, BTreeMap<String, Vec<Service>>>>>;
-
-/// Consul anti-entropy: the agent is compared with what should be there at least this often,
-/// and at once after any change (Nomad's service client syncs every 30 s).
-const SERVICE_SYNC_PERIOD: Duration = Duration::from_secs(30);
-
-fn remember_services(specs: &ServiceSpecs, alloc: &Allocation, job: &Job) {
-    let tasks: BTreeMap<String, Vec<Service>> = job
-        .task_groups
-        .iter()
-        .filter(|group| group.name == alloc.task_group)
-        .flat_map(|group| group.tasks.iter())
-        .filter(|task| !task.services.is_empty())
-        .map(|task| (task.name.clone(), task.services.clone()))
-        .collect();
-    let mut specs = specs.lock().unwrap();
-    if tasks.is_empty() {
-        specs.remove(&alloc.id);
-    } else {
-        specs.insert(alloc.id.clone(), tasks);
-    }
-}
-
-/// Keeps the Consul agent's task services equal to the running tasks' `service` blocks: on
-/// every change of a task's state or of the allocations, and every [`SERVICE_SYNC_PERIOD`].
-/// Consul being down fails nothing: the next pass tries again.
-async fn sync_services(
-    consul: Arc<dyn TaskServices>,
-    tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
-    specs: ServiceSpecs,
-    changed: Arc<tokio::sync::Notify>,
-    address: std::net::IpAddr,
-) {
-    use drover_core::client::services::{plan_sync, registrations};
-    loop {
-        let desired: BTreeMap<String, drover_core::client::services::TaskServiceRegistration> = {
-            let tasks = tasks.lock().unwrap();
-            let specs = specs.lock().unwrap();
-            tasks
-                .iter()
-                .flat_map(|(alloc_id, states)| {
-                    states
-                        .iter()
-                        .filter(|(_, state)| state.state.state == drover_core::client::task_runner::TaskStatus::Running)
-                        .filter_map(|(task, _)| {
-                            let services = specs.get(alloc_id)?.get(task)?;
-                            Some(registrations(alloc_id, task, services))
-                        })
-                        .flatten()
-                        .collect::<Vec<_>>()
-                })
-                .map(|registration| (registration.id.clone(), registration))
-                .collect()
-        };
-        match consul.agent_services().await {
-            Ok(registered) => {
-                let plan = plan_sync(&desired, &registered);
-                for registration in &plan.register {
-                    match consul.register(registration.clone(), address).await {
-                        Ok(()) => {
-                            tracing::info!(id = %registration.id, name = %registration.name, "service registered in consul")
-                        }
-                        Err(error) => {
-                            tracing::warn!(id = %registration.id, %error, "registering a service in consul failed")
-                        }
-                    }
-                }
-                for id in &plan.deregister {
-                    match consul.deregister(id.clone()).await {
-                        Ok(()) => tracing::info!(%id, "service deregistered from consul"),
-                        Err(error) => tracing::warn!(%id, %error, "deregistering a service from consul failed"),
-                    }
-                }
-            }
-            Err(error) => tracing::warn!(%error, "reading the consul agent's services failed; retrying"),
-        }
-        let _ = tokio::time::timeout(SERVICE_SYNC_PERIOD, changed.notified()).await;
-    }
-}
-
 /// Starts the client loop; it runs until the runtime stops.
 pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> {
     let registry = parts.store.registry()?;
@@ -312,20 +233,53 @@ fn timed_out(io: &Io) -> IoError {
         Io::StartTask(_) => "task start".to_string(),
         Io::Csi { call, .. } => call.name().to_string(),
         Io::AllocSync(_) => "alloc sync".to_string(),
+        Io::Consul(_) => "consul call".to_string(),
         _ => "filesystem call".to_string(),
     };
     IoError::new(ErrorKind::Timeout, format!("{what} timed out"))
 }
 
-/// Carries out one I/O request of the core; a started or recovered task is watched for its
-/// exit from then on.
-async fn perform(
-    io: Io,
+/// What carries out the core's I/O: the agent (servers), the executor (the host), the Consul
+/// agent.
+#[derive(Clone)]
+struct World {
     agent: AgentHandle,
     executor: Arc<dyn ClientExecutor>,
-    sender: mpsc::UnboundedSender<Message>,
-) -> Outcome {
+    services: Option<Arc<dyn TaskServices>>,
+}
+
+/// Carries out one I/O request of the core; a started or recovered task is watched for its
+/// exit from then on.
+async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -> Outcome {
+    let World {
+        agent,
+        executor,
+        services,
+    } = world;
     match io {
+        Io::Consul(call) => {
+            let Some(services) = services else {
+                return Err(IoError::other("no consul agent is configured"));
+            };
+            match call {
+                ConsulOp::Services => services.agent_services().await.map(Reply::Services),
+                ConsulOp::Register { registration, address } => {
+                    let ip = address
+                        .parse()
+                        .map_err(|_| IoError::other(format!("service address {address:?} is not an IP address")))?;
+                    let id = registration.id.clone();
+                    services.register(registration, ip).await.map(|()| {
+                        tracing::info!(%id, "service registered in consul");
+                        Reply::Unit
+                    })
+                }
+                ConsulOp::Deregister { id } => services.deregister(id.clone()).await.map(|()| {
+                    tracing::info!(%id, "service deregistered from consul");
+                    Reply::Unit
+                }),
+            }
+            .map_err(|error| IoError::new(ErrorKind::Unavailable, error))
+        }
         Io::Server(request) => Ok(Reply::Server(agent.request(request).await)),
         Io::AllocSync(request) => agent
             .node_allocs(request)
@@ -365,26 +319,6 @@ async fn run(
         mut node,
         services,
     } = parts;
-    let service_specs: ServiceSpecs = Arc::default();
-    let services_changed = Arc::new(tokio::sync::Notify::new());
-    for (alloc, job, ..) in &saved {
-        remember_services(&service_specs, alloc, job);
-    }
-    if let Some(services) = services {
-        let address = node
-            .http_addr
-            .parse::<std::net::SocketAddr>()
-            .map(|addr| addr.ip())
-            .or_else(|_| node.http_addr.parse::<std::net::IpAddr>())
-            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
-        tokio::spawn(sync_services(
-            services,
-            view.tasks.clone(),
-            service_specs.clone(),
-            services_changed.clone(),
-            address,
-        ));
-    }
     let ClientInbox { mut receiver, sender } = inbox;
     let epoch = tokio::time::Instant::now();
     let mut client = Client::new(settings);
@@ -400,7 +334,21 @@ async fn run(
     node.status = NodeStatus::Ready;
     // The core registers the node (retrying until a server takes it), restores what the
     // store holds once it is registered, then heartbeats and syncs allocations.
+    let address = node
+        .http_addr
+        .parse::<std::net::SocketAddr>()
+        .map(|addr| addr.ip())
+        .or_else(|_| node.http_addr.parse::<std::net::IpAddr>())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
     client.connect(core_now(epoch), node, registry, saved);
+    if services.is_some() {
+        client.enable_service_sync(core_now(epoch), address.to_string());
+    }
+    let world = World {
+        agent,
+        executor: executor.clone(),
+        services,
+    };
     tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
     let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
     let mut next_detach = 0u64;
@@ -409,22 +357,21 @@ async fn run(
         while let Some(action) = client.poll_action() {
             match action {
                 ClientAction::Io { op, io } => {
-                    let (sender, executor, agent) = (sender.clone(), executor.clone(), agent.clone());
+                    let (sender, world) = (sender.clone(), world.clone());
                     tokio::spawn(async move {
                         let outcome = match deadlines::deadline(&io) {
                             Some(deadline) => {
                                 let error = timed_out(&io);
-                                tokio::time::timeout(deadline, perform(io, agent, executor, sender.clone()))
+                                tokio::time::timeout(deadline, perform(io, world, sender.clone()))
                                     .await
                                     .unwrap_or(Err(error))
                             }
-                            None => perform(io, agent, executor, sender.clone()).await,
+                            None => perform(io, world, sender.clone()).await,
                         };
                         let _ = sender.send(Message::Outcome(op, outcome));
                     });
                 }
                 ClientAction::PersistSpec { alloc, job } => {
-                    remember_services(&service_specs, &alloc, &job);
                     let record = format!("spec/{}", alloc.id);
                     if let Err(error) = store.put(&record, &(&*alloc, &*job)) {
                         persist_failed(&mut client, epoch, record, error);
@@ -443,7 +390,6 @@ async fn run(
                         .entry(alloc_id.clone())
                         .or_default()
                         .insert(task.clone(), (*state).clone());
-                    services_changed.notify_one();
                     let record = format!("task/{alloc_id}/{task}");
                     if let Err(error) = store.put(&record, &*state) {
                         persist_failed(&mut client, epoch, record, error);
@@ -470,8 +416,6 @@ async fn run(
                 }
                 ClientAction::Forget { alloc_id } => {
                     view.tasks.lock().unwrap().remove(&alloc_id);
-                    service_specs.lock().unwrap().remove(&alloc_id);
-                    services_changed.notify_one();
                     if let Err(error) = store.forget(&alloc_id) {
                         persist_failed(&mut client, epoch, format!("alloc/{alloc_id} (forget)"), error);
                     }
