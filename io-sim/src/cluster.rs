@@ -488,6 +488,7 @@ async fn run_client(node: ClientNode) {
     } else {
         Arc::new(SimPlugins::new(&spec.name, recorder.clone(), plugins))
     };
+    let consul_agent = consul.agent(&spec.name);
     let parts = AgentParts {
         config: spec.config.clone(),
         db,
@@ -515,7 +516,7 @@ async fn run_client(node: ClientNode) {
             store: ClientStore::new(client_db),
             inbox,
             node,
-            services: None,
+            services: Some(Arc::new(consul_agent)),
         };
         if let Err(error) = start_client(parts) {
             recorder.violate("client starts", format!("{}: {error}", spec.name));

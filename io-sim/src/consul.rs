@@ -3,11 +3,13 @@
 //! `drover-io-real`'s `consul.rs`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_io_real::io::{Consul, ServiceRegistration};
+use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
+use drover_io_real::client::TaskServices;
+use drover_io_real::io::{BoxFuture, Consul, ServiceRegistration};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ConsulMode {
@@ -24,6 +26,8 @@ const SLOW_LATENCY: Duration = Duration::from_secs(12);
 struct State {
     mode: ConsulMode,
     services: BTreeMap<String, ServiceRegistration>,
+    /// Task services each node's local agent holds: node → id → service.
+    agents: BTreeMap<String, BTreeMap<String, RegisteredService>>,
     calls: u64,
 }
 
@@ -39,6 +43,7 @@ impl Default for SimConsul {
             state: Arc::new(Mutex::new(State {
                 mode: ConsulMode::Healthy,
                 services: BTreeMap::new(),
+                agents: BTreeMap::new(),
                 calls: 0,
             })),
         }
@@ -52,6 +57,24 @@ impl SimConsul {
 
     pub fn mode(&self) -> ConsulMode {
         self.state.lock().expect("consul lock").mode
+    }
+
+    /// The local Consul agent of one client node (its task services).
+    pub fn agent(&self, node: &str) -> SimConsulAgent {
+        SimConsulAgent {
+            consul: self.clone(),
+            node: node.to_string(),
+        }
+    }
+
+    /// Task service ids every node's agent holds: (node, id).
+    pub fn task_services(&self) -> Vec<(String, String)> {
+        let state = self.state.lock().expect("consul lock");
+        state
+            .agents
+            .iter()
+            .flat_map(|(node, services)| services.keys().map(move |id| (node.clone(), id.clone())))
+            .collect()
     }
 
     pub fn calls(&self) -> u64 {
@@ -100,5 +123,54 @@ impl Consul for SimConsul {
         let mut state = self.state.lock().expect("consul lock");
         state.services.insert(registration.id.clone(), registration);
         Ok(())
+    }
+}
+
+/// One node's local Consul agent, as the client's service sync sees it (same modes as the
+/// cluster: down, hung or slow agents fail or stall the sync).
+#[derive(Clone, Debug)]
+pub struct SimConsulAgent {
+    consul: SimConsul,
+    node: String,
+}
+
+impl TaskServices for SimConsulAgent {
+    fn agent_services(&self) -> BoxFuture<Result<BTreeMap<String, RegisteredService>, String>> {
+        let agent = self.clone();
+        Box::pin(async move {
+            agent.consul.gate().await?;
+            let state = agent.consul.state.lock().expect("consul lock");
+            Ok(state.agents.get(&agent.node).cloned().unwrap_or_default())
+        })
+    }
+
+    fn register(&self, registration: TaskServiceRegistration, _address: IpAddr) -> BoxFuture<Result<(), String>> {
+        let agent = self.clone();
+        Box::pin(async move {
+            agent.consul.gate().await?;
+            let mut state = agent.consul.state.lock().expect("consul lock");
+            state.agents.entry(agent.node.clone()).or_default().insert(
+                registration.id.clone(),
+                RegisteredService {
+                    name: registration.name,
+                    tags: registration.tags,
+                    meta: registration.meta,
+                    port: registration.port,
+                },
+            );
+            Ok(())
+        })
+    }
+
+    fn deregister(&self, id: String) -> BoxFuture<Result<(), String>> {
+        let agent = self.clone();
+        Box::pin(async move {
+            agent.consul.gate().await?;
+            let mut state = agent.consul.state.lock().expect("consul lock");
+            if let Some(services) = state.agents.get_mut(&agent.node) {
+                services.remove(&id);
+            }
+            Ok(())
+        })
     }
 }

@@ -10,12 +10,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use drover_core::client::services::TASK_SERVICE_PREFIX;
 use drover_core::fsm::ServerState;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
-    DesiredStatus, Job, JobType, RestartMode, RestartPolicy, Task, TaskCsiPluginConfig, TaskGroup, TaskResources,
-    VolumeMount, VolumeRequest, VolumeType,
+    DesiredStatus, Job, JobType, RestartMode, RestartPolicy, Service, Task, TaskCsiPluginConfig, TaskGroup,
+    TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use drover_io_sim::cluster::SimCluster;
 use drover_io_sim::trace::Recorder;
@@ -139,6 +140,12 @@ pub fn job(plan: &RealClientPlan) -> Job {
                 driver: if plan.volume { "exec" } else { "raw_exec" }.into(),
                 config,
                 volume_mounts,
+                services: vec![Service {
+                    name: "web".into(),
+                    port_label: "8080".into(),
+                    address_mode: "driver".into(),
+                    ..Service::default()
+                }],
                 resources: TaskResources {
                     cpu: 100,
                     memory_mb: 64,
@@ -286,7 +293,8 @@ fn job_running(
     }
     // Tasks that exit on their own are pending between restarts, so each allocation only has
     // to have been seen running (reported so, its task in its host's process table, its volume
-    // mounted) at some moment of the quiet phase, not all at once.
+    // mounted, its service in its node's Consul agent) at some moment of the quiet phase, not
+    // all at once.
     for alloc in &wanted {
         let Some(client) = client_of(cluster, state, alloc) else {
             continue;
@@ -301,7 +309,12 @@ fn job_running(
                 .mounts()
                 .iter()
                 .any(|mount| mount.contains(&format!("/per-alloc/{}/", alloc.id)));
-        if alloc.client_status == ClientStatus::Running && task_runs && mounted {
+        let service = format!("{TASK_SERVICE_PREFIX}{}-server-web-8080", alloc.id);
+        let registered = cluster
+            .consul()
+            .task_services()
+            .contains(&(cluster.client_name(client).to_string(), service));
+        if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered {
             seen.insert(alloc.id.clone());
         }
     }
@@ -390,9 +403,9 @@ pub async fn check_end(
         let (running, unfinished) = leftovers(cluster, state.as_ref(), plan);
         if running.is_empty() && unfinished.is_empty() {
             let freed = if plan.volume {
-                ", every mount and claim released"
+                ", every service, mount and claim released"
             } else {
-                ""
+                ", every service deregistered"
             };
             recorder.note(format!(
                 "job stopped: no task left on any host, every allocation finished{freed}"
@@ -415,7 +428,7 @@ pub async fn check_end(
 }
 
 /// After a job stop: tasks of the job still running on a host, and what is not finished yet
-/// (allocations, mounts, volume claims).
+/// (allocations, task services in Consul, mounts, volume claims).
 fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClientPlan) -> (Vec<String>, Vec<String>) {
     let ours = |alloc_id: &str| {
         state
@@ -432,6 +445,16 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
                 .map(move |(alloc, task)| format!("{alloc}/{task}"))
         })
         .collect();
+    let services = cluster
+        .consul()
+        .task_services()
+        .into_iter()
+        .filter(|(_, id)| {
+            id.strip_prefix(TASK_SERVICE_PREFIX)
+                .and_then(|rest| rest.get(..36))
+                .is_none_or(ours)
+        })
+        .map(|(node, id)| format!("consul service {id} on {node}"));
     let mut unfinished: Vec<String> = state
         .map(|state| {
             state
@@ -441,6 +464,7 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
                 .collect()
         })
         .unwrap_or_default();
+    unfinished.extend(services);
     if plan.volume {
         let mounts = (0..cluster.client_count()).flat_map(|client| cluster.host(client).mounts());
         unfinished.extend(mounts.map(|mount| format!("mount {mount}")));

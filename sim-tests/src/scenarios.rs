@@ -372,6 +372,22 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::Restart(Target::LastKilled),
         });
     }
+    // The clients' Consul agents fail for a while: service syncs fail or stall (the core's
+    // deadline ends a hung call) and must catch up once Consul is back.
+    if rng.gen_bool(0.5) {
+        let mode = *[ConsulMode::Down, ConsulMode::Hang, ConsulMode::Slow]
+            .choose(rng)
+            .expect("modes");
+        let at = millis(rng, 5_000..40_000);
+        steps.push(Step {
+            at,
+            action: Action::Consul(mode),
+        });
+        steps.push(Step {
+            at: at + millis(rng, 5_000..30_000),
+            action: Action::Consul(ConsulMode::Healthy),
+        });
+    }
     steps.sort_by_key(|step| step.at);
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
     plan.real_clients = Some(RealClientPlan {
