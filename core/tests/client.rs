@@ -49,7 +49,7 @@ impl World {
                 Reply::Unit
             }
             Io::RecoverTask { .. } => return Err(IoError::other("gone")),
-            Io::ReserveDevices { .. } => Reply::Reserved(Default::default()),
+            Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Reply::Reserved(Default::default()),
             Io::Csi { call, .. } => Reply::Csi(match call {
                 CsiCall::Probe => CsiReply::Probe { ready: true },
                 CsiCall::GetPluginInfo => CsiReply::PluginInfo {

@@ -531,6 +531,7 @@ mod client_harness {
             },
             Io::AllocSync(request) => format!("alloc-sync min_index={}", request.min_index),
             Io::Consul(call) => format!("consul {call:?}"),
+            Io::PrepareDevices { picks } => format!("prepare-devices {picks:?}"),
         }
     }
 

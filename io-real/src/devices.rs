@@ -1,21 +1,15 @@
-//! The device manager and device plugins (§6): each plugin fingerprints its device instances;
-//! the devices task hook asks the manager to reserve instances for a task, which answers with
-//! the env, mounts and device nodes the task needs; device stats are collected per reserved
-//! instance and surfaced in the allocation's resource usage. `FakeDevicePlugin` is the
-//! project's own plugin (fake GPUs backed by `/dev/null`), enough to exercise the hook.
+//! The device plugins (§6): each plugin fingerprints its device instances, and prepares what a
+//! task needs to use the instances the client core chose for it (the env, mounts and device
+//! nodes); device stats are collected per instance and surfaced in the allocation's resource
+//! usage. Which instances a task gets is the core's decision
+//! (`drover_core::client::devices`). `FakeDevicePlugin` is the project's own plugin (fake GPUs
+//! backed by `/dev/null`), enough to exercise the hook.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use drover_core::client::devices::{DeviceInstance, DevicePick};
 use drover_core::client::{DeviceConfig, ErrorKind, IoError, Reservation};
-use drover_core::structs::RequestedDevice;
-
-/// One device instance a plugin found on this host.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceInstance {
-    pub id: String,
-    pub healthy: bool,
-}
 
 /// Usage of one device instance.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,25 +31,9 @@ pub trait DevicePlugin: Send + Sync + 'static {
     fn stats(&self, ids: &[String]) -> Vec<DeviceStats>;
 }
 
-/// Whether a task's device request (`vendor/type/name`, `type/name` or `type`) names `plugin`.
-pub fn matches(request: &str, plugin: &str) -> bool {
-    let parts: Vec<&str> = plugin.split('/').collect();
-    let [vendor, kind, name] = parts.as_slice() else {
-        return request == plugin;
-    };
-    request == plugin
-        || request == format!("{kind}/{name}")
-        || request == *kind
-        || request == format!("{vendor}/{kind}")
-}
-
-/// (alloc, task) → (plugin index, instance ids).
-type Reserved = BTreeMap<(String, String), Vec<(usize, Vec<String>)>>;
-
 #[derive(Clone, Default)]
 pub struct DeviceManager {
     plugins: Vec<Arc<dyn DevicePlugin>>,
-    reserved: Arc<Mutex<Reserved>>,
 }
 
 impl std::fmt::Debug for DeviceManager {
@@ -84,60 +62,26 @@ impl DeviceManager {
         attributes
     }
 
-    /// Reserves healthy, unreserved instances for a task; all or nothing. Reserving again for
-    /// the same task (a restart) returns its existing instances.
-    pub fn reserve(&self, alloc_id: &str, task: &str, requests: &[RequestedDevice]) -> Result<Reservation, IoError> {
-        let key = (alloc_id.to_string(), task.to_string());
-        let mut reserved = self.reserved.lock().unwrap();
-        let picks = match reserved.get(&key) {
-            Some(existing) => existing.clone(),
-            None => {
-                let mut picks: Vec<(usize, Vec<String>)> = Vec::new();
-                for request in requests {
-                    let Some(index) = self
-                        .plugins
-                        .iter()
-                        .position(|plugin| matches(&request.name, plugin.name()))
-                    else {
-                        return Err(IoError::new(
-                            ErrorKind::NotFound,
-                            format!("no device plugin provides {:?}", request.name),
-                        ));
-                    };
-                    let taken: Vec<&String> = reserved
-                        .values()
-                        .flatten()
-                        .chain(picks.iter())
-                        .filter(|(plugin, _)| *plugin == index)
-                        .flat_map(|(_, ids)| ids)
-                        .collect();
-                    let free: Vec<String> = self.plugins[index]
-                        .fingerprint()
-                        .into_iter()
-                        .filter(|instance| instance.healthy && !taken.contains(&&instance.id))
-                        .map(|instance| instance.id)
-                        .take(request.count.max(1) as usize)
-                        .collect();
-                    if free.len() < request.count.max(1) as usize {
-                        return Err(IoError::new(
-                            ErrorKind::ResourceExhausted,
-                            format!(
-                                "not enough healthy {} devices: {} requested, {} free",
-                                request.name,
-                                request.count.max(1),
-                                free.len()
-                            ),
-                        ));
-                    }
-                    picks.push((index, free));
-                }
-                reserved.insert(key, picks.clone());
-                picks
-            }
-        };
+    /// Every plugin's instances, by plugin name.
+    pub fn inventory(&self) -> BTreeMap<String, Vec<DeviceInstance>> {
+        self.plugins
+            .iter()
+            .map(|plugin| (plugin.name().to_string(), plugin.fingerprint()))
+            .collect()
+    }
+
+    fn plugin(&self, name: &str) -> Result<&Arc<dyn DevicePlugin>, IoError> {
+        self.plugins
+            .iter()
+            .find(|plugin| plugin.name() == name)
+            .ok_or_else(|| IoError::new(ErrorKind::NotFound, format!("no device plugin {name:?}")))
+    }
+
+    /// What a task needs to use the instances chosen for it.
+    pub fn prepare(&self, picks: &[DevicePick]) -> Result<Reservation, IoError> {
         let mut reservation = Reservation::default();
-        for (index, ids) in &picks {
-            let part = self.plugins[*index].reserve(ids)?;
+        for pick in picks {
+            let part = self.plugin(&pick.plugin)?.reserve(&pick.ids)?;
             reservation.env.extend(part.env);
             reservation.mounts.extend(part.mounts);
             reservation.devices.extend(part.devices);
@@ -145,26 +89,13 @@ impl DeviceManager {
         Ok(reservation)
     }
 
-    /// Frees a task's instances (the task is gone for good).
-    pub fn release(&self, alloc_id: &str, task: &str) {
-        self.reserved
-            .lock()
-            .unwrap()
-            .remove(&(alloc_id.to_string(), task.to_string()));
-    }
-
-    /// Stats of the instances reserved for one task (its resource usage's `DeviceStats`).
-    pub fn task_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats> {
-        let reserved = self.reserved.lock().unwrap();
-        reserved
-            .get(&(alloc_id.to_string(), task.to_string()))
-            .map(|picks| {
-                picks
-                    .iter()
-                    .flat_map(|(index, ids)| self.plugins[*index].stats(ids))
-                    .collect()
-            })
-            .unwrap_or_default()
+    /// Stats of a task's instances (its resource usage's `DeviceStats`).
+    pub fn stats(&self, picks: &[DevicePick]) -> Vec<DeviceStats> {
+        picks
+            .iter()
+            .filter_map(|pick| Some(self.plugin(&pick.plugin).ok()?.stats(&pick.ids)))
+            .flatten()
+            .collect()
     }
 }
 
@@ -238,52 +169,28 @@ impl DevicePlugin for FakeDevicePlugin {
 mod tests {
     use super::*;
 
-    fn gpu(count: u32) -> Vec<RequestedDevice> {
-        vec![RequestedDevice {
-            name: "gpu".into(),
-            count,
-        }]
-    }
-
     #[test]
-    fn reserves_free_healthy_instances_and_releases_them() {
+    fn inventory_prepare_and_stats_follow_the_plugins() {
         let manager = DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(3).with_unhealthy(1)));
         assert_eq!(manager.attributes()["device.drover/gpu/fake.healthy"], "2");
-        let first = manager.reserve("a1", "t", &gpu(1)).unwrap();
-        assert_eq!(first.env["DROVER_FAKE_GPUS"], "fake-gpu-0");
-        assert_eq!(first.devices[0].task_path, "/dev/fake-gpu0");
-        // A restart of the same task gets the same instance back.
-        assert_eq!(manager.reserve("a1", "t", &gpu(1)).unwrap(), first);
-        let second = manager.reserve("a2", "t", &gpu(1)).unwrap();
-        assert_eq!(second.env["DROVER_FAKE_GPUS"], "fake-gpu-2", "gpu-1 is unhealthy");
-        let error = manager.reserve("a3", "t", &gpu(1)).unwrap_err();
-        assert_eq!(error.kind, ErrorKind::ResourceExhausted);
-        assert_eq!(error.message, "not enough healthy gpu devices: 1 requested, 0 free");
-        assert_eq!(manager.task_stats("a2", "t")[0].utilization_percent, 30.0);
-        manager.release("a1", "t");
-        assert!(manager.task_stats("a1", "t").is_empty());
+        let inventory = manager.inventory();
+        assert_eq!(inventory["drover/gpu/fake"].len(), 3);
+        assert!(!inventory["drover/gpu/fake"][1].healthy);
+        let picks = vec![DevicePick {
+            plugin: "drover/gpu/fake".into(),
+            ids: vec!["fake-gpu-2".into()],
+        }];
+        let reservation = manager.prepare(&picks).unwrap();
+        assert_eq!(reservation.env["DROVER_FAKE_GPUS"], "fake-gpu-2");
+        assert_eq!(reservation.devices[0].task_path, "/dev/fake-gpu2");
+        assert_eq!(manager.stats(&picks)[0].utilization_percent, 30.0);
+        let unknown = vec![DevicePick {
+            plugin: "acme/fpga/x".into(),
+            ids: vec!["x".into()],
+        }];
         assert_eq!(
-            manager.reserve("a3", "t", &gpu(1)).unwrap().env["DROVER_FAKE_GPUS"],
-            "fake-gpu-0"
+            manager.prepare(&unknown).unwrap_err().message,
+            "no device plugin \"acme/fpga/x\""
         );
-        let unknown = manager
-            .reserve(
-                "a4",
-                "t",
-                &[RequestedDevice {
-                    name: "fpga".into(),
-                    count: 1,
-                }],
-            )
-            .unwrap_err();
-        assert_eq!(unknown.message, "no device plugin provides \"fpga\"");
-    }
-
-    #[test]
-    fn request_names_match_like_nomads() {
-        for name in ["drover/gpu/fake", "gpu/fake", "gpu", "drover/gpu"] {
-            assert!(matches(name, "drover/gpu/fake"), "{name}");
-        }
-        assert!(!matches("fpga", "drover/gpu/fake"));
     }
 }

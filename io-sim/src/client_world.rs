@@ -307,7 +307,7 @@ impl World {
                     let latency = self.latency();
                     self.at(latency, Event::NodeDetached { req, result });
                 }
-                ClientAction::PersistSpec { .. } => {}
+                ClientAction::PersistSpec { .. } | ClientAction::PersistDevices(_) => {}
             }
         }
     }
@@ -400,7 +400,7 @@ impl World {
                     _ => Err(IoError::new(ErrorKind::NotFound, "process gone")),
                 }
             }
-            Io::ReserveDevices { .. } => Err(IoError::other("no devices in this world")),
+            Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Err(IoError::other("no devices in this world")),
             Io::Csi { call, .. } => self.csi(call),
             Io::Server(request) => match self.server(op, request) {
                 Some(outcome) => outcome,

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drover_core::client::devices::{DeviceInstance, DevicePick};
 use drover_core::client::paths::CSI_SOCKET_NAME;
 use drover_core::client::{
     CsiCall, CsiReply, DriverCapabilities, ErrorKind, ExitResult, Io, IoError, MountConfigSupport, Outcome, Reply,
@@ -342,14 +343,14 @@ impl ClientExecutor for SimHost {
                     Some(true) => Ok(Reply::Unit),
                     _ => Err(IoError::new(ErrorKind::NotFound, "process gone")),
                 },
-                Io::ReserveDevices { .. } => Ok(Reply::Reserved(Default::default())),
+                Io::PrepareDevices { .. } => Ok(Reply::Reserved(Default::default())),
                 Io::Csi { socket, call } => {
                     if host.plugins.mode() == PluginMode::Hanging {
                         std::future::pending::<()>().await;
                     }
                     host.csi(&socket, call)
                 }
-                Io::Server(_) | Io::AllocSync(_) | Io::Consul(_) | Io::Volume(_) => {
+                Io::Server(_) | Io::AllocSync(_) | Io::Consul(_) | Io::Volume(_) | Io::ReserveDevices { .. } => {
                     Err(IoError::other("not an executor request"))
                 }
             }
@@ -424,7 +425,11 @@ impl ClientExecutor for SimHost {
         BTreeMap::new()
     }
 
-    fn device_stats(&self, _alloc_id: &str, _task: &str) -> Vec<DeviceStats> {
+    fn device_inventory(&self) -> BTreeMap<String, Vec<DeviceInstance>> {
+        BTreeMap::new()
+    }
+
+    fn device_stats(&self, _picks: &[DevicePick]) -> Vec<DeviceStats> {
         Vec::new()
     }
 

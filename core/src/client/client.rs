@@ -16,6 +16,7 @@ use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use core::time::Duration;
 
 use crate::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
+use crate::client::devices::{DeviceAllocator, DeviceInstance, DeviceReservations};
 use crate::client::paths::ClientPaths;
 use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
 use crate::client::server_link::{LinkEvent, ServerLink};
@@ -94,6 +95,10 @@ pub enum ClientInput {
         req: u64,
         request: NodeDetachRequest,
     },
+    /// One fingerprint round of the device plugins: each plugin's instances.
+    Devices {
+        inventory: BTreeMap<String, Vec<DeviceInstance>>,
+    },
     /// Writing a record to the client's store failed: what survives a restart is now behind
     /// what runs. Raised to the operator as a `Storage` node event (at most one per
     /// [`PERSIST_EVENT_INTERVAL`], with the count of failures since the last one).
@@ -143,6 +148,8 @@ pub enum ClientAction {
     Forget {
         alloc_id: String,
     },
+    /// Which device instances each task holds (see [`DeviceAllocator`]).
+    PersistDevices(Box<DeviceReservations>),
     /// A new allocation placed here, with its job: kept so a restarted agent can rebuild its
     /// runner before the servers answer.
     PersistSpec {
@@ -235,6 +242,7 @@ pub struct Client {
     reports_retry: BTreeMap<Report, Instant>,
     link: ServerLink,
     services: ServiceSync,
+    devices: DeviceAllocator,
     /// What [`Client::connect`] restores once the node is first registered.
     pending_restore: Option<SavedState>,
     actions: VecDeque<ClientAction>,
@@ -267,6 +275,7 @@ impl Client {
             reports_retry: BTreeMap::new(),
             link: ServerLink::default(),
             services: ServiceSync::default(),
+            devices: DeviceAllocator::default(),
             pending_restore: None,
             actions: VecDeque::new(),
         }
@@ -358,6 +367,7 @@ impl Client {
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
+            ClientInput::Devices { inventory } => self.devices.set_inventory(inventory),
         }
         self.drive_link(now);
     }
@@ -399,6 +409,18 @@ impl Client {
         self.pending_restore = Some((registry, saved));
         self.link.connect(now, node);
         self.drive_link(now);
+    }
+
+    /// The device instances an earlier run of the agent handed out (persisted with
+    /// `ClientAction::PersistDevices`): they stay taken.
+    pub fn restore_devices(&mut self, reserved: DeviceReservations) {
+        self.devices.restore(reserved);
+    }
+
+    fn persist_devices(&mut self) {
+        self.actions.push_back(ClientAction::PersistDevices(Box::new(
+            self.devices.reservations().clone(),
+        )));
     }
 
     /// Keeps the local Consul agent's task services equal to the running tasks' `service`
@@ -620,6 +642,9 @@ impl Client {
                         self.allocs.remove(alloc_id);
                         self.collect_garbage.remove(alloc_id);
                         self.statuses.remove(alloc_id);
+                        if self.devices.release_alloc(alloc_id) {
+                            self.persist_devices();
+                        }
                         self.actions.push_back(ClientAction::Forget {
                             alloc_id: alloc_id.to_string(),
                         });
@@ -652,6 +677,9 @@ impl Client {
                     TaskAction::Io { op, io } => self.dispatch(now, op, io, Route::Alloc(alloc_id.to_string())),
                     TaskAction::Persist(state) => {
                         self.services.changed(now);
+                        if state.state.state == TaskStatus::Dead && self.devices.release_task(alloc_id, &task) {
+                            self.persist_devices();
+                        }
                         self.actions.push_back(ClientAction::PersistTask {
                             alloc_id: alloc_id.to_string(),
                             task,
@@ -682,6 +710,24 @@ impl Client {
 
     fn dispatch(&mut self, now: Instant, op: OpId, io: Io, route: Route) {
         match io {
+            Io::ReserveDevices {
+                alloc_id,
+                task,
+                devices,
+            } => match self.devices.choose(&alloc_id, &task, &devices) {
+                Ok(picks) => {
+                    self.persist_devices();
+                    self.routes.insert(op, route);
+                    self.actions.push_back(ClientAction::Io {
+                        op,
+                        io: Io::PrepareDevices { picks },
+                    });
+                }
+                Err(error) => {
+                    self.routes.insert(op, route);
+                    self.outcome(now, op, Err(error));
+                }
+            },
             Io::Volume(volume_op) => {
                 let requester = match &route {
                     Route::Alloc(id) => VolumeRequester::Alloc(id.clone()),

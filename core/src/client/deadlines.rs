@@ -32,9 +32,12 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         Io::Csi { .. } => Some(CSI_TIMEOUT),
         Io::AllocSync(request) => Some(Duration::from_millis(request.max_wait_ms) + ALLOC_SYNC_GRACE),
         Io::Consul(_) => Some(CONSUL_TIMEOUT),
-        Io::StopTask { .. } | Io::RecoverTask { .. } | Io::ReserveDevices { .. } | Io::Server(_) | Io::Volume(_) => {
-            None
-        }
+        Io::StopTask { .. }
+        | Io::RecoverTask { .. }
+        | Io::ReserveDevices { .. }
+        | Io::PrepareDevices { .. }
+        | Io::Server(_)
+        | Io::Volume(_) => None,
     }
 }
 

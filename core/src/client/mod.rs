@@ -11,6 +11,7 @@ pub mod alloc_runner;
 #[allow(clippy::module_inception)]
 pub mod client;
 pub mod deadlines;
+pub mod devices;
 pub mod hooks;
 pub mod paths;
 pub mod plugin_supervisor;
@@ -311,11 +312,17 @@ pub enum Io {
     RecoverTask {
         handle: TaskHandle,
     },
-    /// Devices for one task from the client's device plugins (the devices hook).
+    /// Devices for one task from the client's device plugins (the devices hook); the client
+    /// chooses the instances ([`devices`]) and asks the driver to `PrepareDevices`.
     ReserveDevices {
         alloc_id: String,
         task: String,
         devices: Vec<RequestedDevice>,
+    },
+    /// What a task needs to use these instances (env, mounts, device nodes); replies
+    /// `Reserved`.
+    PrepareDevices {
+        picks: Vec<devices::DevicePick>,
     },
     Csi {
         socket: String,

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use drover_core::client::client::ClientSettings;
+use drover_core::client::devices::{DeviceInstance, DevicePick};
 use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
 use drover_core::client::{DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
@@ -84,9 +85,7 @@ impl ClientExecutor for HostExecutor {
                 }
                 Io::StopTask { handle, kill_timeout } => {
                     let driver = driver(&handle.driver)?;
-                    let (alloc_id, task) = (handle.alloc_id.clone(), handle.task.clone());
                     driver.stop(handle, kill_timeout).await?;
-                    devices.release(&alloc_id, &task);
                     Ok(Reply::Unit)
                 }
                 Io::RecoverTask { handle } => {
@@ -94,18 +93,14 @@ impl ClientExecutor for HostExecutor {
                     driver.recover(handle).await?;
                     Ok(Reply::Unit)
                 }
-                Io::ReserveDevices {
-                    alloc_id,
-                    task,
-                    devices: requested,
-                } => devices.reserve(&alloc_id, &task, &requested).map(Reply::Reserved),
+                Io::PrepareDevices { picks } => devices.prepare(&picks).map(Reply::Reserved),
                 Io::Csi { socket, call } => {
                     let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)
                         .await
                         .map_err(|error| IoError::new(ErrorKind::Unavailable, error.to_string()))?;
                     client.execute(&call).await
                 }
-                Io::Server(_) | Io::AllocSync(_) | Io::Consul(_) | Io::Volume(_) => {
+                Io::Server(_) | Io::AllocSync(_) | Io::Consul(_) | Io::Volume(_) | Io::ReserveDevices { .. } => {
                     Err(IoError::other("not an executor request"))
                 }
             }
@@ -114,16 +109,7 @@ impl ClientExecutor for HostExecutor {
 
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult> {
         match self.drivers.get(&handle.driver) {
-            Some(driver) => {
-                let devices = self.devices.clone();
-                let wait = driver.wait(handle.clone());
-                Box::pin(async move {
-                    let exit = wait.await;
-                    // The task is gone: its devices are free again (a restart reserves anew).
-                    devices.release(&handle.alloc_id, &handle.task);
-                    exit
-                })
-            }
+            Some(driver) => driver.wait(handle),
             None => Box::pin(async move {
                 ExitResult {
                     err: Some(format!("driver \"{}\" is not available", handle.driver)),
@@ -144,8 +130,12 @@ impl ClientExecutor for HostExecutor {
         self.devices.attributes()
     }
 
-    fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats> {
-        self.devices.task_stats(alloc_id, task)
+    fn device_inventory(&self) -> BTreeMap<String, Vec<DeviceInstance>> {
+        self.devices.inventory()
+    }
+
+    fn device_stats(&self, picks: &[DevicePick]) -> Vec<DeviceStats> {
+        self.devices.stats(picks)
     }
 
     fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {

@@ -23,6 +23,7 @@ use std::time::Duration;
 use drover_core::Instant;
 use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
 use drover_core::client::deadlines;
+use drover_core::client::devices::{DeviceInstance, DevicePick, DeviceReservations};
 use drover_core::client::registry::PluginKind;
 use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
 use drover_core::client::task_runner::LocalTaskState;
@@ -47,8 +48,10 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn fingerprint(&self) -> Vec<(String, DriverCapabilities, DriverInfo)>;
     /// Node attributes that do not belong to a driver (device fingerprints).
     fn node_attributes(&self) -> BTreeMap<String, String>;
-    /// Usage of the devices reserved for one task.
-    fn device_stats(&self, alloc_id: &str, task: &str) -> Vec<DeviceStats>;
+    /// Every device plugin's instances (fingerprinted again with the drivers).
+    fn device_inventory(&self) -> BTreeMap<String, Vec<DeviceInstance>>;
+    /// Usage of the device instances one task holds.
+    fn device_stats(&self, picks: &[DevicePick]) -> Vec<DeviceStats>;
     /// CPU and memory of one running task, from its driver.
     fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage>;
     /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
@@ -85,6 +88,8 @@ enum Message {
     },
     /// One fingerprint round of every driver.
     Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
+    /// One fingerprint round of the device plugins.
+    Devices(BTreeMap<String, Vec<DeviceInstance>>),
 }
 
 /// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
@@ -136,6 +141,7 @@ fn persist_failed(client: &mut Client, epoch: tokio::time::Instant, record: Stri
 #[derive(Clone)]
 pub struct ClientView {
     tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
+    devices: Arc<Mutex<DeviceReservations>>,
     executor: Arc<dyn ClientExecutor>,
 }
 
@@ -156,7 +162,15 @@ impl ClientView {
             tasks
                 .into_iter()
                 .map(|(task, state)| {
-                    let devices = self.executor.device_stats(alloc_id, &task);
+                    let picks = self
+                        .devices
+                        .lock()
+                        .unwrap()
+                        .get(alloc_id)
+                        .and_then(|tasks| tasks.get(&task))
+                        .cloned()
+                        .unwrap_or_default();
+                    let devices = self.executor.device_stats(&picks);
                     let resources = state
                         .handle
                         .as_ref()
@@ -193,7 +207,9 @@ pub struct ClientParts {
 pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> {
     let registry = parts.store.registry()?;
     let allocs = parts.store.allocs()?;
+    let devices = parts.store.devices()?;
     let view = ClientView {
+        devices: Arc::new(Mutex::new(devices.clone())),
         tasks: Arc::new(Mutex::new(
             allocs
                 .iter()
@@ -202,7 +218,7 @@ pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> 
         )),
         executor: parts.executor.clone(),
     };
-    tokio::spawn(run(parts, registry, allocs, view.clone()));
+    tokio::spawn(run(parts, (registry, allocs, devices), view.clone()));
     Ok(view)
 }
 
@@ -304,12 +320,15 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
     }
 }
 
-async fn run(
-    parts: ClientParts,
-    registry: drover_core::client::registry::Registry,
-    saved: Vec<drover_core::client::client::SavedAlloc>,
-    view: ClientView,
-) {
+/// What the store held when the client started: the plugin registry, the allocations and the
+/// device reservations.
+type Saved = (
+    drover_core::client::registry::Registry,
+    Vec<drover_core::client::client::SavedAlloc>,
+    DeviceReservations,
+);
+
+async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: ClientView) {
     let ClientParts {
         agent,
         settings,
@@ -331,6 +350,13 @@ async fn run(
         node.drivers.insert(name.clone(), info.clone());
     }
     client.handle(core_now(epoch), ClientInput::Drivers { drivers });
+    client.restore_devices(devices);
+    client.handle(
+        core_now(epoch),
+        ClientInput::Devices {
+            inventory: executor.device_inventory(),
+        },
+    );
     node.status = NodeStatus::Ready;
     // The core registers the node (retrying until a server takes it), restores what the
     // store holds once it is registered, then heartbeats and syncs allocations.
@@ -400,6 +426,12 @@ async fn run(
                         persist_failed(&mut client, epoch, "registry".into(), error);
                     }
                 }
+                ClientAction::PersistDevices(devices) => {
+                    *view.devices.lock().unwrap() = (*devices).clone();
+                    if let Err(error) = store.put("devices", &*devices) {
+                        persist_failed(&mut client, epoch, "devices".into(), error);
+                    }
+                }
                 ClientAction::TaskEvent { alloc_id, task, event } => {
                     tracing::info!(alloc = %alloc_id, %task, kind = %event.kind, message = %event.message, "task event");
                 }
@@ -446,6 +478,7 @@ async fn run(
                         client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
                     }
                     Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
+                    Message::Devices(inventory) => client.handle(now, ClientInput::Devices { inventory }),
                     Message::NodeDetach { request, reply } => {
                         next_detach += 1;
                         detaches.insert(next_detach, reply);
@@ -482,25 +515,31 @@ pub const DRIVER_FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
 async fn fingerprint_drivers(executor: Arc<dyn ClientExecutor>, sender: mpsc::UnboundedSender<Message>) {
     loop {
         tokio::time::sleep(DRIVER_FINGERPRINT_INTERVAL).await;
-        let fingerprints = fingerprint_off_loop(executor.clone()).await;
-        if sender.send(Message::Drivers(fingerprints)).is_err() {
+        let (fingerprints, devices) = fingerprint_off_loop(executor.clone()).await;
+        if sender.send(Message::Drivers(fingerprints)).is_err() || sender.send(Message::Devices(devices)).is_err() {
             return;
         }
     }
 }
 
-/// One fingerprint round of every driver. Real fingerprints read files and run commands, so
-/// production takes them on a blocking thread; a simulated host answers from memory.
-async fn fingerprint_off_loop(executor: Arc<dyn ClientExecutor>) -> Vec<(String, DriverCapabilities, DriverInfo)> {
+type Fingerprints = (
+    Vec<(String, DriverCapabilities, DriverInfo)>,
+    BTreeMap<String, Vec<DeviceInstance>>,
+);
+
+/// One fingerprint round of every driver and device plugin. Real fingerprints read files and
+/// run commands, so production takes them on a blocking thread; a simulated host answers from
+/// memory.
+async fn fingerprint_off_loop(executor: Arc<dyn ClientExecutor>) -> Fingerprints {
     #[cfg(not(madsim))]
     {
-        tokio::task::spawn_blocking(move || executor.fingerprint())
+        tokio::task::spawn_blocking(move || (executor.fingerprint(), executor.device_inventory()))
             .await
             .unwrap_or_default()
     }
     #[cfg(madsim)]
     {
-        executor.fingerprint()
+        (executor.fingerprint(), executor.device_inventory())
     }
 }
 

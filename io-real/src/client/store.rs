@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use drover_core::client::alloc_runner::LocalAllocState;
 use drover_core::client::client::SavedAlloc;
+use drover_core::client::devices::DeviceReservations;
 use drover_core::client::registry::Registry;
 use drover_core::client::task_runner::LocalTaskState;
 use drover_core::structs::{Allocation, Job};
@@ -131,6 +132,16 @@ impl ClientStore {
         txn.commit().map_err(|error| fail(error.to_string()))
     }
 
+    /// The device instances each task held when the agent stopped.
+    pub fn devices(&self) -> Result<DeviceReservations, ClientStoreError> {
+        Ok(self
+            .scan::<DeviceReservations>("devices")?
+            .into_iter()
+            .next()
+            .map(|(_, devices)| devices)
+            .unwrap_or_default())
+    }
+
     pub fn registry(&self) -> Result<Registry, ClientStoreError> {
         Ok(self
             .scan::<Registry>("registry")?
@@ -193,9 +204,21 @@ mod tests {
         assert_eq!(left.len(), 1);
         assert_eq!(left[0].0.id, "a10", "a prefix-sharing id is untouched");
         assert_eq!(left[0].3.len(), 1, "its task record is kept");
+        // Device choices are a record of their own.
+        let mut devices = DeviceReservations::new();
+        devices.entry("a10".into()).or_default().insert(
+            "web".into(),
+            vec![drover_core::client::devices::DevicePick {
+                plugin: "drover/gpu/fake".into(),
+                ids: vec!["fake-gpu-1".into()],
+            }],
+        );
+        store.put("devices", &devices).unwrap();
         // Reopening sees the same records (they are on disk, not in memory).
         drop(store);
-        assert_eq!(ClientStore::open(dir.path()).unwrap().allocs().unwrap().len(), 1);
+        let reopened = ClientStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.allocs().unwrap().len(), 1);
+        assert_eq!(reopened.devices().unwrap(), devices);
     }
 
     #[test]
