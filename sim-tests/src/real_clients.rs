@@ -37,8 +37,11 @@ pub struct RealClientPlan {
     /// Every task exits (successfully) after this long and is restarted by its restart policy
     /// (`None`: tasks run until stopped).
     pub run_for: Option<Duration>,
-    /// Every allocation mounts one multi-writer CSI volume through the plugin job.
+    /// Every allocation mounts one CSI volume through the plugin job.
     pub volume: bool,
+    /// The volume's access mode (a single writer makes every update hand the volume over
+    /// from the allocation it replaces: Nomad #8609).
+    pub access: AccessMode,
 }
 
 /// The plugin job: one monolith CSI plugin task per client node.
@@ -76,21 +79,22 @@ pub fn plugin_job() -> Job {
     }
 }
 
-pub fn volume() -> CsiVolume {
+pub fn volume(access: AccessMode) -> CsiVolume {
     CsiVolume {
         id: VOLUME_ID.into(),
         namespace: "default".into(),
         name: VOLUME_ID.into(),
         plugin_id: PLUGIN_ID.into(),
         requested_capabilities: vec![CsiCapability {
-            access_mode: AccessMode::MultiNodeMultiWriter,
+            access_mode: access,
             attachment_mode: AttachmentMode::FileSystem,
         }],
         ..CsiVolume::default()
     }
 }
 
-pub fn job(plan: &RealClientPlan) -> Job {
+/// Version `version` of the job: each version is a destructive update (its env changes).
+pub fn job(plan: &RealClientPlan, version: u64) -> Job {
     let mut config = BTreeMap::new();
     if let Some(run_for) = plan.run_for {
         config.insert(
@@ -106,7 +110,7 @@ pub fn job(plan: &RealClientPlan) -> Job {
                 volume_type: VolumeType::Csi,
                 source: VOLUME_ID.into(),
                 read_only: false,
-                access_mode: AccessMode::MultiNodeMultiWriter,
+                access_mode: plan.access,
                 attachment_mode: AttachmentMode::FileSystem,
                 mount_options: None,
                 per_alloc: false,
@@ -139,6 +143,7 @@ pub fn job(plan: &RealClientPlan) -> Job {
                 // raw_exec cannot bind a volume into its task (Nomad #8030): `exec` can.
                 driver: if plan.volume { "exec" } else { "raw_exec" }.into(),
                 config,
+                env: BTreeMap::from([("VERSION".to_string(), version.to_string())]),
                 volume_mounts,
                 services: vec![Service {
                     name: "web".into(),
@@ -206,7 +211,7 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
         let mut attempts = 0;
         loop {
             let register = ServerRequest::VolumeRegister {
-                volumes: vec![volume()],
+                volumes: vec![volume(plan.access)],
             };
             match request(cluster, register, 40).await {
                 ServerReply::Done { .. } => break,
@@ -221,7 +226,7 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
     match request(
         cluster,
         ServerRequest::JobRegister {
-            job: Box::new(job(plan)),
+            job: Box::new(job(plan, 0)),
         },
         40,
     )
@@ -230,6 +235,23 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
         ServerReply::JobRegistered { .. } => Ok(()),
         other => Err(format!("register job: {other:?}")),
     }
+}
+
+/// Registers version `version` of the job (a destructive update); a failure is noted, not a
+/// violation (the servers may be without a leader right then).
+pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
+    let reply = request(
+        cluster,
+        ServerRequest::JobRegister {
+            job: Box::new(job(plan, version)),
+        },
+        10,
+    )
+    .await;
+    cluster.recorder().note(format!(
+        "job version {version} registered: {}",
+        matches!(reply, ServerReply::JobRegistered { .. })
+    ));
 }
 
 fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
@@ -253,11 +275,18 @@ fn job_running(
     plan: &RealClientPlan,
     seen: &mut BTreeSet<String>,
 ) -> Result<(), String> {
+    let version = state.job("default", JOB_ID).map(|job| job.version);
     let wanted: Vec<&Allocation> = state
         .allocs()
         .filter(|alloc| alloc.job_id == JOB_ID && alloc.desired_status == DesiredStatus::Run)
         .filter(|alloc| !alloc.client_terminal())
         .collect();
+    if let Some(stale) = wanted.iter().find(|alloc| Some(alloc.job_version) != version) {
+        return Err(format!(
+            "{} still runs version {} of the job, not {version:?}",
+            stale.id, stale.job_version
+        ));
+    }
     if wanted.len() != plan.count as usize {
         let evals: Vec<String> = state
             .evals()
@@ -460,7 +489,13 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
             state
                 .allocs()
                 .filter(|alloc| alloc.job_id == JOB_ID && !alloc.client_terminal())
-                .map(|alloc| format!("{} ({:?})", alloc.id, alloc.client_status))
+                .map(|alloc| {
+                    let node = state.node(&alloc.node_id).map_or("?", |node| node.name.as_str());
+                    format!(
+                        "{} on {node} ({:?}/{:?}, version {})",
+                        alloc.id, alloc.desired_status, alloc.client_status, alloc.job_version
+                    )
+                })
                 .collect()
         })
         .unwrap_or_default();

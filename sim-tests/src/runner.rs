@@ -257,6 +257,11 @@ async fn play(
                 }
             }
             Action::KillClient(client) => cluster.kill_client(*client),
+            Action::UpdateJob(version) => {
+                if let Some(real) = &plan.real_clients {
+                    real_clients::update(&cluster, real, *version).await;
+                }
+            }
             Action::RestartClient(client) => cluster.restart_client(*client),
             Action::JoinLateClients => {
                 if let Some(csi) = &mut csi {

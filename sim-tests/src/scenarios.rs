@@ -67,6 +67,8 @@ pub enum Action {
     KillClient(usize),
     /// A killed client node's process starts again.
     RestartClient(usize),
+    /// A new version of the real clients' job is registered (a destructive update).
+    UpdateJob(u64),
 }
 
 #[derive(Clone, Debug)]
@@ -93,6 +95,7 @@ impl fmt::Display for Step {
             Action::DrainJobNode => write!(f, "{at} the node running the job is drained"),
             Action::KillClient(client) => write!(f, "{at} kill client c{}", client + 1),
             Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
+            Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
         }
     }
 }
@@ -323,6 +326,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         about: "the same with a CSI plugin job on every client and a multi-writer volume mounted by every allocation",
         build: real_clients_csi,
     },
+    Scenario {
+        name: "real_clients_rolling_update",
+        about: "real clients: a single-writer volume handed from each version's allocation to the next through destructive updates (Nomad #8609) under agent and leader kills",
+        build: real_clients_rolling_update,
+    },
 ];
 
 pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
@@ -331,6 +339,26 @@ pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
         .chain(CSI_SCENARIOS.iter())
         .chain(CLIENT_SCENARIOS.iter())
         .chain(REAL_CLIENT_SCENARIOS.iter())
+}
+
+fn real_clients_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut plan = real_clients_job(rng, options);
+    let updates = rng.gen_range(2..=4);
+    let mut at = Duration::ZERO;
+    for version in 1..=updates {
+        at += millis(rng, 8_000..20_000);
+        plan.steps.push(Step {
+            at,
+            action: Action::UpdateJob(version),
+        });
+    }
+    plan.steps.sort_by_key(|step| step.at);
+    if let Some(real) = &mut plan.real_clients {
+        real.volume = true;
+        real.count = 1;
+        real.access = AccessMode::SingleNodeWriter;
+    }
+    plan
 }
 
 fn real_clients_csi(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
@@ -395,6 +423,7 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         count: 3,
         run_for: rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000)),
         volume: false,
+        access: AccessMode::MultiNodeMultiWriter,
     });
     plan.quiet_bound = Duration::from_secs(90);
     plan

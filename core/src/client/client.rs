@@ -476,7 +476,17 @@ impl Client {
                     }
                 }
                 None => {
-                    if alloc.server_terminal() || alloc.client_terminal() {
+                    if alloc.client_terminal() {
+                        continue;
+                    }
+                    if alloc.server_terminal() {
+                        // Stopped before it ever ran here (say, replaced while this client
+                        // was down): nothing to run or clean up, but the servers must hear it
+                        // finished, as Nomad's alloc runner tells them, or it stays pending
+                        // for good (found by the real-client simulation, seed 49 of
+                        // real_clients_rolling_update).
+                        self.statuses.insert(alloc.id.clone(), ClientStatus::Complete);
+                        self.report(now, Report::AllocStatus(alloc.id.clone()));
                         continue;
                     }
                     let Some(spec) = self.spec(alloc, job) else { continue };
