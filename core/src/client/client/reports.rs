@@ -1,0 +1,89 @@
+//! What the servers are told, one request at a time per subject (alloc status, CSI info,
+//! drivers, node events), and failed store writes raised as `Storage` node events.
+
+use super::*;
+
+impl Client {
+    pub(super) fn persist_failed(&mut self, now: Instant, record: String, error: String) {
+        tracing::error!(%record, %error, "persisting client state failed");
+        self.persist_failures_unreported += 1;
+        let quiet = self
+            .persist_event_at
+            .is_none_or(|at| now.saturating_duration_since(at) >= PERSIST_EVENT_INTERVAL);
+        if !quiet {
+            return;
+        }
+        let mut details = BTreeMap::new();
+        details.insert("record".to_string(), record);
+        details.insert("failures".to_string(), self.persist_failures_unreported.to_string());
+        self.persist_event_at = Some(now);
+        self.persist_failures_unreported = 0;
+        self.node_event(
+            now,
+            ClientNodeEvent {
+                subsystem: "Storage".into(),
+                message: format!("client state could not be persisted: {error}"),
+                details,
+            },
+        );
+    }
+
+    /// The request that reports `report`'s latest value.
+    pub(super) fn report_request(&self, report: &Report) -> Option<ServerRequest> {
+        match report {
+            Report::AllocStatus(alloc_id) => {
+                self.statuses
+                    .get(alloc_id)
+                    .map(|status| ServerRequest::AllocClientUpdate {
+                        alloc_id: alloc_id.clone(),
+                        client_status: *status,
+                    })
+            }
+            Report::CsiInfo => Some(ServerRequest::NodeUpdateCsiInfo {
+                node_id: self.settings.node_id.clone(),
+                controllers: self.node_controllers.clone(),
+                nodes: self.node_plugins.clone(),
+            }),
+            Report::Drivers => Some(ServerRequest::NodeUpdateDrivers {
+                node_id: self.settings.node_id.clone(),
+                drivers: self.driver_infos.clone(),
+            }),
+            Report::NodeEvents => (!self.pending_events.is_empty()).then(|| ServerRequest::NodeEmitEvents {
+                node_id: self.settings.node_id.clone(),
+                events: self
+                    .pending_events
+                    .iter()
+                    .take(MAX_RETAINED_NODE_EVENTS)
+                    .map(|event| NodeEvent {
+                        message: event.message.clone(),
+                        subsystem: event.subsystem.clone(),
+                        details: event.details.clone(),
+                        ..NodeEvent::default()
+                    })
+                    .collect(),
+            }),
+        }
+    }
+
+    /// Sends the latest value of `report` unless one is in flight, waiting to be retried, or
+    /// already acknowledged.
+    pub(super) fn report(&mut self, now: Instant, report: Report) {
+        if self.reports_in_flight.contains_key(&report) || self.reports_retry.get(&report).is_some_and(|at| now < *at) {
+            return;
+        }
+        self.reports_retry.remove(&report);
+        let Some(request) = self.report_request(&report) else {
+            return;
+        };
+        if self.reports_acked.get(&report) == Some(&request) {
+            return;
+        }
+        let op = self.ops.allocate();
+        self.routes.insert(op, Route::Report(report.clone()));
+        self.reports_in_flight.insert(report, (op, request.clone()));
+        self.actions.push_back(ClientAction::Io {
+            op,
+            io: Io::Server(request),
+        });
+    }
+}
