@@ -1,0 +1,253 @@
+//! The `csi_hook`'s volume half: which CSI volumes the group requests, the claim (retried
+//! while the answer says a retry can help), the mount through the node plugin's volume
+//! manager, restoring instead of claiming again, and each volume's release in postrun.
+
+use super::*;
+
+impl AllocRunner {
+    pub(super) fn csi_requests(&self) -> Vec<(String, VolumeRequest)> {
+        self.spec
+            .group
+            .volumes
+            .iter()
+            .filter(|(_, request)| request.volume_type == VolumeType::Csi)
+            .map(|(alias, request)| (alias.clone(), request.clone()))
+            .collect()
+    }
+
+    pub(super) fn csi_prerun(&mut self, now: Instant, ops: &mut OpIds) -> HookProgress {
+        let requests = self.csi_requests();
+        if requests.is_empty() {
+            return HookProgress::Done;
+        }
+        if self.csi.is_none() {
+            let supports = self.spec.group.tasks.iter().any(|task| {
+                self.spec
+                    .drivers
+                    .get(&task.driver)
+                    .is_some_and(|caps| caps.mount_configs != MountConfigSupport::None)
+            });
+            if !supports {
+                return HookProgress::Failed("no task supports CSI".into());
+            }
+            for (alias, request) in &requests {
+                let volume_id = request.source_for(self.spec.alloc.index());
+                if let Err(error) = paths::check_component("volume ID", &volume_id) {
+                    return HookProgress::Failed(format!("volume {alias}: {error}"));
+                }
+            }
+            self.csi = Some(CsiStep::Restore { index: 0 });
+            self.claim_give_up_at = Some(now + CLAIM_RETRY_CAP);
+        }
+        loop {
+            match self.csi.clone().expect("set above") {
+                CsiStep::Restore { index } => {
+                    let Some((alias, _)) = requests.get(index) else {
+                        self.csi = Some(CsiStep::Claim { index: 0 });
+                        continue;
+                    };
+                    let Some(mount) = self.local.csi_stubs.get(alias).and_then(|stub| stub.mount.clone()) else {
+                        self.csi = Some(CsiStep::Restore { index: index + 1 });
+                        continue;
+                    };
+                    let stub = &self.local.csi_stubs[alias];
+                    let check = VolumeOp::HasMount {
+                        plugin_id: stub.plugin_id.clone(),
+                        namespace: stub.namespace.clone(),
+                        volume_id: stub.volume_id.clone(),
+                        alloc_id: self.spec.alloc.id.clone(),
+                        usage: stub.usage.clone(),
+                        mount,
+                    };
+                    return self.request(ops, Io::Volume(check));
+                }
+                CsiStep::Claim { index } => {
+                    let Some((alias, request)) = requests.get(index) else {
+                        self.csi = Some(CsiStep::Mount { index: 0 });
+                        continue;
+                    };
+                    if self.local.csi_stubs.contains_key(alias) {
+                        self.csi = Some(CsiStep::Claim { index: index + 1 });
+                        continue;
+                    }
+                    let claim = CsiVolumeClaim {
+                        allocation_id: self.spec.alloc.id.clone(),
+                        node_id: self.spec.node_id.clone(),
+                        external_node_id: String::new(),
+                        mode: if request.read_only {
+                            ClaimMode::Read
+                        } else {
+                            ClaimMode::Write
+                        },
+                        access_mode: request.access_mode,
+                        attachment_mode: request.attachment_mode,
+                        state: ClaimState::Taken,
+                    };
+                    let io = Io::Server(ServerRequest::VolumeClaim {
+                        namespace: self.spec.alloc.namespace.clone(),
+                        volume_id: request.source_for(self.spec.alloc.index()),
+                        claim,
+                    });
+                    return self.request(ops, io);
+                }
+                CsiStep::Mount { index } => {
+                    let Some((alias, _)) = requests.get(index) else {
+                        self.resources.csi_mounts = self
+                            .local
+                            .csi_stubs
+                            .iter()
+                            .filter_map(|(alias, stub)| stub.mount.clone().map(|mount| (alias.clone(), mount)))
+                            .collect();
+                        self.csi = None;
+                        return HookProgress::Done;
+                    };
+                    let stub = &self.local.csi_stubs[alias];
+                    if stub.mount.is_some() {
+                        self.csi = Some(CsiStep::Mount { index: index + 1 });
+                        continue;
+                    }
+                    let Some((volume, publish_context)) = self.claimed.get(alias).cloned() else {
+                        return HookProgress::Failed(format!("volume {alias} was not claimed"));
+                    };
+                    let io = Io::Volume(VolumeOp::Mount {
+                        plugin_id: stub.plugin_id.clone(),
+                        volume,
+                        alloc_id: self.spec.alloc.id.clone(),
+                        usage: stub.usage.clone(),
+                        publish_context,
+                    });
+                    return self.request(ops, io);
+                }
+            }
+        }
+    }
+
+    pub(super) fn release_step(&mut self, now: Instant, alias: &str, ops: &mut OpIds) {
+        let Some(stub) = self.local.csi_stubs.get(alias).cloned() else {
+            return;
+        };
+        let Some(release) = self.releases.get_mut(alias) else {
+            return;
+        };
+        let io = match release.step {
+            VolumeRelease::Unmount if stub.mount.is_some() => Io::Volume(VolumeOp::Unmount {
+                plugin_id: stub.plugin_id.clone(),
+                namespace: stub.namespace.clone(),
+                volume_id: stub.volume_id.clone(),
+                remote_id: stub.remote_id.clone(),
+                alloc_id: self.spec.alloc.id.clone(),
+                usage: stub.usage.clone(),
+            }),
+            VolumeRelease::Unmount | VolumeRelease::Unpublish => {
+                release.step = VolumeRelease::Unpublish;
+                Io::Server(ServerRequest::VolumeUnpublish {
+                    namespace: stub.namespace.clone(),
+                    volume_id: stub.volume_id.clone(),
+                    claim: CsiVolumeClaim {
+                        allocation_id: self.spec.alloc.id.clone(),
+                        node_id: self.spec.node_id.clone(),
+                        external_node_id: String::new(),
+                        mode: stub.mode,
+                        access_mode: stub.usage.access_mode,
+                        attachment_mode: stub.usage.attachment_mode,
+                        state: ClaimState::Unpublishing,
+                    },
+                })
+            }
+            VolumeRelease::Done => return,
+        };
+        let _ = now;
+        let op = ops.allocate();
+        release.pending = Some(op);
+        self.actions.push(AllocAction::Io { op, io });
+    }
+
+    pub(super) fn release_outcome(&mut self, now: Instant, alias: &str, outcome: Outcome, ops: &mut OpIds) {
+        let Some(release) = self.releases.get_mut(alias) else {
+            return;
+        };
+        release.pending = None;
+        match release.step {
+            VolumeRelease::Unmount => {
+                match outcome {
+                    Ok(_) => {
+                        if let Some(stub) = self.local.csi_stubs.get_mut(alias) {
+                            stub.mount = None;
+                        }
+                        self.persist();
+                    }
+                    Err(error) => {
+                        // Recorded; the servers' node detach retries the unmount later.
+                        self.hook_event(AllocHook::Csi, "postrun-unmount", Err(format!("{alias}: {error}")));
+                    }
+                }
+                if let Some(release) = self.releases.get_mut(alias) {
+                    release.step = VolumeRelease::Unpublish;
+                }
+                self.release_step(now, alias, ops);
+            }
+            VolumeRelease::Unpublish => {
+                let retry = match &outcome {
+                    Ok(Reply::Server(ServerReply::Done { .. })) => None,
+                    Ok(Reply::Server(ServerReply::Error(error))) => Some((error.message.clone(), error.retryable)),
+                    Ok(reply) => Some((format!("unexpected reply {reply:?}"), false)),
+                    Err(error) => Some((format!("no servers: {error}"), true)),
+                };
+                match retry {
+                    Some((message, true)) if now < release.give_up_at => {
+                        release.retry_at = Some(now + release.backoff);
+                        release.backoff = (release.backoff * 2).min(CLAIM_BACKOFF_MAX);
+                        self.hook_event(AllocHook::Csi, "postrun-retry", Err(format!("{alias}: {message}")));
+                    }
+                    other => {
+                        release.step = VolumeRelease::Done;
+                        if let Some((message, _)) = other {
+                            self.hook_event(AllocHook::Csi, "postrun-unpublish", Err(format!("{alias}: {message}")));
+                        }
+                        self.local.csi_stubs.remove(alias);
+                        self.persist();
+                        self.advance_postrun(now, ops);
+                    }
+                }
+            }
+            VolumeRelease::Done => {}
+        }
+    }
+}
+
+/// How this allocation uses the volume: read-only and modes from the request (the volume's
+/// modes when the request has none), mount options merged per field with the request winning.
+pub(super) fn usage_for(
+    request: &VolumeRequest,
+    volume_options: &Option<CsiMountOptions>,
+    volume: &crate::structs::CsiVolume,
+) -> UsageOptions {
+    let mut fs_type = volume_options.as_ref().map(|o| o.fs_type.clone()).unwrap_or_default();
+    let mut mount_flags = volume_options
+        .as_ref()
+        .map(|o| o.mount_flags.clone())
+        .unwrap_or_default();
+    if let Some(options) = &request.mount_options {
+        if !options.fs_type.is_empty() {
+            fs_type = options.fs_type.clone();
+        }
+        if !options.mount_flags.is_empty() {
+            mount_flags = options.mount_flags.clone();
+        }
+    }
+    UsageOptions {
+        read_only: request.read_only,
+        attachment_mode: if request.attachment_mode == Default::default() {
+            volume.attachment_mode
+        } else {
+            request.attachment_mode
+        },
+        access_mode: if request.access_mode == Default::default() {
+            volume.access_mode
+        } else {
+            request.access_mode
+        },
+        fs_type,
+        mount_flags,
+    }
+}
