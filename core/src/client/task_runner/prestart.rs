@@ -1,0 +1,187 @@
+//! What each prestart hook asks of the host (its I/O) and how its replies become the hook's
+//! response: the task directory, volume and device mounts, the plugin socket directory, and
+//! the environment the task starts with.
+
+use super::*;
+
+impl TaskRunner {
+    /// The I/O a hook's prestart needs, in order; replies are collected in `self.replies`.
+    pub(super) fn prestart_io(&self, hook: TaskHook) -> Vec<Io> {
+        let spec = &self.spec;
+        match hook {
+            TaskHook::Validate | TaskHook::Volumes => Vec::new(),
+            TaskHook::TaskDir => {
+                let dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
+                vec![
+                    Io::Mkdir {
+                        path: paths::join(&dir, "local"),
+                    },
+                    Io::Mkdir {
+                        path: paths::join(&dir, "secrets"),
+                    },
+                ]
+            }
+            TaskHook::Devices => {
+                if spec.task.resources.devices.is_empty() {
+                    Vec::new()
+                } else {
+                    vec![Io::ReserveDevices {
+                        alloc_id: spec.alloc_id.clone(),
+                        task: spec.task.name.clone(),
+                        devices: spec.task.resources.devices.clone(),
+                    }]
+                }
+            }
+            TaskHook::CsiPluginSupervisor => {
+                let Some(plugin) = &spec.task.csi_plugin else {
+                    return Vec::new();
+                };
+                vec![
+                    Io::Mkdir {
+                        path: spec.paths.plugin_root(plugin.plugin_type, &plugin.id),
+                    },
+                    Io::Mkdir {
+                        path: spec.paths.plugin_socket_dir(&spec.alloc_id),
+                    },
+                ]
+            }
+        }
+    }
+
+    pub(super) fn prestart_finish(&self, hook: TaskHook) -> Result<HookResponse, HookError> {
+        let spec = &self.spec;
+        let task = &spec.task;
+        match hook {
+            TaskHook::Validate => {
+                if spec.driver.is_none() {
+                    return Err(HookError::fatal(format!(
+                        "failed to validate task: driver \"{}\" is not detected on this node",
+                        task.driver
+                    )));
+                }
+                if let Some(plugin) = &task.csi_plugin {
+                    let errors = plugin.validate();
+                    if !errors.is_empty() {
+                        return Err(HookError::fatal(format!(
+                            "failed to validate task: {}",
+                            errors.join("; ")
+                        )));
+                    }
+                }
+                Ok(HookResponse::default())
+            }
+            TaskHook::TaskDir => {
+                let mut env = BTreeMap::new();
+                if spec.driver.is_some_and(|caps| caps.fs_isolation) {
+                    // The task's root is its task dir; the alloc dir is bound at /alloc.
+                    env.insert("NOMAD_ALLOC_DIR".into(), "/alloc".into());
+                    env.insert("NOMAD_TASK_DIR".into(), "/local".into());
+                    env.insert("NOMAD_SECRETS_DIR".into(), "/secrets".into());
+                } else {
+                    let dir = spec.paths.task_dir(&spec.alloc_id, &task.name);
+                    let alloc_dir = paths::join(&spec.paths.alloc(&spec.alloc_id), "alloc");
+                    env.insert("NOMAD_ALLOC_DIR".into(), alloc_dir);
+                    env.insert("NOMAD_TASK_DIR".into(), paths::join(&dir, "local"));
+                    env.insert("NOMAD_SECRETS_DIR".into(), paths::join(&dir, "secrets"));
+                }
+                Ok(HookResponse {
+                    env,
+                    done: true,
+                    ..HookResponse::default()
+                })
+            }
+            TaskHook::Volumes => {
+                let capabilities = spec.driver.expect("validated");
+                let env = self.task_env();
+                let mounts = volume_hook::volume_mounts(
+                    task,
+                    &spec.group,
+                    spec.alloc_index,
+                    &spec.host_volumes,
+                    &self.resources,
+                    capabilities,
+                    &env,
+                )?;
+                Ok(HookResponse {
+                    mounts,
+                    ..HookResponse::default()
+                })
+            }
+            TaskHook::Devices => match self.replies.first() {
+                None => Ok(HookResponse {
+                    done: true,
+                    ..HookResponse::default()
+                }),
+                Some(Reply::Reserved(reservation)) => Ok(HookResponse {
+                    env: reservation.env.clone(),
+                    mounts: reservation.mounts.clone(),
+                    devices: reservation.devices.clone(),
+                    done: true,
+                    data: BTreeMap::new(),
+                }),
+                Some(other) => Err(HookError::recoverable(format!(
+                    "device reservation: unexpected reply {other:?}"
+                ))),
+            },
+            TaskHook::CsiPluginSupervisor => {
+                let plugin = task.csi_plugin.as_ref().expect("hook only for plugins");
+                let socket_dir = spec.paths.plugin_socket_dir(&spec.alloc_id);
+                let root = spec.paths.plugin_root(plugin.plugin_type, &plugin.id);
+                let mounts = vec![
+                    MountConfig {
+                        task_path: plugin.mount_dir.clone(),
+                        host_path: socket_dir.clone(),
+                        readonly: false,
+                        propagation: Propagation::Bidirectional,
+                    },
+                    MountConfig {
+                        task_path: plugin.stage_publish_base_dir.clone(),
+                        host_path: root,
+                        readonly: false,
+                        propagation: Propagation::Bidirectional,
+                    },
+                    MountConfig {
+                        task_path: "/dev".into(),
+                        host_path: "/dev".into(),
+                        readonly: false,
+                        propagation: Propagation::Private,
+                    },
+                ];
+                let mut env = BTreeMap::new();
+                if !task.env.contains_key("CSI_ENDPOINT") {
+                    // Without filesystem isolation the task sees host paths.
+                    let isolated = spec.driver.is_some_and(|caps| caps.fs_isolation);
+                    let socket = if isolated {
+                        paths::join(&plugin.mount_dir, paths::CSI_SOCKET_NAME)
+                    } else {
+                        paths::join(&socket_dir, paths::CSI_SOCKET_NAME)
+                    };
+                    env.insert("CSI_ENDPOINT".into(), format!("unix://{socket}"));
+                }
+                // Not done: the mounts must be re-added after every restore.
+                Ok(HookResponse {
+                    env,
+                    mounts,
+                    ..HookResponse::default()
+                })
+            }
+        }
+    }
+
+    /// The task's environment: Nomad's variables, the task's own, then what hooks added.
+    pub(super) fn task_env(&self) -> BTreeMap<String, String> {
+        let spec = &self.spec;
+        let mut env = BTreeMap::new();
+        env.insert("NOMAD_ALLOC_ID".to_string(), spec.alloc_id.clone());
+        env.insert("NOMAD_ALLOC_INDEX".to_string(), spec.alloc_index.to_string());
+        env.insert("NOMAD_TASK_NAME".to_string(), spec.task.name.clone());
+        env.insert("NOMAD_GROUP_NAME".to_string(), spec.group.name.clone());
+        for (key, value) in &spec.task.env {
+            env.insert(key.clone(), value.clone());
+        }
+        for (key, value) in &self.hook_env {
+            env.insert(key.clone(), value.clone());
+        }
+        env
+    }
+}
