@@ -1,5 +1,6 @@
-//! Cluster tables of the state store: nodes, jobs, allocations, evaluations, CSI volumes and
-//! plugins, and the derivations between them (reference §3.2–§3.4).
+//! CSI tables of the state store: volumes, claims and plugins, and the derivations that keep
+//! them in line with nodes, jobs and allocations (reference §3.2–§3.4); `apply_cluster` routes
+//! every cluster command to its table's file (`nodes.rs`, `jobs.rs`, `allocs.rs`, here).
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -10,8 +11,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use super::{Command, Response, ServerState, Table};
 use crate::error::ErrorKind;
 use crate::structs::{
-    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, DrainMetadata, DrainStrategy,
-    Job, JobType, MAX_RETAINED_NODE_EVENTS, Node, NodeEvent, SchedulingEligibility,
+    AccessMode, Allocation, ClaimState, CsiInfo, CsiPlugin, CsiVolume, CsiVolumeClaim, Job, JobType, Node,
 };
 
 /// Which half of a plugin an instance is.
@@ -21,328 +21,41 @@ enum Half {
     Node,
 }
 
-/// Appends events to a node, stamped with the entry's time and index; the node keeps the last
-/// `MAX_RETAINED_NODE_EVENTS`.
-fn record_events<'a>(node: &mut Node, events: impl Iterator<Item = &'a NodeEvent>, index: u64, at_ms: u64) {
-    for event in events {
-        let mut event = event.clone();
-        event.timestamp_ms = at_ms;
-        event.create_index = index;
-        node.events.push(event);
-    }
-    let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
-    node.events.drain(..excess);
-}
-
-/// Nomad's node event messages for drains and eligibility.
-pub const DRAIN_SET_EVENT: &str = "Node drain strategy set";
-pub const DRAIN_UPDATED_EVENT: &str = "Node drain strategy updated";
-pub const DRAIN_DISABLED_EVENT: &str = "Node drain disabled";
-pub const DRAIN_COMPLETE_EVENT: &str = "Node drain complete";
-pub const ELIGIBLE_EVENT: &str = "Node marked as eligible for scheduling";
-pub const INELIGIBLE_EVENT: &str = "Node marked as ineligible for scheduling";
-/// Nomad's refusal to make a draining node eligible.
-pub const DRAINING_NOT_ELIGIBLE: &str = "can not set node's scheduling eligibility to eligible while it is draining";
-
-fn cluster_event(message: &str) -> NodeEvent {
-    NodeEvent {
-        message: message.into(),
-        subsystem: "Cluster".into(),
-        ..NodeEvent::default()
-    }
-}
-
 impl ServerState {
-    /// Starts, changes or ends a node's drain. A drain makes the node ineligible; ending it
-    /// leaves the node ineligible unless `mark_eligible` (Nomad's `-keep-ineligible` is the
-    /// CLI's default off, so the CLI asks for it).
-    fn update_drain(
-        &mut self,
-        index: u64,
-        at_ms: u64,
-        node_id: &str,
-        strategy: Option<&DrainStrategy>,
-        mark_eligible: bool,
-        complete: bool,
-    ) -> Response {
-        let Some(node) = self.nodes.get_mut(node_id) else {
-            return Response::Error(ErrorKind::NotFound, "node not found".into());
-        };
-        let was_draining = node.drain_strategy.is_some();
-        let message = match (strategy, was_draining, complete) {
-            (Some(_), false, _) => Some(DRAIN_SET_EVENT),
-            (Some(_), true, _) => Some(DRAIN_UPDATED_EVENT),
-            (None, true, true) => Some(DRAIN_COMPLETE_EVENT),
-            (None, true, false) => Some(DRAIN_DISABLED_EVENT),
-            // The drainer completing a drain an operator already ended: nothing to do.
-            (None, false, true) => return Response::Done,
-            (None, false, false) => None,
-        };
-        match strategy {
-            Some(strategy) => {
-                let started_at_ms = node
-                    .drain_strategy
-                    .as_ref()
-                    .map_or(at_ms, |current| current.started_at_ms);
-                let force_deadline_ms = match strategy.deadline_ns {
-                    0 => None,
-                    deadline if deadline < 0 => Some(at_ms),
-                    deadline => Some(at_ms.saturating_add(deadline as u64 / 1_000_000)),
-                };
-                node.drain_strategy = Some(DrainStrategy {
-                    deadline_ns: strategy.deadline_ns,
-                    ignore_system_jobs: strategy.ignore_system_jobs,
-                    force_deadline_ms,
-                    started_at_ms,
-                });
-                node.scheduling_eligibility = SchedulingEligibility::Ineligible;
-                node.last_drain = Some(DrainMetadata {
-                    started_at_ms,
-                    updated_at_ms: at_ms,
-                    status: "draining".into(),
-                });
-            }
-            None => {
-                node.drain_strategy = None;
-                if let Some(last) = node.last_drain.as_mut().filter(|_| was_draining) {
-                    last.updated_at_ms = at_ms;
-                    last.status = if complete { "complete" } else { "canceled" }.into();
-                }
-                if mark_eligible {
-                    node.scheduling_eligibility = SchedulingEligibility::Eligible;
-                }
-            }
-        }
-        if let Some(message) = message {
-            let event = NodeEvent {
-                message: message.into(),
-                subsystem: "Drain".into(),
-                ..NodeEvent::default()
-            };
-            record_events(node, [event].iter(), index, at_ms);
-        }
-        node.modify_index = index;
-        self.touch(Table::Nodes, index);
-        Response::Done
-    }
-
+    /// Applies a command to the cluster tables, routed by the table it writes.
     pub(super) fn apply_cluster(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
         match command {
-            Command::NodeRegister { node } => {
-                let mut node = node.clone();
-                let old = self.nodes.get(&node.id).cloned();
-                node.create_index = old.as_ref().map_or(index, |old| old.create_index);
-                node.modify_index = index;
-                node.status_updated_at_ms = at_ms;
-                if node.events.is_empty() {
-                    node.events = old.as_ref().map(|old| old.events.clone()).unwrap_or_default();
-                }
-                // A client re-registering does not end a drain or undo an operator's
-                // eligibility: those belong to the servers.
-                if let Some(old) = &old {
-                    node.scheduling_eligibility = old.scheduling_eligibility;
-                    node.drain_strategy = old.drain_strategy.clone();
-                    node.last_drain = old.last_drain.clone();
-                }
-                self.nodes.insert(node.id.clone(), node.clone());
-                self.touch(Table::Nodes, index);
-                self.update_node_plugins(index, at_ms, old.as_ref(), Some(&node));
-                Response::Done
+            Command::NodeRegister { .. }
+            | Command::NodeUpdateStatus { .. }
+            | Command::NodeUpdateCsiInfo { .. }
+            | Command::NodeUpdateDrivers { .. }
+            | Command::NodeEmitEvents { .. }
+            | Command::NodeDeregister { .. }
+            | Command::NodeUpdateDrain { .. }
+            | Command::NodeUpdateEligibility { .. } => self.apply_node(index, at_ms, command),
+            Command::JobUpsert { .. }
+            | Command::JobDeregister { .. }
+            | Command::JobRegister { .. }
+            | Command::JobStop { .. } => self.apply_job(index, at_ms, command),
+            Command::AllocUpsert { .. }
+            | Command::AllocUpdateDesiredTransition { .. }
+            | Command::AllocClientUpdate { .. }
+            | Command::AllocDelete { .. }
+            | Command::PlanApply { .. }
+            | Command::EvalUpsert { .. } => self.apply_alloc(index, at_ms, command),
+            Command::CsiVolumeRegister { .. }
+            | Command::CsiVolumeDeregister { .. }
+            | Command::CsiVolumeClaim { .. }
+            | Command::CsiPluginDelete { .. } => self.apply_csi(index, at_ms, command),
+            Command::LeadershipEstablished { .. } | Command::VariableUpsert { .. } | Command::VariableDelete { .. } => {
+                unreachable!("handled by apply")
             }
-            Command::NodeUpdateStatus { node_id, status, event } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                record_events(node, event.iter(), index, at_ms);
-                node.status = *status;
-                node.status_updated_at_ms = at_ms;
-                node.modify_index = index;
-                self.touch(Table::Nodes, index);
-                // Node status feeds volume release decisions; wake volume watchers.
-                self.touch(Table::CsiVolumes, index);
-                Response::Done
-            }
-            Command::NodeUpdateCsiInfo {
-                node_id,
-                controllers,
-                nodes,
-            } => {
-                let Some(old) = self.nodes.get(node_id).cloned() else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                let mut node = old.clone();
-                node.csi_controller_plugins = controllers.clone();
-                node.csi_node_plugins = nodes.clone();
-                node.modify_index = index;
-                self.nodes.insert(node_id.clone(), node.clone());
-                self.touch(Table::Nodes, index);
-                self.update_node_plugins(index, at_ms, Some(&old), Some(&node));
-                Response::Done
-            }
-            Command::NodeUpdateDrivers { node_id, drivers } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                for (name, info) in drivers {
-                    let prefix = format!("driver.{name}");
-                    node.attributes
-                        .retain(|key, _| !(key == &prefix || key.starts_with(&format!("{prefix}."))));
-                    if info.detected {
-                        node.attributes
-                            .extend(info.attributes.iter().map(|(key, value)| (key.clone(), value.clone())));
-                    }
-                }
-                node.drivers = drivers.clone();
-                node.modify_index = index;
-                self.touch(Table::Nodes, index);
-                Response::Done
-            }
-            Command::NodeEmitEvents { node_id, events } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                record_events(node, events.iter(), index, at_ms);
-                node.modify_index = index;
-                self.touch(Table::Nodes, index);
-                Response::Done
-            }
-            Command::NodeDeregister { node_id } => {
-                let Some(old) = self.nodes.remove(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                self.touch(Table::Nodes, index);
-                self.update_node_plugins(index, at_ms, Some(&old), None);
-                Response::Done
-            }
-            Command::JobUpsert { job } => {
-                let key = (job.namespace.clone(), job.id.clone());
-                let mut job = job.clone();
-                job.create_index = self.jobs.get(&key).map_or(index, |old| old.create_index);
-                job.modify_index = index;
-                self.jobs.insert(key.clone(), job);
-                self.touch(Table::Jobs, index);
-                self.recompute_job_plugins(index, at_ms, &key);
-                Response::Done
-            }
-            Command::JobDeregister { namespace, job_id } => {
-                let key = (namespace.clone(), job_id.clone());
-                if self.jobs.remove(&key).is_none() {
-                    return Response::Error(ErrorKind::NotFound, format!("job not found: {job_id}"));
-                }
-                self.touch(Table::Jobs, index);
-                self.recompute_job_plugins(index, at_ms, &key);
-                Response::Done
-            }
-            Command::AllocUpsert { allocs } => {
-                let mut jobs = BTreeSet::new();
-                for alloc in allocs {
-                    let mut alloc = alloc.clone();
-                    let old = self.allocs.get(&alloc.id);
-                    alloc.create_index = old.map_or(index, |old| old.create_index);
-                    alloc.create_time_ms = old.map_or(at_ms, |old| old.create_time_ms);
-                    alloc.modify_index = index;
-                    alloc.modify_time_ms = at_ms;
-                    jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
-                    self.allocs.insert(alloc.id.clone(), alloc.clone());
-                    self.alloc_changed(index, at_ms, &alloc);
-                }
-                self.touch(Table::Allocs, index);
-                self.touch(Table::CsiVolumes, index);
-                for key in jobs {
-                    self.recompute_job_plugins(index, at_ms, &key);
-                }
-                Response::Done
-            }
-            Command::NodeUpdateDrain {
-                node_id,
-                strategy,
-                mark_eligible,
-                complete,
-            } => self.update_drain(index, at_ms, node_id, strategy.as_ref(), *mark_eligible, *complete),
-            Command::NodeUpdateEligibility { node_id, eligibility } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, "node not found".into());
-                };
-                if node.drain_strategy.is_some() && *eligibility == SchedulingEligibility::Eligible {
-                    return Response::Error(ErrorKind::Refused, DRAINING_NOT_ELIGIBLE.into());
-                }
-                if node.scheduling_eligibility != *eligibility {
-                    let message = match eligibility {
-                        SchedulingEligibility::Eligible => ELIGIBLE_EVENT,
-                        SchedulingEligibility::Ineligible => INELIGIBLE_EVENT,
-                    };
-                    record_events(node, [cluster_event(message)].iter(), index, at_ms);
-                    node.scheduling_eligibility = *eligibility;
-                }
-                node.modify_index = index;
-                self.touch(Table::Nodes, index);
-                Response::Done
-            }
-            Command::AllocUpdateDesiredTransition { transitions, evals } => {
-                for (alloc_id, transition) in transitions {
-                    // Allocations collected since the drainer looked are skipped.
-                    if let Some(alloc) = self.allocs.get_mut(alloc_id) {
-                        alloc.desired_transition = *transition;
-                        alloc.modify_index = index;
-                        alloc.modify_time_ms = at_ms;
-                    }
-                }
-                self.touch(Table::Allocs, index);
-                self.upsert_evals(index, at_ms, evals);
-                Response::Done
-            }
-            Command::AllocClientUpdate {
-                alloc_id,
-                client_status,
-            } => {
-                let Some(alloc) = self.allocs.get_mut(alloc_id) else {
-                    return Response::Error(ErrorKind::NotFound, format!("Unknown allocation: {alloc_id}"));
-                };
-                alloc.client_status = *client_status;
-                alloc.modify_index = index;
-                alloc.modify_time_ms = at_ms;
-                let alloc = alloc.clone();
-                self.alloc_changed(index, at_ms, &alloc);
-                self.touch(Table::Allocs, index);
-                self.touch(Table::CsiVolumes, index);
-                self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
-                Response::Done
-            }
-            Command::AllocDelete { alloc_ids } => {
-                let mut jobs = BTreeSet::new();
-                for id in alloc_ids {
-                    if let Some(alloc) = self.allocs.remove(id) {
-                        jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
-                    }
-                }
-                self.touch(Table::Allocs, index);
-                self.touch(Table::CsiVolumes, index);
-                for key in jobs {
-                    self.recompute_job_plugins(index, at_ms, &key);
-                }
-                Response::Done
-            }
-            Command::JobRegister { job, eval } => self.register_job(index, at_ms, job, eval),
-            Command::JobStop {
-                namespace,
-                job_id,
-                purge,
-                eval,
-            } => self.stop_job(index, at_ms, namespace, job_id, *purge, eval),
-            Command::PlanApply { allocs, evals } => {
-                // An empty plan must not touch the allocs table: blocked evaluations wake on it.
-                let response = if allocs.is_empty() {
-                    Response::Done
-                } else {
-                    self.apply_cluster(index, at_ms, &Command::AllocUpsert { allocs: allocs.clone() })
-                };
-                self.upsert_evals(index, at_ms, evals);
-                response
-            }
-            Command::EvalUpsert { evals } => {
-                self.upsert_evals(index, at_ms, evals);
-                Response::Done
-            }
+        }
+    }
+
+    /// CSI volume and plugin commands.
+    pub(super) fn apply_csi(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
+        match command {
             Command::CsiVolumeRegister { volumes } => self.register_volumes(index, at_ms, volumes),
             Command::CsiVolumeDeregister {
                 namespace,
@@ -364,9 +77,7 @@ impl ServerState {
                     Response::Done
                 }
             },
-            Command::LeadershipEstablished { .. } | Command::VariableUpsert { .. } | Command::VariableDelete { .. } => {
-                unreachable!("handled by apply")
-            }
+            other => unreachable!("{} is not routed here", other.name()),
         }
     }
 
@@ -528,7 +239,7 @@ impl ServerState {
         Response::Volume(Box::new(volume))
     }
 
-    fn alloc_changed(&mut self, index: u64, at_ms: u64, alloc: &Allocation) {
+    pub(super) fn alloc_changed(&mut self, index: u64, at_ms: u64, alloc: &Allocation) {
         if !alloc.server_terminal() {
             return;
         }
@@ -560,7 +271,7 @@ impl ServerState {
     }
 
     /// Nomad's `upsertCSIPluginsForNode` and node-deletion cleanup (§3.3).
-    fn update_node_plugins(&mut self, index: u64, at_ms: u64, old: Option<&Node>, new: Option<&Node>) {
+    pub(super) fn update_node_plugins(&mut self, index: u64, at_ms: u64, old: Option<&Node>, new: Option<&Node>) {
         let node_id = new.or(old).map(|node| node.id.clone()).expect("a node");
         let mut changed = false;
         for half in [Half::Controller, Half::Node] {
@@ -791,6 +502,7 @@ fn merge_volume(existing: &CsiVolume, update: &CsiVolume) -> Result<CsiVolume, S
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::structs::MAX_RETAINED_NODE_EVENTS;
     use crate::fsm::Entry;
     use crate::structs::{
         AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo, CsiPluginType,

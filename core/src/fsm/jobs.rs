@@ -4,7 +4,8 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use super::{Response, ServerState, Table};
+use super::{Command, Response, ServerState, Table};
+use crate::error::ErrorKind;
 use crate::structs::{Evaluation, Job};
 
 /// How many versions of a job are kept (Nomad's `JobTrackedVersions`).
@@ -24,6 +25,39 @@ fn spec(job: &Job) -> Job {
 }
 
 impl ServerState {
+    /// Job commands: upsert, deregister, register with an evaluation, stop.
+    pub(super) fn apply_job(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
+        match command {
+            Command::JobUpsert { job } => {
+                let key = (job.namespace.clone(), job.id.clone());
+                let mut job = job.clone();
+                job.create_index = self.jobs.get(&key).map_or(index, |old| old.create_index);
+                job.modify_index = index;
+                self.jobs.insert(key.clone(), job);
+                self.touch(Table::Jobs, index);
+                self.recompute_job_plugins(index, at_ms, &key);
+                Response::Done
+            }
+            Command::JobDeregister { namespace, job_id } => {
+                let key = (namespace.clone(), job_id.clone());
+                if self.jobs.remove(&key).is_none() {
+                    return Response::Error(ErrorKind::NotFound, format!("job not found: {job_id}"));
+                }
+                self.touch(Table::Jobs, index);
+                self.recompute_job_plugins(index, at_ms, &key);
+                Response::Done
+            }
+            Command::JobRegister { job, eval } => self.register_job(index, at_ms, job, eval),
+            Command::JobStop {
+                namespace,
+                job_id,
+                purge,
+                eval,
+            } => self.stop_job(index, at_ms, namespace, job_id, *purge, eval),
+            other => unreachable!("{} is not routed here", other.name()),
+        }
+    }
+
     pub(super) fn upsert_evals(&mut self, index: u64, at_ms: u64, evals: &[Evaluation]) {
         for eval in evals {
             let mut eval = eval.clone();

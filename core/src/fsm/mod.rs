@@ -7,20 +7,22 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+mod allocs;
 pub(crate) mod csi;
 mod direct;
 mod jobs;
+mod nodes;
 mod shared;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
 
 pub use shared::Shared;
 
-pub use csi::{
+pub use jobs::JOB_TRACKED_VERSIONS;
+pub use nodes::{
     DRAIN_COMPLETE_EVENT, DRAIN_DISABLED_EVENT, DRAIN_SET_EVENT, DRAIN_UPDATED_EVENT, DRAINING_NOT_ELIGIBLE,
     ELIGIBLE_EVENT, INELIGIBLE_EVENT,
 };
-pub use jobs::JOB_TRACKED_VERSIONS;
 
 use alloc::collections::{BTreeMap, BTreeSet};
 use alloc::string::String;

@@ -1,0 +1,97 @@
+//! Allocations and evaluations in the state store: upserts (plans included), client status
+//! updates, desired transitions from the drainer, deletion.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::BTreeSet;
+
+use super::{Command, Response, ServerState, Table};
+use crate::error::ErrorKind;
+
+impl ServerState {
+    /// Allocation and evaluation commands, plans included.
+    pub(super) fn apply_alloc(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
+        match command {
+            Command::AllocUpsert { allocs } => {
+                let mut jobs = BTreeSet::new();
+                for alloc in allocs {
+                    let mut alloc = alloc.clone();
+                    let old = self.allocs.get(&alloc.id);
+                    alloc.create_index = old.map_or(index, |old| old.create_index);
+                    alloc.create_time_ms = old.map_or(at_ms, |old| old.create_time_ms);
+                    alloc.modify_index = index;
+                    alloc.modify_time_ms = at_ms;
+                    jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
+                    self.allocs.insert(alloc.id.clone(), alloc.clone());
+                    self.alloc_changed(index, at_ms, &alloc);
+                }
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
+                for key in jobs {
+                    self.recompute_job_plugins(index, at_ms, &key);
+                }
+                Response::Done
+            }
+            Command::AllocUpdateDesiredTransition { transitions, evals } => {
+                for (alloc_id, transition) in transitions {
+                    // Allocations collected since the drainer looked are skipped.
+                    if let Some(alloc) = self.allocs.get_mut(alloc_id) {
+                        alloc.desired_transition = *transition;
+                        alloc.modify_index = index;
+                        alloc.modify_time_ms = at_ms;
+                    }
+                }
+                self.touch(Table::Allocs, index);
+                self.upsert_evals(index, at_ms, evals);
+                Response::Done
+            }
+            Command::AllocClientUpdate {
+                alloc_id,
+                client_status,
+            } => {
+                let Some(alloc) = self.allocs.get_mut(alloc_id) else {
+                    return Response::Error(ErrorKind::NotFound, format!("Unknown allocation: {alloc_id}"));
+                };
+                alloc.client_status = *client_status;
+                alloc.modify_index = index;
+                alloc.modify_time_ms = at_ms;
+                let alloc = alloc.clone();
+                self.alloc_changed(index, at_ms, &alloc);
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
+                self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
+                Response::Done
+            }
+            Command::AllocDelete { alloc_ids } => {
+                let mut jobs = BTreeSet::new();
+                for id in alloc_ids {
+                    if let Some(alloc) = self.allocs.remove(id) {
+                        jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
+                    }
+                }
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
+                for key in jobs {
+                    self.recompute_job_plugins(index, at_ms, &key);
+                }
+                Response::Done
+            }
+            Command::PlanApply { allocs, evals } => {
+                // An empty plan must not touch the allocs table: blocked evaluations wake on it.
+                let response = if allocs.is_empty() {
+                    Response::Done
+                } else {
+                    self.apply_cluster(index, at_ms, &Command::AllocUpsert { allocs: allocs.clone() })
+                };
+                self.upsert_evals(index, at_ms, evals);
+                response
+            }
+            Command::EvalUpsert { evals } => {
+                self.upsert_evals(index, at_ms, evals);
+                Response::Done
+            }
+            other => unreachable!("{} is not routed here", other.name()),
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Nodes in the state store: registration (keeping what belongs to the servers), status,
+//! driver and CSI fingerprints, events, drains and eligibility.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use super::{Command, Response, ServerState, Table};
+use crate::error::ErrorKind;
+use crate::structs::{DrainMetadata, DrainStrategy, MAX_RETAINED_NODE_EVENTS, Node, NodeEvent, SchedulingEligibility};
+
+/// Appends events to a node, stamped with the entry's time and index; the node keeps the last
+/// `MAX_RETAINED_NODE_EVENTS`.
+fn record_events<'a>(node: &mut Node, events: impl Iterator<Item = &'a NodeEvent>, index: u64, at_ms: u64) {
+    for event in events {
+        let mut event = event.clone();
+        event.timestamp_ms = at_ms;
+        event.create_index = index;
+        node.events.push(event);
+    }
+    let excess = node.events.len().saturating_sub(MAX_RETAINED_NODE_EVENTS);
+    node.events.drain(..excess);
+}
+
+/// Nomad's node event messages for drains and eligibility.
+pub const DRAIN_SET_EVENT: &str = "Node drain strategy set";
+pub const DRAIN_UPDATED_EVENT: &str = "Node drain strategy updated";
+pub const DRAIN_DISABLED_EVENT: &str = "Node drain disabled";
+pub const DRAIN_COMPLETE_EVENT: &str = "Node drain complete";
+pub const ELIGIBLE_EVENT: &str = "Node marked as eligible for scheduling";
+pub const INELIGIBLE_EVENT: &str = "Node marked as ineligible for scheduling";
+/// Nomad's refusal to make a draining node eligible.
+pub const DRAINING_NOT_ELIGIBLE: &str = "can not set node's scheduling eligibility to eligible while it is draining";
+
+fn cluster_event(message: &str) -> NodeEvent {
+    NodeEvent {
+        message: message.into(),
+        subsystem: "Cluster".into(),
+        ..NodeEvent::default()
+    }
+}
+
+impl ServerState {
+    /// Starts, changes or ends a node's drain. A drain makes the node ineligible; ending it
+    /// leaves the node ineligible unless `mark_eligible` (Nomad's `-keep-ineligible` is the
+    /// CLI's default off, so the CLI asks for it).
+    fn update_drain(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        node_id: &str,
+        strategy: Option<&DrainStrategy>,
+        mark_eligible: bool,
+        complete: bool,
+    ) -> Response {
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Response::Error(ErrorKind::NotFound, "node not found".into());
+        };
+        let was_draining = node.drain_strategy.is_some();
+        let message = match (strategy, was_draining, complete) {
+            (Some(_), false, _) => Some(DRAIN_SET_EVENT),
+            (Some(_), true, _) => Some(DRAIN_UPDATED_EVENT),
+            (None, true, true) => Some(DRAIN_COMPLETE_EVENT),
+            (None, true, false) => Some(DRAIN_DISABLED_EVENT),
+            // The drainer completing a drain an operator already ended: nothing to do.
+            (None, false, true) => return Response::Done,
+            (None, false, false) => None,
+        };
+        match strategy {
+            Some(strategy) => {
+                let started_at_ms = node
+                    .drain_strategy
+                    .as_ref()
+                    .map_or(at_ms, |current| current.started_at_ms);
+                let force_deadline_ms = match strategy.deadline_ns {
+                    0 => None,
+                    deadline if deadline < 0 => Some(at_ms),
+                    deadline => Some(at_ms.saturating_add(deadline as u64 / 1_000_000)),
+                };
+                node.drain_strategy = Some(DrainStrategy {
+                    deadline_ns: strategy.deadline_ns,
+                    ignore_system_jobs: strategy.ignore_system_jobs,
+                    force_deadline_ms,
+                    started_at_ms,
+                });
+                node.scheduling_eligibility = SchedulingEligibility::Ineligible;
+                node.last_drain = Some(DrainMetadata {
+                    started_at_ms,
+                    updated_at_ms: at_ms,
+                    status: "draining".into(),
+                });
+            }
+            None => {
+                node.drain_strategy = None;
+                if let Some(last) = node.last_drain.as_mut().filter(|_| was_draining) {
+                    last.updated_at_ms = at_ms;
+                    last.status = if complete { "complete" } else { "canceled" }.into();
+                }
+                if mark_eligible {
+                    node.scheduling_eligibility = SchedulingEligibility::Eligible;
+                }
+            }
+        }
+        if let Some(message) = message {
+            let event = NodeEvent {
+                message: message.into(),
+                subsystem: "Drain".into(),
+                ..NodeEvent::default()
+            };
+            record_events(node, [event].iter(), index, at_ms);
+        }
+        node.modify_index = index;
+        self.touch(Table::Nodes, index);
+        Response::Done
+    }
+
+    /// Node commands: registration, status, fingerprints, events, drain and eligibility.
+    pub(super) fn apply_node(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
+        match command {
+            Command::NodeRegister { node } => {
+                let mut node = node.clone();
+                let old = self.nodes.get(&node.id).cloned();
+                node.create_index = old.as_ref().map_or(index, |old| old.create_index);
+                node.modify_index = index;
+                node.status_updated_at_ms = at_ms;
+                if node.events.is_empty() {
+                    node.events = old.as_ref().map(|old| old.events.clone()).unwrap_or_default();
+                }
+                // A client re-registering does not end a drain or undo an operator's
+                // eligibility: those belong to the servers.
+                if let Some(old) = &old {
+                    node.scheduling_eligibility = old.scheduling_eligibility;
+                    node.drain_strategy = old.drain_strategy.clone();
+                    node.last_drain = old.last_drain.clone();
+                }
+                self.nodes.insert(node.id.clone(), node.clone());
+                self.touch(Table::Nodes, index);
+                self.update_node_plugins(index, at_ms, old.as_ref(), Some(&node));
+                Response::Done
+            }
+            Command::NodeUpdateStatus { node_id, status, event } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+                };
+                record_events(node, event.iter(), index, at_ms);
+                node.status = *status;
+                node.status_updated_at_ms = at_ms;
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
+                // Node status feeds volume release decisions; wake volume watchers.
+                self.touch(Table::CsiVolumes, index);
+                Response::Done
+            }
+            Command::NodeUpdateCsiInfo {
+                node_id,
+                controllers,
+                nodes,
+            } => {
+                let Some(old) = self.nodes.get(node_id).cloned() else {
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+                };
+                let mut node = old.clone();
+                node.csi_controller_plugins = controllers.clone();
+                node.csi_node_plugins = nodes.clone();
+                node.modify_index = index;
+                self.nodes.insert(node_id.clone(), node.clone());
+                self.touch(Table::Nodes, index);
+                self.update_node_plugins(index, at_ms, Some(&old), Some(&node));
+                Response::Done
+            }
+            Command::NodeUpdateDrivers { node_id, drivers } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+                };
+                for (name, info) in drivers {
+                    let prefix = format!("driver.{name}");
+                    node.attributes
+                        .retain(|key, _| !(key == &prefix || key.starts_with(&format!("{prefix}."))));
+                    if info.detected {
+                        node.attributes
+                            .extend(info.attributes.iter().map(|(key, value)| (key.clone(), value.clone())));
+                    }
+                }
+                node.drivers = drivers.clone();
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
+                Response::Done
+            }
+            Command::NodeEmitEvents { node_id, events } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+                };
+                record_events(node, events.iter(), index, at_ms);
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
+                Response::Done
+            }
+            Command::NodeDeregister { node_id } => {
+                let Some(old) = self.nodes.remove(node_id) else {
+                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+                };
+                self.touch(Table::Nodes, index);
+                self.update_node_plugins(index, at_ms, Some(&old), None);
+                Response::Done
+            }
+            Command::NodeUpdateDrain {
+                node_id,
+                strategy,
+                mark_eligible,
+                complete,
+            } => self.update_drain(index, at_ms, node_id, strategy.as_ref(), *mark_eligible, *complete),
+            Command::NodeUpdateEligibility { node_id, eligibility } => {
+                let Some(node) = self.nodes.get_mut(node_id) else {
+                    return Response::Error(ErrorKind::NotFound, "node not found".into());
+                };
+                if node.drain_strategy.is_some() && *eligibility == SchedulingEligibility::Eligible {
+                    return Response::Error(ErrorKind::Refused, DRAINING_NOT_ELIGIBLE.into());
+                }
+                if node.scheduling_eligibility != *eligibility {
+                    let message = match eligibility {
+                        SchedulingEligibility::Eligible => ELIGIBLE_EVENT,
+                        SchedulingEligibility::Ineligible => INELIGIBLE_EVENT,
+                    };
+                    record_events(node, [cluster_event(message)].iter(), index, at_ms);
+                    node.scheduling_eligibility = *eligibility;
+                }
+                node.modify_index = index;
+                self.touch(Table::Nodes, index);
+                Response::Done
+            }
+            other => unreachable!("{} is not routed here", other.name()),
+        }
+    }
+}
