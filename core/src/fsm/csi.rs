@@ -502,8 +502,8 @@ fn merge_volume(existing: &CsiVolume, update: &CsiVolume) -> Result<CsiVolume, S
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::structs::MAX_RETAINED_NODE_EVENTS;
     use crate::fsm::Entry;
+    use crate::structs::MAX_RETAINED_NODE_EVENTS;
     use crate::structs::{
         AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo, CsiPluginType,
         DesiredStatus, DriverInfo, NodeEvent, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,

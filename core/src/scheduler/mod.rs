@@ -14,17 +14,20 @@
 //! - What could not be placed is recorded on the evaluation (`failed_tg_allocs`, with the
 //!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
 
+mod reconcile;
 pub mod worker;
+
+use reconcile::Reconcile;
 
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::{BTreeMap, BTreeSet};
+use alloc::collections::BTreeMap;
 
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, AllocatedResources, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, Evaluation,
-    Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
+    AllocMetric, AllocatedResources, Allocation, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType, Node,
+    NodeStatus, TaskGroup, VolumeType,
 };
 
 /// Nomad's desired-status descriptions.
@@ -103,268 +106,26 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
         .allocs()
         .filter(|alloc| alloc.namespace == eval.namespace && alloc.job_id == eval.job_id)
         .collect();
-    let mut plan = Plan::default();
-    let mut usage = node_usage(state);
-    let mut placements = Vec::new();
-    let stop = |plan: &mut Plan, usage: &mut BTreeMap<String, Usage>, alloc: &Allocation, why: &str, lost: bool| {
-        let mut stopped = alloc.clone();
-        stopped.desired_status = DesiredStatus::Stop;
-        stopped.desired_description = why.to_string();
-        if lost {
-            stopped.client_status = ClientStatus::Lost;
-        }
-        if let Some(node) = usage.get_mut(&alloc.node_id) {
-            node.cpu = node.cpu.saturating_sub(alloc.resources.cpu);
-            node.memory_mb = node.memory_mb.saturating_sub(alloc.resources.memory_mb);
-        }
-        plan.allocs.push(stopped);
-    };
-    let node_down = |alloc: &Allocation| {
-        state
-            .node(&alloc.node_id)
-            .is_none_or(|node| node.status == NodeStatus::Down)
-    };
-    // Stopped by an earlier plan but still running when its node went down: no client will
-    // ever report it finished, so it is lost — otherwise it would hold its volume claims
-    // forever (found by the jobs_node_loss simulation: an update's replacement on another
-    // node waited for a single-writer claim that was never released).
-    for alloc in allocs
-        .iter()
-        .filter(|alloc| alloc.server_terminal() && !alloc.client_terminal() && node_down(alloc))
-    {
-        let mut lost = (*alloc).clone();
-        lost.client_status = ClientStatus::Lost;
-        plan.allocs.push(lost);
-    }
-
+    let mut reconcile = Reconcile::new(state);
+    reconcile.lose_stopped_on_down_nodes(&allocs);
     match job {
         None => {
             for alloc in allocs.iter().filter(|alloc| !alloc.terminal()) {
-                stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
+                reconcile.stop(alloc, ALLOC_NOT_NEEDED, false);
             }
         }
         Some(job) if job.job_type == JobType::System => {
-            let nodes: Vec<&Node> = state.nodes().collect();
             for group in &job.task_groups {
-                let mine: Vec<&&Allocation> = allocs
-                    .iter()
-                    .filter(|alloc| alloc.task_group == group.name && !alloc.server_terminal())
-                    .collect();
-                for node in &nodes {
-                    let here: Vec<&&&Allocation> = mine.iter().filter(|alloc| alloc.node_id == node.id).collect();
-                    let usable = node.status == NodeStatus::Ready && job.runs_in(&node.datacenter);
-                    let wanted = usable && node.eligible();
-                    let mut kept = false;
-                    for alloc in here {
-                        if node.status == NodeStatus::Down {
-                            if !alloc.client_terminal() {
-                                stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
-                            }
-                        } else if alloc.desired_transition.migrate {
-                            // Drained: stopped, and not placed again while the node is
-                            // ineligible.
-                            stop(&mut plan, &mut usage, alloc, ALLOC_MIGRATING, false);
-                        } else if !usable {
-                            stop(&mut plan, &mut usage, alloc, ALLOC_NODE_INELIGIBLE, false);
-                        } else if !node.eligible() {
-                            // Ineligible but not drained away: left alone (no updates either).
-                            kept = true;
-                        } else if kept {
-                            stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
-                        } else if alloc.job_version < job.version {
-                            stop(&mut plan, &mut usage, alloc, ALLOC_UPDATING, false);
-                            placements.push(Placement {
-                                group,
-                                name: alloc_name(job, group, 0),
-                                previous: Some(alloc.id.clone()),
-                                node: Some(node.id.clone()),
-                            });
-                            kept = true;
-                        } else if alloc.client_status == ClientStatus::Failed {
-                            // Failed on this node: left as it is (no reschedule for system jobs).
-                            kept = true;
-                        } else {
-                            kept = true;
-                        }
-                    }
-                    if wanted && !kept {
-                        placements.push(Placement {
-                            group,
-                            name: alloc_name(job, group, 0),
-                            previous: None,
-                            node: Some(node.id.clone()),
-                        });
-                    }
-                }
-                // Allocations on nodes that are gone altogether.
-                for alloc in mine.iter().filter(|alloc| state.node(&alloc.node_id).is_none()) {
-                    if !alloc.client_terminal() {
-                        stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
-                    }
-                }
+                reconcile.system_group(job, group, &allocs);
             }
         }
         Some(job) => {
             for group in &job.task_groups {
-                let mut by_name: BTreeMap<String, Vec<&Allocation>> = BTreeMap::new();
-                for alloc in allocs.iter().filter(|alloc| alloc.task_group == group.name) {
-                    by_name.entry(alloc.name.clone()).or_default().push(alloc);
-                }
-                let wanted: BTreeSet<String> = (0..group.count).map(|i| alloc_name(job, group, i)).collect();
-                for (name, history) in &by_name {
-                    let mut history = history.clone();
-                    history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));
-                    if !wanted.contains(name) {
-                        for alloc in history.iter().filter(|alloc| !alloc.terminal()) {
-                            stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
-                        }
-                    }
-                }
-                for name in &wanted {
-                    let history: Vec<&Allocation> = by_name.get(name).cloned().unwrap_or_default();
-                    let mut live: Vec<&Allocation> = history
-                        .iter()
-                        .copied()
-                        .filter(|alloc| !alloc.server_terminal())
-                        .collect();
-                    live.sort_by_key(|alloc| (core::cmp::Reverse(alloc.create_index), alloc.id.clone()));
-                    // Duplicates (two live allocations of one name): keep the newest.
-                    for extra in live.iter().skip(1) {
-                        if !extra.client_terminal() {
-                            stop(&mut plan, &mut usage, extra, ALLOC_NOT_NEEDED, false);
-                        }
-                    }
-                    let current = live.first().copied();
-                    let replace_previous = match current {
-                        None => {
-                            // Nothing live. A batch allocation that completed at this
-                            // version is done; anything else is (re)placed.
-                            let done = job.job_type == JobType::Batch
-                                && history.iter().any(|alloc| {
-                                    alloc.client_status == ClientStatus::Complete && alloc.job_version == job.version
-                                });
-                            if done {
-                                continue;
-                            }
-                            Some(None)
-                        }
-                        Some(alloc) if !alloc.client_terminal() && node_down(alloc) => {
-                            stop(&mut plan, &mut usage, alloc, ALLOC_LOST, true);
-                            Some(Some(alloc.id.clone()))
-                        }
-                        Some(alloc) if alloc.desired_transition.migrate && !alloc.client_terminal() => {
-                            // A drain moves it: the replacement goes to an eligible node and
-                            // takes its volumes over once it has stopped.
-                            stop(&mut plan, &mut usage, alloc, ALLOC_MIGRATING, false);
-                            Some(Some(alloc.id.clone()))
-                        }
-                        Some(alloc) if alloc.job_version < job.version && !alloc.client_terminal() => {
-                            stop(&mut plan, &mut usage, alloc, ALLOC_UPDATING, false);
-                            Some(Some(alloc.id.clone()))
-                        }
-                        Some(alloc) if alloc.client_terminal() => {
-                            let done = job.job_type == JobType::Batch
-                                && alloc.client_status == ClientStatus::Complete
-                                && alloc.job_version == job.version;
-                            if done {
-                                continue;
-                            }
-                            // Failed or lost (or a service that exited): replace it.
-                            stop(&mut plan, &mut usage, alloc, ALLOC_NOT_NEEDED, false);
-                            Some(Some(alloc.id.clone()))
-                        }
-                        Some(_) => None,
-                    };
-                    if let Some(previous) = replace_previous {
-                        placements.push(Placement {
-                            group,
-                            name: name.clone(),
-                            previous,
-                            node: None,
-                        });
-                    }
-                }
+                reconcile.service_group(job, group, &allocs);
             }
         }
     }
-
-    let mut processed = eval.clone();
-    processed.status = EVAL_COMPLETE.into();
-    processed.status_description.clear();
-    processed.failed_tg_allocs.clear();
-    processed.queued_allocations.clear();
-    if let Some(job) = job {
-        let mut failed: BTreeMap<String, AllocMetric> = BTreeMap::new();
-        for placement in placements {
-            let ask = group_resources(placement.group);
-            let (chosen, metric) = select_node(state, job, placement.group, &placement, ask, &usage, &plan);
-            match chosen {
-                Some(node_id) => {
-                    let entry = usage.entry(node_id.clone()).or_default();
-                    entry.cpu += ask.cpu;
-                    entry.memory_mb += ask.memory_mb;
-                    plan.allocs.push(Allocation {
-                        id: new_id(),
-                        namespace: job.namespace.clone(),
-                        eval_id: eval.id.clone(),
-                        name: placement.name,
-                        node_id,
-                        job_id: job.id.clone(),
-                        task_group: placement.group.name.clone(),
-                        previous_allocation: placement.previous,
-                        job_version: job.version,
-                        resources: ask,
-                        metrics: Some(metric),
-                        ..Allocation::default()
-                    });
-                }
-                None => {
-                    *processed
-                        .queued_allocations
-                        .entry(placement.group.name.clone())
-                        .or_default() += 1;
-                    failed
-                        .entry(placement.group.name.clone())
-                        .and_modify(|known| known.coalesced_failures += 1)
-                        .or_insert(metric);
-                }
-            }
-        }
-        if !failed.is_empty() {
-            processed.failed_tg_allocs = failed;
-            if eval.triggered_by == "queued-allocs" {
-                // A retried blocked evaluation that still cannot place everything blocks
-                // again itself (no new evaluation per retry).
-                processed.status = EVAL_BLOCKED.into();
-                processed.status_description = "created to place remaining allocations".into();
-                processed.snapshot_index = state.last_applied().unwrap_or(0);
-                plan.evals.push(processed);
-                return plan;
-            }
-            let blocked = Evaluation {
-                id: new_id(),
-                namespace: eval.namespace.clone(),
-                priority: eval.priority,
-                eval_type: eval.eval_type.clone(),
-                triggered_by: "queued-allocs".into(),
-                job_id: eval.job_id.clone(),
-                job_modify_index: job.job_modify_index,
-                status: EVAL_BLOCKED.into(),
-                status_description: "created to place remaining allocations".into(),
-                queued_allocations: processed.queued_allocations.clone(),
-                failed_tg_allocs: processed.failed_tg_allocs.clone(),
-                previous_eval: eval.id.clone(),
-                snapshot_index: state.last_applied().unwrap_or(0),
-                ..Evaluation::default()
-            };
-            processed.blocked_eval = blocked.id.clone();
-            plan.evals.push(processed);
-            plan.evals.push(blocked);
-            return plan;
-        }
-    }
-    plan.evals.push(processed);
-    plan
+    reconcile.place(job, eval, new_id)
 }
 
 /// What live allocations (placed, not stopped, not finished) hold on each node.

@@ -5,9 +5,10 @@ use super::*;
 use crate::fsm::Command;
 use crate::fsm::csi::tests::{Fixture, volume};
 use crate::structs::{
-    AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiInfo, CsiNodeInfo, CsiVolumeClaim, DriverInfo, EVAL_PENDING,
-    NodeResources, Task, TaskResources, VolumeRequest,
+    AccessMode, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiInfo, CsiNodeInfo, CsiVolumeClaim, DriverInfo,
+    EVAL_BLOCKED, EVAL_PENDING, NodeResources, Task, TaskResources, VolumeRequest,
 };
+use alloc::collections::BTreeSet;
 
 fn node(id: &str, cpu: u64) -> Node {
     Node {

@@ -1,0 +1,298 @@
+//! One evaluation's reconciliation: what to stop (and why), what to place (and what each
+//! placement replaces), then placing on the best feasible node, with what could not be placed
+//! recorded on the evaluation and retried by a blocked one. Plan entries keep the order in
+//! which they were decided, so a plan is a pure function of the state and the evaluation.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    ALLOC_LOST, ALLOC_MIGRATING, ALLOC_NODE_INELIGIBLE, ALLOC_NOT_NEEDED, ALLOC_UPDATING, Placement, Plan, Usage,
+    alloc_name, group_resources, node_usage, select_node,
+};
+use crate::fsm::ServerState;
+use crate::structs::{
+    AllocMetric, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, Evaluation, Job, JobType, Node,
+    NodeStatus, TaskGroup,
+};
+
+pub(super) struct Reconcile<'a> {
+    state: &'a ServerState,
+    plan: Plan,
+    usage: BTreeMap<String, Usage>,
+    placements: Vec<Placement<'a>>,
+}
+
+impl<'a> Reconcile<'a> {
+    pub(super) fn new(state: &'a ServerState) -> Self {
+        Reconcile {
+            state,
+            plan: Plan::default(),
+            usage: node_usage(state),
+            placements: Vec::new(),
+        }
+    }
+
+    /// Stops `alloc` (lost: its node is gone, so its client status becomes lost too) and frees
+    /// what it held for the placements that follow.
+    pub(super) fn stop(&mut self, alloc: &Allocation, why: &str, lost: bool) {
+        let mut stopped = alloc.clone();
+        stopped.desired_status = DesiredStatus::Stop;
+        stopped.desired_description = why.to_string();
+        if lost {
+            stopped.client_status = ClientStatus::Lost;
+        }
+        if let Some(node) = self.usage.get_mut(&alloc.node_id) {
+            node.cpu = node.cpu.saturating_sub(alloc.resources.cpu);
+            node.memory_mb = node.memory_mb.saturating_sub(alloc.resources.memory_mb);
+        }
+        self.plan.allocs.push(stopped);
+    }
+
+    fn node_down(&self, alloc: &Allocation) -> bool {
+        self.state
+            .node(&alloc.node_id)
+            .is_none_or(|node| node.status == NodeStatus::Down)
+    }
+
+    /// Stopped by an earlier plan but still running when its node went down: no client will
+    /// ever report it finished, so it is lost — otherwise it would hold its volume claims
+    /// forever (found by the jobs_node_loss simulation: an update's replacement on another
+    /// node waited for a single-writer claim that was never released).
+    pub(super) fn lose_stopped_on_down_nodes(&mut self, allocs: &[&Allocation]) {
+        let lost: Vec<&&Allocation> = allocs
+            .iter()
+            .filter(|alloc| alloc.server_terminal() && !alloc.client_terminal() && self.node_down(alloc))
+            .collect();
+        for alloc in lost {
+            let mut lost = (*alloc).clone();
+            lost.client_status = ClientStatus::Lost;
+            self.plan.allocs.push(lost);
+        }
+    }
+
+    /// A system job's group: one allocation on every usable, eligible node.
+    pub(super) fn system_group(&mut self, job: &'a Job, group: &'a TaskGroup, allocs: &[&Allocation]) {
+        let state = self.state;
+        let nodes: Vec<&Node> = state.nodes().collect();
+        let mine: Vec<&&Allocation> = allocs
+            .iter()
+            .filter(|alloc| alloc.task_group == group.name && !alloc.server_terminal())
+            .collect();
+        for node in &nodes {
+            let here: Vec<&&&Allocation> = mine.iter().filter(|alloc| alloc.node_id == node.id).collect();
+            let usable = node.status == NodeStatus::Ready && job.runs_in(&node.datacenter);
+            let wanted = usable && node.eligible();
+            let mut kept = false;
+            for alloc in here {
+                if node.status == NodeStatus::Down {
+                    if !alloc.client_terminal() {
+                        self.stop(alloc, ALLOC_LOST, true);
+                    }
+                } else if alloc.desired_transition.migrate {
+                    // Drained: stopped, and not placed again while the node is ineligible.
+                    self.stop(alloc, ALLOC_MIGRATING, false);
+                } else if !usable {
+                    self.stop(alloc, ALLOC_NODE_INELIGIBLE, false);
+                } else if !node.eligible() {
+                    // Ineligible but not drained away: left alone (no updates either).
+                    kept = true;
+                } else if kept {
+                    self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                } else if alloc.job_version < job.version {
+                    self.stop(alloc, ALLOC_UPDATING, false);
+                    self.placements.push(Placement {
+                        group,
+                        name: alloc_name(job, group, 0),
+                        previous: Some(alloc.id.clone()),
+                        node: Some(node.id.clone()),
+                    });
+                    kept = true;
+                } else {
+                    // Running, or failed on this node and left as it is (no reschedule for
+                    // system jobs).
+                    kept = true;
+                }
+            }
+            if wanted && !kept {
+                self.placements.push(Placement {
+                    group,
+                    name: alloc_name(job, group, 0),
+                    previous: None,
+                    node: Some(node.id.clone()),
+                });
+            }
+        }
+        // Allocations on nodes that are gone altogether.
+        for alloc in mine.iter().filter(|alloc| state.node(&alloc.node_id).is_none()) {
+            if !alloc.client_terminal() {
+                self.stop(alloc, ALLOC_LOST, true);
+            }
+        }
+    }
+
+    /// A service or batch job's group: `count` allocations by name.
+    pub(super) fn service_group(&mut self, job: &'a Job, group: &'a TaskGroup, allocs: &[&Allocation]) {
+        let mut by_name: BTreeMap<String, Vec<&Allocation>> = BTreeMap::new();
+        for alloc in allocs.iter().filter(|alloc| alloc.task_group == group.name) {
+            by_name.entry(alloc.name.clone()).or_default().push(alloc);
+        }
+        let wanted: BTreeSet<String> = (0..group.count).map(|i| alloc_name(job, group, i)).collect();
+        for (name, history) in &by_name {
+            let mut history = history.clone();
+            history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));
+            if !wanted.contains(name) {
+                for alloc in history.iter().filter(|alloc| !alloc.terminal()) {
+                    self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                }
+            }
+        }
+        for name in &wanted {
+            let history: Vec<&Allocation> = by_name.get(name).cloned().unwrap_or_default();
+            if let Some(previous) = self.one_name(job, &history) {
+                self.placements.push(Placement {
+                    group,
+                    name: name.clone(),
+                    previous,
+                    node: None,
+                });
+            }
+        }
+    }
+
+    /// One allocation name of a service or batch group: `Some(previous)` when one is to be
+    /// placed (replacing `previous`, if any), `None` when what runs stays.
+    fn one_name(&mut self, job: &Job, history: &[&Allocation]) -> Option<Option<String>> {
+        let mut live: Vec<&Allocation> = history
+            .iter()
+            .copied()
+            .filter(|alloc| !alloc.server_terminal())
+            .collect();
+        live.sort_by_key(|alloc| (core::cmp::Reverse(alloc.create_index), alloc.id.clone()));
+        // Duplicates (two live allocations of one name): keep the newest.
+        for extra in live.iter().skip(1) {
+            if !extra.client_terminal() {
+                self.stop(extra, ALLOC_NOT_NEEDED, false);
+            }
+        }
+        let done_at_this_version = |alloc: &Allocation| {
+            job.job_type == JobType::Batch
+                && alloc.client_status == ClientStatus::Complete
+                && alloc.job_version == job.version
+        };
+        match live.first().copied() {
+            // Nothing live. A batch allocation that completed at this version is done;
+            // anything else is (re)placed.
+            None if history.iter().any(|alloc| done_at_this_version(alloc)) => None,
+            None => Some(None),
+            Some(alloc) if !alloc.client_terminal() && self.node_down(alloc) => {
+                self.stop(alloc, ALLOC_LOST, true);
+                Some(Some(alloc.id.clone()))
+            }
+            Some(alloc) if alloc.desired_transition.migrate && !alloc.client_terminal() => {
+                // A drain moves it: the replacement goes to an eligible node and takes its
+                // volumes over once it has stopped.
+                self.stop(alloc, ALLOC_MIGRATING, false);
+                Some(Some(alloc.id.clone()))
+            }
+            Some(alloc) if alloc.job_version < job.version && !alloc.client_terminal() => {
+                self.stop(alloc, ALLOC_UPDATING, false);
+                Some(Some(alloc.id.clone()))
+            }
+            Some(alloc) if alloc.client_terminal() && done_at_this_version(alloc) => None,
+            Some(alloc) if alloc.client_terminal() => {
+                // Failed or lost (or a service that exited): replace it.
+                self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                Some(Some(alloc.id.clone()))
+            }
+            Some(_) => None,
+        }
+    }
+
+    /// Places every decided placement on the best feasible node, and finishes the plan with
+    /// the processed evaluation (and a blocked one for what could not be placed).
+    pub(super) fn place(mut self, job: Option<&Job>, eval: &Evaluation, new_id: &mut dyn FnMut() -> String) -> Plan {
+        let state = self.state;
+        let mut processed = eval.clone();
+        processed.status = EVAL_COMPLETE.into();
+        processed.status_description.clear();
+        processed.failed_tg_allocs.clear();
+        processed.queued_allocations.clear();
+        let Some(job) = job else {
+            self.plan.evals.push(processed);
+            return self.plan;
+        };
+        let mut failed: BTreeMap<String, AllocMetric> = BTreeMap::new();
+        for placement in core::mem::take(&mut self.placements) {
+            let ask = group_resources(placement.group);
+            let (chosen, metric) = select_node(state, job, placement.group, &placement, ask, &self.usage, &self.plan);
+            match chosen {
+                Some(node_id) => {
+                    let entry = self.usage.entry(node_id.clone()).or_default();
+                    entry.cpu += ask.cpu;
+                    entry.memory_mb += ask.memory_mb;
+                    self.plan.allocs.push(Allocation {
+                        id: new_id(),
+                        namespace: job.namespace.clone(),
+                        eval_id: eval.id.clone(),
+                        name: placement.name,
+                        node_id,
+                        job_id: job.id.clone(),
+                        task_group: placement.group.name.clone(),
+                        previous_allocation: placement.previous,
+                        job_version: job.version,
+                        resources: ask,
+                        metrics: Some(metric),
+                        ..Allocation::default()
+                    });
+                }
+                None => {
+                    *processed
+                        .queued_allocations
+                        .entry(placement.group.name.clone())
+                        .or_default() += 1;
+                    failed
+                        .entry(placement.group.name.clone())
+                        .and_modify(|known| known.coalesced_failures += 1)
+                        .or_insert(metric);
+                }
+            }
+        }
+        if failed.is_empty() {
+            self.plan.evals.push(processed);
+            return self.plan;
+        }
+        processed.failed_tg_allocs = failed;
+        if eval.triggered_by == "queued-allocs" {
+            // A retried blocked evaluation that still cannot place everything blocks again
+            // itself (no new evaluation per retry).
+            processed.status = EVAL_BLOCKED.into();
+            processed.status_description = "created to place remaining allocations".into();
+            processed.snapshot_index = state.last_applied().unwrap_or(0);
+            self.plan.evals.push(processed);
+            return self.plan;
+        }
+        let blocked = Evaluation {
+            id: new_id(),
+            namespace: eval.namespace.clone(),
+            priority: eval.priority,
+            eval_type: eval.eval_type.clone(),
+            triggered_by: "queued-allocs".into(),
+            job_id: eval.job_id.clone(),
+            job_modify_index: job.job_modify_index,
+            status: EVAL_BLOCKED.into(),
+            status_description: "created to place remaining allocations".into(),
+            queued_allocations: processed.queued_allocations.clone(),
+            failed_tg_allocs: processed.failed_tg_allocs.clone(),
+            previous_eval: eval.id.clone(),
+            snapshot_index: state.last_applied().unwrap_or(0),
+            ..Evaluation::default()
+        };
+        processed.blocked_eval = blocked.id.clone();
+        self.plan.evals.push(processed);
+        self.plan.evals.push(blocked);
+        self.plan
+    }
+}
