@@ -151,6 +151,8 @@ struct Workload {
     next_write_at: tokio::time::Instant,
     written: u64,
     acked: Arc<Mutex<BTreeMap<String, u64>>>,
+    /// Writes acknowledged in the quiet phase.
+    quiet_acked: u64,
 }
 
 async fn play(
@@ -206,6 +208,7 @@ async fn play(
         next_write_at: start + Duration::from_secs(2),
         written: 0,
         acked: Arc::new(Mutex::new(BTreeMap::new())),
+        quiet_acked: 0,
     };
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
@@ -332,12 +335,17 @@ async fn play(
                 check_csi_end(&cluster, &recorder, csi_plan, leader, deadline).await;
             }
             _ => {
-                check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
                 if let Some(real) = &plan.real_clients {
                     real_clients::check_end(&cluster, &recorder, real, leader, deadline).await;
                 }
             }
         }
+        // Every scenario: writes made once quiet must be acknowledged, nothing acknowledged
+        // may be lost, and every server must end up with the leader's exact state; none of
+        // these may pass by comparing nothing.
+        quiet_writes(&cluster, &mut workload).await;
+        check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
+        check_state_equal(&cluster, &recorder, leader, deadline).await;
     }
     let virtual_secs = tokio::time::Instant::now().saturating_duration_since(start).as_secs();
     let result = (recorder.text(), recorder.violations(), virtual_secs);
@@ -597,9 +605,48 @@ async fn check_csi_end(
         }
     }
     csi_workload::deregister_all(cluster, plan, recorder).await;
-    // Let followers catch up, then compare their state with the leader's byte for byte.
+}
+
+/// Writes made once the cluster is quiet (a leader known everywhere) through each live server
+/// in turn, added to the acknowledged set: the check below then always has writes to look for.
+async fn quiet_writes(cluster: &SimCluster, workload: &mut Workload) {
+    const QUIET_WRITES: u64 = 3;
+    for attempt in 0..QUIET_WRITES * 4 {
+        if workload.quiet_acked >= QUIET_WRITES {
+            return;
+        }
+        let index = (attempt as usize) % cluster.len();
+        let path = format!("quiet/{attempt}");
+        let Some(write) = cluster.start_write(index, path.clone(), attempt.to_string(), WRITE_TIMEOUT) else {
+            continue;
+        };
+        match write.await {
+            Ok(log_index) => {
+                cluster.recorder().note(format!(
+                    "quiet write {path} via {} acknowledged at index {log_index}",
+                    cluster.name(index)
+                ));
+                workload.acked.lock().expect("acked lock").insert(path, log_index);
+                workload.quiet_acked += 1;
+            }
+            Err(error) => cluster.recorder().note(format!(
+                "quiet write {path} via {} failed: {error}",
+                cluster.name(index)
+            )),
+        }
+    }
+}
+
+/// Followers catch up, then hold the leader's state byte for byte (snapshot restore and
+/// replication agree). Comparing no follower at all is a failure of the check, not a pass.
+async fn check_state_equal(cluster: &SimCluster, recorder: &Recorder, leader: u64, deadline: tokio::time::Instant) {
+    let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(10));
     loop {
         let Some(reference) = leader_state(cluster, leader) else {
+            recorder.violate(
+                "every server holds the leader's state",
+                "the leader's state cannot be read".into(),
+            );
             return;
         };
         let others: Vec<(String, ServerState)> = (0..cluster.len())
@@ -615,7 +662,12 @@ async fn check_csi_end(
             .iter()
             .all(|(_, state)| state.last_applied() == reference.last_applied());
         if caught_up || tokio::time::Instant::now() >= deadline {
+            let live = (0..cluster.len()).filter(|index| cluster.is_alive(*index)).count();
             match state_equal::same_state(("leader", &reference), &others) {
+                Ok(0) if live > 1 => recorder.violate(
+                    "every server holds the leader's state",
+                    format!("compared no follower although {live} servers are live"),
+                ),
                 Ok(compared) => recorder.note(format!("{compared} servers hold the leader's exact state")),
                 Err(why) => recorder.violate("snapshot restore and replication give the leader's state", why),
             }
@@ -664,8 +716,19 @@ async fn check_acknowledged_writes(cluster: &SimCluster, recorder: &Recorder, wo
         .filter_map(|index| cluster.agent(index))
         .find(|agent| agent.node_id() == leader)
     else {
+        recorder.violate(
+            "nothing acknowledged is lost",
+            "the leader's state cannot be read".into(),
+        );
         return;
     };
+    if acked.is_empty() {
+        recorder.violate(
+            "nothing acknowledged is lost",
+            "no write was acknowledged, not even once the cluster was quiet: the check compared nothing".into(),
+        );
+        return;
+    }
     let missing: Vec<String> = agent
         .read_state(|state| {
             acked
