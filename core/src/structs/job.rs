@@ -1,0 +1,118 @@
+//! Task groups and jobs.
+
+use super::*;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskGroup {
+    pub name: String,
+    pub count: u32,
+    pub tasks: Vec<Task>,
+    /// `volume` blocks by alias.
+    pub volumes: BTreeMap<String, VolumeRequest>,
+    /// `None`: the job type's default.
+    pub restart_policy: Option<RestartPolicy>,
+    /// `migrate` block: how a node drain moves this group's allocations.
+    #[serde(default)]
+    pub migrate: Option<MigrateStrategy>,
+}
+
+/// Nomad's `MigrateStrategy` (the part a drain reads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateStrategy {
+    /// How many of the group's allocations a drain moves at once (Nomad's default, 1).
+    pub max_parallel: u32,
+}
+
+impl Default for MigrateStrategy {
+    fn default() -> Self {
+        MigrateStrategy { max_parallel: 1 }
+    }
+}
+
+impl TaskGroup {
+    /// The group's migrate strategy, or Nomad's default.
+    pub fn migrate(&self) -> MigrateStrategy {
+        self.migrate.unwrap_or_default()
+    }
+
+    pub fn restart_policy(&self, job_type: JobType) -> RestartPolicy {
+        self.restart_policy.unwrap_or(match job_type {
+            JobType::Batch => RestartPolicy::BATCH,
+            JobType::Service | JobType::System => RestartPolicy::SERVICE,
+        })
+    }
+
+    pub fn task(&self, name: &str) -> Option<&Task> {
+        self.tasks.iter().find(|task| task.name == name)
+    }
+}
+
+/// A job: what to run, where (datacenters), and its versioned history.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: String,
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+    pub job_type: JobType,
+    #[serde(default)]
+    pub priority: u32,
+    /// Datacenters the job may run in; `*` globs as Nomad's do. Empty means every one.
+    #[serde(default)]
+    pub datacenters: Vec<String>,
+    pub task_groups: Vec<TaskGroup>,
+    pub stop: bool,
+    /// Bumped by every register that changes the spec (and by a stop).
+    #[serde(default)]
+    pub version: u64,
+    #[serde(default)]
+    pub submit_time_ms: u64,
+    pub create_index: u64,
+    pub modify_index: u64,
+    /// The index of the last change to the spec (not to its status).
+    #[serde(default)]
+    pub job_modify_index: u64,
+}
+
+impl Job {
+    /// Whether `datacenter` matches one of the job's datacenters (`*` as a glob).
+    pub fn runs_in(&self, datacenter: &str) -> bool {
+        self.datacenters.is_empty() || self.datacenters.iter().any(|pattern| glob_match(pattern, datacenter))
+    }
+
+    /// Whether a task runs a CSI plugin: a drain stops such jobs last, like system jobs, so
+    /// the plugin outlives the volumes of the allocations it serves (Nomad #8232, #12324).
+    pub fn is_plugin(&self) -> bool {
+        self.task_groups
+            .iter()
+            .flat_map(|group| &group.tasks)
+            .any(|task| task.csi_plugin.is_some())
+    }
+
+    /// Nomad's job status: `dead` when stopped or nothing runs, `running` when something
+    /// does, `pending` otherwise.
+    pub fn status(&self, allocs: &[&Allocation]) -> &'static str {
+        if allocs.iter().any(|alloc| !alloc.terminal()) {
+            "running"
+        } else if self.stop || !allocs.is_empty() {
+            "dead"
+        } else {
+            "pending"
+        }
+    }
+}
+
+/// `*` matches any run of characters; everything else literally.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == text,
+        Some((head, rest)) => {
+            let Some(remainder) = text.strip_prefix(head) else {
+                return false;
+            };
+            (0..=remainder.len())
+                .filter(|at| remainder.is_char_boundary(*at))
+                .any(|at| glob_match(rest, &remainder[at..]))
+        }
+    }
+}

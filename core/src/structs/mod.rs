@@ -1,0 +1,31 @@
+//! The records the server state store holds: nodes, jobs (as far as CSI needs them),
+//! allocations, evaluations (shape only), CSI volumes and plugins.
+//!
+//! Storage shapes, serialized into snapshots; the HTTP layer renders Nomad's JSON shapes from
+//! them (and redacts secrets). Times are milliseconds since the Unix epoch, stamped by the
+//! proposer into the log entry.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::{BTreeMap, BTreeSet};
+use core::fmt;
+use core::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+mod allocation;
+mod csi;
+mod job;
+mod kinds;
+mod node;
+mod task;
+
+pub use allocation::*;
+pub use csi::*;
+pub use job::*;
+pub use kinds::*;
+pub use node::*;
+pub use task::*;

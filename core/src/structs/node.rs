@@ -1,0 +1,199 @@
+//! Nodes: status, fingerprints (drivers, CSI plugins, resources), events, drains and
+//! scheduling eligibility.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeStatus {
+    #[default]
+    Initializing,
+    Ready,
+    Down,
+    Disconnected,
+}
+
+impl NodeStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NodeStatus::Initializing => "initializing",
+            NodeStatus::Ready => "ready",
+            NodeStatus::Down => "down",
+            NodeStatus::Disconnected => "disconnected",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiTopology {
+    pub segments: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiControllerInfo {
+    pub supports_read_only_attach: bool,
+    pub supports_attach_detach: bool,
+    pub supports_list_volumes: bool,
+    pub supports_get_capacity: bool,
+    pub supports_create_delete: bool,
+    pub supports_create_delete_snapshot: bool,
+    pub supports_list_snapshots: bool,
+    pub supports_clone: bool,
+    pub supports_expand: bool,
+    pub supports_list_volumes_attached_nodes: bool,
+    pub supports_condition: bool,
+    pub supports_get: bool,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiNodeInfo {
+    /// The storage provider's name for this host (used as the external node id).
+    pub id: String,
+    pub max_volumes: u64,
+    pub accessible_topology: Option<CsiTopology>,
+    pub requires_node_stage_volume: bool,
+    pub supports_stats: bool,
+    pub supports_expand: bool,
+    pub supports_condition: bool,
+}
+
+/// One plugin instance's fingerprint on one node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiInfo {
+    pub plugin_id: String,
+    pub alloc_id: String,
+    pub healthy: bool,
+    pub health_description: String,
+    pub update_time_ms: u64,
+    pub provider: String,
+    pub provider_version: String,
+    pub requires_controller_plugin: bool,
+    pub requires_topologies: bool,
+    pub controller_info: Option<CsiControllerInfo>,
+    pub node_info: Option<CsiNodeInfo>,
+}
+
+/// What a task driver reports about itself on a node (Nomad's `DriverInfo`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DriverInfo {
+    pub detected: bool,
+    pub healthy: bool,
+    pub health_description: String,
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// A node's total CPU (MHz, summed over cores) and memory (MB).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeResources {
+    pub cpu: u64,
+    pub memory_mb: u64,
+}
+
+/// How many events a node keeps (Nomad's `MaxRetainedNodeEvents`).
+pub const MAX_RETAINED_NODE_EVENTS: usize = 10;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeEvent {
+    pub message: String,
+    pub subsystem: String,
+    pub details: BTreeMap<String, String>,
+    pub timestamp_ms: u64,
+    pub create_index: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub id: String,
+    pub name: String,
+    pub datacenter: String,
+    /// Where the client answers agent RPC (`ClientCSI.*`), `ip:port`.
+    pub rpc_addr: String,
+    pub http_addr: String,
+    pub status: NodeStatus,
+    pub status_description: String,
+    pub status_updated_at_ms: u64,
+    pub attributes: BTreeMap<String, String>,
+    pub csi_controller_plugins: BTreeMap<String, CsiInfo>,
+    pub csi_node_plugins: BTreeMap<String, CsiInfo>,
+    /// Task drivers by name, from the client's driver manager.
+    #[serde(default)]
+    pub drivers: BTreeMap<String, DriverInfo>,
+    /// The client's `host_volume` blocks by name.
+    #[serde(default)]
+    pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
+    /// What the node offers to allocations (fingerprinted CPU and memory).
+    #[serde(default)]
+    pub resources: NodeResources,
+    pub events: Vec<NodeEvent>,
+    /// Whether the scheduler may place new allocations here (`node eligibility`); a drain
+    /// makes the node ineligible and leaves it so when it completes.
+    #[serde(default)]
+    pub scheduling_eligibility: SchedulingEligibility,
+    /// Set while the node is draining.
+    #[serde(default)]
+    pub drain_strategy: Option<DrainStrategy>,
+    /// The last drain: when it started, how it ended.
+    #[serde(default)]
+    pub last_drain: Option<DrainMetadata>,
+    pub create_index: u64,
+    pub modify_index: u64,
+}
+
+impl Node {
+    pub fn eligible(&self) -> bool {
+        self.scheduling_eligibility == SchedulingEligibility::Eligible
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SchedulingEligibility {
+    #[default]
+    Eligible,
+    Ineligible,
+}
+
+impl SchedulingEligibility {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchedulingEligibility::Eligible => "eligible",
+            SchedulingEligibility::Ineligible => "ineligible",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        [SchedulingEligibility::Eligible, SchedulingEligibility::Ineligible]
+            .into_iter()
+            .find(|value| value.as_str() == text)
+    }
+}
+
+/// Nomad's `DrainStrategy`: how a node is drained.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainStrategy {
+    /// `DrainSpec.Deadline` in nanoseconds: `0` no deadline, `-1` force (everything at once),
+    /// positive: after that long every remaining allocation is stopped.
+    pub deadline_ns: i64,
+    /// Leave system jobs (and CSI plugin jobs) running on the node.
+    pub ignore_system_jobs: bool,
+    /// When the deadline passes (cluster time, ms); `None` without a deadline. Set when the
+    /// strategy is applied.
+    pub force_deadline_ms: Option<u64>,
+    pub started_at_ms: u64,
+}
+
+impl DrainStrategy {
+    /// Whether the deadline has passed at cluster time `now_ms`.
+    pub fn deadline_passed(&self, now_ms: u64) -> bool {
+        self.force_deadline_ms.is_some_and(|deadline| now_ms >= deadline)
+    }
+}
+
+/// Nomad's `DrainMetadata` (`LastDrain`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainMetadata {
+    pub started_at_ms: u64,
+    pub updated_at_ms: u64,
+    /// `draining`, `complete` or `canceled`.
+    pub status: String,
+}

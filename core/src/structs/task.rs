@@ -1,0 +1,392 @@
+//! Tasks: driver config values, volume mounts and requests, restart policies, resources,
+//! services and checks.
+
+use super::*;
+
+/// One value of a driver's free-form `config` block (typed so snapshots stay postcard).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ConfigValue {
+    Bool(bool),
+    Int(i64),
+    String(String),
+    List(Vec<ConfigValue>),
+    Map(BTreeMap<String, ConfigValue>),
+}
+
+impl ConfigValue {
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            ConfigValue::String(text) => Some(text),
+            _ => None,
+        }
+    }
+
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            ConfigValue::Int(value) => Some(*value),
+            ConfigValue::String(text) => text.parse().ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            ConfigValue::Bool(value) => Some(*value),
+            _ => None,
+        }
+    }
+
+    /// A list of strings (`args = ["-c", "..."]`).
+    pub fn as_strings(&self) -> Option<Vec<String>> {
+        match self {
+            ConfigValue::List(items) => items.iter().map(|item| item.as_str().map(String::from)).collect(),
+            _ => None,
+        }
+    }
+}
+
+/// Mount propagation of a bind mount into a task (`private` / `host-to-task` / `bidirectional`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Propagation {
+    #[default]
+    #[serde(rename = "private")]
+    Private,
+    #[serde(rename = "host-to-task")]
+    HostToTask,
+    #[serde(rename = "bidirectional")]
+    Bidirectional,
+}
+
+impl Propagation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Propagation::Private => "private",
+            Propagation::HostToTask => "host-to-task",
+            Propagation::Bidirectional => "bidirectional",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Propagation> {
+        [
+            Propagation::Private,
+            Propagation::HostToTask,
+            Propagation::Bidirectional,
+        ]
+        .into_iter()
+        .find(|mode| mode.as_str() == text)
+    }
+}
+
+/// A task's `volume_mount` block.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeMount {
+    /// The group `volume` alias.
+    pub volume: String,
+    pub destination: String,
+    pub read_only: bool,
+    pub propagation_mode: Propagation,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeType {
+    #[default]
+    Host,
+    Csi,
+}
+
+/// A group's `volume "<alias>"` block (`source` at the top level, the seed-003 shape).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRequest {
+    pub name: String,
+    pub volume_type: VolumeType,
+    pub source: String,
+    pub read_only: bool,
+    pub access_mode: AccessMode,
+    pub attachment_mode: AttachmentMode,
+    pub mount_options: Option<CsiMountOptions>,
+    pub per_alloc: bool,
+}
+
+impl VolumeRequest {
+    /// The volume this allocation uses: `source`, or `source[<index>]` with `per_alloc`.
+    pub fn source_for(&self, alloc_index: u32) -> String {
+        if self.per_alloc {
+            format!("{}[{alloc_index}]", self.source)
+        } else {
+            self.source.clone()
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RestartMode {
+    #[default]
+    Fail,
+    Delay,
+}
+
+/// A group's `restart` block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestartPolicy {
+    pub attempts: u32,
+    pub interval: Duration,
+    pub delay: Duration,
+    pub mode: RestartMode,
+}
+
+impl RestartPolicy {
+    /// Nomad's defaults for service (and system) jobs: 2 attempts in 30 min, 15 s apart, fail.
+    pub const SERVICE: RestartPolicy = RestartPolicy {
+        attempts: 2,
+        interval: Duration::from_secs(30 * 60),
+        delay: Duration::from_secs(15),
+        mode: RestartMode::Fail,
+    };
+    /// Nomad's defaults for batch jobs: 3 attempts in 24 h, 15 s apart, fail.
+    pub const BATCH: RestartPolicy = RestartPolicy {
+        attempts: 3,
+        interval: Duration::from_secs(24 * 60 * 60),
+        delay: Duration::from_secs(15),
+        mode: RestartMode::Fail,
+    };
+}
+
+impl Default for RestartPolicy {
+    fn default() -> Self {
+        RestartPolicy::SERVICE
+    }
+}
+
+/// A device a task asks for (`device "<vendor/type/name>" { count = N }`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestedDevice {
+    pub name: String,
+    pub count: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskResources {
+    pub cpu: u32,
+    pub memory_mb: u32,
+    pub devices: Vec<RequestedDevice>,
+}
+
+/// Nomad's default `kill_timeout`.
+pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Task {
+    pub name: String,
+    pub driver: String,
+    pub config: BTreeMap<String, ConfigValue>,
+    pub env: BTreeMap<String, String>,
+    pub volume_mounts: Vec<VolumeMount>,
+    pub csi_plugin: Option<TaskCsiPluginConfig>,
+    pub kill_timeout: Duration,
+    pub resources: TaskResources,
+    /// `service` blocks, names already canonicalised (`${JOB}`, `${TASKGROUP}`, `${TASK}`,
+    /// `${BASE}` replaced; an empty name is `<job>-<group>-<task>`).
+    #[serde(default)]
+    pub services: Vec<Service>,
+}
+
+/// Service `address_mode` values Nomad accepts.
+pub const SERVICE_ADDRESS_MODES: [&str; 4] = ["", "auto", "host", "driver"];
+/// Nomad's shortest check interval and timeout.
+pub const MIN_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+pub const MIN_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A task's `service` block (Nomad's `structs.Service`): how the task is advertised in the
+/// service catalog.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Service {
+    pub name: String,
+    pub port_label: String,
+    pub address_mode: String,
+    pub tags: Vec<String>,
+    pub canary_tags: Vec<String>,
+    /// Consul's anti-entropy leaves tags changed through its catalog alone (#2057).
+    pub enable_tag_override: bool,
+    pub meta: BTreeMap<String, String>,
+    pub checks: Vec<ServiceCheck>,
+}
+
+/// A `check` block inside a `service`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceCheck {
+    /// Default `service: "<service>" check`.
+    pub name: String,
+    /// `http`, `tcp`, `grpc` or `script`.
+    pub check_type: String,
+    pub command: String,
+    pub args: Vec<String>,
+    pub path: String,
+    pub protocol: String,
+    pub method: String,
+    pub port_label: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+}
+
+impl ServiceCheck {
+    /// Whether the check reaches the task over a port (every type but `script`).
+    pub fn requires_port(&self) -> bool {
+        matches!(self.check_type.as_str(), "http" | "tcp" | "grpc")
+    }
+
+    /// Nomad's `ServiceCheck.validate` texts.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.check_type.as_str() {
+            "http" => {
+                if self.path.is_empty() {
+                    return Err("http type must have a valid http path".into());
+                }
+                if self.path.contains("://") {
+                    return Err("http type must have a relative http path".into());
+                }
+            }
+            "script" => {
+                if self.command.is_empty() {
+                    return Err("script type must have a valid script path".into());
+                }
+            }
+            "tcp" | "grpc" => {}
+            other => {
+                return Err(format!(
+                    "invalid type ({other:?}), must be one of \"grpc\", \"tcp\", \"http\", \"script\""
+                ));
+            }
+        }
+        if self.interval.is_zero() {
+            return Err(format!(
+                "missing required value interval. Interval cannot be less than {}s",
+                MIN_CHECK_INTERVAL.as_secs()
+            ));
+        }
+        if self.interval < MIN_CHECK_INTERVAL {
+            return Err(format!(
+                "interval ({:?}) cannot be lower than {}s",
+                self.interval,
+                MIN_CHECK_INTERVAL.as_secs()
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(format!(
+                "missing required value timeout. Timeout cannot be less than {}s",
+                MIN_CHECK_TIMEOUT.as_secs()
+            ));
+        }
+        if self.timeout < MIN_CHECK_TIMEOUT {
+            return Err(format!(
+                "timeout ({:?}) is lower than required minimum timeout {}s",
+                self.timeout,
+                MIN_CHECK_TIMEOUT.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Service {
+    /// Nomad's `Service.Canonicalize`: the default name, and the runtime variables it allows.
+    pub fn canonicalize(&mut self, job: &str, group: &str, task: &str) {
+        if self.name.is_empty() {
+            self.name = format!("{job}-{group}-{task}");
+        }
+        self.name = self
+            .name
+            .replace("${JOB}", job)
+            .replace("${TASKGROUP}", group)
+            .replace("${TASK}", task)
+            .replace("${BASE}", &format!("{job}-{group}-{task}"));
+        if self.address_mode.is_empty() {
+            self.address_mode = "auto".into();
+        }
+        for check in &mut self.checks {
+            if check.name.is_empty() {
+                check.name = format!("service: {:?} check", self.name);
+            }
+        }
+    }
+
+    /// Every problem with the service itself (Nomad's `Service.Validate` texts); port labels
+    /// and duplicates are checked with the task (`jobspec::validate`).
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if !valid_service_name(&strip_env_vars(&self.name)) {
+            errors.push(format!(
+                "Service name must be valid per RFC 1123 and can contain only alphanumeric characters or dashes: {:?}",
+                self.name
+            ));
+        }
+        if !SERVICE_ADDRESS_MODES.contains(&self.address_mode.as_str()) {
+            errors.push(format!(
+                "Service address_mode must be \"auto\", \"host\", or \"driver\"; not {:?}",
+                self.address_mode
+            ));
+        }
+        for check in &self.checks {
+            if self.port_label.is_empty() && check.port_label.is_empty() && check.requires_port() {
+                errors.push(format!(
+                    "Check {} invalid: check requires a port but neither check nor service {:?} have a port",
+                    check.name, self.name
+                ));
+                continue;
+            }
+            if let Err(problem) = check.validate() {
+                errors.push(format!("Check {} invalid: {problem}", check.name));
+            }
+        }
+        errors
+    }
+}
+
+/// Nomad's service-name rule: 1 to 63 letters, digits and dashes, not starting or ending with
+/// a dash.
+fn valid_service_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || *b == b'-')
+        && bytes[0] != b'-'
+        && bytes[bytes.len() - 1] != b'-'
+}
+
+/// Replaces `${...}` interpolations by a placeholder, as Nomad does before checking a name.
+fn strip_env_vars(name: &str) -> String {
+    let mut out = String::new();
+    let mut rest = name;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        match rest[start..].find('}') {
+            Some(end) => {
+                out.push_str("ENV-VAR");
+                rest = &rest[start + end + 1..];
+            }
+            None => {
+                rest = &rest[start..];
+                break;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+impl Default for Task {
+    fn default() -> Self {
+        Task {
+            name: String::new(),
+            driver: String::new(),
+            config: BTreeMap::new(),
+            env: BTreeMap::new(),
+            volume_mounts: Vec::new(),
+            csi_plugin: None,
+            kill_timeout: DEFAULT_KILL_TIMEOUT,
+            resources: TaskResources::default(),
+            services: Vec::new(),
+        }
+    }
+}
