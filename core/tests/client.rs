@@ -475,6 +475,52 @@ fn status_reports_never_go_backwards() {
 /// fingerprint), a health change becomes a `Driver` node event sent with `Node.EmitEvents`, a
 /// driver that turns unhealthy is no longer offered to tasks, and events that fail to reach
 /// the servers are sent again.
+/// An allocation the servers stopped before this client ever ran it (replaced while the client
+/// was down) runs nothing and is reported complete, or it would stay pending on the servers.
+#[test]
+fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        seed: 3,
+    });
+    let mut job = app_job();
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    let mut stopped = alloc("a1", &job);
+    stopped.desired_status = drover_core::structs::DesiredStatus::Stop;
+    let now = Instant::ZERO;
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(stopped, job.clone())],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    let mut reports = Vec::new();
+    while let Some(action) = client.poll_action() {
+        match action {
+            ClientAction::Io {
+                io:
+                    Io::Server(ServerRequest::AllocClientUpdate {
+                        alloc_id,
+                        client_status,
+                    }),
+                ..
+            } => reports.push((alloc_id, client_status)),
+            ClientAction::Io { io, .. } => panic!("nothing runs for a stopped allocation: {io:?}"),
+            ClientAction::PersistSpec { .. } => panic!("a stopped allocation is not kept"),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        reports,
+        [("a1".to_string(), drover_core::structs::ClientStatus::Complete)]
+    );
+    assert!(client.alloc("a1").is_none(), "no runner for it");
+}
+
 #[test]
 fn driver_fingerprints_report_changes_and_health_events() {
     let mut client = Client::new(ClientSettings {

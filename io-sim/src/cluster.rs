@@ -557,6 +557,33 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
     (settings, node)
 }
 
+/// Sends `request` through the servers `gateways()` lists at each attempt (the `pick`-th
+/// first, then the next), until one answers other than "try again"; waits 500 ms after a
+/// retryable answer or while no server is live.
+pub async fn retry_request(
+    gateways: impl Fn() -> Vec<Gateway>,
+    pick: usize,
+    request: ServerRequest,
+    attempts: u32,
+    timeout: Duration,
+) -> ServerReply {
+    let mut reply = ServerReply::Error(RpcError::unavailable("no live server"));
+    for attempt in 0..attempts {
+        let gateways = gateways();
+        if gateways.is_empty() {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        let gateway = &gateways[(pick + attempt as usize) % gateways.len()];
+        reply = gateway.request(request.clone(), timeout).await;
+        match &reply {
+            ServerReply::Error(error) if error.retryable => tokio::time::sleep(Duration::from_millis(500)).await,
+            _ => return reply,
+        }
+    }
+    reply
+}
+
 /// Sends requests to the servers' write endpoints through one server (forwarded to the leader
 /// there). Requests run on that server's node, so they see its network and die with it.
 #[derive(Clone)]

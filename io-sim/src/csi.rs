@@ -22,7 +22,8 @@ pub enum PluginMode {
 }
 
 const LATENCY: Duration = Duration::from_millis(2);
-const SLOW_LATENCY: Duration = Duration::from_secs(15);
+/// How late a slow plugin answers (past the servers' deadline).
+pub(crate) const SLOW_LATENCY: Duration = Duration::from_secs(15);
 
 /// The scenario's handle on one node's plugins.
 #[derive(Clone, Debug)]

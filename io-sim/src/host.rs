@@ -26,7 +26,7 @@ use drover_io_real::drivers::TaskResourceUsage;
 use drover_io_real::io::{BoxFuture, ClientCsi};
 use tokio::sync::watch;
 
-use crate::csi::{PluginControl, PluginMode, SimPlugins};
+use crate::csi::{PluginControl, PluginMode, SLOW_LATENCY, SimPlugins};
 use crate::trace::{PluginEvent, Recorder};
 
 /// How long a host call takes.
@@ -99,23 +99,6 @@ impl SimHost {
 
     pub fn mounts(&self) -> Vec<String> {
         self.lock().mounts.iter().cloned().collect()
-    }
-
-    /// The host reboots: every task dies and every mount is gone; directories stay.
-    pub fn reboot(&self) {
-        let mut state = self.lock();
-        for task in state.tasks.values() {
-            task.exit.send_if_modified(|exit| {
-                let first = exit.is_none();
-                exit.get_or_insert(ExitResult {
-                    signal: 9,
-                    err: Some("host rebooted".into()),
-                    ..ExitResult::default()
-                });
-                first
-            });
-        }
-        state.mounts.clear();
     }
 
     fn note(&self, text: String) {
@@ -345,8 +328,10 @@ impl ClientExecutor for SimHost {
                 },
                 Io::PrepareDevices { .. } => Ok(Reply::Reserved(Default::default())),
                 Io::Csi { socket, call } => {
-                    if host.plugins.mode() == PluginMode::Hanging {
-                        std::future::pending::<()>().await;
+                    match host.plugins.mode() {
+                        PluginMode::Hanging => std::future::pending::<()>().await,
+                        PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
+                        PluginMode::Healthy | PluginMode::Failing => {}
                     }
                     host.csi(&socket, call)
                 }

@@ -20,7 +20,7 @@ use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiPluginType, CsiVolumeClaim,
     DesiredStatus, Job, JobType, Task, TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeRequest, VolumeType,
 };
-use drover_io_sim::cluster::Gateway;
+use drover_io_sim::cluster::{Gateway, retry_request};
 use drover_io_sim::trace::Recorder;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
@@ -80,21 +80,7 @@ impl Shared {
 
     /// Retries a request through the live servers until it is done or refused for good.
     pub async fn request(&self, pick: usize, request: ServerRequest, attempts: u32) -> ServerReply {
-        let mut reply = ServerReply::Error(drover_core::rpc::RpcError::unavailable("no live server"));
-        for attempt in 0..attempts {
-            let gateways = self.gateways();
-            if gateways.is_empty() {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                continue;
-            }
-            let gateway = &gateways[(pick + attempt as usize) % gateways.len()];
-            reply = gateway.request(request.clone(), REQUEST_TIMEOUT).await;
-            match &reply {
-                ServerReply::Error(error) if error.retryable => tokio::time::sleep(Duration::from_millis(500)).await,
-                _ => return reply,
-            }
-        }
-        reply
+        retry_request(|| self.gateways(), pick, request, attempts, REQUEST_TIMEOUT).await
     }
 
     fn desired(&self, node: &str, alloc: &str) -> Option<Allocation> {

@@ -18,7 +18,7 @@ use drover_core::structs::{
     DesiredStatus, Job, JobType, RestartMode, RestartPolicy, Service, Task, TaskCsiPluginConfig, TaskGroup,
     TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
-use drover_io_sim::cluster::SimCluster;
+use drover_io_sim::cluster::{SimCluster, retry_request};
 use drover_io_sim::trace::Recorder;
 
 pub const JOB_ID: &str = "web";
@@ -175,21 +175,7 @@ pub fn job(plan: &RealClientPlan, version: u64) -> Job {
 
 /// Sends `request` through the live servers until one answers other than "try again".
 pub async fn request(cluster: &SimCluster, request: ServerRequest, attempts: u32) -> ServerReply {
-    let mut reply = ServerReply::Error(drover_core::rpc::RpcError::unavailable("no live server"));
-    for attempt in 0..attempts {
-        let gateways = cluster.gateways();
-        if gateways.is_empty() {
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        }
-        let gateway = &gateways[attempt as usize % gateways.len()];
-        reply = gateway.request(request.clone(), REQUEST_TIMEOUT).await;
-        match &reply {
-            ServerReply::Error(error) if error.retryable => tokio::time::sleep(Duration::from_millis(500)).await,
-            _ => return reply,
-        }
-    }
-    reply
+    retry_request(|| cluster.gateways(), 0, request, attempts, REQUEST_TIMEOUT).await
 }
 
 pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(), String> {

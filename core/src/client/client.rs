@@ -489,6 +489,10 @@ impl Client {
             }
             self.collect_garbage.insert(id);
         }
+        // Statuses of allocations that never ran here, once the servers stop listing them.
+        let allocs_here = &self.allocs;
+        self.statuses
+            .retain(|id, _| allocs_here.contains_key(id) || listed.contains(id));
         // Local runners that finished count as terminal for their replacements.
         terminal.extend(
             self.allocs

@@ -83,14 +83,6 @@ impl ServerLink {
         self.register.next_at = Some(now);
     }
 
-    pub fn is_connected(&self) -> bool {
-        self.node.is_some()
-    }
-
-    pub fn is_registered(&self) -> bool {
-        self.registered
-    }
-
     pub fn ttl(&self) -> Duration {
         self.ttl
     }

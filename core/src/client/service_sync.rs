@@ -85,14 +85,9 @@ impl ServiceSync {
         match outcome {
             Ok(Reply::Services(registered)) => self.plan(&desired(), &registered),
             Ok(_) => {}
-            Err(error) => {
-                tracing::warn!(%error, "a consul call failed; the next sync tries again");
-                // A failed read ends the pass; a failed register or deregister does not.
-                if self.queue.is_empty() {
-                    self.finish(now);
-                    return;
-                }
-            }
+            // A failed read leaves nothing queued, so it ends the pass; a failed register or
+            // deregister does not stop the calls after it.
+            Err(error) => tracing::warn!(%error, "a consul call failed; the next sync tries again"),
         }
         if self.queue.is_empty() {
             self.finish(now);

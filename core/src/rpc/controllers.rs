@@ -94,21 +94,12 @@ impl RpcEndpoints {
                     Err(message) => message.contains("Unknown node"),
                 };
                 if detached {
-                    let Some(Flow::Unpublish { key, claim, .. }) = self.jobs.get(&job) else {
+                    let Some(Flow::Unpublish { claim, .. }) = self.jobs.get(&job) else {
                         return;
                     };
-                    let (namespace, volume_id, _) = key.clone();
                     let mut next = claim.clone();
                     next.state = ClaimState::NodeDetached;
-                    self.set_claim(job, next.clone());
-                    self.propose(
-                        job,
-                        Command::CsiVolumeClaim {
-                            namespace,
-                            volume_id,
-                            claim: next,
-                        },
-                    );
+                    self.checkpoint_claim(job, next);
                 } else {
                     let message = format!("could not detach from node: {}", result.expect_err("failed"));
                     self.finish_unpublish(now, job, Err(RpcError::unavailable(message)), state);
@@ -202,20 +193,11 @@ impl RpcEndpoints {
                 };
                 self.reply(req, reply);
             }
-            Flow::Unpublish { key, claim, .. } => match result {
+            Flow::Unpublish { claim, .. } => match result {
                 Ok(_) => {
-                    let (namespace, volume_id, _) = key.clone();
                     let mut next = claim.clone();
                     next.state = ClaimState::ReadyToFree;
-                    self.set_claim(job_id, next.clone());
-                    self.propose(
-                        job_id,
-                        Command::CsiVolumeClaim {
-                            namespace,
-                            volume_id,
-                            claim: next,
-                        },
-                    );
+                    self.checkpoint_claim(job_id, next);
                 }
                 Err(failure) => {
                     let failure =

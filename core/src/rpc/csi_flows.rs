@@ -170,29 +170,13 @@ impl RpcEndpoints {
                     self.finish_unpublish(now, job_id, Ok(()), state);
                     return;
                 }
-                self.set_claim(job_id, next.clone());
-                self.propose(
-                    job_id,
-                    Command::CsiVolumeClaim {
-                        namespace,
-                        volume_id,
-                        claim: next,
-                    },
-                );
+                self.checkpoint_claim(job_id, next);
             }
             Step::NodeDetach(request) => {
                 let Some(node) = state.node(&request.node_id) else {
                     let mut next = claim.clone();
                     next.state = ClaimState::NodeDetached;
-                    self.set_claim(job_id, next.clone());
-                    self.propose(
-                        job_id,
-                        Command::CsiVolumeClaim {
-                            namespace,
-                            volume_id,
-                            claim: next,
-                        },
-                    );
+                    self.checkpoint_claim(job_id, next);
                     return;
                 };
                 let op = self.ops.allocate();
@@ -217,10 +201,21 @@ impl RpcEndpoints {
             && !volume.write_claims.contains_key(&claim.allocation_id)
     }
 
-    pub(super) fn set_claim(&mut self, job_id: JobId, next: CsiVolumeClaim) {
-        if let Some(Flow::Unpublish { claim, .. }) = self.jobs.get_mut(&job_id) {
-            *claim = next;
-        }
+    /// The unpublish flow `job_id` moves on to `next`, checkpointed through Raft.
+    pub(super) fn checkpoint_claim(&mut self, job_id: JobId, next: CsiVolumeClaim) {
+        let Some(Flow::Unpublish { key, claim, .. }) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        *claim = next.clone();
+        let (namespace, volume_id, _) = key.clone();
+        self.propose(
+            job_id,
+            Command::CsiVolumeClaim {
+                namespace,
+                volume_id,
+                claim: next,
+            },
+        );
     }
 
     pub(super) fn finish_unpublish(
