@@ -11,7 +11,6 @@
 //! asks the servers to unpublish, each volume on its own.
 
 mod csi;
-use csi::usage_for;
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -150,6 +149,17 @@ struct Release {
 /// Postrun retries unpublish for at most this long; the servers' volume watcher reaps claims
 /// of terminal allocations after that.
 pub const UNPUBLISH_RETRY_CAP: Duration = Duration::from_secs(5 * 60);
+
+/// What one prerun I/O outcome means for the hook that asked for it.
+#[derive(Debug)]
+enum PrerunVerdict {
+    /// The step is done: go on with the hook (or stop, if asked to).
+    Advance,
+    /// The step will be retried on its own timer; the message is recorded.
+    Retry(String),
+    /// The hook failed for good.
+    Failed(String),
+}
 
 #[derive(Debug)]
 pub struct AllocRunner {
@@ -509,106 +519,25 @@ impl AllocRunner {
     fn prerun_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
         let Phase::Prerun { index } = self.phase else { return };
         let hook = ALLOC_HOOKS[index].0;
-        let failed = |runner: &mut Self, message: String, ops: &mut OpIds| {
-            runner.hook_event(hook, "prerun", Err(message.clone()));
-            runner.local.prerun_failed = Some(format!("prerun hook \"{}\" failed: {message}", hook.name()));
-            runner.csi = None;
-            runner.persist();
-            runner.begin_postrun(now, ops);
+        let verdict = match hook {
+            AllocHook::AllocDir => match outcome {
+                Ok(_) => PrerunVerdict::Advance,
+                Err(error) => PrerunVerdict::Failed(error.message),
+            },
+            AllocHook::AwaitPrevious => PrerunVerdict::Advance,
+            AllocHook::Csi => self.csi_outcome(now, outcome),
         };
-        match hook {
-            AllocHook::AllocDir => {
-                if let Err(error) = outcome {
-                    return failed(self, error.message, ops);
-                }
+        match verdict {
+            PrerunVerdict::Advance if self.stop_requested => self.begin_postrun(now, ops),
+            PrerunVerdict::Advance => self.advance_prerun(now, ops),
+            PrerunVerdict::Retry(message) => self.hook_event(hook, "prerun-retry", Err(message)),
+            PrerunVerdict::Failed(message) => {
+                self.hook_event(hook, "prerun", Err(message.clone()));
+                self.local.prerun_failed = Some(format!("prerun hook \"{}\" failed: {message}", hook.name()));
+                self.csi = None;
+                self.persist();
+                self.begin_postrun(now, ops);
             }
-            AllocHook::AwaitPrevious => {}
-            AllocHook::Csi => {
-                let requests = self.csi_requests();
-                match self.csi.clone() {
-                    Some(CsiStep::Restore { index }) => {
-                        let alias = &requests[index].0;
-                        if !matches!(outcome, Ok(Reply::Bool(true))) {
-                            // Gone (or unknown): claim and mount it again.
-                            self.local.csi_stubs.remove(alias);
-                            self.persist();
-                        }
-                        self.csi = Some(CsiStep::Restore { index: index + 1 });
-                    }
-                    Some(CsiStep::Claim { index }) => {
-                        let (alias, request) = &requests[index];
-                        match outcome {
-                            Ok(Reply::Server(ServerReply::Claimed {
-                                volume,
-                                publish_context,
-                                ..
-                            })) => {
-                                let usage = usage_for(request, &volume.mount_options, &volume);
-                                let stub = CsiVolumeStub {
-                                    volume_id: volume.id.clone(),
-                                    namespace: volume.namespace.clone(),
-                                    remote_id: volume.remote_id().to_string(),
-                                    plugin_id: volume.plugin_id.clone(),
-                                    mode: if request.read_only {
-                                        ClaimMode::Read
-                                    } else {
-                                        ClaimMode::Write
-                                    },
-                                    usage,
-                                    mount: None,
-                                };
-                                self.local.csi_stubs.insert(alias.clone(), stub);
-                                self.claimed.insert(alias.clone(), (volume, publish_context));
-                                self.persist();
-                                self.claim_backoff = CLAIM_BACKOFF_START;
-                                self.csi = Some(CsiStep::Claim { index: index + 1 });
-                            }
-                            other => {
-                                let (message, retryable) = match other {
-                                    Ok(Reply::Server(ServerReply::Error(error))) => {
-                                        let retryable = error.retryable
-                                            || RETRYABLE_CLAIM_ERRORS.iter().any(|text| error.message.contains(text));
-                                        (error.message, retryable)
-                                    }
-                                    Ok(reply) => (format!("unexpected reply {reply:?}"), false),
-                                    // The servers could not be reached at all.
-                                    Err(error) => (format!("no servers: {error}"), true),
-                                };
-                                let message = format!("claim volume {}: {message}", request.source);
-                                if retryable && self.claim_give_up_at.is_some_and(|at| now < at) {
-                                    self.hook_event(hook, "prerun-retry", Err(message));
-                                    self.claim_retry_at = Some(now + self.claim_backoff);
-                                    self.claim_backoff = (self.claim_backoff * 2).min(CLAIM_BACKOFF_MAX);
-                                    return;
-                                }
-                                return failed(self, message, ops);
-                            }
-                        }
-                    }
-                    Some(CsiStep::Mount { index }) => {
-                        let alias = requests[index].0.clone();
-                        match outcome {
-                            Ok(Reply::Mounted(info)) => {
-                                if let Some(stub) = self.local.csi_stubs.get_mut(&alias) {
-                                    stub.mount = Some(info);
-                                }
-                                self.persist();
-                                self.csi = Some(CsiStep::Mount { index: index + 1 });
-                            }
-                            Ok(reply) => {
-                                return failed(self, format!("mount {alias}: unexpected reply {reply:?}"), ops);
-                            }
-                            Err(error) => return failed(self, format!("mount volume {alias}: {error}"), ops),
-                        }
-                    }
-                    None => {}
-                }
-            }
-        }
-        if self.stop_requested {
-            self.begin_postrun(now, ops);
-        } else {
-            self.advance_prerun(now, ops);
         }
     }
 

@@ -322,126 +322,130 @@ impl TaskRunner {
             return true;
         }
         match self.phase.clone() {
-            Phase::Restoring { op: pending } if pending == op => {
-                match outcome {
-                    Ok(_) => {
-                        self.begin_prestart(now, ops);
-                    }
-                    Err(error) => {
-                        let was_running = self.local.state.state == TaskStatus::Running;
-                        self.local.handle = None;
-                        self.persist();
-                        if was_running && !self.servers_contacted {
-                            self.event(
-                                now,
-                                events::WAITING_ON_SERVERS,
-                                &format!("failed to restore task handle ({error}); waiting to contact servers"),
-                            );
-                            self.phase = Phase::WaitingOnServers;
-                            if self.kill_requested {
-                                self.begin_stop(now, ops);
-                            }
-                        } else {
-                            self.begin_prestart(now, ops);
-                        }
-                    }
-                }
-                true
-            }
+            Phase::Restoring { op: pending } if pending == op => self.restore_outcome(now, outcome, ops),
             Phase::Prestart {
                 index,
                 io,
                 op: Some(pending),
-            } if pending == op => {
-                match outcome {
-                    Ok(reply) => {
-                        self.replies.push(reply);
-                        self.phase = Phase::Prestart {
-                            index,
-                            io: io + 1,
-                            op: None,
-                        };
-                        self.run_prestart(now, ops);
-                    }
-                    Err(error) => {
-                        let hook = self.hooks[index].0;
-                        self.prestart_failed(
-                            now,
-                            HookError::recoverable(format!("prestart hook \"{}\" failed: {error}", hook.name())),
-                            ops,
-                        );
-                    }
-                }
-                true
-            }
-            Phase::Starting { op: pending } if pending == op => {
-                match outcome {
-                    Ok(Reply::Started(handle)) => {
-                        self.local.handle = Some(handle);
-                        self.local.state.state = TaskStatus::Running;
-                        self.event(now, events::STARTED, "Task started by client");
-                        self.persist();
-                        if self.kill_requested {
-                            self.send_kill(now, ops);
-                        } else {
-                            self.phase = Phase::Running;
-                            self.poststart(now, ops);
-                        }
-                    }
-                    other => {
-                        let message = match other {
-                            Err(error) => error.message,
-                            Ok(reply) => format!("unexpected reply {reply:?}"),
-                        };
-                        self.event(now, events::DRIVER_FAILURE, &message);
-                        if self.kill_requested {
-                            self.begin_stop(now, ops);
-                        } else {
-                            let decision = self.tracker.on_start_error(now, true);
-                            self.decide(now, decision, ops);
-                        }
-                    }
-                }
-                true
-            }
-            Phase::Killing { op: pending } if pending == op => {
-                self.stop_supervisor();
-                self.local.handle = None;
-                match outcome {
-                    Ok(_) => self.event(now, events::KILLED, "Task successfully killed"),
-                    Err(error) => self.event(now, events::KILLED, &format!("Task killed with error: {error}")),
-                }
-                if core::mem::take(&mut self.restart_after_kill) && !self.kill_requested {
-                    // A failure under the restart policy, like any other.
-                    let decision = self.tracker.on_start_error(now, true);
-                    self.decide(now, decision, ops);
-                } else {
-                    self.begin_stop(now, ops);
-                }
-                true
-            }
+            } if pending == op => self.prestart_io_outcome(now, index, io, outcome, ops),
+            Phase::Starting { op: pending } if pending == op => self.start_outcome(now, outcome, ops),
+            Phase::Killing { op: pending } if pending == op => self.kill_outcome(now, outcome, ops),
             Phase::Stopping {
                 index,
                 op: Some(pending),
-            } if pending == op => {
-                // Stop hooks are best effort: a failure is recorded, the next hook still runs.
-                if let Err(error) = outcome {
-                    let hook = self.hooks[index].0;
-                    self.event(
-                        now,
-                        events::SETUP_FAILURE,
-                        &format!("stop hook \"{}\" failed: {error}", hook.name()),
-                    );
-                }
-                self.phase = Phase::Stopping {
-                    index: index + 1,
+            } if pending == op => self.stop_hook_outcome(now, index, outcome, ops),
+            _ => return false,
+        }
+        true
+    }
+
+    /// The driver's answer to `RecoverTask` after an agent restart.
+    fn restore_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
+        let Err(error) = outcome else {
+            self.begin_prestart(now, ops);
+            return;
+        };
+        let was_running = self.local.state.state == TaskStatus::Running;
+        self.local.handle = None;
+        self.persist();
+        if was_running && !self.servers_contacted {
+            self.event(
+                now,
+                events::WAITING_ON_SERVERS,
+                &format!("failed to restore task handle ({error}); waiting to contact servers"),
+            );
+            self.phase = Phase::WaitingOnServers;
+            if self.kill_requested {
+                self.begin_stop(now, ops);
+            }
+        } else {
+            self.begin_prestart(now, ops);
+        }
+    }
+
+    /// One I/O step of the prestart hook at `index` came back.
+    fn prestart_io_outcome(&mut self, now: Instant, index: usize, io: usize, outcome: Outcome, ops: &mut OpIds) {
+        match outcome {
+            Ok(reply) => {
+                self.replies.push(reply);
+                self.phase = Phase::Prestart {
+                    index,
+                    io: io + 1,
                     op: None,
                 };
-                self.run_stop(now, ops);
-                true
+                self.run_prestart(now, ops);
             }
-            _ => false,
+            Err(error) => {
+                let hook = self.hooks[index].0;
+                self.prestart_failed(
+                    now,
+                    HookError::recoverable(format!("prestart hook \"{}\" failed: {error}", hook.name())),
+                    ops,
+                );
+            }
         }
+    }
+
+    /// The driver's answer to `StartTask`.
+    fn start_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
+        let message = match outcome {
+            Ok(Reply::Started(handle)) => {
+                self.local.handle = Some(handle);
+                self.local.state.state = TaskStatus::Running;
+                self.event(now, events::STARTED, "Task started by client");
+                self.persist();
+                if self.kill_requested {
+                    self.send_kill(now, ops);
+                } else {
+                    self.phase = Phase::Running;
+                    self.poststart(now, ops);
+                }
+                return;
+            }
+            Err(error) => error.message,
+            Ok(reply) => format!("unexpected reply {reply:?}"),
+        };
+        self.event(now, events::DRIVER_FAILURE, &message);
+        if self.kill_requested {
+            self.begin_stop(now, ops);
+        } else {
+            let decision = self.tracker.on_start_error(now, true);
+            self.decide(now, decision, ops);
+        }
+    }
+
+    /// The driver's answer to `StopTask`.
+    fn kill_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
+        self.stop_supervisor();
+        self.local.handle = None;
+        match outcome {
+            Ok(_) => self.event(now, events::KILLED, "Task successfully killed"),
+            Err(error) => self.event(now, events::KILLED, &format!("Task killed with error: {error}")),
+        }
+        if core::mem::take(&mut self.restart_after_kill) && !self.kill_requested {
+            // A failure under the restart policy, like any other.
+            let decision = self.tracker.on_start_error(now, true);
+            self.decide(now, decision, ops);
+        } else {
+            self.begin_stop(now, ops);
+        }
+    }
+
+    /// Stop hooks are best effort: a failure is recorded, the next hook still runs.
+    fn stop_hook_outcome(&mut self, now: Instant, index: usize, outcome: Outcome, ops: &mut OpIds) {
+        if let Err(error) = outcome {
+            let hook = self.hooks[index].0;
+            self.event(
+                now,
+                events::SETUP_FAILURE,
+                &format!("stop hook \"{}\" failed: {error}", hook.name()),
+            );
+        }
+        self.phase = Phase::Stopping {
+            index: index + 1,
+            op: None,
+        };
+        self.run_stop(now, ops);
     }
 
     pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {

@@ -23,7 +23,7 @@ use crate::client::{
     VolumeOp,
 };
 use crate::op::{OpId, OpIds};
-use crate::structs::{AttachmentMode, CsiMountOptions};
+use crate::structs::{AttachmentMode, CsiMountOptions, CsiVolume};
 use crate::time::Instant;
 
 pub const MAX_TRIES: u32 = 3;
@@ -55,7 +55,7 @@ pub enum VolumeAction {
     NodeEvent(ClientNodeEvent),
 }
 
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Step {
     MkdirStaging,
     CheckStaged,
@@ -195,123 +195,27 @@ impl VolumeManager {
 
     /// Sends the I/O of the job's current step.
     fn issue(&mut self, _now: Instant, key: &VolumeKey, ops: &mut OpIds) {
-        let plugin = self.plugin.clone();
         let Some(job) = self.running.get(key) else { return };
-        let host = |suffix: &str| paths::join(&plugin.mount_root, suffix);
-        let scoped = |suffix: &str| paths::join(&plugin.container_mount_point, suffix);
-        let io = match (&job.op, &job.step) {
-            (VolumeOp::Mount { volume, usage, .. }, Step::MkdirStaging) => Io::Mkdir {
-                path: host(&self.staging_suffix(&volume.namespace, &volume.id, usage)),
-            },
-            (VolumeOp::Mount { volume, usage, .. }, Step::CheckStaged) => Io::IsMountPoint {
-                path: host(&self.staging_suffix(&volume.namespace, &volume.id, usage)),
-            },
-            (
-                VolumeOp::Mount {
-                    volume,
-                    usage,
-                    publish_context,
-                    ..
-                },
-                Step::Stage,
-            ) => Io::Csi {
-                socket: plugin.socket.clone(),
-                call: CsiCall::NodeStageVolume {
-                    volume_id: volume.remote_id().to_string(),
-                    publish_context: publish_context.clone(),
-                    staging_target_path: scoped(&self.staging_suffix(&volume.namespace, &volume.id, usage)),
-                    capability: capability(usage),
-                    secrets: volume.secrets.clone(),
-                    volume_context: volume.context.clone(),
-                },
-            },
-            (VolumeOp::Mount { volume, alloc_id, .. }, Step::MkdirTarget) => Io::Mkdir {
-                path: host(&format!("per-alloc/{alloc_id}/{}", volume.id)),
-            },
-            (
-                VolumeOp::Mount {
-                    volume,
-                    alloc_id,
-                    usage,
-                    ..
-                },
-                Step::CheckPublished,
-            ) => Io::IsMountPoint {
-                path: host(&paths::target_suffix(alloc_id, &volume.id, &usage.to_fs())),
-            },
-            (
-                VolumeOp::Mount {
-                    volume,
-                    alloc_id,
-                    usage,
-                    publish_context,
-                    ..
-                },
-                Step::Publish,
-            ) => Io::Csi {
-                socket: plugin.socket.clone(),
-                call: CsiCall::NodePublishVolume {
-                    volume_id: volume.remote_id().to_string(),
-                    publish_context: publish_context.clone(),
-                    staging_target_path: if plugin.requires_stage {
-                        scoped(&self.staging_suffix(&volume.namespace, &volume.id, usage))
-                    } else {
-                        String::new()
-                    },
-                    target_path: scoped(&paths::target_suffix(alloc_id, &volume.id, &usage.to_fs())),
-                    capability: capability(usage),
-                    readonly: usage.read_only,
-                    secrets: volume.secrets.clone(),
-                    volume_context: volume.context.clone(),
-                },
-            },
-            (
-                VolumeOp::Unmount {
-                    volume_id,
-                    remote_id,
-                    alloc_id,
-                    usage,
-                    ..
-                },
-                Step::Unpublish,
-            ) => Io::Csi {
-                socket: plugin.socket.clone(),
-                call: CsiCall::NodeUnpublishVolume {
-                    volume_id: remote_id.clone(),
-                    target_path: scoped(&paths::target_suffix(alloc_id, volume_id, &usage.to_fs())),
-                },
-            },
-            (
-                VolumeOp::Unmount {
-                    volume_id,
-                    alloc_id,
-                    usage,
-                    ..
-                },
-                Step::RmdirTarget,
-            ) => Io::Rmdir {
-                path: host(&paths::target_suffix(alloc_id, volume_id, &usage.to_fs())),
-            },
-            (
-                VolumeOp::Unmount {
-                    namespace,
-                    volume_id,
-                    remote_id,
-                    usage,
-                    ..
-                },
-                Step::Unstage,
-            ) => Io::Csi {
-                socket: plugin.socket.clone(),
-                call: CsiCall::NodeUnstageVolume {
-                    volume_id: remote_id.clone(),
-                    staging_target_path: scoped(&self.staging_suffix(namespace, volume_id, usage)),
-                },
-            },
-            (VolumeOp::HasMount { mount, .. }, Step::CheckMount) => Io::IsMountPoint {
+        let io = match &job.op {
+            VolumeOp::Mount {
+                volume,
+                alloc_id,
+                usage,
+                publish_context,
+                ..
+            } => self.mount_io(volume, alloc_id, usage, publish_context, job.step),
+            VolumeOp::Unmount {
+                namespace,
+                volume_id,
+                remote_id,
+                alloc_id,
+                usage,
+                ..
+            } => self.unmount_io(namespace, volume_id, remote_id, alloc_id, usage, job.step),
+            VolumeOp::HasMount { mount, .. } if job.step == Step::CheckMount => Io::IsMountPoint {
                 path: mount.source.clone(),
             },
-            (op, step) => unreachable!("step {step:?} for {op:?}"),
+            op => unreachable!("step {:?} for {op:?}", job.step),
         };
         let op = ops.allocate();
         if let Some(job) = self.running.get_mut(key) {
@@ -319,6 +223,96 @@ impl VolumeManager {
             job.tries += 1;
         }
         self.actions.push(VolumeAction::Io { op, io });
+    }
+
+    /// The I/O of one step of a mount: staging directory and stage, then target and publish.
+    fn mount_io(
+        &self,
+        volume: &CsiVolume,
+        alloc_id: &str,
+        usage: &UsageOptions,
+        publish_context: &BTreeMap<String, String>,
+        step: Step,
+    ) -> Io {
+        let plugin = &self.plugin;
+        let host = |suffix: &str| paths::join(&plugin.mount_root, suffix);
+        let scoped = |suffix: &str| paths::join(&plugin.container_mount_point, suffix);
+        let staging = self.staging_suffix(&volume.namespace, &volume.id, usage);
+        let target = paths::target_suffix(alloc_id, &volume.id, &usage.to_fs());
+        match step {
+            Step::MkdirStaging => Io::Mkdir { path: host(&staging) },
+            Step::CheckStaged => Io::IsMountPoint { path: host(&staging) },
+            Step::Stage => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodeStageVolume {
+                    volume_id: volume.remote_id().to_string(),
+                    publish_context: publish_context.clone(),
+                    staging_target_path: scoped(&staging),
+                    capability: capability(usage),
+                    secrets: volume.secrets.clone(),
+                    volume_context: volume.context.clone(),
+                },
+            },
+            Step::MkdirTarget => Io::Mkdir {
+                path: host(&format!("per-alloc/{alloc_id}/{}", volume.id)),
+            },
+            Step::CheckPublished => Io::IsMountPoint { path: host(&target) },
+            Step::Publish => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodePublishVolume {
+                    volume_id: volume.remote_id().to_string(),
+                    publish_context: publish_context.clone(),
+                    staging_target_path: if plugin.requires_stage {
+                        scoped(&staging)
+                    } else {
+                        String::new()
+                    },
+                    target_path: scoped(&target),
+                    capability: capability(usage),
+                    readonly: usage.read_only,
+                    secrets: volume.secrets.clone(),
+                    volume_context: volume.context.clone(),
+                },
+            },
+            step => unreachable!("mount step {step:?}"),
+        }
+    }
+
+    /// The I/O of one step of an unmount: unpublish and remove the target, then unstage.
+    fn unmount_io(
+        &self,
+        namespace: &str,
+        volume_id: &str,
+        remote_id: &str,
+        alloc_id: &str,
+        usage: &UsageOptions,
+        step: Step,
+    ) -> Io {
+        let plugin = &self.plugin;
+        let target = paths::target_suffix(alloc_id, volume_id, &usage.to_fs());
+        match step {
+            Step::Unpublish => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodeUnpublishVolume {
+                    volume_id: remote_id.to_string(),
+                    target_path: paths::join(&plugin.container_mount_point, &target),
+                },
+            },
+            Step::RmdirTarget => Io::Rmdir {
+                path: paths::join(&plugin.mount_root, &target),
+            },
+            Step::Unstage => Io::Csi {
+                socket: plugin.socket.clone(),
+                call: CsiCall::NodeUnstageVolume {
+                    volume_id: remote_id.to_string(),
+                    staging_target_path: paths::join(
+                        &plugin.container_mount_point,
+                        &self.staging_suffix(namespace, volume_id, usage),
+                    ),
+                },
+            },
+            step => unreachable!("unmount step {step:?}"),
+        }
     }
 
     pub fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome, ops: &mut OpIds) -> bool {

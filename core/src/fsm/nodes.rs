@@ -6,7 +6,11 @@ use crate::prelude::*;
 
 use super::{Command, Response, ServerState, Table};
 use crate::error::ErrorKind;
-use crate::structs::{DrainMetadata, DrainStrategy, MAX_RETAINED_NODE_EVENTS, Node, NodeEvent, SchedulingEligibility};
+use alloc::collections::BTreeMap;
+
+use crate::structs::{
+    CsiInfo, DrainMetadata, DrainStrategy, DriverInfo, MAX_RETAINED_NODE_EVENTS, Node, NodeEvent, SchedulingEligibility,
+};
 
 /// Appends events to a node, stamped with the entry's time and index; the node keeps the last
 /// `MAX_RETAINED_NODE_EVENTS`.
@@ -116,27 +120,7 @@ impl ServerState {
     /// Node commands: registration, status, fingerprints, events, drain and eligibility.
     pub(super) fn apply_node(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
         match command {
-            Command::NodeRegister { node } => {
-                let mut node = node.clone();
-                let old = self.nodes.get(&node.id).cloned();
-                node.create_index = old.as_ref().map_or(index, |old| old.create_index);
-                node.modify_index = index;
-                node.status_updated_at_ms = at_ms;
-                if node.events.is_empty() {
-                    node.events = old.as_ref().map(|old| old.events.clone()).unwrap_or_default();
-                }
-                // A client re-registering does not end a drain or undo an operator's
-                // eligibility: those belong to the servers.
-                if let Some(old) = &old {
-                    node.scheduling_eligibility = old.scheduling_eligibility;
-                    node.drain_strategy = old.drain_strategy.clone();
-                    node.last_drain = old.last_drain.clone();
-                }
-                self.nodes.insert(node.id.clone(), node.clone());
-                self.touch(Table::Nodes, index);
-                self.update_node_plugins(index, at_ms, old.as_ref(), Some(&node));
-                Response::Done
-            }
+            Command::NodeRegister { node } => self.register_node(index, at_ms, node),
             Command::NodeUpdateStatus { node_id, status, event } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
@@ -154,37 +138,8 @@ impl ServerState {
                 node_id,
                 controllers,
                 nodes,
-            } => {
-                let Some(old) = self.nodes.get(node_id).cloned() else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                let mut node = old.clone();
-                node.csi_controller_plugins = controllers.clone();
-                node.csi_node_plugins = nodes.clone();
-                node.modify_index = index;
-                self.nodes.insert(node_id.clone(), node.clone());
-                self.touch(Table::Nodes, index);
-                self.update_node_plugins(index, at_ms, Some(&old), Some(&node));
-                Response::Done
-            }
-            Command::NodeUpdateDrivers { node_id, drivers } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
-                };
-                for (name, info) in drivers {
-                    let prefix = format!("driver.{name}");
-                    node.attributes
-                        .retain(|key, _| !(key == &prefix || key.starts_with(&format!("{prefix}."))));
-                    if info.detected {
-                        node.attributes
-                            .extend(info.attributes.iter().map(|(key, value)| (key.clone(), value.clone())));
-                    }
-                }
-                node.drivers = drivers.clone();
-                node.modify_index = index;
-                self.touch(Table::Nodes, index);
-                Response::Done
-            }
+            } => self.update_csi_info(index, at_ms, node_id, controllers, nodes),
+            Command::NodeUpdateDrivers { node_id, drivers } => self.update_drivers(index, node_id, drivers),
             Command::NodeEmitEvents { node_id, events } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
@@ -209,25 +164,101 @@ impl ServerState {
                 complete,
             } => self.update_drain(index, at_ms, node_id, strategy.as_ref(), *mark_eligible, *complete),
             Command::NodeUpdateEligibility { node_id, eligibility } => {
-                let Some(node) = self.nodes.get_mut(node_id) else {
-                    return Response::Error(ErrorKind::NotFound, "node not found".into());
-                };
-                if node.drain_strategy.is_some() && *eligibility == SchedulingEligibility::Eligible {
-                    return Response::Error(ErrorKind::Refused, DRAINING_NOT_ELIGIBLE.into());
-                }
-                if node.scheduling_eligibility != *eligibility {
-                    let message = match eligibility {
-                        SchedulingEligibility::Eligible => ELIGIBLE_EVENT,
-                        SchedulingEligibility::Ineligible => INELIGIBLE_EVENT,
-                    };
-                    record_events(node, [cluster_event(message)].iter(), index, at_ms);
-                    node.scheduling_eligibility = *eligibility;
-                }
-                node.modify_index = index;
-                self.touch(Table::Nodes, index);
-                Response::Done
+                self.update_eligibility(index, at_ms, node_id, *eligibility)
             }
             other => unreachable!("{} is not routed here", other.name()),
         }
+    }
+
+    /// A client's registration replaces its node record, keeping what belongs to the servers.
+    fn register_node(&mut self, index: u64, at_ms: u64, node: &Node) -> Response {
+        let mut node = node.clone();
+        let old = self.nodes.get(&node.id).cloned();
+        node.create_index = old.as_ref().map_or(index, |old| old.create_index);
+        node.modify_index = index;
+        node.status_updated_at_ms = at_ms;
+        if node.events.is_empty() {
+            node.events = old.as_ref().map(|old| old.events.clone()).unwrap_or_default();
+        }
+        // A client re-registering does not end a drain or undo an operator's
+        // eligibility: those belong to the servers.
+        if let Some(old) = &old {
+            node.scheduling_eligibility = old.scheduling_eligibility;
+            node.drain_strategy = old.drain_strategy.clone();
+            node.last_drain = old.last_drain.clone();
+        }
+        self.nodes.insert(node.id.clone(), node.clone());
+        self.touch(Table::Nodes, index);
+        self.update_node_plugins(index, at_ms, old.as_ref(), Some(&node));
+        Response::Done
+    }
+
+    /// A client's CSI fingerprint: the node's plugins and the plugin table with them.
+    fn update_csi_info(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        node_id: &str,
+        controllers: &BTreeMap<String, CsiInfo>,
+        nodes: &BTreeMap<String, CsiInfo>,
+    ) -> Response {
+        let Some(old) = self.nodes.get(node_id).cloned() else {
+            return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+        };
+        let mut node = old.clone();
+        node.csi_controller_plugins = controllers.clone();
+        node.csi_node_plugins = nodes.clone();
+        node.modify_index = index;
+        self.nodes.insert(node_id.to_string(), node.clone());
+        self.touch(Table::Nodes, index);
+        self.update_node_plugins(index, at_ms, Some(&old), Some(&node));
+        Response::Done
+    }
+
+    /// A client's driver fingerprint, mirrored into the node's `driver.*` attributes.
+    fn update_drivers(&mut self, index: u64, node_id: &str, drivers: &BTreeMap<String, DriverInfo>) -> Response {
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
+        };
+        for (name, info) in drivers {
+            let prefix = format!("driver.{name}");
+            node.attributes
+                .retain(|key, _| !(key == &prefix || key.starts_with(&format!("{prefix}."))));
+            if info.detected {
+                node.attributes
+                    .extend(info.attributes.iter().map(|(key, value)| (key.clone(), value.clone())));
+            }
+        }
+        node.drivers = drivers.clone();
+        node.modify_index = index;
+        self.touch(Table::Nodes, index);
+        Response::Done
+    }
+
+    /// An operator's eligibility toggle (refused while the node drains).
+    fn update_eligibility(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        node_id: &str,
+        eligibility: SchedulingEligibility,
+    ) -> Response {
+        let Some(node) = self.nodes.get_mut(node_id) else {
+            return Response::Error(ErrorKind::NotFound, "node not found".into());
+        };
+        if node.drain_strategy.is_some() && eligibility == SchedulingEligibility::Eligible {
+            return Response::Error(ErrorKind::Refused, DRAINING_NOT_ELIGIBLE.into());
+        }
+        if node.scheduling_eligibility != eligibility {
+            let message = match eligibility {
+                SchedulingEligibility::Eligible => ELIGIBLE_EVENT,
+                SchedulingEligibility::Ineligible => INELIGIBLE_EVENT,
+            };
+            record_events(node, [cluster_event(message)].iter(), index, at_ms);
+            node.scheduling_eligibility = eligibility;
+        }
+        node.modify_index = index;
+        self.touch(Table::Nodes, index);
+        Response::Done
     }
 }

@@ -26,8 +26,8 @@ use alloc::collections::BTreeMap;
 
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, AllocatedResources, Allocation, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType, Node,
-    NodeStatus, TaskGroup, VolumeType,
+    AllocMetric, AllocatedResources, Allocation, CsiVolume, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType,
+    Node, NodeStatus, TaskGroup, VolumeType,
 };
 
 /// Nomad's desired-status descriptions.
@@ -205,6 +205,31 @@ fn feasible(
     node: &Node,
     plan: &Plan,
 ) -> Result<(), String> {
+    drivers_and_host_volumes(group, node)?;
+    let index = placement
+        .name
+        .rsplit_once('[')
+        .and_then(|(_, rest)| rest.strip_suffix(']'))
+        .and_then(|index| index.parse().ok())
+        .unwrap_or(0);
+    let claimed_per_plugin = claimed_per_plugin(state, node);
+    for request in group
+        .volumes
+        .values()
+        .filter(|request| request.volume_type == VolumeType::Csi)
+    {
+        let source = request.source_for(index);
+        let Some(volume) = state.volume(&job.namespace, &source) else {
+            return Err(format!("missing CSI volume(s) {source}"));
+        };
+        csi_plugin_feasible(&volume, node, &claimed_per_plugin)?;
+        csi_claims_feasible(state, job, plan, &volume, &source, request.read_only)?;
+    }
+    Ok(())
+}
+
+/// Every task's driver detected and healthy; every host volume present and writable when asked.
+fn drivers_and_host_volumes(group: &TaskGroup, node: &Node) -> Result<(), String> {
     for task in &group.tasks {
         let usable = node
             .drivers
@@ -224,14 +249,12 @@ fn feasible(
             _ => return Err("missing compatible host volumes".into()),
         }
     }
-    let index = placement
-        .name
-        .rsplit_once('[')
-        .and_then(|(_, rest)| rest.strip_suffix(']'))
-        .and_then(|index| index.parse().ok())
-        .unwrap_or(0);
-    // Volumes already claimed on this node, per plugin (for MaxVolumes).
-    let mut claimed_per_plugin: BTreeMap<String, u64> = BTreeMap::new();
+    Ok(())
+}
+
+/// Volumes with a live claim on `node`, per plugin (for `MaxVolumes`).
+fn claimed_per_plugin(state: &ServerState, node: &Node) -> BTreeMap<String, u64> {
+    let mut claimed: BTreeMap<String, u64> = BTreeMap::new();
     for (namespace, id) in state.volumes_on_node(&node.id) {
         if let Some(volume) = state.volume_raw(&namespace, &id) {
             let live = volume
@@ -240,88 +263,101 @@ fn feasible(
                 .chain(volume.write_claims.values())
                 .any(|claim| claim.node_id == node.id);
             if live {
-                *claimed_per_plugin.entry(volume.plugin_id.clone()).or_default() += 1;
+                *claimed.entry(volume.plugin_id.clone()).or_default() += 1;
             }
         }
     }
-    for request in group
-        .volumes
-        .values()
-        .filter(|request| request.volume_type == VolumeType::Csi)
+    claimed
+}
+
+/// The volume's node plugin on `node`: present, healthy, under its volume limit, and meeting
+/// the volume's topology.
+fn csi_plugin_feasible(
+    volume: &CsiVolume,
+    node: &Node,
+    claimed_per_plugin: &BTreeMap<String, u64>,
+) -> Result<(), String> {
+    let Some(plugin) = node.csi_node_plugins.get(&volume.plugin_id) else {
+        return Err(format!(
+            "CSI plugin {} is missing from client {}",
+            volume.plugin_id, node.id
+        ));
+    };
+    if !plugin.healthy {
+        return Err(format!(
+            "CSI plugin {} is unhealthy on client {}",
+            volume.plugin_id, node.id
+        ));
+    }
+    if let Some(info) = &plugin.node_info
+        && info.max_volumes > 0
+        && claimed_per_plugin.get(&volume.plugin_id).copied().unwrap_or(0) >= info.max_volumes
     {
-        let source = request.source_for(index);
-        let Some(volume) = state.volume(&job.namespace, &source) else {
-            return Err(format!("missing CSI volume(s) {source}"));
-        };
-        let Some(plugin) = node.csi_node_plugins.get(&volume.plugin_id) else {
+        return Err(format!(
+            "CSI plugin {} has the maximum number of volumes on client {}",
+            volume.plugin_id, node.id
+        ));
+    }
+    if !volume.topologies.is_empty() {
+        let accessible = plugin
+            .node_info
+            .as_ref()
+            .and_then(|info| info.accessible_topology.as_ref());
+        let meets = accessible.is_some_and(|node_topology| {
+            volume.topologies.iter().any(|topology| {
+                topology
+                    .segments
+                    .iter()
+                    .all(|(key, value)| node_topology.segments.get(key) == Some(value))
+            })
+        });
+        if !meets {
+            return Err("did not meet topology requirement".into());
+        }
+    }
+    Ok(())
+}
+
+/// Whether the volume has a claim of the kind asked for free. Writers of the same job do not
+/// block (an update places the replacement and its claim waits for the old allocation), nor do
+/// writers this plan stops.
+fn csi_claims_feasible(
+    state: &ServerState,
+    job: &Job,
+    plan: &Plan,
+    volume: &CsiVolume,
+    source: &str,
+    read_only: bool,
+) -> Result<(), String> {
+    if read_only {
+        if !volume.read_schedulable() || !volume.has_free_read_claims() {
             return Err(format!(
-                "CSI plugin {} is missing from client {}",
-                volume.plugin_id, node.id
-            ));
-        };
-        if !plugin.healthy {
-            return Err(format!(
-                "CSI plugin {} is unhealthy on client {}",
-                volume.plugin_id, node.id
+                "CSI volume {source} is unschedulable or has exhausted its available reader claims"
             ));
         }
-        if let Some(info) = &plugin.node_info
-            && info.max_volumes > 0
-            && claimed_per_plugin.get(&volume.plugin_id).copied().unwrap_or(0) >= info.max_volumes
-        {
-            return Err(format!(
-                "CSI plugin {} has the maximum number of volumes on client {}",
-                volume.plugin_id, node.id
-            ));
-        }
-        if !volume.topologies.is_empty() {
-            let accessible = plugin
-                .node_info
-                .as_ref()
-                .and_then(|info| info.accessible_topology.as_ref());
-            let meets = accessible.is_some_and(|node_topology| {
-                volume.topologies.iter().any(|topology| {
-                    topology
-                        .segments
-                        .iter()
-                        .all(|(key, value)| node_topology.segments.get(key) == Some(value))
-                })
-            });
-            if !meets {
-                return Err("did not meet topology requirement".into());
-            }
-        }
-        if request.read_only {
-            if !volume.read_schedulable() || !volume.has_free_read_claims() {
+        return Ok(());
+    }
+    if !volume.write_schedulable() {
+        return Err(format!("CSI volume {source} is unschedulable or is read-only"));
+    }
+    if volume.has_free_write_claims() {
+        return Ok(());
+    }
+    for writer in volume.write_claims.keys() {
+        let stopping = plan
+            .allocs
+            .iter()
+            .any(|alloc| alloc.id == *writer && alloc.desired_status != DesiredStatus::Run);
+        match state.alloc(writer) {
+            None => {
                 return Err(format!(
-                    "CSI volume {source} is unschedulable or has exhausted its available reader claims"
+                    "CSI volume {source} has exhausted its available writer claims and is claimed by a garbage collected allocation {writer}; waiting for claim to be released"
                 ));
             }
-        } else {
-            if !volume.write_schedulable() {
-                return Err(format!("CSI volume {source} is unschedulable or is read-only"));
-            }
-            if !volume.has_free_write_claims() {
-                for writer in volume.write_claims.keys() {
-                    let stopping = plan
-                        .allocs
-                        .iter()
-                        .any(|alloc| alloc.id == *writer && alloc.desired_status != DesiredStatus::Run);
-                    match state.alloc(writer) {
-                        None => {
-                            return Err(format!(
-                                "CSI volume {source} has exhausted its available writer claims and is claimed by a garbage collected allocation {writer}; waiting for claim to be released"
-                            ));
-                        }
-                        // Writers of the same job do not block: an update places the
-                        // replacement and its claim waits for the old allocation.
-                        Some(holder) if holder.namespace == job.namespace && holder.job_id == job.id => {}
-                        Some(_) if stopping => {}
-                        Some(_) => {
-                            return Err(format!("CSI volume {source} has exhausted its available writer claims"));
-                        }
-                    }
-                }
+            Some(holder) if holder.namespace == job.namespace && holder.job_id == job.id => {}
+            Some(_) if stopping => {}
+            Some(_) => {
+                return Err(format!("CSI volume {source} has exhausted its available writer claims"));
             }
         }
     }

@@ -21,105 +21,238 @@ impl AllocRunner {
             return HookProgress::Done;
         }
         if self.csi.is_none() {
-            let supports = self.spec.group.tasks.iter().any(|task| {
-                self.spec
-                    .drivers
-                    .get(&task.driver)
-                    .is_some_and(|caps| caps.mount_configs != MountConfigSupport::None)
-            });
-            if !supports {
-                return HookProgress::Failed("no task supports CSI".into());
-            }
-            for (alias, request) in &requests {
-                let volume_id = request.source_for(self.spec.alloc.index());
-                if let Err(error) = paths::check_component("volume ID", &volume_id) {
-                    return HookProgress::Failed(format!("volume {alias}: {error}"));
-                }
+            if let Err(why) = self.csi_check(&requests) {
+                return HookProgress::Failed(why);
             }
             self.csi = Some(CsiStep::Restore { index: 0 });
             self.claim_give_up_at = Some(now + CLAIM_RETRY_CAP);
         }
         loop {
-            match self.csi.clone().expect("set above") {
-                CsiStep::Restore { index } => {
-                    let Some((alias, _)) = requests.get(index) else {
-                        self.csi = Some(CsiStep::Claim { index: 0 });
-                        continue;
-                    };
-                    let Some(mount) = self.local.csi_stubs.get(alias).and_then(|stub| stub.mount.clone()) else {
-                        self.csi = Some(CsiStep::Restore { index: index + 1 });
-                        continue;
-                    };
-                    let stub = &self.local.csi_stubs[alias];
-                    let check = VolumeOp::HasMount {
-                        plugin_id: stub.plugin_id.clone(),
-                        namespace: stub.namespace.clone(),
-                        volume_id: stub.volume_id.clone(),
-                        alloc_id: self.spec.alloc.id.clone(),
-                        usage: stub.usage.clone(),
-                        mount,
-                    };
-                    return self.request(ops, Io::Volume(check));
-                }
-                CsiStep::Claim { index } => {
-                    let Some((alias, request)) = requests.get(index) else {
-                        self.csi = Some(CsiStep::Mount { index: 0 });
-                        continue;
-                    };
-                    if self.local.csi_stubs.contains_key(alias) {
-                        self.csi = Some(CsiStep::Claim { index: index + 1 });
-                        continue;
-                    }
-                    let claim = CsiVolumeClaim {
-                        allocation_id: self.spec.alloc.id.clone(),
-                        node_id: self.spec.node_id.clone(),
-                        external_node_id: String::new(),
-                        mode: if request.read_only {
-                            ClaimMode::Read
-                        } else {
-                            ClaimMode::Write
-                        },
-                        access_mode: request.access_mode,
-                        attachment_mode: request.attachment_mode,
-                        state: ClaimState::Taken,
-                    };
-                    let io = Io::Server(ServerRequest::VolumeClaim {
-                        namespace: self.spec.alloc.namespace.clone(),
-                        volume_id: request.source_for(self.spec.alloc.index()),
-                        claim,
-                    });
-                    return self.request(ops, io);
-                }
-                CsiStep::Mount { index } => {
-                    let Some((alias, _)) = requests.get(index) else {
-                        self.resources.csi_mounts = self
-                            .local
-                            .csi_stubs
-                            .iter()
-                            .filter_map(|(alias, stub)| stub.mount.clone().map(|mount| (alias.clone(), mount)))
-                            .collect();
-                        self.csi = None;
-                        return HookProgress::Done;
-                    };
-                    let stub = &self.local.csi_stubs[alias];
-                    if stub.mount.is_some() {
-                        self.csi = Some(CsiStep::Mount { index: index + 1 });
-                        continue;
-                    }
-                    let Some((volume, publish_context)) = self.claimed.get(alias).cloned() else {
-                        return HookProgress::Failed(format!("volume {alias} was not claimed"));
-                    };
-                    let io = Io::Volume(VolumeOp::Mount {
-                        plugin_id: stub.plugin_id.clone(),
-                        volume,
-                        alloc_id: self.spec.alloc.id.clone(),
-                        usage: stub.usage.clone(),
-                        publish_context,
-                    });
-                    return self.request(ops, io);
-                }
+            let progress = match self.csi.clone().expect("set above") {
+                CsiStep::Restore { index } => self.csi_restore_step(index, &requests, ops),
+                CsiStep::Claim { index } => self.csi_claim_step(index, &requests, ops),
+                CsiStep::Mount { index } => self.csi_mount_step(index, &requests, ops),
+            };
+            if let Some(progress) = progress {
+                return progress;
             }
         }
+    }
+
+    /// Before the first claim: some task can take a mount, and every volume ID is one path
+    /// component.
+    fn csi_check(&self, requests: &[(String, VolumeRequest)]) -> Result<(), String> {
+        let supports = self.spec.group.tasks.iter().any(|task| {
+            self.spec
+                .drivers
+                .get(&task.driver)
+                .is_some_and(|caps| caps.mount_configs != MountConfigSupport::None)
+        });
+        if !supports {
+            return Err("no task supports CSI".into());
+        }
+        for (alias, request) in requests {
+            let volume_id = request.source_for(self.spec.alloc.index());
+            if let Err(error) = paths::check_component("volume ID", &volume_id) {
+                return Err(format!("volume {alias}: {error}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// After an agent restart: ask whether the volume `index` is still mounted. `None` when
+    /// the step moved on without I/O.
+    fn csi_restore_step(
+        &mut self,
+        index: usize,
+        requests: &[(String, VolumeRequest)],
+        ops: &mut OpIds,
+    ) -> Option<HookProgress> {
+        let Some((alias, _)) = requests.get(index) else {
+            self.csi = Some(CsiStep::Claim { index: 0 });
+            return None;
+        };
+        let Some(stub) = self.local.csi_stubs.get(alias) else {
+            self.csi = Some(CsiStep::Restore { index: index + 1 });
+            return None;
+        };
+        let Some(mount) = stub.mount.clone() else {
+            self.csi = Some(CsiStep::Restore { index: index + 1 });
+            return None;
+        };
+        let check = VolumeOp::HasMount {
+            plugin_id: stub.plugin_id.clone(),
+            namespace: stub.namespace.clone(),
+            volume_id: stub.volume_id.clone(),
+            alloc_id: self.spec.alloc.id.clone(),
+            usage: stub.usage.clone(),
+            mount,
+        };
+        Some(self.request(ops, Io::Volume(check)))
+    }
+
+    /// Claim the volume `index` unless a stub says it is claimed already.
+    fn csi_claim_step(
+        &mut self,
+        index: usize,
+        requests: &[(String, VolumeRequest)],
+        ops: &mut OpIds,
+    ) -> Option<HookProgress> {
+        let Some((alias, request)) = requests.get(index) else {
+            self.csi = Some(CsiStep::Mount { index: 0 });
+            return None;
+        };
+        if self.local.csi_stubs.contains_key(alias) {
+            self.csi = Some(CsiStep::Claim { index: index + 1 });
+            return None;
+        }
+        let claim = CsiVolumeClaim {
+            allocation_id: self.spec.alloc.id.clone(),
+            node_id: self.spec.node_id.clone(),
+            external_node_id: String::new(),
+            mode: if request.read_only {
+                ClaimMode::Read
+            } else {
+                ClaimMode::Write
+            },
+            access_mode: request.access_mode,
+            attachment_mode: request.attachment_mode,
+            state: ClaimState::Taken,
+        };
+        let io = Io::Server(ServerRequest::VolumeClaim {
+            namespace: self.spec.alloc.namespace.clone(),
+            volume_id: request.source_for(self.spec.alloc.index()),
+            claim,
+        });
+        Some(self.request(ops, io))
+    }
+
+    /// Mount the volume `index` through its plugin unless it is mounted; after the last, hand
+    /// the mounts to the task hooks.
+    fn csi_mount_step(
+        &mut self,
+        index: usize,
+        requests: &[(String, VolumeRequest)],
+        ops: &mut OpIds,
+    ) -> Option<HookProgress> {
+        let Some((alias, _)) = requests.get(index) else {
+            self.resources.csi_mounts = self
+                .local
+                .csi_stubs
+                .iter()
+                .filter_map(|(alias, stub)| stub.mount.clone().map(|mount| (alias.clone(), mount)))
+                .collect();
+            self.csi = None;
+            return Some(HookProgress::Done);
+        };
+        let stub = &self.local.csi_stubs[alias];
+        if stub.mount.is_some() {
+            self.csi = Some(CsiStep::Mount { index: index + 1 });
+            return None;
+        }
+        let Some((volume, publish_context)) = self.claimed.get(alias).cloned() else {
+            return Some(HookProgress::Failed(format!("volume {alias} was not claimed")));
+        };
+        let io = Io::Volume(VolumeOp::Mount {
+            plugin_id: stub.plugin_id.clone(),
+            volume,
+            alloc_id: self.spec.alloc.id.clone(),
+            usage: stub.usage.clone(),
+            publish_context,
+        });
+        Some(self.request(ops, io))
+    }
+
+    /// The outcome of the CSI hook's current step.
+    pub(super) fn csi_outcome(&mut self, now: Instant, outcome: Outcome) -> PrerunVerdict {
+        let requests = self.csi_requests();
+        match self.csi.clone() {
+            Some(CsiStep::Restore { index }) => {
+                let alias = &requests[index].0;
+                if !matches!(outcome, Ok(Reply::Bool(true))) {
+                    // Gone (or unknown): claim and mount it again.
+                    self.local.csi_stubs.remove(alias);
+                    self.persist();
+                }
+                self.csi = Some(CsiStep::Restore { index: index + 1 });
+                PrerunVerdict::Advance
+            }
+            Some(CsiStep::Claim { index }) => {
+                let (alias, request) = &requests[index];
+                self.csi_claim_outcome(now, index, alias, request, outcome)
+            }
+            Some(CsiStep::Mount { index }) => {
+                let alias = requests[index].0.clone();
+                match outcome {
+                    Ok(Reply::Mounted(info)) => {
+                        if let Some(stub) = self.local.csi_stubs.get_mut(&alias) {
+                            stub.mount = Some(info);
+                        }
+                        self.persist();
+                        self.csi = Some(CsiStep::Mount { index: index + 1 });
+                        PrerunVerdict::Advance
+                    }
+                    Ok(reply) => PrerunVerdict::Failed(format!("mount {alias}: unexpected reply {reply:?}")),
+                    Err(error) => PrerunVerdict::Failed(format!("mount volume {alias}: {error}")),
+                }
+            }
+            None => PrerunVerdict::Advance,
+        }
+    }
+
+    /// The servers' answer to a claim: a stub persisted, or a retry while the answer says
+    /// one can help and the retry cap is not reached.
+    fn csi_claim_outcome(
+        &mut self,
+        now: Instant,
+        index: usize,
+        alias: &str,
+        request: &VolumeRequest,
+        outcome: Outcome,
+    ) -> PrerunVerdict {
+        let mode = if request.read_only {
+            ClaimMode::Read
+        } else {
+            ClaimMode::Write
+        };
+        let (message, retryable) = match outcome {
+            Ok(Reply::Server(ServerReply::Claimed {
+                volume,
+                publish_context,
+                ..
+            })) => {
+                let stub = CsiVolumeStub {
+                    volume_id: volume.id.clone(),
+                    namespace: volume.namespace.clone(),
+                    remote_id: volume.remote_id().to_string(),
+                    plugin_id: volume.plugin_id.clone(),
+                    mode,
+                    usage: usage_for(request, &volume.mount_options, &volume),
+                    mount: None,
+                };
+                self.local.csi_stubs.insert(alias.to_string(), stub);
+                self.claimed.insert(alias.to_string(), (volume, publish_context));
+                self.persist();
+                self.claim_backoff = CLAIM_BACKOFF_START;
+                self.csi = Some(CsiStep::Claim { index: index + 1 });
+                return PrerunVerdict::Advance;
+            }
+            Ok(Reply::Server(ServerReply::Error(error))) => {
+                let retryable =
+                    error.retryable || RETRYABLE_CLAIM_ERRORS.iter().any(|text| error.message.contains(text));
+                (error.message, retryable)
+            }
+            Ok(reply) => (format!("unexpected reply {reply:?}"), false),
+            // The servers could not be reached at all.
+            Err(error) => (format!("no servers: {error}"), true),
+        };
+        let message = format!("claim volume {}: {message}", request.source);
+        if retryable && self.claim_give_up_at.is_some_and(|at| now < at) {
+            self.claim_retry_at = Some(now + self.claim_backoff);
+            self.claim_backoff = (self.claim_backoff * 2).min(CLAIM_BACKOFF_MAX);
+            return PrerunVerdict::Retry(message);
+        }
+        PrerunVerdict::Failed(message)
     }
 
     pub(super) fn release_step(&mut self, now: Instant, alias: &str, ops: &mut OpIds) {
@@ -217,7 +350,7 @@ impl AllocRunner {
 
 /// How this allocation uses the volume: read-only and modes from the request (the volume's
 /// modes when the request has none), mount options merged per field with the request winning.
-pub(super) fn usage_for(
+fn usage_for(
     request: &VolumeRequest,
     volume_options: &Option<CsiMountOptions>,
     volume: &crate::structs::CsiVolume,

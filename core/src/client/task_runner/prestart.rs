@@ -52,44 +52,8 @@ impl TaskRunner {
         let spec = &self.spec;
         let task = &spec.task;
         match hook {
-            TaskHook::Validate => {
-                if spec.driver.is_none() {
-                    return Err(HookError::fatal(format!(
-                        "failed to validate task: driver \"{}\" is not detected on this node",
-                        task.driver
-                    )));
-                }
-                if let Some(plugin) = &task.csi_plugin {
-                    let errors = plugin.validate();
-                    if !errors.is_empty() {
-                        return Err(HookError::fatal(format!(
-                            "failed to validate task: {}",
-                            errors.join("; ")
-                        )));
-                    }
-                }
-                Ok(HookResponse::default())
-            }
-            TaskHook::TaskDir => {
-                let mut env = BTreeMap::new();
-                if spec.driver.is_some_and(|caps| caps.fs_isolation) {
-                    // The task's root is its task dir; the alloc dir is bound at /alloc.
-                    env.insert("NOMAD_ALLOC_DIR".into(), "/alloc".into());
-                    env.insert("NOMAD_TASK_DIR".into(), "/local".into());
-                    env.insert("NOMAD_SECRETS_DIR".into(), "/secrets".into());
-                } else {
-                    let dir = spec.paths.task_dir(&spec.alloc_id, &task.name);
-                    let alloc_dir = paths::join(&spec.paths.alloc(&spec.alloc_id), "alloc");
-                    env.insert("NOMAD_ALLOC_DIR".into(), alloc_dir);
-                    env.insert("NOMAD_TASK_DIR".into(), paths::join(&dir, "local"));
-                    env.insert("NOMAD_SECRETS_DIR".into(), paths::join(&dir, "secrets"));
-                }
-                Ok(HookResponse {
-                    env,
-                    done: true,
-                    ..HookResponse::default()
-                })
-            }
+            TaskHook::Validate => self.validate_finish(),
+            TaskHook::TaskDir => Ok(self.task_dir_finish()),
             TaskHook::Volumes => {
                 let capabilities = spec.driver.expect("validated");
                 let env = self.task_env();
@@ -123,48 +87,99 @@ impl TaskRunner {
                     "device reservation: unexpected reply {other:?}"
                 ))),
             },
-            TaskHook::CsiPluginSupervisor => {
-                let plugin = task.csi_plugin.as_ref().expect("hook only for plugins");
-                let socket_dir = spec.paths.plugin_socket_dir(&spec.alloc_id);
-                let root = spec.paths.plugin_root(plugin.plugin_type, &plugin.id);
-                let mounts = vec![
-                    MountConfig {
-                        task_path: plugin.mount_dir.clone(),
-                        host_path: socket_dir.clone(),
-                        readonly: false,
-                        propagation: Propagation::Bidirectional,
-                    },
-                    MountConfig {
-                        task_path: plugin.stage_publish_base_dir.clone(),
-                        host_path: root,
-                        readonly: false,
-                        propagation: Propagation::Bidirectional,
-                    },
-                    MountConfig {
-                        task_path: "/dev".into(),
-                        host_path: "/dev".into(),
-                        readonly: false,
-                        propagation: Propagation::Private,
-                    },
-                ];
-                let mut env = BTreeMap::new();
-                if !task.env.contains_key("CSI_ENDPOINT") {
-                    // Without filesystem isolation the task sees host paths.
-                    let isolated = spec.driver.is_some_and(|caps| caps.fs_isolation);
-                    let socket = if isolated {
-                        paths::join(&plugin.mount_dir, paths::CSI_SOCKET_NAME)
-                    } else {
-                        paths::join(&socket_dir, paths::CSI_SOCKET_NAME)
-                    };
-                    env.insert("CSI_ENDPOINT".into(), format!("unix://{socket}"));
-                }
-                // Not done: the mounts must be re-added after every restore.
-                Ok(HookResponse {
-                    env,
-                    mounts,
-                    ..HookResponse::default()
-                })
+            TaskHook::CsiPluginSupervisor => Ok(self.plugin_supervisor_finish()),
+        }
+    }
+
+    /// The task's driver is detected here and its CSI plugin block is valid.
+    fn validate_finish(&self) -> Result<HookResponse, HookError> {
+        let spec = &self.spec;
+        let task = &spec.task;
+        if spec.driver.is_none() {
+            return Err(HookError::fatal(format!(
+                "failed to validate task: driver \"{}\" is not detected on this node",
+                task.driver
+            )));
+        }
+        if let Some(plugin) = &task.csi_plugin {
+            let errors = plugin.validate();
+            if !errors.is_empty() {
+                return Err(HookError::fatal(format!(
+                    "failed to validate task: {}",
+                    errors.join("; ")
+                )));
             }
+        }
+        Ok(HookResponse::default())
+    }
+
+    /// Nomad's directory variables, as the task sees its directories.
+    fn task_dir_finish(&self) -> HookResponse {
+        let spec = &self.spec;
+        let task = &spec.task;
+        let mut env = BTreeMap::new();
+        if spec.driver.is_some_and(|caps| caps.fs_isolation) {
+            // The task's root is its task dir; the alloc dir is bound at /alloc.
+            env.insert("NOMAD_ALLOC_DIR".into(), "/alloc".into());
+            env.insert("NOMAD_TASK_DIR".into(), "/local".into());
+            env.insert("NOMAD_SECRETS_DIR".into(), "/secrets".into());
+        } else {
+            let dir = spec.paths.task_dir(&spec.alloc_id, &task.name);
+            let alloc_dir = paths::join(&spec.paths.alloc(&spec.alloc_id), "alloc");
+            env.insert("NOMAD_ALLOC_DIR".into(), alloc_dir);
+            env.insert("NOMAD_TASK_DIR".into(), paths::join(&dir, "local"));
+            env.insert("NOMAD_SECRETS_DIR".into(), paths::join(&dir, "secrets"));
+        }
+        HookResponse {
+            env,
+            done: true,
+            ..HookResponse::default()
+        }
+    }
+
+    /// A plugin task's mounts (socket directory, stage/publish base, `/dev`) and `CSI_ENDPOINT`.
+    fn plugin_supervisor_finish(&self) -> HookResponse {
+        let spec = &self.spec;
+        let task = &spec.task;
+        let plugin = task.csi_plugin.as_ref().expect("hook only for plugins");
+        let socket_dir = spec.paths.plugin_socket_dir(&spec.alloc_id);
+        let root = spec.paths.plugin_root(plugin.plugin_type, &plugin.id);
+        let mounts = vec![
+            MountConfig {
+                task_path: plugin.mount_dir.clone(),
+                host_path: socket_dir.clone(),
+                readonly: false,
+                propagation: Propagation::Bidirectional,
+            },
+            MountConfig {
+                task_path: plugin.stage_publish_base_dir.clone(),
+                host_path: root,
+                readonly: false,
+                propagation: Propagation::Bidirectional,
+            },
+            MountConfig {
+                task_path: "/dev".into(),
+                host_path: "/dev".into(),
+                readonly: false,
+                propagation: Propagation::Private,
+            },
+        ];
+        let mut env = BTreeMap::new();
+        if !task.env.contains_key("CSI_ENDPOINT") {
+            // Without filesystem isolation the task sees host paths.
+            let isolated = spec.driver.is_some_and(|caps| caps.fs_isolation);
+            let socket = if isolated {
+                paths::join(&plugin.mount_dir, paths::CSI_SOCKET_NAME)
+            } else {
+                paths::join(&socket_dir, paths::CSI_SOCKET_NAME)
+            };
+            env.insert("CSI_ENDPOINT".into(), format!("unix://{socket}"));
+        }
+        // Not done: the mounts must be re-added after every restore.
+        HookResponse {
+            env,
+            mounts,
+            ..HookResponse::default()
         }
     }
 

@@ -1,0 +1,532 @@
+use super::*;
+use crate::fsm::Entry;
+use crate::structs::MAX_RETAINED_NODE_EVENTS;
+use crate::structs::{
+    AttachmentMode, ClaimMode, ClientStatus, CsiCapability, CsiControllerInfo, CsiNodeInfo, CsiPluginType,
+    DesiredStatus, DriverInfo, NodeEvent, NodeStatus, Task, TaskCsiPluginConfig, TaskGroup,
+};
+
+/// A tiny builder: applies commands at increasing indexes.
+pub(crate) struct Fixture {
+    pub state: ServerState,
+    pub index: u64,
+}
+
+impl Fixture {
+    pub fn new() -> Self {
+        Fixture {
+            state: ServerState::default(),
+            index: 0,
+        }
+    }
+
+    pub fn apply(&mut self, command: Command) -> Response {
+        self.index += 1;
+        self.state.apply(
+            self.index,
+            &Entry {
+                at_unix_ms: 1_000 * self.index,
+                command,
+            },
+        )
+    }
+
+    pub fn ok(&mut self, command: Command) {
+        let response = self.apply(command);
+        assert!(!matches!(response, Response::Error(..)), "{response:?}");
+    }
+}
+
+pub(crate) fn info(plugin: &str, alloc: &str, healthy: bool, controller: bool) -> CsiInfo {
+    CsiInfo {
+        plugin_id: plugin.into(),
+        alloc_id: alloc.into(),
+        healthy,
+        health_description: if healthy { "healthy".into() } else { "unhealthy".into() },
+        provider: "example.com/hostpath".into(),
+        provider_version: "1.0".into(),
+        requires_controller_plugin: true,
+        controller_info: controller.then(|| CsiControllerInfo {
+            supports_attach_detach: true,
+            ..CsiControllerInfo::default()
+        }),
+        node_info: (!controller).then(|| CsiNodeInfo {
+            id: format!("ext-{alloc}"),
+            max_volumes: 100,
+            ..CsiNodeInfo::default()
+        }),
+        ..CsiInfo::default()
+    }
+}
+
+/// A ready node running a monolith plugin `p` (controller + node halves).
+pub(crate) fn node(id: &str, healthy: bool) -> Node {
+    Node {
+        id: id.into(),
+        name: id.into(),
+        rpc_addr: format!("10.0.1.{}:4647", id.len()),
+        status: NodeStatus::Ready,
+        csi_controller_plugins: [("p".to_string(), info("p", &format!("plug-{id}"), healthy, true))].into(),
+        csi_node_plugins: [("p".to_string(), info("p", &format!("plug-{id}"), healthy, false))].into(),
+        ..Node::default()
+    }
+}
+
+pub(crate) fn volume(id: &str) -> CsiVolume {
+    CsiVolume {
+        id: id.into(),
+        namespace: "default".into(),
+        name: id.into(),
+        plugin_id: "p".into(),
+        requested_capabilities: vec![CsiCapability {
+            access_mode: AccessMode::SingleNodeWriter,
+            attachment_mode: AttachmentMode::FileSystem,
+        }],
+        secrets: [("token".to_string(), "s3cr3t".to_string())].into(),
+        ..CsiVolume::default()
+    }
+}
+
+pub(crate) fn alloc(id: &str, node: &str) -> Allocation {
+    Allocation {
+        id: id.into(),
+        namespace: "default".into(),
+        node_id: node.into(),
+        job_id: "app".into(),
+        task_group: "web".into(),
+        ..Allocation::default()
+    }
+}
+
+pub(crate) fn claim(alloc: &str, node: &str, mode: ClaimMode, state: ClaimState) -> CsiVolumeClaim {
+    CsiVolumeClaim {
+        allocation_id: alloc.into(),
+        node_id: node.into(),
+        external_node_id: String::new(),
+        mode,
+        access_mode: AccessMode::SingleNodeWriter,
+        attachment_mode: AttachmentMode::FileSystem,
+        state,
+    }
+}
+
+fn error(response: Response) -> String {
+    match response {
+        Response::Error(_, error) => error,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+#[test]
+fn driver_updates_keep_csi_info_and_events_are_capped() {
+    let mut fx = Fixture::new();
+    let mut registered = node("n1", true);
+    registered.attributes = [
+        ("driver.exec".to_string(), "1".to_string()),
+        ("driver.exec.version".to_string(), "0.1".to_string()),
+        ("kernel.name".to_string(), "linux".to_string()),
+    ]
+    .into();
+    fx.ok(Command::NodeRegister { node: registered });
+    let unhealthy = DriverInfo {
+        detected: false,
+        healthy: false,
+        health_description: "exec driver must run as root".into(),
+        attributes: BTreeMap::new(),
+    };
+    fx.ok(Command::NodeUpdateDrivers {
+        node_id: "n1".into(),
+        drivers: [("exec".to_string(), unhealthy.clone())].into(),
+    });
+    let node = fx.state.node("n1").unwrap();
+    assert_eq!(node.drivers["exec"], unhealthy);
+    // The driver's attributes go with it; the others and the CSI info stay.
+    assert_eq!(
+        node.attributes.keys().collect::<Vec<_>>(),
+        ["kernel.name"],
+        "{:?}",
+        node.attributes
+    );
+    assert!(node.csi_node_plugins.contains_key("p"));
+    assert_eq!(fx.state.plugin("p").unwrap().nodes_healthy, 1);
+
+    for i in 0..12 {
+        fx.ok(Command::NodeEmitEvents {
+            node_id: "n1".into(),
+            events: vec![NodeEvent {
+                message: format!("event {i}"),
+                subsystem: "Driver".into(),
+                ..NodeEvent::default()
+            }],
+        });
+    }
+    let events = &fx.state.node("n1").unwrap().events;
+    assert_eq!(events.len(), MAX_RETAINED_NODE_EVENTS);
+    assert_eq!(events[0].message, "event 2");
+    assert_eq!(events[9].message, "event 11");
+    assert!(
+        events[9].timestamp_ms > events[0].timestamp_ms,
+        "stamped by the proposer's clock"
+    );
+    assert_eq!(
+        error(fx.apply(Command::NodeEmitEvents {
+            node_id: "n9".into(),
+            events: vec![],
+        })),
+        "node not found: n9"
+    );
+}
+
+#[test]
+fn plugins_derive_from_node_fingerprints() {
+    let mut fx = Fixture::new();
+    // An unhealthy fingerprint does not create a plugin.
+    fx.ok(Command::NodeRegister {
+        node: node("n1", false),
+    });
+    assert!(fx.state.plugin("p").is_none());
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    fx.ok(Command::NodeRegister { node: node("n2", true) });
+    let plugin = fx.state.plugin("p").unwrap();
+    assert_eq!((plugin.controllers_healthy, plugin.nodes_healthy), (2, 2));
+    assert!(plugin.controller_required && plugin.supports_attach_detach());
+    // Going unhealthy keeps the entry, drops the count.
+    fx.ok(Command::NodeRegister {
+        node: node("n2", false),
+    });
+    let plugin = fx.state.plugin("p").unwrap();
+    assert_eq!(
+        (plugin.controllers_healthy, plugin.nodes_healthy, plugin.nodes.len()),
+        (1, 1, 2)
+    );
+    // A node that stops reporting the plugin is removed from it.
+    fx.ok(Command::NodeUpdateCsiInfo {
+        node_id: "n2".into(),
+        controllers: BTreeMap::new(),
+        nodes: BTreeMap::new(),
+    });
+    assert_eq!(fx.state.plugin("p").unwrap().nodes.len(), 1);
+    // Deleting the last node deletes the now empty plugin.
+    fx.ok(Command::NodeDeregister { node_id: "n1".into() });
+    assert!(fx.state.plugin("p").is_none());
+    assert!(fx.state.table_index(Table::CsiPlugins) > 0);
+}
+
+#[test]
+fn expected_counts_come_from_jobs_and_system_allocs() {
+    let mut fx = Fixture::new();
+    let plugin_task = |kind| Task {
+        name: "plugin".into(),
+        driver: "raw_exec".into(),
+        csi_plugin: Some(TaskCsiPluginConfig::new("p", kind)),
+        ..Task::default()
+    };
+    fx.ok(Command::JobUpsert {
+        job: Job {
+            id: "controller".into(),
+            namespace: "default".into(),
+            job_type: JobType::Service,
+            task_groups: vec![TaskGroup {
+                name: "c".into(),
+                count: 2,
+                tasks: vec![plugin_task(CsiPluginType::Controller)],
+                ..TaskGroup::default()
+            }],
+            ..Job::default()
+        },
+    });
+    fx.ok(Command::JobUpsert {
+        job: Job {
+            id: "nodes".into(),
+            namespace: "default".into(),
+            job_type: JobType::System,
+            task_groups: vec![TaskGroup {
+                name: "n".into(),
+                count: 1,
+                tasks: vec![plugin_task(CsiPluginType::Node)],
+                ..TaskGroup::default()
+            }],
+            ..Job::default()
+        },
+    });
+    let plugin = fx.state.plugin("p").expect("created from the job");
+    assert_eq!((plugin.controllers_expected(), plugin.nodes_expected()), (2, 0));
+    let system_alloc = |id: &str, node: &str| Allocation {
+        job_id: "nodes".into(),
+        task_group: "n".into(),
+        ..alloc(id, node)
+    };
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![system_alloc("s1", "n1"), system_alloc("s2", "n2")],
+    });
+    assert_eq!(fx.state.plugin("p").unwrap().nodes_expected(), 2);
+    fx.ok(Command::AllocClientUpdate {
+        alloc_id: "s2".into(),
+        client_status: ClientStatus::Failed,
+    });
+    assert_eq!(fx.state.plugin("p").unwrap().nodes_expected(), 1);
+    fx.ok(Command::JobDeregister {
+        namespace: "default".into(),
+        job_id: "controller".into(),
+    });
+    fx.ok(Command::JobDeregister {
+        namespace: "default".into(),
+        job_id: "nodes".into(),
+    });
+    assert!(fx.state.plugin("p").is_none(), "no instances and nothing expected");
+}
+
+#[test]
+fn a_stopped_plugin_alloc_no_longer_provides_the_plugin() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    let mut plugin_alloc = alloc("plug-n1", "n1");
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![plugin_alloc.clone()],
+    });
+    plugin_alloc.desired_status = DesiredStatus::Stop;
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![plugin_alloc],
+    });
+    assert!(fx.state.plugin("p").is_none());
+}
+
+#[test]
+fn register_validates_and_needs_the_plugin() {
+    let mut fx = Fixture::new();
+    assert_eq!(
+        error(fx.apply(Command::CsiVolumeRegister {
+            volumes: vec![volume("v")]
+        })),
+        "no CSI plugin named: p could be found"
+    );
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    let mut bad = volume("");
+    bad.requested_capabilities.clear();
+    assert_eq!(
+        error(fx.apply(Command::CsiVolumeRegister {
+            volumes: vec![volume("good"), bad]
+        })),
+        "validation: missing volume ID; must include at least one capability block"
+    );
+    assert!(
+        fx.state.volume("default", "good").is_none(),
+        "nothing stored when one volume is bad"
+    );
+    fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("v")],
+    });
+    let stored = fx.state.volume("default", "v").unwrap();
+    assert!(stored.plugin_health.schedulable);
+    let mut renamed = volume("v");
+    renamed.external_id = "other".into();
+    assert_eq!(
+        error(fx.apply(Command::CsiVolumeRegister { volumes: vec![renamed] })),
+        "volume external ID cannot be updated"
+    );
+    let mut updated = volume("v");
+    updated.secrets = [("token".to_string(), "rotated".to_string())].into();
+    fx.ok(Command::CsiVolumeRegister { volumes: vec![updated] });
+    assert_eq!(
+        fx.state.volumes_of_plugin("p").collect::<Vec<_>>(),
+        [&("default".to_string(), "v".to_string())]
+    );
+    let stored = fx.state.volume("default", "v").unwrap();
+    assert_eq!(stored.secrets["token"], "rotated");
+    // Index 4: refused commands consume a log index too.
+    assert_eq!((stored.create_index, stored.modify_index), (4, 6));
+}
+
+#[test]
+fn claims_release_and_deregister() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("v")],
+    });
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("a1", "n1"), alloc("a2", "n1")],
+    });
+    let take = |alloc: &str| Command::CsiVolumeClaim {
+        namespace: "default".into(),
+        volume_id: "v".into(),
+        claim: claim(alloc, "n1", ClaimMode::Write, ClaimState::Taken),
+    };
+    assert!(matches!(fx.apply(take("a1")), Response::Volume(_)));
+    assert_eq!(error(fx.apply(take("a2"))), "volume max claims reached");
+    assert_eq!(error(fx.apply(take("gone"))), "Unknown allocation: gone");
+    assert_eq!(
+        error(fx.apply(Command::CsiVolumeDeregister {
+            namespace: "default".into(),
+            volume_ids: vec!["v".into()],
+            force: false
+        })),
+        "volume in use: v"
+    );
+    // The alloc finishes: read back as a past claim in state Unpublishing, still holding
+    // its write claim until freed.
+    fx.ok(Command::AllocClientUpdate {
+        alloc_id: "a1".into(),
+        client_status: ClientStatus::Complete,
+    });
+    let vol = fx.state.volume("default", "v").unwrap();
+    assert_eq!(vol.past_claims["a1"].state, ClaimState::Unpublishing);
+    assert!(vol.write_claims.contains_key("a1"));
+    assert!(
+        fx.state.volume_raw("default", "v").unwrap().past_claims.is_empty(),
+        "derived, not stored"
+    );
+    assert_eq!(error(fx.apply(take("a2"))), "volume max claims reached");
+    // force needs every recorded alloc terminal on both sides.
+    assert_eq!(
+        error(fx.apply(Command::CsiVolumeDeregister {
+            namespace: "default".into(),
+            volume_ids: vec!["v".into()],
+            force: true
+        })),
+        "volume in use: v"
+    );
+    for state in [ClaimState::NodeDetached, ClaimState::ReadyToFree] {
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, state),
+        });
+    }
+    let vol = fx.state.volume("default", "v").unwrap();
+    assert!(vol.write_claims.is_empty() && vol.past_claims.is_empty());
+    assert!(matches!(fx.apply(take("a2")), Response::Volume(_)));
+    let mut a2 = alloc("a2", "n1");
+    a2.desired_status = DesiredStatus::Stop;
+    a2.client_status = ClientStatus::Complete;
+    fx.ok(Command::AllocUpsert { allocs: vec![a2] });
+    fx.ok(Command::CsiVolumeDeregister {
+        namespace: "default".into(),
+        volume_ids: vec!["v".into()],
+        force: true,
+    });
+    assert!(fx.state.volume("default", "v").is_none());
+    assert_eq!(
+        fx.state.volumes_of_plugin("p").count(),
+        0,
+        "the plugin index follows deregistration"
+    );
+    assert_eq!(
+        error(fx.apply(Command::CsiVolumeDeregister {
+            namespace: "default".into(),
+            volume_ids: vec!["v".into()],
+            force: false
+        })),
+        "volume not found"
+    );
+}
+
+#[test]
+fn gc_d_allocs_read_as_past_claims() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("v")],
+    });
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("a1", "n1")],
+    });
+    fx.ok(Command::CsiVolumeClaim {
+        namespace: "default".into(),
+        volume_id: "v".into(),
+        claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+    });
+    fx.ok(Command::AllocDelete {
+        alloc_ids: vec!["a1".into()],
+    });
+    assert_eq!(
+        fx.state.volume("default", "v").unwrap().past_claims["a1"].state,
+        ClaimState::Unpublishing
+    );
+}
+
+#[test]
+fn plugin_delete_refuses_a_plugin_in_use() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    assert_eq!(
+        error(fx.apply(Command::CsiPluginDelete { plugin_id: "p".into() })),
+        "plugin in use"
+    );
+    assert_eq!(
+        error(fx.apply(Command::CsiPluginDelete { plugin_id: "x".into() })),
+        "plugin not found: x"
+    );
+}
+
+#[test]
+fn snapshot_of_every_table_restores_equal() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("v")],
+    });
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("a1", "n1")],
+    });
+    fx.ok(Command::CsiVolumeClaim {
+        namespace: "default".into(),
+        volume_id: "v".into(),
+        claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+    });
+    fx.ok(Command::EvalUpsert {
+        evals: vec![crate::structs::Evaluation {
+            id: "e1".into(),
+            ..Default::default()
+        }],
+    });
+    let restored = ServerState::restore(&fx.state.snapshot()).unwrap();
+    assert_eq!(restored, fx.state);
+}
+
+#[test]
+fn node_allocs_name_awaited_allocations_that_finished_on_other_nodes() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::JobUpsert {
+        job: crate::structs::Job {
+            id: "j".into(),
+            namespace: "default".into(),
+            ..Default::default()
+        },
+    });
+    let mut running_elsewhere = alloc("old-running", "n2");
+    running_elsewhere.client_status = ClientStatus::Running;
+    running_elsewhere.desired_status = crate::structs::DesiredStatus::Stop;
+    let mut lost = alloc("old-lost", "n3");
+    lost.client_status = ClientStatus::Lost;
+    let mut local = alloc("old-local", "n1");
+    local.client_status = ClientStatus::Complete;
+    let next = |id: &str, previous: &str| {
+        let mut placed = alloc(id, "n1");
+        placed.job_id = "j".into();
+        placed.previous_allocation = Some(previous.into());
+        placed
+    };
+    let mut preempting = next("d", "old-gone");
+    preempting.preempted_allocations = vec!["old-running".into()];
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![
+            running_elsewhere,
+            lost,
+            local,
+            next("a", "old-running"),
+            next("b", "old-lost"),
+            next("c", "old-local"),
+            preempting,
+        ],
+    });
+    let (allocs, finished) = fx.state.node_allocs("n1");
+    let ids: Vec<&str> = allocs.iter().map(|(placed, _)| placed.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        ["a", "b", "c", "d"],
+        "allocations whose job is gone are not listed"
+    );
+    // Stopping but still running elsewhere: waited for. Local ones: the client knows.
+    assert_eq!(finished, ["old-gone", "old-lost"]);
+}
