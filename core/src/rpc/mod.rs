@@ -1,48 +1,39 @@
-//! The server's write endpoints (`Node.*`, `Alloc.*`, `Job.*`, `CSIVolume.*`, `CSIPlugin.*`) as
-//! one leader-side machine.
+//! The server's write endpoints (`Node.*`, `Alloc.*`, `Job.*`, `CSIVolume.*`, `CSIPlugin.*`)
+//! and the leader's background machines, composed.
 //!
-//! Simple writes are proposed through Raft and answered when applied. The CSI flows add
-//! external calls to clients, each started only after the step before it is committed:
-//! - `VolumeRegister`: `ControllerValidateVolume` for plugins with a controller, then commit.
-//! - `VolumeClaim`: commit the claim, then for a new claim on a plugin with attach/detach,
-//!   `ControllerAttachVolume` and answer with the publish context.
-//! - `VolumeUnpublish`: the checkpointed walk of [`crate::csi::unpublish`]; concurrent requests
-//!   for the same claim share one walk.
-//! - `VolumeDetach`: unpublish every claim of the volume on one node.
+//! Each concern is its own machine with its own module: [`nodes`] (node writes and the
+//! heartbeats that mark silent nodes down), [`jobs`] (job and allocation writes, and the
+//! scheduler worker), [`csi`] (the CSI flows that call clients, their controller queues, and
+//! the volume watcher), and the node drainer ([`crate::drainer`]). They share one
+//! [`outbox::Outbox`]: one op id space, one ordered action queue, and the proposals in flight
+//! with the machine each belongs to. The composer here routes requests, proposal results,
+//! client answers, leadership and time to them. Simple writes are proposed through Raft and
+//! answered when applied; losing leadership fails every request in flight as retryable.
 //!
-//! Controller RPCs are serialised per plugin (at most one in flight) and try healthy
-//! controllers in sorted order, moving on after retryable errors (§3.7). Every client call has
-//! a deadline owned here; losing leadership fails every request in flight as retryable.
-//!
-//! Reads of the state store come in as `&ServerState`; the machine never writes it.
+//! Reads of the state store come in as `&ServerState`; no machine ever writes it.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-mod controllers;
-mod csi_flows;
+mod csi;
+mod jobs;
 mod messages;
-mod requests;
+mod nodes;
+mod outbox;
 #[cfg(test)]
 mod tests;
 
 pub use messages::*;
 
-use alloc::collections::{BTreeMap, VecDeque};
 use core::time::Duration;
 
-use crate::csi::routing::ControllerTarget;
-use crate::csi::watcher::{GcConfig, VolumeWatcher, WatcherAction};
+use crate::csi::watcher::{GcConfig, VolumeWatcher};
 use crate::drainer::Drainer;
 use crate::fsm::{Command, Response, ServerState};
 use crate::heartbeat::{HeartbeatConfig, Heartbeats};
-use crate::op::{OpId, OpIds};
-use crate::scheduler::worker::Worker;
-use crate::structs::{
-    AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, Evaluation, JobType, NodeEvent,
-    NodeStatus,
-};
+use crate::op::OpId;
 use crate::time::Instant;
+use outbox::{JobId, Outbox, Owner};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -89,106 +80,15 @@ pub enum Action {
 /// Nomad wraps plugin `FailedPrecondition` errors so callers retry.
 pub const RETRYABLE_PREFIX: &str = "CSI client error (retryable)";
 
-type JobId = u64;
-type ClaimKey = (String, String, String);
-
-#[derive(Debug)]
-enum Flow {
-    /// Propose one command and answer.
-    Simple { req: ReqId },
-    /// Propose one command nobody waits for (GC jobs).
-    Internal,
-    Register {
-        req: ReqId,
-        volumes: Vec<CsiVolume>,
-        validations_left: usize,
-    },
-    Claim {
-        req: ReqId,
-        namespace: String,
-        volume_id: String,
-        claim: CsiVolumeClaim,
-        index: u64,
-        volume: Option<alloc::boxed::Box<CsiVolume>>,
-    },
-    Unpublish {
-        key: ClaimKey,
-        claim: CsiVolumeClaim,
-        waiters: Vec<Waiter>,
-    },
-    Detach {
-        req: ReqId,
-        left: usize,
-        error: Option<RpcError>,
-    },
-    /// A job register or deregister: answered with its evaluation.
-    JobWrite {
-        req: ReqId,
-        eval_id: String,
-        namespace: String,
-        job_id: String,
-    },
-    /// A scheduler worker proposal.
-    Schedule,
-    /// A proposal of the node drainer.
-    Drain,
-    /// A node registration or status change: answered with the heartbeat TTL once applied.
-    NodeWrite { req: ReqId, node_id: String },
-    /// A node marked down because its heartbeat deadline passed.
-    HeartbeatMissed { node_id: String },
-}
-
-/// Who waits for an unpublish walk: a request, or a detach job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Waiter {
-    Request(ReqId),
-    Detach(JobId),
-    /// The volume watcher; it retries on its own schedule.
-    Watcher,
-}
-
-#[derive(Debug)]
-struct ControllerCall {
-    job: JobId,
-    request: ClientCsiRequest,
-    candidates: Vec<ControllerTarget>,
-    next: usize,
-    errors: Vec<String>,
-}
-
-#[derive(Debug, Default)]
-struct PluginQueue {
-    in_flight: Option<(OpId, ControllerCall)>,
-    waiting: VecDeque<ControllerCall>,
-}
-
-#[derive(Debug)]
-enum ClientOp {
-    /// A node call owned by a job.
-    Node { job: JobId },
-    /// The in-flight controller call of a plugin queue.
-    Controller { plugin_id: String },
-}
-
+/// The leader's machines behind one interface (see the module documentation).
 #[derive(Debug)]
 pub struct RpcEndpoints {
     leader: bool,
-    client_timeout: Duration,
-    ops: OpIds,
-    next_job: JobId,
-    jobs: BTreeMap<JobId, Flow>,
-    proposals: BTreeMap<OpId, JobId>,
-    client_ops: BTreeMap<OpId, (ClientOp, Instant)>,
-    queues: BTreeMap<String, PluginQueue>,
-    unpublishing: BTreeMap<ClaimKey, JobId>,
-    watcher: VolumeWatcher,
-    faults: crate::config::CsiFaults,
-    /// Claims given up after a failed release (only with the #10927 fault switched on).
-    abandoned: alloc::collections::BTreeSet<ClaimKey>,
-    scheduler: Worker,
-    heartbeats: Heartbeats,
+    out: Outbox,
+    nodes: nodes::NodeEndpoints,
+    jobs: jobs::JobEndpoints,
     drainer: Drainer,
-    actions: VecDeque<Action>,
+    csi: csi::CsiEndpoints,
 }
 
 impl RpcEndpoints {
@@ -201,26 +101,16 @@ impl RpcEndpoints {
     ) -> Self {
         RpcEndpoints {
             leader: false,
-            client_timeout,
-            ops: OpIds::default(),
-            next_job: 0,
-            jobs: BTreeMap::new(),
-            proposals: BTreeMap::new(),
-            client_ops: BTreeMap::new(),
-            queues: BTreeMap::new(),
-            unpublishing: BTreeMap::new(),
-            watcher: VolumeWatcher::new(gc),
-            faults,
-            abandoned: alloc::collections::BTreeSet::new(),
-            scheduler: Worker::new(seed),
-            heartbeats: Heartbeats::new(heartbeat, seed ^ 0x4ea7),
+            out: Outbox::default(),
+            nodes: nodes::NodeEndpoints::new(heartbeat, seed ^ 0x4ea7),
+            jobs: jobs::JobEndpoints::new(seed),
             drainer: Drainer::new(),
-            actions: VecDeque::new(),
+            csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
         }
     }
 
     pub fn watcher(&self) -> &VolumeWatcher {
-        &self.watcher
+        self.csi.watcher()
     }
 
     pub fn is_leader(&self) -> bool {
@@ -228,148 +118,58 @@ impl RpcEndpoints {
     }
 
     pub fn heartbeats(&self) -> &Heartbeats {
-        &self.heartbeats
+        self.nodes.heartbeats()
     }
 
     /// Releases in flight, by (namespace, volume, allocation).
-    pub fn unpublishing(&self) -> impl Iterator<Item = &ClaimKey> {
-        self.unpublishing.keys()
+    pub fn unpublishing(&self) -> impl Iterator<Item = &(String, String, String)> {
+        self.csi.unpublishing()
     }
 
     pub fn handle(&mut self, now: Instant, input: Input, state: &ServerState) {
         match input {
             Input::Request { req, request } => self.request(now, req, request, state),
             Input::Proposed { op, result } => {
-                if let Some(job) = self.proposals.remove(&op) {
-                    self.proposed(now, job, result, state);
+                if let Some((job, owner)) = self.out.take_proposal(op) {
+                    self.proposed(now, job, owner, result, state);
                 }
             }
-            Input::ClientReplied { op, result } => {
-                if let Some((client_op, _)) = self.client_ops.remove(&op) {
-                    self.client_replied(now, op, client_op, result, state);
-                }
-            }
+            Input::ClientReplied { op, result } => self.csi.client_answered(now, op, result, state, &mut self.out),
             Input::Leadership { leader } => {
                 if self.leader && !leader {
                     self.fail_everything("leadership lost");
                 }
                 self.leader = leader;
-                self.watcher.set_enabled(now, leader);
-                self.scheduler.set_enabled(now, leader);
-                self.heartbeats.set_enabled(leader);
+                self.csi.set_enabled(now, leader);
+                self.jobs.set_enabled(now, leader);
+                self.nodes.set_enabled(leader);
                 self.drainer.set_enabled(leader);
             }
         }
-        self.run_heartbeats(now, state);
-        self.run_watcher(now, state);
-        self.run_drainer(now, state);
-        self.run_scheduler(now, state);
-    }
-
-    fn run_drainer(&mut self, now: Instant, state: &ServerState) {
-        let scheduler = &mut self.scheduler;
-        if let Some(command) = self.drainer.run(now, state, &mut || scheduler.new_id()) {
-            let job = self.new_job(Flow::Drain);
-            self.propose(job, command);
-        }
-    }
-
-    /// Marks down every node whose heartbeat deadline passed.
-    fn run_heartbeats(&mut self, now: Instant, state: &ServerState) {
-        self.heartbeats.reconcile(now, state);
-        for node_id in self.heartbeats.expired(now) {
-            tracing::warn!(node = %node_id, "node heartbeat missed; marking it down");
-            let job = self.new_job(Flow::HeartbeatMissed {
-                node_id: node_id.clone(),
-            });
-            let event = NodeEvent {
-                message: crate::heartbeat::HEARTBEAT_MISSED.into(),
-                subsystem: "Cluster".into(),
-                ..NodeEvent::default()
-            };
-            self.propose(
-                job,
-                Command::NodeUpdateStatus {
-                    node_id,
-                    status: NodeStatus::Down,
-                    event: Some(event),
-                },
-            );
-        }
-    }
-
-    fn run_scheduler(&mut self, now: Instant, state: &ServerState) {
-        if let Some(command) = self.scheduler.run(now, state) {
-            let job = self.new_job(Flow::Schedule);
-            self.propose(job, command);
-        }
-    }
-
-    fn run_watcher(&mut self, now: Instant, state: &ServerState) {
-        let releasing: alloc::collections::BTreeSet<ClaimKey> =
-            self.unpublishing.keys().chain(self.abandoned.iter()).cloned().collect();
-        for action in self.watcher.run(now, state, &releasing) {
-            match action {
-                WatcherAction::Unpublish {
-                    namespace,
-                    volume_id,
-                    claim,
-                } => {
-                    self.start_unpublish(now, Waiter::Watcher, namespace, volume_id, claim, state);
-                }
-                WatcherAction::ClaimGc { namespace, volume_id } => {
-                    let job = self.new_job(Flow::Internal);
-                    let claim = CsiVolumeClaim {
-                        allocation_id: String::new(),
-                        node_id: String::new(),
-                        external_node_id: String::new(),
-                        mode: ClaimMode::Gc,
-                        access_mode: AccessMode::Unknown,
-                        attachment_mode: AttachmentMode::Unknown,
-                        state: ClaimState::Unpublishing,
-                    };
-                    self.propose(
-                        job,
-                        Command::CsiVolumeClaim {
-                            namespace,
-                            volume_id,
-                            claim,
-                        },
-                    );
-                }
-                WatcherAction::DeletePlugin { plugin_id } => {
-                    let job = self.new_job(Flow::Internal);
-                    self.propose(job, Command::CsiPluginDelete { plugin_id });
-                }
-            }
-        }
+        self.run(now, state);
     }
 
     pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
-        let expired: Vec<OpId> = self
-            .client_ops
-            .iter()
-            .filter(|(_, (_, deadline))| *deadline <= now)
-            .map(|(op, _)| *op)
-            .collect();
-        for op in expired {
-            let (client_op, _) = self.client_ops.remove(&op).expect("present");
-            self.actions.push_back(Action::CancelClientCall { op });
-            let message = format!("CSI call timed out after {:?}", self.client_timeout);
-            self.client_replied(now, op, client_op, Err(message), state);
+        self.csi.handle_timeout(now, state, &mut self.out);
+        self.run(now, state);
+    }
+
+    /// The background machines' turn, in a fixed order.
+    fn run(&mut self, now: Instant, state: &ServerState) {
+        self.nodes.run(now, state, &mut self.out);
+        self.csi.run_watcher(now, state, &mut self.out);
+        let jobs = &mut self.jobs;
+        if let Some(command) = self.drainer.run(now, state, &mut || jobs.new_id()) {
+            self.out.propose_new(Owner::Drainer, command);
         }
-        self.run_heartbeats(now, state);
-        self.run_watcher(now, state);
-        self.run_drainer(now, state);
-        self.run_scheduler(now, state);
+        self.jobs.run(now, state, &mut self.out);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         [
-            self.client_ops.values().map(|(_, deadline)| *deadline).min(),
-            self.watcher.poll_timeout(),
-            self.scheduler.poll_timeout(),
-            self.heartbeats.poll_timeout(),
+            self.csi.poll_timeout(),
+            self.jobs.poll_timeout(),
+            self.nodes.poll_timeout(),
             self.drainer.poll_timeout(),
         ]
         .into_iter()
@@ -378,125 +178,91 @@ impl RpcEndpoints {
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        self.out.pop()
     }
 
-    fn new_eval(
-        &mut self,
-        namespace: &str,
-        job_id: &str,
-        job_type: JobType,
-        priority: u32,
-        trigger: &str,
-    ) -> Evaluation {
-        Evaluation {
-            id: self.scheduler.new_id(),
-            namespace: namespace.to_string(),
-            priority,
-            eval_type: job_type.as_str().to_string(),
-            triggered_by: trigger.to_string(),
-            job_id: job_id.to_string(),
-            status: crate::structs::EVAL_PENDING.into(),
-            ..Evaluation::default()
+    fn request(&mut self, now: Instant, req: ReqId, request: ServerRequest, state: &ServerState) {
+        if !self.leader {
+            self.out
+                .reply(req, ServerReply::Error(RpcError::unavailable("No cluster leader")));
+            return;
+        }
+        use ServerRequest as R;
+        let out = &mut self.out;
+        let command = match request {
+            request @ (R::NodeRegister { .. }
+            | R::NodeUpdateStatus { .. }
+            | R::NodeUpdateCsiInfo { .. }
+            | R::NodeUpdateDrivers { .. }
+            | R::NodeEmitEvents { .. }
+            | R::NodeDeregister { .. }
+            | R::NodeUpdateDrain { .. }
+            | R::NodeUpdateEligibility { .. }) => self.nodes.request(now, req, request, state, out),
+            request @ (R::JobUpsert { .. }
+            | R::JobDeregister { .. }
+            | R::JobRegister { .. }
+            | R::JobStop { .. }
+            | R::AllocUpsert { .. }
+            | R::AllocClientUpdate { .. }
+            | R::AllocDelete { .. }) => self.jobs.request(req, request, state, out),
+            request => self.csi.request(now, req, request, state, out),
+        };
+        if let Some(command) = command {
+            self.out.propose_new(Owner::Simple { req }, command);
         }
     }
 
-    fn new_job(&mut self, job: Flow) -> JobId {
-        self.next_job += 1;
-        self.jobs.insert(self.next_job, job);
-        self.next_job
-    }
-
-    fn propose(&mut self, job: JobId, command: Command) {
-        let op = self.ops.allocate();
-        self.proposals.insert(op, job);
-        self.actions.push_back(Action::Propose {
-            op,
-            command: alloc::boxed::Box::new(command),
-        });
-    }
-
-    fn reply(&mut self, req: ReqId, reply: ServerReply) {
-        self.actions.push_back(Action::Reply { req, reply });
-    }
-
-    fn proposed(&mut self, now: Instant, job_id: JobId, result: Result<(u64, Response), String>, state: &ServerState) {
-        let Some(job) = self.jobs.get_mut(&job_id) else {
-            return;
-        };
+    /// A proposal came back: to the machine that made it.
+    fn proposed(
+        &mut self,
+        now: Instant,
+        job: JobId,
+        owner: Owner,
+        result: Result<(u64, Response), String>,
+        state: &ServerState,
+    ) {
         let outcome = match result {
             Ok((_, Response::Error(kind, message))) => Err(RpcError::new(kind, message, false)),
             Ok((index, response)) => Ok((index, response)),
             Err(message) => Err(RpcError::unavailable(message)),
         };
-        match job {
-            Flow::Internal => {
-                self.jobs.remove(&job_id);
-                if let Err(failure) = outcome {
-                    tracing::debug!(error = %failure.message, "CSI garbage collection proposal failed");
-                }
+        let out = &mut self.out;
+        match owner {
+            Owner::Simple { req } => {
+                let reply = match outcome {
+                    Ok((index, _)) => ServerReply::Done { index },
+                    Err(error) => ServerReply::Error(error),
+                };
+                out.reply(req, reply);
             }
-            Flow::Schedule => {
-                self.jobs.remove(&job_id);
-                if let Err(failure) = outcome {
-                    tracing::warn!(error = %failure.message, "scheduler proposal failed");
-                }
-                self.scheduler.proposed();
-            }
-            Flow::Drain => {
-                self.jobs.remove(&job_id);
+            Owner::Nodes(flow) => self.nodes.proposed(now, flow, outcome, state, out),
+            Owner::Jobs(flow) => self.jobs.proposed(flow, outcome, state, out),
+            Owner::Drainer => {
                 if let Err(failure) = outcome {
                     tracing::warn!(error = %failure.message, "drainer proposal failed");
                 }
                 self.drainer.proposed();
             }
-            Flow::NodeWrite { req, node_id } => {
-                let (req, node_id) = (*req, node_id.clone());
-                self.jobs.remove(&job_id);
-                self.node_written(now, req, &node_id, outcome, state);
-            }
-            Flow::HeartbeatMissed { node_id } => {
-                let node_id = node_id.clone();
-                self.jobs.remove(&job_id);
-                if let Err(failure) = outcome {
-                    tracing::warn!(node = %node_id, error = %failure.message, "marking a node down failed");
-                }
-                self.heartbeats.marked(&node_id);
-            }
-            Flow::JobWrite {
-                req,
-                eval_id,
-                namespace,
-                job_id: id,
-            } => {
-                let (req, eval_id) = (*req, eval_id.clone());
-                let job_modify_index = state.job(namespace, id).map_or(0, |job| job.job_modify_index);
-                self.jobs.remove(&job_id);
-                let reply = match outcome {
-                    Ok((index, _)) => ServerReply::JobRegistered {
-                        index,
-                        eval_id,
-                        job_modify_index,
-                    },
-                    Err(error) => ServerReply::Error(error),
-                };
-                self.reply(req, reply);
-            }
-            Flow::Simple { req } | Flow::Register { req, .. } => {
-                let req = *req;
-                self.jobs.remove(&job_id);
-                let reply = match outcome {
-                    Ok((index, _)) => ServerReply::Done { index },
-                    Err(error) => ServerReply::Error(error),
-                };
-                self.reply(req, reply);
-            }
-            Flow::Claim { .. } => self.claim_committed(now, job_id, outcome, state),
-            Flow::Unpublish { .. } => match outcome {
-                Ok(_) => self.unpublish_continue(now, job_id, state),
-                Err(error) => self.finish_unpublish(now, job_id, Err(error), state),
-            },
-            Flow::Detach { .. } => unreachable!("detach jobs propose nothing"),
+            Owner::Csi => self.csi.proposed(now, job, outcome, state, out),
         }
+    }
+
+    /// Leadership is lost: every request still waiting fails as retryable, in the order the
+    /// work arrived, and every client call is abandoned.
+    fn fail_everything(&mut self, why: &str) {
+        let mut waiting = self.csi.fail_everything();
+        for (_, (job, owner)) in self.out.take_proposals() {
+            match owner {
+                Owner::Simple { req } | Owner::Nodes(nodes::NodeFlow::Write { req, .. }) => waiting.push((job, req)),
+                Owner::Nodes(nodes::NodeFlow::HeartbeatMissed { .. }) | Owner::Csi => {}
+                Owner::Jobs(flow) => waiting.extend(self.jobs.abandoned(&flow).map(|req| (job, req))),
+                Owner::Drainer => self.drainer.proposed(),
+            }
+        }
+        waiting.sort_by_key(|(job, _)| *job);
+        for (_, req) in waiting {
+            self.out.reply(req, ServerReply::Error(RpcError::unavailable(why)));
+        }
+        self.csi.abandon_calls(&mut self.out);
     }
 }

@@ -13,7 +13,7 @@ use crate::fsm::{Command, ServerState};
 use crate::structs::{ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim};
 use crate::time::Instant;
 
-impl RpcEndpoints {
+impl CsiEndpoints {
     /// A claim's proposal came back: its error is the answer, else what was committed is
     /// controller-published (`publish`).
     pub(super) fn claim_committed(
@@ -22,6 +22,7 @@ impl RpcEndpoints {
         job_id: JobId,
         outcome: Result<(u64, Response), RpcError>,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let Some(Flow::Claim {
             req,
@@ -39,7 +40,7 @@ impl RpcEndpoints {
             Ok(done) => done,
             Err(error) => {
                 self.jobs.remove(&job_id);
-                self.reply(req, ServerReply::Error(error));
+                out.reply(req, ServerReply::Error(error));
                 return;
             }
         };
@@ -51,17 +52,17 @@ impl RpcEndpoints {
             _ => state.volume(&namespace, &volume_id).unwrap_or_default(),
         };
         *volume = Some(alloc::boxed::Box::new(stored.clone()));
-        self.publish(now, job_id, req, new_index, claim, stored, state);
+        self.publish(now, job_id, req, new_index, claim, stored, state, out);
     }
 
     pub(super) fn start_unpublish(
         &mut self,
         now: Instant,
         waiter: Waiter,
-        namespace: String,
-        volume_id: String,
+        (namespace, volume_id): (String, String),
         claim: CsiVolumeClaim,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let key = (namespace.clone(), volume_id.clone(), claim.allocation_id.clone());
         if let Some(job) = self.unpublishing.get(&key).copied()
@@ -71,22 +72,26 @@ impl RpcEndpoints {
             return;
         }
         if state.volume(&namespace, &volume_id).is_none() {
-            self.finish_waiter(now, waiter, Err(RpcError::not_found("volume not found")), state);
+            self.finish_waiter(now, waiter, Err(RpcError::not_found("volume not found")), state, out);
             return;
         }
         let mut claim = claim;
         if claim.state == ClaimState::Taken {
             claim.state = ClaimState::Unpublishing;
         }
-        let job = self.new_job(Flow::Unpublish {
-            key: key.clone(),
-            claim: claim.clone(),
-            waiters: vec![waiter],
-        });
+        let job = self.new_job(
+            out,
+            Flow::Unpublish {
+                key: key.clone(),
+                claim: claim.clone(),
+                waiters: vec![waiter],
+            },
+        );
         self.unpublishing.insert(key, job);
         // Checkpoint the claim as given before any external call.
-        self.propose(
+        out.propose(
             job,
+            Owner::Csi,
             Command::CsiVolumeClaim {
                 namespace,
                 volume_id,
@@ -106,6 +111,7 @@ impl RpcEndpoints {
         claim: CsiVolumeClaim,
         volume: CsiVolume,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let needs_publish = claim.state == ClaimState::Taken
             && claim.mode != ClaimMode::Gc
@@ -115,7 +121,7 @@ impl RpcEndpoints {
                 .is_some_and(|plugin| plugin.supports_attach_detach());
         if !needs_publish {
             self.jobs.remove(&job);
-            self.reply(
+            out.reply(
                 req,
                 ServerReply::Claimed {
                     index,
@@ -132,7 +138,7 @@ impl RpcEndpoints {
                 "node plugin {} is not running or has not fingerprinted on node {}",
                 volume.plugin_id, claim.node_id
             );
-            self.reply(req, ServerReply::Error(RpcError::unavailable(message)));
+            out.reply(req, ServerReply::Error(RpcError::unavailable(message)));
             return;
         }
         let request = ClientCsiRequest::ControllerAttach(ControllerAttachRequest {
@@ -146,10 +152,10 @@ impl RpcEndpoints {
             secrets: volume.secrets.clone(),
             volume_context: volume.context.clone(),
         });
-        self.enqueue_controller(now, job, request, state);
+        self.enqueue_controller(now, job, request, state, out);
     }
 
-    pub(super) fn unpublish_continue(&mut self, now: Instant, job_id: JobId, state: &ServerState) {
+    pub(super) fn unpublish_continue(&mut self, now: Instant, job_id: JobId, state: &ServerState, out: &mut Outbox) {
         let Some(Flow::Unpublish { key, claim, .. }) = self.jobs.get(&job_id) else {
             return;
         };
@@ -157,32 +163,32 @@ impl RpcEndpoints {
         let claim = claim.clone();
         let Some(volume) = state.volume(&namespace, &volume_id) else {
             // The volume is gone (force-deregistered): nothing left to release.
-            self.finish_unpublish(now, job_id, Ok(()), state);
+            self.finish_unpublish(now, job_id, Ok(()), state, out);
             return;
         };
         match unpublish::next_step_with(state, &volume, &claim, self.faults.node_detach_on_down_node) {
-            Step::Done => self.finish_unpublish(now, job_id, Ok(()), state),
+            Step::Done => self.finish_unpublish(now, job_id, Ok(()), state, out),
             Step::Checkpoint(next) => {
                 if claim.state == ClaimState::ReadyToFree
                     && next.state == ClaimState::ReadyToFree
                     && self.committed_free(&volume, &claim)
                 {
-                    self.finish_unpublish(now, job_id, Ok(()), state);
+                    self.finish_unpublish(now, job_id, Ok(()), state, out);
                     return;
                 }
-                self.checkpoint_claim(job_id, next);
+                self.checkpoint_claim(job_id, next, out);
             }
             Step::NodeDetach(request) => {
                 let Some(node) = state.node(&request.node_id) else {
                     let mut next = claim.clone();
                     next.state = ClaimState::NodeDetached;
-                    self.checkpoint_claim(job_id, next);
+                    self.checkpoint_claim(job_id, next, out);
                     return;
                 };
-                let op = self.ops.allocate();
+                let op = out.allocate();
                 self.client_ops
                     .insert(op, (ClientOp::Node { job: job_id }, now + self.client_timeout));
-                self.actions.push_back(Action::CallClient {
+                out.push(Action::CallClient {
                     op,
                     node_id: request.node_id.clone(),
                     rpc_addr: node.rpc_addr.clone(),
@@ -190,7 +196,7 @@ impl RpcEndpoints {
                 });
             }
             Step::ControllerDetach(request) => {
-                self.enqueue_controller(now, job_id, ClientCsiRequest::ControllerDetach(request), state);
+                self.enqueue_controller(now, job_id, ClientCsiRequest::ControllerDetach(request), state, out);
             }
         }
     }
@@ -202,14 +208,15 @@ impl RpcEndpoints {
     }
 
     /// The unpublish flow `job_id` moves on to `next`, checkpointed through Raft.
-    pub(super) fn checkpoint_claim(&mut self, job_id: JobId, next: CsiVolumeClaim) {
+    pub(super) fn checkpoint_claim(&mut self, job_id: JobId, next: CsiVolumeClaim, out: &mut Outbox) {
         let Some(Flow::Unpublish { key, claim, .. }) = self.jobs.get_mut(&job_id) else {
             return;
         };
         *claim = next.clone();
         let (namespace, volume_id, _) = key.clone();
-        self.propose(
+        out.propose(
             job_id,
+            Owner::Csi,
             Command::CsiVolumeClaim {
                 namespace,
                 volume_id,
@@ -224,6 +231,7 @@ impl RpcEndpoints {
         job_id: JobId,
         result: Result<(), RpcError>,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let Some(Flow::Unpublish { key, waiters, .. }) = self.jobs.remove(&job_id) else {
             return;
@@ -233,7 +241,7 @@ impl RpcEndpoints {
             self.abandoned.insert(key.clone());
         }
         for waiter in waiters {
-            self.finish_waiter(now, waiter, result.clone(), state);
+            self.finish_waiter(now, waiter, result.clone(), state, out);
         }
     }
 
@@ -243,6 +251,7 @@ impl RpcEndpoints {
         waiter: Waiter,
         result: Result<(), RpcError>,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let index = state.last_applied().unwrap_or(0);
         match waiter {
@@ -256,7 +265,7 @@ impl RpcEndpoints {
                     Ok(()) => ServerReply::Done { index },
                     Err(error) => ServerReply::Error(error),
                 };
-                self.reply(req, reply);
+                out.reply(req, reply);
             }
             Waiter::Detach(job) => {
                 let Some(Flow::Detach { req, left, error }) = self.jobs.get_mut(&job) else {
@@ -273,7 +282,7 @@ impl RpcEndpoints {
                         None => ServerReply::Done { index },
                     };
                     self.jobs.remove(&job);
-                    self.reply(req, reply);
+                    out.reply(req, reply);
                 }
             }
         }

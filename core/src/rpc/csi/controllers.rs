@@ -13,13 +13,14 @@ use crate::op::OpId;
 use crate::structs::ClaimState;
 use crate::time::Instant;
 
-impl RpcEndpoints {
+impl CsiEndpoints {
     pub(super) fn enqueue_controller(
         &mut self,
         now: Instant,
         job: JobId,
         request: ClientCsiRequest,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let plugin_id = request.plugin_id().to_string();
         self.queues
@@ -33,11 +34,11 @@ impl RpcEndpoints {
                 next: 0,
                 errors: Vec::new(),
             });
-        self.dispatch(now, &plugin_id, state);
+        self.dispatch(now, &plugin_id, state, out);
     }
 
     /// Starts the next controller call of `plugin_id` if none is in flight.
-    pub(super) fn dispatch(&mut self, now: Instant, plugin_id: &str, state: &ServerState) {
+    pub(super) fn dispatch(&mut self, now: Instant, plugin_id: &str, state: &ServerState, out: &mut Outbox) {
         loop {
             let queue = self.queues.entry(plugin_id.to_string()).or_default();
             if queue.in_flight.is_some() {
@@ -50,17 +51,17 @@ impl RpcEndpoints {
             call.candidates = routing::controller_candidates(state, plugin_id);
             if call.candidates.is_empty() {
                 let message = format!("failed to find clients running controller plugin {plugin_id:?}");
-                self.controller_done(now, call, Err(RpcError::unavailable(message)), state);
+                self.controller_done(now, call, Err(RpcError::unavailable(message)), state, out);
                 continue;
             }
-            self.send_controller(now, plugin_id, call);
+            self.send_controller(now, plugin_id, call, out);
             return;
         }
     }
 
-    pub(super) fn send_controller(&mut self, now: Instant, plugin_id: &str, call: ControllerCall) {
+    pub(super) fn send_controller(&mut self, now: Instant, plugin_id: &str, call: ControllerCall, out: &mut Outbox) {
         let target = call.candidates[call.next].clone();
-        let op = self.ops.allocate();
+        let op = out.allocate();
         self.client_ops.insert(
             op,
             (
@@ -70,7 +71,7 @@ impl RpcEndpoints {
                 now + self.client_timeout,
             ),
         );
-        self.actions.push_back(Action::CallClient {
+        out.push(Action::CallClient {
             op,
             node_id: target.node_id,
             rpc_addr: target.rpc_addr,
@@ -86,6 +87,7 @@ impl RpcEndpoints {
         client_op: ClientOp,
         result: Result<ClientCsiReply, String>,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         match client_op {
             ClientOp::Node { job } => {
@@ -99,10 +101,10 @@ impl RpcEndpoints {
                     };
                     let mut next = claim.clone();
                     next.state = ClaimState::NodeDetached;
-                    self.checkpoint_claim(job, next);
+                    self.checkpoint_claim(job, next, out);
                 } else {
                     let message = format!("could not detach from node: {}", result.expect_err("failed"));
-                    self.finish_unpublish(now, job, Err(RpcError::unavailable(message)), state);
+                    self.finish_unpublish(now, job, Err(RpcError::unavailable(message)), state, out);
                 }
             }
             ClientOp::Controller { plugin_id } => {
@@ -117,7 +119,7 @@ impl RpcEndpoints {
                     Err(message) if routing::is_retryable(&message) && call.next + 1 < call.candidates.len() => {
                         call.errors.push(message);
                         call.next += 1;
-                        self.send_controller(now, &plugin_id, call);
+                        self.send_controller(now, &plugin_id, call, out);
                     }
                     Err(message) => {
                         let retryable = message.contains("FailedPrecondition") || routing::is_retryable(&message);
@@ -127,12 +129,12 @@ impl RpcEndpoints {
                             } else {
                                 message
                             };
-                        self.controller_done(now, call, Err(RpcError::from_plugin(message, retryable)), state);
-                        self.dispatch(now, &plugin_id, state);
+                        self.controller_done(now, call, Err(RpcError::from_plugin(message, retryable)), state, out);
+                        self.dispatch(now, &plugin_id, state, out);
                     }
                     Ok(reply) => {
-                        self.controller_done(now, call, Ok(reply), state);
-                        self.dispatch(now, &plugin_id, state);
+                        self.controller_done(now, call, Ok(reply), state, out);
+                        self.dispatch(now, &plugin_id, state, out);
                     }
                 }
             }
@@ -146,6 +148,7 @@ impl RpcEndpoints {
         call: ControllerCall,
         result: Result<ClientCsiReply, RpcError>,
         state: &ServerState,
+        out: &mut Outbox,
     ) {
         let job_id = call.job;
         let Some(job) = self.jobs.get_mut(&job_id) else {
@@ -161,14 +164,14 @@ impl RpcEndpoints {
                     *validations_left -= 1;
                     if *validations_left == 0 {
                         let volumes = volumes.clone();
-                        self.propose(job_id, Command::CsiVolumeRegister { volumes });
+                        out.propose(job_id, Owner::Csi, Command::CsiVolumeRegister { volumes });
                     }
                 }
                 Err(failure) => {
                     let req = *req;
                     self.jobs.remove(&job_id);
                     let message = format!("controller validate volume: {}", failure.message);
-                    self.reply(
+                    out.reply(
                         req,
                         ServerReply::Error(RpcError::from_plugin(message, failure.retryable)),
                     );
@@ -191,60 +194,51 @@ impl RpcEndpoints {
                     },
                     Err(failure) => ServerReply::Error(failure),
                 };
-                self.reply(req, reply);
+                out.reply(req, reply);
             }
             Flow::Unpublish { claim, .. } => match result {
                 Ok(_) => {
                     let mut next = claim.clone();
                     next.state = ClaimState::ReadyToFree;
-                    self.checkpoint_claim(job_id, next);
+                    self.checkpoint_claim(job_id, next, out);
                 }
                 Err(failure) => {
                     let failure =
                         RpcError::unavailable(format!("could not detach from controller: {}", failure.message));
-                    self.finish_unpublish(now, job_id, Err(failure), state);
+                    self.finish_unpublish(now, job_id, Err(failure), state, out);
                 }
             },
-            Flow::Simple { .. }
-            | Flow::Detach { .. }
-            | Flow::Internal
-            | Flow::JobWrite { .. }
-            | Flow::Schedule
-            | Flow::Drain
-            | Flow::NodeWrite { .. }
-            | Flow::HeartbeatMissed { .. } => {}
+            Flow::Detach { .. } | Flow::Internal => {}
         }
     }
 
-    pub(super) fn fail_everything(&mut self, why: &str) {
-        let jobs = core::mem::take(&mut self.jobs);
-        for (_, job) in jobs {
-            let failure = ServerReply::Error(RpcError::unavailable(why));
-            match job {
-                Flow::Simple { req }
-                | Flow::Register { req, .. }
-                | Flow::Claim { req, .. }
-                | Flow::Detach { req, .. }
-                | Flow::JobWrite { req, .. }
-                | Flow::NodeWrite { req, .. } => self.reply(req, failure),
-                Flow::HeartbeatMissed { .. } => {}
-                Flow::Schedule => self.scheduler.proposed(),
-                Flow::Drain => self.drainer.proposed(),
+    /// Leadership is lost: every flow ends. Returns the requests still waiting, by job, for
+    /// the composer to fail in order; [`Self::abandon_calls`] then cancels the client calls.
+    pub(in crate::rpc) fn fail_everything(&mut self) -> Vec<(JobId, ReqId)> {
+        let mut waiting = Vec::new();
+        for (job, flow) in core::mem::take(&mut self.jobs) {
+            match flow {
+                Flow::Register { req, .. } | Flow::Claim { req, .. } | Flow::Detach { req, .. } => {
+                    waiting.push((job, req));
+                }
                 Flow::Unpublish { waiters, .. } => {
-                    for waiter in waiters {
-                        if let Waiter::Request(req) = waiter {
-                            self.reply(req, failure.clone());
-                        }
-                    }
+                    waiting.extend(waiters.into_iter().filter_map(|waiter| match waiter {
+                        Waiter::Request(req) => Some((job, req)),
+                        Waiter::Detach(_) | Waiter::Watcher => None,
+                    }));
                 }
                 Flow::Internal => {}
             }
         }
-        self.proposals.clear();
-        for op in core::mem::take(&mut self.client_ops).into_keys() {
-            self.actions.push_back(Action::CancelClientCall { op });
-        }
         self.queues.clear();
         self.unpublishing.clear();
+        waiting
+    }
+
+    /// Stops waiting for every client call in flight (leadership lost).
+    pub(in crate::rpc) fn abandon_calls(&mut self, out: &mut Outbox) {
+        for op in core::mem::take(&mut self.client_ops).into_keys() {
+            out.push(Action::CancelClientCall { op });
+        }
     }
 }

@@ -1,0 +1,201 @@
+//! `Job.*` and `Alloc.*` on the leader, and the scheduler worker that turns evaluations into
+//! plans.
+//!
+//! A job register or stop is validated, proposed with its evaluation and answered with the
+//! evaluation's ID once applied; the worker proposes one plan at a time.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use super::outbox::{Outbox, Owner};
+use super::{ReqId, RpcError, ServerReply, ServerRequest};
+use crate::fsm::{Command, Response, ServerState};
+use crate::scheduler::worker::Worker;
+use crate::structs::{Evaluation, JobType};
+use crate::time::Instant;
+
+/// A proposal of this machine in flight.
+#[derive(Debug)]
+pub(super) enum JobFlow {
+    /// A job register or deregister: answered with its evaluation.
+    Write {
+        req: ReqId,
+        eval_id: String,
+        namespace: String,
+        job_id: String,
+    },
+    /// A scheduler worker proposal.
+    Schedule,
+}
+
+#[derive(Debug)]
+pub(super) struct JobEndpoints {
+    worker: Worker,
+}
+
+impl JobEndpoints {
+    pub fn new(seed: u64) -> Self {
+        JobEndpoints {
+            worker: Worker::new(seed),
+        }
+    }
+
+    pub fn set_enabled(&mut self, now: Instant, leader: bool) {
+        self.worker.set_enabled(now, leader);
+    }
+
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.worker.poll_timeout()
+    }
+
+    /// A fresh ID from the worker's seeded generator (evaluations, the drainer's too).
+    pub fn new_id(&mut self) -> String {
+        self.worker.new_id()
+    }
+
+    /// The command to propose as it is, or `None` when handled here.
+    pub fn request(
+        &mut self,
+        req: ReqId,
+        request: ServerRequest,
+        state: &ServerState,
+        out: &mut Outbox,
+    ) -> Option<Command> {
+        let simple = Some;
+        match request {
+            ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
+            ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
+            ServerRequest::JobRegister { job } => {
+                let mut job = *job;
+                if job.name.is_empty() {
+                    job.name = job.id.clone();
+                }
+                let errors = crate::jobspec::validate(&job);
+                if !errors.is_empty() {
+                    out.reply(
+                        req,
+                        ServerReply::Error(RpcError::invalid(crate::jobspec::format_errors(&errors))),
+                    );
+                    return None;
+                }
+                let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-register");
+                let flow = JobFlow::Write {
+                    req,
+                    eval_id: eval.id.clone(),
+                    namespace: job.namespace.clone(),
+                    job_id: job.id.clone(),
+                };
+                out.propose_new(Owner::Jobs(flow), Command::JobRegister { job, eval });
+                None
+            }
+            ServerRequest::JobStop {
+                namespace,
+                job_id,
+                purge,
+            } => {
+                let Some(job) = state.job(&namespace, &job_id) else {
+                    out.reply(req, ServerReply::Error(RpcError::not_found("job not found")));
+                    return None;
+                };
+                let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-deregister");
+                let flow = JobFlow::Write {
+                    req,
+                    eval_id: eval.id.clone(),
+                    namespace: namespace.clone(),
+                    job_id: job_id.clone(),
+                };
+                let command = Command::JobStop {
+                    namespace,
+                    job_id,
+                    purge,
+                    eval,
+                };
+                out.propose_new(Owner::Jobs(flow), command);
+                None
+            }
+            ServerRequest::AllocUpsert { allocs } => simple(Command::AllocUpsert { allocs }),
+            ServerRequest::AllocClientUpdate {
+                alloc_id,
+                client_status,
+            } => simple(Command::AllocClientUpdate {
+                alloc_id,
+                client_status,
+            }),
+            ServerRequest::AllocDelete { alloc_ids } => simple(Command::AllocDelete { alloc_ids }),
+            other => unreachable!("not a job request: {other:?}"),
+        }
+    }
+
+    fn new_eval(
+        &mut self,
+        namespace: &str,
+        job_id: &str,
+        job_type: JobType,
+        priority: u32,
+        trigger: &str,
+    ) -> Evaluation {
+        Evaluation {
+            id: self.worker.new_id(),
+            namespace: namespace.to_string(),
+            priority,
+            eval_type: job_type.as_str().to_string(),
+            triggered_by: trigger.to_string(),
+            job_id: job_id.to_string(),
+            status: crate::structs::EVAL_PENDING.into(),
+            ..Evaluation::default()
+        }
+    }
+
+    /// A proposal of this machine came back.
+    pub fn proposed(
+        &mut self,
+        flow: JobFlow,
+        outcome: Result<(u64, Response), RpcError>,
+        state: &ServerState,
+        out: &mut Outbox,
+    ) {
+        match flow {
+            JobFlow::Schedule => {
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "scheduler proposal failed");
+                }
+                self.worker.proposed();
+            }
+            JobFlow::Write {
+                req,
+                eval_id,
+                namespace,
+                job_id,
+            } => {
+                let job_modify_index = state.job(&namespace, &job_id).map_or(0, |job| job.job_modify_index);
+                let reply = match outcome {
+                    Ok((index, _)) => ServerReply::JobRegistered {
+                        index,
+                        eval_id,
+                        job_modify_index,
+                    },
+                    Err(error) => ServerReply::Error(error),
+                };
+                out.reply(req, reply);
+            }
+        }
+    }
+
+    /// A proposal lost with leadership: the worker may plan again under a new leader.
+    pub fn abandoned(&mut self, flow: &JobFlow) -> Option<ReqId> {
+        match flow {
+            JobFlow::Schedule => {
+                self.worker.proposed();
+                None
+            }
+            JobFlow::Write { req, .. } => Some(*req),
+        }
+    }
+
+    /// One scheduling step: at most one plan in flight.
+    pub fn run(&mut self, now: Instant, state: &ServerState, out: &mut Outbox) {
+        if let Some(command) = self.worker.run(now, state) {
+            out.propose_new(Owner::Jobs(JobFlow::Schedule), command);
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! Job writes, answered with their evaluation; and the composer failing every machine's
+//! requests in arrival order when leadership is lost.
+
+use super::*;
+use crate::structs::{Job, JobType, Task, TaskGroup, TaskResources};
+use alloc::boxed::Box;
+
+fn web(count: u32) -> Job {
+    Job {
+        id: "web".into(),
+        namespace: "default".into(),
+        job_type: JobType::Service,
+        priority: 50,
+        datacenters: vec!["dc1".into()],
+        task_groups: vec![TaskGroup {
+            name: "g".into(),
+            count,
+            tasks: vec![Task {
+                name: "t".into(),
+                driver: "exec".into(),
+                resources: TaskResources {
+                    cpu: 100,
+                    memory_mb: 64,
+                    devices: Vec::new(),
+                },
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
+#[test]
+fn a_registered_job_is_answered_with_its_evaluation_once_applied() {
+    let mut h = Harness::new();
+    h.request(1, ServerRequest::JobRegister { job: Box::new(web(2)) });
+    let Some((
+        1,
+        ServerReply::JobRegistered {
+            index,
+            eval_id,
+            job_modify_index,
+        },
+    )) = h.replies.last().cloned()
+    else {
+        panic!("{:?}", h.replies)
+    };
+    let job = h.fx.state.job("default", "web").expect("stored");
+    assert_eq!(job.name, "web", "an empty name is the job's ID");
+    assert_eq!(job_modify_index, job.job_modify_index);
+    assert!(index >= job_modify_index);
+    let eval =
+        h.fx.state
+            .evals()
+            .find(|eval| eval.id == eval_id)
+            .expect("the evaluation");
+    assert_eq!(
+        (eval.job_id.as_str(), eval.triggered_by.as_str()),
+        ("web", "job-register")
+    );
+}
+
+#[test]
+fn an_invalid_job_is_refused_with_nomads_errors_and_nothing_is_proposed() {
+    let mut h = Harness::new();
+    let index = h.fx.index;
+    let mut bad = web(1);
+    bad.task_groups[0].tasks[0].driver.clear();
+    h.request(1, ServerRequest::JobRegister { job: Box::new(bad) });
+    assert_eq!(h.fx.index, index, "nothing written");
+    let ServerReply::Error(failure) = &h.replies[0].1 else {
+        panic!("{:?}", h.replies)
+    };
+    assert!(!failure.retryable);
+    assert!(failure.message.contains("Missing task driver"), "{failure:?}");
+    assert!(h.fx.state.job("default", "web").is_none());
+}
+
+#[test]
+fn stopping_a_job_nobody_registered_is_not_found() {
+    let mut h = Harness::new();
+    let stop = ServerRequest::JobStop {
+        namespace: "default".into(),
+        job_id: "nope".into(),
+        purge: false,
+    };
+    h.request(1, stop);
+    let ServerReply::Error(failure) = &h.replies[0].1 else {
+        panic!("{:?}", h.replies)
+    };
+    assert_eq!(failure.message, "job not found");
+}
+
+#[test]
+fn leadership_lost_fails_every_machines_requests_in_the_order_they_came() {
+    let mut h = Harness::new();
+    // Proposals stay in flight: nothing is pumped until leadership is gone.
+    let sends = [
+        (1, ServerRequest::JobRegister { job: Box::new(web(1)) }),
+        (
+            2,
+            ServerRequest::NodeRegister {
+                node: Box::new(node("n3", true)),
+            },
+        ),
+        (3, take("a1", "n1")),
+        (
+            4,
+            ServerRequest::AllocClientUpdate {
+                alloc_id: "a2".into(),
+                client_status: ClientStatus::Running,
+            },
+        ),
+    ];
+    for (req, request) in sends {
+        h.machine.handle(h.now, Input::Request { req, request }, &h.fx.state);
+    }
+    h.machine
+        .handle(h.now, Input::Leadership { leader: false }, &h.fx.state);
+    let mut replies = Vec::new();
+    while let Some(action) = h.machine.poll_action() {
+        if let Action::Reply {
+            req,
+            reply: ServerReply::Error(failure),
+        } = action
+        {
+            assert!(failure.retryable, "{failure:?}");
+            replies.push(req);
+        }
+    }
+    assert_eq!(replies, vec![1, 2, 3, 4]);
+}

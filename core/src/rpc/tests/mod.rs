@@ -1,0 +1,149 @@
+mod csi;
+mod jobs;
+mod nodes;
+
+use super::*;
+use crate::fsm::csi::tests::{Fixture, alloc, claim, node, volume};
+use crate::structs::{ClaimMode, ClaimState, ClientStatus, NodeStatus};
+
+pub(super) struct Harness {
+    pub(super) fx: Fixture,
+    pub(super) machine: RpcEndpoints,
+    pub(super) now: Instant,
+    pub(super) calls: Vec<(OpId, String, ClientCsiRequest)>,
+    pub(super) replies: Vec<(ReqId, ServerReply)>,
+    pub(super) log: Vec<String>,
+}
+
+impl Harness {
+    pub(super) fn new() -> Self {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister { node: node("n1", true) });
+        fx.ok(Command::NodeRegister { node: node("n2", true) });
+        fx.ok(Command::CsiVolumeRegister {
+            volumes: vec![volume("v"), volume("w")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![alloc("a1", "n1"), alloc("a2", "n2")],
+        });
+        let mut machine = RpcEndpoints::new(
+            Duration::from_secs(10),
+            GcConfig::default(),
+            HeartbeatConfig::default(),
+            crate::config::CsiFaults::default(),
+            7,
+        );
+        machine.handle(Instant::ZERO, Input::Leadership { leader: true }, &fx.state);
+        Harness {
+            fx,
+            machine,
+            now: Instant::ZERO,
+            calls: Vec::new(),
+            replies: Vec::new(),
+            log: Vec::new(),
+        }
+    }
+
+    /// Drains actions; proposals are committed at once, client calls are recorded.
+    pub(super) fn pump(&mut self) {
+        while let Some(action) = self.machine.poll_action() {
+            match action {
+                Action::Propose { op, command } => {
+                    if let Command::CsiVolumeClaim { claim, .. } = &*command {
+                        self.log.push(format!("checkpoint {:?}", claim.state));
+                    }
+                    let response = self.fx.apply(*command);
+                    let index = self.fx.index;
+                    self.machine.handle(
+                        self.now,
+                        Input::Proposed {
+                            op,
+                            result: Ok((index, response)),
+                        },
+                        &self.fx.state,
+                    );
+                }
+                Action::CallClient {
+                    op, node_id, request, ..
+                } => {
+                    self.log.push(format!("call {node_id} {}", kind(&request)));
+                    self.calls.push((op, node_id, request));
+                }
+                Action::Reply { req, reply } => self.replies.push((req, reply)),
+                Action::CancelClientCall { op } => self.log.push(format!("cancel {op}")),
+            }
+        }
+    }
+
+    pub(super) fn request(&mut self, req: ReqId, request: ServerRequest) {
+        self.machine
+            .handle(self.now, Input::Request { req, request }, &self.fx.state);
+        self.pump();
+    }
+
+    pub(super) fn answer(&mut self, index: usize, result: Result<ClientCsiReply, String>) {
+        let (op, _, _) = self.calls.remove(index);
+        self.machine
+            .handle(self.now, Input::ClientReplied { op, result }, &self.fx.state);
+        self.pump();
+    }
+}
+
+pub(super) fn kind(request: &ClientCsiRequest) -> &'static str {
+    match request {
+        ClientCsiRequest::ControllerAttach(_) => "controller-attach",
+        ClientCsiRequest::ControllerDetach(_) => "controller-detach",
+        ClientCsiRequest::ControllerValidate(_) => "controller-validate",
+        ClientCsiRequest::NodeDetach(_) => "node-detach",
+    }
+}
+
+pub(super) fn take(alloc: &str, node: &str) -> ServerRequest {
+    ServerRequest::VolumeClaim {
+        namespace: "default".into(),
+        volume_id: "v".into(),
+        claim: claim(alloc, node, ClaimMode::Write, ClaimState::Taken),
+    }
+}
+
+impl Harness {
+    pub(super) fn advance(&mut self, by: Duration) {
+        self.now = self.now + by;
+        self.machine.handle_timeout(self.now, &self.fx.state);
+        self.pump();
+    }
+
+    pub(super) fn status(&self, node: &str) -> NodeStatus {
+        self.fx.state.node(node).unwrap().status
+    }
+
+    pub(super) fn heartbeat(&mut self, req: ReqId, node: &str) -> ServerReply {
+        self.request(
+            req,
+            ServerRequest::NodeUpdateStatus {
+                node_id: node.into(),
+                status: NodeStatus::Ready,
+            },
+        );
+        self.replies.last().unwrap().1.clone()
+    }
+}
+
+#[test]
+fn losing_leadership_fails_everything_in_flight_as_retryable() {
+    let mut h = Harness::new();
+    h.request(1, take("a1", "n1"));
+    h.machine
+        .handle(h.now, Input::Leadership { leader: false }, &h.fx.state);
+    h.pump();
+    let ServerReply::Error(failure) = &h.replies[0].1 else {
+        panic!()
+    };
+    assert!(failure.retryable);
+    h.request(2, take("a2", "n2"));
+    let ServerReply::Error(failure) = &h.replies[1].1 else {
+        panic!()
+    };
+    assert_eq!(failure.message, "No cluster leader");
+    assert_eq!(h.machine.poll_timeout(), None);
+}
