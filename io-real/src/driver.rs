@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, watch};
 use crate::io::{AgentEvent, ClientCsi, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport};
 use crate::raft::changes::Changes;
 use crate::raft::network::NetworkFactory;
-use crate::raft::store::{AppliedState, ApplyHook, LogStore, StateMachine, Store, StoreError};
+use crate::raft::store::{AppliedState, ApplyHook, LogStore, StateMachine, Store, StoreError, VoteHook};
 use crate::raft::{Raft, RaftMetrics, ServerNode};
 use crate::service::{Replies, Service, client_csi_envelope, client_csi_reply};
 
@@ -414,6 +414,7 @@ async fn start_raft<T: Transport, O: Observer>(
     }
     .validate()
     .map_err(|error| StartError::RaftConfig(error.to_string()))?;
+    let vote_observer = observer.clone();
     let hook: ApplyHook = Arc::new(move |index, entry, state| {
         if let openraft::EntryPayload::Normal(Entry {
             command: Command::CsiVolumeClaim {
@@ -456,6 +457,13 @@ async fn start_raft<T: Transport, O: Observer>(
         });
     });
     let state_machine = StateMachine::open(store.clone(), Some(hook))?;
+    let vote_hook: VoteHook = Arc::new(move |vote| {
+        vote_observer.record(AgentEvent::VoteSaved {
+            term: vote.leader_id.term,
+            voted_for: vote.leader_id.voted_for,
+            committed: vote.committed,
+        });
+    });
     let applied = state_machine.applied();
     let changes = state_machine.changes();
     let network = NetworkFactory::new(transport, config.region.clone());
@@ -463,7 +471,7 @@ async fn start_raft<T: Transport, O: Observer>(
         node_id,
         Arc::new(raft_config),
         network,
-        LogStore::new(store.clone()),
+        LogStore::new(store.clone()).with_vote_hook(vote_hook),
         state_machine,
     )
     .await

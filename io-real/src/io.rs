@@ -121,6 +121,14 @@ pub enum AgentEvent {
         leader: Option<u64>,
         voters: Vec<u64>,
     },
+    /// openraft persisted a new vote: `committed` once a quorum granted it, which names
+    /// `voted_for` the leader of `term` (every server saves the committed vote of the leader it
+    /// follows). Recorded from storage, so no transition is missed between metric samples.
+    VoteSaved {
+        term: u64,
+        voted_for: Option<u64>,
+        committed: bool,
+    },
     /// A log entry was applied; `digest` identifies its content.
     Applied {
         index: u64,

@@ -67,10 +67,48 @@ impl SimPlugins {
     }
 }
 
+/// "controller-attach vol0": what a controller call does, for the trace.
+fn controller_call(request: &ClientCsiRequest) -> Option<(String, String)> {
+    let (kind, plugin, volume) = match request {
+        ClientCsiRequest::ControllerAttach(r) => ("controller-attach", &r.plugin_id, &r.volume_id),
+        ClientCsiRequest::ControllerDetach(r) => ("controller-detach", &r.plugin_id, &r.volume_id),
+        ClientCsiRequest::ControllerValidate(r) => ("controller-validate", &r.plugin_id, &r.volume_id),
+        ClientCsiRequest::NodeDetach(_) => return None,
+    };
+    Some((plugin.clone(), format!("{kind} {volume}")))
+}
+
 impl ClientCsi for SimPlugins {
     fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
         let plugins = self.clone();
         Box::pin(async move {
+            // Counted where the plugin sees it, whichever server sent it. A call that hangs or
+            // whose caller gave up never ends here; the invariant ages it out.
+            let controller = controller_call(&request);
+            if let Some((plugin, call)) = &controller {
+                plugins.recorder.record_plugin(
+                    &plugins.node,
+                    PluginEvent::ControllerCallStarted {
+                        plugin: plugin.clone(),
+                        call: call.clone(),
+                    },
+                );
+            }
+            let reply = plugins.answer(request).await;
+            if let Some((plugin, call)) = controller {
+                plugins
+                    .recorder
+                    .record_plugin(&plugins.node, PluginEvent::ControllerCallEnded { plugin, call });
+            }
+            reply
+        })
+    }
+}
+
+impl SimPlugins {
+    async fn answer(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, String> {
+        let plugins = self;
+        {
             match plugins.control.mode() {
                 PluginMode::Healthy => tokio::time::sleep(LATENCY).await,
                 PluginMode::Failing => {
@@ -112,6 +150,6 @@ impl ClientCsi for SimPlugins {
                 plugins.recorder.record_plugin(&plugins.node, event);
             }
             Ok(reply)
-        })
+        }
     }
 }

@@ -27,6 +27,10 @@ pub enum PluginEvent {
     },
     /// The client node died: everything it had mounted is gone with it.
     NodeLost,
+    /// A controller RPC reached the plugin (from whichever server sent it).
+    ControllerCallStarted { plugin: String, call: String },
+    /// The plugin answered a controller RPC (a hanging call never does).
+    ControllerCallEnded { plugin: String, call: String },
 }
 
 /// Everything the invariants see.
@@ -96,6 +100,7 @@ impl Recorder {
 
     fn record_event(&self, node: &str, event: SimEvent) {
         let mut state = self.state.lock().expect("trace lock");
+        let at = tokio::time::Instant::now().saturating_duration_since(state.start);
         let line = match &event {
             SimEvent::Agent(event) => format!("{} {node} {event:?}", Self::stamp(&state)),
             SimEvent::Plugin(event) => format!("{} {node} plugin {event:?}", Self::stamp(&state)),
@@ -104,7 +109,7 @@ impl Recorder {
         let at_line = state.lines.len();
         let mut found = Vec::new();
         for invariant in state.invariants.iter_mut() {
-            if let Err(detail) = invariant.observe(node, &event) {
+            if let Err(detail) = invariant.observe_at(at, node, &event) {
                 found.push(Violation {
                     invariant: invariant.name(),
                     detail,

@@ -246,15 +246,35 @@ fn io_write(error: StoreError) -> StorageError<u64> {
     StorageIOError::write(&error).into()
 }
 
+/// Called with every vote openraft persists, after it is durable: Raft's exact state
+/// transitions (a committed vote names the leader of its term), where the metrics channel
+/// only samples the latest state.
+pub type VoteHook = Arc<dyn Fn(&Vote<u64>) + Send + Sync>;
+
 /// openraft's log storage over [`Store`].
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LogStore {
     store: Store,
+    on_vote: Option<VoteHook>,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore")
+            .field("store", &self.store)
+            .field("on_vote", &self.on_vote.is_some())
+            .finish()
+    }
 }
 
 impl LogStore {
     pub fn new(store: Store) -> Self {
-        LogStore { store }
+        LogStore { store, on_vote: None }
+    }
+
+    pub fn with_vote_hook(mut self, hook: VoteHook) -> Self {
+        self.on_vote = Some(hook);
+        self
     }
 
     fn read_range(&self, start: u64, end: Bound<u64>) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
@@ -342,7 +362,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
         self.store
             .put(RAFT_META, KEY_VOTE, vote, Durability::Immediate)
-            .map_err(|error| StorageIOError::write_vote(&error).into())
+            .map_err(|error| StorageIOError::write_vote(&error))?;
+        if let Some(hook) = &self.on_vote {
+            hook(vote);
+        }
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote<u64>>, StorageError<u64>> {

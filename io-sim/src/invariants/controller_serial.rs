@@ -1,27 +1,30 @@
-//! At most one controller RPC in flight per plugin from a server (#8336: concurrent
-//! ControllerPublish calls race inside plugins). Counted from the server's own dispatch and
-//! completion (or abandonment) of `ClientCSI` calls.
+//! At most one controller RPC in flight per plugin (#8336: concurrent `ControllerPublish`
+//! calls race inside plugins), counted where the plugin sees the calls: across every client
+//! running a controller of the plugin and every server sending to them, so a new leader that
+//! calls while its predecessor's call is still running is caught as well as a server that
+//! forgets its own queue.
+//!
+//! A call is in flight from the moment it reaches the plugin until the plugin answers, or until
+//! its caller's deadline ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the servers have given
+//! up on it and a retry is allowed, even if the plugin is still hanging on the first.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
-use drover_io_real::io::AgentEvent;
+use drover_core::agent::CLIENT_CSI_TIMEOUT;
 
-use crate::trace::SimEvent;
+use crate::trace::{PluginEvent, SimEvent};
 
 use super::Invariant;
 
+/// Network delay on either side of the deadline: a call this close to its caller's deadline
+/// may already be given up.
+const SLACK: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Default)]
 pub struct ControllerSerial {
-    in_flight: BTreeMap<(String, String), u32>,
-}
-
-/// "controller-attach p ..." → Some("p").
-fn controller_plugin(call: &str) -> Option<String> {
-    let mut words = call.split_whitespace();
-    let kind = words.next()?;
-    kind.starts_with("controller-")
-        .then(|| words.next().map(str::to_string))
-        .flatten()
+    /// Per plugin: calls the plugin has not answered yet, with when they arrived and where.
+    in_flight: BTreeMap<String, Vec<(Duration, String, String)>>,
 }
 
 impl Invariant for ControllerSerial {
@@ -29,31 +32,110 @@ impl Invariant for ControllerSerial {
         "at most one controller RPC in flight per plugin"
     }
 
-    fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String> {
-        let SimEvent::Agent(event) = event else { return Ok(()) };
+    fn observe(&mut self, _node: &str, _event: &SimEvent) -> Result<(), String> {
+        unreachable!("observed with its time")
+    }
+
+    fn observe_at(&mut self, at: Duration, node: &str, event: &SimEvent) -> Result<(), String> {
         match event {
-            // A (re)started server has nothing in flight.
-            AgentEvent::Started { .. } => self.in_flight.retain(|(server, _), _| server != node),
-            AgentEvent::ClientCsiCall { call, .. } => {
-                if let Some(plugin) = controller_plugin(call) {
-                    let count = self.in_flight.entry((node.to_string(), plugin.clone())).or_default();
-                    *count += 1;
-                    if *count > 1 {
-                        return Err(format!(
-                            "{node} has {count} controller calls in flight for plugin {plugin}: {call}"
-                        ));
-                    }
-                }
+            SimEvent::Plugin(PluginEvent::ControllerCallStarted { plugin, call }) => {
+                let calls = self.in_flight.entry(plugin.clone()).or_default();
+                calls.retain(|(started, ..)| at.saturating_sub(*started) + SLACK < CLIENT_CSI_TIMEOUT);
+                let verdict = match calls.first() {
+                    Some((started, other_node, other_call)) => Err(format!(
+                        "{call} reached plugin {plugin} on {node} while {other_call} (on {other_node}, \
+                         {:.3}s earlier) was unanswered",
+                        (at - *started).as_secs_f64()
+                    )),
+                    None => Ok(()),
+                };
+                calls.push((at, node.to_string(), call.clone()));
+                verdict
             }
-            AgentEvent::ClientCsiDone { call, .. } => {
-                if let Some(plugin) = controller_plugin(call)
-                    && let Some(count) = self.in_flight.get_mut(&(node.to_string(), plugin))
+            SimEvent::Plugin(PluginEvent::ControllerCallEnded { plugin, call }) => {
+                if let Some(calls) = self.in_flight.get_mut(plugin)
+                    && let Some(position) = calls
+                        .iter()
+                        .position(|(_, other_node, other_call)| other_node == node && other_call == call)
                 {
-                    *count = count.saturating_sub(1);
+                    calls.remove(position);
                 }
+                Ok(())
             }
-            _ => {}
+            _ => Ok(()),
         }
-        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn started(plugin: &str, call: &str) -> SimEvent {
+        SimEvent::Plugin(PluginEvent::ControllerCallStarted {
+            plugin: plugin.into(),
+            call: call.into(),
+        })
+    }
+
+    fn ended(plugin: &str, call: &str) -> SimEvent {
+        SimEvent::Plugin(PluginEvent::ControllerCallEnded {
+            plugin: plugin.into(),
+            call: call.into(),
+        })
+    }
+
+    fn secs(s: f64) -> Duration {
+        Duration::from_secs_f64(s)
+    }
+
+    #[test]
+    fn overlapping_calls_at_one_plugin_are_caught_across_nodes() {
+        let mut invariant = ControllerSerial::default();
+        assert!(
+            invariant
+                .observe_at(secs(1.0), "c1", &started("p", "controller-attach v"))
+                .is_ok()
+        );
+        assert!(
+            invariant
+                .observe_at(secs(1.0), "c1", &started("q", "controller-attach w"))
+                .is_ok(),
+            "another plugin"
+        );
+        let overlap = invariant.observe_at(secs(1.5), "c2", &started("p", "controller-detach v"));
+        assert!(overlap.is_err_and(|why| why.contains("while controller-attach v (on c1")));
+    }
+
+    #[test]
+    fn answered_and_abandoned_calls_no_longer_count() {
+        let mut invariant = ControllerSerial::default();
+        assert!(
+            invariant
+                .observe_at(secs(1.0), "c1", &started("p", "controller-attach v"))
+                .is_ok()
+        );
+        assert!(
+            invariant
+                .observe_at(secs(1.1), "c1", &ended("p", "controller-attach v"))
+                .is_ok()
+        );
+        assert!(
+            invariant
+                .observe_at(secs(2.0), "c1", &started("p", "controller-attach v"))
+                .is_ok()
+        );
+        // Never answered (a hanging plugin): the server gives up at its deadline and moves on.
+        let retry = secs(2.0) + CLIENT_CSI_TIMEOUT;
+        assert!(
+            invariant
+                .observe_at(retry, "c2", &started("p", "controller-attach v"))
+                .is_ok()
+        );
+        assert!(
+            invariant
+                .observe_at(retry + secs(0.5), "c1", &started("p", "controller-attach v"))
+                .is_err()
+        );
     }
 }

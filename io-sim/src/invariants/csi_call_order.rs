@@ -43,7 +43,9 @@ impl Invariant for CsiCallOrder {
                     ));
                 }
             }
-            PluginEvent::ControllerPublished { .. } => {}
+            PluginEvent::ControllerPublished { .. }
+            | PluginEvent::ControllerCallStarted { .. }
+            | PluginEvent::ControllerCallEnded { .. } => {}
         }
         Ok(())
     }

@@ -19,6 +19,11 @@ use crate::trace::SimEvent;
 pub trait Invariant: Send {
     fn name(&self) -> &'static str;
     fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String>;
+
+    /// `observe`, for invariants that need the event's virtual time (since the run began).
+    fn observe_at(&mut self, _at: std::time::Duration, node: &str, event: &SimEvent) -> Result<(), String> {
+        self.observe(node, event)
+    }
 }
 
 /// Every safety invariant, fresh for one run.
