@@ -104,6 +104,10 @@ pub struct CsiFaults {
     pub abandon_failed_unpublish: bool,
     /// Nomad #13416: node detach is attempted even when the node is down or gone.
     pub node_detach_on_down_node: bool,
+    /// Nomad #8232 (fixed by #12324): a drain stops the node's CSI plugin and system
+    /// allocations as soon as its other allocations finish, before their volumes are released
+    /// on the node, stranding the claims the plugin should have unpublished.
+    pub drain_plugins_before_release: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -47,6 +47,8 @@ pub struct Drainer {
     in_flight: bool,
     /// Monotonic deadlines of draining nodes that have one; `None` once passed.
     deadlines: BTreeMap<String, Option<Instant>>,
+    /// Nomad #8232 re-created on purpose (`CsiFaults::drain_plugins_before_release`).
+    plugins_before_release: bool,
 }
 
 /// Whether an allocation belongs to the group drained last: system jobs and CSI plugin jobs.
@@ -75,41 +77,17 @@ pub fn consumers_released(state: &ServerState, node: &Node, keep: &BTreeSet<&str
     })
 }
 
-/// For an allocation of a system or plugin job on a draining node: what it would have to wait
-/// for before the drainer may stop it — other allocations on the node still running, and
-/// claims there not yet past node detach. Empty when it may go; `None` when the allocation is
-/// not drained last or its node is not draining (or was forced by its deadline). The
-/// simulation checks every migration the drainer commits against it.
-pub fn drained_last_blockers(state: &ServerState, alloc_id: &str) -> Option<Vec<String>> {
-    let alloc = state.alloc(alloc_id)?;
-    if !drained_last(state, alloc) {
-        return None;
-    }
-    let node = state.node(&alloc.node_id)?;
-    let strategy = node.drain_strategy.as_ref()?;
-    if strategy.deadline_ns < 0 || strategy.deadline_passed(state.last_applied_time_ms()) {
-        return None;
-    }
-    let remaining = Drainer::remaining(state, node);
-    let keep: BTreeSet<&str> = remaining
-        .iter()
-        .filter(|other| drained_last(state, other))
-        .map(|other| other.id.as_str())
-        .collect();
-    let mut blockers: Vec<String> = remaining
-        .iter()
-        .filter(|other| !keep.contains(other.id.as_str()))
-        .map(|other| format!("allocation {} still {:?}", other.id, other.client_status))
-        .collect();
-    if !consumers_released(state, node, &keep) {
-        blockers.push(format!("claims on node {} not yet node-detached", node.id));
-    }
-    Some(blockers)
-}
-
 impl Drainer {
     pub fn new() -> Self {
         Drainer::default()
+    }
+
+    /// A drainer with the historical defects `faults` switches on.
+    pub fn with_faults(faults: crate::config::CsiFaults) -> Self {
+        Drainer {
+            plugins_before_release: faults.drain_plugins_before_release,
+            ..Drainer::default()
+        }
     }
 
     pub fn set_enabled(&mut self, enabled: bool) {
@@ -197,7 +175,7 @@ impl Drainer {
                     continue;
                 }
                 let keep: BTreeSet<&str> = last.iter().map(|alloc| alloc.id.as_str()).collect();
-                if forced || consumers_released(state, node, &keep) {
+                if forced || self.plugins_before_release || consumers_released(state, node, &keep) {
                     for alloc in last.iter().filter(unmarked) {
                         marks.insert(alloc.id.clone(), alloc);
                     }
@@ -488,9 +466,28 @@ mod tests {
         assert_eq!(fx.step(), None);
     }
 
-    #[test]
-    fn a_plugin_job_outlives_the_claims_of_its_node() {
+    fn write_claim(state: ClaimState) -> Command {
+        Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: "vol".into(),
+            claim: CsiVolumeClaim {
+                allocation_id: "app-1".into(),
+                node_id: "n1".into(),
+                external_node_id: String::new(),
+                mode: ClaimMode::Write,
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+                state,
+            },
+        }
+    }
+
+    /// A draining node with a consumer that finished but still holds its volume claim there,
+    /// and the node's plugin allocation.
+    fn finished_consumer_with_claim(drainer: Drainer) -> Fx {
         let mut fx = Fx::new();
+        fx.drainer = drainer;
+        fx.drainer.set_enabled(true);
         fx.apply(Command::NodeRegister {
             node: crate::fsm::csi::tests::node("n1", true),
         });
@@ -502,43 +499,36 @@ mod tests {
         fx.apply(Command::CsiVolumeRegister {
             volumes: vec![crate::fsm::csi::tests::volume("vol")],
         });
-        let claim = |state| CsiVolumeClaim {
-            allocation_id: "app-1".into(),
-            node_id: "n1".into(),
-            external_node_id: String::new(),
-            mode: ClaimMode::Write,
-            access_mode: AccessMode::SingleNodeWriter,
-            attachment_mode: AttachmentMode::FileSystem,
-            state,
-        };
-        fx.apply(Command::CsiVolumeClaim {
-            namespace: "default".into(),
-            volume_id: "vol".into(),
-            claim: claim(ClaimState::Taken),
-        });
+        fx.apply(write_claim(ClaimState::Taken));
         fx.drain("n1", 0, false);
         assert_eq!(migrated(&fx.step()), vec!["app-1"]);
         fx.finish("app-1");
+        fx
+    }
+
+    #[test]
+    fn a_plugin_job_outlives_the_claims_of_its_node() {
+        let mut fx = finished_consumer_with_claim(Drainer::new());
         // The consumer finished but its claim still needs the node plugin to unpublish.
         assert_eq!(fx.step(), None);
-        fx.apply(Command::CsiVolumeClaim {
-            namespace: "default".into(),
-            volume_id: "vol".into(),
-            claim: claim(ClaimState::Unpublishing),
-        });
+        fx.apply(write_claim(ClaimState::Unpublishing));
         assert_eq!(fx.step(), None, "still unpublishing on the node");
-        assert_eq!(
-            drained_last_blockers(&fx.state, "plugin-1"),
-            Some(vec!["claims on node n1 not yet node-detached".to_string()])
-        );
-        assert_eq!(drained_last_blockers(&fx.state, "app-1"), None, "not drained last");
-        fx.apply(Command::CsiVolumeClaim {
-            namespace: "default".into(),
-            volume_id: "vol".into(),
-            claim: claim(ClaimState::NodeDetached),
-        });
-        assert_eq!(drained_last_blockers(&fx.state, "plugin-1"), Some(Vec::new()));
+        fx.apply(write_claim(ClaimState::NodeDetached));
         assert_eq!(migrated(&fx.step()), vec!["plugin-1"]);
+    }
+
+    #[test]
+    fn the_8232_switch_stops_the_plugin_before_the_claims_are_released() {
+        let faults = crate::config::CsiFaults {
+            drain_plugins_before_release: true,
+            ..Default::default()
+        };
+        let mut fx = finished_consumer_with_claim(Drainer::with_faults(faults));
+        assert_eq!(
+            migrated(&fx.step()),
+            vec!["plugin-1"],
+            "the historical defect, on purpose"
+        );
     }
 
     #[test]

@@ -437,16 +437,8 @@ async fn start_raft<T: Transport, O: Observer>(
         }) = &entry.payload
         {
             for alloc_id in transitions.keys() {
-                if let Some(blockers) = drover_core::drainer::drained_last_blockers(state, alloc_id) {
-                    let node_id = state
-                        .alloc(alloc_id)
-                        .map(|alloc| alloc.node_id.clone())
-                        .unwrap_or_default();
-                    observer.record(AgentEvent::DrainedLast {
-                        node_id,
-                        alloc_id: alloc_id.clone(),
-                        blockers,
-                    });
+                if let Some(event) = crate::facts::drain_migration(state, alloc_id) {
+                    observer.record(event);
                 }
             }
         }

@@ -146,13 +146,19 @@ pub enum AgentEvent {
         writers: Vec<String>,
         readers: usize,
     },
-    /// The node drainer's migration of a system or CSI plugin allocation was applied, with
-    /// what it should still have waited for (empty when it went in order; see
-    /// `drover_core::drainer::drained_last_blockers`).
-    DrainedLast {
+    /// A migration the node drainer marked was applied: the allocation, what kind it is, and
+    /// its node as the state shows it (see `crate::facts`). Raw facts only: the simulation's
+    /// drain-order oracle judges them with its own rule.
+    DrainMigrated {
         node_id: String,
         alloc_id: String,
-        blockers: Vec<String>,
+        /// A system job, or a job running a CSI plugin task (drained last).
+        system_or_plugin: bool,
+        draining: bool,
+        /// The drain's deadline has passed (or it had none: `-1`).
+        forced: bool,
+        neighbours: Vec<DrainNeighbour>,
+        claims: Vec<DrainClaim>,
     },
     /// A server started a `ClientCSI` call on a node.
     ClientCsiCall {
@@ -164,6 +170,25 @@ pub enum AgentEvent {
         call: String,
         result: Result<(), String>,
     },
+}
+
+/// Another allocation on a node the drainer migrates from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainNeighbour {
+    pub alloc_id: String,
+    pub system_or_plugin: bool,
+    pub client_terminal: bool,
+}
+
+/// A volume claim held on a node the drainer migrates from: in which table of the volume
+/// (`read`, `write`, `past`) and in which state (`taken`, `unpublishing`, `node-detached`,
+/// `controller-detached`, `ready-to-free`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainClaim {
+    pub volume: String,
+    pub alloc_id: String,
+    pub table: &'static str,
+    pub state: &'static str,
 }
 
 pub trait Observer: Send + Sync + 'static {

@@ -10,6 +10,7 @@ pub mod client;
 pub mod devices;
 pub mod driver;
 pub mod drivers;
+pub mod facts;
 pub mod io;
 pub mod jobs;
 pub mod raft;

@@ -57,7 +57,7 @@ struct Args {
     list: bool,
     bench_jobs: bool,
     log: bool,
-    /// Run only the given regression switch ("10927" or "13416").
+    /// Run only the given regression switch ("10927", "13416" or "8232").
     regression_switch: Option<String>,
 }
 
@@ -114,7 +114,9 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--regression-switch" => {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
-                    return Err(format!("unknown regression switch {which:?}: expected 10927 or 13416"));
+                    return Err(format!(
+                        "unknown regression switch {which:?}: expected 10927, 13416 or 8232"
+                    ));
                 }
                 args.regression_switch = Some(which);
             }
@@ -432,7 +434,15 @@ fn negative_control(args: &Args) -> bool {
 /// Historical Nomad CSI defects, re-created by a test-only switch: with the switch on, the
 /// suite must report the leaked claim within this many seeds of the scenarios listed.
 const REGRESSION_SWITCH_SEEDS: u64 = 500;
-type Switch = (&'static str, &'static str, fn() -> CsiFaults, &'static [&'static str]);
+/// A historical defect re-created on purpose: its number, what it does, the faults that
+/// re-create it, the scenarios that must catch it, and the invariant that must report it.
+type Switch = (
+    &'static str,
+    &'static str,
+    fn() -> CsiFaults,
+    &'static [&'static str],
+    &'static str,
+);
 const REGRESSION_SWITCHES: &[Switch] = &[
     (
         "10927",
@@ -442,6 +452,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             ..CsiFaults::default()
         },
         &["csi_controller_faults", "csi_node_detach_hang"],
+        "leaked claims",
     ),
     (
         "13416",
@@ -451,11 +462,22 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             ..CsiFaults::default()
         },
         &["csi_node_down"],
+        "leaked claims",
+    ),
+    (
+        "8232",
+        "a drain stops the node plugin before its volumes are released",
+        || CsiFaults {
+            drain_plugins_before_release: true,
+            ..CsiFaults::default()
+        },
+        &["jobs_node_drain"],
+        "a drain stops system and plugin allocations only after",
     ),
 ];
 
 fn regression_switch(args: &Args, which: &str) -> bool {
-    let (name, bug, faults, scenario_names) = *REGRESSION_SWITCHES
+    let (name, bug, faults, scenario_names, expected) = *REGRESSION_SWITCHES
         .iter()
         .find(|(name, ..)| *name == which)
         .expect("known switch");
@@ -478,7 +500,7 @@ fn regression_switch(args: &Args, which: &str) -> bool {
             let leak = report
                 .violations
                 .iter()
-                .find(|violation| violation.invariant.contains("leaked claims"));
+                .find(|violation| violation.invariant.contains(expected));
             if let Some(violation) = leak {
                 println!(
                     "ok     regression switch #{name} ({bug}): caught at seed {} of {}: \"{}\": {}",

@@ -104,7 +104,7 @@ impl RpcEndpoints {
             out: Outbox::default(),
             nodes: nodes::NodeEndpoints::new(heartbeat, seed ^ 0x4ea7),
             jobs: jobs::JobEndpoints::new(seed),
-            drainer: Drainer::new(),
+            drainer: Drainer::with_faults(faults),
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
         }
     }
