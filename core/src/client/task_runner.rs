@@ -390,6 +390,11 @@ impl TaskRunner {
     fn start_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
         let message = match outcome {
             Ok(Reply::Started(handle)) => {
+                debug_assert!(
+                    self.local.handle.is_none(),
+                    "task {} started while its previous process is still held",
+                    self.spec.task.name
+                );
                 self.local.handle = Some(handle);
                 self.local.state.state = TaskStatus::Running;
                 self.event(now, events::STARTED, "Task started by client");

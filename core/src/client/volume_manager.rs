@@ -196,6 +196,7 @@ impl VolumeManager {
     /// Sends the I/O of the job's current step.
     fn issue(&mut self, _now: Instant, key: &VolumeKey, ops: &mut OpIds) {
         let Some(job) = self.running.get(key) else { return };
+        debug_assert!(job.pending.is_none(), "volume step {:?} issued twice", job.step);
         let io = match &job.op {
             VolumeOp::Mount {
                 volume,

@@ -230,6 +230,13 @@ impl<'a> Reconcile<'a> {
             let (chosen, metric) = select_node(state, job, placement.group, &placement, ask, &self.usage, &self.plan);
             match chosen {
                 Some(node_id) => {
+                    debug_assert!(
+                        state
+                            .node(&node_id)
+                            .is_some_and(|node| node.status == crate::structs::NodeStatus::Ready && node.eligible()),
+                        "placed {} on {node_id}, which is not ready and eligible",
+                        placement.name
+                    );
                     let entry = self.usage.entry(node_id.clone()).or_default();
                     entry.cpu += ask.cpu;
                     entry.memory_mb += ask.memory_mb;

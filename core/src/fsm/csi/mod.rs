@@ -234,6 +234,19 @@ impl ServerState {
             .collect();
         stored.modify_index = index;
         stored.modify_time_ms = at_ms;
+        debug_assert!(
+            stored.writers_max().is_none_or(|max| stored.write_claims.len() <= max),
+            "volume {id} has {} writers under {:?}",
+            stored.write_claims.len(),
+            stored.access_mode
+        );
+        debug_assert!(
+            stored
+                .read_claims
+                .keys()
+                .all(|alloc| !stored.write_claims.contains_key(alloc)),
+            "volume {id}: an allocation holds both a read and a write claim"
+        );
         self.touch(Table::CsiVolumes, index);
         let volume = self.volume(namespace, id).expect("volume exists");
         Response::Volume(Box::new(volume))

@@ -60,6 +60,10 @@ impl CsiEndpoints {
     }
 
     pub(super) fn send_controller(&mut self, now: Instant, plugin_id: &str, call: ControllerCall, out: &mut Outbox) {
+        debug_assert!(
+            self.queues.get(plugin_id).is_none_or(|queue| queue.in_flight.is_none()),
+            "a second controller call for plugin {plugin_id} while one is in flight"
+        );
         let target = call.candidates[call.next].clone();
         let op = out.allocate();
         self.client_ops.insert(

@@ -212,6 +212,12 @@ impl CsiEndpoints {
         let Some(Flow::Unpublish { key, claim, .. }) = self.jobs.get_mut(&job_id) else {
             return;
         };
+        debug_assert!(
+            release_rank(next.state) >= release_rank(claim.state),
+            "a release checkpoint went back from {:?} to {:?}",
+            claim.state,
+            next.state
+        );
         *claim = next.clone();
         let (namespace, volume_id, _) = key.clone();
         out.propose(
@@ -286,5 +292,16 @@ impl CsiEndpoints {
                 }
             }
         }
+    }
+}
+
+/// How far a release has come: checkpoints only ever move forward.
+fn release_rank(state: ClaimState) -> u8 {
+    match state {
+        ClaimState::Taken => 0,
+        ClaimState::Unpublishing => 1,
+        ClaimState::NodeDetached => 2,
+        ClaimState::ControllerDetached => 3,
+        ClaimState::ReadyToFree => 4,
     }
 }
