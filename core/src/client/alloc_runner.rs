@@ -45,9 +45,9 @@ pub const CLAIM_RETRY_CAP: Duration = Duration::from_secs(24 * 60 * 60);
 /// plugin the servers do not (yet) know healthy. That is what a claim meets right after a
 /// client restart, when the allocation was placed while the agent was down and the node's
 /// re-registration has not been followed by its CSI fingerprint yet; Nomad fails the
-/// allocation and its reschedule policy places another, and Drover's servers do not
-/// reschedule failed allocations yet (found by the real-client simulation, seed 76 of
-/// real_clients_csi: every allocation failed for good).
+/// allocation and its reschedule policy places another 30 s later or more. Waiting it out
+/// here takes the volume as soon as the fingerprint lands (found by the real-client
+/// simulation, seed 76 of real_clients_csi, when the servers did not reschedule at all).
 const RETRYABLE_CLAIM_ERRORS: &[&str] = &[
     "volume max claims reached",
     "CSI client error (retryable)",

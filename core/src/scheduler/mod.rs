@@ -15,6 +15,7 @@
 //!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
 
 mod reconcile;
+pub mod reschedule;
 pub mod worker;
 
 use reconcile::Reconcile;
@@ -106,7 +107,7 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
         .allocs()
         .filter(|alloc| alloc.namespace == eval.namespace && alloc.job_id == eval.job_id)
         .collect();
-    let mut reconcile = Reconcile::new(state);
+    let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
     reconcile.lose_stopped_on_down_nodes(&allocs);
     match job {
         None => {

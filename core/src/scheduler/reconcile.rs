@@ -8,6 +8,7 @@ use crate::prelude::*;
 
 use alloc::collections::{BTreeMap, BTreeSet};
 
+use super::reschedule::{self, ALLOC_RESCHEDULED};
 use super::{
     ALLOC_LOST, ALLOC_MIGRATING, ALLOC_NODE_INELIGIBLE, ALLOC_NOT_NEEDED, ALLOC_UPDATING, Placement, Plan, Usage,
     alloc_name, group_resources, node_usage, select_node,
@@ -20,15 +21,18 @@ use crate::structs::{
 
 pub(super) struct Reconcile<'a> {
     state: &'a ServerState,
+    /// The evaluation was made to reschedule failed allocations (their delay has passed).
+    rescheduling: bool,
     plan: Plan,
     usage: BTreeMap<String, Usage>,
     placements: Vec<Placement<'a>>,
 }
 
 impl<'a> Reconcile<'a> {
-    pub(super) fn new(state: &'a ServerState) -> Self {
+    pub(super) fn new(state: &'a ServerState, rescheduling: bool) -> Self {
         Reconcile {
             state,
+            rescheduling,
             plan: Plan::default(),
             usage: node_usage(state),
             placements: Vec::new(),
@@ -202,13 +206,32 @@ impl<'a> Reconcile<'a> {
                 Some(Some(alloc.id.clone()))
             }
             Some(alloc) if alloc.client_terminal() && done_at_this_version(alloc) => None,
+            Some(alloc) if alloc.client_status == ClientStatus::Failed && alloc.job_version == job.version => {
+                // Failed: placed again once its reschedule delay has passed (the worker
+                // evaluates it then), never when its policy has run out.
+                if !self.reschedule_due(job, alloc) {
+                    return None;
+                }
+                self.stop(alloc, ALLOC_RESCHEDULED, false);
+                Some(Some(alloc.id.clone()))
+            }
             Some(alloc) if alloc.client_terminal() => {
-                // Failed or lost (or a service that exited): replace it.
+                // Lost, a service that exited, or failed at an older version: replace it.
                 self.stop(alloc, ALLOC_NOT_NEEDED, false);
                 Some(Some(alloc.id.clone()))
             }
             Some(_) => None,
         }
+    }
+
+    /// Whether a failed allocation is to be placed again now: its policy allows another
+    /// attempt, and this is the evaluation made for it or its delay has passed in cluster time.
+    fn reschedule_due(&self, job: &Job, alloc: &Allocation) -> bool {
+        let Some(delay) = reschedule::delay(self.state, alloc, job.job_type) else {
+            return false;
+        };
+        let due_ms = alloc.modify_time_ms.saturating_add(delay.as_millis() as u64);
+        self.rescheduling || self.state.last_applied_time_ms() >= due_ms
     }
 
     /// Places every decided placement on the best feasible node, and finishes the plan with

@@ -114,6 +114,12 @@ impl World {
             .collect()
     }
 
+    /// Cluster time moves on `secs` (an entry applied that much later).
+    fn advance(&mut self, secs: u64) {
+        self.fx.index += secs;
+        self.fx.ok(Command::EvalUpsert { evals: Vec::new() });
+    }
+
     fn set_client_status(&mut self, alloc_id: &str, status: ClientStatus) {
         self.fx.ok(Command::AllocClientUpdate {
             alloc_id: alloc_id.into(),
@@ -253,7 +259,9 @@ fn batch_allocations_that_completed_stay_done_and_failed_ones_are_replaced() {
     let find = |name: &str| ids.iter().find(|(n, _)| n == name).unwrap().1.clone();
     world.set_client_status(&find("report.g[0]"), ClientStatus::Complete);
     world.set_client_status(&find("report.g[1]"), ClientStatus::Failed);
-    let eval = world.eval("report");
+    // The worker's evaluation for the failure, once its delay has passed.
+    let mut eval = world.eval("report");
+    eval.triggered_by = reschedule::TRIGGER_ALLOC_FAILURE.into();
     let plan = world.run(&eval);
     let placed: Vec<&Allocation> = plan
         .allocs
@@ -574,4 +582,87 @@ fn stopping_and_purging_a_job_stops_its_allocations() {
     assert!(world.fx.state.job("default", "web").is_none());
     assert!(world.fx.state.job_versions("default", "web").is_empty());
     assert!(world.run(&purge).allocs.is_empty(), "already stopped");
+}
+
+#[test]
+fn a_failed_service_allocation_is_placed_again_only_once_its_delay_has_passed() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 1, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let failed = world.fx.state.allocs().next().unwrap().id.clone();
+    world.set_client_status(&failed, ClientStatus::Failed);
+    // Any other evaluation within the 30 s leaves it failed (cluster time moves 1 s an entry).
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    assert!(plan.allocs.is_empty(), "{:?}", plan.allocs);
+    world.advance(30);
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    let stopped = plan.allocs.iter().find(|alloc| alloc.id == failed).expect("stopped");
+    assert_eq!(stopped.desired_description, reschedule::ALLOC_RESCHEDULED);
+    let replacement = plan
+        .allocs
+        .iter()
+        .find(|alloc| alloc.desired_status == DesiredStatus::Run)
+        .expect("placed again");
+    assert_eq!(replacement.previous_allocation.as_deref(), Some(failed.as_str()));
+    // Its failure in turn waits twice as long.
+    let second = replacement.id.clone();
+    world.set_client_status(&second, ClientStatus::Failed);
+    world.advance(40);
+    let eval = world.eval("web");
+    assert!(world.run(&eval).allocs.is_empty(), "60 s for a second failure in a row");
+    world.advance(25);
+    let eval = world.eval("web");
+    assert_eq!(world.run(&eval).allocs.len(), 2);
+}
+
+#[test]
+fn the_worker_evaluates_a_failed_allocation_when_its_delay_has_passed() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 1, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let failed = world.fx.state.allocs().next().unwrap().id.clone();
+    world.set_client_status(&failed, ClientStatus::Failed);
+    let mut worker = worker::Worker::new(7);
+    let start = crate::time::Instant::ZERO;
+    worker.set_enabled(start, true);
+    // Seeds what it has seen of the nodes, then has nothing due yet.
+    for _ in 0..3 {
+        if let Some(command) = worker.run(start, &world.fx.state) {
+            world.fx.ok(command);
+            worker.proposed();
+        }
+    }
+    assert!(
+        !world
+            .fx
+            .state
+            .evals()
+            .any(|eval| eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE),
+        "not before its delay"
+    );
+    let due = worker.poll_timeout().expect("a timer for the reschedule");
+    // 30 s after the failure in cluster time, less what has been applied since.
+    assert!(
+        due > start + core::time::Duration::from_secs(25) && due <= start + core::time::Duration::from_secs(30),
+        "{due:?}"
+    );
+    let Some(Command::EvalUpsert { evals }) = worker.run(due, &world.fx.state) else {
+        panic!("an evaluation when due")
+    };
+    assert_eq!(evals.len(), 1);
+    assert_eq!(evals[0].triggered_by, reschedule::TRIGGER_ALLOC_FAILURE);
+    world.fx.ok(Command::EvalUpsert { evals });
+    worker.proposed();
+    let Some(Command::PlanApply { allocs, .. }) = worker.run(due, &world.fx.state) else {
+        panic!("the plan")
+    };
+    assert!(
+        allocs
+            .iter()
+            .any(|alloc| alloc.id == failed && alloc.desired_status == DesiredStatus::Stop)
+    );
 }

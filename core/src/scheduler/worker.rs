@@ -5,12 +5,15 @@
 //! previous one — no two plans ever race for the same node):
 //! 1. nodes that changed status or eligibility (or appeared, or vanished) since last seen get `node-update`
 //!    evaluations for the jobs with allocations on them and for every system job;
-//! 2. the oldest pending evaluation is scheduled and its plan proposed (older blocked
+//! 2. jobs with a failed allocation whose reschedule delay has passed get an `alloc-failure`
+//!    evaluation ([`super::reschedule`]; a timer is set for the next one);
+//! 3. the oldest pending evaluation is scheduled and its plan proposed (older blocked
 //!    evaluations of the same job are canceled with it);
-//! 3. blocked evaluations are made pending again once nodes, allocations, volumes or plugins
+//! 4. blocked evaluations are made pending again once nodes, allocations, volumes or plugins
 //!    changed after they blocked (at most once a second).
 //!
-//! It runs on every input of the leader's core; a timer is set only for the rate limit.
+//! It runs on every input of the leader's core; a timer is set only for the rate limit and
+//! reschedule delays.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -44,6 +47,7 @@ pub struct Worker {
     /// state reaches the leader's core as an input (a proposal's result, a request), and each
     /// input runs the worker — so an idle cluster costs no wake-ups.
     wake_at: Option<Instant>,
+    reschedules: super::reschedule::Reschedules,
 }
 
 impl Worker {
@@ -55,6 +59,7 @@ impl Worker {
             nodes_seen: None,
             last_unblock: None,
             wake_at: None,
+            reschedules: Default::default(),
         }
     }
 
@@ -76,6 +81,7 @@ impl Worker {
         self.enabled = enabled;
         self.in_flight = false;
         self.nodes_seen = None;
+        self.reschedules.clear();
         self.wake_at = enabled.then_some(now);
     }
 
@@ -99,6 +105,7 @@ impl Worker {
         }
         let command = self
             .node_updates(state)
+            .or_else(|| self.reschedule(now, state))
             .or_else(|| self.next_plan(state))
             .or_else(|| self.unblock(now, state));
         self.in_flight = command.is_some();
@@ -168,6 +175,35 @@ impl Worker {
         Some(Command::EvalUpsert { evals })
     }
 
+    /// `alloc-failure` evaluations for the jobs whose failed allocations are due to be placed
+    /// again; a timer for the next one.
+    fn reschedule(&mut self, now: Instant, state: &ServerState) -> Option<Command> {
+        let (jobs, next) = self.reschedules.due_jobs(now, state);
+        if let Some(next) = next {
+            self.wake_at = Some(self.wake_at.map_or(next, |at| at.min(next)));
+        }
+        if jobs.is_empty() {
+            return None;
+        }
+        let evals = jobs
+            .into_iter()
+            .filter_map(|(namespace, job_id)| {
+                let job = state.job(&namespace, &job_id)?;
+                Some(Evaluation {
+                    id: self.new_id(),
+                    namespace,
+                    priority: job.priority,
+                    eval_type: job.job_type.as_str().to_string(),
+                    triggered_by: super::reschedule::TRIGGER_ALLOC_FAILURE.into(),
+                    job_id,
+                    status: EVAL_PENDING.into(),
+                    ..Evaluation::default()
+                })
+            })
+            .collect();
+        Some(Command::EvalUpsert { evals })
+    }
+
     fn next_plan(&mut self, state: &ServerState) -> Option<Command> {
         let eval = state
             .evals()
@@ -214,7 +250,7 @@ impl Worker {
             return None;
         }
         if let Some(at) = self.last_unblock.map(|last| last + TICK).filter(|at| now < *at) {
-            self.wake_at = Some(at);
+            self.wake_at = Some(self.wake_at.map_or(at, |wake| wake.min(at)));
             return None;
         }
         self.last_unblock = Some(now);
