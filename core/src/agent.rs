@@ -93,9 +93,9 @@ impl Agent {
         Self::sync_leadership(half, now, state);
     }
 
-    /// The endpoints act only while Raft says we lead.
+    /// The endpoints act only while Raft says we lead and our leadership barrier is applied.
     fn sync_leadership(half: &mut ServerHalf, now: Instant, state: &ServerState) {
-        let leader = half.server.is_leader();
+        let leader = half.server.leads();
         if leader != half.rpc.is_leader() {
             half.rpc.handle(now, rpc::Input::Leadership { leader }, state);
         }

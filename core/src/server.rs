@@ -154,7 +154,8 @@ pub enum Action {
 enum Pending {
     Join,
     AddServer,
-    Propose,
+    /// The leadership barrier of this term (`LeadershipEstablished`).
+    Barrier(u64),
     ConsulLookup,
     ConsulRegister,
 }
@@ -171,6 +172,9 @@ pub struct Server {
     bootstrap: Bootstrap,
     raft: RaftView,
     led_term: Option<u64>,
+    /// The term whose leadership barrier this server proposed and saw applied: from then on
+    /// its state holds every entry of earlier terms, and the leader's endpoints may act.
+    established_term: Option<u64>,
     ops: OpIds,
     pending: BTreeMap<OpId, (Pending, Instant)>,
     rng: ChaCha8Rng,
@@ -250,6 +254,7 @@ impl Server {
             bootstrap,
             raft: RaftView::default(),
             led_term: None,
+            established_term: None,
             ops: OpIds::default(),
             pending: BTreeMap::new(),
             rng,
@@ -299,10 +304,15 @@ impl Server {
                 }
             }
             Input::Proposed { op, result } => {
-                if self.complete(op).is_some()
-                    && let Err(error) = result
-                {
-                    tracing::warn!(%error, "leadership barrier was not committed");
+                if let Some(Pending::Barrier(term)) = self.complete(op) {
+                    match result {
+                        Ok(_) if self.led_term == Some(term) => self.established_term = Some(term),
+                        Ok(_) => {}
+                        Err(error) => {
+                            tracing::warn!(%error, "leadership barrier was not committed");
+                            self.retry_barrier(now, term);
+                        }
+                    }
                 }
             }
             Input::ConsulServersFound { op, result } => {
@@ -408,6 +418,37 @@ impl Server {
         self.raft.role == RaftRole::Leader
     }
 
+    /// Leads, and its leadership barrier is applied: its state holds everything committed
+    /// by earlier leaders (Nomad's barrier in `establishLeadership`). Before that, a new
+    /// leader's scheduler could plan from a state lacking its predecessor's last plans and
+    /// place an allocation twice (found by csi_leader_failover, seed 17).
+    pub fn leads(&self) -> bool {
+        self.is_leader() && self.established_term == Some(self.raft.term)
+    }
+
+    /// Proposes this term's leadership barrier; its application is awaited before the
+    /// endpoints act.
+    fn propose_barrier(&mut self, now: Instant) {
+        let term = self.raft.term;
+        let cluster_id = format!("{:016x}{:016x}", self.rng.random::<u64>(), self.rng.random::<u64>());
+        let op = self.start(now, Pending::Barrier(term), PROPOSE_TIMEOUT);
+        self.actions.push_back(Action::Propose {
+            op,
+            command: alloc::boxed::Box::new(Command::LeadershipEstablished {
+                leader_id: self.node_id,
+                term,
+                cluster_id,
+            }),
+        });
+    }
+
+    /// A barrier that failed or timed out is proposed again while this term lasts.
+    fn retry_barrier(&mut self, now: Instant, term: u64) {
+        if self.is_leader() && self.raft.term == term && self.established_term != Some(term) {
+            self.propose_barrier(now);
+        }
+    }
+
     fn observe_raft(&mut self, now: Instant, view: RaftView) {
         self.bootstrap.observe_raft(view.last_log_index, view.leader.is_some());
         let became_leader = view.role == RaftRole::Leader && self.led_term != Some(view.term);
@@ -415,16 +456,7 @@ impl Server {
         if became_leader {
             self.led_term = Some(self.raft.term);
             tracing::info!(term = self.raft.term, "leadership gained");
-            let cluster_id = format!("{:016x}{:016x}", self.rng.random::<u64>(), self.rng.random::<u64>());
-            let op = self.start(now, Pending::Propose, PROPOSE_TIMEOUT);
-            self.actions.push_back(Action::Propose {
-                op,
-                command: alloc::boxed::Box::new(Command::LeadershipEstablished {
-                    leader_id: self.node_id,
-                    term: self.raft.term,
-                    cluster_id,
-                }),
-            });
+            self.propose_barrier(now);
             self.reconcile_at = Some(now);
         }
         if !self.is_leader() {
@@ -592,9 +624,78 @@ impl Server {
         for (op, kind) in expired {
             self.pending.remove(&op);
             tracing::warn!(%op, ?kind, "operation timed out");
-            if kind == Pending::AddServer {
-                self.reconcile_at = Some(now);
+            match kind {
+                Pending::AddServer => self.reconcile_at = Some(now),
+                Pending::Barrier(term) => self.retry_barrier(now, term),
+                Pending::Join | Pending::ConsulLookup | Pending::ConsulRegister => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AgentConfig;
+
+    fn leader_view(term: u64) -> RaftView {
+        RaftView {
+            role: RaftRole::Leader,
+            term,
+            leader: Some(1),
+            last_log_index: Some(3),
+            voters: [1].into_iter().collect(),
+            learners: BTreeSet::new(),
+        }
+    }
+
+    /// The barrier proposals among the actions (op and term).
+    fn barriers(server: &mut Server) -> Vec<(OpId, u64)> {
+        core::iter::from_fn(|| server.poll_action())
+            .filter_map(|action| match action {
+                Action::Propose { op, command } => match *command {
+                    Command::LeadershipEstablished { term, .. } => Some((op, term)),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_new_leader_leads_only_once_its_barrier_is_applied_and_retries_a_lost_one() {
+        let mut config = AgentConfig::default();
+        config.server.enabled = true;
+        config.server.bootstrap_expect = 1;
+        let boot = BootState {
+            last_log_index: Some(3),
+            bootstrapped: true,
+        };
+        let mut server = Server::new(Instant::ZERO, &config, 1, 1, boot, 7);
+        server.handle(Instant::ZERO, Input::RaftObserved(leader_view(2)));
+        assert!(
+            server.is_leader() && !server.leads(),
+            "Raft says leader; the barrier is not applied"
+        );
+        let [(op, 2)] = barriers(&mut server)[..] else {
+            panic!("one barrier for term 2")
+        };
+        // Lost (a failed proposal): proposed again, still not leading.
+        let lost = Input::Proposed {
+            op,
+            result: Err("leadership lost".into()),
+        };
+        server.handle(Instant::ZERO, lost);
+        assert!(!server.leads());
+        let [(op, 2)] = barriers(&mut server)[..] else {
+            panic!("the barrier again")
+        };
+        let applied = Input::Proposed { op, result: Ok(4) };
+        server.handle(Instant::ZERO, applied);
+        assert!(server.leads());
+        // A new term needs its own barrier.
+        server.handle(Instant::ZERO, Input::RaftObserved(leader_view(3)));
+        assert!(!server.leads());
+        assert_eq!(barriers(&mut server).len(), 1);
     }
 }
