@@ -309,13 +309,25 @@ impl AllocRunner {
                         }
                         self.persist();
                     }
+                    Err(error) if now < release.give_up_at => {
+                        // Retried (Nomad's `unmountWithRetry`): the plugin may be restarting
+                        // — after an agent restart its old instance is gone and the new one
+                        // not yet registered. Nobody else would unmount it: the servers skip
+                        // node detach for a node they marked down, and may have freed the
+                        // claim already (found by real_clients_rolling_update, seed 32).
+                        release.retry_at = Some(now + release.backoff);
+                        release.backoff = (release.backoff * 2).min(CLAIM_BACKOFF_MAX);
+                        self.hook_event(AllocHook::Csi, "postrun-retry", Err(format!("{alias}: {error}")));
+                        return;
+                    }
                     Err(error) => {
-                        // Recorded; the servers' node detach retries the unmount later.
+                        // Given up: recorded; the servers' node detach is the last resort.
                         self.hook_event(AllocHook::Csi, "postrun-unmount", Err(format!("{alias}: {error}")));
                     }
                 }
                 if let Some(release) = self.releases.get_mut(alias) {
                     release.step = VolumeRelease::Unpublish;
+                    release.backoff = CLAIM_BACKOFF_START;
                 }
                 self.release_step(now, alias, ops);
             }

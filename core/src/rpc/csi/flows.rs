@@ -71,8 +71,16 @@ impl CsiEndpoints {
             waiters.push(waiter);
             return;
         }
-        if state.volume(&namespace, &volume_id).is_none() {
+        let Some(volume) = state.volume(&namespace, &volume_id) else {
             self.finish_waiter(now, waiter, Err(RpcError::not_found("volume not found")), state, out);
+            return;
+        };
+        if self.committed_free(&volume, &claim) {
+            // Nothing recorded for the allocation: its release already finished (a client's
+            // retry after the watcher freed it). Reopening it would record a claim again and
+            // call the plugins for nothing (found by csi_node_detach_hang, seed 8: the volume
+            // read "in use" after every claim had been released).
+            self.finish_waiter(now, waiter, Ok(()), state, out);
             return;
         }
         let mut claim = claim;

@@ -96,6 +96,21 @@ fn unpublish_walks_node_then_controller_committing_each_step() {
     assert!(matches!(h.replies.last(), Some((2, ServerReply::Done { .. }))));
     let vol = h.fx.state.volume("default", "v").unwrap();
     assert!(vol.write_claims.is_empty() && vol.past_claims.is_empty());
+    // A late retry of the same release finds nothing recorded: done at once, nothing reopened.
+    h.log.clear();
+    let index = h.fx.index;
+    h.request(
+        3,
+        ServerRequest::VolumeUnpublish {
+            namespace: "default".into(),
+            volume_id: "v".into(),
+            claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
+        },
+    );
+    assert!(matches!(h.replies.last(), Some((3, ServerReply::Done { .. }))));
+    assert!(h.log.is_empty(), "{:?}", h.log);
+    assert_eq!(h.fx.index, index, "nothing written");
+    assert!(h.calls.is_empty());
 }
 
 #[test]
