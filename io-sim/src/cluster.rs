@@ -244,7 +244,9 @@ impl SimCluster {
         );
     }
 
-    /// Kills a client node; its mounts die with it.
+    /// Kills a client node's agent. A production client's tasks and mounts live on in its
+    /// host (the agent recovers them when it restarts); a hand-played client has no host, so
+    /// its mounts die with it.
     pub fn kill_client(&mut self, index: usize) {
         let client = &mut self.clients[index];
         if !client.alive {
@@ -255,7 +257,22 @@ impl SimCluster {
         self.handle.kill(client.node.id());
         client.alive = false;
         self.recorder.note(format!("kill client {}", client.spec.name));
-        self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+        if !client.spec.real_client {
+            self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+        }
+    }
+
+    /// The client's machine dies: its agent, every task and every mount. A later
+    /// `restart_client` is a reboot onto the same disk.
+    pub fn lose_client(&mut self, index: usize) {
+        self.kill_client(index);
+        let client = &self.clients[index];
+        client.host.power_off();
+        self.consul.lose_agent(&client.spec.name);
+        self.recorder.note(format!("host of client {} lost", client.spec.name));
+        if client.spec.real_client {
+            self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+        }
     }
 
     pub fn restart_client(&mut self, index: usize) {

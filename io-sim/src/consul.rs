@@ -77,6 +77,12 @@ impl SimConsul {
             .collect()
     }
 
+    /// A node's machine died with its local agent: the catalog drops the node's services,
+    /// as Consul reaps a failed node.
+    pub fn lose_agent(&self, node: &str) {
+        self.state.lock().expect("consul lock").agents.remove(node);
+    }
+
     pub fn calls(&self) -> u64 {
         self.state.lock().expect("consul lock").calls
     }

@@ -19,7 +19,7 @@ use drover_core::client::{
     TaskHandle,
 };
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
-use drover_core::structs::{ConfigValue, DriverInfo};
+use drover_core::structs::{ConfigValue, CsiControllerInfo, DriverInfo};
 use drover_io_real::client::ClientExecutor;
 use drover_io_real::devices::DeviceStats;
 use drover_io_real::drivers::TaskResourceUsage;
@@ -103,6 +103,25 @@ impl SimHost {
 
     fn note(&self, text: String) {
         self.recorder.note(format!("{}: {text}", self.name));
+    }
+
+    /// The machine dies: every task is killed and every mount is gone (directories survive
+    /// on its disk). What a reboot finds is an empty process table.
+    pub fn power_off(&self) {
+        let mut state = self.lock();
+        for task in state.tasks.values() {
+            task.exit.send_if_modified(|exit| {
+                let first = exit.is_none();
+                exit.get_or_insert(ExitResult {
+                    exit_code: 137,
+                    signal: 9,
+                    err: Some("host lost".into()),
+                    ..ExitResult::default()
+                });
+                first
+            });
+        }
+        state.mounts.clear();
     }
 
     /// The plugin allocation whose socket `socket` is, if a task of it is running.
@@ -244,14 +263,20 @@ impl SimHost {
                 controller_service: true,
                 accessibility_constraints: false,
             },
-            CsiCall::ControllerGetCapabilities => CsiReply::ControllerCapabilities(Default::default()),
+            // Attach/detach, so every claim and release goes through the controller too.
+            CsiCall::ControllerGetCapabilities => CsiReply::ControllerCapabilities(CsiControllerInfo {
+                supports_attach_detach: true,
+                supports_read_only_attach: true,
+                ..CsiControllerInfo::default()
+            }),
             CsiCall::NodeGetInfo => CsiReply::NodeInfo {
                 node_id: format!("ext-{}", self.name),
                 max_volumes: 0,
                 topology: None,
             },
+            // Staged once per volume and node, shared by the allocations there.
             CsiCall::NodeGetCapabilities => CsiReply::NodeCapabilities {
-                stage_unstage: false,
+                stage_unstage: true,
                 stats: false,
                 expand: false,
                 condition: false,

@@ -1,8 +1,8 @@
 //! Job register → every allocation running, across simulated clients (`--bench-jobs`).
 //!
 //! Three servers and N client nodes in the simulation (real agents: openraft, the core, the
-//! scheduler); the clients are the job workload's (alloc sync by blocking query, report
-//! running). For each size it prints the simulated time from `Job.Register` to the last
+//! scheduler); the clients run the production client driver on simulated hosts (alloc sync
+//! by blocking query, tasks started, running reported). For each size it prints the simulated time from `Job.Register` to the last
 //! allocation reported running (the protocol's latency: Raft commits, the worker's plans,
 //! the clients' syncs), and the wall time of the whole run against a baseline run of the same
 //! cluster whose job has no allocations (best of three each) — their difference is what
@@ -13,15 +13,14 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::structs::{AccessMode, ClientStatus};
+use drover_core::structs::ClientStatus;
 use drover_io_sim::cluster::SimCluster;
 use drover_io_sim::consul::SimConsul;
 use drover_io_sim::trace::Recorder;
 
-use crate::csi_workload::CsiWorkload;
-use crate::job_workload::{JOB_ID, JobPlan};
-use crate::runner::wait_for_leader;
-use crate::scenarios::{self, CsiPlan};
+use crate::real_clients::{self, RealClientPlan};
+use crate::runner::{real_client_spec, wait_for_leader};
+use crate::scenarios;
 
 /// One simulated run: returns the simulated register → all running time (None if it never
 /// got there within ten simulated minutes).
@@ -36,41 +35,22 @@ fn run(allocs: u32, clients: usize, seed: u64) -> Option<Duration> {
             for spec in scenarios::bench_servers() {
                 cluster.add_server(spec);
             }
+            let servers = scenarios::bench_servers();
             for index in 0..clients {
-                cluster.add_client(scenarios::client(index));
+                cluster.add_client(real_client_spec(&servers, index));
             }
             wait_for_leader(&cluster, Duration::from_secs(60)).await;
-            let plan = CsiPlan {
-                clients,
-                volumes: Vec::new(),
-                bursts: false,
-                deregister_attempts: false,
-                jobs: Some(JobPlan {
-                    count: allocs,
-                    volume: String::new(),
-                    access: AccessMode::SingleNodeWriter,
-                    updates: Vec::new(),
-                    system: false,
-                    plugin: false,
-                }),
-                late_clients: 0,
-            };
-            let start = tokio::time::Instant::now();
-            let mut workload = CsiWorkload::new(plan, seed, start);
-            if workload.setup(&cluster).await.is_err() {
-                return;
-            }
+            let plan = RealClientPlan::one_job(clients, allocs, None);
             let registered = tokio::time::Instant::now();
-            if workload.register_job(&cluster).await.is_err() {
+            if real_clients::register(&cluster, &plan).await.is_err() {
                 return;
             }
             while registered.elapsed() < Duration::from_secs(600) {
-                workload.refresh(&cluster);
                 let running = cluster.gateways().iter().find_map(|gateway| {
                     gateway.read_state(|state| {
                         state
                             .allocs()
-                            .filter(|alloc| alloc.job_id == JOB_ID && alloc.client_status == ClientStatus::Running)
+                            .filter(|alloc| alloc.job_id == "web" && alloc.client_status == ClientStatus::Running)
                             .count()
                     })
                 });
@@ -90,7 +70,7 @@ fn run(allocs: u32, clients: usize, seed: u64) -> Option<Duration> {
 }
 
 pub fn jobs_bench() -> bool {
-    println!("jobs: register -> every allocation running, 3 servers, simulated clients");
+    println!("jobs: register -> every allocation running, 3 servers, production clients on simulated hosts");
     println!("  allocs  clients  simulated s  wall s (run)  wall s (baseline)  wall per alloc ms");
     let mut ok = true;
     for (allocs, clients) in [(1u32, 10usize), (100, 50), (1_000, 100)] {

@@ -296,9 +296,9 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         .scenarios
         .iter()
         .filter(|scenario| {
-            crate::scenarios::REAL_CLIENT_SCENARIOS
-                .iter()
-                .any(|real| real.name == scenario.name)
+            crate::runner::plan_for(scenario, 0, &Options::default())
+                .real_clients
+                .is_some()
         })
         .count();
     println!(

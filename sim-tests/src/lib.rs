@@ -12,10 +12,6 @@ pub mod bench;
 #[cfg(madsim)]
 pub mod cli;
 #[cfg(madsim)]
-pub mod csi_workload;
-#[cfg(madsim)]
-pub mod job_workload;
-#[cfg(madsim)]
 pub mod real_clients;
 #[cfg(madsim)]
 pub mod runner;

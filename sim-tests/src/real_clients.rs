@@ -10,38 +10,118 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use drover_core::client::alloc_runner::CLAIM_BACKOFF_MAX;
+use drover_core::client::deadlines::CSI_TIMEOUT;
 use drover_core::client::services::TASK_SERVICE_PREFIX;
 use drover_core::fsm::ServerState;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
-    DesiredStatus, Job, JobType, RestartMode, RestartPolicy, Service, Task, TaskCsiPluginConfig, TaskGroup,
-    TaskResources, VolumeMount, VolumeRequest, VolumeType,
+    DesiredStatus, DrainStrategy, Job, JobType, NodeStatus, RestartMode, RestartPolicy, Service, Task,
+    TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use drover_io_sim::cluster::{SimCluster, retry_request};
+use drover_io_sim::invariants::claims_freed;
 use drover_io_sim::trace::Recorder;
 
-pub const JOB_ID: &str = "web";
 /// The CSI plugin, run as a system job on every client (a monolith: controller and node).
 pub const PLUGIN_JOB_ID: &str = "csi-plugin";
 pub const PLUGIN_ID: &str = "p";
-pub const VOLUME_ID: &str = "vol0";
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(250);
 
-/// The job the real clients run.
+/// One service job the real clients run.
 #[derive(Clone, Debug)]
-pub struct RealClientPlan {
-    pub clients: usize,
+pub struct RealJob {
+    pub id: String,
     pub count: u32,
     /// Every task exits (successfully) after this long and is restarted by its restart policy
     /// (`None`: tasks run until stopped).
     pub run_for: Option<Duration>,
-    /// Every allocation mounts one CSI volume through the plugin job.
-    pub volume: bool,
-    /// The volume's access mode (a single writer makes every update hand the volume over
-    /// from the allocation it replaces: Nomad #8609).
-    pub access: AccessMode,
+    /// The CSI volume every allocation mounts (one of the plan's volumes).
+    pub volume: Option<String>,
+    pub read_only: bool,
+}
+
+/// The real clients and what they run.
+#[derive(Clone, Debug)]
+pub struct RealClientPlan {
+    /// Client nodes, the late ones included.
+    pub clients: usize,
+    /// The last `late_clients` start only at a `JoinLateClients` step.
+    pub late_clients: usize,
+    /// A monolith CSI plugin system job on every client, and `volumes` registered for it.
+    pub plugin: bool,
+    /// CSI volumes and their access modes.
+    pub volumes: Vec<(String, AccessMode)>,
+    pub jobs: Vec<RealJob>,
+    /// Operators now and then try to deregister a volume a running allocation holds (must be
+    /// refused with "volume in use").
+    pub deregister_attempts: bool,
+}
+
+impl RealClientPlan {
+    /// `count` allocations of one job, no volume (the plan of the `real_clients_job` family).
+    pub fn one_job(clients: usize, count: u32, run_for: Option<Duration>) -> Self {
+        RealClientPlan {
+            clients,
+            late_clients: 0,
+            plugin: false,
+            volumes: Vec::new(),
+            jobs: vec![RealJob {
+                id: "web".into(),
+                count,
+                run_for,
+                volume: None,
+                read_only: false,
+            }],
+            deregister_attempts: false,
+        }
+    }
+
+    /// Every allocation of every job mounts `volume` (registered with `access`).
+    pub fn with_volume(mut self, volume: &str, access: AccessMode) -> Self {
+        self.plugin = true;
+        self.volumes = vec![(volume.to_string(), access)];
+        for job in &mut self.jobs {
+            job.volume = Some(volume.to_string());
+        }
+        self
+    }
+
+    fn access(&self, volume: &str) -> AccessMode {
+        self.volumes
+            .iter()
+            .find(|(id, _)| id == volume)
+            .map_or(AccessMode::Unknown, |(_, access)| *access)
+    }
+
+    /// What the plan runs, for the schedule printed with a failing seed.
+    pub fn summary(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "{} real clients ({} late), CSI plugin {}, volumes {:?}{}",
+            self.clients,
+            self.late_clients,
+            self.plugin,
+            self.volumes,
+            if self.deregister_attempts {
+                ", deregister attempts"
+            } else {
+                ""
+            }
+        )];
+        lines.extend(self.jobs.iter().map(|job| {
+            format!(
+                "job {}: count {}, tasks run for {:?}, volume {:?}{}",
+                job.id,
+                job.count,
+                job.run_for,
+                job.volume,
+                if job.read_only { " read-only" } else { "" }
+            )
+        }));
+        lines
+    }
 }
 
 /// The plugin job: one monolith CSI plugin task per client node.
@@ -79,11 +159,11 @@ pub fn plugin_job() -> Job {
     }
 }
 
-pub fn volume(access: AccessMode) -> CsiVolume {
+pub fn volume(id: &str, access: AccessMode) -> CsiVolume {
     CsiVolume {
-        id: VOLUME_ID.into(),
+        id: id.into(),
         namespace: "default".into(),
-        name: VOLUME_ID.into(),
+        name: id.into(),
         plugin_id: PLUGIN_ID.into(),
         requested_capabilities: vec![CsiCapability {
             access_mode: access,
@@ -93,60 +173,66 @@ pub fn volume(access: AccessMode) -> CsiVolume {
     }
 }
 
-/// Version `version` of the job: each version is a destructive update (its env changes).
-pub fn job(plan: &RealClientPlan, version: u64) -> Job {
+/// The Consul service id of a job's task in `alloc`.
+fn service_id(job: &RealJob, alloc: &str) -> String {
+    format!("{TASK_SERVICE_PREFIX}{alloc}-server-{}-8080", job.id)
+}
+
+/// Version `version` of a job: each version is a destructive update (its env changes).
+pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
     let mut config = BTreeMap::new();
-    if let Some(run_for) = plan.run_for {
+    if let Some(run_for) = spec.run_for {
         config.insert(
             "run_for".to_string(),
             ConfigValue::String(format!("{}ms", run_for.as_millis())),
         );
     }
-    let volumes = plan.volume.then(|| {
+    let volumes = spec.volume.as_ref().map(|source| {
         (
             "data".to_string(),
             VolumeRequest {
                 name: "data".into(),
                 volume_type: VolumeType::Csi,
-                source: VOLUME_ID.into(),
-                read_only: false,
-                access_mode: plan.access,
+                source: source.clone(),
+                read_only: spec.read_only,
+                access_mode: plan.access(source),
                 attachment_mode: AttachmentMode::FileSystem,
                 mount_options: None,
                 per_alloc: false,
             },
         )
     });
-    let volume_mounts = plan
+    let volume_mounts = spec
         .volume
-        .then(|| VolumeMount {
+        .as_ref()
+        .map(|_| VolumeMount {
             volume: "data".into(),
             destination: "/data".into(),
-            read_only: false,
+            read_only: spec.read_only,
             propagation_mode: Default::default(),
         })
         .into_iter()
         .collect();
     Job {
-        id: JOB_ID.into(),
-        name: JOB_ID.into(),
+        id: spec.id.clone(),
+        name: spec.id.clone(),
         namespace: "default".into(),
         job_type: JobType::Service,
         priority: 50,
         datacenters: vec!["dc1".into()],
         task_groups: vec![TaskGroup {
             name: "web".into(),
-            count: plan.count,
+            count: spec.count,
             volumes: volumes.into_iter().collect(),
             tasks: vec![Task {
                 name: "server".into(),
                 // raw_exec cannot bind a volume into its task (Nomad #8030): `exec` can.
-                driver: if plan.volume { "exec" } else { "raw_exec" }.into(),
+                driver: if spec.volume.is_some() { "exec" } else { "raw_exec" }.into(),
                 config,
                 env: BTreeMap::from([("VERSION".to_string(), version.to_string())]),
                 volume_mounts,
                 services: vec![Service {
-                    name: "web".into(),
+                    name: spec.id.clone(),
                     port_label: "8080".into(),
                     address_mode: "driver".into(),
                     ..Service::default()
@@ -179,25 +265,22 @@ pub async fn request(cluster: &SimCluster, request: ServerRequest, attempts: u32
 }
 
 pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(), String> {
-    if plan.volume {
-        match request(
-            cluster,
-            ServerRequest::JobRegister {
-                job: Box::new(plugin_job()),
-            },
-            40,
-        )
-        .await
-        {
+    if plan.plugin {
+        let register = ServerRequest::JobRegister {
+            job: Box::new(plugin_job()),
+        };
+        match request(cluster, register, 40).await {
             ServerReply::JobRegistered { .. } => {}
             other => return Err(format!("register the plugin job: {other:?}")),
         }
+    }
+    for (id, access) in &plan.volumes {
         // The servers refuse a volume of a plugin they have not heard of: register it once the
         // clients have started the plugin and fingerprinted it, as an operator would.
         let mut attempts = 0;
         loop {
             let register = ServerRequest::VolumeRegister {
-                volumes: vec![volume(plan.access)],
+                volumes: vec![volume(id, *access)],
             };
             match request(cluster, register, 40).await {
                 ServerReply::Done { .. } => break,
@@ -205,39 +288,133 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                other => return Err(format!("register the volume: {other:?}")),
+                other => return Err(format!("register volume {id}: {other:?}")),
             }
         }
     }
-    match request(
-        cluster,
-        ServerRequest::JobRegister {
-            job: Box::new(job(plan, 0)),
-        },
-        40,
-    )
-    .await
-    {
-        ServerReply::JobRegistered { .. } => Ok(()),
-        other => Err(format!("register job: {other:?}")),
+    for spec in &plan.jobs {
+        let register = ServerRequest::JobRegister {
+            job: Box::new(job(plan, spec, 0)),
+        };
+        match request(cluster, register, 40).await {
+            ServerReply::JobRegistered { .. } => {}
+            other => return Err(format!("register job {}: {other:?}", spec.id)),
+        }
+    }
+    Ok(())
+}
+
+/// Registers version `version` of every job (a destructive update); a failure is noted, not
+/// a violation (the servers may be without a leader right then).
+pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
+    for spec in &plan.jobs {
+        let reply = request(
+            cluster,
+            ServerRequest::JobRegister {
+                job: Box::new(job(plan, spec, version)),
+            },
+            10,
+        )
+        .await;
+        cluster.recorder().note(format!(
+            "job {} version {version} registered: {}",
+            spec.id,
+            matches!(reply, ServerReply::JobRegistered { .. })
+        ));
     }
 }
 
-/// Registers version `version` of the job (a destructive update); a failure is noted, not a
-/// violation (the servers may be without a leader right then).
-pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
-    let reply = request(
-        cluster,
-        ServerRequest::JobRegister {
-            job: Box::new(job(plan, version)),
-        },
-        10,
-    )
-    .await;
-    cluster.recorder().note(format!(
-        "job version {version} registered: {}",
-        matches!(reply, ServerReply::JobRegistered { .. })
-    ));
+/// The state of a live server (whichever answers first), for operator actions.
+fn any_state(cluster: &SimCluster) -> Option<ServerState> {
+    cluster
+        .gateways()
+        .iter()
+        .find_map(|gateway| gateway.read_state(Clone::clone))
+}
+
+/// The client running an allocation of the first job, as a live server sees it.
+pub fn job_client(cluster: &SimCluster, plan: &RealClientPlan) -> Option<usize> {
+    let job_id = &plan.jobs.first()?.id;
+    let state = any_state(cluster)?;
+    let alloc = state.allocs().find(|alloc| {
+        &alloc.job_id == job_id
+            && alloc.desired_status == DesiredStatus::Run
+            && alloc.client_status == ClientStatus::Running
+    })?;
+    client_of(cluster, &state, alloc)
+}
+
+/// The node running the first job's allocation is drained through a live server, as an
+/// operator would: no deadline, system jobs included.
+pub fn drain_job_node(cluster: &SimCluster, plan: &RealClientPlan) {
+    let Some(client) = job_client(cluster, plan) else {
+        cluster.recorder().note("no running allocation to drain a node under");
+        return;
+    };
+    let Some(node_id) = any_state(cluster).and_then(|state| {
+        state
+            .nodes()
+            .find(|node| node.name == cluster.client_name(client))
+            .map(|node| node.id.clone())
+    }) else {
+        return;
+    };
+    cluster
+        .recorder()
+        .note(format!("draining {}", cluster.client_name(client)));
+    let gateways = cluster.gateways();
+    let recorder = cluster.recorder().clone();
+    let drain = ServerRequest::NodeUpdateDrain {
+        node_id,
+        strategy: Some(DrainStrategy::default()),
+        mark_eligible: false,
+    };
+    tokio::spawn(async move {
+        // Retried through whichever servers are live (a leader may be down).
+        let reply = retry_request(|| gateways.clone(), 0, drain, 40, REQUEST_TIMEOUT).await;
+        recorder.note(format!("drain set: {}", matches!(reply, ServerReply::Done { .. })));
+    });
+}
+
+/// An operator tries to deregister a volume a running allocation holds: it must be refused.
+pub async fn deregister_attempt(cluster: &SimCluster, pick: usize) {
+    let Some(state) = any_state(cluster) else { return };
+    let held: Vec<(String, String)> = state
+        .volume_keys()
+        .filter_map(|(namespace, id)| state.volume(namespace, id))
+        .filter_map(|volume| {
+            let holder = volume
+                .read_claims
+                .keys()
+                .chain(volume.write_claims.keys())
+                .find(|alloc| {
+                    state.alloc(alloc).is_some_and(|alloc| {
+                        alloc.desired_status == DesiredStatus::Run && alloc.client_status == ClientStatus::Running
+                    })
+                })?;
+            Some((volume.id.clone(), holder.clone()))
+        })
+        .collect();
+    let Some((volume, holder)) = held.get(pick % held.len().max(1)).cloned() else {
+        return;
+    };
+    let deregister = ServerRequest::VolumeDeregister {
+        namespace: "default".into(),
+        volume_ids: vec![volume.clone()],
+        force: false,
+    };
+    match request(cluster, deregister, 3).await {
+        ServerReply::Error(error) if error.message.contains("volume in use") => {
+            cluster
+                .recorder()
+                .note(format!("deregister {volume} refused: volume in use"));
+        }
+        ServerReply::Error(_) => {}
+        other => cluster.recorder().violate(
+            "a claimed volume cannot be deregistered",
+            format!("deregister of {volume} held by running allocation {holder} returned {other:?}"),
+        ),
+    }
 }
 
 fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
@@ -253,95 +430,125 @@ fn client_of(cluster: &SimCluster, state: &ServerState, alloc: &Allocation) -> O
     (0..cluster.client_count()).find(|index| cluster.client_name(*index) == name)
 }
 
-/// Whether the job runs as it should: `count` allocations the servers want running, each seen
-/// running (`seen` keeps those already seen). `Err` says what is missing.
-fn job_running(
+fn describe_allocs(state: &ServerState, job_id: &str) -> String {
+    let allocs: Vec<String> = state
+        .allocs()
+        .filter(|alloc| alloc.job_id == job_id)
+        .map(|alloc| {
+            let node = state.node(&alloc.node_id).map_or("?", |node| node.name.as_str());
+            format!(
+                "{} v{} on {node} {:?}/{:?} {:?}",
+                &alloc.id[..8],
+                alloc.job_version,
+                alloc.desired_status,
+                alloc.client_status,
+                alloc.desired_description
+            )
+        })
+        .collect();
+    let evals: Vec<String> = state
+        .evals()
+        .filter(|eval| eval.job_id == job_id)
+        .map(|eval| {
+            format!(
+                "{} {} {:?} {:?}",
+                eval.triggered_by, eval.status, eval.status_description, eval.failed_tg_allocs
+            )
+        })
+        .collect();
+    format!("allocations: {}; evaluations: {}", allocs.join(", "), evals.join("; "))
+}
+
+/// Whether every job runs as it should: `count` allocations the servers want running at its
+/// latest version, each seen running (`seen` keeps those already seen); the plugin on every
+/// ready, eligible node. `Err` says what is missing.
+fn jobs_running(
     cluster: &SimCluster,
     state: &ServerState,
     plan: &RealClientPlan,
     seen: &mut BTreeSet<String>,
 ) -> Result<(), String> {
-    let version = state.job("default", JOB_ID).map(|job| job.version);
-    let wanted: Vec<&Allocation> = state
-        .allocs()
-        .filter(|alloc| alloc.job_id == JOB_ID && alloc.desired_status == DesiredStatus::Run)
-        .filter(|alloc| !alloc.client_terminal())
+    let draining: Vec<&str> = state
+        .nodes()
+        .filter(|node| node.drain_strategy.is_some())
+        .map(|node| node.name.as_str())
         .collect();
-    if let Some(stale) = wanted.iter().find(|alloc| Some(alloc.job_version) != version) {
-        return Err(format!(
-            "{} still runs version {} of the job, not {version:?}",
-            stale.id, stale.job_version
-        ));
+    if !draining.is_empty() {
+        return Err(format!("nodes {draining:?} are still draining"));
     }
-    if wanted.len() != plan.count as usize {
-        let evals: Vec<String> = state
-            .evals()
-            .filter(|eval| eval.job_id == JOB_ID)
-            .map(|eval| {
-                format!(
-                    "{} {} {:?} {:?}",
-                    eval.triggered_by, eval.status, eval.status_description, eval.failed_tg_allocs
-                )
-            })
-            .collect();
-        let allocs: Vec<String> = state
+    let eligible = state
+        .nodes()
+        .filter(|node| node.status == NodeStatus::Ready && node.eligible())
+        .count();
+    let mut expected: Vec<(String, usize, Option<&RealJob>)> = plan
+        .jobs
+        .iter()
+        .map(|job| (job.id.clone(), job.count as usize, Some(job)))
+        .collect();
+    if plan.plugin {
+        expected.push((PLUGIN_JOB_ID.to_string(), eligible, None));
+    }
+    for (job_id, count, spec) in expected {
+        let version = state.job("default", &job_id).map(|job| job.version);
+        let wanted: Vec<&Allocation> = state
             .allocs()
-            .filter(|alloc| alloc.job_id == JOB_ID)
-            .map(|alloc| {
-                let node = state.node(&alloc.node_id).map_or("?", |node| node.name.as_str());
-                format!(
-                    "{} on {node} {:?}/{:?} {:?}",
-                    &alloc.id[..8],
-                    alloc.desired_status,
-                    alloc.client_status,
-                    alloc.desired_description
-                )
-            })
+            .filter(|alloc| alloc.job_id == job_id && alloc.desired_status == DesiredStatus::Run)
+            .filter(|alloc| !alloc.client_terminal())
             .collect();
-        return Err(format!(
-            "{} live allocations, want {} (allocations: {}; evaluations: {})",
-            wanted.len(),
-            plan.count,
-            allocs.join(", "),
-            evals.join("; ")
-        ));
-    }
-    // Tasks that exit on their own are pending between restarts, so each allocation only has
-    // to have been seen running (reported so, its task in its host's process table, its volume
-    // mounted, its service in its node's Consul agent) at some moment of the quiet phase, not
-    // all at once.
-    for alloc in &wanted {
-        let Some(client) = client_of(cluster, state, alloc) else {
-            continue;
-        };
-        let host = cluster.host(client);
-        let task_runs = host
-            .running_tasks()
-            .iter()
-            .any(|(id, task)| id == &alloc.id && task == "server");
-        let mounted = !plan.volume
-            || host
-                .mounts()
+        if let Some(stale) = wanted.iter().find(|alloc| Some(alloc.job_version) != version) {
+            return Err(format!(
+                "{} of {job_id} still runs version {} of the job, not {version:?}",
+                stale.id, stale.job_version
+            ));
+        }
+        if wanted.len() != count {
+            return Err(format!(
+                "{job_id}: {} live allocations, want {count} ({})",
+                wanted.len(),
+                describe_allocs(state, &job_id)
+            ));
+        }
+        // Tasks that exit on their own are pending between restarts, so each allocation only
+        // has to have been seen running (reported so, its task in its host's process table,
+        // its volume mounted, its service in its node's Consul agent) at some moment of the
+        // quiet phase, not all at once.
+        for alloc in &wanted {
+            let Some(client) = client_of(cluster, state, alloc) else {
+                continue;
+            };
+            let host = cluster.host(client);
+            let task = if spec.is_some() { "server" } else { "plugin" };
+            let task_runs = host
+                .running_tasks()
                 .iter()
-                .any(|mount| mount.contains(&format!("/per-alloc/{}/", alloc.id)));
-        let service = format!("{TASK_SERVICE_PREFIX}{}-server-web-8080", alloc.id);
-        let registered = cluster
-            .consul()
-            .task_services()
-            .contains(&(cluster.client_name(client).to_string(), service));
-        if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered {
-            seen.insert(alloc.id.clone());
+                .any(|(id, name)| id == &alloc.id && name == task);
+            let mounted = spec.is_none_or(|spec| {
+                spec.volume.is_none()
+                    || host
+                        .mounts()
+                        .iter()
+                        .any(|mount| mount.contains(&format!("/per-alloc/{}/", alloc.id)))
+            });
+            let registered = spec.is_none_or(|spec| {
+                cluster
+                    .consul()
+                    .task_services()
+                    .contains(&(cluster.client_name(client).to_string(), service_id(spec, &alloc.id)))
+            });
+            if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered {
+                seen.insert(alloc.id.clone());
+            }
+        }
+        if let Some(alloc) = wanted.iter().find(|alloc| !seen.contains(&alloc.id)) {
+            return Err(format!(
+                "{} of {job_id} not seen running yet (reported {:?}, on {})",
+                alloc.id,
+                alloc.client_status,
+                client_of(cluster, state, alloc).map_or("an unknown node", |client| cluster.client_name(client))
+            ));
         }
     }
-    match wanted.iter().find(|alloc| !seen.contains(&alloc.id)) {
-        Some(alloc) => Err(format!(
-            "{} not seen running yet (reported {:?}, on {})",
-            alloc.id,
-            alloc.client_status,
-            client_of(cluster, state, alloc).map_or("an unknown node", |client| cluster.client_name(client))
-        )),
-        None => Ok(()),
-    }
+    Ok(())
 }
 
 /// Tasks on the hosts whose allocation the servers do not want running.
@@ -360,8 +567,22 @@ fn strays(cluster: &SimCluster, state: &ServerState) -> Vec<String> {
     out
 }
 
-/// Once quiet: the job converges on the real clients with no stray task anywhere, and after
-/// `job stop` every task is gone from every host and every allocation is finished.
+/// How long after the quiet phase begins the jobs get to converge. With volumes: a node plugin
+/// call hung just before the quiet phase holds its volume until the client's deadline for it
+/// (Nomad's two-minute mount action timeout), and an allocation waiting for that volume asks
+/// again only at its next claim retry (backing off to a minute).
+fn convergence_bound(plan: &RealClientPlan) -> Duration {
+    let base = Duration::from_secs(120);
+    if plan.volumes.is_empty() {
+        base
+    } else {
+        base.max(CSI_TIMEOUT + CLAIM_BACKOFF_MAX + Duration::from_secs(60))
+    }
+}
+
+/// Once quiet: every job converges on the real clients with no stray task anywhere; after
+/// `job stop` of every job no task, service, mount or claim of theirs is left, and then every
+/// volume can be deregistered.
 pub async fn check_end(
     cluster: &SimCluster,
     recorder: &Recorder,
@@ -369,11 +590,11 @@ pub async fn check_end(
     leader: u64,
     deadline: tokio::time::Instant,
 ) {
-    let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(120));
+    let deadline = deadline.max(tokio::time::Instant::now() + convergence_bound(plan));
     let mut seen = BTreeSet::new();
     loop {
         let verdict = match leader_state(cluster, leader) {
-            Some(state) => job_running(cluster, &state, plan, &mut seen).and_then(|()| {
+            Some(state) => jobs_running(cluster, &state, plan, &mut seen).and_then(|()| {
                 let strays = strays(cluster, &state);
                 if strays.is_empty() {
                     Ok(())
@@ -389,7 +610,8 @@ pub async fn check_end(
         match verdict {
             Ok(()) => break,
             Err(why) if tokio::time::Instant::now() >= deadline => {
-                recorder.violate("liveness: the job runs on the real clients", why);
+                recorder.violate("liveness: the jobs run on the real clients", why);
+                report_leaks(cluster, recorder, leader);
                 return;
             }
             Err(_) => tokio::time::sleep(POLL).await,
@@ -399,35 +621,38 @@ pub async fn check_end(
         .map(|client| cluster.host(client).starts())
         .sum();
     recorder.note(format!(
-        "the job runs on the real clients ({starts} task starts in all)"
+        "the jobs run on the real clients ({starts} task starts in all)"
     ));
-    let stop = ServerRequest::JobStop {
-        namespace: "default".into(),
-        job_id: JOB_ID.into(),
-        purge: false,
-    };
-    match request(cluster, stop, 40).await {
-        ServerReply::JobRegistered { .. } | ServerReply::Done { .. } => {}
-        other => {
-            recorder.violate("the job can be stopped", format!("{other:?}"));
-            return;
+    for spec in &plan.jobs {
+        let stop = ServerRequest::JobStop {
+            namespace: "default".into(),
+            job_id: spec.id.clone(),
+            purge: false,
+        };
+        match request(cluster, stop, 40).await {
+            ServerReply::JobRegistered { .. } | ServerReply::Done { .. } => {}
+            other => {
+                recorder.violate("a job can be stopped", format!("{}: {other:?}", spec.id));
+                return;
+            }
         }
     }
     loop {
         let state = leader_state(cluster, leader);
         let (running, unfinished) = leftovers(cluster, state.as_ref(), plan);
         if running.is_empty() && unfinished.is_empty() {
-            let freed = if plan.volume {
-                ", every service, mount and claim released"
-            } else {
+            let freed = if plan.volumes.is_empty() {
                 ", every service deregistered"
+            } else {
+                ", every service, mount and claim released"
             };
             recorder.note(format!(
-                "job stopped: no task left on any host, every allocation finished{freed}"
+                "jobs stopped: no task left on any host, every allocation finished{freed}"
             ));
-            return;
+            break;
         }
         if tokio::time::Instant::now() >= deadline {
+            report_leaks(cluster, recorder, leader);
             recorder.violate(
                 "nothing is left behind after a job stop",
                 format!(
@@ -440,15 +665,43 @@ pub async fn check_end(
         }
         tokio::time::sleep(POLL).await;
     }
+    deregister_all(cluster, recorder, plan).await;
 }
 
-/// After a job stop: tasks of the job still running on a host, and what is not finished yet
+/// Claims of finished allocations the servers never released (#10927, #13416), reported as
+/// their own violation: they explain a job that cannot run again or a stop that never ends.
+fn report_leaks(cluster: &SimCluster, recorder: &Recorder, leader: u64) {
+    if let Some(Err(leak)) = leader_state(cluster, leader).map(|state| claims_freed::no_leaked_claims(&state)) {
+        recorder.violate("no leaked claims once the cluster is quiet", leak);
+    }
+}
+
+/// Once every claim is released, every volume deregisters.
+async fn deregister_all(cluster: &SimCluster, recorder: &Recorder, plan: &RealClientPlan) {
+    for (id, _) in &plan.volumes {
+        let deregister = ServerRequest::VolumeDeregister {
+            namespace: "default".into(),
+            volume_ids: vec![id.clone()],
+            force: false,
+        };
+        let reply = request(cluster, deregister, 20).await;
+        if !matches!(reply, ServerReply::Done { .. }) {
+            recorder.violate(
+                "a released volume can be deregistered",
+                format!("deregister of {id} after every claim was released: {reply:?}"),
+            );
+        }
+    }
+}
+
+/// After the jobs stop: their tasks still running on a host, and what is not finished yet
 /// (allocations, task services in Consul, mounts, volume claims).
 fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClientPlan) -> (Vec<String>, Vec<String>) {
+    let is_job = |job_id: &str| plan.jobs.iter().any(|job| job.id == job_id);
     let ours = |alloc_id: &str| {
         state
             .and_then(|state| state.alloc(alloc_id))
-            .is_none_or(|alloc| alloc.job_id == JOB_ID)
+            .is_none_or(|alloc| is_job(&alloc.job_id))
     };
     let running: Vec<String> = (0..cluster.client_count())
         .flat_map(|client| {
@@ -474,27 +727,29 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
         .map(|state| {
             state
                 .allocs()
-                .filter(|alloc| alloc.job_id == JOB_ID && !alloc.client_terminal())
+                .filter(|alloc| is_job(&alloc.job_id) && !alloc.client_terminal())
                 .map(|alloc| {
                     let node = state.node(&alloc.node_id).map_or("?", |node| node.name.as_str());
                     format!(
-                        "{} on {node} ({:?}/{:?}, version {})",
-                        alloc.id, alloc.desired_status, alloc.client_status, alloc.job_version
+                        "{} of {} on {node} ({:?}/{:?}, version {})",
+                        alloc.id, alloc.job_id, alloc.desired_status, alloc.client_status, alloc.job_version
                     )
                 })
                 .collect()
         })
         .unwrap_or_default();
     unfinished.extend(services);
-    if plan.volume {
-        let mounts = (0..cluster.client_count()).flat_map(|client| cluster.host(client).mounts());
-        unfinished.extend(mounts.map(|mount| format!("mount {mount}")));
-        let claims = state
-            .and_then(|state| state.volume("default", VOLUME_ID))
-            .map(|volume| volume.read_claims.len() + volume.write_claims.len() + volume.past_claims.len())
-            .unwrap_or(0);
-        if claims > 0 {
-            unfinished.push(format!("{claims} claims on {VOLUME_ID}"));
+    let mounts = (0..cluster.client_count()).flat_map(|client| cluster.host(client).mounts());
+    unfinished.extend(mounts.map(|mount| format!("mount {mount}")));
+    if let Some(state) = state {
+        for (id, _) in &plan.volumes {
+            let claims = state
+                .volume("default", id)
+                .map(|volume| volume.read_claims.len() + volume.write_claims.len() + volume.past_claims.len())
+                .unwrap_or(0);
+            if claims > 0 {
+                unfinished.push(format!("{claims} claims on {id}"));
+            }
         }
     }
     (running, unfinished)

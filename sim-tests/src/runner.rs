@@ -7,20 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_core::fsm::ServerState;
-use drover_core::rpc::ServerRequest;
-use drover_io_sim::cluster::SimCluster;
+use drover_io_sim::cluster::{ClientSpec, ServerSpec, SimCluster};
 use drover_io_sim::consul::{ConsulMode, SimConsul};
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::DiskProbe;
-use drover_io_sim::invariants::{claims_freed, liveness, state_equal};
+use drover_io_sim::invariants::{liveness, state_equal};
 use drover_io_sim::trace::{Recorder, Violation};
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
 
-use crate::csi_workload::{self, CsiWorkload};
-use crate::job_workload;
-use crate::real_clients;
-use crate::scenarios::{self, Action, CsiPlan, Options, Plan, Scenario, Target};
+use crate::real_clients::{self, RealClientPlan};
+use crate::scenarios::{self, Action, Options, Plan, Scenario, Target};
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const LIVENESS_POLL: Duration = Duration::from_millis(200);
@@ -52,6 +49,22 @@ fn salt(name: &str) -> u64 {
 pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt(scenario.name));
     (scenario.build)(&mut rng, options)
+}
+
+/// A client node running the production client driver, pointed at the plan's servers.
+fn real_client(plan: &Plan, index: usize) -> ClientSpec {
+    real_client_spec(&plan.servers, index)
+}
+
+/// A client node running the production client driver, pointed at `servers`.
+pub fn real_client_spec(servers: &[ServerSpec], index: usize) -> ClientSpec {
+    let mut spec = scenarios::client(index);
+    spec.real_client = true;
+    spec.config.client.servers = servers
+        .iter()
+        .map(|server| format!("{}:{}", server.ip, server.config.ports.rpc))
+        .collect();
+    spec
 }
 
 /// Runs in a fresh thread so nothing (thread-local hash keys included) leaks between runs.
@@ -170,37 +183,14 @@ async fn play(
         cluster.add_server(spec);
     }
     let start = tokio::time::Instant::now();
-    let mut csi = match &plan.csi {
-        Some(csi_plan) => {
-            for index in 0..csi_plan.clients {
-                cluster.add_client(scenarios::client(index));
-            }
-            let mut csi = CsiWorkload::new(csi_plan.clone(), workload_seed, start);
-            wait_for_leader(&cluster, Duration::from_secs(30)).await;
-            if let Err(error) = csi.setup(&cluster).await {
-                recorder.violate("the CSI workload can be set up", error);
-            }
-            if let Err(error) = csi.register_job(&cluster).await {
-                recorder.violate("the job can be registered", error);
-            }
-            Some(csi)
-        }
-        None => None,
-    };
+    let mut lost: Vec<usize> = Vec::new();
     if let Some(real) = &plan.real_clients {
-        for index in 0..real.clients {
-            let mut spec = scenarios::client(index);
-            spec.real_client = true;
-            spec.config.client.servers = plan
-                .servers
-                .iter()
-                .map(|server| format!("{}:{}", server.ip, server.config.ports.rpc))
-                .collect();
-            cluster.add_client(spec);
+        for index in 0..real.clients - real.late_clients {
+            cluster.add_client(real_client(&plan, index));
         }
         wait_for_leader(&cluster, Duration::from_secs(30)).await;
         if let Err(error) = real_clients::register(&cluster, real).await {
-            recorder.violate("the job can be registered", error);
+            recorder.violate("the jobs can be registered", error);
         }
     }
     let mut workload = Workload {
@@ -213,10 +203,7 @@ async fn play(
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
     for step in &plan.steps {
-        match &mut csi {
-            Some(csi) => csi.drive(&cluster, start + step.at).await,
-            None => drive_workload(&cluster, &mut workload, start + step.at).await,
-        }
+        drive_workload(&cluster, &mut workload, plan.real_clients.as_ref(), start + step.at).await;
         match &step.action {
             Action::Kill { target, crash } => {
                 if let Some(index) = resolve(&cluster, *target, last_killed) {
@@ -241,22 +228,29 @@ async fn play(
                 recorder.note(format!("add server {}", cluster.name(index)));
             }
             Action::NodeDown(client) => {
-                if let Some(csi) = &mut csi {
-                    csi.node_down(&mut cluster, *client);
-                }
+                cluster.lose_client(*client);
+                lost.push(*client);
             }
             Action::Plugin(client, mode) => {
                 cluster.plugins(*client).set(*mode);
                 recorder.note(format!("plugin on {} {mode:?}", cluster.client_name(*client)));
             }
             Action::LoseJobNode => {
-                if let Some(csi) = &mut csi {
-                    csi.lose_job_node(&mut cluster);
+                let client = plan
+                    .real_clients
+                    .as_ref()
+                    .and_then(|real| real_clients::job_client(&cluster, real));
+                match client {
+                    Some(client) => {
+                        cluster.lose_client(client);
+                        lost.push(client);
+                    }
+                    None => recorder.note("no running allocation to lose a node under"),
                 }
             }
             Action::DrainJobNode => {
-                if let Some(csi) = &mut csi {
-                    csi.drain_job_node(&cluster);
+                if let Some(real) = &plan.real_clients {
+                    real_clients::drain_job_node(&cluster, real);
                 }
             }
             Action::KillClient(client) => cluster.kill_client(*client),
@@ -267,16 +261,22 @@ async fn play(
             }
             Action::RestartClient(client) => cluster.restart_client(*client),
             Action::JoinLateClients => {
-                if let Some(csi) = &mut csi {
-                    csi.join_late_clients(&cluster).await;
+                if let Some(real) = &plan.real_clients {
+                    for index in real.clients - real.late_clients..real.clients {
+                        let client = cluster.add_client(real_client(&plan, index));
+                        recorder.note(format!("late client {} joins", cluster.client_name(client)));
+                    }
                 }
             }
         }
     }
-    match &mut csi {
-        Some(csi) => csi.drive(&cluster, start + plan.fault_phase_end()).await,
-        None => drive_workload(&cluster, &mut workload, start + plan.fault_phase_end()).await,
-    }
+    drive_workload(
+        &cluster,
+        &mut workload,
+        plan.real_clients.as_ref(),
+        start + plan.fault_phase_end(),
+    )
+    .await;
 
     recorder.note("quiet phase");
     cluster.heal();
@@ -294,10 +294,9 @@ async fn play(
             cluster.restart(index);
         }
     }
-    if plan.real_clients.is_some() {
-        for client in 0..cluster.client_count() {
-            cluster.restart_client(client);
-        }
+    // Killed agents start again; lost machines stay lost (their nodes stay down).
+    for client in (0..cluster.client_count()).filter(|client| !lost.contains(client)) {
+        cluster.restart_client(client);
     }
     let quiet_start = tokio::time::Instant::now();
     let deadline = quiet_start + plan.quiet_bound;
@@ -328,17 +327,8 @@ async fn play(
             "leader {leader} known everywhere after {} ms of quiet",
             elapsed.as_millis()
         ));
-        match (&mut csi, &plan.csi) {
-            (Some(csi), Some(csi_plan)) => {
-                csi.wind_down(&cluster).await;
-                check_job_end(&cluster, &recorder, csi, leader, deadline).await;
-                check_csi_end(&cluster, &recorder, csi_plan, leader, deadline).await;
-            }
-            _ => {
-                if let Some(real) = &plan.real_clients {
-                    real_clients::check_end(&cluster, &recorder, real, leader, deadline).await;
-                }
-            }
+        if let Some(real) = &plan.real_clients {
+            real_clients::check_end(&cluster, &recorder, real, leader, deadline).await;
         }
         // Every scenario: writes made once quiet must be acknowledged, nothing acknowledged
         // may be lost, and every server must end up with the leader's exact state; none of
@@ -368,8 +358,14 @@ fn resolve(cluster: &SimCluster, target: Target, last_killed: Option<usize>) -> 
     }
 }
 
-/// Issues writes to random live servers at seeded intervals until `until`.
-async fn drive_workload(cluster: &SimCluster, workload: &mut Workload, until: tokio::time::Instant) {
+/// Issues writes to random live servers at seeded intervals until `until`; with a plan that
+/// asks for it, now and then an operator's attempt to deregister a claimed volume.
+async fn drive_workload(
+    cluster: &SimCluster,
+    workload: &mut Workload,
+    real: Option<&RealClientPlan>,
+    until: tokio::time::Instant,
+) {
     loop {
         if workload.next_write_at > until {
             tokio::time::sleep_until(until).await;
@@ -377,6 +373,10 @@ async fn drive_workload(cluster: &SimCluster, workload: &mut Workload, until: to
         }
         tokio::time::sleep_until(workload.next_write_at).await;
         workload.next_write_at += Duration::from_millis(workload.rng.gen_range(300..2_000));
+        if real.is_some_and(|real| real.deregister_attempts) && workload.rng.gen_bool(0.2) {
+            let pick = workload.rng.r#gen::<u16>() as usize;
+            real_clients::deregister_attempt(cluster, pick).await;
+        }
         let index = workload.rng.gen_range(0..cluster.len());
         let Some(write) = cluster.start_write(
             index,
@@ -418,193 +418,6 @@ fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
         .filter_map(|index| cluster.agent(index))
         .find(|agent| agent.node_id() == leader)
         .and_then(|agent| agent.read_state(Clone::clone))
-}
-
-/// Job plans, once quiet: the job's latest version runs everywhere it should (the #8609
-/// check: no replacement failed for good), and after a stop every allocation finishes.
-async fn check_job_end(
-    cluster: &SimCluster,
-    recorder: &Recorder,
-    csi: &CsiWorkload,
-    leader: u64,
-    deadline: tokio::time::Instant,
-) {
-    let Some((plan, shared)) = csi.job_shared() else {
-        return;
-    };
-    let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(60));
-    let job_allocs = |state: &ServerState| -> Vec<drover_core::structs::Allocation> {
-        state
-            .allocs()
-            .filter(|alloc| alloc.job_id == job_workload::JOB_ID || alloc.job_id == job_workload::SYSTEM_JOB_ID)
-            .cloned()
-            .collect()
-    };
-    loop {
-        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
-        let verdict = match leader_state(cluster, leader) {
-            Some(state) => {
-                let version = state.job("default", job_workload::JOB_ID).map(|job| job.version);
-                let allocs = job_allocs(&state);
-                let running = allocs
-                    .iter()
-                    .filter(|alloc| {
-                        alloc.job_id == job_workload::JOB_ID
-                            && Some(alloc.job_version) == version
-                            && alloc.desired_status == drover_core::structs::DesiredStatus::Run
-                            && alloc.client_status == drover_core::structs::ClientStatus::Running
-                    })
-                    .count();
-                let system_missing: Vec<String> = if plan.system {
-                    let version = state.job("default", job_workload::SYSTEM_JOB_ID).map(|job| job.version);
-                    state
-                        .nodes()
-                        .filter(|node| node.status == drover_core::structs::NodeStatus::Ready && node.eligible())
-                        .filter(|node| {
-                            !state.allocs().any(|alloc| {
-                                alloc.job_id == job_workload::SYSTEM_JOB_ID
-                                    && alloc.node_id == node.id
-                                    && Some(alloc.job_version) == version
-                                    && alloc.desired_status == drover_core::structs::DesiredStatus::Run
-                                    && alloc.client_status == drover_core::structs::ClientStatus::Running
-                            })
-                        })
-                        .map(|node| node.id.clone())
-                        .collect()
-                } else {
-                    Vec::new()
-                };
-                let draining: Vec<String> = state
-                    .nodes()
-                    .filter(|node| node.drain_strategy.is_some())
-                    .map(|node| node.id.clone())
-                    .collect();
-                let left_on_drained: Vec<String> = state
-                    .nodes()
-                    .filter(|node| node.last_drain.as_ref().is_some_and(|last| last.status == "complete"))
-                    .flat_map(|node| {
-                        allocs
-                            .iter()
-                            .filter(|alloc| alloc.node_id == node.id && !alloc.client_terminal())
-                            .map(|alloc| alloc.id.clone())
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                if !draining.is_empty() {
-                    Err(format!("nodes {draining:?} are still draining"))
-                } else if !left_on_drained.is_empty() {
-                    Err(format!("allocations {left_on_drained:?} still run on a drained node"))
-                } else if !system_missing.is_empty() {
-                    Err(format!("the system job does not run on {system_missing:?}"))
-                } else if running == plan.count as usize {
-                    Ok(version.unwrap_or_default())
-                } else {
-                    let summary: Vec<String> = allocs
-                        .iter()
-                        .map(|alloc| {
-                            format!(
-                                "{} v{} on {} {:?}/{:?}",
-                                alloc.id, alloc.job_version, alloc.node_id, alloc.desired_status, alloc.client_status
-                            )
-                        })
-                        .collect();
-                    Err(format!(
-                        "version {version:?}: {running} of {} running; allocations: {summary:?}",
-                        plan.count
-                    ))
-                }
-            }
-            None => Err("the leader is gone".to_string()),
-        };
-        match verdict {
-            Ok(version) => {
-                recorder.note(format!("the job's version {version} runs"));
-                break;
-            }
-            Err(why) if tokio::time::Instant::now() >= deadline => {
-                recorder.violate("the job's latest version runs once the cluster is quiet", why);
-                return;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-    for job_id in [job_workload::JOB_ID, job_workload::SYSTEM_JOB_ID] {
-        if job_id == job_workload::SYSTEM_JOB_ID && !plan.system {
-            continue;
-        }
-        let stop = ServerRequest::JobStop {
-            namespace: "default".into(),
-            job_id: job_id.into(),
-            purge: false,
-        };
-        let reply = shared.request(0, stop, 20).await;
-        recorder.note(format!("job {job_id} stopped: {reply:?}"));
-    }
-    loop {
-        *shared.gateways.lock().expect("gateways lock") = cluster.gateways();
-        let unfinished: Vec<String> = leader_state(cluster, leader)
-            .map(|state| {
-                job_allocs(&state)
-                    .iter()
-                    .filter(|alloc| !alloc.client_terminal())
-                    .map(|alloc| alloc.id.clone())
-                    .collect()
-            })
-            .unwrap_or_else(|| vec!["(the leader is gone)".to_string()]);
-        if unfinished.is_empty() {
-            recorder.note("every allocation of the stopped job finished");
-            return;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            recorder.violate(
-                "a stopped job's allocations all finish",
-                format!("still running: {unfinished:?}"),
-            );
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
-/// After the quiet phase: every claim of a finished allocation is freed (no leaks), released
-/// volumes deregister, and every caught-up server holds the leader's exact state.
-async fn check_csi_end(
-    cluster: &SimCluster,
-    recorder: &Recorder,
-    plan: &CsiPlan,
-    leader: u64,
-    deadline: tokio::time::Instant,
-) {
-    let deadline = deadline.max(tokio::time::Instant::now() + Duration::from_secs(60));
-    loop {
-        let verdict = match leader_state(cluster, leader) {
-            Some(state) => claims_freed::no_leaked_claims(&state).and_then(|()| {
-                let pending: usize = state
-                    .volume_keys()
-                    .filter_map(|(ns, id)| state.volume(ns, id))
-                    .map(|volume| volume.past_claims.len())
-                    .sum();
-                if pending == 0 {
-                    Ok(())
-                } else {
-                    Err(format!("{pending} past claims still being released"))
-                }
-            }),
-            None => Err("the leader is gone".to_string()),
-        };
-        match verdict {
-            Ok(()) => {
-                recorder.note("every claim of a finished allocation is freed");
-                break;
-            }
-            Err(why) if tokio::time::Instant::now() >= deadline => {
-                recorder.violate("no leaked claims once the cluster is quiet", why);
-                return;
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-    csi_workload::deregister_all(cluster, plan, recorder).await;
 }
 
 /// Writes made once the cluster is quiet (a leader known everywhere) through each live server

@@ -17,8 +17,7 @@ use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::Crash;
 
-use crate::job_workload::JobPlan;
-use crate::real_clients::RealClientPlan;
+use crate::real_clients::{RealClientPlan, RealJob};
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha_03::ChaCha8Rng;
@@ -113,27 +112,10 @@ pub struct Plan {
     pub keep_dead: Vec<Target>,
     /// How long after the fault phase a leader must be known everywhere.
     pub quiet_bound: Duration,
-    /// A CSI workload on client nodes, when the scenario has one.
-    pub csi: Option<CsiPlan>,
     /// A simulated client host instead of a cluster (the client scenarios).
     pub client_world: Option<WorldPlan>,
     /// Client nodes running the production client driver, and the job they run.
     pub real_clients: Option<RealClientPlan>,
-}
-
-/// Client nodes, volumes and the shape of the claim workload.
-#[derive(Clone, Debug)]
-pub struct CsiPlan {
-    pub clients: usize,
-    pub volumes: Vec<(String, AccessMode)>,
-    /// Start allocations three at a time on one volume (contention for a single writer).
-    pub bursts: bool,
-    /// Try to deregister claimed volumes now and then (must fail with "volume in use").
-    pub deregister_attempts: bool,
-    /// A scheduled job instead of allocations the workload places itself.
-    pub jobs: Option<JobPlan>,
-    /// The last clients register only at a `JoinLateClients` step.
-    pub late_clients: usize,
 }
 
 impl Plan {
@@ -150,10 +132,7 @@ impl Plan {
         lines.sort();
         lines.extend(self.steps.iter().map(ToString::to_string));
         if let Some(real) = &self.real_clients {
-            lines.push(format!(
-                "{} real clients, job count {}, tasks run for {:?}, CSI volume {}",
-                real.clients, real.count, real.run_for, real.volume
-            ));
+            lines.extend(real.summary());
         }
         if let Some(world) = &self.client_world {
             lines.push(format!(
@@ -245,7 +224,7 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "csi_controller_faults",
-        about: "the controller plugin fails or hangs while volumes are detached",
+        about: "the controller plugin fails, hangs or is slow while volumes are detached; sometimes a client dies meanwhile",
         build: csi_controller_faults,
     },
     Scenario {
@@ -354,9 +333,10 @@ fn real_clients_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan 
     }
     plan.steps.sort_by_key(|step| step.at);
     if let Some(real) = &mut plan.real_clients {
-        real.volume = true;
-        real.count = 1;
-        real.access = AccessMode::SingleNodeWriter;
+        for job in &mut real.jobs {
+            job.count = 1;
+        }
+        *real = real.clone().with_volume("vol0", AccessMode::SingleNodeWriter);
     }
     plan
 }
@@ -364,7 +344,7 @@ fn real_clients_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan 
 fn real_clients_csi(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut plan = real_clients_job(rng, options);
     if let Some(real) = &mut plan.real_clients {
-        real.volume = true;
+        *real = real.clone().with_volume("vol0", AccessMode::MultiNodeMultiWriter);
     }
     plan
 }
@@ -418,13 +398,8 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     }
     steps.sort_by_key(|step| step.at);
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
-    plan.real_clients = Some(RealClientPlan {
-        clients,
-        count: 3,
-        run_for: rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000)),
-        volume: false,
-        access: AccessMode::MultiNodeMultiWriter,
-    });
+    let run_for = rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000));
+    plan.real_clients = Some(RealClientPlan::one_job(clients, 3, run_for));
     plan.quiet_bound = Duration::from_secs(90);
     plan
 }
@@ -520,7 +495,6 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         steps,
         keep_dead: Vec::new(),
         quiet_bound: Duration::from_secs(60),
-        csi: None,
         client_world: None,
         real_clients: None,
     }
@@ -680,31 +654,68 @@ pub fn client(index: usize) -> ClientSpec {
     }
 }
 
-fn csi_plan(rng: &mut ChaCha8Rng, options: &Options, steps: Vec<Step>, csi: CsiPlan) -> Plan {
+/// A CSI scenario on real clients: three servers, the plan's clients with a monolith plugin on
+/// each, and `steps`.
+fn csi_plan(rng: &mut ChaCha8Rng, options: &Options, steps: Vec<Step>, real: RealClientPlan) -> Plan {
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
-    plan.csi = Some(csi);
+    plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(90);
     plan
 }
 
-fn mixed_volumes() -> Vec<(String, AccessMode)> {
-    vec![
-        ("vol-snw".to_string(), AccessMode::SingleNodeWriter),
-        ("vol-mnsw".to_string(), AccessMode::MultiNodeSingleWriter),
-        ("vol-mnmw".to_string(), AccessMode::MultiNodeMultiWriter),
-        ("vol-mnr".to_string(), AccessMode::MultiNodeReader),
-    ]
+/// One job per volume of every access mode (two writers on the multi-writer volume, two
+/// readers on the reader volume), all on a monolith plugin.
+fn mixed_workload(clients: usize) -> RealClientPlan {
+    let job = |id: &str, count: u32, volume: &str, read_only: bool| RealJob {
+        id: id.into(),
+        count,
+        run_for: None,
+        volume: Some(volume.into()),
+        read_only,
+    };
+    RealClientPlan {
+        clients,
+        late_clients: 0,
+        plugin: true,
+        volumes: vec![
+            ("vol-snw".to_string(), AccessMode::SingleNodeWriter),
+            ("vol-mnsw".to_string(), AccessMode::MultiNodeSingleWriter),
+            ("vol-mnmw".to_string(), AccessMode::MultiNodeMultiWriter),
+            ("vol-mnr".to_string(), AccessMode::MultiNodeReader),
+        ],
+        jobs: vec![
+            job("snw", 1, "vol-snw", false),
+            job("mnsw", 1, "vol-mnsw", false),
+            job("mnmw", 2, "vol-mnmw", false),
+            job("mnr", 2, "vol-mnr", true),
+        ],
+        deregister_attempts: false,
+    }
 }
 
-fn workload(clients: usize) -> CsiPlan {
-    CsiPlan {
-        clients,
-        volumes: mixed_volumes(),
-        bursts: false,
-        deregister_attempts: false,
-        jobs: None,
-        late_clients: 0,
-    }
+/// A single-writer job on three clients with a plugin on each (the `jobs_*` scenarios).
+fn single_writer_job(clients: usize) -> RealClientPlan {
+    RealClientPlan::one_job(clients, 1, None).with_volume("vol-single", AccessMode::SingleNodeWriter)
+}
+
+/// Destructive updates of every job, `count` of them, `gap` apart, starting after `from`:
+/// each replaces the allocations, so every claim is released and taken again.
+fn updates(rng: &mut ChaCha8Rng, count: u64, from: Duration, gap: std::ops::Range<u64>) -> Vec<Step> {
+    let mut at = from;
+    (1..=count)
+        .map(|version| {
+            at += millis(rng, gap.clone());
+            Step {
+                at,
+                action: Action::UpdateJob(version),
+            }
+        })
+        .collect()
+}
+
+fn sorted(mut steps: Vec<Step>) -> Vec<Step> {
+    steps.sort_by_key(|step| step.at);
+    steps
 }
 
 fn csi_leader_failover(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
@@ -729,13 +740,15 @@ fn csi_leader_failover(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         at: at.max(Duration::from_secs(35)),
         action: Action::Heal,
     });
-    csi_plan(rng, options, steps, workload(3))
+    let count = rng.gen_range(2..=4);
+    steps.extend(updates(rng, count, Duration::from_secs(8), 4_000..10_000));
+    csi_plan(rng, options, sorted(steps), mixed_workload(3))
 }
 
 fn csi_node_down(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let client = rng.gen_range(0..3);
     let at = millis(rng, 15_000..30_000);
-    let steps = vec![
+    let mut steps = vec![
         Step {
             at,
             action: Action::NodeDown(client),
@@ -745,15 +758,28 @@ fn csi_node_down(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::Heal,
         },
     ];
-    csi_plan(rng, options, steps, workload(3))
+    let count = rng.gen_range(1..=2);
+    steps.extend(updates(rng, count, Duration::from_secs(8), 6_000..15_000));
+    csi_plan(rng, options, sorted(steps), mixed_workload(3))
 }
 
 fn csi_controller_faults(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     // Controllers are tried in sorted order, so c1's controller serves first.
     let mut steps = Vec::new();
     let mut at = millis(rng, 10_000..18_000);
+    // In half the runs c3 dies first, and the faults begin about when the leader marks it
+    // down: its claims are then released by the volume watcher alone (no client asks),
+    // through the failing controller — the path of #10927.
+    if rng.gen_bool(0.5) {
+        let down = millis(rng, 3_000..8_000);
+        steps.push(Step {
+            at: down,
+            action: Action::NodeDown(2),
+        });
+        at = down + millis(rng, 15_000..30_000);
+    }
     for _ in 0..rng.gen_range(1..=3) {
-        let client = if rng.gen_bool(0.7) { 0 } else { rng.gen_range(0..3) };
+        let client = if rng.gen_bool(0.7) { 0 } else { 1 };
         let mode = *[PluginMode::Failing, PluginMode::Hanging, PluginMode::Slow]
             .choose(rng)
             .expect("non-empty");
@@ -768,13 +794,15 @@ fn csi_controller_faults(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         });
         at += millis(rng, 1_000..5_000);
     }
-    csi_plan(rng, options, steps, workload(3))
+    let count = rng.gen_range(2..=4);
+    steps.extend(updates(rng, count, Duration::from_secs(8), 4_000..10_000));
+    csi_plan(rng, options, sorted(steps), mixed_workload(3))
 }
 
 fn csi_node_detach_hang(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let client = rng.gen_range(0..3);
     let at = millis(rng, 12_000..20_000);
-    let steps = vec![
+    let mut steps = vec![
         Step {
             at,
             action: Action::Plugin(client, PluginMode::Hanging),
@@ -784,51 +812,33 @@ fn csi_node_detach_hang(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::Plugin(client, PluginMode::Healthy),
         },
     ];
-    csi_plan(rng, options, steps, workload(3))
+    let count = rng.gen_range(2..=3);
+    steps.extend(updates(rng, count, at - Duration::from_secs(4), 3_000..8_000));
+    csi_plan(rng, options, sorted(steps), mixed_workload(3))
 }
 
 fn csi_deregister_while_claimed(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
-    let steps = vec![Step {
+    let mut steps = vec![Step {
         at: Duration::from_secs(35),
         action: Action::Heal,
     }];
-    let mut csi = workload(2);
-    csi.deregister_attempts = true;
-    csi_plan(rng, options, steps, csi)
+    let count = rng.gen_range(1..=2);
+    steps.extend(updates(rng, count, Duration::from_secs(10), 5_000..12_000));
+    let mut real = mixed_workload(2);
+    real.deregister_attempts = true;
+    csi_plan(rng, options, sorted(steps), real)
 }
 
 fn csi_single_writer(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
-    let steps = vec![Step {
+    // Updates faster than a handover completes: up to three versions' allocations contend
+    // for the one writer claim at once.
+    let mut steps = vec![Step {
         at: Duration::from_secs(35),
         action: Action::Heal,
     }];
-    let csi = CsiPlan {
-        clients: 3,
-        volumes: vec![("vol-single".to_string(), AccessMode::SingleNodeWriter)],
-        bursts: true,
-        deregister_attempts: false,
-        jobs: None,
-        late_clients: 0,
-    };
-    csi_plan(rng, options, steps, csi)
-}
-
-fn job_plan(updates: Vec<Duration>) -> CsiPlan {
-    CsiPlan {
-        clients: 3,
-        volumes: vec![("vol-single".to_string(), AccessMode::SingleNodeWriter)],
-        bursts: false,
-        deregister_attempts: false,
-        jobs: Some(JobPlan {
-            count: 1,
-            volume: "vol-single".into(),
-            access: AccessMode::SingleNodeWriter,
-            updates,
-            system: false,
-            plugin: false,
-        }),
-        late_clients: 0,
-    }
+    let count = rng.gen_range(3..=6);
+    steps.extend(updates(rng, count, Duration::from_secs(6), 1_000..5_000));
+    csi_plan(rng, options, sorted(steps), single_writer_job(3))
 }
 
 fn jobs_system_late_node(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
@@ -840,30 +850,22 @@ fn jobs_system_late_node(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::JoinLateClients,
         },
         Step {
+            at: update,
+            action: Action::UpdateJob(1),
+        },
+        Step {
             at: Duration::from_secs(40),
             action: Action::Heal,
         },
     ];
-    let mut csi = job_plan(vec![update]);
-    csi.clients = 4;
-    csi.late_clients = 1;
-    if let Some(jobs) = &mut csi.jobs {
-        // The system job is the volume's node plugin, as Nomad recommends running one.
-        jobs.system = true;
-        jobs.plugin = true;
-    }
-    csi_plan(rng, options, steps, csi)
+    let mut real = single_writer_job(4);
+    real.late_clients = 1;
+    csi_plan(rng, options, sorted(steps), real)
 }
 
 fn jobs_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
-    let mut at = Duration::ZERO;
-    let updates: Vec<Duration> = (0..rng.gen_range(2..=4))
-        .map(|_| {
-            at += millis(rng, 4_000..10_000);
-            at
-        })
-        .collect();
-    let mut steps = Vec::new();
+    let count = rng.gen_range(2..=4);
+    let mut steps = updates(rng, count, Duration::ZERO, 4_000..10_000);
     if rng.gen_bool(0.5) {
         let kill = millis(rng, 8_000..25_000);
         steps.push(Step {
@@ -882,7 +884,7 @@ fn jobs_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         at: Duration::from_secs(40),
         action: Action::Heal,
     });
-    csi_plan(rng, options, steps, job_plan(updates))
+    csi_plan(rng, options, sorted(steps), single_writer_job(3))
 }
 
 fn jobs_node_drain(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
@@ -911,17 +913,13 @@ fn jobs_node_drain(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         action: Action::Heal,
     });
     // Sometimes an update lands during the drain too.
-    let updates = if rng.gen_bool(0.5) {
-        vec![drain + millis(rng, 0..6_000)]
-    } else {
-        Vec::new()
-    };
-    let mut csi = job_plan(updates);
-    if let Some(jobs) = &mut csi.jobs {
-        jobs.system = true;
-        jobs.plugin = true;
+    if rng.gen_bool(0.5) {
+        steps.push(Step {
+            at: drain + millis(rng, 0..6_000),
+            action: Action::UpdateJob(1),
+        });
     }
-    csi_plan(rng, options, steps, csi)
+    csi_plan(rng, options, sorted(steps), single_writer_job(3))
 }
 
 fn jobs_node_loss(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
@@ -933,11 +931,15 @@ fn jobs_node_loss(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::LoseJobNode,
         },
         Step {
+            at: update,
+            action: Action::UpdateJob(1),
+        },
+        Step {
             at: Duration::from_secs(40),
             action: Action::Heal,
         },
     ];
-    csi_plan(rng, options, steps, job_plan(vec![update]))
+    csi_plan(rng, options, steps, single_writer_job(3))
 }
 
 fn world(rng: &mut ChaCha8Rng, consumers: usize, faults: Vec<PluginFault>) -> Plan {

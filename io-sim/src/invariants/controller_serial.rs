@@ -4,9 +4,10 @@
 //! calls while its predecessor's call is still running is caught as well as a server that
 //! forgets its own queue.
 //!
-//! A call is in flight from the moment it reaches the plugin until the plugin answers, or until
-//! its caller's deadline ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the servers have given
-//! up on it and a retry is allowed, even if the plugin is still hanging on the first.
+//! A call is in flight from the moment it reaches the plugin until the plugin answers, its
+//! machine dies, or its caller's deadline ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the
+//! servers have given up on it and a retry is allowed, even if the plugin is still hanging on
+//! the first.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -51,6 +52,13 @@ impl Invariant for ControllerSerial {
                 };
                 calls.push((at, node.to_string(), call.clone()));
                 verdict
+            }
+            // The machine died with its plugin: nothing of it is in flight any more.
+            SimEvent::Plugin(PluginEvent::NodeLost) => {
+                for calls in self.in_flight.values_mut() {
+                    calls.retain(|(_, other_node, _)| other_node != node);
+                }
+                Ok(())
             }
             SimEvent::Plugin(PluginEvent::ControllerCallEnded { plugin, call }) => {
                 if let Some(calls) = self.in_flight.get_mut(plugin)
