@@ -215,6 +215,16 @@ struct Instance {
     controller: Option<CsiControllerInfo>,
 }
 
+/// An allocation restored as a user of a volume (see `Client::restored_users`).
+#[derive(Debug)]
+struct RestoredUser {
+    plugin_id: String,
+    namespace: String,
+    volume_id: String,
+    usage: UsageOptions,
+    alloc_id: String,
+}
+
 #[derive(Debug)]
 pub struct Client {
     settings: ClientSettings,
@@ -235,6 +245,10 @@ pub struct Client {
     requesters: BTreeMap<OpId, VolumeRequester>,
     /// Volume requests waiting for their node plugin: (request, plugin, op, give up at).
     waiting: Vec<(OpId, String, VolumeOp, Instant)>,
+    /// After an agent restart: allocations whose persisted state says they mounted a volume,
+    /// by plugin, handed to the plugin's volume manager as users once it exists (so an
+    /// unmount never unstages a volume another restored allocation still has published).
+    restored_users: Vec<RestoredUser>,
     node_controllers: BTreeMap<String, CsiInfo>,
     node_plugins: BTreeMap<String, CsiInfo>,
     statuses: BTreeMap<String, ClientStatus>,
@@ -270,6 +284,7 @@ impl Client {
             routes: BTreeMap::new(),
             requesters: BTreeMap::new(),
             waiting: Vec::new(),
+            restored_users: Vec::new(),
             node_controllers: BTreeMap::new(),
             node_plugins: BTreeMap::new(),
             statuses: BTreeMap::new(),
@@ -294,7 +309,24 @@ impl Client {
         {
             self.registry.register(info).ok();
         }
+        self.restored_users = allocs
+            .iter()
+            .flat_map(|(alloc, _, local, _)| {
+                local
+                    .csi_stubs
+                    .values()
+                    .filter(|stub| stub.mount.is_some())
+                    .map(|stub| RestoredUser {
+                        plugin_id: stub.plugin_id.clone(),
+                        namespace: stub.namespace.clone(),
+                        volume_id: stub.volume_id.clone(),
+                        usage: stub.usage.clone(),
+                        alloc_id: alloc.id.clone(),
+                    })
+            })
+            .collect();
         self.drain_registry(now);
+        self.seed_restored_users();
         for (alloc, job, local, tasks) in allocs {
             let Some(spec) = self.spec(&alloc, &job) else { continue };
             let mut runner = AllocRunner::restore(spec, local, tasks, self.servers_contacted);
@@ -302,6 +334,18 @@ impl Client {
             self.allocs.insert(alloc.id.clone(), runner);
             self.collect(now, &alloc.id);
         }
+    }
+
+    /// Hands restored volume users to the volume managers that exist now.
+    pub(crate) fn seed_restored_users(&mut self) {
+        let volumes = &mut self.volumes;
+        self.restored_users.retain(|user| {
+            let Some(manager) = volumes.get_mut(&user.plugin_id) else {
+                return true;
+            };
+            manager.add_user(&user.namespace, &user.volume_id, &user.usage, &user.alloc_id);
+            false
+        });
     }
 
     pub fn registry(&self) -> &Registry {

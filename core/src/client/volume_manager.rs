@@ -126,6 +126,24 @@ impl VolumeManager {
         &self.plugin
     }
 
+    /// After an agent restart: an allocation whose persisted state says it mounted the volume
+    /// counts as a user until its mount check or its unmount says otherwise.
+    pub fn add_user(&mut self, namespace: &str, volume_id: &str, usage: &UsageOptions, alloc_id: &str) {
+        self.usage
+            .entry((namespace.to_string(), volume_id.to_string(), usage.to_fs()))
+            .or_default()
+            .insert(alloc_id.to_string());
+    }
+
+    fn remove_user(&mut self, usage_key: &(String, String, String), alloc_id: &str) {
+        if let Some(users) = self.usage.get_mut(usage_key) {
+            users.remove(alloc_id);
+            if users.is_empty() {
+                self.usage.remove(usage_key);
+            }
+        }
+    }
+
     /// Allocations using `(namespace, volume)` under any usage.
     pub fn users(&self, namespace: &str, volume_id: &str) -> BTreeSet<String> {
         self.usage
@@ -329,22 +347,24 @@ impl VolumeManager {
         job.pending = None;
         if job.step == Step::CheckMount {
             let job = self.running.remove(&key).expect("found");
-            if let (
-                Ok(Reply::Bool(true)),
-                VolumeOp::HasMount {
-                    namespace,
-                    volume_id,
-                    alloc_id,
-                    usage,
-                    ..
-                },
-            ) = (&outcome, &job.op)
+            if let VolumeOp::HasMount {
+                namespace,
+                volume_id,
+                alloc_id,
+                usage,
+                ..
+            } = &job.op
             {
-                // Still mounted after a restart: this allocation uses the volume again.
-                self.usage
-                    .entry((namespace.clone(), volume_id.clone(), usage.to_fs()))
-                    .or_default()
-                    .insert(alloc_id.clone());
+                let usage_key = (namespace.clone(), volume_id.clone(), usage.to_fs());
+                match &outcome {
+                    // Still mounted after a restart: this allocation uses the volume again.
+                    Ok(Reply::Bool(true)) => {
+                        self.usage.entry(usage_key).or_default().insert(alloc_id.clone());
+                    }
+                    // Gone: it is no user (it claims and mounts again).
+                    Ok(_) => self.remove_user(&usage_key, alloc_id),
+                    Err(_) => {}
+                }
             }
             let outcome = match outcome {
                 Ok(Reply::Bool(mounted)) => Ok(Reply::Bool(mounted)),
@@ -396,26 +416,20 @@ impl VolumeManager {
     fn advance(&mut self, now: Instant, key: &VolumeKey, next: Result<Option<Step>, IoError>, ops: &mut OpIds) {
         let mut next = next;
         // Unstage only when the plugin stages and no other allocation uses the staged volume.
-        if let Ok(Some(Step::Unstage)) = next {
-            let job = &self.running[key];
-            if let VolumeOp::Unmount {
+        if let Ok(Some(Step::Unstage)) = next
+            && let VolumeOp::Unmount {
                 namespace,
                 volume_id,
                 alloc_id,
                 usage,
                 ..
-            } = &job.op
-            {
-                let usage_key = (namespace.clone(), volume_id.clone(), usage.to_fs());
-                if let Some(users) = self.usage.get_mut(&usage_key) {
-                    users.remove(alloc_id);
-                    if users.is_empty() {
-                        self.usage.remove(&usage_key);
-                    }
-                }
-                if !self.plugin.requires_stage || self.usage.contains_key(&usage_key) {
-                    next = Ok(None);
-                }
+            } = &self.running[key].op
+        {
+            let usage_key = (namespace.clone(), volume_id.clone(), usage.to_fs());
+            let alloc_id = alloc_id.clone();
+            self.remove_user(&usage_key, &alloc_id);
+            if !self.plugin.requires_stage || self.usage.contains_key(&usage_key) {
+                next = Ok(None);
             }
         }
         match next {
@@ -450,12 +464,7 @@ impl VolumeManager {
                     details.insert("error".to_string(), error.message.clone());
                     // A failed mount leaves no usage behind.
                     let usage_key = (volume.namespace.clone(), volume.id.clone(), usage.to_fs());
-                    if let Some(users) = self.usage.get_mut(&usage_key) {
-                        users.remove(alloc_id);
-                        if users.is_empty() {
-                            self.usage.remove(&usage_key);
-                        }
-                    }
+                    self.remove_user(&usage_key, alloc_id);
                 }
                 self.node_event("Mount volume", details);
                 result.map(|()| {

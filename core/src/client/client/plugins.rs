@@ -234,6 +234,7 @@ impl Client {
                 Some(manager) => manager.set_plugin(mounts),
                 None => {
                     self.volumes.insert(name.to_string(), VolumeManager::new(mounts));
+                    self.seed_restored_users();
                 }
             }
             // Requests that waited for this plugin go now.
