@@ -21,7 +21,7 @@ use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
-use crate::csi::PluginControl;
+use crate::csi::{PluginControl, SimPlugins};
 use crate::disk::{Crash, DiskProbe, SimDisk};
 use crate::host::SimHost;
 use crate::net::SimTransport;
@@ -37,15 +37,16 @@ pub struct ServerSpec {
     pub first_start_delay: Duration,
 }
 
-/// A client node: the agent in client mode running the production client driver on a simulated
-/// host.
+/// A client node: the agent in client mode with simulated CSI plugins.
 #[derive(Clone, Debug)]
 pub struct ClientSpec {
     pub name: String,
     pub ip: IpAddr,
     pub config: AgentConfig,
-    /// How its CSI plugin process misbehaves (real clients only).
-    pub plugin_faults: crate::host::PluginFaults,
+    /// Runs the production client driver (`drover_io_real::client`) on a simulated host,
+    /// with its store on its own crash disk. Otherwise the scenario's workload plays the
+    /// client's part through the servers' endpoints.
+    pub real_client: bool,
 }
 
 struct SimClient {
@@ -169,12 +170,7 @@ impl SimCluster {
         let disk = SimDisk::new();
         let client_disk = SimDisk::new();
         let plugins = PluginControl::default();
-        let host = SimHost::new(
-            &spec.name,
-            self.recorder.clone(),
-            plugins.clone(),
-            spec.plugin_faults.clone(),
-        );
+        let host = SimHost::new(&spec.name, self.recorder.clone(), plugins.clone());
         let init = {
             let node = ClientNode {
                 spec: spec.clone(),
@@ -182,6 +178,7 @@ impl SimCluster {
                 client_disk: client_disk.clone(),
                 host: host.clone(),
                 recorder: self.recorder.clone(),
+                plugins: plugins.clone(),
                 consul: self.consul.clone(),
             };
             move || {
@@ -236,8 +233,20 @@ impl SimCluster {
         &self.clients[index].host
     }
 
-    /// Kills a client node's agent. Its tasks and mounts live on in its host (the agent
-    /// recovers them when it restarts).
+    /// The client mounted `volume` for `alloc` (what the client half will do after a claim).
+    pub fn node_publish(&self, client: usize, volume: &str, alloc: &str) {
+        self.recorder.record_plugin(
+            &self.clients[client].spec.name,
+            PluginEvent::NodePublished {
+                volume: volume.to_string(),
+                alloc: alloc.to_string(),
+            },
+        );
+    }
+
+    /// Kills a client node's agent. A production client's tasks and mounts live on in its
+    /// host (the agent recovers them when it restarts); a hand-played client has no host, so
+    /// its mounts die with it.
     pub fn kill_client(&mut self, index: usize) {
         let client = &mut self.clients[index];
         if !client.alive {
@@ -248,6 +257,9 @@ impl SimCluster {
         self.handle.kill(client.node.id());
         client.alive = false;
         self.recorder.note(format!("kill client {}", client.spec.name));
+        if !client.spec.real_client {
+            self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+        }
     }
 
     /// The client's machine dies: its agent, every task and every mount. A later
@@ -258,7 +270,9 @@ impl SimCluster {
         client.host.power_off();
         self.consul.lose_agent(&client.spec.name);
         self.recorder.note(format!("host of client {} lost", client.spec.name));
-        self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+        if client.spec.real_client {
+            self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
+        }
     }
 
     pub fn restart_client(&mut self, index: usize) {
@@ -457,6 +471,7 @@ struct ClientNode {
     client_disk: SimDisk,
     host: SimHost,
     recorder: Recorder,
+    plugins: PluginControl,
     consul: SimConsul,
 }
 
@@ -477,6 +492,7 @@ async fn run_client(node: ClientNode) {
         client_disk,
         host,
         recorder,
+        plugins,
         consul,
     } = node;
     recorder.note(format!("{} process starts", spec.name));
@@ -484,8 +500,11 @@ async fn run_client(node: ClientNode) {
         return;
     };
     let (router, inbox) = ClientCsiRouter::new();
-    // Servers' controller and node-detach calls go through the production client's loop.
-    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = Arc::new(router);
+    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = if spec.real_client {
+        Arc::new(router)
+    } else {
+        Arc::new(SimPlugins::new(&spec.name, recorder.clone(), plugins))
+    };
     let consul_agent = consul.agent(&spec.name);
     let parts = AgentParts {
         config: spec.config.clone(),
@@ -502,22 +521,24 @@ async fn run_client(node: ClientNode) {
             return;
         }
     };
-    let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
-        return;
-    };
-    let (settings, node) = client_identity(&spec, agent.node_id());
-    let parts = ClientParts {
-        agent,
-        settings,
-        executor: Arc::new(host),
-        store: ClientStore::new(client_db),
-        inbox,
-        node,
-        services: Some(Arc::new(consul_agent)),
-    };
-    if let Err(error) = start_client(parts) {
-        recorder.violate("client starts", format!("{}: {error}", spec.name));
-        return;
+    if spec.real_client {
+        let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
+            return;
+        };
+        let (settings, node) = client_identity(&spec, agent.node_id());
+        let parts = ClientParts {
+            agent,
+            settings,
+            executor: Arc::new(host),
+            store: ClientStore::new(client_db),
+            inbox,
+            node,
+            services: Some(Arc::new(consul_agent)),
+        };
+        if let Err(error) = start_client(parts) {
+            recorder.violate("client starts", format!("{}: {error}", spec.name));
+            return;
+        }
     }
     std::future::pending::<()>().await;
 }

@@ -53,16 +53,13 @@ pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
 
 /// A client node running the production client driver, pointed at the plan's servers.
 fn real_client(plan: &Plan, index: usize) -> ClientSpec {
-    let mut spec = real_client_spec(&plan.servers, index);
-    if let Some(real) = &plan.real_clients {
-        spec.plugin_faults = real.plugin_faults.clone();
-    }
-    spec
+    real_client_spec(&plan.servers, index)
 }
 
 /// A client node running the production client driver, pointed at `servers`.
 pub fn real_client_spec(servers: &[ServerSpec], index: usize) -> ClientSpec {
     let mut spec = scenarios::client(index);
+    spec.real_client = true;
     spec.config.client.servers = servers
         .iter()
         .map(|server| format!("{}:{}", server.ip, server.config.ports.rpc))
@@ -74,6 +71,26 @@ pub fn real_client_spec(servers: &[ServerSpec], index: usize) -> ClientSpec {
 pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     let plan = plan_for(scenario, seed, &options);
     let schedule = plan.schedule();
+    if let Some(world) = plan.client_world {
+        let report = drover_io_sim::client_world::run(world, seed ^ salt(scenario.name));
+        let lines = report.trace.lines().count();
+        return Report {
+            scenario: scenario.name,
+            seed,
+            trace: report.trace,
+            violations: report
+                .violations
+                .into_iter()
+                .map(|(invariant, detail)| Violation {
+                    invariant,
+                    detail,
+                    at_line: lines,
+                })
+                .collect(),
+            schedule,
+            virtual_secs: report.virtual_secs,
+        };
+    }
     // The recorder lives outside the simulation thread so a run that panics still reports
     // the trace and every violation recorded before the panic.
     let recorder_slot: Arc<Mutex<Option<Recorder>>> = Arc::new(Mutex::new(None));
