@@ -909,6 +909,15 @@ mod volume_harness {
                 let users = harness.manager.as_ref().unwrap().users("default", &args["vol"]);
                 return format!("{users:?}\n");
             }
+            // After an agent restart: an allocation whose persisted stub says it mounted the
+            // volume, handed over by the client before any of them acts.
+            "restored-user" => {
+                harness
+                    .manager
+                    .as_mut()
+                    .unwrap()
+                    .add_user("default", &args["vol"], &usage(args), &args["alloc"]);
+            }
             other => panic!("unknown directive {other}"),
         }
         prefix + &drain(harness)
