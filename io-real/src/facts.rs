@@ -9,14 +9,9 @@ use crate::io::{AgentEvent, DrainClaim, DrainNeighbour};
 
 /// Whether the allocation's job is a system job or runs a CSI plugin task, read off the job.
 fn system_or_plugin(state: &ServerState, alloc: &Allocation) -> bool {
-    state.job(&alloc.namespace, &alloc.job_id).is_some_and(|job| {
-        job.job_type == JobType::System
-            || job
-                .task_groups
-                .iter()
-                .flat_map(|group| &group.tasks)
-                .any(|task| task.csi_plugin.is_some())
-    })
+    state
+        .job(&alloc.namespace, &alloc.job_id)
+        .is_some_and(|job| job.job_type == JobType::System || job.is_plugin())
 }
 
 fn claim_state(state: ClaimState) -> &'static str {

@@ -213,17 +213,6 @@ impl SimCluster {
         &self.clients[index].spec.name
     }
 
-    pub fn client_rpc_addr(&self, index: usize) -> String {
-        format!(
-            "{}:{}",
-            self.clients[index].spec.ip, self.clients[index].spec.config.ports.rpc
-        )
-    }
-
-    pub fn client_alive(&self, index: usize) -> bool {
-        self.clients[index].alive
-    }
-
     pub fn plugins(&self, index: usize) -> &PluginControl {
         &self.clients[index].plugins
     }
@@ -231,17 +220,6 @@ impl SimCluster {
     /// The simulated host of a client node (its tasks and mounts).
     pub fn host(&self, index: usize) -> &SimHost {
         &self.clients[index].host
-    }
-
-    /// The client mounted `volume` for `alloc` (what the client half will do after a claim).
-    pub fn node_publish(&self, client: usize, volume: &str, alloc: &str) {
-        self.recorder.record_plugin(
-            &self.clients[client].spec.name,
-            PluginEvent::NodePublished {
-                volume: volume.to_string(),
-                alloc: alloc.to_string(),
-            },
-        );
     }
 
     /// Kills a client node's agent. A production client's tasks and mounts live on in its

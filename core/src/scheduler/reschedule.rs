@@ -119,20 +119,12 @@ impl Reschedules {
         let mut jobs = BTreeSet::new();
         let mut next = None;
         for (id, at) in &self.due {
-            if self.evaluated.contains(id) {
-                continue;
-            }
-            if *at <= now {
-                if let Some(alloc) = state.alloc(id) {
-                    jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
-                }
-            } else {
+            if *at > now {
                 next = Some(next.map_or(*at, |next: Instant| next.min(*at)));
-            }
-        }
-        for (id, at) in &self.due {
-            if *at <= now {
-                self.evaluated.insert(id.clone());
+            } else if self.evaluated.insert(id.clone())
+                && let Some(alloc) = state.alloc(id)
+            {
+                jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
             }
         }
         (jobs, next)

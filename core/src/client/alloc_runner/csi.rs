@@ -72,11 +72,12 @@ impl AllocRunner {
             self.csi = Some(CsiStep::Claim { index: 0 });
             return None;
         };
-        let Some(stub) = self.local.csi_stubs.get(alias) else {
-            self.csi = Some(CsiStep::Restore { index: index + 1 });
-            return None;
-        };
-        let Some(mount) = stub.mount.clone() else {
+        let restorable = self
+            .local
+            .csi_stubs
+            .get(alias)
+            .and_then(|stub| Some((stub, stub.mount.clone()?)));
+        let Some((stub, mount)) = restorable else {
             self.csi = Some(CsiStep::Restore { index: index + 1 });
             return None;
         };
