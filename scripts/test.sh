@@ -11,8 +11,11 @@ fi
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The simulation-only crates compile to nothing in a normal build; lint them as simulated.
-RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim \
+# The flags must match sim-tests/tests/sim.rs's, or target/madsim is rebuilt each time;
+# tokio_unstable lets each simulated run seed tokio's select! generator.
+SIM_RUSTFLAGS="--cfg madsim --cfg tokio_unstable"
+RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=target/madsim \
   cargo clippy --profile sim --locked -p drover-io-sim -p sim-tests --all-targets -- -D warnings
 # The simulated world's own unit tests (invariant checkers) exist only under --cfg madsim.
-RUSTFLAGS="--cfg madsim" CARGO_TARGET_DIR=target/madsim cargo test --profile sim --locked -p drover-io-sim --lib
+RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=target/madsim cargo test --profile sim --locked -p drover-io-sim --lib
 cargo test --workspace --locked

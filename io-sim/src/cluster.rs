@@ -21,7 +21,7 @@ use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
-use crate::csi::{PluginControl, SimPlugins};
+use crate::csi::PluginControl;
 use crate::disk::{Crash, DiskProbe, SimDisk};
 use crate::host::SimHost;
 use crate::net::SimTransport;
@@ -37,16 +37,15 @@ pub struct ServerSpec {
     pub first_start_delay: Duration,
 }
 
-/// A client node: the agent in client mode with simulated CSI plugins.
+/// A client node: the agent in client mode running the production client driver on a simulated
+/// host.
 #[derive(Clone, Debug)]
 pub struct ClientSpec {
     pub name: String,
     pub ip: IpAddr,
     pub config: AgentConfig,
-    /// Runs the production client driver (`drover_io_real::client`) on a simulated host,
-    /// with its store on its own crash disk. Otherwise the scenario's workload plays the
-    /// client's part through the servers' endpoints.
-    pub real_client: bool,
+    /// How its CSI plugin process misbehaves (real clients only).
+    pub plugin_faults: crate::host::PluginFaults,
 }
 
 struct SimClient {
@@ -170,7 +169,12 @@ impl SimCluster {
         let disk = SimDisk::new();
         let client_disk = SimDisk::new();
         let plugins = PluginControl::default();
-        let host = SimHost::new(&spec.name, self.recorder.clone(), plugins.clone());
+        let host = SimHost::new(
+            &spec.name,
+            self.recorder.clone(),
+            plugins.clone(),
+            spec.plugin_faults.clone(),
+        );
         let init = {
             let node = ClientNode {
                 spec: spec.clone(),
@@ -178,7 +182,6 @@ impl SimCluster {
                 client_disk: client_disk.clone(),
                 host: host.clone(),
                 recorder: self.recorder.clone(),
-                plugins: plugins.clone(),
                 consul: self.consul.clone(),
             };
             move || {
@@ -222,9 +225,8 @@ impl SimCluster {
         &self.clients[index].host
     }
 
-    /// Kills a client node's agent. A production client's tasks and mounts live on in its
-    /// host (the agent recovers them when it restarts); a hand-played client has no host, so
-    /// its mounts die with it.
+    /// Kills a client node's agent. Its tasks and mounts live on in its host (the agent
+    /// recovers them when it restarts).
     pub fn kill_client(&mut self, index: usize) {
         let client = &mut self.clients[index];
         if !client.alive {
@@ -235,9 +237,6 @@ impl SimCluster {
         self.handle.kill(client.node.id());
         client.alive = false;
         self.recorder.note(format!("kill client {}", client.spec.name));
-        if !client.spec.real_client {
-            self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
-        }
     }
 
     /// The client's machine dies: its agent, every task and every mount. A later
@@ -248,9 +247,7 @@ impl SimCluster {
         client.host.power_off();
         self.consul.lose_agent(&client.spec.name);
         self.recorder.note(format!("host of client {} lost", client.spec.name));
-        if client.spec.real_client {
-            self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
-        }
+        self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
     }
 
     pub fn restart_client(&mut self, index: usize) {
@@ -449,7 +446,6 @@ struct ClientNode {
     client_disk: SimDisk,
     host: SimHost,
     recorder: Recorder,
-    plugins: PluginControl,
     consul: SimConsul,
 }
 
@@ -470,7 +466,6 @@ async fn run_client(node: ClientNode) {
         client_disk,
         host,
         recorder,
-        plugins,
         consul,
     } = node;
     recorder.note(format!("{} process starts", spec.name));
@@ -478,11 +473,8 @@ async fn run_client(node: ClientNode) {
         return;
     };
     let (router, inbox) = ClientCsiRouter::new();
-    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = if spec.real_client {
-        Arc::new(router)
-    } else {
-        Arc::new(SimPlugins::new(&spec.name, recorder.clone(), plugins))
-    };
+    // Servers' controller and node-detach calls go through the production client's loop.
+    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = Arc::new(router);
     let consul_agent = consul.agent(&spec.name);
     let parts = AgentParts {
         config: spec.config.clone(),
@@ -499,24 +491,22 @@ async fn run_client(node: ClientNode) {
             return;
         }
     };
-    if spec.real_client {
-        let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
-            return;
-        };
-        let (settings, node) = client_identity(&spec, agent.node_id());
-        let parts = ClientParts {
-            agent,
-            settings,
-            executor: Arc::new(host),
-            store: ClientStore::new(client_db),
-            inbox,
-            node,
-            services: Some(Arc::new(consul_agent)),
-        };
-        if let Err(error) = start_client(parts) {
-            recorder.violate("client starts", format!("{}: {error}", spec.name));
-            return;
-        }
+    let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
+        return;
+    };
+    let (settings, node) = client_identity(&spec, agent.node_id());
+    let parts = ClientParts {
+        agent,
+        settings,
+        executor: Arc::new(host),
+        store: ClientStore::new(client_db),
+        inbox,
+        node,
+        services: Some(Arc::new(consul_agent)),
+    };
+    if let Err(error) = start_client(parts) {
+        recorder.violate("client starts", format!("{}: {error}", spec.name));
+        return;
     }
     std::future::pending::<()>().await;
 }

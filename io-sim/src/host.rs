@@ -34,6 +34,7 @@ const LATENCY: Duration = Duration::from_millis(1);
 
 struct SimTask {
     pid: u64,
+    started: tokio::time::Instant,
     /// When the task exits on its own (`run_for`), with `exit_code`.
     exit_at: Option<tokio::time::Instant>,
     exit_code: i32,
@@ -44,12 +45,40 @@ impl SimTask {
     fn running(&self) -> bool {
         self.exit.borrow().is_none()
     }
+
+    /// The process ends with `result`, unless it already has; whether it just did.
+    fn end(&self, result: ExitResult) -> bool {
+        self.exit.send_if_modified(|exit| {
+            let first = exit.is_none();
+            exit.get_or_insert(result);
+            first
+        })
+    }
+}
+
+/// How the CSI plugin process on a host misbehaves (the `client_*` scenarios).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginFaults {
+    /// The process dies when the `nth` call of this name (`NodeStageVolume`, `Probe`, ...)
+    /// reaches it; the call is not answered. Counted across restarts of the plugin.
+    pub crash_on: Option<(String, u32)>,
+    /// Every probe answers "not ready".
+    pub never_ready: bool,
+    /// How long a started plugin process takes to listen on its socket; until then a socket
+    /// left behind by the previous process refuses connections.
+    pub startup: Duration,
 }
 
 #[derive(Default)]
 struct HostState {
     dirs: BTreeSet<String>,
     mounts: BTreeSet<String>,
+    /// Staging paths staged by the plugin, and publish targets with the staging path each
+    /// was published from (checked: stage before publish, unpublish before unstage).
+    staged: BTreeSet<String>,
+    published: BTreeMap<String, String>,
+    /// CSI calls the plugin received, by name.
+    calls: BTreeMap<&'static str, u32>,
     tasks: BTreeMap<(String, String), SimTask>,
     next_pid: u64,
     starts: u64,
@@ -61,6 +90,7 @@ pub struct SimHost {
     name: String,
     recorder: Recorder,
     plugins: PluginControl,
+    faults: PluginFaults,
     state: Arc<Mutex<HostState>>,
 }
 
@@ -69,11 +99,12 @@ fn config_str<'a>(config: &'a BTreeMap<String, ConfigValue>, key: &str) -> Optio
 }
 
 impl SimHost {
-    pub fn new(name: &str, recorder: Recorder, plugins: PluginControl) -> Self {
+    pub fn new(name: &str, recorder: Recorder, plugins: PluginControl, faults: PluginFaults) -> Self {
         SimHost {
             name: name.to_string(),
             recorder,
             plugins,
+            faults,
             state: Arc::default(),
         }
     }
@@ -110,30 +141,64 @@ impl SimHost {
     pub fn power_off(&self) {
         let mut state = self.lock();
         for task in state.tasks.values() {
-            task.exit.send_if_modified(|exit| {
-                let first = exit.is_none();
-                exit.get_or_insert(ExitResult {
-                    exit_code: 137,
-                    signal: 9,
-                    err: Some("host lost".into()),
-                    ..ExitResult::default()
-                });
-                first
+            task.end(ExitResult {
+                exit_code: 137,
+                signal: 9,
+                err: Some("host lost".into()),
+                ..ExitResult::default()
             });
         }
         state.mounts.clear();
+        state.staged.clear();
+        state.published.clear();
     }
 
-    /// The plugin allocation whose socket `socket` is, if a task of it is running.
+    /// The plugin allocation whose socket `socket` is.
+    fn socket_alloc(socket: &str) -> Option<String> {
+        let dir = socket.strip_suffix(CSI_SOCKET_NAME)?;
+        Some(
+            dir.trim_end_matches('/')
+                .rsplit('/')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        )
+    }
+
+    /// Whether a task of the plugin allocation whose socket `socket` is runs and has had time
+    /// to listen.
     fn plugin_listening(&self, socket: &str) -> bool {
-        let Some(dir) = socket.strip_suffix(CSI_SOCKET_NAME) else {
+        let Some(alloc) = Self::socket_alloc(socket) else {
             return false;
         };
-        let alloc = dir.trim_end_matches('/').rsplit('/').next().unwrap_or_default();
-        self.lock()
-            .tasks
-            .iter()
-            .any(|((task_alloc, _), task)| task_alloc == alloc && task.running())
+        let now = tokio::time::Instant::now();
+        self.lock().tasks.iter().any(|((task_alloc, _), task)| {
+            *task_alloc == alloc && task.running() && now >= task.started + self.faults.startup
+        })
+    }
+
+    /// The plugin process behind `socket` dies on this call when the faults say so.
+    fn crashes_on(&self, socket: &str, name: &'static str) -> bool {
+        let mut state = self.lock();
+        let count = state.calls.entry(name).or_default();
+        *count += 1;
+        let count = *count;
+        if self.faults.crash_on != Some((name.to_string(), count)) {
+            return false;
+        }
+        let alloc = Self::socket_alloc(socket).unwrap_or_default();
+        for ((task_alloc, _), task) in state.tasks.iter() {
+            if *task_alloc == alloc {
+                task.end(ExitResult {
+                    exit_code: 137,
+                    signal: 9,
+                    ..ExitResult::default()
+                });
+            }
+        }
+        drop(state);
+        self.note(format!("plugin {alloc} crashes on {name} #{count}"));
+        true
     }
 
     fn filesystem(&self, io: Io) -> Outcome {
@@ -197,6 +262,7 @@ impl SimHost {
             key.clone(),
             SimTask {
                 pid,
+                started: tokio::time::Instant::now(),
                 exit_at,
                 exit_code,
                 exit,
@@ -225,14 +291,10 @@ impl SimHost {
 
     fn stop(&self, handle: &TaskHandle) -> Outcome {
         let stopped = self.with_task(handle, |task| {
-            task.exit.send_if_modified(|exit| {
-                let first = exit.is_none();
-                exit.get_or_insert(ExitResult {
-                    exit_code: 130,
-                    signal: 2,
-                    ..ExitResult::default()
-                });
-                first
+            task.end(ExitResult {
+                exit_code: 130,
+                signal: 2,
+                ..ExitResult::default()
             })
         });
         if stopped == Some(true) {
@@ -248,13 +310,18 @@ impl SimHost {
                 format!("dial unix {socket}: connect: connection refused"),
             ));
         }
+        if self.crashes_on(socket, call.name()) {
+            return Err(IoError::new(ErrorKind::Unavailable, "transport is closing"));
+        }
         if self.plugins.mode() == PluginMode::Failing {
             return Err(IoError::other(
                 "rpc error: code = Internal desc = injected plugin failure",
             ));
         }
         let reply = match call {
-            CsiCall::Probe => CsiReply::Probe { ready: true },
+            CsiCall::Probe => CsiReply::Probe {
+                ready: !self.faults.never_ready,
+            },
             CsiCall::GetPluginInfo => CsiReply::PluginInfo {
                 name: "fake.drover.dev".into(),
                 version: "0.1.0".into(),
@@ -284,19 +351,56 @@ impl SimHost {
             CsiCall::NodeStageVolume {
                 staging_target_path, ..
             } => {
-                self.lock().mounts.insert(staging_target_path);
+                let mut state = self.lock();
+                state.staged.insert(staging_target_path.clone());
+                state.mounts.insert(staging_target_path);
                 CsiReply::Done
             }
             CsiCall::NodeUnstageVolume {
                 staging_target_path, ..
             } => {
-                self.lock().mounts.remove(&staging_target_path);
+                let mut state = self.lock();
+                let users: Vec<String> = state
+                    .published
+                    .iter()
+                    .filter(|(_, staging)| **staging == staging_target_path)
+                    .map(|(target, _)| target.clone())
+                    .collect();
+                state.staged.remove(&staging_target_path);
+                state.mounts.remove(&staging_target_path);
+                drop(state);
+                if !users.is_empty() {
+                    self.recorder.violate(
+                        "unpublish before unstage",
+                        format!(
+                            "{}: {staging_target_path} unstaged while {users:?} still published",
+                            self.name
+                        ),
+                    );
+                }
                 CsiReply::Done
             }
             CsiCall::NodePublishVolume {
-                volume_id, target_path, ..
+                volume_id,
+                target_path,
+                staging_target_path,
+                ..
             } => {
-                self.lock().mounts.insert(target_path.clone());
+                let mut state = self.lock();
+                if !state.staged.contains(&staging_target_path) {
+                    drop(state);
+                    self.recorder.violate(
+                        "stage before publish",
+                        format!(
+                            "{}: {target_path} published from unstaged {staging_target_path:?}",
+                            self.name
+                        ),
+                    );
+                    return Err(IoError::new(ErrorKind::FailedPrecondition, "volume not staged"));
+                }
+                state.published.insert(target_path.clone(), staging_target_path);
+                state.mounts.insert(target_path.clone());
+                drop(state);
                 let alloc = alloc_of_target(&target_path);
                 self.recorder.record_plugin(
                     &self.name,
@@ -308,7 +412,11 @@ impl SimHost {
                 CsiReply::Done
             }
             CsiCall::NodeUnpublishVolume { volume_id, target_path } => {
-                let was = self.lock().mounts.remove(&target_path);
+                let was = {
+                    let mut state = self.lock();
+                    state.published.remove(&target_path);
+                    state.mounts.remove(&target_path)
+                };
                 if was {
                     self.recorder.record_plugin(
                         &self.name,
@@ -393,10 +501,9 @@ impl ClientExecutor for SimHost {
                     _ = tokio::time::sleep_until(deadline) => {
                         if exit_at.is_some() {
                             host.with_task(&handle, |task| {
-                                task.exit.send_if_modified(|exit| {
-                                    let first = exit.is_none();
-                                    exit.get_or_insert(ExitResult { exit_code, ..ExitResult::default() });
-                                    first
+                                task.end(ExitResult {
+                                    exit_code,
+                                    ..ExitResult::default()
                                 })
                             });
                             host.note(format!("task {}/{} exited with {exit_code}", handle.alloc_id, handle.task));

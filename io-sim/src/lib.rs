@@ -3,13 +3,12 @@
 //! Files mirror `drover-io-real`: [`net`] (agent RPC and gossip over madsim's network), [`disk`]
 //! (a redb backend that loses unsynced writes on a crash), [`consul`] (a catalog that can be
 //! down, hang or be slow) and [`csi`] (CSI plugins on client nodes that fail, hang or are slow
-//! on command). [`trace`] records every agent and plugin event with its virtual time and runs
+//! on command), [`host`] (the host a production client runs on: tasks, mounts, its CSI plugin
+//! process and its faults). [`trace`] records every agent and plugin event with its virtual time and runs
 //! the [`invariants`] after each one; [`cluster`] starts, kills, restarts and partitions agents.
 //!
 //! Everything here exists only in the simulation build; in a normal build the crate is empty.
 
-#[cfg(madsim)]
-pub mod client_world;
 #[cfg(madsim)]
 pub mod cluster;
 #[cfg(madsim)]

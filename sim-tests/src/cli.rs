@@ -193,6 +193,16 @@ fn exit(ok: bool) -> ExitCode {
 
 /// Runs `jobs` on as many threads as there are cores; results come back in job order.
 fn run_parallel(jobs: Vec<(&'static Scenario, u64)>, options: Options) -> Vec<Report> {
+    run_jobs(jobs, options, false)
+}
+
+/// Runs replays like `run_parallel`, each after shifting the process-global state a run
+/// could depend on by mistake, so a replay never starts from the first run's history.
+fn run_replays(jobs: Vec<(&'static Scenario, u64)>) -> Vec<Report> {
+    run_jobs(jobs, Options::default(), true)
+}
+
+fn run_jobs(jobs: Vec<(&'static Scenario, u64)>, options: Options, perturb: bool) -> Vec<Report> {
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(jobs.len().max(1));
@@ -208,6 +218,9 @@ fn run_parallel(jobs: Vec<(&'static Scenario, u64)>, options: Options) -> Vec<Re
                     let Some((scenario, seed)) = jobs.get(job).copied() else {
                         return;
                     };
+                    if perturb {
+                        runner::perturb_process_history(seed);
+                    }
                     let report = runner::run(scenario, seed, options);
                     results.lock().expect("results lock")[job] = Some(report);
                 }
@@ -258,7 +271,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         .filter(|report| args.check_determinism || args.seeds.is_none() || report.seed == seeds.start)
         .map(|report| (find(report.scenario).expect("known scenario"), report.seed))
         .collect();
-    let replays = run_parallel(determinism_jobs, Options::default());
+    let replays = run_replays(determinism_jobs);
     for replay in &replays {
         let first = reports
             .iter()

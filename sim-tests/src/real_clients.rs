@@ -21,6 +21,7 @@ use drover_core::structs::{
     TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use drover_io_sim::cluster::{SimCluster, retry_request};
+use drover_io_sim::host::PluginFaults;
 use drover_io_sim::invariants::claims_freed;
 use drover_io_sim::trace::Recorder;
 
@@ -58,6 +59,8 @@ pub struct RealClientPlan {
     /// Operators now and then try to deregister a volume a running allocation holds (must be
     /// refused with "volume in use").
     pub deregister_attempts: bool,
+    /// How every client's CSI plugin process misbehaves.
+    pub plugin_faults: PluginFaults,
 }
 
 impl RealClientPlan {
@@ -76,6 +79,7 @@ impl RealClientPlan {
                 read_only: false,
             }],
             deregister_attempts: false,
+            plugin_faults: PluginFaults::default(),
         }
     }
 
@@ -99,10 +103,11 @@ impl RealClientPlan {
     /// What the plan runs, for the schedule printed with a failing seed.
     pub fn summary(&self) -> Vec<String> {
         let mut lines = vec![format!(
-            "{} real clients ({} late), CSI plugin {}, volumes {:?}{}",
+            "{} real clients ({} late), CSI plugin {} {:?}, volumes {:?}{}",
             self.clients,
             self.late_clients,
             self.plugin,
+            self.plugin_faults,
             self.volumes,
             if self.deregister_attempts {
                 ", deregister attempts"
@@ -591,6 +596,10 @@ pub async fn check_end(
     deadline: tokio::time::Instant,
 ) {
     let deadline = deadline.max(tokio::time::Instant::now() + convergence_bound(plan));
+    if plan.plugin_faults.never_ready {
+        check_never_ready(cluster, recorder, leader, deadline).await;
+        return;
+    }
     let mut seen = BTreeSet::new();
     loop {
         let verdict = match leader_state(cluster, leader) {
@@ -673,6 +682,65 @@ pub async fn check_end(
 fn report_leaks(cluster: &SimCluster, recorder: &Recorder, leader: u64) {
     if let Some(Err(leak)) = leader_state(cluster, leader).map(|state| claims_freed::no_leaked_claims(&state)) {
         recorder.violate("no leaked claims once the cluster is quiet", leak);
+    }
+}
+
+/// A plugin that never answers a probe with ready: its task is restarted once its health
+/// timeout passes, the servers never see it healthy, and stopping its job leaves nothing.
+async fn check_never_ready(cluster: &SimCluster, recorder: &Recorder, leader: u64, deadline: tokio::time::Instant) {
+    let healthy = |state: &ServerState| {
+        state.nodes().any(|node| {
+            node.csi_node_plugins
+                .get(PLUGIN_ID)
+                .or_else(|| node.csi_controller_plugins.get(PLUGIN_ID))
+                .is_some_and(|plugin| plugin.healthy)
+        })
+    };
+    loop {
+        let starts = cluster.host(0).starts();
+        let state = leader_state(cluster, leader);
+        if state.as_ref().is_some_and(healthy) {
+            recorder.violate(
+                "a plugin that never becomes ready is never healthy",
+                "the servers list the plugin as healthy".into(),
+            );
+            return;
+        }
+        if starts >= 2 {
+            recorder.note(format!("the never-ready plugin was restarted ({starts} starts)"));
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            recorder.violate(
+                "a plugin that never becomes ready is restarted after its health timeout",
+                format!("{starts} task starts"),
+            );
+            return;
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    let stop = ServerRequest::JobStop {
+        namespace: "default".into(),
+        job_id: PLUGIN_JOB_ID.into(),
+        purge: false,
+    };
+    if !matches!(request(cluster, stop, 40).await, ServerReply::JobRegistered { .. }) {
+        recorder.violate("a job can be stopped", PLUGIN_JOB_ID.into());
+        return;
+    }
+    loop {
+        let running: Vec<(String, String)> = (0..cluster.client_count())
+            .flat_map(|client| cluster.host(client).running_tasks())
+            .collect();
+        if running.is_empty() {
+            recorder.note("the plugin job stopped: no task left");
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            recorder.violate("nothing is left behind after a job stop", format!("{running:?}"));
+            return;
+        }
+        tokio::time::sleep(POLL).await;
     }
 }
 

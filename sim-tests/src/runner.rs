@@ -53,13 +53,16 @@ pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
 
 /// A client node running the production client driver, pointed at the plan's servers.
 fn real_client(plan: &Plan, index: usize) -> ClientSpec {
-    real_client_spec(&plan.servers, index)
+    let mut spec = real_client_spec(&plan.servers, index);
+    if let Some(real) = &plan.real_clients {
+        spec.plugin_faults = real.plugin_faults.clone();
+    }
+    spec
 }
 
 /// A client node running the production client driver, pointed at `servers`.
 pub fn real_client_spec(servers: &[ServerSpec], index: usize) -> ClientSpec {
     let mut spec = scenarios::client(index);
-    spec.real_client = true;
     spec.config.client.servers = servers
         .iter()
         .map(|server| format!("{}:{}", server.ip, server.config.ports.rpc))
@@ -67,30 +70,33 @@ pub fn real_client_spec(servers: &[ServerSpec], index: usize) -> ClientSpec {
     spec
 }
 
+/// Advances process-global counters that dependencies seed their own randomness from (tokio
+/// hashes one into every thread's `select!` generator), by an amount that varies with `seed`,
+/// so a replay runs after a different process history than the run it replays.
+pub fn perturb_process_history(seed: u64) {
+    for _ in 0..=seed % 5 {
+        let _ = std_tokio::runtime::Builder::new_current_thread();
+    }
+}
+
+/// A real tokio runtime whose random generator comes from `seed`, for the run to execute
+/// inside. madsim replaces tokio's executor, time and network but not its `select!`: an
+/// unbiased `select!` (openraft's replication backoff has one) picks its first branch with
+/// tokio's thread generator, which outside a seeded runtime is seeded from a process-global
+/// counter, so a replay later in the process could pick differently. The run is polled
+/// `unconstrained` so tokio's cooperative budget, which would otherwise start counting inside
+/// this runtime, never makes a channel look empty. Needs `--cfg tokio_unstable`.
+fn seeded_tokio_context(seed: u64) -> std_tokio::runtime::Runtime {
+    std_tokio::runtime::Builder::new_current_thread()
+        .rng_seed(std_tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()))
+        .build()
+        .expect("a current-thread tokio runtime without I/O or timers always builds")
+}
+
 /// Runs in a fresh thread so nothing (thread-local hash keys included) leaks between runs.
 pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     let plan = plan_for(scenario, seed, &options);
     let schedule = plan.schedule();
-    if let Some(world) = plan.client_world {
-        let report = drover_io_sim::client_world::run(world, seed ^ salt(scenario.name));
-        let lines = report.trace.lines().count();
-        return Report {
-            scenario: scenario.name,
-            seed,
-            trace: report.trace,
-            violations: report
-                .violations
-                .into_iter()
-                .map(|(invariant, detail)| Violation {
-                    invariant,
-                    detail,
-                    at_line: lines,
-                })
-                .collect(),
-            schedule,
-            virtual_secs: report.virtual_secs,
-        };
-    }
     // The recorder lives outside the simulation thread so a run that panics still reports
     // the trace and every violation recorded before the panic.
     let recorder_slot: Arc<Mutex<Option<Recorder>>> = Arc::new(Mutex::new(None));
@@ -100,8 +106,13 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     let result = std::thread::Builder::new()
         .name(format!("{}-{seed}", scenario.name))
         .spawn(move || {
+            // madsim first: it seeds this thread's std hash keys, which only works before the
+            // thread's first `HashMap`.
             let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
-            let result = runtime.block_on(play(plan, seed ^ salt(scenario.name), slot, probes_out));
+            let seeded = seeded_tokio_context(seed);
+            let result = seeded.block_on(std_tokio::task::unconstrained(async {
+                runtime.block_on(play(plan, seed ^ salt(scenario.name), slot, probes_out))
+            }));
             drop(runtime);
             result
         })

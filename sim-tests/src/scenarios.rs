@@ -10,12 +10,12 @@ use drover_core::config::{Advertise, AgentConfig, BootstrapFault, CsiFaults, Por
 use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
-use drover_io_sim::client_world::{Consumer, PluginFault, WorldPlan};
 use drover_io_sim::cluster::ClientSpec;
 use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::Crash;
+use drover_io_sim::host::PluginFaults;
 
 use crate::real_clients::{RealClientPlan, RealJob};
 use rand::Rng;
@@ -112,8 +112,6 @@ pub struct Plan {
     pub keep_dead: Vec<Target>,
     /// How long after the fault phase a leader must be known everywhere.
     pub quiet_bound: Duration,
-    /// A simulated client host instead of a cluster (the client scenarios).
-    pub client_world: Option<WorldPlan>,
     /// Client nodes running the production client driver, and the job they run.
     pub real_clients: Option<RealClientPlan>,
 }
@@ -133,23 +131,6 @@ impl Plan {
         lines.extend(self.steps.iter().map(ToString::to_string));
         if let Some(real) = &self.real_clients {
             lines.extend(real.summary());
-        }
-        if let Some(world) = &self.client_world {
-            lines.push(format!(
-                "client host: stage_unstage={} refused_claims={} faults={:?}",
-                world.stage_unstage, world.refused_claims, world.faults
-            ));
-            for consumer in &world.consumers {
-                lines.push(format!(
-                    "{:>7.3}s place {}, stop at {:.3}s",
-                    consumer.start_at.as_secs_f64(),
-                    consumer.alloc,
-                    consumer.stop_at.as_secs_f64()
-                ));
-            }
-            for at in &world.agent_restarts {
-                lines.push(format!("{:>7.3}s agent restart", at.as_secs_f64()));
-            }
         }
         lines
     }
@@ -495,7 +476,6 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         steps,
         keep_dead: Vec::new(),
         quiet_bound: Duration::from_secs(60),
-        client_world: None,
         real_clients: None,
     }
 }
@@ -650,7 +630,7 @@ pub fn client(index: usize) -> ClientSpec {
         name: format!("c{}", index + 1),
         ip,
         config,
-        real_client: false,
+        plugin_faults: Default::default(),
     }
 }
 
@@ -690,6 +670,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
             job("mnr", 2, "vol-mnr", true),
         ],
         deregister_attempts: false,
+        plugin_faults: PluginFaults::default(),
     }
 }
 
@@ -942,30 +923,21 @@ fn jobs_node_loss(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     csi_plan(rng, options, steps, single_writer_job(3))
 }
 
-fn world(rng: &mut ChaCha8Rng, consumers: usize, faults: Vec<PluginFault>) -> Plan {
-    let consumers = (0..consumers)
-        .map(|index| {
-            let start = millis(rng, 500..8_000);
-            Consumer {
-                alloc: format!("app-{}", index + 1),
-                start_at: start,
-                stop_at: start + millis(rng, 5_000..40_000),
-            }
-        })
-        .collect();
-    let mut plan = plan(Vec::new(), Vec::new());
-    plan.client_world = Some(WorldPlan {
-        stage_unstage: rng.gen_bool(0.7),
-        consumers,
-        faults,
-        agent_restarts: Vec::new(),
-        refused_claims: rng.gen_range(0..3),
-        end: Duration::from_secs(600),
-    });
-    plan
+/// One client host running `consumers` allocations of a job on one multi-writer volume
+/// through its node plugin, which misbehaves as `faults` says; destructive updates make the
+/// plugin unpublish and unstage as well as stage and publish.
+fn client_host(rng: &mut ChaCha8Rng, options: &Options, consumers: u32, faults: PluginFaults) -> Plan {
+    let count = rng.gen_range(1..=2);
+    let steps = updates(rng, count, Duration::from_secs(4), 5_000..20_000);
+    let mut real = RealClientPlan::one_job(1, consumers, None).with_volume("vol0", AccessMode::MultiNodeMultiWriter);
+    real.plugin_faults = PluginFaults {
+        startup: millis(rng, 50..3_000),
+        ..faults
+    };
+    csi_plan(rng, options, steps, real)
 }
 
-fn client_plugin_crash(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+fn client_plugin_crash(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let call = *[
         "NodeStageVolume",
         "NodePublishVolume",
@@ -975,33 +947,55 @@ fn client_plugin_crash(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
     .choose(rng)
     .expect("non-empty");
     let consumers = rng.gen_range(1..=2);
-    world(rng, consumers, vec![PluginFault::CrashOn { call, nth: 1 }])
+    let faults = PluginFaults {
+        crash_on: Some((call.to_string(), 1)),
+        ..PluginFaults::default()
+    };
+    client_host(rng, options, consumers, faults)
 }
 
-fn client_plugin_never_healthy(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
-    world(rng, 1, vec![PluginFault::NeverReady])
+fn client_plugin_never_healthy(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    // Only the plugin: no volume can be registered for a plugin that never comes up.
+    let mut real = RealClientPlan::one_job(1, 1, None);
+    real.jobs.clear();
+    real.plugin = true;
+    real.plugin_faults = PluginFaults {
+        never_ready: true,
+        startup: millis(rng, 50..3_000),
+        ..PluginFaults::default()
+    };
+    csi_plan(rng, options, Vec::new(), real)
 }
 
-fn client_stale_socket(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
-    // The plugin dies on a heartbeat probe; the next process finds the old socket file.
-    let nth = rng.gen_range(2..6);
-    world(rng, 1, vec![PluginFault::CrashOn { call: "Probe", nth }])
+fn client_stale_socket(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    // The plugin dies on a heartbeat probe; the next process must replace the old socket.
+    let nth = rng.gen_range(2..4);
+    let faults = PluginFaults {
+        crash_on: Some(("Probe".to_string(), nth)),
+        ..PluginFaults::default()
+    };
+    client_host(rng, options, 1, faults)
 }
 
-fn client_agent_restart(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
+fn client_agent_restart(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let consumers = rng.gen_range(1..=2);
-    let mut plan = world(rng, consumers, Vec::new());
-    let restarts = (0..rng.gen_range(1..=2)).map(|_| millis(rng, 2_000..30_000)).collect();
-    if let Some(world) = &mut plan.client_world {
-        world.agent_restarts = restarts;
+    let mut plan = client_host(rng, options, consumers, PluginFaults::default());
+    for _ in 0..rng.gen_range(1..=2) {
+        let at = millis(rng, 2_000..30_000);
+        plan.steps.push(Step {
+            at,
+            action: Action::KillClient(0),
+        });
+        plan.steps.push(Step {
+            at: at + millis(rng, 1_000..8_000),
+            action: Action::RestartClient(0),
+        });
     }
+    plan.steps.sort_by_key(|step| step.at);
     plan
 }
 
-fn client_shared_stage(rng: &mut ChaCha8Rng, _options: &Options) -> Plan {
-    let mut plan = world(rng, 2, Vec::new());
-    if let Some(world) = &mut plan.client_world {
-        world.stage_unstage = true;
-    }
-    plan
+fn client_shared_stage(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    // Two allocations on the one host share the staged volume: unstaged only after both left.
+    client_host(rng, options, 2, PluginFaults::default())
 }

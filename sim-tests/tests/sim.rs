@@ -21,9 +21,14 @@ fn main() -> ExitCode {
         .parent()
         .expect("sim-tests lives in the workspace");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_string());
+    // The same flags as scripts/test.sh's madsim lines, or target/madsim rebuilds every time.
+    // `tokio_unstable` lets each run seed tokio's `select!` generator (runner.rs).
     let mut rustflags = std::env::var("RUSTFLAGS").unwrap_or_default();
-    if !rustflags.split_whitespace().any(|flag| flag == "madsim") {
-        rustflags.push_str(" --cfg madsim");
+    for cfg in ["madsim", "tokio_unstable"] {
+        if !rustflags.split_whitespace().any(|flag| flag == cfg) {
+            rustflags.push_str(" --cfg ");
+            rustflags.push_str(cfg);
+        }
     }
     eprintln!("sim-tests: building the simulation under --cfg madsim in target/madsim ...");
     let status = Command::new(cargo)
