@@ -315,7 +315,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         })
         .count();
     println!(
-        "sim: {real_clients} of {} scenarios run the production client driver",
+        "sim: {real_clients} of {} scenarios have client nodes, every one running the production client driver",
         args.scenarios.len()
     );
     println!(
