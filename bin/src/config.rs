@@ -74,6 +74,9 @@ pub struct ClientBlock {
     /// Servers to talk to, `host[:port]` (port 4647 when left out).
     pub servers: Option<Vec<String>>,
     pub host_volume: Option<std::collections::BTreeMap<String, HostVolumeBlock>>,
+    /// `meta { key = "value" }`: the node's metadata (`${meta.<key>}`, constraints).
+    pub meta: Option<std::collections::BTreeMap<String, String>>,
+    pub node_class: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -416,6 +419,12 @@ fn apply_file(
                 .iter()
                 .map(|server| resolve_server("client.servers", server))
                 .collect::<anyhow::Result<_>>()?;
+        }
+        if let Some(meta) = client.meta {
+            config.client.meta = meta;
+        }
+        if let Some(class) = client.node_class {
+            config.client.node_class = class;
         }
         for (name, volume) in client.host_volume.unwrap_or_default() {
             config.client.host_volumes.insert(

@@ -186,6 +186,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "type",
             "priority",
             "datacenters",
+            "meta",
             "group",
         ],
     );
@@ -197,6 +198,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
         job_type: walker.string(&at, block, "type").unwrap_or_default(),
         priority: walker.number(&at, block, "priority"),
         datacenters: walker.strings(&at, block, "datacenters").unwrap_or_default(),
+        meta: walker.string_map(&at, block, "meta"),
         task_groups: walker
             .labeled(&at, block, "group")
             .into_iter()
@@ -212,7 +214,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
 }
 
 fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> ApiTaskGroup {
-    walker.known(at, block, &["count", "volume", "restart", "migrate", "task"]);
+    walker.known(at, block, &["count", "meta", "volume", "restart", "migrate", "task"]);
     let migrate = walker.single(at, block, "migrate").map(|migrate| {
         let at = format!("{at} migrate");
         walker.known(&at, migrate, &["max_parallel"]);
@@ -280,6 +282,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         volumes,
         restart_policy,
         migrate,
+        meta: walker.string_map(at, block, "meta"),
     }
 }
 
@@ -291,6 +294,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "driver",
             "config",
             "env",
+            "meta",
             "resources",
             "volume_mount",
             "csi_plugin",
@@ -362,6 +366,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         driver: walker.string(at, block, "driver").unwrap_or_default(),
         config,
         env,
+        meta: walker.string_map(at, block, "meta"),
         resources,
         volume_mounts,
         csi_plugin_config,
@@ -512,6 +517,35 @@ job "writer" {
         assert_eq!(request.mount_options.as_ref().unwrap().fs_type, "ext4");
         assert_eq!(job.task_groups[0].tasks[0].volume_mounts[0].destination, "/data");
         assert_eq!(job.task_groups[0].tasks[0].kill_timeout.as_secs(), 2);
+    }
+
+    #[test]
+    fn meta_blocks_at_every_level_reach_the_core_job_and_come_back_from_the_api() {
+        let job = parse(
+            r#"
+job "web" {
+  meta {
+    owner = "job-team"
+    tier  = "1"
+  }
+  group "g" {
+    meta { tier = "2" }
+    task "t" {
+      driver = "raw_exec"
+      meta { owner = "task-team" }
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        assert_eq!(job.meta["owner"], "job-team");
+        assert_eq!(job.task_groups[0].meta["tier"], "2");
+        assert_eq!(job.task_groups[0].tasks[0].meta["owner"], "task-team");
+        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        assert_eq!(api.to_job().unwrap(), job);
     }
 
     #[test]

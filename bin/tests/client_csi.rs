@@ -219,15 +219,17 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     })
     .await;
 
-    // The plugin: drover-csi-fake as a raw_exec monolith plugin task.
+    // The plugin: drover-csi-fake as a raw_exec monolith plugin task, its arguments written
+    // as Nomad's documentation writes them (interpolated by the client before the start).
     let fake_state = dir.path().join("fake-state");
     let mut plugin_task = task(
         "plugin",
         "raw_exec",
         PLUGIN,
         &[
+            "--endpoint=${CSI_ENDPOINT}",
             &format!("--state-dir={}", fake_state.display()),
-            "--node-id=node-1",
+            "--node-id=node-${NOMAD_ALLOC_INDEX}",
             "--stage-unstage",
             "--auto-create",
         ],
@@ -323,11 +325,16 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
 
     // The reader: a second exec task on the same volume reads the file back.
     // It also asks for a (fake) GPU: the devices hook reserves one and the task sees its env
-    // and its device node.
+    // and its device node. It sees Nomad's runtime variables (its directories as the exec
+    // driver shows them, task meta), and `${node.datacenter}` in its arguments is replaced
+    // before it starts (the shell would refuse it).
     let mut reader = consumer(
         "reader",
-        "cat /data/hello && echo \"gpus=$DROVER_FAKE_GPUS\" && test -c /dev/fake-gpu0 && echo node",
+        "cat /data/hello && echo \"gpus=$DROVER_FAKE_GPUS\" && test -c /dev/fake-gpu0 && echo node && \
+         test -d \"$NOMAD_TASK_DIR\" && \
+         echo \"alloc=$NOMAD_ALLOC_DIR local=$NOMAD_TASK_DIR dc=${node.datacenter} owner=$NOMAD_META_owner\"",
     );
+    reader.task_groups[0].tasks[0].meta.insert("owner".into(), "ops".into());
     reader.task_groups[0].tasks[0]
         .resources
         .devices
@@ -351,7 +358,10 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     })
     .await;
     let out = std::fs::read_to_string(dir.path().join("alloc/reader-1/alloc/logs/web.stdout.0")).unwrap();
-    assert_eq!(out, "hello from the writer\ngpus=fake-gpu-0\nnode\n");
+    assert_eq!(
+        out,
+        "hello from the writer\ngpus=fake-gpu-0\nnode\nalloc=/alloc local=/local dc=dc1 owner=ops\n"
+    );
 
     // A running task's device usage is in its allocation's resource usage.
     let mut trainer = consumer("trainer", "sleep 30");

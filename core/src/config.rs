@@ -205,6 +205,11 @@ pub struct ClientConfig {
     pub servers: Vec<String>,
     /// `host_volume "name" { path read_only }` blocks.
     pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
+    /// `meta {}`: the node's metadata.
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
+    #[serde(default)]
+    pub node_class: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -39,6 +39,7 @@ pub mod rpc;
 pub mod scheduler;
 pub mod server;
 pub mod structs;
+pub mod taskenv;
 pub mod time;
 
 pub use time::Instant;

@@ -234,6 +234,7 @@ fn plugin_then_consumer_then_release() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 9,
     });
     let mut world = World::default();
@@ -386,6 +387,7 @@ fn status_reports_never_go_backwards() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 3,
     });
     let now = Instant::ZERO;
@@ -483,6 +485,7 @@ fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 3,
     });
     let mut job = app_job();
@@ -527,6 +530,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 3,
     });
     let capabilities = DriverCapabilities {
@@ -660,6 +664,7 @@ fn a_fingerprint_round_is_reported_whole() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 3,
     });
     let healthy = DriverInfo {
@@ -702,6 +707,7 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 3,
     });
     let healthy = DriverInfo {
@@ -823,6 +829,7 @@ fn persist_failures_become_rate_limited_storage_events() {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
+        region: "global".into(),
         seed: 3,
     });
     let storage_events = |client: &mut Client| -> Vec<ClientNodeEvent> {

@@ -401,7 +401,10 @@ mod client_harness {
                 ..Allocation::default()
             },
             job_type,
+            job_name: "j".into(),
+            job_meta: BTreeMap::new(),
             group,
+            node: drover_core::taskenv::NodeEnv::default(),
             node_id: "n1".into(),
             paths: ClientPaths::new("/s", "/a"),
             host_volumes,

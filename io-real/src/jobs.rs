@@ -39,6 +39,7 @@ pub struct ApiJob {
     pub create_index: u64,
     pub modify_index: u64,
     pub job_modify_index: u64,
+    pub meta: BTreeMap<String, String>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -50,6 +51,7 @@ pub struct ApiTaskGroup {
     pub volumes: BTreeMap<String, ApiVolumeRequest>,
     pub restart_policy: Option<ApiRestartPolicy>,
     pub migrate: Option<ApiMigrate>,
+    pub meta: BTreeMap<String, String>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -81,6 +83,7 @@ pub struct ApiTask {
     pub csi_plugin_config: Option<ApiCsiPluginConfig>,
     pub kill_timeout: Option<i64>,
     pub services: Vec<ApiService>,
+    pub meta: BTreeMap<String, String>,
 }
 
 /// Nomad's `api.Service` (the fields this project keeps).
@@ -273,6 +276,7 @@ impl ApiJob {
             },
             task_groups,
             stop: self.stop,
+            meta: self.meta.clone(),
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -295,6 +299,7 @@ impl ApiJob {
             create_index: job.create_index,
             modify_index: job.modify_index,
             job_modify_index: job.job_modify_index,
+            meta: job.meta.clone(),
         }
     }
 }
@@ -338,6 +343,7 @@ impl ApiTaskGroup {
                 .map(|(alias, request)| (alias.clone(), request.to_request(alias, problems)))
                 .collect(),
             restart_policy,
+            meta: self.meta.clone(),
             migrate: self.migrate.as_ref().map(|migrate| MigrateStrategy {
                 max_parallel: migrate.max_parallel.unwrap_or(MigrateStrategy::default().max_parallel),
             }),
@@ -350,6 +356,7 @@ impl ApiTaskGroup {
                 max_parallel: Some(migrate.max_parallel),
             }),
             name: group.name.clone(),
+            meta: group.meta.clone(),
             count: Some(group.count),
             tasks: group.tasks.iter().map(ApiTask::from_task).collect(),
             volumes: group
@@ -412,6 +419,7 @@ impl ApiTask {
             driver: self.driver.clone(),
             config,
             env: self.env.clone(),
+            meta: self.meta.clone(),
             volume_mounts: self
                 .volume_mounts
                 .iter()
@@ -496,6 +504,7 @@ impl ApiTask {
             }),
             kill_timeout: Some(nanos(task.kill_timeout)),
             services: task.services.iter().map(ApiService::from_service).collect(),
+            meta: task.meta.clone(),
         }
     }
 }

@@ -524,6 +524,7 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
         node_id: id.clone(),
         paths: ClientPaths::new(format!("{data_dir}/client"), format!("{data_dir}/alloc")),
         host_volumes: Default::default(),
+        region: spec.config.region.clone(),
         seed: agent_id,
     };
     let node = Node {

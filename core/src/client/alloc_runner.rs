@@ -34,6 +34,7 @@ use crate::structs::{
     Allocation, ClaimMode, ClaimState, ClientStatus, CsiMountOptions, CsiVolumeClaim, JobType, TaskGroup,
     VolumeRequest, VolumeType,
 };
+use crate::taskenv::{NodeEnv, TaskDirs, TaskEnvSpec, combined_meta};
 use crate::time::Instant;
 
 /// Claim retries back off from 1 s to 1 min, for at most 24 h (§2.3).
@@ -81,7 +82,12 @@ pub struct LocalAllocState {
 pub struct AllocSpec {
     pub alloc: Allocation,
     pub job_type: JobType,
+    pub job_name: String,
+    /// The job's `meta {}` (the group's and each task's are in `group`).
+    pub job_meta: BTreeMap<String, String>,
     pub group: TaskGroup,
+    /// The node, as tasks see it (`${node.*}`, `${attr.*}`, `${meta.*}`).
+    pub node: NodeEnv,
     pub node_id: String,
     pub paths: ClientPaths,
     pub host_volumes: BTreeMap<String, HostVolumeConfig>,
@@ -203,6 +209,23 @@ impl AllocRunner {
             .enumerate()
             .map(|(position, task)| {
                 let task_spec = TaskSpec {
+                    env: TaskEnvSpec {
+                        alloc_id: spec.alloc.id.clone(),
+                        alloc_name: spec.alloc.name.clone(),
+                        alloc_index: spec.alloc.index(),
+                        job_id: spec.alloc.job_id.clone(),
+                        job_name: spec.job_name.clone(),
+                        namespace: spec.alloc.namespace.clone(),
+                        group: spec.group.name.clone(),
+                        task: task.name.clone(),
+                        cpu_mhz: task.resources.cpu,
+                        memory_mb: task.resources.memory_mb,
+                        dirs: TaskDirs::default(),
+                        meta: combined_meta(&spec.job_meta, &spec.group.meta, &task.meta),
+                        hook_env: BTreeMap::new(),
+                        task_env: task.env.clone(),
+                    },
+                    node: spec.node.clone(),
                     alloc_id: spec.alloc.id.clone(),
                     alloc_index: spec.alloc.index(),
                     job_type: spec.job_type,

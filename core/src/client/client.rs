@@ -42,6 +42,7 @@ use crate::structs::{
     Allocation, ClientStatus, CsiControllerInfo, CsiInfo, CsiNodeInfo, DriverInfo, Job, MAX_RETAINED_NODE_EVENTS, Node,
     NodeEvent,
 };
+use crate::taskenv::NodeEnv;
 use crate::time::Instant;
 
 /// One allocation as an earlier run persisted it: the allocation with its job, its runner's
@@ -63,6 +64,8 @@ pub struct ClientSettings {
     pub node_id: String,
     pub paths: ClientPaths,
     pub host_volumes: BTreeMap<String, HostVolumeConfig>,
+    /// The agent's region (`NOMAD_REGION`, `${node.region}`).
+    pub region: String,
     pub seed: u64,
 }
 
@@ -255,6 +258,8 @@ pub struct Client {
     devices: DeviceAllocator,
     /// What [`Client::connect`] restores once the node is first registered.
     pending_restore: Option<SavedState>,
+    /// The node as tasks see it, from the record [`Client::connect`] registers.
+    node_env: NodeEnv,
     actions: VecDeque<ClientAction>,
 }
 
@@ -288,6 +293,7 @@ impl Client {
             services: ServiceSync::default(),
             devices: DeviceAllocator::default(),
             pending_restore: None,
+            node_env: NodeEnv::default(),
             actions: VecDeque::new(),
         }
     }
@@ -317,7 +323,10 @@ impl Client {
         Some(AllocSpec {
             alloc: alloc.clone(),
             job_type: job.job_type,
+            job_name: job.name.clone(),
+            job_meta: job.meta.clone(),
             group,
+            node: self.node_env.clone(),
             node_id: self.settings.node_id.clone(),
             paths: self.settings.paths.clone(),
             host_volumes: self.settings.host_volumes.clone(),
@@ -746,8 +755,8 @@ fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, 
         .flat_map(|runner| {
             runner
                 .tasks()
-                .filter(|task| task.state().state == TaskStatus::Running && !task.services().is_empty())
-                .flat_map(|task| registrations(runner.alloc_id(), task.name(), task.services()))
+                .filter(|task| task.state().state == TaskStatus::Running)
+                .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services()))
         })
         .map(|registration| (registration.id.clone(), registration))
         .collect()

@@ -63,6 +63,11 @@ impl ClientPaths {
         join(&self.alloc(alloc_id), "alloc/logs")
     }
 
+    /// The directory every task of the allocation shares (`NOMAD_ALLOC_DIR`, `/alloc` inside).
+    pub fn alloc_shared_dir(&self, alloc_id: &str) -> String {
+        join(&self.alloc(alloc_id), "alloc")
+    }
+
     pub fn task_dir(&self, alloc_id: &str, task: &str) -> String {
         join(&self.alloc(alloc_id), task)
     }
@@ -113,6 +118,7 @@ mod tests {
         assert_eq!(paths.plugin_socket("p1"), "/s/csi/plugins/p1/csi.sock");
         assert_eq!(paths.plugin_root(CsiPluginType::Node, "hp"), "/s/csi/node/hp");
         assert_eq!(paths.log_dir("a1"), "/a/a1/alloc/logs");
+        assert_eq!(paths.alloc_shared_dir("a1"), "/a/a1/alloc");
         assert_eq!(join("/local/csi/", "/per-alloc/x"), "/local/csi/per-alloc/x");
     }
 }

@@ -31,6 +31,7 @@ use crate::client::{
 };
 use crate::op::{OpId, OpIds};
 use crate::structs::{JobType, Propagation, Task, TaskGroup};
+use crate::taskenv::{NodeEnv, TaskDirs, TaskEnv, TaskEnvSpec};
 use crate::time::Instant;
 
 /// Nomad keeps the last ten events per task.
@@ -73,6 +74,10 @@ pub struct LocalTaskState {
 /// The fixed facts a task runner is built from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TaskSpec {
+    /// What the task's environment is built from (directories and hook variables are filled
+    /// in when it starts).
+    pub env: TaskEnvSpec,
+    pub node: NodeEnv,
     pub alloc_id: String,
     pub alloc_index: u32,
     pub job_type: JobType,
@@ -170,9 +175,18 @@ impl TaskRunner {
         &self.spec.task.name
     }
 
-    /// The task's `service` blocks.
-    pub fn services(&self) -> &[crate::structs::Service] {
-        &self.spec.task.services
+    /// The task's `service` blocks, interpolated with its environment as Nomad registers them.
+    pub fn services(&self) -> Vec<crate::structs::Service> {
+        if self.spec.task.services.is_empty() {
+            return Vec::new();
+        }
+        let env = self.task_env();
+        self.spec
+            .task
+            .services
+            .iter()
+            .map(|service| env.interpolate_service(service))
+            .collect()
     }
 
     pub fn state(&self) -> &TaskState {
@@ -594,13 +608,14 @@ impl TaskRunner {
             self.poststart(now, ops);
             return;
         }
+        let env = self.task_env();
         let spec = &self.spec;
         let config = TaskConfig {
             alloc_id: spec.alloc_id.clone(),
             task: spec.task.name.clone(),
             driver: spec.task.driver.clone(),
-            config: spec.task.config.clone(),
-            env: self.task_env(),
+            config: env.interpolate_config(&spec.task.config),
+            env: env.vars().clone(),
             mounts: self.mounts.clone(),
             devices: self.devices.clone(),
             task_dir: spec.paths.task_dir(&spec.alloc_id, &spec.task.name),

@@ -12,42 +12,13 @@ use serde::{Deserialize, Serialize};
 use crate::client::hooks::{AllocHookResources, HookError};
 use crate::client::{DriverCapabilities, MountConfig, MountConfigSupport};
 use crate::structs::{Task, TaskGroup, VolumeType};
+use crate::taskenv::TaskEnv;
 
 /// A `host_volume` block of the client's configuration.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HostVolumeConfig {
     pub path: String,
     pub read_only: bool,
-}
-
-/// `${NAME}` from the task's env; unknown names are left as written (Nomad does the same).
-pub fn interpolate(text: &str, env: &BTreeMap<String, String>) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some(start) = rest.find("${") {
-        out.push_str(&rest[..start]);
-        let after = &rest[start + 2..];
-        match after.find('}') {
-            Some(end) => {
-                let name = &after[..end];
-                match env.get(name) {
-                    Some(value) => out.push_str(value),
-                    None => {
-                        out.push_str("${");
-                        out.push_str(name);
-                        out.push('}');
-                    }
-                }
-                rest = &after[end + 1..];
-            }
-            None => {
-                out.push_str(&rest[start..]);
-                rest = "";
-            }
-        }
-    }
-    out.push_str(rest);
-    out
 }
 
 /// The mounts of `task`; never "done", so it re-runs after a restore and every restart.
@@ -58,14 +29,14 @@ pub fn volume_mounts(
     host_volumes: &BTreeMap<String, HostVolumeConfig>,
     resources: &AllocHookResources,
     capabilities: DriverCapabilities,
-    env: &BTreeMap<String, String>,
+    env: &TaskEnv,
 ) -> Result<Vec<MountConfig>, HookError> {
     let mut host_mounts = Vec::new();
     let mut csi_mounts = Vec::new();
     let mut missing = Vec::new();
     for mount in &task.volume_mounts {
-        let alias = interpolate(&mount.volume, env);
-        let destination = interpolate(&mount.destination, env);
+        let alias = env.interpolate(&mount.volume);
+        let destination = env.interpolate(&mount.destination);
         let Some(request) = group.volumes.get(&alias) else {
             return Err(HookError::fatal(format!(
                 "No volume with name {alias} found in task group"

@@ -14,6 +14,8 @@ pub struct TaskGroup {
     /// `migrate` block: how a node drain moves this group's allocations.
     #[serde(default)]
     pub migrate: Option<MigrateStrategy>,
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).
@@ -72,6 +74,8 @@ pub struct Job {
     /// The index of the last change to the spec (not to its status).
     #[serde(default)]
     pub job_modify_index: u64,
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
 }
 
 impl Job {

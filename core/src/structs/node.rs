@@ -113,6 +113,12 @@ pub struct Node {
     pub status_description: String,
     pub status_updated_at_ms: u64,
     pub attributes: BTreeMap<String, String>,
+    /// The client's `meta {}` block (`${meta.<key>}`).
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
+    /// The client's `node_class`.
+    #[serde(default)]
+    pub node_class: String,
     pub csi_controller_plugins: BTreeMap<String, CsiInfo>,
     pub csi_node_plugins: BTreeMap<String, CsiInfo>,
     /// Task drivers by name, from the client's driver manager.

@@ -190,6 +190,9 @@ pub struct Task {
     /// `${BASE}` replaced; an empty name is `<job>-<group>-<task>`).
     #[serde(default)]
     pub services: Vec<Service>,
+    /// The task's `meta {}` (merged over the group's and the job's for `NOMAD_META_*`).
+    #[serde(default)]
+    pub meta: BTreeMap<String, String>,
 }
 
 /// Service `address_mode` values Nomad accepts.
@@ -387,6 +390,7 @@ impl Default for Task {
             kill_timeout: DEFAULT_KILL_TIMEOUT,
             resources: TaskResources::default(),
             services: Vec::new(),
+            meta: BTreeMap::new(),
         }
     }
 }

@@ -188,6 +188,7 @@ pub fn client_identity(
             data_dir.join("alloc").display().to_string(),
         ),
         host_volumes: host_volumes.clone(),
+        region: config.region.clone(),
         seed: node_id,
     };
     let node = Node {
@@ -198,6 +199,8 @@ pub fn client_identity(
         http_addr: config.advertise.http.to_string(),
         status: NodeStatus::Ready,
         host_volumes,
+        meta: config.client.meta.clone(),
+        node_class: config.client.node_class.clone(),
         resources: host_resources(),
         ..Node::default()
     };

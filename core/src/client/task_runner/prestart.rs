@@ -184,19 +184,26 @@ impl TaskRunner {
     }
 
     /// The task's environment: Nomad's variables, the task's own, then what hooks added.
-    pub(super) fn task_env(&self) -> BTreeMap<String, String> {
+    /// The task's environment (`taskenv`): its directories as the driver shows them, and what
+    /// the hooks added so far.
+    pub(super) fn task_env(&self) -> TaskEnv {
         let spec = &self.spec;
-        let mut env = BTreeMap::new();
-        env.insert("NOMAD_ALLOC_ID".to_string(), spec.alloc_id.clone());
-        env.insert("NOMAD_ALLOC_INDEX".to_string(), spec.alloc_index.to_string());
-        env.insert("NOMAD_TASK_NAME".to_string(), spec.task.name.clone());
-        env.insert("NOMAD_GROUP_NAME".to_string(), spec.group.name.clone());
-        for (key, value) in &spec.task.env {
-            env.insert(key.clone(), value.clone());
-        }
-        for (key, value) in &self.hook_env {
-            env.insert(key.clone(), value.clone());
-        }
-        env
+        let mut env = spec.env.clone();
+        env.dirs = if spec.driver.is_some_and(|driver| driver.fs_isolation) {
+            TaskDirs {
+                alloc: "/alloc".into(),
+                local: "/local".into(),
+                secrets: "/secrets".into(),
+            }
+        } else {
+            let task_dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
+            TaskDirs {
+                alloc: spec.paths.alloc_shared_dir(&spec.alloc_id),
+                local: paths::join(&task_dir, "local"),
+                secrets: paths::join(&task_dir, "secrets"),
+            }
+        };
+        env.hook_env = self.hook_env.clone();
+        TaskEnv::build(&env, &spec.node)
     }
 }
