@@ -29,6 +29,8 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
         task_dir: dir.join(task).display().to_string(),
         log_dir: dir.join("alloc/logs").display().to_string(),
         kill_timeout: Duration::from_millis(300),
+        cpu_mhz: 100,
+        memory_mb: 300,
     }
 }
 

@@ -136,8 +136,71 @@ impl Agent {
 }
 
 impl Drop for Agent {
+    /// Kills the agent and then its tasks: tasks outlive their agent on purpose (a restarted
+    /// agent reattaches), so a test that ends, passed or failed, must end them itself.
     fn drop(&mut self) {
+        let pid = self.child.as_ref().map(|child| child.id());
         self.kill();
+        kill_tasks_under(&self.spec.data_dir);
+        if let Some(pid) = pid {
+            remove_task_cgroups(pid);
+        }
+    }
+}
+
+/// Removes the task cgroups the agent with `pid` created (`<alloc>.<task>.<pid>.<n>` under
+/// `/sys/fs/cgroup/**/drover/`), once the killed tasks have left them.
+pub fn remove_task_cgroups(pid: u32) {
+    let suffix = format!(".{pid}.");
+    let mut dirs = Vec::new();
+    for root in [
+        "/sys/fs/cgroup/drover",
+        "/sys/fs/cgroup/freezer/drover",
+        "/sys/fs/cgroup/memory/drover",
+        "/sys/fs/cgroup/cpu/drover",
+        "/sys/fs/cgroup/pids/drover",
+    ] {
+        let Ok(entries) = std::fs::read_dir(root) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_dir() && name.rsplit('.').nth(1) == Some(&pid.to_string()) && name.contains(&suffix)
+            {
+                dirs.push(entry.path());
+            }
+        }
+    }
+    // A SIGKILLed process leaves its cgroup when it has exited, a moment after the signal.
+    for _ in 0..50 {
+        dirs.retain(|dir| std::fs::remove_dir(dir).is_err() && dir.exists());
+        if dirs.is_empty() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Kills every process working in (raw_exec) or chrooted into (exec) a directory under `dir`:
+/// the tasks of an agent whose data dir it is.
+pub fn kill_tasks_under(dir: &Path) {
+    let Ok(dir) = dir.canonicalize() else {
+        return;
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let inside = ["cwd", "root"]
+            .iter()
+            .any(|link| std::fs::read_link(format!("/proc/{pid}/{link}")).is_ok_and(|target| target.starts_with(&dir)));
+        if inside && pid != std::process::id() as i32 {
+            // SAFETY: kill has no memory preconditions; the process works in this test's dir.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
     }
 }
 

@@ -106,6 +106,12 @@ pub struct TaskConfig {
     /// Host path of the alloc's log directory (`<task>.stdout.0`, `<task>.stderr.0`).
     pub log_dir: String,
     pub kill_timeout: Duration,
+    /// `resources { cpu memory }`: the task's CPU share (MHz) and memory hard limit (MB),
+    /// enforced by drivers that can (cgroups).
+    #[serde(default)]
+    pub cpu_mhz: u32,
+    #[serde(default)]
+    pub memory_mb: u32,
 }
 
 /// A running task, as the driver describes it; persisted so the agent can reattach.

@@ -286,7 +286,9 @@ impl TaskRunner {
         if exit.signal != 0 {
             message.push_str(&format!(", Signal: {}", exit.signal));
         }
-        if let Some(err) = &exit.err {
+        // An OOM kill is named as Nomad's drivers name it (the exit itself says only SIGKILL).
+        let oom = exit.oom_killed.then(|| "OOM Killed".to_string());
+        if let Some(err) = exit.err.as_ref().or(oom.as_ref()) {
             message.push_str(&format!(", Exit Message: {err:?}"));
         }
         self.event(now, events::TERMINATED, &message);
@@ -621,6 +623,8 @@ impl TaskRunner {
             task_dir: spec.paths.task_dir(&spec.alloc_id, &spec.task.name),
             log_dir: spec.paths.log_dir(&spec.alloc_id),
             kill_timeout: spec.task.kill_timeout,
+            cpu_mhz: spec.task.resources.cpu,
+            memory_mb: spec.task.resources.memory_mb,
         };
         let op = ops.allocate();
         self.phase = Phase::Starting { op };

@@ -187,6 +187,8 @@ mod tests {
             task_dir: "/t".into(),
             log_dir: "/l".into(),
             kill_timeout: Duration::from_secs(1),
+            cpu_mhz: 100,
+            memory_mb: 300,
         }
     }
 

@@ -10,6 +10,8 @@ use drover_core::client::{DriverCapabilities, ExitResult, IoError, TaskConfig, T
 
 use crate::io::BoxFuture;
 
+#[cfg(not(madsim))]
+pub mod cgroup;
 pub mod mock;
 #[cfg(not(madsim))]
 pub mod process;

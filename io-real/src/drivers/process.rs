@@ -21,6 +21,7 @@ use drover_core::client::{
 use drover_core::structs::{ConfigValue, Propagation};
 use tokio::sync::watch;
 
+use super::cgroup::{self, Cgroups, Limits, TaskCgroup};
 use super::{DriverFingerprint, TaskDriver, TaskResourceUsage};
 use crate::io::BoxFuture;
 
@@ -40,6 +41,8 @@ struct Running {
 #[derive(Clone)]
 pub struct ProcessDriver {
     kind: Kind,
+    /// The host's cgroups, when tasks can have them (`None`: process groups only).
+    cgroups: Option<Arc<Cgroups>>,
     tasks: Arc<Mutex<BTreeMap<Key, Running>>>,
     /// The previous CPU sample of each task, by session leader.
     samples: Arc<Mutex<BTreeMap<i32, CpuSample>>>,
@@ -57,6 +60,9 @@ struct HandleState {
     /// Host sources bound onto themselves to share them with the task; released on exit.
     #[serde(default)]
     shared: Vec<String>,
+    /// The task's cgroup, when it has one: every process it started, for the final kill.
+    #[serde(default)]
+    cgroup: Option<TaskCgroup>,
 }
 
 /// Host directories bound read-only into an `exec` task's root.
@@ -66,6 +72,7 @@ impl ProcessDriver {
     pub fn raw_exec() -> Self {
         ProcessDriver {
             kind: Kind::RawExec,
+            cgroups: host_cgroups(),
             tasks: Arc::default(),
             samples: Arc::default(),
         }
@@ -74,10 +81,43 @@ impl ProcessDriver {
     pub fn exec() -> Self {
         ProcessDriver {
             kind: Kind::Exec,
+            cgroups: host_cgroups(),
             tasks: Arc::default(),
             samples: Arc::default(),
         }
     }
+
+    /// The same driver without cgroups (the fallback a host without them gets).
+    pub fn without_cgroups(mut self) -> Self {
+        self.cgroups = None;
+        self
+    }
+
+    /// Whether this driver puts tasks in cgroups.
+    pub fn uses_cgroups(&self) -> bool {
+        self.cgroups.is_some()
+    }
+}
+
+/// The host's cgroup layout, detected once per agent; when there is none, the agent says why
+/// once and its tasks fall back to process groups.
+fn host_cgroups() -> Option<Arc<Cgroups>> {
+    static HOST: std::sync::OnceLock<Option<Arc<Cgroups>>> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| match Cgroups::detect() {
+        Ok(cgroups) => {
+            tracing::info!(?cgroups, "tasks run in their own cgroups");
+            Some(Arc::new(cgroups))
+        }
+        Err(reason) => {
+            tracing::warn!(
+                %reason,
+                "tasks cannot have cgroups: they run in process groups, and a process that leaves its \
+                 task's session outlives the task"
+            );
+            None
+        }
+    })
+    .clone()
 }
 
 fn is_root() -> bool {
@@ -472,6 +512,95 @@ fn exit_result(status: std::process::ExitStatus) -> ExitResult {
 
 impl ProcessDriver {
     async fn spawn(&self, config: TaskConfig) -> Result<TaskHandle, IoError> {
+        let cgroup = match &self.cgroups {
+            Some(cgroups) => {
+                let limits = Limits {
+                    cpu_mhz: config.cpu_mhz,
+                    memory_mb: config.memory_mb,
+                };
+                let cgroup = cgroups
+                    .create(&config.alloc_id, &config.task, limits)
+                    .map_err(|e| io_error(&format!("{}: create the task's cgroup", self.name()), e))?;
+                Some(cgroup)
+            }
+            None => None,
+        };
+        let undo = |shared: &[String]| {
+            release_shared(shared);
+            if let Some(cgroup) = &cgroup {
+                cgroup.remove();
+            }
+        };
+        let (mut cmd, command, shared) = match self.command(&config, cgroup.as_ref()) {
+            Ok(built) => built,
+            Err(error) => {
+                undo(&[]);
+                return Err(error);
+            }
+        };
+        let mut child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(error) => {
+                undo(&shared);
+                return Err(io_error(&format!("{}: start {command}", self.name()), error));
+            }
+        };
+        // The start time is what makes the pid safe to signal later: without it a stop could
+        // reach whatever process reused the pid, so a task whose start time cannot be read does
+        // not start.
+        let Some((pid, start_time)) = child.id().and_then(|pid| Some((pid as i32, start_time(pid as i32)?))) else {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            if let Some(cgroup) = &cgroup {
+                cgroup.kill_all().await;
+            }
+            undo(&shared);
+            return Err(IoError::other(format!(
+                "{}: cannot read the start time of the task process",
+                self.name()
+            )));
+        };
+        let (sender, receiver) = watch::channel(None);
+        let (released, watched) = (shared.clone(), cgroup.clone());
+        tokio::spawn(async move {
+            let mut exit = match child.wait().await {
+                Ok(status) => exit_result(status),
+                Err(error) => ExitResult {
+                    err: Some(error.to_string()),
+                    ..ExitResult::default()
+                },
+            };
+            exit.oom_killed |= reap_task(pid, watched.as_ref()).await;
+            release_shared(&released);
+            let _ = sender.send(Some(exit));
+        });
+        self.tasks.lock().unwrap().insert(
+            (config.alloc_id.clone(), config.task.clone()),
+            Running { exit: receiver },
+        );
+        Ok(TaskHandle {
+            driver: self.name().to_string(),
+            alloc_id: config.alloc_id,
+            task: config.task,
+            state: serde_json::to_string(&HandleState {
+                pid,
+                start_time,
+                shared,
+                cgroup,
+            })
+            .expect("serializable"),
+        })
+    }
+
+    /// The task's command, ready to spawn: arguments, logs, environment, and what the child
+    /// does between fork and exec (join the task's cgroup, lead a new session, and for `exec`
+    /// enter its own mount namespace and root). Also returns the command's name and the host
+    /// sources shared for bidirectional mounts.
+    fn command(
+        &self,
+        config: &TaskConfig,
+        cgroup: Option<&TaskCgroup>,
+    ) -> Result<(tokio::process::Command, String, Vec<String>), IoError> {
         let command = config
             .config
             .get("command")
@@ -494,6 +623,7 @@ impl ProcessDriver {
                 .map_err(|e| io_error(&format!("open {}", path.display()), e))
         };
         let (stdout, stderr) = (open_log("stdout")?, open_log("stderr")?);
+        let join = cgroup.map(TaskCgroup::join_paths).unwrap_or_default();
         let mut shared = Vec::new();
         let mut cmd = tokio::process::Command::new(&command);
         cmd.args(&args)
@@ -504,9 +634,11 @@ impl ProcessDriver {
             Kind::RawExec => {
                 std::fs::create_dir_all(&config.task_dir).map_err(|e| io_error("create task dir", e))?;
                 cmd.current_dir(&config.task_dir).envs(&config.env);
-                // SAFETY: setsid and the signal resets are async-signal-safe.
+                // SAFETY: joining the cgroup (open/write/close of prepared paths), setsid and
+                // the signal resets are async-signal-safe.
                 unsafe {
-                    cmd.pre_exec(|| {
+                    cmd.pre_exec(move || {
+                        cgroup::join_in_child(&join)?;
                         libc::setsid();
                         reset_signals();
                         Ok(())
@@ -514,7 +646,7 @@ impl ProcessDriver {
                 }
             }
             Kind::Exec => {
-                let (root, binds, prepared) = prepare_root(&config)?;
+                let (root, binds, prepared) = prepare_root(config)?;
                 shared = prepared;
                 cmd.env_clear()
                     .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
@@ -522,6 +654,7 @@ impl ProcessDriver {
                 // SAFETY: the closure only makes syscalls on data prepared before the fork.
                 unsafe {
                     cmd.pre_exec(move || {
+                        cgroup::join_in_child(&join)?;
                         libc::setsid();
                         reset_signals();
                         enter_namespace(&root, &binds)
@@ -529,57 +662,7 @@ impl ProcessDriver {
                 }
             }
         }
-        let mut child = match cmd.spawn() {
-            Ok(child) => child,
-            Err(error) => {
-                release_shared(&shared);
-                return Err(io_error(&format!("{}: start {command}", self.name()), error));
-            }
-        };
-        let pid = child
-            .id()
-            .map(|pid| pid as i32)
-            .ok_or_else(|| IoError::other("child exited at once"))?;
-        // The start time is what makes the pid safe to signal later: without it a stop could
-        // reach whatever process reused the pid, so a task whose start time cannot be read does
-        // not start.
-        let Some(start_time) = start_time(pid) else {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            release_shared(&shared);
-            return Err(IoError::other(format!(
-                "{}: cannot read the start time of task process {pid}",
-                self.name()
-            )));
-        };
-        let (sender, receiver) = watch::channel(None);
-        let released = shared.clone();
-        tokio::spawn(async move {
-            let exit = match child.wait().await {
-                Ok(status) => exit_result(status),
-                Err(error) => ExitResult {
-                    err: Some(error.to_string()),
-                    ..ExitResult::default()
-                },
-            };
-            release_shared(&released);
-            let _ = sender.send(Some(exit));
-        });
-        self.tasks.lock().unwrap().insert(
-            (config.alloc_id.clone(), config.task.clone()),
-            Running { exit: receiver },
-        );
-        Ok(TaskHandle {
-            driver: self.name().to_string(),
-            alloc_id: config.alloc_id,
-            task: config.task,
-            state: serde_json::to_string(&HandleState {
-                pid,
-                start_time,
-                shared,
-            })
-            .expect("serializable"),
-        })
+        Ok((cmd, command, shared))
     }
 
     fn running(&self, handle: &TaskHandle) -> Option<Running> {
@@ -615,6 +698,24 @@ fn kill_session_leftovers(leader: i32) {
     for (pid, _) in session_members(leader) {
         // SAFETY: kill has no memory preconditions.
         unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+/// After a task's leader exited, nothing the task started may outlive it: every process left
+/// in its cgroup is killed and the cgroup removed, or without cgroups what is left of its
+/// session. Returns whether the kernel OOM-killed a process of the task.
+async fn reap_task(leader: i32, cgroup: Option<&TaskCgroup>) -> bool {
+    match cgroup {
+        Some(cgroup) => {
+            cgroup.kill_all().await;
+            let oom = cgroup.oom_killed();
+            cgroup.remove();
+            oom
+        }
+        None => {
+            kill_session_leftovers(leader);
+            false
+        }
     }
 }
 
@@ -749,7 +850,8 @@ impl TaskDriver for ProcessDriver {
                 },
                 None => match serde_json::from_str::<HandleState>(&handle.state) {
                     Ok(state) => {
-                        let exit = wait_foreign(state.pid, state.start_time).await;
+                        let mut exit = wait_foreign(state.pid, state.start_time).await;
+                        exit.oom_killed |= reap_task(state.pid, state.cgroup.as_ref()).await;
                         release_shared(&state.shared);
                         exit
                     }
@@ -776,7 +878,12 @@ impl TaskDriver for ProcessDriver {
                     driver.wait(handle).await;
                 }
             }
-            kill_session_leftovers(state.pid);
+            // The leader's exit already reaped the rest (`reap_task`); this covers a leader
+            // that was gone before the stop.
+            match &state.cgroup {
+                Some(cgroup) => cgroup.kill_all().await,
+                None => kill_session_leftovers(state.pid),
+            }
             Ok(())
         })
     }
@@ -792,6 +899,8 @@ impl TaskDriver for ProcessDriver {
             if is_running(state.pid, state.start_time) {
                 Ok(())
             } else {
+                // The leader died while the agent was away; what it left behind goes with it.
+                reap_task(state.pid, state.cgroup.as_ref()).await;
                 Err(IoError::new(
                     ErrorKind::NotFound,
                     format!("task process {} is gone", state.pid),
