@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use drover_io_real::jobs::{
-    ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiResources, ApiRestartPolicy, ApiService,
-    ApiServiceCheck, ApiTask, ApiTaskGroup, ApiVolumeMount, ApiVolumeRequest,
+    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiResources,
+    ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -146,6 +146,77 @@ impl Walker {
             .collect()
     }
 
+    /// A value written as text, number or boolean (`value = 2` in a constraint), as text.
+    fn text(&mut self, at: &str, block: &Object, key: &str) -> Option<String> {
+        match block.get(key)? {
+            Value::String(text) => Some(text.clone()),
+            Value::Number(number) => Some(number.to_string()),
+            Value::Bool(flag) => Some(flag.to_string()),
+            _ => {
+                self.problem(at, format!("{key} must be a string"));
+                None
+            }
+        }
+    }
+
+    /// `constraint { attribute operator value }` blocks, with Nomad's shorthands
+    /// `distinct_hosts = true` and `distinct_property = "${meta.rack}"`; the operator defaults
+    /// to `=`.
+    fn constraints(&mut self, at: &str, block: &Object) -> Vec<ApiConstraint> {
+        let mut out = Vec::new();
+        for constraint in self.repeated(at, block, "constraint") {
+            let at = format!("{at} constraint");
+            self.known(
+                &at,
+                constraint,
+                &["attribute", "operator", "value", "distinct_hosts", "distinct_property"],
+            );
+            let mut parsed = ApiConstraint {
+                ltarget: self.string(&at, constraint, "attribute").unwrap_or_default(),
+                rtarget: self.text(&at, constraint, "value").unwrap_or_default(),
+                operand: self.string(&at, constraint, "operator").unwrap_or_else(|| "=".into()),
+            };
+            if self.boolean(&at, constraint, "distinct_hosts") == Some(true) {
+                parsed.operand = "distinct_hosts".into();
+            }
+            if let Some(property) = self.string(&at, constraint, "distinct_property") {
+                parsed.operand = "distinct_property".into();
+                parsed.ltarget = property;
+            }
+            out.push(parsed);
+        }
+        out
+    }
+
+    /// `affinity { attribute operator value weight }` blocks (operator `=`, weight 50 by
+    /// default, as Nomad's).
+    fn affinities(&mut self, at: &str, block: &Object) -> Vec<ApiAffinity> {
+        let mut out = Vec::new();
+        for affinity in self.repeated(at, block, "affinity") {
+            let at = format!("{at} affinity");
+            self.known(&at, affinity, &["attribute", "operator", "value", "weight"]);
+            let weight = match affinity.get("weight") {
+                None => 50,
+                Some(Value::Number(number)) if number.as_i64().is_some() => number
+                    .as_i64()
+                    .unwrap_or_default()
+                    .clamp(i64::from(i32::MIN), i64::from(i32::MAX))
+                    as i32,
+                Some(_) => {
+                    self.problem(&at, "weight must be a whole number");
+                    50
+                }
+            };
+            out.push(ApiAffinity {
+                ltarget: self.string(&at, affinity, "attribute").unwrap_or_default(),
+                rtarget: self.text(&at, affinity, "value").unwrap_or_default(),
+                operand: self.string(&at, affinity, "operator").unwrap_or_else(|| "=".into()),
+                weight,
+            });
+        }
+        out
+    }
+
     fn single<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Option<&'a Object> {
         let found = self.repeated(at, block, key);
         if found.len() > 1 {
@@ -187,6 +258,8 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "priority",
             "datacenters",
             "meta",
+            "constraint",
+            "affinity",
             "group",
         ],
     );
@@ -199,6 +272,8 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
         priority: walker.number(&at, block, "priority"),
         datacenters: walker.strings(&at, block, "datacenters").unwrap_or_default(),
         meta: walker.string_map(&at, block, "meta"),
+        constraints: walker.constraints(&at, block),
+        affinities: walker.affinities(&at, block),
         task_groups: walker
             .labeled(&at, block, "group")
             .into_iter()
@@ -214,7 +289,20 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
 }
 
 fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> ApiTaskGroup {
-    walker.known(at, block, &["count", "meta", "volume", "restart", "migrate", "task"]);
+    walker.known(
+        at,
+        block,
+        &[
+            "count",
+            "meta",
+            "constraint",
+            "affinity",
+            "volume",
+            "restart",
+            "migrate",
+            "task",
+        ],
+    );
     let migrate = walker.single(at, block, "migrate").map(|migrate| {
         let at = format!("{at} migrate");
         walker.known(&at, migrate, &["max_parallel"]);
@@ -283,6 +371,8 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         restart_policy,
         migrate,
         meta: walker.string_map(at, block, "meta"),
+        constraints: walker.constraints(at, block),
+        affinities: walker.affinities(at, block),
     }
 }
 
@@ -295,6 +385,8 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "config",
             "env",
             "meta",
+            "constraint",
+            "affinity",
             "resources",
             "volume_mount",
             "csi_plugin",
@@ -367,6 +459,8 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         config,
         env,
         meta: walker.string_map(at, block, "meta"),
+        constraints: walker.constraints(at, block),
+        affinities: walker.affinities(at, block),
         resources,
         volume_mounts,
         csi_plugin_config,
@@ -544,6 +638,80 @@ job "web" {
         assert_eq!(job.meta["owner"], "job-team");
         assert_eq!(job.task_groups[0].meta["tier"], "2");
         assert_eq!(job.task_groups[0].tasks[0].meta["owner"], "task-team");
+        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        assert_eq!(api.to_job().unwrap(), job);
+    }
+
+    #[test]
+    fn constraints_and_affinities_parse_with_nomads_shorthands_and_defaults() {
+        let job = parse(
+            r#"
+job "web" {
+  constraint {
+    attribute = "${attr.kernel.name}"
+    value     = "linux"
+  }
+  affinity {
+    attribute = "${meta.rack}"
+    value     = "r1"
+  }
+  group "g" {
+    constraint {
+      distinct_hosts = true
+    }
+    constraint {
+      distinct_property = "${meta.rack}"
+      value             = 2
+    }
+    task "t" {
+      driver = "raw_exec"
+      constraint {
+        attribute = "${attr.nomad.version}"
+        operator  = "version"
+        value     = ">= 1.0"
+      }
+      affinity {
+        attribute = "${node.class}"
+        operator  = "!="
+        value     = "spot"
+        weight    = -30
+      }
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        let constraint = |l: &str, o: &str, r: &str| drover_core::structs::Constraint {
+            ltarget: l.into(),
+            rtarget: r.into(),
+            operand: o.into(),
+        };
+        assert_eq!(job.constraints, [constraint("${attr.kernel.name}", "=", "linux")]);
+        assert_eq!(job.affinities[0].weight, 50);
+        assert_eq!(
+            job.task_groups[0].constraints,
+            [
+                constraint("", "distinct_hosts", ""),
+                constraint("${meta.rack}", "distinct_property", "2")
+            ]
+        );
+        let task = &job.task_groups[0].tasks[0];
+        assert_eq!(
+            task.constraints,
+            [constraint("${attr.nomad.version}", "version", ">= 1.0")]
+        );
+        assert_eq!(
+            (task.affinities[0].operand.as_str(), task.affinities[0].weight),
+            ("!=", -30)
+        );
+        assert!(
+            drover_core::jobspec::validate(&job).is_empty(),
+            "{:?}",
+            drover_core::jobspec::validate(&job)
+        );
         let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
         assert_eq!(api.to_job().unwrap(), job);
     }

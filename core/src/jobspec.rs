@@ -7,7 +7,9 @@ use crate::prelude::*;
 
 use alloc::collections::{BTreeMap, BTreeSet};
 
-use crate::structs::{AccessMode, AttachmentMode, Job, JobType, Task, TaskGroup, VolumeRequest, VolumeType};
+use crate::structs::{
+    AccessMode, Affinity, AttachmentMode, Constraint, Job, JobType, Task, TaskGroup, VolumeRequest, VolumeType,
+};
 
 /// Nomad's bounds on `priority`.
 pub const PRIORITY_MIN: u32 = 1;
@@ -39,6 +41,7 @@ pub fn validate(job: &Job) -> Vec<String> {
     if job.task_groups.is_empty() {
         errors.push("Missing job task groups".to_string());
     }
+    errors.extend(placement_rules(&job.constraints, &job.affinities));
     let mut names = BTreeSet::new();
     for (position, group) in job.task_groups.iter().enumerate() {
         if group.name.is_empty() {
@@ -64,6 +67,7 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
     if group.tasks.is_empty() {
         errors.push("Missing tasks for task group".to_string());
     }
+    errors.extend(placement_rules(&group.constraints, &group.affinities));
     for (alias, request) in &group.volumes {
         for problem in validate_volume(job, group, request) {
             errors.push(format!("Volume {alias}: {problem}"));
@@ -106,8 +110,25 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
             problems.extend(plugin.validate());
         }
         problems.extend(validate_services(task));
+        problems.extend(placement_rules(&task.constraints, &task.affinities));
         for problem in problems {
             errors.push(format!("Task {} validation failed: {problem}", task.name));
+        }
+    }
+    errors
+}
+
+/// Every problem of a level's `constraint` and `affinity` blocks, numbered from 1 as Nomad's.
+fn placement_rules(constraints: &[Constraint], affinities: &[Affinity]) -> Vec<String> {
+    let mut errors = Vec::new();
+    for (position, constraint) in constraints.iter().enumerate() {
+        for problem in constraint.validate() {
+            errors.push(format!("Constraint {} validation failed: {problem}", position + 1));
+        }
+    }
+    for (position, affinity) in affinities.iter().enumerate() {
+        for problem in affinity.validate() {
+            errors.push(format!("Affinity {} validation failed: {problem}", position + 1));
         }
     }
     errors
@@ -290,6 +311,45 @@ mod tests {
             }],
             ..Job::default()
         }
+    }
+
+    #[test]
+    fn bad_constraints_and_affinities_are_named_with_their_level_and_position() {
+        let mut job = job();
+        job.constraints.push(Constraint {
+            ltarget: "${attr.kernel.name}".into(),
+            rtarget: "linux".into(),
+            operand: "=".into(),
+        });
+        job.constraints.push(Constraint {
+            ltarget: "${attr.kernel.name}".into(),
+            rtarget: "(".into(),
+            operand: "regexp".into(),
+        });
+        job.task_groups[0].affinities.push(Affinity {
+            ltarget: "${meta.rack}".into(),
+            rtarget: "r1".into(),
+            operand: "=".into(),
+            weight: 300,
+        });
+        job.task_groups[0].tasks[0].constraints.push(Constraint {
+            ltarget: "${attr.x}".into(),
+            rtarget: "1".into(),
+            operand: "near".into(),
+        });
+        let errors = validate(&job);
+        assert_eq!(errors.len(), 3, "{errors:?}");
+        assert!(
+            errors[0].starts_with("Constraint 2 validation failed: Regular expression failed to compile: "),
+            "{errors:?}"
+        );
+        assert_eq!(
+            errors[1..],
+            [
+                "Task group g validation failed: Affinity 1 validation failed: Affinity weight must be within the range [-100,100]",
+                "Task group g validation failed: Task t validation failed: Constraint 1 validation failed: Unknown constraint type \"near\"",
+            ]
+        );
     }
 
     #[test]

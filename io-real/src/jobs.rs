@@ -8,9 +8,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use drover_core::structs::{
-    AccessMode, AttachmentMode, ConfigValue, CsiMountOptions, CsiPluginType, Job, JobType, MigrateStrategy,
-    Propagation, RequestedDevice, RestartMode, RestartPolicy, Service, ServiceCheck, Task, TaskCsiPluginConfig,
-    TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
+    AccessMode, Affinity, AttachmentMode, ConfigValue, Constraint, CsiMountOptions, CsiPluginType, Job, JobType,
+    MigrateStrategy, Propagation, RequestedDevice, RestartMode, RestartPolicy, Service, ServiceCheck, Task,
+    TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -40,6 +40,73 @@ pub struct ApiJob {
     pub modify_index: u64,
     pub job_modify_index: u64,
     pub meta: BTreeMap<String, String>,
+    pub constraints: Vec<ApiConstraint>,
+    pub affinities: Vec<ApiAffinity>,
+}
+
+/// Nomad's `api.Constraint`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiConstraint {
+    #[serde(rename = "LTarget")]
+    pub ltarget: String,
+    #[serde(rename = "RTarget")]
+    pub rtarget: String,
+    pub operand: String,
+}
+
+/// Nomad's `api.Affinity`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiAffinity {
+    #[serde(rename = "LTarget")]
+    pub ltarget: String,
+    #[serde(rename = "RTarget")]
+    pub rtarget: String,
+    pub operand: String,
+    pub weight: i32,
+}
+
+fn constraints_in(api: &[ApiConstraint]) -> Vec<Constraint> {
+    api.iter()
+        .map(|c| Constraint {
+            ltarget: c.ltarget.clone(),
+            rtarget: c.rtarget.clone(),
+            operand: c.operand.clone(),
+        })
+        .collect()
+}
+
+fn constraints_out(core: &[Constraint]) -> Vec<ApiConstraint> {
+    core.iter()
+        .map(|c| ApiConstraint {
+            ltarget: c.ltarget.clone(),
+            rtarget: c.rtarget.clone(),
+            operand: c.operand.clone(),
+        })
+        .collect()
+}
+
+fn affinities_in(api: &[ApiAffinity]) -> Vec<Affinity> {
+    api.iter()
+        .map(|a| Affinity {
+            ltarget: a.ltarget.clone(),
+            rtarget: a.rtarget.clone(),
+            operand: a.operand.clone(),
+            weight: a.weight,
+        })
+        .collect()
+}
+
+fn affinities_out(core: &[Affinity]) -> Vec<ApiAffinity> {
+    core.iter()
+        .map(|a| ApiAffinity {
+            ltarget: a.ltarget.clone(),
+            rtarget: a.rtarget.clone(),
+            operand: a.operand.clone(),
+            weight: a.weight,
+        })
+        .collect()
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -52,6 +119,8 @@ pub struct ApiTaskGroup {
     pub restart_policy: Option<ApiRestartPolicy>,
     pub migrate: Option<ApiMigrate>,
     pub meta: BTreeMap<String, String>,
+    pub constraints: Vec<ApiConstraint>,
+    pub affinities: Vec<ApiAffinity>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -84,6 +153,8 @@ pub struct ApiTask {
     pub kill_timeout: Option<i64>,
     pub services: Vec<ApiService>,
     pub meta: BTreeMap<String, String>,
+    pub constraints: Vec<ApiConstraint>,
+    pub affinities: Vec<ApiAffinity>,
 }
 
 /// Nomad's `api.Service` (the fields this project keeps).
@@ -277,6 +348,8 @@ impl ApiJob {
             task_groups,
             stop: self.stop,
             meta: self.meta.clone(),
+            constraints: constraints_in(&self.constraints),
+            affinities: affinities_in(&self.affinities),
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -300,6 +373,8 @@ impl ApiJob {
             modify_index: job.modify_index,
             job_modify_index: job.job_modify_index,
             meta: job.meta.clone(),
+            constraints: constraints_out(&job.constraints),
+            affinities: affinities_out(&job.affinities),
         }
     }
 }
@@ -344,6 +419,8 @@ impl ApiTaskGroup {
                 .collect(),
             restart_policy,
             meta: self.meta.clone(),
+            constraints: constraints_in(&self.constraints),
+            affinities: affinities_in(&self.affinities),
             migrate: self.migrate.as_ref().map(|migrate| MigrateStrategy {
                 max_parallel: migrate.max_parallel.unwrap_or(MigrateStrategy::default().max_parallel),
             }),
@@ -357,6 +434,8 @@ impl ApiTaskGroup {
             }),
             name: group.name.clone(),
             meta: group.meta.clone(),
+            constraints: constraints_out(&group.constraints),
+            affinities: affinities_out(&group.affinities),
             count: Some(group.count),
             tasks: group.tasks.iter().map(ApiTask::from_task).collect(),
             volumes: group
@@ -420,6 +499,8 @@ impl ApiTask {
             config,
             env: self.env.clone(),
             meta: self.meta.clone(),
+            constraints: constraints_in(&self.constraints),
+            affinities: affinities_in(&self.affinities),
             volume_mounts: self
                 .volume_mounts
                 .iter()
@@ -505,6 +586,8 @@ impl ApiTask {
             kill_timeout: Some(nanos(task.kill_timeout)),
             services: task.services.iter().map(ApiService::from_service).collect(),
             meta: task.meta.clone(),
+            constraints: constraints_out(&task.constraints),
+            affinities: affinities_out(&task.affinities),
         }
     }
 }

@@ -538,6 +538,16 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
             cpu: 4_000,
             memory_mb: 8_192,
         },
+        attributes: [
+            ("kernel.name", "linux"),
+            ("cpu.arch", "amd64"),
+            ("cpu.numcores", "4"),
+            ("memory.totalbytes", "8589934592"),
+            ("unique.hostname", spec.name.as_str()),
+        ]
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value.to_string()))
+        .collect(),
         ..Node::default()
     };
     (settings, node)

@@ -165,8 +165,7 @@ pub fn remove_task_cgroups(pid: u32) {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if entry.path().is_dir() && name.rsplit('.').nth(1) == Some(&pid.to_string()) && name.contains(&suffix)
-            {
+            if entry.path().is_dir() && name.rsplit('.').nth(1) == Some(&pid.to_string()) && name.contains(&suffix) {
                 dirs.push(entry.path());
             }
         }

@@ -14,6 +14,7 @@
 //! - What could not be placed is recorded on the evaluation (`failed_tg_allocs`, with the
 //!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
 
+pub mod constraints;
 mod reconcile;
 pub mod reschedule;
 pub mod worker;
@@ -27,8 +28,8 @@ use alloc::collections::BTreeMap;
 
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, AllocatedResources, Allocation, CsiVolume, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType,
-    Node, NodeStatus, TaskGroup, VolumeType,
+    AllocMetric, AllocatedResources, Allocation, CsiVolume, DISTINCT_HOSTS, DISTINCT_PROPERTY, DesiredStatus,
+    EVAL_COMPLETE, Evaluation, Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
 };
 
 /// Nomad's desired-status descriptions.
@@ -152,7 +153,13 @@ fn select_node(
     plan: &Plan,
 ) -> (Option<String>, AllocMetric) {
     let mut metric = AllocMetric::default();
-    let mut best: Option<(u64, String)> = None;
+    let mut best: Option<(i64, String)> = None;
+    let affinities: Vec<_> = job
+        .affinities
+        .iter()
+        .chain(&group.affinities)
+        .chain(group.tasks.iter().flat_map(|task| &task.affinities))
+        .collect();
     for node in state.nodes() {
         if placement.node.as_ref().is_some_and(|wanted| *wanted != node.id) {
             continue;
@@ -184,7 +191,11 @@ fn select_node(
         }
         // Fullest after placement first: utilisation in parts per million, summed.
         let share = |used: u64, total: u64| used.saturating_mul(1_000_000).checked_div(total).unwrap_or(0);
-        let score = share(cpu_after, node.resources.cpu) + share(memory_after, node.resources.memory_mb);
+        let binpack = share(cpu_after, node.resources.cpu) + share(memory_after, node.resources.memory_mb);
+        // Affinities weigh as much as bin-packing (Nomad averages the two scores): a full
+        // match adds what a full node scores, a full anti-match subtracts it.
+        let affinity = (constraints::affinity_score(&affinities, node) * 2_000_000.0) as i64;
+        let score = binpack as i64 + affinity;
         let better = match &best {
             None => true,
             Some((best_score, best_id)) => score > *best_score || (score == *best_score && node.id < *best_id),
@@ -207,6 +218,7 @@ fn feasible(
     plan: &Plan,
 ) -> Result<(), String> {
     drivers_and_host_volumes(group, node)?;
+    constraints_hold(state, job, group, node, plan)?;
     let index = placement
         .name
         .rsplit_once('[')
@@ -227,6 +239,48 @@ fn feasible(
         csi_claims_feasible(state, job, plan, &volume, &source, request.read_only)?;
     }
     Ok(())
+}
+
+/// The job's, group's and tasks' constraints on `node`; the first that fails is the filter
+/// reason (Nomad's `Constraint.String()`, or `distinct_hosts` / `distinct_property: <attr>`).
+fn constraints_hold(state: &ServerState, job: &Job, group: &TaskGroup, node: &Node, plan: &Plan) -> Result<(), String> {
+    let task_level = group.tasks.iter().flat_map(|task| &task.constraints);
+    let scoped = job.constraints.iter().map(|constraint| (constraint, None)).chain(
+        group
+            .constraints
+            .iter()
+            .chain(task_level)
+            .map(|constraint| (constraint, Some(group.name.as_str()))),
+    );
+    for (constraint, group_scope) in scoped {
+        if !constraints::node_satisfies(constraint, node) {
+            return Err(constraint.to_string());
+        }
+        if matches!(constraint.operand.as_str(), DISTINCT_HOSTS | DISTINCT_PROPERTY) {
+            let placed = placed_nodes(state, job, group_scope, plan);
+            constraints::distinct_ok(constraint, node, &placed)?;
+        }
+    }
+    Ok(())
+}
+
+/// The nodes of the job's (or one group's) live allocations, counting the plan so far: what
+/// it places, not what it stops.
+fn placed_nodes<'a>(state: &'a ServerState, job: &Job, group: Option<&str>, plan: &Plan) -> Vec<&'a Node> {
+    let ours = |alloc: &Allocation| {
+        alloc.namespace == job.namespace && alloc.job_id == job.id && group.is_none_or(|name| alloc.task_group == name)
+    };
+    let stopping = |alloc: &Allocation| {
+        plan.allocs
+            .iter()
+            .any(|planned| planned.id == alloc.id && planned.desired_status != DesiredStatus::Run)
+    };
+    state
+        .allocs()
+        .filter(|alloc| ours(alloc) && !alloc.terminal() && !stopping(alloc))
+        .chain(plan.placed().filter(|alloc| ours(alloc)))
+        .filter_map(|alloc| state.node(&alloc.node_id))
+        .collect()
 }
 
 /// Every task's driver detected and healthy; every host volume present and writable when asked.

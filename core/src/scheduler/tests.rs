@@ -666,3 +666,113 @@ fn the_worker_evaluates_a_failed_allocation_when_its_delay_has_passed() {
             .any(|alloc| alloc.id == failed && alloc.desired_status == DesiredStatus::Stop)
     );
 }
+
+fn with_node_values(mut node: Node, attributes: &[(&str, &str)], meta: &[(&str, &str)]) -> Node {
+    node.attributes = attributes.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    node.meta = meta.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    node
+}
+
+fn constraint(ltarget: &str, operand: &str, rtarget: &str) -> crate::structs::Constraint {
+    crate::structs::Constraint {
+        ltarget: ltarget.into(),
+        rtarget: rtarget.into(),
+        operand: operand.into(),
+    }
+}
+
+#[test]
+fn constraints_filter_nodes_with_nomads_reasons_at_every_level() {
+    let linux = with_node_values(node("n1", 4000), &[("kernel.name", "linux")], &[("rack", "r1")]);
+    let other = with_node_values(node("n2", 4000), &[("kernel.name", "plan9")], &[("rack", "r2")]);
+    let mut world = World::new(&[linux, other]);
+    let mut web = job("web", JobType::Service, 2, 100);
+    web.constraints.push(constraint("${attr.kernel.name}", "=", "linux"));
+    let eval = world.register(&web);
+    let plan = world.run(&eval);
+    assert_eq!(plan.placed().count(), 2);
+    assert!(plan.placed().all(|alloc| alloc.node_id == "n1"));
+    let metric = plan.placed().next().unwrap().metrics.clone().unwrap();
+    assert_eq!(metric.constraint_filtered["${attr.kernel.name} = linux"], 1);
+
+    // A task-level constraint no node meets: nothing is placed, the reason is counted.
+    let mut picky = job("picky", JobType::Service, 1, 100);
+    picky.task_groups[0].tasks[0]
+        .constraints
+        .push(constraint("${meta.rack}", "regexp", "^r[3-9]$"));
+    let eval = world.register(&picky);
+    let plan = world.run(&eval);
+    assert_eq!(plan.placed().count(), 0);
+    assert_eq!(
+        plan.evals[0].failed_tg_allocs["g"].constraint_filtered["${meta.rack} regexp ^r[3-9]$"],
+        2
+    );
+}
+
+#[test]
+fn distinct_hosts_places_at_most_one_per_node_and_distinct_property_counts_values() {
+    let nodes = [
+        with_node_values(node("n1", 4000), &[], &[("rack", "r1")]),
+        with_node_values(node("n2", 4000), &[], &[("rack", "r1")]),
+        with_node_values(node("n3", 4000), &[], &[("rack", "r2")]),
+    ];
+    let mut world = World::new(&nodes);
+    let mut spread = job("spread", JobType::Service, 4, 100);
+    spread.task_groups[0]
+        .constraints
+        .push(constraint("", "distinct_hosts", ""));
+    let eval = world.register(&spread);
+    let plan = world.run(&eval);
+    let hosts: BTreeSet<String> = plan.placed().map(|alloc| alloc.node_id.clone()).collect();
+    assert_eq!(hosts.len(), 3, "one per node");
+    assert_eq!(plan.placed().count(), 3, "the fourth has no node left");
+    assert_eq!(
+        plan.evals[0].failed_tg_allocs["g"].constraint_filtered["distinct_hosts"],
+        3
+    );
+
+    let mut racks = job("racks", JobType::Service, 3, 100);
+    racks
+        .constraints
+        .push(constraint("${meta.rack}", "distinct_property", "1"));
+    let eval = world.register(&racks);
+    let plan = world.run(&eval);
+    let racks_used: BTreeSet<&str> = plan
+        .placed()
+        .map(|alloc| nodes.iter().find(|n| n.id == alloc.node_id).unwrap().meta["rack"].as_str())
+        .collect();
+    assert_eq!(plan.placed().count(), 2, "one per rack value");
+    assert_eq!(racks_used, BTreeSet::from(["r1", "r2"]));
+}
+
+#[test]
+fn affinities_outweigh_bin_packing_and_anti_affinities_push_away() {
+    let nodes = [
+        with_node_values(node("n1", 4000), &[], &[("rack", "r1")]),
+        with_node_values(node("n2", 4000), &[], &[("rack", "r2")]),
+    ];
+    let mut world = World::new(&nodes);
+    // Something already runs on n1: bin-packing alone would choose it.
+    let filler = job("filler", JobType::Service, 1, 2000);
+    let eval = world.register(&filler);
+    world.run(&eval);
+    assert_eq!(world.live("filler")[0].1, "n1");
+    let mut fond = job("fond", JobType::Service, 1, 100);
+    fond.affinities.push(crate::structs::Affinity {
+        ltarget: "${meta.rack}".into(),
+        rtarget: "r2".into(),
+        operand: "=".into(),
+        weight: 100,
+    });
+    let eval = world.register(&fond);
+    assert_eq!(world.run(&eval).placed().next().unwrap().node_id, "n2");
+    let mut averse = job("averse", JobType::Service, 1, 100);
+    averse.task_groups[0].affinities.push(crate::structs::Affinity {
+        ltarget: "${meta.rack}".into(),
+        rtarget: "r1".into(),
+        operand: "=".into(),
+        weight: -100,
+    });
+    let eval = world.register(&averse);
+    assert_eq!(world.run(&eval).placed().next().unwrap().node_id, "n2");
+}

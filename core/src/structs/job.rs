@@ -16,6 +16,10 @@ pub struct TaskGroup {
     pub migrate: Option<MigrateStrategy>,
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
+    #[serde(default)]
+    pub constraints: Vec<Constraint>,
+    #[serde(default)]
+    pub affinities: Vec<Affinity>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).
@@ -76,6 +80,10 @@ pub struct Job {
     pub job_modify_index: u64,
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
+    #[serde(default)]
+    pub constraints: Vec<Constraint>,
+    #[serde(default)]
+    pub affinities: Vec<Affinity>,
 }
 
 impl Job {

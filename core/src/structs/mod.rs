@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 mod allocation;
+mod constraint;
 mod csi;
 mod job;
 mod kinds;
@@ -24,6 +25,7 @@ mod node;
 mod task;
 
 pub use allocation::*;
+pub use constraint::*;
 pub use csi::*;
 pub use job::*;
 pub use kinds::*;

@@ -193,6 +193,10 @@ pub struct Task {
     /// The task's `meta {}` (merged over the group's and the job's for `NOMAD_META_*`).
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
+    #[serde(default)]
+    pub constraints: Vec<Constraint>,
+    #[serde(default)]
+    pub affinities: Vec<Affinity>,
 }
 
 /// Service `address_mode` values Nomad accepts.
@@ -391,6 +395,8 @@ impl Default for Task {
             resources: TaskResources::default(),
             services: Vec::new(),
             meta: BTreeMap::new(),
+            constraints: Vec::new(),
+            affinities: Vec::new(),
         }
     }
 }

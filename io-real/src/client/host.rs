@@ -201,11 +201,72 @@ pub fn client_identity(
         host_volumes,
         meta: config.client.meta.clone(),
         node_class: config.client.node_class.clone(),
+        attributes: host_attributes(config),
         resources: host_resources(),
         ..Node::default()
     };
     (settings, node)
 }
+
+/// The host's fingerprinted attributes under Nomad's names (`${attr.*}` in constraints and
+/// interpolation): kernel, OS, CPU, memory, hostname and the advertised address.
+pub fn host_attributes(config: &drover_core::config::AgentConfig) -> BTreeMap<String, String> {
+    let mut attributes = BTreeMap::new();
+    // SAFETY: uname writes into the zeroed struct we own.
+    let uts = unsafe {
+        let mut uts: libc::utsname = std::mem::zeroed();
+        (libc::uname(&mut uts) == 0).then_some(uts)
+    };
+    let field = |chars: &[libc::c_char]| -> String {
+        let bytes: Vec<u8> = chars.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    if let Some(uts) = uts {
+        attributes.insert("kernel.name".into(), field(&uts.sysname).to_lowercase());
+        attributes.insert("kernel.version".into(), field(&uts.release));
+        attributes.insert("unique.hostname".into(), field(&uts.nodename));
+    }
+    let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+    let os_value = |key: &str| {
+        os_release
+            .lines()
+            .find_map(|line| line.strip_prefix(key)?.strip_prefix('='))
+            .map(|value| value.trim_matches('"').to_string())
+    };
+    if let Some(name) = os_value("ID") {
+        attributes.insert("os.name".into(), name);
+    }
+    if let Some(version) = os_value("VERSION_ID") {
+        attributes.insert("os.version".into(), version);
+    }
+    // Go's names for the architectures, as Nomad reports them.
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        other => other,
+    };
+    attributes.insert("cpu.arch".into(), arch.into());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    attributes.insert("cpu.numcores".into(), cores.to_string());
+    let resources = host_resources();
+    attributes.insert("cpu.totalcompute".into(), resources.cpu.to_string());
+    attributes.insert(
+        "memory.totalbytes".into(),
+        (resources.memory_mb * 1024 * 1024).to_string(),
+    );
+    attributes.insert(
+        "unique.network.ip-address".into(),
+        config.advertise.http.ip().to_string(),
+    );
+    attributes.insert("nomad.version".into(), NOMAD_COMPATIBLE_VERSION.into());
+    attributes.insert("drover.version".into(), env!("CARGO_PKG_VERSION").into());
+    attributes
+}
+
+/// The Nomad version whose API and behaviour the agent follows (`${attr.nomad.version}`, for
+/// jobs that constrain on it).
+pub const NOMAD_COMPATIBLE_VERSION: &str = "1.1.2";
 
 /// The host's CPU (cores × MHz, as Nomad counts it) and memory (MB), from /proc.
 pub fn host_resources() -> drover_core::structs::NodeResources {
