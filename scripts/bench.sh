@@ -12,6 +12,9 @@ echo
 echo "== CSI claim+release cycles and 100k-volume snapshot (cargo bench -p drover --bench csi)"
 cargo bench -p drover --bench csi
 echo
+echo "== task start and stop with and without a cgroup per task (cargo bench -p drover-io-real --bench task_start)"
+cargo bench -p drover-io-real --bench task_start
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo

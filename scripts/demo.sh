@@ -106,9 +106,17 @@ start_cluster() {
     SERVER_PID["127.0.0.1:$rpc"]=$!
     SERVER_NAME["127.0.0.1:$rpc"]=s$i
   done
+  # raw_exec is off unless enabled (Nomad's default); the plugin job below needs it.
+  cat >"$WORK/c1.hcl" <<'HCL'
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+HCL
   "$AGENT" -client -data-dir="$DATA" -node=c1 -bind=127.0.0.1 -http-port="$HTTP" \
     -rpc-port=$((HTTP + 1)) -serf-port=$((HTTP + 2)) -servers="$(IFS=,; echo "${servers[*]}")" \
-    >"$WORK/c1.log" 2>&1 &
+    -config="$WORK/c1.hcl" >"$WORK/c1.log" 2>&1 &
   # The client goes first in cleanup.
   PIDS=("$! c1" "${PIDS[@]}")
 }

@@ -24,6 +24,20 @@ pub struct FileConfig {
     pub server: Option<ServerBlock>,
     pub client: Option<ClientBlock>,
     pub consul: Option<ConsulBlock>,
+    /// `plugin "<name>" { config { ... } }`: task driver settings.
+    pub plugin: Option<std::collections::BTreeMap<String, PluginBlock>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct PluginBlock {
+    pub config: Option<PluginConfigBlock>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct PluginConfigBlock {
+    pub enabled: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -108,6 +122,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "server",
     "client",
     "consul",
+    "plugin",
 ];
 
 /// Command-line flags, already parsed.
@@ -221,6 +236,7 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
         config.dev_mode = true;
         config.server.enabled = true;
         config.client.enabled = true;
+        config.client.raw_exec_enabled = true;
         config.server.bootstrap_expect = 1;
         bind = Some(IpAddr::V4(Ipv4Addr::LOCALHOST));
         config.name = "dev".to_string();
@@ -233,7 +249,14 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
             for key in ignored {
                 notes.push(format!("{}: ignoring unsupported config key {key:?}", file.display()));
             }
-            apply_file(&mut config, &mut log_level, &mut bind, &mut advertise, parsed)?;
+            apply_file(
+                &mut config,
+                &mut log_level,
+                &mut bind,
+                &mut advertise,
+                &mut notes,
+                parsed,
+            )?;
         }
     }
 
@@ -343,6 +366,7 @@ fn apply_file(
     log_level: &mut String,
     bind: &mut Option<IpAddr>,
     advertise: &mut AdvertiseBlock,
+    notes: &mut Vec<String>,
     file: FileConfig,
 ) -> anyhow::Result<()> {
     if let Some(name) = file.name {
@@ -434,6 +458,16 @@ fn apply_file(
                     read_only: volume.read_only,
                 },
             );
+        }
+    }
+    for (name, plugin) in file.plugin.unwrap_or_default() {
+        match name.as_str() {
+            "raw_exec" => {
+                if let Some(enabled) = plugin.config.and_then(|config| config.enabled) {
+                    config.client.raw_exec_enabled = enabled;
+                }
+            }
+            other => notes.push(format!("plugin {other:?} has no settings in Drover; ignored")),
         }
     }
     if let Some(consul) = file.consul {
@@ -648,6 +682,64 @@ client {
         };
         let error = load(&flags, no_dev).unwrap_err().to_string();
         assert_eq!(error, "invalid -servers address \"no such host!\"");
+    }
+
+    #[test]
+    fn raw_exec_is_off_unless_enabled_and_on_in_dev_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("client.hcl");
+        std::fs::write(
+            &file,
+            r#"
+client {
+  enabled    = true
+  servers    = ["127.0.0.1"]
+  node_class = "gpu"
+  meta {
+    rack = "r7"
+  }
+}
+plugin "raw_exec" {
+  config {
+    enabled = true
+  }
+}
+plugin "docker" {
+  config {
+    allow_privileged = true
+  }
+}
+"#,
+        )
+        .unwrap();
+        let plain = Flags {
+            client: true,
+            data_dir: Some("/d".into()),
+            servers: vec!["127.0.0.1".into()],
+            ..Flags::default()
+        };
+        assert!(!load(&plain, no_dev).unwrap().config.client.raw_exec_enabled);
+        let dev = Flags {
+            dev: true,
+            ..Flags::default()
+        };
+        assert!(
+            load(&dev, || Ok("/tmp/dev".into()))
+                .unwrap()
+                .config
+                .client
+                .raw_exec_enabled
+        );
+        let flags = Flags {
+            config: vec![file],
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        let loaded = load(&flags, no_dev).unwrap();
+        assert!(loaded.config.client.raw_exec_enabled);
+        assert_eq!(loaded.config.client.node_class, "gpu");
+        assert_eq!(loaded.config.client.meta["rack"], "r7");
+        assert_eq!(loaded.notes, ["plugin \"docker\" has no settings in Drover; ignored"]);
     }
 
     #[test]

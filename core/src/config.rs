@@ -210,6 +210,10 @@ pub struct ClientConfig {
     pub meta: BTreeMap<String, String>,
     #[serde(default)]
     pub node_class: String,
+    /// `plugin "raw_exec" { config { enabled = true } }`: off by default, as in Nomad (any
+    /// job could otherwise run commands as the agent's user); `-dev` turns it on.
+    #[serde(default)]
+    pub raw_exec_enabled: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

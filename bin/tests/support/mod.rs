@@ -53,7 +53,15 @@ pub struct Agent {
 }
 
 impl Agent {
-    pub fn start(spec: ServerSpec, args: Vec<String>) -> Agent {
+    pub fn start(spec: ServerSpec, mut args: Vec<String>) -> Agent {
+        // raw_exec is off unless an operator enables it (Nomad's default); the tests' client
+        // agents run raw_exec tasks, so they enable it as an operator would, in a config file.
+        if args.iter().any(|arg| arg == "-client") {
+            std::fs::create_dir_all(&spec.data_dir).unwrap();
+            let file = spec.data_dir.join("raw_exec.hcl");
+            std::fs::write(&file, "plugin \"raw_exec\" {\n  config {\n    enabled = true\n  }\n}\n").unwrap();
+            args.push(format!("-config={}", file.display()));
+        }
         let mut agent = Agent {
             spec,
             child: None,

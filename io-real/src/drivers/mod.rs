@@ -75,11 +75,18 @@ impl Drivers {
         self.drivers.values()
     }
 
-    /// The built-in drivers of a production client.
+    /// The built-in drivers of a production client; `raw_exec` only fingerprints as detected
+    /// when the operator enabled it (`plugin "raw_exec" { config { enabled = true } }`).
     #[cfg(not(madsim))]
-    pub fn builtin() -> Self {
+    pub fn builtin(raw_exec_enabled: bool) -> Self {
+        let raw_exec = process::ProcessDriver::raw_exec();
+        let raw_exec = if raw_exec_enabled {
+            raw_exec
+        } else {
+            raw_exec.disabled()
+        };
         Drivers::default()
-            .with(Arc::new(process::ProcessDriver::raw_exec()))
+            .with(Arc::new(raw_exec))
             .with(Arc::new(process::ProcessDriver::exec()))
             .with(Arc::new(mock::MockDriver::default()))
     }

@@ -41,6 +41,8 @@ struct Running {
 #[derive(Clone)]
 pub struct ProcessDriver {
     kind: Kind,
+    /// Turned off by the operator (raw_exec's default outside `-dev`).
+    disabled: bool,
     /// The host's cgroups, when tasks can have them (`None`: process groups only).
     cgroups: Option<Arc<Cgroups>>,
     tasks: Arc<Mutex<BTreeMap<Key, Running>>>,
@@ -72,6 +74,7 @@ impl ProcessDriver {
     pub fn raw_exec() -> Self {
         ProcessDriver {
             kind: Kind::RawExec,
+            disabled: false,
             cgroups: host_cgroups(),
             tasks: Arc::default(),
             samples: Arc::default(),
@@ -81,10 +84,18 @@ impl ProcessDriver {
     pub fn exec() -> Self {
         ProcessDriver {
             kind: Kind::Exec,
+            disabled: false,
             cgroups: host_cgroups(),
             tasks: Arc::default(),
             samples: Arc::default(),
         }
+    }
+
+    /// The driver as a client without `plugin "raw_exec" { config { enabled = true } }` has
+    /// it: not detected, so the scheduler places no task on it here ("missing drivers").
+    pub fn disabled(mut self) -> Self {
+        self.disabled = true;
+        self
     }
 
     /// The same driver without cgroups (the fallback a host without them gets).
@@ -799,6 +810,14 @@ impl TaskDriver for ProcessDriver {
 
     fn fingerprint(&self) -> DriverFingerprint {
         let mut attributes = BTreeMap::new();
+        if self.disabled {
+            return DriverFingerprint {
+                detected: false,
+                healthy: false,
+                health_description: "disabled (enable with plugin \"raw_exec\" { config { enabled = true } })".into(),
+                attributes,
+            };
+        }
         match self.kind {
             Kind::RawExec => {
                 attributes.insert("driver.raw_exec".to_string(), "1".to_string());
