@@ -138,6 +138,18 @@ async fn a_stopped_task_leaves_no_process_behind() {
     let dirs = cgroup_dirs(&handle);
     assert!(!dirs.is_empty(), "the task has a cgroup: {}", handle.state);
     until_marked(&reaper.0, 3).await;
+    // The stats count every process of the task, the daemon outside its session too.
+    let measured = driver.stats(&handle).expect("a running task is measured");
+    let leader: serde_json::Value = serde_json::from_str(&handle.state).unwrap();
+    let leader = leader["pid"].as_i64().unwrap();
+    let session = |pid: &i32| -> Option<i64> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.split_whitespace().nth(3)?.parse().ok()
+    };
+    assert!(
+        measured.pids.iter().filter_map(session).any(|sid| sid != leader),
+        "the setsid daemon is measured with the task: {measured:?}"
+    );
     driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
     driver.wait(handle).await;
     assert_eq!(

@@ -745,14 +745,25 @@ async fn wait_foreign(pid: i32, started: u64) -> ExitResult {
 }
 
 impl ProcessDriver {
-    /// CPU and RSS of every process in the task's session. CPU percent covers the time since
+    /// CPU and RSS of every process in the task's cgroup (or, without one, its session). CPU
+    /// percent covers the time since
     /// the previous sample of this task, or since the task started for the first one.
-    fn session_usage(&self, leader: i32, leader_start: u64) -> Option<TaskResourceUsage> {
+    fn session_usage(&self, leader: i32, leader_start: u64, cgroup: Option<&TaskCgroup>) -> Option<TaskResourceUsage> {
         if start_time(leader) != Some(leader_start) {
             self.samples.lock().unwrap().remove(&leader);
             return None;
         }
-        let members = session_members(leader);
+        // The cgroup holds every process of the task, daemons that left its session too.
+        let members: Vec<(i32, ProcStat)> = match cgroup {
+            Some(cgroup) => {
+                let mut pids = cgroup.pids();
+                pids.sort_unstable();
+                pids.into_iter()
+                    .filter_map(|pid| Some((pid, proc_stat(pid)?)))
+                    .collect()
+            }
+            None => session_members(leader),
+        };
         let (user, system) = members
             .iter()
             .fold((0u64, 0u64), |(u, s), (_, stat)| (u + stat.utime, s + stat.stime));
@@ -930,6 +941,6 @@ impl TaskDriver for ProcessDriver {
 
     fn stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
         let state: HandleState = serde_json::from_str(&handle.state).ok()?;
-        self.session_usage(state.pid, state.start_time)
+        self.session_usage(state.pid, state.start_time, state.cgroup.as_ref())
     }
 }
