@@ -654,6 +654,8 @@ mod client_harness {
             "exit" => {
                 let exit = ExitResult {
                     exit_code: args.get("code").map_or(0, |c| c.parse().unwrap()),
+                    signal: args.get("signal").map_or(0, |s| s.parse().unwrap()),
+                    oom_killed: args.contains_key("oom"),
                     ..ExitResult::default()
                 };
                 harness
