@@ -68,6 +68,7 @@ fn job(count: u32) -> Job {
                     cpu: 100,
                     memory_mb: 128,
                     devices: Vec::new(),
+                    memory_max_mb: 0,
                 },
                 ..Task::default()
             }],

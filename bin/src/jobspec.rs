@@ -401,10 +401,11 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
     let env = walker.string_map(at, block, "env");
     let resources = walker.single(at, block, "resources").map(|resources| {
         let at = format!("{at} resources");
-        walker.known(&at, resources, &["cpu", "memory", "device"]);
+        walker.known(&at, resources, &["cpu", "memory", "memory_max", "device"]);
         ApiResources {
             cpu: walker.number(&at, resources, "cpu"),
             memory_mb: walker.number(&at, resources, "memory"),
+            memory_max_mb: walker.number(&at, resources, "memory_max"),
             devices: walker
                 .labeled(&at, resources, "device")
                 .into_iter()
@@ -665,6 +666,11 @@ job "web" {
     }
     task "t" {
       driver = "raw_exec"
+      resources {
+        cpu        = 100
+        memory     = 128
+        memory_max = 256
+      }
       constraint {
         attribute = "${attr.nomad.version}"
         operator  = "version"
@@ -707,6 +713,7 @@ job "web" {
             (task.affinities[0].operand.as_str(), task.affinities[0].weight),
             ("!=", -30)
         );
+        assert_eq!((task.resources.memory_mb, task.resources.memory_max_mb), (128, 256));
         assert!(
             drover_core::jobspec::validate(&job).is_empty(),
             "{:?}",

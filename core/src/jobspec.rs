@@ -89,6 +89,13 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         if task.resources.cpu < 1 {
             problems.push("Minimum CPU value is 1; got 0".to_string());
         }
+        let max = task.resources.memory_max_mb;
+        if max > 0 && max < task.resources.memory_mb {
+            problems.push(format!(
+                "MemoryMaxMB value ({max}) should be larger than MemoryMB value ({})",
+                task.resources.memory_mb
+            ));
+        }
         if task.resources.memory_mb < 10 {
             problems.push(format!(
                 "Minimum MemoryMB value is 10; got {}",
@@ -304,6 +311,7 @@ mod tests {
                         cpu: 100,
                         memory_mb: 300,
                         devices: Vec::new(),
+                        memory_max_mb: 0,
                     },
                     ..Task::default()
                 }],

@@ -76,6 +76,8 @@ pub struct TaskEnvSpec {
     pub task: String,
     pub cpu_mhz: u32,
     pub memory_mb: u32,
+    /// 0: no `memory_max`.
+    pub memory_max_mb: u32,
     pub dirs: TaskDirs,
     /// Job, group and task `meta` merged, the task's winning.
     pub meta: BTreeMap<String, String>,
@@ -131,6 +133,10 @@ impl TaskEnv {
         ];
         for (name, value) in runtime {
             env.vars.insert(name.to_string(), value);
+        }
+        if spec.memory_max_mb > 0 {
+            env.vars
+                .insert("NOMAD_MEMORY_MAX_LIMIT".to_string(), spec.memory_max_mb.to_string());
         }
         // Nomad sets each meta key twice: as written and upper-cased.
         for (key, value) in &spec.meta {
@@ -267,6 +273,7 @@ mod tests {
             task: "server".into(),
             cpu_mhz: 100,
             memory_mb: 300,
+            memory_max_mb: 0,
             dirs: TaskDirs {
                 alloc: "/alloc".into(),
                 local: "/local".into(),
@@ -304,6 +311,10 @@ mod tests {
         assert_eq!(vars["NOMAD_SECRETS_DIR"], "/secrets");
         assert_eq!(vars["NOMAD_CPU_LIMIT"], "100");
         assert_eq!(vars["NOMAD_MEMORY_LIMIT"], "300");
+        assert!(!vars.contains_key("NOMAD_MEMORY_MAX_LIMIT"), "only with memory_max");
+        let mut spec = spec();
+        spec.memory_max_mb = 512;
+        assert_eq!(TaskEnv::build(&spec, &node()).vars()["NOMAD_MEMORY_MAX_LIMIT"], "512");
     }
 
     #[test]

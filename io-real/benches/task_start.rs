@@ -35,6 +35,7 @@ fn config(dir: &std::path::Path, task: &str) -> TaskConfig {
         kill_timeout: Duration::from_secs(5),
         cpu_mhz: 100,
         memory_mb: 64,
+        memory_max_mb: 0,
     }
 }
 

@@ -195,6 +195,8 @@ pub struct ApiResources {
     pub cpu: Option<u32>,
     #[serde(rename = "MemoryMB")]
     pub memory_mb: Option<u32>,
+    #[serde(rename = "MemoryMaxMB")]
+    pub memory_max_mb: Option<u32>,
     pub devices: Vec<ApiDevice>,
 }
 
@@ -535,6 +537,7 @@ impl ApiTask {
             resources: TaskResources {
                 cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
                 memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
+                memory_max_mb: resources.memory_max_mb.unwrap_or(0),
                 devices: resources
                     .devices
                     .iter()
@@ -556,6 +559,7 @@ impl ApiTask {
             resources: Some(ApiResources {
                 cpu: Some(task.resources.cpu),
                 memory_mb: Some(task.resources.memory_mb),
+                memory_max_mb: (task.resources.memory_max_mb > 0).then_some(task.resources.memory_max_mb),
                 devices: task
                     .resources
                     .devices

@@ -38,6 +38,7 @@ fn config(dir: &Path, task: &str, marker: &str, command: &str, args: &[&str]) ->
         kill_timeout: Duration::from_millis(300),
         cpu_mhz: 100,
         memory_mb: 64,
+        memory_max_mb: 0,
     }
 }
 
@@ -228,4 +229,37 @@ async fn without_cgroups_the_session_is_still_killed_after_the_leader_exits() {
         Vec::<i32>::new(),
         "the session's processes outlived the leader"
     );
+}
+
+#[tokio::test]
+async fn memory_max_is_the_hard_limit_and_memory_the_soft_one() {
+    let Some(driver) = cgroup_driver("memory_max_is_the_hard_limit_and_memory_the_soft_one") else {
+        return;
+    };
+    let reaper = Reaper::new("memory-max");
+    let dir = tempfile::tempdir().unwrap();
+    let mut task = config(dir.path(), "oversubscribed", &reaper.0, "/bin/sleep", &["30"]);
+    task.memory_mb = 32;
+    task.memory_max_mb = 96;
+    let handle = driver.start(task).await.unwrap();
+    let read = |file: &str| {
+        cgroup_dirs(&handle)
+            .iter()
+            .find_map(|dir| std::fs::read_to_string(Path::new(dir).join(file)).ok())
+            .map(|text| text.trim().to_string())
+    };
+    let mb = |bytes: u64| (bytes / (1024 * 1024)).to_string();
+    match read("memory.limit_in_bytes") {
+        Some(hard) => {
+            assert_eq!(mb(hard.parse().unwrap()), "96");
+            assert_eq!(mb(read("memory.soft_limit_in_bytes").unwrap().parse().unwrap()), "32");
+        }
+        None => {
+            assert_eq!(mb(read("memory.max").unwrap().parse().unwrap()), "96");
+            assert_eq!(mb(read("memory.low").unwrap().parse().unwrap()), "32");
+        }
+    }
+    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    driver.wait(handle).await;
+    assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
 }

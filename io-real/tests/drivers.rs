@@ -31,6 +31,7 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
         kill_timeout: Duration::from_millis(300),
         cpu_mhz: 100,
         memory_mb: 300,
+        memory_max_mb: 0,
     }
 }
 

@@ -148,6 +148,7 @@ pub fn plugin_job() -> Job {
                     cpu: 50,
                     memory_mb: 32,
                     devices: Vec::new(),
+                    memory_max_mb: 0,
                 },
                 csi_plugin: Some(TaskCsiPluginConfig {
                     id: PLUGIN_ID.into(),
@@ -246,6 +247,7 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
                     cpu: 100,
                     memory_mb: 64,
                     devices: Vec::new(),
+                    memory_max_mb: 0,
                 },
                 ..Task::default()
             }],

@@ -220,6 +220,7 @@ impl AllocRunner {
                         task: task.name.clone(),
                         cpu_mhz: task.resources.cpu,
                         memory_mb: task.resources.memory_mb,
+                        memory_max_mb: task.resources.memory_max_mb,
                         dirs: TaskDirs::default(),
                         meta: combined_meta(&spec.job_meta, &spec.group.meta, &task.meta),
                         hook_env: BTreeMap::new(),

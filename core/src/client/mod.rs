@@ -112,6 +112,9 @@ pub struct TaskConfig {
     pub cpu_mhz: u32,
     #[serde(default)]
     pub memory_mb: u32,
+    /// `memory_max`: the hard limit when set (then `memory_mb` is the soft limit).
+    #[serde(default)]
+    pub memory_max_mb: u32,
 }
 
 /// A running task, as the driver describes it; persisted so the agent can reattach.

@@ -625,6 +625,7 @@ impl TaskRunner {
             kill_timeout: spec.task.kill_timeout,
             cpu_mhz: spec.task.resources.cpu,
             memory_mb: spec.task.resources.memory_mb,
+            memory_max_mb: spec.task.resources.memory_max_mb,
         };
         let op = ops.allocate();
         self.phase = Phase::Starting { op };

@@ -47,6 +47,7 @@ fn job(id: &str, job_type: JobType, count: u32, cpu: u32) -> Job {
                     cpu,
                     memory_mb: 100,
                     devices: Vec::new(),
+                    memory_max_mb: 0,
                 },
                 ..Task::default()
             }],

@@ -171,6 +171,10 @@ pub struct TaskResources {
     pub cpu: u32,
     pub memory_mb: u32,
     pub devices: Vec<RequestedDevice>,
+    /// `memory_max`: the hard limit when it is above `memory` (Nomad's memory
+    /// oversubscription); 0 for none, `memory` is then the hard limit.
+    #[serde(default)]
+    pub memory_max_mb: u32,
 }
 
 /// Nomad's default `kill_timeout`.

@@ -42,8 +42,10 @@ pub enum Cgroups {
 pub struct Limits {
     /// CPU in MHz as the jobspec gives it: the task's CPU share (Nomad's `cpu.shares` = MHz).
     pub cpu_mhz: u32,
-    /// The memory hard limit, MB; 0 for none.
+    /// The memory reservation, MB: the hard limit, or the soft one with `memory_max_mb`.
     pub memory_mb: u32,
+    /// `memory_max`: the hard limit, MB; 0 for none.
+    pub memory_max_mb: u32,
 }
 
 /// One task's cgroup: its directory in each hierarchy.
@@ -118,7 +120,9 @@ impl Cgroups {
 
 impl TaskCgroup {
     fn apply(&self, limits: Limits) {
-        let memory = u64::from(limits.memory_mb) * 1024 * 1024;
+        let reserved = u64::from(limits.memory_mb) * 1024 * 1024;
+        let memory = u64::from(limits.memory_max_mb.max(limits.memory_mb)) * 1024 * 1024;
+        let soft = (limits.memory_max_mb > limits.memory_mb).then_some(reserved);
         let shares = u64::from(limits.cpu_mhz.max(2));
         // What a controller refuses (not delegated here) is not limited; the task still runs
         // in its cgroup and is still killed whole.
@@ -127,6 +131,9 @@ impl TaskCgroup {
             if memory > 0 {
                 let _ = std::fs::write(dir.join("memory.max"), memory.to_string());
                 let _ = std::fs::write(dir.join("memory.swap.max"), "0");
+            }
+            if let Some(soft) = soft {
+                let _ = std::fs::write(dir.join("memory.low"), soft.to_string());
             }
             // cgroup v1 shares (2..=262144) mapped onto v2 weights (1..=10000) as runc does.
             let weight = 1 + ((shares.clamp(2, 262_144) - 2) * 9999) / 262_142;
@@ -137,6 +144,9 @@ impl TaskCgroup {
             if memory > 0 && dir.join("memory.limit_in_bytes").exists() {
                 let _ = std::fs::write(dir.join("memory.limit_in_bytes"), memory.to_string());
                 let _ = std::fs::write(dir.join("memory.memsw.limit_in_bytes"), memory.to_string());
+                if let Some(soft) = soft {
+                    let _ = std::fs::write(dir.join("memory.soft_limit_in_bytes"), soft.to_string());
+                }
             }
             if dir.join("cpu.shares").exists() {
                 let _ = std::fs::write(dir.join("cpu.shares"), shares.to_string());

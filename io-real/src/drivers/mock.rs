@@ -189,6 +189,7 @@ mod tests {
             kill_timeout: Duration::from_secs(1),
             cpu_mhz: 100,
             memory_mb: 300,
+            memory_max_mb: 0,
         }
     }
 

@@ -528,6 +528,7 @@ impl ProcessDriver {
                 let limits = Limits {
                     cpu_mhz: config.cpu_mhz,
                     memory_mb: config.memory_mb,
+                    memory_max_mb: config.memory_max_mb,
                 };
                 let cgroup = cgroups
                     .create(&config.alloc_id, &config.task, limits)

@@ -22,6 +22,7 @@ fn web(count: u32) -> Job {
                     cpu: 100,
                     memory_mb: 64,
                     devices: Vec::new(),
+                    memory_max_mb: 0,
                 },
                 ..Task::default()
             }],
