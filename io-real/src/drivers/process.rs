@@ -530,10 +530,20 @@ impl ProcessDriver {
                     memory_mb: config.memory_mb,
                     memory_max_mb: config.memory_max_mb,
                 };
-                let cgroup = cgroups
-                    .create(&config.alloc_id, &config.task, limits)
-                    .map_err(|e| io_error(&format!("{}: create the task's cgroup", self.name()), e))?;
-                Some(cgroup)
+                // A host whose cgroups refuse this one task (a controller mounted read-only, a
+                // limit on descendants) still runs it, in its process group, and says so.
+                match cgroups.create(&config.alloc_id, &config.task, limits) {
+                    Ok(cgroup) => Some(cgroup),
+                    Err(error) => {
+                        tracing::warn!(
+                            alloc = %config.alloc_id,
+                            task = %config.task,
+                            %error,
+                            "cannot create the task's cgroup; it runs in a process group only"
+                        );
+                        None
+                    }
+                }
             }
             None => None,
         };
