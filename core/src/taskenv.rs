@@ -19,39 +19,43 @@ use alloc::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::structs::{ConfigValue, Service, ServiceCheck};
+use crate::structs::{ConfigValue, Node, Service, ServiceCheck};
 
-/// What a task may learn about the node it runs on.
+/// The node a task runs on, as interpolation sees it: its record and the agent's region.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeEnv {
-    pub id: String,
-    pub name: String,
-    pub datacenter: String,
+    pub node: Node,
     pub region: String,
-    pub class: String,
-    /// Fingerprinted attributes (`kernel.name`, `cpu.numcores`, `driver.exec`, ...).
-    pub attributes: BTreeMap<String, String>,
-    /// The client's `meta {}` block.
-    pub meta: BTreeMap<String, String>,
 }
 
 impl NodeEnv {
-    /// The node's values by the names interpolation knows them by.
-    pub fn values(&self) -> BTreeMap<String, String> {
-        let mut values = BTreeMap::new();
-        values.insert("node.unique.id".to_string(), self.id.clone());
-        values.insert("node.unique.name".to_string(), self.name.clone());
-        values.insert("node.datacenter".to_string(), self.datacenter.clone());
-        values.insert("node.region".to_string(), self.region.clone());
-        values.insert("node.class".to_string(), self.class.clone());
-        for (key, value) in &self.attributes {
-            values.insert(format!("attr.{key}"), value.clone());
+    /// `node.region`, or any [`node_variable`].
+    pub fn lookup(&self, name: &str) -> Option<&str> {
+        if name == "node.region" {
+            return Some(&self.region);
         }
-        for (key, value) in &self.meta {
-            values.insert(format!("meta.{key}"), value.clone());
-        }
-        values
+        node_variable(&self.node, name)
     }
+}
+
+/// The node value a variable names: `node.unique.id`, `node.unique.name`, `node.datacenter`,
+/// `node.class`, `attr.<key>` (fingerprinted attributes), `meta.<key>` (the client's `meta`).
+/// One table for task interpolation and for the scheduler's constraints.
+pub fn node_variable<'a>(node: &'a Node, name: &str) -> Option<&'a str> {
+    let value = match name {
+        "node.unique.id" => &node.id,
+        "node.unique.name" => &node.name,
+        "node.datacenter" => &node.datacenter,
+        "node.class" => &node.node_class,
+        _ => {
+            if let Some(key) = name.strip_prefix("attr.") {
+                node.attributes.get(key)?
+            } else {
+                node.meta.get(name.strip_prefix("meta.")?)?
+            }
+        }
+    };
+    Some(value)
 }
 
 /// Where the task finds its directories: inside its own root for drivers that isolate the
@@ -87,11 +91,11 @@ pub struct TaskEnvSpec {
     pub task_env: BTreeMap<String, String>,
 }
 
-/// A task's variables and the node's values, ready to interpolate with.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TaskEnv {
+/// A task's variables and its node, ready to interpolate with.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TaskEnv<'a> {
     vars: BTreeMap<String, String>,
-    node: BTreeMap<String, String>,
+    node: &'a NodeEnv,
 }
 
 /// `job`, `group` and `task` meta merged, the innermost winning (Nomad's `CombinedTaskMeta`).
@@ -106,12 +110,12 @@ pub fn combined_meta(
     meta
 }
 
-impl TaskEnv {
+impl<'a> TaskEnv<'a> {
     /// Builds the environment of one task on `node`.
-    pub fn build(spec: &TaskEnvSpec, node: &NodeEnv) -> TaskEnv {
+    pub fn build(spec: &TaskEnvSpec, node: &'a NodeEnv) -> TaskEnv<'a> {
         let mut env = TaskEnv {
             vars: BTreeMap::new(),
-            node: node.values(),
+            node,
         };
         let runtime = [
             ("NOMAD_ALLOC_ID", spec.alloc_id.clone()),
@@ -124,7 +128,7 @@ impl TaskEnv {
             ("NOMAD_TASK_NAME", spec.task.clone()),
             ("NOMAD_NAMESPACE", spec.namespace.clone()),
             ("NOMAD_REGION", node.region.clone()),
-            ("NOMAD_DC", node.datacenter.clone()),
+            ("NOMAD_DC", node.node.datacenter.clone()),
             ("NOMAD_ALLOC_DIR", spec.dirs.alloc.clone()),
             ("NOMAD_TASK_DIR", spec.dirs.local.clone()),
             ("NOMAD_SECRETS_DIR", spec.dirs.secrets.clone()),
@@ -167,7 +171,9 @@ impl TaskEnv {
             let key = quoted.trim().strip_prefix('"')?.strip_suffix('"')?;
             return self.vars.get(key).map(String::as_str);
         }
-        self.node.get(name).or_else(|| self.vars.get(name)).map(String::as_str)
+        self.node
+            .lookup(name)
+            .or_else(|| self.vars.get(name).map(String::as_str))
     }
 
     /// `text` with every known `${...}` replaced; unknown ones and an unclosed `${` stay.
@@ -251,13 +257,16 @@ mod tests {
 
     fn node() -> NodeEnv {
         NodeEnv {
-            id: "9f1c".into(),
-            name: "c1".into(),
-            datacenter: "dc1".into(),
+            node: Node {
+                id: "9f1c".into(),
+                name: "c1".into(),
+                datacenter: "dc1".into(),
+                node_class: "gpu".into(),
+                attributes: [("kernel.name".to_string(), "linux".to_string())].into(),
+                meta: [("rack".to_string(), "r7".to_string())].into(),
+                ..Node::default()
+            },
             region: "global".into(),
-            class: "gpu".into(),
-            attributes: [("kernel.name".to_string(), "linux".to_string())].into(),
-            meta: [("rack".to_string(), "r7".to_string())].into(),
         }
     }
 
@@ -294,7 +303,8 @@ mod tests {
 
     #[test]
     fn runtime_variables_follow_nomads_names() {
-        let env = TaskEnv::build(&spec(), &node());
+        let node_env = node();
+        let env = TaskEnv::build(&spec(), &node_env);
         let vars = env.vars();
         assert_eq!(vars["NOMAD_ALLOC_ID"], "0123456789abcdef");
         assert_eq!(vars["NOMAD_SHORT_ALLOC_ID"], "01234567");
@@ -325,7 +335,8 @@ mod tests {
             &map(&[("tier", "group")]),
             &map(&[("owner", "task")]),
         );
-        let env = TaskEnv::build(&spec, &node());
+        let node_env = node();
+        let env = TaskEnv::build(&spec, &node_env);
         assert_eq!(env.vars()["NOMAD_META_owner"], "task");
         assert_eq!(env.vars()["NOMAD_META_OWNER"], "task");
         assert_eq!(env.vars()["NOMAD_META_tier"], "group");
@@ -341,7 +352,8 @@ mod tests {
             ("NOMAD_TASK_NAME", "mine"),
             ("ENDPOINT", "${CSI_ENDPOINT}"),
         ]);
-        let env = TaskEnv::build(&spec, &node());
+        let node_env = node();
+        let env = TaskEnv::build(&spec, &node_env);
         assert_eq!(env.vars()["DC"], "Running on datacenter dc1");
         assert_eq!(env.vars()["GPU"], "task");
         assert_eq!(env.vars()["NOMAD_TASK_NAME"], "mine");
@@ -352,7 +364,8 @@ mod tests {
     fn interpolation_knows_node_values_env_lookups_and_leaves_the_unknown_alone() {
         let mut spec = spec();
         spec.hook_env = map(&[("CSI_ENDPOINT", "unix:///csi/csi.sock")]);
-        let env = TaskEnv::build(&spec, &node());
+        let node_env = node();
+        let env = TaskEnv::build(&spec, &node_env);
         let cases = [
             ("--endpoint=${CSI_ENDPOINT}", "--endpoint=unix:///csi/csi.sock"),
             ("node-${NOMAD_ALLOC_INDEX}", "node-2"),
@@ -378,7 +391,8 @@ mod tests {
 
     #[test]
     fn every_string_of_a_driver_config_is_interpolated() {
-        let env = TaskEnv::build(&spec(), &node());
+        let node_env = node();
+        let env = TaskEnv::build(&spec(), &node_env);
         let config: BTreeMap<String, ConfigValue> = [
             (
                 "command".to_string(),
@@ -425,7 +439,8 @@ mod tests {
 
     #[test]
     fn services_are_registered_with_their_strings_interpolated() {
-        let env = TaskEnv::build(&spec(), &node());
+        let node_env = node();
+        let env = TaskEnv::build(&spec(), &node_env);
         let service = Service {
             name: "web-${NOMAD_ALLOC_INDEX}".into(),
             port_label: "8080".into(),

@@ -355,3 +355,13 @@ async fn stop_never_signals_a_process_that_is_not_the_task() {
     let status = foreign.0.wait().unwrap();
     assert!(!status.success(), "{status:?}");
 }
+
+#[test]
+fn a_disabled_raw_exec_is_not_detected_so_nothing_is_placed_on_it() {
+    let enabled = ProcessDriver::raw_exec().fingerprint();
+    assert!(enabled.detected && enabled.healthy, "{enabled:?}");
+    let disabled = ProcessDriver::raw_exec().disabled().fingerprint();
+    assert!(!disabled.detected && !disabled.healthy, "{disabled:?}");
+    assert!(disabled.health_description.starts_with("disabled"), "{disabled:?}");
+    assert!(!disabled.attributes.contains_key("driver.raw_exec"), "{disabled:?}");
+}

@@ -9,29 +9,95 @@ use crate::prelude::*;
 use alloc::collections::BTreeMap;
 use core::cmp::Ordering;
 
-use crate::structs::{Affinity, Constraint, DISTINCT_HOSTS, DISTINCT_PROPERTY, Node};
+use crate::structs::{Affinity, CONSTRAINT_OPERATORS, Constraint, DISTINCT_HOSTS, DISTINCT_PROPERTY, Node};
+use crate::taskenv::node_variable;
 
-/// The value `target` names on `node`: `${attr.X}`, `${meta.X}`, `${node.unique.id}`,
-/// `${node.unique.name}`, `${node.datacenter}`, `${node.class}`; anything not in `${}` is
-/// itself. `None`: the node has no such value.
+/// The value `target` names on `node` (`${attr.X}`, `${meta.X}`, `${node.*}`: the task
+/// environment's [`node_variable`] table); anything not in `${}` is itself. `None`: the node
+/// has no such value.
 pub fn resolve_target(target: &str, node: &Node) -> Option<String> {
-    let Some(name) = target.strip_prefix("${").and_then(|rest| rest.strip_suffix('}')) else {
-        return Some(target.to_string());
-    };
-    match name {
-        "node.unique.id" => Some(node.id.clone()),
-        "node.unique.name" => Some(node.name.clone()),
-        "node.datacenter" => Some(node.datacenter.clone()),
-        "node.class" => Some(node.node_class.clone()),
-        _ => {
-            if let Some(key) = name.strip_prefix("attr.") {
-                node.attributes.get(key).cloned()
-            } else if let Some(key) = name.strip_prefix("meta.") {
-                node.meta.get(key).cloned()
-            } else {
-                None
-            }
+    match target.strip_prefix("${").and_then(|rest| rest.strip_suffix('}')) {
+        Some(name) => node_variable(node, name).map(String::from),
+        None => Some(target.to_string()),
+    }
+}
+
+// Validation lives beside the checks whose parsers it uses (regexp, version terms).
+impl Constraint {
+    /// Nomad's `Constraint.Validate` texts.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.operand.is_empty() {
+            errors.push("Missing constraint operand".to_string());
+            return errors;
         }
+        let requires_ltarget = !matches!(self.operand.as_str(), DISTINCT_HOSTS);
+        if requires_ltarget && self.ltarget.is_empty() {
+            errors.push("No LTarget provided but is required by constraint".to_string());
+        }
+        match self.operand.as_str() {
+            DISTINCT_HOSTS | DISTINCT_PROPERTY => {
+                if self.operand == DISTINCT_PROPERTY
+                    && !self.rtarget.is_empty()
+                    && self.rtarget.parse::<u64>().map_or(true, |limit| limit == 0)
+                {
+                    errors.push(format!(
+                        "Failed to convert RTarget {:?} to uint64: must be a positive count",
+                        self.rtarget
+                    ));
+                }
+            }
+            "is_set" | "is_not_set" => {
+                if !self.rtarget.is_empty() {
+                    errors.push(format!("Operator {:?} does not support an RTarget", self.operand));
+                }
+            }
+            "regexp" => {
+                if let Err(error) = compile_regexp(&self.rtarget) {
+                    errors.push(format!("Regular expression failed to compile: {error}"));
+                }
+            }
+            "version" | "semver" => {
+                if parse_version_constraint(&self.rtarget).is_none() {
+                    errors.push(format!("Version constraint is invalid: {:?}", self.rtarget));
+                }
+            }
+            operand if CONSTRAINT_OPERATORS.contains(&operand) => {
+                if self.rtarget.is_empty() && !matches!(operand, "!=" | "not") {
+                    errors.push("No RTarget provided but is required by constraint".to_string());
+                }
+            }
+            other => errors.push(format!("Unknown constraint type {other:?}")),
+        }
+        errors
+    }
+}
+
+impl Affinity {
+    /// Nomad's `Affinity.Validate` texts.
+    pub fn validate(&self) -> Vec<String> {
+        let mut errors = Vec::new();
+        if self.operand.is_empty() {
+            errors.push("Missing affinity operand".to_string());
+        } else if matches!(self.operand.as_str(), DISTINCT_HOSTS | DISTINCT_PROPERTY)
+            || !CONSTRAINT_OPERATORS.contains(&self.operand.as_str())
+        {
+            errors.push(format!("Unknown affinity operator {:?}", self.operand));
+        } else {
+            let as_constraint = Constraint {
+                ltarget: self.ltarget.clone(),
+                rtarget: self.rtarget.clone(),
+                operand: self.operand.clone(),
+            };
+            errors.extend(as_constraint.validate());
+        }
+        if self.weight == 0 {
+            errors.push("Affinity weight cannot be zero".to_string());
+        }
+        if !(-100..=100).contains(&self.weight) {
+            errors.push("Affinity weight must be within the range [-100,100]".to_string());
+        }
+        errors
     }
 }
 

@@ -191,6 +191,7 @@ pub fn client_identity(
         region: config.region.clone(),
         seed: node_id,
     };
+    let resources = host_resources();
     let node = Node {
         id,
         name: config.name.clone(),
@@ -201,8 +202,8 @@ pub fn client_identity(
         host_volumes,
         meta: config.client.meta.clone(),
         node_class: config.client.node_class.clone(),
-        attributes: host_attributes(config),
-        resources: host_resources(),
+        attributes: host_attributes(config, &resources),
+        resources,
         ..Node::default()
     };
     (settings, node)
@@ -210,7 +211,10 @@ pub fn client_identity(
 
 /// The host's fingerprinted attributes under Nomad's names (`${attr.*}` in constraints and
 /// interpolation): kernel, OS, CPU, memory, hostname and the advertised address.
-pub fn host_attributes(config: &drover_core::config::AgentConfig) -> BTreeMap<String, String> {
+pub fn host_attributes(
+    config: &drover_core::config::AgentConfig,
+    resources: &drover_core::structs::NodeResources,
+) -> BTreeMap<String, String> {
     let mut attributes = BTreeMap::new();
     // SAFETY: uname writes into the zeroed struct we own.
     let uts = unsafe {
@@ -249,7 +253,6 @@ pub fn host_attributes(config: &drover_core::config::AgentConfig) -> BTreeMap<St
     attributes.insert("cpu.arch".into(), arch.into());
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     attributes.insert("cpu.numcores".into(), cores.to_string());
-    let resources = host_resources();
     attributes.insert("cpu.totalcompute".into(), resources.cpu.to_string());
     attributes.insert(
         "memory.totalbytes".into(),
@@ -292,5 +295,32 @@ pub fn host_resources() -> drover_core::structs::NodeResources {
     drover_core::structs::NodeResources {
         cpu: (per_core * cores as f64) as u64,
         memory_mb: memory_kb / 1024,
+    }
+}
+
+#[cfg(test)]
+mod fingerprint_tests {
+    use super::*;
+
+    #[test]
+    fn host_attributes_use_nomads_names_and_this_hosts_values() {
+        let config = drover_core::config::AgentConfig::default();
+        let resources = host_resources();
+        let attributes = host_attributes(&config, &resources);
+        assert_eq!(attributes["kernel.name"], "linux");
+        assert_eq!(
+            attributes["cpu.numcores"],
+            std::thread::available_parallelism().unwrap().get().to_string()
+        );
+        assert_eq!(
+            attributes["memory.totalbytes"],
+            (resources.memory_mb * 1024 * 1024).to_string()
+        );
+        assert_eq!(
+            attributes["unique.network.ip-address"],
+            config.advertise.http.ip().to_string()
+        );
+        assert_eq!(attributes["nomad.version"], NOMAD_COMPATIBLE_VERSION);
+        assert!(!attributes["kernel.version"].is_empty() && !attributes["unique.hostname"].is_empty());
     }
 }

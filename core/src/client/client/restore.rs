@@ -22,13 +22,8 @@ impl Client {
     pub fn connect(&mut self, now: Instant, node: Node, registry: Registry, saved: Vec<SavedAlloc>) {
         self.pending_restore = Some((registry, saved));
         self.node_env = NodeEnv {
-            id: node.id.clone(),
-            name: node.name.clone(),
-            datacenter: node.datacenter.clone(),
+            node: node.clone(),
             region: self.settings.region.clone(),
-            class: node.node_class.clone(),
-            attributes: node.attributes.clone(),
-            meta: node.meta.clone(),
         };
         self.link.connect(now, node);
         self.drive_link(now);

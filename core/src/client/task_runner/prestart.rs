@@ -186,7 +186,7 @@ impl TaskRunner {
     /// The task's environment: Nomad's variables, the task's own, then what hooks added.
     /// The task's environment (`taskenv`): its directories as the driver shows them, and what
     /// the hooks added so far.
-    pub(super) fn task_env(&self) -> TaskEnv {
+    pub(super) fn task_env(&self) -> TaskEnv<'_> {
         let spec = &self.spec;
         let mut env = spec.env.clone();
         env.dirs = if spec.driver.is_some_and(|driver| driver.fs_isolation) {
