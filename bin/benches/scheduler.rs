@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use drover_core::fsm::{Command, Entry, ServerState};
 use drover_core::scheduler::schedule;
 use drover_core::structs::{
-    DriverInfo, EVAL_PENDING, Evaluation, Job, JobType, Node, NodeResources, NodeStatus, Task, TaskGroup, TaskResources,
+    DriverInfo, EVAL_PENDING, Evaluation, Job, JobType, NetworkResource, Node, NodeResources, NodeStatus, Port, Task,
+    TaskGroup, TaskResources,
 };
 
 fn state_with_nodes(nodes: usize) -> ServerState {
@@ -36,6 +37,7 @@ fn state_with_nodes(nodes: usize) -> ServerState {
             resources: NodeResources {
                 cpu: 64_000,
                 memory_mb: 256_000,
+                ..NodeResources::default()
             },
             ..Node::default()
         };
@@ -50,7 +52,18 @@ fn state_with_nodes(nodes: usize) -> ServerState {
     state
 }
 
-fn job(count: u32) -> Job {
+fn job(count: u32, ports: bool) -> Job {
+    let networks = if ports {
+        vec![NetworkResource {
+            dynamic_ports: vec![Port {
+                label: "http".into(),
+                ..Port::default()
+            }],
+            ..NetworkResource::default()
+        }]
+    } else {
+        Vec::new()
+    };
     Job {
         id: "web".into(),
         name: "web".into(),
@@ -67,11 +80,11 @@ fn job(count: u32) -> Job {
                 resources: TaskResources {
                     cpu: 100,
                     memory_mb: 128,
-                    devices: Vec::new(),
-                    memory_max_mb: 0,
+                    ..TaskResources::default()
                 },
                 ..Task::default()
             }],
+            networks,
             ..TaskGroup::default()
         }],
         ..Job::default()
@@ -79,7 +92,7 @@ fn job(count: u32) -> Job {
 }
 
 /// Registers the job and times one evaluation (best of `rounds`).
-fn measure(nodes: usize, count: u32, rounds: usize) -> (Duration, usize) {
+fn measure(nodes: usize, count: u32, rounds: usize, ports: bool) -> (Duration, usize) {
     let mut state = state_with_nodes(nodes);
     let eval = Evaluation {
         id: "e1".into(),
@@ -94,7 +107,7 @@ fn measure(nodes: usize, count: u32, rounds: usize) -> (Duration, usize) {
         &Entry {
             at_unix_ms: 0,
             command: Command::JobRegister {
-                job: job(count),
+                job: job(count, ports),
                 eval: eval.clone(),
             },
         },
@@ -115,23 +128,25 @@ fn measure(nodes: usize, count: u32, rounds: usize) -> (Duration, usize) {
 }
 
 fn main() {
-    let (baseline, _) = measure(100, 1, 20);
+    let (baseline, _) = measure(100, 1, 20, false);
     let per_baseline = baseline.as_secs_f64();
     println!("scheduler: one evaluation of a service job (best of several rounds)");
     println!(
-        "{:>7} {:>7} {:>12} {:>16} {:>22}",
-        "nodes", "allocs", "eval ms", "placements/s", "per placement vs 1"
+        "{:>7} {:>7} {:>12} {:>16} {:>22} {:>24}",
+        "nodes", "allocs", "eval ms", "placements/s", "per placement vs 1", "with a dynamic port vs"
     );
     for (nodes, count, rounds) in [(100, 1, 20), (100, 100, 10), (1000, 1000, 3), (1000, 10_000, 1)] {
-        let (time, placed) = measure(nodes, count, rounds);
+        let (time, placed) = measure(nodes, count, rounds, false);
+        let (with_port, _) = measure(nodes, count, rounds, true);
         let per_placement = time.as_secs_f64() / placed.max(1) as f64;
         println!(
-            "{:>7} {:>7} {:>12.3} {:>16.0} {:>21.2}x",
+            "{:>7} {:>7} {:>12.3} {:>16.0} {:>21.2}x {:>23.2}x",
             nodes,
             placed,
             time.as_secs_f64() * 1000.0,
             placed as f64 / time.as_secs_f64(),
-            per_placement / per_baseline
+            per_placement / per_baseline,
+            with_port.as_secs_f64() / time.as_secs_f64()
         );
     }
 }

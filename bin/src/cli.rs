@@ -569,6 +569,28 @@ fn alloc_status(api: &Api, id: &str) -> Result<(), Failure> {
         ])
         .replace("  =  ", " = ")
     );
+    let networks = alloc["AllocatedResources"]["Shared"]["Networks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for network in networks {
+        let mut rows = vec![vec!["Label".to_string(), "Dynamic".into(), "Address".into()]];
+        for (key, dynamic) in [("ReservedPorts", "no"), ("DynamicPorts", "yes")] {
+            for port in network[key].as_array().into_iter().flatten() {
+                let address = format!("{}:{}", text(&network["IP"]), text(&port["Value"]));
+                let mapped = match port["To"].as_i64() {
+                    Some(to) if to > 0 && to != port["Value"].as_i64().unwrap_or(0) => format!("{address} -> {to}"),
+                    _ => address,
+                };
+                rows.push(vec![format!("*{}", text(&port["Label"])), dynamic.into(), mapped]);
+            }
+        }
+        println!(
+            "\nAllocation Addresses (mode = {:?}):\n{}",
+            text(&network["Mode"]),
+            table(&rows)
+        );
+    }
     Ok(())
 }
 

@@ -91,6 +91,19 @@ pub struct ClientBlock {
     /// `meta { key = "value" }`: the node's metadata (`${meta.<key>}`, constraints).
     pub meta: Option<std::collections::BTreeMap<String, String>>,
     pub node_class: Option<String>,
+    /// The interface whose address tasks' ports are allocated on.
+    pub network_interface: Option<String>,
+    pub min_dynamic_port: Option<u32>,
+    pub max_dynamic_port: Option<u32>,
+    pub reserved: Option<ReservedBlock>,
+}
+
+/// `client { reserved {} }`: what allocations may not have (only ports are kept here).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct ReservedBlock {
+    /// `"22,80,8000-8100"`.
+    pub reserved_ports: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -222,6 +235,55 @@ fn resolve_server(field: &str, text: &str) -> anyhow::Result<String> {
         .next()
         .with_context(|| format!("invalid {field} address {text:?}: it resolves to nothing"))?;
     Ok(addr.to_string())
+}
+
+/// `network_interface`, the dynamic port range and `reserved { reserved_ports }`, checked.
+fn apply_client_network(config: &mut drover_core::config::ClientConfig, client: &ClientBlock) -> anyhow::Result<()> {
+    if let Some(interface) = &client.network_interface {
+        let known = drover_io_real::client::interfaces();
+        if !known.iter().any(|network| network.device == *interface) {
+            let names: std::collections::BTreeSet<&str> = known.iter().map(|network| network.device.as_str()).collect();
+            bail!(
+                "client.network_interface {interface:?}: no such interface with an address (this host has: {})",
+                names.into_iter().collect::<Vec<_>>().join(", ")
+            );
+        }
+        config.network_interface = interface.clone();
+    }
+    let port = |key: &str, value: u32| -> anyhow::Result<u16> {
+        match u16::try_from(value) {
+            Ok(port) if port > 0 => Ok(port),
+            _ => bail!("client.{key} must be between 1 and 65535, got {value}"),
+        }
+    };
+    if let Some(min) = client.min_dynamic_port {
+        config.min_dynamic_port = port("min_dynamic_port", min)?;
+    }
+    if let Some(max) = client.max_dynamic_port {
+        config.max_dynamic_port = port("max_dynamic_port", max)?;
+    }
+    let range = drover_core::structs::NodeResources {
+        min_dynamic_port: config.min_dynamic_port,
+        max_dynamic_port: config.max_dynamic_port,
+        ..Default::default()
+    }
+    .dynamic_range();
+    if range.start() > range.end() {
+        bail!(
+            "client.min_dynamic_port ({}) must be less than client.max_dynamic_port ({})",
+            range.start(),
+            range.end()
+        );
+    }
+    if let Some(ports) = client
+        .reserved
+        .as_ref()
+        .and_then(|reserved| reserved.reserved_ports.as_ref())
+    {
+        config.reserved_ports = drover_core::structs::parse_port_ranges(ports)
+            .map_err(|problem| anyhow::anyhow!("client.reserved.reserved_ports: {problem}"))?;
+    }
+    Ok(())
 }
 
 /// Merges defaults, files and flags. `dev_data_dir` is used for `-dev` without `-data-dir`.
@@ -438,6 +500,7 @@ fn apply_file(
         if let Some(enabled) = client.enabled {
             config.client.enabled = enabled;
         }
+        apply_client_network(&mut config.client, &client)?;
         if let Some(servers) = client.servers {
             config.client.servers = servers
                 .iter()
@@ -780,5 +843,55 @@ plugin "docker" {
         };
         let error = load(&flags, no_dev).unwrap_err().to_string();
         assert_eq!(error, "invalid -bind \"not-an-ip\": expected an IP address");
+    }
+
+    #[test]
+    fn client_ports_settings_are_read_and_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let load_text = |text: &str| {
+            let file = dir.path().join("client.hcl");
+            std::fs::write(&file, text).unwrap();
+            let flags = Flags {
+                config: vec![file],
+                data_dir: Some("/d".into()),
+                ..Flags::default()
+            };
+            load(&flags, no_dev).map(|loaded| loaded.config.client)
+        };
+        let client = load_text(
+            r#"
+client {
+  enabled           = true
+  servers           = ["127.0.0.1"]
+  network_interface = "lo"
+  min_dynamic_port  = 25000
+  max_dynamic_port  = 26000
+  reserved {
+    reserved_ports = "22,8500-8502"
+  }
+}
+"#,
+        )
+        .unwrap();
+        assert_eq!(client.network_interface, "lo");
+        assert_eq!((client.min_dynamic_port, client.max_dynamic_port), (25000, 26000));
+        assert_eq!(client.reserved_ports, [22, 8500, 8501, 8502].into());
+        let error = |text: &str| load_text(text).unwrap_err().to_string();
+        assert!(
+            error(r#"client { network_interface = "nope0" }"#)
+                .starts_with("client.network_interface \"nope0\": no such interface with an address (this host has: ")
+        );
+        assert_eq!(
+            error("client {\n min_dynamic_port = 30000\n max_dynamic_port = 29000\n}"),
+            "client.min_dynamic_port (30000) must be less than client.max_dynamic_port (29000)"
+        );
+        assert_eq!(
+            error("client { max_dynamic_port = 70000 }"),
+            "client.max_dynamic_port must be between 1 and 65535, got 70000"
+        );
+        assert_eq!(
+            error("client {\n reserved {\n reserved_ports = \"22,ssh\"\n }\n}"),
+            "client.reserved.reserved_ports: invalid port \"ssh\" in port range \"22,ssh\""
+        );
     }
 }

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 
 use drover_io_real::jobs::{
-    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiResources,
-    ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiVolumeMount, ApiVolumeRequest,
+    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiNetworkResource,
+    ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiVolumeMount,
+    ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -71,6 +72,49 @@ impl Walker {
                 None
             }
         }
+    }
+
+    fn integer(&mut self, at: &str, block: &Object, key: &str) -> Option<i64> {
+        match block.get(key)? {
+            Value::Number(number) if number.as_i64().is_some() => number.as_i64(),
+            _ => {
+                self.problem(at, format!("{key} must be a whole number"));
+                None
+            }
+        }
+    }
+
+    /// `network { mode mbits port "<label>" { static to host_network } }` blocks: a port
+    /// with `static` is reserved, one without is dynamic.
+    fn networks(&mut self, at: &str, block: &Object) -> Vec<ApiNetworkResource> {
+        self.repeated(at, block, "network")
+            .into_iter()
+            .map(|network| {
+                let at = format!("{at} network");
+                self.known(&at, network, &["mode", "mbits", "port"]);
+                let mut api = ApiNetworkResource {
+                    mode: self.string(&at, network, "mode").unwrap_or_default(),
+                    mbits: self.number(&at, network, "mbits"),
+                    ..ApiNetworkResource::default()
+                };
+                for (label, port) in self.labeled(&at, network, "port") {
+                    let at = format!("{at} port {label:?}");
+                    self.known(&at, port, &["static", "to", "host_network"]);
+                    let fixed = self.integer(&at, port, "static");
+                    let parsed = ApiPort {
+                        value: fixed.unwrap_or(0),
+                        to: self.integer(&at, port, "to").unwrap_or(0),
+                        host_network: self.string(&at, port, "host_network").unwrap_or_default(),
+                        label,
+                    };
+                    match fixed {
+                        Some(_) => api.reserved_ports.push(parsed),
+                        None => api.dynamic_ports.push(parsed),
+                    }
+                }
+                api
+            })
+            .collect()
     }
 
     fn strings(&mut self, at: &str, block: &Object, key: &str) -> Option<Vec<String>> {
@@ -300,6 +344,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "volume",
             "restart",
             "migrate",
+            "network",
             "task",
         ],
     );
@@ -373,6 +418,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         meta: walker.string_map(at, block, "meta"),
         constraints: walker.constraints(at, block),
         affinities: walker.affinities(at, block),
+        networks: walker.networks(at, block),
     }
 }
 
@@ -401,8 +447,9 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
     let env = walker.string_map(at, block, "env");
     let resources = walker.single(at, block, "resources").map(|resources| {
         let at = format!("{at} resources");
-        walker.known(&at, resources, &["cpu", "memory", "memory_max", "device"]);
+        walker.known(&at, resources, &["cpu", "memory", "memory_max", "device", "network"]);
         ApiResources {
+            networks: walker.networks(&at, resources),
             cpu: walker.number(&at, resources, "cpu"),
             memory_mb: walker.number(&at, resources, "memory"),
             memory_max_mb: walker.number(&at, resources, "memory_max"),
@@ -640,6 +687,67 @@ job "web" {
         assert_eq!(job.task_groups[0].meta["tier"], "2");
         assert_eq!(job.task_groups[0].tasks[0].meta["owner"], "task-team");
         let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        assert_eq!(api.to_job().unwrap(), job);
+    }
+
+    #[test]
+    fn network_blocks_parse_static_and_dynamic_ports_and_round_trip_through_the_api() {
+        let job = parse(
+            r#"
+job "web" {
+  group "g" {
+    network {
+      mode = "host"
+      port "http" { static = 8080 }
+      port "admin" {}
+      port "db" { to = 5432 }
+    }
+    task "t" {
+      driver = "raw_exec"
+      resources {
+        network {
+          mbits = 10
+          port "metrics" {}
+        }
+      }
+      service {
+        name = "web"
+        port = "http"
+      }
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        let network = &job.task_groups[0].networks[0];
+        assert_eq!(network.mode, "host");
+        assert_eq!(
+            network
+                .reserved_ports
+                .iter()
+                .map(|p| (p.label.as_str(), p.value))
+                .collect::<Vec<_>>(),
+            [("http", 8080)]
+        );
+        assert_eq!(
+            network
+                .dynamic_ports
+                .iter()
+                .map(|p| (p.label.as_str(), p.to))
+                .collect::<Vec<_>>(),
+            [("admin", 0), ("db", 5432)]
+        );
+        let task = &job.task_groups[0].tasks[0];
+        assert_eq!(task.resources.networks[0].dynamic_ports[0].label, "metrics");
+        assert_eq!(task.resources.networks[0].mbits, 10);
+        assert_eq!(drover_core::jobspec::validate(&job), Vec::<String>::new());
+        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        let json = serde_json::to_value(&api).unwrap();
+        assert_eq!(json["TaskGroups"][0]["Networks"][0]["ReservedPorts"][0]["Value"], 8080);
+        assert_eq!(json["TaskGroups"][0]["Networks"][0]["DynamicPorts"][1]["To"], 5432);
         assert_eq!(api.to_job().unwrap(), job);
     }
 

@@ -87,6 +87,7 @@ fn job() -> String {
         "ID": "web",
         "TaskGroups": [{
             "Name": "g",
+            "Networks": [{"DynamicPorts": [{"Label": "admin"}]}],
             "Tasks": [{
                 "Name": "t",
                 "Driver": "raw_exec",
@@ -95,7 +96,7 @@ fn job() -> String {
                 "Services": [
                     {"Name": "web-api", "PortLabel": "8080", "AddressMode": "driver", "Tags": ["v1"],
                      "Meta": {"team": "storage"}},
-                    {"Name": "web-admin", "Tags": ["admin"], "EnableTagOverride": true},
+                    {"Name": "web-admin", "PortLabel": "admin", "Tags": ["admin"], "EnableTagOverride": true},
                 ],
             }],
         }],
@@ -138,7 +139,7 @@ fn running_tasks_services_are_kept_in_the_consul_agent() {
         let api = ids
             .iter()
             .find(|id| id.starts_with("_nomad-task-") && id.ends_with("-t-web-api-8080") && !id.contains("gone"))?;
-        let admin = ids.iter().find(|id| id.ends_with("-t-web-admin-"))?;
+        let admin = ids.iter().find(|id| id.ends_with("-t-web-admin-admin"))?;
         (!ids.iter().any(|id| id.contains("gone"))).then(|| (api.clone(), admin.clone()))
     })
     .unwrap_or_else(|| {
@@ -157,6 +158,16 @@ fn running_tasks_services_are_kept_in_the_consul_agent() {
         assert_eq!(api["Meta"]["team"], "storage");
         assert_eq!(api["Address"], "127.0.0.1");
         assert_eq!(services[&admin_id]["EnableTagOverride"], true);
+        // A port label registers the port the allocation was given, on the node's address.
+        let allocs: Value = serde_json::from_str(&http("GET", port, "/v1/job/web/allocations", None).unwrap()).unwrap();
+        let alloc_id = allocs[0]["ID"].as_str().unwrap();
+        let alloc: Value =
+            serde_json::from_str(&http("GET", port, &format!("/v1/allocation/{alloc_id}"), None).unwrap()).unwrap();
+        let given = &alloc["AllocatedResources"]["Shared"]["Ports"][0];
+        assert_eq!(given["Label"], "admin", "{alloc}");
+        assert!((20000..=32000).contains(&given["Value"].as_u64().unwrap()), "{given}");
+        assert_eq!(services[&admin_id]["Port"], given["Value"]);
+        assert_eq!(services[&admin_id]["Address"], given["HostIP"]);
         assert!(
             services.contains_key("redis-1"),
             "somebody else's service is left alone"

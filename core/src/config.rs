@@ -6,7 +6,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use core::net::{IpAddr, Ipv4Addr, SocketAddr};
 use core::time::Duration;
 
@@ -214,6 +214,18 @@ pub struct ClientConfig {
     /// job could otherwise run commands as the agent's user); `-dev` turns it on.
     #[serde(default)]
     pub raw_exec_enabled: bool,
+    /// `network_interface`: the interface whose address tasks' ports are allocated on
+    /// (empty: the advertised address, or the default route's interface).
+    #[serde(default)]
+    pub network_interface: String,
+    /// `reserved { reserved_ports = "22,80,8000-8100" }`: ports no allocation gets.
+    #[serde(default)]
+    pub reserved_ports: BTreeSet<u16>,
+    /// `min_dynamic_port` / `max_dynamic_port`; 0 for Nomad's 20000–32000.
+    #[serde(default)]
+    pub min_dynamic_port: u16,
+    #[serde(default)]
+    pub max_dynamic_port: u16,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -68,6 +68,7 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         errors.push("Missing tasks for task group".to_string());
     }
     errors.extend(placement_rules(&group.constraints, &group.affinities));
+    errors.extend(crate::structs::validate_networks(group));
     for (alias, request) in &group.volumes {
         for problem in validate_volume(job, group, request) {
             errors.push(format!("Volume {alias}: {problem}"));
@@ -116,7 +117,7 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         if let Some(plugin) = &task.csi_plugin {
             problems.extend(plugin.validate());
         }
-        problems.extend(validate_services(task));
+        problems.extend(validate_services(task, &crate::structs::port_labels(group, task)));
         problems.extend(placement_rules(&task.constraints, &task.affinities));
         for problem in problems {
             errors.push(format!("Task {} validation failed: {problem}", task.name));
@@ -142,14 +143,12 @@ fn placement_rules(constraints: &[Constraint], affinities: &[Affinity]) -> Vec<S
 }
 
 /// Nomad's `validateServices`: each service valid, no name twice on one port, no check name
-/// twice in a service, and every port label a port the task has. This project has no
-/// `network` blocks yet, so the task has no port labels: only a literal port number with
-/// `address_mode = "driver"` passes.
-fn validate_services(task: &Task) -> Vec<String> {
+/// twice in a service, and every port label one of `task_ports` (the group network's and the
+/// task's own) — or a literal port number with `address_mode = "driver"`.
+fn validate_services(task: &Task, task_ports: &BTreeSet<String>) -> Vec<String> {
     let mut errors = Vec::new();
     let mut known = BTreeSet::new();
     let mut ports: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    let task_ports: BTreeSet<&str> = BTreeSet::new();
     for (position, service) in task.services.iter().enumerate() {
         let problems = service.validate();
         if !problems.is_empty() {
@@ -310,8 +309,7 @@ mod tests {
                     resources: TaskResources {
                         cpu: 100,
                         memory_mb: 300,
-                        devices: Vec::new(),
-                        memory_max_mb: 0,
+                        ..TaskResources::default()
                     },
                     ..Task::default()
                 }],
@@ -473,6 +471,64 @@ mod tests {
                 ),
                 format!("{prefix}service \"web-api\" is duplicate"),
                 format!("{prefix}port label \"http\" referenced by services web-api does not exist"),
+            ]
+        );
+    }
+
+    #[test]
+    fn networks_are_checked_with_nomads_texts_and_service_ports_resolve_against_them() {
+        use crate::structs::{NetworkResource, Port, Service};
+        let port = |label: &str, value: u16, to: i32| Port {
+            label: label.into(),
+            value,
+            to,
+            ..Port::default()
+        };
+        let mut good = job();
+        good.task_groups[0].networks = vec![NetworkResource {
+            reserved_ports: vec![port("http", 8080, 0)],
+            dynamic_ports: vec![port("admin", 0, -1)],
+            ..NetworkResource::default()
+        }];
+        good.task_groups[0].tasks[0].resources.networks = vec![NetworkResource {
+            dynamic_ports: vec![port("metrics", 0, 0)],
+            ..NetworkResource::default()
+        }];
+        good.task_groups[0].tasks[0].services = vec![
+            Service {
+                name: "web".into(),
+                port_label: "http".into(),
+                ..Service::default()
+            },
+            Service {
+                name: "metrics".into(),
+                port_label: "metrics".into(),
+                ..Service::default()
+            },
+        ];
+        assert_eq!(validate(&good), Vec::<String>::new());
+
+        let mut bad = good.clone();
+        let group = &mut bad.task_groups[0];
+        group.networks[0].mode = "bridge".into();
+        group.networks[0].dynamic_ports.push(port("http", 0, -2));
+        group.networks[0].reserved_ports.push(port("again", 8080, 70000));
+        group.tasks[0].resources.networks[0]
+            .reserved_ports
+            .push(port("admin", 9090, 0));
+        let prefix = "Task group g validation failed: ";
+        assert_eq!(
+            validate(&bad),
+            [
+                format!(
+                    "{prefix}network mode \"bridge\" is not supported: Drover runs tasks in the host's network only \
+                     (mode \"host\"; bridge and CNI networking are not available)"
+                ),
+                format!("{prefix}Static port 8080 already reserved by taskgroup network:http"),
+                format!("{prefix}Port \"again\" cannot be mapped to a port (70000) greater than 65535"),
+                format!("{prefix}Port label http already in use by taskgroup network"),
+                format!("{prefix}Port \"http\" cannot be mapped to negative value -2"),
+                format!("{prefix}Port label admin already in use by taskgroup network"),
             ]
         );
     }

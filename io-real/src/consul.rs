@@ -111,7 +111,8 @@ impl ConsulHttp {
             .collect())
     }
 
-    /// Registers a task's service with the local agent, at `address`.
+    /// Registers a task's service with the local agent, at its port's address, or at
+    /// `address` when it has none.
     pub async fn register_task_service(
         &self,
         registration: &drover_core::client::services::TaskServiceRegistration,
@@ -123,7 +124,11 @@ impl ConsulHttp {
             "Tags": registration.tags,
             "Meta": registration.meta,
             "EnableTagOverride": registration.enable_tag_override,
-            "Address": address.to_string(),
+            "Address": if registration.address.is_empty() {
+                address.to_string()
+            } else {
+                registration.address.clone()
+            },
             "Port": registration.port,
         });
         self.request(

@@ -537,6 +537,12 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
         resources: NodeResources {
             cpu: 4_000,
             memory_mb: 8_192,
+            networks: vec![drover_core::structs::NodeNetwork {
+                device: "eth0".into(),
+                ip: spec.config.advertise.http.ip().to_string(),
+                cidr: format!("{}/32", spec.config.advertise.http.ip()),
+            }],
+            ..NodeResources::default()
         },
         attributes: [
             ("kernel.name", "linux"),

@@ -225,6 +225,8 @@ impl AllocRunner {
                         meta: combined_meta(&spec.job_meta, &spec.group.meta, &task.meta),
                         hook_env: BTreeMap::new(),
                         task_env: task.env.clone(),
+                        ports: spec.alloc.resources.ports.clone(),
+                        task_ports: spec.alloc.resources.task_ports.clone(),
                     },
                     node: spec.node.clone(),
                     alloc_id: spec.alloc.id.clone(),

@@ -756,7 +756,14 @@ fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, 
             runner
                 .tasks()
                 .filter(|task| task.state().state == TaskStatus::Running)
-                .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services()))
+                .flat_map(|task| {
+                    registrations(
+                        runner.alloc_id(),
+                        task.name(),
+                        &task.services(),
+                        &runner.alloc().resources,
+                    )
+                })
         })
         .map(|registration| (registration.id.clone(), registration))
         .collect()

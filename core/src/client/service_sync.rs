@@ -139,7 +139,7 @@ mod tests {
             port_label: "8080".into(),
             ..Service::default()
         };
-        registrations("a1", "web", &[service])
+        registrations("a1", "web", &[service], &Default::default())
             .into_iter()
             .map(|registration| (registration.id.clone(), registration))
             .collect()

@@ -16,7 +16,7 @@ use crate::prelude::*;
 
 use alloc::collections::BTreeMap;
 
-use crate::structs::Service;
+use crate::structs::{AllocatedResources, Service};
 
 /// Ids of task services registered by a client (Nomad 0.11's `_nomad-task-` prefix).
 pub const TASK_SERVICE_PREFIX: &str = "_nomad-task-";
@@ -29,8 +29,12 @@ pub struct TaskServiceRegistration {
     pub tags: Vec<String>,
     pub meta: BTreeMap<String, String>,
     pub enable_tag_override: bool,
-    /// A literal port (`address_mode = "driver"`); 0 when the service names none.
+    /// The host port of the service's `port` label (or a literal port with
+    /// `address_mode = "driver"`); 0 when the service names none.
     pub port: u16,
+    /// The address of the port's network; empty: the agent's own address.
+    #[serde(default)]
+    pub address: String,
 }
 
 /// What the agent holds for one service id.
@@ -50,17 +54,32 @@ pub fn service_id(alloc_id: &str, task: &str, service: &Service) -> String {
     )
 }
 
-/// The registrations for one running task's `service` blocks.
-pub fn registrations(alloc_id: &str, task: &str, services: &[Service]) -> Vec<TaskServiceRegistration> {
+/// The registrations for one running task's `service` blocks. A service's `port` label is
+/// resolved against the allocation's ports (the task's own network first, then the group's)
+/// and registered at the host address and port, as Nomad's `address_mode = "auto"`/`"host"`
+/// do; a number is a literal port.
+pub fn registrations(
+    alloc_id: &str,
+    task: &str,
+    services: &[Service],
+    ports: &AllocatedResources,
+) -> Vec<TaskServiceRegistration> {
     services
         .iter()
-        .map(|service| TaskServiceRegistration {
-            id: service_id(alloc_id, task, service),
-            name: service.name.clone(),
-            tags: service.tags.clone(),
-            meta: service.meta.clone(),
-            enable_tag_override: service.enable_tag_override,
-            port: service.port_label.parse().unwrap_or(0),
+        .map(|service| {
+            let (port, address) = match ports.port(task, &service.port_label) {
+                Some(allocated) => (allocated.value, allocated.host_ip.clone()),
+                None => (service.port_label.parse().unwrap_or(0), String::new()),
+            };
+            TaskServiceRegistration {
+                id: service_id(alloc_id, task, service),
+                name: service.name.clone(),
+                tags: service.tags.clone(),
+                meta: service.meta.clone(),
+                enable_tag_override: service.enable_tag_override,
+                port,
+                address,
+            }
         })
         .collect()
 }
@@ -120,7 +139,7 @@ mod tests {
     }
 
     fn desired(services: &[Service]) -> BTreeMap<String, TaskServiceRegistration> {
-        registrations("a1", "web", services)
+        registrations("a1", "web", services, &AllocatedResources::default())
             .into_iter()
             .map(|registration| (registration.id.clone(), registration))
             .collect()

@@ -15,6 +15,7 @@
 //!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
 
 pub mod constraints;
+pub mod ports;
 mod reconcile;
 pub mod reschedule;
 pub mod worker;
@@ -24,7 +25,7 @@ use reconcile::Reconcile;
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 
 use crate::fsm::ServerState;
 use crate::structs::{
@@ -64,20 +65,21 @@ struct Placement<'a> {
 }
 
 /// Usage of one node: what live allocations hold, adjusted by the plan so far.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 struct Usage {
     cpu: u64,
     memory_mb: u64,
+    ports: BTreeSet<u16>,
 }
 
+/// The CPU and memory `group` asks for (its ports are assigned per node, [`ports::assign`]).
 pub fn group_resources(group: &TaskGroup) -> AllocatedResources {
-    group
-        .tasks
-        .iter()
-        .fold(AllocatedResources::default(), |sum, task| AllocatedResources {
-            cpu: sum.cpu + u64::from(task.resources.cpu),
-            memory_mb: sum.memory_mb + u64::from(task.resources.memory_mb),
-        })
+    let mut sum = AllocatedResources::default();
+    for task in &group.tasks {
+        sum.cpu += u64::from(task.resources.cpu);
+        sum.memory_mb += u64::from(task.resources.memory_mb);
+    }
+    sum
 }
 
 fn alloc_name(job: &Job, group: &TaskGroup, index: u32) -> String {
@@ -137,6 +139,7 @@ fn node_usage(state: &ServerState) -> BTreeMap<String, Usage> {
         let entry = usage.entry(alloc.node_id.clone()).or_default();
         entry.cpu += alloc.resources.cpu;
         entry.memory_mb += alloc.resources.memory_mb;
+        entry.ports.extend(alloc.resources.host_ports());
     }
     usage
 }
@@ -148,7 +151,7 @@ fn select_node(
     job: &Job,
     group: &TaskGroup,
     placement: &Placement<'_>,
-    ask: AllocatedResources,
+    ask: &AllocatedResources,
     usage: &BTreeMap<String, Usage>,
     plan: &Plan,
 ) -> (Option<String>, AllocMetric) {
@@ -175,18 +178,20 @@ fn select_node(
             *metric.constraint_filtered.entry(reason).or_default() += 1;
             continue;
         }
-        let used = usage.get(&node.id).copied().unwrap_or_default();
+        let idle = Usage::default();
+        let used = usage.get(&node.id).unwrap_or(&idle);
         let cpu_after = used.cpu + ask.cpu;
         let memory_after = used.memory_mb + ask.memory_mb;
-        let mut exhausted = None;
-        if node.resources.cpu > 0 && cpu_after > node.resources.cpu {
-            exhausted = Some("cpu");
-        } else if node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {
-            exhausted = Some("memory");
+        // Nomad checks the network first, then CPU and memory.
+        let mut exhausted = ports::assign(node, &used.ports, group, &placement.name).err();
+        if exhausted.is_none() && node.resources.cpu > 0 && cpu_after > node.resources.cpu {
+            exhausted = Some("cpu".into());
+        } else if exhausted.is_none() && node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {
+            exhausted = Some("memory".into());
         }
         if let Some(dimension) = exhausted {
             metric.nodes_exhausted += 1;
-            *metric.dimension_exhausted.entry(dimension.to_string()).or_default() += 1;
+            *metric.dimension_exhausted.entry(dimension).or_default() += 1;
             continue;
         }
         // Fullest after placement first: utilisation in parts per million, summed.

@@ -11,7 +11,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use super::reschedule::{self, ALLOC_RESCHEDULED};
 use super::{
     ALLOC_LOST, ALLOC_MIGRATING, ALLOC_NODE_INELIGIBLE, ALLOC_NOT_NEEDED, ALLOC_UPDATING, Placement, Plan, Usage,
-    alloc_name, group_resources, node_usage, select_node,
+    alloc_name, group_resources, node_usage, ports, select_node,
 };
 use crate::fsm::ServerState;
 use crate::structs::{
@@ -51,6 +51,9 @@ impl<'a> Reconcile<'a> {
         if let Some(node) = self.usage.get_mut(&alloc.node_id) {
             node.cpu = node.cpu.saturating_sub(alloc.resources.cpu);
             node.memory_mb = node.memory_mb.saturating_sub(alloc.resources.memory_mb);
+            for port in alloc.resources.host_ports() {
+                node.ports.remove(&port);
+            }
         }
         self.plan.allocs.push(stopped);
     }
@@ -249,8 +252,8 @@ impl<'a> Reconcile<'a> {
         };
         let mut failed: BTreeMap<String, AllocMetric> = BTreeMap::new();
         for placement in core::mem::take(&mut self.placements) {
-            let ask = group_resources(placement.group);
-            let (chosen, metric) = select_node(state, job, placement.group, &placement, ask, &self.usage, &self.plan);
+            let mut ask = group_resources(placement.group);
+            let (chosen, metric) = select_node(state, job, placement.group, &placement, &ask, &self.usage, &self.plan);
             match chosen {
                 Some(node_id) => {
                     debug_assert!(
@@ -260,11 +263,19 @@ impl<'a> Reconcile<'a> {
                         "placed {} on {node_id}, which is not ready and eligible",
                         placement.name
                     );
+                    let id = new_id();
                     let entry = self.usage.entry(node_id.clone()).or_default();
+                    if let Some(node) = state.node(&node_id) {
+                        // Feasible a moment ago with the same usage: the same ports are free.
+                        let assigned = ports::assign(node, &entry.ports, placement.group, &id).unwrap_or_default();
+                        entry.ports.extend(assigned.host_ports());
+                        ask.ports = assigned.shared;
+                        ask.task_ports = assigned.tasks;
+                    }
                     entry.cpu += ask.cpu;
                     entry.memory_mb += ask.memory_mb;
                     self.plan.allocs.push(Allocation {
-                        id: new_id(),
+                        id,
                         namespace: job.namespace.clone(),
                         eval_id: eval.id.clone(),
                         name: placement.name,

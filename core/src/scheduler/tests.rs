@@ -24,7 +24,11 @@ fn node(id: &str, cpu: u64) -> Node {
                 ..DriverInfo::default()
             },
         )]),
-        resources: NodeResources { cpu, memory_mb: 4096 },
+        resources: NodeResources {
+            cpu,
+            memory_mb: 4096,
+            ..NodeResources::default()
+        },
         ..Node::default()
     }
 }
@@ -46,8 +50,7 @@ fn job(id: &str, job_type: JobType, count: u32, cpu: u32) -> Job {
                 resources: TaskResources {
                     cpu,
                     memory_mb: 100,
-                    devices: Vec::new(),
-                    memory_max_mb: 0,
+                    ..TaskResources::default()
                 },
                 ..Task::default()
             }],
@@ -776,4 +779,96 @@ fn affinities_outweigh_bin_packing_and_anti_affinities_push_away() {
     });
     let eval = world.register(&averse);
     assert_eq!(world.run(&eval).placed().next().unwrap().node_id, "n2");
+}
+
+fn with_ports(mut job: Job, statics: &[(&str, u16)], dynamics: &[&str]) -> Job {
+    use crate::structs::{NetworkResource, Port};
+    let port = |label: &str, value: u16| Port {
+        label: label.into(),
+        value,
+        ..Port::default()
+    };
+    job.task_groups[0].networks = vec![NetworkResource {
+        reserved_ports: statics.iter().map(|(label, value)| port(label, *value)).collect(),
+        dynamic_ports: dynamics.iter().map(|label| port(label, 0)).collect(),
+        ..NetworkResource::default()
+    }];
+    job
+}
+
+fn ports_on(world: &World, node_id: &str) -> Vec<u16> {
+    world
+        .fx
+        .state
+        .allocs()
+        .filter(|alloc| alloc.node_id == node_id && !alloc.terminal())
+        .flat_map(|alloc| alloc.resources.host_ports().collect::<Vec<_>>())
+        .collect()
+}
+
+#[test]
+fn fifty_allocations_on_one_node_never_share_a_port() {
+    let mut big = node("n1", 100_000);
+    big.resources.memory_mb = 100_000;
+    let mut world = World::new(&[big]);
+    let web = with_ports(job("web", JobType::Service, 50, 10), &[], &["http", "admin"]);
+    let eval = world.register(&web);
+    let plan = world.run(&eval);
+    assert_eq!(plan.placed().count(), 50, "{:?}", reasons(&plan));
+    let ports = ports_on(&world, "n1");
+    assert_eq!(ports.len(), 100);
+    assert_eq!(
+        ports.iter().collect::<BTreeSet<_>>().len(),
+        100,
+        "a port was handed out twice"
+    );
+    assert!(ports.iter().all(|port| (20000..=32000).contains(port)));
+    let alloc = world.fx.state.allocs().next().unwrap();
+    assert_eq!(alloc.resources.ports[0].label, "http");
+    assert_eq!(
+        alloc.resources.ports[0].host_ip, "127.0.0.1",
+        "a node without addresses: loopback"
+    );
+}
+
+#[test]
+fn a_static_port_collision_and_an_exhausted_range_are_reported_as_nomad_does() {
+    let mut narrow = node("n1", 100_000);
+    narrow.resources.min_dynamic_port = 21000;
+    narrow.resources.max_dynamic_port = 21002;
+    narrow.resources.reserved_ports = [21001].into();
+    let mut world = World::new(&[narrow]);
+    let fixed = with_ports(job("fixed", JobType::Service, 2, 10), &[("http", 8080)], &[]);
+    let eval = world.register(&fixed);
+    let plan = world.run(&eval);
+    assert_eq!(plan.placed().count(), 1);
+    let metric = &plan.evals[0].failed_tg_allocs["g"];
+    assert_eq!(
+        metric.dimension_exhausted["network: reserved port collision http=8080"],
+        1
+    );
+    // Two free dynamic ports (21001 is reserved): the third allocation cannot have one.
+    let dynamic = with_ports(job("dynamic", JobType::Service, 3, 10), &[], &["any"]);
+    let eval = world.register(&dynamic);
+    let plan = world.run(&eval);
+    assert_eq!(plan.placed().count(), 2);
+    assert_eq!(
+        plan.evals[0].failed_tg_allocs["g"].dimension_exhausted["network: dynamic port selection failed"],
+        1
+    );
+    let mut ports = ports_on(&world, "n1");
+    ports.sort();
+    assert_eq!(ports, [8080, 21000, 21002]);
+    // Stopping the job that holds 8080 frees it for the next placement.
+    let stop = world.eval("fixed");
+    world.fx.ok(Command::JobStop {
+        namespace: "default".into(),
+        job_id: "fixed".into(),
+        purge: false,
+        eval: stop.clone(),
+    });
+    world.run(&stop);
+    let again = with_ports(job("again", JobType::Service, 1, 10), &[("web", 8080)], &[]);
+    let eval = world.register(&again);
+    assert_eq!(world.run(&eval).placed().count(), 1);
 }

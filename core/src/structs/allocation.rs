@@ -72,11 +72,38 @@ pub struct DesiredTransition {
     pub migrate: bool,
 }
 
-/// CPU (MHz) and memory (MB) an allocation holds on its node.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// CPU (MHz), memory (MB) and ports an allocation holds on its node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AllocatedResources {
     pub cpu: u64,
     pub memory_mb: u64,
+    /// The group network's ports (Nomad's `AllocatedResources.Shared.Ports`).
+    #[serde(default)]
+    pub ports: Vec<AllocatedPort>,
+    /// Ports of tasks' own `resources { network {} }`, by task.
+    #[serde(default)]
+    pub task_ports: BTreeMap<String, Vec<AllocatedPort>>,
+}
+
+impl AllocatedResources {
+    /// Every host port the allocation holds.
+    pub fn host_ports(&self) -> impl Iterator<Item = u16> + '_ {
+        self.ports
+            .iter()
+            .chain(self.task_ports.values().flatten())
+            .map(|port| port.value)
+    }
+
+    /// The port `label` as the task `task` sees it: its own task network first, then the
+    /// group's.
+    pub fn port(&self, task: &str, label: &str) -> Option<&AllocatedPort> {
+        self.task_ports
+            .get(task)
+            .into_iter()
+            .flatten()
+            .chain(&self.ports)
+            .find(|port| port.label == label)
+    }
 }
 
 /// What the scheduler saw placing one allocation (or failing to): Nomad's `AllocMetric`.

@@ -20,6 +20,9 @@ pub struct TaskGroup {
     pub constraints: Vec<Constraint>,
     #[serde(default)]
     pub affinities: Vec<Affinity>,
+    /// The group's `network` block (Nomad allows one): ports shared by its tasks.
+    #[serde(default)]
+    pub networks: Vec<NetworkResource>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).

@@ -21,6 +21,7 @@ mod constraint;
 mod csi;
 mod job;
 mod kinds;
+mod network;
 mod node;
 mod task;
 
@@ -29,5 +30,6 @@ pub use constraint::*;
 pub use csi::*;
 pub use job::*;
 pub use kinds::*;
+pub use network::*;
 pub use node::*;
 pub use task::*;

@@ -82,11 +82,45 @@ pub struct DriverInfo {
     pub attributes: BTreeMap<String, String>,
 }
 
-/// A node's total CPU (MHz, summed over cores) and memory (MB).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A node's total CPU (MHz, summed over cores) and memory (MB), its addresses, and which
+/// ports allocations may have.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeResources {
     pub cpu: u64,
     pub memory_mb: u64,
+    /// The addresses tasks' ports are allocated on (the first one is used).
+    #[serde(default)]
+    pub networks: Vec<NodeNetwork>,
+    /// `reserved { reserved_ports }`: ports no allocation gets.
+    #[serde(default)]
+    pub reserved_ports: BTreeSet<u16>,
+    /// The dynamic port range; 0 for Nomad's defaults.
+    #[serde(default)]
+    pub min_dynamic_port: u16,
+    #[serde(default)]
+    pub max_dynamic_port: u16,
+}
+
+impl NodeResources {
+    /// The dynamic port range, Nomad's default where unset.
+    pub fn dynamic_range(&self) -> core::ops::RangeInclusive<u16> {
+        let min = if self.min_dynamic_port == 0 {
+            DEFAULT_MIN_DYNAMIC_PORT
+        } else {
+            self.min_dynamic_port
+        };
+        let max = if self.max_dynamic_port == 0 {
+            DEFAULT_MAX_DYNAMIC_PORT
+        } else {
+            self.max_dynamic_port
+        };
+        min..=max
+    }
+
+    /// The address ports are allocated on.
+    pub fn host_ip(&self) -> &str {
+        self.networks.first().map_or("127.0.0.1", |network| network.ip.as_str())
+    }
 }
 
 /// How many events a node keeps (Nomad's `MaxRetainedNodeEvents`).

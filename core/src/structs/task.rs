@@ -175,6 +175,9 @@ pub struct TaskResources {
     /// oversubscription); 0 for none, `memory` is then the hard limit.
     #[serde(default)]
     pub memory_max_mb: u32,
+    /// 0.11-style `resources { network {} }`: ports of this task alone.
+    #[serde(default)]
+    pub networks: Vec<NetworkResource>,
 }
 
 /// Nomad's default `kill_timeout`.

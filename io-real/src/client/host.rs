@@ -191,7 +191,11 @@ pub fn client_identity(
         region: config.region.clone(),
         seed: node_id,
     };
-    let resources = host_resources();
+    let mut resources = host_resources();
+    resources.networks = host_networks(config);
+    resources.reserved_ports = config.client.reserved_ports.clone();
+    resources.min_dynamic_port = config.client.min_dynamic_port;
+    resources.max_dynamic_port = config.client.max_dynamic_port;
     let node = Node {
         id,
         name: config.name.clone(),
@@ -267,6 +271,110 @@ pub fn host_attributes(
     attributes
 }
 
+/// Every address of every interface that is up (IPv4 before IPv6, then by interface name).
+pub fn interfaces() -> Vec<drover_core::structs::NodeNetwork> {
+    let mut found = Vec::new();
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we walk read-only and then free.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Vec::new();
+    }
+    let mut entry = list;
+    while !entry.is_null() {
+        // SAFETY: `entry` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*entry };
+        entry = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_flags & libc::IFF_UP as u32 == 0 {
+            continue;
+        }
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let device = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }
+            .to_string_lossy()
+            .into_owned();
+        let Some(ip) = sockaddr_ip(ifa.ifa_addr) else { continue };
+        let prefix = sockaddr_ip(ifa.ifa_netmask).map_or(0, |mask| match mask {
+            std::net::IpAddr::V4(mask) => u32::from(mask).count_ones(),
+            std::net::IpAddr::V6(mask) => u128::from(mask).count_ones(),
+        });
+        found.push((ip.is_ipv6(), device, ip, prefix));
+    }
+    // SAFETY: `list` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(list) };
+    found.sort();
+    found
+        .into_iter()
+        .map(|(_, device, ip, prefix)| drover_core::structs::NodeNetwork {
+            device,
+            ip: ip.to_string(),
+            cidr: format!("{ip}/{prefix}"),
+        })
+        .collect()
+}
+
+fn sockaddr_ip(addr: *const libc::sockaddr) -> Option<std::net::IpAddr> {
+    if addr.is_null() {
+        return None;
+    }
+    // SAFETY: the family says which sockaddr this is; each is read as its own type.
+    unsafe {
+        match i32::from((*addr).sa_family) {
+            libc::AF_INET => {
+                let v4 = &*(addr as *const libc::sockaddr_in);
+                Some(std::net::IpAddr::V4(std::net::Ipv4Addr::from(u32::from_be(
+                    v4.sin_addr.s_addr,
+                ))))
+            }
+            libc::AF_INET6 => {
+                let v6 = &*(addr as *const libc::sockaddr_in6);
+                Some(std::net::IpAddr::V6(std::net::Ipv6Addr::from(v6.sin6_addr.s6_addr)))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The address tasks' ports are allocated on (Nomad's network fingerprint): the configured
+/// `network_interface`'s first address; else the interface holding the advertised address;
+/// else, when the agent advertises no specific address, the default route's interface; else
+/// loopback.
+pub fn host_networks(config: &drover_core::config::AgentConfig) -> Vec<drover_core::structs::NodeNetwork> {
+    let all = interfaces();
+    let on = |device: &str| all.iter().find(|network| network.device == device).cloned();
+    let chosen = if !config.client.network_interface.is_empty() {
+        on(&config.client.network_interface)
+    } else {
+        let advertised = config.advertise.http.ip();
+        if advertised.is_unspecified() {
+            default_route_interface().and_then(|device| on(&device))
+        } else {
+            all.iter()
+                .find(|network| network.ip == advertised.to_string())
+                .cloned()
+                .or_else(|| {
+                    Some(drover_core::structs::NodeNetwork {
+                        device: String::new(),
+                        ip: advertised.to_string(),
+                        cidr: format!("{advertised}/{}", if advertised.is_ipv6() { 128 } else { 32 }),
+                    })
+                })
+        }
+    };
+    vec![chosen.unwrap_or_else(|| drover_core::structs::NodeNetwork {
+        device: "lo".into(),
+        ip: "127.0.0.1".into(),
+        cidr: "127.0.0.1/8".into(),
+    })]
+}
+
+/// The interface of the IPv4 default route, from /proc/net/route.
+fn default_route_interface() -> Option<String> {
+    let table = std::fs::read_to_string("/proc/net/route").ok()?;
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.get(1) == Some(&"00000000")).then(|| fields[0].to_string())
+    })
+}
+
 /// The Nomad version whose API and behaviour the agent follows (`${attr.nomad.version}`, for
 /// jobs that constrain on it).
 pub const NOMAD_COMPATIBLE_VERSION: &str = "1.1.2";
@@ -295,6 +403,7 @@ pub fn host_resources() -> drover_core::structs::NodeResources {
     drover_core::structs::NodeResources {
         cpu: (per_core * cores as f64) as u64,
         memory_mb: memory_kb / 1024,
+        ..Default::default()
     }
 }
 

@@ -14,7 +14,7 @@ pub use store::{CLIENT_STATE_FILE, ClientStore, ClientStoreError};
 #[cfg(not(madsim))]
 mod host;
 #[cfg(not(madsim))]
-pub use host::{HostExecutor, client_identity, host_resources};
+pub use host::{HostExecutor, client_identity, host_networks, host_resources, interfaces};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -130,12 +130,50 @@ pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
             "Metrics".into(),
             alloc.metrics.as_ref().map_or(Value::Null, crate::http::jobs_metric),
         );
-        map.insert(
-            "AllocatedResources".into(),
-            json!({"Shared": {}, "Tasks": {}, "Total": {"Cpu": {"CpuShares": alloc.resources.cpu}, "Memory": {"MemoryMB": alloc.resources.memory_mb}}}),
-        );
+        map.insert("AllocatedResources".into(), allocated_resources(alloc, state));
     }
     value
+}
+
+/// Nomad's `AllocatedResources`: per task CPU, memory and own networks; the group network's
+/// ports under `Shared`; the sums under `Total`.
+pub fn allocated_resources(alloc: &Allocation, state: &ServerState) -> Value {
+    use crate::jobs::{ApiNetworkResource, ApiPortMapping};
+    let group = state
+        .job(&alloc.namespace, &alloc.job_id)
+        .and_then(|job| job.task_groups.iter().find(|group| group.name == alloc.task_group));
+    let tasks: Map<String, Value> =
+        group
+            .map(|group| {
+                group
+                .tasks
+                .iter()
+                .map(|task| {
+                    let ports = alloc.resources.task_ports.get(&task.name).map_or(&[][..], Vec::as_slice);
+                    let value = json!({
+                        "Cpu": {"CpuShares": task.resources.cpu},
+                        "Memory": {"MemoryMB": task.resources.memory_mb, "MemoryMaxMB": task.resources.memory_max_mb},
+                        "Networks": ApiNetworkResource::allocated(&task.resources.networks, ports),
+                    });
+                    (task.name.clone(), value)
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+    let shared_networks = group.map_or_else(Vec::new, |group| {
+        ApiNetworkResource::allocated(&group.networks, &alloc.resources.ports)
+    });
+    json!({
+        "Shared": {
+            "Ports": alloc.resources.ports.iter().map(ApiPortMapping::from_port).collect::<Vec<_>>(),
+            "Networks": shared_networks,
+        },
+        "Tasks": tasks,
+        "Total": {
+            "Cpu": {"CpuShares": alloc.resources.cpu},
+            "Memory": {"MemoryMB": alloc.resources.memory_mb},
+        },
+    })
 }
 
 fn claim(claim: &CsiVolumeClaim) -> Value {
@@ -361,7 +399,7 @@ pub fn node_stub(node: &Node) -> Value {
         "ID": node.id,
         "Datacenter": node.datacenter,
         "Name": node.name,
-        "NodeClass": "",
+        "NodeClass": node.node_class,
         "NodePool": "default",
         "Version": "",
         "Drain": node.drain_strategy.is_some(),
@@ -384,7 +422,20 @@ pub fn node(node: &Node) -> Value {
         "HTTPAddr": node.http_addr,
         "TLSEnabled": false,
         "Attributes": node.attributes,
-        "NodeClass": "",
+        "Meta": node.meta,
+        "NodeResources": {
+            "Cpu": {"CpuShares": node.resources.cpu},
+            "Memory": {"MemoryMB": node.resources.memory_mb},
+            "Networks": node.resources.networks.iter().map(crate::jobs::ApiNetworkResource::node).collect::<Vec<_>>(),
+            "MinDynamicPort": *node.resources.dynamic_range().start(),
+            "MaxDynamicPort": *node.resources.dynamic_range().end(),
+        },
+        "ReservedResources": {
+            "Networks": {
+                "ReservedHostPorts": drover_core::structs::format_port_ranges(&node.resources.reserved_ports),
+            },
+        },
+        "NodeClass": node.node_class,
         "NodePool": "default",
         "Drain": node.drain_strategy.is_some(),
         "DrainStrategy": drain_strategy(node),

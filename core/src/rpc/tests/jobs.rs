@@ -21,8 +21,7 @@ fn web(count: u32) -> Job {
                 resources: TaskResources {
                     cpu: 100,
                     memory_mb: 64,
-                    devices: Vec::new(),
-                    memory_max_mb: 0,
+                    ..TaskResources::default()
                 },
                 ..Task::default()
             }],

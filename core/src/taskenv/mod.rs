@@ -12,6 +12,8 @@
 //! `node.region`, `node.class`. Anything else stays as written, as Nomad leaves it: a typo
 //! shows up in the task's own output instead of vanishing.
 
+mod ports;
+
 #[allow(unused_imports)]
 use crate::prelude::*;
 
@@ -19,7 +21,7 @@ use alloc::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::structs::{ConfigValue, Node, Service, ServiceCheck};
+use crate::structs::{AllocatedPort, ConfigValue, Node, Service, ServiceCheck};
 
 /// The node a task runs on, as interpolation sees it: its record and the agent's region.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +91,10 @@ pub struct TaskEnvSpec {
     pub hook_env: BTreeMap<String, String>,
     /// The task's `env` block, not yet interpolated.
     pub task_env: BTreeMap<String, String>,
+    /// The group network's ports, as allocated.
+    pub ports: Vec<AllocatedPort>,
+    /// Ports of tasks' own networks, by task (this one's and the others').
+    pub task_ports: BTreeMap<String, Vec<AllocatedPort>>,
 }
 
 /// A task's variables and its node, ready to interpolate with.
@@ -142,6 +148,14 @@ impl<'a> TaskEnv<'a> {
             env.vars
                 .insert("NOMAD_MEMORY_MAX_LIMIT".to_string(), spec.memory_max_mb.to_string());
         }
+        // Nomad's order: the task's own network, then other tasks' ports, then the group's.
+        if let Some(own) = spec.task_ports.get(&spec.task) {
+            ports::own(&mut env.vars, own);
+        }
+        for (task, task_ports) in spec.task_ports.iter().filter(|(task, _)| **task != spec.task) {
+            ports::other_task(&mut env.vars, task, task_ports);
+        }
+        ports::shared(&mut env.vars, &spec.ports);
         // Nomad sets each meta key twice: as written and upper-cased.
         for (key, value) in &spec.meta {
             let value = env.interpolate(value);
@@ -156,6 +170,11 @@ impl<'a> TaskEnv<'a> {
             let value = env.interpolate(value);
             env.vars.insert(name.clone(), value);
         }
+        // Names are cleaned last, as Nomad's: interpolation above saw them as written.
+        env.vars = core::mem::take(&mut env.vars)
+            .into_iter()
+            .map(|(name, value)| (ports::clean_name(&name), value))
+            .collect();
         env
     }
 
@@ -291,6 +310,8 @@ mod tests {
             meta: BTreeMap::new(),
             hook_env: BTreeMap::new(),
             task_env: BTreeMap::new(),
+            ports: Vec::new(),
+            task_ports: BTreeMap::new(),
         }
     }
 

@@ -4,8 +4,12 @@
 //! namespace `default`, name = ID, priority 50, type `service`, count 1, 100 MHz and 300 MB
 //! per task, a 5 s kill timeout.
 
+mod network;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
 
 use drover_core::structs::{
     AccessMode, Affinity, AttachmentMode, ConfigValue, Constraint, CsiMountOptions, CsiPluginType, Job, JobType,
@@ -121,6 +125,7 @@ pub struct ApiTaskGroup {
     pub meta: BTreeMap<String, String>,
     pub constraints: Vec<ApiConstraint>,
     pub affinities: Vec<ApiAffinity>,
+    pub networks: Vec<ApiNetworkResource>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -198,6 +203,7 @@ pub struct ApiResources {
     #[serde(rename = "MemoryMaxMB")]
     pub memory_max_mb: Option<u32>,
     pub devices: Vec<ApiDevice>,
+    pub networks: Vec<ApiNetworkResource>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -423,6 +429,11 @@ impl ApiTaskGroup {
             meta: self.meta.clone(),
             constraints: constraints_in(&self.constraints),
             affinities: affinities_in(&self.affinities),
+            networks: self
+                .networks
+                .iter()
+                .map(|network| network.to_network(&format!("Group {}", self.name), problems))
+                .collect(),
             migrate: self.migrate.as_ref().map(|migrate| MigrateStrategy {
                 max_parallel: migrate.max_parallel.unwrap_or(MigrateStrategy::default().max_parallel),
             }),
@@ -439,6 +450,7 @@ impl ApiTaskGroup {
             constraints: constraints_out(&group.constraints),
             affinities: affinities_out(&group.affinities),
             count: Some(group.count),
+            networks: group.networks.iter().map(ApiNetworkResource::from_network).collect(),
             tasks: group.tasks.iter().map(ApiTask::from_task).collect(),
             volumes: group
                 .volumes
@@ -538,6 +550,11 @@ impl ApiTask {
                 cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
                 memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
                 memory_max_mb: resources.memory_max_mb.unwrap_or(0),
+                networks: resources
+                    .networks
+                    .iter()
+                    .map(|network| network.to_network(&format!("Task {}", self.name), problems))
+                    .collect(),
                 devices: resources
                     .devices
                     .iter()
@@ -560,6 +577,12 @@ impl ApiTask {
                 cpu: Some(task.resources.cpu),
                 memory_mb: Some(task.resources.memory_mb),
                 memory_max_mb: (task.resources.memory_max_mb > 0).then_some(task.resources.memory_max_mb),
+                networks: task
+                    .resources
+                    .networks
+                    .iter()
+                    .map(ApiNetworkResource::from_network)
+                    .collect(),
                 devices: task
                     .resources
                     .devices
