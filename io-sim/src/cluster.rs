@@ -542,6 +542,9 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
                 ip: spec.config.advertise.http.ip().to_string(),
                 cidr: format!("{}/32", spec.config.advertise.http.ip()),
             }],
+            // A narrow dynamic range, so a port handed out twice is likely to show.
+            min_dynamic_port: 20000,
+            max_dynamic_port: 20015,
             ..NodeResources::default()
         },
         attributes: [

@@ -39,6 +39,8 @@ struct SimTask {
     exit_at: Option<tokio::time::Instant>,
     exit_code: i32,
     exit: watch::Sender<Option<ExitResult>>,
+    /// Host ports the task binds (its `NOMAD_HOST_PORT_*` variables).
+    ports: BTreeSet<u16>,
 }
 
 impl SimTask {
@@ -247,6 +249,32 @@ impl SimHost {
             );
             return Err(IoError::other("task already running"));
         }
+        // The task binds the host ports it was given, as a real server would: one bound by
+        // another running task on this host would fail with EADDRINUSE.
+        let ports: BTreeSet<u16> = config
+            .env
+            .iter()
+            .filter(|(name, _)| name.starts_with("NOMAD_HOST_PORT_"))
+            .filter_map(|(_, value)| value.parse().ok())
+            .collect();
+        let holder = state
+            .tasks
+            .iter()
+            .find(|(_, task)| task.running() && !task.ports.is_disjoint(&ports))
+            .map(|((alloc, task), held)| {
+                (
+                    format!("{alloc}/{task}"),
+                    held.ports.intersection(&ports).copied().collect::<Vec<_>>(),
+                )
+            });
+        if let Some((holder, shared)) = holder {
+            drop(state);
+            self.recorder.violate(
+                "a host port is bound by one task at a time",
+                format!("{}: {}/{} binds {shared:?}, held by {holder}", self.name, key.0, key.1),
+            );
+            return Err(IoError::other("bind: address already in use"));
+        }
         state.next_pid += 1;
         state.starts += 1;
         let pid = state.next_pid;
@@ -266,6 +294,7 @@ impl SimHost {
                 exit_at,
                 exit_code,
                 exit,
+                ports,
             },
         );
         drop(state);

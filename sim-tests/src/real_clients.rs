@@ -147,8 +147,7 @@ pub fn plugin_job() -> Job {
                 resources: TaskResources {
                     cpu: 50,
                     memory_mb: 32,
-                    devices: Vec::new(),
-                    memory_max_mb: 0,
+                    ..TaskResources::default()
                 },
                 csi_plugin: Some(TaskCsiPluginConfig {
                     id: PLUGIN_ID.into(),
@@ -181,7 +180,7 @@ pub fn volume(id: &str, access: AccessMode) -> CsiVolume {
 
 /// The Consul service id of a job's task in `alloc`.
 fn service_id(job: &RealJob, alloc: &str) -> String {
-    format!("{TASK_SERVICE_PREFIX}{alloc}-server-{}-8080", job.id)
+    format!("{TASK_SERVICE_PREFIX}{alloc}-server-{}-http", job.id)
 }
 
 /// Version `version` of a job: each version is a destructive update (its env changes).
@@ -237,17 +236,17 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
                 config,
                 env: BTreeMap::from([("VERSION".to_string(), version.to_string())]),
                 volume_mounts,
+                // Registered at the dynamic port the allocation was given.
                 services: vec![Service {
                     name: spec.id.clone(),
-                    port_label: "8080".into(),
-                    address_mode: "driver".into(),
+                    port_label: "http".into(),
+                    address_mode: "auto".into(),
                     ..Service::default()
                 }],
                 resources: TaskResources {
                     cpu: 100,
                     memory_mb: 64,
-                    devices: Vec::new(),
-                    memory_max_mb: 0,
+                    ..TaskResources::default()
                 },
                 ..Task::default()
             }],
@@ -260,6 +259,13 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
                 delay: Duration::from_secs(15),
                 mode: RestartMode::Fail,
             }),
+            networks: vec![drover_core::structs::NetworkResource {
+                dynamic_ports: vec![drover_core::structs::Port {
+                    label: "http".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
             ..TaskGroup::default()
         }],
         ..Job::default()

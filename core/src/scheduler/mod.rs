@@ -29,8 +29,8 @@ use alloc::collections::{BTreeMap, BTreeSet};
 
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, AllocatedResources, Allocation, CsiVolume, DISTINCT_HOSTS, DISTINCT_PROPERTY, DesiredStatus,
-    EVAL_COMPLETE, Evaluation, Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
+    AllocMetric, AllocatedResources, Allocation, ClientStatus, CsiVolume, DISTINCT_HOSTS, DISTINCT_PROPERTY,
+    DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
 };
 
 /// Nomad's desired-status descriptions.
@@ -70,6 +70,9 @@ struct Usage {
     cpu: u64,
     memory_mb: u64,
     ports: BTreeSet<u16>,
+    /// Ports of allocations told to stop whose tasks may still hold them (until their client
+    /// reports them finished): a dynamic pick avoids them while it can.
+    releasing: BTreeSet<u16>,
 }
 
 /// The CPU and memory `group` asks for (its ports are assigned per node, [`ports::assign`]).
@@ -135,8 +138,15 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
 /// What live allocations (placed, not stopped, not finished) hold on each node.
 fn node_usage(state: &ServerState) -> BTreeMap<String, Usage> {
     let mut usage: BTreeMap<String, Usage> = BTreeMap::new();
-    for alloc in state.allocs().filter(|alloc| !alloc.terminal()) {
+    // A lost allocation's tasks may still run on a node that was only cut off: until the
+    // client comes back and stops them, its ports are being released too.
+    let maybe_running = |alloc: &&Allocation| !alloc.client_terminal() || alloc.client_status == ClientStatus::Lost;
+    for alloc in state.allocs().filter(maybe_running) {
         let entry = usage.entry(alloc.node_id.clone()).or_default();
+        if alloc.terminal() {
+            entry.releasing.extend(alloc.resources.host_ports());
+            continue;
+        }
         entry.cpu += alloc.resources.cpu;
         entry.memory_mb += alloc.resources.memory_mb;
         entry.ports.extend(alloc.resources.host_ports());
@@ -183,7 +193,7 @@ fn select_node(
         let cpu_after = used.cpu + ask.cpu;
         let memory_after = used.memory_mb + ask.memory_mb;
         // Nomad checks the network first, then CPU and memory.
-        let mut exhausted = ports::assign(node, &used.ports, group, &placement.name).err();
+        let mut exhausted = ports::assign(node, &used.ports, &used.releasing, group, &placement.name).err();
         if exhausted.is_none() && node.resources.cpu > 0 && cpu_after > node.resources.cpu {
             exhausted = Some("cpu".into());
         } else if exhausted.is_none() && node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {

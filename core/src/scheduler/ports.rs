@@ -33,9 +33,17 @@ impl Assigned {
 }
 
 /// Assigns every port `group` asks for on `node`, where `used` holds the ports live
-/// allocations have. `spread` seeds where each dynamic search starts (the allocation id).
-/// Errors are Nomad's exhausted-dimension texts.
-pub fn assign(node: &Node, used: &BTreeSet<u16>, group: &TaskGroup, spread: &str) -> Result<Assigned, String> {
+/// allocations have and `releasing` those of allocations told to stop whose tasks may still
+/// be running: a dynamic pick takes one of those only when nothing else is free (Nomad takes
+/// them at once, and the new task can find its port still bound). `spread` seeds where each
+/// dynamic search starts (the allocation id). Errors are Nomad's exhausted-dimension texts.
+pub fn assign(
+    node: &Node,
+    used: &BTreeSet<u16>,
+    releasing: &BTreeSet<u16>,
+    group: &TaskGroup,
+    spread: &str,
+) -> Result<Assigned, String> {
     let mut taken: BTreeSet<u16> = used.iter().chain(&node.resources.reserved_ports).copied().collect();
     let asks = group
         .networks
@@ -74,9 +82,12 @@ pub fn assign(node: &Node, used: &BTreeSet<u16>, group: &TaskGroup, spread: &str
         } else {
             (fnv1a(spread, &port.label) % u64::from(span)) as u32
         };
-        let free = (0..span)
-            .map(|step| (low + (start + step) % span) as u16)
-            .find(|candidate| !taken.contains(candidate));
+        let search = |avoid: &BTreeSet<u16>| {
+            (0..span)
+                .map(|step| (low + (start + step) % span) as u16)
+                .find(|candidate| !taken.contains(candidate) && !avoid.contains(candidate))
+        };
+        let free = search(releasing).or_else(|| search(&BTreeSet::new()));
         let Some(value) = free else {
             return Err("network: dynamic port selection failed".into());
         };
@@ -164,7 +175,7 @@ mod tests {
             vec![port("http", 8080, 0)],
             vec![port("admin", 0, -1), port("db", 0, 5432)],
         );
-        let assigned = assign(&node, &BTreeSet::new(), &group, "alloc-1").unwrap();
+        let assigned = assign(&node, &BTreeSet::new(), &BTreeSet::new(), &group, "alloc-1").unwrap();
         assert_eq!(assigned.shared[0].value, 8080);
         assert_eq!(assigned.shared[0].host_ip, "10.0.0.5");
         let admin = &assigned.shared[1];
@@ -180,21 +191,21 @@ mod tests {
         let used: BTreeSet<u16> = [8080].into();
         let taken = group(vec![port("http", 8080, 0)], vec![]);
         assert_eq!(
-            assign(&node, &used, &taken, "a").unwrap_err(),
+            assign(&node, &used, &BTreeSet::new(), &taken, "a").unwrap_err(),
             "network: reserved port collision http=8080"
         );
         let reserved = group(vec![port("ssh", 22, 0)], vec![]);
         assert_eq!(
-            assign(&node, &used, &reserved, "a").unwrap_err(),
+            assign(&node, &used, &BTreeSet::new(), &reserved, "a").unwrap_err(),
             "network: reserved port collision ssh=22"
         );
         let three = group(vec![], vec![port("a", 0, 0), port("b", 0, 0), port("c", 0, 0)]);
         assert_eq!(
-            assign(&node, &used, &three, "a").unwrap_err(),
+            assign(&node, &used, &BTreeSet::new(), &three, "a").unwrap_err(),
             "network: dynamic port selection failed"
         );
         let two = group(vec![], vec![port("a", 0, 0), port("b", 0, 0)]);
-        let assigned = assign(&node, &used, &two, "a").unwrap();
+        let assigned = assign(&node, &used, &BTreeSet::new(), &two, "a").unwrap();
         let ports: BTreeSet<u16> = assigned.host_ports().collect();
         assert_eq!(ports, [20000, 20001].into());
     }
@@ -204,9 +215,26 @@ mod tests {
         let node = node(20000, 20001, &[]);
         let group = group(vec![port("fixed", 20000, 0)], vec![port("any", 0, 0)]);
         for spread in ["a", "b", "c", "d"] {
-            let assigned = assign(&node, &BTreeSet::new(), &group, spread).unwrap();
+            let assigned = assign(&node, &BTreeSet::new(), &BTreeSet::new(), &group, spread).unwrap();
             assert_eq!(assigned.shared[1].value, 20001);
         }
+    }
+
+    #[test]
+    fn ports_still_being_released_are_taken_only_when_nothing_else_is_free() {
+        let node = node(20000, 20001, &[]);
+        let group = group(vec![], vec![port("any", 0, 0)]);
+        let releasing: BTreeSet<u16> = [20000].into();
+        for spread in ["a", "b", "c", "d"] {
+            let assigned = assign(&node, &BTreeSet::new(), &releasing, &group, spread).unwrap();
+            assert_eq!(assigned.shared[0].value, 20001);
+        }
+        let used: BTreeSet<u16> = [20001].into();
+        let assigned = assign(&node, &used, &releasing, &group, "a").unwrap();
+        assert_eq!(
+            assigned.shared[0].value, 20000,
+            "better a port being released than none"
+        );
     }
 
     #[test]
@@ -225,11 +253,11 @@ mod tests {
             ..Task::default()
         });
         assert_eq!(
-            assign(&node, &BTreeSet::new(), &group, "a").unwrap_err(),
+            assign(&node, &BTreeSet::new(), &BTreeSet::new(), &group, "a").unwrap_err(),
             "network: dynamic port selection failed"
         );
         let node = self::node(20000, 20001, &[]);
-        let assigned = assign(&node, &BTreeSet::new(), &group, "a").unwrap();
+        let assigned = assign(&node, &BTreeSet::new(), &BTreeSet::new(), &group, "a").unwrap();
         assert_eq!(assigned.tasks["web"][0].label, "metrics");
         assert_ne!(assigned.tasks["web"][0].value, assigned.shared[0].value);
     }

@@ -53,6 +53,7 @@ impl<'a> Reconcile<'a> {
             node.memory_mb = node.memory_mb.saturating_sub(alloc.resources.memory_mb);
             for port in alloc.resources.host_ports() {
                 node.ports.remove(&port);
+                node.releasing.insert(port);
             }
         }
         self.plan.allocs.push(stopped);
@@ -267,7 +268,8 @@ impl<'a> Reconcile<'a> {
                     let entry = self.usage.entry(node_id.clone()).or_default();
                     if let Some(node) = state.node(&node_id) {
                         // Feasible a moment ago with the same usage: the same ports are free.
-                        let assigned = ports::assign(node, &entry.ports, placement.group, &id).unwrap_or_default();
+                        let assigned = ports::assign(node, &entry.ports, &entry.releasing, placement.group, &id)
+                            .unwrap_or_default();
                         entry.ports.extend(assigned.host_ports());
                         ask.ports = assigned.shared;
                         ask.task_ports = assigned.tasks;
