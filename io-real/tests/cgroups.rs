@@ -93,6 +93,26 @@ async fn none_left(marker: &str) -> Vec<i32> {
     marked(marker)
 }
 
+/// The session of `pid` (field 6 of /proc/<pid>/stat).
+fn session(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(") ")?.1.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The marked process leading a session other than `leader`'s: a daemon that `setsid` out.
+async fn until_daemon(marker: &str, leader: i32) -> i32 {
+    for _ in 0..250 {
+        let daemon = marked(marker)
+            .into_iter()
+            .find(|pid| *pid != leader && session(*pid) == Some(*pid));
+        if let Some(daemon) = daemon {
+            return daemon;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("no daemon left the task's session: {:?}", marked(marker));
+}
+
 async fn until_marked(marker: &str, at_least: usize) {
     for _ in 0..250 {
         if marked(marker).len() >= at_least {
@@ -139,17 +159,16 @@ async fn a_stopped_task_leaves_no_process_behind() {
     let dirs = cgroup_dirs(&handle);
     assert!(!dirs.is_empty(), "the task has a cgroup: {}", handle.state);
     until_marked(&reaper.0, 3).await;
-    // The stats count every process of the task, the daemon outside its session too.
-    let measured = driver.stats(&handle).expect("a running task is measured");
+    // The stats count every process of the task, the daemon outside its session too. The
+    // daemon is the shell that leads a session of its own: wait until `setsid` has made it
+    // one (until then it is still in the task's session), then measure.
     let leader: serde_json::Value = serde_json::from_str(&handle.state).unwrap();
-    let leader = leader["pid"].as_i64().unwrap();
-    let session = |pid: &i32| -> Option<i64> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        stat.rsplit_once(") ")?.1.split_whitespace().nth(3)?.parse().ok()
-    };
+    let leader = leader["pid"].as_i64().unwrap() as i32;
+    let daemon = until_daemon(&reaper.0, leader).await;
+    let measured = driver.stats(&handle).expect("a running task is measured");
     assert!(
-        measured.pids.iter().filter_map(session).any(|sid| sid != leader),
-        "the setsid daemon is measured with the task: {measured:?}"
+        measured.pids.contains(&daemon),
+        "the setsid daemon {daemon} is measured with the task: {measured:?}"
     );
     driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
     driver.wait(handle).await;
