@@ -219,6 +219,73 @@ async fn exec_binds_mounts_in_its_own_namespace() {
     assert!(mounts_under(dir.path()).is_empty());
 }
 
+/// `exec` tasks get PID, IPC and UTS namespaces: the task is PID 1, its /proc lists only its
+/// own processes, and its exit code still reaches the driver through the stand-in process.
+/// Stopping one that handles SIGINT ends it politely; one that does not (PID 1 gets only the
+/// signals it handles) is killed after `kill_timeout`, with every process it started.
+#[tokio::test]
+async fn exec_tasks_are_pid_1_of_their_own_pid_namespace() {
+    if !is_root() {
+        eprintln!("skipped: the exec driver needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let driver = ProcessDriver::exec();
+    let task = config(
+        dir.path(),
+        "ps",
+        "/bin/sh",
+        &[
+            "-c",
+            "echo pid=$$; sleep 30 & ls /proc | grep -c '^[0-9]*$'; \
+             echo host=$(cat /proc/sys/kernel/hostname); exit 7",
+        ],
+    );
+    let handle = driver.start(task).await.unwrap();
+    let exit = driver.wait(handle).await;
+    let stdout = std::fs::read_to_string(dir.path().join("alloc/logs/ps.stdout.0")).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/ps.stderr.0")).unwrap_or_default();
+    assert_eq!(exit.exit_code, 7, "stdout: {stdout} stderr: {stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "pid=1", "{stdout}");
+    // sh, the background sleep, ls and grep: nothing of the host.
+    let count: usize = lines[1].parse().unwrap();
+    assert!(
+        (2..=5).contains(&count),
+        "the task's /proc shows {count} processes: {stdout}"
+    );
+    assert!(lines[2].starts_with("host="), "{stdout}");
+
+    // Stopping: a task that traps SIGINT exits by itself; one that ignores it is killed.
+    for (name, script, polite) in [
+        (
+            "polite",
+            "trap 'exit 3' INT; echo ready; while :; do sleep 0.05; done",
+            true,
+        ),
+        ("deaf", "echo ready; exec sleep 300", false),
+    ] {
+        let handle = driver
+            .start(config(dir.path(), name, "/bin/sh", &["-c", script]))
+            .await
+            .unwrap();
+        let log = dir.path().join(format!("alloc/logs/{name}.stdout.0"));
+        for _ in 0..250 {
+            if std::fs::read_to_string(&log).unwrap_or_default().contains("ready") {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+        let exit = driver.wait(handle).await;
+        if polite {
+            assert_eq!((exit.exit_code, exit.signal), (3, 0), "{exit:?}");
+        } else {
+            assert_eq!(exit.signal, 9, "{exit:?}");
+        }
+    }
+}
+
 /// A bidirectional mount, as a CSI plugin run under `exec` needs it: what the task mounts
 /// below it shows up on the host (and stays after the task is gone: a staged volume outlives
 /// its plugin), while the task's other mounts stay in its namespace. A mount the host makes

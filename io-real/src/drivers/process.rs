@@ -1,6 +1,7 @@
 //! The process drivers. `raw_exec` runs the command as a child of the agent with no
 //! isolation (and cannot mount anything: `MountConfigs = none`). `exec` runs it in its own
-//! mount namespace, chrooted into its task dir with the host's system dirs bound read-only,
+//! mount namespace (and PID, IPC and UTS namespaces: the task is PID 1 and its /proc shows
+//! its own processes only), chrooted into its task dir with the host's system dirs bound read-only,
 //! the alloc dir at `/alloc`, and every volume and CSI mount bound at its destination with
 //! the requested propagation (`MountConfigs = all`), and a /dev of its own with the usual
 //! nodes plus the reserved devices; the namespace, and so every bind mount,
@@ -399,7 +400,9 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<Str
             Propagation::Private,
         )?;
     }
-    add(Path::new("/proc"), "/proc", false, Propagation::Private)?;
+    // The task's own /proc, mounted inside its PID namespace (`enter_namespace`): it shows the
+    // task's processes only.
+    std::fs::create_dir_all(root.join("proc")).map_err(|e| io_error("create proc", e))?;
     let alloc_shared = Path::new(&config.log_dir).parent().map(Path::to_path_buf);
     if let Some(alloc_shared) = alloc_shared {
         add(&alloc_shared, "/alloc", false, Propagation::Private)?;
@@ -498,8 +501,76 @@ fn enter_namespace(root: &CString, binds: &[BindMount]) -> std::io::Result<()> {
         }
         check(libc::chroot(root.as_ptr()))?;
         check(libc::chdir(c"/".as_ptr()))?;
+        check(libc::mount(
+            c"proc".as_ptr(),
+            c"/proc".as_ptr(),
+            c"proc".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            std::ptr::null(),
+        ))?;
     }
     Ok(())
+}
+
+/// Runs in the forked child of an `exec` task, before `enter_namespace`: the task gets PID,
+/// IPC and UTS namespaces of its own, and is PID 1 of its PID namespace, as Nomad's `exec`
+/// makes it (a signal from the agent then reaches it only if it handles that signal, as for
+/// any PID 1; SIGKILL after `kill_timeout` always does).
+///
+/// A new PID namespace applies to the children of the caller, so this process forks once
+/// more. The child (PID 1 inside) returns and goes on to exec the task. This process stays
+/// in the host's namespace as the task's stand-in: the pid the driver tracks, signals as a
+/// group (it ignores the polite signals; the task gets them), and waits for. It closes every
+/// descriptor it inherited beyond stdio — among them the exec-error pipe of the spawning
+/// `Command`, so the spawn returns when the task itself has exec'd — waits for the task, and
+/// exits as the task exited. Async-signal-safe: syscalls only.
+fn enter_pid_namespace() -> std::io::Result<()> {
+    // SAFETY: unshare, fork, signal, close_range/close, waitpid, kill and _exit are
+    // async-signal-safe; `status` is a local.
+    unsafe {
+        if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let task = libc::fork();
+        if task < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if task == 0 {
+            return Ok(());
+        }
+        for signal in [
+            libc::SIGINT,
+            libc::SIGTERM,
+            libc::SIGHUP,
+            libc::SIGQUIT,
+            libc::SIGUSR1,
+            libc::SIGUSR2,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+            for fd in 3..4096 {
+                libc::close(fd);
+            }
+        }
+        let mut status = 0;
+        loop {
+            let waited = libc::waitpid(task, &mut status, 0);
+            if waited == task {
+                break;
+            }
+            if waited < 0 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+        if libc::WIFEXITED(status) {
+            libc::_exit(libc::WEXITSTATUS(status));
+        }
+        let signal = libc::WTERMSIG(status);
+        libc::signal(signal, libc::SIG_DFL);
+        libc::kill(libc::getpid(), signal);
+        libc::_exit(128 + signal)
+    }
 }
 
 fn exit_result(status: std::process::ExitStatus) -> ExitResult {
@@ -679,6 +750,7 @@ impl ProcessDriver {
                         cgroup::join_in_child(&join)?;
                         libc::setsid();
                         reset_signals();
+                        enter_pid_namespace()?;
                         enter_namespace(&root, &binds)
                     });
                 }
