@@ -282,3 +282,47 @@ async fn memory_max_is_the_hard_limit_and_memory_the_soft_one() {
     driver.wait(handle).await;
     assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
 }
+
+/// The stats of a task with a cgroup carry what its controllers account: memory usage and its
+/// peak, the page cache it filled, and CFS throttling (measured, 0 here: `cpu` is a share, not
+/// a quota, as in Nomad).
+#[tokio::test]
+async fn stats_come_from_the_tasks_cgroup() {
+    let Some(driver) = cgroup_driver("stats_come_from_the_tasks_cgroup") else {
+        return;
+    };
+    let reaper = Reaper::new("cgroup-stats");
+    let dir = tempfile::tempdir().unwrap();
+    let task = config(
+        dir.path(),
+        "cache",
+        &reaper.0,
+        "/bin/sh",
+        &[
+            "-c",
+            "head -c 8000000 /dev/zero > f && cat f > /dev/null && echo done > marker && exec sleep 30",
+        ],
+    );
+    let marker = Path::new(&task.task_dir).join("marker");
+    let handle = driver.start(task).await.unwrap();
+    for _ in 0..250 {
+        if marker.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(marker.exists(), "the task wrote its file");
+    let measured = driver.stats(&handle).expect("a running task is measured");
+    let cgroup = measured.cgroup.expect("a task with a cgroup is measured by it");
+    let usage = cgroup.usage_bytes.expect("memory usage");
+    assert!(usage > 0, "{cgroup:?}");
+    assert!(cgroup.max_usage_bytes.is_none_or(|peak| peak >= usage), "{cgroup:?}");
+    assert!(
+        cgroup.cache_bytes.is_some_and(|cache| cache >= 4_000_000),
+        "the 8 MB file it wrote is page cache charged to it: {cgroup:?}"
+    );
+    assert_eq!(cgroup.throttled_periods, Some(0), "{cgroup:?}");
+    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    driver.wait(handle).await;
+    assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
+}

@@ -48,6 +48,37 @@ pub struct Limits {
     pub memory_max_mb: u32,
 }
 
+/// What a task's cgroup accounts to it; `None` where this kernel does not keep the figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    pub usage_bytes: Option<u64>,
+    pub max_usage_bytes: Option<u64>,
+    pub cache_bytes: Option<u64>,
+    pub swap_bytes: Option<u64>,
+    /// CFS periods in which the task was throttled, and for how long in all.
+    pub throttled_periods: Option<u64>,
+    pub throttled_time_ns: Option<u64>,
+}
+
+impl CgroupUsage {
+    /// Two tasks' usage together (an allocation's total); a figure known for neither stays
+    /// unknown.
+    pub fn plus(self, other: CgroupUsage) -> CgroupUsage {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        CgroupUsage {
+            usage_bytes: add(self.usage_bytes, other.usage_bytes),
+            max_usage_bytes: add(self.max_usage_bytes, other.max_usage_bytes),
+            cache_bytes: add(self.cache_bytes, other.cache_bytes),
+            swap_bytes: add(self.swap_bytes, other.swap_bytes),
+            throttled_periods: add(self.throttled_periods, other.throttled_periods),
+            throttled_time_ns: add(self.throttled_time_ns, other.throttled_time_ns),
+        }
+    }
+}
+
 /// One task's cgroup: its directory in each hierarchy.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct TaskCgroup {
@@ -241,6 +272,42 @@ impl TaskCgroup {
         self.dirs
             .iter()
             .find_map(|dir| std::fs::read_to_string(dir.join(file)).ok()?.trim().parse().ok())
+    }
+
+    /// What the memory and CPU controllers account to the task now (Nomad's cgroup
+    /// measurements): memory usage, its peak, page cache and swap; CFS throttling.
+    pub fn usage(&self) -> CgroupUsage {
+        let read = |file: &str| {
+            self.dirs
+                .iter()
+                .find_map(|dir| std::fs::read_to_string(dir.join(file)).ok())
+        };
+        let number = |file: &str| read(file).and_then(|text| text.trim().parse::<u64>().ok());
+        let field = |file: &str, key: &str| {
+            read(file).and_then(|text| {
+                text.lines()
+                    .find_map(|line| line.strip_prefix(key)?.strip_prefix(' ')?.trim().parse::<u64>().ok())
+            })
+        };
+        if self.version == 2 {
+            CgroupUsage {
+                usage_bytes: number("memory.current"),
+                max_usage_bytes: number("memory.peak"),
+                cache_bytes: field("memory.stat", "file"),
+                swap_bytes: number("memory.swap.current"),
+                throttled_periods: field("cpu.stat", "nr_throttled"),
+                throttled_time_ns: field("cpu.stat", "throttled_usec").map(|usec| usec * 1000),
+            }
+        } else {
+            CgroupUsage {
+                usage_bytes: number("memory.usage_in_bytes"),
+                max_usage_bytes: number("memory.max_usage_in_bytes"),
+                cache_bytes: field("memory.stat", "total_cache").or_else(|| field("memory.stat", "cache")),
+                swap_bytes: field("memory.stat", "total_swap").or_else(|| field("memory.stat", "swap")),
+                throttled_periods: field("cpu.stat", "nr_throttled"),
+                throttled_time_ns: field("cpu.stat", "throttled_time"),
+            }
+        }
     }
 
     /// Removes the (empty) cgroup directories.

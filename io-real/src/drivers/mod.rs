@@ -53,6 +53,9 @@ pub struct TaskResourceUsage {
     pub user_percent: f64,
     pub system_percent: f64,
     pub pids: Vec<i32>,
+    /// What the task's cgroup accounts (memory usage, cache, swap, CPU throttling); `None`
+    /// without a cgroup.
+    pub cgroup: Option<cgroup::CgroupUsage>,
 }
 
 /// The drivers of one client, by name (the driver manager's table).

@@ -877,6 +877,7 @@ impl ProcessDriver {
             user_percent: percent(user_delta),
             system_percent: percent(system_delta),
             pids: members.iter().map(|(pid, _)| *pid).collect(),
+            cgroup: cgroup.map(TaskCgroup::usage),
         })
     }
 }

@@ -62,23 +62,41 @@ fn device_groups(stats: &[DeviceStats]) -> Vec<Value> {
         .collect()
 }
 
-/// Nomad's `ResourceUsage`: what is measured is listed in `Measured` (the executor-based
-/// drivers measure RSS and CPU percent in user and system mode; the rest stays 0).
+/// Nomad's `ResourceUsage`: what is measured is listed in `Measured` — RSS and CPU percent
+/// in user and system mode from the task's processes, and with a cgroup what its controllers
+/// account (usage, peak, cache, swap, CFS throttling), under Nomad's names; the rest stays 0.
 fn usage(resources: Option<&TaskResourceUsage>, devices: &[DeviceStats]) -> Value {
-    let (memory_measured, cpu_measured) = if resources.is_some() {
-        (json!(["RSS"]), json!(["System Mode", "User Mode", "Percent"]))
-    } else {
-        (json!([]), json!([]))
-    };
     let usage = resources.cloned().unwrap_or_default();
+    let mut memory_measured: Vec<&str> = Vec::new();
+    let mut cpu_measured: Vec<&str> = Vec::new();
+    if resources.is_some() {
+        memory_measured.push("RSS");
+        cpu_measured.extend(["System Mode", "User Mode", "Percent"]);
+    }
+    let cgroup = usage.cgroup.unwrap_or_default();
+    let measured = |list: &mut Vec<&'static str>, name: &'static str, value: Option<u64>| {
+        if value.is_some() {
+            list.push(name);
+        }
+        value.unwrap_or(0)
+    };
+    let memory = json!({
+        "RSS": usage.rss_bytes,
+        "Cache": measured(&mut memory_measured, "Cache", cgroup.cache_bytes),
+        "Swap": measured(&mut memory_measured, "Swap", cgroup.swap_bytes),
+        "Usage": measured(&mut memory_measured, "Usage", cgroup.usage_bytes),
+        "MaxUsage": measured(&mut memory_measured, "Max Usage", cgroup.max_usage_bytes),
+        "Measured": memory_measured,
+    });
+    let throttled_periods = measured(&mut cpu_measured, "Throttled Periods", cgroup.throttled_periods);
+    let throttled_time = measured(&mut cpu_measured, "Throttled Time", cgroup.throttled_time_ns);
     json!({
-        "MemoryStats": {
-            "RSS": usage.rss_bytes, "Cache": 0, "Swap": 0, "Usage": 0, "MaxUsage": 0,
-            "Measured": memory_measured,
-        },
+        "MemoryStats": memory,
         "CpuStats": {
             "SystemMode": usage.system_percent,
             "UserMode": usage.user_percent,
+            "ThrottledPeriods": throttled_periods,
+            "ThrottledTime": throttled_time,
             "TotalTicks": 0.0,
             "Percent": usage.system_percent + usage.user_percent,
             "Measured": cpu_measured,
@@ -98,6 +116,10 @@ fn total(tasks: &BTreeMap<String, TaskUsage>) -> Option<TaskResourceUsage> {
         user_percent: measured.iter().map(|usage| usage.user_percent).sum(),
         system_percent: measured.iter().map(|usage| usage.system_percent).sum(),
         pids: measured.iter().flat_map(|usage| usage.pids.clone()).collect(),
+        cgroup: measured
+            .iter()
+            .filter_map(|usage| usage.cgroup)
+            .reduce(crate::drivers::cgroup::CgroupUsage::plus),
     })
 }
 
