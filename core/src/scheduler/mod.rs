@@ -193,7 +193,7 @@ fn select_node(
         let cpu_after = used.cpu + ask.cpu;
         let memory_after = used.memory_mb + ask.memory_mb;
         // Nomad checks the network first, then CPU and memory.
-        let mut exhausted = ports::assign(node, &used.ports, &used.releasing, group, &placement.name).err();
+        let mut exhausted = ports::fit(node, &used.ports, group).err();
         if exhausted.is_none() && node.resources.cpu > 0 && cpu_after > node.resources.cpu {
             exhausted = Some("cpu".into());
         } else if exhausted.is_none() && node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {

@@ -97,6 +97,45 @@ pub fn assign(
     Ok(assigned)
 }
 
+/// Whether [`assign`] would succeed, without assigning (the feasibility check run for every
+/// candidate node): statics free and distinct, and enough free ports in the dynamic range
+/// for the dynamic ones. Same errors as `assign`; no allocation.
+pub fn fit(node: &Node, used: &BTreeSet<u16>, group: &TaskGroup) -> Result<(), String> {
+    let networks = || {
+        group
+            .networks
+            .iter()
+            .chain(group.tasks.iter().flat_map(|task| &task.resources.networks))
+    };
+    let reserved = &node.resources.reserved_ports;
+    let statics = || networks().flat_map(|network| &network.reserved_ports);
+    for (position, port) in statics().enumerate() {
+        let repeated = statics().take(position).any(|earlier| earlier.value == port.value);
+        if repeated || used.contains(&port.value) || reserved.contains(&port.value) {
+            return Err(format!(
+                "network: reserved port collision {}={}",
+                port.label, port.value
+            ));
+        }
+    }
+    let wanted = networks().map(|network| network.dynamic_ports.len()).sum::<usize>();
+    if wanted == 0 {
+        return Ok(());
+    }
+    let range = node.resources.dynamic_range();
+    let span = (usize::from(*range.end()) + 1).saturating_sub(usize::from(*range.start()));
+    let taken = used.range(range.clone()).count()
+        + reserved
+            .range(range.clone())
+            .filter(|port| !used.contains(port))
+            .count()
+        + statics().filter(|port| range.contains(&port.value)).count();
+    if span.saturating_sub(taken) < wanted {
+        return Err("network: dynamic port selection failed".into());
+    }
+    Ok(())
+}
+
 fn mapping(port: &Port, value: u16, host_ip: &str) -> AllocatedPort {
     AllocatedPort {
         label: port.label.clone(),
@@ -208,6 +247,51 @@ mod tests {
         let assigned = assign(&node, &used, &BTreeSet::new(), &two, "a").unwrap();
         let ports: BTreeSet<u16> = assigned.host_ports().collect();
         assert_eq!(ports, [20000, 20001].into());
+    }
+
+    #[test]
+    fn fit_agrees_with_assign() {
+        let cases = [
+            (node(20000, 20001, &[22]), vec![port("http", 8080, 0)], vec![]),
+            (node(20000, 20001, &[22]), vec![port("ssh", 22, 0)], vec![]),
+            (
+                node(20000, 20001, &[20001]),
+                vec![],
+                vec![port("a", 0, 0), port("b", 0, 0)],
+            ),
+            (
+                node(20000, 20002, &[20001]),
+                vec![],
+                vec![port("a", 0, 0), port("b", 0, 0)],
+            ),
+            (
+                node(20000, 20001, &[]),
+                vec![port("s", 20000, 0)],
+                vec![port("a", 0, 0)],
+            ),
+            (
+                node(20000, 20001, &[]),
+                vec![port("s", 20000, 0)],
+                vec![port("a", 0, 0), port("b", 0, 0)],
+            ),
+            (
+                node(20000, 20001, &[]),
+                vec![port("s", 9000, 0), port("t", 9000, 0)],
+                vec![],
+            ),
+        ];
+        let used: BTreeSet<u16> = [8080, 20000].into();
+        for (node, statics, dynamics) in cases {
+            let group = group(statics, dynamics);
+            for used in [BTreeSet::new(), used.clone()] {
+                assert_eq!(
+                    fit(&node, &used, &group),
+                    assign(&node, &used, &BTreeSet::new(), &group, "x").map(|_| ()),
+                    "{group:?} on {:?} with {used:?}",
+                    node.resources
+                );
+            }
+        }
     }
 
     #[test]
