@@ -22,6 +22,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+pub use super::CgroupUsage;
+
 const ROOT: &str = "/sys/fs/cgroup";
 /// Every task cgroup lives under this directory of each hierarchy.
 const PARENT: &str = "drover";
@@ -46,37 +48,6 @@ pub struct Limits {
     pub memory_mb: u32,
     /// `memory_max`: the hard limit, MB; 0 for none.
     pub memory_max_mb: u32,
-}
-
-/// What a task's cgroup accounts to it; `None` where this kernel does not keep the figure.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CgroupUsage {
-    pub usage_bytes: Option<u64>,
-    pub max_usage_bytes: Option<u64>,
-    pub cache_bytes: Option<u64>,
-    pub swap_bytes: Option<u64>,
-    /// CFS periods in which the task was throttled, and for how long in all.
-    pub throttled_periods: Option<u64>,
-    pub throttled_time_ns: Option<u64>,
-}
-
-impl CgroupUsage {
-    /// Two tasks' usage together (an allocation's total); a figure known for neither stays
-    /// unknown.
-    pub fn plus(self, other: CgroupUsage) -> CgroupUsage {
-        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (None, None) => None,
-            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
-        };
-        CgroupUsage {
-            usage_bytes: add(self.usage_bytes, other.usage_bytes),
-            max_usage_bytes: add(self.max_usage_bytes, other.max_usage_bytes),
-            cache_bytes: add(self.cache_bytes, other.cache_bytes),
-            swap_bytes: add(self.swap_bytes, other.swap_bytes),
-            throttled_periods: add(self.throttled_periods, other.throttled_periods),
-            throttled_time_ns: add(self.throttled_time_ns, other.throttled_time_ns),
-        }
-    }
 }
 
 /// One task's cgroup: its directory in each hierarchy.

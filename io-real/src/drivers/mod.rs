@@ -55,7 +55,38 @@ pub struct TaskResourceUsage {
     pub pids: Vec<i32>,
     /// What the task's cgroup accounts (memory usage, cache, swap, CPU throttling); `None`
     /// without a cgroup.
-    pub cgroup: Option<cgroup::CgroupUsage>,
+    pub cgroup: Option<CgroupUsage>,
+}
+
+/// What a task's cgroup accounts to it; `None` where this kernel does not keep the figure.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CgroupUsage {
+    pub usage_bytes: Option<u64>,
+    pub max_usage_bytes: Option<u64>,
+    pub cache_bytes: Option<u64>,
+    pub swap_bytes: Option<u64>,
+    /// CFS periods in which the task was throttled, and for how long in all.
+    pub throttled_periods: Option<u64>,
+    pub throttled_time_ns: Option<u64>,
+}
+
+impl CgroupUsage {
+    /// Two tasks' usage together (an allocation's total); a figure known for neither stays
+    /// unknown.
+    pub fn plus(self, other: CgroupUsage) -> CgroupUsage {
+        let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        CgroupUsage {
+            usage_bytes: add(self.usage_bytes, other.usage_bytes),
+            max_usage_bytes: add(self.max_usage_bytes, other.max_usage_bytes),
+            cache_bytes: add(self.cache_bytes, other.cache_bytes),
+            swap_bytes: add(self.swap_bytes, other.swap_bytes),
+            throttled_periods: add(self.throttled_periods, other.throttled_periods),
+            throttled_time_ns: add(self.throttled_time_ns, other.throttled_time_ns),
+        }
+    }
 }
 
 /// The drivers of one client, by name (the driver manager's table).
