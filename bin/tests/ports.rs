@@ -117,6 +117,29 @@ fn fifty_allocations_on_one_node_get_distinct_ports_in_their_environment() {
         assert_eq!(told.trim(), format!("{value} {value} {host_ip}:{value}"), "alloc {id}");
     }
 
+    // `agent alloc status` shows the allocation's address as Nomad's does.
+    let id = allocs[0]["ID"].as_str().unwrap();
+    let value =
+        get(port, &format!("/v1/allocation/{id}")).unwrap()["AllocatedResources"]["Shared"]["Ports"][0]["Value"]
+            .as_u64()
+            .unwrap();
+    let output = std::process::Command::new(support::AGENT)
+        .args(["alloc", "status", id])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("the CLI runs");
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(shown.contains("Allocation Addresses (mode = \"host\"):"), "{shown}");
+    let row = shown
+        .lines()
+        .find(|line| line.starts_with("*http"))
+        .unwrap_or_else(|| panic!("{shown}"));
+    assert_eq!(
+        row.split_whitespace().collect::<Vec<_>>(),
+        ["*http", "yes", &format!("{host_ip}:{value}")],
+        "{shown}"
+    );
+
     // A static port: the first allocation holds it, the second cannot have it.
     let fixed_port = json!({"ReservedPorts": [{"Label": "http", "Value": fixed}]});
     let reply: Value = serde_json::from_str(

@@ -267,9 +267,11 @@ impl<'a> Reconcile<'a> {
                     let id = new_id();
                     let entry = self.usage.entry(node_id.clone()).or_default();
                     if let Some(node) = state.node(&node_id) {
-                        // Feasible a moment ago with the same usage: the same ports are free.
-                        let assigned = ports::assign(node, &entry.ports, &entry.releasing, placement.group, &id)
-                            .unwrap_or_default();
+                        // `ports::fit` passed a moment ago with the same usage, so this succeeds
+                        // (`fit_agrees_with_assign` holds the two together).
+                        let assigned = ports::assign(node, &entry.ports, &entry.releasing, placement.group, &id);
+                        debug_assert!(assigned.is_ok(), "fit and assign disagree on {node_id}: {assigned:?}");
+                        let assigned = assigned.unwrap_or_default();
                         entry.ports.extend(assigned.host_ports());
                         ask.ports = assigned.shared;
                         ask.task_ports = assigned.tasks;

@@ -139,9 +139,13 @@ pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
 /// ports under `Shared`; the sums under `Total`.
 pub fn allocated_resources(alloc: &Allocation, state: &ServerState) -> Value {
     use crate::jobs::{ApiNetworkResource, ApiPortMapping};
-    let group = state
-        .job(&alloc.namespace, &alloc.job_id)
-        .and_then(|job| job.task_groups.iter().find(|group| group.name == alloc.task_group));
+    // The job version the allocation runs: its ports were assigned from that one's networks.
+    let job = state
+        .job_versions(&alloc.namespace, &alloc.job_id)
+        .into_iter()
+        .find(|job| job.version == alloc.job_version)
+        .or_else(|| state.job(&alloc.namespace, &alloc.job_id));
+    let group = job.and_then(|job| job.task_groups.iter().find(|group| group.name == alloc.task_group));
     let tasks: Map<String, Value> =
         group
             .map(|group| {
