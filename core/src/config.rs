@@ -226,6 +226,19 @@ pub struct ClientConfig {
     pub min_dynamic_port: u16,
     #[serde(default)]
     pub max_dynamic_port: u16,
+    /// Defects re-created on purpose in the simulation (regression switches); never set by
+    /// an operator's config.
+    #[serde(default)]
+    pub faults: ClientFaults,
+}
+
+/// Client defects the simulation must catch, re-created on purpose (regression switches).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientFaults {
+    /// A task's processes are not destroyed once its leader is gone: children that ignored
+    /// the stop signal, or that a task which exited by itself left running, live on (the leak
+    /// of issue 16, where a stopped shell's spinning child survived for half an hour).
+    pub skip_task_destroy: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

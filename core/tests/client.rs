@@ -49,6 +49,7 @@ impl World {
                 Reply::Unit
             }
             Io::RecoverTask { .. } => return Err(IoError::other("gone")),
+            Io::DestroyTask { .. } => Reply::Unit,
             Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Reply::Reserved(Default::default()),
             Io::Csi { call, .. } => Reply::Csi(match call {
                 CsiCall::Probe => CsiReply::Probe { ready: true },
@@ -236,6 +237,7 @@ fn plugin_then_consumer_then_release() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 9,
+        faults: Default::default(),
     });
     let mut world = World::default();
     let mut hooks = Vec::new();
@@ -389,6 +391,7 @@ fn status_reports_never_go_backwards() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 3,
+        faults: Default::default(),
     });
     let now = Instant::ZERO;
     client.handle(
@@ -443,13 +446,14 @@ fn status_reports_never_go_backwards() {
             exit: ExitResult::default(),
         },
     );
+    // The exit is followed through (the task destroyed, its stop hooks run).
     while let Some(action) = client.poll_action() {
-        if let ClientAction::Io {
-            io: Io::Server(ServerRequest::AllocClientUpdate { .. }),
-            ..
-        } = action
-        {
-            panic!("a second report while the first is in flight");
+        if let ClientAction::Io { op, io } = action {
+            if let Io::Server(ServerRequest::AllocClientUpdate { .. }) = &io {
+                panic!("a second report while the first is in flight");
+            }
+            let outcome = world.answer(&io);
+            client.handle(now, ClientInput::Outcome { op, outcome });
         }
     }
     // The first report is acknowledged: the latest value follows.
@@ -487,6 +491,7 @@ fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 3,
+        faults: Default::default(),
     });
     let mut job = app_job();
     job.task_groups[0].volumes.clear();
@@ -532,6 +537,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 3,
+        faults: Default::default(),
     });
     let capabilities = DriverCapabilities {
         mount_configs: MountConfigSupport::All,
@@ -666,6 +672,7 @@ fn a_fingerprint_round_is_reported_whole() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 3,
+        faults: Default::default(),
     });
     let healthy = DriverInfo {
         detected: true,
@@ -709,6 +716,7 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 3,
+        faults: Default::default(),
     });
     let healthy = DriverInfo {
         detected: true,
@@ -831,6 +839,7 @@ fn persist_failures_become_rate_limited_storage_events() {
         host_volumes: BTreeMap::new(),
         region: "global".into(),
         seed: 3,
+        faults: Default::default(),
     });
     let storage_events = |client: &mut Client| -> Vec<ClientNodeEvent> {
         let mut events = Vec::new();

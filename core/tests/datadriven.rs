@@ -410,6 +410,9 @@ mod client_harness {
             host_volumes,
             drivers,
             seed: 1,
+            faults: drover_core::config::ClientFaults {
+                skip_task_destroy: args.contains_key("skip-destroy"),
+            },
         }
     }
 
@@ -506,6 +509,7 @@ mod client_harness {
             }
             Io::StopTask { handle, kill_timeout } => format!("stop {} kill_timeout={kill_timeout:?}", handle.task),
             Io::RecoverTask { handle } => format!("recover {}", handle.task),
+            Io::DestroyTask { handle } => format!("destroy {}", handle.task),
             Io::ReserveDevices { task, devices, .. } => format!("reserve {} for {task}", devices[0].name),
             Io::Csi { socket, call } => format!("csi {} {socket}", call.name()),
             Io::Server(request) => match request {

@@ -1,7 +1,7 @@
 //! What a cgroup costs a task: start latency of `raw_exec` tasks (driver `start` called →
 //! the task's process running with its start time read) with and without a cgroup per task,
 //! measured in the same run, interleaved so drift on the machine hits both alike; and the
-//! stop (SIGINT, reap, cgroup kill and removal) likewise. Prints the distributions and the
+//! stop (SIGINT, reap, then `destroy`: cgroup kill and removal) likewise. Prints the distributions and the
 //! ratio; asserts nothing.
 //!
 //! `cargo bench -p drover-io-real --bench task_start [-- TASKS]` (needs root for cgroups;
@@ -75,7 +75,8 @@ async fn main() {
             samples.entry((name, "start")).or_default().push(started.elapsed());
             let stopping = Instant::now();
             driver.stop(handle.clone(), Duration::from_secs(5)).await.unwrap();
-            driver.wait(handle).await;
+            driver.wait(handle.clone()).await;
+            driver.destroy(handle).await.unwrap();
             samples.entry((name, "stop")).or_default().push(stopping.elapsed());
         }
     }

@@ -116,6 +116,8 @@ struct Inner {
     changes: Option<Changes>,
     service: Service,
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    /// Where the agent's events go; the client half records its own there too.
+    observer: Arc<dyn Observer>,
 }
 
 impl AgentHandle {
@@ -125,6 +127,11 @@ impl AgentHandle {
 
     pub fn node_id(&self) -> u64 {
         self.inner.node_id
+    }
+
+    /// The agent's event observer (tracing in production, the trace in the simulation).
+    pub fn observer(&self) -> Arc<dyn Observer> {
+        self.inner.observer.clone()
     }
 
     pub fn status(&self) -> AgentStatus {
@@ -372,6 +379,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             changes,
             service,
             stop: Mutex::new(Some(stop_tx)),
+            observer: observer.clone(),
         }),
     };
     let driver = Driver {

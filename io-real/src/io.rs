@@ -139,6 +139,12 @@ pub enum AgentEvent {
         id: u64,
         result: Result<(), String>,
     },
+    /// The client's task runner finished a task for good (its state became dead): from now
+    /// on no process of it may run on the host.
+    TaskDead {
+        alloc_id: String,
+        task: String,
+    },
     /// A claim command was applied: who holds the volume's write claims now.
     VolumeClaims {
         volume: String,

@@ -171,7 +171,8 @@ async fn a_stopped_task_leaves_no_process_behind() {
         "the setsid daemon {daemon} is measured with the task: {measured:?}"
     );
     driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
-    driver.wait(handle).await;
+    driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     assert_eq!(
         none_left(&reaper.0).await,
         Vec::<i32>::new(),
@@ -195,8 +196,16 @@ async fn a_task_that_exits_by_itself_leaves_no_process_behind() {
         .await
         .unwrap();
     until_marked(&reaper.0, 2).await;
-    let exit = driver.wait(handle).await;
+    let exit = driver.wait(handle.clone()).await;
     assert_eq!((exit.exit_code, exit.oom_killed), (0, false), "{exit:?}");
+    // The leader's exit alone kills nothing: what it left behind goes when the client
+    // destroys the task (Nomad's `DestroyTask`), which the client core asks for next.
+    assert!(
+        marked(&reaper.0).len() >= 2,
+        "the daemons run until the task is destroyed"
+    );
+    driver.destroy(handle.clone()).await.unwrap();
+    driver.destroy(handle).await.expect("destroy is idempotent");
     assert_eq!(
         none_left(&reaper.0).await,
         Vec::<i32>::new(),
@@ -216,9 +225,10 @@ async fn a_task_over_its_memory_limit_is_oom_killed_and_reported() {
     let mut task = config(dir.path(), "hungry", &reaper.0, "/usr/bin/tail", &["/dev/zero"]);
     task.memory_mb = 64;
     let handle = driver.start(task).await.unwrap();
-    let exit = tokio::time::timeout(Duration::from_secs(60), driver.wait(handle))
+    let exit = tokio::time::timeout(Duration::from_secs(60), driver.wait(handle.clone()))
         .await
         .expect("the memory limit stops the task");
+    driver.destroy(handle).await.unwrap();
     assert!(exit.oom_killed, "reported as OOM killed: {exit:?}");
     assert_eq!(exit.signal, libc::SIGKILL, "{exit:?}");
 }
@@ -241,7 +251,8 @@ async fn without_cgroups_the_session_is_still_killed_after_the_leader_exits() {
         .await
         .unwrap();
     until_marked(&reaper.0, 2).await;
-    let exit = driver.wait(handle).await;
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     assert_eq!(exit.exit_code, 0, "{exit:?}");
     assert_eq!(
         none_left(&reaper.0).await,
@@ -279,7 +290,8 @@ async fn memory_max_is_the_hard_limit_and_memory_the_soft_one() {
         }
     }
     driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
-    driver.wait(handle).await;
+    driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
 }
 
@@ -323,6 +335,7 @@ async fn stats_come_from_the_tasks_cgroup() {
     );
     assert_eq!(cgroup.throttled_periods, Some(0), "{cgroup:?}");
     driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
-    driver.wait(handle).await;
+    driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
 }

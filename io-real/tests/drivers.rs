@@ -63,7 +63,8 @@ async fn raw_exec_runs_logs_and_exits() {
         ))
         .await
         .unwrap();
-    let exit = driver.wait(handle).await;
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     assert_eq!(exit.exit_code, 3);
     let logs = dir.path().join("alloc/logs");
     assert_eq!(std::fs::read_to_string(logs.join("t.stdout.0")).unwrap(), "hello\n");
@@ -93,7 +94,8 @@ async fn stop_interrupts_then_kills_after_the_timeout() {
     let started = std::time::Instant::now();
     driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
     assert!(started.elapsed() >= Duration::from_millis(300));
-    assert_eq!(driver.wait(handle).await.signal, libc::SIGKILL);
+    assert_eq!(driver.wait(handle.clone()).await.signal, libc::SIGKILL);
+    driver.destroy(handle).await.unwrap();
 
     // A polite task exits on SIGINT at once.
     let handle = driver
@@ -104,7 +106,8 @@ async fn stop_interrupts_then_kills_after_the_timeout() {
     let started = std::time::Instant::now();
     driver.stop(handle.clone(), Duration::from_secs(10)).await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(5));
-    assert_eq!(driver.wait(handle).await.signal, libc::SIGINT);
+    assert_eq!(driver.wait(handle.clone()).await.signal, libc::SIGINT);
+    driver.destroy(handle).await.unwrap();
 }
 
 /// CPU and memory of the task's whole session: a child that spins is counted, its pid
@@ -135,6 +138,7 @@ async fn stats_cover_the_whole_task_session() {
     let members = second.pids.clone();
     driver.stop(handle.clone(), Duration::from_secs(2)).await.unwrap();
     driver.wait(handle.clone()).await;
+    driver.destroy(handle.clone()).await.unwrap();
     assert_eq!(driver.stats(&handle), None, "a task that is gone is not measured");
     // The spinning child ignores SIGINT and outlives the shell: stop must not leave it behind.
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -162,6 +166,7 @@ async fn a_new_driver_reattaches_by_handle() {
     second.recover(handle.clone()).await.unwrap();
     second.stop(handle.clone(), Duration::from_secs(5)).await.unwrap();
     let exit = second.wait(handle.clone()).await;
+    second.destroy(handle.clone()).await.unwrap();
     assert!(exit.err.is_some(), "exit status of a non-child is unknown: {exit:?}");
     assert!(second.recover(handle).await.is_err(), "gone after stop");
 }
@@ -207,7 +212,8 @@ async fn exec_binds_mounts_in_its_own_namespace() {
     let handle = driver.start(task).await.unwrap();
     // The task's bind mounts live only in its namespace.
     assert!(mounts_under(dir.path()).is_empty(), "{:?}", mounts_under(dir.path()));
-    let exit = driver.wait(handle).await;
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/web.stderr.0")).unwrap_or_default();
     assert_eq!(exit.exit_code, 0, "stderr: {stderr}");
     assert_eq!(stderr, "err\n");
@@ -242,7 +248,8 @@ async fn exec_tasks_are_pid_1_of_their_own_pid_namespace() {
         ],
     );
     let handle = driver.start(task).await.unwrap();
-    let exit = driver.wait(handle).await;
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     let stdout = std::fs::read_to_string(dir.path().join("alloc/logs/ps.stdout.0")).unwrap_or_default();
     let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/ps.stderr.0")).unwrap_or_default();
     assert_eq!(exit.exit_code, 7, "stdout: {stdout} stderr: {stderr}");
@@ -277,7 +284,8 @@ async fn exec_tasks_are_pid_1_of_their_own_pid_namespace() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
-        let exit = driver.wait(handle).await;
+        let exit = driver.wait(handle.clone()).await;
+        driver.destroy(handle).await.unwrap();
         if polite {
             assert_eq!((exit.exit_code, exit.signal), (3, 0), "{exit:?}");
         } else {
@@ -353,7 +361,8 @@ async fn exec_bidirectional_mounts_reach_the_host() {
         .unwrap();
     assert!(host_tmpfs.success());
     std::fs::write(host_made.join("marker"), "").unwrap();
-    let exit = driver.wait(handle).await;
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
     let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/plugin.stderr.0")).unwrap_or_default();
     assert_eq!(exit.exit_code, 0, "stderr: {stderr}");
     assert!(socket.join("host-mount-seen").exists());

@@ -526,6 +526,7 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
         host_volumes: Default::default(),
         region: spec.config.region.clone(),
         seed: agent_id,
+        faults: spec.config.client.faults,
     };
     let node = Node {
         id,

@@ -5,8 +5,11 @@
 //! The host outlives its client agent: tasks keep running across an agent restart (they are in
 //! their own sessions on a real host), so a restarted agent must recover them, and a task that
 //! is started twice, a directory removed with a volume still mounted inside, or a task left
-//! running once its allocation is gone are all visible here. Task configs understand two keys:
-//! `run_for` (a Go duration; the task exits with `exit_code` after it) and `exit_code`.
+//! running once its allocation is gone are all visible here. Task configs understand three
+//! keys: `run_for` (a Go duration; the task exits with `exit_code` after it), `exit_code`, and
+//! `children` (the task starts that many processes of its own, which ignore the stop signal and
+//! outlive its leader, as a shell's background jobs and daemons do on a real host: only
+//! `DestroyTask`, the cgroup kill, or the host's death ends them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -27,7 +30,7 @@ use drover_io_real::io::{BoxFuture, ClientCsi};
 use tokio::sync::watch;
 
 use crate::csi::{PluginControl, PluginMode, SLOW_LATENCY, SimPlugins};
-use crate::trace::{PluginEvent, Recorder};
+use crate::trace::{HostEvent, PluginEvent, Recorder};
 
 /// How long a host call takes.
 const LATENCY: Duration = Duration::from_millis(1);
@@ -41,11 +44,19 @@ struct SimTask {
     exit: watch::Sender<Option<ExitResult>>,
     /// Host ports the task binds (its `NOMAD_HOST_PORT_*` variables).
     ports: BTreeSet<u16>,
+    /// Processes the task started that still run (they outlive the leader until destroyed).
+    children: u32,
 }
 
 impl SimTask {
+    /// Whether the task's leader process runs.
     fn running(&self) -> bool {
         self.exit.borrow().is_none()
+    }
+
+    /// Whether any process of the task runs, the leader or what it started.
+    fn alive(&self) -> bool {
+        self.running() || self.children > 0
     }
 
     /// The process ends with `result`, unless it already has; whether it just did.
@@ -125,6 +136,28 @@ impl SimHost {
             .collect()
     }
 
+    /// The tasks with any process on this host, the leader's or what it left behind:
+    /// (alloc, task).
+    pub fn task_processes(&self) -> Vec<(String, String)> {
+        self.lock()
+            .tasks
+            .iter()
+            .filter(|(_, task)| task.alive())
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// Records that no process of a task is left, once that is newly so.
+    fn gone(&self, key: &(String, String)) {
+        self.recorder.record_host(
+            &self.name,
+            HostEvent::TaskProcessesGone {
+                alloc: key.0.clone(),
+                task: key.1.clone(),
+            },
+        );
+    }
+
     /// Task starts since the host booted.
     pub fn starts(&self) -> u64 {
         self.lock().starts
@@ -142,17 +175,27 @@ impl SimHost {
     /// on its disk). What a reboot finds is an empty process table.
     pub fn power_off(&self) {
         let mut state = self.lock();
-        for task in state.tasks.values() {
+        let mut gone = Vec::new();
+        for (key, task) in state.tasks.iter_mut() {
+            let was_alive = task.alive();
             task.end(ExitResult {
                 exit_code: 137,
                 signal: 9,
                 err: Some("host lost".into()),
                 ..ExitResult::default()
             });
+            task.children = 0;
+            if was_alive {
+                gone.push(key.clone());
+            }
         }
         state.mounts.clear();
         state.staged.clear();
         state.published.clear();
+        drop(state);
+        for key in gone {
+            self.gone(&key);
+        }
     }
 
     /// The plugin allocation whose socket `socket` is.
@@ -189,16 +232,23 @@ impl SimHost {
             return false;
         }
         let alloc = Self::socket_alloc(socket).unwrap_or_default();
-        for ((task_alloc, _), task) in state.tasks.iter() {
-            if *task_alloc == alloc {
-                task.end(ExitResult {
+        let mut gone = Vec::new();
+        for (key, task) in state.tasks.iter() {
+            if key.0 == alloc
+                && task.end(ExitResult {
                     exit_code: 137,
                     signal: 9,
                     ..ExitResult::default()
-                });
+                })
+                && !task.alive()
+            {
+                gone.push(key.clone());
             }
         }
         drop(state);
+        for key in &gone {
+            self.gone(key);
+        }
         self.note(format!("plugin {alloc} crashes on {name} #{count}"));
         true
     }
@@ -249,6 +299,19 @@ impl SimHost {
             );
             return Err(IoError::other("task already running"));
         }
+        if let Some(left) = state.tasks.get(&key).map(|task| task.children).filter(|left| *left > 0) {
+            // The previous run of the task is over (a new one starts), and processes of it
+            // still run: they were never destroyed.
+            drop(state);
+            self.recorder.violate(
+                "no task process outlives its task",
+                format!(
+                    "{}: {}/{} starts again while {left} processes of its previous run still run",
+                    self.name, key.0, key.1
+                ),
+            );
+            return Err(IoError::other("the task's previous processes still run"));
+        }
         // The task binds the host ports it was given, as a real server would: one bound by
         // another running task on this host would fail with EADDRINUSE.
         let ports: BTreeSet<u16> = config
@@ -285,6 +348,10 @@ impl SimHost {
             Some(ConfigValue::Int(code)) => *code as i32,
             _ => 0,
         };
+        let children = match config.config.get("children") {
+            Some(ConfigValue::Int(count)) => (*count).clamp(0, 64) as u32,
+            _ => 0,
+        };
         let (exit, _) = watch::channel(None);
         state.tasks.insert(
             key.clone(),
@@ -295,10 +362,18 @@ impl SimHost {
                 exit_code,
                 exit,
                 ports,
+                children,
             },
         );
         drop(state);
         self.note(format!("task {}/{} started (pid {pid})", key.0, key.1));
+        self.recorder.record_host(
+            &self.name,
+            HostEvent::TaskStarted {
+                alloc: key.0.clone(),
+                task: key.1.clone(),
+            },
+        );
         Ok(Reply::Started(TaskHandle {
             driver: config.driver,
             alloc_id: key.0,
@@ -328,6 +403,42 @@ impl SimHost {
         });
         if stopped == Some(true) {
             self.note(format!("task {}/{} stopped", handle.alloc_id, handle.task));
+            self.gone_if_so(handle);
+        }
+        Ok(Reply::Unit)
+    }
+
+    /// Records the task of `handle` gone when none of its processes is left.
+    fn gone_if_so(&self, handle: &TaskHandle) {
+        if self.with_task(handle, SimTask::alive) == Some(false) {
+            self.gone(&(handle.alloc_id.clone(), handle.task.clone()));
+        }
+    }
+
+    /// `DestroyTask`: the cgroup kill. Every process of the task still running is killed;
+    /// a task already destroyed, or replaced since, is left alone.
+    fn destroy(&self, handle: &TaskHandle) -> Outcome {
+        let killed = {
+            let mut state = self.lock();
+            let key = (handle.alloc_id.clone(), handle.task.clone());
+            match state.tasks.get_mut(&key) {
+                Some(task) if Some(task.pid) == Self::pid(handle) && task.alive() => {
+                    task.end(ExitResult {
+                        exit_code: 137,
+                        signal: 9,
+                        ..ExitResult::default()
+                    });
+                    Some(std::mem::take(&mut task.children))
+                }
+                _ => None,
+            }
+        };
+        if let Some(children) = killed {
+            self.note(format!(
+                "task {}/{} destroyed ({children} processes left behind killed)",
+                handle.alloc_id, handle.task
+            ));
+            self.gone(&(handle.alloc_id.clone(), handle.task.clone()));
         }
         Ok(Reply::Unit)
     }
@@ -484,6 +595,7 @@ impl ClientExecutor for SimHost {
                 }
                 Io::StartTask(config) => host.start(*config),
                 Io::StopTask { handle, .. } => host.stop(&handle),
+                Io::DestroyTask { handle } => host.destroy(&handle),
                 Io::RecoverTask { handle } => match host.with_task(&handle, SimTask::running) {
                     Some(true) => Ok(Reply::Unit),
                     _ => Err(IoError::new(ErrorKind::NotFound, "process gone")),
@@ -536,6 +648,7 @@ impl ClientExecutor for SimHost {
                                 })
                             });
                             host.note(format!("task {}/{} exited with {exit_code}", handle.alloc_id, handle.task));
+                            host.gone_if_so(&handle);
                         }
                     }
                 }

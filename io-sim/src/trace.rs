@@ -33,11 +33,22 @@ pub enum PluginEvent {
     ControllerCallEnded { plugin: String, call: String },
 }
 
+/// A host-side observation: what the simulated host's process table did, on which client
+/// node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HostEvent {
+    /// A task's leader process started.
+    TaskStarted { alloc: String, task: String },
+    /// No process of the task is left: its leader and everything it started are gone.
+    TaskProcessesGone { alloc: String, task: String },
+}
+
 /// Everything the invariants see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SimEvent {
     Agent(AgentEvent),
     Plugin(PluginEvent),
+    Host(HostEvent),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,12 +109,17 @@ impl Recorder {
         self.record_event(node, SimEvent::Plugin(event));
     }
 
+    pub fn record_host(&self, node: &str, event: HostEvent) {
+        self.record_event(node, SimEvent::Host(event));
+    }
+
     fn record_event(&self, node: &str, event: SimEvent) {
         let mut state = self.state.lock().expect("trace lock");
         let at = tokio::time::Instant::now().saturating_duration_since(state.start);
         let line = match &event {
             SimEvent::Agent(event) => format!("{} {node} {event:?}", Self::stamp(&state)),
             SimEvent::Plugin(event) => format!("{} {node} plugin {event:?}", Self::stamp(&state)),
+            SimEvent::Host(event) => format!("{} {node} host {event:?}", Self::stamp(&state)),
         };
         state.lines.push(line);
         let at_line = state.lines.len();

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::runner::{self, Report};
-use drover_core::config::CsiFaults;
+use drover_core::config::{ClientFaults, CsiFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -57,7 +57,7 @@ struct Args {
     list: bool,
     bench_jobs: bool,
     log: bool,
-    /// Run only the given regression switch ("10927", "13416" or "8232").
+    /// Run only the given regression switch ("10927", "13416", "8232" or "task-leak").
     regression_switch: Option<String>,
 }
 
@@ -115,7 +115,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
                     return Err(format!(
-                        "unknown regression switch {which:?}: expected 10927, 13416 or 8232"
+                        "unknown regression switch {which:?}: expected 10927, 13416, 8232 or task-leak"
                     ));
                 }
                 args.regression_switch = Some(which);
@@ -452,7 +452,7 @@ const REGRESSION_SWITCH_SEEDS: u64 = 500;
 type Switch = (
     &'static str,
     &'static str,
-    fn() -> CsiFaults,
+    fn() -> Options,
     &'static [&'static str],
     &'static str,
 );
@@ -460,9 +460,12 @@ const REGRESSION_SWITCHES: &[Switch] = &[
     (
         "10927",
         "claims leak when unpublish fails once",
-        || CsiFaults {
-            abandon_failed_unpublish: true,
-            ..CsiFaults::default()
+        || Options {
+            csi_faults: CsiFaults {
+                abandon_failed_unpublish: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
         },
         &["csi_controller_faults", "csi_node_detach_hang"],
         "leaked claims",
@@ -470,9 +473,12 @@ const REGRESSION_SWITCHES: &[Switch] = &[
     (
         "13416",
         "detach blocked by a down node",
-        || CsiFaults {
-            node_detach_on_down_node: true,
-            ..CsiFaults::default()
+        || Options {
+            csi_faults: CsiFaults {
+                node_detach_on_down_node: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
         },
         &["csi_node_down"],
         "leaked claims",
@@ -480,12 +486,27 @@ const REGRESSION_SWITCHES: &[Switch] = &[
     (
         "8232",
         "a drain stops the node plugin before its volumes are released",
-        || CsiFaults {
-            drain_plugins_before_release: true,
-            ..CsiFaults::default()
+        || Options {
+            csi_faults: CsiFaults {
+                drain_plugins_before_release: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
         },
         &["jobs_node_drain"],
         "a drain stops system and plugin allocations only after",
+    ),
+    (
+        "task-leak",
+        "a task's processes are not destroyed once its leader is gone (issue 16)",
+        || Options {
+            client_faults: ClientFaults {
+                skip_task_destroy: true,
+            },
+            ..Options::default()
+        },
+        &["real_clients_job", "client_shared_stage"],
+        "no task process outlives its task",
     ),
 ];
 
@@ -498,10 +519,7 @@ fn regression_switch(args: &Args, which: &str) -> bool {
         .iter()
         .map(|name| find(name).expect("scenario"))
         .collect();
-    let options = Options {
-        csi_faults: faults(),
-        ..Options::default()
-    };
+    let options = faults();
     let seeds = args.seeds.clone().unwrap_or(0..REGRESSION_SWITCH_SEEDS);
     let batch = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
     let mut seed = seeds.start;

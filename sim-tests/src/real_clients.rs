@@ -13,6 +13,7 @@ use std::time::Duration;
 use drover_core::client::alloc_runner::CLAIM_BACKOFF_MAX;
 use drover_core::client::deadlines::CSI_TIMEOUT;
 use drover_core::client::services::TASK_SERVICE_PREFIX;
+use drover_core::config::ClientFaults;
 use drover_core::fsm::ServerState;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
@@ -42,6 +43,9 @@ pub struct RealJob {
     /// The CSI volume every allocation mounts (one of the plan's volumes).
     pub volume: Option<String>,
     pub read_only: bool,
+    /// Processes each task starts that ignore the stop signal and outlive it (only the
+    /// client's `DestroyTask` ends them).
+    pub children: u32,
 }
 
 /// The real clients and what they run.
@@ -61,6 +65,8 @@ pub struct RealClientPlan {
     pub deregister_attempts: bool,
     /// How every client's CSI plugin process misbehaves.
     pub plugin_faults: PluginFaults,
+    /// Client defects re-created on purpose (regression switches).
+    pub client_faults: ClientFaults,
 }
 
 impl RealClientPlan {
@@ -77,9 +83,11 @@ impl RealClientPlan {
                 run_for,
                 volume: None,
                 read_only: false,
+                children: 1,
             }],
             deregister_attempts: false,
             plugin_faults: PluginFaults::default(),
+            client_faults: ClientFaults::default(),
         }
     }
 
@@ -117,10 +125,11 @@ impl RealClientPlan {
         )];
         lines.extend(self.jobs.iter().map(|job| {
             format!(
-                "job {}: count {}, tasks run for {:?}, volume {:?}{}",
+                "job {}: count {}, tasks run for {:?} leaving {} processes behind, volume {:?}{}",
                 job.id,
                 job.count,
                 job.run_for,
+                job.children,
                 job.volume,
                 if job.read_only { " read-only" } else { "" }
             )
@@ -186,6 +195,9 @@ fn service_id(job: &RealJob, alloc: &str) -> String {
 /// Version `version` of a job: each version is a destructive update (its env changes).
 pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
     let mut config = BTreeMap::new();
+    if spec.children > 0 {
+        config.insert("children".to_string(), ConfigValue::Int(i64::from(spec.children)));
+    }
     if let Some(run_for) = spec.run_for {
         config.insert(
             "run_for".to_string(),
@@ -568,7 +580,7 @@ fn jobs_running(
 fn strays(cluster: &SimCluster, state: &ServerState) -> Vec<String> {
     let mut out = Vec::new();
     for client in 0..cluster.client_count() {
-        for (alloc_id, task) in cluster.host(client).running_tasks() {
+        for (alloc_id, task) in cluster.host(client).task_processes() {
             let wanted = state
                 .alloc(&alloc_id)
                 .is_some_and(|alloc| alloc.desired_status == DesiredStatus::Run && !alloc.client_terminal());
@@ -738,7 +750,7 @@ async fn check_never_ready(cluster: &SimCluster, recorder: &Recorder, leader: u6
     }
     loop {
         let running: Vec<(String, String)> = (0..cluster.client_count())
-            .flat_map(|client| cluster.host(client).running_tasks())
+            .flat_map(|client| cluster.host(client).task_processes())
             .collect();
         if running.is_empty() {
             recorder.note("the plugin job stopped: no task left");
@@ -783,7 +795,7 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
         .flat_map(|client| {
             cluster
                 .host(client)
-                .running_tasks()
+                .task_processes()
                 .into_iter()
                 .filter(|(alloc, _)| ours(alloc))
                 .map(move |(alloc, task)| format!("{alloc}/{task}"))

@@ -48,7 +48,11 @@ fn salt(name: &str) -> u64 {
 
 pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt(scenario.name));
-    (scenario.build)(&mut rng, options)
+    let mut plan = (scenario.build)(&mut rng, options);
+    if let Some(real) = &mut plan.real_clients {
+        real.client_faults = options.client_faults;
+    }
+    plan
 }
 
 /// A client node running the production client driver, pointed at the plan's servers.
@@ -56,6 +60,7 @@ fn real_client(plan: &Plan, index: usize) -> ClientSpec {
     let mut spec = real_client_spec(&plan.servers, index);
     if let Some(real) = &plan.real_clients {
         spec.plugin_faults = real.plugin_faults.clone();
+        spec.config.client.faults = real.client_faults;
     }
     spec
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, BootstrapFault, CsiFaults, Ports};
+use drover_core::config::{Advertise, AgentConfig, BootstrapFault, ClientFaults, CsiFaults, Ports};
 use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
@@ -28,6 +28,8 @@ pub struct Options {
     pub negative_control: bool,
     /// Re-create a historical CSI defect on every server (regression switch).
     pub csi_faults: CsiFaults,
+    /// Re-create a client defect on every real client (regression switch).
+    pub client_faults: ClientFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -652,6 +654,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         run_for: None,
         volume: Some(volume.into()),
         read_only,
+        children: 1,
     };
     RealClientPlan {
         clients,
@@ -671,6 +674,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         ],
         deregister_attempts: false,
         plugin_faults: PluginFaults::default(),
+        client_faults: Default::default(),
     }
 }
 

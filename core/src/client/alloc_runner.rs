@@ -94,6 +94,7 @@ pub struct AllocSpec {
     /// Detected drivers and their capabilities.
     pub drivers: BTreeMap<String, DriverCapabilities>,
     pub seed: u64,
+    pub faults: crate::config::ClientFaults,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -238,6 +239,7 @@ impl AllocRunner {
                     host_volumes: spec.host_volumes.clone(),
                     driver: spec.drivers.get(&task.driver).copied(),
                     seed: spec.seed.wrapping_add(position as u64),
+                    faults: spec.faults,
                 };
                 let saved = tasks.remove(&task.name).unwrap_or_default();
                 (

@@ -67,6 +67,8 @@ pub struct ClientSettings {
     /// The agent's region (`NOMAD_REGION`, `${node.region}`).
     pub region: String,
     pub seed: u64,
+    /// Defects the simulation re-creates on purpose (`ClientConfig::faults`).
+    pub faults: crate::config::ClientFaults,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -332,6 +334,7 @@ impl Client {
             host_volumes: self.settings.host_volumes.clone(),
             drivers: self.drivers.clone(),
             seed: self.settings.seed ^ fnv(&alloc.id),
+            faults: self.settings.faults,
         })
     }
 

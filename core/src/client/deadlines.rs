@@ -19,6 +19,8 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(60);
 pub const CSI_TIMEOUT: Duration = Duration::from_secs(120);
 /// One call to the local Consul agent.
 pub const CONSUL_TIMEOUT: Duration = Duration::from_secs(10);
+/// Killing what a task left behind and removing its cgroup.
+pub const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
 /// A blocking alloc sync may take its whole wait; this much more covers the network.
 pub const ALLOC_SYNC_GRACE: Duration = Duration::from_secs(10);
 
@@ -29,6 +31,7 @@ pub fn deadline(io: &Io) -> Option<Duration> {
     match io {
         Io::Mkdir { .. } | Io::RemoveAll { .. } | Io::Rmdir { .. } | Io::IsMountPoint { .. } => Some(FS_TIMEOUT),
         Io::StartTask(_) => Some(START_TIMEOUT),
+        Io::DestroyTask { .. } => Some(DESTROY_TIMEOUT),
         Io::Csi { .. } => Some(CSI_TIMEOUT),
         Io::AllocSync(request) => Some(Duration::from_millis(request.max_wait_ms) + ALLOC_SYNC_GRACE),
         Io::Consul(_) => Some(CONSUL_TIMEOUT),

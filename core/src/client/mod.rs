@@ -321,6 +321,13 @@ pub enum Io {
     RecoverTask {
         handle: TaskHandle,
     },
+    /// The task's leader is gone (it exited, was stopped, or was found gone after an agent
+    /// restart): kill every process it left behind (its cgroup, or what is left of its
+    /// session), remove its cgroup and release what the driver holds for it (Nomad's
+    /// `DestroyTask`). Idempotent: a handle already destroyed answers `Unit`.
+    DestroyTask {
+        handle: TaskHandle,
+    },
     /// Devices for one task from the client's device plugins (the devices hook); the client
     /// chooses the instances ([`devices`]) and asks the driver to `PrepareDevices`.
     ReserveDevices {

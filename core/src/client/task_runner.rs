@@ -9,6 +9,7 @@
 //! was running, the runner waits for the server-contact gate before starting it anew, so a
 //! task the servers already moved elsewhere is not restarted here (#1795).
 
+mod exit;
 mod prestart;
 
 #[allow(unused_imports)]
@@ -88,6 +89,7 @@ pub struct TaskSpec {
     /// `None`: the driver is not detected on this node.
     pub driver: Option<DriverCapabilities>,
     pub seed: u64,
+    pub faults: crate::config::ClientFaults,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -109,14 +111,34 @@ pub enum TaskAction {
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum Phase {
     Idle,
-    Restoring { op: OpId },
+    Restoring {
+        op: OpId,
+    },
     WaitingOnServers,
-    Prestart { index: usize, io: usize, op: Option<OpId> },
-    Starting { op: OpId },
+    Prestart {
+        index: usize,
+        io: usize,
+        op: Option<OpId>,
+    },
+    Starting {
+        op: OpId,
+    },
     Running,
-    RestartDelay { until: Instant },
-    Killing { op: OpId },
-    Stopping { index: usize, op: Option<OpId> },
+    RestartDelay {
+        until: Instant,
+    },
+    Killing {
+        op: OpId,
+    },
+    /// The task's leader is gone; what it left behind is being destroyed, then `after`.
+    Destroying {
+        op: OpId,
+        after: exit::AfterDestroy,
+    },
+    Stopping {
+        index: usize,
+        op: Option<OpId>,
+    },
     Dead,
 }
 
@@ -275,36 +297,6 @@ impl TaskRunner {
         self.kill(now, ops);
     }
 
-    /// The driver reports the task exited.
-    pub fn exited(&mut self, now: Instant, exit: ExitResult, ops: &mut OpIds) {
-        if !matches!(self.phase, Phase::Running | Phase::Killing { .. }) {
-            return;
-        }
-        self.stop_supervisor();
-        self.local.handle = None;
-        let mut message = format!("Exit Code: {}", exit.exit_code);
-        if exit.signal != 0 {
-            message.push_str(&format!(", Signal: {}", exit.signal));
-        }
-        // An OOM kill is named as Nomad's drivers name it (the exit itself says only SIGKILL).
-        let oom = exit.oom_killed.then(|| "OOM Killed".to_string());
-        if let Some(err) = exit.err.as_ref().or(oom.as_ref()) {
-            message.push_str(&format!(", Exit Message: {err:?}"));
-        }
-        self.event(now, events::TERMINATED, &message);
-        if let Phase::Killing { .. } = self.phase {
-            // The stop reply follows; it finishes the kill.
-            self.persist();
-            return;
-        }
-        if self.kill_requested {
-            self.begin_stop(now, ops);
-            return;
-        }
-        let decision = self.tracker.on_exit(now, &exit);
-        self.decide(now, decision, ops);
-    }
-
     fn decide(&mut self, now: Instant, decision: Decision, ops: &mut OpIds) {
         match decision {
             Decision::Restart { delay, .. } => {
@@ -346,6 +338,7 @@ impl TaskRunner {
             } if pending == op => self.prestart_io_outcome(now, index, io, outcome, ops),
             Phase::Starting { op: pending } if pending == op => self.start_outcome(now, outcome, ops),
             Phase::Killing { op: pending } if pending == op => self.kill_outcome(now, outcome, ops),
+            Phase::Destroying { op: pending, after } if pending == op => self.destroy_outcome(now, after, outcome, ops),
             Phase::Stopping {
                 index,
                 op: Some(pending),
@@ -353,30 +346,6 @@ impl TaskRunner {
             _ => return false,
         }
         true
-    }
-
-    /// The driver's answer to `RecoverTask` after an agent restart.
-    fn restore_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
-        let Err(error) = outcome else {
-            self.begin_prestart(now, ops);
-            return;
-        };
-        let was_running = self.local.state.state == TaskStatus::Running;
-        self.local.handle = None;
-        self.persist();
-        if was_running && !self.servers_contacted {
-            self.event(
-                now,
-                events::WAITING_ON_SERVERS,
-                &format!("failed to restore task handle ({error}); waiting to contact servers"),
-            );
-            self.phase = Phase::WaitingOnServers;
-            if self.kill_requested {
-                self.begin_stop(now, ops);
-            }
-        } else {
-            self.begin_prestart(now, ops);
-        }
     }
 
     /// One I/O step of the prestart hook at `index` came back.
@@ -432,23 +401,6 @@ impl TaskRunner {
         } else {
             let decision = self.tracker.on_start_error(now, true);
             self.decide(now, decision, ops);
-        }
-    }
-
-    /// The driver's answer to `StopTask`.
-    fn kill_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
-        self.stop_supervisor();
-        self.local.handle = None;
-        match outcome {
-            Ok(_) => self.event(now, events::KILLED, "Task successfully killed"),
-            Err(error) => self.event(now, events::KILLED, &format!("Task killed with error: {error}")),
-        }
-        if core::mem::take(&mut self.restart_after_kill) && !self.kill_requested {
-            // A failure under the restart policy, like any other.
-            let decision = self.tracker.on_start_error(now, true);
-            self.decide(now, decision, ops);
-        } else {
-            self.begin_stop(now, ops);
         }
     }
 

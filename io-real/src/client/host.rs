@@ -93,6 +93,11 @@ impl ClientExecutor for HostExecutor {
                     driver.recover(handle).await?;
                     Ok(Reply::Unit)
                 }
+                Io::DestroyTask { handle } => {
+                    let driver = driver(&handle.driver)?;
+                    driver.destroy(handle).await?;
+                    Ok(Reply::Unit)
+                }
                 Io::PrepareDevices { picks } => devices.prepare(&picks).map(Reply::Reserved),
                 Io::Csi { socket, call } => {
                     let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)
@@ -190,6 +195,7 @@ pub fn client_identity(
         host_volumes: host_volumes.clone(),
         region: config.region.clone(),
         seed: node_id,
+        faults: config.client.faults,
     };
     let mut resources = host_resources();
     resources.networks = host_networks(config);

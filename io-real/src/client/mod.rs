@@ -26,7 +26,7 @@ use drover_core::client::deadlines;
 use drover_core::client::devices::{DeviceInstance, DevicePick, DeviceReservations};
 use drover_core::client::registry::PluginKind;
 use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
-use drover_core::client::task_runner::LocalTaskState;
+use drover_core::client::task_runner::{LocalTaskState, TaskStatus};
 use drover_core::client::{
     ConsulOp, DriverCapabilities, ErrorKind, ExitResult, Io, IoError, Outcome, Reply, TaskHandle,
 };
@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::devices::DeviceStats;
 use crate::driver::AgentHandle;
 use crate::drivers::TaskResourceUsage;
-use crate::io::{BoxFuture, ClientCsi};
+use crate::io::{AgentEvent, BoxFuture, ClientCsi};
 
 /// Executes the core's I/O requests on this host (or a simulated one).
 pub trait ClientExecutor: Send + Sync + 'static {
@@ -340,6 +340,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     } = parts;
     let ClientInbox { mut receiver, sender } = inbox;
     let epoch = tokio::time::Instant::now();
+    let observer = agent.observer();
     let mut client = Client::new(settings);
     node.attributes.extend(executor.node_attributes());
     let drivers = executor.fingerprint();
@@ -410,12 +411,20 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     }
                 }
                 ClientAction::PersistTask { alloc_id, task, state } => {
-                    view.tasks
+                    let previous = view
+                        .tasks
                         .lock()
                         .unwrap()
                         .entry(alloc_id.clone())
                         .or_default()
                         .insert(task.clone(), (*state).clone());
+                    let dead = |state: &LocalTaskState| state.state.state == TaskStatus::Dead;
+                    if dead(&state) && !previous.as_ref().is_some_and(dead) {
+                        observer.record(AgentEvent::TaskDead {
+                            alloc_id: alloc_id.clone(),
+                            task: task.clone(),
+                        });
+                    }
                     let record = format!("task/{alloc_id}/{task}");
                     if let Err(error) = store.put(&record, &*state) {
                         persist_failed(&mut client, epoch, record, error);

@@ -176,16 +176,17 @@ impl TaskCgroup {
             .collect()
     }
 
-    /// Kills every process in the cgroup and waits (up to a few seconds) until none is left.
-    /// The cgroup is frozen while it is being killed, so nothing can fork past the kill.
-    pub async fn kill_all(&self) {
+    /// Kills every process in the cgroup and waits (up to a few seconds) until none is left;
+    /// returns whether none is. The cgroup is frozen while it is being killed, so nothing can
+    /// fork past the kill.
+    pub async fn kill_all(&self) -> bool {
         let Some(dir) = self.dirs.first() else {
-            return;
+            return true;
         };
         for _ in 0..100 {
             let pids = self.pids();
             if pids.is_empty() {
-                return;
+                return true;
             }
             if self.version == 2 && std::fs::write(dir.join("cgroup.kill"), "1").is_ok() {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -202,6 +203,7 @@ impl TaskCgroup {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::warn!(cgroup = %dir.display(), "processes still in the task's cgroup after SIGKILL");
+        false
     }
 
     fn freeze(&self, frozen: bool) {

@@ -153,6 +153,11 @@ impl TaskDriver for MockDriver {
         })
     }
 
+    /// A mock task is no process: nothing of it can be left behind.
+    fn destroy(&self, _handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
+        Box::pin(async { Ok(()) })
+    }
+
     fn recover(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
         let known = self.tasks.lock().unwrap().contains_key(&(handle.alloc_id, handle.task));
         Box::pin(async move {

@@ -38,6 +38,10 @@ pub trait TaskDriver: Send + Sync + 'static {
     /// Reattaches to a task started before an agent restart.
     fn recover(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>>;
 
+    /// Once the task's leader is gone: kills every process the task left behind, removes its
+    /// cgroup and releases what the driver holds for it (Nomad's `DestroyTask`). Idempotent.
+    fn destroy(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>>;
+
     /// The task's CPU and memory use now (`None`: not measured by this driver, or gone).
     fn stats(&self, _handle: &TaskHandle) -> Option<TaskResourceUsage> {
         None

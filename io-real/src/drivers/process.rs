@@ -654,7 +654,7 @@ impl ProcessDriver {
             )));
         };
         let (sender, receiver) = watch::channel(None);
-        let (released, watched) = (shared.clone(), cgroup.clone());
+        let watched = cgroup.clone();
         tokio::spawn(async move {
             let mut exit = match child.wait().await {
                 Ok(status) => exit_result(status),
@@ -663,8 +663,9 @@ impl ProcessDriver {
                     ..ExitResult::default()
                 },
             };
-            exit.oom_killed |= reap_task(pid, watched.as_ref()).await;
-            release_shared(&released);
+            // What the leader left behind is the client's to destroy (`destroy`), once it has
+            // heard of the exit; only the kernel's OOM verdict is read now.
+            exit.oom_killed |= watched.as_ref().is_some_and(TaskCgroup::oom_killed);
             let _ = sender.send(Some(exit));
         });
         self.tasks.lock().unwrap().insert(
@@ -795,21 +796,30 @@ fn kill_session_leftovers(leader: i32) {
     }
 }
 
-/// After a task's leader exited, nothing the task started may outlive it: every process left
-/// in its cgroup is killed and the cgroup removed, or without cgroups what is left of its
-/// session. Returns whether the kernel OOM-killed a process of the task.
-async fn reap_task(leader: i32, cgroup: Option<&TaskCgroup>) -> bool {
-    match cgroup {
+/// Once a task's leader is gone, nothing the task started may outlive it: every process left
+/// in its cgroup is killed and the cgroup removed, or without cgroups the leader (if it still
+/// runs) and what is left of its session.
+async fn destroy_task(state: &HandleState) -> Result<(), IoError> {
+    let all_gone = match &state.cgroup {
         Some(cgroup) => {
-            cgroup.kill_all().await;
-            let oom = cgroup.oom_killed();
+            let gone = cgroup.kill_all().await;
             cgroup.remove();
-            oom
+            gone
         }
         None => {
-            kill_session_leftovers(leader);
-            false
+            signal_task(state.pid, state.start_time, libc::SIGKILL);
+            kill_session_leftovers(state.pid);
+            true
         }
+    };
+    release_shared(&state.shared);
+    if all_gone {
+        Ok(())
+    } else {
+        Err(IoError::other(format!(
+            "processes of task {} are still in its cgroup after SIGKILL",
+            state.pid
+        )))
     }
 }
 
@@ -965,8 +975,7 @@ impl TaskDriver for ProcessDriver {
                 None => match serde_json::from_str::<HandleState>(&handle.state) {
                     Ok(state) => {
                         let mut exit = wait_foreign(state.pid, state.start_time).await;
-                        exit.oom_killed |= reap_task(state.pid, state.cgroup.as_ref()).await;
-                        release_shared(&state.shared);
+                        exit.oom_killed |= state.cgroup.as_ref().is_some_and(TaskCgroup::oom_killed);
                         exit
                     }
                     Err(error) => ExitResult {
@@ -992,12 +1001,7 @@ impl TaskDriver for ProcessDriver {
                     driver.wait(handle).await;
                 }
             }
-            // The leader's exit already reaped the rest (`reap_task`); this covers a leader
-            // that was gone before the stop.
-            match &state.cgroup {
-                Some(cgroup) => cgroup.kill_all().await,
-                None => kill_session_leftovers(state.pid),
-            }
+            // What the leader leaves behind goes with `destroy`, which the client calls next.
             Ok(())
         })
     }
@@ -1013,13 +1017,25 @@ impl TaskDriver for ProcessDriver {
             if is_running(state.pid, state.start_time) {
                 Ok(())
             } else {
-                // The leader died while the agent was away; what it left behind goes with it.
-                reap_task(state.pid, state.cgroup.as_ref()).await;
+                // The leader died while the agent was away; the client destroys what it left
+                // behind once it hears so.
                 Err(IoError::new(
                     ErrorKind::NotFound,
                     format!("task process {} is gone", state.pid),
                 ))
             }
+        })
+    }
+
+    fn destroy(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
+        let driver = self.clone();
+        Box::pin(async move {
+            let state: HandleState = serde_json::from_str(&handle.state)
+                .map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+            let destroyed = destroy_task(&state).await;
+            driver.tasks.lock().unwrap().remove(&(handle.alloc_id, handle.task));
+            driver.samples.lock().unwrap().remove(&state.pid);
+            destroyed
         })
     }
 

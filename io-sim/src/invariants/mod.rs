@@ -11,6 +11,7 @@ pub mod log_matching;
 pub mod no_rebootstrap;
 pub mod single_cluster;
 pub mod state_equal;
+pub mod task_processes;
 pub mod writers;
 
 use crate::trace::SimEvent;
@@ -37,5 +38,6 @@ pub fn all() -> Vec<Box<dyn Invariant>> {
         Box::new(csi_call_order::CsiCallOrder::default()),
         Box::new(controller_serial::ControllerSerial::default()),
         Box::new(drain_order::DrainOrder),
+        Box::new(task_processes::TaskProcesses::default()),
     ]
 }

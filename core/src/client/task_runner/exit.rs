@@ -1,0 +1,136 @@
+//! When a task's leader process is gone: it exited by itself, a stop killed it, or it was found
+//! gone after an agent restart. Whatever the task started may still run (a shell's background
+//! child that ignored SIGINT, a daemon that left the session), so before the runner restarts
+//! the task or runs its stop hooks it asks the driver to destroy the task (`Io::DestroyTask`:
+//! kill every process of its cgroup, remove the cgroup), as Nomad's task runner calls the
+//! driver's `DestroyTask` after every exit. The handle stays persisted until that is done, so
+//! an agent restarted in between destroys the task again.
+
+use super::*;
+
+/// What the runner does once the task is destroyed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) enum AfterDestroy {
+    /// The task exited by itself: the restart policy decides (or the stop goes on).
+    Exited(Box<ExitResult>),
+    /// A stop (`StopTask`) finished.
+    Killed,
+    /// Reattaching after an agent restart found the process gone.
+    RestoreFailed { error: String, was_running: bool },
+}
+
+impl TaskRunner {
+    /// The driver reports the task exited.
+    pub fn exited(&mut self, now: Instant, exit: ExitResult, ops: &mut OpIds) {
+        if !matches!(self.phase, Phase::Running | Phase::Killing { .. }) {
+            return;
+        }
+        self.stop_supervisor();
+        let mut message = format!("Exit Code: {}", exit.exit_code);
+        if exit.signal != 0 {
+            message.push_str(&format!(", Signal: {}", exit.signal));
+        }
+        // An OOM kill is named as Nomad's drivers name it (the exit itself says only SIGKILL).
+        let oom = exit.oom_killed.then(|| "OOM Killed".to_string());
+        if let Some(err) = exit.err.as_ref().or(oom.as_ref()) {
+            message.push_str(&format!(", Exit Message: {err:?}"));
+        }
+        self.event(now, events::TERMINATED, &message);
+        if let Phase::Killing { .. } = self.phase {
+            // The stop reply follows; it destroys the task and finishes the kill.
+            self.persist();
+            return;
+        }
+        self.destroy(now, AfterDestroy::Exited(Box::new(exit)), ops);
+    }
+
+    /// The driver's answer to `StopTask`.
+    pub(super) fn kill_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
+        self.stop_supervisor();
+        match outcome {
+            Ok(_) => self.event(now, events::KILLED, "Task successfully killed"),
+            Err(error) => self.event(now, events::KILLED, &format!("Task killed with error: {error}")),
+        }
+        self.destroy(now, AfterDestroy::Killed, ops);
+    }
+
+    /// The driver's answer to `RecoverTask` after an agent restart.
+    pub(super) fn restore_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
+        let Err(error) = outcome else {
+            self.begin_prestart(now, ops);
+            return;
+        };
+        let after = AfterDestroy::RestoreFailed {
+            error: error.to_string(),
+            was_running: self.local.state.state == TaskStatus::Running,
+        };
+        self.destroy(now, after, ops);
+    }
+
+    /// Destroys the task behind the held handle, then goes on with `after`.
+    fn destroy(&mut self, now: Instant, after: AfterDestroy, ops: &mut OpIds) {
+        let handle = match self.local.handle.clone() {
+            Some(handle) if !self.spec.faults.skip_task_destroy => handle,
+            _ => {
+                self.destroyed(now, after, ops);
+                return;
+            }
+        };
+        let op = ops.allocate();
+        self.phase = Phase::Destroying { op, after };
+        self.actions.push(TaskAction::Io {
+            op,
+            io: Io::DestroyTask { handle },
+        });
+    }
+
+    pub(super) fn destroy_outcome(&mut self, now: Instant, after: AfterDestroy, outcome: Outcome, ops: &mut OpIds) {
+        if let Err(error) = outcome {
+            // Nomad logs the failure and goes on; the event tells the operator processes of
+            // the task may have survived it.
+            self.event(now, events::DRIVER_FAILURE, &format!("failed to destroy task: {error}"));
+        }
+        self.destroyed(now, after, ops);
+    }
+
+    /// The task's processes are gone: restart it, or stop for good.
+    fn destroyed(&mut self, now: Instant, after: AfterDestroy, ops: &mut OpIds) {
+        self.local.handle = None;
+        match after {
+            AfterDestroy::Exited(exit) => {
+                if self.kill_requested {
+                    self.persist();
+                    self.begin_stop(now, ops);
+                    return;
+                }
+                let decision = self.tracker.on_exit(now, &exit);
+                self.decide(now, decision, ops);
+            }
+            AfterDestroy::Killed => {
+                if core::mem::take(&mut self.restart_after_kill) && !self.kill_requested {
+                    // A failure under the restart policy, like any other.
+                    let decision = self.tracker.on_start_error(now, true);
+                    self.decide(now, decision, ops);
+                } else {
+                    self.begin_stop(now, ops);
+                }
+            }
+            AfterDestroy::RestoreFailed { error, was_running } => {
+                self.persist();
+                if was_running && !self.servers_contacted {
+                    self.event(
+                        now,
+                        events::WAITING_ON_SERVERS,
+                        &format!("failed to restore task handle ({error}); waiting to contact servers"),
+                    );
+                    self.phase = Phase::WaitingOnServers;
+                    if self.kill_requested {
+                        self.begin_stop(now, ops);
+                    }
+                } else {
+                    self.begin_prestart(now, ops);
+                }
+            }
+        }
+    }
+}
