@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use drover_io_real::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiNetworkResource,
-    ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiVolumeMount,
-    ApiVolumeRequest,
+    ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiTemplate,
+    ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -438,6 +438,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "csi_plugin",
             "kill_timeout",
             "service",
+            "template",
         ],
     );
     let config: BTreeMap<String, Value> = walker
@@ -501,8 +502,14 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         .into_iter()
         .map(|service| parse_service(walker, &format!("{at} service"), service))
         .collect();
+    let templates = walker
+        .repeated(at, block, "template")
+        .into_iter()
+        .map(|template| parse_template(walker, &format!("{at} template"), template))
+        .collect();
     ApiTask {
         services,
+        templates,
         driver: walker.string(at, block, "driver").unwrap_or_default(),
         config,
         env,
@@ -514,6 +521,39 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         csi_plugin_config,
         kill_timeout: walker.duration(at, block, "kill_timeout"),
         name,
+    }
+}
+
+/// `template { data source destination perms env change_mode change_signal splay
+/// left_delimiter right_delimiter }`.
+fn parse_template(walker: &mut Walker, at: &str, block: &Object) -> ApiTemplate {
+    walker.known(
+        at,
+        block,
+        &[
+            "data",
+            "source",
+            "destination",
+            "perms",
+            "env",
+            "change_mode",
+            "change_signal",
+            "splay",
+            "left_delimiter",
+            "right_delimiter",
+        ],
+    );
+    ApiTemplate {
+        embedded_tmpl: walker.string(at, block, "data"),
+        source_path: walker.string(at, block, "source"),
+        dest_path: walker.string(at, block, "destination"),
+        perms: walker.string(at, block, "perms"),
+        envvars: walker.boolean(at, block, "env"),
+        change_mode: walker.string(at, block, "change_mode"),
+        change_signal: walker.string(at, block, "change_signal"),
+        splay: walker.duration(at, block, "splay"),
+        left_delim: walker.string(at, block, "left_delimiter"),
+        right_delim: walker.string(at, block, "right_delimiter"),
     }
 }
 

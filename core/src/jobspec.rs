@@ -118,9 +118,27 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
             problems.extend(plugin.validate());
         }
         problems.extend(validate_services(task, &crate::structs::port_labels(group, task)));
+        problems.extend(validate_templates(task));
         problems.extend(placement_rules(&task.constraints, &task.affinities));
         for problem in problems {
             errors.push(format!("Task {} validation failed: {problem}", task.name));
+        }
+    }
+    errors
+}
+
+/// Nomad's template checks in `Task.Validate`: each template valid, no destination twice.
+fn validate_templates(task: &Task) -> Vec<String> {
+    let mut errors = Vec::new();
+    let mut destinations: BTreeMap<&str, usize> = BTreeMap::new();
+    for (position, template) in task.templates.iter().enumerate() {
+        for problem in template.validate() {
+            errors.push(format!("Template {} validation failed: {problem}", position + 1));
+        }
+        if let Some(other) = destinations.get(template.dest_path.as_str()) {
+            errors.push(format!("Template {} has same destination as {other}", position + 1));
+        } else {
+            destinations.insert(&template.dest_path, position + 1);
         }
     }
     errors
@@ -361,6 +379,25 @@ mod tests {
     #[test]
     fn a_good_job_has_no_problems() {
         assert_eq!(validate(&job()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn templates_are_checked_with_nomads_texts() {
+        use crate::structs::Template;
+        let mut bad = job();
+        let template = |dest: &str| Template {
+            embedded_tmpl: "x".into(),
+            dest_path: dest.into(),
+            ..Template::default()
+        };
+        bad.task_groups[0].tasks[0].templates = vec![template("local/a"), template(""), template("local/a")];
+        assert_eq!(
+            validate(&bad),
+            [
+                "Task group g validation failed: Task t validation failed: Template 2 validation failed: Must specify a destination for the template",
+                "Task group g validation failed: Task t validation failed: Template 3 has same destination as 1",
+            ]
+        );
     }
 
     #[test]

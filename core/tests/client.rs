@@ -49,7 +49,8 @@ impl World {
                 Reply::Unit
             }
             Io::RecoverTask { .. } => return Err(IoError::other("gone")),
-            Io::DestroyTask { .. } => Reply::Unit,
+            Io::DestroyTask { .. } | Io::SignalTask { .. } => Reply::Unit,
+            Io::RenderTemplate(_) => Reply::Rendered(Default::default()),
             Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Reply::Reserved(Default::default()),
             Io::Csi { call, .. } => Reply::Csi(match call {
                 CsiCall::Probe => CsiReply::Probe { ready: true },

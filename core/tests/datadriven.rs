@@ -7,7 +7,7 @@
 //! did instead. Regenerate, then read every diff: the expected output is reviewed, never
 //! hand-tuned.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::time::Duration;
 
@@ -345,6 +345,21 @@ mod client_harness {
                                 let (k, v) = value.split_once(':').unwrap();
                                 task.env.insert(k.into(), v.into());
                             }
+                            // template=<destination>:<change mode>[:<signal>|:env]
+                            "template" => {
+                                let mut parts = value.split(':');
+                                let dest_path = parts.next().unwrap().to_string();
+                                let change_mode = parts.next().unwrap_or("restart").to_string();
+                                let rest = parts.next().unwrap_or("");
+                                task.templates.push(drover_core::structs::Template {
+                                    embedded_tmpl: "(faked by replies)".into(),
+                                    dest_path,
+                                    change_mode,
+                                    envvars: rest == "env",
+                                    change_signal: if rest == "env" { String::new() } else { rest.into() },
+                                    ..Default::default()
+                                });
+                            }
                             other => panic!("unknown task attribute {other}"),
                         }
                     }
@@ -478,6 +493,48 @@ mod client_harness {
                 state: "pid=1".into(),
             }));
         }
+        // Datadriven words allow only [A-Za-z0-9._-]: in paths '.' stands for '/'; in the
+        // rendered content '.' is a line end, '-' is '=' and '_' a space.
+        let path = |word: &str| word.replace('.', "/");
+        if let Some(content) = args.get("rendered") {
+            let set = |key: &str| -> BTreeSet<String> {
+                args.get(key)
+                    .map(|list| list.split(',').filter(|p| !p.is_empty()).map(path).collect())
+                    .unwrap_or_default()
+            };
+            return Ok(Reply::Rendered(drover_core::client::RenderReply {
+                content: content.replace('.', "\n").replace('-', "=").replace('_', " "),
+                used: set("used"),
+                unknown: set("unknown"),
+                blocked: set("blocked"),
+            }));
+        }
+        // var=<path> index=<n> items=(<k>-<v>, ...): one variable; var-missing: none.
+        if args.contains_key("var-missing") {
+            return Ok(Reply::Server(ServerReply::Variables {
+                index: 20,
+                variables: BTreeMap::new(),
+            }));
+        }
+        if let Some(var) = args.get("var") {
+            let items = args
+                .get("items")
+                .map(|list| {
+                    list.split(',')
+                        .filter_map(|pair| pair.trim().split_once('-'))
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            let variable = drover_core::rpc::VariableItems {
+                items,
+                modify_index: args.get("index").map_or(1, |index| index.parse().unwrap()),
+            };
+            return Ok(Reply::Server(ServerReply::Variables {
+                index: 20,
+                variables: BTreeMap::from([(path(var), variable)]),
+            }));
+        }
         if args.contains_key("reserved") {
             let mut reservation = Reservation::default();
             reservation.env.insert("FAKE_DEVICE".into(), "dev0".into());
@@ -510,6 +567,15 @@ mod client_harness {
             Io::StopTask { handle, kill_timeout } => format!("stop {} kill_timeout={kill_timeout:?}", handle.task),
             Io::RecoverTask { handle } => format!("recover {}", handle.task),
             Io::DestroyTask { handle } => format!("destroy {}", handle.task),
+            Io::SignalTask { handle, signal } => format!("signal {} {signal}", handle.task),
+            Io::RenderTemplate(request) => {
+                let vars: Vec<String> = request
+                    .variables
+                    .iter()
+                    .map(|(path, items)| format!("{path}{}", if items.is_some() { "" } else { "(none)" }))
+                    .collect();
+                format!("render {} vars=[{}]", request.template.dest_path, vars.join(" "))
+            }
             Io::ReserveDevices { task, devices, .. } => format!("reserve {} for {task}", devices[0].name),
             Io::Csi { socket, call } => format!("csi {} {socket}", call.name()),
             Io::Server(request) => match request {
@@ -522,6 +588,7 @@ mod client_harness {
                 ServerRequest::VolumeUnpublish { volume_id, claim, .. } => {
                     format!("server unpublish {volume_id} alloc={}", claim.allocation_id)
                 }
+                ServerRequest::VariablesRead { paths } => format!("server vars-read {}", paths.join(",")),
                 other => format!("server {other:?}"),
             },
             Io::Volume(op) => match op {

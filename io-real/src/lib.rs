@@ -16,6 +16,7 @@ pub mod jobs;
 pub mod raft;
 pub mod runtime;
 pub mod service;
+pub mod template;
 
 #[cfg(not(madsim))]
 pub mod consul;

@@ -596,6 +596,32 @@ impl ClientExecutor for SimHost {
                 Io::StartTask(config) => host.start(*config),
                 Io::StopTask { handle, .. } => host.stop(&handle),
                 Io::DestroyTask { handle } => host.destroy(&handle),
+                Io::SignalTask { handle, signal } => match host.with_task(&handle, SimTask::running) {
+                    Some(true) => {
+                        host.note(format!("task {}/{} signalled ({signal})", handle.alloc_id, handle.task));
+                        Ok(Reply::Unit)
+                    }
+                    _ => Err(IoError::new(ErrorKind::NotFound, "process gone")),
+                },
+                // The production renderer; files are not modelled, only their directories.
+                Io::RenderTemplate(request) => {
+                    if !request.template.source_path.is_empty() {
+                        return Err(IoError::other("template sources are not modelled on simulated hosts"));
+                    }
+                    let reply = drover_io_real::template::render(
+                        &request.template.embedded_tmpl,
+                        &request.env,
+                        &request.variables,
+                    )
+                    .map_err(IoError::other)?;
+                    if reply.complete() {
+                        let destination = format!("{}/{}", request.task_dir, request.template.dest_path);
+                        if let Some((parent, _)) = destination.rsplit_once('/') {
+                            host.lock().dirs.insert(parent.to_string());
+                        }
+                    }
+                    Ok(Reply::Rendered(reply))
+                }
                 Io::RecoverTask { handle } => match host.with_task(&handle, SimTask::running) {
                     Some(true) => Ok(Reply::Unit),
                     _ => Err(IoError::new(ErrorKind::NotFound, "process gone")),

@@ -32,6 +32,7 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         Io::Mkdir { .. } | Io::RemoveAll { .. } | Io::Rmdir { .. } | Io::IsMountPoint { .. } => Some(FS_TIMEOUT),
         Io::StartTask(_) => Some(START_TIMEOUT),
         Io::DestroyTask { .. } => Some(DESTROY_TIMEOUT),
+        Io::RenderTemplate(_) | Io::SignalTask { .. } => Some(FS_TIMEOUT),
         Io::Csi { .. } => Some(CSI_TIMEOUT),
         Io::AllocSync(request) => Some(Duration::from_millis(request.max_wait_ms) + ALLOC_SYNC_GRACE),
         Io::Consul(_) => Some(CONSUL_TIMEOUT),

@@ -85,6 +85,7 @@ pub enum TaskHook {
     Volumes,
     Devices,
     CsiPluginSupervisor,
+    Template,
 }
 
 impl TaskHook {
@@ -95,6 +96,7 @@ impl TaskHook {
             TaskHook::Volumes => "volumes",
             TaskHook::Devices => "devices",
             TaskHook::CsiPluginSupervisor => "csi_plugin_supervisor",
+            TaskHook::Template => "template",
         }
     }
 }
@@ -104,6 +106,7 @@ impl TaskHook {
 pub enum Condition {
     Always,
     HasCsiPlugin,
+    HasTemplates,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,6 +162,16 @@ pub const TASK_HOOKS: &[(TaskHook, Condition, TaskPhases)] = &[
             stop: true,
         },
     ),
+    // Renders before the start; watches its variables from poststart on.
+    (
+        TaskHook::Template,
+        Condition::HasTemplates,
+        TaskPhases {
+            prestart: true,
+            poststart: true,
+            stop: false,
+        },
+    ),
 ];
 
 /// The hooks a task runs, in order.
@@ -168,6 +181,7 @@ pub fn task_hooks(task: &Task) -> Vec<(TaskHook, TaskPhases)> {
         .filter(|(_, condition, _)| match condition {
             Condition::Always => true,
             Condition::HasCsiPlugin => task.csi_plugin.is_some(),
+            Condition::HasTemplates => !task.templates.is_empty(),
         })
         .map(|(hook, _, phases)| (*hook, *phases))
         .collect()

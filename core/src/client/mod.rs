@@ -21,6 +21,7 @@ pub mod server_link;
 pub mod service_sync;
 pub mod services;
 pub mod task_runner;
+pub mod templates;
 pub mod volume_hook;
 pub mod volume_manager;
 
@@ -328,6 +329,15 @@ pub enum Io {
     DestroyTask {
         handle: TaskHandle,
     },
+    /// Sends `signal` (a Linux signal number) to the running task (a template's
+    /// `change_mode = "signal"`).
+    SignalTask {
+        handle: TaskHandle,
+        signal: i32,
+    },
+    /// Renders one `template` block with the variables fetched so far; the file is written
+    /// only when every variable it reads was supplied and exists. Replies `Rendered`.
+    RenderTemplate(alloc::boxed::Box<RenderRequest>),
     /// Devices for one task from the client's device plugins (the devices hook); the client
     /// chooses the instances ([`devices`]) and asks the driver to `PrepareDevices`.
     ReserveDevices {
@@ -365,6 +375,38 @@ pub enum Reply {
     Allocs(NodeAllocsReply),
     /// The services the Consul agent holds, by id.
     Services(BTreeMap<String, services::RegisteredService>),
+    Rendered(RenderReply),
+}
+
+/// One template to render (`Io::RenderTemplate`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenderRequest {
+    pub template: crate::structs::Template,
+    /// The task directory `source` and `destination` are relative to.
+    pub task_dir: String,
+    /// The task's environment (the template's `env` function).
+    pub env: BTreeMap<String, String>,
+    /// Variables fetched so far: path → items, `None` when the path holds no variable.
+    pub variables: BTreeMap<String, Option<BTreeMap<String, String>>>,
+}
+
+/// What rendering found (`Reply::Rendered`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenderReply {
+    pub content: String,
+    /// Variable paths the template read.
+    pub used: alloc::collections::BTreeSet<String>,
+    /// Paths it read that were not supplied: fetch them and render again.
+    pub unknown: alloc::collections::BTreeSet<String>,
+    /// Paths `nomadVar` read that hold no variable: rendering waits for them, as Nomad's does.
+    pub blocked: alloc::collections::BTreeSet<String>,
+}
+
+impl RenderReply {
+    /// Whether the result is final (and so was written).
+    pub fn complete(&self) -> bool {
+        self.unknown.is_empty() && self.blocked.is_empty()
+    }
 }
 
 /// A call to the local Consul agent's service API.
@@ -447,6 +489,7 @@ pub mod events {
     pub const KILLING: &str = "Killing";
     pub const KILLED: &str = "Killed";
     pub const RESTART_SIGNALED: &str = "Restart Signaled";
+    pub const SIGNALING: &str = "Signaling";
     pub const SIBLING_FAILED: &str = "Sibling Task Failed";
     pub const PLUGIN_HEALTHY: &str = "Plugin became healthy";
     pub const PLUGIN_UNHEALTHY: &str = "Plugin became unhealthy";

@@ -11,6 +11,7 @@
 
 mod exit;
 mod prestart;
+mod templates;
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -130,6 +131,10 @@ enum Phase {
     Killing {
         op: OpId,
     },
+    /// The template hook (prestart hook `index`) renders; its machine owns the I/O.
+    Rendering {
+        index: usize,
+    },
     /// The task's leader is gone; what it left behind is being destroyed, then `after`.
     Destroying {
         op: OpId,
@@ -154,6 +159,10 @@ pub struct TaskRunner {
     kill_requested: bool,
     /// The task is being killed to be restarted (its plugin never became healthy).
     restart_after_kill: bool,
+    /// The task is being killed to be restarted at once (a template changed).
+    restart_requested: bool,
+    /// The template hook's machine, for a task with `template` blocks.
+    templates: Option<crate::client::templates::TemplateRunner>,
     /// Mounts, devices and env gathered by this round of prestart hooks.
     mounts: Vec<MountConfig>,
     devices: Vec<DeviceConfig>,
@@ -172,6 +181,12 @@ impl TaskRunner {
     /// A runner rebuilt from its persisted record after an agent restart.
     pub fn restore(spec: TaskSpec, local: LocalTaskState, servers_contacted: bool) -> Self {
         let hooks = task_hooks(&spec.task);
+        let templates = (!spec.task.templates.is_empty()).then(|| {
+            crate::client::templates::TemplateRunner::new(
+                spec.task.templates.clone(),
+                spec.paths.task_dir(&spec.alloc_id, &spec.task.name),
+            )
+        });
         let policy = spec.group.restart_policy(spec.job_type);
         let tracker = RestartTracker::new(policy, spec.job_type != JobType::Batch, spec.seed);
         TaskRunner {
@@ -184,6 +199,8 @@ impl TaskRunner {
             servers_contacted,
             kill_requested: false,
             restart_after_kill: false,
+            restart_requested: false,
+            templates,
             mounts: Vec::new(),
             devices: Vec::new(),
             hook_env: BTreeMap::new(),
@@ -278,7 +295,9 @@ impl TaskRunner {
             // (found by the real-client simulation: a client restarted after its allocations
             // were lost left their tasks running for good).
             // (`send_kill` without a handle runs the stop hooks at once.)
-            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } => self.send_kill(now, ops),
+            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } | Phase::Rendering { .. } => {
+                self.send_kill(now, ops)
+            }
             // An operation is in flight; its outcome finishes the kill.
             _ => {}
         }
@@ -327,6 +346,10 @@ impl TaskRunner {
             let mut out = Vec::new();
             supervisor.outcome(now, op, outcome, ops, &mut out);
             self.supervisor_out(now, out, ops);
+            return true;
+        }
+        if self.templates.as_ref().is_some_and(|templates| templates.owns(op)) {
+            self.templates_outcome(now, op, outcome, ops);
             return true;
         }
         match self.phase.clone() {
@@ -432,6 +455,7 @@ impl TaskRunner {
             supervisor.handle_timeout(now, ops, &mut out);
             self.supervisor_out(now, out, ops);
         }
+        self.templates_timeout(now, ops);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -440,7 +464,8 @@ impl TaskRunner {
             _ => None,
         };
         let supervisor = self.supervisor.as_ref().and_then(PluginSupervisor::poll_timeout);
-        delay.into_iter().chain(supervisor).min()
+        let templates = self.templates.as_ref().and_then(|templates| templates.poll_timeout());
+        delay.into_iter().chain(supervisor).chain(templates).min()
     }
 
     pub fn poll_action(&mut self) -> Option<TaskAction> {
@@ -493,6 +518,11 @@ impl TaskRunner {
                 self.hook_env.extend(saved.env);
                 self.next_hook(index);
                 continue;
+            }
+            if hook == TaskHook::Template {
+                self.phase = Phase::Rendering { index };
+                self.templates_prestart(now, ops);
+                return;
             }
             let needed = self.prestart_io(hook);
             if io < needed.len() {
@@ -593,6 +623,11 @@ impl TaskRunner {
             if !phases.poststart {
                 continue;
             }
+            if hook == TaskHook::Template
+                && let Some(templates) = &mut self.templates
+            {
+                templates.watch(now);
+            }
             if hook == TaskHook::CsiPluginSupervisor
                 && self.supervisor.is_none()
                 && let Some(plugin) = self.spec.task.csi_plugin.clone()
@@ -657,6 +692,9 @@ impl TaskRunner {
     // --- kill and stop --------------------------------------------------------------------
 
     fn send_kill(&mut self, now: Instant, ops: &mut OpIds) {
+        if let Some(templates) = &mut self.templates {
+            templates.cancel();
+        }
         let Some(handle) = self.local.handle.clone() else {
             self.begin_stop(now, ops);
             return;

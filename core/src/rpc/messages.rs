@@ -108,6 +108,12 @@ pub enum ServerRequest {
         job_id: String,
         purge: bool,
     },
+    /// The variables at `paths` (a client's templates' `nomadVar`), read by the leader from
+    /// its applied state, so a read never misses a write acknowledged before it; replies
+    /// `Variables`.
+    VariablesRead {
+        paths: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -199,6 +205,19 @@ pub enum ServerReply {
         eval_id: String,
         job_modify_index: u64,
     },
+    /// The variables asked for that exist, with their items and modify indexes, as of the
+    /// variables table's `index`.
+    Variables {
+        index: u64,
+        variables: BTreeMap<String, VariableItems>,
+    },
+}
+
+/// One variable as a template reads it: its items and the index it was last written at.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariableItems {
+    pub items: BTreeMap<String, String>,
+    pub modify_index: u64,
 }
 
 impl ServerReply {
@@ -208,7 +227,8 @@ impl ServerReply {
             ServerReply::Done { index }
             | ServerReply::Claimed { index, .. }
             | ServerReply::Heartbeat { index, .. }
-            | ServerReply::JobRegistered { index, .. } => Some(*index),
+            | ServerReply::JobRegistered { index, .. }
+            | ServerReply::Variables { index, .. } => Some(*index),
             ServerReply::Error(_) => None,
         }
     }

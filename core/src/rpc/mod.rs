@@ -190,6 +190,10 @@ impl RpcEndpoints {
         use ServerRequest as R;
         let out = &mut self.out;
         let command = match request {
+            R::VariablesRead { paths } => {
+                out.reply(req, read_variables(&paths, state));
+                None
+            }
             request @ (R::NodeRegister { .. }
             | R::NodeUpdateStatus { .. }
             | R::NodeUpdateCsiInfo { .. }
@@ -264,5 +268,26 @@ impl RpcEndpoints {
             self.out.reply(req, ServerReply::Error(RpcError::unavailable(why)));
         }
         self.csi.abandon_calls(&mut self.out);
+    }
+}
+
+/// The variables at `paths` as the leader's applied state holds them.
+fn read_variables(paths: &[String], state: &ServerState) -> ServerReply {
+    let variables = paths
+        .iter()
+        .filter_map(|path| {
+            let variable = state.variable(path)?;
+            Some((
+                path.clone(),
+                messages::VariableItems {
+                    items: variable.items.clone(),
+                    modify_index: variable.modify_index,
+                },
+            ))
+        })
+        .collect();
+    ServerReply::Variables {
+        index: state.table_index(crate::fsm::Table::Variables),
+        variables,
     }
 }

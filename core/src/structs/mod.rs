@@ -24,6 +24,7 @@ mod kinds;
 mod network;
 mod node;
 mod task;
+mod template;
 
 pub use allocation::*;
 pub use constraint::*;
@@ -33,3 +34,4 @@ pub use kinds::*;
 pub use network::*;
 pub use node::*;
 pub use task::*;
+pub use template::*;

@@ -204,6 +204,9 @@ pub struct Task {
     pub constraints: Vec<Constraint>,
     #[serde(default)]
     pub affinities: Vec<Affinity>,
+    /// `template` blocks, rendered before the task starts.
+    #[serde(default)]
+    pub templates: Vec<super::Template>,
 }
 
 /// Service `address_mode` values Nomad accepts.
@@ -404,6 +407,7 @@ impl Default for Task {
             meta: BTreeMap::new(),
             constraints: Vec::new(),
             affinities: Vec::new(),
+            templates: Vec::new(),
         }
     }
 }

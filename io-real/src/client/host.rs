@@ -93,6 +93,12 @@ impl ClientExecutor for HostExecutor {
                     driver.recover(handle).await?;
                     Ok(Reply::Unit)
                 }
+                Io::SignalTask { handle, signal } => {
+                    let driver = driver(&handle.driver)?;
+                    driver.signal(&handle, signal)?;
+                    Ok(Reply::Unit)
+                }
+                Io::RenderTemplate(request) => crate::template::render_to_file(&request).map(Reply::Rendered),
                 Io::DestroyTask { handle } => {
                     let driver = driver(&handle.driver)?;
                     driver.destroy(handle).await?;

@@ -153,6 +153,11 @@ impl TaskDriver for MockDriver {
         })
     }
 
+    /// A mock task has no process to signal; the signal is taken as delivered.
+    fn signal(&self, _handle: &TaskHandle, _signal: i32) -> Result<(), IoError> {
+        Ok(())
+    }
+
     /// A mock task is no process: nothing of it can be left behind.
     fn destroy(&self, _handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
         Box::pin(async { Ok(()) })

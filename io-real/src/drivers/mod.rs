@@ -42,6 +42,9 @@ pub trait TaskDriver: Send + Sync + 'static {
     /// cgroup and releases what the driver holds for it (Nomad's `DestroyTask`). Idempotent.
     fn destroy(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>>;
 
+    /// Sends a signal (a Linux signal number) to the running task.
+    fn signal(&self, handle: &TaskHandle, signal: i32) -> Result<(), IoError>;
+
     /// The task's CPU and memory use now (`None`: not measured by this driver, or gone).
     fn stats(&self, _handle: &TaskHandle) -> Option<TaskResourceUsage> {
         None

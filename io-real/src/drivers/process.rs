@@ -1027,6 +1027,21 @@ impl TaskDriver for ProcessDriver {
         })
     }
 
+    /// To the task's process group (an `exec` task's stand-in ignores it; the task, PID 1
+    /// of its namespace, gets it), only while the pid is still the task's.
+    fn signal(&self, handle: &TaskHandle, signal: i32) -> Result<(), IoError> {
+        let state: HandleState =
+            serde_json::from_str(&handle.state).map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+        if signal_task(state.pid, state.start_time, signal) {
+            Ok(())
+        } else {
+            Err(IoError::new(
+                ErrorKind::NotFound,
+                format!("task process {} is gone", state.pid),
+            ))
+        }
+    }
+
     fn destroy(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
         let driver = self.clone();
         Box::pin(async move {

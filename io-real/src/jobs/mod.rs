@@ -5,11 +5,13 @@
 //! per task, a 5 s kill timeout.
 
 mod network;
+mod template;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
+pub use template::ApiTemplate;
 
 use drover_core::structs::{
     AccessMode, Affinity, AttachmentMode, ConfigValue, Constraint, CsiMountOptions, CsiPluginType, Job, JobType,
@@ -160,6 +162,7 @@ pub struct ApiTask {
     pub meta: BTreeMap<String, String>,
     pub constraints: Vec<ApiConstraint>,
     pub affinities: Vec<ApiAffinity>,
+    pub templates: Vec<ApiTemplate>,
 }
 
 /// Nomad's `api.Service` (the fields this project keeps).
@@ -515,6 +518,11 @@ impl ApiTask {
             meta: self.meta.clone(),
             constraints: constraints_in(&self.constraints),
             affinities: affinities_in(&self.affinities),
+            templates: self
+                .templates
+                .iter()
+                .map(|template| template.to_template(problems))
+                .collect(),
             volume_mounts: self
                 .volume_mounts
                 .iter()
@@ -615,6 +623,7 @@ impl ApiTask {
             meta: task.meta.clone(),
             constraints: constraints_out(&task.constraints),
             affinities: affinities_out(&task.affinities),
+            templates: task.templates.iter().map(ApiTemplate::from_template).collect(),
         }
     }
 }

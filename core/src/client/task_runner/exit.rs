@@ -26,6 +26,9 @@ impl TaskRunner {
             return;
         }
         self.stop_supervisor();
+        if let Some(templates) = &mut self.templates {
+            templates.cancel();
+        }
         let mut message = format!("Exit Code: {}", exit.exit_code);
         if exit.signal != 0 {
             message.push_str(&format!(", Signal: {}", exit.signal));
@@ -107,10 +110,19 @@ impl TaskRunner {
                 self.decide(now, decision, ops);
             }
             AfterDestroy::Killed => {
+                let template_restart = core::mem::take(&mut self.restart_requested);
                 if core::mem::take(&mut self.restart_after_kill) && !self.kill_requested {
                     // A failure under the restart policy, like any other.
                     let decision = self.tracker.on_start_error(now, true);
                     self.decide(now, decision, ops);
+                } else if template_restart && !self.kill_requested {
+                    // Asked for (a template changed), not a failure: at once, outside the
+                    // restart policy, as Nomad's restart does.
+                    self.local.state.restarts += 1;
+                    self.local.state.state = TaskStatus::Pending;
+                    self.event(now, events::RESTARTING, "Task restarting in 0s");
+                    self.persist();
+                    self.begin_prestart(now, ops);
                 } else {
                     self.begin_stop(now, ops);
                 }

@@ -9,7 +9,8 @@ impl TaskRunner {
     pub(super) fn prestart_io(&self, hook: TaskHook) -> Vec<Io> {
         let spec = &self.spec;
         match hook {
-            TaskHook::Validate | TaskHook::Volumes => Vec::new(),
+            // The template hook runs its own I/O (`templates.rs`).
+            TaskHook::Validate | TaskHook::Volumes | TaskHook::Template => Vec::new(),
             TaskHook::TaskDir => {
                 let dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
                 vec![
@@ -52,6 +53,7 @@ impl TaskRunner {
         let spec = &self.spec;
         let task = &spec.task;
         match hook {
+            TaskHook::Template => unreachable!("the template hook finishes through its own machine"),
             TaskHook::Validate => self.validate_finish(),
             TaskHook::TaskDir => Ok(self.task_dir_finish()),
             TaskHook::Volumes => {
