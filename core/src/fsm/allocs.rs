@@ -8,8 +8,30 @@ use alloc::collections::BTreeSet;
 
 use super::{Command, Response, ServerState, Table};
 use crate::error::ErrorKind;
+use crate::structs::{Allocation, ClientStatus};
 
 impl ServerState {
+    /// A plan's copy of an existing allocation was taken when the scheduler ran: what the
+    /// client reported since (say, that it failed) must survive the plan, or a stopped
+    /// allocation that already finished reads as pending for good and holds its claims (found
+    /// by csi_controller_faults, seed 46). As Nomad's state store does, the client's status
+    /// stays unless the plan marks the allocation lost.
+    fn keep_client_status(&self, allocs: &[Allocation]) -> Vec<Allocation> {
+        allocs
+            .iter()
+            .map(|planned| {
+                let mut alloc = planned.clone();
+                if let Some(existing) = self.allocs.get(&alloc.id)
+                    && alloc.client_status != ClientStatus::Lost
+                {
+                    alloc.client_status = existing.client_status;
+                    alloc.client_description = existing.client_description.clone();
+                }
+                alloc
+            })
+            .collect()
+    }
+
     /// Allocation and evaluation commands, plans included.
     pub(super) fn apply_alloc(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
         match command {
@@ -82,7 +104,8 @@ impl ServerState {
                 let response = if allocs.is_empty() {
                     Response::Done
                 } else {
-                    self.apply_cluster(index, at_ms, &Command::AllocUpsert { allocs: allocs.clone() })
+                    let allocs = self.keep_client_status(allocs);
+                    self.apply_cluster(index, at_ms, &Command::AllocUpsert { allocs })
                 };
                 self.upsert_evals(index, at_ms, evals);
                 response

@@ -195,6 +195,48 @@ fn an_update_replaces_every_allocation_and_hands_over_to_the_old_one() {
 }
 
 #[test]
+fn a_plan_computed_before_a_client_report_keeps_the_reported_status() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let mut web = job("web", JobType::Service, 1, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let first = world.fx.state.allocs().next().unwrap().id.clone();
+    // An update is scheduled while the allocation still reads pending...
+    web.task_groups[0].tasks[0].env.insert("V".into(), "2".into());
+    let eval = world.register(&web);
+    let prefix = eval.id.clone();
+    let mut counter = 0;
+    let plan = schedule(&world.fx.state, &eval, &mut || {
+        counter += 1;
+        format!("{prefix}-{counter}")
+    });
+    let stale = plan.allocs.iter().find(|a| a.id == first).unwrap();
+    assert_eq!(
+        (stale.desired_status, stale.client_status),
+        (DesiredStatus::Stop, ClientStatus::Pending)
+    );
+    // ...its client reports it failed before the plan is applied: the report stands.
+    world.set_client_status(&first, ClientStatus::Failed);
+    world.fx.ok(Command::PlanApply {
+        allocs: plan.allocs.clone(),
+        evals: plan.evals.clone(),
+    });
+    let alloc = world.fx.state.alloc(&first).unwrap();
+    assert_eq!(
+        (alloc.desired_status, alloc.client_status),
+        (DesiredStatus::Stop, ClientStatus::Failed)
+    );
+    // A plan that marks an allocation lost does override what its client said last.
+    let mut lost = alloc.clone();
+    lost.client_status = ClientStatus::Lost;
+    world.fx.ok(Command::PlanApply {
+        allocs: vec![lost],
+        evals: Vec::new(),
+    });
+    assert_eq!(world.fx.state.alloc(&first).unwrap().client_status, ClientStatus::Lost);
+}
+
+#[test]
 fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
     let mut world = World::new(&[node("n1", 4000)]);
     let web = job("web", JobType::Service, 1, 100);
