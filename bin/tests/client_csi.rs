@@ -416,6 +416,16 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         "{stats:#}"
     );
     assert_eq!(stats["ResourceUsage"]["MemoryStats"]["RSS"], memory["RSS"]);
+    // TotalTicks: the CPU percent (of one core) in MHz of this node's cores, as Nomad has it.
+    let node: serde_json::Value = serde_json::from_str(&http_get(http, &format!("/v1/node/{node_id}")).await).unwrap();
+    let attribute = |key: &str| node["Attributes"][key].as_str().unwrap().parse::<f64>().unwrap();
+    let per_core = attribute("cpu.totalcompute") / attribute("cpu.numcores");
+    let cpu = &stats["Tasks"]["web"]["ResourceUsage"]["CpuStats"];
+    let (percent, ticks) = (cpu["Percent"].as_f64().unwrap(), cpu["TotalTicks"].as_f64().unwrap());
+    assert!(
+        (ticks - percent / 100.0 * per_core).abs() < 1e-6,
+        "{cpu:#} per core {per_core}"
+    );
     assert!(
         http_get(http, "/v1/client/allocation/nope/stats")
             .await

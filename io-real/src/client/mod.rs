@@ -143,6 +143,9 @@ pub struct ClientView {
     tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
     devices: Arc<Mutex<DeviceReservations>>,
     executor: Arc<dyn ClientExecutor>,
+    /// The node's CPU (MHz) per core: Nomad's `TotalTicks` is a task's CPU percent of one
+    /// core in these units (MHz consumed).
+    mhz_per_core: f64,
 }
 
 /// One task's resource usage: CPU and memory from its driver (when it measures them and the
@@ -154,7 +157,23 @@ pub struct TaskUsage {
     pub devices: Vec<DeviceStats>,
 }
 
+/// The node's fingerprinted compute divided by its cores (`cpu.numcores`, else one).
+fn mhz_per_core(node: &Node) -> f64 {
+    let cores = node
+        .attributes
+        .get("cpu.numcores")
+        .and_then(|cores| cores.parse::<u32>().ok())
+        .filter(|cores| *cores > 0)
+        .unwrap_or(1);
+    node.resources.cpu as f64 / f64::from(cores)
+}
+
 impl ClientView {
+    /// MHz consumed by a task using `percent` of one core (Nomad's `TotalTicks`).
+    pub fn ticks_consumed(&self, percent: f64) -> f64 {
+        percent / 100.0 * self.mhz_per_core
+    }
+
     /// `None`: this client does not run the allocation.
     pub fn alloc_usage(&self, alloc_id: &str) -> Option<BTreeMap<String, TaskUsage>> {
         let tasks = self.tasks.lock().unwrap().get(alloc_id).cloned()?;
@@ -217,6 +236,7 @@ pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> 
                 .collect(),
         )),
         executor: parts.executor.clone(),
+        mhz_per_core: mhz_per_core(&parts.node),
     };
     tokio::spawn(run(parts, (registry, allocs, devices), view.clone()));
     Ok(view)

@@ -64,8 +64,9 @@ fn device_groups(stats: &[DeviceStats]) -> Vec<Value> {
 
 /// Nomad's `ResourceUsage`: what is measured is listed in `Measured` — RSS and CPU percent
 /// in user and system mode from the task's processes, and with a cgroup what its controllers
-/// account (usage, peak, cache, swap, CFS throttling), under Nomad's names; the rest stays 0.
-fn usage(resources: Option<&TaskResourceUsage>, devices: &[DeviceStats]) -> Value {
+/// account (usage, peak, cache, swap, CFS throttling), under Nomad's names; `TotalTicks` is
+/// the percent in MHz of this node's cores, as Nomad computes it; the rest stays 0.
+fn usage(view: &ClientView, resources: Option<&TaskResourceUsage>, devices: &[DeviceStats]) -> Value {
     let usage = resources.cloned().unwrap_or_default();
     let mut memory_measured: Vec<&str> = Vec::new();
     let mut cpu_measured: Vec<&str> = Vec::new();
@@ -97,7 +98,7 @@ fn usage(resources: Option<&TaskResourceUsage>, devices: &[DeviceStats]) -> Valu
             "UserMode": usage.user_percent,
             "ThrottledPeriods": throttled_periods,
             "ThrottledTime": throttled_time,
-            "TotalTicks": 0.0,
+            "TotalTicks": view.ticks_consumed(usage.system_percent + usage.user_percent),
             "Percent": usage.system_percent + usage.user_percent,
             "Measured": cpu_measured,
         },
@@ -135,7 +136,7 @@ async fn alloc_stats(State(view): State<ClientView>, Path(id): Path<String>) -> 
             (
                 name.clone(),
                 json!({
-                    "ResourceUsage": usage(task.resources.as_ref(), &task.devices),
+                    "ResourceUsage": usage(&view, task.resources.as_ref(), &task.devices),
                     "State": state.state.as_str(),
                     "Failed": state.failed,
                     "Restarts": state.restarts,
@@ -146,5 +147,5 @@ async fn alloc_stats(State(view): State<ClientView>, Path(id): Path<String>) -> 
             )
         })
         .collect();
-    Json(json!({"ResourceUsage": usage(total(&tasks).as_ref(), &all), "Tasks": rendered})).into_response()
+    Json(json!({"ResourceUsage": usage(&view, total(&tasks).as_ref(), &all), "Tasks": rendered})).into_response()
 }
