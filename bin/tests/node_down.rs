@@ -162,5 +162,23 @@ fn a_client_that_stops_heartbeating_goes_down_and_its_allocation_is_replaced() {
         // SAFETY: signal 0 only checks that the process exists.
         (pids.len() == 2 && pids.iter().all(|pid| unsafe { libc::kill(*pid, 0) } != 0)).then_some(())
     })
-    .unwrap_or_else(|| panic!("no task is left running:\n{}\n{}", c1.log(), c2.log()));
+    .unwrap_or_else(|| {
+        // Which recorded task processes still exist, and in what state (a zombie, say).
+        let alive: Vec<String> = std::fs::read_to_string(&marker)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| line.parse::<i32>().ok())
+            .map(|pid| {
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
+                format!("{pid}: {}", stat.unwrap_or_else(|_| "gone".into()).trim())
+            })
+            .collect();
+        panic!(
+            "no task is left running: {alive:?}\n{}\n{}\n{}\n{:#}",
+            server.log(),
+            c1.log(),
+            c2.log(),
+            get(port, "/v1/allocations").unwrap_or_default()
+        )
+    });
 }

@@ -401,6 +401,7 @@ impl Client {
     fn link_outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
         match self.link.outcome(now, op, outcome) {
             Some(LinkEvent::Registered { again: false }) => {
+                tracing::info!(node_id = %self.settings.node_id, "node registration complete");
                 if let Some((registry, saved)) = self.pending_restore.take() {
                     self.restore(now, registry, saved);
                 }
@@ -422,6 +423,15 @@ impl Client {
     fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Job)>, finished_elsewhere: Vec<String>) {
         let first = !self.servers_contacted;
         self.servers_contacted = true;
+        if first {
+            // Nomad's client says when it first hears its allocations; a restarted client that
+            // never gets here is stuck before its first sync.
+            tracing::info!(
+                listed = allocs.len(),
+                running_here = self.allocs.len(),
+                "first allocation sync from the servers"
+            );
+        }
         let mut terminal: BTreeSet<String> = finished_elsewhere.into_iter().collect();
         for (alloc, job) in &allocs {
             if alloc.client_terminal() || alloc.server_terminal() {

@@ -44,6 +44,9 @@ impl Client {
     /// Rebuilds the client from what it persisted before an agent restart: the registry (so
     /// volumes can be unmounted) and every allocation's runner state.
     pub fn restore(&mut self, now: Instant, registry: Registry, allocs: Vec<SavedAlloc>) {
+        if !allocs.is_empty() {
+            tracing::info!(allocs = allocs.len(), "restoring allocations from the client state");
+        }
         for info in [PluginKind::CsiController, PluginKind::CsiNode]
             .into_iter()
             .flat_map(|kind| registry.list(kind).into_iter().cloned().collect::<Vec<_>>())
