@@ -8,7 +8,7 @@ use crate::prelude::*;
 use alloc::collections::{BTreeMap, BTreeSet};
 
 use crate::structs::{
-    AccessMode, Affinity, AttachmentMode, Constraint, Job, JobType, Task, TaskGroup, VolumeRequest, VolumeType,
+    AccessMode, Affinity, AttachmentMode, Constraint, Job, JobType, Service, Task, TaskGroup, VolumeRequest, VolumeType,
 };
 
 /// Nomad's bounds on `priority`.
@@ -69,6 +69,14 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
     }
     errors.extend(placement_rules(&group.constraints, &group.affinities));
     errors.extend(crate::structs::validate_networks(group));
+    let group_ports: BTreeSet<String> = group
+        .networks
+        .iter()
+        .flat_map(crate::structs::NetworkResource::ports)
+        .map(|port| port.label.clone())
+        .collect();
+    errors.extend(validate_services(&group.services, &group_ports));
+    errors.extend(crate::connect::validate_group(group));
     for (alias, request) in &group.volumes {
         for problem in validate_volume(job, group, request) {
             errors.push(format!("Volume {alias}: {problem}"));
@@ -117,7 +125,15 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         if let Some(plugin) = &task.csi_plugin {
             problems.extend(plugin.validate());
         }
-        problems.extend(validate_services(task, &crate::structs::port_labels(group, task)));
+        problems.extend(validate_services(
+            &task.services,
+            &crate::structs::port_labels(group, task),
+        ));
+        if let Some(lifecycle) = &task.lifecycle
+            && let Err(problem) = lifecycle.validate()
+        {
+            problems.push(format!("Lifecycle validation failed: {problem}"));
+        }
         problems.extend(validate_templates(task));
         problems.extend(placement_rules(&task.constraints, &task.affinities));
         for problem in problems {
@@ -163,11 +179,11 @@ fn placement_rules(constraints: &[Constraint], affinities: &[Affinity]) -> Vec<S
 /// Nomad's `validateServices`: each service valid, no name twice on one port, no check name
 /// twice in a service, and every port label one of `task_ports` (the group network's and the
 /// task's own) — or a literal port number with `address_mode = "driver"`.
-fn validate_services(task: &Task, task_ports: &BTreeSet<String>) -> Vec<String> {
+fn validate_services(services: &[Service], task_ports: &BTreeSet<String>) -> Vec<String> {
     let mut errors = Vec::new();
     let mut known = BTreeSet::new();
     let mut ports: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
-    for (position, service) in task.services.iter().enumerate() {
+    for (position, service) in services.iter().enumerate() {
         let problems = service.validate();
         if !problems.is_empty() {
             errors.push(format!(

@@ -26,6 +26,7 @@ pub mod bootstrap;
 pub mod client;
 pub mod codec;
 pub mod config;
+pub mod connect;
 pub mod csi;
 pub mod drainer;
 pub mod error;

@@ -70,7 +70,13 @@ impl JobEndpoints {
                 if job.name.is_empty() {
                     job.name = job.id.clone();
                 }
-                let errors = crate::jobspec::validate(&job);
+                // Nomad's admission controllers: the mutators (Connect sidecars) run first,
+                // then validation sees what will be stored.
+                let mut errors = Vec::new();
+                if let Err(error) = crate::connect::mutate(&mut job) {
+                    errors.push(error);
+                }
+                errors.extend(crate::jobspec::validate(&job));
                 if !errors.is_empty() {
                     out.reply(
                         req,

@@ -23,6 +23,10 @@ pub struct TaskGroup {
     /// The group's `network` block (Nomad allows one): ports shared by its tasks.
     #[serde(default)]
     pub networks: Vec<NetworkResource>,
+    /// Group `service` blocks (Consul Connect lives here), canonicalised by
+    /// `Service::canonicalize_group`.
+    #[serde(default)]
+    pub services: Vec<Service>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).

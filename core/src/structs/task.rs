@@ -207,6 +207,37 @@ pub struct Task {
     /// `template` blocks, rendered before the task starts.
     #[serde(default)]
     pub templates: Vec<super::Template>,
+    /// What the task is to Nomad beyond its config: `connect-proxy:<service>` for a Connect
+    /// sidecar, `connect-native:<service>`, `csi-plugin` is not one (empty for most tasks).
+    #[serde(default)]
+    pub kind: String,
+    /// `lifecycle { hook sidecar }`.
+    #[serde(default)]
+    pub lifecycle: Option<TaskLifecycle>,
+}
+
+/// `lifecycle` hook values Nomad accepts.
+pub const LIFECYCLE_PRESTART: &str = "prestart";
+pub const LIFECYCLE_POSTSTART: &str = "poststart";
+pub const LIFECYCLE_POSTSTOP: &str = "poststop";
+
+/// A task's `lifecycle {}` block (Nomad's `TaskLifecycleConfig`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskLifecycle {
+    pub hook: String,
+    #[serde(default)]
+    pub sidecar: bool,
+}
+
+impl TaskLifecycle {
+    /// Nomad's `TaskLifecycleConfig.Validate` texts.
+    pub fn validate(&self) -> Result<(), String> {
+        match self.hook.as_str() {
+            LIFECYCLE_PRESTART | LIFECYCLE_POSTSTART | LIFECYCLE_POSTSTOP => Ok(()),
+            "" => Err("no lifecycle hook provided".into()),
+            other => Err(format!("invalid hook: {other}")),
+        }
+    }
 }
 
 /// Service `address_mode` values Nomad accepts.
@@ -228,6 +259,12 @@ pub struct Service {
     pub enable_tag_override: bool,
     pub meta: BTreeMap<String, String>,
     pub checks: Vec<ServiceCheck>,
+    /// `connect {}` (group services only).
+    #[serde(default)]
+    pub connect: Option<crate::connect::ConsulConnect>,
+    /// The task behind a group service (Connect native), set explicitly or by the job mutator.
+    #[serde(default)]
+    pub task_name: String,
 }
 
 /// A `check` block inside a `service`.
@@ -328,6 +365,15 @@ impl Service {
         }
     }
 
+    /// A group service's canonical form: an empty name is `<job>-<group>`, and `${TASK}` is
+    /// `group`, as Nomad canonicalises group services.
+    pub fn canonicalize_group(&mut self, job: &str, group: &str) {
+        if self.name.is_empty() {
+            self.name = format!("{job}-{group}");
+        }
+        self.canonicalize(job, group, "group");
+    }
+
     /// Every problem with the service itself (Nomad's `Service.Validate` texts); port labels
     /// and duplicates are checked with the task (`jobspec::validate`).
     pub fn validate(&self) -> Vec<String> {
@@ -355,6 +401,11 @@ impl Service {
             if let Err(problem) = check.validate() {
                 errors.push(format!("Check {} invalid: {problem}", check.name));
             }
+        }
+        if let Some(connect) = &self.connect
+            && let Err(problem) = connect.validate()
+        {
+            errors.push(problem);
         }
         errors
     }
@@ -408,6 +459,8 @@ impl Default for Task {
             constraints: Vec::new(),
             affinities: Vec::new(),
             templates: Vec::new(),
+            kind: String::new(),
+            lifecycle: None,
         }
     }
 }

@@ -258,6 +258,8 @@ impl<'a> TaskEnv<'a> {
                     ..check.clone()
                 })
                 .collect(),
+            connect: service.connect.clone(),
+            task_name: service.task_name.clone(),
         }
     }
 

@@ -4,12 +4,16 @@
 //! namespace `default`, name = ID, priority 50, type `service`, count 1, 100 MHz and 300 MB
 //! per task, a 5 s kill timeout.
 
+mod connect;
 mod network;
 mod template;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+pub use connect::{
+    ApiConsulConnect, ApiConsulProxy, ApiConsulUpstream, ApiLifecycle, ApiSidecarService, ApiSidecarTask,
+};
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
 pub use template::ApiTemplate;
 
@@ -128,6 +132,7 @@ pub struct ApiTaskGroup {
     pub constraints: Vec<ApiConstraint>,
     pub affinities: Vec<ApiAffinity>,
     pub networks: Vec<ApiNetworkResource>,
+    pub services: Vec<ApiService>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -163,6 +168,8 @@ pub struct ApiTask {
     pub constraints: Vec<ApiConstraint>,
     pub affinities: Vec<ApiAffinity>,
     pub templates: Vec<ApiTemplate>,
+    pub kind: String,
+    pub lifecycle: Option<connect::ApiLifecycle>,
 }
 
 /// Nomad's `api.Service` (the fields this project keeps).
@@ -177,6 +184,8 @@ pub struct ApiService {
     pub enable_tag_override: bool,
     pub meta: BTreeMap<String, String>,
     pub checks: Vec<ApiServiceCheck>,
+    pub connect: Option<connect::ApiConsulConnect>,
+    pub task_name: String,
 }
 
 /// Nomad's `api.ServiceCheck`; `Interval` and `Timeout` in nanoseconds.
@@ -440,6 +449,15 @@ impl ApiTaskGroup {
             migrate: self.migrate.as_ref().map(|migrate| MigrateStrategy {
                 max_parallel: migrate.max_parallel.unwrap_or(MigrateStrategy::default().max_parallel),
             }),
+            services: self
+                .services
+                .iter()
+                .map(|service| {
+                    let mut service = service.to_service(problems);
+                    service.canonicalize_group(job_name, &self.name);
+                    service
+                })
+                .collect(),
         }
     }
 
@@ -455,6 +473,7 @@ impl ApiTaskGroup {
             count: Some(group.count),
             networks: group.networks.iter().map(ApiNetworkResource::from_network).collect(),
             tasks: group.tasks.iter().map(ApiTask::from_task).collect(),
+            services: group.services.iter().map(ApiService::from_service).collect(),
             volumes: group
                 .volumes
                 .iter()
@@ -554,6 +573,8 @@ impl ApiTask {
                     service
                 })
                 .collect(),
+            kind: self.kind.clone(),
+            lifecycle: self.lifecycle.as_ref().map(connect::ApiLifecycle::to_lifecycle),
             resources: TaskResources {
                 cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
                 memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
@@ -624,6 +645,8 @@ impl ApiTask {
             constraints: constraints_out(&task.constraints),
             affinities: affinities_out(&task.affinities),
             templates: task.templates.iter().map(ApiTemplate::from_template).collect(),
+            kind: task.kind.clone(),
+            lifecycle: task.lifecycle.as_ref().map(connect::ApiLifecycle::from_lifecycle),
         }
     }
 }
@@ -654,6 +677,11 @@ impl ApiService {
                     timeout: duration("check timeout", check.timeout, problems),
                 })
                 .collect(),
+            connect: self
+                .connect
+                .as_ref()
+                .map(|connect| connect.to_connect(&self.name, problems)),
+            task_name: self.task_name.clone(),
         }
     }
 
@@ -682,6 +710,8 @@ impl ApiService {
                     timeout: nanos(check.timeout),
                 })
                 .collect(),
+            connect: service.connect.as_ref().map(connect::ApiConsulConnect::from_connect),
+            task_name: service.task_name.clone(),
         }
     }
 }

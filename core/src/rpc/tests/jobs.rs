@@ -62,6 +62,67 @@ fn a_registered_job_is_answered_with_its_evaluation_once_applied() {
 }
 
 #[test]
+fn a_connect_job_is_stored_with_its_injected_sidecar_and_a_bad_one_is_refused() {
+    use crate::connect::{ConsulConnect, ConsulSidecarService};
+    use crate::structs::{NetworkResource, Port, Service};
+    let connect_job = |native_and_sidecar: bool| {
+        let mut job = web(1);
+        let group = &mut job.task_groups[0];
+        group.networks = vec![NetworkResource {
+            mode: "host".into(),
+            dynamic_ports: vec![Port {
+                label: "http".into(),
+                ..Port::default()
+            }],
+            ..NetworkResource::default()
+        }];
+        group.services = vec![Service {
+            name: "web-api".into(),
+            port_label: "http".into(),
+            address_mode: "auto".into(),
+            connect: Some(ConsulConnect {
+                native: native_and_sidecar,
+                sidecar_service: Some(ConsulSidecarService::default()),
+                sidecar_task: None,
+            }),
+            ..Service::default()
+        }];
+        job
+    };
+    let mut h = Harness::new();
+    h.request(
+        1,
+        ServerRequest::JobRegister {
+            job: Box::new(connect_job(false)),
+        },
+    );
+    let stored = h.fx.state.job("default", "web").expect("stored");
+    let names: Vec<&str> = stored.task_groups[0]
+        .tasks
+        .iter()
+        .map(|task| task.name.as_str())
+        .collect();
+    assert_eq!(names, ["t", "connect-proxy-web-api"]);
+    let index = h.fx.index;
+    h.request(
+        2,
+        ServerRequest::JobRegister {
+            job: Box::new(connect_job(true)),
+        },
+    );
+    assert_eq!(h.fx.index, index, "nothing written");
+    let ServerReply::Error(failure) = &h.replies[1].1 else {
+        panic!("{:?}", h.replies)
+    };
+    assert!(
+        failure
+            .message
+            .contains("Consul Connect must be exclusively native, make use of a sidecar, or represent a Gateway"),
+        "{failure:?}"
+    );
+}
+
+#[test]
 fn an_invalid_job_is_refused_with_nomads_errors_and_nothing_is_proposed() {
     let mut h = Harness::new();
     let index = h.fx.index;

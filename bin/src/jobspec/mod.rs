@@ -11,6 +11,8 @@ use drover_io_real::jobs::{
 };
 use serde_json::{Map, Value};
 
+mod connect;
+
 /// Where a value sits, for error messages (`job "web" group "g" task "t"`).
 struct Walker {
     problems: Vec<String>,
@@ -345,6 +347,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "restart",
             "migrate",
             "network",
+            "service",
             "task",
         ],
     );
@@ -419,6 +422,11 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         constraints: walker.constraints(at, block),
         affinities: walker.affinities(at, block),
         networks: walker.networks(at, block),
+        services: walker
+            .repeated(at, block, "service")
+            .into_iter()
+            .map(|service| parse_service(walker, &format!("{at} service"), service, true))
+            .collect(),
     }
 }
 
@@ -439,6 +447,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "kill_timeout",
             "service",
             "template",
+            "lifecycle",
         ],
     );
     let config: BTreeMap<String, Value> = walker
@@ -446,28 +455,9 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         .map(|config| config.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
         .unwrap_or_default();
     let env = walker.string_map(at, block, "env");
-    let resources = walker.single(at, block, "resources").map(|resources| {
-        let at = format!("{at} resources");
-        walker.known(&at, resources, &["cpu", "memory", "memory_max", "device", "network"]);
-        ApiResources {
-            networks: walker.networks(&at, resources),
-            cpu: walker.number(&at, resources, "cpu"),
-            memory_mb: walker.number(&at, resources, "memory"),
-            memory_max_mb: walker.number(&at, resources, "memory_max"),
-            devices: walker
-                .labeled(&at, resources, "device")
-                .into_iter()
-                .map(|(name, device)| {
-                    let at = format!("{at} device {name:?}");
-                    walker.known(&at, device, &["count"]);
-                    ApiDevice {
-                        count: walker.number(&at, device, "count"),
-                        name,
-                    }
-                })
-                .collect(),
-        }
-    });
+    let resources = walker
+        .single(at, block, "resources")
+        .map(|resources| parse_resources(walker, &format!("{at} resources"), resources));
     let volume_mounts = walker
         .repeated(at, block, "volume_mount")
         .into_iter()
@@ -500,7 +490,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
     let services = walker
         .repeated(at, block, "service")
         .into_iter()
-        .map(|service| parse_service(walker, &format!("{at} service"), service))
+        .map(|service| parse_service(walker, &format!("{at} service"), service, false))
         .collect();
     let templates = walker
         .repeated(at, block, "template")
@@ -520,7 +510,34 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         volume_mounts,
         csi_plugin_config,
         kill_timeout: walker.duration(at, block, "kill_timeout"),
+        lifecycle: walker
+            .single(at, block, "lifecycle")
+            .map(|lifecycle| connect::parse_lifecycle(walker, &format!("{at} lifecycle"), lifecycle)),
+        kind: String::new(),
         name,
+    }
+}
+
+/// `resources { cpu memory memory_max device network }`.
+fn parse_resources(walker: &mut Walker, at: &str, resources: &Object) -> ApiResources {
+    walker.known(at, resources, &["cpu", "memory", "memory_max", "device", "network"]);
+    ApiResources {
+        networks: walker.networks(at, resources),
+        cpu: walker.number(at, resources, "cpu"),
+        memory_mb: walker.number(at, resources, "memory"),
+        memory_max_mb: walker.number(at, resources, "memory_max"),
+        devices: walker
+            .labeled(at, resources, "device")
+            .into_iter()
+            .map(|(name, device)| {
+                let at = format!("{at} device {name:?}");
+                walker.known(&at, device, &["count"]);
+                ApiDevice {
+                    count: walker.number(&at, device, "count"),
+                    name,
+                }
+            })
+            .collect(),
     }
 }
 
@@ -557,22 +574,23 @@ fn parse_template(walker: &mut Walker, at: &str, block: &Object) -> ApiTemplate 
     }
 }
 
-/// `service { name port address_mode tags canary_tags enable_tag_override meta {} check {} }`.
-fn parse_service(walker: &mut Walker, at: &str, block: &Object) -> ApiService {
-    walker.known(
-        at,
-        block,
-        &[
-            "name",
-            "port",
-            "address_mode",
-            "tags",
-            "canary_tags",
-            "enable_tag_override",
-            "meta",
-            "check",
-        ],
-    );
+/// `service { name port address_mode tags canary_tags enable_tag_override meta {} check {} }`,
+/// and in a group also `task` and `connect {}`.
+fn parse_service(walker: &mut Walker, at: &str, block: &Object, in_group: bool) -> ApiService {
+    let mut keys = vec![
+        "name",
+        "port",
+        "address_mode",
+        "tags",
+        "canary_tags",
+        "enable_tag_override",
+        "meta",
+        "check",
+    ];
+    if in_group {
+        keys.extend(["task", "connect"]);
+    }
+    walker.known(at, block, &keys);
     let checks = walker
         .repeated(at, block, "check")
         .into_iter()
@@ -608,6 +626,10 @@ fn parse_service(walker: &mut Walker, at: &str, block: &Object) -> ApiService {
         enable_tag_override: walker.boolean(at, block, "enable_tag_override").unwrap_or(false),
         meta: walker.string_map(at, block, "meta"),
         checks,
+        task_name: walker.string(at, block, "task").unwrap_or_default(),
+        connect: walker
+            .single(at, block, "connect")
+            .map(|connect| connect::parse_connect(walker, &format!("{at} connect"), connect)),
     }
 }
 
