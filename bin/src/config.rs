@@ -121,6 +121,7 @@ pub struct ConsulBlock {
     pub server_auto_join: Option<bool>,
     pub auto_advertise: Option<bool>,
     pub timeout: Option<String>,
+    pub token: Option<String>,
 }
 
 const KNOWN_TOP_LEVEL: &[&str] = &[
@@ -548,6 +549,9 @@ fn apply_file(
         }
         if let Some(text) = consul.timeout {
             config.consul.timeout = parse_duration("consul.timeout", &text)?;
+        }
+        if let Some(token) = consul.token.filter(|token| !token.is_empty()) {
+            config.consul.token = Some(token);
         }
     }
     Ok(())

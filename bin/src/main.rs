@@ -228,7 +228,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             start(
                 loaded.clone_config(),
                 db,
-                ConsulHttp::new(address, config.consul.timeout),
+                ConsulHttp::new(address, config.consul.timeout).with_token(config.consul.token.clone()),
                 client_csi,
             )
             .await?
@@ -261,7 +261,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             inbox,
             node,
             services: config.consul.address.as_ref().map(|address| {
-                Arc::new(ConsulHttp::new(address, config.consul.timeout))
+                Arc::new(ConsulHttp::new(address, config.consul.timeout).with_token(config.consul.token.clone()))
                     as Arc<dyn drover_io_real::client::TaskServices>
             }),
         })?);

@@ -254,6 +254,9 @@ pub struct ConsulConfig {
     pub timeout: Duration,
     /// Interval between catalog lookups while the cluster lacks a leader.
     pub poll_interval: Duration,
+    /// `consul { token }`: the ACL token the agent presents (`X-Consul-Token`); servers need
+    /// `acl:write` to create and revoke service identity tokens.
+    pub token: Option<String>,
 }
 
 impl Default for ConsulConfig {
@@ -265,6 +268,7 @@ impl Default for ConsulConfig {
             auto_advertise: true,
             timeout: Duration::from_secs(5),
             poll_interval: Duration::from_secs(5),
+            token: None,
         }
     }
 }

@@ -11,12 +11,16 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
+use drover_core::rpc::{ConsulAclCall, ConsulAclError, ConsulAclReply};
+
 use crate::io::{Consul, ServiceRegistration};
 
 #[derive(Clone)]
 pub struct ConsulHttp {
     base: String,
     timeout: Duration,
+    /// Sent as `X-Consul-Token` (`consul { token }`).
+    token: Option<String>,
     client: Client<HttpConnector, Full<Bytes>>,
 }
 
@@ -40,16 +44,33 @@ impl ConsulHttp {
         ConsulHttp {
             base,
             timeout,
+            token: None,
             client: Client::builder(TokioExecutor::new()).build_http(),
         }
     }
 
-    async fn request(&self, method: hyper::Method, path: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
+    /// Presents `token` on every call (`None`: anonymous).
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// One call: the status and body, or why there was no answer (transport, deadline).
+    async fn exchange(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(hyper::StatusCode, Vec<u8>), String> {
         let uri = format!("{}{}", self.base, path);
-        let request = hyper::Request::builder()
+        let mut request = hyper::Request::builder()
             .method(method)
             .uri(&uri)
-            .header("content-type", "application/json")
+            .header("content-type", "application/json");
+        if let Some(token) = &self.token {
+            request = request.header("x-consul-token", token);
+        }
+        let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|error| format!("bad Consul request {uri}: {error}"))?;
         let call = async {
@@ -65,14 +86,91 @@ impl ConsulHttp {
                 .await
                 .map_err(|error| format!("{uri}: {error}"))?
                 .to_bytes();
-            if !status.is_success() {
-                return Err(format!("{uri}: HTTP {status}: {}", String::from_utf8_lossy(&bytes)));
-            }
-            Ok(bytes.to_vec())
+            Ok((status, bytes.to_vec()))
         };
         tokio::time::timeout(self.timeout, call)
             .await
             .map_err(|_| format!("{uri}: timed out after {:?}", self.timeout))?
+    }
+
+    async fn request(&self, method: hyper::Method, path: &str, body: Vec<u8>) -> Result<Vec<u8>, String> {
+        let (status, bytes) = self.exchange(method, path, body).await?;
+        if !status.is_success() {
+            return Err(format!(
+                "{}{path}: HTTP {status}: {}",
+                self.base,
+                String::from_utf8_lossy(&bytes)
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// Consul's ACL token API: create a local token with one service identity, or delete one.
+    /// Transport failures, deadlines and 5xx are retryable; a token Consul does not know is
+    /// `not_found` (its revocation already happened).
+    async fn acl(&self, call: ConsulAclCall) -> Result<ConsulAclReply, ConsulAclError> {
+        let (method, path, body) = match &call {
+            ConsulAclCall::CreateToken {
+                description,
+                service_name,
+            } => {
+                let body = serde_json::json!({
+                    "Description": description,
+                    "ServiceIdentities": [{"ServiceName": service_name}],
+                    "Local": true,
+                });
+                (
+                    hyper::Method::PUT,
+                    "/v1/acl/token".to_string(),
+                    body.to_string().into_bytes(),
+                )
+            }
+            ConsulAclCall::RevokeToken { accessor_id } => (
+                hyper::Method::DELETE,
+                format!("/v1/acl/token/{accessor_id}"),
+                Vec::new(),
+            ),
+        };
+        let (status, bytes) = self
+            .exchange(method, &path, body)
+            .await
+            .map_err(|message| ConsulAclError {
+                message,
+                retryable: true,
+                not_found: false,
+            })?;
+        let text = String::from_utf8_lossy(&bytes);
+        if !status.is_success() {
+            let not_found = status == hyper::StatusCode::NOT_FOUND
+                || text.contains("ACL not found")
+                || text.contains("Cannot find token");
+            return Err(ConsulAclError {
+                message: format!("{path}: HTTP {status}: {}", text.trim()),
+                retryable: status.is_server_error(),
+                not_found,
+            });
+        }
+        match call {
+            ConsulAclCall::CreateToken { .. } => {
+                #[derive(Deserialize)]
+                struct Created {
+                    #[serde(rename = "AccessorID")]
+                    accessor_id: String,
+                    #[serde(rename = "SecretID")]
+                    secret_id: String,
+                }
+                let created: Created = serde_json::from_slice(&bytes).map_err(|error| ConsulAclError {
+                    message: format!("{path}: unreadable answer: {error}"),
+                    retryable: true,
+                    not_found: false,
+                })?;
+                Ok(ConsulAclReply::Created {
+                    accessor_id: created.accessor_id,
+                    secret_id: created.secret_id,
+                })
+            }
+            ConsulAclCall::RevokeToken { .. } => Ok(ConsulAclReply::Revoked),
+        }
     }
 
     /// The services the local agent holds, by id (`GET /v1/agent/services`).
@@ -177,6 +275,10 @@ impl ConsulHttp {
 }
 
 impl Consul for ConsulHttp {
+    async fn acl_call(&self, call: ConsulAclCall) -> Result<ConsulAclReply, ConsulAclError> {
+        self.acl(call).await
+    }
+
     /// The local datacenter first, then every other datacenter Consul knows.
     async fn catalog_service(&self, service: &str, tag: &str) -> Result<Vec<SocketAddr>, String> {
         let mut addrs = self.service_in(service, tag, None).await?;

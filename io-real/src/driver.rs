@@ -387,6 +387,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         applied: applied.unwrap_or_default(),
         replies,
         client_calls: BTreeMap::new(),
+        consul_calls: BTreeMap::new(),
         region: config.region.clone(),
         epoch,
         inbox: inbox_tx,
@@ -498,6 +499,8 @@ struct Driver<T: Transport, C, O> {
     replies: Replies,
     /// `ClientCSI` calls in flight, so the core can abandon them.
     client_calls: BTreeMap<drover_core::op::OpId, (tokio::task::JoinHandle<()>, String, String)>,
+    /// Consul ACL calls in flight, abandoned when the core says so.
+    consul_calls: BTreeMap<drover_core::op::OpId, tokio::task::JoinHandle<()>>,
     region: String,
     epoch: tokio::time::Instant,
     inbox: mpsc::UnboundedSender<agent::Input>,
@@ -630,6 +633,21 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                         call,
                         result: Err("abandoned by the server".to_string()),
                     });
+                }
+            }
+            rpc::Action::Consul { op, call } => {
+                let consul = self.consul.clone();
+                let inbox = self.inbox.clone();
+                self.consul_calls.retain(|_, task| !task.is_finished());
+                let task = tokio::spawn(async move {
+                    let result = consul.acl_call(call).await;
+                    let _ = inbox.send(agent::Input::Rpc(rpc::Input::ConsulReplied { op, result }));
+                });
+                self.consul_calls.insert(op, task);
+            }
+            rpc::Action::CancelConsulCall { op } => {
+                if let Some(task) = self.consul_calls.remove(&op) {
+                    task.abort();
                 }
             }
             rpc::Action::Reply { req, reply } => {

@@ -73,6 +73,12 @@ pub trait Consul: Send + Sync + 'static {
     -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
 
     fn register_service(&self, registration: ServiceRegistration) -> impl Future<Output = Result<(), String>> + Send;
+
+    /// A call to Consul's ACL API (service identity tokens, on the leader).
+    fn acl_call(
+        &self,
+        call: drover_core::rpc::ConsulAclCall,
+    ) -> impl Future<Output = Result<drover_core::rpc::ConsulAclReply, drover_core::rpc::ConsulAclError>> + Send;
 }
 
 /// For agents configured without Consul: the core never asks, and if it did it would hear no.
@@ -86,6 +92,17 @@ impl Consul for NoConsul {
 
     async fn register_service(&self, _registration: ServiceRegistration) -> Result<(), String> {
         Err("consul is not configured".to_string())
+    }
+
+    async fn acl_call(
+        &self,
+        _call: drover_core::rpc::ConsulAclCall,
+    ) -> Result<drover_core::rpc::ConsulAclReply, drover_core::rpc::ConsulAclError> {
+        Err(drover_core::rpc::ConsulAclError {
+            message: "consul is not configured".to_string(),
+            retryable: false,
+            not_found: false,
+        })
     }
 }
 

@@ -119,3 +119,106 @@ async fn a_down_consul_is_an_error_not_a_hang() {
     let consul = ConsulHttp::new(&format!("127.0.0.1:{port}"), Duration::from_secs(2));
     assert!(consul.catalog_service("nomad", "serf").await.is_err());
 }
+
+/// Consul's ACL token API as the leader uses it for service identity tokens: tokens by
+/// accessor, the token each call presented, and a mode answering 500.
+#[derive(Clone, Default)]
+struct FakeAcl {
+    tokens: Arc<Mutex<BTreeMap<String, Value>>>,
+    presented: Arc<Mutex<Vec<String>>>,
+    failing: Arc<Mutex<bool>>,
+}
+
+async fn acl_create(
+    State(fake): State<FakeAcl>,
+    headers: axum::http::HeaderMap,
+    body: axum::Json<Value>,
+) -> Result<axum::Json<Value>, (axum::http::StatusCode, String)> {
+    let token = headers
+        .get("x-consul-token")
+        .and_then(|value| value.to_str().ok())
+        .unwrap_or("");
+    fake.presented.lock().unwrap().push(token.to_string());
+    if *fake.failing.lock().unwrap() {
+        return Err((
+            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+            "rpc error: No cluster leader".into(),
+        ));
+    }
+    let mut tokens = fake.tokens.lock().unwrap();
+    let accessor = format!("acc-{}", tokens.len());
+    tokens.insert(accessor.clone(), body.0);
+    Ok(axum::Json(
+        json!({"AccessorID": accessor, "SecretID": format!("secret-of-{accessor}")}),
+    ))
+}
+
+async fn acl_delete(
+    State(fake): State<FakeAcl>,
+    Path(accessor): Path<String>,
+) -> Result<axum::Json<Value>, (axum::http::StatusCode, String)> {
+    match fake.tokens.lock().unwrap().remove(&accessor) {
+        Some(_) => Ok(axum::Json(json!(true))),
+        None => Err((axum::http::StatusCode::NOT_FOUND, "ACL not found".into())),
+    }
+}
+
+#[tokio::test]
+async fn service_identity_tokens_are_created_and_revoked_through_consuls_acl_api() {
+    use drover_core::rpc::{ConsulAclCall, ConsulAclReply};
+    let fake = FakeAcl::default();
+    let app = Router::new()
+        .route("/v1/acl/token", put(acl_create))
+        .route("/v1/acl/token/{accessor}", axum::routing::delete(acl_delete))
+        .with_state(fake.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_secs(2)).with_token(Some("nomad-acl".into()));
+
+    let create = ConsulAclCall::CreateToken {
+        description: "_nomad_si [c1] [a1] [connect-proxy-web]".into(),
+        service_name: "web".into(),
+    };
+    let created = consul.acl_call(create.clone()).await.unwrap();
+    assert_eq!(
+        created,
+        ConsulAclReply::Created {
+            accessor_id: "acc-0".into(),
+            secret_id: "secret-of-acc-0".into()
+        }
+    );
+    assert_eq!(
+        fake.tokens.lock().unwrap()["acc-0"],
+        json!({
+            "Description": "_nomad_si [c1] [a1] [connect-proxy-web]",
+            "ServiceIdentities": [{"ServiceName": "web"}],
+            "Local": true,
+        })
+    );
+    assert_eq!(*fake.presented.lock().unwrap(), ["nomad-acl"]);
+
+    let revoke = ConsulAclCall::RevokeToken {
+        accessor_id: "acc-0".into(),
+    };
+    assert_eq!(consul.acl_call(revoke.clone()).await.unwrap(), ConsulAclReply::Revoked);
+    assert!(fake.tokens.lock().unwrap().is_empty());
+    // Revoked already: Consul does not know it, which counts as revoked.
+    let again = consul.acl_call(revoke).await.unwrap_err();
+    assert!(again.not_found && !again.retryable, "{again:?}");
+    // A 500 is worth retrying; so is a Consul nobody answers on.
+    *fake.failing.lock().unwrap() = true;
+    let failed = consul.acl_call(create.clone()).await.unwrap_err();
+    assert!(
+        failed.retryable && !failed.not_found && failed.message.contains("500"),
+        "{failed:?}"
+    );
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let nobody = closed.local_addr().unwrap();
+    drop(closed);
+    let unreachable = ConsulHttp::new(&nobody.to_string(), Duration::from_secs(2))
+        .acl_call(create)
+        .await
+        .unwrap_err();
+    assert!(unreachable.retryable, "{unreachable:?}");
+}

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
+use drover_core::rpc::{ConsulAclCall, ConsulAclError, ConsulAclReply};
 use drover_io_real::client::TaskServices;
 use drover_io_real::io::{BoxFuture, Consul, ServiceRegistration};
 
@@ -28,7 +29,19 @@ struct State {
     services: BTreeMap<String, ServiceRegistration>,
     /// Task services each node's local agent holds: node → id → service.
     agents: BTreeMap<String, BTreeMap<String, RegisteredService>>,
+    /// ACL tokens alive: accessor → (secret, description, service identity).
+    tokens: BTreeMap<String, SimToken>,
+    /// Numbers the tokens (deterministic ids).
+    tokens_made: u64,
     calls: u64,
+}
+
+/// A service identity token the simulated Consul holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SimToken {
+    pub secret_id: String,
+    pub description: String,
+    pub service_name: String,
 }
 
 /// One Consul cluster shared by every agent of a run.
@@ -44,6 +57,8 @@ impl Default for SimConsul {
                 mode: ConsulMode::Healthy,
                 services: BTreeMap::new(),
                 agents: BTreeMap::new(),
+                tokens: BTreeMap::new(),
+                tokens_made: 0,
                 calls: 0,
             })),
         }
@@ -51,6 +66,11 @@ impl Default for SimConsul {
 }
 
 impl SimConsul {
+    /// The ACL tokens alive, by accessor (for invariants).
+    pub fn tokens(&self) -> BTreeMap<String, SimToken> {
+        self.state.lock().expect("consul lock").tokens.clone()
+    }
+
     pub fn set_mode(&self, mode: ConsulMode) {
         self.state.lock().expect("consul lock").mode = mode;
     }
@@ -129,6 +149,43 @@ impl Consul for SimConsul {
         let mut state = self.state.lock().expect("consul lock");
         state.services.insert(registration.id.clone(), registration);
         Ok(())
+    }
+
+    async fn acl_call(&self, call: ConsulAclCall) -> Result<ConsulAclReply, ConsulAclError> {
+        self.gate().await.map_err(|message| ConsulAclError {
+            message,
+            retryable: true,
+            not_found: false,
+        })?;
+        let mut state = self.state.lock().expect("consul lock");
+        match call {
+            ConsulAclCall::CreateToken {
+                description,
+                service_name,
+            } => {
+                state.tokens_made += 1;
+                let n = state.tokens_made;
+                let accessor_id = format!("00000000-0000-0000-0000-{n:012x}");
+                let secret_id = format!("ffffffff-0000-0000-0000-{n:012x}");
+                state.tokens.insert(
+                    accessor_id.clone(),
+                    SimToken {
+                        secret_id: secret_id.clone(),
+                        description,
+                        service_name,
+                    },
+                );
+                Ok(ConsulAclReply::Created { accessor_id, secret_id })
+            }
+            ConsulAclCall::RevokeToken { accessor_id } => match state.tokens.remove(&accessor_id) {
+                Some(_) => Ok(ConsulAclReply::Revoked),
+                None => Err(ConsulAclError {
+                    message: format!("/v1/acl/token/{accessor_id}: HTTP 404: ACL not found"),
+                    retryable: false,
+                    not_found: true,
+                }),
+            },
+        }
     }
 }
 

@@ -32,6 +32,20 @@ pub const ENVOY_BOOTSTRAP_PATH: &str = "${NOMAD_SECRETS_DIR}/envoy_bootstrap.jso
 /// record: Drover has no Docker driver, so an operator gives the sidecar a `sidecar_task`).
 pub const SIDECAR_IMAGE: &str = "${meta.connect.sidecar_image}";
 
+/// A Consul service identity token the leader created for a task, by its accessor (Nomad's
+/// `SITokenAccessor`; the secret is never stored). `orphaned`: created for a derivation that
+/// failed; it is revoked like the token of a finished allocation.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SiTokenAccessor {
+    pub node_id: String,
+    pub alloc_id: String,
+    pub accessor_id: String,
+    pub task_name: String,
+    pub create_index: u64,
+    #[serde(default)]
+    pub orphaned: bool,
+}
+
 /// A service's `connect {}` block (Nomad's `ConsulConnect`): exactly one of a sidecar proxy or
 /// native.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

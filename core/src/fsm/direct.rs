@@ -98,6 +98,8 @@ impl Command {
             Command::CsiVolumeDeregister { .. } => "CsiVolumeDeregister",
             Command::CsiVolumeClaim { .. } => "CsiVolumeClaim",
             Command::CsiPluginDelete { .. } => "CsiPluginDelete",
+            Command::SiAccessorsUpsert { .. } => "SiAccessorsUpsert",
+            Command::SiAccessorsDelete { .. } => "SiAccessorsDelete",
         }
     }
 }

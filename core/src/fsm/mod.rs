@@ -8,6 +8,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 mod allocs;
+mod connect;
 pub(crate) mod csi;
 mod direct;
 mod jobs;
@@ -167,6 +168,15 @@ pub enum Command {
     CsiPluginDelete {
         plugin_id: String,
     },
+    /// Service identity tokens created in Consul (`Node.DeriveSIToken`), committed before
+    /// their secrets are handed out.
+    SiAccessorsUpsert {
+        accessors: Vec<crate::connect::SiTokenAccessor>,
+    },
+    /// Tokens revoked in Consul.
+    SiAccessorsDelete {
+        accessor_ids: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -207,6 +217,7 @@ pub enum Table {
     Evals,
     CsiVolumes,
     CsiPlugins,
+    SiTokenAccessors,
 }
 
 /// Cloning is cheap (the tables are [`Shared`]): a reader clones the state and lets go of any
@@ -231,6 +242,9 @@ pub struct ServerState {
     /// Secondary index: plugin id → volumes of that plugin.
     volumes_by_plugin: Shared<BTreeMap<String, BTreeSet<(String, String)>>>,
     plugins: Shared<BTreeMap<String, CsiPlugin>>,
+    /// Consul service identity token accessors by accessor id.
+    #[serde(default)]
+    si_accessors: Shared<BTreeMap<String, crate::connect::SiTokenAccessor>>,
 }
 
 #[derive(Debug, thiserror::Error)]

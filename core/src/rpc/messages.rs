@@ -54,6 +54,14 @@ pub enum ServerRequest {
         node_id: String,
         eligibility: SchedulingEligibility,
     },
+    /// `Node.DeriveSIToken`: Consul service identity tokens for Connect tasks of an
+    /// allocation on the calling node.
+    DeriveSiToken {
+        node_id: String,
+        secret_id: String,
+        alloc_id: String,
+        tasks: Vec<String>,
+    },
     JobUpsert {
         job: Job,
     },
@@ -211,6 +219,11 @@ pub enum ServerReply {
         index: u64,
         variables: BTreeMap<String, VariableItems>,
     },
+    /// `Node.DeriveSIToken`: each task's token secret, its accessor committed at `index`.
+    SiTokens {
+        index: u64,
+        tokens: BTreeMap<String, String>,
+    },
 }
 
 /// One variable as a template reads it: its items and the index it was last written at.
@@ -228,7 +241,8 @@ impl ServerReply {
             | ServerReply::Claimed { index, .. }
             | ServerReply::Heartbeat { index, .. }
             | ServerReply::JobRegistered { index, .. }
-            | ServerReply::Variables { index, .. } => Some(*index),
+            | ServerReply::Variables { index, .. }
+            | ServerReply::SiTokens { index, .. } => Some(*index),
             ServerReply::Error(_) => None,
         }
     }

@@ -15,6 +15,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+mod connect;
 mod csi;
 mod jobs;
 mod messages;
@@ -23,6 +24,10 @@ mod outbox;
 #[cfg(test)]
 mod tests;
 
+pub use connect::{
+    CONSUL_ACL_RATE, CONSUL_ACL_TIMEOUT, ConsulAclCall, ConsulAclError, ConsulAclReply, MAX_PARALLEL_PER_DERIVE,
+    token_description,
+};
 pub use messages::*;
 
 use core::time::Duration;
@@ -48,6 +53,11 @@ pub enum Input {
     ClientReplied {
         op: OpId,
         result: Result<ClientCsiReply, String>,
+    },
+    /// Consul's answer to an [`Action::Consul`] call.
+    ConsulReplied {
+        op: OpId,
+        result: Result<ConsulAclReply, ConsulAclError>,
     },
     Leadership {
         leader: bool,
@@ -75,6 +85,16 @@ pub enum Action {
         req: ReqId,
         reply: ServerReply,
     },
+    /// A call to Consul's ACL API (service identity tokens); answered with
+    /// [`Input::ConsulReplied`]. The core owns its deadline.
+    Consul {
+        op: OpId,
+        call: ConsulAclCall,
+    },
+    /// Abandon a `Consul` call past its deadline or of a lost leadership.
+    CancelConsulCall {
+        op: OpId,
+    },
 }
 
 /// Nomad wraps plugin `FailedPrecondition` errors so callers retry.
@@ -89,6 +109,7 @@ pub struct RpcEndpoints {
     jobs: jobs::JobEndpoints,
     drainer: Drainer,
     csi: csi::CsiEndpoints,
+    si_tokens: connect::SiTokens,
 }
 
 impl RpcEndpoints {
@@ -106,6 +127,7 @@ impl RpcEndpoints {
             jobs: jobs::JobEndpoints::new(seed),
             drainer: Drainer::with_faults(faults),
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
+            si_tokens: connect::SiTokens::new(),
         }
     }
 
@@ -135,6 +157,7 @@ impl RpcEndpoints {
                 }
             }
             Input::ClientReplied { op, result } => self.csi.client_answered(now, op, result, state, &mut self.out),
+            Input::ConsulReplied { op, result } => self.si_tokens.consul_replied(now, op, result, state, &mut self.out),
             Input::Leadership { leader } => {
                 if self.leader && !leader {
                     self.fail_everything("leadership lost");
@@ -144,6 +167,7 @@ impl RpcEndpoints {
                 self.jobs.set_enabled(now, leader);
                 self.nodes.set_enabled(leader);
                 self.drainer.set_enabled(leader);
+                self.si_tokens.set_enabled(leader);
             }
         }
         self.run(now, state);
@@ -151,6 +175,7 @@ impl RpcEndpoints {
 
     pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
         self.csi.handle_timeout(now, state, &mut self.out);
+        self.si_tokens.handle_timeout(now, state, &mut self.out);
         self.run(now, state);
     }
 
@@ -163,6 +188,7 @@ impl RpcEndpoints {
             self.out.propose_new(Owner::Drainer, command);
         }
         self.jobs.run(now, state, &mut self.out);
+        self.si_tokens.run(now, state, &mut self.out);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -171,6 +197,7 @@ impl RpcEndpoints {
             self.jobs.poll_timeout(),
             self.nodes.poll_timeout(),
             self.drainer.poll_timeout(),
+            self.si_tokens.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -209,6 +236,16 @@ impl RpcEndpoints {
             | R::AllocUpsert { .. }
             | R::AllocClientUpdate { .. }
             | R::AllocDelete { .. }) => self.jobs.request(req, request, state, out),
+            R::DeriveSiToken {
+                node_id,
+                secret_id,
+                alloc_id,
+                tasks,
+            } => {
+                let request = (node_id, secret_id, alloc_id, tasks);
+                self.si_tokens.request(now, req, request, state, out);
+                None
+            }
             request => self.csi.request(now, req, request, state, out),
         };
         if let Some(command) = command {
@@ -248,6 +285,7 @@ impl RpcEndpoints {
                 self.drainer.proposed();
             }
             Owner::Csi => self.csi.proposed(now, job, outcome, state, out),
+            Owner::Connect(flow) => self.si_tokens.proposed(flow, outcome, out),
         }
     }
 
@@ -255,10 +293,11 @@ impl RpcEndpoints {
     /// work arrived, and every client call is abandoned.
     fn fail_everything(&mut self, why: &str) {
         let mut waiting = self.csi.fail_everything();
+        waiting.extend(self.si_tokens.fail_everything(&mut self.out));
         for (_, (job, owner)) in self.out.take_proposals() {
             match owner {
                 Owner::Simple { req } | Owner::Nodes(nodes::NodeFlow::Write { req, .. }) => waiting.push((job, req)),
-                Owner::Nodes(nodes::NodeFlow::HeartbeatMissed { .. }) | Owner::Csi => {}
+                Owner::Nodes(nodes::NodeFlow::HeartbeatMissed { .. }) | Owner::Csi | Owner::Connect(_) => {}
                 Owner::Jobs(flow) => waiting.extend(self.jobs.abandoned(&flow).map(|req| (job, req))),
                 Owner::Drainer => self.drainer.proposed(),
             }

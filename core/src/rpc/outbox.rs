@@ -6,6 +6,7 @@ use crate::prelude::*;
 
 use alloc::collections::{BTreeMap, VecDeque};
 
+use super::connect::ConnectFlow;
 use super::jobs::JobFlow;
 use super::nodes::NodeFlow;
 use super::{Action, ReqId, ServerReply};
@@ -28,6 +29,8 @@ pub(super) enum Owner {
     Drainer,
     /// A step of a CSI flow; the flow is the job of the same number in the CSI machine.
     Csi,
+    /// Service identity token accessors.
+    Connect(ConnectFlow),
 }
 
 #[derive(Debug, Default)]

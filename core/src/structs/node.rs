@@ -138,6 +138,10 @@ pub struct NodeEvent {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Node {
     pub id: String,
+    /// The node's secret (Nomad's `SecretID`): what proves a client is this node, never shown
+    /// by the API.
+    #[serde(default)]
+    pub secret_id: String,
     pub name: String,
     pub datacenter: String,
     /// Where the client answers agent RPC (`ClientCSI.*`), `ip:port`.

@@ -47,6 +47,9 @@ impl ServerState {
             | Command::CsiVolumeDeregister { .. }
             | Command::CsiVolumeClaim { .. }
             | Command::CsiPluginDelete { .. } => self.apply_csi(index, at_ms, command),
+            Command::SiAccessorsUpsert { .. } | Command::SiAccessorsDelete { .. } => {
+                self.apply_si_accessors(index, command)
+            }
             Command::LeadershipEstablished { .. } | Command::VariableUpsert { .. } | Command::VariableDelete { .. } => {
                 unreachable!("handled by apply")
             }

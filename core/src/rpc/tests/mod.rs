@@ -1,3 +1,4 @@
+mod connect;
 mod csi;
 mod jobs;
 mod nodes;
@@ -11,6 +12,7 @@ pub(super) struct Harness {
     pub(super) machine: RpcEndpoints,
     pub(super) now: Instant,
     pub(super) calls: Vec<(OpId, String, ClientCsiRequest)>,
+    pub(super) consul: Vec<(OpId, ConsulAclCall)>,
     pub(super) replies: Vec<(ReqId, ServerReply)>,
     pub(super) log: Vec<String>,
 }
@@ -39,6 +41,7 @@ impl Harness {
             machine,
             now: Instant::ZERO,
             calls: Vec::new(),
+            consul: Vec::new(),
             replies: Vec::new(),
             log: Vec::new(),
         }
@@ -71,6 +74,8 @@ impl Harness {
                 }
                 Action::Reply { req, reply } => self.replies.push((req, reply)),
                 Action::CancelClientCall { op } => self.log.push(format!("cancel {op}")),
+                Action::Consul { op, call } => self.consul.push((op, call)),
+                Action::CancelConsulCall { op } => self.log.push(format!("cancel consul {op}")),
             }
         }
     }
