@@ -345,6 +345,8 @@ mod client_harness {
                                 let (k, v) = value.split_once(':').unwrap();
                                 task.env.insert(k.into(), v.into());
                             }
+                            // connect=<service>: the Connect sidecar of that service.
+                            "connect" => task.kind = format!("connect-proxy:{value}"),
                             // template=<destination>:<change mode>[:<signal>|:env]
                             "template" => {
                                 let mut parts = value.split(':');
@@ -419,7 +421,14 @@ mod client_harness {
             job_name: "j".into(),
             job_meta: BTreeMap::new(),
             group,
-            node: drover_core::taskenv::NodeEnv::default(),
+            node: drover_core::taskenv::NodeEnv {
+                node: drover_core::structs::Node {
+                    id: "n1".into(),
+                    secret_id: "n1-secret".into(),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
             node_id: "n1".into(),
             paths: ClientPaths::new("/s", "/a"),
             host_volumes,
@@ -428,6 +437,7 @@ mod client_harness {
             faults: drover_core::config::ClientFaults {
                 skip_task_destroy: args.contains_key("skip-destroy"),
             },
+            consul_acl: args.contains_key("consul-acl"),
         }
     }
 
@@ -484,6 +494,17 @@ mod client_harness {
         }
         if args.contains_key("done") {
             return Ok(Reply::Server(ServerReply::Done { index: 11 }));
+        }
+        // file=<text> or file=none (ReadFile); si-token=(<task>,<secret>) (DeriveSiToken).
+        if let Some(text) = args.get("file") {
+            return Ok(Reply::File((text != "none").then(|| text.clone())));
+        }
+        if let Some(token) = args.get("si-token") {
+            let (task, secret) = token.split_once(',').expect("(task,secret)");
+            return Ok(Reply::Server(ServerReply::SiTokens {
+                index: 12,
+                tokens: [(task.to_string(), secret.to_string())].into(),
+            }));
         }
         if let Some(task) = args.get("started") {
             return Ok(Reply::Started(TaskHandle {
@@ -568,6 +589,8 @@ mod client_harness {
             Io::RecoverTask { handle } => format!("recover {}", handle.task),
             Io::DestroyTask { handle } => format!("destroy {}", handle.task),
             Io::SignalTask { handle, signal } => format!("signal {} {signal}", handle.task),
+            Io::ReadFile { path } => format!("read {path}"),
+            Io::WriteFile { path, content, mode } => format!("write {path} mode={mode:o} {content}"),
             Io::RenderTemplate(request) => {
                 let vars: Vec<String> = request
                     .variables
@@ -589,6 +612,15 @@ mod client_harness {
                     format!("server unpublish {volume_id} alloc={}", claim.allocation_id)
                 }
                 ServerRequest::VariablesRead { paths } => format!("server vars-read {}", paths.join(",")),
+                ServerRequest::DeriveSiToken {
+                    node_id,
+                    secret_id,
+                    alloc_id,
+                    tasks,
+                } => format!(
+                    "server derive-si-token node={node_id} secret={secret_id} alloc={alloc_id} tasks={}",
+                    tasks.join(",")
+                ),
                 other => format!("server {other:?}"),
             },
             Io::Volume(op) => match op {

@@ -274,7 +274,7 @@ pub fn render_to_file(request: &RenderRequest) -> Result<RenderReply, IoError> {
     Ok(reply)
 }
 
-fn write_atomically(destination: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
+pub(crate) fn write_atomically(destination: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if let Some(parent) = destination.parent() {
         std::fs::create_dir_all(parent)?;

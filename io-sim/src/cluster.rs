@@ -527,6 +527,7 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
         region: spec.config.region.clone(),
         seed: agent_id,
         faults: spec.config.client.faults,
+        consul_acl: spec.config.consul.token.is_some(),
     };
     let node = Node {
         id,

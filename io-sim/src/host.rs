@@ -85,6 +85,8 @@ pub struct PluginFaults {
 #[derive(Default)]
 struct HostState {
     dirs: BTreeSet<String>,
+    /// Small files the client writes itself (service identity tokens), by path.
+    files: BTreeMap<String, String>,
     mounts: BTreeSet<String>,
     /// Staging paths staged by the plugin, and publish targets with the staging path each
     /// was published from (checked: stage before publish, unpublish before unstage).
@@ -284,6 +286,18 @@ impl SimHost {
                 Ok(Reply::Unit)
             }
             Io::IsMountPoint { path } => Ok(Reply::Bool(state.mounts.contains(&path))),
+            Io::ReadFile { path } => Ok(Reply::File(state.files.get(&path).cloned())),
+            Io::WriteFile { path, content, .. } => {
+                let parent = path.rsplit_once('/').map(|(parent, _)| parent.to_string());
+                if parent.is_some_and(|parent| !state.dirs.contains(&parent)) {
+                    return Err(IoError::new(
+                        ErrorKind::NotFound,
+                        format!("write {path}: no such directory"),
+                    ));
+                }
+                state.files.insert(path, content);
+                Ok(Reply::Unit)
+            }
             other => Err(IoError::other(format!("not a filesystem request: {other:?}"))),
         }
     }
@@ -590,9 +604,12 @@ impl ClientExecutor for SimHost {
         Box::pin(async move {
             tokio::time::sleep(LATENCY).await;
             match io {
-                io @ (Io::Mkdir { .. } | Io::RemoveAll { .. } | Io::Rmdir { .. } | Io::IsMountPoint { .. }) => {
-                    host.filesystem(io)
-                }
+                io @ (Io::Mkdir { .. }
+                | Io::RemoveAll { .. }
+                | Io::Rmdir { .. }
+                | Io::IsMountPoint { .. }
+                | Io::ReadFile { .. }
+                | Io::WriteFile { .. }) => host.filesystem(io),
                 Io::StartTask(config) => host.start(*config),
                 Io::StopTask { handle, .. } => host.stop(&handle),
                 Io::DestroyTask { handle } => host.destroy(&handle),

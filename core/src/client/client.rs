@@ -69,6 +69,9 @@ pub struct ClientSettings {
     pub seed: u64,
     /// Defects the simulation re-creates on purpose (`ClientConfig::faults`).
     pub faults: crate::config::ClientFaults,
+    /// The client presents a Consul ACL token (`consul { token }`): Connect tasks get service
+    /// identity tokens (the `consul_si_token` hook), as Nomad's client does with ACLs on.
+    pub consul_acl: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -335,6 +338,7 @@ impl Client {
             drivers: self.drivers.clone(),
             seed: self.settings.seed ^ fnv(&alloc.id),
             faults: self.settings.faults,
+            consul_acl: self.settings.consul_acl,
         })
     }
 

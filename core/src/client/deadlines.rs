@@ -29,7 +29,12 @@ pub const ALLOC_SYNC_GRACE: Duration = Duration::from_secs(10);
 /// volume operations answer from memory or through requests that have deadlines.
 pub fn deadline(io: &Io) -> Option<Duration> {
     match io {
-        Io::Mkdir { .. } | Io::RemoveAll { .. } | Io::Rmdir { .. } | Io::IsMountPoint { .. } => Some(FS_TIMEOUT),
+        Io::Mkdir { .. }
+        | Io::RemoveAll { .. }
+        | Io::Rmdir { .. }
+        | Io::IsMountPoint { .. }
+        | Io::ReadFile { .. }
+        | Io::WriteFile { .. } => Some(FS_TIMEOUT),
         Io::StartTask(_) => Some(START_TIMEOUT),
         Io::DestroyTask { .. } => Some(DESTROY_TIMEOUT),
         Io::RenderTemplate(_) | Io::SignalTask { .. } => Some(FS_TIMEOUT),

@@ -86,6 +86,9 @@ pub enum TaskHook {
     Devices,
     CsiPluginSupervisor,
     Template,
+    /// `consul_si_token` (Nomad's sids hook): a Consul service identity token for a Connect
+    /// task, derived by the servers, in `secrets/si_token`.
+    SiToken,
 }
 
 impl TaskHook {
@@ -97,6 +100,7 @@ impl TaskHook {
             TaskHook::Devices => "devices",
             TaskHook::CsiPluginSupervisor => "csi_plugin_supervisor",
             TaskHook::Template => "template",
+            TaskHook::SiToken => "consul_si_token",
         }
     }
 }
@@ -107,6 +111,8 @@ pub enum Condition {
     Always,
     HasCsiPlugin,
     HasTemplates,
+    /// A Connect task on a client with a Consul ACL token.
+    ConnectWithAcl,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,16 +178,26 @@ pub const TASK_HOOKS: &[(TaskHook, Condition, TaskPhases)] = &[
             stop: false,
         },
     ),
+    (
+        TaskHook::SiToken,
+        Condition::ConnectWithAcl,
+        TaskPhases {
+            prestart: true,
+            poststart: false,
+            stop: false,
+        },
+    ),
 ];
 
 /// The hooks a task runs, in order.
-pub fn task_hooks(task: &Task) -> Vec<(TaskHook, TaskPhases)> {
+pub fn task_hooks(task: &Task, consul_acl: bool) -> Vec<(TaskHook, TaskPhases)> {
     TASK_HOOKS
         .iter()
         .filter(|(_, condition, _)| match condition {
             Condition::Always => true,
             Condition::HasCsiPlugin => task.csi_plugin.is_some(),
             Condition::HasTemplates => !task.templates.is_empty(),
+            Condition::ConnectWithAcl => consul_acl && crate::connect::is_connect_task(task),
         })
         .map(|(hook, _, phases)| (*hook, *phases))
         .collect()

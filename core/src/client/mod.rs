@@ -312,6 +312,16 @@ pub enum Io {
     IsMountPoint {
         path: String,
     },
+    /// A small file's text; replies `File(None)` when there is none.
+    ReadFile {
+        path: String,
+    },
+    /// Writes `content` to `path` (atomically, through a temporary file) with `mode`.
+    WriteFile {
+        path: String,
+        content: String,
+        mode: u32,
+    },
     StartTask(alloc::boxed::Box<TaskConfig>),
     /// Signal, then SIGKILL after `kill_timeout`; replies once the task is gone.
     StopTask {
@@ -376,6 +386,8 @@ pub enum Reply {
     /// The services the Consul agent holds, by id.
     Services(BTreeMap<String, services::RegisteredService>),
     Rendered(RenderReply),
+    /// `ReadFile`: the file's text, `None` when it does not exist.
+    File(Option<String>),
 }
 
 /// One template to render (`Io::RenderTemplate`).

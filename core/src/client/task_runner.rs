@@ -11,6 +11,7 @@
 
 mod exit;
 mod prestart;
+mod sids;
 mod templates;
 
 #[allow(unused_imports)]
@@ -91,6 +92,8 @@ pub struct TaskSpec {
     pub driver: Option<DriverCapabilities>,
     pub seed: u64,
     pub faults: crate::config::ClientFaults,
+    /// Connect tasks derive service identity tokens (`ClientSettings::consul_acl`).
+    pub consul_acl: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,6 +137,12 @@ enum Phase {
     /// The template hook (prestart hook `index`) renders; its machine owns the I/O.
     Rendering {
         index: usize,
+    },
+    /// The `consul_si_token` hook (prestart hook `index`) reads, derives or writes the task's
+    /// service identity token.
+    SiToken {
+        index: usize,
+        step: sids::Step,
     },
     /// The task's leader is gone; what it left behind is being destroyed, then `after`.
     Destroying {
@@ -180,7 +189,7 @@ impl TaskRunner {
 
     /// A runner rebuilt from its persisted record after an agent restart.
     pub fn restore(spec: TaskSpec, local: LocalTaskState, servers_contacted: bool) -> Self {
-        let hooks = task_hooks(&spec.task);
+        let hooks = task_hooks(&spec.task, spec.consul_acl);
         let templates = (!spec.task.templates.is_empty()).then(|| {
             crate::client::templates::TemplateRunner::new(
                 spec.task.templates.clone(),
@@ -295,9 +304,14 @@ impl TaskRunner {
             // (found by the real-client simulation: a client restarted after its allocations
             // were lost left their tasks running for good).
             // (`send_kill` without a handle runs the stop hooks at once.)
-            Phase::Idle | Phase::WaitingOnServers | Phase::RestartDelay { .. } | Phase::Rendering { .. } => {
-                self.send_kill(now, ops)
-            }
+            Phase::Idle
+            | Phase::WaitingOnServers
+            | Phase::RestartDelay { .. }
+            | Phase::Rendering { .. }
+            | Phase::SiToken {
+                step: sids::Step::Waiting { .. },
+                ..
+            } => self.send_kill(now, ops),
             // An operation is in flight; its outcome finishes the kill.
             _ => {}
         }
@@ -366,6 +380,9 @@ impl TaskRunner {
                 index,
                 op: Some(pending),
             } if pending == op => self.stop_hook_outcome(now, index, outcome, ops),
+            Phase::SiToken { index, step } if step.op() == Some(op) => {
+                self.si_token_outcome(now, index, step, outcome, ops)
+            }
             _ => return false,
         }
         true
@@ -456,11 +473,16 @@ impl TaskRunner {
             self.supervisor_out(now, out, ops);
         }
         self.templates_timeout(now, ops);
+        self.si_token_timeout(now, ops);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         let delay = match self.phase {
             Phase::RestartDelay { until } => Some(until),
+            Phase::SiToken {
+                step: sids::Step::Waiting { until, .. },
+                ..
+            } => Some(until),
             _ => None,
         };
         let supervisor = self.supervisor.as_ref().and_then(PluginSupervisor::poll_timeout);
@@ -522,6 +544,10 @@ impl TaskRunner {
             if hook == TaskHook::Template {
                 self.phase = Phase::Rendering { index };
                 self.templates_prestart(now, ops);
+                return;
+            }
+            if hook == TaskHook::SiToken {
+                self.si_token_prestart(index, ops);
                 return;
             }
             let needed = self.prestart_io(hook);

@@ -79,6 +79,16 @@ impl ClientExecutor for HostExecutor {
                     .map(|()| Reply::Unit)
                     .map_err(|error| fs_error(&format!("rmdir {path}"), error)),
                 Io::IsMountPoint { path } => is_mount_point(&path).map(Reply::Bool),
+                Io::ReadFile { path } => match std::fs::read_to_string(&path) {
+                    Ok(text) => Ok(Reply::File(Some(text))),
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Reply::File(None)),
+                    Err(error) => Err(fs_error(&format!("read {path}"), error)),
+                },
+                Io::WriteFile { path, content, mode } => {
+                    crate::template::write_atomically(std::path::Path::new(&path), content.as_bytes(), mode)
+                        .map(|()| Reply::Unit)
+                        .map_err(|error| fs_error(&format!("write {path}"), error))
+                }
                 Io::StartTask(config) => {
                     let driver = driver(&config.driver)?;
                     Ok(Reply::Started(driver.start(*config).await?))
@@ -202,6 +212,7 @@ pub fn client_identity(
         region: config.region.clone(),
         seed: node_id,
         faults: config.client.faults,
+        consul_acl: config.consul.token.is_some(),
     };
     let mut resources = host_resources();
     resources.networks = host_networks(config);

@@ -223,7 +223,8 @@ pub struct ClientParts {
 }
 
 /// Starts the client loop; it runs until the runtime stops.
-pub fn start_client(parts: ClientParts) -> Result<ClientView, ClientStoreError> {
+pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreError> {
+    parts.node.secret_id = parts.store.secret_id()?;
     let registry = parts.store.registry()?;
     let allocs = parts.store.allocs()?;
     let devices = parts.store.devices()?;

@@ -132,6 +132,18 @@ impl ClientStore {
         txn.commit().map_err(|error| fail(error.to_string()))
     }
 
+    /// The node's secret (Nomad's `SecretID`): made once, from the runtime's generator, and
+    /// kept with the client's state, so the servers know the node across restarts. Clients
+    /// present it when they ask for service identity tokens.
+    pub fn secret_id(&self) -> Result<String, ClientStoreError> {
+        if let Some((_, secret)) = self.scan::<String>("secret-id")?.into_iter().next() {
+            return Ok(secret);
+        }
+        let secret = uuid_from(crate::runtime::random(), crate::runtime::random());
+        self.put("secret-id", &secret)?;
+        Ok(secret)
+    }
+
     /// The device instances each task held when the agent stopped.
     pub fn devices(&self) -> Result<DeviceReservations, ClientStoreError> {
         Ok(self
@@ -177,6 +189,21 @@ impl ClientStore {
             })
             .collect())
     }
+}
+
+/// A version-4 UUID's text from 128 random bits.
+fn uuid_from(high: u64, low: u64) -> String {
+    let high = (high & !0xf000) | 0x4000;
+    let low = (low & !(0b11 << 62)) | (0b10 << 62);
+    let hex = format!("{high:016x}{low:016x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
 }
 
 #[cfg(test)]
@@ -261,5 +288,15 @@ mod tests {
         drop(table);
         drop(txn);
         assert_eq!(store.allocs().unwrap()[0].3["web"].state.restarts, 2);
+    }
+
+    #[test]
+    fn the_node_secret_is_made_once_and_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = ClientStore::open(dir.path()).unwrap().secret_id().unwrap();
+        assert_eq!(secret.len(), 36, "{secret}");
+        assert_eq!(&secret[14..15], "4", "{secret}");
+        let reopened = ClientStore::open(dir.path()).unwrap();
+        assert_eq!(reopened.secret_id().unwrap(), secret);
     }
 }

@@ -10,7 +10,7 @@ impl TaskRunner {
         let spec = &self.spec;
         match hook {
             // The template hook runs its own I/O (`templates.rs`).
-            TaskHook::Validate | TaskHook::Volumes | TaskHook::Template => Vec::new(),
+            TaskHook::Validate | TaskHook::Volumes | TaskHook::Template | TaskHook::SiToken => Vec::new(),
             TaskHook::TaskDir => {
                 let dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
                 vec![
@@ -53,7 +53,7 @@ impl TaskRunner {
         let spec = &self.spec;
         let task = &spec.task;
         match hook {
-            TaskHook::Template => unreachable!("the template hook finishes through its own machine"),
+            TaskHook::Template | TaskHook::SiToken => unreachable!("this hook finishes through its own phase"),
             TaskHook::Validate => self.validate_finish(),
             TaskHook::TaskDir => Ok(self.task_dir_finish()),
             TaskHook::Volumes => {
