@@ -835,6 +835,37 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
     let (sent, _) = drain(&mut client, t3, &reregistered);
     assert_eq!(sent, ["heartbeat", "register", "csi", "drivers"]);
     assert_eq!(client.poll_timeout(), Some(t3 + Duration::from_secs(10)));
+
+    // Consul is fingerprinted: the node registers again carrying `consul.*` (Connect jobs
+    // are constrained on `${attr.consul.version}`); the same values again change nothing.
+    let consul = BTreeMap::from([("consul.version".to_string(), "1.9.5".to_string())]);
+    let carried = std::cell::RefCell::new(Vec::new());
+    let recording = |request: &ServerRequest| {
+        if let ServerRequest::NodeRegister { node } = request {
+            carried
+                .borrow_mut()
+                .push(node.attributes.get("consul.version").cloned());
+        }
+        reregistered(request)
+    };
+    client.handle(
+        t3,
+        ClientInput::ConsulAttributes {
+            attributes: consul.clone(),
+        },
+    );
+    assert_eq!(drain(&mut client, t3, &recording).0, ["register", "csi", "drivers"]);
+    client.handle(t3, ClientInput::ConsulAttributes { attributes: consul });
+    assert!(drain(&mut client, t3, &recording).0.is_empty());
+    // Consul became unreachable: the attributes go, as Nomad's fingerprinter drops them.
+    client.handle(
+        t3,
+        ClientInput::ConsulAttributes {
+            attributes: BTreeMap::new(),
+        },
+    );
+    assert_eq!(drain(&mut client, t3, &recording).0, ["register", "csi", "drivers"]);
+    assert_eq!(*carried.borrow(), [Some("1.9.5".to_string()), None]);
 }
 
 /// A failed write to the client store reaches the operator as a `Storage` node event, at most

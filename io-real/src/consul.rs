@@ -209,26 +209,14 @@ impl ConsulHttp {
             .collect())
     }
 
-    /// Registers a task's service with the local agent, at its port's address, or at
-    /// `address` when it has none.
+    /// Registers a task's or group's service with the local agent, at its port's address, or
+    /// at `address` when it has none; its checks and Connect sidecar with it.
     pub async fn register_task_service(
         &self,
         registration: &drover_core::client::services::TaskServiceRegistration,
         address: IpAddr,
     ) -> Result<(), String> {
-        let body = serde_json::json!({
-            "ID": registration.id,
-            "Name": registration.name,
-            "Tags": registration.tags,
-            "Meta": registration.meta,
-            "EnableTagOverride": registration.enable_tag_override,
-            "Address": if registration.address.is_empty() {
-                address.to_string()
-            } else {
-                registration.address.clone()
-            },
-            "Port": registration.port,
-        });
+        let body = service_registration_body(registration, address);
         self.request(
             hyper::Method::PUT,
             "/v1/agent/service/register",
@@ -236,6 +224,15 @@ impl ConsulHttp {
         )
         .await
         .map(|_| ())
+    }
+
+    /// The agent's attributes as Nomad's consul fingerprinter names them, from
+    /// `GET /v1/agent/self`.
+    pub async fn fingerprint(&self) -> Result<std::collections::BTreeMap<String, String>, String> {
+        let bytes = self.request(hyper::Method::GET, "/v1/agent/self", Vec::new()).await?;
+        let agent: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|error| format!("/v1/agent/self: {error}"))?;
+        Ok(consul_attributes(&agent))
     }
 
     /// Removes a service from the local agent.
@@ -313,5 +310,126 @@ impl Consul for ConsulHttp {
         )
         .await
         .map(|_| ())
+    }
+}
+
+/// `consul.server`, `consul.version`, `consul.revision`, `unique.consul.name`,
+/// `consul.datacenter`, `consul.segment`, `consul.connect` and `consul.grpc` from the agent's
+/// self description (Nomad's consul fingerprinter); absent fields are left out.
+pub fn consul_attributes(agent: &serde_json::Value) -> std::collections::BTreeMap<String, String> {
+    let text = |value: &serde_json::Value| match value {
+        serde_json::Value::String(text) => Some(text.clone()),
+        serde_json::Value::Bool(flag) => Some(flag.to_string()),
+        serde_json::Value::Number(number) => Some(number.to_string()),
+        _ => None,
+    };
+    let fields = [
+        ("consul.server", "/Config/Server"),
+        ("consul.version", "/Config/Version"),
+        ("consul.revision", "/Config/Revision"),
+        ("unique.consul.name", "/Config/NodeName"),
+        ("consul.datacenter", "/Config/Datacenter"),
+        ("consul.segment", "/Member/Tags/segment"),
+        ("consul.connect", "/DebugConfig/ConnectEnabled"),
+        ("consul.grpc", "/DebugConfig/GRPCPort"),
+    ];
+    fields
+        .into_iter()
+        .filter_map(|(name, pointer)| Some((name.to_string(), agent.pointer(pointer).and_then(text)?)))
+        .collect()
+}
+
+/// Consul's service registration body (`PUT /v1/agent/service/register`).
+fn service_registration_body(
+    registration: &drover_core::client::services::TaskServiceRegistration,
+    address: IpAddr,
+) -> serde_json::Value {
+    let host = |at: &str| {
+        if at.is_empty() {
+            address.to_string()
+        } else {
+            at.to_string()
+        }
+    };
+    let checks: Vec<serde_json::Value> = registration
+        .checks
+        .iter()
+        .map(|check| {
+            let target = format!("{}:{}", host(&check.address), check.port);
+            let mut body = serde_json::json!({
+                "CheckID": check.id,
+                "Name": check.name,
+                "Interval": format!("{}ms", check.interval_ms),
+                "Timeout": format!("{}ms", check.timeout_ms),
+            });
+            match check.check_type.as_str() {
+                "http" => {
+                    let scheme = if check.protocol.is_empty() {
+                        "http"
+                    } else {
+                        &check.protocol
+                    };
+                    body["HTTP"] = format!("{scheme}://{target}{}", check.path).into();
+                    if !check.method.is_empty() {
+                        body["Method"] = check.method.clone().into();
+                    }
+                }
+                "grpc" => body["GRPC"] = target.into(),
+                _ => body["TCP"] = target.into(),
+            }
+            body
+        })
+        .collect();
+    let mut body = serde_json::json!({
+        "ID": registration.id,
+        "Name": registration.name,
+        "Tags": registration.tags,
+        "Meta": registration.meta,
+        "EnableTagOverride": registration.enable_tag_override,
+        "Address": host(&registration.address),
+        "Port": registration.port,
+        "Checks": checks,
+    });
+    if let Some(connect) = &registration.connect {
+        body["Connect"] = match &connect.sidecar {
+            Some(sidecar) => serde_json::json!({
+                "SidecarService": {
+                    "Port": sidecar.port,
+                    "Tags": sidecar.tags,
+                    "Proxy": {
+                        "LocalServiceAddress": sidecar.local_service_address,
+                        "LocalServicePort": sidecar.local_service_port,
+                        "Upstreams": sidecar.upstreams.iter().map(|upstream| {
+                            let mut body = serde_json::json!({
+                                "DestinationName": upstream.destination_name,
+                                "LocalBindPort": upstream.local_bind_port,
+                            });
+                            if !upstream.datacenter.is_empty() {
+                                body["Datacenter"] = upstream.datacenter.clone().into();
+                            }
+                            body
+                        }).collect::<Vec<_>>(),
+                        "Config": sidecar.config.iter().map(|(key, value)| (key.clone(), config_json(value))).collect::<serde_json::Map<_, _>>(),
+                    },
+                },
+            }),
+            None => serde_json::json!({ "Native": connect.native }),
+        };
+    }
+    body
+}
+
+fn config_json(value: &drover_core::structs::ConfigValue) -> serde_json::Value {
+    use drover_core::structs::ConfigValue;
+    match value {
+        ConfigValue::Bool(flag) => (*flag).into(),
+        ConfigValue::Int(number) => (*number).into(),
+        ConfigValue::String(text) => text.clone().into(),
+        ConfigValue::List(items) => items.iter().map(config_json).collect::<Vec<_>>().into(),
+        ConfigValue::Map(map) => map
+            .iter()
+            .map(|(key, value)| (key.clone(), config_json(value)))
+            .collect::<serde_json::Map<_, _>>()
+            .into(),
     }
 }

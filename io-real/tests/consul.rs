@@ -48,11 +48,21 @@ async fn register(State(fake): State<FakeConsul>, body: axum::Json<Value>) {
     fake.registered.lock().unwrap().push(body.0);
 }
 
+/// What a Consul 1.9 agent answers, trimmed to the fields the fingerprint reads.
+async fn agent_self() -> axum::Json<Value> {
+    axum::Json(json!({
+        "Config": {"Datacenter": "dc1", "NodeName": "host-7", "Revision": "f55da9306", "Server": false, "Version": "1.9.5"},
+        "DebugConfig": {"ConnectEnabled": true, "GRPCPort": 8502},
+        "Member": {"Tags": {"role": "node"}}
+    }))
+}
+
 async fn serve(fake: FakeConsul) -> SocketAddr {
     let app = Router::new()
         .route("/v1/catalog/service/{service}", get(catalog))
         .route("/v1/catalog/datacenters", get(datacenters))
         .route("/v1/agent/service/register", put(register))
+        .route("/v1/agent/self", get(agent_self))
         .with_state(fake);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -92,6 +102,84 @@ async fn registration_uses_consuls_field_names() {
         vec![
             json!({"ID": "_nomad-server-s1.global-serf", "Name": "nomad", "Tags": ["serf"], "Address": "10.0.0.1", "Port": 4648})
         ]
+    );
+}
+
+#[tokio::test]
+async fn the_agent_is_fingerprinted_with_nomads_attribute_names() {
+    let addr = serve(FakeConsul::default()).await;
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_secs(2));
+    let attributes = consul.fingerprint().await.unwrap();
+    let expected: BTreeMap<String, String> = [
+        ("consul.connect", "true"),
+        ("consul.datacenter", "dc1"),
+        ("consul.grpc", "8502"),
+        ("consul.revision", "f55da9306"),
+        ("consul.server", "false"),
+        ("consul.version", "1.9.5"),
+        ("unique.consul.name", "host-7"),
+    ]
+    .into_iter()
+    .map(|(key, value)| (key.to_string(), value.to_string()))
+    .collect();
+    assert_eq!(attributes, expected);
+}
+
+#[tokio::test]
+async fn a_connect_group_service_is_registered_with_its_sidecar_and_checks() {
+    use drover_core::client::services::{
+        CheckRegistration, ConnectRegistration, SidecarRegistration, TaskServiceRegistration,
+    };
+    use drover_core::connect::ConsulUpstream;
+    let fake = FakeConsul::default();
+    let addr = serve(fake.clone()).await;
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_secs(2));
+    let registration = TaskServiceRegistration {
+        id: "_nomad-task-a1-group-api-count-api-http".into(),
+        name: "count-api".into(),
+        port: 9001,
+        checks: vec![CheckRegistration {
+            id: "_nomad-check-1".into(),
+            name: "alive".into(),
+            check_type: "http".into(),
+            port: 9001,
+            path: "/health".into(),
+            interval_ms: 10_000,
+            timeout_ms: 2_000,
+            ..CheckRegistration::default()
+        }],
+        connect: Some(ConnectRegistration {
+            native: false,
+            sidecar: Some(SidecarRegistration {
+                port: 21000,
+                local_service_address: "10.0.0.5".into(),
+                local_service_port: 9001,
+                upstreams: vec![ConsulUpstream {
+                    destination_name: "count-db".into(),
+                    local_bind_port: 8080,
+                    ..ConsulUpstream::default()
+                }],
+                ..SidecarRegistration::default()
+            }),
+        }),
+        ..TaskServiceRegistration::default()
+    };
+    consul
+        .register_task_service(&registration, "10.0.0.5".parse().unwrap())
+        .await
+        .unwrap();
+    let registered = fake.registered.lock().unwrap().clone();
+    assert_eq!(
+        registered,
+        vec![json!({
+            "ID": "_nomad-task-a1-group-api-count-api-http", "Name": "count-api", "Tags": [], "Meta": {},
+            "EnableTagOverride": false, "Address": "10.0.0.5", "Port": 9001,
+            "Checks": [{"CheckID": "_nomad-check-1", "Name": "alive", "Interval": "10000ms", "Timeout": "2000ms",
+                        "HTTP": "http://10.0.0.5:9001/health"}],
+            "Connect": {"SidecarService": {"Port": 21000, "Tags": [], "Proxy": {
+                "LocalServiceAddress": "10.0.0.5", "LocalServicePort": 9001,
+                "Upstreams": [{"DestinationName": "count-db", "LocalBindPort": 8080}], "Config": {}}}}
+        })]
     );
 }
 

@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
+use drover_core::client::services::{RegisteredService, SIDECAR_SUFFIX, TaskServiceRegistration};
 use drover_core::rpc::{ConsulAclCall, ConsulAclError, ConsulAclReply};
 use drover_io_real::client::TaskServices;
 use drover_io_real::io::{BoxFuture, Consul, ServiceRegistration};
@@ -212,7 +212,24 @@ impl TaskServices for SimConsulAgent {
         Box::pin(async move {
             agent.consul.gate().await?;
             let mut state = agent.consul.state.lock().expect("consul lock");
-            state.agents.entry(agent.node.clone()).or_default().insert(
+            let services = state.agents.entry(agent.node.clone()).or_default();
+            // Like Consul's agent, a Connect sidecar is registered with its parent.
+            if let Some(sidecar) = registration
+                .connect
+                .as_ref()
+                .and_then(|connect| connect.sidecar.as_ref())
+            {
+                services.insert(
+                    format!("{}{SIDECAR_SUFFIX}", registration.id),
+                    RegisteredService {
+                        name: format!("{}{SIDECAR_SUFFIX}", registration.name),
+                        tags: sidecar.tags.clone(),
+                        meta: BTreeMap::new(),
+                        port: sidecar.port,
+                    },
+                );
+            }
+            services.insert(
                 registration.id.clone(),
                 RegisteredService {
                     name: registration.name,
@@ -232,8 +249,31 @@ impl TaskServices for SimConsulAgent {
             let mut state = agent.consul.state.lock().expect("consul lock");
             if let Some(services) = state.agents.get_mut(&agent.node) {
                 services.remove(&id);
+                services.remove(&format!("{id}{SIDECAR_SUFFIX}"));
             }
             Ok(())
         })
     }
+
+    fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>> {
+        let agent = self.clone();
+        Box::pin(async move {
+            agent.consul.gate().await?;
+            Ok([
+                ("consul.server", "false"),
+                ("consul.version", SIM_CONSUL_VERSION),
+                ("consul.revision", "sim"),
+                ("unique.consul.name", agent.node.as_str()),
+                ("consul.datacenter", "dc1"),
+                ("consul.connect", "true"),
+                ("consul.grpc", "8502"),
+            ]
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect())
+        })
+    }
 }
+
+/// The version the simulated agents report (`${attr.consul.version}`).
+pub const SIM_CONSUL_VERSION: &str = "1.9.5";

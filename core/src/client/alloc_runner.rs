@@ -303,6 +303,19 @@ impl AllocRunner {
     }
 
     /// Postrun finished: nothing of this allocation runs or is mounted any more.
+    /// The group's `service` blocks while the allocation runs (Nomad's group services hook
+    /// registers them at prerun and removes them when the allocation is stopped), interpolated
+    /// with the first task's environment.
+    pub fn group_services(&self) -> Vec<crate::structs::Service> {
+        if self.phase != Phase::Running || self.stop_requested || self.spec.group.services.is_empty() {
+            return Vec::new();
+        }
+        match self.tasks.values().next() {
+            Some(task) => task.interpolate_services(&self.spec.group.services),
+            None => self.spec.group.services.clone(),
+        }
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done | Phase::Destroying { .. } | Phase::Destroyed)
     }

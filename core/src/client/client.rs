@@ -27,7 +27,7 @@ use crate::client::paths::ClientPaths;
 use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
 use crate::client::server_link::{LinkEvent, ServerLink};
 use crate::client::service_sync::ServiceSync;
-use crate::client::services::{TaskServiceRegistration, registrations};
+use crate::client::services::{TaskServiceRegistration, group_registrations, registrations};
 use crate::client::task_runner::{LocalTaskState, TaskAction, TaskStatus};
 use crate::client::volume_hook::HostVolumeConfig;
 use crate::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
@@ -108,6 +108,12 @@ pub enum ClientInput {
     NodeDetach {
         req: u64,
         request: NodeDetachRequest,
+    },
+    /// The local Consul agent was fingerprinted (Nomad's consul fingerprinter): the node's
+    /// `consul.*` attributes become `attributes` (empty: Consul is unreachable, which Nomad
+    /// also reports by dropping them). A change registers the node again.
+    ConsulAttributes {
+        attributes: BTreeMap<String, String>,
     },
     /// One fingerprint round of the device plugins: each plugin's instances.
     Devices {
@@ -376,6 +382,10 @@ impl Client {
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
             ClientInput::Devices { inventory } => self.devices.set_inventory(inventory),
+            ClientInput::ConsulAttributes { attributes } => {
+                self.link
+                    .set_attributes(now, &["consul.", "unique.consul."], attributes)
+            }
         }
         self.drive_link(now);
     }
@@ -765,11 +775,18 @@ impl Client {
     }
 }
 
-/// The Consul registrations the running tasks' `service` blocks call for, by id.
+/// The Consul registrations the running tasks' and allocations' `service` blocks call for,
+/// by id.
 fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, TaskServiceRegistration> {
     allocs
         .values()
         .flat_map(|runner| {
+            let group = group_registrations(
+                runner.alloc_id(),
+                &runner.alloc().task_group,
+                &runner.group_services(),
+                &runner.alloc().resources,
+            );
             runner
                 .tasks()
                 .filter(|task| task.state().state == TaskStatus::Running)
@@ -781,6 +798,8 @@ fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, 
                         &runner.alloc().resources,
                     )
                 })
+                .chain(group)
+                .collect::<Vec<_>>()
         })
         .map(|registration| (registration.id.clone(), registration))
         .collect()

@@ -428,7 +428,7 @@ pub enum ConsulOp {
     Services,
     /// `PUT /v1/agent/service/register`, at `address`; replies `Unit`.
     Register {
-        registration: services::TaskServiceRegistration,
+        registration: alloc::boxed::Box<services::TaskServiceRegistration>,
         address: String,
     },
     /// `PUT /v1/agent/service/deregister/<id>`; replies `Unit`.

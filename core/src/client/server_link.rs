@@ -10,6 +10,7 @@
 use crate::prelude::*;
 
 use alloc::boxed::Box;
+use alloc::collections::BTreeMap;
 use core::time::Duration;
 
 use crate::client::{Io, Outcome, Reply};
@@ -74,6 +75,8 @@ pub struct ServerLink {
     /// The index of the newest alloc sync used.
     synced_index: Option<u64>,
     backoff: Duration,
+    /// The node changed while a registration was in flight: register once more after it.
+    register_again: bool,
 }
 
 impl ServerLink {
@@ -81,6 +84,24 @@ impl ServerLink {
     pub fn connect(&mut self, now: Instant, node: Node) {
         self.node = Some(node);
         self.register.next_at = Some(now);
+    }
+
+    /// Replaces the node's attributes under `prefixes` with `attributes`; when that changes
+    /// the node, it is registered again so the servers place by the new values.
+    pub fn set_attributes(&mut self, now: Instant, prefixes: &[&str], attributes: BTreeMap<String, String>) {
+        let Some(node) = &mut self.node else { return };
+        let mut updated = node.attributes.clone();
+        updated.retain(|key, _| !prefixes.iter().any(|prefix| key.starts_with(prefix)));
+        updated.extend(attributes);
+        if updated == node.attributes {
+            return;
+        }
+        node.attributes = updated;
+        if self.register.in_flight.is_none() {
+            self.register.next_at = Some(now);
+        } else {
+            self.register_again = true;
+        }
     }
 
     pub fn ttl(&self) -> Duration {
@@ -169,6 +190,9 @@ impl ServerLink {
                 // The alloc sync starts with the first registration and then runs on its own.
                 if !again && self.sync.in_flight.is_none() {
                     self.sync.next_at = Some(now);
+                }
+                if core::mem::take(&mut self.register_again) {
+                    self.register.next_at = Some(now);
                 }
                 Some(LinkEvent::Registered { again })
             }

@@ -103,7 +103,7 @@ impl ServiceSync {
         let address = self.address.clone().unwrap_or_default();
         self.queue
             .extend(plan.register.into_iter().map(|registration| ConsulOp::Register {
-                registration,
+                registration: alloc::boxed::Box::new(registration),
                 address: address.clone(),
             }));
         self.queue

@@ -16,7 +16,7 @@ use crate::prelude::*;
 
 use alloc::collections::BTreeMap;
 
-use crate::structs::{AllocatedResources, Service};
+use crate::structs::{AllocatedResources, Service, ServiceCheck};
 
 /// Ids of task services registered by a client (Nomad 0.11's `_nomad-task-` prefix).
 pub const TASK_SERVICE_PREFIX: &str = "_nomad-task-";
@@ -35,7 +35,54 @@ pub struct TaskServiceRegistration {
     /// The address of the port's network; empty: the agent's own address.
     #[serde(default)]
     pub address: String,
+    /// The service's `check` blocks that Consul runs (http, tcp, grpc).
+    #[serde(default)]
+    pub checks: Vec<CheckRegistration>,
+    /// `connect {}` of a group service: the sidecar Consul registers with it, or native.
+    #[serde(default)]
+    pub connect: Option<ConnectRegistration>,
 }
+
+/// One check Consul runs against a service, with Nomad's check id.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CheckRegistration {
+    pub id: String,
+    pub name: String,
+    /// `http`, `tcp` or `grpc`.
+    pub check_type: String,
+    pub port: u16,
+    /// Empty: the agent's own address (as for the service).
+    pub address: String,
+    pub path: String,
+    pub protocol: String,
+    pub method: String,
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+}
+
+/// How a Connect service is registered: native, or with a sidecar proxy service Consul
+/// derives from the parent (id `<parent id>-sidecar-proxy`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ConnectRegistration {
+    pub native: bool,
+    pub sidecar: Option<SidecarRegistration>,
+}
+
+/// The sidecar proxy's registration (Consul's `Connect.SidecarService`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SidecarRegistration {
+    /// The proxy's public port (the injected `connect-proxy-<service>` dynamic port).
+    pub port: u16,
+    pub tags: Vec<String>,
+    /// Where the proxy reaches the service it fronts.
+    pub local_service_address: String,
+    pub local_service_port: u16,
+    pub upstreams: Vec<crate::connect::ConsulUpstream>,
+    pub config: BTreeMap<String, crate::structs::ConfigValue>,
+}
+
+/// The id suffix of the sidecar service Consul registers for a Connect service.
+pub const SIDECAR_SUFFIX: &str = "-sidecar-proxy";
 
 /// What the agent holds for one service id.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -54,6 +101,33 @@ pub fn service_id(alloc_id: &str, task: &str, service: &Service) -> String {
     )
 }
 
+/// Nomad's group service id: `_nomad-task-<alloc>-group-<group>-<service>-<port label>`.
+pub fn group_service_id(alloc_id: &str, group: &str, service: &Service) -> String {
+    service_id(alloc_id, &format!("group-{group}"), service)
+}
+
+/// Nomad's check id: `_nomad-check-<hash of the service id and the check>`.
+pub fn check_id(service_id: &str, check: &ServiceCheck) -> String {
+    let text = format!(
+        "{service_id}|{}|{}|{}|{}|{}|{}|{:?}|{:?}",
+        check.name,
+        check.check_type,
+        check.port_label,
+        check.path,
+        check.protocol,
+        check.method,
+        check.interval,
+        check.timeout
+    );
+    format!("_nomad-check-{:016x}", fnv(&text))
+}
+
+fn fnv(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The registrations for one running task's `service` blocks. A service's `port` label is
 /// resolved against the allocation's ports (the task's own network first, then the group's)
 /// and registered at the host address and port, as Nomad's `address_mode = "auto"`/`"host"`
@@ -66,22 +140,123 @@ pub fn registrations(
 ) -> Vec<TaskServiceRegistration> {
     services
         .iter()
+        .map(|service| registration(service_id(alloc_id, task, service), task, service, ports))
+        .collect()
+}
+
+/// The registrations for an allocation's group `service` blocks (Nomad registers them when
+/// the allocation starts running, before and apart from its tasks); ports resolve against
+/// the group's network.
+pub fn group_registrations(
+    alloc_id: &str,
+    group: &str,
+    services: &[Service],
+    ports: &AllocatedResources,
+) -> Vec<TaskServiceRegistration> {
+    services
+        .iter()
         .map(|service| {
-            let (port, address) = match ports.port(task, &service.port_label) {
-                Some(allocated) => (allocated.value, allocated.host_ip.clone()),
-                None => (service.port_label.parse().unwrap_or(0), String::new()),
-            };
-            TaskServiceRegistration {
-                id: service_id(alloc_id, task, service),
-                name: service.name.clone(),
-                tags: service.tags.clone(),
-                meta: service.meta.clone(),
-                enable_tag_override: service.enable_tag_override,
-                port,
-                address,
-            }
+            let mut registration = registration(group_service_id(alloc_id, group, service), "", service, ports);
+            registration.connect = service
+                .connect
+                .as_ref()
+                .map(|connect| connect_registration(service, connect, &registration, ports));
+            registration
         })
         .collect()
+}
+
+/// A port label (or literal number) as the host port and its address.
+fn resolve(task: &str, label: &str, ports: &AllocatedResources) -> (u16, String) {
+    match ports.port(task, label) {
+        Some(allocated) => (allocated.value, allocated.host_ip.clone()),
+        None => (label.parse().unwrap_or(0), String::new()),
+    }
+}
+
+fn registration(id: String, task: &str, service: &Service, ports: &AllocatedResources) -> TaskServiceRegistration {
+    let (port, address) = resolve(task, &service.port_label, ports);
+    let checks = service
+        .checks
+        .iter()
+        .filter(|check| check.requires_port())
+        .map(|check| {
+            let (port, address) = if check.port_label.is_empty() {
+                (port, address.clone())
+            } else {
+                resolve(task, &check.port_label, ports)
+            };
+            CheckRegistration {
+                id: check_id(&id, check),
+                name: check.name.clone(),
+                check_type: check.check_type.clone(),
+                port,
+                address,
+                path: check.path.clone(),
+                protocol: check.protocol.clone(),
+                method: check.method.clone(),
+                interval_ms: check.interval.as_millis() as u64,
+                timeout_ms: check.timeout.as_millis() as u64,
+            }
+        })
+        .collect();
+    TaskServiceRegistration {
+        id,
+        name: service.name.clone(),
+        tags: service.tags.clone(),
+        meta: service.meta.clone(),
+        enable_tag_override: service.enable_tag_override,
+        port,
+        address,
+        checks,
+        connect: None,
+    }
+}
+
+/// Host networking: the proxy listens on its dynamic port and reaches the service at the
+/// service's own host address and port.
+fn connect_registration(
+    service: &Service,
+    connect: &crate::connect::ConsulConnect,
+    parent: &TaskServiceRegistration,
+    ports: &AllocatedResources,
+) -> ConnectRegistration {
+    let sidecar = connect.sidecar_service.as_ref().map(|sidecar| {
+        let label = if sidecar.port.is_empty() {
+            format!("{}-{}", crate::connect::CONNECT_PROXY_PREFIX, service.name)
+        } else {
+            sidecar.port.clone()
+        };
+        let proxy = sidecar.proxy.clone().unwrap_or_default();
+        SidecarRegistration {
+            port: resolve("", &label, ports).0,
+            tags: if sidecar.tags.is_empty() {
+                service.tags.clone()
+            } else {
+                sidecar.tags.clone()
+            },
+            local_service_address: if proxy.local_service_address.is_empty() {
+                if parent.address.is_empty() {
+                    "127.0.0.1".to_string()
+                } else {
+                    parent.address.clone()
+                }
+            } else {
+                proxy.local_service_address
+            },
+            local_service_port: if proxy.local_service_port == 0 {
+                parent.port
+            } else {
+                proxy.local_service_port
+            },
+            upstreams: proxy.upstreams,
+            config: proxy.config,
+        }
+    });
+    ConnectRegistration {
+        native: connect.native,
+        sidecar,
+    }
 }
 
 /// The calls that bring the agent from `registered` to `desired`.
@@ -102,6 +277,8 @@ pub fn plan_sync(
     desired: &BTreeMap<String, TaskServiceRegistration>,
     registered: &BTreeMap<String, RegisteredService>,
 ) -> SyncPlan {
+    let has_sidecar =
+        |want: &TaskServiceRegistration| want.connect.as_ref().is_some_and(|connect| connect.sidecar.is_some());
     let register = desired
         .values()
         .filter(|want| match registered.get(&want.id) {
@@ -111,13 +288,23 @@ pub fn plan_sync(
                     || have.port != want.port
                     || have.meta != want.meta
                     || (!want.enable_tag_override && have.tags != want.tags)
+                    // Consul lost the sidecar it derived from this service: register again.
+                    || (has_sidecar(want) && !registered.contains_key(&format!("{}{SIDECAR_SUFFIX}", want.id)))
             }
         })
         .cloned()
         .collect();
+    // A sidecar is Consul's, derived from its parent: it stays while the parent is wanted.
+    let wanted = |id: &str| {
+        desired.contains_key(id)
+            || id
+                .strip_suffix(SIDECAR_SUFFIX)
+                .and_then(|parent| desired.get(parent))
+                .is_some_and(has_sidecar)
+    };
     let deregister = registered
         .keys()
-        .filter(|id| id.starts_with(TASK_SERVICE_PREFIX) && !desired.contains_key(*id))
+        .filter(|id| id.starts_with(TASK_SERVICE_PREFIX) && !wanted(id))
         .cloned()
         .collect();
     SyncPlan { register, deregister }
@@ -192,5 +379,86 @@ mod tests {
         // In sync: nothing to do.
         let have = BTreeMap::from([(registration.id.clone(), held(registration, &["v1"]))]);
         assert!(plan_sync(&want, &have).is_empty());
+    }
+
+    #[test]
+    fn a_connect_group_service_registers_its_sidecar_and_checks() {
+        use crate::connect::{ConsulConnect, ConsulSidecarService};
+        use crate::structs::AllocatedPort;
+        let service = Service {
+            name: "count-api".into(),
+            port_label: "http".into(),
+            checks: vec![
+                ServiceCheck {
+                    name: "alive".into(),
+                    check_type: "http".into(),
+                    path: "/health".into(),
+                    interval: core::time::Duration::from_secs(10),
+                    timeout: core::time::Duration::from_secs(2),
+                    ..ServiceCheck::default()
+                },
+                ServiceCheck {
+                    name: "script".into(),
+                    check_type: "script".into(),
+                    command: "/bin/true".into(),
+                    ..ServiceCheck::default()
+                },
+            ],
+            connect: Some(ConsulConnect {
+                sidecar_service: Some(ConsulSidecarService::default()),
+                ..ConsulConnect::default()
+            }),
+            ..Service::default()
+        };
+        let port = |label: &str, value| AllocatedPort {
+            label: label.into(),
+            value,
+            to: 0,
+            host_ip: "10.0.0.5".into(),
+        };
+        let ports = AllocatedResources {
+            ports: vec![port("http", 9001), port("connect-proxy-count-api", 21000)],
+            ..AllocatedResources::default()
+        };
+        let registrations = group_registrations("a1", "api", &[service], &ports);
+        let [registration] = registrations.as_slice() else {
+            panic!("{registrations:?}")
+        };
+        assert_eq!(registration.id, "_nomad-task-a1-group-api-count-api-http");
+        assert_eq!((registration.port, registration.address.as_str()), (9001, "10.0.0.5"));
+        // Script checks are run by Nomad, not Consul: only the http check is registered.
+        let [check] = registration.checks.as_slice() else {
+            panic!("{:?}", registration.checks)
+        };
+        assert_eq!(
+            (check.check_type.as_str(), check.port, check.interval_ms),
+            ("http", 9001, 10_000)
+        );
+        assert!(check.id.starts_with("_nomad-check-"));
+        let sidecar = registration
+            .connect
+            .as_ref()
+            .and_then(|connect| connect.sidecar.clone())
+            .unwrap();
+        assert_eq!(sidecar.port, 21000);
+        assert_eq!(
+            (sidecar.local_service_address.as_str(), sidecar.local_service_port),
+            ("10.0.0.5", 9001)
+        );
+
+        // The sidecar Consul derived is ours while its parent is wanted; a lost one is
+        // re-created by registering the parent again; once the parent goes, so does it.
+        let want = BTreeMap::from([(registration.id.clone(), registration.clone())]);
+        let sidecar_id = format!("{}{SIDECAR_SUFFIX}", registration.id);
+        let parent = held(registration, &[]);
+        let both = BTreeMap::from([
+            (registration.id.clone(), parent.clone()),
+            (sidecar_id.clone(), RegisteredService::default()),
+        ]);
+        assert!(plan_sync(&want, &both).is_empty());
+        let parent_only = BTreeMap::from([(registration.id.clone(), parent)]);
+        assert_eq!(plan_sync(&want, &parent_only).register.len(), 1);
+        let plan = plan_sync(&BTreeMap::new(), &both);
+        assert_eq!(plan.deregister, vec![registration.id.clone(), sidecar_id]);
     }
 }

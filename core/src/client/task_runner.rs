@@ -237,6 +237,15 @@ impl TaskRunner {
             .collect()
     }
 
+    /// Services interpolated with this task's environment.
+    pub fn interpolate_services(&self, services: &[crate::structs::Service]) -> Vec<crate::structs::Service> {
+        let env = self.task_env();
+        services
+            .iter()
+            .map(|service| env.interpolate_service(service))
+            .collect()
+    }
+
     pub fn state(&self) -> &TaskState {
         &self.local.state
     }

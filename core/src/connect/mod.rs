@@ -80,7 +80,7 @@ pub struct ConsulSidecarService {
     /// Tags of the sidecar service; empty: the parent service's.
     #[serde(default)]
     pub tags: Vec<String>,
-    /// The port (label or number) the proxy forwards to; empty: the service's.
+    /// The proxy's own port label; empty: the injected `connect-proxy-<service>` port.
     #[serde(default)]
     pub port: String,
     #[serde(default)]

@@ -191,6 +191,11 @@ impl TaskServices for ConsulHttp {
         let consul = self.clone();
         Box::pin(async move { consul.deregister_service(&id).await })
     }
+
+    fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>> {
+        let consul = self.clone();
+        Box::pin(async move { consul.fingerprint().await })
+    }
 }
 
 /// The client's settings and node record for an agent whose data lives in `data_dir`:

@@ -68,6 +68,37 @@ pub trait TaskServices: Send + Sync + 'static {
         address: std::net::IpAddr,
     ) -> BoxFuture<Result<(), String>>;
     fn deregister(&self, id: String) -> BoxFuture<Result<(), String>>;
+    /// The agent fingerprinted as Nomad's consul fingerprinter does (`consul.version`,
+    /// `consul.server`, `unique.consul.name`, ...).
+    fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
+}
+
+/// How often the local Consul agent is fingerprinted (Nomad's consul fingerprinter period).
+pub const CONSUL_FINGERPRINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);
+/// How long one fingerprint may take before Consul counts as unreachable.
+const CONSUL_FINGERPRINT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The agent's attributes, or none when it does not answer in time.
+async fn consul_attributes(services: &Arc<dyn TaskServices>) -> BTreeMap<String, String> {
+    match tokio::time::timeout(CONSUL_FINGERPRINT_TIMEOUT, services.fingerprint()).await {
+        Ok(Ok(attributes)) => attributes,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "consul agent is unavailable");
+            BTreeMap::new()
+        }
+        Err(_) => BTreeMap::new(),
+    }
+}
+
+/// Fingerprints Consul every [`CONSUL_FINGERPRINT_INTERVAL`] until the client stops.
+async fn fingerprint_consul(services: Arc<dyn TaskServices>, sender: mpsc::UnboundedSender<Message>) {
+    loop {
+        tokio::time::sleep(CONSUL_FINGERPRINT_INTERVAL).await;
+        let attributes = consul_attributes(&services).await;
+        if sender.send(Message::Consul(attributes)).is_err() {
+            return;
+        }
+    }
 }
 
 enum Message {
@@ -90,6 +121,8 @@ enum Message {
     Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
     /// One fingerprint round of the device plugins.
     Devices(BTreeMap<String, Vec<DeviceInstance>>),
+    /// The local Consul agent's attributes (empty: unreachable).
+    Consul(BTreeMap<String, String>),
 }
 
 /// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
@@ -305,7 +338,7 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
                         .parse()
                         .map_err(|_| IoError::other(format!("service address {address:?} is not an IP address")))?;
                     let id = registration.id.clone();
-                    services.register(registration, ip).await.map(|()| {
+                    services.register(*registration, ip).await.map(|()| {
                         tracing::info!(%id, "service registered in consul");
                         Reply::Unit
                     })
@@ -380,6 +413,10 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
         },
     );
     node.status = NodeStatus::Ready;
+    if let Some(services) = &services {
+        node.attributes.extend(consul_attributes(services).await);
+        tokio::spawn(fingerprint_consul(services.clone(), sender.clone()));
+    }
     // The core registers the node (retrying until a server takes it), restores what the
     // store holds once it is registered, then heartbeats and syncs allocations.
     let address = node
@@ -509,6 +546,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     }
                     Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
                     Message::Devices(inventory) => client.handle(now, ClientInput::Devices { inventory }),
+                    Message::Consul(attributes) => client.handle(now, ClientInput::ConsulAttributes { attributes }),
                     Message::NodeDetach { request, reply } => {
                         next_detach += 1;
                         detaches.insert(next_detach, reply);
