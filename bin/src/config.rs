@@ -122,6 +122,9 @@ pub struct ConsulBlock {
     pub auto_advertise: Option<bool>,
     pub timeout: Option<String>,
     pub token: Option<String>,
+    pub grpc_address: Option<String>,
+    pub client_auto_join: Option<bool>,
+    pub binary: Option<String>,
 }
 
 const KNOWN_TOP_LEVEL: &[&str] = &[
@@ -552,6 +555,15 @@ fn apply_file(
         }
         if let Some(token) = consul.token.filter(|token| !token.is_empty()) {
             config.consul.token = Some(token);
+        }
+        if let Some(address) = consul.grpc_address.filter(|address| !address.is_empty()) {
+            config.consul.grpc_address = address;
+        }
+        if let Some(auto_join) = consul.client_auto_join {
+            config.consul.client_auto_join = auto_join;
+        }
+        if let Some(binary) = consul.binary.filter(|binary| !binary.is_empty()) {
+            config.consul.binary = binary;
         }
     }
     Ok(())

@@ -257,6 +257,25 @@ pub struct ConsulConfig {
     /// `consul { token }`: the ACL token the agent presents (`X-Consul-Token`); servers need
     /// `acl:write` to create and revoke service identity tokens.
     pub token: Option<String>,
+    /// `consul { grpc_address }`: Consul's gRPC (xDS) endpoint, handed to Envoy bootstraps.
+    pub grpc_address: String,
+    /// `consul { client_auto_join }`: clients with no `servers` find them in Consul's catalog.
+    pub client_auto_join: bool,
+    /// The `consul` CLI the envoy_bootstrap hook runs (Drover's `consul { binary }`; Nomad
+    /// runs `consul` from the PATH, which is the default).
+    pub binary: String,
+}
+
+impl ConsulConfig {
+    /// What a client's Connect tasks need of this configuration.
+    pub fn for_client(&self) -> crate::connect::ClientConsul {
+        crate::connect::ClientConsul {
+            acl: self.token.is_some(),
+            http_addr: self.address.clone().unwrap_or_else(|| "127.0.0.1:8500".to_string()),
+            grpc_addr: self.grpc_address.clone(),
+            binary: self.binary.clone(),
+        }
+    }
 }
 
 impl Default for ConsulConfig {
@@ -269,6 +288,9 @@ impl Default for ConsulConfig {
             timeout: Duration::from_secs(5),
             poll_interval: Duration::from_secs(5),
             token: None,
+            grpc_address: "127.0.0.1:8502".to_string(),
+            client_auto_join: true,
+            binary: "consul".to_string(),
         }
     }
 }

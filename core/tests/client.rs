@@ -52,7 +52,7 @@ impl World {
             Io::DestroyTask { .. } | Io::SignalTask { .. } => Reply::Unit,
             Io::RenderTemplate(_) => Reply::Rendered(Default::default()),
             Io::ReadFile { .. } => Reply::File(None),
-            Io::WriteFile { .. } => Reply::Unit,
+            Io::WriteFile { .. } | Io::RunCommand { .. } => Reply::Unit,
             Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Reply::Reserved(Default::default()),
             Io::Csi { call, .. } => Reply::Csi(match call {
                 CsiCall::Probe => CsiReply::Probe { ready: true },
@@ -241,7 +241,7 @@ fn plugin_then_consumer_then_release() {
         region: "global".into(),
         seed: 9,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let mut world = World::default();
     let mut hooks = Vec::new();
@@ -396,7 +396,7 @@ fn status_reports_never_go_backwards() {
         region: "global".into(),
         seed: 3,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let now = Instant::ZERO;
     client.handle(
@@ -497,7 +497,7 @@ fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
         region: "global".into(),
         seed: 3,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let mut job = app_job();
     job.task_groups[0].volumes.clear();
@@ -544,7 +544,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
         region: "global".into(),
         seed: 3,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let capabilities = DriverCapabilities {
         mount_configs: MountConfigSupport::All,
@@ -680,7 +680,7 @@ fn a_fingerprint_round_is_reported_whole() {
         region: "global".into(),
         seed: 3,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let healthy = DriverInfo {
         detected: true,
@@ -725,7 +725,7 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
         region: "global".into(),
         seed: 3,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let healthy = DriverInfo {
         detected: true,
@@ -880,7 +880,7 @@ fn persist_failures_become_rate_limited_storage_events() {
         region: "global".into(),
         seed: 3,
         faults: Default::default(),
-        consul_acl: false,
+        consul: Default::default(),
     });
     let storage_events = |client: &mut Client| -> Vec<ClientNodeEvent> {
         let mut events = Vec::new();

@@ -345,8 +345,20 @@ mod client_harness {
                                 let (k, v) = value.split_once(':').unwrap();
                                 task.env.insert(k.into(), v.into());
                             }
-                            // connect=<service>: the Connect sidecar of that service.
-                            "connect" => task.kind = format!("connect-proxy:{value}"),
+                            // connect=<service>: the Connect sidecar of that group service
+                            // (port label `http`, allocated 9001).
+                            "connect" => {
+                                task.kind = format!("connect-proxy:{value}");
+                                group.services.push(drover_core::structs::Service {
+                                    name: value.into(),
+                                    port_label: "http".into(),
+                                    connect: Some(drover_core::connect::ConsulConnect {
+                                        sidecar_service: Some(Default::default()),
+                                        ..Default::default()
+                                    }),
+                                    ..Default::default()
+                                });
+                            }
                             // template=<destination>:<change mode>[:<signal>|:env]
                             "template" => {
                                 let mut parts = value.split(':');
@@ -403,8 +415,18 @@ mod client_harness {
                 read_only: false,
             },
         );
+        let mut resources = drover_core::structs::AllocatedResources::default();
+        if !group.services.is_empty() {
+            resources.ports.push(drover_core::structs::AllocatedPort {
+                label: "http".into(),
+                value: 9001,
+                to: 0,
+                host_ip: "10.0.0.5".into(),
+            });
+        }
         AllocSpec {
             alloc: Allocation {
+                resources,
                 id: args.get("alloc").cloned().unwrap_or_else(|| "a1".into()),
                 namespace: "default".into(),
                 name: "j.g[0]".into(),
@@ -437,7 +459,12 @@ mod client_harness {
             faults: drover_core::config::ClientFaults {
                 skip_task_destroy: args.contains_key("skip-destroy"),
             },
-            consul_acl: args.contains_key("consul-acl"),
+            consul: drover_core::connect::ClientConsul {
+                acl: args.contains_key("consul-acl"),
+                http_addr: "127.0.0.1:8500".into(),
+                grpc_addr: "127.0.0.1:8502".into(),
+                binary: "consul".into(),
+            },
         }
     }
 
@@ -574,7 +601,7 @@ mod client_harness {
                 let env: Vec<String> = config
                     .env
                     .iter()
-                    .filter(|(k, _)| !k.starts_with("NOMAD_"))
+                    .filter(|(k, _)| !k.starts_with("NOMAD_") || k.starts_with("NOMAD_ENVOY_"))
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
                 let mounts: Vec<String> = config.mounts.iter().map(|m| m.to_string()).collect();
@@ -591,6 +618,12 @@ mod client_harness {
             Io::SignalTask { handle, signal } => format!("signal {} {signal}", handle.task),
             Io::ReadFile { path } => format!("read {path}"),
             Io::WriteFile { path, content, mode } => format!("write {path} mode={mode:o} {content}"),
+            Io::RunCommand {
+                program,
+                args,
+                stdout_path,
+                mode,
+            } => format!("run {program} {} > {stdout_path} mode={mode:o}", args.join(" ")),
             Io::RenderTemplate(request) => {
                 let vars: Vec<String> = request
                     .variables

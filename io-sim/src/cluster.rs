@@ -174,7 +174,8 @@ impl SimCluster {
             self.recorder.clone(),
             plugins.clone(),
             spec.plugin_faults.clone(),
-        );
+        )
+        .with_consul(self.consul.agent(&spec.name));
         let init = {
             let node = ClientNode {
                 spec: spec.clone(),
@@ -527,7 +528,7 @@ fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
         region: spec.config.region.clone(),
         seed: agent_id,
         faults: spec.config.client.faults,
-        consul_acl: spec.config.consul.token.is_some(),
+        consul: spec.config.consul.for_client(),
     };
     let node = Node {
         id,

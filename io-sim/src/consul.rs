@@ -197,6 +197,42 @@ pub struct SimConsulAgent {
     node: String,
 }
 
+impl SimConsulAgent {
+    /// What `consul connect envoy -bootstrap -sidecar-for <id> [-token <secret>]` prints: the
+    /// agent must hold the sidecar Consul derived from service `sidecar_for`, and a token must
+    /// be one Consul knows, for that service.
+    pub async fn envoy_bootstrap(&self, sidecar_for: &str, token: Option<&str>) -> Result<String, String> {
+        self.consul.gate().await?;
+        let state = self.consul.state.lock().expect("consul lock");
+        let sidecar_id = format!("{sidecar_for}{SIDECAR_SUFFIX}");
+        let Some(sidecar) = state
+            .agents
+            .get(&self.node)
+            .and_then(|services| services.get(&sidecar_id))
+        else {
+            return Err(format!("No sidecar proxy registered for {sidecar_for}"));
+        };
+        if let Some(secret) = token {
+            let service = sidecar.name.trim_end_matches(SIDECAR_SUFFIX);
+            match state.tokens.values().find(|token| token.secret_id == secret) {
+                Some(token) if token.service_name == service => {}
+                Some(token) => {
+                    return Err(format!(
+                        "Permission denied: token for {:?} used for {service:?}",
+                        token.service_name
+                    ));
+                }
+                None => return Err("ACL not found".to_string()),
+            }
+        }
+        Ok(serde_json::json!({
+            "node": {"id": sidecar_id, "cluster": sidecar.name},
+            "token": token.unwrap_or_default(),
+        })
+        .to_string())
+    }
+}
+
 impl TaskServices for SimConsulAgent {
     fn agent_services(&self) -> BoxFuture<Result<BTreeMap<String, RegisteredService>, String>> {
         let agent = self.clone();

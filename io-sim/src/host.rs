@@ -107,6 +107,8 @@ pub struct SimHost {
     plugins: PluginControl,
     faults: PluginFaults,
     state: Arc<Mutex<HostState>>,
+    /// The node's Consul agent, which the simulated `consul connect envoy` asks.
+    consul: Option<crate::consul::SimConsulAgent>,
 }
 
 fn config_str<'a>(config: &'a BTreeMap<String, ConfigValue>, key: &str) -> Option<&'a str> {
@@ -121,7 +123,50 @@ impl SimHost {
             plugins,
             faults,
             state: Arc::default(),
+            consul: None,
         }
+    }
+
+    /// Gives the host a `consul` CLI talking to `agent`.
+    pub fn with_consul(mut self, agent: crate::consul::SimConsulAgent) -> Self {
+        self.consul = Some(agent);
+        self
+    }
+
+    /// The simulated `consul connect envoy -bootstrap -sidecar-for <id> [-token <t>]`: asks
+    /// the agent for the sidecar, and writes the bootstrap (the sidecar id and the token) to
+    /// `stdout_path`.
+    async fn run_command(&self, program: String, args: Vec<String>, stdout_path: String) -> Outcome {
+        let consul = match &self.consul {
+            Some(consul) if program.rsplit('/').next() == Some("consul") => consul,
+            _ => {
+                return Err(IoError::new(
+                    ErrorKind::NotFound,
+                    format!("exec: {program:?}: executable file not found in $PATH"),
+                ));
+            }
+        };
+        let value = |flag: &str| {
+            args.iter()
+                .position(|arg| arg == flag)
+                .and_then(|at| args.get(at + 1))
+                .cloned()
+        };
+        if args.get(..2) != Some(&["connect".to_string(), "envoy".to_string()][..])
+            || !args.contains(&"-bootstrap".into())
+        {
+            return Err(IoError::other(format!("consul: unexpected arguments {args:?}")));
+        }
+        let sidecar_for = value("-sidecar-for").unwrap_or_default();
+        let bootstrap = consul
+            .envoy_bootstrap(&sidecar_for, value("-token").as_deref())
+            .await
+            .map_err(IoError::other)?;
+        self.filesystem(Io::WriteFile {
+            path: stdout_path,
+            content: bootstrap,
+            mode: 0o440,
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HostState> {
@@ -610,6 +655,12 @@ impl ClientExecutor for SimHost {
                 | Io::IsMountPoint { .. }
                 | Io::ReadFile { .. }
                 | Io::WriteFile { .. }) => host.filesystem(io),
+                Io::RunCommand {
+                    program,
+                    args,
+                    stdout_path,
+                    ..
+                } => host.run_command(program, args, stdout_path).await,
                 Io::StartTask(config) => host.start(*config),
                 Io::StopTask { handle, .. } => host.stop(&handle),
                 Io::DestroyTask { handle } => host.destroy(&handle),

@@ -95,8 +95,8 @@ pub struct AllocSpec {
     pub drivers: BTreeMap<String, DriverCapabilities>,
     pub seed: u64,
     pub faults: crate::config::ClientFaults,
-    /// Connect tasks derive service identity tokens (`ClientSettings::consul_acl`).
-    pub consul_acl: bool,
+    /// Consul as Connect tasks use it (`ClientSettings::consul`).
+    pub consul: crate::connect::ClientConsul,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -242,7 +242,7 @@ impl AllocRunner {
                     driver: spec.drivers.get(&task.driver).copied(),
                     seed: spec.seed.wrapping_add(position as u64),
                     faults: spec.faults,
-                    consul_acl: spec.consul_acl,
+                    consul: spec.consul.clone(),
                 };
                 let saved = tasks.remove(&task.name).unwrap_or_default();
                 (

@@ -69,9 +69,8 @@ pub struct ClientSettings {
     pub seed: u64,
     /// Defects the simulation re-creates on purpose (`ClientConfig::faults`).
     pub faults: crate::config::ClientFaults,
-    /// The client presents a Consul ACL token (`consul { token }`): Connect tasks get service
-    /// identity tokens (the `consul_si_token` hook), as Nomad's client does with ACLs on.
-    pub consul_acl: bool,
+    /// Consul as Connect tasks use it (service identity tokens, Envoy bootstrap).
+    pub consul: crate::connect::ClientConsul,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -344,7 +343,7 @@ impl Client {
             drivers: self.drivers.clone(),
             seed: self.settings.seed ^ fnv(&alloc.id),
             faults: self.settings.faults,
-            consul_acl: self.settings.consul_acl,
+            consul: self.settings.consul.clone(),
         })
     }
 

@@ -35,7 +35,7 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         | Io::IsMountPoint { .. }
         | Io::ReadFile { .. }
         | Io::WriteFile { .. } => Some(FS_TIMEOUT),
-        Io::StartTask(_) => Some(START_TIMEOUT),
+        Io::StartTask(_) | Io::RunCommand { .. } => Some(START_TIMEOUT),
         Io::DestroyTask { .. } => Some(DESTROY_TIMEOUT),
         Io::RenderTemplate(_) | Io::SignalTask { .. } => Some(FS_TIMEOUT),
         Io::Csi { .. } => Some(CSI_TIMEOUT),

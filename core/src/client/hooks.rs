@@ -89,6 +89,8 @@ pub enum TaskHook {
     /// `consul_si_token` (Nomad's sids hook): a Consul service identity token for a Connect
     /// task, derived by the servers, in `secrets/si_token`.
     SiToken,
+    /// `envoy_bootstrap`: Envoy's bootstrap configuration for a Connect sidecar task.
+    EnvoyBootstrap,
 }
 
 impl TaskHook {
@@ -101,6 +103,7 @@ impl TaskHook {
             TaskHook::CsiPluginSupervisor => "csi_plugin_supervisor",
             TaskHook::Template => "template",
             TaskHook::SiToken => "consul_si_token",
+            TaskHook::EnvoyBootstrap => "envoy_bootstrap",
         }
     }
 }
@@ -113,6 +116,8 @@ pub enum Condition {
     HasTemplates,
     /// A Connect task on a client with a Consul ACL token.
     ConnectWithAcl,
+    /// A Connect sidecar proxy task (`connect-proxy:<service>`).
+    ConnectProxy,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -187,6 +192,15 @@ pub const TASK_HOOKS: &[(TaskHook, Condition, TaskPhases)] = &[
             stop: false,
         },
     ),
+    (
+        TaskHook::EnvoyBootstrap,
+        Condition::ConnectProxy,
+        TaskPhases {
+            prestart: true,
+            poststart: false,
+            stop: false,
+        },
+    ),
 ];
 
 /// The hooks a task runs, in order.
@@ -198,6 +212,7 @@ pub fn task_hooks(task: &Task, consul_acl: bool) -> Vec<(TaskHook, TaskPhases)> 
             Condition::HasCsiPlugin => task.csi_plugin.is_some(),
             Condition::HasTemplates => !task.templates.is_empty(),
             Condition::ConnectWithAcl => consul_acl && crate::connect::is_connect_task(task),
+            Condition::ConnectProxy => crate::connect::proxied_service(task).is_some(),
         })
         .map(|(hook, _, phases)| (*hook, *phases))
         .collect()

@@ -322,6 +322,14 @@ pub enum Io {
         content: String,
         mode: u32,
     },
+    /// Runs `program` with `args` to completion; its stdout, when it exits 0, is written to
+    /// `stdout_path` (atomically) with `mode`. A non-zero exit is an error carrying stderr.
+    RunCommand {
+        program: String,
+        args: Vec<String>,
+        stdout_path: String,
+        mode: u32,
+    },
     StartTask(alloc::boxed::Box<TaskConfig>),
     /// Signal, then SIGKILL after `kill_timeout`; replies once the task is gone.
     StopTask {

@@ -9,6 +9,7 @@
 //! was running, the runner waits for the server-contact gate before starting it anew, so a
 //! task the servers already moved elsewhere is not restarted here (#1795).
 
+mod envoy;
 mod exit;
 mod prestart;
 mod sids;
@@ -92,8 +93,8 @@ pub struct TaskSpec {
     pub driver: Option<DriverCapabilities>,
     pub seed: u64,
     pub faults: crate::config::ClientFaults,
-    /// Connect tasks derive service identity tokens (`ClientSettings::consul_acl`).
-    pub consul_acl: bool,
+    /// Consul as Connect tasks use it (`ClientSettings::consul`).
+    pub consul: crate::connect::ClientConsul,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,6 +145,11 @@ enum Phase {
         index: usize,
         step: sids::Step,
     },
+    /// The `envoy_bootstrap` hook (prestart hook `index`) writes the sidecar's bootstrap.
+    Envoy {
+        index: usize,
+        step: envoy::Step,
+    },
     /// The task's leader is gone; what it left behind is being destroyed, then `after`.
     Destroying {
         op: OpId,
@@ -189,7 +195,7 @@ impl TaskRunner {
 
     /// A runner rebuilt from its persisted record after an agent restart.
     pub fn restore(spec: TaskSpec, local: LocalTaskState, servers_contacted: bool) -> Self {
-        let hooks = task_hooks(&spec.task, spec.consul_acl);
+        let hooks = task_hooks(&spec.task, spec.consul.acl);
         let templates = (!spec.task.templates.is_empty()).then(|| {
             crate::client::templates::TemplateRunner::new(
                 spec.task.templates.clone(),
@@ -320,6 +326,10 @@ impl TaskRunner {
             | Phase::SiToken {
                 step: sids::Step::Waiting { .. },
                 ..
+            }
+            | Phase::Envoy {
+                step: envoy::Step::Waiting { .. },
+                ..
             } => self.send_kill(now, ops),
             // An operation is in flight; its outcome finishes the kill.
             _ => {}
@@ -392,6 +402,7 @@ impl TaskRunner {
             Phase::SiToken { index, step } if step.op() == Some(op) => {
                 self.si_token_outcome(now, index, step, outcome, ops)
             }
+            Phase::Envoy { index, step } if step.op() == Some(op) => self.envoy_outcome(now, index, step, outcome, ops),
             _ => return false,
         }
         true
@@ -483,6 +494,7 @@ impl TaskRunner {
         }
         self.templates_timeout(now, ops);
         self.si_token_timeout(now, ops);
+        self.envoy_timeout(now, ops);
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -490,6 +502,10 @@ impl TaskRunner {
             Phase::RestartDelay { until } => Some(until),
             Phase::SiToken {
                 step: sids::Step::Waiting { until, .. },
+                ..
+            }
+            | Phase::Envoy {
+                step: envoy::Step::Waiting { until, .. },
                 ..
             } => Some(until),
             _ => None,
@@ -557,6 +573,10 @@ impl TaskRunner {
             }
             if hook == TaskHook::SiToken {
                 self.si_token_prestart(index, ops);
+                return;
+            }
+            if hook == TaskHook::EnvoyBootstrap {
+                self.envoy_prestart(now, index, ops);
                 return;
             }
             let needed = self.prestart_io(hook);

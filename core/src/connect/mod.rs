@@ -74,6 +74,20 @@ impl ConsulConnect {
     }
 }
 
+/// What a client needs of Consul for Connect tasks.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientConsul {
+    /// The client presents a Consul ACL token (`consul { token }`): Connect tasks get service
+    /// identity tokens (the `consul_si_token` hook), as Nomad's client does with ACLs on.
+    pub acl: bool,
+    /// Consul's HTTP address (`consul { address }`), for `consul connect envoy -http-addr`.
+    pub http_addr: String,
+    /// Consul's gRPC address (`consul { grpc_address }`), for `-grpc-addr`.
+    pub grpc_addr: String,
+    /// The `consul` CLI to run.
+    pub binary: String,
+}
+
 /// `sidecar_service {}`: how the proxy service is registered.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConsulSidecarService {

@@ -36,6 +36,36 @@ fn fs_error(context: &str, error: std::io::Error) -> IoError {
 }
 
 /// Whether `path` is a mount point, from the kernel's own table.
+/// Runs a helper (the `consul` CLI for Envoy bootstraps) to completion; killed if the core's
+/// deadline drops the call. Its stdout goes to `stdout_path` only when it exits 0.
+async fn run_command(program: &str, args: &[String], stdout_path: &str, mode: u32) -> Result<Reply, IoError> {
+    let output = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|error| {
+            let kind = if error.kind() == std::io::ErrorKind::NotFound {
+                ErrorKind::NotFound
+            } else {
+                ErrorKind::Other
+            };
+            IoError::new(kind, format!("failed to run {program}: {error}"))
+        })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(IoError::other(format!(
+            "{program} {}: {}",
+            output.status,
+            stderr.trim()
+        )));
+    }
+    crate::template::write_atomically(std::path::Path::new(stdout_path), &output.stdout, mode)
+        .map(|()| Reply::Unit)
+        .map_err(|error| fs_error(&format!("write {stdout_path}"), error))
+}
+
 fn is_mount_point(path: &str) -> Result<bool, IoError> {
     let canonical = match std::fs::canonicalize(path) {
         Ok(path) => path,
@@ -89,6 +119,12 @@ impl ClientExecutor for HostExecutor {
                         .map(|()| Reply::Unit)
                         .map_err(|error| fs_error(&format!("write {path}"), error))
                 }
+                Io::RunCommand {
+                    program,
+                    args,
+                    stdout_path,
+                    mode,
+                } => run_command(&program, &args, &stdout_path, mode).await,
                 Io::StartTask(config) => {
                     let driver = driver(&config.driver)?;
                     Ok(Reply::Started(driver.start(*config).await?))
@@ -217,7 +253,7 @@ pub fn client_identity(
         region: config.region.clone(),
         seed: node_id,
         faults: config.client.faults,
-        consul_acl: config.consul.token.is_some(),
+        consul: config.consul.for_client(),
     };
     let mut resources = host_resources();
     resources.networks = host_networks(config);

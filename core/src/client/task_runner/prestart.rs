@@ -10,7 +10,11 @@ impl TaskRunner {
         let spec = &self.spec;
         match hook {
             // The template hook runs its own I/O (`templates.rs`).
-            TaskHook::Validate | TaskHook::Volumes | TaskHook::Template | TaskHook::SiToken => Vec::new(),
+            TaskHook::Validate
+            | TaskHook::Volumes
+            | TaskHook::Template
+            | TaskHook::SiToken
+            | TaskHook::EnvoyBootstrap => Vec::new(),
             TaskHook::TaskDir => {
                 let dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
                 vec![
@@ -53,7 +57,9 @@ impl TaskRunner {
         let spec = &self.spec;
         let task = &spec.task;
         match hook {
-            TaskHook::Template | TaskHook::SiToken => unreachable!("this hook finishes through its own phase"),
+            TaskHook::Template | TaskHook::SiToken | TaskHook::EnvoyBootstrap => {
+                unreachable!("this hook finishes through its own phase")
+            }
             TaskHook::Validate => self.validate_finish(),
             TaskHook::TaskDir => Ok(self.task_dir_finish()),
             TaskHook::Volumes => {
