@@ -64,7 +64,8 @@ impl Agent {
                 config.server.timing.heartbeat,
                 config.server.csi_faults,
                 boot.seed ^ 0x5ced_u64,
-            ),
+            )
+            .with_connect_faults(config.server.connect_faults),
         });
         Agent { server }
     }

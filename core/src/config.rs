@@ -87,6 +87,9 @@ pub struct ServerConfig {
     /// Test-only re-creations of historical CSI defects; never set from flags or config files.
     #[serde(skip)]
     pub csi_faults: CsiFaults,
+    /// Test-only re-creation of a Connect token defect; never set from flags or config files.
+    #[serde(skip)]
+    pub connect_faults: ConnectFaults,
 }
 
 /// Re-creates a historical defect on purpose so the simulation can prove it detects it.
@@ -108,6 +111,14 @@ pub struct CsiFaults {
     /// allocations as soon as its other allocations finish, before their volumes are released
     /// on the node, stranding the claims the plugin should have unpublished.
     pub drain_plugins_before_release: bool,
+}
+
+/// A Connect defect the simulation re-creates on purpose (regression switch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectFaults {
+    /// Tokens of a derivation that failed part-way are never revoked: neither committed as
+    /// orphans nor swept (the leak the 0.10.4 design guards against).
+    pub keep_failed_derivation_tokens: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -194,6 +205,7 @@ impl Default for ServerConfig {
             timing: ServerTiming::default(),
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
+            connect_faults: ConnectFaults::default(),
         }
     }
 }

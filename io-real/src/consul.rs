@@ -130,6 +130,7 @@ impl ConsulHttp {
                 format!("/v1/acl/token/{accessor_id}"),
                 Vec::new(),
             ),
+            ConsulAclCall::ListTokens => (hyper::Method::GET, "/v1/acl/tokens".to_string(), Vec::new()),
         };
         let (status, bytes) = self
             .exchange(method, &path, body)
@@ -170,6 +171,29 @@ impl ConsulHttp {
                 })
             }
             ConsulAclCall::RevokeToken { .. } => Ok(ConsulAclReply::Revoked),
+            ConsulAclCall::ListTokens => {
+                #[derive(Deserialize)]
+                struct Listed {
+                    #[serde(rename = "AccessorID")]
+                    accessor_id: String,
+                    #[serde(rename = "Description", default)]
+                    description: String,
+                }
+                let listed: Vec<Listed> = serde_json::from_slice(&bytes).map_err(|error| ConsulAclError {
+                    message: format!("{path}: unreadable answer: {error}"),
+                    retryable: true,
+                    not_found: false,
+                })?;
+                Ok(ConsulAclReply::Tokens(
+                    listed
+                        .into_iter()
+                        .map(|token| drover_core::rpc::ConsulToken {
+                            accessor_id: token.accessor_id,
+                            description: token.description,
+                        })
+                        .collect(),
+                ))
+            }
         }
     }
 

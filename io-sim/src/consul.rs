@@ -177,6 +177,16 @@ impl Consul for SimConsul {
                 );
                 Ok(ConsulAclReply::Created { accessor_id, secret_id })
             }
+            ConsulAclCall::ListTokens => Ok(ConsulAclReply::Tokens(
+                state
+                    .tokens
+                    .iter()
+                    .map(|(accessor_id, token)| drover_core::rpc::ConsulToken {
+                        accessor_id: accessor_id.clone(),
+                        description: token.description.clone(),
+                    })
+                    .collect(),
+            )),
             ConsulAclCall::RevokeToken { accessor_id } => match state.tokens.remove(&accessor_id) {
                 Some(_) => Ok(ConsulAclReply::Revoked),
                 None => Err(ConsulAclError {

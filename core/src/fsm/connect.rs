@@ -31,6 +31,10 @@ impl ServerState {
         Response::Done
     }
 
+    pub fn si_accessor(&self, accessor_id: &str) -> Option<&SiTokenAccessor> {
+        self.si_accessors.get(accessor_id)
+    }
+
     pub fn si_accessors(&self) -> impl Iterator<Item = &SiTokenAccessor> {
         self.si_accessors.values()
     }

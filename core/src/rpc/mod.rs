@@ -25,8 +25,8 @@ mod outbox;
 mod tests;
 
 pub use connect::{
-    CONSUL_ACL_RATE, CONSUL_ACL_TIMEOUT, ConsulAclCall, ConsulAclError, ConsulAclReply, MAX_PARALLEL_PER_DERIVE,
-    token_description,
+    CONSUL_ACL_RATE, CONSUL_ACL_TIMEOUT, ConsulAclCall, ConsulAclError, ConsulAclReply, ConsulToken,
+    MAX_PARALLEL_PER_DERIVE, SWEEP_INTERVAL, token_description,
 };
 pub use messages::*;
 
@@ -129,6 +129,12 @@ impl RpcEndpoints {
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
             si_tokens: connect::SiTokens::new(),
         }
+    }
+
+    /// Re-creates a Connect defect on purpose (a regression switch of the simulation).
+    pub fn with_connect_faults(mut self, faults: crate::config::ConnectFaults) -> Self {
+        self.si_tokens = core::mem::replace(&mut self.si_tokens, connect::SiTokens::new()).with_faults(faults);
+        self
     }
 
     pub fn watcher(&self) -> &VolumeWatcher {

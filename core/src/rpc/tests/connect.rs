@@ -340,3 +340,43 @@ fn revocation_resumes_under_a_new_leader_and_a_lost_leadership_fails_derivations
     );
     assert!(h.accessors().is_empty());
 }
+
+/// A token created for a derivation whose leader was lost before its accessor was committed
+/// is unknown to the state: the sweep lists Consul's tokens every minute and revokes it once
+/// two listings in a row found it unknown. Tokens of other clusters and known ones stay.
+#[test]
+fn tokens_the_state_never_learned_of_are_swept() {
+    let mut h = harness(1);
+    h.request(1, derive("a1", &["connect-proxy-svc0"]));
+    h.consul_answer(created(0));
+    assert_eq!(h.accessors().len(), 1);
+    let listing = |extra: &[(&str, &str)]| {
+        let mut tokens = vec![ConsulToken {
+            accessor_id: "acc-0".into(),
+            description: "_nomad_si [c1d] [a1] [connect-proxy-svc0]".into(),
+        }];
+        tokens.extend(extra.iter().map(|(accessor, description)| ConsulToken {
+            accessor_id: accessor.to_string(),
+            description: description.to_string(),
+        }));
+        Ok(ConsulAclReply::Tokens(tokens))
+    };
+    let strays = [
+        ("lost", "_nomad_si [c1d] [a1] [connect-proxy-svc0]"),
+        ("elsewhere", "_nomad_si [other] [a9] [connect-proxy-svc0]"),
+    ];
+    assert!(h.consul.is_empty());
+    h.advance(SWEEP_INTERVAL);
+    assert_eq!(h.consul_answer(listing(&strays)), ConsulAclCall::ListTokens);
+    assert!(h.consul.is_empty(), "a first sighting revokes nothing");
+    h.advance(SWEEP_INTERVAL);
+    assert_eq!(h.consul_answer(listing(&strays)), ConsulAclCall::ListTokens);
+    assert_eq!(
+        h.consul_answer(Ok(ConsulAclReply::Revoked)),
+        ConsulAclCall::RevokeToken {
+            accessor_id: "lost".into()
+        }
+    );
+    assert!(h.consul.is_empty());
+    assert_eq!(h.accessors().len(), 1, "the known token stays");
+}

@@ -16,9 +16,13 @@
 //! 5 minutes). Every Consul call has a deadline owned here ([`CONSUL_ACL_TIMEOUT`]); a slow
 //! or hung Consul delays only the requests that need it, never the FSM or other endpoints.
 //!
-//! Not covered: tokens created for a derivation whose leader is lost before they were
-//! committed are left in Consul (as in Nomad); listing Consul's `_nomad_si` tokens to revoke
-//! strays is future work.
+//! Tokens Consul holds that the state never learned of (a leader lost before committing
+//! them, a creation Consul finished after the call was given up) are found and revoked by the
+//! sweep ([`sweep`]), which Nomad does not have.
+
+mod sweep;
+
+pub use sweep::SWEEP_INTERVAL;
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -52,12 +56,22 @@ pub enum ConsulAclCall {
     CreateToken { description: String, service_name: String },
     /// `DELETE /v1/acl/token/:accessor`.
     RevokeToken { accessor_id: String },
+    /// `GET /v1/acl/tokens`: every token's accessor and description.
+    ListTokens,
+}
+
+/// One token of a listing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConsulToken {
+    pub accessor_id: String,
+    pub description: String,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ConsulAclReply {
     Created { accessor_id: String, secret_id: String },
     Revoked,
+    Tokens(Vec<ConsulToken>),
 }
 
 /// A failed Consul call: `retryable` for a transport failure, a timeout or a 5xx; `not_found`
@@ -103,6 +117,7 @@ struct Derivation {
 enum Call {
     Create { job: JobId, task: String },
     Revoke { accessor_id: String },
+    List,
 }
 
 #[derive(Debug, Default)]
@@ -153,6 +168,8 @@ pub(super) struct SiTokens {
     rate: RateLimit,
     /// A call was held back by the rate limit.
     throttled: bool,
+    sweep: sweep::Sweep,
+    faults: crate::config::ConnectFaults,
 }
 
 impl SiTokens {
@@ -169,7 +186,14 @@ impl SiTokens {
                 refilled_at: None,
             },
             throttled: false,
+            sweep: sweep::Sweep::default(),
+            faults: crate::config::ConnectFaults::default(),
         }
+    }
+
+    pub fn with_faults(mut self, faults: crate::config::ConnectFaults) -> Self {
+        self.faults = faults;
+        self
     }
 
     pub fn set_enabled(&mut self, leader: bool) {
@@ -264,6 +288,47 @@ impl SiTokens {
                 .insert(op, (Call::Revoke { accessor_id }, now + CONSUL_ACL_TIMEOUT));
             out.push(Action::Consul { op, call });
         }
+        if self.enabled && self.sweep.due(now) {
+            if !self.rate.take(now) {
+                self.throttled = true;
+                return;
+            }
+            let op = out.allocate();
+            self.sweep.started(op);
+            self.calls.insert(op, (Call::List, now + CONSUL_ACL_TIMEOUT));
+            out.push(Action::Consul {
+                op,
+                call: ConsulAclCall::ListTokens,
+            });
+        }
+    }
+
+    /// A token listing came back: tokens of this cluster unknown twice in a row are revoked.
+    fn listed(&mut self, now: Instant, result: Result<ConsulAclReply, ConsulAclError>, state: &ServerState) {
+        let cluster_id = state
+            .cluster()
+            .map(|cluster| cluster.cluster_id.clone())
+            .unwrap_or_default();
+        let pending: BTreeSet<&String> = self
+            .derivations
+            .values()
+            .flat_map(|derivation| derivation.created.values().map(|(accessor, _)| accessor))
+            .collect();
+        let known = |id: &str| {
+            state.si_accessor(id).is_some()
+                || pending.contains(&id.to_string())
+                || self.revocations.contains_key(id)
+                || self.deleting.contains(id)
+                || self.revoked.iter().any(|revoked| revoked == id)
+        };
+        let strays = self.sweep.listed(now, result, &cluster_id, known);
+        for accessor_id in strays {
+            if self.faults.keep_failed_derivation_tokens {
+                continue;
+            }
+            tracing::info!(accessor = %accessor_id, "revoking a Consul Service Identity token the cluster does not know");
+            self.revocations.entry(accessor_id).or_default();
+        }
     }
 
     /// Consul answered (or the driver gave up on) the call `op`.
@@ -281,6 +346,7 @@ impl SiTokens {
         match call {
             Call::Create { job, task } => self.created(job, op, task, result, out),
             Call::Revoke { accessor_id } => self.revoke_answered(now, accessor_id, result),
+            Call::List => self.listed(now, result, state),
         }
         self.pump(now, state, out);
     }
@@ -301,7 +367,7 @@ impl SiTokens {
             Ok(ConsulAclReply::Created { accessor_id, secret_id }) => {
                 derivation.created.insert(task, (accessor_id, secret_id));
             }
-            Ok(ConsulAclReply::Revoked) => {
+            Ok(ConsulAclReply::Revoked | ConsulAclReply::Tokens(_)) => {
                 derivation
                     .failure
                     .get_or_insert(RpcError::refused("unexpected reply from Consul"));
@@ -351,7 +417,7 @@ impl SiTokens {
         if let Some(failure) = derivation.failure {
             tracing::warn!(alloc = %derivation.alloc_id, error = %failure.message, created = accessors.len(), "Consul Service Identity token creation for alloc failed");
             out.reply(derivation.req, ServerReply::Error(failure));
-            if !accessors.is_empty() {
+            if !accessors.is_empty() && !self.faults.keep_failed_derivation_tokens {
                 out.propose_new(
                     Owner::Connect(ConnectFlow::Orphans),
                     Command::SiAccessorsUpsert { accessors },
@@ -484,7 +550,8 @@ impl SiTokens {
         let deadlines = self.calls.values().map(|(_, deadline)| *deadline);
         let retries = self.revocations.values().filter_map(|revocation| revocation.retry_at);
         let throttle = self.rate.next_token_at().filter(|_| self.throttled);
-        deadlines.chain(retries).chain(throttle).min()
+        let sweep = self.sweep.poll_timeout().filter(|_| self.enabled);
+        deadlines.chain(retries).chain(throttle).chain(sweep).min()
     }
 
     /// Leadership lost: the requests waiting (to be failed by the composer) and every call
@@ -496,6 +563,7 @@ impl SiTokens {
         self.revocations.clear();
         self.revoked.clear();
         self.deleting.clear();
+        self.sweep.reset();
         core::mem::take(&mut self.derivations)
             .into_iter()
             .map(|(job, derivation)| (job, derivation.req))
