@@ -65,7 +65,7 @@ impl Agent {
                 config.server.csi_faults,
                 boot.seed ^ 0x5ced_u64,
             )
-            .with_connect_faults(config.server.connect_faults),
+            .with_connect(config.consul.address.is_some(), config.server.connect_faults),
         });
         Agent { server }
     }

@@ -18,6 +18,9 @@ pub enum ConsulMode {
     Down,
     Hang,
     Slow,
+    /// Agents answer; ACL calls fail now and then: a third with a 500 before doing anything,
+    /// a third after doing it (the answer is lost: a created token Consul keeps).
+    Flaky,
 }
 
 const HEALTHY_LATENCY: Duration = Duration::from_millis(3);
@@ -69,6 +72,11 @@ impl SimConsul {
     /// The ACL tokens alive, by accessor (for invariants).
     pub fn tokens(&self) -> BTreeMap<String, SimToken> {
         self.state.lock().expect("consul lock").tokens.clone()
+    }
+
+    /// How many ACL tokens Consul ever created.
+    pub fn tokens_made(&self) -> u64 {
+        self.state.lock().expect("consul lock").tokens_made
     }
 
     pub fn set_mode(&self, mode: ConsulMode) {
@@ -128,6 +136,10 @@ impl SimConsul {
                 tokio::time::sleep(SLOW_LATENCY).await;
                 Ok(())
             }
+            ConsulMode::Flaky => {
+                tokio::time::sleep(HEALTHY_LATENCY).await;
+                Ok(())
+            }
         }
     }
 }
@@ -157,6 +169,28 @@ impl Consul for SimConsul {
             retryable: true,
             not_found: false,
         })?;
+        let flake = (self.mode() == ConsulMode::Flaky).then(|| drover_io_real::runtime::random::<u8>() % 3);
+        let server_error = || ConsulAclError {
+            message: "Unexpected response code: 500 (rpc error: Raft leadership lost)".into(),
+            retryable: true,
+            not_found: false,
+        };
+        if flake == Some(0) {
+            return Err(server_error());
+        }
+        let result = self.acl_apply(call);
+        if flake == Some(1) {
+            return Err(ConsulAclError {
+                message: "read tcp 127.0.0.1:8500: connection reset by peer".into(),
+                ..server_error()
+            });
+        }
+        result
+    }
+}
+
+impl SimConsul {
+    fn acl_apply(&self, call: ConsulAclCall) -> Result<ConsulAclReply, ConsulAclError> {
         let mut state = self.state.lock().expect("consul lock");
         match call {
             ConsulAclCall::CreateToken {

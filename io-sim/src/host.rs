@@ -214,6 +214,16 @@ impl SimHost {
         self.lock().mounts.iter().cloned().collect()
     }
 
+    /// The files the client wrote whose path ends with `suffix`, with their text.
+    pub fn files_ending(&self, suffix: &str) -> Vec<(String, String)> {
+        self.lock()
+            .files
+            .iter()
+            .filter(|(path, _)| path.ends_with(suffix))
+            .map(|(path, text)| (path.clone(), text.clone()))
+            .collect()
+    }
+
     fn note(&self, text: String) {
         self.recorder.note(format!("{}: {text}", self.name));
     }
@@ -318,6 +328,7 @@ impl SimHost {
                     return Err(IoError::other(format!("remove {path}: device or resource busy")));
                 }
                 state.dirs.retain(|dir| !inside(dir));
+                state.files.retain(|file, _| !inside(file));
                 Ok(Reply::Unit)
             }
             Io::Rmdir { path } => {
@@ -371,8 +382,9 @@ impl SimHost {
             );
             return Err(IoError::other("the task's previous processes still run"));
         }
-        // The task binds the host ports it was given, as a real server would: one bound by
-        // another running task on this host would fail with EADDRINUSE.
+        // The task binds the host ports it was given, as a real server would: one bound by a
+        // running task of another allocation on this host would fail with EADDRINUSE. The
+        // tasks of one allocation share its group network (a Connect sidecar beside its app).
         let ports: BTreeSet<u16> = config
             .env
             .iter()
@@ -382,7 +394,7 @@ impl SimHost {
         let holder = state
             .tasks
             .iter()
-            .find(|(_, task)| task.running() && !task.ports.is_disjoint(&ports))
+            .find(|((alloc, _), task)| *alloc != key.0 && task.running() && !task.ports.is_disjoint(&ports))
             .map(|((alloc, task), held)| {
                 (
                     format!("{alloc}/{task}"),
@@ -392,7 +404,7 @@ impl SimHost {
         if let Some((holder, shared)) = holder {
             drop(state);
             self.recorder.violate(
-                "a host port is bound by one task at a time",
+                "a host port is bound by one allocation at a time",
                 format!("{}: {}/{} binds {shared:?}, held by {holder}", self.name, key.0, key.1),
             );
             return Err(IoError::other("bind: address already in use"));

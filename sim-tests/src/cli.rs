@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::runner::{self, Report};
-use drover_core::config::{ClientFaults, CsiFaults};
+use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -57,7 +57,7 @@ struct Args {
     list: bool,
     bench_jobs: bool,
     log: bool,
-    /// Run only the given regression switch ("10927", "13416", "8232" or "task-leak").
+    /// Run only the given regression switch ("10927", "13416", "8232", "task-leak" or "si-leak").
     regression_switch: Option<String>,
 }
 
@@ -115,7 +115,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
                     return Err(format!(
-                        "unknown regression switch {which:?}: expected 10927, 13416, 8232 or task-leak"
+                        "unknown regression switch {which:?}: expected 10927, 13416, 8232, task-leak or si-leak"
                     ));
                 }
                 args.regression_switch = Some(which);
@@ -507,6 +507,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         &["real_clients_job", "client_shared_stage"],
         "no task process outlives its task",
+    ),
+    (
+        "si-leak",
+        "service identity tokens of a failed derivation are never revoked (issue 17)",
+        || Options {
+            connect_faults: ConnectFaults {
+                keep_failed_derivation_tokens: true,
+            },
+            ..Options::default()
+        },
+        &["real_clients_connect"],
+        // "no SI token outlives its allocation ..." or "SI tokens alive in Consul are ...".
+        "SI token",
     ),
 ];
 

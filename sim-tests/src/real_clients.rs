@@ -12,9 +12,11 @@ use std::time::Duration;
 
 use drover_core::client::alloc_runner::CLAIM_BACKOFF_MAX;
 use drover_core::client::deadlines::CSI_TIMEOUT;
-use drover_core::client::services::TASK_SERVICE_PREFIX;
+use drover_core::client::services::{SIDECAR_SUFFIX, TASK_SERVICE_PREFIX};
 use drover_core::config::ClientFaults;
+use drover_core::connect::{ConsulConnect, ConsulSidecarService, SidecarTask};
 use drover_core::fsm::ServerState;
+use drover_core::rpc::SWEEP_INTERVAL;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
@@ -46,6 +48,9 @@ pub struct RealJob {
     /// Processes each task starts that ignore the stop signal and outlive it (only the
     /// client's `DestroyTask` ends them).
     pub children: u32,
+    /// The group has a Consul Connect service (`<id>-mesh`) with a sidecar: the clients
+    /// derive a service identity token for it and bootstrap Envoy.
+    pub connect: bool,
 }
 
 /// The real clients and what they run.
@@ -84,6 +89,7 @@ impl RealClientPlan {
                 volume: None,
                 read_only: false,
                 children: 1,
+                connect: false,
             }],
             deregister_attempts: false,
             plugin_faults: PluginFaults::default(),
@@ -99,6 +105,18 @@ impl RealClientPlan {
             job.volume = Some(volume.to_string());
         }
         self
+    }
+
+    /// Every job gets a Connect service with a sidecar (and the clients a Consul token).
+    pub fn with_connect(mut self) -> Self {
+        for job in &mut self.jobs {
+            job.connect = true;
+        }
+        self
+    }
+
+    pub fn connect(&self) -> bool {
+        self.jobs.iter().any(|job| job.connect)
     }
 
     fn access(&self, volume: &str) -> AccessMode {
@@ -125,13 +143,14 @@ impl RealClientPlan {
         )];
         lines.extend(self.jobs.iter().map(|job| {
             format!(
-                "job {}: count {}, tasks run for {:?} leaving {} processes behind, volume {:?}{}",
+                "job {}: count {}, tasks run for {:?} leaving {} processes behind, volume {:?}{}{}",
                 job.id,
                 job.count,
                 job.run_for,
                 job.children,
                 job.volume,
-                if job.read_only { " read-only" } else { "" }
+                if job.read_only { " read-only" } else { "" },
+                if job.connect { ", Connect sidecar" } else { "" }
             )
         }));
         lines
@@ -190,6 +209,39 @@ pub fn volume(id: &str, access: AccessMode) -> CsiVolume {
 /// The Consul service id of a job's task in `alloc`.
 fn service_id(job: &RealJob, alloc: &str) -> String {
     format!("{TASK_SERVICE_PREFIX}{alloc}-server-{}-http", job.id)
+}
+
+/// The Connect service of a job's group.
+fn mesh_service(job: &RealJob) -> String {
+    format!("{}-mesh", job.id)
+}
+
+/// The sidecar task the servers inject for it.
+fn sidecar_task(job: &RealJob) -> String {
+    format!("connect-proxy-{}", mesh_service(job))
+}
+
+/// The Consul id of a job's Connect group service in `alloc`.
+fn mesh_service_id(job: &RealJob, alloc: &str) -> String {
+    format!("{TASK_SERVICE_PREFIX}{alloc}-group-web-{}-http", mesh_service(job))
+}
+
+/// The group `service` with a Connect sidecar run by `raw_exec` (there is no Docker here).
+fn connect_service(job: &RealJob) -> Service {
+    Service {
+        name: mesh_service(job),
+        port_label: "http".into(),
+        address_mode: "auto".into(),
+        connect: Some(ConsulConnect {
+            sidecar_service: Some(ConsulSidecarService::default()),
+            sidecar_task: Some(SidecarTask {
+                driver: "raw_exec".into(),
+                ..SidecarTask::default()
+            }),
+            ..ConsulConnect::default()
+        }),
+        ..Service::default()
+    }
 }
 
 /// Version `version` of a job: each version is a destructive update (its env changes).
@@ -272,12 +324,18 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
                 mode: RestartMode::Fail,
             }),
             networks: vec![drover_core::structs::NetworkResource {
+                mode: if spec.connect { "host" } else { "" }.into(),
                 dynamic_ports: vec![drover_core::structs::Port {
                     label: "http".into(),
                     ..Default::default()
                 }],
                 ..Default::default()
             }],
+            services: if spec.connect {
+                vec![connect_service(spec)]
+            } else {
+                Vec::new()
+            },
             ..TaskGroup::default()
         }],
         ..Job::default()
@@ -560,7 +618,8 @@ fn jobs_running(
                     .task_services()
                     .contains(&(cluster.client_name(client).to_string(), service_id(spec, &alloc.id)))
             });
-            if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered {
+            let meshed = spec.is_none_or(|spec| !spec.connect || connect_ready(cluster, client, spec, &alloc.id));
+            if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered && meshed {
                 seen.insert(alloc.id.clone());
             }
         }
@@ -572,6 +631,78 @@ fn jobs_running(
                 client_of(cluster, state, alloc).map_or("an unknown node", |client| cluster.client_name(client))
             ));
         }
+    }
+    Ok(())
+}
+
+/// A Connect allocation is ready when its sidecar runs with a token and a bootstrap, and its
+/// group service and the sidecar Consul derived from it are in its node's agent.
+fn connect_ready(cluster: &SimCluster, client: usize, spec: &RealJob, alloc: &str) -> bool {
+    let host = cluster.host(client);
+    let sidecar = sidecar_task(spec);
+    let runs = host
+        .running_tasks()
+        .iter()
+        .any(|(id, name)| id == alloc && *name == sidecar);
+    let secrets = format!("/{alloc}/{sidecar}/secrets/");
+    let token = host.files_ending(&format!("{secrets}si_token"));
+    let bootstrap = host.files_ending(&format!("{secrets}envoy_bootstrap.json"));
+    let node = cluster.client_name(client).to_string();
+    let services = cluster.consul().task_services();
+    let parent = mesh_service_id(spec, alloc);
+    let registered = services.contains(&(node.clone(), parent.clone()))
+        && services.contains(&(node, format!("{parent}{SIDECAR_SUFFIX}")));
+    runs && token.len() == 1 && bootstrap.len() == 1 && registered
+}
+
+/// Safety, checked whenever the jobs are inspected: a token file holds a token Consul made for
+/// that allocation and task, never another's; and once a bootstrap is written it carries the
+/// same token as the task's file.
+fn check_token_files(cluster: &SimCluster, recorder: &Recorder) {
+    let tokens = cluster.consul().tokens();
+    for client in 0..cluster.client_count() {
+        let host = cluster.host(client);
+        for (path, secret) in host.files_ending("/secrets/si_token") {
+            let mut parts = path.rsplit('/').skip(2);
+            let (Some(task), Some(alloc)) = (parts.next(), parts.next()) else {
+                continue;
+            };
+            let owner = format!("[{alloc}] [{task}]");
+            if let Some(token) = tokens.values().find(|token| token.secret_id == secret)
+                && !token.description.ends_with(&owner)
+            {
+                recorder.violate(
+                    "no SI token is handed to a task of another allocation",
+                    format!("{path} holds the token of {:?}", token.description),
+                );
+            }
+        }
+    }
+}
+
+/// Once quiet, the accessors in Raft and the tokens alive in Consul are the same set (for
+/// allocations the servers still want; finished ones' are being revoked).
+fn tokens_agree(cluster: &SimCluster, state: &ServerState) -> Result<(), String> {
+    let cluster_id = state
+        .cluster()
+        .map(|cluster| cluster.cluster_id.clone())
+        .unwrap_or_default();
+    let prefix = format!("_nomad_si [{cluster_id}] ");
+    let in_consul: BTreeSet<String> = cluster
+        .consul()
+        .tokens()
+        .into_iter()
+        .filter(|(_, token)| token.description.starts_with(&prefix))
+        .map(|(accessor, _)| accessor)
+        .collect();
+    let in_raft: BTreeSet<String> = state
+        .si_accessors()
+        .map(|accessor| accessor.accessor_id.clone())
+        .collect();
+    if in_consul != in_raft {
+        return Err(format!(
+            "SI tokens in Consul {in_consul:?} differ from the accessors in Raft {in_raft:?}"
+        ));
     }
     Ok(())
 }
@@ -598,10 +729,17 @@ fn strays(cluster: &SimCluster, state: &ServerState) -> Vec<String> {
 /// again only at its next claim retry (backing off to a minute).
 fn convergence_bound(plan: &RealClientPlan) -> Duration {
     let base = Duration::from_secs(120);
-    if plan.volumes.is_empty() {
+    let base = if plan.volumes.is_empty() {
         base
     } else {
         base.max(CSI_TIMEOUT + CLAIM_BACKOFF_MAX + Duration::from_secs(60))
+    };
+    // Tokens leaked by a lost leader or a lost answer are swept at the second listing that
+    // finds them, up to two sweep intervals after the leader took over.
+    if plan.connect() {
+        base + SWEEP_INTERVAL * 3
+    } else {
+        base
     }
 }
 
@@ -622,24 +760,40 @@ pub async fn check_end(
     }
     let mut seen = BTreeSet::new();
     loop {
+        if plan.connect() {
+            check_token_files(cluster, recorder);
+        }
         let verdict = match leader_state(cluster, leader) {
-            Some(state) => jobs_running(cluster, &state, plan, &mut seen).and_then(|()| {
-                let strays = strays(cluster, &state);
-                if strays.is_empty() {
-                    Ok(())
-                } else {
-                    Err(format!(
-                        "tasks of allocations the servers stopped: {}",
-                        strays.join(", ")
-                    ))
-                }
-            }),
+            Some(state) => jobs_running(cluster, &state, plan, &mut seen)
+                .and_then(|()| {
+                    if plan.connect() {
+                        tokens_agree(cluster, &state)
+                    } else {
+                        Ok(())
+                    }
+                })
+                .and_then(|()| {
+                    let strays = strays(cluster, &state);
+                    if strays.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(format!(
+                            "tasks of allocations the servers stopped: {}",
+                            strays.join(", ")
+                        ))
+                    }
+                }),
             None => Err("the leader's state cannot be read".into()),
         };
         match verdict {
             Ok(()) => break,
             Err(why) if tokio::time::Instant::now() >= deadline => {
-                recorder.violate("liveness: the jobs run on the real clients", why);
+                let invariant = if why.starts_with("SI tokens in Consul") {
+                    "SI tokens alive in Consul are the accessors in Raft once the cluster is quiet"
+                } else {
+                    "liveness: the jobs run on the real clients"
+                };
+                recorder.violate(invariant, why);
                 report_leaks(cluster, recorder, leader);
                 return;
             }
@@ -652,6 +806,13 @@ pub async fn check_end(
     recorder.note(format!(
         "the jobs run on the real clients ({starts} task starts in all)"
     ));
+    if plan.connect() {
+        recorder.note(format!(
+            "{} SI tokens alive in Consul, equal to the accessors in Raft ({} created in all)",
+            cluster.consul().tokens().len(),
+            cluster.consul().tokens_made()
+        ));
+    }
     for spec in &plan.jobs {
         let stop = ServerRequest::JobStop {
             namespace: "default".into(),
@@ -682,6 +843,13 @@ pub async fn check_end(
         }
         if tokio::time::Instant::now() >= deadline {
             report_leaks(cluster, recorder, leader);
+            let tokens: Vec<&String> = unfinished.iter().filter(|what| what.starts_with("SI token")).collect();
+            if !tokens.is_empty() {
+                recorder.violate(
+                    "no SI token outlives its allocation once the cluster is quiet",
+                    format!("{tokens:?}"),
+                );
+            }
             recorder.violate(
                 "nothing is left behind after a job stop",
                 format!(
@@ -827,6 +995,22 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
         })
         .unwrap_or_default();
     unfinished.extend(services);
+    // Service identity tokens of this cluster, in Consul or in Raft.
+    let tokens = cluster.consul().tokens();
+    unfinished.extend(
+        tokens
+            .iter()
+            .filter(|(_, token)| token.description.starts_with("_nomad_si ["))
+            .map(|(accessor, token)| format!("SI token {accessor} ({})", token.description)),
+    );
+    if let Some(state) = state {
+        unfinished.extend(
+            state
+                .si_accessors()
+                .filter(|accessor| !tokens.contains_key(&accessor.accessor_id))
+                .map(|accessor| format!("SI token accessor {} in Raft only", accessor.accessor_id)),
+        );
+    }
     let mounts = (0..cluster.client_count()).flat_map(|client| cluster.host(client).mounts());
     unfinished.extend(mounts.map(|mount| format!("mount {mount}")));
     if let Some(state) = state {

@@ -61,6 +61,11 @@ fn real_client(plan: &Plan, index: usize) -> ClientSpec {
     if let Some(real) = &plan.real_clients {
         spec.plugin_faults = real.plugin_faults.clone();
         spec.config.client.faults = real.client_faults;
+        if real.connect() {
+            // With a Consul ACL token, Connect sidecars get service identity tokens.
+            spec.config.consul.address = Some("127.0.0.1:8500".into());
+            spec.config.consul.token = Some("sim-agent-token".into());
+        }
     }
     spec
 }

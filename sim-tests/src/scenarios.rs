@@ -6,7 +6,7 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, BootstrapFault, ClientFaults, CsiFaults, Ports};
+use drover_core::config::{Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports};
 use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
@@ -30,6 +30,8 @@ pub struct Options {
     pub csi_faults: CsiFaults,
     /// Re-create a client defect on every real client (regression switch).
     pub client_faults: ClientFaults,
+    /// Re-create a Connect token defect on every server (regression switch).
+    pub connect_faults: ConnectFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,6 +291,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         build: real_clients_csi,
     },
     Scenario {
+        name: "real_clients_connect",
+        about: "a Consul Connect job on real clients with Consul ACLs: service identity tokens and Envoy bootstraps while Consul is down, hung, slow or flaky (lost answers), client agents and the leader killed",
+        build: real_clients_connect,
+    },
+    Scenario {
         name: "real_clients_rolling_update",
         about: "real clients: a single-writer volume handed from each version's allocation to the next through destructive updates (Nomad #8609) under agent and leader kills",
         build: real_clients_rolling_update,
@@ -387,6 +394,69 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     plan
 }
 
+/// Connect on real clients: the leader derives a token per sidecar through the simulated
+/// Consul's ACL API, the clients write it and bootstrap Envoy. Consul misbehaves early, while
+/// the first tokens are derived (flaky calls lose answers: tokens Consul keeps that nobody
+/// committed), and client agents and the leader die later, forcing derivations again.
+fn real_clients_connect(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let clients = 2;
+    let mut steps = Vec::new();
+    let mode = *[
+        ConsulMode::Flaky,
+        ConsulMode::Flaky,
+        ConsulMode::Down,
+        ConsulMode::Hang,
+        ConsulMode::Slow,
+    ]
+    .choose(rng)
+    .expect("modes");
+    let at = millis(rng, 0..4_000);
+    steps.push(Step {
+        at,
+        action: Action::Consul(mode),
+    });
+    steps.push(Step {
+        at: at + millis(rng, 10_000..40_000),
+        action: Action::Consul(ConsulMode::Healthy),
+    });
+    let client = rng.gen_range(0..clients);
+    let at = millis(rng, 15_000..45_000);
+    steps.push(Step {
+        at,
+        action: Action::KillClient(client),
+    });
+    steps.push(Step {
+        at: at + millis(rng, 3_000..40_000),
+        action: Action::RestartClient(client),
+    });
+    if rng.gen_bool(0.5) {
+        let at = millis(rng, 5_000..50_000);
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: at + millis(rng, 2_000..15_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    steps.sort_by_key(|step| step.at);
+    // The servers join by address and have Consul for its ACL API (the token sweep needs it).
+    let mut servers = servers(rng, 3, 3, 2_000, false, options);
+    for server in &mut servers {
+        server.config.consul.address = Some("127.0.0.1:8500".to_string());
+        server.config.consul.server_auto_join = false;
+        server.config.consul.auto_advertise = false;
+    }
+    let mut plan = plan(servers, steps);
+    plan.real_clients = Some(RealClientPlan::one_job(clients, 3, None).with_connect());
+    plan.quiet_bound = Duration::from_secs(90);
+    plan
+}
+
 pub fn find(name: &str) -> Option<&'static Scenario> {
     all_scenarios().find(|scenario| scenario.name == name)
 }
@@ -432,6 +502,7 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
         config.server.bootstrap_fault = Some(BootstrapFault::SelfElectAfterElectionTimeout);
     }
     config.server.csi_faults = options.csi_faults;
+    config.server.connect_faults = options.connect_faults;
     // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
     config.server.timing.snapshot_threshold = 64;
     config.server.timing.csi_gc = GcConfig {
@@ -655,6 +726,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         volume: Some(volume.into()),
         read_only,
         children: 1,
+        connect: false,
     };
     RealClientPlan {
         clients,

@@ -131,9 +131,10 @@ impl RpcEndpoints {
         }
     }
 
-    /// Re-creates a Connect defect on purpose (a regression switch of the simulation).
-    pub fn with_connect_faults(mut self, faults: crate::config::ConnectFaults) -> Self {
-        self.si_tokens = core::mem::replace(&mut self.si_tokens, connect::SiTokens::new()).with_faults(faults);
+    /// Whether the agent has a Consul (the token sweep runs only then), and a Connect defect
+    /// re-created on purpose (a regression switch of the simulation).
+    pub fn with_connect(mut self, consul: bool, faults: crate::config::ConnectFaults) -> Self {
+        self.si_tokens = core::mem::replace(&mut self.si_tokens, connect::SiTokens::new()).configure(consul, faults);
         self
     }
 

@@ -169,6 +169,8 @@ pub(super) struct SiTokens {
     /// A call was held back by the rate limit.
     throttled: bool,
     sweep: sweep::Sweep,
+    /// The agent has a Consul (`consul { address }`): without one there is nothing to sweep.
+    sweep_enabled: bool,
     faults: crate::config::ConnectFaults,
 }
 
@@ -187,11 +189,14 @@ impl SiTokens {
             },
             throttled: false,
             sweep: sweep::Sweep::default(),
+            sweep_enabled: true,
             faults: crate::config::ConnectFaults::default(),
         }
     }
 
-    pub fn with_faults(mut self, faults: crate::config::ConnectFaults) -> Self {
+    /// `consul`: the agent has a Consul to sweep; `faults`: a defect re-created on purpose.
+    pub fn configure(mut self, consul: bool, faults: crate::config::ConnectFaults) -> Self {
+        self.sweep_enabled = consul;
         self.faults = faults;
         self
     }
@@ -288,7 +293,7 @@ impl SiTokens {
                 .insert(op, (Call::Revoke { accessor_id }, now + CONSUL_ACL_TIMEOUT));
             out.push(Action::Consul { op, call });
         }
-        if self.enabled && self.sweep.due(now) {
+        if self.enabled && self.sweep_enabled && self.sweep.due(now) {
             if !self.rate.take(now) {
                 self.throttled = true;
                 return;
@@ -550,7 +555,7 @@ impl SiTokens {
         let deadlines = self.calls.values().map(|(_, deadline)| *deadline);
         let retries = self.revocations.values().filter_map(|revocation| revocation.retry_at);
         let throttle = self.rate.next_token_at().filter(|_| self.throttled);
-        let sweep = self.sweep.poll_timeout().filter(|_| self.enabled);
+        let sweep = self.sweep.poll_timeout().filter(|_| self.enabled && self.sweep_enabled);
         deadlines.chain(retries).chain(throttle).chain(sweep).min()
     }
 
