@@ -15,6 +15,9 @@ echo
 echo "== task start and stop with and without a cgroup per task (cargo bench -p drover-io-real --bench task_start)"
 cargo bench -p drover-io-real --bench task_start
 echo
+echo "== Connect: DeriveSIToken for 10 sidecars, the revocation loop with 10k accessors (cargo bench -p drover --bench connect)"
+cargo bench -p drover --bench connect
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo

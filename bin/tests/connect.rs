@@ -154,12 +154,27 @@ fn start_consul() -> (Arc<FakeConsul>, u16) {
     (consul, port)
 }
 
-/// A `consul` CLI that appends its argv to `calls.log` and prints a bootstrap; its first run
-/// fails as Consul's does before the agent knows the sidecar.
+/// A `consul` CLI that appends its argv to `calls.log` and prints a bootstrap. Its first run
+/// fails as Consul's does before the agent knows the sidecar; its second holds until the test
+/// creates `release` (at most 30 s), so the agent can be killed in the middle of it; later
+/// runs succeed.
 fn fake_consul_cli(dir: &Path) -> std::path::PathBuf {
     let script = dir.join("consul");
     let text = format!(
-        "#!/bin/sh\necho \"$@\" >> {dir}/calls.log\nif [ ! -e {dir}/ran-once ]; then\n  touch {dir}/ran-once\n  echo 'No sidecar proxy registered' >&2\n  exit 1\nfi\necho '{{\"admin\": {{}}, \"bootstrapped\": true}}'\n",
+        r#"#!/bin/sh
+echo "$@" >> {dir}/calls.log
+n=$(wc -l < {dir}/calls.log)
+if [ "$n" -eq 1 ]; then
+  echo 'No sidecar proxy registered' >&2
+  exit 1
+fi
+if [ "$n" -eq 2 ]; then
+  i=0
+  while [ ! -e {dir}/release ] && [ "$i" -lt 600 ]; do sleep 0.05; i=$((i + 1)); done
+  exit 1
+fi
+echo '{{"admin": {{}}, "bootstrapped": true}}'
+"#,
         dir = dir.display()
     );
     std::fs::write(&script, text).unwrap();
@@ -254,7 +269,7 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
         )
     });
 
-    // The sidecar is bootstrapped (its first run fails, the second, 2 s on, succeeds).
+    // The sidecar's bootstrap: the first run fails, the second (2 s on) holds.
     let secrets = specs[0]
         .data_dir
         .join("alloc")
@@ -262,9 +277,9 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
         .join("connect-proxy-count-api")
         .join("secrets");
     wait_for(Duration::from_secs(30), || {
-        secrets.join("envoy_bootstrap.json").exists().then_some(())
+        (cli_calls(&cli_dir).len() == 2).then_some(())
     })
-    .unwrap_or_else(|| panic!("bootstrapped: {:?}\n{}", cli_calls(&cli_dir), agent.log()));
+    .unwrap_or_else(|| panic!("a second bootstrap run: {:?}\n{}", cli_calls(&cli_dir), agent.log()));
 
     // The token: created through Consul's ACL API by the server (with the agent's token), for
     // the proxied service, described as Nomad does, and written 0440 for the sidecar.
@@ -292,11 +307,27 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
         0o440
     );
 
-    // The bootstrap: the first run failed, the second wrote the file, both with the token as
-    // its own argument and the group service's id.
+    // kill -9 in the middle of the bootstrap, and restart: the token is not derived again,
+    // the bootstrap runs again with the token the file holds, and writes the file.
+    agent.restart();
+    std::fs::write(cli_dir.join("release"), "").unwrap();
+    wait_for(Duration::from_secs(60), || {
+        secrets.join("envoy_bootstrap.json").exists().then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "bootstrapped after the restart: {:?}\n{}",
+            cli_calls(&cli_dir),
+            agent.log()
+        )
+    });
+    assert_eq!(*consul.created.lock().unwrap(), 1, "no second token");
+    assert_eq!(std::fs::read_to_string(&token_file).unwrap(), secret);
+
+    // Every run with the token as its own argument and the group service's id.
     let service_id = format!("_nomad-task-{alloc_id}-group-api-count-api-http");
     let calls = cli_calls(&cli_dir);
-    assert_eq!(calls.len(), 2, "{calls:?}");
+    assert_eq!(calls.len(), 3, "{calls:?}");
     for call in &calls {
         assert!(
             call.starts_with("connect envoy -grpc-addr 127.0.0.1:8502 -http-addr 127.0.0.1:"),
@@ -330,22 +361,14 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
         assert_ne!(sidecar["Port"], parent["Port"]);
     }
 
-    // kill -9 and restart: the tasks are reattached, nothing is derived or bootstrapped again.
-    agent.restart();
-    wait_for(Duration::from_secs(60), || {
-        let alloc: Value =
-            serde_json::from_str(&http("GET", port, &format!("/v1/allocation/{alloc_id}"), None)?).ok()?;
-        agent
-            .log()
-            .split("=== restart ===")
-            .nth(1)?
-            .contains("first allocation sync")
-            .then_some(())
-            .filter(|_| alloc["ClientStatus"] == "running")
-    })
-    .unwrap_or_else(|| panic!("the restarted agent syncs:\n{}", agent.log()));
-    assert_eq!(*consul.created.lock().unwrap(), 1, "no second token");
-    assert_eq!(cli_calls(&cli_dir).len(), 2, "no second bootstrap");
+    // Once bootstrapped, the sidecar starts (its log file appears).
+    let sidecar_log = specs[0]
+        .data_dir
+        .join("alloc")
+        .join(&alloc_id)
+        .join("alloc/logs/connect-proxy-count-api.stdout.0");
+    wait_for(Duration::from_secs(60), || sidecar_log.exists().then_some(()))
+        .unwrap_or_else(|| panic!("the sidecar runs:\n{}", agent.log()));
 
     // Stopping the job revokes the token and removes both services.
     http("DELETE", port, "/v1/job/countdash", None).expect("stopped");

@@ -310,3 +310,42 @@ async fn service_identity_tokens_are_created_and_revoked_through_consuls_acl_api
         .unwrap_err();
     assert!(unreachable.retryable, "{unreachable:?}");
 }
+
+/// The leader's token creations go out together: ten calls made at once all reach Consul
+/// before any is answered (each waits for the other nine), so they cannot be serialised by a
+/// single connection. Measured, not timed: a serialised client never fills the barrier.
+#[tokio::test]
+async fn concurrent_acl_calls_reach_consul_together() {
+    use drover_core::rpc::ConsulAclCall;
+    let barrier = Arc::new(tokio::sync::Barrier::new(10));
+    let app = Router::new()
+        .route(
+            "/v1/acl/token",
+            put(move || {
+                let barrier = barrier.clone();
+                async move {
+                    barrier.wait().await;
+                    axum::Json(json!({"AccessorID": "a", "SecretID": "s"}))
+                }
+            }),
+        )
+        .with_state(());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_secs(10));
+    let calls = (0..10).map(|n| {
+        let consul = consul.clone();
+        tokio::spawn(async move {
+            consul
+                .acl_call(ConsulAclCall::CreateToken {
+                    description: format!("t{n}"),
+                    service_name: "web".into(),
+                })
+                .await
+        })
+    });
+    for call in futures::future::join_all(calls).await {
+        assert!(call.unwrap().is_ok(), "every call answered once all ten were in");
+    }
+}

@@ -162,6 +162,11 @@ pub(super) struct SiTokens {
     derivations: BTreeMap<JobId, Derivation>,
     calls: BTreeMap<OpId, (Call, Instant)>,
     revocations: BTreeMap<String, Revocation>,
+    /// Revocations to make now, in the order they became due (a queue, so a leader with
+    /// thousands to make does not scan them all on every call).
+    ready: VecDeque<String>,
+    /// Failed revocations waiting for their retry, by when.
+    retries: BTreeSet<(Instant, String)>,
     /// Revoked in Consul, deletion not yet proposed / applied.
     revoked: Vec<String>,
     deleting: BTreeSet<String>,
@@ -169,6 +174,9 @@ pub(super) struct SiTokens {
     /// A call was held back by the rate limit.
     throttled: bool,
     sweep: sweep::Sweep,
+    /// The allocs and accessors table indexes the last scan for revocations saw: the scan
+    /// (all accessors) runs again only when either changed, not on every leader turn.
+    scanned: Option<(u64, u64)>,
     /// The agent has a Consul (`consul { address }`): without one there is nothing to sweep.
     sweep_enabled: bool,
     faults: crate::config::ConnectFaults,
@@ -181,6 +189,8 @@ impl SiTokens {
             derivations: BTreeMap::new(),
             calls: BTreeMap::new(),
             revocations: BTreeMap::new(),
+            ready: VecDeque::new(),
+            retries: BTreeSet::new(),
             revoked: Vec::new(),
             deleting: BTreeSet::new(),
             rate: RateLimit {
@@ -189,6 +199,7 @@ impl SiTokens {
             },
             throttled: false,
             sweep: sweep::Sweep::default(),
+            scanned: None,
             sweep_enabled: true,
             faults: crate::config::ConnectFaults::default(),
         }
@@ -203,6 +214,7 @@ impl SiTokens {
 
     pub fn set_enabled(&mut self, leader: bool) {
         self.enabled = leader;
+        self.scanned = None;
     }
 
     /// `Node.DeriveSIToken`.
@@ -271,19 +283,23 @@ impl SiTokens {
                 out.push(Action::Consul { op, call });
             }
         }
-        let due: Vec<String> = self
-            .revocations
-            .iter()
-            .filter(|(_, revocation)| revocation.in_flight.is_none() && revocation.retry_at.is_none_or(|at| now >= at))
-            .map(|(id, _)| id.clone())
-            .collect();
-        for accessor_id in due {
+        while let Some((at, _)) = self.retries.first()
+            && *at <= now
+        {
+            let (_, accessor_id) = self.retries.pop_first().expect("first");
+            self.ready.push_back(accessor_id);
+        }
+        while let Some(accessor_id) = self.ready.front().cloned() {
+            let Some(revocation) = self.revocations.get_mut(&accessor_id) else {
+                self.ready.pop_front();
+                continue;
+            };
             if !self.rate.take(now) {
                 self.throttled = true;
                 return;
             }
+            self.ready.pop_front();
             let op = out.allocate();
-            let revocation = self.revocations.get_mut(&accessor_id).expect("listed");
             revocation.in_flight = Some(op);
             revocation.retry_at = None;
             let call = ConsulAclCall::RevokeToken {
@@ -332,7 +348,15 @@ impl SiTokens {
                 continue;
             }
             tracing::info!(accessor = %accessor_id, "revoking a Consul Service Identity token the cluster does not know");
-            self.revocations.entry(accessor_id).or_default();
+            self.revoke(accessor_id);
+        }
+    }
+
+    /// Queues the revocation of `accessor_id` (once).
+    fn revoke(&mut self, accessor_id: String) {
+        if !self.revocations.contains_key(&accessor_id) {
+            self.revocations.insert(accessor_id.clone(), Revocation::default());
+            self.ready.push_back(accessor_id);
         }
     }
 
@@ -454,6 +478,7 @@ impl SiTokens {
         revocation.in_flight = None;
         revocation.backoff = (revocation.backoff * 2).clamp(REVOKE_RETRY_MIN, REVOKE_RETRY_MAX);
         revocation.retry_at = Some(now + revocation.backoff);
+        self.retries.insert((now + revocation.backoff, accessor_id.clone()));
         if let Err(error) = result {
             tracing::warn!(accessor = %accessor_id, error = %error.message, retry_in = ?revocation.backoff, "revoking a Consul Service Identity token failed");
         }
@@ -478,7 +503,7 @@ impl SiTokens {
                     Err(error) => {
                         // Not committed: nobody else knows these tokens; revoke them now.
                         for (accessor_id, _) in derivation.created.into_values() {
-                            self.revocations.entry(accessor_id).or_default();
+                            self.revoke(accessor_id);
                         }
                         ServerReply::Error(RpcError::unavailable(format!(
                             "registering Service Identity token accessors failed: {}",
@@ -497,6 +522,8 @@ impl SiTokens {
                 for id in accessor_ids {
                     self.deleting.remove(&id);
                 }
+                // A deletion that failed leaves its accessors to be found again.
+                self.scanned = None;
             }
         }
     }
@@ -506,7 +533,14 @@ impl SiTokens {
         if !self.enabled {
             return;
         }
-        for accessor in state.si_accessors() {
+        let tables = (
+            state.table_index(crate::fsm::Table::Allocs),
+            state.table_index(crate::fsm::Table::SiTokenAccessors),
+        );
+        let rescan = self.scanned != Some(tables);
+        self.scanned = Some(tables);
+        let accessors = if rescan { Some(state.si_accessors()) } else { None };
+        for accessor in accessors.into_iter().flatten() {
             let id = &accessor.accessor_id;
             if self.revocations.contains_key(id) || self.deleting.contains(id) || self.revoked.contains(id) {
                 continue;
@@ -515,7 +549,7 @@ impl SiTokens {
                 .alloc(&accessor.alloc_id)
                 .is_none_or(|alloc| alloc.client_terminal());
             if accessor.orphaned || finished {
-                self.revocations.insert(id.clone(), Revocation::default());
+                self.revoke(id.clone());
             }
         }
         if !self.revoked.is_empty() {
@@ -553,7 +587,7 @@ impl SiTokens {
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         let deadlines = self.calls.values().map(|(_, deadline)| *deadline);
-        let retries = self.revocations.values().filter_map(|revocation| revocation.retry_at);
+        let retries = self.retries.first().map(|(at, _)| *at);
         let throttle = self.rate.next_token_at().filter(|_| self.throttled);
         let sweep = self.sweep.poll_timeout().filter(|_| self.enabled && self.sweep_enabled);
         deadlines.chain(retries).chain(throttle).chain(sweep).min()
@@ -566,9 +600,12 @@ impl SiTokens {
             out.push(Action::CancelConsulCall { op });
         }
         self.revocations.clear();
+        self.ready.clear();
+        self.retries.clear();
         self.revoked.clear();
         self.deleting.clear();
         self.sweep.reset();
+        self.scanned = None;
         core::mem::take(&mut self.derivations)
             .into_iter()
             .map(|(job, derivation)| (job, derivation.req))
