@@ -1,7 +1,8 @@
 //! Consul-assisted discovery with real processes: three servers with no `retry_join` register
-//! themselves in a Consul catalog and find each other there. The Consul is a small stateful
-//! HTTP server in this test; it refuses every call for its first seconds, as a Consul that is
-//! still starting would.
+//! themselves in a Consul catalog (their `serf` and `rpc` addresses) and find each other
+//! there; a client-only agent with no `servers` finds them there too (`client_auto_join`). The
+//! Consul is a small stateful HTTP server in this test; it refuses every call for its first
+//! seconds, as a Consul that is still starting would.
 
 mod support;
 
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use support::{Agent, agreed_leader, cluster_specs, wait_for};
 
 struct FakeConsul {
-    services: Mutex<Vec<(String, u16)>>,
+    /// (tag, address, port) of every registration.
+    services: Mutex<Vec<(String, String, u16)>>,
     available_after: Instant,
 }
 
@@ -46,6 +48,7 @@ fn handle(consul: &FakeConsul, stream: std::net::TcpStream) {
     let answer = if path.starts_with("/v1/agent/service/register") {
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         let entry = (
+            json["Tags"][0].as_str().unwrap_or("").to_string(),
             json["Address"].as_str().unwrap().to_string(),
             json["Port"].as_u64().unwrap() as u16,
         );
@@ -57,10 +60,16 @@ fn handle(consul: &FakeConsul, stream: std::net::TcpStream) {
     } else if path.starts_with("/v1/catalog/datacenters") {
         "[\"dc1\"]".to_string()
     } else if path.starts_with("/v1/catalog/service/nomad") {
+        let tag = path
+            .split("tag=")
+            .nth(1)
+            .and_then(|rest| rest.split('&').next())
+            .unwrap_or("");
         let services = consul.services.lock().unwrap();
         let entries: Vec<serde_json::Value> = services
             .iter()
-            .map(|(ip, port)| serde_json::json!({"Address": ip, "ServiceAddress": ip, "ServicePort": port}))
+            .filter(|(registered, _, _)| registered == tag)
+            .map(|(_, ip, port)| serde_json::json!({"Address": ip, "ServiceAddress": ip, "ServicePort": port}))
             .collect();
         serde_json::to_string(&entries).unwrap()
     } else {
@@ -97,8 +106,8 @@ fn start_consul(unavailable_for: Duration) -> u16 {
 fn servers_find_each_other_through_consul() {
     let consul_port = start_consul(Duration::from_secs(3));
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 3);
-    let agents: Vec<Agent> = specs
+    let specs = cluster_specs(root.path(), 4);
+    let agents: Vec<Agent> = specs[..3]
         .iter()
         .map(|spec| {
             let config = root.path().join(format!("{}.hcl", spec.name));
@@ -135,5 +144,46 @@ fn servers_find_each_other_through_consul() {
         logs.iter().any(|log| log.contains("joining server found in Consul")),
         "discovery went through Consul:\n{}",
         logs.join("\n---\n")
+    );
+
+    // A client-only agent with no servers configured finds them in Consul and registers.
+    let spec = &specs[3];
+    let config = root.path().join("client.hcl");
+    std::fs::write(
+        &config,
+        format!("consul {{\n  address = \"127.0.0.1:{consul_port}\"\n}}\n"),
+    )
+    .unwrap();
+    let client = Agent::start(
+        spec.clone(),
+        vec![
+            "-client".into(),
+            format!("-data-dir={}", spec.data_dir.display()),
+            format!("-node={}", spec.name),
+            "-bind=127.0.0.1".into(),
+            format!("-http-port={}", spec.http),
+            format!("-rpc-port={}", spec.rpc),
+            format!("-serf-port={}", spec.serf),
+            format!("-config={}", config.display()),
+        ],
+    );
+    wait_for(Duration::from_secs(60), || {
+        let nodes: serde_json::Value = serde_json::from_str(&agents[0].get("/v1/nodes")?).ok()?;
+        nodes
+            .as_array()?
+            .iter()
+            .any(|node| node["Name"] == spec.name.as_str() && node["Status"] == "ready")
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the client registers through servers found in Consul:\n{}",
+            client.log()
+        )
+    });
+    assert!(
+        client.log().contains("found servers through Consul"),
+        "{}",
+        client.log()
     );
 }

@@ -335,7 +335,9 @@ pub enum ConfigError {
     BootstrapWithoutServer,
     #[error("Must specify \"data_dir\" config option or \"data-dir\" CLI flag")]
     MissingDataDir,
-    #[error("client mode without server mode needs servers: set \"servers\" in the client block or the -servers flag")]
+    #[error(
+        "client mode without server mode needs servers: set \"servers\" in the client block or the -servers flag, or a consul address with client_auto_join"
+    )]
     ClientWithoutServers,
     #[error("invalid client server address {0:?}: want ip:port")]
     BadServerAddress(String),
@@ -369,7 +371,13 @@ impl AgentConfig {
         if self.data_dir.is_none() && !self.dev_mode {
             return Err(ConfigError::MissingDataDir);
         }
-        if self.client.enabled && !self.server.enabled && !self.dev_mode && self.client.servers.is_empty() {
+        let consul_finds_servers = self.consul.address.is_some() && self.consul.client_auto_join;
+        if self.client.enabled
+            && !self.server.enabled
+            && !self.dev_mode
+            && self.client.servers.is_empty()
+            && !consul_finds_servers
+        {
             return Err(ConfigError::ClientWithoutServers);
         }
         for addr in &self.client.servers {
@@ -464,6 +472,12 @@ mod tests {
         client.server.enabled = false;
         client.client.enabled = true;
         assert_eq!(client.validate(), Err(ConfigError::ClientWithoutServers));
+        // Consul can find them (client_auto_join, on by default), unless told not to.
+        client.consul.address = Some("127.0.0.1:8500".into());
+        assert_eq!(client.validate(), Ok(vec![]));
+        client.consul.client_auto_join = false;
+        assert_eq!(client.validate(), Err(ConfigError::ClientWithoutServers));
+        client.consul.address = None;
         client.client.servers = vec!["10.0.0.1".into()];
         assert_eq!(client.validate(), Err(ConfigError::BadServerAddress("10.0.0.1".into())));
         client.client.servers = vec!["10.0.0.1:4647".into()];

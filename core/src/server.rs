@@ -181,7 +181,10 @@ pub struct Server {
     join_attempts: u32,
     join_retry_at: Option<Instant>,
     consul_poll_at: Option<Instant>,
-    consul_registered: bool,
+    /// The catalog registrations still to make (`auto_advertise`): the server's serf address
+    /// (servers find each other by it) and its RPC address (clients find servers by it,
+    /// `client_auto_join`), as Nomad registers its `serf` and `rpc` services.
+    consul_unregistered: VecDeque<(&'static str, SocketAddr)>,
     reconcile_at: Option<Instant>,
     split_votes: SplitVotes,
     actions: VecDeque<Action>,
@@ -260,8 +263,13 @@ impl Server {
             rng,
             join_attempts: 0,
             join_retry_at: (!server.retry_join.is_empty()).then_some(now),
-            consul_poll_at: (consul_enabled && config.consul.server_auto_join).then_some(now),
-            consul_registered: !(consul_enabled && config.consul.auto_advertise),
+            consul_poll_at: (consul_enabled && (config.consul.server_auto_join || config.consul.auto_advertise))
+                .then_some(now),
+            consul_unregistered: if consul_enabled && config.consul.auto_advertise {
+                VecDeque::from([("serf", config.advertise.serf), ("rpc", config.advertise.rpc)])
+            } else {
+                VecDeque::new()
+            },
             reconcile_at: None,
             split_votes: SplitVotes::default(),
             actions: VecDeque::new(),
@@ -323,7 +331,10 @@ impl Server {
             Input::ConsulRegistered { op, result } => {
                 if self.complete(op).is_some() {
                     match result {
-                        Ok(()) => self.consul_registered = true,
+                        Ok(()) => {
+                            self.consul_unregistered.pop_front();
+                            self.register_consul(now);
+                        }
                         Err(error) => {
                             tracing::warn!(%error, "failed to register with Consul; will retry")
                         }
@@ -552,16 +563,7 @@ impl Server {
             .rng
             .random_range(0..=self.consul.poll_interval.as_millis() as u64 / 4);
         self.consul_poll_at = Some(now + self.consul.poll_interval + Duration::from_millis(jitter_ms));
-        if !self.consul_registered && !self.busy(Pending::ConsulRegister) {
-            let op = self.start(now, Pending::ConsulRegister, self.consul.timeout);
-            self.actions.push_back(Action::RegisterConsul {
-                op,
-                service: self.consul.server_service_name.clone(),
-                tags: alloc::vec![String::from("serf")],
-                addr: self.serf_addr,
-                id: format!("_nomad-server-{}-serf", self.name),
-            });
-        }
+        self.register_consul(now);
         let expected = self.bootstrap.expect().max(1) as usize;
         let wanted = self.consul.server_auto_join && self.raft.leader.is_none() && self.raft.peer_count() < expected;
         if wanted && !self.busy(Pending::ConsulLookup) {
@@ -572,6 +574,24 @@ impl Server {
                 tag: String::from("serf"),
             });
         }
+    }
+
+    /// The next catalog registration, unless one is in flight or none is left.
+    fn register_consul(&mut self, now: Instant) {
+        let Some(&(tag, addr)) = self.consul_unregistered.front() else {
+            return;
+        };
+        if self.busy(Pending::ConsulRegister) {
+            return;
+        }
+        let op = self.start(now, Pending::ConsulRegister, self.consul.timeout);
+        self.actions.push_back(Action::RegisterConsul {
+            op,
+            service: self.consul.server_service_name.clone(),
+            tags: alloc::vec![String::from(tag)],
+            addr,
+            id: format!("_nomad-server-{}-{tag}", self.name),
+        });
     }
 
     fn handle_consul_servers(&mut self, now: Instant, result: Result<Vec<SocketAddr>, String>) {

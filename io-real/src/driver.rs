@@ -298,6 +298,22 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         (None, None, None)
     };
     let replies: Replies = Arc::new(Mutex::new(BTreeMap::new()));
+    let consul = Arc::new(consul);
+    // A client-only agent with no servers configured finds them in Consul's catalog
+    // (`consul { client_auto_join }`), as Nomad's client does.
+    let discover = (!is_server
+        && config.client.servers.is_empty()
+        && config.consul.address.is_some()
+        && config.consul.client_auto_join)
+        .then(|| {
+            let consul = consul.clone();
+            let service = config.consul.server_service_name.clone();
+            Arc::new(move || {
+                let (consul, service) = (consul.clone(), service.clone());
+                Box::pin(async move { consul.catalog_service(&service, "rpc").await })
+                    as crate::io::BoxFuture<Result<Vec<SocketAddr>, String>>
+            }) as crate::service::Discover
+        });
     let forward_transport = transport.clone();
     let service = Service {
         raft: raft.clone(),
@@ -312,15 +328,16 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         }),
         client_csi,
         state: applied.clone().zip(changes.clone()),
-        servers: Arc::new(
+        servers: Arc::new(Mutex::new(
             config
                 .client
                 .servers
                 .iter()
                 .filter_map(|addr| addr.parse().ok())
                 .collect(),
-        ),
+        )),
         server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        discover,
     };
 
     if raft.is_some() || service.client_csi.is_some() {
@@ -395,7 +412,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         raft,
         gossip,
         transport,
-        consul: Arc::new(consul),
+        consul,
         observer,
         status: status_tx,
     };

@@ -68,10 +68,17 @@ pub struct Service {
     pub client_csi: Option<Arc<dyn ClientCsi>>,
     /// A server's applied state and its change counter (for blocking reads).
     pub state: Option<(AppliedState, Changes)>,
-    /// A client-only agent's servers (`client { servers }`), and the one to try first.
-    pub servers: Arc<Vec<SocketAddr>>,
+    /// A client-only agent's servers (`client { servers }`, or found through Consul), and
+    /// the one to try first.
+    pub servers: Arc<Mutex<Vec<SocketAddr>>>,
     pub server_cursor: Arc<AtomicUsize>,
+    /// Finds servers in Consul's catalog (`consul { client_auto_join }`) when none is
+    /// configured or none of those known answers.
+    pub discover: Option<Discover>,
 }
+
+/// A lookup of the servers' RPC addresses (the `rpc`-tagged server service in Consul).
+pub type Discover = Arc<dyn Fn() -> crate::io::BoxFuture<Result<Vec<SocketAddr>, String>> + Send + Sync>;
 
 /// The longest a blocking alloc sync may wait (Nomad's default blocking-query wait is 5 min;
 /// a shorter one keeps a client's view of a silent server fresh).
@@ -303,7 +310,7 @@ impl Service {
     /// the leader (once: a forwarded request that finds no leader here fails as retryable).
     pub async fn server_request(&self, request: ServerRequest, forwarded: bool) -> ServerReply {
         let Some(raft) = &self.raft else {
-            if forwarded || self.servers.is_empty() {
+            if forwarded || !self.knows_servers() {
                 return server_error("this agent is not a server", true);
             }
             let envelope = server_envelope(&self.region, &request, false);
@@ -341,7 +348,7 @@ impl Service {
         if self.state.is_some() {
             return self.local_node_allocs(request).await;
         }
-        if self.servers.is_empty() {
+        if !self.knows_servers() {
             return Err(CoreRpcError::unavailable(
                 "this agent is not a server and knows no servers",
             ));
@@ -397,21 +404,62 @@ impl Service {
     /// Sends `envelope` to the configured servers, starting with the last one that answered;
     /// a transport failure moves on to the next. Errors only when none answered.
     async fn call_servers(&self, envelope: AgentRequest, timeout: Duration) -> Result<AgentResponse, String> {
-        let count = self.servers.len();
-        let start = self.server_cursor.load(Ordering::SeqCst);
         let mut failures = Vec::new();
-        for step in 0..count {
-            let position = (start + step) % count;
-            let addr = self.servers[position];
-            match (self.forward)(addr, envelope.clone(), timeout).await {
-                Ok(response) => {
-                    self.server_cursor.store(position, Ordering::SeqCst);
-                    return Ok(response);
+        let mut servers = self.servers.lock().expect("servers lock").clone();
+        if servers.is_empty() {
+            servers = self.discover_servers(&mut failures).await;
+        }
+        let mut rediscovered = false;
+        loop {
+            let count = servers.len();
+            let start = self.server_cursor.load(Ordering::SeqCst);
+            for step in 0..count {
+                let position = (start + step) % count;
+                let addr = servers[position];
+                match (self.forward)(addr, envelope.clone(), timeout).await {
+                    Ok(response) => {
+                        self.server_cursor.store(position, Ordering::SeqCst);
+                        return Ok(response);
+                    }
+                    Err(error) => failures.push(format!("{addr}: {error}")),
                 }
-                Err(error) => failures.push(format!("{addr}: {error}")),
             }
+            // None of those answered: servers found through Consul may have moved.
+            if rediscovered || count == 0 || self.discover.is_none() {
+                break;
+            }
+            rediscovered = true;
+            servers = self.discover_servers(&mut failures).await;
         }
         Err(format!("no server reachable ({})", failures.join("; ")))
+    }
+
+    /// Whether this agent can reach servers: configured ones, or Consul to find them.
+    fn knows_servers(&self) -> bool {
+        self.discover.is_some() || !self.servers.lock().expect("servers lock").is_empty()
+    }
+
+    /// Asks Consul for the servers' RPC addresses and keeps them (`client_auto_join`).
+    async fn discover_servers(&self, failures: &mut Vec<String>) -> Vec<SocketAddr> {
+        let Some(discover) = &self.discover else {
+            return Vec::new();
+        };
+        match discover().await {
+            Ok(found) if !found.is_empty() => {
+                tracing::info!(servers = ?found, "found servers through Consul");
+                *self.servers.lock().expect("servers lock") = found.clone();
+                self.server_cursor.store(0, Ordering::SeqCst);
+                found
+            }
+            Ok(_) => {
+                failures.push("Consul lists no servers".into());
+                Vec::new()
+            }
+            Err(error) => {
+                failures.push(format!("Consul: {error}"));
+                Vec::new()
+            }
+        }
     }
 
     async fn submit_local(&self, request: ServerRequest) -> ServerReply {
@@ -461,7 +509,8 @@ mod tests {
             }),
             client_csi: None,
             state: None,
-            servers: Arc::new(Vec::new()),
+            servers: Arc::new(Mutex::new(Vec::new())),
+            discover: None,
             server_cursor: Arc::default(),
         }
     }
