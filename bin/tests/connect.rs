@@ -258,12 +258,13 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
     assert_eq!(status, 200, "{body}");
     let alloc_id = wait_for(Duration::from_secs(60), || {
         let allocs: Value = serde_json::from_str(&http("GET", port, "/v1/job/countdash/allocations", None)?).ok()?;
+        // Placed: its sidecar is set up first (lifecycle prestart), the app waits for it.
         let alloc = allocs.as_array()?.first()?;
-        (alloc["ClientStatus"] == "running").then(|| alloc["ID"].as_str().unwrap().to_string())
+        Some(alloc["ID"].as_str()?.to_string())
     })
     .unwrap_or_else(|| {
         panic!(
-            "the allocation runs: {:?}\n{}",
+            "the allocation is placed: {:?}\n{}",
             http("GET", port, "/v1/job/countdash/allocations", None),
             agent.log()
         )
@@ -361,14 +362,18 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
         assert_ne!(sidecar["Port"], parent["Port"]);
     }
 
-    // Once bootstrapped, the sidecar starts (its log file appears).
-    let sidecar_log = specs[0]
-        .data_dir
-        .join("alloc")
-        .join(&alloc_id)
-        .join("alloc/logs/connect-proxy-count-api.stdout.0");
-    wait_for(Duration::from_secs(60), || sidecar_log.exists().then_some(()))
-        .unwrap_or_else(|| panic!("the sidecar runs:\n{}", agent.log()));
+    // Once bootstrapped, the sidecar starts, and only then the app (lifecycle prestart
+    // sidecar): both log files appear, the sidecar's first, and the allocation runs.
+    let logs = specs[0].data_dir.join("alloc").join(&alloc_id).join("alloc/logs");
+    let (sidecar_log, app_log) = (logs.join("connect-proxy-count-api.stdout.0"), logs.join("web.stdout.0"));
+    wait_for(Duration::from_secs(60), || {
+        let alloc: Value =
+            serde_json::from_str(&http("GET", port, &format!("/v1/allocation/{alloc_id}"), None)?).ok()?;
+        (alloc["ClientStatus"] == "running" && sidecar_log.exists() && app_log.exists()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the sidecar, then the app, run:\n{}", agent.log()));
+    let created = |path: &Path| std::fs::metadata(path).and_then(|meta| meta.modified()).unwrap();
+    assert!(created(&sidecar_log) <= created(&app_log), "the sidecar started first");
 
     // Stopping the job revokes the token and removes both services.
     http("DELETE", port, "/v1/job/countdash", None).expect("stopped");

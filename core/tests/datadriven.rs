@@ -345,6 +345,13 @@ mod client_harness {
                                 let (k, v) = value.split_once(':').unwrap();
                                 task.env.insert(k.into(), v.into());
                             }
+                            // lifecycle=prestart|prestart-sidecar
+                            "lifecycle" => {
+                                task.lifecycle = Some(drover_core::structs::TaskLifecycle {
+                                    hook: "prestart".into(),
+                                    sidecar: value == "prestart-sidecar",
+                                })
+                            }
                             // connect=<service>: the Connect sidecar of that group service
                             // (port label `http`, allocated 9001).
                             "connect" => {

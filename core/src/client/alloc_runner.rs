@@ -190,6 +190,9 @@ pub struct AllocRunner {
     /// Volumes claimed in this prerun, with their publish context, until mounted.
     claimed: BTreeMap<String, (Box<crate::structs::CsiVolume>, BTreeMap<String, String>)>,
     alloc_dir_requested: bool,
+    /// The tasks without a prestart lifecycle were started (at once when there is no
+    /// prestart task, else once every prestart task is ready).
+    main_started: bool,
     status: ClientStatus,
     actions: Vec<AllocAction>,
 }
@@ -269,6 +272,7 @@ impl AllocRunner {
             releases: BTreeMap::new(),
             claimed: BTreeMap::new(),
             alloc_dir_requested: false,
+            main_started: false,
             status: ClientStatus::Pending,
             actions: Vec::new(),
         }
@@ -585,13 +589,42 @@ impl AllocRunner {
         }
     }
 
+    /// Nomad's task lifecycle: `prestart` tasks start first, the others once every prestart
+    /// sidecar runs and every other prestart task finished successfully. Tasks that had begun
+    /// before an agent restart are all resumed at once.
     fn start_tasks(&mut self, now: Instant, ops: &mut OpIds) {
         self.phase = Phase::Running;
+        let any_prestart = self.tasks.values().any(TaskRunner::is_prestart);
+        let main_began = self.tasks.values().any(|task| !task.is_prestart() && task.has_begun());
+        self.main_started = !any_prestart || main_began;
+        let main_started = self.main_started;
         for runner in self.tasks.values_mut() {
+            if main_started || runner.is_prestart() {
+                runner.set_resources(self.resources.clone());
+                runner.start(now, ops);
+            }
+        }
+        self.collect_tasks(now, ops);
+    }
+
+    /// The main tasks, once the prestart tasks are ready.
+    fn start_main_tasks(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.main_started
+            || self.phase != Phase::Running
+            || self.stop_requested
+            || !self
+                .tasks
+                .values()
+                .filter(|task| task.is_prestart())
+                .all(TaskRunner::prestart_ready)
+        {
+            return;
+        }
+        self.main_started = true;
+        for runner in self.tasks.values_mut().filter(|task| !task.is_prestart()) {
             runner.set_resources(self.resources.clone());
             runner.start(now, ops);
         }
-        self.collect_tasks(now, ops);
     }
 
     /// Forwards task actions and moves on once every task is dead.
@@ -607,6 +640,17 @@ impl AllocRunner {
         {
             for runner in self.tasks.values_mut() {
                 runner.sibling_failed(now, &failed, ops);
+            }
+        }
+        self.start_main_tasks(now, ops);
+        // Every other task is done: the sidecars are stopped, as Nomad does.
+        if self.phase == Phase::Running
+            && self.main_started
+            && self.tasks.values().any(|task| task.is_sidecar() && !task.is_dead())
+            && self.tasks.values().all(|task| task.is_sidecar() || task.is_dead())
+        {
+            for runner in self.tasks.values_mut().filter(|task| task.is_sidecar()) {
+                runner.kill(now, ops);
             }
         }
         for (name, runner) in &mut self.tasks {

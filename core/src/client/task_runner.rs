@@ -203,7 +203,13 @@ impl TaskRunner {
             )
         });
         let policy = spec.group.restart_policy(spec.job_type);
-        let tracker = RestartTracker::new(policy, spec.job_type != JobType::Batch, spec.seed);
+        // Batch tasks are not restarted after a success, nor are prestart tasks other than
+        // sidecars (Nomad's `NewRestartTracker`): they ran to completion.
+        let on_success = match &spec.task.lifecycle {
+            Some(lifecycle) if lifecycle.hook == "prestart" => lifecycle.sidecar,
+            _ => spec.job_type != JobType::Batch,
+        };
+        let tracker = RestartTracker::new(policy, on_success, spec.seed);
         TaskRunner {
             spec,
             hooks,
@@ -241,6 +247,46 @@ impl TaskRunner {
             .iter()
             .map(|service| env.interpolate_service(service))
             .collect()
+    }
+
+    /// `lifecycle { hook = "prestart" }`: the task starts before the others, which wait for it
+    /// to run (a sidecar) or to finish successfully.
+    pub fn is_prestart(&self) -> bool {
+        self.spec
+            .task
+            .lifecycle
+            .as_ref()
+            .is_some_and(|lifecycle| lifecycle.hook == "prestart")
+    }
+
+    /// `lifecycle { sidecar = true }`: runs beside the main tasks and ends with them.
+    pub fn is_sidecar(&self) -> bool {
+        self.spec
+            .task
+            .lifecycle
+            .as_ref()
+            .is_some_and(|lifecycle| lifecycle.sidecar)
+    }
+
+    /// A prestart task the others may start after: a sidecar running, or a task finished
+    /// successfully.
+    pub fn prestart_ready(&self) -> bool {
+        let sidecar = self
+            .spec
+            .task
+            .lifecycle
+            .as_ref()
+            .is_some_and(|lifecycle| lifecycle.sidecar);
+        if sidecar {
+            self.local.state.state == TaskStatus::Running
+        } else {
+            self.local.state.state == TaskStatus::Dead && !self.local.state.failed
+        }
+    }
+
+    /// Whether the task has begun at some point (a handle, a state past pending, events).
+    pub fn has_begun(&self) -> bool {
+        self.local.handle.is_some() || self.local.state.state != TaskStatus::Pending
     }
 
     /// Services interpolated with this task's environment.
