@@ -378,31 +378,7 @@ fn service_registration_body(
     let checks: Vec<serde_json::Value> = registration
         .checks
         .iter()
-        .map(|check| {
-            let target = format!("{}:{}", host(&check.address), check.port);
-            let mut body = serde_json::json!({
-                "CheckID": check.id,
-                "Name": check.name,
-                "Interval": format!("{}ms", check.interval_ms),
-                "Timeout": format!("{}ms", check.timeout_ms),
-            });
-            match check.check_type.as_str() {
-                "http" => {
-                    let scheme = if check.protocol.is_empty() {
-                        "http"
-                    } else {
-                        &check.protocol
-                    };
-                    body["HTTP"] = format!("{scheme}://{target}{}", check.path).into();
-                    if !check.method.is_empty() {
-                        body["Method"] = check.method.clone().into();
-                    }
-                }
-                "grpc" => body["GRPC"] = target.into(),
-                _ => body["TCP"] = target.into(),
-            }
-            body
-        })
+        .map(|check| check_body(check, &host(&check.address)))
         .collect();
     let mut body = serde_json::json!({
         "ID": registration.id,
@@ -415,32 +391,74 @@ fn service_registration_body(
         "Checks": checks,
     });
     if let Some(connect) = &registration.connect {
-        body["Connect"] = match &connect.sidecar {
-            Some(sidecar) => serde_json::json!({
-                "SidecarService": {
-                    "Port": sidecar.port,
-                    "Tags": sidecar.tags,
-                    "Proxy": {
-                        "LocalServiceAddress": sidecar.local_service_address,
-                        "LocalServicePort": sidecar.local_service_port,
-                        "Upstreams": sidecar.upstreams.iter().map(|upstream| {
-                            let mut body = serde_json::json!({
-                                "DestinationName": upstream.destination_name,
-                                "LocalBindPort": upstream.local_bind_port,
-                            });
-                            if !upstream.datacenter.is_empty() {
-                                body["Datacenter"] = upstream.datacenter.clone().into();
-                            }
-                            body
-                        }).collect::<Vec<_>>(),
-                        "Config": sidecar.config.iter().map(|(key, value)| (key.clone(), config_json(value))).collect::<serde_json::Map<_, _>>(),
-                    },
-                },
-            }),
-            None => serde_json::json!({ "Native": connect.native }),
-        };
+        body["Connect"] = connect_body(connect);
     }
     body
+}
+
+/// One check of a registration: Consul runs it against `host` and the check's port.
+fn check_body(check: &drover_core::client::services::CheckRegistration, host: &str) -> serde_json::Value {
+    let target = format!("{host}:{}", check.port);
+    let mut body = serde_json::json!({
+        "CheckID": check.id,
+        "Name": check.name,
+        "Interval": format!("{}ms", check.interval_ms),
+        "Timeout": format!("{}ms", check.timeout_ms),
+    });
+    match check.check_type.as_str() {
+        "http" => {
+            let scheme = if check.protocol.is_empty() {
+                "http"
+            } else {
+                &check.protocol
+            };
+            body["HTTP"] = format!("{scheme}://{target}{}", check.path).into();
+            if !check.method.is_empty() {
+                body["Method"] = check.method.clone().into();
+            }
+        }
+        "grpc" => body["GRPC"] = target.into(),
+        _ => body["TCP"] = target.into(),
+    }
+    body
+}
+
+/// Consul's `Connect` block: native, or the sidecar service Consul derives from the parent.
+fn connect_body(connect: &drover_core::client::services::ConnectRegistration) -> serde_json::Value {
+    let Some(sidecar) = &connect.sidecar else {
+        return serde_json::json!({ "Native": connect.native });
+    };
+    let upstreams: Vec<serde_json::Value> = sidecar
+        .upstreams
+        .iter()
+        .map(|upstream| {
+            let mut body = serde_json::json!({
+                "DestinationName": upstream.destination_name,
+                "LocalBindPort": upstream.local_bind_port,
+            });
+            if !upstream.datacenter.is_empty() {
+                body["Datacenter"] = upstream.datacenter.clone().into();
+            }
+            body
+        })
+        .collect();
+    let config: serde_json::Map<String, serde_json::Value> = sidecar
+        .config
+        .iter()
+        .map(|(key, value)| (key.clone(), config_json(value)))
+        .collect();
+    serde_json::json!({
+        "SidecarService": {
+            "Port": sidecar.port,
+            "Tags": sidecar.tags,
+            "Proxy": {
+                "LocalServiceAddress": sidecar.local_service_address,
+                "LocalServicePort": sidecar.local_service_port,
+                "Upstreams": upstreams,
+                "Config": config,
+            },
+        },
+    })
 }
 
 fn config_json(value: &drover_core::structs::ConfigValue) -> serde_json::Value {

@@ -813,6 +813,20 @@ pub async fn check_end(
             cluster.consul().tokens_made()
         ));
     }
+    if stop_jobs(cluster, recorder, plan, leader, deadline).await {
+        deregister_all(cluster, recorder, plan).await;
+    }
+}
+
+/// `job stop` of every job, then nothing of theirs may be left (tasks, allocations, services,
+/// mounts, claims, SI tokens) by `deadline`. `false` when something was.
+async fn stop_jobs(
+    cluster: &SimCluster,
+    recorder: &Recorder,
+    plan: &RealClientPlan,
+    leader: u64,
+    deadline: tokio::time::Instant,
+) -> bool {
     for spec in &plan.jobs {
         let stop = ServerRequest::JobStop {
             namespace: "default".into(),
@@ -823,7 +837,7 @@ pub async fn check_end(
             ServerReply::JobRegistered { .. } | ServerReply::Done { .. } => {}
             other => {
                 recorder.violate("a job can be stopped", format!("{}: {other:?}", spec.id));
-                return;
+                return false;
             }
         }
     }
@@ -858,11 +872,11 @@ pub async fn check_end(
                     unfinished.join(", ")
                 ),
             );
-            return;
+            return false;
         }
         tokio::time::sleep(POLL).await;
     }
-    deregister_all(cluster, recorder, plan).await;
+    true
 }
 
 /// Claims of finished allocations the servers never released (#10927, #13416), reported as
