@@ -304,6 +304,8 @@ fn timed_out(io: &Io) -> IoError {
         Io::Csi { call, .. } => call.name().to_string(),
         Io::AllocSync(_) => "alloc sync".to_string(),
         Io::Consul(_) => "consul call".to_string(),
+        // Never the arguments: they may carry a token.
+        Io::RunCommand { program, .. } => format!("{program} run"),
         _ => "filesystem call".to_string(),
     };
     IoError::new(ErrorKind::Timeout, format!("{what} timed out"))
