@@ -125,6 +125,12 @@ pub struct ConsulBlock {
     pub grpc_address: Option<String>,
     pub client_auto_join: Option<bool>,
     pub binary: Option<String>,
+    pub ssl: Option<bool>,
+    pub verify_ssl: Option<bool>,
+    pub ca_file: Option<String>,
+    pub cert_file: Option<String>,
+    pub key_file: Option<String>,
+    pub auth: Option<String>,
 }
 
 const KNOWN_TOP_LEVEL: &[&str] = &[
@@ -565,6 +571,25 @@ fn apply_file(
         if let Some(binary) = consul.binary.filter(|binary| !binary.is_empty()) {
             config.consul.binary = binary;
         }
+        let transport = &mut config.consul.transport;
+        if let Some(ssl) = consul.ssl {
+            transport.ssl = ssl;
+        }
+        if let Some(verify) = consul.verify_ssl {
+            transport.verify_ssl = verify;
+        }
+        for (value, field) in [
+            (consul.ca_file, &mut transport.ca_file),
+            (consul.cert_file, &mut transport.cert_file),
+            (consul.key_file, &mut transport.key_file),
+        ] {
+            if let Some(value) = value.filter(|value| !value.is_empty()) {
+                *field = value;
+            }
+        }
+        if let Some(auth) = consul.auth.filter(|auth| !auth.is_empty()) {
+            transport.auth = Some(auth);
+        }
     }
     Ok(())
 }
@@ -682,6 +707,75 @@ acl {
             ]
         );
         assert_eq!(config.validate(), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_consul_block_with_tls_and_auth_is_read_as_nomad_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("consul.hcl");
+        std::fs::write(
+            &file,
+            r#"
+consul {
+  address    = "127.0.0.1:8501"
+  ssl        = true
+  verify_ssl = false
+  ca_file    = "/etc/consul.d/ca.pem"
+  cert_file  = "/etc/consul.d/client.pem"
+  key_file   = "/etc/consul.d/client-key.pem"
+  auth       = "nomad:s3cret"
+}
+client {
+  enabled = true
+  servers = ["127.0.0.1:4647"]
+}
+"#,
+        )
+        .unwrap();
+        let flags = Flags {
+            config: vec![file],
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        let config = load(&flags, no_dev).unwrap().config;
+        let transport = &config.consul.transport;
+        assert!(transport.ssl && !transport.verify_ssl);
+        assert_eq!(
+            (
+                transport.ca_file.as_str(),
+                transport.cert_file.as_str(),
+                transport.key_file.as_str()
+            ),
+            (
+                "/etc/consul.d/ca.pem",
+                "/etc/consul.d/client.pem",
+                "/etc/consul.d/client-key.pem"
+            )
+        );
+        assert_eq!(transport.auth.as_deref(), Some("nomad:s3cret"));
+        assert_eq!(config.consul.for_client().transport, *transport);
+        assert_eq!(config.validate(), Ok(vec![]));
+    }
+
+    #[test]
+    fn a_consul_certificate_without_its_key_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("consul.hcl");
+        std::fs::write(
+            &file,
+            "consul {\n  address = \"127.0.0.1:8501\"\n  cert_file = \"/c.pem\"\n}\nserver {\n  enabled = true\n}\n",
+        )
+        .unwrap();
+        let flags = Flags {
+            config: vec![file],
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        let config = load(&flags, no_dev).unwrap().config;
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "consul: cert_file is set but key_file is not; both are needed"
+        );
     }
 
     #[test]

@@ -216,6 +216,13 @@ fn init_logging(level: &str) {
         .init();
 }
 
+/// The agent's Consul client: `consul { address token }` over the block's TLS and auth.
+fn consul_http(config: &drover_core::config::AgentConfig, address: &str) -> anyhow::Result<ConsulHttp> {
+    let consul = ConsulHttp::with_transport(address, config.consul.timeout, &config.consul.transport)
+        .context("consul: cannot set up TLS")?;
+    Ok(consul.with_token(config.consul.token.clone()))
+}
+
 async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let config = loaded.config.clone();
     let data_dir = PathBuf::from(config.data_dir.clone().context("no data dir")?);
@@ -224,15 +231,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let (router, inbox) = ClientCsiRouter::new();
     let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {
-        Some(address) => {
-            start(
-                loaded.clone_config(),
-                db,
-                ConsulHttp::new(address, config.consul.timeout).with_token(config.consul.token.clone()),
-                client_csi,
-            )
-            .await?
-        }
+        Some(address) => start(loaded.clone_config(), db, consul_http(&config, address)?, client_csi).await?,
         None => start(loaded.clone_config(), db, NoConsul, client_csi).await?,
     };
     let mut client_view = None;
@@ -260,10 +259,12 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             store: ClientStore::open(&data_dir.join("client"))?,
             inbox,
             node,
-            services: config.consul.address.as_ref().map(|address| {
-                Arc::new(ConsulHttp::new(address, config.consul.timeout).with_token(config.consul.token.clone()))
-                    as Arc<dyn drover_io_real::client::TaskServices>
-            }),
+            services: match &config.consul.address {
+                Some(address) => {
+                    Some(Arc::new(consul_http(&config, address)?) as Arc<dyn drover_io_real::client::TaskServices>)
+                }
+                None => None,
+            },
         })?);
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);

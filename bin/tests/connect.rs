@@ -33,6 +33,8 @@ struct FakeConsul {
     created: Mutex<u32>,
     /// The `X-Consul-Token` of every ACL call.
     acl_callers: Mutex<Vec<String>>,
+    /// The `Authorization` header of every request ("" when there was none).
+    authorizations: Mutex<Vec<String>>,
 }
 
 impl FakeConsul {
@@ -109,46 +111,76 @@ impl FakeConsul {
     }
 }
 
-fn serve(consul: &FakeConsul, stream: std::net::TcpStream) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return;
-    }
-    let mut content_length = 0;
-    let mut headers = String::new();
-    loop {
-        let mut header = String::new();
-        if reader.read_line(&mut header).is_err() || header.trim().is_empty() {
-            break;
+/// One request on `stream` (plain TCP, or TLS), answered and closed.
+fn serve<S: Read + Write>(consul: &FakeConsul, mut stream: S) {
+    let (request_line, headers, body) = {
+        let mut reader = BufReader::new(&mut stream);
+        let mut request_line = String::new();
+        if reader.read_line(&mut request_line).is_err() {
+            return;
         }
-        if let Some(value) = header.to_ascii_lowercase().strip_prefix("content-length:") {
-            content_length = value.trim().parse().unwrap();
+        let mut content_length = 0;
+        let mut headers = String::new();
+        loop {
+            let mut header = String::new();
+            if reader.read_line(&mut header).is_err() || header.trim().is_empty() {
+                break;
+            }
+            if let Some(value) = header.to_ascii_lowercase().strip_prefix("content-length:") {
+                content_length = value.trim().parse().unwrap();
+            }
+            headers.push_str(&header);
         }
-        headers.push_str(&header);
-    }
-    let mut body = vec![0; content_length];
-    reader.read_exact(&mut body).unwrap();
+        let mut body = vec![0; content_length];
+        if reader.read_exact(&mut body).is_err() {
+            return;
+        }
+        (request_line, headers, body)
+    };
     let mut words = request_line.split_whitespace();
     let method = words.next().unwrap_or("").to_string();
     let path = words.next().unwrap_or("").to_string();
+    let authorization = headers.lines().find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.eq_ignore_ascii_case("authorization")
+            .then(|| value.trim().to_string())
+    });
+    consul
+        .authorizations
+        .lock()
+        .unwrap()
+        .push(authorization.unwrap_or_default());
     let (status, answer) = consul.answer(&method, &path, &headers, &body);
-    let mut stream = stream;
     let _ = write!(
         stream,
         "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}",
         answer.len()
     );
+    let _ = stream.flush();
 }
 
 fn start_consul() -> (Arc<FakeConsul>, u16) {
+    start_consul_with(None)
+}
+
+/// A fake Consul; with `tls`, it speaks HTTPS (and checks what that config checks).
+fn start_consul_with(tls: Option<Arc<rustls::ServerConfig>>) -> (Arc<FakeConsul>, u16) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let consul = Arc::new(FakeConsul::default());
     let shared = consul.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            serve(&shared, stream);
+            match &tls {
+                None => serve(&shared, stream),
+                Some(config) => {
+                    let connection = rustls::ServerConnection::new(config.clone()).unwrap();
+                    let mut tls = rustls::StreamOwned::new(connection, stream);
+                    serve(&shared, &mut tls);
+                    tls.conn.send_close_notify();
+                    let _ = tls.flush();
+                }
+            }
         }
     });
     (consul, port)
@@ -400,5 +432,175 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
         !agent.log().contains(&secret),
         "the SI token is in the log:\n{}",
         agent.log()
+    );
+}
+
+/// A CA, Consul's server certificate for 127.0.0.1 and the agent's client certificate, as
+/// files in `dir`; and the server side of a Consul with `verify_incoming`.
+struct ConsulPki {
+    ca: std::path::PathBuf,
+    client_cert: std::path::PathBuf,
+    client_key: std::path::PathBuf,
+    server: Arc<rustls::ServerConfig>,
+}
+
+fn consul_pki(dir: &Path) -> ConsulPki {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.distinguished_name.push(DnType::CommonName, "Consul Agent CA");
+    let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+    let server_key = KeyPair::generate().unwrap();
+    let server_cert = CertificateParams::new(vec!["127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&server_key, &issuer)
+        .unwrap();
+    let client_key = KeyPair::generate().unwrap();
+    let client_cert = CertificateParams::new(vec!["client.dc1.consul".to_string()])
+        .unwrap()
+        .signed_by(&client_key, &issuer)
+        .unwrap();
+    let pki = ConsulPki {
+        ca: dir.join("consul-agent-ca.pem"),
+        client_cert: dir.join("dc1-client-consul-0.pem"),
+        client_key: dir.join("dc1-client-consul-0-key.pem"),
+        server: {
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(CertificateDer::from(issuer.der().to_vec())).unwrap();
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .unwrap();
+            let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(server_key.serialize_der()));
+            let config = rustls::ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(vec![CertificateDer::from(server_cert.der().to_vec())], key)
+                .unwrap();
+            Arc::new(config)
+        },
+    };
+    std::fs::write(&pki.ca, issuer.pem()).unwrap();
+    std::fs::write(&pki.client_cert, client_cert.pem()).unwrap();
+    std::fs::write(&pki.client_key, client_key.serialize_pem()).unwrap();
+    pki
+}
+
+/// A `consul` CLI that records its argv and the Consul variables of its environment, and
+/// prints a bootstrap.
+fn recording_consul_cli(dir: &Path) -> std::path::PathBuf {
+    let script = dir.join("consul");
+    let text = format!(
+        r#"#!/bin/sh
+echo "$@" >> {dir}/calls.log
+echo "CONSUL_HTTP_SSL=$CONSUL_HTTP_SSL CONSUL_HTTP_SSL_VERIFY=$CONSUL_HTTP_SSL_VERIFY CONSUL_HTTP_AUTH=$CONSUL_HTTP_AUTH" >> {dir}/env.log
+echo '{{"admin": {{}}, "bootstrapped": true}}'
+"#,
+        dir = dir.display()
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// The same job against a Consul that speaks only mutual TLS and wants basic auth (`consul {
+/// ssl ca_file cert_file key_file auth }`): the fingerprint, the service registrations and the
+/// ACL calls go through TLS with the agent's certificate and the auth, and the bootstrap gets
+/// the files as Nomad passes them (`-ca-file -client-cert -client-key`) with
+/// `CONSUL_HTTP_SSL/SSL_VERIFY/AUTH` in its environment. The password never reaches the log.
+#[test]
+fn a_connect_job_works_against_a_consul_that_speaks_only_mutual_tls() {
+    let root = tempfile::tempdir().unwrap();
+    let pki = consul_pki(root.path());
+    let (consul, consul_port) = start_consul_with(Some(pki.server.clone()));
+    let cli_dir = root.path().join("cli");
+    std::fs::create_dir_all(&cli_dir).unwrap();
+    let cli = recording_consul_cli(&cli_dir);
+    let specs = cluster_specs(root.path(), 1);
+    std::fs::create_dir_all(&specs[0].data_dir).unwrap();
+    let config = specs[0].data_dir.join("consul.hcl");
+    std::fs::write(
+        &config,
+        format!(
+            "consul {{\n  address = \"127.0.0.1:{consul_port}\"\n  token = \"agent-token\"\n  binary = \"{}\"\n  ssl = true\n  ca_file = \"{}\"\n  cert_file = \"{}\"\n  key_file = \"{}\"\n  auth = \"nomad:s3cret-pw\"\n}}\n",
+            cli.display(),
+            pki.ca.display(),
+            pki.client_cert.display(),
+            pki.client_key.display()
+        ),
+    )
+    .unwrap();
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    args.push(format!("-config={}", config.display()));
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes: Value = serde_json::from_str(&http("GET", port, "/v1/nodes", None)?).ok()?;
+        let node_id = nodes[0]["ID"].as_str()?;
+        let node: Value = serde_json::from_str(&http("GET", port, &format!("/v1/node/{node_id}"), None)?).ok()?;
+        (node["Attributes"]["consul.version"] == "1.9.5" && nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true)
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client fingerprints Consul over TLS:\n{}", agent.log()));
+
+    let (status, body) = support::http_status("PUT", port, "/v1/jobs", Some(&job())).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let alloc_id = wait_for(Duration::from_secs(60), || {
+        let allocs: Value = serde_json::from_str(&http("GET", port, "/v1/job/countdash/allocations", None)?).ok()?;
+        let alloc = allocs.as_array()?.first()?;
+        (alloc["ClientStatus"] == "running").then(|| alloc["ID"].as_str().unwrap().to_string())
+    })
+    .unwrap_or_else(|| panic!("the allocation runs:\n{}", agent.log()));
+
+    let (secret, _, _) = consul.tokens.lock().unwrap().values().next().cloned().expect("a token");
+    let calls = cli_calls(&cli_dir);
+    assert!(!calls.is_empty());
+    for call in &calls {
+        assert!(
+            call.ends_with(&format!(
+                " -token {secret} -ca-file {} -client-cert {} -client-key {}",
+                pki.ca.display(),
+                pki.client_cert.display(),
+                pki.client_key.display()
+            )),
+            "{call}"
+        );
+    }
+    let env = std::fs::read_to_string(cli_dir.join("env.log")).unwrap();
+    for line in env.lines() {
+        assert_eq!(
+            line,
+            "CONSUL_HTTP_SSL=true CONSUL_HTTP_SSL_VERIFY=true CONSUL_HTTP_AUTH=nomad:s3cret-pw"
+        );
+    }
+    assert!(
+        consul
+            .services
+            .lock()
+            .unwrap()
+            .contains_key(&format!("_nomad-task-{alloc_id}-group-api-count-api-http"))
+    );
+
+    http("DELETE", port, "/v1/job/countdash", None).expect("stopped");
+    wait_for(Duration::from_secs(60), || {
+        consul.tokens.lock().unwrap().is_empty().then_some(())
+    })
+    .unwrap_or_else(|| panic!("the token is revoked over TLS:\n{}", agent.log()));
+    // Every request came through TLS with the agent's certificate (the server refuses
+    // others) and carried the basic auth: base64("nomad:s3cret-pw").
+    let authorizations = consul.authorizations.lock().unwrap().clone();
+    assert!(authorizations.len() > 3, "{authorizations:?}");
+    assert!(
+        authorizations.iter().all(|auth| auth == "Basic bm9tYWQ6czNjcmV0LXB3"),
+        "{authorizations:?}"
+    );
+    let log = agent.log();
+    assert!(
+        !log.contains("s3cret-pw") && !log.contains(&secret),
+        "a secret is in the log:\n{log}"
     );
 }

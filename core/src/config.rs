@@ -276,6 +276,8 @@ pub struct ConsulConfig {
     /// The `consul` CLI the envoy_bootstrap hook runs (Drover's `consul { binary }`; Nomad
     /// runs `consul` from the PATH, which is the default).
     pub binary: String,
+    /// `consul { ssl verify_ssl ca_file cert_file key_file auth }`.
+    pub transport: crate::connect::ConsulTransport,
 }
 
 impl ConsulConfig {
@@ -286,6 +288,7 @@ impl ConsulConfig {
             http_addr: self.address.clone().unwrap_or_else(|| "127.0.0.1:8500".to_string()),
             grpc_addr: self.grpc_address.clone(),
             binary: self.binary.clone(),
+            transport: self.transport.clone(),
         }
     }
 }
@@ -303,6 +306,7 @@ impl Default for ConsulConfig {
             grpc_address: "127.0.0.1:8502".to_string(),
             client_auto_join: true,
             binary: "consul".to_string(),
+            transport: crate::connect::ConsulTransport::default(),
         }
     }
 }
@@ -343,6 +347,8 @@ pub enum ConfigError {
     BadServerAddress(String),
     #[error("host_volume {name:?}: path {path:?} must be absolute")]
     HostVolumePath { name: String, path: String },
+    #[error("{0}")]
+    Consul(String),
     #[error("invalid {field} {value:?}: {reason}")]
     Invalid {
         field: &'static str,
@@ -393,6 +399,7 @@ impl AgentConfig {
                 });
             }
         }
+        self.consul.transport.validate().map_err(ConfigError::Consul)?;
         validate_label("name", &self.name)?;
         validate_label("region", &self.region)?;
         validate_label("datacenter", &self.datacenter)?;

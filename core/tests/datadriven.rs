@@ -471,6 +471,19 @@ mod client_harness {
                 http_addr: "127.0.0.1:8500".into(),
                 grpc_addr: "127.0.0.1:8502".into(),
                 binary: "consul".into(),
+                // `consul-tls`: a Consul over mutual TLS with basic auth.
+                transport: if args.contains_key("consul-tls") {
+                    drover_core::connect::ConsulTransport {
+                        auth: Some("nomad:pw".into()),
+                        ssl: true,
+                        verify_ssl: true,
+                        ca_file: "/etc/consul/ca.pem".into(),
+                        cert_file: "/etc/consul/cli.pem".into(),
+                        key_file: "/etc/consul/cli-key.pem".into(),
+                    }
+                } else {
+                    drover_core::connect::ConsulTransport::default()
+                },
             },
         }
     }
@@ -628,9 +641,17 @@ mod client_harness {
             Io::RunCommand {
                 program,
                 args,
+                env,
                 stdout_path,
                 mode,
-            } => format!("run {program} {} > {stdout_path} mode={mode:o}", args.join(" ")),
+            } => {
+                let env: Vec<String> = env.iter().map(|(key, value)| format!("{key}={value}")).collect();
+                format!(
+                    "run {program} {} env=[{}] > {stdout_path} mode={mode:o}",
+                    args.join(" "),
+                    env.join(" ")
+                )
+            }
             Io::RenderTemplate(request) => {
                 let vars: Vec<String> = request
                     .variables

@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
+use drover_core::connect::ConsulTransport;
 use drover_core::rpc::{ConsulAclCall, ConsulAclError, ConsulAclReply};
 
 use crate::io::{Consul, ServiceRegistration};
@@ -21,7 +23,35 @@ pub struct ConsulHttp {
     timeout: Duration,
     /// Sent as `X-Consul-Token` (`consul { token }`).
     token: Option<String>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    /// `Authorization: Basic ...` (`consul { auth }`).
+    basic_auth: Option<String>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+/// An error and every cause under it: hyper's "client error (Connect)" alone does not say
+/// that the certificate was refused, its cause does.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        let more = inner.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = inner.source();
+    }
+    text
+}
+
+/// A connector for `http://` and `https://` alike, trusting and presenting what `tls` says.
+fn connector(tls: &crate::tls::ClientTls<'_>) -> Result<HttpsConnector<HttpConnector>, crate::tls::TlsError> {
+    let config = crate::tls::client_config(tls)?;
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .build())
 }
 
 #[derive(Deserialize)]
@@ -35,18 +65,53 @@ struct CatalogService {
 
 impl ConsulHttp {
     /// `address` is Consul's `host:port` (Nomad's `consul { address }`).
+    /// Plain HTTP unless the address names `https://`, which then trusts the host's roots.
     pub fn new(address: &str, timeout: Duration) -> Self {
-        let base = if address.starts_with("http://") {
-            address.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{}", address.trim_end_matches('/'))
+        Self::with_transport(address, timeout, &ConsulTransport::default())
+            .expect("the default transport reads no file")
+    }
+
+    /// `address` over the transport of `consul { ssl verify_ssl ca_file cert_file key_file
+    /// auth }`: HTTPS when `ssl` is set (or the address says `https://`), trusting `ca_file`
+    /// (else the host's roots; nobody is checked with `verify_ssl = false`) and presenting
+    /// `cert_file`/`key_file` when set. Fails naming the file that cannot be used.
+    pub fn with_transport(
+        address: &str,
+        timeout: Duration,
+        transport: &ConsulTransport,
+    ) -> Result<Self, crate::tls::TlsError> {
+        let host = address
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
+        let ssl = transport.ssl || address.starts_with("https://");
+        let base = format!("{}://{host}", if ssl { "https" } else { "http" });
+        let tls = crate::tls::ClientTls {
+            ca_file: &transport.ca_file,
+            cert_file: &transport.cert_file,
+            key_file: &transport.key_file,
+            verify: transport.verify_ssl,
         };
-        ConsulHttp {
+        // Plain HTTP needs no roots: nothing is read until TLS is asked for.
+        let connector = if ssl {
+            connector(&tls)?
+        } else {
+            connector(&crate::tls::ClientTls {
+                verify: false,
+                ..Default::default()
+            })?
+        };
+        let basic_auth = transport.auth.as_ref().map(|auth| {
+            use base64::Engine;
+            format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(auth))
+        });
+        Ok(ConsulHttp {
             base,
             timeout,
             token: None,
-            client: Client::builder(TokioExecutor::new()).build_http(),
-        }
+            basic_auth,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        })
     }
 
     /// Presents `token` on every call (`None`: anonymous).
@@ -70,6 +135,9 @@ impl ConsulHttp {
         if let Some(token) = &self.token {
             request = request.header("x-consul-token", token);
         }
+        if let Some(auth) = &self.basic_auth {
+            request = request.header(hyper::header::AUTHORIZATION, auth);
+        }
         let request = request
             .body(Full::new(Bytes::from(body)))
             .map_err(|error| format!("bad Consul request {uri}: {error}"))?;
@@ -78,13 +146,13 @@ impl ConsulHttp {
                 .client
                 .request(request)
                 .await
-                .map_err(|error| format!("{uri}: {error}"))?;
+                .map_err(|error| format!("{uri}: {}", error_chain(&error)))?;
             let status = response.status();
             let bytes = response
                 .into_body()
                 .collect()
                 .await
-                .map_err(|error| format!("{uri}: {error}"))?
+                .map_err(|error| format!("{uri}: {}", error_chain(&error)))?
                 .to_bytes();
             Ok((status, bytes.to_vec()))
         };

@@ -28,3 +28,5 @@ pub mod disk;
 pub mod http;
 #[cfg(not(madsim))]
 pub mod net;
+#[cfg(not(madsim))]
+pub mod tls;

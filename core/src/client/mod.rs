@@ -322,11 +322,14 @@ pub enum Io {
         content: String,
         mode: u32,
     },
-    /// Runs `program` with `args` to completion; its stdout, when it exits 0, is written to
-    /// `stdout_path` (atomically) with `mode`. A non-zero exit is an error carrying stderr.
+    /// Runs `program` with `args` (and `env` added to the agent's environment) to completion;
+    /// its stdout, when it exits 0, is written to `stdout_path` (atomically) with `mode`. A
+    /// non-zero exit is an error carrying stderr. Arguments and environment may carry secrets:
+    /// neither is ever logged.
     RunCommand {
         program: String,
         args: Vec<String>,
+        env: Vec<(String, String)>,
         stdout_path: String,
         mode: u32,
     },

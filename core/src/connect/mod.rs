@@ -16,6 +16,9 @@ use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+mod transport;
+pub use transport::ConsulTransport;
+
 use crate::structs::{
     ConfigValue, Constraint, Job, LIFECYCLE_PRESTART, Port, Service, Task, TaskGroup, TaskLifecycle, TaskResources,
 };
@@ -86,6 +89,9 @@ pub struct ClientConsul {
     pub grpc_addr: String,
     /// The `consul` CLI to run.
     pub binary: String,
+    /// TLS and basic auth for Consul's HTTP API, handed to `consul connect envoy`.
+    #[serde(default)]
+    pub transport: ConsulTransport,
 }
 
 /// `sidecar_service {}`: how the proxy service is registered.

@@ -38,9 +38,16 @@ fn fs_error(context: &str, error: std::io::Error) -> IoError {
 /// Whether `path` is a mount point, from the kernel's own table.
 /// Runs a helper (the `consul` CLI for Envoy bootstraps) to completion; killed if the core's
 /// deadline drops the call. Its stdout goes to `stdout_path` only when it exits 0.
-async fn run_command(program: &str, args: &[String], stdout_path: &str, mode: u32) -> Result<Reply, IoError> {
+async fn run_command(
+    program: &str,
+    args: &[String],
+    env: &[(String, String)],
+    stdout_path: &str,
+    mode: u32,
+) -> Result<Reply, IoError> {
     let output = tokio::process::Command::new(program)
         .args(args)
+        .envs(env.iter().map(|(key, value)| (key, value)))
         .stdin(std::process::Stdio::null())
         .kill_on_drop(true)
         .output()
@@ -122,9 +129,10 @@ impl ClientExecutor for HostExecutor {
                 Io::RunCommand {
                     program,
                     args,
+                    env,
                     stdout_path,
                     mode,
-                } => run_command(&program, &args, &stdout_path, mode).await,
+                } => run_command(&program, &args, &env, &stdout_path, mode).await,
                 Io::StartTask(config) => {
                     let driver = driver(&config.driver)?;
                     Ok(Reply::Started(driver.start(*config).await?))

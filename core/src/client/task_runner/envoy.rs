@@ -111,7 +111,8 @@ impl TaskRunner {
     }
 
     /// `consul connect envoy -grpc-addr .. -http-addr .. -admin-bind .. -bootstrap
-    /// -sidecar-for <id> [-token <secret>]`.
+    /// -sidecar-for <id> [-token <secret>] [-ca-file ..] [-client-cert ..] [-client-key ..]`,
+    /// with Consul's TLS switches and auth in its environment.
     fn envoy_run(&mut self, index: usize, tries: u32, token: Option<String>, ops: &mut OpIds) {
         let service = self.proxied().cloned().expect("checked at prestart");
         let consul = &self.spec.consul;
@@ -135,9 +136,11 @@ impl TaskRunner {
             args.push("-token".into());
             args.push(token.clone());
         }
+        args.extend(consul.transport.cli_args());
         let io = Io::RunCommand {
             program: consul.binary.clone(),
             args,
+            env: consul.transport.cli_env(),
             stdout_path: self.secrets_path(ENVOY_BOOTSTRAP_FILE),
             mode: ENVOY_BOOTSTRAP_MODE,
         };
