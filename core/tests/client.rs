@@ -433,9 +433,10 @@ fn status_reports_never_go_backwards() {
     for _ in 0..50 {
         let Some(action) = client.poll_action() else { break };
         if let ClientAction::Io { op, io } = action {
-            if let Io::Server(ServerRequest::AllocClientUpdate { client_status, .. }) = &io {
-                sent.push(*client_status);
-                held.push((op, *client_status));
+            if let Io::Server(ServerRequest::AllocClientUpdates { updates, .. }) = &io {
+                assert_eq!(updates.len(), 1, "{updates:?}");
+                sent.push(updates[0].client_status);
+                held.push((op, updates[0].client_status));
                 continue;
             }
             let outcome = world.answer(&io);
@@ -454,7 +455,7 @@ fn status_reports_never_go_backwards() {
     // The exit is followed through (the task destroyed, its stop hooks run).
     while let Some(action) = client.poll_action() {
         if let ClientAction::Io { op, io } = action {
-            if let Io::Server(ServerRequest::AllocClientUpdate { .. }) = &io {
+            if let Io::Server(ServerRequest::AllocClientUpdates { .. }) = &io {
                 panic!("a second report while the first is in flight");
             }
             let outcome = world.answer(&io);
@@ -470,16 +471,34 @@ fn status_reports_never_go_backwards() {
             outcome: Ok(Reply::Server(ServerReply::Done { index: 9 })),
         },
     );
-    let next: Vec<ClientStatus> = std::iter::from_fn(|| client.poll_action())
-        .filter_map(|action| match action {
-            ClientAction::Io {
-                io: Io::Server(ServerRequest::AllocClientUpdate { client_status, .. }),
-                ..
-            } => Some(client_status),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(next, [ClientStatus::Complete]);
+    let reports = |client: &mut Client| -> Vec<drover_core::structs::AllocClientReport> {
+        std::iter::from_fn(|| client.poll_action())
+            .filter_map(|action| match action {
+                ClientAction::Io {
+                    io: Io::Server(ServerRequest::AllocClientUpdates { updates, .. }),
+                    ..
+                } => Some(updates),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    };
+    // Coalesced: the next batch goes once the interval since the last one has passed.
+    let mut next = reports(&mut client);
+    if next.is_empty() {
+        let later = now + drover_core::client::client::ALLOC_UPDATE_INTERVAL;
+        assert_eq!(client.poll_timeout(), Some(later));
+        client.handle_timeout(later);
+        next = reports(&mut client);
+    }
+    assert_eq!(next.len(), 1, "{next:?}");
+    assert_eq!(next[0].client_status, ClientStatus::Complete);
+    // With the task's state, its events (Nomad's last ten) and times on the client's clock.
+    let web = &next[0].task_states["web"];
+    assert_eq!(web.state, drover_core::structs::TaskStatus::Dead);
+    let kinds: Vec<&str> = web.events.iter().map(|event| event.kind.as_str()).collect();
+    assert_eq!(kinds, ["Received", "Task Setup", "Started", "Terminated"]);
+    assert_eq!(web.events[3].details["exit_code"], "0");
 }
 
 /// Driver fingerprints: the node's driver table is reported when it changes (not on every
@@ -516,13 +535,13 @@ fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
     while let Some(action) = client.poll_action() {
         match action {
             ClientAction::Io {
-                io:
-                    Io::Server(ServerRequest::AllocClientUpdate {
-                        alloc_id,
-                        client_status,
-                    }),
+                io: Io::Server(ServerRequest::AllocClientUpdates { updates, .. }),
                 ..
-            } => reports.push((alloc_id, client_status)),
+            } => reports.extend(
+                updates
+                    .into_iter()
+                    .map(|update| (update.alloc_id, update.client_status)),
+            ),
             ClientAction::Io { io, .. } => panic!("nothing runs for a stopped allocation: {io:?}"),
             ClientAction::PersistSpec { .. } => panic!("a stopped allocation is not kept"),
             _ => {}

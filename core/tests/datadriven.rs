@@ -466,6 +466,7 @@ mod client_harness {
             faults: drover_core::config::ClientFaults {
                 skip_task_destroy: args.contains_key("skip-destroy"),
             },
+            wall_epoch: 1_700_000_000_000_000_000,
             consul: drover_core::connect::ClientConsul {
                 acl: args.contains_key("consul-acl"),
                 http_addr: "127.0.0.1:8500".into(),

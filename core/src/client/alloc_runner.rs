@@ -97,6 +97,8 @@ pub struct AllocSpec {
     pub faults: crate::config::ClientFaults,
     /// Consul as Connect tasks use it (`ClientSettings::consul`).
     pub consul: crate::connect::ClientConsul,
+    /// The client's wall clock at its `Instant` zero (Unix nanoseconds).
+    pub wall_epoch: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -246,6 +248,7 @@ impl AllocRunner {
                     seed: spec.seed.wrapping_add(position as u64),
                     faults: spec.faults,
                     consul: spec.consul.clone(),
+                    wall_epoch: spec.wall_epoch,
                 };
                 let saved = tasks.remove(&task.name).unwrap_or_default();
                 (
@@ -292,6 +295,14 @@ impl AllocRunner {
 
     pub fn local(&self) -> &LocalAllocState {
         &self.local
+    }
+
+    /// Every task's state, as the servers are told it.
+    pub fn task_states(&self) -> BTreeMap<String, crate::structs::TaskState> {
+        self.tasks
+            .iter()
+            .map(|(name, runner)| (name.clone(), runner.state().clone()))
+            .collect()
     }
 
     pub fn task(&self, name: &str) -> Option<&TaskRunner> {

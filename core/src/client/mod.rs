@@ -39,7 +39,6 @@ use crate::structs::{
     AccessMode, AttachmentMode, ConfigValue, CsiControllerInfo, CsiMountOptions, CsiTopology, CsiVolume, Propagation,
     RequestedDevice,
 };
-use crate::time::Instant;
 
 /// A bind mount handed to the task driver (Nomad's `drivers.MountConfig`).
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -492,13 +491,7 @@ impl fmt::Display for IoError {
 
 pub type Outcome = Result<Reply, IoError>;
 
-/// A task event, with Nomad's type names (`Received`, `Task Setup`, `Started`, ...).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskEvent {
-    pub kind: String,
-    pub message: String,
-    pub at: Instant,
-}
+pub use crate::structs::TaskEvent;
 
 pub mod events {
     pub const RECEIVED: &str = "Received";

@@ -39,33 +39,9 @@ use crate::taskenv::{NodeEnv, TaskDirs, TaskEnv, TaskEnvSpec};
 use crate::time::Instant;
 
 /// Nomad keeps the last ten events per task.
-pub const MAX_EVENTS: usize = 10;
+pub const MAX_EVENTS: usize = crate::structs::MAX_TASK_EVENTS;
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub enum TaskStatus {
-    #[default]
-    Pending,
-    Running,
-    Dead,
-}
-
-impl TaskStatus {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TaskStatus::Pending => "pending",
-            TaskStatus::Running => "running",
-            TaskStatus::Dead => "dead",
-        }
-    }
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TaskState {
-    pub state: TaskStatus,
-    pub failed: bool,
-    pub restarts: u32,
-    pub events: Vec<TaskEvent>,
-}
+pub use crate::structs::{TaskState, TaskStatus};
 
 /// Everything of a task runner that survives an agent restart.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,6 +71,8 @@ pub struct TaskSpec {
     pub faults: crate::config::ClientFaults,
     /// Consul as Connect tasks use it (`ClientSettings::consul`).
     pub consul: crate::connect::ClientConsul,
+    /// The client's wall clock at its `Instant` zero, in Unix nanoseconds: event times.
+    pub wall_epoch: i64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -387,30 +365,41 @@ impl TaskRunner {
         if self.kill_requested || matches!(self.phase, Phase::Dead | Phase::Stopping { .. }) {
             return;
         }
-        self.event(
+        self.event_with(
             now,
             events::SIBLING_FAILED,
             &format!("Task's sibling \"{sibling}\" failed"),
+            details([("failed_sibling", sibling.to_string())]),
         );
         self.kill(now, ops);
     }
 
     fn decide(&mut self, now: Instant, decision: Decision, ops: &mut OpIds) {
         match decision {
-            Decision::Restart { delay, .. } => {
+            Decision::Restart { delay, reason } => {
                 self.local.state.restarts += 1;
+                self.local.state.last_restart = self.wall(now);
                 self.local.state.state = TaskStatus::Pending;
-                self.event(
+                self.event_with(
                     now,
                     events::RESTARTING,
                     &format!("Task restarting in {}", go_duration(delay)),
+                    details([
+                        ("restart_reason", reason),
+                        ("start_delay", delay.as_nanos().to_string()),
+                    ]),
                 );
                 self.phase = Phase::RestartDelay { until: now + delay };
                 self.persist();
             }
             Decision::NotRestarting { reason } => {
                 self.local.state.failed = true;
-                self.event(now, events::NOT_RESTARTING, &reason);
+                self.event_with(
+                    now,
+                    events::NOT_RESTARTING,
+                    &reason,
+                    details([("restart_reason", reason.clone()), ("fails_task", "true".into())]),
+                );
                 self.begin_stop(now, ops);
             }
             Decision::Terminated { .. } => self.begin_stop(now, ops),
@@ -488,6 +477,7 @@ impl TaskRunner {
                 );
                 self.local.handle = Some(handle);
                 self.local.state.state = TaskStatus::Running;
+                self.local.state.started_at = self.wall(now);
                 self.event(now, events::STARTED, "Task started by client");
                 self.persist();
                 if self.kill_requested {
@@ -501,7 +491,12 @@ impl TaskRunner {
             Err(error) => error.message,
             Ok(reply) => format!("unexpected reply {reply:?}"),
         };
-        self.event(now, events::DRIVER_FAILURE, &message);
+        self.event_with(
+            now,
+            events::DRIVER_FAILURE,
+            &message,
+            details([("driver_error", message.clone())]),
+        );
         if self.kill_requested {
             self.begin_stop(now, ops);
         } else {
@@ -675,7 +670,11 @@ impl TaskRunner {
     }
 
     fn prestart_failed(&mut self, now: Instant, error: HookError, ops: &mut OpIds) {
-        self.event(now, events::SETUP_FAILURE, &error.message);
+        let mut fields = details([("setup_error", error.message.clone())]);
+        if !error.recoverable {
+            fields.insert("fails_task".into(), "true".into());
+        }
+        self.event_with(now, events::SETUP_FAILURE, &error.message, fields);
         if self.kill_requested {
             self.begin_stop(now, ops);
             return;
@@ -801,10 +800,11 @@ impl TaskRunner {
             return;
         };
         let timeout = self.spec.task.kill_timeout;
-        self.event(
+        self.event_with(
             now,
             events::KILLING,
             &format!("Sent interrupt. Waiting {} before force killing", go_duration(timeout)),
+            details([("kill_timeout", go_duration(timeout))]),
         );
         let op = ops.allocate();
         self.phase = Phase::Killing { op };
@@ -830,6 +830,7 @@ impl TaskRunner {
             };
             if index == self.hooks.len() {
                 self.local.state.state = TaskStatus::Dead;
+                self.local.state.finished_at = self.wall(now);
                 self.phase = Phase::Dead;
                 self.persist();
                 return;
@@ -854,21 +855,36 @@ impl TaskRunner {
         }
     }
 
+    /// `now` on the client's wall clock, in Unix nanoseconds.
+    fn wall(&self, now: Instant) -> i64 {
+        self.spec.wall_epoch.saturating_add(now.as_nanos() as i64)
+    }
+
     fn event(&mut self, now: Instant, kind: &str, message: &str) {
+        self.event_with(now, kind, message, BTreeMap::new());
+    }
+
+    /// An event with the details Nomad sets for its type.
+    fn event_with(&mut self, now: Instant, kind: &str, message: &str, details: BTreeMap<String, String>) {
         let event = TaskEvent {
             kind: kind.to_string(),
             message: message.to_string(),
-            at: now,
+            time: self.wall(now),
+            details,
         };
-        self.local.state.events.push(event.clone());
-        let len = self.local.state.events.len();
-        if len > MAX_EVENTS {
-            self.local.state.events.drain(..len - MAX_EVENTS);
-        }
+        self.local.state.push_event(event.clone());
         self.actions.push(TaskAction::Event(event));
     }
 
     fn persist(&mut self) {
         self.actions.push(TaskAction::Persist(Box::new(self.local.clone())));
     }
+}
+
+/// An event's details (Nomad's `TaskEvent.Details`).
+fn details<const N: usize>(fields: [(&str, String); N]) -> BTreeMap<String, String> {
+    fields
+        .into_iter()
+        .map(|(key, value)| (key.to_string(), value))
+        .collect()
 }

@@ -4,7 +4,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeSet;
+use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::{Command, Response, ServerState, Table};
 use crate::error::ErrorKind;
@@ -21,15 +21,41 @@ impl ServerState {
             .iter()
             .map(|planned| {
                 let mut alloc = planned.clone();
-                if let Some(existing) = self.allocs.get(&alloc.id)
-                    && alloc.client_status != ClientStatus::Lost
-                {
+                let Some(existing) = self.allocs.get(&alloc.id) else {
+                    return alloc;
+                };
+                if alloc.client_status != ClientStatus::Lost {
                     alloc.client_status = existing.client_status;
                     alloc.client_description = existing.client_description.clone();
                 }
+                // Only clients say what their tasks did.
+                alloc.task_states = existing.task_states.clone();
                 alloc
             })
             .collect()
+    }
+
+    /// One allocation's report from its client; nothing when the allocation is gone.
+    fn client_update(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        alloc_id: &str,
+        client_status: ClientStatus,
+        task_states: Option<&BTreeMap<String, crate::structs::TaskState>>,
+    ) {
+        let Some(alloc) = self.allocs.get_mut(alloc_id) else {
+            return;
+        };
+        alloc.client_status = client_status;
+        if let Some(states) = task_states {
+            alloc.task_states = states.clone();
+        }
+        alloc.modify_index = index;
+        alloc.modify_time_ms = at_ms;
+        let alloc = alloc.clone();
+        self.alloc_changed(index, at_ms, &alloc);
+        self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
     }
 
     /// Allocation and evaluation commands, plans included.
@@ -72,17 +98,21 @@ impl ServerState {
                 alloc_id,
                 client_status,
             } => {
-                let Some(alloc) = self.allocs.get_mut(alloc_id) else {
+                if !self.allocs.contains_key(alloc_id) {
                     return Response::Error(ErrorKind::NotFound, format!("Unknown allocation: {alloc_id}"));
-                };
-                alloc.client_status = *client_status;
-                alloc.modify_index = index;
-                alloc.modify_time_ms = at_ms;
-                let alloc = alloc.clone();
-                self.alloc_changed(index, at_ms, &alloc);
+                }
+                self.client_update(index, at_ms, alloc_id, *client_status, None);
                 self.touch(Table::Allocs, index);
                 self.touch(Table::CsiVolumes, index);
-                self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
+                Response::Done
+            }
+            Command::AllocClientUpdates { updates } => {
+                for update in updates {
+                    let states = Some(&update.task_states);
+                    self.client_update(index, at_ms, &update.alloc_id, update.client_status, states);
+                }
+                self.touch(Table::Allocs, index);
+                self.touch(Table::CsiVolumes, index);
                 Response::Done
             }
             Command::AllocDelete { alloc_ids } => {

@@ -92,6 +92,7 @@ impl Command {
             Command::PlanApply { .. } => "PlanApply",
             Command::AllocUpsert { .. } => "AllocUpsert",
             Command::AllocClientUpdate { .. } => "AllocClientUpdate",
+            Command::AllocClientUpdates { .. } => "AllocClientUpdates",
             Command::AllocDelete { .. } => "AllocDelete",
             Command::EvalUpsert { .. } => "EvalUpsert",
             Command::CsiVolumeRegister { .. } => "CsiVolumeRegister",

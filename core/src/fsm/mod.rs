@@ -145,6 +145,11 @@ pub enum Command {
         alloc_id: String,
         client_status: ClientStatus,
     },
+    /// A client's batch of allocation updates (status and task states); allocations the
+    /// state no longer holds are skipped, as Nomad's `UpdateAllocsFromClient` does.
+    AllocClientUpdates {
+        updates: Vec<crate::structs::AllocClientReport>,
+    },
     /// Garbage collection of allocations.
     AllocDelete {
         alloc_ids: Vec<String>,

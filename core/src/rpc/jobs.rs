@@ -127,6 +127,18 @@ impl JobEndpoints {
                 alloc_id,
                 client_status,
             }),
+            // Nomad's `Node.UpdateAlloc`: a node reports only the allocations placed on it;
+            // others are dropped (the node's secret is checked once ACLs exist, issue 21).
+            ServerRequest::AllocClientUpdates { node_id, mut updates } => {
+                updates.retain(|update| {
+                    let mine = state.alloc(&update.alloc_id).is_none_or(|alloc| alloc.node_id == node_id);
+                    if !mine {
+                        tracing::warn!(node = %node_id, alloc = %update.alloc_id, "a node reported another node's allocation; dropped");
+                    }
+                    mine
+                });
+                simple(Command::AllocClientUpdates { updates })
+            }
             ServerRequest::AllocDelete { alloc_ids } => simple(Command::AllocDelete { alloc_ids }),
             other => unreachable!("not a job request: {other:?}"),
         }

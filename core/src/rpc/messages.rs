@@ -76,6 +76,11 @@ pub enum ServerRequest {
         alloc_id: String,
         client_status: ClientStatus,
     },
+    /// `Node.UpdateAlloc`: a client's batch of allocation reports.
+    AllocClientUpdates {
+        node_id: String,
+        updates: Vec<crate::structs::AllocClientReport>,
+    },
     AllocDelete {
         alloc_ids: Vec<String>,
     },

@@ -242,6 +242,7 @@ impl RpcEndpoints {
             | R::JobStop { .. }
             | R::AllocUpsert { .. }
             | R::AllocClientUpdate { .. }
+            | R::AllocClientUpdates { .. }
             | R::AllocDelete { .. }) => self.jobs.request(req, request, state, out),
             R::DeriveSiToken {
                 node_id,

@@ -59,6 +59,9 @@ pub struct Allocation {
     /// What the servers want done with it beyond its desired status (a drain's migration).
     #[serde(default)]
     pub desired_transition: DesiredTransition,
+    /// What the client last reported of each task (Nomad's `TaskStates`).
+    #[serde(default)]
+    pub task_states: BTreeMap<String, TaskState>,
     pub create_index: u64,
     pub modify_index: u64,
     pub create_time_ms: u64,
@@ -118,6 +121,16 @@ pub struct AllocMetric {
     /// Exhausted dimensions (`cpu`, `memory`) and how many nodes ran out of each.
     pub dimension_exhausted: BTreeMap<String, u32>,
     pub coalesced_failures: u32,
+}
+
+/// What a client tells the servers of one of its allocations (an entry of Nomad's
+/// `Node.UpdateAlloc`): its status and its tasks' states.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocClientReport {
+    pub alloc_id: String,
+    pub client_status: ClientStatus,
+    #[serde(default)]
+    pub task_states: BTreeMap<String, TaskState>,
 }
 
 impl Allocation {

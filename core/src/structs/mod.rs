@@ -24,6 +24,7 @@ mod kinds;
 mod network;
 mod node;
 mod task;
+mod task_state;
 mod template;
 
 pub use allocation::*;
@@ -34,4 +35,5 @@ pub use kinds::*;
 pub use network::*;
 pub use node::*;
 pub use task::*;
+pub use task_state::*;
 pub use template::*;

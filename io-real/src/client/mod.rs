@@ -398,6 +398,8 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     let epoch = tokio::time::Instant::now();
     let observer = agent.observer();
     let mut client = Client::new(settings);
+    // Task event times are told on the wall clock (the simulator's, in simulation).
+    client.set_wall_epoch(crate::driver::unix_millis() as i64 * 1_000_000);
     node.attributes.extend(executor.node_attributes());
     let drivers = executor.fingerprint();
     for (name, _, info) in &drivers {

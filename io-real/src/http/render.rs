@@ -108,11 +108,77 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         },
         "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
         "ClientDescription": alloc.client_description,
-        "TaskStates": Value::Null,
+        "TaskStates": task_states(alloc),
         "CreateIndex": alloc.create_index,
         "ModifyIndex": alloc.modify_index,
         "CreateTime": nanos(alloc.create_time_ms),
         "ModifyTime": nanos(alloc.modify_time_ms),
+    })
+}
+
+/// A Go `time.Time` from Unix nanoseconds; 0 is Go's zero time.
+fn go_time(unix_nanos: i64) -> String {
+    if unix_nanos <= 0 {
+        return ZERO_TIME.to_string();
+    }
+    rfc3339((unix_nanos / 1_000_000) as u64)
+}
+
+/// Nomad's `TaskStates` (null until the client reported any).
+pub fn task_states(alloc: &Allocation) -> Value {
+    if alloc.task_states.is_empty() {
+        return Value::Null;
+    }
+    let states: Map<String, Value> = alloc
+        .task_states
+        .iter()
+        .map(|(task, state)| {
+            let events: Vec<Value> = state.events.iter().map(task_event).collect();
+            let value = json!({
+                "State": state.state.as_str(),
+                "Failed": state.failed,
+                "Restarts": state.restarts,
+                "LastRestart": go_time(state.last_restart),
+                "StartedAt": go_time(state.started_at),
+                "FinishedAt": go_time(state.finished_at),
+                "Events": events,
+            });
+            (task.clone(), value)
+        })
+        .collect();
+    Value::Object(states)
+}
+
+/// One task event: `Type`, `Time`, `DisplayMessage` and `Details`, plus the older flat
+/// fields Nomad still fills from the details (`ExitCode`, `KillTimeout`, ...).
+fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
+    let detail = |key: &str| event.details.get(key).cloned().unwrap_or_default();
+    let number = |key: &str| event.details.get(key).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    json!({
+        "Type": event.kind,
+        "Time": event.time,
+        "Message": "",
+        "DisplayMessage": event.message,
+        "Details": event.details,
+        "FailsTask": event.fails_task(),
+        "RestartReason": detail("restart_reason"),
+        "SetupError": detail("setup_error"),
+        "DriverError": detail("driver_error"),
+        "DriverMessage": detail("driver_message"),
+        "ExitCode": number("exit_code"),
+        "Signal": number("signal"),
+        "KillTimeout": number("kill_timeout"),
+        "KillError": detail("kill_error"),
+        "KillReason": detail("kill_reason"),
+        "StartDelay": number("start_delay"),
+        "FailedSibling": detail("failed_sibling"),
+        "TaskSignal": detail("task_signal"),
+        "TaskSignalReason": detail("task_signal_reason"),
+        "ValidationError": detail("validation_error"),
+        "DownloadError": "",
+        "VaultError": "",
+        "DiskLimit": 0,
+        "GenericSource": "",
     })
 }
 

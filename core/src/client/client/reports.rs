@@ -2,6 +2,7 @@
 //! drivers, node events), and failed store writes raised as `Storage` node events.
 
 use super::*;
+use crate::structs::AllocClientReport;
 
 impl Client {
     pub(super) fn persist_failed(&mut self, now: Instant, record: String, error: String) {
@@ -28,16 +29,48 @@ impl Client {
         );
     }
 
+    /// What the servers should hear of one allocation now: its status and its tasks' states.
+    fn alloc_report(&self, alloc_id: &str) -> Option<AllocClientReport> {
+        let status = self.statuses.get(alloc_id)?;
+        Some(AllocClientReport {
+            alloc_id: alloc_id.to_string(),
+            client_status: *status,
+            task_states: self
+                .allocs
+                .get(alloc_id)
+                .map(AllocRunner::task_states)
+                .unwrap_or_default(),
+        })
+    }
+
+    /// The client stops tracking an allocation's status; a last report the servers have not
+    /// accepted yet is kept until they do (an allocation stopped and collected within one
+    /// batch interval must still be reported complete).
+    pub(super) fn forget_status(&mut self, now: Instant, alloc_id: &str) {
+        if let Some(last) = self.alloc_report(alloc_id)
+            && self.allocs_acked.get(alloc_id) != Some(&last)
+        {
+            self.final_reports.insert(alloc_id.to_string(), last);
+        }
+        self.statuses.remove(alloc_id);
+        self.report(now, Report::Allocs);
+    }
+
     /// The request that reports `report`'s latest value.
     pub(super) fn report_request(&self, report: &Report) -> Option<ServerRequest> {
         match report {
-            Report::AllocStatus(alloc_id) => {
-                self.statuses
-                    .get(alloc_id)
-                    .map(|status| ServerRequest::AllocClientUpdate {
-                        alloc_id: alloc_id.clone(),
-                        client_status: *status,
-                    })
+            Report::Allocs => {
+                let updates: Vec<AllocClientReport> = self
+                    .statuses
+                    .keys()
+                    .filter_map(|alloc_id| self.alloc_report(alloc_id))
+                    .chain(self.final_reports.values().cloned())
+                    .filter(|update| self.allocs_acked.get(&update.alloc_id) != Some(update))
+                    .collect();
+                (!updates.is_empty()).then(|| ServerRequest::AllocClientUpdates {
+                    node_id: self.settings.node_id.clone(),
+                    updates,
+                })
             }
             Report::CsiInfo => Some(ServerRequest::NodeUpdateCsiInfo {
                 node_id: self.settings.node_id.clone(),
@@ -71,10 +104,24 @@ impl Client {
         if self.reports_in_flight.contains_key(&report) || self.reports_retry.get(&report).is_some_and(|at| now < *at) {
             return;
         }
+        if report == Report::Allocs {
+            // Acknowledgements of allocations this client no longer reports are dropped.
+            let (statuses, finals) = (&self.statuses, &self.final_reports);
+            self.allocs_acked
+                .retain(|id, _| statuses.contains_key(id) || finals.contains_key(id));
+            if let Some(at) = self.allocs_batch_at.filter(|at| now < *at) {
+                // Sent less than an interval ago: this change goes with the next batch.
+                self.reports_retry.insert(report, at);
+                return;
+            }
+        }
         self.reports_retry.remove(&report);
         let Some(request) = self.report_request(&report) else {
             return;
         };
+        if report == Report::Allocs {
+            self.allocs_batch_at = Some(now + ALLOC_UPDATE_INTERVAL);
+        }
         if self.reports_acked.get(&report) == Some(&request) {
             return;
         }

@@ -38,7 +38,17 @@ impl TaskRunner {
         if let Some(err) = exit.err.as_ref().or(oom.as_ref()) {
             message.push_str(&format!(", Exit Message: {err:?}"));
         }
-        self.event(now, events::TERMINATED, &message);
+        let mut fields = BTreeMap::from([
+            ("exit_code".to_string(), exit.exit_code.to_string()),
+            ("signal".to_string(), exit.signal.to_string()),
+        ]);
+        if let Some(err) = exit.err.as_ref().or(oom.as_ref()) {
+            fields.insert("exit_message".into(), err.clone());
+        }
+        if exit.oom_killed {
+            fields.insert("oom_killed".into(), "true".into());
+        }
+        self.event_with(now, events::TERMINATED, &message, fields);
         if let Phase::Killing { .. } = self.phase {
             // The stop reply follows; it destroys the task and finishes the kill.
             self.persist();
@@ -119,6 +129,7 @@ impl TaskRunner {
                     // Asked for (a template changed), not a failure: at once, outside the
                     // restart policy, as Nomad's restart does.
                     self.local.state.restarts += 1;
+                    self.local.state.last_restart = self.wall(now);
                     self.local.state.state = TaskStatus::Pending;
                     self.event(now, events::RESTARTING, "Task restarting in 0s");
                     self.persist();

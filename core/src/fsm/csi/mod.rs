@@ -40,6 +40,7 @@ impl ServerState {
             Command::AllocUpsert { .. }
             | Command::AllocUpdateDesiredTransition { .. }
             | Command::AllocClientUpdate { .. }
+            | Command::AllocClientUpdates { .. }
             | Command::AllocDelete { .. }
             | Command::PlanApply { .. }
             | Command::EvalUpsert { .. } => self.apply_alloc(index, at_ms, command),
