@@ -150,7 +150,8 @@ pub fn task_states(alloc: &Allocation) -> Value {
 }
 
 /// One task event: `Type`, `Time`, `DisplayMessage` and `Details`, plus the older flat
-/// fields Nomad still fills from the details (`ExitCode`, `KillTimeout`, ...).
+/// fields Nomad still fills from the details (`ExitCode`, `StartDelay`, ...). `KillTimeout`
+/// is left out: its detail is a Go duration ("5s"), and a wrong 0 is worse than none.
 fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
     let detail = |key: &str| event.details.get(key).cloned().unwrap_or_default();
     let number = |key: &str| event.details.get(key).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
@@ -167,7 +168,6 @@ fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
         "DriverMessage": detail("driver_message"),
         "ExitCode": number("exit_code"),
         "Signal": number("signal"),
-        "KillTimeout": number("kill_timeout"),
         "KillError": detail("kill_error"),
         "KillReason": detail("kill_reason"),
         "StartDelay": number("start_delay"),
