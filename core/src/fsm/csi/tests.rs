@@ -530,3 +530,45 @@ fn node_allocs_name_awaited_allocations_that_finished_on_other_nodes() {
     // Stopping but still running elsewhere: waited for. Local ones: the client knows.
     assert_eq!(finished, ["old-gone", "old-lost"]);
 }
+
+/// A client's batch (`Node.UpdateAlloc`) stores each allocation's status and task states,
+/// skips allocations that are gone, and a later plan of the same allocation keeps the states.
+#[test]
+fn a_client_batch_stores_task_states_that_plans_keep() {
+    use crate::structs::{AllocClientReport, TaskState, TaskStatus};
+    let mut fx = Fixture::new();
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("a1", "n1")],
+    });
+    let states = BTreeMap::from([(
+        "web".to_string(),
+        TaskState {
+            state: TaskStatus::Running,
+            started_at: 7,
+            ..TaskState::default()
+        },
+    )]);
+    fx.ok(Command::AllocClientUpdates {
+        updates: vec![
+            AllocClientReport {
+                alloc_id: "a1".into(),
+                client_status: ClientStatus::Running,
+                task_states: states.clone(),
+            },
+            AllocClientReport {
+                alloc_id: "gone".into(),
+                client_status: ClientStatus::Complete,
+                task_states: BTreeMap::new(),
+            },
+        ],
+    });
+    let stored = fx.state.alloc("a1").unwrap();
+    assert_eq!(stored.client_status, ClientStatus::Running);
+    assert_eq!(stored.task_states, states);
+    assert!(fx.state.alloc("gone").is_none());
+    fx.ok(Command::PlanApply {
+        allocs: vec![alloc("a1", "n1")],
+        evals: Vec::new(),
+    });
+    assert_eq!(fx.state.alloc("a1").unwrap().task_states, states, "only clients say");
+}
