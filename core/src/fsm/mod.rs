@@ -363,6 +363,18 @@ impl ServerState {
         self.allocs.values()
     }
 
+    /// The allocations of the job `namespace`/`job_id` as it is registered now (Nomad's
+    /// `AllocsByJob` with `anyCreateIndex = false`): those of an earlier job of the same ID
+    /// that was purged are created before the present job was, and are not its own.
+    pub fn job_allocs<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Allocation> + use<'a> {
+        let created = self.job(namespace, job_id).map_or(0, |job| job.create_index);
+        let (namespace, job_id) = (namespace.to_string(), job_id.to_string());
+        self.allocs
+            .values()
+            .filter(move |alloc| alloc.namespace == namespace && alloc.job_id == job_id)
+            .filter(move |alloc| alloc.create_index == 0 || alloc.create_index >= created)
+    }
+
     /// `Node.GetClientAllocs`: the allocations placed on `node_id` with their jobs, and the
     /// ids of the allocations they wait for (previous and preempted) that are on other nodes
     /// and finished there — stopped by their client, lost with their node, or gone. A client

@@ -109,11 +109,19 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
         };
     }
     let job = stored.filter(|job| !job.stop);
-    let allocs: Vec<&Allocation> = state
+    let allocs: Vec<&Allocation> = state.job_allocs(&eval.namespace, &eval.job_id).collect();
+    let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
+    // A purged job's allocations that still run when a job of the same ID is registered
+    // again are no one's: stopped, never adopted by the new job.
+    let orphans: Vec<&Allocation> = state
         .allocs()
         .filter(|alloc| alloc.namespace == eval.namespace && alloc.job_id == eval.job_id)
+        .filter(|alloc| !allocs.iter().any(|ours| ours.id == alloc.id))
         .collect();
-    let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
+    reconcile.lose_stopped_on_down_nodes(&orphans);
+    for orphan in orphans.iter().filter(|alloc| !alloc.terminal()) {
+        reconcile.stop(orphan, ALLOC_NOT_NEEDED, false);
+    }
     reconcile.lose_stopped_on_down_nodes(&allocs);
     match job {
         None => {

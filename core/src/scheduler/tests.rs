@@ -631,6 +631,52 @@ fn stopping_and_purging_a_job_stops_its_allocations() {
 }
 
 #[test]
+fn a_job_registered_again_after_a_purge_never_adopts_the_old_allocations() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 2, 100);
+    let eval = world.register(&web);
+    world.run(&eval);
+    let old: BTreeSet<String> = world.fx.state.allocs().map(|alloc| alloc.id.clone()).collect();
+    // Purged, and registered again before the purge's evaluation ran: the old allocations
+    // still run, under the same job ID.
+    let purge = world.eval("web");
+    world.fx.ok(Command::JobStop {
+        namespace: "default".into(),
+        job_id: "web".into(),
+        purge: true,
+        eval: purge.clone(),
+    });
+    let again = world.register(&web);
+    assert_eq!(
+        world.fx.state.job_allocs("default", "web").count(),
+        0,
+        "none is the new job's"
+    );
+    let plan = world.run(&again);
+    for id in &old {
+        let stopped = plan
+            .allocs
+            .iter()
+            .find(|alloc| &alloc.id == id)
+            .expect("the old one is stopped");
+        assert_eq!(stopped.desired_status, DesiredStatus::Stop);
+    }
+    assert_eq!(plan.placed().count(), 2, "the new job gets its own count");
+    let mine: BTreeSet<String> = world
+        .fx
+        .state
+        .job_allocs("default", "web")
+        .map(|alloc| alloc.id.clone())
+        .collect();
+    assert_eq!(mine.len(), 2);
+    assert!(mine.is_disjoint(&old));
+    assert!(
+        world.run(&purge).allocs.is_empty(),
+        "the purge's own evaluation has nothing left to do"
+    );
+}
+
+#[test]
 fn a_failed_service_allocation_is_placed_again_only_once_its_delay_has_passed() {
     let mut world = World::new(&[node("n1", 4000)]);
     let web = job("web", JobType::Service, 1, 100);

@@ -22,10 +22,7 @@ struct RegisterBody {
 }
 
 fn job_allocs<'a>(state: &'a ServerState, job: &Job) -> Vec<&'a Allocation> {
-    state
-        .allocs()
-        .filter(|alloc| alloc.namespace == job.namespace && alloc.job_id == job.id)
-        .collect()
+    state.job_allocs(&job.namespace, &job.id).collect()
 }
 
 /// Nomad's `JobSummary`: allocations per task group by client status.
@@ -60,6 +57,7 @@ fn summary(state: &ServerState, job: &Job) -> Value {
         "JobID": job.id,
         "Namespace": job.namespace,
         "Summary": groups,
+        "Children": {"Pending": 0, "Running": 0, "Dead": 0},
         "CreateIndex": job.create_index,
         "ModifyIndex": job.modify_index,
     })
@@ -245,6 +243,24 @@ pub async fn get_job(
     }
 }
 
+/// `GET /v1/job/:id/summary`: Nomad's `JobSummary`, allocations per task group by client
+/// status.
+pub async fn job_summary(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let namespace = namespace(&options);
+    let found = handle
+        .read_state(|state| state.job(&namespace, &id).map(|job| summary(state, job)))
+        .flatten();
+    match found {
+        Some(summary) => Ok((query_headers(&handle, index), axum::Json(summary))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
+    }
+}
+
 #[derive(Debug, Default, Deserialize)]
 pub struct DeregisterOptions {
     purge: Option<bool>,
@@ -290,9 +306,19 @@ pub async fn job_allocations(
     let namespace = namespace(&options);
     let list: Vec<Value> = handle
         .read_state(|state| {
-            state
-                .allocs()
-                .filter(|alloc| alloc.namespace == namespace && alloc.job_id == id)
+            // `all=true` includes the allocations of purged jobs of the same ID (Nomad's
+            // `anyCreateIndex`).
+            let all = options.all.as_deref().and_then(super::parse_bool).unwrap_or(false);
+            let allocs: Vec<&Allocation> = if all {
+                state
+                    .allocs()
+                    .filter(|alloc| alloc.namespace == namespace && alloc.job_id == id)
+                    .collect()
+            } else {
+                state.job_allocs(&namespace, &id).collect()
+            };
+            allocs
+                .into_iter()
                 .map(|alloc| render::alloc_stub(alloc, state))
                 .collect()
         })

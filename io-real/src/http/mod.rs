@@ -86,6 +86,7 @@ pub fn router(handle: AgentHandle) -> Router {
                 .delete(jobs::deregister_job),
         )
         .route("/v1/job/{id}/allocations", get(jobs::job_allocations))
+        .route("/v1/job/{id}/summary", get(jobs::job_summary))
         .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
         .route("/v1/job/{id}/versions", get(jobs::job_versions))
         .route("/v1/evaluations", get(jobs::list_evaluations))
@@ -312,6 +313,16 @@ struct QueryOptions {
     node_id: Option<String>,
     node: Option<String>,
     force: Option<bool>,
+    all: Option<String>,
+}
+
+/// A query boolean as Go's `strconv.ParseBool` reads it, which Nomad's handlers use.
+fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
 }
 
 /// Parses Go durations as Nomad accepts them for `wait` ("5s", "1m", "250ms", "1m30s").

@@ -1,0 +1,221 @@
+//! `agent alloc status`: an allocation as Nomad's CLI lays it out, with a section per task
+//! (its state, start and finish, restarts) and its recent events, newest first.
+
+use serde_json::Value;
+
+use super::{Api, Failure, short, table, text};
+
+pub(super) fn resolve_alloc(api: &Api, prefix: &str) -> Result<Value, Failure> {
+    let allocs = api.get(&format!("/v1/allocations?prefix={prefix}"))?;
+    let matches: Vec<&Value> = allocs.as_array().into_iter().flatten().collect();
+    match matches.as_slice() {
+        [one] => api.get(&format!("/v1/allocation/{}", text(&one["ID"]))),
+        [] => Err(Failure(
+            format!("No allocation(s) with prefix or id {prefix:?} found"),
+            1,
+        )),
+        _ => Err(Failure(
+            format!("Prefix matched multiple allocations ({})", matches.len()),
+            1,
+        )),
+    }
+}
+
+pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Failure> {
+    let alloc = resolve_alloc(api, id)?;
+    let id_of = |value: &Value| if verbose { text(value) } else { short(value) };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos() as i64);
+    let when = |value: &Value| {
+        let nanos = value.as_i64().unwrap_or(0);
+        if verbose {
+            format_unix_nanos(nanos)
+        } else {
+            ago(nanos, now)
+        }
+    };
+    println!(
+        "{}",
+        table(&[
+            vec!["ID".into(), "=".into(), text(&alloc["ID"])],
+            vec!["Eval ID".into(), "=".into(), id_of(&alloc["EvalID"])],
+            vec!["Name".into(), "=".into(), text(&alloc["Name"])],
+            vec!["Node ID".into(), "=".into(), id_of(&alloc["NodeID"])],
+            vec!["Node Name".into(), "=".into(), text(&alloc["NodeName"])],
+            vec!["Job ID".into(), "=".into(), text(&alloc["JobID"])],
+            vec!["Job Version".into(), "=".into(), text(&alloc["JobVersion"])],
+            vec!["Client Status".into(), "=".into(), text(&alloc["ClientStatus"])],
+            vec![
+                "Client Description".into(),
+                "=".into(),
+                or_none(text(&alloc["ClientDescription"]))
+            ],
+            vec!["Desired Status".into(), "=".into(), text(&alloc["DesiredStatus"])],
+            vec![
+                "Desired Description".into(),
+                "=".into(),
+                or_none(text(&alloc["DesiredDescription"]))
+            ],
+            vec!["Created".into(), "=".into(), when(&alloc["CreateTime"])],
+            vec!["Modified".into(), "=".into(), when(&alloc["ModifyTime"])],
+            vec![
+                "Previous Allocation".into(),
+                "=".into(),
+                text(&alloc["PreviousAllocation"])
+            ],
+        ])
+        .replace("  =  ", " = ")
+    );
+    let networks = alloc["AllocatedResources"]["Shared"]["Networks"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for network in networks {
+        let mut rows = vec![vec!["Label".to_string(), "Dynamic".into(), "Address".into()]];
+        for (key, dynamic) in [("ReservedPorts", "no"), ("DynamicPorts", "yes")] {
+            for port in network[key].as_array().into_iter().flatten() {
+                let address = format!("{}:{}", text(&network["IP"]), text(&port["Value"]));
+                let mapped = match port["To"].as_i64() {
+                    Some(to) if to > 0 && to != port["Value"].as_i64().unwrap_or(0) => format!("{address} -> {to}"),
+                    _ => address,
+                };
+                rows.push(vec![format!("*{}", text(&port["Label"])), dynamic.into(), mapped]);
+            }
+        }
+        println!(
+            "\nAllocation Addresses (mode = {:?}):\n{}",
+            text(&network["Mode"]),
+            table(&rows)
+        );
+    }
+    for (task, state) in alloc["TaskStates"].as_object().into_iter().flatten() {
+        println!();
+        print!("{}", task_section(task, state));
+    }
+    Ok(())
+}
+
+fn or_none(text: String) -> String {
+    if text.is_empty() { "<none>".into() } else { text }
+}
+
+/// One task's section: `Task "t" is "running"`, its times and restarts, and its recent events
+/// newest first (Nomad's `outputTaskStatus`).
+fn task_section(task: &str, state: &Value) -> String {
+    let mut out = format!("Task {task:?} is {:?}\n", text(&state["State"]));
+    let go_time = |value: &Value| match value.as_str() {
+        Some(stamp) if !stamp.starts_with("0001-") => {
+            stamp
+                .split('.')
+                .next()
+                .unwrap_or(stamp)
+                .trim_end_matches('Z')
+                .to_string()
+                + "Z"
+        }
+        _ => "N/A".to_string(),
+    };
+    out.push_str("Task Events:\n");
+    out.push_str(
+        &table(&[
+            vec!["Started At".into(), "=".into(), go_time(&state["StartedAt"])],
+            vec!["Finished At".into(), "=".into(), go_time(&state["FinishedAt"])],
+            vec!["Total Restarts".into(), "=".into(), text(&state["Restarts"])],
+            vec!["Last Restart".into(), "=".into(), go_time(&state["LastRestart"])],
+        ])
+        .replace("  =  ", " = "),
+    );
+    out.push_str("\n\nRecent Events:\n");
+    let mut rows = vec![vec!["Time".to_string(), "Type".into(), "Description".into()]];
+    let events = state["Events"].as_array().cloned().unwrap_or_default();
+    for event in events.iter().rev() {
+        rows.push(vec![
+            format_unix_nanos(event["Time"].as_i64().unwrap_or(0)),
+            text(&event["Type"]),
+            text(&event["DisplayMessage"]),
+        ]);
+    }
+    out.push_str(&table(&rows));
+    out.push('\n');
+    out
+}
+
+/// A Unix time in nanoseconds as Nomad's CLI prints it (ISO 8601, seconds, UTC).
+fn format_unix_nanos(nanos: i64) -> String {
+    if nanos < 1_000_000_000 {
+        return String::new();
+    }
+    let stamp = drover_io_real::http::rfc3339((nanos / 1_000_000) as u64);
+    format!("{}Z", stamp.split('.').next().unwrap_or(&stamp))
+}
+
+/// How long ago `nanos` was, as Nomad's `prettyTimeDiff` says it: the two largest units.
+fn ago(nanos: i64, now: i64) -> String {
+    if nanos < 1_000_000_000 {
+        return String::new();
+    }
+    let mut secs = (now - nanos).max(0) / 1_000_000_000;
+    if secs == 0 {
+        return "just now".into();
+    }
+    let mut parts = Vec::new();
+    for (unit, size) in [("d", 86_400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if secs >= size {
+            parts.push(format!("{}{unit}", secs / size));
+            secs %= size;
+        }
+        if parts.len() == 2 {
+            break;
+        }
+    }
+    format!("{} ago", parts.join(""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_task_section_lists_its_times_and_events_newest_first() {
+        let state = json!({
+            "State": "dead",
+            "Failed": true,
+            "Restarts": 1,
+            "StartedAt": "2026-11-24T10:00:01.250Z",
+            "FinishedAt": "2026-11-24T10:00:09.000Z",
+            "LastRestart": "0001-01-01T00:00:00Z",
+            "Events": [
+                {"Type": "Received", "Time": 1_795_514_400_000_000_000i64, "DisplayMessage": "Task received by client"},
+                {"Type": "Terminated", "Time": 1_795_514_409_000_000_000i64, "DisplayMessage": "Exit Code: 3"},
+            ],
+        });
+        let section = task_section("t", &state);
+        assert_eq!(
+            section,
+            "Task \"t\" is \"dead\"\n\
+             Task Events:\n\
+             Started At     = 2026-11-24T10:00:01Z\n\
+             Finished At    = 2026-11-24T10:00:09Z\n\
+             Total Restarts = 1\n\
+             Last Restart   = N/A\n\
+             \n\
+             Recent Events:\n\
+             Time                  Type        Description\n\
+             2026-11-24T10:00:09Z  Terminated  Exit Code: 3\n\
+             2026-11-24T10:00:00Z  Received    Task received by client\n"
+        );
+    }
+
+    #[test]
+    fn ages_read_as_nomad_says_them() {
+        let now = 1_795_514_400_000_000_000i64;
+        let secs = |n: i64| now - n * 1_000_000_000;
+        assert_eq!(ago(secs(0), now), "just now");
+        assert_eq!(ago(secs(42), now), "42s ago");
+        assert_eq!(ago(secs(5 * 60 + 3), now), "5m3s ago");
+        assert_eq!(ago(secs(26 * 3600 + 120), now), "1d2h ago");
+        assert_eq!(ago(0, now), "");
+    }
+}

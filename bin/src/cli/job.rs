@@ -1,0 +1,230 @@
+//! `agent job run|status|stop` and the evaluation monitor.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use super::{Api, Failure, short, table, text};
+
+pub(super) fn job_run(api: &Api, file: &str, detach: bool) -> Result<(), Failure> {
+    let source = std::fs::read_to_string(file).map_err(|error| Failure(format!("Error reading {file}: {error}"), 1))?;
+    let job = if file.ends_with(".json") {
+        let value: Value = serde_json::from_str(&source)?;
+        value.get("Job").cloned().unwrap_or(value)
+    } else {
+        let parsed = crate::jobspec::parse(&source).map_err(|problems| {
+            Failure(
+                format!("Error parsing job file from {file}:\n{}", problems.join("\n")),
+                1,
+            )
+        })?;
+        serde_json::to_value(parsed)?
+    };
+    let reply = api.call("PUT", "/v1/jobs", Some(&json!({ "Job": job })))?;
+    let eval_id = text(&reply["EvalID"]);
+    if detach {
+        println!("Job registration successful");
+        println!("Evaluation ID: {eval_id}");
+        return Ok(());
+    }
+    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
+    monitor(api, &eval_id, reply["EvalCreateIndex"].as_u64().unwrap_or(0))
+}
+
+/// Follows an evaluation (and the blocked one it leaves) until it is done; exit code 2 when
+/// something could not be placed. The first read blocks until the server answering has
+/// applied the write that created the evaluation (`created_at`): a follower may not have it
+/// yet when the leader acknowledged the write.
+pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut path = format!(
+        "/v1/evaluation/{eval_id}?index={}&wait=30s",
+        created_at.saturating_sub(1)
+    );
+    let eval = loop {
+        let eval = api.get(&path)?;
+        path = format!("/v1/evaluation/{eval_id}");
+        if eval["Status"] != "pending" || Instant::now() > deadline {
+            break eval;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    println!("    Evaluation triggered by job {:?}", text(&eval["JobID"]));
+    let allocs = api.get(&format!("/v1/job/{}/allocations", text(&eval["JobID"])))?;
+    for alloc in allocs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["EvalID"] == eval_id)
+    {
+        println!(
+            "    Allocation {:?} created: node {:?}, group {:?}",
+            short(&alloc["ID"]),
+            short(&alloc["NodeID"]),
+            text(&alloc["TaskGroup"])
+        );
+    }
+    println!(
+        "    Evaluation status changed: \"pending\" -> {:?}",
+        text(&eval["Status"])
+    );
+    let failed = eval["FailedTGAllocs"].as_object().filter(|failed| !failed.is_empty());
+    if let Some(failed) = failed {
+        println!(
+            "==> Evaluation {:?} finished with status {:?} but failed to place all allocations:",
+            short(&eval["ID"]),
+            text(&eval["Status"])
+        );
+        for (group, metric) in failed {
+            let queued = eval["QueuedAllocations"][group].as_u64().unwrap_or(0);
+            let plural = if queued == 1 { "" } else { "s" };
+            println!("    Task Group {group:?} (failed to place {queued} allocation{plural}):");
+            for (reason, count) in metric["ConstraintFiltered"].as_object().into_iter().flatten() {
+                println!("      * Constraint {reason:?}: {count} nodes excluded by filter");
+            }
+            for (dimension, count) in metric["DimensionExhausted"].as_object().into_iter().flatten() {
+                println!("      * Resources exhausted on {count} nodes");
+                println!("      * Dimension {dimension:?} exhausted on {count} nodes");
+            }
+        }
+        if !text(&eval["BlockedEval"]).is_empty() {
+            println!(
+                "    Evaluation {:?} waiting for additional capacity to place remainder",
+                short(&eval["BlockedEval"])
+            );
+        }
+        return Err(Failure(String::new(), 2));
+    }
+    println!(
+        "==> Evaluation {:?} finished with status {:?}",
+        short(&eval["ID"]),
+        text(&eval["Status"])
+    );
+    Ok(())
+}
+
+pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
+    let Some(id) = id else {
+        let jobs = api.get("/v1/jobs")?;
+        let mut rows = vec![vec![
+            "ID".into(),
+            "Type".into(),
+            "Priority".into(),
+            "Status".into(),
+            "Submit Date".into(),
+        ]];
+        for job in jobs.as_array().into_iter().flatten() {
+            rows.push(vec![
+                text(&job["ID"]),
+                text(&job["Type"]),
+                text(&job["Priority"]),
+                text(&job["Status"]),
+                job["SubmitTime"]
+                    .as_i64()
+                    .map(|nanos| drover_io_real::http::rfc3339((nanos / 1_000_000) as u64))
+                    .unwrap_or_default(),
+            ]);
+        }
+        if rows.len() == 1 {
+            println!("No running jobs");
+        } else {
+            println!("{}", table(&rows));
+        }
+        return Ok(());
+    };
+    let job = api.get(&format!("/v1/job/{id}")).map_err(|Failure(message, code)| {
+        if message.contains("404") {
+            Failure(format!("No job(s) with prefix or id {id:?} found"), 1)
+        } else {
+            Failure(message, code)
+        }
+    })?;
+    let summary = api.get(&format!("/v1/job/{id}/summary"))?;
+    println!(
+        "{}",
+        table(&[
+            vec!["ID".into(), "=".into(), text(&job["ID"])],
+            vec!["Name".into(), "=".into(), text(&job["Name"])],
+            vec!["Type".into(), "=".into(), text(&job["Type"])],
+            vec!["Priority".into(), "=".into(), text(&job["Priority"])],
+            vec![
+                "Datacenters".into(),
+                "=".into(),
+                job["Datacenters"]
+                    .as_array()
+                    .map(|d| d.iter().map(text).collect::<Vec<_>>().join(","))
+                    .unwrap_or_default()
+            ],
+            vec!["Status".into(), "=".into(), text(&job["Status"])],
+            vec!["Version".into(), "=".into(), text(&job["Version"])],
+        ])
+        .replace("  =  ", " = ")
+    );
+    println!();
+    println!("Summary");
+    let mut rows = vec![
+        [
+            "Task Group",
+            "Queued",
+            "Starting",
+            "Running",
+            "Failed",
+            "Complete",
+            "Lost",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>(),
+    ];
+    for (group, counts) in summary["Summary"].as_object().into_iter().flatten() {
+        rows.push(vec![
+            group.clone(),
+            text(&counts["Queued"]),
+            text(&counts["Starting"]),
+            text(&counts["Running"]),
+            text(&counts["Failed"]),
+            text(&counts["Complete"]),
+            text(&counts["Lost"]),
+        ]);
+    }
+    println!("{}", table(&rows));
+    println!();
+    println!("Allocations");
+    let allocs = api.get(&format!("/v1/job/{id}/allocations"))?;
+    let mut rows = vec![
+        ["ID", "Node ID", "Task Group", "Version", "Desired", "Status"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    for alloc in allocs.as_array().into_iter().flatten() {
+        rows.push(vec![
+            short(&alloc["ID"]),
+            short(&alloc["NodeID"]),
+            text(&alloc["TaskGroup"]),
+            text(&alloc["JobVersion"]),
+            text(&alloc["DesiredStatus"]),
+            text(&alloc["ClientStatus"]),
+        ]);
+    }
+    println!("{}", table(&rows));
+    Ok(())
+}
+
+pub(super) fn job_stop(api: &Api, id: &str, purge: bool) -> Result<(), Failure> {
+    let reply = api
+        .call("DELETE", &format!("/v1/job/{id}?purge={purge}"), None)
+        .map_err(|Failure(message, code)| {
+            if message.contains("404") {
+                Failure(format!("No job(s) with prefix or id {id:?} found"), 1)
+            } else {
+                Failure(message, code)
+            }
+        })?;
+    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
+    monitor(
+        api,
+        &text(&reply["EvalID"]),
+        reply["EvalCreateIndex"].as_u64().unwrap_or(0),
+    )
+}

@@ -1,0 +1,334 @@
+//! The operator CLI: `agent job run FILE`, `agent job status`, `agent node status`, ... —
+//! Nomad's commands and tables, over the HTTP API at `-address` or `NOMAD_ADDR` (default
+//! `http://127.0.0.1:4646`). Exit codes: 0 done, 1 error, 2 `job run` with placement failures.
+
+mod alloc;
+mod job;
+mod node;
+mod server;
+mod volume;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use alloc::alloc_status;
+use job::{job_run, job_status, job_stop};
+use node::{DrainOptions, node_drain, node_eligibility, node_status};
+use server::{list_peers, server_members};
+use volume::{plugin_status, volume_register, volume_status};
+
+#[derive(Debug, Args)]
+pub struct Global {
+    /// HTTP address of an agent (default $NOMAD_ADDR, else http://127.0.0.1:4646).
+    #[arg(long, global = true, value_name = "URL")]
+    pub address: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Jobs: run, status, stop.
+    #[command(subcommand)]
+    Job(JobCommand),
+    /// Allocations.
+    #[command(subcommand)]
+    Alloc(AllocCommand),
+    /// Client nodes.
+    #[command(subcommand)]
+    Node(NodeCommand),
+    /// CSI volumes.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
+    /// CSI plugins.
+    #[command(subcommand)]
+    Plugin(PluginCommand),
+    /// Servers.
+    #[command(subcommand)]
+    Server(ServerCommand),
+    /// Cluster operations.
+    #[command(subcommand)]
+    Operator(OperatorCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Register a job from an HCL (or JSON) file and follow its placement.
+    Run {
+        file: String,
+        /// Return once the job is submitted.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// List jobs, or show one.
+    Status { id: Option<String> },
+    /// Stop a job (and with -purge, remove it).
+    Stop {
+        id: String,
+        #[arg(long)]
+        purge: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AllocCommand {
+    /// Show an allocation: its placement, task states and recent task events.
+    Status {
+        id: String,
+        /// Full IDs and absolute times.
+        #[arg(long)]
+        verbose: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum NodeCommand {
+    Status {
+        id: Option<String>,
+    },
+    /// Drain a node: move its allocations elsewhere (system and CSI plugin jobs last), or
+    /// cancel a drain. Follows the drain until it completes unless -detach.
+    Drain {
+        /// Node ID (or a unique prefix).
+        id: String,
+        #[arg(long)]
+        enable: bool,
+        #[arg(long)]
+        disable: bool,
+        /// How long before every remaining allocation is stopped (Go duration, default 1h).
+        #[arg(long, value_name = "DURATION")]
+        deadline: Option<String>,
+        /// No deadline: wait for every allocation to migrate.
+        #[arg(long)]
+        no_deadline: bool,
+        /// Stop everything at once.
+        #[arg(long)]
+        force: bool,
+        /// Leave system jobs (and CSI plugin jobs) running on the node.
+        #[arg(long)]
+        ignore_system: bool,
+        /// With -disable: leave the node ineligible for new placements.
+        #[arg(long)]
+        keep_ineligible: bool,
+        /// Return once the drain is set.
+        #[arg(long)]
+        detach: bool,
+        /// Do not ask for confirmation (there is no prompt; accepted for Nomad's scripts).
+        #[arg(long)]
+        yes: bool,
+    },
+    /// Mark a node eligible or ineligible for new placements.
+    Eligibility {
+        id: String,
+        #[arg(long)]
+        enable: bool,
+        #[arg(long)]
+        disable: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum VolumeCommand {
+    /// Register a CSI volume from an HCL file (`id`, `name`, `type`, `plugin_id`, ...).
+    Register {
+        file: String,
+    },
+    Status {
+        id: Option<String>,
+    },
+    Deregister {
+        id: String,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Release a volume's claims on a node.
+    Detach {
+        id: String,
+        node: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PluginCommand {
+    Status { id: Option<String> },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServerCommand {
+    Members,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OperatorCommand {
+    #[command(subcommand)]
+    Raft(RaftCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RaftCommand {
+    #[command(name = "list-peers")]
+    ListPeers,
+}
+
+/// A failed command: the message for stderr and the exit code.
+struct Failure(String, u8);
+
+impl<E: std::fmt::Display> From<E> for Failure {
+    fn from(error: E) -> Self {
+        Failure(error.to_string(), 1)
+    }
+}
+
+struct Api {
+    base: String,
+}
+
+impl Api {
+    fn new(address: Option<String>) -> Api {
+        let base = address
+            .or_else(|| std::env::var("NOMAD_ADDR").ok())
+            .unwrap_or_else(|| "http://127.0.0.1:4646".into());
+        Api {
+            base: base.trim_end_matches('/').to_string(),
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+        let url = format!("{}{path}", self.base);
+        let request = ureq::request(method, &url).timeout(Duration::from_secs(30));
+        let response = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        match response {
+            Ok(response) => {
+                let text = response.into_string()?;
+                Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
+            }
+            Err(ureq::Error::Status(code, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                Err(Failure(
+                    format!("Unexpected response code: {code} ({})", text.trim()),
+                    1,
+                ))
+            }
+            Err(error) => Err(Failure(format!("Error querying {url}: {error}"), 1)),
+        }
+    }
+
+    fn get(&self, path: &str) -> Result<Value, Failure> {
+        self.call("GET", path, None)
+    }
+}
+
+/// Columns separated by two spaces, widths from the widest cell (Nomad's `columnize`).
+pub(super) fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|row| row.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    rows.iter()
+        .map(|row| {
+            let cells: Vec<String> = row
+                .iter()
+                .enumerate()
+                .map(|(c, cell)| {
+                    if c + 1 == row.len() {
+                        cell.clone()
+                    } else {
+                        format!("{cell:width$}", width = widths[c])
+                    }
+                })
+                .collect();
+            cells.join("  ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+pub(super) fn text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+pub(super) fn short(id: &Value) -> String {
+    text(id).chars().take(8).collect()
+}
+
+pub fn run(global: Global, command: Command) -> ExitCode {
+    let api = Api::new(global.address);
+    let result = match command {
+        Command::Job(JobCommand::Run { file, detach }) => job_run(&api, &file, detach),
+        Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
+        Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
+        Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
+        Command::Node(NodeCommand::Status { id }) => node_status(&api, id.as_deref()),
+        Command::Node(NodeCommand::Drain {
+            id,
+            enable,
+            disable,
+            deadline,
+            no_deadline,
+            force,
+            ignore_system,
+            keep_ineligible,
+            detach,
+            yes: _,
+        }) => {
+            let options = DrainOptions {
+                enable,
+                disable,
+                deadline,
+                no_deadline,
+                force,
+                ignore_system,
+                keep_ineligible,
+                detach,
+            };
+            node_drain(&api, &id, options)
+        }
+        Command::Node(NodeCommand::Eligibility { id, enable, disable }) => node_eligibility(&api, &id, enable, disable),
+        Command::Volume(VolumeCommand::Register { file }) => volume_register(&api, &file),
+        Command::Volume(VolumeCommand::Status { id }) => volume_status(&api, id.as_deref()),
+        Command::Volume(VolumeCommand::Deregister { id, force }) => api
+            .call("DELETE", &format!("/v1/volume/csi/{id}?force={force}"), None)
+            .map(|_| println!("Successfully deregistered volume {id:?}!")),
+        Command::Volume(VolumeCommand::Detach { id, node }) => api
+            .call("DELETE", &format!("/v1/volume/csi/{id}/detach?node={node}"), None)
+            .map(|_| println!("Successfully detached volume {id:?} from node {node:?}")),
+        Command::Plugin(PluginCommand::Status { id }) => plugin_status(&api, id.as_deref()),
+        Command::Server(ServerCommand::Members) => server_members(&api),
+        Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers)) => list_peers(&api),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure(message, code)) => {
+            eprintln!("{message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_align_like_columnize() {
+        let rows = vec![
+            vec!["ID".to_string(), "Status".to_string()],
+            vec!["web-long".to_string(), "running".to_string()],
+        ];
+        assert_eq!(table(&rows), "ID        Status\nweb-long  running");
+    }
+}
