@@ -945,3 +945,96 @@ fn persist_failures_become_rate_limited_storage_events() {
     assert_eq!(next[0].details["failures"], "4");
     assert_eq!(next[0].details["record"], "registry");
 }
+
+/// An allocation the servers stop and this client collects while an earlier report of it is
+/// still in flight: the client forgets the allocation, but its last status (complete) is still
+/// sent once the earlier report is answered, or the servers would keep it running forever.
+#[test]
+fn the_last_report_of_a_collected_allocation_is_still_sent() {
+    use drover_core::structs::ClientStatus;
+
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        region: "global".into(),
+        seed: 3,
+        faults: Default::default(),
+        consul: Default::default(),
+    });
+    let now = Instant::ZERO;
+    client.handle(
+        now,
+        ClientInput::Driver {
+            name: "exec".into(),
+            capabilities: DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            },
+            info: DriverInfo {
+                detected: true,
+                healthy: true,
+                health_description: "Healthy".into(),
+                attributes: BTreeMap::new(),
+            },
+        },
+    );
+    let mut job = app_job();
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("a1", &job), job.clone())],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    let mut world = World::default();
+    let mut held = None;
+    // Runs everything, holding back the status reports.
+    let mut drive = |client: &mut Client, held: &mut Option<drover_core::op::OpId>| {
+        let mut statuses = Vec::new();
+        for _ in 0..100 {
+            let Some(action) = client.poll_action() else { break };
+            if let ClientAction::Io { op, io } = action {
+                if let Io::Server(ServerRequest::AllocClientUpdates { updates, .. }) = &io {
+                    statuses.extend(updates.iter().map(|u| (u.alloc_id.clone(), u.client_status)));
+                    *held = Some(op);
+                    continue;
+                }
+                let outcome = world.answer(&io);
+                client.handle(now, ClientInput::Outcome { op, outcome });
+            }
+        }
+        statuses
+    };
+    assert_eq!(
+        drive(&mut client, &mut held),
+        [("a1".to_string(), ClientStatus::Running)]
+    );
+    // The servers no longer list it: stopped and collected while the report is in flight.
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: Vec::new(),
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    assert!(drive(&mut client, &mut held).is_empty(), "one report at a time");
+    assert!(client.alloc("a1").is_none(), "collected");
+    let op = held.take().expect("the first report");
+    client.handle(
+        now,
+        ClientInput::Outcome {
+            op,
+            outcome: Ok(Reply::Server(ServerReply::Done { index: 9 })),
+        },
+    );
+    let later = now + drover_core::client::client::ALLOC_UPDATE_INTERVAL;
+    client.handle_timeout(later);
+    assert_eq!(
+        drive(&mut client, &mut held),
+        [("a1".to_string(), ClientStatus::Complete)],
+        "the collected allocation's last word"
+    );
+}

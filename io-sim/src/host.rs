@@ -80,6 +80,9 @@ pub struct PluginFaults {
     /// How long a started plugin process takes to listen on its socket; until then a socket
     /// left behind by the previous process refuses connections.
     pub startup: Duration,
+    /// Calls of these names (`NodeUnpublishVolume`, ...) take this long to answer, as a
+    /// plugin slowed by its storage does.
+    pub slow_calls: BTreeMap<String, Duration>,
 }
 
 #[derive(Default)]
@@ -712,6 +715,9 @@ impl ClientExecutor for SimHost {
                         PluginMode::Hanging => std::future::pending::<()>().await,
                         PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
                         PluginMode::Healthy | PluginMode::Failing => {}
+                    }
+                    if let Some(delay) = host.faults.slow_calls.get(call.name()) {
+                        tokio::time::sleep(*delay).await;
                     }
                     host.csi(&socket, call)
                 }

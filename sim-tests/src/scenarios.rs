@@ -976,7 +976,16 @@ fn jobs_node_drain(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::UpdateJob(1),
         });
     }
-    csi_plan(rng, options, sorted(steps), single_writer_job(3))
+    // Sometimes the node plugin is slow to unmount: the claims of the finished allocations
+    // are then still being released when the drain could reach the plugin (Nomad #8232).
+    let mut real = single_writer_job(3);
+    if rng.gen_bool(0.5) {
+        let delay = millis(rng, 300..3_000);
+        for call in ["NodeUnpublishVolume", "NodeUnstageVolume"] {
+            real.plugin_faults.slow_calls.insert(call.to_string(), delay);
+        }
+    }
+    csi_plan(rng, options, sorted(steps), real)
 }
 
 fn jobs_node_loss(rng: &mut ChaCha8Rng, options: &Options) -> Plan {

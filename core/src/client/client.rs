@@ -203,11 +203,12 @@ enum Report {
 /// How long a failed report waits before it is sent again.
 pub const REPORT_RETRY: Duration = Duration::from_secs(1);
 /// Allocation updates are coalesced: one batch is in flight at a time, and everything that
-/// changed meanwhile goes in the next, sent when the interval since the last one has passed.
-/// Nomad's client waits 200 ms; at 200 ms the simulation stopped catching the #8232
-/// regression switch in `jobs_node_drain` (seeds 0..500; caught at seed 63 with 0), so the
-/// interval stays 0 until that is understood: batches are then bounded by the round trip.
-pub const ALLOC_UPDATE_INTERVAL: Duration = Duration::from_millis(0);
+/// changed meanwhile goes in the next, sent when the interval since the last one has passed
+/// (Nomad's client waits 200 ms). The wait delays a finished allocation's report, which hid
+/// the #8232 regression switch in `jobs_node_drain` until that scenario also slowed the
+/// plugin's unmounts: with fast unmounts the claims were released before the drain could
+/// see the allocations finished, so the defect's window never opened.
+pub const ALLOC_UPDATE_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Who asked a volume manager.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -50,6 +50,17 @@ impl ServerState {
         alloc.client_status = client_status;
         if let Some(states) = task_states {
             alloc.task_states = states.clone();
+            // What Nomad's client says with each status (`getClientStatus`).
+            let description = match client_status {
+                ClientStatus::Pending => Some("No tasks have started"),
+                ClientStatus::Running => Some("Tasks are running"),
+                ClientStatus::Complete => Some("All tasks have completed"),
+                ClientStatus::Failed => Some("Failed tasks"),
+                ClientStatus::Lost => None,
+            };
+            if let Some(description) = description {
+                alloc.client_description = description.into();
+            }
         }
         alloc.modify_index = index;
         alloc.modify_time_ms = at_ms;

@@ -182,6 +182,14 @@ impl ServerState {
         }
         // A client re-registering does not end a drain or undo an operator's
         // eligibility: those belong to the servers.
+        let none = BTreeMap::new();
+        let stored = |pick: fn(&Node) -> &BTreeMap<String, CsiInfo>| old.as_ref().map_or(&none, pick);
+        node.csi_controller_plugins = stamped(
+            &node.csi_controller_plugins,
+            stored(|n| &n.csi_controller_plugins),
+            at_ms,
+        );
+        node.csi_node_plugins = stamped(&node.csi_node_plugins, stored(|n| &n.csi_node_plugins), at_ms);
         if let Some(old) = &old {
             node.scheduling_eligibility = old.scheduling_eligibility;
             node.drain_strategy = old.drain_strategy.clone();
@@ -206,8 +214,8 @@ impl ServerState {
             return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
         };
         let mut node = old.clone();
-        node.csi_controller_plugins = controllers.clone();
-        node.csi_node_plugins = nodes.clone();
+        node.csi_controller_plugins = stamped(controllers, &old.csi_controller_plugins, at_ms);
+        node.csi_node_plugins = stamped(nodes, &old.csi_node_plugins, at_ms);
         node.modify_index = index;
         self.nodes.insert(node_id.to_string(), node.clone());
         self.touch(Table::Nodes, index);
@@ -261,4 +269,31 @@ impl ServerState {
         self.touch(Table::Nodes, index);
         Response::Done
     }
+}
+
+/// Plugin fingerprints with their `UpdateTime`: when the fingerprint last changed, on the
+/// cluster's clock (the entry's time); an unchanged one keeps the time it had.
+fn stamped(
+    reported: &BTreeMap<String, CsiInfo>,
+    stored: &BTreeMap<String, CsiInfo>,
+    at_ms: u64,
+) -> BTreeMap<String, CsiInfo> {
+    reported
+        .iter()
+        .map(|(plugin, info)| {
+            let mut info = info.clone();
+            info.update_time_ms = match stored.get(plugin) {
+                Some(old)
+                    if CsiInfo {
+                        update_time_ms: info.update_time_ms,
+                        ..old.clone()
+                    } == info =>
+                {
+                    old.update_time_ms
+                }
+                _ => at_ms,
+            };
+            (plugin.clone(), info)
+        })
+        .collect()
 }

@@ -534,4 +534,46 @@ mod tests {
         assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(rfc3339(1_795_309_296_985), "2026-11-22T01:01:36.985Z");
     }
+
+    #[test]
+    fn task_states_render_in_nomads_shape() {
+        use drover_core::structs::{TaskEvent, TaskState, TaskStatus};
+        let mut alloc = Allocation::default();
+        assert_eq!(task_states(&alloc), Value::Null, "null until the client reported");
+        let exited = TaskEvent {
+            kind: "Terminated".into(),
+            message: "Exit Code: 3".into(),
+            time: 1_795_309_296_985_000_000,
+            details: [("exit_code", "3"), ("signal", "0"), ("oom_killed", "false")]
+                .into_iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+        };
+        alloc.task_states.insert(
+            "web".into(),
+            TaskState {
+                state: TaskStatus::Dead,
+                failed: true,
+                restarts: 2,
+                started_at: 1_795_309_290_000_000_000,
+                finished_at: 1_795_309_296_985_000_000,
+                events: vec![exited],
+                ..TaskState::default()
+            },
+        );
+        let web = &task_states(&alloc)["web"];
+        assert_eq!(web["State"], "dead");
+        assert_eq!(web["Failed"], true);
+        assert_eq!(web["Restarts"], 2);
+        assert_eq!(web["StartedAt"], "2026-11-22T01:01:30.000Z");
+        assert_eq!(web["FinishedAt"], "2026-11-22T01:01:36.985Z");
+        assert_eq!(web["LastRestart"], ZERO_TIME, "Go's zero time, never 1970");
+        let event = &web["Events"][0];
+        assert_eq!(event["Type"], "Terminated");
+        assert_eq!(event["Time"], 1_795_309_296_985_000_000i64);
+        assert_eq!(event["DisplayMessage"], "Exit Code: 3");
+        assert_eq!(event["Details"]["exit_code"], "3");
+        assert_eq!(event["ExitCode"], 3, "the flat field Nomad fills from the detail");
+        assert_eq!(event["FailsTask"], false);
+    }
 }

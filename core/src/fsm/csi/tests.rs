@@ -565,10 +565,32 @@ fn a_client_batch_stores_task_states_that_plans_keep() {
     let stored = fx.state.alloc("a1").unwrap();
     assert_eq!(stored.client_status, ClientStatus::Running);
     assert_eq!(stored.task_states, states);
+    assert_eq!(
+        stored.client_description, "Tasks are running",
+        "Nomad's words for the status"
+    );
     assert!(fx.state.alloc("gone").is_none());
     fx.ok(Command::PlanApply {
         allocs: vec![alloc("a1", "n1")],
         evals: Vec::new(),
     });
     assert_eq!(fx.state.alloc("a1").unwrap().task_states, states, "only clients say");
+}
+
+#[test]
+fn a_plugin_fingerprint_carries_the_time_it_last_changed() {
+    let mut fx = Fixture::new();
+    fx.ok(Command::NodeRegister { node: node("n1", true) });
+    let report = |fx: &mut Fixture, healthy: bool| {
+        fx.ok(Command::NodeUpdateCsiInfo {
+            node_id: "n1".into(),
+            controllers: BTreeMap::new(),
+            nodes: BTreeMap::from([("p".to_string(), info("p", "a1", healthy, false))]),
+        });
+        fx.state.plugin("p").unwrap().nodes["n1"].update_time_ms
+    };
+    let first = report(&mut fx, true);
+    assert_eq!(first, 1_000 * fx.index, "the entry's time, never 1970");
+    assert_eq!(report(&mut fx, true), first, "an unchanged fingerprint keeps its time");
+    assert_eq!(report(&mut fx, false), 1_000 * fx.index, "a change is stamped anew");
 }

@@ -192,3 +192,33 @@ fn leadership_lost_fails_every_machines_requests_in_the_order_they_came() {
     }
     assert_eq!(replies, vec![1, 2, 3, 4]);
 }
+
+#[test]
+fn a_node_updates_only_its_own_allocations() {
+    use crate::structs::{AllocClientReport, ClientStatus};
+    let mut h = Harness::new();
+    let report = |alloc_id: &str| AllocClientReport {
+        alloc_id: alloc_id.into(),
+        client_status: ClientStatus::Failed,
+        task_states: Default::default(),
+    };
+    // n1 reports its own a1, n2's a2, and one the servers never had.
+    h.request(
+        1,
+        ServerRequest::AllocClientUpdates {
+            node_id: "n1".into(),
+            updates: vec![report("a1"), report("a2"), report("unknown")],
+        },
+    );
+    assert!(
+        matches!(h.replies.last(), Some((1, ServerReply::Done { .. }))),
+        "{:?}",
+        h.replies
+    );
+    assert_eq!(h.fx.state.alloc("a1").unwrap().client_status, ClientStatus::Failed);
+    assert_eq!(
+        h.fx.state.alloc("a2").unwrap().client_status,
+        ClientStatus::Pending,
+        "another node's allocation is not n1's to report"
+    );
+}
