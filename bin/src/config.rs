@@ -540,6 +540,11 @@ fn apply_file(
                     config.client.raw_exec_enabled = enabled;
                 }
             }
+            "mock" | "mock_driver" => {
+                if let Some(enabled) = plugin.config.and_then(|config| config.enabled) {
+                    config.client.mock_driver_enabled = enabled;
+                }
+            }
             other => notes.push(format!("plugin {other:?} has no settings in Drover; ignored")),
         }
     }
@@ -882,6 +887,11 @@ plugin "docker" {
     allow_privileged = true
   }
 }
+plugin "mock_driver" {
+  config {
+    enabled = true
+  }
+}
 "#,
         )
         .unwrap();
@@ -892,6 +902,7 @@ plugin "docker" {
             ..Flags::default()
         };
         assert!(!load(&plain, no_dev).unwrap().config.client.raw_exec_enabled);
+        assert!(!load(&plain, no_dev).unwrap().config.client.mock_driver_enabled);
         let dev = Flags {
             dev: true,
             ..Flags::default()
@@ -910,6 +921,10 @@ plugin "docker" {
         };
         let loaded = load(&flags, no_dev).unwrap();
         assert!(loaded.config.client.raw_exec_enabled);
+        assert!(
+            loaded.config.client.mock_driver_enabled,
+            "the scripted driver, only when asked"
+        );
         assert_eq!(loaded.config.client.node_class, "gpu");
         assert_eq!(loaded.config.client.meta["rack"], "r7");
         assert_eq!(loaded.notes, ["plugin \"docker\" has no settings in Drover; ignored"]);

@@ -248,7 +248,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             agent: handle.clone(),
             settings,
             executor: Arc::new(HostExecutor {
-                drivers: Drivers::builtin(config.client.raw_exec_enabled),
+                drivers: Drivers::builtin(config.client.raw_exec_enabled, config.client.mock_driver_enabled),
                 // -dev shows the device hook at work with two fake GPUs.
                 devices: if config.dev_mode {
                     DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(2)))

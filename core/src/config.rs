@@ -226,6 +226,11 @@ pub struct ClientConfig {
     /// job could otherwise run commands as the agent's user); `-dev` turns it on.
     #[serde(default)]
     pub raw_exec_enabled: bool,
+    /// `plugin "mock" { config { enabled = true } }`: the scripted `mock` driver, for tests
+    /// of jobs without processes. Nomad builds it only into test binaries; here it is off
+    /// unless a client enables it.
+    #[serde(default)]
+    pub mock_driver_enabled: bool,
     /// `network_interface`: the interface whose address tasks' ports are allocated on
     /// (empty: the advertised address, or the default route's interface).
     #[serde(default)]

@@ -91,7 +91,14 @@ pub struct VolumeManager {
     running: BTreeMap<VolumeKey, Job>,
     queue: VecDeque<(OpId, VolumeOp)>,
     actions: Vec<VolumeAction>,
+    /// (namespace, volume, usage, allocation) unmounted lately, oldest first: the servers'
+    /// node detach of a claim the allocation's own unmount already released is answered at
+    /// once, not unmounted (and reported) a second time.
+    released: VecDeque<(String, String, String, String)>,
 }
+
+/// How many recent unmounts [`VolumeManager`] remembers.
+pub const RELEASED_MEMORY: usize = 256;
 
 fn key_of(op: &VolumeOp) -> VolumeKey {
     match op {
@@ -114,6 +121,21 @@ impl VolumeManager {
             running: BTreeMap::new(),
             queue: VecDeque::new(),
             actions: Vec::new(),
+            released: VecDeque::new(),
+        }
+    }
+
+    /// The (namespace, volume, usage, allocation) of an unmount.
+    fn release_key(op: &VolumeOp) -> Option<(String, String, String, String)> {
+        match op {
+            VolumeOp::Unmount {
+                namespace,
+                volume_id,
+                alloc_id,
+                usage,
+                ..
+            } => Some((namespace.clone(), volume_id.clone(), usage.to_fs(), alloc_id.clone())),
+            _ => None,
         }
     }
 
@@ -173,6 +195,20 @@ impl VolumeManager {
             if self.running.contains_key(&key) {
                 waiting.push_back((request, op));
                 continue;
+            }
+            // Unmounted already, and not mounted again since: nothing to do, nothing to say.
+            if let Some(release) = Self::release_key(&op)
+                && self.released.contains(&release)
+            {
+                let (namespace, volume, usage, alloc) = &release;
+                let key = (namespace.clone(), volume.clone(), usage.clone());
+                if !self.usage.get(&key).is_some_and(|users| users.contains(alloc)) {
+                    self.actions.push(VolumeAction::Reply {
+                        request,
+                        outcome: Ok(Reply::Unit),
+                    });
+                    continue;
+                }
             }
             let step = match &op {
                 VolumeOp::Mount { alloc_id, usage, .. } => {
@@ -477,7 +513,16 @@ impl VolumeManager {
                     })
                 })
             }
-            (VolumeOp::Unmount { volume_id, .. }, result) => {
+            (op @ VolumeOp::Unmount { volume_id, .. }, result) => {
+                if result.is_ok()
+                    && let Some(release) = Self::release_key(op)
+                    && !self.released.contains(&release)
+                {
+                    if self.released.len() == RELEASED_MEMORY {
+                        self.released.pop_front();
+                    }
+                    self.released.push_back(release);
+                }
                 let mut details = BTreeMap::new();
                 details.insert("volume_id".to_string(), volume_id.clone());
                 details.insert("success".to_string(), result.is_ok().to_string());

@@ -119,17 +119,22 @@ impl Drivers {
     /// The built-in drivers of a production client; `raw_exec` only fingerprints as detected
     /// when the operator enabled it (`plugin "raw_exec" { config { enabled = true } }`).
     #[cfg(not(madsim))]
-    pub fn builtin(raw_exec_enabled: bool) -> Self {
+    pub fn builtin(raw_exec_enabled: bool, mock_enabled: bool) -> Self {
         let raw_exec = process::ProcessDriver::raw_exec();
         let raw_exec = if raw_exec_enabled {
             raw_exec
         } else {
             raw_exec.disabled()
         };
-        Drivers::default()
+        let drivers = Drivers::default()
             .with(Arc::new(raw_exec))
-            .with(Arc::new(process::ProcessDriver::exec()))
-            .with(Arc::new(mock::MockDriver::default()))
+            .with(Arc::new(process::ProcessDriver::exec()));
+        // The scripted driver only where a client asked for it (Nomad has it in test builds).
+        if mock_enabled {
+            drivers.with(Arc::new(mock::MockDriver::default()))
+        } else {
+            drivers
+        }
     }
 }
 
