@@ -9,6 +9,7 @@ use crate::prelude::*;
 use core::time::Duration;
 
 use crate::client::Io;
+use crate::rpc::ServerRequest;
 
 /// Filesystem calls (`mkdir`, `rm -rf`, `rmdir`, the mount table): a hung NFS mount must not
 /// hang a hook forever.
@@ -23,9 +24,15 @@ pub const CONSUL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DESTROY_TIMEOUT: Duration = Duration::from_secs(30);
 /// A blocking alloc sync may take its whole wait; this much more covers the network.
 pub const ALLOC_SYNC_GRACE: Duration = Duration::from_secs(10);
+/// The node's own calls to the servers (registration, heartbeat, status and fingerprint
+/// reports): each is small and answered once applied, and each is retried by the machine
+/// that sent it. A reply lost on the way (a dropped connection, a server that restarted
+/// mid-call) must not leave the client waiting on it for good; the driver's own 60 s
+/// forwarding bound is far longer than a heartbeat TTL.
+pub const NODE_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The deadline of `io`, or `None` when it has none of its own: stopping a task is bounded by
-/// its kill timeout, server requests by the agent's forwarding, and device reservations and
+/// its kill timeout, the other server requests by the leader's own deadlines, and device reservations and
 /// volume operations answer from memory or through requests that have deadlines.
 pub fn deadline(io: &Io) -> Option<Duration> {
     match io {
@@ -41,11 +48,21 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         Io::Csi { .. } => Some(CSI_TIMEOUT),
         Io::AllocSync(request) => Some(Duration::from_millis(request.max_wait_ms) + ALLOC_SYNC_GRACE),
         Io::Consul(_) => Some(CONSUL_TIMEOUT),
+        Io::Server(
+            ServerRequest::NodeRegister { .. }
+            | ServerRequest::NodeUpdateStatus { .. }
+            | ServerRequest::NodeUpdateCsiInfo { .. }
+            | ServerRequest::NodeUpdateDrivers { .. }
+            | ServerRequest::NodeEmitEvents { .. }
+            | ServerRequest::AllocClientUpdates { .. },
+        ) => Some(NODE_RPC_TIMEOUT),
+        // Claims may wait on a controller's publish, tokens on Consul: the leader bounds
+        // those itself.
+        Io::Server(_) => None,
         Io::StopTask { .. }
         | Io::RecoverTask { .. }
         | Io::ReserveDevices { .. }
         | Io::PrepareDevices { .. }
-        | Io::Server(_)
         | Io::Volume(_) => None,
     }
 }
@@ -67,11 +84,13 @@ mod tests {
         });
         assert_eq!(deadline(&sync), Some(Duration::from_secs(40)));
         assert_eq!(
-            deadline(&Io::Server(crate::rpc::ServerRequest::NodeUpdateStatus {
+            deadline(&Io::Server(ServerRequest::NodeUpdateStatus {
                 node_id: "n1".into(),
                 status: crate::structs::NodeStatus::Ready,
             })),
-            None
+            Some(NODE_RPC_TIMEOUT)
         );
+        let read = Io::Server(ServerRequest::VariablesRead { paths: Vec::new() });
+        assert_eq!(deadline(&read), None, "the leader bounds the rest");
     }
 }

@@ -77,6 +77,8 @@ pub struct ServerLink {
     backoff: Duration,
     /// The node changed while a registration was in flight: register once more after it.
     register_again: bool,
+    /// The first registration attempt was logged.
+    registering_said: bool,
 }
 
 impl ServerLink {
@@ -128,6 +130,11 @@ impl ServerLink {
             };
             let mut node = node.clone();
             node.status = NodeStatus::Ready;
+            if !self.ever_registered && !self.registering_said {
+                // Said once: a client that never gets further shows where it stopped.
+                self.registering_said = true;
+                tracing::info!(node_id = %node.id, "registering the node with the servers");
+            }
             out.push((op, Io::Server(ServerRequest::NodeRegister { node: Box::new(node) })));
         }
         if self.registered && self.heartbeat.due(now) {
