@@ -96,6 +96,19 @@ pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Fai
     Ok(())
 }
 
+/// `alloc stop`: the evaluation that replaces the allocation, followed as `job run` does.
+pub(super) fn alloc_stop(api: &Api, id: &str, detach: bool) -> Result<(), Failure> {
+    let alloc = resolve_alloc(api, id)?;
+    let reply = api.call("PUT", &format!("/v1/allocation/{}/stop", text(&alloc["ID"])), None)?;
+    let eval_id = text(&reply["EvalID"]);
+    if detach {
+        println!("{eval_id}");
+        return Ok(());
+    }
+    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
+    super::job::monitor(api, &eval_id, reply["Index"].as_u64().unwrap_or(0))
+}
+
 fn or_none(text: String) -> String {
     if text.is_empty() { "<none>".into() } else { text }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use alloc::alloc_status;
+use alloc::{alloc_status, alloc_stop};
 use job::{job_run, job_status, job_stop};
 use node::{DrainOptions, node_drain, node_eligibility, node_status};
 use server::{list_peers, server_members};
@@ -79,6 +79,13 @@ pub enum AllocCommand {
         /// Full IDs and absolute times.
         #[arg(long)]
         verbose: bool,
+    },
+    /// Stop an allocation; the scheduler replaces it (Nomad's `alloc stop`).
+    Stop {
+        id: String,
+        /// Return once the stop is submitted.
+        #[arg(long)]
+        detach: bool,
     },
 }
 
@@ -272,6 +279,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
+        Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),
         Command::Node(NodeCommand::Status { id }) => node_status(&api, id.as_deref()),
         Command::Node(NodeCommand::Drain {
             id,

@@ -140,8 +140,44 @@ impl JobEndpoints {
                 simple(Command::AllocClientUpdates { updates })
             }
             ServerRequest::AllocDelete { alloc_ids } => simple(Command::AllocDelete { alloc_ids }),
+            ServerRequest::AllocStop { alloc_id } => {
+                self.stop_alloc(req, alloc_id, state, out);
+                None
+            }
             other => unreachable!("not a job request: {other:?}"),
         }
+    }
+
+    /// `Alloc.Stop`, as Nomad does it: the allocation's desired transition becomes migrate,
+    /// and the evaluation that goes with it stops it and places its replacement.
+    fn stop_alloc(&mut self, req: ReqId, alloc_id: String, state: &ServerState, out: &mut Outbox) {
+        let Some(alloc) = state.alloc(&alloc_id) else {
+            out.reply(
+                req,
+                ServerReply::Error(RpcError::not_found(format!("Unknown allocation {alloc_id:?}"))),
+            );
+            return;
+        };
+        let Some(job) = state.job(&alloc.namespace, &alloc.job_id) else {
+            out.reply(
+                req,
+                ServerReply::Error(RpcError::not_found(format!("job {:?} not found", alloc.job_id))),
+            );
+            return;
+        };
+        let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "alloc-stop");
+        let flow = JobFlow::Write {
+            req,
+            eval_id: eval.id.clone(),
+            namespace: job.namespace.clone(),
+            job_id: job.id.clone(),
+        };
+        let transitions = [(alloc_id, crate::structs::DesiredTransition { migrate: true })].into();
+        let command = Command::AllocUpdateDesiredTransition {
+            transitions,
+            evals: vec![eval],
+        };
+        out.propose_new(Owner::Jobs(flow), command);
     }
 
     fn new_eval(

@@ -84,6 +84,11 @@ pub enum ServerRequest {
     AllocDelete {
         alloc_ids: Vec<String>,
     },
+    /// `Alloc.Stop`: the allocation is marked to migrate and an evaluation replaces it;
+    /// answered with the evaluation.
+    AllocStop {
+        alloc_id: String,
+    },
     VolumeRegister {
         volumes: Vec<CsiVolume>,
     },

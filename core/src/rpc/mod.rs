@@ -243,7 +243,8 @@ impl RpcEndpoints {
             | R::AllocUpsert { .. }
             | R::AllocClientUpdate { .. }
             | R::AllocClientUpdates { .. }
-            | R::AllocDelete { .. }) => self.jobs.request(req, request, state, out),
+            | R::AllocDelete { .. }
+            | R::AllocStop { .. }) => self.jobs.request(req, request, state, out),
             R::DeriveSiToken {
                 node_id,
                 secret_id,

@@ -1,11 +1,12 @@
 //! `/v1/allocations` and `/v1/allocation/:id`: Nomad's alloc list and read, as blocking
-//! queries on the allocs table.
+//! queries on the allocs table, and `/v1/allocation/:id/stop`.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use drover_core::fsm::Table;
-use serde_json::Value;
+use drover_core::rpc::{ServerReply, ServerRequest};
+use serde_json::{Value, json};
 
 use super::{ApiError, QueryOptions, block_on_table, query_headers, render};
 use crate::driver::AgentHandle;
@@ -44,5 +45,24 @@ pub async fn get_allocation(
     match alloc {
         Some(alloc) => Ok((query_headers(&handle, index), axum::Json(alloc))),
         None => Err(ApiError(StatusCode::NOT_FOUND, "alloc not found".into())),
+    }
+}
+
+/// `PUT|POST /v1/allocation/:id/stop`: Nomad's `Alloc.Stop`, answered with the evaluation that
+/// replaces the allocation.
+pub async fn stop_allocation(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    match handle.request_applied(ServerRequest::AllocStop { alloc_id: id }).await {
+        ServerReply::JobRegistered { index, eval_id, .. } => Ok((
+            query_headers(&handle, index),
+            axum::Json(json!({ "EvalID": eval_id, "Index": index })),
+        )),
+        ServerReply::Error(error) => Err(error.into()),
+        other => Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected reply {other:?}"),
+        )),
     }
 }

@@ -93,6 +93,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
         .route("/v1/allocations", get(allocs::list_allocations))
         .route("/v1/allocation/{id}", get(allocs::get_allocation))
+        .route(
+            "/v1/allocation/{id}/stop",
+            axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
+        )
         .route("/v1/nodes", get(csi::list_nodes))
         .route("/v1/node/{id}", get(csi::get_node))
         .route(

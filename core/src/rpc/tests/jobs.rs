@@ -222,3 +222,36 @@ fn a_node_updates_only_its_own_allocations() {
         "another node's allocation is not n1's to report"
     );
 }
+
+#[test]
+fn stopping_an_allocation_marks_it_to_migrate_with_an_evaluation() {
+    let mut h = Harness::new();
+    h.request(1, ServerRequest::JobRegister { job: Box::new(web(1)) });
+    let mut alloc = h.fx.state.alloc("a1").unwrap().clone();
+    alloc.job_id = "web".into();
+    h.fx.ok(Command::AllocUpsert { allocs: vec![alloc] });
+    h.request(2, ServerRequest::AllocStop { alloc_id: "a1".into() });
+    let Some((2, ServerReply::JobRegistered { eval_id, .. })) = h.replies.last().cloned() else {
+        panic!("{:?}", h.replies)
+    };
+    assert!(h.fx.state.alloc("a1").unwrap().desired_transition.migrate);
+    let eval =
+        h.fx.state
+            .evals()
+            .find(|eval| eval.id == eval_id)
+            .expect("its evaluation");
+    assert_eq!(
+        (eval.job_id.as_str(), eval.triggered_by.as_str()),
+        ("web", "alloc-stop")
+    );
+    h.request(
+        3,
+        ServerRequest::AllocStop {
+            alloc_id: "nope".into(),
+        },
+    );
+    let Some((3, ServerReply::Error(error))) = h.replies.last().cloned() else {
+        panic!("{:?}", h.replies)
+    };
+    assert_eq!(error.message, "Unknown allocation \"nope\"");
+}
