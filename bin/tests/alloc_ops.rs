@@ -136,3 +136,87 @@ fn an_operator_sees_an_allocations_tasks_and_stops_it() {
         "{missing:?}"
     );
 }
+
+/// `alloc signal` and `alloc restart` sent to a server-only agent reach the task on a
+/// client-only agent: the server relays them to the client that runs the allocation.
+#[test]
+fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let server = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let port = specs[0].http;
+    let [http, rpc, serf] = support::free_ports();
+    let spec = support::ServerSpec {
+        name: "c1".into(),
+        http,
+        rpc,
+        serf,
+        data_dir: root.path().join("c1"),
+    };
+    let client_args = vec![
+        "-client".to_string(),
+        format!("-data-dir={}", spec.data_dir.display()),
+        "-node=c1".into(),
+        "-bind=127.0.0.1".into(),
+        format!("-http-port={http}"),
+        format!("-rpc-port={rpc}"),
+        format!("-servers=127.0.0.1:{}", specs[0].rpc),
+    ];
+    let client = Agent::start(spec, client_args);
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers:\n{}\n{}", server.log(), client.log()));
+    let marks = root.path().join("marks");
+    let file = root.path().join("web.hcl");
+    std::fs::write(&file, jobspec(&marks)).unwrap();
+    stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
+    let alloc = wait_for(Duration::from_secs(20), || {
+        Some(lines(&marks).first()?.split_once(' ')?.0.to_string())
+    })
+    .unwrap_or_else(|| panic!("the task starts:\n{}", client.log()));
+
+    stdout(&cli(port, &["alloc", "signal", "-s", "SIGUSR1", &alloc[..8], "t"]));
+    wait_for(Duration::from_secs(10), || {
+        lines(&marks).contains(&format!("{alloc} USR1")).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the task sees the signal: {:?}\n{}", lines(&marks), client.log()));
+
+    stdout(&cli(port, &["alloc", "restart", &alloc[..8]]));
+    let starts = |marks: &Path| {
+        lines(marks)
+            .iter()
+            .filter(|line| line.starts_with(&alloc) && !line.ends_with("USR1"))
+            .count()
+    };
+    wait_for(Duration::from_secs(20), || (starts(&marks) == 2).then_some(()))
+        .unwrap_or_else(|| panic!("the task starts again: {:?}\n{}", lines(&marks), client.log()));
+    let restarted = wait_for(Duration::from_secs(10), || {
+        let alloc = get(port, &format!("/v1/allocation/{alloc}"))?;
+        (alloc["TaskStates"]["t"]["Restarts"] == 1 && alloc["TaskStates"]["t"]["State"] == "running").then_some(alloc)
+    })
+    .unwrap_or_else(|| panic!("the servers hear of the restart:\n{}", client.log()));
+    let kinds: Vec<&str> = restarted["TaskStates"]["t"]["Events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|event| event["Type"].as_str())
+        .collect();
+    assert!(
+        kinds.contains(&"Signaling") && kinds.contains(&"Restart Signaled"),
+        "{kinds:?}"
+    );
+
+    // Refused with Nomad's words, through the relay too.
+    let bad_task = cli(port, &["alloc", "restart", &alloc[..8], "nope"]);
+    assert!(
+        String::from_utf8_lossy(&bad_task.stderr).contains("404 (Could not find task runner for task: nope)"),
+        "{bad_task:?}"
+    );
+    let bad_signal = cli(port, &["alloc", "signal", "-s", "SIGNOPE", &alloc[..8]]);
+    assert!(
+        String::from_utf8_lossy(&bad_signal.stderr).contains("400 (Invalid signal \"SIGNOPE\")"),
+        "{bad_signal:?}"
+    );
+}

@@ -1038,3 +1038,134 @@ fn the_last_report_of_a_collected_allocation_is_still_sent() {
         "the collected allocation's last word"
     );
 }
+
+/// An operator restarts and signals a running allocation's task (`alloc restart`, `alloc
+/// signal`): a signal is sent through the driver and answered once delivered; a restart kills
+/// the task and starts it again at once, outside its restart policy; bad requests are refused
+/// with Nomad's words.
+#[test]
+fn operators_restart_and_signal_a_running_task() {
+    use drover_core::client::AllocControl;
+
+    let mut client = Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        region: "global".into(),
+        seed: 3,
+        faults: Default::default(),
+        consul: Default::default(),
+    });
+    let now = Instant::ZERO;
+    client.handle(
+        now,
+        ClientInput::Driver {
+            name: "exec".into(),
+            capabilities: DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            },
+            info: DriverInfo {
+                detected: true,
+                healthy: true,
+                health_description: "Healthy".into(),
+                attributes: BTreeMap::new(),
+            },
+        },
+    );
+    let mut job = app_job();
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("a1", &job), job.clone())],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    let mut world = World::default();
+    // Answers every I/O; returns the task I/O seen and the control answers.
+    let mut drive = |client: &mut Client| {
+        let (mut seen, mut answers) = (Vec::new(), Vec::new());
+        while let Some(action) = client.poll_action() {
+            match action {
+                ClientAction::Io { op, io } => {
+                    match &io {
+                        Io::SignalTask { signal, .. } => seen.push(format!("signal {signal}")),
+                        Io::StopTask { .. } => seen.push("stop".to_string()),
+                        Io::StartTask(_) => seen.push("start".to_string()),
+                        _ => {}
+                    }
+                    let outcome = world.answer(&io);
+                    client.handle(now, ClientInput::Outcome { op, outcome });
+                }
+                ClientAction::AllocControlled { req, result } => answers.push((req, result)),
+                _ => {}
+            }
+        }
+        (seen, answers)
+    };
+    assert_eq!(drive(&mut client).0, ["start"]);
+    let control = |client: &mut Client, req: u64, request: AllocControl| {
+        client.handle(now, ClientInput::AllocControl { req, request });
+    };
+    let signal = |task: Option<&str>, signal: &str| AllocControl::Signal {
+        alloc_id: "a1".into(),
+        task: task.map(String::from),
+        signal: signal.into(),
+    };
+
+    control(&mut client, 1, signal(None, "SIGUSR1"));
+    assert_eq!(drive(&mut client), (vec!["signal 10".to_string()], vec![(1, Ok(()))]));
+    let web = &client.alloc("a1").unwrap().task_states()["web"];
+    let last = web.events.last().unwrap();
+    assert_eq!(last.kind, "Signaling");
+    assert_eq!(last.message, "Task being sent signal SIGUSR1: User requested signal");
+
+    control(&mut client, 2, signal(Some("web"), "SIGNOPE"));
+    control(&mut client, 3, signal(Some("nope"), "SIGHUP"));
+    control(
+        &mut client,
+        4,
+        AllocControl::Restart {
+            alloc_id: "gone".into(),
+            task: None,
+        },
+    );
+    assert_eq!(
+        drive(&mut client).1,
+        [
+            (2, Err("Invalid signal \"SIGNOPE\"".to_string())),
+            (3, Err("Could not find task runner for task: nope".to_string())),
+            (4, Err("Unknown allocation \"gone\"".to_string())),
+        ]
+    );
+
+    control(
+        &mut client,
+        5,
+        AllocControl::Restart {
+            alloc_id: "a1".into(),
+            task: Some("web".into()),
+        },
+    );
+    // The driver's stop returns once the task is gone: started again at once.
+    assert_eq!(
+        drive(&mut client),
+        (vec!["stop".to_string(), "start".to_string()], vec![(5, Ok(()))])
+    );
+    let web = &client.alloc("a1").unwrap().task_states()["web"];
+    assert_eq!(web.restarts, 1);
+    let kinds: Vec<&str> = web.events.iter().map(|event| event.kind.as_str()).collect();
+    assert!(
+        kinds.ends_with(&[
+            "Restart Signaled",
+            "Killing",
+            "Killed",
+            "Restarting",
+            "Task Setup",
+            "Started"
+        ]),
+        "{kinds:?}"
+    );
+}

@@ -232,6 +232,12 @@ impl AgentHandle {
         }
     }
 
+    /// An operator's restart or signal of an allocation, carried to the client that runs it
+    /// (see `service::relay`).
+    pub async fn alloc_control(&self, request: drover_core::client::AllocControl) -> Result<(), String> {
+        self.inner.service.alloc_control(request, false).await
+    }
+
     /// `Node.GetClientAllocs` as a blocking query: this server's state, or a client-only
     /// agent's servers.
     pub async fn node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, rpc::RpcError> {

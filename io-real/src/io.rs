@@ -113,6 +113,11 @@ pub trait ClientCsi: Send + Sync + 'static {
         &self,
         request: drover_core::rpc::ClientCsiRequest,
     ) -> BoxFuture<Result<drover_core::rpc::ClientCsiReply, String>>;
+
+    /// An operator's restart or signal of one of this client's allocations.
+    fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
+        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
+    }
 }
 
 /// Facts a driver reports as they happen: tracing in production, the trace recorder and

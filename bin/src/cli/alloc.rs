@@ -109,6 +109,30 @@ pub(super) fn alloc_stop(api: &Api, id: &str, detach: bool) -> Result<(), Failur
     super::job::monitor(api, &eval_id, reply["Index"].as_u64().unwrap_or(0))
 }
 
+/// `alloc restart`: the task (or every running task) restarts on its client.
+pub(super) fn alloc_restart(api: &Api, id: &str, task: Option<&str>) -> Result<(), Failure> {
+    let alloc = resolve_alloc(api, id)?;
+    let body = serde_json::json!({ "TaskName": task.unwrap_or_default() });
+    api.call(
+        "PUT",
+        &format!("/v1/client/allocation/{}/restart", text(&alloc["ID"])),
+        Some(&body),
+    )?;
+    Ok(())
+}
+
+/// `alloc signal`: the signal reaches the task (or every running task) on its client.
+pub(super) fn alloc_signal(api: &Api, id: &str, task: Option<&str>, signal: Option<&str>) -> Result<(), Failure> {
+    let alloc = resolve_alloc(api, id)?;
+    let body = serde_json::json!({ "Task": task.unwrap_or_default(), "Signal": signal.unwrap_or("SIGKILL") });
+    api.call(
+        "PUT",
+        &format!("/v1/client/allocation/{}/signal", text(&alloc["ID"])),
+        Some(&body),
+    )?;
+    Ok(())
+}
+
 fn or_none(text: String) -> String {
     if text.is_empty() { "<none>".into() } else { text }
 }

@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
-use alloc::{alloc_status, alloc_stop};
+use alloc::{alloc_restart, alloc_signal, alloc_status, alloc_stop};
 use job::{job_run, job_status, job_stop};
 use node::{DrainOptions, node_drain, node_eligibility, node_status};
 use server::{list_peers, server_members};
@@ -79,6 +79,24 @@ pub enum AllocCommand {
         /// Full IDs and absolute times.
         #[arg(long)]
         verbose: bool,
+    },
+    /// Restart an allocation's task, or every running task (Nomad's `alloc restart`).
+    Restart {
+        id: String,
+        /// The task to restart (also accepted as -task).
+        task: Option<String>,
+        #[arg(long = "task", value_name = "TASK")]
+        task_flag: Option<String>,
+    },
+    /// Send a signal to an allocation's task, or every running task (Nomad's `alloc signal`).
+    Signal {
+        id: String,
+        task: Option<String>,
+        #[arg(long = "task", value_name = "TASK")]
+        task_flag: Option<String>,
+        /// The signal (default SIGKILL, as Nomad).
+        #[arg(short = 's', value_name = "SIGNAL")]
+        signal: Option<String>,
     },
     /// Stop an allocation; the scheduler replaces it (Nomad's `alloc stop`).
     Stop {
@@ -280,6 +298,15 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),
+        Command::Alloc(AllocCommand::Restart { id, task, task_flag }) => {
+            alloc_restart(&api, &id, task_flag.or(task).as_deref())
+        }
+        Command::Alloc(AllocCommand::Signal {
+            id,
+            task,
+            task_flag,
+            signal,
+        }) => alloc_signal(&api, &id, task_flag.or(task).as_deref(), signal.as_deref()),
         Command::Node(NodeCommand::Status { id }) => node_status(&api, id.as_deref()),
         Command::Node(NodeCommand::Drain {
             id,

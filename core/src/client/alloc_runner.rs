@@ -26,7 +26,8 @@ use crate::client::paths::{self, ClientPaths};
 use crate::client::task_runner::{LocalTaskState, TaskAction, TaskRunner, TaskSpec, TaskStatus};
 use crate::client::volume_hook::HostVolumeConfig;
 use crate::client::{
-    DriverCapabilities, ExitResult, Io, MountConfigSupport, MountInfo, Outcome, Reply, UsageOptions, VolumeOp,
+    DriverCapabilities, ExitResult, Io, MountConfigSupport, MountInfo, Outcome, Reply, TaskHandle, UsageOptions,
+    VolumeOp,
 };
 use crate::op::{OpId, OpIds};
 use crate::rpc::{ServerReply, ServerRequest};
@@ -380,6 +381,62 @@ impl AllocRunner {
             }
             _ => {}
         }
+    }
+
+    /// The tasks an operator's restart or signal is for: `task`, or every running task.
+    fn targets(&self, task: Option<&str>) -> Result<Vec<String>, String> {
+        match task {
+            Some(name) if self.tasks.contains_key(name) => Ok(vec![name.to_string()]),
+            Some(name) => Err(format!("Could not find task runner for task: {name}")),
+            None => {
+                let running: Vec<String> = self
+                    .tasks
+                    .iter()
+                    .filter(|(_, runner)| runner.state().state == crate::structs::TaskStatus::Running)
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                if running.is_empty() {
+                    return Err(crate::client::task_runner::TASK_NOT_RUNNING.into());
+                }
+                Ok(running)
+            }
+        }
+    }
+
+    /// `alloc restart`: `task`, or every running task, restarts at once.
+    pub fn restart_by_user(&mut self, now: Instant, task: Option<&str>, ops: &mut OpIds) -> Result<(), String> {
+        if self.stop_requested || self.phase != Phase::Running {
+            return Err(crate::client::task_runner::TASK_NOT_RUNNING.into());
+        }
+        let mut result = Ok(());
+        for name in self.targets(task)? {
+            if let Some(runner) = self.tasks.get_mut(&name) {
+                result = result.and(runner.restart_by_user(now, ops));
+            }
+        }
+        self.collect_tasks(now, ops);
+        result
+    }
+
+    /// `alloc signal`: the handles of `task` (or every running task) to send `signal` to.
+    pub fn signal_by_user(
+        &mut self,
+        now: Instant,
+        task: Option<&str>,
+        signal: &str,
+        ops: &mut OpIds,
+    ) -> Result<Vec<TaskHandle>, String> {
+        if self.stop_requested || self.phase != Phase::Running {
+            return Err(crate::client::task_runner::TASK_NOT_RUNNING.into());
+        }
+        let mut handles = Vec::new();
+        for name in self.targets(task)? {
+            if let Some(runner) = self.tasks.get_mut(&name) {
+                handles.push(runner.signal_by_user(now, signal)?);
+            }
+        }
+        self.collect_tasks(now, ops);
+        Ok(handles)
     }
 
     /// Garbage collection: remove the alloc dir once postrun is done.

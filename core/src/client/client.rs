@@ -8,9 +8,11 @@
 //! serialised per volume), and tells the servers about allocation status and CSI fingerprints
 //! through the one narrow RPC interface.
 
+mod control;
 mod plugins;
 mod reports;
 mod restore;
+use crate::client::AllocControl;
 use restore::RestoredUser;
 mod volumes;
 
@@ -103,6 +105,12 @@ pub enum ClientInput {
     Drivers {
         drivers: Vec<(String, DriverCapabilities, DriverInfo)>,
     },
+    /// An operator's restart or signal of a running allocation; answered with
+    /// `ClientAction::AllocControlled`.
+    AllocControl {
+        req: u64,
+        request: AllocControl,
+    },
     /// `ClientCSI.NodeDetachVolume` from a server; answered with `ClientAction::NodeDetached`.
     NodeDetach {
         req: u64,
@@ -163,6 +171,11 @@ pub enum ClientAction {
         req: u64,
         result: Result<(), String>,
     },
+    /// The answer to `ClientInput::AllocControl`.
+    AllocControlled {
+        req: u64,
+        result: Result<(), String>,
+    },
     /// The allocation is gone from the servers and from this host: drop its records.
     Forget {
         alloc_id: String,
@@ -185,6 +198,8 @@ enum Route {
     Instance(PluginKind, String),
     /// A report to the servers (alloc status, node CSI info): one in flight per subject.
     Report(Report),
+    /// A signal an operator asked for (`ClientInput::AllocControl` number `.0`).
+    Control(u64),
 }
 
 /// What the servers are told; only the latest value matters, sent one at a time per subject
@@ -243,6 +258,8 @@ struct Instance {
 pub struct Client {
     settings: ClientSettings,
     ops: OpIds,
+    /// Operators' signals in flight: how many sends each still waits on, and the first error.
+    controls: BTreeMap<u64, (usize, Option<String>)>,
     allocs: BTreeMap<String, AllocRunner>,
     registry: Registry,
     instances: BTreeMap<(PluginKind, String), Instance>,
@@ -296,6 +313,7 @@ impl Client {
         Client {
             settings,
             ops: OpIds::default(),
+            controls: BTreeMap::new(),
             allocs: BTreeMap::new(),
             registry: Registry::default(),
             instances: BTreeMap::new(),
@@ -408,6 +426,7 @@ impl Client {
                 }
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
+            ClientInput::AllocControl { req, request } => self.alloc_control(now, req, request),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
             ClientInput::Devices { inventory } => self.devices.set_inventory(inventory),
             ClientInput::ConsulAttributes { attributes } => {
@@ -569,6 +588,7 @@ impl Client {
                 }
             }
             Some(Route::Instance(kind, name)) => self.fingerprint_outcome(now, kind, &name, op, outcome),
+            Some(Route::Control(req)) => self.control_outcome(req, outcome),
             Some(Route::Report(report)) => {
                 let Some((_, sent)) = self.reports_in_flight.remove(&report) else {
                     return;

@@ -512,6 +512,29 @@ pub mod events {
     pub const WAITING_ON_SERVERS: &str = "Waiting for servers";
 }
 
+/// An operator's action on a running allocation (`alloc restart`, `alloc signal`), from the
+/// HTTP API of any agent; `task: None` means every running task.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AllocControl {
+    Restart {
+        alloc_id: String,
+        task: Option<String>,
+    },
+    Signal {
+        alloc_id: String,
+        task: Option<String>,
+        signal: String,
+    },
+}
+
+impl AllocControl {
+    pub fn alloc_id(&self) -> &str {
+        match self {
+            AllocControl::Restart { alloc_id, .. } | AllocControl::Signal { alloc_id, .. } => alloc_id,
+        }
+    }
+}
+
 /// A node event (`Mount volume`, `Unmount volume`, plugin health).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClientNodeEvent {

@@ -40,6 +40,8 @@ use crate::time::Instant;
 
 /// Nomad keeps the last ten events per task.
 pub const MAX_EVENTS: usize = crate::structs::MAX_TASK_EVENTS;
+/// Nomad's `ErrTaskNotRunning`, for a restart or signal of a task that is not running.
+pub const TASK_NOT_RUNNING: &str = "Task not running";
 
 pub use crate::structs::{TaskState, TaskStatus};
 
@@ -790,6 +792,39 @@ impl TaskRunner {
     }
 
     // --- kill and stop --------------------------------------------------------------------
+
+    /// An operator's restart (`alloc restart`): the task is killed and started again at once,
+    /// outside its restart policy, as Nomad's `Restart` does. Only a running task restarts.
+    pub fn restart_by_user(&mut self, now: Instant, ops: &mut OpIds) -> Result<(), String> {
+        if self.phase != Phase::Running || self.kill_requested || self.restart_requested {
+            return Err(TASK_NOT_RUNNING.into());
+        }
+        self.event(now, events::RESTART_SIGNALED, "User requested restart");
+        self.restart_requested = true;
+        self.send_kill(now, ops);
+        Ok(())
+    }
+
+    /// An operator's signal (`alloc signal`): recorded as Nomad records it; the handle to send
+    /// it to is returned. Only a running task is signalled.
+    pub fn signal_by_user(&mut self, now: Instant, signal: &str) -> Result<TaskHandle, String> {
+        let handle = self
+            .local
+            .handle
+            .clone()
+            .filter(|_| self.phase == Phase::Running && !self.kill_requested)
+            .ok_or_else(|| TASK_NOT_RUNNING.to_string())?;
+        self.event_with(
+            now,
+            events::SIGNALING,
+            &format!("Task being sent signal {signal}: User requested signal"),
+            details([
+                ("task_signal", signal.to_string()),
+                ("task_signal_reason", "User requested signal".into()),
+            ]),
+        );
+        Ok(handle)
+    }
 
     fn send_kill(&mut self, now: Instant, ops: &mut OpIds) {
         if let Some(templates) = &mut self.templates {

@@ -112,6 +112,11 @@ enum Message {
         request: drover_core::csi::unpublish::NodeDetachRequest,
         reply: oneshot::Sender<Result<ClientCsiReply, String>>,
     },
+    /// An operator's restart or signal of one of this client's allocations.
+    Control {
+        request: drover_core::client::AllocControl,
+        reply: oneshot::Sender<Result<(), String>>,
+    },
     /// A server's controller call, for the newest controller registration of its plugin.
     Controller {
         request: ClientCsiRequest,
@@ -158,6 +163,17 @@ impl ClientCsi for ClientCsiRouter {
                 request => Message::Controller { request, reply },
             };
             inbox.send(message).map_err(|_| "client is shutting down".to_string())?;
+            answer.await.map_err(|_| "client is shutting down".to_string())?
+        })
+    }
+
+    fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
+        let inbox = self.inbox.clone();
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            inbox
+                .send(Message::Control { request, reply })
+                .map_err(|_| "client is shutting down".to_string())?;
             answer.await.map_err(|_| "client is shutting down".to_string())?
         })
     }
@@ -441,6 +457,8 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
     let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
     let mut next_detach = 0u64;
+    let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), String>>> = BTreeMap::new();
+    let mut next_control = 0u64;
     loop {
         // Execute everything the core asked for.
         while let Some(action) = client.poll_action() {
@@ -528,6 +546,11 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         let _ = reply.send(result.map(|()| ClientCsiReply::Done));
                     }
                 }
+                ClientAction::AllocControlled { req, result } => {
+                    if let Some(reply) = controls.remove(&req) {
+                        let _ = reply.send(result);
+                    }
+                }
             }
         }
         let now = core_now(epoch);
@@ -551,6 +574,11 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
                     Message::Devices(inventory) => client.handle(now, ClientInput::Devices { inventory }),
                     Message::Consul(attributes) => client.handle(now, ClientInput::ConsulAttributes { attributes }),
+                    Message::Control { request, reply } => {
+                        next_control += 1;
+                        controls.insert(next_control, reply);
+                        client.handle(now, ClientInput::AllocControl { req: next_control, request });
+                    }
                     Message::NodeDetach { request, reply } => {
                         next_detach += 1;
                         detaches.insert(next_detach, reply);

@@ -1,5 +1,6 @@
 //! `/v1/allocations` and `/v1/allocation/:id`: Nomad's alloc list and read, as blocking
-//! queries on the allocs table, and `/v1/allocation/:id/stop`.
+//! queries on the allocs table; `/v1/allocation/:id/stop`; and the client's
+//! `/v1/client/allocation/:id/restart|signal`, relayed to the client that runs it.
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -65,4 +66,61 @@ pub async fn stop_allocation(
             format!("unexpected reply {other:?}"),
         )),
     }
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct RestartBody {
+    task_name: Option<String>,
+    all_tasks: bool,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct SignalBody {
+    task: Option<String>,
+    signal: Option<String>,
+}
+
+/// A relayed request's error as Nomad's HTTP API answers it.
+fn control_error(error: String) -> ApiError {
+    let code = if error.starts_with("Unknown allocation") || error.starts_with("Could not find task runner") {
+        StatusCode::NOT_FOUND
+    } else if error.starts_with("Invalid signal") {
+        StatusCode::BAD_REQUEST
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    ApiError(code, error)
+}
+
+/// `PUT|POST /v1/client/allocation/:id/restart` with `{"TaskName": ...}` (or `AllTasks`, or
+/// nothing: every running task).
+pub async fn restart_allocation(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let body: RestartBody = super::parse_body_or_default(&body, "restart request")?;
+    let task = body.task_name.filter(|name| !name.is_empty() && !body.all_tasks);
+    let request = drover_core::client::AllocControl::Restart { alloc_id: id, task };
+    handle.alloc_control(request).await.map_err(control_error)?;
+    Ok(axum::Json(json!({})))
+}
+
+/// `PUT|POST /v1/client/allocation/:id/signal` with `{"Task": ..., "Signal": ...}` (no task:
+/// every running task; no signal: SIGKILL, as Nomad).
+pub async fn signal_allocation(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let body: SignalBody = super::parse_body_or_default(&body, "signal request")?;
+    let request = drover_core::client::AllocControl::Signal {
+        alloc_id: id,
+        task: body.task.filter(|name| !name.is_empty()),
+        signal: body.signal.unwrap_or_default(),
+    };
+    handle.alloc_control(request).await.map_err(control_error)?;
+    Ok(axum::Json(json!({})))
 }

@@ -97,6 +97,14 @@ pub fn router(handle: AgentHandle) -> Router {
             "/v1/allocation/{id}/stop",
             axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
         )
+        .route(
+            "/v1/client/allocation/{id}/restart",
+            axum::routing::put(allocs::restart_allocation).post(allocs::restart_allocation),
+        )
+        .route(
+            "/v1/client/allocation/{id}/signal",
+            axum::routing::put(allocs::signal_allocation).post(allocs::signal_allocation),
+        )
         .route("/v1/nodes", get(csi::list_nodes))
         .route("/v1/node/{id}", get(csi::get_node))
         .route(
@@ -303,6 +311,14 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result
         .map(crate::jobs::without_nulls)
         .and_then(serde_json::from_value)
         .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse {what}: {error}")))
+}
+
+/// [`parse_body`], where an empty body means every field's default.
+fn parse_body_or_default<T: serde::de::DeserializeOwned + Default>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse_body(body, what)
 }
 
 #[derive(Debug, Default, Deserialize)]

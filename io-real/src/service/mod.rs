@@ -13,6 +13,8 @@
 //! its `client { servers = [...] }`, sticking to the one that last answered and moving on to
 //! the next when the transport fails.
 
+mod relay;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -204,6 +206,12 @@ impl Service {
         if let RequestBody::ClientCsi(payload) = body {
             return self.client_csi(payload).await;
         }
+        if let RequestBody::ClientAlloc(payload) = body {
+            return match decode(&payload.json) {
+                Ok(request) => self.relayed(request, forwarded).await,
+                Err(response) => response,
+            };
+        }
         if let RequestBody::NodeAllocs(payload) = body {
             let request: NodeAllocsRequest = match decode(&payload.json) {
                 Ok(request) => request,
@@ -285,7 +293,10 @@ impl Service {
                     Err(error) => error_response(ErrorKind::Internal, error.to_string(), String::new()),
                 }
             }
-            RequestBody::Server(_) | RequestBody::ClientCsi(_) | RequestBody::NodeAllocs(_) => {
+            RequestBody::Server(_)
+            | RequestBody::ClientCsi(_)
+            | RequestBody::NodeAllocs(_)
+            | RequestBody::ClientAlloc(_) => {
                 unreachable!("handled above")
             }
         }
