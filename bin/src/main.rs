@@ -136,6 +136,13 @@ fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
 }
 
 fn main() -> ExitCode {
+    // A task's log collector, started by this agent's client (never typed by operators).
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == drover_io_real::logmon::SUBCOMMAND)
+    {
+        return drover_io_real::logmon::main(std::env::args_os().skip(2));
+    }
     let mut cli = Cli::parse_from(normalize_args(std::env::args_os()));
     if let Some(command) = cli.command.take() {
         return cli::run(cli.global, command);
@@ -248,7 +255,11 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             agent: handle.clone(),
             settings,
             executor: Arc::new(HostExecutor {
-                drivers: Drivers::builtin(config.client.raw_exec_enabled, config.client.mock_driver_enabled),
+                drivers: Drivers::builtin(
+                    config.client.raw_exec_enabled,
+                    config.client.mock_driver_enabled,
+                    std::env::current_exe().ok(),
+                ),
                 // -dev shows the device hook at work with two fake GPUs.
                 devices: if config.dev_mode {
                     DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(2)))

@@ -135,6 +135,7 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
             problems.push(format!("Lifecycle validation failed: {problem}"));
         }
         problems.extend(validate_templates(task));
+        problems.extend(task.logs.validate());
         problems.extend(placement_rules(&task.constraints, &task.affinities));
         for problem in problems {
             errors.push(format!("Task {} validation failed: {problem}", task.name));

@@ -36,6 +36,7 @@ fn config(dir: &std::path::Path, task: &str) -> TaskConfig {
         cpu_mhz: 100,
         memory_mb: 64,
         memory_max_mb: 0,
+        logs: Default::default(),
     }
 }
 

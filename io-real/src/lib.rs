@@ -27,6 +27,10 @@ pub mod disk;
 #[cfg(not(madsim))]
 pub mod http;
 #[cfg(not(madsim))]
+pub mod logmon;
+#[cfg(not(madsim))]
+pub mod logstream;
+#[cfg(not(madsim))]
 pub mod net;
 #[cfg(not(madsim))]
 pub mod tls;

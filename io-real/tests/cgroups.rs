@@ -39,6 +39,7 @@ fn config(dir: &Path, task: &str, marker: &str, command: &str, args: &[&str]) ->
         cpu_mhz: 100,
         memory_mb: 64,
         memory_max_mb: 0,
+        logs: Default::default(),
     }
 }
 

@@ -32,6 +32,7 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
         cpu_mhz: 100,
         memory_mb: 300,
         memory_max_mb: 0,
+        logs: Default::default(),
     }
 }
 

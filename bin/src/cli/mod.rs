@@ -4,6 +4,7 @@
 
 mod alloc;
 mod job;
+mod logs;
 mod node;
 mod server;
 mod volume;
@@ -97,6 +98,26 @@ pub enum AllocCommand {
         /// The signal (default SIGKILL, as Nomad).
         #[arg(short = 's', value_name = "SIGNAL")]
         signal: Option<String>,
+    },
+    /// Print (or follow) a task's stdout or stderr (Nomad's `alloc logs`).
+    Logs {
+        id: String,
+        task: Option<String>,
+        #[arg(long = "task", value_name = "TASK")]
+        task_flag: Option<String>,
+        /// Standard error instead of standard output.
+        #[arg(long)]
+        stderr: bool,
+        /// Follow the output as the task writes it.
+        #[arg(short = 'f')]
+        follow: bool,
+        /// From the end: the last lines (-n, default 10) or bytes (-c).
+        #[arg(long)]
+        tail: bool,
+        #[arg(short = 'n', value_name = "LINES")]
+        lines: Option<usize>,
+        #[arg(short = 'c', value_name = "BYTES")]
+        bytes: Option<u64>,
     },
     /// Stop an allocation; the scheduler replaces it (Nomad's `alloc stop`).
     Stop {
@@ -205,8 +226,8 @@ impl<E: std::fmt::Display> From<E> for Failure {
     }
 }
 
-struct Api {
-    base: String,
+pub(super) struct Api {
+    pub(super) base: String,
 }
 
 impl Api {
@@ -298,6 +319,26 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),
+        Command::Alloc(AllocCommand::Logs {
+            id,
+            task,
+            task_flag,
+            stderr,
+            follow,
+            tail,
+            lines,
+            bytes,
+        }) => {
+            let options = logs::LogsOptions {
+                task: task_flag.or(task),
+                stderr,
+                follow,
+                tail,
+                lines,
+                bytes,
+            };
+            logs::alloc_logs(&api, &id, options)
+        }
         Command::Alloc(AllocCommand::Restart { id, task, task_flag }) => {
             alloc_restart(&api, &id, task_flag.or(task).as_deref())
         }

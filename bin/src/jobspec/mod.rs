@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 
 use drover_io_real::jobs::{
-    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiMigrate, ApiMountOptions, ApiNetworkResource,
-    ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiTemplate,
-    ApiVolumeMount, ApiVolumeRequest,
+    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiLogConfig, ApiMigrate, ApiMountOptions,
+    ApiNetworkResource, ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup,
+    ApiTemplate, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -448,8 +448,17 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "service",
             "template",
             "lifecycle",
+            "logs",
         ],
     );
+    let log_config = walker.single(at, block, "logs").map(|logs| {
+        let at = format!("{at} logs");
+        walker.known(&at, logs, &["max_files", "max_file_size"]);
+        ApiLogConfig {
+            max_files: walker.number(&at, logs, "max_files"),
+            max_file_size_mb: walker.number(&at, logs, "max_file_size"),
+        }
+    });
     let config: BTreeMap<String, Value> = walker
         .single(at, block, "config")
         .map(|config| config.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
@@ -514,6 +523,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             .single(at, block, "lifecycle")
             .map(|lifecycle| connect::parse_lifecycle(walker, &format!("{at} lifecycle"), lifecycle)),
         kind: String::new(),
+        log_config,
         name,
     }
 }

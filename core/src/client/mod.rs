@@ -115,6 +115,9 @@ pub struct TaskConfig {
     /// `memory_max`: the hard limit when set (then `memory_mb` is the soft limit).
     #[serde(default)]
     pub memory_max_mb: u32,
+    /// `logs {}`: how the task's stdout and stderr are rotated.
+    #[serde(default)]
+    pub logs: crate::structs::LogConfig,
 }
 
 /// A running task, as the driver describes it; persisted so the agent can reattach.

@@ -710,6 +710,7 @@ impl TaskRunner {
             cpu_mhz: spec.task.resources.cpu,
             memory_mb: spec.task.resources.memory_mb,
             memory_max_mb: spec.task.resources.memory_max_mb,
+            logs: spec.task.logs,
         };
         let op = ops.allocate();
         self.phase = Phase::Starting { op };

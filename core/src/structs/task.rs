@@ -183,6 +183,38 @@ pub struct TaskResources {
 /// Nomad's default `kill_timeout`.
 pub const DEFAULT_KILL_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// `logs { max_files max_file_size }` (Nomad's `LogConfig`): each of the task's streams is
+/// kept in at most `max_files` files of at most `max_file_size_mb` MB, the oldest removed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogConfig {
+    pub max_files: u32,
+    pub max_file_size_mb: u32,
+}
+
+impl Default for LogConfig {
+    /// Nomad's defaults: 10 files of 10 MB.
+    fn default() -> Self {
+        LogConfig {
+            max_files: 10,
+            max_file_size_mb: 10,
+        }
+    }
+}
+
+impl LogConfig {
+    /// Nomad's `LogConfig.Validate` texts.
+    pub fn validate(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.max_files < 1 {
+            problems.push(format!("minimum number of files is 1; got {}", self.max_files));
+        }
+        if self.max_file_size_mb < 1 {
+            problems.push(format!("minimum file size is 1MB; got {}", self.max_file_size_mb));
+        }
+        problems
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Task {
     pub name: String,
@@ -214,6 +246,9 @@ pub struct Task {
     /// `lifecycle { hook sidecar }`.
     #[serde(default)]
     pub lifecycle: Option<TaskLifecycle>,
+    /// `logs {}`: how the client rotates the task's stdout and stderr.
+    #[serde(default)]
+    pub logs: LogConfig,
 }
 
 /// `lifecycle` hook values Nomad accepts.
@@ -461,6 +496,7 @@ impl Default for Task {
             templates: Vec::new(),
             kind: String::new(),
             lifecycle: None,
+            logs: LogConfig::default(),
         }
     }
 }

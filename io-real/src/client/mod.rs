@@ -195,6 +195,8 @@ pub struct ClientView {
     /// The node's CPU (MHz) per core: Nomad's `TotalTicks` is a task's CPU percent of one
     /// core in these units (MHz consumed).
     mhz_per_core: f64,
+    /// Where allocation directories are.
+    paths: drover_core::client::paths::ClientPaths,
 }
 
 /// One task's resource usage: CPU and memory from its driver (when it measures them and the
@@ -218,6 +220,27 @@ fn mhz_per_core(node: &Node) -> f64 {
 }
 
 impl ClientView {
+    /// The log directory of `task` of `alloc_id`, when this client runs (or ran) it.
+    pub fn log_dir(&self, alloc_id: &str, task: &str) -> Option<std::path::PathBuf> {
+        let tasks = self.tasks.lock().unwrap();
+        tasks.get(alloc_id)?.get(task)?;
+        Some(self.paths.log_dir(alloc_id).into())
+    }
+
+    /// Whether this client runs the allocation.
+    pub fn has_alloc(&self, alloc_id: &str) -> bool {
+        self.tasks.lock().unwrap().contains_key(alloc_id)
+    }
+
+    /// Whether the task has finished for good (or is gone with its allocation).
+    pub fn task_dead(&self, alloc_id: &str, task: &str) -> bool {
+        let tasks = self.tasks.lock().unwrap();
+        tasks
+            .get(alloc_id)
+            .and_then(|tasks| tasks.get(task))
+            .is_none_or(|state| state.state.state == TaskStatus::Dead)
+    }
+
     /// MHz consumed by a task using `percent` of one core (Nomad's `TotalTicks`).
     pub fn ticks_consumed(&self, percent: f64) -> f64 {
         percent / 100.0 * self.mhz_per_core
@@ -287,6 +310,7 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
         )),
         executor: parts.executor.clone(),
         mhz_per_core: mhz_per_core(&parts.node),
+        paths: parts.settings.paths.clone(),
     };
     tokio::spawn(run(parts, (registry, allocs, devices), view.clone()));
     Ok(view)

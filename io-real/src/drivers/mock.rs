@@ -200,6 +200,7 @@ mod tests {
             cpu_mhz: 100,
             memory_mb: 300,
             memory_max_mb: 0,
+            logs: Default::default(),
         }
     }
 

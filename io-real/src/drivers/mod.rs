@@ -117,10 +117,16 @@ impl Drivers {
     }
 
     /// The built-in drivers of a production client; `raw_exec` only fingerprints as detected
-    /// when the operator enabled it (`plugin "raw_exec" { config { enabled = true } }`).
+    /// when the operator enabled it (`plugin "raw_exec" { config { enabled = true } }`), mock
+    /// only when enabled too. With `logmon` (the agent binary), task output is rotated by log
+    /// collectors run from it.
     #[cfg(not(madsim))]
-    pub fn builtin(raw_exec_enabled: bool, mock_enabled: bool) -> Self {
-        let raw_exec = process::ProcessDriver::raw_exec();
+    pub fn builtin(raw_exec_enabled: bool, mock_enabled: bool, logmon: Option<std::path::PathBuf>) -> Self {
+        let with_logmon = |driver: process::ProcessDriver| match &logmon {
+            Some(agent) => driver.with_logmon(agent.clone()),
+            None => driver,
+        };
+        let raw_exec = with_logmon(process::ProcessDriver::raw_exec());
         let raw_exec = if raw_exec_enabled {
             raw_exec
         } else {
@@ -128,7 +134,7 @@ impl Drivers {
         };
         let drivers = Drivers::default()
             .with(Arc::new(raw_exec))
-            .with(Arc::new(process::ProcessDriver::exec()));
+            .with(Arc::new(with_logmon(process::ProcessDriver::exec())));
         // The scripted driver only where a client asked for it (Nomad has it in test builds).
         if mock_enabled {
             drivers.with(Arc::new(mock::MockDriver::default()))

@@ -49,6 +49,9 @@ pub struct ProcessDriver {
     tasks: Arc<Mutex<BTreeMap<Key, Running>>>,
     /// The previous CPU sample of each task, by session leader.
     samples: Arc<Mutex<BTreeMap<i32, CpuSample>>>,
+    /// The agent binary, which runs the log collectors (`agent logmon`); without it a task's
+    /// output goes straight into `<task>.<stream>.0`, unrotated.
+    logmon: Option<Arc<PathBuf>>,
 }
 
 /// When a task's CPU was sampled, and its user and system ticks then.
@@ -79,6 +82,7 @@ impl ProcessDriver {
             cgroups: host_cgroups(),
             tasks: Arc::default(),
             samples: Arc::default(),
+            logmon: None,
         }
     }
 
@@ -89,7 +93,63 @@ impl ProcessDriver {
             cgroups: host_cgroups(),
             tasks: Arc::default(),
             samples: Arc::default(),
+            logmon: None,
         }
+    }
+
+    /// Task output is rotated per the task's `logs {}` by collectors run from `agent`.
+    pub fn with_logmon(mut self, agent: PathBuf) -> Self {
+        self.logmon = Some(Arc::new(agent));
+        self
+    }
+
+    /// Where the task's stdout and stderr go: pipes read by two collectors (`logmon`), or,
+    /// without one, files appended to directly.
+    fn outputs(&self, config: &TaskConfig) -> Result<(std::process::Stdio, std::process::Stdio), IoError> {
+        let dir = Path::new(&config.log_dir);
+        let Some(agent) = &self.logmon else {
+            let open_log = |stream: &str| {
+                let path = dir.join(format!("{}.{stream}.0", config.task));
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+                    .map_err(|e| io_error(&format!("open {}", path.display()), e))
+            };
+            return Ok((open_log("stdout")?.into(), open_log("stderr")?.into()));
+        };
+        let mut writers = Vec::new();
+        for stream in ["stdout", "stderr"] {
+            let (reader, writer) = std::io::pipe().map_err(|e| io_error("create a log pipe", e))?;
+            let base = format!("{}.{stream}", config.task);
+            let size = u64::from(config.logs.max_file_size_mb) * 1024 * 1024;
+            let mut collector = tokio::process::Command::new(agent.as_path());
+            collector
+                .args(crate::logmon::args(dir, &base, config.logs.max_files, size))
+                .current_dir(dir)
+                .stdin(reader)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            // SAFETY: setsid is async-signal-safe. Its own session: a signal to the agent's
+            // process group (a terminal's Ctrl-C) must not end it before the task's output.
+            unsafe {
+                collector.pre_exec(|| {
+                    libc::setsid();
+                    Ok(())
+                });
+            }
+            let mut child = collector
+                .spawn()
+                .map_err(|e| io_error(&format!("start the log collector for {base}"), e))?;
+            // Reaped here while this agent lives; after a restart, by whoever adopts it.
+            tokio::spawn(async move {
+                let _ = child.wait().await;
+            });
+            writers.push(writer);
+        }
+        let stderr = writers.pop().expect("two streams");
+        let stdout = writers.pop().expect("two streams");
+        Ok((stdout.into(), stderr.into()))
     }
 
     /// The driver as a client without `plugin "raw_exec" { config { enabled = true } }` has
@@ -708,15 +768,7 @@ impl ProcessDriver {
                 .ok_or_else(|| IoError::other(format!("{}: \"args\" must be a list of strings", self.name())))?,
         };
         std::fs::create_dir_all(&config.log_dir).map_err(|e| io_error("create log dir", e))?;
-        let open_log = |stream: &str| {
-            let path = Path::new(&config.log_dir).join(format!("{}.{stream}.0", config.task));
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)
-                .map_err(|e| io_error(&format!("open {}", path.display()), e))
-        };
-        let (stdout, stderr) = (open_log("stdout")?, open_log("stderr")?);
+        let (stdout, stderr) = self.outputs(config)?;
         let join = cgroup.map(TaskCgroup::join_paths).unwrap_or_default();
         let mut shared = Vec::new();
         let mut cmd = tokio::process::Command::new(&command);

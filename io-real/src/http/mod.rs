@@ -9,6 +9,7 @@ pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
 mod client;
 mod csi;
+mod fs;
 mod nodes;
 mod render;
 
@@ -46,7 +47,7 @@ pub async fn serve_with_client(
     let bound = listener.local_addr()?;
     let mut app = router(handle);
     if let Some(view) = client {
-        app = app.merge(client::router(view));
+        app = app.merge(client::router(view.clone())).merge(fs::router(view));
     }
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {

@@ -170,6 +170,16 @@ pub struct ApiTask {
     pub templates: Vec<ApiTemplate>,
     pub kind: String,
     pub lifecycle: Option<connect::ApiLifecycle>,
+    pub log_config: Option<ApiLogConfig>,
+}
+
+/// The `logs` block (Nomad's `LogConfig`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiLogConfig {
+    pub max_files: Option<u32>,
+    #[serde(rename = "MaxFileSizeMB")]
+    pub max_file_size_mb: Option<u32>,
 }
 
 /// Nomad's `api.Service` (the fields this project keeps).
@@ -575,6 +585,14 @@ impl ApiTask {
                 .collect(),
             kind: self.kind.clone(),
             lifecycle: self.lifecycle.as_ref().map(connect::ApiLifecycle::to_lifecycle),
+            logs: {
+                let defaults = drover_core::structs::LogConfig::default();
+                let given = self.log_config.clone().unwrap_or_default();
+                drover_core::structs::LogConfig {
+                    max_files: given.max_files.unwrap_or(defaults.max_files),
+                    max_file_size_mb: given.max_file_size_mb.unwrap_or(defaults.max_file_size_mb),
+                }
+            },
             resources: TaskResources {
                 cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
                 memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
@@ -647,6 +665,10 @@ impl ApiTask {
             templates: task.templates.iter().map(ApiTemplate::from_template).collect(),
             kind: task.kind.clone(),
             lifecycle: task.lifecycle.as_ref().map(connect::ApiLifecycle::from_lifecycle),
+            log_config: Some(ApiLogConfig {
+                max_files: Some(task.logs.max_files),
+                max_file_size_mb: Some(task.logs.max_file_size_mb),
+            }),
         }
     }
 }
