@@ -238,6 +238,14 @@ impl AgentHandle {
         self.inner.service.alloc_control(request, false).await
     }
 
+    /// One read of a task's log, from the client that runs the allocation.
+    pub async fn client_logs(
+        &self,
+        request: crate::logstream::LogsRequest,
+    ) -> Result<crate::logstream::LogsReply, String> {
+        self.inner.service.client_logs(request, false).await
+    }
+
     /// `Node.GetClientAllocs` as a blocking query: this server's state, or a client-only
     /// agent's servers.
     pub async fn node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, rpc::RpcError> {

@@ -118,6 +118,11 @@ pub trait ClientCsi: Send + Sync + 'static {
     fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
     }
+
+    /// One read of the log of one of this client's tasks.
+    fn logs(&self, request: crate::logstream::LogsRequest) -> BoxFuture<Result<crate::logstream::LogsReply, String>> {
+        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })
+    }
 }
 
 /// Facts a driver reports as they happen: tracing in production, the trace recorder and

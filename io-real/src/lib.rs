@@ -26,9 +26,7 @@ pub mod csi;
 pub mod disk;
 #[cfg(not(madsim))]
 pub mod http;
-#[cfg(not(madsim))]
 pub mod logmon;
-#[cfg(not(madsim))]
 pub mod logstream;
 #[cfg(not(madsim))]
 pub mod net;

@@ -136,19 +136,26 @@ enum Message {
 #[derive(Clone)]
 pub struct ClientCsiRouter {
     inbox: mpsc::UnboundedSender<Message>,
+    /// What the client exposes for reading (task logs), once it has started.
+    view: Arc<std::sync::OnceLock<ClientView>>,
 }
 
 pub struct ClientInbox {
     receiver: mpsc::UnboundedReceiver<Message>,
     sender: mpsc::UnboundedSender<Message>,
+    view: Arc<std::sync::OnceLock<ClientView>>,
 }
 
 impl ClientCsiRouter {
     pub fn new() -> (ClientCsiRouter, ClientInbox) {
         let (sender, receiver) = mpsc::unbounded_channel();
+        let view = Arc::new(std::sync::OnceLock::new());
         (
-            ClientCsiRouter { inbox: sender.clone() },
-            ClientInbox { receiver, sender },
+            ClientCsiRouter {
+                inbox: sender.clone(),
+                view: view.clone(),
+            },
+            ClientInbox { receiver, sender, view },
         )
     }
 }
@@ -164,6 +171,23 @@ impl ClientCsi for ClientCsiRouter {
             };
             inbox.send(message).map_err(|_| "client is shutting down".to_string())?;
             answer.await.map_err(|_| "client is shutting down".to_string())?
+        })
+    }
+
+    fn logs(&self, request: crate::logstream::LogsRequest) -> BoxFuture<Result<crate::logstream::LogsReply, String>> {
+        let view = self.view.get().cloned();
+        Box::pin(async move {
+            let unknown = || format!("Unknown allocation {:?}", request.alloc_id);
+            let view = view.ok_or_else(unknown)?;
+            let Some(dir) = view.log_dir(&request.alloc_id, &request.task) else {
+                return Err(if view.has_alloc(&request.alloc_id) {
+                    format!("unknown task name {:?}", request.task)
+                } else {
+                    unknown()
+                });
+            };
+            let task_dead = view.task_dead(&request.alloc_id, &request.task);
+            Ok(request.read(&dir, task_dead))
         })
     }
 
@@ -312,6 +336,7 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
         mhz_per_core: mhz_per_core(&parts.node),
         paths: parts.settings.paths.clone(),
     };
+    let _ = parts.inbox.view.set(view.clone());
     tokio::spawn(run(parts, (registry, allocs, devices), view.clone()));
     Ok(view)
 }
@@ -434,7 +459,9 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
         mut node,
         services,
     } = parts;
-    let ClientInbox { mut receiver, sender } = inbox;
+    let ClientInbox {
+        mut receiver, sender, ..
+    } = inbox;
     let epoch = tokio::time::Instant::now();
     let observer = agent.observer();
     let mut client = Client::new(settings);

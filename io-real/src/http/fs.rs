@@ -1,27 +1,23 @@
 //! `GET /v1/client/fs/logs/:alloc`: a task's stdout or stderr, in Nomad's framed JSON
 //! (`{"File", "Offset", "Data": base64, "FileEvent"}` objects back to back) or raw with
 //! `plain=true`, from `origin=start|end` plus `offset`, following with `follow=true`.
+//!
+//! Any agent serves it: each read goes to the client that runs the allocation (its own, or
+//! relayed through the servers, `service::relay`), one chunk at a time, so a slow reader
+//! holds the reading back and nothing piles up anywhere on the way.
 
-use axum::Router;
 use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use base64::Engine;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::ApiError;
-use crate::client::ClientView;
-use crate::logstream::{Chunk, LogRead};
-
-pub fn router(view: ClientView) -> Router {
-    Router::new()
-        .route("/v1/client/fs/logs/{alloc}", get(logs))
-        .with_state(view)
-}
+use crate::driver::AgentHandle;
+use crate::logstream::{Chunk, LogsRequest};
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
@@ -58,8 +54,11 @@ fn frame(chunk: &Chunk) -> Vec<u8> {
     serde_json::to_vec(&frame).expect("a frame serializes")
 }
 
-async fn logs(
-    State(view): State<ClientView>,
+/// The most one relayed read carries.
+const READ_MAX: u32 = 256 * 1024;
+
+pub async fn logs(
+    State(handle): State<AgentHandle>,
     Path(alloc_id): Path<String>,
     Query(query): Query<LogsQuery>,
 ) -> Result<Response, ApiError> {
@@ -78,29 +77,32 @@ async fn logs(
         Some(_) => return Err(ApiError(StatusCode::BAD_REQUEST, "origin must be start or end".into())),
     };
     let (follow, plain) = (flag(&query.follow, "follow")?, flag(&query.plain, "plain")?);
-    let Some(dir) = view.log_dir(&alloc_id, &query.task) else {
-        let message = if view.has_alloc(&alloc_id) {
-            format!("unknown task name {:?}", query.task)
-        } else {
-            format!("Unknown allocation {alloc_id:?}")
-        };
-        return Err(ApiError(StatusCode::NOT_FOUND, message));
-    };
-    let read = LogRead {
-        dir,
-        base: format!("{}.{}", query.task, query.kind),
+    let request = LogsRequest {
+        alloc_id,
+        task: query.task,
+        kind: query.kind,
         from_end,
         offset: query.offset.unwrap_or(0),
-        follow,
+        cursor: None,
+        max: READ_MAX,
     };
-    // A few chunks in flight at most: a slow reader slows the reading, nothing piles up.
-    let (sender, receiver) = mpsc::channel::<Chunk>(4);
-    let task = query.task.clone();
-    tokio::spawn(crate::logstream::stream(
-        read,
-        move || view.task_dead(&alloc_id, &task),
-        sender,
-    ));
+    // The first read answers errors with a status; the rest stream.
+    let first = handle.client_logs(request.clone()).await.map_err(|error| {
+        let code = if error.starts_with("Unknown allocation") || error.starts_with("unknown task") {
+            StatusCode::NOT_FOUND
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        };
+        ApiError(code, error)
+    })?;
+    let (sender, receiver) = mpsc::channel::<Chunk>(2);
+    tokio::spawn(async move {
+        let read = |request: LogsRequest| {
+            let handle = handle.clone();
+            async move { handle.client_logs(request).await }
+        };
+        crate::logstream::pump(request, first, follow, read, sender).await;
+    });
     let body = futures::stream::unfold(receiver, move |mut receiver| async move {
         let chunk = receiver.recv().await?;
         let bytes = if plain { chunk.data } else { frame(&chunk) };

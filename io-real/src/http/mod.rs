@@ -47,7 +47,7 @@ pub async fn serve_with_client(
     let bound = listener.local_addr()?;
     let mut app = router(handle);
     if let Some(view) = client {
-        app = app.merge(client::router(view.clone())).merge(fs::router(view));
+        app = app.merge(client::router(view));
     }
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
@@ -98,6 +98,7 @@ pub fn router(handle: AgentHandle) -> Router {
             "/v1/allocation/{id}/stop",
             axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
         )
+        .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
         .route(
             "/v1/client/allocation/{id}/restart",
             axum::routing::put(allocs::restart_allocation).post(allocs::restart_allocation),

@@ -212,6 +212,12 @@ impl Service {
                 Err(response) => response,
             };
         }
+        if let RequestBody::ClientLogs(payload) = body {
+            return match decode(&payload.json) {
+                Ok(request) => self.relayed_logs(request, forwarded).await,
+                Err(response) => response,
+            };
+        }
         if let RequestBody::NodeAllocs(payload) = body {
             let request: NodeAllocsRequest = match decode(&payload.json) {
                 Ok(request) => request,
@@ -296,7 +302,8 @@ impl Service {
             RequestBody::Server(_)
             | RequestBody::ClientCsi(_)
             | RequestBody::NodeAllocs(_)
-            | RequestBody::ClientAlloc(_) => {
+            | RequestBody::ClientAlloc(_)
+            | RequestBody::ClientLogs(_) => {
                 unreachable!("handled above")
             }
         }

@@ -1,5 +1,5 @@
-//! Operators' requests for one allocation (`alloc restart`, `alloc signal`) reach the client
-//! that runs it, through whichever agent they were sent to.
+//! Operators' requests for one allocation (`alloc restart`, `alloc signal`, a read of a task's
+//! log) reach the client that runs it, through whichever agent they were sent to.
 //!
 //! An agent whose own client runs the allocation answers it. Otherwise a server looks the
 //! allocation's node up in its state and sends the request to that node's agent, marked
@@ -13,6 +13,8 @@
 use std::time::Duration;
 
 use drover_core::client::AllocControl;
+
+use crate::logstream::{LogsReply, LogsRequest};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
 use drover_proto::agent::v1::{AgentRequest, AgentResponse};
@@ -27,26 +29,54 @@ fn unknown(alloc_id: &str) -> String {
     format!("Unknown allocation {alloc_id:?}")
 }
 
-fn envelope(region: &str, request: &AllocControl, forwarded: bool) -> AgentRequest {
+fn envelope(region: &str, body: RequestBody, forwarded: bool) -> AgentRequest {
     AgentRequest {
         region: region.to_string(),
         forwarded,
         version: ENVELOPE_VERSION,
-        body: Some(RequestBody::ClientAlloc(json_payload(request))),
+        body: Some(body),
     }
 }
 
 /// The answer out of a response envelope.
-fn answer(response: AgentResponse) -> Result<(), String> {
-    match response.body {
-        Some(ResponseBody::ClientAlloc(payload)) => serde_json::from_slice::<Result<(), String>>(&payload.json)
-            .unwrap_or_else(|error| Err(format!("malformed reply: {error}"))),
-        Some(ResponseBody::Error(error)) => Err(error.message),
-        other => Err(format!("unexpected response {other:?}")),
+fn answer<T: serde::de::DeserializeOwned>(
+    response: AgentResponse,
+    pick: fn(ResponseBody) -> Option<Vec<u8>>,
+) -> Result<T, String> {
+    let body = response.body.ok_or("empty response")?;
+    if let ResponseBody::Error(error) = &body {
+        return Err(error.message.clone());
     }
+    let json = pick(body).ok_or("unexpected response")?;
+    serde_json::from_slice::<Result<T, String>>(&json).unwrap_or_else(|error| Err(format!("malformed reply: {error}")))
 }
 
 impl Service {
+    /// Relays a request this agent's own client could not answer: a server sends it to the
+    /// allocation's node, a client-only agent to its servers; a forwarded one goes no further.
+    async fn route(&self, alloc_id: &str, forwarded: bool, body: RequestBody) -> Result<AgentResponse, String> {
+        if forwarded {
+            return Err(unknown(alloc_id));
+        }
+        if let Some((applied, _)) = &self.state {
+            let node = applied.read(|applied| {
+                let alloc = applied.state.alloc(alloc_id)?;
+                applied.state.node(&alloc.node_id).map(|node| node.rpc_addr.clone())
+            });
+            let Some(rpc_addr) = node else {
+                return Err(unknown(alloc_id));
+            };
+            let addr = rpc_addr
+                .parse()
+                .map_err(|_| format!("the allocation's node has no usable RPC address ({rpc_addr:?})"))?;
+            return (self.forward)(addr, envelope(&self.region, body, true), RELAY_TIMEOUT)
+                .await
+                .map_err(|error| format!("the allocation's client cannot be reached: {error}"));
+        }
+        self.call_servers(envelope(&self.region, body, false), RELAY_TIMEOUT)
+            .await
+    }
+
     /// Carries out `request` here, or relays it toward the client that runs the allocation.
     pub async fn alloc_control(&self, request: AllocControl, forwarded: bool) -> Result<(), String> {
         let alloc_id = request.alloc_id().to_string();
@@ -56,36 +86,46 @@ impl Service {
                 result => return result,
             }
         }
-        if forwarded {
-            return Err(unknown(&alloc_id));
-        }
-        if let Some((applied, _)) = &self.state {
-            let node = applied.read(|applied| {
-                let alloc = applied.state.alloc(&alloc_id)?;
-                applied.state.node(&alloc.node_id).map(|node| node.rpc_addr.clone())
-            });
-            let Some(rpc_addr) = node else {
-                return Err(unknown(&alloc_id));
-            };
-            let addr = rpc_addr
-                .parse()
-                .map_err(|_| format!("the allocation's node has no usable RPC address ({rpc_addr:?})"))?;
-            let sent = (self.forward)(addr, envelope(&self.region, &request, true), RELAY_TIMEOUT).await;
-            return sent
-                .map_err(|error| format!("the allocation's client cannot be reached: {error}"))
-                .and_then(answer);
-        }
-        self.call_servers(envelope(&self.region, &request, false), RELAY_TIMEOUT)
-            .await
-            .and_then(answer)
+        let body = RequestBody::ClientAlloc(json_payload(&request));
+        let response = self.route(&alloc_id, forwarded, body).await?;
+        answer(response, |body| match body {
+            ResponseBody::ClientAlloc(payload) => Some(payload.json),
+            _ => None,
+        })
     }
 
-    /// A relayed request arriving over RPC.
+    /// One read of a task's log, here or relayed like [`Service::alloc_control`].
+    pub async fn client_logs(&self, request: LogsRequest, forwarded: bool) -> Result<LogsReply, String> {
+        let alloc_id = request.alloc_id.clone();
+        if let Some(client) = &self.client_csi {
+            match client.logs(request.clone()).await {
+                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
+                result => return result,
+            }
+        }
+        let body = RequestBody::ClientLogs(json_payload(&request));
+        let response = self.route(&alloc_id, forwarded, body).await?;
+        answer(response, |body| match body {
+            ResponseBody::ClientLogs(payload) => Some(payload.json),
+            _ => None,
+        })
+    }
+
+    /// A relayed restart or signal arriving over RPC.
     pub(super) async fn relayed(&self, request: AllocControl, forwarded: bool) -> AgentResponse {
         let result = self.alloc_control(request, forwarded).await;
         AgentResponse {
             version: ENVELOPE_VERSION,
             body: Some(ResponseBody::ClientAlloc(json_payload(&result))),
+        }
+    }
+
+    /// A relayed log read arriving over RPC.
+    pub(super) async fn relayed_logs(&self, request: LogsRequest, forwarded: bool) -> AgentResponse {
+        let result = self.client_logs(request, forwarded).await;
+        AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(ResponseBody::ClientLogs(json_payload(&result))),
         }
     }
 }
