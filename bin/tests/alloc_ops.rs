@@ -52,7 +52,7 @@ fn jobspec(marks: &Path) -> String {
       driver = "raw_exec"
       config {{
         command = "/bin/sh"
-        args    = ["-c", "trap 'echo $NOMAD_ALLOC_ID USR1 >> {marks}' USR1; echo $NOMAD_ALLOC_ID $$ >> {marks}; while :; do sleep 0.1; done"]
+        args    = ["-c", "echo hello > local/hello; ln -sf /etc/hostname local/out; trap 'echo $NOMAD_ALLOC_ID USR1 >> {marks}' USR1; echo $NOMAD_ALLOC_ID $$ >> {marks}; while :; do sleep 0.1; done"]
       }}
       kill_timeout = "1s"
       resources {{
@@ -207,6 +207,37 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         kinds.contains(&"Signaling") && kinds.contains(&"Restart Signaled"),
         "{kinds:?}"
     );
+
+    // The allocation dir, read through the server: listed, printed, and confined.
+    let listing = stdout(&cli(port, &["alloc", "fs", &alloc[..8], "t/local"]));
+    assert!(
+        listing.contains("-rw-r--r--  6 B") && listing.contains("hello"),
+        "{listing}"
+    );
+    assert_eq!(
+        stdout(&cli(port, &["alloc", "fs", &alloc[..8], "t/local/hello"])),
+        "hello\n"
+    );
+    let fs = |endpoint: &str, path: &str| {
+        let url = format!("http://127.0.0.1:{port}/v1/client/fs/{endpoint}/{alloc}?path={path}&limit=3");
+        match ureq::get(&url).call() {
+            Ok(response) => (response.status(), response.into_string().unwrap()),
+            Err(ureq::Error::Status(code, response)) => (code, response.into_string().unwrap()),
+            Err(error) => panic!("{url}: {error}"),
+        }
+    };
+    assert_eq!(fs("readat", "/t/local/hello").1, "hel");
+    for endpoint in ["ls", "stat", "cat", "readat", "stream"] {
+        for escape in ["../../..", "/t/../../c1", "t/local/out"] {
+            let (code, body) = fs(endpoint, escape);
+            assert_eq!(
+                (code, body.trim()),
+                (400, "Path escapes the alloc directory"),
+                "{endpoint} {escape}"
+            );
+        }
+    }
+    assert_eq!(fs("cat", "/t/local/nope").0, 404);
 
     // Refused with Nomad's words, through the relay too.
     let bad_task = cli(port, &["alloc", "restart", &alloc[..8], "nope"]);

@@ -238,6 +238,11 @@ impl AgentHandle {
         self.inner.service.alloc_control(request, false).await
     }
 
+    /// A listing, stat or read in an allocation dir, from the client that runs it.
+    pub async fn client_fs(&self, request: crate::allocfs::FsRequest) -> Result<crate::allocfs::FsReply, String> {
+        self.inner.service.client_fs(request, false).await
+    }
+
     /// One read of a task's log, from the client that runs the allocation.
     pub async fn client_logs(
         &self,

@@ -119,6 +119,11 @@ pub trait ClientCsi: Send + Sync + 'static {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
     }
 
+    /// A listing, stat or read in one of this client's allocation dirs.
+    fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
+        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })
+    }
+
     /// One read of the log of one of this client's tasks.
     fn logs(&self, request: crate::logstream::LogsRequest) -> BoxFuture<Result<crate::logstream::LogsReply, String>> {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })

@@ -6,6 +6,7 @@
 //! production implementations (tonic transport, redb files,
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
+pub mod allocfs;
 pub mod client;
 pub mod devices;
 pub mod driver;

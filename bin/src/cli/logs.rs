@@ -1,5 +1,6 @@
 //! `agent alloc logs`: a task's stdout or stderr through `/v1/client/fs/logs`, in Nomad's
-//! framed stream, from any agent; `-f` follows it, `-tail` starts from the end.
+//! framed stream, from any agent; `-f` follows it, `-tail` starts from the end. And `agent
+//! alloc fs`: the allocation dir, listed or printed.
 
 use std::io::Write;
 use std::time::Duration;
@@ -8,7 +9,7 @@ use base64::Engine;
 use serde_json::Value;
 
 use super::alloc::resolve_alloc;
-use super::{Api, Failure, text};
+use super::{Api, Failure, table, text};
 
 /// Nomad's CLI reads about this many bytes per line it is asked to tail.
 const BYTES_PER_LINE: u64 = 120;
@@ -133,4 +134,71 @@ fn last_lines(data: &[u8], count: usize) -> Vec<u8> {
     let text = String::from_utf8_lossy(data);
     let all: Vec<&str> = text.split_inclusive('\n').collect();
     all[all.len().saturating_sub(count)..].concat().into_bytes()
+}
+
+/// Sizes as Nomad's CLI prints them (`humanize.IBytes`: `4.0 KiB`, `12 B`).
+fn ibytes(size: u64) -> String {
+    if size < 1024 {
+        return format!("{size} B");
+    }
+    let units = ["KiB", "MiB", "GiB", "TiB"];
+    let mut value = size as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < units.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value < 10.0 {
+        format!("{value:.1} {}", units[unit])
+    } else {
+        format!("{value:.0} {}", units[unit])
+    }
+}
+
+/// `alloc fs <alloc> [path]`: a directory as Nomad's table, a file's content, or with
+/// `-stat` the file's own row.
+pub(super) fn alloc_fs(api: &Api, id: &str, path: Option<&str>, stat: bool) -> Result<(), Failure> {
+    let alloc = resolve_alloc(api, id)?;
+    let alloc_id = text(&alloc["ID"]);
+    let path = path.unwrap_or("/");
+    let query = |endpoint: &str| format!("/v1/client/fs/{endpoint}/{alloc_id}?path={path}");
+    let info = api.get(&query("stat"))?;
+    let rows = if stat {
+        vec![info]
+    } else if info["IsDir"] == true {
+        api.get(&query("ls"))?.as_array().cloned().unwrap_or_default()
+    } else {
+        let url = format!("{}{}", api.base, query("cat"));
+        let response = ureq::get(&url)
+            .call()
+            .map_err(|error| Failure(format!("Error reading file: {error}"), 1))?;
+        let mut reader = response.into_reader();
+        std::io::copy(&mut reader, &mut std::io::stdout().lock())?;
+        return Ok(());
+    };
+    let mut table_rows = vec![vec![
+        "Mode".to_string(),
+        "Size".into(),
+        "Modified Time".into(),
+        "Name".into(),
+    ]];
+    for row in rows {
+        let name = text(&row["Name"]);
+        let name = if row["IsDir"] == true { format!("{name}/") } else { name };
+        let modified = text(&row["ModTime"]);
+        table_rows.push(vec![
+            text(&row["FileMode"]),
+            ibytes(row["Size"].as_u64().unwrap_or(0)),
+            modified
+                .split('.')
+                .next()
+                .unwrap_or(&modified)
+                .trim_end_matches('Z')
+                .to_string()
+                + "Z",
+            name,
+        ]);
+    }
+    println!("{}", table(&table_rows));
+    Ok(())
 }

@@ -99,6 +99,15 @@ pub enum AllocCommand {
         #[arg(short = 's', value_name = "SIGNAL")]
         signal: Option<String>,
     },
+    /// List or print what is in an allocation's directory (Nomad's `alloc fs`).
+    Fs {
+        id: String,
+        /// A path inside the allocation dir (default `/`).
+        path: Option<String>,
+        /// Show the file's details instead of its content.
+        #[arg(long)]
+        stat: bool,
+    },
     /// Print (or follow) a task's stdout or stderr (Nomad's `alloc logs`).
     Logs {
         id: String,
@@ -319,6 +328,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),
+        Command::Alloc(AllocCommand::Fs { id, path, stat }) => logs::alloc_fs(&api, &id, path.as_deref(), stat),
         Command::Alloc(AllocCommand::Logs {
             id,
             task,

@@ -191,6 +191,16 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
+    fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
+        let view = self.view.get().cloned();
+        Box::pin(async move {
+            let unknown = || format!("Unknown allocation {:?}", request.alloc_id);
+            let view = view.ok_or_else(unknown)?;
+            let root = view.alloc_dir(&request.alloc_id).ok_or_else(unknown)?;
+            crate::allocfs::serve(&root, &request)
+        })
+    }
+
     fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
         let inbox = self.inbox.clone();
         Box::pin(async move {
@@ -249,6 +259,11 @@ impl ClientView {
         let tasks = self.tasks.lock().unwrap();
         tasks.get(alloc_id)?.get(task)?;
         Some(self.paths.log_dir(alloc_id).into())
+    }
+
+    /// The allocation's directory, when this client runs it.
+    pub fn alloc_dir(&self, alloc_id: &str) -> Option<std::path::PathBuf> {
+        self.has_alloc(alloc_id).then(|| self.paths.alloc(alloc_id).into())
     }
 
     /// Whether this client runs the allocation.

@@ -2,7 +2,10 @@
 //! (`{"File", "Offset", "Data": base64, "FileEvent"}` objects back to back) or raw with
 //! `plain=true`, from `origin=start|end` plus `offset`, following with `follow=true`.
 //!
-//! Any agent serves it: each read goes to the client that runs the allocation (its own, or
+//! `ls`, `stat`, `cat`, `readat` and `stream` under `/v1/client/fs/` read the allocation dir,
+//! confined to it (`allocfs`).
+//!
+//! Any agent serves them: each read goes to the client that runs the allocation (its own, or
 //! relayed through the servers, `service::relay`), one chunk at a time, so a slow reader
 //! holds the reading back and nothing piles up anywhere on the way.
 
@@ -16,6 +19,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::ApiError;
+use crate::allocfs::{FileInfo, FsOp, FsReply, FsRequest};
 use crate::driver::AgentHandle;
 use crate::logstream::{Chunk, LogsRequest};
 
@@ -114,4 +118,210 @@ pub async fn logs(
         "application/json"
     };
     Ok(([(header::CONTENT_TYPE, content_type)], Body::from_stream(body)).into_response())
+}
+
+/// `?path=` (and `offset`, `limit`, `origin`, `follow` where they apply).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct FsQuery {
+    path: String,
+    offset: Option<u64>,
+    limit: Option<u64>,
+    origin: Option<String>,
+    follow: Option<String>,
+}
+
+/// An allocation dir error as Nomad's HTTP API answers it.
+fn fs_error(error: String) -> ApiError {
+    let code = if error == crate::allocfs::ESCAPES || error.ends_with("is a directory") {
+        StatusCode::BAD_REQUEST
+    } else if error.starts_with("Unknown allocation") || error.starts_with(crate::allocfs::NOT_FOUND) {
+        StatusCode::NOT_FOUND
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    };
+    ApiError(code, error)
+}
+
+fn file_info(info: &FileInfo) -> serde_json::Value {
+    json!({
+        "Name": info.name,
+        "IsDir": info.is_dir,
+        "Size": info.size,
+        "FileMode": info.file_mode,
+        "ModTime": super::render::rfc3339(info.mod_time_ms),
+    })
+}
+
+async fn fs_call(handle: &AgentHandle, alloc_id: String, path: String, op: FsOp) -> Result<FsReply, ApiError> {
+    handle
+        .client_fs(FsRequest { alloc_id, path, op })
+        .await
+        .map_err(fs_error)
+}
+
+/// `GET /v1/client/fs/ls/:alloc?path=`: Nomad's `AllocFileInfo` list.
+pub async fn ls(
+    State(handle): State<AgentHandle>,
+    Path(alloc_id): Path<String>,
+    Query(query): Query<FsQuery>,
+) -> Result<Response, ApiError> {
+    let path = if query.path.is_empty() {
+        "/".to_string()
+    } else {
+        query.path
+    };
+    match fs_call(&handle, alloc_id, path, FsOp::List).await? {
+        FsReply::List(entries) => Ok(axum::Json(entries.iter().map(file_info).collect::<Vec<_>>()).into_response()),
+        other => Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected reply {other:?}"),
+        )),
+    }
+}
+
+/// `GET /v1/client/fs/stat/:alloc?path=`.
+pub async fn stat(
+    State(handle): State<AgentHandle>,
+    Path(alloc_id): Path<String>,
+    Query(query): Query<FsQuery>,
+) -> Result<Response, ApiError> {
+    if query.path.is_empty() {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
+    }
+    match fs_call(&handle, alloc_id, query.path, FsOp::Stat).await? {
+        FsReply::Stat(info) => Ok(axum::Json(file_info(&info)).into_response()),
+        other => Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected reply {other:?}"),
+        )),
+    }
+}
+
+/// Streams a file's bytes from `offset` (at most `limit` of them), read in bounded steps,
+/// each through the relay when the file is elsewhere. `framed`: `None` sends the raw bytes
+/// (`cat`, `readat`); `Some(follow)` sends Nomad's frames, following new writes if asked.
+async fn file_body(
+    handle: AgentHandle,
+    alloc_id: String,
+    path: String,
+    offset: u64,
+    limit: Option<u64>,
+    framed: Option<bool>,
+) -> Result<Response, ApiError> {
+    let follow = framed.unwrap_or(false);
+    let read = |offset: u64, left: Option<u64>| FsOp::Read {
+        offset,
+        limit: left.unwrap_or(crate::allocfs::MAX_READ).min(crate::allocfs::MAX_READ),
+    };
+    // The first read answers errors with a status.
+    let first = fs_call(&handle, alloc_id.clone(), path.clone(), read(offset, limit)).await?;
+    let (sender, receiver) = mpsc::channel::<Chunk>(2);
+    let file = format!("alloc/{}", path.trim_start_matches('/'));
+    tokio::spawn(async move {
+        let (mut offset, mut left, mut reply) = (offset, limit, first);
+        loop {
+            let FsReply::Data { data, .. } = reply else { return };
+            let caught_up = data.is_empty();
+            if !caught_up {
+                offset += data.len() as u64;
+                left = left.map(|left| left.saturating_sub(data.len() as u64));
+                let chunk = Chunk {
+                    file: file.clone(),
+                    offset,
+                    data,
+                };
+                if sender.send(chunk).await.is_err() {
+                    return;
+                }
+            }
+            if left == Some(0) || (caught_up && !follow) {
+                return;
+            }
+            if caught_up {
+                tokio::time::sleep(crate::logstream::FOLLOW_POLL).await;
+            }
+            reply = match fs_call(&handle, alloc_id.clone(), path.clone(), read(offset, left)).await {
+                Ok(reply) => reply,
+                Err(_) => return,
+            };
+        }
+    });
+    let body = futures::stream::unfold(receiver, move |mut receiver| async move {
+        let chunk = receiver.recv().await?;
+        let bytes = if framed.is_some() { frame(&chunk) } else { chunk.data };
+        Some((Ok::<_, std::io::Error>(bytes), receiver))
+    });
+    let content_type = if framed.is_some() {
+        "application/json"
+    } else {
+        "application/octet-stream"
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], Body::from_stream(body)).into_response())
+}
+
+/// `GET /v1/client/fs/cat/:alloc?path=`: the whole file.
+pub async fn cat(
+    State(handle): State<AgentHandle>,
+    Path(alloc_id): Path<String>,
+    Query(query): Query<FsQuery>,
+) -> Result<Response, ApiError> {
+    if query.path.is_empty() {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
+    }
+    file_body(handle, alloc_id, query.path, 0, None, None).await
+}
+
+/// `GET /v1/client/fs/readat/:alloc?path=&offset=&limit=`.
+pub async fn readat(
+    State(handle): State<AgentHandle>,
+    Path(alloc_id): Path<String>,
+    Query(query): Query<FsQuery>,
+) -> Result<Response, ApiError> {
+    if query.path.is_empty() {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
+    }
+    let limit = query
+        .limit
+        .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, "must provide limit".into()))?;
+    file_body(
+        handle,
+        alloc_id,
+        query.path,
+        query.offset.unwrap_or(0),
+        Some(limit),
+        None,
+    )
+    .await
+}
+
+/// `GET /v1/client/fs/stream/:alloc?path=&offset=&origin=&follow=`: framed, following by
+/// default as Nomad's does.
+pub async fn stream_file(
+    State(handle): State<AgentHandle>,
+    Path(alloc_id): Path<String>,
+    Query(query): Query<FsQuery>,
+) -> Result<Response, ApiError> {
+    if query.path.is_empty() {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
+    }
+    let follow = match query.follow.as_deref() {
+        None | Some("") => true,
+        Some(text) => super::parse_bool(text).ok_or_else(|| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("failed to parse follow field to boolean: {text:?}"),
+            )
+        })?,
+    };
+    let offset = query.offset.unwrap_or(0);
+    let offset = match query.origin.as_deref() {
+        None | Some("") | Some("start") => offset,
+        Some("end") => match fs_call(&handle, alloc_id.clone(), query.path.clone(), FsOp::Stat).await? {
+            FsReply::Stat(info) => info.size.saturating_sub(offset),
+            _ => 0,
+        },
+        Some(_) => return Err(ApiError(StatusCode::BAD_REQUEST, "origin must be start or end".into())),
+    };
+    file_body(handle, alloc_id, query.path, offset, None, Some(follow)).await
 }

@@ -99,6 +99,11 @@ pub fn router(handle: AgentHandle) -> Router {
             axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
         )
         .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
+        .route("/v1/client/fs/ls/{alloc}", get(fs::ls))
+        .route("/v1/client/fs/stat/{alloc}", get(fs::stat))
+        .route("/v1/client/fs/cat/{alloc}", get(fs::cat))
+        .route("/v1/client/fs/readat/{alloc}", get(fs::readat))
+        .route("/v1/client/fs/stream/{alloc}", get(fs::stream_file))
         .route(
             "/v1/client/allocation/{id}/restart",
             axum::routing::put(allocs::restart_allocation).post(allocs::restart_allocation),

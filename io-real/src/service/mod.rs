@@ -212,6 +212,12 @@ impl Service {
                 Err(response) => response,
             };
         }
+        if let RequestBody::ClientFs(payload) = body {
+            return match decode(&payload.json) {
+                Ok(request) => self.relayed_fs(request, forwarded).await,
+                Err(response) => response,
+            };
+        }
         if let RequestBody::ClientLogs(payload) = body {
             return match decode(&payload.json) {
                 Ok(request) => self.relayed_logs(request, forwarded).await,
@@ -303,7 +309,8 @@ impl Service {
             | RequestBody::ClientCsi(_)
             | RequestBody::NodeAllocs(_)
             | RequestBody::ClientAlloc(_)
-            | RequestBody::ClientLogs(_) => {
+            | RequestBody::ClientLogs(_)
+            | RequestBody::ClientFs(_) => {
                 unreachable!("handled above")
             }
         }

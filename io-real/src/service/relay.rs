@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use drover_core::client::AllocControl;
 
+use crate::allocfs::{FsReply, FsRequest};
 use crate::logstream::{LogsReply, LogsRequest};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
@@ -109,6 +110,32 @@ impl Service {
             ResponseBody::ClientLogs(payload) => Some(payload.json),
             _ => None,
         })
+    }
+
+    /// A listing, stat or read in an allocation dir, here or relayed.
+    pub async fn client_fs(&self, request: FsRequest, forwarded: bool) -> Result<FsReply, String> {
+        let alloc_id = request.alloc_id.clone();
+        if let Some(client) = &self.client_csi {
+            match client.fs(request.clone()).await {
+                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
+                result => return result,
+            }
+        }
+        let body = RequestBody::ClientFs(json_payload(&request));
+        let response = self.route(&alloc_id, forwarded, body).await?;
+        answer(response, |body| match body {
+            ResponseBody::ClientFs(payload) => Some(payload.json),
+            _ => None,
+        })
+    }
+
+    /// A relayed allocation dir request arriving over RPC.
+    pub(super) async fn relayed_fs(&self, request: FsRequest, forwarded: bool) -> AgentResponse {
+        let result = self.client_fs(request, forwarded).await;
+        AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(ResponseBody::ClientFs(json_payload(&result))),
+        }
     }
 
     /// A relayed restart or signal arriving over RPC.
