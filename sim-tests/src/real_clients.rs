@@ -619,7 +619,13 @@ fn jobs_running(
                     .contains(&(cluster.client_name(client).to_string(), service_id(spec, &alloc.id)))
             });
             let meshed = spec.is_none_or(|spec| !spec.connect || connect_ready(cluster, client, spec, &alloc.id));
-            if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered && meshed {
+            // The task states converge too: the servers hear the task running (issue 18).
+            let reported = alloc
+                .task_states
+                .get(task)
+                .is_some_and(|state| state.state == drover_core::structs::TaskStatus::Running);
+            if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered && meshed && reported
+            {
                 seen.insert(alloc.id.clone());
             }
         }
@@ -844,7 +850,11 @@ async fn stop_jobs(
     loop {
         let state = leader_state(cluster, leader);
         let (running, unfinished) = leftovers(cluster, state.as_ref(), plan);
-        if running.is_empty() && unfinished.is_empty() {
+        let unsettled = state
+            .as_ref()
+            .map(|state| task_states_unsettled(state, plan))
+            .unwrap_or_default();
+        if running.is_empty() && unfinished.is_empty() && unsettled.is_empty() {
             let freed = if plan.volumes.is_empty() {
                 ", every service deregistered"
             } else {
@@ -864,6 +874,10 @@ async fn stop_jobs(
                     format!("{tokens:?}"),
                 );
             }
+            if !unsettled.is_empty() {
+                recorder.violate("task states converge to what the client ran", unsettled.join("; "));
+                return false;
+            }
             recorder.violate(
                 "nothing is left behind after a job stop",
                 format!(
@@ -877,6 +891,29 @@ async fn stop_jobs(
         tokio::time::sleep(POLL).await;
     }
     true
+}
+
+/// Task states that did not converge to what the client ran: an allocation its client
+/// finished (complete or failed) whose reported task states still show a task alive. Lost
+/// allocations are the servers' word, not the client's, and are left out.
+fn task_states_unsettled(state: &ServerState, plan: &RealClientPlan) -> Vec<String> {
+    state
+        .allocs()
+        .filter(|alloc| plan.jobs.iter().any(|job| job.id == alloc.job_id))
+        .filter(|alloc| matches!(alloc.client_status, ClientStatus::Complete | ClientStatus::Failed))
+        .flat_map(|alloc| {
+            alloc
+                .task_states
+                .iter()
+                .filter(|(_, task)| task.state != drover_core::structs::TaskStatus::Dead)
+                .map(move |(name, task)| {
+                    format!(
+                        "task states of {} ({:?}): {name} still {:?} on the servers",
+                        alloc.id, alloc.client_status, task.state
+                    )
+                })
+        })
+        .collect()
 }
 
 /// Claims of finished allocations the servers never released (#10927, #13416), reported as
