@@ -18,6 +18,9 @@ echo
 echo "== Connect: DeriveSIToken for 10 sidecars, the revocation loop with 10k accessors (cargo bench -p drover --bench connect)"
 cargo bench -p drover --bench connect
 echo
+echo "== task log streaming: disk, the client's agent, relayed through a server, following (cargo bench -p drover --bench logs)"
+cargo bench -p drover --bench logs
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo

@@ -53,6 +53,7 @@ pub enum FsReply {
     Stat(FileInfo),
     /// The bytes read and the file's size then.
     Data {
+        #[serde(with = "crate::logstream::base64_bytes")]
         data: Vec<u8>,
         size: u64,
     },

@@ -61,11 +61,30 @@ pub struct LogsRequest {
     pub max: u32,
 }
 
+/// Bytes as base64 in JSON (a JSON array of numbers would cost four to eight times as much
+/// to encode, send and parse on every relayed read).
+pub mod base64_bytes {
+    use base64::Engine;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(serde::de::Error::custom)
+    }
+}
+
 /// What one read returned. `task_dead` is judged before reading: a follower that sees it
 /// and catches up has read everything the task wrote.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogsReply {
     pub file: String,
+    #[serde(with = "base64_bytes")]
     pub data: Vec<u8>,
     /// Where to read next; `None` while the stream has no file yet.
     pub next: Option<Cursor>,
