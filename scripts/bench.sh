@@ -21,6 +21,9 @@ echo
 echo "== task log streaming: disk, the client's agent, relayed through a server, following (cargo bench -p drover --bench logs)"
 cargo bench -p drover --bench logs
 echo
+echo "== client -> server allocation updates under 1,000 task events/s (cargo bench -p drover-core --bench alloc_updates)"
+cargo bench -p drover-core --bench alloc_updates
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo
