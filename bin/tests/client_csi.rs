@@ -24,12 +24,21 @@ use drover_io_real::net::GrpcTransport;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_drover-csi-fake");
 
+/// A free port, never handed out twice in this test process: tests run in parallel, and the
+/// kernel readily gives a just-released port to the next `bind(0)`.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 fn mounts_under(path: &Path) -> Vec<String> {

@@ -63,12 +63,21 @@ impl ClientCsi for FakePlugins {
     }
 }
 
+/// A free port, never handed out twice in this test process: tests run in parallel, and the
+/// kernel readily gives a just-released port to the next `bind(0)`.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT.lock().unwrap().insert(port) {
+            return port;
+        }
+    }
 }
 
 fn http(method: &str, port: u16, path: &str, body: &str) -> (u16, String) {
@@ -124,16 +133,18 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
     })
     .await
     .unwrap();
-    drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, ports.http))
+    // Port 0: the API's own port is the one the OS binds, nothing can take it in between.
+    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0))
         .await
-        .unwrap();
+        .unwrap()
+        .port();
     for _ in 0..200 {
         if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    (handle, ports.http, plugins, dir)
+    (handle, http, plugins, dir)
 }
 
 fn info(node_half: bool) -> CsiInfo {
