@@ -105,6 +105,14 @@ fn an_operator_sees_an_allocations_tasks_and_stops_it() {
     assert!(status.contains("Task \"t\" is \"running\""), "{status}");
     assert!(status.contains("Recent Events:\nTime"), "{status}");
     assert!(status.contains("Received    Task received by client"), "{status}");
+    let on_node = wait_for(Duration::from_secs(10), || {
+        let alloc = get(port, &format!("/v1/allocation/{first}"))?;
+        let listed = get(port, &format!("/v1/node/{}/allocations", alloc["NodeID"].as_str()?))?;
+        let found = listed.as_array()?.iter().find(|a| a["ID"] == first.as_str())?.clone();
+        (found["TaskStates"]["t"]["State"] == "running").then_some(found)
+    })
+    .expect("/v1/node/:id/allocations lists it with its task states");
+    assert_eq!(on_node["JobID"], "web");
     let job = stdout(&cli(port, &["job", "status", "web"]));
     assert!(
         job.contains("Task Group  Queued  Starting  Running  Failed  Complete  Lost\ng           0       0         1"),

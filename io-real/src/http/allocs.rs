@@ -124,3 +124,23 @@ pub async fn signal_allocation(
     handle.alloc_control(request).await.map_err(control_error)?;
     Ok(axum::Json(json!({})))
 }
+
+/// `GET /v1/node/:id/allocations`: every allocation placed on the node, in full (Nomad's
+/// `Node.GetAllocs`), task states included; a blocking query on the allocs table.
+pub async fn node_allocations(
+    State(handle): State<AgentHandle>,
+    Path(node_id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            state
+                .allocs()
+                .filter(|alloc| alloc.node_id == node_id)
+                .map(|alloc| render::alloc(alloc, state))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}

@@ -114,6 +114,7 @@ pub fn router(handle: AgentHandle) -> Router {
         )
         .route("/v1/nodes", get(csi::list_nodes))
         .route("/v1/node/{id}", get(csi::get_node))
+        .route("/v1/node/{id}/allocations", get(allocs::node_allocations))
         .route(
             "/v1/node/{id}/drain",
             axum::routing::put(nodes::drain).post(nodes::drain),
