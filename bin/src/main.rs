@@ -123,14 +123,35 @@ impl Cli {
     }
 }
 
-/// Nomad writes long flags with one dash (`-bootstrap-expect=3`); clap wants two.
+/// Nomad writes long flags with one dash (`-bootstrap-expect=3`); clap wants two. The command
+/// of `alloc exec` is left as written: like Go's flag parsing, flags end at its allocation.
 fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
-    args.enumerate()
-        .map(|(position, arg)| match arg.to_str() {
-            Some(text) if position > 0 && text.len() > 2 && text.starts_with('-') && !text.starts_with("--") => {
-                OsString::from(format!("-{text}"))
+    let args: Vec<OsString> = args.collect();
+    let exec = args.get(1).is_some_and(|arg| arg == "alloc") && args.get(2).is_some_and(|arg| arg == "exec");
+    let mut verbatim = false;
+    args.into_iter()
+        .enumerate()
+        .map(|(position, arg)| {
+            if verbatim {
+                return arg;
             }
-            _ => arg,
+            match arg.to_str() {
+                // `-i=false` is a one-letter flag with its value, not a long flag.
+                Some(text)
+                    if position > 0
+                        && text.len() > 2
+                        && text.starts_with('-')
+                        && !text.starts_with("--")
+                        && text.as_bytes()[2] != b'=' =>
+                {
+                    OsString::from(format!("-{text}"))
+                }
+                Some(text) if exec && position > 2 && !text.starts_with('-') => {
+                    verbatim = true;
+                    arg
+                }
+                _ => arg,
+            }
         })
         .collect()
 }

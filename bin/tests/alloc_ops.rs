@@ -247,6 +247,35 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     }
     assert_eq!(fs("cat", "/t/local/nope").0, 404);
 
+    // alloc exec through the server: the task's environment, its exit code, its stdin.
+    let exec = cli(
+        port,
+        &[
+            "alloc",
+            "exec",
+            "-i=false",
+            &alloc[..8],
+            "sh",
+            "-c",
+            "echo $NOMAD_ALLOC_ID; exit 3",
+        ],
+    );
+    assert_eq!(exec.status.code(), Some(3), "{exec:?}");
+    assert_eq!(String::from_utf8_lossy(&exec.stdout), format!("{alloc}\n"));
+    let mut cat = std::process::Command::new(support::AGENT)
+        .args(["alloc", "exec", &alloc[..8], "cat"])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    cat.stdin.take().unwrap().write_all(b"typed in\n").unwrap();
+    let cat = support::ChildGuard(cat).wait_with_output(Duration::from_secs(20));
+    assert!(cat.status.success(), "{cat:?}");
+    assert_eq!(String::from_utf8_lossy(&cat.stdout), "typed in\n");
+
     // Refused with Nomad's words, through the relay too.
     let bad_task = cli(port, &["alloc", "restart", &alloc[..8], "nope"]);
     assert!(

@@ -238,6 +238,11 @@ impl AgentHandle {
         self.inner.service.alloc_control(request, false).await
     }
 
+    /// One step of an `alloc exec` session, on the client that runs the allocation.
+    pub async fn client_exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
+        self.inner.service.client_exec(request, false).await
+    }
+
     /// A listing, stat or read in an allocation dir, from the client that runs it.
     pub async fn client_fs(&self, request: crate::allocfs::FsRequest) -> Result<crate::allocfs::FsReply, String> {
         self.inner.service.client_fs(request, false).await

@@ -119,6 +119,11 @@ pub trait ClientCsi: Send + Sync + 'static {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
     }
 
+    /// One step of an `alloc exec` session in one of this client's tasks.
+    fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, String>> {
+        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
+    }
+
     /// A listing, stat or read in one of this client's allocation dirs.
     fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })

@@ -11,6 +11,7 @@ pub mod client;
 pub mod devices;
 pub mod driver;
 pub mod drivers;
+pub mod exec;
 pub mod facts;
 pub mod io;
 pub mod jobs;

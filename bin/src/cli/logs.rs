@@ -25,7 +25,7 @@ pub(super) struct LogsOptions {
 }
 
 /// The task to read: the one named, or the allocation's only task.
-fn task_of(alloc: &Value, named: Option<String>) -> Result<String, Failure> {
+pub(super) fn task_of(alloc: &Value, named: Option<String>) -> Result<String, Failure> {
     if let Some(task) = named {
         return Ok(task);
     }

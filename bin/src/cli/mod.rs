@@ -3,6 +3,7 @@
 //! `http://127.0.0.1:4646`). Exit codes: 0 done, 1 error, 2 `job run` with placement failures.
 
 mod alloc;
+mod exec;
 mod job;
 mod logs;
 mod node;
@@ -98,6 +99,20 @@ pub enum AllocCommand {
         /// The signal (default SIGKILL, as Nomad).
         #[arg(short = 's', value_name = "SIGNAL")]
         signal: Option<String>,
+    },
+    /// Run a command in a running task's context (Nomad's `alloc exec`); exits with its code.
+    Exec {
+        /// Pass stdin to the command (default true; -i=false to disable).
+        #[arg(short = 'i', num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        interactive: Option<bool>,
+        /// Allocate a pseudo-terminal (default: when stdin is a terminal; -t=false to disable).
+        #[arg(short = 't', num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+        tty: Option<bool>,
+        #[arg(long = "task", value_name = "TASK")]
+        task: Option<String>,
+        id: String,
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true)]
+        command: Vec<String>,
     },
     /// List or print what is in an allocation's directory (Nomad's `alloc fs`).
     Fs {
@@ -329,6 +344,13 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),
         Command::Alloc(AllocCommand::Fs { id, path, stat }) => logs::alloc_fs(&api, &id, path.as_deref(), stat),
+        Command::Alloc(AllocCommand::Exec {
+            interactive,
+            tty,
+            task,
+            id,
+            command,
+        }) => exec::alloc_exec(&api, &id, task, command, interactive, tty),
         Command::Alloc(AllocCommand::Logs {
             id,
             task,
@@ -399,7 +421,9 @@ pub fn run(global: Global, command: Command) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure(message, code)) => {
-            eprintln!("{message}");
+            if !message.is_empty() {
+                eprintln!("{message}");
+            }
             ExitCode::from(code)
         }
     }

@@ -207,6 +207,14 @@ impl ClientExecutor for HostExecutor {
         self.drivers.get(&handle.driver)?.stats(handle)
     }
 
+    fn exec_command(&self, handle: &TaskHandle, command: &[String]) -> Result<tokio::process::Command, String> {
+        let driver = self
+            .drivers
+            .get(&handle.driver)
+            .ok_or_else(|| format!("driver \"{}\" is not available", handle.driver))?;
+        driver.exec_command(handle, command).map_err(|error| error.message)
+    }
+
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
         Box::pin(async move {
             let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)

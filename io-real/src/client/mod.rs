@@ -56,6 +56,11 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage>;
     /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>>;
+    /// `command` set up to run in a running task's context (`alloc exec`).
+    #[cfg(not(madsim))]
+    fn exec_command(&self, _handle: &TaskHandle, _command: &[String]) -> Result<tokio::process::Command, String> {
+        Err("exec is not supported on this client".into())
+    }
 }
 
 /// The local Consul agent's service API, as the client's service sync uses it.
@@ -191,6 +196,15 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
+    #[cfg(not(madsim))]
+    fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, String>> {
+        let view = self.view.get().cloned();
+        Box::pin(async move {
+            let view = view.ok_or_else(|| format!("Unknown allocation {:?}", request.alloc_id()))?;
+            view.exec(request).await
+        })
+    }
+
     fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
@@ -231,6 +245,9 @@ pub struct ClientView {
     mhz_per_core: f64,
     /// Where allocation directories are.
     paths: drover_core::client::paths::ClientPaths,
+    /// `alloc exec` sessions.
+    #[cfg(not(madsim))]
+    exec: crate::exec::ExecSessions,
 }
 
 /// One task's resource usage: CPU and memory from its driver (when it measures them and the
@@ -264,6 +281,38 @@ impl ClientView {
     /// The allocation's directory, when this client runs it.
     pub fn alloc_dir(&self, alloc_id: &str) -> Option<std::path::PathBuf> {
         self.has_alloc(alloc_id).then(|| self.paths.alloc(alloc_id).into())
+    }
+
+    /// One step of an `alloc exec` session on this client.
+    #[cfg(not(madsim))]
+    pub async fn exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
+        let crate::exec::ExecRequest::Start {
+            alloc_id,
+            task,
+            command,
+            tty,
+        } = request
+        else {
+            return self.exec.step(request).await;
+        };
+        let handle = {
+            let tasks = self.tasks.lock().unwrap();
+            let alloc = tasks
+                .get(&alloc_id)
+                .ok_or_else(|| format!("Unknown allocation {alloc_id:?}"))?;
+            let state = alloc.get(&task).ok_or_else(|| format!("unknown task name {task:?}"))?;
+            state
+                .handle
+                .clone()
+                .filter(|_| state.state.state == TaskStatus::Running)
+                .ok_or_else(|| "Task not running".to_string())?
+        };
+        let command = self.executor.exec_command(&handle, &command)?;
+        let session = self.exec.start(command, tty).await?;
+        Ok(crate::exec::ExecReply {
+            session,
+            ..Default::default()
+        })
     }
 
     /// Whether this client runs the allocation.
@@ -350,6 +399,8 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
         executor: parts.executor.clone(),
         mhz_per_core: mhz_per_core(&parts.node),
         paths: parts.settings.paths.clone(),
+        #[cfg(not(madsim))]
+        exec: crate::exec::ExecSessions::default(),
     };
     let _ = parts.inbox.view.set(view.clone());
     tokio::spawn(run(parts, (registry, allocs, devices), view.clone()));

@@ -49,6 +49,15 @@ pub trait TaskDriver: Send + Sync + 'static {
     fn stats(&self, _handle: &TaskHandle) -> Option<TaskResourceUsage> {
         None
     }
+
+    /// `command` set up to run in the running task's context (`alloc exec`).
+    #[cfg(not(madsim))]
+    fn exec_command(&self, _handle: &TaskHandle, _command: &[String]) -> Result<tokio::process::Command, IoError> {
+        Err(IoError::other(format!(
+            "the {} driver does not support exec",
+            self.name()
+        )))
+    }
 }
 
 /// One task's measured resource use (Nomad's `ResourceUsage` for the executor-based drivers:

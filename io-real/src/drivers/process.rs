@@ -1106,6 +1106,75 @@ impl TaskDriver for ProcessDriver {
         })
     }
 
+    /// The task's own environment and working directory (read from its process), in its
+    /// cgroup; for `exec` also in its mount namespace under its root. The task's pid
+    /// namespace is not entered (the command is not a child of the task's PID 1).
+    fn exec_command(&self, handle: &TaskHandle, command: &[String]) -> Result<tokio::process::Command, IoError> {
+        let state: HandleState =
+            serde_json::from_str(&handle.state).map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+        if !signal_task(state.pid, state.start_time, 0) {
+            return Err(IoError::new(ErrorKind::NotFound, "Task not running"));
+        }
+        // An `exec` task's pid is its stand-in in the host's namespaces; the task is its child.
+        let pid = match self.kind {
+            Kind::RawExec => state.pid,
+            Kind::Exec => std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", state.pid))
+                .ok()
+                .and_then(|children| children.split_whitespace().next()?.parse().ok())
+                .unwrap_or(state.pid),
+        };
+        let environ =
+            std::fs::read(format!("/proc/{pid}/environ")).map_err(|e| io_error("read the task's environment", e))?;
+        let (program, args) = command
+            .split_first()
+            .ok_or_else(|| IoError::other("must provide a command"))?;
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(args).env_clear();
+        for pair in environ.split(|byte| *byte == 0).filter(|pair| !pair.is_empty()) {
+            let text = String::from_utf8_lossy(pair);
+            if let Some((key, value)) = text.split_once('=') {
+                cmd.env(key, value);
+            }
+        }
+        let join = state.cgroup.as_ref().map(TaskCgroup::join_paths).unwrap_or_default();
+        match self.kind {
+            Kind::RawExec => {
+                let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
+                    .map_err(|e| io_error("read the task's directory", e))?;
+                cmd.current_dir(cwd);
+                // SAFETY: joining the cgroup writes prepared paths (async-signal-safe).
+                unsafe {
+                    cmd.pre_exec(move || cgroup::join_in_child(&join));
+                }
+            }
+            Kind::Exec => {
+                let open = |path: String| std::fs::File::open(&path).map_err(|e| io_error(&format!("open {path}"), e));
+                // Opened here, entered in the child: its mount namespace, then its root.
+                let mount_ns = open(format!("/proc/{pid}/ns/mnt"))?;
+                let root = open(format!("/proc/{pid}/root"))?;
+                let (mount_fd, root_fd) = (mount_ns.as_raw_fd(), root.as_raw_fd());
+                let keep = Arc::new((mount_ns, root));
+                // SAFETY: setns, fchdir, chroot and chdir on descriptors opened before the
+                // fork, and the cgroup writes, are async-signal-safe.
+                unsafe {
+                    cmd.pre_exec(move || {
+                        let _ = &keep;
+                        cgroup::join_in_child(&join)?;
+                        if libc::setns(mount_fd, libc::CLONE_NEWNS) != 0
+                            || libc::fchdir(root_fd) != 0
+                            || libc::chroot(c".".as_ptr()) != 0
+                            || libc::chdir(c"/".as_ptr()) != 0
+                        {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                        Ok(())
+                    });
+                }
+            }
+        }
+        Ok(cmd)
+    }
+
     fn stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
         let state: HandleState = serde_json::from_str(&handle.state).ok()?;
         self.session_usage(state.pid, state.start_time, state.cgroup.as_ref())

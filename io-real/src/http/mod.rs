@@ -9,6 +9,7 @@ pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
 mod client;
 mod csi;
+mod exec;
 mod fs;
 mod nodes;
 mod render;
@@ -99,6 +100,7 @@ pub fn router(handle: AgentHandle) -> Router {
             axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
         )
         .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
+        .route("/v1/client/allocation/{id}/exec", get(exec::exec))
         .route("/v1/client/fs/ls/{alloc}", get(fs::ls))
         .route("/v1/client/fs/stat/{alloc}", get(fs::stat))
         .route("/v1/client/fs/cat/{alloc}", get(fs::cat))

@@ -212,6 +212,12 @@ impl Service {
                 Err(response) => response,
             };
         }
+        if let RequestBody::ClientExec(payload) = body {
+            return match decode(&payload.json) {
+                Ok(request) => self.relayed_exec(request, forwarded).await,
+                Err(response) => response,
+            };
+        }
         if let RequestBody::ClientFs(payload) = body {
             return match decode(&payload.json) {
                 Ok(request) => self.relayed_fs(request, forwarded).await,
@@ -310,7 +316,8 @@ impl Service {
             | RequestBody::NodeAllocs(_)
             | RequestBody::ClientAlloc(_)
             | RequestBody::ClientLogs(_)
-            | RequestBody::ClientFs(_) => {
+            | RequestBody::ClientFs(_)
+            | RequestBody::ClientExec(_) => {
                 unreachable!("handled above")
             }
         }

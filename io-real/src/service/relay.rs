@@ -15,6 +15,7 @@ use std::time::Duration;
 use drover_core::client::AllocControl;
 
 use crate::allocfs::{FsReply, FsRequest};
+use crate::exec::{ExecReply, ExecRequest};
 use crate::logstream::{LogsReply, LogsRequest};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
@@ -127,6 +128,32 @@ impl Service {
             ResponseBody::ClientFs(payload) => Some(payload.json),
             _ => None,
         })
+    }
+
+    /// One step of an `alloc exec` session, here or relayed.
+    pub async fn client_exec(&self, request: ExecRequest, forwarded: bool) -> Result<ExecReply, String> {
+        let alloc_id = request.alloc_id().to_string();
+        if let Some(client) = &self.client_csi {
+            match client.exec(request.clone()).await {
+                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
+                result => return result,
+            }
+        }
+        let body = RequestBody::ClientExec(json_payload(&request));
+        let response = self.route(&alloc_id, forwarded, body).await?;
+        answer(response, |body| match body {
+            ResponseBody::ClientExec(payload) => Some(payload.json),
+            _ => None,
+        })
+    }
+
+    /// A relayed exec step arriving over RPC.
+    pub(super) async fn relayed_exec(&self, request: ExecRequest, forwarded: bool) -> AgentResponse {
+        let result = self.client_exec(request, forwarded).await;
+        AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(ResponseBody::ClientExec(json_payload(&result))),
+        }
     }
 
     /// A relayed allocation dir request arriving over RPC.
