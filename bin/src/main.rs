@@ -164,6 +164,13 @@ fn main() -> ExitCode {
     {
         return drover_io_real::logmon::main(std::env::args_os().skip(2));
     }
+    // `alloc exec` into an `exec` task's namespaces, started by this agent's client.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == drover_io_real::nsexec::SUBCOMMAND)
+    {
+        return drover_io_real::nsexec::main(std::env::args_os().skip(2));
+    }
     let mut cli = Cli::parse_from(normalize_args(std::env::args_os()));
     if let Some(command) = cli.command.take() {
         return cli::run(cli.global, command);

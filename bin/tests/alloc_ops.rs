@@ -288,3 +288,74 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         "{bad_signal:?}"
     );
 }
+
+/// `alloc exec` into an `exec` task (as root; the exec driver needs it): the command sees the
+/// task's root and is a process of the task's PID namespace (a small pid, only the task's
+/// processes in its /proc).
+#[test]
+fn exec_enters_an_exec_tasks_root_and_pid_namespace() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: the exec driver needs root");
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers with exec:\n{}", agent.log()));
+    let file = root.path().join("iso.hcl");
+    std::fs::write(
+        &file,
+        r#"job "iso" {
+  group "g" {
+    task "t" {
+      driver = "exec"
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "echo inside > /local/mark; sleep 600"]
+      }
+      kill_timeout = "1s"
+    }
+  }
+}
+"#,
+    )
+    .unwrap();
+    stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
+    let alloc = wait_for(Duration::from_secs(20), || {
+        let allocs = get(port, "/v1/job/iso/allocations")?;
+        let alloc = &allocs[0];
+        (alloc["TaskStates"]["t"]["State"] == "running").then(|| alloc["ID"].as_str().unwrap().to_string())
+    })
+    .unwrap_or_else(|| panic!("the exec task runs:\n{}", agent.log()));
+    let seen = wait_for(Duration::from_secs(10), || {
+        let out = cli(
+            port,
+            &[
+                "alloc",
+                "exec",
+                "-i=false",
+                &alloc,
+                "sh",
+                "-c",
+                "cat /local/mark; echo $$; ls /proc | grep -c '^[0-9]'",
+            ],
+        );
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    })
+    .unwrap_or_else(|| panic!("alloc exec runs in the task:\n{}", agent.log()));
+    let lines: Vec<&str> = seen.lines().collect();
+    assert_eq!(lines[0], "inside", "the task's root: {seen}");
+    let pid: u32 = lines[1].parse().unwrap();
+    let processes: u32 = lines[2].parse().unwrap();
+    assert!(pid < 20 && processes < 20, "the task's PID namespace: {seen}");
+}

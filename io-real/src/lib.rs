@@ -33,4 +33,6 @@ pub mod logstream;
 #[cfg(not(madsim))]
 pub mod net;
 #[cfg(not(madsim))]
+pub mod nsexec;
+#[cfg(not(madsim))]
 pub mod tls;

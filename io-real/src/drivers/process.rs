@@ -1107,8 +1107,9 @@ impl TaskDriver for ProcessDriver {
     }
 
     /// The task's own environment and working directory (read from its process), in its
-    /// cgroup; for `exec` also in its mount namespace under its root. The task's pid
-    /// namespace is not entered (the command is not a child of the task's PID 1).
+    /// cgroup; for `exec` also in its IPC, UTS, PID and mount namespaces under its root,
+    /// through the agent's `nsexec` helper (without the agent binary, the mount namespace and
+    /// root only).
     fn exec_command(&self, handle: &TaskHandle, command: &[String]) -> Result<tokio::process::Command, IoError> {
         let state: HandleState =
             serde_json::from_str(&handle.state).map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
@@ -1147,9 +1148,46 @@ impl TaskDriver for ProcessDriver {
                     cmd.pre_exec(move || cgroup::join_in_child(&join));
                 }
             }
+            Kind::Exec if self.logmon.is_some() => {
+                let open = |path: String| std::fs::File::open(&path).map_err(|e| io_error(&format!("open {path}"), e));
+                // Opened here, inherited by the helper, which enters them (`nsexec`).
+                let files = [
+                    open(format!("/proc/{pid}/ns/ipc"))?,
+                    open(format!("/proc/{pid}/ns/uts"))?,
+                    open(format!("/proc/{pid}/ns/pid"))?,
+                    open(format!("/proc/{pid}/ns/mnt"))?,
+                    open(format!("/proc/{pid}/root"))?,
+                ];
+                let fds = files.each_ref().map(|file| file.as_raw_fd());
+                let agent = self.logmon.as_ref().expect("checked").as_path().to_path_buf();
+                let mut helper = tokio::process::Command::new(agent);
+                helper.args(crate::nsexec::args(fds, command)).env_clear();
+                for pair in environ.split(|byte| *byte == 0).filter(|pair| !pair.is_empty()) {
+                    let text = String::from_utf8_lossy(pair);
+                    if let Some((key, value)) = text.split_once('=') {
+                        helper.env(key, value);
+                    }
+                }
+                let keep = Arc::new(files);
+                // SAFETY: the cgroup writes and fcntl on descriptors opened before the fork
+                // are async-signal-safe.
+                unsafe {
+                    helper.pre_exec(move || {
+                        let _ = &keep;
+                        cgroup::join_in_child(&join)?;
+                        for fd in fds {
+                            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                                return Err(std::io::Error::last_os_error());
+                            }
+                        }
+                        Ok(())
+                    });
+                }
+                return Ok(helper);
+            }
             Kind::Exec => {
                 let open = |path: String| std::fs::File::open(&path).map_err(|e| io_error(&format!("open {path}"), e));
-                // Opened here, entered in the child: its mount namespace, then its root.
+                // Without the agent binary for the helper: its mount namespace and root only.
                 let mount_ns = open(format!("/proc/{pid}/ns/mnt"))?;
                 let root = open(format!("/proc/{pid}/root"))?;
                 let (mount_fd, root_fd) = (mount_ns.as_raw_fd(), root.as_raw_fd());
