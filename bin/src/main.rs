@@ -129,12 +129,16 @@ fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let args: Vec<OsString> = args.collect();
     let exec = args.get(1).is_some_and(|arg| arg == "alloc") && args.get(2).is_some_and(|arg| arg == "exec");
     let mut verbatim = false;
+    let mut previous = OsString::new();
     args.into_iter()
         .enumerate()
         .map(|(position, arg)| {
             if verbatim {
                 return arg;
             }
+            // The value of `-task` is not the allocation.
+            let flag_value = previous == "-task" || previous == "--task";
+            previous = arg.clone();
             match arg.to_str() {
                 // `-i=false` is a one-letter flag with its value, not a long flag.
                 Some(text)
@@ -146,7 +150,7 @@ fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
                 {
                     OsString::from(format!("-{text}"))
                 }
-                Some(text) if exec && position > 2 && !text.starts_with('-') => {
+                Some(text) if exec && position > 2 && !text.starts_with('-') && !flag_value => {
                     verbatim = true;
                     arg
                 }
@@ -371,5 +375,42 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn normalized(args: &[&str]) -> Vec<String> {
+        normalize_args(args.iter().map(OsString::from))
+            .into_iter()
+            .map(|arg| arg.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn long_flags_get_two_dashes_but_not_an_exec_command_or_one_letter_values() {
+        assert_eq!(
+            normalized(&["agent", "-server", "-bootstrap-expect=3", "-i"]),
+            ["agent", "--server", "--bootstrap-expect=3", "-i"]
+        );
+        assert_eq!(
+            normalized(&[
+                "agent", "alloc", "exec", "-i=false", "-task", "web", "abc", "ls", "-la", "-task"
+            ]),
+            [
+                "agent", "alloc", "exec", "-i=false", "--task", "web", "abc", "ls", "-la", "-task"
+            ]
+        );
+        // Flags may follow `-task web`; the command starts after the allocation.
+        assert_eq!(
+            normalized(&[
+                "agent", "alloc", "exec", "-task", "web", "-i=false", "abc", "sh", "-cx", "id"
+            ]),
+            [
+                "agent", "alloc", "exec", "--task", "web", "-i=false", "abc", "sh", "-cx", "id"
+            ]
+        );
     }
 }
