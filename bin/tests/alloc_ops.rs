@@ -247,6 +247,34 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     }
     assert_eq!(fs("cat", "/t/local/nope").0, 404);
 
+    // Through a client-only agent that does not run it: handed to the servers, relayed on.
+    let [http2, rpc2, serf2] = support::free_ports();
+    let bystander_spec = support::ServerSpec {
+        name: "c2".into(),
+        http: http2,
+        rpc: rpc2,
+        serf: serf2,
+        data_dir: root.path().join("c2"),
+    };
+    let bystander = Agent::start(
+        bystander_spec.clone(),
+        vec![
+            "-client".to_string(),
+            format!("-data-dir={}", bystander_spec.data_dir.display()),
+            "-node=c2".into(),
+            "-bind=127.0.0.1".into(),
+            format!("-http-port={http2}"),
+            format!("-rpc-port={rpc2}"),
+            format!("-servers=127.0.0.1:{}", specs[0].rpc),
+        ],
+    );
+    let url = format!("http://127.0.0.1:{http2}/v1/client/fs/cat/{alloc}?path=/t/local/hello");
+    let through = wait_for(Duration::from_secs(20), || {
+        ureq::get(&url).call().ok()?.into_string().ok()
+    })
+    .unwrap_or_else(|| panic!("a bystander client relays:\n{}", bystander.log()));
+    assert_eq!(through, "hello\n");
+
     // alloc exec through the server: the task's environment, its exit code, its stdin.
     let exec = cli(
         port,
