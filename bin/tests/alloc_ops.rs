@@ -146,7 +146,8 @@ fn an_operator_sees_an_allocations_tasks_and_stops_it() {
 }
 
 /// `alloc signal` and `alloc restart` sent to a server-only agent reach the task on a
-/// client-only agent: the server relays them to the client that runs the allocation.
+/// client-only agent: the server relays them to the client that runs the allocation, over
+/// the stream the client keeps attached to it (the client's advertised RPC address is dead).
 #[test]
 fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     let root = tempfile::tempdir().unwrap();
@@ -161,6 +162,20 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         serf,
         data_dir: root.path().join("c1"),
     };
+    // The client tells the servers an RPC address nothing listens on: every relayed request
+    // below must reach it down the stream it keeps attached to its server, as in Nomad.
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    let unreachable = spec.data_dir.join("unreachable.hcl");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &unreachable,
+        format!("advertise {{\n  rpc = \"127.0.0.1:{closed}\"\n}}\n"),
+    )
+    .unwrap();
     let client_args = vec![
         "-client".to_string(),
         format!("-data-dir={}", spec.data_dir.display()),
@@ -169,6 +184,7 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         format!("-http-port={http}"),
         format!("-rpc-port={rpc}"),
         format!("-servers=127.0.0.1:{}", specs[0].rpc),
+        format!("-config={}", unreachable.display()),
     ];
     let client = Agent::start(spec, client_args);
     wait_for(Duration::from_secs(30), || {

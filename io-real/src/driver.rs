@@ -339,6 +339,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             }) as crate::service::Discover
         });
     let forward_transport = transport.clone();
+    let attached_transport = transport.clone();
     let service = Service {
         raft: raft.clone(),
         node_id: record.node_id,
@@ -362,6 +363,13 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         )),
         server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         discover,
+        attached: is_server.then(|| {
+            Arc::new(move |node_id: String, request, timeout| {
+                let transport = attached_transport.clone();
+                Box::pin(async move { transport.call_attached(&node_id, request, timeout).await })
+                    as crate::io::BoxFuture<Option<Result<drover_proto::agent::v1::AgentResponse, String>>>
+            }) as crate::service::AttachedCall
+        }),
     };
 
     if raft.is_some() || service.client_csi.is_some() {
@@ -372,13 +380,18 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             Box::pin(async move { service.handle(request).await })
         });
         transport
-            .serve(rpc_addr, handler)
+            .serve(rpc_addr, handler.clone())
             .await
             .map_err(|error| StartError::Bind {
                 what: "RPC",
                 addr: rpc_addr,
                 error,
             })?;
+        // A client-only agent keeps itself attached to the server it talks to.
+        if !is_server && transport.can_attach() {
+            let node_id = crate::client::node_uuid(record.node_id);
+            tokio::spawn(stay_attached(transport.clone(), service.clone(), node_id, handler));
+        }
     }
     if let Some(raft) = &raft {
         tokio::spawn(watch_raft(raft.clone(), inbox_tx.clone(), observer.clone()));
@@ -978,5 +991,24 @@ fn describe_call(request: &ClientCsiRequest) -> String {
         ),
         ClientCsiRequest::ControllerValidate(r) => format!("controller-validate {} {}", r.plugin_id, r.volume_id),
         ClientCsiRequest::NodeDetach(r) => format!("node-detach {} {} alloc {}", r.plugin_id, r.volume_id, r.alloc_id),
+    }
+}
+
+/// How long a client waits before attaching again after its stream ended.
+const REATTACH_PAUSE: Duration = Duration::from_secs(1);
+
+/// Keeps the client attached (`Agent.Attach`) to the server it talks to: the one that last
+/// answered it, or the next one after a stream ends.
+async fn stay_attached<T: Transport>(transport: T, service: Service, node_id: String, handler: RpcHandler) {
+    loop {
+        let servers = service.servers.lock().expect("servers lock").clone();
+        if !servers.is_empty() {
+            let at = service.server_cursor.load(std::sync::atomic::Ordering::SeqCst) % servers.len();
+            let addr = servers[at];
+            if let Err(error) = transport.attach(addr, node_id.clone(), handler.clone()).await {
+                tracing::debug!(%addr, %error, "attaching to a server failed");
+            }
+        }
+        tokio::time::sleep(REATTACH_PAUSE).await;
     }
 }

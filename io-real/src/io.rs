@@ -55,6 +55,33 @@ pub trait Transport: Clone + Send + Sync + 'static {
     /// Resolves "ip", "ip:port", "host" or "host:port" to addresses, using `default_port`
     /// when the target names none.
     fn resolve(&self, target: &str, default_port: u16) -> impl Future<Output = Result<Vec<SocketAddr>, String>> + Send;
+
+    /// Sends `request` down the stream the client `node_id` keeps attached to this server;
+    /// `None` when it has none here (the caller dials the client instead).
+    fn call_attached(
+        &self,
+        _node_id: &str,
+        _request: AgentRequest,
+        _timeout: Duration,
+    ) -> impl Future<Output = Option<Result<AgentResponse, String>>> + Send {
+        async { None }
+    }
+
+    /// Keeps this client attached to the server at `addr` as `node_id`, answering what comes
+    /// down with `handler`, until the stream ends; `false` when this transport cannot attach.
+    fn attach(
+        &self,
+        _addr: SocketAddr,
+        _node_id: String,
+        _handler: RpcHandler,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        async { Err("this transport does not attach clients".to_string()) }
+    }
+
+    /// Whether [`Transport::attach`] is supported.
+    fn can_attach(&self) -> bool {
+        false
+    }
 }
 
 /// A service registration in Consul's catalog.

@@ -7,6 +7,8 @@
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
 pub mod allocfs;
+#[cfg(not(madsim))]
+pub mod attach;
 pub mod client;
 pub mod devices;
 pub mod driver;

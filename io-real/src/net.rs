@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use drover_proto::agent::v1::agent_client::AgentClient;
 use drover_proto::agent::v1::agent_server::{Agent, AgentServer};
-use drover_proto::agent::v1::{AgentRequest, AgentResponse};
+use drover_proto::agent::v1::{AgentRequest, AgentResponse, AttachDown, AttachUp};
+
+use crate::attach::Attachments;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::io::{GossipSocket, RpcHandler, Transport, TransportError};
@@ -19,6 +21,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone, Default)]
 pub struct GrpcTransport {
     channels: Arc<Mutex<BTreeMap<SocketAddr, Channel>>>,
+    /// Clients attached to this agent's RPC server (`Agent.Attach`).
+    attachments: Attachments,
 }
 
 impl GrpcTransport {
@@ -39,6 +43,7 @@ impl GrpcTransport {
 
 struct Service {
     handler: RpcHandler,
+    attachments: Attachments,
 }
 
 #[tonic::async_trait]
@@ -48,6 +53,46 @@ impl Agent for Service {
         request: tonic::Request<AgentRequest>,
     ) -> Result<tonic::Response<AgentResponse>, tonic::Status> {
         Ok(tonic::Response::new((self.handler)(request.into_inner()).await))
+    }
+
+    /// A client attaches: its first message names its node; then requests go down and its
+    /// answers come up until either side ends the stream.
+    async fn attach(
+        &self,
+        request: tonic::Request<tonic::Streaming<AttachUp>>,
+    ) -> Result<tonic::Response<tonic::codegen::BoxStream<AttachDown>>, tonic::Status> {
+        let mut up = request.into_inner();
+        let hello = up
+            .message()
+            .await?
+            .filter(|hello| !hello.node_id.is_empty())
+            .ok_or_else(|| tonic::Status::invalid_argument("the first message names the node"))?;
+        let attachment = Arc::new(Mutex::new(Some(self.attachments.attach(hello.node_id))));
+        let down = attachment
+            .lock()
+            .unwrap()
+            .as_mut()
+            .map(|attached| std::mem::replace(&mut attached.down, tokio::sync::mpsc::channel(1).1));
+        let Some(down) = down else {
+            return Err(tonic::Status::internal("attachment lost"));
+        };
+        {
+            let attachment = attachment.clone();
+            tokio::spawn(async move {
+                while let Ok(Some(message)) = up.message().await {
+                    if let (Some(attached), Some(response)) = (attachment.lock().unwrap().as_ref(), message.response) {
+                        attached.answered(message.id, response);
+                    }
+                }
+                // The client went away: detached.
+                attachment.lock().unwrap().take();
+            });
+        }
+        let stream = futures::stream::unfold(down, |mut down| async move {
+            let message = down.recv().await?;
+            Some((Ok(message), down))
+        });
+        Ok(tonic::Response::new(Box::pin(stream)))
     }
 }
 
@@ -95,7 +140,10 @@ impl Transport for GrpcTransport {
     async fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> std::io::Result<()> {
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let service = AgentServer::new(Service { handler });
+        let service = AgentServer::new(Service {
+            handler,
+            attachments: self.attachments.clone(),
+        });
         tokio::spawn(async move {
             if let Err(error) = tonic::transport::Server::builder()
                 .add_service(service)
@@ -111,6 +159,62 @@ impl Transport for GrpcTransport {
     async fn resolve(&self, target: &str, default_port: u16) -> Result<Vec<SocketAddr>, String> {
         resolve(target, default_port).await
     }
+
+    async fn call_attached(
+        &self,
+        node_id: &str,
+        request: AgentRequest,
+        timeout: Duration,
+    ) -> Option<Result<AgentResponse, String>> {
+        self.attachments.call(node_id, request, timeout).await
+    }
+
+    async fn attach(&self, addr: SocketAddr, node_id: String, handler: RpcHandler) -> Result<(), String> {
+        let mut client = AgentClient::new(self.channel(addr));
+        let (up, outgoing) = tokio::sync::mpsc::channel::<AttachUp>(16);
+        up.send(AttachUp {
+            node_id,
+            id: 0,
+            response: None,
+        })
+        .await
+        .map_err(|_| "attach stream closed".to_string())?;
+        let outgoing = tokio_stream_of(outgoing);
+        let mut down = client
+            .attach(outgoing)
+            .await
+            .map_err(|status| format!("{}: {}", status.code(), status.message()))?
+            .into_inner();
+        while let Some(message) = down.message().await.map_err(|status| status.message().to_string())? {
+            let Some(request) = message.request else { continue };
+            let (up, handler) = (up.clone(), handler.clone());
+            tokio::spawn(async move {
+                let response = handler(request).await;
+                let _ = up
+                    .send(AttachUp {
+                        node_id: String::new(),
+                        id: message.id,
+                        response: Some(response),
+                    })
+                    .await;
+            });
+        }
+        Ok(())
+    }
+
+    fn can_attach(&self) -> bool {
+        true
+    }
+}
+
+/// The messages of `receiver` as a stream.
+fn tokio_stream_of<T: Send + 'static>(
+    receiver: tokio::sync::mpsc::Receiver<T>,
+) -> impl futures::Stream<Item = T> + Send {
+    futures::stream::unfold(receiver, |mut receiver| async move {
+        let message = receiver.recv().await?;
+        Some((message, receiver))
+    })
 }
 
 /// "ip", "ip:port", "[v6]:port", "host" or "host:port" to socket addresses.

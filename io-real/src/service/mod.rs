@@ -77,7 +77,15 @@ pub struct Service {
     /// Finds servers in Consul's catalog (`consul { client_auto_join }`) when none is
     /// configured or none of those known answers.
     pub discover: Option<Discover>,
+    /// Sends a request down the stream a client keeps attached to this server (`attach`);
+    /// `None` from it when that client has none here.
+    pub attached: Option<AttachedCall>,
 }
+
+/// [`Service::attached`].
+pub type AttachedCall = Arc<
+    dyn Fn(String, AgentRequest, Duration) -> crate::io::BoxFuture<Option<Result<AgentResponse, String>>> + Send + Sync,
+>;
 
 /// A lookup of the servers' RPC addresses (the `rpc`-tagged server service in Consul).
 pub type Discover = Arc<dyn Fn() -> crate::io::BoxFuture<Result<Vec<SocketAddr>, String>> + Send + Sync>;
@@ -543,6 +551,7 @@ mod tests {
             state: None,
             servers: Arc::new(Mutex::new(Vec::new())),
             discover: None,
+            attached: None,
             server_cursor: Arc::default(),
         }
     }

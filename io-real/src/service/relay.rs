@@ -6,9 +6,10 @@
 //! `forwarded`: a forwarded request is only ever answered locally, so nothing loops. A
 //! client-only agent hands it to its servers, which route it so.
 //!
-//! Gap, documented: Nomad routes through the server the client keeps its own connection to,
-//! so it works where a client's RPC port is unreachable; here the server dials the client's
-//! RPC address, as its CSI node calls do.
+//! A server reaches the node's agent as Nomad does, over the connection the client keeps to
+//! its server (`attach.rs`: client-only agents keep a stream attached to the server they talk
+//! to), so it works where the client's RPC port cannot be dialed; only a client attached to
+//! another server (or not at all) is dialed at its RPC address, as CSI node calls are.
 
 use std::time::Duration;
 
@@ -63,11 +64,21 @@ impl Service {
         if let Some((applied, _)) = &self.state {
             let node = applied.read(|applied| {
                 let alloc = applied.state.alloc(alloc_id)?;
-                applied.state.node(&alloc.node_id).map(|node| node.rpc_addr.clone())
+                applied
+                    .state
+                    .node(&alloc.node_id)
+                    .map(|node| (node.id.clone(), node.rpc_addr.clone()))
             });
-            let Some(rpc_addr) = node else {
+            let Some((node_id, rpc_addr)) = node else {
                 return Err(unknown(alloc_id));
             };
+            // Down the stream the client keeps attached here, as Nomad routes over the
+            // client's own connection; else dialing its RPC port.
+            if let Some(attached) = &self.attached
+                && let Some(result) = attached(node_id, envelope(&self.region, body.clone(), true), RELAY_TIMEOUT).await
+            {
+                return result;
+            }
             let addr = rpc_addr
                 .parse()
                 .map_err(|_| format!("the allocation's node has no usable RPC address ({rpc_addr:?})"))?;
