@@ -7,7 +7,8 @@
 //! Measured in the same run, each ROUNDS times (median shown):
 //! - baseline: reading the rotated files straight from disk;
 //! - `/v1/client/fs/logs?plain=true` from the client's own agent, and through the server
-//!   (each read relayed to the client over RPC), raw and in Nomad's framed JSON;
+//!   (each read relayed down the stream the client keeps attached to it), raw and in Nomad's
+//!   framed JSON;
 //! - follow mode through the server: a follower started before the task writes, timed from
 //!   the task's go to the last byte, beside the task's own writing time.
 
@@ -181,7 +182,7 @@ fn main() {
     );
     let base = report("baseline: the files read from disk", direct, None);
     report("plain, from the client's own agent", local, Some(base));
-    report("plain, through the server (relayed over RPC)", relayed, Some(base));
+    report("plain, through the server (relayed to the client)", relayed, Some(base));
     report("framed JSON, through the server", framed, Some(base));
 
     // Following through the server while the task writes.
