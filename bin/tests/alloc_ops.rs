@@ -403,3 +403,75 @@ fn exec_enters_an_exec_tasks_root_and_pid_namespace() {
     let processes: u32 = lines[2].parse().unwrap();
     assert!(pid < 20 && processes < 20, "the task's PID namespace: {seen}");
 }
+
+/// Three servers; the client is attached to the first and its advertised RPC address is dead.
+/// A read sent to each of the other two still reaches it: they pass it to the server it is
+/// attached to (Nomad routes through the server the client is connected to).
+#[test]
+fn any_server_reaches_a_client_attached_to_another() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let servers: Vec<Agent> = (0..3)
+        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
+        .collect();
+    let refs: Vec<&Agent> = servers.iter().collect();
+    wait_for(Duration::from_secs(60), || support::agreed_leader(&refs, 3)).expect("the servers form a cluster");
+    let [http, rpc, serf] = support::free_ports();
+    let spec = support::ServerSpec {
+        name: "c1".into(),
+        http,
+        rpc,
+        serf,
+        data_dir: root.path().join("c1"),
+    };
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    let unreachable = spec.data_dir.join("unreachable.hcl");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &unreachable,
+        format!("advertise {{\n  rpc = \"127.0.0.1:{closed}\"\n}}\n"),
+    )
+    .unwrap();
+    let client = Agent::start(
+        spec.clone(),
+        vec![
+            "-client".to_string(),
+            format!("-data-dir={}", spec.data_dir.display()),
+            "-node=c1".into(),
+            "-bind=127.0.0.1".into(),
+            format!("-http-port={http}"),
+            format!("-rpc-port={rpc}"),
+            format!("-servers=127.0.0.1:{}", specs[0].rpc),
+            format!("-config={}", unreachable.display()),
+        ],
+    );
+    let port = specs[1].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers:\n{}", client.log()));
+    let marks = root.path().join("marks");
+    let file = root.path().join("web.hcl");
+    std::fs::write(&file, jobspec(&marks)).unwrap();
+    stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
+    let alloc = wait_for(Duration::from_secs(30), || {
+        Some(lines(&marks).first()?.split_once(' ')?.0.to_string())
+    })
+    .unwrap_or_else(|| panic!("the task starts:\n{}", client.log()));
+    for server in &specs[1..] {
+        let url = format!(
+            "http://127.0.0.1:{}/v1/client/fs/cat/{alloc}?path=/t/local/hello",
+            server.http
+        );
+        let read = wait_for(Duration::from_secs(20), || {
+            ureq::get(&url).call().ok()?.into_string().ok()
+        })
+        .unwrap_or_else(|| panic!("{} relays through the first server:\n{}", server.name, client.log()));
+        assert_eq!(read, "hello\n");
+    }
+}

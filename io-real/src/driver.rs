@@ -176,6 +176,7 @@ impl AgentHandle {
                     .parse()
                     .map_err(|_| ApplyError::Forward(format!("bad leader address {}", node.rpc_addr)))?;
                 let request = AgentRequest {
+                    attached_node: String::new(),
                     region: self.inner.config.region.clone(),
                     forwarded: true,
                     version: crate::service::ENVELOPE_VERSION,
@@ -854,6 +855,7 @@ fn server_node(peer: &Peer) -> ServerNode {
 /// `Status.Peers` on one server: `Ok(peers)` (possibly empty) or why it could not be asked.
 async fn query_peers<T: Transport>(transport: &T, region: String, peer: &Peer) -> Result<Vec<String>, String> {
     let request = AgentRequest {
+        attached_node: String::new(),
         region,
         forwarded: false,
         version: crate::service::ENVELOPE_VERSION,

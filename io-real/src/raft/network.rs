@@ -73,6 +73,7 @@ impl<T: Transport> Connection<T> {
         };
         let json = serde_json::to_vec(request).expect("raft request serializes");
         let envelope = AgentRequest {
+            attached_node: String::new(),
             region: self.region.clone(),
             forwarded: false,
             version: crate::service::ENVELOPE_VERSION,

@@ -137,6 +137,7 @@ fn server_error(message: impl Into<String>, retryable: bool) -> ServerReply {
 /// Builds the envelope for a server request.
 pub fn server_envelope(region: &str, request: &ServerRequest, forwarded: bool) -> AgentRequest {
     AgentRequest {
+        attached_node: String::new(),
         region: region.to_string(),
         forwarded,
         version: ENVELOPE_VERSION,
@@ -160,6 +161,7 @@ pub fn server_reply(response: AgentResponse) -> ServerReply {
 /// Builds the envelope for a `ClientCSI` call.
 pub fn client_csi_envelope(region: &str, request: &ClientCsiRequest) -> AgentRequest {
     AgentRequest {
+        attached_node: String::new(),
         region: region.to_string(),
         forwarded: false,
         version: crate::service::ENVELOPE_VERSION,
@@ -206,6 +208,9 @@ impl Service {
                 ),
                 String::new(),
             );
+        }
+        if !request.attached_node.is_empty() {
+            return self.deliver_attached(request).await;
         }
         let forwarded = request.forwarded;
         let Some(body) = request.body else {
@@ -395,6 +400,7 @@ impl Service {
         }
         let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
         let envelope = AgentRequest {
+            attached_node: String::new(),
             region: self.region.clone(),
             forwarded: false,
             version: crate::service::ENVELOPE_VERSION,
@@ -558,6 +564,7 @@ mod tests {
 
     fn client_csi_request(version: u32, json: &[u8]) -> AgentRequest {
         AgentRequest {
+            attached_node: String::new(),
             region: "global".into(),
             forwarded: false,
             version,

@@ -8,8 +8,9 @@
 //!
 //! A server reaches the node's agent as Nomad does, over the connection the client keeps to
 //! its server (`attach.rs`: client-only agents keep a stream attached to the server they talk
-//! to), so it works where the client's RPC port cannot be dialed; only a client attached to
-//! another server (or not at all) is dialed at its RPC address, as CSI node calls are.
+//! to), so it works where the client's RPC port cannot be dialed. A server the client is not
+//! attached to asks its peers to deliver it down theirs (`attached_node`); only a client
+//! attached nowhere is dialed at its RPC address, as CSI node calls are.
 
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ fn unknown(alloc_id: &str) -> String {
 
 fn envelope(region: &str, body: RequestBody, forwarded: bool) -> AgentRequest {
     AgentRequest {
+        attached_node: String::new(),
         region: region.to_string(),
         forwarded,
         version: ENVELOPE_VERSION,
@@ -72,12 +74,26 @@ impl Service {
             let Some((node_id, rpc_addr)) = node else {
                 return Err(unknown(alloc_id));
             };
-            // Down the stream the client keeps attached here, as Nomad routes over the
-            // client's own connection; else dialing its RPC port.
+            // Down the stream the client keeps attached here, or to another server, as
+            // Nomad routes over the client's own connection; else dialing its RPC port.
             if let Some(attached) = &self.attached
-                && let Some(result) = attached(node_id, envelope(&self.region, body.clone(), true), RELAY_TIMEOUT).await
+                && let Some(result) = attached(
+                    node_id.clone(),
+                    envelope(&self.region, body.clone(), true),
+                    RELAY_TIMEOUT,
+                )
+                .await
             {
                 return result;
+            }
+            for peer in self.peer_servers() {
+                let mut request = envelope(&self.region, body.clone(), true);
+                request.attached_node = node_id.clone();
+                if let Ok(response) = (self.forward)(peer, request, RELAY_TIMEOUT).await
+                    && !matches!(response.body, Some(ResponseBody::Error(_)) | None)
+                {
+                    return Ok(response);
+                }
             }
             let addr = rpc_addr
                 .parse()
@@ -88,6 +104,42 @@ impl Service {
         }
         self.call_servers(envelope(&self.region, body, false), RELAY_TIMEOUT)
             .await
+    }
+
+    /// The RPC addresses of the other servers of the cluster.
+    fn peer_servers(&self) -> Vec<std::net::SocketAddr> {
+        let Some(raft) = &self.raft else {
+            return Vec::new();
+        };
+        let metrics = raft.metrics().borrow().clone();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .filter(|(id, _)| **id != self.node_id)
+            .filter_map(|(_, node)| node.rpc_addr.parse().ok())
+            .collect()
+    }
+
+    /// A peer server's relay for a client attached here (`attached_node`): down its stream,
+    /// or an error when it is not attached here.
+    pub(super) async fn deliver_attached(&self, request: AgentRequest) -> AgentResponse {
+        let node_id = request.attached_node.clone();
+        let mut request = request;
+        request.attached_node = String::new();
+        let attached = match &self.attached {
+            Some(attached) => attached(node_id.clone(), request, RELAY_TIMEOUT).await,
+            None => None,
+        };
+        match attached {
+            Some(Ok(response)) => response,
+            Some(Err(error)) => super::error_response(super::ErrorKind::Internal, error, String::new()),
+            None => super::error_response(
+                super::ErrorKind::Invalid,
+                format!("client {node_id} is not attached to this server"),
+                String::new(),
+            ),
+        }
     }
 
     /// Carries out `request` here, or relays it toward the client that runs the allocation.
