@@ -273,7 +273,6 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         Some(address) => start(loaded.clone_config(), db, consul_http(&config, address)?, client_csi).await?,
         None => start(loaded.clone_config(), db, NoConsul, client_csi).await?,
     };
-    let mut client_view = None;
     if is_client {
         // Allocations come from the local server's state, or from `client.servers`.
         for (name, volume) in &config.client.host_volumes {
@@ -283,7 +282,8 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         }
         let (settings, node) =
             client_identity(&config, handle.node_id(), &data_dir, config.client.host_volumes.clone());
-        client_view = Some(start_client(ClientParts {
+        // The client's view reaches the HTTP API through the agent (`ClientCsiRouter`).
+        start_client(ClientParts {
             agent: handle.clone(),
             settings,
             executor: Arc::new(HostExecutor {
@@ -308,10 +308,10 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                 }
                 None => None,
             },
-        })?);
+        })?;
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
-    let bound = drover_io_real::http::serve_with_client(handle.clone(), client_view, http_addr)
+    let bound = drover_io_real::http::serve(handle.clone(), http_addr)
         .await
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
     print_banner(&loaded, bound);

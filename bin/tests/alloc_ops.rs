@@ -232,6 +232,14 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         "{kinds:?}"
     );
 
+    // Its resource usage, read through the server.
+    let stats = get(port, &format!("/v1/client/allocation/{alloc}/stats")).expect("stats through the server");
+    assert_eq!(stats["Tasks"]["t"]["State"], "running", "{stats:#}");
+    assert!(
+        stats["ResourceUsage"]["MemoryStats"]["RSS"].as_u64().is_some(),
+        "{stats:#}"
+    );
+
     // The allocation dir, read through the server: listed, printed, and confined.
     let listing = stdout(&cli(port, &["alloc", "fs", &alloc[..8], "t/local"]));
     assert!(

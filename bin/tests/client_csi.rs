@@ -207,7 +207,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     .unwrap();
     let (settings, node) = client_identity(&config, handle.node_id(), dir.path(), BTreeMap::new());
     let node_id = node.id.clone();
-    let view = start_client(ClientParts {
+    let _view = start_client(ClientParts {
         agent: handle.clone(),
         settings,
         executor: Arc::new(HostExecutor {
@@ -220,7 +220,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         services: None,
     })
     .unwrap();
-    let http = drover_io_real::http::serve_with_client(handle.clone(), Some(view), (ip, ports.http).into())
+    let http = drover_io_real::http::serve(handle.clone(), (ip, ports.http).into())
         .await
         .unwrap();
     until("the node to register", &handle, |state| {

@@ -239,6 +239,11 @@ impl AgentHandle {
         self.inner.service.alloc_control(request, false).await
     }
 
+    /// An allocation's resource usage (Nomad's JSON), from the client that runs it.
+    pub async fn client_stats(&self, alloc_id: String) -> Result<serde_json::Value, String> {
+        self.inner.service.client_stats(alloc_id, false).await
+    }
+
     /// One step of an `alloc exec` session, on the client that runs the allocation.
     pub async fn client_exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
         self.inner.service.client_exec(request, false).await

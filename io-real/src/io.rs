@@ -146,6 +146,11 @@ pub trait ClientCsi: Send + Sync + 'static {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
     }
 
+    /// The resource usage of one of this client's allocations, in Nomad's JSON.
+    fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, String>> {
+        Box::pin(async move { Err(format!("Unknown allocation {alloc_id:?}")) })
+    }
+
     /// One step of an `alloc exec` session in one of this client's tasks.
     fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, String>> {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })

@@ -197,6 +197,15 @@ impl ClientCsi for ClientCsiRouter {
     }
 
     #[cfg(not(madsim))]
+    fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, String>> {
+        let view = self.view.get().cloned();
+        Box::pin(async move {
+            let view = view.ok_or_else(|| format!("Unknown allocation {alloc_id:?}"))?;
+            crate::http::client::alloc_stats_json(&view, &alloc_id)
+        })
+    }
+
+    #[cfg(not(madsim))]
     fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, String>> {
         let view = self.view.get().cloned();
         Box::pin(async move {

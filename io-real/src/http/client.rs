@@ -1,26 +1,18 @@
-//! Client endpoints: `GET /v1/client/allocation/:id/stats` (Nomad's `AllocResourceUsage`, with
-//! what this client measures — RSS and CPU per task from its driver, device stats — and task
-//! states).
+//! `GET /v1/client/allocation/:id/stats` (Nomad's `AllocResourceUsage`, with what the client
+//! measures — RSS and CPU per task from its driver, device stats — and task states), served by
+//! the client that runs the allocation and relayed to it from any other agent.
 
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use serde_json::{Value, json};
 
 use crate::client::{ClientView, TaskUsage};
 use crate::devices::DeviceStats;
 use crate::drivers::TaskResourceUsage;
-
-pub fn router(view: ClientView) -> Router {
-    Router::new()
-        .route("/v1/client/allocation/{id}/stats", get(alloc_stats))
-        .with_state(view)
-}
 
 /// Nomad's `DeviceGroupStats`: one entry per device group, instances by id.
 fn device_groups(stats: &[DeviceStats]) -> Vec<Value> {
@@ -124,10 +116,22 @@ fn total(tasks: &BTreeMap<String, TaskUsage>) -> Option<TaskResourceUsage> {
     })
 }
 
-async fn alloc_stats(State(view): State<ClientView>, Path(id): Path<String>) -> Response {
-    let Some(tasks) = view.alloc_usage(&id) else {
-        return (StatusCode::NOT_FOUND, format!("Unknown allocation \"{id}\"")).into_response();
+/// `GET /v1/client/allocation/:id/stats` from any agent: this agent's client, or relayed to
+/// the one that runs the allocation.
+pub async fn alloc_stats(State(handle): State<crate::driver::AgentHandle>, Path(id): Path<String>) -> Response {
+    match handle.client_stats(id).await {
+        Ok(stats) => Json(stats).into_response(),
+        Err(error) if error.starts_with("Unknown allocation") => (StatusCode::NOT_FOUND, error).into_response(),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
+    }
+}
+
+/// Nomad's `AllocResourceUsage` of an allocation this client runs.
+pub fn alloc_stats_json(view: &ClientView, id: &str) -> Result<Value, String> {
+    let Some(tasks) = view.alloc_usage(id) else {
+        return Err(format!("Unknown allocation {id:?}"));
     };
+    let view = view.clone();
     let all: Vec<DeviceStats> = tasks.values().flat_map(|task| task.devices.clone()).collect();
     let rendered: serde_json::Map<String, Value> = tasks
         .iter()
@@ -147,5 +151,5 @@ async fn alloc_stats(State(view): State<ClientView>, Path(id): Path<String>) -> 
             )
         })
         .collect();
-    Json(json!({"ResourceUsage": usage(&view, total(&tasks).as_ref(), &all), "Tasks": rendered})).into_response()
+    Ok(json!({"ResourceUsage": usage(&view, total(&tasks).as_ref(), &all), "Tasks": rendered}))
 }

@@ -7,7 +7,7 @@ mod jobs;
 
 pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
-mod client;
+pub(crate) mod client;
 mod csi;
 mod exec;
 mod fs;
@@ -35,21 +35,10 @@ const WAIT_MAX: Duration = Duration::from_secs(300);
 
 /// Binds the HTTP API on `addr` and serves it in a background task.
 pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    serve_with_client(handle, None, addr).await
-}
-
-/// Like [`serve`], with the client endpoints when this agent runs a client.
-pub async fn serve_with_client(
-    handle: AgentHandle,
-    client: Option<crate::client::ClientView>,
-    addr: SocketAddr,
-) -> std::io::Result<SocketAddr> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
-    let mut app = router(handle);
-    if let Some(view) = client {
-        app = app.merge(client::router(view));
-    }
+    // The client endpoints reach this agent's client (if any) through the agent itself.
+    let app = router(handle);
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "HTTP server stopped");
@@ -100,6 +89,7 @@ pub fn router(handle: AgentHandle) -> Router {
             axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
         )
         .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
+        .route("/v1/client/allocation/{id}/stats", get(client::alloc_stats))
         .route("/v1/client/allocation/{id}/exec", get(exec::exec))
         .route("/v1/client/fs/ls/{alloc}", get(fs::ls))
         .route("/v1/client/fs/stat/{alloc}", get(fs::stat))

@@ -225,6 +225,12 @@ impl Service {
                 Err(response) => response,
             };
         }
+        if let RequestBody::ClientStats(payload) = body {
+            return match decode(&payload.json) {
+                Ok(alloc_id) => self.relayed_stats(alloc_id, forwarded).await,
+                Err(response) => response,
+            };
+        }
         if let RequestBody::ClientExec(payload) = body {
             return match decode(&payload.json) {
                 Ok(request) => self.relayed_exec(request, forwarded).await,
@@ -330,7 +336,8 @@ impl Service {
             | RequestBody::ClientAlloc(_)
             | RequestBody::ClientLogs(_)
             | RequestBody::ClientFs(_)
-            | RequestBody::ClientExec(_) => {
+            | RequestBody::ClientExec(_)
+            | RequestBody::ClientStats(_) => {
                 unreachable!("handled above")
             }
         }

@@ -210,6 +210,31 @@ impl Service {
         })
     }
 
+    /// An allocation's resource usage, here or relayed.
+    pub async fn client_stats(&self, alloc_id: String, forwarded: bool) -> Result<serde_json::Value, String> {
+        if let Some(client) = &self.client_csi {
+            match client.stats(alloc_id.clone()).await {
+                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
+                result => return result,
+            }
+        }
+        let body = RequestBody::ClientStats(json_payload(&alloc_id));
+        let response = self.route(&alloc_id, forwarded, body).await?;
+        answer(response, |body| match body {
+            ResponseBody::ClientStats(payload) => Some(payload.json),
+            _ => None,
+        })
+    }
+
+    /// A relayed resource usage read arriving over RPC.
+    pub(super) async fn relayed_stats(&self, alloc_id: String, forwarded: bool) -> AgentResponse {
+        let result = self.client_stats(alloc_id, forwarded).await;
+        AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(ResponseBody::ClientStats(json_payload(&result))),
+        }
+    }
+
     /// A relayed exec step arriving over RPC.
     pub(super) async fn relayed_exec(&self, request: ExecRequest, forwarded: bool) -> AgentResponse {
         let result = self.client_exec(request, forwarded).await;
