@@ -298,6 +298,12 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     })
     .unwrap_or_else(|| panic!("a bystander client relays:\n{}", bystander.log()));
     assert_eq!(through, "hello\n");
+    // And the cluster's state through it: a client-only agent hands reads to the servers, so
+    // the CLI pointed at any client works (`alloc status` resolves the prefix, then reads).
+    let status = stdout(&cli(http2, &["alloc", "status", &alloc[..8]]));
+    assert!(status.contains("Task \"t\" is \"running\""), "{status}");
+    let job = stdout(&cli(http, &["job", "status", "web"]));
+    assert!(job.contains("Summary"), "{job}");
 
     // alloc exec through the server: the task's environment, its exit code, its stdin.
     let exec = cli(

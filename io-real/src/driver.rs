@@ -239,6 +239,24 @@ impl AgentHandle {
         self.inner.service.alloc_control(request, false).await
     }
 
+    /// Whether this agent is a server (holds the cluster state).
+    pub fn is_server(&self) -> bool {
+        self.inner.applied.is_some()
+    }
+
+    /// Answers HTTP requests other agents hand to this one with `handler` (this agent's API).
+    pub fn serve_forwarded_http(&self, handler: crate::service::HttpHandler) {
+        let _ = self.inner.service.http.set(handler);
+    }
+
+    /// Hands an HTTP API request to a server (a client-only agent's reads and writes).
+    pub async fn forward_http(
+        &self,
+        request: crate::service::HttpForward,
+    ) -> Result<crate::service::HttpAnswer, String> {
+        self.inner.service.forward_http(request).await
+    }
+
     /// An allocation's resource usage (Nomad's JSON), from the client that runs it.
     pub async fn client_stats(&self, alloc_id: String) -> Result<serde_json::Value, String> {
         self.inner.service.client_stats(alloc_id, false).await
@@ -369,6 +387,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         )),
         server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         discover,
+        http: Arc::default(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();

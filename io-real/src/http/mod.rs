@@ -10,6 +10,7 @@ pub use render::rfc3339;
 pub(crate) mod client;
 mod csi;
 mod exec;
+mod forward;
 mod fs;
 mod nodes;
 mod render;
@@ -38,7 +39,13 @@ pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<Soc
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     // The client endpoints reach this agent's client (if any) through the agent itself.
-    let app = router(handle);
+    let app = router(handle.clone());
+    // Requests client-only agents hand on are answered by this same API.
+    let forwarded_app = app.clone();
+    handle.serve_forwarded_http(std::sync::Arc::new(move |request| {
+        let app = forwarded_app.clone();
+        Box::pin(forward::answer(app, request))
+    }));
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             tracing::error!(%error, "HTTP server stopped");
@@ -122,6 +129,11 @@ pub fn router(handle: AgentHandle) -> Router {
                 .post(put_variable)
                 .delete(delete_variable),
         )
+        // A client-only agent hands cluster requests to a server (`forward.rs`).
+        .layer(axum::middleware::from_fn_with_state(
+            handle.clone(),
+            forward::to_servers,
+        ))
         .with_state(handle)
 }
 

@@ -80,7 +80,34 @@ pub struct Service {
     /// Sends a request down the stream a client keeps attached to this server (`attach`);
     /// `None` from it when that client has none here.
     pub attached: Option<AttachedCall>,
+    /// This agent's HTTP API, once it serves one: answers requests client-only agents hand on.
+    pub http: Arc<std::sync::OnceLock<HttpHandler>>,
 }
+
+/// An HTTP API request handed from one agent to another.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct HttpForward {
+    pub method: String,
+    /// Path and query.
+    pub uri: String,
+    #[serde(with = "crate::logstream::base64_bytes")]
+    pub body: Vec<u8>,
+}
+
+/// Its answer: status, the headers that matter (content type, Nomad's index headers) and body.
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct HttpAnswer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    #[serde(with = "crate::logstream::base64_bytes")]
+    pub body: Vec<u8>,
+}
+
+/// [`Service::http`].
+pub type HttpHandler = Arc<dyn Fn(HttpForward) -> crate::io::BoxFuture<HttpAnswer> + Send + Sync>;
+
+/// How long a forwarded HTTP request may take: a blocking query waits up to 5 minutes.
+pub const HTTP_FORWARD_TIMEOUT: Duration = Duration::from_secs(330);
 
 /// [`Service::attached`].
 pub type AttachedCall = Arc<
@@ -225,6 +252,20 @@ impl Service {
                 Err(response) => response,
             };
         }
+        if let RequestBody::Http(payload) = body {
+            let request: HttpForward = match decode(&payload.json) {
+                Ok(request) => request,
+                Err(response) => return response,
+            };
+            let Some(handler) = self.http.get() else {
+                return error_response(ErrorKind::Invalid, "this agent serves no HTTP API", String::new());
+            };
+            let answer = handler(request).await;
+            return AgentResponse {
+                version: ENVELOPE_VERSION,
+                body: Some(ResponseBody::Http(json_payload(&answer))),
+            };
+        }
         if let RequestBody::ClientStats(payload) = body {
             return match decode(&payload.json) {
                 Ok(alloc_id) => self.relayed_stats(alloc_id, forwarded).await,
@@ -337,7 +378,8 @@ impl Service {
             | RequestBody::ClientLogs(_)
             | RequestBody::ClientFs(_)
             | RequestBody::ClientExec(_)
-            | RequestBody::ClientStats(_) => {
+            | RequestBody::ClientStats(_)
+            | RequestBody::Http(_) => {
                 unreachable!("handled above")
             }
         }
@@ -454,6 +496,24 @@ impl Service {
         }))
     }
 
+    /// A client-only agent's HTTP API request, answered by a server's API.
+    pub async fn forward_http(&self, request: HttpForward) -> Result<HttpAnswer, String> {
+        let envelope = AgentRequest {
+            attached_node: String::new(),
+            region: self.region.clone(),
+            forwarded: false,
+            version: ENVELOPE_VERSION,
+            body: Some(RequestBody::Http(json_payload(&request))),
+        };
+        match self.call_servers(envelope, HTTP_FORWARD_TIMEOUT).await?.body {
+            Some(ResponseBody::Http(payload)) => {
+                serde_json::from_slice(&payload.json).map_err(|error| format!("malformed reply: {error}"))
+            }
+            Some(ResponseBody::Error(error)) => Err(error.message),
+            other => Err(format!("unexpected response {other:?}")),
+        }
+    }
+
     /// Sends `envelope` to the configured servers, starting with the last one that answered;
     /// a transport failure moves on to the next. Errors only when none answered.
     async fn call_servers(&self, envelope: AgentRequest, timeout: Duration) -> Result<AgentResponse, String> {
@@ -565,6 +625,7 @@ mod tests {
             servers: Arc::new(Mutex::new(Vec::new())),
             discover: None,
             attached: None,
+            http: Arc::default(),
             server_cursor: Arc::default(),
         }
     }

@@ -1,0 +1,91 @@
+//! A client-only agent answers the API as Nomad's client agents do: requests about the cluster
+//! (jobs, allocations, nodes, volumes, evaluations, variables, status, ...) go to a server,
+//! which answers them with its own API; only `/v1/client/*` (this client, or relayed to the
+//! one that runs an allocation) and `/v1/agent/*` (this agent) are its own.
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+use crate::driver::AgentHandle;
+use crate::service::{HttpAnswer, HttpForward};
+
+/// The most of a request or response body that is handed on.
+const BODY_MAX: usize = 64 * 1024 * 1024;
+
+/// Whether a client-only agent hands `path` to a server.
+fn forwarded(path: &str) -> bool {
+    path.starts_with("/v1/") && !path.starts_with("/v1/client/") && !path.starts_with("/v1/agent/")
+}
+
+/// Middleware: on a client-only agent, cluster requests go to a server.
+pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, next: Next) -> Response {
+    if handle.is_server() || !forwarded(request.uri().path()) {
+        return next.run(request).await;
+    }
+    let method = request.method().to_string();
+    let uri = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().path().to_string(), |pq| pq.as_str().to_string());
+    let body = match axum::body::to_bytes(request.into_body(), BODY_MAX).await {
+        Ok(body) => body.to_vec(),
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response(),
+    };
+    match handle.forward_http(HttpForward { method, uri, body }).await {
+        Ok(answer) => {
+            let mut response = Response::new(Body::from(answer.body));
+            *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            for (name, value) in answer.headers {
+                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+                    response.headers_mut().insert(name, value);
+                }
+            }
+            response
+        }
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("No path to region: {error}")).into_response(),
+    }
+}
+
+/// Runs a request another agent handed on through this agent's API.
+pub async fn answer(app: axum::Router, forward: HttpForward) -> HttpAnswer {
+    let request = axum::http::Request::builder()
+        .method(forward.method.as_str())
+        .uri(forward.uri.as_str())
+        .body(Body::from(forward.body));
+    let response = match request {
+        Ok(request) => app.oneshot(request).await.unwrap_or_else(|never| match never {}),
+        Err(error) => (StatusCode::BAD_REQUEST, format!("bad forwarded request: {error}")).into_response(),
+    };
+    let status = response.status().as_u16();
+    let headers: Vec<(String, String)> = response
+        .headers()
+        .iter()
+        .filter(|(name, _)| name.as_str() == "content-type" || name.as_str().starts_with("x-nomad-"))
+        .filter_map(|(name, value)| Some((name.to_string(), value.to_str().ok()?.to_string())))
+        .collect();
+    let body = match response.into_body().collect().await {
+        Ok(collected) => collected.to_bytes().to_vec(),
+        Err(error) => format!("failed to read the answer: {error}").into_bytes(),
+    };
+    HttpAnswer { status, headers, body }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::forwarded;
+
+    #[test]
+    fn only_cluster_requests_are_handed_on() {
+        assert!(forwarded("/v1/allocations"));
+        assert!(forwarded("/v1/job/web/summary"));
+        assert!(forwarded("/v1/status/leader"));
+        assert!(!forwarded("/v1/client/fs/logs/a"));
+        assert!(!forwarded("/v1/agent/self"));
+        assert!(!forwarded("/ui/"));
+    }
+}
