@@ -251,23 +251,22 @@ mod sessions {
                     last_read: tokio::time::Instant::now(),
                 },
             );
-            self.reap_idle().await;
-            Ok(session)
-        }
-
-        /// Sessions nobody read for [`IDLE`]: killed and dropped.
-        async fn reap_idle(&self) {
-            let mut sessions = self.sessions.lock().await;
-            let idle: Vec<u64> = sessions
-                .iter()
-                .filter(|(_, session)| session.last_read.elapsed() > IDLE)
-                .map(|(id, _)| *id)
-                .collect();
-            for id in idle {
-                if let Some(session) = sessions.remove(&id) {
-                    end(&session);
+            // Its watchdog: a session nobody reads for [`IDLE`] (the websocket went away, or
+            // never came) is killed and dropped.
+            let sessions = self.sessions.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(IDLE / 4).await;
+                    let mut sessions = sessions.lock().await;
+                    let Some(entry) = sessions.get(&session) else { return };
+                    if entry.last_read.elapsed() > IDLE {
+                        let entry = sessions.remove(&session).expect("present");
+                        end(&entry);
+                        return;
+                    }
                 }
-            }
+            });
+            Ok(session)
         }
 
         /// Carries out one step of an existing session.
