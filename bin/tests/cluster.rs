@@ -116,3 +116,48 @@ fn leader_killed_then_restarted_rejoins_without_bootstrapping() {
     let self_info = agents[leader_index].get("/v1/agent/self").unwrap();
     assert!(self_info.contains(r#""bootstrapped":"true""#), "{self_info}");
 }
+
+/// What a server says of the leader, as Nomad's do: 500 `No cluster leader` while it knows
+/// none; once the cluster has formed, `X-Nomad-KnownLeader` and a real `X-Nomad-LastContact`
+/// (0 on the leader, the age of the leader's last heartbeat on a follower).
+#[test]
+fn servers_say_no_cluster_leader_until_there_is_one_and_how_recent_its_contact_is() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let first = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let status = |port: u16| {
+        let url = format!("http://127.0.0.1:{port}/v1/status/leader");
+        match ureq::get(&url).call() {
+            Ok(response) => (response.status(), response.into_string().unwrap()),
+            Err(ureq::Error::Status(code, response)) => (code, response.into_string().unwrap()),
+            // Not listening yet.
+            Err(_) => (0, String::new()),
+        }
+    };
+    // Alone, it waits for two more servers: no leader.
+    let (code, body) = wait_for(Duration::from_secs(20), || {
+        let (code, body) = status(specs[0].http);
+        (code != 0).then_some((code, body))
+    })
+    .unwrap();
+    assert_eq!((code, body.trim()), (500, "No cluster leader"));
+    let others: Vec<Agent> = (1..3)
+        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
+        .collect();
+    let agents: Vec<&Agent> = std::iter::once(&first).chain(others.iter()).collect();
+    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&agents, 3)).expect("the cluster forms");
+    for agent in &agents {
+        let (code, body) = status(agent.spec.http);
+        assert_eq!((code, body.trim()), (200, format!("{leader:?}").as_str()));
+        let response = ureq::get(&format!("http://127.0.0.1:{}/v1/jobs", agent.spec.http))
+            .call()
+            .unwrap();
+        assert_eq!(response.header("X-Nomad-KnownLeader"), Some("true"));
+        let contact: u64 = response.header("X-Nomad-LastContact").unwrap().parse().unwrap();
+        if agent.rpc_addr() == leader {
+            assert_eq!(contact, 0, "the leader is its own contact");
+        } else {
+            assert!(contact < 600, "a follower heard the leader {contact} ms ago");
+        }
+    }
+}

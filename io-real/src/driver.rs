@@ -239,6 +239,27 @@ impl AgentHandle {
         self.inner.service.alloc_control(request, false).await
     }
 
+    /// Whether this server knows a live leader, and how long ago it last heard from it
+    /// (Nomad's `X-Nomad-KnownLeader` and `X-Nomad-LastContact`). A follower that has not
+    /// heard the leader's heartbeat for `raft_election_timeout_min` no longer counts it as
+    /// known, so it stops naming a dead leader well before Raft elects a new one.
+    pub fn leader_contact(&self) -> (bool, u64) {
+        let status = self.status();
+        let Some((leader, _)) = status.raft.as_ref().and_then(|raft| raft.leader.as_ref()) else {
+            return (false, 0);
+        };
+        if *leader == self.inner.node_id {
+            return (true, 0);
+        }
+        let last = *self.inner.service.leader_contact.lock().expect("contact lock");
+        let Some(last) = last else {
+            return (true, 0);
+        };
+        let since = last.elapsed();
+        let lost = self.inner.config.server.timing.raft_election_timeout_min;
+        (since <= lost, since.as_millis() as u64)
+    }
+
     /// Whether this agent is a server (holds the cluster state).
     pub fn is_server(&self) -> bool {
         self.inner.applied.is_some()
@@ -388,6 +409,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         discover,
         http: Arc::default(),
+        leader_contact: Arc::default(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();

@@ -190,8 +190,15 @@ fn leader_addr(status: &AgentStatus) -> String {
         .unwrap_or_default()
 }
 
-async fn status_leader(State(handle): State<AgentHandle>) -> impl IntoResponse {
-    axum::Json(json!(leader_addr(&handle.status())))
+/// The leader's RPC address, or 500 `No cluster leader` when this server knows none (or has
+/// not heard from the one it knew for an election timeout), as Nomad answers.
+async fn status_leader(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+    let (known, _) = handle.leader_contact();
+    let leader = leader_addr(&handle.status());
+    if !known || leader.is_empty() {
+        return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "No cluster leader".into()));
+    }
+    Ok(axum::Json(json!(leader)))
 }
 
 async fn status_peers(State(handle): State<AgentHandle>) -> impl IntoResponse {
@@ -388,15 +395,14 @@ async fn block_on_table(handle: &AgentHandle, table: Table, options: &QueryOptio
 }
 
 fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
-    let status = handle.status();
-    let known_leader = status.raft.as_ref().is_some_and(|raft| raft.leader.is_some());
+    let (known_leader, last_contact_ms) = handle.leader_contact();
     let mut headers = HeaderMap::new();
     headers.insert("X-Nomad-Index", HeaderValue::from(index.max(1)));
     headers.insert(
         "X-Nomad-KnownLeader",
         HeaderValue::from_static(if known_leader { "true" } else { "false" }),
     );
-    headers.insert("X-Nomad-LastContact", HeaderValue::from(0u64));
+    headers.insert("X-Nomad-LastContact", HeaderValue::from(last_contact_ms));
     headers
 }
 

@@ -82,6 +82,8 @@ pub struct Service {
     pub attached: Option<AttachedCall>,
     /// This agent's HTTP API, once it serves one: answers requests client-only agents hand on.
     pub http: Arc<std::sync::OnceLock<HttpHandler>>,
+    /// When a leader's `AppendEntries` (its heartbeat) last reached this server.
+    pub leader_contact: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 /// An HTTP API request handed from one agent to another.
@@ -317,7 +319,10 @@ impl Service {
         };
         match body {
             RequestBody::RaftAppendEntries(payload) => match decode(&payload.json) {
-                Ok(rpc) => raft_response(raft.append_entries(rpc).await),
+                Ok(rpc) => {
+                    *self.leader_contact.lock().expect("contact lock") = Some(tokio::time::Instant::now());
+                    raft_response(raft.append_entries(rpc).await)
+                }
                 Err(response) => response,
             },
             RequestBody::RaftVote(payload) => match decode(&payload.json) {
@@ -626,6 +631,7 @@ mod tests {
             discover: None,
             attached: None,
             http: Arc::default(),
+            leader_contact: Arc::default(),
             server_cursor: Arc::default(),
         }
     }
