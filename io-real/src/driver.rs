@@ -236,7 +236,7 @@ impl AgentHandle {
     /// An operator's restart or signal of an allocation, carried to the client that runs it
     /// (see `service::relay`).
     pub async fn alloc_control(&self, request: drover_core::client::AllocControl) -> Result<(), String> {
-        self.inner.service.alloc_control(request, false).await
+        self.inner.service.client_call(request, false).await
     }
 
     /// Whether this server knows a live leader, and how long ago it last heard from it
@@ -280,17 +280,20 @@ impl AgentHandle {
 
     /// An allocation's resource usage (Nomad's JSON), from the client that runs it.
     pub async fn client_stats(&self, alloc_id: String) -> Result<serde_json::Value, String> {
-        self.inner.service.client_stats(alloc_id, false).await
+        self.inner
+            .service
+            .client_call(crate::service::StatsRequest { alloc_id }, false)
+            .await
     }
 
     /// One step of an `alloc exec` session, on the client that runs the allocation.
     pub async fn client_exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
-        self.inner.service.client_exec(request, false).await
+        self.inner.service.client_call(request, false).await
     }
 
     /// A listing, stat or read in an allocation dir, from the client that runs it.
     pub async fn client_fs(&self, request: crate::allocfs::FsRequest) -> Result<crate::allocfs::FsReply, String> {
-        self.inner.service.client_fs(request, false).await
+        self.inner.service.client_call(request, false).await
     }
 
     /// One read of a task's log, from the client that runs the allocation.
@@ -298,7 +301,7 @@ impl AgentHandle {
         &self,
         request: crate::logstream::LogsRequest,
     ) -> Result<crate::logstream::LogsReply, String> {
-        self.inner.service.client_logs(request, false).await
+        self.inner.service.client_call(request, false).await
     }
 
     /// `Node.GetClientAllocs` as a blocking query: this server's state, or a client-only

@@ -14,6 +14,11 @@
 //! the next when the transport fails.
 
 mod relay;
+use crate::allocfs::FsRequest;
+use crate::exec::ExecRequest;
+use crate::logstream::LogsRequest;
+use drover_core::client::AllocControl;
+pub use relay::{ClientCall, StatsRequest};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -248,12 +253,15 @@ impl Service {
         if let RequestBody::ClientCsi(payload) = body {
             return self.client_csi(payload).await;
         }
-        if let RequestBody::ClientAlloc(payload) = body {
-            return match decode(&payload.json) {
-                Ok(request) => self.relayed(request, forwarded).await,
-                Err(response) => response,
-            };
-        }
+        // An operator's request for one of a client's allocations (`relay.rs`).
+        let body = match body {
+            RequestBody::ClientAlloc(payload) => return self.relayed::<AllocControl>(&payload.json, forwarded).await,
+            RequestBody::ClientLogs(payload) => return self.relayed::<LogsRequest>(&payload.json, forwarded).await,
+            RequestBody::ClientFs(payload) => return self.relayed::<FsRequest>(&payload.json, forwarded).await,
+            RequestBody::ClientExec(payload) => return self.relayed::<ExecRequest>(&payload.json, forwarded).await,
+            RequestBody::ClientStats(payload) => return self.relayed::<StatsRequest>(&payload.json, forwarded).await,
+            other => other,
+        };
         if let RequestBody::Http(payload) = body {
             let request: HttpForward = match decode(&payload.json) {
                 Ok(request) => request,
@@ -266,30 +274,6 @@ impl Service {
             return AgentResponse {
                 version: ENVELOPE_VERSION,
                 body: Some(ResponseBody::Http(json_payload(&answer))),
-            };
-        }
-        if let RequestBody::ClientStats(payload) = body {
-            return match decode(&payload.json) {
-                Ok(alloc_id) => self.relayed_stats(alloc_id, forwarded).await,
-                Err(response) => response,
-            };
-        }
-        if let RequestBody::ClientExec(payload) = body {
-            return match decode(&payload.json) {
-                Ok(request) => self.relayed_exec(request, forwarded).await,
-                Err(response) => response,
-            };
-        }
-        if let RequestBody::ClientFs(payload) = body {
-            return match decode(&payload.json) {
-                Ok(request) => self.relayed_fs(request, forwarded).await,
-                Err(response) => response,
-            };
-        }
-        if let RequestBody::ClientLogs(payload) = body {
-            return match decode(&payload.json) {
-                Ok(request) => self.relayed_logs(request, forwarded).await,
-                Err(response) => response,
             };
         }
         if let RequestBody::NodeAllocs(payload) = body {

@@ -21,9 +21,10 @@ use crate::exec::{ExecReply, ExecRequest};
 use crate::logstream::{LogsReply, LogsRequest};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
-use drover_proto::agent::v1::{AgentRequest, AgentResponse};
+use drover_proto::agent::v1::{AgentRequest, AgentResponse, JsonPayload};
 
 use super::{ENVELOPE_VERSION, Service, json_payload};
+use crate::io::{BoxFuture, ClientCsi};
 
 /// How long a relayed request may take end to end (the client answers a restart once begun,
 /// a signal once delivered).
@@ -142,132 +143,114 @@ impl Service {
         }
     }
 
-    /// Carries out `request` here, or relays it toward the client that runs the allocation.
-    pub async fn alloc_control(&self, request: AllocControl, forwarded: bool) -> Result<(), String> {
+    /// Carries out `request` on this agent's client, or relays it toward the client that
+    /// runs the allocation ([`Service::route`]).
+    pub async fn client_call<C: ClientCall>(&self, request: C, forwarded: bool) -> Result<C::Reply, String> {
         let alloc_id = request.alloc_id().to_string();
         if let Some(client) = &self.client_csi {
-            match client.control(request.clone()).await {
+            match request.clone().local(client.as_ref()).await {
                 Err(error) if error == unknown(&alloc_id) && !forwarded => {}
                 result => return result,
             }
         }
-        let body = RequestBody::ClientAlloc(json_payload(&request));
-        let response = self.route(&alloc_id, forwarded, body).await?;
-        answer(response, |body| match body {
-            ResponseBody::ClientAlloc(payload) => Some(payload.json),
-            _ => None,
-        })
+        let response = self
+            .route(&alloc_id, forwarded, C::request(json_payload(&request)))
+            .await?;
+        answer(response, C::response_json)
     }
 
-    /// One read of a task's log, here or relayed like [`Service::alloc_control`].
-    pub async fn client_logs(&self, request: LogsRequest, forwarded: bool) -> Result<LogsReply, String> {
-        let alloc_id = request.alloc_id.clone();
-        if let Some(client) = &self.client_csi {
-            match client.logs(request.clone()).await {
-                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
-                result => return result,
-            }
-        }
-        let body = RequestBody::ClientLogs(json_payload(&request));
-        let response = self.route(&alloc_id, forwarded, body).await?;
-        answer(response, |body| match body {
-            ResponseBody::ClientLogs(payload) => Some(payload.json),
-            _ => None,
-        })
-    }
-
-    /// A listing, stat or read in an allocation dir, here or relayed.
-    pub async fn client_fs(&self, request: FsRequest, forwarded: bool) -> Result<FsReply, String> {
-        let alloc_id = request.alloc_id.clone();
-        if let Some(client) = &self.client_csi {
-            match client.fs(request.clone()).await {
-                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
-                result => return result,
-            }
-        }
-        let body = RequestBody::ClientFs(json_payload(&request));
-        let response = self.route(&alloc_id, forwarded, body).await?;
-        answer(response, |body| match body {
-            ResponseBody::ClientFs(payload) => Some(payload.json),
-            _ => None,
-        })
-    }
-
-    /// One step of an `alloc exec` session, here or relayed.
-    pub async fn client_exec(&self, request: ExecRequest, forwarded: bool) -> Result<ExecReply, String> {
-        let alloc_id = request.alloc_id().to_string();
-        if let Some(client) = &self.client_csi {
-            match client.exec(request.clone()).await {
-                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
-                result => return result,
-            }
-        }
-        let body = RequestBody::ClientExec(json_payload(&request));
-        let response = self.route(&alloc_id, forwarded, body).await?;
-        answer(response, |body| match body {
-            ResponseBody::ClientExec(payload) => Some(payload.json),
-            _ => None,
-        })
-    }
-
-    /// An allocation's resource usage, here or relayed.
-    pub async fn client_stats(&self, alloc_id: String, forwarded: bool) -> Result<serde_json::Value, String> {
-        if let Some(client) = &self.client_csi {
-            match client.stats(alloc_id.clone()).await {
-                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
-                result => return result,
-            }
-        }
-        let body = RequestBody::ClientStats(json_payload(&alloc_id));
-        let response = self.route(&alloc_id, forwarded, body).await?;
-        answer(response, |body| match body {
-            ResponseBody::ClientStats(payload) => Some(payload.json),
-            _ => None,
-        })
-    }
-
-    /// A relayed resource usage read arriving over RPC.
-    pub(super) async fn relayed_stats(&self, alloc_id: String, forwarded: bool) -> AgentResponse {
-        let result = self.client_stats(alloc_id, forwarded).await;
+    /// A relayed client request arriving over RPC: its envelope body decoded and answered.
+    pub(super) async fn relayed<C: ClientCall>(&self, payload: &[u8], forwarded: bool) -> AgentResponse {
+        let request: C = match super::decode(payload) {
+            Ok(request) => request,
+            Err(response) => return response,
+        };
+        let result = self.client_call(request, forwarded).await;
         AgentResponse {
             version: ENVELOPE_VERSION,
-            body: Some(ResponseBody::ClientStats(json_payload(&result))),
-        }
-    }
-
-    /// A relayed exec step arriving over RPC.
-    pub(super) async fn relayed_exec(&self, request: ExecRequest, forwarded: bool) -> AgentResponse {
-        let result = self.client_exec(request, forwarded).await;
-        AgentResponse {
-            version: ENVELOPE_VERSION,
-            body: Some(ResponseBody::ClientExec(json_payload(&result))),
-        }
-    }
-
-    /// A relayed allocation dir request arriving over RPC.
-    pub(super) async fn relayed_fs(&self, request: FsRequest, forwarded: bool) -> AgentResponse {
-        let result = self.client_fs(request, forwarded).await;
-        AgentResponse {
-            version: ENVELOPE_VERSION,
-            body: Some(ResponseBody::ClientFs(json_payload(&result))),
-        }
-    }
-
-    /// A relayed restart or signal arriving over RPC.
-    pub(super) async fn relayed(&self, request: AllocControl, forwarded: bool) -> AgentResponse {
-        let result = self.alloc_control(request, forwarded).await;
-        AgentResponse {
-            version: ENVELOPE_VERSION,
-            body: Some(ResponseBody::ClientAlloc(json_payload(&result))),
-        }
-    }
-
-    /// A relayed log read arriving over RPC.
-    pub(super) async fn relayed_logs(&self, request: LogsRequest, forwarded: bool) -> AgentResponse {
-        let result = self.client_logs(request, forwarded).await;
-        AgentResponse {
-            version: ENVELOPE_VERSION,
-            body: Some(ResponseBody::ClientLogs(json_payload(&result))),
+            body: Some(C::response(json_payload(&result))),
         }
     }
 }
+
+/// One kind of request a client answers about one of its allocations: the envelope bodies it
+/// travels in, and how the agent's own client answers it.
+pub trait ClientCall: serde::Serialize + serde::de::DeserializeOwned + Clone + Send + Sync + 'static {
+    type Reply: serde::Serialize + serde::de::DeserializeOwned + Send;
+    fn alloc_id(&self) -> &str;
+    fn request(payload: JsonPayload) -> RequestBody;
+    fn response(payload: JsonPayload) -> ResponseBody;
+    /// The JSON of this kind's answer in a response body.
+    fn response_json(body: ResponseBody) -> Option<Vec<u8>>;
+    fn local(self, client: &dyn ClientCsi) -> BoxFuture<Result<Self::Reply, String>>;
+}
+
+/// `client_stats`: an allocation's resource usage (its JSON is the bare ID).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct StatsRequest {
+    pub alloc_id: String,
+}
+
+macro_rules! client_call {
+    ($request:ty, $reply:ty, $variant:ident, |$this:ident| $alloc_id:expr, $local:expr) => {
+        impl ClientCall for $request {
+            type Reply = $reply;
+            fn alloc_id(&self) -> &str {
+                let $this = self;
+                $alloc_id
+            }
+            fn request(payload: JsonPayload) -> RequestBody {
+                RequestBody::$variant(payload)
+            }
+            fn response(payload: JsonPayload) -> ResponseBody {
+                ResponseBody::$variant(payload)
+            }
+            fn response_json(body: ResponseBody) -> Option<Vec<u8>> {
+                match body {
+                    ResponseBody::$variant(payload) => Some(payload.json),
+                    _ => None,
+                }
+            }
+            fn local(self, client: &dyn ClientCsi) -> BoxFuture<Result<$reply, String>> {
+                $local(client, self)
+            }
+        }
+    };
+}
+
+client_call!(
+    AllocControl,
+    (),
+    ClientAlloc,
+    |this| this.alloc_id(),
+    |client: &dyn ClientCsi, request| client.control(request)
+);
+client_call!(
+    LogsRequest,
+    LogsReply,
+    ClientLogs,
+    |this| &this.alloc_id,
+    |client: &dyn ClientCsi, request| client.logs(request)
+);
+client_call!(
+    FsRequest,
+    FsReply,
+    ClientFs,
+    |this| &this.alloc_id,
+    |client: &dyn ClientCsi, request| client.fs(request)
+);
+client_call!(
+    ExecRequest,
+    ExecReply,
+    ClientExec,
+    |this| this.alloc_id(),
+    |client: &dyn ClientCsi, request| client.exec(request)
+);
+client_call!(
+    StatsRequest,
+    serde_json::Value,
+    ClientStats,
+    |this| &this.alloc_id,
+    |client: &dyn ClientCsi, request: StatsRequest| client.stats(request.alloc_id)
+);
