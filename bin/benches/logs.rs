@@ -19,7 +19,7 @@ use std::io::Read;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use support::{Agent, ServerSpec, cluster_specs, free_ports, server_args, wait_for};
+use support::{Agent, client_spec, cluster_specs, server_args, wait_for};
 
 const ROUNDS: usize = 5;
 const LIMIT: Duration = Duration::from_secs(120);
@@ -96,26 +96,9 @@ fn main() {
     let specs = cluster_specs(root.path(), 1);
     let server = Agent::start(specs[0].clone(), server_args(&specs, 0));
     let port = specs[0].http;
-    let [http, rpc, serf] = free_ports();
-    let spec = ServerSpec {
-        name: "c1".into(),
-        http,
-        rpc,
-        serf,
-        data_dir: root.path().join("c1"),
-    };
-    let client = Agent::start(
-        spec.clone(),
-        vec![
-            "-client".into(),
-            format!("-data-dir={}", spec.data_dir.display()),
-            "-node=c1".into(),
-            "-bind=127.0.0.1".into(),
-            format!("-http-port={http}"),
-            format!("-rpc-port={rpc}"),
-            format!("-servers=127.0.0.1:{}", specs[0].rpc),
-        ],
-    );
+    let (spec, args) = client_spec(root.path(), "c1", specs[0].rpc);
+    let http = spec.http;
+    let client = Agent::start(spec.clone(), args);
     wait_for(LIMIT, || {
         let nodes = get(port, "/v1/nodes")?;
         (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())

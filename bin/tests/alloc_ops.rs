@@ -66,6 +66,26 @@ fn jobspec(marks: &Path) -> String {
     )
 }
 
+/// A client-only agent `c1` that tells the servers an RPC address nothing listens on, so the
+/// servers can only reach it down the stream it keeps attached to them.
+fn unreachable_client(root: &Path, server_rpc: u16) -> Agent {
+    let (spec, mut args) = support::client_spec(root, "c1", server_rpc);
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    let unreachable = spec.data_dir.join("unreachable.hcl");
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        &unreachable,
+        format!("advertise {{\n  rpc = \"127.0.0.1:{closed}\"\n}}\n"),
+    )
+    .unwrap();
+    args.push(format!("-config={}", unreachable.display()));
+    Agent::start(spec, args)
+}
+
 fn alive(pid: i32) -> bool {
     // SAFETY: signal 0 only checks that the process exists.
     unsafe { libc::kill(pid, 0) == 0 }
@@ -154,39 +174,10 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     let specs = cluster_specs(root.path(), 1);
     let server = Agent::start(specs[0].clone(), server_args(&specs, 0));
     let port = specs[0].http;
-    let [http, rpc, serf] = support::free_ports();
-    let spec = support::ServerSpec {
-        name: "c1".into(),
-        http,
-        rpc,
-        serf,
-        data_dir: root.path().join("c1"),
-    };
     // The client tells the servers an RPC address nothing listens on: every relayed request
     // below must reach it down the stream it keeps attached to its server, as in Nomad.
-    std::fs::create_dir_all(&spec.data_dir).unwrap();
-    let unreachable = spec.data_dir.join("unreachable.hcl");
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::fs::write(
-        &unreachable,
-        format!("advertise {{\n  rpc = \"127.0.0.1:{closed}\"\n}}\n"),
-    )
-    .unwrap();
-    let client_args = vec![
-        "-client".to_string(),
-        format!("-data-dir={}", spec.data_dir.display()),
-        "-node=c1".into(),
-        "-bind=127.0.0.1".into(),
-        format!("-http-port={http}"),
-        format!("-rpc-port={rpc}"),
-        format!("-servers=127.0.0.1:{}", specs[0].rpc),
-        format!("-config={}", unreachable.display()),
-    ];
-    let client = Agent::start(spec, client_args);
+    let client = unreachable_client(root.path(), specs[0].rpc);
+    let http = client.spec.http;
     wait_for(Duration::from_secs(30), || {
         let nodes = get(port, "/v1/nodes")?;
         (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
@@ -272,26 +263,9 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     assert_eq!(fs("cat", "/t/local/nope").0, 404);
 
     // Through a client-only agent that does not run it: handed to the servers, relayed on.
-    let [http2, rpc2, serf2] = support::free_ports();
-    let bystander_spec = support::ServerSpec {
-        name: "c2".into(),
-        http: http2,
-        rpc: rpc2,
-        serf: serf2,
-        data_dir: root.path().join("c2"),
-    };
-    let bystander = Agent::start(
-        bystander_spec.clone(),
-        vec![
-            "-client".to_string(),
-            format!("-data-dir={}", bystander_spec.data_dir.display()),
-            "-node=c2".into(),
-            "-bind=127.0.0.1".into(),
-            format!("-http-port={http2}"),
-            format!("-rpc-port={rpc2}"),
-            format!("-servers=127.0.0.1:{}", specs[0].rpc),
-        ],
-    );
+    let (bystander_spec, bystander_args) = support::client_spec(root.path(), "c2", specs[0].rpc);
+    let http2 = bystander_spec.http;
+    let bystander = Agent::start(bystander_spec, bystander_args);
     let url = format!("http://127.0.0.1:{http2}/v1/client/fs/cat/{alloc}?path=/t/local/hello");
     let through = wait_for(Duration::from_secs(20), || {
         ureq::get(&url).call().ok()?.into_string().ok()
@@ -430,39 +404,7 @@ fn any_server_reaches_a_client_attached_to_another() {
         .collect();
     let refs: Vec<&Agent> = servers.iter().collect();
     wait_for(Duration::from_secs(60), || support::agreed_leader(&refs, 3)).expect("the servers form a cluster");
-    let [http, rpc, serf] = support::free_ports();
-    let spec = support::ServerSpec {
-        name: "c1".into(),
-        http,
-        rpc,
-        serf,
-        data_dir: root.path().join("c1"),
-    };
-    std::fs::create_dir_all(&spec.data_dir).unwrap();
-    let unreachable = spec.data_dir.join("unreachable.hcl");
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    std::fs::write(
-        &unreachable,
-        format!("advertise {{\n  rpc = \"127.0.0.1:{closed}\"\n}}\n"),
-    )
-    .unwrap();
-    let client = Agent::start(
-        spec.clone(),
-        vec![
-            "-client".to_string(),
-            format!("-data-dir={}", spec.data_dir.display()),
-            "-node=c1".into(),
-            "-bind=127.0.0.1".into(),
-            format!("-http-port={http}"),
-            format!("-rpc-port={rpc}"),
-            format!("-servers=127.0.0.1:{}", specs[0].rpc),
-            format!("-config={}", unreachable.display()),
-        ],
-    );
+    let client = unreachable_client(root.path(), specs[0].rpc);
     let port = specs[1].http;
     wait_for(Duration::from_secs(30), || {
         let nodes = get(port, "/v1/nodes")?;

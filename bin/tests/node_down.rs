@@ -10,31 +10,10 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Agent, ServerSpec, cluster_specs, free_ports, http, server_args, wait_for};
+use support::{Agent, client_spec, cluster_specs, http, server_args, wait_for};
 
 fn get(port: u16, path: &str) -> Option<Value> {
     serde_json::from_str(&http("GET", port, path, None)?).ok()
-}
-
-fn client(root: &std::path::Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec<String>) {
-    let [http, rpc, serf] = free_ports();
-    let spec = ServerSpec {
-        name: name.into(),
-        http,
-        rpc,
-        serf,
-        data_dir: root.join(name),
-    };
-    let args = vec![
-        "-client".into(),
-        format!("-data-dir={}", spec.data_dir.display()),
-        format!("-node={name}"),
-        "-bind=127.0.0.1".into(),
-        format!("-http-port={http}"),
-        format!("-rpc-port={rpc}"),
-        format!("-servers=127.0.0.1:{server_rpc}"),
-    ];
-    (spec, args)
 }
 
 #[test]
@@ -51,8 +30,8 @@ fn a_client_that_stops_heartbeating_goes_down_and_its_allocation_is_replaced() {
     args.push(format!("-config={}", config.display()));
     let server = Agent::start(specs[0].clone(), args);
     let port = specs[0].http;
-    let (c1_spec, c1_args) = client(root.path(), "c1", specs[0].rpc);
-    let (c2_spec, c2_args) = client(root.path(), "c2", specs[0].rpc);
+    let (c1_spec, c1_args) = client_spec(root.path(), "c1", specs[0].rpc);
+    let (c2_spec, c2_args) = client_spec(root.path(), "c2", specs[0].rpc);
     let mut c1 = Agent::start(c1_spec, c1_args);
     let mut c2 = Agent::start(c2_spec, c2_args);
     let nodes: Vec<(String, String)> = wait_for(Duration::from_secs(60), || {

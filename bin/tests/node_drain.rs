@@ -11,31 +11,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{AGENT, Agent, ServerSpec, cluster_specs, free_ports, http, http_status, server_args, wait_for};
+use support::{AGENT, Agent, client_spec, cluster_specs, http, http_status, server_args, wait_for};
 
 fn get(port: u16, path: &str) -> Option<Value> {
     serde_json::from_str(&http("GET", port, path, None)?).ok()
-}
-
-fn client(root: &std::path::Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec<String>) {
-    let [http, rpc, serf] = free_ports();
-    let spec = ServerSpec {
-        name: name.into(),
-        http,
-        rpc,
-        serf,
-        data_dir: root.join(name),
-    };
-    let args = vec![
-        "-client".into(),
-        format!("-data-dir={}", spec.data_dir.display()),
-        format!("-node={name}"),
-        "-bind=127.0.0.1".into(),
-        format!("-http-port={http}"),
-        format!("-rpc-port={rpc}"),
-        format!("-servers=127.0.0.1:{server_rpc}"),
-    ];
-    (spec, args)
 }
 
 fn job(id: &str, kind: &str) -> Value {
@@ -81,8 +60,8 @@ fn a_drained_node_hands_its_allocations_over_and_stays_ineligible() {
     let specs = cluster_specs(root.path(), 1);
     let server = Agent::start(specs[0].clone(), server_args(&specs, 0));
     let port = specs[0].http;
-    let (c1_spec, c1_args) = client(root.path(), "c1", specs[0].rpc);
-    let (c2_spec, c2_args) = client(root.path(), "c2", specs[0].rpc);
+    let (c1_spec, c1_args) = client_spec(root.path(), "c1", specs[0].rpc);
+    let (c2_spec, c2_args) = client_spec(root.path(), "c2", specs[0].rpc);
     let c1 = Agent::start(c1_spec, c1_args);
     let c2 = Agent::start(c2_spec, c2_args);
     let logs = || format!("{}\n{}\n{}", server.log(), c1.log(), c2.log());

@@ -34,6 +34,29 @@ pub fn free_ports() -> [u16; 3] {
     }
 }
 
+/// A client-only agent `name` under `root` that talks to the server at `server_rpc`: its
+/// identity and its arguments (more can be pushed before it starts).
+pub fn client_spec(root: &Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec<String>) {
+    let [http, rpc, serf] = free_ports();
+    let spec = ServerSpec {
+        name: name.into(),
+        http,
+        rpc,
+        serf,
+        data_dir: root.join(name),
+    };
+    let args = vec![
+        "-client".into(),
+        format!("-data-dir={}", spec.data_dir.display()),
+        format!("-node={name}"),
+        "-bind=127.0.0.1".into(),
+        format!("-http-port={http}"),
+        format!("-rpc-port={rpc}"),
+        format!("-servers=127.0.0.1:{server_rpc}"),
+    ];
+    (spec, args)
+}
+
 /// One server's identity on this machine.
 #[derive(Clone, Debug)]
 pub struct ServerSpec {
