@@ -220,6 +220,39 @@ fn app_job() -> Job {
     }
 }
 
+/// A client of node `n1` whose random choices come from `seed`.
+fn new_client(seed: u64) -> Client {
+    Client::new(ClientSettings {
+        node_id: "n1".into(),
+        paths: ClientPaths::new("/s", "/a"),
+        host_volumes: BTreeMap::new(),
+        region: "global".into(),
+        seed,
+        faults: Default::default(),
+        consul: Default::default(),
+    })
+}
+
+/// The `exec` driver fingerprints detected and healthy.
+fn exec_driver(client: &mut Client, now: Instant) {
+    client.handle(
+        now,
+        ClientInput::Driver {
+            name: "exec".into(),
+            capabilities: DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            },
+            info: DriverInfo {
+                detected: true,
+                healthy: true,
+                health_description: "Healthy".into(),
+                attributes: BTreeMap::new(),
+            },
+        },
+    );
+}
+
 fn alloc(id: &str, job: &Job) -> Allocation {
     Allocation {
         id: id.into(),
@@ -234,15 +267,7 @@ fn alloc(id: &str, job: &Job) -> Allocation {
 
 #[test]
 fn plugin_then_consumer_then_release() {
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 9,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(9);
     let mut world = World::default();
     let mut hooks = Vec::new();
     let mut now = Instant::ZERO;
@@ -389,32 +414,9 @@ fn plugin_then_consumer_then_release() {
 fn status_reports_never_go_backwards() {
     use drover_core::structs::ClientStatus;
 
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let now = Instant::ZERO;
-    client.handle(
-        now,
-        ClientInput::Driver {
-            name: "exec".into(),
-            capabilities: DriverCapabilities {
-                mount_configs: MountConfigSupport::All,
-                fs_isolation: true,
-            },
-            info: DriverInfo {
-                detected: true,
-                healthy: true,
-                health_description: "Healthy".into(),
-                attributes: BTreeMap::new(),
-            },
-        },
-    );
+    exec_driver(&mut client, now);
     let mut job = app_job();
     job.job_type = JobType::Batch;
     job.task_groups[0].volumes.clear();
@@ -509,15 +511,7 @@ fn status_reports_never_go_backwards() {
 /// was down) runs nothing and is reported complete, or it would stay pending on the servers.
 #[test]
 fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let mut job = app_job();
     job.task_groups[0].volumes.clear();
     job.task_groups[0].tasks[0].volume_mounts.clear();
@@ -556,15 +550,7 @@ fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
 
 #[test]
 fn driver_fingerprints_report_changes_and_health_events() {
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let capabilities = DriverCapabilities {
         mount_configs: MountConfigSupport::All,
         fs_isolation: true,
@@ -692,15 +678,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
 /// then saw `missing drivers` for a moment).
 #[test]
 fn a_fingerprint_round_is_reported_whole() {
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let healthy = DriverInfo {
         detected: true,
         healthy: true,
@@ -737,15 +715,7 @@ fn a_fingerprint_round_is_reported_whole() {
 /// servers no longer know the node.
 #[test]
 fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let healthy = DriverInfo {
         detected: true,
         healthy: true,
@@ -892,15 +862,7 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
 #[test]
 fn persist_failures_become_rate_limited_storage_events() {
     use drover_core::client::client::PERSIST_EVENT_INTERVAL;
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let storage_events = |client: &mut Client| -> Vec<ClientNodeEvent> {
         let mut events = Vec::new();
         while let Some(action) = client.poll_action() {
@@ -953,32 +915,9 @@ fn persist_failures_become_rate_limited_storage_events() {
 fn the_last_report_of_a_collected_allocation_is_still_sent() {
     use drover_core::structs::ClientStatus;
 
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let now = Instant::ZERO;
-    client.handle(
-        now,
-        ClientInput::Driver {
-            name: "exec".into(),
-            capabilities: DriverCapabilities {
-                mount_configs: MountConfigSupport::All,
-                fs_isolation: true,
-            },
-            info: DriverInfo {
-                detected: true,
-                healthy: true,
-                health_description: "Healthy".into(),
-                attributes: BTreeMap::new(),
-            },
-        },
-    );
+    exec_driver(&mut client, now);
     let mut job = app_job();
     job.task_groups[0].volumes.clear();
     job.task_groups[0].tasks[0].volume_mounts.clear();
@@ -1047,32 +986,9 @@ fn the_last_report_of_a_collected_allocation_is_still_sent() {
 fn operators_restart_and_signal_a_running_task() {
     use drover_core::client::AllocControl;
 
-    let mut client = Client::new(ClientSettings {
-        node_id: "n1".into(),
-        paths: ClientPaths::new("/s", "/a"),
-        host_volumes: BTreeMap::new(),
-        region: "global".into(),
-        seed: 3,
-        faults: Default::default(),
-        consul: Default::default(),
-    });
+    let mut client = new_client(3);
     let now = Instant::ZERO;
-    client.handle(
-        now,
-        ClientInput::Driver {
-            name: "exec".into(),
-            capabilities: DriverCapabilities {
-                mount_configs: MountConfigSupport::All,
-                fs_isolation: true,
-            },
-            info: DriverInfo {
-                detected: true,
-                healthy: true,
-                health_description: "Healthy".into(),
-                attributes: BTreeMap::new(),
-            },
-        },
-    );
+    exec_driver(&mut client, now);
     let mut job = app_job();
     job.task_groups[0].volumes.clear();
     job.task_groups[0].tasks[0].volume_mounts.clear();
