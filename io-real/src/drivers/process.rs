@@ -71,6 +71,20 @@ struct HandleState {
     cgroup: Option<TaskCgroup>,
 }
 
+/// The environment a running task process started with (`/proc/<pid>/environ`).
+fn task_environment(pid: i32) -> Result<Vec<(String, String)>, IoError> {
+    let environ =
+        std::fs::read(format!("/proc/{pid}/environ")).map_err(|e| io_error("read the task's environment", e))?;
+    Ok(environ
+        .split(|byte| *byte == 0)
+        .filter_map(|pair| {
+            let text = String::from_utf8_lossy(pair);
+            let (key, value) = text.split_once('=')?;
+            Some((key.to_string(), value.to_string()))
+        })
+        .collect())
+}
+
 /// Host directories bound read-only into an `exec` task's root.
 const SYSTEM_DIRS: &[&str] = &["/bin", "/sbin", "/lib", "/lib32", "/lib64", "/usr", "/etc"];
 
@@ -1124,19 +1138,12 @@ impl TaskDriver for ProcessDriver {
                 .and_then(|children| children.split_whitespace().next()?.parse().ok())
                 .unwrap_or(state.pid),
         };
-        let environ =
-            std::fs::read(format!("/proc/{pid}/environ")).map_err(|e| io_error("read the task's environment", e))?;
+        let env = task_environment(pid)?;
         let (program, args) = command
             .split_first()
             .ok_or_else(|| IoError::other("must provide a command"))?;
         let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args).env_clear();
-        for pair in environ.split(|byte| *byte == 0).filter(|pair| !pair.is_empty()) {
-            let text = String::from_utf8_lossy(pair);
-            if let Some((key, value)) = text.split_once('=') {
-                cmd.env(key, value);
-            }
-        }
+        cmd.args(args).env_clear().envs(env.iter().cloned());
         let join = state.cgroup.as_ref().map(TaskCgroup::join_paths).unwrap_or_default();
         match self.kind {
             Kind::RawExec => {
@@ -1161,13 +1168,7 @@ impl TaskDriver for ProcessDriver {
                 let fds = files.each_ref().map(|file| file.as_raw_fd());
                 let agent = self.logmon.as_ref().expect("checked").as_path().to_path_buf();
                 let mut helper = tokio::process::Command::new(agent);
-                helper.args(crate::nsexec::args(fds, command)).env_clear();
-                for pair in environ.split(|byte| *byte == 0).filter(|pair| !pair.is_empty()) {
-                    let text = String::from_utf8_lossy(pair);
-                    if let Some((key, value)) = text.split_once('=') {
-                        helper.env(key, value);
-                    }
-                }
+                helper.args(crate::nsexec::args(fds, command)).env_clear().envs(env);
                 let keep = Arc::new(files);
                 // SAFETY: the cgroup writes and fcntl on descriptors opened before the fork
                 // are async-signal-safe.
