@@ -35,9 +35,10 @@ pub struct LogsQuery {
     plain: Option<String>,
 }
 
-fn flag(value: &Option<String>, name: &str) -> Result<bool, ApiError> {
+/// A boolean query parameter (Go's `ParseBool` forms), `default` when absent.
+fn flag(value: &Option<String>, name: &str, default: bool) -> Result<bool, ApiError> {
     match value.as_deref() {
-        None | Some("") => Ok(false),
+        None | Some("") => Ok(default),
         Some(text) => super::parse_bool(text).ok_or_else(|| {
             ApiError(
                 StatusCode::BAD_REQUEST,
@@ -80,7 +81,10 @@ pub async fn logs(
         Some("end") => true,
         Some(_) => return Err(ApiError(StatusCode::BAD_REQUEST, "origin must be start or end".into())),
     };
-    let (follow, plain) = (flag(&query.follow, "follow")?, flag(&query.plain, "plain")?);
+    let (follow, plain) = (
+        flag(&query.follow, "follow", false)?,
+        flag(&query.plain, "plain", false)?,
+    );
     let request = LogsRequest {
         alloc_id,
         task: query.task,
@@ -129,6 +133,15 @@ pub struct FsQuery {
     limit: Option<u64>,
     origin: Option<String>,
     follow: Option<String>,
+}
+
+impl FsQuery {
+    fn require_path(&self) -> Result<(), ApiError> {
+        if self.path.is_empty() {
+            return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
+        }
+        Ok(())
+    }
 }
 
 /// An allocation dir error as Nomad's HTTP API answers it.
@@ -186,9 +199,7 @@ pub async fn stat(
     Path(alloc_id): Path<String>,
     Query(query): Query<FsQuery>,
 ) -> Result<Response, ApiError> {
-    if query.path.is_empty() {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
-    }
+    query.require_path()?;
     match fs_call(&handle, alloc_id, query.path, FsOp::Stat).await? {
         FsReply::Stat(info) => Ok(axum::Json(file_info(&info)).into_response()),
         other => Err(ApiError(
@@ -266,9 +277,7 @@ pub async fn cat(
     Path(alloc_id): Path<String>,
     Query(query): Query<FsQuery>,
 ) -> Result<Response, ApiError> {
-    if query.path.is_empty() {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
-    }
+    query.require_path()?;
     file_body(handle, alloc_id, query.path, 0, None, None).await
 }
 
@@ -278,9 +287,7 @@ pub async fn readat(
     Path(alloc_id): Path<String>,
     Query(query): Query<FsQuery>,
 ) -> Result<Response, ApiError> {
-    if query.path.is_empty() {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
-    }
+    query.require_path()?;
     let limit = query
         .limit
         .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, "must provide limit".into()))?;
@@ -302,18 +309,8 @@ pub async fn stream_file(
     Path(alloc_id): Path<String>,
     Query(query): Query<FsQuery>,
 ) -> Result<Response, ApiError> {
-    if query.path.is_empty() {
-        return Err(ApiError(StatusCode::BAD_REQUEST, "must provide a file path".into()));
-    }
-    let follow = match query.follow.as_deref() {
-        None | Some("") => true,
-        Some(text) => super::parse_bool(text).ok_or_else(|| {
-            ApiError(
-                StatusCode::BAD_REQUEST,
-                format!("failed to parse follow field to boolean: {text:?}"),
-            )
-        })?,
-    };
+    query.require_path()?;
+    let follow = flag(&query.follow, "follow", true)?;
     let offset = query.offset.unwrap_or(0);
     let offset = match query.origin.as_deref() {
         None | Some("") | Some("start") => offset,
