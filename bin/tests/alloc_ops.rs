@@ -250,6 +250,13 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         }
     };
     assert_eq!(fs("readat", "/t/local/hello").1, "hel");
+    // stream, not following: Nomad's frames, the file's bytes in base64.
+    let (code, framed) = fs("stream", "/t/local/hello&follow=false");
+    let frame: serde_json::Value = serde_json::from_str(&framed).unwrap();
+    assert_eq!(
+        (code, frame["Data"].as_str(), frame["Offset"].as_u64()),
+        (200, Some("aGVsbG8K"), Some(6))
+    );
     for endpoint in ["ls", "stat", "cat", "readat", "stream"] {
         for escape in ["../../..", "/t/../../c1", "t/local/out"] {
             let (code, body) = fs(endpoint, escape);
@@ -307,6 +314,21 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
     let cat = support::ChildGuard(cat).wait_with_output(Duration::from_secs(20));
     assert!(cat.status.success(), "{cat:?}");
     assert_eq!(String::from_utf8_lossy(&cat.stdout), "typed in\n");
+    // -t: the command's stdin is a terminal.
+    let tty = cli(
+        port,
+        &[
+            "alloc",
+            "exec",
+            "-t=true",
+            "-i=false",
+            &alloc[..8],
+            "sh",
+            "-c",
+            "test -t 0 && echo on-a-tty",
+        ],
+    );
+    assert!(stdout(&tty).contains("on-a-tty"), "{tty:?}");
 
     // Refused with Nomad's words, through the relay too.
     let bad_task = cli(port, &["alloc", "restart", &alloc[..8], "nope"]);
