@@ -158,3 +158,15 @@ impl std::fmt::Debug for Drivers {
         f.debug_list().entries(self.drivers.keys()).finish()
     }
 }
+
+#[cfg(all(test, not(madsim)))]
+mod tests {
+    use super::Drivers;
+
+    #[test]
+    fn the_mock_driver_exists_only_when_enabled() {
+        assert!(Drivers::builtin(true, false, None).get("mock").is_none());
+        assert!(Drivers::builtin(true, true, None).get("mock").is_some());
+        assert!(Drivers::builtin(false, false, None).get("exec").is_some());
+    }
+}
