@@ -1,30 +1,41 @@
-//! Formation bench with real `agent` processes on loopback. Prints figures; asserts nothing.
+//! Formation and failover bench with real `agent` processes on loopback, each configured by a
+//! Nomad-style HCL file (`server { bootstrap_expect = 3  server_join { retry_join
+//! retry_interval = "1s" } }`). Prints distributions; asserts nothing.
 //!
-//!   cargo bench -p drover --bench formation [-- ROUNDS]
+//!   cargo bench -p drover --bench formation [-- ROUNDS]     (default 20)
 //!
-//! Baseline (measured in the same run): spawn → HTTP API answering, for `agent -dev`. Every
-//! other figure is also given as a ratio to it.
+//! Per round, on a fresh 3-server cluster:
+//! - formation: the last server started → all three report the same leader;
+//! - crash failover: `kill -9` of the leader → both survivors report the same new leader;
+//! - rejoin: the killed server restarted → all three agree again;
+//! - graceful failover: SIGTERM to the (new) leader → both survivors report a new leader (the
+//!   leaving leader hands over first; measured from the signal, so it includes its shutdown).
+//!
+//! Baseline (measured in the same run): spawn → HTTP API answering, for `agent -dev`. Leaders
+//! are polled every 2 ms.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Agent, ServerSpec, agreed_leader, cluster_specs, free_ports, server_args, wait_for};
+use support::{Agent, ServerSpec, agreed_leader, cluster_specs, free_ports, wait_for_every};
 
 const LIMIT: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(2);
 
 fn stats(label: &str, samples: &mut [Duration], baseline: Option<Duration>) {
     samples.sort();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-    let median = samples[samples.len() / 2];
+    let at = |q: f64| samples[((samples.len() - 1) as f64 * q).round() as usize];
     let ratio = baseline.map_or(String::new(), |base| {
-        format!("  = {:.1}x baseline", ms(median) / ms(base))
+        format!("  = {:.1}x baseline", ms(at(0.5)) / ms(base))
     });
     println!(
-        "{label:<44} median {:>8.1} ms  min {:>8.1} ms  max {:>8.1} ms  (n={}){ratio}",
-        ms(median),
+        "{label:<46} min {:>7.1}  p50 {:>7.1}  p90 {:>7.1}  max {:>7.1} ms  (n={}){ratio}",
         ms(samples[0]),
+        ms(at(0.5)),
+        ms(at(0.9)),
         ms(samples[samples.len() - 1]),
         samples.len()
     );
@@ -50,18 +61,55 @@ fn dev_agent(root: &std::path::Path, round: usize) -> (Agent, Instant) {
     (Agent::start(spec, args), started)
 }
 
+/// The server's Nomad-style configuration file, and the flag that loads it.
+fn hcl_args(specs: &[ServerSpec], index: usize) -> Vec<String> {
+    let spec = &specs[index];
+    let join: Vec<String> = specs
+        .iter()
+        .enumerate()
+        .filter(|(other, _)| *other != index)
+        .map(|(_, peer)| format!("\"127.0.0.1:{}\"", peer.serf))
+        .collect();
+    let hcl = format!(
+        "name      = \"{name}\"\ndata_dir  = \"{dir}\"\nbind_addr = \"127.0.0.1\"\n\nports {{\n  http = {http}\n  rpc  = {rpc}\n  serf = {serf}\n}}\n\nserver {{\n  enabled          = true\n  bootstrap_expect = {n}\n  server_join {{\n    retry_join     = [{join}]\n    retry_interval = \"1s\"\n  }}\n}}\n",
+        name = spec.name,
+        dir = spec.data_dir.display(),
+        http = spec.http,
+        rpc = spec.rpc,
+        serf = spec.serf,
+        n = specs.len(),
+        join = join.join(", "),
+    );
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    let file = spec.data_dir.with_extension("hcl");
+    std::fs::write(&file, hcl).unwrap();
+    vec![format!("-config={}", file.display())]
+}
+
+fn new_leader(agents: &[Agent], gone: usize, old: &str) -> Duration {
+    let started = Instant::now();
+    let survivors: Vec<&Agent> = agents
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != gone)
+        .map(|(_, agent)| agent)
+        .collect();
+    wait_for_every(LIMIT, POLL, || agreed_leader(&survivors, 3).filter(|new| new != old)).expect("a new leader");
+    started.elapsed()
+}
+
 fn main() {
-    let rounds: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(5);
+    let rounds: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(20);
     let root = tempfile::tempdir().unwrap();
     println!("formation bench: {rounds} rounds, release agent at {}", support::AGENT);
 
     let mut http_ready = Vec::new();
     let mut dev_leader = Vec::new();
-    for round in 0..rounds {
+    for round in 0..rounds.min(10) {
         let (agent, started) = dev_agent(root.path(), round);
-        wait_for(LIMIT, || agent.get("/v1/agent/self")).expect("dev agent answers");
+        wait_for_every(LIMIT, POLL, || agent.get("/v1/agent/self")).expect("dev agent answers");
         http_ready.push(started.elapsed());
-        wait_for(LIMIT, || agent.leader()).expect("dev agent leads");
+        wait_for_every(LIMIT, POLL, || agent.leader()).expect("dev agent leads");
         dev_leader.push(started.elapsed());
     }
     let baseline = {
@@ -72,49 +120,58 @@ fn main() {
     stats("baseline: agent -dev spawn -> HTTP answering", &mut http_ready, None);
     stats("agent -dev spawn -> leader", &mut dev_leader, Some(baseline));
 
-    let mut formation = Vec::new();
-    let mut failover = Vec::new();
-    let mut rejoin = Vec::new();
+    let (mut formation, mut crash, mut rejoin, mut graceful) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..rounds {
-        let cluster_root = root.path().join(format!("cluster{round}"));
-        let specs = cluster_specs(&cluster_root, 3);
-        let mut agents: Vec<Agent> = Vec::new();
-        for index in 0..3 {
-            agents.push(Agent::start(specs[index].clone(), server_args(&specs, index)));
-        }
+        let specs = cluster_specs(&root.path().join(format!("cluster{round}")), 3);
+        let mut agents: Vec<Agent> = (0..3)
+            .map(|index| Agent::start(specs[index].clone(), hcl_args(&specs, index)))
+            .collect();
         let last_start = Instant::now();
         let refs: Vec<&Agent> = agents.iter().collect();
-        let leader = wait_for(LIMIT, || agreed_leader(&refs, 3)).expect("cluster forms");
+        let leader = wait_for_every(LIMIT, POLL, || agreed_leader(&refs, 3)).expect("cluster forms");
         formation.push(last_start.elapsed());
 
-        let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
-        agents[leader_index].kill();
-        let killed = Instant::now();
-        let survivors: Vec<&Agent> = agents
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| *i != leader_index)
-            .map(|(_, a)| a)
-            .collect();
-        wait_for(LIMIT, || agreed_leader(&survivors, 3).filter(|new| *new != leader)).expect("new leader");
-        failover.push(killed.elapsed());
+        let index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+        agents[index].kill();
+        crash.push(new_leader(&agents, index, &leader));
 
-        agents[leader_index].restart();
+        agents[index].restart();
         let restarted = Instant::now();
-        let everyone: Vec<&Agent> = agents.iter().collect();
-        wait_for(LIMIT, || agreed_leader(&everyone, 3)).expect("rejoin");
+        let refs: Vec<&Agent> = agents.iter().collect();
+        let leader = wait_for_every(LIMIT, POLL, || agreed_leader(&refs, 3)).expect("rejoin");
         rejoin.push(restarted.elapsed());
+
+        let index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+        agents[index].signal(libc::SIGTERM);
+        graceful.push(new_leader(&agents, index, &leader));
+        agents[index].terminate();
     }
     stats(
-        "3 servers: last start -> leader known on all 3",
+        "3 servers: last start -> same leader on all 3",
         &mut formation,
         Some(baseline),
     );
-    stats("3 servers: kill -9 leader -> new leader", &mut failover, Some(baseline));
     stats(
-        "3 servers: restart killed leader -> rejoined",
+        "3 servers: kill -9 leader -> survivors agree",
+        &mut crash,
+        Some(baseline),
+    );
+    stats(
+        "3 servers: restart killed server -> all agree",
         &mut rejoin,
         Some(baseline),
     );
-    println!("(Raft election timeout is configured at 600-1200 ms, heartbeat 150 ms.)");
+    stats(
+        "3 servers: SIGTERM leader -> survivors agree",
+        &mut graceful,
+        Some(baseline),
+    );
+    let timing = drover_core::config::ServerTiming::default();
+    println!(
+        "(Raft heartbeat {:?}, leader lease {:?}; a follower stands after {:?} of silence plus up to {:?})",
+        timing.raft_heartbeat,
+        timing.raft_election_timeout_max,
+        timing.raft_failure_timeout,
+        timing.raft_election_spread
+    );
 }

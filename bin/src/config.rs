@@ -71,6 +71,8 @@ pub struct ServerBlock {
     pub min_heartbeat_ttl: Option<String>,
     pub max_heartbeats_per_second: Option<f64>,
     pub failover_heartbeat_ttl: Option<String>,
+    /// Nomad's scale for the Raft timings (1–10; 0 or unset: 1).
+    pub raft_multiplier: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -489,6 +491,11 @@ fn apply_file(
         if let Some(max) = join.retry_max.or(server.retry_max) {
             config.server.retry_max = max;
         }
+        match server.raft_multiplier {
+            None | Some(0) => {}
+            Some(multiplier @ 1..=10) => config.server.timing.scale_raft(multiplier as u32),
+            Some(other) => bail!("raft_multiplier cannot be {other}. Must be between 1 and 10"),
+        }
         let heartbeat = &mut config.server.timing.heartbeat;
         if let Some(text) = &server.heartbeat_grace {
             heartbeat.grace = parse_duration("heartbeat_grace", text)?;
@@ -780,6 +787,35 @@ client {
         assert_eq!(
             config.validate().unwrap_err().to_string(),
             "consul: cert_file is set but key_file is not; both are needed"
+        );
+    }
+
+    #[test]
+    fn raft_multiplier_scales_the_raft_timings_within_nomads_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("raft.hcl");
+        let load_with = |multiplier: &str| {
+            std::fs::write(
+                &file,
+                format!("server {{\n  enabled = true\n  raft_multiplier = {multiplier}\n}}\n"),
+            )
+            .unwrap();
+            let flags = Flags {
+                config: vec![file.clone()],
+                data_dir: Some("/d".into()),
+                ..Flags::default()
+            };
+            load(&flags, no_dev).map(|loaded| loaded.config.server.timing)
+        };
+        let base = drover_core::config::ServerTiming::default();
+        let scaled = load_with("5").unwrap();
+        assert_eq!(scaled.raft_heartbeat, base.raft_heartbeat * 5);
+        assert_eq!(scaled.raft_failure_timeout, base.raft_failure_timeout * 5);
+        assert_eq!(scaled.raft_election_timeout_max, base.raft_election_timeout_max * 5);
+        assert_eq!(load_with("0").unwrap(), base);
+        assert_eq!(
+            load_with("11").unwrap_err().to_string(),
+            "raft_multiplier cannot be 11. Must be between 1 and 10"
         );
     }
 

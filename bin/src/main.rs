@@ -248,7 +248,7 @@ fn remove_dev_dir(dir: &std::path::Path) {
 
 fn init_logging(level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},openraft=warn", level.to_lowercase())));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(format!("{},openraft=off", level.to_lowercase())));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

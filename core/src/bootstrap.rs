@@ -94,6 +94,11 @@ enum Phase {
         servers: Vec<Peer>,
         queries: BTreeMap<OpId, Query>,
     },
+    /// Confirmed, but a lower-ranked server initialises first (see `maybe_initialize`).
+    Staggered {
+        servers: Vec<Peer>,
+        at: Instant,
+    },
     Initializing {
         op: OpId,
     },
@@ -158,14 +163,17 @@ impl Bootstrap {
         match self.phase {
             Phase::Waiting { .. } => "waiting",
             Phase::Querying { .. } => "querying",
-            Phase::Initializing { .. } => "initializing",
+            Phase::Staggered { .. } | Phase::Initializing { .. } => "initializing",
             Phase::Bootstrapped => "bootstrapped",
         }
     }
 
     /// Whether an attempt is under way (peers being queried or Raft being initialised).
     pub fn is_attempting(&self) -> bool {
-        matches!(self.phase, Phase::Querying { .. } | Phase::Initializing { .. })
+        matches!(
+            self.phase,
+            Phase::Querying { .. } | Phase::Staggered { .. } | Phase::Initializing { .. }
+        )
     }
 
     /// The Raft log gained entries or a leader was seen: existing state, never bootstrap.
@@ -253,7 +261,7 @@ impl Bootstrap {
             "enough servers discovered; confirming none has Raft peers"
         );
         self.phase = Phase::Querying { servers, queries };
-        self.maybe_initialize(ops);
+        self.maybe_initialize(now, ops);
     }
 
     /// The negative control: after one election timeout without a leader, initialise alone.
@@ -302,7 +310,7 @@ impl Bootstrap {
             }
             Ok(_) => {
                 query.state = QueryState::Confirmed;
-                self.maybe_initialize(ops);
+                self.maybe_initialize(now, ops);
             }
             Err(error) => self.query_failed(now, op, &error),
         }
@@ -345,6 +353,10 @@ impl Bootstrap {
                     self.query_failed(now, op, "timed out");
                 }
             }
+            Phase::Staggered { servers, at } if *at <= now => {
+                let servers = core::mem::take(servers);
+                self.initialize(servers, ops);
+            }
             _ => {}
         }
     }
@@ -352,6 +364,7 @@ impl Bootstrap {
     pub fn poll_timeout(&self) -> Option<Instant> {
         match &self.phase {
             Phase::Waiting { next_evaluation } if self.expect != 0 => Some(*next_evaluation),
+            Phase::Staggered { at, .. } => Some(*at),
             Phase::Querying { queries, .. } => queries
                 .values()
                 .filter_map(|query| match query.state {
@@ -411,7 +424,14 @@ impl Bootstrap {
         queries.insert(op, query);
     }
 
-    fn maybe_initialize(&mut self, ops: &mut OpIds) {
+    /// Every other server confirmed it has no Raft peers: initialise. openraft starts an
+    /// election as it initialises, so three servers that initialise at once split the first
+    /// vote and formation waits a whole election round (the bimodal tail of issue 19). The
+    /// voters initialise in the order of their ids instead, `raft_election_timeout_min` apart:
+    /// the first one's vote requests reach the others before they initialise, they grant it,
+    /// and its first AppendEntries bootstraps them (their own initialisation is then refused
+    /// and they count as bootstrapped). If the first one is slow or gone, the next one goes.
+    fn maybe_initialize(&mut self, now: Instant, ops: &mut OpIds) {
         let Phase::Querying { servers, queries } = &self.phase else {
             return;
         };
@@ -429,7 +449,23 @@ impl Bootstrap {
             servers.iter().any(|peer| peer.id == self.self_id),
             "we are part of our own configuration"
         );
+        let mut voters: Vec<u64> = servers
+            .iter()
+            .filter(|peer| !peer.nonvoter)
+            .map(|peer| peer.id)
+            .collect();
+        voters.sort_unstable();
+        let rank = voters.iter().position(|id| *id == self.self_id).unwrap_or(voters.len()) as u32;
         let servers = servers.clone();
+        if rank == 0 {
+            self.initialize(servers, ops);
+        } else {
+            let at = now + self.timing.raft_election_timeout_min * rank;
+            self.phase = Phase::Staggered { servers, at };
+        }
+    }
+
+    fn initialize(&mut self, servers: Vec<Peer>, ops: &mut OpIds) {
         let op = ops.allocate();
         tracing::info!(servers = ?servers.iter().map(|peer| &peer.name).collect::<Vec<_>>(), "bootstrapping Raft");
         self.actions.push_back(BootstrapAction::Initialize { op, servers });

@@ -126,6 +126,10 @@ pub struct ServerTiming {
     pub raft_heartbeat: Duration,
     pub raft_election_timeout_min: Duration,
     pub raft_election_timeout_max: Duration,
+    /// Silence from the leader after which a follower stands for election.
+    pub raft_failure_timeout: Duration,
+    /// The random extra on top of `raft_failure_timeout`, drawn every time.
+    pub raft_election_spread: Duration,
     /// How often an undecided server re-evaluates the bootstrap decision.
     pub bootstrap_retry: Duration,
     /// Deadline for one `Status.Peers` call.
@@ -145,15 +149,49 @@ pub struct ServerTiming {
     pub snapshot_threshold: u64,
 }
 
+impl ServerTiming {
+    /// Nomad's `raft_multiplier`: every Raft timing `multiplier` times longer, for slow or
+    /// busy networks.
+    pub fn scale_raft(&mut self, multiplier: u32) {
+        for timing in [
+            &mut self.raft_heartbeat,
+            &mut self.raft_election_timeout_min,
+            &mut self.raft_election_timeout_max,
+            &mut self.raft_failure_timeout,
+            &mut self.raft_election_spread,
+        ] {
+            *timing *= multiplier;
+        }
+    }
+
+    /// The election timer's timings: a round that did not elect anyone is followed by the next
+    /// after two to four leases (a round on a LAN takes milliseconds; the pause lets one that
+    /// is winning finish).
+    pub fn elections(&self) -> crate::election::ElectionTiming {
+        crate::election::ElectionTiming {
+            failure_timeout: self.raft_failure_timeout,
+            spread: self.raft_election_spread,
+            retry_min: self.raft_election_timeout_max * 2,
+            retry_max: self.raft_election_timeout_max * 4,
+            lease: self.raft_election_timeout_max,
+        }
+    }
+}
+
 impl Default for ServerTiming {
     fn default() -> Self {
         ServerTiming {
-            // LAN values (etcd uses 100 ms / 1000 ms). openraft adds a leader lease of
-            // `raft_election_timeout_max` before a follower stands, so failover takes
-            // roughly max + [min, max].
-            raft_heartbeat: Duration::from_millis(150),
-            raft_election_timeout_min: Duration::from_millis(600),
-            raft_election_timeout_max: Duration::from_millis(1200),
+            // LAN values. The core's election timer (`election`) stands after
+            // `raft_failure_timeout` of silence from the leader plus a random spread of up to
+            // `raft_election_spread`; openraft's own timer is off. openraft's leader lease is
+            // its `election_timeout_max`: voters refuse other candidates for that long after
+            // their last heartbeat, which keeps a rejoining server from deposing a healthy
+            // leader; it only has to outlast a few heartbeats.
+            raft_heartbeat: Duration::from_millis(25),
+            raft_election_timeout_min: Duration::from_millis(50),
+            raft_election_timeout_max: Duration::from_millis(75),
+            raft_failure_timeout: Duration::from_millis(200),
+            raft_election_spread: Duration::from_millis(100),
             bootstrap_retry: Duration::from_secs(2),
             peer_query_timeout: Duration::from_secs(5),
             peer_retry_base: Duration::from_secs(1),

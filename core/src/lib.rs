@@ -29,6 +29,7 @@ pub mod config;
 pub mod connect;
 pub mod csi;
 pub mod drainer;
+pub mod election;
 pub mod error;
 pub mod fsm;
 pub mod goduration;

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::bootstrap::{BootState, Bootstrap, BootstrapAction, Peer};
 use crate::config::{AgentConfig, ServerConfig};
+use crate::election::{ElectionAction, Elections};
 use crate::fsm::Command;
 use crate::membership::{MemberId, MemberView, Membership, ServerTags};
 use crate::op::{OpId, OpIds};
@@ -50,6 +51,8 @@ pub struct RaftView {
     pub role: RaftRole,
     pub term: u64,
     pub leader: Option<u64>,
+    /// Whom this server voted for in `term`.
+    pub voted_for: Option<u64>,
     pub last_log_index: Option<u64>,
     pub voters: BTreeSet<u64>,
     pub learners: BTreeSet<u64>,
@@ -67,6 +70,13 @@ impl RaftView {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Input {
+    /// The answer to [`Action::AskLeaderContact`]: milliseconds since the last AppendEntries
+    /// (`None`: none arrived since the agent started).
+    LeaderContact {
+        silent_for_ms: Option<u64>,
+    },
+    /// A leader leaving gracefully named this server its successor.
+    StandForElection,
     GossipReceived {
         data: Vec<u8>,
     },
@@ -131,10 +141,10 @@ pub enum Action {
         op: OpId,
         command: alloc::boxed::Box<Command>,
     },
-    /// Allow or forbid this server to start Raft elections (it keeps voting either way).
-    SetElections {
-        enabled: bool,
-    },
+    /// Start a Raft election now (the core runs the election timer: [`crate::election`]).
+    Elect,
+    /// Answer with [`Input::LeaderContact`]: how long since the last AppendEntries arrived.
+    AskLeaderContact,
     LookupConsul {
         op: OpId,
         service: String,
@@ -186,20 +196,8 @@ pub struct Server {
     /// `client_auto_join`), as Nomad registers its `serf` and `rpc` services.
     consul_unregistered: VecDeque<(&'static str, SocketAddr)>,
     reconcile_at: Option<Instant>,
-    split_votes: SplitVotes,
+    elections: Elections,
     actions: VecDeque<Action>,
-}
-
-/// Breaks repeated split votes. openraft 0.9 draws one election timeout per server for its
-/// whole life and checks it on heartbeat ticks, so two candidates whose ticks line up and whose
-/// timeouts fall in the same tick can split the vote forever (the simulation found this).
-/// Classic Raft re-randomises the timeout on every election; we get the same effect by having a
-/// server that stood for election twice in a row without a leader sit out for a random pause.
-#[derive(Debug, Default)]
-struct SplitVotes {
-    last_candidate_term: u64,
-    streak: u32,
-    paused_until: Option<Instant>,
 }
 
 /// Read-only view for the HTTP API.
@@ -271,7 +269,7 @@ impl Server {
                 VecDeque::new()
             },
             reconcile_at: None,
-            split_votes: SplitVotes::default(),
+            elections: Elections::new(now, node_id, server.timing.elections()),
             actions: VecDeque::new(),
         };
         this.drain_children();
@@ -303,6 +301,16 @@ impl Server {
             Input::PeersAnswered { op, result } => self.bootstrap.handle_peers(now, op, result, &mut self.ops),
             Input::RaftInitialized { op, result } => self.bootstrap.handle_initialized(op, result),
             Input::RaftObserved(view) => self.observe_raft(now, view),
+            Input::LeaderContact { silent_for_ms } => {
+                let silent = silent_for_ms.map(Duration::from_millis);
+                let action = self.elections.contact(now, silent, &mut self.rng);
+                self.election_action(action);
+            }
+            Input::StandForElection => {
+                tracing::info!("named successor by the leaving leader; standing once its lease runs out");
+                let action = self.elections.stand_now(now);
+                self.election_action(action);
+            }
             Input::ServerAdded { op, result } => {
                 if self.complete(op).is_some() {
                     if let Err(error) = result {
@@ -359,11 +367,8 @@ impl Server {
         if self.reconcile_at.is_some_and(|at| at <= now) {
             self.reconcile(now);
         }
-        if self.split_votes.paused_until.is_some_and(|at| at <= now) {
-            self.split_votes.paused_until = None;
-            tracing::debug!("standing for election again");
-            self.actions.push_back(Action::SetElections { enabled: true });
-        }
+        let action = self.elections.handle_timeout(now, &mut self.rng);
+        self.election_action(action);
         self.after_input(now);
     }
 
@@ -379,7 +384,7 @@ impl Server {
             self.join_retry_at,
             self.consul_poll_at,
             self.reconcile_at,
-            self.split_votes.paused_until,
+            self.elections.poll_timeout(),
         ]
         .into_iter()
         .flatten()
@@ -473,31 +478,15 @@ impl Server {
         if !self.is_leader() {
             self.reconcile_at = None;
         }
-        self.break_split_votes(now);
+        let action = self.elections.observe(now, &self.raft, &mut self.rng);
+        self.election_action(action);
     }
 
-    fn break_split_votes(&mut self, now: Instant) {
-        if self.raft.leader.is_some() {
-            self.split_votes.streak = 0;
-            return;
-        }
-        if self.raft.role != RaftRole::Candidate || self.raft.term <= self.split_votes.last_candidate_term {
-            return;
-        }
-        self.split_votes.last_candidate_term = self.raft.term;
-        self.split_votes.streak += 1;
-        if self.split_votes.streak >= 2 && self.split_votes.paused_until.is_none() {
-            // openraft would stand again at `last vote + its fixed timeout` anyway; only a
-            // pause that outlasts the longest timeout moves the next candidacy.
-            let max_ms = self.config.timing.raft_election_timeout_max.as_millis() as u64;
-            let pause = Duration::from_millis(self.rng.random_range(max_ms + 1..=2 * max_ms));
-            tracing::info!(
-                term = self.raft.term,
-                ?pause,
-                "no leader after repeated elections; sitting out for a random pause"
-            );
-            self.split_votes.paused_until = Some(now + pause);
-            self.actions.push_back(Action::SetElections { enabled: false });
+    fn election_action(&mut self, action: Option<ElectionAction>) {
+        match action {
+            Some(ElectionAction::Elect) => self.actions.push_back(Action::Elect),
+            Some(ElectionAction::AskContact) => self.actions.push_back(Action::AskLeaderContact),
+            None => {}
         }
     }
 
@@ -663,6 +652,7 @@ mod tests {
             role: RaftRole::Leader,
             term,
             leader: Some(1),
+            voted_for: Some(1),
             last_log_index: Some(3),
             voters: [1].into_iter().collect(),
             learners: BTreeSet::new(),

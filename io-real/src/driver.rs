@@ -101,6 +101,10 @@ pub struct RaftSummary {
     pub millis_since_quorum_ack: Option<u64>,
 }
 
+mod reads;
+pub(crate) use reads::read_index;
+pub use reads::{READ_BARRIER_TIMEOUT, ReadError};
+
 /// A running agent.
 #[derive(Clone)]
 pub struct AgentHandle {
@@ -241,8 +245,8 @@ impl AgentHandle {
 
     /// Whether this server knows a live leader, and how long ago it last heard from it
     /// (Nomad's `X-Nomad-KnownLeader` and `X-Nomad-LastContact`). A follower that has not
-    /// heard the leader's heartbeat for `raft_election_timeout_min` no longer counts it as
-    /// known, so it stops naming a dead leader well before Raft elects a new one.
+    /// heard the leader's heartbeat for `raft_failure_timeout` (when it stands for election
+    /// itself) no longer counts it as known: it never names a dead leader.
     pub fn leader_contact(&self) -> (bool, u64) {
         let status = self.status();
         let Some((leader, _)) = status.raft.as_ref().and_then(|raft| raft.leader.as_ref()) else {
@@ -256,7 +260,7 @@ impl AgentHandle {
             return (true, 0);
         };
         let since = last.elapsed();
-        let lost = self.inner.config.server.timing.raft_election_timeout_min;
+        let lost = self.inner.config.server.timing.raft_failure_timeout;
         (since <= lost, since.as_millis() as u64)
     }
 
@@ -310,13 +314,50 @@ impl AgentHandle {
         self.inner.service.node_allocs(request).await
     }
 
-    /// Stops the agent's loop and Raft.
+    /// Stops the agent's loop and Raft; a leader hands its leadership over first.
     pub async fn shutdown(&self) {
         if let Some(stop) = self.inner.stop.lock().expect("stop lock").take() {
             let _ = stop.send(());
         }
         if let Some(raft) = &self.inner.raft {
+            self.hand_over(raft).await;
             let _ = raft.shutdown().await;
+        }
+    }
+
+    /// A leader stopping gracefully: it stops heartbeating (the voters' lease starts running
+    /// out now, not when they would have noticed its silence) and names the voter whose log
+    /// has the most of its own as successor, which stands as soon as that lease has run out
+    /// (openraft 0.9 has no leadership transfer; this is its effect within the lease rule).
+    async fn hand_over(&self, raft: &Raft) {
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.current_leader != Some(self.inner.node_id) {
+            return;
+        }
+        let membership = metrics.membership_config.membership();
+        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
+        let successor = metrics
+            .replication
+            .iter()
+            .flatten()
+            .filter(|(id, _)| **id != self.inner.node_id && voters.contains(id))
+            .max_by_key(|(id, matched)| (matched.map(|log| log.index), std::cmp::Reverse(**id)))
+            .and_then(|(id, _)| membership.get_node(id).map(|node| (*id, node.rpc_addr.clone())));
+        let Some((id, addr)) = successor else { return };
+        let Ok(addr) = addr.parse::<SocketAddr>() else { return };
+        raft.runtime_config().heartbeat(false);
+        let envelope = AgentRequest {
+            attached_node: String::new(),
+            region: self.inner.config.region.clone(),
+            forwarded: false,
+            version: crate::service::ENVELOPE_VERSION,
+            body: Some(RequestBody::RaftStand(drover_proto::agent::v1::JsonPayload {
+                json: serde_json::to_vec(&self.inner.node_id).expect("an id serializes"),
+            })),
+        };
+        match (self.inner.service.forward)(addr, envelope, Duration::from_secs(1)).await {
+            Ok(_) => tracing::info!(successor = id, %addr, "leaving: named a successor and stopped heartbeats"),
+            Err(error) => tracing::warn!(successor = id, %addr, %error, "leaving: could not name a successor"),
         }
     }
 }
@@ -388,6 +429,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         });
     let forward_transport = transport.clone();
     let attached_transport = transport.clone();
+    let leader_contact: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
     let service = Service {
         raft: raft.clone(),
         node_id: record.node_id,
@@ -412,7 +454,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
         discover,
         http: Arc::default(),
-        leader_contact: Arc::default(),
+        leader_contact: leader_contact.clone(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();
@@ -502,6 +544,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         consul,
         observer,
         status: status_tx,
+        leader_contact,
     };
     tokio::spawn(driver.run(inbox_rx, stop_rx));
     Ok(handle)
@@ -521,6 +564,8 @@ async fn start_raft<T: Transport, O: Observer>(
         election_timeout_min: timing.raft_election_timeout_min.as_millis() as u64,
         election_timeout_max: timing.raft_election_timeout_max.as_millis() as u64,
         install_snapshot_timeout: 5_000,
+        // The core runs the election timer (`drover_core::election`) and says when to stand.
+        enable_elect: false,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_threshold),
         max_in_snapshot_log_to_keep: timing.snapshot_threshold / 2,
         ..Default::default()
@@ -571,7 +616,7 @@ async fn start_raft<T: Transport, O: Observer>(
     });
     let applied = state_machine.applied();
     let changes = state_machine.changes();
-    let network = NetworkFactory::new(transport, config.region.clone());
+    let network = NetworkFactory::new(transport, config.region.clone(), timing.raft_heartbeat);
     let raft = Raft::new(
         node_id,
         Arc::new(raft_config),
@@ -615,6 +660,8 @@ struct Driver<T: Transport, C, O> {
     consul: Arc<C>,
     observer: Arc<O>,
     status: watch::Sender<AgentStatus>,
+    /// When the last AppendEntries arrived (the election timer asks).
+    leader_contact: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
@@ -857,10 +904,21 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     let _ = inbox.send(agent::Input::Server(I::Proposed { op, result }));
                 });
             }
-            A::SetElections { enabled } => {
-                if let Some(raft) = &self.raft {
-                    raft.runtime_config().elect(enabled);
+            A::Elect => {
+                if let Some(raft) = self.raft.clone() {
+                    tokio::spawn(async move {
+                        if let Err(error) = raft.trigger().elect().await {
+                            tracing::warn!(%error, "could not start an election");
+                        }
+                    });
                 }
+            }
+            A::AskLeaderContact => {
+                let last = *self.leader_contact.lock().expect("contact lock");
+                let silent_for_ms = last.map(|at| at.elapsed().as_millis() as u64);
+                let _ = self
+                    .inbox
+                    .send(agent::Input::Server(I::LeaderContact { silent_for_ms }));
             }
             A::LookupConsul { op, service, tag } => {
                 let consul = self.consul.clone();
@@ -951,6 +1009,7 @@ fn raft_view(metrics: &RaftMetrics) -> RaftView {
         role: raft_role(metrics.state),
         term: metrics.current_term,
         leader: metrics.current_leader,
+        voted_for: metrics.vote.leader_id.voted_for,
         last_log_index: metrics.last_log_index,
         voters: membership.voter_ids().collect(),
         learners: membership.learner_ids().collect(),

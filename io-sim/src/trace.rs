@@ -94,6 +94,11 @@ impl Recorder {
         format!("{:>6}.{:03}", elapsed.as_secs(), elapsed.subsec_millis())
     }
 
+    /// Adds an invariant the scenario asks for on top of [`invariants::all`].
+    pub fn add_invariant(&self, invariant: Box<dyn invariants::Invariant>) {
+        self.state.lock().expect("trace lock").invariants.push(invariant);
+    }
+
     /// Records a scenario action (fault injected, write acknowledged, phase change).
     pub fn note(&self, text: impl AsRef<str>) {
         let mut state = self.state.lock().expect("trace lock");

@@ -196,6 +196,16 @@ async fn play(
     probes: Arc<Mutex<Vec<DiskProbe>>>,
 ) -> (String, Vec<Violation>, u64) {
     let recorder = Recorder::new();
+    if let Some(bound) = plan.election_rounds {
+        recorder.add_invariant(Box::new(drover_io_sim::invariants::elections::ElectionRounds::new(
+            bound,
+        )));
+    }
+    if let Some((from, until)) = plan.stable_leader {
+        recorder.add_invariant(Box::new(drover_io_sim::invariants::elections::StableLeader::new(
+            from, until,
+        )));
+    }
     *slot.lock().expect("recorder slot") = Some(recorder.clone());
     let consul = SimConsul::default();
     consul.set_mode(plan.consul_initial);
@@ -275,6 +285,17 @@ async fn play(
                 }
             }
             Action::KillClient(client) => cluster.kill_client(*client),
+            Action::Network(loss, (low, high)) => {
+                let (loss, latency) = (
+                    f64::from(*loss) / 100.0,
+                    Duration::from_millis(*low)..Duration::from_millis(*high),
+                );
+                madsim::net::NetSim::current().update_config(|config| {
+                    config.packet_loss_rate = loss;
+                    config.send_latency = latency;
+                });
+                recorder.note(format!("network: {loss} loss, {low}-{high} ms latency"));
+            }
             Action::UpdateJob(version) => {
                 if let Some(real) = &plan.real_clients {
                     real_clients::update(&cluster, real, *version).await;

@@ -72,6 +72,9 @@ pub enum Action {
     RestartClient(usize),
     /// A new version of the real clients' job is registered (a destructive update).
     UpdateJob(u64),
+    /// Every message is lost with this probability (percent) and delayed by a latency drawn
+    /// from this range (milliseconds); `Network(0, (1, 10))` is madsim's default.
+    Network(u32, (u64, u64)),
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +102,9 @@ impl fmt::Display for Step {
             Action::KillClient(client) => write!(f, "{at} kill client c{}", client + 1),
             Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
             Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
+            Action::Network(loss, (low, high)) => {
+                write!(f, "{at} network: {loss}% message loss, {low}-{high} ms latency")
+            }
         }
     }
 }
@@ -118,6 +124,11 @@ pub struct Plan {
     pub quiet_bound: Duration,
     /// Client nodes running the production client driver, and the job they run.
     pub real_clients: Option<RealClientPlan>,
+    /// At most this many election rounds from one leader to the next
+    /// (`invariants::elections::ElectionRounds`), where the network lets elections succeed.
+    pub election_rounds: Option<usize>,
+    /// Nobody stands for election in this window (`invariants::elections::StableLeader`).
+    pub stable_leader: Option<(Duration, Duration)>,
 }
 
 impl Plan {
@@ -192,6 +203,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "leader_killed",
         about: "the leader is killed after formation, and maybe restarted",
         build: leader_killed,
+    },
+    Scenario {
+        name: "lossy_network",
+        about: "5% message loss and 1-51 ms latency for a minute: the leader stays, nobody stands",
+        build: lossy_network,
     },
 ];
 
@@ -550,6 +566,8 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         keep_dead: Vec::new(),
         quiet_bound: Duration::from_secs(60),
         real_clients: None,
+        election_rounds: None,
+        stable_leader: None,
     }
 }
 
@@ -683,6 +701,30 @@ fn leader_killed(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         // The killed leader stays down; the survivors still hold a quorum.
         plan.keep_dead = vec![Target::LastKilled];
     }
+    // Nothing but the kill: a split vote must resolve within three rounds (issue 19).
+    plan.election_rounds = Some(3);
+    plan
+}
+
+/// A formed cluster on a bad network: a leader must survive 5% message loss and 50 ms of
+/// jitter without anyone standing for election (a false failover).
+fn lossy_network(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let n = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let servers = servers(rng, n, n as u32, 2_000, false, options);
+    let from = Duration::from_secs(8);
+    let until = from + Duration::from_secs(60);
+    let steps = vec![
+        Step {
+            at: from,
+            action: Action::Network(5, (1, 51)),
+        },
+        Step {
+            at: until,
+            action: Action::Network(0, (1, 10)),
+        },
+    ];
+    let mut plan = plan(servers, steps);
+    plan.stable_leader = Some((from, until));
     plan
 }
 

@@ -128,6 +128,28 @@ impl Agent {
         }
     }
 
+    /// Sends `signal` to the agent process and returns at once.
+    pub fn signal(&self, signal: i32) {
+        if let Some(child) = &self.child {
+            // SAFETY: kill has no memory preconditions; the pid is our own child, not reaped.
+            unsafe { libc::kill(child.id() as i32, signal) };
+        }
+    }
+
+    /// SIGTERM, as an operator's graceful stop; SIGKILL if it has not exited within 10 s.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SAFETY: kill has no memory preconditions; the pid is our own live child.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
     /// Starts the same process again on the same data dir; returns the output of this life.
     pub fn restart(&mut self) {
         self.kill();
@@ -274,7 +296,12 @@ pub fn http_status(method: &str, port: u16, path: &str, body: Option<&str>) -> O
 }
 
 /// Polls `check` until it returns `Some` or `limit` passes.
-pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
+pub fn wait_for<T>(limit: Duration, check: impl FnMut() -> Option<T>) -> Option<T> {
+    wait_for_every(limit, Duration::from_millis(50), check)
+}
+
+/// [`wait_for`], checking every `step` (benches measure to a few milliseconds).
+pub fn wait_for_every<T>(limit: Duration, step: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = Instant::now() + limit;
     loop {
         if let Some(value) = check() {
@@ -283,7 +310,7 @@ pub fn wait_for<T>(limit: Duration, mut check: impl FnMut() -> Option<T>) -> Opt
         if Instant::now() >= deadline {
             return None;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(step);
     }
 }
 

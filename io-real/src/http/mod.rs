@@ -13,6 +13,7 @@ mod exec;
 mod forward;
 mod fs;
 mod nodes;
+mod reads;
 mod render;
 
 use std::collections::BTreeMap;
@@ -129,6 +130,8 @@ pub fn router(handle: AgentHandle) -> Router {
                 .post(put_variable)
                 .delete(delete_variable),
         )
+        // Reads of cluster state wait for the Raft read barrier unless `?stale` (`reads.rs`).
+        .layer(axum::middleware::from_fn_with_state(handle.clone(), reads::consistent))
         // A client-only agent hands cluster requests to a server (`forward.rs`).
         .layer(axum::middleware::from_fn_with_state(
             handle.clone(),

@@ -8,7 +8,9 @@ use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
 use drover_proto::agent::v1::{AgentRequest, RaftPayload};
 use openraft::AnyError;
-use openraft::error::{InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError, RemoteError, Unreachable,
+};
 use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
 use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse, VoteRequest,
@@ -23,11 +25,46 @@ use crate::io::{Transport, TransportError};
 pub struct NetworkFactory<T> {
     transport: T,
     region: String,
+    reachability: Reachability,
+    heartbeat: std::time::Duration,
 }
 
 impl<T: Transport> NetworkFactory<T> {
-    pub fn new(transport: T, region: String) -> Self {
-        NetworkFactory { transport, region }
+    /// `heartbeat` is the Raft heartbeat interval: the pause before retrying a peer that could
+    /// not be reached.
+    pub fn new(transport: T, region: String, heartbeat: std::time::Duration) -> Self {
+        NetworkFactory {
+            transport,
+            region,
+            reachability: Reachability::default(),
+            heartbeat,
+        }
+    }
+}
+
+/// The most JSON one AppendEntries may carry. openraft 0.9 gives every AppendEntries one
+/// heartbeat interval to complete and retries a timed-out batch unchanged, so a follower far
+/// behind on large entries could never catch up; a bigger batch is refused before it is sent
+/// with a hint of how many entries fit, and openraft sends fewer.
+pub const APPEND_ENTRIES_BYTES: usize = 256 * 1024;
+
+/// Whether each peer answered its last Raft RPC. openraft retries a dead peer every
+/// heartbeat and logs every failure; this says it once when a peer stops answering and once
+/// when it answers again (openraft's own log is off by default).
+#[derive(Clone, Default)]
+struct Reachability(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, bool>>>);
+
+impl Reachability {
+    fn record(&self, target: u64, addr: &str, failure: Option<&TransportError>) {
+        let reachable = failure.is_none();
+        let before = self.0.lock().expect("reachability lock").insert(target, reachable);
+        match (before, failure) {
+            (Some(false), None) => tracing::info!(peer = target, %addr, "Raft peer reachable again"),
+            (Some(true) | None, Some(error)) => {
+                tracing::warn!(peer = target, %addr, %error, "Raft peer unreachable; retrying quietly")
+            }
+            _ => {}
+        }
     }
 }
 
@@ -41,6 +78,8 @@ impl<T: Transport> RaftNetworkFactory<TypeConfig> for NetworkFactory<T> {
             target,
             addr: node.rpc_addr.parse().ok(),
             raw_addr: node.rpc_addr.clone(),
+            reachability: self.reachability.clone(),
+            heartbeat: self.heartbeat,
         }
     }
 }
@@ -51,6 +90,8 @@ pub struct Connection<T> {
     target: u64,
     addr: Option<SocketAddr>,
     raw_addr: String,
+    reachability: Reachability,
+    heartbeat: std::time::Duration,
 }
 
 type RpcResult<R, E> = Result<R, RPCError<u64, ServerNode, RaftError<u64, E>>>;
@@ -79,14 +120,13 @@ impl<T: Transport> Connection<T> {
             version: crate::service::ENVELOPE_VERSION,
             body: Some(wrap(RaftPayload { json })),
         };
-        let response = self
-            .transport
-            .call(addr, envelope, option.hard_ttl())
-            .await
-            .map_err(|error| match error {
-                TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&error)),
-                _ => RPCError::Network(NetworkError::new(&error)),
-            })?;
+        let response = self.transport.call(addr, envelope, option.hard_ttl()).await;
+        self.reachability
+            .record(self.target, &self.raw_addr, response.as_ref().err());
+        let response = response.map_err(|error| match error {
+            TransportError::Unreachable { .. } => RPCError::Unreachable(Unreachable::new(&error)),
+            _ => RPCError::Network(NetworkError::new(&error)),
+        })?;
         match response.body {
             Some(ResponseBody::Raft(payload)) => {
                 let result: Result<Resp, RaftError<u64, E>> = serde_json::from_slice(&payload.json)
@@ -109,7 +149,21 @@ impl<T: Transport> RaftNetwork<TypeConfig> for Connection<T> {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<u64>, openraft::error::Infallible> {
+        if rpc.entries.len() > 1 {
+            let bytes = serde_json::to_vec(&rpc.entries).map_or(0, |json| json.len());
+            if bytes > APPEND_ENTRIES_BYTES {
+                let fit = (rpc.entries.len() * APPEND_ENTRIES_BYTES / bytes).max(1) as u64;
+                return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(fit)));
+            }
+        }
         self.send(RequestBody::RaftAppendEntries, &rpc, &option).await
+    }
+
+    /// A peer that could not be reached is tried again at the next heartbeat (openraft's
+    /// default waits 500 ms, longer than followers wait before standing for election: one
+    /// refused connection would have cost a failover).
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(std::iter::repeat(self.heartbeat))
     }
 
     async fn install_snapshot(

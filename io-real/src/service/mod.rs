@@ -309,6 +309,23 @@ impl Service {
                 }
                 Err(response) => response,
             },
+            RequestBody::RaftReadIndex(_) => AgentResponse {
+                version: ENVELOPE_VERSION,
+                body: Some(ResponseBody::RaftReadIndex(json_payload(
+                    &crate::driver::read_index(raft).await.map_err(|error| error.to_string()),
+                ))),
+            },
+            RequestBody::RaftStand(payload) => {
+                let leader: Result<u64, _> = serde_json::from_slice(&payload.json);
+                tracing::info!(leader = ?leader.ok(), "the leaving leader named this server its successor");
+                let _ = self
+                    .inbox
+                    .send(agent::Input::Server(drover_core::server::Input::StandForElection));
+                AgentResponse {
+                    version: ENVELOPE_VERSION,
+                    body: Some(ResponseBody::RaftStand(json_payload(&Ok::<(), String>(())))),
+                }
+            }
             RequestBody::RaftVote(payload) => match decode(&payload.json) {
                 Ok(rpc) => raft_response(raft.vote(rpc).await),
                 Err(response) => response,

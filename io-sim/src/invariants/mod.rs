@@ -5,6 +5,7 @@ pub mod claims_freed;
 pub mod controller_serial;
 pub mod csi_call_order;
 pub mod drain_order;
+pub mod elections;
 pub mod leader_per_term;
 pub mod liveness;
 pub mod log_matching;

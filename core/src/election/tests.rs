@@ -1,0 +1,174 @@
+use super::*;
+use alloc::collections::BTreeSet;
+use rand_chacha::rand_core::SeedableRng;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn timing() -> ElectionTiming {
+    crate::config::ServerTiming::default().elections()
+}
+
+fn view(role: RaftRole, term: u64, leader: Option<u64>, voters: &[u64]) -> RaftView {
+    RaftView {
+        role,
+        term,
+        leader,
+        voted_for: leader,
+        last_log_index: Some(1),
+        voters: voters.iter().copied().collect::<BTreeSet<u64>>(),
+        learners: BTreeSet::new(),
+    }
+}
+
+fn at(ms: u64) -> Instant {
+    Instant::from_nanos(ms * 1_000_000)
+}
+
+/// Runs the timer until it asks for something, answering contact questions with `silent`.
+fn next_action(
+    elections: &mut Elections,
+    rng: &mut ChaCha8Rng,
+    silent: impl Fn(Instant) -> Option<Duration>,
+) -> (Instant, ElectionAction) {
+    loop {
+        let now = elections.poll_timeout().expect("a timer is armed");
+        match elections.handle_timeout(now, rng) {
+            Some(ElectionAction::AskContact) => {
+                if let Some(action) = elections.contact(now, silent(now), rng) {
+                    return (now, action);
+                }
+            }
+            Some(action) => return (now, action),
+            None => panic!("the timer fired for nothing"),
+        }
+    }
+}
+
+#[test]
+fn a_follower_stands_only_after_the_leader_is_silent_for_the_failure_timeout() {
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let mut elections = Elections::new(at(0), 2, timing());
+    assert_eq!(
+        elections.observe(at(0), &view(RaftRole::Follower, 1, Some(1), &[1, 2, 3]), &mut rng),
+        None
+    );
+    // The leader heartbeats until 1 s, then dies.
+    let dead_at = at(1_000);
+    let silent = |now: Instant| {
+        let last = if now < dead_at {
+            Instant::from_nanos(now.as_nanos() - 10_000_000)
+        } else {
+            dead_at
+        };
+        Some(Duration::from_nanos(now.as_nanos() - last.as_nanos()))
+    };
+    let (stood, action) = next_action(&mut elections, &mut rng, silent);
+    assert_eq!(action, ElectionAction::Elect);
+    let waited = Duration::from_nanos(stood.as_nanos() - dead_at.as_nanos());
+    let t = timing();
+    assert!(
+        waited >= t.failure_timeout && waited <= t.failure_timeout + t.spread,
+        "stood {waited:?} after the leader went silent"
+    );
+}
+
+#[test]
+fn a_fresh_server_waits_a_failure_timeout_before_its_first_candidacy() {
+    let mut rng = ChaCha8Rng::seed_from_u64(2);
+    let mut elections = Elections::new(at(0), 2, timing());
+    elections.observe(at(0), &view(RaftRole::Follower, 0, None, &[1, 2, 3]), &mut rng);
+    let (stood, action) = next_action(&mut elections, &mut rng, |_| None);
+    assert_eq!(action, ElectionAction::Elect);
+    assert!(stood >= at(0) + timing().failure_timeout, "stood at {stood:?}");
+}
+
+#[test]
+fn the_only_voter_stands_at_once_and_a_leader_or_learner_never() {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let mut single = Elections::new(at(0), 1, timing());
+    assert_eq!(
+        single.observe(at(5), &view(RaftRole::Follower, 3, None, &[1]), &mut rng),
+        Some(ElectionAction::Elect)
+    );
+    let mut leader = Elections::new(at(0), 1, timing());
+    leader.observe(at(0), &view(RaftRole::Leader, 2, Some(1), &[1, 2, 3]), &mut rng);
+    assert_eq!(leader.poll_timeout(), None);
+    let mut learner = Elections::new(at(0), 4, timing());
+    learner.observe(at(0), &view(RaftRole::Learner, 2, Some(1), &[1, 2, 3]), &mut rng);
+    assert_eq!(learner.poll_timeout(), None);
+}
+
+#[test]
+fn a_named_successor_stands_when_the_lease_runs_out_not_after_the_failure_timeout() {
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let mut elections = Elections::new(at(0), 2, timing());
+    elections.observe(at(0), &view(RaftRole::Follower, 1, Some(1), &[1, 2, 3]), &mut rng);
+    // The leader's last heartbeat came at 990 ms; it names us at 1 s and stops.
+    elections.stand_now(at(1_000));
+    let (stood, action) = next_action(&mut elections, &mut rng, |now| {
+        Some(Duration::from_nanos(now.as_nanos() - at(990).as_nanos()))
+    });
+    assert_eq!(action, ElectionAction::Elect);
+    let t = timing();
+    assert!(
+        stood >= at(990) + t.lease,
+        "stood at {stood:?}, inside the voters' lease"
+    );
+    assert!(
+        stood <= at(990) + t.lease + 10 * MS,
+        "stood at {stood:?}, long after the lease"
+    );
+}
+
+/// Candidates that stood at the same instant (the split vote openraft 0.9's fixed timeouts
+/// repeat forever) stand next in disjoint turns: the next round is at least 20 ms apart
+/// between any two of them (many round trips on a LAN), in every seed, so the split vote
+/// ends in the round after it.
+#[test]
+fn after_a_split_vote_the_next_round_cannot_collide_in_any_seed() {
+    let voters = [1, 2, 3, 4, 5];
+    let mut closest = u64::MAX;
+    for seed in 0..2_000u64 {
+        let mut next = Vec::new();
+        for id in voters {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (id << 40));
+            let mut server = Elections::new(at(0), id, timing());
+            server.observe(at(0), &view(RaftRole::Follower, 1, None, &voters), &mut rng);
+            // Everyone stands at 1 s (no leader known); all are candidates of term 2, no winner.
+            assert_eq!(server.handle_timeout(at(1_000), &mut rng), Some(ElectionAction::Elect));
+            let mut candidate = view(RaftRole::Candidate, 2, None, &voters);
+            candidate.voted_for = Some(id);
+            server.observe(at(1_000), &candidate, &mut rng);
+            next.push(server.poll_timeout().expect("armed").as_nanos());
+        }
+        next.sort_unstable();
+        closest = closest.min(next.windows(2).map(|pair| pair[1] - pair[0]).min().unwrap());
+        let last = Duration::from_nanos(next[4]) - Duration::from_millis(1_000);
+        assert!(
+            last < Duration::from_millis(700),
+            "seed {seed}: the last turn comes {last:?} later"
+        );
+    }
+    assert!(closest >= 20_000_000, "two turns only {closest} ns apart");
+}
+
+/// A stale candidate's terms pass by without restarting the timer of a server that refused
+/// it; granting a vote does restart it.
+#[test]
+fn only_a_granted_vote_restarts_the_timer_not_a_passing_term() {
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let voters = [1, 2, 3];
+    let mut elections = Elections::new(at(0), 3, timing());
+    elections.observe(at(0), &view(RaftRole::Follower, 4, None, &voters), &mut rng);
+    let due = elections.poll_timeout().unwrap();
+    for (term, ms) in [(5, 50), (6, 100), (7, 150)] {
+        let mut refused = view(RaftRole::Follower, term, None, &voters);
+        refused.voted_for = None;
+        elections.observe(at(ms), &refused, &mut rng);
+        assert_eq!(elections.poll_timeout(), Some(due), "term {term} moved the timer");
+    }
+    let mut granted = view(RaftRole::Follower, 8, None, &voters);
+    granted.voted_for = Some(1);
+    elections.observe(at(180), &granted, &mut rng);
+    assert!(elections.poll_timeout().unwrap() >= at(180) + timing().retry_min);
+}
