@@ -6,6 +6,8 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::json;
+
 use support::{Agent, agreed_leader, cluster_specs, http, server_args, wait_for};
 
 const FORMATION_LIMIT: Duration = Duration::from_secs(60);
@@ -160,4 +162,70 @@ fn servers_say_no_cluster_leader_until_there_is_one_and_how_recent_its_contact_i
             assert!(contact < 600, "a follower heard the leader {contact} ms ago");
         }
     }
+}
+
+/// Reads are consistent by default (Nomad's default): a write acknowledged through one server
+/// is seen by an immediate read through another, every time, because the reading server waits
+/// for the leader's commit index first (without that barrier a follower answers from state up
+/// to a heartbeat old). `?stale` reads are local; a server without a quorum refuses consistent
+/// reads with Nomad's 500 `No cluster leader` and still answers stale ones.
+#[test]
+fn reads_are_consistent_unless_stale_and_refused_without_a_leader() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let mut agents: Vec<Agent> = (0..3)
+        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("the cluster forms");
+    let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+    let followers: Vec<usize> = (0..3).filter(|index| *index != leader_index).collect();
+    let get = |port: u16, path: &str| -> (u16, String) {
+        match ureq::get(&format!("http://127.0.0.1:{port}{path}")).call() {
+            Ok(response) => (response.status(), response.into_string().unwrap()),
+            Err(ureq::Error::Status(code, response)) => (code, response.into_string().unwrap()),
+            Err(error) => panic!("GET {path}: {error}"),
+        }
+    };
+
+    let (code, body) = get(specs[0].http, "/v1/jobs?stale=maybe");
+    assert_eq!(code, 400, "{body}");
+    assert!(body.contains("`stale`"), "{body}");
+
+    // Written through one follower, read at once through the other.
+    let (writer, reader) = (specs[followers[0]].http, specs[followers[1]].http);
+    for round in 0..40 {
+        let value = json!({"Items": {"round": round.to_string()}}).to_string();
+        http("PUT", writer, "/v1/var/consistency/probe", Some(&value)).expect("written");
+        let (code, body) = get(reader, "/v1/var/consistency/probe");
+        assert_eq!(code, 200, "{body}");
+        let read: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            read["Items"]["round"],
+            round.to_string(),
+            "round {round} read a stale value"
+        );
+    }
+
+    // Without a quorum: consistent reads are refused, stale ones answered.
+    let survivor = followers[0];
+    for index in (0..3).filter(|index| *index != survivor) {
+        agents[index].kill();
+    }
+    let port = specs[survivor].http;
+    let (code, body) = wait_for(Duration::from_secs(10), || {
+        let (code, body) = get(port, "/v1/jobs");
+        (code != 200).then_some((code, body))
+    })
+    .expect("consistent reads stop");
+    assert_eq!((code, body.trim()), (500, "No cluster leader"));
+    // Once it has not heard the dead leader for its failure timeout, it says so.
+    wait_for(Duration::from_secs(10), || {
+        let stale = ureq::get(&format!("http://127.0.0.1:{port}/v1/jobs?stale"))
+            .call()
+            .unwrap();
+        assert_eq!(stale.status(), 200);
+        (stale.header("X-Nomad-KnownLeader") == Some("false")).then_some(())
+    })
+    .expect("a stale read says no leader is known");
 }
