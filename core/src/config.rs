@@ -90,6 +90,9 @@ pub struct ServerConfig {
     /// Test-only re-creation of a Connect token defect; never set from flags or config files.
     #[serde(skip)]
     pub connect_faults: ConnectFaults,
+    /// Test-only re-creation of stale consistent reads; never set from flags or config files.
+    #[serde(skip)]
+    pub read_faults: ReadFaults,
 }
 
 /// Re-creates a historical defect on purpose so the simulation can prove it detects it.
@@ -111,6 +114,14 @@ pub struct CsiFaults {
     /// allocations as soon as its other allocations finish, before their volumes are released
     /// on the node, stranding the claims the plugin should have unpublished.
     pub drain_plugins_before_release: bool,
+}
+
+/// A read-path defect the simulation re-creates on purpose (regression switch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadFaults {
+    /// Consistent reads are served from the answering server's applied state without the
+    /// read barrier (what Drover did before issue 19): a lagging follower answers stale.
+    pub local_consistent_reads: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).
@@ -244,6 +255,7 @@ impl Default for ServerConfig {
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
             connect_faults: ConnectFaults::default(),
+            read_faults: ReadFaults::default(),
         }
     }
 }

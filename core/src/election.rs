@@ -19,6 +19,10 @@
 //!   turn has a shorter log and is refused).
 //! - A server that just started waits a whole failure timeout before its first candidacy, so a
 //!   restarted follower does not depose a healthy leader before it has heard from it.
+//! - Before standing, a server asks the voters for a pre-vote (Raft thesis §9.6): they grant
+//!   it when its log is at least as up to date as theirs and they have not heard a leader
+//!   for half a failure timeout. Only a granted pre-vote starts an election, so a server with
+//!   a stale log, or one cut off from a leader the others still hear, never moves the term.
 //! - The only voter stands at once (openraft's rule for single-server clusters).
 //! - [`Elections::stand_now`]: a leader leaving gracefully names a successor, which stands as
 //!   soon as the voters' leader lease has run out instead of waiting for the failure timeout.
@@ -57,6 +61,9 @@ pub enum ElectionAction {
     /// Tell the core how long since the last AppendEntries from the leader
     /// ([`Elections::contact`]).
     AskContact,
+    /// Ask the voters whether they would vote for this server, without changing any term
+    /// (Raft's pre-vote, thesis §9.6); answered with [`Elections::pre_vote_result`].
+    PreVote,
     /// Start an election now (openraft's `trigger().elect()`).
     Elect,
 }
@@ -81,6 +88,8 @@ pub struct Elections {
     rounds: u32,
     /// A graceful handover names this server: stand once the lease has run out.
     handover: bool,
+    /// A pre-vote is out.
+    pre_voting: bool,
 }
 
 impl Elections {
@@ -97,6 +106,7 @@ impl Elections {
             rank: 0,
             rounds: 0,
             handover: false,
+            pre_voting: false,
         }
     }
 
@@ -106,7 +116,7 @@ impl Elections {
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.next_at.filter(|_| self.voter && !self.asking)
+        self.next_at.filter(|_| self.voter && !self.asking && !self.pre_voting)
     }
 
     /// A new view of Raft. As in Raft, the timer restarts when a leader is heard or this
@@ -132,6 +142,10 @@ impl Elections {
                 self.handover = false;
             }
             _ if view.leader.is_some() => {
+                if seen.2 != before.2 {
+                    // A pre-vote granted before this leader won must not depose it.
+                    self.pre_voting = false;
+                }
                 if seen.2 != before.2 || self.next_at.is_none() {
                     // A leader was just heard (or chosen): it has a failure timeout to be
                     // heard again.
@@ -145,6 +159,11 @@ impl Elections {
             _ => {
                 let granted = view.voted_for.is_some_and(|id| id != self.self_id)
                     && (view.voted_for, view.term) != (before.3, before.1);
+                if granted {
+                    // Another candidate has our vote: a pre-vote of ours still out is moot
+                    // (standing now would only break that candidate's round).
+                    self.pre_voting = false;
+                }
                 if granted || self.next_at.is_none() {
                     self.next_at = Some(now + self.retry_wait(rng));
                 }
@@ -153,6 +172,7 @@ impl Elections {
         self.sole_voter_stands(view)
     }
 
+    /// The only voter needs nobody's vote, not even a pre-vote.
     fn sole_voter_stands(&mut self, view: &RaftView) -> Option<ElectionAction> {
         (self.sole_voter && view.role != RaftRole::Leader && view.role != RaftRole::Candidate).then(|| {
             self.next_at = None;
@@ -162,7 +182,7 @@ impl Elections {
 
     /// The timer fired.
     pub fn handle_timeout(&mut self, now: Instant, rng: &mut ChaCha8Rng) -> Option<ElectionAction> {
-        if self.next_at.is_none_or(|at| at > now) || self.asking || !self.voter {
+        if self.next_at.is_none_or(|at| at > now) || self.asking || self.pre_voting || !self.voter {
             return None;
         }
         self.next_at = None;
@@ -213,9 +233,36 @@ impl Elections {
         None
     }
 
+    /// Time to stand: a named successor at once, anyone else after a pre-vote.
     fn stand(&mut self, now: Instant, rng: &mut ChaCha8Rng) -> ElectionAction {
+        if core::mem::take(&mut self.handover) {
+            return self.elect(now, rng);
+        }
+        self.pre_voting = true;
+        ElectionAction::PreVote
+    }
+
+    /// The voters' answer to a pre-vote: a majority (this server included) would vote for it.
+    /// Refused — its log is behind a voter's, or the voters still hear a leader — it tries
+    /// again after a random pause, without having moved any term: a server with a stale log
+    /// can no longer push the terms past the one that should win (the livelock the
+    /// simulation found in leader_killed/1172 and /6756: openraft does not adopt the term of
+    /// a vote it refuses by log, so the up-to-date server kept standing one term behind).
+    pub fn pre_vote_result(&mut self, now: Instant, granted: bool, rng: &mut ChaCha8Rng) -> Option<ElectionAction> {
+        if !core::mem::take(&mut self.pre_voting) || !self.voter || self.seen.0 == RaftRole::Leader {
+            return None;
+        }
+        if granted {
+            return Some(self.elect(now, rng));
+        }
+        let rounds = core::mem::take(&mut self.rounds);
+        self.next_at = Some(now + self.retry_wait(rng));
+        self.rounds = rounds;
+        None
+    }
+
+    fn elect(&mut self, now: Instant, rng: &mut ChaCha8Rng) -> ElectionAction {
         self.rounds += 1;
-        self.handover = false;
         if self.rounds > 1 {
             tracing::info!(
                 rounds = self.rounds,

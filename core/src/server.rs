@@ -77,6 +77,10 @@ pub enum Input {
     },
     /// A leader leaving gracefully named this server its successor.
     StandForElection,
+    /// The answer to [`Action::PreVote`]: whether a majority of the voters would vote for us.
+    PreVoteAnswered {
+        granted: bool,
+    },
     GossipReceived {
         data: Vec<u8>,
     },
@@ -145,6 +149,8 @@ pub enum Action {
     Elect,
     /// Answer with [`Input::LeaderContact`]: how long since the last AppendEntries arrived.
     AskLeaderContact,
+    /// Ask every voter for a pre-vote; answer with [`Input::PreVoteAnswered`].
+    PreVote,
     LookupConsul {
         op: OpId,
         service: String,
@@ -304,6 +310,10 @@ impl Server {
             Input::LeaderContact { silent_for_ms } => {
                 let silent = silent_for_ms.map(Duration::from_millis);
                 let action = self.elections.contact(now, silent, &mut self.rng);
+                self.election_action(action);
+            }
+            Input::PreVoteAnswered { granted } => {
+                let action = self.elections.pre_vote_result(now, granted, &mut self.rng);
                 self.election_action(action);
             }
             Input::StandForElection => {
@@ -486,6 +496,7 @@ impl Server {
         match action {
             Some(ElectionAction::Elect) => self.actions.push_back(Action::Elect),
             Some(ElectionAction::AskContact) => self.actions.push_back(Action::AskLeaderContact),
+            Some(ElectionAction::PreVote) => self.actions.push_back(Action::PreVote),
             None => {}
         }
     }

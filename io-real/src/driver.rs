@@ -455,6 +455,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         discover,
         http: Arc::default(),
         leader_contact: leader_contact.clone(),
+        raft_store: raft.is_some().then(|| store.clone()),
+        pre_vote_quiet: config.server.timing.raft_failure_timeout / 2,
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();
@@ -913,6 +915,34 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     });
                 }
             }
+            A::PreVote => {
+                let Some(raft) = self.raft.clone() else { return };
+                let metrics = raft.metrics().borrow().clone();
+                let me = metrics.id;
+                let membership = metrics.membership_config.membership();
+                let voters: Vec<String> = membership
+                    .voter_ids()
+                    .filter(|id| *id != me)
+                    .filter_map(|id| membership.get_node(&id).map(|node| node.rpc_addr.clone()))
+                    .collect();
+                // A majority of the voters, this one included.
+                let total = voters.len() + 1;
+                let needed = total / 2 + 1;
+                let request = crate::service::PreVoteRequest {
+                    candidate: me,
+                    last_log: self
+                        .store
+                        .last_log_id()
+                        .ok()
+                        .flatten()
+                        .map(|log| (log.leader_id.term, log.index)),
+                };
+                let (transport, inbox, region) = (self.transport.clone(), self.inbox.clone(), self.region.clone());
+                tokio::spawn(async move {
+                    let granted = pre_vote(transport, region, voters, request, needed).await;
+                    let _ = inbox.send(agent::Input::Server(I::PreVoteAnswered { granted }));
+                });
+            }
             A::AskLeaderContact => {
                 let last = *self.leader_contact.lock().expect("contact lock");
                 let silent_for_ms = last.map(|at| at.elapsed().as_millis() as u64);
@@ -1001,6 +1031,56 @@ fn raft_role(state: ServerState) -> RaftRole {
         ServerState::Learner => RaftRole::Learner,
         ServerState::Shutdown => RaftRole::Shutdown,
     }
+}
+
+/// How long a voter may take to answer a pre-vote (a dead one is not waited for once a
+/// majority granted).
+const PRE_VOTE_TIMEOUT: Duration = Duration::from_millis(250);
+
+/// Asks `voters` for a pre-vote; granted once `needed` votes (ours included) are in.
+async fn pre_vote<T: Transport>(
+    transport: T,
+    region: String,
+    voters: Vec<String>,
+    request: crate::service::PreVoteRequest,
+    needed: usize,
+) -> bool {
+    use futures::stream::{FuturesUnordered, StreamExt};
+    let json = serde_json::to_vec(&request).expect("a pre-vote serializes");
+    let mut answers: FuturesUnordered<_> = voters
+        .iter()
+        .filter_map(|addr| addr.parse::<SocketAddr>().ok())
+        .map(|addr| {
+            let envelope = AgentRequest {
+                attached_node: String::new(),
+                region: region.clone(),
+                forwarded: false,
+                version: crate::service::ENVELOPE_VERSION,
+                body: Some(RequestBody::RaftPreVote(drover_proto::agent::v1::JsonPayload {
+                    json: json.clone(),
+                })),
+            };
+            let transport = transport.clone();
+            async move {
+                match transport.call(addr, envelope, PRE_VOTE_TIMEOUT).await {
+                    Ok(drover_proto::agent::v1::AgentResponse {
+                        body: Some(drover_proto::agent::v1::agent_response::Body::RaftPreVote(payload)),
+                        ..
+                    }) => serde_json::from_slice::<bool>(&payload.json).unwrap_or(false),
+                    _ => false,
+                }
+            }
+        })
+        .collect();
+    let mut granted = 1;
+    while granted < needed {
+        match answers.next().await {
+            Some(true) => granted += 1,
+            Some(false) => {}
+            None => break,
+        }
+    }
+    granted >= needed
 }
 
 fn raft_view(metrics: &RaftMetrics) -> RaftView {

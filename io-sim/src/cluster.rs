@@ -368,6 +368,15 @@ impl SimCluster {
     }
 
     /// The running agent of a live server, if its process has started.
+    /// Reads through server `index`, whenever they are made ([`ServerReader`]).
+    pub fn reader(&self, index: usize) -> ServerReader {
+        let server = &self.servers[index];
+        ServerReader {
+            node: server.node.clone(),
+            agent: server.agent.clone(),
+        }
+    }
+
     pub fn agent(&self, index: usize) -> Option<AgentHandle> {
         let server = &self.servers[index];
         if !server.alive {
@@ -400,6 +409,40 @@ impl SimCluster {
                 Ok(Ok(Err(error))) => Err(error.to_string()),
                 Ok(Err(error)) if error.is_cancelled() => Err("the server was killed mid-write".to_string()),
                 Ok(Err(_)) => Err("the write task panicked".to_string()),
+                Err(_) => Err("timed out".to_string()),
+            }
+        })
+    }
+}
+
+/// What a consistent read through one server needs, kept past the moment it is taken (the
+/// workload reads a write back once it is acknowledged).
+#[derive(Clone)]
+pub struct ServerReader {
+    node: NodeHandle,
+    agent: Arc<Mutex<Option<AgentHandle>>>,
+}
+
+impl ServerReader {
+    /// Starts a consistent read of the variable at `path` (the read barrier, then the server's
+    /// own state), as the HTTP API serves a `GET` without `?stale`: whether the variable
+    /// exists. `None` when the server is not running.
+    pub fn start_read(
+        &self,
+        path: String,
+        timeout: Duration,
+    ) -> Option<impl std::future::Future<Output = Result<bool, String>> + use<>> {
+        let agent = self.agent.lock().expect("agent slot").clone()?;
+        let task = self.node.spawn(async move {
+            agent.read_barrier().await.map_err(|error| error.to_string())?;
+            agent
+                .read_state(|state| state.variable(&path).is_some())
+                .ok_or_else(|| "this server holds no state".to_string())
+        });
+        Some(async move {
+            match tokio::time::timeout(timeout, task).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err("the server was killed mid-read".to_string()),
                 Err(_) => Err("timed out".to_string()),
             }
         })

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::runner::{self, Report};
-use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults};
+use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults, ReadFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -57,7 +57,7 @@ struct Args {
     list: bool,
     bench_jobs: bool,
     log: bool,
-    /// Run only the given regression switch ("10927", "13416", "8232", "task-leak" or "si-leak").
+    /// Run only the given regression switch ("10927", "13416", "8232", "task-leak", "si-leak" or "stale-read").
     regression_switch: Option<String>,
 }
 
@@ -115,7 +115,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
                     return Err(format!(
-                        "unknown regression switch {which:?}: expected 10927, 13416, 8232, task-leak or si-leak"
+                        "unknown regression switch {which:?}: expected 10927, 13416, 8232, task-leak, si-leak or stale-read"
                     ));
                 }
                 args.regression_switch = Some(which);
@@ -520,6 +520,18 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         &["real_clients_connect"],
         // "no SI token outlives its allocation ..." or "SI tokens alive in Consul are ...".
         "SI token",
+    ),
+    (
+        "stale-read",
+        "consistent reads are served from the answering server's state without the read barrier (issue 19)",
+        || Options {
+            read_faults: ReadFaults {
+                local_consistent_reads: true,
+            },
+            ..Options::default()
+        },
+        &["leader_killed", "lossy_network"],
+        "consistent reads are linearizable",
     ),
 ];
 

@@ -11,6 +11,7 @@ use drover_io_sim::cluster::{ClientSpec, ServerSpec, SimCluster};
 use drover_io_sim::consul::{ConsulMode, SimConsul};
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::DiskProbe;
+use drover_io_sim::invariants::linearizable::{self, Op};
 use drover_io_sim::invariants::{liveness, state_equal};
 use drover_io_sim::trace::{Recorder, Violation};
 use rand::{Rng, SeedableRng};
@@ -187,6 +188,9 @@ struct Workload {
     acked: Arc<Mutex<BTreeMap<String, u64>>>,
     /// Writes acknowledged in the quiet phase.
     quiet_acked: u64,
+    /// Every write and consistent read of the run, for the linearizability check.
+    history: Arc<Mutex<Vec<Op>>>,
+    start: tokio::time::Instant,
 }
 
 async fn play(
@@ -230,6 +234,8 @@ async fn play(
         written: 0,
         acked: Arc::new(Mutex::new(BTreeMap::new())),
         quiet_acked: 0,
+        history: Arc::default(),
+        start,
     };
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
@@ -379,6 +385,7 @@ async fn play(
         check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
         check_state_equal(&cluster, &recorder, leader, deadline).await;
     }
+    check_linearizable(&recorder, &workload);
     let virtual_secs = tokio::time::Instant::now().saturating_duration_since(start).as_secs();
     let result = (recorder.text(), recorder.violations(), virtual_secs);
     *probes.lock().expect("probes lock") = cluster.disk_probes();
@@ -420,6 +427,8 @@ async fn drive_workload(
             real_clients::deregister_attempt(cluster, pick).await;
         }
         let index = workload.rng.gen_range(0..cluster.len());
+        let reader = workload.rng.gen_range(0..cluster.len());
+        let invoked = workload.start.elapsed();
         let Some(write) = cluster.start_write(
             index,
             format!("w/{}", workload.written),
@@ -431,15 +440,47 @@ async fn drive_workload(
         let path = format!("w/{}", workload.written);
         workload.written += 1;
         let acked = workload.acked.clone();
+        let history = workload.history.clone();
+        let start = workload.start;
         let recorder = cluster.recorder().clone();
         let name = cluster.name(index).to_string();
+        let read_via = cluster.name(reader).to_string();
+        // Read back at once, through another random server: its answer must hold the write.
+        let read = {
+            let (path, reader) = (path.clone(), cluster.reader(reader));
+            move || reader.start_read(path, WRITE_TIMEOUT)
+        };
         tokio::spawn(async move {
-            match write.await {
+            let completed = match write.await {
                 Ok(log_index) => {
                     recorder.note(format!("write {path} via {name} acknowledged at index {log_index}"));
-                    acked.lock().expect("acked lock").insert(path, log_index);
+                    acked.lock().expect("acked lock").insert(path.clone(), log_index);
+                    Some(start.elapsed())
                 }
-                Err(error) => recorder.note(format!("write {path} via {name} failed: {error}")),
+                Err(error) => {
+                    recorder.note(format!("write {path} via {name} failed: {error}"));
+                    None
+                }
+            };
+            history.lock().expect("history lock").push(Op::Write {
+                path: path.clone(),
+                invoked,
+                completed,
+            });
+            if completed.is_none() {
+                return;
+            }
+            let Some(read) = read() else { return };
+            let invoked = start.elapsed();
+            match read.await {
+                Ok(present) => history.lock().expect("history lock").push(Op::Read {
+                    path,
+                    server: read_via,
+                    invoked,
+                    completed: start.elapsed(),
+                    present,
+                }),
+                Err(error) => recorder.note(format!("consistent read of {path} via {read_via} failed: {error}")),
             }
         });
     }
@@ -563,6 +604,21 @@ async fn check_one_configuration(
 }
 
 /// Nothing acknowledged is lost: after the quiet phase the leader has every acknowledged write.
+/// The writes and consistent reads of the run form a linearizable history
+/// (`invariants::linearizable`): no read through any server missed a write acknowledged before
+/// it began.
+fn check_linearizable(recorder: &Recorder, workload: &Workload) {
+    let history = workload.history.lock().expect("history lock").clone();
+    let reads = history.iter().filter(|op| matches!(op, Op::Read { .. })).count();
+    recorder.note(format!(
+        "linearizability: {} writes and {reads} consistent reads checked",
+        history.len() - reads
+    ));
+    for violation in linearizable::check(&history) {
+        recorder.violate("consistent reads are linearizable", violation);
+    }
+}
+
 async fn check_acknowledged_writes(cluster: &SimCluster, recorder: &Recorder, workload: &Workload, leader: u64) {
     // Let in-flight writes settle so the acknowledged set is final.
     tokio::time::sleep(WRITE_TIMEOUT).await;

@@ -6,7 +6,9 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports};
+use drover_core::config::{
+    Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports, ReadFaults,
+};
 use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
@@ -32,6 +34,8 @@ pub struct Options {
     pub client_faults: ClientFaults,
     /// Re-create a Connect token defect on every server (regression switch).
     pub connect_faults: ConnectFaults,
+    /// Serve consistent reads without the read barrier on every server (regression switch).
+    pub read_faults: ReadFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -519,6 +523,7 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     }
     config.server.csi_faults = options.csi_faults;
     config.server.connect_faults = options.connect_faults;
+    config.server.read_faults = options.read_faults;
     // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
     config.server.timing.snapshot_threshold = 64;
     config.server.timing.csi_gc = GcConfig {

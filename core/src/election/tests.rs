@@ -33,10 +33,16 @@ fn next_action(
     loop {
         let now = elections.poll_timeout().expect("a timer is armed");
         match elections.handle_timeout(now, rng) {
-            Some(ElectionAction::AskContact) => {
-                if let Some(action) = elections.contact(now, silent(now), rng) {
-                    return (now, action);
+            Some(ElectionAction::AskContact) => match elections.contact(now, silent(now), rng) {
+                // The voters grant the pre-vote.
+                Some(ElectionAction::PreVote) => {
+                    return (now, elections.pre_vote_result(now, true, rng).expect("an election"));
                 }
+                Some(action) => return (now, action),
+                None => {}
+            },
+            Some(ElectionAction::PreVote) => {
+                return (now, elections.pre_vote_result(now, true, rng).expect("an election"));
             }
             Some(action) => return (now, action),
             None => panic!("the timer fired for nothing"),
@@ -135,7 +141,14 @@ fn after_a_split_vote_the_next_round_cannot_collide_in_any_seed() {
             let mut server = Elections::new(at(0), id, timing());
             server.observe(at(0), &view(RaftRole::Follower, 1, None, &voters), &mut rng);
             // Everyone stands at 1 s (no leader known); all are candidates of term 2, no winner.
-            assert_eq!(server.handle_timeout(at(1_000), &mut rng), Some(ElectionAction::Elect));
+            assert_eq!(
+                server.handle_timeout(at(1_000), &mut rng),
+                Some(ElectionAction::PreVote)
+            );
+            assert_eq!(
+                server.pre_vote_result(at(1_000), true, &mut rng),
+                Some(ElectionAction::Elect)
+            );
             let mut candidate = view(RaftRole::Candidate, 2, None, &voters);
             candidate.voted_for = Some(id);
             server.observe(at(1_000), &candidate, &mut rng);
@@ -171,4 +184,59 @@ fn only_a_granted_vote_restarts_the_timer_not_a_passing_term() {
     granted.voted_for = Some(1);
     elections.observe(at(180), &granted, &mut rng);
     assert!(elections.poll_timeout().unwrap() >= at(180) + timing().retry_min);
+}
+
+/// A refused pre-vote moves no term and is asked again after a random pause; a named
+/// successor stands without one.
+#[test]
+fn a_refused_pre_vote_is_asked_again_later_and_a_successor_needs_none() {
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let voters = [1, 2, 3];
+    let mut elections = Elections::new(at(0), 2, timing());
+    elections.observe(at(0), &view(RaftRole::Follower, 3, None, &voters), &mut rng);
+    let due = elections.poll_timeout().unwrap();
+    assert_eq!(elections.handle_timeout(due, &mut rng), Some(ElectionAction::PreVote));
+    assert_eq!(elections.poll_timeout(), None, "nothing else while the pre-vote is out");
+    assert_eq!(elections.pre_vote_result(due, false, &mut rng), None);
+    let again = elections.poll_timeout().unwrap();
+    assert!(again >= due + timing().retry_min && again < due + timing().retry_max);
+    assert_eq!(elections.rounds(), 0, "a refused pre-vote is no election round");
+
+    let mut successor = Elections::new(at(0), 3, timing());
+    successor.observe(at(0), &view(RaftRole::Follower, 3, Some(1), &voters), &mut rng);
+    successor.stand_now(at(500));
+    assert_eq!(
+        successor.handle_timeout(at(500), &mut rng),
+        Some(ElectionAction::AskContact)
+    );
+    let silent = timing().lease + Duration::from_millis(6);
+    assert_eq!(
+        successor.contact(at(500), Some(silent), &mut rng),
+        Some(ElectionAction::Elect)
+    );
+}
+
+/// A pre-vote answered after another candidate won, or after this server voted for another,
+/// starts no election: it would only depose the winner or break the round it joined.
+#[test]
+fn a_late_pre_vote_answer_deposes_no_one() {
+    let voters = [1, 2, 3];
+    for interruption in ["new leader", "vote granted"] {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let mut elections = Elections::new(at(0), 3, timing());
+        elections.observe(at(0), &view(RaftRole::Follower, 2, None, &voters), &mut rng);
+        let due = elections.poll_timeout().unwrap();
+        assert_eq!(elections.handle_timeout(due, &mut rng), Some(ElectionAction::PreVote));
+        let mut meanwhile = match interruption {
+            "new leader" => view(RaftRole::Follower, 3, Some(1), &voters),
+            _ => view(RaftRole::Follower, 3, None, &voters),
+        };
+        meanwhile.voted_for = Some(1);
+        elections.observe(due, &meanwhile, &mut rng);
+        assert_eq!(elections.pre_vote_result(due, true, &mut rng), None, "{interruption}");
+        assert!(
+            elections.poll_timeout().is_some(),
+            "{interruption}: the timer still runs"
+        );
+    }
 }

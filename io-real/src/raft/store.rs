@@ -113,7 +113,7 @@ impl Store {
         self.put_agent(KEY_BOOTSTRAPPED, &true)
     }
 
-    fn last_log_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
+    pub(crate) fn last_log_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
         let txn = self.db.begin_read().map_err(redb_err)?;
         let table = txn.open_table(LOG).map_err(redb_err)?;
         let last = match table.last().map_err(redb_err)? {

@@ -89,6 +89,17 @@ pub struct Service {
     pub http: Arc<std::sync::OnceLock<HttpHandler>>,
     /// When a leader's `AppendEntries` (its heartbeat) last reached this server.
     pub leader_contact: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// A server's Raft store (its last log id answers pre-votes).
+    pub raft_store: Option<crate::raft::store::Store>,
+    /// A pre-vote is refused while the leader was heard within this long.
+    pub pre_vote_quiet: Duration,
+}
+
+/// A Raft pre-vote request: the candidate and its last log id as (term, index).
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
+pub struct PreVoteRequest {
+    pub candidate: u64,
+    pub last_log: Option<(u64, u64)>,
 }
 
 /// An HTTP API request handed from one agent to another.
@@ -309,6 +320,18 @@ impl Service {
                 }
                 Err(response) => response,
             },
+            RequestBody::RaftPreVote(payload) => {
+                let request: PreVoteRequest = match decode(&payload.json) {
+                    Ok(request) => request,
+                    Err(response) => return response,
+                };
+                let granted = self.pre_vote(raft, &request);
+                tracing::debug!(candidate = request.candidate, granted, "pre-vote");
+                AgentResponse {
+                    version: ENVELOPE_VERSION,
+                    body: Some(ResponseBody::RaftPreVote(json_payload(&granted))),
+                }
+            }
             RequestBody::RaftReadIndex(_) => AgentResponse {
                 version: ENVELOPE_VERSION,
                 body: Some(ResponseBody::RaftReadIndex(json_payload(
@@ -441,6 +464,27 @@ impl Service {
             Ok(response) => server_reply(response),
             Err(error) => server_error(format!("forwarding to the leader failed: {error}"), true),
         }
+    }
+
+    /// Raft's pre-vote rule (thesis §9.6): granted when the candidate's log is at least as up
+    /// to date as ours and we have not heard a leader for `pre_vote_quiet` (and are none).
+    fn pre_vote(&self, raft: &Raft, request: &PreVoteRequest) -> bool {
+        let metrics = raft.metrics().borrow().clone();
+        if metrics.state == openraft::ServerState::Leader {
+            return false;
+        }
+        let quiet = self
+            .leader_contact
+            .lock()
+            .expect("contact lock")
+            .is_none_or(|at| at.elapsed() >= self.pre_vote_quiet);
+        if metrics.current_leader.is_some_and(|leader| leader != self.node_id) && !quiet {
+            return false;
+        }
+        let Some(store) = &self.raft_store else { return false };
+        let Ok(mine) = store.last_log_id() else { return false };
+        let mine = mine.map(|log| (log.leader_id.term, log.index));
+        request.last_log >= mine
     }
 
     /// `Node.GetClientAllocs`: from this server's state, else from the configured servers.
@@ -633,6 +677,8 @@ mod tests {
             attached: None,
             http: Arc::default(),
             leader_contact: Arc::default(),
+            raft_store: None,
+            pre_vote_quiet: Duration::from_millis(100),
             server_cursor: Arc::default(),
         }
     }

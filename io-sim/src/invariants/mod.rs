@@ -7,6 +7,7 @@ pub mod csi_call_order;
 pub mod drain_order;
 pub mod elections;
 pub mod leader_per_term;
+pub mod linearizable;
 pub mod liveness;
 pub mod log_matching;
 pub mod no_rebootstrap;
