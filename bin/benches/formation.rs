@@ -11,6 +11,11 @@
 //! - graceful failover: SIGTERM to the (new) leader → both survivors report a new leader (the
 //!   leaving leader hands over first; measured from the signal, so it includes its shutdown).
 //!
+//! Then, on one more cluster: `GET /v1/jobs` latency through the leader and through a
+//! follower, consistent (the default: Raft read barrier) against `?stale` (answered locally),
+//! 500 requests each over a fresh connection; the consistent figure's ratio is against the
+//! stale one of the same server.
+//!
 //! Baseline (measured in the same run): spawn → HTTP API answering, for `agent -dev`. Leaders
 //! are polled every 2 ms.
 
@@ -98,6 +103,40 @@ fn new_leader(agents: &[Agent], gone: usize, old: &str) -> Duration {
     started.elapsed()
 }
 
+/// Consistent against stale read latency, through the leader and through a follower.
+fn read_latency(root: &std::path::Path, baseline: Duration) {
+    let specs = cluster_specs(&root.join("reads"), 3);
+    let agents: Vec<Agent> = (0..3)
+        .map(|index| Agent::start(specs[index].clone(), hcl_args(&specs, index)))
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    let leader = wait_for_every(LIMIT, POLL, || agreed_leader(&refs, 3)).expect("cluster forms");
+    let leader_port = agents.iter().find(|agent| agent.rpc_addr() == leader).unwrap().spec.http;
+    let follower_port = agents.iter().find(|agent| agent.rpc_addr() != leader).unwrap().spec.http;
+    let time = |port: u16, path: &str| -> Vec<Duration> {
+        (0..500)
+            .map(|_| {
+                let started = Instant::now();
+                support::http_get(port, path).expect("the read answers");
+                started.elapsed()
+            })
+            .collect()
+    };
+    // Each consistent figure's ratio is against the stale reads of the same server.
+    for (server, port) in [("the leader", leader_port), ("a follower", follower_port)] {
+        let _ = time(port, "/v1/jobs?stale");
+        let mut stale = time(port, "/v1/jobs?stale");
+        stats(&format!("GET /v1/jobs?stale on {server}"), &mut stale, None);
+        let base = stale[stale.len() / 2];
+        stats(
+            &format!("GET /v1/jobs on {server} (consistent)"),
+            &mut time(port, "/v1/jobs"),
+            Some(base),
+        );
+    }
+    let _ = baseline;
+}
+
 fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(20);
     let root = tempfile::tempdir().unwrap();
@@ -166,6 +205,7 @@ fn main() {
         &mut graceful,
         Some(baseline),
     );
+    read_latency(root.path(), baseline);
     let timing = drover_core::config::ServerTiming::default();
     println!(
         "(Raft heartbeat {:?}, leader lease {:?}; a follower stands after {:?} of silence plus up to {:?})",
