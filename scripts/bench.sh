@@ -4,7 +4,7 @@
 #   scripts/bench.sh [ROUNDS] [SIM_SEEDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-rounds=${1:-5}
+rounds=${1:-20}
 seeds=${2:-200}
 echo "== real processes (cargo bench -p drover --bench formation -- $rounds)"
 cargo bench -p drover --bench formation -- "$rounds"
@@ -23,6 +23,9 @@ cargo bench -p drover --bench logs
 echo
 echo "== client -> server allocation updates under 1,000 task events/s (cargo bench -p drover-core --bench alloc_updates)"
 cargo bench -p drover-core --bench alloc_updates
+echo
+echo "== every job's allocations and evaluations with 6,000 jobs: by-job indexes against a scan (cargo bench -p drover-core --bench state_reads)"
+cargo bench -p drover-core --bench state_reads
 echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler

@@ -111,8 +111,18 @@ fn read_latency(root: &std::path::Path, baseline: Duration) {
         .collect();
     let refs: Vec<&Agent> = agents.iter().collect();
     let leader = wait_for_every(LIMIT, POLL, || agreed_leader(&refs, 3)).expect("cluster forms");
-    let leader_port = agents.iter().find(|agent| agent.rpc_addr() == leader).unwrap().spec.http;
-    let follower_port = agents.iter().find(|agent| agent.rpc_addr() != leader).unwrap().spec.http;
+    let leader_port = agents
+        .iter()
+        .find(|agent| agent.rpc_addr() == leader)
+        .unwrap()
+        .spec
+        .http;
+    let follower_port = agents
+        .iter()
+        .find(|agent| agent.rpc_addr() != leader)
+        .unwrap()
+        .spec
+        .http;
     let time = |port: u16, path: &str| -> Vec<Duration> {
         (0..500)
             .map(|_| {

@@ -82,7 +82,8 @@ impl ServerState {
                     alloc.modify_index = index;
                     alloc.modify_time_ms = at_ms;
                     jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
-                    self.allocs.insert(alloc.id.clone(), alloc.clone());
+                    let old = self.allocs.insert(alloc.id.clone(), alloc.clone());
+                    self.index_alloc(old.as_ref(), &alloc);
                     self.alloc_changed(index, at_ms, &alloc);
                 }
                 self.touch(Table::Allocs, index);
@@ -130,6 +131,7 @@ impl ServerState {
                 let mut jobs = BTreeSet::new();
                 for id in alloc_ids {
                     if let Some(alloc) = self.allocs.remove(id) {
+                        self.unindex_alloc(&alloc);
                         jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
                     }
                 }

@@ -66,6 +66,7 @@ impl ServerState {
             eval.create_time_ms = old.map_or(at_ms, |old| old.create_time_ms);
             eval.modify_index = index;
             eval.modify_time_ms = at_ms;
+            self.index_eval(&eval);
             self.evals.insert(eval.id.clone(), eval);
         }
         self.touch(Table::Evals, index);

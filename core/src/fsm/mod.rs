@@ -242,7 +242,17 @@ pub struct ServerState {
     /// Past versions of each job, by (namespace, id, version); the last `JOB_TRACKED_VERSIONS`.
     job_versions: Shared<BTreeMap<(String, String, u64), Job>>,
     allocs: Shared<BTreeMap<String, Allocation>>,
+    /// Secondary indexes of `allocs`: by (namespace, job id) and by node id. Not in the
+    /// snapshot (derived): rebuilt on restore. Reads by job or node cost what they return,
+    /// not the whole table (issue 19 §4: `GET /v1/jobs` scanned every allocation per job).
+    #[serde(skip)]
+    allocs_by_job: Shared<BTreeMap<(String, String), BTreeSet<String>>>,
+    #[serde(skip)]
+    allocs_by_node: Shared<BTreeMap<String, BTreeSet<String>>>,
     evals: Shared<BTreeMap<String, Evaluation>>,
+    /// Secondary index of `evals` by (namespace, job id); derived, rebuilt on restore.
+    #[serde(skip)]
+    evals_by_job: Shared<BTreeMap<(String, String), BTreeSet<String>>>,
     volumes: Shared<BTreeMap<(String, String), CsiVolume>>,
     /// Secondary index: plugin id → volumes of that plugin.
     volumes_by_plugin: Shared<BTreeMap<String, BTreeSet<(String, String)>>>,
@@ -368,11 +378,55 @@ impl ServerState {
     /// that was purged are created before the present job was, and are not its own.
     pub fn job_allocs<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Allocation> + use<'a> {
         let created = self.job(namespace, job_id).map_or(0, |job| job.create_index);
-        let (namespace, job_id) = (namespace.to_string(), job_id.to_string());
-        self.allocs
-            .values()
-            .filter(move |alloc| alloc.namespace == namespace && alloc.job_id == job_id)
+        self.allocs_by_job
+            .get(&(namespace.to_string(), job_id.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.allocs.get(id))
             .filter(move |alloc| alloc.create_index == 0 || alloc.create_index >= created)
+    }
+
+    /// Puts `alloc` (already in `allocs`) into the secondary indexes, out of those of the
+    /// version it replaces.
+    pub(super) fn index_alloc(&mut self, old: Option<&Allocation>, alloc: &Allocation) {
+        if let Some(old) = old {
+            self.unindex_alloc(old);
+        }
+        self.allocs_by_job
+            .entry((alloc.namespace.clone(), alloc.job_id.clone()))
+            .or_default()
+            .insert(alloc.id.clone());
+        self.allocs_by_node
+            .entry(alloc.node_id.clone())
+            .or_default()
+            .insert(alloc.id.clone());
+    }
+
+    pub(super) fn unindex_alloc(&mut self, alloc: &Allocation) {
+        let job = (alloc.namespace.clone(), alloc.job_id.clone());
+        if let Some(ids) = self.allocs_by_job.get_mut(&job) {
+            ids.remove(&alloc.id);
+            if ids.is_empty() {
+                self.allocs_by_job.remove(&job);
+            }
+        }
+        if let Some(ids) = self.allocs_by_node.get_mut(&alloc.node_id) {
+            ids.remove(&alloc.id);
+            if ids.is_empty() {
+                self.allocs_by_node.remove(&alloc.node_id);
+            }
+        }
+    }
+
+    fn rebuild_indexes(&mut self) {
+        let allocs: Vec<Allocation> = self.allocs.values().cloned().collect();
+        for alloc in &allocs {
+            self.index_alloc(None, alloc);
+        }
+        let evals: Vec<Evaluation> = self.evals.values().cloned().collect();
+        for eval in &evals {
+            self.index_eval(eval);
+        }
     }
 
     /// `Node.GetClientAllocs`: the allocations placed on `node_id` with their jobs, and the
@@ -383,7 +437,13 @@ impl ServerState {
     pub fn node_allocs(&self, node_id: &str) -> (Vec<(Allocation, Job)>, Vec<String>) {
         let mut allocs = Vec::new();
         let mut finished = alloc::collections::BTreeSet::new();
-        for placed in self.allocs.values().filter(|placed| placed.node_id == node_id) {
+        let placed_here = self
+            .allocs_by_node
+            .get(node_id)
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.allocs.get(id));
+        for placed in placed_here {
             if let Some(job) = self.job(&placed.namespace, &placed.job_id) {
                 allocs.push((placed.clone(), job.clone()));
             }
@@ -429,6 +489,22 @@ impl ServerState {
 
     pub fn evals(&self) -> impl Iterator<Item = &Evaluation> {
         self.evals.values()
+    }
+
+    /// The evaluations of the job `namespace`/`job_id`, by id.
+    pub fn job_evals<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Evaluation> + use<'a> {
+        self.evals_by_job
+            .get(&(namespace.to_string(), job_id.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(|id| self.evals.get(id))
+    }
+
+    pub(super) fn index_eval(&mut self, eval: &Evaluation) {
+        self.evals_by_job
+            .entry((eval.namespace.clone(), eval.job_id.clone()))
+            .or_default()
+            .insert(eval.id.clone());
     }
 
     pub fn plugin(&self, id: &str) -> Option<&CsiPlugin> {
@@ -481,7 +557,9 @@ impl ServerState {
     }
 
     pub fn restore(data: &[u8]) -> Result<Self, SnapshotError> {
-        crate::codec::decode(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
+        let mut state: Self = crate::codec::decode(data).map_err(|error| SnapshotError(alloc::format!("{error}")))?;
+        state.rebuild_indexes();
+        Ok(state)
     }
 }
 
@@ -546,6 +624,96 @@ mod tests {
         let restored = ServerState::restore(&state.snapshot()).unwrap();
         assert_eq!(restored, state);
         assert!(ServerState::restore(b"\xff\xff").is_err());
+    }
+
+    /// The by-job and by-node indexes answer what a scan of the tables would, after upserts
+    /// that move an allocation, deletes, and a snapshot restore (which rebuilds them).
+    #[test]
+    fn alloc_and_eval_indexes_match_a_scan_and_survive_a_restore() {
+        let alloc = |id: &str, job: &str, node: &str| Allocation {
+            id: id.into(),
+            namespace: "default".into(),
+            job_id: job.into(),
+            node_id: node.into(),
+            ..Allocation::default()
+        };
+        let eval = |id: &str, job: &str| Evaluation {
+            id: id.into(),
+            namespace: "default".into(),
+            job_id: job.into(),
+            ..Evaluation::default()
+        };
+        let mut state = ServerState::default();
+        let upsert = |allocs: Vec<Allocation>| Command::AllocUpsert { allocs };
+        state.apply(
+            1,
+            &entry(
+                1,
+                upsert(vec![
+                    alloc("a1", "web", "n1"),
+                    alloc("a2", "web", "n2"),
+                    alloc("a3", "db", "n1"),
+                ]),
+            ),
+        );
+        // a2 moves to another node (never done by the scheduler, but the index must follow).
+        state.apply(2, &entry(2, upsert(vec![alloc("a2", "web", "n3")])));
+        state.apply(
+            3,
+            &entry(
+                3,
+                Command::AllocDelete {
+                    alloc_ids: vec!["a3".into()],
+                },
+            ),
+        );
+        state.apply(
+            4,
+            &entry(
+                4,
+                Command::EvalUpsert {
+                    evals: vec![eval("e1", "web"), eval("e2", "db"), eval("e3", "web")],
+                },
+            ),
+        );
+        let check = |state: &ServerState| {
+            for job in ["web", "db", "none"] {
+                let indexed: Vec<&str> = state.job_allocs("default", job).map(|a| a.id.as_str()).collect();
+                let scanned: Vec<&str> = state
+                    .allocs()
+                    .filter(|a| a.job_id == job)
+                    .map(|a| a.id.as_str())
+                    .collect();
+                assert_eq!(indexed, scanned, "allocations of {job}");
+                let indexed: Vec<&str> = state.job_evals("default", job).map(|e| e.id.as_str()).collect();
+                let scanned: Vec<&str> = state
+                    .evals()
+                    .filter(|e| e.job_id == job)
+                    .map(|e| e.id.as_str())
+                    .collect();
+                assert_eq!(indexed, scanned, "evaluations of {job}");
+            }
+            for node in ["n1", "n2", "n3"] {
+                let indexed: Vec<String> = state.node_allocs(node).0.into_iter().map(|(a, _)| a.id).collect();
+                let scanned: Vec<String> = state
+                    .allocs()
+                    .filter(|a| a.node_id == node)
+                    .map(|a| a.id.clone())
+                    .collect();
+                // node_allocs lists only allocations whose job exists; none do here.
+                assert!(indexed.is_empty() || indexed == scanned, "allocations on {node}");
+            }
+            assert_eq!(state.allocs_by_node.get("n2"), None, "a2 left n2");
+            assert_eq!(state.allocs_by_node.get("n3").map(|ids| ids.len()), Some(1));
+            assert_eq!(
+                state.allocs_by_job.get(&("default".to_string(), "db".to_string())),
+                None
+            );
+        };
+        check(&state);
+        let restored = ServerState::restore(&state.snapshot()).unwrap();
+        check(&restored);
+        assert_eq!(restored, state);
     }
 
     #[test]

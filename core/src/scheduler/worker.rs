@@ -214,12 +214,10 @@ impl Worker {
         let mut evals = plan.evals;
         let keep: BTreeSet<String> = evals.iter().map(|eval| eval.id.clone()).collect();
         // One blocked evaluation per job: the older ones are superseded.
-        for older in state.evals().filter(|other| {
-            other.status == EVAL_BLOCKED
-                && other.namespace == eval.namespace
-                && other.job_id == eval.job_id
-                && !keep.contains(&other.id)
-        }) {
+        for older in state
+            .job_evals(&eval.namespace, &eval.job_id)
+            .filter(|other| other.status == EVAL_BLOCKED && !keep.contains(&other.id))
+        {
             let mut canceled = older.clone();
             canceled.status = EVAL_CANCELED.into();
             canceled.status_description = format!("superseded by evaluation {}", eval.id);

@@ -35,8 +35,8 @@ fn summary(state: &ServerState, job: &Job) -> Value {
             let mine: Vec<&&Allocation> = allocs.iter().filter(|alloc| alloc.task_group == group.name).collect();
             let count = |status: ClientStatus| mine.iter().filter(|alloc| alloc.client_status == status).count();
             let queued: u32 = state
-                .evals()
-                .filter(|eval| eval.job_id == job.id && eval.namespace == job.namespace && eval.status == "blocked")
+                .job_evals(&job.namespace, &job.id)
+                .filter(|eval| eval.status == "blocked")
                 .filter_map(|eval| eval.queued_allocations.get(&group.name))
                 .sum();
             (
@@ -334,13 +334,7 @@ pub async fn job_evaluations(
     let index = block_on_table(&handle, Table::Evals, &options).await?;
     let namespace = namespace(&options);
     let list: Vec<Value> = handle
-        .read_state(|state| {
-            state
-                .evals()
-                .filter(|e| e.namespace == namespace && e.job_id == id)
-                .map(eval)
-                .collect()
-        })
+        .read_state(|state| state.job_evals(&namespace, &id).map(eval).collect())
         .unwrap_or_default();
     Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
 }
