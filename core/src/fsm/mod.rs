@@ -227,7 +227,11 @@ pub enum Table {
 
 /// Cloning is cheap (the tables are [`Shared`]): a reader clones the state and lets go of any
 /// lock before a long read such as encoding a snapshot.
+///
+/// Deserialised through [`StateRecord`], which rebuilds the derived indexes: a state read from
+/// anywhere (a snapshot body, a restore) can never come back with them empty.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StateRecord")]
 pub struct ServerState {
     last_applied: Option<u64>,
     /// The proposer's clock stamp of the last applied entry: the cluster's notion of "now"
@@ -260,6 +264,52 @@ pub struct ServerState {
     /// Consul service identity token accessors by accessor id.
     #[serde(default)]
     si_accessors: Shared<BTreeMap<String, crate::connect::SiTokenAccessor>>,
+}
+
+/// The stored fields of [`ServerState`], in its order (its serialised form).
+#[derive(Deserialize)]
+struct StateRecord {
+    last_applied: Option<u64>,
+    last_applied_time_ms: u64,
+    cluster: Option<ClusterMeta>,
+    leader_terms: u64,
+    variables: Shared<BTreeMap<String, Variable>>,
+    table_index: BTreeMap<Table, u64>,
+    nodes: Shared<BTreeMap<String, Node>>,
+    jobs: Shared<BTreeMap<(String, String), Job>>,
+    job_versions: Shared<BTreeMap<(String, String, u64), Job>>,
+    allocs: Shared<BTreeMap<String, Allocation>>,
+    evals: Shared<BTreeMap<String, Evaluation>>,
+    volumes: Shared<BTreeMap<(String, String), CsiVolume>>,
+    volumes_by_plugin: Shared<BTreeMap<String, BTreeSet<(String, String)>>>,
+    plugins: Shared<BTreeMap<String, CsiPlugin>>,
+    #[serde(default)]
+    si_accessors: Shared<BTreeMap<String, crate::connect::SiTokenAccessor>>,
+}
+
+impl From<StateRecord> for ServerState {
+    fn from(record: StateRecord) -> Self {
+        let mut state = ServerState {
+            last_applied: record.last_applied,
+            last_applied_time_ms: record.last_applied_time_ms,
+            cluster: record.cluster,
+            leader_terms: record.leader_terms,
+            variables: record.variables,
+            table_index: record.table_index,
+            nodes: record.nodes,
+            jobs: record.jobs,
+            job_versions: record.job_versions,
+            allocs: record.allocs,
+            evals: record.evals,
+            volumes: record.volumes,
+            volumes_by_plugin: record.volumes_by_plugin,
+            plugins: record.plugins,
+            si_accessors: record.si_accessors,
+            ..ServerState::default()
+        };
+        state.rebuild_indexes();
+        state
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -714,6 +764,15 @@ mod tests {
         let restored = ServerState::restore(&state.snapshot()).unwrap();
         check(&restored);
         assert_eq!(restored, state);
+        // Inside another record too (a snapshot body holds the state as a field): the
+        // indexes come back with it (csi_leader_failover seed 19 found them empty).
+        #[derive(Serialize, Deserialize)]
+        struct Body {
+            state: ServerState,
+        }
+        let body: Body = crate::codec::decode(&crate::codec::encode(&Body { state: state.clone() })).unwrap();
+        check(&body.state);
+        assert_eq!(body.state, state);
     }
 
     #[test]
