@@ -227,3 +227,66 @@ fn the_cli_runs_inspects_and_stops_jobs() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("unsupported key \"colour\""), "{out}");
 }
+
+/// Lists page as Nomad's do: `per_page` items, `X-Nomad-NextToken` naming the first item of
+/// the next page, absent on the last; following the tokens yields every item once, in order.
+#[test]
+fn job_and_evaluation_lists_page_with_next_tokens() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let agent = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || get(port, "/v1/jobs"))
+        .unwrap_or_else(|| panic!("the server answers:\n{}", agent.log()));
+    for n in 0..5 {
+        let job = json!({"Job": {
+            "ID": format!("batch-{n}"),
+            "Type": "batch",
+            "Datacenters": ["dc1"],
+            "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/true"}}]}],
+        }});
+        http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");
+    }
+    let walk = |list: &str| -> (Vec<Vec<String>>, Vec<String>) {
+        let (mut pages, mut tokens, mut token) = (Vec::new(), Vec::new(), String::new());
+        loop {
+            let url = format!("http://127.0.0.1:{port}{list}?per_page=2&next_token={token}");
+            let response = ureq::get(&url).call().unwrap();
+            let next = response.header("X-Nomad-NextToken").map(String::from);
+            let body: Value = response.into_json().unwrap();
+            pages.push(
+                body.as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|item| item["ID"].as_str().unwrap().to_string())
+                    .collect(),
+            );
+            match next {
+                Some(next) => {
+                    tokens.push(next.clone());
+                    token = next;
+                }
+                None => return (pages, tokens),
+            }
+        }
+    };
+    let (pages, tokens) = walk("/v1/jobs");
+    assert_eq!(
+        pages,
+        vec![vec!["batch-0", "batch-1"], vec!["batch-2", "batch-3"], vec!["batch-4"]],
+        "job pages"
+    );
+    assert_eq!(tokens, vec!["batch-2", "batch-4"]);
+    // Each job has its registration evaluation and, with no client to place on, a blocked one.
+    let unpaged: Vec<String> = get(port, "/v1/evaluations")
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|eval| eval["ID"].as_str().unwrap().to_string())
+        .collect();
+    let (pages, _) = walk("/v1/evaluations");
+    assert!(pages.iter().all(|page| page.len() <= 2), "evaluation pages: {pages:?}");
+    assert_eq!(pages.len(), unpaged.len().div_ceil(2), "evaluation pages: {pages:?}");
+    assert_eq!(pages.concat(), unpaged, "every evaluation once, in ID order");
+}

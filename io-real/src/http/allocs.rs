@@ -17,9 +17,9 @@ pub async fn list_allocations(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Allocs, &options).await?;
-    let list: Vec<Value> = handle
+    let (list, next): (Vec<Value>, Option<String>) = handle
         .read_state(|state| {
-            state
+            let matching = state
                 .allocs()
                 .filter(|alloc| {
                     options
@@ -27,11 +27,18 @@ pub async fn list_allocations(
                         .as_ref()
                         .is_none_or(|prefix| alloc.id.starts_with(prefix))
                 })
+                .map(|alloc| (alloc.id.clone(), alloc));
+            let (allocs, next) = super::page::page(matching, &options);
+            let list = allocs
+                .into_iter()
                 .map(|alloc| render::alloc_stub(alloc, state))
-                .collect()
+                .collect();
+            (list, next)
         })
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_allocation(

@@ -205,9 +205,10 @@ pub async fn list_jobs(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Jobs, &options).await?;
-    let list: Vec<Value> = handle
+    let every_namespace = options.namespace.as_deref() == Some("*");
+    let (list, next): (Vec<Value>, Option<String>) = handle
         .read_state(|state| {
-            state
+            let matching = state
                 .jobs()
                 .filter(|job| {
                     options
@@ -216,11 +217,21 @@ pub async fn list_jobs(
                         .is_none_or(|ns| *ns == "*" || *ns == job.namespace)
                 })
                 .filter(|job| options.prefix.as_ref().is_none_or(|prefix| job.id.starts_with(prefix)))
-                .map(|job| job_stub(state, job))
-                .collect()
+                .map(|job| {
+                    let token = if every_namespace {
+                        format!("{}.{}", job.namespace, job.id)
+                    } else {
+                        job.id.clone()
+                    };
+                    (token, job)
+                });
+            let (jobs, next) = super::page::page(matching, &options);
+            (jobs.into_iter().map(|job| job_stub(state, job)).collect(), next)
         })
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_job(
@@ -371,16 +382,19 @@ pub async fn list_evaluations(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Evals, &options).await?;
-    let list: Vec<Value> = handle
+    let (list, next): (Vec<Value>, Option<String>) = handle
         .read_state(|state| {
-            state
+            let matching = state
                 .evals()
                 .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
-                .map(eval)
-                .collect()
+                .map(|e| (e.id.clone(), e));
+            let (evals, next) = super::page::page(matching, &options);
+            (evals.into_iter().map(eval).collect(), next)
         })
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_evaluation(

@@ -13,6 +13,7 @@ mod exec;
 mod forward;
 mod fs;
 mod nodes;
+mod page;
 mod reads;
 mod render;
 
@@ -356,6 +357,9 @@ struct QueryOptions {
     node: Option<String>,
     force: Option<bool>,
     all: Option<String>,
+    /// Pagination (`page.rs`).
+    per_page: Option<String>,
+    next_token: Option<String>,
 }
 
 /// A query boolean as Go's `strconv.ParseBool` reads it, which Nomad's handlers use.

@@ -1,0 +1,71 @@
+//! Nomad's list pagination: `?per_page=N` returns at most N items, `?next_token=T` starts at
+//! the first item whose token is not below T, and the response's `X-Nomad-NextToken` header
+//! names the first item of the next page (absent on the last page). Items are listed in
+//! token order (a job's token is its ID, or `namespace.ID` when listing every namespace; an
+//! allocation's or evaluation's its ID). Like Nomad, a `per_page` that is no number is
+//! ignored.
+
+use axum::http::{HeaderMap, HeaderValue};
+
+use super::QueryOptions;
+
+/// The page of `items` (in token order) that `options` asks for, and the next page's token.
+pub fn page<T>(items: impl Iterator<Item = (String, T)>, options: &QueryOptions) -> (Vec<T>, Option<String>) {
+    let per_page = options
+        .per_page
+        .as_deref()
+        .and_then(|text| text.parse::<u32>().ok())
+        .filter(|n| *n > 0)
+        .map(|n| n as usize);
+    let start = options.next_token.as_deref().unwrap_or("");
+    let mut items = items.skip_while(|(token, _)| token.as_str() < start).peekable();
+    let mut page = Vec::new();
+    while per_page.is_none_or(|limit| page.len() < limit) {
+        match items.next() {
+            Some((_, item)) => page.push(item),
+            None => break,
+        }
+    }
+    let next = items.peek().map(|(token, _)| token.clone());
+    (page, next)
+}
+
+/// Adds `X-Nomad-NextToken` when there is a next page.
+pub fn next_token_header(headers: &mut HeaderMap, next: Option<String>) {
+    if let Some(value) = next.and_then(|next| HeaderValue::try_from(next).ok()) {
+        headers.insert("X-Nomad-NextToken", value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn options(per_page: Option<&str>, next_token: Option<&str>) -> QueryOptions {
+        QueryOptions {
+            per_page: per_page.map(String::from),
+            next_token: next_token.map(String::from),
+            ..QueryOptions::default()
+        }
+    }
+
+    fn items() -> impl Iterator<Item = (String, u32)> {
+        (1..=5).map(|n| (format!("id-{n}"), n))
+    }
+
+    #[test]
+    fn pages_walk_the_list_in_token_order() {
+        assert_eq!(
+            page(items(), &options(Some("2"), None)),
+            (vec![1, 2], Some("id-3".into()))
+        );
+        assert_eq!(
+            page(items(), &options(Some("2"), Some("id-3"))),
+            (vec![3, 4], Some("id-5".into()))
+        );
+        assert_eq!(page(items(), &options(Some("2"), Some("id-5"))), (vec![5], None));
+        // A token between items starts at the next one; none or a bad per_page lists all.
+        assert_eq!(page(items(), &options(None, Some("id-35"))), (vec![4, 5], None));
+        assert_eq!(page(items(), &options(Some("x"), None)).0.len(), 5);
+    }
+}
