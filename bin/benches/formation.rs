@@ -14,7 +14,8 @@
 //! Then, on one more cluster: `GET /v1/jobs` latency through the leader and through a
 //! follower, consistent (the default: Raft read barrier) against `?stale` (answered locally),
 //! 500 requests each over a fresh connection; the consistent figure's ratio is against the
-//! stale one of the same server.
+//! stale one of the same server. Last, the resident memory of an idle `agent -dev` 30 s after
+//! it started.
 //!
 //! Baseline (measured in the same run): spawn → HTTP API answering, for `agent -dev`. Leaders
 //! are polled every 2 ms.
@@ -147,6 +148,30 @@ fn read_latency(root: &std::path::Path, baseline: Duration) {
     let _ = baseline;
 }
 
+/// Resident memory of an idle `agent -dev` 30 s after it started (issue 19 §5: goal 12 MB),
+/// split into anonymous memory and file-backed pages (mostly the agent's own code).
+fn idle_memory(root: &std::path::Path) {
+    let (agent, _) = dev_agent(root, 99);
+    wait_for_every(LIMIT, POLL, || agent.leader()).expect("dev agent leads");
+    std::thread::sleep(Duration::from_secs(30));
+    let pid = agent.pid().expect("running");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|line| line.starts_with(name))
+            .and_then(|line| line.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<f64>().ok())
+            .map_or(f64::NAN, |kb| kb / 1024.0)
+    };
+    println!(
+        "idle agent -dev RSS 30 s after start: {:.1} MB (anonymous {:.1} MB, file {:.1} MB)",
+        field("VmRSS:"),
+        field("RssAnon:"),
+        field("RssFile:")
+    );
+}
+
 fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(20);
     let root = tempfile::tempdir().unwrap();
@@ -216,6 +241,7 @@ fn main() {
         Some(baseline),
     );
     read_latency(root.path(), baseline);
+    idle_memory(root.path());
     let timing = drover_core::config::ServerTiming::default();
     println!(
         "(Raft heartbeat {:?}, leader lease {:?}; a follower stands after {:?} of silence plus up to {:?})",

@@ -128,6 +128,11 @@ impl Agent {
         }
     }
 
+    /// The agent process's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Sends `signal` to the agent process and returns at once.
     pub fn signal(&self, signal: i32) {
         if let Some(child) = &self.child {
