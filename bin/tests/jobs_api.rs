@@ -289,4 +289,31 @@ fn job_and_evaluation_lists_page_with_next_tokens() {
     assert!(pages.iter().all(|page| page.len() <= 2), "evaluation pages: {pages:?}");
     assert_eq!(pages.len(), unpaged.len().div_ceil(2), "evaluation pages: {pages:?}");
     assert_eq!(pages.concat(), unpaged, "every evaluation once, in ID order");
+
+    // Variables page by path, nodes by ID (none here: the header is absent, the page empty).
+    for path in ["p/a", "p/b", "p/c"] {
+        http("PUT", port, &format!("/v1/var/{path}"), Some(r#"{"Items":{"k":"v"}}"#)).expect("written");
+    }
+    let first = ureq::get(&format!("http://127.0.0.1:{port}/v1/vars?per_page=2"))
+        .call()
+        .unwrap();
+    assert_eq!(first.header("X-Nomad-NextToken"), Some("p/c"));
+    let paths: Vec<String> = first
+        .into_json::<Value>()
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["Path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, vec!["p/a", "p/b"]);
+    let last = ureq::get(&format!("http://127.0.0.1:{port}/v1/vars?per_page=2&next_token=p/c"))
+        .call()
+        .unwrap();
+    assert_eq!(last.header("X-Nomad-NextToken"), None);
+    assert_eq!(last.into_json::<Value>().unwrap().as_array().unwrap().len(), 1);
+    let nodes = ureq::get(&format!("http://127.0.0.1:{port}/v1/nodes?per_page=1"))
+        .call()
+        .unwrap();
+    assert_eq!(nodes.header("X-Nomad-NextToken"), None);
 }

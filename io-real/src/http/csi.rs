@@ -394,16 +394,19 @@ pub async fn list_nodes(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Nodes, &options).await?;
-    let list: Vec<Value> = handle
+    let (list, next): (Vec<Value>, Option<String>) = handle
         .read_state(|state| {
-            state
+            let matching = state
                 .nodes()
                 .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
-                .map(render::node_stub)
-                .collect()
+                .map(|node| (node.id.clone(), node));
+            let (nodes, next) = super::page::page(matching, &options);
+            (nodes.into_iter().map(render::node_stub).collect(), next)
         })
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_node(

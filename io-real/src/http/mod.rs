@@ -434,10 +434,12 @@ async fn list_variables(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Variables, &options).await?;
-    let list: Vec<Value> = handle
+    let (list, next): (Vec<Value>, Option<String>) = handle
         .read_state(|state| {
-            state
-                .variables()
+            let matching = state.variables().map(|variable| (variable.path.clone(), variable));
+            let (variables, next) = page::page(matching, &options);
+            let list = variables
+                .into_iter()
                 .map(|variable| {
                     json!({
                         "Namespace": "default",
@@ -446,10 +448,13 @@ async fn list_variables(
                         "ModifyIndex": variable.modify_index,
                     })
                 })
-                .collect()
+                .collect();
+            (list, next)
         })
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(list)))
+    let mut headers = query_headers(&handle, index);
+    page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(list)))
 }
 
 async fn get_variable(

@@ -2,8 +2,8 @@
 //! the first item whose token is not below T, and the response's `X-Nomad-NextToken` header
 //! names the first item of the next page (absent on the last page). Items are listed in
 //! token order (a job's token is its ID, or `namespace.ID` when listing every namespace; an
-//! allocation's or evaluation's its ID). Like Nomad, a `per_page` that is no number is
-//! ignored.
+//! allocation's, evaluation's or node's its ID; a variable's its path). Like Nomad, a
+//! `per_page` that is no number is ignored.
 
 use axum::http::{HeaderMap, HeaderValue};
 
