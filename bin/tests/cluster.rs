@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use support::{Agent, agreed_leader, cluster_specs, http, server_args, wait_for};
+use support::{Agent, agreed_leader, cluster_specs, http, http_status, server_args, wait_for};
 
 const FORMATION_LIMIT: Duration = Duration::from_secs(60);
 
@@ -180,13 +180,7 @@ fn reads_are_consistent_unless_stale_and_refused_without_a_leader() {
     let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("the cluster forms");
     let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader_index).collect();
-    let get = |port: u16, path: &str| -> (u16, String) {
-        match ureq::get(&format!("http://127.0.0.1:{port}{path}")).call() {
-            Ok(response) => (response.status(), response.into_string().unwrap()),
-            Err(ureq::Error::Status(code, response)) => (code, response.into_string().unwrap()),
-            Err(error) => panic!("GET {path}: {error}"),
-        }
-    };
+    let get = |port: u16, path: &str| http_status("GET", port, path, None).unwrap_or_else(|| panic!("GET {path}"));
 
     let (code, body) = get(specs[0].http, "/v1/jobs?stale=maybe");
     assert_eq!(code, 400, "{body}");

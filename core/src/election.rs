@@ -165,7 +165,7 @@ impl Elections {
                     self.pre_voting = false;
                 }
                 if granted || self.next_at.is_none() {
-                    self.next_at = Some(now + self.retry_wait(rng));
+                    self.next_at = Some(now + self.retry_wait(rng, self.rounds > 0));
                 }
             }
         }
@@ -255,9 +255,7 @@ impl Elections {
         if granted {
             return Some(self.elect(now, rng));
         }
-        let rounds = core::mem::take(&mut self.rounds);
-        self.next_at = Some(now + self.retry_wait(rng));
-        self.rounds = rounds;
+        self.next_at = Some(now + self.retry_wait(rng, false));
         None
     }
 
@@ -270,7 +268,7 @@ impl Elections {
                 "no leader yet; standing again"
             );
         }
-        self.next_at = Some(now + self.retry_wait(rng));
+        self.next_at = Some(now + self.retry_wait(rng, self.rounds > 0));
         ElectionAction::Elect
     }
 
@@ -284,16 +282,17 @@ impl Elections {
     }
 
     /// The pause before the next candidacy while no leader is known. Before this server stood
-    /// (it granted its vote, or just started), a random pause in `[retry_min, retry_max)`.
+    /// (it granted its vote, or just started) or after a refused pre-vote (`in_turns` false), a
+    /// random pause in `[retry_min, retry_max)`.
     /// After a candidacy of its own that elected no one — most likely a split vote — the
     /// voters take turns by id: slot `rank`, a lease wide, a third of a lease apart, so the
     /// next round cannot collide again and a split vote ends in the round after it.
-    fn retry_wait(&self, rng: &mut ChaCha8Rng) -> Duration {
+    fn retry_wait(&self, rng: &mut ChaCha8Rng, in_turns: bool) -> Duration {
         let (min, max) = (
             self.timing.retry_min.as_millis() as u64,
             self.timing.retry_max.as_millis() as u64,
         );
-        if self.rounds == 0 {
+        if !in_turns {
             return Duration::from_millis(if max > min { rng.random_range(min..max) } else { min });
         }
         let slot = (self.timing.lease.as_millis() as u64).max(1);

@@ -346,15 +346,12 @@ impl AgentHandle {
         let Some((id, addr)) = successor else { return };
         let Ok(addr) = addr.parse::<SocketAddr>() else { return };
         raft.runtime_config().heartbeat(false);
-        let envelope = AgentRequest {
-            attached_node: String::new(),
-            region: self.inner.config.region.clone(),
-            forwarded: false,
-            version: crate::service::ENVELOPE_VERSION,
-            body: Some(RequestBody::RaftStand(drover_proto::agent::v1::JsonPayload {
+        let envelope = crate::service::envelope(
+            &self.inner.config.region,
+            RequestBody::RaftStand(drover_proto::agent::v1::JsonPayload {
                 json: serde_json::to_vec(&self.inner.node_id).expect("an id serializes"),
-            })),
-        };
+            }),
+        );
         match (self.inner.service.forward)(addr, envelope, Duration::from_secs(1)).await {
             Ok(_) => tracing::info!(successor = id, %addr, "leaving: named a successor and stopped heartbeats"),
             Err(error) => tracing::warn!(successor = id, %addr, %error, "leaving: could not name a successor"),
@@ -1051,15 +1048,10 @@ async fn pre_vote<T: Transport>(
         .iter()
         .filter_map(|addr| addr.parse::<SocketAddr>().ok())
         .map(|addr| {
-            let envelope = AgentRequest {
-                attached_node: String::new(),
-                region: region.clone(),
-                forwarded: false,
-                version: crate::service::ENVELOPE_VERSION,
-                body: Some(RequestBody::RaftPreVote(drover_proto::agent::v1::JsonPayload {
-                    json: json.clone(),
-                })),
-            };
+            let envelope = crate::service::envelope(
+                &region,
+                RequestBody::RaftPreVote(drover_proto::agent::v1::JsonPayload { json: json.clone() }),
+            );
             let transport = transport.clone();
             async move {
                 match transport.call(addr, envelope, PRE_VOTE_TIMEOUT).await {

@@ -305,7 +305,11 @@ impl From<StateRecord> for ServerState {
             volumes_by_plugin: record.volumes_by_plugin,
             plugins: record.plugins,
             si_accessors: record.si_accessors,
-            ..ServerState::default()
+            // Derived: rebuilt below. Every other field is listed, so a stored field added to
+            // ServerState and forgotten here fails to compile instead of being lost on restore.
+            allocs_by_job: Shared::default(),
+            allocs_by_node: Shared::default(),
+            evals_by_job: Shared::default(),
         };
         state.rebuild_indexes();
         state

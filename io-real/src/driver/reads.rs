@@ -7,9 +7,9 @@
 
 use std::time::Duration;
 
+use drover_proto::agent::v1::JsonPayload;
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;
-use drover_proto::agent::v1::{AgentRequest, JsonPayload};
 
 use super::AgentHandle;
 
@@ -52,13 +52,10 @@ impl AgentHandle {
     }
 
     async fn ask_read_index(&self, addr: std::net::SocketAddr) -> Result<u64, ReadError> {
-        let envelope = AgentRequest {
-            attached_node: String::new(),
-            region: self.inner.config.region.clone(),
-            forwarded: false,
-            version: crate::service::ENVELOPE_VERSION,
-            body: Some(RequestBody::RaftReadIndex(JsonPayload { json: b"null".to_vec() })),
-        };
+        let envelope = crate::service::envelope(
+            &self.inner.config.region,
+            RequestBody::RaftReadIndex(JsonPayload { json: b"null".to_vec() }),
+        );
         let response = (self.inner.service.forward)(addr, envelope, READ_BARRIER_TIMEOUT)
             .await
             .map_err(|_| ReadError::NoLeader)?;

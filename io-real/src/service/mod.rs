@@ -182,11 +182,19 @@ fn server_error(message: impl Into<String>, retryable: bool) -> ServerReply {
 /// Builds the envelope for a server request.
 pub fn server_envelope(region: &str, request: &ServerRequest, forwarded: bool) -> AgentRequest {
     AgentRequest {
+        forwarded,
+        ..envelope(region, RequestBody::Server(json_payload(request)))
+    }
+}
+
+/// An envelope of this build's version carrying `body`, not forwarded, for no attached node.
+pub fn envelope(region: &str, body: RequestBody) -> AgentRequest {
+    AgentRequest {
         attached_node: String::new(),
         region: region.to_string(),
-        forwarded,
+        forwarded: false,
         version: ENVELOPE_VERSION,
-        body: Some(RequestBody::Server(json_payload(request))),
+        body: Some(body),
     }
 }
 
