@@ -86,11 +86,6 @@ fn unreachable_client(root: &Path, server_rpc: u16) -> Agent {
     Agent::start(spec, args)
 }
 
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
 #[test]
 fn an_operator_sees_an_allocations_tasks_and_stops_it() {
     let root = tempfile::tempdir().unwrap();
@@ -156,7 +151,7 @@ fn an_operator_sees_an_allocations_tasks_and_stops_it() {
     .unwrap_or_else(|| panic!("the stopped allocation completes:\n{}", agent.log()));
     assert_eq!(old["DesiredStatus"], "stop");
     assert_eq!(old["DesiredDescription"], "alloc is being migrated");
-    assert!(!alive(pid), "the stopped task's process {pid} is gone");
+    assert!(!support::running(pid), "the stopped task's process {pid} is gone");
     let missing = cli(port, &["alloc", "stop", "ffffffff"]);
     assert!(!missing.status.success());
     assert!(

@@ -14,11 +14,6 @@ use drover_core::rpc::ServerRequest;
 use drover_core::structs::{Allocation, ConfigValue, DesiredStatus, Job, JobType, Task, TaskGroup};
 use support::{Agent, cluster_specs, server_args, submit as request, wait_for};
 
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
 fn starts(file: &Path) -> Vec<i32> {
     std::fs::read_to_string(file)
         .unwrap_or_default()
@@ -85,12 +80,12 @@ fn a_restarted_agent_reattaches_to_its_running_task() {
         },
     );
     let pid = wait_for(Duration::from_secs(30), || starts(&marker).first().copied()).expect("the task starts");
-    assert!(alive(pid));
+    assert!(support::running(pid));
 
     // kill -9 the agent: the task lives on in its own session.
     agent.kill();
     std::thread::sleep(Duration::from_millis(300));
-    assert!(alive(pid), "the task outlives its agent");
+    assert!(support::running(pid), "the task outlives its agent");
     agent.restart();
     wait_for(Duration::from_secs(30), || agent.leader()).expect("a leader after the restart");
     // Give the restored client time to reattach (and, if it were broken, to start a copy: a
@@ -102,12 +97,12 @@ fn a_restarted_agent_reattaches_to_its_running_task() {
         "reattached, not started again:\n{}",
         agent.log()
     );
-    assert!(alive(pid));
+    assert!(support::running(pid));
 
     // The restarted client still controls it.
     let mut stopped = alloc;
     stopped.desired_status = DesiredStatus::Stop;
     request(rpc, ServerRequest::AllocUpsert { allocs: vec![stopped] });
-    wait_for(Duration::from_secs(30), || (!alive(pid)).then_some(())).expect("the task is stopped");
+    wait_for(Duration::from_secs(30), || (!support::running(pid)).then_some(())).expect("the task is stopped");
     assert_eq!(starts(&marker), [pid]);
 }

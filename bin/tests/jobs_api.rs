@@ -11,11 +11,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::{Agent, cluster_specs, http, http_status, server_args, wait_for};
 
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
 fn pids(file: &Path) -> Vec<i32> {
     std::fs::read_to_string(file)
         .unwrap_or_default()
@@ -110,7 +105,7 @@ fn register_update_refuse_and_purge_a_job_over_http() {
         assert_eq!(full["Metrics"]["NodesEvaluated"], 1);
     }
     wait_for(Duration::from_secs(30), || {
-        old_pids.iter().all(|pid| !alive(*pid)).then_some(())
+        old_pids.iter().all(|pid| !support::running(*pid)).then_some(())
     })
     .expect("the old tasks are stopped");
     let stored = get(port, "/v1/job/web").unwrap();
@@ -147,7 +142,7 @@ fn register_update_refuse_and_purge_a_job_over_http() {
         .collect();
     assert_eq!(new_pids.len(), 2);
     wait_for(Duration::from_secs(30), || {
-        new_pids.iter().all(|pid| !alive(*pid)).then_some(())
+        new_pids.iter().all(|pid| !support::running(*pid)).then_some(())
     })
     .unwrap_or_else(|| panic!("purging stops the tasks:\n{}", agent.log()));
     assert_eq!(http_status("GET", port, "/v1/job/web", None).unwrap().0, 404);

@@ -138,8 +138,7 @@ fn a_client_that_stops_heartbeating_goes_down_and_its_allocation_is_replaced() {
             .lines()
             .filter_map(|line| line.parse().ok())
             .collect();
-        // SAFETY: signal 0 only checks that the process exists.
-        (pids.len() == 2 && pids.iter().all(|pid| unsafe { libc::kill(*pid, 0) } != 0)).then_some(())
+        (pids.len() == 2 && pids.iter().all(|pid| !support::running(*pid))).then_some(())
     })
     .unwrap_or_else(|| {
         // Which recorded task processes still exist, and in what state (a zombie, say).

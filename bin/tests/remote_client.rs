@@ -14,11 +14,6 @@ use drover_core::rpc::ServerRequest;
 use drover_core::structs::{Allocation, ConfigValue, DesiredStatus, Job, JobType, Task, TaskGroup};
 use support::{Agent, agreed_leader, cluster_specs, free_ports, server_args, submit, wait_for};
 
-fn alive(pid: i32) -> bool {
-    // SAFETY: signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid, 0) == 0 }
-}
-
 fn first_pid(file: &Path) -> Option<i32> {
     std::fs::read_to_string(file).ok()?.lines().next()?.parse().ok()
 }
@@ -164,7 +159,7 @@ fn a_client_only_agent_follows_the_servers_through_a_leader_failover() {
         ([127, 0, 0, 1], survivor_rpc).into(),
         ServerRequest::AllocUpsert { allocs: vec![stopped] },
     );
-    wait_for(Duration::from_secs(60), || (!alive(pid)).then_some(()))
+    wait_for(Duration::from_secs(60), || (!support::running(pid)).then_some(()))
         .unwrap_or_else(|| panic!("the client stops the task after the failover:\n{}", client.log()));
     wait_for(Duration::from_secs(30), || {
         let alloc: serde_json::Value = serde_json::from_str(&survivors[0].get("/v1/allocation/sleeper-1")?).ok()?;

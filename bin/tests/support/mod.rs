@@ -238,6 +238,21 @@ pub fn remove_task_cgroups(pid: u32) {
     }
 }
 
+/// Whether the process `pid` still runs. A zombie does not: it has exited and only waits for its
+/// parent to collect its status. A task whose agent was killed is re-parented to PID 1, which on
+/// these machines reaps orphans only every second or two (longer under load), so `kill(pid, 0)`
+/// would count a task that the restarted agent did stop as still alive.
+pub fn running(pid: i32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) state ...`: comm may hold spaces and parentheses, the state follows the last `)`.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X" | "x") | None)
+}
+
 /// Kills every process working in (raw_exec) or chrooted into (exec) a directory under `dir`:
 /// the tasks of an agent whose data dir it is.
 pub fn kill_tasks_under(dir: &Path) {
