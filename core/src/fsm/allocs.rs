@@ -82,7 +82,7 @@ impl ServerState {
                     alloc.modify_index = index;
                     alloc.modify_time_ms = at_ms;
                     jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
-                    let old = self.allocs.insert(alloc.id.clone(), alloc.clone());
+                    let old = self.allocs.replace(alloc.id.clone(), alloc.clone());
                     self.index_alloc(old.as_ref(), &alloc);
                     self.alloc_changed(index, at_ms, &alloc);
                 }

@@ -22,7 +22,7 @@ impl ServerState {
             }
             Command::SiAccessorsDelete { accessor_ids } => {
                 for id in accessor_ids {
-                    self.si_accessors.remove(id);
+                    self.si_accessors.delete(id);
                 }
             }
             other => unreachable!("{} is not routed here", other.name()),

@@ -40,7 +40,7 @@ impl ServerState {
             }
             Command::JobDeregister { namespace, job_id } => {
                 let key = (namespace.clone(), job_id.clone());
-                if self.jobs.remove(&key).is_none() {
+                if !self.jobs.delete(&key) {
                     return Response::Error(ErrorKind::NotFound, format!("job not found: {job_id}"));
                 }
                 self.touch(Table::Jobs, index);
@@ -85,7 +85,7 @@ impl ServerState {
             .iter()
             .take(versions.len().saturating_sub(JOB_TRACKED_VERSIONS))
         {
-            self.job_versions.remove(&(key.0.clone(), key.1.clone(), *version));
+            self.job_versions.delete(&(key.0.clone(), key.1.clone(), *version));
         }
     }
 
@@ -134,14 +134,14 @@ impl ServerState {
             return Response::Error(crate::error::ErrorKind::NotFound, "job not found".into());
         };
         if purge {
-            self.jobs.remove(&key);
+            self.jobs.delete(&key);
             let versions: Vec<(String, String, u64)> = self
                 .job_versions
                 .range((key.0.clone(), key.1.clone(), 0)..=(key.0.clone(), key.1.clone(), u64::MAX))
                 .map(|(version, _)| version.clone())
                 .collect();
             for version in versions {
-                self.job_versions.remove(&version);
+                self.job_versions.delete(&version);
             }
         } else if !old.stop {
             let mut job = old.clone();

@@ -13,11 +13,11 @@ pub(crate) mod csi;
 mod direct;
 mod jobs;
 mod nodes;
-mod shared;
+mod pmap;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
 
-pub use shared::Shared;
+pub use pmap::PMap;
 
 pub use jobs::JOB_TRACKED_VERSIONS;
 pub use nodes::{
@@ -225,8 +225,9 @@ pub enum Table {
     SiTokenAccessors,
 }
 
-/// Cloning is cheap (the tables are [`Shared`]): a reader clones the state and lets go of any
-/// lock before a long read such as encoding a snapshot.
+/// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
+/// after a clone): the driver publishes a clone after every apply, and readers work on the
+/// clone they took for as long as they like without holding up the next apply.
 ///
 /// Deserialised through [`StateRecord`], which rebuilds the derived indexes: a state read from
 /// anywhere (a snapshot body, a restore) can never come back with them empty.
@@ -239,31 +240,32 @@ pub struct ServerState {
     last_applied_time_ms: u64,
     cluster: Option<ClusterMeta>,
     leader_terms: u64,
-    variables: Shared<BTreeMap<String, Variable>>,
+    variables: PMap<String, Variable>,
     table_index: BTreeMap<Table, u64>,
-    nodes: Shared<BTreeMap<String, Node>>,
-    jobs: Shared<BTreeMap<(String, String), Job>>,
+    nodes: PMap<String, Node>,
+    jobs: PMap<(String, String), Job>,
     /// Past versions of each job, by (namespace, id, version); the last `JOB_TRACKED_VERSIONS`.
-    job_versions: Shared<BTreeMap<(String, String, u64), Job>>,
-    allocs: Shared<BTreeMap<String, Allocation>>,
-    /// Secondary indexes of `allocs`: by (namespace, job id) and by node id. Not in the
-    /// snapshot (derived): rebuilt on restore. Reads by job or node cost what they return,
+    job_versions: PMap<(String, String, u64), Job>,
+    allocs: PMap<String, Allocation>,
+    /// Secondary indexes of `allocs`: (namespace, job id, alloc id) and (node id, alloc id),
+    /// read by key-prefix ranges: one flat entry per allocation, so a write copies O(log n)
+    /// nodes rather than a job's whole id set. Not in the snapshot (derived): rebuilt on restore. Reads by job or node cost what they return,
     /// not the whole table (issue 19 §4: `GET /v1/jobs` scanned every allocation per job).
     #[serde(skip)]
-    allocs_by_job: Shared<BTreeMap<(String, String), BTreeSet<String>>>,
+    allocs_by_job: PMap<(String, String, String), ()>,
     #[serde(skip)]
-    allocs_by_node: Shared<BTreeMap<String, BTreeSet<String>>>,
-    evals: Shared<BTreeMap<String, Evaluation>>,
-    /// Secondary index of `evals` by (namespace, job id); derived, rebuilt on restore.
+    allocs_by_node: PMap<(String, String), ()>,
+    evals: PMap<String, Evaluation>,
+    /// Secondary index of `evals`: (namespace, job id, eval id); derived, rebuilt on restore.
     #[serde(skip)]
-    evals_by_job: Shared<BTreeMap<(String, String), BTreeSet<String>>>,
-    volumes: Shared<BTreeMap<(String, String), CsiVolume>>,
+    evals_by_job: PMap<(String, String, String), ()>,
+    volumes: PMap<(String, String), CsiVolume>,
     /// Secondary index: plugin id → volumes of that plugin.
-    volumes_by_plugin: Shared<BTreeMap<String, BTreeSet<(String, String)>>>,
-    plugins: Shared<BTreeMap<String, CsiPlugin>>,
+    volumes_by_plugin: PMap<String, BTreeSet<(String, String)>>,
+    plugins: PMap<String, CsiPlugin>,
     /// Consul service identity token accessors by accessor id.
     #[serde(default)]
-    si_accessors: Shared<BTreeMap<String, crate::connect::SiTokenAccessor>>,
+    si_accessors: PMap<String, crate::connect::SiTokenAccessor>,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -273,18 +275,18 @@ struct StateRecord {
     last_applied_time_ms: u64,
     cluster: Option<ClusterMeta>,
     leader_terms: u64,
-    variables: Shared<BTreeMap<String, Variable>>,
+    variables: PMap<String, Variable>,
     table_index: BTreeMap<Table, u64>,
-    nodes: Shared<BTreeMap<String, Node>>,
-    jobs: Shared<BTreeMap<(String, String), Job>>,
-    job_versions: Shared<BTreeMap<(String, String, u64), Job>>,
-    allocs: Shared<BTreeMap<String, Allocation>>,
-    evals: Shared<BTreeMap<String, Evaluation>>,
-    volumes: Shared<BTreeMap<(String, String), CsiVolume>>,
-    volumes_by_plugin: Shared<BTreeMap<String, BTreeSet<(String, String)>>>,
-    plugins: Shared<BTreeMap<String, CsiPlugin>>,
+    nodes: PMap<String, Node>,
+    jobs: PMap<(String, String), Job>,
+    job_versions: PMap<(String, String, u64), Job>,
+    allocs: PMap<String, Allocation>,
+    evals: PMap<String, Evaluation>,
+    volumes: PMap<(String, String), CsiVolume>,
+    volumes_by_plugin: PMap<String, BTreeSet<(String, String)>>,
+    plugins: PMap<String, CsiPlugin>,
     #[serde(default)]
-    si_accessors: Shared<BTreeMap<String, crate::connect::SiTokenAccessor>>,
+    si_accessors: PMap<String, crate::connect::SiTokenAccessor>,
 }
 
 impl From<StateRecord> for ServerState {
@@ -307,9 +309,9 @@ impl From<StateRecord> for ServerState {
             si_accessors: record.si_accessors,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
-            allocs_by_job: Shared::default(),
-            allocs_by_node: Shared::default(),
-            evals_by_job: Shared::default(),
+            allocs_by_job: PMap::default(),
+            allocs_by_node: PMap::default(),
+            evals_by_job: PMap::default(),
         };
         state.rebuild_indexes();
         state
@@ -319,6 +321,20 @@ impl From<StateRecord> for ServerState {
 #[derive(Debug, thiserror::Error)]
 #[error("corrupt state snapshot: {0}")]
 pub struct SnapshotError(String);
+
+/// The third parts of the keys of a (namespace, job id, id) index under one job, in order.
+fn prefixed<'a>(
+    index: &'a PMap<(String, String, String), ()>,
+    namespace: &str,
+    job_id: &str,
+) -> impl Iterator<Item = &'a String> + use<'a> {
+    let (namespace, job_id) = (namespace.to_string(), job_id.to_string());
+    index
+        .range((namespace.clone(), job_id.clone(), String::new())..)
+        .map(|((ns, job, id), ())| (ns, job, id))
+        .take_while(move |(ns, job, _)| **ns == namespace && **job == job_id)
+        .map(|(_, _, id)| id)
+}
 
 impl ServerState {
     /// Applies the entry committed at `index`. Entries arrive in strictly increasing order.
@@ -432,10 +448,7 @@ impl ServerState {
     /// that was purged are created before the present job was, and are not its own.
     pub fn job_allocs<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Allocation> + use<'a> {
         let created = self.job(namespace, job_id).map_or(0, |job| job.create_index);
-        self.allocs_by_job
-            .get(&(namespace.to_string(), job_id.to_string()))
-            .into_iter()
-            .flatten()
+        prefixed(&self.allocs_by_job, namespace, job_id)
             .filter_map(|id| self.allocs.get(id))
             .filter(move |alloc| alloc.create_index == 0 || alloc.create_index >= created)
     }
@@ -447,29 +460,15 @@ impl ServerState {
             self.unindex_alloc(old);
         }
         self.allocs_by_job
-            .entry((alloc.namespace.clone(), alloc.job_id.clone()))
-            .or_default()
-            .insert(alloc.id.clone());
+            .insert((alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()), ());
         self.allocs_by_node
-            .entry(alloc.node_id.clone())
-            .or_default()
-            .insert(alloc.id.clone());
+            .insert((alloc.node_id.clone(), alloc.id.clone()), ());
     }
 
     pub(super) fn unindex_alloc(&mut self, alloc: &Allocation) {
-        let job = (alloc.namespace.clone(), alloc.job_id.clone());
-        if let Some(ids) = self.allocs_by_job.get_mut(&job) {
-            ids.remove(&alloc.id);
-            if ids.is_empty() {
-                self.allocs_by_job.remove(&job);
-            }
-        }
-        if let Some(ids) = self.allocs_by_node.get_mut(&alloc.node_id) {
-            ids.remove(&alloc.id);
-            if ids.is_empty() {
-                self.allocs_by_node.remove(&alloc.node_id);
-            }
-        }
+        self.allocs_by_job
+            .delete(&(alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()));
+        self.allocs_by_node.delete(&(alloc.node_id.clone(), alloc.id.clone()));
     }
 
     fn rebuild_indexes(&mut self) {
@@ -493,10 +492,10 @@ impl ServerState {
         let mut finished = alloc::collections::BTreeSet::new();
         let placed_here = self
             .allocs_by_node
-            .get(node_id)
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.allocs.get(id));
+            .range((node_id.to_string(), String::new())..)
+            .map(|((node, id), ())| (node, id))
+            .take_while(|(node, _)| *node == node_id)
+            .filter_map(|(_, id)| self.allocs.get(id));
         for placed in placed_here {
             if let Some(job) = self.job(&placed.namespace, &placed.job_id) {
                 allocs.push((placed.clone(), job.clone()));
@@ -547,18 +546,12 @@ impl ServerState {
 
     /// The evaluations of the job `namespace`/`job_id`, by id.
     pub fn job_evals<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Evaluation> + use<'a> {
-        self.evals_by_job
-            .get(&(namespace.to_string(), job_id.to_string()))
-            .into_iter()
-            .flatten()
-            .filter_map(|id| self.evals.get(id))
+        prefixed(&self.evals_by_job, namespace, job_id).filter_map(|id| self.evals.get(id))
     }
 
     pub(super) fn index_eval(&mut self, eval: &Evaluation) {
         self.evals_by_job
-            .entry((eval.namespace.clone(), eval.job_id.clone()))
-            .or_default()
-            .insert(eval.id.clone());
+            .insert((eval.namespace.clone(), eval.job_id.clone(), eval.id.clone()), ());
     }
 
     pub fn plugin(&self, id: &str) -> Option<&CsiPlugin> {
@@ -757,12 +750,10 @@ mod tests {
                 // node_allocs lists only allocations whose job exists; none do here.
                 assert!(indexed.is_empty() || indexed == scanned, "allocations on {node}");
             }
-            assert_eq!(state.allocs_by_node.get("n2"), None, "a2 left n2");
-            assert_eq!(state.allocs_by_node.get("n3").map(|ids| ids.len()), Some(1));
-            assert_eq!(
-                state.allocs_by_job.get(&("default".to_string(), "db".to_string())),
-                None
-            );
+            let on = |node: &str| state.allocs_by_node.keys().filter(|(n, _)| n == node).count();
+            assert_eq!(on("n2"), 0, "a2 left n2");
+            assert_eq!(on("n3"), 1);
+            assert_eq!(prefixed(&state.allocs_by_job, "default", "db").count(), 0);
         };
         check(&state);
         let restored = ServerState::restore(&state.snapshot()).unwrap();

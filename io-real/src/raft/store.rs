@@ -11,7 +11,7 @@ use std::io::Cursor;
 use std::ops::{Bound, RangeBounds};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 
 use drover_core::bootstrap::BootState;
 use drover_core::codec;
@@ -419,8 +419,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 }
 
-/// The applied state: the core FSM plus what openraft needs to know about it.
-#[derive(Debug, Default)]
+/// The applied state: the core FSM plus what openraft needs to know about it. Cloning it is
+/// cheap (the FSM's tables are persistent maps).
+#[derive(Clone, Debug, Default)]
 pub struct Applied {
     pub state: ServerState,
     pub last_applied: Option<LogId<u64>>,
@@ -431,33 +432,48 @@ pub struct Applied {
 }
 
 /// The applied state, shared by the state machine (its only writer) and every reader (HTTP,
-/// the core's context, blocking queries).
+/// the core's context, blocking queries), as immutable versions.
 ///
-/// The lock never wedges the agent: an apply that panics is caught inside the write section
-/// (so the lock is released normally and [`Applied::failure`] records it), and a poisoned lock
-/// is read through anyway ([`PoisonError::into_inner`]). Readers get closures, not guards, so no
-/// guard is ever held across an `.await`. Long reads (snapshots) clone the state, which costs a
-/// reference count per table ([`drover_core::fsm::Shared`]), and work outside the lock.
+/// Readers never block the apply path (issue 19 §4). After each batch of entries the writer
+/// publishes a new version; a reader takes the version current when it asks (a reference
+/// count, under a lock that guards only the pointer) and reads it for as long as it likes,
+/// while later applies build later versions beside it. A version costs O(1) to take and a write
+/// O(log n) extra, because the tables are persistent maps ([`drover_core::fsm::PMap`]).
+///
+/// An apply that panics is caught ([`Applied::failure`] records it) and a poisoned pointer lock
+/// is read through anyway ([`PoisonError::into_inner`]), so the agent never wedges.
 #[derive(Clone, Debug, Default)]
 pub struct AppliedState {
-    inner: Arc<RwLock<Applied>>,
+    published: Arc<RwLock<Arc<Applied>>>,
+    /// Serialises writers (the state machine task and a snapshot install are one task in
+    /// openraft, but nothing here relies on it), so no published version is lost.
+    writer: Arc<Mutex<()>>,
 }
 
 impl AppliedState {
     fn new(applied: Applied) -> Self {
         AppliedState {
-            inner: Arc::new(RwLock::new(applied)),
+            published: Arc::new(RwLock::new(Arc::new(applied))),
+            writer: Arc::default(),
         }
     }
 
-    pub fn read<R>(&self, read: impl FnOnce(&Applied) -> R) -> R {
-        let guard = self.inner.read().unwrap_or_else(PoisonError::into_inner);
-        read(&guard)
+    /// The latest published version, to read without holding anything up.
+    pub fn snapshot(&self) -> Arc<Applied> {
+        Arc::clone(&self.published.read().unwrap_or_else(PoisonError::into_inner))
     }
 
+    pub fn read<R>(&self, read: impl FnOnce(&Applied) -> R) -> R {
+        read(&self.snapshot())
+    }
+
+    /// Builds the next version from the latest one and publishes it when `write` returns.
     fn write<R>(&self, write: impl FnOnce(&mut Applied) -> R) -> R {
-        let mut guard = self.inner.write().unwrap_or_else(PoisonError::into_inner);
-        write(&mut guard)
+        let _writer = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = Applied::clone(&self.snapshot());
+        let result = write(&mut next);
+        *self.published.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
+        result
     }
 
     /// The index of the last applied log entry (0 before the first).
@@ -566,7 +582,7 @@ impl StateMachine {
 }
 
 impl StateMachine {
-    /// Applies one entry under the write lock. A panic in the core's apply is caught here: the
+    /// Applies one entry to the version being built. A panic in the core's apply is caught here: the
     /// state may be half-changed, so it is recorded as the machine's failure and nothing more
     /// is applied; openraft stops on the error this returns.
     fn apply_one(&self, applied: &mut Applied, entry: &Entry<TypeConfig>) -> Result<Response, String> {
@@ -610,8 +626,7 @@ impl StateMachine {
 
 impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
     async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<u64>> {
-        // A cheap clone under the read lock; encoded after letting go of it, so applies and
-        // reads go on while a large state is encoded.
+        // The published version, encoded at leisure: applies and reads go on meanwhile.
         let (state, last_applied, membership, failure) = self.applied.read(|applied| {
             (
                 applied.state.clone(),
@@ -667,19 +682,22 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut responses = Vec::new();
-        for entry in entries {
-            match self.applied.write(|applied| self.apply_one(applied, &entry)) {
-                Ok(response) => responses.push(response),
-                Err(failure) => {
-                    self.notify();
-                    let error = StoreError::Redb(failure);
-                    return Err(StorageError::from(StorageIOError::apply(entry.log_id, &error)));
+        // One version per batch: readers see a batch whole, and publishing costs once.
+        let outcome = self.applied.write(|applied| {
+            let mut responses = Vec::new();
+            for entry in entries {
+                match self.apply_one(applied, &entry) {
+                    Ok(response) => responses.push(response),
+                    Err(failure) => return Err((entry.log_id, failure)),
                 }
             }
-        }
+            Ok(responses)
+        });
         self.notify();
-        Ok(responses)
+        outcome.map_err(|(log_id, failure)| {
+            let error = StoreError::Redb(failure);
+            StorageError::from(StorageIOError::apply(log_id, &error))
+        })
     }
 
     async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
@@ -784,6 +802,28 @@ mod tests {
         assert_eq!(vote, Some(Vote::new_committed(3, 2)));
         // What this build writes is the versioned form.
         assert_eq!(encode_record(&raft_entry(5, "a")), hex(V1_ENTRY_HEX));
+    }
+
+    /// A reader holding a version does not hold up applies, and keeps seeing its version.
+    #[test]
+    fn a_reader_holding_a_version_neither_blocks_applies_nor_sees_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let mut machine = StateMachine::open(store, None).unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(machine.apply([raft_entry(1, "a")])).unwrap();
+        let applied = machine.applied();
+        let held = applied.snapshot();
+        // Applied on this same thread while the version is held: a lock held by the reader
+        // would deadlock here.
+        runtime
+            .block_on(machine.apply([raft_entry(2, "b"), raft_entry(3, "c")]))
+            .unwrap();
+        assert!(held.state.variable("a").is_some());
+        assert!(held.state.variable("b").is_none(), "a held version does not change");
+        assert_eq!(held.last_applied.map(|log| log.index), Some(1));
+        assert_eq!(applied.last_applied_index(), 3);
+        assert!(applied.read(|a| a.state.variable("c").is_some()));
     }
 
     /// A panic inside the core's apply (here its own out-of-order assertion) must not wedge the

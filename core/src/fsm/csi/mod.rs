@@ -75,7 +75,7 @@ impl ServerState {
                 None => Response::Error(ErrorKind::NotFound, format!("plugin not found: {plugin_id}")),
                 Some(plugin) if !plugin.is_empty() => Response::Error(ErrorKind::Refused, "plugin in use".to_string()),
                 Some(_) => {
-                    self.plugins.remove(plugin_id);
+                    self.plugins.delete(plugin_id);
                     self.touch(Table::CsiPlugins, index);
                     self.touch(Table::CsiVolumes, index);
                     Response::Done
@@ -163,8 +163,7 @@ impl ServerState {
         }
         for volume in merged {
             self.volumes_by_plugin
-                .entry(volume.plugin_id.clone())
-                .or_default()
+                .get_or_insert_with(volume.plugin_id.clone(), BTreeSet::new)
                 .insert(volume.key());
             self.volumes.insert(volume.key(), volume);
         }
@@ -262,25 +261,33 @@ impl ServerState {
         }
         // A stopped plugin allocation no longer provides its plugin on that node.
         let mut changed = false;
-        for plugin in self.plugins.values_mut() {
-            for (half, map) in [
-                (Half::Controller, &mut plugin.controllers),
-                (Half::Node, &mut plugin.nodes),
-            ] {
-                if map.get(&alloc.node_id).is_some_and(|info| info.alloc_id == alloc.id) {
-                    let info = map.remove(&alloc.node_id).expect("present");
-                    if info.healthy {
-                        match half {
-                            Half::Controller => plugin.controllers_healthy -= 1,
-                            Half::Node => plugin.nodes_healthy -= 1,
+        let provided_here = |plugin: &CsiPlugin| {
+            [&plugin.controllers, &plugin.nodes]
+                .iter()
+                .any(|map| map.get(&alloc.node_id).is_some_and(|info| info.alloc_id == alloc.id))
+        };
+        self.plugins.update_where(
+            |_, plugin| provided_here(plugin),
+            |_, plugin| {
+                for (half, map) in [
+                    (Half::Controller, &mut plugin.controllers),
+                    (Half::Node, &mut plugin.nodes),
+                ] {
+                    if map.get(&alloc.node_id).is_some_and(|info| info.alloc_id == alloc.id) {
+                        let info = map.remove(&alloc.node_id).expect("present");
+                        if info.healthy {
+                            match half {
+                                Half::Controller => plugin.controllers_healthy -= 1,
+                                Half::Node => plugin.nodes_healthy -= 1,
+                            }
                         }
+                        plugin.modify_index = index;
+                        plugin.modify_time_ms = at_ms;
+                        changed = true;
                     }
-                    plugin.modify_index = index;
-                    plugin.modify_time_ms = at_ms;
-                    changed = true;
                 }
-            }
-        }
+            },
+        );
         if changed {
             self.plugins.retain(|_, plugin| !plugin.is_empty());
             self.touch(Table::CsiPlugins, index);
@@ -319,26 +326,33 @@ impl ServerState {
                     changed = true;
                 }
             }
-            for plugin in self.plugins.values_mut() {
-                if new_infos.contains_key(&plugin.id) {
-                    continue;
-                }
-                let map = match half {
-                    Half::Controller => &mut plugin.controllers,
-                    Half::Node => &mut plugin.nodes,
-                };
-                if let Some(info) = map.remove(&node_id) {
-                    if info.healthy {
-                        match half {
-                            Half::Controller => plugin.controllers_healthy -= 1,
-                            Half::Node => plugin.nodes_healthy -= 1,
-                        }
+            let listed_here = |plugin: &CsiPlugin| {
+                !new_infos.contains_key(&plugin.id)
+                    && match half {
+                        Half::Controller => plugin.controllers.contains_key(&node_id),
+                        Half::Node => plugin.nodes.contains_key(&node_id),
                     }
-                    plugin.modify_index = index;
-                    plugin.modify_time_ms = at_ms;
-                    changed = true;
-                }
-            }
+            };
+            self.plugins.update_where(
+                |_, plugin| listed_here(plugin),
+                |_, plugin| {
+                    let map = match half {
+                        Half::Controller => &mut plugin.controllers,
+                        Half::Node => &mut plugin.nodes,
+                    };
+                    if let Some(info) = map.remove(&node_id) {
+                        if info.healthy {
+                            match half {
+                                Half::Controller => plugin.controllers_healthy -= 1,
+                                Half::Node => plugin.nodes_healthy -= 1,
+                            }
+                        }
+                        plugin.modify_index = index;
+                        plugin.modify_time_ms = at_ms;
+                        changed = true;
+                    }
+                },
+            );
         }
         if changed {
             self.plugins.retain(|_, plugin| !plugin.is_empty());
@@ -372,12 +386,15 @@ impl ServerState {
             }
         }
         let mut changed = false;
-        for plugin in self.plugins.values_mut() {
-            let had = plugin.controller_jobs.remove(key).is_some() | plugin.node_jobs.remove(key).is_some();
-            changed |= had && !expected.contains_key(&plugin.id);
-        }
+        self.plugins.update_where(
+            |_, plugin| plugin.controller_jobs.contains_key(key) || plugin.node_jobs.contains_key(key),
+            |_, plugin| {
+                let had = plugin.controller_jobs.remove(key).is_some() | plugin.node_jobs.remove(key).is_some();
+                changed |= had && !expected.contains_key(&plugin.id);
+            },
+        );
         for (plugin_id, (controllers, nodes)) in expected {
-            let plugin = self.plugins.entry(plugin_id.clone()).or_insert_with(|| CsiPlugin {
+            let plugin = self.plugins.get_or_insert_with(plugin_id.clone(), || CsiPlugin {
                 id: plugin_id.clone(),
                 create_index: index,
                 create_time_ms: at_ms,
