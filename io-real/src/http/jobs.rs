@@ -205,33 +205,36 @@ pub async fn list_jobs(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Jobs, &options).await?;
-    let every_namespace = options.namespace.as_deref() == Some("*");
-    let (list, next): (Vec<Value>, Option<String>) = handle
-        .read_state(|state| {
-            let matching = state
-                .jobs()
-                .filter(|job| {
-                    options
-                        .namespace
-                        .as_ref()
-                        .is_none_or(|ns| *ns == "*" || *ns == job.namespace)
-                })
-                .filter(|job| options.prefix.as_ref().is_none_or(|prefix| job.id.starts_with(prefix)))
-                .map(|job| {
-                    let token = if every_namespace {
-                        format!("{}.{}", job.namespace, job.id)
-                    } else {
-                        job.id.clone()
-                    };
-                    (token, job)
-                });
-            let (jobs, next) = super::page::page(matching, &options);
-            (jobs.into_iter().map(|job| job_stub(state, job)).collect(), next)
-        })
+    let (list, next) = handle
+        .read_state(|state| list_page(state, &options))
         .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(Value::Array(list))))
+}
+
+/// The page of job stubs `options` asks for, and the next page's token (`GET /v1/jobs`).
+pub(super) fn list_page(state: &ServerState, options: &QueryOptions) -> (Vec<Value>, Option<String>) {
+    let every_namespace = options.namespace.as_deref() == Some("*");
+    let matching = state
+        .jobs()
+        .filter(|job| {
+            options
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == "*" || *ns == job.namespace)
+        })
+        .filter(|job| options.prefix.as_ref().is_none_or(|prefix| job.id.starts_with(prefix)))
+        .map(|job| {
+            let token = if every_namespace {
+                format!("{}.{}", job.namespace, job.id)
+            } else {
+                job.id.clone()
+            };
+            (token, job)
+        });
+    let (jobs, next) = super::page::page(matching, options);
+    (jobs.into_iter().map(|job| job_stub(state, job)).collect(), next)
 }
 
 pub async fn get_job(

@@ -362,6 +362,14 @@ struct QueryOptions {
     next_token: Option<String>,
 }
 
+/// `GET /v1/jobs?<query>` answered from `state` without a server around it: what the handler
+/// computes, for benches that measure a list against the size of the state.
+pub fn jobs_list(state: &drover_core::fsm::ServerState, query: &str) -> Result<(Vec<Value>, Option<String>), String> {
+    let uri: axum::http::Uri = format!("/v1/jobs?{query}").parse().map_err(|e| format!("{e}"))?;
+    let Query(options) = Query::<QueryOptions>::try_from_uri(&uri).map_err(|e| e.body_text())?;
+    Ok(jobs::list_page(state, &options))
+}
+
 /// A query boolean as Go's `strconv.ParseBool` reads it, which Nomad's handlers use.
 fn parse_bool(text: &str) -> Option<bool> {
     match text {
