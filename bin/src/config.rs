@@ -73,6 +73,8 @@ pub struct ServerBlock {
     pub failover_heartbeat_ttl: Option<String>,
     /// Nomad's scale for the Raft timings (1–10; 0 or unset: 1).
     pub raft_multiplier: Option<i64>,
+    /// Raft log entries between snapshots (Nomad's `raft_snapshot_threshold`, 8192).
+    pub raft_snapshot_threshold: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -496,6 +498,11 @@ fn apply_file(
             Some(multiplier @ 1..=10) => config.server.timing.scale_raft(multiplier as u32),
             Some(other) => bail!("raft_multiplier cannot be {other}. Must be between 1 and 10"),
         }
+        match server.raft_snapshot_threshold {
+            None => {}
+            Some(threshold @ 1..) => config.server.timing.snapshot_threshold = threshold as u64,
+            Some(other) => bail!("raft_snapshot_threshold must be positive, not {other}"),
+        }
         let heartbeat = &mut config.server.timing.heartbeat;
         if let Some(text) = &server.heartbeat_grace {
             heartbeat.grace = parse_duration("heartbeat_grace", text)?;
@@ -816,6 +823,27 @@ client {
         assert_eq!(
             load_with("11").unwrap_err().to_string(),
             "raft_multiplier cannot be 11. Must be between 1 and 10"
+        );
+    }
+
+    #[test]
+    fn raft_snapshot_threshold_is_nomads_8192_unless_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("raft.hcl");
+        let load_with = |extra: &str| {
+            std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
+            let flags = Flags {
+                config: vec![file.clone()],
+                data_dir: Some("/d".into()),
+                ..Flags::default()
+            };
+            load(&flags, no_dev).map(|loaded| loaded.config.server.timing.snapshot_threshold)
+        };
+        assert_eq!(load_with("").unwrap(), 8192);
+        assert_eq!(load_with("raft_snapshot_threshold = 100").unwrap(), 100);
+        assert_eq!(
+            load_with("raft_snapshot_threshold = 0").unwrap_err().to_string(),
+            "raft_snapshot_threshold must be positive, not 0"
         );
     }
 

@@ -44,9 +44,11 @@ impl ServerState {
         client_status: ClientStatus,
         task_states: Option<&BTreeMap<String, crate::structs::TaskState>>,
     ) {
-        let Some(alloc) = self.allocs.get_mut(alloc_id) else {
+        let Some(before) = self.allocs.get(alloc_id).cloned() else {
             return;
         };
+        self.count_alloc(&before, false);
+        let alloc = self.allocs.get_mut(alloc_id).expect("present");
         alloc.client_status = client_status;
         if let Some(states) = task_states {
             alloc.task_states = states.clone();
@@ -65,6 +67,7 @@ impl ServerState {
         alloc.modify_index = index;
         alloc.modify_time_ms = at_ms;
         let alloc = alloc.clone();
+        self.count_alloc(&alloc, true);
         self.alloc_changed(index, at_ms, &alloc);
         self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
     }

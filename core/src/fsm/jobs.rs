@@ -31,9 +31,13 @@ impl ServerState {
             Command::JobUpsert { job } => {
                 let key = (job.namespace.clone(), job.id.clone());
                 let mut job = job.clone();
+                let new = !self.jobs.contains_key(&key);
                 job.create_index = self.jobs.get(&key).map_or(index, |old| old.create_index);
                 job.modify_index = index;
                 self.jobs.insert(key.clone(), job);
+                if new {
+                    self.rebuild_summary(&key.0, &key.1);
+                }
                 self.touch(Table::Jobs, index);
                 self.recompute_job_plugins(index, at_ms, &key);
                 Response::Done
@@ -43,6 +47,7 @@ impl ServerState {
                 if !self.jobs.delete(&key) {
                     return Response::Error(ErrorKind::NotFound, format!("job not found: {job_id}"));
                 }
+                self.rebuild_summary(namespace, job_id);
                 self.touch(Table::Jobs, index);
                 self.recompute_job_plugins(index, at_ms, &key);
                 Response::Done
@@ -114,6 +119,9 @@ impl ServerState {
         let mut eval = eval.clone();
         eval.job_modify_index = job.job_modify_index;
         self.jobs.insert(key.clone(), job);
+        if old.is_none() {
+            self.rebuild_summary(&key.0, &key.1);
+        }
         self.touch(Table::Jobs, index);
         self.recompute_job_plugins(index, at_ms, &key);
         self.upsert_evals(index, at_ms, &[eval]);
@@ -143,6 +151,7 @@ impl ServerState {
             for version in versions {
                 self.job_versions.delete(&version);
             }
+            self.rebuild_summary(namespace, job_id);
         } else if !old.stop {
             let mut job = old.clone();
             job.stop = true;

@@ -14,10 +14,12 @@ mod direct;
 mod jobs;
 mod nodes;
 mod pmap;
+mod summary;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
 
 pub use pmap::PMap;
+pub use summary::{GroupSummary, JobSummary};
 
 pub use jobs::JOB_TRACKED_VERSIONS;
 pub use nodes::{
@@ -259,6 +261,13 @@ pub struct ServerState {
     /// Secondary index of `evals`: (namespace, job id, eval id); derived, rebuilt on restore.
     #[serde(skip)]
     evals_by_job: PMap<(String, String, String), ()>,
+    /// The blocked evaluations among them (their queued allocations are the summaries'
+    /// `Queued`); derived, rebuilt on restore.
+    #[serde(skip)]
+    blocked_evals_by_job: PMap<(String, String, String), ()>,
+    /// Allocation counts per job and group (`summary.rs`); derived, rebuilt on restore.
+    #[serde(skip)]
+    summaries: PMap<(String, String), JobSummary>,
     volumes: PMap<(String, String), CsiVolume>,
     /// Secondary index: plugin id → volumes of that plugin.
     volumes_by_plugin: PMap<String, BTreeSet<(String, String)>>,
@@ -312,6 +321,8 @@ impl From<StateRecord> for ServerState {
             allocs_by_job: PMap::default(),
             allocs_by_node: PMap::default(),
             evals_by_job: PMap::default(),
+            blocked_evals_by_job: PMap::default(),
+            summaries: PMap::default(),
         };
         state.rebuild_indexes();
         state
@@ -450,6 +461,7 @@ impl ServerState {
         let created = self.job(namespace, job_id).map_or(0, |job| job.create_index);
         prefixed(&self.allocs_by_job, namespace, job_id)
             .filter_map(|id| self.allocs.get(id))
+            // `summary::belongs`, with the job looked up once.
             .filter(move |alloc| alloc.create_index == 0 || alloc.create_index >= created)
     }
 
@@ -463,15 +475,23 @@ impl ServerState {
             .insert((alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()), ());
         self.allocs_by_node
             .insert((alloc.node_id.clone(), alloc.id.clone()), ());
+        self.count_alloc(alloc, true);
     }
 
     pub(super) fn unindex_alloc(&mut self, alloc: &Allocation) {
         self.allocs_by_job
             .delete(&(alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()));
         self.allocs_by_node.delete(&(alloc.node_id.clone(), alloc.id.clone()));
+        self.count_alloc(alloc, false);
     }
 
+    /// Derives the indexes and summaries from the tables, from scratch.
     fn rebuild_indexes(&mut self) {
+        self.allocs_by_job = PMap::default();
+        self.allocs_by_node = PMap::default();
+        self.evals_by_job = PMap::default();
+        self.blocked_evals_by_job = PMap::default();
+        self.summaries = PMap::default();
         let allocs: Vec<Allocation> = self.allocs.values().cloned().collect();
         for alloc in &allocs {
             self.index_alloc(None, alloc);
@@ -549,9 +569,23 @@ impl ServerState {
         prefixed(&self.evals_by_job, namespace, job_id).filter_map(|id| self.evals.get(id))
     }
 
+    /// The blocked evaluations of the job `namespace`/`job_id`, by id.
+    pub fn job_blocked_evals<'a>(
+        &'a self,
+        namespace: &str,
+        job_id: &str,
+    ) -> impl Iterator<Item = &'a Evaluation> + use<'a> {
+        prefixed(&self.blocked_evals_by_job, namespace, job_id).filter_map(|id| self.evals.get(id))
+    }
+
     pub(super) fn index_eval(&mut self, eval: &Evaluation) {
-        self.evals_by_job
-            .insert((eval.namespace.clone(), eval.job_id.clone(), eval.id.clone()), ());
+        let key = (eval.namespace.clone(), eval.job_id.clone(), eval.id.clone());
+        if eval.status == "blocked" {
+            self.blocked_evals_by_job.insert(key.clone(), ());
+        } else {
+            self.blocked_evals_by_job.delete(&key);
+        }
+        self.evals_by_job.insert(key, ());
     }
 
     pub fn plugin(&self, id: &str) -> Option<&CsiPlugin> {
@@ -604,9 +638,8 @@ impl ServerState {
     }
 
     pub fn restore(data: &[u8]) -> Result<Self, SnapshotError> {
-        let mut state: Self = crate::codec::decode(data).map_err(|error| SnapshotError(alloc::format!("{error}")))?;
-        state.rebuild_indexes();
-        Ok(state)
+        // Deserialising rebuilds the derived tables (`From<StateRecord>`).
+        crate::codec::decode(data).map_err(|error| SnapshotError(alloc::format!("{error}")))
     }
 }
 
@@ -723,7 +756,21 @@ mod tests {
                 },
             ),
         );
+        // e1 blocks, then e3 blocks and is unblocked (completed): only e1 stays blocked.
+        let blocked = |id: &str, job: &str| Evaluation {
+            status: "blocked".into(),
+            ..eval(id, job)
+        };
+        let evals = vec![blocked("e1", "web"), blocked("e3", "web")];
+        state.apply(5, &entry(5, Command::EvalUpsert { evals }));
+        let evals = vec![eval("e3", "web")];
+        state.apply(6, &entry(6, Command::EvalUpsert { evals }));
         let check = |state: &ServerState| {
+            let blocked: Vec<&str> = state
+                .job_blocked_evals("default", "web")
+                .map(|e| e.id.as_str())
+                .collect();
+            assert_eq!(blocked, ["e1"]);
             for job in ["web", "db", "none"] {
                 let indexed: Vec<&str> = state.job_allocs("default", job).map(|a| a.id.as_str()).collect();
                 let scanned: Vec<&str> = state

@@ -5,9 +5,10 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use drover_core::fsm::JobSummary;
 use drover_core::fsm::{ServerState, Table};
 use drover_core::rpc::{ServerReply, ServerRequest};
-use drover_core::structs::{AllocMetric, Allocation, ClientStatus, Evaluation, Job};
+use drover_core::structs::{AllocMetric, Allocation, Evaluation, Job};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -21,33 +22,27 @@ struct RegisterBody {
     job: Option<ApiJob>,
 }
 
-fn job_allocs<'a>(state: &'a ServerState, job: &Job) -> Vec<&'a Allocation> {
-    state.job_allocs(&job.namespace, &job.id).collect()
-}
-
-/// Nomad's `JobSummary`: allocations per task group by client status.
-fn summary(state: &ServerState, job: &Job) -> Value {
-    let allocs = job_allocs(state, job);
+/// Nomad's `JobSummary`: allocations per task group by client status, kept by the state
+/// store on apply (`fsm::summary`); queued counts come from the job's blocked evaluations.
+fn summary(state: &ServerState, job: &Job, kept: &JobSummary) -> Value {
     let groups: serde_json::Map<String, Value> = job
         .task_groups
         .iter()
         .map(|group| {
-            let mine: Vec<&&Allocation> = allocs.iter().filter(|alloc| alloc.task_group == group.name).collect();
-            let count = |status: ClientStatus| mine.iter().filter(|alloc| alloc.client_status == status).count();
+            let counts = kept.group(&group.name);
             let queued: u32 = state
-                .job_evals(&job.namespace, &job.id)
-                .filter(|eval| eval.status == "blocked")
+                .job_blocked_evals(&job.namespace, &job.id)
                 .filter_map(|eval| eval.queued_allocations.get(&group.name))
                 .sum();
             (
                 group.name.clone(),
                 json!({
                     "Queued": queued,
-                    "Complete": count(ClientStatus::Complete),
-                    "Failed": count(ClientStatus::Failed),
-                    "Running": count(ClientStatus::Running),
-                    "Starting": count(ClientStatus::Pending),
-                    "Lost": count(ClientStatus::Lost),
+                    "Complete": counts.complete,
+                    "Failed": counts.failed,
+                    "Running": counts.running,
+                    "Starting": counts.starting,
+                    "Lost": counts.lost,
                     "Unknown": 0,
                 }),
             )
@@ -63,11 +58,13 @@ fn summary(state: &ServerState, job: &Job) -> Value {
     })
 }
 
+/// The job's status (Nomad's), from its kept summary.
 fn status(state: &ServerState, job: &Job) -> &'static str {
-    job.status(&job_allocs(state, job))
+    state.job_summary(&job.namespace, &job.id).status(job)
 }
 
 fn job_stub(state: &ServerState, job: &Job) -> Value {
+    let kept = state.job_summary(&job.namespace, &job.id);
     json!({
         "ID": job.id,
         "ParentID": "",
@@ -79,9 +76,9 @@ fn job_stub(state: &ServerState, job: &Job) -> Value {
         "Periodic": false,
         "ParameterizedJob": false,
         "Stop": job.stop,
-        "Status": status(state, job),
+        "Status": kept.status(job),
         "StatusDescription": "",
-        "JobSummary": summary(state, job),
+        "JobSummary": summary(state, job, &kept),
         "CreateIndex": job.create_index,
         "ModifyIndex": job.modify_index,
         "JobModifyIndex": job.job_modify_index,
@@ -267,7 +264,11 @@ pub async fn job_summary(
     let index = block_on_table(&handle, Table::Allocs, &options).await?;
     let namespace = namespace(&options);
     let found = handle
-        .read_state(|state| state.job(&namespace, &id).map(|job| summary(state, job)))
+        .read_state(|state| {
+            state
+                .job(&namespace, &id)
+                .map(|job| summary(state, job, &state.job_summary(&namespace, &id)))
+        })
         .flatten();
     match found {
         Some(summary) => Ok((query_headers(&handle, index), axum::Json(summary))),

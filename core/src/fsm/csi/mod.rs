@@ -418,11 +418,7 @@ impl ServerState {
     }
 
     fn live_allocs(&self, job: &Job, group: &str) -> u32 {
-        self.allocs
-            .values()
-            .filter(|alloc| alloc.namespace == job.namespace && alloc.job_id == job.id && alloc.task_group == group)
-            .filter(|alloc| !alloc.terminal())
-            .count() as u32
+        self.job_summary(&job.namespace, &job.id).group(group).live
     }
 }
 
