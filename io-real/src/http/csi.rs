@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
-use drover_core::fsm::Table;
+use drover_core::fsm::{ServerState, Table};
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, AttachmentMode, CsiCapability, CsiMountOptions, CsiTopology, CsiTopologyRequest, CsiVolume,
@@ -47,6 +47,59 @@ pub(super) fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
     super::reply_index(reply)
 }
 
+/// The page of volume stubs `options` asks for in `namespace` (`*`: every one), and the next
+/// page's token (`GET /v1/volumes?type=csi`).
+fn volumes_page(state: &ServerState, options: &QueryOptions, namespace: &str) -> (Vec<Value>, Option<String>) {
+    let every_namespace = namespace == "*";
+    let on_node = options.node_id.as_ref().map(|node| state.volumes_on_node(node));
+    let keys: Vec<&(String, String)> = match &options.plugin_id {
+        Some(plugin) => state.volumes_of_plugin(plugin).collect(),
+        None => state.volume_keys().collect(),
+    };
+    let matching = keys
+        .into_iter()
+        .filter(|(ns, _)| every_namespace || *ns == namespace)
+        .filter(|(_, id)| options.prefix.as_ref().is_none_or(|prefix| id.starts_with(prefix)))
+        .filter(|key| on_node.as_ref().is_none_or(|keys| keys.contains(*key)))
+        .map(|key| {
+            let token = if every_namespace {
+                format!("{}.{}", key.0, key.1)
+            } else {
+                key.1.clone()
+            };
+            (token, key)
+        });
+    // Paged on the keys, so only the page's volumes are looked up and rendered.
+    let (keys, next) = super::page::page(matching, options);
+    let volumes = keys
+        .into_iter()
+        .filter_map(|(ns, id)| state.volume(ns, id))
+        .filter(|volume| {
+            options
+                .plugin_id
+                .as_ref()
+                .is_none_or(|plugin| volume.plugin_id == *plugin)
+        })
+        .map(|volume| render::volume_stub(&volume))
+        .collect();
+    (volumes, next)
+}
+
+/// The page of plugin stubs `options` asks for, and the next page's token.
+fn plugins_page(state: &ServerState, options: &QueryOptions) -> (Vec<Value>, Option<String>) {
+    let matching = state
+        .plugins()
+        .filter(|plugin| {
+            options
+                .prefix
+                .as_ref()
+                .is_none_or(|prefix| plugin.id.starts_with(prefix))
+        })
+        .map(|plugin| (plugin.id.clone(), plugin));
+    let (plugins, next) = super::page::page(matching, options);
+    (plugins.into_iter().map(render::plugin_stub).collect(), next)
+}
+
 pub async fn list_volumes(
     State(handle): State<AgentHandle>,
     Query(options): Query<QueryOptions>,
@@ -63,29 +116,12 @@ pub async fn list_volumes(
     }
     let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
     let namespace = namespace(&options);
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            let on_node = options.node_id.as_ref().map(|node| state.volumes_on_node(node));
-            let keys: Vec<&(String, String)> = match &options.plugin_id {
-                Some(plugin) => state.volumes_of_plugin(plugin).collect(),
-                None => state.volume_keys().collect(),
-            };
-            keys.into_iter()
-                .filter(|(ns, _)| namespace == "*" || *ns == namespace)
-                .filter(|(_, id)| options.prefix.as_ref().is_none_or(|prefix| id.starts_with(prefix)))
-                .filter(|key| on_node.as_ref().is_none_or(|keys| keys.contains(*key)))
-                .filter_map(|(ns, id)| state.volume(ns, id))
-                .filter(|volume| {
-                    options
-                        .plugin_id
-                        .as_ref()
-                        .is_none_or(|plugin| volume.plugin_id == *plugin)
-                })
-                .map(|volume| render::volume_stub(&volume))
-                .collect()
-        })
+    let (list, next) = handle
+        .read_state(|state| volumes_page(state, &options, &namespace))
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_volume(
@@ -343,21 +379,12 @@ pub async fn list_plugins(
         }
     }
     let index = block_on_table(&handle, Table::CsiPlugins, &options).await?;
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            state
-                .plugins()
-                .filter(|plugin| {
-                    options
-                        .prefix
-                        .as_ref()
-                        .is_none_or(|prefix| plugin.id.starts_with(prefix))
-                })
-                .map(render::plugin_stub)
-                .collect()
-        })
+    let (list, next) = handle
+        .read_state(|state| plugins_page(state, &options))
         .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_plugin(
@@ -419,5 +446,98 @@ pub async fn get_node(
     match node {
         Some(node) => Ok((query_headers(&handle, index), axum::Json(node))),
         None => Err(ApiError(StatusCode::NOT_FOUND, "node not found".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_core::fsm::{Command, Entry};
+    use drover_core::structs::{CsiControllerInfo, CsiInfo, CsiNodeInfo, Node, NodeStatus};
+
+    fn options(query: &str) -> QueryOptions {
+        let uri: axum::http::Uri = format!("/v1/volumes?{query}").parse().unwrap();
+        Query::<QueryOptions>::try_from_uri(&uri).unwrap().0
+    }
+
+    /// A state with plugins `p` and `q` on one node and volumes v0..v4 of `p`.
+    fn state() -> ServerState {
+        let info = |plugin: &str, controller: bool| CsiInfo {
+            plugin_id: plugin.into(),
+            alloc_id: format!("plug-{plugin}"),
+            healthy: true,
+            controller_info: controller.then(CsiControllerInfo::default),
+            node_info: (!controller).then(|| CsiNodeInfo {
+                id: "ext-n1".into(),
+                ..CsiNodeInfo::default()
+            }),
+            ..CsiInfo::default()
+        };
+        let node = Node {
+            id: "n1".into(),
+            status: NodeStatus::Ready,
+            csi_controller_plugins: ["p", "q"].map(|p| (p.to_string(), info(p, true))).into(),
+            csi_node_plugins: ["p", "q"].map(|p| (p.to_string(), info(p, false))).into(),
+            ..Node::default()
+        };
+        let volume = |id: String| CsiVolume {
+            id: id.clone(),
+            name: id,
+            namespace: "default".into(),
+            plugin_id: "p".into(),
+            requested_capabilities: vec![CsiCapability {
+                access_mode: AccessMode::SingleNodeWriter,
+                attachment_mode: AttachmentMode::FileSystem,
+            }],
+            ..CsiVolume::default()
+        };
+        let mut state = ServerState::default();
+        let commands = [
+            Command::NodeRegister { node },
+            Command::CsiVolumeRegister {
+                volumes: (0..5).map(|n| volume(format!("v{n}"))).collect(),
+            },
+        ];
+        for (index, command) in commands.into_iter().enumerate() {
+            let index = index as u64 + 1;
+            state.apply(
+                index,
+                &Entry {
+                    at_unix_ms: index,
+                    command,
+                },
+            );
+        }
+        state
+    }
+
+    fn ids(page: &[Value]) -> Vec<&str> {
+        page.iter().map(|item| item["ID"].as_str().unwrap()).collect()
+    }
+
+    /// Volume and plugin lists page as the others do: following the tokens gives every item
+    /// once, in ID order, and the last page has no token.
+    #[test]
+    fn volume_and_plugin_lists_page_with_next_tokens() {
+        let state = state();
+        let (page, next) = volumes_page(&state, &options("per_page=2"), "default");
+        assert_eq!((ids(&page), next.as_deref()), (vec!["v0", "v1"], Some("v2")));
+        let (page, next) = volumes_page(&state, &options("per_page=2&next_token=v2"), "default");
+        assert_eq!((ids(&page), next.as_deref()), (vec!["v2", "v3"], Some("v4")));
+        let (page, next) = volumes_page(&state, &options("per_page=2&next_token=v4"), "default");
+        assert_eq!((ids(&page), next), (vec!["v4"], None));
+        // Every namespace: tokens name the namespace too.
+        let (_, next) = volumes_page(&state, &options("per_page=3"), "*");
+        assert_eq!(next.as_deref(), Some("default.v3"));
+        // Filters apply before paging: a prefix, another plugin's (none), no paging at all.
+        let (page, next) = volumes_page(&state, &options("per_page=1&prefix=v4"), "default");
+        assert_eq!((ids(&page), next), (vec!["v4"], None));
+        assert!(volumes_page(&state, &options("plugin_id=q"), "default").0.is_empty());
+        assert_eq!(volumes_page(&state, &options(""), "default").0.len(), 5);
+
+        let (page, next) = plugins_page(&state, &options("per_page=1"));
+        assert_eq!((ids(&page), next.as_deref()), (vec!["p"], Some("q")));
+        let (page, next) = plugins_page(&state, &options("per_page=1&next_token=q"));
+        assert_eq!((ids(&page), next), (vec!["q"], None));
     }
 }

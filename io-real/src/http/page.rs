@@ -1,9 +1,9 @@
 //! Nomad's list pagination: `?per_page=N` returns at most N items, `?next_token=T` starts at
 //! the first item whose token is not below T, and the response's `X-Nomad-NextToken` header
 //! names the first item of the next page (absent on the last page). Items are listed in
-//! token order (a job's token is its ID, or `namespace.ID` when listing every namespace; an
-//! allocation's, evaluation's or node's its ID; a variable's its path). Like Nomad, a
-//! `per_page` that is no number is ignored.
+//! token order (a job's or a CSI volume's token is its ID, or `namespace.ID` when listing every
+//! namespace; an allocation's, evaluation's, node's or plugin's its ID; a variable's its path).
+//! Like Nomad, a `per_page` that is no number is ignored.
 
 use axum::http::{HeaderMap, HeaderValue};
 
