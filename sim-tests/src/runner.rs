@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_core::fsm::ServerState;
-use drover_io_sim::cluster::{ClientSpec, ServerSpec, SimCluster};
+use drover_io_sim::cluster::{ClientSpec, ServerReader, ServerSpec, SimCluster};
 use drover_io_sim::consul::{ConsulMode, SimConsul};
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::DiskProbe;
@@ -308,6 +308,10 @@ async fn play(
                 }
             }
             Action::RestartClient(client) => cluster.restart_client(*client),
+            Action::ReadStorm { per_second, lasting } => {
+                let seed = workload.rng.r#gen::<u64>();
+                read_storm(&cluster, seed, *per_second, *lasting);
+            }
             Action::JoinLateClients => {
                 if let Some(real) = &plan.real_clients {
                     for index in real.clients - real.late_clients..real.clients {
@@ -484,6 +488,49 @@ async fn drive_workload(
             }
         });
     }
+}
+
+/// Starts consistent reads through random servers, `per_second` of them for `lasting`, each
+/// in its own task; when the storm is over (and the last read had its time), how many were
+/// answered goes in the trace, and an unanswered one is a violation: nothing but reads
+/// happens meanwhile, so every read has a leader to ask.
+fn read_storm(cluster: &SimCluster, seed: u64, per_second: u32, lasting: Duration) {
+    let readers: Vec<ServerReader> = (0..cluster.len()).map(|index| cluster.reader(index)).collect();
+    let names: Vec<String> = (0..cluster.len()).map(|index| cluster.name(index).to_string()).collect();
+    let recorder = cluster.recorder().clone();
+    let every = Duration::from_secs(1) / per_second.max(1);
+    tokio::spawn(async move {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let answered = Arc::new(Mutex::new((0u64, Vec::<String>::new())));
+        let until = tokio::time::Instant::now() + lasting;
+        let mut next = tokio::time::Instant::now();
+        while next < until {
+            tokio::time::sleep_until(next).await;
+            next += every;
+            let index = rng.gen_range(0..readers.len());
+            let Some(read) = readers[index].start_read("w/0".to_string(), WRITE_TIMEOUT) else {
+                continue;
+            };
+            let (answered, name) = (answered.clone(), names[index].clone());
+            tokio::spawn(async move {
+                let outcome = read.await;
+                let mut answered = answered.lock().expect("storm lock");
+                match outcome {
+                    Ok(_) => answered.0 += 1,
+                    Err(error) => answered.1.push(format!("via {name}: {error}")),
+                }
+            });
+        }
+        tokio::time::sleep(WRITE_TIMEOUT + Duration::from_secs(1)).await;
+        let (ok, failed) = answered.lock().expect("storm lock").clone();
+        recorder.note(format!("read storm over: {ok} consistent reads answered, {} not", failed.len()));
+        if let Some(first) = failed.first() {
+            recorder.violate(
+                "every consistent read of a read storm is answered",
+                format!("{} of {} failed, the first {first}", failed.len(), ok + failed.len() as u64),
+            );
+        }
+    });
 }
 
 pub(crate) async fn wait_for_leader(cluster: &SimCluster, bound: Duration) {

@@ -79,6 +79,9 @@ pub enum Action {
     /// Every message is lost with this probability (percent) and delayed by a latency drawn
     /// from this range (milliseconds); `Network(0, (1, 10))` is madsim's default.
     Network(u32, (u64, u64)),
+    /// Consistent reads through random servers at this many per second, for this long, each
+    /// a ReadIndex round to a quorum (issue 19 §4: heartbeats keep flowing under a read storm).
+    ReadStorm { per_second: u32, lasting: Duration },
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +111,9 @@ impl fmt::Display for Step {
             Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
             Action::Network(loss, (low, high)) => {
                 write!(f, "{at} network: {loss}% message loss, {low}-{high} ms latency")
+            }
+            Action::ReadStorm { per_second, lasting } => {
+                write!(f, "{at} read storm: {per_second} consistent reads/s for {} s", lasting.as_secs())
             }
         }
     }
@@ -161,7 +167,16 @@ impl Plan {
             .map(|spec| spec.first_start_delay)
             .max()
             .unwrap_or_default();
-        let last_step = self.steps.iter().map(|step| step.at).max().unwrap_or_default();
+        let last_step = self
+            .steps
+            .iter()
+            .map(|step| match step.action {
+                // Over when the storm is, and its last reads have had their time.
+                Action::ReadStorm { lasting, .. } => step.at + lasting + Duration::from_secs(7),
+                _ => step.at,
+            })
+            .max()
+            .unwrap_or_default();
         last_start.max(last_step) + Duration::from_secs(1)
     }
 }
@@ -212,6 +227,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "lossy_network",
         about: "5% message loss and 1-51 ms latency for a minute: the leader stays, nobody stands",
         build: lossy_network,
+    },
+    Scenario {
+        name: "read_storm",
+        about: "hundreds of consistent reads a second through every server: the leader stays, every read is answered",
+        build: read_storm,
     },
 ];
 
@@ -730,6 +750,24 @@ fn lossy_network(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     ];
     let mut plan = plan(servers, steps);
     plan.stable_leader = Some((from, until));
+    plan
+}
+
+/// A formed cluster under a storm of consistent reads through every server (each one a
+/// ReadIndex heartbeat round from the leader): heartbeats must keep flowing, so nobody stands
+/// for election, and every read is answered.
+fn read_storm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let n = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let servers = servers(rng, n, n as u32, 2_000, false, options);
+    let from = Duration::from_secs(8);
+    let lasting = Duration::from_secs(20);
+    let per_second = rng.gen_range(200..1_000);
+    let steps = vec![Step {
+        at: from,
+        action: Action::ReadStorm { per_second, lasting },
+    }];
+    let mut plan = plan(servers, steps);
+    plan.stable_leader = Some((from, from + lasting));
     plan
 }
 
