@@ -153,6 +153,12 @@ impl AgentHandle {
         Some(applied.read(|applied| read(&applied.state)))
     }
 
+    /// The applied state as it is now, an immutable version to read for as long as one likes
+    /// (`None` on client-only agents).
+    pub fn state_version(&self) -> Option<std::sync::Arc<crate::raft::store::Applied>> {
+        Some(self.inner.applied.as_ref()?.snapshot())
+    }
+
     /// Changes whenever the applied server state changes (`None` on client-only agents).
     pub fn state_changes(&self) -> Option<Changes> {
         self.inner.changes.clone()

@@ -496,7 +496,9 @@ async fn drive_workload(
 /// happens meanwhile, so every read has a leader to ask.
 fn read_storm(cluster: &SimCluster, seed: u64, per_second: u32, lasting: Duration) {
     let readers: Vec<ServerReader> = (0..cluster.len()).map(|index| cluster.reader(index)).collect();
-    let names: Vec<String> = (0..cluster.len()).map(|index| cluster.name(index).to_string()).collect();
+    let names: Vec<String> = (0..cluster.len())
+        .map(|index| cluster.name(index).to_string())
+        .collect();
     let recorder = cluster.recorder().clone();
     let every = Duration::from_secs(1) / per_second.max(1);
     tokio::spawn(async move {
@@ -523,11 +525,18 @@ fn read_storm(cluster: &SimCluster, seed: u64, per_second: u32, lasting: Duratio
         }
         tokio::time::sleep(WRITE_TIMEOUT + Duration::from_secs(1)).await;
         let (ok, failed) = answered.lock().expect("storm lock").clone();
-        recorder.note(format!("read storm over: {ok} consistent reads answered, {} not", failed.len()));
+        recorder.note(format!(
+            "read storm over: {ok} consistent reads answered, {} not",
+            failed.len()
+        ));
         if let Some(first) = failed.first() {
             recorder.violate(
                 "every consistent read of a read storm is answered",
-                format!("{} of {} failed, the first {first}", failed.len(), ok + failed.len() as u64),
+                format!(
+                    "{} of {} failed, the first {first}",
+                    failed.len(),
+                    ok + failed.len() as u64
+                ),
             );
         }
     });

@@ -81,7 +81,10 @@ pub enum Action {
     Network(u32, (u64, u64)),
     /// Consistent reads through random servers at this many per second, for this long, each
     /// a ReadIndex round to a quorum (issue 19 §4: heartbeats keep flowing under a read storm).
-    ReadStorm { per_second: u32, lasting: Duration },
+    ReadStorm {
+        per_second: u32,
+        lasting: Duration,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -113,7 +116,11 @@ impl fmt::Display for Step {
                 write!(f, "{at} network: {loss}% message loss, {low}-{high} ms latency")
             }
             Action::ReadStorm { per_second, lasting } => {
-                write!(f, "{at} read storm: {per_second} consistent reads/s for {} s", lasting.as_secs())
+                write!(
+                    f,
+                    "{at} read storm: {per_second} consistent reads/s for {} s",
+                    lasting.as_secs()
+                )
             }
         }
     }

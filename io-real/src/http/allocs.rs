@@ -17,25 +17,25 @@ pub async fn list_allocations(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Allocs, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = handle
-        .read_state(|state| {
-            let matching = state
-                .allocs()
-                .filter(|alloc| {
-                    options
-                        .prefix
-                        .as_ref()
-                        .is_none_or(|prefix| alloc.id.starts_with(prefix))
-                })
-                .map(|alloc| (alloc.id.clone(), alloc));
-            let (allocs, next) = super::page::page(matching, &options);
-            let list = allocs
-                .into_iter()
-                .map(|alloc| render::alloc_stub(alloc, state))
-                .collect();
-            (list, next)
-        })
-        .unwrap_or_default();
+    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+        let matching = state
+            .allocs()
+            .filter(|alloc| {
+                options
+                    .prefix
+                    .as_ref()
+                    .is_none_or(|prefix| alloc.id.starts_with(prefix))
+            })
+            .map(|alloc| (alloc.id.clone(), alloc));
+        let (allocs, next) = super::page::page(matching, &options);
+        let list = allocs
+            .into_iter()
+            .map(|alloc| render::alloc_stub(alloc, state))
+            .collect();
+        (list, next)
+    })
+    .await
+    .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(Value::Array(list))))

@@ -116,8 +116,8 @@ pub async fn list_volumes(
     }
     let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
     let namespace = namespace(&options);
-    let (list, next) = handle
-        .read_state(|state| volumes_page(state, &options, &namespace))
+    let (list, next) = super::read_list(&handle, move |state| volumes_page(state, &options, &namespace))
+        .await
         .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
@@ -379,8 +379,8 @@ pub async fn list_plugins(
         }
     }
     let index = block_on_table(&handle, Table::CsiPlugins, &options).await?;
-    let (list, next) = handle
-        .read_state(|state| plugins_page(state, &options))
+    let (list, next) = super::read_list(&handle, move |state| plugins_page(state, &options))
+        .await
         .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
@@ -421,16 +421,16 @@ pub async fn list_nodes(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Nodes, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = handle
-        .read_state(|state| {
-            let matching = state
-                .nodes()
-                .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
-                .map(|node| (node.id.clone(), node));
-            let (nodes, next) = super::page::page(matching, &options);
-            (nodes.into_iter().map(render::node_stub).collect(), next)
-        })
-        .unwrap_or_default();
+    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+        let matching = state
+            .nodes()
+            .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
+            .map(|node| (node.id.clone(), node));
+        let (nodes, next) = super::page::page(matching, &options);
+        (nodes.into_iter().map(render::node_stub).collect(), next)
+    })
+    .await
+    .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(Value::Array(list))))

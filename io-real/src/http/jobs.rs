@@ -202,8 +202,8 @@ pub async fn list_jobs(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Jobs, &options).await?;
-    let (list, next) = handle
-        .read_state(|state| list_page(state, &options))
+    let (list, next) = super::read_list(&handle, move |state| list_page(state, &options))
+        .await
         .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
@@ -386,16 +386,16 @@ pub async fn list_evaluations(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Evals, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = handle
-        .read_state(|state| {
-            let matching = state
-                .evals()
-                .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
-                .map(|e| (e.id.clone(), e));
-            let (evals, next) = super::page::page(matching, &options);
-            (evals.into_iter().map(eval).collect(), next)
-        })
-        .unwrap_or_default();
+    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+        let matching = state
+            .evals()
+            .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
+            .map(|e| (e.id.clone(), e));
+        let (evals, next) = super::page::page(matching, &options);
+        (evals.into_iter().map(eval).collect(), next)
+    })
+    .await
+    .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(Value::Array(list))))

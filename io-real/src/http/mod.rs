@@ -362,6 +362,17 @@ struct QueryOptions {
     next_token: Option<String>,
 }
 
+/// Runs a list read on the blocking pool, against the state version current now: a list of
+/// the whole state (no `per_page`) takes as long as the state is big, and on a runtime worker
+/// it would hold up whatever else runs there, Raft heartbeats included (issue 19 §4).
+pub(super) async fn read_list<R: Send + 'static>(
+    handle: &AgentHandle,
+    read: impl FnOnce(&drover_core::fsm::ServerState) -> R + Send + 'static,
+) -> Option<R> {
+    let version = handle.state_version()?;
+    tokio::task::spawn_blocking(move || read(&version.state)).await.ok()
+}
+
 /// `GET /v1/jobs?<query>` answered from `state` without a server around it: what the handler
 /// computes, for benches that measure a list against the size of the state.
 pub fn jobs_list(state: &drover_core::fsm::ServerState, query: &str) -> Result<(Vec<Value>, Option<String>), String> {
@@ -442,24 +453,24 @@ async fn list_variables(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Variables, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = handle
-        .read_state(|state| {
-            let matching = state.variables().map(|variable| (variable.path.clone(), variable));
-            let (variables, next) = page::page(matching, &options);
-            let list = variables
-                .into_iter()
-                .map(|variable| {
-                    json!({
-                        "Namespace": "default",
-                        "Path": variable.path,
-                        "CreateIndex": variable.create_index,
-                        "ModifyIndex": variable.modify_index,
-                    })
+    let (list, next): (Vec<Value>, Option<String>) = read_list(&handle, move |state| {
+        let matching = state.variables().map(|variable| (variable.path.clone(), variable));
+        let (variables, next) = page::page(matching, &options);
+        let list = variables
+            .into_iter()
+            .map(|variable| {
+                json!({
+                    "Namespace": "default",
+                    "Path": variable.path,
+                    "CreateIndex": variable.create_index,
+                    "ModifyIndex": variable.modify_index,
                 })
-                .collect();
-            (list, next)
-        })
-        .unwrap_or_default();
+            })
+            .collect();
+        (list, next)
+    })
+    .await
+    .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(list)))
