@@ -24,6 +24,12 @@ echo
 echo "== client -> server allocation updates under 1,000 task events/s (cargo bench -p drover-core --bench alloc_updates)"
 cargo bench -p drover-core --bench alloc_updates
 echo
+echo "== writes and a jobs page against 100k jobs, 1M allocations, 10k nodes (cargo bench -p drover-io-real --bench state_scale)"
+cargo bench -p drover-io-real --bench state_scale
+echo
+echo "== a big list does not stall the agent: status and writes while clients loop on GET /v1/jobs (cargo bench -p drover --bench read_stall)"
+cargo bench -p drover --bench read_stall
+echo
 echo "== every job's allocations and evaluations with 6,000 jobs: by-job indexes against a scan (cargo bench -p drover-core --bench state_reads)"
 cargo bench -p drover-core --bench state_reads
 echo
