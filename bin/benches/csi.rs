@@ -6,9 +6,11 @@
 //!    fsync on every Raft append), driven by a fake client over real gRPC. One cycle =
 //!    alloc upsert, claim (+ ControllerPublish), alloc complete, unpublish (NodeUnpublish +
 //!    ControllerUnpublish), each step committed through Raft. Baseline: one replicated write
-//!    (alloc upsert) measured in the same run.
-//! 2. Snapshot and restore of a state store holding 100,000 volumes. Baseline: an in-memory
-//!    clone of the same state.
+//!    (alloc upsert) measured in the same run. Then the same cycles from 32 concurrent
+//!    claimers, each on its own volume: cycles/s against the sequential figure.
+//! 2. Snapshot and restore of a state store holding 100,000 volumes. Baseline: copying every
+//!    volume out of the state in memory (cloning the state itself is O(1): its tables are
+//!    persistent maps).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -84,37 +86,8 @@ fn claim_cycles(cycles: usize) {
     let mut latencies = Vec::new();
     let started_all = Instant::now();
     for i in 0..cycles {
-        let alloc = format!("bench-{i}");
         let started = Instant::now();
-        ok(runtime.block_on(client.request(
-            leader_addr,
-            ServerRequest::AllocUpsert {
-                allocs: vec![client.alloc(&alloc)],
-            },
-        )));
-        ok(runtime.block_on(client.request(
-            leader_addr,
-            ServerRequest::VolumeClaim {
-                namespace: "default".into(),
-                volume_id: "bench".into(),
-                claim: client.claim(&alloc, ClaimState::Taken),
-            },
-        )));
-        ok(runtime.block_on(client.request(
-            leader_addr,
-            ServerRequest::AllocClientUpdate {
-                alloc_id: alloc.clone(),
-                client_status: ClientStatus::Complete,
-            },
-        )));
-        ok(runtime.block_on(client.request(
-            leader_addr,
-            ServerRequest::VolumeUnpublish {
-                namespace: "default".into(),
-                volume_id: "bench".into(),
-                claim: client.claim(&alloc, ClaimState::Unpublishing),
-            },
-        )));
+        runtime.block_on(cycle(&client, leader_addr, "bench", &format!("bench-{i}")));
         latencies.push(started.elapsed());
     }
     let total = started_all.elapsed();
@@ -130,10 +103,89 @@ fn claim_cycles(cycles: usize) {
         ms(p99),
         ms(p99) / ms(base_p50)
     );
+    let sequential = cycles as f64 / total.as_secs_f64();
+    println!("  throughput: {sequential:.1} claim+release cycles per second");
+
+    // 32 claimers at once, each cycling on its own volume.
+    const CLAIMERS: usize = 32;
+    for n in 0..CLAIMERS {
+        let id = format!("bench-{n}");
+        http("PUT", leader_http, &format!("/v1/volume/csi/{id}"), Some(&volume_body(&id))).expect("volume registers");
+    }
+    let client = std::sync::Arc::new(client);
+    let each = cycles.div_ceil(CLAIMERS).max(5);
+    let started_all = Instant::now();
+    let latencies: Vec<Duration> = runtime.block_on(async {
+        let tasks: Vec<_> = (0..CLAIMERS)
+            .map(|n| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let mut took = Vec::new();
+                    for i in 0..each {
+                        let started = Instant::now();
+                        cycle(&client, leader_addr, &format!("bench-{n}"), &format!("c{n}-{i}")).await;
+                        took.push(started.elapsed());
+                    }
+                    took
+                })
+            })
+            .collect();
+        let mut all = Vec::new();
+        for task in tasks {
+            all.extend(task.await.unwrap());
+        }
+        all
+    });
+    let total = started_all.elapsed();
+    let mut latencies = latencies;
+    let concurrent = latencies.len() as f64 / total.as_secs_f64();
     println!(
-        "  throughput: {:.1} claim+release cycles per second",
-        cycles as f64 / total.as_secs_f64()
+        "  {CLAIMERS} concurrent claimers, {each} cycles each: {concurrent:.1} cycles per second ({:.1}x sequential), cycle p50 {:.2} ms p99 {:.2} ms",
+        concurrent / sequential,
+        ms(percentile(&mut latencies, 0.5)),
+        ms(percentile(&mut latencies, 0.99)),
     );
+}
+
+/// One claim+release cycle of allocation `alloc` on volume `volume`, each step through Raft.
+async fn cycle(client: &FakeClient, leader: SocketAddr, volume: &str, alloc: &str) {
+    ok(client
+        .request(
+            leader,
+            ServerRequest::AllocUpsert {
+                allocs: vec![client.alloc(alloc)],
+            },
+        )
+        .await);
+    ok(client
+        .request(
+            leader,
+            ServerRequest::VolumeClaim {
+                namespace: "default".into(),
+                volume_id: volume.into(),
+                claim: client.claim(alloc, ClaimState::Taken),
+            },
+        )
+        .await);
+    ok(client
+        .request(
+            leader,
+            ServerRequest::AllocClientUpdate {
+                alloc_id: alloc.into(),
+                client_status: ClientStatus::Complete,
+            },
+        )
+        .await);
+    ok(client
+        .request(
+            leader,
+            ServerRequest::VolumeUnpublish {
+                namespace: "default".into(),
+                volume_id: volume.into(),
+                claim: client.claim(alloc, ClaimState::Unpublishing),
+            },
+        )
+        .await);
 }
 
 fn snapshot_100k() {
@@ -177,8 +229,12 @@ fn snapshot_100k() {
     }
     assert_eq!(state.volume_keys().count(), VOLUMES);
     let started = Instant::now();
-    let copy = state.clone();
+    let copy: Vec<CsiVolume> = state
+        .volume_keys()
+        .filter_map(|(ns, id)| state.volume_raw(ns, id).cloned())
+        .collect();
     let clone_time = started.elapsed();
+    assert_eq!(copy.len(), VOLUMES);
     drop(copy);
     let started = Instant::now();
     let legacy = postcard::to_allocvec(&state).unwrap();
@@ -197,7 +253,7 @@ fn snapshot_100k() {
     assert_eq!(restored, state, "restore gives the state that made the snapshot");
     let mib = |len: usize| len as f64 / (1024.0 * 1024.0);
     println!("state store with {VOLUMES} volumes:");
-    println!("  baseline: in-memory clone            {:>8.1} ms", ms(clone_time));
+    println!("  baseline: copying every volume       {:>8.1} ms", ms(clone_time));
     println!(
         "  snapshot, unversioned postcard       {:>8.1} ms ({:.1}x baseline), {:.1} MiB",
         ms(legacy_time),
