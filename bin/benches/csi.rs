@@ -110,7 +110,13 @@ fn claim_cycles(cycles: usize) {
     const CLAIMERS: usize = 32;
     for n in 0..CLAIMERS {
         let id = format!("bench-{n}");
-        http("PUT", leader_http, &format!("/v1/volume/csi/{id}"), Some(&volume_body(&id))).expect("volume registers");
+        http(
+            "PUT",
+            leader_http,
+            &format!("/v1/volume/csi/{id}"),
+            Some(&volume_body(&id)),
+        )
+        .expect("volume registers");
     }
     let client = std::sync::Arc::new(client);
     let each = cycles.div_ceil(CLAIMERS).max(5);

@@ -119,7 +119,13 @@ fn measure(port: u16, label: &str) -> Figures {
         assert_eq!(code, 200);
         leader.push(started.elapsed());
         let started = Instant::now();
-        http("PUT", port, &format!("/v1/var/bench/{n}"), Some(r#"{"Items":{"k":"v"}}"#)).expect("written");
+        http(
+            "PUT",
+            port,
+            &format!("/v1/var/bench/{n}"),
+            Some(r#"{"Items":{"k":"v"}}"#),
+        )
+        .expect("written");
         write.push(started.elapsed());
     }
     let figures = Figures {

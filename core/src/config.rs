@@ -90,9 +90,10 @@ pub struct ServerConfig {
     /// Test-only re-creation of a Connect token defect; never set from flags or config files.
     #[serde(skip)]
     pub connect_faults: ConnectFaults,
-    /// Test-only re-creation of stale consistent reads; never set from flags or config files.
+    /// Test-only re-creations of read and failover defects; never set from flags or config
+    /// files.
     #[serde(skip)]
-    pub read_faults: ReadFaults,
+    pub raft_faults: RaftFaults,
 }
 
 /// Re-creates a historical defect on purpose so the simulation can prove it detects it.
@@ -116,12 +117,15 @@ pub struct CsiFaults {
     pub drain_plugins_before_release: bool,
 }
 
-/// A read-path defect the simulation re-creates on purpose (regression switch).
+/// Read-path and failover defects the simulation re-creates on purpose (regression switches).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ReadFaults {
+pub struct RaftFaults {
     /// Consistent reads are served from the answering server's applied state without the
     /// read barrier (what Drover did before issue 19): a lagging follower answers stale.
     pub local_consistent_reads: bool,
+    /// A leader stopping gracefully just stops (what Drover did before issue 19): no
+    /// successor is named, and the survivors wait out the election timeout.
+    pub skip_handover: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).
@@ -258,7 +262,7 @@ impl Default for ServerConfig {
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
             connect_faults: ConnectFaults::default(),
-            read_faults: ReadFaults::default(),
+            raft_faults: RaftFaults::default(),
         }
     }
 }

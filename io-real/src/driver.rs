@@ -336,6 +336,9 @@ impl AgentHandle {
     /// has the most of its own as successor, which stands as soon as that lease has run out
     /// (openraft 0.9 has no leadership transfer; this is its effect within the lease rule).
     async fn hand_over(&self, raft: &Raft) {
+        if self.inner.config.server.raft_faults.skip_handover {
+            return;
+        }
         let metrics = raft.metrics().borrow().clone();
         if metrics.current_leader != Some(self.inner.node_id) {
             return;

@@ -290,6 +290,19 @@ impl SimCluster {
         ));
     }
 
+    /// An operator's graceful stop (SIGTERM): the agent shuts down as `agent` does on the
+    /// signal — a leader names a successor and stops heartbeating first — and then its process
+    /// exits, with everything it wrote synced. Returns when the process is gone.
+    pub async fn stop_gracefully(&mut self, index: usize) {
+        if let Some(agent) = self.agent(index) {
+            let shutdown = self.servers[index].node.spawn(async move { agent.shutdown().await });
+            let _ = tokio::time::timeout(Duration::from_secs(10), shutdown).await;
+        }
+        self.recorder
+            .note(format!("{} stopped gracefully", self.servers[index].spec.name));
+        self.kill(index, Crash::KeepUnsynced);
+    }
+
     /// Starts a killed server's process again on its surviving disk.
     pub fn restart(&mut self, index: usize) {
         let server = &mut self.servers[index];

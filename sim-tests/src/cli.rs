@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::runner::{self, Report};
-use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults, ReadFaults};
+use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults, RaftFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -525,13 +525,27 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "stale-read",
         "consistent reads are served from the answering server's state without the read barrier (issue 19)",
         || Options {
-            read_faults: ReadFaults {
+            raft_faults: RaftFaults {
                 local_consistent_reads: true,
+                ..RaftFaults::default()
             },
             ..Options::default()
         },
         &["leader_killed", "lossy_network"],
         "consistent reads are linearizable",
+    ),
+    (
+        "no-handover",
+        "a leader stopping gracefully names no successor (issue 19)",
+        || Options {
+            raft_faults: RaftFaults {
+                skip_handover: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["leader_stops_gracefully"],
+        "a graceful stop hands leadership over",
     ),
 ];
 

@@ -253,6 +253,20 @@ async fn play(
                     cluster.restart(index);
                 }
             }
+            Action::StopGracefully(target) => {
+                if let Some(index) = resolve(&cluster, *target, last_killed) {
+                    let stopped = tokio::time::Instant::now();
+                    let old = cluster.agent(index).map(|agent| {
+                        let term = agent.status().raft.map_or(0, |raft| raft.term);
+                        (agent.node_id(), term)
+                    });
+                    cluster.stop_gracefully(index).await;
+                    last_killed = Some(index);
+                    if let (Some(bound), Some(old)) = (plan.handover_bound, old) {
+                        check_handover(&cluster, old, stopped, bound).await;
+                    }
+                }
+            }
             Action::Partition(side) => cluster.partition(side),
             Action::ClogOneWay(from, to) => cluster.clog_one_way(*from, *to),
             Action::Heal => cluster.heal(),
@@ -487,6 +501,52 @@ async fn drive_workload(
                 Err(error) => recorder.note(format!("consistent read of {path} via {read_via} failed: {error}")),
             }
         });
+    }
+}
+
+/// After a graceful stop of server `old` (leading in term `old_term`) that began at `stopped`:
+/// the survivors must agree on a new leader within `bound` (polled every millisecond of
+/// virtual time), elected in the very next term — one round, the successor's.
+async fn check_handover(
+    cluster: &SimCluster,
+    (old, old_term): (u64, u64),
+    stopped: tokio::time::Instant,
+    bound: Duration,
+) {
+    let recorder = cluster.recorder();
+    loop {
+        let waited = stopped.elapsed();
+        let live = cluster.live_statuses();
+        let agreed = liveness::common_leader(&live).ok();
+        if let Some(leader) = agreed.filter(|leader| *leader != old) {
+            let term = live
+                .iter()
+                .find(|(_, id, _)| *id == leader)
+                .and_then(|(_, _, status)| status.raft.as_ref().map(|raft| raft.term))
+                .unwrap_or(0);
+            recorder.note(format!(
+                "new leader {leader} in term {term} {} ms after the graceful stop began (term {old_term})",
+                waited.as_millis()
+            ));
+            if term != old_term + 1 {
+                recorder.violate(
+                    "a graceful stop hands leadership over in one election round",
+                    format!("the leader of term {old_term} stopped; the next leader was elected in term {term}"),
+                );
+            }
+            return;
+        }
+        if waited > bound {
+            recorder.violate(
+                "a graceful stop hands leadership over in time",
+                format!(
+                    "no common leader {} ms after the leader began stopping",
+                    waited.as_millis()
+                ),
+            );
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 

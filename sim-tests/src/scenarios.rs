@@ -7,7 +7,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use drover_core::config::{
-    Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports, ReadFaults,
+    Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports, RaftFaults,
 };
 use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
@@ -35,7 +35,7 @@ pub struct Options {
     /// Re-create a Connect token defect on every server (regression switch).
     pub connect_faults: ConnectFaults,
     /// Serve consistent reads without the read barrier on every server (regression switch).
-    pub read_faults: ReadFaults,
+    pub raft_faults: RaftFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,6 +54,8 @@ pub enum Action {
         crash: Crash,
     },
     Restart(Target),
+    /// An operator's graceful stop (SIGTERM) of a server: a leader hands over first.
+    StopGracefully(Target),
     /// Cut these servers off from the rest, both ways.
     Partition(Vec<usize>),
     ClogOneWay(usize, usize),
@@ -99,6 +101,7 @@ impl fmt::Display for Step {
         match &self.action {
             Action::Kill { target, crash } => write!(f, "{at} kill {target:?} ({crash:?})"),
             Action::Restart(target) => write!(f, "{at} restart {target:?}"),
+            Action::StopGracefully(target) => write!(f, "{at} stop {target:?} gracefully"),
             Action::Partition(side) => write!(f, "{at} partition {:?} from the rest", names(side)),
             Action::ClogOneWay(from, to) => write!(f, "{at} clog s{} -> s{}", from + 1, to + 1),
             Action::Heal => write!(f, "{at} heal"),
@@ -146,6 +149,9 @@ pub struct Plan {
     pub election_rounds: Option<usize>,
     /// Nobody stands for election in this window (`invariants::elections::StableLeader`).
     pub stable_leader: Option<(Duration, Duration)>,
+    /// After a graceful stop of the leader, the survivors agree on a new leader within this
+    /// (virtual) time.
+    pub handover_bound: Option<Duration>,
 }
 
 impl Plan {
@@ -234,6 +240,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "lossy_network",
         about: "5% message loss and 1-51 ms latency for a minute: the leader stays, nobody stands",
         build: lossy_network,
+    },
+    Scenario {
+        name: "leader_stops_gracefully",
+        about: "the leader is stopped as SIGTERM does: it names a successor, which wins in one round",
+        build: leader_stops_gracefully,
     },
     Scenario {
         name: "read_storm",
@@ -550,7 +561,7 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     }
     config.server.csi_faults = options.csi_faults;
     config.server.connect_faults = options.connect_faults;
-    config.server.read_faults = options.read_faults;
+    config.server.raft_faults = options.raft_faults;
     // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
     config.server.timing.snapshot_threshold = 64;
     config.server.timing.csi_gc = GcConfig {
@@ -600,6 +611,7 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         real_clients: None,
         election_rounds: None,
         stable_leader: None,
+        handover_bound: None,
     }
 }
 
@@ -757,6 +769,32 @@ fn lossy_network(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     ];
     let mut plan = plan(servers, steps);
     plan.stable_leader = Some((from, until));
+    plan
+}
+
+/// The leader of a formed cluster stops gracefully (and maybe comes back later): it names the
+/// most up-to-date voter as successor and stops heartbeating; the successor stands once the
+/// lease has run out and wins in one round, within `handover_bound`.
+fn leader_stops_gracefully(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let n = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let servers = servers(rng, n, n as u32, 2_000, false, options);
+    let at = millis(rng, 8_000..15_000);
+    let mut steps = vec![Step {
+        at,
+        action: Action::StopGracefully(Target::Leader),
+    }];
+    let restart = rng.gen_bool(0.5);
+    if restart {
+        steps.push(Step {
+            at: at + millis(rng, 1_000..5_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    let mut plan = plan(servers, steps);
+    if !restart {
+        plan.keep_dead = vec![Target::LastKilled];
+    }
+    plan.handover_bound = Some(Duration::from_millis(200));
     plan
 }
 

@@ -32,7 +32,7 @@ impl AgentHandle {
         let Some(raft) = &self.inner.raft else {
             return Ok(());
         };
-        if self.inner.config.server.read_faults.local_consistent_reads {
+        if self.inner.config.server.raft_faults.local_consistent_reads {
             return Ok(());
         }
         let (known, _) = self.leader_contact();
