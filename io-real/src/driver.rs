@@ -102,7 +102,7 @@ pub struct RaftSummary {
 }
 
 mod reads;
-pub(crate) use reads::read_index;
+pub use reads::ReadIndexBatcher;
 pub use reads::{READ_BARRIER_TIMEOUT, ReadError};
 
 /// A running agent.
@@ -320,41 +320,48 @@ impl AgentHandle {
         self.inner.service.node_allocs(request).await
     }
 
-    /// Stops the agent's loop and Raft; a leader hands its leadership over first.
+    /// Stops the agent's loop and Raft; a leader hands its leadership over.
     pub async fn shutdown(&self) {
         if let Some(stop) = self.inner.stop.lock().expect("stop lock").take() {
             let _ = stop.send(());
         }
         if let Some(raft) = &self.inner.raft {
-            self.hand_over(raft).await;
+            let successor = self.successor(raft);
             let _ = raft.shutdown().await;
+            if let Some((id, addr)) = successor {
+                self.name_successor(id, addr).await;
+            }
         }
     }
 
-    /// A leader stopping gracefully: it stops heartbeating (the voters' lease starts running
-    /// out now, not when they would have noticed its silence) and names the voter whose log
-    /// has the most of its own as successor, which stands as soon as that lease has run out
-    /// (openraft 0.9 has no leadership transfer; this is its effect within the lease rule).
-    async fn hand_over(&self, raft: &Raft) {
+    /// A leader stopping gracefully picks the voter whose log has the most of its own as its
+    /// successor (openraft 0.9 has no leadership transfer; this is its effect within the lease
+    /// rule). Raft is shut down before the successor is named, so nothing — no heartbeat, no
+    /// replication of a write still in flight — reaches a voter after that: the voters' leases
+    /// all run out by the time the successor's does, give or take the network's latency skew
+    /// (`election::HANDOVER_MARGIN`).
+    fn successor(&self, raft: &Raft) -> Option<(u64, SocketAddr)> {
         if self.inner.config.server.raft_faults.skip_handover {
-            return;
+            return None;
         }
         let metrics = raft.metrics().borrow().clone();
         if metrics.current_leader != Some(self.inner.node_id) {
-            return;
+            return None;
         }
         let membership = metrics.membership_config.membership();
         let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let successor = metrics
+        let (id, addr) = metrics
             .replication
             .iter()
             .flatten()
             .filter(|(id, _)| **id != self.inner.node_id && voters.contains(id))
             .max_by_key(|(id, matched)| (matched.map(|log| log.index), std::cmp::Reverse(**id)))
-            .and_then(|(id, _)| membership.get_node(id).map(|node| (*id, node.rpc_addr.clone())));
-        let Some((id, addr)) = successor else { return };
-        let Ok(addr) = addr.parse::<SocketAddr>() else { return };
-        raft.runtime_config().heartbeat(false);
+            .and_then(|(id, _)| membership.get_node(id).map(|node| (*id, node.rpc_addr.clone())))?;
+        Some((id, addr.parse().ok()?))
+    }
+
+    /// Tells the successor to stand as soon as the lease has run out.
+    async fn name_successor(&self, id: u64, addr: SocketAddr) {
         let envelope = crate::service::envelope(
             &self.inner.config.region,
             RequestBody::RaftStand(drover_proto::agent::v1::JsonPayload {
@@ -362,7 +369,7 @@ impl AgentHandle {
             }),
         );
         match (self.inner.service.forward)(addr, envelope, Duration::from_secs(1)).await {
-            Ok(_) => tracing::info!(successor = id, %addr, "leaving: named a successor and stopped heartbeats"),
+            Ok(_) => tracing::info!(successor = id, %addr, "leaving: stopped Raft and named a successor"),
             Err(error) => tracing::warn!(successor = id, %addr, %error, "leaving: could not name a successor"),
         }
     }
@@ -463,6 +470,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         leader_contact: leader_contact.clone(),
         raft_store: raft.is_some().then(|| store.clone()),
         pre_vote_quiet: config.server.timing.raft_failure_timeout / 2,
+        read_index: ReadIndexBatcher::default(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();

@@ -121,7 +121,7 @@ fn a_named_successor_stands_when_the_lease_runs_out_not_after_the_failure_timeou
         "stood at {stood:?}, inside the voters' lease"
     );
     assert!(
-        stood <= at(990) + t.lease + 10 * MS,
+        stood <= at(990) + t.lease + super::HANDOVER_MARGIN + 5 * MS,
         "stood at {stood:?}, long after the lease"
     );
 }
@@ -209,7 +209,7 @@ fn a_refused_pre_vote_is_asked_again_later_and_a_successor_needs_none() {
         successor.handle_timeout(at(500), &mut rng),
         Some(ElectionAction::AskContact)
     );
-    let silent = timing().lease + Duration::from_millis(6);
+    let silent = timing().lease + super::HANDOVER_MARGIN + Duration::from_millis(1);
     assert_eq!(
         successor.contact(at(500), Some(silent), &mut rng),
         Some(ElectionAction::Elect)

@@ -93,6 +93,8 @@ pub struct Service {
     pub raft_store: Option<crate::raft::store::Store>,
     /// A pre-vote is refused while the leader was heard within this long.
     pub pre_vote_quiet: Duration,
+    /// Concurrent read indexes share one quorum round.
+    pub read_index: crate::driver::ReadIndexBatcher,
 }
 
 /// A Raft pre-vote request: the candidate and its last log id as (term, index).
@@ -343,7 +345,11 @@ impl Service {
             RequestBody::RaftReadIndex(_) => AgentResponse {
                 version: ENVELOPE_VERSION,
                 body: Some(ResponseBody::RaftReadIndex(json_payload(
-                    &crate::driver::read_index(raft).await.map_err(|error| error.to_string()),
+                    &self
+                        .read_index
+                        .read_index(raft)
+                        .await
+                        .map_err(|error| error.to_string()),
                 ))),
             },
             RequestBody::RaftStand(payload) => {
@@ -687,6 +693,7 @@ mod tests {
             leader_contact: Arc::default(),
             raft_store: None,
             pre_vote_quiet: Duration::from_millis(100),
+            read_index: crate::driver::ReadIndexBatcher::default(),
             server_cursor: Arc::default(),
         }
     }
