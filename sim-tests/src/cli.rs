@@ -32,6 +32,11 @@ const REGRESSION_SEEDS: &[(&str, u64, &str)] = &[
         "two survivors split the vote forever: openraft 0.9 keeps one election timeout per server",
     ),
     (
+        "read_storm",
+        31,
+        "a quorum round per consistent read starved replication: writes stalled, reads failed",
+    ),
+    (
         "client_agent_restart",
         17,
         "after an agent restart the volume manager forgot which allocations still used a staged volume and unstaged it under them",

@@ -458,11 +458,10 @@ impl ServerState {
     /// `AllocsByJob` with `anyCreateIndex = false`): those of an earlier job of the same ID
     /// that was purged are created before the present job was, and are not its own.
     pub fn job_allocs<'a>(&'a self, namespace: &str, job_id: &str) -> impl Iterator<Item = &'a Allocation> + use<'a> {
-        let created = self.job(namespace, job_id).map_or(0, |job| job.create_index);
+        let job = self.job(namespace, job_id);
         prefixed(&self.allocs_by_job, namespace, job_id)
             .filter_map(|id| self.allocs.get(id))
-            // `summary::belongs`, with the job looked up once.
-            .filter(move |alloc| alloc.create_index == 0 || alloc.create_index >= created)
+            .filter(move |alloc| job.is_none_or(|job| summary::belongs(job, alloc)))
     }
 
     /// Puts `alloc` (already in `allocs`) into the secondary indexes, out of those of the

@@ -137,11 +137,6 @@ impl<K: Ord + Clone, V: Clone> PMap<K, V> {
         self.0.get_mut(&key).expect("just inserted")
     }
 
-    /// Calls `update` on every value, in key order.
-    pub fn update_all(&mut self, update: impl FnMut(&K, &mut V)) {
-        self.update_where(|_, _| true, update);
-    }
-
     /// Calls `update`, in key order, on the values `wanted` picks: only those are copied.
     pub fn update_where(&mut self, mut wanted: impl FnMut(&K, &V) -> bool, mut update: impl FnMut(&K, &mut V)) {
         let keys: Vec<K> = self
@@ -273,8 +268,8 @@ mod tests {
         let mut table: PMap<u32, u32> = (0..10).map(|n| (n, n)).collect();
         table.retain(|k, _| k % 2 == 0);
         assert_eq!(table.keys().copied().collect::<Vec<_>>(), [0, 2, 4, 6, 8]);
-        table.update_all(|_, v| *v += 1);
-        assert_eq!(table.values().copied().collect::<Vec<_>>(), [1, 3, 5, 7, 9]);
+        table.update_where(|k, _| *k < 8, |_, v| *v += 1);
+        assert_eq!(table.values().copied().collect::<Vec<_>>(), [1, 3, 5, 7, 8]);
         *table.get_or_insert_with(3, || 30) += 1;
         assert_eq!(table.get(&3), Some(&31));
         assert_eq!(table.replace(3, 0), Some(31));

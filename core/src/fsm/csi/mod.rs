@@ -269,18 +269,15 @@ impl ServerState {
         self.plugins.update_where(
             |_, plugin| provided_here(plugin),
             |_, plugin| {
-                for (half, map) in [
-                    (Half::Controller, &mut plugin.controllers),
-                    (Half::Node, &mut plugin.nodes),
-                ] {
-                    if map.get(&alloc.node_id).is_some_and(|info| info.alloc_id == alloc.id) {
-                        let info = map.remove(&alloc.node_id).expect("present");
-                        if info.healthy {
-                            match half {
-                                Half::Controller => plugin.controllers_healthy -= 1,
-                                Half::Node => plugin.nodes_healthy -= 1,
-                            }
-                        }
+                for half in [Half::Controller, Half::Node] {
+                    let instances = match half {
+                        Half::Controller => &plugin.controllers,
+                        Half::Node => &plugin.nodes,
+                    };
+                    let this_alloc = instances
+                        .get(&alloc.node_id)
+                        .is_some_and(|info| info.alloc_id == alloc.id);
+                    if this_alloc && remove_instance(plugin, half, &alloc.node_id) {
                         plugin.modify_index = index;
                         plugin.modify_time_ms = at_ms;
                         changed = true;
@@ -336,17 +333,7 @@ impl ServerState {
             self.plugins.update_where(
                 |_, plugin| listed_here(plugin),
                 |_, plugin| {
-                    let map = match half {
-                        Half::Controller => &mut plugin.controllers,
-                        Half::Node => &mut plugin.nodes,
-                    };
-                    if let Some(info) = map.remove(&node_id) {
-                        if info.healthy {
-                            match half {
-                                Half::Controller => plugin.controllers_healthy -= 1,
-                                Half::Node => plugin.nodes_healthy -= 1,
-                            }
-                        }
+                    if remove_instance(plugin, half, &node_id) {
                         plugin.modify_index = index;
                         plugin.modify_time_ms = at_ms;
                         changed = true;
@@ -447,6 +434,22 @@ fn add_instance(plugin: &mut CsiPlugin, half: Half, node_id: &str, info: &CsiInf
     }
     if half == Half::Controller || info.requires_controller_plugin {
         plugin.controller_required = info.requires_controller_plugin;
+    }
+    true
+}
+
+/// Takes the plugin's instance on `node_id` out of `half`, with its health count; whether
+/// there was one.
+fn remove_instance(plugin: &mut CsiPlugin, half: Half, node_id: &str) -> bool {
+    let (map, healthy) = match half {
+        Half::Controller => (&mut plugin.controllers, &mut plugin.controllers_healthy),
+        Half::Node => (&mut plugin.nodes, &mut plugin.nodes_healthy),
+    };
+    let Some(info) = map.remove(node_id) else {
+        return false;
+    };
+    if info.healthy {
+        *healthy -= 1;
     }
     true
 }
