@@ -315,6 +315,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
     print_banner(&loaded, bound);
+    tokio::spawn(release_start_up_code());
     wait_for_signal().await;
     eprintln!("==> Caught signal, shutting down");
     handle.shutdown().await;
@@ -367,6 +368,24 @@ fn print_banner(loaded: &Loaded, http: SocketAddr) {
     println!("               Version: {}", env!("CARGO_PKG_VERSION"));
     println!();
     println!("==> Drover agent started! Log data will stream in below:");
+}
+
+/// How long after start the agent lets go of code it ran only to start: long enough for the
+/// first leader, the client's registration, fingerprint and allocation sync.
+const START_UP: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Drops the mappings of start-up-only code (`drover_io_real::memory`): most of an idle
+/// agent's resident memory. Code that runs again is mapped back by one minor fault.
+async fn release_start_up_code() {
+    tokio::time::sleep(START_UP).await;
+    match drover_io_real::memory::release_code_pages() {
+        Ok(released) => tracing::info!(
+            kib = released.kib,
+            mappings = released.mappings,
+            "released the start-up pages of the agent's code"
+        ),
+        Err(error) => tracing::warn!(%error, "could not release the start-up pages of the agent's code"),
+    }
 }
 
 async fn wait_for_signal() {

@@ -33,6 +33,8 @@ pub mod http;
 pub mod logmon;
 pub mod logstream;
 #[cfg(not(madsim))]
+pub mod memory;
+#[cfg(not(madsim))]
 pub mod net;
 #[cfg(not(madsim))]
 pub mod nsexec;
