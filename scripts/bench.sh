@@ -2,8 +2,18 @@
 # Prints Drover's formation and simulation figures. Not part of the test suite: figures are
 # measured here, never asserted in timed tests.
 #   scripts/bench.sh [ROUNDS] [SIM_SEEDS]
+#   scripts/bench.sh cluster [ROUNDS]   only the cluster figures of issue 19: formation, crash
+#                                       and graceful failover, consistent against stale reads,
+#                                       idle RSS, CSI claim+release (sequential, 32 at once)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = cluster ]; then
+  echo "== formation, failover, reads, idle memory (cargo bench -p drover --bench formation -- ${2:-20})"
+  cargo bench -p drover --bench formation -- "${2:-20}"
+  echo
+  echo "== CSI claim+release cycles (cargo bench -p drover --bench csi)"
+  exec cargo bench -p drover --bench csi
+fi
 rounds=${1:-20}
 seeds=${2:-200}
 echo "== real processes (cargo bench -p drover --bench formation -- $rounds)"
