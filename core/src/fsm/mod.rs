@@ -271,6 +271,10 @@ pub struct ServerState {
     volumes: PMap<(String, String), CsiVolume>,
     /// Secondary index: plugin id → volumes of that plugin.
     volumes_by_plugin: PMap<String, BTreeSet<(String, String)>>,
+    /// Secondary index of `volumes`: (node id, namespace, volume id) for every node one of
+    /// the volume's current or past claims names; derived, rebuilt on restore.
+    #[serde(skip)]
+    volumes_by_node: PMap<(String, String, String), ()>,
     plugins: PMap<String, CsiPlugin>,
     /// Consul service identity token accessors by accessor id.
     #[serde(default)]
@@ -323,6 +327,7 @@ impl From<StateRecord> for ServerState {
             evals_by_job: PMap::default(),
             blocked_evals_by_job: PMap::default(),
             summaries: PMap::default(),
+            volumes_by_node: PMap::default(),
         };
         state.rebuild_indexes();
         state
@@ -499,6 +504,39 @@ impl ServerState {
         for eval in &evals {
             self.index_eval(eval);
         }
+        self.volumes_by_node = PMap::default();
+        let volumes: Vec<CsiVolume> = self.volumes.values().cloned().collect();
+        for volume in &volumes {
+            self.index_volume(None, Some(volume));
+        }
+    }
+
+    /// Moves a volume in the node index from the nodes its `old` version's claims name to
+    /// those of its `new` version (None: not stored).
+    pub(super) fn index_volume(&mut self, old: Option<&CsiVolume>, new: Option<&CsiVolume>) {
+        let nodes = |volume: Option<&CsiVolume>| -> BTreeSet<String> {
+            volume
+                .into_iter()
+                .flat_map(|volume| {
+                    volume
+                        .read_claims
+                        .values()
+                        .chain(volume.write_claims.values())
+                        .chain(volume.past_claims.values())
+                        .map(|claim| claim.node_id.clone())
+                })
+                .collect()
+        };
+        let Some(volume) = new.or(old) else { return };
+        let (before, after) = (nodes(old), nodes(new));
+        for node in before.difference(&after) {
+            self.volumes_by_node
+                .delete(&(node.clone(), volume.namespace.clone(), volume.id.clone()));
+        }
+        for node in after.difference(&before) {
+            self.volumes_by_node
+                .insert((node.clone(), volume.namespace.clone(), volume.id.clone()), ());
+        }
     }
 
     /// `Node.GetClientAllocs`: the allocations placed on `node_id` with their jobs, and the
@@ -610,19 +648,14 @@ impl ServerState {
         self.volumes_by_plugin.get(plugin_id).into_iter().flatten()
     }
 
-    /// Volumes claimed by an allocation on `node_id` (current or past claims).
+    /// Volumes claimed by an allocation on `node_id` (current or past claims), through the
+    /// node index: costs what it returns, not every volume.
     pub fn volumes_on_node(&self, node_id: &str) -> BTreeSet<(String, String)> {
-        self.volumes
-            .iter()
-            .filter(|(_, volume)| {
-                volume
-                    .read_claims
-                    .values()
-                    .chain(volume.write_claims.values())
-                    .chain(volume.past_claims.values())
-                    .any(|claim| claim.node_id == node_id)
-            })
-            .map(|(key, _)| key.clone())
+        self.volumes_by_node
+            .range((node_id.to_string(), String::new(), String::new())..)
+            .map(|((node, namespace, id), ())| (node, namespace, id))
+            .take_while(|(node, _, _)| *node == node_id)
+            .map(|(_, namespace, id)| (namespace.clone(), id.clone()))
             .collect()
     }
 

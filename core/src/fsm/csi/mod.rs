@@ -165,6 +165,8 @@ impl ServerState {
             self.volumes_by_plugin
                 .get_or_insert_with(volume.plugin_id.clone(), BTreeSet::new)
                 .insert(volume.key());
+            let old = self.volumes.get(&volume.key()).cloned();
+            self.index_volume(old.as_ref(), Some(&volume));
             self.volumes.insert(volume.key(), volume);
         }
         self.touch(Table::CsiVolumes, index);
@@ -195,9 +197,11 @@ impl ServerState {
         }
         for id in ids {
             let key = (namespace.to_string(), id.clone());
-            if let Some(volume) = self.volumes.remove(&key)
-                && let Some(keys) = self.volumes_by_plugin.get_mut(&volume.plugin_id)
-            {
+            let Some(volume) = self.volumes.remove(&key) else {
+                continue;
+            };
+            self.index_volume(Some(&volume), None);
+            if let Some(keys) = self.volumes_by_plugin.get_mut(&volume.plugin_id) {
                 keys.remove(&key);
                 if keys.is_empty() {
                     self.volumes_by_plugin.remove(&volume.plugin_id);
@@ -217,6 +221,7 @@ impl ServerState {
             return Response::Error(ErrorKind::Refused, error.to_string());
         }
         // Store only what is stored: synthesised past claims stay derived.
+        let old = self.volume_raw(namespace, id).cloned();
         let stored = self
             .volumes
             .get_mut(&(namespace.to_string(), id.to_string()))
@@ -250,6 +255,8 @@ impl ServerState {
                 .all(|alloc| !stored.write_claims.contains_key(alloc)),
             "volume {id}: an allocation holds both a read and a write claim"
         );
+        let new = self.volume_raw(namespace, id).cloned();
+        self.index_volume(old.as_ref(), new.as_ref());
         self.touch(Table::CsiVolumes, index);
         let volume = self.volume(namespace, id).expect("volume exists");
         Response::Volume(Box::new(volume))

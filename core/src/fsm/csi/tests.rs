@@ -594,3 +594,78 @@ fn a_plugin_fingerprint_carries_the_time_it_last_changed() {
     assert_eq!(report(&mut fx, true), first, "an unchanged fingerprint keeps its time");
     assert_eq!(report(&mut fx, false), 1_000 * fx.index, "a change is stamped anew");
 }
+
+/// The node index of volumes names exactly the volumes whose stored claims (current or past)
+/// name the node, through claims, releases and deregistration, and after a restore.
+#[test]
+fn volumes_on_a_node_follow_their_claims() {
+    fn scanned(state: &ServerState, node: &str) -> BTreeSet<(String, String)> {
+        state
+            .volume_keys()
+            .filter(|(namespace, id)| {
+                let volume = state.volume_raw(namespace, id).unwrap();
+                volume
+                    .read_claims
+                    .values()
+                    .chain(volume.write_claims.values())
+                    .chain(volume.past_claims.values())
+                    .any(|claim| claim.node_id == node)
+            })
+            .cloned()
+            .collect()
+    }
+    let check = |fx: &Fixture, expected: &[(&str, &[&str])]| {
+        for (node, volumes) in expected {
+            let want: BTreeSet<(String, String)> = volumes
+                .iter()
+                .map(|id| ("default".to_string(), id.to_string()))
+                .collect();
+            assert_eq!(fx.state.volumes_on_node(node), want, "volumes on {node}");
+            assert_eq!(scanned(&fx.state, node), want, "scan of {node}");
+        }
+    };
+    let mut fx = Fixture::new();
+    for id in ["n1", "n2"] {
+        fx.ok(Command::NodeRegister { node: node(id, true) });
+    }
+    let mut shared = volume("shared");
+    shared.requested_capabilities[0].access_mode = AccessMode::MultiNodeMultiWriter;
+    fx.ok(Command::CsiVolumeRegister {
+        volumes: vec![volume("v1"), shared],
+    });
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("a1", "n1"), alloc("a2", "n2"), alloc("a3", "n1")],
+    });
+    let claim_on = |fx: &mut Fixture, volume: &str, alloc: &str, node: &str, state: ClaimState| {
+        let mut claim = claim(alloc, node, ClaimMode::Write, state);
+        if volume == "shared" {
+            claim.access_mode = AccessMode::MultiNodeMultiWriter;
+        }
+        fx.ok(Command::CsiVolumeClaim {
+            namespace: "default".into(),
+            volume_id: volume.into(),
+            claim,
+        });
+    };
+    check(&fx, &[("n1", &[]), ("n2", &[])]);
+    claim_on(&mut fx, "v1", "a1", "n1", ClaimState::Taken);
+    claim_on(&mut fx, "shared", "a2", "n2", ClaimState::Taken);
+    claim_on(&mut fx, "shared", "a3", "n1", ClaimState::Taken);
+    check(&fx, &[("n1", &["shared", "v1"]), ("n2", &["shared"])]);
+    assert_eq!(ServerState::restore(&fx.state.snapshot()).unwrap(), fx.state);
+    // a2's claim is released step by step: n2 leaves the shared volume's nodes at the end.
+    for state in [ClaimState::NodeDetached, ClaimState::ReadyToFree] {
+        claim_on(&mut fx, "shared", "a2", "n2", state);
+    }
+    check(&fx, &[("n1", &["shared", "v1"]), ("n2", &[])]);
+    for state in [ClaimState::NodeDetached, ClaimState::ReadyToFree] {
+        claim_on(&mut fx, "v1", "a1", "n1", state);
+    }
+    fx.ok(Command::CsiVolumeDeregister {
+        namespace: "default".into(),
+        volume_ids: vec!["v1".into()],
+        force: false,
+    });
+    check(&fx, &[("n1", &["shared"]), ("n2", &[])]);
+    assert_eq!(ServerState::restore(&fx.state.snapshot()).unwrap(), fx.state);
+}
