@@ -70,7 +70,11 @@ fn volumes_page(state: &ServerState, options: &QueryOptions, namespace: &str) ->
             (token, key)
         });
     // Paged on the keys, so only the page's volumes are looked up and rendered.
-    let (keys, next) = super::page::page(matching, options);
+    let (keys, next) = if every_namespace {
+        super::page::namespaced_page(matching, options)
+    } else {
+        super::page::page(matching, options)
+    };
     let volumes = keys
         .into_iter()
         .filter_map(|(ns, id)| state.volume(ns, id))

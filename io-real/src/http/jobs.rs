@@ -230,7 +230,11 @@ pub(super) fn list_page(state: &ServerState, options: &QueryOptions) -> (Vec<Val
             };
             (token, job)
         });
-    let (jobs, next) = super::page::page(matching, options);
+    let (jobs, next) = if every_namespace {
+        super::page::namespaced_page(matching, options)
+    } else {
+        super::page::page(matching, options)
+    };
     (jobs.into_iter().map(|job| job_stub(state, job)).collect(), next)
 }
 

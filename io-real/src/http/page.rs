@@ -11,6 +11,31 @@ use super::QueryOptions;
 
 /// The page of `items` (in token order) that `options` asks for, and the next page's token.
 pub fn page<T>(items: impl Iterator<Item = (String, T)>, options: &QueryOptions) -> (Vec<T>, Option<String>) {
+    page_by(items, options, |token, start| token < start)
+}
+
+/// [`page`] of items listed across namespaces, in (namespace, ID) order, whose tokens are
+/// `namespace.ID`: tokens compare as that pair, not as strings, or a namespace that prefixes
+/// another (`a` and `a-b`: `"a.z" > "a-b.c"` as strings) would hand a client the same page
+/// again. Namespace names hold no `.` (Nomad's `^[a-zA-Z0-9-]{1,128}$`).
+pub fn namespaced_page<T>(
+    items: impl Iterator<Item = (String, T)>,
+    options: &QueryOptions,
+) -> (Vec<T>, Option<String>) {
+    let pair = |token: &str| -> (String, String) {
+        match token.split_once('.') {
+            Some((namespace, id)) => (namespace.to_string(), id.to_string()),
+            None => (token.to_string(), String::new()),
+        }
+    };
+    page_by(items, options, |token, start| pair(token) < pair(start))
+}
+
+fn page_by<T>(
+    items: impl Iterator<Item = (String, T)>,
+    options: &QueryOptions,
+    before: impl Fn(&str, &str) -> bool,
+) -> (Vec<T>, Option<String>) {
     let per_page = options
         .per_page
         .as_deref()
@@ -18,7 +43,7 @@ pub fn page<T>(items: impl Iterator<Item = (String, T)>, options: &QueryOptions)
         .filter(|n| *n > 0)
         .map(|n| n as usize);
     let start = options.next_token.as_deref().unwrap_or("");
-    let mut items = items.skip_while(|(token, _)| token.as_str() < start).peekable();
+    let mut items = items.skip_while(|(token, _)| before(token, start)).peekable();
     let mut page = Vec::new();
     while per_page.is_none_or(|limit| page.len() < limit) {
         match items.next() {
@@ -67,5 +92,21 @@ mod tests {
         // A token between items starts at the next one; none or a bad per_page lists all.
         assert_eq!(page(items(), &options(None, Some("id-35"))), (vec![4, 5], None));
         assert_eq!(page(items(), &options(Some("x"), None)).0.len(), 5);
+    }
+
+    #[test]
+    fn pages_across_namespaces_follow_the_namespace_id_order() {
+        // (namespace, ID) order, as the tables list them: `a` before `a-b`.
+        let listed = || {
+            [("a", "z"), ("a-b", "c"), ("b", "a")]
+                .into_iter()
+                .map(|(namespace, id)| (format!("{namespace}.{id}"), id))
+        };
+        let (first, next) = namespaced_page(listed(), &options(Some("1"), None));
+        assert_eq!((first, next.as_deref()), (vec!["z"], Some("a-b.c")));
+        let (second, next) = namespaced_page(listed(), &options(Some("1"), next.as_deref()));
+        assert_eq!((second, next.as_deref()), (vec!["c"], Some("b.a")));
+        // As strings, "a.z" > "a-b.c": the plain comparison hands the first page out again.
+        assert_eq!(page(listed(), &options(Some("1"), Some("a-b.c"))).0, vec!["z"]);
     }
 }
