@@ -10,6 +10,7 @@ overlaps, in proportion, and grouped by crate. Code that ran once at start-up sh
 well as code that runs while idle; both count in RSS.
 """
 
+import bisect
 import collections
 import os
 import re
@@ -87,7 +88,8 @@ def load_bias(binary, maps):
     """The run-time address minus the link-time address of the binary's segments."""
     first = min(m["start"] - m["offset"] for m in maps)
     # A position-independent executable links from 0; a fixed one from its first segment.
-    elf_type = open(binary, "rb").read(18)[16]
+    with open(binary, "rb") as elf:
+        elf_type = elf.read(18)[16]
     return first if elf_type == 3 else 0
 
 
@@ -111,8 +113,6 @@ def main():
     syms = symbols(binary)
     starts = [s[0] for s in syms]
     charged = collections.Counter()
-    import bisect
-
     for m in own:
         kind = "code" if "x" in m["perms"] else "data"
         for page in resident_pages(pid, m["start"], m["end"]):

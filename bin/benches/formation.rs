@@ -25,7 +25,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Agent, ServerSpec, agreed_leader, cluster_specs, free_ports, wait_for_every};
+use support::{Agent, ServerSpec, agreed_leader, cluster_specs, dev_spec, wait_for_every};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(2);
@@ -48,21 +48,7 @@ fn stats(label: &str, samples: &mut [Duration], baseline: Option<Duration>) {
 }
 
 fn dev_agent(root: &std::path::Path, round: usize) -> (Agent, Instant) {
-    let [http, rpc, serf] = free_ports();
-    let spec = ServerSpec {
-        name: format!("dev{round}"),
-        http,
-        rpc,
-        serf,
-        data_dir: root.join(format!("dev{round}")),
-    };
-    let args = vec![
-        "-dev".to_string(),
-        format!("-data-dir={}", spec.data_dir.display()),
-        format!("-http-port={http}"),
-        format!("-rpc-port={rpc}"),
-        format!("-serf-port={serf}"),
-    ];
+    let (spec, args) = dev_spec(root, &format!("dev{round}"));
     let started = Instant::now();
     (Agent::start(spec, args), started)
 }

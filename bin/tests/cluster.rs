@@ -4,11 +4,12 @@
 
 mod support;
 
+use std::path::Path;
 use std::time::Duration;
 
 use serde_json::json;
 
-use support::{Agent, agreed_leader, cluster_specs, http, http_status, server_args, wait_for};
+use support::{Agent, ServerSpec, agreed_leader, cluster_specs, http, http_status, server_args, wait_for};
 
 const FORMATION_LIMIT: Duration = Duration::from_secs(60);
 
@@ -18,6 +19,19 @@ fn permutations() -> Vec<[usize; 3]> {
 
 fn bootstrap_lines(log: &str) -> usize {
     log.lines().filter(|line| line.contains("bootstrapping Raft")).count()
+}
+
+/// Three servers started together, once they agree on a leader: their specs, the agents and
+/// the leader's index among them.
+fn formed_cluster(root: &Path) -> (Vec<ServerSpec>, Vec<Agent>, usize) {
+    let specs = cluster_specs(root, 3);
+    let agents: Vec<Agent> = (0..3)
+        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("the cluster forms");
+    let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+    (specs, agents, leader_index)
 }
 
 #[test]
@@ -60,12 +74,8 @@ fn three_servers_form_one_cluster_in_every_start_order() {
 #[test]
 fn leader_killed_then_restarted_rejoins_without_bootstrapping() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 3);
-    let mut agents: Vec<Agent> = (0..3)
-        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
-        .collect();
-    let refs: Vec<&Agent> = agents.iter().collect();
-    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("cluster forms");
+    let (_, mut agents, leader_index) = formed_cluster(root.path());
+    let leader = agents[leader_index].rpc_addr();
 
     // A write acknowledged before the crash must survive it.
     let written = http(
@@ -76,7 +86,6 @@ fn leader_killed_then_restarted_rejoins_without_bootstrapping() {
     );
     assert!(written.is_some(), "write through s1 failed:\n{}", agents[0].log());
 
-    let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
     agents[leader_index].kill();
     let survivors: Vec<&Agent> = agents
         .iter()
@@ -200,13 +209,7 @@ fn servers_say_no_cluster_leader_until_there_is_one_and_how_recent_its_contact_i
 #[test]
 fn reads_are_consistent_unless_stale_and_refused_without_a_leader() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 3);
-    let mut agents: Vec<Agent> = (0..3)
-        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
-        .collect();
-    let refs: Vec<&Agent> = agents.iter().collect();
-    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("the cluster forms");
-    let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+    let (specs, mut agents, leader_index) = formed_cluster(root.path());
     let followers: Vec<usize> = (0..3).filter(|index| *index != leader_index).collect();
     let get = |port: u16, path: &str| http_status("GET", port, path, None).unwrap_or_else(|| panic!("GET {path}"));
 
@@ -259,13 +262,7 @@ fn reads_are_consistent_unless_stale_and_refused_without_a_leader() {
 #[test]
 fn a_follower_far_behind_on_large_entries_catches_up() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 3);
-    let mut agents: Vec<Agent> = (0..3)
-        .map(|index| Agent::start(specs[index].clone(), server_args(&specs, index)))
-        .collect();
-    let refs: Vec<&Agent> = agents.iter().collect();
-    let leader = wait_for(FORMATION_LIMIT, || agreed_leader(&refs, 3)).expect("cluster forms");
-    let leader_index = agents.iter().position(|agent| agent.rpc_addr() == leader).unwrap();
+    let (_, mut agents, leader_index) = formed_cluster(root.path());
     let behind = (leader_index + 1) % 3;
     agents[behind].kill();
 

@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use support::{Agent, ServerSpec, free_ports, http, wait_for};
+use support::{Agent, dev_spec, http, wait_for};
 
 /// Resident kilobytes of the mappings of `pid`'s own executable.
 fn executable_resident_kib(pid: u32) -> u64 {
@@ -30,21 +30,7 @@ fn executable_resident_kib(pid: u32) -> u64 {
 #[test]
 fn an_idle_agent_releases_its_start_up_code_and_keeps_working() {
     let root = tempfile::tempdir().unwrap();
-    let [http_port, rpc, serf] = free_ports();
-    let spec = ServerSpec {
-        name: "dev".into(),
-        http: http_port,
-        rpc,
-        serf,
-        data_dir: root.path().join("dev"),
-    };
-    let args = vec![
-        "-dev".to_string(),
-        format!("-data-dir={}", spec.data_dir.display()),
-        format!("-http-port={http_port}"),
-        format!("-rpc-port={rpc}"),
-        format!("-serf-port={serf}"),
-    ];
+    let (spec, args) = dev_spec(root.path(), "dev");
     let agent = Agent::start(spec, args);
     wait_for(Duration::from_secs(30), || agent.leader()).expect("the dev agent leads");
     let pid = agent.pid().expect("running");

@@ -349,16 +349,28 @@ impl AgentHandle {
         if metrics.current_leader != Some(self.inner.node_id) {
             return None;
         }
-        let membership = metrics.membership_config.membership();
-        let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-        let (id, addr) = metrics
+        let (id, _) = self.most_caught_up_voter(&metrics)?;
+        let addr = metrics
+            .membership_config
+            .membership()
+            .get_node(&id)?
+            .rpc_addr
+            .parse()
+            .ok()?;
+        Some((id, addr))
+    }
+
+    /// Of the other voters this leader replicates to, the one that acknowledged the most of
+    /// its log (ties: the lowest id), with the index it acknowledged.
+    fn most_caught_up_voter(&self, metrics: &openraft::RaftMetrics<u64, ServerNode>) -> Option<(u64, Option<u64>)> {
+        let voters: std::collections::BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
+        metrics
             .replication
             .iter()
             .flatten()
             .filter(|(id, _)| **id != self.inner.node_id && voters.contains(id))
-            .max_by_key(|(id, matched)| (matched.map(|log| log.index), std::cmp::Reverse(**id)))
-            .and_then(|(id, _)| membership.get_node(id).map(|node| (*id, node.rpc_addr.clone())))?;
-        Some((id, addr.parse().ok()?))
+            .map(|(id, matched)| (*id, matched.map(|log| log.index)))
+            .max_by_key(|(id, matched)| (*matched, std::cmp::Reverse(*id)))
     }
 
     /// A leaving leader first waits, for at most a few heartbeats, until some voter has
@@ -371,17 +383,10 @@ impl AgentHandle {
         }
         let mut metrics = raft.metrics();
         let patience = self.inner.config.server.timing.raft_heartbeat * 4;
+        // Not the leader (no replication) or no other voter: nothing to wait for.
         let caught_up = |metrics: &openraft::RaftMetrics<u64, ServerNode>| {
-            let Some(replication) = metrics.replication.as_ref() else {
-                return true; // not the leader: nothing to hand over
-            };
-            let voters: std::collections::BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
-            voters.len() < 2
-                || replication.iter().any(|(id, matched)| {
-                    *id != self.inner.node_id
-                        && voters.contains(id)
-                        && matched.map(|log| log.index) >= metrics.last_log_index
-                })
+            self.most_caught_up_voter(metrics)
+                .is_none_or(|(_, matched)| matched >= metrics.last_log_index)
         };
         let _ = tokio::time::timeout(patience, async {
             while !caught_up(&metrics.borrow_and_update()) {

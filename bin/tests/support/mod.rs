@@ -57,6 +57,26 @@ pub fn client_spec(root: &Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec
     (spec, args)
 }
 
+/// An `agent -dev` named `name` under `root`: its identity and its arguments.
+pub fn dev_spec(root: &Path, name: &str) -> (ServerSpec, Vec<String>) {
+    let [http, rpc, serf] = free_ports();
+    let spec = ServerSpec {
+        name: name.into(),
+        http,
+        rpc,
+        serf,
+        data_dir: root.join(name),
+    };
+    let args = vec![
+        "-dev".into(),
+        format!("-data-dir={}", spec.data_dir.display()),
+        format!("-http-port={http}"),
+        format!("-rpc-port={rpc}"),
+        format!("-serf-port={serf}"),
+    ];
+    (spec, args)
+}
+
 /// One server's identity on this machine.
 #[derive(Clone, Debug)]
 pub struct ServerSpec {

@@ -514,19 +514,7 @@ impl ServerState {
     /// Moves a volume in the node index from the nodes its `old` version's claims name to
     /// those of its `new` version (None: not stored).
     pub(super) fn index_volume(&mut self, old: Option<&CsiVolume>, new: Option<&CsiVolume>) {
-        let nodes = |volume: Option<&CsiVolume>| -> BTreeSet<String> {
-            volume
-                .into_iter()
-                .flat_map(|volume| {
-                    volume
-                        .read_claims
-                        .values()
-                        .chain(volume.write_claims.values())
-                        .chain(volume.past_claims.values())
-                        .map(|claim| claim.node_id.clone())
-                })
-                .collect()
-        };
+        let nodes = |volume: Option<&CsiVolume>| volume.map(CsiVolume::claim_nodes).unwrap_or_default();
         let Some(volume) = new.or(old) else { return };
         let (before, after) = (nodes(old), nodes(new));
         for node in before.difference(&after) {

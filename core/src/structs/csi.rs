@@ -234,6 +234,16 @@ impl CsiVolume {
             .cloned()
             .collect()
     }
+
+    /// The nodes its stored claims name, current or past.
+    pub fn claim_nodes(&self) -> BTreeSet<String> {
+        self.read_claims
+            .values()
+            .chain(self.write_claims.values())
+            .chain(self.past_claims.values())
+            .map(|claim| claim.node_id.clone())
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

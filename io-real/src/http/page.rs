@@ -22,13 +22,13 @@ pub fn namespaced_page<T>(
     items: impl Iterator<Item = (String, T)>,
     options: &QueryOptions,
 ) -> (Vec<T>, Option<String>) {
-    let pair = |token: &str| -> (String, String) {
-        match token.split_once('.') {
-            Some((namespace, id)) => (namespace.to_string(), id.to_string()),
-            None => (token.to_string(), String::new()),
-        }
-    };
-    page_by(items, options, |token, start| pair(token) < pair(start))
+    page_by(items, options, |token, start| {
+        namespace_and_id(token) < namespace_and_id(start)
+    })
+}
+
+fn namespace_and_id(token: &str) -> (&str, &str) {
+    token.split_once('.').unwrap_or((token, ""))
 }
 
 fn page_by<T>(
