@@ -126,7 +126,7 @@ impl Drainer {
     fn track_deadlines(&mut self, now: Instant, state: &ServerState) {
         let cluster_now_ms = state.last_applied_time_ms();
         let mut live = BTreeSet::new();
-        for node in state.nodes() {
+        for node in state.draining_nodes() {
             let Some(deadline_ms) = node
                 .drain_strategy
                 .as_ref()
@@ -153,8 +153,8 @@ impl Drainer {
     /// Allocations of `node` still running (not finished by their client).
     fn remaining<'a>(state: &'a ServerState, node: &Node) -> Vec<&'a Allocation> {
         state
-            .allocs()
-            .filter(|alloc| alloc.node_id == node.id && !alloc.client_terminal())
+            .allocs_on_node(&node.id)
+            .filter(|alloc| !alloc.client_terminal())
             .collect()
     }
 
@@ -162,7 +162,7 @@ impl Drainer {
         let mut marks: BTreeMap<String, &Allocation> = BTreeMap::new();
         // How many more allocations each (namespace, job, group) may lose now.
         let mut budgets: BTreeMap<(String, String, String), i64> = BTreeMap::new();
-        for node in state.nodes().filter(|node| node.drain_strategy.is_some()) {
+        for node in state.draining_nodes() {
             let strategy = node.drain_strategy.as_ref().expect("draining");
             let forced = self.forced(node);
             let remaining = Self::remaining(state, node);
@@ -201,11 +201,9 @@ impl Drainer {
                 let key = (alloc.namespace.clone(), alloc.job_id.clone(), alloc.task_group.clone());
                 let budget = budgets.entry(key).or_insert_with(|| {
                     let healthy = state
-                        .allocs()
+                        .job_allocs(&alloc.namespace, &alloc.job_id)
                         .filter(|other| {
-                            other.namespace == alloc.namespace
-                                && other.job_id == alloc.job_id
-                                && other.task_group == alloc.task_group
+                            other.task_group == alloc.task_group
                                 && other.desired_status == DesiredStatus::Run
                                 && other.client_status == crate::structs::ClientStatus::Running
                                 && !other.desired_transition.migrate
@@ -255,7 +253,7 @@ impl Drainer {
     /// The first draining node with nothing left to move completes its drain.
     fn completion(&self, state: &ServerState) -> Option<Command> {
         state
-            .nodes()
+            .draining_nodes()
             .filter_map(|node| Some((node, node.drain_strategy.as_ref()?)))
             .find(|(node, strategy)| {
                 Self::remaining(state, node)

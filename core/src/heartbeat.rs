@@ -59,7 +59,7 @@ pub const REREGISTERED: &str = "Node reregistered by heartbeat";
 pub struct Heartbeats {
     config: HeartbeatConfig,
     enabled: bool,
-    deadlines: BTreeMap<String, Instant>,
+    deadlines: Deadlines,
     /// Nodes whose down-marking is being proposed.
     marking: BTreeSet<String>,
     /// The nodes-table index last reconciled against.
@@ -72,7 +72,7 @@ impl Heartbeats {
         Heartbeats {
             config,
             enabled: false,
-            deadlines: BTreeMap::new(),
+            deadlines: Deadlines::default(),
             marking: BTreeSet::new(),
             seen_index: None,
             rng: ChaCha8Rng::seed_from_u64(seed),
@@ -97,10 +97,9 @@ impl Heartbeats {
     /// A heartbeat or registration from `node_id`: returns the TTL the client should call
     /// in again within.
     pub fn reset(&mut self, now: Instant, node_id: &str, state: &ServerState) -> Duration {
-        let ttl = self.ttl(state.nodes().count());
+        let ttl = self.ttl(state.node_count());
         if self.enabled {
-            self.deadlines
-                .insert(node_id.to_string(), now + ttl + self.config.grace);
+            self.deadlines.set(node_id, now + ttl + self.config.grace);
         }
         ttl
     }
@@ -131,14 +130,12 @@ impl Heartbeats {
         }
         self.seen_index = Some(index);
         self.deadlines
-            .retain(|id, _| state.node(id).is_some_and(|node| node.status != NodeStatus::Down));
+            .retain(|id| state.node(id).is_some_and(|node| node.status != NodeStatus::Down));
         self.marking
             .retain(|id| state.node(id).is_some_and(|node| node.status != NodeStatus::Down));
         for node in state.nodes().filter(|node| node.status != NodeStatus::Down) {
-            if !self.marking.contains(&node.id) {
-                self.deadlines
-                    .entry(node.id.clone())
-                    .or_insert(now + self.config.failover_ttl);
+            if !self.marking.contains(&node.id) && self.deadlines.get(&node.id).is_none() {
+                self.deadlines.set(&node.id, now + self.config.failover_ttl);
             }
         }
     }
@@ -148,14 +145,8 @@ impl Heartbeats {
         if !self.enabled {
             return Vec::new();
         }
-        let expired: Vec<String> = self
-            .deadlines
-            .iter()
-            .filter(|(_, deadline)| **deadline <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let expired = self.deadlines.take_due(now);
         for id in &expired {
-            self.deadlines.remove(id);
             self.marking.insert(id.clone());
         }
         expired
@@ -168,10 +159,65 @@ impl Heartbeats {
     }
 
     pub fn deadline(&self, node_id: &str) -> Option<Instant> {
-        self.deadlines.get(node_id).copied()
+        self.deadlines.get(node_id)
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadlines.values().min().copied()
+        self.deadlines.first()
+    }
+}
+
+/// Deadlines by node, also ordered by time: the next one and the due ones are found without
+/// looking at the others (the leader asks on every input; a cluster has thousands of nodes).
+#[derive(Debug, Default)]
+struct Deadlines {
+    by_node: BTreeMap<String, Instant>,
+    by_time: BTreeSet<(Instant, String)>,
+}
+
+impl Deadlines {
+    fn set(&mut self, node_id: &str, at: Instant) {
+        if let Some(old) = self.by_node.insert(node_id.to_string(), at) {
+            self.by_time.remove(&(old, node_id.to_string()));
+        }
+        self.by_time.insert((at, node_id.to_string()));
+    }
+
+    fn get(&self, node_id: &str) -> Option<Instant> {
+        self.by_node.get(node_id).copied()
+    }
+
+    fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        let by_time = &mut self.by_time;
+        self.by_node.retain(|id, at| {
+            let kept = keep(id);
+            if !kept {
+                by_time.remove(&(*at, id.clone()));
+            }
+            kept
+        });
+    }
+
+    fn clear(&mut self) {
+        self.by_node.clear();
+        self.by_time.clear();
+    }
+
+    fn first(&self) -> Option<Instant> {
+        self.by_time.first().map(|(at, _)| *at)
+    }
+
+    /// Removes and returns the nodes whose deadline is at or before `now`, by node id.
+    fn take_due(&mut self, now: Instant) -> Vec<String> {
+        let mut due = Vec::new();
+        while let Some((at, _)) = self.by_time.first()
+            && *at <= now
+        {
+            let (_, id) = self.by_time.pop_first().expect("non-empty");
+            self.by_node.remove(&id);
+            due.push(id);
+        }
+        due.sort();
+        due
     }
 }

@@ -68,6 +68,7 @@ impl ServerState {
         alloc.modify_time_ms = at_ms;
         let alloc = alloc.clone();
         self.count_alloc(&alloc, true);
+        self.queue_failed_alloc(&alloc);
         self.alloc_changed(index, at_ms, &alloc);
         self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
     }

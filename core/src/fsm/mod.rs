@@ -14,6 +14,7 @@ mod direct;
 mod jobs;
 mod nodes;
 mod pmap;
+mod queues;
 mod summary;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
@@ -265,6 +266,15 @@ pub struct ServerState {
     /// `Queued`); derived, rebuilt on restore.
     #[serde(skip)]
     blocked_evals_by_job: PMap<(String, String, String), ()>,
+    /// The scheduler's queues (`queues.rs`): pending evaluations oldest first, and failed
+    /// allocations that still want to run; derived, rebuilt on restore.
+    #[serde(skip)]
+    pending_evals: PMap<(u64, String), ()>,
+    #[serde(skip)]
+    failed_allocs: PMap<String, ()>,
+    /// Nodes with a drain strategy (the drainer's), by id; derived, rebuilt on restore.
+    #[serde(skip)]
+    draining_nodes: PMap<String, ()>,
     /// Allocation counts per job and group (`summary.rs`); derived, rebuilt on restore.
     #[serde(skip)]
     summaries: PMap<(String, String), JobSummary>,
@@ -326,6 +336,9 @@ impl From<StateRecord> for ServerState {
             allocs_by_node: PMap::default(),
             evals_by_job: PMap::default(),
             blocked_evals_by_job: PMap::default(),
+            pending_evals: PMap::default(),
+            failed_allocs: PMap::default(),
+            draining_nodes: PMap::default(),
             summaries: PMap::default(),
             volumes_by_node: PMap::default(),
         };
@@ -451,6 +464,11 @@ impl ServerState {
         self.nodes.values()
     }
 
+    /// How many nodes are registered (O(1)).
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
     pub fn alloc(&self, id: &str) -> Option<&Allocation> {
         self.allocs.get(id)
     }
@@ -479,6 +497,7 @@ impl ServerState {
             .insert((alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()), ());
         self.allocs_by_node
             .insert((alloc.node_id.clone(), alloc.id.clone()), ());
+        self.queue_failed_alloc(alloc);
         self.count_alloc(alloc, true);
     }
 
@@ -486,6 +505,7 @@ impl ServerState {
         self.allocs_by_job
             .delete(&(alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()));
         self.allocs_by_node.delete(&(alloc.node_id.clone(), alloc.id.clone()));
+        self.failed_allocs.delete(&alloc.id);
         self.count_alloc(alloc, false);
     }
 
@@ -495,7 +515,14 @@ impl ServerState {
         self.allocs_by_node = PMap::default();
         self.evals_by_job = PMap::default();
         self.blocked_evals_by_job = PMap::default();
+        self.pending_evals = PMap::default();
+        self.failed_allocs = PMap::default();
+        self.draining_nodes = PMap::default();
         self.summaries = PMap::default();
+        let draining: Vec<String> = self.nodes.keys().cloned().collect();
+        for node_id in &draining {
+            self.queue_draining_node(node_id);
+        }
         let allocs: Vec<Allocation> = self.allocs.values().cloned().collect();
         for alloc in &allocs {
             self.index_alloc(None, alloc);
@@ -532,16 +559,19 @@ impl ServerState {
     /// and finished there — stopped by their client, lost with their node, or gone. A client
     /// sees only its own allocations; without this a replacement of an allocation on another
     /// node (a rolling update across nodes, a lost node) would wait for it forever.
+    /// The allocations placed on `node_id`, by id.
+    pub fn allocs_on_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Allocation> + use<'a> {
+        let node_id = node_id.to_string();
+        self.allocs_by_node
+            .range((node_id.clone(), String::new())..)
+            .take_while(move |((node, _), ())| *node == node_id)
+            .filter_map(|((_, id), ())| self.allocs.get(id))
+    }
+
     pub fn node_allocs(&self, node_id: &str) -> (Vec<(Allocation, Job)>, Vec<String>) {
         let mut allocs = Vec::new();
         let mut finished = alloc::collections::BTreeSet::new();
-        let placed_here = self
-            .allocs_by_node
-            .range((node_id.to_string(), String::new())..)
-            .map(|((node, id), ())| (node, id))
-            .take_while(|(node, _)| *node == node_id)
-            .filter_map(|(_, id)| self.allocs.get(id));
-        for placed in placed_here {
+        for placed in self.allocs_on_node(node_id) {
             if let Some(job) = self.job(&placed.namespace, &placed.job_id) {
                 allocs.push((placed.clone(), job.clone()));
             }
@@ -611,6 +641,7 @@ impl ServerState {
             self.blocked_evals_by_job.delete(&key);
         }
         self.evals_by_job.insert(key, ());
+        self.queue_eval(eval);
     }
 
     pub fn plugin(&self, id: &str) -> Option<&CsiPlugin> {

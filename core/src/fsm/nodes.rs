@@ -119,6 +119,25 @@ impl ServerState {
 
     /// Node commands: registration, status, fingerprints, events, drain and eligibility.
     pub(super) fn apply_node(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
+        let response = self.apply_node_command(index, at_ms, command);
+        let node_id = match command {
+            Command::NodeRegister { node } => Some(node.id.as_str()),
+            Command::NodeUpdateStatus { node_id, .. }
+            | Command::NodeUpdateCsiInfo { node_id, .. }
+            | Command::NodeUpdateDrivers { node_id, .. }
+            | Command::NodeEmitEvents { node_id, .. }
+            | Command::NodeDeregister { node_id }
+            | Command::NodeUpdateDrain { node_id, .. }
+            | Command::NodeUpdateEligibility { node_id, .. } => Some(node_id.as_str()),
+            _ => None,
+        };
+        if let Some(node_id) = node_id {
+            self.queue_draining_node(node_id);
+        }
+        response
+    }
+
+    fn apply_node_command(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
         match command {
             Command::NodeRegister { node } => self.register_node(index, at_ms, node),
             Command::NodeUpdateStatus { node_id, status, event } => {

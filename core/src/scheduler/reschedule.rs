@@ -19,7 +19,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use core::time::Duration;
 
 use crate::fsm::ServerState;
-use crate::structs::{Allocation, ClientStatus, DesiredStatus, JobType};
+use crate::structs::{Allocation, ClientStatus, JobType};
 use crate::time::Instant;
 
 pub const TRIGGER_ALLOC_FAILURE: &str = "alloc-failure";
@@ -95,10 +95,7 @@ impl Reschedules {
     pub fn due_jobs(&mut self, now: Instant, state: &ServerState) -> (BTreeSet<(String, String)>, Option<Instant>) {
         let cluster_now_ms = state.last_applied_time_ms();
         let mut failed = BTreeSet::new();
-        for alloc in state
-            .allocs()
-            .filter(|alloc| alloc.client_status == ClientStatus::Failed && alloc.desired_status == DesiredStatus::Run)
-        {
+        for alloc in state.failed_allocs() {
             let Some(job) = state
                 .job(&alloc.namespace, &alloc.job_id)
                 .filter(|job| !job.stop && super::is_scheduled(job))

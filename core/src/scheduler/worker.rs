@@ -42,6 +42,9 @@ pub struct Worker {
     /// Node statuses and eligibility as last seen (`None` until seeded from the state on
     /// taking leadership).
     nodes_seen: Option<BTreeMap<String, (NodeStatus, SchedulingEligibility)>>,
+    /// The nodes table's index when `nodes_seen` was taken: the nodes are compared again only
+    /// after a node write, not on every input.
+    nodes_seen_index: u64,
     last_unblock: Option<Instant>,
     /// Set only when blocked evaluations wait for the rate limit: every other change to the
     /// state reaches the leader's core as an input (a proposal's result, a request), and each
@@ -57,6 +60,7 @@ impl Worker {
             enabled: false,
             in_flight: false,
             nodes_seen: None,
+            nodes_seen_index: 0,
             last_unblock: None,
             wake_at: None,
             reschedules: Default::default(),
@@ -113,6 +117,11 @@ impl Worker {
     }
 
     fn node_updates(&mut self, state: &ServerState) -> Option<Command> {
+        let nodes_index = state.table_index(Table::Nodes);
+        if self.nodes_seen.is_some() && nodes_index == self.nodes_seen_index {
+            return None;
+        }
+        self.nodes_seen_index = nodes_index;
         let current: BTreeMap<String, (NodeStatus, SchedulingEligibility)> = state
             .nodes()
             .map(|node| (node.id.clone(), (node.status, node.scheduling_eligibility)))
@@ -127,10 +136,15 @@ impl Worker {
             return None;
         }
         let mut jobs: BTreeMap<(String, String), (String, &str, String)> = BTreeMap::new();
-        for alloc in state
-            .allocs()
-            .filter(|alloc| changed.contains(&alloc.node_id) && !alloc.client_terminal())
-        {
+        // In allocation id order, as a scan of the table would find them: the last one of a
+        // job names the evaluation's node.
+        let mut on_changed: Vec<&crate::structs::Allocation> = changed
+            .iter()
+            .flat_map(|node_id| state.allocs_on_node(node_id))
+            .filter(|alloc| !alloc.client_terminal())
+            .collect();
+        on_changed.sort_by(|a, b| a.id.cmp(&b.id));
+        for alloc in on_changed {
             if let Some(job) = state
                 .job(&alloc.namespace, &alloc.job_id)
                 .filter(|job| super::is_scheduled(job))
@@ -205,11 +219,7 @@ impl Worker {
     }
 
     fn next_plan(&mut self, state: &ServerState) -> Option<Command> {
-        let eval = state
-            .evals()
-            .filter(|eval| eval.status == EVAL_PENDING)
-            .min_by_key(|eval| (eval.create_index, eval.id.clone()))?
-            .clone();
+        let eval = state.pending_evals().next()?.clone();
         let plan = super::schedule(state, &eval, &mut || self.new_id());
         let mut evals = plan.evals;
         let keep: BTreeSet<String> = evals.iter().map(|eval| eval.id.clone()).collect();
@@ -236,8 +246,8 @@ impl Worker {
             .max()
             .unwrap_or(0);
         let evals: Vec<Evaluation> = state
-            .evals()
-            .filter(|eval| eval.status == EVAL_BLOCKED && eval.snapshot_index < changed_at)
+            .blocked_evals()
+            .filter(|eval| eval.snapshot_index < changed_at)
             .map(|eval| {
                 let mut pending = eval.clone();
                 pending.status = EVAL_PENDING.into();
