@@ -191,3 +191,40 @@ impl AsyncRuntime for DroverRuntime {
         (OneshotSender(tx), rx)
     }
 }
+
+/// Runs CPU-heavy work that nothing waits on urgently (encoding a Raft snapshot: seconds of CPU
+/// on a large state) off the runtime's workers, on its own thread at a lower CPU priority
+/// (nice +10), so Raft heartbeats, applies and API requests keep their cores while it runs.
+/// Under madsim it runs on the simulator's blocking pool, deterministically. `None` when the
+/// thread could not start or the work panicked.
+pub async fn background<R: Send + 'static>(name: &str, work: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    #[cfg(not(madsim))]
+    {
+        let (done, result) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                lower_this_threads_priority();
+                let _ = done.send(work());
+            })
+            .ok()?;
+        result.await.ok()
+    }
+    #[cfg(madsim)]
+    {
+        let _ = name;
+        tokio::task::spawn_blocking(work).await.ok()
+    }
+}
+
+/// Linux keeps a nice value per thread: this lowers the calling thread's only.
+#[cfg(not(madsim))]
+fn lower_this_threads_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain syscalls on the calling thread's own id; a failure only leaves the
+    // priority as it was.
+    unsafe {
+        let tid = libc::gettid();
+        libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}

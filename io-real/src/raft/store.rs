@@ -640,12 +640,6 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             let error = StoreError::Redb(failure);
             return Err(StorageError::from(StorageIOError::write_snapshot(None, &error)));
         }
-        let data = codec::encode(&SnapshotBodyRef {
-            last_applied,
-            membership: &membership,
-            state: &state,
-        });
-        drop(state);
         let seq = self.snapshot_seq.fetch_add(1, Ordering::Relaxed) + 1;
         let snapshot_id = match last_applied {
             Some(log_id) => format!("{}-{}-{seq}", log_id.leader_id, log_id.index),
@@ -656,9 +650,23 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
             last_membership: membership,
             snapshot_id,
         };
-        self.store
-            .put_snapshot(&meta, &data)
-            .map_err(|error| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &error)))?;
+        // Encoding a large state takes seconds of CPU (a million allocations: ~3 s): in the
+        // background at a lower priority, so no runtime worker (Raft heartbeats, the API)
+        // waits behind it and writes keep their latency meanwhile.
+        let store = self.store.clone();
+        let written_meta = meta.clone();
+        let data = crate::runtime::background("raft-snapshot", move || {
+            let data = codec::encode(&SnapshotBodyRef {
+                last_applied,
+                membership: &written_meta.last_membership,
+                state: &state,
+            });
+            drop(state);
+            store.put_snapshot(&written_meta, &data).map(|()| data)
+        })
+        .await
+        .unwrap_or_else(|| Err(StoreError::Redb("building the snapshot failed: its thread died".into())))
+        .map_err(|error| StorageError::from(StorageIOError::write_snapshot(Some(meta.signature()), &error)))?;
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
