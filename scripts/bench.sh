@@ -37,6 +37,9 @@ echo
 echo "== writes and a jobs page against 100k jobs, 1M allocations, 10k nodes (cargo bench -p drover-io-real --bench state_scale)"
 cargo bench -p drover-io-real --bench state_scale
 echo
+echo "== whole acknowledged writes through a real agent on that state, alone and with a reader looping on the jobs page (cargo bench -p drover-io-real --bench acked_writes)"
+cargo bench -p drover-io-real --bench acked_writes
+echo
 echo "== a big list does not stall the agent: status and writes while clients loop on GET /v1/jobs (cargo bench -p drover --bench read_stall)"
 cargo bench -p drover --bench read_stall
 echo

@@ -75,6 +75,8 @@ pub struct ServerBlock {
     pub raft_multiplier: Option<i64>,
     /// Raft log entries between snapshots (Nomad's `raft_snapshot_threshold`, 8192).
     pub raft_snapshot_threshold: Option<i64>,
+    /// How often to look whether a snapshot is due (Nomad's `raft_snapshot_interval`, "120s").
+    pub raft_snapshot_interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -503,6 +505,13 @@ fn apply_file(
             Some(threshold @ 1..) => config.server.timing.snapshot_threshold = threshold as u64,
             Some(other) => bail!("raft_snapshot_threshold must be positive, not {other}"),
         }
+        if let Some(text) = &server.raft_snapshot_interval {
+            let interval = parse_duration("raft_snapshot_interval", text)?;
+            if interval.is_zero() {
+                bail!("raft_snapshot_interval must be positive, not {text:?}");
+            }
+            config.server.timing.snapshot_interval = interval;
+        }
         let heartbeat = &mut config.server.timing.heartbeat;
         if let Some(text) = &server.heartbeat_grace {
             heartbeat.grace = parse_duration("heartbeat_grace", text)?;
@@ -844,6 +853,36 @@ client {
         assert_eq!(
             load_with("raft_snapshot_threshold = 0").unwrap_err().to_string(),
             "raft_snapshot_threshold must be positive, not 0"
+        );
+    }
+
+    #[test]
+    fn raft_snapshot_interval_is_nomads_120s_unless_set() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("raft.hcl");
+        let load_with = |extra: &str| {
+            std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
+            let flags = Flags {
+                config: vec![file.clone()],
+                data_dir: Some("/d".into()),
+                ..Flags::default()
+            };
+            load(&flags, no_dev).map(|loaded| loaded.config.server.timing.snapshot_interval)
+        };
+        assert_eq!(load_with("").unwrap(), Duration::from_secs(120));
+        assert_eq!(
+            load_with("raft_snapshot_interval = \"30s\"").unwrap(),
+            Duration::from_secs(30)
+        );
+        assert_eq!(
+            load_with("raft_snapshot_interval = \"0s\"").unwrap_err().to_string(),
+            "raft_snapshot_interval must be positive, not \"0s\""
+        );
+        assert!(
+            load_with("raft_snapshot_interval = \"often\"")
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid raft_snapshot_interval \"often\"")
         );
     }
 

@@ -165,6 +165,11 @@ pub struct ServerTiming {
     /// CPU (`cargo bench -p drover-io-real --bench state_scale`), so taking one every 1,000
     /// writes would keep a core busy on a large cluster.
     pub snapshot_threshold: u64,
+    /// How often a server looks whether `snapshot_threshold` entries were applied since its
+    /// last snapshot, staggered at random up to twice this (Nomad's `raft_snapshot_interval`,
+    /// hashicorp/raft's `SnapshotInterval`: 120 s). Bounds the CPU a large state's snapshots
+    /// take at a high write rate.
+    pub snapshot_interval: Duration,
 }
 
 impl ServerTiming {
@@ -219,6 +224,7 @@ impl Default for ServerTiming {
             csi_gc: crate::csi::watcher::GcConfig::default(),
             heartbeat: crate::heartbeat::HeartbeatConfig::default(),
             snapshot_threshold: 8_192,
+            snapshot_interval: Duration::from_secs(120),
         }
     }
 }

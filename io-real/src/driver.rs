@@ -541,6 +541,12 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     }
     if let Some(raft) = &raft {
         tokio::spawn(watch_raft(raft.clone(), inbox_tx.clone(), observer.clone()));
+        let timing = &config.server.timing;
+        tokio::spawn(crate::raft::snapshots::take_snapshots(
+            raft.clone(),
+            timing.snapshot_interval,
+            timing.snapshot_threshold,
+        ));
     }
 
     let gossip = if is_server {
@@ -620,7 +626,8 @@ async fn start_raft<T: Transport, O: Observer>(
         install_snapshot_timeout: 5_000,
         // The core runs the election timer (`drover_core::election`) and says when to stand.
         enable_elect: false,
-        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(timing.snapshot_threshold),
+        // Snapshots are taken by `raft::snapshots` on Nomad's interval-and-threshold policy.
+        snapshot_policy: openraft::SnapshotPolicy::Never,
         max_in_snapshot_log_to_keep: timing.snapshot_threshold / 2,
         ..Default::default()
     }

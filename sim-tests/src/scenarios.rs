@@ -564,6 +564,7 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     config.server.raft_faults = options.raft_faults;
     // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
     config.server.timing.snapshot_threshold = 64;
+    config.server.timing.snapshot_interval = Duration::from_secs(1);
     config.server.timing.csi_gc = GcConfig {
         claim_gc_interval: Duration::from_secs(20),
         claim_gc_threshold: Duration::from_secs(10),

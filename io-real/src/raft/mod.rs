@@ -4,6 +4,7 @@
 
 pub mod changes;
 pub mod network;
+pub mod snapshots;
 pub mod store;
 
 use std::fmt;
