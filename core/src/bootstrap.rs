@@ -105,6 +105,19 @@ enum Phase {
     Bootstrapped,
 }
 
+impl Phase {
+    /// The state's name, for coverage ([`crate::cover`]).
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Waiting { .. } => "waiting",
+            Phase::Querying { .. } => "querying",
+            Phase::Staggered { .. } => "staggered",
+            Phase::Initializing { .. } => "initializing",
+            Phase::Bootstrapped => "bootstrapped",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Bootstrap {
     expect: u32,
@@ -119,6 +132,11 @@ pub struct Bootstrap {
 }
 
 impl Bootstrap {
+    /// Moves to `phase`, counted as a transition of the bootstrap machine.
+    fn set_phase(&mut self, phase: Phase) {
+        crate::cover::transition("bootstrap", self.phase.name(), phase.name());
+        self.phase = phase;
+    }
     pub fn new(
         now: Instant,
         expect: u32,
@@ -198,9 +216,9 @@ impl Bootstrap {
             return;
         }
         let _ = next_evaluation;
-        self.phase = Phase::Waiting {
+        self.set_phase(Phase::Waiting {
             next_evaluation: now + self.timing.bootstrap_retry,
-        };
+        });
         let mut servers = Vec::new();
         let mut voters = 0u32;
         for member in members {
@@ -260,7 +278,7 @@ impl Bootstrap {
             servers = servers.len(),
             "enough servers discovered; confirming none has Raft peers"
         );
-        self.phase = Phase::Querying { servers, queries };
+        self.set_phase(Phase::Querying { servers, queries });
         self.maybe_initialize(now, ops);
     }
 
@@ -268,7 +286,7 @@ impl Bootstrap {
     fn evaluate_faulty(&mut self, now: Instant, members: &[MemberId], ops: &mut OpIds) {
         let due = self.started_at + self.timing.raft_election_timeout_max;
         if self.leader_known || now < due {
-            self.phase = Phase::Waiting { next_evaluation: due };
+            self.set_phase(Phase::Waiting { next_evaluation: due });
             return;
         }
         let me = members
@@ -285,7 +303,7 @@ impl Bootstrap {
         let op = ops.allocate();
         tracing::warn!("fault injection: electing ourselves without waiting for bootstrap_expect");
         self.actions.push_back(BootstrapAction::Initialize { op, servers });
-        self.phase = Phase::Initializing { op };
+        self.set_phase(Phase::Initializing { op });
     }
 
     /// Outcome of a `QueryPeers` action.
@@ -395,9 +413,9 @@ impl Bootstrap {
                 attempts = query.attempts,
                 "failed to confirm peer status; abandoning this bootstrap attempt"
             );
-            self.phase = Phase::Waiting {
+            self.set_phase(Phase::Waiting {
                 next_evaluation: now + self.timing.bootstrap_retry,
-            };
+            });
             return;
         }
         let backoff = backoff(self.timing.peer_retry_base, query.attempts);
@@ -461,7 +479,7 @@ impl Bootstrap {
             self.initialize(servers, ops);
         } else {
             let at = now + self.timing.raft_election_timeout_min * rank;
-            self.phase = Phase::Staggered { servers, at };
+            self.set_phase(Phase::Staggered { servers, at });
         }
     }
 
@@ -469,12 +487,12 @@ impl Bootstrap {
         let op = ops.allocate();
         tracing::info!(servers = ?servers.iter().map(|peer| &peer.name).collect::<Vec<_>>(), "bootstrapping Raft");
         self.actions.push_back(BootstrapAction::Initialize { op, servers });
-        self.phase = Phase::Initializing { op };
+        self.set_phase(Phase::Initializing { op });
     }
 
     fn mark_bootstrapped(&mut self) {
         if !self.is_bootstrapped() {
-            self.phase = Phase::Bootstrapped;
+            self.set_phase(Phase::Bootstrapped);
             self.actions.push_back(BootstrapAction::PersistBootstrapped);
         }
     }

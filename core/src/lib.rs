@@ -27,6 +27,7 @@ pub mod client;
 pub mod codec;
 pub mod config;
 pub mod connect;
+pub mod cover;
 pub mod csi;
 pub mod drainer;
 pub mod election;

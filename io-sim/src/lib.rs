@@ -5,7 +5,9 @@
 //! down, hang or be slow) and [`csi`] (CSI plugins on client nodes that fail, hang or are slow
 //! on command), [`host`] (the host a production client runs on: tasks, mounts, its CSI plugin
 //! process and its faults). [`trace`] records every agent and plugin event with its virtual time and runs
-//! the [`invariants`] after each one; [`cluster`] starts, kills, restarts and partitions agents.
+//! the [`invariants`] after each one (counting their checks); [`coverage`] counts the core's state
+//! machine transitions and rare paths per run; [`cluster`] starts, kills, restarts and
+//! partitions agents.
 //!
 //! Everything here exists only in the simulation build; in a normal build the crate is empty.
 
@@ -13,6 +15,8 @@
 pub mod cluster;
 #[cfg(madsim)]
 pub mod consul;
+#[cfg(madsim)]
+pub mod coverage;
 #[cfg(madsim)]
 pub mod csi;
 pub mod disk;

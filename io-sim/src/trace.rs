@@ -2,6 +2,7 @@
 //! in the order they happened. Safety invariants run after each recorded event; the first
 //! violation is kept with the trace position where it happened.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use drover_io_real::io::{AgentEvent, Observer};
@@ -63,6 +64,8 @@ struct State {
     lines: Vec<String>,
     invariants: Vec<Box<dyn Invariant>>,
     violations: Vec<Violation>,
+    /// Checks made, by invariant name (the coverage table's).
+    checks: BTreeMap<&'static str, u64>,
 }
 
 /// Shared by every node of one run.
@@ -85,6 +88,7 @@ impl Recorder {
                 lines: Vec::new(),
                 invariants: invariants::all(),
                 violations: Vec::new(),
+                checks: BTreeMap::new(),
             })),
         }
     }
@@ -129,7 +133,11 @@ impl Recorder {
         state.lines.push(line);
         let at_line = state.lines.len();
         let mut found = Vec::new();
-        for invariant in state.invariants.iter_mut() {
+        let State { invariants, checks, .. } = &mut *state;
+        for invariant in invariants.iter_mut() {
+            if invariant.checks(&event) {
+                *checks.entry(invariant.name()).or_default() += 1;
+            }
             if let Err(detail) = invariant.observe_at(at, node, &event) {
                 found.push(Violation {
                     invariant: invariant.name(),
@@ -152,6 +160,23 @@ impl Recorder {
             detail,
             at_line,
         });
+    }
+
+    /// Counts `count` checks of an invariant made outside the event stream (liveness, state
+    /// equality, linearizability, after the run).
+    pub fn checked(&self, invariant: &'static str, count: u64) {
+        *self
+            .state
+            .lock()
+            .expect("trace lock")
+            .checks
+            .entry(invariant)
+            .or_default() += count;
+    }
+
+    /// Checks made so far, by invariant.
+    pub fn checks(&self) -> BTreeMap<&'static str, u64> {
+        self.state.lock().expect("trace lock").checks.clone()
     }
 
     pub fn violations(&self) -> Vec<Violation> {

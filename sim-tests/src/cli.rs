@@ -1,6 +1,7 @@
 //! The simulation lane's command line: `-- --seed N`, `-- --seeds A..B`, `--scenario NAME`,
 //! `--negative-control`, `--check-determinism`, `--trace`, `--log` (agent logs, filtered by
-//! `RUST_LOG`), `--list`. With no seed given it runs
+//! `RUST_LOG`), `--list`, `--coverage FILE` (the coverage table printed after the runs, as
+//! JSON). With no seed given it runs
 //! the default range, replays every run of it to check that the trace is byte-identical (an
 //! explicit range replays its first seed per scenario, or every seed with
 //! `--check-determinism`) and runs the negative control. Replays run in the same process after
@@ -62,6 +63,8 @@ struct Args {
     list: bool,
     bench_jobs: bool,
     log: bool,
+    /// Write the coverage table of the run range as JSON here.
+    coverage: Option<std::path::PathBuf>,
     /// Run only the given regression switch ("10927", "13416", "8232", "task-leak", "si-leak" or "stale-read").
     regression_switch: Option<String>,
 }
@@ -116,6 +119,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--list" => args.list = true,
             "--bench-jobs" => args.bench_jobs = true,
             "--log" => args.log = true,
+            "--coverage" => args.coverage = Some(value("--coverage")?.into()),
             "--regression-switch" => {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
@@ -159,6 +163,7 @@ pub fn main() -> ExitCode {
     if args.log {
         // Agent logs (core decisions included), filtered by RUST_LOG, e.g. RUST_LOG=info.
         madsim::runtime::init_logger();
+        crate::runner::AGENT_LOGS.store(true, Ordering::Relaxed);
     }
     if args.bench_jobs {
         return if crate::bench::jobs_bench() {
@@ -332,7 +337,22 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         replays.len(),
         runs_per_minute / args.scenarios.len() as f64,
     );
-    failures == 0 && deterministic
+    let mut table = crate::coverage::Table::default();
+    for report in &reports {
+        table.add(&report.coverage);
+    }
+    print!("{}", table.render());
+    let mut written = true;
+    if let Some(path) = &args.coverage {
+        match std::fs::write(path, table.to_json()) {
+            Ok(()) => println!("sim: coverage written to {}", path.display()),
+            Err(error) => {
+                println!("sim: could not write the coverage to {}: {error}", path.display());
+                written = false;
+            }
+        }
+    }
+    failures == 0 && deterministic && written
 }
 
 fn regression_seeds() -> bool {

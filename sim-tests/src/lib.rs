@@ -12,6 +12,8 @@ pub mod bench;
 #[cfg(madsim)]
 pub mod cli;
 #[cfg(madsim)]
+pub mod coverage;
+#[cfg(madsim)]
 pub mod real_clients;
 #[cfg(madsim)]
 pub mod runner;

@@ -17,8 +17,13 @@ use drover_io_sim::trace::{Recorder, Violation};
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
 
+use crate::coverage::{RunCoverage, plan_faults};
 use crate::real_clients::{self, RealClientPlan};
 use crate::scenarios::{self, Action, Options, Plan, Scenario, Target};
+use drover_io_sim::coverage::CoverageCounter;
+
+/// Set by `--log`: agent logs go to the global subscriber, and no run counts coverage.
+pub static AGENT_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const LIVENESS_POLL: Duration = Duration::from_millis(200);
@@ -32,6 +37,8 @@ pub struct Report {
     pub schedule: Vec<String>,
     /// Virtual seconds simulated.
     pub virtual_secs: u64,
+    /// Fault kinds played, invariant checks made, state machine transitions reached.
+    pub coverage: RunCoverage,
 }
 
 impl Report {
@@ -108,6 +115,9 @@ fn seeded_tokio_context(seed: u64) -> std_tokio::runtime::Runtime {
 pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
     let plan = plan_for(scenario, seed, &options);
     let schedule = plan.schedule();
+    let faults = plan_faults(&plan);
+    let counter = CoverageCounter::default();
+    let counting = counter.clone();
     // The recorder lives outside the simulation thread so a run that panics still reports
     // the trace and every violation recorded before the panic.
     let recorder_slot: Arc<Mutex<Option<Recorder>>> = Arc::new(Mutex::new(None));
@@ -120,6 +130,10 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
             // madsim first: it seeds this thread's std hash keys, which only works before the
             // thread's first `HashMap`.
             let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+            // The core's coverage events, counted for this run (unless `--log` installed a
+            // global subscriber to print agent logs: then they go there).
+            let _counting = (!AGENT_LOGS.load(std::sync::atomic::Ordering::Relaxed))
+                .then(|| tracing::subscriber::set_default(counting));
             let seeded = seeded_tokio_context(seed);
             let result = seeded.block_on(std_tokio::task::unconstrained(async {
                 runtime.block_on(play(plan, seed ^ salt(scenario.name), slot, probes_out))
@@ -141,6 +155,12 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
         detail: format!("{leaked} simulated disks outlived their runtime"),
         at_line: 0,
     });
+    let recorder = recorder_slot.lock().expect("recorder slot").take();
+    let coverage = RunCoverage {
+        faults,
+        checks: recorder.as_ref().map(Recorder::checks).unwrap_or_default(),
+        reached: counter.counts(),
+    };
     match result {
         Ok((trace, mut violations, virtual_secs)) => {
             violations.extend(leak);
@@ -151,6 +171,7 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
                 violations,
                 schedule,
                 virtual_secs,
+                coverage,
             }
         }
         Err(panic) => {
@@ -159,7 +180,6 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
                 .cloned()
                 .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
                 .unwrap_or_else(|| "unknown panic".to_string());
-            let recorder = recorder_slot.lock().expect("recorder slot").take();
             let (trace, mut violations) = match recorder {
                 Some(recorder) => (recorder.text(), recorder.violations()),
                 None => (String::new(), Vec::new()),
@@ -176,6 +196,7 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
                 violations,
                 schedule,
                 virtual_secs: 0,
+                coverage,
             }
         }
     }
@@ -386,6 +407,7 @@ async fn play(
             Err(_) => tokio::time::sleep(LIVENESS_POLL).await,
         }
     };
+    recorder.checked("liveness: a leader known on every live server", 1);
     if let Some(leader) = leader {
         check_one_configuration(&cluster, &recorder, leader, deadline).await;
         let elapsed = tokio::time::Instant::now().saturating_duration_since(quiet_start);
@@ -680,7 +702,10 @@ async fn check_state_equal(cluster: &SimCluster, recorder: &Recorder, leader: u6
                     "every server holds the leader's state",
                     format!("compared no follower although {live} servers are live"),
                 ),
-                Ok(compared) => recorder.note(format!("{compared} servers hold the leader's exact state")),
+                Ok(compared) => {
+                    recorder.checked("every server holds the leader's state", compared as u64);
+                    recorder.note(format!("{compared} servers hold the leader's exact state"));
+                }
                 Err(why) => recorder.violate("snapshot restore and replication give the leader's state", why),
             }
             return;
@@ -705,6 +730,7 @@ async fn check_one_configuration(
             .and_then(|(_, _, status)| status.raft.as_ref())
             .map_or(0, |raft| raft.peers.values().filter(|(_, voter)| *voter).count());
         if voters == cluster.len() {
+            recorder.checked("every server ends up a voter of the one cluster", 1);
             recorder.note(format!("the leader has all {voters} servers as voters"));
             return;
         }
@@ -726,6 +752,7 @@ async fn check_one_configuration(
 fn check_linearizable(recorder: &Recorder, workload: &Workload) {
     let history = workload.history.lock().expect("history lock").clone();
     let reads = history.iter().filter(|op| matches!(op, Op::Read { .. })).count();
+    recorder.checked("consistent reads are linearizable", reads as u64);
     recorder.note(format!(
         "linearizability: {} writes and {reads} consistent reads checked",
         history.len() - reads
@@ -765,6 +792,7 @@ async fn check_acknowledged_writes(cluster: &SimCluster, recorder: &Recorder, wo
                 .collect()
         })
         .unwrap_or_default();
+    recorder.checked("nothing acknowledged is lost", acked.len() as u64);
     if missing.is_empty() {
         recorder.note(format!("all {} acknowledged writes present on the leader", acked.len()));
     } else {

@@ -51,6 +51,18 @@ enum Phase {
     Stopped,
 }
 
+impl Phase {
+    /// The state's name, for coverage ([`crate::cover`]).
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::WaitingReady { .. } => "waiting_ready",
+            Phase::Registering => "registering",
+            Phase::Running { .. } => "running",
+            Phase::Stopped => "stopped",
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct PluginSupervisor {
     config: TaskCsiPluginConfig,
@@ -66,6 +78,11 @@ pub struct PluginSupervisor {
 }
 
 impl PluginSupervisor {
+    /// Moves to `phase`, counted as a transition of the plugin_supervisor machine.
+    fn set_phase(&mut self, phase: Phase) {
+        crate::cover::transition("plugin_supervisor", self.phase.name(), phase.name());
+        self.phase = phase;
+    }
     pub fn start(
         now: Instant,
         config: TaskCsiPluginConfig,
@@ -147,7 +164,7 @@ impl PluginSupervisor {
                         kind: events::PLUGIN_HEALTHY,
                         message: format!("plugin: {}", self.config.id),
                     });
-                    self.phase = Phase::Registering;
+                    self.set_phase(Phase::Registering);
                     self.call(now, CsiCall::GetPluginInfo, ops, out);
                 } else if now >= deadline {
                     let reason = format!(
@@ -159,7 +176,7 @@ impl PluginSupervisor {
                         message: reason.clone(),
                     });
                     out.push(SupervisorOut::RestartTask { reason });
-                    self.phase = Phase::Stopped;
+                    self.set_phase(Phase::Stopped);
                 } else {
                     self.next_probe = Some((now + PROBE_INTERVAL).min(deadline));
                 }
@@ -180,7 +197,7 @@ impl PluginSupervisor {
                         self.registered.push((kind, self.config.id.clone()));
                         out.push(SupervisorOut::Register(info));
                     }
-                    self.phase = Phase::Running { healthy: true };
+                    self.set_phase(Phase::Running { healthy: true });
                     self.next_probe = Some(now + HEARTBEAT_INTERVAL);
                 }
                 other => {
@@ -190,7 +207,7 @@ impl PluginSupervisor {
                         message: reason.clone(),
                     });
                     out.push(SupervisorOut::RestartTask { reason });
-                    self.phase = Phase::Stopped;
+                    self.set_phase(Phase::Stopped);
                 }
             },
             Phase::Running { healthy } => {
@@ -206,9 +223,9 @@ impl PluginSupervisor {
                     }),
                     _ => {}
                 }
-                self.phase = Phase::Running {
+                self.set_phase(Phase::Running {
                     healthy: now_healthy.is_ok(),
-                };
+                });
                 self.next_probe = Some(now + HEARTBEAT_INTERVAL);
             }
             Phase::Stopped => {}
@@ -237,7 +254,7 @@ impl PluginSupervisor {
         }
         self.pending = None;
         self.next_probe = None;
-        self.phase = Phase::Stopped;
+        self.set_phase(Phase::Stopped);
     }
 }
 

@@ -142,6 +142,28 @@ enum Phase {
     Dead,
 }
 
+impl Phase {
+    /// The state's name, for coverage ([`crate::cover`]).
+    fn name(&self) -> &'static str {
+        match self {
+            Phase::Idle => "idle",
+            Phase::Restoring { .. } => "restoring",
+            Phase::WaitingOnServers => "waiting_on_servers",
+            Phase::Prestart { .. } => "prestart",
+            Phase::Starting { .. } => "starting",
+            Phase::Running => "running",
+            Phase::RestartDelay { .. } => "restart_delay",
+            Phase::Killing { .. } => "killing",
+            Phase::Rendering { .. } => "rendering",
+            Phase::SiToken { .. } => "si_token",
+            Phase::Envoy { .. } => "envoy",
+            Phase::Destroying { .. } => "destroying",
+            Phase::Stopping { .. } => "stopping",
+            Phase::Dead => "dead",
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct TaskRunner {
     spec: TaskSpec,
@@ -169,6 +191,11 @@ pub struct TaskRunner {
 }
 
 impl TaskRunner {
+    /// Moves to `phase`, counted as a transition of the task_runner machine.
+    fn set_phase(&mut self, phase: Phase) {
+        crate::cover::transition("task_runner", self.phase.name(), phase.name());
+        self.phase = phase;
+    }
     pub fn new(spec: TaskSpec) -> Self {
         Self::restore(spec, LocalTaskState::default(), false)
     }
@@ -306,12 +333,12 @@ impl TaskRunner {
         }
         if self.local.state.state == TaskStatus::Dead {
             // Finished before the agent restarted; nothing to run again.
-            self.phase = Phase::Dead;
+            self.set_phase(Phase::Dead);
             return;
         }
         if let Some(handle) = self.local.handle.clone() {
             let op = ops.allocate();
-            self.phase = Phase::Restoring { op };
+            self.set_phase(Phase::Restoring { op });
             self.actions.push(TaskAction::Io {
                 op,
                 io: Io::RecoverTask { handle },
@@ -391,7 +418,7 @@ impl TaskRunner {
                         ("start_delay", delay.as_nanos().to_string()),
                     ]),
                 );
-                self.phase = Phase::RestartDelay { until: now + delay };
+                self.set_phase(Phase::RestartDelay { until: now + delay });
                 self.persist();
             }
             Decision::NotRestarting { reason } => {
@@ -450,11 +477,11 @@ impl TaskRunner {
         match outcome {
             Ok(reply) => {
                 self.replies.push(reply);
-                self.phase = Phase::Prestart {
+                self.set_phase(Phase::Prestart {
                     index,
                     io: io + 1,
                     op: None,
-                };
+                });
                 self.run_prestart(now, ops);
             }
             Err(error) => {
@@ -485,7 +512,7 @@ impl TaskRunner {
                 if self.kill_requested {
                     self.send_kill(now, ops);
                 } else {
-                    self.phase = Phase::Running;
+                    self.set_phase(Phase::Running);
                     self.poststart(now, ops);
                 }
                 return;
@@ -517,10 +544,10 @@ impl TaskRunner {
                 &format!("stop hook \"{}\" failed: {error}", hook.name()),
             );
         }
-        self.phase = Phase::Stopping {
+        self.set_phase(Phase::Stopping {
             index: index + 1,
             op: None,
-        };
+        });
         self.run_stop(now, ops);
     }
 
@@ -578,11 +605,11 @@ impl TaskRunner {
         self.devices.clear();
         self.hook_env.clear();
         self.replies.clear();
-        self.phase = Phase::Prestart {
+        self.set_phase(Phase::Prestart {
             index: 0,
             io: 0,
             op: None,
-        };
+        });
         self.run_prestart(now, ops);
     }
 
@@ -610,7 +637,7 @@ impl TaskRunner {
                 continue;
             }
             if hook == TaskHook::Template {
-                self.phase = Phase::Rendering { index };
+                self.set_phase(Phase::Rendering { index });
                 self.templates_prestart(now, ops);
                 return;
             }
@@ -625,11 +652,11 @@ impl TaskRunner {
             let needed = self.prestart_io(hook);
             if io < needed.len() {
                 let op = ops.allocate();
-                self.phase = Phase::Prestart {
+                self.set_phase(Phase::Prestart {
                     index,
                     io,
                     op: Some(op),
-                };
+                });
                 self.actions.push(TaskAction::Io {
                     op,
                     io: needed[io].clone(),
@@ -664,11 +691,11 @@ impl TaskRunner {
 
     fn next_hook(&mut self, index: usize) {
         self.replies.clear();
-        self.phase = Phase::Prestart {
+        self.set_phase(Phase::Prestart {
             index: index + 1,
             io: 0,
             op: None,
-        };
+        });
     }
 
     fn prestart_failed(&mut self, now: Instant, error: HookError, ops: &mut OpIds) {
@@ -689,7 +716,7 @@ impl TaskRunner {
         if self.local.handle.is_some() {
             // Reattached after a restart: the task is already running.
             self.local.state.state = TaskStatus::Running;
-            self.phase = Phase::Running;
+            self.set_phase(Phase::Running);
             self.persist();
             self.poststart(now, ops);
             return;
@@ -713,7 +740,7 @@ impl TaskRunner {
             logs: spec.task.logs,
         };
         let op = ops.allocate();
-        self.phase = Phase::Starting { op };
+        self.set_phase(Phase::Starting { op });
         self.event(now, events::SETUP, "Building Task Directory");
         self.actions.push(TaskAction::Io {
             op,
@@ -843,7 +870,7 @@ impl TaskRunner {
             details([("kill_timeout", go_duration(timeout))]),
         );
         let op = ops.allocate();
-        self.phase = Phase::Killing { op };
+        self.set_phase(Phase::Killing { op });
         self.actions.push(TaskAction::Io {
             op,
             io: Io::StopTask {
@@ -855,7 +882,7 @@ impl TaskRunner {
 
     fn begin_stop(&mut self, now: Instant, ops: &mut OpIds) {
         self.stop_supervisor();
-        self.phase = Phase::Stopping { index: 0, op: None };
+        self.set_phase(Phase::Stopping { index: 0, op: None });
         self.run_stop(now, ops);
     }
 
@@ -867,14 +894,14 @@ impl TaskRunner {
             if index == self.hooks.len() {
                 self.local.state.state = TaskStatus::Dead;
                 self.local.state.finished_at = self.wall(now);
-                self.phase = Phase::Dead;
+                self.set_phase(Phase::Dead);
                 self.persist();
                 return;
             }
             let (hook, phases) = self.hooks[index];
             if phases.stop && hook == TaskHook::CsiPluginSupervisor {
                 let op = ops.allocate();
-                self.phase = Phase::Stopping { index, op: Some(op) };
+                self.set_phase(Phase::Stopping { index, op: Some(op) });
                 self.actions.push(TaskAction::Io {
                     op,
                     io: Io::RemoveAll {
@@ -884,10 +911,10 @@ impl TaskRunner {
                 return;
             }
             let _ = now;
-            self.phase = Phase::Stopping {
+            self.set_phase(Phase::Stopping {
                 index: index + 1,
                 op: None,
-            };
+            });
         }
     }
 

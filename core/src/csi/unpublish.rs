@@ -53,6 +53,7 @@ pub enum Step {
 }
 
 fn with_state(claim: &CsiVolumeClaim, state: ClaimState) -> Step {
+    crate::cover::transition("unpublish", claim.state.name(), state.name());
     let mut claim = claim.clone();
     claim.state = state;
     Step::Checkpoint(claim)
@@ -74,6 +75,7 @@ pub fn next_step_with(
         || volume.read_claims.contains_key(&claim.allocation_id)
         || volume.write_claims.contains_key(&claim.allocation_id);
     if !recorded && claim.state == ClaimState::ReadyToFree {
+        crate::cover::transition("unpublish", claim.state.name(), "freed");
         return Step::Done;
     }
     match claim.state {

@@ -124,6 +124,17 @@ pub enum ClaimState {
 }
 
 impl ClaimState {
+    /// The state's name in logs and coverage.
+    pub fn name(self) -> &'static str {
+        match self {
+            ClaimState::Taken => "taken",
+            ClaimState::NodeDetached => "node_detached",
+            ClaimState::ControllerDetached => "controller_detached",
+            ClaimState::ReadyToFree => "ready_to_free",
+            ClaimState::Unpublishing => "unpublishing",
+        }
+    }
+
     pub fn as_int(self) -> u8 {
         match self {
             ClaimState::Taken => 0,

@@ -29,6 +29,13 @@ pub struct ControllerSerial {
 }
 
 impl Invariant for ControllerSerial {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(
+            event,
+            SimEvent::Plugin(PluginEvent::ControllerCallStarted { .. } | PluginEvent::ControllerCallEnded { .. })
+        )
+    }
+
     fn name(&self) -> &'static str {
         "at most one controller RPC in flight per plugin"
     }

@@ -14,6 +14,13 @@ pub struct CsiCallOrder {
 }
 
 impl Invariant for CsiCallOrder {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(
+            event,
+            SimEvent::Plugin(PluginEvent::NodeUnpublished { .. } | PluginEvent::ControllerUnpublished { .. })
+        )
+    }
+
     fn name(&self) -> &'static str {
         "CSI call order: node unpublish before controller unpublish per (volume, node)"
     }

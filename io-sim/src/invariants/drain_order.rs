@@ -59,6 +59,10 @@ fn blockers(forced: bool, neighbours: &[DrainNeighbour], claims: &[DrainClaim]) 
 }
 
 impl Invariant for DrainOrder {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::DrainMigrated { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "a drain stops system and plugin allocations only after the node's other allocations and claims"
     }

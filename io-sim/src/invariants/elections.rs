@@ -47,6 +47,10 @@ impl ElectionRounds {
 }
 
 impl Invariant for ElectionRounds {
+    fn checks(&self, event: &SimEvent) -> bool {
+        vote(event).is_some()
+    }
+
     fn name(&self) -> &'static str {
         "split votes resolve within the bound of election rounds"
     }
@@ -89,6 +93,10 @@ impl StableLeader {
 }
 
 impl Invariant for StableLeader {
+    fn checks(&self, event: &SimEvent) -> bool {
+        vote(event).is_some()
+    }
+
     fn name(&self) -> &'static str {
         "no false failover: nobody stands while the leader lives"
     }

@@ -22,6 +22,10 @@ pub struct LeaderPerTerm {
 }
 
 impl Invariant for LeaderPerTerm {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::VoteSaved { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "at most one leader per term"
     }

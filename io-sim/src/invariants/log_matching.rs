@@ -15,6 +15,10 @@ pub struct LogMatching {
 }
 
 impl Invariant for LogMatching {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::Applied { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "same committed entries in the same order on every server"
     }

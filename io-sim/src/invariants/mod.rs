@@ -23,6 +23,10 @@ pub trait Invariant: Send {
     fn name(&self) -> &'static str;
     fn observe(&mut self, node: &str, event: &SimEvent) -> Result<(), String>;
 
+    /// Whether `event` is one this invariant evaluates (counted as a check in the coverage
+    /// table; every other event only passes by).
+    fn checks(&self, event: &SimEvent) -> bool;
+
     /// `observe`, for invariants that need the event's virtual time (since the run began).
     fn observe_at(&mut self, _at: std::time::Duration, node: &str, event: &SimEvent) -> Result<(), String> {
         self.observe(node, event)

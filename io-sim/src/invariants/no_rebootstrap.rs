@@ -15,6 +15,10 @@ pub struct NoRebootstrap {
 }
 
 impl Invariant for NoRebootstrap {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::BootstrapRequested { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "no re-bootstrap with existing state"
     }

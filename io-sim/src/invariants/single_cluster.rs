@@ -17,6 +17,10 @@ pub struct SingleCluster {
 }
 
 impl Invariant for SingleCluster {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::BootstrapRequested { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "no split brain: one cluster per bootstrap_expect set"
     }

@@ -21,6 +21,10 @@ pub struct TaskProcesses {
 }
 
 impl Invariant for TaskProcesses {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::TaskDead { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "no task process outlives its task"
     }

@@ -19,6 +19,10 @@ pub fn writers_max(access_mode: &str) -> Option<usize> {
 }
 
 impl Invariant for Writers {
+    fn checks(&self, event: &SimEvent) -> bool {
+        matches!(event, SimEvent::Agent(AgentEvent::VolumeClaims { .. }))
+    }
+
     fn name(&self) -> &'static str {
         "never more writers than the access mode allows"
     }

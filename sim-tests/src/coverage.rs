@@ -1,0 +1,206 @@
+//! The coverage table (issue 20 §2): which fault kinds a run's schedule played, how often each
+//! invariant was checked, and which states and transitions of the core's state machines the
+//! runs reached (counted by `drover_io_sim::coverage` from the core's `cover` events).
+//! Printed after every range of runs; `--coverage FILE` writes it as JSON.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+
+use drover_io_sim::consul::ConsulMode;
+use drover_io_sim::csi::PluginMode;
+use drover_io_sim::disk::Crash;
+
+use crate::scenarios::{Action, Plan};
+
+/// What one run covered.
+#[derive(Clone, Debug, Default)]
+pub struct RunCoverage {
+    /// Fault kinds its schedule played.
+    pub faults: BTreeSet<&'static str>,
+    /// Checks made, by invariant.
+    pub checks: BTreeMap<&'static str, u64>,
+    /// State machine transitions and rare paths, with how often each was taken.
+    pub reached: BTreeMap<String, u64>,
+}
+
+/// Every fault kind the scenarios can play, so the table names those no run played.
+pub const FAULT_KINDS: &[&str] = &[
+    "kill, losing unsynced writes",
+    "kill, keeping unsynced writes",
+    "restart",
+    "graceful stop",
+    "partition",
+    "one-way clog",
+    "consul down",
+    "consul hang",
+    "consul slow",
+    "consul 5xx",
+    "server added",
+    "client node down",
+    "plugin error",
+    "plugin hang",
+    "plugin slow",
+    "job's node lost",
+    "late clients join",
+    "node drain",
+    "client agent killed",
+    "client agent restart",
+    "job update",
+    "packet loss",
+    "latency spike",
+    "read storm",
+];
+
+/// The fault kinds one scheduled action plays (none for a recovery).
+pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
+    match action {
+        Action::Kill {
+            crash: Crash::LoseUnsynced,
+            ..
+        } => vec!["kill, losing unsynced writes"],
+        Action::Kill {
+            crash: Crash::KeepUnsynced,
+            ..
+        } => vec!["kill, keeping unsynced writes"],
+        Action::Restart(_) => vec!["restart"],
+        Action::StopGracefully(_) => vec!["graceful stop"],
+        Action::Partition(_) => vec!["partition"],
+        Action::ClogOneWay(..) => vec!["one-way clog"],
+        Action::Heal => vec![],
+        Action::Consul(mode) => consul_kind(*mode).into_iter().collect(),
+        Action::AddServer(_) => vec!["server added"],
+        Action::NodeDown(_) => vec!["client node down"],
+        Action::Plugin(_, mode) => match mode {
+            PluginMode::Healthy => vec![],
+            PluginMode::Failing => vec!["plugin error"],
+            PluginMode::Hanging => vec!["plugin hang"],
+            PluginMode::Slow => vec!["plugin slow"],
+        },
+        Action::LoseJobNode => vec!["job's node lost"],
+        Action::JoinLateClients => vec!["late clients join"],
+        Action::DrainJobNode => vec!["node drain"],
+        Action::KillClient(_) => vec!["client agent killed"],
+        Action::RestartClient(_) => vec!["client agent restart"],
+        Action::UpdateJob(_) => vec!["job update"],
+        Action::Network(loss, (_, high)) => {
+            let mut kinds = Vec::new();
+            if *loss > 0 {
+                kinds.push("packet loss");
+            }
+            // madsim's default is 1–10 ms.
+            if *high > 10 {
+                kinds.push("latency spike");
+            }
+            kinds
+        }
+        Action::ReadStorm { .. } => vec!["read storm"],
+    }
+}
+
+fn consul_kind(mode: ConsulMode) -> Option<&'static str> {
+    match mode {
+        ConsulMode::Healthy => None,
+        ConsulMode::Down => Some("consul down"),
+        ConsulMode::Hang => Some("consul hang"),
+        ConsulMode::Slow => Some("consul slow"),
+        ConsulMode::Flaky => Some("consul 5xx"),
+    }
+}
+
+/// The fault kinds `plan` plays: its steps and Consul's mode at the start.
+pub fn plan_faults(plan: &Plan) -> BTreeSet<&'static str> {
+    plan.steps
+        .iter()
+        .flat_map(|step| fault_kinds(&step.action))
+        .chain(consul_kind(plan.consul_initial))
+        .collect()
+}
+
+/// The table over many runs.
+#[derive(Debug, Default)]
+pub struct Table {
+    pub runs: u64,
+    /// Runs that played each fault kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Checks per invariant, over all runs.
+    pub checks: BTreeMap<&'static str, u64>,
+    /// Runs that reached each transition or path.
+    pub reached: BTreeMap<String, u64>,
+}
+
+impl Table {
+    pub fn add(&mut self, run: &RunCoverage) {
+        self.runs += 1;
+        for fault in &run.faults {
+            *self.faults.entry(fault).or_default() += 1;
+        }
+        for (invariant, count) in &run.checks {
+            *self.checks.entry(invariant).or_default() += count;
+        }
+        for key in run.reached.keys() {
+            *self.reached.entry(key.clone()).or_default() += 1;
+        }
+    }
+
+    /// Fault kinds played in fewer than 1% of the runs (the goal is every one in ≥ 1%).
+    pub fn rare_faults(&self) -> Vec<&'static str> {
+        FAULT_KINDS
+            .iter()
+            .copied()
+            .filter(|kind| self.faults.get(kind).copied().unwrap_or(0) * 100 < self.runs)
+            .collect()
+    }
+
+    pub fn render(&self) -> String {
+        let percent = |runs: u64| 100.0 * runs as f64 / self.runs.max(1) as f64;
+        let mut text = format!(
+            "coverage over {} runs\n  fault kinds (runs that played it):\n",
+            self.runs
+        );
+        for kind in FAULT_KINDS {
+            let runs = self.faults.get(kind).copied().unwrap_or(0);
+            let _ = writeln!(text, "    {kind:<34} {runs:>6}  {:>5.1}%", percent(runs));
+        }
+        let rare = self.rare_faults();
+        if !rare.is_empty() {
+            let _ = writeln!(text, "    below 1% of runs: {}", rare.join(", "));
+        }
+        text.push_str("  invariants (times checked):\n");
+        for (invariant, count) in &self.checks {
+            let _ = writeln!(text, "    {invariant:<66} {count:>10}");
+        }
+        text.push_str("  state machines and paths (runs that reached it):\n");
+        for (key, runs) in &self.reached {
+            let _ = writeln!(text, "    {key:<66} {runs:>6}  {:>5.1}%", percent(*runs));
+        }
+        text
+    }
+
+    pub fn to_json(&self) -> String {
+        let counts = |map: Vec<(String, u64)>| {
+            serde_json::Value::Object(
+                map.into_iter()
+                    .map(|(key, count)| (key, serde_json::Value::from(count)))
+                    .collect(),
+            )
+        };
+        let faults = FAULT_KINDS
+            .iter()
+            .map(|kind| (kind.to_string(), self.faults.get(kind).copied().unwrap_or(0)))
+            .collect();
+        let checks = self
+            .checks
+            .iter()
+            .map(|(key, count)| (key.to_string(), *count))
+            .collect();
+        let reached = self.reached.iter().map(|(key, runs)| (key.clone(), *runs)).collect();
+        let json = serde_json::json!({
+            "runs": self.runs,
+            "fault_kinds_runs": counts(faults),
+            "fault_kinds_below_1_percent": self.rare_faults(),
+            "invariant_checks": counts(checks),
+            "reached_runs": counts(reached),
+        });
+        serde_json::to_string_pretty(&json).expect("a table serialises")
+    }
+}
