@@ -35,6 +35,8 @@ struct FakeConsul {
     acl_callers: Mutex<Vec<String>>,
     /// The `Authorization` header of every request ("" when there was none).
     authorizations: Mutex<Vec<String>>,
+    /// Every service id deregistered, in order.
+    deregistered: Mutex<Vec<String>>,
 }
 
 impl FakeConsul {
@@ -62,6 +64,7 @@ impl FakeConsul {
             return (200, String::new());
         }
         if let Some(id) = path.strip_prefix("/v1/agent/service/deregister/") {
+            self.deregistered.lock().unwrap().push(id.to_string());
             let mut services = self.services.lock().unwrap();
             services.remove(id);
             services.remove(&format!("{id}-sidecar-proxy"));
@@ -374,6 +377,15 @@ fn a_connect_job_gets_its_sidecar_token_bootstrap_and_services_and_leaves_nothin
     }
     let bootstrap = std::fs::read_to_string(secrets.join("envoy_bootstrap.json")).unwrap();
     assert!(bootstrap.contains("\"bootstrapped\": true"), "{bootstrap}");
+
+    // The agent's restart took none of the running allocation's services out of Consul: the
+    // client syncs services only once it has restored its allocations (a pass before would
+    // have found none of them wanted and deregistered them all).
+    let deregistered = consul.deregistered.lock().unwrap().clone();
+    assert!(
+        !deregistered.iter().any(|id| id.contains(&alloc_id)),
+        "services of the running allocation deregistered across the restart: {deregistered:?}"
+    );
 
     // The services: the group service with its Connect block and the sidecar Consul derived,
     // on the proxy's own dynamic port; the other group service with its tcp check.

@@ -454,7 +454,12 @@ impl Client {
         for (op, io) in self.link.poll(now, &mut self.ops) {
             self.actions.push_back(ClientAction::Io { op, io });
         }
-        if let Some((op, io)) = self.services.poll(now, &mut self.ops) {
+        // Not before the earlier run's allocations are restored: a pass would find none of
+        // their services wanted and deregister every one of them, taking running tasks out of
+        // Consul until the next pass (Nomad restores allocations before it syncs).
+        if self.pending_restore.is_none()
+            && let Some((op, io)) = self.services.poll(now, &mut self.ops)
+        {
             self.actions.push_back(ClientAction::Io { op, io });
         }
     }
