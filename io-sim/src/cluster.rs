@@ -257,6 +257,9 @@ impl SimCluster {
             return;
         }
         self.handle.restart(client.node.id());
+        // madsim gives a restarted node a new incarnation: a handle kept from before would
+        // spawn onto the killed one, where tasks never run.
+        client.node = self.handle.get_node(client.node.id()).expect("a restarted node exists");
         client.alive = true;
         self.recorder.note(format!("restart client {}", client.spec.name));
     }
@@ -310,6 +313,9 @@ impl SimCluster {
             return;
         }
         self.handle.restart(server.node.id());
+        // madsim gives a restarted node a new incarnation: a handle kept from before would
+        // spawn onto the killed one, where requests and writes never run ("killed mid-write").
+        server.node = self.handle.get_node(server.node.id()).expect("a restarted node exists");
         server.alive = true;
         self.recorder.note(format!("restart {}", server.spec.name));
     }
