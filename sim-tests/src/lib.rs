@@ -19,3 +19,5 @@ pub mod real_clients;
 pub mod runner;
 #[cfg(madsim)]
 pub mod scenarios;
+#[cfg(madsim)]
+pub mod swarm;

@@ -86,6 +86,9 @@ pub enum Action {
     ReadStorm {
         per_second: u32,
         lasting: Duration,
+        /// Every read must be answered (nothing else happens meanwhile); with other faults
+        /// around, reads may fail and only load the servers.
+        all_answered: bool,
     },
 }
 
@@ -118,7 +121,9 @@ impl fmt::Display for Step {
             Action::Network(loss, (low, high)) => {
                 write!(f, "{at} network: {loss}% message loss, {low}-{high} ms latency")
             }
-            Action::ReadStorm { per_second, lasting } => {
+            Action::ReadStorm {
+                per_second, lasting, ..
+            } => {
                 write!(
                     f,
                     "{at} read storm: {per_second} consistent reads/s for {} s",
@@ -358,6 +363,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         about: "real clients: a single-writer volume handed from each version's allocation to the next through destructive updates (Nomad #8609) under agent and leader kills",
         build: real_clients_rolling_update,
     },
+    Scenario {
+        name: "swarm",
+        about: "swarm testing: each seed enables its own mix of fault kinds at its own rates over 3 servers and 2 real clients running a CSI job",
+        build: crate::swarm::swarm,
+    },
 ];
 
 pub fn all_scenarios() -> impl Iterator<Item = &'static Scenario> {
@@ -523,7 +533,7 @@ fn ip(index: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, index as u8 + 1))
 }
 
-fn millis(rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) -> Duration {
+pub(crate) fn millis(rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) -> Duration {
     Duration::from_millis(rng.gen_range(range))
 }
 
@@ -587,7 +597,7 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
 }
 
 /// `n` servers that all retry-join each other, starting in a random order within `spread`.
-fn servers(
+pub(crate) fn servers(
     rng: &mut ChaCha8Rng,
     n: usize,
     expect: u32,
@@ -602,7 +612,7 @@ fn servers(
         .collect()
 }
 
-fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
+pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
     Plan {
         servers,
         consul_initial: ConsulMode::Healthy,
@@ -616,7 +626,7 @@ fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
     }
 }
 
-fn crash(rng: &mut ChaCha8Rng) -> Crash {
+pub(crate) fn crash(rng: &mut ChaCha8Rng) -> Crash {
     if rng.gen_bool(0.5) {
         Crash::LoseUnsynced
     } else {
@@ -810,7 +820,11 @@ fn read_storm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let per_second = rng.gen_range(200..1_000);
     let steps = vec![Step {
         at: from,
-        action: Action::ReadStorm { per_second, lasting },
+        action: Action::ReadStorm {
+            per_second,
+            lasting,
+            all_answered: true,
+        },
     }];
     let mut plan = plan(servers, steps);
     plan.stable_leader = Some((from, from + lasting));

@@ -1,0 +1,137 @@
+//! Swarm testing (issue 20 §1): each seed enables its own subset of the fault kinds, each at
+//! its own rate, and draws a schedule over the whole cluster — three servers and two clients
+//! running the production client driver with a CSI job — instead of following a script.
+//! Bugs that need two faults together (a partition during a client restart, a kill while
+//! Consul hangs) come up only when the mix varies; fixed scripts explore one mix each.
+//!
+//! Every fault is paired with its recovery inside the fault phase; the runner's quiet phase
+//! then heals whatever is left, and the liveness checks (a leader everywhere, the job
+//! running, every claim of a finished allocation released, every server holding the
+//! leader's state) must pass.
+
+use std::time::Duration;
+
+use drover_core::structs::AccessMode;
+use drover_io_sim::consul::ConsulMode;
+use rand::Rng;
+use rand::seq::SliceRandom;
+use rand_chacha_03::ChaCha8Rng;
+
+use crate::real_clients::RealClientPlan;
+use crate::scenarios::{Action, Options, Plan, Step, Target, crash, millis, plan, servers};
+
+/// The fault phase: faults start within it, and recover before it ends.
+const PHASE_MS: u64 = 60_000;
+const CLIENTS: usize = 2;
+
+/// A fault kind: draws one occurrence (the fault and its recovery) at `at`.
+type Draw = fn(&mut ChaCha8Rng, Duration) -> Vec<Step>;
+
+const KINDS: &[(&str, Draw)] = &[
+    ("kill the leader", |rng, at| kill_and_restart(rng, at, Target::Leader)),
+    ("kill a server", |rng, at| {
+        let server = rng.gen_range(0..3);
+        kill_and_restart(rng, at, Target::Server(server))
+    }),
+    ("stop the leader gracefully", |rng, at| {
+        vec![
+            step(at, Action::StopGracefully(Target::Leader)),
+            step(at + millis(rng, 1_000..10_000), Action::Restart(Target::LastKilled)),
+        ]
+    }),
+    ("partition a server", |rng, at| {
+        let server = rng.gen_range(0..3);
+        vec![
+            step(at, Action::Partition(vec![server])),
+            step(at + millis(rng, 1_000..15_000), Action::Heal),
+        ]
+    }),
+    ("clog one way", |rng, at| {
+        let from = rng.gen_range(0..3);
+        let to = (from + rng.gen_range(1..3)) % 3;
+        vec![
+            step(at, Action::ClogOneWay(from, to)),
+            step(at + millis(rng, 1_000..15_000), Action::Heal),
+        ]
+    }),
+    ("consul fails", |rng, at| {
+        let mode = *[ConsulMode::Down, ConsulMode::Hang, ConsulMode::Slow, ConsulMode::Flaky]
+            .choose(rng)
+            .expect("modes");
+        vec![
+            step(at, Action::Consul(mode)),
+            step(at + millis(rng, 2_000..20_000), Action::Consul(ConsulMode::Healthy)),
+        ]
+    }),
+    ("kill a client agent", |rng, at| {
+        let client = rng.gen_range(0..CLIENTS);
+        vec![
+            step(at, Action::KillClient(client)),
+            step(at + millis(rng, 2_000..30_000), Action::RestartClient(client)),
+        ]
+    }),
+    ("lossy, slow network", |rng, at| {
+        let loss = rng.gen_range(1..=10);
+        let high = rng.gen_range(10..=120);
+        vec![
+            step(at, Action::Network(loss, (1, high))),
+            step(at + millis(rng, 2_000..15_000), Action::Network(0, (1, 10))),
+        ]
+    }),
+    ("read storm", |rng, at| {
+        vec![step(
+            at,
+            Action::ReadStorm {
+                per_second: rng.gen_range(50..=400),
+                lasting: millis(rng, 1_000..8_000),
+                all_answered: false,
+            },
+        )]
+    }),
+    ("update the job", |rng, at| {
+        vec![step(at, Action::UpdateJob(rng.gen_range(1..1_000)))]
+    }),
+];
+
+fn step(at: Duration, action: Action) -> Step {
+    Step { at, action }
+}
+
+fn kill_and_restart(rng: &mut ChaCha8Rng, at: Duration, target: Target) -> Vec<Step> {
+    vec![
+        step(
+            at,
+            Action::Kill {
+                target,
+                crash: crash(rng),
+            },
+        ),
+        step(at + millis(rng, 1_000..15_000), Action::Restart(Target::LastKilled)),
+    ]
+}
+
+/// The seed's swarm: which kinds, how often each, when.
+pub fn swarm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut enabled: Vec<usize> = (0..KINDS.len()).filter(|_| rng.gen_bool(0.5)).collect();
+    if enabled.is_empty() {
+        enabled.push(rng.gen_range(0..KINDS.len()));
+    }
+    let mut steps = Vec::new();
+    for kind in enabled {
+        let occurrences = rng.gen_range(1..=3);
+        for _ in 0..occurrences {
+            let at = millis(rng, 5_000..PHASE_MS - 30_000);
+            steps.extend((KINDS[kind].1)(rng, at));
+        }
+    }
+    steps.sort_by_key(|step| step.at);
+    let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
+    let access = *[AccessMode::MultiNodeMultiWriter, AccessMode::SingleNodeWriter]
+        .choose(rng)
+        .expect("modes");
+    let run_for = rng.gen_bool(0.3).then(|| millis(rng, 8_000..30_000));
+    let count = if access == AccessMode::SingleNodeWriter { 1 } else { 2 };
+    plan.real_clients = Some(RealClientPlan::one_job(CLIENTS, count, run_for).with_volume("vol0", access));
+    plan.quiet_bound = Duration::from_secs(120);
+    plan
+}
