@@ -40,6 +40,10 @@ pub const FAULT_KINDS: &[&str] = &[
     "plugin error",
     "plugin hang",
     "plugin slow",
+    "plugin process crash on a call",
+    "stale plugin socket",
+    "slow plugin unmount",
+    "slow plugin start",
     "job's node lost",
     "late clients join",
     "node drain",
@@ -107,13 +111,33 @@ fn consul_kind(mode: ConsulMode) -> Option<&'static str> {
     }
 }
 
-/// The fault kinds `plan` plays: its steps and Consul's mode at the start.
+/// The fault kinds `plan` plays: its steps, Consul's mode at the start and the real clients'
+/// plugin faults.
 pub fn plan_faults(plan: &Plan) -> BTreeSet<&'static str> {
-    plan.steps
+    let mut kinds: BTreeSet<&'static str> = plan
+        .steps
         .iter()
         .flat_map(|step| fault_kinds(&step.action))
         .chain(consul_kind(plan.consul_initial))
-        .collect()
+        .collect();
+    if let Some(faults) = plan.real_clients.as_ref().map(|real| &real.plugin_faults) {
+        match &faults.crash_on {
+            Some((call, _)) if call == "Probe" => {
+                kinds.insert("stale plugin socket");
+            }
+            Some(_) => {
+                kinds.insert("plugin process crash on a call");
+            }
+            None => {}
+        }
+        if !faults.slow_calls.is_empty() {
+            kinds.insert("slow plugin unmount");
+        }
+        if !faults.startup.is_zero() {
+            kinds.insert("slow plugin start");
+        }
+    }
+    kinds
 }
 
 /// The table over many runs.

@@ -4,7 +4,8 @@
 //! Bugs that need two faults together (a partition during a client restart, a kill while
 //! Consul hangs) come up only when the mix varies; fixed scripts explore one mix each.
 //!
-//! Every fault is paired with its recovery inside the fault phase; the runner's quiet phase
+//! The node plugins' own faults (a crash on a call, slow unmounts, a slow start) are drawn
+//! the same way. Every fault is paired with its recovery inside the fault phase; the runner's quiet phase
 //! then heals whatever is left, and the liveness checks (a leader everywhere, the job
 //! running, every claim of a finished allocation released, every server holding the
 //! leader's state) must pass.
@@ -13,6 +14,7 @@ use std::time::Duration;
 
 use drover_core::structs::AccessMode;
 use drover_io_sim::consul::ConsulMode;
+use drover_io_sim::host::PluginFaults;
 use rand::Rng;
 use rand::seq::SliceRandom;
 use rand_chacha_03::ChaCha8Rng;
@@ -93,6 +95,35 @@ const KINDS: &[(&str, Draw)] = &[
     }),
 ];
 
+/// The node plugins' own faults, each on with probability ½: a crash on a call (the `nth` of
+/// its name; on `Probe` it leaves a stale socket for the next process), slow unmounts, a slow
+/// start.
+fn plugin_faults(rng: &mut ChaCha8Rng) -> PluginFaults {
+    let mut faults = PluginFaults::default();
+    if rng.gen_bool(0.5) {
+        let call = *[
+            "NodeStageVolume",
+            "NodePublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "Probe",
+        ]
+        .choose(rng)
+        .expect("calls");
+        faults.crash_on = Some((call.to_string(), rng.gen_range(1..=3)));
+    }
+    if rng.gen_bool(0.5) {
+        let delay = millis(rng, 300..3_000);
+        for call in ["NodeUnpublishVolume", "NodeUnstageVolume"] {
+            faults.slow_calls.insert(call.to_string(), delay);
+        }
+    }
+    if rng.gen_bool(0.5) {
+        faults.startup = millis(rng, 50..3_000);
+    }
+    faults
+}
+
 fn step(at: Duration, action: Action) -> Step {
     Step { at, action }
 }
@@ -131,7 +162,9 @@ pub fn swarm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         .expect("modes");
     let run_for = rng.gen_bool(0.3).then(|| millis(rng, 8_000..30_000));
     let count = if access == AccessMode::SingleNodeWriter { 1 } else { 2 };
-    plan.real_clients = Some(RealClientPlan::one_job(CLIENTS, count, run_for).with_volume("vol0", access));
+    let mut real = RealClientPlan::one_job(CLIENTS, count, run_for).with_volume("vol0", access);
+    real.plugin_faults = plugin_faults(rng);
+    plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(120);
     plan
 }
