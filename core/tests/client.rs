@@ -857,6 +857,103 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
     assert_eq!(*carried.borrow(), [Some("1.9.5".to_string()), None]);
 }
 
+/// A fingerprint report in flight when the node registers again is sent again once answered:
+/// the registration replaces the node record, and may be applied after the report was (swarm
+/// seed 193: the CSI plugins, acknowledged at index 48, were wiped by a registration at 50,
+/// and the job stayed blocked on "CSI plugin p is missing").
+#[test]
+fn a_report_in_flight_across_a_registration_is_sent_again() {
+    let mut client = new_client(5);
+    let drivers = |healthy: bool| ClientInput::Drivers {
+        drivers: vec![(
+            "exec".into(),
+            DriverCapabilities {
+                mount_configs: MountConfigSupport::All,
+                fs_isolation: true,
+            },
+            DriverInfo {
+                detected: true,
+                healthy,
+                health_description: if healthy { "Healthy" } else { "Unhealthy" }.into(),
+                attributes: BTreeMap::new(),
+            },
+        )],
+    };
+    // Registrations and driver reports sent, with their ops; nothing answered yet.
+    let sent = |client: &mut Client| {
+        let mut sent = Vec::new();
+        while let Some(action) = client.poll_action() {
+            if let ClientAction::Io {
+                op,
+                io: Io::Server(request),
+            } = action
+            {
+                // Node events (a driver turning unhealthy raises one) are left unanswered.
+                let kind = match request {
+                    ServerRequest::NodeRegister { .. } => "register",
+                    ServerRequest::NodeUpdateDrivers { .. } => "drivers",
+                    _ => continue,
+                };
+                sent.push((kind, op));
+            }
+        }
+        sent
+    };
+    let answer = |client: &mut Client, op, reply: ServerReply| {
+        client.handle(
+            Instant::ZERO,
+            ClientInput::Outcome {
+                op,
+                outcome: Ok(Reply::Server(reply)),
+            },
+        )
+    };
+    let registered = ServerReply::Heartbeat {
+        index: 5,
+        heartbeat_ttl_ms: 10_000,
+    };
+    client.handle(Instant::ZERO, drivers(true));
+    let node = drover_core::structs::Node {
+        id: "n1".into(),
+        ..Default::default()
+    };
+    client.connect(Instant::ZERO, node, Default::default(), Vec::new());
+    for (kind, op) in sent(&mut client) {
+        let reply = match kind {
+            "register" => registered.clone(),
+            _ => ServerReply::Done { index: 5 },
+        };
+        answer(&mut client, op, reply);
+    }
+    let _ = sent(&mut client);
+
+    // The driver turns unhealthy: its report goes out and stays unanswered while Consul's
+    // attributes make the node register again.
+    client.handle(Instant::ZERO, drivers(false));
+    let report = sent(&mut client);
+    assert_eq!(report.iter().map(|(kind, _)| *kind).collect::<Vec<_>>(), ["drivers"]);
+    client.handle(
+        Instant::ZERO,
+        ClientInput::ConsulAttributes {
+            attributes: BTreeMap::from([("consul.version".to_string(), "1.9.5".to_string())]),
+        },
+    );
+    let register = sent(&mut client);
+    assert_eq!(register.iter().map(|(kind, _)| *kind).collect::<Vec<_>>(), ["register"]);
+    answer(&mut client, register[0].1, registered.clone());
+    assert!(sent(&mut client).is_empty(), "the report in flight is not duplicated");
+
+    // The report is answered (it was applied before the registration): it goes out again.
+    answer(&mut client, report[0].1, ServerReply::Done { index: 6 });
+    let again = sent(&mut client);
+    assert_eq!(again.iter().map(|(kind, _)| *kind).collect::<Vec<_>>(), ["drivers"]);
+    answer(&mut client, again[0].1, ServerReply::Done { index: 8 });
+    assert!(
+        sent(&mut client).is_empty(),
+        "and once answered after the registration, no more"
+    );
+}
+
 /// A failed write to the client store reaches the operator as a `Storage` node event, at most
 /// one per interval, with the number of failures it stands for.
 #[test]

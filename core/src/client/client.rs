@@ -287,6 +287,10 @@ pub struct Client {
     collect_garbage: BTreeSet<String>,
     /// Reports in flight (with the request sent), acknowledged values, and retry times.
     reports_in_flight: BTreeMap<Report, (OpId, ServerRequest)>,
+    /// Reports in flight when the node registered again: the registration replaced the node
+    /// record, so their answer (possibly applied before it) does not mean the servers hold
+    /// them. They are sent again when answered.
+    reports_superseded: BTreeSet<Report>,
     reports_acked: BTreeMap<Report, ServerRequest>,
     reports_retry: BTreeMap<Report, Instant>,
     /// What the servers accepted of each allocation; one whose report differs is sent.
@@ -333,6 +337,7 @@ impl Client {
             statuses: BTreeMap::new(),
             collect_garbage: BTreeSet::new(),
             reports_in_flight: BTreeMap::new(),
+            reports_superseded: BTreeSet::new(),
             reports_acked: BTreeMap::new(),
             reports_retry: BTreeMap::new(),
             allocs_acked: BTreeMap::new(),
@@ -475,6 +480,9 @@ impl Client {
             Some(LinkEvent::Registered { again: true }) => {
                 for report in [Report::CsiInfo, Report::Drivers] {
                     self.reports_acked.remove(&report);
+                    if self.reports_in_flight.contains_key(&report) {
+                        self.reports_superseded.insert(report.clone());
+                    }
                     self.report(now, report);
                 }
             }
@@ -598,6 +606,11 @@ impl Client {
                 let Some((_, sent)) = self.reports_in_flight.remove(&report) else {
                     return;
                 };
+                if self.reports_superseded.remove(&report) {
+                    // A registration may have been applied after it: send it again.
+                    self.report(now, report);
+                    return;
+                }
                 let accepted = match outcome {
                     // Refused for good (the alloc is gone, say): retrying cannot help.
                     Ok(Reply::Server(crate::rpc::ServerReply::Error(error))) if !error.retryable => true,
