@@ -684,6 +684,19 @@ acl {
         panic!("not in dev mode")
     }
 
+    /// The server timings a `server { enabled = true  <extra> }` file loads to.
+    fn server_timing(extra: &str) -> anyhow::Result<drover_core::config::ServerTiming> {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("server.hcl");
+        std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
+        let flags = Flags {
+            config: vec![file],
+            data_dir: Some("/d".into()),
+            ..Flags::default()
+        };
+        load(&flags, no_dev).map(|loaded| loaded.config.server.timing)
+    }
+
     #[test]
     fn an_operators_nomad_config_works_unchanged() {
         let dir = tempfile::tempdir().unwrap();
@@ -808,21 +821,7 @@ client {
 
     #[test]
     fn raft_multiplier_scales_the_raft_timings_within_nomads_range() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("raft.hcl");
-        let load_with = |multiplier: &str| {
-            std::fs::write(
-                &file,
-                format!("server {{\n  enabled = true\n  raft_multiplier = {multiplier}\n}}\n"),
-            )
-            .unwrap();
-            let flags = Flags {
-                config: vec![file.clone()],
-                data_dir: Some("/d".into()),
-                ..Flags::default()
-            };
-            load(&flags, no_dev).map(|loaded| loaded.config.server.timing)
-        };
+        let load_with = |multiplier: &str| server_timing(&format!("raft_multiplier = {multiplier}"));
         let base = drover_core::config::ServerTiming::default();
         let scaled = load_with("5").unwrap();
         assert_eq!(scaled.raft_heartbeat, base.raft_heartbeat * 5);
@@ -837,17 +836,7 @@ client {
 
     #[test]
     fn raft_snapshot_threshold_is_nomads_8192_unless_set() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("raft.hcl");
-        let load_with = |extra: &str| {
-            std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
-            let flags = Flags {
-                config: vec![file.clone()],
-                data_dir: Some("/d".into()),
-                ..Flags::default()
-            };
-            load(&flags, no_dev).map(|loaded| loaded.config.server.timing.snapshot_threshold)
-        };
+        let load_with = |extra: &str| server_timing(extra).map(|timing| timing.snapshot_threshold);
         assert_eq!(load_with("").unwrap(), 8192);
         assert_eq!(load_with("raft_snapshot_threshold = 100").unwrap(), 100);
         assert_eq!(
@@ -858,17 +847,7 @@ client {
 
     #[test]
     fn raft_snapshot_interval_is_nomads_120s_unless_set() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("raft.hcl");
-        let load_with = |extra: &str| {
-            std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
-            let flags = Flags {
-                config: vec![file.clone()],
-                data_dir: Some("/d".into()),
-                ..Flags::default()
-            };
-            load(&flags, no_dev).map(|loaded| loaded.config.server.timing.snapshot_interval)
-        };
+        let load_with = |extra: &str| server_timing(extra).map(|timing| timing.snapshot_interval);
         assert_eq!(load_with("").unwrap(), Duration::from_secs(120));
         assert_eq!(
             load_with("raft_snapshot_interval = \"30s\"").unwrap(),

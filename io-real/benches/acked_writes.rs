@@ -19,7 +19,6 @@
 // A bench measures wall time around the code it runs.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,10 +26,14 @@ use std::time::{Duration, Instant};
 
 use drover_core::config::{Advertise, AgentConfig, Ports};
 use drover_core::rpc::{ServerReply, ServerRequest};
-use drover_core::structs::{Allocation, ClientStatus, ConfigValue, Job, Node, NodeStatus, Task, TaskGroup};
+use drover_core::structs::{Allocation, Job};
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::io::{NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
+
+#[path = "support/mod.rs"]
+mod support;
+use support::{alloc, job_id, node, percentiles};
 
 /// List samples per state at least (the reader goes on after the writes until it has them).
 const LISTS: usize = 200;
@@ -218,7 +221,7 @@ async fn fill(handle: &AgentHandle, from: usize, to: usize, per_job: usize, node
     in_flight(handle, upserts).await;
     let allocs: Vec<Allocation> = (from..to)
         .flat_map(|j| (0..per_job).map(move |n| (j, n)))
-        .map(|(j, n)| alloc(j, n, (j * per_job + n) % nodes.max(1)))
+        .map(|(j, n)| alloc(&job_id(j), n, (j * per_job + n) % nodes.max(1)))
         .collect();
     let batches = allocs
         .chunks(ALLOCS_PER_REQUEST)
@@ -307,60 +310,11 @@ async fn measure(
     figures
 }
 
-fn percentiles(samples: &mut [f64]) -> (f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
-    (at(0.5), at(0.99))
-}
-
 /// Job `n` of the state; a `revision` above 0 makes a new version of it.
 fn job(n: usize, count: usize, revision: usize) -> Job {
-    let id = format!("job-{n:06}");
-    let mut meta = BTreeMap::new();
+    let mut job = support::job(&job_id(n), count);
     if revision > 0 {
-        meta.insert("revision".to_string(), revision.to_string());
+        job.meta.insert("revision".to_string(), revision.to_string());
     }
-    Job {
-        id: id.clone(),
-        name: id,
-        namespace: "default".into(),
-        datacenters: vec!["dc1".into()],
-        meta,
-        task_groups: vec![TaskGroup {
-            name: "web".into(),
-            count: count as u32,
-            tasks: vec![Task {
-                name: "app".into(),
-                driver: "raw_exec".into(),
-                config: BTreeMap::from([("command".into(), ConfigValue::String("/bin/sleep".into()))]),
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    }
-}
-
-fn alloc(job: usize, n: usize, node: usize) -> Allocation {
-    let job = format!("job-{job:06}");
-    Allocation {
-        id: format!("{job}-alloc-{n:02}"),
-        name: format!("{job}.web[{n}]"),
-        namespace: "default".into(),
-        job_id: job,
-        task_group: "web".into(),
-        node_id: format!("node-{node:05}"),
-        client_status: ClientStatus::Running,
-        ..Allocation::default()
-    }
-}
-
-fn node(n: usize) -> Node {
-    Node {
-        id: format!("node-{n:05}"),
-        name: format!("client-{n}"),
-        datacenter: "dc1".into(),
-        status: NodeStatus::Ready,
-        ..Node::default()
-    }
+    job
 }

@@ -20,18 +20,21 @@
 // A bench measures wall time around the code it runs.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use drover_core::config::ServerTiming;
 use drover_core::fsm::{Command, Entry as FsmEntry};
-use drover_core::structs::{Allocation, ClientStatus, ConfigValue, Evaluation, Job, Node, NodeStatus, Task, TaskGroup};
+use drover_core::structs::{Allocation, Evaluation};
 use drover_io_real::raft::TypeConfig;
 use drover_io_real::raft::store::{StateMachine, Store};
 use openraft::storage::{RaftSnapshotBuilder, RaftStateMachine};
 use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId};
+
+#[path = "support/mod.rs"]
+mod support;
+use support::{alloc, job_id, node, percentiles};
 
 /// Job updates per state.
 const WRITES: usize = 20_000;
@@ -149,15 +152,12 @@ impl Bench {
             self.apply(chunk.iter().map(|n| Command::NodeRegister { node: node(*n) }).collect());
         }
         for chunk in (from..to).collect::<Vec<_>>().chunks(1000) {
-            let registers = chunk
-                .iter()
-                .map(|j| register(&format!("job-{j:06}"), per_job))
-                .collect();
+            let registers = chunk.iter().map(|j| register(&job_id(*j), per_job)).collect();
             self.apply(registers);
             let allocs: Vec<Allocation> = chunk
                 .iter()
                 .flat_map(|j| (0..per_job).map(move |n| (*j, n)))
-                .map(|(j, n)| alloc(&format!("job-{j:06}"), n, (j * per_job + n) % nodes.max(1)))
+                .map(|(j, n)| alloc(&job_id(j), n, (j * per_job + n) % nodes.max(1)))
                 .collect();
             self.apply(vec![Command::AllocUpsert { allocs }]);
         }
@@ -184,7 +184,7 @@ impl Bench {
         let started = Instant::now();
         for n in 0..WRITES {
             self.written += 1;
-            let mut update = register(&format!("job-{:06}", n % PAGE_JOBS), self.per_job);
+            let mut update = register(&job_id(n % PAGE_JOBS), self.per_job);
             if let Command::JobRegister { job, eval } = &mut update {
                 job.meta.insert("revision".into(), self.written.to_string());
                 eval.id = format!("eval-update-{}", self.written);
@@ -231,31 +231,8 @@ impl Bench {
     }
 }
 
-fn percentiles(samples: &mut [f64]) -> (f64, f64) {
-    samples.sort_by(f64::total_cmp);
-    let at = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
-    (at(0.5), at(0.99))
-}
-
 fn register(id: &str, count: usize) -> Command {
-    let job = Job {
-        id: id.into(),
-        name: id.into(),
-        namespace: "default".into(),
-        datacenters: vec!["dc1".into()],
-        task_groups: vec![TaskGroup {
-            name: "web".into(),
-            count: count as u32,
-            tasks: vec![Task {
-                name: "app".into(),
-                driver: "raw_exec".into(),
-                config: BTreeMap::from([("command".into(), ConfigValue::String("/bin/sleep".into()))]),
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    };
+    let job = support::job(id, count);
     let eval = Evaluation {
         id: format!("eval-{id}"),
         namespace: "default".into(),
@@ -264,27 +241,4 @@ fn register(id: &str, count: usize) -> Command {
         ..Evaluation::default()
     };
     Command::JobRegister { job, eval }
-}
-
-fn alloc(job: &str, n: usize, node: usize) -> Allocation {
-    Allocation {
-        id: format!("{job}-alloc-{n:02}"),
-        name: format!("{job}.web[{n}]"),
-        namespace: "default".into(),
-        job_id: job.into(),
-        task_group: "web".into(),
-        node_id: format!("node-{node:05}"),
-        client_status: ClientStatus::Running,
-        ..Allocation::default()
-    }
-}
-
-fn node(n: usize) -> Node {
-    Node {
-        id: format!("node-{n:05}"),
-        name: format!("client-{n}"),
-        datacenter: "dc1".into(),
-        status: NodeStatus::Ready,
-        ..Node::default()
-    }
 }

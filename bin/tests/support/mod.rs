@@ -37,21 +37,14 @@ pub fn free_ports() -> [u16; 3] {
 /// A client-only agent `name` under `root` that talks to the server at `server_rpc`: its
 /// identity and its arguments (more can be pushed before it starts).
 pub fn client_spec(root: &Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec<String>) {
-    let [http, rpc, serf] = free_ports();
-    let spec = ServerSpec {
-        name: name.into(),
-        http,
-        rpc,
-        serf,
-        data_dir: root.join(name),
-    };
+    let spec = fresh_spec(root, name);
     let args = vec![
         "-client".into(),
         format!("-data-dir={}", spec.data_dir.display()),
         format!("-node={name}"),
         "-bind=127.0.0.1".into(),
-        format!("-http-port={http}"),
-        format!("-rpc-port={rpc}"),
+        format!("-http-port={}", spec.http),
+        format!("-rpc-port={}", spec.rpc),
         format!("-servers=127.0.0.1:{server_rpc}"),
     ];
     (spec, args)
@@ -59,22 +52,27 @@ pub fn client_spec(root: &Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec
 
 /// An `agent -dev` named `name` under `root`: its identity and its arguments.
 pub fn dev_spec(root: &Path, name: &str) -> (ServerSpec, Vec<String>) {
+    let spec = fresh_spec(root, name);
+    let args = vec![
+        "-dev".into(),
+        format!("-data-dir={}", spec.data_dir.display()),
+        format!("-http-port={}", spec.http),
+        format!("-rpc-port={}", spec.rpc),
+        format!("-serf-port={}", spec.serf),
+    ];
+    (spec, args)
+}
+
+/// Agent `name` under `root` on ports the OS handed out.
+fn fresh_spec(root: &Path, name: &str) -> ServerSpec {
     let [http, rpc, serf] = free_ports();
-    let spec = ServerSpec {
+    ServerSpec {
         name: name.into(),
         http,
         rpc,
         serf,
         data_dir: root.join(name),
-    };
-    let args = vec![
-        "-dev".into(),
-        format!("-data-dir={}", spec.data_dir.display()),
-        format!("-http-port={http}"),
-        format!("-rpc-port={rpc}"),
-        format!("-serf-port={serf}"),
-    ];
-    (spec, args)
+    }
 }
 
 /// One server's identity on this machine.
