@@ -82,7 +82,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     /// The queues always hold exactly what a scan of the tables finds, through random
-    /// evaluation and allocation updates and a snapshot round trip.
+    /// evaluation, allocation and drain updates and a snapshot round trip.
     #[test]
     fn the_queues_match_a_scan_of_the_tables() {
         let mut fixture = crate::fsm::csi::tests::Fixture::new();
@@ -95,8 +95,25 @@ mod tests {
             ClientStatus::Complete,
         ];
         let desired = [DesiredStatus::Run, DesiredStatus::Stop];
+        for n in ["n1", "n2"] {
+            fixture.ok(Command::NodeRegister {
+                node: crate::structs::Node {
+                    id: n.into(),
+                    ..Default::default()
+                },
+            });
+        }
         for _ in 0..300 {
-            if rng.random_bool(0.5) {
+            if rng.random_bool(0.2) {
+                let node_id = ["n1", "n2"][rng.random_range(0..2)].to_string();
+                let strategy = rng.random_bool(0.5).then(crate::structs::DrainStrategy::default);
+                fixture.ok(Command::NodeUpdateDrain {
+                    node_id,
+                    strategy,
+                    mark_eligible: false,
+                    complete: false,
+                });
+            } else if rng.random_bool(0.5) {
                 let n = rng.random_range(0..20);
                 let eval = Evaluation {
                     id: format!("e{n}"),
@@ -146,5 +163,7 @@ mod tests {
             .filter(|alloc| alloc.client_status == ClientStatus::Failed && alloc.desired_status == DesiredStatus::Run)
             .collect();
         assert_eq!(state.failed_allocs().collect::<Vec<_>>(), failed);
+        let draining: Vec<&Node> = state.nodes().filter(|node| node.drain_strategy.is_some()).collect();
+        assert_eq!(state.draining_nodes().collect::<Vec<_>>(), draining);
     }
 }
