@@ -190,6 +190,10 @@ pub struct AllocRunner {
     claim_retry_at: Option<Instant>,
     claim_give_up_at: Option<Instant>,
     releases: BTreeMap<String, Release>,
+    /// Volumes whose stub survived a restart but whose publish target did not: claimed and
+    /// mounted again, while the stub keeps the old mount so a failed claim still unmounts
+    /// (and unstages) what the interrupted run left behind (swarm seed 378).
+    reclaim: BTreeSet<String>,
     /// Volumes claimed in this prerun, with their publish context, until mounted.
     claimed: BTreeMap<String, (Box<crate::structs::CsiVolume>, BTreeMap<String, String>)>,
     alloc_dir_requested: bool,
@@ -274,6 +278,7 @@ impl AllocRunner {
             claim_retry_at: None,
             claim_give_up_at: None,
             releases: BTreeMap::new(),
+            reclaim: BTreeSet::new(),
             claimed: BTreeMap::new(),
             alloc_dir_requested: false,
             main_started: false,

@@ -103,7 +103,7 @@ impl AllocRunner {
             self.csi = Some(CsiStep::Mount { index: 0 });
             return None;
         };
-        if self.local.csi_stubs.contains_key(alias) {
+        if self.local.csi_stubs.contains_key(alias) && !self.reclaim.contains(alias) {
             self.csi = Some(CsiStep::Claim { index: index + 1 });
             return None;
         }
@@ -171,9 +171,11 @@ impl AllocRunner {
             Some(CsiStep::Restore { index }) => {
                 let alias = &requests[index].0;
                 if !matches!(outcome, Ok(Reply::Bool(true))) {
-                    // Gone (or unknown): claim and mount it again.
-                    self.local.csi_stubs.remove(alias);
-                    self.persist();
+                    // Gone (or unknown): claim and mount it again. The stub stays until the
+                    // claim succeeds: the run before the restart may have been stopped between
+                    // unpublish and unstage, and if this claim is refused, postrun's unmount is
+                    // what unstages the volume.
+                    self.reclaim.insert(alias.clone());
                 }
                 self.csi = Some(CsiStep::Restore { index: index + 1 });
                 PrerunVerdict::Advance
@@ -232,6 +234,7 @@ impl AllocRunner {
                     mount: None,
                 };
                 self.local.csi_stubs.insert(alias.to_string(), stub);
+                self.reclaim.remove(alias);
                 self.claimed.insert(alias.to_string(), (volume, publish_context));
                 self.persist();
                 self.claim_backoff = CLAIM_BACKOFF_START;
