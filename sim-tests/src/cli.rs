@@ -1,18 +1,23 @@
 //! The simulation lane's command line: `-- --seed N`, `-- --seeds A..B`, `--scenario NAME`,
 //! `--negative-control`, `--check-determinism`, `--trace`, `--log` (agent logs, filtered by
 //! `RUST_LOG`), `--list`, `--coverage FILE` (the coverage table printed after the runs, as
-//! JSON). With no seed given it runs
+//! JSON), `--schedule FILE` (replay a shrunk schedule), `--shrink` (shrink a regression
+//! switch's catch too), `--no-shrink` (do not shrink failures). A failing seed is shrunk to a
+//! smallest schedule that still violates its first invariant, written beside its trace
+//! (`shrink`). With no seed given it runs
 //! the default range, replays every run of it to check that the trace is byte-identical (an
 //! explicit range replays its first seed per scenario, or every seed with
 //! `--check-determinism`) and runs the negative control. Replays run in the same process after
 //! hundreds of other runs, which is what exposes state that leaks between runs.
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::runner::{self, Report};
+use crate::shrink::{self, Schedule};
 use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults, RaftFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
@@ -47,6 +52,16 @@ const REGRESSION_SEEDS: &[(&str, u64, &str)] = &[
         139,
         "two survivors split the vote forever: openraft 0.9 keeps one election timeout per server",
     ),
+    (
+        "swarm",
+        378,
+        "a client agent killed during a slow NodeUnstageVolume restored its allocation, was refused the claim, and never unstaged the volume",
+    ),
+    (
+        "swarm",
+        319,
+        "a client agent killed during a slow NodeUnstageVolume restored its allocation, was refused the claim, and never unstaged the volume",
+    ),
 ];
 
 /// The negative control must find the split brain within this many seeds.
@@ -65,6 +80,12 @@ struct Args {
     log: bool,
     /// Write the coverage table of the run range as JSON here.
     coverage: Option<std::path::PathBuf>,
+    /// Replay this shrunk schedule file.
+    schedule: Option<PathBuf>,
+    /// Shrink a regression switch's catch too.
+    shrink: bool,
+    /// Leave failures unshrunk.
+    no_shrink: bool,
     /// Run only the given regression switch ("10927", "13416", "8232", "task-leak", "si-leak" or "stale-read").
     regression_switch: Option<String>,
 }
@@ -120,6 +141,9 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--bench-jobs" => args.bench_jobs = true,
             "--log" => args.log = true,
             "--coverage" => args.coverage = Some(value("--coverage")?.into()),
+            "--schedule" => args.schedule = Some(value("--schedule")?.into()),
+            "--shrink" => args.shrink = true,
+            "--no-shrink" => args.no_shrink = true,
             "--regression-switch" => {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
@@ -177,6 +201,9 @@ pub fn main() -> ExitCode {
             println!("{:<28} {}", scenario.name, scenario.about);
         }
         return ExitCode::SUCCESS;
+    }
+    if let Some(path) = &args.schedule {
+        return exit(replay_schedule(&shrink::resolve_path(path)));
     }
     if args.negative_control {
         return exit(negative_control(&args));
@@ -256,6 +283,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
     let runs = jobs.len();
     let reports = run_parallel(jobs, Options::default());
     let mut failures = 0;
+    let mut failed: Vec<&Report> = Vec::new();
     let mut virtual_secs = 0;
     for report in &reports {
         virtual_secs += report.virtual_secs;
@@ -267,6 +295,9 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         } else {
             failures += 1;
             print_failure(report, false);
+            if !failed.iter().any(|first| first.scenario == report.scenario) {
+                failed.push(report);
+            }
         }
         if args.trace {
             println!(
@@ -352,7 +383,156 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
             }
         }
     }
+    if !args.no_shrink {
+        shrink_failures(&failed);
+    }
     failures == 0 && deterministic && written
+}
+
+/// How long one shrink may take, and all the shrinks of one invocation together.
+const SHRINK_BUDGET: Duration = Duration::from_secs(300);
+const SHRINK_TOTAL: Duration = Duration::from_secs(600);
+/// The regression switch whose catch every default run shrinks and replays from its schedule
+/// file, so the CI log shows one whole shrink.
+const SHRUNK_SWITCH: &str = "13416";
+
+/// Shrinks the first failure of each failing scenario, within the budgets.
+fn shrink_failures(failed: &[&Report]) {
+    let started = Instant::now();
+    for report in failed {
+        let Some(invariant) = shrink::first_invariant(report) else {
+            continue;
+        };
+        let left = SHRINK_TOTAL.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            println!(
+                "sim: no time left to shrink {} seed={} (shrinks take at most {SHRINK_TOTAL:?} per run)",
+                report.scenario, report.seed
+            );
+            continue;
+        }
+        shrink_and_write(report, Options::default(), None, invariant, left.min(SHRINK_BUDGET));
+    }
+}
+
+/// Shrinks `report`, writes its schedule file and prints what is left; the file's path.
+fn shrink_and_write(
+    report: &Report,
+    options: Options,
+    switch: Option<String>,
+    invariant: &str,
+    budget: Duration,
+) -> Option<PathBuf> {
+    println!(
+        "sim: shrinking {} seed={} ({} events) to keep violating \"{invariant}\" ...",
+        report.scenario,
+        report.seed,
+        shrink::events(
+            &runner::plan_for(find(report.scenario).expect("known scenario"), report.seed, &options),
+            report.fault_writes
+        )
+        .len()
+    );
+    let (schedule, stats) = shrink::shrink(report, options, switch, invariant, budget);
+    let plan = runner::plan_for(schedule.scenario(), schedule.seed, &options);
+    let path = schedule.path();
+    let written = std::fs::create_dir_all(shrink::traces_dir())
+        .and_then(|()| std::fs::write(&path, schedule.to_json(&plan, &stats, &path)));
+    println!(
+        "shrunk {} seed={}: {} of {} events left after {} runs in {:.1} s{}; still violates \"{invariant}\"",
+        schedule.scenario,
+        schedule.seed,
+        schedule.keep.len(),
+        stats.from,
+        stats.runs,
+        stats.elapsed.as_secs_f64(),
+        if stats.out_of_time {
+            " (out of time: not minimal)"
+        } else {
+            ""
+        },
+    );
+    for event in &schedule.keep {
+        println!("    {}", shrink::describe(&plan, event));
+    }
+    match written {
+        Ok(()) => {
+            println!("  replay: cargo test -p sim-tests -- --schedule {}", path.display());
+            Some(path)
+        }
+        Err(error) => {
+            println!("  could not write the schedule to {}: {error}", path.display());
+            None
+        }
+    }
+}
+
+/// The options a schedule's switch names.
+fn switch_options(switch: Option<&str>) -> Result<Options, String> {
+    match switch {
+        None => Ok(Options::default()),
+        Some("negative-control") => Ok(Options {
+            negative_control: true,
+            ..Options::default()
+        }),
+        Some(name) => REGRESSION_SWITCHES
+            .iter()
+            .find(|(switch, ..)| *switch == name)
+            .map(|(_, _, options, ..)| options())
+            .ok_or_else(|| format!("unknown regression switch {name:?}")),
+    }
+}
+
+/// Replays a schedule file twice (the second time to check the trace is byte-identical).
+/// Succeeds only when no invariant is violated, like any run: a schedule that still
+/// reproduces its bug fails.
+fn replay_schedule(path: &Path) -> bool {
+    let loaded = std::fs::read_to_string(path)
+        .map_err(|error| format!("cannot read {}: {error}", path.display()))
+        .and_then(|text| Schedule::from_json(&text))
+        .and_then(|schedule| Ok((switch_options(schedule.switch.as_deref())?, schedule)));
+    let (options, schedule) = match loaded {
+        Ok(loaded) => loaded,
+        Err(error) => {
+            println!("sim: {error}");
+            return false;
+        }
+    };
+    let report = schedule.run(options);
+    let again = schedule.run(options);
+    if report.passed() {
+        println!(
+            "ok     {:<28} seed={:<6} schedule {} ({} events): no invariant violated",
+            report.scenario,
+            report.seed,
+            path.display(),
+            schedule.keep.len()
+        );
+    } else {
+        print_failure(&report, schedule.switch.as_deref() == Some("negative-control"));
+        println!(
+            "  replay this schedule: cargo test -p sim-tests -- --schedule {}",
+            path.display()
+        );
+    }
+    println!(
+        "sim: the schedule's invariant \"{}\" {}",
+        schedule.invariant,
+        if schedule.reproduced_by(&report) {
+            "was violated again"
+        } else {
+            "was not violated"
+        }
+    );
+    let same = report.trace == again.trace;
+    println!(
+        "{}   {:<28} seed={:<6} the schedule's replay gave {} trace",
+        if same { "same" } else { "FAILED" },
+        report.scenario,
+        report.seed,
+        if same { "a byte-identical" } else { "a different" }
+    );
+    report.passed() && same
 }
 
 fn regression_seeds() -> bool {
@@ -415,7 +595,7 @@ fn print_failure(report: &Report, negative_control: bool) {
     for line in &lines[start..end] {
         println!("    {line}");
     }
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/sim-traces");
+    let dir = shrink::traces_dir();
     if std::fs::create_dir_all(&dir).is_ok() {
         let path = dir.join(format!("{}-{}.txt", report.scenario, report.seed));
         if std::fs::write(&path, &report.trace).is_ok() {
@@ -574,6 +754,45 @@ const REGRESSION_SWITCHES: &[Switch] = &[
     ),
 ];
 
+/// Shrinks a regression switch's catch, then replays the written schedule: it must violate the
+/// same invariant again, byte for byte the same way twice.
+fn shrink_switch_catch(report: &Report, options: Options, name: &str, invariant: &str) -> bool {
+    let Some(path) = shrink_and_write(report, options, Some(name.to_string()), invariant, SHRINK_BUDGET) else {
+        return false;
+    };
+    let replayed = std::fs::read_to_string(&path)
+        .map_err(|error| error.to_string())
+        .and_then(|text| Schedule::from_json(&text));
+    let schedule = match replayed {
+        Ok(schedule) => schedule,
+        Err(error) => {
+            println!("FAILED the shrunk schedule of #{name} does not read back: {error}");
+            return false;
+        }
+    };
+    let (first, second) = (schedule.run(options), schedule.run(options));
+    let reproduced = schedule.reproduced_by(&first);
+    let same = first.trace == second.trace;
+    if reproduced && same {
+        println!(
+            "ok     the shrunk schedule of #{name} ({} events), replayed from its file, violates \"{invariant}\" again, \
+             with a byte-identical trace each time",
+            schedule.keep.len()
+        );
+        true
+    } else {
+        println!(
+            "FAILED the shrunk schedule of #{name}, replayed from its file: {}",
+            if reproduced {
+                "two replays gave different traces"
+            } else {
+                "the invariant was not violated"
+            }
+        );
+        false
+    }
+}
+
 fn regression_switch(args: &Args, which: &str) -> bool {
     let (name, bug, faults, scenario_names, expected) = *REGRESSION_SWITCHES
         .iter()
@@ -601,6 +820,9 @@ fn regression_switch(args: &Args, which: &str) -> bool {
                     "ok     regression switch #{name} ({bug}): caught at seed {} of {}: \"{}\": {}",
                     report.seed, report.scenario, violation.invariant, violation.detail
                 );
+                if args.shrink || (args.seeds.is_none() && !args.no_shrink && name == SHRUNK_SWITCH) {
+                    return shrink_switch_catch(&report, options, name, violation.invariant);
+                }
                 return true;
             }
         }

@@ -115,8 +115,7 @@ fn consul_kind(mode: ConsulMode) -> Option<&'static str> {
 /// plugin faults.
 pub fn plan_faults(plan: &Plan) -> BTreeSet<&'static str> {
     let mut kinds: BTreeSet<&'static str> = plan
-        .steps
-        .iter()
+        .played_steps()
         .flat_map(|step| fault_kinds(&step.action))
         .chain(consul_kind(plan.consul_initial))
         .collect();

@@ -20,4 +20,6 @@ pub mod runner;
 #[cfg(madsim)]
 pub mod scenarios;
 #[cfg(madsim)]
+pub mod shrink;
+#[cfg(madsim)]
 pub mod swarm;

@@ -2,7 +2,8 @@
 //! runtime, plays the fault schedule with a write workload, then the quiet phase, and returns
 //! the trace and every violation found.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,6 +21,7 @@ use rand_chacha_03::ChaCha8Rng;
 use crate::coverage::{RunCoverage, plan_faults};
 use crate::real_clients::{self, RealClientPlan};
 use crate::scenarios::{self, Action, Options, Plan, Scenario, Target};
+use crate::shrink::Trim;
 use drover_io_sim::coverage::CoverageCounter;
 
 /// Set by `--log`: agent logs go to the global subscriber, and no run counts coverage.
@@ -39,6 +41,8 @@ pub struct Report {
     pub virtual_secs: u64,
     /// Fault kinds played, invariant checks made, state machine transitions reached.
     pub coverage: RunCoverage,
+    /// Write attempts the workload made in the fault phase (each an event a shrink may drop).
+    pub fault_writes: u64,
 }
 
 impl Report {
@@ -113,8 +117,25 @@ fn seeded_tokio_context(seed: u64) -> std_tokio::runtime::Runtime {
 
 /// Runs in a fresh thread so nothing (thread-local hash keys included) leaks between runs.
 pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
-    let plan = plan_for(scenario, seed, &options);
-    let schedule = plan.schedule();
+    run_trimmed(scenario, seed, options, &Trim::default())
+}
+
+/// Runs the seed's plan without the events `trim` leaves out (a shrunk schedule).
+pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, trim: &Trim) -> Report {
+    let mut plan = plan_for(scenario, seed, &options);
+    trim.apply(&mut plan);
+    let dropped_writes = trim.writes.clone();
+    let mut schedule = plan.schedule();
+    if !dropped_writes.is_empty() {
+        schedule.push(format!(
+            "workload: {} write attempts left out ({})",
+            dropped_writes.len(),
+            ranges(&dropped_writes)
+        ));
+    }
+    let attempts = Arc::new(AtomicU64::new(0));
+    let attempts_out = attempts.clone();
+
     let faults = plan_faults(&plan);
     let counter = CoverageCounter::default();
     let counting = counter.clone();
@@ -136,7 +157,8 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
                 .then(|| tracing::subscriber::set_default(counting));
             let seeded = seeded_tokio_context(seed);
             let result = seeded.block_on(std_tokio::task::unconstrained(async {
-                runtime.block_on(play(plan, seed ^ salt(scenario.name), slot, probes_out))
+                let workload = (seed ^ salt(scenario.name), dropped_writes, attempts_out);
+                runtime.block_on(play(plan, workload, slot, probes_out))
             }));
             drop(runtime);
             result
@@ -161,6 +183,7 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
         checks: recorder.as_ref().map(Recorder::checks).unwrap_or_default(),
         reached: counter.counts(),
     };
+    let fault_writes = attempts.load(AtomicOrdering::SeqCst);
     match result {
         Ok((trace, mut violations, virtual_secs)) => {
             violations.extend(leak);
@@ -172,6 +195,7 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
                 schedule,
                 virtual_secs,
                 coverage,
+                fault_writes,
             }
         }
         Err(panic) => {
@@ -197,9 +221,32 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
                 schedule,
                 virtual_secs: 0,
                 coverage,
+                fault_writes,
             }
         }
     }
+}
+
+/// `0..=4, 7, 9..=12` for {0, 1, 2, 3, 4, 7, 9, 10, 11, 12}.
+fn ranges(numbers: &BTreeSet<u64>) -> String {
+    let mut spans: Vec<(u64, u64)> = Vec::new();
+    for &number in numbers {
+        match spans.last_mut() {
+            Some((_, end)) if *end + 1 == number => *end = number,
+            _ => spans.push((number, number)),
+        }
+    }
+    spans
+        .iter()
+        .map(|(start, end)| {
+            if start == end {
+                start.to_string()
+            } else {
+                format!("{start}..={end}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 struct Workload {
@@ -212,11 +259,16 @@ struct Workload {
     /// Every write and consistent read of the run, for the linearizability check.
     history: Arc<Mutex<Vec<Op>>>,
     start: tokio::time::Instant,
+    /// Fault-phase write attempts so far: each draws the same numbers whether or not it is
+    /// made, so leaving one out changes no other.
+    attempts: Arc<AtomicU64>,
+    /// Attempts a shrunk schedule leaves out.
+    dropped: BTreeSet<u64>,
 }
 
 async fn play(
     plan: Plan,
-    workload_seed: u64,
+    (workload_seed, dropped, attempts): (u64, BTreeSet<u64>, Arc<AtomicU64>),
     slot: Arc<Mutex<Option<Recorder>>>,
     probes: Arc<Mutex<Vec<DiskProbe>>>,
 ) -> (String, Vec<Violation>, u64) {
@@ -257,11 +309,20 @@ async fn play(
         quiet_acked: 0,
         history: Arc::default(),
         start,
+        attempts,
+        dropped,
     };
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
-    for step in &plan.steps {
+    for (index, step) in plan.steps.iter().enumerate() {
         drive_workload(&cluster, &mut workload, plan.real_clients.as_ref(), start + step.at).await;
+        if plan.skipped.contains(&index) {
+            if let Action::ReadStorm { .. } = step.action {
+                // The storm's seed is drawn all the same: later writes stay as they were.
+                let _ = workload.rng.r#gen::<u64>();
+            }
+            continue;
+        }
         match &step.action {
             Action::Kill { target, crash } => {
                 if let Some(index) = resolve(&cluster, *target, last_killed) {
@@ -466,12 +527,17 @@ async fn drive_workload(
         }
         tokio::time::sleep_until(workload.next_write_at).await;
         workload.next_write_at += Duration::from_millis(workload.rng.gen_range(300..2_000));
-        if real.is_some_and(|real| real.deregister_attempts) && workload.rng.gen_bool(0.2) {
-            let pick = workload.rng.r#gen::<u16>() as usize;
-            real_clients::deregister_attempt(cluster, pick).await;
-        }
+        let deregister = (real.is_some_and(|real| real.deregister_attempts) && workload.rng.gen_bool(0.2))
+            .then(|| workload.rng.r#gen::<u16>() as usize);
         let index = workload.rng.gen_range(0..cluster.len());
         let reader = workload.rng.gen_range(0..cluster.len());
+        let attempt = workload.attempts.fetch_add(1, AtomicOrdering::SeqCst);
+        if workload.dropped.contains(&attempt) {
+            continue;
+        }
+        if let Some(pick) = deregister {
+            real_clients::deregister_attempt(cluster, pick).await;
+        }
         let invoked = workload.start.elapsed();
         let Some(write) = cluster.start_write(
             index,

@@ -2,6 +2,7 @@
 //! first starts, and a fault schedule. Every choice comes from the generator, so a seed names
 //! one run exactly.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -157,6 +158,10 @@ pub struct Plan {
     /// After a graceful stop of the leader, the survivors agree on a new leader within this
     /// (virtual) time.
     pub handover_bound: Option<Duration>,
+    /// Steps a shrunk schedule leaves out, by index. They keep their place (the fault phase
+    /// ends when the seed's full plan ends it, a skipped read storm still draws its seed) so
+    /// the workload makes the same attempts at the same times.
+    pub skipped: BTreeSet<usize>,
 }
 
 impl Plan {
@@ -171,11 +176,20 @@ impl Plan {
             })
             .collect();
         lines.sort();
-        lines.extend(self.steps.iter().map(ToString::to_string));
+        lines.extend(self.played_steps().map(ToString::to_string));
         if let Some(real) = &self.real_clients {
             lines.extend(real.summary());
         }
         lines
+    }
+
+    /// The steps the run plays: all but those a shrunk schedule skips.
+    pub fn played_steps(&self) -> impl Iterator<Item = &Step> {
+        self.steps
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| !self.skipped.contains(index))
+            .map(|(_, step)| step)
     }
 
     pub fn fault_phase_end(&self) -> Duration {
@@ -623,6 +637,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         election_rounds: None,
         stable_leader: None,
         handover_bound: None,
+        skipped: BTreeSet::new(),
     }
 }
 
