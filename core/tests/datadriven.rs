@@ -720,7 +720,11 @@ mod client_harness {
                             format!(
                                 "{alias}:{}{}",
                                 stub.volume_id,
-                                if stub.mount.is_some() { "(mounted)" } else { "" }
+                                match (&stub.mount, stub.mount_attempted) {
+                                    (Some(_), _) => "(mounted)",
+                                    (None, true) => "(mounting)",
+                                    (None, false) => "",
+                                }
                             )
                         })
                         .collect();

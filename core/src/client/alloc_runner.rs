@@ -69,6 +69,11 @@ pub struct CsiVolumeStub {
     pub usage: UsageOptions,
     /// `None` while claimed but not (yet) mounted.
     pub mount: Option<MountInfo>,
+    /// A mount was asked of the node plugin (written before it is): even if it failed or
+    /// the agent died before the answer, it may have staged the volume, so postrun unmounts
+    /// (Nomad's csi_hook unmounts every claimed volume; swarm seed 937).
+    #[serde(default)]
+    pub mount_attempted: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -72,12 +72,14 @@ impl AllocRunner {
             self.csi = Some(CsiStep::Claim { index: 0 });
             return None;
         };
-        let restorable = self
-            .local
-            .csi_stubs
-            .get(alias)
-            .and_then(|stub| Some((stub, stub.mount.clone()?)));
-        let Some((stub, mount)) = restorable else {
+        let Some(stub) = self.local.csi_stubs.get(alias) else {
+            self.csi = Some(CsiStep::Restore { index: index + 1 });
+            return None;
+        };
+        let Some(mount) = stub.mount.clone() else {
+            // Claimed but not mounted before the restart: the claim's answer (the volume and
+            // its publish context) was not kept, so claim again; the stub stays for postrun.
+            self.reclaim.insert(alias.clone());
             self.csi = Some(CsiStep::Restore { index: index + 1 });
             return None;
         };
@@ -154,6 +156,13 @@ impl AllocRunner {
         let Some((volume, publish_context)) = self.claimed.get(alias).cloned() else {
             return Some(HookProgress::Failed(format!("volume {alias} was not claimed")));
         };
+        if !stub.mount_attempted {
+            if let Some(stub) = self.local.csi_stubs.get_mut(alias) {
+                stub.mount_attempted = true;
+            }
+            self.persist();
+        }
+        let stub = &self.local.csi_stubs[alias];
         let io = Io::Volume(VolumeOp::Mount {
             plugin_id: stub.plugin_id.clone(),
             volume,
@@ -232,6 +241,12 @@ impl AllocRunner {
                     mode,
                     usage: usage_for(request, &volume.mount_options, &volume),
                     mount: None,
+                    // What a mount before a restart may have left is still to be unmounted.
+                    mount_attempted: self
+                        .local
+                        .csi_stubs
+                        .get(alias)
+                        .is_some_and(|old| old.mount_attempted || old.mount.is_some()),
                 };
                 self.local.csi_stubs.insert(alias.to_string(), stub);
                 self.reclaim.remove(alias);
@@ -267,7 +282,7 @@ impl AllocRunner {
             return;
         };
         let io = match release.step {
-            VolumeRelease::Unmount if stub.mount.is_some() => Io::Volume(VolumeOp::Unmount {
+            VolumeRelease::Unmount if stub.mount.is_some() || stub.mount_attempted => Io::Volume(VolumeOp::Unmount {
                 plugin_id: stub.plugin_id.clone(),
                 namespace: stub.namespace.clone(),
                 volume_id: stub.volume_id.clone(),
@@ -310,6 +325,7 @@ impl AllocRunner {
                     Ok(_) => {
                         if let Some(stub) = self.local.csi_stubs.get_mut(alias) {
                             stub.mount = None;
+                            stub.mount_attempted = false;
                         }
                         self.persist();
                     }
