@@ -9,6 +9,7 @@
 pub mod allocfs;
 #[cfg(not(madsim))]
 pub mod attach;
+pub mod buggify;
 pub mod client;
 pub mod devices;
 pub mod driver;

@@ -229,15 +229,32 @@ impl SimCluster {
     /// Kills a client node's agent. Its tasks and mounts live on in its host (the agent
     /// recovers them when it restarts).
     pub fn kill_client(&mut self, index: usize) {
+        self.kill_client_with(index, Crash::KeepUnsynced);
+    }
+
+    fn kill_client_with(&mut self, index: usize, crash: Crash) {
         let client = &mut self.clients[index];
         if !client.alive {
             return;
         }
-        client.disk.crash(Crash::KeepUnsynced);
-        client.client_disk.crash(Crash::KeepUnsynced);
+        client.disk.crash(crash);
+        client.client_disk.crash(crash);
         self.handle.kill(client.node.id());
         client.alive = false;
         self.recorder.note(format!("kill client {}", client.spec.name));
+    }
+
+    /// The client's machine loses power and boots again later ([`Self::restart_client`]):
+    /// the agent dies losing what it had not synced, every task and mount is gone, and the
+    /// node keeps its identity (its data dir survives), unlike [`Self::lose_client`].
+    pub fn reboot_client(&mut self, index: usize) {
+        self.kill_client_with(index, Crash::LoseUnsynced);
+        let client = &self.clients[index];
+        client.host.power_off();
+        self.recorder
+            .note(format!("host of client {} loses power", client.spec.name));
+        // Its plugin died with it: nothing is mounted there any more.
+        self.recorder.record_plugin(&client.spec.name, PluginEvent::NodeLost);
     }
 
     /// The client's machine dies: its agent, every task and every mount. A later

@@ -100,6 +100,9 @@ struct HostState {
     tasks: BTreeMap<(String, String), SimTask>,
     next_pid: u64,
     starts: u64,
+    /// The next this many task starts fail, as a driver's does when the host is out of
+    /// processes or the binary cannot be executed.
+    failing_starts: u32,
 }
 
 /// One client node's host; clones share it.
@@ -229,6 +232,40 @@ impl SimHost {
 
     fn note(&self, text: String) {
         self.recorder.note(format!("{}: {text}", self.name));
+    }
+
+    /// The next `count` task starts on this host fail.
+    pub fn fail_next_starts(&self, count: u32) {
+        self.lock().failing_starts = count;
+        self.note(format!("the next {count} task starts fail"));
+    }
+
+    /// The kernel's OOM killer ends the leader process of one running task (the `pick`th, in
+    /// order, of those running); what the task started lives on until the client destroys
+    /// it. Returns the task, if any ran.
+    pub fn oom_kill(&self, pick: usize) -> Option<(String, String)> {
+        let state = self.lock();
+        let running: Vec<&(String, String)> = state
+            .tasks
+            .iter()
+            .filter(|(_, task)| task.running())
+            .map(|(key, _)| key)
+            .collect();
+        let key = (*running.get(pick % running.len().max(1))?).clone();
+        let task = &state.tasks[&key];
+        task.end(ExitResult {
+            exit_code: 137,
+            signal: 9,
+            oom_killed: true,
+            err: Some("OOM Killed".into()),
+        });
+        let gone = !task.alive();
+        drop(state);
+        self.note(format!("task {}/{} OOM killed", key.0, key.1));
+        if gone {
+            self.gone(&key);
+        }
+        Some(key)
     }
 
     /// The machine dies: every task is killed and every mount is gone (directories survive
@@ -384,6 +421,14 @@ impl SimHost {
                 ),
             );
             return Err(IoError::other("the task's previous processes still run"));
+        }
+        if state.failing_starts > 0 {
+            state.failing_starts -= 1;
+            drop(state);
+            self.note(format!("task {}/{} fails to start", key.0, key.1));
+            return Err(IoError::other(
+                "failed to launch command with executor: fork/exec: resource temporarily unavailable",
+            ));
         }
         // The task binds the host ports it was given, as a real server would: one bound by a
         // running task of another allocation on this host would fail with EADDRINUSE. The

@@ -52,16 +52,6 @@ const REGRESSION_SEEDS: &[(&str, u64, &str)] = &[
         139,
         "two survivors split the vote forever: openraft 0.9 keeps one election timeout per server",
     ),
-    (
-        "swarm",
-        378,
-        "a client agent killed during a slow NodeUnstageVolume restored its allocation, was refused the claim, and never unstaged the volume",
-    ),
-    (
-        "swarm",
-        319,
-        "a client agent killed during a slow NodeUnstageVolume restored its allocation, was refused the claim, and never unstaged the volume",
-    ),
 ];
 
 /// The negative control must find the split brain within this many seeds.

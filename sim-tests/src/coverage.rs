@@ -53,7 +53,22 @@ pub const FAULT_KINDS: &[&str] = &[
     "packet loss",
     "latency spike",
     "read storm",
+    "client node power loss",
+    "driver start failure",
+    "task OOM killed",
+    "buggify: client rpc unreachable",
+    "buggify: csi call unavailable",
+    "buggify: csi call slow",
+    "buggify: raft message slow",
 ];
+
+/// The coverage name of a BUGGIFY point that fired.
+pub fn buggify_kind(point: &str) -> Option<&'static str> {
+    FAULT_KINDS
+        .iter()
+        .find(|kind| kind.strip_prefix("buggify: ") == Some(point))
+        .copied()
+}
 
 /// The fault kinds one scheduled action plays (none for a recovery).
 pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
@@ -84,6 +99,9 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         Action::JoinLateClients => vec!["late clients join"],
         Action::DrainJobNode => vec!["node drain"],
         Action::KillClient(_) => vec!["client agent killed"],
+        Action::RebootClient(_) => vec!["client node power loss"],
+        Action::FailTaskStarts(..) => vec!["driver start failure"],
+        Action::OomKill(..) => vec!["task OOM killed"],
         Action::RestartClient(_) => vec!["client agent restart"],
         Action::UpdateJob(_) => vec!["job update"],
         Action::Network(loss, (_, high)) => {

@@ -186,6 +186,15 @@ pub fn plugin_job() -> Job {
                 }),
                 ..Task::default()
             }],
+            // A node plugin is a daemon its operator keeps running: a task that fails to
+            // start or is OOM killed is restarted, not left failed (the servers do not replace
+            // a failed system allocation, as Nomad's do not).
+            restart_policy: Some(RestartPolicy {
+                attempts: 1_000,
+                interval: Duration::from_secs(1_800),
+                delay: Duration::from_secs(15),
+                mode: RestartMode::Fail,
+            }),
             ..TaskGroup::default()
         }],
         ..Job::default()
@@ -367,7 +376,11 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
             };
             match request(cluster, register, 40).await {
                 ServerReply::Done { .. } => break,
-                ServerReply::Error(error) if error.message.contains("no CSI plugin named") && attempts < 120 => {
+                // Likewise while no controller is healthy yet (a plugin slow to start), which
+                // the servers answer as retryable.
+                ServerReply::Error(error)
+                    if (error.message.contains("no CSI plugin named") || error.retryable) && attempts < 120 =>
+                {
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }

@@ -156,15 +156,21 @@ pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, tri
             let _counting = (!AGENT_LOGS.load(std::sync::atomic::Ordering::Relaxed))
                 .then(|| tracing::subscriber::set_default(counting));
             let seeded = seeded_tokio_context(seed);
+            drover_io_real::buggify::enable(plan.buggify.clone());
             let result = seeded.block_on(std_tokio::task::unconstrained(async {
                 let workload = (seed ^ salt(scenario.name), dropped_writes, attempts_out);
                 runtime.block_on(play(plan, workload, slot, probes_out))
             }));
             drop(runtime);
-            result
+            (result, drover_io_real::buggify::fired())
         })
         .expect("spawn simulation thread")
         .join();
+    // A run that panicked fired what it fired too, but its thread took the counts with it.
+    let (result, injected) = match result {
+        Ok((result, injected)) => (Ok(result), injected),
+        Err(panic) => (Err(panic), BTreeMap::new()),
+    };
     // Thousands of seeds per process only work if each run frees its world.
     let leaked = probes
         .lock()
@@ -178,6 +184,8 @@ pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, tri
         at_line: 0,
     });
     let recorder = recorder_slot.lock().expect("recorder slot").take();
+    let mut faults = faults;
+    faults.extend(injected.keys().filter_map(|point| crate::coverage::buggify_kind(point)));
     let coverage = RunCoverage {
         faults,
         checks: recorder.as_ref().map(Recorder::checks).unwrap_or_default(),
@@ -387,6 +395,13 @@ async fn play(
                 }
             }
             Action::KillClient(client) => cluster.kill_client(*client),
+            Action::RebootClient(client) => cluster.reboot_client(*client),
+            Action::FailTaskStarts(client, count) => cluster.host(*client).fail_next_starts(*count),
+            Action::OomKill(client, pick) => {
+                if cluster.host(*client).oom_kill(*pick).is_none() {
+                    recorder.note(format!("no task runs on {} to OOM kill", cluster.client_name(*client)));
+                }
+            }
             Action::Network(loss, (low, high)) => {
                 let (loss, latency) = (
                     f64::from(*loss) / 100.0,
@@ -431,6 +446,7 @@ async fn play(
     .await;
 
     recorder.note("quiet phase");
+    drover_io_real::buggify::disable();
     cluster.heal();
     cluster.consul().set_mode(ConsulMode::Healthy);
     for client in 0..cluster.client_count() {

@@ -2,7 +2,7 @@
 //! first starts, and a fault schedule. Every choice comes from the generator, so a seed names
 //! one run exactly.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
@@ -75,6 +75,13 @@ pub enum Action {
     DrainJobNode,
     /// A client node's process is killed (its host's tasks keep running).
     KillClient(usize),
+    /// A client node's machine loses power (agent, tasks and mounts gone; unsynced client
+    /// state lost) until a later `RestartClient` boots it.
+    RebootClient(usize),
+    /// The next `n` task starts on a client node fail in the driver.
+    FailTaskStarts(usize, u32),
+    /// The OOM killer ends one running task (the `pick`th) on a client node.
+    OomKill(usize, usize),
     /// A killed client node's process starts again.
     RestartClient(usize),
     /// A new version of the real clients' job is registered (a destructive update).
@@ -117,6 +124,11 @@ impl fmt::Display for Step {
             Action::JoinLateClients => write!(f, "{at} late clients join"),
             Action::DrainJobNode => write!(f, "{at} the node running the job is drained"),
             Action::KillClient(client) => write!(f, "{at} kill client c{}", client + 1),
+            Action::RebootClient(client) => write!(f, "{at} client c{} loses power", client + 1),
+            Action::FailTaskStarts(client, count) => {
+                write!(f, "{at} the next {count} task starts on c{} fail", client + 1)
+            }
+            Action::OomKill(client, pick) => write!(f, "{at} OOM kill task #{pick} on c{}", client + 1),
             Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
             Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
             Action::Network(loss, (low, high)) => {
@@ -162,6 +174,9 @@ pub struct Plan {
     /// ends when the seed's full plan ends it, a skipped read storm still draws its seed) so
     /// the workload makes the same attempts at the same times.
     pub skipped: BTreeSet<usize>,
+    /// BUGGIFY points on in the fault phase, with the chance each fires when reached
+    /// (`drover_io_real::buggify`).
+    pub buggify: BTreeMap<&'static str, f64>,
 }
 
 impl Plan {
@@ -180,6 +195,11 @@ impl Plan {
         if let Some(real) = &self.real_clients {
             lines.extend(real.summary());
         }
+        lines.extend(
+            self.buggify
+                .iter()
+                .map(|(point, chance)| format!("buggify: {point} ({:.0}% of the times reached)", chance * 100.0)),
+        );
         lines
     }
 
@@ -638,6 +658,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         stable_leader: None,
         handover_bound: None,
         skipped: BTreeSet::new(),
+        buggify: BTreeMap::new(),
     }
 }
 

@@ -34,6 +34,8 @@ pub enum Event {
     /// The node plugins' fault of this name: `crash_on`, `never_ready`, `startup`, or
     /// `slow <call>`.
     Plugin(String),
+    /// The BUGGIFY point of this name.
+    Buggify(String),
     /// The workload's fault-phase write attempt of this number.
     Write(u64),
 }
@@ -43,6 +45,7 @@ impl fmt::Display for Event {
         match self {
             Event::Step(index) => write!(f, "step {index}"),
             Event::Plugin(name) => write!(f, "plugin {name}"),
+            Event::Buggify(point) => write!(f, "buggify {point}"),
             Event::Write(attempt) => write!(f, "write {attempt}"),
         }
     }
@@ -52,12 +55,15 @@ impl std::str::FromStr for Event {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("invalid event {text:?}: expected \"step N\", \"plugin NAME\" or \"write N\"");
+        let bad = || {
+            format!("invalid event {text:?}: expected \"step N\", \"plugin NAME\", \"buggify POINT\" or \"write N\"")
+        };
         let (kind, rest) = text.split_once(' ').ok_or_else(bad)?;
         match kind {
             "step" => rest.parse().map(Event::Step).map_err(|_| bad()),
             "write" => rest.parse().map(Event::Write).map_err(|_| bad()),
             "plugin" if !rest.is_empty() => Ok(Event::Plugin(rest.to_string())),
+            "buggify" if !rest.is_empty() => Ok(Event::Buggify(rest.to_string())),
             _ => Err(bad()),
         }
     }
@@ -68,6 +74,7 @@ impl std::str::FromStr for Event {
 pub struct Trim {
     pub steps: BTreeSet<usize>,
     pub plugin_faults: BTreeSet<String>,
+    pub buggify: BTreeSet<String>,
     pub writes: BTreeSet<u64>,
 }
 
@@ -84,6 +91,9 @@ impl Trim {
                 Event::Plugin(name) => {
                     trim.plugin_faults.insert(name.clone());
                 }
+                Event::Buggify(point) => {
+                    trim.buggify.insert(point.clone());
+                }
                 Event::Write(attempt) => {
                     trim.writes.insert(*attempt);
                 }
@@ -96,6 +106,7 @@ impl Trim {
     /// by the runner's workload).
     pub fn apply(&self, plan: &mut Plan) {
         plan.skipped = self.steps.clone();
+        plan.buggify.retain(|point, _| !self.buggify.contains(*point));
         if let Some(faults) = plan.real_clients.as_mut().map(|real| &mut real.plugin_faults) {
             for name in &self.plugin_faults {
                 match name.as_str() {
@@ -133,6 +144,7 @@ pub fn events(plan: &Plan, writes: u64) -> Vec<Event> {
                 .map(|call| Event::Plugin(format!("slow {call}"))),
         );
     }
+    events.extend(plan.buggify.keys().map(|point| Event::Buggify(point.to_string())));
     events.extend((0..writes).map(Event::Write));
     events
 }
@@ -156,6 +168,10 @@ pub fn describe(plan: &Plan, event: &Event) -> String {
                 _ => String::new(),
             };
             format!("{event}: {detail}")
+        }
+        Event::Buggify(point) => {
+            let chance = plan.buggify.get(point.as_str()).copied().unwrap_or_default();
+            format!("{event}: fires {:.0}% of the times reached", chance * 100.0)
         }
         Event::Write(_) => format!("{event}: a write through a random server, read back through another"),
     }

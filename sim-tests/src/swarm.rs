@@ -5,7 +5,8 @@
 //! Consul hangs) come up only when the mix varies; fixed scripts explore one mix each.
 //!
 //! The node plugins' own faults (a crash on a call, slow unmounts, a slow start) are drawn
-//! the same way. Every fault is paired with its recovery inside the fault phase; the runner's quiet phase
+//! the same way, and so are the BUGGIFY points of the drivers (`drover_io_real::buggify`),
+//! on for the fault phase only. Every fault is paired with its recovery inside the fault phase; the runner's quiet phase
 //! then heals whatever is left, and the liveness checks (a leader everywhere, the job
 //! running, every claim of a finished allocation released, every server holding the
 //! leader's state) must pass.
@@ -79,6 +80,21 @@ const KINDS: &[(&str, Draw)] = &[
             step(at, Action::Network(loss, (1, high))),
             step(at + millis(rng, 2_000..15_000), Action::Network(0, (1, 10))),
         ]
+    }),
+    ("power loss on a client", |rng, at| {
+        let client = rng.gen_range(0..CLIENTS);
+        vec![
+            step(at, Action::RebootClient(client)),
+            step(at + millis(rng, 2_000..30_000), Action::RestartClient(client)),
+        ]
+    }),
+    ("driver start failures", |rng, at| {
+        let client = rng.gen_range(0..CLIENTS);
+        vec![step(at, Action::FailTaskStarts(client, rng.gen_range(1..=3)))]
+    }),
+    ("task OOM killed", |rng, at| {
+        let client = rng.gen_range(0..CLIENTS);
+        vec![step(at, Action::OomKill(client, rng.gen_range(0..8)))]
     }),
     ("read storm", |rng, at| {
         vec![step(
@@ -166,5 +182,12 @@ pub fn swarm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     real.plugin_faults = plugin_faults(rng);
     plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(120);
+    // BUGGIFY: each injection point on with probability ½, firing at its own rate.
+    for (point, _) in drover_io_real::buggify::POINTS {
+        if rng.gen_bool(0.5) {
+            let chance = *[0.02, 0.1, 0.3].choose(rng).expect("rates");
+            plan.buggify.insert(point, chance);
+        }
+    }
     plan
 }

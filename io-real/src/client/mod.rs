@@ -34,6 +34,7 @@ use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
 use drover_core::structs::{DriverInfo, Node, NodeStatus};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::buggify;
 use crate::devices::DeviceStats;
 use crate::driver::AgentHandle;
 use crate::drivers::TaskResourceUsage;
@@ -511,6 +512,15 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
                 watch_task(executor.clone(), handle, sender);
             }
             outcome
+        }
+        io @ Io::Csi { .. } => {
+            if buggify::fires(buggify::CSI_SLOW) {
+                tokio::time::sleep(buggify::delay_millis(200..2_000)).await;
+            }
+            if buggify::fires(buggify::CSI_UNAVAILABLE) {
+                return Err(IoError::new(ErrorKind::Unavailable, "transport is closing (injected)"));
+            }
+            executor.execute(io).await
         }
         io => executor.execute(io).await,
     }

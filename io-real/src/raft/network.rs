@@ -134,6 +134,9 @@ impl<T: Transport> Connection<T> {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        if crate::buggify::fires(crate::buggify::RAFT_SLOW) {
+            tokio::time::sleep(crate::buggify::delay_millis(20..400)).await;
+        }
         let Some(addr) = self.addr else {
             let error = AnyError::error(format!("invalid RPC address {:?}", self.raw_addr));
             return Err(RPCError::Unreachable(Unreachable::new(&error)));

@@ -581,6 +581,9 @@ impl Service {
     /// Sends `envelope` to the configured servers, starting with the last one that answered;
     /// a transport failure moves on to the next. Errors only when none answered.
     async fn call_servers(&self, envelope: AgentRequest, timeout: Duration) -> Result<AgentResponse, String> {
+        if crate::buggify::fires(crate::buggify::CLIENT_RPC_UNREACHABLE) {
+            return Err("no server reachable (injected)".into());
+        }
         let mut failures = Vec::new();
         let mut servers = self.servers.lock().expect("servers lock").clone();
         if servers.is_empty() {
