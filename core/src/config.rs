@@ -126,6 +126,9 @@ pub struct RaftFaults {
     /// A leader stopping gracefully just stops (what Drover did before issue 19): no
     /// successor is named, and the survivors wait out the election timeout.
     pub skip_handover: bool,
+    /// Log entries are written without waiting for the disk, yet acknowledged as durable: a
+    /// crash losing unsynced writes on a majority loses committed, acknowledged entries.
+    pub unsynced_log: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).
@@ -319,6 +322,10 @@ pub struct ClientFaults {
     /// the stop signal, or that a task which exited by itself left running, live on (the leak
     /// of issue 16, where a stopped shell's spinning child survived for half an hour).
     pub skip_task_destroy: bool,
+    /// Nomad #25293: a CSI plugin task that does not become healthy within its
+    /// `health_timeout` is killed and left dead instead of restarted (system allocations are
+    /// never replaced, so the node is without its plugin for good).
+    pub plugin_timeout_kills: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

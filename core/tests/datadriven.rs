@@ -465,6 +465,7 @@ mod client_harness {
             seed: 1,
             faults: drover_core::config::ClientFaults {
                 skip_task_destroy: args.contains_key("skip-destroy"),
+                ..drover_core::config::ClientFaults::default()
             },
             wall_epoch: 1_700_000_000_000_000_000,
             consul: drover_core::connect::ClientConsul {

@@ -682,7 +682,9 @@ async fn start_raft<T: Transport, O: Observer>(
         node_id,
         Arc::new(raft_config),
         network,
-        LogStore::new(store.clone()).with_vote_hook(vote_hook),
+        LogStore::new(store.clone())
+            .with_vote_hook(vote_hook)
+            .with_faults(config.server.raft_faults),
         state_machine,
     )
     .await

@@ -76,7 +76,7 @@ struct Args {
     shrink: bool,
     /// Leave failures unshrunk.
     no_shrink: bool,
-    /// Run only the given regression switch ("10927", "13416", "8232", "task-leak", "si-leak" or "stale-read").
+    /// Run only the given regression switch (`REGRESSION_SWITCHES` names them).
     regression_switch: Option<String>,
 }
 
@@ -137,8 +137,10 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--regression-switch" => {
                 let which = value("--regression-switch")?;
                 if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
+                    let names: Vec<&str> = REGRESSION_SWITCHES.iter().map(|(name, ..)| *name).collect();
                     return Err(format!(
-                        "unknown regression switch {which:?}: expected 10927, 13416, 8232, task-leak, si-leak or stale-read"
+                        "unknown regression switch {which:?}: expected one of {}",
+                        names.join(", ")
                     ));
                 }
                 args.regression_switch = Some(which);
@@ -697,11 +699,25 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         || Options {
             client_faults: ClientFaults {
                 skip_task_destroy: true,
+                ..ClientFaults::default()
             },
             ..Options::default()
         },
         &["real_clients_job", "client_shared_stage"],
         "no task process outlives its task",
+    ),
+    (
+        "25293",
+        "a plugin that misses its health timeout is killed and left dead, not restarted",
+        || Options {
+            client_faults: ClientFaults {
+                plugin_timeout_kills: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        &["client_plugin_never_healthy"],
+        "a plugin that never becomes ready is restarted after its health timeout",
     ),
     (
         "si-leak",
@@ -728,6 +744,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         &["leader_killed", "lossy_network"],
         "consistent reads are linearizable",
+    ),
+    (
+        "unsynced-log",
+        "log entries are acknowledged before they reach the disk",
+        || Options {
+            raft_faults: RaftFaults {
+                unsynced_log: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["leader_killed", "restart_with_state"],
+        "nothing acknowledged is lost",
     ),
     (
         "no-handover",

@@ -798,8 +798,9 @@ impl TaskRunner {
                 SupervisorOut::RestartTask { .. } => {
                     if self.phase == Phase::Running {
                         self.event(now, events::RESTART_SIGNALED, "healthcheck: plugin not healthy");
-                        // Not a kill of the allocation: once the task is gone, restart it.
-                        self.restart_after_kill = true;
+                        // Not a kill of the allocation: once the task is gone, restart it
+                        // (unless the #25293 switch re-creates the old defect).
+                        self.restart_after_kill = !self.spec.faults.plugin_timeout_kills;
                         self.send_kill(now, ops);
                     }
                 }

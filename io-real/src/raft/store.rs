@@ -256,6 +256,8 @@ pub type VoteHook = Arc<dyn Fn(&Vote<u64>) + Send + Sync>;
 pub struct LogStore {
     store: Store,
     on_vote: Option<VoteHook>,
+    /// Regression switches that skip a sync on purpose (simulation only).
+    faults: drover_core::config::RaftFaults,
 }
 
 impl Debug for LogStore {
@@ -269,7 +271,17 @@ impl Debug for LogStore {
 
 impl LogStore {
     pub fn new(store: Store) -> Self {
-        LogStore { store, on_vote: None }
+        LogStore {
+            store,
+            on_vote: None,
+            faults: drover_core::config::RaftFaults::default(),
+        }
+    }
+
+    /// Re-creates the durability defects `faults` names (regression switches).
+    pub fn with_faults(mut self, faults: drover_core::config::RaftFaults) -> Self {
+        self.faults = faults;
+        self
     }
 
     pub fn with_vote_hook(mut self, hook: VoteHook) -> Self {
@@ -295,7 +307,10 @@ impl LogStore {
     }
 
     fn write_entries(&self, entries: Vec<Entry<TypeConfig>>) -> Result<(), StoreError> {
-        let txn = self.store.begin_durable_write()?;
+        let mut txn = self.store.begin_durable_write()?;
+        if self.faults.unsynced_log {
+            txn.set_durability(Durability::None).map_err(redb_err)?;
+        }
         {
             let mut table = txn.open_table(LOG).map_err(redb_err)?;
             for entry in &entries {
