@@ -4,8 +4,6 @@
 //! directory. Flags may be written Nomad's way (`-bootstrap-expect=3`) or GNU-style.
 
 mod cli;
-mod config;
-mod jobspec;
 
 use std::ffi::OsString;
 use std::net::SocketAddr;
@@ -23,7 +21,7 @@ use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{Consul, NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
 
-use crate::config::{Flags, Loaded};
+use drover_io_real::agent_config::{self as config, Flags, Loaded};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -270,8 +268,8 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let (router, inbox) = ClientCsiRouter::new();
     let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {
-        Some(address) => start(loaded.clone_config(), db, consul_http(&config, address)?, client_csi).await?,
-        None => start(loaded.clone_config(), db, NoConsul, client_csi).await?,
+        Some(address) => start(loaded.config.clone(), db, consul_http(&config, address)?, client_csi).await?,
+        None => start(loaded.config.clone(), db, NoConsul, client_csi).await?,
     };
     if is_client {
         // Allocations come from the local server's state, or from `client.servers`.
@@ -320,12 +318,6 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     eprintln!("==> Caught signal, shutting down");
     handle.shutdown().await;
     Ok(())
-}
-
-impl Loaded {
-    fn clone_config(&self) -> drover_core::config::AgentConfig {
-        self.config.clone()
-    }
 }
 
 async fn start<C: Consul>(

@@ -6,6 +6,7 @@
 //! production implementations (tonic transport, redb files,
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
+pub mod agent_config;
 pub mod allocfs;
 #[cfg(not(madsim))]
 pub mod attach;
@@ -18,6 +19,7 @@ pub mod exec;
 pub mod facts;
 pub mod io;
 pub mod jobs;
+pub mod jobspec;
 pub mod raft;
 pub mod runtime;
 pub mod service;

@@ -12,7 +12,7 @@ pub(super) fn job_run(api: &Api, file: &str, detach: bool) -> Result<(), Failure
         let value: Value = serde_json::from_str(&source)?;
         value.get("Job").cloned().unwrap_or(value)
     } else {
-        let parsed = crate::jobspec::parse(&source).map_err(|problems| {
+        let parsed = drover_io_real::jobspec::parse(&source).map_err(|problems| {
             Failure(
                 format!("Error parsing job file from {file}:\n{}", problems.join("\n")),
                 1,

@@ -94,7 +94,7 @@ pub(super) fn node_drain(api: &Api, prefix: &str, options: DrainOptions) -> Resu
         0
     } else {
         let text = options.deadline.as_deref().unwrap_or("1h");
-        match crate::jobspec::parse_duration(text) {
+        match drover_io_real::jobspec::parse_duration(text) {
             Some(nanos) if nanos > 0 => nanos,
             _ => {
                 return Err(Failure(

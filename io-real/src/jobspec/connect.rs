@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use drover_io_real::jobs::{
+use crate::jobs::{
     ApiConsulConnect, ApiConsulProxy, ApiConsulUpstream, ApiLifecycle, ApiSidecarService, ApiSidecarTask,
 };
 use serde_json::Value;
@@ -221,7 +221,7 @@ job "countdash" {
         );
 
         // What the API returns shows the injected task, and reads back the same.
-        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
         let json = serde_json::to_value(&api).unwrap();
         let tasks = json["TaskGroups"][0]["Tasks"].as_array().unwrap();
         assert_eq!(tasks[1]["Kind"], "connect-proxy:count-api");
@@ -232,7 +232,7 @@ job "countdash" {
             connect["SidecarService"]["Proxy"]["Upstreams"][0]["DestinationName"],
             "count-db"
         );
-        let back: drover_io_real::jobs::ApiJob = serde_json::from_value(json).unwrap();
+        let back: crate::jobs::ApiJob = serde_json::from_value(json).unwrap();
         assert_eq!(back.to_job().unwrap(), job);
     }
 

@@ -256,7 +256,7 @@ fn resolve_server(field: &str, text: &str) -> anyhow::Result<String> {
 /// `network_interface`, the dynamic port range and `reserved { reserved_ports }`, checked.
 fn apply_client_network(config: &mut drover_core::config::ClientConfig, client: &ClientBlock) -> anyhow::Result<()> {
     if let Some(interface) = &client.network_interface {
-        let known = drover_io_real::client::interfaces();
+        let known = crate::client::interfaces();
         if !known.iter().any(|network| network.device == *interface) {
             let names: std::collections::BTreeSet<&str> = known.iter().map(|network| network.device.as_str()).collect();
             bail!(

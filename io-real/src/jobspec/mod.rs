@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use drover_io_real::jobs::{
+use crate::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiLogConfig, ApiMigrate, ApiMountOptions,
     ApiNetworkResource, ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup,
     ApiTemplate, ApiVolumeMount, ApiVolumeRequest,
@@ -758,7 +758,7 @@ job "web" {
         assert_eq!(job.meta["owner"], "job-team");
         assert_eq!(job.task_groups[0].meta["tier"], "2");
         assert_eq!(job.task_groups[0].tasks[0].meta["owner"], "task-team");
-        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
         assert_eq!(api.to_job().unwrap(), job);
     }
 
@@ -816,7 +816,7 @@ job "web" {
         assert_eq!(task.resources.networks[0].dynamic_ports[0].label, "metrics");
         assert_eq!(task.resources.networks[0].mbits, 10);
         assert_eq!(drover_core::jobspec::validate(&job), Vec::<String>::new());
-        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
         let json = serde_json::to_value(&api).unwrap();
         assert_eq!(json["TaskGroups"][0]["Networks"][0]["ReservedPorts"][0]["Value"], 8080);
         assert_eq!(json["TaskGroups"][0]["Networks"][0]["DynamicPorts"][1]["To"], 5432);
@@ -899,7 +899,7 @@ job "web" {
             "{:?}",
             drover_core::jobspec::validate(&job)
         );
-        let api = drover_io_real::jobs::ApiJob::from_job(&job, "pending");
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
         assert_eq!(api.to_job().unwrap(), job);
     }
 
@@ -954,9 +954,7 @@ job "web" {
         assert_eq!(services[1].name, "web-admin");
         assert_eq!(services[1].checks[0].check_type, "tcp");
         // The API form round-trips what the core stores.
-        let back = drover_io_real::jobs::ApiJob::from_job(&job, "pending")
-            .to_job()
-            .unwrap();
+        let back = crate::jobs::ApiJob::from_job(&job, "pending").to_job().unwrap();
         assert_eq!(back.task_groups[0].tasks[0].services, *services);
 
         let bad = parse(
