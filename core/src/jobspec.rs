@@ -14,6 +14,9 @@ use crate::structs::{
 /// Nomad's bounds on `priority`.
 pub const PRIORITY_MIN: u32 = 1;
 pub const PRIORITY_MAX: u32 = 100;
+/// At most this many allocations per task group: what one registration can ask the scheduler
+/// to build and place. A job stored above it (by an earlier build) is scheduled up to it.
+pub const GROUP_COUNT_MAX: u32 = 10_000;
 pub const PRIORITY_DEFAULT: u32 = 50;
 
 /// Every problem with `job`, in order; empty when it may be registered.
@@ -62,6 +65,12 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         errors.push(format!(
             "Task group {} has count {}; system jobs run one allocation per node (count must be 0 or 1)",
             group.name, group.count
+        ));
+    }
+    if group.count > GROUP_COUNT_MAX {
+        errors.push(format!(
+            "Task group count {} is more than the limit of {GROUP_COUNT_MAX} allocations per group",
+            group.count
         ));
     }
     if group.tasks.is_empty() {
@@ -396,6 +405,20 @@ mod tests {
     #[test]
     fn a_good_job_has_no_problems() {
         assert_eq!(validate(&job()), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_count_above_the_limit_is_refused_by_name_and_the_limit_itself_is_allowed() {
+        let mut job = job();
+        job.task_groups[0].count = GROUP_COUNT_MAX;
+        assert_eq!(validate(&job), Vec::<String>::new());
+        job.task_groups[0].count = 1_000_000_000;
+        assert_eq!(
+            validate(&job),
+            [
+                "Task group g validation failed: Task group count 1000000000 is more than the limit of 10000 allocations per group"
+            ]
+        );
     }
 
     #[test]

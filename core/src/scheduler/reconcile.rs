@@ -147,7 +147,10 @@ impl<'a> Reconcile<'a> {
         for alloc in allocs.iter().filter(|alloc| alloc.task_group == group.name) {
             by_name.entry(alloc.name.clone()).or_default().push(alloc);
         }
-        let wanted: BTreeSet<String> = (0..group.count).map(|i| alloc_name(job, group, i)).collect();
+        // Validation refuses larger counts; one stored before the limit must not make the
+        // leader build a billion names.
+        let count = group.count.min(crate::jobspec::GROUP_COUNT_MAX);
+        let wanted: BTreeSet<String> = (0..count).map(|i| alloc_name(job, group, i)).collect();
         for (name, history) in &by_name {
             let mut history = history.clone();
             history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));

@@ -960,3 +960,23 @@ fn a_static_port_collision_and_an_exhausted_range_are_reported_as_nomad_does() {
     let eval = world.register(&again);
     assert_eq!(world.run(&eval).placed().count(), 1);
 }
+
+#[test]
+fn a_stored_job_above_the_count_limit_is_scheduled_up_to_the_limit_not_built_in_full() {
+    let mut world = World::new(&[node("n1", 1000)]);
+    // Stored by a build without the limit: validation refuses it today, the log still has it.
+    let poison = job("poison", JobType::Service, u32::MAX, 100);
+    assert!(
+        !crate::jobspec::validate(&poison).is_empty(),
+        "validation refuses the count"
+    );
+    let eval = world.register(&poison);
+    let plan = world.run(&eval);
+    assert_eq!(plan.placed().count(), 10, "ten fit on the node");
+    let metric = &plan.evals[0].failed_tg_allocs["g"];
+    assert_eq!(
+        metric.coalesced_failures,
+        crate::jobspec::GROUP_COUNT_MAX - 10 - 1,
+        "the failures up to the limit coalesce into one metric"
+    );
+}
