@@ -439,6 +439,26 @@ fn config_files(path: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// One config file's text over the defaults, as [`load`] applies each file (no flags, no other
+/// files): the config and the notes on what it ignored.
+pub fn from_text(text: &str) -> anyhow::Result<(AgentConfig, Vec<String>)> {
+    let (parsed, ignored) = parse_text(text)?;
+    let mut config = AgentConfig::default();
+    let mut notes: Vec<String> = ignored
+        .into_iter()
+        .map(|key| format!("ignoring unsupported config key {key:?}"))
+        .collect();
+    apply_file(
+        &mut config,
+        &mut String::new(),
+        &mut None,
+        &mut AdvertiseBlock::default(),
+        &mut notes,
+        parsed,
+    )?;
+    Ok((config, notes))
+}
+
 fn apply_file(
     config: &mut AgentConfig,
     log_level: &mut String,

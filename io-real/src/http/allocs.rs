@@ -5,6 +5,7 @@
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
+use drover_core::client::AllocControl;
 use drover_core::fsm::Table;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use serde_json::{Value, json};
@@ -101,6 +102,23 @@ fn control_error(error: String) -> ApiError {
     ApiError(code, error)
 }
 
+/// A restart request's body into the control it sends the client.
+pub fn decode_restart(alloc_id: String, body: &[u8]) -> Result<AllocControl, ApiError> {
+    let body: RestartBody = super::parse_body_or_default(body, "restart request")?;
+    let task = body.task_name.filter(|name| !name.is_empty() && !body.all_tasks);
+    Ok(AllocControl::Restart { alloc_id, task })
+}
+
+/// A signal request's body into the control it sends the client.
+pub fn decode_signal(alloc_id: String, body: &[u8]) -> Result<AllocControl, ApiError> {
+    let body: SignalBody = super::parse_body_or_default(body, "signal request")?;
+    Ok(AllocControl::Signal {
+        alloc_id,
+        task: body.task.filter(|name| !name.is_empty()),
+        signal: body.signal.unwrap_or_default(),
+    })
+}
+
 /// `PUT|POST /v1/client/allocation/:id/restart` with `{"TaskName": ...}` (or `AllTasks`, or
 /// nothing: every running task).
 pub async fn restart_allocation(
@@ -108,9 +126,7 @@ pub async fn restart_allocation(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body: RestartBody = super::parse_body_or_default(&body, "restart request")?;
-    let task = body.task_name.filter(|name| !name.is_empty() && !body.all_tasks);
-    let request = drover_core::client::AllocControl::Restart { alloc_id: id, task };
+    let request = decode_restart(id, &body)?;
     handle.alloc_control(request).await.map_err(control_error)?;
     Ok(axum::Json(json!({})))
 }
@@ -122,12 +138,7 @@ pub async fn signal_allocation(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body: SignalBody = super::parse_body_or_default(&body, "signal request")?;
-    let request = drover_core::client::AllocControl::Signal {
-        alloc_id: id,
-        task: body.task.filter(|name| !name.is_empty()),
-        signal: body.signal.unwrap_or_default(),
-    };
+    let request = decode_signal(id, &body)?;
     handle.alloc_control(request).await.map_err(control_error)?;
     Ok(axum::Json(json!({})))
 }

@@ -299,26 +299,33 @@ impl VolumeSpec {
     }
 }
 
-pub async fn put_volume(
-    State(handle): State<AgentHandle>,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> Result<impl IntoResponse, ApiError> {
-    validate_id("volume", &id)?;
-    let body: RegisterBody = parse_body(&body, "volume request")?;
+/// `PUT /v1/volume/csi/:id` body into the volumes it registers.
+pub fn decode_register(id: &str, body: &[u8]) -> Result<Vec<CsiVolume>, ApiError> {
+    validate_id("volume", id)?;
+    let body: RegisterBody = parse_body(body, "volume request")?;
     if body.volumes.is_empty() {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
             "request must contain a \"Volumes\" list with at least one volume".into(),
         ));
     }
-    let mut volumes = Vec::new();
-    for mut spec in body.volumes {
-        if spec.id.is_empty() {
-            spec.id = id.clone();
-        }
-        volumes.push(spec.into_volume()?);
-    }
+    body.volumes
+        .into_iter()
+        .map(|mut spec| {
+            if spec.id.is_empty() {
+                spec.id = id.to_string();
+            }
+            spec.into_volume()
+        })
+        .collect()
+}
+
+pub async fn put_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let volumes = decode_register(&id, &body)?;
     let keys: Vec<(String, String)> = volumes.iter().map(CsiVolume::key).collect();
     let index = reply_to_result(handle.request_applied(ServerRequest::VolumeRegister { volumes }).await)?;
     let registered: Vec<Value> = handle

@@ -139,11 +139,8 @@ fn reply_error(reply: ServerReply) -> ApiError {
     }
 }
 
-async fn register(
-    handle: &AgentHandle,
-    body: &[u8],
-    path_id: Option<&str>,
-) -> Result<axum::response::Response, ApiError> {
+/// `PUT /v1/jobs` (or `/v1/job/:id`) body into the validated job it registers.
+pub fn decode_register(body: &[u8], path_id: Option<&str>) -> Result<Job, ApiError> {
     // Nomad's Go client sends unset slices and maps as `null`: read as absent.
     let body: RegisterBody = parse_body(body, "job")?;
     let Some(api) = body.job else {
@@ -154,9 +151,16 @@ async fn register(
     {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job ID does not match name".into()));
     }
-    let job = api
-        .to_job()
-        .map_err(|problems| ApiError(StatusCode::BAD_REQUEST, drover_core::jobspec::format_errors(&problems)))?;
+    api.to_job()
+        .map_err(|problems| ApiError(StatusCode::BAD_REQUEST, drover_core::jobspec::format_errors(&problems)))
+}
+
+async fn register(
+    handle: &AgentHandle,
+    body: &[u8],
+    path_id: Option<&str>,
+) -> Result<axum::response::Response, ApiError> {
+    let job = decode_register(body, path_id)?;
     match handle
         .request_applied(ServerRequest::JobRegister { job: Box::new(job) })
         .await

@@ -17,6 +17,16 @@ mod page;
 mod reads;
 mod render;
 
+/// Every write endpoint's body decoded and validated into what the endpoint sends on, with no
+/// agent: what the handlers call first, and what the fuzz targets (`io-real/fuzz`) drive.
+pub mod decode {
+    pub use super::allocs::{decode_restart as alloc_restart, decode_signal as alloc_signal};
+    pub use super::csi::decode_register as volume_register;
+    pub use super::decode_variable_put as variable_put;
+    pub use super::jobs::decode_register as job_register;
+    pub use super::nodes::{decode_drain as node_drain, decode_eligibility as node_eligibility};
+}
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -141,7 +151,9 @@ pub fn router(handle: AgentHandle) -> Router {
         .with_state(handle)
 }
 
-struct ApiError(StatusCode, String);
+/// An endpoint's refusal: its HTTP status and message.
+#[derive(Debug)]
+pub struct ApiError(pub StatusCode, pub String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -497,25 +509,29 @@ struct VariableBody {
     items: BTreeMap<String, String>,
 }
 
-async fn put_variable(
-    State(handle): State<AgentHandle>,
-    Path(path): Path<String>,
-    body: axum::body::Bytes,
-) -> Result<impl IntoResponse, ApiError> {
+/// `PUT /v1/var/:path` body into the command it applies.
+pub fn decode_variable_put(path: String, body: &[u8]) -> Result<Command, ApiError> {
     validate_variable_path(&path)?;
-    let body: VariableBody = parse_body(&body, "variable body")?;
+    let body: VariableBody = parse_body(body, "variable body")?;
     if body.items.is_empty() {
         return Err(ApiError(
             StatusCode::BAD_REQUEST,
             "variable must contain at least one item".into(),
         ));
     }
-    let (index, response) = handle
-        .apply(Command::VariableUpsert {
-            path,
-            items: body.items,
-        })
-        .await?;
+    Ok(Command::VariableUpsert {
+        path,
+        items: body.items,
+    })
+}
+
+async fn put_variable(
+    State(handle): State<AgentHandle>,
+    Path(path): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let command = decode_variable_put(path, &body)?;
+    let (index, response) = handle.apply(command).await?;
     match response {
         FsmResponse::Variable(variable) => Ok((query_headers(&handle, index), axum::Json(variable_json(&variable)))),
         other => Err(ApiError(

@@ -48,26 +48,40 @@ fn update_response(index: u64) -> serde_json::Value {
     })
 }
 
-pub async fn drain(
-    State(handle): State<AgentHandle>,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> Result<impl IntoResponse, ApiError> {
-    let request: DrainRequest = parse_body(&body, "drain request")?;
+/// `PUT /v1/node/:id/drain` body into the request it sends the leader.
+pub fn decode_drain(node_id: String, body: &[u8]) -> Result<ServerRequest, ApiError> {
+    let request: DrainRequest = parse_body(body, "drain request")?;
     let strategy = request.drain_spec.map(|spec| DrainStrategy {
         deadline_ns: spec.deadline,
         ignore_system_jobs: spec.ignore_system_jobs,
         ..DrainStrategy::default()
     });
-    let index = reply_to_result(
-        handle
-            .request_applied(ServerRequest::NodeUpdateDrain {
-                node_id: id,
-                strategy,
-                mark_eligible: request.mark_eligible,
-            })
-            .await,
-    )?;
+    Ok(ServerRequest::NodeUpdateDrain {
+        node_id,
+        strategy,
+        mark_eligible: request.mark_eligible,
+    })
+}
+
+/// `PUT /v1/node/:id/eligibility` body into the request it sends the leader.
+pub fn decode_eligibility(node_id: String, body: &[u8]) -> Result<ServerRequest, ApiError> {
+    let request: EligibilityRequest = parse_body(body, "eligibility request")?;
+    let Some(eligibility) = SchedulingEligibility::parse(&request.eligibility) else {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("invalid scheduling eligibility {:?}", request.eligibility),
+        ));
+    };
+    Ok(ServerRequest::NodeUpdateEligibility { node_id, eligibility })
+}
+
+pub async fn drain(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let request = decode_drain(id, &body)?;
+    let index = reply_to_result(handle.request_applied(request).await)?;
     Ok((query_headers(&handle, index), axum::Json(update_response(index))))
 }
 
@@ -76,20 +90,7 @@ pub async fn eligibility(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let request: EligibilityRequest = parse_body(&body, "eligibility request")?;
-    let Some(eligibility) = SchedulingEligibility::parse(&request.eligibility) else {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            format!("invalid scheduling eligibility {:?}", request.eligibility),
-        ));
-    };
-    let index = reply_to_result(
-        handle
-            .request_applied(ServerRequest::NodeUpdateEligibility {
-                node_id: id,
-                eligibility,
-            })
-            .await,
-    )?;
+    let request = decode_eligibility(id, &body)?;
+    let index = reply_to_result(handle.request_applied(request).await)?;
     Ok((query_headers(&handle, index), axum::Json(update_response(index))))
 }

@@ -217,6 +217,32 @@ fn decode<T: for<'a> Deserialize<'a>>(key: &str, bytes: &[u8]) -> Result<T, Stor
     serde_json::from_slice(bytes).map_err(|error| corrupt(error.to_string()))
 }
 
+/// One stored Raft log record into its entry, as the log reader reads it (the fuzz targets in
+/// `io-real/fuzz` drive it with damaged records).
+pub fn decode_log_record(bytes: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
+    decode("raft_log", bytes)
+}
+
+/// A log entry as the log writer stores it.
+pub fn encode_log_record(entry: &Entry<TypeConfig>) -> Vec<u8> {
+    encode_record(entry)
+}
+
+/// A stored snapshot body into the state it holds, as a restart or an installed snapshot reads it.
+pub fn decode_snapshot_record(bytes: &[u8]) -> Result<ServerState, StoreError> {
+    decode_body(bytes).map(|body| body.state)
+}
+
+/// A snapshot body holding `state`, as the snapshot builder stores it (no log position, no
+/// membership).
+pub fn encode_snapshot_record(state: &ServerState) -> Vec<u8> {
+    codec::encode(&SnapshotBodyRef {
+        last_applied: None,
+        membership: &StoredMembership::default(),
+        state,
+    })
+}
+
 /// A stored snapshot: its metadata and its body (a [`SnapshotBody`] record).
 type StoredSnapshot = (SnapshotMeta<u64, ServerNode>, Vec<u8>);
 

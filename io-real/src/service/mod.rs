@@ -39,14 +39,15 @@ use drover_proto::agent::v1::{
     AgentRequest, AgentResponse, ApplyResponse, JsonPayload, RaftPayload, RpcError, StatusPeersResponse,
 };
 use openraft::error::{ClientWriteError, RaftError};
+use openraft::raft::{AppendEntriesRequest, InstallSnapshotRequest, VoteRequest};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::io::{BoxFuture, ClientCsi, TransportError};
-use crate::raft::Raft;
 use crate::raft::changes::Changes;
 use crate::raft::store::AppliedState;
+use crate::raft::{Raft, TypeConfig};
 
 /// The agent envelope version this build speaks (`AgentRequest.version`): the shapes of the
 /// JSON payloads it carries. Bumped when a payload type changes in a way an earlier build would
@@ -236,6 +237,93 @@ pub fn client_csi_reply(response: AgentResponse) -> Result<ClientCsiReply, Strin
     }
 }
 
+/// An agent request read off the RPC port: its envelope checked and its JSON payload decoded
+/// into the request it carries ([`parse_request`]).
+#[derive(Debug)]
+pub enum Incoming {
+    /// For a client attached to this server: delivered to it as it came.
+    Attached(Box<AgentRequest>),
+    ClientCsi(ClientCsiRequest),
+    ClientAlloc(AllocControl),
+    ClientLogs(LogsRequest),
+    ClientFs(FsRequest),
+    ClientExec(ExecRequest),
+    ClientStats(StatsRequest),
+    Http(HttpForward),
+    NodeAllocs(NodeAllocsRequest),
+    Server(Box<ServerRequest>),
+    AppendEntries(Box<AppendEntriesRequest<TypeConfig>>),
+    PreVote(PreVoteRequest),
+    ReadIndex,
+    /// The leaving leader named this server its successor (its own id, if readable).
+    Stand(Option<u64>),
+    Vote(VoteRequest<u64>),
+    InstallSnapshot(Box<InstallSnapshotRequest<TypeConfig>>),
+    StatusPeers,
+    /// A direct write, already checked to be one a server would propose for a caller.
+    Apply(Box<Entry>),
+}
+
+/// Checks an envelope (version, region) and decodes its payload: everything an agent reads
+/// from the network before acting on it, with no agent (what the fuzz targets drive). Returns
+/// the request and whether it was forwarded, or the error response to send back.
+pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, bool), AgentResponse> {
+    if request.version > ENVELOPE_VERSION {
+        return Err(error_response(
+            ErrorKind::UnsupportedVersion,
+            format!(
+                "request in agent envelope v{}; this agent reads up to v{ENVELOPE_VERSION}: upgrade it",
+                request.version
+            ),
+            String::new(),
+        ));
+    }
+    if request.region != region {
+        return Err(error_response(
+            ErrorKind::WrongRegion,
+            format!(
+                "request for region {:?} reached an agent of region {region:?}",
+                request.region
+            ),
+            String::new(),
+        ));
+    }
+    if !request.attached_node.is_empty() {
+        return Ok((Incoming::Attached(Box::new(request)), false));
+    }
+    let forwarded = request.forwarded;
+    let Some(body) = request.body else {
+        return Err(error_response(ErrorKind::Invalid, "empty request", String::new()));
+    };
+    let incoming = match body {
+        RequestBody::ClientCsi(payload) => Incoming::ClientCsi(decode(&payload.json)?),
+        RequestBody::ClientAlloc(payload) => Incoming::ClientAlloc(decode(&payload.json)?),
+        RequestBody::ClientLogs(payload) => Incoming::ClientLogs(decode(&payload.json)?),
+        RequestBody::ClientFs(payload) => Incoming::ClientFs(decode(&payload.json)?),
+        RequestBody::ClientExec(payload) => Incoming::ClientExec(decode(&payload.json)?),
+        RequestBody::ClientStats(payload) => Incoming::ClientStats(decode(&payload.json)?),
+        RequestBody::Http(payload) => Incoming::Http(decode(&payload.json)?),
+        RequestBody::NodeAllocs(payload) => Incoming::NodeAllocs(decode(&payload.json)?),
+        RequestBody::Server(payload) => Incoming::Server(decode(&payload.json)?),
+        RequestBody::RaftAppendEntries(payload) => Incoming::AppendEntries(decode(&payload.json)?),
+        RequestBody::RaftPreVote(payload) => Incoming::PreVote(decode(&payload.json)?),
+        RequestBody::RaftReadIndex(_) => Incoming::ReadIndex,
+        RequestBody::RaftStand(payload) => Incoming::Stand(serde_json::from_slice(&payload.json).ok()),
+        RequestBody::RaftVote(payload) => Incoming::Vote(decode(&payload.json)?),
+        RequestBody::RaftInstallSnapshot(payload) => Incoming::InstallSnapshot(decode(&payload.json)?),
+        RequestBody::StatusPeers(_) => Incoming::StatusPeers,
+        RequestBody::Apply(apply) => {
+            let entry: Entry = decode(&apply.command_json)?;
+            // Only the direct writes a server would itself propose for a caller.
+            if let Err(error) = entry.command.check_direct_write() {
+                return Err(error_response(ErrorKind::Invalid, error.to_string(), String::new()));
+            }
+            Incoming::Apply(Box::new(entry))
+        }
+    };
+    Ok((incoming, forwarded))
+}
+
 impl Service {
     pub async fn handle(&self, request: AgentRequest) -> AgentResponse {
         let mut response = self.answer(request).await;
@@ -244,134 +332,79 @@ impl Service {
     }
 
     async fn answer(&self, request: AgentRequest) -> AgentResponse {
-        if request.version > ENVELOPE_VERSION {
-            return error_response(
-                ErrorKind::UnsupportedVersion,
-                format!(
-                    "request in agent envelope v{}; this agent reads up to v{ENVELOPE_VERSION}: upgrade it",
-                    request.version
-                ),
-                String::new(),
-            );
-        }
-        if request.region != self.region {
-            return error_response(
-                ErrorKind::WrongRegion,
-                format!(
-                    "request for region {:?} reached an agent of region {:?}",
-                    request.region, self.region
-                ),
-                String::new(),
-            );
-        }
-        if !request.attached_node.is_empty() {
-            return self.deliver_attached(request).await;
-        }
-        let forwarded = request.forwarded;
-        let Some(body) = request.body else {
-            return error_response(ErrorKind::Invalid, "empty request", String::new());
+        let (incoming, forwarded) = match parse_request(request, &self.region) {
+            Ok(parsed) => parsed,
+            Err(response) => return response,
         };
-        if let RequestBody::ClientCsi(payload) = body {
-            return self.client_csi(payload).await;
-        }
-        // An operator's request for one of a client's allocations (`relay.rs`).
-        let body = match body {
-            RequestBody::ClientAlloc(payload) => return self.relayed::<AllocControl>(&payload.json, forwarded).await,
-            RequestBody::ClientLogs(payload) => return self.relayed::<LogsRequest>(&payload.json, forwarded).await,
-            RequestBody::ClientFs(payload) => return self.relayed::<FsRequest>(&payload.json, forwarded).await,
-            RequestBody::ClientExec(payload) => return self.relayed::<ExecRequest>(&payload.json, forwarded).await,
-            RequestBody::ClientStats(payload) => return self.relayed::<StatsRequest>(&payload.json, forwarded).await,
-            other => other,
+        let respond = |body| AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(body),
         };
-        if let RequestBody::Http(payload) = body {
-            let request: HttpForward = match decode(&payload.json) {
-                Ok(request) => request,
-                Err(response) => return response,
-            };
-            let Some(handler) = self.http.get() else {
-                return error_response(ErrorKind::Invalid, "this agent serves no HTTP API", String::new());
-            };
-            let answer = handler(request).await;
-            return AgentResponse {
-                version: ENVELOPE_VERSION,
-                body: Some(ResponseBody::Http(json_payload(&answer))),
-            };
-        }
-        if let RequestBody::NodeAllocs(payload) = body {
-            let request: NodeAllocsRequest = match decode(&payload.json) {
-                Ok(request) => request,
-                Err(response) => return response,
-            };
-            let reply = self.local_node_allocs(request).await;
-            return AgentResponse {
-                version: ENVELOPE_VERSION,
-                body: Some(ResponseBody::NodeAllocs(json_payload(&reply))),
-            };
-        }
-        if let RequestBody::Server(payload) = body {
-            let request: ServerRequest = match decode(&payload.json) {
-                Ok(request) => request,
-                Err(response) => return response,
-            };
-            let reply = self.server_request(request, forwarded).await;
-            return AgentResponse {
-                version: ENVELOPE_VERSION,
-                body: Some(ResponseBody::Server(json_payload(&reply))),
-            };
-        }
+        // Requests any agent answers; Raft's need a server.
+        let incoming = match incoming {
+            Incoming::Attached(request) => return self.deliver_attached(*request).await,
+            Incoming::ClientCsi(request) => return self.client_csi(request).await,
+            // An operator's request for one of a client's allocations (`relay.rs`).
+            Incoming::ClientAlloc(request) => return self.relayed(request, forwarded).await,
+            Incoming::ClientLogs(request) => return self.relayed(request, forwarded).await,
+            Incoming::ClientFs(request) => return self.relayed(request, forwarded).await,
+            Incoming::ClientExec(request) => return self.relayed(request, forwarded).await,
+            Incoming::ClientStats(request) => return self.relayed(request, forwarded).await,
+            Incoming::Http(request) => {
+                let Some(handler) = self.http.get() else {
+                    return error_response(ErrorKind::Invalid, "this agent serves no HTTP API", String::new());
+                };
+                let answer = handler(request).await;
+                return respond(ResponseBody::Http(json_payload(&answer)));
+            }
+            Incoming::NodeAllocs(request) => {
+                let reply = self.local_node_allocs(request).await;
+                return respond(ResponseBody::NodeAllocs(json_payload(&reply)));
+            }
+            Incoming::Server(request) => {
+                let reply = self.server_request(*request, forwarded).await;
+                return respond(ResponseBody::Server(json_payload(&reply)));
+            }
+            raft_request => raft_request,
+        };
         let Some(raft) = &self.raft else {
             return error_response(ErrorKind::Invalid, "this agent is not a server", String::new());
         };
-        match body {
-            RequestBody::RaftAppendEntries(payload) => match decode(&payload.json) {
-                Ok(rpc) => {
-                    *self.leader_contact.lock().expect("contact lock") = Some(tokio::time::Instant::now());
-                    raft_response(raft.append_entries(rpc).await)
-                }
-                Err(response) => response,
-            },
-            RequestBody::RaftPreVote(payload) => {
-                let request: PreVoteRequest = match decode(&payload.json) {
-                    Ok(request) => request,
-                    Err(response) => return response,
-                };
+        self.answer_raft(raft, incoming).await
+    }
+
+    async fn answer_raft(&self, raft: &Raft, incoming: Incoming) -> AgentResponse {
+        let respond = |body| AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(body),
+        };
+        match incoming {
+            Incoming::AppendEntries(rpc) => {
+                *self.leader_contact.lock().expect("contact lock") = Some(tokio::time::Instant::now());
+                raft_response(raft.append_entries(*rpc).await)
+            }
+            Incoming::PreVote(request) => {
                 let granted = self.pre_vote(raft, &request);
                 tracing::debug!(candidate = request.candidate, granted, "pre-vote");
-                AgentResponse {
-                    version: ENVELOPE_VERSION,
-                    body: Some(ResponseBody::RaftPreVote(json_payload(&granted))),
-                }
+                respond(ResponseBody::RaftPreVote(json_payload(&granted)))
             }
-            RequestBody::RaftReadIndex(_) => AgentResponse {
-                version: ENVELOPE_VERSION,
-                body: Some(ResponseBody::RaftReadIndex(json_payload(
-                    &self
-                        .read_index
-                        .read_index(raft)
-                        .await
-                        .map_err(|error| error.to_string()),
-                ))),
-            },
-            RequestBody::RaftStand(payload) => {
-                let leader: Result<u64, _> = serde_json::from_slice(&payload.json);
-                tracing::info!(leader = ?leader.ok(), "the leaving leader named this server its successor");
+            Incoming::ReadIndex => respond(ResponseBody::RaftReadIndex(json_payload(
+                &self
+                    .read_index
+                    .read_index(raft)
+                    .await
+                    .map_err(|error| error.to_string()),
+            ))),
+            Incoming::Stand(leader) => {
+                tracing::info!(?leader, "the leaving leader named this server its successor");
                 let _ = self
                     .inbox
                     .send(agent::Input::Server(drover_core::server::Input::StandForElection));
-                AgentResponse {
-                    version: ENVELOPE_VERSION,
-                    body: Some(ResponseBody::RaftStand(json_payload(&Ok::<(), String>(())))),
-                }
+                respond(ResponseBody::RaftStand(json_payload(&Ok::<(), String>(()))))
             }
-            RequestBody::RaftVote(payload) => match decode(&payload.json) {
-                Ok(rpc) => raft_response(raft.vote(rpc).await),
-                Err(response) => response,
-            },
-            RequestBody::RaftInstallSnapshot(payload) => match decode(&payload.json) {
-                Ok(rpc) => raft_response(raft.install_snapshot(rpc).await),
-                Err(response) => response,
-            },
-            RequestBody::StatusPeers(_) => {
+            Incoming::Vote(rpc) => raft_response(raft.vote(rpc).await),
+            Incoming::InstallSnapshot(rpc) => raft_response(raft.install_snapshot(*rpc).await),
+            Incoming::StatusPeers => {
                 let metrics = raft.metrics().borrow().clone();
                 let peers = metrics
                     .membership_config
@@ -379,33 +412,19 @@ impl Service {
                     .nodes()
                     .map(|(_, node)| node.rpc_addr.clone())
                     .collect();
-                AgentResponse {
-                    version: ENVELOPE_VERSION,
-                    body: Some(ResponseBody::StatusPeers(StatusPeersResponse { peers })),
-                }
+                respond(ResponseBody::StatusPeers(StatusPeersResponse { peers }))
             }
-            RequestBody::Apply(apply) => {
-                let entry: Entry = match decode(&apply.command_json) {
-                    Ok(entry) => entry,
-                    Err(response) => return response,
-                };
-                // Only the direct writes a server would itself propose for a caller, stamped
-                // with this leader's clock rather than the caller's.
-                if let Err(error) = entry.command.check_direct_write() {
-                    return error_response(ErrorKind::Invalid, error.to_string(), String::new());
-                }
+            Incoming::Apply(entry) => {
+                // Stamped with this leader's clock rather than the caller's.
                 let entry = Entry {
                     at_unix_ms: crate::driver::unix_millis(),
                     command: entry.command,
                 };
                 match raft.client_write(entry).await {
-                    Ok(response) => AgentResponse {
-                        version: ENVELOPE_VERSION,
-                        body: Some(ResponseBody::Apply(ApplyResponse {
-                            index: response.log_id.index,
-                            response_json: serde_json::to_vec(&response.data).expect("response serializes"),
-                        })),
-                    },
+                    Ok(response) => respond(ResponseBody::Apply(ApplyResponse {
+                        index: response.log_id.index,
+                        response_json: serde_json::to_vec(&response.data).expect("response serializes"),
+                    })),
                     Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => error_response(
                         ErrorKind::NotLeader,
                         "not the leader",
@@ -414,25 +433,20 @@ impl Service {
                     Err(error) => error_response(ErrorKind::Internal, error.to_string(), String::new()),
                 }
             }
-            RequestBody::Server(_)
-            | RequestBody::ClientCsi(_)
-            | RequestBody::NodeAllocs(_)
-            | RequestBody::ClientAlloc(_)
-            | RequestBody::ClientLogs(_)
-            | RequestBody::ClientFs(_)
-            | RequestBody::ClientExec(_)
-            | RequestBody::ClientStats(_)
-            | RequestBody::Http(_) => {
-                unreachable!("handled above")
-            }
+            Incoming::Attached(_)
+            | Incoming::ClientCsi(_)
+            | Incoming::ClientAlloc(_)
+            | Incoming::ClientLogs(_)
+            | Incoming::ClientFs(_)
+            | Incoming::ClientExec(_)
+            | Incoming::ClientStats(_)
+            | Incoming::Http(_)
+            | Incoming::NodeAllocs(_)
+            | Incoming::Server(_) => unreachable!("answered by Service::answer"),
         }
     }
 
-    async fn client_csi(&self, payload: JsonPayload) -> AgentResponse {
-        let request: ClientCsiRequest = match decode(&payload.json) {
-            Ok(request) => request,
-            Err(response) => return response,
-        };
+    async fn client_csi(&self, request: ClientCsiRequest) -> AgentResponse {
         let result = match &self.client_csi {
             Some(plugins) => plugins.call(request).await,
             None => Err("Unknown node: this agent runs no CSI plugins".to_string()),

@@ -159,12 +159,8 @@ impl Service {
         answer(response, C::response_json)
     }
 
-    /// A relayed client request arriving over RPC: its envelope body decoded and answered.
-    pub(super) async fn relayed<C: ClientCall>(&self, payload: &[u8], forwarded: bool) -> AgentResponse {
-        let request: C = match super::decode(payload) {
-            Ok(request) => request,
-            Err(response) => return response,
-        };
+    /// A relayed client request arriving over RPC, decoded, answered.
+    pub(super) async fn relayed<C: ClientCall>(&self, request: C, forwarded: bool) -> AgentResponse {
         let result = self.client_call(request, forwarded).await;
         AgentResponse {
             version: ENVELOPE_VERSION,
