@@ -1,0 +1,1 @@
+client { network_interface = "nope0" }
