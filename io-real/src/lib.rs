@@ -6,6 +6,7 @@
 //! production implementations (tonic transport, redb files,
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
+#[cfg(not(madsim))]
 pub mod agent_config;
 pub mod allocfs;
 #[cfg(not(madsim))]
