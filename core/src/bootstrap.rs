@@ -258,6 +258,11 @@ impl Bootstrap {
             return;
         }
         servers.sort();
+        if let Some(BootstrapFault::SkipPeerQuery) = self.fault {
+            tracing::warn!("fault injection: bootstrapping without asking the others for their Raft peers");
+            self.initialize(servers, ops);
+            return;
+        }
         let mut queries = BTreeMap::new();
         for peer in servers.iter().filter(|peer| peer.id != self.self_id) {
             let op = ops.allocate();

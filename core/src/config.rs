@@ -102,6 +102,10 @@ pub enum BootstrapFault {
     /// The pre-0.11 test-knob bug: a server that sees no leader for one election timeout
     /// elects itself alone instead of waiting for `bootstrap_expect` voters.
     SelfElectAfterElectionTimeout,
+    /// Bootstrapping as soon as `bootstrap_expect` servers are seen, without asking each
+    /// whether it already has Raft peers (Nomad's `maybeBootstrap` before it checked
+    /// `Status.Peers`): a server joining a formed cluster bootstraps a second one.
+    SkipPeerQuery,
 }
 
 /// Historical Nomad CSI defects, re-created on purpose so the simulation can prove it sees them.
@@ -129,6 +133,13 @@ pub struct RaftFaults {
     /// Log entries are written without waiting for the disk, yet acknowledged as durable: a
     /// crash losing unsynced writes on a majority loses committed, acknowledged entries.
     pub unsynced_log: bool,
+    /// The leader names its read index from what it has applied, without the heartbeat round
+    /// that confirms it still leads (ReadIndex without Raft §8's leadership check): a leader
+    /// cut off from its successor answers stale reads.
+    pub leader_reads_without_quorum: bool,
+    /// A consistent read learns the leader's read index but does not wait for the answering
+    /// server to apply up to it: a follower that lags answers stale.
+    pub reads_skip_apply_wait: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).

@@ -12,7 +12,6 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::Instant;
 use drover_core::agent::{self, Agent, Boot};
 use drover_core::bootstrap::Peer;
 use drover_core::config::AgentConfig;
@@ -416,12 +415,7 @@ impl AgentHandle {
 /// How long an HTTP write waits for its own server to catch up with the leader.
 pub const READ_YOUR_WRITES_WAIT: Duration = Duration::from_secs(5);
 
-pub(crate) fn unix_millis() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_millis() as u64)
-        .unwrap_or(0)
-}
+pub(crate) use crate::clock::unix_millis;
 
 /// Opens the store, starts Raft, the gossip socket, the RPC server and the core loop.
 pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
@@ -508,7 +502,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         leader_contact: leader_contact.clone(),
         raft_store: raft.is_some().then(|| store.clone()),
         pre_vote_quiet: config.server.timing.raft_failure_timeout / 2,
-        read_index: ReadIndexBatcher::default(),
+        read_index: ReadIndexBatcher::new(config.server.raft_faults),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();
@@ -700,9 +694,7 @@ fn entry_digest(entry: &openraft::Entry<crate::raft::TypeConfig>) -> u64 {
     })
 }
 
-fn core_now(epoch: tokio::time::Instant) -> Instant {
-    Instant::from_nanos(tokio::time::Instant::now().saturating_duration_since(epoch).as_nanos() as u64)
-}
+use crate::clock::core_now;
 
 struct Driver<T: Transport, C, O> {
     agent: Agent,

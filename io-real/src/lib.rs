@@ -13,6 +13,7 @@ pub mod allocfs;
 pub mod attach;
 pub mod buggify;
 pub mod client;
+pub mod clock;
 pub mod devices;
 pub mod driver;
 pub mod drivers;

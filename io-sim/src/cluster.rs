@@ -66,6 +66,22 @@ struct SimServer {
     alive: bool,
 }
 
+/// One simulated machine: a server (by index) or a client node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Machine {
+    Server(usize),
+    Client(usize),
+}
+
+impl std::fmt::Display for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Machine::Server(index) => write!(f, "s{}", index + 1),
+            Machine::Client(index) => write!(f, "c{}", index + 1),
+        }
+    }
+}
+
 pub struct SimCluster {
     handle: Handle,
     recorder: Recorder,
@@ -77,6 +93,8 @@ pub struct SimCluster {
 
 impl SimCluster {
     pub fn new(recorder: Recorder, consul: SimConsul) -> Self {
+        // Every clock of a new world agrees until a fault sets one apart.
+        drover_io_real::clock::sim::reset();
         SimCluster {
             handle: Handle::current(),
             recorder,
@@ -224,6 +242,30 @@ impl SimCluster {
     /// The simulated host of a client node (its tasks and mounts).
     pub fn host(&self, index: usize) -> &SimHost {
         &self.clients[index].host
+    }
+
+    fn machine(&self, machine: Machine) -> (madsim::task::NodeId, &str) {
+        match machine {
+            Machine::Server(index) => (self.servers[index].node.id(), &self.servers[index].spec.name),
+            Machine::Client(index) => (self.clients[index].node.id(), &self.clients[index].spec.name),
+        }
+    }
+
+    /// Sets a machine's wall clock `ms` apart from true time: skew between machines, or a
+    /// step either way (NTP, an operator's `date -s`). It stays so across restarts.
+    pub fn set_wall_clock(&self, machine: Machine, ms: i64) {
+        let (node, name) = self.machine(machine);
+        drover_io_real::clock::sim::set_wall_offset(node, ms);
+        self.recorder.note(format!("{name}'s wall clock is now {ms:+} ms off"));
+    }
+
+    /// Jumps a machine's monotonic clock `by` ahead: a paused VM resumes, and every deadline
+    /// it was waiting for has passed at once.
+    pub fn jump_clock(&self, machine: Machine, by: Duration) {
+        let (node, name) = self.machine(machine);
+        drover_io_real::clock::sim::jump_monotonic(node, by);
+        self.recorder
+            .note(format!("{name}'s monotonic clock jumps {} ms ahead", by.as_millis()));
     }
 
     /// Kills a client node's agent. Its tasks and mounts live on in its host (the agent

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{self, Report};
 use crate::shrink::{self, Schedule};
-use drover_core::config::{ClientFaults, ConnectFaults, CsiFaults, RaftFaults};
+use drover_core::config::{BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, RaftFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -743,6 +743,42 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             ..Options::default()
         },
         &["leader_killed", "lossy_network"],
+        "consistent reads are linearizable",
+    ),
+    (
+        "bootstrap-no-peer-check",
+        "a server bootstraps on seeing bootstrap_expect servers without asking for their Raft peers",
+        || Options {
+            bootstrap_fault: Some(BootstrapFault::SkipPeerQuery),
+            ..Options::default()
+        },
+        &["late_fourth_server", "consul_discovery"],
+        "no split brain",
+    ),
+    (
+        "deposed-leader-read",
+        "the leader names a read index without confirming it still leads (Raft §8)",
+        || Options {
+            raft_faults: RaftFaults {
+                leader_reads_without_quorum: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["swarm", "leader_killed"],
+        "consistent reads are linearizable",
+    ),
+    (
+        "read-no-apply-wait",
+        "a consistent read does not wait to apply up to the leader's read index",
+        || Options {
+            raft_faults: RaftFaults {
+                reads_skip_apply_wait: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["leader_killed", "lossy_network", "read_storm"],
         "consistent reads are linearizable",
     ),
     (

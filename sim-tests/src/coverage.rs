@@ -56,6 +56,9 @@ pub const FAULT_KINDS: &[&str] = &[
     "client node power loss",
     "driver start failure",
     "task OOM killed",
+    "clock skew",
+    "wall clock step",
+    "monotonic clock jump",
     "buggify: client rpc unreachable",
     "buggify: csi call unavailable",
     "buggify: csi call slow",
@@ -104,6 +107,11 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         Action::OomKill(..) => vec!["task OOM killed"],
         Action::RestartClient(_) => vec!["client agent restart"],
         Action::UpdateJob(_) => vec!["job update"],
+        // Setting a clock back to true time is the recovery, not a fault.
+        Action::WallClock(_, 0) => vec![],
+        Action::WallClock(_, ms) if ms.unsigned_abs() < 600_000 => vec!["clock skew"],
+        Action::WallClock(..) => vec!["wall clock step"],
+        Action::ClockJump(..) => vec!["monotonic clock jump"],
         Action::Network(loss, (_, high)) => {
             let mut kinds = Vec::new();
             if *loss > 0 {

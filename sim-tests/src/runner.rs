@@ -396,6 +396,8 @@ async fn play(
             }
             Action::KillClient(client) => cluster.kill_client(*client),
             Action::RebootClient(client) => cluster.reboot_client(*client),
+            Action::WallClock(machine, ms) => cluster.set_wall_clock(*machine, *ms),
+            Action::ClockJump(machine, by) => cluster.jump_clock(*machine, *by),
             Action::FailTaskStarts(client, count) => cluster.host(*client).fail_next_starts(*count),
             Action::OomKill(client, pick) => {
                 if cluster.host(*client).oom_kill(*pick).is_none() {

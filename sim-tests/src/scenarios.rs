@@ -14,6 +14,7 @@ use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
 use drover_io_sim::cluster::ClientSpec;
+use drover_io_sim::cluster::Machine;
 use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
@@ -37,6 +38,8 @@ pub struct Options {
     pub connect_faults: ConnectFaults,
     /// Serve consistent reads without the read barrier on every server (regression switch).
     pub raft_faults: RaftFaults,
+    /// Re-create a formation defect on every server (regression switch).
+    pub bootstrap_fault: Option<BootstrapFault>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,6 +89,10 @@ pub enum Action {
     RestartClient(usize),
     /// A new version of the real clients' job is registered (a destructive update).
     UpdateJob(u64),
+    /// A machine's wall clock is set this many milliseconds apart from true time.
+    WallClock(Machine, i64),
+    /// A machine's monotonic clock jumps ahead (a paused VM resumes).
+    ClockJump(Machine, Duration),
     /// Every message is lost with this probability (percent) and delayed by a latency drawn
     /// from this range (milliseconds); `Network(0, (1, 10))` is madsim's default.
     Network(u32, (u64, u64)),
@@ -131,6 +138,10 @@ impl fmt::Display for Step {
             Action::OomKill(client, pick) => write!(f, "{at} OOM kill task #{pick} on c{}", client + 1),
             Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
             Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
+            Action::WallClock(machine, ms) => write!(f, "{at} {machine}'s wall clock set {ms:+} ms off"),
+            Action::ClockJump(machine, by) => {
+                write!(f, "{at} {machine}'s monotonic clock jumps {} ms ahead", by.as_millis())
+            }
             Action::Network(loss, (low, high)) => {
                 write!(f, "{at} network: {loss}% message loss, {low}-{high} ms latency")
             }
@@ -602,6 +613,8 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     }
     if options.negative_control {
         config.server.bootstrap_fault = Some(BootstrapFault::SelfElectAfterElectionTimeout);
+    } else if options.bootstrap_fault.is_some() {
+        config.server.bootstrap_fault = options.bootstrap_fault;
     }
     config.server.csi_faults = options.csi_faults;
     config.server.connect_faults = options.connect_faults;

@@ -14,6 +14,7 @@
 use std::time::Duration;
 
 use drover_core::structs::AccessMode;
+use drover_io_sim::cluster::Machine;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::host::PluginFaults;
 use rand::Rng;
@@ -106,6 +107,26 @@ const KINDS: &[(&str, Draw)] = &[
             },
         )]
     }),
+    ("clock skew", |rng, at| {
+        let machine = machine(rng);
+        let ms = rng.gen_range(1_000..120_000) * if rng.gen_bool(0.5) { 1 } else { -1 };
+        vec![
+            step(at, Action::WallClock(machine, ms)),
+            step(at + millis(rng, 5_000..25_000), Action::WallClock(machine, 0)),
+        ]
+    }),
+    ("wall clock step", |rng, at| {
+        let machine = machine(rng);
+        let ms = rng.gen_range(600_000..7_200_000) * if rng.gen_bool(0.5) { 1 } else { -1 };
+        vec![
+            step(at, Action::WallClock(machine, ms)),
+            step(at + millis(rng, 5_000..25_000), Action::WallClock(machine, 0)),
+        ]
+    }),
+    ("monotonic clock jump", |rng, at| {
+        let machine = machine(rng);
+        vec![step(at, Action::ClockJump(machine, millis(rng, 2_000..60_000)))]
+    }),
     ("update the job", |rng, at| {
         vec![step(at, Action::UpdateJob(rng.gen_range(1..1_000)))]
     }),
@@ -138,6 +159,16 @@ fn plugin_faults(rng: &mut ChaCha8Rng) -> PluginFaults {
         faults.startup = millis(rng, 50..3_000);
     }
     faults
+}
+
+/// Any of the three servers or the clients.
+fn machine(rng: &mut ChaCha8Rng) -> Machine {
+    let index = rng.gen_range(0..3 + CLIENTS);
+    if index < 3 {
+        Machine::Server(index)
+    } else {
+        Machine::Client(index - 3)
+    }
 }
 
 fn step(at: Duration, action: Action) -> Step {

@@ -20,7 +20,6 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::Instant;
 use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
 use drover_core::client::deadlines;
 use drover_core::client::devices::{DeviceInstance, DevicePick, DeviceReservations};
@@ -417,9 +416,7 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
     Ok(view)
 }
 
-fn core_now(epoch: tokio::time::Instant) -> Instant {
-    Instant::from_nanos(tokio::time::Instant::now().saturating_duration_since(epoch).as_nanos() as u64)
-}
+use crate::clock::core_now;
 
 /// This agent's node id, shaped like Nomad's (a UUID), derived from its persisted agent id.
 pub fn node_uuid(node_id: u64) -> String {

@@ -51,6 +51,9 @@ impl AgentHandle {
             let addr = leader.1.rpc_addr.parse().map_err(|_| ReadError::NoLeader)?;
             self.ask_read_index(addr).await?
         };
+        if self.inner.config.server.raft_faults.reads_skip_apply_wait {
+            return Ok(());
+        }
         self.wait_applied(index).await
     }
 
@@ -110,6 +113,8 @@ async fn read_index(raft: &crate::raft::Raft) -> Result<u64, ReadError> {
 #[derive(Clone, Default)]
 pub struct ReadIndexBatcher {
     inner: Arc<Mutex<Batch>>,
+    /// The regression switch `RaftFaults::leader_reads_without_quorum`.
+    without_quorum: bool,
 }
 
 #[derive(Default)]
@@ -119,6 +124,14 @@ struct Batch {
 }
 
 impl ReadIndexBatcher {
+    /// A batcher that skips the quorum round when `faults` re-create that defect.
+    pub fn new(faults: drover_core::config::RaftFaults) -> Self {
+        ReadIndexBatcher {
+            without_quorum: faults.leader_reads_without_quorum,
+            ..ReadIndexBatcher::default()
+        }
+    }
+
     /// The leader's read index from a quorum round that started after this call.
     pub async fn read_index(&self, raft: &crate::raft::Raft) -> Result<u64, ReadError> {
         let (answer, answered) = oneshot::channel();
@@ -146,7 +159,11 @@ impl ReadIndexBatcher {
                 }
                 std::mem::take(&mut batch.waiting)
             };
-            let index = read_index(raft).await;
+            let index = if self.without_quorum {
+                Ok(raft.metrics().borrow().last_applied.map_or(0, |log| log.index))
+            } else {
+                read_index(raft).await
+            };
             for answer in waiting {
                 let _ = answer.send(index.clone());
             }
