@@ -98,7 +98,11 @@ struct HostState {
     /// CSI calls the plugin received, by name.
     calls: BTreeMap<&'static str, u32>,
     tasks: BTreeMap<(String, String), SimTask>,
+    /// Pids start over at every boot, as a real kernel's do.
     next_pid: u64,
+    /// Which boot of the machine this is (its boot id): a task handle names a process only
+    /// within the boot it was written in.
+    boot: u64,
     starts: u64,
     /// The next this many task starts fail, as a driver's does when the host is out of
     /// processes or the binary cannot be executed.
@@ -289,6 +293,8 @@ impl SimHost {
         state.mounts.clear();
         state.staged.clear();
         state.published.clear();
+        state.boot += 1;
+        state.next_pid = 0;
         drop(state);
         for key in gone {
             self.gone(&key);
@@ -459,7 +465,7 @@ impl SimHost {
         }
         state.next_pid += 1;
         state.starts += 1;
-        let pid = state.next_pid;
+        let (pid, boot) = (state.next_pid, state.boot);
         let exit_at = config_str(&config.config, "run_for")
             .and_then(|text| drover_core::goduration::parse(text).ok())
             .map(|after| tokio::time::Instant::now() + after);
@@ -497,19 +503,22 @@ impl SimHost {
             driver: config.driver,
             alloc_id: key.0,
             task: key.1,
-            state: format!("pid={pid}"),
+            state: format!("pid={pid} boot={boot}"),
         }))
     }
 
-    fn pid(handle: &TaskHandle) -> Option<u64> {
-        handle.state.strip_prefix("pid=")?.parse().ok()
+    /// The pid a handle names, if it was written in this boot.
+    fn pid(handle: &TaskHandle, boot: u64) -> Option<u64> {
+        let (pid, written_in) = handle.state.split_once(' ')?;
+        let pid = pid.strip_prefix("pid=")?.parse().ok()?;
+        (written_in.strip_prefix("boot=")?.parse::<u64>().ok()? == boot).then_some(pid)
     }
 
-    /// The task a handle names, if it is that very process.
+    /// The task a handle names, if it is that very process (of this boot).
     fn with_task<R>(&self, handle: &TaskHandle, f: impl FnOnce(&SimTask) -> R) -> Option<R> {
         let state = self.lock();
         let task = state.tasks.get(&(handle.alloc_id.clone(), handle.task.clone()))?;
-        (Some(task.pid) == Self::pid(handle)).then(|| f(task))
+        (Some(task.pid) == Self::pid(handle, state.boot)).then(|| f(task))
     }
 
     fn stop(&self, handle: &TaskHandle) -> Outcome {
@@ -540,8 +549,9 @@ impl SimHost {
         let killed = {
             let mut state = self.lock();
             let key = (handle.alloc_id.clone(), handle.task.clone());
+            let pid = Self::pid(handle, state.boot);
             match state.tasks.get_mut(&key) {
-                Some(task) if Some(task.pid) == Self::pid(handle) && task.alive() => {
+                Some(task) if Some(task.pid) == pid && task.alive() => {
                     task.end(ExitResult {
                         exit_code: 137,
                         signal: 9,

@@ -10,6 +10,7 @@
 //! `--check-determinism`) and runs the negative control. Replays run in the same process after
 //! hundreds of other runs, which is what exposes state that leaks between runs.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -266,6 +267,37 @@ fn run_jobs(jobs: Vec<(&'static Scenario, u64)>, options: Options, perturb: bool
         .collect()
 }
 
+/// The scenarios that take the most real time per run, with their share of the range's: where
+/// throughput goes (issue 20 §7).
+fn print_slowest(reports: &[Report]) {
+    let mut per_scenario: BTreeMap<&'static str, (f64, u64)> = BTreeMap::new();
+    for report in reports {
+        let entry = per_scenario.entry(report.scenario).or_default();
+        entry.0 += report.wall.as_secs_f64();
+        entry.1 += 1;
+    }
+    let total: f64 = per_scenario.values().map(|(secs, _)| secs).sum();
+    let mut slowest: Vec<(&str, f64, f64)> = per_scenario
+        .iter()
+        .map(|(name, (secs, runs))| (*name, secs / *runs as f64, *secs))
+        .collect();
+    slowest.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    let named: Vec<String> = slowest
+        .iter()
+        .take(5)
+        .map(|(name, mean, secs)| {
+            format!(
+                "{name} {mean:.2} s/run ({:.0}% of run time)",
+                100.0 * secs / total.max(f64::EPSILON)
+            )
+        })
+        .collect();
+    println!(
+        "sim: slowest scenarios (real time per run, one core): {}",
+        named.join(", ")
+    );
+}
+
 fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
     let started = Instant::now();
     let jobs: Vec<(&'static Scenario, u64)> = seeds
@@ -360,6 +392,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         replays.len(),
         runs_per_minute / args.scenarios.len() as f64,
     );
+    print_slowest(&reports);
     let mut table = crate::coverage::Table::default();
     for report in &reports {
         table.add(&report.coverage);

@@ -43,6 +43,8 @@ pub struct Report {
     pub coverage: RunCoverage,
     /// Write attempts the workload made in the fault phase (each an event a shrink may drop).
     pub fault_writes: u64,
+    /// Real time the run took (on this machine: not part of the trace).
+    pub wall: std::time::Duration,
 }
 
 impl Report {
@@ -122,6 +124,8 @@ pub fn run(scenario: &'static Scenario, seed: u64, options: Options) -> Report {
 
 /// Runs the seed's plan without the events `trim` leaves out (a shrunk schedule).
 pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, trim: &Trim) -> Report {
+    // Read outside the simulated world, whose clock is virtual.
+    let started = std::time::Instant::now();
     let mut plan = plan_for(scenario, seed, &options);
     trim.apply(&mut plan);
     let dropped_writes = trim.writes.clone();
@@ -192,6 +196,7 @@ pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, tri
         reached: counter.counts(),
     };
     let fault_writes = attempts.load(AtomicOrdering::SeqCst);
+    let wall = started.elapsed();
     match result {
         Ok((trace, mut violations, virtual_secs)) => {
             violations.extend(leak);
@@ -204,6 +209,7 @@ pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, tri
                 virtual_secs,
                 coverage,
                 fault_writes,
+                wall,
             }
         }
         Err(panic) => {
@@ -230,6 +236,7 @@ pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, tri
                 virtual_secs: 0,
                 coverage,
                 fault_writes,
+                wall,
             }
         }
     }

@@ -58,17 +58,54 @@ pub struct ProcessDriver {
 type CpuSample = (std::time::Instant, u64, u64);
 
 /// What a handle carries for reattaching: the pid and its start time (so a recycled pid is
-/// not mistaken for the task).
+/// not mistaken for the task), and the boot it was started in.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct HandleState {
     pid: i32,
     start_time: u64,
+    /// The host's boot id when the task started (`/proc/sys/kernel/random/boot_id`). A start
+    /// time counts clock ticks since boot, so pid and start time name a process only within
+    /// one boot: after a reboot an early-boot daemon can have both. Empty in handles written
+    /// before it was kept (then only pid and start time are checked).
+    #[serde(default)]
+    boot_id: String,
     /// Host sources bound onto themselves to share them with the task; released on exit.
     #[serde(default)]
     shared: Vec<String>,
     /// The task's cgroup, when it has one: every process it started, for the final kill.
     #[serde(default)]
     cgroup: Option<TaskCgroup>,
+}
+
+/// This boot of the host, or empty where the kernel does not say.
+fn boot_id() -> &'static str {
+    static BOOT_ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BOOT_ID.get_or_init(|| {
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|id| id.trim().to_string())
+            .unwrap_or_default()
+    })
+}
+
+impl HandleState {
+    /// A handle's state. One written in an earlier boot names nothing alive: its processes,
+    /// cgroup and bind mounts went with that boot, and a process, cgroup or mount of the same
+    /// name now belongs to someone else — so it comes back inert (no pid, no cgroup, nothing
+    /// shared), and nothing done through it can signal, kill or unmount what it no longer owns.
+    fn read(handle: &TaskHandle) -> Result<HandleState, IoError> {
+        let mut state: HandleState =
+            serde_json::from_str(&handle.state).map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+        if state.written_in_earlier_boot(boot_id()) {
+            state.pid = 0;
+            state.cgroup = None;
+            state.shared.clear();
+        }
+        Ok(state)
+    }
+
+    fn written_in_earlier_boot(&self, current: &str) -> bool {
+        !self.boot_id.is_empty() && !current.is_empty() && self.boot_id != current
+    }
 }
 
 /// The environment a running task process started with (`/proc/<pid>/environ`).
@@ -753,6 +790,7 @@ impl ProcessDriver {
             state: serde_json::to_string(&HandleState {
                 pid,
                 start_time,
+                boot_id: boot_id().to_string(),
                 shared,
                 cgroup,
             })
@@ -1038,14 +1076,14 @@ impl TaskDriver for ProcessDriver {
                         };
                     }
                 },
-                None => match serde_json::from_str::<HandleState>(&handle.state) {
+                None => match HandleState::read(&handle) {
                     Ok(state) => {
                         let mut exit = wait_foreign(state.pid, state.start_time).await;
                         exit.oom_killed |= state.cgroup.as_ref().is_some_and(TaskCgroup::oom_killed);
                         exit
                     }
                     Err(error) => ExitResult {
-                        err: Some(format!("bad task handle: {error}")),
+                        err: Some(error.to_string()),
                         ..ExitResult::default()
                     },
                 },
@@ -1054,10 +1092,10 @@ impl TaskDriver for ProcessDriver {
     }
 
     fn stop(&self, handle: TaskHandle, kill_timeout: Duration) -> BoxFuture<Result<(), IoError>> {
-        let state = serde_json::from_str::<HandleState>(&handle.state);
+        let state = HandleState::read(&handle);
         let driver = self.clone();
         Box::pin(async move {
-            let state = state.map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+            let state = state?;
             // The whole process group: the task and anything it started; only while the pid
             // is still the task's (`signal_task`).
             if signal_task(state.pid, state.start_time, libc::SIGINT) {
@@ -1078,10 +1116,14 @@ impl TaskDriver for ProcessDriver {
             if known {
                 return Ok(());
             }
-            let state: HandleState = serde_json::from_str(&handle.state)
-                .map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+            let state = HandleState::read(&handle)?;
             if is_running(state.pid, state.start_time) {
                 Ok(())
+            } else if state.pid == 0 {
+                Err(IoError::new(
+                    ErrorKind::NotFound,
+                    "task process was started before this host rebooted",
+                ))
             } else {
                 // The leader died while the agent was away; the client destroys what it left
                 // behind once it hears so.
@@ -1096,8 +1138,7 @@ impl TaskDriver for ProcessDriver {
     /// To the task's process group (an `exec` task's stand-in ignores it; the task, PID 1
     /// of its namespace, gets it), only while the pid is still the task's.
     fn signal(&self, handle: &TaskHandle, signal: i32) -> Result<(), IoError> {
-        let state: HandleState =
-            serde_json::from_str(&handle.state).map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+        let state = HandleState::read(handle)?;
         if signal_task(state.pid, state.start_time, signal) {
             Ok(())
         } else {
@@ -1111,8 +1152,7 @@ impl TaskDriver for ProcessDriver {
     fn destroy(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
         let driver = self.clone();
         Box::pin(async move {
-            let state: HandleState = serde_json::from_str(&handle.state)
-                .map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+            let state = HandleState::read(&handle)?;
             let destroyed = destroy_task(&state).await;
             driver.tasks.lock().unwrap().remove(&(handle.alloc_id, handle.task));
             driver.samples.lock().unwrap().remove(&state.pid);
@@ -1125,8 +1165,7 @@ impl TaskDriver for ProcessDriver {
     /// through the agent's `nsexec` helper (without the agent binary, the mount namespace and
     /// root only).
     fn exec_command(&self, handle: &TaskHandle, command: &[String]) -> Result<tokio::process::Command, IoError> {
-        let state: HandleState =
-            serde_json::from_str(&handle.state).map_err(|error| IoError::other(format!("bad task handle: {error}")))?;
+        let state = HandleState::read(handle)?;
         if !signal_task(state.pid, state.start_time, 0) {
             return Err(IoError::new(ErrorKind::NotFound, "Task not running"));
         }
@@ -1215,7 +1254,55 @@ impl TaskDriver for ProcessDriver {
     }
 
     fn stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
-        let state: HandleState = serde_json::from_str(&handle.state).ok()?;
+        let state = HandleState::read(handle).ok()?;
         self.session_usage(state.pid, state.start_time, state.cgroup.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn handle(boot: Option<&str>) -> TaskHandle {
+        // This test's own process: a live pid whose start time matches, as a process of a
+        // later boot can match a handle of an earlier one.
+        let pid = std::process::id() as i32;
+        let mut state = serde_json::json!({
+            "pid": pid,
+            "start_time": start_time(pid).expect("our own start time"),
+            "shared": ["/srv/shared"],
+        });
+        if let Some(boot) = boot {
+            state["boot_id"] = boot.into();
+        }
+        TaskHandle {
+            driver: "raw_exec".into(),
+            alloc_id: "a1".into(),
+            task: "web".into(),
+            state: state.to_string(),
+        }
+    }
+
+    #[test]
+    fn a_handle_from_an_earlier_boot_names_no_process_even_when_pid_and_start_time_match() {
+        assert!(!boot_id().is_empty(), "this host names its boot");
+        let earlier = HandleState::read(&handle(Some("0f1e2d3c-not-this-boot"))).unwrap();
+        assert_eq!(earlier.pid, 0, "inert: nothing to signal");
+        assert!(
+            earlier.shared.is_empty() && earlier.cgroup.is_none(),
+            "nothing to unmount or kill"
+        );
+        assert!(!is_running(earlier.pid, earlier.start_time));
+
+        let this_boot = HandleState::read(&handle(Some(boot_id()))).unwrap();
+        assert!(
+            is_running(this_boot.pid, this_boot.start_time),
+            "the same handle of this boot is the process"
+        );
+        let unversioned = HandleState::read(&handle(None)).unwrap();
+        assert!(
+            is_running(unversioned.pid, unversioned.start_time),
+            "a handle written before boot ids were kept is checked by pid and start time, as before"
+        );
     }
 }
