@@ -15,6 +15,10 @@ use drover_core::time::Instant;
 
 /// Milliseconds since the Unix epoch on this node's wall clock.
 pub fn unix_millis() -> u64 {
+    #[cfg(not(madsim))]
+    if let Some(simulated) = crate::runtime::simulated_wall_clock_millis() {
+        return simulated;
+    }
     let real = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|elapsed| elapsed.as_millis() as u64)

@@ -25,6 +25,8 @@ pub mod jobspec;
 pub mod raft;
 pub mod runtime;
 pub mod service;
+#[cfg(not(madsim))]
+pub mod sockets;
 pub mod template;
 
 #[cfg(not(madsim))]

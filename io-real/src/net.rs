@@ -1,5 +1,7 @@
 //! Production agent transport: the agent RPC envelope over tonic (HTTP/2 on the RPC port),
-//! gossip over UDP on the serf port, and DNS resolution of join targets. Mirrored by `drover-io-sim`'s `net.rs`.
+//! gossip over UDP on the serf port, and DNS resolution of join targets. Mirrored by
+//! `drover-io-sim`'s `net.rs` (madsim). Written against [`Sockets`]: the agent runs it on the
+//! host's sockets, the turmoil lane on a simulated network.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -13,29 +15,57 @@ use drover_proto::agent::v1::{AgentRequest, AgentResponse, AttachDown, AttachUp}
 use crate::attach::Attachments;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::io::{GossipSocket, RpcHandler, Transport, TransportError};
+use crate::io::{RpcHandler, Transport, TransportError};
+use crate::sockets::{Sockets, TokioSockets};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// tonic client connections, one lazily-connected channel per remote address.
-#[derive(Clone, Default)]
-pub struct GrpcTransport {
+#[derive(Clone)]
+pub struct GrpcTransport<S: Sockets = TokioSockets> {
+    sockets: S,
     channels: Arc<Mutex<BTreeMap<SocketAddr, Channel>>>,
     /// Clients attached to this agent's RPC server (`Agent.Attach`).
     attachments: Attachments,
 }
 
-impl GrpcTransport {
+impl Default for GrpcTransport<TokioSockets> {
+    fn default() -> Self {
+        GrpcTransport::new(TokioSockets)
+    }
+}
+
+impl<S: Sockets> GrpcTransport<S> {
+    pub fn new(sockets: S) -> Self {
+        GrpcTransport {
+            sockets,
+            channels: Arc::default(),
+            attachments: Attachments::default(),
+        }
+    }
+
     fn channel(&self, addr: SocketAddr) -> Channel {
         let mut channels = self.channels.lock().expect("channel cache lock");
         channels
             .entry(addr)
             .or_insert_with(|| {
+                let sockets = self.sockets.clone();
+                // Every connection of this channel goes to `addr`, whatever the URI says.
+                let connector = tower::service_fn(move |_: tonic::transport::Uri| {
+                    let sockets = sockets.clone();
+                    async move {
+                        match tokio::time::timeout(CONNECT_TIMEOUT, sockets.connect(addr)).await {
+                            Ok(stream) => stream.map(hyper_util::rt::TokioIo::new),
+                            Err(_) => Err(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                format!("connecting to {addr} timed out after {CONNECT_TIMEOUT:?}"),
+                            )),
+                        }
+                    }
+                });
                 Endpoint::from_shared(format!("http://{addr}"))
                     .expect("a socket address is a valid URI authority")
-                    .connect_timeout(CONNECT_TIMEOUT)
-                    .tcp_nodelay(true)
-                    .connect_lazy()
+                    .connect_with_connector_lazy(connector)
             })
             .clone()
     }
@@ -96,24 +126,13 @@ impl Agent for Service {
     }
 }
 
-/// Gossip over a UDP socket on the serf port.
-pub struct UdpGossip(tokio::net::UdpSocket);
+pub use crate::sockets::UdpGossip;
 
-impl GossipSocket for UdpGossip {
-    async fn send_to(&self, data: &[u8], to: SocketAddr) -> std::io::Result<()> {
-        self.0.send_to(data, to).await.map(|_| ())
-    }
+impl<S: Sockets> Transport for GrpcTransport<S> {
+    type Gossip = S::Datagram;
 
-    async fn recv_from(&self, buf: &mut [u8]) -> std::io::Result<(usize, SocketAddr)> {
-        self.0.recv_from(buf).await
-    }
-}
-
-impl Transport for GrpcTransport {
-    type Gossip = UdpGossip;
-
-    async fn bind_gossip(&self, addr: SocketAddr) -> std::io::Result<UdpGossip> {
-        tokio::net::UdpSocket::bind(addr).await.map(UdpGossip)
+    async fn bind_gossip(&self, addr: SocketAddr) -> std::io::Result<S::Datagram> {
+        self.sockets.bind_datagram(addr).await
     }
 
     async fn call(
@@ -138,8 +157,8 @@ impl Transport for GrpcTransport {
     }
 
     async fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> std::io::Result<()> {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
-        let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+        let listener = self.sockets.listen(addr).await?;
+        let incoming = crate::sockets::incoming::<S>(listener);
         let service = AgentServer::new(Service {
             handler,
             attachments: self.attachments.clone(),
@@ -157,7 +176,7 @@ impl Transport for GrpcTransport {
     }
 
     async fn resolve(&self, target: &str, default_port: u16) -> Result<Vec<SocketAddr>, String> {
-        resolve(target, default_port).await
+        resolve_with(&self.sockets, target, default_port).await
     }
 
     async fn call_attached(
@@ -217,8 +236,14 @@ fn tokio_stream_of<T: Send + 'static>(
     })
 }
 
-/// "ip", "ip:port", "[v6]:port", "host" or "host:port" to socket addresses.
+/// "ip", "ip:port", "[v6]:port", "host" or "host:port" to socket addresses, by the host's
+/// resolver.
 pub async fn resolve(target: &str, default_port: u16) -> Result<Vec<SocketAddr>, String> {
+    resolve_with(&TokioSockets, target, default_port).await
+}
+
+/// [`resolve`] through `sockets`' name lookup.
+pub async fn resolve_with<S: Sockets>(sockets: &S, target: &str, default_port: u16) -> Result<Vec<SocketAddr>, String> {
     let target = target.trim();
     if let Ok(addr) = target.parse::<SocketAddr>() {
         return Ok(vec![addr]);
@@ -234,10 +259,10 @@ pub async fn resolve(target: &str, default_port: u16) -> Result<Vec<SocketAddr>,
     } else {
         format!("{target}:{default_port}")
     };
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(&with_port)
+    let addrs: Vec<SocketAddr> = sockets
+        .lookup_host(with_port)
         .await
-        .map_err(|error| format!("cannot resolve {target:?}: {error}"))?
-        .collect();
+        .map_err(|error| format!("cannot resolve {target:?}: {error}"))?;
     if addrs.is_empty() {
         return Err(format!("{target:?} resolved to no addresses"));
     }

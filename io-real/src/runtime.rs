@@ -19,20 +19,111 @@ pub struct DroverRuntime;
 
 /// The runtime's random generator: the OS-seeded thread generator in production, the
 /// simulator's seeded global generator under madsim (where `getrandom`'s raw syscall would
-/// otherwise escape the seed).
+/// otherwise escape the seed), and a generator seeded per run on a thread that
+/// [`simulate_on_this_thread`] marked (the turmoil lane).
 #[cfg(not(madsim))]
-pub type RuntimeRng = rand::rngs::ThreadRng;
+pub use simulated::RuntimeRng;
 #[cfg(madsim)]
 pub type RuntimeRng = madsim::rand::GlobalRng;
 
 pub fn runtime_rng() -> RuntimeRng {
     #[cfg(not(madsim))]
     {
-        rand::thread_rng()
+        simulated::rng()
     }
     #[cfg(madsim)]
     {
         madsim::rand::thread_rng()
+    }
+}
+
+#[cfg(not(madsim))]
+pub(crate) use simulated::wall_clock_millis as simulated_wall_clock_millis;
+#[cfg(not(madsim))]
+pub use simulated::{in_simulation, simulate_on_this_thread, stop_simulating_on_this_thread};
+
+/// Deterministic simulation of the production stack on one thread (turmoil runs every host of
+/// a simulated network on the thread that drives it). On a marked thread the driver's random
+/// draws come from one generator seeded per run, its wall clock is the simulation's, and work
+/// that production hands to another OS thread (snapshot encoding, large list reads) runs in
+/// place, so nothing depends on how the OS schedules threads. Unmarked threads, which is every
+/// thread of a real agent, behave as production always has.
+#[cfg(not(madsim))]
+mod simulated {
+    use std::cell::{Cell, RefCell};
+
+    use rand::rngs::StdRng;
+    use rand::{RngCore, SeedableRng};
+
+    thread_local! {
+        static RNG: RefCell<Option<StdRng>> = const { RefCell::new(None) };
+        static WALL_CLOCK: Cell<Option<fn() -> u64>> = const { Cell::new(None) };
+    }
+
+    /// Marks the calling thread as running a deterministic simulation: random draws from a
+    /// generator seeded with `seed`, wall-clock milliseconds from `wall_clock`.
+    pub fn simulate_on_this_thread(seed: u64, wall_clock: fn() -> u64) {
+        RNG.with(|rng| *rng.borrow_mut() = Some(StdRng::seed_from_u64(seed)));
+        WALL_CLOCK.with(|clock| clock.set(Some(wall_clock)));
+    }
+
+    pub fn stop_simulating_on_this_thread() {
+        RNG.with(|rng| *rng.borrow_mut() = None);
+        WALL_CLOCK.with(|clock| clock.set(None));
+    }
+
+    pub fn in_simulation() -> bool {
+        WALL_CLOCK.with(Cell::get).is_some()
+    }
+
+    /// The simulation's wall clock, on a marked thread.
+    pub(crate) fn wall_clock_millis() -> Option<u64> {
+        WALL_CLOCK.with(Cell::get).map(|clock| clock())
+    }
+
+    /// The OS-seeded thread generator, or the run's seeded one on a marked thread.
+    pub enum RuntimeRng {
+        Os(rand::rngs::ThreadRng),
+        Simulated,
+    }
+
+    pub(super) fn rng() -> RuntimeRng {
+        if RNG.with(|rng| rng.borrow().is_some()) {
+            RuntimeRng::Simulated
+        } else {
+            RuntimeRng::Os(rand::thread_rng())
+        }
+    }
+
+    impl RuntimeRng {
+        fn with<R>(&mut self, draw: impl FnOnce(&mut dyn RngCore) -> R) -> R {
+            match self {
+                RuntimeRng::Os(rng) => draw(rng),
+                RuntimeRng::Simulated => RNG.with(|rng| match rng.borrow_mut().as_mut() {
+                    Some(rng) => draw(rng),
+                    // The simulation ended while this generator was held: draw as production.
+                    None => draw(&mut rand::thread_rng()),
+                }),
+            }
+        }
+    }
+
+    impl RngCore for RuntimeRng {
+        fn next_u32(&mut self) -> u32 {
+            self.with(|rng| rng.next_u32())
+        }
+
+        fn next_u64(&mut self) -> u64 {
+            self.with(|rng| rng.next_u64())
+        }
+
+        fn fill_bytes(&mut self, dest: &mut [u8]) {
+            self.with(|rng| rng.fill_bytes(dest))
+        }
+
+        fn try_fill_bytes(&mut self, dest: &mut [u8]) -> Result<(), rand::Error> {
+            self.with(|rng| rng.try_fill_bytes(dest))
+        }
     }
 }
 
@@ -200,6 +291,9 @@ impl AsyncRuntime for DroverRuntime {
 pub async fn background<R: Send + 'static>(name: &str, work: impl FnOnce() -> R + Send + 'static) -> Option<R> {
     #[cfg(not(madsim))]
     {
+        if in_simulation() {
+            return Some(work());
+        }
         let (done, result) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name(name.to_string())
@@ -216,6 +310,16 @@ pub async fn background<R: Send + 'static>(name: &str, work: impl FnOnce() -> R 
         let _ = name;
         Some(work())
     }
+}
+
+/// Runs blocking work on tokio's blocking pool, or in place in a simulation (see
+/// [`simulate_on_this_thread`]). `None` when the work panicked.
+#[cfg(not(madsim))]
+pub async fn blocking<R: Send + 'static>(work: impl FnOnce() -> R + Send + 'static) -> Option<R> {
+    if in_simulation() {
+        return Some(work());
+    }
+    tokio::task::spawn_blocking(work).await.ok()
 }
 
 /// Linux keeps a nice value per thread: this lowers the calling thread's only.

@@ -9,7 +9,9 @@
 //! machine transitions and rare paths per run; [`cluster`] starts, kills, restarts and
 //! partitions agents.
 //!
-//! Everything here exists only in the simulation build; in a normal build the crate is empty.
+//! Everything here but [`turmoil`] (the turmoil lane: the production network stack on turmoil's
+//! simulated network, in a normal build), [`disk`], [`trace`] and [`invariants`] exists only in
+//! the madsim build.
 
 #[cfg(madsim)]
 pub mod cluster;
@@ -22,9 +24,9 @@ pub mod csi;
 pub mod disk;
 #[cfg(madsim)]
 pub mod host;
-#[cfg(madsim)]
 pub mod invariants;
 #[cfg(madsim)]
 pub mod net;
-#[cfg(madsim)]
 pub mod trace;
+#[cfg(not(madsim))]
+pub mod turmoil;

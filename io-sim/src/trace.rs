@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use drover_io_real::io::{AgentEvent, Observer};
 
@@ -61,6 +62,11 @@ pub struct Violation {
 
 struct State {
     start: tokio::time::Instant,
+    /// The run's own clock, when the tokio clock is not one clock for the whole run (turmoil
+    /// gives every host its own runtime and clock).
+    clock: Option<fn() -> Option<Duration>>,
+    /// The last stamp, kept when the run's clock cannot be read (between turmoil's steps).
+    last: Duration,
     lines: Vec<String>,
     invariants: Vec<Box<dyn Invariant>>,
     violations: Vec<Violation>,
@@ -82,9 +88,21 @@ impl Default for Recorder {
 
 impl Recorder {
     pub fn new() -> Self {
+        Recorder::with_optional_clock(None)
+    }
+
+    /// A recorder stamping events with `clock` (virtual time since the run began; `None` when
+    /// it cannot be read right now, and the last stamp is kept).
+    pub fn with_clock(clock: fn() -> Option<Duration>) -> Self {
+        Recorder::with_optional_clock(Some(clock))
+    }
+
+    fn with_optional_clock(clock: Option<fn() -> Option<Duration>>) -> Self {
         Recorder {
             state: Arc::new(Mutex::new(State {
                 start: tokio::time::Instant::now(),
+                clock,
+                last: Duration::ZERO,
                 lines: Vec::new(),
                 invariants: invariants::all(),
                 violations: Vec::new(),
@@ -93,8 +111,17 @@ impl Recorder {
         }
     }
 
-    fn stamp(state: &State) -> String {
-        let elapsed = tokio::time::Instant::now().saturating_duration_since(state.start);
+    fn now(state: &mut State) -> Duration {
+        let now = match state.clock {
+            None => tokio::time::Instant::now().saturating_duration_since(state.start),
+            Some(clock) => clock().unwrap_or(state.last).max(state.last),
+        };
+        state.last = now;
+        now
+    }
+
+    fn stamp(state: &mut State) -> String {
+        let elapsed = Self::now(state);
         format!("{:>6}.{:03}", elapsed.as_secs(), elapsed.subsec_millis())
     }
 
@@ -106,7 +133,7 @@ impl Recorder {
     /// Records a scenario action (fault injected, write acknowledged, phase change).
     pub fn note(&self, text: impl AsRef<str>) {
         let mut state = self.state.lock().expect("trace lock");
-        let line = format!("{} -- {}", Self::stamp(&state), text.as_ref());
+        let line = format!("{} -- {}", Self::stamp(&mut state), text.as_ref());
         state.lines.push(line);
     }
 
@@ -124,11 +151,12 @@ impl Recorder {
 
     fn record_event(&self, node: &str, event: SimEvent) {
         let mut state = self.state.lock().expect("trace lock");
-        let at = tokio::time::Instant::now().saturating_duration_since(state.start);
+        let at = Self::now(&mut state);
+        let stamp = Self::stamp(&mut state);
         let line = match &event {
-            SimEvent::Agent(event) => format!("{} {node} {event:?}", Self::stamp(&state)),
-            SimEvent::Plugin(event) => format!("{} {node} plugin {event:?}", Self::stamp(&state)),
-            SimEvent::Host(event) => format!("{} {node} host {event:?}", Self::stamp(&state)),
+            SimEvent::Agent(event) => format!("{stamp} {node} {event:?}"),
+            SimEvent::Plugin(event) => format!("{stamp} {node} plugin {event:?}"),
+            SimEvent::Host(event) => format!("{stamp} {node} host {event:?}"),
         };
         state.lines.push(line);
         let at_line = state.lines.len();
@@ -153,7 +181,7 @@ impl Recorder {
     pub fn violate(&self, invariant: &'static str, detail: String) {
         let mut state = self.state.lock().expect("trace lock");
         let at_line = state.lines.len();
-        let line = format!("{} !! {invariant}: {detail}", Self::stamp(&state));
+        let line = format!("{} !! {invariant}: {detail}", Self::stamp(&mut state));
         state.lines.push(line);
         state.violations.push(Violation {
             invariant,

@@ -6,6 +6,8 @@
 //! invariants are checked after every event by `drover_io_sim::trace`.
 //!
 //! The code exists only under `--cfg madsim`; `tests/sim.rs` arranges that build itself.
+//! [`turmoil_lane`] is the other way round: the production network stack on turmoil's
+//! simulated network, in a normal build with `--cfg tokio_unstable` (`tests/turmoil.rs`).
 
 #[cfg(madsim)]
 pub mod bench;
@@ -23,3 +25,5 @@ pub mod scenarios;
 pub mod shrink;
 #[cfg(madsim)]
 pub mod swarm;
+#[cfg(not(madsim))]
+pub mod turmoil_lane;

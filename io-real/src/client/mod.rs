@@ -766,7 +766,7 @@ type Fingerprints = (
 async fn fingerprint_off_loop(executor: Arc<dyn ClientExecutor>) -> Fingerprints {
     #[cfg(not(madsim))]
     {
-        tokio::task::spawn_blocking(move || (executor.fingerprint(), executor.device_inventory()))
+        crate::runtime::blocking(move || (executor.fingerprint(), executor.device_inventory()))
             .await
             .unwrap_or_default()
     }

@@ -48,8 +48,17 @@ const WAIT_MAX: Duration = Duration::from_secs(300);
 
 /// Binds the HTTP API on `addr` and serves it in a background task.
 pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
+    serve_with(&crate::sockets::TokioSockets, handle, addr).await
+}
+
+/// [`serve`] on `sockets` (the host's, or a simulated network's).
+pub async fn serve_with<S: crate::sockets::Sockets>(
+    sockets: &S,
+    handle: AgentHandle,
+    addr: SocketAddr,
+) -> std::io::Result<SocketAddr> {
+    let listener = crate::sockets::AxumListener::<S>(sockets.listen(addr).await?);
+    let bound = S::local_addr(&listener.0)?;
     // The client endpoints reach this agent's client (if any) through the agent itself.
     let app = router(handle.clone());
     // Requests client-only agents hand on are answered by this same API.
@@ -382,7 +391,7 @@ pub(super) async fn read_list<R: Send + 'static>(
     read: impl FnOnce(&drover_core::fsm::ServerState) -> R + Send + 'static,
 ) -> Option<R> {
     let version = handle.state_version()?;
-    tokio::task::spawn_blocking(move || read(&version.state)).await.ok()
+    crate::runtime::blocking(move || read(&version.state)).await
 }
 
 /// `GET /v1/jobs?<query>` answered from `state` without a server around it: what the handler

@@ -1,0 +1,370 @@
+//! A cluster of whole server agents on turmoil's network: each server is a turmoil host
+//! running the production driver with the production tonic transport and the production HTTP
+//! API, on a crash-prone simulated disk. Hosts can be crashed (losing unsynced writes or not),
+//! restarted, partitioned, healed and given lossy links; the recorder sees every agent event.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_core::fsm::ServerState;
+use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
+use drover_io_real::io::NoConsul;
+use drover_io_real::net::GrpcTransport;
+
+use super::sockets::TurmoilSockets;
+use crate::disk::{Crash, SimDisk};
+use crate::trace::Recorder;
+
+/// Where every run's wall clock starts (2026-01-01T00:00:00Z), so stamps replay exactly.
+pub const EPOCH_UNIX_MS: u64 = 1_767_225_600_000;
+
+/// One server: its name (also its turmoil host name), its configuration (addresses are filled
+/// in on its host) and how long after the run starts its process first starts.
+#[derive(Clone, Debug)]
+pub struct ServerSpec {
+    pub name: String,
+    pub config: AgentConfig,
+    pub first_start_delay: Duration,
+}
+
+/// How the simulated network behaves.
+#[derive(Clone, Copy, Debug)]
+pub struct NetworkSpec {
+    /// How much virtual time each step of the simulation moves.
+    pub tick: Duration,
+    pub min_latency: Duration,
+    pub max_latency: Duration,
+    /// The share of messages lost on every link (a lost TCP segment breaks its connection,
+    /// as turmoil has no retransmission).
+    pub fail_rate: f64,
+}
+
+impl Default for NetworkSpec {
+    fn default() -> Self {
+        NetworkSpec {
+            tick: Duration::from_millis(1),
+            min_latency: Duration::from_millis(1),
+            max_latency: Duration::from_millis(5),
+            fail_rate: 0.0,
+        }
+    }
+}
+
+struct ServerHost {
+    spec: ServerSpec,
+    disk: SimDisk,
+    slot: Arc<Mutex<Option<AgentHandle>>>,
+    running: bool,
+}
+
+/// The simulation and its servers.
+pub struct TurmoilCluster {
+    sim: turmoil::Sim<'static>,
+    servers: Vec<ServerHost>,
+    recorder: Recorder,
+    sockets: TurmoilSockets,
+}
+
+/// The simulation's wall clock on whichever host is running (the epoch between steps).
+fn wall_clock() -> u64 {
+    turmoil::since_epoch().map_or(EPOCH_UNIX_MS, |since| since.as_millis() as u64)
+}
+
+thread_local! {
+    /// Virtual time at the last step, for stamps made between steps (the scenario's own notes).
+    static STEPPED: std::cell::Cell<Duration> = const { std::cell::Cell::new(Duration::ZERO) };
+}
+
+/// Virtual time since the run began, for the trace's stamps.
+fn trace_clock() -> Option<Duration> {
+    Some(turmoil::sim_elapsed().unwrap_or_else(|| STEPPED.with(std::cell::Cell::get)))
+}
+
+impl TurmoilCluster {
+    /// Builds the simulation for `seed` and registers every server's host (each starts after
+    /// its delay). The calling thread is marked as simulating until [`TurmoilCluster::finish`].
+    pub fn new(seed: u64, network: NetworkSpec, specs: Vec<ServerSpec>, limit: Duration) -> Self {
+        align_task_ids();
+        drover_io_real::runtime::simulate_on_this_thread(seed, wall_clock);
+        STEPPED.with(|at| at.set(Duration::ZERO));
+        let recorder = Recorder::with_clock(trace_clock);
+        let mut builder = turmoil::Builder::new();
+        builder
+            .rng_seed(seed)
+            .epoch(SystemTime::UNIX_EPOCH + Duration::from_millis(EPOCH_UNIX_MS))
+            .simulation_duration(limit)
+            .tick_duration(network.tick)
+            .min_message_latency(network.min_latency)
+            .max_message_latency(network.max_latency)
+            .fail_rate(network.fail_rate);
+        let mut sim = builder.build();
+        let sockets = TurmoilSockets::new(specs.iter().map(|spec| spec.name.clone()));
+        let mut servers = Vec::new();
+        for spec in specs {
+            let server = ServerHost {
+                spec,
+                disk: SimDisk::new(),
+                slot: Arc::default(),
+                running: true,
+            };
+            register(&mut sim, &server, &recorder, &sockets);
+            servers.push(server);
+        }
+        TurmoilCluster {
+            sim,
+            servers,
+            recorder,
+            sockets,
+        }
+    }
+
+    pub fn recorder(&self) -> &Recorder {
+        &self.recorder
+    }
+
+    pub fn sockets(&self) -> &TurmoilSockets {
+        &self.sockets
+    }
+
+    /// Virtual time since the run began.
+    pub fn elapsed(&self) -> Duration {
+        self.sim.elapsed()
+    }
+
+    /// Moves the simulation one tick; `Err` when a host's software failed.
+    pub fn step(&mut self) -> Result<(), String> {
+        let stepped = self.sim.step().map(|_| ()).map_err(|error| error.to_string());
+        STEPPED.with(|at| at.set(self.sim.elapsed()));
+        stepped
+    }
+
+    /// Steps until `done` holds or `bound` of virtual time has passed; whether it held.
+    pub fn step_until(&mut self, bound: Duration, mut done: impl FnMut(&Self) -> bool) -> Result<bool, String> {
+        let until = self.elapsed() + bound;
+        while self.elapsed() < until {
+            if done(self) {
+                return Ok(true);
+            }
+            self.step()?;
+        }
+        Ok(done(self))
+    }
+
+    /// Registers a host that runs `software` once (an operator, a workload).
+    pub fn client<F>(&mut self, name: &str, software: F)
+    where
+        F: std::future::Future<Output = turmoil::Result> + 'static,
+    {
+        self.sim.client(name, software);
+    }
+
+    pub fn server_names(&self) -> Vec<String> {
+        self.servers.iter().map(|server| server.spec.name.clone()).collect()
+    }
+
+    pub fn is_running(&self, index: usize) -> bool {
+        self.servers[index].running
+    }
+
+    /// The agent of server `index`, when its process is up and has started.
+    pub fn agent(&self, index: usize) -> Option<AgentHandle> {
+        self.servers[index].slot.lock().expect("agent slot").clone()
+    }
+
+    /// Statuses of the running servers: (name, node id, status).
+    pub fn statuses(&self) -> Vec<(String, u64, AgentStatus)> {
+        (0..self.servers.len())
+            .filter_map(|index| {
+                let agent = self.agent(index)?;
+                Some((self.servers[index].spec.name.clone(), agent.node_id(), agent.status()))
+            })
+            .collect()
+    }
+
+    /// Applied states of the running servers, by name.
+    pub fn states(&self) -> Vec<(String, ServerState)> {
+        (0..self.servers.len())
+            .filter_map(|index| {
+                let agent = self.agent(index)?;
+                let state = agent.read_state(ServerState::clone)?;
+                Some((self.servers[index].spec.name.clone(), state))
+            })
+            .collect()
+    }
+
+    /// The index of the server whose node id is `node_id`.
+    pub fn index_of(&self, node_id: u64) -> Option<usize> {
+        (0..self.servers.len()).find(|&index| self.agent(index).is_some_and(|agent| agent.node_id() == node_id))
+    }
+
+    /// The HTTP API address of server `index` (its host's address, the configured port).
+    pub fn http_addr(&self, index: usize) -> SocketAddr {
+        let spec = &self.servers[index].spec;
+        SocketAddr::new(self.sim.lookup(spec.name.as_str()), spec.config.ports.http)
+    }
+
+    /// Kills server `index`'s process; a power loss also loses its unsynced writes.
+    pub fn crash(&mut self, index: usize, crash: Crash) {
+        let server = &mut self.servers[index];
+        self.recorder.note(format!("{} crashes ({crash:?})", server.spec.name));
+        server.slot.lock().expect("agent slot").take();
+        self.sim.crash(server.spec.name.as_str());
+        server.disk.crash(crash);
+        server.running = false;
+    }
+
+    /// Starts server `index`'s process again on its disk.
+    pub fn restart(&mut self, index: usize) {
+        let server = &mut self.servers[index];
+        self.recorder.note(format!("{} restarts", server.spec.name));
+        self.sim.bounce(server.spec.name.as_str());
+        server.running = true;
+    }
+
+    /// Cuts every link between the servers in `a` and those in `b`.
+    pub fn partition(&mut self, a: &[usize], b: &[usize]) {
+        self.recorder
+            .note(format!("partition {} | {}", self.names(a), self.names(b)));
+        for &x in a {
+            for &y in b {
+                self.sim
+                    .partition(self.servers[x].spec.name.as_str(), self.servers[y].spec.name.as_str());
+            }
+        }
+    }
+
+    /// Heals every partition between servers.
+    pub fn heal(&mut self) {
+        self.recorder.note("heal every partition");
+        for x in 0..self.servers.len() {
+            for y in x + 1..self.servers.len() {
+                self.sim
+                    .repair(self.servers[x].spec.name.as_str(), self.servers[y].spec.name.as_str());
+            }
+        }
+    }
+
+    /// Sets the share of messages lost on every link.
+    pub fn set_fail_rate(&mut self, rate: f64) {
+        self.recorder.note(format!("message loss {rate}"));
+        self.sim.set_fail_rate(rate);
+    }
+
+    fn names(&self, indexes: &[usize]) -> String {
+        indexes
+            .iter()
+            .map(|&index| self.servers[index].spec.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Ends the run: the hosts' runtimes are dropped and the thread stops simulating.
+    pub fn finish(self) -> Recorder {
+        let recorder = self.recorder.clone();
+        for server in &self.servers {
+            server.slot.lock().expect("agent slot").take();
+        }
+        drop(self.sim);
+        STEPPED.with(|at| at.set(Duration::ZERO));
+        drover_io_real::runtime::stop_simulating_on_this_thread();
+        recorder
+    }
+}
+
+/// tokio numbers tasks from one process-wide counter and files each task of a runtime in one
+/// of a few lists by its number; a runtime dropped (a host crashing) drops its tasks list by
+/// list, so the order their sockets close in, and with it the run, would depend on how many
+/// tasks earlier runs in this process spawned. Every run starts its numbering at the same
+/// residue instead.
+fn align_task_ids() {
+    const ALIGN: u64 = 1024;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a current-thread runtime builds");
+    loop {
+        let id = runtime.spawn(async {}).id();
+        let id: u64 = id.to_string().parse().expect("task ids print as numbers");
+        if (id + 1).is_multiple_of(ALIGN) {
+            break;
+        }
+    }
+}
+
+fn register(sim: &mut turmoil::Sim<'static>, server: &ServerHost, recorder: &Recorder, sockets: &TurmoilSockets) {
+    let (spec, disk, slot, recorder, sockets) = (
+        server.spec.clone(),
+        server.disk.clone(),
+        server.slot.clone(),
+        recorder.clone(),
+        sockets.clone(),
+    );
+    let first_start = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    sim.host(server.spec.name.as_str(), move || {
+        let (spec, disk, slot, recorder, sockets) = (
+            spec.clone(),
+            disk.clone(),
+            slot.clone(),
+            recorder.clone(),
+            sockets.clone(),
+        );
+        let first = first_start.swap(false, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if first {
+                tokio::time::sleep(spec.first_start_delay).await;
+            }
+            run_server(spec, disk, slot, recorder, sockets).await
+        }
+    });
+}
+
+/// The configuration with this host's own address filled in.
+fn on_this_host(mut config: AgentConfig, name: &str) -> AgentConfig {
+    let ip: IpAddr = turmoil::lookup(name);
+    let ports: Ports = config.ports;
+    config.bind_addr = ip;
+    config.advertise = Advertise::on(ip, ports);
+    config
+}
+
+async fn run_server(
+    spec: ServerSpec,
+    disk: SimDisk,
+    slot: Arc<Mutex<Option<AgentHandle>>>,
+    recorder: Recorder,
+    sockets: TurmoilSockets,
+) -> turmoil::Result {
+    recorder.note(format!("{} process starts", spec.name));
+    let config = on_this_host(spec.config.clone(), &spec.name);
+    let db = match redb::Builder::new().create_with_backend(disk.backend()) {
+        Ok(db) => db,
+        Err(error) => {
+            recorder.violate("durable state reopens after a crash", format!("{}: {error}", spec.name));
+            return Ok(());
+        }
+    };
+    let http = config.advertise.http;
+    let parts = AgentParts {
+        config,
+        db,
+        transport: GrpcTransport::new(sockets.clone()),
+        consul: NoConsul,
+        observer: recorder.observer(&spec.name),
+        client_csi: None,
+    };
+    let agent = match start_agent(parts).await {
+        Ok(agent) => agent,
+        Err(error) => {
+            recorder.violate("agent starts", format!("{}: {error}", spec.name));
+            return Ok(());
+        }
+    };
+    if let Err(error) = drover_io_real::http::serve_with(&sockets, agent.clone(), http).await {
+        recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
+        return Ok(());
+    }
+    *slot.lock().expect("agent slot") = Some(agent);
+    std::future::pending::<()>().await;
+    Ok(())
+}

@@ -1,0 +1,159 @@
+//! The turmoil lane's command line: `--seed N`, `--seeds A..B`, `--scenario NAME` (repeatable),
+//! `--trace` (print each run's trace), `--list`. Every run is replayed and its trace compared
+//! byte for byte; a failing run prints its violations and the tail of its trace, which is also
+//! written to `target/turmoil-failures/<scenario>-<seed>.trace`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use super::scenarios::{self, Scenario};
+use super::{Report, run};
+
+/// Seeds per scenario when none are given.
+const DEFAULT_SEEDS: std::ops::Range<u64> = 0..10;
+const TRACE_TAIL_LINES: usize = 40;
+
+struct Args {
+    seeds: std::ops::Range<u64>,
+    scenarios: Vec<&'static Scenario>,
+    trace: bool,
+    list: bool,
+}
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut parsed = Args {
+        seeds: DEFAULT_SEEDS,
+        scenarios: Vec::new(),
+        trace: false,
+        list: false,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().cloned().ok_or_else(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--seed" => {
+                let seed = value("--seed")?;
+                let seed: u64 = seed.parse().map_err(|_| format!("--seed {seed:?} is not a number"))?;
+                parsed.seeds = seed..seed + 1;
+            }
+            "--seeds" => {
+                let range = value("--seeds")?;
+                let (from, to) = range
+                    .split_once("..")
+                    .and_then(|(from, to)| Some((from.parse().ok()?, to.parse().ok()?)))
+                    .ok_or_else(|| format!("--seeds {range:?} is not A..B"))?;
+                parsed.seeds = from..to;
+            }
+            "--scenario" => {
+                let name = value("--scenario")?;
+                let scenario = scenarios::find(&name).ok_or_else(|| format!("no turmoil scenario {name:?}"))?;
+                parsed.scenarios.push(scenario);
+            }
+            "--trace" => parsed.trace = true,
+            "--list" => parsed.list = true,
+            // cargo test's own flags, passed through by the harness-less target.
+            "--nocapture" | "--quiet" | "-q" | "--test-threads" => {}
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if parsed.scenarios.is_empty() {
+        parsed.scenarios = scenarios::all().iter().collect();
+    }
+    Ok(parsed)
+}
+
+pub fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let args = match parse(&args) {
+        Ok(args) => args,
+        Err(error) => {
+            eprintln!("turmoil lane: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.list {
+        for scenario in scenarios::all() {
+            println!("{:<16} {}", scenario.name, scenario.about);
+        }
+        return ExitCode::SUCCESS;
+    }
+    let started = Instant::now();
+    let (mut runs, mut failed) = (0u64, 0u64);
+    let mut virtual_time = Duration::ZERO;
+    for scenario in &args.scenarios {
+        for seed in args.seeds.clone() {
+            let report = run(scenario, seed);
+            let replay = run(scenario, seed);
+            runs += 2;
+            virtual_time += report.virtual_time + replay.virtual_time;
+            if args.trace {
+                print!("{}", report.trace);
+            }
+            let replayed = report.trace == replay.trace;
+            println!(
+                "{} seed {seed}: {} in {:.1} s virtual, {} writes acknowledged, {} reads{}",
+                scenario.name,
+                if report.passed() { "ok" } else { "FAILED" },
+                report.virtual_time.as_secs_f64(),
+                report.writes_acknowledged,
+                report.reads,
+                if replayed {
+                    ", replay identical"
+                } else {
+                    ", REPLAY DIFFERS"
+                },
+            );
+            if !report.passed() || !replayed {
+                failed += 1;
+                explain(&report, &replay, replayed);
+            }
+        }
+    }
+    let wall = started.elapsed();
+    println!(
+        "turmoil lane: {runs} runs (each seed twice) in {:.1} s ({:.0} runs/min, {:.0}x virtual time), {failed} failed",
+        wall.as_secs_f64(),
+        runs as f64 * 60.0 / wall.as_secs_f64().max(1e-9),
+        virtual_time.as_secs_f64() / wall.as_secs_f64().max(1e-9),
+    );
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn explain(report: &Report, replay: &Report, replayed: bool) {
+    for violation in &report.violations {
+        println!(
+            "  violated {} (trace line {}): {}",
+            violation.invariant, violation.at_line, violation.detail
+        );
+    }
+    if !replayed {
+        let first = report
+            .trace
+            .lines()
+            .zip(replay.trace.lines())
+            .position(|(a, b)| a != b)
+            .unwrap_or_else(|| report.trace.lines().count().min(replay.trace.lines().count()));
+        println!("  the replay's trace differs from line {}:", first + 1);
+        println!("    run:    {}", report.trace.lines().nth(first).unwrap_or("<end>"));
+        println!("    replay: {}", replay.trace.lines().nth(first).unwrap_or("<end>"));
+    }
+    let lines: Vec<&str> = report.trace.lines().collect();
+    println!("  last {TRACE_TAIL_LINES} lines of the trace:");
+    for line in &lines[lines.len().saturating_sub(TRACE_TAIL_LINES)..] {
+        println!("    {line}");
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join("target")
+        .join("turmoil-failures");
+    let file = dir.join(format!("{}-{}.trace", report.scenario, report.seed));
+    match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &report.trace)) {
+        Ok(()) => println!("  trace written to {}", file.display()),
+        Err(error) => println!("  could not write the trace to {}: {error}", file.display()),
+    }
+}

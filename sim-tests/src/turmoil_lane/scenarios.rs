@@ -1,0 +1,117 @@
+//! The turmoil lane's scenarios: what each does to the cluster after it formed. Every choice
+//! (start delays, whom to kill or cut off, when, how lossy the links are) comes from the seed.
+
+use std::time::Duration;
+
+use drover_core::config::{AgentConfig, Ports};
+use drover_io_sim::disk::Crash;
+use drover_io_sim::turmoil::cluster::{NetworkSpec, ServerSpec, TurmoilCluster};
+use rand::Rng;
+use rand_chacha_03::ChaCha8Rng;
+
+/// A fault phase: it runs after formation, while the workload writes and reads, and must
+/// leave the cluster healed (the runner then checks liveness and the history).
+pub struct Scenario {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub faults: fn(&mut TurmoilCluster, &mut ChaCha8Rng) -> Result<(), String>,
+}
+
+pub fn all() -> &'static [Scenario] {
+    &[
+        Scenario {
+            name: "formation",
+            about: "three servers start in a random order and bootstrap over tonic and UDP gossip; the workload \
+                    runs through the HTTP API of every server",
+            faults: quiet,
+        },
+        Scenario {
+            name: "leader_kill",
+            about: "the leader's process is killed (with or without losing unsynced writes) and restarted later",
+            faults: leader_kill,
+        },
+        Scenario {
+            name: "partition_loss",
+            about: "one server is cut off, the links drop messages (breaking TCP connections), then all heals",
+            faults: partition_loss,
+        },
+    ]
+}
+
+pub fn find(name: &str) -> Option<&'static Scenario> {
+    all().iter().find(|scenario| scenario.name == name)
+}
+
+/// Three servers that retry-join each other by host name, starting within two seconds.
+pub fn servers(rng: &mut ChaCha8Rng) -> Vec<ServerSpec> {
+    let names: Vec<String> = (1..=3).map(|n| format!("s{n}")).collect();
+    names
+        .iter()
+        .map(|name| {
+            let mut config = AgentConfig {
+                name: name.clone(),
+                data_dir: Some(format!("/sim/{name}")),
+                ports: Ports::default(),
+                ..AgentConfig::default()
+            };
+            config.server.enabled = true;
+            config.server.bootstrap_expect = 3;
+            config.server.retry_join = names.iter().filter(|other| *other != name).cloned().collect();
+            config.server.retry_interval = Duration::from_secs(5);
+            // Snapshot often, so a restarted server restores one.
+            config.server.timing.snapshot_threshold = 64;
+            config.server.timing.snapshot_interval = Duration::from_secs(1);
+            ServerSpec {
+                name: name.clone(),
+                config,
+                first_start_delay: Duration::from_millis(rng.gen_range(0..2_000)),
+            }
+        })
+        .collect()
+}
+
+pub fn network(rng: &mut ChaCha8Rng) -> NetworkSpec {
+    let max_latency = Duration::from_millis(rng.gen_range(2..30));
+    NetworkSpec {
+        max_latency,
+        ..NetworkSpec::default()
+    }
+}
+
+fn wait(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng, range: std::ops::Range<u64>) -> Result<(), String> {
+    let bound = Duration::from_millis(rng.gen_range(range));
+    cluster.step_until(bound, |_| false).map(|_| ())
+}
+
+fn quiet(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), String> {
+    wait(cluster, rng, 5_000..10_000)
+}
+
+fn leader_kill(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), String> {
+    wait(cluster, rng, 1_000..4_000)?;
+    let leader = super::common_leader(cluster).ok().and_then(|id| cluster.index_of(id));
+    let victim = leader.unwrap_or_else(|| rng.gen_range(0..3));
+    let crash = if rng.gen_bool(0.5) {
+        Crash::LoseUnsynced
+    } else {
+        Crash::KeepUnsynced
+    };
+    cluster.crash(victim, crash);
+    wait(cluster, rng, 3_000..10_000)?;
+    cluster.restart(victim);
+    wait(cluster, rng, 1_000..5_000)
+}
+
+fn partition_loss(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), String> {
+    wait(cluster, rng, 1_000..3_000)?;
+    let alone = rng.gen_range(0..3);
+    let others: Vec<usize> = (0..3).filter(|&index| index != alone).collect();
+    cluster.partition(&[alone], &others);
+    wait(cluster, rng, 2_000..8_000)?;
+    cluster.heal();
+    let rate = rng.gen_range(0.005..0.05);
+    cluster.set_fail_rate(rate);
+    wait(cluster, rng, 2_000..6_000)?;
+    cluster.set_fail_rate(0.0);
+    wait(cluster, rng, 500..2_000)
+}
