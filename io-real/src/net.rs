@@ -19,6 +19,13 @@ use crate::io::{RpcHandler, Transport, TransportError};
 use crate::sockets::{Sockets, TokioSockets};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// An idle connection is pinged this often, and dropped when a ping goes unanswered for
+/// [`KEEPALIVE_TIMEOUT`]: a connection whose peer vanished without a reset (power lost, a
+/// firewall or NAT forgetting the flow) is otherwise used until the kernel gives up
+/// retransmitting, many minutes later, every call on it timing out. Nomad's yamux sessions
+/// keep alive the same way.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// tonic client connections, one lazily-connected channel per remote address.
 #[derive(Clone)]
@@ -44,6 +51,10 @@ impl<S: Sockets> GrpcTransport<S> {
         }
     }
 
+    fn forget(&self, addr: SocketAddr) {
+        self.channels.lock().expect("channel cache lock").remove(&addr);
+    }
+
     fn channel(&self, addr: SocketAddr) -> Channel {
         let mut channels = self.channels.lock().expect("channel cache lock");
         channels
@@ -65,6 +76,9 @@ impl<S: Sockets> GrpcTransport<S> {
                 });
                 Endpoint::from_shared(format!("http://{addr}"))
                     .expect("a socket address is a valid URI authority")
+                    .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                    .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                    .keep_alive_while_idle(true)
                     .connect_with_connector_lazy(connector)
             })
             .clone()
@@ -143,7 +157,12 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
     ) -> Result<AgentResponse, TransportError> {
         let mut client = AgentClient::new(self.channel(addr));
         match tokio::time::timeout(timeout, client.call(request)).await {
-            Err(_) => Err(TransportError::Timeout { addr, timeout }),
+            Err(_) => {
+                // The connection may be dead without knowing it: the next call dials anew
+                // (calls still in flight keep the old channel until they end).
+                self.forget(addr);
+                Err(TransportError::Timeout { addr, timeout })
+            }
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) if status.code() == tonic::Code::Unavailable => Err(TransportError::Unreachable {
                 addr,
@@ -165,6 +184,8 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
         });
         tokio::spawn(async move {
             if let Err(error) = tonic::transport::Server::builder()
+                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await
