@@ -31,6 +31,9 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct GrpcTransport<S: Sockets = TokioSockets> {
     sockets: S,
+    /// Keepalive pings and dropping a channel whose call timed out; off only to re-create the
+    /// bug they fix (the turmoil lane's `no-keepalive` regression switch).
+    detect_dead_connections: bool,
     channels: Arc<Mutex<BTreeMap<SocketAddr, Channel>>>,
     /// Clients attached to this agent's RPC server (`Agent.Attach`).
     attachments: Attachments,
@@ -46,9 +49,17 @@ impl<S: Sockets> GrpcTransport<S> {
     pub fn new(sockets: S) -> Self {
         GrpcTransport {
             sockets,
+            detect_dead_connections: true,
             channels: Arc::default(),
             attachments: Attachments::default(),
         }
+    }
+
+    /// Re-creates the bug of keeping dead connections (no keepalive, a timed-out call's
+    /// channel kept): for the simulation's regression switch only.
+    pub fn regress_dead_connection_detection(mut self) -> Self {
+        self.detect_dead_connections = false;
+        self
     }
 
     fn forget(&self, addr: SocketAddr) {
@@ -74,12 +85,17 @@ impl<S: Sockets> GrpcTransport<S> {
                         }
                     }
                 });
-                Endpoint::from_shared(format!("http://{addr}"))
-                    .expect("a socket address is a valid URI authority")
-                    .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-                    .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                    .keep_alive_while_idle(true)
-                    .connect_with_connector_lazy(connector)
+                let endpoint =
+                    Endpoint::from_shared(format!("http://{addr}")).expect("a socket address is a valid URI authority");
+                let endpoint = if self.detect_dead_connections {
+                    endpoint
+                        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                        .keep_alive_while_idle(true)
+                } else {
+                    endpoint
+                };
+                endpoint.connect_with_connector_lazy(connector)
             })
             .clone()
     }
@@ -160,7 +176,9 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
             Err(_) => {
                 // The connection may be dead without knowing it: the next call dials anew
                 // (calls still in flight keep the old channel until they end).
-                self.forget(addr);
+                if self.detect_dead_connections {
+                    self.forget(addr);
+                }
                 Err(TransportError::Timeout { addr, timeout })
             }
             Ok(Ok(response)) => Ok(response.into_inner()),
@@ -182,10 +200,12 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
             handler,
             attachments: self.attachments.clone(),
         });
+        let keepalive = self.detect_dead_connections.then_some(KEEPALIVE_INTERVAL);
+        let keepalive_timeout = self.detect_dead_connections.then_some(KEEPALIVE_TIMEOUT);
         tokio::spawn(async move {
             if let Err(error) = tonic::transport::Server::builder()
-                .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-                .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+                .http2_keepalive_interval(keepalive)
+                .http2_keepalive_timeout(keepalive_timeout)
                 .add_service(service)
                 .serve_with_incoming(incoming)
                 .await

@@ -616,7 +616,7 @@ async fn run_client(node: ClientNode) {
     let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
         return;
     };
-    let (settings, node) = client_identity(&spec, agent.node_id());
+    let (settings, node) = crate::client_node::client_identity(&spec.name, &spec.config, agent.node_id());
     let parts = ClientParts {
         agent,
         settings,
@@ -631,59 +631,6 @@ async fn run_client(node: ClientNode) {
         return;
     }
     std::future::pending::<()>().await;
-}
-
-/// The client's settings and node record on a simulated host (the production agent reads the
-/// host's CPU and memory; these hosts have 4 cores of 1 GHz and 8 GiB).
-fn client_identity(spec: &ClientSpec, agent_id: u64) -> (ClientSettings, Node) {
-    let id = node_uuid(agent_id);
-    let data_dir = spec
-        .config
-        .data_dir
-        .clone()
-        .unwrap_or_else(|| format!("/sim/{}", spec.name));
-    let settings = ClientSettings {
-        node_id: id.clone(),
-        paths: ClientPaths::new(format!("{data_dir}/client"), format!("{data_dir}/alloc")),
-        host_volumes: Default::default(),
-        region: spec.config.region.clone(),
-        seed: agent_id,
-        faults: spec.config.client.faults,
-        consul: spec.config.consul.for_client(),
-    };
-    let node = Node {
-        id,
-        name: spec.name.clone(),
-        datacenter: spec.config.datacenter.clone(),
-        rpc_addr: spec.config.advertise.rpc.to_string(),
-        http_addr: spec.config.advertise.http.to_string(),
-        status: NodeStatus::Ready,
-        resources: NodeResources {
-            cpu: 4_000,
-            memory_mb: 8_192,
-            networks: vec![drover_core::structs::NodeNetwork {
-                device: "eth0".into(),
-                ip: spec.config.advertise.http.ip().to_string(),
-                cidr: format!("{}/32", spec.config.advertise.http.ip()),
-            }],
-            // A narrow dynamic range, so a port handed out twice is likely to show.
-            min_dynamic_port: 20000,
-            max_dynamic_port: 20015,
-            ..NodeResources::default()
-        },
-        attributes: [
-            ("kernel.name", "linux"),
-            ("cpu.arch", "amd64"),
-            ("cpu.numcores", "4"),
-            ("memory.totalbytes", "8589934592"),
-            ("unique.hostname", spec.name.as_str()),
-        ]
-        .into_iter()
-        .map(|(key, value)| (key.to_string(), value.to_string()))
-        .collect(),
-        ..Node::default()
-    };
-    (settings, node)
 }
 
 /// Sends `request` through the servers `gateways()` lists at each attempt (the `pick`-th

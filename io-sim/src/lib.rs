@@ -13,16 +13,14 @@
 //! simulated network, in a normal build), [`disk`], [`trace`] and [`invariants`] exists only in
 //! the madsim build.
 
+pub mod client_node;
 #[cfg(madsim)]
 pub mod cluster;
-#[cfg(madsim)]
 pub mod consul;
 #[cfg(madsim)]
 pub mod coverage;
-#[cfg(madsim)]
 pub mod csi;
 pub mod disk;
-#[cfg(madsim)]
 pub mod host;
 pub mod invariants;
 #[cfg(madsim)]

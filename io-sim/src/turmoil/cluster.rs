@@ -9,12 +9,15 @@ use std::time::{Duration, SystemTime};
 
 use drover_core::config::{Advertise, AgentConfig, Ports};
 use drover_core::fsm::ServerState;
+use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, start_client};
 use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use drover_io_real::io::NoConsul;
 use drover_io_real::net::GrpcTransport;
 
 use super::sockets::TurmoilSockets;
+use crate::csi::PluginControl;
 use crate::disk::{Crash, SimDisk};
+use crate::host::{PluginFaults, SimHost};
 use crate::trace::Recorder;
 
 /// Where every run's wall clock starts (2026-01-01T00:00:00Z), so stamps replay exactly.
@@ -27,6 +30,19 @@ pub struct ServerSpec {
     pub name: String,
     pub config: AgentConfig,
     pub first_start_delay: Duration,
+    /// The `no-keepalive` regression switch: the agent's RPC transport keeps dead connections.
+    pub keep_dead_connections: bool,
+}
+
+/// One client node: the agent in client mode running the production client driver on a
+/// simulated host ([`SimHost`]: its tasks and CSI plugins outlive the agent's process).
+#[derive(Clone, Debug)]
+pub struct ClientSpec {
+    pub name: String,
+    pub config: AgentConfig,
+    pub first_start_delay: Duration,
+    /// As [`ServerSpec::keep_dead_connections`].
+    pub keep_dead_connections: bool,
 }
 
 /// How the simulated network behaves.
@@ -59,10 +75,19 @@ struct ServerHost {
     running: bool,
 }
 
+struct ClientHost {
+    spec: ClientSpec,
+    disk: SimDisk,
+    client_disk: SimDisk,
+    host: SimHost,
+    slot: Arc<Mutex<Option<AgentHandle>>>,
+}
+
 /// The simulation and its servers.
 pub struct TurmoilCluster {
     sim: turmoil::Sim<'static>,
     servers: Vec<ServerHost>,
+    clients: Vec<ClientHost>,
     recorder: Recorder,
     sockets: TurmoilSockets,
 }
@@ -85,7 +110,13 @@ fn trace_clock() -> Option<Duration> {
 impl TurmoilCluster {
     /// Builds the simulation for `seed` and registers every server's host (each starts after
     /// its delay). The calling thread is marked as simulating until [`TurmoilCluster::finish`].
-    pub fn new(seed: u64, network: NetworkSpec, specs: Vec<ServerSpec>, limit: Duration) -> Self {
+    pub fn new(
+        seed: u64,
+        network: NetworkSpec,
+        specs: Vec<ServerSpec>,
+        client_specs: Vec<ClientSpec>,
+        limit: Duration,
+    ) -> Self {
         align_task_ids();
         drover_io_real::runtime::simulate_on_this_thread(seed, wall_clock);
         STEPPED.with(|at| at.set(Duration::ZERO));
@@ -100,7 +131,12 @@ impl TurmoilCluster {
             .max_message_latency(network.max_latency)
             .fail_rate(network.fail_rate);
         let mut sim = builder.build();
-        let sockets = TurmoilSockets::new(specs.iter().map(|spec| spec.name.clone()));
+        let sockets = TurmoilSockets::new(
+            specs
+                .iter()
+                .map(|spec| spec.name.clone())
+                .chain(client_specs.iter().map(|spec| spec.name.clone())),
+        );
         let mut servers = Vec::new();
         for spec in specs {
             let server = ServerHost {
@@ -112,9 +148,27 @@ impl TurmoilCluster {
             register(&mut sim, &server, &recorder, &sockets);
             servers.push(server);
         }
+        let mut clients = Vec::new();
+        for spec in client_specs {
+            let client = ClientHost {
+                host: SimHost::new(
+                    &spec.name,
+                    recorder.clone(),
+                    PluginControl::default(),
+                    PluginFaults::default(),
+                ),
+                spec,
+                disk: SimDisk::new(),
+                client_disk: SimDisk::new(),
+                slot: Arc::default(),
+            };
+            register_client(&mut sim, &client, &recorder, &sockets);
+            clients.push(client);
+        }
         TurmoilCluster {
             sim,
             servers,
+            clients,
             recorder,
             sockets,
         }
@@ -171,6 +225,16 @@ impl TurmoilCluster {
     /// The agent of server `index`, when its process is up and has started.
     pub fn agent(&self, index: usize) -> Option<AgentHandle> {
         self.servers[index].slot.lock().expect("agent slot").clone()
+    }
+
+    /// The agent of client `index`, when its process is up and its client has started.
+    pub fn client_agent(&self, index: usize) -> Option<AgentHandle> {
+        self.clients[index].slot.lock().expect("agent slot").clone()
+    }
+
+    /// The simulated host of client `index` (its tasks, mounts and plugin).
+    pub fn client_host(&self, index: usize) -> &SimHost {
+        &self.clients[index].host
     }
 
     /// Statuses of the running servers: (name, node id, status).
@@ -266,6 +330,9 @@ impl TurmoilCluster {
         for server in &self.servers {
             server.slot.lock().expect("agent slot").take();
         }
+        for client in &self.clients {
+            client.slot.lock().expect("agent slot").take();
+        }
         drop(self.sim);
         STEPPED.with(|at| at.set(Duration::ZERO));
         drover_io_real::runtime::stop_simulating_on_this_thread();
@@ -325,6 +392,16 @@ fn on_this_host(mut config: AgentConfig, name: &str) -> AgentConfig {
     let ports: Ports = config.ports;
     config.bind_addr = ip;
     config.advertise = Advertise::on(ip, ports);
+    // `client.servers` by host name, resolved as the agent's config loader resolves them.
+    config.client.servers = config
+        .client
+        .servers
+        .iter()
+        .map(|server| match server.parse::<SocketAddr>() {
+            Ok(addr) => addr.to_string(),
+            Err(_) => SocketAddr::new(turmoil::lookup(server.as_str()), Ports::default().rpc).to_string(),
+        })
+        .collect();
     config
 }
 
@@ -345,10 +422,16 @@ async fn run_server(
         }
     };
     let http = config.advertise.http;
+    let transport = GrpcTransport::new(sockets.clone());
+    let transport = if spec.keep_dead_connections {
+        transport.regress_dead_connection_detection()
+    } else {
+        transport
+    };
     let parts = AgentParts {
         config,
         db,
-        transport: GrpcTransport::new(sockets.clone()),
+        transport,
         consul: NoConsul,
         observer: recorder.observer(&spec.name),
         client_csi: None,
@@ -360,6 +443,122 @@ async fn run_server(
             return Ok(());
         }
     };
+    if let Err(error) = drover_io_real::http::serve_with(&sockets, agent.clone(), http).await {
+        recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
+        return Ok(());
+    }
+    *slot.lock().expect("agent slot") = Some(agent);
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+fn register_client(
+    sim: &mut turmoil::Sim<'static>,
+    client: &ClientHost,
+    recorder: &Recorder,
+    sockets: &TurmoilSockets,
+) {
+    let node = ClientNode {
+        spec: client.spec.clone(),
+        disk: client.disk.clone(),
+        client_disk: client.client_disk.clone(),
+        host: client.host.clone(),
+        slot: client.slot.clone(),
+        recorder: recorder.clone(),
+        sockets: sockets.clone(),
+    };
+    let first_start = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    sim.host(client.spec.name.as_str(), move || {
+        let node = node.clone();
+        let first = first_start.swap(false, std::sync::atomic::Ordering::SeqCst);
+        async move {
+            if first {
+                tokio::time::sleep(node.spec.first_start_delay).await;
+            }
+            run_client(node).await
+        }
+    });
+}
+
+/// Everything a client host's process needs, kept outside it so a restart finds it.
+#[derive(Clone)]
+struct ClientNode {
+    spec: ClientSpec,
+    disk: SimDisk,
+    client_disk: SimDisk,
+    host: SimHost,
+    slot: Arc<Mutex<Option<AgentHandle>>>,
+    recorder: Recorder,
+    sockets: TurmoilSockets,
+}
+
+fn open_db(disk: &SimDisk, recorder: &Recorder, name: &str) -> Option<redb::Database> {
+    match redb::Builder::new().create_with_backend(disk.backend()) {
+        Ok(db) => Some(db),
+        Err(error) => {
+            recorder.violate("durable state reopens after a crash", format!("{name}: {error}"));
+            None
+        }
+    }
+}
+
+async fn run_client(node: ClientNode) -> turmoil::Result {
+    let ClientNode {
+        spec,
+        disk,
+        client_disk,
+        host,
+        slot,
+        recorder,
+        sockets,
+    } = node;
+    recorder.note(format!("{} process starts", spec.name));
+    let config = on_this_host(spec.config.clone(), &spec.name);
+    let Some(db) = open_db(&disk, &recorder, &spec.name) else {
+        return Ok(());
+    };
+    let (router, inbox) = ClientCsiRouter::new();
+    // Servers' controller and node-detach calls go through the production client's loop.
+    let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = Arc::new(router);
+    let http = config.advertise.http;
+    let transport = GrpcTransport::new(sockets.clone());
+    let transport = if spec.keep_dead_connections {
+        transport.regress_dead_connection_detection()
+    } else {
+        transport
+    };
+    let parts = AgentParts {
+        config: config.clone(),
+        db,
+        transport,
+        consul: NoConsul,
+        observer: recorder.observer(&spec.name),
+        client_csi: Some(client_csi),
+    };
+    let agent = match start_agent(parts).await {
+        Ok(agent) => agent,
+        Err(error) => {
+            recorder.violate("agent starts", format!("{}: {error}", spec.name));
+            return Ok(());
+        }
+    };
+    let Some(client_db) = open_db(&client_disk, &recorder, &format!("{} client store", spec.name)) else {
+        return Ok(());
+    };
+    let (settings, node) = crate::client_node::client_identity(&spec.name, &config, agent.node_id());
+    let parts = ClientParts {
+        agent: agent.clone(),
+        settings,
+        executor: Arc::new(host),
+        store: ClientStore::new(client_db),
+        inbox,
+        node,
+        services: None,
+    };
+    if let Err(error) = start_client(parts) {
+        recorder.violate("client starts", format!("{}: {error}", spec.name));
+        return Ok(());
+    }
     if let Err(error) = drover_io_real::http::serve_with(&sockets, agent.clone(), http).await {
         recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
         return Ok(());

@@ -1,5 +1,6 @@
 //! The turmoil lane's command line: `--seed N`, `--seeds A..B`, `--scenario NAME` (repeatable),
-//! `--trace` (print each run's trace), `--list`. Every run is replayed and its trace compared
+//! `--trace` (print each run's trace), `--list`, `--regression-switch NAME` (re-create a fixed
+//! defect; the default run checks that each is caught). Every run is replayed and its trace compared
 //! byte for byte; a failing run prints its violations and the tail of its trace, which is also
 //! written to `target/turmoil-failures/<scenario>-<seed>.trace`.
 
@@ -12,9 +13,15 @@ use super::{Report, run};
 
 /// Seeds per scenario when none are given.
 const DEFAULT_SEEDS: std::ops::Range<u64> = 0..10;
+/// A regression switch must be caught within this many seeds.
+const SWITCH_SEEDS: u64 = 100;
 const TRACE_TAIL_LINES: usize = 40;
 
 struct Args {
+    /// Seeds given on the command line (the default range otherwise).
+    explicit_seeds: bool,
+    /// Run only this regression switch.
+    switch: Option<&'static scenarios::Switch>,
     seeds: std::ops::Range<u64>,
     scenarios: Vec<&'static Scenario>,
     trace: bool,
@@ -23,6 +30,8 @@ struct Args {
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut parsed = Args {
+        explicit_seeds: false,
+        switch: None,
         seeds: DEFAULT_SEEDS,
         scenarios: Vec::new(),
         trace: false,
@@ -36,6 +45,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 let seed = value("--seed")?;
                 let seed: u64 = seed.parse().map_err(|_| format!("--seed {seed:?} is not a number"))?;
                 parsed.seeds = seed..seed + 1;
+                parsed.explicit_seeds = true;
             }
             "--seeds" => {
                 let range = value("--seeds")?;
@@ -44,6 +54,17 @@ fn parse(args: &[String]) -> Result<Args, String> {
                     .and_then(|(from, to)| Some((from.parse().ok()?, to.parse().ok()?)))
                     .ok_or_else(|| format!("--seeds {range:?} is not A..B"))?;
                 parsed.seeds = from..to;
+                parsed.explicit_seeds = true;
+            }
+            "--regression-switch" => {
+                let name = value("--regression-switch")?;
+                let names: Vec<&str> = scenarios::SWITCHES.iter().map(|switch| switch.name).collect();
+                parsed.switch = Some(scenarios::find_switch(&name).ok_or_else(|| {
+                    format!(
+                        "unknown regression switch {name:?}: expected one of {}",
+                        names.join(", ")
+                    )
+                })?);
             }
             "--scenario" => {
                 let name = value("--scenario")?;
@@ -77,6 +98,18 @@ pub fn main() -> ExitCode {
             println!("{:<16} {}", scenario.name, scenario.about);
         }
         return ExitCode::SUCCESS;
+    }
+    if let Some(switch) = args.switch {
+        let seeds = if args.explicit_seeds {
+            args.seeds.clone()
+        } else {
+            0..SWITCH_SEEDS
+        };
+        return if catch(switch, seeds) {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     let started = Instant::now();
     let (mut runs, mut failed) = (0u64, 0u64);
@@ -117,11 +150,53 @@ pub fn main() -> ExitCode {
         runs as f64 * 60.0 / wall.as_secs_f64().max(1e-9),
         virtual_time.as_secs_f64() / wall.as_secs_f64().max(1e-9),
     );
+    // The default run also proves the lane catches every re-created defect.
+    if !args.explicit_seeds && args.scenarios.len() == scenarios::all().len() {
+        for switch in scenarios::SWITCHES {
+            if !catch(switch, 0..SWITCH_SEEDS) {
+                failed += 1;
+            }
+        }
+    }
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
     }
+}
+
+/// Runs the switch's scenarios over `seeds` until one of its invariants reports it.
+fn catch(switch: &scenarios::Switch, seeds: std::ops::Range<u64>) -> bool {
+    let started = Instant::now();
+    let mut tried = 0;
+    for seed in seeds.clone() {
+        for name in switch.scenarios {
+            let scenario = scenarios::find(name).expect("the switch's scenario exists");
+            let report = super::run_with(scenario, seed, Some(switch));
+            tried += 1;
+            if let Some(violation) = report
+                .violations
+                .iter()
+                .find(|violation| switch.invariants.contains(&violation.invariant))
+            {
+                println!(
+                    "ok     regression switch {} ({}) caught by {} seed {seed} after {tried} runs in {:.1} s: {}: {}",
+                    switch.name,
+                    switch.bug,
+                    scenario.name,
+                    started.elapsed().as_secs_f64(),
+                    violation.invariant,
+                    violation.detail
+                );
+                return true;
+            }
+        }
+    }
+    println!(
+        "FAILED regression switch {} ({}) not caught in seeds {seeds:?} ({tried} runs)",
+        switch.name, switch.bug
+    );
+    false
 }
 
 fn explain(report: &Report, replay: &Report, replayed: bool) {

@@ -7,6 +7,7 @@
 //! `cargo test -p sim-tests --test turmoil -- --seeds 0..20` (see `tests/turmoil.rs`).
 
 pub mod cli;
+pub mod csi;
 pub mod scenarios;
 
 use std::net::SocketAddr;
@@ -67,10 +68,17 @@ pub fn common_leader(cluster: &TurmoilCluster) -> Result<u64, String> {
 
 /// Runs `scenario` for `seed` once.
 pub fn run(scenario: &'static Scenario, seed: u64) -> Report {
+    run_with(scenario, seed, None)
+}
+
+/// Runs `scenario` for `seed` once, with a regression switch on.
+pub fn run_with(scenario: &'static Scenario, seed: u64, switch: Option<&scenarios::Switch>) -> Report {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt(scenario.name));
-    let specs = scenarios::servers(&mut rng);
+    let keep_dead_connections = switch.is_some_and(|switch| switch.name == "no-keepalive");
+    let specs = scenarios::servers(&mut rng, keep_dead_connections);
     let network = scenarios::network(&mut rng);
-    let mut cluster = TurmoilCluster::new(seed, network, specs, LIMIT);
+    let clients = scenarios::clients(scenario.clients, &mut rng, keep_dead_connections);
+    let mut cluster = TurmoilCluster::new(seed, network, specs, clients, LIMIT);
     let recorder = cluster.recorder().clone();
     recorder.note(format!("turmoil lane: {} seed {seed}", scenario.name));
     let history: Arc<Mutex<Vec<Op>>> = Arc::default();
@@ -88,10 +96,20 @@ pub fn run(scenario: &'static Scenario, seed: u64) -> Report {
             rng.r#gen(),
         ),
     );
+    let csi_progress: Arc<Mutex<csi::Progress>> = Arc::default();
+    if scenario.csi {
+        cluster.client(
+            "csi-operator",
+            csi::operate(addrs.clone(), recorder.clone(), csi_progress.clone(), stop.clone()),
+        );
+    }
     if let Err(error) = phases(scenario, &mut cluster, &mut rng, &stop) {
         recorder.violate("the simulation runs", error);
     }
     stop.store(true, Ordering::SeqCst);
+    if scenario.csi {
+        finish_csi(&mut cluster, &csi_progress);
+    }
     audit(&mut cluster, &addrs, &history);
     let history = history.lock().expect("history").clone();
     for violation in linearizable::check(&history) {
@@ -177,6 +195,56 @@ fn converged(cluster: &TurmoilCluster) -> Result<(), String> {
         states.iter().filter(|(server, _)| server != name).cloned().collect();
     state_equal::same_state((name, leader_state), &others)?;
     Ok(())
+}
+
+/// The CSI script must finish once the faults are over; then nothing of the job may be left on
+/// the client host and no claim of a finished allocation in the leader's state.
+fn finish_csi(cluster: &mut TurmoilCluster, progress: &Arc<Mutex<csi::Progress>>) {
+    let recorder = cluster.recorder().clone();
+    let finished = |progress: &Arc<Mutex<csi::Progress>>| {
+        let progress = progress.lock().expect("progress");
+        progress.done || progress.failed.is_some()
+    };
+    if let Err(error) = cluster.step_until(Duration::from_secs(300), |_| finished(progress)) {
+        recorder.violate("the simulation runs", error);
+        return;
+    }
+    let progress = progress.lock().expect("progress").clone();
+    if let Some(failed) = &progress.failed {
+        recorder.violate("the CSI lifecycle completes", failed.clone());
+        return;
+    }
+    if !progress.done {
+        recorder.violate("the CSI lifecycle completes", format!("stuck at {:?}", progress.step));
+        return;
+    }
+    let alloc = progress.alloc.unwrap_or_default();
+    let host = cluster.client_host(0);
+    let leftovers: Vec<String> = host
+        .task_processes()
+        .into_iter()
+        .filter(|(task_alloc, _)| *task_alloc == alloc)
+        .map(|(task_alloc, task)| format!("task {task} of {task_alloc}"))
+        .chain(host.mounts().into_iter().filter(|mount| mount.contains(&alloc)))
+        .collect();
+    recorder.checked("a stopped job leaves nothing on its host", 1);
+    if !leftovers.is_empty() {
+        recorder.violate(
+            "a stopped job leaves nothing on its host",
+            format!("left on c1: {}", leftovers.join(", ")),
+        );
+    }
+    if let Some(state) = common_leader(cluster)
+        .ok()
+        .and_then(|leader| cluster.index_of(leader))
+        .and_then(|index| cluster.agent(index))
+        .and_then(|agent| agent.read_state(drover_core::fsm::ServerState::clone))
+    {
+        recorder.checked("claims of finished allocations are freed", 1);
+        if let Err(leak) = drover_io_sim::invariants::claims_freed::no_leaked_claims(&state) {
+            recorder.violate("claims of finished allocations are freed", leak);
+        }
+    }
 }
 
 fn now() -> Duration {
