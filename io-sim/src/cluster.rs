@@ -9,13 +9,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::client::client::ClientSettings;
-use drover_core::client::paths::ClientPaths;
 use drover_core::config::AgentConfig;
 use drover_core::fsm::Command;
 use drover_core::rpc::{RpcError, ServerReply, ServerRequest};
-use drover_core::structs::{Node, NodeResources, NodeStatus};
-use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, node_uuid, start_client};
+use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, start_client};
 use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
