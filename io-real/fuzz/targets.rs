@@ -207,19 +207,8 @@ fn schedule(job: Job) {
     });
 }
 
-/// The known finding of `io-real/fuzz/known/` (README, Fuzzing): hcl-rs takes time exponential
-/// in the number of lines holding an unterminated string. Inputs with more than 16 such lines
-/// (a few milliseconds to parse) are left out until it is fixed, so the smoke runs go on
-/// finding other things instead of that one again.
-fn known_exponential_hcl(source: &str) -> bool {
-    source.lines().filter(|line| line.matches('"').count() % 2 == 1).count() > 16
-}
-
 fn jobspec(_: usize, bytes: &[u8]) {
     let Some(source) = text(bytes) else { return };
-    if known_exponential_hcl(source) {
-        return;
-    }
     let Ok(api) = drover_io_real::jobspec::parse(source) else {
         return;
     };
@@ -236,9 +225,6 @@ fn jobspec(_: usize, bytes: &[u8]) {
 
 fn agent_config(_: usize, bytes: &[u8]) {
     let Some(source) = text(bytes) else { return };
-    if known_exponential_hcl(source) {
-        return;
-    }
     if let Ok((config, _notes)) = drover_io_real::agent_config::from_text(source) {
         let _ = config.validate();
     }

@@ -195,6 +195,7 @@ pub fn parse_file(path: &Path) -> anyhow::Result<(FileConfig, Vec<String>)> {
 }
 
 pub fn parse_text(text: &str) -> anyhow::Result<(FileConfig, Vec<String>)> {
+    crate::hcl_check::strings_terminated(text).map_err(|error| anyhow::anyhow!("{error}"))?;
     let body: hcl::Body = hcl::from_str(text).map_err(|error| anyhow::anyhow!("{error}"))?;
     let mut ignored = Vec::new();
     for structure in body.iter() {

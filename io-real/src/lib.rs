@@ -19,6 +19,7 @@ pub mod driver;
 pub mod drivers;
 pub mod exec;
 pub mod facts;
+pub mod hcl_check;
 pub mod io;
 pub mod jobs;
 pub mod jobspec;

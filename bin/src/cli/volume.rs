@@ -9,6 +9,8 @@ use super::{Api, Failure, short, table, text};
 /// `context`) into the register body.
 pub(super) fn volume_register(api: &Api, file: &str) -> Result<(), Failure> {
     let source = std::fs::read_to_string(file).map_err(|error| Failure(format!("Error reading {file}: {error}"), 1))?;
+    drover_io_real::hcl_check::strings_terminated(&source)
+        .map_err(|error| Failure(format!("Error parsing {file}: {error}"), 1))?;
     let spec: hcl::Value =
         hcl::from_str(&source).map_err(|error| Failure(format!("Error parsing {file}: {error}"), 1))?;
     let spec = serde_json::to_value(spec)?;
