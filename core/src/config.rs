@@ -119,10 +119,6 @@ pub struct CsiFaults {
     /// allocations as soon as its other allocations finish, before their volumes are released
     /// on the node, stranding the claims the plugin should have unpublished.
     pub drain_plugins_before_release: bool,
-    /// Nomad #14484's check: when a claim is released, the volume stays attached to the node
-    /// only while another *non-terminal allocation* there claims it, so an allocation that
-    /// finished but has not yet unmounted has the volume detached under its feet.
-    pub other_claimants_by_alloc_status: bool,
 }
 
 /// Read-path and failover defects the simulation re-creates on purpose (regression switches).

@@ -701,20 +701,6 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "leaked claims",
     ),
     (
-        "14484",
-        "a released claim's volume is detached from its node while another allocation there, stopped but not yet \
-         unmounted, still uses it (Nomad's check counts only non-terminal allocations)",
-        || Options {
-            csi_faults: CsiFaults {
-                other_claimants_by_alloc_status: true,
-                ..CsiFaults::default()
-            },
-            ..Options::default()
-        },
-        &["client_shared_stage", "real_clients_csi"],
-        "CSI call order",
-    ),
-    (
         "13416",
         "detach blocked by a down node",
         || Options {

@@ -15,7 +15,6 @@ use crate::prelude::*;
 
 use alloc::collections::BTreeMap;
 
-use crate::config::CsiFaults;
 use crate::fsm::ServerState;
 use crate::structs::{AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, NodeStatus};
 
@@ -62,13 +61,16 @@ fn with_state(claim: &CsiVolumeClaim, state: ClaimState) -> Step {
 
 /// What to do next for `claim` (its state as last committed) on `volume` (denormalised).
 pub fn next_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
-    next_step_with(state, volume, claim, &CsiFaults::default())
+    next_step_with(state, volume, claim, false)
 }
 
-/// [`next_step`], optionally re-creating Nomad #13416 (node detach attempted on a down node) or
-/// #14484 (a node's other claimants judged by their allocations' status).
-pub fn next_step_with(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim, faults: &CsiFaults) -> Step {
-    let detach_down_nodes = faults.node_detach_on_down_node;
+/// [`next_step`], optionally re-creating Nomad #13416 (node detach attempted on a down node).
+pub fn next_step_with(
+    state: &ServerState,
+    volume: &CsiVolume,
+    claim: &CsiVolumeClaim,
+    detach_down_nodes: bool,
+) -> Step {
     let recorded = volume.past_claims.contains_key(&claim.allocation_id)
         || volume.read_claims.contains_key(&claim.allocation_id)
         || volume.write_claims.contains_key(&claim.allocation_id);
@@ -78,7 +80,7 @@ pub fn next_step_with(state: &ServerState, volume: &CsiVolume, claim: &CsiVolume
     }
     match claim.state {
         ClaimState::Taken | ClaimState::Unpublishing => node_step(state, volume, claim, detach_down_nodes),
-        ClaimState::NodeDetached => controller_step(state, volume, claim, faults.other_claimants_by_alloc_status),
+        ClaimState::NodeDetached => controller_step(state, volume, claim),
         ClaimState::ControllerDetached => with_state(claim, ClaimState::ReadyToFree),
         ClaimState::ReadyToFree => Step::Checkpoint(claim.clone()),
     }
@@ -107,7 +109,7 @@ fn node_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim, de
     })
 }
 
-fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim, by_alloc_status: bool) -> Step {
+fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
     let plugin = state.plugin(&volume.plugin_id);
     let attach_detach = plugin.is_some_and(|plugin| plugin.supports_attach_detach());
     if !volume.plugin_health.controller_required || !attach_detach {
@@ -124,12 +126,6 @@ fn controller_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeCla
         .chain(volume.write_claims.values())
         .filter(|other| other.allocation_id != claim.allocation_id && other.node_id == claim.node_id)
         .any(|other| {
-            if by_alloc_status {
-                // Nomad's check (the regression switch): only a non-terminal allocation counts.
-                return state
-                    .alloc(&other.allocation_id)
-                    .is_some_and(|alloc| !alloc.client_terminal() && !alloc.server_terminal());
-            }
             volume
                 .past_claims
                 .get(&other.allocation_id)
