@@ -207,8 +207,21 @@ fn schedule(job: Job) {
     });
 }
 
+/// The known finding of `io-real/fuzz/known/` (README, Fuzzing): hcl-rs takes time exponential
+/// in the number of lines like `path = "/srv/ {` (an open string, or an open brace, on each).
+/// `hcl_check` now refuses open strings before hcl-rs; inputs with more than 16 lines holding an
+/// odd count of quotes are still left out, so the smoke runs go on finding other things. The
+/// open-brace shape (`known/agent_config_hcl/config--hang-43a87fe42ac37247`, balanced quotes) is
+/// not filtered: CI's seed does not reach it from these corpora, exploratory runs can.
+fn known_exponential_hcl(source: &str) -> bool {
+    source.lines().filter(|line| line.matches('"').count() % 2 == 1).count() > 16
+}
+
 fn jobspec(_: usize, bytes: &[u8]) {
     let Some(source) = text(bytes) else { return };
+    if known_exponential_hcl(source) {
+        return;
+    }
     let Ok(api) = drover_io_real::jobspec::parse(source) else {
         return;
     };
@@ -225,6 +238,9 @@ fn jobspec(_: usize, bytes: &[u8]) {
 
 fn agent_config(_: usize, bytes: &[u8]) {
     let Some(source) = text(bytes) else { return };
+    if known_exponential_hcl(source) {
+        return;
+    }
     if let Ok((config, _notes)) = drover_io_real::agent_config::from_text(source) {
         let _ = config.validate();
     }
