@@ -19,7 +19,7 @@ use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
 use crate::csi::PluginControl;
-use crate::disk::{Crash, DiskProbe, SimDisk};
+use crate::disk::{Crash, DiskProbe, SimDisk, open_db};
 use crate::host::SimHost;
 use crate::net::SimTransport;
 use crate::trace::PluginEvent;
@@ -532,12 +532,8 @@ async fn run_server(
     consul: SimConsul,
 ) {
     recorder.note(format!("{} process starts", spec.name));
-    let db = match redb::Builder::new().create_with_backend(disk.backend()) {
-        Ok(db) => db,
-        Err(error) => {
-            recorder.violate("durable state reopens after a crash", format!("{}: {error}", spec.name));
-            return;
-        }
+    let Some(db) = open_db(&disk, &recorder, &spec.name) else {
+        return;
     };
     let parts = AgentParts {
         config: spec.config.clone(),
@@ -566,16 +562,6 @@ struct ClientNode {
     host: SimHost,
     recorder: Recorder,
     consul: SimConsul,
-}
-
-fn open_db(disk: &SimDisk, recorder: &Recorder, name: &str) -> Option<redb::Database> {
-    match redb::Builder::new().create_with_backend(disk.backend()) {
-        Ok(db) => Some(db),
-        Err(error) => {
-            recorder.violate("durable state reopens after a crash", format!("{name}: {error}"));
-            None
-        }
-    }
 }
 
 async fn run_client(node: ClientNode) {

@@ -152,6 +152,18 @@ impl redb::StorageBackend for SimDiskBackend {
     }
 }
 
+/// Opens the redb database on `disk`, as a process does on start; a disk that no longer opens
+/// after a crash is a violation, recorded under `name`.
+pub fn open_db(disk: &SimDisk, recorder: &crate::trace::Recorder, name: &str) -> Option<redb::Database> {
+    match redb::Builder::new().create_with_backend(disk.backend()) {
+        Ok(db) => Some(db),
+        Err(error) => {
+            recorder.violate("durable state reopens after a crash", format!("{name}: {error}"));
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,7 @@ use drover_io_real::net::GrpcTransport;
 
 use super::sockets::TurmoilSockets;
 use crate::csi::PluginControl;
-use crate::disk::{Crash, SimDisk};
+use crate::disk::{Crash, SimDisk, open_db};
 use crate::host::{PluginFaults, SimHost};
 use crate::trace::Recorder;
 
@@ -414,20 +414,11 @@ async fn run_server(
 ) -> turmoil::Result {
     recorder.note(format!("{} process starts", spec.name));
     let config = on_this_host(spec.config.clone(), &spec.name);
-    let db = match redb::Builder::new().create_with_backend(disk.backend()) {
-        Ok(db) => db,
-        Err(error) => {
-            recorder.violate("durable state reopens after a crash", format!("{}: {error}", spec.name));
-            return Ok(());
-        }
+    let Some(db) = open_db(&disk, &recorder, &spec.name) else {
+        return Ok(());
     };
     let http = config.advertise.http;
-    let transport = GrpcTransport::new(sockets.clone());
-    let transport = if spec.keep_dead_connections {
-        transport.regress_dead_connection_detection()
-    } else {
-        transport
-    };
+    let transport = transport(&sockets, spec.keep_dead_connections);
     let parts = AgentParts {
         config,
         db,
@@ -450,6 +441,17 @@ async fn run_server(
     *slot.lock().expect("agent slot") = Some(agent);
     std::future::pending::<()>().await;
     Ok(())
+}
+
+/// The production RPC transport on turmoil's sockets (keeping dead connections under the
+/// `no-keepalive` switch).
+fn transport(sockets: &TurmoilSockets, keep_dead_connections: bool) -> GrpcTransport<TurmoilSockets> {
+    let transport = GrpcTransport::new(sockets.clone());
+    if keep_dead_connections {
+        transport.regress_dead_connection_detection()
+    } else {
+        transport
+    }
 }
 
 fn register_client(
@@ -492,16 +494,6 @@ struct ClientNode {
     sockets: TurmoilSockets,
 }
 
-fn open_db(disk: &SimDisk, recorder: &Recorder, name: &str) -> Option<redb::Database> {
-    match redb::Builder::new().create_with_backend(disk.backend()) {
-        Ok(db) => Some(db),
-        Err(error) => {
-            recorder.violate("durable state reopens after a crash", format!("{name}: {error}"));
-            None
-        }
-    }
-}
-
 async fn run_client(node: ClientNode) -> turmoil::Result {
     let ClientNode {
         spec,
@@ -521,12 +513,7 @@ async fn run_client(node: ClientNode) -> turmoil::Result {
     // Servers' controller and node-detach calls go through the production client's loop.
     let client_csi: Arc<dyn drover_io_real::io::ClientCsi> = Arc::new(router);
     let http = config.advertise.http;
-    let transport = GrpcTransport::new(sockets.clone());
-    let transport = if spec.keep_dead_connections {
-        transport.regress_dead_connection_detection()
-    } else {
-        transport
-    };
+    let transport = transport(&sockets, spec.keep_dead_connections);
     let parts = AgentParts {
         config: config.clone(),
         db,

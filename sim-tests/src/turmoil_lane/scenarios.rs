@@ -130,25 +130,24 @@ fn quiet(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), Strin
 }
 
 fn leader_kill(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), String> {
-    wait(cluster, rng, 1_000..4_000)?;
-    let leader = super::common_leader(cluster).ok().and_then(|id| cluster.index_of(id));
-    let victim = leader.unwrap_or_else(|| rng.gen_range(0..3));
-    let crash = if rng.gen_bool(0.5) {
-        Crash::LoseUnsynced
-    } else {
-        Crash::KeepUnsynced
-    };
-    cluster.crash(victim, crash);
-    wait(cluster, rng, 3_000..10_000)?;
-    cluster.restart(victim);
-    wait(cluster, rng, 1_000..5_000)
+    kill_and_restart_leader(cluster, rng, [1_000..4_000, 3_000..10_000, 1_000..5_000])
 }
 
 /// The leader dies within the first seconds after formation: while the plugin job, the volume
 /// and the consumer job are being registered, or while the claim's controller and node
 /// publish are in flight, depending on the seed.
 fn csi_leader_kill(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), String> {
-    wait(cluster, rng, 300..3_500)?;
+    kill_and_restart_leader(cluster, rng, [300..3_500, 3_000..8_000, 1_000..3_000])
+}
+
+/// Waits, kills the leader (with or without its unsynced writes), waits, restarts it and waits
+/// again, each wait drawn from its range of milliseconds.
+fn kill_and_restart_leader(
+    cluster: &mut TurmoilCluster,
+    rng: &mut ChaCha8Rng,
+    [before, down, after]: [std::ops::Range<u64>; 3],
+) -> Result<(), String> {
+    wait(cluster, rng, before)?;
     let leader = super::common_leader(cluster).ok().and_then(|id| cluster.index_of(id));
     let victim = leader.unwrap_or_else(|| rng.gen_range(0..3));
     let crash = if rng.gen_bool(0.5) {
@@ -157,9 +156,9 @@ fn csi_leader_kill(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result
         Crash::KeepUnsynced
     };
     cluster.crash(victim, crash);
-    wait(cluster, rng, 3_000..8_000)?;
+    wait(cluster, rng, down)?;
     cluster.restart(victim);
-    wait(cluster, rng, 1_000..3_000)
+    wait(cluster, rng, after)
 }
 
 fn partition_loss(cluster: &mut TurmoilCluster, rng: &mut ChaCha8Rng) -> Result<(), String> {
