@@ -314,10 +314,18 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
     print_banner(&loaded, bound);
     tokio::spawn(release_start_up_code());
-    wait_for_signal().await;
-    eprintln!("==> Caught signal, shutting down");
-    handle.shutdown().await;
-    Ok(())
+    tokio::select! {
+        () = wait_for_signal() => {
+            eprintln!("==> Caught signal, shutting down");
+            handle.shutdown().await;
+            Ok(())
+        }
+        // Fail-stop: a server whose storage failed exits for its supervisor to restart it on
+        // what is durable, rather than linger as a voter that can no longer vote.
+        reason = handle.failed() => {
+            anyhow::bail!("{reason}; exiting so the agent restarts from its data dir")
+        }
+    }
 }
 
 async fn start<C: Consul>(
@@ -333,6 +341,7 @@ async fn start<C: Consul>(
         consul,
         observer: Arc::new(TracingObserver),
         client_csi,
+        disk_latency: None,
     };
     Ok(start_agent(parts).await?)
 }

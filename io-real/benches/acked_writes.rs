@@ -162,6 +162,7 @@ async fn start(data_dir: &std::path::Path) -> AgentHandle {
         consul: NoConsul,
         observer: Arc::new(TracingObserver),
         client_csi: None,
+        disk_latency: None,
     })
     .await
     .unwrap();

@@ -47,6 +47,9 @@ pub struct AgentParts<T, C, O> {
     pub observer: Arc<O>,
     /// This agent's CSI plugins, when it is a client that runs any.
     pub client_csi: Option<Arc<dyn ClientCsi>>,
+    /// How slow the disk under `db` is, when something other than redb's own I/O says so
+    /// (the simulation's slow disks); `None` in production.
+    pub disk_latency: Option<crate::raft::store::DiskLatency>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -319,6 +322,28 @@ impl AgentHandle {
         self.inner.service.node_allocs(request).await
     }
 
+    /// Resolves, with the reason, when Raft stopped without being asked to: a storage error
+    /// (a failed fsync, a full disk, a torn record) or a panic applying an entry. A server
+    /// cannot go on then, and must not pretend to: after a failed fsync not even its page
+    /// cache can be trusted. Its caller exits, so the supervisor restarts the agent, which
+    /// recovers from what is durable (fail-stop). Never resolves on client-only agents.
+    pub async fn failed(&self) -> String {
+        let Some(raft) = &self.inner.raft else {
+            return std::future::pending().await;
+        };
+        let mut metrics = raft.metrics();
+        loop {
+            match &metrics.borrow_and_update().running_state {
+                Err(openraft::error::Fatal::Stopped) => return std::future::pending().await,
+                Err(fatal) => return format!("Raft stopped: {fatal}"),
+                Ok(()) => {}
+            }
+            if metrics.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+        }
+    }
+
     /// Stops the agent's loop and Raft; a leader hands its leadership over.
     pub async fn shutdown(&self) {
         if let Some(stop) = self.inner.stop.lock().expect("stop lock").take() {
@@ -428,8 +453,9 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         consul,
         observer,
         client_csi,
+        disk_latency,
     } = parts;
-    let store = Store::new(db)?;
+    let store = Store::new(db)?.with_latency(disk_latency);
     let fresh_node_id = loop {
         let id: u64 = crate::runtime::random();
         if id != 0 {

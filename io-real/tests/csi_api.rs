@@ -130,6 +130,7 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
         consul: NoConsul,
         observer: Arc::new(TracingObserver),
         client_csi: Some(plugins.clone()),
+        disk_latency: None,
     })
     .await
     .unwrap();

@@ -53,10 +53,22 @@ fn redb_err(error: impl std::fmt::Display) -> StoreError {
 }
 
 /// The agent's durable store, shared by the log store, the state machine and the driver.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Store {
     db: Arc<Database>,
+    latency: Option<DiskLatency>,
 }
+
+impl Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("db", &self.db).finish_non_exhaustive()
+    }
+}
+
+/// How long the disk under the store takes for one durable write right now. Real disks take
+/// the time they take inside redb's fsync; a simulated disk cannot block its thread, so the
+/// simulation says here how slow it is and Raft's durable writes wait that long first.
+pub type DiskLatency = Arc<dyn Fn() -> std::time::Duration + Send + Sync>;
 
 /// What the agent learns about itself from disk at start-up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,7 +85,26 @@ impl Store {
         txn.open_table(RAFT_META).map_err(redb_err)?;
         txn.open_table(AGENT_META).map_err(redb_err)?;
         txn.commit().map_err(redb_err)?;
-        Ok(Store { db: Arc::new(db) })
+        Ok(Store {
+            db: Arc::new(db),
+            latency: None,
+        })
+    }
+
+    /// The store on a disk this slow (the simulation's slow disks).
+    pub fn with_latency(mut self, latency: Option<DiskLatency>) -> Self {
+        self.latency = latency;
+        self
+    }
+
+    /// Waits as long as the disk takes for a durable write.
+    async fn pace(&self) {
+        if let Some(latency) = &self.latency {
+            let wait = latency();
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+        }
     }
 
     /// A write transaction committed with `Durability::Immediate`: synced before `commit`
@@ -401,6 +432,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<u64>) -> Result<(), StorageError<u64>> {
+        self.store.pace().await;
         self.store
             .put(RAFT_META, KEY_VOTE, vote, Durability::Immediate)
             .map_err(|error| StorageIOError::write_vote(&error))?;
@@ -438,6 +470,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        self.store.pace().await;
         let result = self.write_entries(entries);
         match result {
             Ok(()) => {
@@ -452,10 +485,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        self.store.pace().await;
         self.remove_range(log_id.index.., None).map_err(io_write)
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
+        self.store.pace().await;
         self.remove_range(..=log_id.index, Some(log_id)).map_err(io_write)
     }
 }
