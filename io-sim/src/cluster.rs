@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use drover_core::config::AgentConfig;
@@ -19,7 +19,7 @@ use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
 use crate::csi::PluginControl;
-use crate::disk::{Crash, DiskProbe, SimDisk, open_db};
+use crate::disk::{Crash, DiskFault, DiskProbe, SimDisk, open_db};
 use crate::host::SimHost;
 use crate::net::SimTransport;
 use crate::trace::PluginEvent;
@@ -61,6 +61,8 @@ struct SimServer {
     node: NodeHandle,
     agent: Arc<Mutex<Option<AgentHandle>>>,
     alive: bool,
+    /// Set when the process exited on its own (fail-stop on a storage error).
+    exited: Arc<AtomicBool>,
 }
 
 /// One simulated machine: a server (by index) or a client node.
@@ -132,8 +134,10 @@ impl SimCluster {
             .collect()
     }
 
+    /// Whether the server's process runs: neither killed nor exited on its own.
     pub fn is_alive(&self, index: usize) -> bool {
-        self.servers[index].alive
+        let server = &self.servers[index];
+        server.alive && !server.exited.load(Ordering::SeqCst)
     }
 
     /// Creates the server's node; its process starts after `first_start_delay`.
@@ -141,24 +145,26 @@ impl SimCluster {
         let disk = SimDisk::new();
         let agent: Arc<Mutex<Option<AgentHandle>>> = Arc::new(Mutex::new(None));
         let first_boot_done = Arc::new(AtomicBool::new(false));
+        let exited = Arc::new(AtomicBool::new(false));
+        let node_id: Arc<OnceLock<madsim::task::NodeId>> = Arc::default();
         let init = {
-            let spec = spec.clone();
-            let disk = disk.clone();
-            let agent = agent.clone();
-            let recorder = self.recorder.clone();
-            let consul = self.consul.clone();
+            let process = ServerProcess {
+                spec: spec.clone(),
+                disk: disk.clone(),
+                slot: agent.clone(),
+                recorder: self.recorder.clone(),
+                consul: self.consul.clone(),
+                exited: exited.clone(),
+                node_id: node_id.clone(),
+            };
             move || {
-                let spec = spec.clone();
-                let disk = disk.clone();
-                let agent = agent.clone();
-                let recorder = recorder.clone();
-                let consul = consul.clone();
+                let process = process.clone();
                 let first_boot_done = first_boot_done.clone();
                 async move {
                     if !first_boot_done.swap(true, Ordering::SeqCst) {
-                        tokio::time::sleep(spec.first_start_delay).await;
+                        tokio::time::sleep(process.spec.first_start_delay).await;
                     }
-                    run_server(spec, disk, agent, recorder, consul).await;
+                    process.run().await;
                 }
             }
         };
@@ -169,12 +175,14 @@ impl SimCluster {
             .ip(spec.ip)
             .init(init)
             .build();
+        let _ = node_id.set(node.id());
         self.servers.push(SimServer {
             spec,
             disk,
             node,
             agent,
             alive: true,
+            exited,
         });
         self.servers.len() - 1
     }
@@ -362,9 +370,14 @@ impl SimCluster {
         self.kill(index, Crash::KeepUnsynced);
     }
 
-    /// Starts a killed server's process again on its surviving disk.
+    /// Starts a killed (or exited) server's process again on its surviving disk.
     pub fn restart(&mut self, index: usize) {
         let server = &mut self.servers[index];
+        if server.exited.swap(false, Ordering::SeqCst) && server.alive {
+            // It exited: what it wrote is in the page cache, its handles are closed.
+            server.disk.crash(Crash::KeepUnsynced);
+            server.alive = false;
+        }
         if server.alive {
             return;
         }
@@ -374,6 +387,23 @@ impl SimCluster {
         server.node = self.handle.get_node(server.node.id()).expect("a restarted node exists");
         server.alive = true;
         self.recorder.note(format!("restart {}", server.spec.name));
+    }
+
+    /// Makes a server's disk misbehave, or behave again with `DiskFault::default()`.
+    pub fn set_disk_fault(&mut self, index: usize, fault: DiskFault) {
+        let server = &self.servers[index];
+        server.disk.set_fault(fault);
+        self.recorder.note(format!("disk of {}: {fault:?}", server.spec.name));
+    }
+
+    /// Every server's disk behaves again (the quiet phase).
+    pub fn heal_disks(&mut self) {
+        for server in &self.servers {
+            if server.disk.fault() != DiskFault::default() {
+                server.disk.set_fault(DiskFault::default());
+                self.recorder.note(format!("disk of {} healed", server.spec.name));
+            }
+        }
     }
 
     /// Ends the run: kills every node so the executor drops their tasks (tasks left waiting on
@@ -414,6 +444,18 @@ impl SimCluster {
         };
         self.recorder
             .note(format!("partition {{{}}} | {{{}}}", names(side), names(&others)));
+    }
+
+    /// A bridge partition: `a` and `b` cannot reach each other, but both still reach every
+    /// other server, which alone sees the whole cluster.
+    pub fn bridge(&mut self, a: usize, b: usize) {
+        self.clog(a, b);
+        self.clog(b, a);
+        self.recorder.note(format!(
+            "bridge: {} and {} cut apart, both still reach the rest",
+            self.name(a),
+            self.name(b)
+        ));
     }
 
     /// Cuts the link from `from` to `to` only.
@@ -524,33 +566,73 @@ impl ServerReader {
     }
 }
 
-async fn run_server(
+/// Everything a server's process needs, kept outside the node so a restart finds it.
+#[derive(Clone)]
+struct ServerProcess {
     spec: ServerSpec,
     disk: SimDisk,
     slot: Arc<Mutex<Option<AgentHandle>>>,
     recorder: Recorder,
     consul: SimConsul,
-) {
-    recorder.note(format!("{} process starts", spec.name));
-    let Some(db) = open_db(&disk, &recorder, &spec.name) else {
-        return;
-    };
-    let parts = AgentParts {
-        config: spec.config.clone(),
-        db,
-        transport: SimTransport,
-        consul,
-        observer: recorder.observer(&spec.name),
-        client_csi: None,
-    };
-    match start_agent(parts).await {
-        Ok(agent) => *slot.lock().expect("agent slot") = Some(agent),
-        Err(error) => {
-            recorder.violate("agent starts", format!("{}: {error}", spec.name));
+    exited: Arc<AtomicBool>,
+    node_id: Arc<OnceLock<madsim::task::NodeId>>,
+}
+
+impl ServerProcess {
+    /// The agent's process: starts the agent on the disk and runs until killed, or until
+    /// Raft fails (a disk fault) and the agent exits, as `agent` does, for the scenario's
+    /// supervisor to restart it.
+    async fn run(self) {
+        let name = &self.spec.name;
+        self.recorder.note(format!("{name} process starts"));
+        let faulty = self.disk.fault() != DiskFault::default();
+        let db = if faulty {
+            // A bad disk may refuse to open; that is the fault, not a lost database.
+            match redb::Builder::new().create_with_backend(self.disk.backend()) {
+                Ok(db) => Some(db),
+                Err(error) => return self.exit(format!("cannot open its data dir: {error}")),
+            }
+        } else {
+            open_db(&self.disk, &self.recorder, name)
+        };
+        let Some(db) = db else {
             return;
+        };
+        let disk = self.disk.clone();
+        let parts = AgentParts {
+            config: self.spec.config.clone(),
+            db,
+            transport: SimTransport,
+            consul: self.consul.clone(),
+            observer: self.recorder.observer(name),
+            client_csi: None,
+            disk_latency: Some(Arc::new(move || disk.latency())),
+        };
+        let agent = match start_agent(parts).await {
+            Ok(agent) => agent,
+            Err(error) if self.disk.fault() != DiskFault::default() => {
+                return self.exit(format!("cannot start: {error}"));
+            }
+            Err(error) => {
+                self.recorder.violate("agent starts", format!("{name}: {error}"));
+                return;
+            }
+        };
+        *self.slot.lock().expect("agent slot") = Some(agent.clone());
+        let reason = agent.failed().await;
+        self.exit(reason);
+    }
+
+    /// The process exits with `reason`: every task of the node ends, as the OS ends a
+    /// process's threads.
+    fn exit(&self, reason: String) {
+        self.recorder.note(format!("{} exits: {reason}", self.spec.name));
+        *self.slot.lock().expect("agent slot") = None;
+        self.exited.store(true, Ordering::SeqCst);
+        if let Some(id) = self.node_id.get() {
+            Handle::current().kill(*id);
         }
     }
-    std::future::pending::<()>().await;
 }
 
 /// Everything a client node's process needs, kept outside the node so a restart finds it.
@@ -588,6 +670,7 @@ async fn run_client(node: ClientNode) {
         consul,
         observer: recorder.observer(&spec.name),
         client_csi: Some(client_csi),
+        disk_latency: None,
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,

@@ -19,6 +19,30 @@ pub enum PluginMode {
     Hanging,
     /// Calls are answered after the server's deadline.
     Slow,
+    /// Calls of this name (`ControllerPublishVolume`, `NodeStageVolume`, ...) fail with an
+    /// internal error; every other call is answered.
+    FailCall(&'static str),
+}
+
+impl PluginMode {
+    /// Whether a call named `call` fails at once in this mode.
+    pub fn fails(self, call: &str) -> bool {
+        match self {
+            PluginMode::Failing => true,
+            PluginMode::FailCall(name) => name == call,
+            _ => false,
+        }
+    }
+}
+
+/// The CSI name of a controller call, for [`PluginMode::FailCall`].
+fn csi_name(request: &ClientCsiRequest) -> &'static str {
+    match request {
+        ClientCsiRequest::ControllerAttach(_) => "ControllerPublishVolume",
+        ClientCsiRequest::ControllerDetach(_) => "ControllerUnpublishVolume",
+        ClientCsiRequest::ControllerValidate(_) => "ValidateVolumeCapabilities",
+        ClientCsiRequest::NodeDetach(_) => "NodeUnpublishVolume",
+    }
 }
 
 const LATENCY: Duration = Duration::from_millis(2);
@@ -110,13 +134,15 @@ impl SimPlugins {
         let plugins = self;
         {
             match plugins.control.mode() {
-                PluginMode::Healthy => tokio::time::sleep(LATENCY).await,
-                PluginMode::Failing => {
+                mode if mode.fails(csi_name(&request)) => {
                     tokio::time::sleep(LATENCY).await;
                     return Err("rpc error: code = Internal desc = injected plugin failure".to_string());
                 }
                 PluginMode::Hanging => std::future::pending::<()>().await,
                 PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
+                PluginMode::Healthy | PluginMode::Failing | PluginMode::FailCall(_) => {
+                    tokio::time::sleep(LATENCY).await
+                }
             }
             let (event, reply) = match request {
                 ClientCsiRequest::ControllerAttach(r) => (

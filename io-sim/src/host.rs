@@ -582,7 +582,7 @@ impl SimHost {
         if self.crashes_on(socket, call.name()) {
             return Err(IoError::new(ErrorKind::Unavailable, "transport is closing"));
         }
-        if self.plugins.mode() == PluginMode::Failing {
+        if self.plugins.mode().fails(call.name()) {
             return Err(IoError::other(
                 "rpc error: code = Internal desc = injected plugin failure",
             ));
@@ -769,7 +769,7 @@ impl ClientExecutor for SimHost {
                     match host.plugins.mode() {
                         PluginMode::Hanging => std::future::pending::<()>().await,
                         PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
-                        PluginMode::Healthy | PluginMode::Failing => {}
+                        PluginMode::Healthy | PluginMode::Failing | PluginMode::FailCall(_) => {}
                     }
                     if let Some(delay) = host.faults.slow_calls.get(call.name()) {
                         tokio::time::sleep(*delay).await;

@@ -31,6 +31,11 @@ pub const FAULT_KINDS: &[&str] = &[
     "graceful stop",
     "partition",
     "one-way clog",
+    "bridge partition",
+    "disk fsync error",
+    "disk full",
+    "slow disk",
+    "torn writes on power loss",
     "consul down",
     "consul hang",
     "consul slow",
@@ -40,6 +45,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "plugin error",
     "plugin hang",
     "plugin slow",
+    "plugin error on one call",
     "plugin process crash on a call",
     "stale plugin socket",
     "slow plugin unmount",
@@ -84,6 +90,26 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
             crash: Crash::KeepUnsynced,
             ..
         } => vec!["kill, keeping unsynced writes"],
+        Action::Kill {
+            crash: Crash::Torn(_), ..
+        } => vec!["torn writes on power loss"],
+        Action::Bridge(..) => vec!["bridge partition"],
+        Action::DiskFault(_, fault) => {
+            let mut kinds = Vec::new();
+            if fault.sync_errors {
+                kinds.push("disk fsync error");
+            }
+            if fault.full {
+                kinds.push("disk full");
+            }
+            if !fault.latency.is_zero() {
+                kinds.push("slow disk");
+            }
+            if fault.power_cut_on_sync.is_some() {
+                kinds.push("torn writes on power loss");
+            }
+            kinds
+        }
         Action::Restart(_) => vec!["restart"],
         Action::StopGracefully(_) => vec!["graceful stop"],
         Action::Partition(_) => vec!["partition"],
@@ -97,6 +123,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
             PluginMode::Failing => vec!["plugin error"],
             PluginMode::Hanging => vec!["plugin hang"],
             PluginMode::Slow => vec!["plugin slow"],
+            PluginMode::FailCall(_) => vec!["plugin error on one call"],
         },
         Action::LoseJobNode => vec!["job's node lost"],
         Action::JoinLateClients => vec!["late clients join"],

@@ -366,6 +366,8 @@ async fn play(
             }
             Action::Partition(side) => cluster.partition(side),
             Action::ClogOneWay(from, to) => cluster.clog_one_way(*from, *to),
+            Action::Bridge(a, b) => cluster.bridge(*a, *b),
+            Action::DiskFault(server, fault) => cluster.set_disk_fault(*server, *fault),
             Action::Heal => cluster.heal(),
             Action::Consul(mode) => {
                 cluster.consul().set_mode(*mode);
@@ -457,6 +459,7 @@ async fn play(
     recorder.note("quiet phase");
     drover_io_real::buggify::disable();
     cluster.heal();
+    cluster.heal_disks();
     cluster.consul().set_mode(ConsulMode::Healthy);
     for client in 0..cluster.client_count() {
         cluster.plugins(client).set(PluginMode::Healthy);

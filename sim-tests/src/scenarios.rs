@@ -18,7 +18,7 @@ use drover_io_sim::cluster::Machine;
 use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
-use drover_io_sim::disk::Crash;
+use drover_io_sim::disk::{Crash, DiskFault};
 use drover_io_sim::host::PluginFaults;
 
 use crate::real_clients::{RealClientPlan, RealJob};
@@ -63,6 +63,10 @@ pub enum Action {
     /// Cut these servers off from the rest, both ways.
     Partition(Vec<usize>),
     ClogOneWay(usize, usize),
+    /// Cut these two servers apart; both still reach the others (a bridge partition).
+    Bridge(usize, usize),
+    /// A server's disk starts (or, with the default, stops) misbehaving.
+    DiskFault(usize, DiskFault),
     Heal,
     Consul(ConsulMode),
     AddServer(Box<ServerSpec>),
@@ -122,6 +126,11 @@ impl fmt::Display for Step {
             Action::StopGracefully(target) => write!(f, "{at} stop {target:?} gracefully"),
             Action::Partition(side) => write!(f, "{at} partition {:?} from the rest", names(side)),
             Action::ClogOneWay(from, to) => write!(f, "{at} clog s{} -> s{}", from + 1, to + 1),
+            Action::Bridge(a, b) => write!(f, "{at} cut s{} and s{} apart (a bridge)", a + 1, b + 1),
+            Action::DiskFault(server, fault) if *fault == DiskFault::default() => {
+                write!(f, "{at} s{}'s disk works again", server + 1)
+            }
+            Action::DiskFault(server, fault) => write!(f, "{at} s{}'s disk fails: {fault:?}", server + 1),
             Action::Heal => write!(f, "{at} heal"),
             Action::Consul(mode) => write!(f, "{at} consul {mode:?}"),
             Action::AddServer(spec) => write!(f, "{at} add server {}", spec.name),

@@ -16,6 +16,8 @@ use std::time::Duration;
 use drover_core::structs::AccessMode;
 use drover_io_sim::cluster::Machine;
 use drover_io_sim::consul::ConsulMode;
+use drover_io_sim::csi::PluginMode;
+use drover_io_sim::disk::{Crash, DiskFault};
 use drover_io_sim::host::PluginFaults;
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -130,7 +132,115 @@ const KINDS: &[(&str, Draw)] = &[
     ("update the job", |rng, at| {
         vec![step(at, Action::UpdateJob(rng.gen_range(1..1_000)))]
     }),
+    ("bridge partition", |rng, at| {
+        let a = rng.gen_range(0..3);
+        let b = (a + rng.gen_range(1..3)) % 3;
+        vec![
+            step(at, Action::Bridge(a, b)),
+            step(at + millis(rng, 1_000..15_000), Action::Heal),
+        ]
+    }),
+    ("a server's fsyncs fail", |rng, at| {
+        disk_fault(
+            rng,
+            at,
+            DiskFault {
+                sync_errors: true,
+                ..DiskFault::default()
+            },
+        )
+    }),
+    ("a server's disk fills up", |rng, at| {
+        disk_fault(
+            rng,
+            at,
+            DiskFault {
+                full: true,
+                ..DiskFault::default()
+            },
+        )
+    }),
+    ("a server's disk is slow", |rng, at| {
+        let latency = millis(rng, 20..1_500);
+        disk_fault(
+            rng,
+            at,
+            DiskFault {
+                latency,
+                ..DiskFault::default()
+            },
+        )
+    }),
+    ("power loss on a server, tearing writes", |rng, at| {
+        // Either at a random moment (tearing what was not synced yet) or in the middle of
+        // the next sync (tearing a commit that was never acknowledged).
+        if rng.gen_bool(0.5) {
+            let seed = rng.r#gen();
+            return disk_fault(
+                rng,
+                at,
+                DiskFault {
+                    power_cut_on_sync: Some(seed),
+                    ..DiskFault::default()
+                },
+            );
+        }
+        let target = Target::Server(rng.gen_range(0..3));
+        vec![
+            step(
+                at,
+                Action::Kill {
+                    target,
+                    crash: Crash::Torn(rng.r#gen()),
+                },
+            ),
+            step(at + millis(rng, 1_000..15_000), Action::Restart(Target::LastKilled)),
+        ]
+    }),
+    ("a node plugin fails, hangs or is slow", |rng, at| {
+        let mode = *[PluginMode::Failing, PluginMode::Hanging, PluginMode::Slow]
+            .choose(rng)
+            .expect("modes");
+        plugin_mode(rng, at, mode)
+    }),
+    ("a node plugin fails one call", |rng, at| {
+        let call = *[
+            "NodeStageVolume",
+            "NodePublishVolume",
+            "NodeUnpublishVolume",
+            "NodeUnstageVolume",
+            "NodeGetInfo",
+            "Probe",
+        ]
+        .choose(rng)
+        .expect("calls");
+        plugin_mode(rng, at, PluginMode::FailCall(call))
+    }),
 ];
+
+/// A server's disk goes bad, then is fixed; its supervisor then restarts the agent if it
+/// exited meanwhile (a restart of a running process does nothing).
+fn disk_fault(rng: &mut ChaCha8Rng, at: Duration, fault: DiskFault) -> Vec<Step> {
+    let server = rng.gen_range(0..3);
+    let healed = at + millis(rng, 1_000..20_000);
+    vec![
+        step(at, Action::DiskFault(server, fault)),
+        step(healed, Action::DiskFault(server, DiskFault::default())),
+        step(healed + millis(rng, 0..5_000), Action::Restart(Target::Server(server))),
+    ]
+}
+
+/// A client's node plugin misbehaves for a while.
+fn plugin_mode(rng: &mut ChaCha8Rng, at: Duration, mode: PluginMode) -> Vec<Step> {
+    let client = rng.gen_range(0..CLIENTS);
+    vec![
+        step(at, Action::Plugin(client, mode)),
+        step(
+            at + millis(rng, 2_000..20_000),
+            Action::Plugin(client, PluginMode::Healthy),
+        ),
+    ]
+}
 
 /// The node plugins' own faults, each on with probability ½: a crash on a call (the `nth` of
 /// its name; on `Probe` it leaves a stale socket for the next process), slow unmounts, a slow

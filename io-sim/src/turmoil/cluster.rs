@@ -426,6 +426,7 @@ async fn run_server(
         consul: NoConsul,
         observer: recorder.observer(&spec.name),
         client_csi: None,
+        disk_latency: None,
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,
@@ -521,6 +522,7 @@ async fn run_client(node: ClientNode) -> turmoil::Result {
         consul: NoConsul,
         observer: recorder.observer(&spec.name),
         client_csi: Some(client_csi),
+        disk_latency: None,
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,
