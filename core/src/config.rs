@@ -119,6 +119,10 @@ pub struct CsiFaults {
     /// allocations as soon as its other allocations finish, before their volumes are released
     /// on the node, stranding the claims the plugin should have unpublished.
     pub drain_plugins_before_release: bool,
+    /// Nomad #8336 (fixed by #15415): controller RPCs are serialised per volume rather than
+    /// per plugin, so two volumes' `ControllerPublishVolume` calls race inside one plugin
+    /// ("Attachment point /dev/xvdba is already in use").
+    pub serialize_per_volume: bool,
 }
 
 /// Read-path and failover defects the simulation re-creates on purpose (regression switches).

@@ -727,6 +727,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "a drain stops system and plugin allocations only after",
     ),
     (
+        "8336",
+        "controller RPCs serialised per volume, not per plugin: two volumes' publishes race in one plugin",
+        || Options {
+            csi_faults: CsiFaults {
+                serialize_per_volume: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
+        },
+        &["csi_leader_failover", "csi_controller_faults"],
+        "at most one controller RPC in flight per plugin",
+    ),
+    (
         "task-leak",
         "a task's processes are not destroyed once its leader is gone (issue 16)",
         || Options {

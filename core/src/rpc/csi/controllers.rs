@@ -22,9 +22,9 @@ impl CsiEndpoints {
         state: &ServerState,
         out: &mut Outbox,
     ) {
-        let plugin_id = request.plugin_id().to_string();
+        let key = self.queue_key(&request);
         self.queues
-            .entry(plugin_id.clone())
+            .entry(key.clone())
             .or_default()
             .waiting
             .push_back(ControllerCall {
@@ -34,27 +34,42 @@ impl CsiEndpoints {
                 next: 0,
                 errors: Vec::new(),
             });
-        self.dispatch(now, &plugin_id, state, out);
+        self.dispatch(now, &key, state, out);
     }
 
-    /// Starts the next controller call of `plugin_id` if none is in flight.
-    pub(super) fn dispatch(&mut self, now: Instant, plugin_id: &str, state: &ServerState, out: &mut Outbox) {
+    /// The queue a controller call waits in: its plugin's, so one call at a time reaches a
+    /// plugin (#8336), or, with the regression switch, its volume's.
+    fn queue_key(&self, request: &ClientCsiRequest) -> String {
+        match request {
+            ClientCsiRequest::ControllerAttach(r) if self.faults.serialize_per_volume => {
+                format!("{}/{}", r.plugin_id, r.volume_id)
+            }
+            ClientCsiRequest::ControllerDetach(r) if self.faults.serialize_per_volume => {
+                format!("{}/{}", r.plugin_id, r.volume_id)
+            }
+            request => request.plugin_id().to_string(),
+        }
+    }
+
+    /// Starts the next controller call of queue `key` (a plugin id) if none is in flight.
+    pub(super) fn dispatch(&mut self, now: Instant, key: &str, state: &ServerState, out: &mut Outbox) {
         loop {
-            let queue = self.queues.entry(plugin_id.to_string()).or_default();
+            let queue = self.queues.entry(key.to_string()).or_default();
             if queue.in_flight.is_some() {
                 return;
             }
             let Some(mut call) = queue.waiting.pop_front() else {
-                self.queues.remove(plugin_id);
+                self.queues.remove(key);
                 return;
             };
-            call.candidates = routing::controller_candidates(state, plugin_id);
+            let plugin_id = call.request.plugin_id().to_string();
+            call.candidates = routing::controller_candidates(state, &plugin_id);
             if call.candidates.is_empty() {
                 let message = format!("failed to find clients running controller plugin {plugin_id:?}");
                 self.controller_done(now, call, Err(RpcError::unavailable(message)), state, out);
                 continue;
             }
-            self.send_controller(now, plugin_id, call, out);
+            self.send_controller(now, key, call, out);
             return;
         }
     }
