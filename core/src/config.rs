@@ -144,6 +144,10 @@ pub struct RaftFaults {
     /// A consistent read learns the leader's read index but does not wait for the answering
     /// server to apply up to it: a follower that lags answers stale.
     pub reads_skip_apply_wait: bool,
+    /// When Raft stops on a storage error the agent stays up with Raft dead (what Drover
+    /// did before fail-stop): a server that can no longer vote or apply, which no
+    /// supervisor restarts because nothing exited.
+    pub linger_on_storage_error: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).

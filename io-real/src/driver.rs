@@ -331,6 +331,9 @@ impl AgentHandle {
         let Some(raft) = &self.inner.raft else {
             return std::future::pending().await;
         };
+        if self.inner.config.server.raft_faults.linger_on_storage_error {
+            return std::future::pending().await;
+        }
         let mut metrics = raft.metrics();
         loop {
             match &metrics.borrow_and_update().running_state {

@@ -841,6 +841,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "nothing acknowledged is lost",
     ),
     (
+        "no-fail-stop",
+        "an agent whose Raft storage failed stays up with Raft stopped instead of exiting",
+        || Options {
+            raft_faults: RaftFaults {
+                linger_on_storage_error: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["swarm"],
+        "liveness",
+    ),
+    (
         "no-handover",
         "a leader stopping gracefully names no successor (issue 19)",
         || Options {
