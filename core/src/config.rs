@@ -148,6 +148,10 @@ pub struct RaftFaults {
     /// did before fail-stop): a server that can no longer vote or apply, which no
     /// supervisor restarts because nothing exited.
     pub linger_on_storage_error: bool,
+    /// A read that arrives while a ReadIndex round is running is answered by that round,
+    /// whose index was named before the read began (Raft thesis §6.4: the index must be
+    /// taken after the read arrives): a write acknowledged in between is missed.
+    pub reads_join_running_round: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).

@@ -854,6 +854,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "liveness",
     ),
     (
+        "read-joins-round",
+        "a consistent read joins the ReadIndex round already running, whose index predates it",
+        || Options {
+            raft_faults: RaftFaults {
+                reads_join_running_round: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["read_storm", "leader_killed", "lossy_network"],
+        "consistent reads are linearizable",
+    ),
+    (
         "no-handover",
         "a leader stopping gracefully names no successor (issue 19)",
         || Options {

@@ -115,6 +115,8 @@ pub struct ReadIndexBatcher {
     inner: Arc<Mutex<Batch>>,
     /// The regression switch `RaftFaults::leader_reads_without_quorum`.
     without_quorum: bool,
+    /// The regression switch `RaftFaults::reads_join_running_round`.
+    join_running_round: bool,
 }
 
 #[derive(Default)]
@@ -128,6 +130,7 @@ impl ReadIndexBatcher {
     pub fn new(faults: drover_core::config::RaftFaults) -> Self {
         ReadIndexBatcher {
             without_quorum: faults.leader_reads_without_quorum,
+            join_running_round: faults.reads_join_running_round,
             ..ReadIndexBatcher::default()
         }
     }
@@ -151,19 +154,26 @@ impl ReadIndexBatcher {
     /// Rounds until nobody waits: each answers the reads that were waiting when it started.
     async fn run(&self, raft: &crate::raft::Raft) {
         loop {
-            let waiting = {
+            let mut waiting = {
                 let mut batch = self.inner.lock().expect("read batch lock");
                 if batch.waiting.is_empty() {
                     batch.running = false;
                     return;
                 }
-                std::mem::take(&mut batch.waiting)
+                if self.join_running_round {
+                    Vec::new()
+                } else {
+                    std::mem::take(&mut batch.waiting)
+                }
             };
             let index = if self.without_quorum {
                 Ok(raft.metrics().borrow().last_applied.map_or(0, |log| log.index))
             } else {
                 read_index(raft).await
             };
+            if self.join_running_round {
+                waiting = std::mem::take(&mut self.inner.lock().expect("read batch lock").waiting);
+            }
             for answer in waiting {
                 let _ = answer.send(index.clone());
             }
