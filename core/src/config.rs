@@ -152,6 +152,13 @@ pub struct RaftFaults {
     /// whose index was named before the read began (Raft thesis §6.4: the index must be
     /// taken after the read arrives): a write acknowledged in between is missed.
     pub reads_join_running_round: bool,
+    /// Votes are written without waiting for the disk, yet acted on (the vote is granted):
+    /// a server that loses power after voting can vote again in the same term.
+    pub unsynced_vote: bool,
+    /// A failed log write is reported to Raft as durable, the error logged and swallowed
+    /// (the fsync-error handling PostgreSQL, among others, had until 2018's "fsyncgate"):
+    /// the server acknowledges entries its disk never took.
+    pub swallow_log_write_errors: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).
@@ -349,6 +356,14 @@ pub struct ClientFaults {
     /// `health_timeout` is killed and left dead instead of restarted (system allocations are
     /// never replaced, so the node is without its plugin for good).
     pub plugin_timeout_kills: bool,
+    /// Task services are synced with the Consul agent only when something changes, never
+    /// periodically: a deregistration that fails while Consul is down is never retried, and
+    /// the stopped task's service stays in the catalog (Nomad's service client syncs every
+    /// 30 s for exactly this).
+    pub no_service_anti_entropy: bool,
+    /// A volume whose node unmount fails in postrun is not retried (before Nomad's
+    /// `unmountWithRetry`): the mount stays on the host once the plugin recovers.
+    pub no_unmount_retry: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -753,6 +753,32 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "no task process outlives its task",
     ),
     (
+        "no-anti-entropy",
+        "Consul services are synced only on change: a deregistration failed while Consul was down is never retried",
+        || Options {
+            client_faults: ClientFaults {
+                no_service_anti_entropy: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        &["real_clients_connect"],
+        "nothing is left behind after a job stop",
+    ),
+    (
+        "no-unmount-retry",
+        "a volume whose unmount fails in postrun is given up at once, not retried",
+        || Options {
+            client_faults: ClientFaults {
+                no_unmount_retry: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        &["real_clients_rolling_update", "client_plugin_crash", "swarm"],
+        "nothing is left behind after a job stop",
+    ),
+    (
         "25293",
         "a plugin that misses its health timeout is killed and left dead, not restarted",
         || Options {
@@ -865,6 +891,34 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         &["read_storm", "leader_killed", "lossy_network"],
         "consistent reads are linearizable",
+    ),
+    (
+        "unsynced-vote",
+        "a vote is granted before it reaches the disk",
+        || Options {
+            raft_faults: RaftFaults {
+                unsynced_vote: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["restart_with_state", "leader_killed", "swarm"],
+        "a server votes once per term",
+    ),
+    (
+        "swallowed-log-error",
+        "a failed log write is reported to Raft as durable, the error only logged",
+        || Options {
+            raft_faults: RaftFaults {
+                swallow_log_write_errors: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["swarm"],
+        // openraft's own check on the leader: a follower's log went back on entries it had
+        // acknowledged ("follower log reversion"), reported as the server panicking.
+        "no panic",
     ),
     (
         "no-handover",

@@ -11,6 +11,7 @@ pub mod linearizable;
 pub mod liveness;
 pub mod log_matching;
 pub mod no_rebootstrap;
+pub mod one_vote;
 pub mod single_cluster;
 pub mod state_equal;
 pub mod task_processes;
@@ -37,6 +38,7 @@ pub trait Invariant: Send {
 pub fn all() -> Vec<Box<dyn Invariant>> {
     vec![
         Box::new(leader_per_term::LeaderPerTerm::default()),
+        Box::new(one_vote::OneVote::default()),
         Box::new(single_cluster::SingleCluster::default()),
         Box::new(no_rebootstrap::NoRebootstrap::default()),
         Box::new(log_matching::LogMatching::default()),
