@@ -450,7 +450,8 @@ impl Client {
     /// Keeps the local Consul agent's task services equal to the running tasks' `service`
     /// blocks, registering them at `address` (see [`ServiceSync`]).
     pub fn enable_service_sync(&mut self, now: Instant, address: String) {
-        self.services.enable(now, address);
+        self.services
+            .enable_with(now, address, self.settings.faults.no_service_anti_entropy);
         self.drive_link(now);
     }
 

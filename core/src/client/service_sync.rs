@@ -31,11 +31,19 @@ pub struct ServiceSync {
     next_at: Option<Instant>,
     /// Something changed while a pass was running: another pass follows at once.
     dirty: bool,
+    /// The regression switch `ClientFaults::no_service_anti_entropy`.
+    no_anti_entropy: bool,
 }
 
 impl ServiceSync {
     /// Starts syncing, registering services at `address` (the node's address).
     pub fn enable(&mut self, now: Instant, address: String) {
+        self.enable_with(now, address, false);
+    }
+
+    /// [`ServiceSync::enable`], optionally without the periodic pass (a regression switch).
+    pub fn enable_with(&mut self, now: Instant, address: String, no_anti_entropy: bool) {
+        self.no_anti_entropy = no_anti_entropy;
         self.address = Some(address);
         self.next_at = Some(now);
     }
@@ -113,6 +121,8 @@ impl ServiceSync {
     fn finish(&mut self, now: Instant) {
         let again = if core::mem::take(&mut self.dirty) {
             now
+        } else if self.no_anti_entropy {
+            return;
         } else {
             now + SERVICE_SYNC_PERIOD
         };

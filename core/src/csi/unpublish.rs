@@ -15,6 +15,7 @@ use crate::prelude::*;
 
 use alloc::collections::BTreeMap;
 
+use crate::config::CsiFaults;
 use crate::fsm::ServerState;
 use crate::structs::{AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, NodeStatus};
 
@@ -61,16 +62,13 @@ fn with_state(claim: &CsiVolumeClaim, state: ClaimState) -> Step {
 
 /// What to do next for `claim` (its state as last committed) on `volume` (denormalised).
 pub fn next_step(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim) -> Step {
-    next_step_with(state, volume, claim, false)
+    next_step_with(state, volume, claim, &CsiFaults::default())
 }
 
-/// [`next_step`], optionally re-creating Nomad #13416 (node detach attempted on a down node).
-pub fn next_step_with(
-    state: &ServerState,
-    volume: &CsiVolume,
-    claim: &CsiVolumeClaim,
-    detach_down_nodes: bool,
-) -> Step {
+/// [`next_step`], optionally re-creating the release defects `faults` names (regression
+/// switches): Nomad #13416 (node detach attempted on a down node).
+pub fn next_step_with(state: &ServerState, volume: &CsiVolume, claim: &CsiVolumeClaim, faults: &CsiFaults) -> Step {
+    let detach_down_nodes = faults.node_detach_on_down_node;
     let recorded = volume.past_claims.contains_key(&claim.allocation_id)
         || volume.read_claims.contains_key(&claim.allocation_id)
         || volume.write_claims.contains_key(&claim.allocation_id);

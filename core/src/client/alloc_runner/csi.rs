@@ -329,7 +329,7 @@ impl AllocRunner {
                         }
                         self.persist();
                     }
-                    Err(error) if now < release.give_up_at => {
+                    Err(error) if now < release.give_up_at && !self.spec.faults.no_unmount_retry => {
                         // Retried (Nomad's `unmountWithRetry`): the plugin may be restarting
                         // — after an agent restart its old instance is gone and the new one
                         // not yet registered. Nobody else would unmount it: the servers skip

@@ -174,7 +174,7 @@ impl CsiEndpoints {
             self.finish_unpublish(now, job_id, Ok(()), state, out);
             return;
         };
-        match unpublish::next_step_with(state, &volume, &claim, self.faults.node_detach_on_down_node) {
+        match unpublish::next_step_with(state, &volume, &claim, &self.faults) {
             Step::Done => self.finish_unpublish(now, job_id, Ok(()), state, out),
             Step::Checkpoint(next) => {
                 if claim.state == ClaimState::ReadyToFree
