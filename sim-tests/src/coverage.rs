@@ -56,6 +56,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "client agent killed",
     "client agent restart",
     "job update",
+    "allocation GC",
     "packet loss",
     "latency spike",
     "read storm",
@@ -134,6 +135,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         Action::OomKill(..) => vec!["task OOM killed"],
         Action::RestartClient(_) => vec!["client agent restart"],
         Action::UpdateJob(_) => vec!["job update"],
+        Action::GcAllocs => vec!["allocation GC"],
         // Setting a clock back to true time is the recovery, not a fault.
         Action::WallClock(_, 0) => vec![],
         Action::WallClock(_, ms) if ms.unsigned_abs() < 600_000 => vec!["clock skew"],

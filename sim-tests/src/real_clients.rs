@@ -420,6 +420,30 @@ pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
     }
 }
 
+/// An operator's `system gc`: every allocation that finished on its client is deleted, whether
+/// or not its volume claims are released yet (they still must be: Nomad #10052).
+pub async fn gc_allocs(cluster: &SimCluster) {
+    let Some(state) = any_state(cluster) else {
+        cluster.recorder().note("system gc: no live server to read");
+        return;
+    };
+    let alloc_ids: Vec<String> = state
+        .allocs()
+        .filter(|alloc| alloc.client_terminal())
+        .map(|alloc| alloc.id.clone())
+        .collect();
+    if alloc_ids.is_empty() {
+        cluster.recorder().note("system gc: no finished allocation");
+        return;
+    }
+    let count = alloc_ids.len();
+    let reply = request(cluster, ServerRequest::AllocDelete { alloc_ids }, 10).await;
+    cluster.recorder().note(format!(
+        "system gc: {count} finished allocations deleted: {}",
+        matches!(reply, ServerReply::Done { .. })
+    ));
+}
+
 /// The state of a live server (whichever answers first), for operator actions.
 fn any_state(cluster: &SimCluster) -> Option<ServerState> {
     cluster

@@ -430,6 +430,7 @@ async fn play(
                 }
             }
             Action::RestartClient(client) => cluster.restart_client(*client),
+            Action::GcAllocs => real_clients::gc_allocs(&cluster).await,
             Action::ReadStorm {
                 per_second,
                 lasting,

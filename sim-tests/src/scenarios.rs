@@ -93,6 +93,8 @@ pub enum Action {
     RestartClient(usize),
     /// A new version of the real clients' job is registered (a destructive update).
     UpdateJob(u64),
+    /// An operator's `system gc`: finished allocations are deleted.
+    GcAllocs,
     /// A machine's wall clock is set this many milliseconds apart from true time.
     WallClock(Machine, i64),
     /// A machine's monotonic clock jumps ahead (a paused VM resumes).
@@ -147,6 +149,7 @@ impl fmt::Display for Step {
             Action::OomKill(client, pick) => write!(f, "{at} OOM kill task #{pick} on c{}", client + 1),
             Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
             Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
+            Action::GcAllocs => write!(f, "{at} system gc: finished allocations deleted"),
             Action::WallClock(machine, ms) => write!(f, "{at} {machine}'s wall clock set {ms:+} ms off"),
             Action::ClockJump(machine, by) => {
                 write!(f, "{at} {machine}'s monotonic clock jumps {} ms ahead", by.as_millis())

@@ -132,6 +132,7 @@ const KINDS: &[(&str, Draw)] = &[
     ("update the job", |rng, at| {
         vec![step(at, Action::UpdateJob(rng.gen_range(1..1_000)))]
     }),
+    ("system gc", |_, at| vec![step(at, Action::GcAllocs)]),
     ("bridge partition", |rng, at| {
         let a = rng.gen_range(0..3);
         let b = (a + rng.gen_range(1..3)) % 3;
