@@ -364,6 +364,10 @@ pub struct ClientFaults {
     /// A volume whose node unmount fails in postrun is not retried (before Nomad's
     /// `unmountWithRetry`): the mount stays on the host once the plugin recovers.
     pub no_unmount_retry: bool,
+    /// A task the client cannot reattach to after a restart is started again without the
+    /// process its handle names being destroyed first: two copies of the task run (Nomad
+    /// destroys the old one before restarting since 0.9's driver rework).
+    pub restore_failure_keeps_process: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

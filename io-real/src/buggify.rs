@@ -21,12 +21,17 @@ pub const POINTS: &[(&str, &str)] = &[
     ),
     (CSI_SLOW, "a node plugin call waits 0.2–2 s before it is made"),
     (RAFT_SLOW, "a Raft message to a peer waits 20–400 ms before it is sent"),
+    (
+        RECOVER_FAILS,
+        "reattaching to a running task after an agent restart fails, the process still alive",
+    ),
 ];
 
 pub const CLIENT_RPC_UNREACHABLE: &str = "client rpc unreachable";
 pub const CSI_UNAVAILABLE: &str = "csi call unavailable";
 pub const CSI_SLOW: &str = "csi call slow";
 pub const RAFT_SLOW: &str = "raft message slow";
+pub const RECOVER_FAILS: &str = "task recover fails";
 
 #[cfg(madsim)]
 mod sim {

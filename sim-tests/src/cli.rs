@@ -779,6 +779,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "nothing is left behind after a job stop",
     ),
     (
+        "restore-dup",
+        "a task that cannot be reattached after a client restart is started again without killing the old process",
+        || Options {
+            client_faults: ClientFaults {
+                restore_failure_keeps_process: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        &["swarm"],
+        "no task process outlives its task",
+    ),
+    (
         "25293",
         "a plugin that misses its health timeout is killed and left dead, not restarted",
         || Options {

@@ -70,6 +70,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "buggify: csi call unavailable",
     "buggify: csi call slow",
     "buggify: raft message slow",
+    "buggify: task recover fails",
 ];
 
 /// The coverage name of a BUGGIFY point that fired.

@@ -420,8 +420,9 @@ pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
     }
 }
 
-/// An operator's `system gc`: every allocation that finished on its client is deleted, whether
-/// or not its volume claims are released yet (they still must be: Nomad #10052).
+/// An operator's `system gc`: every allocation the servers stopped and its client finished is
+/// deleted (Nomad's eligibility: a failed allocation still due to be rescheduled is kept),
+/// whether or not its volume claims are released yet (they still must be: Nomad #10052).
 pub async fn gc_allocs(cluster: &SimCluster) {
     let Some(state) = any_state(cluster) else {
         cluster.recorder().note("system gc: no live server to read");
@@ -429,7 +430,7 @@ pub async fn gc_allocs(cluster: &SimCluster) {
     };
     let alloc_ids: Vec<String> = state
         .allocs()
-        .filter(|alloc| alloc.client_terminal())
+        .filter(|alloc| alloc.server_terminal() && alloc.client_terminal())
         .map(|alloc| alloc.id.clone())
         .collect();
     if alloc_ids.is_empty() {

@@ -504,6 +504,10 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
             outcome
         }
         Io::RecoverTask { handle } => {
+            if buggify::fires(buggify::RECOVER_FAILS) {
+                // The task's process lives on; only reattaching to it failed.
+                return Err(IoError::other("failed to reattach to the task (injected)"));
+            }
             let outcome = executor.execute(Io::RecoverTask { handle: handle.clone() }).await;
             if outcome.is_ok() {
                 watch_task(executor.clone(), handle, sender);

@@ -77,6 +77,10 @@ impl TaskRunner {
             error: error.to_string(),
             was_running: self.local.state.state == TaskStatus::Running,
         };
+        if self.spec.faults.restore_failure_keeps_process {
+            self.destroyed(now, after, ops);
+            return;
+        }
         self.destroy(now, after, ops);
     }
 
