@@ -368,6 +368,11 @@ pub struct ClientFaults {
     /// process its handle names being destroyed first: two copies of the task run (Nomad
     /// destroys the old one before restarting since 0.9's driver rework).
     pub restore_failure_keeps_process: bool,
+    /// Nomad #8609 (before #12113): a claim the servers refuse is never retried, even when
+    /// the refusal is one to wait out ("volume max claims reached" while the previous
+    /// allocation still detaches): the replacement of an allocation fails at its first
+    /// placement after a drain or an update.
+    pub no_claim_retry: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

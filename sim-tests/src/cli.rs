@@ -779,6 +779,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "nothing is left behind after a job stop",
     ),
     (
+        "8609",
+        "a claim refused while the previous allocation still holds the volume is not retried: the replacement fails",
+        || Options {
+            client_faults: ClientFaults {
+                no_claim_retry: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        &["real_clients_rolling_update", "real_clients_csi"],
+        "a claim refused for capacity is waited out",
+    ),
+    (
         "restore-dup",
         "a task that cannot be reattached after a client restart is started again without killing the old process",
         || Options {

@@ -850,6 +850,15 @@ pub async fn check_end(
     recorder.note(format!(
         "the jobs run on the real clients ({starts} task starts in all)"
     ));
+    if let Some(state) = leader_state(cluster, leader) {
+        let refused = failed_on_capacity(&state, plan);
+        if !refused.is_empty() {
+            recorder.violate(
+                "a claim refused for capacity is waited out, never fails its allocation (#8609)",
+                refused.join("; "),
+            );
+        }
+    }
     if plan.connect() {
         recorder.note(format!(
             "{} SI tokens alive in Consul, equal to the accessors in Raft ({} created in all)",
@@ -929,6 +938,28 @@ async fn stop_jobs(
         tokio::time::sleep(POLL).await;
     }
     true
+}
+
+/// Allocations of the plan's jobs that failed because a claim met a volume whose claims
+/// were all taken. That refusal is what a replacement meets while the allocation it replaces
+/// still releases the volume (an update, a drain); the client must wait it out (#8609).
+fn failed_on_capacity(state: &ServerState, plan: &RealClientPlan) -> Vec<String> {
+    state
+        .allocs()
+        .filter(|alloc| plan.jobs.iter().any(|job| job.id == alloc.job_id))
+        .filter(|alloc| alloc.client_status == ClientStatus::Failed)
+        .filter_map(|alloc| {
+            let event = alloc
+                .task_states
+                .values()
+                .flat_map(|task| task.events.iter())
+                .find(|event| {
+                    event.kind == drover_core::client::events::SETUP_FAILURE
+                        && event.message.contains("volume max claims reached")
+                })?;
+            Some(format!("{} of {}: {}", alloc.id, alloc.job_id, event.message))
+        })
+        .collect()
 }
 
 /// Task states that did not converge to what the client ran: an allocation its client

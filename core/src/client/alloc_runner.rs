@@ -596,10 +596,8 @@ impl AllocRunner {
                     self.phase = Phase::Prerun { index: index + 1 };
                 }
                 HookProgress::Failed(message) => {
-                    self.hook_event(*hook, "prerun", Err(message.clone()));
-                    self.local.prerun_failed = Some(format!("prerun hook \"{}\" failed: {message}", hook.name()));
-                    self.persist();
-                    self.begin_postrun(now, ops);
+                    let hook = *hook;
+                    self.fail_prerun(now, hook, message, ops);
                     return;
                 }
             }
@@ -658,11 +656,8 @@ impl AllocRunner {
             PrerunVerdict::Advance => self.advance_prerun(now, ops),
             PrerunVerdict::Retry(message) => self.hook_event(hook, "prerun-retry", Err(message)),
             PrerunVerdict::Failed(message) => {
-                self.hook_event(hook, "prerun", Err(message.clone()));
-                self.local.prerun_failed = Some(format!("prerun hook \"{}\" failed: {message}", hook.name()));
                 self.csi = None;
-                self.persist();
-                self.begin_postrun(now, ops);
+                self.fail_prerun(now, hook, message, ops);
             }
         }
     }
@@ -846,6 +841,19 @@ impl AllocRunner {
             }
             self.phase = Phase::Postrun { index: index + 1 };
         }
+    }
+
+    /// A prerun hook failed for good: every task that had not begun is failed with the
+    /// reason (Nomad's `MarkFailedDead`), and postrun releases what prerun took.
+    fn fail_prerun(&mut self, now: Instant, hook: AllocHook, message: String, ops: &mut OpIds) {
+        self.hook_event(hook, "prerun", Err(message.clone()));
+        let reason = format!("prerun hook \"{}\" failed: {message}", hook.name());
+        for runner in self.tasks.values_mut() {
+            runner.setup_failed(now, &reason, ops);
+        }
+        self.local.prerun_failed = Some(reason);
+        self.persist();
+        self.begin_postrun(now, ops);
     }
 
     fn hook_event(&mut self, hook: AllocHook, phase: &'static str, result: Result<(), String>) {

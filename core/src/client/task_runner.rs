@@ -403,6 +403,24 @@ impl TaskRunner {
         self.kill(now, ops);
     }
 
+    /// The allocation's prerun failed before this task could start (Nomad's
+    /// `MarkFailedDead`): the task is failed and dead, with a "Setup Failure" event saying why,
+    /// so `alloc status` explains the failed allocation.
+    pub fn setup_failed(&mut self, now: Instant, reason: &str, ops: &mut OpIds) {
+        if self.kill_requested || self.has_begun() || matches!(self.phase, Phase::Dead | Phase::Stopping { .. }) {
+            return;
+        }
+        self.local.state.failed = true;
+        let message = format!("failed to setup alloc: {reason}");
+        self.event_with(
+            now,
+            events::SETUP_FAILURE,
+            &message,
+            details([("setup_error", message.clone()), ("fails_task", "true".into())]),
+        );
+        self.kill(now, ops);
+    }
+
     fn decide(&mut self, now: Instant, decision: Decision, ops: &mut OpIds) {
         match decision {
             Decision::Restart { delay, reason } => {

@@ -266,7 +266,7 @@ impl AllocRunner {
             Err(error) => (format!("no servers: {error}"), true),
         };
         let message = format!("claim volume {}: {message}", request.source);
-        if retryable && self.claim_give_up_at.is_some_and(|at| now < at) {
+        if retryable && !self.spec.faults.no_claim_retry && self.claim_give_up_at.is_some_and(|at| now < at) {
             self.claim_retry_at = Some(now + self.claim_backoff);
             self.claim_backoff = (self.claim_backoff * 2).min(CLAIM_BACKOFF_MAX);
             return PrerunVerdict::Retry(message);
