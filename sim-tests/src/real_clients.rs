@@ -571,13 +571,36 @@ fn describe_allocs(state: &ServerState, job_id: &str) -> String {
         .evals()
         .filter(|eval| eval.job_id == job_id)
         .map(|eval| {
+            let node = state.node(&eval.node_id).map_or("", |node| node.name.as_str());
             format!(
-                "{} {} {:?} {:?}",
-                eval.triggered_by, eval.status, eval.status_description, eval.failed_tg_allocs
+                "{} {node} at {} (snapshot {}) {} {:?} {:?}",
+                eval.triggered_by,
+                eval.create_index,
+                eval.snapshot_index,
+                eval.status,
+                eval.status_description,
+                eval.failed_tg_allocs
             )
         })
         .collect();
-    format!("allocations: {}; evaluations: {}", allocs.join(", "), evals.join("; "))
+    let nodes: Vec<String> = state
+        .nodes()
+        .map(|node| {
+            format!(
+                "{} {:?} eligible={} (modified at {})",
+                node.name,
+                node.status,
+                node.eligible(),
+                node.modify_index
+            )
+        })
+        .collect();
+    format!(
+        "allocations: {}; evaluations: {}; nodes: {}",
+        allocs.join(", "),
+        evals.join("; "),
+        nodes.join(", ")
+    )
 }
 
 /// Whether every job runs as it should: `count` allocations the servers want running at its

@@ -980,3 +980,49 @@ fn a_stored_job_above_the_count_limit_is_scheduled_up_to_the_limit_not_built_in_
         "the failures up to the limit coalesce into one metric"
     );
 }
+
+/// A node that came back (ready again) just before its leader fell has its system
+/// allocations placed by the next leader, although that leader never saw the node change.
+#[test]
+fn a_new_leaders_worker_evaluates_system_jobs_it_saw_no_node_change_for() {
+    let mut world = World::new(&[node("n1", 4000), node("n2", 4000)]);
+    let plugin = job("plugin", JobType::System, 1, 100);
+    let eval = world.register(&plugin);
+    world.run(&eval);
+    // n2's allocation was lost while it was down; it is ready again, and no evaluation
+    // followed (the leader that applied the change fell before proposing one).
+    let mut lost = world
+        .fx
+        .state
+        .allocs_on_node("n2")
+        .next()
+        .cloned()
+        .expect("placed on n2");
+    lost.desired_status = DesiredStatus::Stop;
+    lost.client_status = ClientStatus::Lost;
+    world.fx.ok(Command::PlanApply {
+        allocs: vec![lost],
+        evals: Vec::new(),
+    });
+    assert_eq!(world.live("plugin").len(), 1);
+    let mut worker = worker::Worker::new(7);
+    let start = crate::time::Instant::ZERO;
+    worker.set_enabled(start, true);
+    let Some(Command::EvalUpsert { evals }) = worker.run(start, &world.fx.state) else {
+        panic!("a new leader evaluates the system job")
+    };
+    assert_eq!(
+        evals.iter().map(|eval| eval.job_id.as_str()).collect::<Vec<_>>(),
+        ["plugin"]
+    );
+    world.fx.ok(Command::EvalUpsert { evals });
+    worker.proposed();
+    let Some(Command::PlanApply { allocs, .. }) = worker.run(start, &world.fx.state) else {
+        panic!("the plan")
+    };
+    assert!(
+        allocs
+            .iter()
+            .any(|alloc| alloc.node_id == "n2" && alloc.desired_status == DesiredStatus::Run)
+    );
+}

@@ -126,15 +126,30 @@ impl Worker {
             .nodes()
             .map(|node| (node.id.clone(), (node.status, node.scheduling_eligibility)))
             .collect();
-        let seen = self.nodes_seen.replace(current.clone())?;
-        let changed: BTreeSet<&String> = current
-            .keys()
-            .chain(seen.keys())
-            .filter(|id| current.get(*id) != seen.get(*id))
-            .collect();
-        if changed.is_empty() {
-            return None;
-        }
+        let changed: BTreeSet<String> = match self.nodes_seen.replace(current.clone()) {
+            Some(seen) => {
+                let changed: BTreeSet<String> = current
+                    .keys()
+                    .chain(seen.keys())
+                    .filter(|id| current.get(*id) != seen.get(*id))
+                    .cloned()
+                    .collect();
+                if changed.is_empty() {
+                    return None;
+                }
+                changed
+            }
+            // A new leader cannot know which node changes its predecessor evaluated: one
+            // committed just before the old leader fell (or whose evaluations it failed to
+            // propose) would otherwise never be. So it evaluates every system job, and every
+            // job with allocations on a node that is not ready (found by the swarm, seed 273:
+            // a node back from down under a leader that fell at once never got its plugin).
+            None => state
+                .nodes()
+                .filter(|node| node.status != NodeStatus::Ready)
+                .map(|node| node.id.clone())
+                .collect(),
+        };
         let mut jobs: BTreeMap<(String, String), (String, &str, String)> = BTreeMap::new();
         // In allocation id order, as a scan of the table would find them: the last one of a
         // job names the evaluation's node.
