@@ -373,6 +373,11 @@ pub struct ClientFaults {
     /// allocation still detaches): the replacement of an allocation fails at its first
     /// placement after a drain or an update.
     pub no_claim_retry: bool,
+    /// Nomad #12744 (before alloc-aware deregistration): a plugin allocation that stops
+    /// removes every registration of its plugin name, so the replacement that registered
+    /// while it was stopping (a node back from down, a client restart) is forgotten and the
+    /// node loses its plugin.
+    pub deregister_plugin_by_name: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

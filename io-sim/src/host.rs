@@ -5,11 +5,12 @@
 //! The host outlives its client agent: tasks keep running across an agent restart (they are in
 //! their own sessions on a real host), so a restarted agent must recover them, and a task that
 //! is started twice, a directory removed with a volume still mounted inside, or a task left
-//! running once its allocation is gone are all visible here. Task configs understand three
-//! keys: `run_for` (a Go duration; the task exits with `exit_code` after it), `exit_code`, and
-//! `children` (the task starts that many processes of its own, which ignore the stop signal and
-//! outlive its leader, as a shell's background jobs and daemons do on a real host: only
-//! `DestroyTask`, the cgroup kill, or the host's death ends them).
+//! running once its allocation is gone are all visible here. Task configs understand four
+//! keys: `run_for` (a Go duration; the task exits with `exit_code` after it), `exit_code`,
+//! `stop_after` (a Go duration: how long it takes to exit once interrupted; killed past its
+//! kill timeout), and `children` (the task starts that many processes of its own, which
+//! ignore the stop signal and outlive its leader, as a shell's background jobs and daemons do
+//! on a real host: only `DestroyTask`, the cgroup kill, or the host's death ends them).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -46,6 +47,9 @@ struct SimTask {
     ports: BTreeSet<u16>,
     /// Processes the task started that still run (they outlive the leader until destroyed).
     children: u32,
+    /// How long the leader takes to exit once interrupted (`stop_after`): a daemon finishing
+    /// what it was doing. Past the kill timeout it is killed.
+    stop_after: Duration,
 }
 
 impl SimTask {
@@ -477,6 +481,9 @@ impl SimHost {
             Some(ConfigValue::Int(count)) => (*count).clamp(0, 64) as u32,
             _ => 0,
         };
+        let stop_after = config_str(&config.config, "stop_after")
+            .and_then(|text| drover_core::goduration::parse(text).ok())
+            .unwrap_or_default();
         let (exit, _) = watch::channel(None);
         state.tasks.insert(
             key.clone(),
@@ -488,6 +495,7 @@ impl SimHost {
                 exit,
                 ports,
                 children,
+                stop_after,
             },
         );
         drop(state);
@@ -521,14 +529,31 @@ impl SimHost {
         (Some(task.pid) == Self::pid(handle, state.boot)).then(|| f(task))
     }
 
-    fn stop(&self, handle: &TaskHandle) -> Outcome {
-        let stopped = self.with_task(handle, |task| {
-            task.end(ExitResult {
-                exit_code: 130,
-                signal: 2,
+    /// SIGINT, then SIGKILL if the task has not exited within `kill_timeout` (the production
+    /// driver's `stop`): answers once the leader is gone.
+    async fn stop(&self, handle: &TaskHandle, kill_timeout: Duration) -> Outcome {
+        let Some((stop_after, mut exit)) = self.with_task(handle, |task| (task.stop_after, task.exit.subscribe()))
+        else {
+            return Ok(Reply::Unit);
+        };
+        let interrupted = ExitResult {
+            exit_code: 130,
+            signal: 2,
+            ..ExitResult::default()
+        };
+        let result = if stop_after <= kill_timeout {
+            // It may exit by itself meanwhile; then that exit stands.
+            let _ = tokio::time::timeout(stop_after, exit.wait_for(Option::is_some)).await;
+            interrupted
+        } else {
+            let _ = tokio::time::timeout(kill_timeout, exit.wait_for(Option::is_some)).await;
+            ExitResult {
+                exit_code: 137,
+                signal: 9,
                 ..ExitResult::default()
-            })
-        });
+            }
+        };
+        let stopped = self.with_task(handle, |task| task.end(result));
         if stopped == Some(true) {
             self.note(format!("task {}/{} stopped", handle.alloc_id, handle.task));
             self.gone_if_so(handle);
@@ -732,7 +757,7 @@ impl ClientExecutor for SimHost {
                     ..
                 } => host.run_command(program, args, stdout_path).await,
                 Io::StartTask(config) => host.start(*config),
-                Io::StopTask { handle, .. } => host.stop(&handle),
+                Io::StopTask { handle, kill_timeout } => host.stop(&handle, kill_timeout).await,
                 Io::DestroyTask { handle } => host.destroy(&handle),
                 Io::SignalTask { handle, signal } => match host.with_task(&handle, SimTask::running) {
                     Some(true) => {

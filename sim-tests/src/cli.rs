@@ -792,6 +792,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "a claim refused for capacity is waited out",
     ),
     (
+        "12744",
+        "a stopping plugin allocation deregisters its plugin by name, removing the replacement's registration",
+        || Options {
+            client_faults: ClientFaults {
+                deregister_plugin_by_name: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        &["swarm"],
+        "liveness",
+    ),
+    (
         "restore-dup",
         "a task that cannot be reattached after a client restart is started again without killing the old process",
         || Options {

@@ -177,6 +177,9 @@ pub fn plugin_job() -> Job {
                     memory_mb: 32,
                     ..TaskResources::default()
                 },
+                // It takes a while to exit once interrupted, finishing what it was doing, as
+                // real plugins do: a replacement can come up meanwhile.
+                config: BTreeMap::from([("stop_after".to_string(), ConfigValue::String("2s".into()))]),
                 csi_plugin: Some(TaskCsiPluginConfig {
                     id: PLUGIN_ID.into(),
                     plugin_type: CsiPluginType::Monolith,

@@ -717,7 +717,12 @@ impl Client {
                         self.drain_registry(now);
                     }
                     TaskAction::Deregister { kind, name, alloc_id } => {
-                        if self.registry.deregister(kind, &name, &alloc_id) {
+                        let changed = if self.settings.faults.deregister_plugin_by_name {
+                            self.registry.deregister_name(kind, &name)
+                        } else {
+                            self.registry.deregister(kind, &name, &alloc_id)
+                        };
+                        if changed {
                             self.persist_registry();
                         }
                         self.drain_registry(now);

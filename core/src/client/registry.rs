@@ -89,6 +89,17 @@ impl Registry {
         true
     }
 
+    /// Removes every registration of `name` whichever allocation made it: Nomad's behaviour
+    /// before #12744, kept only for the simulation's regression switch
+    /// (`ClientFaults::deregister_plugin_by_name`).
+    pub fn deregister_name(&mut self, kind: PluginKind, name: &str) -> bool {
+        let Some(list) = self.plugins.remove(&(kind, name.to_string())) else {
+            return false;
+        };
+        self.updates.extend(list.into_iter().map(RegistryEvent::Deregistered));
+        true
+    }
+
     /// The newest registration of every plugin of `kind`.
     pub fn list(&self, kind: PluginKind) -> Vec<&PluginInfo> {
         self.plugins
