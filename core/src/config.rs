@@ -123,6 +123,10 @@ pub struct CsiFaults {
     /// per plugin, so two volumes' `ControllerPublishVolume` calls race inside one plugin
     /// ("Attachment point /dev/xvdba is already in use").
     pub serialize_per_volume: bool,
+    /// Nomad #7200 (fixed by #7328): a claim is not idempotent per allocation. An allocation
+    /// claiming a volume it already holds (its client retrying a claim whose answer was lost,
+    /// or claiming again after a restart) is refused as one claim too many.
+    pub claims_not_idempotent: bool,
 }
 
 /// Read-path and failover defects the simulation re-creates on purpose (regression switches).

@@ -805,6 +805,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "liveness",
     ),
     (
+        "7200",
+        "a claim is not idempotent per allocation: an allocation claiming a volume it holds is refused",
+        || Options {
+            csi_faults: CsiFaults {
+                claims_not_idempotent: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
+        },
+        &["swarm", "real_clients_csi"],
+        "liveness",
+    ),
+    (
         "restore-dup",
         "a task that cannot be reattached after a client restart is started again without killing the old process",
         || Options {

@@ -177,6 +177,11 @@ impl CsiEndpoints {
                 volume_id,
                 claim,
             } => {
+                if self.faults.claims_not_idempotent && holds_claim(state, &namespace, &volume_id, &claim) {
+                    let refused = RpcError::refused(crate::csi::claims::ClaimError::MaxClaimsReached.to_string());
+                    out.reply(req, ServerReply::Error(refused));
+                    return None;
+                }
                 let flow = Flow::Claim {
                     req,
                     namespace: namespace.clone(),
@@ -404,4 +409,17 @@ impl CsiEndpoints {
             }
         }
     }
+}
+
+/// Whether the allocation of `claim` already holds a live claim on the volume
+/// (`CsiFaults::claims_not_idempotent`).
+fn holds_claim(state: &ServerState, namespace: &str, volume_id: &str, claim: &CsiVolumeClaim) -> bool {
+    if claim.state != crate::structs::ClaimState::Taken {
+        return false;
+    }
+    state.volume(namespace, volume_id).is_some_and(|volume| {
+        volume.past_claims.get(&claim.allocation_id).is_none()
+            && (volume.read_claims.contains_key(&claim.allocation_id)
+                || volume.write_claims.contains_key(&claim.allocation_id))
+    })
 }
