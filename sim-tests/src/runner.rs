@@ -279,6 +279,24 @@ struct Workload {
     attempts: Arc<AtomicU64>,
     /// Attempts a shrunk schedule leaves out.
     dropped: BTreeSet<u64>,
+    /// Fault-phase writes (with their read-back) still running.
+    in_flight: Arc<AtomicU64>,
+}
+
+/// Counts one running write for as long as it lives.
+struct InFlight(Arc<AtomicU64>);
+
+impl InFlight {
+    fn new(count: &Arc<AtomicU64>) -> Self {
+        count.fetch_add(1, AtomicOrdering::SeqCst);
+        InFlight(count.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, AtomicOrdering::SeqCst);
+    }
 }
 
 async fn play(
@@ -326,6 +344,7 @@ async fn play(
         start,
         attempts,
         dropped,
+        in_flight: Arc::default(),
     };
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
@@ -589,7 +608,9 @@ async fn drive_workload(
             let (path, reader) = (path.clone(), cluster.reader(reader));
             move || reader.start_read(path, WRITE_TIMEOUT)
         };
+        let running = InFlight::new(&workload.in_flight);
         tokio::spawn(async move {
+            let _running = running;
             let completed = match write.await {
                 Ok(log_index) => {
                     recorder.note(format!("write {path} via {name} acknowledged at index {log_index}"));
@@ -862,8 +883,12 @@ fn check_linearizable(recorder: &Recorder, workload: &Workload) {
 }
 
 async fn check_acknowledged_writes(cluster: &SimCluster, recorder: &Recorder, workload: &Workload, leader: u64) {
-    // Let in-flight writes settle so the acknowledged set is final.
-    tokio::time::sleep(WRITE_TIMEOUT).await;
+    // Let in-flight writes settle so the acknowledged set is final: each ends within its
+    // timeout, so waiting for the last one is bounded by it.
+    let settled_by = tokio::time::Instant::now() + WRITE_TIMEOUT;
+    while workload.in_flight.load(AtomicOrdering::SeqCst) > 0 && tokio::time::Instant::now() < settled_by {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let acked = workload.acked.lock().expect("acked lock").clone();
     let Some(agent) = (0..cluster.len())
         .filter_map(|index| cluster.agent(index))
