@@ -900,6 +900,16 @@ async fn check_acknowledged_writes(cluster: &SimCluster, recorder: &Recorder, wo
         );
         return;
     };
+    // A write is acknowledged once applied, but the state this check reads is published a
+    // moment later: wait (within the write timeout) until it reaches the newest acknowledged
+    // index.
+    let newest = acked.values().copied().max().unwrap_or(0);
+    let applied_by = tokio::time::Instant::now() + WRITE_TIMEOUT;
+    while agent.read_state(|state| state.last_applied()).flatten().unwrap_or(0) < newest
+        && tokio::time::Instant::now() < applied_by
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     if acked.is_empty() {
         recorder.violate(
             "nothing acknowledged is lost",
