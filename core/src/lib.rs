@@ -34,6 +34,7 @@ pub mod election;
 pub mod error;
 pub mod fsm;
 pub mod goduration;
+pub mod hash;
 pub mod heartbeat;
 pub mod jobspec;
 pub mod membership;

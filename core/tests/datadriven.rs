@@ -1160,6 +1160,7 @@ mod link_harness {
                     })
                     .collect(),
                 finished_elsewhere: Vec::new(),
+                view: ms("index"),
             })),
             other => panic!("unknown reply {other}"),
         }

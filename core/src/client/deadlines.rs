@@ -78,6 +78,7 @@ mod tests {
         assert_eq!(deadline(&Io::Mkdir { path: "/a".into() }), Some(FS_TIMEOUT));
         assert_eq!(deadline(&Io::IsMountPoint { path: "/a".into() }), Some(FS_TIMEOUT));
         let sync = Io::AllocSync(NodeAllocsRequest {
+            known_view: None,
             node_id: "n1".into(),
             min_index: 7,
             max_wait_ms: ALLOC_SYNC_WAIT.as_millis() as u64,

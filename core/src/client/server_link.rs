@@ -74,6 +74,8 @@ pub struct ServerLink {
     ttl: Duration,
     /// The index of the newest alloc sync used.
     synced_index: Option<u64>,
+    /// The view digest of that sync.
+    synced_view: Option<u64>,
     backoff: Duration,
     /// The node changed while a registration was in flight: register once more after it.
     register_again: bool,
@@ -162,6 +164,7 @@ impl ServerLink {
                 Io::AllocSync(NodeAllocsRequest {
                     node_id: node.id.clone(),
                     min_index: self.synced_index.unwrap_or(0),
+                    known_view: self.synced_view,
                     max_wait_ms: ALLOC_SYNC_WAIT.as_millis() as u64,
                 }),
             ));
@@ -241,6 +244,7 @@ impl ServerLink {
                     return None;
                 }
                 self.synced_index = Some(reply.index);
+                self.synced_view = Some(reply.view);
                 Some(LinkEvent::Allocs {
                     allocs: reply.allocs,
                     finished_elsewhere: reply.finished_elsewhere,

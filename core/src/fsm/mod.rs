@@ -569,11 +569,42 @@ impl ServerState {
     }
 
     pub fn node_allocs(&self, node_id: &str) -> (Vec<(Allocation, Job)>, Vec<String>) {
+        let (allocs, finished) = self.node_view(node_id);
+        let allocs = allocs
+            .into_iter()
+            .map(|(alloc, job)| (alloc.clone(), job.clone()))
+            .collect();
+        (allocs, finished)
+    }
+
+    /// A digest of what [`ServerState::node_allocs`] answers for `node_id`: it changes when
+    /// any of the node's allocations or their jobs is written (each write moves their modify
+    /// index), when one is added or deleted, or when an awaited allocation finishes. A client
+    /// that has the view with this digest has nothing new to pull.
+    pub fn node_allocs_view(&self, node_id: &str) -> u64 {
+        let (allocs, finished) = self.node_view(node_id);
+        let mut digest = crate::hash::Fnv1a::default();
+        for (alloc, job) in allocs {
+            digest
+                .str(&alloc.id)
+                .u64(alloc.modify_index)
+                .u64(job.modify_index)
+                .u64(job.job_modify_index)
+                .u64(job.version);
+        }
+        digest.u64(finished.len() as u64);
+        for id in &finished {
+            digest.str(id);
+        }
+        digest.finish()
+    }
+
+    fn node_view(&self, node_id: &str) -> (Vec<(&Allocation, &Job)>, Vec<String>) {
         let mut allocs = Vec::new();
         let mut finished = alloc::collections::BTreeSet::new();
         for placed in self.allocs_on_node(node_id) {
             if let Some(job) = self.job(&placed.namespace, &placed.job_id) {
-                allocs.push((placed.clone(), job.clone()));
+                allocs.push((placed, job));
             }
             for awaited in placed
                 .previous_allocation

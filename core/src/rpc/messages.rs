@@ -188,6 +188,11 @@ pub struct NodeAllocsRequest {
     pub node_id: String,
     pub min_index: u64,
     pub max_wait_ms: u64,
+    /// The view digest of the client's last reply ([`NodeAllocsReply::view`]): the server
+    /// keeps waiting while the node's view still has it, so a change elsewhere in the cluster
+    /// does not send the client its whole view again.
+    #[serde(default)]
+    pub known_view: Option<u64>,
 }
 
 /// The allocations of one node with their jobs, as of the server's applied `index`.
@@ -198,6 +203,9 @@ pub struct NodeAllocsReply {
     /// Allocations on other nodes that these wait for and that have finished
     /// ([`ServerState::node_allocs`]).
     pub finished_elsewhere: Vec<String>,
+    /// [`ServerState::node_allocs_view`] of this answer.
+    #[serde(default)]
+    pub view: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -558,9 +558,15 @@ impl Service {
         let index = || applied.last_applied_index();
         let wait = Duration::from_millis(request.max_wait_ms).min(NODE_ALLOCS_MAX_WAIT);
         let deadline = tokio::time::Instant::now() + wait;
+        // Nomad's client pulls only the allocations whose modify index moved; here the
+        // whole view goes, so the wait also skips changes that leave it as the client has it.
+        let unchanged = |known: u64| applied.read(|applied| applied.state.node_allocs_view(&request.node_id) == known);
         loop {
             let seen = changes.count();
-            if index() > request.min_index || !changes.changed_since(seen, deadline).await {
+            if index() > request.min_index && !request.known_view.is_some_and(unchanged) {
+                break;
+            }
+            if !changes.changed_since(seen, deadline).await {
                 break;
             }
         }
@@ -570,6 +576,7 @@ impl Service {
                 index: applied.last_applied.map(|log| log.index).unwrap_or(0),
                 allocs,
                 finished_elsewhere,
+                view: applied.state.node_allocs_view(&request.node_id),
             }
         }))
     }

@@ -669,3 +669,47 @@ fn volumes_on_a_node_follow_their_claims() {
     check(&fx, &[("n1", &["shared"]), ("n2", &[])]);
     assert_eq!(ServerState::restore(&fx.state.snapshot()).unwrap(), fx.state);
 }
+
+/// The digest a client's alloc sync waits on moves with every write to the node's view and
+/// with nothing else.
+#[test]
+fn the_node_view_digest_moves_only_with_the_nodes_view() {
+    let mut fx = Fixture::new();
+    let job = |version: u64| crate::structs::Job {
+        id: "app".into(),
+        namespace: "default".into(),
+        version,
+        ..Default::default()
+    };
+    fx.ok(Command::JobUpsert { job: job(0) });
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("a", "n1"), alloc("b", "n2")],
+    });
+    let view = |fx: &Fixture| fx.state.node_allocs_view("n1");
+    let first = view(&fx);
+    // Another node's allocation changes: n1's view does not.
+    fx.ok(Command::AllocClientUpdate {
+        alloc_id: "b".into(),
+        client_status: ClientStatus::Running,
+    });
+    assert_eq!(view(&fx), first);
+    // Its own allocation's status, its job, a new allocation, a deletion: each moves it.
+    fx.ok(Command::AllocClientUpdate {
+        alloc_id: "a".into(),
+        client_status: ClientStatus::Running,
+    });
+    let second = view(&fx);
+    assert_ne!(second, first);
+    fx.ok(Command::JobUpsert { job: job(1) });
+    let third = view(&fx);
+    assert_ne!(third, second);
+    fx.ok(Command::AllocUpsert {
+        allocs: vec![alloc("c", "n1")],
+    });
+    let fourth = view(&fx);
+    assert_ne!(fourth, third);
+    fx.ok(Command::AllocDelete {
+        alloc_ids: vec!["c".into()],
+    });
+    assert_ne!(view(&fx), fourth);
+}
