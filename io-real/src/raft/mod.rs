@@ -3,6 +3,7 @@
 //! ([`network`]).
 
 pub mod changes;
+mod log_cache;
 pub mod network;
 pub mod snapshots;
 pub mod store;

@@ -315,6 +315,8 @@ pub struct LogStore {
     on_vote: Option<VoteHook>,
     /// Regression switches that skip a sync on purpose (simulation only).
     faults: drover_core::config::RaftFaults,
+    /// The newest entries as written, shared by every reader of this log.
+    cache: super::log_cache::LogCache,
 }
 
 impl Debug for LogStore {
@@ -332,6 +334,7 @@ impl LogStore {
             store,
             on_vote: None,
             faults: drover_core::config::RaftFaults::default(),
+            cache: super::log_cache::LogCache::default(),
         }
     }
 
@@ -347,6 +350,9 @@ impl LogStore {
     }
 
     fn read_range(&self, start: u64, end: Bound<u64>) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        if let Some(entries) = self.cache.range(start, end) {
+            return Ok(entries);
+        }
         let txn = self.store.db.begin_read().map_err(redb_err)?;
         let table = txn.open_table(LOG).map_err(redb_err)?;
         let range = match end {
@@ -368,14 +374,18 @@ impl LogStore {
         if self.faults.unsynced_log {
             txn.set_durability(Durability::None).map_err(redb_err)?;
         }
+        let mut sizes = Vec::with_capacity(entries.len());
         {
             let mut table = txn.open_table(LOG).map_err(redb_err)?;
             for entry in &entries {
                 let bytes = encode_record(entry);
                 table.insert(entry.log_id.index, bytes.as_slice()).map_err(redb_err)?;
+                sizes.push(bytes.len());
             }
         }
-        txn.commit().map_err(redb_err)
+        txn.commit().map_err(redb_err)?;
+        self.cache.appended(entries.into_iter().zip(sizes));
+        Ok(())
     }
 
     fn remove_range(&self, range: impl RangeBounds<u64>, purged: Option<LogId<u64>>) -> Result<(), StoreError> {
@@ -496,11 +506,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn truncate(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
         self.store.pace().await;
+        // Forgotten first: should the removal fail, the cache must not answer for the disk.
+        self.cache.truncated(log_id.index);
         self.remove_range(log_id.index.., None).map_err(io_write)
     }
 
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
         self.store.pace().await;
+        self.cache.purged(log_id.index);
         self.remove_range(..=log_id.index, Some(log_id)).map_err(io_write)
     }
 }
