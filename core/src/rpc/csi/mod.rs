@@ -418,7 +418,7 @@ fn holds_claim(state: &ServerState, namespace: &str, volume_id: &str, claim: &Cs
         return false;
     }
     state.volume(namespace, volume_id).is_some_and(|volume| {
-        volume.past_claims.get(&claim.allocation_id).is_none()
+        !volume.past_claims.contains_key(&claim.allocation_id)
             && (volume.read_claims.contains_key(&claim.allocation_id)
                 || volume.write_claims.contains_key(&claim.allocation_id))
     })
