@@ -485,6 +485,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let entries: Vec<_> = entries.into_iter().collect();
+        if entries.is_empty() {
+            // Nothing to write, and every earlier append was synced before it returned.
+            callback.log_io_completed(Ok(()));
+            return Ok(());
+        }
         self.store.pace().await;
         let result = self.write_entries(entries);
         match result {
