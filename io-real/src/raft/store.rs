@@ -996,4 +996,44 @@ mod tests {
             .expect("a newer format is refused");
         assert!(error.to_string().contains("newer Drover (state format v9"), "{error}");
     }
+
+    /// A slow disk slows every durable Raft write: the vote, truncation and purging each wait
+    /// out the disk's latency before they write (only a lower bound is checked: a sleep never
+    /// ends early, so this cannot fail by luck).
+    #[test]
+    fn a_slow_disk_delays_every_durable_raft_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let asked = Arc::new(AtomicU64::new(0));
+        let latency: DiskLatency = {
+            let asked = asked.clone();
+            Arc::new(move || {
+                asked.fetch_add(1, Ordering::SeqCst);
+                std::time::Duration::from_millis(40)
+            })
+        };
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap())
+            .unwrap()
+            .with_latency(Some(latency));
+        let mut log = LogStore::new(store);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let log_id = LogId::new(openraft::CommittedLeaderId::new(1, 1), 1);
+            for step in 0..3 {
+                let started = std::time::Instant::now();
+                match step {
+                    0 => log.save_vote(&Vote::new(1, 1)).await.unwrap(),
+                    1 => log.truncate(log_id).await.unwrap(),
+                    _ => log.purge(log_id).await.unwrap(),
+                }
+                assert!(
+                    started.elapsed() >= std::time::Duration::from_millis(40),
+                    "write {step} did not wait for the disk"
+                );
+            }
+        });
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
 }
