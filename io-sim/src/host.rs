@@ -73,6 +73,15 @@ impl SimTask {
     }
 }
 
+/// The exit of a process ended by `signal` (a shell's 128 + signal exit code).
+fn signalled(signal: i32) -> ExitResult {
+    ExitResult {
+        exit_code: 128 + signal,
+        signal,
+        ..ExitResult::default()
+    }
+}
+
 /// How the CSI plugin process on a host misbehaves (the `client_*` scenarios).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PluginFaults {
@@ -341,14 +350,7 @@ impl SimHost {
         let alloc = Self::socket_alloc(socket).unwrap_or_default();
         let mut gone = Vec::new();
         for (key, task) in state.tasks.iter() {
-            if key.0 == alloc
-                && task.end(ExitResult {
-                    exit_code: 137,
-                    signal: 9,
-                    ..ExitResult::default()
-                })
-                && !task.alive()
-            {
+            if key.0 == alloc && task.end(signalled(9)) && !task.alive() {
                 gone.push(key.clone());
             }
         }
@@ -536,23 +538,13 @@ impl SimHost {
         else {
             return Ok(Reply::Unit);
         };
-        let interrupted = ExitResult {
-            exit_code: 130,
-            signal: 2,
-            ..ExitResult::default()
-        };
-        let result = if stop_after <= kill_timeout {
-            // It may exit by itself meanwhile; then that exit stands.
-            let _ = tokio::time::timeout(stop_after, exit.wait_for(Option::is_some)).await;
-            interrupted
+        let (wait, result) = if stop_after <= kill_timeout {
+            (stop_after, signalled(2))
         } else {
-            let _ = tokio::time::timeout(kill_timeout, exit.wait_for(Option::is_some)).await;
-            ExitResult {
-                exit_code: 137,
-                signal: 9,
-                ..ExitResult::default()
-            }
+            (kill_timeout, signalled(9))
         };
+        // It may exit by itself meanwhile; then that exit stands.
+        let _ = tokio::time::timeout(wait, exit.wait_for(Option::is_some)).await;
         let stopped = self.with_task(handle, |task| task.end(result));
         if stopped == Some(true) {
             self.note(format!("task {}/{} stopped", handle.alloc_id, handle.task));
@@ -577,11 +569,7 @@ impl SimHost {
             let pid = Self::pid(handle, state.boot);
             match state.tasks.get_mut(&key) {
                 Some(task) if Some(task.pid) == pid && task.alive() => {
-                    task.end(ExitResult {
-                        exit_code: 137,
-                        signal: 9,
-                        ..ExitResult::default()
-                    });
+                    task.end(signalled(9));
                     Some(std::mem::take(&mut task.children))
                 }
                 _ => None,

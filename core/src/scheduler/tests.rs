@@ -109,6 +109,22 @@ impl World {
         plan
     }
 
+    /// Stores the evaluations `worker` proposed and returns the allocations of the plan it
+    /// proposes next.
+    fn plan_after(
+        &mut self,
+        worker: &mut worker::Worker,
+        now: crate::time::Instant,
+        evals: Vec<Evaluation>,
+    ) -> Vec<Allocation> {
+        self.fx.ok(Command::EvalUpsert { evals });
+        worker.proposed();
+        let Some(Command::PlanApply { allocs, .. }) = worker.run(now, &self.fx.state) else {
+            panic!("the plan")
+        };
+        allocs
+    }
+
     fn live(&self, job_id: &str) -> Vec<(String, String)> {
         self.fx
             .state
@@ -747,11 +763,7 @@ fn the_worker_evaluates_a_failed_allocation_when_its_delay_has_passed() {
     };
     assert_eq!(evals.len(), 1);
     assert_eq!(evals[0].triggered_by, reschedule::TRIGGER_ALLOC_FAILURE);
-    world.fx.ok(Command::EvalUpsert { evals });
-    worker.proposed();
-    let Some(Command::PlanApply { allocs, .. }) = worker.run(due, &world.fx.state) else {
-        panic!("the plan")
-    };
+    let allocs = world.plan_after(&mut worker, due, evals);
     assert!(
         allocs
             .iter()
@@ -1015,11 +1027,7 @@ fn a_new_leaders_worker_evaluates_system_jobs_it_saw_no_node_change_for() {
         evals.iter().map(|eval| eval.job_id.as_str()).collect::<Vec<_>>(),
         ["plugin"]
     );
-    world.fx.ok(Command::EvalUpsert { evals });
-    worker.proposed();
-    let Some(Command::PlanApply { allocs, .. }) = worker.run(start, &world.fx.state) else {
-        panic!("the plan")
-    };
+    let allocs = world.plan_after(&mut worker, start, evals);
     assert!(
         allocs
             .iter()

@@ -1036,4 +1036,50 @@ mod tests {
         });
         assert_eq!(asked.load(Ordering::SeqCst), 3);
     }
+
+    /// What the log reader answers follows the disk through writes, a new leader's rewrite,
+    /// truncation and purging (the in-memory cache is filled and emptied with it).
+    #[test]
+    fn the_log_reader_follows_the_disk_through_truncation_and_purging() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let mut log = LogStore::new(store);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let paths = |log: &LogStore, end: u64| -> Vec<String> {
+            log.read_range(1, Bound::Included(end))
+                .unwrap()
+                .iter()
+                .map(|entry| match &entry.payload {
+                    EntryPayload::Normal(entry) => match &entry.command {
+                        Command::VariableUpsert { path, .. } => format!("{}:{path}", entry.at_unix_ms),
+                        other => panic!("unexpected {other:?}"),
+                    },
+                    other => panic!("unexpected {other:?}"),
+                })
+                .collect()
+        };
+        log.write_entries((1..=4).map(|index| raft_entry(index, "old")).collect())
+            .unwrap();
+        assert_eq!(paths(&log, 4), ["1:old", "2:old", "3:old", "4:old"]);
+        // A new leader rewrites 3 onwards.
+        log.write_entries(vec![raft_entry(3, "new")]).unwrap();
+        assert_eq!(paths(&log, 3), ["1:old", "2:old", "3:new"]);
+        runtime.block_on(async {
+            log.truncate(LogId::new(openraft::CommittedLeaderId::new(1, 1), 3))
+                .await
+                .unwrap();
+        });
+        assert_eq!(paths(&log, 3), ["1:old", "2:old"]);
+        runtime.block_on(async {
+            log.purge(LogId::new(openraft::CommittedLeaderId::new(1, 1), 1))
+                .await
+                .unwrap();
+        });
+        let rest = log.read_range(1, Bound::Included(2)).unwrap();
+        assert_eq!(rest.iter().map(|entry| entry.log_id.index).collect::<Vec<_>>(), [2]);
+        // A second reader of the same log sees the same.
+        let mut reader = runtime.block_on(log.get_log_reader());
+        let read = runtime.block_on(reader.try_get_log_entries(2..=2)).unwrap();
+        assert_eq!(read.len(), 1);
+    }
 }
