@@ -79,6 +79,8 @@ struct Args {
     no_shrink: bool,
     /// Run only the given regression switch (`REGRESSION_SWITCHES` names them).
     regression_switch: Option<String>,
+    /// Print every scenario's real and virtual time per run, not only the five slowest.
+    per_scenario: bool,
 }
 
 fn parse_range(text: &str) -> Result<std::ops::Range<u64>, String> {
@@ -131,6 +133,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--list" => args.list = true,
             "--bench-jobs" => args.bench_jobs = true,
             "--log" => args.log = true,
+            "--per-scenario" => args.per_scenario = true,
             "--coverage" => args.coverage = Some(value("--coverage")?.into()),
             "--schedule" => args.schedule = Some(value("--schedule")?.into()),
             "--shrink" => args.shrink = true,
@@ -273,12 +276,14 @@ fn run_jobs(jobs: Vec<(&'static Scenario, u64)>, options: Options, perturb: bool
 
 /// The scenarios that take the most real time per run, with their share of the range's: where
 /// throughput goes (issue 20 §7).
-fn print_slowest(reports: &[Report]) {
+fn print_slowest(reports: &[Report], every: bool) {
     let mut per_scenario: BTreeMap<&'static str, (f64, u64)> = BTreeMap::new();
+    let mut virtual_secs: BTreeMap<&'static str, u64> = BTreeMap::new();
     for report in reports {
         let entry = per_scenario.entry(report.scenario).or_default();
         entry.0 += report.wall.as_secs_f64();
         entry.1 += 1;
+        *virtual_secs.entry(report.scenario).or_default() += report.virtual_secs;
     }
     let total: f64 = per_scenario.values().map(|(secs, _)| secs).sum();
     let mut slowest: Vec<(&str, f64, f64)> = per_scenario
@@ -300,6 +305,19 @@ fn print_slowest(reports: &[Report]) {
         "sim: slowest scenarios (real time per run, one core): {}",
         named.join(", ")
     );
+    if every {
+        println!("sim: scenario                      ms/run  virtual s/run  ms per virtual s");
+        for (name, mean, secs) in &slowest {
+            let virtual_total = virtual_secs.get(name).copied().unwrap_or(0).max(1) as f64;
+            let runs = per_scenario.get(name).map_or(1, |(_, runs)| *runs) as f64;
+            println!(
+                "sim: {name:<28} {:>8.0} {:>14.1} {:>17.2}",
+                mean * 1000.0,
+                virtual_total / runs,
+                secs * 1000.0 / virtual_total
+            );
+        }
+    }
 }
 
 fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
@@ -317,8 +335,11 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         virtual_secs += report.virtual_secs;
         if report.passed() {
             println!(
-                "ok     {:<28} seed={:<6} ({} virtual s)",
-                report.scenario, report.seed, report.virtual_secs
+                "ok     {:<28} seed={:<6} ({} virtual s in {} ms)",
+                report.scenario,
+                report.seed,
+                report.virtual_secs,
+                report.wall.as_millis()
             );
         } else {
             failures += 1;
@@ -396,7 +417,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
         replays.len(),
         runs_per_minute / args.scenarios.len() as f64,
     );
-    print_slowest(&reports);
+    print_slowest(&reports, args.per_scenario);
     let mut table = crate::coverage::Table::default();
     for report in &reports {
         table.add(&report.coverage);

@@ -106,6 +106,32 @@ impl<T: Transport> RaftNetworkFactory<TypeConfig> for NetworkFactory<T> {
             raw_addr: node.rpc_addr.clone(),
             reachability: self.reachability.clone(),
             heartbeat: self.heartbeat,
+            last_batch: None,
+        }
+    }
+}
+
+/// What determines an AppendEntries request's bytes: two log entries with the same id are the
+/// same entry (Raft's log matching), so equal keys encode equally.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct BatchKey {
+    vote: openraft::Vote<u64>,
+    prev_log_id: Option<openraft::LogId<u64>>,
+    leader_commit: Option<openraft::LogId<u64>>,
+    first: Option<openraft::LogId<u64>>,
+    last: Option<openraft::LogId<u64>>,
+    len: usize,
+}
+
+impl BatchKey {
+    fn of(rpc: &AppendEntriesRequest<TypeConfig>) -> Self {
+        BatchKey {
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            leader_commit: rpc.leader_commit,
+            first: rpc.entries.first().map(|entry| entry.log_id),
+            last: rpc.entries.last().map(|entry| entry.log_id),
+            len: rpc.entries.len(),
         }
     }
 }
@@ -118,6 +144,11 @@ pub struct Connection<T> {
     raw_addr: String,
     reachability: Reachability,
     heartbeat: std::time::Duration,
+    /// The last batch of entries sent, encoded. openraft retries a batch that failed unchanged
+    /// every heartbeat, for as long as the peer is down; encoding it afresh each time (up to
+    /// `APPEND_ENTRIES_BYTES` of JSON, 40 times a second) was most of a leader's CPU while a
+    /// follower was away.
+    last_batch: Option<(BatchKey, Vec<u8>)>,
 }
 
 type RpcResult<R, E> = Result<R, RPCError<u64, ServerNode, RaftError<u64, E>>>;
@@ -134,6 +165,21 @@ impl<T: Transport> Connection<T> {
         Resp: DeserializeOwned,
         E: std::error::Error + DeserializeOwned,
     {
+        let json = serde_json::to_vec(request).expect("raft request serializes");
+        self.send_json(wrap, json, option).await
+    }
+
+    /// Sends a request already encoded as JSON.
+    async fn send_json<Resp, E>(
+        &self,
+        wrap: fn(RaftPayload) -> RequestBody,
+        json: Vec<u8>,
+        option: &RPCOption,
+    ) -> RpcResult<Resp, E>
+    where
+        Resp: DeserializeOwned,
+        E: std::error::Error + DeserializeOwned,
+    {
         if crate::buggify::fires(crate::buggify::RAFT_SLOW) {
             tokio::time::sleep(crate::buggify::delay_millis(20..400)).await;
         }
@@ -141,7 +187,6 @@ impl<T: Transport> Connection<T> {
             let error = AnyError::error(format!("invalid RPC address {:?}", self.raw_addr));
             return Err(RPCError::Unreachable(Unreachable::new(&error)));
         };
-        let json = serde_json::to_vec(request).expect("raft request serializes");
         let envelope = AgentRequest {
             attached_node: String::new(),
             region: self.region.clone(),
@@ -178,14 +223,29 @@ impl<T: Transport> RaftNetwork<TypeConfig> for Connection<T> {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<u64>, openraft::error::Infallible> {
+        // Encoded once: only a batch whose whole request passes the budget is sized entry by
+        // entry (sizing every batch first cost as much as encoding it). Heartbeats carry no
+        // entries and are cheap to encode; a batch retried unchanged reuses its bytes.
+        let key = (!rpc.entries.is_empty()).then(|| BatchKey::of(&rpc));
+        let json = match (&key, &self.last_batch) {
+            (Some(key), Some((last, json))) if key == last => json.clone(),
+            _ => {
+                let json = serde_json::to_vec(&rpc).expect("raft request serializes");
+                if let Some(key) = key {
+                    self.last_batch = Some((key, json.clone()));
+                }
+                json
+            }
+        };
         if rpc.entries.len() > 1
+            && json.len() > APPEND_ENTRIES_BYTES
             && let Some(fit) = entries_within(&rpc.entries, APPEND_ENTRIES_BYTES)
         {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(
                 fit.max(1) as u64
             )));
         }
-        self.send(RequestBody::RaftAppendEntries, &rpc, &option).await
+        self.send_json(RequestBody::RaftAppendEntries, json, &option).await
     }
 
     /// A peer that could not be reached is tried again at the next heartbeat (openraft's
