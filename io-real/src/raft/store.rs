@@ -317,6 +317,11 @@ pub struct LogStore {
     faults: drover_core::config::RaftFaults,
     /// The newest entries as written, shared by every reader of this log.
     cache: super::log_cache::LogCache,
+    /// The committed id openraft last saved, not yet written: it rides along with the next
+    /// durable write (entries, a truncation, a vote). A commit without a sync is lost by a
+    /// crash all the same (redb persists it only with the next synced one), so this keeps
+    /// its durability and saves a write transaction per commit on every server.
+    committed: Arc<Mutex<Option<Option<LogId<u64>>>>>,
 }
 
 impl Debug for LogStore {
@@ -335,6 +340,7 @@ impl LogStore {
             on_vote: None,
             faults: drover_core::config::RaftFaults::default(),
             cache: super::log_cache::LogCache::default(),
+            committed: Arc::default(),
         }
     }
 
@@ -383,8 +389,45 @@ impl LogStore {
                 sizes.push(bytes.len());
             }
         }
+        let committed = self.stage_committed(&txn)?;
         txn.commit().map_err(redb_err)?;
+        self.committed_written(committed);
         self.cache.appended(entries.into_iter().zip(sizes));
+        Ok(())
+    }
+
+    /// Adds the committed id waiting to be written to `txn`; returns it, for
+    /// [`Self::committed_written`] once `txn` committed.
+    fn stage_committed(&self, txn: &redb::WriteTransaction) -> Result<Option<Option<LogId<u64>>>, StoreError> {
+        let pending = *self.committed.lock().expect("committed lock");
+        if let Some(committed) = pending {
+            let mut meta = txn.open_table(RAFT_META).map_err(redb_err)?;
+            let bytes = encode_record(&committed);
+            meta.insert(KEY_COMMITTED, bytes.as_slice()).map_err(redb_err)?;
+        }
+        Ok(pending)
+    }
+
+    /// Forgets the waiting committed id if it is still the one `txn` wrote.
+    fn committed_written(&self, written: Option<Option<LogId<u64>>>) {
+        let mut pending = self.committed.lock().expect("committed lock");
+        if written.is_some() && *pending == written {
+            *pending = None;
+        }
+    }
+
+    /// One record of the Raft metadata, with the waiting committed id.
+    fn put_meta<T: Serialize>(&self, key: &str, value: &T, durability: Durability) -> Result<(), StoreError> {
+        let mut txn = self.store.db.begin_write().map_err(redb_err)?;
+        txn.set_durability(durability).map_err(redb_err)?;
+        {
+            let mut meta = txn.open_table(RAFT_META).map_err(redb_err)?;
+            let bytes = encode_record(value);
+            meta.insert(key, bytes.as_slice()).map_err(redb_err)?;
+        }
+        let committed = self.stage_committed(&txn)?;
+        txn.commit().map_err(redb_err)?;
+        self.committed_written(committed);
         Ok(())
     }
 
@@ -407,7 +450,10 @@ impl LogStore {
                 meta.insert(KEY_LAST_PURGED, bytes.as_slice()).map_err(redb_err)?;
             }
         }
-        txn.commit().map_err(redb_err)
+        let committed = self.stage_committed(&txn)?;
+        txn.commit().map_err(redb_err)?;
+        self.committed_written(committed);
+        Ok(())
     }
 }
 
@@ -448,8 +494,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         } else {
             Durability::Immediate
         };
-        self.store
-            .put(RAFT_META, KEY_VOTE, vote, durability)
+        self.put_meta(KEY_VOTE, vote, durability)
             .map_err(|error| StorageIOError::write_vote(&error))?;
         if let Some(hook) = &self.on_vote {
             hook(vote);
@@ -464,14 +509,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Committed is a hint that lets a restarted server re-apply its log at once; losing the
-    /// latest value is harmless, so it is written without forcing a sync.
+    /// latest value is harmless, so it is written with the next durable write, not on its own.
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> Result<(), StorageError<u64>> {
-        self.store
-            .put(RAFT_META, KEY_COMMITTED, &committed, Durability::None)
-            .map_err(io_write)
+        *self.committed.lock().expect("committed lock") = Some(committed);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId<u64>>, StorageError<u64>> {
+        if let Some(committed) = *self.committed.lock().expect("committed lock") {
+            return Ok(committed);
+        }
         Ok(self
             .store
             .get_raft::<Option<LogId<u64>>>(KEY_COMMITTED)
@@ -1035,6 +1082,33 @@ mod tests {
             }
         });
         assert_eq!(asked.load(Ordering::SeqCst), 3);
+    }
+
+    /// openraft's committed id is kept in memory and written with the next durable write (a
+    /// commit on its own would not be durable either), so a restarted server reads what was
+    /// synced and the running one what was saved.
+    #[test]
+    fn the_committed_id_is_written_with_the_next_durable_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let mut log = LogStore::new(store.clone());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let at = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
+        let on_disk = || runtime.block_on(LogStore::new(store.clone()).read_committed()).unwrap();
+        runtime.block_on(log.save_committed(at(2))).unwrap();
+        assert_eq!(runtime.block_on(log.read_committed()).unwrap(), at(2));
+        assert_eq!(on_disk(), None);
+        log.write_entries(vec![raft_entry(1, "a")]).unwrap();
+        assert_eq!(on_disk(), at(2));
+        runtime.block_on(log.save_committed(at(3))).unwrap();
+        runtime.block_on(log.save_vote(&Vote::new(1, 1))).unwrap();
+        assert_eq!(on_disk(), at(3));
+        runtime.block_on(log.save_committed(at(4))).unwrap();
+        runtime
+            .block_on(log.truncate(LogId::new(openraft::CommittedLeaderId::new(1, 1), 5)))
+            .unwrap();
+        assert_eq!(on_disk(), at(4));
+        assert_eq!(runtime.block_on(log.read_committed()).unwrap(), at(4));
     }
 
     /// What the log reader answers follows the disk through writes, a new leader's rewrite,
