@@ -90,13 +90,17 @@ pub struct AgentStatus {
     pub raft: Option<RaftSummary>,
 }
 
+/// The servers of a Raft configuration by id, each with whether it votes.
+pub type Peers = Arc<BTreeMap<u64, (ServerNode, bool)>>;
+
 #[derive(Clone, Debug, Default)]
 pub struct RaftSummary {
     pub role: Option<RaftRole>,
     pub term: u64,
     pub leader: Option<(u64, ServerNode)>,
-    /// Every server in the Raft configuration (voters and non-voters), by id.
-    pub peers: BTreeMap<u64, (ServerNode, bool)>,
+    /// Every server in the Raft configuration (voters and non-voters), by id; shared by
+    /// every status published under the same configuration.
+    pub peers: Peers,
     pub last_log_index: Option<u64>,
     pub last_applied: Option<u64>,
     pub commit_index: Option<u64>,
@@ -628,6 +632,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         observer,
         status: status_tx,
         leader_contact,
+        peers: None,
     };
     tokio::spawn(driver.run(inbox_rx, stop_rx));
     Ok(handle)
@@ -746,6 +751,8 @@ struct Driver<T: Transport, C, O> {
     status: watch::Sender<AgentStatus>,
     /// When the last AppendEntries arrived (the election timer asks).
     leader_contact: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// The Raft configuration's servers as last published, by the log id that set it.
+    peers: Option<(Option<openraft::LogId<u64>>, Peers)>,
 }
 
 impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
@@ -893,9 +900,22 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
         }
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
         let server = self.agent.server().map(|server| server.status());
-        let raft = self.raft.as_ref().map(|raft| summarize(&raft.metrics().borrow()));
+        let raft = self.raft.as_ref().map(|raft| {
+            let receiver = raft.metrics();
+            let metrics = receiver.borrow();
+            let configuration = *metrics.membership_config.log_id();
+            let peers = match &self.peers {
+                Some((at, peers)) if *at == configuration => peers.clone(),
+                _ => {
+                    let peers = Arc::new(peers_of(&metrics));
+                    self.peers = Some((configuration, peers.clone()));
+                    peers
+                }
+            };
+            summarize(&metrics, peers)
+        });
         self.status.send_replace(AgentStatus { server, raft });
     }
 
@@ -1173,13 +1193,17 @@ fn raft_view(metrics: &RaftMetrics) -> RaftView {
     }
 }
 
-fn summarize(metrics: &RaftMetrics) -> RaftSummary {
+/// Every server of the Raft configuration, and whether it votes.
+fn peers_of(metrics: &RaftMetrics) -> BTreeMap<u64, (ServerNode, bool)> {
     let membership = metrics.membership_config.membership();
     let voters: std::collections::BTreeSet<u64> = membership.voter_ids().collect();
-    let peers: BTreeMap<u64, (ServerNode, bool)> = membership
+    membership
         .nodes()
         .map(|(id, node)| (*id, (node.clone(), voters.contains(id))))
-        .collect();
+        .collect()
+}
+
+fn summarize(metrics: &RaftMetrics, peers: Peers) -> RaftSummary {
     let leader = metrics
         .current_leader
         .and_then(|id| peers.get(&id).map(|(node, _)| (id, node.clone())));
@@ -1199,9 +1223,31 @@ fn summarize(metrics: &RaftMetrics) -> RaftSummary {
 async fn watch_raft<O: Observer>(raft: Raft, inbox: mpsc::UnboundedSender<agent::Input>, observer: Arc<O>) {
     let mut metrics = raft.metrics();
     let mut last: Option<RaftView> = None;
+    // openraft reports metrics after every heartbeat; most reports change nothing the view
+    // holds, and these fields (the membership by the log id that set it) say so without
+    // building it.
+    let mut last_key = None;
     loop {
-        let view = raft_view(&metrics.borrow_and_update());
-        if last.as_ref() != Some(&view) {
+        let view = {
+            let current = metrics.borrow_and_update();
+            let key = (
+                current.state,
+                current.current_term,
+                current.current_leader,
+                current.vote,
+                current.last_log_index,
+                *current.membership_config.log_id(),
+            );
+            if last_key == Some(key) {
+                None
+            } else {
+                last_key = Some(key);
+                Some(raft_view(&current))
+            }
+        };
+        if let Some(view) = view
+            && last.as_ref() != Some(&view)
+        {
             let changed_shape = last.as_ref().is_none_or(|last| {
                 (last.role, last.term, last.leader, &last.voters) != (view.role, view.term, view.leader, &view.voters)
             });
