@@ -723,9 +723,7 @@ async fn start_raft<T: Transport, O: Observer>(
 /// A stable digest of an entry's payload (FNV-1a over its JSON), for cross-server comparison.
 fn entry_digest(entry: &openraft::Entry<crate::raft::TypeConfig>) -> u64 {
     let bytes = serde_json::to_vec(&entry.payload).expect("payload serializes");
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    drover_core::hash::Fnv1a::default().bytes(&bytes).finish()
 }
 
 use crate::clock::core_now;

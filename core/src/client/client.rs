@@ -894,7 +894,5 @@ fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, 
 
 /// A stable per-allocation seed.
 fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::hash::Fnv1a::default().bytes(text.as_bytes()).finish()
 }

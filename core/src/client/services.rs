@@ -123,9 +123,7 @@ pub fn check_id(service_id: &str, check: &ServiceCheck) -> String {
 }
 
 fn fnv(text: &str) -> u64 {
-    text.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
+    crate::hash::Fnv1a::default().bytes(text.as_bytes()).finish()
 }
 
 /// The registrations for one running task's `service` blocks. A service's `port` label is

@@ -155,12 +155,11 @@ fn push(assigned: &mut Assigned, task: Option<&str>, port: AllocatedPort) {
 
 /// FNV-1a over `a`, a separator and `b`: stable across builds and platforms.
 fn fnv1a(a: &str, b: &str) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in a.bytes().chain([0]).chain(b.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
+    crate::hash::Fnv1a::default()
+        .bytes(a.as_bytes())
+        .bytes(&[0])
+        .bytes(b.as_bytes())
+        .finish()
 }
 
 #[cfg(test)]
