@@ -663,6 +663,10 @@ async fn start_raft<T: Transport, O: Observer>(
     .map_err(|error| StartError::RaftConfig(error.to_string()))?;
     let vote_observer = observer.clone();
     let hook: ApplyHook = Arc::new(move |index, entry, state| {
+        // Each event costs work on every server for every entry (the digest encodes it whole).
+        if !observer.enabled() {
+            return;
+        }
         if let openraft::EntryPayload::Normal(Entry {
             command: Command::CsiVolumeClaim {
                 namespace, volume_id, ..

@@ -268,6 +268,12 @@ pub struct DrainClaim {
 
 pub trait Observer: Send + Sync + 'static {
     fn record(&self, event: AgentEvent);
+
+    /// Whether recorded events go anywhere: when not, events that cost work to build (an
+    /// applied entry's digest) are not built.
+    fn enabled(&self) -> bool {
+        true
+    }
 }
 
 /// Production observer: every event is a structured tracing line.
@@ -277,5 +283,9 @@ pub struct TracingObserver;
 impl Observer for TracingObserver {
     fn record(&self, event: AgentEvent) {
         tracing::debug!(?event, "agent event");
+    }
+
+    fn enabled(&self) -> bool {
+        tracing::enabled!(tracing::Level::DEBUG)
     }
 }
