@@ -53,6 +53,11 @@ const REGRESSION_SEEDS: &[(&str, u64, &str)] = &[
         139,
         "two survivors split the vote forever: openraft 0.9 keeps one election timeout per server",
     ),
+    (
+        "swarm",
+        44,
+        "a leader restarted in its own term called a slow controller plugin while its previous life's call still ran there",
+    ),
 ];
 
 /// The negative control must find the split brain within this many seeds.

@@ -594,6 +594,8 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
     let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
     let mut next_detach = 0u64;
+    // One controller call at a time per plugin from this client, whoever sends it (#8336).
+    let mut controller_turns: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> = BTreeMap::new();
     let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), String>>> = BTreeMap::new();
     let mut next_control = 0u64;
     loop {
@@ -734,8 +736,32 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                             continue;
                         };
                         let executor = executor.clone();
+                        let turn = controller_turns
+                            .entry(request.plugin_id().to_string())
+                            .or_default()
+                            .clone();
                         tokio::spawn(async move {
-                            let _ = reply.send(executor.controller(socket, request).await);
+                            // The servers queue their controller calls per plugin, but a new
+                            // leader, or one restarted, does not know that its predecessor's
+                            // call is still running in the plugin: the plugin's host waits for
+                            // it, for as long as a server waits for a call (past that, every
+                            // caller has given up on it and a retry may go ahead).
+                            let turn = turn.lock().await;
+                            if reply.is_closed() {
+                                // The caller gave up while this call waited: it never starts.
+                                return;
+                            }
+                            let call = tokio::spawn(async move { executor.controller(socket, request).await });
+                            let result = match tokio::time::timeout(drover_core::agent::CLIENT_CSI_TIMEOUT, call).await {
+                                Ok(Ok(result)) => result,
+                                Ok(Err(error)) => Err(format!("CSI controller call failed: {error}")),
+                                Err(_) => Err(format!(
+                                    "CSI controller call still running after {:?}",
+                                    drover_core::agent::CLIENT_CSI_TIMEOUT
+                                )),
+                            };
+                            drop(turn);
+                            let _ = reply.send(result);
                         });
                     }
                 }
