@@ -223,27 +223,26 @@ impl<T: Transport> RaftNetwork<TypeConfig> for Connection<T> {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<u64>, openraft::error::Infallible> {
-        // Encoded once: only a batch whose whole request passes the budget is sized entry by
-        // entry (sizing every batch first cost as much as encoding it). Heartbeats carry no
-        // entries and are cheap to encode; a batch retried unchanged reuses its bytes.
+        // A batch retried unchanged reuses its bytes (it was sized when first sent).
         let key = (!rpc.entries.is_empty()).then(|| BatchKey::of(&rpc));
-        let json = match (&key, &self.last_batch) {
-            (Some(key), Some((last, json))) if key == last => json.clone(),
-            _ => {
-                let json = serde_json::to_vec(&rpc).expect("raft request serializes");
-                if let Some(key) = key {
-                    self.last_batch = Some((key, json.clone()));
-                }
-                json
-            }
-        };
+        if let (Some(key), Some((last, json))) = (&key, &self.last_batch)
+            && key == last
+        {
+            let json = json.clone();
+            return self.send_json(RequestBody::RaftAppendEntries, json, &option).await;
+        }
+        // Sized before it is encoded whole: a far-behind follower is offered up to 300 large
+        // entries, and encoding all of them only to refuse the batch starved the heartbeats.
         if rpc.entries.len() > 1
-            && json.len() > APPEND_ENTRIES_BYTES
             && let Some(fit) = entries_within(&rpc.entries, APPEND_ENTRIES_BYTES)
         {
             return Err(RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(
                 fit.max(1) as u64
             )));
+        }
+        let json = serde_json::to_vec(&rpc).expect("raft request serializes");
+        if let Some(key) = key {
+            self.last_batch = Some((key, json.clone()));
         }
         self.send_json(RequestBody::RaftAppendEntries, json, &option).await
     }
