@@ -1250,16 +1250,6 @@ async fn watch_raft<O: Observer>(raft: Raft, inbox: mpsc::UnboundedSender<agent:
         if let Some(view) = view
             && last.as_ref() != Some(&view)
         {
-            // openraft's tick (every 1.5 heartbeat intervals) sends a leader's heartbeats; a
-            // follower's would only check an election timer that is off (the core runs it),
-            // so only the leader ticks.
-            let leads = view.role == RaftRole::Leader;
-            if last
-                .as_ref()
-                .is_none_or(|last| (last.role == RaftRole::Leader) != leads)
-            {
-                raft.runtime_config().tick(leads);
-            }
             let changed_shape = last.as_ref().is_none_or(|last| {
                 (last.role, last.term, last.leader, &last.voters) != (view.role, view.term, view.leader, &view.voters)
             });
