@@ -382,6 +382,10 @@ pub struct ClientFaults {
     /// while it was stopping (a node back from down, a client restart) is forgotten and the
     /// node loses its plugin.
     pub deregister_plugin_by_name: bool,
+    /// Controller calls reach the plugin as they arrive, with no turn per plugin on the
+    /// client (Nomad's clients never had one): only the servers' queue keeps them apart, so
+    /// with #8336's queue per volume two volumes' publishes race in one plugin.
+    pub no_controller_turn: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

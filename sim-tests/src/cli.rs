@@ -775,6 +775,11 @@ const REGRESSION_SWITCHES: &[Switch] = &[
                 serialize_per_volume: true,
                 ..CsiFaults::default()
             },
+            // The client's turn per plugin would hide the servers' per-volume queue.
+            client_faults: ClientFaults {
+                no_controller_turn: true,
+                ..ClientFaults::default()
+            },
             ..Options::default()
         },
         &["csi_leader_failover", "csi_controller_faults"],
