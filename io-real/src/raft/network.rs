@@ -146,7 +146,7 @@ pub struct Connection<T> {
     heartbeat: std::time::Duration,
     /// The last batch of entries sent, encoded. openraft retries a batch that failed unchanged
     /// every heartbeat, for as long as the peer is down; encoding it afresh each time (up to
-    /// `APPEND_ENTRIES_BYTES` of JSON, 40 times a second) was most of a leader's CPU while a
+    /// `APPEND_ENTRIES_BYTES` of JSON at every heartbeat tick) was most of a leader's CPU while a
     /// follower was away.
     last_batch: Option<(BatchKey, Vec<u8>)>,
 }
