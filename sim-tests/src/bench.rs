@@ -103,3 +103,51 @@ pub fn jobs_bench() -> bool {
     }
     ok
 }
+
+/// One idle cluster: three servers and `clients` production clients, `secs` simulated seconds
+/// after the first leader. Returns the wall time of the whole run (madsim's clock is virtual
+/// inside the runtime, so it is read outside).
+fn idle(clients: usize, secs: u64, seed: u64) -> Duration {
+    std::thread::spawn(move || {
+        let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+        let wall = std::time::Instant::now();
+        runtime.block_on(async move {
+            let mut cluster = SimCluster::new(Recorder::new(), SimConsul::default());
+            let servers = scenarios::bench_servers();
+            for spec in scenarios::bench_servers() {
+                cluster.add_server(spec);
+            }
+            for index in 0..clients {
+                cluster.add_client(real_client_spec(&servers, index));
+            }
+            wait_for_leader(&cluster, Duration::from_secs(60)).await;
+            tokio::time::sleep(Duration::from_secs(secs)).await;
+            cluster.shutdown().await;
+        });
+        wall.elapsed()
+    })
+    .join()
+    .expect("bench run")
+}
+
+/// What a simulated second of an idle cluster costs (`--bench-idle`): the floor under every
+/// scenario's run time, paid for heartbeats, gossip and timers. Each figure is a 60 s run less
+/// the same run cut at the first leader, best of three seeds each.
+pub fn idle_bench() {
+    println!("idle: wall ms per simulated second of an idle cluster, 3 servers (best of three)");
+    println!("  clients  ms per simulated s");
+    let only: Option<usize> = std::env::var("DROVER_IDLE_CLIENTS")
+        .ok()
+        .and_then(|value| value.parse().ok());
+    for clients in [0usize, 2, 10]
+        .into_iter()
+        .filter(|clients| only.is_none_or(|only| only == *clients))
+    {
+        let best = |secs| (0..3).map(|seed| idle(clients, secs, seed)).min().unwrap_or_default();
+        let (long, short) = (best(60), best(0));
+        println!(
+            "  {clients:>7}  {:>18.2}",
+            long.saturating_sub(short).as_secs_f64() * 1_000.0 / 60.0
+        );
+    }
+}

@@ -73,6 +73,7 @@ struct Args {
     trace: bool,
     list: bool,
     bench_jobs: bool,
+    bench_idle: bool,
     log: bool,
     /// Write the coverage table of the run range as JSON here.
     coverage: Option<std::path::PathBuf>,
@@ -137,6 +138,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--trace" => args.trace = true,
             "--list" => args.list = true,
             "--bench-jobs" => args.bench_jobs = true,
+            "--bench-idle" => args.bench_idle = true,
             "--log" => args.log = true,
             "--per-scenario" => args.per_scenario = true,
             "--coverage" => args.coverage = Some(value("--coverage")?.into()),
@@ -189,6 +191,10 @@ pub fn main() -> ExitCode {
         // Agent logs (core decisions included), filtered by RUST_LOG, e.g. RUST_LOG=info.
         madsim::runtime::init_logger();
         crate::runner::AGENT_LOGS.store(true, Ordering::Relaxed);
+    }
+    if args.bench_idle {
+        crate::bench::idle_bench();
+        return ExitCode::SUCCESS;
     }
     if args.bench_jobs {
         return if crate::bench::jobs_bench() {
