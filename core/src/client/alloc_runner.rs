@@ -607,6 +607,11 @@ impl AllocRunner {
     fn prerun_hook(&mut self, now: Instant, hook: AllocHook, ops: &mut OpIds) -> HookProgress {
         match hook {
             AllocHook::AllocDir => {
+                // The servers refuse such names; a job stored before they did must still not
+                // build a directory outside the allocation's.
+                if let Some(problem) = self.unusable_path_component() {
+                    return HookProgress::Failed(problem);
+                }
                 // Two mkdirs, tracked by whether the data dir was asked for yet.
                 if !self.alloc_dir_requested {
                     self.alloc_dir_requested = true;
@@ -631,6 +636,17 @@ impl AllocRunner {
             }
             AllocHook::Csi => self.csi_prerun(now, ops),
         }
+    }
+
+    /// The allocation ID or a task name that cannot be a directory under the alloc dir.
+    fn unusable_path_component(&self) -> Option<String> {
+        paths::check_component("allocation ID", &self.spec.alloc.id)
+            .err()
+            .or_else(|| {
+                self.tasks
+                    .keys()
+                    .find_map(|task| paths::check_component("task name", task).err())
+            })
     }
 
     fn request(&mut self, ops: &mut OpIds, io: Io) -> HookProgress {

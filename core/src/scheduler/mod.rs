@@ -129,13 +129,15 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
                 reconcile.stop(alloc, ALLOC_NOT_NEEDED, false);
             }
         }
+        // Validation refuses more groups; a job stored before the limit is scheduled up to it
+        // (groups past it are not scheduled).
         Some(job) if job.job_type == JobType::System => {
-            for group in &job.task_groups {
+            for group in job.task_groups.iter().take(crate::jobspec::limits::GROUPS_MAX) {
                 reconcile.system_group(job, group, &allocs);
             }
         }
         Some(job) => {
-            for group in &job.task_groups {
+            for group in job.task_groups.iter().take(crate::jobspec::limits::GROUPS_MAX) {
                 reconcile.service_group(job, group, &allocs);
             }
         }

@@ -16,21 +16,22 @@ pub const PRIORITY_MIN: u32 = 1;
 pub const PRIORITY_MAX: u32 = 100;
 /// At most this many allocations per task group: what one registration can ask the scheduler
 /// to build and place. A job stored above it (by an earlier build) is scheduled up to it.
-pub const GROUP_COUNT_MAX: u32 = 10_000;
+pub use limits::GROUP_COUNT_MAX;
+
+pub mod limits;
 pub const PRIORITY_DEFAULT: u32 = 50;
 
 /// Every problem with `job`, in order; empty when it may be registered.
 pub fn validate(job: &Job) -> Vec<String> {
-    let mut errors = Vec::new();
-    if job.id.is_empty() {
-        errors.push("Missing job ID".to_string());
-    } else if job.id.contains(' ') {
-        errors.push("Job ID contains a space".to_string());
-    } else if job.id.contains('\0') {
-        errors.push("Job ID contains a null character".to_string());
+    let mut errors = limits::structure(job);
+    if !errors.is_empty() {
+        return errors;
     }
+    errors.extend(limits::job_id(&job.id));
     if job.name.is_empty() {
         errors.push("Missing job name".to_string());
+    } else {
+        errors.extend(limits::job_name(&job.name));
     }
     if job.namespace.is_empty() {
         errors.push("Job must be in a namespace".to_string());
@@ -50,10 +51,21 @@ pub fn validate(job: &Job) -> Vec<String> {
         if group.name.is_empty() {
             errors.push(format!("Job task group {} missing name", position + 1));
         } else if !names.insert(group.name.clone()) {
-            errors.push(format!("Job task group {} redefines '{}'", position + 1, group.name));
+            errors.push(format!(
+                "Job task group {} redefines '{}'",
+                position + 1,
+                limits::shown(&group.name)
+            ));
         }
-        for problem in validate_group(job, group) {
-            errors.push(format!("Task group {} validation failed: {problem}", group.name));
+        let problems = limits::component("Task group", &group.name)
+            .filter(|_| !group.name.is_empty())
+            .into_iter()
+            .chain(validate_group(job, group));
+        for problem in problems {
+            errors.push(format!(
+                "Task group {} validation failed: {problem}",
+                limits::shown(&group.name)
+            ));
         }
     }
     errors
@@ -98,9 +110,13 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
             continue;
         }
         if !task_names.insert(task.name.clone()) {
-            errors.push(format!("Task {} redefines '{}'", position + 1, task.name));
+            errors.push(format!(
+                "Task {} redefines '{}'",
+                position + 1,
+                limits::shown(&task.name)
+            ));
         }
-        let mut problems = Vec::new();
+        let mut problems: Vec<String> = limits::component("Task", &task.name).into_iter().collect();
         if task.driver.is_empty() {
             problems.push("Missing task driver".to_string());
         }
@@ -147,7 +163,10 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
         problems.extend(task.logs.validate());
         problems.extend(placement_rules(&task.constraints, &task.affinities));
         for problem in problems {
-            errors.push(format!("Task {} validation failed: {problem}", task.name));
+            errors.push(format!(
+                "Task {} validation failed: {problem}",
+                limits::shown(&task.name)
+            ));
         }
     }
     errors
@@ -419,6 +438,99 @@ mod tests {
                 "Task group g validation failed: Task group count 1000000000 is more than the limit of 10000 allocations per group"
             ]
         );
+    }
+
+    #[test]
+    fn names_that_would_escape_a_directory_are_refused_with_nomads_texts() {
+        let task_named = |name: &str| {
+            let mut job = job();
+            job.task_groups[0].tasks[0].name = name.into();
+            validate(&job)
+        };
+        assert_eq!(
+            task_named("../../../../tmp/x"),
+            [
+                "Task group g validation failed: Task ../../../../tmp/x validation failed: Task name cannot include slashes"
+            ]
+        );
+        assert_eq!(
+            task_named(".."),
+            ["Task group g validation failed: Task .. validation failed: Task name cannot be \"..\""]
+        );
+        assert_eq!(
+            task_named("a\nb"),
+            [
+                "Task group g validation failed: Task a\\nb validation failed: Task name cannot include control characters"
+            ]
+        );
+        let mut job = job();
+        job.task_groups[0].name = "a/b".into();
+        assert_eq!(
+            validate(&job),
+            ["Task group a/b validation failed: Task group name cannot include slashes"]
+        );
+        for (id, problem) in [
+            ("../x", "Job ID cannot contain a \".\" or \"..\" path segment"),
+            ("a\nb", "Job ID contains a control character"),
+            ("a b", "Job ID contains a space"),
+        ] {
+            let mut job = self::job();
+            job.id = id.into();
+            assert_eq!(validate(&job), [problem], "{id:?}");
+        }
+        let mut job = self::job();
+        job.id = "a".repeat(1_500_000);
+        assert_eq!(
+            validate(&job),
+            ["Job ID is 1500000 bytes long, more than the limit of 128"]
+        );
+        // Nomad's dispatched and periodic children hold a slash; an ID may too.
+        job.id = "batch/periodic-1700000000".into();
+        assert_eq!(validate(&job), Vec::<String>::new());
+    }
+
+    #[test]
+    fn a_job_too_big_to_schedule_is_refused_naming_the_limit_before_anything_else_is_walked() {
+        let mut job = job();
+        let group = job.task_groups[0].clone();
+        job.task_groups = (0..5_000)
+            .map(|index| TaskGroup {
+                name: format!("g{index}"),
+                // Broken in every group: not listed, the limit is.
+                count: 1_000_000_000,
+                ..group.clone()
+            })
+            .collect();
+        assert_eq!(
+            validate(&job),
+            ["Job has 5000 task groups, more than the limit of 100 task groups per job"]
+        );
+        let mut job = self::job();
+        let task = job.task_groups[0].tasks[0].clone();
+        job.task_groups[0].tasks = (0..101)
+            .map(|index| Task {
+                name: format!("t{index}"),
+                ..task.clone()
+            })
+            .collect();
+        assert_eq!(
+            validate(&job),
+            ["Task group g has 101 tasks, more than the limit of 100 tasks per group"]
+        );
+        let mut job = self::job();
+        job.task_groups = (0..6)
+            .map(|index| TaskGroup {
+                name: format!("g{index}"),
+                count: GROUP_COUNT_MAX,
+                ..group.clone()
+            })
+            .collect();
+        assert_eq!(
+            validate(&job),
+            ["Job asks for 60000 allocations, more than the limit of 50000 allocations per job"]
+        );
+        job.task_groups.truncate(5);
+        assert_eq!(validate(&job), Vec::<String>::new());
     }
 
     #[test]
