@@ -309,7 +309,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         })?;
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
-    let bound = drover_io_real::http::serve(handle.clone(), http_addr)
+    let bound = drover_io_real::http::serve(handle.clone(), http_addr, loaded.http_limits)
         .await
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
     print_banner(&loaded, bound);

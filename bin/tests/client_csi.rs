@@ -221,7 +221,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         services: None,
     })
     .unwrap();
-    let http = drover_io_real::http::serve(handle.clone(), (ip, ports.http).into())
+    let http = drover_io_real::http::serve(handle.clone(), (ip, ports.http).into(), Default::default())
         .await
         .unwrap();
     until("the node to register", &handle, |state| {

@@ -26,6 +26,17 @@ pub struct FileConfig {
     pub consul: Option<ConsulBlock>,
     /// `plugin "<name>" { config { ... } }`: task driver settings.
     pub plugin: Option<std::collections::BTreeMap<String, PluginBlock>>,
+    pub limits: Option<LimitsBlock>,
+}
+
+/// Nomad's `limits {}`: what one client may hold of the agent.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct LimitsBlock {
+    pub http_max_conns_per_client: Option<i64>,
+    pub rpc_max_conns_per_client: Option<i64>,
+    pub https_handshake_timeout: Option<String>,
+    pub rpc_handshake_timeout: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,6 +193,8 @@ pub struct Flags {
 #[derive(Debug)]
 pub struct Loaded {
     pub config: AgentConfig,
+    /// The HTTP API's bounds (`limits {}`).
+    pub http_limits: crate::http::HttpLimits,
     pub log_level: String,
     /// Operator-facing notes (ignored keys); validation warnings are added by the caller.
     pub notes: Vec<String>,
@@ -310,6 +323,7 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     let mut notes = Vec::new();
     let mut bind: Option<IpAddr> = None;
     let mut advertise = AdvertiseBlock::default();
+    let mut http_limits = crate::http::HttpLimits::default();
 
     if flags.dev {
         config.dev_mode = true;
@@ -324,9 +338,13 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     for path in &flags.config {
         let files = config_files(path)?;
         for file in files {
-            let (parsed, ignored) = parse_file(&file)?;
+            let (mut parsed, ignored) = parse_file(&file)?;
             for key in ignored {
                 notes.push(format!("{}: ignoring unsupported config key {key:?}", file.display()));
+            }
+            if let Some(block) = parsed.limits.take() {
+                apply_limits(&mut http_limits, &mut notes, block)
+                    .with_context(|| format!("Error loading configuration from {}", file.display()))?;
             }
             apply_file(
                 &mut config,
@@ -419,9 +437,32 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     config.advertise = resolved;
     Ok(Loaded {
         config,
+        http_limits,
         log_level,
         notes,
     })
+}
+
+fn apply_limits(http: &mut crate::http::HttpLimits, notes: &mut Vec<String>, block: LimitsBlock) -> anyhow::Result<()> {
+    if let Some(max) = block.http_max_conns_per_client {
+        http.max_conns_per_client =
+            usize::try_from(max).map_err(|_| anyhow::anyhow!("http_max_conns_per_client must be >= 0"))?;
+    }
+    if let Some(max) = block.rpc_max_conns_per_client
+        && max < 0
+    {
+        bail!("rpc_max_conns_per_client must be >= 0");
+    }
+    for (key, set) in [
+        ("rpc_max_conns_per_client", block.rpc_max_conns_per_client.is_some()),
+        ("https_handshake_timeout", block.https_handshake_timeout.is_some()),
+        ("rpc_handshake_timeout", block.rpc_handshake_timeout.is_some()),
+    ] {
+        if set {
+            notes.push(format!("limits.{key} is not enforced by Drover yet"));
+        }
+    }
+    Ok(())
 }
 
 /// A path names a file, or a directory whose `*.hcl` files are read in name order (as Nomad).

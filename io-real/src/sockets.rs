@@ -155,7 +155,7 @@ pub fn incoming<S: Sockets>(
     })
 }
 
-async fn accept_retrying<S: Sockets>(listener: &S::Listener) -> Accepted<S::Stream> {
+pub(crate) async fn accept_retrying<S: Sockets>(listener: &S::Listener) -> Accepted<S::Stream> {
     loop {
         match S::accept(listener).await {
             Ok((stream, peer)) => return Accepted { stream, peer },
@@ -164,22 +164,5 @@ async fn accept_retrying<S: Sockets>(listener: &S::Listener) -> Accepted<S::Stre
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-    }
-}
-
-/// A [`Sockets`] listener as axum serves it.
-pub struct AxumListener<S: Sockets>(pub S::Listener);
-
-impl<S: Sockets> axum::serve::Listener for AxumListener<S> {
-    type Io = S::Stream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (S::Stream, SocketAddr) {
-        let accepted = accept_retrying::<S>(&self.0).await;
-        (accepted.stream, accepted.peer)
-    }
-
-    fn local_addr(&self) -> io::Result<SocketAddr> {
-        S::local_addr(&self.0)
     }
 }

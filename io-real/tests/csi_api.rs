@@ -135,7 +135,7 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
     .await
     .unwrap();
     // Port 0: the API's own port is the one the OS binds, nothing can take it in between.
-    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0))
+    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), Default::default())
         .await
         .unwrap()
         .port();

@@ -16,6 +16,9 @@ mod nodes;
 mod page;
 mod reads;
 mod render;
+mod server;
+
+pub use server::HttpLimits;
 
 /// Every write endpoint's body decoded and validated into what the endpoint sends on, with no
 /// agent: what the handlers call first, and what the fuzz targets (`io-real/fuzz`) drive.
@@ -46,9 +49,9 @@ use crate::driver::{AgentHandle, AgentStatus, ApplyError};
 /// Blocking queries wait at most this long (Nomad: default and maximum 300 s).
 const WAIT_MAX: Duration = Duration::from_secs(300);
 
-/// Binds the HTTP API on `addr` and serves it in a background task.
-pub async fn serve(handle: AgentHandle, addr: SocketAddr) -> std::io::Result<SocketAddr> {
-    serve_with(&crate::sockets::TokioSockets, handle, addr).await
+/// Binds the HTTP API on `addr` and serves it in a background task, within `limits`.
+pub async fn serve(handle: AgentHandle, addr: SocketAddr, limits: HttpLimits) -> std::io::Result<SocketAddr> {
+    serve_with(&crate::sockets::TokioSockets, handle, addr, limits).await
 }
 
 /// [`serve`] on `sockets` (the host's, or a simulated network's).
@@ -56,22 +59,19 @@ pub async fn serve_with<S: crate::sockets::Sockets>(
     sockets: &S,
     handle: AgentHandle,
     addr: SocketAddr,
+    limits: HttpLimits,
 ) -> std::io::Result<SocketAddr> {
-    let listener = crate::sockets::AxumListener::<S>(sockets.listen(addr).await?);
-    let bound = S::local_addr(&listener.0)?;
+    let listener = sockets.listen(addr).await?;
+    let bound = S::local_addr(&listener)?;
     // The client endpoints reach this agent's client (if any) through the agent itself.
-    let app = router(handle.clone());
+    let app = server::with_body_limit(router(handle.clone()), limits);
     // Requests client-only agents hand on are answered by this same API.
     let forwarded_app = app.clone();
     handle.serve_forwarded_http(std::sync::Arc::new(move |request| {
         let app = forwarded_app.clone();
         Box::pin(forward::answer(app, request))
     }));
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
-            tracing::error!(%error, "HTTP server stopped");
-        }
-    });
+    tokio::spawn(server::accept_loop::<S>(listener, app, limits));
     Ok(bound)
 }
 

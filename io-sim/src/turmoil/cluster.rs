@@ -435,7 +435,14 @@ async fn run_server(
             return Ok(());
         }
     };
-    if let Err(error) = drover_io_real::http::serve_with(&sockets, agent.clone(), http).await {
+    if let Err(error) = drover_io_real::http::serve_with(
+        &sockets,
+        agent.clone(),
+        http,
+        drover_io_real::http::HttpLimits::default(),
+    )
+    .await
+    {
         recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
         return Ok(());
     }
@@ -548,7 +555,14 @@ async fn run_client(node: ClientNode) -> turmoil::Result {
         recorder.violate("client starts", format!("{}: {error}", spec.name));
         return Ok(());
     }
-    if let Err(error) = drover_io_real::http::serve_with(&sockets, agent.clone(), http).await {
+    if let Err(error) = drover_io_real::http::serve_with(
+        &sockets,
+        agent.clone(),
+        http,
+        drover_io_real::http::HttpLimits::default(),
+    )
+    .await
+    {
         recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
         return Ok(());
     }

@@ -1,0 +1,168 @@
+//! Serving the HTTP API: what one client may hold of the agent.
+//!
+//! Each connection is served by hyper's HTTP/1 with a header deadline that also ends a kept-
+//! alive connection left idle, a deadline between two pieces of a request body, and a bound on
+//! header and body sizes; each client address holds at most `http_max_conns_per_client`
+//! connections (Nomad's `limits` block; 100 by default), and one more is answered 429 and
+//! closed. Before this, an idle connection, one with partial headers and one with a partial
+//! body were all still open after 130 s, and 1,150 of them took every file descriptor the agent
+//! had.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::DefaultBodyLimit;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::AsyncWriteExt;
+use tower::ServiceExt;
+
+use crate::sockets::Sockets;
+
+/// Bounds on what one client can make the HTTP API hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Open connections per client address; 0 for no limit (Nomad's
+    /// `limits { http_max_conns_per_client }`, 100 by default).
+    pub max_conns_per_client: usize,
+    /// Time to send a request's headers, counted from the connection's start or the end of
+    /// the previous response: an idle kept-alive connection is closed after it too.
+    pub header_timeout: Duration,
+    /// The longest pause between two pieces of a request body.
+    pub body_timeout: Duration,
+    /// The largest request body, in bytes (answered 413 above it).
+    pub body_max: usize,
+    /// The largest request head, in bytes (answered 431 above it).
+    pub header_max: usize,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_conns_per_client: 100,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            body_max: 8 << 20,
+            header_max: 64 << 10,
+        }
+    }
+}
+
+/// The body limit on every route, and a 413 that names it.
+pub(super) fn with_body_limit(app: Router, limits: HttpLimits) -> Router {
+    let max = limits.body_max;
+    app.layer(axum::middleware::map_response(move |response: Response| async move {
+        if response.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return payload_too_large(max);
+        }
+        response
+    }))
+    .layer(DefaultBodyLimit::max(max))
+}
+
+fn payload_too_large(max: usize) -> Response {
+    (
+        StatusCode::PAYLOAD_TOO_LARGE,
+        format!("Request body too large: the limit is {max} bytes"),
+    )
+        .into_response()
+}
+
+/// Accepts connections on `listener` for ever, serving each with `app` within `limits`.
+pub(super) async fn accept_loop<S: Sockets>(listener: S::Listener, app: Router, limits: HttpLimits) {
+    let conns = Conns::default();
+    loop {
+        let accepted = crate::sockets::accept_retrying::<S>(&listener).await;
+        match conns.take(accepted.peer.ip(), limits.max_conns_per_client) {
+            Some(slot) => {
+                tokio::spawn(serve_connection::<S>(accepted.stream, app.clone(), limits, slot));
+            }
+            None => {
+                tokio::spawn(refuse::<S>(accepted.stream, accepted.peer, limits.max_conns_per_client));
+            }
+        }
+    }
+}
+
+async fn serve_connection<S: Sockets>(stream: S::Stream, app: Router, limits: HttpLimits, _slot: ConnSlot) {
+    let body_timeout = limits.body_timeout;
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
+        let request = request.map(|body| Body::new(tower_http::timeout::TimeoutBody::new(body_timeout, body)));
+        app.clone().oneshot(request)
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout)
+        .max_header_size(limits.header_max);
+    // Upgrades: `alloc exec` is a WebSocket.
+    if let Err(error) = builder
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
+        .await
+    {
+        tracing::debug!(%error, "HTTP connection ended");
+    }
+}
+
+/// Answers a connection over the per-client limit with 429, then closes it.
+async fn refuse<S: Sockets>(mut stream: S::Stream, peer: SocketAddr, max: usize) {
+    tracing::debug!(%peer, max, "refused an HTTP connection: the client holds the most it may");
+    let text = format!(
+        "Your IP is issuing too many concurrent connections: the limit is {max} (limits {{ http_max_conns_per_client }})\n"
+    );
+    let response = format!(
+        "HTTP/1.1 429 Too Many Requests\r\n{}: text/plain\r\n{}: {}\r\nConnection: close\r\n\r\n{text}",
+        header::CONTENT_TYPE,
+        header::CONTENT_LENGTH,
+        text.len()
+    );
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(response.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
+}
+
+/// Open connections per client address.
+#[derive(Clone, Default)]
+struct Conns(Arc<Mutex<BTreeMap<IpAddr, usize>>>);
+
+/// One connection counted against its client until dropped.
+struct ConnSlot {
+    conns: Conns,
+    ip: IpAddr,
+}
+
+impl Conns {
+    fn take(&self, ip: IpAddr, max: usize) -> Option<ConnSlot> {
+        let mut held = self.0.lock().expect("connection counts");
+        let count = held.entry(ip).or_default();
+        if max > 0 && *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(ConnSlot {
+            conns: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut held = self.conns.0.lock().expect("connection counts");
+        if let Some(count) = held.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
