@@ -159,6 +159,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "log_level",
     "ports",
     "advertise",
+    "limits",
     "server",
     "client",
     "consul",
@@ -435,6 +436,14 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
         resolved.serf = parse_advertise("advertise.serf", text, config.ports.serf)?;
     }
     config.advertise = resolved;
+    if !config.bind_addr.is_loopback() {
+        notes.push(format!(
+            "the HTTP API listens on {}:{} and Drover has no ACL system yet: anyone who can reach \
+             it can run jobs on every client, read every variable and deregister every volume. \
+             Bind it to a loopback or private address (bind_addr, -bind) or firewall the port",
+            config.bind_addr, config.ports.http
+        ));
+    }
     Ok(Loaded {
         config,
         http_limits,
@@ -807,6 +816,10 @@ acl {
             vec![
                 format!("{}: ignoring unsupported config key \"telemetry\"", file.display()),
                 format!("{}: ignoring unsupported config key \"acl\"", file.display()),
+                "the HTTP API listens on 10.0.0.5:5646 and Drover has no ACL system yet: anyone who can \
+                 reach it can run jobs on every client, read every variable and deregister every volume. \
+                 Bind it to a loopback or private address (bind_addr, -bind) or firewall the port"
+                    .to_string(),
             ]
         );
         assert_eq!(config.validate(), Ok(vec![]));
@@ -1071,7 +1084,35 @@ plugin "mock_driver" {
         );
         assert_eq!(loaded.config.client.node_class, "gpu");
         assert_eq!(loaded.config.client.meta["rack"], "r7");
-        assert_eq!(loaded.notes, ["plugin \"docker\" has no settings in Drover; ignored"]);
+        assert_eq!(loaded.notes[0], "plugin \"docker\" has no settings in Drover; ignored");
+        assert!(loaded.notes[1].starts_with("the HTTP API listens on 0.0.0.0:4646 and Drover has no ACL system"));
+        assert_eq!(loaded.notes.len(), 2);
+    }
+
+    #[test]
+    fn the_limits_block_is_read_and_what_is_not_enforced_is_said() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("limits.hcl");
+        std::fs::write(
+            &file,
+            "bind_addr = \"127.0.0.1\"\nlimits {\n  http_max_conns_per_client = 7\n  rpc_max_conns_per_client = 9\n}\n",
+        )
+        .unwrap();
+        let flags = Flags {
+            config: vec![file.clone()],
+            data_dir: Some("/d".into()),
+            server: true,
+            ..Flags::default()
+        };
+        let loaded = load(&flags, no_dev).unwrap();
+        assert_eq!(loaded.http_limits.max_conns_per_client, 7);
+        assert_eq!(
+            loaded.notes,
+            ["limits.rpc_max_conns_per_client is not enforced by Drover yet"]
+        );
+        std::fs::write(&file, "limits {\n  http_max_conns_per_client = -1\n}\n").unwrap();
+        let error = format!("{:#}", load(&flags, no_dev).unwrap_err());
+        assert!(error.ends_with("http_max_conns_per_client must be >= 0"), "{error}");
     }
 
     #[test]

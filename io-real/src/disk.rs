@@ -28,15 +28,39 @@ pub fn open_database(data_dir: &Path) -> Result<redb::Database, DiskError> {
         source,
     })?;
     let path = data_dir.join(DATABASE_FILE);
-    redb::Database::create(&path).map_err(|error| DiskError::Open {
+    let db = redb::Database::create(&path).map_err(|error| DiskError::Open {
         path: path.clone(),
         reason: error.to_string(),
-    })
+    })?;
+    owner_only(&path).map_err(|error| DiskError::Open {
+        path: path.clone(),
+        reason: format!("cannot make it readable by its owner only: {error}"),
+    })?;
+    Ok(db)
+}
+
+/// Makes `file` readable and writable by its owner only: the agent's databases hold volume
+/// secrets and variables, which are not encrypted at rest (README, Security).
+pub fn owner_only(file: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_database_is_readable_by_its_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        drop(open_database(dir.path()).unwrap());
+        let mode = std::fs::metadata(dir.path().join(DATABASE_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
 
     #[test]
     fn errors_name_the_path_and_the_cause() {

@@ -175,7 +175,7 @@ pub enum CsiCall {
         publish_context: BTreeMap<String, String>,
         staging_target_path: String,
         capability: VolumeCapability,
-        secrets: BTreeMap<String, String>,
+        secrets: crate::structs::Secrets,
         volume_context: BTreeMap<String, String>,
     },
     NodePublishVolume {
@@ -185,7 +185,7 @@ pub enum CsiCall {
         target_path: String,
         capability: VolumeCapability,
         readonly: bool,
-        secrets: BTreeMap<String, String>,
+        secrets: crate::structs::Secrets,
         volume_context: BTreeMap<String, String>,
     },
     NodeUnpublishVolume {

@@ -13,8 +13,6 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeMap;
-
 use crate::config::CsiFaults;
 use crate::fsm::ServerState;
 use crate::structs::{AccessMode, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim, NodeStatus};
@@ -40,7 +38,7 @@ pub struct ControllerDetachRequest {
     /// The volume's remote id (external id when set).
     pub volume_id: String,
     pub client_csi_node_id: String,
-    pub secrets: BTreeMap<String, String>,
+    pub secrets: crate::structs::Secrets,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -275,7 +275,7 @@ pub struct ControllerAttachRequest {
     pub access_mode: AccessMode,
     pub mount_options: Option<CsiMountOptions>,
     pub read_only: bool,
-    pub secrets: BTreeMap<String, String>,
+    pub secrets: crate::structs::Secrets,
     pub volume_context: BTreeMap<String, String>,
 }
 
@@ -286,7 +286,7 @@ pub struct ControllerValidateRequest {
     pub capabilities: Vec<CsiCapability>,
     pub parameters: BTreeMap<String, String>,
     pub context: BTreeMap<String, String>,
-    pub secrets: BTreeMap<String, String>,
+    pub secrets: crate::structs::Secrets,
 }
 
 /// `ClientCSI.*`: calls a server makes to a client's CSI plugins.

@@ -188,7 +188,7 @@ pub struct CsiVolume {
     pub attachment_mode: AttachmentMode,
     pub requested_capabilities: Vec<CsiCapability>,
     pub mount_options: Option<CsiMountOptions>,
-    pub secrets: BTreeMap<String, String>,
+    pub secrets: crate::structs::Secrets,
     pub parameters: BTreeMap<String, String>,
     pub context: BTreeMap<String, String>,
     pub requested_topologies: Option<CsiTopologyRequest>,

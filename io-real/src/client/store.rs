@@ -47,7 +47,10 @@ impl ClientStore {
             reason,
         };
         std::fs::create_dir_all(state_dir).map_err(|error| open(error.to_string()))?;
-        let db = redb::Database::create(state_dir.join(CLIENT_STATE_FILE)).map_err(|error| open(error.to_string()))?;
+        let file = state_dir.join(CLIENT_STATE_FILE);
+        let db = redb::Database::create(&file).map_err(|error| open(error.to_string()))?;
+        crate::disk::owner_only(&file)
+            .map_err(|error| open(format!("cannot make it readable by its owner only: {error}")))?;
         Ok(ClientStore { db: Arc::new(db) })
     }
 

@@ -283,7 +283,7 @@ impl VolumeSpec {
                 fs_type: options.fs_type,
                 mount_flags: options.mount_flags,
             }),
-            secrets: self.secrets,
+            secrets: self.secrets.into(),
             parameters: self.parameters,
             context: self.context,
             requested_topologies: self.requested_topologies.map(|request| CsiTopologyRequest {
