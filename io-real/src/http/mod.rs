@@ -46,8 +46,10 @@ use serde_json::{Value, json};
 
 use crate::driver::{AgentHandle, AgentStatus, ApplyError};
 
-/// Blocking queries wait at most this long (Nomad: default and maximum 300 s).
-const WAIT_MAX: Duration = Duration::from_secs(300);
+/// Blocking queries wait this long when `wait` is not given, and at most `WAIT_MAX` (Nomad:
+/// 5 and 10 minutes).
+const WAIT_DEFAULT: Duration = Duration::from_secs(300);
+const WAIT_MAX: Duration = Duration::from_secs(600);
 
 /// Binds the HTTP API on `addr` and serves it in a background task, within `limits`.
 pub async fn serve(handle: AgentHandle, addr: SocketAddr, limits: HttpLimits) -> std::io::Result<SocketAddr> {
@@ -425,7 +427,7 @@ async fn block_on_table(handle: &AgentHandle, table: Table, options: &QueryOptio
     let wait = match &options.wait {
         Some(text) => parse_go_duration(text)
             .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("Invalid wait time: {text:?}")))?,
-        None => WAIT_MAX,
+        None => WAIT_DEFAULT,
     }
     .min(WAIT_MAX);
     let Some(changes) = handle.state_changes() else {
