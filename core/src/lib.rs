@@ -21,6 +21,7 @@ mod prelude {
     pub use alloc::{format, vec};
 }
 
+pub mod acl;
 pub mod agent;
 pub mod bootstrap;
 pub mod client;

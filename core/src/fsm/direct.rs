@@ -22,6 +22,8 @@ pub enum DirectWriteError {
     NoItems,
     #[error("{command} is not a direct write: only the servers' endpoints propose it")]
     NotDirect { command: &'static str },
+    #[error("{0}")]
+    Acl(String),
 }
 
 /// Checks a variable path: `[A-Za-z0-9-_~/]`, at most [`VARIABLE_PATH_LEN_MAX`] bytes, no
@@ -66,6 +68,7 @@ impl Command {
                 Ok(())
             }
             Command::VariableDelete { path } => validate_variable_path(path),
+            Command::Acl(command) => super::acl::AclState::check(command).map_err(DirectWriteError::Acl),
             other => Err(DirectWriteError::NotDirect { command: other.name() }),
         }
     }
@@ -101,6 +104,7 @@ impl Command {
             Command::CsiPluginDelete { .. } => "CsiPluginDelete",
             Command::SiAccessorsUpsert { .. } => "SiAccessorsUpsert",
             Command::SiAccessorsDelete { .. } => "SiAccessorsDelete",
+            Command::Acl(_) => "Acl",
         }
     }
 }

@@ -7,6 +7,7 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+pub mod acl;
 mod allocs;
 mod connect;
 pub(crate) mod csi;
@@ -185,6 +186,8 @@ pub enum Command {
     SiAccessorsDelete {
         accessor_ids: Vec<String>,
     },
+    /// ACL tokens and policies (`acl.rs`).
+    Acl(acl::AclCommand),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,6 +229,8 @@ pub enum Table {
     CsiVolumes,
     CsiPlugins,
     SiTokenAccessors,
+    AclPolicies,
+    AclTokens,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -289,6 +294,9 @@ pub struct ServerState {
     /// Consul service identity token accessors by accessor id.
     #[serde(default)]
     si_accessors: PMap<String, crate::connect::SiTokenAccessor>,
+    /// ACL tokens and policies.
+    #[serde(default)]
+    acl: acl::AclState,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -310,6 +318,8 @@ struct StateRecord {
     plugins: PMap<String, CsiPlugin>,
     #[serde(default)]
     si_accessors: PMap<String, crate::connect::SiTokenAccessor>,
+    #[serde(default)]
+    acl: acl::AclState,
 }
 
 impl From<StateRecord> for ServerState {
@@ -330,6 +340,7 @@ impl From<StateRecord> for ServerState {
             volumes_by_plugin: record.volumes_by_plugin,
             plugins: record.plugins,
             si_accessors: record.si_accessors,
+            acl: record.acl,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),
@@ -411,6 +422,14 @@ impl ServerState {
                 }
                 None => Response::NotFound,
             },
+            Command::Acl(command) => {
+                let mut changed = Vec::new();
+                let response = self.acl.apply(index, command, &mut changed);
+                for table in changed {
+                    self.table_index.insert(table, index);
+                }
+                response
+            }
             other => self.apply_cluster(index, entry.at_unix_ms, other),
         };
         assert_eq!(self.last_applied, Some(index));
@@ -438,6 +457,11 @@ impl ServerState {
             "apply out of order: {index} after {:?}",
             self.last_applied
         );
+    }
+
+    /// ACL tokens and policies.
+    pub fn acl(&self) -> &acl::AclState {
+        &self.acl
     }
 
     pub fn cluster(&self) -> Option<&ClusterMeta> {

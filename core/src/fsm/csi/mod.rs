@@ -51,9 +51,10 @@ impl ServerState {
             Command::SiAccessorsUpsert { .. } | Command::SiAccessorsDelete { .. } => {
                 self.apply_si_accessors(index, command)
             }
-            Command::LeadershipEstablished { .. } | Command::VariableUpsert { .. } | Command::VariableDelete { .. } => {
-                unreachable!("handled by apply")
-            }
+            Command::LeadershipEstablished { .. }
+            | Command::VariableUpsert { .. }
+            | Command::VariableDelete { .. }
+            | Command::Acl(_) => unreachable!("handled by apply"),
         }
     }
 
