@@ -33,6 +33,14 @@ pub struct AgentConfig {
     pub client: ClientConfig,
     pub consul: ConsulConfig,
     pub dev_mode: bool,
+    pub acl: AclConfig,
+}
+
+/// Nomad's `acl {}` block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AclConfig {
+    /// Every request needs a token whose policies allow it (no token: the `anonymous` policy).
+    pub enabled: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -461,6 +469,7 @@ impl Default for AgentConfig {
             client: ClientConfig::default(),
             consul: ConsulConfig::default(),
             dev_mode: false,
+            acl: AclConfig::default(),
         }
     }
 }

@@ -27,6 +27,18 @@ pub struct FileConfig {
     /// `plugin "<name>" { config { ... } }`: task driver settings.
     pub plugin: Option<std::collections::BTreeMap<String, PluginBlock>>,
     pub limits: Option<LimitsBlock>,
+    pub acl: Option<AclBlock>,
+}
+
+/// Nomad's `acl {}`. The TTLs bound how long Nomad caches a resolved token or policy; Drover
+/// resolves from the replicated state on every request (cached until the ACL tables change),
+/// so they are read and checked but have nothing to bound.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct AclBlock {
+    pub enabled: Option<bool>,
+    pub token_ttl: Option<String>,
+    pub policy_ttl: Option<String>,
 }
 
 /// Nomad's `limits {}`: what one client may hold of the agent.
@@ -160,6 +172,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "ports",
     "advertise",
     "limits",
+    "acl",
     "server",
     "client",
     "consul",
@@ -436,11 +449,12 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
         resolved.serf = parse_advertise("advertise.serf", text, config.ports.serf)?;
     }
     config.advertise = resolved;
-    if !config.bind_addr.is_loopback() {
+    if !config.bind_addr.is_loopback() && !config.acl.enabled {
         notes.push(format!(
-            "the HTTP API listens on {}:{} and Drover has no ACL system yet: anyone who can reach \
-             it can run jobs on every client, read every variable and deregister every volume. \
-             Bind it to a loopback or private address (bind_addr, -bind) or firewall the port",
+            "the HTTP API listens on {}:{} with ACLs disabled: anyone who can reach it can run \
+             jobs on every client, read every variable and deregister every volume. Enable ACLs \
+             (acl {{ enabled = true }}), or bind it to a loopback or private address (bind_addr, \
+             -bind) and firewall the port",
             config.bind_addr, config.ports.http
         ));
     }
@@ -520,6 +534,16 @@ fn apply_file(
 ) -> anyhow::Result<()> {
     if let Some(name) = file.name {
         config.name = name;
+    }
+    if let Some(acl) = file.acl {
+        if let Some(enabled) = acl.enabled {
+            config.acl.enabled = enabled;
+        }
+        for (key, value) in [("token_ttl", &acl.token_ttl), ("policy_ttl", &acl.policy_ttl)] {
+            if let Some(text) = value {
+                parse_duration(key, text)?;
+            }
+        }
     }
     if let Some(region) = file.region {
         config.region = region;
@@ -813,15 +837,12 @@ acl {
         );
         assert_eq!(
             loaded.notes,
-            vec![
-                format!("{}: ignoring unsupported config key \"telemetry\"", file.display()),
-                format!("{}: ignoring unsupported config key \"acl\"", file.display()),
-                "the HTTP API listens on 10.0.0.5:5646 and Drover has no ACL system yet: anyone who can \
-                 reach it can run jobs on every client, read every variable and deregister every volume. \
-                 Bind it to a loopback or private address (bind_addr, -bind) or firewall the port"
-                    .to_string(),
-            ]
+            vec![format!(
+                "{}: ignoring unsupported config key \"telemetry\"",
+                file.display()
+            ),]
         );
+        assert!(config.acl.enabled, "acl {{ enabled = true }}");
         assert_eq!(config.validate(), Ok(vec![]));
     }
 
@@ -1085,7 +1106,7 @@ plugin "mock_driver" {
         assert_eq!(loaded.config.client.node_class, "gpu");
         assert_eq!(loaded.config.client.meta["rack"], "r7");
         assert_eq!(loaded.notes[0], "plugin \"docker\" has no settings in Drover; ignored");
-        assert!(loaded.notes[1].starts_with("the HTTP API listens on 0.0.0.0:4646 and Drover has no ACL system"));
+        assert!(loaded.notes[1].starts_with("the HTTP API listens on 0.0.0.0:4646 with ACLs disabled"));
         assert_eq!(loaded.notes.len(), 2);
     }
 

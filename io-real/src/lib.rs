@@ -7,6 +7,8 @@
 //! Consul's HTTP API, the HTTP API server) are compiled only outside the simulation.
 
 #[cfg(not(madsim))]
+pub mod acl_policy;
+#[cfg(not(madsim))]
 pub mod agent_config;
 pub mod allocfs;
 #[cfg(not(madsim))]

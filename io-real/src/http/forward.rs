@@ -28,6 +28,7 @@ pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, nex
         return next.run(request).await;
     }
     let method = request.method().to_string();
+    let token = super::acl::gate::token_of(request.headers());
     let uri = request
         .uri()
         .path_and_query()
@@ -36,7 +37,15 @@ pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, nex
         Ok(body) => body.to_vec(),
         Err(error) => return (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response(),
     };
-    match handle.forward_http(HttpForward { method, uri, body }).await {
+    match handle
+        .forward_http(HttpForward {
+            method,
+            uri,
+            body,
+            token,
+        })
+        .await
+    {
         Ok(answer) => {
             let mut response = Response::new(Body::from(answer.body));
             *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -53,10 +62,13 @@ pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, nex
 
 /// Runs a request another agent handed on through this agent's API.
 pub async fn answer(app: axum::Router, forward: HttpForward) -> HttpAnswer {
-    let request = axum::http::Request::builder()
+    let mut request = axum::http::Request::builder()
         .method(forward.method.as_str())
-        .uri(forward.uri.as_str())
-        .body(Body::from(forward.body));
+        .uri(forward.uri.as_str());
+    if !forward.token.is_empty() {
+        request = request.header("X-Nomad-Token", forward.token.as_str());
+    }
+    let request = request.body(Body::from(forward.body));
     let response = match request {
         Ok(request) => app.oneshot(request).await.unwrap_or_else(|never| match never {}),
         Err(error) => (StatusCode::BAD_REQUEST, format!("bad forwarded request: {error}")).into_response(),

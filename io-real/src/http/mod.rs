@@ -2,6 +2,7 @@
 //! plugins, and nodes. Reads answer from the agent's published status and applied state
 //! (blocking queries on a table's index); writes go through Raft.
 
+mod acl;
 mod allocs;
 mod jobs;
 
@@ -152,12 +153,21 @@ pub fn router(handle: AgentHandle) -> Router {
                 .post(put_variable)
                 .delete(delete_variable),
         )
+        .merge(acl::endpoints::routes())
         // Reads of cluster state wait for the Raft read barrier unless `?stale` (`reads.rs`).
         .layer(axum::middleware::from_fn_with_state(handle.clone(), reads::consistent))
         // A client-only agent hands cluster requests to a server (`forward.rs`).
         .layer(axum::middleware::from_fn_with_state(
             handle.clone(),
             forward::to_servers,
+        ))
+        // Outermost: every request's token against its route's rule (`acl/gate.rs`).
+        .layer(axum::middleware::from_fn_with_state(
+            acl::gate::Gate {
+                handle: handle.clone(),
+                cache: std::sync::Arc::default(),
+            },
+            acl::gate::enforce,
         ))
         .with_state(handle)
 }

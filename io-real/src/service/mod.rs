@@ -113,6 +113,9 @@ pub struct HttpForward {
     pub uri: String,
     #[serde(with = "crate::logstream::base64_bytes")]
     pub body: Vec<u8>,
+    /// The request's ACL token, checked by the server that answers it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub token: String,
 }
 
 /// Its answer: status, the headers that matter (content type, Nomad's index headers) and body.

@@ -1,0 +1,411 @@
+//! `/v1/acl/*`: the one-time bootstrap, policies and tokens, in Nomad's shapes. Writes are
+//! ACL commands through Raft (`fsm/acl.rs`); a token's IDs are drawn here from the operating
+//! system's randomness, so no server's seeded generator can predict a secret.
+
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post, put};
+use drover_core::acl::{AclPolicy, AclToken, TokenType};
+use drover_core::fsm::acl::AclCommand;
+use drover_core::fsm::{Command, Response as FsmResponse, ServerState, Table};
+use drover_core::rpc::ErrorKind;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::gate::token_of;
+use crate::driver::AgentHandle;
+use crate::http::{ApiError, query_headers, rfc3339};
+
+/// Nomad's reset file: holding the index of the last bootstrap lets it be done again.
+pub const BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
+
+pub fn routes() -> Router<AgentHandle> {
+    Router::new()
+        .route("/v1/acl/bootstrap", post(bootstrap).put(bootstrap))
+        .route("/v1/acl/policies", get(list_policies))
+        .route(
+            "/v1/acl/policy/{name}",
+            get(get_policy).put(put_policy).post(put_policy).delete(delete_policy),
+        )
+        .route("/v1/acl/tokens", get(list_tokens))
+        .route("/v1/acl/token", put(create_token).post(create_token))
+        .route("/v1/acl/token/self", get(token_self))
+        .route(
+            "/v1/acl/token/{accessor}",
+            get(get_token).put(update_token).post(update_token).delete(delete_token),
+        )
+}
+
+fn enabled(handle: &AgentHandle) -> Result<(), ApiError> {
+    if handle.config().acl.enabled {
+        Ok(())
+    } else {
+        Err(ApiError(StatusCode::BAD_REQUEST, "ACL support disabled".into()))
+    }
+}
+
+fn read<R>(handle: &AgentHandle, read: impl FnOnce(&ServerState) -> R) -> Result<R, ApiError> {
+    handle
+        .read_state(read)
+        .ok_or_else(|| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "this agent is not a server".into()))
+}
+
+/// Proposes an ACL command; the state machine's refusal becomes the HTTP error.
+async fn apply(handle: &AgentHandle, command: AclCommand) -> Result<u64, ApiError> {
+    let (index, response) = handle.apply(Command::Acl(command)).await?;
+    match response {
+        FsmResponse::Error(kind, text) => Err(ApiError(
+            match kind {
+                ErrorKind::NotFound => StatusCode::NOT_FOUND,
+                ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            text,
+        )),
+        _ => Ok(index),
+    }
+}
+
+fn uuid() -> String {
+    let bits: u128 = rand::random();
+    let hex = format!(
+        "{:032x}",
+        (bits & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62)
+    );
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn token_json(token: &AclToken, with_secret: bool) -> Value {
+    let mut value = json!({
+        "AccessorID": token.accessor_id,
+        "Name": token.name,
+        "Type": token.token_type.as_str(),
+        "Policies": token.policies,
+        "Global": token.global,
+        "CreateTime": rfc3339(token.create_time_ms),
+        "ExpirationTime": token.expiration_time_ms.map(rfc3339),
+        "CreateIndex": token.create_index,
+        "ModifyIndex": token.modify_index,
+    });
+    if with_secret {
+        value["SecretID"] = json!(token.secret_id);
+    }
+    value
+}
+
+fn policy_json(policy: &AclPolicy, with_rules: bool) -> Value {
+    let mut value = json!({
+        "Name": policy.name,
+        "Description": policy.description,
+        "CreateIndex": policy.create_index,
+        "ModifyIndex": policy.modify_index,
+    });
+    if with_rules {
+        value["Rules"] = json!(policy.rules);
+    }
+    value
+}
+
+async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let reset_index = match &handle.config().data_dir {
+        Some(dir) => match std::fs::read_to_string(std::path::Path::new(dir).join(BOOTSTRAP_RESET_FILE)) {
+            Ok(text) => text.trim().parse::<u64>().map_err(|_| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid reset index in {BOOTSTRAP_RESET_FILE}: {:?}", text.trim()),
+                )
+            })?,
+            Err(_) => 0,
+        },
+        None => 0,
+    };
+    let token = AclToken {
+        accessor_id: uuid(),
+        secret_id: uuid(),
+        name: "Bootstrap Token".into(),
+        token_type: TokenType::Management,
+        policies: Vec::new(),
+        global: true,
+        create_time_ms: crate::clock::unix_millis(),
+        expiration_time_ms: None,
+        create_index: 0,
+        modify_index: 0,
+    };
+    let accessor = token.accessor_id.clone();
+    let index = apply(&handle, AclCommand::Bootstrap { token, reset_index }).await?;
+    stored_token(&handle, &accessor, index, true)
+}
+
+fn stored_token(
+    handle: &AgentHandle,
+    accessor: &str,
+    index: u64,
+    with_secret: bool,
+) -> Result<(HeaderMap, axum::Json<Value>), ApiError> {
+    let token = read(handle, |state| state.acl().token(accessor).cloned())?
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "ACL token not found".into()))?;
+    Ok((
+        query_headers(handle, index),
+        axum::Json(token_json(&token, with_secret)),
+    ))
+}
+
+/// The token of the request, if any (`None`: no token or an unknown one).
+fn requester(state: &ServerState, headers: &HeaderMap) -> Option<AclToken> {
+    let secret = token_of(headers);
+    state.acl().token_by_secret(&secret).cloned()
+}
+
+async fn list_policies(State(handle): State<AgentHandle>, headers: HeaderMap) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let (index, policies) = read(&handle, |state| {
+        let token = requester(state, &headers);
+        let management = token
+            .as_ref()
+            .is_some_and(|token| token.token_type == TokenType::Management);
+        let held: Vec<String> = token.map_or_else(
+            || vec![drover_core::acl::ANONYMOUS_POLICY.to_string()],
+            |token| token.policies,
+        );
+        let policies: Vec<Value> = state
+            .acl()
+            .policies()
+            .filter(|policy| management || held.contains(&policy.name))
+            .map(|policy| policy_json(policy, false))
+            .collect();
+        (state.table_index(Table::AclPolicies), policies)
+    })?;
+    Ok((query_headers(&handle, index), axum::Json(policies)))
+}
+
+async fn get_policy(
+    State(handle): State<AgentHandle>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let (index, found) = read(&handle, |state| {
+        let token = requester(state, &headers);
+        let allowed = token
+            .as_ref()
+            .is_some_and(|token| token.token_type == TokenType::Management || token.policies.contains(&name));
+        let found = state
+            .acl()
+            .policy(&name)
+            .map(|policy| (allowed, policy_json(policy, true)));
+        (state.table_index(Table::AclPolicies), found)
+    })?;
+    match found {
+        Some((true, policy)) => Ok((query_headers(&handle, index), axum::Json(policy))),
+        Some((false, _)) => Err(ApiError(
+            StatusCode::FORBIDDEN,
+            drover_core::acl::PERMISSION_DENIED.into(),
+        )),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "ACL policy not found".into())),
+    }
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct PolicyBody {
+    #[serde(rename = "Name")]
+    name: String,
+    #[serde(rename = "Description")]
+    description: String,
+    #[serde(rename = "Rules")]
+    rules: String,
+}
+
+async fn put_policy(
+    State(handle): State<AgentHandle>,
+    Path(name): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let body: PolicyBody = serde_json::from_slice(&body)
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse the policy: {error}")))?;
+    if !body.name.is_empty() && body.name != name {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            "Policy name does not match request path".into(),
+        ));
+    }
+    drover_core::acl::validate_policy_name(&name).map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
+    let parsed = crate::acl_policy::parse(&body.rules).map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
+    let policy = AclPolicy {
+        name,
+        description: body.description,
+        rules: body.rules,
+        parsed,
+        create_index: 0,
+        modify_index: 0,
+    };
+    let index = apply(&handle, AclCommand::PoliciesUpsert { policies: vec![policy] }).await?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+async fn delete_policy(
+    State(handle): State<AgentHandle>,
+    Path(name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let index = apply(&handle, AclCommand::PoliciesDelete { names: vec![name] }).await?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+async fn list_tokens(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let (index, tokens) = read(&handle, |state| {
+        let tokens: Vec<Value> = state.acl().tokens().map(|token| token_json(token, false)).collect();
+        (state.table_index(Table::AclTokens), tokens)
+    })?;
+    Ok((query_headers(&handle, index), axum::Json(tokens)))
+}
+
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct TokenBody {
+    #[serde(rename = "Name")]
+    name: String,
+    #[serde(rename = "Type")]
+    token_type: String,
+    #[serde(rename = "Policies")]
+    policies: Option<Vec<String>>,
+    #[serde(rename = "Global")]
+    global: bool,
+    #[serde(rename = "ExpirationTTL")]
+    expiration_ttl: Option<String>,
+}
+
+impl TokenBody {
+    fn parse(bytes: &[u8]) -> Result<TokenBody, ApiError> {
+        serde_json::from_slice(bytes)
+            .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse the token: {error}")))
+    }
+
+    fn token_type(&self) -> Result<TokenType, ApiError> {
+        match self.token_type.as_str() {
+            "" | "client" => Ok(TokenType::Client),
+            "management" => Ok(TokenType::Management),
+            other => Err(ApiError(
+                StatusCode::BAD_REQUEST,
+                format!("token type must be client or management, not {other:?}"),
+            )),
+        }
+    }
+}
+
+async fn create_token(
+    State(handle): State<AgentHandle>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let body = TokenBody::parse(&body)?;
+    let now = crate::clock::unix_millis();
+    let expiration_time_ms = match &body.expiration_ttl {
+        Some(ttl) if !ttl.is_empty() => {
+            let ttl = drover_core::goduration::parse(ttl).map_err(|error| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid ExpirationTTL {ttl:?}: {error}"),
+                )
+            })?;
+            Some(now + ttl.as_millis() as u64)
+        }
+        _ => None,
+    };
+    let token = AclToken {
+        accessor_id: uuid(),
+        secret_id: uuid(),
+        name: body.name.clone(),
+        token_type: body.token_type()?,
+        policies: body.policies.clone().unwrap_or_default(),
+        global: body.global,
+        create_time_ms: now,
+        expiration_time_ms,
+        create_index: 0,
+        modify_index: 0,
+    };
+    token
+        .validate()
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
+    let accessor = token.accessor_id.clone();
+    let index = apply(&handle, AclCommand::TokensUpsert { tokens: vec![token] }).await?;
+    stored_token(&handle, &accessor, index, true)
+}
+
+async fn update_token(
+    State(handle): State<AgentHandle>,
+    Path(accessor): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let body = TokenBody::parse(&body)?;
+    let mut token = read(&handle, |state| state.acl().token(&accessor).cloned())?
+        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "ACL token not found".into()))?;
+    token.name = body.name.clone();
+    token.token_type = body.token_type()?;
+    token.policies = body.policies.clone().unwrap_or_default();
+    token
+        .validate()
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
+    let index = apply(&handle, AclCommand::TokensUpsert { tokens: vec![token] }).await?;
+    stored_token(&handle, &accessor, index, true)
+}
+
+async fn get_token(
+    State(handle): State<AgentHandle>,
+    Path(accessor): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let index = read(&handle, |state| state.table_index(Table::AclTokens))?;
+    stored_token(&handle, &accessor, index, true)
+}
+
+async fn token_self(State(handle): State<AgentHandle>, headers: HeaderMap) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let (index, token) = read(&handle, |state| {
+        (state.table_index(Table::AclTokens), requester(state, &headers))
+    })?;
+    let token = token.ok_or_else(|| ApiError(StatusCode::FORBIDDEN, drover_core::acl::TOKEN_NOT_FOUND.into()))?;
+    Ok((query_headers(&handle, index), axum::Json(token_json(&token, true))))
+}
+
+async fn delete_token(
+    State(handle): State<AgentHandle>,
+    Path(accessor): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    enabled(&handle)?;
+    let index = apply(
+        &handle,
+        AclCommand::TokensDelete {
+            accessor_ids: vec![accessor],
+        },
+    )
+    .await?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_random_version_4_uuids() {
+        let (a, b) = (uuid(), uuid());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert!(matches!(&a[19..20], "8" | "9" | "a" | "b"), "{a}");
+    }
+}

@@ -1,0 +1,354 @@
+//! Every request checked against its token's ACL before it reaches an endpoint (when
+//! `acl { enabled = true }`): the capability Nomad's endpoint checks, by method and route,
+//! with Nomad's `403 Permission denied`; a route this table does not name needs a management
+//! token, so an endpoint added later is closed until it is given its rule.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use drover_core::acl::policy::{cap, var_cap};
+use drover_core::acl::{Acl, PERMISSION_DENIED, ResolveError};
+use drover_core::fsm::Table;
+
+use crate::driver::AgentHandle;
+
+/// The largest body the gate reads to learn a write's namespaces (the body limit's).
+const BODY_PEEK_MAX: usize = 64 << 20;
+/// Resolved tokens kept; the cache is emptied when full.
+const CACHE_MAX: usize = 4_096;
+
+/// What a request needs from its token.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Need {
+    Nothing,
+    /// Any valid token (the endpoint decides the rest: `token/self`, policies it holds).
+    Token,
+    Management,
+    Namespace(&'static str),
+    /// Any one of these capabilities in the namespace.
+    NamespaceAny(&'static [&'static str]),
+    Node {
+        write: bool,
+    },
+    Agent {
+        write: bool,
+    },
+    Operator {
+        write: bool,
+    },
+    Plugin {
+        read: bool,
+    },
+    Variable {
+        path: String,
+        capability: &'static str,
+    },
+}
+
+impl Need {
+    fn allowed(&self, acl: &Acl, namespaces: &[String]) -> bool {
+        match self {
+            Need::Nothing | Need::Token => true,
+            Need::Management => acl.is_management(),
+            Need::Namespace(capability) => namespaces.iter().all(|ns| acl.allows_namespace(ns, capability)),
+            Need::NamespaceAny(capabilities) => namespaces.iter().all(|ns| acl.allows_namespace_any(ns, capabilities)),
+            Need::Node { write } => acl.allows_node(*write),
+            Need::Agent { write } => acl.allows_agent(*write),
+            Need::Operator { write } => acl.allows_operator(*write),
+            Need::Plugin { read } => acl.allows_plugin(*read),
+            Need::Variable { path, capability } => {
+                namespaces.iter().all(|ns| acl.allows_variable(ns, path, capability))
+            }
+        }
+    }
+}
+
+/// The rule for `method` on `path` (Nomad's per-endpoint checks).
+pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
+    let write = *method != Method::GET && *method != Method::HEAD;
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let namespace = |read: &'static str, written: &'static str| Need::Namespace(if write { written } else { read });
+    match segments.as_slice() {
+        ["v1", "status", "leader" | "peers"] => Need::Nothing,
+        ["v1", "acl", "bootstrap"] => Need::Nothing,
+        ["v1", "acl", "token", "self"] => Need::Token,
+        ["v1", "acl", "policies"] if !write => Need::Token,
+        ["v1", "acl", "policy", _] if !write => Need::Token,
+        ["v1", "acl", ..] => Need::Management,
+        ["v1", "agent", "self"] => Need::Agent { write: false },
+        ["v1", "agent", "members"] => Need::Node { write: false },
+        ["v1", "vars"] => Need::Variable {
+            path: query_param(query, "prefix").unwrap_or_default(),
+            capability: var_cap::LIST,
+        },
+        ["v1", "var", rest @ ..] => Need::Variable {
+            path: rest.join("/"),
+            capability: match *method {
+                Method::GET | Method::HEAD => var_cap::READ,
+                Method::DELETE => var_cap::DESTROY,
+                _ => var_cap::WRITE,
+            },
+        },
+        ["v1", "volumes"] => Need::NamespaceAny(&[
+            cap::CSI_LIST_VOLUME,
+            cap::CSI_READ_VOLUME,
+            cap::CSI_MOUNT_VOLUME,
+            cap::LIST_JOBS,
+        ]),
+        ["v1", "volume", "csi", _, ..] => namespace(cap::CSI_READ_VOLUME, cap::CSI_WRITE_VOLUME),
+        ["v1", "plugins"] => Need::Plugin { read: false },
+        ["v1", "plugin", "csi", _] if !write => Need::Plugin { read: true },
+        ["v1", "plugin", "csi", _] => Need::Operator { write: true },
+        ["v1", "jobs"] => namespace(cap::LIST_JOBS, cap::SUBMIT_JOB),
+        ["v1", "job", _] => namespace(cap::READ_JOB, cap::SUBMIT_JOB),
+        ["v1", "job", _, _] | ["v1", "evaluations"] | ["v1", "evaluation", _] => Need::Namespace(cap::READ_JOB),
+        ["v1", "allocations"] | ["v1", "allocation", _] => Need::Namespace(cap::READ_JOB),
+        ["v1", "allocation", _, "stop"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
+        ["v1", "client", "fs", "logs", _] => Need::Namespace(cap::READ_LOGS),
+        ["v1", "client", "fs", _, _] => Need::Namespace(cap::READ_FS),
+        ["v1", "client", "allocation", _, "stats"] => Need::Namespace(cap::READ_JOB),
+        ["v1", "client", "allocation", _, "exec"] => Need::Namespace(cap::ALLOC_EXEC),
+        ["v1", "client", "allocation", _, "restart" | "signal"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
+        ["v1", "nodes"] | ["v1", "node", _] | ["v1", "node", _, "allocations"] => Need::Node { write },
+        ["v1", "node", _, "drain" | "eligibility"] => Need::Node { write: true },
+        _ => Need::Management,
+    }
+}
+
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|pair| {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        (key == name).then(|| percent_decode(value))
+    })
+}
+
+fn percent_decode(text: &str) -> String {
+    let hex = |byte: u8| (byte as char).to_digit(16);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'%' if at + 2 < bytes.len() => {
+                if let (Some(high), Some(low)) = (hex(bytes[at + 1]), hex(bytes[at + 2])) {
+                    out.push((high * 16 + low) as u8);
+                    at += 3;
+                    continue;
+                }
+                out.push(b'%');
+            }
+            b'+' => out.push(b' '),
+            byte => out.push(byte),
+        }
+        at += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The request's secret: `X-Nomad-Token`, else `Authorization: Bearer <secret>`.
+pub fn token_of(headers: &HeaderMap) -> String {
+    if let Some(token) = headers.get("X-Nomad-Token").and_then(|value| value.to_str().ok()) {
+        return token.trim().to_string();
+    }
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .map(|token| token.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Resolved ACLs by secret, each with the ACL tables' index it was resolved at: a write to
+/// either table makes every entry stale.
+#[derive(Default)]
+pub struct Cache(Mutex<BTreeMap<String, Cached>>);
+
+/// One resolved secret: the ACL tables' index then, the token's expiry, and the outcome.
+struct Cached {
+    index: u64,
+    expires: Option<u64>,
+    resolved: Result<Acl, ResolveError>,
+}
+
+impl Cache {
+    /// The ACL of `secret` on `handle`'s state; `None` on an agent without one (client-only).
+    pub fn resolve(&self, handle: &AgentHandle, secret: &str) -> Option<Result<Acl, ResolveError>> {
+        handle.read_state(|state| {
+            let index = state
+                .table_index(Table::AclTokens)
+                .max(state.table_index(Table::AclPolicies));
+            // Expiry is wall-clock time, as Nomad's: an idle cluster's applied time stands still.
+            let now = crate::clock::unix_millis().max(state.last_applied_time_ms());
+            let mut held = self.0.lock().expect("ACL cache");
+            if let Some(cached) = held.get(secret)
+                && cached.index == index
+                && cached.expires.is_none_or(|expires| now < expires)
+            {
+                return cached.resolved.clone();
+            }
+            let resolved = drover_core::acl::resolve(state, secret, now);
+            let expires = state
+                .acl()
+                .token_by_secret(secret)
+                .and_then(|token| token.expiration_time_ms);
+            if held.len() >= CACHE_MAX {
+                held.clear();
+            }
+            held.insert(
+                secret.to_string(),
+                Cached {
+                    index,
+                    expires,
+                    resolved: resolved.clone(),
+                },
+            );
+            resolved
+        })
+    }
+}
+
+/// The gate's state: the agent and its cache.
+#[derive(Clone)]
+pub struct Gate {
+    pub handle: AgentHandle,
+    pub cache: Arc<Cache>,
+}
+
+fn denied(text: &str) -> Response {
+    (StatusCode::FORBIDDEN, text.to_string()).into_response()
+}
+
+/// Middleware: the request's token must allow what its route needs.
+pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> Response {
+    if !gate.handle.config().acl.enabled {
+        return next.run(request).await;
+    }
+    let path = request.uri().path().to_string();
+    let need = need(request.method(), &path, request.uri().query());
+    if need == Need::Nothing {
+        return next.run(request).await;
+    }
+    let secret = token_of(request.headers());
+    let Some(resolved) = gate.cache.resolve(&gate.handle, &secret) else {
+        // A client-only agent holds no ACLs: what it hands to a server is checked there (the
+        // token goes along); what it would answer itself is refused.
+        return if path.starts_with("/v1/client/") {
+            denied(PERMISSION_DENIED)
+        } else {
+            next.run(request).await
+        };
+    };
+    let acl = match resolved {
+        Ok(acl) => acl,
+        Err(error) => return denied(&error.to_string()),
+    };
+    let (request, namespaces) = match namespaces_of(request, &need).await {
+        Ok(found) => found,
+        Err(response) => return response,
+    };
+    if need.allowed(&acl, &namespaces) {
+        next.run(request).await
+    } else {
+        denied(PERMISSION_DENIED)
+    }
+}
+
+/// The namespaces a request acts in: `?namespace=` (Nomad's `default`), and for a job or volume
+/// write every namespace its body names, so a token for one cannot write into another.
+async fn namespaces_of(request: Request, need: &Need) -> Result<(Request, Vec<String>), Response> {
+    let mut namespaces = vec![query_param(request.uri().query(), "namespace").unwrap_or_else(|| "default".into())];
+    let writes_body = matches!(need, Need::Namespace(cap::SUBMIT_JOB | cap::CSI_WRITE_VOLUME))
+        && matches!(*request.method(), Method::PUT | Method::POST);
+    if !writes_body {
+        return Ok((request, namespaces));
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, BODY_PEEK_MAX)
+        .await
+        .map_err(|error| (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response())?;
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+        let mut named = Vec::new();
+        if let Some(ns) = value.pointer("/Job/Namespace").and_then(|ns| ns.as_str()) {
+            named.push(ns.to_string());
+        }
+        for volume in value
+            .get("Volumes")
+            .and_then(|volumes| volumes.as_array())
+            .into_iter()
+            .flatten()
+        {
+            if let Some(ns) = volume.get("Namespace").and_then(|ns| ns.as_str()) {
+                named.push(ns.to_string());
+            }
+        }
+        namespaces.extend(named.into_iter().filter(|ns| !ns.is_empty()));
+    }
+    Ok((Request::from_parts(parts, axum::body::Body::from(bytes)), namespaces))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_route_family_has_nomads_rule_and_unknown_routes_need_management() {
+        let get = Method::GET;
+        let put = Method::PUT;
+        assert_eq!(need(&get, "/v1/status/leader", None), Need::Nothing);
+        assert_eq!(need(&get, "/v1/jobs", None), Need::Namespace("list-jobs"));
+        assert_eq!(need(&put, "/v1/jobs", None), Need::Namespace("submit-job"));
+        assert_eq!(
+            need(&Method::DELETE, "/v1/job/web", None),
+            Need::Namespace("submit-job")
+        );
+        assert_eq!(need(&get, "/v1/job/web/allocations", None), Need::Namespace("read-job"));
+        assert_eq!(
+            need(&get, "/v1/volume/csi/v1", None),
+            Need::Namespace("csi-read-volume")
+        );
+        assert_eq!(
+            need(&put, "/v1/volume/csi/v1", None),
+            Need::Namespace("csi-write-volume")
+        );
+        assert_eq!(need(&get, "/v1/client/fs/logs/a1", None), Need::Namespace("read-logs"));
+        assert_eq!(need(&get, "/v1/client/fs/cat/a1", None), Need::Namespace("read-fs"));
+        assert_eq!(
+            need(&get, "/v1/client/allocation/a1/exec", None),
+            Need::Namespace("alloc-exec")
+        );
+        assert_eq!(need(&put, "/v1/node/n1/drain", None), Need::Node { write: true });
+        assert_eq!(need(&get, "/v1/nodes", None), Need::Node { write: false });
+        assert_eq!(need(&get, "/v1/plugins", None), Need::Plugin { read: false });
+        assert_eq!(
+            need(&Method::DELETE, "/v1/var/a/b", None),
+            Need::Variable {
+                path: "a/b".into(),
+                capability: "destroy"
+            }
+        );
+        assert_eq!(
+            need(&get, "/v1/vars", Some("prefix=nomad%2Fjobs")),
+            Need::Variable {
+                path: "nomad/jobs".into(),
+                capability: "list"
+            }
+        );
+        assert_eq!(need(&put, "/v1/acl/policy/p", None), Need::Management);
+        assert_eq!(need(&get, "/v1/acl/token/self", None), Need::Token);
+        assert_eq!(need(&get, "/v1/some/new/endpoint", None), Need::Management);
+    }
+
+    #[test]
+    fn the_token_comes_from_either_header() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(token_of(&headers), "");
+        headers.insert("Authorization", "Bearer abc".parse().unwrap());
+        assert_eq!(token_of(&headers), "abc");
+        headers.insert("X-Nomad-Token", "xyz".parse().unwrap());
+        assert_eq!(token_of(&headers), "xyz");
+    }
+}

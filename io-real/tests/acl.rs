@@ -1,0 +1,285 @@
+//! ACLs through a real agent's HTTP API on a real socket: bootstrap once (and again through
+//! the reset file), policies in Nomad's language, client tokens held to their capabilities per
+//! endpoint family, the anonymous policy, either token header, a namespace named in a job's
+//! body, expired and deleted tokens.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
+use drover_io_real::io::{NoConsul, TracingObserver};
+use drover_io_real::net::GrpcTransport;
+use serde_json::{Value, json};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn start(dir: &std::path::Path) -> (AgentHandle, u16) {
+    let ports = Ports {
+        http: 0,
+        rpc: free_port(),
+        serf: free_port(),
+    };
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut config = AgentConfig {
+        name: "acl".into(),
+        data_dir: Some(dir.display().to_string()),
+        bind_addr: ip,
+        ports,
+        advertise: Advertise::on(ip, ports),
+        ..AgentConfig::default()
+    };
+    config.server.enabled = true;
+    config.server.bootstrap_expect = 1;
+    config.acl.enabled = true;
+    let handle = start_agent(AgentParts {
+        config,
+        db: drover_io_real::disk::open_database(dir).unwrap(),
+        transport: GrpcTransport::default(),
+        consul: NoConsul,
+        observer: Arc::new(TracingObserver),
+        client_csi: None,
+        disk_latency: None,
+    })
+    .await
+    .unwrap();
+    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), Default::default())
+        .await
+        .unwrap()
+        .port();
+    for _ in 0..400 {
+        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (handle, http)
+}
+
+/// One request; `header` is a whole header line ("X-Nomad-Token: ...") or empty.
+fn call(port: u16, method: &str, path: &str, header: &str, body: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let header = if header.is_empty() {
+        String::new()
+    } else {
+        format!("{header}\r\n")
+    };
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{header}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    (
+        head.split_whitespace().nth(1).unwrap().parse().unwrap(),
+        body.to_string(),
+    )
+}
+
+async fn http(port: u16, method: &'static str, path: String, token: String, body: String) -> (u16, String) {
+    tokio::task::spawn_blocking(move || {
+        let header = if token.is_empty() {
+            String::new()
+        } else {
+            format!("X-Nomad-Token: {token}")
+        };
+        call(port, method, &path, &header, &body)
+    })
+    .await
+    .unwrap()
+}
+
+fn job(namespace: &str) -> String {
+    json!({"Job": {"ID": "web", "Namespace": namespace, "Type": "service", "Datacenters": ["dc1"],
+        "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "raw_exec",
+            "Config": {"command": "/bin/true"}, "Resources": {"CPU": 10, "MemoryMB": 10}}]}]}})
+    .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
+    let dir = tempfile::tempdir().unwrap();
+    let (handle, port) = start(dir.path()).await;
+    let get = |path: &str, token: &str| http(port, "GET", path.into(), token.into(), String::new());
+
+    // Before any token: status answers, everything else is denied.
+    assert_eq!(get("/v1/status/leader", "").await.0, 200);
+    assert_eq!(get("/v1/jobs", "").await, (403, "Permission denied".into()));
+
+    // Bootstrap once.
+    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let root: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(root["Type"], "management");
+    let first_root = root["SecretID"].as_str().unwrap().to_string();
+    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
+    assert_eq!(status, 400);
+    let done_at: u64 = body
+        .strip_prefix("ACL bootstrap already done (reset index: ")
+        .and_then(|rest| rest.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{body}"))
+        .parse()
+        .unwrap();
+    // The reset file naming that index allows one more.
+    std::fs::write(dir.path().join("acl-bootstrap-reset"), done_at.to_string()).unwrap();
+    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let root: Value = serde_json::from_str(&body).unwrap();
+    let root = root["SecretID"].as_str().unwrap().to_string();
+    assert_ne!(root, first_root);
+    assert_eq!(get("/v1/jobs", &root).await.0, 200);
+
+    // A policy in Nomad's language; a bad one is refused with its reason.
+    let policy = |rules: &str| json!({"Description": "d", "Rules": rules}).to_string();
+    let put_policy = |name: &str, rules: &str| {
+        http(
+            port,
+            "PUT",
+            format!("/v1/acl/policy/{name}"),
+            root.clone(),
+            policy(rules),
+        )
+    };
+    let (status, body) = put_policy("broken", "namespace \"default\" { policy = \"root\" }").await;
+    assert_eq!((status, body.as_str()), (400, "Invalid namespace policy: \"root\""));
+    let (status, body) = put_policy(
+        "readonly",
+        "namespace \"default\" { policy = \"read\" }\nnode { policy = \"read\" }",
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = put_policy("submit", "namespace \"default\" { capabilities = [\"submit-job\"] }").await;
+    assert_eq!(status, 200, "{body}");
+
+    // Client tokens.
+    let create = |policies: Value| {
+        http(
+            port,
+            "PUT",
+            "/v1/acl/token".into(),
+            root.clone(),
+            json!({"Name": "t", "Type": "client", "Policies": policies}).to_string(),
+        )
+    };
+    let (status, body) = create(json!(["readonly"])).await;
+    assert_eq!(status, 200, "{body}");
+    let reader: Value = serde_json::from_str(&body).unwrap();
+    let (reader, reader_accessor) = (
+        reader["SecretID"].as_str().unwrap().to_string(),
+        reader["AccessorID"].as_str().unwrap().to_string(),
+    );
+    let (_, body) = create(json!(["submit"])).await;
+    let submitter: Value = serde_json::from_str(&body).unwrap();
+    let submitter = submitter["SecretID"].as_str().unwrap().to_string();
+    let (status, body) = create(json!([])).await;
+    assert_eq!((status, body.as_str()), (400, "client token missing policies"));
+
+    // Per endpoint family: what the reader may and may not do.
+    for (method, path, body, want) in [
+        ("GET", "/v1/jobs", String::new(), 200),
+        ("GET", "/v1/nodes", String::new(), 200),
+        ("GET", "/v1/volumes?type=csi", String::new(), 200),
+        ("PUT", "/v1/jobs", job("default"), 403),
+        ("GET", "/v1/plugins", String::new(), 403),
+        (
+            "PUT",
+            "/v1/node/n1/eligibility",
+            "{\"Eligibility\":\"ineligible\"}".into(),
+            403,
+        ),
+        ("GET", "/v1/var/a", String::new(), 403),
+        ("GET", "/v1/acl/tokens", String::new(), 403),
+        ("GET", "/v1/agent/self", String::new(), 403),
+    ] {
+        let (status, answer) = http(port, method, path.into(), reader.clone(), body).await;
+        assert_eq!(status, want, "{method} {path}: {answer}");
+        if want == 403 {
+            assert_eq!(answer, "Permission denied");
+        }
+    }
+    // The submitter may submit into `default`, not into a namespace its job body names.
+    let (status, body) = http(port, "PUT", "/v1/jobs".into(), submitter.clone(), job("default")).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = http(port, "PUT", "/v1/jobs".into(), submitter.clone(), job("other")).await;
+    assert_eq!(status, 403);
+
+    // Either header; an unknown token is named.
+    let (status, _) = tokio::task::spawn_blocking({
+        let reader = reader.clone();
+        move || call(port, "GET", "/v1/jobs", &format!("Authorization: Bearer {reader}"), "")
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        get("/v1/jobs", "not-a-token").await,
+        (403, "ACL token not found".into())
+    );
+
+    // Token self, and the policies a client token may see.
+    let (status, body) = get("/v1/acl/token/self", &reader).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["Policies"],
+        json!(["readonly"])
+    );
+    let (_, body) = get("/v1/acl/policies", &reader).await;
+    let names: Vec<Value> = serde_json::from_str::<Vec<Value>>(&body)
+        .unwrap()
+        .into_iter()
+        .map(|policy| policy["Name"].clone())
+        .collect();
+    assert_eq!(names, [json!("readonly")]);
+    assert_eq!(get("/v1/acl/policy/submit", &reader).await.0, 403);
+
+    // The anonymous policy opens what it names to requests without a token.
+    assert_eq!(get("/v1/nodes", "").await.0, 403);
+    assert_eq!(put_policy("anonymous", "node { policy = \"read\" }").await.0, 200);
+    assert_eq!(get("/v1/nodes", "").await.0, 200);
+    assert_eq!(get("/v1/jobs", "").await.0, 403);
+
+    // A deleted token stops working at once; so does one past its expiry.
+    let (status, _) = http(
+        port,
+        "DELETE",
+        format!("/v1/acl/token/{reader_accessor}"),
+        root.clone(),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(get("/v1/jobs", &reader).await, (403, "ACL token not found".into()));
+    let with_ttl = |ttl: &str| {
+        http(
+            port,
+            "PUT",
+            "/v1/acl/token".into(),
+            root.clone(),
+            json!({"Type": "client", "Policies": ["readonly"], "ExpirationTTL": ttl}).to_string(),
+        )
+    };
+    let secret = |body: String| {
+        serde_json::from_str::<Value>(&body).unwrap()["SecretID"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let lasting = secret(with_ttl("1h").await.1);
+    assert_eq!(get("/v1/jobs", &lasting).await.0, 200);
+    let brief = secret(with_ttl("1ms").await.1);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(get("/v1/jobs", &brief).await, (403, "ACL token expired".into()));
+    handle.shutdown().await;
+}
