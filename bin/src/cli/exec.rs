@@ -89,7 +89,11 @@ pub(super) fn alloc_exec(
         encode(&task),
         encode(&serde_json::to_string(&command)?)
     );
-    let (mut socket, _) = match tungstenite::connect(&url) {
+    let mut request = tungstenite::client::IntoClientRequest::into_client_request(url.as_str())?;
+    if let Some(token) = &api.token {
+        request.headers_mut().insert("X-Nomad-Token", token.parse()?);
+    }
+    let (mut socket, _) = match tungstenite::connect(request) {
         Ok(connected) => connected,
         Err(tungstenite::Error::Http(response)) => {
             let body = response

@@ -83,7 +83,7 @@ pub(super) fn alloc_logs(api: &Api, id: &str, options: LogsOptions) -> Result<()
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(10))
         .build();
-    let response = match agent.get(&url).call() {
+    let response = match api.authorize(agent.get(&url)).call() {
         Ok(response) => response,
         Err(ureq::Error::Status(code, response)) => {
             let body = response.into_string().unwrap_or_default();
@@ -169,7 +169,8 @@ pub(super) fn alloc_fs(api: &Api, id: &str, path: Option<&str>, stat: bool) -> R
         api.get(&query("ls"))?.as_array().cloned().unwrap_or_default()
     } else {
         let url = format!("{}{}", api.base, query("cat"));
-        let response = ureq::get(&url)
+        let response = api
+            .authorize(ureq::get(&url))
             .call()
             .map_err(|error| Failure(format!("Error reading file: {error}"), 1))?;
         let mut reader = response.into_reader();

@@ -2,6 +2,7 @@
 //! Nomad's commands and tables, over the HTTP API at `-address` or `NOMAD_ADDR` (default
 //! `http://127.0.0.1:4646`). Exit codes: 0 done, 1 error, 2 `job run` with placement failures.
 
+mod acl;
 mod alloc;
 mod exec;
 mod job;
@@ -27,6 +28,9 @@ pub struct Global {
     /// HTTP address of an agent (default $NOMAD_ADDR, else http://127.0.0.1:4646).
     #[arg(long, global = true, value_name = "URL")]
     pub address: Option<String>,
+    /// ACL token for every request (default $NOMAD_TOKEN).
+    #[arg(long, global = true, value_name = "SECRET")]
+    pub token: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -52,6 +56,9 @@ pub enum Command {
     /// Cluster operations.
     #[command(subcommand)]
     Operator(OperatorCommand),
+    /// ACL bootstrap, policies and tokens.
+    #[command(subcommand)]
+    Acl(acl::AclCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -252,21 +259,34 @@ impl<E: std::fmt::Display> From<E> for Failure {
 
 pub(super) struct Api {
     pub(super) base: String,
+    /// The ACL token sent with every request (`-token`, `NOMAD_TOKEN`).
+    pub(super) token: Option<String>,
 }
 
 impl Api {
-    fn new(address: Option<String>) -> Api {
+    fn new(address: Option<String>, token: Option<String>) -> Api {
         let base = address
             .or_else(|| std::env::var("NOMAD_ADDR").ok())
             .unwrap_or_else(|| "http://127.0.0.1:4646".into());
         Api {
             base: base.trim_end_matches('/').to_string(),
+            token: token
+                .or_else(|| std::env::var("NOMAD_TOKEN").ok())
+                .filter(|token| !token.is_empty()),
+        }
+    }
+
+    /// `request` with the ACL token, if any.
+    pub(super) fn authorize(&self, request: ureq::Request) -> ureq::Request {
+        match &self.token {
+            Some(token) => request.set("X-Nomad-Token", token),
+            None => request,
         }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.base);
-        let request = ureq::request(method, &url).timeout(Duration::from_secs(30));
+        let request = self.authorize(ureq::request(method, &url).timeout(Duration::from_secs(30)));
         let response = match body {
             Some(body) => request.send_json(body),
             None => request.call(),
@@ -336,7 +356,7 @@ pub(super) fn short(id: &Value) -> String {
 }
 
 pub fn run(global: Global, command: Command) -> ExitCode {
-    let api = Api::new(global.address);
+    let api = Api::new(global.address, global.token);
     let result = match command {
         Command::Job(JobCommand::Run { file, detach }) => job_run(&api, &file, detach),
         Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
@@ -417,6 +437,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Plugin(PluginCommand::Status { id }) => plugin_status(&api, id.as_deref()),
         Command::Server(ServerCommand::Members) => server_members(&api),
         Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers)) => list_peers(&api),
+        Command::Acl(command) => acl::run(&api, command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,180 @@
+//! `agent acl ...`: Nomad's ACL commands and their output.
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::{Api, Failure, table, text};
+
+#[derive(Debug, Subcommand)]
+pub enum AclCommand {
+    /// Create the first management token (once; again only with the reset file).
+    Bootstrap,
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PolicyCommand {
+    /// Create or update a policy from a file of rules.
+    Apply {
+        #[arg(long)]
+        description: Option<String>,
+        name: String,
+        file: String,
+    },
+    Info {
+        name: String,
+    },
+    List,
+    Delete {
+        name: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    Create {
+        #[arg(long)]
+        name: Option<String>,
+        /// client (default) or management.
+        #[arg(long = "type", value_name = "TYPE")]
+        token_type: Option<String>,
+        /// A policy the token holds (repeat for more).
+        #[arg(long = "policy", value_name = "POLICY")]
+        policies: Vec<String>,
+        #[arg(long)]
+        global: bool,
+        /// Time to live (Go duration), after which the token stops working.
+        #[arg(long, value_name = "DURATION")]
+        ttl: Option<String>,
+    },
+    Info {
+        accessor: String,
+    },
+    /// The token this command runs with.
+    #[command(name = "self")]
+    SelfInfo,
+    List,
+    Delete {
+        accessor: String,
+    },
+}
+
+pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
+    match command {
+        AclCommand::Bootstrap => print_token(&api.call("POST", "/v1/acl/bootstrap", None)?),
+        AclCommand::Policy(PolicyCommand::Apply {
+            description,
+            name,
+            file,
+        }) => {
+            let rules = std::fs::read_to_string(&file)
+                .map_err(|error| Failure(format!("Error reading policy file {file:?}: {error}"), 1))?;
+            let body = json!({"Name": name, "Description": description.unwrap_or_default(), "Rules": rules});
+            api.call("PUT", &format!("/v1/acl/policy/{name}"), Some(&body))?;
+            println!("Successfully wrote {name:?} ACL policy!");
+            Ok(())
+        }
+        AclCommand::Policy(PolicyCommand::Info { name }) => {
+            let policy = api.get(&format!("/v1/acl/policy/{name}"))?;
+            println!("Name        = {}", text(&policy["Name"]));
+            println!("Description = {}", text(&policy["Description"]));
+            println!("CreateIndex = {}", text(&policy["CreateIndex"]));
+            println!("ModifyIndex = {}", text(&policy["ModifyIndex"]));
+            println!("\nRules\n\n{}", text(&policy["Rules"]));
+            Ok(())
+        }
+        AclCommand::Policy(PolicyCommand::List) => {
+            let policies = api.get("/v1/acl/policies")?;
+            let mut rows = vec![vec!["Name".to_string(), "Description".to_string()]];
+            for policy in policies.as_array().into_iter().flatten() {
+                rows.push(vec![text(&policy["Name"]), text(&policy["Description"])]);
+            }
+            println!("{}", table(&rows));
+            Ok(())
+        }
+        AclCommand::Policy(PolicyCommand::Delete { name }) => {
+            api.call("DELETE", &format!("/v1/acl/policy/{name}"), None)?;
+            println!("Successfully deleted {name:?} ACL policy!");
+            Ok(())
+        }
+        AclCommand::Token(TokenCommand::Create {
+            name,
+            token_type,
+            policies,
+            global,
+            ttl,
+        }) => {
+            let body = json!({
+                "Name": name.unwrap_or_default(),
+                "Type": token_type.unwrap_or_else(|| "client".into()),
+                "Policies": policies,
+                "Global": global,
+                "ExpirationTTL": ttl.unwrap_or_default(),
+            });
+            print_token(&api.call("PUT", "/v1/acl/token", Some(&body))?)
+        }
+        AclCommand::Token(TokenCommand::Info { accessor }) => {
+            print_token(&api.get(&format!("/v1/acl/token/{accessor}"))?)
+        }
+        AclCommand::Token(TokenCommand::SelfInfo) => print_token(&api.get("/v1/acl/token/self")?),
+        AclCommand::Token(TokenCommand::List) => {
+            let tokens = api.get("/v1/acl/tokens")?;
+            let mut rows = vec![vec![
+                "Name".to_string(),
+                "Type".to_string(),
+                "Global".to_string(),
+                "Accessor ID".to_string(),
+                "Expired".to_string(),
+            ]];
+            for token in tokens.as_array().into_iter().flatten() {
+                rows.push(vec![
+                    text(&token["Name"]),
+                    text(&token["Type"]),
+                    text(&token["Global"]),
+                    text(&token["AccessorID"]),
+                    "false".to_string(),
+                ]);
+            }
+            println!("{}", table(&rows));
+            Ok(())
+        }
+        AclCommand::Token(TokenCommand::Delete { accessor }) => {
+            api.call("DELETE", &format!("/v1/acl/token/{accessor}"), None)?;
+            println!("Token {accessor} successfully deleted");
+            Ok(())
+        }
+    }
+}
+
+/// Nomad's token block (`formatKVACLToken`).
+fn print_token(token: &Value) -> Result<(), Failure> {
+    let policies = if token["Type"] == "management" {
+        "n/a".to_string()
+    } else {
+        let names: Vec<String> = token["Policies"].as_array().into_iter().flatten().map(text).collect();
+        format!("[{}]", names.join(" "))
+    };
+    let expiry = match &token["ExpirationTime"] {
+        Value::Null => "<none>".to_string(),
+        other => text(other),
+    };
+    let rows = [
+        ("Accessor ID", text(&token["AccessorID"])),
+        ("Secret ID", text(&token["SecretID"])),
+        ("Name", text(&token["Name"])),
+        ("Type", text(&token["Type"])),
+        ("Global", text(&token["Global"])),
+        ("Create Time", text(&token["CreateTime"])),
+        ("Expiry Time", expiry),
+        ("Create Index", text(&token["CreateIndex"])),
+        ("Modify Index", text(&token["ModifyIndex"])),
+        ("Policies", policies),
+    ];
+    for (key, value) in rows {
+        println!("{key:<12} = {value}");
+    }
+    Ok(())
+}
