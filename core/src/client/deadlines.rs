@@ -87,6 +87,7 @@ mod tests {
         assert_eq!(
             deadline(&Io::Server(ServerRequest::NodeUpdateStatus {
                 node_id: "n1".into(),
+                secret_id: String::new(),
                 status: crate::structs::NodeStatus::Ready,
             })),
             Some(NODE_RPC_TIMEOUT)

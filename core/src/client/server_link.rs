@@ -108,6 +108,11 @@ impl ServerLink {
         }
     }
 
+    /// The node's secret, presented with every call the client makes for its node.
+    pub fn secret_id(&self) -> &str {
+        self.node.as_ref().map_or("", |node| node.secret_id.as_str())
+    }
+
     pub fn ttl(&self) -> Duration {
         self.ttl
     }
@@ -149,6 +154,7 @@ impl ServerLink {
                 op,
                 Io::Server(ServerRequest::NodeUpdateStatus {
                     node_id: node.id.clone(),
+                    secret_id: node.secret_id.clone(),
                     status: NodeStatus::Ready,
                 }),
             ));

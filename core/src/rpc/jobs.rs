@@ -128,8 +128,10 @@ impl JobEndpoints {
                 client_status,
             }),
             // Nomad's `Node.UpdateAlloc`: a node reports only the allocations placed on it;
-            // others are dropped (the node's secret is checked once ACLs exist, issue 21).
-            ServerRequest::AllocClientUpdates { node_id, mut updates } => {
+            // others are dropped (the node's secret was checked before, `RpcEndpoints::request`).
+            ServerRequest::AllocClientUpdates {
+                node_id, mut updates, ..
+            } => {
                 updates.retain(|update| {
                     let mine = state.alloc(&update.alloc_id).is_none_or(|alloc| alloc.node_id == node_id);
                     if !mine {

@@ -25,19 +25,31 @@ pub enum ServerRequest {
     },
     NodeUpdateStatus {
         node_id: String,
+        /// The calling node's secret: only its own node may send this.
+        #[serde(default)]
+        secret_id: String,
         status: NodeStatus,
     },
     NodeUpdateCsiInfo {
         node_id: String,
+        /// The calling node's secret: only its own node may send this.
+        #[serde(default)]
+        secret_id: String,
         controllers: BTreeMap<String, CsiInfo>,
         nodes: BTreeMap<String, CsiInfo>,
     },
     NodeUpdateDrivers {
         node_id: String,
+        /// The calling node's secret: only its own node may send this.
+        #[serde(default)]
+        secret_id: String,
         drivers: BTreeMap<String, DriverInfo>,
     },
     NodeEmitEvents {
         node_id: String,
+        /// The calling node's secret: only its own node may send this.
+        #[serde(default)]
+        secret_id: String,
         events: Vec<NodeEvent>,
     },
     NodeDeregister {
@@ -79,6 +91,9 @@ pub enum ServerRequest {
     /// `Node.UpdateAlloc`: a client's batch of allocation reports.
     AllocClientUpdates {
         node_id: String,
+        /// The calling node's secret: only its own node may send this.
+        #[serde(default)]
+        secret_id: String,
         updates: Vec<crate::structs::AllocClientReport>,
     },
     AllocDelete {
@@ -132,6 +147,23 @@ pub enum ServerRequest {
     VariablesRead {
         paths: Vec<String>,
     },
+}
+
+impl ServerRequest {
+    /// The node a client's own call speaks for, and the secret it presents: checked against the
+    /// node's stored secret before the call is served (`DeriveSiToken` checks its own, with
+    /// Nomad's `SecretID mismatch`).
+    pub fn node_credential(&self) -> Option<(&str, &str)> {
+        match self {
+            ServerRequest::NodeUpdateStatus { node_id, secret_id, .. }
+            | ServerRequest::NodeUpdateCsiInfo { node_id, secret_id, .. }
+            | ServerRequest::NodeUpdateDrivers { node_id, secret_id, .. }
+            | ServerRequest::NodeEmitEvents { node_id, secret_id, .. }
+            | ServerRequest::AllocClientUpdates { node_id, secret_id, .. } => Some((node_id, secret_id)),
+            ServerRequest::NodeRegister { node } => Some((&node.id, &node.secret_id)),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -221,6 +221,21 @@ impl RpcEndpoints {
                 .reply(req, ServerReply::Error(RpcError::unavailable("No cluster leader")));
             return;
         }
+        // A client speaks only for its own node: the secret it registered with (Nomad's
+        // `node secret ID does not match`). A node not stored yet is left to each endpoint.
+        if let Some((node_id, secret_id)) = request.node_credential()
+            && let Some(node) = state.node(node_id)
+            && node.secret_id != secret_id
+        {
+            let text = if matches!(request, ServerRequest::NodeRegister { .. }) {
+                "node secret ID does not match. Not registering node."
+            } else {
+                "node secret ID does not match"
+            };
+            tracing::warn!(node = %node_id, "refused a call with the wrong node secret");
+            self.out.reply(req, ServerReply::Error(RpcError::invalid(text)));
+            return;
+        }
         use ServerRequest as R;
         let out = &mut self.out;
         let command = match request {

@@ -69,7 +69,7 @@ impl NodeEndpoints {
                 out.propose_new(Owner::Nodes(flow), Command::NodeRegister { node: *node });
                 None
             }
-            ServerRequest::NodeUpdateStatus { node_id, status } => {
+            ServerRequest::NodeUpdateStatus { node_id, status, .. } => {
                 self.update_status(now, req, node_id, status, state, out);
                 None
             }
@@ -77,15 +77,18 @@ impl NodeEndpoints {
                 node_id,
                 controllers,
                 nodes,
+                ..
             } => simple(Command::NodeUpdateCsiInfo {
                 node_id,
                 controllers,
                 nodes,
             }),
-            ServerRequest::NodeUpdateDrivers { node_id, drivers } => {
+            ServerRequest::NodeUpdateDrivers { node_id, drivers, .. } => {
                 simple(Command::NodeUpdateDrivers { node_id, drivers })
             }
-            ServerRequest::NodeEmitEvents { node_id, events } => simple(Command::NodeEmitEvents { node_id, events }),
+            ServerRequest::NodeEmitEvents { node_id, events, .. } => {
+                simple(Command::NodeEmitEvents { node_id, events })
+            }
             ServerRequest::NodeDeregister { node_id } => simple(Command::NodeDeregister { node_id }),
             ServerRequest::NodeUpdateDrain {
                 node_id,

@@ -69,20 +69,24 @@ impl Client {
                     .collect();
                 (!updates.is_empty()).then(|| ServerRequest::AllocClientUpdates {
                     node_id: self.settings.node_id.clone(),
+                    secret_id: self.link.secret_id().to_string(),
                     updates,
                 })
             }
             Report::CsiInfo => Some(ServerRequest::NodeUpdateCsiInfo {
                 node_id: self.settings.node_id.clone(),
+                secret_id: self.link.secret_id().to_string(),
                 controllers: self.node_controllers.clone(),
                 nodes: self.node_plugins.clone(),
             }),
             Report::Drivers => Some(ServerRequest::NodeUpdateDrivers {
                 node_id: self.settings.node_id.clone(),
+                secret_id: self.link.secret_id().to_string(),
                 drivers: self.driver_infos.clone(),
             }),
             Report::NodeEvents => (!self.pending_events.is_empty()).then(|| ServerRequest::NodeEmitEvents {
                 node_id: self.settings.node_id.clone(),
+                secret_id: self.link.secret_id().to_string(),
                 events: self
                     .pending_events
                     .iter()

@@ -207,6 +207,7 @@ fn a_node_updates_only_its_own_allocations() {
         1,
         ServerRequest::AllocClientUpdates {
             node_id: "n1".into(),
+            secret_id: String::new(),
             updates: vec![report("a1"), report("a2"), report("unknown")],
         },
     );
@@ -221,6 +222,55 @@ fn a_node_updates_only_its_own_allocations() {
         ClientStatus::Pending,
         "another node's allocation is not n1's to report"
     );
+}
+
+#[test]
+fn a_client_speaks_only_for_its_own_node_by_its_secret() {
+    use crate::structs::{AllocClientReport, ClientStatus};
+    let mut h = Harness::new();
+    let mut node = h.fx.state.node("n1").unwrap().clone();
+    node.secret_id = "s1".into();
+    h.fx.ok(Command::NodeRegister { node: node.clone() });
+    let report = |secret: &str| ServerRequest::AllocClientUpdates {
+        node_id: "n1".into(),
+        secret_id: secret.into(),
+        updates: vec![AllocClientReport {
+            alloc_id: "a1".into(),
+            client_status: ClientStatus::Failed,
+            task_states: Default::default(),
+        }],
+    };
+    h.request(1, report("stolen"));
+    let Some((1, ServerReply::Error(error))) = h.replies.last().cloned() else {
+        panic!("{:?}", h.replies)
+    };
+    assert_eq!(error.message, "node secret ID does not match");
+    assert_eq!(
+        h.fx.state.alloc("a1").unwrap().client_status,
+        ClientStatus::Pending,
+        "nothing applied"
+    );
+    // Nor may anyone re-register the node under another secret.
+    let mut impostor = node.clone();
+    impostor.secret_id = "other".into();
+    h.request(
+        2,
+        ServerRequest::NodeRegister {
+            node: Box::new(impostor),
+        },
+    );
+    let Some((2, ServerReply::Error(error))) = h.replies.last().cloned() else {
+        panic!("{:?}", h.replies)
+    };
+    assert_eq!(error.message, "node secret ID does not match. Not registering node.");
+    assert_eq!(h.fx.state.node("n1").unwrap().secret_id, "s1");
+    h.request(3, report("s1"));
+    assert!(
+        matches!(h.replies.last(), Some((3, ServerReply::Done { .. }))),
+        "{:?}",
+        h.replies
+    );
+    assert_eq!(h.fx.state.alloc("a1").unwrap().client_status, ClientStatus::Failed);
 }
 
 #[test]

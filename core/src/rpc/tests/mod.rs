@@ -127,6 +127,12 @@ impl Harness {
             req,
             ServerRequest::NodeUpdateStatus {
                 node_id: node.into(),
+                secret_id: self
+                    .fx
+                    .state
+                    .node(node)
+                    .map(|node| node.secret_id.clone())
+                    .unwrap_or_default(),
                 status: NodeStatus::Ready,
             },
         );
