@@ -47,7 +47,7 @@ fn representative_state() -> ServerState {
     });
     apply(Command::VariableUpsert {
         path: "app/config".into(),
-        items: BTreeMap::from([("k".into(), "v".into())]),
+        items: BTreeMap::from([("k".into(), "v".into())]).into(),
     });
     apply(Command::NodeRegister {
         node: Node {

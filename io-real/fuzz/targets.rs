@@ -282,7 +282,7 @@ fn base_commands() -> Vec<Command> {
         Command::NodeRegister { node },
         Command::VariableUpsert {
             path: "nomad/jobs/example".into(),
-            items: BTreeMap::from([("k".to_string(), "v".to_string())]),
+            items: BTreeMap::from([("k".to_string(), "v".to_string())]).into(),
         },
     ];
     for job in corpus_jobs() {
@@ -486,7 +486,7 @@ fn rpc_seeds() -> Vec<Case> {
         at_unix_ms: 1,
         command: Command::VariableUpsert {
             path: "nomad/jobs/example".into(),
-            items: BTreeMap::from([("k".to_string(), "v".to_string())]),
+            items: BTreeMap::from([("k".to_string(), "v".to_string())]).into(),
         },
     };
     payloads.push((15, json(&upsert)));

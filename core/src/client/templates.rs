@@ -190,7 +190,7 @@ impl TemplateRunner {
             variables: self
                 .vars
                 .iter()
-                .map(|(path, variable)| (path.clone(), variable.as_ref().map(|v| v.items.clone())))
+                .map(|(path, variable)| (path.clone(), variable.as_ref().map(|v| v.items.0.clone())))
                 .collect(),
         };
         self.issue(Pending::Render(index), Io::RenderTemplate(Box::new(request)), ops, out);

@@ -62,7 +62,8 @@ pub enum Command {
     /// tests to prove the write path propose → commit → apply → response.
     VariableUpsert {
         path: String,
-        items: BTreeMap<String, String>,
+        /// Values never shown by `Debug` (openraft logs entries at debug level).
+        items: crate::structs::Secrets,
     },
     VariableDelete {
         path: String,
@@ -210,7 +211,7 @@ pub struct ClusterMeta {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Variable {
     pub path: String,
-    pub items: BTreeMap<String, String>,
+    pub items: crate::structs::Secrets,
     pub create_index: u64,
     pub modify_index: u64,
     pub create_time_unix_ms: u64,

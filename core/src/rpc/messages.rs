@@ -279,7 +279,7 @@ pub enum ServerReply {
 /// One variable as a template reads it: its items and the index it was last written at.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VariableItems {
-    pub items: BTreeMap<String, String>,
+    pub items: crate::structs::Secrets,
     pub modify_index: u64,
 }
 

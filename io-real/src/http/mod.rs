@@ -542,7 +542,7 @@ pub fn decode_variable_put(path: String, body: &[u8]) -> Result<Command, ApiErro
     }
     Ok(Command::VariableUpsert {
         path,
-        items: body.items,
+        items: body.items.into(),
     })
 }
 

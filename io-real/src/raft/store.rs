@@ -895,7 +895,7 @@ mod tests {
         let mut state = ServerState::default();
         let command = Command::VariableUpsert {
             path: "app".into(),
-            items: BTreeMap::from([("k".into(), "v".into())]),
+            items: BTreeMap::from([("k".into(), "v".into())]).into(),
         };
         state.apply(1, &drover_core::fsm::Entry { at_unix_ms: 1, command });
         state
@@ -916,7 +916,7 @@ mod tests {
                 at_unix_ms: index,
                 command: Command::VariableUpsert {
                     path: path.into(),
-                    items: BTreeMap::from([("k".into(), "v".into())]),
+                    items: BTreeMap::from([("k".into(), "v".into())]).into(),
                 },
             }),
         }
