@@ -268,8 +268,11 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let (router, inbox) = ClientCsiRouter::new();
     let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {
-        Some(address) => start(loaded.config.clone(), db, consul_http(&config, address)?, client_csi).await?,
-        None => start(loaded.config.clone(), db, NoConsul, client_csi).await?,
+        Some(address) => {
+            let consul = consul_http(&config, address)?;
+            start(&loaded, db, consul, client_csi).await?
+        }
+        None => start(&loaded, db, NoConsul, client_csi).await?,
     };
     if is_client {
         // Allocations come from the local server's state, or from `client.servers`.
@@ -329,15 +332,15 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
 }
 
 async fn start<C: Consul>(
-    config: drover_core::config::AgentConfig,
+    loaded: &Loaded,
     db: redb::Database,
     consul: C,
     client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>>,
 ) -> anyhow::Result<AgentHandle> {
     let parts = AgentParts {
-        config,
+        config: loaded.config.clone(),
         db,
-        transport: GrpcTransport::default(),
+        transport: GrpcTransport::default().with_max_conns_per_client(loaded.rpc_max_conns_per_client),
         consul,
         observer: Arc::new(TracingObserver),
         client_csi,

@@ -209,6 +209,8 @@ pub struct Loaded {
     pub config: AgentConfig,
     /// The HTTP API's bounds (`limits {}`).
     pub http_limits: crate::http::HttpLimits,
+    /// Inbound agent RPC connections per client address (`limits { rpc_max_conns_per_client }`).
+    pub rpc_max_conns_per_client: usize,
     pub log_level: String,
     /// Operator-facing notes (ignored keys); validation warnings are added by the caller.
     pub notes: Vec<String>,
@@ -338,6 +340,7 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     let mut bind: Option<IpAddr> = None;
     let mut advertise = AdvertiseBlock::default();
     let mut http_limits = crate::http::HttpLimits::default();
+    let mut rpc_max_conns_per_client = crate::net::RPC_MAX_CONNS_PER_CLIENT;
 
     if flags.dev {
         config.dev_mode = true;
@@ -357,7 +360,7 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
                 notes.push(format!("{}: ignoring unsupported config key {key:?}", file.display()));
             }
             if let Some(block) = parsed.limits.take() {
-                apply_limits(&mut http_limits, &mut notes, block)
+                apply_limits(&mut http_limits, &mut rpc_max_conns_per_client, &mut notes, block)
                     .with_context(|| format!("Error loading configuration from {}", file.display()))?;
             }
             apply_file(
@@ -461,23 +464,27 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     Ok(Loaded {
         config,
         http_limits,
+        rpc_max_conns_per_client,
         log_level,
         notes,
     })
 }
 
-fn apply_limits(http: &mut crate::http::HttpLimits, notes: &mut Vec<String>, block: LimitsBlock) -> anyhow::Result<()> {
+fn apply_limits(
+    http: &mut crate::http::HttpLimits,
+    rpc_max_conns_per_client: &mut usize,
+    notes: &mut Vec<String>,
+    block: LimitsBlock,
+) -> anyhow::Result<()> {
     if let Some(max) = block.http_max_conns_per_client {
         http.max_conns_per_client =
             usize::try_from(max).map_err(|_| anyhow::anyhow!("http_max_conns_per_client must be >= 0"))?;
     }
-    if let Some(max) = block.rpc_max_conns_per_client
-        && max < 0
-    {
-        bail!("rpc_max_conns_per_client must be >= 0");
+    if let Some(max) = block.rpc_max_conns_per_client {
+        *rpc_max_conns_per_client =
+            usize::try_from(max).map_err(|_| anyhow::anyhow!("rpc_max_conns_per_client must be >= 0"))?;
     }
     for (key, set) in [
-        ("rpc_max_conns_per_client", block.rpc_max_conns_per_client.is_some()),
         ("https_handshake_timeout", block.https_handshake_timeout.is_some()),
         ("rpc_handshake_timeout", block.rpc_handshake_timeout.is_some()),
     ] {
@@ -1111,7 +1118,7 @@ plugin "mock_driver" {
     }
 
     #[test]
-    fn the_limits_block_is_read_and_what_is_not_enforced_is_said() {
+    fn the_limits_block_is_read_and_what_is_not_enforced_is_said_and_bad_values_refused() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("limits.hcl");
         std::fs::write(
@@ -1127,9 +1134,16 @@ plugin "mock_driver" {
         };
         let loaded = load(&flags, no_dev).unwrap();
         assert_eq!(loaded.http_limits.max_conns_per_client, 7);
+        assert_eq!(loaded.rpc_max_conns_per_client, 9);
+        assert!(loaded.notes.is_empty(), "{:?}", loaded.notes);
+        std::fs::write(
+            &file,
+            "bind_addr = \"127.0.0.1\"\nlimits {\n  rpc_handshake_timeout = \"5s\"\n}\n",
+        )
+        .unwrap();
         assert_eq!(
-            loaded.notes,
-            ["limits.rpc_max_conns_per_client is not enforced by Drover yet"]
+            load(&flags, no_dev).unwrap().notes,
+            ["limits.rpc_handshake_timeout is not enforced by Drover yet"]
         );
         std::fs::write(&file, "limits {\n  http_max_conns_per_client = -1\n}\n").unwrap();
         let error = format!("{:#}", load(&flags, no_dev).unwrap_err());

@@ -37,7 +37,12 @@ pub struct GrpcTransport<S: Sockets = TokioSockets> {
     channels: Arc<Mutex<BTreeMap<SocketAddr, Channel>>>,
     /// Clients attached to this agent's RPC server (`Agent.Attach`).
     attachments: Attachments,
+    /// Inbound connections per client address (`limits { rpc_max_conns_per_client }`).
+    max_conns_per_client: usize,
 }
+
+/// Nomad's default `rpc_max_conns_per_client`.
+pub const RPC_MAX_CONNS_PER_CLIENT: usize = 100;
 
 impl Default for GrpcTransport<TokioSockets> {
     fn default() -> Self {
@@ -52,7 +57,14 @@ impl<S: Sockets> GrpcTransport<S> {
             detect_dead_connections: true,
             channels: Arc::default(),
             attachments: Attachments::default(),
+            max_conns_per_client: RPC_MAX_CONNS_PER_CLIENT,
         }
+    }
+
+    /// At most `max` inbound connections per client address (0: no limit).
+    pub fn with_max_conns_per_client(mut self, max: usize) -> Self {
+        self.max_conns_per_client = max;
+        self
     }
 
     /// Re-creates the bug of keeping dead connections (no keepalive, a timed-out call's
@@ -195,7 +207,7 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
 
     async fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> std::io::Result<()> {
         let listener = self.sockets.listen(addr).await?;
-        let incoming = crate::sockets::incoming::<S>(listener);
+        let incoming = crate::sockets::incoming::<S>(listener, self.max_conns_per_client);
         let service = AgentServer::new(Service {
             handler,
             attachments: self.attachments.clone(),

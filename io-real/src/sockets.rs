@@ -7,10 +7,12 @@
 //! turmoil lane in `drover-io-sim`, where partitions and message loss reach hyper and tonic
 //! themselves).
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -98,6 +100,48 @@ impl Sockets for TokioSockets {
 pub struct Accepted<S> {
     pub stream: S,
     pub peer: SocketAddr,
+    /// Counted against its client's connection limit until dropped.
+    pub slot: Option<ConnSlot>,
+}
+
+/// Open connections per client address, for `limits { http_max_conns_per_client
+/// rpc_max_conns_per_client }`.
+#[derive(Clone, Default)]
+pub struct ConnLimit(Arc<Mutex<BTreeMap<IpAddr, usize>>>);
+
+/// One connection counted against its client until dropped.
+pub struct ConnSlot {
+    conns: ConnLimit,
+    ip: IpAddr,
+}
+
+impl ConnLimit {
+    /// A place for one more connection from `ip`, or `None` when it holds `max` already (0:
+    /// no limit).
+    pub fn take(&self, ip: IpAddr, max: usize) -> Option<ConnSlot> {
+        let mut held = self.0.lock().expect("connection counts");
+        let count = held.entry(ip).or_default();
+        if max > 0 && *count >= max {
+            return None;
+        }
+        *count += 1;
+        Some(ConnSlot {
+            conns: self.clone(),
+            ip,
+        })
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        let mut held = self.conns.0.lock().expect("connection counts");
+        if let Some(count) = held.get_mut(&self.ip) {
+            *count -= 1;
+            if *count == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
 }
 
 impl<S> tonic::transport::server::Connected for Accepted<S> {
@@ -146,19 +190,39 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Accepted<S> {
 /// The connections `listener` accepts, as a stream for tonic's `serve_with_incoming`. An
 /// accept error (too many open files, a connection reset before it was taken) is logged and
 /// retried after a pause, as axum's own listener does, rather than ending the server.
+///
+/// A client address holding `max_per_client` connections already (0: no limit) has the next
+/// one closed at once (Nomad's `rpc_max_conns_per_client`).
 pub fn incoming<S: Sockets>(
     listener: S::Listener,
+    max_per_client: usize,
 ) -> impl futures::Stream<Item = io::Result<Accepted<S::Stream>>> + Send + 'static {
-    futures::stream::unfold(listener, |listener| async move {
-        let accepted = accept_retrying::<S>(&listener).await;
-        Some((Ok(accepted), listener))
+    futures::stream::unfold((listener, ConnLimit::default()), move |(listener, conns)| async move {
+        loop {
+            let mut accepted = accept_retrying::<S>(&listener).await;
+            match conns.take(accepted.peer.ip(), max_per_client) {
+                Some(slot) => {
+                    accepted.slot = Some(slot);
+                    return Some((Ok(accepted), (listener, conns)));
+                }
+                None => {
+                    tracing::debug!(peer = %accepted.peer, max_per_client, "refused an RPC connection: the client holds the most it may");
+                }
+            }
+        }
     })
 }
 
 pub(crate) async fn accept_retrying<S: Sockets>(listener: &S::Listener) -> Accepted<S::Stream> {
     loop {
         match S::accept(listener).await {
-            Ok((stream, peer)) => return Accepted { stream, peer },
+            Ok((stream, peer)) => {
+                return Accepted {
+                    stream,
+                    peer,
+                    slot: None,
+                };
+            }
             Err(error) => {
                 tracing::warn!(%error, "accepting a connection failed; retrying");
                 tokio::time::sleep(Duration::from_millis(100)).await;

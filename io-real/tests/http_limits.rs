@@ -33,7 +33,10 @@ fn free_port() -> u16 {
         .port()
 }
 
-async fn start() -> (AgentHandle, u16, tempfile::TempDir) {
+/// Inbound agent RPC connections per client address, in these tests.
+const RPC_MAX_CONNS: usize = 3;
+
+async fn start() -> (AgentHandle, u16, u16, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let ports = Ports {
         http: 0,
@@ -55,7 +58,7 @@ async fn start() -> (AgentHandle, u16, tempfile::TempDir) {
     let handle = start_agent(AgentParts {
         config,
         db,
-        transport: GrpcTransport::default(),
+        transport: GrpcTransport::default().with_max_conns_per_client(RPC_MAX_CONNS),
         consul: NoConsul,
         observer: Arc::new(TracingObserver),
         client_csi: None,
@@ -73,7 +76,7 @@ async fn start() -> (AgentHandle, u16, tempfile::TempDir) {
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    (handle, http, dir)
+    (handle, http, ports.rpc, dir)
 }
 
 fn connect(port: u16) -> TcpStream {
@@ -138,7 +141,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_cannot_hold_or_overload_the_api() {
-    let (handle, port, _dir) = start().await;
+    let (handle, port, rpc, _dir) = start().await;
     let leader = move || request(port, "GET", "/v1/status/leader", b"");
     assert_eq!(blocking(leader).await.0, 200);
 
@@ -174,6 +177,16 @@ async fn one_client_cannot_hold_or_overload_the_api() {
     drop(held);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(blocking(leader).await.0, 200);
+
+    // The agent RPC port too: the connections held are served (the server opens HTTP/2 with
+    // its settings frame), one past the limit is closed at once with nothing said.
+    let mut rpc_held: Vec<TcpStream> = (0..RPC_MAX_CONNS).map(|_| connect(rpc)).collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let closed = blocking(move || until_closed(connect(rpc))).await;
+    assert_eq!(closed, "");
+    let settings = rpc_held[0].read(&mut [0u8; 64]).unwrap();
+    assert!(settings > 0, "a held connection is served");
+    drop(rpc_held);
 
     // Too large a body, too large a head.
     let (status, body) = blocking(move || request(port, "PUT", "/v1/jobs", &vec![b' '; 100_000])).await;

@@ -8,9 +8,7 @@
 //! body were all still open after 130 s, and 1,150 of them took every file descriptor the agent
 //! had.
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
@@ -76,7 +74,7 @@ fn payload_too_large(max: usize) -> Response {
 
 /// Accepts connections on `listener` for ever, serving each with `app` within `limits`.
 pub(super) async fn accept_loop<S: Sockets>(listener: S::Listener, app: Router, limits: HttpLimits) {
-    let conns = Conns::default();
+    let conns = crate::sockets::ConnLimit::default();
     loop {
         let accepted = crate::sockets::accept_retrying::<S>(&listener).await;
         match conns.take(accepted.peer.ip(), limits.max_conns_per_client) {
@@ -90,7 +88,12 @@ pub(super) async fn accept_loop<S: Sockets>(listener: S::Listener, app: Router, 
     }
 }
 
-async fn serve_connection<S: Sockets>(stream: S::Stream, app: Router, limits: HttpLimits, _slot: ConnSlot) {
+async fn serve_connection<S: Sockets>(
+    stream: S::Stream,
+    app: Router,
+    limits: HttpLimits,
+    _slot: crate::sockets::ConnSlot,
+) {
     let body_timeout = limits.body_timeout;
     let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let request = request.map(|body| Body::new(tower_http::timeout::TimeoutBody::new(body_timeout, body)));
@@ -128,41 +131,4 @@ async fn refuse<S: Sockets>(mut stream: S::Stream, peer: SocketAddr, max: usize)
         stream.shutdown().await
     })
     .await;
-}
-
-/// Open connections per client address.
-#[derive(Clone, Default)]
-struct Conns(Arc<Mutex<BTreeMap<IpAddr, usize>>>);
-
-/// One connection counted against its client until dropped.
-struct ConnSlot {
-    conns: Conns,
-    ip: IpAddr,
-}
-
-impl Conns {
-    fn take(&self, ip: IpAddr, max: usize) -> Option<ConnSlot> {
-        let mut held = self.0.lock().expect("connection counts");
-        let count = held.entry(ip).or_default();
-        if max > 0 && *count >= max {
-            return None;
-        }
-        *count += 1;
-        Some(ConnSlot {
-            conns: self.clone(),
-            ip,
-        })
-    }
-}
-
-impl Drop for ConnSlot {
-    fn drop(&mut self) {
-        let mut held = self.conns.0.lock().expect("connection counts");
-        if let Some(count) = held.get_mut(&self.ip) {
-            *count -= 1;
-            if *count == 0 {
-                held.remove(&self.ip);
-            }
-        }
-    }
 }
