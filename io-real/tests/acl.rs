@@ -214,6 +214,19 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     assert_eq!(status, 200, "{body}");
     let (status, _) = http(port, "PUT", "/v1/jobs".into(), submitter.clone(), job("other")).await;
     assert_eq!(status, 403);
+    // A job in another namespace is not listed to a token that may read only `default`.
+    let (status, body) = http(port, "PUT", "/v1/jobs".into(), root.clone(), job("other")).await;
+    assert_eq!(status, 200, "{body}");
+    let namespaces = |body: String| -> Vec<String> {
+        serde_json::from_str::<Vec<Value>>(&body)
+            .unwrap()
+            .iter()
+            .map(|job| job["Namespace"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(namespaces(get("/v1/jobs", &reader).await.1), ["default"]);
+    assert_eq!(get("/v1/jobs?namespace=other", &reader).await.0, 403);
+    assert_eq!(namespaces(get("/v1/jobs?namespace=other", &root).await.1), ["other"]);
 
     // Either header; an unknown token is named.
     let (status, _) = tokio::task::spawn_blocking({

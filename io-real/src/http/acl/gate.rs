@@ -246,6 +246,7 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         Ok(acl) => acl,
         Err(error) => return denied(&error.to_string()),
     };
+    let request = scoped_to_default(request, &need);
     let (request, namespaces) = match namespaces_of(request, &need).await {
         Ok(found) => found,
         Err(response) => return response,
@@ -255,6 +256,24 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
     } else {
         denied(PERMISSION_DENIED)
     }
+}
+
+/// A namespaced read without `?namespace=` is Nomad's `default` namespace, and is made so
+/// here: the API lists every namespace when none is named, which would show a token what it
+/// may read in `default` from every other namespace too.
+fn scoped_to_default(mut request: Request, need: &Need) -> Request {
+    let namespaced = matches!(need, Need::Namespace(_) | Need::NamespaceAny(_) | Need::Variable { .. });
+    if *request.method() != Method::GET || !namespaced || query_param(request.uri().query(), "namespace").is_some() {
+        return request;
+    }
+    let path_and_query = match request.uri().query() {
+        Some(query) if !query.is_empty() => format!("{}?{query}&namespace=default", request.uri().path()),
+        _ => format!("{}?namespace=default", request.uri().path()),
+    };
+    if let Ok(uri) = path_and_query.parse() {
+        *request.uri_mut() = uri;
+    }
+    request
 }
 
 /// The namespaces a request acts in: `?namespace=` (Nomad's `default`), and for a job or volume
