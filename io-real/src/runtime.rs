@@ -136,6 +136,22 @@ where
     runtime_rng().r#gen()
 }
 
+/// A version-4 UUID's text from 128 bits of the runtime's generator: the OS-seeded one in
+/// production (node and ACL token secrets), the run's seeded one in a simulation.
+pub fn random_uuid() -> String {
+    let high: u64 = (random::<u64>() & !0xf000) | 0x4000;
+    let low: u64 = (random::<u64>() & !(0b11 << 62)) | (0b10 << 62);
+    let hex = format!("{high:016x}{low:016x}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
 /// `tokio::time::Instant` (madsim's virtual instant under simulation) as an openraft instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct RaftInstant(pub tokio::time::Instant);
@@ -331,5 +347,17 @@ fn lower_this_threads_priority() {
     unsafe {
         let tid = libc::gettid();
         libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, 10);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn uuids_are_random_version_4() {
+        let (a, b) = (super::random_uuid(), super::random_uuid());
+        assert_ne!(a, b);
+        assert_eq!(a.len(), 36);
+        assert_eq!(&a[14..15], "4");
+        assert!(matches!(&a[19..20], "8" | "9" | "a" | "b"), "{a}");
     }
 }

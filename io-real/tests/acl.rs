@@ -3,66 +3,13 @@
 //! endpoint family, the anonymous policy, either token header, a namespace named in a job's
 //! body, expired and deleted tokens.
 
+mod support;
+
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::net::TcpStream;
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, Ports};
-use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
-use drover_io_real::io::{NoConsul, TracingObserver};
-use drover_io_real::net::GrpcTransport;
 use serde_json::{Value, json};
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn start(dir: &std::path::Path) -> (AgentHandle, u16) {
-    let ports = Ports {
-        http: 0,
-        rpc: free_port(),
-        serf: free_port(),
-    };
-    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let mut config = AgentConfig {
-        name: "acl".into(),
-        data_dir: Some(dir.display().to_string()),
-        bind_addr: ip,
-        ports,
-        advertise: Advertise::on(ip, ports),
-        ..AgentConfig::default()
-    };
-    config.server.enabled = true;
-    config.server.bootstrap_expect = 1;
-    config.acl.enabled = true;
-    let handle = start_agent(AgentParts {
-        config,
-        db: drover_io_real::disk::open_database(dir).unwrap(),
-        transport: GrpcTransport::default(),
-        consul: NoConsul,
-        observer: Arc::new(TracingObserver),
-        client_csi: None,
-        disk_latency: None,
-    })
-    .await
-    .unwrap();
-    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), Default::default())
-        .await
-        .unwrap()
-        .port();
-    for _ in 0..400 {
-        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    (handle, http)
-}
 
 /// One request; `header` is a whole header line ("X-Nomad-Token: ...") or empty.
 fn call(port: u16, method: &str, path: &str, header: &str, body: &str) -> (u16, String) {
@@ -111,7 +58,8 @@ fn job(namespace: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     let dir = tempfile::tempdir().unwrap();
-    let (handle, port) = start(dir.path()).await;
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let (handle, port) = (server.handle, server.http);
     let get = |path: &str, token: &str| http(port, "GET", path.into(), token.into(), String::new());
 
     // Before any token: status answers, everything else is denied.

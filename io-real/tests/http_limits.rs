@@ -3,16 +3,13 @@
 //! limit, with a body or a head too large, and with jobs too big to schedule. Each is answered
 //! or closed within its limit, and the API keeps answering throughout.
 
+mod support;
+
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
-use std::sync::Arc;
+use std::net::TcpStream;
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, Ports};
-use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::http::HttpLimits;
-use drover_io_real::io::{NoConsul, TracingObserver};
-use drover_io_real::net::GrpcTransport;
 
 /// Far above every deadline below: a connection not closed by then was never going to be.
 const PATIENCE: Duration = Duration::from_secs(10);
@@ -25,59 +22,8 @@ const LIMITS: HttpLimits = HttpLimits {
     header_max: 16 * 1024,
 };
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Inbound agent RPC connections per client address, in these tests.
 const RPC_MAX_CONNS: usize = 3;
-
-async fn start() -> (AgentHandle, u16, u16, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let ports = Ports {
-        http: 0,
-        rpc: free_port(),
-        serf: free_port(),
-    };
-    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let mut config = AgentConfig {
-        name: "limits".into(),
-        data_dir: Some(dir.path().display().to_string()),
-        bind_addr: ip,
-        ports,
-        advertise: Advertise::on(ip, ports),
-        ..AgentConfig::default()
-    };
-    config.server.enabled = true;
-    config.server.bootstrap_expect = 1;
-    let db = drover_io_real::disk::open_database(dir.path()).unwrap();
-    let handle = start_agent(AgentParts {
-        config,
-        db,
-        transport: GrpcTransport::default().with_max_conns_per_client(RPC_MAX_CONNS),
-        consul: NoConsul,
-        observer: Arc::new(TracingObserver),
-        client_csi: None,
-        disk_latency: None,
-    })
-    .await
-    .unwrap();
-    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), LIMITS)
-        .await
-        .unwrap()
-        .port();
-    for _ in 0..400 {
-        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    (handle, http, ports.rpc, dir)
-}
 
 fn connect(port: u16) -> TcpStream {
     let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -141,7 +87,9 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_cannot_hold_or_overload_the_api() {
-    let (handle, port, rpc, _dir) = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::start_server(dir.path(), false, LIMITS, RPC_MAX_CONNS).await;
+    let (handle, port, rpc) = (server.handle, server.http, server.rpc);
     let leader = move || request(port, "GET", "/v1/status/leader", b"");
     assert_eq!(blocking(leader).await.0, 200);
 

@@ -2,15 +2,13 @@
 //! level (openraft's included, which logs log entries), while it is handed a management and a
 //! client token, a variable's values and a volume's secrets. None of them may appear.
 
+mod support;
+
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, Ports};
-use drover_io_real::driver::{AgentParts, start_agent};
-use drover_io_real::io::{NoConsul, TracingObserver};
-use drover_io_real::net::GrpcTransport;
 use serde_json::{Value, json};
 
 #[derive(Clone, Default)]
@@ -25,14 +23,6 @@ impl Write for Capture {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn call(port: u16, method: &str, path: &str, token: &str, body: &str) -> (u16, String) {
@@ -64,44 +54,8 @@ async fn no_token_variable_value_or_volume_secret_is_ever_logged() {
         .init();
 
     let dir = tempfile::tempdir().unwrap();
-    let ports = Ports {
-        http: 0,
-        rpc: free_port(),
-        serf: free_port(),
-    };
-    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let mut config = AgentConfig {
-        name: "secrets".into(),
-        data_dir: Some(dir.path().display().to_string()),
-        bind_addr: ip,
-        ports,
-        advertise: Advertise::on(ip, ports),
-        ..AgentConfig::default()
-    };
-    config.server.enabled = true;
-    config.server.bootstrap_expect = 1;
-    config.acl.enabled = true;
-    let handle = start_agent(AgentParts {
-        config,
-        db: drover_io_real::disk::open_database(dir.path()).unwrap(),
-        transport: GrpcTransport::default(),
-        consul: NoConsul,
-        observer: Arc::new(TracingObserver),
-        client_csi: None,
-        disk_latency: None,
-    })
-    .await
-    .unwrap();
-    let port = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), Default::default())
-        .await
-        .unwrap()
-        .port();
-    for _ in 0..400 {
-        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let (handle, port) = (server.handle, server.http);
 
     let steps = tokio::task::spawn_blocking(move || {
         let (status, body) = call(port, "POST", "/v1/acl/bootstrap", "", "");

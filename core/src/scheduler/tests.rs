@@ -993,6 +993,35 @@ fn a_stored_job_above_the_count_limit_is_scheduled_up_to_the_limit_not_built_in_
     );
 }
 
+#[test]
+fn a_stored_job_above_the_group_limit_is_scheduled_up_to_the_limit() {
+    let mut world = World::new(&[node("n1", 100_000)]);
+    let mut wide = job("wide", JobType::Service, 1, 10);
+    let group = wide.task_groups[0].clone();
+    wide.task_groups = (0..crate::jobspec::limits::GROUPS_MAX + 50)
+        .map(|index| crate::structs::TaskGroup {
+            name: format!("g{index}"),
+            ..group.clone()
+        })
+        .collect();
+    assert!(!crate::jobspec::validate(&wide).is_empty(), "validation refuses it");
+    let eval = world.register(&wide);
+    let plan = world.run(&eval);
+    // Placed where the node has room, recorded as failed past it: one group each, and no
+    // group past the limit either way.
+    let failed = plan.evals[0].failed_tg_allocs.len();
+    assert_eq!(plan.placed().count() + failed, crate::jobspec::limits::GROUPS_MAX);
+    let limit = crate::jobspec::limits::GROUPS_MAX;
+    assert!(
+        plan.evals[0]
+            .failed_tg_allocs
+            .keys()
+            .all(|group| group[1..].parse::<usize>().is_ok_and(|index| index < limit)),
+        "{:?}",
+        plan.evals[0].failed_tg_allocs.keys()
+    );
+}
+
 /// A node that came back (ready again) just before its leader fell has its system
 /// allocations placed by the next leader, although that leader never saw the node change.
 #[test]

@@ -142,7 +142,7 @@ impl ClientStore {
         if let Some((_, secret)) = self.scan::<String>("secret-id")?.into_iter().next() {
             return Ok(secret);
         }
-        let secret = uuid_from(crate::runtime::random(), crate::runtime::random());
+        let secret = crate::runtime::random_uuid();
         self.put("secret-id", &secret)?;
         Ok(secret)
     }
@@ -192,21 +192,6 @@ impl ClientStore {
             })
             .collect())
     }
-}
-
-/// A version-4 UUID's text from 128 random bits.
-fn uuid_from(high: u64, low: u64) -> String {
-    let high = (high & !0xf000) | 0x4000;
-    let low = (low & !(0b11 << 62)) | (0b10 << 62);
-    let hex = format!("{high:016x}{low:016x}");
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `/v1/acl/*`: the one-time bootstrap, policies and tokens, in Nomad's shapes. Writes are
-//! ACL commands through Raft (`fsm/acl.rs`); a token's IDs are drawn here from the operating
-//! system's randomness, so no server's seeded generator can predict a secret.
+//! ACL commands through Raft (`fsm/acl.rs`); a token's IDs are drawn here from the runtime's
+//! generator (`runtime::random_uuid`: the operating system's randomness in production), never
+//! from the core's seeded ones.
 
 use axum::Router;
 use axum::extract::{Path, State};
@@ -10,7 +11,7 @@ use axum::routing::{get, post, put};
 use drover_core::acl::{AclPolicy, AclToken, TokenType};
 use drover_core::fsm::acl::AclCommand;
 use drover_core::fsm::{Command, Response as FsmResponse, ServerState, Table};
-use drover_core::rpc::ErrorKind;
+use drover_core::rpc::RpcError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -52,36 +53,13 @@ fn read<R>(handle: &AgentHandle, read: impl FnOnce(&ServerState) -> R) -> Result
         .ok_or_else(|| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "this agent is not a server".into()))
 }
 
-/// Proposes an ACL command; the state machine's refusal becomes the HTTP error.
+/// Proposes an ACL command; the state machine's refusal becomes the HTTP error by its kind.
 async fn apply(handle: &AgentHandle, command: AclCommand) -> Result<u64, ApiError> {
     let (index, response) = handle.apply(Command::Acl(command)).await?;
     match response {
-        FsmResponse::Error(kind, text) => Err(ApiError(
-            match kind {
-                ErrorKind::NotFound => StatusCode::NOT_FOUND,
-                ErrorKind::Invalid => StatusCode::BAD_REQUEST,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
-            text,
-        )),
+        FsmResponse::Error(kind, text) => Err(RpcError::new(kind, text, false).into()),
         _ => Ok(index),
     }
-}
-
-fn uuid() -> String {
-    let bits: u128 = rand::random();
-    let hex = format!(
-        "{:032x}",
-        (bits & !(0xf << 76) & !(0x3 << 62)) | (0x4 << 76) | (0x2 << 62)
-    );
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
 }
 
 fn token_json(token: &AclToken, with_secret: bool) -> Value {
@@ -130,8 +108,8 @@ async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoRespons
         None => 0,
     };
     let token = AclToken {
-        accessor_id: uuid(),
-        secret_id: uuid(),
+        accessor_id: crate::runtime::random_uuid(),
+        secret_id: crate::runtime::random_uuid(),
         name: "Bootstrap Token".into(),
         token_type: TokenType::Management,
         policies: Vec::new(),
@@ -325,8 +303,8 @@ async fn create_token(
         _ => None,
     };
     let token = AclToken {
-        accessor_id: uuid(),
-        secret_id: uuid(),
+        accessor_id: crate::runtime::random_uuid(),
+        secret_id: crate::runtime::random_uuid(),
         name: body.name.clone(),
         token_type: body.token_type()?,
         policies: body.policies.clone().unwrap_or_default(),
@@ -394,18 +372,4 @@ async fn delete_token(
     )
     .await?;
     Ok((query_headers(&handle, index), StatusCode::OK))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_are_random_version_4_uuids() {
-        let (a, b) = (uuid(), uuid());
-        assert_ne!(a, b);
-        assert_eq!(a.len(), 36);
-        assert_eq!(&a[14..15], "4");
-        assert!(matches!(&a[19..20], "8" | "9" | "a" | "b"), "{a}");
-    }
 }

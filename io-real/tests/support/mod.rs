@@ -1,0 +1,78 @@
+// Each test binary includes this module and uses a part of it.
+#![allow(dead_code)]
+
+//! One real server agent for the HTTP tests: its own data dir, ports the OS hands out, the
+//! production gRPC transport and HTTP server, started and waited for until it leads.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
+use drover_io_real::http::HttpLimits;
+use drover_io_real::io::{NoConsul, TracingObserver};
+use drover_io_real::net::GrpcTransport;
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A started server: its handle, HTTP port and RPC port.
+pub struct Server {
+    pub handle: AgentHandle,
+    pub http: u16,
+    pub rpc: u16,
+}
+
+/// Starts a single server in `dir`, with ACLs on when `acl`, the HTTP API within `limits` and
+/// at most `rpc_max_conns` RPC connections per address.
+pub async fn start_server(dir: &std::path::Path, acl: bool, limits: HttpLimits, rpc_max_conns: usize) -> Server {
+    let ports = Ports {
+        http: 0,
+        rpc: free_port(),
+        serf: free_port(),
+    };
+    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    let mut config = AgentConfig {
+        name: "test".into(),
+        data_dir: Some(dir.display().to_string()),
+        bind_addr: ip,
+        ports,
+        advertise: Advertise::on(ip, ports),
+        ..AgentConfig::default()
+    };
+    config.server.enabled = true;
+    config.server.bootstrap_expect = 1;
+    config.acl.enabled = acl;
+    let handle = start_agent(AgentParts {
+        config,
+        db: drover_io_real::disk::open_database(dir).unwrap(),
+        transport: GrpcTransport::default().with_max_conns_per_client(rpc_max_conns),
+        consul: NoConsul,
+        observer: Arc::new(TracingObserver),
+        client_csi: None,
+        disk_latency: None,
+    })
+    .await
+    .unwrap();
+    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), limits)
+        .await
+        .unwrap()
+        .port();
+    for _ in 0..400 {
+        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    Server {
+        handle,
+        http,
+        rpc: ports.rpc,
+    }
+}
