@@ -20,6 +20,7 @@ use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{Consul, NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
+use drover_io_real::tls::agent::AgentTls;
 
 use drover_io_real::agent_config::{self as config, Flags, Loaded};
 
@@ -265,14 +266,20 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let data_dir = PathBuf::from(config.data_dir.clone().context("no data dir")?);
     let db = drover_io_real::disk::open_database(&data_dir)?;
     let is_client = config.client.enabled || config.dev_mode;
+    let tls = match loaded.tls.enabled() {
+        true => Some(Arc::new(
+            AgentTls::load(loaded.tls.clone(), &config.region).context("tls: cannot load the agent's certificates")?,
+        )),
+        false => None,
+    };
     let (router, inbox) = ClientCsiRouter::new();
     let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {
         Some(address) => {
             let consul = consul_http(&config, address)?;
-            start(&loaded, db, consul, client_csi).await?
+            start(&loaded, db, consul, client_csi, tls.clone()).await?
         }
-        None => start(&loaded, db, NoConsul, client_csi).await?,
+        None => start(&loaded, db, NoConsul, client_csi, tls.clone()).await?,
     };
     if is_client {
         // Allocations come from the local server's state, or from `client.servers`.
@@ -312,9 +319,14 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         })?;
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
-    let bound = drover_io_real::http::serve(handle.clone(), http_addr, loaded.http_limits)
+    let https = tls.clone().filter(|tls| tls.settings().http);
+    let sockets = drover_io_real::sockets::TokioSockets;
+    let bound = drover_io_real::http::serve_tls(&sockets, handle.clone(), http_addr, loaded.http_limits, https)
         .await
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
+    if let Some(tls) = tls {
+        tokio::spawn(reload_on_hangup(tls));
+    }
     print_banner(&loaded, bound);
     tokio::spawn(release_start_up_code());
     tokio::select! {
@@ -336,11 +348,18 @@ async fn start<C: Consul>(
     db: redb::Database,
     consul: C,
     client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>>,
+    tls: Option<Arc<AgentTls>>,
 ) -> anyhow::Result<AgentHandle> {
+    let mut transport = GrpcTransport::default()
+        .with_max_conns_per_client(loaded.rpc_max_conns_per_client)
+        .with_handshake_timeout(loaded.rpc_handshake_timeout);
+    if let Some(tls) = tls.filter(|tls| tls.settings().rpc) {
+        transport = transport.with_tls(tls);
+    }
     let parts = AgentParts {
         config: loaded.config.clone(),
         db,
-        transport: GrpcTransport::default().with_max_conns_per_client(loaded.rpc_max_conns_per_client),
+        transport,
         consul,
         observer: Arc::new(TracingObserver),
         client_csi,
@@ -362,6 +381,10 @@ fn print_banner(loaded: &Loaded, http: SocketAddr) {
         config.bind_addr, config.ports.rpc, config.bind_addr, config.ports.serf
     );
     println!("                Client: {}", config.client.enabled);
+    println!(
+        "                   TLS: HTTP: {}; RPC: {}",
+        loaded.tls.http, loaded.tls.rpc
+    );
     println!("              Data Dir: {}", config.data_dir.as_deref().unwrap_or(""));
     println!("             Log Level: {}", loaded.log_level);
     println!("                Region: {} (DC: {})", config.region, config.datacenter);
@@ -389,6 +412,23 @@ async fn release_start_up_code() {
             "released the start-up pages of the agent's code"
         ),
         Err(error) => tracing::warn!(%error, "could not release the start-up pages of the agent's code"),
+    }
+}
+
+/// SIGHUP re-reads the CA, certificate and key named in `tls {}` (Nomad's reload): new
+/// handshakes use them at once; open connections, and with them the cluster, stay up. A file
+/// that cannot be read leaves the certificates in use, and says why.
+async fn reload_on_hangup(tls: Arc<AgentTls>) {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: TLS certificates will not be reloaded");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        eprintln!("==> Caught signal: hangup");
+        match tls.reload() {
+            Ok(()) => tracing::info!("reloaded the TLS certificates"),
+            Err(error) => tracing::error!(%error, "reloading the TLS certificates failed; keeping those in use"),
+        }
     }
 }
 

@@ -548,9 +548,9 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     if raft.is_some() || service.client_csi.is_some() {
         let rpc_addr = SocketAddr::new(config.bind_addr, config.ports.rpc);
         let rpc_service = service.clone();
-        let handler: RpcHandler = Arc::new(move |request| {
+        let handler: RpcHandler = Arc::new(move |caller, request| {
             let service = rpc_service.clone();
-            Box::pin(async move { service.handle(request).await })
+            Box::pin(async move { service.handle(caller, request).await })
         });
         transport
             .serve(rpc_addr, handler.clone())

@@ -15,8 +15,61 @@ use drover_proto::agent::v1::{AgentRequest, AgentResponse};
 
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-/// Answers one agent RPC envelope.
-pub type RpcHandler = Arc<dyn Fn(AgentRequest) -> BoxFuture<AgentResponse> + Send + Sync>;
+/// Answers one agent RPC envelope from a caller.
+pub type RpcHandler = Arc<dyn Fn(Caller, AgentRequest) -> BoxFuture<AgentResponse> + Send + Sync>;
+
+/// Who sent an RPC, as far as the transport could tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub identity: Identity,
+}
+
+impl Caller {
+    pub const fn new(identity: Identity) -> Self {
+        Caller { identity }
+    }
+}
+
+/// What the transport proved about a caller (Nomad's certificate roles).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Identity {
+    /// Plaintext RPC: nothing is proved, and (as in Nomad without TLS) every call is taken.
+    Unverified,
+    /// Mutual TLS without `verify_server_hostname`: a certificate of the cluster's CA, whose
+    /// role is not asked.
+    Cluster,
+    /// A certificate for `server.<region>.nomad`.
+    Server,
+    /// A certificate for `client.<region>.nomad`.
+    Client,
+    /// A certificate of the CA that names neither role (a CLI certificate, another region's).
+    Other,
+}
+
+/// What an RPC asks of its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallerRole {
+    /// Raft, leader forwarding, calls down to clients: servers only.
+    Server,
+    /// What a client node calls (status, alloc sync, CSI, SI tokens): servers or clients.
+    Node,
+}
+
+impl Identity {
+    /// Whether a caller with this identity may make a call that needs `role`.
+    pub fn may(self, role: CallerRole) -> bool {
+        match self {
+            Identity::Unverified | Identity::Cluster | Identity::Server => true,
+            Identity::Client => role == CallerRole::Node,
+            Identity::Other => false,
+        }
+    }
+
+    /// Whether this identity is checked at all (TLS with role names).
+    pub fn names_a_role(self) -> bool {
+        matches!(self, Identity::Server | Identity::Client | Identity::Other)
+    }
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum TransportError {

@@ -15,8 +15,10 @@ use drover_proto::agent::v1::{AgentRequest, AgentResponse, AttachDown, AttachUp}
 use crate::attach::Attachments;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::io::{RpcHandler, Transport, TransportError};
-use crate::sockets::{Sockets, TokioSockets};
+use crate::io::{Caller, CallerRole, Identity, RpcHandler, Transport, TransportError};
+use crate::sockets::{Accepted, RpcConnectInfo, Sockets, TokioSockets};
+use crate::tls::agent::AgentTls;
+use crate::tls::stream::MaybeTls;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An idle connection is pinged this often, and dropped when a ping goes unanswered for
@@ -39,6 +41,10 @@ pub struct GrpcTransport<S: Sockets = TokioSockets> {
     attachments: Attachments,
     /// Inbound connections per client address (`limits { rpc_max_conns_per_client }`).
     max_conns_per_client: usize,
+    /// Mutual TLS on every connection, both ways (`tls { rpc = true }`).
+    tls: Option<Arc<AgentTls>>,
+    /// How long a TLS handshake may take (`limits { rpc_handshake_timeout }`).
+    handshake_timeout: Duration,
 }
 
 /// Nomad's default `rpc_max_conns_per_client`.
@@ -58,7 +64,21 @@ impl<S: Sockets> GrpcTransport<S> {
             channels: Arc::default(),
             attachments: Attachments::default(),
             max_conns_per_client: RPC_MAX_CONNS_PER_CLIENT,
+            tls: None,
+            handshake_timeout: crate::tls::stream::HANDSHAKE_TIMEOUT,
         }
+    }
+
+    /// Every connection in and out is mutual TLS with `tls`'s certificates.
+    pub fn with_tls(mut self, tls: Arc<AgentTls>) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
+    /// A TLS handshake not done within `timeout` closes its connection (0: no limit).
+    pub fn with_handshake_timeout(mut self, timeout: Duration) -> Self {
+        self.handshake_timeout = timeout;
+        self
     }
 
     /// At most `max` inbound connections per client address (0: no limit).
@@ -84,17 +104,34 @@ impl<S: Sockets> GrpcTransport<S> {
             .entry(addr)
             .or_insert_with(|| {
                 let sockets = self.sockets.clone();
+                let tls = self.tls.clone();
+                let handshake_timeout = self.handshake_timeout;
                 // Every connection of this channel goes to `addr`, whatever the URI says.
                 let connector = tower::service_fn(move |_: tonic::transport::Uri| {
-                    let sockets = sockets.clone();
+                    let (sockets, tls) = (sockets.clone(), tls.clone());
                     async move {
-                        match tokio::time::timeout(CONNECT_TIMEOUT, sockets.connect(addr)).await {
-                            Ok(stream) => stream.map(hyper_util::rt::TokioIo::new),
-                            Err(_) => Err(std::io::Error::new(
-                                std::io::ErrorKind::TimedOut,
-                                format!("connecting to {addr} timed out after {CONNECT_TIMEOUT:?}"),
-                            )),
-                        }
+                        let stream = match tokio::time::timeout(CONNECT_TIMEOUT, sockets.connect(addr)).await {
+                            Ok(stream) => stream?,
+                            Err(_) => {
+                                return Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    format!("connecting to {addr} timed out after {CONNECT_TIMEOUT:?}"),
+                                ));
+                            }
+                        };
+                        let stream = match &tls {
+                            None => MaybeTls::Plain(stream),
+                            Some(tls) => {
+                                let config = tls.rpc_client_config();
+                                crate::tls::stream::connect(stream, config, tls.server_name(), handshake_timeout)
+                                    .await
+                                    .map_err(|error| {
+                                        tracing::warn!(%addr, %error, "RPC TLS handshake failed");
+                                        std::io::Error::new(error.kind(), format!("TLS with {addr}: {error}"))
+                                    })?
+                            }
+                        };
+                        Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
                     }
                 });
                 let endpoint =
@@ -118,13 +155,23 @@ struct Service {
     attachments: Attachments,
 }
 
+/// What the connection a request came on proved about its sender.
+fn caller_of<T>(request: &tonic::Request<T>) -> Caller {
+    let identity = request
+        .extensions()
+        .get::<RpcConnectInfo>()
+        .map_or(Identity::Unverified, |info| info.identity);
+    Caller::new(identity)
+}
+
 #[tonic::async_trait]
 impl Agent for Service {
     async fn call(
         &self,
         request: tonic::Request<AgentRequest>,
     ) -> Result<tonic::Response<AgentResponse>, tonic::Status> {
-        Ok(tonic::Response::new((self.handler)(request.into_inner()).await))
+        let caller = caller_of(&request);
+        Ok(tonic::Response::new((self.handler)(caller, request.into_inner()).await))
     }
 
     /// A client attaches: its first message names its node; then requests go down and its
@@ -133,6 +180,11 @@ impl Agent for Service {
         &self,
         request: tonic::Request<tonic::Streaming<AttachUp>>,
     ) -> Result<tonic::Response<tonic::codegen::BoxStream<AttachDown>>, tonic::Status> {
+        if !caller_of(&request).identity.may(CallerRole::Node) {
+            return Err(tonic::Status::permission_denied(
+                "Permission denied: only a client or server certificate may attach",
+            ));
+        }
         let mut up = request.into_inner();
         let hello = up
             .message()
@@ -208,6 +260,7 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
     async fn serve(&self, addr: SocketAddr, handler: RpcHandler) -> std::io::Result<()> {
         let listener = self.sockets.listen(addr).await?;
         let incoming = crate::sockets::incoming::<S>(listener, self.max_conns_per_client);
+        let incoming = secured(incoming, self.tls.clone(), self.handshake_timeout);
         let service = AgentServer::new(Service {
             handler,
             attachments: self.attachments.clone(),
@@ -242,6 +295,13 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
     }
 
     async fn attach(&self, addr: SocketAddr, node_id: String, handler: RpcHandler) -> Result<(), String> {
+        // What comes down the stream comes from the server dialed, checked as one when TLS
+        // names roles.
+        let server = Caller::new(match &self.tls {
+            None => Identity::Unverified,
+            Some(tls) if tls.settings().verify_server_hostname => Identity::Server,
+            Some(_) => Identity::Cluster,
+        });
         let mut client = AgentClient::new(self.channel(addr));
         let (up, outgoing) = tokio::sync::mpsc::channel::<AttachUp>(16);
         up.send(AttachUp {
@@ -261,7 +321,7 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
             let Some(request) = message.request else { continue };
             let (up, handler) = (up.clone(), handler.clone());
             tokio::spawn(async move {
-                let response = handler(request).await;
+                let response = handler(server, request).await;
                 let _ = up
                     .send(AttachUp {
                         node_id: String::new(),
@@ -277,6 +337,53 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
     fn can_attach(&self) -> bool {
         true
     }
+}
+
+/// The accepted connections, each through its TLS handshake when `tls` is set, with the role
+/// its certificate proves. Handshakes run apart, so one slow or silent peer holds up no other;
+/// one that fails is logged with the reason (a certificate of another CA, none at all) and
+/// closed.
+fn secured<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static>(
+    incoming: impl futures::Stream<Item = std::io::Result<Accepted<T>>> + Send + 'static,
+    tls: Option<Arc<AgentTls>>,
+    handshake_timeout: Duration,
+) -> impl futures::Stream<Item = std::io::Result<Accepted<MaybeTls<T>>>> + Send + 'static {
+    use futures::StreamExt;
+    let (ready, done) = tokio::sync::mpsc::channel::<Accepted<MaybeTls<T>>>(64);
+    tokio::spawn(async move {
+        let mut incoming = std::pin::pin!(incoming);
+        while let Some(accepted) = incoming.next().await {
+            let Ok(accepted) = accepted else { continue };
+            let Accepted { stream, peer, slot, .. } = accepted;
+            let (ready, tls) = (ready.clone(), tls.clone());
+            tokio::spawn(async move {
+                let (stream, identity) = match &tls {
+                    None => (MaybeTls::Plain(stream), Identity::Unverified),
+                    Some(tls) => {
+                        match crate::tls::stream::accept(stream, tls.rpc_server_config(), handshake_timeout).await {
+                            Ok(stream) => {
+                                let identity = tls.identity(stream.peer_certificates());
+                                (stream, identity)
+                            }
+                            Err(error) => {
+                                tracing::warn!(%peer, %error, "refused an RPC connection: TLS handshake failed");
+                                return;
+                            }
+                        }
+                    }
+                };
+                let _ = ready
+                    .send(Accepted {
+                        stream,
+                        peer,
+                        slot,
+                        identity,
+                    })
+                    .await;
+            });
+        }
+    });
+    tokio_stream_of(done).map(Ok)
 }
 
 /// The messages of `receiver` as a stream.

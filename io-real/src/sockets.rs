@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::io::GossipSocket;
+use crate::io::{GossipSocket, Identity};
 
 /// TCP streams and listeners, datagram sockets and name lookup.
 pub trait Sockets: Clone + Send + Sync + 'static {
@@ -102,6 +102,15 @@ pub struct Accepted<S> {
     pub peer: SocketAddr,
     /// Counted against its client's connection limit until dropped.
     pub slot: Option<ConnSlot>,
+    /// What the peer proved (its certificate's role over mutual TLS).
+    pub identity: Identity,
+}
+
+/// What tonic hands each request of a connection: its peer and what the peer proved.
+#[derive(Clone, Copy, Debug)]
+pub struct RpcConnectInfo {
+    pub remote_addr: SocketAddr,
+    pub identity: Identity,
 }
 
 /// Open connections per client address, for `limits { http_max_conns_per_client
@@ -145,12 +154,12 @@ impl Drop for ConnSlot {
 }
 
 impl<S> tonic::transport::server::Connected for Accepted<S> {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+    type ConnectInfo = RpcConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        tonic::transport::server::TcpConnectInfo {
-            local_addr: None,
-            remote_addr: Some(self.peer),
+        RpcConnectInfo {
+            remote_addr: self.peer,
+            identity: self.identity,
         }
     }
 }
@@ -221,6 +230,7 @@ pub(crate) async fn accept_retrying<S: Sockets>(listener: &S::Listener) -> Accep
                     stream,
                     peer,
                     slot: None,
+                    identity: Identity::Unverified,
                 };
             }
             Err(error) => {

@@ -20,6 +20,7 @@ const LIMITS: HttpLimits = HttpLimits {
     body_timeout: Duration::from_millis(300),
     body_max: 64 * 1024,
     header_max: 16 * 1024,
+    handshake_timeout: Duration::from_millis(300),
 };
 
 /// Inbound agent RPC connections per client address, in these tests.

@@ -24,6 +24,7 @@ use crate::host::SimHost;
 use crate::net::SimTransport;
 use crate::trace::PluginEvent;
 use crate::trace::Recorder;
+use drover_io_real::io::Identity;
 
 /// How one server is configured and when it first starts.
 #[derive(Clone, Debug)]
@@ -602,7 +603,8 @@ impl ServerProcess {
         let parts = AgentParts {
             config: self.spec.config.clone(),
             db,
-            transport: SimTransport,
+            // Servers call as servers, as with `verify_server_hostname` certificates.
+            transport: SimTransport::proving(Identity::Server),
             consul: self.consul.clone(),
             observer: self.recorder.observer(name),
             client_csi: None,
@@ -666,7 +668,11 @@ async fn run_client(node: ClientNode) {
     let parts = AgentParts {
         config: spec.config.clone(),
         db,
-        transport: SimTransport,
+        transport: SimTransport::proving(if spec.config.server.enabled {
+            Identity::Server
+        } else {
+            Identity::Client
+        }),
         consul,
         observer: recorder.observer(&spec.name),
         client_csi: Some(client_csi),

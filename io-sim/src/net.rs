@@ -5,22 +5,53 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use drover_io_real::io::{GossipSocket, RpcHandler, Transport, TransportError};
+use drover_io_real::io::{Caller, GossipSocket, Identity, RpcHandler, Transport, TransportError};
 use drover_proto::agent::v1::{AgentRequest, AgentResponse};
 use madsim::net::Endpoint;
 use prost::Message;
 
-#[derive(Clone, Copy, Debug, Default)]
-pub struct SimTransport;
+/// One agent's end of the simulated network. `identity` is what its calls prove to the agent
+/// called, as a certificate does over mutual TLS: the simulated world hands it out by role,
+/// and an agent cannot claim another.
+#[derive(Clone, Copy, Debug)]
+pub struct SimTransport {
+    identity: Identity,
+}
 
-async fn call_once(addr: SocketAddr, request: AgentRequest) -> Result<AgentResponse, TransportError> {
+impl Default for SimTransport {
+    fn default() -> Self {
+        SimTransport {
+            identity: Identity::Unverified,
+        }
+    }
+}
+
+impl SimTransport {
+    /// An agent whose calls carry `identity`.
+    pub fn proving(identity: Identity) -> Self {
+        SimTransport { identity }
+    }
+}
+
+/// A request on the simulated wire: the envelope's bytes, and who sent it.
+struct Sent {
+    caller: Identity,
+    bytes: Vec<u8>,
+}
+
+async fn call_once(caller: Identity, addr: SocketAddr, request: AgentRequest) -> Result<AgentResponse, TransportError> {
     let unreachable = |error: std::io::Error| TransportError::Unreachable {
         addr,
         reason: error.to_string(),
     };
     let endpoint = Endpoint::bind("0.0.0.0:0").await.map_err(unreachable)?;
     let (tx, mut rx) = endpoint.connect1(addr).await.map_err(unreachable)?;
-    tx.send(Box::new(request.encode_to_vec())).await.map_err(unreachable)?;
+    tx.send(Box::new(Sent {
+        caller,
+        bytes: request.encode_to_vec(),
+    }))
+    .await
+    .map_err(unreachable)?;
     let payload = rx.recv().await.map_err(unreachable)?;
     let bytes = payload.downcast::<Vec<u8>>().map_err(|_| TransportError::Failed {
         addr,
@@ -58,7 +89,7 @@ impl Transport for SimTransport {
         request: AgentRequest,
         timeout: Duration,
     ) -> Result<AgentResponse, TransportError> {
-        match tokio::time::timeout(timeout, call_once(addr, request)).await {
+        match tokio::time::timeout(timeout, call_once(self.identity, addr, request)).await {
             Ok(result) => result,
             Err(_) => Err(TransportError::Timeout { addr, timeout }),
         }
@@ -74,10 +105,11 @@ impl Transport for SimTransport {
                 let handler = handler.clone();
                 tokio::spawn(async move {
                     let Ok(payload) = rx.recv().await else { return };
-                    let Ok(bytes) = payload.downcast::<Vec<u8>>() else {
+                    let Ok(sent) = payload.downcast::<Sent>() else {
                         return;
                     };
-                    let Ok(request) = AgentRequest::decode(bytes.as_slice()) else {
+                    let caller = Caller::new(sent.caller);
+                    let Ok(request) = AgentRequest::decode(sent.bytes.as_slice()) else {
                         return;
                     };
                     // As with gRPC, a caller that gives up cancels the call: the handler's future
@@ -87,7 +119,7 @@ impl Transport for SimTransport {
                     // order.
                     tokio::select! {
                         biased;
-                        response = handler(request) => {
+                        response = handler(caller, request) => {
                             let _ = tx.send(Box::new(response.encode_to_vec())).await;
                         }
                         () = tx.closed() => {}

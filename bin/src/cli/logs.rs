@@ -3,7 +3,6 @@
 //! alloc fs`: the allocation dir, listed or printed.
 
 use std::io::Write;
-use std::time::Duration;
 
 use base64::Engine;
 use serde_json::Value;
@@ -80,10 +79,7 @@ pub(super) fn alloc_logs(api: &Api, id: &str, options: LogsOptions) -> Result<()
         options.follow
     );
     // No overall timeout: a followed log streams for as long as the task runs.
-    let agent = ureq::AgentBuilder::new()
-        .timeout_connect(Duration::from_secs(10))
-        .build();
-    let response = match api.authorize(agent.get(&url)).call() {
+    let response = match api.authorize(api.agent.get(&url)).call() {
         Ok(response) => response,
         Err(ureq::Error::Status(code, response)) => {
             let body = response.into_string().unwrap_or_default();
@@ -170,7 +166,7 @@ pub(super) fn alloc_fs(api: &Api, id: &str, path: Option<&str>, stat: bool) -> R
     } else {
         let url = format!("{}{}", api.base, query("cat"));
         let response = api
-            .authorize(ureq::get(&url))
+            .authorize(api.agent.get(&url))
             .call()
             .map_err(|error| Failure(format!("Error reading file: {error}"), 1))?;
         let mut reader = response.into_reader();

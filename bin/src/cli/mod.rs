@@ -9,6 +9,7 @@ mod job;
 mod logs;
 mod node;
 mod server;
+mod tls;
 mod volume;
 
 use std::process::ExitCode;
@@ -31,6 +32,18 @@ pub struct Global {
     /// ACL token for every request (default $NOMAD_TOKEN).
     #[arg(long, global = true, value_name = "SECRET")]
     pub token: Option<String>,
+    /// CA certificate to verify the agent's HTTPS certificate (default $NOMAD_CACERT).
+    #[arg(long = "ca-cert", global = true, value_name = "PATH")]
+    pub ca_cert: Option<String>,
+    /// Client certificate to present (default $NOMAD_CLIENT_CERT).
+    #[arg(long = "client-cert", global = true, value_name = "PATH")]
+    pub client_cert: Option<String>,
+    /// The client certificate's key (default $NOMAD_CLIENT_KEY).
+    #[arg(long = "client-key", global = true, value_name = "PATH")]
+    pub client_key: Option<String>,
+    /// Skip verifying the agent's certificate (default $NOMAD_SKIP_VERIFY); not for production.
+    #[arg(long = "tls-skip-verify", global = true)]
+    pub tls_skip_verify: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -59,6 +72,9 @@ pub enum Command {
     /// ACL bootstrap, policies and tokens.
     #[command(subcommand)]
     Acl(acl::AclCommand),
+    /// A development CA and agent certificates.
+    #[command(subcommand)]
+    Tls(tls::TlsCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -261,19 +277,49 @@ pub(super) struct Api {
     pub(super) base: String,
     /// The ACL token sent with every request (`-token`, `NOMAD_TOKEN`).
     pub(super) token: Option<String>,
+    /// Requests go through it: HTTPS with the CLI's CA and certificate when given.
+    pub(super) agent: ureq::Agent,
+}
+
+/// A flag, else its environment variable, else nothing (empty counts as unset).
+fn flag_or_env(flag: &Option<String>, env: &str) -> Option<String> {
+    flag.clone()
+        .or_else(|| std::env::var(env).ok())
+        .filter(|value| !value.is_empty())
 }
 
 impl Api {
-    fn new(address: Option<String>, token: Option<String>) -> Api {
-        let base = address
-            .or_else(|| std::env::var("NOMAD_ADDR").ok())
-            .unwrap_or_else(|| "http://127.0.0.1:4646".into());
-        Api {
+    fn new(global: &Global) -> Result<Api, Failure> {
+        let base = flag_or_env(&global.address, "NOMAD_ADDR").unwrap_or_else(|| "http://127.0.0.1:4646".into());
+        Ok(Api {
             base: base.trim_end_matches('/').to_string(),
-            token: token
-                .or_else(|| std::env::var("NOMAD_TOKEN").ok())
-                .filter(|token| !token.is_empty()),
+            token: flag_or_env(&global.token, "NOMAD_TOKEN"),
+            agent: Self::agent_for(global, base.starts_with("https://"))?,
+        })
+    }
+
+    /// Nomad's `-ca-cert -client-cert -client-key -tls-skip-verify` and their `NOMAD_*`
+    /// variables.
+    fn agent_for(global: &Global, https: bool) -> Result<ureq::Agent, Failure> {
+        let builder = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
+        if !https {
+            return Ok(builder.build());
         }
+        let ca = flag_or_env(&global.ca_cert, "NOMAD_CACERT").unwrap_or_default();
+        let cert = flag_or_env(&global.client_cert, "NOMAD_CLIENT_CERT").unwrap_or_default();
+        let key = flag_or_env(&global.client_key, "NOMAD_CLIENT_KEY").unwrap_or_default();
+        let skip = global.tls_skip_verify
+            || std::env::var("NOMAD_SKIP_VERIFY")
+                .is_ok_and(|value| matches!(value.as_str(), "1" | "true" | "TRUE" | "True" | "t" | "T"));
+        let settings = drover_io_real::tls::ClientTls {
+            ca_file: &ca,
+            cert_file: &cert,
+            key_file: &key,
+            verify: !skip,
+        };
+        let config = drover_io_real::tls::client_config(&settings)
+            .map_err(|error| Failure(format!("Error setting up TLS: {error}"), 1))?;
+        Ok(builder.tls_config(std::sync::Arc::new(config)).build())
     }
 
     /// `request` with the ACL token, if any.
@@ -286,7 +332,7 @@ impl Api {
 
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.base);
-        let request = self.authorize(ureq::request(method, &url).timeout(Duration::from_secs(30)));
+        let request = self.authorize(self.agent.request(method, &url).timeout(Duration::from_secs(30)));
         let response = match body {
             Some(body) => request.send_json(body),
             None => request.call(),
@@ -356,8 +402,15 @@ pub(super) fn short(id: &Value) -> String {
 }
 
 pub fn run(global: Global, command: Command) -> ExitCode {
-    let api = Api::new(global.address, global.token);
+    let api = match Api::new(&global) {
+        Ok(api) => api,
+        Err(Failure(message, code)) => {
+            eprintln!("{message}");
+            return ExitCode::from(code);
+        }
+    };
     let result = match command {
+        Command::Tls(command) => tls::run(command),
         Command::Job(JobCommand::Run { file, detach }) => job_run(&api, &file, detach),
         Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),

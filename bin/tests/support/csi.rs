@@ -48,7 +48,7 @@ impl FakeClient {
     pub async fn start(node_id: &str, port: u16) -> FakeClient {
         let calls: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
         let recorded = calls.clone();
-        let handler: RpcHandler = Arc::new(move |request| {
+        let handler: RpcHandler = Arc::new(move |_caller, request| {
             let recorded = recorded.clone();
             Box::pin(async move {
                 let Some(RequestBody::ClientCsi(payload)) = request.body else {

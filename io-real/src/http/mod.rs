@@ -64,6 +64,17 @@ pub async fn serve_with<S: crate::sockets::Sockets>(
     addr: SocketAddr,
     limits: HttpLimits,
 ) -> std::io::Result<SocketAddr> {
+    serve_tls(sockets, handle, addr, limits, None).await
+}
+
+/// [`serve_with`], as HTTPS when `tls` is given (`tls { http = true }`).
+pub async fn serve_tls<S: crate::sockets::Sockets>(
+    sockets: &S,
+    handle: AgentHandle,
+    addr: SocketAddr,
+    limits: HttpLimits,
+    tls: Option<std::sync::Arc<crate::tls::agent::AgentTls>>,
+) -> std::io::Result<SocketAddr> {
     let listener = sockets.listen(addr).await?;
     let bound = S::local_addr(&listener)?;
     // The client endpoints reach this agent's client (if any) through the agent itself.
@@ -74,7 +85,7 @@ pub async fn serve_with<S: crate::sockets::Sockets>(
         let app = forwarded_app.clone();
         Box::pin(forward::answer(app, request))
     }));
-    tokio::spawn(server::accept_loop::<S>(listener, app, limits));
+    tokio::spawn(server::accept_loop::<S>(listener, app, limits, tls));
     Ok(bound)
 }
 

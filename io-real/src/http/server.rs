@@ -21,7 +21,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::AsyncWriteExt;
 use tower::ServiceExt;
 
+use std::sync::Arc;
+
 use crate::sockets::Sockets;
+use crate::tls::agent::AgentTls;
+use crate::tls::stream::MaybeTls;
 
 /// Bounds on what one client can make the HTTP API hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,6 +42,9 @@ pub struct HttpLimits {
     pub body_max: usize,
     /// The largest request head, in bytes (answered 431 above it).
     pub header_max: usize,
+    /// Time for an HTTPS client to finish its TLS handshake (`limits {
+    /// https_handshake_timeout }`, 5 s).
+    pub handshake_timeout: Duration,
 }
 
 impl Default for HttpLimits {
@@ -48,6 +55,7 @@ impl Default for HttpLimits {
             body_timeout: Duration::from_secs(30),
             body_max: 8 << 20,
             header_max: 64 << 10,
+            handshake_timeout: crate::tls::stream::HANDSHAKE_TIMEOUT,
         }
     }
 }
@@ -73,13 +81,35 @@ fn payload_too_large(max: usize) -> Response {
 }
 
 /// Accepts connections on `listener` for ever, serving each with `app` within `limits`.
-pub(super) async fn accept_loop<S: Sockets>(listener: S::Listener, app: Router, limits: HttpLimits) {
+pub(super) async fn accept_loop<S: Sockets>(
+    listener: S::Listener,
+    app: Router,
+    limits: HttpLimits,
+    tls: Option<Arc<AgentTls>>,
+) {
     let conns = crate::sockets::ConnLimit::default();
     loop {
         let accepted = crate::sockets::accept_retrying::<S>(&listener).await;
         match conns.take(accepted.peer.ip(), limits.max_conns_per_client) {
             Some(slot) => {
-                tokio::spawn(serve_connection::<S>(accepted.stream, app.clone(), limits, slot));
+                let (app, tls) = (app.clone(), tls.clone());
+                let peer = accepted.peer;
+                tokio::spawn(async move {
+                    let stream = match tls {
+                        None => MaybeTls::Plain(accepted.stream),
+                        Some(tls) => {
+                            let config = tls.http_server_config();
+                            match crate::tls::stream::accept(accepted.stream, config, limits.handshake_timeout).await {
+                                Ok(stream) => stream,
+                                Err(error) => {
+                                    tracing::debug!(%peer, %error, "HTTPS handshake failed");
+                                    return;
+                                }
+                            }
+                        }
+                    };
+                    serve_connection(stream, app, limits, slot).await;
+                });
             }
             None => {
                 tokio::spawn(refuse::<S>(accepted.stream, accepted.peer, limits.max_conns_per_client));
@@ -88,8 +118,8 @@ pub(super) async fn accept_loop<S: Sockets>(listener: S::Listener, app: Router, 
     }
 }
 
-async fn serve_connection<S: Sockets>(
-    stream: S::Stream,
+async fn serve_connection<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static>(
+    stream: T,
     app: Router,
     limits: HttpLimits,
     _slot: crate::sockets::ConnSlot,

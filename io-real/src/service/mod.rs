@@ -44,7 +44,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{mpsc, oneshot};
 
-use crate::io::{BoxFuture, ClientCsi, TransportError};
+use crate::io::{BoxFuture, Caller, CallerRole, ClientCsi, TransportError};
 use crate::raft::changes::Changes;
 use crate::raft::store::AppliedState;
 use crate::raft::{Raft, TypeConfig};
@@ -210,7 +210,10 @@ pub fn server_reply(response: AgentResponse) -> ServerReply {
         Some(ResponseBody::Server(payload)) => serde_json::from_slice(&payload.json)
             .unwrap_or_else(|error| server_error(format!("malformed reply: {error}"), false)),
         Some(ResponseBody::Error(error)) => {
-            let retryable = !matches!(error.kind(), ErrorKind::Invalid | ErrorKind::UnsupportedVersion);
+            let retryable = !matches!(
+                error.kind(),
+                ErrorKind::Invalid | ErrorKind::UnsupportedVersion | ErrorKind::PermissionDenied
+            );
             server_error(error.message, retryable)
         }
         other => server_error(format!("unexpected response {other:?}"), false),
@@ -265,6 +268,33 @@ pub enum Incoming {
     StatusPeers,
     /// A direct write, already checked to be one a server would propose for a caller.
     Apply(Box<Entry>),
+}
+
+impl Incoming {
+    /// What the call asks of its caller's certificate: servers alone drive Raft, forward to
+    /// the leader and call down to clients; a client node makes the calls of a node.
+    pub fn needs(&self) -> CallerRole {
+        match self {
+            Incoming::ClientAlloc(_)
+            | Incoming::ClientLogs(_)
+            | Incoming::ClientFs(_)
+            | Incoming::ClientExec(_)
+            | Incoming::ClientStats(_)
+            | Incoming::Http(_)
+            | Incoming::NodeAllocs(_)
+            | Incoming::Server(_)
+            | Incoming::StatusPeers => CallerRole::Node,
+            Incoming::Attached(_)
+            | Incoming::ClientCsi(_)
+            | Incoming::AppendEntries(_)
+            | Incoming::PreVote(_)
+            | Incoming::ReadIndex
+            | Incoming::Stand(_)
+            | Incoming::Vote(_)
+            | Incoming::InstallSnapshot(_)
+            | Incoming::Apply(_) => CallerRole::Server,
+        }
+    }
 }
 
 /// Checks an envelope (version, region) and decodes its payload: everything an agent reads
@@ -328,17 +358,38 @@ pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, b
 }
 
 impl Service {
-    pub async fn handle(&self, request: AgentRequest) -> AgentResponse {
-        let mut response = self.answer(request).await;
+    pub async fn handle(&self, caller: Caller, request: AgentRequest) -> AgentResponse {
+        let mut response = self.answer(caller, request).await;
         response.version = ENVELOPE_VERSION;
         response
     }
 
-    async fn answer(&self, request: AgentRequest) -> AgentResponse {
+    /// Refuses a call the caller's certificate does not allow (a client certificate driving
+    /// Raft or calling down to another client), before anything is decoded further or done.
+    fn authorize(&self, caller: Caller, incoming: &Incoming) -> Result<(), AgentResponse> {
+        let needs = incoming.needs();
+        if caller.identity.may(needs) {
+            return Ok(());
+        }
+        tracing::warn!(identity = ?caller.identity, ?needs, "refused an RPC: the caller's certificate does not allow it");
+        Err(error_response(
+            ErrorKind::PermissionDenied,
+            format!(
+                "Permission denied: a {:?} certificate may not make {needs:?} calls (tls {{ verify_server_hostname }})",
+                caller.identity
+            ),
+            String::new(),
+        ))
+    }
+
+    async fn answer(&self, caller: Caller, request: AgentRequest) -> AgentResponse {
         let (incoming, forwarded) = match parse_request(request, &self.region) {
             Ok(parsed) => parsed,
             Err(response) => return response,
         };
+        if let Err(response) = self.authorize(caller, &incoming) {
+            return response;
+        }
         let respond = |body| AgentResponse {
             version: ENVELOPE_VERSION,
             body: Some(body),
@@ -692,7 +743,10 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::io::Identity;
     use prost::Message;
+
+    const UNVERIFIED: Caller = Caller::new(Identity::Unverified);
 
     fn client_only_service() -> Service {
         let (inbox, _) = mpsc::unbounded_channel();
@@ -767,7 +821,7 @@ mod tests {
         assert_eq!(old, client_csi_request(0, b"{}"));
         let service = client_only_service();
 
-        let answered = service.handle(client_csi_request(0, &node_detach())).await;
+        let answered = service.handle(UNVERIFIED, client_csi_request(0, &node_detach())).await;
         assert_eq!(answered.version, ENVELOPE_VERSION);
         assert!(
             matches!(answered.body, Some(ResponseBody::ClientCsi(_))),
@@ -775,7 +829,7 @@ mod tests {
         );
 
         let newer = service
-            .handle(client_csi_request(ENVELOPE_VERSION + 1, &node_detach()))
+            .handle(UNVERIFIED, client_csi_request(ENVELOPE_VERSION + 1, &node_detach()))
             .await;
         let Some(ResponseBody::Error(error)) = newer.body else {
             panic!("{newer:?}")

@@ -13,6 +13,7 @@ use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::http::HttpLimits;
 use drover_io_real::io::{NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
+use drover_io_real::tls::agent::AgentTls;
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -32,6 +33,17 @@ pub struct Server {
 /// Starts a single server in `dir`, with ACLs on when `acl`, the HTTP API within `limits` and
 /// at most `rpc_max_conns` RPC connections per address.
 pub async fn start_server(dir: &std::path::Path, acl: bool, limits: HttpLimits, rpc_max_conns: usize) -> Server {
+    start_server_with_tls(dir, acl, limits, rpc_max_conns, None).await
+}
+
+/// [`start_server`], with `tls` on RPC and HTTP as its settings say.
+pub async fn start_server_with_tls(
+    dir: &std::path::Path,
+    acl: bool,
+    limits: HttpLimits,
+    rpc_max_conns: usize,
+    tls: Option<Arc<AgentTls>>,
+) -> Server {
     let ports = Ports {
         http: 0,
         rpc: free_port(),
@@ -52,7 +64,12 @@ pub async fn start_server(dir: &std::path::Path, acl: bool, limits: HttpLimits, 
     let handle = start_agent(AgentParts {
         config,
         db: drover_io_real::disk::open_database(dir).unwrap(),
-        transport: GrpcTransport::default().with_max_conns_per_client(rpc_max_conns),
+        transport: match tls.clone().filter(|tls| tls.settings().rpc) {
+            Some(tls) => GrpcTransport::default()
+                .with_max_conns_per_client(rpc_max_conns)
+                .with_tls(tls),
+            None => GrpcTransport::default().with_max_conns_per_client(rpc_max_conns),
+        },
         consul: NoConsul,
         observer: Arc::new(TracingObserver),
         client_csi: None,
@@ -60,7 +77,9 @@ pub async fn start_server(dir: &std::path::Path, acl: bool, limits: HttpLimits, 
     })
     .await
     .unwrap();
-    let http = drover_io_real::http::serve(handle.clone(), SocketAddr::new(ip, 0), limits)
+    let https = tls.filter(|tls| tls.settings().http);
+    let sockets = drover_io_real::sockets::TokioSockets;
+    let http = drover_io_real::http::serve_tls(&sockets, handle.clone(), SocketAddr::new(ip, 0), limits, https)
         .await
         .unwrap()
         .port();

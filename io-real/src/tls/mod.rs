@@ -1,6 +1,12 @@
-//! TLS client configurations built from an operator's PEM files, with rustls and ring: whom
-//! to trust (a CA file, else the host's roots, or nobody checked at all when verification is
-//! off) and which certificate to present. Consul's HTTPS API uses it today.
+//! TLS with rustls and ring. This module: client configurations built from an operator's PEM
+//! files, whom to trust (a CA file, else the host's roots, or nobody checked at all when
+//! verification is off) and which certificate to present, for Consul's HTTPS API and the CLI.
+//! [`agent`]: the agent's own `tls {}` (mutual TLS on RPC, HTTPS, reload). [`stream`]: a
+//! connection that is plaintext or TLS. [`issue`]: a dev CA and role certificates.
+
+pub mod agent;
+pub mod issue;
+pub mod stream;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -40,7 +46,7 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-fn file_error(what: &'static str, path: &str, reason: impl std::fmt::Display) -> TlsError {
+pub(crate) fn file_error(what: &'static str, path: &str, reason: impl std::fmt::Display) -> TlsError {
     TlsError::File {
         what,
         path: path.to_string(),

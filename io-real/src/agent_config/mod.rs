@@ -6,6 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+
+pub mod tls;
 use drover_core::config::{Advertise, AgentConfig};
 use serde::Deserialize;
 
@@ -28,6 +30,7 @@ pub struct FileConfig {
     pub plugin: Option<std::collections::BTreeMap<String, PluginBlock>>,
     pub limits: Option<LimitsBlock>,
     pub acl: Option<AclBlock>,
+    pub tls: Option<tls::TlsBlock>,
 }
 
 /// Nomad's `acl {}`. The TTLs bound how long Nomad caches a resolved token or policy; Drover
@@ -173,6 +176,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "advertise",
     "limits",
     "acl",
+    "tls",
     "server",
     "client",
     "consul",
@@ -211,6 +215,10 @@ pub struct Loaded {
     pub http_limits: crate::http::HttpLimits,
     /// Inbound agent RPC connections per client address (`limits { rpc_max_conns_per_client }`).
     pub rpc_max_conns_per_client: usize,
+    /// Time for an RPC peer to finish its TLS handshake (`limits { rpc_handshake_timeout }`).
+    pub rpc_handshake_timeout: Duration,
+    /// `tls {}`: what is served over TLS, with which files.
+    pub tls: crate::tls::agent::TlsSettings,
     pub log_level: String,
     /// Operator-facing notes (ignored keys); validation warnings are added by the caller.
     pub notes: Vec<String>,
@@ -341,6 +349,8 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
     let mut advertise = AdvertiseBlock::default();
     let mut http_limits = crate::http::HttpLimits::default();
     let mut rpc_max_conns_per_client = crate::net::RPC_MAX_CONNS_PER_CLIENT;
+    let mut rpc_handshake_timeout = crate::tls::stream::HANDSHAKE_TIMEOUT;
+    let mut tls_settings = crate::tls::agent::TlsSettings::default();
 
     if flags.dev {
         config.dev_mode = true;
@@ -360,7 +370,15 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
                 notes.push(format!("{}: ignoring unsupported config key {key:?}", file.display()));
             }
             if let Some(block) = parsed.limits.take() {
-                apply_limits(&mut http_limits, &mut rpc_max_conns_per_client, &mut notes, block)
+                let rpc = RpcLimits {
+                    max_conns_per_client: &mut rpc_max_conns_per_client,
+                    handshake_timeout: &mut rpc_handshake_timeout,
+                };
+                apply_limits(&mut http_limits, rpc, block)
+                    .with_context(|| format!("Error loading configuration from {}", file.display()))?;
+            }
+            if let Some(block) = parsed.tls.take() {
+                tls::apply(&mut tls_settings, &mut notes, block)
                     .with_context(|| format!("Error loading configuration from {}", file.display()))?;
             }
             apply_file(
@@ -461,36 +479,38 @@ pub fn load(flags: &Flags, dev_data_dir: impl FnOnce() -> anyhow::Result<String>
             config.bind_addr, config.ports.http
         ));
     }
+    tls_settings.check()?;
     Ok(Loaded {
         config,
         http_limits,
         rpc_max_conns_per_client,
+        rpc_handshake_timeout,
+        tls: tls_settings,
         log_level,
         notes,
     })
 }
 
-fn apply_limits(
-    http: &mut crate::http::HttpLimits,
-    rpc_max_conns_per_client: &mut usize,
-    notes: &mut Vec<String>,
-    block: LimitsBlock,
-) -> anyhow::Result<()> {
+/// The RPC side of `limits {}`.
+struct RpcLimits<'a> {
+    max_conns_per_client: &'a mut usize,
+    handshake_timeout: &'a mut Duration,
+}
+
+fn apply_limits(http: &mut crate::http::HttpLimits, rpc: RpcLimits<'_>, block: LimitsBlock) -> anyhow::Result<()> {
     if let Some(max) = block.http_max_conns_per_client {
         http.max_conns_per_client =
             usize::try_from(max).map_err(|_| anyhow::anyhow!("http_max_conns_per_client must be >= 0"))?;
     }
     if let Some(max) = block.rpc_max_conns_per_client {
-        *rpc_max_conns_per_client =
+        *rpc.max_conns_per_client =
             usize::try_from(max).map_err(|_| anyhow::anyhow!("rpc_max_conns_per_client must be >= 0"))?;
     }
-    for (key, set) in [
-        ("https_handshake_timeout", block.https_handshake_timeout.is_some()),
-        ("rpc_handshake_timeout", block.rpc_handshake_timeout.is_some()),
-    ] {
-        if set {
-            notes.push(format!("limits.{key} is not enforced by Drover yet"));
-        }
+    if let Some(text) = &block.https_handshake_timeout {
+        http.handshake_timeout = parse_duration("https_handshake_timeout", text)?;
+    }
+    if let Some(text) = &block.rpc_handshake_timeout {
+        *rpc.handshake_timeout = parse_duration("rpc_handshake_timeout", text)?;
     }
     Ok(())
 }
