@@ -89,6 +89,10 @@ pub struct ServerConfig {
     /// 0 = retry forever.
     pub retry_max: u32,
     pub timing: ServerTiming,
+    /// `encrypt`: the gossip key (base64 of 16 or 32 bytes) every gossip packet is sealed
+    /// with; `None`: plaintext gossip. A keyring kept from an earlier run wins over it.
+    #[serde(default)]
+    pub encrypt: Option<crate::structs::SecretText>,
     /// Test-only fault injection; never set from flags or config files.
     #[serde(skip)]
     pub bootstrap_fault: Option<BootstrapFault>,
@@ -310,6 +314,7 @@ impl Default for ServerConfig {
             retry_interval: Duration::from_secs(30),
             retry_max: 0,
             timing: ServerTiming::default(),
+            encrypt: None,
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
             connect_faults: ConnectFaults::default(),

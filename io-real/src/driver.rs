@@ -27,6 +27,7 @@ use openraft::{ChangeMembers, ServerState};
 use tokio::sync::{mpsc, watch};
 
 use crate::io::{AgentEvent, ClientCsi, Consul, GossipSocket, Observer, RpcHandler, ServiceRegistration, Transport};
+use crate::keyring::{Keyring, Opened};
 use crate::raft::changes::Changes;
 use crate::raft::network::NetworkFactory;
 use crate::raft::store::{AppliedState, ApplyHook, LogStore, StateMachine, Store, StoreError, VoteHook};
@@ -60,6 +61,8 @@ pub enum StartError {
     RaftConfig(String),
     #[error("failed to start Raft: {0}")]
     Raft(String),
+    #[error("gossip keyring: {0}")]
+    Keyring(#[from] crate::keyring::KeyringError),
     #[error("failed to bind {what} on {addr}: {error}")]
     Bind {
         what: &'static str,
@@ -207,6 +210,9 @@ impl AgentHandle {
                     Some(ResponseBody::Apply(apply)) => {
                         let data = serde_json::from_slice(&apply.response_json)
                             .map_err(|error| ApplyError::Forward(error.to_string()))?;
+                        // Read-your-writes: what the caller reads back next comes from this
+                        // server's state, which may not have applied the leader's entry yet.
+                        self.applied_locally(apply.index).await;
                         Ok((apply.index, data))
                     }
                     Some(ResponseBody::Error(error)) if error.kind() == ErrorKind::NotLeader => {
@@ -235,16 +241,23 @@ impl AgentHandle {
     /// must see it. The HTTP API's writes go through here.
     pub async fn request_applied(&self, request: ServerRequest) -> ServerReply {
         let reply = self.request(request).await;
-        let (Some(index), Some(applied), Some(changes)) = (reply.index(), &self.inner.applied, &self.inner.changes)
-        else {
-            return reply;
+        if let Some(index) = reply.index() {
+            self.applied_locally(index).await;
+        }
+        reply
+    }
+
+    /// Waits until this server has applied `index` (at most [`READ_YOUR_WRITES_WAIT`]); at
+    /// once on an agent without state.
+    async fn applied_locally(&self, index: u64) {
+        let (Some(applied), Some(changes)) = (&self.inner.applied, &self.inner.changes) else {
+            return;
         };
         let deadline = tokio::time::Instant::now() + READ_YOUR_WRITES_WAIT;
         loop {
             let seen = changes.count();
-            let current = applied.last_applied_index();
-            if current >= index || !changes.changed_since(seen, deadline).await {
-                return reply;
+            if applied.last_applied_index() >= index || !changes.changed_since(seen, deadline).await {
+                return;
             }
         }
     }
@@ -277,6 +290,27 @@ impl AgentHandle {
     }
 
     /// Whether this agent is a server (holds the cluster state).
+    /// `operator gossip keyring`: `request` applied on this server and every other live
+    /// server of its region that gossip knows; `None` on a client-only agent.
+    pub async fn keyring(&self, request: crate::keyring::KeyringRequest) -> Option<crate::service::KeyringSummary> {
+        let status = self.status();
+        let server = status.server.as_ref()?;
+        let region = &self.inner.config.region;
+        let mut me = format!("{}.{region}", self.inner.config.name);
+        let mut peers = Vec::new();
+        for member in &server.members {
+            let Some(tags) = member.id.tags.as_ref().filter(|tags| &tags.region == region) else {
+                continue;
+            };
+            if tags.id == server.node_id {
+                me = member.id.name.clone();
+            } else if member.status.as_serf_str() == "alive" {
+                peers.push((member.id.name.clone(), tags.rpc_addr));
+            }
+        }
+        Some(self.inner.service.keyring_everywhere(&me, &peers, request).await)
+    }
+
     pub fn is_server(&self) -> bool {
         self.inner.applied.is_some()
     }
@@ -505,6 +539,11 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
                     as crate::io::BoxFuture<Result<Vec<SocketAddr>, String>>
             }) as crate::service::Discover
         });
+    let keyring = Arc::new(Mutex::new(if is_server {
+        gossip_keyring(&config)?
+    } else {
+        Keyring::default()
+    }));
     let forward_transport = transport.clone();
     let attached_transport = transport.clone();
     let leader_contact: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
@@ -536,6 +575,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         raft_store: raft.is_some().then(|| store.clone()),
         pre_vote_quiet: config.server.timing.raft_failure_timeout / 2,
         read_index: ReadIndexBatcher::new(config.server.raft_faults),
+        keyring: keyring.clone(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();
@@ -587,7 +627,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
                 error,
             })?;
         let socket = Arc::new(socket);
-        tokio::spawn(receive_gossip(socket.clone(), inbox_tx.clone()));
+        tokio::spawn(receive_gossip(socket.clone(), inbox_tx.clone(), keyring.clone()));
         Some(socket)
     } else {
         None
@@ -627,6 +667,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         store,
         raft,
         gossip,
+        keyring: keyring.clone(),
         transport,
         consul,
         observer,
@@ -747,6 +788,8 @@ struct Driver<T: Transport, C, O> {
     store: Store,
     raft: Option<Raft>,
     gossip: Option<Arc<T::Gossip>>,
+    /// Seals every gossip packet sent (`server { encrypt }`).
+    keyring: Arc<Mutex<Keyring>>,
     transport: T,
     consul: Arc<C>,
     observer: Arc<O>,
@@ -926,6 +969,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
         use server::Input as I;
         match action {
             A::SendGossip { to, data } => {
+                let data = self.keyring.lock().expect("keyring lock").seal(&data);
                 if let Some(socket) = &self.gossip
                     && let Err(error) = socket.send_to(&data, to).await
                 {
@@ -1275,21 +1319,67 @@ async fn watch_raft<O: Observer>(raft: Raft, inbox: mpsc::UnboundedSender<agent:
     }
 }
 
-async fn receive_gossip<G: GossipSocket>(socket: Arc<G>, inbox: mpsc::UnboundedSender<agent::Input>) {
+async fn receive_gossip<G: GossipSocket>(
+    socket: Arc<G>,
+    inbox: mpsc::UnboundedSender<agent::Input>,
+    keyring: Arc<Mutex<Keyring>>,
+) {
     let mut buf = vec![0u8; GOSSIP_PACKET_MAX];
+    // Peers' notices that they dropped our packets, logged once per peer per interval.
+    let mut told: BTreeMap<SocketAddr, tokio::time::Instant> = BTreeMap::new();
     loop {
         match socket.recv_from(&mut buf).await {
-            Ok((len, _from)) => {
-                let data = buf[..len].to_vec();
-                if inbox
-                    .send(agent::Input::Server(server::Input::GossipReceived { data }))
-                    .is_err()
-                {
-                    return;
+            Ok((len, from)) => {
+                let now = tokio::time::Instant::now();
+                let opened = keyring.lock().expect("keyring lock").open(&buf[..len], from, now);
+                match opened {
+                    Opened::Packet(data) => {
+                        if inbox
+                            .send(agent::Input::Server(server::Input::GossipReceived { data }))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                    // Said (and answered) at most once per sender per interval.
+                    Opened::Dropped {
+                        why,
+                        notice: Some(notice),
+                    } => {
+                        tracing::warn!("{}", why.seen(from));
+                        let _ = socket.send_to(&notice, from).await;
+                    }
+                    Opened::Dropped { notice: None, .. } => {}
+                    Opened::Notice(why) => {
+                        let due = told
+                            .get(&from)
+                            .is_none_or(|last| now.saturating_duration_since(*last) >= GOSSIP_NOTICE_LOG_EVERY);
+                        if due && told.len() < 1024 {
+                            told.insert(from, now);
+                            tracing::error!("{}", why.told(from));
+                        }
+                    }
                 }
             }
             Err(error) => tracing::debug!(%error, "gossip receive failed"),
         }
+    }
+}
+
+/// How often a peer's refusal of our gossip is logged.
+const GOSSIP_NOTICE_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// The gossip keyring of a server: the one kept under its data dir, else `server { encrypt }`'s
+/// key, else none (plaintext gossip). A simulation keeps it in memory.
+fn gossip_keyring(config: &AgentConfig) -> Result<Keyring, crate::keyring::KeyringError> {
+    let configured = config.server.encrypt.as_ref().map(|key| key.expose());
+    #[cfg(not(madsim))]
+    if let Some(dir) = &config.data_dir {
+        return Keyring::load(&std::path::Path::new(dir).join("server"), configured);
+    }
+    match configured {
+        Some(key) => Keyring::with_key(key),
+        None => Ok(Keyring::default()),
     }
 }
 

@@ -25,6 +25,7 @@ pub mod hcl_check;
 pub mod io;
 pub mod jobs;
 pub mod jobspec;
+pub mod keyring;
 pub mod raft;
 pub mod runtime;
 pub mod service;

@@ -6,6 +6,7 @@ mod acl;
 mod alloc;
 mod exec;
 mod job;
+mod keyring;
 mod logs;
 mod node;
 mod server;
@@ -256,6 +257,9 @@ pub enum ServerCommand {
 pub enum OperatorCommand {
     #[command(subcommand)]
     Raft(RaftCommand),
+    /// Gossip encryption.
+    #[command(subcommand)]
+    Gossip(keyring::GossipCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -490,6 +494,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Plugin(PluginCommand::Status { id }) => plugin_status(&api, id.as_deref()),
         Command::Server(ServerCommand::Members) => server_members(&api),
         Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers)) => list_peers(&api),
+        Command::Operator(OperatorCommand::Gossip(command)) => keyring::run(&api, command),
         Command::Acl(command) => acl::run(&api, command),
     };
     match result {

@@ -89,3 +89,20 @@ mod tests {
         assert_eq!(serde_json::to_string(&secrets).unwrap(), r#"{"k":"v"}"#);
     }
 }
+
+/// One secret string (a gossip key): serialised as the plain string, `Debug` redacted.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct SecretText(pub String);
+
+impl fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(REDACTED)
+    }
+}
+
+impl SecretText {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}

@@ -88,6 +88,8 @@ pub struct ServerBlock {
     pub enabled: Option<bool>,
     pub bootstrap_expect: Option<u32>,
     pub non_voting_server: Option<bool>,
+    /// The gossip key, base64 (`agent operator gossip keyring generate`).
+    pub encrypt: Option<String>,
     pub server_join: Option<ServerJoinBlock>,
     /// Deprecated placement Nomad still accepts directly in `server {}`.
     pub retry_join: Option<Vec<String>>,
@@ -603,6 +605,10 @@ fn apply_file(
         }
         if let Some(expect) = server.bootstrap_expect {
             config.server.bootstrap_expect = expect;
+        }
+        if let Some(key) = server.encrypt {
+            crate::keyring::check_key(&key).map_err(|error| anyhow::anyhow!("server.encrypt: {error}"))?;
+            config.server.encrypt = Some(drover_core::structs::SecretText(key));
         }
         if let Some(nonvoter) = server.non_voting_server {
             config.server.non_voting_server = nonvoter;

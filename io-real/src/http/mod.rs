@@ -5,6 +5,7 @@
 mod acl;
 mod allocs;
 mod jobs;
+mod keyring;
 
 pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
@@ -95,6 +96,11 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/status/peers", get(status_peers))
         .route("/v1/agent/members", get(agent_members))
         .route("/v1/agent/self", get(agent_self))
+        .route("/v1/agent/keyring/list", get(keyring::list))
+        .route(
+            "/v1/agent/keyring/{op}",
+            axum::routing::post(keyring::change).put(keyring::change),
+        )
         .route("/v1/vars", get(list_variables))
         .route("/v1/volumes", get(csi::list_volumes))
         .route(

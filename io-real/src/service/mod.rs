@@ -20,6 +20,9 @@ use crate::logstream::LogsRequest;
 use drover_core::client::AllocControl;
 pub use relay::{ClientCall, StatsRequest};
 
+mod keyring;
+pub use keyring::KeyringSummary;
+
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -96,6 +99,8 @@ pub struct Service {
     pub pre_vote_quiet: Duration,
     /// Concurrent read indexes share one quorum round.
     pub read_index: crate::driver::ReadIndexBatcher,
+    /// This server's gossip keyring (empty on clients).
+    pub keyring: Arc<Mutex<crate::keyring::Keyring>>,
 }
 
 /// A Raft pre-vote request: the candidate and its last log id as (term, index).
@@ -263,6 +268,7 @@ pub enum Incoming {
     ReadIndex,
     /// The leaving leader named this server its successor (its own id, if readable).
     Stand(Option<u64>),
+    Keyring(crate::keyring::KeyringRequest),
     Vote(VoteRequest<u64>),
     InstallSnapshot(Box<InstallSnapshotRequest<TypeConfig>>),
     StatusPeers,
@@ -292,6 +298,7 @@ impl Incoming {
             | Incoming::Stand(_)
             | Incoming::Vote(_)
             | Incoming::InstallSnapshot(_)
+            | Incoming::Keyring(_)
             | Incoming::Apply(_) => CallerRole::Server,
         }
     }
@@ -341,6 +348,7 @@ pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, b
         RequestBody::RaftAppendEntries(payload) => Incoming::AppendEntries(decode(&payload.json)?),
         RequestBody::RaftPreVote(payload) => Incoming::PreVote(decode(&payload.json)?),
         RequestBody::RaftReadIndex(_) => Incoming::ReadIndex,
+        RequestBody::Keyring(payload) => Incoming::Keyring(decode(&payload.json)?),
         RequestBody::RaftStand(payload) => Incoming::Stand(serde_json::from_slice(&payload.json).ok()),
         RequestBody::RaftVote(payload) => Incoming::Vote(decode(&payload.json)?),
         RequestBody::RaftInstallSnapshot(payload) => Incoming::InstallSnapshot(decode(&payload.json)?),
@@ -397,6 +405,7 @@ impl Service {
         // Requests any agent answers; Raft's need a server.
         let incoming = match incoming {
             Incoming::Attached(request) => return self.deliver_attached(*request).await,
+            Incoming::Keyring(request) if self.raft.is_some() => return self.keyring_local(&request),
             Incoming::ClientCsi(request) => return self.client_csi(request).await,
             // An operator's request for one of a client's allocations (`relay.rs`).
             Incoming::ClientAlloc(request) => return self.relayed(request, forwarded).await,
@@ -497,6 +506,7 @@ impl Service {
             | Incoming::Http(_)
             | Incoming::NodeAllocs(_)
             | Incoming::Server(_) => unreachable!("answered by Service::answer"),
+            Incoming::Keyring(_) => error_response(ErrorKind::Invalid, "this agent is not a server", String::new()),
         }
     }
 
@@ -775,6 +785,7 @@ mod tests {
             raft_store: None,
             pre_vote_quiet: Duration::from_millis(100),
             read_index: crate::driver::ReadIndexBatcher::default(),
+            keyring: Arc::default(),
             server_cursor: Arc::default(),
         }
     }

@@ -80,6 +80,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "acl", "policy", _] if !write => Need::Token,
         ["v1", "acl", ..] => Need::Management,
         ["v1", "agent", "self"] => Need::Agent { write: false },
+        ["v1", "agent", "keyring", _] => Need::Agent { write },
         ["v1", "agent", "members"] => Need::Node { write: false },
         ["v1", "vars"] => Need::Variable {
             path: query_param(query, "prefix").unwrap_or_default(),
