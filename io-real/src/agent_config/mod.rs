@@ -1144,7 +1144,7 @@ plugin "mock_driver" {
     }
 
     #[test]
-    fn the_limits_block_is_read_and_what_is_not_enforced_is_said_and_bad_values_refused() {
+    fn the_limits_block_is_read_and_bad_values_refused() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("limits.hcl");
         std::fs::write(
@@ -1164,13 +1164,13 @@ plugin "mock_driver" {
         assert!(loaded.notes.is_empty(), "{:?}", loaded.notes);
         std::fs::write(
             &file,
-            "bind_addr = \"127.0.0.1\"\nlimits {\n  rpc_handshake_timeout = \"5s\"\n}\n",
+            "bind_addr = \"127.0.0.1\"\nlimits {\n  rpc_handshake_timeout = \"3s\"\n  https_handshake_timeout = \"0\"\n}\n",
         )
         .unwrap();
-        assert_eq!(
-            load(&flags, no_dev).unwrap().notes,
-            ["limits.rpc_handshake_timeout is not enforced by Drover yet"]
-        );
+        let loaded = load(&flags, no_dev).unwrap();
+        assert_eq!(loaded.rpc_handshake_timeout, Duration::from_secs(3));
+        assert_eq!(loaded.http_limits.handshake_timeout, Duration::ZERO);
+        assert!(loaded.notes.is_empty(), "{:?}", loaded.notes);
         std::fs::write(&file, "limits {\n  http_max_conns_per_client = -1\n}\n").unwrap();
         let error = format!("{:#}", load(&flags, no_dev).unwrap_err());
         assert!(error.ends_with("http_max_conns_per_client must be >= 0"), "{error}");
