@@ -175,6 +175,9 @@ pub struct RaftFaults {
     /// (the fsync-error handling PostgreSQL, among others, had until 2018's "fsyncgate"):
     /// the server acknowledges entries its disk never took.
     pub swallow_log_write_errors: bool,
+    /// Every agent RPC is served whoever's certificate called it (no role check): a client
+    /// can write to the state directly, vote or append Raft entries as if it were a server.
+    pub skip_caller_check: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).

@@ -576,6 +576,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         pre_vote_quiet: config.server.timing.raft_failure_timeout / 2,
         read_index: ReadIndexBatcher::new(config.server.raft_faults),
         keyring: keyring.clone(),
+        observer: observer.clone(),
+        skip_caller_check: config.server.raft_faults.skip_caller_check,
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();

@@ -251,6 +251,12 @@ pub enum AgentEvent {
         voted_for: Option<u64>,
         committed: bool,
     },
+    /// A direct write (`Apply`, the server-only RPC of ACL and variable writes) was committed
+    /// at `index` on behalf of a caller proving `caller`.
+    DirectWrite {
+        caller: Identity,
+        index: u64,
+    },
     /// A log entry was applied; `digest` identifies its content.
     Applied {
         index: u64,

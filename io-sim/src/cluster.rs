@@ -89,6 +89,8 @@ pub struct SimCluster {
     servers: Vec<SimServer>,
     clients: Vec<SimClient>,
     clogged: BTreeSet<(usize, usize)>,
+    /// The rogue machine ([`crate::rogue`]) and how many calls it made.
+    rogue: Option<(NodeHandle, u64)>,
 }
 
 impl SimCluster {
@@ -102,6 +104,7 @@ impl SimCluster {
             servers: Vec::new(),
             clients: Vec::new(),
             clogged: BTreeSet::new(),
+            rogue: None,
         }
     }
 
@@ -471,6 +474,17 @@ impl SimCluster {
             NetSim::current().unclog_link(self.servers[from].node.id(), self.servers[to].node.id());
         }
         self.recorder.note("heal all links");
+    }
+
+    /// A machine holding a client's certificate sends server `index` a direct write.
+    pub fn rogue_direct_write(&mut self, index: usize) {
+        let spec = &self.servers[index].spec;
+        let to = std::net::SocketAddr::new(spec.ip, spec.config.ports.rpc);
+        let region = spec.config.region.clone();
+        let handle = &self.handle;
+        let (node, sent) = self.rogue.get_or_insert_with(|| (crate::rogue::machine(handle), 0));
+        *sent += 1;
+        crate::rogue::direct_write(node, to, region, *sent, self.recorder.clone());
     }
 
     /// Status of every live server whose agent has started: (name, node id, status).

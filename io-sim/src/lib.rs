@@ -7,7 +7,8 @@
 //! process and its faults). [`trace`] records every agent and plugin event with its virtual time and runs
 //! the [`invariants`] after each one (counting their checks); [`coverage`] counts the core's state
 //! machine transitions and rare paths per run; [`cluster`] starts, kills, restarts and
-//! partitions agents.
+//! partitions agents; [`rogue`] is a machine with a client's certificate making a server's
+//! call.
 //!
 //! Everything here but [`turmoil`] (the turmoil lane: the production network stack on turmoil's
 //! simulated network, in a normal build), [`disk`], [`trace`] and [`invariants`] exists only in
@@ -25,6 +26,8 @@ pub mod host;
 pub mod invariants;
 #[cfg(madsim)]
 pub mod net;
+#[cfg(madsim)]
+pub mod rogue;
 pub mod trace;
 #[cfg(not(madsim))]
 pub mod turmoil;

@@ -1037,6 +1037,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         &["leader_stops_gracefully"],
         "a graceful stop hands leadership over",
     ),
+    (
+        "rpc-no-authz",
+        "agent RPC served whoever's certificate called: a client's certificate writes to the state directly (issue 21)",
+        || Options {
+            raft_faults: RaftFaults {
+                skip_caller_check: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        &["leader_killed", "read_storm"],
+        "only servers write directly",
+    ),
 ];
 
 /// Shrinks a regression switch's catch, then replays the written schedule: it must violate the

@@ -60,6 +60,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "packet loss",
     "latency spike",
     "read storm",
+    "client certificate makes a server's call",
     "client node power loss",
     "driver start failure",
     "task OOM killed",
@@ -154,6 +155,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
             kinds
         }
         Action::ReadStorm { .. } => vec!["read storm"],
+        Action::RogueWrite(_) => vec!["client certificate makes a server's call"],
     }
 }
 

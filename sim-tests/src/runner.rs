@@ -450,6 +450,11 @@ async fn play(
             }
             Action::RestartClient(client) => cluster.restart_client(*client),
             Action::GcAllocs => real_clients::gc_allocs(&cluster).await,
+            Action::RogueWrite(target) => {
+                if let Some(index) = resolve(&cluster, *target, last_killed) {
+                    cluster.rogue_direct_write(index);
+                }
+            }
             Action::ReadStorm {
                 per_second,
                 lasting,

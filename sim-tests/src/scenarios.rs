@@ -111,6 +111,9 @@ pub enum Action {
         /// around, reads may fail and only load the servers.
         all_answered: bool,
     },
+    /// A machine holding a client's certificate sends a server a direct write (a server-only
+    /// call), which must be refused.
+    RogueWrite(Target),
 }
 
 #[derive(Clone, Debug)]
@@ -166,6 +169,7 @@ impl fmt::Display for Step {
                     lasting.as_secs()
                 )
             }
+            Action::RogueWrite(target) => write!(f, "{at} a client's certificate writes directly to {target:?}"),
         }
     }
 }
@@ -812,6 +816,16 @@ fn leader_killed(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             action: Action::Restart(Target::LastKilled),
         });
     }
+    // A client's certificate tries a server's write, to the leader before and after the kill.
+    steps.push(Step {
+        at: millis(rng, 8_000..11_000),
+        action: Action::RogueWrite(Target::Leader),
+    });
+    steps.push(Step {
+        at: at + millis(rng, 3_000..8_000),
+        action: Action::RogueWrite(Target::Leader),
+    });
+    steps.sort_by_key(|step| step.at);
     let mut plan = plan(servers, steps);
     if !restart {
         // The killed leader stays down; the survivors still hold a quorum.
@@ -879,14 +893,21 @@ fn read_storm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let from = Duration::from_secs(8);
     let lasting = Duration::from_secs(20);
     let per_second = rng.gen_range(200..1_000);
-    let steps = vec![Step {
-        at: from,
-        action: Action::ReadStorm {
-            per_second,
-            lasting,
-            all_answered: true,
+    let steps = vec![
+        Step {
+            at: from,
+            action: Action::ReadStorm {
+                per_second,
+                lasting,
+                all_answered: true,
+            },
         },
-    }];
+        // A client's certificate tries a server's write in the middle of it.
+        Step {
+            at: from + millis(rng, 2_000..18_000),
+            action: Action::RogueWrite(Target::Leader),
+        },
+    ];
     let mut plan = plan(servers, steps);
     plan.stable_leader = Some((from, from + lasting));
     plan

@@ -4,6 +4,7 @@
 pub mod claims_freed;
 pub mod controller_serial;
 pub mod csi_call_order;
+pub mod direct_writes;
 pub mod drain_order;
 pub mod elections;
 pub mod leader_per_term;
@@ -43,6 +44,7 @@ pub fn all() -> Vec<Box<dyn Invariant>> {
         Box::new(no_rebootstrap::NoRebootstrap::default()),
         Box::new(log_matching::LogMatching::default()),
         Box::new(writers::Writers),
+        Box::new(direct_writes::DirectWrites),
         Box::new(csi_call_order::CsiCallOrder::default()),
         Box::new(controller_serial::ControllerSerial::default()),
         Box::new(drain_order::DrainOrder),
