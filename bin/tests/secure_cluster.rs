@@ -240,7 +240,8 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
     })
     .unwrap_or_else(|| panic!("the job runs:\n{}", client.log()));
 
-    refuses_by_token(port, &management);
+    let reader = refuses_by_token(port, &management);
+    client_agent_checks_tokens(http, &alloc_id, &management, &reader);
     refuses_by_certificate(&pki, &rogue_pki, &specs[0]);
     refuses_another_nodes_allocation(&pki, &specs, &node_id, &alloc_id, port, &management);
     refuses_another_gossip_key(root.path(), &pki, &specs, port, &management);
@@ -258,8 +259,8 @@ fn pki_named(root: &Path, name: &str) -> PathBuf {
 }
 
 /// Table: each endpoint family refuses no token, a wrong token and a token without the
-/// capability, and answers one with it.
-fn refuses_by_token(port: u16, management: &str) {
+/// capability, and answers one with it. Returns the read-only token.
+fn refuses_by_token(port: u16, management: &str) -> String {
     let policy = "namespace \"default\" {\n  policy = \"read\"\n}\nnode {\n  policy = \"read\"\n}\n";
     let body = json!({"Name": "readonly", "Rules": policy}).to_string();
     let written = request("POST", port, "/v1/acl/policy/readonly", Some(management), Some(&body));
@@ -301,6 +302,23 @@ fn refuses_by_token(port: u16, management: &str) {
         let (code, text) = request(method, port, path, Some(management), body.as_deref()).unwrap();
         assert_ne!(code, 403, "{method} {path} with the management token: {text}");
     }
+    reader
+}
+
+/// A client-only agent answers its own `/v1/client/*` endpoints, checking the token it has a
+/// server resolve.
+fn client_agent_checks_tokens(port: u16, alloc_id: &str, management: &str, reader: &str) {
+    let path = format!("/v1/client/fs/logs/{alloc_id}?task=t&type=stdout&origin=start&offset=0");
+    let wrong = "00000000-0000-4000-8000-000000000000";
+    let (code, text) = request("GET", port, &path, None, None).unwrap();
+    assert_eq!(code, 403, "no token: {text}");
+    let (code, text) = request("GET", port, &path, Some(wrong), None).unwrap();
+    assert_eq!((code, text.trim()), (403, "ACL token not found"));
+    // Nomad's read policy does not read logs (read-logs comes with write).
+    let (code, text) = request("GET", port, &path, Some(reader), None).unwrap();
+    assert_eq!((code, text.trim()), (403, "Permission denied"));
+    let (code, text) = request("GET", port, &path, Some(management), None).unwrap();
+    assert_eq!(code, 200, "the management token reads the logs: {text}");
 }
 
 /// Another CA's certificate is refused at the handshake; a client's certificate may not make

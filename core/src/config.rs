@@ -37,10 +37,27 @@ pub struct AgentConfig {
 }
 
 /// Nomad's `acl {}` block.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AclConfig {
     /// Every request needs a token whose policies allow it (no token: the `anonymous` policy).
     pub enabled: bool,
+    /// How long a client-only agent keeps a token it had a server resolve (Nomad's
+    /// `token_ttl`, 30 s): a deleted token stops working there within this long.
+    #[serde(default = "default_token_ttl")]
+    pub token_ttl: Duration,
+}
+
+fn default_token_ttl() -> Duration {
+    Duration::from_secs(30)
+}
+
+impl Default for AclConfig {
+    fn default() -> Self {
+        AclConfig {
+            enabled: false,
+            token_ttl: default_token_ttl(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

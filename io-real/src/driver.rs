@@ -356,6 +356,11 @@ impl AgentHandle {
 
     /// `Node.GetClientAllocs` as a blocking query: this server's state, or a client-only
     /// agent's servers.
+    /// `ACL.ResolveToken` through a server (what a client-only agent's ACL gate asks).
+    pub async fn acl_resolve(&self, secret: &str) -> Result<crate::service::AclResolveReply, String> {
+        self.inner.service.acl_resolve(secret).await
+    }
+
     pub async fn node_allocs(&self, request: NodeAllocsRequest) -> Result<NodeAllocsReply, rpc::RpcError> {
         self.inner.service.node_allocs(request).await
     }

@@ -116,7 +116,7 @@ pub fn validate_policy_name(name: &str) -> Result<(), String> {
 }
 
 /// Why a request's token gives it no ACL.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ResolveError {
     NotFound,
     Expired,
@@ -153,5 +153,59 @@ pub fn resolve(state: &crate::fsm::ServerState, secret: &str, now_ms: u64) -> Re
                 .filter_map(|name| acl.policy(name))
                 .map(|policy| &policy.parsed),
         ),
+    })
+}
+
+/// A token resolved for an agent that holds no ACL tables (a client-only agent asking a
+/// server, as Nomad's `ACL.ResolveToken`): what it needs to build the [`Acl`] itself.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedToken {
+    pub management: bool,
+    /// The rules of the token's policies that exist (the anonymous policy for no token).
+    pub policies: Vec<PolicyRules>,
+    /// When the token expires (cluster time, ms), if it does.
+    pub expires_ms: Option<u64>,
+}
+
+impl ResolvedToken {
+    pub fn acl(&self) -> Acl {
+        if self.management {
+            Acl::management()
+        } else {
+            Acl::from_policies(&self.policies)
+        }
+    }
+}
+
+/// [`resolve`], as the rules an agent without the state compiles itself.
+pub fn resolve_rules(
+    state: &crate::fsm::ServerState,
+    secret: &str,
+    now_ms: u64,
+) -> Result<ResolvedToken, ResolveError> {
+    let acl = state.acl();
+    if secret.is_empty() {
+        return Ok(ResolvedToken {
+            policies: acl
+                .policy(ANONYMOUS_POLICY)
+                .map(|policy| policy.parsed.clone())
+                .into_iter()
+                .collect(),
+            ..ResolvedToken::default()
+        });
+    }
+    let token = acl.token_by_secret(secret).ok_or(ResolveError::NotFound)?;
+    if token.expired(now_ms) {
+        return Err(ResolveError::Expired);
+    }
+    Ok(ResolvedToken {
+        management: token.token_type == TokenType::Management,
+        policies: token
+            .policies
+            .iter()
+            .filter_map(|name| acl.policy(name))
+            .map(|policy| policy.parsed.clone())
+            .collect(),
+        expires_ms: token.expiration_time_ms,
     })
 }

@@ -33,9 +33,9 @@ pub struct FileConfig {
     pub tls: Option<tls::TlsBlock>,
 }
 
-/// Nomad's `acl {}`. The TTLs bound how long Nomad caches a resolved token or policy; Drover
-/// resolves from the replicated state on every request (cached until the ACL tables change),
-/// so they are read and checked but have nothing to bound.
+/// Nomad's `acl {}`. Servers resolve tokens from the replicated state (cached until the ACL
+/// tables change); a client-only agent asks a server and keeps the answer `token_ttl`.
+/// `policy_ttl` is read and checked: policies come with the token they belong to.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 pub struct AclBlock {
@@ -568,10 +568,11 @@ fn apply_file(
         if let Some(enabled) = acl.enabled {
             config.acl.enabled = enabled;
         }
-        for (key, value) in [("token_ttl", &acl.token_ttl), ("policy_ttl", &acl.policy_ttl)] {
-            if let Some(text) = value {
-                parse_duration(key, text)?;
-            }
+        if let Some(text) = &acl.token_ttl {
+            config.acl.token_ttl = parse_duration("token_ttl", text)?;
+        }
+        if let Some(text) = &acl.policy_ttl {
+            parse_duration("policy_ttl", text)?;
         }
     }
     if let Some(region) = file.region {

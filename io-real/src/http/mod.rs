@@ -183,6 +183,7 @@ pub fn router(handle: AgentHandle) -> Router {
             acl::gate::Gate {
                 handle: handle.clone(),
                 cache: std::sync::Arc::default(),
+                remote: std::sync::Arc::default(),
             },
             acl::gate::enforce,
         ))

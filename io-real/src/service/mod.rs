@@ -20,7 +20,9 @@ use crate::logstream::LogsRequest;
 use drover_core::client::AllocControl;
 pub use relay::{ClientCall, StatsRequest};
 
+mod acl;
 mod keyring;
+pub use acl::{AclResolveReply, AclResolveRequest};
 pub use keyring::KeyringSummary;
 
 use std::collections::BTreeMap;
@@ -273,6 +275,7 @@ pub enum Incoming {
     /// The leaving leader named this server its successor (its own id, if readable).
     Stand(Option<u64>),
     Keyring(crate::keyring::KeyringRequest),
+    AclResolve(AclResolveRequest),
     Vote(VoteRequest<u64>),
     InstallSnapshot(Box<InstallSnapshotRequest<TypeConfig>>),
     StatusPeers,
@@ -293,6 +296,7 @@ impl Incoming {
             | Incoming::Http(_)
             | Incoming::NodeAllocs(_)
             | Incoming::Server(_)
+            | Incoming::AclResolve(_)
             | Incoming::StatusPeers => CallerRole::Node,
             Incoming::Attached(_)
             | Incoming::ClientCsi(_)
@@ -353,6 +357,7 @@ pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, b
         RequestBody::RaftPreVote(payload) => Incoming::PreVote(decode(&payload.json)?),
         RequestBody::RaftReadIndex(_) => Incoming::ReadIndex,
         RequestBody::Keyring(payload) => Incoming::Keyring(decode(&payload.json)?),
+        RequestBody::AclResolve(payload) => Incoming::AclResolve(decode(&payload.json)?),
         RequestBody::RaftStand(payload) => Incoming::Stand(serde_json::from_slice(&payload.json).ok()),
         RequestBody::RaftVote(payload) => Incoming::Vote(decode(&payload.json)?),
         RequestBody::RaftInstallSnapshot(payload) => Incoming::InstallSnapshot(decode(&payload.json)?),
@@ -420,6 +425,11 @@ impl Service {
         let incoming = match incoming {
             Incoming::Attached(request) => return self.deliver_attached(*request).await,
             Incoming::Keyring(request) if self.raft.is_some() => return self.keyring_local(&request),
+            Incoming::AclResolve(request) => {
+                return self.acl_resolve_local(&request).unwrap_or_else(|| {
+                    error_response(ErrorKind::Invalid, "this agent is not a server", String::new())
+                });
+            }
             Incoming::ClientCsi(request) => return self.client_csi(request).await,
             // An operator's request for one of a client's allocations (`relay.rs`).
             Incoming::ClientAlloc(request) => return self.relayed(request, forwarded).await,
@@ -523,6 +533,7 @@ impl Service {
             | Incoming::ClientStats(_)
             | Incoming::Http(_)
             | Incoming::NodeAllocs(_)
+            | Incoming::AclResolve(_)
             | Incoming::Server(_) => unreachable!("answered by Service::answer"),
             Incoming::Keyring(_) => error_response(ErrorKind::Invalid, "this agent is not a server", String::new()),
         }

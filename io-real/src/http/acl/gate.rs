@@ -188,11 +188,48 @@ impl Cache {
     }
 }
 
-/// The gate's state: the agent and its cache.
+/// Tokens a client-only agent had a server resolve, each kept `acl { token_ttl }` (Nomad's
+/// client agents cache the same way): a token deleted on the servers stops working here
+/// within that long, an expired one at once.
+#[derive(Default)]
+pub struct RemoteCache(Mutex<BTreeMap<String, (tokio::time::Instant, drover_core::acl::ResolvedToken)>>);
+
+impl RemoteCache {
+    /// The ACL of `secret`, asked of a server unless held fresh; `Err` when no server answered.
+    pub async fn resolve(&self, handle: &AgentHandle, secret: &str) -> Result<Result<Acl, ResolveError>, String> {
+        let ttl = handle.config().acl.token_ttl;
+        let now = tokio::time::Instant::now();
+        let held = self.0.lock().expect("ACL cache").get(secret).cloned();
+        let token = match held {
+            Some((at, token)) if now.saturating_duration_since(at) < ttl => token,
+            _ => match handle.acl_resolve(secret).await? {
+                Ok(token) => {
+                    let mut held = self.0.lock().expect("ACL cache");
+                    if held.len() >= CACHE_MAX {
+                        held.clear();
+                    }
+                    held.insert(secret.to_string(), (now, token.clone()));
+                    token
+                }
+                Err(error) => return Ok(Err(error)),
+            },
+        };
+        if token
+            .expires_ms
+            .is_some_and(|expires| crate::clock::unix_millis() >= expires)
+        {
+            return Ok(Err(ResolveError::Expired));
+        }
+        Ok(Ok(token.acl()))
+    }
+}
+
+/// The gate's state: the agent and its caches.
 #[derive(Clone)]
 pub struct Gate {
     pub handle: AgentHandle,
     pub cache: Arc<Cache>,
+    pub remote: Arc<RemoteCache>,
 }
 
 fn denied(text: &str) -> Response {
@@ -210,14 +247,22 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         return next.run(request).await;
     }
     let secret = token_of(request.headers());
-    let Some(resolved) = gate.cache.resolve(&gate.handle, &secret) else {
+    let resolved = match gate.cache.resolve(&gate.handle, &secret) {
+        Some(resolved) => resolved,
         // A client-only agent holds no ACLs: what it hands to a server is checked there (the
-        // token goes along); what it would answer itself is refused.
-        return if path.starts_with("/v1/client/") {
-            denied(PERMISSION_DENIED)
-        } else {
-            next.run(request).await
-        };
+        // token goes along); what it answers itself is checked here, the token resolved by a
+        // server.
+        None if path.starts_with("/v1/client/") => match gate.remote.resolve(&gate.handle, &secret).await {
+            Ok(resolved) => resolved,
+            Err(error) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("cannot resolve the ACL token: no server answered: {error}"),
+                )
+                    .into_response();
+            }
+        },
+        None => return next.run(request).await,
     };
     let acl = match resolved {
         Ok(acl) => acl,
