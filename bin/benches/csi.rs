@@ -167,6 +167,7 @@ async fn cycle(client: &FakeClient, leader: SocketAddr, volume: &str, alloc: &st
         .request(
             leader,
             ServerRequest::VolumeClaim {
+                secret_id: String::new(),
                 namespace: "default".into(),
                 volume_id: volume.into(),
                 claim: client.claim(alloc, ClaimState::Taken),
@@ -186,6 +187,7 @@ async fn cycle(client: &FakeClient, leader: SocketAddr, volume: &str, alloc: &st
         .request(
             leader,
             ServerRequest::VolumeUnpublish {
+                secret_id: String::new(),
                 namespace: "default".into(),
                 volume_id: volume.into(),
                 claim: client.claim(alloc, ClaimState::Unpublishing),

@@ -89,6 +89,7 @@ fn claims_and_releases_survive_a_leader_kill() {
                 allocs: vec![client.alloc(&alloc)],
             },
             ServerRequest::VolumeClaim {
+                secret_id: String::new(),
                 namespace: "default".into(),
                 volume_id: volume.into(),
                 claim: client.claim(&alloc, ClaimState::Taken),
@@ -98,6 +99,7 @@ fn claims_and_releases_survive_a_leader_kill() {
                 client_status: ClientStatus::Complete,
             },
             ServerRequest::VolumeUnpublish {
+                secret_id: String::new(),
                 namespace: "default".into(),
                 volume_id: volume.into(),
                 claim: client.claim(&alloc, ClaimState::Unpublishing),

@@ -260,6 +260,7 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
     let claimed = ok(
         &handle,
         ServerRequest::VolumeClaim {
+            secret_id: String::new(),
             namespace: "default".into(),
             volume_id: "vol0".into(),
             claim: claim(ClaimState::Taken),
@@ -294,6 +295,7 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
     ok(
         &handle,
         ServerRequest::VolumeUnpublish {
+            secret_id: String::new(),
             namespace: "default".into(),
             volume_id: "vol0".into(),
             claim: claim(ClaimState::Unpublishing),

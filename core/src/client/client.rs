@@ -858,7 +858,17 @@ impl Client {
     }
 
     pub fn poll_action(&mut self) -> Option<ClientAction> {
-        self.actions.pop_front()
+        let mut action = self.actions.pop_front()?;
+        // Claims and releases are made by allocation runners, which do not hold the node's
+        // secret: it goes on here, as every call a client makes for its node carries it.
+        if let ClientAction::Io {
+            io: Io::Server(request),
+            ..
+        } = &mut action
+        {
+            request.stamp_node_secret(self.link.secret_id());
+        }
+        Some(action)
     }
 }
 

@@ -116,11 +116,17 @@ pub enum ServerRequest {
         namespace: String,
         volume_id: String,
         claim: CsiVolumeClaim,
+        /// The claiming node's secret (stamped by the client, [`ServerRequest::stamp_node_secret`]).
+        #[serde(default)]
+        secret_id: String,
     },
     VolumeUnpublish {
         namespace: String,
         volume_id: String,
         claim: CsiVolumeClaim,
+        /// The releasing node's secret.
+        #[serde(default)]
+        secret_id: String,
     },
     VolumeDetach {
         namespace: String,
@@ -153,6 +159,14 @@ impl ServerRequest {
     /// The node a client's own call speaks for, and the secret it presents: checked against the
     /// node's stored secret before the call is served (`DeriveSiToken` checks its own, with
     /// Nomad's `SecretID mismatch`).
+    /// Sets the node secret a client presents on a request it makes for its node, where the
+    /// maker (an allocation runner) does not hold the secret itself.
+    pub fn stamp_node_secret(&mut self, secret: &str) {
+        if let ServerRequest::VolumeClaim { secret_id, .. } | ServerRequest::VolumeUnpublish { secret_id, .. } = self {
+            *secret_id = secret.to_string();
+        }
+    }
+
     pub fn node_credential(&self) -> Option<(&str, &str)> {
         match self {
             ServerRequest::NodeUpdateStatus { node_id, secret_id, .. }
@@ -160,6 +174,8 @@ impl ServerRequest {
             | ServerRequest::NodeUpdateDrivers { node_id, secret_id, .. }
             | ServerRequest::NodeEmitEvents { node_id, secret_id, .. }
             | ServerRequest::AllocClientUpdates { node_id, secret_id, .. } => Some((node_id, secret_id)),
+            ServerRequest::VolumeClaim { claim, secret_id, .. }
+            | ServerRequest::VolumeUnpublish { claim, secret_id, .. } => Some((&claim.node_id, secret_id)),
             ServerRequest::NodeRegister { node } => Some((&node.id, &node.secret_id)),
             _ => None,
         }

@@ -123,6 +123,7 @@ impl AllocRunner {
             state: ClaimState::Taken,
         };
         let io = Io::Server(ServerRequest::VolumeClaim {
+            secret_id: String::new(),
             namespace: self.spec.alloc.namespace.clone(),
             volume_id: request.source_for(self.spec.alloc.index()),
             claim,
@@ -293,6 +294,7 @@ impl AllocRunner {
             VolumeRelease::Unmount | VolumeRelease::Unpublish => {
                 release.step = VolumeRelease::Unpublish;
                 Io::Server(ServerRequest::VolumeUnpublish {
+                    secret_id: String::new(),
                     namespace: stub.namespace.clone(),
                     volume_id: stub.volume_id.clone(),
                     claim: CsiVolumeClaim {

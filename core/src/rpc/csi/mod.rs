@@ -176,6 +176,7 @@ impl CsiEndpoints {
                 namespace,
                 volume_id,
                 claim,
+                ..
             } => {
                 if self.faults.claims_not_idempotent && holds_claim(state, &namespace, &volume_id, &claim) {
                     let refused = RpcError::refused(crate::csi::claims::ClaimError::MaxClaimsReached.to_string());
@@ -203,6 +204,7 @@ impl CsiEndpoints {
                 namespace,
                 volume_id,
                 claim,
+                ..
             } => {
                 self.start_unpublish(now, Waiter::Request(req), (namespace, volume_id), claim, state, out);
                 None

@@ -38,6 +38,7 @@ fn controller_calls_are_serialised_per_plugin() {
     h.request(
         2,
         ServerRequest::VolumeClaim {
+            secret_id: String::new(),
             namespace: "default".into(),
             volume_id: "w".into(),
             claim: claim("a2", "n2", ClaimMode::Write, ClaimState::Taken),
@@ -76,6 +77,7 @@ fn unpublish_walks_node_then_controller_committing_each_step() {
     h.request(
         2,
         ServerRequest::VolumeUnpublish {
+            secret_id: String::new(),
             namespace: "default".into(),
             volume_id: "v".into(),
             claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
@@ -102,6 +104,7 @@ fn unpublish_walks_node_then_controller_committing_each_step() {
     h.request(
         3,
         ServerRequest::VolumeUnpublish {
+            secret_id: String::new(),
             namespace: "default".into(),
             volume_id: "v".into(),
             claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
@@ -119,6 +122,7 @@ fn a_client_that_never_answers_fails_the_walk_at_the_deadline_and_the_watcher_re
     h.request(1, take("a1", "n1"));
     h.answer(0, Ok(ClientCsiReply::Done));
     let unpublish = || ServerRequest::VolumeUnpublish {
+        secret_id: String::new(),
         namespace: "default".into(),
         volume_id: "v".into(),
         claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
@@ -233,6 +237,7 @@ fn a_down_node_is_skipped_and_concurrent_unpublishes_share_one_walk() {
     });
     h.log.clear();
     let unpublish = ServerRequest::VolumeUnpublish {
+        secret_id: String::new(),
         namespace: "default".into(),
         volume_id: "v".into(),
         claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
@@ -313,4 +318,38 @@ fn detach_releases_every_claim_of_the_volume_on_the_node() {
     h.answer(0, Ok(ClientCsiReply::Done));
     assert!(matches!(h.replies.last(), Some((2, ServerReply::Done { .. }))));
     assert!(h.fx.state.volume("default", "v").unwrap().write_claims.is_empty());
+}
+
+#[test]
+fn a_claim_or_release_for_another_nodes_secret_is_refused_before_any_plugin_call() {
+    let mut h = Harness::new();
+    let mut node = h.fx.state.node("n1").unwrap().clone();
+    node.secret_id = "s1".into();
+    h.fx.ok(Command::NodeRegister { node });
+    let claim_with = |secret: &str| ServerRequest::VolumeClaim {
+        secret_id: secret.into(),
+        namespace: "default".into(),
+        volume_id: "w".into(),
+        claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Taken),
+    };
+    h.request(1, claim_with("stolen"));
+    let Some((1, ServerReply::Error(error))) = h.replies.last().cloned() else {
+        panic!("{:?}", h.replies)
+    };
+    assert_eq!(error.message, "node secret ID does not match");
+    assert!(h.calls.is_empty(), "no controller call for a refused claim");
+    let release = ServerRequest::VolumeUnpublish {
+        secret_id: "stolen".into(),
+        namespace: "default".into(),
+        volume_id: "w".into(),
+        claim: claim("a1", "n1", ClaimMode::Write, ClaimState::Unpublishing),
+    };
+    h.request(2, release);
+    assert!(
+        matches!(h.replies.last(), Some((2, ServerReply::Error(error))) if error.message == "node secret ID does not match"),
+        "{:?}",
+        h.replies
+    );
+    h.request(3, claim_with("s1"));
+    assert_eq!(h.calls.len(), 1, "the node's own claim reaches the controller");
 }

@@ -105,6 +105,7 @@ pub(super) fn kind(request: &ClientCsiRequest) -> &'static str {
 
 pub(super) fn take(alloc: &str, node: &str) -> ServerRequest {
     ServerRequest::VolumeClaim {
+        secret_id: String::new(),
         namespace: "default".into(),
         volume_id: "v".into(),
         claim: claim(alloc, node, ClaimMode::Write, ClaimState::Taken),
