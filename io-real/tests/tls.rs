@@ -221,6 +221,22 @@ async fn https_serves_the_api_and_a_reload_changes_certificates_without_dropping
         "{unknown:?}"
     );
 
+    // Plain HTTP to the HTTPS port is told so.
+    let mut plain = tokio::net::TcpStream::connect(("127.0.0.1", server.http))
+        .await
+        .unwrap();
+    plain
+        .write_all(b"GET /v1/status/leader HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    plain.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.0 400 Bad Request"), "{answer}");
+    assert!(
+        answer.ends_with("Client sent an HTTP request to an HTTPS server.\n"),
+        "{answer}"
+    );
+
     // A peer of the first CA holds a connection open across the reload.
     let peer = GrpcTransport::default().with_tls(first.agent_tls(Role::Server));
     call(&peer, server.rpc, peers_request()).await.unwrap();

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use crate::sockets::Sockets;
 use crate::tls::agent::AgentTls;
-use crate::tls::stream::MaybeTls;
+use crate::tls::stream::{MaybeTls, Prefixed, sniff};
 
 /// Bounds on what one client can make the HTTP API hold.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,17 +96,14 @@ pub(super) async fn accept_loop<S: Sockets>(
                 let peer = accepted.peer;
                 tokio::spawn(async move {
                     let stream = match tls {
-                        None => MaybeTls::Plain(accepted.stream),
-                        Some(tls) => {
-                            let config = tls.http_server_config();
-                            match crate::tls::stream::accept(accepted.stream, config, limits.handshake_timeout).await {
-                                Ok(stream) => stream,
-                                Err(error) => {
-                                    tracing::debug!(%peer, %error, "HTTPS handshake failed");
-                                    return;
-                                }
+                        None => MaybeTls::Plain(Prefixed::new(accepted.stream)),
+                        Some(tls) => match https(accepted.stream, &tls, limits.handshake_timeout).await {
+                            Ok(stream) => stream,
+                            Err(error) => {
+                                tracing::debug!(%peer, %error, "HTTPS handshake failed");
+                                return;
                             }
-                        }
+                        },
                     };
                     serve_connection(stream, app, limits, slot).await;
                 });
@@ -116,6 +113,35 @@ pub(super) async fn accept_loop<S: Sockets>(
             }
         }
     }
+}
+
+/// The TLS side of an HTTPS connection; a client speaking plain HTTP to it is told so, as Go's
+/// servers (and so Nomad's) do, rather than left with a closed connection.
+async fn https<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    stream: S,
+    tls: &AgentTls,
+    timeout: Duration,
+) -> std::io::Result<MaybeTls<Prefixed<S>>> {
+    let (is_tls, mut stream) = sniff(stream, timeout).await?;
+    if !is_tls {
+        let text = "Client sent an HTTP request to an HTTPS server.\n";
+        let response = format!(
+            "HTTP/1.0 400 Bad Request\r\n{}: text/plain\r\n{}: {}\r\nConnection: close\r\n\r\n{text}",
+            header::CONTENT_TYPE,
+            header::CONTENT_LENGTH,
+            text.len()
+        );
+        let _ = tokio::time::timeout(Duration::from_secs(1), async {
+            stream.write_all(response.as_bytes()).await?;
+            stream.shutdown().await
+        })
+        .await;
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "plain HTTP to the HTTPS port",
+        ));
+    }
+    crate::tls::stream::accept(stream, tls.http_server_config(), timeout).await
 }
 
 async fn serve_connection<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static>(

@@ -120,3 +120,71 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for MaybeTls<S> {
         }
     }
 }
+
+/// A TLS connection opens with a handshake record.
+const TLS_HANDSHAKE_RECORD: u8 = 22;
+
+/// A stream whose first byte was read already (to tell TLS from plaintext), given back first.
+pub struct Prefixed<S> {
+    first: Option<u8>,
+    inner: S,
+}
+
+impl<S> Prefixed<S> {
+    pub fn new(inner: S) -> Self {
+        Prefixed { first: None, inner }
+    }
+}
+
+/// Reads the first byte of `stream` (within `timeout`, 0: no limit): whether it opens a TLS
+/// handshake, and the stream with that byte put back.
+pub async fn sniff<S: AsyncRead + Unpin>(mut stream: S, timeout: Duration) -> io::Result<(bool, Prefixed<S>)> {
+    use tokio::io::AsyncReadExt;
+    let mut byte = [0u8; 1];
+    let read = match tokio::time::timeout(bounded(timeout), stream.read(&mut byte)).await {
+        Ok(read) => read?,
+        Err(_) => return Err(timed_out("inbound", timeout)),
+    };
+    if read == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "closed before a byte was sent",
+        ));
+    }
+    Ok((
+        byte[0] == TLS_HANDSHAKE_RECORD,
+        Prefixed {
+            first: Some(byte[0]),
+            inner: stream,
+        },
+    ))
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(byte) = this.first.take() {
+            if buf.remaining() == 0 {
+                this.first = Some(byte);
+                return Poll::Ready(Ok(()));
+            }
+            buf.put_slice(&[byte]);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
+    }
+}
