@@ -268,6 +268,12 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         Ok(acl) => acl,
         Err(error) => return denied(&error.to_string()),
     };
+    if every_namespace(&request, &need) && !acl.is_management() {
+        // `?namespace=*`: the list, less what the token may not see (Nomad's allowed
+        // namespaces), item by item.
+        let response = next.run(request).await;
+        return only_allowed_namespaces(response, |namespace| need.allowed(&acl, &[namespace.to_string()])).await;
+    }
     let request = scoped_to_default(request, &need);
     let (request, namespaces) = match namespaces_of(request, &need).await {
         Ok(found) => found,
@@ -278,6 +284,42 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
     } else {
         denied(PERMISSION_DENIED)
     }
+}
+
+/// A namespaced read of every namespace (`GET ...?namespace=*`).
+fn every_namespace(request: &Request, need: &Need) -> bool {
+    *request.method() == Method::GET
+        && matches!(need, Need::Namespace(_) | Need::NamespaceAny(_))
+        && query_param(request.uri().query(), "namespace").as_deref() == Some("*")
+}
+
+/// The largest list body the gate filters (a bigger one is refused rather than shown whole).
+const LIST_FILTER_MAX: usize = 256 << 20;
+
+/// `response`'s JSON list without the items in namespaces `allowed` refuses (an item without a
+/// `Namespace` is in `default`); anything but a JSON list passes as it is.
+async fn only_allowed_namespaces(response: Response, allowed: impl Fn(&str) -> bool) -> Response {
+    if response.status() != StatusCode::OK {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, LIST_FILTER_MAX).await else {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the list is too large to filter by namespace",
+        )
+            .into_response();
+    };
+    let Ok(serde_json::Value::Array(items)) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
+    let kept: Vec<serde_json::Value> = items
+        .into_iter()
+        .filter(|item| allowed(item.get("Namespace").and_then(|ns| ns.as_str()).unwrap_or("default")))
+        .collect();
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    let body = serde_json::to_vec(&kept).expect("a JSON list serializes");
+    Response::from_parts(parts, axum::body::Body::from(body))
 }
 
 /// A namespaced read without `?namespace=` is Nomad's `default` namespace, and is made so
