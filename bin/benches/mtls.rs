@@ -12,48 +12,17 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use drover_io_real::io::Transport;
 use drover_io_real::net::GrpcTransport;
 use drover_io_real::service::envelope;
-use drover_io_real::tls::agent::{AgentTls, TlsSettings};
-use drover_io_real::tls::issue::{self, CertRequest, Role};
+use drover_io_real::tls::agent::AgentTls;
+use drover_io_real::tls::issue::Role;
 use drover_proto::agent::v1::StatusPeersRequest;
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
-use support::{Agent, cluster_specs, http, server_args, wait_for};
-
-/// A CA and a server and a client certificate under `dir`; the settings presenting `role`'s.
-fn pki(dir: &Path) -> impl Fn(Role) -> TlsSettings + use<> {
-    std::fs::create_dir_all(dir).unwrap();
-    let ca = issue::create_ca("bench CA", 2).unwrap();
-    std::fs::write(dir.join("ca.pem"), &ca.cert_pem).unwrap();
-    for role in [Role::Server, Role::Client] {
-        let request = CertRequest {
-            role,
-            region: "global",
-            domain: "nomad",
-            days: 2,
-            extra_dns: &[],
-            extra_ips: &[],
-        };
-        let issued = issue::create_cert(&ca.cert_pem, &ca.key_pem, &request).unwrap();
-        std::fs::write(dir.join(format!("{}.pem", role.as_str())), issued.cert_pem).unwrap();
-        std::fs::write(dir.join(format!("{}-key.pem", role.as_str())), issued.key_pem).unwrap();
-    }
-    let dir = dir.to_path_buf();
-    move |role: Role| TlsSettings {
-        http: false,
-        rpc: true,
-        ca_file: dir.join("ca.pem").display().to_string(),
-        cert_file: dir.join(format!("{}.pem", role.as_str())).display().to_string(),
-        key_file: dir.join(format!("{}-key.pem", role.as_str())).display().to_string(),
-        verify_server_hostname: true,
-        verify_https_client: false,
-    }
-}
+use support::{Agent, cluster_specs, http, server_args, tls, wait_for};
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
@@ -65,20 +34,12 @@ fn main() {
         .find_map(|arg| arg.parse().ok())
         .unwrap_or(2_000);
     let root = tempfile::tempdir().unwrap();
-    let settings = pki(&root.path().join("pki"));
+    let pki = tls::pki(&root.path().join("pki"), "bench CA");
     let plain_specs = cluster_specs(&root.path().join("plain"), 1);
     let tls_specs = cluster_specs(&root.path().join("tls"), 1);
     std::fs::create_dir_all(&tls_specs[0].data_dir).unwrap();
-    let server = settings(Role::Server);
     let config = tls_specs[0].data_dir.join("tls.hcl");
-    std::fs::write(
-        &config,
-        format!(
-            "tls {{\n  rpc = true\n  ca_file = \"{}\"\n  cert_file = \"{}\"\n  key_file = \"{}\"\n  verify_server_hostname = true\n}}\n",
-            server.ca_file, server.cert_file, server.key_file
-        ),
-    )
-    .unwrap();
+    std::fs::write(&config, tls::block(&tls::settings(&pki, Role::Server))).unwrap();
     let mut tls_args = server_args(&tls_specs, 0);
     tls_args.push(format!("-config={}", config.display()));
     let plain = Agent::start(plain_specs[0].clone(), server_args(&plain_specs, 0));
@@ -87,7 +48,7 @@ fn main() {
         wait_for(Duration::from_secs(30), || http("GET", port, "/v1/jobs", None))
             .unwrap_or_else(|| panic!("the server answers:\n{}", agent.log()));
     }
-    let client_tls = Arc::new(AgentTls::load(settings(Role::Client), "global").unwrap());
+    let client_tls = Arc::new(AgentTls::load(tls::settings(&pki, Role::Client), "global").unwrap());
     let addr = |spec: &support::ServerSpec| -> SocketAddr { format!("127.0.0.1:{}", spec.rpc).parse().unwrap() };
     let (plain_addr, tls_addr) = (addr(&plain_specs[0]), addr(&tls_specs[0]));
 

@@ -10,7 +10,7 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,55 +19,22 @@ use drover_core::structs::{AllocClientReport, ClientStatus, Node, NodeStatus};
 use drover_io_real::io::Transport;
 use drover_io_real::net::GrpcTransport;
 use drover_io_real::service::{server_envelope, server_reply};
-use drover_io_real::tls::agent::{AgentTls, TlsSettings};
-use drover_io_real::tls::issue::{self, CertRequest, Role};
+use drover_io_real::tls::agent::AgentTls;
+use drover_io_real::tls::issue::Role;
 use serde_json::{Value, json};
-use support::{AGENT, Agent, ChildGuard, ServerSpec, agreed_leader, cluster_specs, free_ports, server_args, wait_for};
+use support::{
+    AGENT, Agent, ChildGuard, ServerSpec, agreed_leader, cluster_specs, free_ports, server_args, tls, wait_for,
+};
 
 const KEY: &str = "HS5lJ+XuTlYKWaeGYyG+/A==";
 const NEW_KEY: &str = "8lS1oyLqaQtjcGsi7XTnSk+0dsg6qDz7wE3SKkK3zYk=";
 const OTHER_KEY: &str = "T9jncgl9mbLus+baTTa7q7nPSUrXwbDi2dhbtqir37s=";
 
-/// A CA under `dir` with a certificate per role: `<role>.pem`, `<role>-key.pem`, `ca.pem`.
-fn pki(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let ca = issue::create_ca("test CA", 30).unwrap();
-    std::fs::write(dir.join("ca.pem"), &ca.cert_pem).unwrap();
-    for role in [Role::Server, Role::Client] {
-        let request = CertRequest {
-            role,
-            region: "global",
-            domain: "nomad",
-            days: 30,
-            extra_dns: &[],
-            extra_ips: &[],
-        };
-        let issued = issue::create_cert(&ca.cert_pem, &ca.key_pem, &request).unwrap();
-        std::fs::write(dir.join(format!("{}.pem", role.as_str())), issued.cert_pem).unwrap();
-        std::fs::write(dir.join(format!("{}-key.pem", role.as_str())), issued.key_pem).unwrap();
-    }
-    dir.to_path_buf()
-}
-
-fn tls_settings(pki: &Path, role: Role) -> TlsSettings {
-    let file = |name: String| pki.join(name).display().to_string();
-    TlsSettings {
-        http: false,
-        rpc: true,
-        ca_file: file("ca.pem".into()),
-        cert_file: file(format!("{}.pem", role.as_str())),
-        key_file: file(format!("{}-key.pem", role.as_str())),
-        verify_server_hostname: true,
-        verify_https_client: false,
-    }
-}
-
 /// The agent config file: ACLs, mutual TLS with `role`'s certificate, and (servers) `key`.
 fn config(dir: &Path, name: &str, pki: &Path, role: Role, key: Option<&str>) -> String {
-    let tls = tls_settings(pki, role);
     let mut text = format!(
-        "acl {{\n  enabled = true\n}}\ntls {{\n  rpc = true\n  ca_file = \"{}\"\n  cert_file = \"{}\"\n  key_file = \"{}\"\n  verify_server_hostname = true\n}}\n",
-        tls.ca_file, tls.cert_file, tls.key_file
+        "acl {{\n  enabled = true\n}}\n{}",
+        tls::block(&tls::settings(pki, role))
     );
     if let Some(key) = key {
         text.push_str(&format!("server {{\n  encrypt = \"{key}\"\n}}\n"));
@@ -167,8 +134,8 @@ fn alive_members(port: u16, token: &str) -> Option<usize> {
 #[test]
 fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsiders() {
     let root = tempfile::tempdir().unwrap();
-    let pki = pki(&root.path().join("pki"));
-    let rogue_pki = pki_named(root.path(), "rogue-pki");
+    let pki = tls::pki(&root.path().join("pki"), "test CA");
+    let rogue_pki = tls::pki(&root.path().join("rogue-pki"), "rogue CA");
     let specs = cluster_specs(root.path(), 3);
     let servers: Vec<Agent> = (0..3)
         .map(|i| {
@@ -253,11 +220,6 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
     drop(client);
 }
 
-/// A second CA with its own certificates.
-fn pki_named(root: &Path, name: &str) -> PathBuf {
-    pki(&root.join(name))
-}
-
 /// Table: each endpoint family refuses no token, a wrong token and a token without the
 /// capability, and answers one with it. Returns the read-only token.
 fn refuses_by_token(port: u16, management: &str) -> String {
@@ -325,7 +287,7 @@ fn client_agent_checks_tokens(port: u16, alloc_id: &str, management: &str, reade
 /// a server's call.
 fn refuses_by_certificate(pki: &Path, rogue_pki: &Path, server: &ServerSpec) {
     let to: SocketAddr = format!("127.0.0.1:{}", server.rpc).parse().unwrap();
-    let rogue = Arc::new(AgentTls::load(tls_settings(rogue_pki, Role::Server), "global").unwrap());
+    let rogue = Arc::new(AgentTls::load(tls::settings(rogue_pki, Role::Server), "global").unwrap());
     let request = ServerRequest::AllocClientUpdates {
         node_id: "n".into(),
         secret_id: "s".into(),
@@ -334,7 +296,7 @@ fn refuses_by_certificate(pki: &Path, rogue_pki: &Path, server: &ServerSpec) {
     let error = rpc(&rogue, to, &request).unwrap_err();
     assert!(error.contains("cannot reach"), "{error}");
 
-    let client = Arc::new(AgentTls::load(tls_settings(pki, Role::Client), "global").unwrap());
+    let client = Arc::new(AgentTls::load(tls::settings(pki, Role::Client), "global").unwrap());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -364,7 +326,7 @@ fn refuses_another_nodes_allocation(
     port: u16,
     management: &str,
 ) {
-    let tls = Arc::new(AgentTls::load(tls_settings(pki, Role::Client), "global").unwrap());
+    let tls = Arc::new(AgentTls::load(tls::settings(pki, Role::Client), "global").unwrap());
     let to: SocketAddr = format!("127.0.0.1:{}", specs[1].rpc).parse().unwrap();
     let failed = vec![AllocClientReport {
         alloc_id: alloc_id.to_string(),

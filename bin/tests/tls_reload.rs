@@ -5,31 +5,12 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_io_real::tls::issue::{self, CertRequest, Role};
-use support::{Agent, cluster_specs, server_args, wait_for};
-
-/// A CA and a server certificate under `dir`.
-fn pki(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let ca = issue::create_ca("reload CA", 2).unwrap();
-    std::fs::write(dir.join("ca.pem"), &ca.cert_pem).unwrap();
-    let request = CertRequest {
-        role: Role::Server,
-        region: "global",
-        domain: "nomad",
-        days: 2,
-        extra_dns: &[],
-        extra_ips: &[],
-    };
-    let issued = issue::create_cert(&ca.cert_pem, &ca.key_pem, &request).unwrap();
-    std::fs::write(dir.join("server.pem"), issued.cert_pem).unwrap();
-    std::fs::write(dir.join("server-key.pem"), issued.key_pem).unwrap();
-    dir.to_path_buf()
-}
+use drover_io_real::tls::issue::Role;
+use support::{Agent, cluster_specs, server_args, tls, wait_for};
 
 /// `GET path` over HTTPS trusting only `ca`: the status, or why the request failed.
 fn https_status(port: u16, ca: &Path, path: &str) -> Result<u16, String> {
@@ -55,8 +36,8 @@ fn https_status(port: u16, ca: &Path, path: &str) -> Result<u16, String> {
 #[test]
 fn sighup_reloads_the_certificates_and_a_broken_file_keeps_the_old_ones() {
     let root = tempfile::tempdir().unwrap();
-    let first = pki(&root.path().join("first"));
-    let second = pki(&root.path().join("second"));
+    let first = tls::pki(&root.path().join("first"), "first CA");
+    let second = tls::pki(&root.path().join("second"), "second CA");
     let live = root.path().join("live");
     std::fs::create_dir_all(&live).unwrap();
     let install = |from: &Path| {
@@ -68,14 +49,9 @@ fn sighup_reloads_the_certificates_and_a_broken_file_keeps_the_old_ones() {
     let specs = cluster_specs(root.path(), 1);
     std::fs::create_dir_all(&specs[0].data_dir).unwrap();
     let config = specs[0].data_dir.join("tls.hcl");
-    std::fs::write(
-        &config,
-        format!(
-            "tls {{\n  http = true\n  rpc = true\n  ca_file = \"{0}/ca.pem\"\n  cert_file = \"{0}/server.pem\"\n  key_file = \"{0}/server-key.pem\"\n  verify_server_hostname = true\n}}\n",
-            live.display()
-        ),
-    )
-    .unwrap();
+    let mut settings = tls::settings(&live, Role::Server);
+    settings.http = true;
+    std::fs::write(&config, tls::block(&settings)).unwrap();
     let mut args = server_args(&specs, 0);
     args.push(format!("-config={}", config.display()));
     let mut agent = Agent::start(specs[0].clone(), args);
@@ -84,7 +60,6 @@ fn sighup_reloads_the_certificates_and_a_broken_file_keeps_the_old_ones() {
         (https_status(port, &first.join("ca.pem"), "/v1/status/leader") == Ok(200)).then_some(())
     })
     .unwrap_or_else(|| panic!("the agent serves HTTPS:\n{}", agent.log()));
-    // The second CA bears the same name, so the client sees a signature that does not verify.
     let refused = https_status(port, &second.join("ca.pem"), "/v1/status/leader");
     assert!(
         refused.as_ref().is_err_and(|e| e.contains("invalid peer certificate")),

@@ -64,11 +64,6 @@ impl Identity {
             Identity::Other => false,
         }
     }
-
-    /// Whether this identity is checked at all (TLS with role names).
-    pub fn names_a_role(self) -> bool {
-        matches!(self, Identity::Server | Identity::Client | Identity::Other)
-    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

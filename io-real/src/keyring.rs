@@ -257,10 +257,6 @@ impl Keyring {
         self.keys.iter().map(|key| key.text.clone()).collect()
     }
 
-    pub fn primary(&self) -> Option<String> {
-        self.keys.first().map(|key| key.text.clone())
-    }
-
     /// Adds a key (not yet used to seal); installing an installed key is a no-op.
     pub fn install(&mut self, text: &str) -> Result<(), KeyringError> {
         let key = Key::parse(text)?;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod csi;
+pub mod tls;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream, UdpSocket};

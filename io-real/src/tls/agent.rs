@@ -19,10 +19,7 @@ use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, RootCertStore, ServerConfig,
-    SignatureScheme,
-};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, DistinguishedName, ServerConfig, SignatureScheme};
 
 use super::{TlsError, certificates, private_key, provider};
 use crate::io::Identity;
@@ -72,7 +69,6 @@ impl TlsSettings {
 
 /// What one reload reads: the CA and this agent's certificate and key.
 struct Material {
-    roots: Arc<RootCertStore>,
     key: Arc<CertifiedKey>,
     client_verifier: Arc<dyn ClientCertVerifier>,
     server_verifier: Arc<WebPkiServerVerifier>,
@@ -80,13 +76,8 @@ struct Material {
 
 impl Material {
     fn read(settings: &TlsSettings, provider: &Arc<CryptoProvider>) -> Result<Material, TlsError> {
-        let mut roots = RootCertStore::empty();
-        for cert in certificates("ca_file", &settings.ca_file)? {
-            roots
-                .add(cert)
-                .map_err(|error| super::file_error("ca_file", &settings.ca_file, error))?;
-        }
-        let roots = Arc::new(roots);
+        // `check` made sure a CA file is named: never the host's roots here.
+        let roots = Arc::new(super::roots(&settings.ca_file)?);
         let chain = certificates("cert_file", &settings.cert_file)?;
         let key = CertifiedKey::from_der(chain, private_key(&settings.key_file)?, provider)
             .map_err(|error| super::file_error("key_file", &settings.key_file, error))?;
@@ -97,7 +88,6 @@ impl Material {
             .build()
             .map_err(|error| super::file_error("ca_file", &settings.ca_file, error))?;
         Ok(Material {
-            roots,
             key: Arc::new(key),
             client_verifier,
             server_verifier,
@@ -247,11 +237,6 @@ impl AgentTls {
         } else {
             Identity::Other
         }
-    }
-
-    /// The roots in use (for tests and `agent tls` checks).
-    pub fn roots(&self) -> Arc<RootCertStore> {
-        self.shared.current().roots.clone()
     }
 }
 
