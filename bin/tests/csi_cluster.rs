@@ -1,6 +1,8 @@
 //! Three real servers on loopback; volumes registered and read through the HTTP API, claimed
 //! and released by a fake client over real gRPC, while the leader is killed. Nothing
 //! acknowledged is lost and every release walks node unpublish before controller unpublish.
+//! The volumes' secrets are sealed at rest (no server's data dir holds them) and reach the
+//! client opened, from whichever server leads, before and after the kill.
 
 mod support;
 
@@ -108,9 +110,47 @@ fn claims_and_releases_survive_a_leader_kill() {
         for request in requests {
             let reply = runtime.block_on(client.request_any(&servers, request.clone()));
             assert!(done(&reply), "cycle {cycle}: {request:?} -> {reply:?}");
+            if let ServerReply::Claimed { volume, .. } = &reply {
+                assert_eq!(volume.secrets.get("token").map(String::as_str), Some("do-not-leak"));
+            }
         }
     }
     let killed = killed.unwrap();
+
+    // Every controller call carried the secrets opened, from the first leader and the next.
+    let secrets = client.secrets.lock().unwrap().clone();
+    assert!(secrets.len() >= 2 * CYCLES, "{} controller calls", secrets.len());
+    for seen in &secrets {
+        assert_eq!(seen.get("token").map(String::as_str), Some("do-not-leak"), "{seen:?}");
+    }
+    // At rest they are sealed: no file of any server holds them, though the volumes' ids are
+    // there to be found (the search would see them), and every server holds the root key.
+    for agent in &agents {
+        let files = files_under(&agent.spec.data_dir);
+        let holding = |needle: &[u8]| {
+            files
+                .iter()
+                .filter(|file| !file.starts_with(agent.spec.data_dir.join("server/keystore")))
+                .filter(|file| std::fs::read(file).is_ok_and(|bytes| bytes.windows(needle.len()).any(|w| w == needle)))
+                .count()
+        };
+        assert_eq!(
+            holding(b"do-not-leak"),
+            0,
+            "{}: a file holds the secret",
+            agent.spec.name
+        );
+        assert!(
+            holding(b"vol-a") > 0,
+            "{}: the search finds nothing at all",
+            agent.spec.name
+        );
+        let keys = files
+            .iter()
+            .filter(|file| file.to_string_lossy().ends_with(".nks.json"))
+            .count();
+        assert_eq!(keys, 1, "{}: root keys in the keystore", agent.spec.name);
+    }
 
     // Every acknowledged claim was published and released in CSI order, once.
     let calls = client.calls.lock().unwrap().clone();
@@ -170,4 +210,20 @@ fn claims_and_releases_survive_a_leader_kill() {
     assert!(body.is_some(), "restarted server caught up:\n{}", agents[killed].log());
     let (status_ok, list) = (true, agents[killed].get("/v1/volumes?type=csi").unwrap_or_default());
     assert!(status_ok && list.contains("vol-a") && list.contains("vol-b"), "{list}");
+}
+
+fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
 }

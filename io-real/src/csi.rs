@@ -70,6 +70,12 @@ use drover_core::structs::{AccessMode, AttachmentMode, CsiCapability, CsiControl
 use drover_proto::csi::v1 as csi;
 
 /// gRPC status codes the core's retry rules care about.
+/// Secrets reach a plugin opened by the server that sent them; a sealed map here would be
+/// ciphertext handed to the plugin as credentials, so the call is refused instead.
+fn sealed_refusal(call: &str) -> String {
+    format!("{call}: the volume's secrets arrived sealed (the server did not open them); not sent to the plugin")
+}
+
 pub fn status_error(call: &str, status: tonic::Status) -> IoError {
     let kind = match status.code() {
         tonic::Code::DeadlineExceeded => ErrorKind::Timeout,
@@ -162,6 +168,11 @@ impl CsiClient {
     pub async fn execute(&self, call: &CsiCall) -> Outcome {
         let name = call.name();
         let error = |status| status_error(name, status);
+        if let CsiCall::NodeStageVolume { secrets, .. } | CsiCall::NodePublishVolume { secrets, .. } = call
+            && secrets.is_sealed()
+        {
+            return Err(IoError::new(ErrorKind::Other, sealed_refusal(name)));
+        }
         let reply = match call.clone() {
             CsiCall::Probe => {
                 let response = self.identity().probe(csi::ProbeRequest {}).await.map_err(error)?;
@@ -320,6 +331,15 @@ impl CsiClient {
 
     /// A server's `ClientCSI` controller call, executed against this controller plugin.
     pub async fn controller_request(&self, request: &ClientCsiRequest) -> Result<ClientCsiReply, String> {
+        let sealed = match request {
+            ClientCsiRequest::ControllerAttach(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerDetach(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerValidate(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::NodeDetach(_) => false,
+        };
+        if sealed {
+            return Err(sealed_refusal("a controller call"));
+        }
         match request {
             ClientCsiRequest::ControllerAttach(request) => {
                 let response = self

@@ -63,6 +63,8 @@ pub enum StartError {
     Raft(String),
     #[error("gossip keyring: {0}")]
     Keyring(#[from] crate::keyring::KeyringError),
+    #[error("root keyring: {0}")]
+    RootKeys(#[from] crate::rootkeys::RootKeyError),
     #[error("failed to bind {what} on {addr}: {error}")]
     Bind {
         what: &'static str,
@@ -111,6 +113,7 @@ pub struct RaftSummary {
 }
 
 mod reads;
+mod sealed;
 pub use reads::ReadIndexBatcher;
 pub use reads::{READ_BARRIER_TIMEOUT, ReadError};
 
@@ -549,6 +552,11 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     } else {
         Keyring::default()
     }));
+    let keystore = if is_server {
+        root_keystore(&config)?
+    } else {
+        crate::rootkeys::Keystore::in_memory()
+    };
     let forward_transport = transport.clone();
     let attached_transport = transport.clone();
     let leader_contact: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
@@ -581,6 +589,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         pre_vote_quiet: config.server.timing.raft_failure_timeout / 2,
         read_index: ReadIndexBatcher::new(config.server.raft_faults),
         keyring: keyring.clone(),
+        keystore,
         observer: observer.clone(),
         skip_caller_check: config.server.raft_faults.skip_caller_check,
         attached: is_server.then(|| {
@@ -657,7 +666,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             raft: raft.clone(),
             applied: applied.clone(),
             changes,
-            service,
+            service: service.clone(),
             stop: Mutex::new(Some(stop_tx)),
             observer: observer.clone(),
         }),
@@ -681,6 +690,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         status: status_tx,
         leader_contact,
         peers: None,
+        service,
     };
     tokio::spawn(driver.run(inbox_rx, stop_rx));
     Ok(handle)
@@ -805,6 +815,8 @@ struct Driver<T: Transport, C, O> {
     leader_contact: Arc<Mutex<Option<tokio::time::Instant>>>,
     /// The Raft configuration's servers as last published, by the log id that set it.
     peers: Option<(Option<openraft::LogId<u64>>, Peers)>,
+    /// Opens the sealed values in what leaves this server (`sealed.rs`).
+    service: Service,
 }
 
 impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
@@ -888,6 +900,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let inbox = self.inbox.clone();
                 let observer = self.observer.clone();
                 let region = self.region.clone();
+                let service = self.service.clone();
                 let call = describe_call(&request);
                 let (task_node, task_call) = (node_id.clone(), call.clone());
                 self.client_calls.retain(|_, (task, _, _)| !task.is_finished());
@@ -896,8 +909,12 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     call: call.clone(),
                 });
                 let task = tokio::spawn(async move {
-                    let result = match rpc_addr.parse::<SocketAddr>() {
-                        Ok(addr) => {
+                    let result = match (
+                        rpc_addr.parse::<SocketAddr>(),
+                        sealed::open_request(&service, request).await,
+                    ) {
+                        (_, Err(error)) => Err(error),
+                        (Ok(addr), Ok(request)) => {
                             let envelope = client_csi_envelope(&region, &request);
                             // The core's deadline is the real one; this only bounds the task.
                             let timeout = agent::CLIENT_CSI_TIMEOUT + Duration::from_secs(5);
@@ -906,7 +923,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                                 Err(error) => Err(error.to_string()),
                             }
                         }
-                        Err(_) => Err(format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}")),
+                        (Err(_), Ok(_)) => Err(format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}")),
                     };
                     observer.record(AgentEvent::ClientCsiDone {
                         node_id,
@@ -944,9 +961,17 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     task.abort();
                 }
             }
-            rpc::Action::Reply { req, reply } => {
-                if let Some(slot) = self.replies.lock().expect("replies lock").remove(&req) {
-                    let _ = slot.send(reply);
+            rpc::Action::Reply { req, mut reply } => {
+                let slot = self.replies.lock().expect("replies lock").remove(&req);
+                if let Some(slot) = slot {
+                    if sealed::reply_is_sealed(&mut reply) {
+                        let service = self.service.clone();
+                        tokio::spawn(async move {
+                            let _ = slot.send(sealed::open_reply(&service, reply).await);
+                        });
+                    } else {
+                        let _ = slot.send(reply);
+                    }
                 }
             }
         }
@@ -1388,6 +1413,19 @@ fn gossip_keyring(config: &AgentConfig) -> Result<Keyring, crate::keyring::Keyri
         Some(key) => Keyring::with_key(key),
         None => Ok(Keyring::default()),
     }
+}
+
+/// A server's root keystore: `<data_dir>/server/keystore`; a simulation keeps it in memory.
+fn root_keystore(config: &AgentConfig) -> Result<crate::rootkeys::Keystore, StartError> {
+    #[cfg(not(madsim))]
+    if let Some(dir) = &config.data_dir {
+        let dir = std::path::Path::new(dir)
+            .join("server")
+            .join(crate::rootkeys::KEYSTORE_DIR);
+        return Ok(crate::rootkeys::Keystore::open(&dir)?);
+    }
+    let _ = config;
+    Ok(crate::rootkeys::Keystore::in_memory())
 }
 
 /// A short description of a `ClientCSI` call for the event trace.

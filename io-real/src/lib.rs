@@ -27,6 +27,7 @@ pub mod jobs;
 pub mod jobspec;
 pub mod keyring;
 pub mod raft;
+pub mod rootkeys;
 pub mod runtime;
 pub mod service;
 #[cfg(not(madsim))]

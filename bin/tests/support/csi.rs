@@ -9,7 +9,7 @@ use std::time::Duration;
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, CsiControllerInfo, CsiInfo, CsiNodeInfo,
-    CsiVolumeClaim, Node, NodeStatus,
+    CsiVolumeClaim, Node, NodeStatus, Secrets,
 };
 use drover_io_real::io::{RpcHandler, Transport};
 use drover_io_real::net::GrpcTransport;
@@ -22,7 +22,19 @@ pub struct FakeClient {
     pub node_id: String,
     pub rpc_addr: SocketAddr,
     pub calls: Arc<Mutex<Vec<String>>>,
+    /// The secrets each controller call carried, in order.
+    pub secrets: Arc<Mutex<Vec<Secrets>>>,
     transport: GrpcTransport,
+}
+
+/// The secrets a `ClientCSI` call carries (empty for a node detach).
+fn secrets_of(request: &ClientCsiRequest) -> Option<Secrets> {
+    match request {
+        ClientCsiRequest::ControllerValidate(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerAttach(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerDetach(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::NodeDetach(_) => None,
+    }
 }
 
 fn answer(request: &ClientCsiRequest) -> (String, ClientCsiReply) {
@@ -47,9 +59,12 @@ fn answer(request: &ClientCsiRequest) -> (String, ClientCsiReply) {
 impl FakeClient {
     pub async fn start(node_id: &str, port: u16) -> FakeClient {
         let calls: Arc<Mutex<Vec<String>>> = Arc::new(Mutex::new(Vec::new()));
+        let secrets: Arc<Mutex<Vec<Secrets>>> = Arc::default();
         let recorded = calls.clone();
+        let recorded_secrets = secrets.clone();
         let handler: RpcHandler = Arc::new(move |_caller, request| {
             let recorded = recorded.clone();
+            let recorded_secrets = recorded_secrets.clone();
             Box::pin(async move {
                 let Some(RequestBody::ClientCsi(payload)) = request.body else {
                     return AgentResponse {
@@ -60,6 +75,9 @@ impl FakeClient {
                 let request: ClientCsiRequest = serde_json::from_slice(&payload.json).expect("client csi request");
                 let (name, reply) = answer(&request);
                 recorded.lock().unwrap().push(name);
+                if let Some(secrets) = secrets_of(&request) {
+                    recorded_secrets.lock().unwrap().push(secrets);
+                }
                 let result: Result<ClientCsiReply, String> = Ok(reply);
                 AgentResponse {
                     version: drover_io_real::service::ENVELOPE_VERSION,
@@ -76,6 +94,7 @@ impl FakeClient {
             node_id: node_id.to_string(),
             rpc_addr,
             calls,
+            secrets,
             transport,
         }
     }

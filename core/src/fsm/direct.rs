@@ -24,6 +24,8 @@ pub enum DirectWriteError {
     NotDirect { command: &'static str },
     #[error("{0}")]
     Acl(String),
+    #[error("{0}")]
+    Items(String),
 }
 
 /// Checks a variable path: `[A-Za-z0-9-_~/]`, at most [`VARIABLE_PATH_LEN_MAX`] bytes, no
@@ -65,10 +67,19 @@ impl Command {
                 if items.is_empty() {
                     return Err(DirectWriteError::NoItems);
                 }
-                Ok(())
+                match items.sealed() {
+                    Some(Ok(_)) => Ok(()),
+                    Some(Err(reason)) => Err(DirectWriteError::Items(format!("malformed sealed items: {reason}"))),
+                    None => crate::structs::check_secret_keys("variable items", items.keys())
+                        .map_err(DirectWriteError::Items),
+                }
             }
             Command::VariableDelete { path } => validate_variable_path(path),
             Command::Acl(command) => super::acl::AclState::check(command).map_err(DirectWriteError::Acl),
+            Command::RootKey(
+                super::rootkeys::RootKeyCommand::Activate { key_id }
+                | super::rootkeys::RootKeyCommand::Delete { key_id },
+            ) => super::rootkeys::check_key_id(key_id).map_err(DirectWriteError::Items),
             other => Err(DirectWriteError::NotDirect { command: other.name() }),
         }
     }
@@ -105,6 +116,7 @@ impl Command {
             Command::SiAccessorsUpsert { .. } => "SiAccessorsUpsert",
             Command::SiAccessorsDelete { .. } => "SiAccessorsDelete",
             Command::Acl(_) => "Acl",
+            Command::RootKey(_) => "RootKey",
         }
     }
 }

@@ -16,6 +16,7 @@ mod jobs;
 mod nodes;
 mod pmap;
 mod queues;
+pub mod rootkeys;
 mod summary;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
@@ -189,6 +190,8 @@ pub enum Command {
     },
     /// ACL tokens and policies (`acl.rs`).
     Acl(acl::AclCommand),
+    /// The root keyring's metadata (`rootkeys.rs`).
+    RootKey(rootkeys::RootKeyCommand),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -232,6 +235,7 @@ pub enum Table {
     SiTokenAccessors,
     AclPolicies,
     AclTokens,
+    RootKeys,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -298,6 +302,9 @@ pub struct ServerState {
     /// ACL tokens and policies.
     #[serde(default)]
     acl: acl::AclState,
+    /// The root keyring's metadata (which key seals new writes).
+    #[serde(default)]
+    root_keys: rootkeys::RootKeys,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -321,6 +328,8 @@ struct StateRecord {
     si_accessors: PMap<String, crate::connect::SiTokenAccessor>,
     #[serde(default)]
     acl: acl::AclState,
+    #[serde(default)]
+    root_keys: rootkeys::RootKeys,
 }
 
 impl From<StateRecord> for ServerState {
@@ -342,6 +351,7 @@ impl From<StateRecord> for ServerState {
             plugins: record.plugins,
             si_accessors: record.si_accessors,
             acl: record.acl,
+            root_keys: record.root_keys,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),
@@ -431,6 +441,13 @@ impl ServerState {
                 }
                 response
             }
+            Command::RootKey(command) => {
+                let response = self.root_keys.apply(index, entry.at_unix_ms, command);
+                if response == Response::Done {
+                    self.table_index.insert(rootkeys::RootKeys::TABLE, index);
+                }
+                response
+            }
             other => self.apply_cluster(index, entry.at_unix_ms, other),
         };
         assert_eq!(self.last_applied, Some(index));
@@ -463,6 +480,11 @@ impl ServerState {
     /// ACL tokens and policies.
     pub fn acl(&self) -> &acl::AclState {
         &self.acl
+    }
+
+    /// The root keyring's metadata.
+    pub fn root_keys(&self) -> &rootkeys::RootKeys {
+        &self.root_keys
     }
 
     pub fn cluster(&self) -> Option<&ClusterMeta> {

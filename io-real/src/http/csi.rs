@@ -247,6 +247,8 @@ fn topology(spec: TopologySpec) -> CsiTopology {
 impl VolumeSpec {
     fn into_volume(self) -> Result<CsiVolume, ApiError> {
         validate_id("volume", &self.id)?;
+        drover_core::structs::check_secret_keys("volume secrets", self.secrets.keys())
+            .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
         if !self.plugin_id.is_empty() {
             validate_id("plugin", &self.plugin_id)?;
         }
@@ -325,7 +327,14 @@ pub async fn put_volume(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let volumes = decode_register(&id, &body)?;
+    let mut volumes = decode_register(&id, &body)?;
+    // Sealed before Raft: the log and the snapshots never hold the secrets.
+    for volume in &mut volumes {
+        volume.secrets = handle
+            .seal_secrets(&volume.secrets)
+            .await
+            .map_err(super::root_key_error)?;
+    }
     let keys: Vec<(String, String)> = volumes.iter().map(CsiVolume::key).collect();
     let index = reply_to_result(handle.request_applied(ServerRequest::VolumeRegister { volumes }).await)?;
     let registered: Vec<Value> = handle

@@ -6,6 +6,7 @@ mod acl;
 mod allocs;
 mod jobs;
 mod keyring;
+mod rootkeys;
 
 pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
@@ -100,6 +101,15 @@ pub fn router(handle: AgentHandle) -> Router {
         .route(
             "/v1/agent/keyring/{op}",
             axum::routing::post(keyring::change).put(keyring::change),
+        )
+        .route("/v1/operator/keyring/keys", get(rootkeys::list))
+        .route(
+            "/v1/operator/keyring/rotate",
+            axum::routing::put(rootkeys::rotate).post(rootkeys::rotate),
+        )
+        .route(
+            "/v1/operator/keyring/key/{key_id}",
+            axum::routing::delete(rootkeys::remove),
         )
         .route("/v1/vars", get(list_variables))
         .route("/v1/volumes", get(csi::list_volumes))
@@ -396,7 +406,7 @@ fn parse_body_or_default<T: serde::de::DeserializeOwned + Default>(body: &[u8], 
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct QueryOptions {
+pub(super) struct QueryOptions {
     index: Option<u64>,
     wait: Option<String>,
     #[serde(rename = "type")]
@@ -433,7 +443,7 @@ pub fn jobs_list(state: &drover_core::fsm::ServerState, query: &str) -> Result<(
 }
 
 /// A query boolean as Go's `strconv.ParseBool` reads it, which Nomad's handlers use.
-fn parse_bool(text: &str) -> Option<bool> {
+pub(super) fn parse_bool(text: &str) -> Option<bool> {
     match text {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
@@ -447,7 +457,11 @@ fn parse_go_duration(text: &str) -> Option<Duration> {
 }
 
 /// Waits until `table` changed after `index` (a blocking query), then returns its index.
-async fn block_on_table(handle: &AgentHandle, table: Table, options: &QueryOptions) -> Result<u64, ApiError> {
+pub(super) async fn block_on_table(
+    handle: &AgentHandle,
+    table: Table,
+    options: &QueryOptions,
+) -> Result<u64, ApiError> {
     let current = || handle.read_state(|state| state.table_index(table)).unwrap_or(0);
     let Some(min_index) = options.index.filter(|index| *index > 0) else {
         return Ok(current());
@@ -471,7 +485,7 @@ async fn block_on_table(handle: &AgentHandle, table: Table, options: &QueryOptio
     }
 }
 
-fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
+pub(super) fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
     let (known_leader, last_contact_ms) = handle.leader_contact();
     let mut headers = HeaderMap::new();
     headers.insert("X-Nomad-Index", HeaderValue::from(index.max(1)));
@@ -536,9 +550,18 @@ async fn get_variable(
     let index = block_on_table(&handle, Table::Variables, &options).await?;
     let variable = handle.read_state(|state| state.variable(&path).cloned()).flatten();
     match variable {
-        Some(variable) => Ok((query_headers(&handle, index), axum::Json(variable_json(&variable)))),
+        Some(mut variable) => {
+            variable.items = handle.open_secrets(&variable.items).await.map_err(root_key_error)?;
+            Ok((query_headers(&handle, index), axum::Json(variable_json(&variable))))
+        }
         None => Err(ApiError(StatusCode::NOT_FOUND, "variable not found".into())),
     }
+}
+
+/// A sealing or opening failure: the server's fault, never the request's.
+pub(crate) fn root_key_error(error: crate::rootkeys::RootKeyError) -> ApiError {
+    tracing::error!(%error, "root keyring");
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
 }
 
 #[derive(Deserialize)]
@@ -558,6 +581,8 @@ pub fn decode_variable_put(path: String, body: &[u8]) -> Result<Command, ApiErro
             "variable must contain at least one item".into(),
         ));
     }
+    drover_core::structs::check_secret_keys("variable items", body.items.keys())
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
     Ok(Command::VariableUpsert {
         path,
         items: body.items.into(),
@@ -569,10 +594,17 @@ async fn put_variable(
     Path(path): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let command = decode_variable_put(path, &body)?;
-    let (index, response) = handle.apply(command).await?;
+    let Command::VariableUpsert { path, items } = decode_variable_put(path, &body)? else {
+        unreachable!("a variable put decodes to an upsert")
+    };
+    // Sealed before Raft: the log and the snapshots never hold the values.
+    let sealed = handle.seal_secrets(&items).await.map_err(root_key_error)?;
+    let (index, response) = handle.apply(Command::VariableUpsert { path, items: sealed }).await?;
     match response {
-        FsmResponse::Variable(variable) => Ok((query_headers(&handle, index), axum::Json(variable_json(&variable)))),
+        FsmResponse::Variable(variable) => {
+            let variable = Variable { items, ..variable };
+            Ok((query_headers(&handle, index), axum::Json(variable_json(&variable))))
+        }
         other => Err(ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("unexpected result {other:?}"),

@@ -22,8 +22,10 @@ pub use relay::{ClientCall, StatsRequest};
 
 mod acl;
 mod keyring;
+mod rootkeys;
 pub use acl::{AclResolveReply, AclResolveRequest};
 pub use keyring::KeyringSummary;
+pub use rootkeys::RootKeyRequest;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -103,6 +105,8 @@ pub struct Service {
     pub read_index: crate::driver::ReadIndexBatcher,
     /// This server's gossip keyring (empty on clients).
     pub keyring: Arc<Mutex<crate::keyring::Keyring>>,
+    /// This server's root keys (empty on clients): seal and open variables and volume secrets.
+    pub keystore: crate::rootkeys::Keystore,
     /// Where the direct writes served are recorded.
     pub observer: Arc<dyn crate::io::Observer>,
     /// Regression switch: serve every call whoever made it (`RaftFaults::skip_caller_check`).
@@ -275,6 +279,7 @@ pub enum Incoming {
     /// The leaving leader named this server its successor (its own id, if readable).
     Stand(Option<u64>),
     Keyring(crate::keyring::KeyringRequest),
+    RootKey(RootKeyRequest),
     AclResolve(AclResolveRequest),
     Vote(VoteRequest<u64>),
     InstallSnapshot(Box<InstallSnapshotRequest<TypeConfig>>),
@@ -307,6 +312,7 @@ impl Incoming {
             | Incoming::Vote(_)
             | Incoming::InstallSnapshot(_)
             | Incoming::Keyring(_)
+            | Incoming::RootKey(_)
             | Incoming::Apply(_) => CallerRole::Server,
         }
     }
@@ -358,6 +364,7 @@ pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, b
         RequestBody::RaftReadIndex(_) => Incoming::ReadIndex,
         RequestBody::Keyring(payload) => Incoming::Keyring(decode(&payload.json)?),
         RequestBody::AclResolve(payload) => Incoming::AclResolve(decode(&payload.json)?),
+        RequestBody::RootKey(payload) => Incoming::RootKey(decode(&payload.json)?),
         RequestBody::RaftStand(payload) => Incoming::Stand(serde_json::from_slice(&payload.json).ok()),
         RequestBody::RaftVote(payload) => Incoming::Vote(decode(&payload.json)?),
         RequestBody::RaftInstallSnapshot(payload) => Incoming::InstallSnapshot(decode(&payload.json)?),
@@ -425,6 +432,7 @@ impl Service {
         let incoming = match incoming {
             Incoming::Attached(request) => return self.deliver_attached(*request).await,
             Incoming::Keyring(request) if self.raft.is_some() => return self.keyring_local(&request),
+            Incoming::RootKey(request) if self.raft.is_some() => return self.root_key_local(request),
             Incoming::AclResolve(request) => {
                 return self.acl_resolve_local(&request).unwrap_or_else(|| {
                     error_response(ErrorKind::Invalid, "this agent is not a server", String::new())
@@ -535,7 +543,9 @@ impl Service {
             | Incoming::NodeAllocs(_)
             | Incoming::AclResolve(_)
             | Incoming::Server(_) => unreachable!("answered by Service::answer"),
-            Incoming::Keyring(_) => error_response(ErrorKind::Invalid, "this agent is not a server", String::new()),
+            Incoming::Keyring(_) | Incoming::RootKey(_) => {
+                error_response(ErrorKind::Invalid, "this agent is not a server", String::new())
+            }
         }
     }
 
@@ -814,6 +824,7 @@ mod tests {
             raft_store: None,
             pre_vote_quiet: Duration::from_millis(100),
             read_index: crate::driver::ReadIndexBatcher::default(),
+            keystore: crate::rootkeys::Keystore::in_memory(),
             keyring: Arc::default(),
             observer: Arc::new(crate::io::TracingObserver),
             skip_caller_check: false,

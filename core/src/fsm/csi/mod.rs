@@ -54,7 +54,8 @@ impl ServerState {
             Command::LeadershipEstablished { .. }
             | Command::VariableUpsert { .. }
             | Command::VariableDelete { .. }
-            | Command::Acl(_) => unreachable!("handled by apply"),
+            | Command::Acl(_)
+            | Command::RootKey(_) => unreachable!("handled by apply"),
         }
     }
 
