@@ -77,9 +77,9 @@ fn variables_are_sealed_at_rest_and_open_on_every_server_across_rotation_and_res
         "the write answers the values: {body}"
     );
     for agent in &agents {
-        assert_eq!(keystore_size(agent), 1, "{} holds the root key", agent.spec.name);
         let body = wait_for(Duration::from_secs(10), || read_var(agent, "app/db")).expect("readable everywhere");
         assert!(body.contains("first-marker-7d1c"), "{}: {body}", agent.spec.name);
+        assert_eq!(keystore_size(agent), 1, "{} holds the root key", agent.spec.name);
     }
     let keys = agents[1].get("/v1/operator/keyring/keys").unwrap();
     assert_eq!(keys.matches(r#""State":"active""#).count(), 1, "{keys}");
@@ -97,11 +97,39 @@ fn variables_are_sealed_at_rest_and_open_on_every_server_across_rotation_and_res
     // A server goes down; the others rotate (two of three voters take the new key) and write
     // under the new key; the old value still opens.
     agents[2].kill();
-    let (code, body) = http_status("PUT", agents[0].spec.http, "/v1/operator/keyring/rotate", None).unwrap();
+    let survivors: Vec<&Agent> = agents[..2].iter().collect();
+    wait_for(Duration::from_secs(60), || agreed_leader(&survivors, 3)).expect("a leader among the survivors");
+    let (code, body) = wait_for(Duration::from_secs(30), || {
+        http_status("PUT", agents[0].spec.http, "/v1/operator/keyring/rotate", None).filter(|(code, _)| *code != 500)
+    })
+    .expect("rotate answered");
     assert_eq!(code, 200, "{body}");
     let keys = agents[0].get("/v1/operator/keyring/keys").unwrap();
     assert_eq!(keys.matches(r#""State":"active""#).count(), 1, "{keys}");
     assert_eq!(keys.matches(r#""State":"inactive""#).count(), 1, "{keys}");
+    // The CLI lists both, as Nomad's `operator root keyring list` does.
+    let output = std::process::Command::new(support::AGENT)
+        .args([
+            "operator",
+            "root",
+            "keyring",
+            "list",
+            &format!("-address=http://127.0.0.1:{}", agents[0].spec.http),
+        ])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{listed} {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(listed.starts_with("Key       State     Create Time"), "{listed}");
+    assert_eq!(
+        listed.matches(" active ").count() + listed.matches(" inactive ").count(),
+        2,
+        "{listed}"
+    );
     let (code, body) = put_var(&agents[1], "app/api", "second-marker-93ab");
     assert_eq!(code, 200, "{body}");
     assert!(read_var(&agents[0], "app/db").is_some_and(|body| body.contains("first-marker-7d1c")));

@@ -179,7 +179,7 @@ fn task_section(task: &str, state: &Value) -> String {
 }
 
 /// A Unix time in nanoseconds as Nomad's CLI prints it (ISO 8601, seconds, UTC).
-fn format_unix_nanos(nanos: i64) -> String {
+pub(super) fn format_unix_nanos(nanos: i64) -> String {
     if nanos < 1_000_000_000 {
         return String::new();
     }

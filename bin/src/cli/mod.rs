@@ -9,6 +9,7 @@ mod job;
 mod keyring;
 mod logs;
 mod node;
+mod rootkeys;
 mod server;
 mod tls;
 mod volume;
@@ -260,6 +261,9 @@ pub enum OperatorCommand {
     /// Gossip encryption.
     #[command(subcommand)]
     Gossip(keyring::GossipCommand),
+    /// The root keyring that seals variables and volume secrets.
+    #[command(subcommand)]
+    Root(rootkeys::RootCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -495,6 +499,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Server(ServerCommand::Members) => server_members(&api),
         Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers)) => list_peers(&api),
         Command::Operator(OperatorCommand::Gossip(command)) => keyring::run(&api, command),
+        Command::Operator(OperatorCommand::Root(command)) => rootkeys::run(&api, command),
         Command::Acl(command) => acl::run(&api, command),
     };
     match result {
