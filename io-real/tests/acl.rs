@@ -177,6 +177,11 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     assert_eq!(namespaces(get("/v1/jobs?namespace=other", &root).await.1), ["other"]);
     // Every namespace: each token sees the jobs of the namespaces it may read, no more.
     assert_eq!(namespaces(get("/v1/jobs?namespace=*", &reader).await.1), ["default"]);
+    // A token no namespace lets list jobs is refused outright, as Nomad's `AllowNsOp("*")`.
+    assert_eq!(
+        get("/v1/jobs?namespace=*", &submitter).await,
+        (403, "Permission denied".into())
+    );
     let mut all = namespaces(get("/v1/jobs?namespace=*", &root).await.1);
     all.sort();
     assert_eq!(all, ["default", "other"]);

@@ -116,6 +116,16 @@ impl Acl {
             .is_some_and(|caps| !caps.contains(super::policy::cap::DENY) && caps.contains(capability))
     }
 
+    /// Whether `capability` is granted in some namespace (Nomad's `AllowNsOp` on `*`: a list
+    /// of every namespace is refused outright when none would show anything).
+    pub fn allows_some_namespace(&self, capability: &str) -> bool {
+        self.management
+            || self
+                .namespaces
+                .values()
+                .any(|caps| !caps.contains(super::policy::cap::DENY) && caps.contains(capability))
+    }
+
     /// Whether any of `capabilities` is granted in `namespace`.
     pub fn allows_namespace_any(&self, namespace: &str, capabilities: &[&str]) -> bool {
         capabilities

@@ -269,8 +269,16 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         Err(error) => return denied(&error.to_string()),
     };
     if every_namespace(&request, &need) && !acl.is_management() {
-        // `?namespace=*`: the list, less what the token may not see (Nomad's allowed
-        // namespaces), item by item.
+        // `?namespace=*`: refused when no namespace allows the read, as Nomad's `AllowNsOp`
+        // on `*` is; else the list, less what the token may not see, item by item.
+        let some = match &need {
+            Need::Namespace(capability) => acl.allows_some_namespace(capability),
+            Need::NamespaceAny(capabilities) => capabilities.iter().any(|c| acl.allows_some_namespace(c)),
+            _ => true,
+        };
+        if !some {
+            return denied(PERMISSION_DENIED);
+        }
         let response = next.run(request).await;
         return only_allowed_namespaces(response, |namespace| need.allowed(&acl, &[namespace.to_string()])).await;
     }
