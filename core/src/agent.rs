@@ -65,7 +65,8 @@ impl Agent {
                 config.server.csi_faults,
                 boot.seed ^ 0x5ced_u64,
             )
-            .with_connect(config.consul.address.is_some(), config.server.connect_faults),
+            .with_connect(config.consul.address.is_some(), config.server.connect_faults)
+            .with_job_limits(config.server.job_limits),
         });
         Agent { server }
     }

@@ -110,6 +110,10 @@ pub struct ServerConfig {
     /// with; `None`: plaintext gossip. A keyring kept from an earlier run wins over it.
     #[serde(default)]
     pub encrypt: Option<crate::structs::SecretText>,
+    /// What one job may ask (`job_max_group_count`, `job_max_count`, `job_max_groups`,
+    /// `job_max_group_tasks`).
+    #[serde(default)]
+    pub job_limits: crate::jobspec::limits::JobLimits,
     /// Test-only fault injection; never set from flags or config files.
     #[serde(skip)]
     pub bootstrap_fault: Option<BootstrapFault>,
@@ -335,6 +339,7 @@ impl Default for ServerConfig {
             retry_max: 0,
             timing: ServerTiming::default(),
             encrypt: None,
+            job_limits: Default::default(),
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
             connect_faults: ConnectFaults::default(),

@@ -26,22 +26,47 @@ pub const TASKS_MAX: usize = 100;
 /// The longest job ID, job name, group name or task name, in bytes.
 pub const NAME_LEN_MAX: usize = 128;
 
+/// What one job may ask, as a server is configured (`server { job_max_group_count
+/// job_max_count job_max_groups job_max_group_tasks }`); the defaults are the constants above.
+/// The leader's scheduler schedules a stored job up to the same limits, so a job stored under
+/// higher ones (an earlier configuration) never makes it build more than these allow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct JobLimits {
+    pub group_count: u32,
+    pub job_count: u64,
+    pub groups: usize,
+    pub tasks: usize,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        JobLimits {
+            group_count: GROUP_COUNT_MAX,
+            job_count: JOB_COUNT_MAX,
+            groups: GROUPS_MAX,
+            tasks: TASKS_MAX,
+        }
+    }
+}
+
 /// The structural limits: checked first, and when one is broken nothing else is looked at
 /// (a job with a million groups is not walked to list each one's problems).
-pub fn structure(job: &Job) -> Vec<String> {
-    if job.task_groups.len() > GROUPS_MAX {
+pub fn structure(job: &Job, limits: &JobLimits) -> Vec<String> {
+    if job.task_groups.len() > limits.groups {
         return vec![format!(
-            "Job has {} task groups, more than the limit of {GROUPS_MAX} task groups per job",
-            job.task_groups.len()
+            "Job has {} task groups, more than the limit of {} task groups per job",
+            job.task_groups.len(),
+            limits.groups
         )];
     }
     let mut errors = Vec::new();
     for group in &job.task_groups {
-        if group.tasks.len() > TASKS_MAX {
+        if group.tasks.len() > limits.tasks {
             errors.push(format!(
-                "Task group {} has {} tasks, more than the limit of {TASKS_MAX} tasks per group",
+                "Task group {} has {} tasks, more than the limit of {} tasks per group",
                 shown(&group.name),
-                group.tasks.len()
+                group.tasks.len(),
+                limits.tasks
             ));
         }
     }
@@ -49,11 +74,12 @@ pub fn structure(job: &Job) -> Vec<String> {
     let total: u64 = job
         .task_groups
         .iter()
-        .map(|group| u64::from(group.count.min(GROUP_COUNT_MAX)))
+        .map(|group| u64::from(group.count.min(limits.group_count)))
         .sum();
-    if total > JOB_COUNT_MAX {
+    if total > limits.job_count {
         errors.push(format!(
-            "Job asks for {total} allocations, more than the limit of {JOB_COUNT_MAX} allocations per job"
+            "Job asks for {total} allocations, more than the limit of {} allocations per job",
+            limits.job_count
         ));
     }
     errors

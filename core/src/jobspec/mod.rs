@@ -21,9 +21,15 @@ pub use limits::GROUP_COUNT_MAX;
 pub mod limits;
 pub const PRIORITY_DEFAULT: u32 = 50;
 
-/// Every problem with `job`, in order; empty when it may be registered.
+/// Every problem with `job` under the default limits, in order; empty when it may be
+/// registered.
 pub fn validate(job: &Job) -> Vec<String> {
-    let mut errors = limits::structure(job);
+    validate_within(job, &limits::JobLimits::default())
+}
+
+/// Every problem with `job` under `limits`, in order.
+pub fn validate_within(job: &Job, limits: &limits::JobLimits) -> Vec<String> {
+    let mut errors = limits::structure(job, limits);
     if !errors.is_empty() {
         return errors;
     }
@@ -60,7 +66,7 @@ pub fn validate(job: &Job) -> Vec<String> {
         let problems = limits::component("Task group", &group.name)
             .filter(|_| !group.name.is_empty())
             .into_iter()
-            .chain(validate_group(job, group));
+            .chain(validate_group(job, group, limits));
         for problem in problems {
             errors.push(format!(
                 "Task group {} validation failed: {problem}",
@@ -71,7 +77,7 @@ pub fn validate(job: &Job) -> Vec<String> {
     errors
 }
 
-fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
+fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> Vec<String> {
     let mut errors = Vec::new();
     if job.job_type == JobType::System && group.count > 1 {
         errors.push(format!(
@@ -79,10 +85,10 @@ fn validate_group(job: &Job, group: &TaskGroup) -> Vec<String> {
             group.name, group.count
         ));
     }
-    if group.count > GROUP_COUNT_MAX {
+    if group.count > limits.group_count {
         errors.push(format!(
-            "Task group count {} is more than the limit of {GROUP_COUNT_MAX} allocations per group",
-            group.count
+            "Task group count {} is more than the limit of {} allocations per group",
+            group.count, limits.group_count
         ));
     }
     if group.tasks.is_empty() {

@@ -31,13 +31,22 @@ pub(super) enum JobFlow {
 #[derive(Debug)]
 pub(super) struct JobEndpoints {
     worker: Worker,
+    /// What one job may ask (`server { job_max_* }`): registration refuses more, and the
+    /// worker schedules no more.
+    limits: crate::jobspec::limits::JobLimits,
 }
 
 impl JobEndpoints {
     pub fn new(seed: u64) -> Self {
         JobEndpoints {
             worker: Worker::new(seed),
+            limits: Default::default(),
         }
+    }
+
+    pub fn set_limits(&mut self, limits: crate::jobspec::limits::JobLimits) {
+        self.limits = limits;
+        self.worker.set_limits(limits);
     }
 
     pub fn set_enabled(&mut self, now: Instant, leader: bool) {
@@ -76,7 +85,7 @@ impl JobEndpoints {
                 if let Err(error) = crate::connect::mutate(&mut job) {
                     errors.push(error);
                 }
-                errors.extend(crate::jobspec::validate(&job));
+                errors.extend(crate::jobspec::validate_within(&job, &self.limits));
                 if !errors.is_empty() {
                     out.reply(
                         req,

@@ -131,6 +131,12 @@ impl RpcEndpoints {
         }
     }
 
+    /// What one job may ask (`server { job_max_* }`).
+    pub fn with_job_limits(mut self, limits: crate::jobspec::limits::JobLimits) -> Self {
+        self.jobs.set_limits(limits);
+        self
+    }
+
     /// Whether the agent has a Consul (the token sweep runs only then), and a Connect defect
     /// re-created on purpose (a regression switch of the simulation).
     pub fn with_connect(mut self, consul: bool, faults: crate::config::ConnectFaults) -> Self {

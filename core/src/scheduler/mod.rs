@@ -96,8 +96,20 @@ pub fn is_scheduled(job: &Job) -> bool {
     job.job_modify_index > 0
 }
 
-/// Computes the plan for `eval`. `new_id` hands out allocation and evaluation ids.
+/// Computes the plan for `eval` under the default job limits. `new_id` hands out allocation
+/// and evaluation ids.
 pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut() -> String) -> Plan {
+    schedule_within(state, eval, new_id, &crate::jobspec::limits::JobLimits::default())
+}
+
+/// Computes the plan for `eval`, scheduling no more groups or allocations per group than
+/// `limits` allow (validation refuses more; a job stored under higher limits is cut to them).
+pub fn schedule_within(
+    state: &ServerState,
+    eval: &Evaluation,
+    new_id: &mut dyn FnMut() -> String,
+    limits: &crate::jobspec::limits::JobLimits,
+) -> Plan {
     let stored = state.job(&eval.namespace, &eval.job_id);
     if stored.is_some_and(|job| !is_scheduled(job)) {
         let mut processed = eval.clone();
@@ -111,6 +123,7 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
     let job = stored.filter(|job| !job.stop);
     let allocs: Vec<&Allocation> = state.job_allocs(&eval.namespace, &eval.job_id).collect();
     let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
+    reconcile.group_count_max = limits.group_count;
     // A purged job's allocations that still run when a job of the same ID is registered
     // again are no one's: stopped, never adopted by the new job.
     let orphans: Vec<&Allocation> = state
@@ -132,12 +145,12 @@ pub fn schedule(state: &ServerState, eval: &Evaluation, new_id: &mut dyn FnMut()
         // Validation refuses more groups; a job stored before the limit is scheduled up to it
         // (groups past it are not scheduled).
         Some(job) if job.job_type == JobType::System => {
-            for group in job.task_groups.iter().take(crate::jobspec::limits::GROUPS_MAX) {
+            for group in job.task_groups.iter().take(limits.groups) {
                 reconcile.system_group(job, group, &allocs);
             }
         }
         Some(job) => {
-            for group in job.task_groups.iter().take(crate::jobspec::limits::GROUPS_MAX) {
+            for group in job.task_groups.iter().take(limits.groups) {
                 reconcile.service_group(job, group, &allocs);
             }
         }

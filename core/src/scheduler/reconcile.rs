@@ -26,6 +26,8 @@ pub(super) struct Reconcile<'a> {
     plan: Plan,
     usage: BTreeMap<String, Usage>,
     placements: Vec<Placement<'a>>,
+    /// The most allocations one group is given (the server's `JobLimits::group_count`).
+    pub(super) group_count_max: u32,
 }
 
 impl<'a> Reconcile<'a> {
@@ -36,6 +38,7 @@ impl<'a> Reconcile<'a> {
             plan: Plan::default(),
             usage: node_usage(state),
             placements: Vec::new(),
+            group_count_max: crate::jobspec::GROUP_COUNT_MAX,
         }
     }
 
@@ -149,7 +152,7 @@ impl<'a> Reconcile<'a> {
         }
         // Validation refuses larger counts; one stored before the limit must not make the
         // leader build a billion names.
-        let count = group.count.min(crate::jobspec::GROUP_COUNT_MAX);
+        let count = group.count.min(self.group_count_max);
         let wanted: BTreeSet<String> = (0..count).map(|i| alloc_name(job, group, i)).collect();
         for (name, history) in &by_name {
             let mut history = history.clone();

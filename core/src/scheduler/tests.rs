@@ -994,6 +994,47 @@ fn a_stored_job_above_the_count_limit_is_scheduled_up_to_the_limit_not_built_in_
 }
 
 #[test]
+fn configured_job_limits_bound_validation_and_scheduling_alike() {
+    let mut world = World::new(&[node("n1", 100_000)]);
+    let eval = world.register(&job("big", JobType::Service, 12, 10));
+    let limits = crate::jobspec::limits::JobLimits {
+        group_count: 5,
+        job_count: 8,
+        groups: 2,
+        tasks: 3,
+    };
+    let errors = crate::jobspec::validate_within(&job("big", JobType::Service, 12, 10), &limits);
+    assert!(
+        errors
+            .iter()
+            .any(|error| error.contains("Task group count 12 is more than the limit of 5 allocations per group")),
+        "{errors:?}"
+    );
+    // Raised above the default, the same job is valid.
+    let raised = crate::jobspec::limits::JobLimits {
+        group_count: 20_000,
+        job_count: 20_000,
+        ..Default::default()
+    };
+    let mut large = job("large", JobType::Service, 15_000, 10);
+    large.task_groups[0].count = 15_000;
+    assert!(
+        crate::jobspec::validate(&large)
+            .iter()
+            .any(|e| e.contains("limit of 10000"))
+    );
+    assert_eq!(crate::jobspec::validate_within(&large, &raised), Vec::<String>::new());
+    // The scheduler keeps the configured promise for a job stored above it.
+    let mut next = 0;
+    let mut new_id = || {
+        next += 1;
+        format!("a{next}")
+    };
+    let plan = crate::scheduler::schedule_within(&world.fx.state, &eval, &mut new_id, &limits);
+    assert_eq!(plan.placed().count(), 5);
+}
+
+#[test]
 fn a_stored_job_above_the_group_limit_is_scheduled_up_to_the_limit() {
     let mut world = World::new(&[node("n1", 100_000)]);
     let mut wide = job("wide", JobType::Service, 1, 10);

@@ -51,6 +51,7 @@ pub struct Worker {
     /// input runs the worker — so an idle cluster costs no wake-ups.
     wake_at: Option<Instant>,
     reschedules: super::reschedule::Reschedules,
+    limits: crate::jobspec::limits::JobLimits,
 }
 
 impl Worker {
@@ -64,7 +65,13 @@ impl Worker {
             last_unblock: None,
             wake_at: None,
             reschedules: Default::default(),
+            limits: Default::default(),
         }
+    }
+
+    /// Schedules jobs within `limits` (the server's configured job limits).
+    pub fn set_limits(&mut self, limits: crate::jobspec::limits::JobLimits) {
+        self.limits = limits;
     }
 
     /// A fresh id in the UUID text form, from the seeded generator.
@@ -235,7 +242,8 @@ impl Worker {
 
     fn next_plan(&mut self, state: &ServerState) -> Option<Command> {
         let eval = state.pending_evals().next()?.clone();
-        let plan = super::schedule(state, &eval, &mut || self.new_id());
+        let limits = self.limits;
+        let plan = super::schedule_within(state, &eval, &mut || self.new_id(), &limits);
         let mut evals = plan.evals;
         let keep: BTreeSet<String> = evals.iter().map(|eval| eval.id.clone()).collect();
         // One blocked evaluation per job: the older ones are superseded.

@@ -97,6 +97,11 @@ pub struct ServerBlock {
     pub retry_max: Option<u32>,
     pub heartbeat_grace: Option<String>,
     pub min_heartbeat_ttl: Option<String>,
+    /// What one job may ask (Drover's; the defaults are `jobspec::limits`).
+    pub job_max_group_count: Option<u64>,
+    pub job_max_count: Option<u64>,
+    pub job_max_groups: Option<u64>,
+    pub job_max_group_tasks: Option<u64>,
     pub max_heartbeats_per_second: Option<f64>,
     pub failover_heartbeat_ttl: Option<String>,
     /// Nomad's scale for the Raft timings (1–10; 0 or unset: 1).
@@ -184,6 +189,35 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "consul",
     "plugin",
 ];
+
+/// `server { job_max_* }` over `limits`: each a whole number from 1 to its ceiling (what one
+/// evaluation can build in memory without risk; a limit is a promise the scheduler keeps).
+fn job_limits(
+    server: &ServerBlock,
+    mut limits: drover_core::jobspec::limits::JobLimits,
+) -> anyhow::Result<drover_core::jobspec::limits::JobLimits> {
+    let check = |name: &str, value: Option<u64>, ceiling: u64| -> anyhow::Result<Option<u64>> {
+        match value {
+            Some(value) if value == 0 || value > ceiling => Err(anyhow::anyhow!(
+                "server.{name} = {value}: it must be between 1 and {ceiling}"
+            )),
+            other => Ok(other),
+        }
+    };
+    if let Some(value) = check("job_max_group_count", server.job_max_group_count, 1_000_000)? {
+        limits.group_count = value as u32;
+    }
+    if let Some(value) = check("job_max_count", server.job_max_count, 5_000_000)? {
+        limits.job_count = value;
+    }
+    if let Some(value) = check("job_max_groups", server.job_max_groups, 10_000)? {
+        limits.groups = value as usize;
+    }
+    if let Some(value) = check("job_max_group_tasks", server.job_max_group_tasks, 10_000)? {
+        limits.tasks = value as usize;
+    }
+    Ok(limits)
+}
 
 /// Command-line flags, already parsed.
 #[derive(Debug, Default, Clone)]
@@ -607,6 +641,7 @@ fn apply_file(
         if let Some(expect) = server.bootstrap_expect {
             config.server.bootstrap_expect = expect;
         }
+        config.server.job_limits = job_limits(&server, config.server.job_limits)?;
         if let Some(key) = server.encrypt {
             crate::keyring::check_key(&key).map_err(|error| anyhow::anyhow!("server.encrypt: {error}"))?;
             config.server.encrypt = Some(drover_core::structs::SecretText(key));
@@ -962,6 +997,36 @@ client {
             load_with("11").unwrap_err().to_string(),
             "raft_multiplier cannot be 11. Must be between 1 and 10"
         );
+    }
+
+    #[test]
+    fn job_limits_are_the_defaults_unless_set_and_refused_out_of_range() {
+        let load_with = |extra: &str| {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("server.hcl");
+            std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
+            let flags = Flags {
+                config: vec![file],
+                data_dir: Some("/d".into()),
+                ..Flags::default()
+            };
+            load(&flags, no_dev).map(|loaded| loaded.config.server.job_limits)
+        };
+        let defaults = drover_core::jobspec::limits::JobLimits::default();
+        assert_eq!(load_with("").unwrap(), defaults);
+        let raised = load_with(
+            "job_max_group_count = 20000\n  job_max_count = 100000\n  job_max_groups = 5\n  job_max_group_tasks = 7",
+        )
+        .unwrap();
+        assert_eq!(
+            (raised.group_count, raised.job_count, raised.groups, raised.tasks),
+            (20_000, 100_000, 5, 7)
+        );
+        assert_eq!(
+            load_with("job_max_group_count = 0").unwrap_err().to_string(),
+            "server.job_max_group_count = 0: it must be between 1 and 1000000"
+        );
+        assert!(load_with("job_max_count = 9000000000").is_err());
     }
 
     #[test]
