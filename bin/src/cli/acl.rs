@@ -129,13 +129,19 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
                 "Accessor ID".to_string(),
                 "Expired".to_string(),
             ]];
+            let now = drover_io_real::http::rfc3339(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|since| since.as_millis() as u64)
+                    .unwrap_or(0),
+            );
             for token in tokens.as_array().into_iter().flatten() {
                 rows.push(vec![
                     text(&token["Name"]),
                     text(&token["Type"]),
                     text(&token["Global"]),
                     text(&token["AccessorID"]),
-                    "false".to_string(),
+                    expired(token, &now).to_string(),
                 ]);
             }
             println!("{}", table(&rows));
@@ -147,6 +153,14 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// Whether `token` expired before `now` (both RFC 3339 in UTC as the API writes them, whose
+/// text order is time order).
+fn expired(token: &Value, now: &str) -> bool {
+    token["ExpirationTime"]
+        .as_str()
+        .is_some_and(|expiry| !expiry.is_empty() && expiry < now)
 }
 
 /// Nomad's token block (`formatKVACLToken`).
@@ -177,4 +191,18 @@ fn print_token(token: &Value) -> Result<(), Failure> {
         println!("{key:<12} = {value}");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_is_expired_once_its_expiration_time_has_passed() {
+        let now = drover_io_real::http::rfc3339(1_800_000_000_000);
+        let at = |ms: u64| json!({ "ExpirationTime": drover_io_real::http::rfc3339(ms) });
+        assert!(expired(&at(1_799_999_999_000), &now));
+        assert!(!expired(&at(1_800_000_001_000), &now));
+        assert!(!expired(&json!({ "ExpirationTime": null }), &now));
+    }
 }
