@@ -92,10 +92,17 @@ pub struct Agent {
     child: Option<Child>,
     pub log: Arc<Mutex<String>>,
     args: Vec<String>,
+    /// `RUST_LOG` for the process.
+    log_filter: String,
 }
 
 impl Agent {
-    pub fn start(spec: ServerSpec, mut args: Vec<String>) -> Agent {
+    pub fn start(spec: ServerSpec, args: Vec<String>) -> Agent {
+        Agent::start_logging(spec, args, "info")
+    }
+
+    /// Started with `RUST_LOG=<filter>` (`debug` shows what a log at that level would leak).
+    pub fn start_logging(spec: ServerSpec, mut args: Vec<String>, filter: &str) -> Agent {
         // raw_exec is off unless an operator enables it (Nomad's default); the tests' client
         // agents run raw_exec tasks, so they enable it as an operator would, in a config file.
         if args.iter().any(|arg| arg == "-client") {
@@ -109,6 +116,7 @@ impl Agent {
             child: None,
             log: Arc::new(Mutex::new(String::new())),
             args,
+            log_filter: filter.to_string(),
         };
         agent.spawn();
         agent
@@ -117,7 +125,7 @@ impl Agent {
     fn spawn(&mut self) {
         let mut child = Command::new(AGENT)
             .args(&self.args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", &self.log_filter)
             .env("NO_COLOR", "1")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
