@@ -1,8 +1,9 @@
 //! The README's TLS cluster, by its commands: `agent tls ca create` and `agent tls cert create
 //! -server|-client|-cli` write Nomad's files (keys 0600, nothing overwritten); an agent serves
 //! HTTPS and mutual-TLS RPC with them; the CLI reaches it with `-ca-cert` or `NOMAD_CACERT`
-//! and is refused without; and a peer that connects and stays silent is dropped when its
-//! handshake deadline passes, without holding up anyone else.
+//! and is refused without; `alloc exec` runs a command in a task over `wss://`; and a peer
+//! that connects and stays silent is dropped when its handshake deadline passes, without
+//! holding up anyone else.
 
 mod support;
 
@@ -108,6 +109,7 @@ fn a_dev_ca_made_by_the_cli_secures_an_agent_the_cli_then_reaches() {
     .unwrap();
     let mut args = server_args(&specs, 0);
     args.push(format!("-config={}", config.display()));
+    args.push("-client".into());
     let agent = Agent::start(specs[0].clone(), args);
     let address = format!("-address=https://127.0.0.1:{}", specs[0].http);
     let ca_flag = format!("-ca-cert={}", file("nomad-agent-ca.pem"));
@@ -131,6 +133,47 @@ fn a_dev_ca_made_by_the_cli_secures_an_agent_the_cli_then_reaches() {
     assert!(out.contains("UnknownIssuer"), "without the CA the CLI says why: {out}");
     let (code, out) = status(&[], &[("NOMAD_CACERT", file("nomad-agent-ca.pem"))]);
     assert_eq!(code, 0, "NOMAD_CACERT: {out}");
+
+    // A task, and a command run in it over wss:// with the same settings.
+    std::fs::write(
+        root.path().join("web.hcl"),
+        "job \"web\" {\n  datacenters = [\"dc1\"]\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n      config {\n        command = \"/bin/sh\"\n        args = [\"-c\", \"sleep 600\"]\n      }\n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let (code, out) = cli(
+        root.path(),
+        &["job", "run", "-detach", &address, &ca_flag, "web.hcl"],
+        &[],
+    );
+    assert_eq!(code, 0, "{out}");
+    let alloc = wait_for(Duration::from_secs(60), || {
+        let (code, out) = cli(root.path(), &["job", "status", &address, &ca_flag, "web"], &[]);
+        if code != 0 {
+            return None;
+        }
+        let row = out
+            .lines()
+            .skip_while(|line| !line.starts_with("Allocations"))
+            .find(|line| line.contains("running"))?;
+        row.split_whitespace().next().map(str::to_string)
+    })
+    .unwrap_or_else(|| panic!("the task runs:\n{}", agent.log()));
+    let (code, out) = cli(
+        root.path(),
+        &[
+            "alloc",
+            "exec",
+            &address,
+            &ca_flag,
+            "-i=false",
+            &alloc,
+            "sh",
+            "-c",
+            "echo over-wss; exit 4",
+        ],
+        &[],
+    );
+    assert_eq!((code, out.as_str()), (4, "over-wss\n"), "alloc exec over wss://");
 
     // Silent peers on both TLS ports are dropped at their deadline; while they hang on, the
     // API answers others.

@@ -67,6 +67,57 @@ fn terminal_size() -> Option<(u16, u16)> {
     }
 }
 
+/// A plain or TLS stream under the websocket.
+trait Duplex: Read + Write + Send {}
+impl<T: Read + Write + Send> Duplex for T {}
+
+enum ExecConnect {
+    /// The agent answered the upgrade with an HTTP error: its status and body.
+    Refused(u16, String),
+    Failed(String),
+}
+
+/// The websocket of `request` (`ws://` or `wss://` with the CLI's TLS settings), and the TCP
+/// socket under it (to set its read timeout once the handshakes are done).
+fn connect(
+    api: &Api,
+    request: tungstenite::handshake::client::Request,
+) -> Result<(tungstenite::WebSocket<Box<dyn Duplex>>, std::net::TcpStream), ExecConnect> {
+    let failed = |error: &dyn std::fmt::Display| ExecConnect::Failed(error.to_string());
+    let uri = request.uri().clone();
+    let host = uri.host().ok_or_else(|| failed(&"no host"))?.to_string();
+    let secure = uri.scheme_str() == Some("wss");
+    let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+    let tcp = std::net::TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port))
+        .map_err(|error| failed(&error))?;
+    let under = tcp.try_clone().map_err(|error| failed(&error))?;
+    let stream: Box<dyn Duplex> = if secure {
+        let config = api
+            .tls
+            .clone()
+            .ok_or_else(|| failed(&"wss:// needs the CLI's TLS settings (an https:// address)"))?;
+        let name =
+            rustls::pki_types::ServerName::try_from(host.trim_start_matches('[').trim_end_matches(']').to_string())
+                .map_err(|error| failed(&error))?;
+        let connection = rustls::ClientConnection::new(config, name).map_err(|error| failed(&error))?;
+        Box::new(rustls::StreamOwned::new(connection, tcp))
+    } else {
+        Box::new(tcp)
+    };
+    match tungstenite::client(request, stream) {
+        Ok((socket, _)) => Ok((socket, under)),
+        Err(tungstenite::HandshakeError::Failure(tungstenite::Error::Http(response))) => {
+            let body = response
+                .body()
+                .as_ref()
+                .map(|body| String::from_utf8_lossy(body).into_owned())
+                .unwrap_or_default();
+            Err(ExecConnect::Refused(response.status().as_u16(), body))
+        }
+        Err(error) => Err(failed(&error)),
+    }
+}
+
 pub(super) fn alloc_exec(
     api: &Api,
     id: &str,
@@ -93,29 +144,18 @@ pub(super) fn alloc_exec(
     if let Some(token) = &api.token {
         request.headers_mut().insert("X-Nomad-Token", token.parse()?);
     }
-    let (mut socket, _) = match tungstenite::connect(request) {
+    let (mut socket, tcp) = match connect(api, request) {
         Ok(connected) => connected,
-        Err(tungstenite::Error::Http(response)) => {
-            let body = response
-                .body()
-                .as_ref()
-                .map(|body| String::from_utf8_lossy(body).into_owned())
-                .unwrap_or_default();
+        Err(ExecConnect::Refused(code, body)) => {
             return Err(Failure(
-                format!(
-                    "Unexpected response code: {} ({})",
-                    response.status().as_u16(),
-                    body.trim()
-                ),
+                format!("Unexpected response code: {code} ({})", body.trim()),
                 1,
             ));
         }
-        Err(error) => return Err(Failure(format!("Error connecting to {url}: {error}"), 1)),
+        Err(ExecConnect::Failed(error)) => return Err(Failure(format!("Error connecting to {url}: {error}"), 1)),
     };
     // Reads wake up every 50 ms to pass stdin on.
-    if let tungstenite::stream::MaybeTlsStream::Plain(stream) = socket.get_mut() {
-        stream.set_read_timeout(Some(Duration::from_millis(50)))?;
-    }
+    tcp.set_read_timeout(Some(Duration::from_millis(50)))?;
     let _raw = tty.then(RawTerminal::enter);
     if tty && let Some((width, height)) = terminal_size() {
         socket.send(Message::text(

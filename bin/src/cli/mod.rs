@@ -287,6 +287,8 @@ pub(super) struct Api {
     pub(super) token: Option<String>,
     /// Requests go through it: HTTPS with the CLI's CA and certificate when given.
     pub(super) agent: ureq::Agent,
+    /// The TLS client settings `agent` uses for `https://` (`alloc exec` dials `wss://` itself).
+    pub(super) tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 /// A flag, else its environment variable, else nothing (empty counts as unset).
@@ -299,20 +301,27 @@ fn flag_or_env(flag: &Option<String>, env: &str) -> Option<String> {
 impl Api {
     fn new(global: &Global) -> Result<Api, Failure> {
         let base = flag_or_env(&global.address, "NOMAD_ADDR").unwrap_or_else(|| "http://127.0.0.1:4646".into());
+        let tls = if base.starts_with("https://") {
+            Some(Self::tls_for(global)?)
+        } else {
+            None
+        };
+        let builder = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
+        let agent = match &tls {
+            Some(config) => builder.tls_config(config.clone()).build(),
+            None => builder.build(),
+        };
         Ok(Api {
             base: base.trim_end_matches('/').to_string(),
             token: flag_or_env(&global.token, "NOMAD_TOKEN"),
-            agent: Self::agent_for(global, base.starts_with("https://"))?,
+            agent,
+            tls,
         })
     }
 
     /// Nomad's `-ca-cert -client-cert -client-key -tls-skip-verify` and their `NOMAD_*`
     /// variables.
-    fn agent_for(global: &Global, https: bool) -> Result<ureq::Agent, Failure> {
-        let builder = ureq::AgentBuilder::new().timeout_connect(Duration::from_secs(10));
-        if !https {
-            return Ok(builder.build());
-        }
+    fn tls_for(global: &Global) -> Result<std::sync::Arc<rustls::ClientConfig>, Failure> {
         let ca = flag_or_env(&global.ca_cert, "NOMAD_CACERT").unwrap_or_default();
         let cert = flag_or_env(&global.client_cert, "NOMAD_CLIENT_CERT").unwrap_or_default();
         let key = flag_or_env(&global.client_key, "NOMAD_CLIENT_KEY").unwrap_or_default();
@@ -327,7 +336,7 @@ impl Api {
         };
         let config = drover_io_real::tls::client_config(&settings)
             .map_err(|error| Failure(format!("Error setting up TLS: {error}"), 1))?;
-        Ok(builder.tls_config(std::sync::Arc::new(config)).build())
+        Ok(std::sync::Arc::new(config))
     }
 
     /// `request` with the ACL token, if any.
