@@ -18,7 +18,7 @@ use tonic::transport::{Channel, Endpoint};
 use crate::io::{Caller, CallerRole, Identity, RpcHandler, Transport, TransportError};
 use crate::sockets::{Accepted, RpcConnectInfo, Sockets, TokioSockets};
 use crate::tls::agent::AgentTls;
-use crate::tls::stream::MaybeTls;
+use crate::tls::stream::{MaybeTls, Prefixed};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// An idle connection is pinged this often, and dropped when a ping goes unanswered for
@@ -347,9 +347,9 @@ fn secured<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'sta
     incoming: impl futures::Stream<Item = std::io::Result<Accepted<T>>> + Send + 'static,
     tls: Option<Arc<AgentTls>>,
     handshake_timeout: Duration,
-) -> impl futures::Stream<Item = std::io::Result<Accepted<MaybeTls<T>>>> + Send + 'static {
+) -> impl futures::Stream<Item = std::io::Result<Accepted<MaybeTls<Prefixed<T>>>>> + Send + 'static {
     use futures::StreamExt;
-    let (ready, done) = tokio::sync::mpsc::channel::<Accepted<MaybeTls<T>>>(64);
+    let (ready, done) = tokio::sync::mpsc::channel::<Accepted<MaybeTls<Prefixed<T>>>>(64);
     tokio::spawn(async move {
         let mut incoming = std::pin::pin!(incoming);
         while let Some(accepted) = incoming.next().await {
@@ -358,8 +358,32 @@ fn secured<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'sta
             let (ready, tls) = (ready.clone(), tls.clone());
             tokio::spawn(async move {
                 let (stream, identity) = match &tls {
-                    None => (MaybeTls::Plain(stream), Identity::Unverified),
+                    None => (MaybeTls::Plain(Prefixed::new(stream)), Identity::Unverified),
                     Some(tls) => {
+                        // `rpc_upgrade_mode`: a connection that opens without a TLS handshake
+                        // is served in plaintext, as before the cluster moved to TLS.
+                        let stream = if tls.settings().rpc_upgrade_mode {
+                            match crate::tls::stream::sniff(stream, handshake_timeout).await {
+                                Ok((true, stream)) => stream,
+                                Ok((false, stream)) => {
+                                    tracing::debug!(%peer, "plaintext RPC connection accepted (rpc_upgrade_mode)");
+                                    let accepted = Accepted {
+                                        stream: MaybeTls::Plain(stream),
+                                        peer,
+                                        slot,
+                                        identity: Identity::Unverified,
+                                    };
+                                    let _ = ready.send(accepted).await;
+                                    return;
+                                }
+                                Err(error) => {
+                                    tracing::warn!(%peer, %error, "refused an RPC connection: nothing sent");
+                                    return;
+                                }
+                            }
+                        } else {
+                            Prefixed::new(stream)
+                        };
                         match crate::tls::stream::accept(stream, tls.rpc_server_config(), handshake_timeout).await {
                             Ok(stream) => {
                                 let identity = tls.identity(stream.peer_certificates());

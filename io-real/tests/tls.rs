@@ -63,6 +63,7 @@ impl Pki {
             key_file: self.path(&format!("{}-key.pem", role.as_str())),
             verify_server_hostname: true,
             verify_https_client: false,
+            ..TlsSettings::default()
         }
     }
 
@@ -161,6 +162,98 @@ async fn agent_rpc_is_mutual_tls_and_a_certificate_names_what_its_holder_may_cal
     let answered = call(&peer, server.rpc, read_index_request()).await.unwrap();
     assert!(!denied(&answered), "{answered:?}");
     server.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpc_upgrade_mode_serves_plaintext_and_tls_callers_on_one_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path(), "cluster");
+    let mut settings = pki.settings(Role::Server);
+    settings.rpc_upgrade_mode = true;
+    let server = support::start_server_with_tls(
+        &dir.path().join("agent"),
+        false,
+        HttpLimits::default(),
+        100,
+        Some(Arc::new(AgentTls::load(settings, "global").unwrap())),
+    )
+    .await;
+    // A plaintext caller (an agent not yet moved to TLS) is served, unverified.
+    let plain = GrpcTransport::default();
+    let answered = call(&plain, server.rpc, read_index_request()).await.unwrap();
+    assert!(!denied(&answered), "{answered:?}");
+    // TLS callers are told apart by their certificates as ever.
+    let client = GrpcTransport::default().with_tls(pki.agent_tls(Role::Client));
+    let refused = call(&client, server.rpc, read_index_request()).await.unwrap();
+    assert!(denied(&refused), "{refused:?}");
+    let peer = GrpcTransport::default().with_tls(pki.agent_tls(Role::Server));
+    let answered = call(&peer, server.rpc, read_index_request()).await.unwrap();
+    assert!(!denied(&answered), "{answered:?}");
+    server.handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_min_version_and_cipher_suites_bound_what_is_negotiated() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::create(dir.path(), "cluster");
+    let mut strict = pki.settings(Role::Server);
+    strict.tls13_only = true;
+    let server = support::start_server_with_tls(
+        &dir.path().join("agent"),
+        false,
+        HttpLimits::default(),
+        100,
+        Some(Arc::new(AgentTls::load(strict, "global").unwrap())),
+    )
+    .await;
+    // `tls_cipher_suites` cuts the TLS 1.2 suites offered to those named (TLS 1.3's stay, as
+    // in Go).
+    let mut old = pki.settings(Role::Server);
+    old.cipher_suites = vec!["TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256".into()];
+    let old_tls = AgentTls::load(old, "global").unwrap();
+    let config = old_tls.rpc_client_config();
+    assert!(
+        config
+            .crypto_provider()
+            .cipher_suites
+            .iter()
+            .filter(|suite| suite.version() == &rustls::version::TLS12)
+            .all(|suite| suite.suite() == rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256),
+        "only the configured TLS 1.2 suite is offered"
+    );
+    // A peer of default settings speaks TLS 1.3 with a tls13-only agent.
+    let current = GrpcTransport::default().with_tls(pki.agent_tls(Role::Server));
+    let answered = call(&current, server.rpc, peers_request()).await.unwrap();
+    assert!(
+        matches!(answered.body, Some(ResponseBody::StatusPeers(_))),
+        "{answered:?}"
+    );
+    // A raw TLS 1.2-only client is refused at the handshake.
+    let mut tls12 = rustls::ClientConfig::builder_with_protocol_versions(&[&rustls::version::TLS12])
+        .with_root_certificates({
+            let mut roots = rustls::RootCertStore::empty();
+            let pem = std::fs::read(pki.path("ca.pem")).unwrap();
+            for cert in rustls_pemfile_certs(&pem) {
+                roots.add(cert).unwrap();
+            }
+            roots
+        })
+        .with_no_client_auth();
+    tls12.alpn_protocols = vec![b"h2".to_vec()];
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.rpc)).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("server.global.nomad").unwrap();
+    let refused = tokio_rustls::TlsConnector::from(Arc::new(tls12))
+        .connect(name, stream)
+        .await;
+    assert!(refused.is_err(), "a TLS 1.2 handshake with a tls13-only agent");
+    server.handle.shutdown().await;
+}
+
+fn rustls_pemfile_certs(pem: &[u8]) -> Vec<rustls::pki_types::CertificateDer<'static>> {
+    use rustls::pki_types::pem::PemObject;
+    rustls::pki_types::CertificateDer::pem_slice_iter(pem)
+        .map(Result::unwrap)
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,7 @@ pub fn settings(pki: &Path, role: Role) -> TlsSettings {
         key_file: file(format!("{}-key.pem", role.as_str())),
         verify_server_hostname: true,
         verify_https_client: false,
+        ..TlsSettings::default()
     }
 }
 

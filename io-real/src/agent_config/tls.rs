@@ -46,18 +46,22 @@ pub fn apply(settings: &mut TlsSettings, notes: &mut Vec<String>, block: TlsBloc
     if let Some(version) = block.tls_min_version {
         // rustls speaks TLS 1.2 and 1.3 only.
         match version.as_str() {
-            "tls12" | "tls13" => {}
+            "tls12" => settings.tls13_only = false,
+            "tls13" => settings.tls13_only = true,
             "tls10" | "tls11" => notes.push(format!(
                 "tls.tls_min_version = {version:?}: Drover never speaks below TLS 1.2"
             )),
             other => anyhow::bail!("tls.tls_min_version: {other:?} is not one of tls10, tls11, tls12, tls13"),
         }
     }
-    if block.rpc_upgrade_mode == Some(true) {
-        notes.push("tls.rpc_upgrade_mode is not supported: with rpc = true every RPC connection is TLS".into());
+    if let Some(upgrade) = block.rpc_upgrade_mode {
+        settings.rpc_upgrade_mode = upgrade;
     }
-    if block.tls_cipher_suites.is_some() || block.tls_prefer_server_cipher_suites.is_some() {
-        notes.push("tls.tls_cipher_suites: Drover uses rustls's safe defaults".into());
+    if let Some(text) = block.tls_cipher_suites {
+        settings.cipher_suites = crate::tls::agent::parse_cipher_suites(&text)?;
+    }
+    if block.tls_prefer_server_cipher_suites.is_some() {
+        notes.push("tls.tls_prefer_server_cipher_suites: rustls servers always choose by their own order".into());
     }
     Ok(())
 }
@@ -87,6 +91,33 @@ mod tests {
         assert!(settings.http && settings.rpc && settings.verify_server_hostname);
         assert_eq!(settings.cert_file, "b.pem");
         assert_eq!(settings.ca_file, "ca.pem");
+
+        let (modern, _) = crate::agent_config::parse_text(
+            r#"tls {
+                 tls_min_version = "tls13"
+                 rpc_upgrade_mode = true
+                 tls_cipher_suites = "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256, TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"
+               }"#,
+        )
+        .unwrap();
+        apply(&mut settings, &mut notes, modern.tls.unwrap()).unwrap();
+        assert!(settings.tls13_only && settings.rpc_upgrade_mode);
+        assert_eq!(
+            settings.cipher_suites,
+            [
+                "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+                "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"
+            ]
+        );
+        for (suites, why) in [
+            ("TLS_RSA_WITH_AES_128_CBC_SHA", "is not offered by Drover"),
+            ("TLS_NOPE", "unsupported TLS cipher suite \"TLS_NOPE\""),
+        ] {
+            let (bad, _) =
+                crate::agent_config::parse_text(&format!("tls {{ tls_cipher_suites = \"{suites}\" }}")).unwrap();
+            let error = apply(&mut settings, &mut notes, bad.tls.unwrap()).unwrap_err();
+            assert!(error.to_string().contains(why), "{error}");
+        }
 
         let (bad, _) = crate::agent_config::parse_text(r#"tls { tls_min_version = "ssl3" }"#).unwrap();
         let error = apply(&mut settings, &mut notes, bad.tls.unwrap()).unwrap_err();

@@ -39,9 +39,121 @@ pub struct TlsSettings {
     pub verify_server_hostname: bool,
     /// HTTPS clients must present a certificate of the CA.
     pub verify_https_client: bool,
+    /// `rpc_upgrade_mode`: the RPC port accepts plaintext connections too (while a cluster
+    /// moves to TLS); this agent still dials TLS.
+    pub rpc_upgrade_mode: bool,
+    /// `tls_min_version = "tls13"`: TLS 1.2 is refused.
+    pub tls13_only: bool,
+    /// `tls_cipher_suites`: the TLS 1.2 suites offered, by Nomad's (Go's) names; empty: rustls's
+    /// defaults. TLS 1.3's suites are not configurable, as in Go.
+    pub cipher_suites: Vec<String>,
 }
 
+/// The TLS 1.2 suites rustls implements, by the names Nomad's `tls_cipher_suites` takes.
+const SUITE_NAMES: &[(&str, rustls::CipherSuite)] = &[
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+    (
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+        rustls::CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256,
+    ),
+];
+
+/// Suites Nomad accepts that rustls does not implement (RSA key exchange, CBC): refused by
+/// name rather than silently dropped, so an operator's list means what it says.
+const SUITES_NOT_OFFERED: &[&str] = &[
+    "TLS_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_RSA_WITH_AES_256_GCM_SHA384",
+    "TLS_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_RSA_WITH_AES_128_CBC_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_CBC_SHA256",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_256_CBC_SHA",
+    "TLS_ECDHE_RSA_WITH_AES_128_CBC_SHA256",
+];
+
+/// Parses Nomad's `tls_cipher_suites` (comma-separated), each name checked.
+pub fn parse_cipher_suites(text: &str) -> Result<Vec<String>, TlsError> {
+    let mut names = Vec::new();
+    for name in text.split(',').map(str::trim).filter(|name| !name.is_empty()) {
+        if SUITES_NOT_OFFERED.contains(&name) {
+            return Err(TlsError::Config(format!(
+                "tls.tls_cipher_suites: {name} is not offered by Drover (rustls implements ECDHE with AES-GCM or ChaCha20-Poly1305 only)"
+            )));
+        }
+        if !SUITE_NAMES.iter().any(|(known, _)| *known == name) {
+            return Err(TlsError::Config(format!(
+                "tls.tls_cipher_suites: unsupported TLS cipher suite {name:?}"
+            )));
+        }
+        names.push(name.to_string());
+    }
+    Ok(names)
+}
+
+/// The crypto provider for `settings`: rustls's ring provider, its TLS 1.2 suites cut to the
+/// configured ones.
+fn provider_for(settings: &TlsSettings) -> Arc<CryptoProvider> {
+    let mut provider = (*provider()).clone();
+    if !settings.cipher_suites.is_empty() {
+        let wanted: Vec<rustls::CipherSuite> = settings
+            .cipher_suites
+            .iter()
+            .filter_map(|name| {
+                SUITE_NAMES
+                    .iter()
+                    .find(|(known, _)| known == name)
+                    .map(|(_, suite)| *suite)
+            })
+            .collect();
+        provider
+            .cipher_suites
+            .retain(|suite| suite.version() == &rustls::version::TLS13 || wanted.contains(&suite.suite()));
+    }
+    Arc::new(provider)
+}
+
+/// TLS 1.3 alone (`tls_min_version = "tls13"`).
+static TLS13_ONLY: &[&rustls::SupportedProtocolVersion] = &[&rustls::version::TLS13];
+
 impl TlsSettings {
+    fn versions(&self) -> &'static [&'static rustls::SupportedProtocolVersion] {
+        if self.tls13_only {
+            TLS13_ONLY
+        } else {
+            rustls::DEFAULT_VERSIONS
+        }
+    }
+
     /// Whether anything is served over TLS.
     pub fn enabled(&self) -> bool {
         self.http || self.rpc
@@ -140,7 +252,7 @@ impl AgentTls {
     /// Reads the files the settings name; every problem names its file.
     pub fn load(settings: TlsSettings, region: &str) -> Result<AgentTls, TlsError> {
         settings.check()?;
-        let provider = provider();
+        let provider = provider_for(&settings);
         let material = Material::read(&settings, &provider)?;
         let shared = Arc::new(Shared {
             material: RwLock::new(Arc::new(material)),
@@ -149,7 +261,7 @@ impl AgentTls {
         });
         let server_config = |client_auth: Arc<dyn ClientCertVerifier>, alpn: &[u8]| {
             let mut config = ServerConfig::builder_with_provider(provider.clone())
-                .with_safe_default_protocol_versions()
+                .with_protocol_versions(settings.versions())
                 .map_err(|error| TlsError::Config(error.to_string()))?
                 .with_client_cert_verifier(client_auth)
                 .with_cert_resolver(Arc::new(Reloadable(shared.clone())));
@@ -164,7 +276,7 @@ impl AgentTls {
         };
         let http_server = server_config(http_client_auth, b"http/1.1")?;
         let mut rpc_client = ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(settings.versions())
             .map_err(|error| TlsError::Config(error.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(Reloadable(shared.clone())))
