@@ -364,6 +364,7 @@ async fn start<C: Consul>(
         observer: Arc::new(TracingObserver),
         client_csi,
         disk_latency: None,
+        keystore: None,
     };
     Ok(start_agent(parts).await?)
 }

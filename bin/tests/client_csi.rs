@@ -203,6 +203,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         observer: Arc::new(TracingObserver),
         client_csi: Some(Arc::new(router)),
         disk_latency: None,
+        keystore: None,
     })
     .await
     .unwrap();

@@ -163,6 +163,7 @@ async fn start(data_dir: &std::path::Path) -> AgentHandle {
         observer: Arc::new(TracingObserver),
         client_csi: None,
         disk_latency: None,
+        keystore: None,
     })
     .await
     .unwrap();

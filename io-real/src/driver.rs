@@ -51,6 +51,10 @@ pub struct AgentParts<T, C, O> {
     /// How slow the disk under `db` is, when something other than redb's own I/O says so
     /// (the simulation's slow disks); `None` in production.
     pub disk_latency: Option<crate::raft::store::DiskLatency>,
+    /// A server's root keystore kept by the caller (a simulation keeps one per server beside
+    /// its disk, so a restart finds its keys as a real one finds its files); `None`: the one
+    /// under `<data_dir>/server/keystore`.
+    pub keystore: Option<crate::rootkeys::Keystore>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -503,6 +507,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         observer,
         client_csi,
         disk_latency,
+        keystore,
     } = parts;
     let store = Store::new(db)?.with_latency(disk_latency);
     let fresh_node_id = loop {
@@ -552,7 +557,9 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     } else {
         Keyring::default()
     }));
-    let keystore = if is_server {
+    let keystore = if let Some(kept) = keystore {
+        kept
+    } else if is_server {
         root_keystore(&config)?
     } else {
         crate::rootkeys::Keystore::in_memory()

@@ -131,6 +131,7 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
         observer: Arc::new(TracingObserver),
         client_csi: Some(plugins.clone()),
         disk_latency: None,
+        keystore: None,
     })
     .await
     .unwrap();

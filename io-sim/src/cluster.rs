@@ -160,6 +160,7 @@ impl SimCluster {
                 consul: self.consul.clone(),
                 exited: exited.clone(),
                 node_id: node_id.clone(),
+                keystore: drover_io_real::rootkeys::Keystore::in_memory(),
             };
             move || {
                 let process = process.clone();
@@ -527,18 +528,38 @@ impl SimCluster {
         value: String,
         timeout: Duration,
     ) -> Option<impl std::future::Future<Output = Result<u64, String>> + use<>> {
+        self.start_write_sealed(index, path, value, timeout, false)
+    }
+
+    /// [`start_write`](Self::start_write), the value sealed first under the cluster's root
+    /// key when `sealed` (as the HTTP API seals a variable before Raft; the first sealed
+    /// write makes the key and hands it to the other servers).
+    pub fn start_write_sealed(
+        &self,
+        index: usize,
+        path: String,
+        value: String,
+        timeout: Duration,
+        sealed: bool,
+    ) -> Option<impl std::future::Future<Output = Result<u64, String>> + use<>> {
         let agent = self.agent(index)?;
-        let command = Command::VariableUpsert {
-            path,
-            items: [("v".to_string(), value)].into(),
-        };
-        let task = self.servers[index]
-            .node
-            .spawn(async move { agent.apply(command).await });
+        let items: drover_core::structs::Secrets = [("v".to_string(), value)].into();
+        let task = self.servers[index].node.spawn(async move {
+            let items = if sealed {
+                agent.seal_secrets(&items).await.map_err(|error| error.to_string())?
+            } else {
+                items
+            };
+            let command = Command::VariableUpsert { path, items };
+            agent
+                .apply(command)
+                .await
+                .map(|(index, _)| index)
+                .map_err(|error| error.to_string())
+        });
         Some(async move {
             match tokio::time::timeout(timeout, task).await {
-                Ok(Ok(Ok((index, _)))) => Ok(index),
-                Ok(Ok(Err(error))) => Err(error.to_string()),
+                Ok(Ok(result)) => result,
                 Ok(Err(error)) if error.is_cancelled() => Err("the server was killed mid-write".to_string()),
                 Ok(Err(_)) => Err("the write task panicked".to_string()),
                 Err(_) => Err("timed out".to_string()),
@@ -579,6 +600,32 @@ impl ServerReader {
             }
         })
     }
+    /// Starts a consistent read of the variable at `path` that opens its items (fetching the
+    /// root key from a peer if this server lacks it): the value of its item `v`, `None` when
+    /// there is no such variable.
+    pub fn start_open(
+        &self,
+        path: String,
+        timeout: Duration,
+    ) -> Option<impl std::future::Future<Output = Result<Option<String>, String>> + use<>> {
+        let agent = self.agent.lock().expect("agent slot").clone()?;
+        let task = self.node.spawn(async move {
+            agent.read_barrier().await.map_err(|error| error.to_string())?;
+            let items = agent
+                .read_state(|state| state.variable(&path).map(|variable| variable.items.clone()))
+                .ok_or_else(|| "this server holds no state".to_string())?;
+            let Some(items) = items else { return Ok(None) };
+            let opened = agent.open_secrets(&items).await.map_err(|error| error.to_string())?;
+            Ok(Some(opened.get("v").cloned().unwrap_or_default()))
+        });
+        Some(async move {
+            match tokio::time::timeout(timeout, task).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err("the server was killed mid-read".to_string()),
+                Err(_) => Err("timed out".to_string()),
+            }
+        })
+    }
 }
 
 /// Everything a server's process needs, kept outside the node so a restart finds it.
@@ -591,6 +638,9 @@ struct ServerProcess {
     consul: SimConsul,
     exited: Arc<AtomicBool>,
     node_id: Arc<OnceLock<madsim::task::NodeId>>,
+    /// The server's root keys: kept across its restarts, as the files of a real keystore
+    /// (written and synced before a key is used) are.
+    keystore: drover_io_real::rootkeys::Keystore,
 }
 
 impl ServerProcess {
@@ -623,6 +673,7 @@ impl ServerProcess {
             observer: self.recorder.observer(name),
             client_csi: None,
             disk_latency: Some(Arc::new(move || disk.latency())),
+            keystore: Some(self.keystore.clone()),
         };
         let agent = match start_agent(parts).await {
             Ok(agent) => agent,
@@ -691,6 +742,7 @@ async fn run_client(node: ClientNode) {
         observer: recorder.observer(&spec.name),
         client_csi: Some(client_csi),
         disk_latency: None,
+        keystore: None,
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,

@@ -281,6 +281,9 @@ struct Workload {
     dropped: BTreeSet<u64>,
     /// Fault-phase writes (with their read-back) still running.
     in_flight: Arc<AtomicU64>,
+    /// Values are sealed under the root keyring before they are proposed, and each read-back
+    /// opens what it finds (`Plan::sealed_writes`).
+    sealed: bool,
 }
 
 /// Counts one running write for as long as it lives.
@@ -345,6 +348,7 @@ async fn play(
         attempts,
         dropped,
         in_flight: Arc::default(),
+        sealed: plan.sealed_writes,
     };
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
@@ -592,14 +596,16 @@ async fn drive_workload(
             real_clients::deregister_attempt(cluster, pick).await;
         }
         let invoked = workload.start.elapsed();
-        let Some(write) = cluster.start_write(
+        let Some(write) = cluster.start_write_sealed(
             index,
             format!("w/{}", workload.written),
             workload.written.to_string(),
             WRITE_TIMEOUT,
+            workload.sealed,
         ) else {
             continue;
         };
+        let expected = workload.written.to_string();
         let path = format!("w/{}", workload.written);
         workload.written += 1;
         let acked = workload.acked.clone();
@@ -609,9 +615,31 @@ async fn drive_workload(
         let name = cluster.name(index).to_string();
         let read_via = cluster.name(reader).to_string();
         // Read back at once, through another random server: its answer must hold the write.
+        let sealed = workload.sealed;
         let read = {
-            let (path, reader) = (path.clone(), cluster.reader(reader));
-            move || reader.start_read(path, WRITE_TIMEOUT)
+            let (path, reader, recorder) = (path.clone(), cluster.reader(reader), cluster.recorder().clone());
+            move || {
+                if !sealed {
+                    return reader
+                        .start_read(path, WRITE_TIMEOUT)
+                        .map(|read| Box::pin(read) as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>);
+                }
+                // A sealed value must open, on whichever server reads it, to what was written.
+                let open = reader.start_open(path.clone(), WRITE_TIMEOUT)?;
+                Some(Box::pin(async move {
+                    let value = open.await?;
+                    if let Some(value) = &value
+                        && *value != expected
+                    {
+                        recorder.violate(
+                            "sealed values open to what was written",
+                            format!("{path} opened to {value:?}, {expected:?} was written"),
+                        );
+                    }
+                    Ok(value.is_some())
+                })
+                    as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send>>)
+            }
         };
         let running = InFlight::new(&workload.in_flight);
         tokio::spawn(async move {

@@ -204,6 +204,9 @@ pub struct Plan {
     /// BUGGIFY points on in the fault phase, with the chance each fires when reached
     /// (`drover_io_real::buggify`).
     pub buggify: BTreeMap<&'static str, f64>,
+    /// The workload seals its values under the root keyring, as the HTTP API does, and its
+    /// read-backs open them.
+    pub sealed_writes: bool,
 }
 
 impl Plan {
@@ -316,6 +319,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "read_storm",
         about: "hundreds of consistent reads a second through every server: the leader stays, every read is answered",
         build: read_storm,
+    },
+    Scenario {
+        name: "sealed_variables",
+        about: "values sealed under the root keyring while servers are killed and restarted: every read-back opens to what was written",
+        build: sealed_variables,
     },
 ];
 
@@ -688,6 +696,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         handover_bound: None,
         skipped: BTreeSet::new(),
         buggify: BTreeMap::new(),
+        sealed_writes: false,
     }
 }
 
@@ -757,6 +766,34 @@ fn restart_with_state(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         at += millis(rng, 1_000..10_000);
     }
     plan(servers, steps)
+}
+
+/// Sealed writes from the start: the first makes the root key (handed to a quorum before it
+/// is used); then the leader and another server are killed and restarted, one with its
+/// unsynced writes lost, so read-backs through a restarted server, or through one that was
+/// down when a key was made, must still open every value.
+fn sealed_variables(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let servers = servers(rng, 3, 3, 4_000, false, options);
+    let mut at = millis(rng, 6_000..12_000);
+    let mut steps = Vec::new();
+    for target in [Target::Leader, Target::Server(rng.gen_range(0..3))] {
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target,
+                crash: crash(rng),
+            },
+        });
+        at += millis(rng, 2_000..8_000);
+        steps.push(Step {
+            at,
+            action: Action::Restart(Target::LastKilled),
+        });
+        at += millis(rng, 2_000..6_000);
+    }
+    let mut plan = plan(servers, steps);
+    plan.sealed_writes = true;
+    plan
 }
 
 fn late_fourth_server(rng: &mut ChaCha8Rng, options: &Options) -> Plan {

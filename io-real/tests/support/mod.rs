@@ -74,6 +74,7 @@ pub async fn start_server_with_tls(
         observer: Arc::new(TracingObserver),
         client_csi: None,
         disk_latency: None,
+        keystore: None,
     })
     .await
     .unwrap();

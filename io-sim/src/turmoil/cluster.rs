@@ -427,6 +427,7 @@ async fn run_server(
         observer: recorder.observer(&spec.name),
         client_csi: None,
         disk_latency: None,
+        keystore: None,
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,
@@ -530,6 +531,7 @@ async fn run_client(node: ClientNode) -> turmoil::Result {
         observer: recorder.observer(&spec.name),
         client_csi: Some(client_csi),
         disk_latency: None,
+        keystore: None,
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,
