@@ -1,5 +1,7 @@
 //! A cluster set up as production runs Nomad: three servers and one client, ACLs on, mutual
-//! TLS between agents with `verify_server_hostname`, and a gossip key. It forms, runs a job,
+//! TLS between agents with `verify_server_hostname`, and a gossip key. It forms, runs a job
+//! and (as root) a CSI job — the fake plugin as a system job, a volume with secrets, a task
+//! writing through it —,
 //! rotates its gossip key with the CLI, and refuses, each for its own reason: requests
 //! without a token, with a wrong token, or with a token lacking the capability (per endpoint
 //! family); a certificate of another CA; a client's certificate making a server's call; a
@@ -208,6 +210,7 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
     })
     .unwrap_or_else(|| panic!("the job runs:\n{}", client.log()));
 
+    runs_a_csi_job(root.path(), port, &management);
     let reader = refuses_by_token(port, &management);
     client_agent_checks_tokens(http, &alloc_id, &management, &reader);
     refuses_by_certificate(&pki, &rogue_pki, &specs[0]);
@@ -220,6 +223,75 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
         server.terminate();
     }
     drop(client);
+}
+
+/// The volume's secret in `runs_a_csi_job`.
+const CSI_SECRET: &str = "csi-secret-4a7b";
+
+/// The fake CSI plugin as a system job, a volume with secrets registered through the API, and a
+/// batch task writing through it, all over the cluster's mutual TLS with the management token.
+/// Root only (the exec driver and the plugin's bind mounts need it; CI runs as root).
+fn runs_a_csi_job(root: &Path, port: u16, management: &str) {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped the CSI job: it needs root");
+        return;
+    }
+    let state = root.join("fake-state");
+    let plugin = root.join("plugin.hcl");
+    std::fs::write(
+        &plugin,
+        format!(
+            "job \"plugin\" {{\n  type = \"system\"\n  group \"nodes\" {{\n    task \"plugin\" {{\n      driver = \"raw_exec\"\n      config {{\n        command = \"{}\"\n        args = [\"--state-dir={}\", \"--node-id=secure-node\", \"--stage-unstage\", \"--auto-create\"]\n      }}\n      csi_plugin {{\n        id = \"fake\"\n        type = \"monolith\"\n      }}\n    }}\n  }}\n}}\n",
+            env!("CARGO_BIN_EXE_drover-csi-fake"),
+            state.display()
+        ),
+    )
+    .unwrap();
+    let (ok, out) = cli(port, management, &["job", "run", "-detach", plugin.to_str().unwrap()]);
+    assert!(ok, "the plugin job: {out}");
+    wait_for(Duration::from_secs(60), || {
+        let plugin = json_ok("GET", port, "/v1/plugin/csi/fake", management, None)?;
+        (plugin["NodesHealthy"] == 1 && plugin["ControllersHealthy"] == 1).then_some(())
+    })
+    .expect("the plugin is healthy");
+    let volume = format!(
+        r#"{{"Volumes":[{{"ID":"vol0","Name":"vol0","PluginID":"fake","Secrets":{{"token":"{CSI_SECRET}"}},"RequestedCapabilities":[{{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}}]}}]}}"#
+    );
+    let registered = request("PUT", port, "/v1/volume/csi/vol0", Some(management), Some(&volume));
+    assert_eq!(
+        registered.as_ref().map(|(code, _)| *code),
+        Some(200),
+        "volume registered: {registered:?}"
+    );
+    let writer = root.join("writer.hcl");
+    std::fs::write(
+        &writer,
+        "job \"writer\" {\n  type = \"batch\"\n  group \"g\" {\n    volume \"data\" {\n      type = \"csi\"\n      source = \"vol0\"\n      access_mode = \"single-node-writer\"\n      attachment_mode = \"file-system\"\n    }\n    task \"w\" {\n      driver = \"exec\"\n      config {\n        command = \"/bin/sh\"\n        args = [\"-c\", \"echo written under mtls > /data/hello\"]\n      }\n      volume_mount {\n        volume = \"data\"\n        destination = \"/data\"\n      }\n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let (ok, out) = cli(port, management, &["job", "run", "-detach", writer.to_str().unwrap()]);
+    assert!(ok, "the writer job: {out}");
+    let written = wait_for(Duration::from_secs(60), || {
+        std::fs::read_to_string(state.join("volumes/vol0/hello")).ok()
+    });
+    assert_eq!(
+        written.as_deref(),
+        Some("written under mtls\n"),
+        "the task wrote through the volume"
+    );
+    // Released once the batch task is done; then the plugin stops, leaving no mount behind.
+    wait_for(Duration::from_secs(60), || {
+        let volume = json_ok("GET", port, "/v1/volume/csi/vol0", management, None)?;
+        (volume["WriteAllocs"]
+            .as_object()
+            .is_some_and(|allocs| allocs.is_empty())
+            && volume["ReadAllocs"].as_object().is_some_and(|allocs| allocs.is_empty()))
+        .then_some(())
+    })
+    .expect("the writer's claim is released");
+    let (ok, out) = cli(port, management, &["job", "stop", "-purge", "plugin"]);
+    assert!(ok, "stopping the plugin: {out}");
 }
 
 /// Secrets never reach a log, at debug level (openraft's entries included): the tokens' secret
@@ -240,7 +312,15 @@ fn no_secret_in_any_log(port: u16, management: &str, reader: &str, servers: &[Ag
     let read = json_ok("GET", port, "/v1/var/app/config", management, None).expect("variable read");
     assert_eq!(read["Items"]["password"], "var-value-5e1f");
     std::thread::sleep(Duration::from_millis(500));
-    let secrets = [management, reader, "var-value-5e1f", "volume-secret-9c2d", KEY, NEW_KEY];
+    let secrets = [
+        management,
+        reader,
+        "var-value-5e1f",
+        "volume-secret-9c2d",
+        CSI_SECRET,
+        KEY,
+        NEW_KEY,
+    ];
     for agent in servers.iter().chain([client]) {
         let log = agent.log();
         assert!(log.len() > 10_000, "{}: a debug log was captured", agent.spec.name);

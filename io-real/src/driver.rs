@@ -916,21 +916,28 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     call: call.clone(),
                 });
                 let task = tokio::spawn(async move {
-                    let result = match (
-                        rpc_addr.parse::<SocketAddr>(),
-                        sealed::open_request(&service, request).await,
-                    ) {
-                        (_, Err(error)) => Err(error),
-                        (Ok(addr), Ok(request)) => {
+                    // The core's deadline is the real one; this only bounds the task.
+                    let timeout = agent::CLIENT_CSI_TIMEOUT + Duration::from_secs(5);
+                    let result = match sealed::open_request(&service, request).await {
+                        Err(error) => Err(error),
+                        // Over the stream the client keeps attached here, as Nomad's servers
+                        // call clients over the connection the client made (a client's
+                        // certificate names no server, so a dial to it would be refused under
+                        // `verify_server_hostname`); else dialed.
+                        Ok(request) => {
                             let envelope = client_csi_envelope(&region, &request);
-                            // The core's deadline is the real one; this only bounds the task.
-                            let timeout = agent::CLIENT_CSI_TIMEOUT + Duration::from_secs(5);
-                            match transport.call(addr, envelope, timeout).await {
-                                Ok(response) => client_csi_reply(response),
-                                Err(error) => Err(error.to_string()),
+                            match transport.call_attached(&node_id, envelope.clone(), timeout).await {
+                                Some(Ok(response)) => client_csi_reply(response),
+                                Some(Err(error)) => Err(error),
+                                None => match rpc_addr.parse::<SocketAddr>() {
+                                    Ok(addr) => match transport.call(addr, envelope, timeout).await {
+                                        Ok(response) => client_csi_reply(response),
+                                        Err(error) => Err(error.to_string()),
+                                    },
+                                    Err(_) => Err(format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}")),
+                                },
                             }
                         }
-                        (Err(_), Ok(_)) => Err(format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}")),
                     };
                     observer.record(AgentEvent::ClientCsiDone {
                         node_id,
