@@ -599,6 +599,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         keystore,
         observer: observer.clone(),
         skip_caller_check: config.server.raft_faults.skip_caller_check,
+        clients_attach: transport.can_attach(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
                 let transport = attached_transport.clone();
@@ -903,7 +904,6 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 rpc_addr,
                 request,
             } => {
-                let transport = self.transport.clone();
                 let inbox = self.inbox.clone();
                 let observer = self.observer.clone();
                 let region = self.region.clone();
@@ -920,23 +920,14 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     let timeout = agent::CLIENT_CSI_TIMEOUT + Duration::from_secs(5);
                     let result = match sealed::open_request(&service, request).await {
                         Err(error) => Err(error),
-                        // Over the stream the client keeps attached here, as Nomad's servers
-                        // call clients over the connection the client made (a client's
-                        // certificate names no server, so a dial to it would be refused under
-                        // `verify_server_hostname`); else dialed.
+                        // Over the client's own connection where it keeps one (see
+                        // `Service::call_node`), else dialed.
                         Ok(request) => {
                             let envelope = client_csi_envelope(&region, &request);
-                            match transport.call_attached(&node_id, envelope.clone(), timeout).await {
-                                Some(Ok(response)) => client_csi_reply(response),
-                                Some(Err(error)) => Err(error),
-                                None => match rpc_addr.parse::<SocketAddr>() {
-                                    Ok(addr) => match transport.call(addr, envelope, timeout).await {
-                                        Ok(response) => client_csi_reply(response),
-                                        Err(error) => Err(error.to_string()),
-                                    },
-                                    Err(_) => Err(format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}")),
-                                },
-                            }
+                            service
+                                .call_node(&node_id, &rpc_addr, envelope, timeout)
+                                .await
+                                .and_then(client_csi_reply)
                         }
                     };
                     observer.record(AgentEvent::ClientCsiDone {

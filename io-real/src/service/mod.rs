@@ -93,6 +93,8 @@ pub struct Service {
     /// Sends a request down the stream a client keeps attached to this server (`attach`);
     /// `None` from it when that client has none here.
     pub attached: Option<AttachedCall>,
+    /// Whether clients attach over this transport at all (`Transport::can_attach`).
+    pub clients_attach: bool,
     /// This agent's HTTP API, once it serves one: answers requests client-only agents hand on.
     pub http: Arc<std::sync::OnceLock<HttpHandler>>,
     /// When a leader's `AppendEntries` (its heartbeat) last reached this server.
@@ -824,6 +826,7 @@ mod tests {
             raft_store: None,
             pre_vote_quiet: Duration::from_millis(100),
             read_index: crate::driver::ReadIndexBatcher::default(),
+            clients_attach: false,
             keystore: crate::rootkeys::Keystore::in_memory(),
             keyring: Arc::default(),
             observer: Arc::new(crate::io::TracingObserver),

@@ -107,6 +107,42 @@ impl Service {
             .await
     }
 
+    /// A server's call to a client node (its `ClientCSI` calls): down the stream the node keeps
+    /// attached here, else through the peer server it is attached to, as Nomad's servers call
+    /// clients over the client's own connection (a dial would refuse the client's certificate
+    /// under `verify_server_hostname`); else dialing its RPC address. Peers are asked only
+    /// where clients attach at all (not in the simulation's transport, which dials).
+    pub async fn call_node(
+        &self,
+        node_id: &str,
+        rpc_addr: &str,
+        request: AgentRequest,
+        timeout: std::time::Duration,
+    ) -> Result<AgentResponse, String> {
+        if let Some(attached) = &self.attached {
+            if let Some(result) = attached(node_id.to_string(), request.clone(), timeout).await {
+                return result;
+            }
+            if self.clients_attach {
+                for peer in self.peer_servers() {
+                    let mut relayed = request.clone();
+                    relayed.attached_node = node_id.to_string();
+                    if let Ok(response) = (self.forward)(peer, relayed, timeout).await
+                        && !matches!(response.body, Some(ResponseBody::Error(_)) | None)
+                    {
+                        return Ok(response);
+                    }
+                }
+            }
+        }
+        let addr: std::net::SocketAddr = rpc_addr
+            .parse()
+            .map_err(|_| format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}"))?;
+        (self.forward)(addr, request, timeout)
+            .await
+            .map_err(|error| error.to_string())
+    }
+
     /// The RPC addresses of the other servers of the cluster.
     fn peer_servers(&self) -> Vec<std::net::SocketAddr> {
         let Some(raft) = &self.raft else {
