@@ -39,8 +39,8 @@ pub fn open_database(data_dir: &Path) -> Result<redb::Database, DiskError> {
     Ok(db)
 }
 
-/// Makes `file` readable and writable by its owner only: the agent's databases hold volume
-/// secrets and variables, which are not encrypted at rest (README, Security).
+/// Makes `file` readable and writable by its owner only: the agent's databases hold tokens'
+/// secret IDs and jobs in plain text (variables and volume secrets are sealed; README, Security).
 pub fn owner_only(file: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o600))
