@@ -12,7 +12,7 @@ use std::time::Duration;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{ClaimState, ClientStatus};
 use support::csi::{FakeClient, volume_body};
-use support::{Agent, agreed_leader, cluster_specs, free_ports, http, http_status, server_args, wait_for};
+use support::{Agent, agreed_leader, cluster_specs, files_under, free_ports, http, http_status, server_args, wait_for};
 
 const CYCLES: usize = 12;
 
@@ -210,20 +210,4 @@ fn claims_and_releases_survive_a_leader_kill() {
     assert!(body.is_some(), "restarted server caught up:\n{}", agents[killed].log());
     let (status_ok, list) = (true, agents[killed].get("/v1/volumes?type=csi").unwrap_or_default());
     assert!(status_ok && list.contains("vol-a") && list.contains("vol-b"), "{list}");
-}
-
-fn files_under(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files
 }

@@ -6,10 +6,9 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use support::{Agent, agreed_leader, cluster_specs, http_status, server_args, wait_for};
+use support::{Agent, agreed_leader, cluster_specs, files_under, http_status, server_args, wait_for};
 
 fn put_var(agent: &Agent, path: &str, value: &str) -> (u16, String) {
     let body = format!(r#"{{"Items":{{"password":"{value}"}}}}"#);
@@ -23,22 +22,6 @@ fn read_var(agent: &Agent, path: &str) -> Option<String> {
     http_status("GET", agent.spec.http, &format!("/v1/var/{path}"), None)
         .filter(|(code, _)| *code == 200)
         .map(|(_, body)| body)
-}
-
-fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files
 }
 
 /// How many files under `agent`'s data dir, its keystore aside, hold `needle`.

@@ -172,7 +172,7 @@ impl Keystore {
     /// memory). Holding a key already held changes nothing.
     pub fn insert(&self, material: RootKeyMaterial) -> Result<(), RootKeyError> {
         let cipher = material.cipher()?;
-        if material.key_id.is_empty() || !material.key_id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        if drover_core::fsm::rootkeys::check_key_id(&material.key_id).is_err() {
             return Err(RootKeyError::Malformed(material.key_id));
         }
         if self.material(&material.key_id).is_some() {

@@ -849,7 +849,8 @@ acl {
     }
 
     /// The server timings a `server { enabled = true  <extra> }` file loads to.
-    fn server_timing(extra: &str) -> anyhow::Result<drover_core::config::ServerTiming> {
+    /// The server config a `server { enabled = true <extra> }` file loads to.
+    fn server_config(extra: &str) -> anyhow::Result<drover_core::config::ServerConfig> {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("server.hcl");
         std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
@@ -858,7 +859,11 @@ acl {
             data_dir: Some("/d".into()),
             ..Flags::default()
         };
-        load(&flags, no_dev).map(|loaded| loaded.config.server.timing)
+        load(&flags, no_dev).map(|loaded| loaded.config.server)
+    }
+
+    fn server_timing(extra: &str) -> anyhow::Result<drover_core::config::ServerTiming> {
+        server_config(extra).map(|server| server.timing)
     }
 
     #[test]
@@ -1001,17 +1006,7 @@ client {
 
     #[test]
     fn job_limits_are_the_defaults_unless_set_and_refused_out_of_range() {
-        let load_with = |extra: &str| {
-            let dir = tempfile::tempdir().unwrap();
-            let file = dir.path().join("server.hcl");
-            std::fs::write(&file, format!("server {{\n  enabled = true\n  {extra}\n}}\n")).unwrap();
-            let flags = Flags {
-                config: vec![file],
-                data_dir: Some("/d".into()),
-                ..Flags::default()
-            };
-            load(&flags, no_dev).map(|loaded| loaded.config.server.job_limits)
-        };
+        let load_with = |extra: &str| server_config(extra).map(|server| server.job_limits);
         let defaults = drover_core::jobspec::limits::JobLimits::default();
         assert_eq!(load_with("").unwrap(), defaults);
         let raised = load_with(

@@ -144,7 +144,7 @@ impl Service {
     }
 
     /// The RPC addresses of the other servers of the cluster.
-    fn peer_servers(&self) -> Vec<std::net::SocketAddr> {
+    pub(super) fn peer_servers(&self) -> Vec<std::net::SocketAddr> {
         let Some(raft) = &self.raft else {
             return Vec::new();
         };

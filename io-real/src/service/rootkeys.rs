@@ -51,18 +51,15 @@ impl Service {
     /// The other servers of the Raft configuration (their RPC addresses), and how many
     /// voters it has.
     pub fn raft_peers(&self) -> (Vec<SocketAddr>, usize) {
-        let Some(raft) = &self.raft else {
-            return (Vec::new(), 0);
-        };
-        let metrics = raft.metrics().borrow().clone();
-        let membership = metrics.membership_config.membership();
-        let voters = membership.voter_ids().count();
-        let peers = membership
-            .nodes()
-            .filter(|(id, _)| **id != self.node_id)
-            .filter_map(|(_, node)| node.rpc_addr.parse().ok())
-            .collect();
-        (peers, voters)
+        let voters = self.raft.as_ref().map_or(0, |raft| {
+            raft.metrics()
+                .borrow()
+                .membership_config
+                .membership()
+                .voter_ids()
+                .count()
+        });
+        (self.peer_servers(), voters)
     }
 
     async fn root_key_call(
