@@ -138,6 +138,56 @@ fn the_acl_commands_bootstrap_write_policies_and_tokens_and_revoke_them() {
         .expect("the token is listed");
     assert!(row.trim_end().ends_with("false"), "not expired: {row}");
 
+    // Roles: one made from the policy, a token linking it by name, renamed, listed, deleted.
+    let (code, role) = cli(
+        dir,
+        port,
+        root,
+        &["acl", "role", "create", "-name", "readers", "-policy", "readonly"],
+    );
+    assert_eq!(code, 0, "{role}");
+    assert_eq!(field(&role, "Policies"), "readonly");
+    assert_eq!(field(&role, "Description"), "<none>");
+    let role_id = field(&role, "ID");
+    let (code, out) = cli(dir, port, root, &["acl", "role", "create", "-name", "empty"]);
+    assert_ne!(code, 0);
+    assert!(out.contains("At least one policy"), "{out}");
+    let (code, linked) = cli(
+        dir,
+        port,
+        root,
+        &["acl", "token", "create", "-name", "via-role", "-role-name", "readers"],
+    );
+    assert_eq!(code, 0, "{linked}");
+    assert_eq!(field(&linked, "Roles"), "[readers]");
+    let via_role = field(&linked, "Secret ID");
+    let (code, out) = cli(dir, port, Some(&via_role), &["node", "status"]);
+    assert_eq!(code, 0, "the role's policy reads nodes: {out}");
+    let (code, out) = cli(
+        dir,
+        port,
+        root,
+        &["acl", "role", "update", "-name", "auditors", &role_id],
+    );
+    assert_eq!((code, field(&out, "Name")), (0, "auditors".to_string()), "{out}");
+    assert_eq!(field(&out, "Policies"), "readonly", "merged: {out}");
+    let (code, out) = cli(dir, port, root, &["acl", "role", "info", "-by-name", "auditors"]);
+    assert_eq!((code, field(&out, "ID")), (0, role_id.clone()), "{out}");
+    let (code, list) = cli(dir, port, root, &["acl", "role", "list"]);
+    assert_eq!(code, 0, "{list}");
+    assert!(
+        list.lines()
+            .any(|line| line.contains(&role_id) && line.contains("auditors")),
+        "{list}"
+    );
+    let (code, out) = cli(dir, port, root, &["acl", "role", "delete", &role_id]);
+    assert_eq!(
+        (code, out.trim().to_string()),
+        (0, format!("ACL role {role_id} successfully deleted"))
+    );
+    let (code, out) = cli(dir, port, Some(&via_role), &["node", "status"]);
+    assert_ne!(code, 0, "the role's policies went with it: {out}");
+
     let (code, out) = cli(dir, port, root, &["acl", "token", "delete", &accessor]);
     assert_eq!(
         (code, out.trim().to_string()),

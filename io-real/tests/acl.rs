@@ -132,7 +132,7 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     let submitter: Value = serde_json::from_str(&body).unwrap();
     let submitter = submitter["SecretID"].as_str().unwrap().to_string();
     let (status, body) = create(json!([])).await;
-    assert_eq!((status, body.as_str()), (400, "client token missing policies"));
+    assert_eq!((status, body.as_str()), (400, "client token missing policies or roles"));
 
     // Per endpoint family: what the reader may and may not do.
     for (method, path, body, want) in [
@@ -253,4 +253,158 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(get("/v1/jobs", &brief).await, (403, "ACL token expired".into()));
     handle.shutdown().await;
+}
+
+/// Bootstraps `port`'s agent and returns the management secret.
+async fn bootstrap(port: u16) -> String {
+    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let root: Value = serde_json::from_str(&body).unwrap();
+    root["SecretID"].as_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_give_tokens_their_policies_and_one_time_tokens_are_spent_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let port = server.http;
+    let root = bootstrap(port).await;
+    let call = |method: &'static str, path: &str, token: &str, body: Value| {
+        http(
+            port,
+            method,
+            path.into(),
+            token.into(),
+            if body.is_null() {
+                String::new()
+            } else {
+                body.to_string()
+            },
+        )
+    };
+    let (status, body) = call(
+        "PUT",
+        "/v1/acl/policy/nodes-write",
+        &root,
+        json!({"Rules": "node { policy = \"write\" }"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    // A role needs existing policies and a unique name.
+    let (status, body) = call(
+        "POST",
+        "/v1/acl/role",
+        &root,
+        json!({"Name": "ops", "Policies": [{"Name": "missing"}]}),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (400, "cannot find policy missing"));
+    let (status, body) = call("POST", "/v1/acl/role", &root, json!({"Name": "ops", "Policies": []})).await;
+    assert_eq!(
+        (status, body.as_str()),
+        (400, "role 0 invalid: at least one policy should be specified")
+    );
+    let (status, body) = call(
+        "POST",
+        "/v1/acl/role",
+        &root,
+        json!({"Name": "ops", "Description": "operators", "Policies": [{"Name": "nodes-write"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let role: Value = serde_json::from_str(&body).unwrap();
+    let role_id = role["ID"].as_str().unwrap().to_string();
+    assert_eq!(role["Policies"], json!([{"Name": "nodes-write"}]));
+    let (status, body) = call(
+        "POST",
+        "/v1/acl/role",
+        &root,
+        json!({"Name": "ops", "Policies": [{"Name": "nodes-write"}]}),
+    )
+    .await;
+    assert_eq!((status, body.as_str()), (400, "role with name ops already exists"));
+
+    // A token linked by the role's name holds the role's policies.
+    let (status, body) = call(
+        "PUT",
+        "/v1/acl/token",
+        &root,
+        json!({"Name": "op", "Type": "client", "Roles": [{"Name": "ops"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let token: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(token["Roles"], json!([{"ID": role_id, "Name": "ops"}]));
+    let secret = token["SecretID"].as_str().unwrap().to_string();
+    assert_eq!(call("GET", "/v1/nodes", &secret, Value::Null).await.0, 200);
+    assert_eq!(call("GET", "/v1/jobs", &secret, Value::Null).await.0, 403);
+    // It reads its own role and the role's policy, by ID and by name, and lists only them.
+    assert_eq!(
+        call("GET", &format!("/v1/acl/role/{role_id}"), &secret, Value::Null)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(call("GET", "/v1/acl/role/name/ops", &secret, Value::Null).await.0, 200);
+    assert_eq!(
+        call("GET", "/v1/acl/policy/nodes-write", &secret, Value::Null).await.0,
+        200
+    );
+    let (status, body) = call(
+        "POST",
+        "/v1/acl/role",
+        &root,
+        json!({"Name": "other", "Policies": [{"Name": "nodes-write"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, listed) = call("GET", "/v1/acl/roles", &secret, Value::Null).await;
+    let listed: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.len(), 1, "only the linked role: {listed:?}");
+    let (_, all) = call("GET", "/v1/acl/roles", &root, Value::Null).await;
+    assert_eq!(serde_json::from_str::<Vec<Value>>(&all).unwrap().len(), 2);
+    assert_eq!(
+        call("GET", "/v1/acl/role/name/other", &secret, Value::Null).await.0,
+        403
+    );
+    assert_eq!(call("POST", "/v1/acl/role", &secret, json!({"Name": "x"})).await.0, 403);
+
+    // Renaming keeps the link; deleting the role takes its policies from the token at once.
+    let (status, body) = call(
+        "POST",
+        &format!("/v1/acl/role/{role_id}"),
+        &root,
+        json!({"Name": "operators", "Policies": [{"Name": "nodes-write"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (_, body) = call("GET", "/v1/acl/token/self", &secret, Value::Null).await;
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["Roles"][0]["Name"],
+        "operators"
+    );
+    assert_eq!(
+        call("DELETE", &format!("/v1/acl/role/{role_id}"), &root, Value::Null)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(call("GET", "/v1/nodes", &secret, Value::Null).await.0, 403);
+
+    // One-time tokens: made for the caller's own token, exchanged once, without a token.
+    assert_eq!(call("POST", "/v1/acl/token/onetime", "", Value::Null).await.0, 403);
+    let (status, body) = call("POST", "/v1/acl/token/onetime", &root, Value::Null).await;
+    assert_eq!(status, 200, "{body}");
+    let ott: Value = serde_json::from_str(&body).unwrap();
+    let one_time = ott["OneTimeToken"]["OneTimeSecretID"].as_str().unwrap().to_string();
+    assert_ne!(one_time, root);
+    let exchange = json!({ "OneTimeSecretID": one_time });
+    let (status, body) = call("POST", "/v1/acl/token/onetime/exchange", "", exchange.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let exchanged: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(exchanged["Token"]["SecretID"], root);
+    let (status, body) = call("POST", "/v1/acl/token/onetime/exchange", "", exchange).await;
+    assert_eq!((status, body.as_str()), (403, "Permission denied"), "spent");
+    drop(server);
 }

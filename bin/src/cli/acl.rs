@@ -13,6 +13,8 @@ pub enum AclCommand {
     Policy(PolicyCommand),
     #[command(subcommand)]
     Token(TokenCommand),
+    #[command(subcommand)]
+    Role(super::acl_roles::RoleCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -44,6 +46,12 @@ pub enum TokenCommand {
         /// A policy the token holds (repeat for more).
         #[arg(long = "policy", value_name = "POLICY")]
         policies: Vec<String>,
+        /// A role the token links, by name (repeat for more).
+        #[arg(long = "role-name", value_name = "NAME")]
+        role_names: Vec<String>,
+        /// A role the token links, by ID (repeat for more).
+        #[arg(long = "role-id", value_name = "ID")]
+        role_ids: Vec<String>,
         #[arg(long)]
         global: bool,
         /// Time to live (Go duration), after which the token stops working.
@@ -104,13 +112,21 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             name,
             token_type,
             policies,
+            role_names,
+            role_ids,
             global,
             ttl,
         }) => {
+            let roles: Vec<Value> = role_ids
+                .iter()
+                .map(|id| json!({ "ID": id }))
+                .chain(role_names.iter().map(|name| json!({ "Name": name })))
+                .collect();
             let body = json!({
                 "Name": name.unwrap_or_default(),
                 "Type": token_type.unwrap_or_else(|| "client".into()),
                 "Policies": policies,
+                "Roles": roles,
                 "Global": global,
                 "ExpirationTTL": ttl.unwrap_or_default(),
             });
@@ -147,6 +163,7 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             println!("{}", table(&rows));
             Ok(())
         }
+        AclCommand::Role(command) => super::acl_roles::run(api, command),
         AclCommand::Token(TokenCommand::Delete { accessor }) => {
             api.call("DELETE", &format!("/v1/acl/token/{accessor}"), None)?;
             println!("Token {accessor} successfully deleted");
@@ -171,6 +188,17 @@ fn print_token(token: &Value) -> Result<(), Failure> {
         let names: Vec<String> = token["Policies"].as_array().into_iter().flatten().map(text).collect();
         format!("[{}]", names.join(" "))
     };
+    let roles = if token["Type"] == "management" {
+        "n/a".to_string()
+    } else {
+        let names: Vec<String> = token["Roles"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|link| text(&link["Name"]))
+            .collect();
+        format!("[{}]", names.join(" "))
+    };
     let expiry = match &token["ExpirationTime"] {
         Value::Null => "<none>".to_string(),
         other => text(other),
@@ -186,6 +214,7 @@ fn print_token(token: &Value) -> Result<(), Failure> {
         ("Create Index", text(&token["CreateIndex"])),
         ("Modify Index", text(&token["ModifyIndex"])),
         ("Policies", policies),
+        ("Roles", roles),
     ];
     for (key, value) in rows {
         println!("{key:<12} = {value}");

@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 
 mod compiled;
 pub mod policy;
+pub mod roles;
 
 pub use compiled::{Acl, Level, glob_matches};
 pub use policy::{HostVolumeRule, NamespaceRule, PolicyRules, VariableRule};
+pub use roles::{AclRole, OneTimeToken};
 
 /// The policy requests without a token get, when it exists (Nomad's `anonymous`).
 pub const ANONYMOUS_POLICY: &str = "anonymous";
@@ -64,6 +66,9 @@ pub struct AclToken {
     pub name: String,
     pub token_type: TokenType,
     pub policies: Vec<String>,
+    /// The IDs of the roles the token links to (their policies are the token's too).
+    #[serde(default)]
+    pub roles: Vec<String>,
     pub global: bool,
     pub create_time_ms: u64,
     /// When the token stops working (cluster time, ms); `None`: never.
@@ -81,6 +86,7 @@ impl fmt::Debug for AclToken {
             .field("name", &self.name)
             .field("token_type", &self.token_type)
             .field("policies", &self.policies)
+            .field("roles", &self.roles)
             .field("global", &self.global)
             .field("expiration_time_ms", &self.expiration_time_ms)
             .finish()
@@ -92,13 +98,14 @@ impl AclToken {
         self.expiration_time_ms.is_some_and(|at| at <= now_ms)
     }
 
-    /// Nomad's checks on a token to create or update: a client token names policies and a
-    /// management token none.
+    /// Nomad's checks on a token to create or update: a client token names policies or roles,
+    /// a management token neither.
     pub fn validate(&self) -> Result<(), String> {
+        let linked = !self.policies.is_empty() || !self.roles.is_empty();
         match self.token_type {
-            TokenType::Client if self.policies.is_empty() => Err("client token missing policies".into()),
-            TokenType::Management if !self.policies.is_empty() => {
-                Err("management token cannot be associated with policies".into())
+            TokenType::Client if !linked => Err("client token missing policies or roles".into()),
+            TokenType::Management if linked => {
+                Err("management token cannot be associated with policies or roles".into())
             }
             _ if self.name.len() > 256 => Err("token name too long".into()),
             _ => Ok(()),
@@ -147,8 +154,7 @@ pub fn resolve(state: &crate::fsm::ServerState, secret: &str, now_ms: u64) -> Re
     Ok(match token.token_type {
         TokenType::Management => Acl::management(),
         TokenType::Client => Acl::from_policies(
-            token
-                .policies
+            acl.token_policy_names(token)
                 .iter()
                 .filter_map(|name| acl.policy(name))
                 .map(|policy| &policy.parsed),
@@ -200,8 +206,8 @@ pub fn resolve_rules(
     }
     Ok(ResolvedToken {
         management: token.token_type == TokenType::Management,
-        policies: token
-            .policies
+        policies: acl
+            .token_policy_names(token)
             .iter()
             .filter_map(|name| acl.policy(name))
             .map(|policy| policy.parsed.clone())

@@ -236,6 +236,10 @@ pub enum Table {
     AclPolicies,
     AclTokens,
     RootKeys,
+    AclRoles,
+    AclOneTimeTokens,
+    AclAuthMethods,
+    AclBindingRules,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -435,7 +439,7 @@ impl ServerState {
             },
             Command::Acl(command) => {
                 let mut changed = Vec::new();
-                let response = self.acl.apply(index, command, &mut changed);
+                let response = self.acl.apply(index, entry.at_unix_ms, command, &mut changed);
                 for table in changed {
                     self.table_index.insert(table, index);
                 }

@@ -33,13 +33,14 @@ pub fn routes() -> Router<AgentHandle> {
         .route("/v1/acl/tokens", get(list_tokens))
         .route("/v1/acl/token", put(create_token).post(create_token))
         .route("/v1/acl/token/self", get(token_self))
+        .merge(super::roles::routes())
         .route(
             "/v1/acl/token/{accessor}",
             get(get_token).put(update_token).post(update_token).delete(delete_token),
         )
 }
 
-fn enabled(handle: &AgentHandle) -> Result<(), ApiError> {
+pub(super) fn enabled(handle: &AgentHandle) -> Result<(), ApiError> {
     if handle.config().acl.enabled {
         Ok(())
     } else {
@@ -47,14 +48,14 @@ fn enabled(handle: &AgentHandle) -> Result<(), ApiError> {
     }
 }
 
-fn read<R>(handle: &AgentHandle, read: impl FnOnce(&ServerState) -> R) -> Result<R, ApiError> {
+pub(super) fn read<R>(handle: &AgentHandle, read: impl FnOnce(&ServerState) -> R) -> Result<R, ApiError> {
     handle
         .read_state(read)
         .ok_or_else(|| ApiError(StatusCode::INTERNAL_SERVER_ERROR, "this agent is not a server".into()))
 }
 
 /// Proposes an ACL command; the state machine's refusal becomes the HTTP error by its kind.
-async fn apply(handle: &AgentHandle, command: AclCommand) -> Result<u64, ApiError> {
+pub(super) async fn apply(handle: &AgentHandle, command: AclCommand) -> Result<u64, ApiError> {
     let (index, response) = handle.apply(Command::Acl(command)).await?;
     match response {
         FsmResponse::Error(kind, text) => Err(RpcError::new(kind, text, false).into()),
@@ -62,12 +63,19 @@ async fn apply(handle: &AgentHandle, command: AclCommand) -> Result<u64, ApiErro
     }
 }
 
-fn token_json(token: &AclToken, with_secret: bool) -> Value {
+/// A token as Nomad shows it; its role links carry the roles' current names.
+pub(super) fn token_json(state: &ServerState, token: &AclToken, with_secret: bool) -> Value {
+    let roles: Vec<Value> = token
+        .roles
+        .iter()
+        .map(|id| json!({"ID": id, "Name": state.acl().role(id).map(|role| role.name.as_str()).unwrap_or("")}))
+        .collect();
     let mut value = json!({
         "AccessorID": token.accessor_id,
         "Name": token.name,
         "Type": token.token_type.as_str(),
         "Policies": token.policies,
+        "Roles": roles,
         "Global": token.global,
         "CreateTime": rfc3339(token.create_time_ms),
         "ExpirationTime": token.expiration_time_ms.map(rfc3339),
@@ -113,6 +121,7 @@ async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoRespons
         name: "Bootstrap Token".into(),
         token_type: TokenType::Management,
         policies: Vec::new(),
+        roles: Vec::new(),
         global: true,
         create_time_ms: crate::clock::unix_millis(),
         expiration_time_ms: None,
@@ -124,22 +133,24 @@ async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoRespons
     stored_token(&handle, &accessor, index, true)
 }
 
-fn stored_token(
+pub(super) fn stored_token(
     handle: &AgentHandle,
     accessor: &str,
     index: u64,
     with_secret: bool,
 ) -> Result<(HeaderMap, axum::Json<Value>), ApiError> {
-    let token = read(handle, |state| state.acl().token(accessor).cloned())?
-        .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "ACL token not found".into()))?;
-    Ok((
-        query_headers(handle, index),
-        axum::Json(token_json(&token, with_secret)),
-    ))
+    let token = read(handle, |state| {
+        state
+            .acl()
+            .token(accessor)
+            .map(|token| token_json(state, token, with_secret))
+    })?
+    .ok_or_else(|| ApiError(StatusCode::NOT_FOUND, "ACL token not found".into()))?;
+    Ok((query_headers(handle, index), axum::Json(token)))
 }
 
 /// The token of the request, if any (`None`: no token or an unknown one).
-fn requester(state: &ServerState, headers: &HeaderMap) -> Option<AclToken> {
+pub(super) fn requester(state: &ServerState, headers: &HeaderMap) -> Option<AclToken> {
     let secret = token_of(headers);
     state.acl().token_by_secret(&secret).cloned()
 }
@@ -153,7 +164,7 @@ async fn list_policies(State(handle): State<AgentHandle>, headers: HeaderMap) ->
             .is_some_and(|token| token.token_type == TokenType::Management);
         let held: Vec<String> = token.map_or_else(
             || vec![drover_core::acl::ANONYMOUS_POLICY.to_string()],
-            |token| token.policies,
+            |token| state.acl().token_policy_names(&token),
         );
         let policies: Vec<Value> = state
             .acl()
@@ -174,9 +185,9 @@ async fn get_policy(
     enabled(&handle)?;
     let (index, found) = read(&handle, |state| {
         let token = requester(state, &headers);
-        let allowed = token
-            .as_ref()
-            .is_some_and(|token| token.token_type == TokenType::Management || token.policies.contains(&name));
+        let allowed = token.as_ref().is_some_and(|token| {
+            token.token_type == TokenType::Management || state.acl().token_policy_names(token).contains(&name)
+        });
         let found = state
             .acl()
             .policy(&name)
@@ -244,7 +255,11 @@ async fn delete_policy(
 async fn list_tokens(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let (index, tokens) = read(&handle, |state| {
-        let tokens: Vec<Value> = state.acl().tokens().map(|token| token_json(token, false)).collect();
+        let tokens: Vec<Value> = state
+            .acl()
+            .tokens()
+            .map(|token| token_json(state, token, false))
+            .collect();
         (state.table_index(Table::AclTokens), tokens)
     })?;
     Ok((query_headers(&handle, index), axum::Json(tokens)))
@@ -259,13 +274,47 @@ struct TokenBody {
     token_type: String,
     #[serde(rename = "Policies")]
     policies: Option<Vec<String>>,
+    #[serde(rename = "Roles")]
+    roles: Option<Vec<RoleLink>>,
     #[serde(rename = "Global")]
     global: bool,
     #[serde(rename = "ExpirationTTL")]
     expiration_ttl: Option<String>,
 }
 
+/// A token's link to a role, by ID or by name (Nomad's `ACLTokenRoleLink`).
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct RoleLink {
+    #[serde(rename = "ID")]
+    id: String,
+    #[serde(rename = "Name")]
+    name: String,
+}
+
 impl TokenBody {
+    /// The role IDs the links name, each found (by ID, else by name), deduplicated.
+    fn role_ids(&self, handle: &AgentHandle) -> Result<Vec<String>, ApiError> {
+        let links = self.roles.as_deref().unwrap_or_default();
+        let found = read(handle, |state| {
+            let mut ids: Vec<String> = Vec::new();
+            for link in links {
+                let role = if link.id.is_empty() {
+                    state.acl().role_by_name(&link.name)
+                } else {
+                    state.acl().role(&link.id)
+                };
+                let named = if link.id.is_empty() { &link.name } else { &link.id };
+                let role = role.ok_or_else(|| format!("cannot find role {named}"))?;
+                if !ids.contains(&role.id) {
+                    ids.push(role.id.clone());
+                }
+            }
+            Ok::<_, String>(ids)
+        })?;
+        found.map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))
+    }
+
     fn parse(bytes: &[u8]) -> Result<TokenBody, ApiError> {
         serde_json::from_slice(bytes)
             .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse the token: {error}")))
@@ -308,6 +357,7 @@ async fn create_token(
         name: body.name.clone(),
         token_type: body.token_type()?,
         policies: body.policies.clone().unwrap_or_default(),
+        roles: body.role_ids(&handle)?,
         global: body.global,
         create_time_ms: now,
         expiration_time_ms,
@@ -334,6 +384,7 @@ async fn update_token(
     token.name = body.name.clone();
     token.token_type = body.token_type()?;
     token.policies = body.policies.clone().unwrap_or_default();
+    token.roles = body.role_ids(&handle)?;
     token
         .validate()
         .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
@@ -353,10 +404,11 @@ async fn get_token(
 async fn token_self(State(handle): State<AgentHandle>, headers: HeaderMap) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let (index, token) = read(&handle, |state| {
-        (state.table_index(Table::AclTokens), requester(state, &headers))
+        let token = requester(state, &headers).map(|token| token_json(state, &token, true));
+        (state.table_index(Table::AclTokens), token)
     })?;
     let token = token.ok_or_else(|| ApiError(StatusCode::FORBIDDEN, drover_core::acl::TOKEN_NOT_FOUND.into()))?;
-    Ok((query_headers(&handle, index), axum::Json(token_json(&token, true))))
+    Ok((query_headers(&handle, index), axum::Json(token)))
 }
 
 async fn delete_token(

@@ -78,6 +78,11 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "acl", "token", "self"] => Need::Token,
         ["v1", "acl", "policies"] if !write => Need::Token,
         ["v1", "acl", "policy", _] if !write => Need::Token,
+        // Roles a token links are readable with it (the endpoint filters the rest).
+        ["v1", "acl", "roles"] | ["v1", "acl", "role", _] | ["v1", "acl", "role", "name", _] if !write => Need::Token,
+        // Only for the request's own token; the exchange's credential is the one-time secret.
+        ["v1", "acl", "token", "onetime"] => Need::Token,
+        ["v1", "acl", "token", "onetime", "exchange"] => Need::Nothing,
         ["v1", "acl", ..] => Need::Management,
         ["v1", "agent", "self"] => Need::Agent { write: false },
         ["v1", "agent", "keyring", _] => Need::Agent { write },
@@ -140,7 +145,7 @@ pub fn token_of(headers: &HeaderMap) -> String {
 }
 
 /// Resolved ACLs by secret, each with the ACL tables' index it was resolved at: a write to
-/// either table makes every entry stale.
+/// the tokens, policies or roles makes every entry stale.
 #[derive(Default)]
 pub struct Cache(Mutex<BTreeMap<String, Cached>>);
 
@@ -155,9 +160,11 @@ impl Cache {
     /// The ACL of `secret` on `handle`'s state; `None` on an agent without one (client-only).
     pub fn resolve(&self, handle: &AgentHandle, secret: &str) -> Option<Result<Acl, ResolveError>> {
         handle.read_state(|state| {
-            let index = state
-                .table_index(Table::AclTokens)
-                .max(state.table_index(Table::AclPolicies));
+            let index = [Table::AclTokens, Table::AclPolicies, Table::AclRoles]
+                .into_iter()
+                .map(|table| state.table_index(table))
+                .max()
+                .unwrap_or_default();
             // Expiry is wall-clock time, as Nomad's: an idle cluster's applied time stands still.
             let now = crate::clock::unix_millis().max(state.last_applied_time_ms());
             let mut held = self.0.lock().expect("ACL cache");

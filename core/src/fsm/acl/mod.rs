@@ -1,4 +1,5 @@
-//! ACL tokens and policies in the state store, and the one-time bootstrap.
+//! ACL tokens and policies in the state store, and the one-time bootstrap; roles and
+//! one-time tokens in `roles.rs`.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -7,8 +8,10 @@ use serde::{Deserialize, Serialize};
 
 use super::pmap::PMap;
 use super::{Response, Table};
-use crate::acl::{AclPolicy, AclToken};
+use crate::acl::{AclPolicy, AclRole, AclToken, OneTimeToken};
 use crate::rpc::ErrorKind;
+
+mod roles;
 
 /// The ACL tables: policies by name, tokens by accessor and by secret (both stored: a
 /// request is resolved by its secret on every call).
@@ -20,6 +23,11 @@ pub struct AclState {
     secrets: PMap<String, String>,
     /// The index the bootstrap was applied at; bootstrapping again needs it as the reset index.
     bootstrap_index: Option<u64>,
+    /// Roles by ID, and their IDs by name (names are unique).
+    roles: PMap<String, AclRole>,
+    role_names: PMap<String, String>,
+    /// One-time tokens by their secret.
+    one_time: PMap<String, OneTimeToken>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,6 +50,23 @@ pub enum AclCommand {
     TokensDelete {
         accessor_ids: Vec<String>,
     },
+    /// Creates or updates roles: an existing ID is an update, an unknown one a new role; every
+    /// name unique and every policy existing, or nothing is written.
+    RolesUpsert {
+        roles: Vec<AclRole>,
+    },
+    RolesDelete {
+        ids: Vec<String>,
+    },
+    /// A one-time token for an existing token; expired ones are dropped on the way.
+    OneTimeUpsert {
+        token: OneTimeToken,
+    },
+    /// Spends a one-time token (and every other of the same ACL token): refused with Nomad's
+    /// `Permission denied` when it is unknown, expired, or its token is gone.
+    OneTimeExchange {
+        secret: String,
+    },
 }
 
 /// Counts only: the tables hold every token's secret.
@@ -50,6 +75,8 @@ impl core::fmt::Debug for AclState {
         f.debug_struct("AclState")
             .field("policies", &self.policies.len())
             .field("tokens", &self.tokens.len())
+            .field("roles", &self.roles.len())
+            .field("one_time", &self.one_time.len())
             .field("bootstrap_index", &self.bootstrap_index)
             .finish()
     }
@@ -82,8 +109,24 @@ impl AclState {
         self.bootstrap_index
     }
 
-    /// Applies `command` at `index`, recording the changed tables in `changed`.
-    pub(super) fn apply(&mut self, index: u64, command: &AclCommand, changed: &mut Vec<Table>) -> Response {
+    /// The policy names `token` holds: its own, then its roles' (missing roles skipped).
+    pub fn token_policy_names(&self, token: &AclToken) -> Vec<String> {
+        let mut names = token.policies.clone();
+        for role in token.roles.iter().filter_map(|id| self.roles.get(id)) {
+            names.extend(
+                role.policies
+                    .iter()
+                    .filter(|name| !token.policies.contains(name))
+                    .cloned(),
+            );
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Applies `command` at `index` (the entry stamped `at_ms`), recording the changed tables.
+    pub(super) fn apply(&mut self, index: u64, at_ms: u64, command: &AclCommand, changed: &mut Vec<Table>) -> Response {
         match command {
             AclCommand::Bootstrap { token, reset_index } => {
                 if let Some(done) = self.bootstrap_index
@@ -118,6 +161,13 @@ impl AclState {
                 Response::Done
             }
             AclCommand::TokensUpsert { tokens } => {
+                if let Some(missing) = tokens
+                    .iter()
+                    .flat_map(|token| &token.roles)
+                    .find(|id| !self.roles.contains_key(*id))
+                {
+                    return Response::Error(ErrorKind::Invalid, format!("cannot find role {missing}"));
+                }
                 for token in tokens {
                     self.put_token(index, token.clone());
                 }
@@ -129,10 +179,15 @@ impl AclState {
                     if let Some(token) = self.tokens.remove(accessor) {
                         self.secrets.remove(&token.secret_id);
                     }
+                    self.drop_one_time_of(accessor, changed);
                 }
                 changed.push(Table::AclTokens);
                 Response::Done
             }
+            AclCommand::RolesUpsert { roles } => self.upsert_roles(index, roles, changed),
+            AclCommand::RolesDelete { ids } => self.delete_roles(ids, changed),
+            AclCommand::OneTimeUpsert { token } => self.upsert_one_time(index, at_ms, token, changed),
+            AclCommand::OneTimeExchange { secret } => self.exchange_one_time(at_ms, secret, changed),
         }
     }
 
@@ -155,7 +210,12 @@ impl AclState {
                 }
             }),
             AclCommand::TokensUpsert { tokens } => tokens.iter().try_for_each(AclToken::validate),
-            AclCommand::PoliciesDelete { .. } | AclCommand::TokensDelete { .. } => Ok(()),
+            AclCommand::RolesUpsert { roles } => roles.iter().try_for_each(AclRole::validate),
+            AclCommand::PoliciesDelete { .. }
+            | AclCommand::TokensDelete { .. }
+            | AclCommand::RolesDelete { .. }
+            | AclCommand::OneTimeUpsert { .. }
+            | AclCommand::OneTimeExchange { .. } => Ok(()),
         }
     }
 
@@ -176,7 +236,7 @@ impl AclState {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::acl::{PolicyRules, TokenType, resolve};
+    use crate::acl::{PERMISSION_DENIED, PolicyRules, TokenType, resolve};
     use crate::fsm::{Command, Entry, ServerState};
 
     fn apply(state: &mut ServerState, index: u64, command: AclCommand) -> Response {
@@ -196,6 +256,7 @@ mod tests {
             name: accessor.into(),
             token_type,
             policies: policies.iter().map(|policy| (*policy).to_string()).collect(),
+            roles: Vec::new(),
             global: false,
             create_time_ms: 1_000,
             expiration_time_ms: None,
@@ -296,7 +357,7 @@ mod tests {
         };
         assert_eq!(
             AclState::check(&client_without_policies),
-            Err("client token missing policies".into())
+            Err("client token missing policies or roles".into())
         );
         let mut tampered = policy("p", "read");
         tampered.parsed.node = Some("admin".into());
@@ -316,5 +377,163 @@ mod tests {
         );
         assert!(!format!("{state:?}").contains("s3cr3t"));
         assert!(!format!("{:?}", state.acl().token("a")).contains("s3cr3t"));
+    }
+
+    fn role(id: &str, name: &str, policies: &[&str]) -> AclRole {
+        AclRole {
+            id: id.into(),
+            name: name.into(),
+            description: String::new(),
+            policies: policies.iter().map(|policy| (*policy).to_string()).collect(),
+            create_index: 0,
+            modify_index: 0,
+        }
+    }
+
+    #[test]
+    fn roles_lend_their_policies_to_the_tokens_linking_them() {
+        let mut state = ServerState::default();
+        let upsert = |roles: Vec<AclRole>| AclCommand::RolesUpsert { roles };
+        assert_eq!(
+            apply(&mut state, 1, upsert(vec![role("r1", "ops", &["nodes"])])),
+            Response::Error(ErrorKind::Invalid, "cannot find policy nodes".into())
+        );
+        apply(
+            &mut state,
+            2,
+            AclCommand::PoliciesUpsert {
+                policies: vec![policy("nodes", "write")],
+            },
+        );
+        assert_eq!(
+            apply(&mut state, 3, upsert(vec![role("r1", "ops", &["nodes", "nodes"])])),
+            Response::Done
+        );
+        assert_eq!(state.acl().role_by_name("ops").unwrap().policies, ["nodes"]);
+        assert_eq!(
+            apply(&mut state, 4, upsert(vec![role("r2", "ops", &["nodes"])])),
+            Response::Error(ErrorKind::Invalid, "role with name ops already exists".into())
+        );
+        let mut linked = token("a1", "s1", TokenType::Client, &[]);
+        linked.roles = vec!["r9".into()];
+        assert_eq!(
+            apply(
+                &mut state,
+                5,
+                AclCommand::TokensUpsert {
+                    tokens: vec![linked.clone()]
+                }
+            ),
+            Response::Error(ErrorKind::Invalid, "cannot find role r9".into())
+        );
+        linked.roles = vec!["r1".into()];
+        assert_eq!(
+            apply(&mut state, 6, AclCommand::TokensUpsert { tokens: vec![linked] }),
+            Response::Done
+        );
+        assert!(resolve(&state, "s1", 0).unwrap().allows_node(true));
+        // Renamed in place: the link holds; the old name is free again.
+        assert_eq!(
+            apply(&mut state, 7, upsert(vec![role("r1", "operators", &["nodes"])])),
+            Response::Done
+        );
+        assert!(state.acl().role_by_name("ops").is_none());
+        let renamed = state.acl().role("r1").unwrap();
+        assert_eq!((renamed.create_index, renamed.modify_index), (3, 7));
+        assert!(resolve(&state, "s1", 0).unwrap().allows_node(true));
+        apply(&mut state, 8, AclCommand::RolesDelete { ids: vec!["r1".into()] });
+        assert!(
+            !resolve(&state, "s1", 0).unwrap().allows_node(false),
+            "a deleted role grants nothing"
+        );
+        assert_eq!(state.table_index(Table::AclRoles), 8);
+        let restored = ServerState::restore(&state.snapshot()).unwrap();
+        assert_eq!(restored.acl(), state.acl());
+    }
+
+    #[test]
+    fn a_one_time_token_is_spent_once_and_only_before_it_expires() {
+        let mut state = ServerState::default();
+        apply(
+            &mut state,
+            1,
+            AclCommand::TokensUpsert {
+                tokens: vec![token("a1", "s1", TokenType::Management, &[])],
+            },
+        );
+        let ott = |secret: &str, expires_at_ms| OneTimeToken {
+            one_time_secret_id: secret.into(),
+            accessor_id: "a1".into(),
+            expires_at_ms,
+            create_index: 0,
+            modify_index: 0,
+        };
+        let at = |state: &mut ServerState, index, at_unix_ms, command| {
+            state.apply(
+                index,
+                &Entry {
+                    at_unix_ms,
+                    command: Command::Acl(command),
+                },
+            )
+        };
+        let exchange = |secret: &str| AclCommand::OneTimeExchange { secret: secret.into() };
+        at(
+            &mut state,
+            2,
+            1_000,
+            AclCommand::OneTimeUpsert {
+                token: ott("o1", 2_000),
+            },
+        );
+        at(
+            &mut state,
+            3,
+            1_000,
+            AclCommand::OneTimeUpsert {
+                token: ott("o2", 2_000),
+            },
+        );
+        let denied = Response::Error(ErrorKind::Invalid, PERMISSION_DENIED.into());
+        assert_eq!(at(&mut state, 4, 2_000, exchange("o1")), denied, "expired");
+        assert_eq!(at(&mut state, 5, 1_500, exchange("o1")), Response::Done);
+        assert_eq!(at(&mut state, 6, 1_500, exchange("o1")), denied, "spent");
+        assert!(
+            state.acl().one_time_token("o2").is_none(),
+            "the token's others go with it"
+        );
+        // A later one-time token sweeps the expired.
+        at(
+            &mut state,
+            7,
+            1_000,
+            AclCommand::OneTimeUpsert {
+                token: ott("o3", 1_100),
+            },
+        );
+        at(
+            &mut state,
+            8,
+            5_000,
+            AclCommand::OneTimeUpsert {
+                token: ott("o4", 9_000),
+            },
+        );
+        assert!(state.acl().one_time_token("o3").is_none());
+        assert!(!format!("{:?}", state.acl().one_time_token("o4")).contains("o4"));
+        apply(
+            &mut state,
+            9,
+            AclCommand::TokensDelete {
+                accessor_ids: vec!["a1".into()],
+            },
+        );
+        assert!(state.acl().one_time_token("o4").is_none());
+        let mut orphan = ott("o5", 9_000);
+        orphan.accessor_id = "gone".into();
+        assert_eq!(
+            at(&mut state, 10, 1_000, AclCommand::OneTimeUpsert { token: orphan }),
+            denied
+        );
     }
 }
