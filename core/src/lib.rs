@@ -23,6 +23,7 @@ mod prelude {
 
 pub mod acl;
 pub mod agent;
+pub mod bexpr;
 pub mod bootstrap;
 pub mod client;
 pub mod codec;

@@ -15,6 +15,7 @@ use core::fmt;
 
 use serde::{Deserialize, Serialize};
 
+pub mod auth;
 mod compiled;
 pub mod policy;
 pub mod roles;

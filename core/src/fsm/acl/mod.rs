@@ -8,9 +8,11 @@ use serde::{Deserialize, Serialize};
 
 use super::pmap::PMap;
 use super::{Response, Table};
+use crate::acl::auth::{AuthMethod, BindingRule};
 use crate::acl::{AclPolicy, AclRole, AclToken, OneTimeToken};
 use crate::rpc::ErrorKind;
 
+mod login;
 mod roles;
 
 /// The ACL tables: policies by name, tokens by accessor and by secret (both stored: a
@@ -28,6 +30,9 @@ pub struct AclState {
     role_names: PMap<String, String>,
     /// One-time tokens by their secret.
     one_time: PMap<String, OneTimeToken>,
+    /// Auth methods by name, binding rules by ID (`login.rs`).
+    auth_methods: PMap<String, AuthMethod>,
+    binding_rules: PMap<String, BindingRule>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -67,6 +72,21 @@ pub enum AclCommand {
     OneTimeExchange {
         secret: String,
     },
+    /// Creates or updates auth methods by name; at most one is the default.
+    AuthMethodsUpsert {
+        methods: Vec<AuthMethod>,
+    },
+    /// Deletes auth methods and every binding rule naming them.
+    AuthMethodsDelete {
+        names: Vec<String>,
+    },
+    /// Creates or updates binding rules by ID; each rule's method exists and never changes.
+    BindingRulesUpsert {
+        rules: Vec<BindingRule>,
+    },
+    BindingRulesDelete {
+        ids: Vec<String>,
+    },
 }
 
 /// Counts only: the tables hold every token's secret.
@@ -77,6 +97,8 @@ impl core::fmt::Debug for AclState {
             .field("tokens", &self.tokens.len())
             .field("roles", &self.roles.len())
             .field("one_time", &self.one_time.len())
+            .field("auth_methods", &self.auth_methods.len())
+            .field("binding_rules", &self.binding_rules.len())
             .field("bootstrap_index", &self.bootstrap_index)
             .finish()
     }
@@ -188,6 +210,10 @@ impl AclState {
             AclCommand::RolesDelete { ids } => self.delete_roles(ids, changed),
             AclCommand::OneTimeUpsert { token } => self.upsert_one_time(index, at_ms, token, changed),
             AclCommand::OneTimeExchange { secret } => self.exchange_one_time(at_ms, secret, changed),
+            AclCommand::AuthMethodsUpsert { methods } => self.upsert_auth_methods(index, methods, changed),
+            AclCommand::AuthMethodsDelete { names } => self.delete_auth_methods(names, changed),
+            AclCommand::BindingRulesUpsert { rules } => self.upsert_binding_rules(index, rules, changed),
+            AclCommand::BindingRulesDelete { ids } => self.delete_binding_rules(ids, changed),
         }
     }
 
@@ -211,11 +237,17 @@ impl AclState {
             }),
             AclCommand::TokensUpsert { tokens } => tokens.iter().try_for_each(AclToken::validate),
             AclCommand::RolesUpsert { roles } => roles.iter().try_for_each(AclRole::validate),
+            AclCommand::BindingRulesUpsert { rules } => rules.iter().try_for_each(BindingRule::validate),
+            AclCommand::AuthMethodsUpsert { methods } => methods.iter().try_for_each(|method| {
+                crate::acl::validate_policy_name(&method.name).map_err(|_| format!("invalid name '{}'", method.name))
+            }),
             AclCommand::PoliciesDelete { .. }
             | AclCommand::TokensDelete { .. }
             | AclCommand::RolesDelete { .. }
             | AclCommand::OneTimeUpsert { .. }
-            | AclCommand::OneTimeExchange { .. } => Ok(()),
+            | AclCommand::OneTimeExchange { .. }
+            | AclCommand::AuthMethodsDelete { .. }
+            | AclCommand::BindingRulesDelete { .. } => Ok(()),
         }
     }
 
