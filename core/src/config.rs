@@ -45,10 +45,25 @@ pub struct AclConfig {
     /// `token_ttl`, 30 s): a deleted token stops working there within this long.
     #[serde(default = "default_token_ttl")]
     pub token_ttl: Duration,
+    /// The shortest and longest life a token with an expiry may be given, and the bounds of
+    /// an auth method's `MaxTokenTTL` (Nomad's `token_min_expiration_ttl`, 1 m, and
+    /// `token_max_expiration_ttl`, 24 h).
+    #[serde(default = "default_token_min_ttl")]
+    pub token_min_expiration_ttl: Duration,
+    #[serde(default = "default_token_max_ttl")]
+    pub token_max_expiration_ttl: Duration,
 }
 
 fn default_token_ttl() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_token_min_ttl() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_token_max_ttl() -> Duration {
+    Duration::from_secs(24 * 3600)
 }
 
 impl Default for AclConfig {
@@ -56,6 +71,8 @@ impl Default for AclConfig {
         AclConfig {
             enabled: false,
             token_ttl: default_token_ttl(),
+            token_min_expiration_ttl: default_token_min_ttl(),
+            token_max_expiration_ttl: default_token_max_ttl(),
         }
     }
 }

@@ -247,6 +247,13 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
             .unwrap()
             .to_string()
     };
+    assert_eq!(
+        with_ttl("48h").await,
+        (
+            400,
+            "expiration time cannot be more than 24h0m0s in the future (was 48h0m0s)".into()
+        )
+    );
     let lasting = secret(with_ttl("1h").await.1);
     assert_eq!(get("/v1/jobs", &lasting).await.0, 200);
     let brief = secret(with_ttl("1ms").await.1);

@@ -126,6 +126,19 @@ impl RestartTracker {
 
 /// Go's `time.Duration` rendering for whole-second values (`30m0s`, `15s`, `24h0m0s`).
 pub fn go_duration(duration: Duration) -> String {
+    if duration.is_zero() {
+        return "0s".into();
+    }
+    if duration < Duration::from_secs(1) {
+        // Go writes what is under a second in its own unit: `1ms`, `1.5ms`, `250µs`.
+        let micros = duration.as_micros();
+        return if micros >= 1_000 {
+            let text = format!("{}.{:03}", micros / 1_000, micros % 1_000);
+            format!("{}ms", text.trim_end_matches('0').trim_end_matches('.'))
+        } else {
+            format!("{micros}µs")
+        };
+    }
     let total = duration.as_secs();
     let millis = duration.subsec_millis();
     let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
@@ -246,5 +259,9 @@ mod tests {
         assert_eq!(go_duration(Duration::from_secs(30 * 60)), "30m0s");
         assert_eq!(go_duration(Duration::from_secs(86_400)), "24h0m0s");
         assert_eq!(go_duration(Duration::from_millis(16_500)), "16.5s");
+        assert_eq!(go_duration(Duration::from_millis(1)), "1ms");
+        assert_eq!(go_duration(Duration::from_micros(1_500)), "1.5ms");
+        assert_eq!(go_duration(Duration::from_micros(250)), "250µs");
+        assert_eq!(go_duration(Duration::ZERO), "0s");
     }
 }

@@ -42,6 +42,8 @@ pub struct AclBlock {
     pub enabled: Option<bool>,
     pub token_ttl: Option<String>,
     pub policy_ttl: Option<String>,
+    pub token_min_expiration_ttl: Option<String>,
+    pub token_max_expiration_ttl: Option<String>,
 }
 
 /// Nomad's `limits {}`: what one client may hold of the agent.
@@ -607,6 +609,15 @@ fn apply_file(
         }
         if let Some(text) = &acl.policy_ttl {
             parse_duration("policy_ttl", text)?;
+        }
+        if let Some(text) = &acl.token_min_expiration_ttl {
+            config.acl.token_min_expiration_ttl = parse_duration("token_min_expiration_ttl", text)?;
+        }
+        if let Some(text) = &acl.token_max_expiration_ttl {
+            config.acl.token_max_expiration_ttl = parse_duration("token_max_expiration_ttl", text)?;
+        }
+        if config.acl.token_min_expiration_ttl > config.acl.token_max_expiration_ttl {
+            anyhow::bail!("acl: token_min_expiration_ttl is longer than token_max_expiration_ttl");
         }
     }
     if let Some(region) = file.region {

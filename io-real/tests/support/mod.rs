@@ -61,6 +61,8 @@ pub async fn start_server_with_tls(
     config.server.enabled = true;
     config.server.bootstrap_expect = 1;
     config.acl.enabled = acl;
+    // Tests watch tokens expire within milliseconds (Nomad's floor is a minute).
+    config.acl.token_min_expiration_ttl = std::time::Duration::from_millis(1);
     let handle = start_agent(AgentParts {
         config,
         db: drover_io_real::disk::open_database(dir).unwrap(),

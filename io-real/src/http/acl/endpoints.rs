@@ -34,6 +34,7 @@ pub fn routes() -> Router<AgentHandle> {
         .route("/v1/acl/token", put(create_token).post(create_token))
         .route("/v1/acl/token/self", get(token_self))
         .merge(super::roles::routes())
+        .merge(super::login::routes())
         .route(
             "/v1/acl/token/{accessor}",
             get(get_token).put(update_token).post(update_token).delete(delete_token),
@@ -347,6 +348,28 @@ async fn create_token(
                     format!("invalid ExpirationTTL {ttl:?}: {error}"),
                 )
             })?;
+            let acl = handle.config().acl;
+            let shown = drover_core::client::restarts::go_duration;
+            if ttl > acl.token_max_expiration_ttl {
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "expiration time cannot be more than {} in the future (was {})",
+                        shown(acl.token_max_expiration_ttl),
+                        shown(ttl)
+                    ),
+                ));
+            }
+            if ttl < acl.token_min_expiration_ttl {
+                return Err(ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "expiration time cannot be less than {} in the future (was {})",
+                        shown(acl.token_min_expiration_ttl),
+                        shown(ttl)
+                    ),
+                ));
+            }
             Some(now + ttl.as_millis() as u64)
         }
         _ => None,

@@ -83,6 +83,9 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         // Only for the request's own token; the exchange's credential is the one-time secret.
         ["v1", "acl", "token", "onetime"] => Need::Token,
         ["v1", "acl", "token", "onetime", "exchange"] => Need::Nothing,
+        // Logging in is how a token is got; the methods are listed for the login screen.
+        ["v1", "acl", "login"] | ["v1", "acl", "oidc", "auth-url" | "complete-auth"] => Need::Nothing,
+        ["v1", "acl", "auth-methods"] if !write => Need::Nothing,
         ["v1", "acl", ..] => Need::Management,
         ["v1", "agent", "self"] => Need::Agent { write: false },
         ["v1", "agent", "keyring", _] => Need::Agent { write },
