@@ -9,6 +9,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use serde_json::json;
 use support::{AGENT, Agent, cluster_specs, server_args, wait_for};
 
 /// Runs the CLI against `port` with `token` (if any): exit code and what it printed.
@@ -196,4 +197,206 @@ fn the_acl_commands_bootstrap_write_policies_and_tokens_and_revoke_them() {
     let (code, out) = cli(dir, port, ci, &["acl", "token", "self"]);
     assert_ne!(code, 0);
     assert!(out.contains("ACL token not found"), "{out}");
+}
+
+#[path = "../../io-real/tests/support/idp.rs"]
+mod idp;
+
+/// An agent with ACLs on, bootstrapped: its dir, port and management secret.
+fn acl_agent(dir: &Path) -> (Agent, u16, String) {
+    let specs = cluster_specs(dir, 1);
+    std::fs::create_dir_all(&specs[0].data_dir).unwrap();
+    let config = specs[0].data_dir.join("acl.hcl");
+    std::fs::write(&config, "acl {\n  enabled = true\n}\n").unwrap();
+    let mut args = server_args(&specs, 0);
+    args.push(format!("-config={}", config.display()));
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    let bootstrap = wait_for(Duration::from_secs(30), || {
+        let (code, out) = cli(dir, port, None, &["acl", "bootstrap"]);
+        (code == 0).then_some(out)
+    })
+    .unwrap_or_else(|| panic!("bootstrap:\n{}", agent.log()));
+    (agent, port, field(&bootstrap, "Secret ID"))
+}
+
+#[test]
+fn the_sso_commands_write_methods_and_rules_and_log_in_with_jwt_and_oidc() {
+    let root_dir = tempfile::tempdir().unwrap();
+    let dir = root_dir.path();
+    let (_agent, port, root_token) = acl_agent(dir);
+    let root = Some(root_token.as_str());
+    let ok = |args: &[&str]| {
+        let (code, out) = cli(dir, port, root, args);
+        assert_eq!(code, 0, "{args:?}: {out}");
+        out
+    };
+    std::fs::write(dir.join("readonly.hcl"), "node {\n  policy = \"read\"\n}\n").unwrap();
+    ok(&["acl", "policy", "apply", "readonly", "readonly.hcl"]);
+    ok(&["acl", "role", "create", "-name", "platform", "-policy", "readonly"]);
+
+    // The fake identity provider, and a key for the CI system's JWTs.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let key = std::sync::Arc::new(idp::signing_key("k1"));
+    let provider: idp::Shared = std::sync::Arc::default();
+    provider.lock().unwrap().key = Some(key.clone());
+    let issuer = runtime.block_on(idp::serve_idp(provider.clone()));
+
+    // A JWT method from a config file; a rule binding a policy; a login.
+    let ci = json!({"JWTValidationPubKeys": [key.public_pem], "SigningAlgs": ["ES256"],
+        "ClaimMappings": {"repo": "repo"}});
+    std::fs::write(dir.join("ci.json"), ci.to_string()).unwrap();
+    let method = ok(&[
+        "acl",
+        "auth-method",
+        "create",
+        "-name",
+        "ci",
+        "-type",
+        "JWT",
+        "-max-token-ttl",
+        "1h",
+        "-token-locality",
+        "local",
+        "-config",
+        "@ci.json",
+    ]);
+    assert_eq!(field(&method, "Max Token TTL"), "1h0m0s");
+    assert_eq!(field(&method, "Signing algorithms"), "ES256");
+    let (code, out) = cli(
+        dir,
+        port,
+        root,
+        &[
+            "acl",
+            "binding-rule",
+            "create",
+            "-auth-method",
+            "ci",
+            "-bind-type",
+            "group",
+            "-bind-name",
+            "x",
+        ],
+    );
+    assert_ne!(code, 0);
+    assert!(out.contains("unsupported bind type: \"group\""), "{out}");
+    let rule = ok(&[
+        "acl",
+        "binding-rule",
+        "create",
+        "-auth-method",
+        "ci",
+        "-bind-type",
+        "policy",
+        "-bind-name",
+        "readonly",
+        "-selector",
+        "value.repo == \"infra\"",
+    ]);
+    assert_eq!(field(&rule, "Selector"), "\"value.repo == \\\"infra\\\"\"");
+    let rule_id = field(&rule, "ID");
+    assert!(ok(&["acl", "binding-rule", "list"]).contains(&rule_id));
+    let jwt = idp::sign(&key, "k1", &json!({"repo": "infra", "exp": idp::now_s() + 300}));
+    let (code, out) = cli(
+        dir,
+        port,
+        None,
+        &["acl", "login", "-method", "ci", "-login-token", &jwt],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("Successfully logged in via JWT and ci"), "{out}");
+    assert_eq!(field(&out, "Policies"), "[readonly]");
+    let (code, out) = cli(dir, port, Some(&field(&out, "Secret ID")), &["node", "status"]);
+    assert_eq!(code, 0, "the login's token reads nodes: {out}");
+
+    // OIDC, the default method: the CLI serves the provider's redirect itself.
+    let callback = format!("127.0.0.1:{}", support::free_ports()[0]);
+    let sso = json!({"OIDCDiscoveryURL": issuer, "OIDCClientID": "drover", "OIDCClientSecret": "s3cr3t-client",
+        "OIDCEnablePKCE": true, "SigningAlgs": ["ES256"],
+        "AllowedRedirectURIs": [format!("http://{callback}/oidc/callback")],
+        "ListClaimMappings": {"groups": "groups"}});
+    let method = ok(&[
+        "acl",
+        "auth-method",
+        "create",
+        "-name",
+        "sso",
+        "-type",
+        "OIDC",
+        "-max-token-ttl",
+        "30m",
+        "-token-locality",
+        "global",
+        "-default",
+        "-config",
+        &sso.to_string(),
+    ]);
+    assert_eq!(field(&method, "OIDC Client Secret"), "<redacted>");
+    assert_eq!(field(&method, "Default"), "true");
+    assert!(
+        ok(&["acl", "auth-method", "list"])
+            .lines()
+            .any(|line| line.starts_with("sso") && line.contains("OIDC"))
+    );
+    ok(&[
+        "acl",
+        "binding-rule",
+        "create",
+        "-auth-method",
+        "sso",
+        "-bind-type",
+        "role",
+        "-bind-name",
+        "platform",
+        "-selector",
+        "\"platform\" in list.groups",
+    ]);
+    let mut login = support::ChildGuard(
+        Command::new(AGENT)
+            .args(["acl", "login", &format!("-oidc-callback-addr={callback}")])
+            .arg(format!("-address=http://127.0.0.1:{port}"))
+            .env_remove("NOMAD_TOKEN")
+            .env("PATH", "/nonexistent")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = std::io::BufReader::new(login.0.stdout.take().unwrap());
+    let url = loop {
+        let mut line = String::new();
+        assert_ne!(
+            std::io::BufRead::read_line(&mut stdout, &mut line).unwrap(),
+            0,
+            "the CLI printed no URL"
+        );
+        if let Some(url) = line.trim().strip_prefix(&format!("{issuer}/authorize")) {
+            break format!("{issuer}/authorize{url}");
+        }
+    };
+    // The browser: the provider signs the user in and redirects to the CLI's callback.
+    let redirect = idp::browse(&url);
+    let page = idp::browse(&redirect);
+    assert!(page.contains("You can close this window"), "{page}");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let status = login.0.wait().unwrap();
+    assert!(status.success(), "{rest}");
+    assert!(rest.contains("Successfully logged in via OIDC and sso"), "{rest}");
+    assert_eq!(field(&rest, "Roles"), "[platform]");
+    assert_eq!(field(&rest, "Global"), "true");
+    assert_eq!(provider.lock().unwrap().userinfo_calls, 1);
+
+    let (code, out) = cli(dir, port, root, &["acl", "binding-rule", "delete", &rule_id]);
+    assert_eq!(
+        (code, out.trim().to_string()),
+        (0, format!("ACL binding rule {rule_id} successfully deleted"))
+    );
+    ok(&["acl", "auth-method", "delete", "sso"]);
+    assert!(
+        ok(&["acl", "auth-method", "list"])
+            .lines()
+            .all(|line| !line.starts_with("sso"))
+    );
 }

@@ -6,16 +6,16 @@
 
 mod support;
 
+#[path = "support/idp.rs"]
+mod idp;
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::{Query, State};
-use axum::routing::{get, post};
-use base64::Engine;
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
+use idp::{Shared, now_s, serve_idp, sign, signing_key};
 use serde_json::{Value, json};
 
 fn call(port: u16, method: &str, path: &str, token: &str, body: &Value) -> (u16, String) {
@@ -51,129 +51,6 @@ async fn http(port: u16, method: &'static str, path: &str, token: &str, body: Va
     tokio::task::spawn_blocking(move || call(port, method, &path, &token, &body))
         .await
         .unwrap()
-}
-
-fn b64url(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-fn now_s() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// An ES256 signing key made for the run: its PKCS#8 PEM, public PEM and JWK.
-struct SigningKey {
-    encoding: EncodingKey,
-    public_pem: String,
-    jwk: Value,
-}
-
-fn signing_key(kid: &str) -> SigningKey {
-    let pair = rcgen::KeyPair::generate().unwrap();
-    let raw = pair.public_key_raw();
-    assert_eq!((raw.len(), raw[0]), (65, 4), "an uncompressed P-256 point");
-    SigningKey {
-        encoding: EncodingKey::from_ec_pem(pair.serialize_pem().as_bytes()).unwrap(),
-        public_pem: pair.public_key_pem(),
-        jwk: json!({"kty": "EC", "crv": "P-256", "x": b64url(&raw[1..33]), "y": b64url(&raw[33..]),
-            "kid": kid, "alg": "ES256", "use": "sig"}),
-    }
-}
-
-fn sign(key: &SigningKey, kid: &str, claims: &Value) -> String {
-    let mut header = Header::new(Algorithm::ES256);
-    header.kid = Some(kid.into());
-    jsonwebtoken::encode(&header, claims, &key.encoding).unwrap()
-}
-
-/// The fake provider's memory of an authorization request, by the code it handed out.
-#[derive(Default)]
-struct Idp {
-    issuer: String,
-    key: Option<Arc<SigningKey>>,
-    /// code → (nonce, code_challenge)
-    pending: BTreeMap<String, (String, String)>,
-    userinfo_calls: usize,
-}
-
-type Shared = Arc<Mutex<Idp>>;
-
-async fn discovery(State(idp): State<Shared>) -> axum::Json<Value> {
-    let issuer = idp.lock().unwrap().issuer.clone();
-    axum::Json(json!({
-        "issuer": issuer,
-        "authorization_endpoint": format!("{issuer}/authorize"),
-        "token_endpoint": format!("{issuer}/token"),
-        "userinfo_endpoint": format!("{issuer}/userinfo"),
-        "jwks_uri": format!("{issuer}/jwks"),
-    }))
-}
-
-async fn jwks(State(idp): State<Shared>) -> axum::Json<Value> {
-    let key = idp.lock().unwrap().key.clone().unwrap();
-    axum::Json(json!({ "keys": [key.jwk] }))
-}
-
-/// The user's browser arriving: the provider "logs them in" and redirects with a code.
-async fn authorize(State(idp): State<Shared>, Query(query): Query<BTreeMap<String, String>>) -> String {
-    assert_eq!(query["response_type"], "code");
-    assert_eq!(query["client_id"], "drover");
-    assert!(query["scope"].split(' ').any(|scope| scope == "openid"), "{query:?}");
-    assert_eq!(query["code_challenge_method"], "S256");
-    let code = format!("code-{}", query["state"]);
-    idp.lock()
-        .unwrap()
-        .pending
-        .insert(code.clone(), (query["nonce"].clone(), query["code_challenge"].clone()));
-    format!("{}?code={code}&state={}", query["redirect_uri"], query["state"])
-}
-
-async fn token(State(idp): State<Shared>, body: String) -> Result<axum::Json<Value>, (axum::http::StatusCode, String)> {
-    let form: BTreeMap<String, String> = form_urlencoded::parse(body.as_bytes()).into_owned().collect();
-    let refuse = |why: &str| Err((axum::http::StatusCode::BAD_REQUEST, why.to_string()));
-    if form.get("client_secret").map(String::as_str) != Some("s3cr3t-client") {
-        return refuse("invalid_client");
-    }
-    let mut idp = idp.lock().unwrap();
-    let Some((nonce, challenge)) = idp.pending.remove(&form["code"]) else {
-        return refuse("invalid_grant");
-    };
-    let verifier = form.get("code_verifier").cloned().unwrap_or_default();
-    let digest = ring::digest::digest(&ring::digest::SHA256, verifier.as_bytes());
-    if b64url(digest.as_ref()) != challenge {
-        return refuse("invalid_grant: PKCE");
-    }
-    let claims = json!({"iss": idp.issuer, "sub": "user-7", "aud": "drover", "nonce": nonce,
-        "exp": now_s() + 300, "iat": now_s(), "email": "dev@example.com"});
-    let id_token = sign(idp.key.as_ref().unwrap(), "k1", &claims);
-    Ok(axum::Json(
-        json!({"id_token": id_token, "access_token": "at-1", "token_type": "Bearer"}),
-    ))
-}
-
-async fn userinfo(State(idp): State<Shared>, headers: axum::http::HeaderMap) -> axum::Json<Value> {
-    assert_eq!(headers["authorization"], "Bearer at-1");
-    idp.lock().unwrap().userinfo_calls += 1;
-    axum::Json(json!({"sub": "user-7", "groups": ["platform"]}))
-}
-
-/// Serves the fake provider on a port the OS hands out; returns its issuer URL.
-async fn serve_idp(idp: Shared) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let issuer = format!("http://{}", listener.local_addr().unwrap());
-    idp.lock().unwrap().issuer = issuer.clone();
-    let app = axum::Router::new()
-        .route("/.well-known/openid-configuration", get(discovery))
-        .route("/jwks", get(jwks))
-        .route("/authorize", get(authorize))
-        .route("/token", post(token))
-        .route("/userinfo", get(userinfo))
-        .with_state(idp);
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    issuer
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,7 +316,7 @@ async fn logins_through_jwt_and_oidc_auth_methods_bind_roles_policies_and_manage
     let url = url["AuthURL"].as_str().unwrap().to_string();
     assert!(url.starts_with(&format!("{issuer}/authorize?")), "{url}");
     // The browser: the provider answers with where it would redirect.
-    let callback = reqwest_get(&url).await;
+    let callback = browse(&url).await;
     let query: BTreeMap<String, String> = form_urlencoded::parse(callback.split_once('?').unwrap().1.as_bytes())
         .into_owned()
         .collect();
@@ -459,7 +336,7 @@ async fn logins_through_jwt_and_oidc_auth_methods_bind_roles_policies_and_manage
         json!({"AuthMethodName": "sso", "RedirectURI": redirect, "ClientNonce": "n-1"}),
     )
     .await);
-    let callback = reqwest_get(url["AuthURL"].as_str().unwrap()).await;
+    let callback = browse(url["AuthURL"].as_str().unwrap()).await;
     let query: BTreeMap<String, String> = form_urlencoded::parse(callback.split_once('?').unwrap().1.as_bytes())
         .into_owned()
         .collect();
@@ -490,22 +367,8 @@ async fn logins_through_jwt_and_oidc_auth_methods_bind_roles_policies_and_manage
     drop(server);
 }
 
-/// A plain GET of `url` (the browser's visit to the provider); returns the body.
-async fn reqwest_get(url: &str) -> String {
-    let rest = url.strip_prefix("http://").unwrap();
-    let (host, path) = rest.split_once('/').unwrap();
-    let (host, path) = (host.to_string(), format!("/{path}"));
-    tokio::task::spawn_blocking(move || {
-        let mut stream = TcpStream::connect(&host).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response.split_once("\r\n\r\n").unwrap().1.to_string()
-    })
-    .await
-    .unwrap()
+/// The browser's visit to the provider.
+async fn browse(url: &str) -> String {
+    let url = url.to_string();
+    tokio::task::spawn_blocking(move || idp::browse(&url)).await.unwrap()
 }

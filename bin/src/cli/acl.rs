@@ -15,6 +15,12 @@ pub enum AclCommand {
     Token(TokenCommand),
     #[command(subcommand)]
     Role(super::acl_roles::RoleCommand),
+    #[command(subcommand, name = "auth-method")]
+    AuthMethod(super::acl_login::AuthMethodCommand),
+    #[command(subcommand, name = "binding-rule")]
+    BindingRule(super::acl_login::BindingRuleCommand),
+    /// Log in through an auth method (JWT or OIDC) for a token.
+    Login(super::acl_login::LoginFlags),
 }
 
 #[derive(Debug, Subcommand)]
@@ -164,6 +170,9 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             Ok(())
         }
         AclCommand::Role(command) => super::acl_roles::run(api, command),
+        AclCommand::AuthMethod(command) => super::acl_login::run_method(api, command),
+        AclCommand::BindingRule(command) => super::acl_login::run_rule(api, command),
+        AclCommand::Login(flags) => super::acl_login::login(api, flags),
         AclCommand::Token(TokenCommand::Delete { accessor }) => {
             api.call("DELETE", &format!("/v1/acl/token/{accessor}"), None)?;
             println!("Token {accessor} successfully deleted");
@@ -181,7 +190,7 @@ fn expired(token: &Value, now: &str) -> bool {
 }
 
 /// Nomad's token block (`formatKVACLToken`).
-fn print_token(token: &Value) -> Result<(), Failure> {
+pub(super) fn print_token(token: &Value) -> Result<(), Failure> {
     let policies = if token["Type"] == "management" {
         "n/a".to_string()
     } else {

@@ -3,6 +3,7 @@
 //! `http://127.0.0.1:4646`). Exit codes: 0 done, 1 error, 2 `job run` with placement failures.
 
 mod acl;
+mod acl_login;
 mod acl_roles;
 mod alloc;
 mod exec;

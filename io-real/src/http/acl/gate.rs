@@ -440,6 +440,16 @@ mod tests {
         );
         assert_eq!(need(&put, "/v1/acl/policy/p", None), Need::Management);
         assert_eq!(need(&get, "/v1/acl/token/self", None), Need::Token);
+        assert_eq!(need(&get, "/v1/acl/roles", None), Need::Token);
+        assert_eq!(need(&get, "/v1/acl/role/name/ops", None), Need::Token);
+        assert_eq!(need(&put, "/v1/acl/role/r1", None), Need::Management);
+        assert_eq!(need(&put, "/v1/acl/token/onetime", None), Need::Token);
+        assert_eq!(need(&put, "/v1/acl/token/onetime/exchange", None), Need::Nothing);
+        assert_eq!(need(&put, "/v1/acl/login", None), Need::Nothing);
+        assert_eq!(need(&put, "/v1/acl/oidc/complete-auth", None), Need::Nothing);
+        assert_eq!(need(&get, "/v1/acl/auth-methods", None), Need::Nothing);
+        assert_eq!(need(&get, "/v1/acl/auth-method/sso", None), Need::Management);
+        assert_eq!(need(&get, "/v1/acl/binding-rules", None), Need::Management);
         assert_eq!(need(&get, "/v1/some/new/endpoint", None), Need::Management);
     }
 
