@@ -164,6 +164,34 @@ fn the_acl_commands_bootstrap_write_policies_and_tokens_and_revoke_them() {
     let via_role = field(&linked, "Secret ID");
     let (code, out) = cli(dir, port, Some(&via_role), &["node", "status"]);
     assert_eq!(code, 0, "the role's policy reads nodes: {out}");
+    // A token reads itself by accessor, not others; update keeps what is not given.
+    let (code, out) = cli(
+        dir,
+        port,
+        Some(&via_role),
+        &["acl", "token", "info", &field(&linked, "Accessor ID")],
+    );
+    assert_eq!((code, field(&out, "Name")), (0, "via-role".to_string()), "{out}");
+    let (code, out) = cli(dir, port, Some(&via_role), &["acl", "token", "info", &accessor]);
+    assert!(code != 0 && out.contains("Permission denied"), "{out}");
+    let (code, out) = cli(
+        dir,
+        port,
+        root,
+        &[
+            "acl",
+            "token",
+            "update",
+            "-name",
+            "renamed",
+            &field(&linked, "Accessor ID"),
+        ],
+    );
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(
+        (field(&out, "Name"), field(&out, "Roles")),
+        ("renamed".to_string(), "[readers]".to_string())
+    );
     let (code, out) = cli(
         dir,
         port,

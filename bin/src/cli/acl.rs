@@ -64,6 +64,20 @@ pub enum TokenCommand {
         #[arg(long, value_name = "DURATION")]
         ttl: Option<String>,
     },
+    /// Change a token's name, type, policies or roles (what is not given is kept).
+    Update {
+        #[arg(long)]
+        name: Option<String>,
+        #[arg(long = "type", value_name = "TYPE")]
+        token_type: Option<String>,
+        #[arg(long = "policy", value_name = "POLICY")]
+        policies: Vec<String>,
+        #[arg(long = "role-name", value_name = "NAME")]
+        role_names: Vec<String>,
+        #[arg(long = "role-id", value_name = "ID")]
+        role_ids: Vec<String>,
+        accessor: String,
+    },
     Info {
         accessor: String,
     },
@@ -137,6 +151,33 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
                 "ExpirationTTL": ttl.unwrap_or_default(),
             });
             print_token(&api.call("PUT", "/v1/acl/token", Some(&body))?)
+        }
+        AclCommand::Token(TokenCommand::Update {
+            name,
+            token_type,
+            policies,
+            role_names,
+            role_ids,
+            accessor,
+        }) => {
+            let held = api.get(&format!("/v1/acl/token/{accessor}"))?;
+            let roles: Vec<Value> = if role_ids.is_empty() && role_names.is_empty() {
+                held["Roles"].as_array().cloned().unwrap_or_default()
+            } else {
+                role_ids
+                    .iter()
+                    .map(|id| json!({ "ID": id }))
+                    .chain(role_names.iter().map(|name| json!({ "Name": name })))
+                    .collect()
+            };
+            let body = json!({
+                "AccessorID": accessor,
+                "Name": name.unwrap_or_else(|| text(&held["Name"])),
+                "Type": token_type.unwrap_or_else(|| text(&held["Type"])),
+                "Policies": if policies.is_empty() { held["Policies"].clone() } else { json!(policies) },
+                "Roles": roles,
+            });
+            print_token(&api.call("POST", &format!("/v1/acl/token/{accessor}"), Some(&body))?)
         }
         AclCommand::Token(TokenCommand::Info { accessor }) => {
             print_token(&api.get(&format!("/v1/acl/token/{accessor}"))?)

@@ -253,12 +253,29 @@ async fn delete_policy(
     Ok((query_headers(&handle, index), StatusCode::OK))
 }
 
-async fn list_tokens(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+#[derive(Default, Deserialize)]
+#[serde(default)]
+struct TokenListQuery {
+    prefix: String,
+    global: Option<String>,
+}
+
+/// Every token (`?prefix=` on the accessor, `?global=true` only global ones), without secrets.
+async fn list_tokens(
+    State(handle): State<AgentHandle>,
+    axum::extract::Query(query): axum::extract::Query<TokenListQuery>,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
+    let global_only = match query.global.as_deref() {
+        None | Some("") => false,
+        Some(text) => crate::http::parse_bool(text)
+            .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("invalid global value {text:?}")))?,
+    };
     let (index, tokens) = read(&handle, |state| {
         let tokens: Vec<Value> = state
             .acl()
             .tokens()
+            .filter(|token| token.accessor_id.starts_with(&query.prefix) && (!global_only || token.global))
             .map(|token| token_json(state, token, false))
             .collect();
         (state.table_index(Table::AclTokens), tokens)
@@ -415,12 +432,24 @@ async fn update_token(
     stored_token(&handle, &accessor, index, true)
 }
 
+/// A token by accessor: to a management token, or to the token itself (Nomad's `GetToken`).
 async fn get_token(
     State(handle): State<AgentHandle>,
     Path(accessor): Path<String>,
+    headers: HeaderMap,
 ) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
-    let index = read(&handle, |state| state.table_index(Table::AclTokens))?;
+    let (index, allowed) = read(&handle, |state| {
+        let allowed = requester(state, &headers)
+            .is_some_and(|token| token.token_type == TokenType::Management || token.accessor_id == accessor);
+        (state.table_index(Table::AclTokens), allowed)
+    })?;
+    if !allowed {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            drover_core::acl::PERMISSION_DENIED.into(),
+        ));
+    }
     stored_token(&handle, &accessor, index, true)
 }
 

@@ -83,6 +83,8 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         // Only for the request's own token; the exchange's credential is the one-time secret.
         ["v1", "acl", "token", "onetime"] => Need::Token,
         ["v1", "acl", "token", "onetime", "exchange"] => Need::Nothing,
+        // A token reads itself by accessor (the endpoint checks which).
+        ["v1", "acl", "token", _] if !write => Need::Token,
         // Logging in is how a token is got; the methods are listed for the login screen.
         ["v1", "acl", "login"] | ["v1", "acl", "oidc", "auth-url" | "complete-auth"] => Need::Nothing,
         ["v1", "acl", "auth-methods"] if !write => Need::Nothing,
