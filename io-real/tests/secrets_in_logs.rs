@@ -1,6 +1,7 @@
 //! No secret reaches a log: an agent with ACLs on, every line it writes captured at trace
 //! level (openraft's included, which logs log entries), while it is handed a management and a
-//! client token, a variable's values and a volume's secrets. None of them may appear.
+//! client token, a variable's values, a volume's secrets, a one-time token and an OIDC auth
+//! method's client secret. None of them may appear.
 
 mod support;
 
@@ -87,7 +88,25 @@ async fn no_token_variable_value_or_volume_secret_is_ever_logged() {
         .to_string();
         let (_, body) = call(port, "PUT", "/v1/volume/csi/v1", &client, &volume);
         assert!(!body.contains("VOLSECRET-77c2"), "{body}");
-        vec![root, client]
+        // A one-time token made and exchanged; an OIDC method holding a client secret.
+        let (status, body) = call(port, "POST", "/v1/acl/token/onetime", &client, "");
+        assert_eq!(status, 200, "{body}");
+        let one_time = serde_json::from_str::<Value>(&body).unwrap()["OneTimeToken"]["OneTimeSecretID"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let exchange = json!({ "OneTimeSecretID": one_time }).to_string();
+        assert_eq!(
+            call(port, "POST", "/v1/acl/token/onetime/exchange", "", &exchange).0,
+            200
+        );
+        let method = json!({"Name": "sso", "Type": "OIDC", "TokenLocality": "local", "MaxTokenTTL": "1h",
+            "Config": {"OIDCDiscoveryURL": "https://idp.example", "OIDCClientID": "drover",
+                "OIDCClientSecret": "OIDCSECRET-3f1a", "AllowedRedirectURIs": ["http://localhost:4649/oidc/callback"]}})
+        .to_string();
+        let (status, body) = call(port, "POST", "/v1/acl/auth-method", &root, &method);
+        assert_eq!(status, 200, "{body}");
+        vec![root, client, one_time]
     })
     .await
     .unwrap();
@@ -102,7 +121,7 @@ async fn no_token_variable_value_or_volume_secret_is_ever_logged() {
     for secret in steps
         .iter()
         .map(String::as_str)
-        .chain(["VARSECRET-5b1d", "VOLSECRET-77c2"])
+        .chain(["VARSECRET-5b1d", "VOLSECRET-77c2", "OIDCSECRET-3f1a"])
     {
         let line = text.lines().find(|line| line.contains(secret));
         assert!(line.is_none(), "{secret} was logged: {}", line.unwrap_or_default());

@@ -70,7 +70,7 @@ pub enum AclCommand {
     /// Spends a one-time token (and every other of the same ACL token): refused with Nomad's
     /// `Permission denied` when it is unknown, expired, or its token is gone.
     OneTimeExchange {
-        secret: String,
+        secret: crate::structs::SecretText,
     },
     /// Creates or updates auth methods by name; at most one is the default.
     AuthMethodsUpsert {
@@ -209,7 +209,7 @@ impl AclState {
             AclCommand::RolesUpsert { roles } => self.upsert_roles(index, roles, changed),
             AclCommand::RolesDelete { ids } => self.delete_roles(ids, changed),
             AclCommand::OneTimeUpsert { token } => self.upsert_one_time(index, at_ms, token, changed),
-            AclCommand::OneTimeExchange { secret } => self.exchange_one_time(at_ms, secret, changed),
+            AclCommand::OneTimeExchange { secret } => self.exchange_one_time(at_ms, secret.expose(), changed),
             AclCommand::AuthMethodsUpsert { methods } => self.upsert_auth_methods(index, methods, changed),
             AclCommand::AuthMethodsDelete { names } => self.delete_auth_methods(names, changed),
             AclCommand::BindingRulesUpsert { rules } => self.upsert_binding_rules(index, rules, changed),
@@ -409,6 +409,10 @@ mod tests {
         );
         assert!(!format!("{state:?}").contains("s3cr3t"));
         assert!(!format!("{:?}", state.acl().token("a")).contains("s3cr3t"));
+        let exchange = AclCommand::OneTimeExchange {
+            secret: crate::structs::SecretText("s3cr3t".into()),
+        };
+        assert!(!format!("{exchange:?}").contains("s3cr3t"));
     }
 
     fn role(id: &str, name: &str, policies: &[&str]) -> AclRole {
@@ -509,7 +513,9 @@ mod tests {
                 },
             )
         };
-        let exchange = |secret: &str| AclCommand::OneTimeExchange { secret: secret.into() };
+        let exchange = |secret: &str| AclCommand::OneTimeExchange {
+            secret: crate::structs::SecretText(secret.into()),
+        };
         at(
             &mut state,
             2,

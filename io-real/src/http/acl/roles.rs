@@ -255,9 +255,14 @@ async fn exchange(State(handle): State<AgentHandle>, body: axum::body::Bytes) ->
         state.acl().one_time_token(&secret).map(|held| held.accessor_id.clone())
     })?
     .ok_or_else(denied)?;
-    let index = apply(&handle, AclCommand::OneTimeExchange { secret })
-        .await
-        .map_err(forbidden_if_denied)?;
+    let index = apply(
+        &handle,
+        AclCommand::OneTimeExchange {
+            secret: drover_core::structs::SecretText(secret),
+        },
+    )
+    .await
+    .map_err(forbidden_if_denied)?;
     let token = read(&handle, |state| {
         state.acl().token(&accessor).map(|token| token_json(state, token, true))
     })?
