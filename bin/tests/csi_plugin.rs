@@ -136,7 +136,11 @@ fn controller_suite() {
             .await
             .unwrap()
             .into_inner();
-        assert_eq!(caps.capabilities.len(), 2, "create/delete and publish/unpublish");
+        assert_eq!(
+            caps.capabilities.len(),
+            3,
+            "create/delete, publish/unpublish and read-only publish"
+        );
 
         let create = |name: &str, caps: Vec<csi::VolumeCapability>| csi::CreateVolumeRequest {
             name: name.into(),

@@ -39,6 +39,8 @@ pub mod consul;
 #[cfg(not(madsim))]
 pub mod csi;
 #[cfg(not(madsim))]
+pub mod csi_check;
+#[cfg(not(madsim))]
 pub mod disk;
 #[cfg(not(madsim))]
 pub mod http;

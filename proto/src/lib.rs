@@ -15,3 +15,6 @@ pub mod agent {
         tonic::include_proto!("drover.agent.v1");
     }
 }
+
+/// The well-known types the CSI messages use (`Timestamp`), for callers building them.
+pub use prost_types;
