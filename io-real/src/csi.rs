@@ -65,7 +65,7 @@ impl CsiClient {
 // --- the core's CSI calls, executed over gRPC ----------------------------------------------
 
 use drover_core::client::{CsiCall, CsiReply, ErrorKind, IoError, Outcome, Reply, VolumeCapability};
-use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
+use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ControllerCreateRequest};
 use drover_core::structs::{AccessMode, AttachmentMode, CsiCapability, CsiControllerInfo, CsiTopology};
 use drover_proto::csi::v1 as csi;
 
@@ -335,6 +335,8 @@ impl CsiClient {
             ClientCsiRequest::ControllerAttach(request) => request.secrets.is_sealed(),
             ClientCsiRequest::ControllerDetach(request) => request.secrets.is_sealed(),
             ClientCsiRequest::ControllerValidate(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerCreate(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerDelete(request) => request.secrets.is_sealed(),
             ClientCsiRequest::NodeDetach(_) => false,
         };
         if sealed {
@@ -392,7 +394,93 @@ impl CsiClient {
                 }
                 Ok(ClientCsiReply::Done)
             }
+            ClientCsiRequest::ControllerCreate(request) => self.create_volume(request).await,
+            ClientCsiRequest::ControllerDelete(request) => {
+                self.controller()
+                    .delete_volume(csi::DeleteVolumeRequest {
+                        volume_id: request.external_id.clone(),
+                        secrets: request.secrets.clone().into_iter().collect(),
+                    })
+                    .await
+                    .map_err(|status| status_error("DeleteVolume", status).message)?;
+                Ok(ClientCsiReply::Done)
+            }
             ClientCsiRequest::NodeDetach(_) => Err("node detach is served by the client's volume manager".into()),
         }
+    }
+
+    /// `ControllerCreateVolume` as the CSI spec has it: the volume's name as the idempotency
+    /// key, its capacity range, capabilities, source and topology requirement.
+    async fn create_volume(&self, request: &ControllerCreateRequest) -> Result<ClientCsiReply, String> {
+        let topology = |topology: &CsiTopology| csi::Topology {
+            segments: topology.segments.clone().into_iter().collect(),
+        };
+        let source = if !request.snapshot_id.is_empty() {
+            Some(csi::volume_content_source::Type::Snapshot(
+                csi::volume_content_source::SnapshotSource {
+                    snapshot_id: request.snapshot_id.clone(),
+                },
+            ))
+        } else if !request.clone_id.is_empty() {
+            Some(csi::volume_content_source::Type::Volume(
+                csi::volume_content_source::VolumeSource {
+                    volume_id: request.clone_id.clone(),
+                },
+            ))
+        } else {
+            None
+        };
+        let bytes = |value: u64| i64::try_from(value).map_err(|_| format!("capacity {value} is out of range"));
+        let answer = self
+            .controller()
+            .create_volume(csi::CreateVolumeRequest {
+                name: request.name.clone(),
+                capacity_range: (request.capacity_min != 0 || request.capacity_max != 0)
+                    .then(|| -> Result<csi::CapacityRange, String> {
+                        Ok(csi::CapacityRange {
+                            required_bytes: bytes(request.capacity_min)?,
+                            limit_bytes: bytes(request.capacity_max)?,
+                        })
+                    })
+                    .transpose()?,
+                volume_capabilities: request
+                    .capabilities
+                    .iter()
+                    .map(|wanted| {
+                        capability(&VolumeCapability {
+                            access_mode: wanted.access_mode,
+                            attachment_mode: wanted.attachment_mode,
+                            mount_options: request.mount_options.clone().unwrap_or_default(),
+                        })
+                    })
+                    .collect(),
+                parameters: request.parameters.clone().into_iter().collect(),
+                secrets: request.secrets.clone().into_iter().collect(),
+                volume_content_source: source.map(|kind| csi::VolumeContentSource { r#type: Some(kind) }),
+                accessibility_requirements: request.topology.as_ref().map(|wanted| csi::TopologyRequirement {
+                    requisite: wanted.required.iter().map(topology).collect(),
+                    preferred: wanted.preferred.iter().map(topology).collect(),
+                }),
+                mutable_parameters: Default::default(),
+            })
+            .await
+            .map_err(|status| status_error("CreateVolume", status).message)?
+            .into_inner();
+        let volume = answer.volume.ok_or("CreateVolume: the plugin answered no volume")?;
+        if volume.volume_id.is_empty() {
+            return Err("CreateVolume: the plugin answered an empty volume_id".into());
+        }
+        Ok(ClientCsiReply::Created {
+            external_id: volume.volume_id,
+            capacity: u64::try_from(volume.capacity_bytes).unwrap_or(0),
+            context: volume.volume_context.into_iter().collect(),
+            topologies: volume
+                .accessible_topology
+                .into_iter()
+                .map(|topology| CsiTopology {
+                    segments: topology.segments.into_iter().collect(),
+                })
+                .collect(),
+        })
     }
 }

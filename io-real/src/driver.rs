@@ -1446,6 +1446,8 @@ fn describe_call(request: &ClientCsiRequest) -> String {
         ),
         ClientCsiRequest::ControllerValidate(r) => format!("controller-validate {} {}", r.plugin_id, r.volume_id),
         ClientCsiRequest::NodeDetach(r) => format!("node-detach {} {} alloc {}", r.plugin_id, r.volume_id, r.alloc_id),
+        ClientCsiRequest::ControllerCreate(r) => format!("controller-create {} {}", r.plugin_id, r.name),
+        ClientCsiRequest::ControllerDelete(r) => format!("controller-delete {} {}", r.plugin_id, r.external_id),
     }
 }
 

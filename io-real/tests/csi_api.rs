@@ -50,6 +50,18 @@ impl ClientCsi for FakePlugins {
                 format!("node-unpublish {} alloc {}", r.volume_id, r.alloc_id),
                 ClientCsiReply::Done,
             ),
+            ClientCsiRequest::ControllerCreate(r) => (
+                format!("controller-create {}", r.name),
+                ClientCsiReply::Created {
+                    external_id: format!("ext-{}", r.name),
+                    capacity: r.capacity_min,
+                    context: [("made-by".into(), "fake".into())].into(),
+                    topologies: Vec::new(),
+                },
+            ),
+            ClientCsiRequest::ControllerDelete(r) => {
+                (format!("controller-delete {}", r.external_id), ClientCsiReply::Done)
+            }
         };
         self.calls.lock().unwrap().push(name);
         let mut open = self.node_detach_open.subscribe();

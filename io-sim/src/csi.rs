@@ -42,10 +42,14 @@ fn csi_name(request: &ClientCsiRequest) -> &'static str {
         ClientCsiRequest::ControllerDetach(_) => "ControllerUnpublishVolume",
         ClientCsiRequest::ControllerValidate(_) => "ValidateVolumeCapabilities",
         ClientCsiRequest::NodeDetach(_) => "NodeUnpublishVolume",
+        ClientCsiRequest::ControllerCreate(_) => "CreateVolume",
+        ClientCsiRequest::ControllerDelete(_) => "DeleteVolume",
     }
 }
 
 const LATENCY: Duration = Duration::from_millis(2);
+/// The size of a simulated volume made without a capacity range.
+const SIM_VOLUME_BYTES: u64 = 1 << 30;
 /// How late a slow plugin answers (past the servers' deadline).
 pub(crate) const SLOW_LATENCY: Duration = Duration::from_secs(15);
 
@@ -97,6 +101,8 @@ fn controller_call(request: &ClientCsiRequest) -> Option<(String, String)> {
         ClientCsiRequest::ControllerAttach(r) => ("controller-attach", &r.plugin_id, &r.volume_id),
         ClientCsiRequest::ControllerDetach(r) => ("controller-detach", &r.plugin_id, &r.volume_id),
         ClientCsiRequest::ControllerValidate(r) => ("controller-validate", &r.plugin_id, &r.volume_id),
+        ClientCsiRequest::ControllerCreate(r) => ("controller-create", &r.plugin_id, &r.name),
+        ClientCsiRequest::ControllerDelete(r) => ("controller-delete", &r.plugin_id, &r.external_id),
         ClientCsiRequest::NodeDetach(_) => return None,
     };
     Some((plugin.clone(), format!("{kind} {volume}")))
@@ -164,6 +170,22 @@ impl SimPlugins {
                     ClientCsiReply::Done,
                 ),
                 ClientCsiRequest::ControllerValidate(_) => (None, ClientCsiReply::Done),
+                // The simulated storage names a volume after the name it was asked for, so a
+                // repeated create answers the same volume, as the CSI spec requires.
+                ClientCsiRequest::ControllerCreate(r) => (
+                    None,
+                    ClientCsiReply::Created {
+                        external_id: format!("sim-{}", r.name),
+                        capacity: match (r.capacity_min, r.capacity_max) {
+                            (0, 0) => SIM_VOLUME_BYTES,
+                            (0, max) => max.min(SIM_VOLUME_BYTES),
+                            (min, _) => min,
+                        },
+                        context: Default::default(),
+                        topologies: Vec::new(),
+                    },
+                ),
+                ClientCsiRequest::ControllerDelete(_) => (None, ClientCsiReply::Done),
                 ClientCsiRequest::NodeDetach(r) => (
                     Some(PluginEvent::NodeUnpublished {
                         volume: r.volume_id,

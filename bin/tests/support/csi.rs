@@ -33,6 +33,8 @@ fn secrets_of(request: &ClientCsiRequest) -> Option<Secrets> {
         ClientCsiRequest::ControllerValidate(r) => Some(r.secrets.clone()),
         ClientCsiRequest::ControllerAttach(r) => Some(r.secrets.clone()),
         ClientCsiRequest::ControllerDetach(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerCreate(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerDelete(r) => Some(r.secrets.clone()),
         ClientCsiRequest::NodeDetach(_) => None,
     }
 }
@@ -53,6 +55,16 @@ fn answer(request: &ClientCsiRequest) -> (String, ClientCsiReply) {
             format!("node-unpublish {} {}", r.volume_id, r.alloc_id),
             ClientCsiReply::Done,
         ),
+        ClientCsiRequest::ControllerCreate(r) => (
+            format!("controller-create {}", r.name),
+            ClientCsiReply::Created {
+                external_id: format!("ext-{}", r.name),
+                capacity: r.capacity_min,
+                context: Default::default(),
+                topologies: Vec::new(),
+            },
+        ),
+        ClientCsiRequest::ControllerDelete(r) => (format!("controller-delete {}", r.external_id), ClientCsiReply::Done),
     }
 }
 

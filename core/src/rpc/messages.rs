@@ -112,6 +112,18 @@ pub enum ServerRequest {
         volume_ids: Vec<String>,
         force: bool,
     },
+    /// `CSIVolume.Create`: each volume made by a healthy controller (`ControllerCreateVolume`,
+    /// named by the volume's name so a retry finds the same volume), then registered.
+    VolumeCreate {
+        volumes: Vec<CsiVolume>,
+    },
+    /// `CSIVolume.Delete`: refused while claimed; `ControllerDeleteVolume`, then deregistered.
+    VolumeDelete {
+        namespace: String,
+        volume_id: String,
+        /// `X-Nomad-CSI-Secrets`; the volume's own secrets when empty.
+        secrets: crate::structs::Secrets,
+    },
     VolumeClaim {
         namespace: String,
         volume_id: String,
@@ -337,6 +349,30 @@ pub struct ControllerValidateRequest {
     pub secrets: crate::structs::Secrets,
 }
 
+/// `ControllerCreateVolume`: `name` is the idempotency key (the volume's name), so a create
+/// retried after a crash gets the volume the first attempt made.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerCreateRequest {
+    pub plugin_id: String,
+    pub name: String,
+    pub capacity_min: u64,
+    pub capacity_max: u64,
+    pub capabilities: Vec<CsiCapability>,
+    pub mount_options: Option<CsiMountOptions>,
+    pub parameters: BTreeMap<String, String>,
+    pub secrets: crate::structs::Secrets,
+    pub snapshot_id: String,
+    pub clone_id: String,
+    pub topology: Option<crate::structs::CsiTopologyRequest>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerDeleteRequest {
+    pub plugin_id: String,
+    pub external_id: String,
+    pub secrets: crate::structs::Secrets,
+}
+
 /// `ClientCSI.*`: calls a server makes to a client's CSI plugins.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientCsiRequest {
@@ -344,6 +380,8 @@ pub enum ClientCsiRequest {
     ControllerDetach(ControllerDetachRequest),
     ControllerValidate(ControllerValidateRequest),
     NodeDetach(NodeDetachRequest),
+    ControllerCreate(ControllerCreateRequest),
+    ControllerDelete(ControllerDeleteRequest),
 }
 
 impl ClientCsiRequest {
@@ -353,6 +391,8 @@ impl ClientCsiRequest {
             ClientCsiRequest::ControllerDetach(request) => &request.plugin_id,
             ClientCsiRequest::ControllerValidate(request) => &request.plugin_id,
             ClientCsiRequest::NodeDetach(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerCreate(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerDelete(request) => &request.plugin_id,
         }
     }
 }
@@ -360,5 +400,14 @@ impl ClientCsiRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientCsiReply {
     Done,
-    Attached { publish_context: BTreeMap<String, String> },
+    Attached {
+        publish_context: BTreeMap<String, String>,
+    },
+    /// What `ControllerCreateVolume` made.
+    Created {
+        external_id: String,
+        capacity: u64,
+        context: BTreeMap<String, String>,
+        topologies: Vec<crate::structs::CsiTopology>,
+    },
 }

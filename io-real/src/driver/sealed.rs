@@ -30,6 +30,8 @@ fn request_maps(request: &mut ClientCsiRequest) -> Vec<&mut Secrets> {
         ClientCsiRequest::ControllerAttach(request) => vec![&mut request.secrets],
         ClientCsiRequest::ControllerDetach(request) => vec![&mut request.secrets],
         ClientCsiRequest::ControllerValidate(request) => vec![&mut request.secrets],
+        ClientCsiRequest::ControllerCreate(request) => vec![&mut request.secrets],
+        ClientCsiRequest::ControllerDelete(request) => vec![&mut request.secrets],
         ClientCsiRequest::NodeDetach(_) => Vec::new(),
     }
 }

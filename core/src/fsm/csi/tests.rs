@@ -48,6 +48,7 @@ pub(crate) fn info(plugin: &str, alloc: &str, healthy: bool, controller: bool) -
         requires_controller_plugin: true,
         controller_info: controller.then(|| CsiControllerInfo {
             supports_attach_detach: true,
+            supports_create_delete: true,
             ..CsiControllerInfo::default()
         }),
         node_info: (!controller).then(|| CsiNodeInfo {

@@ -170,6 +170,11 @@ impl CsiEndpoints {
         out: &mut Outbox,
     ) {
         let job_id = call.job;
+        match self.jobs.get(&job_id) {
+            Some(Flow::Create { .. }) => return self.create_done(job_id, &call.request, result, out),
+            Some(Flow::Delete { .. }) => return self.delete_done(job_id, result, out),
+            _ => {}
+        }
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
@@ -206,7 +211,7 @@ impl CsiEndpoints {
                         volume,
                         publish_context,
                     },
-                    Ok(ClientCsiReply::Done) => ServerReply::Claimed {
+                    Ok(ClientCsiReply::Done | ClientCsiReply::Created { .. }) => ServerReply::Claimed {
                         index,
                         volume,
                         publish_context: BTreeMap::new(),
@@ -227,7 +232,7 @@ impl CsiEndpoints {
                     self.finish_unpublish(now, job_id, Err(failure), state, out);
                 }
             },
-            Flow::Detach { .. } | Flow::Internal => {}
+            Flow::Detach { .. } | Flow::Internal | Flow::Create { .. } | Flow::Delete { .. } => {}
         }
     }
 
@@ -237,7 +242,11 @@ impl CsiEndpoints {
         let mut waiting = Vec::new();
         for (job, flow) in core::mem::take(&mut self.jobs) {
             match flow {
-                Flow::Register { req, .. } | Flow::Claim { req, .. } | Flow::Detach { req, .. } => {
+                Flow::Register { req, .. }
+                | Flow::Claim { req, .. }
+                | Flow::Detach { req, .. }
+                | Flow::Create { req, .. }
+                | Flow::Delete { req, .. } => {
                     waiting.push((job, req));
                 }
                 Flow::Unpublish { waiters, .. } => {

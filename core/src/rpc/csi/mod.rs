@@ -16,6 +16,7 @@
 use crate::prelude::*;
 
 mod controllers;
+mod create;
 mod flows;
 
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -61,6 +62,19 @@ enum Flow {
         req: ReqId,
         left: usize,
         error: Option<RpcError>,
+    },
+    /// `ControllerCreateVolume` per volume (`left` to answer), then one register.
+    Create {
+        req: ReqId,
+        volumes: Vec<CsiVolume>,
+        left: usize,
+        failure: Option<RpcError>,
+    },
+    /// `ControllerDeleteVolume`, then the deregister.
+    Delete {
+        req: ReqId,
+        namespace: String,
+        volume_id: String,
     },
 }
 
@@ -170,6 +184,18 @@ impl CsiEndpoints {
             ServerRequest::PluginDelete { plugin_id } => simple(Command::CsiPluginDelete { plugin_id }),
             ServerRequest::VolumeRegister { volumes } => {
                 self.register(now, req, volumes, state, out);
+                None
+            }
+            ServerRequest::VolumeCreate { volumes } => {
+                self.create(now, req, volumes, state, out);
+                None
+            }
+            ServerRequest::VolumeDelete {
+                namespace,
+                volume_id,
+                secrets,
+            } => {
+                self.delete(now, req, (namespace, volume_id), secrets, state, out);
                 None
             }
             ServerRequest::VolumeClaim {
@@ -326,7 +352,7 @@ impl CsiEndpoints {
                     tracing::debug!(error = %failure.message, "CSI garbage collection proposal failed");
                 }
             }
-            Flow::Register { req, .. } => {
+            Flow::Register { req, .. } | Flow::Create { req, .. } | Flow::Delete { req, .. } => {
                 let req = *req;
                 self.jobs.remove(&job_id);
                 let reply = match outcome {

@@ -353,3 +353,111 @@ fn a_claim_or_release_for_another_nodes_secret_is_refused_before_any_plugin_call
     h.request(3, claim_with("s1"));
     assert_eq!(h.calls.len(), 1, "the node's own claim reaches the controller");
 }
+
+#[test]
+fn create_names_the_plugins_volume_after_the_volume_then_registers_what_it_made() {
+    let mut h = Harness::new();
+    let mut new = volume("x");
+    new.requested_capacity_min = 5 << 30;
+    h.request(
+        1,
+        ServerRequest::VolumeCreate {
+            volumes: vec![new.clone()],
+        },
+    );
+    let ClientCsiRequest::ControllerCreate(create) = &h.calls[0].2 else {
+        panic!("{:?}", h.calls)
+    };
+    assert_eq!((create.name.as_str(), create.capacity_min), ("x", 5 << 30));
+    assert_eq!(create.secrets, new.secrets, "the volume's secrets go with the call");
+    assert!(
+        h.fx.state.volume("default", "x").is_none(),
+        "not stored before the plugin made it"
+    );
+    h.answer(
+        0,
+        Ok(ClientCsiReply::Created {
+            external_id: "vol-0abc".into(),
+            capacity: 6 << 30,
+            context: [("zone".to_string(), "a".to_string())].into(),
+            topologies: Vec::new(),
+        }),
+    );
+    assert!(
+        matches!(h.replies.last(), Some((1, ServerReply::Done { .. }))),
+        "{:?}",
+        h.replies
+    );
+    let stored = h.fx.state.volume("default", "x").unwrap();
+    assert_eq!((stored.external_id.as_str(), stored.capacity), ("vol-0abc", 6 << 30));
+    assert_eq!(stored.context["zone"], "a");
+    // Re-running the create of a registered volume makes nothing.
+    h.request(2, ServerRequest::VolumeCreate { volumes: vec![new] });
+    assert!(h.calls.is_empty(), "{:?}", h.calls);
+    assert!(matches!(h.replies.last(), Some((2, ServerReply::Done { .. }))));
+}
+
+#[test]
+fn a_failed_create_registers_nothing_and_says_why() {
+    let mut h = Harness::new();
+    h.request(
+        1,
+        ServerRequest::VolumeCreate {
+            volumes: vec![volume("y")],
+        },
+    );
+    h.answer(0, Err("rpc error: code = OutOfRange desc = too big".into()));
+    let ServerReply::Error(failure) = &h.replies[0].1 else {
+        panic!("{:?}", h.replies)
+    };
+    assert!(failure.message.starts_with("controller create volume: "), "{failure:?}");
+    assert!(h.fx.state.volume("default", "y").is_none());
+    let mut elsewhere = volume("z");
+    elsewhere.plugin_id = "missing".into();
+    h.request(
+        2,
+        ServerRequest::VolumeCreate {
+            volumes: vec![elsewhere],
+        },
+    );
+    let ServerReply::Error(failure) = &h.replies[1].1 else {
+        panic!()
+    };
+    assert_eq!(failure.message, "CSI plugin \"missing\" not found");
+    assert!(h.calls.is_empty());
+}
+
+#[test]
+fn delete_is_refused_while_claimed_then_deletes_in_the_plugin_before_deregistering() {
+    let mut h = Harness::new();
+    h.request(1, take("a1", "n1"));
+    h.answer(0, Ok(ClientCsiReply::Done));
+    let delete = |id: &str| ServerRequest::VolumeDelete {
+        namespace: "default".into(),
+        volume_id: id.into(),
+        secrets: Default::default(),
+    };
+    h.request(2, delete("v"));
+    let ServerReply::Error(failure) = &h.replies.last().unwrap().1 else {
+        panic!()
+    };
+    assert!(failure.message.starts_with("volume in use: v"), "{failure:?}");
+    assert!(h.calls.is_empty());
+    h.request(3, delete("w"));
+    let ClientCsiRequest::ControllerDelete(call) = &h.calls[0].2 else {
+        panic!()
+    };
+    assert_eq!(call.external_id, "w", "the volume's remote id");
+    assert!(
+        h.fx.state.volume("default", "w").is_some(),
+        "still registered until the plugin answers"
+    );
+    h.answer(0, Ok(ClientCsiReply::Done));
+    assert!(matches!(h.replies.last(), Some((3, ServerReply::Done { .. }))));
+    assert!(h.fx.state.volume("default", "w").is_none());
+    h.request(4, delete("w"));
+    let ServerReply::Error(failure) = &h.replies.last().unwrap().1 else {
+        panic!()
+    };
+    assert_eq!(failure.message, "volume not found: w");
+}

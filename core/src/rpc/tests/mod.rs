@@ -100,6 +100,8 @@ pub(super) fn kind(request: &ClientCsiRequest) -> &'static str {
         ClientCsiRequest::ControllerDetach(_) => "controller-detach",
         ClientCsiRequest::ControllerValidate(_) => "controller-validate",
         ClientCsiRequest::NodeDetach(_) => "node-detach",
+        ClientCsiRequest::ControllerCreate(_) => "controller-create",
+        ClientCsiRequest::ControllerDelete(_) => "controller-delete",
     }
 }
 

@@ -1,0 +1,262 @@
+//! `CSIVolume.Create` and `CSIVolume.Delete`: volumes made and removed by the plugin's
+//! controller through a client, then registered or deregistered through Raft.
+//!
+//! A create names the plugin's volume after the volume's name (Nomad's), the CSI idempotency
+//! key: a leader that dies between `ControllerCreateVolume` and the Raft commit leaves a
+//! volume in the plugin but none in the state, and the operator's retry (or the CLI's) gets
+//! that same volume back from the plugin, never a second one.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use super::{CsiEndpoints, Flow};
+use crate::fsm::{Command, ServerState, Table};
+use crate::rpc::outbox::{JobId, Outbox, Owner};
+use crate::rpc::{
+    ClientCsiReply, ClientCsiRequest, ControllerCreateRequest, ControllerDeleteRequest, ReqId, RpcError, ServerReply,
+};
+use crate::structs::{CsiVolume, Secrets};
+use crate::time::Instant;
+
+/// Whether `plugin_id` has a controller that creates and deletes volumes, or why not.
+fn creates_volumes(state: &ServerState, plugin_id: &str) -> Result<(), RpcError> {
+    let plugin = state
+        .plugin(plugin_id)
+        .ok_or_else(|| RpcError::not_found(format!("CSI plugin {plugin_id:?} not found")))?;
+    if !plugin.controller_required {
+        return Err(RpcError::invalid(format!(
+            "CSI plugin {plugin_id:?} has no controller to create or delete volumes"
+        )));
+    }
+    let supports = plugin
+        .controllers
+        .values()
+        .any(|info| info.controller_info.as_ref().is_some_and(|c| c.supports_create_delete));
+    if supports {
+        Ok(())
+    } else {
+        Err(RpcError::invalid(format!(
+            "CSI plugin {plugin_id:?} does not support creating or deleting volumes (CREATE_DELETE_VOLUME)"
+        )))
+    }
+}
+
+fn create_request(volume: &CsiVolume) -> ClientCsiRequest {
+    ClientCsiRequest::ControllerCreate(ControllerCreateRequest {
+        plugin_id: volume.plugin_id.clone(),
+        name: volume.name.clone(),
+        capacity_min: volume.requested_capacity_min,
+        capacity_max: volume.requested_capacity_max,
+        capabilities: volume.requested_capabilities.clone(),
+        mount_options: volume.mount_options.clone(),
+        parameters: volume.parameters.clone(),
+        secrets: volume.secrets.clone(),
+        snapshot_id: volume.snapshot_id.clone(),
+        clone_id: volume.clone_id.clone(),
+        topology: volume.requested_topologies.clone(),
+    })
+}
+
+impl CsiEndpoints {
+    pub(super) fn create(
+        &mut self,
+        now: Instant,
+        req: ReqId,
+        volumes: Vec<CsiVolume>,
+        state: &ServerState,
+        out: &mut Outbox,
+    ) {
+        let checked = volumes.iter().try_for_each(|volume| {
+            if volume.requested_capabilities.is_empty() {
+                return Err(RpcError::invalid(format!(
+                    "volume {:?}: at least one capability is required to create a volume",
+                    volume.id
+                )));
+            }
+            if !volume.snapshot_id.is_empty() && !volume.clone_id.is_empty() {
+                return Err(RpcError::invalid(format!(
+                    "volume {:?}: only one of snapshot_id and clone_id may be set",
+                    volume.id
+                )));
+            }
+            if volume.requested_capacity_max != 0 && volume.requested_capacity_max < volume.requested_capacity_min {
+                return Err(RpcError::invalid(format!(
+                    "volume {:?}: capacity_max is less than capacity_min",
+                    volume.id
+                )));
+            }
+            creates_volumes(state, &volume.plugin_id)
+        });
+        if let Err(error) = checked {
+            out.reply(req, ServerReply::Error(error));
+            return;
+        }
+        // A volume already registered is not made again (re-running `volume create` is a
+        // no-op for it).
+        let wanted: Vec<CsiVolume> = volumes
+            .into_iter()
+            .filter(|volume| state.volume(&volume.namespace, &volume.id).is_none())
+            .collect();
+        if wanted.is_empty() {
+            let index = state.table_index(Table::CsiVolumes);
+            out.reply(req, ServerReply::Done { index });
+            return;
+        }
+        let requests: Vec<ClientCsiRequest> = wanted.iter().map(create_request).collect();
+        let job = self.new_job(
+            out,
+            Flow::Create {
+                req,
+                volumes: wanted,
+                left: requests.len(),
+                failure: None,
+            },
+        );
+        for request in requests {
+            self.enqueue_controller(now, job, request, state, out);
+        }
+    }
+
+    pub(super) fn delete(
+        &mut self,
+        now: Instant,
+        req: ReqId,
+        (namespace, volume_id): (String, String),
+        secrets: Secrets,
+        state: &ServerState,
+        out: &mut Outbox,
+    ) {
+        let Some(volume) = state.volume(&namespace, &volume_id) else {
+            out.reply(
+                req,
+                ServerReply::Error(RpcError::not_found(format!("volume not found: {volume_id}"))),
+            );
+            return;
+        };
+        if !volume.claimed_allocs().is_empty() {
+            out.reply(
+                req,
+                ServerReply::Error(RpcError::invalid(format!(
+                    "volume in use: {volume_id} is claimed by {} allocations",
+                    volume.claimed_allocs().len()
+                ))),
+            );
+            return;
+        }
+        if let Err(error) = creates_volumes(state, &volume.plugin_id) {
+            out.reply(req, ServerReply::Error(error));
+            return;
+        }
+        let request = ClientCsiRequest::ControllerDelete(ControllerDeleteRequest {
+            plugin_id: volume.plugin_id.clone(),
+            external_id: volume.remote_id().to_string(),
+            secrets: if secrets.is_empty() {
+                volume.secrets.clone()
+            } else {
+                secrets
+            },
+        });
+        let job = self.new_job(
+            out,
+            Flow::Delete {
+                req,
+                namespace,
+                volume_id,
+            },
+        );
+        self.enqueue_controller(now, job, request, state, out);
+    }
+
+    /// One `ControllerCreateVolume` answered: the volume takes what the plugin made; once all
+    /// are made they are registered in one Raft entry.
+    pub(super) fn create_done(
+        &mut self,
+        job_id: JobId,
+        request: &ClientCsiRequest,
+        result: Result<ClientCsiReply, RpcError>,
+        out: &mut Outbox,
+    ) {
+        let Some(Flow::Create {
+            req,
+            volumes,
+            left,
+            failure,
+        }) = self.jobs.get_mut(&job_id)
+        else {
+            return;
+        };
+        let ClientCsiRequest::ControllerCreate(asked) = request else {
+            return;
+        };
+        *left -= 1;
+        match result {
+            Ok(ClientCsiReply::Created {
+                external_id,
+                capacity,
+                context,
+                topologies,
+            }) => {
+                for volume in volumes
+                    .iter_mut()
+                    .filter(|v| v.name == asked.name && v.plugin_id == asked.plugin_id)
+                {
+                    volume.external_id.clone_from(&external_id);
+                    volume.capacity = capacity;
+                    volume.context.clone_from(&context);
+                    volume.topologies.clone_from(&topologies);
+                }
+            }
+            Ok(other) => {
+                failure.get_or_insert(RpcError::unavailable(format!(
+                    "controller create volume: unexpected answer {other:?}"
+                )));
+            }
+            Err(error) => {
+                failure.get_or_insert(RpcError::from_plugin(
+                    format!("controller create volume: {}", error.message),
+                    error.retryable,
+                ));
+            }
+        }
+        if *left > 0 {
+            return;
+        }
+        let req = *req;
+        if let Some(error) = failure.take() {
+            self.jobs.remove(&job_id);
+            out.reply(req, ServerReply::Error(error));
+            return;
+        }
+        let volumes = core::mem::take(volumes);
+        out.propose(job_id, Owner::Csi, Command::CsiVolumeRegister { volumes });
+    }
+
+    /// `ControllerDeleteVolume` answered: the volume is deregistered.
+    pub(super) fn delete_done(&mut self, job_id: JobId, result: Result<ClientCsiReply, RpcError>, out: &mut Outbox) {
+        let Some(Flow::Delete {
+            req,
+            namespace,
+            volume_id,
+        }) = self.jobs.get(&job_id)
+        else {
+            return;
+        };
+        match result {
+            Ok(_) => {
+                let command = Command::CsiVolumeDeregister {
+                    namespace: namespace.clone(),
+                    volume_ids: vec![volume_id.clone()],
+                    force: false,
+                };
+                out.propose(job_id, Owner::Csi, command);
+            }
+            Err(error) => {
+                let req = *req;
+                self.jobs.remove(&job_id);
+                let error =
+                    RpcError::from_plugin(format!("controller delete volume: {}", error.message), error.retryable);
+                out.reply(req, ServerReply::Error(error));
+            }
+        }
+    }
+}
