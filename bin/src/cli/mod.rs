@@ -231,6 +231,18 @@ pub enum VolumeCommand {
     Register {
         file: String,
     },
+    /// Create a CSI volume through its plugin's controller, then register it (the spec adds
+    /// `capacity_min`, `capacity_max`, `snapshot_id`, `clone_id`, `topology_request`).
+    Create {
+        file: String,
+    },
+    /// Delete a CSI volume in its plugin, then deregister it (refused while claimed).
+    Delete {
+        id: String,
+        /// `key=value` secrets for the plugin's DeleteVolume (repeat for more).
+        #[arg(long = "secret", value_name = "KEY=VALUE")]
+        secrets: Vec<String>,
+    },
     Status {
         id: Option<String>,
     },
@@ -350,8 +362,22 @@ impl Api {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, Failure> {
+        self.call_with_headers(method, path, body, &[])
+    }
+
+    /// [`Self::call`] with extra request headers.
+    fn call_with_headers(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Value, Failure> {
         let url = format!("{}{path}", self.base);
-        let request = self.authorize(self.agent.request(method, &url).timeout(Duration::from_secs(30)));
+        let mut request = self.authorize(self.agent.request(method, &url).timeout(Duration::from_secs(30)));
+        for (name, value) in headers {
+            request = request.set(name, value);
+        }
         let response = match body {
             Some(body) => request.send_json(body),
             None => request.call(),
@@ -499,6 +525,8 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         }
         Command::Node(NodeCommand::Eligibility { id, enable, disable }) => node_eligibility(&api, &id, enable, disable),
         Command::Volume(VolumeCommand::Register { file }) => volume_register(&api, &file),
+        Command::Volume(VolumeCommand::Create { file }) => volume::volume_create(&api, &file),
+        Command::Volume(VolumeCommand::Delete { id, secrets }) => volume::volume_delete(&api, &id, &secrets),
         Command::Volume(VolumeCommand::Status { id }) => volume_status(&api, id.as_deref()),
         Command::Volume(VolumeCommand::Deregister { id, force }) => api
             .call("DELETE", &format!("/v1/volume/csi/{id}?force={force}"), None)

@@ -1,4 +1,4 @@
-//! `agent volume register|status` and `agent plugin status`.
+//! `agent volume register|create|delete|status` and `agent plugin status`.
 
 use serde_json::{Value, json};
 
@@ -6,8 +6,10 @@ use super::{Api, Failure, short, table, text};
 
 /// A volume spec file (`id`, `name`, `type = "csi"`, `plugin_id`, `external_id`,
 /// `capability { access_mode attachment_mode }`, `mount_options`, `secrets`, `parameters`,
-/// `context`) into the register body.
-pub(super) fn volume_register(api: &Api, file: &str) -> Result<(), Failure> {
+/// `context`, and for `create`: `capacity_min`, `capacity_max`, `snapshot_id`, `clone_id`,
+/// `topology_request { required { topology { segments {} } } preferred { ... } }`) into the
+/// body Nomad's API takes, and its id.
+fn volume_spec(file: &str) -> Result<(String, Value), Failure> {
     let source = std::fs::read_to_string(file).map_err(|error| Failure(format!("Error reading {file}: {error}"), 1))?;
     drover_io_real::hcl_check::strings_terminated(&source)
         .map_err(|error| Failure(format!("Error parsing {file}: {error}"), 1))?;
@@ -18,14 +20,23 @@ pub(super) fn volume_register(api: &Api, file: &str) -> Result<(), Failure> {
     if field("type") != "csi" {
         return Err(Failure(format!("Error parsing {file}: type must be \"csi\""), 1));
     }
-    let capabilities: Vec<Value> = match field("capability") {
-        Value::Array(items) => items,
-        Value::Null => Vec::new(),
-        one => vec![one],
-    }
-    .iter()
-    .map(|capability| json!({"AccessMode": capability["access_mode"], "AttachmentMode": capability["attachment_mode"]}))
-    .collect();
+    let capabilities: Vec<Value> = blocks(field("capability"))
+        .iter()
+        .map(|capability| json!({"AccessMode": capability["access_mode"], "AttachmentMode": capability["attachment_mode"]}))
+        .collect();
+    let capacity = |key: &str| -> Result<Value, Failure> {
+        match field(key) {
+            Value::Null => Ok(Value::Null),
+            Value::Number(bytes) => Ok(Value::Number(bytes)),
+            Value::String(text) => parse_bytes(&text)
+                .map(Value::from)
+                .map_err(|error| Failure(format!("Error parsing {file}: {key}: {error}"), 1)),
+            other => Err(Failure(
+                format!("Error parsing {file}: {key} must be a size, not {other}"),
+                1,
+            )),
+        }
+    };
     let id = text(&field("id"));
     let volume = json!({
         "ID": id,
@@ -38,14 +49,112 @@ pub(super) fn volume_register(api: &Api, file: &str) -> Result<(), Failure> {
         "Secrets": field("secrets"),
         "Parameters": field("parameters"),
         "Context": field("context"),
+        "RequestedCapacityMin": capacity("capacity_min")?,
+        "RequestedCapacityMax": capacity("capacity_max")?,
+        "SnapshotID": field("snapshot_id"),
+        "CloneID": field("clone_id"),
+        "RequestedTopologies": topology_request(&field("topology_request")),
     });
-    let volume = strip_nulls(volume);
+    Ok((id, strip_nulls(volume)))
+}
+
+/// An HCL block that may appear once or many times, as a list.
+fn blocks(value: Value) -> Vec<Value> {
+    match value {
+        Value::Array(items) => items,
+        Value::Null => Vec::new(),
+        one => vec![one],
+    }
+}
+
+/// `topology_request { required { topology { segments {..} } } preferred { .. } }`.
+fn topology_request(request: &Value) -> Value {
+    if request.is_null() {
+        return Value::Null;
+    }
+    let topologies = |key: &str| -> Vec<Value> {
+        blocks(request.get(key).cloned().unwrap_or(Value::Null))
+            .iter()
+            .flat_map(|group| blocks(group.get("topology").cloned().unwrap_or(Value::Null)))
+            .map(|topology| json!({"Segments": topology.get("segments").cloned().unwrap_or(json!({}))}))
+            .collect()
+    };
+    json!({"Required": topologies("required"), "Preferred": topologies("preferred")})
+}
+
+/// A size as Nomad's volume specs write it (go-humanize's `ParseBytes`): `10GiB`, `500 MB`,
+/// `1G`, `2048`.
+fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().map_err(|_| format!("{text:?} is not a size"))?;
+    let multiplier: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "ki" | "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mi" | "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gi" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "t" | "tb" => 1e12,
+        "ti" | "tib" => 1024f64.powi(4),
+        other => return Err(format!("unknown unit {other:?} in {text:?}")),
+    };
+    let bytes = number * multiplier;
+    if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 {
+        return Err(format!("{text:?} is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+pub(super) fn volume_register(api: &Api, file: &str) -> Result<(), Failure> {
+    let (id, volume) = volume_spec(file)?;
     api.call(
         "PUT",
         &format!("/v1/volume/csi/{id}"),
         Some(&json!({ "Volumes": [volume] })),
     )?;
     println!("Volume {id:?} registered");
+    Ok(())
+}
+
+/// `volume create`: the plugin makes the volume, the cluster registers it.
+pub(super) fn volume_create(api: &Api, file: &str) -> Result<(), Failure> {
+    let (id, volume) = volume_spec(file)?;
+    let answer = api.call(
+        "PUT",
+        &format!("/v1/volume/csi/{id}/create"),
+        Some(&json!({ "Volumes": [volume] })),
+    )?;
+    for created in answer["Volumes"].as_array().into_iter().flatten() {
+        println!(
+            "Created external volume {} with ID {}",
+            text(&created["ExternalID"]),
+            text(&created["ID"])
+        );
+    }
+    Ok(())
+}
+
+/// `volume delete`: the plugin deletes the volume, the cluster deregisters it.
+pub(super) fn volume_delete(api: &Api, id: &str, secrets: &[String]) -> Result<(), Failure> {
+    if let Some(bad) = secrets.iter().find(|pair| !pair.contains('=') || pair.contains(',')) {
+        return Err(Failure(
+            format!("Error: -secret wants KEY=VALUE without commas, got {bad:?}"),
+            1,
+        ));
+    }
+    let header = secrets.join(",");
+    let headers: Vec<(&str, &str)> = if header.is_empty() {
+        Vec::new()
+    } else {
+        vec![("X-Nomad-CSI-Secrets", header.as_str())]
+    };
+    api.call_with_headers("DELETE", &format!("/v1/volume/csi/{id}/delete"), None, &headers)?;
+    println!("Successfully deleted volume {id:?}!");
     Ok(())
 }
 
@@ -185,4 +294,20 @@ pub(super) fn plugin_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
         .replace("  =  ", " = ")
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_as_nomads_volume_specs_write_them() {
+        assert_eq!(parse_bytes("10GiB"), Ok(10 << 30));
+        assert_eq!(parse_bytes("500 MB"), Ok(500_000_000));
+        assert_eq!(parse_bytes("1g"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("2048"), Ok(2048));
+        assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
+        assert!(parse_bytes("ten GB").is_err());
+        assert!(parse_bytes("5 parsecs").unwrap_err().contains("unknown unit"));
+    }
 }

@@ -380,7 +380,7 @@ pub enum ClientCsiRequest {
     ControllerDetach(ControllerDetachRequest),
     ControllerValidate(ControllerValidateRequest),
     NodeDetach(NodeDetachRequest),
-    ControllerCreate(ControllerCreateRequest),
+    ControllerCreate(alloc::boxed::Box<ControllerCreateRequest>),
     ControllerDelete(ControllerDeleteRequest),
 }
 

@@ -327,7 +327,71 @@ pub async fn put_volume(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let mut volumes = decode_register(&id, &body)?;
+    let volumes = decode_register(&id, &body)?;
+    write_volumes(&handle, volumes, |volumes| ServerRequest::VolumeRegister { volumes }).await
+}
+
+/// `PUT /v1/volume/csi/:id/create`: the plugin's controller makes each volume (Nomad 1.1's
+/// `volume create`), then it is registered; answered with the volumes as stored.
+pub async fn create_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let volumes = decode_register(&id, &body)?;
+    write_volumes(&handle, volumes, |volumes| ServerRequest::VolumeCreate { volumes }).await
+}
+
+/// `DELETE /v1/volume/csi/:id/delete`: the plugin deletes the volume, then it is
+/// deregistered; `X-Nomad-CSI-Secrets: key=value,...` overrides the volume's secrets.
+pub async fn delete_created_volume(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+    headers: axum::http::HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
+    validate_id("volume", &id)?;
+    let secrets = csi_secrets_header(&headers)?;
+    let secrets = handle.seal_secrets(&secrets).await.map_err(super::root_key_error)?;
+    let request = ServerRequest::VolumeDelete {
+        namespace: namespace(&options),
+        volume_id: id,
+        secrets,
+    };
+    let index = reply_to_result(handle.request_applied(request).await)?;
+    Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+/// Nomad's `X-Nomad-CSI-Secrets` header: `key=value` pairs separated by commas.
+fn csi_secrets_header(headers: &axum::http::HeaderMap) -> Result<drover_core::structs::Secrets, ApiError> {
+    let Some(value) = headers.get("X-Nomad-CSI-Secrets") else {
+        return Ok(Default::default());
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError(StatusCode::BAD_REQUEST, "X-Nomad-CSI-Secrets is not text".into()))?;
+    let mut secrets = std::collections::BTreeMap::new();
+    for pair in text.split(',').filter(|pair| !pair.trim().is_empty()) {
+        let (key, value) = pair.split_once('=').ok_or_else(|| {
+            ApiError(
+                StatusCode::BAD_REQUEST,
+                "X-Nomad-CSI-Secrets must be key=value pairs separated by commas".into(),
+            )
+        })?;
+        secrets.insert(key.trim().to_string(), value.trim().to_string());
+    }
+    drover_core::structs::check_secret_keys("volume secrets", secrets.keys())
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
+    Ok(secrets.into())
+}
+
+/// Seals each volume's secrets, sends `request(volumes)` and answers the volumes as stored.
+async fn write_volumes(
+    handle: &AgentHandle,
+    mut volumes: Vec<CsiVolume>,
+    request: impl FnOnce(Vec<CsiVolume>) -> ServerRequest,
+) -> Result<(axum::http::HeaderMap, axum::Json<Value>), ApiError> {
+    let handle = handle.clone();
     // Sealed before Raft: the log and the snapshots never hold the secrets.
     for volume in &mut volumes {
         volume.secrets = handle
@@ -336,7 +400,7 @@ pub async fn put_volume(
             .map_err(super::root_key_error)?;
     }
     let keys: Vec<(String, String)> = volumes.iter().map(CsiVolume::key).collect();
-    let index = reply_to_result(handle.request_applied(ServerRequest::VolumeRegister { volumes }).await)?;
+    let index = reply_to_result(handle.request_applied(request(volumes)).await)?;
     let registered: Vec<Value> = handle
         .read_state(|state| {
             keys.iter()

@@ -121,6 +121,14 @@ pub fn router(handle: AgentHandle) -> Router {
                 .delete(csi::delete_volume),
         )
         .route("/v1/volume/csi/{id}/detach", axum::routing::delete(csi::detach_volume))
+        .route(
+            "/v1/volume/csi/{id}/create",
+            axum::routing::put(csi::create_volume).post(csi::create_volume),
+        )
+        .route(
+            "/v1/volume/csi/{id}/delete",
+            axum::routing::delete(csi::delete_created_volume),
+        )
         .route("/v1/plugins", get(csi::list_plugins))
         .route("/v1/plugin/csi/{id}", get(csi::get_plugin).delete(csi::delete_plugin))
         .route(

@@ -42,7 +42,7 @@ fn creates_volumes(state: &ServerState, plugin_id: &str) -> Result<(), RpcError>
 }
 
 fn create_request(volume: &CsiVolume) -> ClientCsiRequest {
-    ClientCsiRequest::ControllerCreate(ControllerCreateRequest {
+    ClientCsiRequest::ControllerCreate(alloc::boxed::Box::new(ControllerCreateRequest {
         plugin_id: volume.plugin_id.clone(),
         name: volume.name.clone(),
         capacity_min: volume.requested_capacity_min,
@@ -54,7 +54,7 @@ fn create_request(volume: &CsiVolume) -> ClientCsiRequest {
         snapshot_id: volume.snapshot_id.clone(),
         clone_id: volume.clone_id.clone(),
         topology: volume.requested_topologies.clone(),
-    })
+    }))
 }
 
 impl CsiEndpoints {
