@@ -155,6 +155,18 @@ parameters {{
     assert_eq!(stored["Capacity"], 2u64 << 30);
     assert_eq!(stored["Parameters"]["tier"], "gold");
     assert_eq!(plugin_volumes(&state)["vol0"]["capacity_bytes"], 2u64 << 30);
+    let (ok, status) = cli(port, &["volume", "status", "vol0"]);
+    assert!(ok, "{status}");
+    let line = |key: &str| {
+        status
+            .lines()
+            .find(|line| line.starts_with(key))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(line("Capacity").ends_with("= 2.0 GiB"), "{status}");
+    assert!(line("External ID").ends_with("= vol0"), "{status}");
+    assert!(line("Access Mode").contains('='), "{status}");
     // Again: nothing new anywhere.
     let (ok, out) = cli(port, &["volume", "create", &volume]);
     assert!(ok, "{out}");

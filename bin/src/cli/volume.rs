@@ -158,6 +158,24 @@ pub(super) fn volume_delete(api: &Api, id: &str, secrets: &[String]) -> Result<(
     Ok(())
 }
 
+/// Bytes as go-humanize's `IBytes` writes them (Nomad's volume capacity): `2.0 GiB`, `10 GiB`.
+fn ibytes(bytes: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let exponent = ((bytes as f64).ln() / 1024f64.ln()).floor() as usize;
+    let exponent = exponent.min(UNITS.len() - 1);
+    let value = bytes as f64 / 1024f64.powi(exponent as i32);
+    // go-humanize rounds to a tenth first, then shows one decimal below 10.
+    let value = (value * 10.0 + 0.5).floor() / 10.0;
+    if value < 10.0 {
+        format!("{value:.1} {}", UNITS[exponent])
+    } else {
+        format!("{value:.0} {}", UNITS[exponent])
+    }
+}
+
 pub(super) fn strip_nulls(value: Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
@@ -192,26 +210,59 @@ pub(super) fn volume_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
         return Ok(());
     };
     let volume = api.get(&format!("/v1/volume/csi/{id}"))?;
-    println!(
-        "{}",
-        table(&[
-            vec!["ID".into(), "=".into(), text(&volume["ID"])],
-            vec!["Name".into(), "=".into(), text(&volume["Name"])],
-            vec!["External ID".into(), "=".into(), text(&volume["ExternalID"])],
-            vec!["Plugin ID".into(), "=".into(), text(&volume["PluginID"])],
-            vec!["Provider".into(), "=".into(), text(&volume["Provider"])],
-            vec!["Schedulable".into(), "=".into(), text(&volume["Schedulable"])],
-            vec![
-                "Controllers Healthy".into(),
-                "=".into(),
-                text(&volume["ControllersHealthy"])
-            ],
-            vec!["Nodes Healthy".into(), "=".into(), text(&volume["NodesHealthy"])],
-            vec!["Access Mode".into(), "=".into(), text(&volume["AccessMode"])],
-            vec!["Attachment Mode".into(), "=".into(), text(&volume["AttachmentMode"])],
-        ])
-        .replace("  =  ", " = ")
-    );
+    let field = |key: &str| text(&volume[key]);
+    let mount_options = match volume["MountOptions"].as_object() {
+        Some(options) if options.values().any(|value| !value.is_null()) => {
+            format!(
+                "fs_type: {} flags: {}",
+                text(&options["FSType"]),
+                text(&options["MountFlags"])
+            )
+        }
+        _ => "<none>".into(),
+    };
+    let rows: Vec<(&str, String)> = vec![
+        ("ID", field("ID")),
+        ("Name", field("Name")),
+        ("Namespace", field("Namespace")),
+        ("External ID", field("ExternalID")),
+        ("Plugin ID", field("PluginID")),
+        ("Provider", field("Provider")),
+        ("Version", field("ProviderVersion")),
+        ("Capacity", ibytes(volume["Capacity"].as_u64().unwrap_or(0))),
+        ("Schedulable", field("Schedulable")),
+        ("Controllers Healthy", field("ControllersHealthy")),
+        ("Controllers Expected", field("ControllersExpected")),
+        ("Nodes Healthy", field("NodesHealthy")),
+        ("Nodes Expected", field("NodesExpected")),
+        ("Access Mode", field("AccessMode")),
+        ("Attachment Mode", field("AttachmentMode")),
+        ("Mount Options", mount_options),
+    ];
+    for (key, value) in rows {
+        println!("{key:<20} = {value}");
+    }
+    let topologies: Vec<Vec<String>> = volume["Topologies"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(at, topology)| {
+            let segments: Vec<String> = topology["Segments"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(key, value)| format!("{key}={}", text(value)))
+                .collect();
+            vec![format!("{:02}", at + 1), segments.join(", ")]
+        })
+        .collect();
+    if !topologies.is_empty() {
+        println!("\nTopologies");
+        let mut rows = vec![vec!["Topology".to_string(), "Segments".to_string()]];
+        rows.extend(topologies);
+        println!("{}", table(&rows));
+    }
     println!();
     println!("Allocations");
     let mut rows = vec![
@@ -309,5 +360,14 @@ mod tests {
         assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
         assert!(parse_bytes("ten GB").is_err());
         assert!(parse_bytes("5 parsecs").unwrap_err().contains("unknown unit"));
+    }
+
+    #[test]
+    fn capacities_show_as_go_humanize_writes_them() {
+        assert_eq!(ibytes(0), "0 B");
+        assert_eq!(ibytes(512), "512 B");
+        assert_eq!(ibytes(1536), "1.5 KiB");
+        assert_eq!(ibytes(2 << 30), "2.0 GiB");
+        assert_eq!(ibytes(10 << 30), "10 GiB");
     }
 }
