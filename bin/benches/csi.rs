@@ -11,6 +11,11 @@
 //! 2. Snapshot and restore of a state store holding 100,000 volumes. Baseline: copying every
 //!    volume out of the state in memory (cloning the state itself is O(1): its tables are
 //!    persistent maps).
+//! 3. `volume create` + `volume delete` cycles through a 3-server cluster (one server also a
+//!    client running `drover-csi-fake` as a raw_exec system job, real gRPC over its unix
+//!    socket): CreateVolume + register, then DeleteVolume + deregister. Baseline in the same
+//!    run: register (ValidateVolumeCapabilities) + deregister of the same volumes' shape.
+//!    Also: create → schedulable (the create's answer until `GET` shows it schedulable).
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -293,4 +298,102 @@ fn main() {
     let cycles: usize = std::env::args().skip(1).find_map(|arg| arg.parse().ok()).unwrap_or(200);
     snapshot_100k();
     claim_cycles(cycles);
+    create_delete_cycles(cycles);
+}
+
+fn volume_spec(id: &str) -> String {
+    format!(
+        r#"{{"Volumes":[{{"ID":"{id}","Name":"{id}","PluginID":"fake","RequestedCapacityMin":1048576,"RequestedCapabilities":[{{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}}]}}]}}"#
+    )
+}
+
+fn create_delete_cycles(cycles: usize) {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let config = root.path().join("client.hcl");
+    std::fs::write(&config, "plugin \"raw_exec\" {\n  config {\n    enabled = true\n  }\n}\n").unwrap();
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| {
+            let mut args = server_args(&specs, i);
+            if i == 0 {
+                args.push("-client".into());
+                args.push(format!("-config={}", config.display()));
+            }
+            Agent::start(specs[i].clone(), args)
+        })
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    wait_for(Duration::from_secs(60), || agreed_leader(&refs, 3)).expect("cluster forms");
+    let port = specs[0].http;
+    let state = root.path().join("fake-state");
+    let job = format!(
+        r#"{{"Job":{{"ID":"plugin","Type":"system","Datacenters":["dc1"],"TaskGroups":[{{"Name":"nodes","Count":1,"Tasks":[{{"Name":"plugin","Driver":"raw_exec","Config":{{"command":"{}","args":["--state-dir={}","--node-id=bench-node","--auto-create"]}},"CSIPluginConfig":{{"ID":"fake","Type":"monolith"}},"Resources":{{"CPU":50,"MemoryMB":32}}}}]}}]}}}}"#,
+        env!("CARGO_BIN_EXE_drover-csi-fake"),
+        state.display()
+    );
+    wait_for(Duration::from_secs(60), || {
+        let nodes: serde_json::Value = serde_json::from_str(&http("GET", port, "/v1/nodes", None)?).ok()?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .expect("the client registers");
+    http("PUT", port, "/v1/jobs", Some(&job)).expect("the plugin job registers");
+    wait_for(Duration::from_secs(60), || {
+        let plugin: serde_json::Value = serde_json::from_str(&http("GET", port, "/v1/plugin/csi/fake", None)?).ok()?;
+        (plugin["ControllersHealthy"] == 1).then_some(())
+    })
+    .expect("the plugin is healthy");
+
+    let timed = |step: &dyn Fn(usize)| -> Vec<Duration> {
+        (0..cycles)
+            .map(|i| {
+                let started = Instant::now();
+                step(i);
+                started.elapsed()
+            })
+            .collect()
+    };
+    let mut baseline = timed(&|i| {
+        let id = format!("r{i}");
+        http("PUT", port, &format!("/v1/volume/csi/{id}"), Some(&volume_spec(&id))).expect("registers");
+        http("DELETE", port, &format!("/v1/volume/csi/{id}"), None).expect("deregisters");
+    });
+    let started_all = Instant::now();
+    let mut cycle = timed(&|i| {
+        let id = format!("c{i}");
+        http("PUT", port, &format!("/v1/volume/csi/{id}/create"), Some(&volume_spec(&id))).expect("creates");
+        http("DELETE", port, &format!("/v1/volume/csi/{id}/delete"), None).expect("deletes");
+    });
+    let total = started_all.elapsed();
+    let mut schedulable = timed(&|i| {
+        let id = format!("s{i}");
+        http("PUT", port, &format!("/v1/volume/csi/{id}/create"), Some(&volume_spec(&id))).expect("creates");
+        loop {
+            let volume: serde_json::Value =
+                serde_json::from_str(&http("GET", port, &format!("/v1/volume/csi/{id}"), None).unwrap_or_default())
+                    .unwrap_or_default();
+            if volume["Schedulable"] == true {
+                break;
+            }
+        }
+    });
+    let base = percentile(&mut baseline, 0.5);
+    println!("3-server loopback cluster, drover-csi-fake over its socket, {cycles} sequential cycles:");
+    println!("  baseline: register + deregister         p50 {:>7.2} ms", ms(base));
+    println!(
+        "  create + delete (CreateVolume, DeleteVolume) p50 {:>7.2} ms ({:.1}x baseline)  p99 {:>7.2} ms",
+        ms(percentile(&mut cycle, 0.5)),
+        ms(percentile(&mut cycle, 0.5)) / ms(base),
+        ms(percentile(&mut cycle, 0.99)),
+    );
+    println!(
+        "  throughput: {:.1} create+delete cycles per second",
+        cycles as f64 / total.as_secs_f64()
+    );
+    println!(
+        "  create -> schedulable                   p50 {:>7.2} ms ({:.1}x baseline)  p99 {:>7.2} ms",
+        ms(percentile(&mut schedulable, 0.5)),
+        ms(percentile(&mut schedulable, 0.5)) / ms(base),
+        ms(percentile(&mut schedulable, 0.99)),
+    );
+    let _ = http("DELETE", port, "/v1/job/plugin", None);
 }
