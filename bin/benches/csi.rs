@@ -311,7 +311,11 @@ fn create_delete_cycles(cycles: usize) {
     let root = tempfile::tempdir().unwrap();
     let specs = cluster_specs(root.path(), 3);
     let config = root.path().join("client.hcl");
-    std::fs::write(&config, "plugin \"raw_exec\" {\n  config {\n    enabled = true\n  }\n}\n").unwrap();
+    std::fs::write(
+        &config,
+        "plugin \"raw_exec\" {\n  config {\n    enabled = true\n  }\n}\n",
+    )
+    .unwrap();
     let agents: Vec<Agent> = (0..3)
         .map(|i| {
             let mut args = server_args(&specs, i);
@@ -360,13 +364,25 @@ fn create_delete_cycles(cycles: usize) {
     let started_all = Instant::now();
     let mut cycle = timed(&|i| {
         let id = format!("c{i}");
-        http("PUT", port, &format!("/v1/volume/csi/{id}/create"), Some(&volume_spec(&id))).expect("creates");
+        http(
+            "PUT",
+            port,
+            &format!("/v1/volume/csi/{id}/create"),
+            Some(&volume_spec(&id)),
+        )
+        .expect("creates");
         http("DELETE", port, &format!("/v1/volume/csi/{id}/delete"), None).expect("deletes");
     });
     let total = started_all.elapsed();
     let mut schedulable = timed(&|i| {
         let id = format!("s{i}");
-        http("PUT", port, &format!("/v1/volume/csi/{id}/create"), Some(&volume_spec(&id))).expect("creates");
+        http(
+            "PUT",
+            port,
+            &format!("/v1/volume/csi/{id}/create"),
+            Some(&volume_spec(&id)),
+        )
+        .expect("creates");
         loop {
             let volume: serde_json::Value =
                 serde_json::from_str(&http("GET", port, &format!("/v1/volume/csi/{id}"), None).unwrap_or_default())
