@@ -347,6 +347,15 @@ fn create_delete_cycles(cycles: usize) {
     })
     .expect("the plugin is healthy");
 
+    let create = |id: &str| {
+        http(
+            "PUT",
+            port,
+            &format!("/v1/volume/csi/{id}/create"),
+            Some(&volume_spec(id)),
+        )
+        .expect("creates");
+    };
     let timed = |step: &dyn Fn(usize)| -> Vec<Duration> {
         (0..cycles)
             .map(|i| {
@@ -364,25 +373,13 @@ fn create_delete_cycles(cycles: usize) {
     let started_all = Instant::now();
     let mut cycle = timed(&|i| {
         let id = format!("c{i}");
-        http(
-            "PUT",
-            port,
-            &format!("/v1/volume/csi/{id}/create"),
-            Some(&volume_spec(&id)),
-        )
-        .expect("creates");
+        create(&id);
         http("DELETE", port, &format!("/v1/volume/csi/{id}/delete"), None).expect("deletes");
     });
     let total = started_all.elapsed();
     let mut schedulable = timed(&|i| {
         let id = format!("s{i}");
-        http(
-            "PUT",
-            port,
-            &format!("/v1/volume/csi/{id}/create"),
-            Some(&volume_spec(&id)),
-        )
-        .expect("creates");
+        create(&id);
         loop {
             let volume: serde_json::Value =
                 serde_json::from_str(&http("GET", port, &format!("/v1/volume/csi/{id}"), None).unwrap_or_default())

@@ -48,20 +48,7 @@ fn field(block: &str, key: &str) -> String {
 fn the_acl_commands_bootstrap_write_policies_and_tokens_and_revoke_them() {
     let root = tempfile::tempdir().unwrap();
     let dir = root.path();
-    let specs = cluster_specs(dir, 1);
-    std::fs::create_dir_all(&specs[0].data_dir).unwrap();
-    let config = specs[0].data_dir.join("acl.hcl");
-    std::fs::write(&config, "acl {\n  enabled = true\n}\n").unwrap();
-    let mut args = server_args(&specs, 0);
-    args.push(format!("-config={}", config.display()));
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-
-    let bootstrap = wait_for(Duration::from_secs(30), || {
-        let (code, out) = cli(dir, port, None, &["acl", "bootstrap"]);
-        (code == 0).then_some(out)
-    })
-    .unwrap_or_else(|| panic!("bootstrap:\n{}", agent.log()));
+    let (_agent, port, bootstrap) = acl_agent(dir);
     assert_eq!(field(&bootstrap, "Type"), "management");
     assert_eq!(field(&bootstrap, "Policies"), "n/a");
     let root_token = field(&bootstrap, "Secret ID");
@@ -230,7 +217,8 @@ fn the_acl_commands_bootstrap_write_policies_and_tokens_and_revoke_them() {
 #[path = "../../io-real/tests/support/idp.rs"]
 mod idp;
 
-/// An agent with ACLs on, bootstrapped: its dir, port and management secret.
+/// An agent with ACLs on, bootstrapped: the agent, its HTTP port and what `acl bootstrap`
+/// printed.
 fn acl_agent(dir: &Path) -> (Agent, u16, String) {
     let specs = cluster_specs(dir, 1);
     std::fs::create_dir_all(&specs[0].data_dir).unwrap();
@@ -245,14 +233,15 @@ fn acl_agent(dir: &Path) -> (Agent, u16, String) {
         (code == 0).then_some(out)
     })
     .unwrap_or_else(|| panic!("bootstrap:\n{}", agent.log()));
-    (agent, port, field(&bootstrap, "Secret ID"))
+    (agent, port, bootstrap)
 }
 
 #[test]
 fn the_sso_commands_write_methods_and_rules_and_log_in_with_jwt_and_oidc() {
     let root_dir = tempfile::tempdir().unwrap();
     let dir = root_dir.path();
-    let (_agent, port, root_token) = acl_agent(dir);
+    let (_agent, port, bootstrap) = acl_agent(dir);
+    let root_token = field(&bootstrap, "Secret ID");
     let root = Some(root_token.as_str());
     let ok = |args: &[&str]| {
         let (code, out) = cli(dir, port, root, args);

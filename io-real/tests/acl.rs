@@ -399,6 +399,27 @@ async fn roles_give_tokens_their_policies_and_one_time_tokens_are_spent_once() {
     );
     assert_eq!(call("GET", "/v1/nodes", &secret, Value::Null).await.0, 403);
 
+    // The token list filters by accessor prefix and by globality.
+    let accessor = token["AccessorID"].as_str().unwrap().to_string();
+    let (_, listed) = call(
+        "GET",
+        &format!("/v1/acl/tokens?prefix={}", &accessor[..8]),
+        &root,
+        Value::Null,
+    )
+    .await;
+    let listed: Vec<Value> = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["AccessorID"], accessor.as_str());
+    let (_, global) = call("GET", "/v1/acl/tokens?global=true", &root, Value::Null).await;
+    let global: Vec<Value> = serde_json::from_str(&global).unwrap();
+    assert_eq!(global.len(), 1, "only the bootstrap token is global: {global:?}");
+    assert_eq!(global[0]["Name"], "Bootstrap Token");
+    assert_eq!(
+        call("GET", "/v1/acl/tokens?global=maybe", &root, Value::Null).await.0,
+        400
+    );
+
     // One-time tokens: made for the caller's own token, exchanged once, without a token.
     assert_eq!(call("POST", "/v1/acl/token/onetime", "", Value::Null).await.0, 403);
     let (status, body) = call("POST", "/v1/acl/token/onetime", &root, Value::Null).await;

@@ -137,11 +137,7 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             global,
             ttl,
         }) => {
-            let roles: Vec<Value> = role_ids
-                .iter()
-                .map(|id| json!({ "ID": id }))
-                .chain(role_names.iter().map(|name| json!({ "Name": name })))
-                .collect();
+            let roles = role_links(&role_ids, &role_names);
             let body = json!({
                 "Name": name.unwrap_or_default(),
                 "Type": token_type.unwrap_or_else(|| "client".into()),
@@ -161,14 +157,10 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             accessor,
         }) => {
             let held = api.get(&format!("/v1/acl/token/{accessor}"))?;
-            let roles: Vec<Value> = if role_ids.is_empty() && role_names.is_empty() {
+            let roles = if role_ids.is_empty() && role_names.is_empty() {
                 held["Roles"].as_array().cloned().unwrap_or_default()
             } else {
-                role_ids
-                    .iter()
-                    .map(|id| json!({ "ID": id }))
-                    .chain(role_names.iter().map(|name| json!({ "Name": name })))
-                    .collect()
+                role_links(&role_ids, &role_names)
             };
             let body = json!({
                 "AccessorID": accessor,
@@ -220,6 +212,14 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             Ok(())
         }
     }
+}
+
+/// A token's role links as the API takes them: by ID, then by name.
+fn role_links(ids: &[String], names: &[String]) -> Vec<Value> {
+    ids.iter()
+        .map(|id| json!({ "ID": id }))
+        .chain(names.iter().map(|name| json!({ "Name": name })))
+        .collect()
 }
 
 /// Whether `token` expired before `now` (both RFC 3339 in UTC as the API writes them, whose

@@ -624,4 +624,23 @@ mod tests {
         let (page, next) = plugins_page(&state, &options("per_page=1&next_token=q"));
         assert_eq!((ids(&page), next), (vec!["q"], None));
     }
+
+    #[test]
+    fn csi_secrets_come_from_nomads_header_as_comma_separated_pairs() {
+        let mut headers = axum::http::HeaderMap::new();
+        assert!(csi_secrets_header(&headers).unwrap().is_empty());
+        headers.insert("X-Nomad-CSI-Secrets", "token=abc, region = eu".parse().unwrap());
+        let secrets = csi_secrets_header(&headers).unwrap();
+        assert_eq!(
+            secrets.clone().into_iter().collect::<Vec<_>>(),
+            [
+                ("region".to_string(), "eu".to_string()),
+                ("token".to_string(), "abc".to_string())
+            ]
+        );
+        headers.insert("X-Nomad-CSI-Secrets", "no-equals-sign".parse().unwrap());
+        assert!(csi_secrets_header(&headers).unwrap_err().1.contains("key=value pairs"));
+        headers.insert("X-Nomad-CSI-Secrets", "=empty-key".parse().unwrap());
+        assert!(csi_secrets_header(&headers).is_err(), "an empty key is refused by name");
+    }
 }

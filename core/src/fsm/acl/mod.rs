@@ -131,20 +131,15 @@ impl AclState {
         self.bootstrap_index
     }
 
-    /// The policy names `token` holds: its own, then its roles' (missing roles skipped).
+    /// The policy names `token` holds, its own and its roles' (missing roles skipped), sorted.
     pub fn token_policy_names(&self, token: &AclToken) -> Vec<String> {
-        let mut names = token.policies.clone();
-        for role in token.roles.iter().filter_map(|id| self.roles.get(id)) {
-            names.extend(
-                role.policies
-                    .iter()
-                    .filter(|name| !token.policies.contains(name))
-                    .cloned(),
-            );
-        }
-        names.sort();
-        names.dedup();
-        names
+        let roles = token.roles.iter().filter_map(|id| self.roles.get(id));
+        let names: alloc::collections::BTreeSet<&String> = token
+            .policies
+            .iter()
+            .chain(roles.flat_map(|role| &role.policies))
+            .collect();
+        names.into_iter().cloned().collect()
     }
 
     /// Applies `command` at `index` (the entry stamped `at_ms`), recording the changed tables.

@@ -94,15 +94,7 @@ impl AclState {
         if !self.tokens.contains_key(&token.accessor_id) {
             return Response::Error(ErrorKind::Invalid, PERMISSION_DENIED.into());
         }
-        let expired: Vec<String> = self
-            .one_time
-            .iter()
-            .filter(|(_, held)| held.expires_at_ms <= at_ms)
-            .map(|(secret, _)| secret.clone())
-            .collect();
-        for secret in expired {
-            self.one_time.remove(&secret);
-        }
+        self.one_time.retain(|_, held| held.expires_at_ms > at_ms);
         let mut token = token.clone();
         token.create_index = index;
         token.modify_index = index;
@@ -124,18 +116,10 @@ impl AclState {
 
     /// Drops every one-time token of the ACL token `accessor`.
     pub(super) fn drop_one_time_of(&mut self, accessor: &str, changed: &mut Vec<Table>) {
-        let spent: Vec<String> = self
-            .one_time
-            .iter()
-            .filter(|(_, held)| held.accessor_id == accessor)
-            .map(|(secret, _)| secret.clone())
-            .collect();
-        if spent.is_empty() {
-            return;
+        let before = self.one_time.len();
+        self.one_time.retain(|_, held| held.accessor_id != accessor);
+        if self.one_time.len() != before {
+            changed.push(Table::AclOneTimeTokens);
         }
-        for secret in spent {
-            self.one_time.remove(&secret);
-        }
-        changed.push(Table::AclOneTimeTokens);
     }
 }
