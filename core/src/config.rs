@@ -177,6 +177,11 @@ pub struct CsiFaults {
     /// claiming a volume it already holds (its client retrying a claim whose answer was lost,
     /// or claiming again after a restart) is refused as one claim too many.
     pub claims_not_idempotent: bool,
+    /// A create names the plugin's volume per request (the volume's name and when the request
+    /// came), not after the volume's name alone: a retry after a crash between
+    /// `ControllerCreateVolume` and the Raft commit makes a second volume in the plugin, the
+    /// one the CSI idempotency name exists to prevent.
+    pub create_name_per_request: bool,
 }
 
 /// Read-path and failover defects the simulation re-creates on purpose (regression switches).

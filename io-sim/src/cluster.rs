@@ -18,7 +18,7 @@ use madsim::net::NetSim;
 use madsim::runtime::{Handle, NodeHandle};
 
 use crate::consul::SimConsul;
-use crate::csi::PluginControl;
+use crate::csi::{PluginControl, SimStorage};
 use crate::disk::{Crash, DiskFault, DiskProbe, SimDisk, open_db};
 use crate::host::SimHost;
 use crate::net::SimTransport;
@@ -91,6 +91,8 @@ pub struct SimCluster {
     clogged: BTreeSet<(usize, usize)>,
     /// The rogue machine ([`crate::rogue`]) and how many calls it made.
     rogue: Option<(NodeHandle, u64)>,
+    /// The storage behind every client's plugin.
+    storage: SimStorage,
 }
 
 impl SimCluster {
@@ -105,6 +107,7 @@ impl SimCluster {
             clients: Vec::new(),
             clogged: BTreeSet::new(),
             rogue: None,
+            storage: SimStorage::default(),
         }
     }
 
@@ -196,7 +199,7 @@ impl SimCluster {
     pub fn add_client(&mut self, spec: ClientSpec) -> usize {
         let disk = SimDisk::new();
         let client_disk = SimDisk::new();
-        let plugins = PluginControl::default();
+        let plugins = PluginControl::with_storage(self.storage.clone());
         let host = SimHost::new(
             &spec.name,
             self.recorder.clone(),
@@ -247,6 +250,11 @@ impl SimCluster {
 
     pub fn plugins(&self, index: usize) -> &PluginControl {
         &self.clients[index].plugins
+    }
+
+    /// The storage behind every client's plugin (the volumes `CreateVolume` made).
+    pub fn storage(&self) -> &SimStorage {
+        &self.storage
     }
 
     /// The simulated host of a client node (its tasks and mounts).

@@ -2,6 +2,7 @@
 //! plugin would, and can fail, hang or be slow on command. Every effect is reported to the
 //! trace as a plugin event, which the CSI invariants check.
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,6 +23,9 @@ pub enum PluginMode {
     /// Calls of this name (`ControllerPublishVolume`, `NodeStageVolume`, ...) fail with an
     /// internal error; every other call is answered.
     FailCall(&'static str),
+    /// Controller calls do their work, but the answer is lost on the way back (the plugin or
+    /// its client dies right after): the caller sees an error for a volume made or deleted.
+    LoseAnswers,
 }
 
 impl PluginMode {
@@ -53,21 +57,86 @@ const SIM_VOLUME_BYTES: u64 = 1 << 30;
 /// How late a slow plugin answers (past the servers' deadline).
 pub(crate) const SLOW_LATENCY: Duration = Duration::from_secs(15);
 
+/// The storage behind the plugins (one cloud's volumes, whichever node's controller asks):
+/// volumes by the name they were created with, as `CreateVolume`'s idempotency requires.
+#[derive(Clone, Debug, Default)]
+pub struct SimStorage {
+    state: Arc<Mutex<StorageState>>,
+}
+
+#[derive(Debug, Default)]
+struct StorageState {
+    /// name → (external id, capacity)
+    volumes: BTreeMap<String, (String, u64)>,
+    /// Volumes ever made (each gets the next number in its id).
+    made: u64,
+}
+
+impl SimStorage {
+    /// `CreateVolume`: the volume of this name, made now or before (`true` when made now);
+    /// ALREADY_EXISTS when it exists with another capacity.
+    fn create(&self, name: &str, capacity: u64) -> Result<(String, u64, bool), String> {
+        let mut state = self.state.lock().expect("storage lock");
+        if let Some((id, size)) = state.volumes.get(name) {
+            if *size != capacity {
+                return Err(format!(
+                    "rpc error: code = AlreadyExists desc = volume {name:?} exists with capacity {size}"
+                ));
+            }
+            return Ok((id.clone(), *size, false));
+        }
+        state.made += 1;
+        let id = format!("sim-{name}-{}", state.made);
+        state.volumes.insert(name.to_string(), (id.clone(), capacity));
+        Ok((id, capacity, true))
+    }
+
+    /// `DeleteVolume`: gone, or already gone (both are OK in the spec). `true` when deleted now.
+    fn delete(&self, external_id: &str) -> bool {
+        let mut state = self.state.lock().expect("storage lock");
+        let before = state.volumes.len();
+        state.volumes.retain(|_, (id, _)| id != external_id);
+        state.volumes.len() < before
+    }
+
+    /// The volumes that exist: name → external id.
+    pub fn volumes(&self) -> BTreeMap<String, String> {
+        let state = self.state.lock().expect("storage lock");
+        state
+            .volumes
+            .iter()
+            .map(|(name, (id, _))| (name.clone(), id.clone()))
+            .collect()
+    }
+
+    /// How many volumes were ever made.
+    pub fn made(&self) -> u64 {
+        self.state.lock().expect("storage lock").made
+    }
+}
+
 /// The scenario's handle on one node's plugins.
 #[derive(Clone, Debug)]
 pub struct PluginControl {
     mode: Arc<Mutex<PluginMode>>,
+    storage: SimStorage,
 }
 
 impl Default for PluginControl {
     fn default() -> Self {
-        PluginControl {
-            mode: Arc::new(Mutex::new(PluginMode::Healthy)),
-        }
+        PluginControl::with_storage(SimStorage::default())
     }
 }
 
 impl PluginControl {
+    /// A node's plugins in front of `storage` (shared by every node of a cluster).
+    pub fn with_storage(storage: SimStorage) -> Self {
+        PluginControl {
+            mode: Arc::new(Mutex::new(PluginMode::Healthy)),
+            storage,
+        }
+    }
+
     pub fn set(&self, mode: PluginMode) {
         *self.mode.lock().expect("plugin lock") = mode;
     }
@@ -137,67 +206,87 @@ impl ClientCsi for SimPlugins {
 
 impl SimPlugins {
     async fn answer(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, String> {
-        let plugins = self;
-        {
-            match plugins.control.mode() {
-                mode if mode.fails(csi_name(&request)) => {
-                    tokio::time::sleep(LATENCY).await;
-                    return Err("rpc error: code = Internal desc = injected plugin failure".to_string());
-                }
-                PluginMode::Hanging => std::future::pending::<()>().await,
-                PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
-                PluginMode::Healthy | PluginMode::Failing | PluginMode::FailCall(_) => {
-                    tokio::time::sleep(LATENCY).await
-                }
+        let mode = self.control.mode();
+        match mode {
+            mode if mode.fails(csi_name(&request)) => {
+                tokio::time::sleep(LATENCY).await;
+                return Err("rpc error: code = Internal desc = injected plugin failure".to_string());
             }
-            let (event, reply) = match request {
-                ClientCsiRequest::ControllerAttach(r) => (
-                    Some(PluginEvent::ControllerPublished {
-                        plugin: r.plugin_id,
-                        volume: r.volume_id.clone(),
-                        external_node: r.client_csi_node_id,
-                    }),
-                    ClientCsiReply::Attached {
-                        publish_context: [("device".to_string(), format!("/dev/sim/{}", r.volume_id))].into(),
-                    },
-                ),
-                ClientCsiRequest::ControllerDetach(r) => (
-                    Some(PluginEvent::ControllerUnpublished {
-                        plugin: r.plugin_id,
-                        volume: r.volume_id,
-                        external_node: r.client_csi_node_id,
-                    }),
-                    ClientCsiReply::Done,
-                ),
-                ClientCsiRequest::ControllerValidate(_) => (None, ClientCsiReply::Done),
-                // The simulated storage names a volume after the name it was asked for, so a
-                // repeated create answers the same volume, as the CSI spec requires.
-                ClientCsiRequest::ControllerCreate(r) => (
-                    None,
-                    ClientCsiReply::Created {
-                        external_id: format!("sim-{}", r.name),
-                        capacity: match (r.capacity_min, r.capacity_max) {
-                            (0, 0) => SIM_VOLUME_BYTES,
-                            (0, max) => max.min(SIM_VOLUME_BYTES),
-                            (min, _) => min,
-                        },
-                        context: Default::default(),
-                        topologies: Vec::new(),
-                    },
-                ),
-                ClientCsiRequest::ControllerDelete(_) => (None, ClientCsiReply::Done),
-                ClientCsiRequest::NodeDetach(r) => (
-                    Some(PluginEvent::NodeUnpublished {
-                        volume: r.volume_id,
-                        alloc: r.alloc_id,
-                    }),
-                    ClientCsiReply::Done,
-                ),
-            };
-            if let Some(event) = event {
-                plugins.recorder.record_plugin(&plugins.node, event);
+            PluginMode::Hanging => std::future::pending::<()>().await,
+            PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
+            PluginMode::Healthy | PluginMode::Failing | PluginMode::FailCall(_) | PluginMode::LoseAnswers => {
+                tokio::time::sleep(LATENCY).await
             }
-            Ok(reply)
         }
+        let controller = !matches!(request, ClientCsiRequest::NodeDetach(_));
+        let reply = self.effect(request);
+        if mode == PluginMode::LoseAnswers && controller {
+            return Err("rpc error: code = Unavailable desc = error reading from server: EOF".to_string());
+        }
+        reply
+    }
+
+    /// What a call does to the plugin and its storage, recorded, and the plugin's answer.
+    fn effect(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, String> {
+        let (event, reply) = match request {
+            ClientCsiRequest::ControllerAttach(r) => (
+                Some(PluginEvent::ControllerPublished {
+                    plugin: r.plugin_id,
+                    volume: r.volume_id.clone(),
+                    external_node: r.client_csi_node_id,
+                }),
+                ClientCsiReply::Attached {
+                    publish_context: [("device".to_string(), format!("/dev/sim/{}", r.volume_id))].into(),
+                },
+            ),
+            ClientCsiRequest::ControllerDetach(r) => (
+                Some(PluginEvent::ControllerUnpublished {
+                    plugin: r.plugin_id,
+                    volume: r.volume_id,
+                    external_node: r.client_csi_node_id,
+                }),
+                ClientCsiReply::Done,
+            ),
+            ClientCsiRequest::ControllerValidate(_) => (None, ClientCsiReply::Done),
+            ClientCsiRequest::ControllerCreate(r) => {
+                let capacity = match (r.capacity_min, r.capacity_max) {
+                    (0, 0) => SIM_VOLUME_BYTES,
+                    (0, max) => max.min(SIM_VOLUME_BYTES),
+                    (min, _) => min,
+                };
+                let (external_id, capacity, made) = self.control.storage.create(&r.name, capacity)?;
+                let event = made.then(|| PluginEvent::VolumeCreated {
+                    plugin: r.plugin_id.clone(),
+                    name: r.name.clone(),
+                    external_id: external_id.clone(),
+                });
+                let reply = ClientCsiReply::Created {
+                    external_id,
+                    capacity,
+                    context: Default::default(),
+                    topologies: Vec::new(),
+                };
+                (event, reply)
+            }
+            ClientCsiRequest::ControllerDelete(r) => {
+                let deleted = self.control.storage.delete(&r.external_id);
+                let event = deleted.then_some(PluginEvent::VolumeDeleted {
+                    plugin: r.plugin_id,
+                    external_id: r.external_id,
+                });
+                (event, ClientCsiReply::Done)
+            }
+            ClientCsiRequest::NodeDetach(r) => (
+                Some(PluginEvent::NodeUnpublished {
+                    volume: r.volume_id,
+                    alloc: r.alloc_id,
+                }),
+                ClientCsiReply::Done,
+            ),
+        };
+        if let Some(event) = event {
+            self.recorder.record_plugin(&self.node, event);
+        }
+        Ok(reply)
     }
 }

@@ -612,10 +612,12 @@ impl SimHost {
                 controller_service: true,
                 accessibility_constraints: false,
             },
-            // Attach/detach, so every claim and release goes through the controller too.
+            // Attach/detach, so every claim and release goes through the controller too; and
+            // volumes made and deleted through the cluster.
             CsiCall::ControllerGetCapabilities => CsiReply::ControllerCapabilities(CsiControllerInfo {
                 supports_attach_detach: true,
                 supports_read_only_attach: true,
+                supports_create_delete: true,
                 ..CsiControllerInfo::default()
             }),
             CsiCall::NodeGetInfo => CsiReply::NodeInfo {
@@ -782,7 +784,10 @@ impl ClientExecutor for SimHost {
                     match host.plugins.mode() {
                         PluginMode::Hanging => std::future::pending::<()>().await,
                         PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
-                        PluginMode::Healthy | PluginMode::Failing | PluginMode::FailCall(_) => {}
+                        PluginMode::Healthy
+                        | PluginMode::Failing
+                        | PluginMode::FailCall(_)
+                        | PluginMode::LoseAnswers => {}
                     }
                     if let Some(delay) = host.faults.slow_calls.get(call.name()) {
                         tokio::time::sleep(*delay).await;

@@ -33,6 +33,15 @@ pub enum PluginEvent {
     ControllerCallStarted { plugin: String, call: String },
     /// The plugin answered a controller RPC (a hanging call never does).
     ControllerCallEnded { plugin: String, call: String },
+    /// `CreateVolume` made a new volume in the plugin's storage (a repeat of a name made
+    /// before makes nothing).
+    VolumeCreated {
+        plugin: String,
+        name: String,
+        external_id: String,
+    },
+    /// `DeleteVolume` removed a volume from the plugin's storage.
+    VolumeDeleted { plugin: String, external_id: String },
 }
 
 /// A host-side observation: what the simulated host's process table did, on which client

@@ -792,6 +792,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "at most one controller RPC in flight per plugin",
     ),
     (
+        "create-name",
+        "a create names the plugin's volume per request, not after the volume: a retry after a crash between create and register makes a second volume",
+        || Options {
+            csi_faults: CsiFaults {
+                create_name_per_request: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
+        },
+        &["csi_create_crash"],
+        "every volume the plugin made belongs to exactly one registered volume",
+    ),
+    (
         "task-leak",
         "a task's processes are not destroyed once its leader is gone (issue 16)",
         || Options {

@@ -127,6 +127,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
             PluginMode::Hanging => vec!["plugin hang"],
             PluginMode::Slow => vec!["plugin slow"],
             PluginMode::FailCall(_) => vec!["plugin error on one call"],
+            PluginMode::LoseAnswers => vec!["plugin answer lost"],
         },
         Action::LoseJobNode => vec!["job's node lost"],
         Action::JoinLateClients => vec!["late clients join"],

@@ -27,3 +27,5 @@ pub mod shrink;
 pub mod swarm;
 #[cfg(not(madsim))]
 pub mod turmoil_lane;
+#[cfg(madsim)]
+pub mod volume_churn;

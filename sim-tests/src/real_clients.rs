@@ -68,6 +68,12 @@ pub struct RealClientPlan {
     /// Operators now and then try to deregister a volume a running allocation holds (must be
     /// refused with "volume in use").
     pub deregister_attempts: bool,
+    /// The plan's volumes are made through the cluster (`volume create`) instead of
+    /// registered, and deleted through it (`volume delete`) once the jobs stop.
+    pub create_volumes: bool,
+    /// Scratch volumes are created and deleted through the cluster all through the fault
+    /// phase ([`crate::volume_churn`]).
+    pub volume_churn: bool,
     /// How every client's CSI plugin process misbehaves.
     pub plugin_faults: PluginFaults,
     /// Client defects re-created on purpose (regression switches).
@@ -92,6 +98,8 @@ impl RealClientPlan {
                 connect: false,
             }],
             deregister_attempts: false,
+            create_volumes: false,
+            volume_churn: false,
             plugin_faults: PluginFaults::default(),
             client_faults: ClientFaults::default(),
         }
@@ -129,7 +137,7 @@ impl RealClientPlan {
     /// What the plan runs, for the schedule printed with a failing seed.
     pub fn summary(&self) -> Vec<String> {
         let mut lines = vec![format!(
-            "{} real clients ({} late), CSI plugin {} {:?}, volumes {:?}{}",
+            "{} real clients ({} late), CSI plugin {} {:?}, volumes {:?}{}{}{}",
             self.clients,
             self.late_clients,
             self.plugin,
@@ -137,6 +145,16 @@ impl RealClientPlan {
             self.volumes,
             if self.deregister_attempts {
                 ", deregister attempts"
+            } else {
+                ""
+            },
+            if self.create_volumes {
+                ", made by volume create"
+            } else {
+                ""
+            },
+            if self.volume_churn {
+                ", scratch volumes created and deleted throughout"
             } else {
                 ""
             }
@@ -374,15 +392,22 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
         // clients have started the plugin and fingerprinted it, as an operator would.
         let mut attempts = 0;
         loop {
-            let register = ServerRequest::VolumeRegister {
-                volumes: vec![volume(id, *access)],
+            let volumes = vec![volume(id, *access)];
+            let register = if plan.create_volumes {
+                ServerRequest::VolumeCreate { volumes }
+            } else {
+                ServerRequest::VolumeRegister { volumes }
             };
             match request(cluster, register, 40).await {
                 ServerReply::Done { .. } => break,
                 // Likewise while no controller is healthy yet (a plugin slow to start), which
-                // the servers answer as retryable.
+                // the servers answer as retryable; a create needs the plugin's controller
+                // fingerprinted first.
                 ServerReply::Error(error)
-                    if (error.message.contains("no CSI plugin named") || error.retryable) && attempts < 120 =>
+                    if (error.message.contains("no CSI plugin named")
+                        || error.retryable
+                        || (plan.create_volumes && error.message.starts_with("CSI plugin")))
+                        && attempts < 120 =>
                 {
                     attempts += 1;
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -541,7 +566,7 @@ pub async fn deregister_attempt(cluster: &SimCluster, pick: usize) {
     }
 }
 
-fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
+pub fn leader_state(cluster: &SimCluster, leader: u64) -> Option<ServerState> {
     (0..cluster.len())
         .filter_map(|index| cluster.agent(index))
         .find(|agent| agent.node_id() == leader)
@@ -1078,13 +1103,22 @@ async fn check_never_ready(cluster: &SimCluster, recorder: &Recorder, leader: u6
     }
 }
 
-/// Once every claim is released, every volume deregisters.
+/// Once every claim is released, every volume deregisters (or, made through the cluster, is
+/// deleted).
 async fn deregister_all(cluster: &SimCluster, recorder: &Recorder, plan: &RealClientPlan) {
     for (id, _) in &plan.volumes {
-        let deregister = ServerRequest::VolumeDeregister {
-            namespace: "default".into(),
-            volume_ids: vec![id.clone()],
-            force: false,
+        let deregister = if plan.create_volumes {
+            ServerRequest::VolumeDelete {
+                namespace: "default".into(),
+                volume_id: id.clone(),
+                secrets: Default::default(),
+            }
+        } else {
+            ServerRequest::VolumeDeregister {
+                namespace: "default".into(),
+                volume_ids: vec![id.clone()],
+                force: false,
+            }
         };
         let reply = request(cluster, deregister, 20).await;
         if !matches!(reply, ServerReply::Done { .. }) {

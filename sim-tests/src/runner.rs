@@ -22,6 +22,7 @@ use crate::coverage::{RunCoverage, plan_faults};
 use crate::real_clients::{self, RealClientPlan};
 use crate::scenarios::{self, Action, Options, Plan, Scenario, Target};
 use crate::shrink::Trim;
+use crate::volume_churn::{self, Churn};
 use drover_io_sim::coverage::CoverageCounter;
 
 /// Set by `--log`: agent logs go to the global subscriber, and no run counts coverage.
@@ -29,6 +30,8 @@ pub static AGENT_LOGS: std::sync::atomic::AtomicBool = std::sync::atomic::Atomic
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 const LIVENESS_POLL: Duration = Duration::from_millis(200);
+/// How long the volume churn gets, once quiet, to finish the operation under way.
+const CHURN_BOUND: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug)]
 pub struct Report {
@@ -350,10 +353,22 @@ async fn play(
         in_flight: Arc::default(),
         sealed: plan.sealed_writes,
     };
+    let mut churn = plan
+        .real_clients
+        .as_ref()
+        .filter(|real| real.volume_churn)
+        .map(|_| Churn::new(workload_seed, start));
     let mut last_killed: Option<usize> = None;
     recorder.note("fault phase");
     for (index, step) in plan.steps.iter().enumerate() {
-        drive_workload(&cluster, &mut workload, plan.real_clients.as_ref(), start + step.at).await;
+        advance(
+            &cluster,
+            &mut workload,
+            churn.as_mut(),
+            plan.real_clients.as_ref(),
+            start + step.at,
+        )
+        .await;
         if plan.skipped.contains(&index) {
             if let Action::ReadStorm { .. } = step.action {
                 // The storm's seed is drawn all the same: later writes stay as they were.
@@ -477,9 +492,10 @@ async fn play(
             }
         }
     }
-    drive_workload(
+    advance(
         &cluster,
         &mut workload,
+        churn.as_mut(),
         plan.real_clients.as_ref(),
         start + plan.fault_phase_end(),
     )
@@ -537,8 +553,20 @@ async fn play(
             "leader {leader} known everywhere after {} ms of quiet",
             elapsed.as_millis()
         ));
+        if let Some(churn) = &mut churn {
+            churn
+                .finish(
+                    &cluster,
+                    &recorder,
+                    deadline.max(tokio::time::Instant::now() + CHURN_BOUND),
+                )
+                .await;
+        }
         if let Some(real) = &plan.real_clients {
             real_clients::check_end(&cluster, &recorder, real, leader, deadline).await;
+            if real.create_volumes || real.volume_churn {
+                volume_churn::check_storage(&cluster, &recorder, leader);
+            }
         }
         // Every scenario: writes made once quiet must be acknowledged, nothing acknowledged
         // may be lost, and every server must end up with the leader's exact state; none of
@@ -566,6 +594,25 @@ fn resolve(cluster: &SimCluster, target: Target, last_killed: Option<usize>) -> 
                 .is_some_and(|raft| raft.leader.as_ref().is_some_and(|(leader, _)| leader == id));
             leads.then(|| (0..cluster.len()).find(|index| cluster.name(*index) == name))?
         }),
+    }
+}
+
+/// The workload until `until`, and beside it the volume churn when the plan has one.
+async fn advance(
+    cluster: &SimCluster,
+    workload: &mut Workload,
+    churn: Option<&mut Churn>,
+    real: Option<&RealClientPlan>,
+    until: tokio::time::Instant,
+) {
+    match churn {
+        Some(churn) => {
+            tokio::join!(
+                drive_workload(cluster, workload, real, until),
+                churn.run_until(cluster, until)
+            );
+        }
+        None => drive_workload(cluster, workload, real, until).await,
     }
 }
 

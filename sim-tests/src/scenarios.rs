@@ -379,6 +379,11 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
         about: "the client running a job with a single-writer volume dies; its node times out, the job moves",
         build: jobs_node_loss,
     },
+    Scenario {
+        name: "csi_create_crash",
+        about: "volumes created and deleted through the cluster while leaders die and the plugins' answers are lost: a retry never makes a second volume",
+        build: csi_create_crash,
+    },
 ];
 
 /// The client scenarios: one simulated client host, its plugin task and consumers.
@@ -1009,6 +1014,8 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
             job("mnr", 2, "vol-mnr", true),
         ],
         deregister_attempts: false,
+        create_volumes: false,
+        volume_churn: false,
         plugin_faults: PluginFaults::default(),
         client_faults: Default::default(),
     }
@@ -1160,6 +1167,56 @@ fn csi_single_writer(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let count = rng.gen_range(3..=6);
     steps.extend(updates(rng, count, Duration::from_secs(6), 1_000..5_000));
     csi_plan(rng, options, sorted(steps), single_writer_job(3))
+}
+
+/// The job's single-writer volume made by `volume create`, and scratch volumes created and
+/// deleted all through the fault phase, while leaders are killed between a plugin's
+/// `CreateVolume` and the Raft commit, and every plugin's controller answers are lost for a
+/// while (the volume made or deleted, the answer gone). The first fault is always lost
+/// answers, so every seed retries a create whose volume exists.
+fn csi_create_crash(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut steps = Vec::new();
+    let mut at = millis(rng, 6_000..12_000);
+    for round in 0..rng.gen_range(2..=4) {
+        if round > 0 && rng.gen_bool(0.5) {
+            steps.push(Step {
+                at,
+                action: Action::Kill {
+                    target: Target::Leader,
+                    crash: crash(rng),
+                },
+            });
+            at += millis(rng, 1_000..6_000);
+            steps.push(Step {
+                at,
+                action: Action::Restart(Target::LastKilled),
+            });
+        } else {
+            let until = at + millis(rng, 2_000..6_000);
+            for client in 0..3 {
+                steps.push(Step {
+                    at,
+                    action: Action::Plugin(client, PluginMode::LoseAnswers),
+                });
+                steps.push(Step {
+                    at: until,
+                    action: Action::Plugin(client, PluginMode::Healthy),
+                });
+            }
+            at = until;
+        }
+        at += millis(rng, 2_000..6_000);
+    }
+    steps.push(Step {
+        at: at.max(Duration::from_secs(30)),
+        action: Action::Heal,
+    });
+    let count = rng.gen_range(1..=2);
+    steps.extend(updates(rng, count, Duration::from_secs(8), 5_000..12_000));
+    let mut real = single_writer_job(3);
+    real.create_volumes = true;
+    real.volume_churn = true;
+    csi_plan(rng, options, sorted(steps), real)
 }
 
 fn jobs_system_late_node(rng: &mut ChaCha8Rng, options: &Options) -> Plan {

@@ -52,7 +52,9 @@ impl Invariant for CsiCallOrder {
             }
             PluginEvent::ControllerPublished { .. }
             | PluginEvent::ControllerCallStarted { .. }
-            | PluginEvent::ControllerCallEnded { .. } => {}
+            | PluginEvent::ControllerCallEnded { .. }
+            | PluginEvent::VolumeCreated { .. }
+            | PluginEvent::VolumeDeleted { .. } => {}
         }
         Ok(())
     }

@@ -3,6 +3,7 @@
 
 pub mod claims_freed;
 pub mod controller_serial;
+pub mod created_volumes;
 pub mod csi_call_order;
 pub mod direct_writes;
 pub mod drain_order;

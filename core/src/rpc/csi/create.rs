@@ -41,10 +41,19 @@ fn creates_volumes(state: &ServerState, plugin_id: &str) -> Result<(), RpcError>
     }
 }
 
-fn create_request(volume: &CsiVolume) -> ClientCsiRequest {
+/// The name the plugin's volume is asked for: the volume's name, the idempotency key; with the
+/// regression switch, the request's time too.
+fn plugin_volume_name(volume: &CsiVolume, name_per_request: Option<Instant>) -> String {
+    match name_per_request {
+        Some(now) => format!("{}-{}", volume.name, now.as_nanos()),
+        None => volume.name.clone(),
+    }
+}
+
+fn create_request(volume: &CsiVolume, name: String) -> ClientCsiRequest {
     ClientCsiRequest::ControllerCreate(alloc::boxed::Box::new(ControllerCreateRequest {
         plugin_id: volume.plugin_id.clone(),
-        name: volume.name.clone(),
+        name,
         capacity_min: volume.requested_capacity_min,
         capacity_max: volume.requested_capacity_max,
         capabilities: volume.requested_capabilities.clone(),
@@ -102,7 +111,15 @@ impl CsiEndpoints {
             out.reply(req, ServerReply::Done { index });
             return;
         }
-        let requests: Vec<ClientCsiRequest> = wanted.iter().map(create_request).collect();
+        let per_request = self.faults.create_name_per_request.then_some(now);
+        let wanted: Vec<(String, CsiVolume)> = wanted
+            .into_iter()
+            .map(|volume| (plugin_volume_name(&volume, per_request), volume))
+            .collect();
+        let requests: Vec<ClientCsiRequest> = wanted
+            .iter()
+            .map(|(name, volume)| create_request(volume, name.clone()))
+            .collect();
         let job = self.new_job(
             out,
             Flow::Create {
@@ -196,9 +213,9 @@ impl CsiEndpoints {
                 context,
                 topologies,
             }) => {
-                for volume in volumes
+                for (_, volume) in volumes
                     .iter_mut()
-                    .filter(|v| v.name == asked.name && v.plugin_id == asked.plugin_id)
+                    .filter(|(name, v)| *name == asked.name && v.plugin_id == asked.plugin_id)
                 {
                     volume.external_id.clone_from(&external_id);
                     volume.capacity = capacity;
@@ -227,7 +244,7 @@ impl CsiEndpoints {
             out.reply(req, ServerReply::Error(error));
             return;
         }
-        let volumes = core::mem::take(volumes);
+        let volumes = core::mem::take(volumes).into_iter().map(|(_, volume)| volume).collect();
         out.propose(job_id, Owner::Csi, Command::CsiVolumeRegister { volumes });
     }
 

@@ -63,10 +63,11 @@ enum Flow {
         left: usize,
         error: Option<RpcError>,
     },
-    /// `ControllerCreateVolume` per volume (`left` to answer), then one register.
+    /// `ControllerCreateVolume` per volume (`left` to answer), then one register. Each volume
+    /// with the name its plugin volume was asked for.
     Create {
         req: ReqId,
-        volumes: Vec<CsiVolume>,
+        volumes: Vec<(String, CsiVolume)>,
         left: usize,
         failure: Option<RpcError>,
     },
