@@ -38,6 +38,7 @@ pub mod fsm;
 pub mod goduration;
 pub mod hash;
 pub mod heartbeat;
+pub mod humanize;
 pub mod jobspec;
 pub mod membership;
 pub mod op;

@@ -129,7 +129,7 @@ pub fn capability(capability: &VolumeCapability) -> csi::VolumeCapability {
     }
 }
 
-fn plain(capability: &CsiCapability) -> csi::VolumeCapability {
+pub(crate) fn plain(capability: &CsiCapability) -> csi::VolumeCapability {
     self::capability(&VolumeCapability {
         access_mode: capability.access_mode,
         attachment_mode: capability.attachment_mode,
@@ -337,7 +337,13 @@ impl CsiClient {
             ClientCsiRequest::ControllerValidate(request) => request.secrets.is_sealed(),
             ClientCsiRequest::ControllerCreate(request) => request.secrets.is_sealed(),
             ClientCsiRequest::ControllerDelete(request) => request.secrets.is_sealed(),
-            ClientCsiRequest::NodeDetach(_) => false,
+            ClientCsiRequest::ControllerCreateSnapshot(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerDeleteSnapshot(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerListSnapshots(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerExpand(request) => request.secrets.is_sealed(),
+            ClientCsiRequest::ControllerListVolumes(_)
+            | ClientCsiRequest::NodeDetach(_)
+            | ClientCsiRequest::NodeExpand(_) => false,
         };
         if sealed {
             return Err(sealed_refusal("a controller call"));
@@ -405,7 +411,14 @@ impl CsiClient {
                     .map_err(|status| status_error("DeleteVolume", status).message)?;
                 Ok(ClientCsiReply::Done)
             }
-            ClientCsiRequest::NodeDetach(_) => Err("node detach is served by the client's volume manager".into()),
+            ClientCsiRequest::ControllerCreateSnapshot(request) => self.create_snapshot(request).await,
+            ClientCsiRequest::ControllerDeleteSnapshot(request) => self.delete_snapshot(request).await,
+            ClientCsiRequest::ControllerListSnapshots(request) => self.list_snapshots(request).await,
+            ClientCsiRequest::ControllerListVolumes(request) => self.list_volumes(request).await,
+            ClientCsiRequest::ControllerExpand(request) => self.expand_volume(request).await,
+            ClientCsiRequest::NodeDetach(_) | ClientCsiRequest::NodeExpand(_) => {
+                Err("node calls are served by the client's volume manager".into())
+            }
         }
     }
 

@@ -1448,6 +1448,16 @@ fn describe_call(request: &ClientCsiRequest) -> String {
         ClientCsiRequest::NodeDetach(r) => format!("node-detach {} {} alloc {}", r.plugin_id, r.volume_id, r.alloc_id),
         ClientCsiRequest::ControllerCreate(r) => format!("controller-create {} {}", r.plugin_id, r.name),
         ClientCsiRequest::ControllerDelete(r) => format!("controller-delete {} {}", r.plugin_id, r.external_id),
+        ClientCsiRequest::ControllerCreateSnapshot(r) => {
+            format!("controller-create-snapshot {} {}", r.plugin_id, r.source_external_id)
+        }
+        ClientCsiRequest::ControllerDeleteSnapshot(r) => {
+            format!("controller-delete-snapshot {} {}", r.plugin_id, r.snapshot_id)
+        }
+        ClientCsiRequest::ControllerListSnapshots(r) => format!("controller-list-snapshots {}", r.plugin_id),
+        ClientCsiRequest::ControllerListVolumes(r) => format!("controller-list-volumes {}", r.plugin_id),
+        ClientCsiRequest::ControllerExpand(r) => format!("controller-expand {} {}", r.plugin_id, r.external_id),
+        ClientCsiRequest::NodeExpand(r) => format!("node-expand {} {} alloc {}", r.plugin_id, r.volume_id, r.alloc_id),
     }
 }
 

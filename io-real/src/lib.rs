@@ -41,6 +41,8 @@ pub mod csi;
 #[cfg(not(madsim))]
 pub mod csi_check;
 #[cfg(not(madsim))]
+mod csi_lifecycle;
+#[cfg(not(madsim))]
 pub mod disk;
 #[cfg(not(madsim))]
 pub mod http;

@@ -62,6 +62,13 @@ impl ClientCsi for FakePlugins {
             ClientCsiRequest::ControllerDelete(r) => {
                 (format!("controller-delete {}", r.external_id), ClientCsiReply::Done)
             }
+            other => (
+                format!("unanswered {other:?}"),
+                ClientCsiReply::Expanded {
+                    capacity: 0,
+                    node_expansion_required: false,
+                },
+            ),
         };
         self.calls.lock().unwrap().push(name);
         let mut open = self.node_detach_open.subscribe();

@@ -48,6 +48,12 @@ fn csi_name(request: &ClientCsiRequest) -> &'static str {
         ClientCsiRequest::NodeDetach(_) => "NodeUnpublishVolume",
         ClientCsiRequest::ControllerCreate(_) => "CreateVolume",
         ClientCsiRequest::ControllerDelete(_) => "DeleteVolume",
+        ClientCsiRequest::ControllerCreateSnapshot(_) => "CreateSnapshot",
+        ClientCsiRequest::ControllerDeleteSnapshot(_) => "DeleteSnapshot",
+        ClientCsiRequest::ControllerListSnapshots(_) => "ListSnapshots",
+        ClientCsiRequest::ControllerListVolumes(_) => "ListVolumes",
+        ClientCsiRequest::ControllerExpand(_) => "ControllerExpandVolume",
+        ClientCsiRequest::NodeExpand(_) => "NodeExpandVolume",
     }
 }
 
@@ -172,7 +178,12 @@ fn controller_call(request: &ClientCsiRequest) -> Option<(String, String)> {
         ClientCsiRequest::ControllerValidate(r) => ("controller-validate", &r.plugin_id, &r.volume_id),
         ClientCsiRequest::ControllerCreate(r) => ("controller-create", &r.plugin_id, &r.name),
         ClientCsiRequest::ControllerDelete(r) => ("controller-delete", &r.plugin_id, &r.external_id),
-        ClientCsiRequest::NodeDetach(_) => return None,
+        ClientCsiRequest::ControllerCreateSnapshot(r) => ("controller-snapshot", &r.plugin_id, &r.source_external_id),
+        ClientCsiRequest::ControllerDeleteSnapshot(r) => ("controller-delete-snapshot", &r.plugin_id, &r.snapshot_id),
+        ClientCsiRequest::ControllerListSnapshots(r) => ("controller-list-snapshots", &r.plugin_id, &r.plugin_id),
+        ClientCsiRequest::ControllerListVolumes(r) => ("controller-list-volumes", &r.plugin_id, &r.plugin_id),
+        ClientCsiRequest::ControllerExpand(r) => ("controller-expand", &r.plugin_id, &r.external_id),
+        ClientCsiRequest::NodeDetach(_) | ClientCsiRequest::NodeExpand(_) => return None,
     };
     Some((plugin.clone(), format!("{kind} {volume}")))
 }
@@ -218,7 +229,10 @@ impl SimPlugins {
                 tokio::time::sleep(LATENCY).await
             }
         }
-        let controller = !matches!(request, ClientCsiRequest::NodeDetach(_));
+        let controller = !matches!(
+            request,
+            ClientCsiRequest::NodeDetach(_) | ClientCsiRequest::NodeExpand(_)
+        );
         let reply = self.effect(request);
         if mode == PluginMode::LoseAnswers && controller {
             return Err("rpc error: code = Unavailable desc = error reading from server: EOF".to_string());
@@ -282,6 +296,54 @@ impl SimPlugins {
                     alloc: r.alloc_id,
                 }),
                 ClientCsiReply::Done,
+            ),
+            ClientCsiRequest::ControllerCreateSnapshot(r) => (
+                None,
+                ClientCsiReply::Snapshot(drover_core::structs::CsiSnapshot {
+                    id: format!("snap-{}", r.name),
+                    external_source_volume_id: r.source_external_id,
+                    is_ready: true,
+                    name: r.name,
+                    ..Default::default()
+                }),
+            ),
+            ClientCsiRequest::ControllerDeleteSnapshot(_) => (None, ClientCsiReply::Done),
+            ClientCsiRequest::ControllerListSnapshots(_) => (
+                None,
+                ClientCsiReply::Snapshots {
+                    snapshots: Vec::new(),
+                    next_token: String::new(),
+                },
+            ),
+            ClientCsiRequest::ControllerListVolumes(_) => (
+                None,
+                ClientCsiReply::Volumes {
+                    volumes: self
+                        .control
+                        .storage
+                        .volumes()
+                        .into_values()
+                        .map(|external_id| drover_core::structs::CsiExternalVolume {
+                            external_id,
+                            ..Default::default()
+                        })
+                        .collect(),
+                    next_token: String::new(),
+                },
+            ),
+            ClientCsiRequest::ControllerExpand(r) => (
+                None,
+                ClientCsiReply::Expanded {
+                    capacity: r.capacity_min,
+                    node_expansion_required: false,
+                },
+            ),
+            ClientCsiRequest::NodeExpand(r) => (
+                None,
+                ClientCsiReply::Expanded {
+                    capacity: r.capacity_min,
+                    node_expansion_required: false,
+                },
             ),
         };
         if let Some(event) = event {

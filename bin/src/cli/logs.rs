@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::alloc::resolve_alloc;
 use super::{Api, Failure, table, text};
+use drover_core::humanize::ibytes;
 
 /// Nomad's CLI reads about this many bytes per line it is asked to tail.
 const BYTES_PER_LINE: u64 = 120;
@@ -130,25 +131,6 @@ fn last_lines(data: &[u8], count: usize) -> Vec<u8> {
     let text = String::from_utf8_lossy(data);
     let all: Vec<&str> = text.split_inclusive('\n').collect();
     all[all.len().saturating_sub(count)..].concat().into_bytes()
-}
-
-/// Sizes as Nomad's CLI prints them (`humanize.IBytes`: `4.0 KiB`, `12 B`).
-fn ibytes(size: u64) -> String {
-    if size < 1024 {
-        return format!("{size} B");
-    }
-    let units = ["KiB", "MiB", "GiB", "TiB"];
-    let mut value = size as f64 / 1024.0;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < units.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if value < 10.0 {
-        format!("{value:.1} {}", units[unit])
-    } else {
-        format!("{value:.0} {}", units[unit])
-    }
 }
 
 /// `alloc fs <alloc> [path]`: a directory as Nomad's table, a file's content, or with

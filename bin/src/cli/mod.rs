@@ -15,6 +15,7 @@ mod rootkeys;
 mod server;
 mod tls;
 mod volume;
+mod volume_snapshot;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -228,14 +229,10 @@ pub enum NodeCommand {
 #[derive(Debug, Subcommand)]
 pub enum VolumeCommand {
     /// Register a CSI volume from an HCL file (`id`, `name`, `type`, `plugin_id`, ...).
-    Register {
-        file: String,
-    },
+    Register { file: String },
     /// Create a CSI volume through its plugin's controller, then register it (the spec adds
     /// `capacity_min`, `capacity_max`, `snapshot_id`, `clone_id`, `topology_request`).
-    Create {
-        file: String,
-    },
+    Create { file: String },
     /// Delete a CSI volume in its plugin, then deregister it (refused while claimed).
     Delete {
         id: String,
@@ -243,19 +240,23 @@ pub enum VolumeCommand {
         #[arg(long = "secret", value_name = "KEY=VALUE")]
         secrets: Vec<String>,
     },
+    /// A volume's details, or every volume (with `--verbose`, also each controller plugin's
+    /// external volumes).
     Status {
         id: Option<String>,
+        #[arg(long)]
+        verbose: bool,
     },
+    /// Snapshots of CSI volumes, made and kept by their plugin.
+    #[command(subcommand)]
+    Snapshot(volume_snapshot::SnapshotCommand),
     Deregister {
         id: String,
         #[arg(long)]
         force: bool,
     },
     /// Release a volume's claims on a node.
-    Detach {
-        id: String,
-        node: String,
-    },
+    Detach { id: String, node: String },
 }
 
 #[derive(Debug, Subcommand)]
@@ -527,7 +528,8 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Volume(VolumeCommand::Register { file }) => volume_register(&api, &file),
         Command::Volume(VolumeCommand::Create { file }) => volume::volume_create(&api, &file),
         Command::Volume(VolumeCommand::Delete { id, secrets }) => volume::volume_delete(&api, &id, &secrets),
-        Command::Volume(VolumeCommand::Status { id }) => volume_status(&api, id.as_deref()),
+        Command::Volume(VolumeCommand::Status { id, verbose }) => volume_status(&api, id.as_deref(), verbose),
+        Command::Volume(VolumeCommand::Snapshot(command)) => volume_snapshot::run(&api, command),
         Command::Volume(VolumeCommand::Deregister { id, force }) => api
             .call("DELETE", &format!("/v1/volume/csi/{id}?force={force}"), None)
             .map(|_| println!("Successfully deregistered volume {id:?}!")),

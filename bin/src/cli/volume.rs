@@ -2,7 +2,8 @@
 
 use serde_json::{Value, json};
 
-use super::{Api, Failure, short, table, text};
+use super::{Api, Failure, short, table, text, volume_snapshot};
+use drover_core::humanize::ibytes;
 
 /// A volume spec file (`id`, `name`, `type = "csi"`, `plugin_id`, `external_id`,
 /// `capability { access_mode attachment_mode }`, `mount_options`, `secrets`, `parameters`,
@@ -158,24 +159,6 @@ pub(super) fn volume_delete(api: &Api, id: &str, secrets: &[String]) -> Result<(
     Ok(())
 }
 
-/// Bytes as go-humanize's `IBytes` writes them (Nomad's volume capacity): `2.0 GiB`, `10 GiB`.
-fn ibytes(bytes: u64) -> String {
-    const UNITS: [&str; 7] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
-    if bytes < 1024 {
-        return format!("{bytes} B");
-    }
-    let exponent = ((bytes as f64).ln() / 1024f64.ln()).floor() as usize;
-    let exponent = exponent.min(UNITS.len() - 1);
-    let value = bytes as f64 / 1024f64.powi(exponent as i32);
-    // go-humanize rounds to a tenth first, then shows one decimal below 10.
-    let value = (value * 10.0 + 0.5).floor() / 10.0;
-    if value < 10.0 {
-        format!("{value:.1} {}", UNITS[exponent])
-    } else {
-        format!("{value:.0} {}", UNITS[exponent])
-    }
-}
-
 pub(super) fn strip_nulls(value: Value) -> Value {
     match value {
         Value::Object(map) => Value::Object(
@@ -188,7 +171,7 @@ pub(super) fn strip_nulls(value: Value) -> Value {
     }
 }
 
-pub(super) fn volume_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
+pub(super) fn volume_status(api: &Api, id: Option<&str>, verbose: bool) -> Result<(), Failure> {
     let Some(id) = id else {
         let volumes = api.get("/v1/volumes?type=csi")?;
         let mut rows = vec![
@@ -207,7 +190,7 @@ pub(super) fn volume_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
             ]);
         }
         println!("{}", table(&rows));
-        return Ok(());
+        return if verbose { external_listings(api) } else { Ok(()) };
     };
     let volume = api.get(&format!("/v1/volume/csi/{id}"))?;
     let field = |key: &str| text(&volume[key]);
@@ -293,6 +276,30 @@ pub(super) fn volume_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
     Ok(())
 }
 
+/// Each healthy controller plugin's external volumes (Nomad's `volume status -verbose`): a
+/// plugin that cannot list is reported and skipped, and the command then fails.
+fn external_listings(api: &Api) -> Result<(), Failure> {
+    let plugins = api.get("/v1/plugins?type=csi")?;
+    let mut failed = None;
+    for plugin in plugins.as_array().into_iter().flatten() {
+        if !plugin["ControllerRequired"].as_bool().unwrap_or(false)
+            || plugin["ControllersHealthy"].as_u64().unwrap_or(0) < 1
+        {
+            continue;
+        }
+        let id = text(&plugin["ID"]);
+        match volume_snapshot::external_volumes(api, &id) {
+            Ok(Some(listing)) => println!("\n{listing}"),
+            Ok(None) => {}
+            Err(Failure(error, code)) => {
+                eprintln!("Error querying CSI external volumes for plugin {id:?}: {error}");
+                failed = Some(Failure(String::new(), code));
+            }
+        }
+    }
+    failed.map_or(Ok(()), Err)
+}
+
 pub(super) fn plugin_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
     let Some(id) = id else {
         let plugins = api.get("/v1/plugins?type=csi")?;
@@ -344,6 +351,40 @@ pub(super) fn plugin_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
         ])
         .replace("  =  ", " = ")
     );
+    let volumes = api.get(&format!("/v1/volumes?type=csi&plugin_id={id}"))?;
+    let mut rows = vec![
+        ["ID", "Name", "Schedulable", "Access Mode"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    for volume in volumes.as_array().into_iter().flatten() {
+        rows.push(vec![
+            text(&volume["ID"]),
+            text(&volume["Name"]),
+            text(&volume["Schedulable"]),
+            text(&volume["AccessMode"]),
+        ]);
+    }
+    println!("\nVolumes");
+    if rows.len() == 1 {
+        println!("No volumes registered");
+    } else {
+        println!("{}", table(&rows));
+    }
+    // The plugin's own listing, registered or not, when its controller can list.
+    let lists = plugin["Controllers"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .any(|(_, info)| info["ControllerInfo"]["SupportsListVolumes"].as_bool().unwrap_or(false));
+    if lists {
+        println!("\nExternal Volumes");
+        match volume_snapshot::external_volumes(api, id)? {
+            Some(listing) => println!("{listing}"),
+            None => println!("No external volumes"),
+        }
+    }
     Ok(())
 }
 
@@ -360,14 +401,5 @@ mod tests {
         assert_eq!(parse_bytes("1.5KiB"), Ok(1536));
         assert!(parse_bytes("ten GB").is_err());
         assert!(parse_bytes("5 parsecs").unwrap_err().contains("unknown unit"));
-    }
-
-    #[test]
-    fn capacities_show_as_go_humanize_writes_them() {
-        assert_eq!(ibytes(0), "0 B");
-        assert_eq!(ibytes(512), "512 B");
-        assert_eq!(ibytes(1536), "1.5 KiB");
-        assert_eq!(ibytes(2 << 30), "2.0 GiB");
-        assert_eq!(ibytes(10 << 30), "10 GiB");
     }
 }

@@ -35,7 +35,13 @@ fn secrets_of(request: &ClientCsiRequest) -> Option<Secrets> {
         ClientCsiRequest::ControllerDetach(r) => Some(r.secrets.clone()),
         ClientCsiRequest::ControllerCreate(r) => Some(r.secrets.clone()),
         ClientCsiRequest::ControllerDelete(r) => Some(r.secrets.clone()),
-        ClientCsiRequest::NodeDetach(_) => None,
+        ClientCsiRequest::ControllerCreateSnapshot(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerDeleteSnapshot(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerListSnapshots(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerExpand(r) => Some(r.secrets.clone()),
+        ClientCsiRequest::ControllerListVolumes(_)
+        | ClientCsiRequest::NodeDetach(_)
+        | ClientCsiRequest::NodeExpand(_) => None,
     }
 }
 
@@ -65,6 +71,13 @@ fn answer(request: &ClientCsiRequest) -> (String, ClientCsiReply) {
             },
         ),
         ClientCsiRequest::ControllerDelete(r) => (format!("controller-delete {}", r.external_id), ClientCsiReply::Done),
+        other => (
+            format!("unanswered {other:?}"),
+            ClientCsiReply::Expanded {
+                capacity: 0,
+                node_expansion_required: false,
+            },
+        ),
     }
 }
 

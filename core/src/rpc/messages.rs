@@ -11,8 +11,9 @@ use serde::{Deserialize, Serialize};
 use crate::csi::unpublish::{ControllerDetachRequest, NodeDetachRequest};
 pub use crate::error::ErrorKind;
 use crate::structs::{
-    AccessMode, Allocation, AttachmentMode, ClientStatus, CsiCapability, CsiInfo, CsiMountOptions, CsiVolume,
-    CsiVolumeClaim, DrainStrategy, DriverInfo, Job, Node, NodeEvent, NodeStatus, SchedulingEligibility,
+    AccessMode, Allocation, AttachmentMode, ClientStatus, CsiCapability, CsiExternalVolume, CsiInfo, CsiMountOptions,
+    CsiSnapshot, CsiVolume, CsiVolumeClaim, DrainStrategy, DriverInfo, Job, Node, NodeEvent, NodeStatus,
+    SchedulingEligibility,
 };
 
 /// Correlates a request with its reply; chosen by the driver.
@@ -123,6 +124,27 @@ pub enum ServerRequest {
         volume_id: String,
         /// `X-Nomad-CSI-Secrets`; the volume's own secrets when empty.
         secrets: crate::structs::Secrets,
+    },
+    /// `CSIVolume.CreateSnapshot`: `ControllerCreateSnapshot` of each registered source
+    /// volume, on its plugin (or the snapshot's `plugin_id`).
+    SnapshotCreate {
+        namespace: String,
+        snapshots: Vec<CsiSnapshot>,
+    },
+    /// `CSIVolume.DeleteSnapshot`: `ControllerDeleteSnapshot` of each (`id`, `plugin_id`).
+    SnapshotDelete {
+        snapshots: Vec<CsiSnapshot>,
+    },
+    /// `CSIVolume.ListSnapshots`: one page of the plugin's `ListSnapshots`.
+    SnapshotList {
+        plugin_id: String,
+        page: ListPage,
+        secrets: crate::structs::Secrets,
+    },
+    /// `CSIVolume.ListExternal`: one page of the plugin's `ListVolumes`.
+    VolumeListExternal {
+        plugin_id: String,
+        page: ListPage,
     },
     VolumeClaim {
         namespace: String,
@@ -279,6 +301,18 @@ pub enum ServerReply {
         publish_context: BTreeMap<String, String>,
     },
     Error(RpcError),
+    /// Snapshots a plugin made or listed, and the token of the next page (empty: none).
+    Snapshots {
+        index: u64,
+        snapshots: Vec<CsiSnapshot>,
+        next_token: String,
+    },
+    /// A page of the volumes a plugin lists, and the token of the next page (empty: none).
+    ExternalVolumes {
+        index: u64,
+        volumes: Vec<CsiExternalVolume>,
+        next_token: String,
+    },
     /// A node registration or status update (a heartbeat): the client calls in again within
     /// `heartbeat_ttl_ms` or the leader marks the node down.
     Heartbeat {
@@ -320,7 +354,9 @@ impl ServerReply {
             | ServerReply::Heartbeat { index, .. }
             | ServerReply::JobRegistered { index, .. }
             | ServerReply::Variables { index, .. }
-            | ServerReply::SiTokens { index, .. } => Some(*index),
+            | ServerReply::SiTokens { index, .. }
+            | ServerReply::Snapshots { index, .. }
+            | ServerReply::ExternalVolumes { index, .. } => Some(*index),
             ServerReply::Error(_) => None,
         }
     }
@@ -373,6 +409,73 @@ pub struct ControllerDeleteRequest {
     pub secrets: crate::structs::Secrets,
 }
 
+/// A page of a plugin's listing: at most `per_page` entries (0: the plugin's choice), from
+/// `next_token` (a token the plugin handed out; empty: the start).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListPage {
+    pub per_page: u32,
+    pub next_token: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerSnapshotRequest {
+    pub plugin_id: String,
+    pub source_external_id: String,
+    pub name: String,
+    pub secrets: crate::structs::Secrets,
+    pub parameters: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerDeleteSnapshotRequest {
+    pub plugin_id: String,
+    pub snapshot_id: String,
+    pub secrets: crate::structs::Secrets,
+}
+
+/// `ListSnapshots` (with secrets) or `ListVolumes` (without).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerListRequest {
+    pub plugin_id: String,
+    pub page: ListPage,
+    pub secrets: crate::structs::Secrets,
+}
+
+/// `ControllerExpandVolume` to at least `capacity_min` bytes (at most `capacity_max`, 0: no
+/// limit).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ControllerExpandRequest {
+    pub plugin_id: String,
+    pub external_id: String,
+    pub capacity_min: u64,
+    pub capacity_max: u64,
+    /// The capability the volume is in use with, if it is.
+    pub capability: Option<CsiCapability>,
+    pub secrets: crate::structs::Secrets,
+}
+
+/// `NodeExpandVolume` of one claim's publication on the claim's node (sent to that client).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeExpandRequest {
+    pub plugin_id: String,
+    pub node_id: String,
+    pub namespace: String,
+    pub volume_id: String,
+    pub external_id: String,
+    pub alloc_id: String,
+    pub claim: ClaimUsage,
+    pub capacity_min: u64,
+    pub capacity_max: u64,
+}
+
+/// How a claim uses its volume (the client's usage directory is named after it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimUsage {
+    pub access_mode: AccessMode,
+    pub attachment_mode: AttachmentMode,
+    pub read_only: bool,
+}
+
 /// `ClientCSI.*`: calls a server makes to a client's CSI plugins.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientCsiRequest {
@@ -382,6 +485,13 @@ pub enum ClientCsiRequest {
     NodeDetach(NodeDetachRequest),
     ControllerCreate(alloc::boxed::Box<ControllerCreateRequest>),
     ControllerDelete(ControllerDeleteRequest),
+    ControllerCreateSnapshot(ControllerSnapshotRequest),
+    ControllerDeleteSnapshot(ControllerDeleteSnapshotRequest),
+    ControllerListSnapshots(ControllerListRequest),
+    ControllerListVolumes(ControllerListRequest),
+    ControllerExpand(ControllerExpandRequest),
+    /// Served by the client's volume manager, like `NodeDetach`.
+    NodeExpand(NodeExpandRequest),
 }
 
 impl ClientCsiRequest {
@@ -393,6 +503,12 @@ impl ClientCsiRequest {
             ClientCsiRequest::NodeDetach(request) => &request.plugin_id,
             ClientCsiRequest::ControllerCreate(request) => &request.plugin_id,
             ClientCsiRequest::ControllerDelete(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerCreateSnapshot(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerDeleteSnapshot(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerListSnapshots(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerListVolumes(request) => &request.plugin_id,
+            ClientCsiRequest::ControllerExpand(request) => &request.plugin_id,
+            ClientCsiRequest::NodeExpand(request) => &request.plugin_id,
         }
     }
 }
@@ -409,5 +525,21 @@ pub enum ClientCsiReply {
         capacity: u64,
         context: BTreeMap<String, String>,
         topologies: Vec<crate::structs::CsiTopology>,
+    },
+    /// What `ControllerCreateSnapshot` made.
+    Snapshot(CsiSnapshot),
+    Snapshots {
+        snapshots: Vec<CsiSnapshot>,
+        next_token: String,
+    },
+    Volumes {
+        volumes: Vec<CsiExternalVolume>,
+        next_token: String,
+    },
+    /// `ControllerExpandVolume` or `NodeExpandVolume` done: the volume's capacity now, and
+    /// (controller only) whether every node publishing it must expand it too.
+    Expanded {
+        capacity: u64,
+        node_expansion_required: bool,
     },
 }

@@ -210,6 +210,38 @@ pub struct CsiVolume {
     pub modify_time_ms: u64,
 }
 
+/// A snapshot of a volume, as a plugin's controller made or lists it (Nomad's `CSISnapshot`).
+/// Snapshots live in the storage provider only; the servers keep no record of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiSnapshot {
+    pub id: String,
+    pub external_source_volume_id: String,
+    pub size_bytes: u64,
+    /// Seconds since the Unix epoch.
+    pub create_time: i64,
+    pub is_ready: bool,
+    /// The registered volume it was asked of (create requests only).
+    pub source_volume_id: String,
+    pub plugin_id: String,
+    pub name: String,
+    pub secrets: crate::structs::Secrets,
+    pub parameters: BTreeMap<String, String>,
+}
+
+/// A volume as the plugin's `ListVolumes` reports it, registered or not (Nomad's
+/// `CSIVolumeExternalStub`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CsiExternalVolume {
+    pub external_id: String,
+    pub capacity_bytes: u64,
+    pub volume_context: BTreeMap<String, String>,
+    pub clone_id: String,
+    pub snapshot_id: String,
+    pub published_external_node_ids: Vec<String>,
+    pub is_abnormal: bool,
+    pub status: String,
+}
+
 /// Plugin facts denormalised onto a volume on every read.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PluginHealth {

@@ -16,7 +16,9 @@ fn reply_maps(reply: &mut ServerReply) -> Vec<&mut Secrets> {
         ServerReply::Variables { variables, .. } => {
             variables.values_mut().map(|variable| &mut variable.items).collect()
         }
+        ServerReply::Snapshots { snapshots, .. } => snapshots.iter_mut().map(|s| &mut s.secrets).collect(),
         ServerReply::Done { .. }
+        | ServerReply::ExternalVolumes { .. }
         | ServerReply::Error(_)
         | ServerReply::Heartbeat { .. }
         | ServerReply::JobRegistered { .. }
@@ -32,7 +34,13 @@ fn request_maps(request: &mut ClientCsiRequest) -> Vec<&mut Secrets> {
         ClientCsiRequest::ControllerValidate(request) => vec![&mut request.secrets],
         ClientCsiRequest::ControllerCreate(request) => vec![&mut request.secrets],
         ClientCsiRequest::ControllerDelete(request) => vec![&mut request.secrets],
-        ClientCsiRequest::NodeDetach(_) => Vec::new(),
+        ClientCsiRequest::ControllerCreateSnapshot(request) => vec![&mut request.secrets],
+        ClientCsiRequest::ControllerDeleteSnapshot(request) => vec![&mut request.secrets],
+        ClientCsiRequest::ControllerListSnapshots(request) => vec![&mut request.secrets],
+        ClientCsiRequest::ControllerExpand(request) => vec![&mut request.secrets],
+        ClientCsiRequest::ControllerListVolumes(_)
+        | ClientCsiRequest::NodeDetach(_)
+        | ClientCsiRequest::NodeExpand(_) => Vec::new(),
     }
 }
 

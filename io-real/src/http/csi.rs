@@ -363,7 +363,7 @@ pub async fn delete_created_volume(
 }
 
 /// Nomad's `X-Nomad-CSI-Secrets` header: `key=value` pairs separated by commas.
-fn csi_secrets_header(headers: &axum::http::HeaderMap) -> Result<drover_core::structs::Secrets, ApiError> {
+pub(super) fn csi_secrets_header(headers: &axum::http::HeaderMap) -> Result<drover_core::structs::Secrets, ApiError> {
     let Some(value) = headers.get("X-Nomad-CSI-Secrets") else {
         return Ok(Default::default());
     };

@@ -12,6 +12,7 @@ pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
 pub(crate) mod client;
 mod csi;
+mod csi_snapshots;
 mod exec;
 mod forward;
 mod fs;
@@ -113,6 +114,14 @@ pub fn router(handle: AgentHandle) -> Router {
         )
         .route("/v1/vars", get(list_variables))
         .route("/v1/volumes", get(csi::list_volumes))
+        .route(
+            "/v1/volumes/snapshot",
+            get(csi_snapshots::list_snapshots)
+                .put(csi_snapshots::create_snapshots)
+                .post(csi_snapshots::create_snapshots)
+                .delete(csi_snapshots::delete_snapshot),
+        )
+        .route("/v1/volumes/external", get(csi_snapshots::list_external))
         .route(
             "/v1/volume/csi/{id}",
             get(csi::get_volume)

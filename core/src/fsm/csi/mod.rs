@@ -535,6 +535,8 @@ fn merge_volume(existing: &CsiVolume, update: &CsiVolume) -> Result<CsiVolume, S
     merged.context = update.context.clone();
     merged.requested_capacity_min = update.requested_capacity_min;
     merged.requested_capacity_max = update.requested_capacity_max;
+    // Capacity only grows (an expansion the plugin made).
+    merged.capacity = merged.capacity.max(update.capacity);
     if update.requested_topologies.is_some() {
         merged.requested_topologies = update.requested_topologies.clone();
     }

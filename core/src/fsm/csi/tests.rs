@@ -49,6 +49,10 @@ pub(crate) fn info(plugin: &str, alloc: &str, healthy: bool, controller: bool) -
         controller_info: controller.then(|| CsiControllerInfo {
             supports_attach_detach: true,
             supports_create_delete: true,
+            supports_create_delete_snapshot: true,
+            supports_list_snapshots: true,
+            supports_list_volumes: true,
+            supports_expand: true,
             ..CsiControllerInfo::default()
         }),
         node_info: (!controller).then(|| CsiNodeInfo {

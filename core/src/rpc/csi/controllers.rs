@@ -109,6 +109,9 @@ impl CsiEndpoints {
         out: &mut Outbox,
     ) {
         match client_op {
+            ClientOp::Node { job } if matches!(self.jobs.get(&job), Some(Flow::Create { .. })) => {
+                self.node_expanded(job, result, out);
+            }
             ClientOp::Node { job } => {
                 let detached = match &result {
                     Ok(_) => true,
@@ -171,8 +174,10 @@ impl CsiEndpoints {
     ) {
         let job_id = call.job;
         match self.jobs.get(&job_id) {
-            Some(Flow::Create { .. }) => return self.create_done(job_id, &call.request, result, out),
+            Some(Flow::Create { .. }) => return self.create_done(now, job_id, &call.request, result, state, out),
             Some(Flow::Delete { .. }) => return self.delete_done(job_id, result, out),
+            Some(Flow::Snapshots { .. }) => return self.snapshot_done(job_id, &call.request, result, state, out),
+            Some(Flow::Listing { .. }) => return self.listing_done(job_id, &call.request, result, state, out),
             _ => {}
         }
         let Some(job) = self.jobs.get_mut(&job_id) else {
@@ -211,7 +216,7 @@ impl CsiEndpoints {
                         volume,
                         publish_context,
                     },
-                    Ok(ClientCsiReply::Done | ClientCsiReply::Created { .. }) => ServerReply::Claimed {
+                    Ok(_) => ServerReply::Claimed {
                         index,
                         volume,
                         publish_context: BTreeMap::new(),
@@ -232,7 +237,12 @@ impl CsiEndpoints {
                     self.finish_unpublish(now, job_id, Err(failure), state, out);
                 }
             },
-            Flow::Detach { .. } | Flow::Internal | Flow::Create { .. } | Flow::Delete { .. } => {}
+            Flow::Detach { .. }
+            | Flow::Internal
+            | Flow::Create { .. }
+            | Flow::Delete { .. }
+            | Flow::Snapshots { .. }
+            | Flow::Listing { .. } => {}
         }
     }
 
@@ -246,7 +256,9 @@ impl CsiEndpoints {
                 | Flow::Claim { req, .. }
                 | Flow::Detach { req, .. }
                 | Flow::Create { req, .. }
-                | Flow::Delete { req, .. } => {
+                | Flow::Delete { req, .. }
+                | Flow::Snapshots { req, .. }
+                | Flow::Listing { req } => {
                     waiting.push((job, req));
                 }
                 Flow::Unpublish { waiters, .. } => {

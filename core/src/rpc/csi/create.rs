@@ -9,7 +9,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use super::{CsiEndpoints, Flow};
+use super::{CsiEndpoints, Flow, expand};
 use crate::fsm::{Command, ServerState, Table};
 use crate::rpc::outbox::{JobId, Outbox, Owner};
 use crate::rpc::{
@@ -100,26 +100,37 @@ impl CsiEndpoints {
             out.reply(req, ServerReply::Error(error));
             return;
         }
-        // A volume already registered is not made again (re-running `volume create` is a
-        // no-op for it).
-        let wanted: Vec<CsiVolume> = volumes
-            .into_iter()
-            .filter(|volume| state.volume(&volume.namespace, &volume.id).is_none())
-            .collect();
+        let per_request = self.faults.create_name_per_request.then_some(now);
+        let mut wanted: Vec<(String, CsiVolume)> = Vec::new();
+        let mut requests: Vec<ClientCsiRequest> = Vec::new();
+        for volume in volumes {
+            // A registered volume is not made again: re-running `volume create` updates it,
+            // and expands it when its new minimum is above its capacity.
+            if let Some(existing) = state.volume(&volume.namespace, &volume.id) {
+                let (merged, expand) = match expand::reconcile(&existing, &volume) {
+                    Ok(done) => done,
+                    Err(error) => return out.reply(req, ServerReply::Error(error)),
+                };
+                if expand {
+                    if let Err(error) = expand::can_expand(state, &merged.plugin_id) {
+                        return out.reply(req, ServerReply::Error(error));
+                    }
+                    requests.push(expand::expand_request(&merged));
+                }
+                if merged != existing {
+                    wanted.push((merged.name.clone(), merged));
+                }
+                continue;
+            }
+            let name = plugin_volume_name(&volume, per_request);
+            requests.push(create_request(&volume, name.clone()));
+            wanted.push((name, volume));
+        }
         if wanted.is_empty() {
             let index = state.table_index(Table::CsiVolumes);
             out.reply(req, ServerReply::Done { index });
             return;
         }
-        let per_request = self.faults.create_name_per_request.then_some(now);
-        let wanted: Vec<(String, CsiVolume)> = wanted
-            .into_iter()
-            .map(|volume| (plugin_volume_name(&volume, per_request), volume))
-            .collect();
-        let requests: Vec<ClientCsiRequest> = wanted
-            .iter()
-            .map(|(name, volume)| create_request(volume, name.clone()))
-            .collect();
         let job = self.new_job(
             out,
             Flow::Create {
@@ -129,6 +140,9 @@ impl CsiEndpoints {
                 failure: None,
             },
         );
+        if requests.is_empty() {
+            self.register_created(job, out);
+        }
         for request in requests {
             self.enqueue_controller(now, job, request, state, out);
         }
@@ -184,35 +198,31 @@ impl CsiEndpoints {
         self.enqueue_controller(now, job, request, state, out);
     }
 
-    /// One `ControllerCreateVolume` answered: the volume takes what the plugin made; once all
-    /// are made they are registered in one Raft entry.
+    /// One controller call of a create job answered (`ControllerCreateVolume`: the volume
+    /// takes what the plugin made; `ControllerExpandVolume`: its new capacity, and maybe node
+    /// calls). Once all are answered the volumes are registered in one Raft entry.
     pub(super) fn create_done(
         &mut self,
+        now: Instant,
         job_id: JobId,
         request: &ClientCsiRequest,
         result: Result<ClientCsiReply, RpcError>,
+        state: &ServerState,
         out: &mut Outbox,
     ) {
-        let Some(Flow::Create {
-            req,
-            volumes,
-            left,
-            failure,
-        }) = self.jobs.get_mut(&job_id)
-        else {
+        let Some(Flow::Create { volumes, .. }) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        let ClientCsiRequest::ControllerCreate(asked) = request else {
-            return;
-        };
-        *left -= 1;
-        match result {
-            Ok(ClientCsiReply::Created {
-                external_id,
-                capacity,
-                context,
-                topologies,
-            }) => {
+        let failure = match (request, result) {
+            (
+                ClientCsiRequest::ControllerCreate(asked),
+                Ok(ClientCsiReply::Created {
+                    external_id,
+                    capacity,
+                    context,
+                    topologies,
+                }),
+            ) => {
                 for (_, volume) in volumes
                     .iter_mut()
                     .filter(|(name, v)| *name == asked.name && v.plugin_id == asked.plugin_id)
@@ -222,28 +232,66 @@ impl CsiEndpoints {
                     volume.context.clone_from(&context);
                     volume.topologies.clone_from(&topologies);
                 }
+                None
             }
-            Ok(other) => {
-                failure.get_or_insert(RpcError::unavailable(format!(
-                    "controller create volume: unexpected answer {other:?}"
-                )));
+            (
+                ClientCsiRequest::ControllerExpand(asked),
+                Ok(ClientCsiReply::Expanded {
+                    capacity,
+                    node_expansion_required,
+                }),
+            ) => {
+                self.controller_expanded(now, job_id, asked, (capacity, node_expansion_required), state, out);
+                None
             }
-            Err(error) => {
-                failure.get_or_insert(RpcError::from_plugin(
-                    format!("controller create volume: {}", error.message),
-                    error.retryable,
-                ));
-            }
+            (ClientCsiRequest::ControllerExpand(_), Err(error)) => Some(RpcError::from_plugin(
+                format!("unable to update volume: unable to expand volume: {}", error.message),
+                error.retryable,
+            )),
+            (_, Err(error)) => Some(RpcError::from_plugin(
+                format!("controller create volume: {}", error.message),
+                error.retryable,
+            )),
+            (_, Ok(other)) => Some(RpcError::unavailable(format!(
+                "controller create volume: unexpected answer {other:?}"
+            ))),
+        };
+        self.create_step_done(job_id, failure, out);
+    }
+
+    /// One call of a create job is over (`failure` when it failed): when none is left, the
+    /// caller gets the first failure, or the volumes are registered.
+    pub(super) fn create_step_done(&mut self, job_id: JobId, failure: Option<RpcError>, out: &mut Outbox) {
+        let Some(Flow::Create {
+            req,
+            left,
+            failure: first,
+            ..
+        }) = self.jobs.get_mut(&job_id)
+        else {
+            return;
+        };
+        *left -= 1;
+        if let Some(failure) = failure {
+            first.get_or_insert(failure);
         }
         if *left > 0 {
             return;
         }
         let req = *req;
-        if let Some(error) = failure.take() {
+        if let Some(error) = first.take() {
             self.jobs.remove(&job_id);
             out.reply(req, ServerReply::Error(error));
             return;
         }
+        self.register_created(job_id, out);
+    }
+
+    /// Every plugin call of a create job succeeded: its volumes go to Raft.
+    fn register_created(&mut self, job_id: JobId, out: &mut Outbox) {
+        let Some(Flow::Create { volumes, .. }) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
         let volumes = core::mem::take(volumes).into_iter().map(|(_, volume)| volume).collect();
         out.propose(job_id, Owner::Csi, Command::CsiVolumeRegister { volumes });
     }

@@ -17,7 +17,9 @@ use crate::prelude::*;
 
 mod controllers;
 mod create;
+mod expand;
 mod flows;
+mod snapshots;
 
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
 use core::time::Duration;
@@ -77,6 +79,15 @@ enum Flow {
         namespace: String,
         volume_id: String,
     },
+    /// Snapshot creates or deletes (`left` to answer), answered together.
+    Snapshots {
+        req: ReqId,
+        left: usize,
+        made: Vec<crate::structs::CsiSnapshot>,
+        errors: Vec<String>,
+    },
+    /// One page of a plugin's listing, answered as it comes.
+    Listing { req: ReqId },
 }
 
 /// Who waits for an unpublish walk: a request, or a detach job.
@@ -197,6 +208,28 @@ impl CsiEndpoints {
                 secrets,
             } => {
                 self.delete(now, req, (namespace, volume_id), secrets, state, out);
+                None
+            }
+            ServerRequest::SnapshotCreate { namespace, snapshots } => {
+                self.snapshot_create(now, req, (namespace, snapshots), state, out);
+                None
+            }
+            ServerRequest::SnapshotDelete { snapshots } => {
+                self.snapshot_delete(now, req, snapshots, state, out);
+                None
+            }
+            ServerRequest::SnapshotList {
+                plugin_id,
+                page,
+                secrets,
+            } => {
+                let listing = (plugin_id, page, secrets);
+                self.listing(now, req, listing, snapshots::Needs::ListSnapshots, state, out);
+                None
+            }
+            ServerRequest::VolumeListExternal { plugin_id, page } => {
+                let listing = (plugin_id, page, Default::default());
+                self.listing(now, req, listing, snapshots::Needs::ListVolumes, state, out);
                 None
             }
             ServerRequest::VolumeClaim {
@@ -367,7 +400,9 @@ impl CsiEndpoints {
                 Ok(_) => self.unpublish_continue(now, job_id, state, out),
                 Err(error) => self.finish_unpublish(now, job_id, Err(error), state, out),
             },
-            Flow::Detach { .. } => unreachable!("detach jobs propose nothing"),
+            Flow::Detach { .. } | Flow::Snapshots { .. } | Flow::Listing { .. } => {
+                unreachable!("detach, snapshot and listing jobs propose nothing")
+            }
         }
     }
 

@@ -1,5 +1,6 @@
 mod connect;
 mod csi;
+mod csi_lifecycle;
 mod jobs;
 mod nodes;
 
@@ -102,6 +103,12 @@ pub(super) fn kind(request: &ClientCsiRequest) -> &'static str {
         ClientCsiRequest::NodeDetach(_) => "node-detach",
         ClientCsiRequest::ControllerCreate(_) => "controller-create",
         ClientCsiRequest::ControllerDelete(_) => "controller-delete",
+        ClientCsiRequest::ControllerCreateSnapshot(_) => "controller-create-snapshot",
+        ClientCsiRequest::ControllerDeleteSnapshot(_) => "controller-delete-snapshot",
+        ClientCsiRequest::ControllerListSnapshots(_) => "controller-list-snapshots",
+        ClientCsiRequest::ControllerListVolumes(_) => "controller-list-volumes",
+        ClientCsiRequest::ControllerExpand(_) => "controller-expand",
+        ClientCsiRequest::NodeExpand(_) => "node-expand",
     }
 }
 

@@ -104,7 +104,9 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
                 _ => var_cap::WRITE,
             },
         },
-        ["v1", "volumes"] => Need::NamespaceAny(&[
+        // Snapshots and unregistered volumes are the plugin's; the namespace is the caller's.
+        ["v1", "volumes", "snapshot"] if write => Need::Namespace(cap::CSI_WRITE_VOLUME),
+        ["v1", "volumes"] | ["v1", "volumes", "snapshot" | "external"] => Need::NamespaceAny(&[
             cap::CSI_LIST_VOLUME,
             cap::CSI_READ_VOLUME,
             cap::CSI_MOUNT_VOLUME,

@@ -1,0 +1,230 @@
+//! `volume snapshot create|delete|list` (Nomad 1.1+), and the external-volume listings of
+//! `volume status -verbose` and `plugin status`: the plugin's own records, asked through the
+//! cluster (`/v1/volumes/snapshot`, `/v1/volumes/external`).
+
+use clap::Subcommand;
+use serde_json::{Value, json};
+
+use super::{Api, Failure, table, text};
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Snapshot a registered volume in its plugin: `<volume id> [snapshot name]`.
+    Create {
+        volume_id: String,
+        name: Option<String>,
+        /// `key=value` parameters for the plugin's CreateSnapshot (repeat for more).
+        #[arg(long = "parameter", value_name = "KEY=VALUE")]
+        parameters: Vec<String>,
+        /// `key=value` secrets for the plugin (repeat for more).
+        #[arg(long = "secret", value_name = "KEY=VALUE")]
+        secrets: Vec<String>,
+        /// Full volume ids.
+        #[arg(long)]
+        verbose: bool,
+    },
+    /// Delete a snapshot in its plugin: `<plugin id> <snapshot id>`.
+    Delete {
+        plugin_id: String,
+        snapshot_id: String,
+        #[arg(long = "secret", value_name = "KEY=VALUE")]
+        secrets: Vec<String>,
+    },
+    /// The snapshots a plugin lists (`-plugin` is an ID or prefix of one plugin).
+    List {
+        #[arg(long)]
+        plugin: Option<String>,
+        #[arg(long = "per-page")]
+        per_page: Option<u32>,
+        #[arg(long = "page-token")]
+        page_token: Option<String>,
+        #[arg(long = "secret", value_name = "KEY=VALUE")]
+        secrets: Vec<String>,
+        #[arg(long)]
+        verbose: bool,
+    },
+}
+
+/// `KEY=VALUE` flags as a map, with the flag's name in the error.
+fn pairs(flag: &str, values: &[String]) -> Result<serde_json::Map<String, Value>, Failure> {
+    values
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.is_empty() && !pair.contains(',') => {
+                Ok((key.to_string(), Value::String(value.to_string())))
+            }
+            _ => Err(Failure(
+                format!("Error: -{flag} wants KEY=VALUE without commas, got {pair:?}"),
+                1,
+            )),
+        })
+        .collect()
+}
+
+/// The `X-Nomad-CSI-Secrets` header for `-secret` flags.
+fn secrets_header(secrets: &[String]) -> Result<Vec<(&'static str, String)>, Failure> {
+    let map = pairs("secret", secrets)?;
+    if map.is_empty() {
+        return Ok(Vec::new());
+    }
+    let joined: Vec<String> = map
+        .iter()
+        .map(|(key, value)| format!("{key}={}", text(value)))
+        .collect();
+    Ok(vec![("X-Nomad-CSI-Secrets", joined.join(","))])
+}
+
+fn limit(value: &str, length: usize) -> String {
+    value.chars().take(length).collect()
+}
+
+/// Nomad's snapshot table: `Snapshot ID  Volume ID  Size  Create Time  Ready?`.
+fn snapshot_table(snapshots: &[Value], verbose: bool) -> String {
+    let length = if verbose { 30 } else { 12 };
+    let mut rows = vec![
+        ["Snapshot ID", "Volume ID", "Size", "Create Time", "Ready?"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    for snapshot in snapshots {
+        let seconds = snapshot["CreateTime"].as_u64().unwrap_or(0);
+        rows.push(vec![
+            text(&snapshot["ID"]),
+            limit(&text(&snapshot["ExternalSourceVolumeID"]), length),
+            drover_core::humanize::ibytes(snapshot["SizeBytes"].as_u64().unwrap_or(0)),
+            drover_io_real::http::rfc3339(seconds * 1000).replace(".000Z", "Z"),
+            text(&snapshot["IsReady"]),
+        ]);
+    }
+    table(&rows)
+}
+
+pub(super) fn run(api: &Api, command: SnapshotCommand) -> Result<(), Failure> {
+    match command {
+        SnapshotCommand::Create {
+            volume_id,
+            name,
+            parameters,
+            secrets,
+            verbose,
+        } => {
+            let body = json!({ "Snapshots": [{
+                "SourceVolumeID": volume_id,
+                "Name": name.unwrap_or_default(),
+                "Parameters": pairs("parameter", &parameters)?,
+                "Secrets": pairs("secret", &secrets)?,
+            }]});
+            let answer = api.call("PUT", "/v1/volumes/snapshot", Some(&body))?;
+            let made: Vec<Value> = answer["Snapshots"].as_array().cloned().unwrap_or_default();
+            println!("{}", snapshot_table(&made, verbose));
+            Ok(())
+        }
+        SnapshotCommand::Delete {
+            plugin_id,
+            snapshot_id,
+            secrets,
+        } => {
+            let headers = secrets_header(&secrets)?;
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let path = format!("/v1/volumes/snapshot?plugin_id={plugin_id}&snapshot_id={snapshot_id}");
+            api.call_with_headers("DELETE", &path, None, &headers)?;
+            println!("Deleted snapshot {snapshot_id}.");
+            Ok(())
+        }
+        SnapshotCommand::List {
+            plugin,
+            per_page,
+            page_token,
+            secrets,
+            verbose,
+        } => {
+            let plugin_id = one_plugin(api, plugin.as_deref().unwrap_or(""))?;
+            let headers = secrets_header(&secrets)?;
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let mut path = format!("/v1/volumes/snapshot?plugin_id={plugin_id}");
+            if let Some(per_page) = per_page {
+                path.push_str(&format!("&per_page={per_page}"));
+            }
+            if let Some(token) = page_token {
+                path.push_str(&format!("&next_token={token}"));
+            }
+            let answer = api.call_with_headers("GET", &path, None, &headers)?;
+            let snapshots: Vec<Value> = answer["Snapshots"].as_array().cloned().unwrap_or_default();
+            if snapshots.is_empty() {
+                println!("No snapshots found");
+            } else {
+                println!("{}", snapshot_table(&snapshots, verbose));
+            }
+            let next = text(&answer["NextToken"]);
+            if !next.is_empty() {
+                println!(
+                    "\nResults have been paginated. To get the next page run:\n\nagent volume snapshot list --plugin {plugin_id} --page-token {next}"
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The one plugin whose ID is or starts with `prefix` (Nomad's "Prefix matched multiple").
+fn one_plugin(api: &Api, prefix: &str) -> Result<String, Failure> {
+    let plugins = api.get(&format!("/v1/plugins?type=csi&prefix={prefix}"))?;
+    let ids: Vec<String> = plugins
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|plugin| text(&plugin["ID"]))
+        .collect();
+    match ids.as_slice() {
+        [] => Err(Failure(format!("No plugins(s) with prefix or ID {prefix:?} found"), 1)),
+        [one] => Ok(one.clone()),
+        many if many.iter().any(|id| id == prefix) => Ok(prefix.to_string()),
+        many => Err(Failure(
+            format!("Prefix matched multiple plugins\n\n{}", many.join("\n")),
+            1,
+        )),
+    }
+}
+
+/// Every page of a plugin's external volumes as Nomad's table (`External ID  Condition
+/// Nodes`), or `None` when the plugin lists none; an error when the plugin cannot list.
+pub(super) fn external_volumes(api: &Api, plugin_id: &str) -> Result<Option<String>, Failure> {
+    let mut rows = vec![
+        ["External ID", "Condition", "Nodes"]
+            .iter()
+            .map(|h| h.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    let mut token = String::new();
+    loop {
+        let mut path = format!("/v1/volumes/external?plugin_id={plugin_id}&per_page=30");
+        if !token.is_empty() {
+            path.push_str(&format!("&next_token={token}"));
+        }
+        let page = api.get(&path)?;
+        for volume in page["Volumes"].as_array().into_iter().flatten() {
+            let condition = if volume["IsAbnormal"].as_bool().unwrap_or(false) {
+                format!("Abnormal ({})", text(&volume["Status"]))
+            } else {
+                "OK".to_string()
+            };
+            let nodes: Vec<String> = volume["PublishedExternalNodeIDs"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(text)
+                .collect();
+            rows.push(vec![
+                text(&volume["ExternalID"]),
+                limit(&condition, 20),
+                nodes.join(","),
+            ]);
+        }
+        token = text(&page["NextToken"]);
+        if token.is_empty() {
+            break;
+        }
+    }
+    Ok((rows.len() > 1).then(|| table(&rows)))
+}
