@@ -3,7 +3,9 @@
 //! only when made); the CLI creates a volume from a spec with a capacity range, the plugin
 //! makes it and the cluster registers what it made; re-running the create makes nothing new;
 //! a conflicting spec is refused by the plugin; a job writes to the volume; deleting it is
-//! refused while claimed, then removes it from the plugin and the cluster.
+//! refused while claimed; in use, it is expanded (controller, then node) by re-running the
+//! create with a larger minimum, snapshotted, and listed by the plugin; then deleting it
+//! removes it from the plugin and the cluster.
 
 mod support;
 
@@ -100,7 +102,7 @@ fn volumes_are_created_and_deleted_through_the_plugin_and_registered_once() {
       driver = "raw_exec"
       config {{
         command = "{PLUGIN}"
-        args    = ["--state-dir={}", "--node-id=node-1", "--stage-unstage", "--expand"]
+        args    = ["--state-dir={}", "--node-id=node-1", "--stage-unstage", "--expand", "--snapshots", "--list-volumes"]
       }}
       csi_plugin {{
         id   = "fake"
@@ -220,6 +222,62 @@ parameters {{
     let (ok, out) = cli(port, &["volume", "delete", "vol0"]);
     assert!(!ok && out.contains("volume in use: vol0"), "{out}");
     assert!(state.join("volumes/vol0").is_dir(), "nothing deleted");
+
+    // Expanded in use, Nomad's way: the same spec with a larger minimum. The controller grows
+    // it, then the node the writer runs on grows its file system.
+    let bigger = write(dir, "vol0-big.hcl", &spec("vol0", "vol0", "4GiB"));
+    let (ok, out) = cli(port, &["volume", "create", &bigger]);
+    assert!(ok, "{out}\n{}", agent.log());
+    let stored = get(port, "/v1/volume/csi/vol0").expect("registered");
+    assert_eq!(
+        (stored["Capacity"].as_u64(), stored["RequestedCapacityMin"].as_u64()),
+        (Some(4 << 30), Some(4 << 30)),
+        "{stored}"
+    );
+    assert_eq!(plugin_volumes(&state)["vol0"]["capacity_bytes"], 4u64 << 30);
+    assert_eq!(plugin_volumes(&state)["vol0"]["node_capacity_bytes"], 4u64 << 30);
+    assert!(!stored["WriteAllocs"].as_object().unwrap().is_empty(), "still claimed");
+    // A maximum below what it has now is refused: volumes do not shrink.
+    let smaller = write(
+        dir,
+        "vol0-small.hcl",
+        &spec("vol0", "vol0", "1GiB").replace("8GiB", "2GiB"),
+    );
+    let (ok, out) = cli(port, &["volume", "create", &smaller]);
+    assert!(!ok && out.contains("less than or equal to current (4.3 GB)"), "{out}");
+
+    // Snapshots: made of the registered volume, listed, deleted, all in the plugin.
+    let (ok, out) = cli(port, &["volume", "snapshot", "create", "vol0", "nightly"]);
+    assert!(ok, "{out}\n{}", agent.log());
+    let row = out.lines().nth(1).unwrap_or_default().to_string();
+    assert!(
+        out.starts_with("Snapshot ID") && row.starts_with("nightly") && row.ends_with("true"),
+        "{out}"
+    );
+    assert!(row.contains("4.0 GiB"), "the snapshot's size: {out}");
+    let (ok, out) = cli(port, &["volume", "snapshot", "list", "--plugin", "fak"]);
+    assert!(
+        ok && out.lines().nth(1).is_some_and(|line| line.starts_with("nightly")),
+        "{out}"
+    );
+    let (ok, out) = cli(port, &["volume", "snapshot", "create", "nope", "x"]);
+    assert!(!ok && out.contains("no such volume \"nope\""), "{out}");
+    let (ok, out) = cli(port, &["volume", "snapshot", "delete", "fake", "nightly"]);
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "Deleted snapshot nightly.");
+    let (ok, out) = cli(port, &["volume", "snapshot", "list", "--plugin", "fake"]);
+    assert!(ok && out.trim() == "No snapshots found", "{out}");
+
+    // The plugin's own listing: what it holds, registered or not.
+    let listed = get(port, "/v1/volumes/external?plugin_id=fake").expect("listed");
+    assert_eq!(listed["Volumes"][0]["ExternalID"], "vol0", "{listed}");
+    assert_eq!(listed["Volumes"][0]["CapacityBytes"], 4u64 << 30, "{listed}");
+    let (ok, out) = cli(port, &["plugin", "status", "fake"]);
+    assert!(ok, "{out}");
+    let external = out.split("External Volumes").nth(1).unwrap_or_default().to_string();
+    assert!(external.contains("vol0") && external.contains("OK"), "{out}");
+    let (ok, out) = cli(port, &["volume", "status", "--verbose"]);
+    assert!(ok && out.contains("External ID") && out.contains("Condition"), "{out}");
 
     let (ok, out) = cli(port, &["job", "stop", "writer"]);
     assert!(ok, "{out}");

@@ -107,6 +107,20 @@ impl World {
                         .remove(&staging_target_path.replace("/local/csi", "/s/csi/node/hp"));
                     CsiReply::Done
                 }
+                CsiCall::NodeExpandVolume {
+                    volume_id,
+                    volume_path,
+                    staging_target_path,
+                    capacity_min,
+                    ..
+                } => {
+                    self.calls.push(format!(
+                        "NodeExpandVolume {volume_id} {volume_path} {staging_target_path}"
+                    ));
+                    CsiReply::Expanded {
+                        capacity: *capacity_min,
+                    }
+                }
             }),
             Io::AllocSync(_) => return Err(IoError::other("this world hands allocations in directly")),
             Io::Consul(_) => return Err(IoError::other("this world has no consul")),
@@ -331,6 +345,56 @@ fn plugin_then_consumer_then_release() {
             "a1 await_previous_allocations prerun",
             "a1 csi_hook prerun"
         ]
+    );
+
+    // The servers expand the volume on this node after its controller did: the plugin is
+    // asked for the allocation's own publication, staged where the mount staged it.
+    client.handle(
+        now,
+        ClientInput::NodeExpand {
+            req: 7,
+            request: drover_core::rpc::NodeExpandRequest {
+                plugin_id: "hp".into(),
+                node_id: "n1".into(),
+                namespace: "default".into(),
+                volume_id: "vol0".into(),
+                external_id: "vol0".into(),
+                alloc_id: "a1".into(),
+                claim: drover_core::rpc::ClaimUsage {
+                    access_mode: AccessMode::SingleNodeWriter,
+                    attachment_mode: AttachmentMode::FileSystem,
+                    read_only: false,
+                },
+                capacity_min: 4 << 30,
+                capacity_max: 0,
+            },
+        },
+    );
+    let mut expanded = None;
+    while let Some(action) = client.poll_action() {
+        match action {
+            ClientAction::Io { op, io } => {
+                let outcome = world.answer(&io);
+                client.handle(now, ClientInput::Outcome { op, outcome });
+            }
+            ClientAction::NodeExpanded { req, result } => expanded = Some((req, result)),
+            _ => {}
+        }
+    }
+    assert_eq!(expanded, Some((7, Ok(4 << 30))));
+    // The same paths the mount staged and published at (a raw_exec plugin sees host paths).
+    let (target, staging) = (
+        "/s/csi/node/hp/per-alloc/a1/vol0/rw-file-system-single-node-writer",
+        "/s/csi/node/hp/staging/default/vol0/rw-file-system-single-node-writer",
+    );
+    assert!(
+        world.mounts.contains(target) && world.mounts.contains(staging),
+        "{:?}",
+        world.mounts
+    );
+    assert_eq!(
+        world.calls.pop().unwrap(),
+        format!("NodeExpandVolume vol0 {target} {staging}")
     );
 
     // The servers stop the consumer: kill, then unmount locally, then unpublish.

@@ -697,6 +697,9 @@ mod client_harness {
                     plugin_id, volume_id, ..
                 } => format!("volume unmount {volume_id} plugin={plugin_id}"),
                 VolumeOp::HasMount { mount, .. } => format!("volume has-mount {}", mount.source),
+                VolumeOp::Expand {
+                    volume_id, alloc_id, ..
+                } => format!("volume expand {volume_id} alloc={alloc_id}"),
             },
             Io::AllocSync(request) => format!("alloc-sync min_index={}", request.min_index),
             Io::Consul(call) => format!("consul {call:?}"),

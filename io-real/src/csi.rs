@@ -325,6 +325,38 @@ impl CsiClient {
                     .map_err(error)?;
                 CsiReply::Done
             }
+            CsiCall::NodeExpandVolume {
+                volume_id,
+                volume_path,
+                staging_target_path,
+                capacity_min,
+                capacity_max,
+                capability: wanted,
+            } => {
+                let bytes = |value: u64| {
+                    i64::try_from(value)
+                        .map_err(|_| IoError::new(ErrorKind::Other, format!("capacity {value} is out of range")))
+                };
+                let answer = self
+                    .node()
+                    .node_expand_volume(csi::NodeExpandVolumeRequest {
+                        volume_id,
+                        volume_path,
+                        capacity_range: Some(csi::CapacityRange {
+                            required_bytes: bytes(capacity_min)?,
+                            limit_bytes: bytes(capacity_max)?,
+                        }),
+                        staging_target_path,
+                        volume_capability: Some(capability(&wanted)),
+                        secrets: Default::default(),
+                    })
+                    .await
+                    .map_err(error)?
+                    .into_inner();
+                CsiReply::Expanded {
+                    capacity: u64::try_from(answer.capacity_bytes).unwrap_or(0),
+                }
+            }
         };
         Ok(Reply::Csi(reply))
     }

@@ -664,6 +664,8 @@ impl SimHost {
                 }
                 CsiReply::Done
             }
+            // The simulated file systems have no size: the node sees what was asked.
+            CsiCall::NodeExpandVolume { capacity_min, .. } => CsiReply::Expanded { capacity: capacity_min },
             CsiCall::NodePublishVolume {
                 volume_id,
                 target_path,

@@ -116,6 +116,11 @@ pub enum ClientInput {
         req: u64,
         request: NodeDetachRequest,
     },
+    /// `ClientCSI.NodeExpandVolume` from a server; answered with `ClientAction::NodeExpanded`.
+    NodeExpand {
+        req: u64,
+        request: crate::rpc::NodeExpandRequest,
+    },
     /// The local Consul agent was fingerprinted (Nomad's consul fingerprinter): the node's
     /// `consul.*` attributes become `attributes` (empty: Consul is unreachable, which Nomad
     /// also reports by dropping them). A change registers the node again.
@@ -170,6 +175,11 @@ pub enum ClientAction {
     NodeDetached {
         req: u64,
         result: Result<(), String>,
+    },
+    /// The node's capacity of the volume after `NodeExpandVolume` (0: not said).
+    NodeExpanded {
+        req: u64,
+        result: Result<u64, String>,
     },
     /// The answer to `ClientInput::AllocControl`.
     AllocControlled {
@@ -230,6 +240,7 @@ pub const ALLOC_UPDATE_INTERVAL: Duration = Duration::from_millis(200);
 enum VolumeRequester {
     Alloc(String),
     NodeDetach(u64),
+    NodeExpand(u64),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -431,6 +442,7 @@ impl Client {
                 }
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
+            ClientInput::NodeExpand { req, request } => self.node_expand(now, req, request),
             ClientInput::AllocControl { req, request } => self.alloc_control(now, req, request),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
             ClientInput::Devices { inventory } => self.devices.set_inventory(inventory),
@@ -761,7 +773,8 @@ impl Client {
                 let plugin = match &volume_op {
                     VolumeOp::Mount { plugin_id, .. }
                     | VolumeOp::Unmount { plugin_id, .. }
-                    | VolumeOp::HasMount { plugin_id, .. } => plugin_id.clone(),
+                    | VolumeOp::HasMount { plugin_id, .. }
+                    | VolumeOp::Expand { plugin_id, .. } => plugin_id.clone(),
                 };
                 self.submit_volume(now, op, plugin, volume_op);
             }

@@ -196,6 +196,16 @@ pub enum CsiCall {
         volume_id: String,
         staging_target_path: String,
     },
+    /// `NodeExpandVolume` of one publication (`volume_path`), staged at
+    /// `staging_target_path` (empty when the plugin does not stage).
+    NodeExpandVolume {
+        volume_id: String,
+        volume_path: String,
+        staging_target_path: String,
+        capacity_min: u64,
+        capacity_max: u64,
+        capability: VolumeCapability,
+    },
 }
 
 impl CsiCall {
@@ -211,6 +221,7 @@ impl CsiCall {
             CsiCall::NodePublishVolume { .. } => "NodePublishVolume",
             CsiCall::NodeUnpublishVolume { .. } => "NodeUnpublishVolume",
             CsiCall::NodeUnstageVolume { .. } => "NodeUnstageVolume",
+            CsiCall::NodeExpandVolume { .. } => "NodeExpandVolume",
         }
     }
 }
@@ -240,6 +251,10 @@ pub enum CsiReply {
         expand: bool,
         condition: bool,
     },
+    /// `NodeExpandVolume`: the capacity the node sees now (0: the plugin did not say).
+    Expanded {
+        capacity: u64,
+    },
     Done,
 }
 
@@ -260,6 +275,18 @@ pub enum VolumeOp {
         remote_id: String,
         alloc_id: String,
         usage: UsageOptions,
+    },
+    /// A server's `NodeExpandVolume` for one allocation's publication of the volume, after
+    /// its controller expanded it.
+    Expand {
+        plugin_id: String,
+        namespace: String,
+        volume_id: String,
+        remote_id: String,
+        alloc_id: String,
+        usage: UsageOptions,
+        capacity_min: u64,
+        capacity_max: u64,
     },
     /// After an agent restart: is the allocation's volume still mounted? If so the manager
     /// takes the allocation back as a user of the volume (usage lives only in memory).

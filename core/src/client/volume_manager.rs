@@ -67,6 +67,7 @@ enum Step {
     RmdirTarget,
     Unstage,
     CheckMount,
+    Expand,
 }
 
 #[derive(Clone, Debug)]
@@ -108,6 +109,9 @@ fn key_of(op: &VolumeOp) -> VolumeKey {
         } => (namespace.clone(), volume_id.clone()),
         // Mount checks touch no volume state; serialise them on their path.
         VolumeOp::HasMount {
+            namespace, volume_id, ..
+        }
+        | VolumeOp::Expand {
             namespace, volume_id, ..
         } => (namespace.clone(), volume_id.clone()),
     }
@@ -225,6 +229,7 @@ impl VolumeManager {
                 }
                 VolumeOp::Unmount { .. } => Step::Unpublish,
                 VolumeOp::HasMount { .. } => Step::CheckMount,
+                VolumeOp::Expand { .. } => Step::Expand,
             };
             self.running.insert(
                 key.clone(),
@@ -270,6 +275,7 @@ impl VolumeManager {
             VolumeOp::HasMount { mount, .. } if job.step == Step::CheckMount => Io::IsMountPoint {
                 path: mount.source.clone(),
             },
+            op @ VolumeOp::Expand { .. } => self.expand_io(op),
             op => unreachable!("step {:?} for {op:?}", job.step),
         };
         let op = ops.allocate();
@@ -370,6 +376,40 @@ impl VolumeManager {
         }
     }
 
+    /// `NodeExpandVolume` of the allocation's publication (plugin-scoped paths).
+    fn expand_io(&self, op: &VolumeOp) -> Io {
+        let VolumeOp::Expand {
+            namespace,
+            volume_id,
+            remote_id,
+            alloc_id,
+            usage,
+            capacity_min,
+            capacity_max,
+            ..
+        } = op
+        else {
+            unreachable!("expand I/O for {op:?}")
+        };
+        let plugin = &self.plugin;
+        let scoped = |suffix: &str| paths::join(&plugin.container_mount_point, suffix);
+        Io::Csi {
+            socket: plugin.socket.clone(),
+            call: CsiCall::NodeExpandVolume {
+                volume_id: remote_id.clone(),
+                volume_path: scoped(&paths::target_suffix(alloc_id, volume_id, &usage.to_fs())),
+                staging_target_path: if plugin.requires_stage {
+                    scoped(&self.staging_suffix(namespace, volume_id, usage))
+                } else {
+                    String::new()
+                },
+                capacity_min: *capacity_min,
+                capacity_max: *capacity_max,
+                capability: capability(usage),
+            },
+        }
+    }
+
     pub fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome, ops: &mut OpIds) -> bool {
         let Some(key) = self
             .running
@@ -414,13 +454,26 @@ impl VolumeManager {
             self.start_queued(now, ops);
             return true;
         }
-        let is_rpc = matches!(job.step, Step::Stage | Step::Publish | Step::Unpublish | Step::Unstage);
+        let is_rpc = matches!(
+            job.step,
+            Step::Stage | Step::Publish | Step::Unpublish | Step::Unstage | Step::Expand
+        );
         if let Err(error) = &outcome
             && is_rpc
             && error.is_retryable()
             && job.tries < MAX_TRIES
         {
             job.retry_at = Some(now + RETRY_BASE * (1 << (job.tries - 1)));
+            return true;
+        }
+        if job.step == Step::Expand && (outcome.is_ok() || job.tries >= MAX_TRIES || !is_retryable(&outcome)) {
+            // The plugin's answer (its capacity) goes to whoever asked, as it is.
+            let job = self.running.remove(&key).expect("found");
+            self.actions.push(VolumeAction::Reply {
+                request: job.request,
+                outcome,
+            });
+            self.start_queued(now, ops);
             return true;
         }
         let next = match (&job.step, outcome) {
@@ -442,7 +495,7 @@ impl VolumeManager {
             (Step::RmdirTarget, Err(error)) if error.kind == ErrorKind::NotFound => Ok(Some(Step::Unstage)),
             (Step::RmdirTarget, Err(_)) => Err(job.unpublish_error.clone().expect("set before rmdir")),
             (Step::Unstage, Ok(_)) => Ok(None),
-            (Step::CheckMount, Ok(_)) => Ok(None),
+            (Step::CheckMount | Step::Expand, Ok(_)) => Ok(None),
             (_, Err(error)) => Err(error),
         };
         self.advance(now, &key, next, ops);
@@ -533,6 +586,7 @@ impl VolumeManager {
                 result.map(|()| Reply::Unit)
             }
             (VolumeOp::HasMount { .. }, result) => result.map(|()| Reply::Bool(false)),
+            (VolumeOp::Expand { .. }, result) => result.map(|()| Reply::Unit),
         };
         self.actions.push(VolumeAction::Reply {
             request: job.request,
@@ -589,8 +643,22 @@ fn capability(usage: &UsageOptions) -> VolumeCapability {
 }
 
 /// Ids become path components; check them before they do.
+fn is_retryable(outcome: &Outcome) -> bool {
+    outcome.as_ref().err().is_some_and(IoError::is_retryable)
+}
+
 fn validate(op: &VolumeOp) -> Result<(), String> {
     match op {
+        VolumeOp::Expand {
+            namespace,
+            volume_id,
+            alloc_id,
+            ..
+        } => {
+            check_component("volume ID", volume_id)?;
+            check_component("volume namespace", namespace)?;
+            check_component("allocation ID", alloc_id)
+        }
         VolumeOp::Mount { volume, alloc_id, .. } => {
             check_component("volume ID", &volume.id)?;
             check_component("volume namespace", &volume.namespace)?;

@@ -117,6 +117,10 @@ enum Message {
         request: drover_core::csi::unpublish::NodeDetachRequest,
         reply: oneshot::Sender<Result<ClientCsiReply, String>>,
     },
+    NodeExpand {
+        request: drover_core::rpc::NodeExpandRequest,
+        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+    },
     /// An operator's restart or signal of one of this client's allocations.
     Control {
         request: drover_core::client::AllocControl,
@@ -172,6 +176,7 @@ impl ClientCsi for ClientCsiRouter {
             let (reply, answer) = oneshot::channel();
             let message = match request {
                 ClientCsiRequest::NodeDetach(request) => Message::NodeDetach { request, reply },
+                ClientCsiRequest::NodeExpand(request) => Message::NodeExpand { request, reply },
                 request => Message::Controller { request, reply },
             };
             inbox.send(message).map_err(|_| "client is shutting down".to_string())?;
@@ -686,6 +691,14 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         let _ = reply.send(result.map(|()| ClientCsiReply::Done));
                     }
                 }
+                ClientAction::NodeExpanded { req, result } => {
+                    if let Some(reply) = detaches.remove(&req) {
+                        let _ = reply.send(result.map(|capacity| ClientCsiReply::Expanded {
+                            capacity,
+                            node_expansion_required: false,
+                        }));
+                    }
+                }
                 ClientAction::AllocControlled { req, result } => {
                     if let Some(reply) = controls.remove(&req) {
                         let _ = reply.send(result);
@@ -723,6 +736,12 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         next_detach += 1;
                         detaches.insert(next_detach, reply);
                         client.handle(now, ClientInput::NodeDetach { req: next_detach, request });
+                    }
+                    // Node calls share one numbering, and one table of waiting answers.
+                    Message::NodeExpand { request, reply } => {
+                        next_detach += 1;
+                        detaches.insert(next_detach, reply);
+                        client.handle(now, ClientInput::NodeExpand { req: next_detach, request });
                     }
                     Message::Controller { request, reply } => {
                         let socket = client
