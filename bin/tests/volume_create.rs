@@ -102,7 +102,7 @@ fn volumes_are_created_and_deleted_through_the_plugin_and_registered_once() {
       driver = "raw_exec"
       config {{
         command = "{PLUGIN}"
-        args    = ["--state-dir={}", "--node-id=node-1", "--stage-unstage", "--expand", "--snapshots", "--list-volumes"]
+        args    = ["--state-dir={}", "--node-id=node-1", "--stage-unstage", "--expand", "--snapshots", "--list-volumes", "--topology=zone=a"]
       }}
       csi_plugin {{
         id   = "fake"
@@ -152,7 +152,18 @@ parameters {{
     let (ok, out) = cli(port, &["volume", "create", &volume]);
     assert!(ok, "{out}\n{}", agent.log());
     assert_eq!(out.trim(), "Created external volume vol0 with ID vol0");
+    // The node plugin's accessible topology is the node's, and the volume is made inside it.
+    let node_id = get(port, "/v1/nodes").expect("nodes")[0]["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let node = get(port, &format!("/v1/node/{node_id}")).expect("node");
+    assert_eq!(
+        node["CSINodePlugins"]["fake"]["NodeInfo"]["AccessibleTopology"]["Segments"]["zone"], "a",
+        "{node}"
+    );
     let stored = get(port, "/v1/volume/csi/vol0").expect("registered");
+    assert_eq!(stored["Topologies"][0]["Segments"]["zone"], "a", "{stored}");
     assert_eq!(stored["ExternalID"], "vol0");
     assert_eq!(stored["Capacity"], 2u64 << 30);
     assert_eq!(stored["Parameters"]["tier"], "gold");

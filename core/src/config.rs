@@ -182,6 +182,10 @@ pub struct CsiFaults {
     /// `ControllerCreateVolume` and the Raft commit makes a second volume in the plugin, the
     /// one the CSI idempotency name exists to prevent.
     pub create_name_per_request: bool,
+    /// A created volume is registered without the accessible topology its plugin answered,
+    /// and without its topology request: the scheduler then places its consumers on nodes
+    /// that cannot reach it.
+    pub create_drops_topology: bool,
 }
 
 /// Read-path and failover defects the simulation re-creates on purpose (regression switches).

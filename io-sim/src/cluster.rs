@@ -3,7 +3,7 @@
 //! Nodes can be killed (with or without losing unsynced writes), restarted with their disk,
 //! partitioned and healed; the recorder sees everything.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -44,6 +44,8 @@ pub struct ClientSpec {
     pub config: AgentConfig,
     /// How its CSI plugin process misbehaves (real clients only).
     pub plugin_faults: crate::host::PluginFaults,
+    /// The topology segments its node plugin reports in `NodeGetInfo` (empty: none).
+    pub csi_topology: BTreeMap<String, String>,
 }
 
 struct SimClient {
@@ -206,7 +208,8 @@ impl SimCluster {
             plugins.clone(),
             spec.plugin_faults.clone(),
         )
-        .with_consul(self.consul.agent(&spec.name));
+        .with_consul(self.consul.agent(&spec.name))
+        .with_topology(spec.csi_topology.clone());
         let init = {
             let node = ClientNode {
                 spec: spec.clone(),

@@ -269,6 +269,15 @@ impl SimPlugins {
                     (min, _) => min,
                 };
                 let (external_id, capacity, made) = self.control.storage.create(&r.name, capacity)?;
+                // A zonal volume: accessible from the first preferred segment, else the first
+                // required one, as a cloud disk is made in one zone.
+                let topologies: Vec<_> = r
+                    .topology
+                    .as_ref()
+                    .and_then(|wanted| wanted.preferred.first().or(wanted.required.first()))
+                    .cloned()
+                    .into_iter()
+                    .collect();
                 let event = made.then(|| PluginEvent::VolumeCreated {
                     plugin: r.plugin_id.clone(),
                     name: r.name.clone(),
@@ -278,7 +287,7 @@ impl SimPlugins {
                     external_id,
                     capacity,
                     context: Default::default(),
-                    topologies: Vec::new(),
+                    topologies,
                 };
                 (event, reply)
             }

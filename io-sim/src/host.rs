@@ -132,6 +132,8 @@ pub struct SimHost {
     state: Arc<Mutex<HostState>>,
     /// The node's Consul agent, which the simulated `consul connect envoy` asks.
     consul: Option<crate::consul::SimConsulAgent>,
+    /// The topology segments the node plugin reports (empty: none).
+    topology: BTreeMap<String, String>,
 }
 
 fn config_str<'a>(config: &'a BTreeMap<String, ConfigValue>, key: &str) -> Option<&'a str> {
@@ -147,7 +149,14 @@ impl SimHost {
             faults,
             state: Arc::default(),
             consul: None,
+            topology: BTreeMap::new(),
         }
+    }
+
+    /// The node plugin reports `segments` as its accessible topology.
+    pub fn with_topology(mut self, segments: BTreeMap<String, String>) -> Self {
+        self.topology = segments;
+        self
     }
 
     /// Gives the host a `consul` CLI talking to `agent`.
@@ -610,7 +619,7 @@ impl SimHost {
             },
             CsiCall::GetPluginCapabilities => CsiReply::PluginCapabilities {
                 controller_service: true,
-                accessibility_constraints: false,
+                accessibility_constraints: !self.topology.is_empty(),
             },
             // Attach/detach, so every claim and release goes through the controller too; and
             // volumes made and deleted through the cluster.
@@ -623,7 +632,9 @@ impl SimHost {
             CsiCall::NodeGetInfo => CsiReply::NodeInfo {
                 node_id: format!("ext-{}", self.name),
                 max_volumes: 0,
-                topology: None,
+                topology: (!self.topology.is_empty()).then(|| drover_core::structs::CsiTopology {
+                    segments: self.topology.clone(),
+                }),
             },
             // Staged once per volume and node, shared by the allocations there.
             CsiCall::NodeGetCapabilities => CsiReply::NodeCapabilities {

@@ -805,6 +805,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         "every volume the plugin made belongs to exactly one registered volume",
     ),
     (
+        "create-topology",
+        "a created volume is registered without its accessible topology: its consumers are placed outside its zone",
+        || Options {
+            csi_faults: CsiFaults {
+                create_drops_topology: true,
+                ..CsiFaults::default()
+            },
+            ..Options::default()
+        },
+        &["csi_two_zones"],
+        "consumers of a volume run only inside its accessible topology",
+    ),
+    (
         "task-leak",
         "a task's processes are not destroyed once its leader is gone (issue 16)",
         || Options {

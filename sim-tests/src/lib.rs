@@ -29,3 +29,5 @@ pub mod swarm;
 pub mod turmoil_lane;
 #[cfg(madsim)]
 pub mod volume_churn;
+#[cfg(madsim)]
+pub mod zones;

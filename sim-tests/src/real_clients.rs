@@ -74,6 +74,11 @@ pub struct RealClientPlan {
     /// Scratch volumes are created and deleted through the cluster all through the fault
     /// phase ([`crate::volume_churn`]).
     pub volume_churn: bool,
+    /// Each client's zone (`zone` segment of its node plugin's topology), by client index;
+    /// empty: no topology ([`crate::zones`]).
+    pub zones: Vec<String>,
+    /// Volumes requested in one zone (`topology_request { required { zone } }`).
+    pub volume_zones: BTreeMap<String, String>,
     /// How every client's CSI plugin process misbehaves.
     pub plugin_faults: PluginFaults,
     /// Client defects re-created on purpose (regression switches).
@@ -100,6 +105,8 @@ impl RealClientPlan {
             deregister_attempts: false,
             create_volumes: false,
             volume_churn: false,
+            zones: Vec::new(),
+            volume_zones: BTreeMap::new(),
             plugin_faults: PluginFaults::default(),
             client_faults: ClientFaults::default(),
         }
@@ -159,6 +166,12 @@ impl RealClientPlan {
                 ""
             }
         )];
+        if !self.zones.is_empty() {
+            lines.push(format!(
+                "client zones {:?}, volume zones {:?}",
+                self.zones, self.volume_zones
+            ));
+        }
         lines.extend(self.jobs.iter().map(|job| {
             format!(
                 "job {}: count {}, tasks run for {:?} leaving {} processes behind, volume {:?}{}{}",
@@ -392,7 +405,7 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
         // clients have started the plugin and fingerprinted it, as an operator would.
         let mut attempts = 0;
         loop {
-            let volumes = vec![volume(id, *access)];
+            let volumes = vec![crate::zones::zoned(volume(id, *access), plan)];
             let register = if plan.create_volumes {
                 ServerRequest::VolumeCreate { volumes }
             } else {

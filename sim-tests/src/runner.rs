@@ -77,6 +77,7 @@ fn real_client(plan: &Plan, index: usize) -> ClientSpec {
     let mut spec = real_client_spec(&plan.servers, index);
     if let Some(real) = &plan.real_clients {
         spec.plugin_faults = real.plugin_faults.clone();
+        spec.csi_topology = crate::zones::segments(real, index);
         spec.config.client.faults = real.client_faults;
         if real.connect() {
             // With a Consul ACL token, Connect sidecars get service identity tokens.
@@ -566,6 +567,9 @@ async fn play(
             real_clients::check_end(&cluster, &recorder, real, leader, deadline).await;
             if real.create_volumes || real.volume_churn {
                 volume_churn::check_storage(&cluster, &recorder, leader);
+            }
+            if !real.volume_zones.is_empty() {
+                crate::zones::check_placements(&cluster, &recorder, real, leader);
             }
         }
         // Every scenario: writes made once quiet must be acknowledged, nothing acknowledged

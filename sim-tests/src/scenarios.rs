@@ -380,6 +380,11 @@ pub const CSI_SCENARIOS: &[Scenario] = &[
         build: jobs_node_loss,
     },
     Scenario {
+        name: "csi_two_zones",
+        about: "volumes created in one zone of two (CSI topology): their jobs are placed, updated and moved only inside it, through a leader kill and a lost zone-b node",
+        build: csi_two_zones,
+    },
+    Scenario {
         name: "csi_create_crash",
         about: "volumes created and deleted through the cluster while leaders die and the plugins' answers are lost: a retry never makes a second volume",
         build: csi_create_crash,
@@ -973,6 +978,7 @@ pub fn client(index: usize) -> ClientSpec {
         ip,
         config,
         plugin_faults: Default::default(),
+        csi_topology: Default::default(),
     }
 }
 
@@ -1016,6 +1022,8 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         deregister_attempts: false,
         create_volumes: false,
         volume_churn: false,
+        zones: Vec::new(),
+        volume_zones: BTreeMap::new(),
         plugin_faults: PluginFaults::default(),
         client_faults: Default::default(),
     }
@@ -1216,6 +1224,62 @@ fn csi_create_crash(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut real = single_writer_job(3);
     real.create_volumes = true;
     real.volume_churn = true;
+    csi_plan(rng, options, sorted(steps), real)
+}
+
+/// Two zones: `a` with one client, `b` with three. A single-writer volume is created in zone
+/// `a` and a multi-writer one in zone `b` (`topology_request`); each has its job. Destructive
+/// updates place the jobs again and again; some seeds kill the leader, some lose a zone-b
+/// client (its allocations move, inside zone `b`). Zone `a`'s one client is never lost, so
+/// its job always has somewhere to run.
+fn csi_two_zones(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut steps = Vec::new();
+    if rng.gen_bool(0.5) {
+        let at = millis(rng, 12_000..25_000);
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: at + millis(rng, 2_000..6_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    if rng.gen_bool(0.5) {
+        steps.push(Step {
+            at: millis(rng, 15_000..30_000),
+            action: Action::NodeDown(rng.gen_range(1..4)),
+        });
+    }
+    steps.push(Step {
+        at: Duration::from_secs(40),
+        action: Action::Heal,
+    });
+    let count = rng.gen_range(2..=3);
+    steps.extend(updates(rng, count, Duration::from_secs(8), 5_000..10_000));
+    let job = |id: &str, count: u32, volume: &str| RealJob {
+        id: id.into(),
+        count,
+        run_for: None,
+        volume: Some(volume.into()),
+        read_only: false,
+        children: 1,
+        connect: false,
+    };
+    let mut real = mixed_workload(4);
+    real.volumes = vec![
+        ("vol-a".to_string(), AccessMode::SingleNodeWriter),
+        ("vol-b".to_string(), AccessMode::MultiNodeMultiWriter),
+    ];
+    real.jobs = vec![job("app-a", 1, "vol-a"), job("app-b", 2, "vol-b")];
+    real.create_volumes = true;
+    real.zones = ["a", "b", "b", "b"].map(String::from).to_vec();
+    real.volume_zones = [("vol-a", "a"), ("vol-b", "b")]
+        .map(|(volume, zone)| (volume.to_string(), zone.to_string()))
+        .into();
     csi_plan(rng, options, sorted(steps), real)
 }
 

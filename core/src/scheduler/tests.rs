@@ -568,6 +568,46 @@ fn csi_feasibility_uses_nomads_filter_reasons() {
 }
 
 #[test]
+fn a_volume_is_placed_only_inside_its_accessible_topology() {
+    let zoned = |id: &str, zone: &str| {
+        let mut node = csi_node(id, true, 0);
+        let info = node.csi_node_plugins.get_mut("p").unwrap().node_info.as_mut().unwrap();
+        info.accessible_topology = Some(crate::structs::CsiTopology {
+            segments: [("zone".to_string(), zone.to_string())].into(),
+        });
+        node
+    };
+    // n3's plugin reports no topology at all: it cannot reach a zonal volume either.
+    let mut world = World::new(&[zoned("n1", "a"), zoned("n2", "b"), csi_node("n3", true, 0)]);
+    let mut vol = volume("vol0");
+    vol.topologies = vec![crate::structs::CsiTopology {
+        segments: [("zone".to_string(), "b".to_string())].into(),
+    }];
+    world.fx.ok(Command::CsiVolumeRegister { volumes: vec![vol] });
+    let eval = world.register(&csi_job("a", "vol0", false));
+    let plan = world.run(&eval);
+    assert_eq!(plan.allocs.len(), 1, "{:?}", reasons(&plan));
+    assert_eq!(plan.allocs[0].node_id, "n2");
+
+    // Its zone's node moves away: nowhere to go, with Nomad's reason for every node.
+    world.fx.ok(Command::AllocDelete {
+        alloc_ids: vec![plan.allocs[0].id.clone()],
+    });
+    world.fx.ok(Command::NodeRegister { node: zoned("n2", "c") });
+    let eval = world.eval("a");
+    let plan = world.run(&eval);
+    assert!(
+        plan.allocs
+            .iter()
+            .all(|alloc| alloc.desired_status != DesiredStatus::Run)
+    );
+    assert_eq!(
+        reasons(&plan),
+        BTreeMap::from([("did not meet topology requirement".to_string(), 3)])
+    );
+}
+
+#[test]
 fn a_claimed_single_writer_volume_blocks_other_jobs_but_not_the_same_job() {
     let mut world = World::new(&[csi_node("n1", true, 0)]);
     let mut vol = volume("vol0");

@@ -292,7 +292,13 @@ impl CsiEndpoints {
         let Some(Flow::Create { volumes, .. }) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        let volumes = core::mem::take(volumes).into_iter().map(|(_, volume)| volume).collect();
+        let mut volumes: Vec<CsiVolume> = core::mem::take(volumes).into_iter().map(|(_, volume)| volume).collect();
+        if self.faults.create_drops_topology {
+            for volume in &mut volumes {
+                volume.topologies.clear();
+                volume.requested_topologies = None;
+            }
+        }
         out.propose(job_id, Owner::Csi, Command::CsiVolumeRegister { volumes });
     }
 
