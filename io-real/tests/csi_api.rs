@@ -10,8 +10,8 @@ use std::time::Duration;
 use drover_core::config::{Advertise, AgentConfig, Ports};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ServerReply, ServerRequest};
 use drover_core::structs::{
-    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiControllerInfo, CsiInfo,
-    CsiNodeInfo, CsiVolumeClaim, Node, NodeStatus,
+    AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiControllerInfo, CsiExternalVolume,
+    CsiInfo, CsiNodeInfo, CsiSnapshot, CsiVolumeClaim, Node, NodeStatus,
 };
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::io::{BoxFuture, ClientCsi, NoConsul, TracingObserver};
@@ -62,6 +62,41 @@ impl ClientCsi for FakePlugins {
             ClientCsiRequest::ControllerDelete(r) => {
                 (format!("controller-delete {}", r.external_id), ClientCsiReply::Done)
             }
+            ClientCsiRequest::ControllerCreateSnapshot(r) => (
+                format!("controller-create-snapshot {} {}", r.source_external_id, r.name),
+                ClientCsiReply::Snapshot(CsiSnapshot {
+                    id: format!("snap-{}", r.name),
+                    external_source_volume_id: r.source_external_id.clone(),
+                    size_bytes: 1 << 30,
+                    create_time: 1_700_000_000,
+                    is_ready: true,
+                    ..CsiSnapshot::default()
+                }),
+            ),
+            ClientCsiRequest::ControllerDeleteSnapshot(r) => (
+                format!("controller-delete-snapshot {}", r.snapshot_id),
+                ClientCsiReply::Done,
+            ),
+            // Two snapshots a page, whatever was asked: the server cuts to `per_page`.
+            ClientCsiRequest::ControllerListSnapshots(r) => (
+                format!("controller-list-snapshots from {:?}", r.page.next_token),
+                ClientCsiReply::Snapshots {
+                    snapshots: vec![CsiSnapshot::default(), CsiSnapshot::default()],
+                    next_token: "t2".into(),
+                },
+            ),
+            ClientCsiRequest::ControllerListVolumes(_) => (
+                "controller-list-volumes".into(),
+                ClientCsiReply::Volumes {
+                    volumes: vec![CsiExternalVolume {
+                        external_id: "ext-vol0".into(),
+                        capacity_bytes: 1 << 30,
+                        published_external_node_ids: vec!["host-1".into()],
+                        ..CsiExternalVolume::default()
+                    }],
+                    next_token: String::new(),
+                },
+            ),
             other => (
                 format!("unanswered {other:?}"),
                 ClientCsiReply::Expanded {
@@ -179,6 +214,9 @@ fn info(node_half: bool) -> CsiInfo {
         requires_controller_plugin: true,
         controller_info: (!node_half).then(|| CsiControllerInfo {
             supports_attach_detach: true,
+            supports_create_delete_snapshot: true,
+            supports_list_snapshots: true,
+            supports_list_volumes: true,
             ..Default::default()
         }),
         node_info: node_half.then(|| CsiNodeInfo {
@@ -389,5 +427,101 @@ async fn ids_are_validated_and_reads_block_until_the_table_changes() {
         .unwrap();
     assert_eq!(status, 200);
     assert!(body.contains("\"n9\""), "{body}");
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshots_and_the_plugins_own_listing_in_nomads_shapes() {
+    let (handle, port, plugins, _dir) = start().await;
+    let rpc_addr = format!("127.0.0.1:{}", handle.config().ports.rpc);
+    ok(
+        &handle,
+        ServerRequest::NodeRegister {
+            node: Box::new(Node {
+                id: "n1".into(),
+                name: "client-1".into(),
+                rpc_addr,
+                status: NodeStatus::Ready,
+                csi_controller_plugins: [("hostpath".to_string(), info(false))].into(),
+                csi_node_plugins: [("hostpath".to_string(), info(true))].into(),
+                ..Node::default()
+            }),
+        },
+    )
+    .await;
+    let volume = r#"{"Volumes":[{"ID":"vol0","Name":"vol0","ExternalID":"ext-vol0","PluginID":"hostpath",
+        "RequestedCapabilities":[{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}],
+        "Secrets":{"password":"hunter2"}}]}"#;
+    let (status, body) = call("PUT", port, "/v1/volume/csi/vol0".into(), volume.into()).await;
+    assert_eq!(status, 200, "{body}");
+    let json = |body: &str| serde_json::from_str::<serde_json::Value>(body).unwrap();
+
+    let (status, body) = call("GET", port, "/v1/volumes/snapshot".into(), String::new()).await;
+    assert_eq!((status, body.trim()), (400, "missing plugin_id"));
+    let create = r#"{"Snapshots":[{"SourceVolumeID":"vol0","Name":"nightly","Secrets":{"extra":"s3cr3t"}}]}"#;
+    let (status, body) = call("PUT", port, "/v1/volumes/snapshot".into(), create.into()).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains("s3cr3t") && !body.contains("hunter2"), "{body}");
+    let made = &json(&body)["Snapshots"][0];
+    assert_eq!(made["ID"], "snap-nightly", "{body}");
+    assert_eq!(made["ExternalSourceVolumeID"], "ext-vol0");
+    assert_eq!(made["PluginID"], "hostpath");
+    assert_eq!(
+        (made["CreateTime"].as_i64(), made["IsReady"].as_bool()),
+        (Some(1_700_000_000), Some(true))
+    );
+    let missing = r#"{"Snapshots":[{"SourceVolumeID":"nope","Name":"x"}]}"#;
+    let (status, body) = call("PUT", port, "/v1/volumes/snapshot".into(), missing.into()).await;
+    assert_eq!((status, body.trim()), (400, "no such volume \"nope\""));
+
+    let path = "/v1/volumes/snapshot?plugin_id=hostpath&per_page=1&next_token=t1";
+    let (status, body) = call("GET", port, path.into(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let page = json(&body);
+    assert_eq!(
+        page["Snapshots"].as_array().map(Vec::len),
+        Some(1),
+        "cut to per_page: {body}"
+    );
+    assert_eq!(page["NextToken"], "t2");
+    let path = "/v1/volumes/snapshot?plugin_id=hostpath&snapshot_id=snap-nightly";
+    let (status, body) = call("DELETE", port, path.into(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+
+    let (status, body) = call(
+        "GET",
+        port,
+        "/v1/volumes/external?plugin_id=hostpath".into(),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let listed = &json(&body)["Volumes"][0];
+    assert_eq!(listed["ExternalID"], "ext-vol0", "{body}");
+    assert_eq!(listed["CapacityBytes"], 1u64 << 30);
+    assert_eq!(listed["PublishedExternalNodeIDs"][0], "host-1");
+    assert_eq!(listed["IsAbnormal"], false);
+    let (status, body) = call(
+        "GET",
+        port,
+        "/v1/volumes/external?plugin_id=other".into(),
+        String::new(),
+    )
+    .await;
+    assert_eq!((status, body.trim()), (404, "no such plugin"));
+
+    let calls = plugins.calls.lock().unwrap().clone();
+    assert!(
+        calls.contains(&"controller-create-snapshot ext-vol0 nightly".to_string()),
+        "{calls:?}"
+    );
+    assert!(
+        calls.contains(&"controller-list-snapshots from \"t1\"".to_string()),
+        "{calls:?}"
+    );
+    assert!(
+        calls.contains(&"controller-delete-snapshot snap-nightly".to_string()),
+        "{calls:?}"
+    );
     handle.shutdown().await;
 }
