@@ -134,8 +134,15 @@ fn register_update_refuse_and_purge_a_job_over_http() {
     assert!(body.contains("Missing task driver"), "{body}");
     assert_eq!(http_status("GET", port, "/v1/job/bad", None).unwrap().0, 404);
 
-    // Purge: every task stops, the job is gone.
-    http("DELETE", port, "/v1/job/web?purge=true", None).expect("purged");
+    // Purge: every task stops, the job is gone. Query booleans read as Go's ParseBool does
+    // (the Python client sends `True`).
+    let (code, body) = http_status("DELETE", port, "/v1/job/web?purge=maybe", None).unwrap();
+    assert_eq!(code, 400, "{body}");
+    assert!(
+        body.contains("strconv.ParseBool: parsing \"maybe\": invalid syntax"),
+        "{body}"
+    );
+    http("DELETE", port, "/v1/job/web?purge=True", None).expect("purged");
     let new_pids: Vec<i32> = pids(&marker)
         .into_iter()
         .filter(|pid| !old_pids.contains(pid))

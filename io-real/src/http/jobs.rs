@@ -286,6 +286,7 @@ pub async fn job_summary(
 
 #[derive(Debug, Default, Deserialize)]
 pub struct DeregisterOptions {
+    #[serde(default, deserialize_with = "super::go_bool")]
     purge: Option<bool>,
     namespace: Option<String>,
 }

@@ -433,6 +433,7 @@ pub(super) struct QueryOptions {
     plugin_id: Option<String>,
     node_id: Option<String>,
     node: Option<String>,
+    #[serde(default, deserialize_with = "go_bool")]
     force: Option<bool>,
     all: Option<String>,
     /// Pagination (`page.rs`).
@@ -465,6 +466,18 @@ pub(super) fn parse_bool(text: &str) -> Option<bool> {
         "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
         "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
         _ => None,
+    }
+}
+
+/// A query boolean field (`?purge=True`) read by [`parse_bool`]; anything else is refused with
+/// Go's text.
+pub(super) fn go_bool<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
+    let text: Option<String> = serde::Deserialize::deserialize(deserializer)?;
+    match text {
+        None => Ok(None),
+        Some(text) => parse_bool(&text)
+            .map(Some)
+            .ok_or_else(|| serde::de::Error::custom(format!("strconv.ParseBool: parsing {text:?}: invalid syntax"))),
     }
 }
 
