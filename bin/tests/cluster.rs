@@ -198,7 +198,41 @@ fn servers_say_no_cluster_leader_until_there_is_one_and_how_recent_its_contact_i
         } else {
             assert!(contact < 600, "a follower heard the leader {contact} ms ago");
         }
+        // The Raft configuration as Nomad's operator endpoint shows it, and the regions.
+        let configuration: serde_json::Value =
+            serde_json::from_str(&http("GET", agent.spec.http, "/v1/operator/raft/configuration", None).unwrap())
+                .unwrap();
+        let servers = configuration["Servers"].as_array().unwrap();
+        assert_eq!(servers.len(), 3, "{configuration}");
+        let leaders: Vec<&serde_json::Value> = servers.iter().filter(|s| s["Leader"] == true).collect();
+        assert_eq!(leaders.len(), 1, "{configuration}");
+        assert_eq!(leaders[0]["Address"], leader.as_str());
+        assert!(servers.iter().all(|s| s["Voter"] == true && s["RaftProtocol"] == "3"));
+        assert!(servers.iter().all(|s| s["Node"].as_str().unwrap().ends_with(".global")));
+        assert_eq!(
+            http("GET", agent.spec.http, "/v1/regions", None).unwrap().trim(),
+            r#"["global"]"#
+        );
     }
+    let output = std::process::Command::new(support::AGENT)
+        .args(["operator", "raft", "list-peers"])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", first.spec.http))
+        .env_remove("NOMAD_TOKEN")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{text}");
+    let rows: Vec<&str> = text.lines().collect();
+    assert!(
+        rows[0].starts_with("Node") && rows[0].contains("RaftProtocol"),
+        "{text}"
+    );
+    assert_eq!(rows.len(), 4, "{text}");
+    assert_eq!(rows.iter().filter(|row| row.contains(" leader ")).count(), 1, "{text}");
+    assert!(
+        rows.iter().any(|row| row.contains(" leader ") && row.contains(&leader)),
+        "{text}"
+    );
 }
 
 /// Reads are consistent by default (Nomad's default): a write acknowledged through one server

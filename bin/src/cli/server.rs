@@ -41,16 +41,27 @@ pub(super) fn server_members(api: &Api) -> Result<(), Failure> {
 }
 
 pub(super) fn list_peers(api: &Api) -> Result<(), Failure> {
-    let peers = api.get("/v1/status/peers")?;
-    let leader = api.get("/v1/status/leader").map(|v| text(&v)).unwrap_or_default();
+    let configuration = api.get("/v1/operator/raft/configuration")?;
     let mut rows = vec![
-        ["Address", "Leader", "Voter"]
+        ["Node", "ID", "Address", "State", "Voter", "RaftProtocol"]
             .iter()
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
     ];
-    for peer in peers.as_array().into_iter().flatten() {
-        rows.push(vec![text(peer), (text(peer) == leader).to_string(), "true".into()]);
+    for server in configuration["Servers"].as_array().into_iter().flatten() {
+        let state = if server["Leader"].as_bool().unwrap_or(false) {
+            "leader"
+        } else {
+            "follower"
+        };
+        rows.push(vec![
+            text(&server["Node"]),
+            text(&server["ID"]),
+            text(&server["Address"]),
+            state.into(),
+            text(&server["Voter"]),
+            text(&server["RaftProtocol"]),
+        ]);
     }
     println!("{}", table(&rows));
     Ok(())

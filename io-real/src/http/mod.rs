@@ -11,6 +11,7 @@ mod rootkeys;
 pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
 pub(crate) mod client;
+mod cluster;
 mod csi;
 mod csi_snapshots;
 mod exec;
@@ -96,6 +97,8 @@ pub fn router(handle: AgentHandle) -> Router {
     Router::new()
         .route("/v1/status/leader", get(status_leader))
         .route("/v1/status/peers", get(status_peers))
+        .route("/v1/regions", get(cluster::regions))
+        .route("/v1/operator/raft/configuration", get(cluster::raft_configuration))
         .route("/v1/agent/members", get(agent_members))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/keyring/list", get(keyring::list))

@@ -73,7 +73,8 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let namespace = |read: &'static str, written: &'static str| Need::Namespace(if write { written } else { read });
     match segments.as_slice() {
-        ["v1", "status", "leader" | "peers"] => Need::Nothing,
+        ["v1", "status", "leader" | "peers"] | ["v1", "regions"] => Need::Nothing,
+        ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
         ["v1", "acl", "bootstrap"] => Need::Nothing,
         ["v1", "acl", "token", "self"] => Need::Token,
         ["v1", "acl", "policies"] if !write => Need::Token,
