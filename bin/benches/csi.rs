@@ -330,8 +330,10 @@ fn create_delete_cycles(cycles: usize) {
     wait_for(Duration::from_secs(60), || agreed_leader(&refs, 3)).expect("cluster forms");
     let port = specs[0].http;
     let state = root.path().join("fake-state");
+    // The baseline's registered volumes exist in the plugin on first use (`--auto-create`),
+    // 1 GiB each: 200 of them would fill the fake's default 100 GiB and refuse the creates.
     let job = format!(
-        r#"{{"Job":{{"ID":"plugin","Type":"system","Datacenters":["dc1"],"TaskGroups":[{{"Name":"nodes","Count":1,"Tasks":[{{"Name":"plugin","Driver":"raw_exec","Config":{{"command":"{}","args":["--state-dir={}","--node-id=bench-node","--auto-create"]}},"CSIPluginConfig":{{"ID":"fake","Type":"monolith"}},"Resources":{{"CPU":50,"MemoryMB":32}}}}]}}]}}}}"#,
+        r#"{{"Job":{{"ID":"plugin","Type":"system","Datacenters":["dc1"],"TaskGroups":[{{"Name":"nodes","Count":1,"Tasks":[{{"Name":"plugin","Driver":"raw_exec","Config":{{"command":"{}","args":["--state-dir={}","--node-id=bench-node","--auto-create","--capacity-bytes=1125899906842624"]}},"CSIPluginConfig":{{"ID":"fake","Type":"monolith"}},"Resources":{{"CPU":50,"MemoryMB":32}}}}]}}]}}}}"#,
         env!("CARGO_BIN_EXE_drover-csi-fake"),
         state.display()
     );

@@ -143,18 +143,43 @@ async fn one_client_cannot_hold_or_overload_the_api() {
         (status, body.as_str()),
         (413, "Request body too large: the limit is 65536 bytes")
     );
+    // Far over the limit too: the server answers after reading 16 KiB, and lingers on the
+    // connection so the client can finish writing and read the answer (closing at once reset
+    // the connection under the client's write: a broken pipe, and no 431 to read).
+    for size in [20_000, 200_000] {
+        let head = blocking(move || {
+            let mut stream = connect(port);
+            let cookie = "c".repeat(size);
+            write!(
+                stream,
+                "GET /v1/status/leader HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\n\r\n"
+            )
+            .unwrap();
+            until_closed(stream)
+        })
+        .await;
+        assert!(head.starts_with("HTTP/1.1 431"), "{size} bytes: {head}");
+    }
+    // A client still sending its head, slowly, when the server has read past the limit and
+    // answered: every write still lands, and the 431 is there to read.
     let head = blocking(move || {
         let mut stream = connect(port);
-        let cookie = "c".repeat(20_000);
-        write!(
-            stream,
-            "GET /v1/status/leader HTTP/1.1\r\nHost: x\r\nCookie: {cookie}\r\n\r\n"
-        )
-        .unwrap();
+        stream
+            .write_all(b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\nCookie: ")
+            .unwrap();
+        for _ in 0..24 {
+            stream
+                .write_all(&[b'c'; 1024])
+                .expect("the server lingers: no reset under a write");
+            std::thread::sleep(Duration::from_millis(3));
+        }
+        stream
+            .write_all(b"\r\n\r\n")
+            .expect("the server lingers: no reset under a write");
         until_closed(stream)
     })
     .await;
-    assert!(head.starts_with("HTTP/1.1 431"), "{head}");
+    assert!(head.starts_with("HTTP/1.1 431"), "a slow writer: {head}");
 
     // Jobs too big to schedule, or with a name that would climb out of its directory, are
     // refused before Raft; nothing is stored.

@@ -6,6 +6,7 @@ mod acl;
 mod allocs;
 mod jobs;
 mod keyring;
+mod linger;
 mod rootkeys;
 
 pub(crate) use jobs::metric as jobs_metric;

@@ -160,9 +160,10 @@ async fn serve_connection<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)
         .max_header_size(limits.header_max);
-    // Upgrades: `alloc exec` is a WebSocket.
+    // Upgrades: `alloc exec` is a WebSocket. The connection lingers when hyper is done with
+    // it, so an answer given before the request was read is not lost to a reset.
     if let Err(error) = builder
-        .serve_connection(TokioIo::new(stream), service)
+        .serve_connection(TokioIo::new(super::linger::Lingering::new(stream)), service)
         .with_upgrades()
         .await
     {
