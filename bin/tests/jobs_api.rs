@@ -90,6 +90,17 @@ fn register_update_refuse_and_purge_a_job_over_http() {
     assert_eq!(listed[0]["JobSummary"]["Summary"]["g"]["Running"], 2);
     wait_for(Duration::from_secs(10), || (pids(&marker).len() == 2).then_some(())).expect("two tasks");
     let old_pids = pids(&marker);
+    // List stubs carry resources only when asked (`?resources=true`, Go's booleans).
+    let plain = get(port, "/v1/allocations").unwrap();
+    assert!(plain[0].get("AllocatedResources").is_none(), "{plain}");
+    let with = get(port, "/v1/allocations?resources=true").unwrap();
+    assert!(with[0]["AllocatedResources"]["Tasks"]["t"].is_object(), "{with}");
+    let nodes = get(port, "/v1/nodes?resources=True").unwrap();
+    assert!(
+        nodes[0]["NodeResources"]["Cpu"]["CpuShares"].as_u64().unwrap() > 0,
+        "{nodes}"
+    );
+    assert!(get(port, "/v1/nodes").unwrap()[0].get("NodeResources").is_none());
 
     // An update: version 1 replaces both, each handing over to the one it replaces.
     http("PUT", port, "/v1/job/web", Some(&job(&marker, "2"))).expect("updated");
@@ -318,4 +329,74 @@ fn job_and_evaluation_lists_page_with_next_tokens() {
         .call()
         .unwrap();
     assert_eq!(nodes.header("X-Nomad-NextToken"), None);
+}
+
+/// `/v1/jobs/parse` turns a jobspec into Nomad's JSON through the CLI's parser, and
+/// `/v1/validate/job` checks a job as a register would, storing nothing.
+#[test]
+fn jobspecs_parse_and_jobs_validate_without_registering() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let agent = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || get(port, "/v1/jobs"))
+        .unwrap_or_else(|| panic!("the server answers:\n{}", agent.log()));
+    let hcl = r#"job "parsed" {
+  datacenters = ["dc1"]
+  group "g" {
+    count = 3
+    task "t" {
+      driver = "raw_exec"
+      config {
+        command = "/bin/true"
+      }
+    }
+  }
+}
+"#;
+    let body = json!({ "JobHCL": hcl, "Canonicalize": false }).to_string();
+    let parsed: Value = serde_json::from_str(&http("POST", port, "/v1/jobs/parse", Some(&body)).unwrap()).unwrap();
+    assert_eq!(parsed["ID"], "parsed", "{parsed}");
+    assert_eq!(parsed["TaskGroups"][0]["Count"], 3, "{parsed}");
+    assert_eq!(parsed["TaskGroups"][0]["Tasks"][0]["Config"]["command"], "/bin/true");
+    let body = json!({ "JobHCL": hcl, "Canonicalize": true }).to_string();
+    let canonical: Value = serde_json::from_str(&http("POST", port, "/v1/jobs/parse", Some(&body)).unwrap()).unwrap();
+    assert_eq!(
+        (&canonical["Priority"], &canonical["Type"], &canonical["Namespace"]),
+        (&json!(50), &json!("service"), &json!("default")),
+        "{canonical}"
+    );
+    let body = json!({ "JobHCL": "job \"x\" { group \"g\" { bogus = 1 } }" }).to_string();
+    let (code, text) = http_status("POST", port, "/v1/jobs/parse", Some(&body)).unwrap();
+    assert_eq!(code, 400, "{text}");
+    assert!(text.contains("bogus"), "names what was wrong: {text}");
+
+    // Validated as a register would be, nothing stored either way.
+    let good = json!({ "Job": canonical }).to_string();
+    let answer: Value = serde_json::from_str(&http("PUT", port, "/v1/validate/job", Some(&good)).unwrap()).unwrap();
+    assert_eq!(answer["ValidationErrors"], json!([]), "{answer}");
+    assert_eq!(
+        (&answer["Error"], &answer["DriverConfigValidated"]),
+        (&json!(""), &json!(true))
+    );
+    let bad = json!({"Job": {"ID": "bad", "Priority": 500, "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t"}]}]}});
+    let answer: Value =
+        serde_json::from_str(&http("PUT", port, "/v1/validate/job", Some(&bad.to_string())).unwrap()).unwrap();
+    let errors: Vec<&str> = answer["ValidationErrors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(errors.contains(&"Job priority must be between [1, 100]"), "{answer}");
+    assert!(
+        errors.contains(&"Task group g validation failed: Task t validation failed: Missing task driver"),
+        "{answer}"
+    );
+    assert!(
+        answer["Error"].as_str().unwrap().starts_with("2 errors occurred:"),
+        "{answer}"
+    );
+    assert_eq!(http_status("GET", port, "/v1/job/parsed", None).unwrap().0, 404);
+    assert_eq!(http_status("GET", port, "/v1/job/bad", None).unwrap().0, 404);
 }

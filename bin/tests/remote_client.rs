@@ -75,6 +75,33 @@ fn a_client_only_agent_follows_the_servers_through_a_leader_failover() {
     })
     .unwrap_or_else(|| panic!("the client registers through the servers:\n{}", client.log()));
     let node_id = node["ID"].as_str().unwrap().to_string();
+    // The client's servers as the agent endpoint lists them; a server without a client has
+    // none to list; a bad address is refused and changes nothing.
+    let listed: Vec<String> = serde_json::from_str(&client.get("/v1/agent/servers").unwrap()).unwrap();
+    assert_eq!(listed, addrs, "the -servers flag, in its order");
+    let (code, body) = support::http_status("GET", specs[0].http, "/v1/agent/servers", None).unwrap();
+    assert_eq!((code, body.trim()), (501, "Invalid method"));
+    let (code, body) = support::http_status("PUT", http, "/v1/agent/servers?address=nowhere", None).unwrap();
+    assert_eq!(code, 400, "{body}");
+    let (code, _) =
+        support::http_status("PUT", http, &format!("/v1/agent/servers?address={}", addrs[0]), None).unwrap();
+    assert_eq!(code, 200);
+    let listed: Vec<String> = serde_json::from_str(&client.get("/v1/agent/servers").unwrap()).unwrap();
+    assert_eq!(listed, addrs[..1].to_vec());
+    support::http_status(
+        "PUT",
+        http,
+        &format!(
+            "/v1/agent/servers?{}",
+            addrs
+                .iter()
+                .map(|a| format!("address={a}"))
+                .collect::<Vec<_>>()
+                .join("&")
+        ),
+        None,
+    )
+    .unwrap();
     assert_eq!(node["Drivers"]["raw_exec"]["Detected"], true, "{node:#}");
     assert_eq!(node["Drivers"]["raw_exec"]["Healthy"], true, "{node:#}");
     assert_eq!(node["Attributes"]["driver.raw_exec"], "1", "{node:#}");

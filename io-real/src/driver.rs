@@ -145,6 +145,39 @@ impl AgentHandle {
         &self.inner.config
     }
 
+    /// The servers this agent's client talks to: those configured or found, else (a server
+    /// that is its own client) this server. `None` without a client.
+    pub fn client_servers(&self) -> Option<Vec<String>> {
+        let config = &self.inner.config;
+        if !(config.client.enabled || config.dev_mode) {
+            return None;
+        }
+        let known: Vec<String> = self
+            .inner
+            .service
+            .servers
+            .lock()
+            .expect("servers lock")
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        if !known.is_empty() || !config.server.enabled {
+            return Some(known);
+        }
+        let advertise = config.advertise.rpc;
+        Some(vec![advertise.to_string()])
+    }
+
+    /// Replaces the client's server list (`PUT /v1/agent/servers`); the next call starts at
+    /// the first.
+    pub fn set_client_servers(&self, servers: Vec<std::net::SocketAddr>) {
+        *self.inner.service.servers.lock().expect("servers lock") = servers;
+        self.inner
+            .service
+            .server_cursor
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+    }
+
     pub fn node_id(&self) -> u64 {
         self.inner.node_id
     }

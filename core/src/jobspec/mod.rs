@@ -27,6 +27,20 @@ pub fn validate(job: &Job) -> Vec<String> {
     validate_within(job, &limits::JobLimits::default())
 }
 
+/// Nomad's admission of a job being registered: its name defaults to its ID, the mutators run
+/// (Connect sidecars), then validation sees what would be stored. Every problem, in order.
+pub fn admit(job: &mut Job, limits: &limits::JobLimits) -> Vec<String> {
+    if job.name.is_empty() {
+        job.name = job.id.clone();
+    }
+    let mut errors = Vec::new();
+    if let Err(error) = crate::connect::mutate(job) {
+        errors.push(error);
+    }
+    errors.extend(validate_within(job, limits));
+    errors
+}
+
 /// Every problem with `job` under `limits`, in order.
 pub fn validate_within(job: &Job, limits: &limits::JobLimits) -> Vec<String> {
     let mut errors = limits::structure(job, limits);

@@ -76,16 +76,7 @@ impl JobEndpoints {
             ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
             ServerRequest::JobRegister { job } => {
                 let mut job = *job;
-                if job.name.is_empty() {
-                    job.name = job.id.clone();
-                }
-                // Nomad's admission controllers: the mutators (Connect sidecars) run first,
-                // then validation sees what will be stored.
-                let mut errors = Vec::new();
-                if let Err(error) = crate::connect::mutate(&mut job) {
-                    errors.push(error);
-                }
-                errors.extend(crate::jobspec::validate_within(&job, &self.limits));
+                let errors = crate::jobspec::admit(&mut job, &self.limits);
                 if !errors.is_empty() {
                     out.reply(
                         req,

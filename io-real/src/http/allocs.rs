@@ -29,9 +29,16 @@ pub async fn list_allocations(
             })
             .map(|alloc| (alloc.id.clone(), alloc));
         let (allocs, next) = super::page::page(matching, &options);
+        let resources = options.resources.unwrap_or(false);
         let list = allocs
             .into_iter()
-            .map(|alloc| render::alloc_stub(alloc, state))
+            .map(|alloc| {
+                let mut stub = render::alloc_stub(alloc, state);
+                if resources {
+                    stub["AllocatedResources"] = render::allocated_resources(alloc, state);
+                }
+                stub
+            })
             .collect();
         (list, next)
     })

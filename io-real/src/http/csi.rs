@@ -511,7 +511,15 @@ pub async fn list_nodes(
             .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
             .map(|node| (node.id.clone(), node));
         let (nodes, next) = super::page::page(matching, &options);
-        (nodes.into_iter().map(render::node_stub).collect(), next)
+        let resources = options.resources.unwrap_or(false);
+        let stub = |node: &drover_core::structs::Node| {
+            if resources {
+                render::node_stub_with_resources(node)
+            } else {
+                render::node_stub(node)
+            }
+        };
+        (nodes.into_iter().map(stub).collect(), next)
     })
     .await
     .unwrap_or_default();

@@ -4,6 +4,7 @@
 
 mod acl;
 mod allocs;
+mod job_parse;
 mod jobs;
 mod keyring;
 mod linger;
@@ -99,6 +100,20 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/status/leader", get(status_leader))
         .route("/v1/status/peers", get(status_peers))
         .route("/v1/regions", get(cluster::regions))
+        .route(
+            "/v1/agent/servers",
+            get(cluster::agent_servers)
+                .put(cluster::set_agent_servers)
+                .post(cluster::set_agent_servers),
+        )
+        .route(
+            "/v1/jobs/parse",
+            axum::routing::post(job_parse::parse_job).put(job_parse::parse_job),
+        )
+        .route(
+            "/v1/validate/job",
+            axum::routing::put(job_parse::validate_job).post(job_parse::validate_job),
+        )
         .route("/v1/operator/raft/configuration", get(cluster::raft_configuration))
         .route("/v1/agent/members", get(agent_members))
         .route("/v1/agent/self", get(agent_self))
@@ -439,6 +454,9 @@ pub(super) struct QueryOptions {
     node: Option<String>,
     #[serde(default, deserialize_with = "go_bool")]
     force: Option<bool>,
+    /// `?resources=true`: list stubs carry their resources (nodes, allocations).
+    #[serde(default, deserialize_with = "go_bool")]
+    resources: Option<bool>,
     all: Option<String>,
     /// Pagination (`page.rs`).
     per_page: Option<String>,

@@ -484,6 +484,15 @@ pub fn node_stub(node: &Node) -> Value {
     })
 }
 
+/// [`node_stub`] with the node's resources (`?resources=true`), as Nomad's stub carries them.
+pub fn node_stub_with_resources(node: &Node) -> Value {
+    let mut stub = node_stub(node);
+    let full = self::node(node);
+    stub["NodeResources"] = full["NodeResources"].clone();
+    stub["ReservedResources"] = full["ReservedResources"].clone();
+    stub
+}
+
 pub fn node(node: &Node) -> Value {
     json!({
         "ID": node.id,

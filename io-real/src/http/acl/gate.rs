@@ -93,6 +93,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "agent", "self"] => Need::Agent { write: false },
         ["v1", "agent", "keyring", _] => Need::Agent { write },
         ["v1", "agent", "members"] => Need::Node { write: false },
+        ["v1", "agent", "servers"] => Need::Agent { write },
         ["v1", "vars"] => Need::Variable {
             path: query_param(query, "prefix").unwrap_or_default(),
             capability: var_cap::LIST,
@@ -117,6 +118,8 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "plugins"] => Need::Plugin { read: false },
         ["v1", "plugin", "csi", _] if !write => Need::Plugin { read: true },
         ["v1", "plugin", "csi", _] => Need::Operator { write: true },
+        ["v1", "jobs", "parse"] => Need::NamespaceAny(&[cap::PARSE_JOB, cap::SUBMIT_JOB]),
+        ["v1", "validate", "job"] => Need::Namespace(cap::READ_JOB),
         ["v1", "jobs"] => namespace(cap::LIST_JOBS, cap::SUBMIT_JOB),
         ["v1", "job", _] => namespace(cap::READ_JOB, cap::SUBMIT_JOB),
         ["v1", "job", _, _] | ["v1", "evaluations"] | ["v1", "evaluation", _] => Need::Namespace(cap::READ_JOB),
