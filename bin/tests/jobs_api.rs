@@ -84,6 +84,32 @@ fn register_update_refuse_and_purge_a_job_over_http() {
         (eval["Status"].as_str(), eval["TriggeredBy"].as_str()),
         (Some("complete"), Some("job-register"))
     );
+    // The evaluation's own allocations, and a new evaluation asked for by hand.
+    let made = get(port, &format!("/v1/evaluation/{eval_id}/allocations")).unwrap();
+    assert_eq!(made.as_array().map(Vec::len), Some(2), "{made}");
+    let forced: Value =
+        serde_json::from_str(&http("PUT", port, "/v1/job/web/evaluate", Some("{}")).expect("evaluated")).unwrap();
+    let forced_id = forced["EvalID"].as_str().unwrap().to_string();
+    assert_ne!(forced_id, eval_id);
+    let again = wait_for(Duration::from_secs(30), || {
+        let eval = get(port, &format!("/v1/evaluation/{forced_id}"))?;
+        (eval["Status"] == "complete").then_some(eval)
+    })
+    .expect("the forced evaluation completes");
+    assert_eq!(again["TriggeredBy"], "job-register");
+    assert_eq!(
+        running(port, 0).map(|allocs| allocs.len()),
+        Some(2),
+        "nothing to change: the same two"
+    );
+    assert_eq!(http_status("PUT", port, "/v1/job/nope/evaluate", None).unwrap().0, 404);
+    let force = json!({"EvalOptions": {"ForceReschedule": true}}).to_string();
+    assert_eq!(
+        http_status("PUT", port, "/v1/job/web/evaluate", Some(&force))
+            .unwrap()
+            .0,
+        400
+    );
     let listed = get(port, "/v1/jobs").unwrap();
     assert_eq!(listed[0]["ID"], "web");
     assert_eq!(listed[0]["Status"], "running");
@@ -290,6 +316,23 @@ fn job_and_evaluation_lists_page_with_next_tokens() {
         "job pages"
     );
     assert_eq!(tokens, vec!["batch-2", "batch-4"]);
+    // Prefix search: the jobs' IDs in order, nothing truncated; a context Nomad does not
+    // have is refused.
+    let search =
+        |body: Value| -> (u16, String) { http_status("POST", port, "/v1/search", Some(&body.to_string())).unwrap() };
+    let (code, body) = search(json!({"Prefix": "batch-", "Context": "jobs"}));
+    assert_eq!(code, 200, "{body}");
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        found["Matches"]["jobs"],
+        json!(["batch-0", "batch-1", "batch-2", "batch-3", "batch-4"])
+    );
+    assert_eq!(found["Truncations"]["jobs"], false);
+    let (code, body) = search(json!({"Prefix": "batch-3"}));
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((code, &found["Matches"]["jobs"]), (200, &json!(["batch-3"])), "{body}");
+    assert_eq!(found["Matches"]["nodes"], json!([]), "every context searched: {body}");
+    assert_eq!(search(json!({"Prefix": "x", "Context": "bogus"})).0, 400);
     // Each job has its registration evaluation and, with no client to place on, a blocked one.
     let unpaged: Vec<String> = get(port, "/v1/evaluations")
         .unwrap()

@@ -256,6 +256,30 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     );
     let lasting = secret(with_ttl("1h").await.1);
     assert_eq!(get("/v1/jobs", &lasting).await.0, 200);
+
+    // Search shows only the contexts a token may read: the reader (namespace read, node
+    // read) jobs and nodes but no plugins; a token that may read none of them is refused.
+    let search = |token: &str, context: &str| {
+        http(
+            port,
+            "POST",
+            "/v1/search".into(),
+            token.to_string(),
+            json!({"Prefix": "", "Context": context}).to_string(),
+        )
+    };
+    let (status, body) = search(&lasting, "all").await;
+    assert_eq!(status, 200, "{body}");
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        found["Matches"]["jobs"].is_array() && found["Matches"]["nodes"].is_array(),
+        "{body}"
+    );
+    assert!(found["Matches"].get("plugins").is_none(), "{body}");
+    assert_eq!(search(&lasting, "plugins").await.0, 403);
+    let (status, body) = search(&root, "all").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(serde_json::from_str::<Value>(&body).unwrap()["Matches"]["plugins"].is_array());
     let brief = secret(with_ttl("1ms").await.1);
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(get("/v1/jobs", &brief).await, (403, "ACL token expired".into()));

@@ -119,6 +119,21 @@ impl JobEndpoints {
                 out.propose_new(Owner::Jobs(flow), command);
                 None
             }
+            ServerRequest::JobEvaluate { namespace, job_id } => {
+                let Some(job) = state.job(&namespace, &job_id) else {
+                    out.reply(req, ServerReply::Error(RpcError::not_found("job not found")));
+                    return None;
+                };
+                let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-register");
+                let flow = JobFlow::Write {
+                    req,
+                    eval_id: eval.id.clone(),
+                    namespace,
+                    job_id,
+                };
+                out.propose_new(Owner::Jobs(flow), Command::EvalUpsert { evals: vec![eval] });
+                None
+            }
             ServerRequest::AllocUpsert { allocs } => simple(Command::AllocUpsert { allocs }),
             ServerRequest::AllocClientUpdate {
                 alloc_id,

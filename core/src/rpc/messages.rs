@@ -175,6 +175,12 @@ pub enum ServerRequest {
     JobRegister {
         job: alloc::boxed::Box<Job>,
     },
+    /// `Job.Evaluate`: a new evaluation of the job as it stands (`job-register`), answered
+    /// like a register.
+    JobEvaluate {
+        namespace: String,
+        job_id: String,
+    },
     /// `Job.Deregister`: stop the job (or, with `purge`, remove it) with an evaluation.
     JobStop {
         namespace: String,

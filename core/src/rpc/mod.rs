@@ -261,6 +261,7 @@ impl RpcEndpoints {
             | R::JobDeregister { .. }
             | R::JobRegister { .. }
             | R::JobStop { .. }
+            | R::JobEvaluate { .. }
             | R::AllocUpsert { .. }
             | R::AllocClientUpdate { .. }
             | R::AllocClientUpdates { .. }

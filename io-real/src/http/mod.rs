@@ -16,6 +16,7 @@ pub(crate) mod client;
 mod cluster;
 mod csi;
 mod csi_snapshots;
+mod evaluate;
 mod exec;
 mod forward;
 mod fs;
@@ -23,6 +24,7 @@ mod nodes;
 mod page;
 mod reads;
 mod render;
+mod search;
 mod server;
 
 pub use server::HttpLimits;
@@ -101,6 +103,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/status/peers", get(status_peers))
         .route("/v1/regions", get(cluster::regions))
         .route(
+            "/v1/search",
+            axum::routing::post(search::prefix_search).put(search::prefix_search),
+        )
+        .route(
             "/v1/agent/servers",
             get(cluster::agent_servers)
                 .put(cluster::set_agent_servers)
@@ -176,6 +182,11 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/job/{id}/versions", get(jobs::job_versions))
         .route("/v1/evaluations", get(jobs::list_evaluations))
         .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
+        .route("/v1/evaluation/{id}/allocations", get(evaluate::evaluation_allocations))
+        .route(
+            "/v1/job/{id}/evaluate",
+            axum::routing::put(evaluate::evaluate_job).post(evaluate::evaluate_job),
+        )
         .route("/v1/allocations", get(allocs::list_allocations))
         .route("/v1/allocation/{id}", get(allocs::get_allocation))
         .route(

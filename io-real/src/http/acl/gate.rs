@@ -74,6 +74,8 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
     let namespace = |read: &'static str, written: &'static str| Need::Namespace(if write { written } else { read });
     match segments.as_slice() {
         ["v1", "status", "leader" | "peers"] | ["v1", "regions"] => Need::Nothing,
+        // Any token: the endpoint leaves out the contexts it may not read.
+        ["v1", "search"] => Need::Token,
         ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
         ["v1", "acl", "bootstrap"] => Need::Nothing,
         ["v1", "acl", "token", "self"] => Need::Token,
@@ -122,7 +124,11 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "validate", "job"] => Need::Namespace(cap::READ_JOB),
         ["v1", "jobs"] => namespace(cap::LIST_JOBS, cap::SUBMIT_JOB),
         ["v1", "job", _] => namespace(cap::READ_JOB, cap::SUBMIT_JOB),
-        ["v1", "job", _, _] | ["v1", "evaluations"] | ["v1", "evaluation", _] => Need::Namespace(cap::READ_JOB),
+        ["v1", "job", _, "evaluate"] => Need::Namespace(cap::SUBMIT_JOB),
+        ["v1", "job", _, _]
+        | ["v1", "evaluations"]
+        | ["v1", "evaluation", _]
+        | ["v1", "evaluation", _, "allocations"] => Need::Namespace(cap::READ_JOB),
         ["v1", "allocations"] | ["v1", "allocation", _] => Need::Namespace(cap::READ_JOB),
         ["v1", "allocation", _, "stop"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
         ["v1", "client", "fs", "logs", _] => Need::Namespace(cap::READ_LOGS),
@@ -301,11 +307,13 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         return only_allowed_namespaces(response, |namespace| need.allowed(&acl, &[namespace.to_string()])).await;
     }
     let request = scoped_to_default(request, &need);
-    let (request, namespaces) = match namespaces_of(request, &need).await {
+    let (mut request, namespaces) = match namespaces_of(request, &need).await {
         Ok(found) => found,
         Err(response) => return response,
     };
     if need.allowed(&acl, &namespaces) {
+        // Handlers that show only part of what they find (search) read the ACL from here.
+        request.extensions_mut().insert(acl);
         next.run(request).await
     } else {
         denied(PERMISSION_DENIED)
