@@ -103,6 +103,21 @@ fn register_update_refuse_and_purge_a_job_over_http() {
         "nothing to change: the same two"
     );
     assert_eq!(http_status("PUT", port, "/v1/job/nope/evaluate", None).unwrap().0, 404);
+    // A node evaluated by hand: one node-update evaluation per job running on it.
+    let node_id = get(port, "/v1/nodes").unwrap()[0]["ID"].as_str().unwrap().to_string();
+    let answer: Value = serde_json::from_str(
+        &http("PUT", port, &format!("/v1/node/{node_id}/evaluate"), None).expect("node evaluated"),
+    )
+    .unwrap();
+    let ids = answer["EvalIDs"].as_array().unwrap();
+    assert_eq!(ids.len(), 1, "{answer}");
+    let made = get(port, &format!("/v1/evaluation/{}", ids[0].as_str().unwrap())).unwrap();
+    assert_eq!(
+        (&made["TriggeredBy"], &made["JobID"]),
+        (&json!("node-update"), &json!("web"))
+    );
+    assert_eq!(made["NodeID"], node_id.as_str());
+    assert_eq!(http_status("PUT", port, "/v1/node/nope/evaluate", None).unwrap().0, 404);
     let force = json!({"EvalOptions": {"ForceReschedule": true}}).to_string();
     assert_eq!(
         http_status("PUT", port, "/v1/job/web/evaluate", Some(&force))

@@ -119,6 +119,14 @@ impl JobEndpoints {
                 out.propose_new(Owner::Jobs(flow), command);
                 None
             }
+            ServerRequest::NodeEvaluate { node_id } => {
+                if state.node(&node_id).is_none() {
+                    out.reply(req, ServerReply::Error(RpcError::not_found("node not found")));
+                    return None;
+                }
+                let evals = self.worker.node_evals(state, &[node_id].into());
+                simple(Command::EvalUpsert { evals })
+            }
             ServerRequest::JobEvaluate { namespace, job_id } => {
                 let Some(job) = state.job(&namespace, &job_id) else {
                     out.reply(req, ServerReply::Error(RpcError::not_found("job not found")));

@@ -175,6 +175,11 @@ pub enum ServerRequest {
     JobRegister {
         job: alloc::boxed::Box<Job>,
     },
+    /// `Node.Evaluate`: `node-update` evaluations for every job with a live allocation on the
+    /// node and every system job, as a node's status change makes them.
+    NodeEvaluate {
+        node_id: String,
+    },
     /// `Job.Evaluate`: a new evaluation of the job as it stands (`job-register`), answered
     /// like a register.
     JobEvaluate {

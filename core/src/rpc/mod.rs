@@ -262,6 +262,7 @@ impl RpcEndpoints {
             | R::JobRegister { .. }
             | R::JobStop { .. }
             | R::JobEvaluate { .. }
+            | R::NodeEvaluate { .. }
             | R::AllocUpsert { .. }
             | R::AllocClientUpdate { .. }
             | R::AllocClientUpdates { .. }

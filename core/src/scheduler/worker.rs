@@ -157,6 +157,16 @@ impl Worker {
                 .map(|node| node.id.clone())
                 .collect(),
         };
+        let evals = self.node_evals(state, &changed);
+        if evals.is_empty() {
+            return None;
+        }
+        Some(Command::EvalUpsert { evals })
+    }
+
+    /// `node-update` evaluations for `changed` nodes: one per job with a live allocation on
+    /// one of them, and one per system job (Nomad's `createNodeEvals`).
+    pub fn node_evals(&mut self, state: &ServerState, changed: &BTreeSet<String>) -> Vec<Evaluation> {
         let mut jobs: BTreeMap<(String, String), (String, &str, String)> = BTreeMap::new();
         // In allocation id order, as a scan of the table would find them: the last one of a
         // job names the evaluation's node.
@@ -188,11 +198,7 @@ impl Worker {
                 node,
             ));
         }
-        if jobs.is_empty() {
-            return None;
-        }
-        let evals = jobs
-            .into_iter()
+        jobs.into_iter()
             .map(|((namespace, job_id), (eval_type, trigger, node_id))| {
                 let priority = state.job(&namespace, &job_id).map_or(50, |job| job.priority);
                 Evaluation {
@@ -207,8 +213,7 @@ impl Worker {
                     ..Evaluation::default()
                 }
             })
-            .collect();
-        Some(Command::EvalUpsert { evals })
+            .collect()
     }
 
     /// `alloc-failure` evaluations for the jobs whose failed allocations are due to be placed

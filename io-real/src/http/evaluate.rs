@@ -1,6 +1,7 @@
 //! Evaluations asked for by hand: `PUT /v1/job/:id/evaluate` (Nomad's `Job.Evaluate`: a new
-//! evaluation of the job as it stands) and `GET /v1/evaluation/:id/allocations` (what an
-//! evaluation placed or changed).
+//! evaluation of the job as it stands), `PUT /v1/node/:id/evaluate` (`Node.Evaluate`: the
+//! evaluations a change of the node would make) and `GET /v1/evaluation/:id/allocations`
+//! (what an evaluation placed or changed).
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -88,4 +89,36 @@ pub async fn evaluation_allocations(
         })
         .unwrap_or_default();
     Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+/// `PUT /v1/node/:id/evaluate`: answered with the evaluations made (Nomad's
+/// `NodeUpdateResponse`: `EvalIDs`, `EvalCreateIndex`, `NodeModifyIndex`).
+pub async fn evaluate_node(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let request = ServerRequest::NodeEvaluate { node_id: id.clone() };
+    let index = match handle.request_applied(request).await {
+        ServerReply::Error(error) => return Err(error.into()),
+        reply => reply.index().unwrap_or(0),
+    };
+    let (eval_ids, node_index) = handle
+        .read_state(|state| {
+            let eval_ids: Vec<String> = state
+                .evals()
+                .filter(|eval| eval.node_id == id && eval.create_index == index)
+                .map(|eval| eval.id.clone())
+                .collect();
+            (eval_ids, state.node(&id).map_or(0, |node| node.modify_index))
+        })
+        .unwrap_or_default();
+    Ok((
+        query_headers(&handle, index),
+        axum::Json(json!({
+            "EvalIDs": eval_ids,
+            "EvalCreateIndex": index,
+            "NodeModifyIndex": node_index,
+            "Index": index,
+        })),
+    ))
 }

@@ -184,6 +184,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
         .route("/v1/evaluation/{id}/allocations", get(evaluate::evaluation_allocations))
         .route(
+            "/v1/node/{id}/evaluate",
+            axum::routing::put(evaluate::evaluate_node).post(evaluate::evaluate_node),
+        )
+        .route(
             "/v1/job/{id}/evaluate",
             axum::routing::put(evaluate::evaluate_job).post(evaluate::evaluate_job),
         )

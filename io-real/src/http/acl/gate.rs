@@ -137,7 +137,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "client", "allocation", _, "exec"] => Need::Namespace(cap::ALLOC_EXEC),
         ["v1", "client", "allocation", _, "restart" | "signal"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
         ["v1", "nodes"] | ["v1", "node", _] | ["v1", "node", _, "allocations"] => Need::Node { write },
-        ["v1", "node", _, "drain" | "eligibility"] => Need::Node { write: true },
+        ["v1", "node", _, "drain" | "eligibility" | "evaluate"] => Need::Node { write: true },
         _ => Need::Management,
     }
 }
