@@ -360,6 +360,30 @@ fn oidc_login(api: &Api, method: &str, callback_addr: &str) -> Result<Value, Fai
     )
 }
 
+/// The request line of a browser's request, its whole head read (at most 64 KiB): a socket
+/// closed with the browser's headers unread is reset, and the reset can destroy the answer
+/// before the browser reads it.
+fn read_head(stream: &std::net::TcpStream) -> std::io::Result<String> {
+    let mut reader = BufReader::new(std::io::Read::take(stream, 64 << 10));
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let mut header = String::new();
+    while reader.read_line(&mut header)? > 0 && header != "\r\n" && header != "\n" {
+        header.clear();
+    }
+    Ok(request_line)
+}
+
+/// Ends a connection the way a browser can read the answer to its end: write half shut,
+/// what it still sends read and dropped for a moment.
+fn close_gently(stream: &std::net::TcpStream) {
+    let _ = stream.shutdown(std::net::Shutdown::Write);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+    let mut sink = [0u8; 4096];
+    let mut reader = stream;
+    while matches!(std::io::Read::read(&mut reader, &mut sink), Ok(read) if read > 0) {}
+}
+
 /// The `code` and `state` of the first `/oidc/callback` request (an `error` is reported).
 fn await_callback(listener: &TcpListener) -> Result<(String, String), Failure> {
     listener.set_nonblocking(true)?;
@@ -378,11 +402,11 @@ fn await_callback(listener: &TcpListener) -> Result<(String, String), Failure> {
         };
         stream.set_nonblocking(false)?;
         stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut line = String::new();
-        BufReader::new(&stream).read_line(&mut line)?;
+        let line = read_head(&stream)?;
         let target = line.split_whitespace().nth(1).unwrap_or_default();
         let Some(query) = target.strip_prefix("/oidc/callback?") else {
             let _ = (&stream).write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            close_gently(&stream);
             continue;
         };
         let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes()).into_owned().collect();
@@ -398,6 +422,7 @@ fn await_callback(listener: &TcpListener) -> Result<(String, String), Failure> {
             "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{page}",
             page.len()
         );
+        close_gently(&stream);
         if let Some(error) = get("error") {
             let description = get("error_description").unwrap_or_default();
             return Err(Failure(
