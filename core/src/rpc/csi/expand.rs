@@ -7,13 +7,11 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use super::{ClientOp, CsiEndpoints, Flow};
+use super::{CsiEndpoints, Flow};
 use crate::fsm::ServerState;
 use crate::humanize;
 use crate::rpc::outbox::{JobId, Outbox};
-use crate::rpc::{
-    Action, ClaimUsage, ClientCsiReply, ClientCsiRequest, ControllerExpandRequest, NodeExpandRequest, RpcError,
-};
+use crate::rpc::{ClaimUsage, ClientCsiReply, ClientCsiRequest, ControllerExpandRequest, NodeExpandRequest, RpcError};
 use crate::structs::{AccessMode, ClaimMode, CsiCapability, CsiVolume};
 use crate::time::Instant;
 
@@ -152,22 +150,17 @@ impl CsiEndpoints {
                 node_calls.extend(node_expand_requests(volume));
             }
         }
-        *left += node_calls.len();
-        for request in node_calls {
-            let Some(node) = state.node(&request.node_id) else {
-                // A node the state no longer has holds nothing to expand.
-                *left -= 1;
-                continue;
-            };
-            let op = out.allocate();
-            self.client_ops
-                .insert(op, (ClientOp::Node { job: job_id }, now + self.client_timeout));
-            out.push(Action::CallClient {
-                op,
-                node_id: request.node_id.clone(),
-                rpc_addr: node.rpc_addr.clone(),
-                request: ClientCsiRequest::NodeExpand(request),
-            });
+        // A node the state no longer has holds nothing to expand.
+        let calls: Vec<((String, String), NodeExpandRequest)> = node_calls
+            .into_iter()
+            .filter_map(|request| {
+                let node = state.node(&request.node_id)?;
+                Some(((request.node_id.clone(), node.rpc_addr.clone()), request))
+            })
+            .collect();
+        *left += calls.len();
+        for (target, request) in calls {
+            self.call_node(now, job_id, target, ClientCsiRequest::NodeExpand(request), out);
         }
     }
 

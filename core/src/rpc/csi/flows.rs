@@ -193,15 +193,14 @@ impl CsiEndpoints {
                     self.checkpoint_claim(job_id, next, out);
                     return;
                 };
-                let op = out.allocate();
-                self.client_ops
-                    .insert(op, (ClientOp::Node { job: job_id }, now + self.client_timeout));
-                out.push(Action::CallClient {
-                    op,
-                    node_id: request.node_id.clone(),
-                    rpc_addr: node.rpc_addr.clone(),
-                    request: ClientCsiRequest::NodeDetach(request),
-                });
+                let (node_id, rpc_addr) = (request.node_id.clone(), node.rpc_addr.clone());
+                self.call_node(
+                    now,
+                    job_id,
+                    (node_id, rpc_addr),
+                    ClientCsiRequest::NodeDetach(request),
+                    out,
+                );
             }
             Step::ControllerDetach(request) => {
                 self.enqueue_controller(now, job_id, ClientCsiRequest::ControllerDetach(request), state, out);

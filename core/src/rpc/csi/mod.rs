@@ -166,6 +166,26 @@ impl CsiEndpoints {
         [calls, self.watcher.poll_timeout()].into_iter().flatten().min()
     }
 
+    /// A node call of `job` to the client at `(node_id, rpc_addr)`, under the core's deadline.
+    fn call_node(
+        &mut self,
+        now: Instant,
+        job: JobId,
+        (node_id, rpc_addr): (String, String),
+        request: ClientCsiRequest,
+        out: &mut Outbox,
+    ) {
+        let op = out.allocate();
+        self.client_ops
+            .insert(op, (ClientOp::Node { job }, now + self.client_timeout));
+        out.push(Action::CallClient {
+            op,
+            node_id,
+            rpc_addr,
+            request,
+        });
+    }
+
     fn new_job(&mut self, out: &mut Outbox, flow: Flow) -> JobId {
         let job = out.new_job();
         self.jobs.insert(job, flow);
