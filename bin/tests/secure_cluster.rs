@@ -441,7 +441,7 @@ fn refuses_another_nodes_allocation(
     let failed = vec![AllocClientReport {
         alloc_id: alloc_id.to_string(),
         client_status: ClientStatus::Failed,
-        task_states: Default::default(),
+        ..Default::default()
     }];
     // Its node id, but not its secret.
     let reply = rpc(

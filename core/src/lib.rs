@@ -31,6 +31,7 @@ pub mod config;
 pub mod connect;
 pub mod cover;
 pub mod csi;
+pub mod deploy;
 pub mod drainer;
 pub mod election;
 pub mod error;

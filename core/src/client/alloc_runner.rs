@@ -300,6 +300,10 @@ impl AllocRunner {
         &self.spec.alloc
     }
 
+    pub fn group(&self) -> &TaskGroup {
+        &self.spec.group
+    }
+
     pub fn status(&self) -> ClientStatus {
         self.status
     }

@@ -312,6 +312,8 @@ pub struct Client {
     /// before the servers accepted it: sent until they do.
     final_reports: BTreeMap<String, crate::structs::AllocClientReport>,
     link: ServerLink,
+    /// Deployment health of the allocations placed by deployments.
+    health: super::health::HealthTracker,
     services: ServiceSync,
     devices: DeviceAllocator,
     /// What [`Client::connect`] restores once the node is first registered.
@@ -355,6 +357,7 @@ impl Client {
             allocs_batch_at: None,
             final_reports: BTreeMap::new(),
             link: ServerLink::default(),
+            health: Default::default(),
             services: ServiceSync::default(),
             devices: DeviceAllocator::default(),
             pending_restore: None,
@@ -524,6 +527,8 @@ impl Client {
             if alloc.client_terminal() || alloc.server_terminal() {
                 terminal.insert(alloc.id.clone());
             }
+            let group = job.task_groups.iter().find(|group| group.name == alloc.task_group);
+            self.health.watch(now, alloc, group);
             match self.allocs.get_mut(&alloc.id) {
                 Some(runner) => {
                     if alloc.server_terminal() {
@@ -669,6 +674,7 @@ impl Client {
                 // Garbage: destroy once postrun is done, then forget.
                 if self.collect_garbage.contains(alloc_id) {
                     if runner.is_destroyed() {
+                        self.health.forget(alloc_id);
                         self.forget_status(now, alloc_id);
                         self.allocs.remove(alloc_id);
                         self.collect_garbage.remove(alloc_id);
@@ -685,6 +691,7 @@ impl Client {
                         continue;
                     }
                 }
+                self.observe_health(now, alloc_id);
                 break;
             };
             match action {
@@ -848,7 +855,24 @@ impl Client {
             }
             self.collect(now, &id);
         }
+        for id in self.health.due(now) {
+            self.observe_health(now, &id);
+        }
         self.drive_link(now);
+    }
+
+    /// Judges an allocation's deployment health from its tasks now; a verdict is reported.
+    fn observe_health(&mut self, now: Instant, alloc_id: &str) {
+        let Some(runner) = self.allocs.get(alloc_id) else {
+            return;
+        };
+        let states = runner.task_states();
+        if self
+            .health
+            .observe(now, alloc_id, runner.group(), runner.status(), &states)
+        {
+            self.report(now, Report::Allocs);
+        }
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {
@@ -861,6 +885,7 @@ impl Client {
         let allocs = self.allocs.values().filter_map(AllocRunner::poll_timeout);
         let reports = self.reports_retry.values().copied();
         instances
+            .chain(self.health.poll_timeout())
             .chain(self.link.poll_timeout())
             .chain(self.services.poll_timeout())
             .chain(waiting)

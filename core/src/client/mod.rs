@@ -12,6 +12,7 @@ pub mod alloc_runner;
 pub mod client;
 pub mod deadlines;
 pub mod devices;
+pub mod health;
 pub mod hooks;
 pub mod paths;
 pub mod plugin_supervisor;

@@ -124,37 +124,7 @@ impl RestartTracker {
     }
 }
 
-/// Go's `time.Duration` rendering for whole-second values (`30m0s`, `15s`, `24h0m0s`).
-pub fn go_duration(duration: Duration) -> String {
-    if duration.is_zero() {
-        return "0s".into();
-    }
-    if duration < Duration::from_secs(1) {
-        // Go writes what is under a second in its own unit: `1ms`, `1.5ms`, `250µs`.
-        let micros = duration.as_micros();
-        return if micros >= 1_000 {
-            let text = format!("{}.{:03}", micros / 1_000, micros % 1_000);
-            format!("{}ms", text.trim_end_matches('0').trim_end_matches('.'))
-        } else {
-            format!("{micros}µs")
-        };
-    }
-    let total = duration.as_secs();
-    let millis = duration.subsec_millis();
-    let (h, m, s) = (total / 3600, (total / 60) % 60, total % 60);
-    let seconds = if millis > 0 {
-        format!("{s}.{millis:03}").trim_end_matches('0').to_string()
-    } else {
-        format!("{s}")
-    };
-    if h > 0 {
-        format!("{h}h{m}m{seconds}s")
-    } else if m > 0 {
-        format!("{m}m{seconds}s")
-    } else {
-        format!("{seconds}s")
-    }
-}
+pub use crate::goduration::format as go_duration;
 
 #[cfg(test)]
 mod tests {

@@ -28,8 +28,11 @@ impl ServerState {
                     alloc.client_status = existing.client_status;
                     alloc.client_description = existing.client_description.clone();
                 }
-                // Only clients say what their tasks did.
+                // Only clients say what their tasks did, and whether they turned healthy.
                 alloc.task_states = existing.task_states.clone();
+                if alloc.deployment_id == existing.deployment_id {
+                    alloc.deployment_status = existing.deployment_status.clone();
+                }
                 alloc
             })
             .collect()
@@ -73,6 +76,38 @@ impl ServerState {
         self.recompute_job_plugins(index, at_ms, &(alloc.namespace.clone(), alloc.job_id.clone()));
     }
 
+    /// The health a client decided for an allocation of a deployment: recorded once (a
+    /// decided health is not changed by the client again) and counted by the deployment.
+    fn client_health(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        alloc_id: &str,
+        status: &crate::structs::AllocDeploymentStatus,
+    ) {
+        let Some(before) = self.allocs.get(alloc_id).cloned() else {
+            return;
+        };
+        if status.healthy.is_none()
+            || before
+                .deployment_status
+                .as_ref()
+                .is_some_and(|old| old.healthy.is_some())
+        {
+            return;
+        }
+        let mut alloc = before.clone();
+        let canary = before.is_canary();
+        alloc.deployment_status = Some(crate::structs::AllocDeploymentStatus {
+            healthy: status.healthy,
+            timestamp_ms: status.timestamp_ms,
+            canary,
+            modify_index: index,
+        });
+        self.allocs.insert(alloc.id.clone(), alloc.clone());
+        self.count_deployment_alloc(index, at_ms, Some(&before), &alloc);
+    }
+
     /// Allocation and evaluation commands, plans included.
     pub(super) fn apply_alloc(&mut self, index: u64, at_ms: u64, command: &Command) -> Response {
         match command {
@@ -88,6 +123,7 @@ impl ServerState {
                     jobs.insert((alloc.namespace.clone(), alloc.job_id.clone()));
                     let old = self.allocs.replace(alloc.id.clone(), alloc.clone());
                     self.index_alloc(old.as_ref(), &alloc);
+                    self.count_deployment_alloc(index, at_ms, old.as_ref(), &alloc);
                     self.alloc_changed(index, at_ms, &alloc);
                 }
                 self.touch(Table::Allocs, index);
@@ -126,6 +162,9 @@ impl ServerState {
                 for update in updates {
                     let states = Some(&update.task_states);
                     self.client_update(index, at_ms, &update.alloc_id, update.client_status, states);
+                    if let Some(status) = &update.deployment_status {
+                        self.client_health(index, at_ms, &update.alloc_id, status);
+                    }
                 }
                 self.touch(Table::Allocs, index);
                 self.touch(Table::CsiVolumes, index);
@@ -146,7 +185,18 @@ impl ServerState {
                 }
                 Response::Done
             }
-            Command::PlanApply { allocs, evals } => {
+            Command::PlanApply {
+                allocs,
+                evals,
+                deployment,
+                deployment_updates,
+            } => {
+                if let Some(deployment) = deployment {
+                    self.upsert_deployment(index, at_ms, deployment.clone());
+                }
+                for update in deployment_updates {
+                    self.update_deployment_status(index, at_ms, update);
+                }
                 // An empty plan must not touch the allocs table: blocked evaluations wake on it.
                 let response = if allocs.is_empty() {
                     Response::Done

@@ -11,6 +11,11 @@ use crate::structs::{Evaluation, Job};
 /// How many versions of a job are kept (Nomad's `JobTrackedVersions`).
 pub const JOB_TRACKED_VERSIONS: usize = 6;
 
+/// Whether two jobs have the same spec (what a register compares to decide on a new version).
+pub fn same_spec(a: &Job, b: &Job) -> bool {
+    spec(a) == spec(b)
+}
+
 /// The spec of a job, without what the state store stamps on it.
 fn spec(job: &Job) -> Job {
     Job {
@@ -20,6 +25,7 @@ fn spec(job: &Job) -> Job {
         modify_index: 0,
         job_modify_index: 0,
         stop: false,
+        stable: false,
         ..job.clone()
     }
 }
@@ -105,11 +111,13 @@ impl ServerState {
         job.modify_index = index;
         match (&old, changed) {
             (Some(old), false) => {
+                job.stable = old.stable;
                 job.version = old.version;
                 job.job_modify_index = old.job_modify_index;
                 job.submit_time_ms = old.submit_time_ms;
             }
             (old, _) => {
+                job.stable = false;
                 job.version = old.as_ref().map_or(0, |old| old.version + 1);
                 job.job_modify_index = index;
                 job.submit_time_ms = at_ms;

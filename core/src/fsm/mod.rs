@@ -11,6 +11,7 @@ pub mod acl;
 mod allocs;
 mod connect;
 pub(crate) mod csi;
+mod deployments;
 mod direct;
 mod jobs;
 mod nodes;
@@ -24,7 +25,7 @@ pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path
 pub use pmap::PMap;
 pub use summary::{GroupSummary, JobSummary};
 
-pub use jobs::JOB_TRACKED_VERSIONS;
+pub use jobs::{JOB_TRACKED_VERSIONS, same_spec};
 pub use nodes::{
     DRAIN_COMPLETE_EVENT, DRAIN_DISABLED_EVENT, DRAIN_SET_EVENT, DRAIN_UPDATED_EVENT, DRAINING_NOT_ELIGIBLE,
     ELIGIBLE_EVENT, INELIGIBLE_EVENT,
@@ -139,10 +140,47 @@ pub enum Command {
         purge: bool,
         eval: Evaluation,
     },
-    /// A scheduler plan: allocations placed or stopped, evaluations completed or blocked.
+    /// A scheduler plan: allocations placed or stopped, evaluations completed or blocked,
+    /// and the job's deployment created or changed.
     PlanApply {
         allocs: Vec<Allocation>,
         evals: Vec<Evaluation>,
+        /// A deployment created (or its counts of desired allocations changed) by the plan.
+        #[serde(default)]
+        deployment: Option<crate::structs::Deployment>,
+        /// Deployments the plan cancels or completes.
+        #[serde(default)]
+        deployment_updates: Vec<crate::structs::DeploymentStatusUpdate>,
+    },
+    /// A deployment's status changed (paused, resumed, failed); with `job`, the failure rolls
+    /// the job back to it (registered as a new version) and `eval` schedules that.
+    DeploymentStatus {
+        update: crate::structs::DeploymentStatusUpdate,
+        job: Option<Job>,
+        eval: Option<Evaluation>,
+    },
+    /// Canaries promoted: every group's (`groups` empty) or the named ones'.
+    DeploymentPromote {
+        deployment_id: String,
+        groups: Vec<String>,
+        eval: Evaluation,
+    },
+    /// Allocations' health set by an operator (`health_check = "manual"`), possibly failing
+    /// the deployment (`update`) and rolling back (`job`).
+    DeploymentAllocHealth {
+        deployment_id: String,
+        healthy: Vec<String>,
+        unhealthy: Vec<String>,
+        update: Option<crate::structs::DeploymentStatusUpdate>,
+        job: Option<Job>,
+        eval: Evaluation,
+    },
+    /// `Job.Stable`: a job version marked stable or not.
+    JobStability {
+        namespace: String,
+        job_id: String,
+        version: u64,
+        stable: bool,
     },
     AllocUpsert {
         allocs: Vec<Allocation>,
@@ -240,6 +278,7 @@ pub enum Table {
     AclOneTimeTokens,
     AclAuthMethods,
     AclBindingRules,
+    Deployments,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -309,6 +348,15 @@ pub struct ServerState {
     /// The root keyring's metadata (which key seals new writes).
     #[serde(default)]
     root_keys: rootkeys::RootKeys,
+    /// Deployments by id (`deployments.rs`).
+    #[serde(default)]
+    deployments: PMap<String, crate::structs::Deployment>,
+    /// Secondary index of `deployments`: (namespace, job id, deployment id); derived.
+    #[serde(skip)]
+    deployments_by_job: PMap<(String, String, String), ()>,
+    /// The running and paused deployments (the deployment watcher's); derived.
+    #[serde(skip)]
+    active_deployments: PMap<String, ()>,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -334,6 +382,8 @@ struct StateRecord {
     acl: acl::AclState,
     #[serde(default)]
     root_keys: rootkeys::RootKeys,
+    #[serde(default)]
+    deployments: PMap<String, crate::structs::Deployment>,
 }
 
 impl From<StateRecord> for ServerState {
@@ -356,6 +406,7 @@ impl From<StateRecord> for ServerState {
             si_accessors: record.si_accessors,
             acl: record.acl,
             root_keys: record.root_keys,
+            deployments: record.deployments,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),
@@ -367,6 +418,8 @@ impl From<StateRecord> for ServerState {
             draining_nodes: PMap::default(),
             summaries: PMap::default(),
             volumes_by_node: PMap::default(),
+            deployments_by_job: PMap::default(),
+            active_deployments: PMap::default(),
         };
         state.rebuild_indexes();
         state
@@ -587,6 +640,7 @@ impl ServerState {
         for volume in &volumes {
             self.index_volume(None, Some(volume));
         }
+        self.rebuild_deployment_index();
     }
 
     /// Moves a volume in the node index from the nodes its `old` version's claims name to
@@ -680,6 +734,11 @@ impl ServerState {
 
     pub fn jobs(&self) -> impl Iterator<Item = &Job> {
         self.jobs.values()
+    }
+
+    /// One kept version of a job.
+    pub fn job_version(&self, namespace: &str, id: &str, version: u64) -> Option<&Job> {
+        self.job_versions.get(&(namespace.to_string(), id.to_string(), version))
     }
 
     /// The kept versions of a job, newest first.

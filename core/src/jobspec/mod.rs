@@ -108,6 +108,15 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
     if group.tasks.is_empty() {
         errors.push("Missing tasks for task group".to_string());
     }
+    if let Some(update) = &group.update {
+        match job.job_type {
+            JobType::Service | JobType::System => errors.extend(update.problems()),
+            JobType::Batch => errors.push(format!(
+                "Job type {:?} does not allow update block",
+                job.job_type.as_str()
+            )),
+        }
+    }
     errors.extend(placement_rules(&group.constraints, &group.affinities));
     errors.extend(crate::structs::validate_networks(group));
     let group_ports: BTreeSet<String> = group

@@ -108,6 +108,7 @@ pub struct RpcEndpoints {
     nodes: nodes::NodeEndpoints,
     jobs: jobs::JobEndpoints,
     drainer: Drainer,
+    deployments: crate::deploy::watcher::DeploymentWatcher,
     csi: csi::CsiEndpoints,
     si_tokens: connect::SiTokens,
 }
@@ -126,6 +127,7 @@ impl RpcEndpoints {
             nodes: nodes::NodeEndpoints::new(heartbeat, seed ^ 0x4ea7),
             jobs: jobs::JobEndpoints::new(seed),
             drainer: Drainer::with_faults(faults),
+            deployments: Default::default(),
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
             si_tokens: connect::SiTokens::new(),
         }
@@ -180,6 +182,7 @@ impl RpcEndpoints {
                 self.jobs.set_enabled(now, leader);
                 self.nodes.set_enabled(leader);
                 self.drainer.set_enabled(leader);
+                self.deployments.set_enabled(leader);
                 self.si_tokens.set_enabled(leader);
             }
         }
@@ -200,6 +203,9 @@ impl RpcEndpoints {
         if let Some(command) = self.drainer.run(now, state, &mut || jobs.new_id()) {
             self.out.propose_new(Owner::Drainer, command);
         }
+        if let Some(command) = self.deployments.run(now, state, &mut || jobs.new_id()) {
+            self.out.propose_new(Owner::Deployments, command);
+        }
         self.jobs.run(now, state, &mut self.out);
         self.si_tokens.run(now, state, &mut self.out);
     }
@@ -210,6 +216,7 @@ impl RpcEndpoints {
             self.jobs.poll_timeout(),
             self.nodes.poll_timeout(),
             self.drainer.poll_timeout(),
+            self.deployments.poll_timeout(),
             self.si_tokens.poll_timeout(),
         ]
         .into_iter()
@@ -316,6 +323,12 @@ impl RpcEndpoints {
                 }
                 self.drainer.proposed();
             }
+            Owner::Deployments => {
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "deployment watcher proposal failed");
+                }
+                self.deployments.proposed();
+            }
             Owner::Csi => self.csi.proposed(now, job, outcome, state, out),
             Owner::Connect(flow) => self.si_tokens.proposed(flow, outcome, out),
         }
@@ -332,6 +345,7 @@ impl RpcEndpoints {
                 Owner::Nodes(nodes::NodeFlow::HeartbeatMissed { .. }) | Owner::Csi | Owner::Connect(_) => {}
                 Owner::Jobs(flow) => waiting.extend(self.jobs.abandoned(&flow).map(|req| (job, req))),
                 Owner::Drainer => self.drainer.proposed(),
+                Owner::Deployments => self.deployments.proposed(),
             }
         }
         waiting.sort_by_key(|(job, _)| *job);

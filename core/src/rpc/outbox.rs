@@ -27,6 +27,8 @@ pub(super) enum Owner {
     Nodes(NodeFlow),
     Jobs(JobFlow),
     Drainer,
+    /// The deployment watcher's proposal.
+    Deployments,
     /// A step of a CSI flow; the flow is the job of the same number in the CSI machine.
     Csi,
     /// Service identity token accessors.

@@ -18,6 +18,7 @@ pub mod constraints;
 pub mod ports;
 mod reconcile;
 pub mod reschedule;
+mod rollout;
 pub mod worker;
 
 use reconcile::Reconcile;
@@ -47,6 +48,10 @@ pub struct Plan {
     pub allocs: Vec<Allocation>,
     /// The evaluation as processed, plus a blocked one when something could not be placed.
     pub evals: Vec<Evaluation>,
+    /// The job's deployment, created or with changed counts.
+    pub deployment: Option<crate::structs::Deployment>,
+    /// Deployments cancelled or completed.
+    pub deployment_updates: Vec<crate::structs::DeploymentStatusUpdate>,
 }
 
 impl Plan {
@@ -62,6 +67,20 @@ struct Placement<'a> {
     previous: Option<String>,
     /// System jobs: the node it must go to.
     node: Option<String>,
+    /// A canary of the job's deployment.
+    canary: bool,
+}
+
+impl<'a> Placement<'a> {
+    fn new(group: &'a TaskGroup, name: String, previous: Option<String>) -> Self {
+        Placement {
+            group,
+            name,
+            previous,
+            node: None,
+            canary: false,
+        }
+    }
 }
 
 /// Usage of one node: what live allocations hold, adjusted by the plan so far.
@@ -116,14 +135,15 @@ pub fn schedule_within(
         processed.status = EVAL_COMPLETE.into();
         processed.status_description = "job is not managed by the scheduler".into();
         return Plan {
-            allocs: Vec::new(),
             evals: vec![processed],
+            ..Plan::default()
         };
     }
     let job = stored.filter(|job| !job.stop);
     let allocs: Vec<&Allocation> = state.job_allocs(&eval.namespace, &eval.job_id).collect();
     let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
     reconcile.group_count_max = limits.group_count;
+    reconcile.rollout = rollout::Rollout::start(state, &eval.namespace, &eval.job_id, job);
     // A purged job's allocations that still run when a job of the same ID is registered
     // again are no one's: stopped, never adopted by the new job.
     let orphans: Vec<&Allocation> = state
@@ -151,7 +171,7 @@ pub fn schedule_within(
         }
         Some(job) => {
             for group in job.task_groups.iter().take(limits.groups) {
-                reconcile.service_group(job, group, &allocs);
+                reconcile.service_group(job, group, &allocs, new_id);
             }
         }
     }

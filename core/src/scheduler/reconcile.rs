@@ -9,6 +9,7 @@ use crate::prelude::*;
 use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::reschedule::{self, ALLOC_RESCHEDULED};
+use super::rollout::{self, Rollout};
 use super::{
     ALLOC_LOST, ALLOC_MIGRATING, ALLOC_NODE_INELIGIBLE, ALLOC_NOT_NEEDED, ALLOC_UPDATING, Placement, Plan, Usage,
     alloc_name, group_resources, node_usage, ports, select_node,
@@ -19,8 +20,21 @@ use crate::structs::{
     NodeStatus, TaskGroup,
 };
 
+/// What becomes of one allocation name.
+enum Decision<'a> {
+    Keep,
+    /// Place one, replacing the given allocation (already stopped) if any.
+    Place(Option<String>),
+    /// Replace this one with the new version, when the deployment allows.
+    Destructive(&'a Allocation),
+    /// Move this one to the new version where it runs.
+    InPlace(&'a Allocation),
+}
+
 pub(super) struct Reconcile<'a> {
     state: &'a ServerState,
+    /// The job's deployment as this plan changes it.
+    pub(super) rollout: Rollout,
     /// The evaluation was made to reschedule failed allocations (their delay has passed).
     rescheduling: bool,
     plan: Plan,
@@ -38,6 +52,7 @@ impl<'a> Reconcile<'a> {
             plan: Plan::default(),
             usage: node_usage(state),
             placements: Vec::new(),
+            rollout: Rollout::default(),
             group_count_max: crate::jobspec::GROUP_COUNT_MAX,
         }
     }
@@ -115,10 +130,8 @@ impl<'a> Reconcile<'a> {
                 } else if alloc.job_version < job.version {
                     self.stop(alloc, ALLOC_UPDATING, false);
                     self.placements.push(Placement {
-                        group,
-                        name: alloc_name(job, group, 0),
-                        previous: Some(alloc.id.clone()),
                         node: Some(node.id.clone()),
+                        ..Placement::new(group, alloc_name(job, group, 0), Some(alloc.id.clone()))
                     });
                     kept = true;
                 } else {
@@ -129,10 +142,8 @@ impl<'a> Reconcile<'a> {
             }
             if wanted && !kept {
                 self.placements.push(Placement {
-                    group,
-                    name: alloc_name(job, group, 0),
-                    previous: None,
                     node: Some(node.id.clone()),
+                    ..Placement::new(group, alloc_name(job, group, 0), None)
                 });
             }
         }
@@ -144,10 +155,27 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    /// A service or batch job's group: `count` allocations by name.
-    pub(super) fn service_group(&mut self, job: &'a Job, group: &'a TaskGroup, allocs: &[&Allocation]) {
+    /// A service or batch job's group: `count` allocations by name; with an `update` block,
+    /// through the job's deployment (`rollout.rs`).
+    pub(super) fn service_group(
+        &mut self,
+        job: &'a Job,
+        group: &'a TaskGroup,
+        allocs: &[&'a Allocation],
+        new_id: &mut dyn FnMut() -> String,
+    ) {
+        let strategy = rollout::rolls_out(job, group);
+        let mine: Vec<&Allocation> = allocs
+            .iter()
+            .copied()
+            .filter(|alloc| alloc.task_group == group.name)
+            .collect();
+        let (waiting, stopped) = self.sort_canaries(group, &mine);
         let mut by_name: BTreeMap<String, Vec<&Allocation>> = BTreeMap::new();
-        for alloc in allocs.iter().filter(|alloc| alloc.task_group == group.name) {
+        for alloc in mine
+            .iter()
+            .filter(|alloc| !waiting.contains(&alloc.id) && !stopped.contains(&alloc.id))
+        {
             by_name.entry(alloc.name.clone()).or_default().push(alloc);
         }
         // Validation refuses larger counts; one stored before the limit must not make the
@@ -155,31 +183,155 @@ impl<'a> Reconcile<'a> {
         let count = group.count.min(self.group_count_max);
         let wanted: BTreeSet<String> = (0..count).map(|i| alloc_name(job, group, i)).collect();
         for (name, history) in &by_name {
-            let mut history = history.clone();
-            history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));
             if !wanted.contains(name) {
                 for alloc in history.iter().filter(|alloc| !alloc.terminal()) {
                     self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                    self.rollout.busy(&group.name);
                 }
             }
         }
+        let mut places: Vec<(String, Option<String>)> = Vec::new();
+        let mut destructive: Vec<&Allocation> = Vec::new();
+        let mut in_place: Vec<&Allocation> = Vec::new();
+        let failed_deployment = self
+            .rollout
+            .deployment
+            .as_ref()
+            .filter(|_| self.rollout.failed())
+            .map(|deployment| deployment.id.clone());
         for name in &wanted {
-            let history: Vec<&Allocation> = by_name.get(name).cloned().unwrap_or_default();
-            if let Some(previous) = self.one_name(job, &history) {
-                self.placements.push(Placement {
-                    group,
-                    name: name.clone(),
-                    previous,
-                    node: None,
-                });
+            let mut history: Vec<&Allocation> = by_name.get(name).cloned().unwrap_or_default();
+            history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));
+            match self.one_name(job, &history, strategy.is_some(), failed_deployment.as_deref()) {
+                Decision::Keep => {}
+                Decision::Place(previous) => places.push((name.clone(), previous)),
+                Decision::Destructive(alloc) => destructive.push(alloc),
+                Decision::InPlace(alloc) => in_place.push(alloc),
             }
+        }
+        let Some(strategy) = strategy else {
+            // No deployment: everything at once (destructive updates were made by `one_name`).
+            for alloc in in_place {
+                self.update_in_place(job, alloc, None);
+            }
+            for (name, previous) in places {
+                self.placements.push(Placement::new(group, name, previous));
+            }
+            return;
+        };
+        let had_current = mine.iter().any(|alloc| alloc.job_version == job.version);
+        let updating = !destructive.is_empty() || !in_place.is_empty();
+        let dstate = self
+            .rollout
+            .group(self.state, job, group, had_current, updating, new_id);
+        if !destructive.is_empty() && strategy.canary > 0 && dstate.as_ref().is_some_and(|state| !state.promoted) {
+            self.rollout.want_canaries(&group.name, strategy.canary);
+        }
+        let live: Vec<&Allocation> = mine.iter().copied().filter(|alloc| !alloc.terminal()).collect();
+        let allowance = self.rollout.allowance(&group.name, &strategy, &live);
+        let deployment_id = self.rollout.placing_into(&group.name).map(String::from);
+        for alloc in in_place {
+            self.update_in_place(job, alloc, deployment_id.as_deref());
+            self.rollout.busy(&group.name);
+        }
+        for (name, previous) in places {
+            if allowance.place_new || previous.is_some() {
+                self.placements.push(Placement::new(group, name, previous));
+                self.rollout.busy(&group.name);
+            }
+        }
+        destructive.sort_by_key(|alloc| (alloc.index(), alloc.id.clone()));
+        let canary_names: Vec<String> = destructive
+            .iter()
+            .map(|alloc| alloc.name.clone())
+            .filter(|name| {
+                !mine
+                    .iter()
+                    .any(|alloc| waiting.contains(&alloc.id) && alloc.name == *name)
+            })
+            .take(allowance.canaries as usize)
+            .collect();
+        for name in canary_names {
+            let mut placement = Placement::new(group, name, None);
+            placement.canary = true;
+            self.placements.push(placement);
+            self.rollout.busy(&group.name);
+        }
+        for alloc in destructive.into_iter().take(allowance.limit) {
+            self.stop(alloc, ALLOC_UPDATING, false);
+            self.placements
+                .push(Placement::new(group, alloc.name.clone(), Some(alloc.id.clone())));
+            self.rollout.busy(&group.name);
+        }
+        if allowance.limit == 0 && updating {
+            // Waiting on health, a promotion or an operator: not done.
+            self.rollout.busy(&group.name);
         }
     }
 
-    /// One allocation name of a service or batch group: `Some(previous)` when one is to be
-    /// placed (replacing `previous`, if any), `None` when what runs stays.
-    fn one_name(&mut self, job: &Job, history: &[&Allocation]) -> Option<Option<String>> {
-        let mut live: Vec<&Allocation> = history
+    /// The group's live canaries that are not (yet) the allocations of their names: those of
+    /// the current deployment that await promotion (kept beside the allocations they will
+    /// replace), and those of an older deployment or of a failed one, never promoted, which
+    /// are stopped.
+    fn sort_canaries(&mut self, group: &TaskGroup, mine: &[&Allocation]) -> (BTreeSet<String>, BTreeSet<String>) {
+        let (mut waiting, mut stopped) = (BTreeSet::new(), BTreeSet::new());
+        let current = self.rollout.deployment.clone();
+        for alloc in mine.iter().filter(|alloc| alloc.is_canary() && !alloc.terminal()) {
+            let promoted = |deployment: &crate::structs::Deployment| {
+                deployment
+                    .task_groups
+                    .get(&group.name)
+                    .is_some_and(|state| state.promoted)
+            };
+            match &current {
+                Some(deployment) if deployment.id == alloc.deployment_id => {
+                    if promoted(deployment) {
+                        continue;
+                    }
+                    if self.rollout.failed() {
+                        self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                        stopped.insert(alloc.id.clone());
+                    } else {
+                        waiting.insert(alloc.id.clone());
+                    }
+                }
+                _ => {
+                    let theirs = self.state.deployment(&alloc.deployment_id);
+                    if theirs.is_none_or(|deployment| !promoted(deployment)) {
+                        self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                        stopped.insert(alloc.id.clone());
+                    }
+                }
+            }
+        }
+        (waiting, stopped)
+    }
+
+    /// Moves a running allocation to the job's version without a restart, into the
+    /// deployment (if any), whose health it then has to earn again.
+    fn update_in_place(&mut self, job: &Job, alloc: &Allocation, deployment_id: Option<&str>) {
+        let mut updated = alloc.clone();
+        updated.job_version = job.version;
+        let deployment_id = deployment_id.unwrap_or_default();
+        if updated.deployment_id != deployment_id {
+            updated.deployment_id = deployment_id.to_string();
+            updated.deployment_status = None;
+        }
+        self.plan.allocs.push(updated);
+    }
+
+    /// One allocation name of a service or batch group: whether to place one (replacing
+    /// `previous`, if any), to update what runs (destructively: made here unless `defer`red
+    /// to a deployment; or in place), or to keep it. Failed allocations of `failed_deployment`
+    /// are not rescheduled.
+    fn one_name(
+        &mut self,
+        job: &Job,
+        history: &[&'a Allocation],
+        defer: bool,
+        failed_deployment: Option<&str>,
+    ) -> Decision<'a> {
+        let mut live: Vec<&'a Allocation> = history
             .iter()
             .copied()
             .filter(|alloc| !alloc.server_terminal())
@@ -199,38 +351,46 @@ impl<'a> Reconcile<'a> {
         match live.first().copied() {
             // Nothing live. A batch allocation that completed at this version is done;
             // anything else is (re)placed.
-            None if history.iter().any(|alloc| done_at_this_version(alloc)) => None,
-            None => Some(None),
+            None if history.iter().any(|alloc| done_at_this_version(alloc)) => Decision::Keep,
+            None => Decision::Place(None),
             Some(alloc) if !alloc.client_terminal() && self.node_down(alloc) => {
                 self.stop(alloc, ALLOC_LOST, true);
-                Some(Some(alloc.id.clone()))
+                Decision::Place(Some(alloc.id.clone()))
             }
             Some(alloc) if alloc.desired_transition.migrate && !alloc.client_terminal() => {
                 // A drain moves it: the replacement goes to an eligible node and takes its
                 // volumes over once it has stopped.
                 self.stop(alloc, ALLOC_MIGRATING, false);
-                Some(Some(alloc.id.clone()))
+                Decision::Place(Some(alloc.id.clone()))
             }
             Some(alloc) if alloc.job_version < job.version && !alloc.client_terminal() => {
+                let before = self.state.job_version(&job.namespace, &job.id, alloc.job_version);
+                if before.is_some_and(|before| rollout::in_place(before, job, &alloc.task_group)) {
+                    return Decision::InPlace(alloc);
+                }
+                if defer {
+                    return Decision::Destructive(alloc);
+                }
                 self.stop(alloc, ALLOC_UPDATING, false);
-                Some(Some(alloc.id.clone()))
+                Decision::Place(Some(alloc.id.clone()))
             }
-            Some(alloc) if alloc.client_terminal() && done_at_this_version(alloc) => None,
+            Some(alloc) if alloc.client_terminal() && done_at_this_version(alloc) => Decision::Keep,
             Some(alloc) if alloc.client_status == ClientStatus::Failed && alloc.job_version == job.version => {
                 // Failed: placed again once its reschedule delay has passed (the worker
-                // evaluates it then), never when its policy has run out.
-                if !self.reschedule_due(job, alloc) {
-                    return None;
+                // evaluates it then), never when its policy has run out, nor when its
+                // deployment failed.
+                if failed_deployment.is_some_and(|id| id == alloc.deployment_id) || !self.reschedule_due(job, alloc) {
+                    return Decision::Keep;
                 }
                 self.stop(alloc, ALLOC_RESCHEDULED, false);
-                Some(Some(alloc.id.clone()))
+                Decision::Place(Some(alloc.id.clone()))
             }
             Some(alloc) if alloc.client_terminal() => {
                 // Lost, a service that exited, or failed at an older version: replace it.
                 self.stop(alloc, ALLOC_NOT_NEEDED, false);
-                Some(Some(alloc.id.clone()))
+                Decision::Place(Some(alloc.id.clone()))
             }
-            Some(_) => None,
+            Some(_) => Decision::Keep,
         }
     }
 
@@ -248,6 +408,11 @@ impl<'a> Reconcile<'a> {
     /// the processed evaluation (and a blocked one for what could not be placed).
     pub(super) fn place(mut self, job: Option<&Job>, eval: &Evaluation, new_id: &mut dyn FnMut() -> String) -> Plan {
         let state = self.state;
+        self.rollout.finish();
+        if self.rollout.changed {
+            self.plan.deployment = self.rollout.deployment.clone();
+        }
+        self.plan.deployment_updates = core::mem::take(&mut self.rollout.updates);
         let mut processed = eval.clone();
         processed.status = EVAL_COMPLETE.into();
         processed.status_description.clear();
@@ -294,6 +459,15 @@ impl<'a> Reconcile<'a> {
                         task_group: placement.group.name.clone(),
                         previous_allocation: placement.previous,
                         job_version: job.version,
+                        deployment_id: self
+                            .rollout
+                            .placing_into(&placement.group.name)
+                            .unwrap_or_default()
+                            .to_string(),
+                        deployment_status: placement.canary.then(|| crate::structs::AllocDeploymentStatus {
+                            canary: true,
+                            ..Default::default()
+                        }),
                         resources: ask,
                         metrics: Some(metric),
                         ..Allocation::default()

@@ -10,6 +10,8 @@ use crate::structs::{
 };
 use alloc::collections::BTreeSet;
 
+mod rollout;
+
 fn node(id: &str, cpu: u64) -> Node {
     Node {
         id: id.into(),
@@ -105,6 +107,8 @@ impl World {
         self.fx.ok(Command::PlanApply {
             allocs: plan.allocs.clone(),
             evals: plan.evals.clone(),
+            deployment: plan.deployment.clone(),
+            deployment_updates: plan.deployment_updates.clone(),
         });
         plan
     }
@@ -236,6 +240,8 @@ fn a_plan_computed_before_a_client_report_keeps_the_reported_status() {
     world.fx.ok(Command::PlanApply {
         allocs: plan.allocs.clone(),
         evals: plan.evals.clone(),
+        deployment: None,
+        deployment_updates: Vec::new(),
     });
     let alloc = world.fx.state.alloc(&first).unwrap();
     assert_eq!(
@@ -248,6 +254,8 @@ fn a_plan_computed_before_a_client_report_keeps_the_reported_status() {
     world.fx.ok(Command::PlanApply {
         allocs: vec![lost],
         evals: Vec::new(),
+        deployment: None,
+        deployment_updates: Vec::new(),
     });
     assert_eq!(world.fx.state.alloc(&first).unwrap().client_status, ClientStatus::Lost);
 }
@@ -1125,6 +1133,8 @@ fn a_new_leaders_worker_evaluates_system_jobs_it_saw_no_node_change_for() {
     world.fx.ok(Command::PlanApply {
         allocs: vec![lost],
         evals: Vec::new(),
+        deployment: None,
+        deployment_updates: Vec::new(),
     });
     assert_eq!(world.live("plugin").len(), 1);
     let mut worker = worker::Worker::new(7);

@@ -264,6 +264,8 @@ impl Worker {
         Some(Command::PlanApply {
             allocs: plan.allocs,
             evals,
+            deployment: plan.deployment,
+            deployment_updates: plan.deployment_updates,
         })
     }
 

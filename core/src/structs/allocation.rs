@@ -62,6 +62,12 @@ pub struct Allocation {
     /// What the client last reported of each task (Nomad's `TaskStates`).
     #[serde(default)]
     pub task_states: BTreeMap<String, TaskState>,
+    /// The deployment that placed it ("" when none did).
+    #[serde(default)]
+    pub deployment_id: String,
+    /// Its health within that deployment, and whether it is a canary.
+    #[serde(default)]
+    pub deployment_status: Option<AllocDeploymentStatus>,
     pub create_index: u64,
     pub modify_index: u64,
     pub create_time_ms: u64,
@@ -131,6 +137,9 @@ pub struct AllocClientReport {
     pub client_status: ClientStatus,
     #[serde(default)]
     pub task_states: BTreeMap<String, TaskState>,
+    /// The health the client decided for its deployment (`None`: nothing to say).
+    #[serde(default)]
+    pub deployment_status: Option<AllocDeploymentStatus>,
 }
 
 impl Allocation {
@@ -155,6 +164,19 @@ impl Allocation {
 
     pub fn terminal(&self) -> bool {
         self.server_terminal() || self.client_terminal()
+    }
+
+    /// Placed as a canary of its deployment.
+    pub fn is_canary(&self) -> bool {
+        self.deployment_status.as_ref().is_some_and(|status| status.canary)
+    }
+
+    pub fn healthy(&self) -> bool {
+        AllocDeploymentStatus::is_healthy(self.deployment_status.as_ref())
+    }
+
+    pub fn unhealthy(&self) -> bool {
+        AllocDeploymentStatus::is_unhealthy(self.deployment_status.as_ref())
     }
 }
 

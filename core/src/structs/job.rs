@@ -27,6 +27,11 @@ pub struct TaskGroup {
     /// `Service::canonicalize_group`.
     #[serde(default)]
     pub services: Vec<Service>,
+    /// The `update` block merged over the job's (and, for service jobs, Nomad's default):
+    /// `None` or an empty one (`max_parallel = 0`) updates everything at once, with no
+    /// deployment.
+    #[serde(default)]
+    pub update: Option<alloc::boxed::Box<UpdateStrategy>>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).
@@ -53,6 +58,11 @@ impl TaskGroup {
             JobType::Batch => RestartPolicy::BATCH,
             JobType::Service | JobType::System => RestartPolicy::SERVICE,
         })
+    }
+
+    /// The group's update strategy when it rolls out through deployments.
+    pub fn rolling_update(&self) -> Option<&UpdateStrategy> {
+        self.update.as_deref().filter(|update| !update.is_empty())
     }
 
     pub fn task(&self, name: &str) -> Option<&Task> {
@@ -91,6 +101,13 @@ pub struct Job {
     pub constraints: Vec<Constraint>,
     #[serde(default)]
     pub affinities: Vec<Affinity>,
+    /// The job-level `update` block as written (groups carry the merged one).
+    #[serde(default)]
+    pub update: Option<alloc::boxed::Box<UpdateStrategy>>,
+    /// A deployment of this version completed (or an operator marked it): the version an
+    /// `auto_revert` rolls back to.
+    #[serde(default)]
+    pub stable: bool,
 }
 
 impl Job {

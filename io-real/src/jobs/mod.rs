@@ -7,6 +7,7 @@
 mod connect;
 mod network;
 mod template;
+mod update;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -16,6 +17,7 @@ pub use connect::{
 };
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
 pub use template::ApiTemplate;
+pub use update::ApiUpdateStrategy;
 
 use drover_core::structs::{
     AccessMode, Affinity, AttachmentMode, ConfigValue, Constraint, CsiMountOptions, CsiPluginType, Job, JobType,
@@ -52,6 +54,8 @@ pub struct ApiJob {
     pub meta: BTreeMap<String, String>,
     pub constraints: Vec<ApiConstraint>,
     pub affinities: Vec<ApiAffinity>,
+    pub update: Option<ApiUpdateStrategy>,
+    pub stable: bool,
 }
 
 /// Nomad's `api.Constraint`.
@@ -133,6 +137,7 @@ pub struct ApiTaskGroup {
     pub affinities: Vec<ApiAffinity>,
     pub networks: Vec<ApiNetworkResource>,
     pub services: Vec<ApiService>,
+    pub update: Option<ApiUpdateStrategy>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -355,11 +360,13 @@ impl ApiJob {
         } else {
             self.name.clone()
         };
+        let job_update = update::job_strategy(job_type, self.update.as_ref());
         let task_groups = self
             .task_groups
             .iter()
-            .map(|group| group.to_group(&name, &mut problems))
+            .map(|group| group.to_group(&name, job_update.as_ref(), &mut problems))
             .collect();
+        let update = job_update.map(|update| Box::new(update.to_strategy(&mut problems)));
         let job = Job {
             id: self.id.clone(),
             namespace: if self.namespace.is_empty() {
@@ -380,6 +387,7 @@ impl ApiJob {
             meta: self.meta.clone(),
             constraints: constraints_in(&self.constraints),
             affinities: affinities_in(&self.affinities),
+            update,
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -405,12 +413,20 @@ impl ApiJob {
             meta: job.meta.clone(),
             constraints: constraints_out(&job.constraints),
             affinities: affinities_out(&job.affinities),
+            update: job.update.as_deref().map(ApiUpdateStrategy::from_strategy),
+            stable: job.stable,
         }
     }
 }
 
 impl ApiTaskGroup {
-    fn to_group(&self, job_name: &str, problems: &mut Vec<String>) -> TaskGroup {
+    fn to_group(
+        &self,
+        job_name: &str,
+        job_update: Option<&ApiUpdateStrategy>,
+        problems: &mut Vec<String>,
+    ) -> TaskGroup {
+        let update = update::group_strategy(job_update, self.update.as_ref(), problems).map(Box::new);
         let restart_policy = self.restart_policy.as_ref().map(|policy| {
             let mut base = RestartPolicy::SERVICE;
             if let Some(attempts) = policy.attempts {
@@ -468,6 +484,7 @@ impl ApiTaskGroup {
                     service
                 })
                 .collect(),
+            update,
         }
     }
 
@@ -476,6 +493,7 @@ impl ApiTaskGroup {
             migrate: group.migrate.map(|migrate| ApiMigrate {
                 max_parallel: Some(migrate.max_parallel),
             }),
+            update: group.update.as_deref().map(ApiUpdateStrategy::from_strategy),
             name: group.name.clone(),
             meta: group.meta.clone(),
             constraints: constraints_out(&group.constraints),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use crate::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiLogConfig, ApiMigrate, ApiMountOptions,
     ApiNetworkResource, ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup,
-    ApiTemplate, ApiVolumeMount, ApiVolumeRequest,
+    ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -263,6 +263,38 @@ impl Walker {
         out
     }
 
+    /// An `update` block (job or group level), fields left unset where not written.
+    fn update(&mut self, at: &str, block: &Object) -> Option<ApiUpdateStrategy> {
+        let update = self.single(at, block, "update")?;
+        let at = format!("{at} update");
+        self.known(
+            &at,
+            update,
+            &[
+                "max_parallel",
+                "health_check",
+                "min_healthy_time",
+                "healthy_deadline",
+                "progress_deadline",
+                "auto_revert",
+                "auto_promote",
+                "canary",
+                "stagger",
+            ],
+        );
+        Some(ApiUpdateStrategy {
+            stagger: self.duration(&at, update, "stagger"),
+            max_parallel: self.number(&at, update, "max_parallel").map(i64::from),
+            health_check: self.string(&at, update, "health_check"),
+            min_healthy_time: self.duration(&at, update, "min_healthy_time"),
+            healthy_deadline: self.duration(&at, update, "healthy_deadline"),
+            progress_deadline: self.duration(&at, update, "progress_deadline"),
+            canary: self.number(&at, update, "canary").map(i64::from),
+            auto_revert: self.boolean(&at, update, "auto_revert"),
+            auto_promote: self.boolean(&at, update, "auto_promote"),
+        })
+    }
+
     fn single<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Option<&'a Object> {
         let found = self.repeated(at, block, key);
         if found.len() > 1 {
@@ -307,9 +339,11 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "meta",
             "constraint",
             "affinity",
+            "update",
             "group",
         ],
     );
+    let update = walker.update(&at, block);
     let job = ApiJob {
         id: id.clone(),
         name: walker.string(&at, block, "name").unwrap_or_default(),
@@ -326,6 +360,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             .into_iter()
             .map(|(name, group)| parse_group(&mut walker, &format!("{at} group {name:?}"), name, group))
             .collect(),
+        update,
         ..ApiJob::default()
     };
     if walker.problems.is_empty() {
@@ -347,11 +382,13 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "volume",
             "restart",
             "migrate",
+            "update",
             "network",
             "service",
             "task",
         ],
     );
+    let update = walker.update(at, block);
     let migrate = walker.single(at, block, "migrate").map(|migrate| {
         let at = format!("{at} migrate");
         walker.known(&at, migrate, &["max_parallel"]);
@@ -419,6 +456,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         volumes,
         restart_policy,
         migrate,
+        update,
         meta: walker.string_map(at, block, "meta"),
         constraints: walker.constraints(at, block),
         affinities: walker.affinities(at, block),

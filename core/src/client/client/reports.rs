@@ -40,6 +40,7 @@ impl Client {
                 .get(alloc_id)
                 .map(AllocRunner::task_states)
                 .unwrap_or_default(),
+            deployment_status: self.health.status(alloc_id, self.wall_epoch),
         })
     }
 

@@ -44,6 +44,10 @@ impl ServerState {
             | Command::AllocDelete { .. }
             | Command::PlanApply { .. }
             | Command::EvalUpsert { .. } => self.apply_alloc(index, at_ms, command),
+            Command::DeploymentStatus { .. }
+            | Command::DeploymentPromote { .. }
+            | Command::DeploymentAllocHealth { .. }
+            | Command::JobStability { .. } => self.apply_deployment(index, at_ms, command),
             Command::CsiVolumeRegister { .. }
             | Command::CsiVolumeDeregister { .. }
             | Command::CsiVolumeClaim { .. }

@@ -559,11 +559,13 @@ fn a_client_batch_stores_task_states_that_plans_keep() {
                 alloc_id: "a1".into(),
                 client_status: ClientStatus::Running,
                 task_states: states.clone(),
+                ..Default::default()
             },
             AllocClientReport {
                 alloc_id: "gone".into(),
                 client_status: ClientStatus::Complete,
                 task_states: BTreeMap::new(),
+                ..Default::default()
             },
         ],
     });
@@ -578,6 +580,8 @@ fn a_client_batch_stores_task_states_that_plans_keep() {
     fx.ok(Command::PlanApply {
         allocs: vec![alloc("a1", "n1")],
         evals: Vec::new(),
+        deployment: None,
+        deployment_updates: Vec::new(),
     });
     assert_eq!(fx.state.alloc("a1").unwrap().task_states, states, "only clients say");
 }

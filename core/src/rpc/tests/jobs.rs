@@ -198,6 +198,7 @@ fn a_node_updates_only_its_own_allocations() {
     use crate::structs::{AllocClientReport, ClientStatus};
     let mut h = Harness::new();
     let report = |alloc_id: &str| AllocClientReport {
+        deployment_status: None,
         alloc_id: alloc_id.into(),
         client_status: ClientStatus::Failed,
         task_states: Default::default(),
@@ -235,6 +236,7 @@ fn a_client_speaks_only_for_its_own_node_by_its_secret() {
         node_id: "n1".into(),
         secret_id: secret.into(),
         updates: vec![AllocClientReport {
+            deployment_status: None,
             alloc_id: "a1".into(),
             client_status: ClientStatus::Failed,
             task_states: Default::default(),

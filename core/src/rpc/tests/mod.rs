@@ -1,6 +1,7 @@
 mod connect;
 mod csi;
 mod csi_lifecycle;
+mod deployments;
 mod jobs;
 mod nodes;
 
