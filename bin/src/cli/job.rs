@@ -188,6 +188,10 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
         ]);
     }
     println!("{}", table(&rows));
+    if let Some(section) = super::deployment::latest_section(api, id)? {
+        println!();
+        println!("{section}");
+    }
     println!();
     println!("Allocations");
     let allocs = api.get(&format!("/v1/job/{id}/allocations"))?;

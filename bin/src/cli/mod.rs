@@ -6,6 +6,7 @@ mod acl;
 mod acl_login;
 mod acl_roles;
 mod alloc;
+mod deployment;
 mod exec;
 mod job;
 mod keyring;
@@ -59,6 +60,9 @@ pub enum Command {
     /// Allocations.
     #[command(subcommand)]
     Alloc(AllocCommand),
+    /// Deployments: list, status, promote, fail, pause, resume.
+    #[command(subcommand)]
+    Deployment(deployment::DeploymentCommand),
     /// Client nodes.
     #[command(subcommand)]
     Node(NodeCommand),
@@ -99,6 +103,8 @@ pub enum JobCommand {
         #[arg(long)]
         purge: bool,
     },
+    /// Register an earlier version of a job again, as its newest version.
+    Revert { id: String, version: u64 },
 }
 
 #[derive(Debug, Subcommand)]
@@ -460,6 +466,8 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Run { file, detach }) => job_run(&api, &file, detach),
         Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
+        Command::Job(JobCommand::Revert { id, version }) => deployment::job_revert(&api, &id, version),
+        Command::Deployment(command) => deployment::run(&api, command),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),
         Command::Alloc(AllocCommand::Fs { id, path, stat }) => logs::alloc_fs(&api, &id, path.as_deref(), stat),

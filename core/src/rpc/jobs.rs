@@ -205,7 +205,7 @@ impl JobEndpoints {
         out.propose_new(Owner::Jobs(flow), command);
     }
 
-    fn new_eval(
+    pub(super) fn new_eval(
         &mut self,
         namespace: &str,
         job_id: &str,

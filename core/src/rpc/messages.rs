@@ -180,6 +180,9 @@ pub enum ServerRequest {
     NodeEvaluate {
         node_id: String,
     },
+    /// An operator's hand on a deployment or a job's versions (promote, pause, fail,
+    /// allocation health, revert, stable), answered like a register.
+    Deployment(super::deployments::DeploymentRequest),
     /// `Job.Evaluate`: a new evaluation of the job as it stands (`job-register`), answered
     /// like a register.
     JobEvaluate {

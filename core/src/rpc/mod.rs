@@ -17,6 +17,7 @@ use crate::prelude::*;
 
 mod connect;
 mod csi;
+mod deployments;
 mod jobs;
 mod messages;
 mod nodes;
@@ -28,6 +29,7 @@ pub use connect::{
     CONSUL_ACL_RATE, CONSUL_ACL_TIMEOUT, ConsulAclCall, ConsulAclError, ConsulAclReply, ConsulToken,
     MAX_PARALLEL_PER_DERIVE, SWEEP_INTERVAL, token_description,
 };
+pub use deployments::DeploymentRequest;
 pub use messages::*;
 
 use core::time::Duration;
@@ -275,6 +277,10 @@ impl RpcEndpoints {
             | R::AllocClientUpdates { .. }
             | R::AllocDelete { .. }
             | R::AllocStop { .. }) => self.jobs.request(req, request, state, out),
+            R::Deployment(request) => {
+                self.jobs.deployment_request(req, request, state, out);
+                None
+            }
             R::DeriveSiToken {
                 node_id,
                 secret_id,

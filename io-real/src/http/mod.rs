@@ -16,6 +16,7 @@ pub(crate) mod client;
 mod cluster;
 mod csi;
 mod csi_snapshots;
+mod deployments;
 mod evaluate;
 mod exec;
 mod forward;
@@ -180,6 +181,35 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/job/{id}/summary", get(jobs::job_summary))
         .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
         .route("/v1/job/{id}/versions", get(jobs::job_versions))
+        .route("/v1/job/{id}/deployments", get(deployments::of_job))
+        .route("/v1/job/{id}/deployment", get(deployments::latest_of_job))
+        .route(
+            "/v1/job/{id}/revert",
+            axum::routing::put(deployments::revert).post(deployments::revert),
+        )
+        .route(
+            "/v1/job/{id}/stable",
+            axum::routing::put(deployments::stable).post(deployments::stable),
+        )
+        .route("/v1/deployments", get(deployments::list))
+        .route("/v1/deployment/{id}", get(deployments::get))
+        .route("/v1/deployment/allocations/{id}", get(deployments::allocations))
+        .route(
+            "/v1/deployment/fail/{id}",
+            axum::routing::put(deployments::fail).post(deployments::fail),
+        )
+        .route(
+            "/v1/deployment/pause/{id}",
+            axum::routing::put(deployments::pause).post(deployments::pause),
+        )
+        .route(
+            "/v1/deployment/promote/{id}",
+            axum::routing::put(deployments::promote).post(deployments::promote),
+        )
+        .route(
+            "/v1/deployment/allocation-health/{id}",
+            axum::routing::put(deployments::allocation_health).post(deployments::allocation_health),
+        )
         .route("/v1/evaluations", get(jobs::list_evaluations))
         .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
         .route("/v1/evaluation/{id}/allocations", get(evaluate::evaluation_allocations))

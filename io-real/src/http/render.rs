@@ -2,7 +2,9 @@
 //! never rendered; mount flags show as `["[REDACTED]"]`, as Nomad's encoder does.
 
 use drover_core::fsm::ServerState;
-use drover_core::structs::{Allocation, CsiInfo, CsiPlugin, CsiTopology, CsiVolume, CsiVolumeClaim, Node, NodeEvent};
+use drover_core::structs::{
+    Allocation, CsiInfo, CsiPlugin, CsiTopology, CsiVolume, CsiVolumeClaim, Deployment, Node, NodeEvent,
+};
 use serde_json::{Map, Value, json};
 
 /// Milliseconds since the epoch as RFC 3339 (UTC, millisecond precision).
@@ -109,10 +111,66 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
         "ClientDescription": alloc.client_description,
         "TaskStates": task_states(alloc),
+        "DeploymentStatus": alloc_deployment_status(alloc),
         "CreateIndex": alloc.create_index,
         "ModifyIndex": alloc.modify_index,
         "CreateTime": nanos(alloc.create_time_ms),
         "ModifyTime": nanos(alloc.modify_time_ms),
+    })
+}
+
+/// Nomad's `AllocDeploymentStatus` (null for an allocation no deployment placed).
+fn alloc_deployment_status(alloc: &Allocation) -> Value {
+    match &alloc.deployment_status {
+        None => Value::Null,
+        Some(status) => json!({
+            "Healthy": status.healthy,
+            "Timestamp": go_time((status.timestamp_ms as i64).saturating_mul(1_000_000)),
+            "Canary": status.canary,
+            "ModifyIndex": status.modify_index,
+        }),
+    }
+}
+
+/// Nomad's `Deployment`: durations in nanoseconds, `RequireProgressBy` a time.
+pub fn deployment(deployment: &Deployment) -> Value {
+    let groups: Map<String, Value> = deployment
+        .task_groups
+        .iter()
+        .map(|(name, state)| {
+            let value = json!({
+                "AutoRevert": state.auto_revert,
+                "AutoPromote": state.auto_promote,
+                "ProgressDeadline": state.progress_deadline.as_nanos() as u64,
+                "RequireProgressBy": go_time((state.require_progress_by_ms as i64).saturating_mul(1_000_000)),
+                "Promoted": state.promoted,
+                "PlacedCanaries": (!state.placed_canaries.is_empty()).then_some(&state.placed_canaries),
+                "DesiredCanaries": state.desired_canaries,
+                "DesiredTotal": state.desired_total,
+                "PlacedAllocs": state.placed_allocs,
+                "HealthyAllocs": state.healthy_allocs,
+                "UnhealthyAllocs": state.unhealthy_allocs,
+            });
+            (name.clone(), value)
+        })
+        .collect();
+    json!({
+        "ID": deployment.id,
+        "Namespace": deployment.namespace,
+        "JobID": deployment.job_id,
+        "JobVersion": deployment.job_version,
+        "JobModifyIndex": deployment.job_modify_index,
+        "JobSpecModifyIndex": deployment.job_modify_index,
+        "JobCreateIndex": deployment.job_create_index,
+        "IsMultiregion": false,
+        "TaskGroups": groups,
+        "Status": deployment.status,
+        "StatusDescription": deployment.status_description,
+        "EvalPriority": deployment.eval_priority,
+        "CreateIndex": deployment.create_index,
+        "ModifyIndex": deployment.modify_index,
+        "CreateTime": nanos(deployment.create_time_ms),
+        "ModifyTime": nanos(deployment.modify_time_ms),
     })
 }
 
@@ -192,6 +250,7 @@ pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
             Value::String(alloc.previous_allocation.clone().unwrap_or_default()),
         );
         map.insert("PreemptedAllocations".into(), json!(alloc.preempted_allocations));
+        map.insert("DeploymentID".into(), json!(alloc.deployment_id));
         map.insert(
             "Metrics".into(),
             alloc.metrics.as_ref().map_or(Value::Null, crate::http::jobs_metric),

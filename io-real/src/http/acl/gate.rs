@@ -124,7 +124,16 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "validate", "job"] => Need::Namespace(cap::READ_JOB),
         ["v1", "jobs"] => namespace(cap::LIST_JOBS, cap::SUBMIT_JOB),
         ["v1", "job", _] => namespace(cap::READ_JOB, cap::SUBMIT_JOB),
-        ["v1", "job", _, "evaluate"] => Need::Namespace(cap::SUBMIT_JOB),
+        ["v1", "job", _, "evaluate" | "revert" | "stable"] => Need::Namespace(cap::SUBMIT_JOB),
+        [
+            "v1",
+            "deployment",
+            "fail" | "pause" | "promote" | "allocation-health",
+            _,
+        ] => Need::Namespace(cap::SUBMIT_JOB),
+        ["v1", "deployments"] | ["v1", "deployment", _] | ["v1", "deployment", "allocations", _] => {
+            Need::Namespace(cap::READ_JOB)
+        }
         ["v1", "job", _, _]
         | ["v1", "evaluations"]
         | ["v1", "evaluation", _]
@@ -423,6 +432,19 @@ mod tests {
             Need::Namespace("submit-job")
         );
         assert_eq!(need(&get, "/v1/job/web/allocations", None), Need::Namespace("read-job"));
+        assert_eq!(need(&put, "/v1/job/web/revert", None), Need::Namespace("submit-job"));
+        assert_eq!(need(&put, "/v1/job/web/stable", None), Need::Namespace("submit-job"));
+        assert_eq!(need(&get, "/v1/job/web/deployments", None), Need::Namespace("read-job"));
+        assert_eq!(need(&get, "/v1/deployments", None), Need::Namespace("read-job"));
+        assert_eq!(need(&get, "/v1/deployment/d1", None), Need::Namespace("read-job"));
+        assert_eq!(
+            need(&get, "/v1/deployment/allocations/d1", None),
+            Need::Namespace("read-job")
+        );
+        for verb in ["fail", "pause", "promote", "allocation-health"] {
+            let path = format!("/v1/deployment/{verb}/d1");
+            assert_eq!(need(&put, &path, None), Need::Namespace("submit-job"), "{path}");
+        }
         assert_eq!(
             need(&get, "/v1/volume/csi/v1", None),
             Need::Namespace("csi-read-volume")

@@ -1,0 +1,251 @@
+//! Deployments for real: one agent (server + client) runs an HCL job with an `update` block
+//! through the CLI. The first version's deployment succeeds once the client finds its tasks
+//! healthy; a new version places a canary beside the old allocations and waits for
+//! `deployment promote`; a broken version (its task exits at once) fails its deployment on the
+//! client's unhealthy verdict and `auto_revert` rolls the job back to the last stable version,
+//! leaving the old allocations running; `job revert` and `/v1/job/:id/stable` do what an
+//! operator asks. The HTTP shapes are checked on the way (durations in nanoseconds).
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Agent, cluster_specs, http, http_status, server_args, wait_for};
+
+fn get(port: u16, path: &str) -> Option<Value> {
+    serde_json::from_str(&support::http_get(port, path)?).ok()
+}
+
+fn cli(port: u16, args: &[&str]) -> Output {
+    std::process::Command::new(support::AGENT)
+        .args(args)
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("the CLI runs")
+}
+
+fn stdout(output: &Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Version `version` of the job; a `broken` one's task exits at once, again and again.
+fn jobspec(version: &str, broken: bool) -> String {
+    let script = if broken { "exit 1" } else { "exec sleep 300" };
+    format!(
+        r#"job "web" {{
+  update {{
+    max_parallel     = 1
+    min_healthy_time = "1s"
+    healthy_deadline = "8s"
+    progress_deadline = "30s"
+    auto_revert      = true
+  }}
+  group "g" {{
+    count = 2
+    update {{
+      canary = 1
+    }}
+    restart {{
+      attempts = 10
+      interval = "5m"
+      delay    = "1s"
+      mode     = "fail"
+    }}
+    task "t" {{
+      driver = "raw_exec"
+      env {{
+        VERSION = "{version}"
+      }}
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "{script}"]
+      }}
+      kill_timeout = "1s"
+      resources {{
+        cpu    = 20
+        memory = 16
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+fn run_job(port: u16, dir: &Path, version: &str, broken: bool) {
+    let file = dir.join(format!("web-{version}.hcl"));
+    std::fs::write(&file, jobspec(version, broken)).unwrap();
+    stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
+}
+
+fn latest(port: u16) -> Option<Value> {
+    get(port, "/v1/job/web/deployment").filter(|d| !d.is_null())
+}
+
+/// Waits until the latest deployment is of `version` and has `status`.
+fn deployment(agent: &Agent, port: u16, version: u64, status: &str) -> Value {
+    wait_for(Duration::from_secs(60), || {
+        let d = latest(port)?;
+        (d["JobVersion"] == version && d["Status"] == status).then_some(d)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "deployment of version {version} {status}: {:?}\n{}",
+            latest(port),
+            agent.log()
+        )
+    })
+}
+
+fn live_versions(port: u16) -> Vec<u64> {
+    let allocs = get(port, "/v1/job/web/allocations").unwrap_or(Value::Null);
+    let mut versions: Vec<u64> = allocs
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["DesiredStatus"] == "run" && a["ClientStatus"] == "running")
+        .filter_map(|a| a["JobVersion"].as_u64())
+        .collect();
+    versions.sort();
+    versions
+}
+
+#[test]
+fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
+
+    // Version 0: no canaries for a first version; healthy after 1 s of running.
+    run_job(port, root.path(), "0", false);
+    let first = deployment(&agent, port, 0, "successful");
+    assert_eq!(first["StatusDescription"], "Deployment completed successfully");
+    let group = &first["TaskGroups"]["g"];
+    assert_eq!(group["DesiredTotal"], 2);
+    assert_eq!(group["HealthyAllocs"], 2);
+    assert_eq!(group["ProgressDeadline"], 30_000_000_000u64, "nanoseconds");
+    assert_eq!(group["AutoRevert"], true, "inherited from the job's update block");
+    let job = get(port, "/v1/job/web").unwrap();
+    assert_eq!(job["Stable"], true);
+    assert_eq!(job["Update"]["MaxParallel"], 1);
+    assert_eq!(job["TaskGroups"][0]["Update"]["Canary"], 1);
+    assert_eq!(job["TaskGroups"][0]["Update"]["MinHealthyTime"], 1_000_000_000u64);
+    assert_eq!(
+        job["TaskGroups"][0]["Update"]["HealthCheck"], "checks",
+        "Nomad's default"
+    );
+    let allocs = get(port, "/v1/job/web/allocations").unwrap();
+    assert!(
+        allocs
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| a["DeploymentStatus"]["Healthy"] == true),
+        "{allocs}"
+    );
+
+    // Version 1: one canary beside the two old allocations, waiting for a promotion.
+    run_job(port, root.path(), "1", false);
+    let waiting = wait_for(Duration::from_secs(30), || {
+        let d = latest(port)?;
+        (d["JobVersion"] == 1 && d["TaskGroups"]["g"]["HealthyAllocs"] == 1).then_some(d)
+    })
+    .unwrap_or_else(|| panic!("the canary turns healthy: {:?}\n{}", latest(port), agent.log()));
+    assert_eq!(waiting["Status"], "running");
+    assert_eq!(
+        waiting["StatusDescription"],
+        "Deployment is running but requires manual promotion"
+    );
+    assert_eq!(live_versions(port), vec![0, 0, 1]);
+    let id = waiting["ID"].as_str().unwrap().to_string();
+    let status = stdout(&cli(port, &["deployment", "status", &id[..8]]));
+    assert!(status.contains("requires manual promotion"), "{status}");
+    assert!(
+        status.contains(
+            "Task Group  Auto Revert  Promoted  Desired  Canaries  Placed  Healthy  Unhealthy  Progress Deadline"
+        ),
+        "{status}"
+    );
+    let job_status = stdout(&cli(port, &["job", "status", "web"]));
+    assert!(job_status.contains("Latest Deployment"), "{job_status}");
+    assert!(job_status.contains(&id[..8]), "{job_status}");
+    let promoted = stdout(&cli(port, &["deployment", "promote", &id[..8]]));
+    assert!(promoted.contains("promoted"), "{promoted}");
+    deployment(&agent, port, 1, "successful");
+    wait_for(Duration::from_secs(20), || {
+        (live_versions(port) == vec![1, 1]).then_some(())
+    })
+    .unwrap_or_else(|| panic!("version 1 everywhere: {:?}", live_versions(port)));
+    // Promoting a finished deployment is refused with Nomad's text.
+    let (code, body) = http_status(
+        "PUT",
+        port,
+        &format!("/v1/deployment/promote/{id}"),
+        Some(r#"{"All":true}"#),
+    )
+    .unwrap();
+    assert_eq!((code, body.trim()), (400, "can't promote terminal deployment"));
+
+    // Version 2 is broken: its canary never stays up, the client finds it unhealthy at its
+    // healthy deadline, and auto_revert registers version 1's spec again as version 3.
+    run_job(port, root.path(), "2", true);
+    let failed = wait_for(Duration::from_secs(60), || {
+        get(port, "/v1/job/web/deployments")?
+            .as_array()?
+            .iter()
+            .find(|d| d["JobVersion"] == 2 && d["Status"] == "failed")
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("version 2 fails: {:?}\n{}", latest(port), agent.log()));
+    assert_eq!(
+        failed["StatusDescription"],
+        "Failed due to unhealthy allocations - rolling back to job version 1"
+    );
+    deployment(&agent, port, 3, "successful");
+    let job = get(port, "/v1/job/web").unwrap();
+    assert_eq!(job["Version"], 3);
+    assert_eq!(job["TaskGroups"][0]["Tasks"][0]["Env"]["VERSION"], "1");
+    wait_for(Duration::from_secs(20), || {
+        (live_versions(port) == vec![3, 3]).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the old allocations run on as version 3: {:?}", live_versions(port)));
+
+    // An operator's revert, and the stability flag.
+    let reverted = stdout(&cli(port, &["job", "revert", "web", "0"]));
+    assert!(reverted.contains("reverted to version 0"), "{reverted}");
+    let job = get(port, "/v1/job/web").unwrap();
+    assert_eq!(
+        (job["Version"].as_u64(), job["Stable"].as_bool()),
+        (Some(4), Some(false))
+    );
+    let (code, body) = http_status("PUT", port, "/v1/job/web/revert", Some(r#"{"JobVersion":4}"#)).unwrap();
+    assert_eq!((code, body.trim()), (400, "can't revert to current version"));
+    http(
+        "PUT",
+        port,
+        "/v1/job/web/stable",
+        Some(r#"{"JobVersion":4,"Stable":true}"#),
+    )
+    .expect("stable");
+    assert_eq!(get(port, "/v1/job/web").unwrap()["Stable"], true);
+    let list = stdout(&cli(port, &["deployment", "list"]));
+    assert!(list.contains("Job ID  Job Version  Status"), "{list}");
+    assert!(list.contains("failed"), "{list}");
+}
