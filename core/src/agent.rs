@@ -66,7 +66,8 @@ impl Agent {
                 boot.seed ^ 0x5ced_u64,
             )
             .with_connect(config.consul.address.is_some(), config.server.connect_faults)
-            .with_job_limits(config.server.job_limits),
+            .with_job_limits(config.server.job_limits)
+            .with_scheduler_faults(config.server.scheduler_faults),
         });
         Agent { server }
     }

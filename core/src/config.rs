@@ -144,6 +144,9 @@ pub struct ServerConfig {
     /// files.
     #[serde(skip)]
     pub raft_faults: RaftFaults,
+    /// Test-only re-creation of a scheduler defect; never set from flags or config files.
+    #[serde(skip)]
+    pub scheduler_faults: SchedulerFaults,
 }
 
 /// Re-creates a historical defect on purpose so the simulation can prove it detects it.
@@ -225,6 +228,14 @@ pub struct RaftFaults {
     /// Every agent RPC is served whoever's certificate called it (no role check): a client
     /// can write to the state directly, vote or append Raft entries as if it were a server.
     pub skip_caller_check: bool,
+}
+
+/// A scheduler defect the simulation re-creates on purpose (regression switch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SchedulerFaults {
+    /// A rollout's destructive updates are not held to `max_parallel`: every allocation of an
+    /// updated group is replaced at once, as before deployments.
+    pub ignore_max_parallel: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).
@@ -369,6 +380,7 @@ impl Default for ServerConfig {
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
             connect_faults: ConnectFaults::default(),
+            scheduler_faults: SchedulerFaults::default(),
             raft_faults: RaftFaults::default(),
         }
     }

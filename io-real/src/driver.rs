@@ -782,6 +782,15 @@ async fn start_raft<T: Transport, O: Observer>(
             });
         }
         if let openraft::EntryPayload::Normal(Entry {
+            command: Command::PlanApply { allocs, .. },
+            ..
+        }) = &entry.payload
+        {
+            for event in crate::facts::rollouts(state, allocs) {
+                observer.record(event);
+            }
+        }
+        if let openraft::EntryPayload::Normal(Entry {
             command: Command::AllocUpdateDesiredTransition { transitions, .. },
             ..
         }) = &entry.payload

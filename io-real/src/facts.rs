@@ -76,3 +76,51 @@ pub fn drain_migration(state: &ServerState, alloc_id: &str) -> Option<AgentEvent
         claims,
     })
 }
+
+/// The rollouts of the jobs of `allocs` (a plan's), as [`AgentEvent::Rollout`]s: for every
+/// group of their running deployments, what the job version asks of `max_parallel` and the
+/// allocations in flight — placed by the deployment (created since it was), not healthy, in
+/// place of one stopped for the update — counted from the allocations themselves.
+pub fn rollouts(state: &ServerState, allocs: &[Allocation]) -> Vec<AgentEvent> {
+    let jobs: std::collections::BTreeSet<(String, String)> = allocs
+        .iter()
+        .map(|alloc| (alloc.namespace.clone(), alloc.job_id.clone()))
+        .collect();
+    let mut events = Vec::new();
+    for (namespace, job_id) in jobs {
+        let Some(deployment) = state.latest_deployment(&namespace, &job_id).filter(|d| d.active()) else {
+            continue;
+        };
+        let Some(job) = state.job_version(&namespace, &job_id, deployment.job_version) else {
+            continue;
+        };
+        for group in &job.task_groups {
+            let Some(update) = group.update.as_deref() else {
+                continue;
+            };
+            let replacing = state
+                .job_allocs(&namespace, &job_id)
+                .filter(|alloc| alloc.task_group == group.name && alloc.deployment_id == deployment.id)
+                // Placed by this deployment: one moved into it in place was placed earlier.
+                .filter(|alloc| alloc.create_index >= deployment.create_index)
+                .filter(|alloc| !alloc.terminal() && !alloc.healthy())
+                .filter(|alloc| {
+                    alloc
+                        .previous_allocation
+                        .as_deref()
+                        .and_then(|previous| state.alloc(previous))
+                        .is_some_and(|previous| previous.desired_description == drover_core::scheduler::ALLOC_UPDATING)
+                })
+                .map(|alloc| alloc.id.clone())
+                .collect();
+            events.push(AgentEvent::Rollout {
+                deployment: deployment.id.clone(),
+                job: job_id.clone(),
+                group: group.name.clone(),
+                max_parallel: update.max_parallel,
+                replacing,
+            });
+        }
+    }
+    events
+}

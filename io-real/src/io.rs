@@ -275,6 +275,16 @@ pub enum AgentEvent {
         writers: Vec<String>,
         readers: usize,
     },
+    /// A plan was applied for a job with a running deployment: for each of its groups, the
+    /// `max_parallel` its spec asks, and the deployment's live allocations that replaced one
+    /// stopped for the update and are not healthy yet (see `crate::facts`).
+    Rollout {
+        deployment: String,
+        job: String,
+        group: String,
+        max_parallel: u32,
+        replacing: Vec<String>,
+    },
     /// A migration the node drainer marked was applied: the allocation, what kind it is, and
     /// its node as the state shows it (see `crate::facts`). Raw facts only: the simulation's
     /// drain-order oracle judges them with its own rule.

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::runner::{self, Report};
 use crate::shrink::{self, Schedule};
-use drover_core::config::{BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, RaftFaults};
+use drover_core::config::{BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, RaftFaults, SchedulerFaults};
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -855,6 +855,18 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         &["real_clients_rolling_update", "client_plugin_crash", "swarm"],
         "nothing is left behind after a job stop",
+    ),
+    (
+        "max-parallel",
+        "a rollout's destructive updates are not held to max_parallel: every allocation of an updated group is replaced at once",
+        || Options {
+            scheduler_faults: SchedulerFaults {
+                ignore_max_parallel: true,
+            },
+            ..Options::default()
+        },
+        &["real_clients_rolling_update"],
+        "a rollout never has more than max_parallel unhealthy replacements",
     ),
     (
         "8609",

@@ -51,6 +51,8 @@ pub struct RealJob {
     /// The group has a Consul Connect service (`<id>-mesh`) with a sidecar: the clients
     /// derive a service identity token for it and bootstrap Envoy.
     pub connect: bool,
+    /// The group's `update` block: its versions roll out through deployments.
+    pub update: Option<drover_core::structs::UpdateStrategy>,
 }
 
 /// The real clients and what they run.
@@ -83,6 +85,8 @@ pub struct RealClientPlan {
     pub plugin_faults: PluginFaults,
     /// Client defects re-created on purpose (regression switches).
     pub client_faults: ClientFaults,
+    /// Job versions whose tasks fail at once (exit 1, no restarts): their deployments fail.
+    pub broken_versions: BTreeSet<u64>,
 }
 
 impl RealClientPlan {
@@ -101,6 +105,7 @@ impl RealClientPlan {
                 read_only: false,
                 children: 1,
                 connect: false,
+                update: None,
             }],
             deregister_attempts: false,
             create_volumes: false,
@@ -109,6 +114,7 @@ impl RealClientPlan {
             volume_zones: BTreeMap::new(),
             plugin_faults: PluginFaults::default(),
             client_faults: ClientFaults::default(),
+            broken_versions: BTreeSet::new(),
         }
     }
 
@@ -299,6 +305,11 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
             ConfigValue::String(format!("{}ms", run_for.as_millis())),
         );
     }
+    let broken = plan.broken_versions.contains(&version);
+    if broken {
+        config.insert("run_for".to_string(), ConfigValue::String("500ms".into()));
+        config.insert("exit_code".to_string(), ConfigValue::Int(1));
+    }
     let volumes = spec.volume.as_ref().map(|source| {
         (
             "data".to_string(),
@@ -361,11 +372,12 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
             // reschedule failed allocations yet, so a group failed by its restart policy would
             // stay failed.
             restart_policy: Some(RestartPolicy {
-                attempts: 1_000,
+                attempts: if broken { 0 } else { 1_000 },
                 interval: Duration::from_secs(1_800),
                 delay: Duration::from_secs(15),
                 mode: RestartMode::Fail,
             }),
+            update: spec.update.clone().map(Box::new),
             networks: vec![drover_core::structs::NetworkResource {
                 mode: if spec.connect { "host" } else { "" }.into(),
                 dynamic_ports: vec![drover_core::structs::Port {
@@ -922,6 +934,15 @@ pub async fn check_end(
                 refused.join("; "),
             );
         }
+        if !plan.broken_versions.is_empty() {
+            match rollbacks(&state, plan) {
+                Ok(note) => recorder.note(note),
+                Err(why) => recorder.violate(
+                    "a broken version's deployment fails and rolls back to the last stable version",
+                    why,
+                ),
+            }
+        }
     }
     if plan.connect() {
         recorder.note(format!(
@@ -1002,6 +1023,40 @@ async fn stop_jobs(
         tokio::time::sleep(POLL).await;
     }
     true
+}
+
+/// Every job with an `update` block saw its broken versions' deployments fail and roll back
+/// (the `VERSION` each job version's task was given names the plan's version).
+fn rollbacks(state: &ServerState, plan: &RealClientPlan) -> Result<String, String> {
+    let mut notes = Vec::new();
+    for spec in plan.jobs.iter().filter(|spec| spec.update.is_some()) {
+        let label = |version: u64| {
+            state
+                .job_version("default", &spec.id, version)
+                .and_then(|job| job.task_groups.first())
+                .and_then(|group| group.tasks.first())
+                .and_then(|task| task.env.get("VERSION").cloned())
+        };
+        let deployments = state.job_deployments("default", &spec.id);
+        for broken in &plan.broken_versions {
+            let failed = deployments
+                .iter()
+                .find(|d| label(d.job_version).as_deref() == Some(broken.to_string().as_str()));
+            match failed {
+                Some(d) if d.status == "failed" && d.status_description.contains("rolling back to job version") => {
+                    notes.push(format!("{}: {}", spec.id, d.status_description));
+                }
+                Some(d) => {
+                    return Err(format!(
+                        "{}: the deployment of broken version {broken} is {} ({})",
+                        spec.id, d.status, d.status_description
+                    ));
+                }
+                None => return Err(format!("{}: no deployment of broken version {broken}", spec.id)),
+            }
+        }
+    }
+    Ok(format!("broken versions rolled back: {}", notes.join("; ")))
 }
 
 /// Allocations of the plan's jobs that failed because a claim met a volume whose claims

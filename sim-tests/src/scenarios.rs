@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use drover_core::config::{
-    Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports, RaftFaults,
+    Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports, RaftFaults, SchedulerFaults,
 };
 use drover_core::csi::watcher::GcConfig;
 use drover_core::heartbeat::HeartbeatConfig;
@@ -40,6 +40,8 @@ pub struct Options {
     pub raft_faults: RaftFaults,
     /// Re-create a formation defect on every server (regression switch).
     pub bootstrap_fault: Option<BootstrapFault>,
+    /// Re-create a scheduler defect on every server (regression switch).
+    pub scheduler_faults: SchedulerFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -439,7 +441,7 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
     },
     Scenario {
         name: "real_clients_rolling_update",
-        about: "real clients: a single-writer volume handed from each version's allocation to the next through destructive updates (Nomad #8609) under agent and leader kills",
+        about: "real clients: deployments roll a single-writer volume's job one allocation at a time (Nomad #8609) and a stateless job through an auto-promoted canary, under agent and leader kills; a broken version fails and auto-reverts",
         build: real_clients_rolling_update,
     },
     Scenario {
@@ -468,12 +470,51 @@ fn real_clients_rolling_update(rng: &mut ChaCha8Rng, options: &Options) -> Plan 
             action: Action::UpdateJob(version),
         });
     }
+    // Once every fault has played out, a broken version (its tasks fail at once): its
+    // deployments fail on the clients' verdicts and roll back to the last stable version;
+    // then the operator's fix.
+    let settled = plan.steps.iter().map(|step| step.at).max().unwrap_or_default();
+    let broken = updates + 1;
+    plan.steps.push(Step {
+        at: settled + Duration::from_secs(30),
+        action: Action::UpdateJob(broken),
+    });
+    plan.steps.push(Step {
+        at: settled + Duration::from_secs(60),
+        action: Action::UpdateJob(broken + 1),
+    });
     plan.steps.sort_by_key(|step| step.at);
     if let Some(real) = &mut plan.real_clients {
         for job in &mut real.jobs {
             job.count = 1;
         }
         *real = real.clone().with_volume("vol0", AccessMode::SingleNodeWriter);
+        // The volume's job rolls one allocation at a time; a stateless one beside it goes
+        // through a canary first, promoted automatically once healthy.
+        let rolling = drover_core::structs::UpdateStrategy {
+            max_parallel: 1,
+            min_healthy_time: Duration::from_secs(2),
+            auto_revert: true,
+            ..Default::default()
+        };
+        for job in &mut real.jobs {
+            job.update = Some(rolling.clone());
+        }
+        real.jobs.push(RealJob {
+            id: "api".into(),
+            count: 3,
+            run_for: None,
+            volume: None,
+            read_only: false,
+            children: 1,
+            connect: false,
+            update: Some(drover_core::structs::UpdateStrategy {
+                canary: 1,
+                auto_promote: true,
+                ..rolling
+            }),
+        });
+        real.broken_versions.insert(broken);
     }
     plan
 }
@@ -652,6 +693,7 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     }
     config.server.csi_faults = options.csi_faults;
     config.server.connect_faults = options.connect_faults;
+    config.server.scheduler_faults = options.scheduler_faults;
     config.server.raft_faults = options.raft_faults;
     // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
     config.server.timing.snapshot_threshold = 64;
@@ -1002,6 +1044,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         read_only,
         children: 1,
         connect: false,
+        update: None,
     };
     RealClientPlan {
         clients,
@@ -1026,6 +1069,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         volume_zones: BTreeMap::new(),
         plugin_faults: PluginFaults::default(),
         client_faults: Default::default(),
+        broken_versions: BTreeSet::new(),
     }
 }
 
@@ -1268,6 +1312,7 @@ fn csi_two_zones(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         read_only: false,
         children: 1,
         connect: false,
+        update: None,
     };
     let mut real = mixed_workload(4);
     real.volumes = vec![

@@ -49,6 +49,10 @@ impl JobEndpoints {
         self.worker.set_limits(limits);
     }
 
+    pub fn set_scheduler_faults(&mut self, faults: crate::config::SchedulerFaults) {
+        self.worker.set_faults(faults);
+    }
+
     pub fn set_enabled(&mut self, now: Instant, leader: bool) {
         self.worker.set_enabled(now, leader);
     }

@@ -141,6 +141,12 @@ impl RpcEndpoints {
         self
     }
 
+    /// A scheduler defect re-created on purpose (a regression switch of the simulation).
+    pub fn with_scheduler_faults(mut self, faults: crate::config::SchedulerFaults) -> Self {
+        self.jobs.set_scheduler_faults(faults);
+        self
+    }
+
     /// Whether the agent has a Consul (the token sweep runs only then), and a Connect defect
     /// re-created on purpose (a regression switch of the simulation).
     pub fn with_connect(mut self, consul: bool, faults: crate::config::ConnectFaults) -> Self {

@@ -129,6 +129,17 @@ pub fn schedule_within(
     new_id: &mut dyn FnMut() -> String,
     limits: &crate::jobspec::limits::JobLimits,
 ) -> Plan {
+    schedule_with_faults(state, eval, new_id, limits, Default::default())
+}
+
+/// [`schedule_within`], with a scheduler defect re-created on purpose (a regression switch).
+pub fn schedule_with_faults(
+    state: &ServerState,
+    eval: &Evaluation,
+    new_id: &mut dyn FnMut() -> String,
+    limits: &crate::jobspec::limits::JobLimits,
+    faults: crate::config::SchedulerFaults,
+) -> Plan {
     let stored = state.job(&eval.namespace, &eval.job_id);
     if stored.is_some_and(|job| !is_scheduled(job)) {
         let mut processed = eval.clone();
@@ -144,6 +155,7 @@ pub fn schedule_within(
     let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
     reconcile.group_count_max = limits.group_count;
     reconcile.rollout = rollout::Rollout::start(state, &eval.namespace, &eval.job_id, job);
+    reconcile.rollout.ignore_max_parallel = faults.ignore_max_parallel;
     // A purged job's allocations that still run when a job of the same ID is registered
     // again are no one's: stopped, never adopted by the new job.
     let orphans: Vec<&Allocation> = state

@@ -228,7 +228,9 @@ impl<'a> Reconcile<'a> {
             self.rollout.want_canaries(&group.name, strategy.canary);
         }
         let live: Vec<&Allocation> = mine.iter().copied().filter(|alloc| !alloc.terminal()).collect();
-        let allowance = self.rollout.allowance(&group.name, &strategy, &live);
+        let allowance = self
+            .rollout
+            .allowance(&group.name, &strategy, &live, waiting.len() as u32);
         let deployment_id = self.rollout.placing_into(&group.name).map(String::from);
         for alloc in in_place {
             self.update_in_place(job, alloc, deployment_id.as_deref());
@@ -269,14 +271,20 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    /// The group's live canaries that are not (yet) the allocations of their names: those of
+    /// The group's canaries the servers still run that are not (yet) the allocations of their
+    /// names: those of
     /// the current deployment that await promotion (kept beside the allocations they will
     /// replace), and those of an older deployment or of a failed one, never promoted, which
     /// are stopped.
     fn sort_canaries(&mut self, group: &TaskGroup, mine: &[&Allocation]) -> (BTreeSet<String>, BTreeSet<String>) {
         let (mut waiting, mut stopped) = (BTreeSet::new(), BTreeSet::new());
         let current = self.rollout.deployment.clone();
-        for alloc in mine.iter().filter(|alloc| alloc.is_canary() && !alloc.terminal()) {
+        // A canary that failed still stands beside the allocation it would replace (never in
+        // its place) until its deployment is promoted or stopped.
+        for alloc in mine
+            .iter()
+            .filter(|alloc| alloc.is_canary() && !alloc.server_terminal())
+        {
             let promoted = |deployment: &crate::structs::Deployment| {
                 deployment
                     .task_groups

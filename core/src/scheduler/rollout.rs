@@ -35,6 +35,8 @@ pub(super) struct Rollout {
     pub updates: Vec<DeploymentStatusUpdate>,
     /// Groups that changed something in this plan (placed, updated or stopped): not done.
     pub busy: BTreeMap<String, bool>,
+    /// The `max-parallel` regression switch: destructive updates all at once.
+    pub ignore_max_parallel: bool,
 }
 
 /// What one group's rollout allows this plan.
@@ -168,8 +170,16 @@ impl Rollout {
     }
 
     /// How much of `group`'s update this plan may do (Nomad's `computeLimit` and its
-    /// placement rules). `live` are the group's live allocations.
-    pub fn allowance(&self, group: &str, strategy: &UpdateStrategy, live: &[&Allocation]) -> GroupAllowance {
+    /// placement rules). `live` are the group's live allocations, `placed_canaries` how many
+    /// of the deployment's canaries the servers still run (failed ones too: a canary that
+    /// failed is not placed again, its deployment fails).
+    pub fn allowance(
+        &self,
+        group: &str,
+        strategy: &UpdateStrategy,
+        live: &[&Allocation],
+        placed_canaries: u32,
+    ) -> GroupAllowance {
         let Some(deployment) = &self.deployment else {
             return GroupAllowance {
                 limit: usize::MAX,
@@ -185,10 +195,6 @@ impl Rollout {
             };
         };
         let stalled = self.failed() || self.paused();
-        let placed_canaries = live
-            .iter()
-            .filter(|alloc| alloc.is_canary() && alloc.deployment_id == deployment.id)
-            .count() as u32;
         let canaries = if stalled || !state.awaits_promotion() {
             0
         } else {
@@ -199,6 +205,13 @@ impl Rollout {
                 limit: 0,
                 place_new: !stalled && !state.awaits_promotion(),
                 canaries,
+            };
+        }
+        if self.ignore_max_parallel {
+            return GroupAllowance {
+                limit: usize::MAX,
+                place_new: true,
+                canaries: 0,
             };
         }
         let mut limit = strategy.max_parallel as usize;

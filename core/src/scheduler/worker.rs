@@ -52,6 +52,7 @@ pub struct Worker {
     wake_at: Option<Instant>,
     reschedules: super::reschedule::Reschedules,
     limits: crate::jobspec::limits::JobLimits,
+    faults: crate::config::SchedulerFaults,
 }
 
 impl Worker {
@@ -66,12 +67,18 @@ impl Worker {
             wake_at: None,
             reschedules: Default::default(),
             limits: Default::default(),
+            faults: Default::default(),
         }
     }
 
     /// Schedules jobs within `limits` (the server's configured job limits).
     pub fn set_limits(&mut self, limits: crate::jobspec::limits::JobLimits) {
         self.limits = limits;
+    }
+
+    /// A scheduler defect re-created on purpose (a regression switch).
+    pub fn set_faults(&mut self, faults: crate::config::SchedulerFaults) {
+        self.faults = faults;
     }
 
     /// A fresh id in the UUID text form, from the seeded generator.
@@ -247,8 +254,8 @@ impl Worker {
 
     fn next_plan(&mut self, state: &ServerState) -> Option<Command> {
         let eval = state.pending_evals().next()?.clone();
-        let limits = self.limits;
-        let plan = super::schedule_within(state, &eval, &mut || self.new_id(), &limits);
+        let (limits, faults) = (self.limits, self.faults);
+        let plan = super::schedule_with_faults(state, &eval, &mut || self.new_id(), &limits, faults);
         let mut evals = plan.evals;
         let keep: BTreeSet<String> = evals.iter().map(|eval| eval.id.clone()).collect();
         // One blocked evaluation per job: the older ones are superseded.

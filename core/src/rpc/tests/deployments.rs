@@ -277,3 +277,57 @@ fn healthy_canaries_are_promoted_automatically_with_auto_promote() {
     assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
     assert_eq!(r.live_versions(), vec![1, 1]);
 }
+
+#[test]
+fn a_broken_canary_fails_its_deployment_and_the_revert_moves_what_runs_in_place() {
+    let mut r = Rollout::new();
+    let canaries = UpdateStrategy {
+        canary: 1,
+        auto_promote: true,
+        auto_revert: true,
+        ..strategy()
+    };
+    r.register(web(3, "1", canaries.clone()));
+    r.run_healthy();
+    r.register(web(3, "2", canaries.clone()));
+    r.run_healthy();
+    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.live_versions(), vec![1, 1, 1]);
+    r.register(web(3, "broken", canaries));
+    let canary = r.undecided();
+    assert_eq!(canary.len(), 1);
+    // The canary's task fails for good: its client reports it failed and unhealthy.
+    r.next_req += 1;
+    let updates = vec![AllocClientReport {
+        alloc_id: canary[0].clone(),
+        client_status: ClientStatus::Failed,
+        deployment_status: Some(AllocDeploymentStatus {
+            healthy: Some(false),
+            timestamp_ms: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }];
+    r.h.request(
+        r.next_req,
+        ServerRequest::AllocClientUpdates {
+            node_id: "w1".into(),
+            secret_id: "secret-w1".into(),
+            updates,
+        },
+    );
+    let job = r.h.fx.state.job("default", "web").unwrap().clone();
+    assert_eq!(job.version, 3, "reverted to version 1's spec");
+    let revert = r.deployment();
+    assert_eq!(revert.job_version, 3);
+    let replaced: Vec<&crate::structs::Allocation> =
+        r.h.fx
+            .state
+            .allocs()
+            .filter(|a| a.job_id == "web" && a.deployment_id == revert.id && a.create_index >= revert.create_index)
+            .collect();
+    assert!(replaced.is_empty(), "nothing placed, all moved in place: {replaced:?}");
+    r.run_healthy();
+    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.live_versions(), vec![3, 3, 3]);
+}

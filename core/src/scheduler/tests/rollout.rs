@@ -341,3 +341,25 @@ fn a_change_that_leaves_the_tasks_alone_updates_in_place() {
     assert!(plan.allocs.iter().all(|a| a.desired_status == DesiredStatus::Run));
     assert!(world.fx.state.latest_deployment("default", "plain").is_none());
 }
+
+#[test]
+fn a_failed_canary_never_displaces_the_allocation_it_stands_beside() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let mut web = rolling(2, 1, 1);
+    let eval = world.register(&web);
+    world.run(&eval);
+    world.all_healthy();
+    world.evaluate();
+    bump(&mut web, "2");
+    let eval = world.register(&web);
+    let canary = world.run(&eval).placed().next().unwrap().id.clone();
+    // The canary fails before the watcher fails its deployment: nothing else moves, and no
+    // second canary is placed.
+    world.set_client_status(&canary, ClientStatus::Failed);
+    let plan = world.evaluate();
+    assert!(plan.allocs.is_empty(), "{:?}", plan.allocs);
+    assert_eq!(
+        world.live_versions(),
+        vec![("web.g[0]".into(), 0, false), ("web.g[1]".into(), 0, false)]
+    );
+}
