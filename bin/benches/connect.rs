@@ -189,6 +189,7 @@ fn derive_rounds(rounds: usize) {
     ));
     let registered = register(ServerRequest::JobRegister {
         job: Box::new(connect_job()),
+        enforce_index: None,
     });
     assert!(
         matches!(registered, ServerReply::JobRegistered { .. }),

@@ -452,6 +452,7 @@ fn rpc_seeds() -> Vec<Case> {
             1,
             json(&ServerRequest::JobRegister {
                 job: Box::new(job.clone()),
+                enforce_index: None,
             }),
         ));
     }

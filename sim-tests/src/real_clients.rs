@@ -406,6 +406,7 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
     if plan.plugin {
         let register = ServerRequest::JobRegister {
             job: Box::new(plugin_job()),
+            enforce_index: None,
         };
         match request(cluster, register, 40).await {
             ServerReply::JobRegistered { .. } => {}
@@ -444,6 +445,7 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
     for spec in &plan.jobs {
         let register = ServerRequest::JobRegister {
             job: Box::new(job(plan, spec, 0)),
+            enforce_index: None,
         };
         match request(cluster, register, 40).await {
             ServerReply::JobRegistered { .. } => {}
@@ -461,6 +463,7 @@ pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
             cluster,
             ServerRequest::JobRegister {
                 job: Box::new(job(plan, spec, version)),
+                enforce_index: None,
             },
             10,
         )

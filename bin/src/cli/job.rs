@@ -6,21 +6,31 @@ use serde_json::{Value, json};
 
 use super::{Api, Failure, short, table, text};
 
-pub(super) fn job_run(api: &Api, file: &str, detach: bool) -> Result<(), Failure> {
+/// A jobspec file (HCL, or JSON with or without its `{"Job": ...}` wrapper) as the API's job.
+pub(super) fn read_job_file(file: &str) -> Result<Value, Failure> {
     let source = std::fs::read_to_string(file).map_err(|error| Failure(format!("Error reading {file}: {error}"), 1))?;
-    let job = if file.ends_with(".json") {
+    if file.ends_with(".json") {
         let value: Value = serde_json::from_str(&source)?;
-        value.get("Job").cloned().unwrap_or(value)
-    } else {
-        let parsed = drover_io_real::jobspec::parse(&source).map_err(|problems| {
-            Failure(
-                format!("Error parsing job file from {file}:\n{}", problems.join("\n")),
-                1,
-            )
-        })?;
-        serde_json::to_value(parsed)?
-    };
-    let reply = api.call("PUT", "/v1/jobs", Some(&json!({ "Job": job })))?;
+        return Ok(value.get("Job").cloned().unwrap_or(value));
+    }
+    let parsed = drover_io_real::jobspec::parse(&source).map_err(|problems| {
+        Failure(
+            format!("Error parsing job file from {file}:\n{}", problems.join("\n")),
+            1,
+        )
+    })?;
+    Ok(serde_json::to_value(parsed)?)
+}
+
+/// `job run [-detach] [-check-index N] <file>`.
+pub(super) fn job_run(api: &Api, file: &str, detach: bool, check_index: Option<u64>) -> Result<(), Failure> {
+    let job = read_job_file(file)?;
+    let mut body = json!({ "Job": job });
+    if let Some(index) = check_index {
+        body["EnforceIndex"] = json!(true);
+        body["JobModifyIndex"] = json!(index);
+    }
+    let reply = api.call("PUT", "/v1/jobs", Some(&body))?;
     let eval_id = text(&reply["EvalID"]);
     if detach {
         println!("Job registration successful");

@@ -9,6 +9,7 @@ mod alloc;
 mod deployment;
 mod exec;
 mod job;
+mod job_plan;
 mod keyring;
 mod logs;
 mod node;
@@ -94,6 +95,17 @@ pub enum JobCommand {
         /// Return once the job is submitted.
         #[arg(long)]
         detach: bool,
+        /// Register only if the job's modify index is this one (from `job plan`; 0: only a
+        /// new job).
+        #[arg(long = "check-index")]
+        check_index: Option<u64>,
+    },
+    /// What registering the job file would do: the scheduler's dry run and the diff.
+    Plan {
+        file: String,
+        /// Show the diff (`-diff=false` to leave it out).
+        #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+        diff: bool,
     },
     /// List jobs, or show one.
     Status { id: Option<String> },
@@ -463,7 +475,12 @@ pub fn run(global: Global, command: Command) -> ExitCode {
     };
     let result = match command {
         Command::Tls(command) => tls::run(command),
-        Command::Job(JobCommand::Run { file, detach }) => job_run(&api, &file, detach),
+        Command::Job(JobCommand::Run {
+            file,
+            detach,
+            check_index,
+        }) => job_run(&api, &file, detach, check_index),
+        Command::Job(JobCommand::Plan { file, diff }) => job_plan::job_plan(&api, &file, diff),
         Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Job(JobCommand::Revert { id, version }) => deployment::job_revert(&api, &id, version),

@@ -14,6 +14,23 @@ use crate::scheduler::worker::Worker;
 use crate::structs::{Evaluation, JobType};
 use crate::time::Instant;
 
+/// Nomad's `EnforceIndex` check: the register goes ahead only when the stored job's
+/// `job_modify_index` is `expected` (0: only when no job of that ID is stored).
+fn check_index(state: &ServerState, job: &crate::structs::Job, expected: u64) -> Result<(), RpcError> {
+    let stored = state.job(&job.namespace, &job.id).map(|job| job.job_modify_index);
+    match (expected, stored) {
+        (0, None) => Ok(()),
+        (0, Some(_)) => Err(RpcError::invalid("Enforcing job modify index 0: job already exists")),
+        (expected, None) => Err(RpcError::invalid(format!(
+            "Enforcing job modify index {expected}: job does not exist"
+        ))),
+        (expected, Some(actual)) if actual != expected => Err(RpcError::invalid(format!(
+            "Enforcing job modify index {expected}: job exists with conflicting job modify index: {actual}"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// A proposal of this machine in flight.
 #[derive(Debug)]
 pub(super) enum JobFlow {
@@ -78,8 +95,14 @@ impl JobEndpoints {
         match request {
             ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
             ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
-            ServerRequest::JobRegister { job } => {
+            ServerRequest::JobRegister { job, enforce_index } => {
                 let mut job = *job;
+                if let Some(expected) = enforce_index
+                    && let Err(error) = check_index(state, &job, expected)
+                {
+                    out.reply(req, ServerReply::Error(error));
+                    return None;
+                }
                 let errors = crate::jobspec::admit(&mut job, &self.limits);
                 if !errors.is_empty() {
                     out.reply(

@@ -174,6 +174,10 @@ pub enum ServerRequest {
     /// evaluation; replies `JobRegistered`.
     JobRegister {
         job: alloc::boxed::Box<Job>,
+        /// `job run -check-index`: refused unless the stored job's `job_modify_index` is
+        /// this (0: the job must not exist yet).
+        #[serde(default)]
+        enforce_index: Option<u64>,
     },
     /// `Node.Evaluate`: `node-update` evaluations for every job with a live allocation on the
     /// node and every system job, as a node's status change makes them.

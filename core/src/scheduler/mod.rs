@@ -15,6 +15,7 @@
 //!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
 
 pub mod constraints;
+pub mod dry_run;
 pub mod ports;
 mod reconcile;
 pub mod reschedule;

@@ -10,6 +10,7 @@ use crate::structs::{
 };
 use alloc::collections::BTreeSet;
 
+mod dry_run;
 mod rollout;
 
 fn node(id: &str, cpu: u64) -> Node {

@@ -20,6 +20,10 @@ use crate::jobs::ApiJob;
 #[serde(rename_all = "PascalCase")]
 struct RegisterBody {
     job: Option<ApiJob>,
+    /// `job run -check-index`: register only if the stored job's modify index is
+    /// `JobModifyIndex` (0: only if there is none).
+    enforce_index: bool,
+    job_modify_index: u64,
 }
 
 /// Nomad's `JobSummary`: allocations per task group by client status, kept by the state
@@ -161,8 +165,13 @@ async fn register(
     path_id: Option<&str>,
 ) -> Result<axum::response::Response, ApiError> {
     let job = decode_register(body, path_id)?;
+    let checked: RegisterBody = parse_body(body, "job")?;
+    let enforce_index = checked.enforce_index.then_some(checked.job_modify_index);
     match handle
-        .request_applied(ServerRequest::JobRegister { job: Box::new(job) })
+        .request_applied(ServerRequest::JobRegister {
+            job: Box::new(job),
+            enforce_index,
+        })
         .await
     {
         ServerReply::JobRegistered {

@@ -5,6 +5,7 @@
 mod acl;
 mod allocs;
 mod job_parse;
+mod job_plan;
 mod jobs;
 mod keyring;
 mod linger;
@@ -181,6 +182,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/job/{id}/summary", get(jobs::job_summary))
         .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
         .route("/v1/job/{id}/versions", get(jobs::job_versions))
+        .route(
+            "/v1/job/{id}/plan",
+            axum::routing::put(job_plan::plan).post(job_plan::plan),
+        )
         .route("/v1/job/{id}/deployments", get(deployments::of_job))
         .route("/v1/job/{id}/deployment", get(deployments::latest_of_job))
         .route(

@@ -5,6 +5,7 @@
 //! per task, a 5 s kill timeout.
 
 mod connect;
+pub mod diff;
 mod network;
 mod template;
 mod update;

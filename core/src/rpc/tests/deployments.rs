@@ -88,8 +88,13 @@ impl Rollout {
 
     fn register(&mut self, job: Job) {
         self.next_req += 1;
-        self.h
-            .request(self.next_req, ServerRequest::JobRegister { job: Box::new(job) });
+        self.h.request(
+            self.next_req,
+            ServerRequest::JobRegister {
+                job: Box::new(job),
+                enforce_index: None,
+            },
+        );
     }
 
     fn deployment(&self) -> Deployment {

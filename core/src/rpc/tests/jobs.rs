@@ -34,7 +34,13 @@ fn web(count: u32) -> Job {
 #[test]
 fn a_registered_job_is_answered_with_its_evaluation_once_applied() {
     let mut h = Harness::new();
-    h.request(1, ServerRequest::JobRegister { job: Box::new(web(2)) });
+    h.request(
+        1,
+        ServerRequest::JobRegister {
+            job: Box::new(web(2)),
+            enforce_index: None,
+        },
+    );
     let Some((
         1,
         ServerReply::JobRegistered {
@@ -94,6 +100,7 @@ fn a_connect_job_is_stored_with_its_injected_sidecar_and_a_bad_one_is_refused() 
         1,
         ServerRequest::JobRegister {
             job: Box::new(connect_job(false)),
+            enforce_index: None,
         },
     );
     let stored = h.fx.state.job("default", "web").expect("stored");
@@ -108,6 +115,7 @@ fn a_connect_job_is_stored_with_its_injected_sidecar_and_a_bad_one_is_refused() 
         2,
         ServerRequest::JobRegister {
             job: Box::new(connect_job(true)),
+            enforce_index: None,
         },
     );
     assert_eq!(h.fx.index, index, "nothing written");
@@ -128,7 +136,13 @@ fn an_invalid_job_is_refused_with_nomads_errors_and_nothing_is_proposed() {
     let index = h.fx.index;
     let mut bad = web(1);
     bad.task_groups[0].tasks[0].driver.clear();
-    h.request(1, ServerRequest::JobRegister { job: Box::new(bad) });
+    h.request(
+        1,
+        ServerRequest::JobRegister {
+            job: Box::new(bad),
+            enforce_index: None,
+        },
+    );
     assert_eq!(h.fx.index, index, "nothing written");
     let ServerReply::Error(failure) = &h.replies[0].1 else {
         panic!("{:?}", h.replies)
@@ -158,7 +172,13 @@ fn leadership_lost_fails_every_machines_requests_in_the_order_they_came() {
     let mut h = Harness::new();
     // Proposals stay in flight: nothing is pumped until leadership is gone.
     let sends = [
-        (1, ServerRequest::JobRegister { job: Box::new(web(1)) }),
+        (
+            1,
+            ServerRequest::JobRegister {
+                job: Box::new(web(1)),
+                enforce_index: None,
+            },
+        ),
         (
             2,
             ServerRequest::NodeRegister {
@@ -278,7 +298,13 @@ fn a_client_speaks_only_for_its_own_node_by_its_secret() {
 #[test]
 fn stopping_an_allocation_marks_it_to_migrate_with_an_evaluation() {
     let mut h = Harness::new();
-    h.request(1, ServerRequest::JobRegister { job: Box::new(web(1)) });
+    h.request(
+        1,
+        ServerRequest::JobRegister {
+            job: Box::new(web(1)),
+            enforce_index: None,
+        },
+    );
     let mut alloc = h.fx.state.alloc("a1").unwrap().clone();
     alloc.job_id = "web".into();
     h.fx.ok(Command::AllocUpsert { allocs: vec![alloc] });
