@@ -175,4 +175,31 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     );
     assert!(run.status.success(), "{}", out(&run));
     assert_eq!(get(port, "/v1/job/web").unwrap()["Version"], 1);
+
+    // `system gc` takes a stopped job once everything of it has finished.
+    let stop = cli(port, &["job", "stop", "web"]);
+    assert!(stop.status.success(), "{}", out(&stop));
+    wait_for(Duration::from_secs(30), || {
+        let allocs = get(port, "/v1/job/web/allocations")?;
+        let evals = get(port, "/v1/job/web/evaluations")?;
+        let finished = allocs.as_array()?.iter().all(|a| a["ClientStatus"] == "complete");
+        let settled = evals
+            .as_array()?
+            .iter()
+            .all(|e| e["Status"] != "pending" && e["Status"] != "blocked");
+        (finished && settled).then_some(())
+    })
+    .unwrap_or_else(|| panic!("every allocation finishes, every evaluation is done:\n{}", agent.log()));
+    let gc = cli(port, &["system", "gc"]);
+    assert!(gc.status.success(), "{}", out(&gc));
+    assert!(get(port, "/v1/job/web").is_none(), "the stopped job is collected");
+    assert_eq!(get(port, "/v1/allocations").unwrap(), json!([]));
+    let evals = get(port, "/v1/evaluations").unwrap();
+    assert!(evals.as_array().unwrap().iter().all(|e| e["JobID"] != "web"), "{evals}");
+    let summaries = cli(port, &["system", "reconcile", "summaries"]);
+    assert!(
+        out(&summaries).contains("Reconciled summaries for all jobs"),
+        "{}",
+        out(&summaries)
+    );
 }

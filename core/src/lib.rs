@@ -36,6 +36,7 @@ pub mod drainer;
 pub mod election;
 pub mod error;
 pub mod fsm;
+pub mod gc;
 pub mod goduration;
 pub mod hash;
 pub mod heartbeat;

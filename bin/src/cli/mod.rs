@@ -79,6 +79,9 @@ pub enum Command {
     /// Cluster operations.
     #[command(subcommand)]
     Operator(OperatorCommand),
+    /// System maintenance: garbage collection, job summaries.
+    #[command(subcommand)]
+    System(SystemCommand),
     /// ACL bootstrap, policies and tokens.
     #[command(subcommand)]
     Acl(acl::AclCommand),
@@ -285,6 +288,21 @@ pub enum PluginCommand {
 #[derive(Debug, Subcommand)]
 pub enum ServerCommand {
     Members,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SystemCommand {
+    /// Remove every finished allocation, evaluation, deployment, stopped job and down node now.
+    Gc,
+    /// Rebuild every job's summary.
+    #[command(subcommand)]
+    Reconcile(ReconcileCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ReconcileCommand {
+    /// Rebuild every job's summary from its allocations.
+    Summaries,
 }
 
 #[derive(Debug, Subcommand)]
@@ -563,6 +581,10 @@ pub fn run(global: Global, command: Command) -> ExitCode {
             .map(|_| println!("Successfully detached volume {id:?} from node {node:?}")),
         Command::Plugin(PluginCommand::Status { id }) => plugin_status(&api, id.as_deref()),
         Command::Server(ServerCommand::Members) => server_members(&api),
+        Command::System(SystemCommand::Gc) => api.call("PUT", "/v1/system/gc", None).map(|_| ()),
+        Command::System(SystemCommand::Reconcile(ReconcileCommand::Summaries)) => api
+            .call("PUT", "/v1/system/reconcile/summaries", None)
+            .map(|_| println!("Reconciled summaries for all jobs")),
         Command::Operator(OperatorCommand::Raft(RaftCommand::ListPeers)) => list_peers(&api),
         Command::Operator(OperatorCommand::Gossip(command)) => keyring::run(&api, command),
         Command::Operator(OperatorCommand::Root(command)) => rootkeys::run(&api, command),

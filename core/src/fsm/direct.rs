@@ -108,6 +108,8 @@ impl Command {
             Command::DeploymentPromote { .. } => "DeploymentPromote",
             Command::DeploymentAllocHealth { .. } => "DeploymentAllocHealth",
             Command::JobStability { .. } => "JobStability",
+            Command::SystemGc { .. } => "SystemGc",
+            Command::ReconcileSummaries => "ReconcileSummaries",
             Command::AllocUpsert { .. } => "AllocUpsert",
             Command::AllocClientUpdate { .. } => "AllocClientUpdate",
             Command::AllocClientUpdates { .. } => "AllocClientUpdates",

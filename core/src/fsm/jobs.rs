@@ -136,6 +136,21 @@ impl ServerState {
         Response::Done
     }
 
+    /// Removes a job with its versions (a purge, or the GC of a stopped job).
+    pub(super) fn purge_job(&mut self, namespace: &str, job_id: &str) {
+        let key = (namespace.to_string(), job_id.to_string());
+        self.jobs.delete(&key);
+        let versions: Vec<(String, String, u64)> = self
+            .job_versions
+            .range((key.0.clone(), key.1.clone(), 0)..=(key.0.clone(), key.1.clone(), u64::MAX))
+            .map(|(version, _)| version.clone())
+            .collect();
+        for version in versions {
+            self.job_versions.delete(&version);
+        }
+        self.rebuild_summary(namespace, job_id);
+    }
+
     pub(super) fn stop_job(
         &mut self,
         index: u64,
@@ -150,16 +165,7 @@ impl ServerState {
             return Response::Error(crate::error::ErrorKind::NotFound, "job not found".into());
         };
         if purge {
-            self.jobs.delete(&key);
-            let versions: Vec<(String, String, u64)> = self
-                .job_versions
-                .range((key.0.clone(), key.1.clone(), 0)..=(key.0.clone(), key.1.clone(), u64::MAX))
-                .map(|(version, _)| version.clone())
-                .collect();
-            for version in versions {
-                self.job_versions.delete(&version);
-            }
-            self.rebuild_summary(namespace, job_id);
+            self.purge_job(namespace, job_id);
         } else if !old.stop {
             let mut job = old.clone();
             job.stop = true;

@@ -13,6 +13,7 @@ mod connect;
 pub(crate) mod csi;
 mod deployments;
 mod direct;
+mod gc;
 mod jobs;
 mod nodes;
 mod pmap;
@@ -175,6 +176,12 @@ pub enum Command {
         job: Option<Job>,
         eval: Evaluation,
     },
+    /// `System.GarbageCollect`: what the leader found collectable (each re-checked on apply).
+    SystemGc {
+        garbage: crate::gc::Garbage,
+    },
+    /// `System.ReconcileJobSummaries`: every job summary rebuilt from the allocations.
+    ReconcileSummaries,
     /// `Job.Stable`: a job version marked stable or not.
     JobStability {
         namespace: String,

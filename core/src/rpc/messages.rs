@@ -184,6 +184,10 @@ pub enum ServerRequest {
     NodeEvaluate {
         node_id: String,
     },
+    /// `System.GarbageCollect`: everything collectable now (`crate::gc`) removed.
+    SystemGc,
+    /// `System.ReconcileJobSummaries`.
+    ReconcileSummaries,
     /// An operator's hand on a deployment or a job's versions (promote, pause, fail,
     /// allocation health, revert, stable), answered like a register.
     Deployment(super::deployments::DeploymentRequest),

@@ -283,6 +283,10 @@ impl RpcEndpoints {
             | R::AllocClientUpdates { .. }
             | R::AllocDelete { .. }
             | R::AllocStop { .. }) => self.jobs.request(req, request, state, out),
+            R::SystemGc => Some(Command::SystemGc {
+                garbage: crate::gc::collect(state),
+            }),
+            R::ReconcileSummaries => Some(Command::ReconcileSummaries),
             R::Deployment(request) => {
                 self.jobs.deployment_request(req, request, state, out);
                 None

@@ -28,6 +28,7 @@ mod reads;
 mod render;
 mod search;
 mod server;
+mod system;
 
 pub use server::HttpLimits;
 
@@ -195,6 +196,11 @@ pub fn router(handle: AgentHandle) -> Router {
         .route(
             "/v1/job/{id}/stable",
             axum::routing::put(deployments::stable).post(deployments::stable),
+        )
+        .route("/v1/system/gc", axum::routing::put(system::gc).post(system::gc))
+        .route(
+            "/v1/system/reconcile/summaries",
+            axum::routing::put(system::reconcile_summaries).post(system::reconcile_summaries),
         )
         .route("/v1/deployments", get(deployments::list))
         .route("/v1/deployment/{id}", get(deployments::get))

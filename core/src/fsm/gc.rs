@@ -1,0 +1,206 @@
+//! A forced garbage collection applied (`Command::SystemGc`): each thing the leader picked
+//! goes only if it is still collectable in the state the entry applies to (`crate::gc`), and
+//! `ReconcileSummaries` rebuilds every job summary from the allocations.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use super::{Command, Response, ServerState, Table};
+use crate::gc::{self, Garbage};
+
+impl ServerState {
+    pub(super) fn apply_gc(&mut self, index: u64, at_ms: u64, garbage: &Garbage) -> Response {
+        let allocs: Vec<String> = garbage
+            .allocs
+            .iter()
+            .filter(|id| self.alloc(id).is_some_and(|alloc| gc::alloc_collectable(self, alloc)))
+            .cloned()
+            .collect();
+        if !allocs.is_empty() {
+            self.apply_alloc(index, at_ms, &Command::AllocDelete { alloc_ids: allocs });
+        }
+        for id in &garbage.evals {
+            let Some(eval) = self.evals.get(id).cloned() else {
+                continue;
+            };
+            let remain = self
+                .job_allocs(&eval.namespace, &eval.job_id)
+                .any(|alloc| alloc.eval_id == eval.id);
+            if gc::eval_collectable(&eval, remain) {
+                let key = (eval.namespace.clone(), eval.job_id.clone(), eval.id.clone());
+                self.evals.delete(id);
+                self.evals_by_job.delete(&key);
+                self.blocked_evals_by_job.delete(&key);
+                self.pending_evals.delete(&(eval.create_index, eval.id.clone()));
+                self.touch(Table::Evals, index);
+            }
+        }
+        for (namespace, job_id) in &garbage.jobs {
+            let remain = self.job_allocs(namespace, job_id).next().is_some();
+            if gc::job_collectable(self, namespace, job_id, remain) {
+                self.purge_job(namespace, job_id);
+                self.touch(Table::Jobs, index);
+                self.recompute_job_plugins(index, at_ms, &(namespace.clone(), job_id.clone()));
+            }
+        }
+        for id in &garbage.deployments {
+            let Some(deployment) = self.deployments.get(id).cloned() else {
+                continue;
+            };
+            let remain = self
+                .job_allocs(&deployment.namespace, &deployment.job_id)
+                .any(|alloc| alloc.deployment_id == deployment.id);
+            if gc::deployment_collectable(self, &deployment, remain) {
+                self.deployments.delete(id);
+                self.deployments_by_job.delete(&(
+                    deployment.namespace.clone(),
+                    deployment.job_id.clone(),
+                    deployment.id.clone(),
+                ));
+                self.active_deployments.delete(id);
+                self.touch(Table::Deployments, index);
+            }
+        }
+        for node_id in &garbage.nodes {
+            let collectable = self
+                .node(node_id)
+                .is_some_and(|node| gc::node_collectable(node, self.allocs_on_node(node_id).next().is_some()));
+            if collectable {
+                self.apply_cluster(
+                    index,
+                    at_ms,
+                    &Command::NodeDeregister {
+                        node_id: node_id.clone(),
+                    },
+                );
+            }
+        }
+        Response::Done
+    }
+
+    pub(super) fn reconcile_summaries(&mut self, index: u64) -> Response {
+        let jobs: Vec<(String, String)> = self.jobs().map(|job| (job.namespace.clone(), job.id.clone())).collect();
+        for (namespace, job_id) in jobs {
+            self.rebuild_summary(&namespace, &job_id);
+        }
+        self.touch(Table::Jobs, index);
+        Response::Done
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[allow(unused_imports)]
+    use crate::prelude::*;
+
+    use crate::fsm::Command;
+    use crate::fsm::csi::tests::Fixture;
+    use crate::structs::{
+        Allocation, ClientStatus, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType, Node, NodeStatus,
+    };
+
+    fn job(id: &str, job_type: JobType) -> Job {
+        Job {
+            id: id.into(),
+            namespace: "default".into(),
+            job_type,
+            ..Job::default()
+        }
+    }
+
+    fn alloc(id: &str, job: &str, eval: &str, desired: DesiredStatus, client: ClientStatus) -> Allocation {
+        Allocation {
+            id: id.into(),
+            namespace: "default".into(),
+            job_id: job.into(),
+            eval_id: eval.into(),
+            node_id: "n1".into(),
+            desired_status: desired,
+            client_status: client,
+            ..Allocation::default()
+        }
+    }
+
+    fn eval(id: &str, job: &str) -> Evaluation {
+        Evaluation {
+            id: id.into(),
+            namespace: "default".into(),
+            job_id: job.into(),
+            status: EVAL_COMPLETE.into(),
+            ..Evaluation::default()
+        }
+    }
+
+    #[test]
+    fn a_forced_gc_takes_what_is_finished_and_keeps_what_still_matters() {
+        let mut fx = Fixture::new();
+        fx.ok(Command::NodeRegister {
+            node: Node {
+                id: "n1".into(),
+                status: NodeStatus::Ready,
+                ..Node::default()
+            },
+        });
+        fx.ok(Command::NodeRegister {
+            node: Node {
+                id: "gone".into(),
+                status: NodeStatus::Down,
+                ..Node::default()
+            },
+        });
+        let mut stopped = job("old", JobType::Service);
+        stopped.stop = true;
+        for job in [stopped, job("web", JobType::Service), job("batch", JobType::Batch)] {
+            fx.ok(Command::JobUpsert { job });
+        }
+        fx.ok(Command::EvalUpsert {
+            evals: vec![eval("e-old", "old"), eval("e-web", "web"), eval("e-batch", "batch")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![
+                alloc("a-old", "old", "e-old", DesiredStatus::Stop, ClientStatus::Complete),
+                alloc(
+                    "a-web-done",
+                    "web",
+                    "e-web",
+                    DesiredStatus::Stop,
+                    ClientStatus::Complete,
+                ),
+                alloc("a-web-live", "web", "e-web", DesiredStatus::Run, ClientStatus::Running),
+                alloc("a-web-failed", "web", "e-web", DesiredStatus::Run, ClientStatus::Failed),
+                alloc(
+                    "a-batch",
+                    "batch",
+                    "e-batch",
+                    DesiredStatus::Stop,
+                    ClientStatus::Complete,
+                ),
+            ],
+        });
+        let garbage = crate::gc::collect(&fx.state);
+        assert_eq!(garbage.allocs, vec!["a-old".to_string(), "a-web-done".to_string()]);
+        assert_eq!(
+            garbage.evals,
+            vec!["e-old".to_string()],
+            "e-web and e-batch keep allocations"
+        );
+        assert_eq!(garbage.jobs, vec![("default".to_string(), "old".to_string())]);
+        assert_eq!(garbage.nodes, vec!["gone".to_string()]);
+        // Between the pick and the apply, the stopped job is registered again: it stays.
+        let mut again = job("old", JobType::Service);
+        again.stop = false;
+        fx.ok(Command::JobUpsert { job: again });
+        fx.ok(Command::SystemGc { garbage });
+        let state = &fx.state;
+        assert!(state.alloc("a-old").is_none() && state.alloc("a-web-done").is_none());
+        assert!(state.alloc("a-web-live").is_some() && state.alloc("a-web-failed").is_some());
+        assert!(
+            state.alloc("a-batch").is_some(),
+            "a completed batch allocation keeps its job done"
+        );
+        assert!(state.eval("e-old").is_none() && state.eval("e-web").is_some());
+        assert!(state.job("default", "old").is_some(), "registered again since the pick");
+        assert!(state.node("gone").is_none() && state.node("n1").is_some());
+        assert_eq!(state.job_evals("default", "old").count(), 0);
+    }
+}
