@@ -22,7 +22,9 @@ struct RegisterBody {
     job: Option<ApiJob>,
     /// `job run -check-index`: register only if the stored job's modify index is
     /// `JobModifyIndex` (0: only if there is none).
+    #[serde(default)]
     enforce_index: bool,
+    #[serde(default)]
     job_modify_index: u64,
 }
 
