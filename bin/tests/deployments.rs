@@ -9,33 +9,13 @@
 mod support;
 
 use std::path::Path;
-use std::process::Output;
+
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{Agent, cluster_specs, http, http_status, server_args, wait_for};
-
-fn get(port: u16, path: &str) -> Option<Value> {
-    serde_json::from_str(&support::http_get(port, path)?).ok()
-}
-
-fn cli(port: u16, args: &[&str]) -> Output {
-    std::process::Command::new(support::AGENT)
-        .args(args)
-        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
-        .output()
-        .expect("the CLI runs")
-}
-
-fn stdout(output: &Output) -> String {
-    assert!(
-        output.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
+use support::{
+    Agent, cli, cli_stdout, cluster_specs, get_json, http, http_status, server_args, wait_for, wait_for_raw_exec,
+};
 
 /// Version `version` of the job; a `broken` one's task exits at once, again and again.
 fn jobspec(version: &str, broken: bool) -> String {
@@ -84,11 +64,11 @@ fn jobspec(version: &str, broken: bool) -> String {
 fn run_job(port: u16, dir: &Path, version: &str, broken: bool) {
     let file = dir.join(format!("web-{version}.hcl"));
     std::fs::write(&file, jobspec(version, broken)).unwrap();
-    stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
+    cli_stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
 }
 
 fn latest(port: u16) -> Option<Value> {
-    get(port, "/v1/job/web/deployment").filter(|d| !d.is_null())
+    get_json(port, "/v1/job/web/deployment").filter(|d| !d.is_null())
 }
 
 /// Waits until the latest deployment is of `version` and has `status`.
@@ -107,7 +87,7 @@ fn deployment(agent: &Agent, port: u16, version: u64, status: &str) -> Value {
 }
 
 fn live_versions(port: u16) -> Vec<u64> {
-    let allocs = get(port, "/v1/job/web/allocations").unwrap_or(Value::Null);
+    let allocs = get_json(port, "/v1/job/web/allocations").unwrap_or(Value::Null);
     let mut versions: Vec<u64> = allocs
         .as_array()
         .into_iter()
@@ -127,11 +107,7 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
     args.push("-client".into());
     let agent = Agent::start(specs[0].clone(), args);
     let port = specs[0].http;
-    wait_for(Duration::from_secs(30), || {
-        let nodes = get(port, "/v1/nodes")?;
-        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
+    wait_for_raw_exec(&agent, port);
 
     // Version 0: no canaries for a first version; healthy after 1 s of running.
     run_job(port, root.path(), "0", false);
@@ -142,7 +118,7 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
     assert_eq!(group["HealthyAllocs"], 2);
     assert_eq!(group["ProgressDeadline"], 30_000_000_000u64, "nanoseconds");
     assert_eq!(group["AutoRevert"], true, "inherited from the job's update block");
-    let job = get(port, "/v1/job/web").unwrap();
+    let job = get_json(port, "/v1/job/web").unwrap();
     assert_eq!(job["Stable"], true);
     assert_eq!(job["Update"]["MaxParallel"], 1);
     assert_eq!(job["TaskGroups"][0]["Update"]["Canary"], 1);
@@ -151,7 +127,7 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
         job["TaskGroups"][0]["Update"]["HealthCheck"], "checks",
         "Nomad's default"
     );
-    let allocs = get(port, "/v1/job/web/allocations").unwrap();
+    let allocs = get_json(port, "/v1/job/web/allocations").unwrap();
     assert!(
         allocs
             .as_array()
@@ -175,7 +151,7 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
     );
     assert_eq!(live_versions(port), vec![0, 0, 1]);
     let id = waiting["ID"].as_str().unwrap().to_string();
-    let status = stdout(&cli(port, &["deployment", "status", &id[..8]]));
+    let status = cli_stdout(&cli(port, &["deployment", "status", &id[..8]]));
     assert!(status.contains("requires manual promotion"), "{status}");
     assert!(
         status.contains(
@@ -183,10 +159,10 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
         ),
         "{status}"
     );
-    let job_status = stdout(&cli(port, &["job", "status", "web"]));
+    let job_status = cli_stdout(&cli(port, &["job", "status", "web"]));
     assert!(job_status.contains("Latest Deployment"), "{job_status}");
     assert!(job_status.contains(&id[..8]), "{job_status}");
-    let promoted = stdout(&cli(port, &["deployment", "promote", &id[..8]]));
+    let promoted = cli_stdout(&cli(port, &["deployment", "promote", &id[..8]]));
     assert!(promoted.contains("promoted"), "{promoted}");
     deployment(&agent, port, 1, "successful");
     wait_for(Duration::from_secs(20), || {
@@ -207,7 +183,7 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
     // healthy deadline, and auto_revert registers version 1's spec again as version 3.
     run_job(port, root.path(), "2", true);
     let failed = wait_for(Duration::from_secs(60), || {
-        get(port, "/v1/job/web/deployments")?
+        get_json(port, "/v1/job/web/deployments")?
             .as_array()?
             .iter()
             .find(|d| d["JobVersion"] == 2 && d["Status"] == "failed")
@@ -219,7 +195,7 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
         "Failed due to unhealthy allocations - rolling back to job version 1"
     );
     deployment(&agent, port, 3, "successful");
-    let job = get(port, "/v1/job/web").unwrap();
+    let job = get_json(port, "/v1/job/web").unwrap();
     assert_eq!(job["Version"], 3);
     assert_eq!(job["TaskGroups"][0]["Tasks"][0]["Env"]["VERSION"], "1");
     wait_for(Duration::from_secs(20), || {
@@ -228,9 +204,9 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
     .unwrap_or_else(|| panic!("the old allocations run on as version 3: {:?}", live_versions(port)));
 
     // An operator's revert, and the stability flag.
-    let reverted = stdout(&cli(port, &["job", "revert", "web", "0"]));
+    let reverted = cli_stdout(&cli(port, &["job", "revert", "web", "0"]));
     assert!(reverted.contains("reverted to version 0"), "{reverted}");
-    let job = get(port, "/v1/job/web").unwrap();
+    let job = get_json(port, "/v1/job/web").unwrap();
     assert_eq!(
         (job["Version"].as_u64(), job["Stable"].as_bool()),
         (Some(4), Some(false))
@@ -244,8 +220,8 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
         Some(r#"{"JobVersion":4,"Stable":true}"#),
     )
     .expect("stable");
-    assert_eq!(get(port, "/v1/job/web").unwrap()["Stable"], true);
-    let list = stdout(&cli(port, &["deployment", "list"]));
+    assert_eq!(get_json(port, "/v1/job/web").unwrap()["Stable"], true);
+    let list = cli_stdout(&cli(port, &["deployment", "list"]));
     assert!(list.contains("Job ID  Job Version  Status"), "{list}");
     assert!(list.contains("failed"), "{list}");
 }

@@ -9,19 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Agent, cluster_specs, server_args, wait_for};
-
-fn get(port: u16, path: &str) -> Option<Value> {
-    serde_json::from_str(&support::http_get(port, path)?).ok()
-}
-
-fn cli(port: u16, args: &[&str]) -> Output {
-    std::process::Command::new(support::AGENT)
-        .args(args)
-        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
-        .output()
-        .expect("the CLI runs")
-}
+use support::{Agent, cli, cluster_specs, get_json, server_args, wait_for, wait_for_raw_exec};
 
 fn out(output: &Output) -> String {
     format!(
@@ -71,11 +59,7 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     args.push("-client".into());
     let agent = Agent::start(specs[0].clone(), args);
     let port = specs[0].http;
-    wait_for(Duration::from_secs(30), || {
-        let nodes = get(port, "/v1/nodes")?;
-        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
+    wait_for_raw_exec(&agent, port);
 
     // A new job: everything added, two creates, exit 1.
     let file = write_job(root.path(), "1", 2);
@@ -90,7 +74,7 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     );
     assert!(text.contains("- All tasks successfully allocated."), "{text}");
     assert!(text.contains("Job Modify Index: 0"), "{text}");
-    assert!(get(port, "/v1/job/web").is_none(), "a plan registers nothing");
+    assert!(get_json(port, "/v1/job/web").is_none(), "a plan registers nothing");
 
     // -check-index 0 runs a new job once, and refuses once it exists.
     let run = cli(port, &["job", "run", "-detach", "-check-index", "0", &file]);
@@ -103,7 +87,7 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
         out(&again)
     );
     wait_for(Duration::from_secs(30), || {
-        let allocs = get(port, "/v1/job/web/allocations")?;
+        let allocs = get_json(port, "/v1/job/web/allocations")?;
         (allocs
             .as_array()?
             .iter()
@@ -113,7 +97,9 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
             .then_some(())
     })
     .unwrap_or_else(|| panic!("both allocations run:\n{}", agent.log()));
-    let index = get(port, "/v1/job/web").unwrap()["JobModifyIndex"].as_u64().unwrap();
+    let index = get_json(port, "/v1/job/web").unwrap()["JobModifyIndex"]
+        .as_u64()
+        .unwrap();
 
     // The same file again: nothing to do, exit 0.
     let same = cli(port, &["job", "plan", &file]);
@@ -147,7 +133,7 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     // The HTTP answer, in Nomad's shape.
     let job = serde_json::from_str::<Value>(&out(&cli(port, &["job", "status", "web"]))).ok();
     assert!(job.is_none(), "job status prints text");
-    let body = json!({"Job": get(port, "/v1/job/web").unwrap(), "Diff": false}).to_string();
+    let body = json!({"Job": get_json(port, "/v1/job/web").unwrap(), "Diff": false}).to_string();
     let answer: Value =
         serde_json::from_str(&support::http("PUT", port, "/v1/job/web/plan", Some(&body)).unwrap()).unwrap();
     assert_eq!(answer["Diff"], Value::Null);
@@ -174,14 +160,14 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
         &["job", "run", "-detach", "-check-index", &index.to_string(), &file],
     );
     assert!(run.status.success(), "{}", out(&run));
-    assert_eq!(get(port, "/v1/job/web").unwrap()["Version"], 1);
+    assert_eq!(get_json(port, "/v1/job/web").unwrap()["Version"], 1);
 
     // `system gc` takes a stopped job once everything of it has finished.
     let stop = cli(port, &["job", "stop", "web"]);
     assert!(stop.status.success(), "{}", out(&stop));
     wait_for(Duration::from_secs(30), || {
-        let allocs = get(port, "/v1/job/web/allocations")?;
-        let evals = get(port, "/v1/job/web/evaluations")?;
+        let allocs = get_json(port, "/v1/job/web/allocations")?;
+        let evals = get_json(port, "/v1/job/web/evaluations")?;
         let finished = allocs.as_array()?.iter().all(|a| a["ClientStatus"] == "complete");
         let settled = evals
             .as_array()?
@@ -192,9 +178,9 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     .unwrap_or_else(|| panic!("every allocation finishes, every evaluation is done:\n{}", agent.log()));
     let gc = cli(port, &["system", "gc"]);
     assert!(gc.status.success(), "{}", out(&gc));
-    assert!(get(port, "/v1/job/web").is_none(), "the stopped job is collected");
-    assert_eq!(get(port, "/v1/allocations").unwrap(), json!([]));
-    let evals = get(port, "/v1/evaluations").unwrap();
+    assert!(get_json(port, "/v1/job/web").is_none(), "the stopped job is collected");
+    assert_eq!(get_json(port, "/v1/allocations").unwrap(), json!([]));
+    let evals = get_json(port, "/v1/evaluations").unwrap();
     assert!(evals.as_array().unwrap().iter().all(|e| e["JobID"] != "web"), "{evals}");
     let summaries = cli(port, &["system", "reconcile", "summaries"]);
     assert!(

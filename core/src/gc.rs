@@ -51,7 +51,7 @@ pub fn alloc_collectable(state: &ServerState, alloc: &Allocation) -> bool {
     !keeps_batch_done
 }
 
-/// `remaining(eval)`: whether an allocation of the evaluation stays.
+/// `allocs_remain`: whether an allocation of the evaluation stays.
 pub fn eval_collectable(eval: &Evaluation, allocs_remain: bool) -> bool {
     eval.status != EVAL_PENDING && eval.status != EVAL_BLOCKED && !allocs_remain
 }

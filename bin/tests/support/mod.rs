@@ -303,6 +303,40 @@ pub fn kill_tasks_under(dir: &Path) {
     }
 }
 
+/// The operator CLI against the agent at `port` (`NOMAD_ADDR`).
+pub fn cli(port: u16, args: &[&str]) -> std::process::Output {
+    Command::new(AGENT)
+        .args(args)
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("the CLI runs")
+}
+
+/// A CLI run's stdout, once it exited 0 (its whole output in the panic otherwise).
+pub fn cli_stdout(output: &std::process::Output) -> String {
+    assert!(
+        output.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// A GET's JSON body; `None` when the agent does not answer 200 with JSON.
+pub fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
+    serde_json::from_str(&http_get(port, path)?).ok()
+}
+
+/// Waits until the agent's own client registered with a healthy `raw_exec`.
+pub fn wait_for_raw_exec(agent: &Agent, port: u16) {
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get_json(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
+}
+
 /// GET over a fresh connection; `None` when the agent does not answer 200.
 pub fn http_get(port: u16, path: &str) -> Option<String> {
     http("GET", port, path, None)

@@ -5,8 +5,6 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeMap;
-
 use super::{Command, Response, ServerState, Table};
 use crate::error::ErrorKind;
 use crate::structs::{
@@ -256,12 +254,8 @@ impl ServerState {
     pub(super) fn rebuild_deployment_index(&mut self) {
         self.deployments_by_job = super::PMap::default();
         self.active_deployments = super::PMap::default();
-        let all: BTreeMap<String, Deployment> = self
-            .deployments
-            .iter()
-            .map(|(id, deployment)| (id.clone(), deployment.clone()))
-            .collect();
-        for deployment in all.values() {
+        let all: Vec<Deployment> = self.deployments.values().cloned().collect();
+        for deployment in &all {
             self.index_deployment(deployment);
         }
     }

@@ -451,6 +451,37 @@ mod tests {
     }
 
     #[test]
+    fn update_blocks_are_checked_with_nomads_texts() {
+        use crate::structs::UpdateStrategy;
+        use core::time::Duration;
+        let mut bad = job();
+        bad.task_groups[0].update = Some(alloc::boxed::Box::new(UpdateStrategy {
+            health_check: "vibes".into(),
+            auto_promote: true,
+            min_healthy_time: Duration::from_secs(600),
+            ..UpdateStrategy::default()
+        }));
+        assert_eq!(
+            validate(&bad),
+            vec![
+                "Task group g validation failed: Invalid health check given: \"vibes\"",
+                "Task group g validation failed: Auto Promote requires a Canary count greater than zero",
+                "Task group g validation failed: Minimum healthy time must be less than healthy deadline: 10m0s > 5m0s",
+            ]
+        );
+        let mut batch = job();
+        batch.job_type = JobType::Batch;
+        batch.task_groups[0].update = Some(alloc::boxed::Box::default());
+        assert_eq!(
+            validate(&batch),
+            vec!["Task group g validation failed: Job type \"batch\" does not allow update block"]
+        );
+        let mut good = job();
+        good.task_groups[0].update = Some(alloc::boxed::Box::default());
+        assert!(validate(&good).is_empty());
+    }
+
+    #[test]
     fn a_good_job_has_no_problems() {
         assert_eq!(validate(&job()), Vec::<String>::new());
     }

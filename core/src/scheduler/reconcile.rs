@@ -17,8 +17,18 @@ use super::{
 use crate::fsm::ServerState;
 use crate::structs::{
     AllocMetric, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, Evaluation, Job, JobType, Node,
-    NodeStatus, TaskGroup,
+    NodeStatus, TaskGroup, UpdateStrategy,
 };
+
+/// What a group's names call for, gathered before the deployment decides how much of it
+/// happens now.
+#[derive(Default)]
+struct NameChanges<'a> {
+    /// Names to place, each replacing the given (already stopped) allocation if any.
+    places: Vec<(String, Option<String>)>,
+    destructive: Vec<&'a Allocation>,
+    in_place: Vec<&'a Allocation>,
+}
 
 /// What becomes of one allocation name.
 enum Decision<'a> {
@@ -190,35 +200,57 @@ impl<'a> Reconcile<'a> {
                 }
             }
         }
-        let mut places: Vec<(String, Option<String>)> = Vec::new();
-        let mut destructive: Vec<&Allocation> = Vec::new();
-        let mut in_place: Vec<&Allocation> = Vec::new();
         let failed_deployment = self
             .rollout
             .deployment
             .as_ref()
             .filter(|_| self.rollout.failed())
             .map(|deployment| deployment.id.clone());
+        let mut changes = NameChanges::default();
         for name in &wanted {
             let mut history: Vec<&Allocation> = by_name.get(name).cloned().unwrap_or_default();
             history.sort_by_key(|alloc| (alloc.create_index, alloc.id.clone()));
             match self.one_name(job, &history, strategy.is_some(), failed_deployment.as_deref()) {
                 Decision::Keep => {}
-                Decision::Place(previous) => places.push((name.clone(), previous)),
-                Decision::Destructive(alloc) => destructive.push(alloc),
-                Decision::InPlace(alloc) => in_place.push(alloc),
+                Decision::Place(previous) => changes.places.push((name.clone(), previous)),
+                Decision::Destructive(alloc) => changes.destructive.push(alloc),
+                Decision::InPlace(alloc) => changes.in_place.push(alloc),
             }
         }
-        let Some(strategy) = strategy else {
-            // No deployment: everything at once (destructive updates were made by `one_name`).
-            for alloc in in_place {
-                self.update_in_place(job, alloc, None);
+        match strategy {
+            Some(strategy) => self.roll_out(job, group, &strategy, &mine, &waiting, changes, new_id),
+            None => {
+                // No deployment: everything at once (destructive updates were made by
+                // `one_name`).
+                for alloc in changes.in_place {
+                    self.update_in_place(job, alloc, None);
+                }
+                for (name, previous) in changes.places {
+                    self.placements.push(Placement::new(group, name, previous));
+                }
             }
-            for (name, previous) in places {
-                self.placements.push(Placement::new(group, name, previous));
-            }
-            return;
-        };
+        }
+    }
+
+    /// A group's changes through its deployment: created if this version needs one, then
+    /// in-place updates, placements as the deployment allows, canaries, and destructive
+    /// updates within its limit.
+    #[allow(clippy::too_many_arguments)]
+    fn roll_out(
+        &mut self,
+        job: &'a Job,
+        group: &'a TaskGroup,
+        strategy: &UpdateStrategy,
+        mine: &[&Allocation],
+        waiting: &BTreeSet<String>,
+        changes: NameChanges<'a>,
+        new_id: &mut dyn FnMut() -> String,
+    ) {
+        let NameChanges {
+            places,
+            mut destructive,
+            in_place,
+        } = changes;
         let had_current = mine.iter().any(|alloc| alloc.job_version == job.version);
         let updating = !destructive.is_empty() || !in_place.is_empty();
         let dstate = self
@@ -230,7 +262,7 @@ impl<'a> Reconcile<'a> {
         let live: Vec<&Allocation> = mine.iter().copied().filter(|alloc| !alloc.terminal()).collect();
         let allowance = self
             .rollout
-            .allowance(&group.name, &strategy, &live, waiting.len() as u32);
+            .allowance(&group.name, strategy, &live, waiting.len() as u32);
         let deployment_id = self.rollout.placing_into(&group.name).map(String::from);
         for alloc in in_place {
             self.update_in_place(job, alloc, deployment_id.as_deref());
@@ -243,14 +275,15 @@ impl<'a> Reconcile<'a> {
             }
         }
         destructive.sort_by_key(|alloc| (alloc.index(), alloc.id.clone()));
+        let canaried: BTreeSet<&str> = mine
+            .iter()
+            .filter(|alloc| waiting.contains(&alloc.id))
+            .map(|alloc| alloc.name.as_str())
+            .collect();
         let canary_names: Vec<String> = destructive
             .iter()
             .map(|alloc| alloc.name.clone())
-            .filter(|name| {
-                !mine
-                    .iter()
-                    .any(|alloc| waiting.contains(&alloc.id) && alloc.name == *name)
-            })
+            .filter(|name| !canaried.contains(name.as_str()))
             .take(allowance.canaries as usize)
             .collect();
         for name in canary_names {
@@ -272,10 +305,9 @@ impl<'a> Reconcile<'a> {
     }
 
     /// The group's canaries the servers still run that are not (yet) the allocations of their
-    /// names: those of
-    /// the current deployment that await promotion (kept beside the allocations they will
-    /// replace), and those of an older deployment or of a failed one, never promoted, which
-    /// are stopped.
+    /// names: those of the current deployment that await promotion (kept beside the
+    /// allocations they will replace), and those of an older deployment or of a failed one,
+    /// never promoted, which are stopped.
     fn sort_canaries(&mut self, group: &TaskGroup, mine: &[&Allocation]) -> (BTreeSet<String>, BTreeSet<String>) {
         let (mut waiting, mut stopped) = (BTreeSet::new(), BTreeSet::new());
         let current = self.rollout.deployment.clone();

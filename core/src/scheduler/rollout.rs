@@ -16,7 +16,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeMap;
+use alloc::collections::BTreeSet;
 
 use crate::fsm::ServerState;
 use crate::structs::{
@@ -34,13 +34,13 @@ pub(super) struct Rollout {
     pub changed: bool,
     pub updates: Vec<DeploymentStatusUpdate>,
     /// Groups that changed something in this plan (placed, updated or stopped): not done.
-    pub busy: BTreeMap<String, bool>,
+    pub busy: BTreeSet<String>,
     /// The `max-parallel` regression switch: destructive updates all at once.
     pub ignore_max_parallel: bool,
 }
 
 /// What one group's rollout allows this plan.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct GroupAllowance {
     /// Destructive updates allowed now.
     pub limit: usize,
@@ -48,6 +48,15 @@ pub(super) struct GroupAllowance {
     pub place_new: bool,
     /// Canaries still to place.
     pub canaries: u32,
+}
+
+impl GroupAllowance {
+    /// No deployment holds the group back: everything at once.
+    const UNLIMITED: GroupAllowance = GroupAllowance {
+        limit: usize::MAX,
+        place_new: true,
+        canaries: 0,
+    };
 }
 
 impl Rollout {
@@ -181,18 +190,10 @@ impl Rollout {
         placed_canaries: u32,
     ) -> GroupAllowance {
         let Some(deployment) = &self.deployment else {
-            return GroupAllowance {
-                limit: usize::MAX,
-                place_new: true,
-                canaries: 0,
-            };
+            return GroupAllowance::UNLIMITED;
         };
         let Some(state) = deployment.task_groups.get(group) else {
-            return GroupAllowance {
-                limit: usize::MAX,
-                place_new: true,
-                canaries: 0,
-            };
+            return GroupAllowance::UNLIMITED;
         };
         let stalled = self.failed() || self.paused();
         let canaries = if stalled || !state.awaits_promotion() {
@@ -201,18 +202,15 @@ impl Rollout {
             state.desired_canaries.saturating_sub(placed_canaries)
         };
         if stalled || state.awaits_promotion() {
+            // Only replacements of lost or failed allocations, and the canaries still due.
             return GroupAllowance {
                 limit: 0,
-                place_new: !stalled && !state.awaits_promotion(),
+                place_new: false,
                 canaries,
             };
         }
         if self.ignore_max_parallel {
-            return GroupAllowance {
-                limit: usize::MAX,
-                place_new: true,
-                canaries: 0,
-            };
+            return GroupAllowance::UNLIMITED;
         }
         let mut limit = strategy.max_parallel as usize;
         for alloc in live.iter().filter(|alloc| alloc.deployment_id == deployment.id) {
@@ -233,7 +231,7 @@ impl Rollout {
 
     /// Marks a group busy (something changed for it in this plan).
     pub fn busy(&mut self, group: &str) {
-        self.busy.insert(group.to_string(), true);
+        self.busy.insert(group.to_string());
     }
 
     /// A running deployment whose every group is done — nothing changed for it in this plan,
@@ -244,7 +242,7 @@ impl Rollout {
             return;
         }
         let done = deployment.task_groups.iter().all(|(name, state)| {
-            !self.busy.contains_key(name)
+            !self.busy.contains(name)
                 && !state.awaits_promotion()
                 && state.desired_total > 0
                 && state.healthy_allocs >= state.desired_total.max(state.desired_canaries)

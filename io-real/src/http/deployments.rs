@@ -165,47 +165,64 @@ fn same_id(path: &str, body: &str, what: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Sends a deployment request and answers Nomad's `DeploymentUpdateResponse`.
+/// Which of Nomad's responses a deployment request is answered with.
+#[derive(Clone, Copy)]
+enum Answer {
+    /// `DeploymentUpdateResponse`.
+    Deployment,
+    /// `JobRegisterResponse` (a revert).
+    Job,
+    /// `{"Index"}` (`Job.Stable`).
+    Index,
+}
+
+/// Sends a deployment request and answers it in the shape `answer` names.
 async fn update(
     handle: AgentHandle,
     request: DeploymentRequest,
-    job_response: bool,
+    answer: Answer,
 ) -> Result<axum::response::Response, ApiError> {
-    match handle.request_applied(ServerRequest::Deployment(request)).await {
+    let (index, eval_id, job_modify_index) = match handle.request_applied(ServerRequest::Deployment(request)).await {
         ServerReply::JobRegistered {
             index,
             eval_id,
             job_modify_index,
-        } => {
-            let body = if job_response {
-                json!({
-                    "EvalID": eval_id,
-                    "EvalCreateIndex": index,
-                    "JobModifyIndex": job_modify_index,
-                    "Warnings": "",
-                    "Index": index,
-                })
-            } else {
-                json!({
-                    "EvalID": eval_id,
-                    "EvalCreateIndex": index,
-                    "DeploymentModifyIndex": index,
-                    "Index": index,
-                })
-            };
-            Ok((query_headers(&handle, index), axum::Json(body)).into_response())
+        } => (index, eval_id, job_modify_index),
+        ServerReply::Error(error) => return Err(error.into()),
+        other => {
+            return Err(ApiError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("unexpected reply {other:?}"),
+            ));
         }
-        ServerReply::Error(error) => Err(error.into()),
-        other => Err(ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected reply {other:?}"),
-        )),
-    }
+    };
+    let body = match answer {
+        Answer::Deployment => json!({
+            "EvalID": eval_id,
+            "EvalCreateIndex": index,
+            "DeploymentModifyIndex": index,
+            "Index": index,
+        }),
+        Answer::Job => json!({
+            "EvalID": eval_id,
+            "EvalCreateIndex": index,
+            "JobModifyIndex": job_modify_index,
+            "Warnings": "",
+            "Index": index,
+        }),
+        Answer::Index => json!({ "Index": index }),
+    };
+    Ok((query_headers(&handle, index), axum::Json(body)).into_response())
 }
 
 /// `PUT /v1/deployment/fail/:id`.
 pub async fn fail(State(handle): State<AgentHandle>, Path(id): Path<String>) -> Result<impl IntoResponse, ApiError> {
-    update(handle, DeploymentRequest::Fail { deployment_id: id }, false).await
+    update(
+        handle,
+        DeploymentRequest::Fail { deployment_id: id },
+        Answer::Deployment,
+    )
+    .await
 }
 
 /// `PUT /v1/deployment/pause/:id` (`{"Pause": true|false}`).
@@ -220,7 +237,7 @@ pub async fn pause(
         deployment_id: id,
         pause: body.pause,
     };
-    update(handle, request, false).await
+    update(handle, request, Answer::Deployment).await
 }
 
 /// `PUT /v1/deployment/promote/:id` (`{"All": true}` or `{"Groups": [...]}`).
@@ -242,7 +259,7 @@ pub async fn promote(
         deployment_id: id,
         groups,
     };
-    update(handle, request, false).await
+    update(handle, request, Answer::Deployment).await
 }
 
 /// `PUT /v1/deployment/allocation-health/:id`.
@@ -258,7 +275,7 @@ pub async fn allocation_health(
         healthy: body.healthy,
         unhealthy: body.unhealthy,
     };
-    update(handle, request, false).await
+    update(handle, request, Answer::Deployment).await
 }
 
 /// `PUT /v1/job/:id/revert` (`{"JobVersion": n, "EnforcePriorVersion": m}`).
@@ -276,7 +293,7 @@ pub async fn revert(
         version: body.job_version,
         enforce_prior_version: body.enforce_prior_version,
     };
-    update(handle, request, true).await
+    update(handle, request, Answer::Job).await
 }
 
 /// `PUT /v1/job/:id/stable` (`{"JobVersion": n, "Stable": bool}`), answered `{"Index"}`.
@@ -294,11 +311,5 @@ pub async fn stable(
         version: body.job_version,
         stable: body.stable,
     };
-    match handle.request_applied(ServerRequest::Deployment(request)).await {
-        ServerReply::Error(error) => Err(error.into()),
-        reply => {
-            let index = reply.index().unwrap_or(0);
-            Ok((query_headers(&handle, index), axum::Json(json!({ "Index": index }))))
-        }
-    }
+    update(handle, request, Answer::Index).await
 }

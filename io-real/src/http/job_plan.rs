@@ -22,7 +22,8 @@ use crate::jobs::diff::{GroupUpdates, job_diff};
 struct PlanBody {
     job: Option<ApiJob>,
     diff: bool,
-    policy_override: bool,
+    // `PolicyOverride` (Sentinel) is accepted and means nothing here: there are no Sentinel
+    // policies.
 }
 
 fn desired(updates: &DesiredUpdates) -> Value {
@@ -65,7 +66,6 @@ pub async fn plan(
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let body: PlanBody = parse_body(&body, "plan request")?;
-    let _ = body.policy_override;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
     };

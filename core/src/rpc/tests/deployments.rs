@@ -336,3 +336,111 @@ fn a_broken_canary_fails_its_deployment_and_the_revert_moves_what_runs_in_place(
     assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
     assert_eq!(r.live_versions(), vec![3, 3, 3]);
 }
+
+impl Rollout {
+    /// An operator's deployment request; the reply.
+    fn operate(&mut self, request: crate::rpc::DeploymentRequest) -> ServerReply {
+        self.next_req += 1;
+        let req = self.next_req;
+        self.h.request(req, ServerRequest::Deployment(request));
+        self.h
+            .replies
+            .iter()
+            .rev()
+            .find(|(id, _)| *id == req)
+            .map(|(_, reply)| reply.clone())
+            .expect("answered")
+    }
+}
+
+#[test]
+fn operators_pause_resume_fail_and_mark_health_with_nomads_checks() {
+    use crate::rpc::DeploymentRequest as D;
+    let mut r = Rollout::new();
+    let manual = UpdateStrategy {
+        health_check: crate::structs::HEALTH_CHECK_MANUAL.into(),
+        auto_revert: true,
+        ..strategy()
+    };
+    r.register(web(2, "1", manual.clone()));
+    let first = r.deployment();
+    let allocs = r.undecided();
+    // An allocation of another job is refused by name; then both are marked healthy.
+    let foreign = r.operate(D::AllocHealth {
+        deployment_id: first.id.clone(),
+        healthy: vec!["a1".into()],
+        unhealthy: Vec::new(),
+    });
+    assert!(
+        matches!(&foreign, ServerReply::Error(e) if e.message.contains("isn't part of deployment")),
+        "{foreign:?}"
+    );
+    r.operate(D::AllocHealth {
+        deployment_id: first.id.clone(),
+        healthy: allocs.clone(),
+        unhealthy: Vec::new(),
+    });
+    assert_eq!(
+        r.h.fx.state.deployment(&first.id).unwrap().status,
+        DEPLOYMENT_SUCCESSFUL
+    );
+    let done = r.operate(D::Pause {
+        deployment_id: first.id.clone(),
+        pause: true,
+    });
+    assert!(
+        matches!(&done, ServerReply::Error(e) if e.message == "can't pause terminal deployment"),
+        "{done:?}"
+    );
+
+    // Version 1: paused, nothing moves; resumed, the rollout goes on.
+    r.register(web(2, "2", manual));
+    let second = r.deployment();
+    r.operate(D::Pause {
+        deployment_id: second.id.clone(),
+        pause: true,
+    });
+    let paused = r.h.fx.state.deployment(&second.id).unwrap().clone();
+    assert_eq!(
+        (paused.status.as_str(), paused.status_description.as_str()),
+        ("paused", "Deployment is paused")
+    );
+    r.operate(D::Pause {
+        deployment_id: second.id.clone(),
+        pause: false,
+    });
+    assert_eq!(r.h.fx.state.deployment(&second.id).unwrap().status, DEPLOYMENT_RUNNING);
+    // An operator fails it: auto_revert rolls back to version 0.
+    r.operate(D::Fail {
+        deployment_id: second.id.clone(),
+    });
+    let failed = r.h.fx.state.deployment(&second.id).unwrap();
+    assert_eq!(
+        (failed.status.as_str(), failed.status_description.as_str()),
+        (
+            DEPLOYMENT_FAILED,
+            "Deployment marked as failed - rolling back to job version 0"
+        )
+    );
+    assert_eq!(r.h.fx.state.job("default", "web").unwrap().version, 2);
+    // A promotion with no canaries, and a revert to the current version, are refused.
+    let latest = r.deployment();
+    let nothing = r.operate(D::Promote {
+        deployment_id: latest.id.clone(),
+        groups: Vec::new(),
+    });
+    assert!(
+        matches!(&nothing, ServerReply::Error(e) if e.message == "no canaries to promote"),
+        "{nothing:?}"
+    );
+    let current = r.operate(D::Revert {
+        namespace: "default".into(),
+        job_id: "web".into(),
+        version: 2,
+        enforce_prior_version: None,
+    });
+    assert!(
+        matches!(&current, ServerReply::Error(e) if e.message == "can't revert to current version"),
+        "{current:?}"
+    );
+}
