@@ -108,7 +108,7 @@ fn measure(nodes: usize, count: u32, rounds: usize, ports: bool) -> (Duration, u
             at_unix_ms: 0,
             command: Command::JobRegister {
                 job: job(count, ports),
-                eval: eval.clone(),
+                eval: Some(eval.clone()),
             },
         },
     );

@@ -45,7 +45,7 @@ fn main() {
                 job_id: format!("job-{j}"),
                 ..Evaluation::default()
             };
-            apply(&mut state, Command::JobRegister { job, eval });
+            apply(&mut state, Command::JobRegister { job, eval: Some(eval) });
         }
         let allocs: Vec<Allocation> = chunk
             .iter()

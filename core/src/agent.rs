@@ -72,6 +72,25 @@ impl Agent {
         Agent { server }
     }
 
+    /// The cron arithmetic periodic jobs are launched by (see [`crate::periodic`]).
+    pub fn with_calendar(mut self, calendar: alloc::sync::Arc<dyn crate::periodic::Calendar>) -> Self {
+        if let Some(half) = self.server.take() {
+            self.server = Some(ServerHalf {
+                rpc: half.rpc.with_calendar(calendar),
+                server: half.server,
+            });
+        }
+        self
+    }
+
+    /// The wall clock (Unix ms) at `now`: the driver reads it before every step, since cron
+    /// specs name wall-clock times.
+    pub fn set_wall_clock(&mut self, now: Instant, unix_ms: u64) {
+        if let Some(half) = &mut self.server {
+            half.rpc.set_wall_clock(now, unix_ms);
+        }
+    }
+
     pub fn server(&self) -> Option<&Server> {
         self.server.as_ref().map(|half| &half.server)
     }

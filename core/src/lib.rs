@@ -44,6 +44,7 @@ pub mod humanize;
 pub mod jobspec;
 pub mod membership;
 pub mod op;
+pub mod periodic;
 pub mod rpc;
 pub mod scheduler;
 pub mod server;

@@ -154,7 +154,7 @@ fn representative_state() -> ServerState {
         triggered_by: "job-register".into(),
         ..Default::default()
     };
-    apply(Command::JobRegister { job, eval });
+    apply(Command::JobRegister { job, eval: Some(eval) });
     apply(Command::AllocUpsert {
         allocs: vec![Allocation {
             id: "alloc-1".into(),

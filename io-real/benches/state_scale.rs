@@ -187,7 +187,9 @@ impl Bench {
             let mut update = register(&job_id(n % PAGE_JOBS), self.per_job);
             if let Command::JobRegister { job, eval } = &mut update {
                 job.meta.insert("revision".into(), self.written.to_string());
-                eval.id = format!("eval-update-{}", self.written);
+                if let Some(eval) = eval {
+                    eval.id = format!("eval-update-{}", self.written);
+                }
             }
             let write = Instant::now();
             self.apply(vec![update]);
@@ -240,5 +242,5 @@ fn register(id: &str, count: usize) -> Command {
         status: "complete".into(),
         ..Evaluation::default()
     };
-    Command::JobRegister { job, eval }
+    Command::JobRegister { job, eval: Some(eval) }
 }

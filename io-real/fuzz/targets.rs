@@ -196,7 +196,7 @@ fn schedule(job: Job) {
             at_unix_ms: 1_700_000_000_000,
             command: Command::JobRegister {
                 job,
-                eval: eval.clone(),
+                eval: Some(eval.clone()),
             },
         },
     );
@@ -288,12 +288,12 @@ fn base_commands() -> Vec<Command> {
     for job in corpus_jobs() {
         commands.push(Command::JobRegister {
             job: job.clone(),
-            eval: Evaluation {
+            eval: Some(Evaluation {
                 id: format!("eval-{}", job.id),
                 job_id: job.id.clone(),
                 namespace: job.namespace.clone(),
                 ..Evaluation::default()
-            },
+            }),
         });
     }
     commands

@@ -697,7 +697,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         state: record.boot,
         seed: crate::runtime::random(),
     };
-    let agent = Agent::new(core_now(epoch), &config, boot);
+    let agent =
+        Agent::new(core_now(epoch), &config, boot).with_calendar(std::sync::Arc::new(crate::periodic::CronCalendar));
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let handle = AgentHandle {
         inner: Arc::new(Inner {
@@ -903,6 +904,8 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
     fn step(&mut self, input: Option<agent::Input>) {
         let now = core_now(self.epoch);
         let agent = &mut self.agent;
+        // Cron specs name wall-clock times: the leader's periodic dispatcher reads it here.
+        agent.set_wall_clock(now, unix_millis());
         self.applied.read(|applied| match input {
             Some(input) => agent.handle(now, input, &applied.state),
             None => agent.handle_timeout(now, &applied.state),

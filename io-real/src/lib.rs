@@ -26,6 +26,7 @@ pub mod io;
 pub mod jobs;
 pub mod jobspec;
 pub mod keyring;
+pub mod periodic;
 pub mod raft;
 pub mod rootkeys;
 pub mod runtime;

@@ -128,7 +128,7 @@ fn fields(rows: &[(&str, String)]) -> String {
 
 /// `job status`'s `Latest Deployment` section, or `None` when the job has none.
 pub(super) fn latest_section(api: &Api, job_id: &str) -> Result<Option<String>, Failure> {
-    let latest = api.get(&format!("/v1/job/{job_id}/deployment"))?;
+    let latest = api.get(&format!("{}/deployment", super::job_path(job_id)))?;
     if latest.is_null() {
         return Ok(None);
     }
@@ -229,7 +229,7 @@ pub(super) fn run(api: &Api, command: DeploymentCommand) -> Result<(), Failure> 
 /// `job revert <job> <version>`.
 pub(super) fn job_revert(api: &Api, job_id: &str, version: u64) -> Result<(), Failure> {
     let body = json!({"JobID": job_id, "JobVersion": version});
-    let answer = api.call("PUT", &format!("/v1/job/{job_id}/revert"), Some(&body))?;
+    let answer = api.call("PUT", &format!("{}/revert", super::job_path(job_id)), Some(&body))?;
     println!("Job {job_id:?} reverted to version {version}");
     let eval = text(&answer["EvalID"]);
     if !eval.is_empty() {

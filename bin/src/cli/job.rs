@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{Api, Failure, short, table, text};
+use super::{Api, Failure, job_path, short, table, text};
 
 /// A jobspec file (HCL, or JSON with or without its `{"Job": ...}` wrapper) as the API's job.
 pub(super) fn read_job_file(file: &str) -> Result<Value, Failure> {
@@ -32,6 +32,14 @@ pub(super) fn job_run(api: &Api, file: &str, detach: bool, check_index: Option<u
     }
     let reply = api.call("PUT", "/v1/jobs", Some(&body))?;
     let eval_id = text(&reply["EvalID"]);
+    // A periodic parent is not evaluated itself: Nomad tells when it launches instead.
+    if eval_id.is_empty() {
+        println!("Job registration successful");
+        if let Some(next) = super::periodic::next_launch(&job) {
+            println!("Approximate next launch time: {next}");
+        }
+        return Ok(());
+    }
     if detach {
         println!("Job registration successful");
         println!("Evaluation ID: {eval_id}");
@@ -60,7 +68,7 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("    Evaluation triggered by job {:?}", text(&eval["JobID"]));
-    let allocs = api.get(&format!("/v1/job/{}/allocations", text(&eval["JobID"])))?;
+    let allocs = api.get(&format!("{}/allocations", job_path(&text(&eval["JobID"]))))?;
     for alloc in allocs
         .as_array()
         .into_iter()
@@ -142,35 +150,40 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
         }
         return Ok(());
     };
-    let job = api.get(&format!("/v1/job/{id}")).map_err(|Failure(message, code)| {
+    let job = api.get(&job_path(id)).map_err(|Failure(message, code)| {
         if message.contains("404") {
             Failure(format!("No job(s) with prefix or id {id:?} found"), 1)
         } else {
             Failure(message, code)
         }
     })?;
-    let summary = api.get(&format!("/v1/job/{id}/summary"))?;
-    println!(
-        "{}",
-        table(&[
-            vec!["ID".into(), "=".into(), text(&job["ID"])],
-            vec!["Name".into(), "=".into(), text(&job["Name"])],
-            vec!["Type".into(), "=".into(), text(&job["Type"])],
-            vec!["Priority".into(), "=".into(), text(&job["Priority"])],
-            vec![
-                "Datacenters".into(),
-                "=".into(),
-                job["Datacenters"]
-                    .as_array()
-                    .map(|d| d.iter().map(text).collect::<Vec<_>>().join(","))
-                    .unwrap_or_default()
-            ],
-            vec!["Status".into(), "=".into(), text(&job["Status"])],
-            vec!["Version".into(), "=".into(), text(&job["Version"])],
-        ])
-        .replace("  =  ", " = ")
-    );
+    let summary = api.get(&format!("{}/summary", job_path(id)))?;
+    let mut rows = vec![
+        vec!["ID".into(), "=".into(), text(&job["ID"])],
+        vec!["Name".into(), "=".into(), text(&job["Name"])],
+        vec!["Type".into(), "=".into(), text(&job["Type"])],
+        vec!["Priority".into(), "=".into(), text(&job["Priority"])],
+        vec![
+            "Datacenters".into(),
+            "=".into(),
+            job["Datacenters"]
+                .as_array()
+                .map(|d| d.iter().map(text).collect::<Vec<_>>().join(","))
+                .unwrap_or_default(),
+        ],
+        vec!["Status".into(), "=".into(), text(&job["Status"])],
+        vec!["Version".into(), "=".into(), text(&job["Version"])],
+    ];
+    let parent = job["Periodic"].is_object();
+    if parent {
+        rows.extend(super::periodic::status_rows(&job));
+    }
+    println!("{}", table(&rows).replace("  =  ", " = "));
     println!();
+    if parent {
+        println!("{}", super::periodic::children_sections(api, &job, &summary)?);
+        return Ok(());
+    }
     println!("Summary");
     let mut rows = vec![
         [
@@ -204,7 +217,7 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
     }
     println!();
     println!("Allocations");
-    let allocs = api.get(&format!("/v1/job/{id}/allocations"))?;
+    let allocs = api.get(&format!("{}/allocations", job_path(id)))?;
     let mut rows = vec![
         ["ID", "Node ID", "Task Group", "Version", "Desired", "Status"]
             .iter()
@@ -227,7 +240,7 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
 
 pub(super) fn job_stop(api: &Api, id: &str, purge: bool) -> Result<(), Failure> {
     let reply = api
-        .call("DELETE", &format!("/v1/job/{id}?purge={purge}"), None)
+        .call("DELETE", &format!("{}?purge={purge}", job_path(id)), None)
         .map_err(|Failure(message, code)| {
             if message.contains("404") {
                 Failure(format!("No job(s) with prefix or id {id:?} found"), 1)

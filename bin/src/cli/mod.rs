@@ -13,6 +13,7 @@ mod job_plan;
 mod keyring;
 mod logs;
 mod node;
+mod periodic;
 mod rootkeys;
 mod server;
 mod tls;
@@ -120,6 +121,20 @@ pub enum JobCommand {
     },
     /// Register an earlier version of a job again, as its newest version.
     Revert { id: String, version: u64 },
+    /// Periodic jobs: `periodic force`.
+    #[command(subcommand)]
+    Periodic(PeriodicCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum PeriodicCommand {
+    /// Launch a periodic job's child now, whatever its schedule says.
+    Force {
+        id: String,
+        /// Return once the child is launched.
+        #[arg(long)]
+        detach: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -479,6 +494,25 @@ pub(super) fn text(value: &Value) -> String {
     }
 }
 
+/// Text made safe for a URL path segment or query value (job IDs hold `/`: a periodic
+/// child's is `<parent>/periodic-<unix>`).
+pub(super) fn escape(text: &str) -> String {
+    text.bytes()
+        .map(|byte| {
+            if byte.is_ascii_alphanumeric() || b"-_.~".contains(&byte) {
+                char::from(byte).to_string()
+            } else {
+                format!("%{byte:02X}")
+            }
+        })
+        .collect()
+}
+
+/// `/v1/job/<id>`, the ID escaped.
+pub(super) fn job_path(id: &str) -> String {
+    format!("/v1/job/{}", escape(id))
+}
+
 pub(super) fn short(id: &Value) -> String {
     text(id).chars().take(8).collect()
 }
@@ -502,6 +536,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Status { id }) => job_status(&api, id.as_deref()),
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Job(JobCommand::Revert { id, version }) => deployment::job_revert(&api, &id, version),
+        Command::Job(JobCommand::Periodic(PeriodicCommand::Force { id, detach })) => periodic::force(&api, &id, detach),
         Command::Deployment(command) => deployment::run(&api, command),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),

@@ -139,7 +139,7 @@ impl ServerState {
     fn register_revert(&mut self, index: u64, at_ms: u64, job: Option<&Job>, eval: Option<&Evaluation>) {
         match (job, eval) {
             (Some(job), Some(eval)) => {
-                self.register_job(index, at_ms, job, eval);
+                self.register_job(index, at_ms, job, Some(eval));
             }
             (None, Some(eval)) => self.upsert_evals(index, at_ms, core::slice::from_ref(eval)),
             _ => {}

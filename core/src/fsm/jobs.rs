@@ -58,7 +58,7 @@ impl ServerState {
                 self.recompute_job_plugins(index, at_ms, &key);
                 Response::Done
             }
-            Command::JobRegister { job, eval } => self.register_job(index, at_ms, job, eval),
+            Command::JobRegister { job, eval } => self.register_job(index, at_ms, job, eval.as_ref()),
             Command::JobStop {
                 namespace,
                 job_id,
@@ -101,7 +101,7 @@ impl ServerState {
     }
 
     /// A register that changes nothing keeps the version (and does not un-stop nothing).
-    pub(super) fn register_job(&mut self, index: u64, at_ms: u64, job: &Job, eval: &Evaluation) -> Response {
+    pub(super) fn register_job(&mut self, index: u64, at_ms: u64, job: &Job, eval: Option<&Evaluation>) -> Response {
         let key = (job.namespace.clone(), job.id.clone());
         let old = self.jobs.get(&key).cloned();
         let changed = old.as_ref().is_none_or(|old| old.stop || spec(old) != spec(job));
@@ -124,15 +124,22 @@ impl ServerState {
                 self.keep_version(&job);
             }
         }
-        let mut eval = eval.clone();
-        eval.job_modify_index = job.job_modify_index;
+        if changed {
+            self.periodic_registered(index, at_ms, &job);
+        }
+        let eval = eval.map(|eval| Evaluation {
+            job_modify_index: job.job_modify_index,
+            ..eval.clone()
+        });
         self.jobs.insert(key.clone(), job);
         if old.is_none() {
             self.rebuild_summary(&key.0, &key.1);
         }
         self.touch(Table::Jobs, index);
         self.recompute_job_plugins(index, at_ms, &key);
-        self.upsert_evals(index, at_ms, &[eval]);
+        if let Some(eval) = eval {
+            self.upsert_evals(index, at_ms, &[eval]);
+        }
         Response::Done
     }
 
@@ -148,6 +155,7 @@ impl ServerState {
         for version in versions {
             self.job_versions.delete(&version);
         }
+        self.forget_periodic(namespace, job_id);
         self.rebuild_summary(namespace, job_id);
     }
 

@@ -16,6 +16,7 @@ mod direct;
 mod gc;
 mod jobs;
 mod nodes;
+mod periodic;
 mod pmap;
 mod queues;
 pub mod rootkeys;
@@ -128,10 +129,27 @@ pub enum Command {
         namespace: String,
         job_id: String,
     },
-    /// `Job.Register`: the job (a new version when its spec changed) and its evaluation.
+    /// `Job.Register`: the job (a new version when its spec changed) and its evaluation
+    /// (none for a periodic parent, which is never scheduled itself).
     JobRegister {
         job: Job,
-        eval: Evaluation,
+        eval: Option<Evaluation>,
+    },
+    /// A periodic parent's launch: its last launch moves to `launch_ms` and, unless
+    /// `prohibit_overlap` skipped it, its child is registered with an evaluation, in this one
+    /// entry. Refused when the parent is no longer periodic, or (not `forced`) when a launch at
+    /// or after `launch_ms` is already recorded: no time is launched twice, whichever leader
+    /// proposes it.
+    PeriodicLaunch {
+        namespace: String,
+        job_id: String,
+        launch_ms: u64,
+        /// An operator's `job periodic force`: launched now, whatever the spec says.
+        forced: bool,
+        /// Times the spec named that fell due together with this one and are not launched
+        /// (a leader was missing, or a clock moved over them): the latest stands for them.
+        skipped: u32,
+        child: Option<alloc::boxed::Box<(Job, Evaluation)>>,
     },
     /// `Job.Deregister`: stopped (a new version with `stop`), or with `purge` removed with
     /// its versions; either way with an evaluation that stops its allocations.
@@ -286,6 +304,7 @@ pub enum Table {
     AclAuthMethods,
     AclBindingRules,
     Deployments,
+    PeriodicLaunches,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -364,6 +383,9 @@ pub struct ServerState {
     /// The running and paused deployments (the deployment watcher's); derived.
     #[serde(skip)]
     active_deployments: PMap<String, ()>,
+    /// The last launch of each periodic parent, by (namespace, job id) (`periodic.rs`).
+    #[serde(default)]
+    periodic_launches: PMap<(String, String), crate::structs::PeriodicLaunch>,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -391,6 +413,8 @@ struct StateRecord {
     root_keys: rootkeys::RootKeys,
     #[serde(default)]
     deployments: PMap<String, crate::structs::Deployment>,
+    #[serde(default)]
+    periodic_launches: PMap<(String, String), crate::structs::PeriodicLaunch>,
 }
 
 impl From<StateRecord> for ServerState {
@@ -414,6 +438,7 @@ impl From<StateRecord> for ServerState {
             acl: record.acl,
             root_keys: record.root_keys,
             deployments: record.deployments,
+            periodic_launches: record.periodic_launches,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),

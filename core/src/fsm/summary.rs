@@ -55,7 +55,9 @@ impl JobSummary {
     /// Nomad's job status: `dead` when stopped or nothing runs, `running` when something does,
     /// `pending` otherwise (as [`Job::status`] computes it from the allocations).
     pub fn status(&self, job: &Job) -> &'static str {
-        if self.any_live() {
+        if job.is_launcher() {
+            if job.stop { "dead" } else { "running" }
+        } else if self.any_live() {
             "running"
         } else if job.stop || self.any() {
             "dead"
@@ -187,7 +189,7 @@ mod tests {
                         .collect(),
                     ..Job::default()
                 },
-                eval,
+                eval: Some(eval),
             },
             2 => Command::JobStop {
                 namespace: "default".into(),

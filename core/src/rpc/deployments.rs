@@ -170,8 +170,9 @@ impl JobEndpoints {
                         "job {job_id:?} in namespace {namespace:?} at version {version} not found"
                     ))
                 })?;
-                let eval = self.new_eval(&namespace, &job_id, old.job_type, old.priority, "job-register");
-                let eval_id = eval.id.clone();
+                let eval = (!old.is_launcher())
+                    .then(|| self.new_eval(&namespace, &job_id, old.job_type, old.priority, "job-register"));
+                let eval_id = eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default();
                 let command = Command::JobRegister { job: old.clone(), eval };
                 Ok((command, namespace, job_id, eval_id))
             }

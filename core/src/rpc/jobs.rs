@@ -111,10 +111,13 @@ impl JobEndpoints {
                     );
                     return None;
                 }
-                let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-register");
+                // A periodic parent is never scheduled itself: no evaluation (Nomad answers
+                // it with an empty `EvalID`).
+                let eval = (!job.is_launcher())
+                    .then(|| self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-register"));
                 let flow = JobFlow::Write {
                     req,
-                    eval_id: eval.id.clone(),
+                    eval_id: eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default(),
                     namespace: job.namespace.clone(),
                     job_id: job.id.clone(),
                 };
@@ -159,6 +162,13 @@ impl JobEndpoints {
                     out.reply(req, ServerReply::Error(RpcError::not_found("job not found")));
                     return None;
                 };
+                if job.is_periodic() {
+                    out.reply(
+                        req,
+                        ServerReply::Error(RpcError::invalid("can't evaluate periodic job")),
+                    );
+                    return None;
+                }
                 let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-register");
                 let flow = JobFlow::Write {
                     req,

@@ -184,6 +184,12 @@ pub enum ServerRequest {
     NodeEvaluate {
         node_id: String,
     },
+    /// `Periodic.Force`: a periodic parent's child launched now; answered like a register
+    /// (with the child's evaluation).
+    PeriodicForce {
+        namespace: String,
+        job_id: String,
+    },
     /// `System.GarbageCollect`: everything collectable now (`crate::gc`) removed.
     SystemGc,
     /// `System.ReconcileJobSummaries`.

@@ -111,6 +111,7 @@ pub struct RpcEndpoints {
     jobs: jobs::JobEndpoints,
     drainer: Drainer,
     deployments: crate::deploy::watcher::DeploymentWatcher,
+    periodic: crate::periodic::PeriodicDispatcher,
     csi: csi::CsiEndpoints,
     si_tokens: connect::SiTokens,
 }
@@ -130,6 +131,7 @@ impl RpcEndpoints {
             jobs: jobs::JobEndpoints::new(seed),
             drainer: Drainer::with_faults(faults),
             deployments: Default::default(),
+            periodic: Default::default(),
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
             si_tokens: connect::SiTokens::new(),
         }
@@ -152,6 +154,17 @@ impl RpcEndpoints {
     pub fn with_connect(mut self, consul: bool, faults: crate::config::ConnectFaults) -> Self {
         self.si_tokens = core::mem::replace(&mut self.si_tokens, connect::SiTokens::new()).configure(consul, faults);
         self
+    }
+
+    /// The cron arithmetic periodic jobs are launched by (see [`crate::periodic`]).
+    pub fn with_calendar(mut self, calendar: alloc::sync::Arc<dyn crate::periodic::Calendar>) -> Self {
+        self.periodic = crate::periodic::PeriodicDispatcher::new(calendar);
+        self
+    }
+
+    /// The wall clock (Unix ms) at `now`: the driver reads it before every step.
+    pub fn set_wall_clock(&mut self, now: Instant, unix_ms: u64) {
+        self.periodic.set_wall_clock(now, unix_ms);
     }
 
     pub fn watcher(&self) -> &VolumeWatcher {
@@ -191,6 +204,7 @@ impl RpcEndpoints {
                 self.nodes.set_enabled(leader);
                 self.drainer.set_enabled(leader);
                 self.deployments.set_enabled(leader);
+                self.periodic.set_enabled(leader);
                 self.si_tokens.set_enabled(leader);
             }
         }
@@ -214,6 +228,9 @@ impl RpcEndpoints {
         if let Some(command) = self.deployments.run(now, state, &mut || jobs.new_id()) {
             self.out.propose_new(Owner::Deployments, command);
         }
+        if let Some(command) = self.periodic.run(now, state, &mut || jobs.new_id()) {
+            self.out.propose_new(Owner::Periodic, command);
+        }
         self.jobs.run(now, state, &mut self.out);
         self.si_tokens.run(now, state, &mut self.out);
     }
@@ -225,6 +242,7 @@ impl RpcEndpoints {
             self.nodes.poll_timeout(),
             self.drainer.poll_timeout(),
             self.deployments.poll_timeout(),
+            self.periodic.poll_timeout(),
             self.si_tokens.poll_timeout(),
         ]
         .into_iter()
@@ -283,6 +301,10 @@ impl RpcEndpoints {
             | R::AllocClientUpdates { .. }
             | R::AllocDelete { .. }
             | R::AllocStop { .. }) => self.jobs.request(req, request, state, out),
+            R::PeriodicForce { namespace, job_id } => {
+                self.force_periodic(now, req, &namespace, &job_id, state);
+                None
+            }
             R::SystemGc => Some(Command::SystemGc {
                 garbage: crate::gc::collect(state),
             }),
@@ -306,6 +328,38 @@ impl RpcEndpoints {
         if let Some(command) = command {
             self.out.propose_new(Owner::Simple { req }, command);
         }
+    }
+
+    /// `Periodic.Force`: the parent's child launched now, answered like a register with the
+    /// child's evaluation (Nomad's texts for a job that is not periodic).
+    fn force_periodic(&mut self, now: Instant, req: ReqId, namespace: &str, job_id: &str, state: &ServerState) {
+        let refused = match state.job(namespace, job_id) {
+            None => Some(RpcError::not_found(format!("job {job_id:?} not found"))),
+            Some(job) if !job.is_periodic() => Some(RpcError::invalid("can't force launch non-periodic job")),
+            Some(job) if !job.is_periodic_active() => Some(RpcError::invalid(format!(
+                "can't force run non-tracked job {job_id:?} ({namespace})"
+            ))),
+            Some(_) => None,
+        };
+        if let Some(error) = refused {
+            self.out.reply(req, ServerReply::Error(error));
+            return;
+        }
+        let (Some(parent), Some(wall_ms)) = (state.job(namespace, job_id), self.periodic.wall_at(now)) else {
+            return;
+        };
+        let jobs = &mut self.jobs;
+        let command = crate::periodic::launch(state, parent, wall_ms, true, 0, &mut || jobs.new_id());
+        let Command::PeriodicLaunch { child: Some(child), .. } = &command else {
+            return;
+        };
+        let flow = jobs::JobFlow::Write {
+            req,
+            eval_id: child.1.id.clone(),
+            namespace: namespace.to_string(),
+            job_id: child.0.id.clone(),
+        };
+        self.out.propose_new(Owner::Jobs(flow), command);
     }
 
     /// A proposal came back: to the machine that made it.
@@ -345,6 +399,12 @@ impl RpcEndpoints {
                 }
                 self.deployments.proposed();
             }
+            Owner::Periodic => {
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "periodic launch failed");
+                }
+                self.periodic.proposed();
+            }
             Owner::Csi => self.csi.proposed(now, job, outcome, state, out),
             Owner::Connect(flow) => self.si_tokens.proposed(flow, outcome, out),
         }
@@ -362,6 +422,7 @@ impl RpcEndpoints {
                 Owner::Jobs(flow) => waiting.extend(self.jobs.abandoned(&flow).map(|req| (job, req))),
                 Owner::Drainer => self.drainer.proposed(),
                 Owner::Deployments => self.deployments.proposed(),
+                Owner::Periodic => self.periodic.proposed(),
             }
         }
         waiting.sort_by_key(|(job, _)| *job);

@@ -29,6 +29,8 @@ pub(super) enum Owner {
     Drainer,
     /// The deployment watcher's proposal.
     Deployments,
+    /// The periodic dispatcher's launch.
+    Periodic,
     /// A step of a CSI flow; the flow is the job of the same number in the CSI machine.
     Csi,
     /// Service identity token accessors.

@@ -59,7 +59,7 @@ pub fn dry_run(state: &ServerState, job: &Job, limits: &crate::jobspec::limits::
         at_unix_ms: state.last_applied_time_ms(),
         command: Command::JobRegister {
             job: job.clone(),
-            eval: eval.clone(),
+            eval: Some(eval.clone()),
         },
     };
     if let Response::Error(_, text) = scratch.apply(index, &entry) {

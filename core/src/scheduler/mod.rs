@@ -151,7 +151,8 @@ pub fn schedule_with_faults(
             ..Plan::default()
         };
     }
-    let job = stored.filter(|job| !job.stop);
+    // A periodic parent only launches children: nothing of its own is placed.
+    let job = stored.filter(|job| !job.stop && !job.is_launcher());
     let allocs: Vec<&Allocation> = state.job_allocs(&eval.namespace, &eval.job_id).collect();
     let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
     reconcile.group_count_max = limits.group_count;

@@ -92,7 +92,7 @@ impl World {
         let eval = self.eval(&job.id);
         self.fx.ok(Command::JobRegister {
             job: job.clone(),
-            eval: eval.clone(),
+            eval: Some(eval.clone()),
         });
         eval
     }

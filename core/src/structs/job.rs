@@ -108,6 +108,12 @@ pub struct Job {
     /// `auto_revert` rolls back to.
     #[serde(default)]
     pub stable: bool,
+    /// The `periodic` block: the leader launches children of this job on its schedule.
+    #[serde(default)]
+    pub periodic: Option<alloc::boxed::Box<PeriodicConfig>>,
+    /// The periodic (or parameterized) job this one was launched from.
+    #[serde(default)]
+    pub parent_id: String,
 }
 
 impl Job {
@@ -127,8 +133,11 @@ impl Job {
 
     /// Nomad's job status: `dead` when stopped or nothing runs, `running` when something
     /// does, `pending` otherwise.
+    /// A periodic parent runs until it is stopped, whatever its children do.
     pub fn status(&self, allocs: &[&Allocation]) -> &'static str {
-        if allocs.iter().any(|alloc| !alloc.terminal()) {
+        if self.is_launcher() {
+            if self.stop { "dead" } else { "running" }
+        } else if allocs.iter().any(|alloc| !alloc.terminal()) {
             "running"
         } else if self.stop || !allocs.is_empty() {
             "dead"

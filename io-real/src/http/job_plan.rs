@@ -125,9 +125,24 @@ pub async fn plan(
             "JobModifyIndex": run.job_modify_index,
             "CreatedEvals": Value::Null,
             "Diff": diff,
-            "NextPeriodicLaunch": "0001-01-01T00:00:00Z",
+            "NextPeriodicLaunch": next_launch(&run.job),
             "Warnings": "",
             "Index": index,
         })),
     ))
+}
+
+/// When a periodic job would launch next from now (Go's zero time for any other job), as
+/// RFC 3339.
+fn next_launch(job: &drover_core::structs::Job) -> String {
+    use drover_core::periodic::Calendar as _;
+    job.periodic
+        .as_ref()
+        .filter(|periodic| periodic.enabled)
+        .and_then(|periodic| crate::periodic::CronCalendar.next_after(periodic, crate::clock::unix_millis()))
+        .and_then(|ms| chrono::DateTime::<chrono::Utc>::from_timestamp_millis(ms as i64))
+        .map_or_else(
+            || "0001-01-01T00:00:00Z".to_string(),
+            |at| at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        )
 }

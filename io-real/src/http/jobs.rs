@@ -58,10 +58,16 @@ fn summary(state: &ServerState, job: &Job, kept: &JobSummary) -> Value {
         "JobID": job.id,
         "Namespace": job.namespace,
         "Summary": groups,
-        "Children": {"Pending": 0, "Running": 0, "Dead": 0},
+        "Children": children(state, job),
         "CreateIndex": job.create_index,
         "ModifyIndex": job.modify_index,
     })
+}
+
+/// Nomad's `JobChildrenSummary` of a periodic parent (zeros for any other job).
+fn children(state: &ServerState, job: &Job) -> Value {
+    let (pending, running, dead) = state.children_summary(&job.namespace, &job.id);
+    json!({"Pending": pending, "Running": running, "Dead": dead})
 }
 
 /// The job's status (Nomad's), from its kept summary.
@@ -73,13 +79,13 @@ fn job_stub(state: &ServerState, job: &Job) -> Value {
     let kept = state.job_summary(&job.namespace, &job.id);
     json!({
         "ID": job.id,
-        "ParentID": "",
+        "ParentID": job.parent_id,
         "Name": job.name,
         "Namespace": job.namespace,
         "Datacenters": job.datacenters,
         "Type": job.job_type.as_str(),
         "Priority": job.priority,
-        "Periodic": false,
+        "Periodic": job.is_periodic(),
         "ParameterizedJob": false,
         "Stop": job.stop,
         "Status": kept.status(job),
@@ -183,8 +189,9 @@ async fn register(
         } => Ok((
             query_headers(handle, index),
             axum::Json(json!({
+                // A periodic parent is registered without an evaluation (Nomad's 0).
+                "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
                 "EvalID": eval_id,
-                "EvalCreateIndex": index,
                 "JobModifyIndex": job_modify_index,
                 "Warnings": "",
                 "Index": index,

@@ -24,6 +24,7 @@ mod forward;
 mod fs;
 mod nodes;
 mod page;
+mod periodic;
 mod reads;
 mod render;
 mod search;
@@ -186,6 +187,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route(
             "/v1/job/{id}/plan",
             axum::routing::put(job_plan::plan).post(job_plan::plan),
+        )
+        .route(
+            "/v1/job/{id}/periodic/force",
+            axum::routing::put(periodic::force).post(periodic::force),
         )
         .route("/v1/job/{id}/deployments", get(deployments::of_job))
         .route("/v1/job/{id}/deployment", get(deployments::latest_of_job))

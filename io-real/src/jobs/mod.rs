@@ -7,6 +7,7 @@
 mod connect;
 pub mod diff;
 mod network;
+mod periodic;
 mod template;
 mod update;
 
@@ -17,6 +18,7 @@ pub use connect::{
     ApiConsulConnect, ApiConsulProxy, ApiConsulUpstream, ApiLifecycle, ApiSidecarService, ApiSidecarTask,
 };
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
+pub use periodic::ApiPeriodicConfig;
 pub use template::ApiTemplate;
 pub use update::ApiUpdateStrategy;
 
@@ -57,6 +59,9 @@ pub struct ApiJob {
     pub affinities: Vec<ApiAffinity>,
     pub update: Option<ApiUpdateStrategy>,
     pub stable: bool,
+    pub periodic: Option<ApiPeriodicConfig>,
+    #[serde(rename = "ParentID")]
+    pub parent_id: String,
 }
 
 /// Nomad's `api.Constraint`.
@@ -368,6 +373,10 @@ impl ApiJob {
             .map(|group| group.to_group(&name, job_update.as_ref(), &mut problems))
             .collect();
         let update = job_update.map(|update| Box::new(update.to_strategy(&mut problems)));
+        let periodic = self
+            .periodic
+            .as_ref()
+            .map(|periodic| Box::new(periodic.to_config(job_type, &mut problems)));
         let job = Job {
             id: self.id.clone(),
             namespace: if self.namespace.is_empty() {
@@ -389,6 +398,8 @@ impl ApiJob {
             constraints: constraints_in(&self.constraints),
             affinities: affinities_in(&self.affinities),
             update,
+            periodic,
+            parent_id: self.parent_id.clone(),
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -416,6 +427,8 @@ impl ApiJob {
             affinities: affinities_out(&job.affinities),
             update: job.update.as_deref().map(ApiUpdateStrategy::from_strategy),
             stable: job.stable,
+            periodic: job.periodic.as_deref().map(ApiPeriodicConfig::from_config),
+            parent_id: job.parent_id.clone(),
         }
     }
 }

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use crate::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiLogConfig, ApiMigrate, ApiMountOptions,
-    ApiNetworkResource, ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup,
-    ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
+    ApiNetworkResource, ApiPeriodicConfig, ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck,
+    ApiTask, ApiTaskGroup, ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -295,6 +295,32 @@ impl Walker {
         })
     }
 
+    /// A `periodic` block: `cron` (or a one-element `crons`), `prohibit_overlap`,
+    /// `time_zone`, `enabled`.
+    fn periodic(&mut self, at: &str, block: &Object) -> Option<ApiPeriodicConfig> {
+        let periodic = self.single(at, block, "periodic")?;
+        let at = format!("{at} periodic");
+        self.known(
+            &at,
+            periodic,
+            &["cron", "crons", "prohibit_overlap", "time_zone", "enabled"],
+        );
+        let mut spec = self.string(&at, periodic, "cron");
+        if let Some(crons) = self.strings(&at, periodic, "crons") {
+            match (crons.as_slice(), &spec) {
+                ([one], None) => spec = Some(one.clone()),
+                _ => self.problem(&at, "give one cron spec: cron, or crons with one element"),
+            }
+        }
+        Some(ApiPeriodicConfig {
+            enabled: self.boolean(&at, periodic, "enabled"),
+            spec,
+            spec_type: None,
+            prohibit_overlap: self.boolean(&at, periodic, "prohibit_overlap"),
+            time_zone: self.string(&at, periodic, "time_zone"),
+        })
+    }
+
     fn single<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Option<&'a Object> {
         let found = self.repeated(at, block, key);
         if found.len() > 1 {
@@ -340,10 +366,12 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "constraint",
             "affinity",
             "update",
+            "periodic",
             "group",
         ],
     );
     let update = walker.update(&at, block);
+    let periodic = walker.periodic(&at, block);
     let job = ApiJob {
         id: id.clone(),
         name: walker.string(&at, block, "name").unwrap_or_default(),
@@ -361,6 +389,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             .map(|(name, group)| parse_group(&mut walker, &format!("{at} group {name:?}"), name, group))
             .collect(),
         update,
+        periodic,
         ..ApiJob::default()
     };
     if walker.problems.is_empty() {

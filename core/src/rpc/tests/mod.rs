@@ -4,6 +4,7 @@ mod csi_lifecycle;
 mod deployments;
 mod jobs;
 mod nodes;
+mod periodic;
 
 use super::*;
 use crate::fsm::csi::tests::{Fixture, alloc, claim, node, volume};

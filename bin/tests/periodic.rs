@@ -1,0 +1,160 @@
+//! Periodic jobs for real: an agent launches a child of a periodic job at every time its cron
+//! spec names (`<id>/periodic-<unix>`), `job periodic force` launches one now, `job status`
+//! shows the parent's children, a bad spec is refused with Nomad's text, and a stopped
+//! parent launches nothing more.
+
+mod support;
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Agent, cli, cli_stdout, cluster_specs, get_json, server_args, wait_for, wait_for_raw_exec};
+
+fn write_job(dir: &Path, cron: &str) -> String {
+    let file = dir.join("report.hcl");
+    std::fs::write(
+        &file,
+        format!(
+            r#"job "report" {{
+  type = "batch"
+  periodic {{
+    cron             = "{cron}"
+    prohibit_overlap = false
+  }}
+  group "g" {{
+    task "t" {{
+      driver = "raw_exec"
+      config {{
+        command = "/bin/true"
+      }}
+      resources {{
+        cpu    = 20
+        memory = 16
+      }}
+    }}
+  }}
+}}
+"#
+        ),
+    )
+    .unwrap();
+    file.to_str().unwrap().to_string()
+}
+
+/// The children of `report` as the job list shows them, by ID.
+fn children(port: u16) -> Vec<Value> {
+    get_json(port, "/v1/jobs?prefix=report%2F")
+        .and_then(|jobs| jobs.as_array().cloned())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|job| job["ParentID"] == "report")
+        .collect()
+}
+
+/// The launch second in a child's ID.
+fn launch_second(child: &Value) -> u64 {
+    let id = child["ID"].as_str().unwrap_or_default();
+    id.strip_prefix("report/periodic-")
+        .and_then(|secs| secs.parse().ok())
+        .unwrap_or_else(|| panic!("a periodic child's ID: {id}"))
+}
+
+#[test]
+fn a_periodic_job_launches_children_on_its_schedule_and_on_demand() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for_raw_exec(&agent, port);
+
+    // A spec that does not parse is refused, naming it; nothing is stored.
+    let bad = cli(port, &["job", "run", &write_job(root.path(), "every two seconds")]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&bad.stdout),
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    assert!(!bad.status.success(), "{text}");
+    assert!(text.contains("Invalid cron spec \"every two seconds\""), "{text}");
+    assert!(get_json(port, "/v1/job/report").is_none());
+
+    // Every second second (7 fields: seconds first, year last, as Nomad reads them).
+    let run = cli_stdout(&cli(port, &["job", "run", &write_job(root.path(), "*/2 * * * * * *")]));
+    assert!(run.contains("Job registration successful"), "{run}");
+    assert!(run.contains("Approximate next launch time: "), "{run}");
+    let parent = get_json(port, "/v1/job/report").expect("the parent is stored");
+    assert_eq!(parent["Periodic"]["Spec"], "*/2 * * * * * *");
+    assert_eq!(parent["Status"], "running");
+    assert!(
+        get_json(port, "/v1/job/report/evaluations").is_some_and(|evals| evals.as_array().is_some_and(Vec::is_empty)),
+        "the parent itself is never evaluated"
+    );
+
+    let launched = wait_for(Duration::from_secs(30), || {
+        let children = children(port);
+        (children.len() >= 2).then_some(children)
+    })
+    .unwrap_or_else(|| panic!("two children are launched:\n{}", agent.log()));
+    let mut seconds: Vec<u64> = launched.iter().map(launch_second).collect();
+    seconds.sort();
+    assert!(
+        seconds.iter().all(|second| second % 2 == 0),
+        "launched at the spec's times: {seconds:?}"
+    );
+    assert!(
+        seconds.windows(2).all(|pair| pair[0] < pair[1]),
+        "no time launched twice: {seconds:?}"
+    );
+    // A child runs to completion as a batch job.
+    let first = format!("/v1/job/{}", launched[0]["ID"].as_str().unwrap().replace('/', "%2F"));
+    wait_for(Duration::from_secs(30), || {
+        let child = get_json(port, &first)?;
+        (child["Status"] == "dead").then_some(())
+    })
+    .unwrap_or_else(|| panic!("the first child runs and finishes:\n{}", agent.log()));
+
+    // Forced: a child of this second, off the schedule, with its evaluation (the same child
+    // evaluated again when the schedule launched one in this very second).
+    let forced = cli_stdout(&cli(port, &["job", "periodic", "force", "-detach", "report"]));
+    assert!(forced.contains("Force periodic successful"), "{forced}");
+    let eval_id = forced
+        .lines()
+        .find_map(|line| line.strip_prefix("Evaluation ID: "))
+        .unwrap_or_else(|| panic!("{forced}"));
+    let eval = get_json(port, &format!("/v1/evaluation/{eval_id}")).expect("the forced evaluation");
+    assert!(
+        eval["JobID"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("report/periodic-")),
+        "{eval}"
+    );
+    assert_eq!(eval["TriggeredBy"], "periodic-job");
+    let plain = cli(port, &["job", "periodic", "force", "nothing-here"]);
+    assert!(!plain.status.success());
+
+    // The parent's status: periodic, its next launch, and its children instead of allocations.
+    let status = cli_stdout(&cli(port, &["job", "status", "report"]));
+    assert!(status.contains("Periodic"), "{status}");
+    assert!(status.contains("Next Periodic Launch"), "{status}");
+    assert!(status.contains("Children Job Summary"), "{status}");
+    assert!(status.contains("Previously Launched Jobs"), "{status}");
+    assert!(status.contains("report/periodic-"), "{status}");
+    let summary = get_json(port, "/v1/job/report/summary").expect("summary");
+    let total: u64 = ["Pending", "Running", "Dead"]
+        .iter()
+        .map(|key| summary["Children"][key].as_u64().unwrap_or(0))
+        .sum();
+    assert!(total as usize >= launched.len(), "{summary}");
+    // A child's own status works through its escaped ID.
+    let child_status = cli_stdout(&cli(port, &["job", "status", launched[0]["ID"].as_str().unwrap()]));
+    assert!(child_status.contains("Allocations"), "{child_status}");
+
+    // Stopped: the state machine refuses any launch after the stop is applied.
+    cli_stdout(&cli(port, &["job", "stop", "report"]));
+    let after_stop = children(port).len();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(children(port).len(), after_stop, "a stopped parent launches nothing");
+}
