@@ -194,11 +194,22 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
         .await
         .unwrap()
         .port();
-    for _ in 0..200 {
-        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
-            break;
+    // Raft naming a leader is not enough: the endpoints serve once the leadership barrier
+    // is applied (before, "No cluster leader").
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let probe = ServerRequest::VariablesRead { paths: Vec::new() };
+        match handle.request(probe).await {
+            ServerReply::Error(error) if error.retryable => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never served: {}",
+                    error.message
+                );
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            _ => break,
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
     (handle, http, plugins, dir)
 }

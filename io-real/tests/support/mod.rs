@@ -86,15 +86,31 @@ pub async fn start_server_with_tls(
         .await
         .unwrap()
         .port();
-    for _ in 0..400 {
-        if handle.status().raft.is_some_and(|raft| raft.leader.is_some()) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    wait_until_serving(&handle).await;
     Server {
         handle,
         http,
         rpc: ports.rpc,
+    }
+}
+
+/// Waits until the agent's leader endpoints answer: Raft naming a leader is not enough, the
+/// new leader serves requests only once its leadership barrier is applied (before that every
+/// request is refused with "No cluster leader", which a test must not race).
+pub async fn wait_until_serving(handle: &AgentHandle) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let probe = drover_core::rpc::ServerRequest::VariablesRead { paths: Vec::new() };
+        match handle.request(probe).await {
+            drover_core::rpc::ServerReply::Error(error) if error.retryable => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the agent never started serving: {}",
+                    error.message
+                );
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            _ => return,
+        }
     }
 }
