@@ -236,6 +236,11 @@ pub struct SchedulerFaults {
     /// A rollout's destructive updates are not held to `max_parallel`: every allocation of an
     /// updated group is replaced at once, as before deployments.
     pub ignore_max_parallel: bool,
+    /// A new leader's periodic dispatcher counts from when it took office, not from the last
+    /// recorded launch: a time that fell due during the election is never launched (what
+    /// Nomad's dispatcher does for a job it adds, applied to a failover).
+    #[serde(default)]
+    pub periodic_from_leadership: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).

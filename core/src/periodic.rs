@@ -120,6 +120,10 @@ pub struct PeriodicDispatcher {
     looked_at: (u64, u64),
     /// Set when something may have changed what is due (a clock step, a proposal back).
     dirty: bool,
+    /// The regression switch `periodic-from-leadership`, and the wall clock when this leader
+    /// took office.
+    from_leadership: bool,
+    took_office_ms: Option<u64>,
 }
 
 impl Default for PeriodicDispatcher {
@@ -138,11 +142,20 @@ impl PeriodicDispatcher {
             wake: None,
             looked_at: (0, 0),
             dirty: true,
+            from_leadership: false,
+            took_office_ms: None,
         }
     }
 
-    pub fn calendar(&self) -> &Arc<dyn Calendar> {
-        &self.calendar
+    /// A dispatcher defect re-created on purpose (a regression switch of the simulation).
+    pub fn with_faults(mut self, faults: crate::config::SchedulerFaults) -> Self {
+        self.from_leadership = faults.periodic_from_leadership;
+        self
+    }
+
+    pub fn with_calendar(mut self, calendar: Arc<dyn Calendar>) -> Self {
+        self.calendar = calendar;
+        self
     }
 
     /// The leader's wall clock now. A reading that disagrees with the monotonic clock by
@@ -168,6 +181,7 @@ impl PeriodicDispatcher {
 
     pub fn set_enabled(&mut self, enabled: bool) {
         self.enabled = enabled;
+        self.took_office_ms = None;
         self.in_flight = false;
         self.wake = None;
         self.dirty = true;
@@ -188,6 +202,7 @@ impl PeriodicDispatcher {
             return None;
         }
         let wall_ms = self.wall_at(now)?;
+        let took_office_ms = *self.took_office_ms.get_or_insert(wall_ms);
         let tables = (
             state.table_index(Table::Jobs),
             state.table_index(Table::PeriodicLaunches),
@@ -206,7 +221,12 @@ impl PeriodicDispatcher {
             let Some(periodic) = parent.periodic.as_ref() else {
                 continue;
             };
-            let Some(next) = self.calendar.next_after(periodic, last.launch_ms) else {
+            let base = if self.from_leadership {
+                last.launch_ms.max(took_office_ms)
+            } else {
+                last.launch_ms
+            };
+            let Some(next) = self.calendar.next_after(periodic, base) else {
                 continue;
             };
             if next > wall_ms {

@@ -791,6 +791,11 @@ async fn start_raft<T: Transport, O: Observer>(
                 observer.record(event);
             }
         }
+        if let openraft::EntryPayload::Normal(Entry { command, .. }) = &entry.payload
+            && let Some(event) = crate::facts::periodic_launch(state, index, command)
+        {
+            observer.record(event);
+        }
         if let openraft::EntryPayload::Normal(Entry {
             command: Command::AllocUpdateDesiredTransition { transitions, .. },
             ..

@@ -124,3 +124,34 @@ pub fn rollouts(state: &ServerState, allocs: &[Allocation]) -> Vec<AgentEvent> {
     }
     events
 }
+
+/// A periodic launch the entry at `index` applied (none when the state machine refused it:
+/// the parent's launch record then does not carry this index).
+pub fn periodic_launch(state: &ServerState, index: u64, command: &drover_core::fsm::Command) -> Option<AgentEvent> {
+    let drover_core::fsm::Command::PeriodicLaunch {
+        namespace,
+        job_id,
+        launch_ms,
+        forced,
+        skipped,
+        ..
+    } = command
+    else {
+        return None;
+    };
+    let record = state.periodic_launch(namespace, job_id)?;
+    if record.modify_index != index {
+        return None;
+    }
+    let periodic = state.job(namespace, job_id)?.periodic.as_deref()?;
+    Some(AgentEvent::PeriodicLaunched {
+        index,
+        job: format!("{namespace}/{job_id}"),
+        spec: periodic.spec.clone(),
+        time_zone: periodic.time_zone.clone(),
+        launch_ms: *launch_ms,
+        previous_ms: record.previous_ms,
+        skipped: *skipped,
+        forced: *forced,
+    })
+}

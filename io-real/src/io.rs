@@ -285,6 +285,20 @@ pub enum AgentEvent {
         max_parallel: u32,
         replacing: Vec<String>,
     },
+    /// A periodic launch was applied: the parent's spec, the time launched, the due times
+    /// the entry says it passed over, and the log index (a restarted server applies entries
+    /// again). Raw facts: the simulation's oracle counts the spec's times with its own rule.
+    PeriodicLaunched {
+        index: u64,
+        job: String,
+        spec: String,
+        time_zone: String,
+        launch_ms: u64,
+        /// The launch (or registration) the state machine recorded before this one.
+        previous_ms: u64,
+        skipped: u32,
+        forced: bool,
+    },
     /// A migration the node drainer marked was applied: the allocation, what kind it is, and
     /// its node as the state shows it (see `crate::facts`). Raw facts only: the simulation's
     /// drain-order oracle judges them with its own rule.

@@ -862,11 +862,25 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         || Options {
             scheduler_faults: SchedulerFaults {
                 ignore_max_parallel: true,
+                ..SchedulerFaults::default()
             },
             ..Options::default()
         },
         &["real_clients_rolling_update"],
         "a rollout never has more than max_parallel unhealthy replacements",
+    ),
+    (
+        "periodic-from-leadership",
+        "a new leader's periodic dispatcher counts from when it took office: a time that fell due during the election is never launched",
+        || Options {
+            scheduler_faults: SchedulerFaults {
+                periodic_from_leadership: true,
+                ..SchedulerFaults::default()
+            },
+            ..Options::default()
+        },
+        &["real_clients_periodic"],
+        "every time a periodic spec names is launched once or counted as skipped",
     ),
     (
         "8609",

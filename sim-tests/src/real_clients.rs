@@ -87,6 +87,9 @@ pub struct RealClientPlan {
     pub client_faults: ClientFaults,
     /// Job versions whose tasks fail at once (exit 1, no restarts): their deployments fail.
     pub broken_versions: BTreeSet<u64>,
+    /// The cron spec of a periodic batch job (`cron`) beside the jobs: the leaders launch a
+    /// child of it at every time the spec names, whose task runs a second.
+    pub periodic: Option<String>,
 }
 
 impl RealClientPlan {
@@ -115,6 +118,7 @@ impl RealClientPlan {
             plugin_faults: PluginFaults::default(),
             client_faults: ClientFaults::default(),
             broken_versions: BTreeSet::new(),
+            periodic: None,
         }
     }
 
@@ -176,6 +180,11 @@ impl RealClientPlan {
             lines.push(format!(
                 "client zones {:?}, volume zones {:?}",
                 self.zones, self.volume_zones
+            ));
+        }
+        if let Some(spec) = &self.periodic {
+            lines.push(format!(
+                "periodic job {PERIODIC_JOB}: cron {spec:?}, each child runs 1s"
             ));
         }
         lines.extend(self.jobs.iter().map(|job| {
@@ -397,6 +406,58 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
     }
 }
 
+/// The periodic job's ID.
+pub const PERIODIC_JOB: &str = "cron";
+
+/// The periodic batch job: a child at every time `spec` names, whose task runs a second.
+pub fn periodic_job(plan: &RealClientPlan, spec: &str) -> Job {
+    let task = RealJob {
+        id: PERIODIC_JOB.into(),
+        count: 1,
+        run_for: Some(Duration::from_secs(1)),
+        volume: None,
+        read_only: false,
+        children: 0,
+        connect: false,
+        update: None,
+    };
+    Job {
+        job_type: JobType::Batch,
+        periodic: Some(Box::new(drover_core::structs::PeriodicConfig {
+            spec: spec.to_string(),
+            ..Default::default()
+        })),
+        ..job(plan, &task, 0)
+    }
+}
+
+/// Once the cluster is quiet, the periodic job is launching on time again: nothing its spec
+/// names is overdue by more than `slack` (a failover or a clock step is over). The launch
+/// record is the leader's; the wall clock is the harness's (every server's is true again).
+fn periodic_current(state: &ServerState, spec: &str, slack: Duration) -> Result<String, String> {
+    use drover_core::periodic::Calendar as _;
+    let record = state
+        .periodic_launch("default", PERIODIC_JOB)
+        .ok_or("the periodic job has no launch record")?;
+    let config = drover_core::structs::PeriodicConfig {
+        spec: spec.to_string(),
+        ..Default::default()
+    };
+    let now = drover_io_real::clock::unix_millis();
+    let next = drover_io_real::periodic::CronCalendar
+        .next_after(&config, record.launch_ms)
+        .ok_or("the spec names no later time")?;
+    if next + slack.as_millis() as u64 <= now {
+        return Err(format!(
+            "the last launch was at {} ms; {next} ms is {} ms overdue",
+            record.launch_ms,
+            now - next
+        ));
+    }
+    let children = state.children("default", PERIODIC_JOB).count();
+    Ok(format!("periodic job launching on time ({children} children launched)"))
+}
+
 /// Sends `request` through the live servers until one answers other than "try again".
 pub async fn request(cluster: &SimCluster, request: ServerRequest, attempts: u32) -> ServerReply {
     retry_request(|| cluster.gateways(), 0, request, attempts, REQUEST_TIMEOUT).await
@@ -450,6 +511,16 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
         match request(cluster, register, 40).await {
             ServerReply::JobRegistered { .. } => {}
             other => return Err(format!("register job {}: {other:?}", spec.id)),
+        }
+    }
+    if let Some(spec) = &plan.periodic {
+        let register = ServerRequest::JobRegister {
+            job: Box::new(periodic_job(plan, spec)),
+            enforce_index: None,
+        };
+        match request(cluster, register, 40).await {
+            ServerReply::JobRegistered { .. } => {}
+            other => return Err(format!("register job {PERIODIC_JOB}: {other:?}")),
         }
     }
     Ok(())
@@ -929,6 +1000,27 @@ pub async fn check_end(
     recorder.note(format!(
         "the jobs run on the real clients ({starts} task starts in all)"
     ));
+    if let Some(spec) = &plan.periodic {
+        loop {
+            let verdict = leader_state(cluster, leader)
+                .ok_or_else(|| "the leader's state cannot be read".to_string())
+                .and_then(|state| periodic_current(&state, spec, Duration::from_secs(3)));
+            match verdict {
+                Ok(note) => {
+                    recorder.note(note);
+                    break;
+                }
+                Err(why) if tokio::time::Instant::now() >= deadline => {
+                    recorder.violate(
+                        "liveness: a periodic job launches on time once the cluster is quiet",
+                        why,
+                    );
+                    break;
+                }
+                Err(_) => tokio::time::sleep(POLL).await,
+            }
+        }
+    }
     if let Some(state) = leader_state(cluster, leader) {
         let refused = failed_on_capacity(&state, plan);
         if !refused.is_empty() {
@@ -968,16 +1060,17 @@ async fn stop_jobs(
     leader: u64,
     deadline: tokio::time::Instant,
 ) -> bool {
-    for spec in &plan.jobs {
+    let periodic = plan.periodic.as_ref().map(|_| PERIODIC_JOB.to_string());
+    for id in plan.jobs.iter().map(|spec| spec.id.clone()).chain(periodic) {
         let stop = ServerRequest::JobStop {
             namespace: "default".into(),
-            job_id: spec.id.clone(),
+            job_id: id.clone(),
             purge: false,
         };
         match request(cluster, stop, 40).await {
             ServerReply::JobRegistered { .. } | ServerReply::Done { .. } => {}
             other => {
-                recorder.violate("a job can be stopped", format!("{}: {other:?}", spec.id));
+                recorder.violate("a job can be stopped", format!("{id}: {other:?}"));
                 return false;
             }
         }

@@ -445,6 +445,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         build: real_clients_rolling_update,
     },
     Scenario {
+        name: "real_clients_periodic",
+        about: "real clients: a periodic batch job launched every 5 s beside a service job, through leader kills and servers' wall clocks stepped ahead and back",
+        build: real_clients_periodic,
+    },
+    Scenario {
         name: "swarm",
         about: "swarm testing: each seed enables its own mix of fault kinds at its own rates over 3 servers and 2 real clients running a CSI job",
         build: crate::swarm::swarm,
@@ -578,6 +583,51 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
     let run_for = rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000));
     plan.real_clients = Some(RealClientPlan::one_job(clients, 3, run_for));
+    plan.quiet_bound = Duration::from_secs(90);
+    plan
+}
+
+/// A periodic job on real clients: its leader is killed (the new one launches what fell due
+/// during the election) and servers' wall clocks are stepped ahead (times passed over,
+/// counted as skipped) and back (nothing launched twice), each set right again later.
+fn real_clients_periodic(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut steps = Vec::new();
+    for _ in 0..rng.gen_range(1..=2) {
+        let at = millis(rng, 12_000..45_000);
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: at + millis(rng, 2_000..10_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    for _ in 0..rng.gen_range(1..=3) {
+        let machine = Machine::Server(rng.gen_range(0..3));
+        let at = millis(rng, 8_000..50_000);
+        let off = if rng.gen_bool(0.5) {
+            rng.gen_range(6_000..30_000)
+        } else {
+            -rng.gen_range(6_000..30_000)
+        };
+        steps.push(Step {
+            at,
+            action: Action::WallClock(machine, off),
+        });
+        steps.push(Step {
+            at: at + millis(rng, 4_000..15_000),
+            action: Action::WallClock(machine, 0),
+        });
+    }
+    steps.sort_by_key(|step| step.at);
+    let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
+    let mut real = RealClientPlan::one_job(2, 1, None);
+    real.periodic = Some("*/5 * * * * * *".into());
+    plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(90);
     plan
 }
@@ -1070,6 +1120,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         plugin_faults: PluginFaults::default(),
         client_faults: Default::default(),
         broken_versions: BTreeSet::new(),
+        periodic: None,
     }
 }
 

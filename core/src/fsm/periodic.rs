@@ -21,11 +21,13 @@ impl ServerState {
         let launch = match self.periodic_launches.get(&key) {
             Some(old) => PeriodicLaunch {
                 launch_ms: old.launch_ms.max(at_ms),
+                previous_ms: old.launch_ms,
                 modify_index: index,
                 ..old.clone()
             },
             None => PeriodicLaunch {
                 launch_ms: at_ms,
+                previous_ms: 0,
                 create_index: index,
                 modify_index: index,
             },
@@ -82,11 +84,13 @@ impl ServerState {
         let launch = match last {
             Some(last) => PeriodicLaunch {
                 launch_ms: last.launch_ms.max(*launch_ms),
+                previous_ms: last.launch_ms,
                 modify_index: index,
                 ..last
             },
             None => PeriodicLaunch {
                 launch_ms: *launch_ms,
+                previous_ms: 0,
                 create_index: index,
                 modify_index: index,
             },

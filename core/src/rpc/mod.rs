@@ -146,6 +146,7 @@ impl RpcEndpoints {
     /// A scheduler defect re-created on purpose (a regression switch of the simulation).
     pub fn with_scheduler_faults(mut self, faults: crate::config::SchedulerFaults) -> Self {
         self.jobs.set_scheduler_faults(faults);
+        self.periodic = core::mem::take(&mut self.periodic).with_faults(faults);
         self
     }
 
@@ -158,7 +159,7 @@ impl RpcEndpoints {
 
     /// The cron arithmetic periodic jobs are launched by (see [`crate::periodic`]).
     pub fn with_calendar(mut self, calendar: alloc::sync::Arc<dyn crate::periodic::Calendar>) -> Self {
-        self.periodic = crate::periodic::PeriodicDispatcher::new(calendar);
+        self.periodic = self.periodic.with_calendar(calendar);
         self
     }
 

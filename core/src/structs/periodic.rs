@@ -44,6 +44,9 @@ impl Default for PeriodicConfig {
 pub struct PeriodicLaunch {
     /// Unix milliseconds of the launch (a time the spec names, or a forced launch's now).
     pub launch_ms: u64,
+    /// The launch (or registration) this one followed.
+    #[serde(default)]
+    pub previous_ms: u64,
     pub create_index: u64,
     pub modify_index: u64,
 }

@@ -14,6 +14,7 @@ pub mod liveness;
 pub mod log_matching;
 pub mod no_rebootstrap;
 pub mod one_vote;
+pub mod periodic;
 pub mod rollout;
 pub mod single_cluster;
 pub mod state_equal;
@@ -51,6 +52,7 @@ pub fn all() -> Vec<Box<dyn Invariant>> {
         Box::new(controller_serial::ControllerSerial::default()),
         Box::new(drain_order::DrainOrder),
         Box::new(rollout::Rollout),
+        Box::new(periodic::PeriodicLaunches::default()),
         Box::new(task_processes::TaskProcesses::default()),
     ]
 }
