@@ -259,7 +259,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     ok(
         &handle,
         ServerRequest::JobUpsert {
-            job: plugin_job.clone(),
+            job: Box::new(plugin_job.clone()),
         },
     )
     .await;
@@ -297,7 +297,13 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
 
     // The writer: an exec task with the volume at /data.
     let writer = consumer("writer", "echo hello from the writer > /data/hello");
-    ok(&handle, ServerRequest::JobUpsert { job: writer.clone() }).await;
+    ok(
+        &handle,
+        ServerRequest::JobUpsert {
+            job: Box::new(writer.clone()),
+        },
+    )
+    .await;
     ok(
         &handle,
         ServerRequest::AllocUpsert {
@@ -353,7 +359,13 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
             name: "gpu".into(),
             count: 1,
         });
-    ok(&handle, ServerRequest::JobUpsert { job: reader.clone() }).await;
+    ok(
+        &handle,
+        ServerRequest::JobUpsert {
+            job: Box::new(reader.clone()),
+        },
+    )
+    .await;
     ok(
         &handle,
         ServerRequest::AllocUpsert {
@@ -386,7 +398,13 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
             name: "gpu".into(),
             count: 1,
         });
-    ok(&handle, ServerRequest::JobUpsert { job: trainer.clone() }).await;
+    ok(
+        &handle,
+        ServerRequest::JobUpsert {
+            job: Box::new(trainer.clone()),
+        },
+    )
+    .await;
     ok(
         &handle,
         ServerRequest::AllocUpsert {

@@ -72,7 +72,12 @@ fn a_restarted_agent_reattaches_to_its_running_task() {
         task_group: "g".into(),
         ..Allocation::default()
     };
-    request(rpc, ServerRequest::JobUpsert { job: job.clone() });
+    request(
+        rpc,
+        ServerRequest::JobUpsert {
+            job: Box::new(job.clone()),
+        },
+    );
     request(
         rpc,
         ServerRequest::AllocUpsert {

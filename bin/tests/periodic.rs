@@ -1,7 +1,9 @@
-//! Periodic jobs for real: an agent launches a child of a periodic job at every time its cron
-//! spec names (`<id>/periodic-<unix>`), `job periodic force` launches one now, `job status`
-//! shows the parent's children, a bad spec is refused with Nomad's text, and a stopped
-//! parent launches nothing more.
+//! Periodic and parameterized jobs for real. An agent launches a child of a periodic job at
+//! every time its cron spec names (`<id>/periodic-<unix>`), `job periodic force` launches one
+//! now, `job status` shows the parent's children, a bad spec is refused with Nomad's text, and
+//! a stopped parent launches nothing more. `job dispatch` registers a child of a parameterized
+//! job whose task finds the payload in `local/` and the meta in its environment, with Nomad's
+//! checks and its idempotency token.
 
 mod support;
 
@@ -157,4 +159,114 @@ fn a_periodic_job_launches_children_on_its_schedule_and_on_demand() {
     let after_stop = children(port).len();
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(children(port).len(), after_stop, "a stopped parent launches nothing");
+}
+
+fn write_parameterized(dir: &Path, marker: &Path) -> String {
+    let file = dir.join("render.hcl");
+    std::fs::write(
+        &file,
+        format!(
+            r#"job "render" {{
+  type = "batch"
+  meta {{
+    owner = "ops"
+  }}
+  parameterized {{
+    payload       = "required"
+    meta_required = ["color"]
+    meta_optional = ["size"]
+  }}
+  group "g" {{
+    task "t" {{
+      driver = "raw_exec"
+      dispatch_payload {{
+        file = "in/input.txt"
+      }}
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "cat $NOMAD_TASK_DIR/in/input.txt > {marker}.tmp; echo \" $NOMAD_META_color $NOMAD_META_owner\" >> {marker}.tmp; mv {marker}.tmp {marker}"]
+      }}
+      resources {{
+        cpu    = 20
+        memory = 16
+      }}
+    }}
+  }}
+}}
+"#,
+            marker = marker.display()
+        ),
+    )
+    .unwrap();
+    file.to_str().unwrap().to_string()
+}
+
+#[test]
+fn a_parameterized_job_is_dispatched_with_its_payload_and_meta() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for_raw_exec(&agent, port);
+
+    let marker = root.path().join("rendered");
+    let run = cli_stdout(&cli(port, &["job", "run", &write_parameterized(root.path(), &marker)]));
+    assert!(run.contains("Job registration successful"), "{run}");
+    let status = cli_stdout(&cli(port, &["job", "status", "render"]));
+    assert!(status.contains("Parameterized = true"), "{status}");
+
+    // The payload goes to the task's local/in/input.txt, the meta to its environment.
+    let input = root.path().join("input");
+    std::fs::write(&input, b"hello payload").unwrap();
+    let input = input.to_str().unwrap();
+    let dispatched = cli_stdout(&cli(port, &["job", "dispatch", "-meta", "color=blue", "render", input]));
+    assert!(
+        dispatched.contains("Dispatched Job ID = render/dispatch-"),
+        "{dispatched}"
+    );
+    assert!(dispatched.contains("Evaluation ID"), "{dispatched}");
+    let rendered = wait_for(Duration::from_secs(30), || std::fs::read_to_string(&marker).ok())
+        .unwrap_or_else(|| panic!("the dispatched task runs:\n{}", agent.log()));
+    assert_eq!(rendered, "hello payload blue ops\n");
+
+    // Nomad's checks, with its texts.
+    let missing = cli(port, &["job", "dispatch", "render", input]);
+    let text = String::from_utf8_lossy(&missing.stderr).into_owned();
+    assert!(!missing.status.success());
+    assert!(
+        text.contains("Dispatch did not provide required meta keys: [color]"),
+        "{text}"
+    );
+    let no_payload = cli(port, &["job", "dispatch", "-meta", "color=red", "render"]);
+    let text = String::from_utf8_lossy(&no_payload.stderr).into_owned();
+    assert!(text.contains("Payload is required"), "{text}");
+
+    // An idempotency token names the child it made while that child lives.
+    let token = [
+        "job",
+        "dispatch",
+        "-detach",
+        "-idempotency-token",
+        "t-1",
+        "-meta",
+        "color=red",
+        "render",
+        input,
+    ];
+    let first = cli_stdout(&cli(port, &token));
+    let second = cli_stdout(&cli(port, &token));
+    let id = |out: &str| {
+        out.lines()
+            .find_map(|line| line.strip_prefix("Dispatched Job ID = "))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("{out}"))
+    };
+    assert_eq!(id(&first), id(&second), "{first}\n{second}");
+    let child = get_json(port, &format!("/v1/job/{}", id(&first).replace('/', "%2F"))).expect("the child");
+    assert_eq!(child["ParentID"], "render");
+    assert_eq!(child["Dispatched"], true);
+    assert_eq!(child["Payload"], "aGVsbG8gcGF5bG9hZA==");
+    assert_eq!(child["Meta"]["color"], "red");
 }

@@ -146,7 +146,10 @@ fn a_client_only_agent_follows_the_servers_through_a_leader_failover() {
         ..Allocation::default()
     };
     let any_server = specs[0].rpc;
-    submit(([127, 0, 0, 1], any_server).into(), ServerRequest::JobUpsert { job });
+    submit(
+        ([127, 0, 0, 1], any_server).into(),
+        ServerRequest::JobUpsert { job: Box::new(job) },
+    );
     submit(
         ([127, 0, 0, 1], any_server).into(),
         ServerRequest::AllocUpsert {

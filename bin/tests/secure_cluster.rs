@@ -161,7 +161,18 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
     let token: Value = serde_json::from_str(&body).unwrap();
     let management = token["SecretID"].as_str().unwrap().to_string();
     assert_eq!(code, 200);
-    assert_eq!(alive_members(port, &management), Some(3));
+    // Raft agreeing on a leader does not mean gossip has every member alive on this server
+    // yet (CI once saw 2 of 3 here): membership converges on its own schedule.
+    wait_for(Duration::from_secs(30), || {
+        (alive_members(port, &management) == Some(3)).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "gossip sees 3 alive members, not {:?}:\n{}",
+            alive_members(port, &management),
+            servers[0].log()
+        )
+    });
 
     // The client, with a client certificate.
     let [http, rpc_port, serf] = free_ports();

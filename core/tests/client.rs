@@ -52,7 +52,7 @@ impl World {
             Io::DestroyTask { .. } | Io::SignalTask { .. } => Reply::Unit,
             Io::RenderTemplate(_) => Reply::Rendered(Default::default()),
             Io::ReadFile { .. } => Reply::File(None),
-            Io::WriteFile { .. } | Io::RunCommand { .. } => Reply::Unit,
+            Io::WriteFile { .. } | Io::WriteBytes { .. } | Io::RunCommand { .. } => Reply::Unit,
             Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Reply::Reserved(Default::default()),
             Io::Csi { call, .. } => Reply::Csi(match call {
                 CsiCall::Probe => CsiReply::Probe { ready: true },

@@ -449,6 +449,7 @@ mod client_harness {
             job_type,
             job_name: "j".into(),
             job_meta: BTreeMap::new(),
+            job_payload: Vec::new(),
             group,
             node: drover_core::taskenv::NodeEnv {
                 node: drover_core::structs::Node {
@@ -640,6 +641,9 @@ mod client_harness {
             Io::SignalTask { handle, signal } => format!("signal {} {signal}", handle.task),
             Io::ReadFile { path } => format!("read {path}"),
             Io::WriteFile { path, content, mode } => format!("write {path} mode={mode:o} {content}"),
+            Io::WriteBytes { path, content, mode } => {
+                format!("write {path} mode={mode:o} {}", String::from_utf8_lossy(content))
+            }
             Io::RunCommand {
                 program,
                 args,

@@ -217,7 +217,7 @@ async fn fill(handle: &AgentHandle, from: usize, to: usize, per_job: usize, node
     in_flight(handle, registers).await;
     let upserts = (from..to)
         .map(|j| ServerRequest::JobUpsert {
-            job: job(j, per_job, 0),
+            job: Box::new(job(j, per_job, 0)),
         })
         .collect();
     in_flight(handle, upserts).await;
@@ -271,7 +271,7 @@ async fn measure(
     for n in 0..writes {
         let update = job(n % PAGE_JOBS, per_job, revision_base + n + 1);
         let write = Instant::now();
-        ok(handle, ServerRequest::JobUpsert { job: update }).await;
+        ok(handle, ServerRequest::JobUpsert { job: Box::new(update) }).await;
         took.push(write.elapsed().as_secs_f64());
     }
     let elapsed = started.elapsed().as_secs_f64();

@@ -372,6 +372,15 @@ impl SimHost {
     }
 
     fn filesystem(&self, io: Io) -> Outcome {
+        // The simulated files hold text; a payload's bytes are kept as (lossy) text.
+        let io = match io {
+            Io::WriteBytes { path, content, mode } => Io::WriteFile {
+                path,
+                content: String::from_utf8_lossy(&content).into_owned(),
+                mode,
+            },
+            other => other,
+        };
         let mut state = self.lock();
         match io {
             Io::Mkdir { path } => {
@@ -752,7 +761,8 @@ impl ClientExecutor for SimHost {
                 | Io::Rmdir { .. }
                 | Io::IsMountPoint { .. }
                 | Io::ReadFile { .. }
-                | Io::WriteFile { .. }) => host.filesystem(io),
+                | Io::WriteFile { .. }
+                | Io::WriteBytes { .. }) => host.filesystem(io),
                 Io::RunCommand {
                     program,
                     args,

@@ -174,7 +174,7 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
         vec!["Status".into(), "=".into(), text(&job["Status"])],
         vec!["Version".into(), "=".into(), text(&job["Version"])],
     ];
-    let parent = job["Periodic"].is_object();
+    let parent = super::periodic::is_parent(&job);
     if parent {
         rows.extend(super::periodic::status_rows(&job));
     }

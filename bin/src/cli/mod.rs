@@ -7,6 +7,7 @@ mod acl_login;
 mod acl_roles;
 mod alloc;
 mod deployment;
+mod dispatch;
 mod exec;
 mod job;
 mod job_plan;
@@ -124,6 +125,20 @@ pub enum JobCommand {
     /// Periodic jobs: `periodic force`.
     #[command(subcommand)]
     Periodic(PeriodicCommand),
+    /// Dispatch a parameterized job: a child with a payload (a file, or `-` for stdin) and
+    /// meta.
+    Dispatch {
+        id: String,
+        input: Option<String>,
+        /// `key=value`, repeatable.
+        #[arg(long)]
+        meta: Vec<String>,
+        /// A second dispatch with the same token, while its child lives, returns that child.
+        #[arg(long = "idempotency-token")]
+        idempotency_token: Option<String>,
+        #[arg(long)]
+        detach: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -537,6 +552,20 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Stop { id, purge }) => job_stop(&api, &id, purge),
         Command::Job(JobCommand::Revert { id, version }) => deployment::job_revert(&api, &id, version),
         Command::Job(JobCommand::Periodic(PeriodicCommand::Force { id, detach })) => periodic::force(&api, &id, detach),
+        Command::Job(JobCommand::Dispatch {
+            id,
+            input,
+            meta,
+            idempotency_token,
+            detach,
+        }) => {
+            let options = dispatch::DispatchOptions {
+                meta,
+                idempotency_token,
+                detach,
+            };
+            dispatch::dispatch(&api, &id, input.as_deref(), options)
+        }
         Command::Deployment(command) => deployment::run(&api, command),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),

@@ -48,13 +48,21 @@ pub(super) fn next_launch(job: &Value) -> Option<String> {
     ))
 }
 
-/// The rows of `job status` a periodic parent adds to the job's own.
+/// Whether the job only launches children: a periodic or parameterized parent.
+pub(super) fn is_parent(job: &Value) -> bool {
+    job["Periodic"].is_object() || (job["ParameterizedJob"].is_object() && job["Dispatched"] != true)
+}
+
+/// The rows of `job status` a parent adds to the job's own.
 pub(super) fn status_rows(job: &Value) -> Vec<Vec<String>> {
-    let mut rows = vec![vec![
-        "Periodic".into(),
-        "=".into(),
-        job["Periodic"].is_object().to_string(),
-    ]];
+    let mut rows = vec![
+        vec!["Periodic".into(), "=".into(), job["Periodic"].is_object().to_string()],
+        vec![
+            "Parameterized".into(),
+            "=".into(),
+            (job["ParameterizedJob"].is_object() && job["Dispatched"] != true).to_string(),
+        ],
+    ];
     if let Some(next) = next_launch(job) {
         rows.push(vec!["Next Periodic Launch".into(), "=".into(), next]);
     }

@@ -105,6 +105,8 @@ pub struct AllocSpec {
     pub consul: crate::connect::ClientConsul,
     /// The client's wall clock at its `Instant` zero (Unix nanoseconds).
     pub wall_epoch: i64,
+    /// The job's dispatch payload, for tasks with `dispatch_payload`.
+    pub job_payload: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -259,6 +261,7 @@ impl AllocRunner {
                     faults: spec.faults,
                     consul: spec.consul.clone(),
                     wall_epoch: spec.wall_epoch,
+                    payload: spec.job_payload.clone(),
                 };
                 let saved = tasks.remove(&task.name).unwrap_or_default();
                 (

@@ -410,6 +410,7 @@ impl Client {
             faults: self.settings.faults,
             consul: self.settings.consul.clone(),
             wall_epoch: self.wall_epoch,
+            job_payload: job.payload.clone(),
         })
     }
 

@@ -41,7 +41,8 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         | Io::Rmdir { .. }
         | Io::IsMountPoint { .. }
         | Io::ReadFile { .. }
-        | Io::WriteFile { .. } => Some(FS_TIMEOUT),
+        | Io::WriteFile { .. }
+        | Io::WriteBytes { .. } => Some(FS_TIMEOUT),
         Io::StartTask(_) | Io::RunCommand { .. } => Some(START_TIMEOUT),
         Io::DestroyTask { .. } => Some(DESTROY_TIMEOUT),
         Io::RenderTemplate(_) | Io::SignalTask { .. } => Some(FS_TIMEOUT),

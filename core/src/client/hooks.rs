@@ -82,6 +82,8 @@ pub const ALLOC_HOOKS: &[(AllocHook, AllocPhases)] = &[
 pub enum TaskHook {
     Validate,
     TaskDir,
+    /// `dispatch_payload`: a dispatched job's payload written to the task's `local/<file>`.
+    DispatchPayload,
     Volumes,
     Devices,
     CsiPluginSupervisor,
@@ -98,6 +100,7 @@ impl TaskHook {
         match self {
             TaskHook::Validate => "validate",
             TaskHook::TaskDir => "task_dir",
+            TaskHook::DispatchPayload => "dispatch_payload",
             TaskHook::Volumes => "volumes",
             TaskHook::Devices => "devices",
             TaskHook::CsiPluginSupervisor => "csi_plugin_supervisor",
@@ -114,6 +117,8 @@ pub enum Condition {
     Always,
     HasCsiPlugin,
     HasTemplates,
+    /// A task with a `dispatch_payload` block.
+    HasDispatchPayload,
     /// A Connect task on a client with a Consul ACL token.
     ConnectWithAcl,
     /// A Connect sidecar proxy task (`connect-proxy:<service>`).
@@ -140,6 +145,15 @@ pub const TASK_HOOKS: &[(TaskHook, Condition, TaskPhases)] = &[
     (
         TaskHook::TaskDir,
         Condition::Always,
+        TaskPhases {
+            prestart: true,
+            poststart: false,
+            stop: false,
+        },
+    ),
+    (
+        TaskHook::DispatchPayload,
+        Condition::HasDispatchPayload,
         TaskPhases {
             prestart: true,
             poststart: false,
@@ -211,6 +225,7 @@ pub fn task_hooks(task: &Task, consul_acl: bool) -> Vec<(TaskHook, TaskPhases)> 
             Condition::Always => true,
             Condition::HasCsiPlugin => task.csi_plugin.is_some(),
             Condition::HasTemplates => !task.templates.is_empty(),
+            Condition::HasDispatchPayload => task.dispatch_payload.is_some(),
             Condition::ConnectWithAcl => consul_acl && crate::connect::is_connect_task(task),
             Condition::ConnectProxy => crate::connect::proxied_service(task).is_some(),
         })

@@ -352,6 +352,13 @@ pub enum Io {
         content: String,
         mode: u32,
     },
+    /// Writes bytes to `path` the same way: a dispatched job's payload, which need not be
+    /// text.
+    WriteBytes {
+        path: String,
+        content: Vec<u8>,
+        mode: u32,
+    },
     /// Runs `program` with `args` (and `env` added to the agent's environment) to completion;
     /// its stdout, when it exits 0, is written to `stdout_path` (atomically) with `mode`. A
     /// non-zero exit is an error carrying stderr. Arguments and environment may carry secrets:

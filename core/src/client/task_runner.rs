@@ -75,6 +75,8 @@ pub struct TaskSpec {
     pub consul: crate::connect::ClientConsul,
     /// The client's wall clock at its `Instant` zero, in Unix nanoseconds: event times.
     pub wall_epoch: i64,
+    /// The job's dispatch payload (empty unless it was dispatched with one).
+    pub payload: Vec<u8>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

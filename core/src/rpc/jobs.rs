@@ -34,6 +34,13 @@ fn check_index(state: &ServerState, job: &crate::structs::Job, expected: u64) ->
 /// A proposal of this machine in flight.
 #[derive(Debug)]
 pub(super) enum JobFlow {
+    /// A dispatch: answered with the child and its evaluation.
+    Dispatch {
+        req: ReqId,
+        eval_id: String,
+        namespace: String,
+        job_id: String,
+    },
     /// A job register or deregister: answered with its evaluation.
     Write {
         req: ReqId,
@@ -93,7 +100,7 @@ impl JobEndpoints {
     ) -> Option<Command> {
         let simple = Some;
         match request {
-            ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job }),
+            ServerRequest::JobUpsert { job } => simple(Command::JobUpsert { job: *job }),
             ServerRequest::JobDeregister { namespace, job_id } => simple(Command::JobDeregister { namespace, job_id }),
             ServerRequest::JobRegister { job, enforce_index } => {
                 let mut job = *job;
@@ -167,6 +174,11 @@ impl JobEndpoints {
                         req,
                         ServerReply::Error(RpcError::invalid("can't evaluate periodic job")),
                     );
+                    return None;
+                }
+                if job.is_parameterized() {
+                    let error = RpcError::invalid("can't evaluate parameterized job");
+                    out.reply(req, ServerReply::Error(error));
                     return None;
                 }
                 let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-register");
@@ -277,6 +289,23 @@ impl JobEndpoints {
                 }
                 self.worker.proposed();
             }
+            JobFlow::Dispatch {
+                req,
+                eval_id,
+                namespace,
+                job_id,
+            } => {
+                let reply = match outcome {
+                    Ok((index, _)) => ServerReply::JobDispatched {
+                        index,
+                        job_create_index: state.job(&namespace, &job_id).map_or(index, |job| job.create_index),
+                        dispatched_job_id: job_id,
+                        eval_id,
+                    },
+                    Err(error) => ServerReply::Error(error),
+                };
+                out.reply(req, reply);
+            }
             JobFlow::Write {
                 req,
                 eval_id,
@@ -304,8 +333,86 @@ impl JobEndpoints {
                 self.worker.proposed();
                 None
             }
-            JobFlow::Write { req, .. } => Some(*req),
+            JobFlow::Write { req, .. } | JobFlow::Dispatch { req, .. } => Some(*req),
         }
+    }
+
+    /// `Job.Dispatch`, with Nomad's checks and texts: the parent must be a parameterized
+    /// job that is not stopped, and the payload and meta must meet its block.
+    pub fn dispatch(
+        &mut self,
+        req: ReqId,
+        request: ServerRequest,
+        wall_ms: u64,
+        state: &ServerState,
+        out: &mut Outbox,
+    ) {
+        let ServerRequest::JobDispatch(request) = request else {
+            unreachable!("not a dispatch: {request:?}");
+        };
+        let super::JobDispatchRequest {
+            namespace,
+            job_id,
+            payload,
+            meta,
+            idempotency_token,
+        } = *request;
+        let parent = match state.job(&namespace, &job_id) {
+            None => Err(RpcError::not_found(format!("parameterized job {job_id:?} not found"))),
+            Some(job) if !job.is_parameterized() => Err(RpcError::invalid(format!(
+                "Specified job {job_id:?} is not a parameterized job"
+            ))),
+            Some(job) if job.stop => Err(RpcError::invalid(format!("Specified job {job_id:?} is stopped"))),
+            Some(job) => Ok(job),
+        };
+        let parent = match parent.and_then(|job| {
+            let config = job.parameterized.as_deref().cloned().unwrap_or_default();
+            config.check_dispatch(&payload, &meta).map_err(RpcError::invalid)?;
+            Ok(job)
+        }) {
+            Ok(parent) => parent,
+            Err(error) => {
+                out.reply(req, ServerReply::Error(error));
+                return;
+            }
+        };
+        // Nomad's idempotency: a live child with the token is the answer.
+        if !idempotency_token.is_empty()
+            && let Some(existing) = state.children(&namespace, &job_id).find(|child| {
+                child.dispatch_idempotency_token == idempotency_token && state.job_status(child) != "dead"
+            })
+        {
+            let reply = ServerReply::JobDispatched {
+                index: existing.modify_index,
+                dispatched_job_id: existing.id.clone(),
+                eval_id: String::new(),
+                job_create_index: existing.create_index,
+            };
+            out.reply(req, reply);
+            return;
+        }
+        let suffix: String = self
+            .worker
+            .new_id()
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .take(8)
+            .collect();
+        let id = format!(
+            "{job_id}{}{}-{suffix}",
+            crate::structs::DISPATCH_LAUNCH_SUFFIX,
+            wall_ms / 1000
+        );
+        let child = parent.dispatch_child(id.clone(), payload, &meta, &idempotency_token);
+        let eval = (!child.is_launcher())
+            .then(|| self.new_eval(&namespace, &id, child.job_type, child.priority, "job-register"));
+        let flow = JobFlow::Dispatch {
+            req,
+            eval_id: eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default(),
+            namespace,
+            job_id: id,
+        };
+        out.propose_new(Owner::Jobs(flow), Command::JobRegister { job: child, eval });
     }
 
     /// One scheduling step: at most one plan in flight.

@@ -76,7 +76,7 @@ pub enum ServerRequest {
         tasks: Vec<String>,
     },
     JobUpsert {
-        job: Job,
+        job: alloc::boxed::Box<Job>,
     },
     JobDeregister {
         namespace: String,
@@ -184,6 +184,11 @@ pub enum ServerRequest {
     NodeEvaluate {
         node_id: String,
     },
+    /// `Job.Dispatch`: a child of a parameterized job registered with the payload and meta
+    /// (checked against the parent's `parameterized` block); replies `JobDispatched`. With
+    /// an idempotency token that a live child of the parent already carries, that child is
+    /// the answer and nothing is registered.
+    JobDispatch(alloc::boxed::Box<JobDispatchRequest>),
     /// `Periodic.Force`: a periodic parent's child launched now; answered like a register
     /// (with the child's evaluation).
     PeriodicForce {
@@ -353,6 +358,14 @@ pub enum ServerReply {
         eval_id: String,
         job_modify_index: u64,
     },
+    /// `Job.Dispatch`: the child registered (or the live one the idempotency token names,
+    /// with no evaluation) and its evaluation.
+    JobDispatched {
+        index: u64,
+        dispatched_job_id: String,
+        eval_id: String,
+        job_create_index: u64,
+    },
     /// The variables asked for that exist, with their items and modify indexes, as of the
     /// variables table's `index`.
     Variables {
@@ -381,6 +394,7 @@ impl ServerReply {
             | ServerReply::Claimed { index, .. }
             | ServerReply::Heartbeat { index, .. }
             | ServerReply::JobRegistered { index, .. }
+            | ServerReply::JobDispatched { index, .. }
             | ServerReply::Variables { index, .. }
             | ServerReply::SiTokens { index, .. }
             | ServerReply::Snapshots { index, .. }
@@ -570,4 +584,14 @@ pub enum ClientCsiReply {
         capacity: u64,
         node_expansion_required: bool,
     },
+}
+
+/// Nomad's `JobDispatchRequest` (see [`ServerRequest::JobDispatch`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobDispatchRequest {
+    pub namespace: String,
+    pub job_id: String,
+    pub payload: Vec<u8>,
+    pub meta: BTreeMap<String, String>,
+    pub idempotency_token: String,
 }

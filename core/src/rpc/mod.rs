@@ -302,6 +302,11 @@ impl RpcEndpoints {
             | R::AllocClientUpdates { .. }
             | R::AllocDelete { .. }
             | R::AllocStop { .. }) => self.jobs.request(req, request, state, out),
+            request @ R::JobDispatch(_) => {
+                let wall_ms = self.periodic.wall_at(now).unwrap_or_default();
+                self.jobs.dispatch(req, request, wall_ms, state, out);
+                None
+            }
             R::PeriodicForce { namespace, job_id } => {
                 self.force_periodic(now, req, &namespace, &job_id, state);
                 None

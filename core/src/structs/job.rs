@@ -114,6 +114,18 @@ pub struct Job {
     /// The periodic (or parameterized) job this one was launched from.
     #[serde(default)]
     pub parent_id: String,
+    /// The `parameterized` block: `job dispatch` registers children of this job.
+    #[serde(default)]
+    pub parameterized: Option<alloc::boxed::Box<ParameterizedJobConfig>>,
+    /// A child registered by `job dispatch`.
+    #[serde(default)]
+    pub dispatched: bool,
+    /// The dispatch's payload (written to tasks' `dispatch_payload { file }`).
+    #[serde(default)]
+    pub payload: Vec<u8>,
+    /// The dispatch's idempotency token: a second dispatch with it returns this child.
+    #[serde(default)]
+    pub dispatch_idempotency_token: String,
 }
 
 impl Job {

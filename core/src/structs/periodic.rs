@@ -67,9 +67,10 @@ impl Job {
         self.periodic.as_ref().is_some_and(|periodic| periodic.enabled) && !self.stop
     }
 
-    /// Whether the job only launches children and is never scheduled itself.
+    /// Whether the job only launches children and is never scheduled itself: a periodic or
+    /// a parameterized parent.
     pub fn is_launcher(&self) -> bool {
-        self.is_periodic()
+        self.is_periodic() || self.is_parameterized()
     }
 
     /// The child launched at `launch_ms`: the parent's spec under the child's ID and name,

@@ -239,6 +239,9 @@ pub struct Task {
     /// `template` blocks, rendered before the task starts.
     #[serde(default)]
     pub templates: Vec<super::Template>,
+    /// `dispatch_payload { file }`: a dispatched job's payload written into `local/`.
+    #[serde(default)]
+    pub dispatch_payload: Option<super::DispatchPayloadConfig>,
     /// What the task is to Nomad beyond its config: `connect-proxy:<service>` for a Connect
     /// sidecar, `connect-native:<service>`, `csi-plugin` is not one (empty for most tasks).
     #[serde(default)]
@@ -494,6 +497,7 @@ impl Default for Task {
             constraints: Vec::new(),
             affinities: Vec::new(),
             templates: Vec::new(),
+            dispatch_payload: None,
             kind: String::new(),
             lifecycle: None,
             logs: LogConfig::default(),

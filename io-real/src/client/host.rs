@@ -126,6 +126,11 @@ impl ClientExecutor for HostExecutor {
                         .map(|()| Reply::Unit)
                         .map_err(|error| fs_error(&format!("write {path}"), error))
                 }
+                Io::WriteBytes { path, content, mode } => {
+                    crate::template::write_atomically(std::path::Path::new(&path), &content, mode)
+                        .map(|()| Reply::Unit)
+                        .map_err(|error| fs_error(&format!("write {path}"), error))
+                }
                 Io::RunCommand {
                     program,
                     args,

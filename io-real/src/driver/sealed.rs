@@ -22,6 +22,7 @@ fn reply_maps(reply: &mut ServerReply) -> Vec<&mut Secrets> {
         | ServerReply::Error(_)
         | ServerReply::Heartbeat { .. }
         | ServerReply::JobRegistered { .. }
+        | ServerReply::JobDispatched { .. }
         | ServerReply::SiTokens { .. } => Vec::new(),
     }
 }

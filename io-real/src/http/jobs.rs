@@ -86,7 +86,7 @@ fn job_stub(state: &ServerState, job: &Job) -> Value {
         "Type": job.job_type.as_str(),
         "Priority": job.priority,
         "Periodic": job.is_periodic(),
-        "ParameterizedJob": false,
+        "ParameterizedJob": job.is_parameterized(),
         "Stop": job.stop,
         "Status": kept.status(job),
         "StatusDescription": "",

@@ -18,6 +18,7 @@ mod cluster;
 mod csi;
 mod csi_snapshots;
 mod deployments;
+mod dispatch;
 mod evaluate;
 mod exec;
 mod forward;
@@ -187,6 +188,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route(
             "/v1/job/{id}/plan",
             axum::routing::put(job_plan::plan).post(job_plan::plan),
+        )
+        .route(
+            "/v1/job/{id}/dispatch",
+            axum::routing::put(dispatch::dispatch).post(dispatch::dispatch),
         )
         .route(
             "/v1/job/{id}/periodic/force",

@@ -7,6 +7,7 @@
 mod connect;
 pub mod diff;
 mod network;
+mod parameterized;
 mod periodic;
 mod template;
 mod update;
@@ -18,6 +19,7 @@ pub use connect::{
     ApiConsulConnect, ApiConsulProxy, ApiConsulUpstream, ApiLifecycle, ApiSidecarService, ApiSidecarTask,
 };
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
+pub use parameterized::{ApiDispatchPayloadConfig, ApiParameterizedJobConfig, bytes_base64};
 pub use periodic::ApiPeriodicConfig;
 pub use template::ApiTemplate;
 pub use update::ApiUpdateStrategy;
@@ -62,6 +64,11 @@ pub struct ApiJob {
     pub periodic: Option<ApiPeriodicConfig>,
     #[serde(rename = "ParentID")]
     pub parent_id: String,
+    pub parameterized_job: Option<ApiParameterizedJobConfig>,
+    pub dispatched: bool,
+    #[serde(with = "bytes_base64")]
+    pub payload: Vec<u8>,
+    pub dispatch_idempotency_token: String,
 }
 
 /// Nomad's `api.Constraint`.
@@ -182,6 +189,7 @@ pub struct ApiTask {
     pub kind: String,
     pub lifecycle: Option<connect::ApiLifecycle>,
     pub log_config: Option<ApiLogConfig>,
+    pub dispatch_payload: Option<ApiDispatchPayloadConfig>,
 }
 
 /// The `logs` block (Nomad's `LogConfig`).
@@ -377,6 +385,10 @@ impl ApiJob {
             .periodic
             .as_ref()
             .map(|periodic| Box::new(periodic.to_config(job_type, &mut problems)));
+        let parameterized = self
+            .parameterized_job
+            .as_ref()
+            .map(|parameterized| Box::new(parameterized.to_config(job_type, &mut problems)));
         let job = Job {
             id: self.id.clone(),
             namespace: if self.namespace.is_empty() {
@@ -400,6 +412,10 @@ impl ApiJob {
             update,
             periodic,
             parent_id: self.parent_id.clone(),
+            parameterized,
+            dispatched: self.dispatched,
+            payload: self.payload.clone(),
+            dispatch_idempotency_token: self.dispatch_idempotency_token.clone(),
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -429,6 +445,10 @@ impl ApiJob {
             stable: job.stable,
             periodic: job.periodic.as_deref().map(ApiPeriodicConfig::from_config),
             parent_id: job.parent_id.clone(),
+            parameterized_job: job.parameterized.as_deref().map(ApiParameterizedJobConfig::from_config),
+            dispatched: job.dispatched,
+            payload: job.payload.clone(),
+            dispatch_idempotency_token: job.dispatch_idempotency_token.clone(),
         }
     }
 }
@@ -572,6 +592,10 @@ impl ApiTask {
             stanza
         });
         Task {
+            dispatch_payload: self
+                .dispatch_payload
+                .as_ref()
+                .map(|payload| payload.to_config(&self.name, problems)),
             name: self.name.clone(),
             driver: self.driver.clone(),
             config,
@@ -648,6 +672,10 @@ impl ApiTask {
 
     fn from_task(task: &Task) -> ApiTask {
         ApiTask {
+            dispatch_payload: task
+                .dispatch_payload
+                .as_ref()
+                .map(ApiDispatchPayloadConfig::from_config),
             name: task.name.clone(),
             driver: task.driver.clone(),
             config: task.config.iter().map(|(k, v)| (k.clone(), config_json(v))).collect(),

@@ -5,9 +5,10 @@
 use std::collections::BTreeMap;
 
 use crate::jobs::{
-    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiJob, ApiLogConfig, ApiMigrate, ApiMountOptions,
-    ApiNetworkResource, ApiPeriodicConfig, ApiPort, ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck,
-    ApiTask, ApiTaskGroup, ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
+    ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiDispatchPayloadConfig, ApiJob, ApiLogConfig,
+    ApiMigrate, ApiMountOptions, ApiNetworkResource, ApiParameterizedJobConfig, ApiPeriodicConfig, ApiPort,
+    ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiTemplate, ApiUpdateStrategy,
+    ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -367,11 +368,21 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "affinity",
             "update",
             "periodic",
+            "parameterized",
             "group",
         ],
     );
     let update = walker.update(&at, block);
     let periodic = walker.periodic(&at, block);
+    let parameterized_job = walker.single(&at, block, "parameterized").map(|parameterized| {
+        let at = format!("{at} parameterized");
+        walker.known(&at, parameterized, &["payload", "meta_required", "meta_optional"]);
+        ApiParameterizedJobConfig {
+            payload: walker.string(&at, parameterized, "payload").unwrap_or_default(),
+            meta_required: walker.strings(&at, parameterized, "meta_required"),
+            meta_optional: walker.strings(&at, parameterized, "meta_optional"),
+        }
+    });
     let job = ApiJob {
         id: id.clone(),
         name: walker.string(&at, block, "name").unwrap_or_default(),
@@ -390,6 +401,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             .collect(),
         update,
         periodic,
+        parameterized_job,
         ..ApiJob::default()
     };
     if walker.problems.is_empty() {
@@ -517,8 +529,16 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "template",
             "lifecycle",
             "logs",
+            "dispatch_payload",
         ],
     );
+    let dispatch_payload = walker.single(at, block, "dispatch_payload").map(|payload| {
+        let at = format!("{at} dispatch_payload");
+        walker.known(&at, payload, &["file"]);
+        ApiDispatchPayloadConfig {
+            file: walker.string(&at, payload, "file").unwrap_or_default(),
+        }
+    });
     let log_config = walker.single(at, block, "logs").map(|logs| {
         let at = format!("{at} logs");
         walker.known(&at, logs, &["max_files", "max_file_size"]);
@@ -592,6 +612,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             .map(|lifecycle| connect::parse_lifecycle(walker, &format!("{at} lifecycle"), lifecycle)),
         kind: String::new(),
         log_config,
+        dispatch_payload,
         name,
     }
 }

@@ -26,6 +26,26 @@ impl TaskRunner {
                     },
                 ]
             }
+            // Nothing to write without a payload (Nomad's hook is not needed then).
+            TaskHook::DispatchPayload => match &spec.task.dispatch_payload {
+                Some(config) if !spec.payload.is_empty() && crate::structs::payload_file_is_local(&config.file) => {
+                    let local = paths::join(&spec.paths.task_dir(&spec.alloc_id, &spec.task.name), "local");
+                    let path = paths::join(&local, &config.file);
+                    let mut io = Vec::new();
+                    if let Some((parent, _)) = path.rsplit_once('/') {
+                        io.push(Io::Mkdir {
+                            path: parent.to_string(),
+                        });
+                    }
+                    io.push(Io::WriteBytes {
+                        path,
+                        content: spec.payload.clone(),
+                        mode: 0o644,
+                    });
+                    io
+                }
+                _ => Vec::new(),
+            },
             TaskHook::Devices => {
                 if spec.task.resources.devices.is_empty() {
                     Vec::new()
@@ -62,6 +82,16 @@ impl TaskRunner {
             }
             TaskHook::Validate => self.validate_finish(),
             TaskHook::TaskDir => Ok(self.task_dir_finish()),
+            TaskHook::DispatchPayload => match &task.dispatch_payload {
+                Some(config) if !crate::structs::payload_file_is_local(&config.file) => Err(HookError::fatal(format!(
+                    "dispatch_payload file {:?} escapes the task's local directory",
+                    config.file
+                ))),
+                _ => Ok(HookResponse {
+                    done: true,
+                    ..HookResponse::default()
+                }),
+            },
             TaskHook::Volumes => {
                 let capabilities = spec.driver.expect("validated");
                 let env = self.task_env();

@@ -2,6 +2,7 @@ mod connect;
 mod csi;
 mod csi_lifecycle;
 mod deployments;
+mod dispatch;
 mod jobs;
 mod nodes;
 mod periodic;

@@ -127,6 +127,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "job", _, "evaluate" | "revert" | "stable"] => Need::Namespace(cap::SUBMIT_JOB),
         ["v1", "job", _, "plan"] => Need::Namespace(cap::SUBMIT_JOB),
         ["v1", "job", _, "periodic", "force"] => Need::Namespace(cap::SUBMIT_JOB),
+        ["v1", "job", _, "dispatch"] => Need::Namespace(cap::DISPATCH_JOB),
         [
             "v1",
             "deployment",
@@ -440,6 +441,10 @@ mod tests {
         assert_eq!(
             need(&put, "/v1/job/web/periodic/force", None),
             Need::Namespace("submit-job")
+        );
+        assert_eq!(
+            need(&put, "/v1/job/web/dispatch", None),
+            Need::Namespace("dispatch-job")
         );
         assert_eq!(need(&get, "/v1/job/web/deployments", None), Need::Namespace("read-job"));
         assert_eq!(need(&get, "/v1/deployments", None), Need::Namespace("read-job"));
