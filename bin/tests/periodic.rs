@@ -241,9 +241,12 @@ fn a_parameterized_job_is_dispatched_with_its_payload_and_meta() {
     );
     let no_payload = cli(port, &["job", "dispatch", "-meta", "color=red", "render"]);
     let text = String::from_utf8_lossy(&no_payload.stderr).into_owned();
-    assert!(text.contains("Payload is required"), "{text}");
+    assert!(
+        text.contains("Payload is not provided but required by parameterized job"),
+        "{text}"
+    );
 
-    // An idempotency token names the child it made while that child lives.
+    // An idempotency token names the child it made (until that child is garbage collected).
     let token = [
         "job",
         "dispatch",

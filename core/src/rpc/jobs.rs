@@ -31,6 +31,25 @@ fn check_index(state: &ServerState, job: &crate::structs::Job, expected: u64) ->
     }
 }
 
+/// Nomad's `validateJobUpdate` for what a job is: periodic, parameterized or dispatched stays
+/// so across versions.
+fn check_kind_change(old: &crate::structs::Job, new: &crate::structs::Job) -> Result<(), RpcError> {
+    let text = if old.is_periodic() && !new.is_periodic() {
+        "cannot update periodic job to being non-periodic"
+    } else if new.is_periodic() && !old.is_periodic() {
+        "cannot update non-periodic job to being periodic"
+    } else if old.is_parameterized() && !new.is_parameterized() {
+        "cannot update parameterized job to being non-parameterized"
+    } else if new.is_parameterized() && !old.is_parameterized() {
+        "cannot update non-parameterized job to being parameterized"
+    } else if old.dispatched != new.dispatched {
+        "field 'Dispatched' is read-only"
+    } else {
+        return Ok(());
+    };
+    Err(RpcError::invalid(text))
+}
+
 /// A proposal of this machine in flight.
 #[derive(Debug)]
 pub(super) enum JobFlow {
@@ -106,6 +125,12 @@ impl JobEndpoints {
                 let mut job = *job;
                 if let Some(expected) = enforce_index
                     && let Err(error) = check_index(state, &job, expected)
+                {
+                    out.reply(req, ServerReply::Error(error));
+                    return None;
+                }
+                if let Some(old) = state.job(&job.namespace, &job.id)
+                    && let Err(error) = check_kind_change(old, &job)
                 {
                     out.reply(req, ServerReply::Error(error));
                     return None;
@@ -358,7 +383,7 @@ impl JobEndpoints {
             idempotency_token,
         } = *request;
         let parent = match state.job(&namespace, &job_id) {
-            None => Err(RpcError::not_found(format!("parameterized job {job_id:?} not found"))),
+            None => Err(RpcError::not_found("parameterized job not found")),
             Some(job) if !job.is_parameterized() => Err(RpcError::invalid(format!(
                 "Specified job {job_id:?} is not a parameterized job"
             ))),
@@ -376,11 +401,12 @@ impl JobEndpoints {
                 return;
             }
         };
-        // Nomad's idempotency: a live child with the token is the answer.
+        // Nomad's idempotency: a child with the token not yet garbage collected, finished or
+        // not, is the answer.
         if !idempotency_token.is_empty()
-            && let Some(existing) = state.children(&namespace, &job_id).find(|child| {
-                child.dispatch_idempotency_token == idempotency_token && state.job_status(child) != "dead"
-            })
+            && let Some(existing) = state
+                .children(&namespace, &job_id)
+                .find(|child| child.dispatch_idempotency_token == idempotency_token)
         {
             let reply = ServerReply::JobDispatched {
                 index: existing.modify_index,

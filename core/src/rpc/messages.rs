@@ -186,7 +186,7 @@ pub enum ServerRequest {
     },
     /// `Job.Dispatch`: a child of a parameterized job registered with the payload and meta
     /// (checked against the parent's `parameterized` block); replies `JobDispatched`. With
-    /// an idempotency token that a live child of the parent already carries, that child is
+    /// an idempotency token that a child of the parent (not yet collected) carries, that child is
     /// the answer and nothing is registered.
     JobDispatch(alloc::boxed::Box<JobDispatchRequest>),
     /// `Periodic.Force`: a periodic parent's child launched now; answered like a register

@@ -64,17 +64,21 @@ impl ParameterizedJobConfig {
     /// Nomad's `validateDispatchRequest`: the payload against the requirement and the meta
     /// keys against the required and optional ones, with its texts.
     pub fn check_dispatch(&self, payload: &[u8], meta: &BTreeMap<String, String>) -> Result<(), String> {
+        match self.payload.as_str() {
+            DISPATCH_PAYLOAD_REQUIRED if payload.is_empty() => {
+                return Err("Payload is not provided but required by parameterized job".into());
+            }
+            DISPATCH_PAYLOAD_FORBIDDEN if !payload.is_empty() => {
+                return Err("Payload provided but forbidden by parameterized job".into());
+            }
+            _ => {}
+        }
         if payload.len() > DISPATCH_PAYLOAD_SIZE_LIMIT {
             return Err(format!(
                 "Payload exceeds maximum size; {} > {}",
                 payload.len(),
                 DISPATCH_PAYLOAD_SIZE_LIMIT
             ));
-        }
-        match self.payload.as_str() {
-            DISPATCH_PAYLOAD_REQUIRED if payload.is_empty() => return Err("Payload is required".into()),
-            DISPATCH_PAYLOAD_FORBIDDEN if !payload.is_empty() => return Err("Payload is not allowed".into()),
-            _ => {}
         }
         let unpermitted: Vec<&str> = meta
             .keys()

@@ -112,7 +112,7 @@ fn dispatch_requests_are_checked_with_nomads_texts() {
     ask(&mut h, 1, register(parent("forbidden", &["input"], &["color"])));
     assert_eq!(
         error(dispatch(&mut h, 2, b"x", &[("input", "a")], "")),
-        "Payload is not allowed"
+        "Payload provided but forbidden by parameterized job"
     );
     assert_eq!(
         error(dispatch(&mut h, 3, b"", &[], "")),
@@ -122,29 +122,43 @@ fn dispatch_requests_are_checked_with_nomads_texts() {
         error(dispatch(&mut h, 4, b"", &[("input", "a"), ("size", "9")], "")),
         "Dispatch request included unpermitted metadata keys: [size]"
     );
+    ask(&mut h, 5, register(parent("required", &[], &[])));
+    assert_eq!(
+        error(dispatch(&mut h, 6, b"", &[], "")),
+        "Payload is not provided but required by parameterized job"
+    );
     let big = vec![0u8; 16 * 1024 + 1];
     assert_eq!(
-        error(dispatch(&mut h, 5, &big, &[("input", "a")], "")),
+        error(dispatch(&mut h, 7, &big, &[], "")),
         "Payload exceeds maximum size; 16385 > 16384"
     );
-    ask(&mut h, 6, register(parent("required", &[], &[])));
-    assert_eq!(error(dispatch(&mut h, 7, b"", &[], "")), "Payload is required");
+    // A parameterized job stays one (Nomad's update rule); once purged, the ID is free.
     let mut plain = parent("optional", &[], &[]);
     plain.parameterized = None;
-    ask(&mut h, 8, register(plain));
     assert_eq!(
-        error(dispatch(&mut h, 9, b"", &[], "")),
+        error(ask(&mut h, 8, register(plain.clone()))),
+        "cannot update parameterized job to being non-parameterized"
+    );
+    let purge = ServerRequest::JobStop {
+        namespace: "default".into(),
+        job_id: "render".into(),
+        purge: true,
+    };
+    ask(&mut h, 9, purge);
+    ask(&mut h, 10, register(plain));
+    assert_eq!(
+        error(dispatch(&mut h, 11, b"", &[], "")),
         "Specified job \"render\" is not a parameterized job"
     );
     let missing = ServerRequest::JobDispatch(alloc::boxed::Box::new(JobDispatchRequest {
         job_id: "nope".into(),
         ..JobDispatchRequest::default()
     }));
-    assert_eq!(error(ask(&mut h, 10, missing)), "parameterized job \"nope\" not found");
+    assert_eq!(error(ask(&mut h, 12, missing)), "parameterized job not found");
 }
 
 #[test]
-fn an_idempotency_token_names_the_live_child_instead_of_a_new_one() {
+fn an_idempotency_token_names_the_child_it_made_instead_of_a_new_one() {
     let mut h = Harness::new();
     h.machine.set_wall_clock(h.now, 1_700_000_000_000);
     let register = ServerRequest::JobRegister {
