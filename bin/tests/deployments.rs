@@ -13,9 +13,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{
-    Agent, cli, cli_stdout, cluster_specs, get_json, http, http_status, server_args, wait_for, wait_for_raw_exec,
-};
+use support::{Agent, cli, cli_stdout, get_json, http, http_status, wait_for};
 
 /// Version `version` of the job; a `broken` one's task exits at once, again and again.
 fn jobspec(version: &str, broken: bool) -> String {
@@ -102,12 +100,7 @@ fn live_versions(port: u16) -> Vec<u64> {
 #[test]
 fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for_raw_exec(&agent, port);
+    let (agent, port) = support::start_with_client(root.path());
 
     // Version 0: no canaries for a first version; healthy after 1 s of running.
     run_job(port, root.path(), "0", false);

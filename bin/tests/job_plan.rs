@@ -9,7 +9,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Agent, cli, cluster_specs, get_json, server_args, wait_for, wait_for_raw_exec};
+use support::{cli, get_json, wait_for};
 
 fn out(output: &Output) -> String {
     format!(
@@ -54,12 +54,7 @@ fn write_job(dir: &Path, version: &str, count: u32) -> String {
 #[test]
 fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for_raw_exec(&agent, port);
+    let (agent, port) = support::start_with_client(root.path());
 
     // A new job: everything added, two creates, exit 1.
     let file = write_job(root.path(), "1", 2);

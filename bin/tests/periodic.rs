@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::{Agent, cli, cli_stdout, cluster_specs, get_json, server_args, wait_for, wait_for_raw_exec};
+use support::{cli, cli_stdout, get_json, wait_for};
 
 fn write_job(dir: &Path, cron: &str) -> String {
     let file = dir.join("report.hcl");
@@ -65,12 +65,7 @@ fn launch_second(child: &Value) -> u64 {
 #[test]
 fn a_periodic_job_launches_children_on_its_schedule_and_on_demand() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for_raw_exec(&agent, port);
+    let (agent, port) = support::start_with_client(root.path());
 
     // A spec that does not parse is refused, naming it; nothing is stored.
     let bad = cli(port, &["job", "run", &write_job(root.path(), "every two seconds")]);
@@ -204,12 +199,7 @@ fn write_parameterized(dir: &Path, marker: &Path) -> String {
 #[test]
 fn a_parameterized_job_is_dispatched_with_its_payload_and_meta() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for_raw_exec(&agent, port);
+    let (agent, port) = support::start_with_client(root.path());
 
     let marker = root.path().join("rendered");
     let run = cli_stdout(&cli(port, &["job", "run", &write_parameterized(root.path(), &marker)]));

@@ -10,13 +10,7 @@ use drover_core::periodic::Calendar as _;
 pub(super) fn force(api: &Api, id: &str, detach: bool) -> Result<(), Failure> {
     let reply = api
         .call("PUT", &format!("{}/periodic/force", job_path(id)), None)
-        .map_err(|Failure(message, code)| {
-            if message.contains("404") {
-                Failure(format!("No job(s) with prefix or id {id:?} found"), 1)
-            } else {
-                Failure(message, code)
-            }
-        })?;
+        .map_err(super::job::no_such_job(id))?;
     let eval_id = text(&reply["EvalID"]);
     if detach {
         println!("Force periodic successful");

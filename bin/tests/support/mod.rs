@@ -328,6 +328,18 @@ pub fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
     serde_json::from_str(&http_get(port, path)?).ok()
 }
 
+/// One agent that is server and client (under `root`), once its `raw_exec` is healthy; its
+/// HTTP port.
+pub fn start_with_client(root: &Path) -> (Agent, u16) {
+    let specs = cluster_specs(root, 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for_raw_exec(&agent, port);
+    (agent, port)
+}
+
 /// Waits until the agent's own client registered with a healthy `raw_exec`.
 pub fn wait_for_raw_exec(agent: &Agent, port: u16) {
     wait_for(Duration::from_secs(30), || {

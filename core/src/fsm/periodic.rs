@@ -175,6 +175,33 @@ mod tests {
         }
     }
 
+    /// A state with the parent registered at `at_ms`.
+    fn registered(at_ms: u64) -> (ServerState, Job) {
+        let mut state = ServerState::default();
+        let job = parent();
+        let register = Command::JobRegister {
+            job: job.clone(),
+            eval: None,
+        };
+        assert_eq!(apply(&mut state, at_ms, register), Response::Done);
+        (state, job)
+    }
+
+    fn stop(purge: bool) -> Command {
+        Command::JobStop {
+            namespace: "default".into(),
+            job_id: "report".into(),
+            purge,
+            eval: Evaluation::default(),
+        }
+    }
+
+    fn last_launch(state: &ServerState) -> Option<u64> {
+        state
+            .periodic_launch("default", "report")
+            .map(|launch| launch.launch_ms)
+    }
+
     fn apply(state: &mut ServerState, at_ms: u64, command: Command) -> Response {
         let index = state.last_applied().map_or(1, |last| last + 1);
         state.apply(
@@ -206,33 +233,15 @@ mod tests {
 
     #[test]
     fn a_registered_parent_counts_from_its_registration_and_has_no_evaluation() {
-        let mut state = ServerState::default();
-        let job = parent();
-        let register = Command::JobRegister {
-            job: job.clone(),
-            eval: None,
-        };
-        assert_eq!(apply(&mut state, 60_500, register), Response::Done);
-        assert_eq!(
-            state.periodic_launch("default", "report").map(|l| l.launch_ms),
-            Some(60_500)
-        );
+        let (state, _) = registered(60_500);
+        assert_eq!(last_launch(&state), Some(60_500));
         assert_eq!(state.evals().count(), 0);
         assert_eq!(state.job_status(state.job("default", "report").unwrap()), "running");
     }
 
     #[test]
     fn a_time_is_launched_once_whoever_proposes_it() {
-        let mut state = ServerState::default();
-        let job = parent();
-        apply(
-            &mut state,
-            1_000,
-            Command::JobRegister {
-                job: job.clone(),
-                eval: None,
-            },
-        );
+        let (mut state, job) = registered(1_000);
         assert_eq!(apply(&mut state, 120_100, launch(&job, 120_000, false)), Response::Done);
         let child = state.job("default", "report/periodic-120").expect("child registered");
         assert_eq!(child.parent_id, "report");
@@ -247,58 +256,32 @@ mod tests {
             );
         }
         assert_eq!(state.children("default", "report").count(), 1);
-        assert_eq!(
-            state.periodic_launch("default", "report").map(|l| l.launch_ms),
-            Some(120_000)
-        );
+        assert_eq!(last_launch(&state), Some(120_000));
     }
 
     #[test]
     fn a_forced_launch_moves_the_schedule_on_and_shares_a_second_with_a_scheduled_one() {
-        let mut state = ServerState::default();
-        let job = parent();
-        let register = Command::JobRegister {
-            job: job.clone(),
-            eval: None,
-        };
-        apply(&mut state, 1_000, register.clone());
+        let (mut state, job) = registered(1_000);
         assert_eq!(apply(&mut state, 90_000, launch(&job, 90_000, true)), Response::Done);
-        let last = |state: &ServerState| state.periodic_launch("default", "report").map(|l| l.launch_ms);
-        assert_eq!(last(&state), Some(90_000));
+        assert_eq!(last_launch(&state), Some(90_000));
         // Forced again in the same second: the same child, evaluated again.
         assert_eq!(apply(&mut state, 90_400, launch(&job, 90_400, true)), Response::Done);
         assert_eq!(state.children("default", "report").count(), 1);
         assert!(state.eval("eval-90400").is_some());
         assert!(state.running_children("default", "report"), "the pending child runs");
         // A scheduled launch in a second a forced one took counts as launched by it.
-        let mut state = ServerState::default();
-        apply(&mut state, 1_000, register);
+        let (mut state, _) = registered(1_000);
         apply(&mut state, 59_100, launch(&job, 59_100, true));
         assert_eq!(apply(&mut state, 59_900, launch(&job, 59_900, false)), Response::Done);
         assert_eq!(state.children("default", "report").count(), 1);
         assert!(state.eval("eval-59900").is_none(), "no second evaluation");
-        assert_eq!(last(&state), Some(59_900));
+        assert_eq!(last_launch(&state), Some(59_900));
     }
 
     #[test]
     fn a_stopped_or_purged_parent_launches_nothing() {
-        let mut state = ServerState::default();
-        let job = parent();
-        apply(
-            &mut state,
-            1_000,
-            Command::JobRegister {
-                job: job.clone(),
-                eval: None,
-            },
-        );
-        let stop = Command::JobStop {
-            namespace: "default".into(),
-            job_id: "report".into(),
-            purge: false,
-            eval: Evaluation::default(),
-        };
-        apply(&mut state, 2_000, stop);
+        let (mut state, job) = registered(1_000);
+        apply(&mut state, 2_000, stop(false));
         let refused = apply(&mut state, 60_000, launch(&job, 60_000, false));
         assert!(matches!(refused, Response::Error(ErrorKind::Refused, _)), "{refused:?}");
         // Started again: counts from the new registration, not from the old launch.
@@ -310,36 +293,15 @@ mod tests {
                 eval: None,
             },
         );
-        assert_eq!(
-            state.periodic_launch("default", "report").map(|l| l.launch_ms),
-            Some(300_000)
-        );
-        let purge = Command::JobStop {
-            namespace: "default".into(),
-            job_id: "report".into(),
-            purge: true,
-            eval: Evaluation::default(),
-        };
-        apply(&mut state, 301_000, purge);
+        assert_eq!(last_launch(&state), Some(300_000));
+        apply(&mut state, 301_000, stop(true));
         assert!(state.periodic_launch("default", "report").is_none());
     }
 
     #[test]
     fn launch_records_survive_a_snapshot() {
-        let mut state = ServerState::default();
-        apply(
-            &mut state,
-            7_000,
-            Command::JobRegister {
-                job: parent(),
-                eval: None,
-            },
-        );
-        let bytes = state.snapshot();
-        let restored = ServerState::restore(&bytes).expect("restore");
-        assert_eq!(
-            restored.periodic_launch("default", "report").map(|l| l.launch_ms),
-            Some(7_000)
-        );
+        let (state, _) = registered(7_000);
+        let restored = ServerState::restore(&state.snapshot()).expect("restore");
+        assert_eq!(last_launch(&restored), Some(7_000));
     }
 }

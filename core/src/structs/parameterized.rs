@@ -156,3 +156,18 @@ impl Job {
 pub fn payload_file_is_local(file: &str) -> bool {
     !file.is_empty() && !file.starts_with('/') && file.split('/').all(|segment| segment != "..")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_payload_file_stays_inside_local() {
+        for file in ["input.txt", "in/input.txt", "a/./b"] {
+            assert!(payload_file_is_local(file), "{file}");
+        }
+        for file in ["", "/etc/passwd", "../secrets/token", "in/../../x"] {
+            assert!(!payload_file_is_local(file), "{file}");
+        }
+    }
+}

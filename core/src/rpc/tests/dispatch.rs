@@ -2,42 +2,18 @@
 //! registers, and the idempotency token.
 
 use super::*;
-use crate::structs::{Job, JobType, ParameterizedJobConfig, Task, TaskGroup, TaskResources};
+use crate::structs::{Job, ParameterizedJobConfig};
 
 fn parent(payload: &str, required: &[&str], optional: &[&str]) -> Job {
     Job {
-        id: "render".into(),
-        namespace: "default".into(),
-        job_type: JobType::Batch,
-        priority: 50,
         meta: [("owner".to_string(), "ops".to_string())].into(),
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count: 1,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                resources: TaskResources {
-                    cpu: 100,
-                    memory_mb: 64,
-                    ..TaskResources::default()
-                },
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
         parameterized: Some(alloc::boxed::Box::new(ParameterizedJobConfig {
             payload: payload.into(),
             meta_required: required.iter().map(|key| key.to_string()).collect(),
             meta_optional: optional.iter().map(|key| key.to_string()).collect(),
         })),
-        ..Job::default()
+        ..batch_job("render")
     }
-}
-
-fn ask(h: &mut Harness, req: ReqId, request: ServerRequest) -> ServerReply {
-    h.request(req, request);
-    h.replies.pop().expect("answered").1
 }
 
 fn dispatch(h: &mut Harness, req: ReqId, payload: &[u8], meta: &[(&str, &str)], token: &str) -> ServerReply {
@@ -49,13 +25,6 @@ fn dispatch(h: &mut Harness, req: ReqId, payload: &[u8], meta: &[(&str, &str)], 
         idempotency_token: token.into(),
     }));
     ask(h, req, request)
-}
-
-fn error(reply: ServerReply) -> String {
-    match reply {
-        ServerReply::Error(error) => error.message,
-        other => panic!("expected an error, got {other:?}"),
-    }
 }
 
 #[test]
@@ -111,32 +80,32 @@ fn dispatch_requests_are_checked_with_nomads_texts() {
     };
     ask(&mut h, 1, register(parent("forbidden", &["input"], &["color"])));
     assert_eq!(
-        error(dispatch(&mut h, 2, b"x", &[("input", "a")], "")),
+        error_text(dispatch(&mut h, 2, b"x", &[("input", "a")], "")),
         "Payload provided but forbidden by parameterized job"
     );
     assert_eq!(
-        error(dispatch(&mut h, 3, b"", &[], "")),
+        error_text(dispatch(&mut h, 3, b"", &[], "")),
         "Dispatch did not provide required meta keys: [input]"
     );
     assert_eq!(
-        error(dispatch(&mut h, 4, b"", &[("input", "a"), ("size", "9")], "")),
+        error_text(dispatch(&mut h, 4, b"", &[("input", "a"), ("size", "9")], "")),
         "Dispatch request included unpermitted metadata keys: [size]"
     );
     ask(&mut h, 5, register(parent("required", &[], &[])));
     assert_eq!(
-        error(dispatch(&mut h, 6, b"", &[], "")),
+        error_text(dispatch(&mut h, 6, b"", &[], "")),
         "Payload is not provided but required by parameterized job"
     );
     let big = vec![0u8; 16 * 1024 + 1];
     assert_eq!(
-        error(dispatch(&mut h, 7, &big, &[], "")),
+        error_text(dispatch(&mut h, 7, &big, &[], "")),
         "Payload exceeds maximum size; 16385 > 16384"
     );
     // A parameterized job stays one (Nomad's update rule); once purged, the ID is free.
     let mut plain = parent("optional", &[], &[]);
     plain.parameterized = None;
     assert_eq!(
-        error(ask(&mut h, 8, register(plain.clone()))),
+        error_text(ask(&mut h, 8, register(plain.clone()))),
         "cannot update parameterized job to being non-parameterized"
     );
     let purge = ServerRequest::JobStop {
@@ -147,14 +116,18 @@ fn dispatch_requests_are_checked_with_nomads_texts() {
     ask(&mut h, 9, purge);
     ask(&mut h, 10, register(plain));
     assert_eq!(
-        error(dispatch(&mut h, 11, b"", &[], "")),
+        error_text(ask(&mut h, 13, register(parent("optional", &[], &[])))),
+        "cannot update non-parameterized job to being parameterized"
+    );
+    assert_eq!(
+        error_text(dispatch(&mut h, 11, b"", &[], "")),
         "Specified job \"render\" is not a parameterized job"
     );
     let missing = ServerRequest::JobDispatch(alloc::boxed::Box::new(JobDispatchRequest {
         job_id: "nope".into(),
         ..JobDispatchRequest::default()
     }));
-    assert_eq!(error(ask(&mut h, 12, missing)), "parameterized job not found");
+    assert_eq!(error_text(ask(&mut h, 12, missing)), "parameterized job not found");
 }
 
 #[test]

@@ -171,3 +171,44 @@ fn losing_leadership_fails_everything_in_flight_as_retryable() {
     assert_eq!(failure.message, "No cluster leader");
     assert_eq!(h.machine.poll_timeout(), None);
 }
+
+/// A valid batch job: one group of one `exec` task (what launcher parents are built on).
+pub(super) fn batch_job(id: &str) -> crate::structs::Job {
+    use crate::structs::{Job, JobType, Task, TaskGroup, TaskResources};
+    Job {
+        id: id.into(),
+        namespace: "default".into(),
+        job_type: JobType::Batch,
+        priority: 50,
+        task_groups: vec![TaskGroup {
+            name: "g".into(),
+            count: 1,
+            tasks: vec![Task {
+                name: "t".into(),
+                driver: "exec".into(),
+                resources: TaskResources {
+                    cpu: 100,
+                    memory_mb: 64,
+                    ..TaskResources::default()
+                },
+                ..Task::default()
+            }],
+            ..TaskGroup::default()
+        }],
+        ..Job::default()
+    }
+}
+
+/// The request's answer (the harness commits proposals at once).
+pub(super) fn ask(h: &mut Harness, req: ReqId, request: ServerRequest) -> ServerReply {
+    h.request(req, request);
+    h.replies.pop().expect("answered").1
+}
+
+/// The text of an error answer.
+pub(super) fn error_text(reply: ServerReply) -> String {
+    match reply {
+        ServerReply::Error(error) => error.message,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}

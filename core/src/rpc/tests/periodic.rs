@@ -1,54 +1,29 @@
 //! `Periodic.Force` and registering periodic parents through the leader's endpoints.
 
 use super::*;
-use crate::structs::{Job, JobType, PeriodicConfig, Task, TaskGroup, TaskResources};
+use crate::structs::{Job, PeriodicConfig};
 
 fn job(id: &str, periodic: Option<PeriodicConfig>) -> Job {
     Job {
-        id: id.into(),
-        namespace: "default".into(),
-        job_type: JobType::Batch,
-        priority: 50,
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count: 1,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                resources: TaskResources {
-                    cpu: 100,
-                    memory_mb: 64,
-                    ..TaskResources::default()
-                },
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
         periodic: periodic.map(alloc::boxed::Box::new),
-        ..Job::default()
+        ..batch_job(id)
     }
 }
 
 fn register(h: &mut Harness, req: ReqId, job: Job) -> ServerReply {
-    h.request(
-        req,
-        ServerRequest::JobRegister {
-            job: alloc::boxed::Box::new(job),
-            enforce_index: None,
-        },
-    );
-    h.replies.pop().expect("answered").1
+    let request = ServerRequest::JobRegister {
+        job: alloc::boxed::Box::new(job),
+        enforce_index: None,
+    };
+    ask(h, req, request)
 }
 
 fn force(h: &mut Harness, req: ReqId, id: &str) -> ServerReply {
-    h.request(
-        req,
-        ServerRequest::PeriodicForce {
-            namespace: "default".into(),
-            job_id: id.into(),
-        },
-    );
-    h.replies.pop().expect("answered").1
+    let request = ServerRequest::PeriodicForce {
+        namespace: "default".into(),
+        job_id: id.into(),
+    };
+    ask(h, req, request)
 }
 
 #[test]
@@ -94,26 +69,29 @@ fn force_and_evaluate_refuse_what_is_not_periodic_with_nomads_texts() {
         spec: "* * * * *".into(),
         ..PeriodicConfig::default()
     };
-    register(&mut h, 2, job("off", Some(disabled)));
-    let text = |reply: ServerReply| match reply {
-        ServerReply::Error(error) => error.message,
-        other => panic!("expected an error, got {other:?}"),
-    };
+    register(&mut h, 2, job("off", Some(disabled.clone())));
+    let text = error_text;
     assert_eq!(text(force(&mut h, 3, "plain")), "can't force launch non-periodic job");
     assert_eq!(
         text(force(&mut h, 4, "off")),
         "can't force run non-tracked job \"off\" (default)"
     );
     assert_eq!(text(force(&mut h, 5, "nope")), "job \"nope\" not found");
-    h.request(
-        6,
-        ServerRequest::JobEvaluate {
-            namespace: "default".into(),
-            job_id: "off".into(),
-        },
+    let evaluate = ServerRequest::JobEvaluate {
+        namespace: "default".into(),
+        job_id: "off".into(),
+    };
+    assert_eq!(text(ask(&mut h, 6, evaluate)), "can't evaluate periodic job");
+    // What a job is stays across versions (Nomad's `validateJobUpdate`).
+    assert_eq!(
+        text(register(&mut h, 7, job("off", None))),
+        "cannot update periodic job to being non-periodic"
     );
     assert_eq!(
-        text(h.replies.pop().expect("answered").1),
-        "can't evaluate periodic job"
+        text(register(&mut h, 8, job("plain", Some(disabled)))),
+        "cannot update non-periodic job to being periodic"
     );
+    let mut dispatched = job("plain", None);
+    dispatched.dispatched = true;
+    assert_eq!(text(register(&mut h, 9, dispatched)), "field 'Dispatched' is read-only");
 }
