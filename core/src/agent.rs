@@ -101,8 +101,13 @@ impl Agent {
 
     pub fn handle(&mut self, now: Instant, input: Input, state: &ServerState) {
         let Some(half) = &mut self.server else { return };
+        half.server.set_autopilot(Self::autopilot(&half.server, state));
         match input {
             Input::Server(input) => half.server.handle(now, input),
+            Input::Rpc(rpc::Input::Request {
+                req,
+                request: rpc::ServerRequest::Operator(request),
+            }) => half.server.handle_operator(now, req, request),
             Input::Rpc(input) => half.rpc.handle(now, input, state),
         }
         Self::sync_leadership(half, now, state);
@@ -110,9 +115,16 @@ impl Agent {
 
     pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
         let Some(half) = &mut self.server else { return };
+        half.server.set_autopilot(Self::autopilot(&half.server, state));
         half.server.handle_timeout(now);
         half.rpc.handle_timeout(now, state);
         Self::sync_leadership(half, now, state);
+    }
+
+    /// The autopilot settings in force: the cluster's once an operator set them, else the
+    /// agent's own (`autopilot {}`), as Nomad's leader reads them.
+    fn autopilot(server: &Server, state: &ServerState) -> crate::autopilot::AutopilotConfig {
+        state.autopilot_config().copied().unwrap_or(server.agent_autopilot())
     }
 
     /// The endpoints act only while Raft says we lead and our leadership barrier is applied.
@@ -125,10 +137,12 @@ impl Agent {
 
     pub fn poll_action(&mut self) -> Option<Action> {
         let half = self.server.as_mut()?;
-        half.server
-            .poll_action()
-            .map(Action::Server)
-            .or_else(|| half.rpc.poll_action().map(Action::Rpc))
+        match half.server.poll_action() {
+            // An operator's answer goes out as every endpoint's does.
+            Some(server::Action::Reply { req, reply }) => Some(Action::Rpc(rpc::Action::Reply { req, reply })),
+            Some(action) => Some(Action::Server(action)),
+            None => half.rpc.poll_action().map(Action::Rpc),
+        }
     }
 
     pub fn poll_timeout(&self) -> Option<Instant> {

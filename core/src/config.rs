@@ -131,6 +131,9 @@ pub struct ServerConfig {
     /// `job_max_group_tasks`).
     #[serde(default)]
     pub job_limits: crate::jobspec::limits::JobLimits,
+    /// `autopilot {}`: what the leader applies until an operator sets the cluster's own.
+    #[serde(default)]
+    pub autopilot: crate::autopilot::AutopilotConfig,
     /// Test-only fault injection; never set from flags or config files.
     #[serde(skip)]
     pub bootstrap_fault: Option<BootstrapFault>,
@@ -382,6 +385,7 @@ impl Default for ServerConfig {
             timing: ServerTiming::default(),
             encrypt: None,
             job_limits: Default::default(),
+            autopilot: Default::default(),
             bootstrap_fault: None,
             csi_faults: CsiFaults::default(),
             connect_faults: ConnectFaults::default(),

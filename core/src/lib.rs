@@ -23,6 +23,7 @@ mod prelude {
 
 pub mod acl;
 pub mod agent;
+pub mod autopilot;
 pub mod bexpr;
 pub mod bootstrap;
 pub mod client;

@@ -115,6 +115,8 @@ pub enum MemberStatus {
     Alive,
     Suspect,
     Failed,
+    /// A failed member an operator forced out (`server force-leave`).
+    Left,
 }
 
 impl MemberStatus {
@@ -123,6 +125,7 @@ impl MemberStatus {
         match self {
             MemberStatus::Alive | MemberStatus::Suspect => "alive",
             MemberStatus::Failed => "failed",
+            MemberStatus::Left => "left",
         }
     }
 }
@@ -143,6 +146,8 @@ pub struct Membership {
     timer_seq: u64,
     outbox: VecDeque<(SocketAddr, Vec<u8>)>,
     changed: bool,
+    /// Failed members an operator forced out, and whether to hide them (`-prune`).
+    left: BTreeMap<MemberId, bool>,
 }
 
 impl core::fmt::Debug for Membership {
@@ -183,6 +188,7 @@ impl Membership {
             timer_seq: 0,
             outbox: VecDeque::new(),
             changed: true,
+            left: BTreeMap::new(),
         }
     }
 
@@ -247,19 +253,31 @@ impl Membership {
         members
     }
 
+    /// Marks a failed member as having left: shown `left`, or not at all when `prune`. Only
+    /// this server's view changes; a member that comes back is alive again.
+    pub fn force_leave(&mut self, id: &MemberId, prune: bool) {
+        self.left.insert(id.clone(), prune);
+        self.changed = true;
+    }
+
     /// Every member foca still tracks (including failed ones) and ourselves, ordered by name.
     pub fn all_members(&self) -> Vec<MemberView> {
         let mut members: Vec<MemberView> = self
             .foca
             .iter_membership_state()
             .filter(|member| member.id().tags.is_some())
-            .map(|member| MemberView {
-                id: member.id().clone(),
-                status: match member.state() {
-                    State::Alive => MemberStatus::Alive,
-                    State::Suspect => MemberStatus::Suspect,
-                    State::Down => MemberStatus::Failed,
-                },
+            .filter_map(|member| {
+                let status = match (member.state(), self.left.get(member.id())) {
+                    (State::Down, Some(true)) => return None,
+                    (State::Down, Some(false)) => MemberStatus::Left,
+                    (State::Down, None) => MemberStatus::Failed,
+                    (State::Alive, _) => MemberStatus::Alive,
+                    (State::Suspect, _) => MemberStatus::Suspect,
+                };
+                Some(MemberView {
+                    id: member.id().clone(),
+                    status,
+                })
             })
             .collect();
         members.push(MemberView {

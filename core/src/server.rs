@@ -31,6 +31,9 @@ use crate::membership::{MemberId, MemberView, Membership, ServerTags};
 use crate::op::{OpId, OpIds};
 use crate::time::Instant;
 
+mod operator;
+pub use operator::OperatorRequest;
+
 /// Deadline for adding one server to the Raft configuration (the learner must catch up).
 const RAFT_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -84,6 +87,10 @@ pub enum Input {
     GossipReceived {
         data: Vec<u8>,
     },
+    /// An operator's `server join`: announce this server to each gossip address.
+    Join {
+        addrs: Vec<SocketAddr>,
+    },
     JoinResolved {
         op: OpId,
         result: Result<Vec<SocketAddr>, String>,
@@ -98,6 +105,11 @@ pub enum Input {
     },
     RaftObserved(RaftView),
     ServerAdded {
+        op: OpId,
+        result: Result<(), String>,
+    },
+    /// The outcome of [`Action::RemoveRaftServer`].
+    ServerRemoved {
         op: OpId,
         result: Result<(), String>,
     },
@@ -141,6 +153,17 @@ pub enum Action {
         op: OpId,
         peer: Peer,
     },
+    /// Remove a server (a voter when `voter`) from the Raft configuration altogether.
+    RemoveRaftServer {
+        op: OpId,
+        id: u64,
+        voter: bool,
+    },
+    /// The answer to an operator's request ([`OperatorRequest`]).
+    Reply {
+        req: crate::rpc::ReqId,
+        reply: crate::rpc::ServerReply,
+    },
     Propose {
         op: OpId,
         command: alloc::boxed::Box<Command>,
@@ -170,6 +193,7 @@ pub enum Action {
 enum Pending {
     Join,
     AddServer,
+    RemoveServer,
     /// The leadership barrier of this term (`LeadershipEstablished`).
     Barrier(u64),
     ConsulLookup,
@@ -202,6 +226,12 @@ pub struct Server {
     /// `client_auto_join`), as Nomad registers its `serf` and `rpc` services.
     consul_unregistered: VecDeque<(&'static str, SocketAddr)>,
     reconcile_at: Option<Instant>,
+    /// The autopilot settings in force (the replicated ones once set, else the agent's).
+    autopilot: crate::autopilot::AutopilotConfig,
+    /// Since when each server of the Raft configuration has been gone from gossip (leader).
+    gone: crate::autopilot::GoneSince,
+    /// Operators waiting on a removal, by its operation.
+    operator_replies: BTreeMap<OpId, crate::rpc::ReqId>,
     elections: Elections,
     actions: VecDeque<Action>,
 }
@@ -275,6 +305,9 @@ impl Server {
                 VecDeque::new()
             },
             reconcile_at: None,
+            autopilot: server.autopilot,
+            gone: Default::default(),
+            operator_replies: BTreeMap::new(),
             elections: Elections::new(now, node_id, server.timing.elections()),
             actions: VecDeque::new(),
         };
@@ -289,6 +322,12 @@ impl Server {
     pub fn handle(&mut self, now: Instant, input: Input) {
         match input {
             Input::GossipReceived { data } => self.membership.handle_packet(now, &data),
+            Input::Join { addrs } => {
+                for addr in addrs {
+                    tracing::info!(%addr, "operator: joining gossip");
+                    self.membership.join(now, addr);
+                }
+            }
             Input::JoinResolved { op, result } => {
                 if self.complete(op).is_some() {
                     match result {
@@ -329,6 +368,7 @@ impl Server {
                     self.reconcile_at = Some(now);
                 }
             }
+            Input::ServerRemoved { op, result } => self.server_removed(now, op, result),
             Input::Proposed { op, result } => {
                 if let Some(Pending::Barrier(term)) = self.complete(op) {
                     match result {
@@ -480,6 +520,7 @@ impl Server {
         let became_leader = view.role == RaftRole::Leader && self.led_term != Some(view.term);
         self.raft = view;
         if became_leader {
+            self.gone.clear();
             self.led_term = Some(self.raft.term);
             tracing::info!(term = self.raft.term, "leadership gained");
             self.propose_barrier(now);
@@ -487,6 +528,8 @@ impl Server {
         }
         if !self.is_leader() {
             self.reconcile_at = None;
+            self.gone.clear();
+            self.abandon_operator_replies();
         }
         let action = self.elections.observe(now, &self.raft, &mut self.rng);
         self.election_action(action);
@@ -508,7 +551,8 @@ impl Server {
             return;
         }
         self.reconcile_at = Some(now + self.config.timing.reconcile_interval);
-        if self.busy(Pending::AddServer) {
+        self.observe_gone(now);
+        if self.busy(Pending::AddServer) || self.busy(Pending::RemoveServer) {
             return;
         }
         let missing = self.membership.live_members().into_iter().find_map(|member| {
@@ -524,7 +568,9 @@ impl Server {
             tracing::info!(server = %peer.name, id = peer.id, nonvoter = peer.nonvoter, "adding server to the Raft configuration");
             let op = self.start(now, Pending::AddServer, RAFT_CHANGE_TIMEOUT);
             self.actions.push_back(Action::AddRaftServer { op, peer });
+            return;
         }
+        self.prune_dead_servers(now);
     }
 
     /// Re-announces to the `retry_join` targets. Nomad stops after the first successful join,
@@ -646,6 +692,10 @@ impl Server {
             tracing::warn!(%op, ?kind, "operation timed out");
             match kind {
                 Pending::AddServer => self.reconcile_at = Some(now),
+                Pending::RemoveServer => {
+                    self.removal_expired(op);
+                    self.reconcile_at = Some(now);
+                }
                 Pending::Barrier(term) => self.retry_barrier(now, term),
                 Pending::Join | Pending::ConsulLookup | Pending::ConsulRegister => {}
             }

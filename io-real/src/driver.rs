@@ -102,6 +102,10 @@ pub struct AgentStatus {
 /// The servers of a Raft configuration by id, each with whether it votes.
 pub type Peers = Arc<BTreeMap<u64, (ServerNode, bool)>>;
 
+/// A follower as its leader sees it: the last log index it matched, and how long ago it last
+/// answered.
+pub type Replication = (Option<u64>, Option<Duration>);
+
 #[derive(Clone, Debug, Default)]
 pub struct RaftSummary {
     pub role: Option<RaftRole>,
@@ -138,6 +142,8 @@ struct Inner {
     stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
     /// Where the agent's events go; the client half records its own there too.
     observer: Arc<dyn Observer>,
+    /// Who answered this server's Raft RPCs, and when (`None` on client-only agents).
+    reachability: Option<crate::raft::network::Reachability>,
 }
 
 impl AgentHandle {
@@ -194,6 +200,44 @@ impl AgentHandle {
     /// Resolves when the status changes.
     pub fn status_watch(&self) -> watch::Receiver<AgentStatus> {
         self.inner.status.clone()
+    }
+
+    /// What the leader knows of its followers' replication: each one's matched log index
+    /// and how long ago it last answered (`None` unless this server leads).
+    pub fn replication(&self) -> Option<BTreeMap<u64, Replication>> {
+        let raft = self.inner.raft.as_ref()?;
+        let replication = raft.metrics().borrow().replication.clone()?;
+        let contacts = self
+            .inner
+            .reachability
+            .as_ref()
+            .map(|reachability| reachability.last_contacts())
+            .unwrap_or_default();
+        Some(
+            replication
+                .into_iter()
+                .map(|(id, matched)| (id, (matched.map(|log| log.index), contacts.get(&id).copied())))
+                .collect(),
+        )
+    }
+
+    /// `server join`: this server announces itself to each gossip address (`false` on a
+    /// client-only agent, which has no gossip).
+    pub fn gossip_join(&self, addrs: Vec<SocketAddr>) -> bool {
+        if !self.is_server() {
+            return false;
+        }
+        let input = agent::Input::Server(server::Input::Join { addrs });
+        self.inner.service.inbox.send(input).is_ok()
+    }
+
+    /// Hands an HTTP API request to one server (the leader, for what only it knows).
+    pub async fn forward_http_to(
+        &self,
+        addr: SocketAddr,
+        request: crate::service::HttpForward,
+    ) -> Result<crate::service::HttpAnswer, String> {
+        self.inner.service.forward_http_to(addr, request).await
     }
 
     /// Reads the applied server state.
@@ -561,12 +605,12 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     let (inbox_tx, inbox_rx) = mpsc::unbounded_channel::<agent::Input>();
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
 
-    let (raft, applied, changes) = if is_server {
-        let (raft, applied, changes) =
+    let (raft, applied, changes, reachability) = if is_server {
+        let (raft, applied, changes, reachability) =
             start_raft(&config, record.node_id, &store, transport.clone(), observer.clone()).await?;
-        (Some(raft), Some(applied), Some(changes))
+        (Some(raft), Some(applied), Some(changes), Some(reachability))
     } else {
-        (None, None, None)
+        (None, None, None, None)
     };
     let replies: Replies = Arc::new(Mutex::new(BTreeMap::new()));
     let consul = Arc::new(consul);
@@ -711,6 +755,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             service: service.clone(),
             stop: Mutex::new(Some(stop_tx)),
             observer: observer.clone(),
+            reachability,
         }),
     };
     let driver = Driver {
@@ -744,7 +789,7 @@ async fn start_raft<T: Transport, O: Observer>(
     store: &Store,
     transport: T,
     observer: Arc<O>,
-) -> Result<(Raft, AppliedState, Changes), StartError> {
+) -> Result<(Raft, AppliedState, Changes, crate::raft::network::Reachability), StartError> {
     let timing = &config.server.timing;
     let raft_config = openraft::Config {
         cluster_name: config.region.clone(),
@@ -824,6 +869,7 @@ async fn start_raft<T: Transport, O: Observer>(
     let applied = state_machine.applied();
     let changes = state_machine.changes();
     let network = NetworkFactory::new(transport, config.region.clone(), timing.raft_heartbeat);
+    let reachability = network.reachability();
     let raft = Raft::new(
         node_id,
         Arc::new(raft_config),
@@ -835,7 +881,7 @@ async fn start_raft<T: Transport, O: Observer>(
     )
     .await
     .map_err(|error| StartError::Raft(error.to_string()))?;
-    Ok((raft, applied, changes))
+    Ok((raft, applied, changes, reachability))
 }
 
 /// A stable digest of an entry's payload (FNV-1a over its JSON), for cross-server comparison.
@@ -1123,6 +1169,23 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     let _ = inbox.send(agent::Input::Server(I::ServerAdded { op, result }));
                 });
             }
+            A::RemoveRaftServer { op, id, voter } => {
+                let Some(raft) = self.raft.clone() else {
+                    return;
+                };
+                let inbox = self.inbox.clone();
+                let observer = self.observer.clone();
+                tokio::spawn(async move {
+                    let result = remove_server(&raft, id, voter).await;
+                    observer.record(AgentEvent::ServerRemoved {
+                        id,
+                        result: result.clone(),
+                    });
+                    let _ = inbox.send(agent::Input::Server(I::ServerRemoved { op, result }));
+                });
+            }
+            // The agent hands operators' answers out as endpoint replies.
+            A::Reply { .. } => unreachable!("agent::Agent::poll_action maps server replies"),
             A::Propose { op, command } => {
                 let Some(raft) = self.raft.clone() else {
                     return;
@@ -1256,6 +1319,19 @@ async fn add_server(raft: &Raft, peer: &Peer) -> Result<(), String> {
             .map_err(|error| error.to_string())?;
     }
     Ok(())
+}
+
+/// Removes a server from the Raft configuration altogether (not kept as a learner).
+async fn remove_server(raft: &Raft, id: u64, voter: bool) -> Result<(), String> {
+    let change = if voter {
+        ChangeMembers::RemoveVoters([id].into())
+    } else {
+        ChangeMembers::RemoveNodes([id].into())
+    };
+    raft.change_membership(change, false)
+        .await
+        .map(|_| ())
+        .map_err(|error| error.to_string())
 }
 
 fn raft_role(state: ServerState) -> RaftRole {

@@ -262,6 +262,11 @@ pub enum AgentEvent {
         id: u64,
         result: Result<(), String>,
     },
+    /// A server was removed from the Raft configuration (an operator, or autopilot).
+    ServerRemoved {
+        id: u64,
+        result: Result<(), String>,
+    },
     /// The client's task runner finished a task for good (its state became dead): from now
     /// on no process of it may run on the host.
     TaskDead {

@@ -14,6 +14,7 @@ mod job_plan;
 mod keyring;
 mod logs;
 mod node;
+mod operator;
 mod periodic;
 mod rootkeys;
 mod server;
@@ -318,6 +319,11 @@ pub enum PluginCommand {
 #[derive(Debug, Subcommand)]
 pub enum ServerCommand {
     Members,
+    /// Join this server to others by their gossip address.
+    Join(operator::JoinArgs),
+    /// Mark a failed server left and remove it from the Raft configuration.
+    #[command(name = "force-leave")]
+    ForceLeave(operator::ForceLeaveArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -339,6 +345,9 @@ pub enum ReconcileCommand {
 pub enum OperatorCommand {
     #[command(subcommand)]
     Raft(RaftCommand),
+    /// Dead server cleanup and server health.
+    #[command(subcommand)]
+    Autopilot(operator::AutopilotCommand),
     /// Gossip encryption.
     #[command(subcommand)]
     Gossip(keyring::GossipCommand),
@@ -351,6 +360,9 @@ pub enum OperatorCommand {
 pub enum RaftCommand {
     #[command(name = "list-peers")]
     ListPeers,
+    /// Remove a server from the Raft configuration.
+    #[command(name = "remove-peer")]
+    RemovePeer(operator::RemovePeerArgs),
 }
 
 /// A failed command: the message for stderr and the exit code.
@@ -645,6 +657,10 @@ pub fn run(global: Global, command: Command) -> ExitCode {
             .map(|_| println!("Successfully detached volume {id:?} from node {node:?}")),
         Command::Plugin(PluginCommand::Status { id }) => plugin_status(&api, id.as_deref()),
         Command::Server(ServerCommand::Members) => server_members(&api),
+        Command::Server(ServerCommand::Join(args)) => operator::join(&api, args),
+        Command::Server(ServerCommand::ForceLeave(args)) => operator::force_leave(&api, args),
+        Command::Operator(OperatorCommand::Raft(RaftCommand::RemovePeer(args))) => operator::remove_peer(&api, args),
+        Command::Operator(OperatorCommand::Autopilot(command)) => operator::autopilot(&api, command),
         Command::System(SystemCommand::Gc) => api.call("PUT", "/v1/system/gc", None).map(|_| ()),
         Command::System(SystemCommand::Reconcile(ReconcileCommand::Summaries)) => api
             .call("PUT", "/v1/system/reconcile/summaries", None)

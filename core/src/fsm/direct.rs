@@ -124,6 +124,7 @@ impl Command {
             Command::SiAccessorsDelete { .. } => "SiAccessorsDelete",
             Command::Acl(_) => "Acl",
             Command::RootKey(_) => "RootKey",
+            Command::AutopilotSetConfig { .. } => "AutopilotSetConfig",
         }
     }
 }

@@ -9,6 +9,7 @@
 use crate::prelude::*;
 pub mod acl;
 mod allocs;
+mod autopilot;
 mod connect;
 pub(crate) mod csi;
 mod deployments;
@@ -255,6 +256,12 @@ pub enum Command {
     Acl(acl::AclCommand),
     /// The root keyring's metadata (`rootkeys.rs`).
     RootKey(rootkeys::RootKeyCommand),
+    /// `Operator.AutopilotSetConfiguration`: the cluster's autopilot settings, only if they
+    /// were last modified at `cas` when one is given (0: never set).
+    AutopilotSetConfig {
+        config: crate::autopilot::AutopilotConfig,
+        cas: Option<u64>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -305,6 +312,7 @@ pub enum Table {
     AclBindingRules,
     Deployments,
     PeriodicLaunches,
+    Autopilot,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -386,6 +394,10 @@ pub struct ServerState {
     /// The last launch of each periodic parent, by (namespace, job id) (`periodic.rs`).
     #[serde(default)]
     periodic_launches: PMap<(String, String), crate::structs::PeriodicLaunch>,
+    /// The autopilot settings an operator set (`autopilot.rs`); `None`: the leader's agent
+    /// configuration applies.
+    #[serde(default)]
+    autopilot: Option<crate::autopilot::AutopilotConfig>,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -415,6 +427,10 @@ struct StateRecord {
     deployments: PMap<String, crate::structs::Deployment>,
     #[serde(default)]
     periodic_launches: PMap<(String, String), crate::structs::PeriodicLaunch>,
+    /// The autopilot settings an operator set (`autopilot.rs`); `None`: the leader's agent
+    /// configuration applies.
+    #[serde(default)]
+    autopilot: Option<crate::autopilot::AutopilotConfig>,
 }
 
 impl From<StateRecord> for ServerState {
@@ -439,6 +455,7 @@ impl From<StateRecord> for ServerState {
             root_keys: record.root_keys,
             deployments: record.deployments,
             periodic_launches: record.periodic_launches,
+            autopilot: record.autopilot,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),
@@ -537,6 +554,7 @@ impl ServerState {
                 }
                 response
             }
+            Command::AutopilotSetConfig { config, cas } => self.apply_autopilot(index, config, *cas),
             other => self.apply_cluster(index, entry.at_unix_ms, other),
         };
         assert_eq!(self.last_applied, Some(index));

@@ -197,6 +197,14 @@ pub enum ServerRequest {
     },
     /// `System.GarbageCollect`: everything collectable now (`crate::gc`) removed.
     SystemGc,
+    /// `Operator.AutopilotSetConfiguration` (`cas`: only if last modified at that index).
+    AutopilotSetConfig {
+        config: crate::autopilot::AutopilotConfig,
+        cas: Option<u64>,
+    },
+    /// Raft peer removal and force-leave: answered by the leader's server machine, which
+    /// owns the Raft configuration and gossip (`server/operator.rs`).
+    Operator(crate::server::OperatorRequest),
     /// `System.ReconcileJobSummaries`.
     ReconcileSummaries,
     /// An operator's hand on a deployment or a job's versions (promote, pause, fail,

@@ -315,6 +315,15 @@ impl RpcEndpoints {
                 garbage: crate::gc::collect(state),
             }),
             R::ReconcileSummaries => Some(Command::ReconcileSummaries),
+            R::AutopilotSetConfig { config, cas } => Some(Command::AutopilotSetConfig { config, cas }),
+            R::Operator(_) => {
+                // The agent routes these to the server machine; one arriving here is a bug.
+                out.reply(
+                    req,
+                    ServerReply::Error(RpcError::invalid("operator request sent to the write endpoints")),
+                );
+                None
+            }
             R::Deployment(request) => {
                 self.jobs.deployment_request(req, request, state, out);
                 None

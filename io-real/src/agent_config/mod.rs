@@ -31,6 +31,40 @@ pub struct FileConfig {
     pub limits: Option<LimitsBlock>,
     pub acl: Option<AclBlock>,
     pub tls: Option<tls::TlsBlock>,
+    pub autopilot: Option<AutopilotBlock>,
+}
+
+/// Nomad's `autopilot {}`: what the leader applies until an operator sets the cluster's own
+/// (`operator autopilot set-config`).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct AutopilotBlock {
+    pub cleanup_dead_servers: Option<bool>,
+    pub last_contact_threshold: Option<String>,
+    pub max_trailing_logs: Option<u64>,
+    pub min_quorum: Option<u32>,
+    pub server_stabilization_time: Option<String>,
+    pub enable_redundancy_zones: Option<bool>,
+    pub disable_upgrade_migration: Option<bool>,
+    pub enable_custom_upgrades: Option<bool>,
+}
+
+fn apply_autopilot(config: &mut drover_core::autopilot::AutopilotConfig, block: AutopilotBlock) -> anyhow::Result<()> {
+    if let Some(text) = &block.last_contact_threshold {
+        config.last_contact_threshold = parse_duration("autopilot.last_contact_threshold", text)?;
+    }
+    if let Some(text) = &block.server_stabilization_time {
+        config.server_stabilization_time = parse_duration("autopilot.server_stabilization_time", text)?;
+    }
+    config.cleanup_dead_servers = block.cleanup_dead_servers.unwrap_or(config.cleanup_dead_servers);
+    config.max_trailing_logs = block.max_trailing_logs.unwrap_or(config.max_trailing_logs);
+    config.min_quorum = block.min_quorum.unwrap_or(config.min_quorum);
+    config.enable_redundancy_zones = block.enable_redundancy_zones.unwrap_or(config.enable_redundancy_zones);
+    config.disable_upgrade_migration = block
+        .disable_upgrade_migration
+        .unwrap_or(config.disable_upgrade_migration);
+    config.enable_custom_upgrades = block.enable_custom_upgrades.unwrap_or(config.enable_custom_upgrades);
+    Ok(())
 }
 
 /// Nomad's `acl {}`. Servers resolve tokens from the replicated state (cached until the ACL
@@ -190,6 +224,7 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "client",
     "consul",
     "plugin",
+    "autopilot",
 ];
 
 /// `server { job_max_* }` over `limits`: each a whole number from 1 to its ceiling (what one
@@ -645,6 +680,9 @@ fn apply_file(
         advertise.rpc = block.rpc.or(advertise.rpc.take());
         advertise.serf = block.serf.or(advertise.serf.take());
     }
+    if let Some(block) = file.autopilot {
+        apply_autopilot(&mut config.server.autopilot, block)?;
+    }
     if let Some(server) = file.server {
         if let Some(enabled) = server.enabled {
             config.server.enabled = enabled;
@@ -1063,6 +1101,28 @@ client {
                 .unwrap_err()
                 .to_string()
                 .starts_with("invalid raft_snapshot_interval \"often\"")
+        );
+    }
+
+    #[test]
+    fn the_autopilot_block_sets_the_leaders_defaults_and_bad_durations_are_named() {
+        let (config, notes) = from_text(
+            "server { enabled = true }\nautopilot {\n  cleanup_dead_servers = false\n  \
+             server_stabilization_time = \"30s\"\n  last_contact_threshold = \"500ms\"\n  min_quorum = 3\n}\n",
+        )
+        .unwrap();
+        assert!(notes.iter().all(|note| !note.contains("autopilot")), "{notes:?}");
+        let autopilot = config.server.autopilot;
+        assert!(!autopilot.cleanup_dead_servers);
+        assert_eq!(autopilot.server_stabilization_time, Duration::from_secs(30));
+        assert_eq!(autopilot.last_contact_threshold, Duration::from_millis(500));
+        assert_eq!((autopilot.min_quorum, autopilot.max_trailing_logs), (3, 250));
+        let error = from_text("autopilot { server_stabilization_time = \"soon\" }\n").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .starts_with("invalid autopilot.server_stabilization_time \"soon\""),
+            "{error}"
         );
     }
 

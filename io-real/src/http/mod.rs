@@ -24,6 +24,7 @@ mod exec;
 mod forward;
 mod fs;
 mod nodes;
+mod operator;
 mod page;
 mod periodic;
 mod reads;
@@ -126,6 +127,20 @@ pub fn router(handle: AgentHandle) -> Router {
             axum::routing::put(job_parse::validate_job).post(job_parse::validate_job),
         )
         .route("/v1/operator/raft/configuration", get(cluster::raft_configuration))
+        .route("/v1/operator/raft/peer", axum::routing::delete(operator::remove_peer))
+        .route(
+            "/v1/operator/autopilot/configuration",
+            get(operator::get_config).put(operator::set_config),
+        )
+        .route("/v1/operator/autopilot/health", get(operator::health))
+        .route(
+            "/v1/agent/join",
+            axum::routing::put(operator::join).post(operator::join),
+        )
+        .route(
+            "/v1/agent/force-leave",
+            axum::routing::put(operator::force_leave).post(operator::force_leave),
+        )
         .route("/v1/agent/members", get(agent_members))
         .route("/v1/agent/self", get(agent_self))
         .route("/v1/agent/keyring/list", get(keyring::list))

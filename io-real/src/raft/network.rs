@@ -30,6 +30,11 @@ pub struct NetworkFactory<T> {
 }
 
 impl<T: Transport> NetworkFactory<T> {
+    /// Who answered this server's Raft RPCs, and when (shared with the factory's connections).
+    pub fn reachability(&self) -> Reachability {
+        self.reachability.clone()
+    }
+
     /// `heartbeat` is the Raft heartbeat interval: the pause before retrying a peer that could
     /// not be reached.
     pub fn new(transport: T, region: String, heartbeat: std::time::Duration) -> Self {
@@ -74,16 +79,44 @@ fn entries_within<T: serde::Serialize>(entries: &[T], budget: usize) -> Option<u
     None
 }
 
-/// Whether each peer answered its last Raft RPC. openraft retries a dead peer every
-/// heartbeat and logs every failure; this says it once when a peer stops answering and once
-/// when it answers again (openraft's own log is off by default).
+/// Whether each peer answered its last Raft RPC, and when one last answered. openraft
+/// retries a dead peer every heartbeat and logs every failure; this says it once when a peer
+/// stops answering and once when it answers again (openraft's own log is off by default).
+/// The leader's last contact with each follower is what autopilot's health reports.
 #[derive(Clone, Default)]
-struct Reachability(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, bool>>>);
+pub struct Reachability(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<u64, Reached>>>);
+
+#[derive(Clone, Copy, Debug)]
+struct Reached {
+    reachable: bool,
+    answered_at: Option<tokio::time::Instant>,
+}
 
 impl Reachability {
+    /// How long ago each peer last answered a Raft RPC from this server.
+    pub fn last_contacts(&self) -> std::collections::BTreeMap<u64, std::time::Duration> {
+        let now = tokio::time::Instant::now();
+        self.0
+            .lock()
+            .expect("reachability lock")
+            .iter()
+            .filter_map(|(id, reached)| Some((*id, now.saturating_duration_since(reached.answered_at?))))
+            .collect()
+    }
+
     fn record(&self, target: u64, addr: &str, failure: Option<&TransportError>) {
         let reachable = failure.is_none();
-        let before = self.0.lock().expect("reachability lock").insert(target, reachable);
+        let before = {
+            let mut peers = self.0.lock().expect("reachability lock");
+            let answered_at = if reachable {
+                Some(tokio::time::Instant::now())
+            } else {
+                peers.get(&target).and_then(|reached| reached.answered_at)
+            };
+            peers
+                .insert(target, Reached { reachable, answered_at })
+                .map(|reached| reached.reachable)
+        };
         match (before, failure) {
             (Some(false), None) => tracing::info!(peer = target, %addr, "Raft peer reachable again"),
             (Some(true) | None, Some(error)) => {

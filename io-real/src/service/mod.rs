@@ -704,6 +704,29 @@ impl Service {
         }
     }
 
+    /// Hands an HTTP API request to the server at `addr`.
+    pub async fn forward_http_to(&self, addr: SocketAddr, request: HttpForward) -> Result<HttpAnswer, String> {
+        let envelope = AgentRequest {
+            attached_node: String::new(),
+            region: self.region.clone(),
+            forwarded: true,
+            version: ENVELOPE_VERSION,
+            body: Some(RequestBody::Http(json_payload(&request))),
+        };
+        match (self.forward)(addr, envelope, HTTP_FORWARD_TIMEOUT).await {
+            Ok(AgentResponse {
+                body: Some(ResponseBody::Http(payload)),
+                ..
+            }) => serde_json::from_slice(&payload.json).map_err(|error| format!("malformed reply: {error}")),
+            Ok(AgentResponse {
+                body: Some(ResponseBody::Error(error)),
+                ..
+            }) => Err(error.message),
+            Ok(other) => Err(format!("unexpected response {other:?}")),
+            Err(error) => Err(error.to_string()),
+        }
+    }
+
     /// Sends `envelope` to the configured servers, starting with the last one that answered;
     /// a transport failure moves on to the next. Errors only when none answered.
     async fn call_servers(&self, envelope: AgentRequest, timeout: Duration) -> Result<AgentResponse, String> {

@@ -62,7 +62,8 @@ impl ServerState {
             | Command::VariableUpsert { .. }
             | Command::VariableDelete { .. }
             | Command::Acl(_)
-            | Command::RootKey(_) => unreachable!("handled by apply"),
+            | Command::RootKey(_)
+            | Command::AutopilotSetConfig { .. } => unreachable!("handled by apply"),
         }
     }
 

@@ -77,6 +77,9 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         // Any token: the endpoint leaves out the contexts it may not read.
         ["v1", "search"] => Need::Token,
         ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
+        ["v1", "operator", "raft", "peer"] => Need::Operator { write: true },
+        ["v1", "operator", "autopilot", _] => Need::Operator { write },
+        ["v1", "agent", "join" | "force-leave"] => Need::Agent { write: true },
         ["v1", "acl", "bootstrap"] => Need::Nothing,
         ["v1", "acl", "token", "self"] => Need::Token,
         ["v1", "acl", "policies"] if !write => Need::Token,
