@@ -187,6 +187,9 @@ pub struct Plan {
     pub steps: Vec<Step>,
     /// Servers that stay down through the quiet phase.
     pub keep_dead: Vec<Target>,
+    /// By the end, autopilot has removed the servers that stay dead from the Raft
+    /// configuration.
+    pub dead_removed: bool,
     /// How long after the fault phase a leader must be known everywhere.
     pub quiet_bound: Duration,
     /// Client nodes running the production client driver, and the job they run.
@@ -301,6 +304,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "consul_discovery",
         about: "no retry_join: servers find each other only through a Consul that hangs, refuses or is slow",
         build: consul_discovery,
+    },
+    Scenario {
+        name: "server_replaced",
+        about: "a server lost for good and a new one added: autopilot removes the dead one, the new one votes",
+        build: server_replaced,
     },
     Scenario {
         name: "leader_killed",
@@ -791,6 +799,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         consul_initial: ConsulMode::Healthy,
         steps,
         keep_dead: Vec::new(),
+        dead_removed: false,
         quiet_bound: Duration::from_secs(60),
         real_clients: None,
         election_rounds: None,
@@ -906,6 +915,42 @@ fn late_fourth_server(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
         action: Action::AddServer(Box::new(late)),
     }];
     plan(servers, steps)
+}
+
+/// An operator's everyday repair: a server's machine dies for good (the leader or a follower)
+/// and a replacement with a new identity joins. Autopilot must remove the dead server once it
+/// stayed dead for `server_stabilization_time` (10 s), and only it, so the cluster's voters
+/// are the live servers again, the replacement among them. The replacement may arrive before
+/// or after the removal.
+fn server_replaced(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let n = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let servers = servers(rng, n, n as u32, 4_000, false, options);
+    let killed_at = millis(rng, 12_000..18_000);
+    let target = if rng.gen_bool(0.5) {
+        Target::Leader
+    } else {
+        Target::Server(rng.gen_range(0..n))
+    };
+    let everyone: Vec<usize> = (0..n).collect();
+    let replacement = server(n, n as u32, &everyone, false, Duration::ZERO, options);
+    let steps = vec![
+        Step {
+            at: killed_at,
+            action: Action::Kill {
+                target,
+                crash: Crash::LoseUnsynced,
+            },
+        },
+        Step {
+            at: killed_at + millis(rng, 2_000..25_000),
+            action: Action::AddServer(Box::new(replacement)),
+        },
+    ];
+    let mut plan = plan(servers, steps);
+    plan.keep_dead = vec![Target::LastKilled];
+    plan.dead_removed = true;
+    plan.quiet_bound = Duration::from_secs(60);
+    plan
 }
 
 fn consul_discovery(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
