@@ -389,6 +389,93 @@ fn job_and_evaluation_lists_page_with_next_tokens() {
     assert_eq!(nodes.header("X-Nomad-NextToken"), None);
 }
 
+/// `?filter=` (go-bexpr) selects from every list on the items' full objects before paging,
+/// as Nomad's paginator does; a bad expression or a field that is not there is an error
+/// with go-bexpr's texts.
+#[test]
+fn lists_filter_with_go_bexpr_before_paging() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let agent = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || get(port, "/v1/jobs"))
+        .unwrap_or_else(|| panic!("the server answers:\n{}", agent.log()));
+    for n in 0..4 {
+        let team = if n % 2 == 0 { "ops" } else { "web" };
+        let job = json!({"Job": {
+            "ID": format!("job-{n}"),
+            "Type": "batch",
+            "Priority": 40 + n,
+            "Meta": {"team": team},
+            "Datacenters": ["dc1"],
+            "TaskGroups": [{"Name": "g", "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/true"}}]}],
+        }});
+        http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");
+    }
+    let ids = |path: &str| -> (Vec<String>, Option<String>) {
+        let response = ureq::get(&format!("http://127.0.0.1:{port}{path}")).call().unwrap();
+        let next = response.header("X-Nomad-NextToken").map(String::from);
+        let body: Value = response.into_json().unwrap();
+        let ids = body
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|item| item["ID"].as_str().unwrap().to_string())
+            .collect();
+        (ids, next)
+    };
+    let query = |expr: &str| form_urlencoded::byte_serialize(expr.as_bytes()).collect::<String>();
+    assert_eq!(
+        ids(&format!("/v1/jobs?filter={}", query(r#"Meta.team == "ops""#))).0,
+        vec!["job-0", "job-2"]
+    );
+    // Paging counts matching items only.
+    let (first, next) = ids(&format!(
+        "/v1/jobs?per_page=1&filter={}",
+        query(r#"Meta.team == "web""#)
+    ));
+    assert_eq!((first, next.as_deref()), (vec!["job-1".to_string()], Some("job-3")));
+    assert_eq!(
+        ids(&format!(
+            "/v1/jobs?filter={}",
+            query(r#"Priority == 43 or "dc2" in Datacenters"#)
+        ))
+        .0,
+        vec!["job-3"]
+    );
+    // Evaluations of one job, by their full object.
+    let (evals, _) = ids(&format!("/v1/evaluations?filter={}", query(r#"JobID == "job-1""#)));
+    assert!(!evals.is_empty());
+    let (none, _) = ids(&format!("/v1/deployments?filter={}", query(r#"JobID == "job-1""#)));
+    assert!(none.is_empty(), "batch jobs have no deployments");
+
+    let bad = http_status("GET", port, &format!("/v1/jobs?filter={}", query("NotValid")), None).unwrap();
+    assert_eq!(bad.0, 400, "{bad:?}");
+    assert!(bad.1.starts_with("failed to read filter expression: "), "{bad:?}");
+    let missing = http_status(
+        "GET",
+        port,
+        &format!("/v1/allocations?filter={}", query(r#"InvalidField == "value""#)),
+        None,
+    )
+    .unwrap();
+    assert_eq!(missing, (200, "[]".to_string()), "no allocations: nothing to evaluate");
+    let missing = http_status(
+        "GET",
+        port,
+        &format!("/v1/jobs?filter={}", query(r#"InvalidField == "value""#)),
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        missing,
+        (
+            500,
+            "error finding value in datum: /InvalidField at part 0: couldn't find key \"InvalidField\"".into()
+        )
+    );
+}
+
 /// `/v1/jobs/parse` turns a jobspec into Nomad's JSON through the CLI's parser, and
 /// `/v1/validate/job` checks a job as a register would, storing nothing.
 #[test]

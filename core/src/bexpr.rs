@@ -304,7 +304,13 @@ fn compile(pattern: &str) -> Result<regex_automata::meta::Regex, String> {
 
 /// A selected value that is not there, or not of a shape the operator can use.
 #[derive(Debug)]
-struct NoMatch;
+enum NoMatch {
+    /// The selector's part at this position names nothing.
+    Missing {
+        part: usize,
+    },
+    Shape,
+}
 
 impl Expr {
     /// Parses go-bexpr syntax, or says what is wrong and where.
@@ -326,15 +332,40 @@ impl Expr {
         self.eval(data).unwrap_or(false)
     }
 
+    /// Whether `data` satisfies the expression, or why it cannot be evaluated on it: a
+    /// selector naming nothing is an error, as go-bexpr's evaluator makes it (the list
+    /// endpoints' `filter` answers it rather than leaving the item out).
+    pub fn evaluate(&self, data: &Value) -> Result<bool, String> {
+        self.eval_reporting(data)
+    }
+
+    fn eval_reporting(&self, data: &Value) -> Result<bool, String> {
+        match self {
+            Expr::And(left, right) => Ok(left.eval_reporting(data)? && right.eval_reporting(data)?),
+            Expr::Or(left, right) => Ok(left.eval_reporting(data)? || right.eval_reporting(data)?),
+            Expr::Not(inner) => Ok(!inner.eval_reporting(data)?),
+            Expr::Match { selector, .. } => self.eval(data).map_err(|error| {
+                let path = selector.join("/");
+                match error {
+                    NoMatch::Missing { part } => format!(
+                        "error finding value in datum: /{path} at part {part}: couldn't find key {:?}",
+                        selector[part]
+                    ),
+                    NoMatch::Shape => format!("the value at /{path} cannot be compared that way"),
+                }
+            }),
+        }
+    }
+
     fn eval(&self, data: &Value) -> Result<bool, NoMatch> {
         match self {
             Expr::And(left, right) => Ok(left.eval(data)? && right.eval(data)?),
             Expr::Or(left, right) => Ok(left.eval(data)? || right.eval(data)?),
             Expr::Not(inner) => Ok(!inner.eval(data)?),
             Expr::Match { selector, op, value } => {
-                let selected = selector
-                    .iter()
-                    .try_fold(data, |at, key| at.get(key.as_str()).ok_or(NoMatch))?;
+                let selected = selector.iter().enumerate().try_fold(data, |at, (part, key)| {
+                    at.get(key.as_str()).ok_or(NoMatch::Missing { part })
+                })?;
                 apply(selected, *op, value)
             }
         }
@@ -353,22 +384,22 @@ fn scalar(value: &Value) -> Option<String> {
 
 fn apply(selected: &Value, op: Op, value: &str) -> Result<bool, NoMatch> {
     match op {
-        Op::Equal => scalar(selected).map(|text| text == value).ok_or(NoMatch),
-        Op::NotEqual => scalar(selected).map(|text| text != value).ok_or(NoMatch),
+        Op::Equal => scalar(selected).map(|text| text == value).ok_or(NoMatch::Shape),
+        Op::NotEqual => scalar(selected).map(|text| text != value).ok_or(NoMatch::Shape),
         Op::Contains | Op::NotContains => {
             let found = match selected {
                 Value::Array(items) => items.iter().any(|item| scalar(item).as_deref() == Some(value)),
                 Value::Object(map) => map.contains_key(value),
                 Value::String(text) => text.contains(value),
-                _ => return Err(NoMatch),
+                _ => return Err(NoMatch::Shape),
             };
             Ok(found == (op == Op::Contains))
         }
         Op::Matches | Op::NotMatches => {
             let Value::String(text) = selected else {
-                return Err(NoMatch);
+                return Err(NoMatch::Shape);
             };
-            let found = compile(value).map_err(|_| NoMatch)?.is_match(text.as_str());
+            let found = compile(value).map_err(|_| NoMatch::Shape)?.is_match(text.as_str());
             Ok(found == (op == Op::Matches))
         }
         Op::IsEmpty | Op::IsNotEmpty => {
@@ -377,7 +408,7 @@ fn apply(selected: &Value, op: Op, value: &str) -> Result<bool, NoMatch> {
                 Value::Object(map) => map.is_empty(),
                 Value::String(text) => text.is_empty(),
                 Value::Null => true,
-                _ => return Err(NoMatch),
+                _ => return Err(NoMatch::Shape),
             };
             Ok(empty == (op == Op::IsEmpty))
         }
@@ -445,5 +476,23 @@ mod tests {
         }
         let deep = format!("{}a == \"b\"{}", "(".repeat(100), ")".repeat(100));
         assert!(Expr::parse(&deep).unwrap_err().contains("nested deeper"));
+    }
+
+    #[test]
+    fn evaluate_names_a_selector_that_finds_nothing() {
+        let data = json!({"Status": "running", "Meta": {"team": "ops"}});
+        let expr = |text: &str| Expr::parse(text).unwrap();
+        assert_eq!(expr(r#"Status == "running""#).evaluate(&data), Ok(true));
+        assert_eq!(expr(r#"Meta.team != "ops""#).evaluate(&data), Ok(false));
+        assert_eq!(
+            expr(r#"InvalidField == "value""#).evaluate(&data),
+            Err("error finding value in datum: /InvalidField at part 0: couldn't find key \"InvalidField\"".into())
+        );
+        assert_eq!(
+            expr(r#"Status == "dead" or Meta.owner == "x""#).evaluate(&data),
+            Err("error finding value in datum: /Meta/owner at part 1: couldn't find key \"owner\"".into())
+        );
+        // `matches` keeps reading an error as no match.
+        assert!(!expr(r#"InvalidField == "value""#).matches(&data));
     }
 }

@@ -17,6 +17,7 @@ pub async fn list_allocations(
     State(handle): State<AgentHandle>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Allocs, &options).await?;
     let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
         let matching = state
@@ -27,6 +28,7 @@ pub async fn list_allocations(
                     .as_ref()
                     .is_none_or(|prefix| alloc.id.starts_with(prefix))
             })
+            .filter(|alloc| filter.keeps(|| render::alloc(alloc, state)))
             .map(|alloc| (alloc.id.clone(), alloc));
         let (allocs, next) = super::page::page(matching, &options);
         let resources = options.resources.unwrap_or(false);
@@ -40,9 +42,10 @@ pub async fn list_allocations(
                 stub
             })
             .collect();
-        (list, next)
+        filter.finish((list, next))
     })
     .await
+    .transpose()?
     .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);

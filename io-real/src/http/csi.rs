@@ -49,7 +49,12 @@ pub(super) fn reply_to_result(reply: ServerReply) -> Result<u64, ApiError> {
 
 /// The page of volume stubs `options` asks for in `namespace` (`*`: every one), and the next
 /// page's token (`GET /v1/volumes?type=csi`).
-fn volumes_page(state: &ServerState, options: &QueryOptions, namespace: &str) -> (Vec<Value>, Option<String>) {
+fn volumes_page(
+    state: &ServerState,
+    options: &QueryOptions,
+    namespace: &str,
+    filter: &super::page::ItemFilter,
+) -> (Vec<Value>, Option<String>) {
     let every_namespace = namespace == "*";
     let on_node = options.node_id.as_ref().map(|node| state.volumes_on_node(node));
     let keys: Vec<&(String, String)> = match &options.plugin_id {
@@ -61,6 +66,13 @@ fn volumes_page(state: &ServerState, options: &QueryOptions, namespace: &str) ->
         .filter(|(ns, _)| every_namespace || *ns == namespace)
         .filter(|(_, id)| options.prefix.as_ref().is_none_or(|prefix| id.starts_with(prefix)))
         .filter(|key| on_node.as_ref().is_none_or(|keys| keys.contains(*key)))
+        .filter(|(ns, id)| {
+            filter.keeps(|| {
+                state
+                    .volume(ns, id)
+                    .map_or(Value::Null, |volume| render::volume(&volume, state))
+            })
+        })
         .map(|key| {
             let token = if every_namespace {
                 format!("{}.{}", key.0, key.1)
@@ -118,11 +130,16 @@ pub async fn list_volumes(
             ));
         }
     }
+    let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
     let namespace = namespace(&options);
-    let (list, next) = super::read_list(&handle, move |state| volumes_page(state, &options, &namespace))
-        .await
-        .unwrap_or_default();
+    let (list, next) = super::read_list(&handle, move |state| {
+        let listed = volumes_page(state, &options, &namespace, &filter);
+        filter.finish(listed)
+    })
+    .await
+    .transpose()?
+    .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(Value::Array(list))))
@@ -504,11 +521,13 @@ pub async fn list_nodes(
     State(handle): State<AgentHandle>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Nodes, &options).await?;
     let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
         let matching = state
             .nodes()
             .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
+            .filter(|node| filter.keeps(|| render::node(node)))
             .map(|node| (node.id.clone(), node));
         let (nodes, next) = super::page::page(matching, &options);
         let resources = options.resources.unwrap_or(false);
@@ -519,9 +538,10 @@ pub async fn list_nodes(
                 render::node_stub(node)
             }
         };
-        (nodes.into_iter().map(stub).collect(), next)
+        filter.finish((nodes.into_iter().map(stub).collect(), next))
     })
     .await
+    .transpose()?
     .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
@@ -612,6 +632,11 @@ mod tests {
     #[test]
     fn volume_and_plugin_lists_page_with_next_tokens() {
         let state = state();
+        let volumes_page = |state: &ServerState, options: &QueryOptions, namespace: &str| {
+            let filter = super::super::page::ItemFilter::of(options).unwrap();
+            let listed = volumes_page(state, options, namespace, &filter);
+            filter.finish(listed).unwrap()
+        };
         let (page, next) = volumes_page(&state, &options("per_page=2"), "default");
         assert_eq!((ids(&page), next.as_deref()), (vec!["v0", "v1"], Some("v2")));
         let (page, next) = volumes_page(&state, &options("per_page=2&next_token=v2"), "default");
@@ -626,6 +651,8 @@ mod tests {
         assert_eq!((ids(&page), next), (vec!["v4"], None));
         assert!(volumes_page(&state, &options("plugin_id=q"), "default").0.is_empty());
         assert_eq!(volumes_page(&state, &options(""), "default").0.len(), 5);
+        let (page, next) = volumes_page(&state, &options("filter=ID%20%3D%3D%20%22v3%22"), "default");
+        assert_eq!((ids(&page), next), (vec!["v3"], None));
 
         let (page, next) = plugins_page(&state, &options("per_page=1"));
         assert_eq!((ids(&page), next.as_deref()), (vec!["p"], Some("q")));

@@ -19,6 +19,7 @@ pub async fn list(
     State(handle): State<AgentHandle>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Deployments, &options).await?;
     let namespace = namespace(&options);
     let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
@@ -26,11 +27,13 @@ pub async fn list(
             .deployments()
             .filter(|d| namespace == "*" || d.namespace == namespace)
             .filter(|d| options.prefix.as_ref().is_none_or(|prefix| d.id.starts_with(prefix)))
+            .filter(|d| filter.keeps(|| render::deployment(d)))
             .map(|d| (d.id.clone(), d));
         let (found, next) = super::page::page(matching, &options);
-        (found.into_iter().map(render::deployment).collect(), next)
+        filter.finish((found.into_iter().map(render::deployment).collect(), next))
     })
     .await
+    .transpose()?
     .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);

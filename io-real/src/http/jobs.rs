@@ -223,17 +223,26 @@ pub async fn list_jobs(
     State(handle): State<AgentHandle>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Jobs, &options).await?;
-    let (list, next) = super::read_list(&handle, move |state| list_page(state, &options))
-        .await
-        .unwrap_or_default();
+    let (list, next) = super::read_list(&handle, move |state| {
+        let listed = list_page(state, &options, &filter);
+        filter.finish(listed)
+    })
+    .await
+    .transpose()?
+    .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);
     Ok((headers, axum::Json(Value::Array(list))))
 }
 
 /// The page of job stubs `options` asks for, and the next page's token (`GET /v1/jobs`).
-pub(super) fn list_page(state: &ServerState, options: &QueryOptions) -> (Vec<Value>, Option<String>) {
+pub(super) fn list_page(
+    state: &ServerState,
+    options: &QueryOptions,
+    filter: &super::page::ItemFilter,
+) -> (Vec<Value>, Option<String>) {
     let every_namespace = options.namespace.as_deref() == Some("*");
     let matching = state
         .jobs()
@@ -244,6 +253,9 @@ pub(super) fn list_page(state: &ServerState, options: &QueryOptions) -> (Vec<Val
                 .is_none_or(|ns| *ns == "*" || *ns == job.namespace)
         })
         .filter(|job| options.prefix.as_ref().is_none_or(|prefix| job.id.starts_with(prefix)))
+        .filter(|job| {
+            filter.keeps(|| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+        })
         .map(|job| {
             let token = if every_namespace {
                 format!("{}.{}", job.namespace, job.id)
@@ -412,16 +424,19 @@ pub async fn list_evaluations(
     State(handle): State<AgentHandle>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Evals, &options).await?;
     let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
         let matching = state
             .evals()
             .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
+            .filter(|e| filter.keeps(|| eval(e)))
             .map(|e| (e.id.clone(), e));
         let (evals, next) = super::page::page(matching, &options);
-        (evals.into_iter().map(eval).collect(), next)
+        filter.finish((evals.into_iter().map(eval).collect(), next))
     })
     .await
+    .transpose()?
     .unwrap_or_default();
     let mut headers = query_headers(&handle, index);
     super::page::next_token_header(&mut headers, next);

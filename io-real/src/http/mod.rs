@@ -542,6 +542,8 @@ pub(super) struct QueryOptions {
     /// Pagination (`page.rs`).
     per_page: Option<String>,
     next_token: Option<String>,
+    /// go-bexpr over each listed item's full object, before paging (`page::ItemFilter`).
+    filter: Option<String>,
 }
 
 /// Runs a list read on the blocking pool, against the state version current now: a list of
@@ -560,7 +562,9 @@ pub(super) async fn read_list<R: Send + 'static>(
 pub fn jobs_list(state: &drover_core::fsm::ServerState, query: &str) -> Result<(Vec<Value>, Option<String>), String> {
     let uri: axum::http::Uri = format!("/v1/jobs?{query}").parse().map_err(|e| format!("{e}"))?;
     let Query(options) = Query::<QueryOptions>::try_from_uri(&uri).map_err(|e| e.body_text())?;
-    Ok(jobs::list_page(state, &options))
+    let filter = page::ItemFilter::of(&options).map_err(|error| error.1)?;
+    let listed = jobs::list_page(state, &options, &filter);
+    filter.finish(listed).map_err(|error| error.1)
 }
 
 /// A query boolean as Go's `strconv.ParseBool` reads it, which Nomad's handlers use.

@@ -5,9 +5,67 @@
 //! namespace; an allocation's, evaluation's, node's or plugin's its ID; a variable's its path).
 //! Like Nomad, a `per_page` that is no number is ignored.
 
-use axum::http::{HeaderMap, HeaderValue};
+use std::sync::Mutex;
 
-use super::QueryOptions;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use drover_core::bexpr::Expr;
+use serde_json::Value;
+
+use super::{ApiError, QueryOptions};
+
+/// `?filter=<go-bexpr>`: each item's full API object is evaluated before paging, as Nomad's
+/// paginator does, so `per_page` counts matching items. An expression that does not parse
+/// is refused before anything is read (400); one that cannot be evaluated on an item (a
+/// field that is not there) fails the list (500), with go-bexpr's texts.
+pub struct ItemFilter {
+    expr: Option<Expr>,
+    error: Mutex<Option<String>>,
+}
+
+impl ItemFilter {
+    pub fn of(options: &QueryOptions) -> Result<ItemFilter, ApiError> {
+        let expr = match options.filter.as_deref().filter(|text| !text.trim().is_empty()) {
+            None => None,
+            Some(text) => Some(Expr::parse(text).map_err(|error| {
+                ApiError(
+                    StatusCode::BAD_REQUEST,
+                    format!("failed to read filter expression: {error}"),
+                )
+            })?),
+        };
+        Ok(ItemFilter {
+            expr,
+            error: Mutex::new(None),
+        })
+    }
+
+    /// Whether the item whose full object `object` renders is listed (rendered only when
+    /// there is a filter). After an evaluation error nothing more is listed.
+    pub fn keeps(&self, object: impl FnOnce() -> Value) -> bool {
+        let Some(expr) = &self.expr else {
+            return true;
+        };
+        let mut error = self.error.lock().expect("filter lock");
+        if error.is_some() {
+            return false;
+        }
+        match expr.evaluate(&object()) {
+            Ok(keep) => keep,
+            Err(why) => {
+                *error = Some(why);
+                false
+            }
+        }
+    }
+
+    /// `listed`, unless an item could not be evaluated.
+    pub fn finish<T>(self, listed: T) -> Result<T, ApiError> {
+        match self.error.into_inner().expect("filter lock") {
+            None => Ok(listed),
+            Some(why) => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, why)),
+        }
+    }
+}
 
 /// The page of `items` (in token order) that `options` asks for, and the next page's token.
 pub fn page<T>(items: impl Iterator<Item = (String, T)>, options: &QueryOptions) -> (Vec<T>, Option<String>) {
