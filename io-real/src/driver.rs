@@ -144,6 +144,8 @@ struct Inner {
     observer: Arc<dyn Observer>,
     /// Who answered this server's Raft RPCs, and when (`None` on client-only agents).
     reachability: Option<crate::raft::network::Reachability>,
+    /// The event stream's buffer (`None` on client-only agents).
+    events: Option<Arc<crate::events::EventBroker>>,
 }
 
 impl AgentHandle {
@@ -238,6 +240,12 @@ impl AgentHandle {
         request: crate::service::HttpForward,
     ) -> Result<crate::service::HttpAnswer, String> {
         self.inner.service.forward_http_to(addr, request).await
+    }
+
+    /// The event stream's buffer: what each applied entry changed (`None` on client-only
+    /// agents).
+    pub fn events(&self) -> Option<Arc<crate::events::EventBroker>> {
+        self.inner.events.clone()
     }
 
     /// Reads the applied server state.
@@ -605,9 +613,17 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     let (inbox_tx, inbox_rx) = mpsc::unbounded_channel::<agent::Input>();
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
 
+    let events = crate::events::EventBroker::new(crate::events::BUFFER_ENTRIES);
     let (raft, applied, changes, reachability) = if is_server {
-        let (raft, applied, changes, reachability) =
-            start_raft(&config, record.node_id, &store, transport.clone(), observer.clone()).await?;
+        let (raft, applied, changes, reachability) = start_raft(
+            &config,
+            record.node_id,
+            &store,
+            transport.clone(),
+            observer.clone(),
+            events.clone(),
+        )
+        .await?;
         (Some(raft), Some(applied), Some(changes), Some(reachability))
     } else {
         (None, None, None, None)
@@ -756,6 +772,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             stop: Mutex::new(Some(stop_tx)),
             observer: observer.clone(),
             reachability,
+            events: is_server.then_some(events),
         }),
     };
     let driver = Driver {
@@ -789,6 +806,7 @@ async fn start_raft<T: Transport, O: Observer>(
     store: &Store,
     transport: T,
     observer: Arc<O>,
+    events: Arc<crate::events::EventBroker>,
 ) -> Result<(Raft, AppliedState, Changes, crate::raft::network::Reachability), StartError> {
     let timing = &config.server.timing;
     let raft_config = openraft::Config {
@@ -807,7 +825,10 @@ async fn start_raft<T: Transport, O: Observer>(
     .validate()
     .map_err(|error| StartError::RaftConfig(error.to_string()))?;
     let vote_observer = observer.clone();
-    let hook: ApplyHook = Arc::new(move |index, entry, state| {
+    let hook: ApplyHook = Arc::new(move |index, entry, before, state| {
+        if let openraft::EntryPayload::Normal(Entry { command, .. }) = &entry.payload {
+            events.publish(index, drover_core::fsm::events::events(command, before, state));
+        }
         // Each event costs work on every server for every entry (the digest encodes it whole).
         if !observer.enabled() {
             return;

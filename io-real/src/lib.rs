@@ -19,6 +19,7 @@ pub mod clock;
 pub mod devices;
 pub mod driver;
 pub mod drivers;
+pub mod events;
 pub mod exec;
 pub mod facts;
 pub mod hcl_check;

@@ -14,6 +14,7 @@ mod connect;
 pub(crate) mod csi;
 mod deployments;
 mod direct;
+pub mod events;
 mod gc;
 mod jobs;
 mod nodes;

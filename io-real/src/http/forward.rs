@@ -19,7 +19,11 @@ const BODY_MAX: usize = 64 * 1024 * 1024;
 
 /// Whether a client-only agent hands `path` to a server.
 fn forwarded(path: &str) -> bool {
-    path.starts_with("/v1/") && !path.starts_with("/v1/client/") && !path.starts_with("/v1/agent/")
+    path.starts_with("/v1/")
+        && !path.starts_with("/v1/client/")
+        && !path.starts_with("/v1/agent/")
+        // A stream does not end, and a forwarded answer is handed on whole.
+        && path != "/v1/event/stream"
 }
 
 /// Middleware: on a client-only agent, cluster requests go to a server.

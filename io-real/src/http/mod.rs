@@ -20,6 +20,7 @@ mod csi_snapshots;
 mod deployments;
 mod dispatch;
 mod evaluate;
+mod events;
 mod exec;
 mod forward;
 mod fs;
@@ -108,6 +109,7 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/status/leader", get(status_leader))
         .route("/v1/status/peers", get(status_peers))
         .route("/v1/regions", get(cluster::regions))
+        .route("/v1/event/stream", get(events::stream))
         .route(
             "/v1/search",
             axum::routing::post(search::prefix_search).put(search::prefix_search),

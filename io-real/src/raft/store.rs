@@ -635,7 +635,9 @@ impl AppliedState {
 
 /// Notified of every applied entry (used by the simulation's invariant checker).
 /// Called with the state as it is right after the entry was applied.
-pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>, &ServerState) + Send + Sync>;
+/// Called after each applied entry with the state before and after it (a clone of the state
+/// costs a few reference counts: its tables are persistent maps).
+pub type ApplyHook = Arc<dyn Fn(u64, &Entry<TypeConfig>, &ServerState, &ServerState) + Send + Sync>;
 
 /// A snapshot's body, as stored and as sent to other servers: a versioned record, so a server
 /// of a later build reads it and one of an earlier build skips fields it does not know.
@@ -741,6 +743,7 @@ impl StateMachine {
             return Err(failure.clone());
         }
         let index = entry.log_id.index;
+        let before = self.on_apply.as_ref().map(|_| applied.state.clone());
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| match &entry.payload {
             EntryPayload::Normal(data) => applied.state.apply(index, data),
             EntryPayload::Blank => {
@@ -768,8 +771,8 @@ impl StateMachine {
             }
         };
         applied.last_applied = Some(entry.log_id);
-        if let Some(hook) = &self.on_apply {
-            hook(index, entry, &applied.state);
+        if let (Some(hook), Some(before)) = (&self.on_apply, &before) {
+            hook(index, entry, before, &applied.state);
         }
         Ok(response)
     }

@@ -76,6 +76,8 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "status", "leader" | "peers"] | ["v1", "regions"] => Need::Nothing,
         // Any token: the endpoint leaves out the contexts it may not read.
         ["v1", "search"] => Need::Token,
+        // Any token: the stream leaves out the events it may not read.
+        ["v1", "event", "stream"] => Need::Token,
         ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
         ["v1", "operator", "raft", "peer"] => Need::Operator { write: true },
         ["v1", "operator", "autopilot", _] => Need::Operator { write },

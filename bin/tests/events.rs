@@ -1,0 +1,123 @@
+//! The event stream followed through a job's life on a real agent: `/v1/event/stream` sends
+//! Nomad's NDJSON lines for the job's registration, its evaluation, its allocation placed and
+//! running, and its deregistration; topics and keys pick what is sent, and `index` replays
+//! what the buffer kept.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::{http, http_status, start_with_client};
+
+/// Follows the stream at `path` on a thread; its lines arrive on the channel.
+fn follow(port: u16, path: &str) -> mpsc::Receiver<Value> {
+    let url = format!("http://127.0.0.1:{port}{path}");
+    let (sender, receiver) = mpsc::channel();
+    std::thread::spawn(move || {
+        let agent = ureq::AgentBuilder::new().timeout_read(Duration::from_secs(60)).build();
+        let Ok(response) = agent.get(&url).call() else { return };
+        let reader: Box<dyn Read + Send> = response.into_reader();
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            let Ok(value) = serde_json::from_str::<Value>(&line) else {
+                continue;
+            };
+            if sender.send(value).is_err() {
+                return;
+            }
+        }
+    });
+    receiver
+}
+
+/// The events received until `done` holds of them all (or 60 s pass).
+fn events_until(lines: &mpsc::Receiver<Value>, mut done: impl FnMut(&[Value]) -> bool) -> Vec<Value> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut events = Vec::new();
+    while !done(&events) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(line) => {
+                let index = line["Index"].clone();
+                for event in line["Events"].as_array().cloned().unwrap_or_default() {
+                    assert_eq!(event["Index"], index, "each event carries its line's index");
+                    events.push(event);
+                }
+            }
+            Err(_) => panic!("the stream stopped short: {events:#?}"),
+        }
+    }
+    events
+}
+
+fn has(events: &[Value], topic: &str, kind: &str) -> bool {
+    events
+        .iter()
+        .any(|event| event["Topic"] == topic && event["Type"] == kind)
+}
+
+#[test]
+fn the_stream_follows_a_job_through_its_life() {
+    let root = tempfile::tempdir().unwrap();
+    let (_agent, port) = start_with_client(root.path());
+    let jobs = follow(port, "/v1/event/stream?topic=Job:*&topic=Evaluation:*");
+    let allocs = follow(port, "/v1/event/stream?topic=Allocation:events-web");
+    // A subscription that starts late still sees it all: `index` 0 starts at the oldest
+    // entry the buffer kept.
+    let job = json!({"Job": {
+        "ID": "events-web",
+        "Type": "batch",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{"Name": "g", "Tasks": [{
+            "Name": "t", "Driver": "raw_exec",
+            "Config": {"command": "/bin/sh", "args": ["-c", "sleep 1"]},
+            "Resources": {"CPUShares": 20, "MemoryMB": 16}
+        }]}],
+    }});
+    http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");
+
+    let seen = events_until(&jobs, |events| {
+        has(events, "Job", "JobRegistered") && has(events, "Evaluation", "PlanResult")
+    });
+    let registered = seen.iter().find(|event| event["Type"] == "JobRegistered").unwrap();
+    assert_eq!(registered["Key"], "events-web");
+    assert_eq!(registered["Namespace"], "default");
+    assert_eq!(registered["Payload"]["Job"]["ID"], "events-web");
+    assert_eq!(registered["Payload"]["Job"]["Type"], "batch");
+    assert!(
+        seen.iter()
+            .all(|event| event["Topic"] == "Job" || event["Topic"] == "Evaluation"),
+        "only the topics asked for: {seen:#?}"
+    );
+
+    // The allocation: placed by the plan, then running and complete as the client reports.
+    let placed = events_until(&allocs, |events| {
+        has(events, "Allocation", "PlanResult")
+            && events
+                .iter()
+                .any(|event| event["Payload"]["Allocation"]["ClientStatus"] == "complete")
+    });
+    assert!(
+        placed
+            .iter()
+            .all(|event| event["Payload"]["Allocation"]["JobID"] == "events-web"),
+        "picked by the job's ID among the filter keys: {placed:#?}"
+    );
+    assert!(has(&placed, "Allocation", "AllocationUpdated"), "{placed:#?}");
+    let index = placed[0]["Index"].as_u64().unwrap();
+
+    http("DELETE", port, "/v1/job/events-web?purge=true", None).expect("purged");
+    let gone = events_until(&jobs, |events| has(events, "Job", "JobDeregistered"));
+    let purged = gone.iter().find(|event| event["Type"] == "JobDeregistered").unwrap();
+    assert_eq!(purged["Payload"]["Job"]["ID"], "events-web", "the job as it was");
+
+    // A new subscriber replays what the buffer kept from an index on.
+    let replay = follow(port, &format!("/v1/event/stream?topic=Allocation:*&index={index}"));
+    let replayed = events_until(&replay, |events| has(events, "Allocation", "PlanResult"));
+    assert!(replayed.iter().all(|event| event["Index"].as_u64().unwrap() >= index));
+
+    let bad = http_status("GET", port, "/v1/event/stream?index=soon", None).unwrap();
+    assert_eq!(bad.0, 400, "{bad:?}");
+}
