@@ -1,7 +1,8 @@
-//! The event stream followed through a job's life on a real agent: `/v1/event/stream` sends
-//! Nomad's NDJSON lines for the job's registration, its evaluation, its allocation placed and
-//! running, and its deregistration; topics and keys pick what is sent, and `index` replays
-//! what the buffer kept.
+//! What an operator watches, on a real agent. The event stream followed through a job's
+//! life: `/v1/event/stream` sends Nomad's NDJSON lines for the job's registration, its
+//! evaluation, its allocation placed and running, and its deregistration; topics and keys
+//! pick what is sent, and `index` replays what the buffer kept. And `/v1/metrics`, in Nomad's
+//! JSON and Prometheus' text.
 
 mod support;
 
@@ -120,4 +121,71 @@ fn the_stream_follows_a_job_through_its_life() {
 
     let bad = http_status("GET", port, "/v1/event/stream?index=soon", None).unwrap();
     assert_eq!(bad.0, 400, "{bad:?}");
+}
+
+/// `/v1/metrics` in Nomad's JSON and in Prometheus' text: what the agent counted (RPCs,
+/// applies, HTTP requests, Raft roles) and what its state holds (jobs by status, allocations
+/// by job and group).
+#[test]
+fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
+    let root = tempfile::tempdir().unwrap();
+    let (_agent, port) = start_with_client(root.path());
+    let job = json!({"Job": {
+        "ID": "metered",
+        "Type": "service",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{"Name": "web", "Tasks": [{
+            "Name": "t", "Driver": "raw_exec",
+            "Config": {"command": "/bin/sh", "args": ["-c", "sleep 600"]},
+            "Resources": {"CPUShares": 20, "MemoryMB": 16}
+        }]}],
+    }});
+    http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");
+    let running = support::wait_for(Duration::from_secs(60), || {
+        let metrics = support::get_json(port, "/v1/metrics")?;
+        let gauges = metrics["Gauges"].as_array()?.clone();
+        gauges
+            .iter()
+            .any(|gauge| {
+                gauge["Name"] == "nomad.nomad.job_summary.running"
+                    && gauge["Labels"]["job"] == "metered"
+                    && gauge["Labels"]["task_group"] == "web"
+                    && gauge["Value"] == 1.0
+            })
+            .then_some(metrics)
+    })
+    .expect("the running allocation is counted");
+    let named = |kind: &str, name: &str| {
+        running[kind]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|metric| metric["Name"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} among the {kind}: {running:#}"))
+    };
+    assert_eq!(named("Gauges", "nomad.nomad.job_status.running")["Value"], 1.0);
+    assert_eq!(named("Gauges", "nomad.raft.leader")["Value"], 1.0);
+    assert!(named("Counters", "nomad.raft.state.leader")["Count"].as_u64().unwrap() >= 1);
+    assert!(named("Samples", "nomad.raft.fsm.apply")["Count"].as_u64().unwrap() > 0);
+    assert!(
+        named("Samples", "nomad.nomad.fsm.JobRegister")["Count"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
+    assert!(named("Samples", "nomad.http.PUT./v1/jobs")["Count"].as_u64().unwrap() >= 1);
+    assert!(running["Timestamp"].is_string());
+
+    let text = ureq::get(&format!("http://127.0.0.1:{port}/v1/metrics?format=prometheus"))
+        .call()
+        .unwrap();
+    assert!(text.content_type().starts_with("text/plain"));
+    let text = text.into_string().unwrap();
+    assert!(text.contains("# TYPE nomad_raft_fsm_apply summary\n"), "{text}");
+    assert!(
+        text.contains("nomad_nomad_job_summary_running{job=\"metered\",task_group=\"web\",namespace=\"default\"} 1\n"),
+        "{text}"
+    );
+    http("DELETE", port, "/v1/job/metered?purge=true", None).expect("purged");
 }

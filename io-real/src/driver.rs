@@ -146,6 +146,9 @@ struct Inner {
     reachability: Option<crate::raft::network::Reachability>,
     /// The event stream's buffer (`None` on client-only agents).
     events: Option<Arc<crate::events::EventBroker>>,
+    /// This agent's metrics (`/v1/metrics`).
+    metrics: Arc<crate::metrics::Metrics>,
+    started: tokio::time::Instant,
 }
 
 impl AgentHandle {
@@ -240,6 +243,11 @@ impl AgentHandle {
         request: crate::service::HttpForward,
     ) -> Result<crate::service::HttpAnswer, String> {
         self.inner.service.forward_http_to(addr, request).await
+    }
+
+    /// This agent's metrics, and how long it has run.
+    pub fn metrics(&self) -> (Arc<crate::metrics::Metrics>, Duration) {
+        (self.inner.metrics.clone(), self.inner.started.elapsed())
     }
 
     /// The event stream's buffer: what each applied entry changed (`None` on client-only
@@ -614,6 +622,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
     let (status_tx, status_rx) = watch::channel(AgentStatus::default());
 
     let events = crate::events::EventBroker::new(crate::events::BUFFER_ENTRIES);
+    let metrics = crate::metrics::Metrics::new();
     let (raft, applied, changes, reachability) = if is_server {
         let (raft, applied, changes, reachability) = start_raft(
             &config,
@@ -622,6 +631,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             transport.clone(),
             observer.clone(),
             events.clone(),
+            metrics.clone(),
         )
         .await?;
         (Some(raft), Some(applied), Some(changes), Some(reachability))
@@ -690,6 +700,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         read_index: ReadIndexBatcher::new(config.server.raft_faults),
         keyring: keyring.clone(),
         keystore,
+        metrics: metrics.clone(),
         observer: observer.clone(),
         skip_caller_check: config.server.raft_faults.skip_caller_check,
         clients_attach: transport.can_attach(),
@@ -724,7 +735,12 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         }
     }
     if let Some(raft) = &raft {
-        tokio::spawn(watch_raft(raft.clone(), inbox_tx.clone(), observer.clone()));
+        tokio::spawn(watch_raft(
+            raft.clone(),
+            inbox_tx.clone(),
+            observer.clone(),
+            metrics.clone(),
+        ));
         let timing = &config.server.timing;
         tokio::spawn(crate::raft::snapshots::take_snapshots(
             raft.clone(),
@@ -773,6 +789,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             observer: observer.clone(),
             reachability,
             events: is_server.then_some(events),
+            metrics: metrics.clone(),
+            started: tokio::time::Instant::now(),
         }),
     };
     let driver = Driver {
@@ -807,6 +825,7 @@ async fn start_raft<T: Transport, O: Observer>(
     transport: T,
     observer: Arc<O>,
     events: Arc<crate::events::EventBroker>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) -> Result<(Raft, AppliedState, Changes, crate::raft::network::Reachability), StartError> {
     let timing = &config.server.timing;
     let raft_config = openraft::Config {
@@ -879,7 +898,7 @@ async fn start_raft<T: Transport, O: Observer>(
             digest: entry_digest(entry),
         });
     });
-    let state_machine = StateMachine::open(store.clone(), Some(hook))?;
+    let state_machine = StateMachine::open(store.clone(), Some(hook))?.with_metrics(metrics.clone());
     let vote_hook: VoteHook = Arc::new(move |vote| {
         vote_observer.record(AgentEvent::VoteSaved {
             term: vote.leader_id.term,
@@ -1450,7 +1469,12 @@ fn summarize(metrics: &RaftMetrics, peers: Peers) -> RaftSummary {
 }
 
 /// Feeds Raft's observable state to the core whenever it changes in a way the core cares about.
-async fn watch_raft<O: Observer>(raft: Raft, inbox: mpsc::UnboundedSender<agent::Input>, observer: Arc<O>) {
+async fn watch_raft<O: Observer>(
+    raft: Raft,
+    inbox: mpsc::UnboundedSender<agent::Input>,
+    observer: Arc<O>,
+    meters: Arc<crate::metrics::Metrics>,
+) {
     let mut metrics = raft.metrics();
     let mut last: Option<RaftView> = None;
     // openraft reports metrics after every heartbeat; most reports change nothing the view
@@ -1481,6 +1505,21 @@ async fn watch_raft<O: Observer>(raft: Raft, inbox: mpsc::UnboundedSender<agent:
             let changed_shape = last.as_ref().is_none_or(|last| {
                 (last.role, last.term, last.leader, &last.voters) != (view.role, view.term, view.leader, &view.voters)
             });
+            if last
+                .as_ref()
+                .is_none_or(|last| (last.role, last.term) != (view.role, view.term))
+            {
+                // hashicorp/raft's `raft.state.<role>`: each time this server takes the role.
+                let role = match view.role {
+                    RaftRole::Leader => Some("nomad.raft.state.leader"),
+                    RaftRole::Candidate => Some("nomad.raft.state.candidate"),
+                    RaftRole::Follower => Some("nomad.raft.state.follower"),
+                    RaftRole::Learner | RaftRole::Shutdown => None,
+                };
+                if let Some(name) = role {
+                    meters.increment(name, &[]);
+                }
+            }
             if changed_shape {
                 observer.record(AgentEvent::RaftChanged {
                     role: view.role,

@@ -52,6 +52,7 @@ pub mod logmon;
 pub mod logstream;
 #[cfg(not(madsim))]
 pub mod memory;
+pub mod metrics;
 #[cfg(not(madsim))]
 pub mod net;
 #[cfg(not(madsim))]

@@ -24,6 +24,8 @@ fn forwarded(path: &str) -> bool {
         && !path.starts_with("/v1/agent/")
         // A stream does not end, and a forwarded answer is handed on whole.
         && path != "/v1/event/stream"
+        // Each agent's own.
+        && path != "/v1/metrics"
 }
 
 /// Middleware: on a client-only agent, cluster requests go to a server.

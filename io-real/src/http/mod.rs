@@ -24,6 +24,7 @@ mod events;
 mod exec;
 mod forward;
 mod fs;
+mod metrics;
 mod nodes;
 mod operator;
 mod page;
@@ -110,6 +111,7 @@ pub fn router(handle: AgentHandle) -> Router {
         .route("/v1/status/peers", get(status_peers))
         .route("/v1/regions", get(cluster::regions))
         .route("/v1/event/stream", get(events::stream))
+        .route("/v1/metrics", get(metrics::get))
         .route(
             "/v1/search",
             axum::routing::post(search::prefix_search).put(search::prefix_search),
@@ -300,6 +302,8 @@ pub fn router(handle: AgentHandle) -> Router {
                 .delete(delete_variable),
         )
         .merge(acl::endpoints::routes())
+        // Each matched request's time, by route (`metrics.rs`).
+        .route_layer(axum::middleware::from_fn_with_state(handle.clone(), metrics::measure))
         // Reads of cluster state wait for the Raft read barrier unless `?stale` (`reads.rs`).
         .layer(axum::middleware::from_fn_with_state(handle.clone(), reads::consistent))
         // A client-only agent hands cluster requests to a server (`forward.rs`).

@@ -17,7 +17,8 @@ use crate::driver::{AgentHandle, ReadError};
 
 /// Whether `path` reads the replicated state.
 fn replicated(path: &str) -> bool {
-    !["/v1/agent/", "/v1/status/", "/v1/client/"]
+    // Metrics must answer when there is no leader; the event stream follows its own index.
+    !["/v1/agent/", "/v1/status/", "/v1/client/", "/v1/metrics", "/v1/event/"]
         .iter()
         .any(|prefix| path.starts_with(prefix))
 }

@@ -673,9 +673,17 @@ pub struct StateMachine {
     changes: Changes,
     on_apply: Option<ApplyHook>,
     snapshot_seq: Arc<AtomicU64>,
+    /// Where apply timings go (`nomad.raft.fsm.apply`, `nomad.nomad.fsm.<command>`).
+    metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl StateMachine {
+    /// Apply timings go to `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<crate::metrics::Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
     /// Restores the state from the stored snapshot, if any.
     pub fn open(store: Store, on_apply: Option<ApplyHook>) -> Result<Self, StoreError> {
         let mut applied = Applied::default();
@@ -702,6 +710,7 @@ impl StateMachine {
             changes: Changes::default(),
             on_apply,
             snapshot_seq: Arc::default(),
+            metrics: None,
         })
     }
 
@@ -744,6 +753,7 @@ impl StateMachine {
         }
         let index = entry.log_id.index;
         let before = self.on_apply.as_ref().map(|_| applied.state.clone());
+        let started = tokio::time::Instant::now();
         let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| match &entry.payload {
             EntryPayload::Normal(data) => applied.state.apply(index, data),
             EntryPayload::Blank => {
@@ -771,6 +781,11 @@ impl StateMachine {
             }
         };
         applied.last_applied = Some(entry.log_id);
+        if let (Some(metrics), EntryPayload::Normal(data)) = (&self.metrics, &entry.payload) {
+            let took = started.elapsed();
+            metrics.sample("nomad.raft.fsm.apply", &[], took);
+            metrics.sample(&format!("nomad.nomad.fsm.{}", data.command.name()), &[], took);
+        }
         if let (Some(hook), Some(before)) = (&self.on_apply, &before) {
             hook(index, entry, before, &applied.state);
         }

@@ -73,6 +73,8 @@ pub type Replies = Arc<Mutex<BTreeMap<ReqId, oneshot::Sender<ServerReply>>>>;
 
 #[derive(Clone)]
 pub struct Service {
+    /// RPC counts and timings go here (`nomad.nomad.rpc.request`).
+    pub metrics: Arc<crate::metrics::Metrics>,
     pub raft: Option<Raft>,
     pub node_id: u64,
     pub region: String,
@@ -383,9 +385,40 @@ pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, b
     Ok((incoming, forwarded))
 }
 
+/// An RPC's kind, for its metrics.
+fn body_name(body: &RequestBody) -> &'static str {
+    match body {
+        RequestBody::ClientCsi(_) => "ClientCSI",
+        RequestBody::ClientAlloc(_) => "ClientAlloc",
+        RequestBody::ClientLogs(_) => "ClientLogs",
+        RequestBody::ClientFs(_) => "ClientFS",
+        RequestBody::ClientExec(_) => "ClientExec",
+        RequestBody::ClientStats(_) => "ClientStats",
+        RequestBody::Http(_) => "HTTP",
+        RequestBody::NodeAllocs(_) => "Node.GetClientAllocs",
+        RequestBody::Server(_) => "Server",
+        RequestBody::RaftAppendEntries(_) => "Raft.AppendEntries",
+        RequestBody::RaftPreVote(_) => "Raft.PreVote",
+        RequestBody::RaftReadIndex(_) => "Raft.ReadIndex",
+        RequestBody::Keyring(_) => "Keyring",
+        RequestBody::AclResolve(_) => "ACL.ResolveToken",
+        RequestBody::RootKey(_) => "Keyring.RootKey",
+        RequestBody::RaftStand(_) => "Raft.Stand",
+        RequestBody::RaftVote(_) => "Raft.Vote",
+        RequestBody::RaftInstallSnapshot(_) => "Raft.InstallSnapshot",
+        RequestBody::StatusPeers(_) => "Status.Peers",
+        RequestBody::Apply(_) => "Raft.Apply",
+    }
+}
+
 impl Service {
     pub async fn handle(&self, caller: Caller, request: AgentRequest) -> AgentResponse {
+        let method = request.body.as_ref().map_or("empty", body_name);
+        let started = tokio::time::Instant::now();
         let mut response = self.answer(caller, request).await;
+        self.metrics.increment("nomad.nomad.rpc.request", &[("method", method)]);
+        self.metrics
+            .sample("nomad.nomad.rpc.request_time", &[("method", method)], started.elapsed());
         response.version = ENVELOPE_VERSION;
         response
     }
@@ -855,6 +888,7 @@ mod tests {
             observer: Arc::new(crate::io::TracingObserver),
             skip_caller_check: false,
             server_cursor: Arc::default(),
+            metrics: crate::metrics::Metrics::new(),
         }
     }
 

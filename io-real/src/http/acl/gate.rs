@@ -78,6 +78,8 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "search"] => Need::Token,
         // Any token: the stream leaves out the events it may not read.
         ["v1", "event", "stream"] => Need::Token,
+        // Nomad serves metrics without a token.
+        ["v1", "metrics"] => Need::Nothing,
         ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
         ["v1", "operator", "raft", "peer"] => Need::Operator { write: true },
         ["v1", "operator", "autopilot", _] => Need::Operator { write },
