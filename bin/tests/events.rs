@@ -187,5 +187,12 @@ fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
         text.contains("nomad_nomad_job_summary_running{job=\"metered\",task_group=\"web\",namespace=\"default\"} 1\n"),
         "{text}"
     );
+    // Lists answer for the request's namespace (default `default`), or every one with `*`.
+    let count = |path: &str| support::get_json(port, path).unwrap().as_array().unwrap().len();
+    assert_eq!(count("/v1/allocations"), 1);
+    assert_eq!(count("/v1/allocations?namespace=*"), 1);
+    assert_eq!(count("/v1/allocations?namespace=other"), 0);
+    assert!(count("/v1/evaluations") >= 1);
+    assert_eq!(count("/v1/evaluations?namespace=other"), 0);
     http("DELETE", port, "/v1/job/metered?purge=true", None).expect("purged");
 }

@@ -348,6 +348,32 @@ fn job_and_evaluation_lists_page_with_next_tokens() {
     assert_eq!((code, &found["Matches"]["jobs"]), (200, &json!(["batch-3"])), "{body}");
     assert_eq!(found["Matches"]["nodes"], json!([]), "every context searched: {body}");
     assert_eq!(search(json!({"Prefix": "x", "Context": "bogus"})).0, 400);
+    // Fuzzy search: names containing the text, inside jobs too, with their scope.
+    let fuzzy = |body: Value| -> (u16, String) {
+        http_status("POST", port, "/v1/search/fuzzy", Some(&body.to_string())).unwrap()
+    };
+    let (code, body) = fuzzy(json!({"Text": "TCH-3", "Context": "all"}));
+    assert_eq!(code, 200, "{body}");
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        found["Matches"]["jobs"],
+        json!([{"ID": "batch-3", "Scope": ["default", "batch-3"]}]),
+        "case ignored: {body}"
+    );
+    let (_, body) = fuzzy(json!({"Text": "bin/tr", "Context": "jobs"}));
+    let found: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(found["Matches"]["commands"][0]["ID"], "/bin/true", "{body}");
+    assert_eq!(
+        found["Matches"]["commands"][0]["Scope"],
+        json!(["default", "batch-0", "g", "t"]),
+        "{body}"
+    );
+    assert_eq!(found["Matches"]["commands"].as_array().unwrap().len(), 5, "{body}");
+    assert_eq!(
+        fuzzy(json!({"Text": "b"})),
+        (500, "fuzzy search query must be at least 2 characters, got 1".into())
+    );
+    assert_eq!(fuzzy(json!({"Text": "batch", "Context": "evals"})).0, 400);
     // Each job has its registration evaluation and, with no client to place on, a blocked one.
     let unpaged: Vec<String> = get(port, "/v1/evaluations")
         .unwrap()

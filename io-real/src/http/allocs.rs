@@ -19,9 +19,11 @@ pub async fn list_allocations(
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let namespace = super::namespace(&options);
     let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
         let matching = state
             .allocs()
+            .filter(|alloc| super::in_namespace(&namespace, &alloc.namespace))
             .filter(|alloc| {
                 options
                     .prefix

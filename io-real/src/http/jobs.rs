@@ -426,9 +426,11 @@ pub async fn list_evaluations(
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
     let index = block_on_table(&handle, Table::Evals, &options).await?;
+    let namespace = super::namespace(&options);
     let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
         let matching = state
             .evals()
+            .filter(|e| super::in_namespace(&namespace, &e.namespace))
             .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
             .filter(|e| filter.keeps(|| eval(e)))
             .map(|e| (e.id.clone(), e));

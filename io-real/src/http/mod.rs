@@ -24,6 +24,7 @@ mod events;
 mod exec;
 mod forward;
 mod fs;
+mod fuzzy;
 mod metrics;
 mod nodes;
 mod operator;
@@ -115,6 +116,10 @@ pub fn router(handle: AgentHandle) -> Router {
         .route(
             "/v1/search",
             axum::routing::post(search::prefix_search).put(search::prefix_search),
+        )
+        .route(
+            "/v1/search/fuzzy",
+            axum::routing::post(fuzzy::fuzzy_search).put(fuzzy::fuzzy_search),
         )
         .route(
             "/v1/agent/servers",
@@ -504,6 +509,12 @@ async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
 }
 
 /// The request's namespace (`?namespace=`), Nomad's `default` when absent.
+/// Whether an object in `namespace` is listed for a request of `asked` (`*`: every one; an
+/// object stored without a namespace is in the default one).
+fn in_namespace(asked: &str, namespace: &str) -> bool {
+    asked == "*" || asked == namespace || (namespace.is_empty() && asked == drover_core::structs::DEFAULT_NAMESPACE)
+}
+
 fn namespace(options: &QueryOptions) -> String {
     options
         .namespace

@@ -75,7 +75,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
     match segments.as_slice() {
         ["v1", "status", "leader" | "peers"] | ["v1", "regions"] => Need::Nothing,
         // Any token: the endpoint leaves out the contexts it may not read.
-        ["v1", "search"] => Need::Token,
+        ["v1", "search"] | ["v1", "search", "fuzzy"] => Need::Token,
         // Any token: the stream leaves out the events it may not read.
         ["v1", "event", "stream"] => Need::Token,
         // Nomad serves metrics without a token.
