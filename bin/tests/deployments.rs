@@ -218,3 +218,96 @@ fn a_job_rolls_out_through_deployments_with_canaries_promotion_and_auto_revert()
     assert!(list.contains("Job ID  Job Version  Status"), "{list}");
     assert!(list.contains("failed"), "{list}");
 }
+
+/// A group's `scaling` block: its policy listed and read, `job scale` within its bounds
+/// (refused outside them, and while a deployment runs), and a registration outside them
+/// refused, with Nomad's texts.
+#[test]
+fn job_scale_moves_a_group_within_its_scaling_policy() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port) = support::start_with_client(root.path());
+    let spec = |count: u32| {
+        format!(
+            r#"job "scaled" {{
+  update {{
+    min_healthy_time  = "1s"
+    healthy_deadline  = "8s"
+    progress_deadline = "30s"
+  }}
+  group "web" {{
+    count = {count}
+    scaling {{
+      min = 1
+      max = 3
+      policy {{
+        cooldown = "1m"
+      }}
+    }}
+    task "t" {{
+      driver = "raw_exec"
+      config {{
+        command = "/bin/sh"
+        args    = ["-c", "exec sleep 300"]
+      }}
+      kill_timeout = "1s"
+      resources {{
+        cpu    = 20
+        memory = 16
+      }}
+    }}
+  }}
+}}
+"#
+        )
+    };
+    let file = root.path().join("scaled.hcl");
+    std::fs::write(&file, spec(1)).unwrap();
+    cli_stdout(&cli(port, &["job", "run", "-detach", file.to_str().unwrap()]));
+    let finished = |version: u64| {
+        wait_for(Duration::from_secs(60), || {
+            let d = get_json(port, "/v1/job/scaled/deployment").filter(|d| !d.is_null())?;
+            (d["JobVersion"] == version && d["Status"] == "successful").then_some(())
+        })
+        .unwrap_or_else(|| panic!("version {version} deployed:\n{}", agent.log()))
+    };
+    finished(0);
+
+    let policies = get_json(port, "/v1/scaling/policies").unwrap();
+    let stub = &policies[0];
+    assert_eq!(stub["Target"]["Job"], "scaled", "{policies}");
+    assert_eq!(stub["Target"]["Group"], "web");
+    assert_eq!(stub["Type"], "horizontal");
+    let id = stub["ID"].as_str().unwrap();
+    let policy = get_json(port, &format!("/v1/scaling/policy/{id}")).unwrap();
+    assert_eq!((policy["Min"].as_i64(), policy["Max"].as_i64()), (Some(1), Some(3)));
+    assert_eq!(policy["Policy"]["cooldown"], "1m");
+    let job = get_json(port, "/v1/job/scaled").unwrap();
+    assert_eq!(job["TaskGroups"][0]["Scaling"]["ID"], id, "the same ID inside the job");
+
+    let over = cli(port, &["job", "scale", "scaled", "4"]);
+    assert!(!over.status.success());
+    let said = String::from_utf8_lossy(&over.stderr).into_owned();
+    assert!(
+        said.contains("group count was greater than scaling policy maximum: 4 > 3"),
+        "{said}"
+    );
+    let scaled = cli_stdout(&cli(port, &["job", "scale", "-detach", "scaled", "web", "2"]));
+    assert!(scaled.starts_with("Job scale successful\nEvaluation ID: "), "{scaled}");
+    let status = wait_for(Duration::from_secs(60), || {
+        let status = get_json(port, "/v1/job/scaled/scale")?;
+        (status["TaskGroups"]["web"]["Running"] == 2).then_some(status)
+    })
+    .unwrap_or_else(|| panic!("two running:\n{}", agent.log()));
+    assert_eq!(status["TaskGroups"]["web"]["Desired"], 2);
+    assert_eq!(status["JobStopped"], false);
+    finished(1);
+
+    std::fs::write(&file, spec(5)).unwrap();
+    let refused = cli(port, &["job", "run", "-detach", file.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&refused.stderr).into_owned();
+    assert!(
+        said.contains("task group count must not be greater than maximum count in scaling policy"),
+        "{said}"
+    );
+    http("DELETE", port, "/v1/job/scaled?purge=true", None).expect("purged");
+}

@@ -17,6 +17,7 @@ mod node;
 mod operator;
 mod periodic;
 mod rootkeys;
+mod scale;
 mod server;
 mod tls;
 mod volume;
@@ -137,6 +138,15 @@ pub enum JobCommand {
         /// A second dispatch with the same token, while its child lives, returns that child.
         #[arg(long = "idempotency-token")]
         idempotency_token: Option<String>,
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Change a task group's count (`<job> [<group>] <count>`; the group may be left out
+    /// when the job has one), within its scaling policy.
+    Scale {
+        id: String,
+        #[arg(num_args = 1..=2, required = true)]
+        args: Vec<String>,
         #[arg(long)]
         detach: bool,
     },
@@ -578,6 +588,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
             };
             dispatch::dispatch(&api, &id, input.as_deref(), options)
         }
+        Command::Job(JobCommand::Scale { id, args, detach }) => scale::scale(&api, &id, &args, detach),
         Command::Deployment(command) => deployment::run(&api, command),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),

@@ -117,6 +117,9 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
             )),
         }
     }
+    if let Some(scaling) = &group.scaling {
+        errors.extend(scaling.problems(group.count));
+    }
     errors.extend(placement_rules(&group.constraints, &group.affinities));
     errors.extend(crate::structs::validate_networks(group));
     let group_ports: BTreeSet<String> = group

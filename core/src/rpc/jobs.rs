@@ -14,6 +14,8 @@ use crate::scheduler::worker::Worker;
 use crate::structs::{Evaluation, JobType};
 use crate::time::Instant;
 
+mod scale;
+
 /// Nomad's `EnforceIndex` check: the register goes ahead only when the stored job's
 /// `job_modify_index` is `expected` (0: only when no job of that ID is stored).
 fn check_index(state: &ServerState, job: &crate::structs::Job, expected: u64) -> Result<(), RpcError> {

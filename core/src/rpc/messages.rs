@@ -197,6 +197,8 @@ pub enum ServerRequest {
     },
     /// `System.GarbageCollect`: everything collectable now (`crate::gc`) removed.
     SystemGc,
+    /// `Job.Scale`: a group's count changed within its scaling policy.
+    JobScale(alloc::boxed::Box<JobScaleRequest>),
     /// `Operator.AutopilotSetConfiguration` (`cas`: only if last modified at that index).
     AutopilotSetConfig {
         config: crate::autopilot::AutopilotConfig,
@@ -255,6 +257,25 @@ impl ServerRequest {
             _ => None,
         }
     }
+}
+
+/// `Job.Scale`'s request (Nomad's `JobScaleRequest`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobScaleRequest {
+    pub namespace: String,
+    pub job_id: String,
+    pub group: String,
+    /// The new count; `None` for an autoscaler's event without one.
+    pub count: Option<i64>,
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub error: bool,
+    #[serde(default)]
+    pub policy_override: bool,
+    /// `EnforceIndex`-style: only when the job's `job_modify_index` is this (0: any).
+    #[serde(default)]
+    pub job_modify_index: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -302,6 +302,10 @@ impl RpcEndpoints {
             | R::AllocClientUpdates { .. }
             | R::AllocDelete { .. }
             | R::AllocStop { .. }) => self.jobs.request(req, request, state, out),
+            R::JobScale(request) => {
+                self.jobs.scale(req, *request, state, out);
+                None
+            }
             request @ R::JobDispatch(_) => {
                 let wall_ms = self.periodic.wall_at(now).unwrap_or_default();
                 self.jobs.dispatch(req, request, wall_ms, state, out);

@@ -32,6 +32,9 @@ pub struct TaskGroup {
     /// deployment.
     #[serde(default)]
     pub update: Option<alloc::boxed::Box<UpdateStrategy>>,
+    /// The `scaling` block: the bounds of `job scale` and an autoscaler's policy.
+    #[serde(default)]
+    pub scaling: Option<alloc::boxed::Box<ScalingPolicy>>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).

@@ -32,6 +32,7 @@ mod page;
 mod periodic;
 mod reads;
 mod render;
+mod scaling;
 mod search;
 mod server;
 mod system;
@@ -207,6 +208,12 @@ pub fn router(handle: AgentHandle) -> Router {
         )
         .route("/v1/job/{id}/allocations", get(jobs::job_allocations))
         .route("/v1/job/{id}/summary", get(jobs::job_summary))
+        .route(
+            "/v1/job/{id}/scale",
+            get(scaling::status).put(scaling::scale).post(scaling::scale),
+        )
+        .route("/v1/scaling/policies", get(scaling::list))
+        .route("/v1/scaling/policy/{id}", get(scaling::get))
         .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
         .route("/v1/job/{id}/versions", get(jobs::job_versions))
         .route(

@@ -9,6 +9,7 @@ pub mod diff;
 mod network;
 mod parameterized;
 mod periodic;
+mod scaling;
 mod template;
 mod update;
 
@@ -21,6 +22,7 @@ pub use connect::{
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
 pub use parameterized::{ApiDispatchPayloadConfig, ApiParameterizedJobConfig, bytes_base64};
 pub use periodic::ApiPeriodicConfig;
+pub use scaling::{ApiScalingPolicy, policy_json, policy_stub};
 pub use template::ApiTemplate;
 pub use update::ApiUpdateStrategy;
 
@@ -151,6 +153,7 @@ pub struct ApiTaskGroup {
     pub networks: Vec<ApiNetworkResource>,
     pub services: Vec<ApiService>,
     pub update: Option<ApiUpdateStrategy>,
+    pub scaling: Option<ApiScalingPolicy>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -430,7 +433,11 @@ impl ApiJob {
             job_type: job.job_type.as_str().into(),
             priority: Some(job.priority),
             datacenters: job.datacenters.clone(),
-            task_groups: job.task_groups.iter().map(ApiTaskGroup::from_group).collect(),
+            task_groups: job
+                .task_groups
+                .iter()
+                .map(|group| ApiTaskGroup::from_group(group, &job.namespace, &job.id))
+                .collect(),
             stop: job.stop,
             status: status.into(),
             version: job.version,
@@ -519,11 +526,22 @@ impl ApiTaskGroup {
                 })
                 .collect(),
             update,
+            scaling: self.scaling.as_ref().map(|scaling| {
+                let count = self.count.unwrap_or(1);
+                let mut found = Vec::new();
+                let policy = scaling.to_policy(count, &mut found);
+                problems.extend(found);
+                Box::new(policy)
+            }),
         }
     }
 
-    fn from_group(group: &TaskGroup) -> ApiTaskGroup {
+    fn from_group(group: &TaskGroup, namespace: &str, job_id: &str) -> ApiTaskGroup {
         ApiTaskGroup {
+            scaling: group
+                .scaling
+                .as_deref()
+                .map(|policy| ApiScalingPolicy::from_policy(policy, namespace, job_id, &group.name)),
             migrate: group.migrate.map(|migrate| ApiMigrate {
                 max_parallel: Some(migrate.max_parallel),
             }),

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use crate::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiDispatchPayloadConfig, ApiJob, ApiLogConfig,
     ApiMigrate, ApiMountOptions, ApiNetworkResource, ApiParameterizedJobConfig, ApiPeriodicConfig, ApiPort,
-    ApiResources, ApiRestartPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiTemplate, ApiUpdateStrategy,
-    ApiVolumeMount, ApiVolumeRequest,
+    ApiResources, ApiRestartPolicy, ApiScalingPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiTemplate,
+    ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -427,9 +427,25 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "network",
             "service",
             "task",
+            "scaling",
         ],
     );
     let update = walker.update(at, block);
+    let scaling = walker.single(at, block, "scaling").map(|scaling| {
+        let at = format!("{at} scaling");
+        walker.known(&at, scaling, &["min", "max", "enabled", "policy", "type"]);
+        ApiScalingPolicy {
+            policy_type: walker.string(&at, scaling, "type"),
+            min: walker.integer(&at, scaling, "min"),
+            max: walker.integer(&at, scaling, "max"),
+            enabled: walker.boolean(&at, scaling, "enabled"),
+            policy: walker
+                .single(&at, scaling, "policy")
+                .map(|policy| policy.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default(),
+            ..ApiScalingPolicy::default()
+        }
+    });
     let migrate = walker.single(at, block, "migrate").map(|migrate| {
         let at = format!("{at} migrate");
         walker.known(&at, migrate, &["max_parallel"]);
@@ -487,6 +503,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         })
         .collect();
     ApiTaskGroup {
+        scaling,
         name,
         count: walker.number(at, block, "count"),
         tasks: walker

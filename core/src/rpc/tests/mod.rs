@@ -6,6 +6,7 @@ mod dispatch;
 mod jobs;
 mod nodes;
 mod periodic;
+mod scale;
 
 use super::*;
 use crate::fsm::csi::tests::{Fixture, alloc, claim, node, volume};

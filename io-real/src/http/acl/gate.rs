@@ -135,6 +135,10 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "job", _, "plan"] => Need::Namespace(cap::SUBMIT_JOB),
         ["v1", "job", _, "periodic", "force"] => Need::Namespace(cap::SUBMIT_JOB),
         ["v1", "job", _, "dispatch"] => Need::Namespace(cap::DISPATCH_JOB),
+        ["v1", "job", _, "scale"] if write => Need::NamespaceAny(&[cap::SCALE_JOB, cap::SUBMIT_JOB]),
+        ["v1", "job", _, "scale"] => Need::NamespaceAny(&[cap::READ_JOB_SCALING, cap::READ_JOB]),
+        ["v1", "scaling", "policies"] => Need::NamespaceAny(&[cap::LIST_SCALING_POLICIES, cap::LIST_JOBS]),
+        ["v1", "scaling", "policy", _] => Need::NamespaceAny(&[cap::READ_SCALING_POLICY, cap::READ_JOB]),
         [
             "v1",
             "deployment",

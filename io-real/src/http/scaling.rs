@@ -1,0 +1,194 @@
+//! Scaling (Nomad's shapes and texts): `GET /v1/scaling/policies` (`?job=`, `?type=`),
+//! `GET /v1/scaling/policy/:id`, and a job's `GET|PUT|POST /v1/job/:id/scale` (its groups'
+//! counts, and `Job.Scale`). Policies are the jobs' group `scaling` blocks, read from the
+//! jobs as stored. Scaling events are not kept, so a status's `Events` are empty.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use drover_core::fsm::{ServerState, Table};
+use drover_core::rpc::JobScaleRequest;
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{ClientStatus, DesiredStatus, Job, scaling_policy_id};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::{ApiError, QueryOptions, block_on_table, in_namespace, namespace, parse_body, query_headers};
+use crate::driver::AgentHandle;
+use crate::jobs::{policy_json, policy_stub};
+
+/// Every (job, group name) with a scaling block, in job order.
+fn policies<'a>(state: &'a ServerState, namespace: &'a str) -> impl Iterator<Item = (&'a Job, &'a str)> + 'a {
+    state
+        .jobs()
+        .filter(move |job| in_namespace(namespace, &job.namespace))
+        .flat_map(|job| {
+            job.task_groups
+                .iter()
+                .filter(|group| group.scaling.is_some())
+                .map(move |group| (job, group.name.as_str()))
+        })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+pub struct PolicyQuery {
+    job: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+/// `GET /v1/scaling/policies`.
+pub async fn list(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+    Query(query): Query<PolicyQuery>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let namespace = namespace(&options);
+    let found = handle
+        .read_state(|state| {
+            policies(state, &namespace)
+                .filter(|(job, _)| query.job.as_ref().is_none_or(|id| *id == job.id))
+                .filter(|_| query.kind.as_deref().is_none_or(|kind| kind == "horizontal"))
+                .filter_map(|(job, group)| {
+                    let policy = job.task_groups.iter().find(|g| g.name == group)?.scaling.as_deref()?;
+                    Some(policy_stub(policy, job, group))
+                })
+                .collect::<Vec<Value>>()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(found))))
+}
+
+/// `GET /v1/scaling/policy/:id`.
+pub async fn get(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let found = handle
+        .read_state(|state| {
+            policies(state, "*")
+                .find(|(job, group)| scaling_policy_id(&job.namespace, &job.id, group) == id)
+                .and_then(|(job, group)| {
+                    let policy = job.task_groups.iter().find(|g| g.name == group)?.scaling.as_deref()?;
+                    Some(policy_json(policy, job, group))
+                })
+        })
+        .flatten();
+    match found {
+        Some(policy) => Ok((query_headers(&handle, index), axum::Json(policy))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "scaling policy not found".into())),
+    }
+}
+
+/// `GET /v1/job/:id/scale`: Nomad's `JobScaleStatusResponse`.
+pub async fn status(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let namespace = namespace(&options);
+    let found = handle
+        .read_state(|state| {
+            let job = state.job(&namespace, &id)?;
+            let mut groups = Map::new();
+            for group in &job.task_groups {
+                let allocs: Vec<_> = state
+                    .job_allocs(&namespace, &id)
+                    .filter(|alloc| alloc.task_group == group.name && alloc.desired_status == DesiredStatus::Run)
+                    .collect();
+                let health = |healthy: bool| {
+                    allocs
+                        .iter()
+                        .filter(|alloc| {
+                            alloc.deployment_status.as_ref().and_then(|status| status.healthy) == Some(healthy)
+                        })
+                        .count()
+                };
+                groups.insert(
+                    group.name.clone(),
+                    json!({
+                        "Desired": group.count,
+                        "Placed": allocs.len(),
+                        "Running": allocs.iter().filter(|alloc| alloc.client_status == ClientStatus::Running).count(),
+                        "Healthy": health(true),
+                        "Unhealthy": health(false),
+                        "Events": [],
+                    }),
+                );
+            }
+            Some(json!({
+                "JobID": job.id,
+                "Namespace": job.namespace,
+                "JobCreateIndex": job.create_index,
+                "JobModifyIndex": job.job_modify_index,
+                "JobStopped": job.stop,
+                "TaskGroups": groups,
+            }))
+        })
+        .flatten();
+    match found {
+        Some(status) => Ok((query_headers(&handle, index), axum::Json(status))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
+    }
+}
+
+/// Nomad's `api.ScalingRequest`.
+#[derive(Deserialize, Default)]
+#[serde(rename_all = "PascalCase", default)]
+struct ScalingBody {
+    count: Option<i64>,
+    target: std::collections::BTreeMap<String, String>,
+    message: String,
+    error: bool,
+    policy_override: bool,
+    job_modify_index: u64,
+}
+
+/// `PUT|POST /v1/job/:id/scale`: answered as a register is.
+pub async fn scale(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    let body: ScalingBody = parse_body(&body, "scaling request")?;
+    let Some(group) = body.target.get("Group").filter(|group| !group.is_empty()) else {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "missing task group name".into()));
+    };
+    let request = JobScaleRequest {
+        namespace: namespace(&options),
+        job_id: id,
+        group: group.clone(),
+        count: body.count,
+        message: body.message,
+        error: body.error,
+        policy_override: body.policy_override,
+        job_modify_index: body.job_modify_index,
+    };
+    match handle.request_applied(ServerRequest::JobScale(Box::new(request))).await {
+        ServerReply::JobRegistered {
+            index,
+            eval_id,
+            job_modify_index,
+        } => Ok((
+            query_headers(&handle, index),
+            axum::Json(json!({
+                "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
+                "EvalID": eval_id,
+                "JobModifyIndex": job_modify_index,
+                "Warnings": "",
+                "Index": index,
+            })),
+        )),
+        ServerReply::Error(error) => Err(error.into()),
+        other => Err(ApiError(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("unexpected reply {other:?}"),
+        )),
+    }
+}
