@@ -502,6 +502,117 @@ fn lists_filter_with_go_bexpr_before_paging() {
     );
 }
 
+/// The job family's shapes, table-driven: each read answers exactly Nomad's field names
+/// (`api.JobListStub`, `JobSummary`, `TaskGroupSummary`, `JobRegisterResponse`, scaling
+/// policy stubs), durations and times as Nomad sends them.
+#[test]
+fn the_job_family_answers_nomads_field_names() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let agent = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || get(port, "/v1/jobs"))
+        .unwrap_or_else(|| panic!("the server answers:\n{}", agent.log()));
+    let job = json!({"Job": {
+        "ID": "shaped",
+        "Type": "service",
+        "Meta": {"team": "ops"},
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{
+            "Name": "g",
+            "Count": 1,
+            "Scaling": {"Min": 1, "Max": 2},
+            "Tasks": [{"Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/true"}}],
+        }],
+    }});
+    let registered: Value =
+        serde_json::from_str(&http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered")).unwrap();
+    let keys = |value: &Value| -> Vec<String> {
+        let mut keys: Vec<String> = value.as_object().expect("an object").keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    let sorted = |names: &[&str]| -> Vec<String> {
+        let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        names.sort();
+        names
+    };
+    const STUB: &[&str] = &[
+        "ID",
+        "ParentID",
+        "Name",
+        "Namespace",
+        "Datacenters",
+        "Type",
+        "Priority",
+        "Periodic",
+        "ParameterizedJob",
+        "Stop",
+        "Status",
+        "StatusDescription",
+        "JobSummary",
+        "CreateIndex",
+        "ModifyIndex",
+        "JobModifyIndex",
+        "SubmitTime",
+    ];
+    let with_meta: Vec<&str> = STUB.iter().copied().chain(["Meta"]).collect();
+    let table: Vec<(&str, Value, Vec<String>)> = vec![
+        (
+            "JobRegisterResponse",
+            registered.clone(),
+            sorted(&[
+                "EvalCreateIndex",
+                "EvalID",
+                "JobModifyIndex",
+                "Warnings",
+                "Index",
+                "LastContact",
+                "KnownLeader",
+                "NextToken",
+            ]),
+        ),
+        ("JobListStub", get(port, "/v1/jobs").unwrap()[0].clone(), sorted(STUB)),
+        (
+            "JobListStub with meta",
+            get(port, "/v1/jobs?meta=true").unwrap()[0].clone(),
+            sorted(&with_meta),
+        ),
+        (
+            "JobSummary",
+            get(port, "/v1/job/shaped/summary").unwrap(),
+            sorted(&[
+                "JobID",
+                "Namespace",
+                "Summary",
+                "Children",
+                "CreateIndex",
+                "ModifyIndex",
+            ]),
+        ),
+        (
+            "TaskGroupSummary",
+            get(port, "/v1/job/shaped/summary").unwrap()["Summary"]["g"].clone(),
+            sorted(&["Queued", "Complete", "Failed", "Running", "Starting", "Lost", "Unknown"]),
+        ),
+        (
+            "ScalingPolicyListStub",
+            get(port, "/v1/scaling/policies").unwrap()[0].clone(),
+            sorted(&["ID", "Enabled", "Type", "Target", "CreateIndex", "ModifyIndex"]),
+        ),
+    ];
+    for (shape, value, expected) in table {
+        assert_eq!(keys(&value), expected, "{shape}: {value}");
+    }
+    let stub = &get(port, "/v1/jobs?meta=true").unwrap()[0];
+    assert_eq!(stub["Meta"]["team"], "ops");
+    assert!(
+        stub["SubmitTime"].as_i64().unwrap() > 1_000_000_000_000_000_000,
+        "nanoseconds"
+    );
+    assert_eq!(registered["Warnings"], "");
+}
+
 /// `/v1/jobs/parse` turns a jobspec into Nomad's JSON through the CLI's parser, and
 /// `/v1/validate/job` checks a job as a register would, storing nothing.
 #[test]

@@ -70,6 +70,21 @@ fn children(state: &ServerState, job: &Job) -> Value {
     json!({"Pending": pending, "Running": running, "Dead": dead})
 }
 
+/// Nomad's `JobRegisterResponse` (with its `QueryMeta`), as a register, a revert or a scale
+/// answers. A periodic parent is registered without an evaluation: `EvalCreateIndex` 0.
+pub(super) fn register_response(index: u64, eval_id: &str, job_modify_index: u64) -> Value {
+    json!({
+        "EvalID": eval_id,
+        "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
+        "JobModifyIndex": job_modify_index,
+        "Warnings": "",
+        "Index": index,
+        "LastContact": 0,
+        "KnownLeader": true,
+        "NextToken": "",
+    })
+}
+
 /// The job's status (Nomad's), from its kept summary.
 fn status(state: &ServerState, job: &Job) -> &'static str {
     state.job_summary(&job.namespace, &job.id).status(job)
@@ -188,16 +203,7 @@ async fn register(
             job_modify_index,
         } => Ok((
             query_headers(handle, index),
-            axum::Json(json!({
-                // A periodic parent is registered without an evaluation (Nomad's 0).
-                "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
-                "EvalID": eval_id,
-                "JobModifyIndex": job_modify_index,
-                "Warnings": "",
-                "Index": index,
-                "LastContact": 0,
-                "KnownLeader": true,
-            })),
+            axum::Json(register_response(index, &eval_id, job_modify_index)),
         )
             .into_response()),
         other => Err(reply_error(other)),
@@ -269,7 +275,19 @@ pub(super) fn list_page(
     } else {
         super::page::page(matching, options)
     };
-    (jobs.into_iter().map(|job| job_stub(state, job)).collect(), next)
+    let with_meta = options.meta.unwrap_or(false);
+    let stubs = jobs
+        .into_iter()
+        .map(|job| {
+            let mut stub = job_stub(state, job);
+            // `?meta=true`: each job's meta too (Nomad 1.5's `Meta`, left out otherwise).
+            if with_meta {
+                stub["Meta"] = json!(job.meta);
+            }
+            stub
+        })
+        .collect();
+    (stubs, next)
 }
 
 pub async fn get_job(

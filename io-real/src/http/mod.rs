@@ -568,6 +568,9 @@ pub(super) struct QueryOptions {
     next_token: Option<String>,
     /// go-bexpr over each listed item's full object, before paging (`page::ItemFilter`).
     filter: Option<String>,
+    /// `GET /v1/jobs?meta=true`: each stub carries its job's meta.
+    #[serde(default, deserialize_with = "go_bool")]
+    meta: Option<bool>,
 }
 
 /// Runs a list read on the blocking pool, against the state version current now: a list of

@@ -177,13 +177,7 @@ pub async fn scale(
             job_modify_index,
         } => Ok((
             query_headers(&handle, index),
-            axum::Json(json!({
-                "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
-                "EvalID": eval_id,
-                "JobModifyIndex": job_modify_index,
-                "Warnings": "",
-                "Index": index,
-            })),
+            axum::Json(super::jobs::register_response(index, &eval_id, job_modify_index)),
         )),
         ServerReply::Error(error) => Err(error.into()),
         other => Err(ApiError(
