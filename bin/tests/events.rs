@@ -165,6 +165,19 @@ fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
             .unwrap_or_else(|| panic!("{name} among the {kind}: {running:#}"))
     };
     assert_eq!(named("Gauges", "nomad.nomad.job_status.running")["Value"], 1.0);
+    // The agent's own client: what it runs.
+    let client = support::wait_for(Duration::from_secs(30), || {
+        let metrics = support::get_json(port, "/v1/metrics")?;
+        let gauges = metrics["Gauges"].as_array()?.clone();
+        let value = |name: &str| {
+            gauges
+                .iter()
+                .find(|gauge| gauge["Name"] == name)
+                .map(|gauge| gauge["Value"].clone())
+        };
+        (value("nomad.client.allocations.running")? == 1.0 && value("nomad.client.tasks.running")? == 1.0).then_some(())
+    });
+    assert!(client.is_some(), "the client's running allocation and task are counted");
     assert_eq!(named("Gauges", "nomad.raft.leader")["Value"], 1.0);
     assert!(named("Counters", "nomad.raft.state.leader")["Count"].as_u64().unwrap() >= 1);
     assert!(named("Samples", "nomad.raft.fsm.apply")["Count"].as_u64().unwrap() > 0);

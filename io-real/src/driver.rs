@@ -250,6 +250,16 @@ impl AgentHandle {
         (self.inner.metrics.clone(), self.inner.started.elapsed())
     }
 
+    /// Gauges of what this agent's client runs (none without a client).
+    pub fn client_gauges(&self) -> Vec<(&'static str, f64)> {
+        self.inner
+            .service
+            .client_csi
+            .as_ref()
+            .map(|client| client.gauges())
+            .unwrap_or_default()
+    }
+
     /// The event stream's buffer: what each applied entry changed (`None` on client-only
     /// agents).
     pub fn events(&self) -> Option<Arc<crate::events::EventBroker>> {

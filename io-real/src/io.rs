@@ -213,6 +213,11 @@ pub trait ClientCsi: Send + Sync + 'static {
     fn logs(&self, request: crate::logstream::LogsRequest) -> BoxFuture<Result<crate::logstream::LogsReply, String>> {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })
     }
+
+    /// Gauges of what this client runs (`/v1/metrics`), by metric name.
+    fn gauges(&self) -> Vec<(&'static str, f64)> {
+        Vec::new()
+    }
 }
 
 /// Facts a driver reports as they happen: tracing in production, the trace recorder and

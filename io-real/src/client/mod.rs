@@ -219,6 +219,10 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
+    fn gauges(&self) -> Vec<(&'static str, f64)> {
+        self.view.get().map(ClientView::gauges).unwrap_or_default()
+    }
+
     fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
@@ -327,6 +331,43 @@ impl ClientView {
             session,
             ..Default::default()
         })
+    }
+
+    /// Its allocations by state (running: a task runs; terminal: every task is dead;
+    /// pending: the rest) and its tasks by state, as `/v1/metrics` gauges.
+    pub fn gauges(&self) -> Vec<(&'static str, f64)> {
+        let tasks = self.tasks.lock().unwrap();
+        let mut counts: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for alloc in tasks.values() {
+            let states: Vec<TaskStatus> = alloc.values().map(|task| task.state.state).collect();
+            let alloc_state = if states.contains(&TaskStatus::Running) {
+                "nomad.client.allocations.running"
+            } else if !states.is_empty() && states.iter().all(|state| *state == TaskStatus::Dead) {
+                "nomad.client.allocations.terminal"
+            } else {
+                "nomad.client.allocations.pending"
+            };
+            *counts.entry(alloc_state).or_default() += 1;
+            for state in states {
+                let name = match state {
+                    TaskStatus::Pending => "nomad.client.tasks.pending",
+                    TaskStatus::Running => "nomad.client.tasks.running",
+                    TaskStatus::Dead => "nomad.client.tasks.dead",
+                };
+                *counts.entry(name).or_default() += 1;
+            }
+        }
+        [
+            "nomad.client.allocations.running",
+            "nomad.client.allocations.pending",
+            "nomad.client.allocations.terminal",
+            "nomad.client.tasks.pending",
+            "nomad.client.tasks.running",
+            "nomad.client.tasks.dead",
+        ]
+        .into_iter()
+        .map(|name| (name, counts.get(name).copied().unwrap_or(0) as f64))
+        .collect()
     }
 
     /// Whether this client runs the allocation.

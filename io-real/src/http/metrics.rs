@@ -132,6 +132,9 @@ fn readings(handle: &AgentHandle) -> (Vec<(String, Labels, Reading)>, Duration) 
     let (metrics, uptime) = handle.metrics();
     let mut out = metrics.readings();
     gauge(&mut out, "nomad.uptime", &[], uptime.as_secs_f64());
+    for (name, value) in handle.client_gauges() {
+        gauge(&mut out, name, &[], value);
+    }
     if let Some(raft) = handle.status().raft {
         gauge(&mut out, "nomad.raft.term", &[], raft.term as f64);
         gauge(&mut out, "nomad.raft.peers", &[], raft.peers.len() as f64);
