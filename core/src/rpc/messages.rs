@@ -265,14 +265,9 @@ pub struct JobScaleRequest {
     pub namespace: String,
     pub job_id: String,
     pub group: String,
-    /// The new count; `None` for an autoscaler's event without one.
+    /// The new count; `None` for an autoscaler's event without one (events are not kept, so
+    /// their `Message`, `Error` and `Meta` are not carried).
     pub count: Option<i64>,
-    #[serde(default)]
-    pub message: String,
-    #[serde(default)]
-    pub error: bool,
-    #[serde(default)]
-    pub policy_override: bool,
     /// `EnforceIndex`-style: only when the job's `job_modify_index` is this (0: any).
     #[serde(default)]
     pub job_modify_index: u64,

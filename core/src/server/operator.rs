@@ -40,12 +40,6 @@ impl Server {
         self.config.autopilot
     }
 
-    /// Since when gossip has seen each server of the Raft configuration gone (the leader's
-    /// view; empty elsewhere).
-    pub fn gone_since(&self, id: u64) -> autopilot::Seen {
-        self.gone.seen(id)
-    }
-
     pub fn handle_operator(&mut self, now: Instant, req: ReqId, request: OperatorRequest) {
         if !self.leads() {
             self.reply(req, Err(RpcError::unavailable("No cluster leader")));

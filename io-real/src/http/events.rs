@@ -162,11 +162,11 @@ struct Follower {
 
 impl Follower {
     /// The next line to send: the wanted events of kept entries not sent yet, else a
-    /// heartbeat once nothing was kept for [`HEARTBEAT`].
-    async fn next(&mut self) -> String {
+    /// heartbeat once nothing was kept for [`HEARTBEAT`]; `None` once the agent stopped.
+    async fn next(&mut self) -> Option<String> {
         loop {
             if let Some(line) = self.ready.pop_front() {
-                return line;
+                return Some(line);
             }
             self.newest.borrow_and_update();
             let batches = self.broker.since(self.next_index);
@@ -184,8 +184,8 @@ impl Follower {
             }
             match tokio::time::timeout(HEARTBEAT, self.newest.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) => std::future::pending::<()>().await,
-                Err(_) => return "{}\n".to_string(),
+                Ok(Err(_)) => return None,
+                Err(_) => return Some("{}\n".to_string()),
             }
         }
     }
@@ -212,7 +212,7 @@ pub async fn stream(
         ready: VecDeque::new(),
     };
     let body = futures::stream::unfold(follower, |mut follower| async move {
-        let line = follower.next().await;
+        let line = follower.next().await?;
         Some((Ok::<_, std::io::Error>(axum::body::Bytes::from(line)), follower))
     });
     Ok(([(header::CONTENT_TYPE, "application/json")], Body::from_stream(body)).into_response())

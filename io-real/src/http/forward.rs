@@ -52,18 +52,22 @@ pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, nex
         })
         .await
     {
-        Ok(answer) => {
-            let mut response = Response::new(Body::from(answer.body));
-            *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
-            for (name, value) in answer.headers {
-                if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
-                    response.headers_mut().insert(name, value);
-                }
-            }
-            response
-        }
+        Ok(answer) => response_of(answer),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("No path to region: {error}")).into_response(),
     }
+}
+
+/// The response another agent answered a handed-on request with: its status, body and the
+/// headers it handed back.
+pub fn response_of(answer: HttpAnswer) -> Response {
+    let mut response = Response::new(Body::from(answer.body));
+    *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+    for (name, value) in answer.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::try_from(value)) {
+            response.headers_mut().insert(name, value);
+        }
+    }
+    response
 }
 
 /// Runs a request another agent handed on through this agent's API.

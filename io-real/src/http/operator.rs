@@ -281,13 +281,7 @@ pub async fn health(State(handle): State<AgentHandle>) -> Result<Response, ApiEr
                 .forward_http_to(addr, forward)
                 .await
                 .map_err(|error| ApiError(StatusCode::INTERNAL_SERVER_ERROR, error))?;
-            let mut response = Response::new(axum::body::Body::from(answer.body));
-            *response.status_mut() = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
-            response.headers_mut().insert(
-                axum::http::header::CONTENT_TYPE,
-                axum::http::HeaderValue::from_static("application/json"),
-            );
-            Ok(response)
+            Ok(super::forward::response_of(answer))
         }
         None => Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "No cluster leader".into())),
     }

@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use drover_core::fsm::{ServerState, Table};
 use drover_core::rpc::JobScaleRequest;
 use drover_core::rpc::{ServerReply, ServerRequest};
-use drover_core::structs::{ClientStatus, DesiredStatus, Job, scaling_policy_id};
+use drover_core::structs::{ClientStatus, DesiredStatus, Job, ScalingPolicy, scaling_policy_id};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
@@ -17,16 +17,18 @@ use super::{ApiError, QueryOptions, block_on_table, in_namespace, namespace, par
 use crate::driver::AgentHandle;
 use crate::jobs::{policy_json, policy_stub};
 
-/// Every (job, group name) with a scaling block, in job order.
-fn policies<'a>(state: &'a ServerState, namespace: &'a str) -> impl Iterator<Item = (&'a Job, &'a str)> + 'a {
+/// Every (job, group name, policy) of a group with a scaling block, in job order.
+fn policies<'a>(
+    state: &'a ServerState,
+    namespace: &'a str,
+) -> impl Iterator<Item = (&'a Job, &'a str, &'a ScalingPolicy)> + 'a {
     state
         .jobs()
         .filter(move |job| in_namespace(namespace, &job.namespace))
         .flat_map(|job| {
             job.task_groups
                 .iter()
-                .filter(|group| group.scaling.is_some())
-                .map(move |group| (job, group.name.as_str()))
+                .filter_map(move |group| Some((job, group.name.as_str(), group.scaling.as_deref()?)))
         })
 }
 
@@ -49,12 +51,9 @@ pub async fn list(
     let found = handle
         .read_state(|state| {
             policies(state, &namespace)
-                .filter(|(job, _)| query.job.as_ref().is_none_or(|id| *id == job.id))
+                .filter(|(job, _, _)| query.job.as_ref().is_none_or(|id| *id == job.id))
                 .filter(|_| query.kind.as_deref().is_none_or(|kind| kind == "horizontal"))
-                .filter_map(|(job, group)| {
-                    let policy = job.task_groups.iter().find(|g| g.name == group)?.scaling.as_deref()?;
-                    Some(policy_stub(policy, job, group))
-                })
+                .map(|(job, group, policy)| policy_stub(policy, job, group))
                 .collect::<Vec<Value>>()
         })
         .unwrap_or_default();
@@ -71,11 +70,8 @@ pub async fn get(
     let found = handle
         .read_state(|state| {
             policies(state, "*")
-                .find(|(job, group)| scaling_policy_id(&job.namespace, &job.id, group) == id)
-                .and_then(|(job, group)| {
-                    let policy = job.task_groups.iter().find(|g| g.name == group)?.scaling.as_deref()?;
-                    Some(policy_json(policy, job, group))
-                })
+                .find(|(job, group, _)| scaling_policy_id(&job.namespace, &job.id, group) == id)
+                .map(|(job, group, policy)| policy_json(policy, job, group))
         })
         .flatten();
     match found {
@@ -137,15 +133,13 @@ pub async fn status(
     }
 }
 
-/// Nomad's `api.ScalingRequest`.
+/// Nomad's `api.ScalingRequest`, the fields a scale acts on (`Message`, `Error`, `Meta` and
+/// `PolicyOverride` are accepted and not kept: scaling events are not stored).
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "PascalCase", default)]
 struct ScalingBody {
     count: Option<i64>,
     target: std::collections::BTreeMap<String, String>,
-    message: String,
-    error: bool,
-    policy_override: bool,
     job_modify_index: u64,
 }
 
@@ -165,9 +159,6 @@ pub async fn scale(
         job_id: id,
         group: group.clone(),
         count: body.count,
-        message: body.message,
-        error: body.error,
-        policy_override: body.policy_override,
         job_modify_index: body.job_modify_index,
     };
     match handle.request_applied(ServerRequest::JobScale(Box::new(request))).await {

@@ -70,19 +70,14 @@ pub fn target(namespace: &str, job: &str, group: &str) -> BTreeMap<String, Strin
     .into()
 }
 
-/// `/v1/scaling/policy/:id`: the whole policy, indexed by its job's.
+/// `/v1/scaling/policy/:id`: the stub's fields and the bounds and policy, indexed by its
+/// job's.
 pub fn policy_json(policy: &ScalingPolicy, job: &drover_core::structs::Job, group: &str) -> Value {
-    json!({
-        "ID": scaling_policy_id(&job.namespace, &job.id, group),
-        "Type": SCALING_HORIZONTAL,
-        "Target": target(&job.namespace, &job.id, group),
-        "Min": policy.min,
-        "Max": policy.max,
-        "Enabled": policy.enabled,
-        "Policy": policy.policy,
-        "CreateIndex": job.create_index,
-        "ModifyIndex": job.job_modify_index,
-    })
+    let mut whole = policy_stub(policy, job, group);
+    whole["Min"] = json!(policy.min);
+    whole["Max"] = json!(policy.max);
+    whole["Policy"] = json!(policy.policy);
+    whole
 }
 
 /// `/v1/scaling/policies`: a policy's stub.

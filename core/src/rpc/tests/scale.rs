@@ -24,7 +24,6 @@ fn scale(h: &mut Harness, req: ReqId, group: &str, count: Option<i64>, index: u6
         group: group.into(),
         count,
         job_modify_index: index,
-        ..JobScaleRequest::default()
     };
     ask(h, req, ServerRequest::JobScale(alloc::boxed::Box::new(request)))
 }
