@@ -2,8 +2,9 @@
 //! Consul address runs a `raw_exec` job whose task has two services. While the task runs, the
 //! local Consul agent holds both under Nomad's `_nomad-task-` ids; a tag edited in Consul is
 //! left alone only where `enable_tag_override` is set; a stray `_nomad-task-` service is
-//! removed and anything else is left alone; when the job stops, its services go. The Consul
-//! is a small stateful HTTP server in this test.
+//! removed and anything else is left alone; when the job stops, its services go. A
+//! deployment's allocation with `health_check = "checks"` is healthy only once Consul says its
+//! checks pass. The Consul is a small stateful HTTP server in this test.
 
 mod support;
 
@@ -20,6 +21,12 @@ use support::{Agent, cluster_specs, http, server_args, wait_for};
 struct FakeConsul {
     /// Agent services by id, as `GET /v1/agent/services` shows them.
     services: Mutex<BTreeMap<String, Value>>,
+    /// Registered checks by id, as `GET /v1/agent/checks` shows them.
+    checks: Mutex<BTreeMap<String, Value>>,
+    /// The status every check reports (Consul's initial one until the test changes it).
+    check_status: Mutex<String>,
+    /// How many times `GET /v1/agent/checks` was asked.
+    check_reads: std::sync::atomic::AtomicU64,
 }
 
 fn serve(consul: &FakeConsul, stream: std::net::TcpStream) {
@@ -49,11 +56,29 @@ fn serve(consul: &FakeConsul, stream: std::net::TcpStream) {
             "Port": json["Port"], "Address": json["Address"],
             "EnableTagOverride": json["EnableTagOverride"],
         });
+        for check in json["Checks"].as_array().into_iter().flatten() {
+            let check_id = check["CheckID"].as_str().unwrap().to_string();
+            let check = json!({"CheckID": check_id, "Name": check["Name"], "ServiceID": id});
+            consul.checks.lock().unwrap().insert(check_id, check);
+        }
         consul.services.lock().unwrap().insert(id, service);
         String::new()
     } else if let Some(id) = path.strip_prefix("/v1/agent/service/deregister/") {
         consul.services.lock().unwrap().remove(id);
+        consul
+            .checks
+            .lock()
+            .unwrap()
+            .retain(|_, check| check["ServiceID"] != id);
         String::new()
+    } else if path.starts_with("/v1/agent/checks") {
+        consul.check_reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let status = consul.check_status.lock().unwrap().clone();
+        let mut checks = consul.checks.lock().unwrap().clone();
+        for check in checks.values_mut() {
+            check["Status"] = json!(status);
+        }
+        serde_json::to_string(&checks).unwrap()
     } else if path.starts_with("/v1/agent/services") {
         serde_json::to_string(&*consul.services.lock().unwrap()).unwrap()
     } else if path.starts_with("/v1/catalog/datacenters") {
@@ -72,7 +97,10 @@ fn serve(consul: &FakeConsul, stream: std::net::TcpStream) {
 fn start_consul() -> (Arc<FakeConsul>, u16) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let consul = Arc::new(FakeConsul::default());
+    let consul = Arc::new(FakeConsul {
+        check_status: Mutex::new("critical".into()),
+        ..FakeConsul::default()
+    });
     let shared = consul.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
@@ -214,4 +242,74 @@ fn running_tasks_services_are_kept_in_the_consul_agent() {
     let left = ids(&consul);
     assert!(left.contains(&"redis-1".to_string()), "{left:?}");
     assert!(left.iter().any(|id| id.ends_with("-t-other-")), "{left:?}");
+}
+
+/// A deployment's allocation health waits on Consul's checks (`health_check = "checks"`):
+/// while the check is critical the running allocation stays undecided well past
+/// `min_healthy_time`; once it passes, the allocation is healthy and the deployment succeeds.
+#[test]
+fn deployment_health_waits_for_consul_checks_to_pass() {
+    let (consul, consul_port) = start_consul();
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    args.push(format!("-consul-address=127.0.0.1:{consul_port}"));
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes: Value = serde_json::from_str(&http("GET", port, "/v1/nodes", None)?).ok()?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    let job = json!({"Job": {
+        "ID": "checked",
+        "Update": {"HealthCheck": "checks", "MinHealthyTime": 1_000_000_000u64,
+                   "HealthyDeadline": 120_000_000_000u64, "MaxParallel": 1},
+        "TaskGroups": [{
+            "Name": "g",
+            "Networks": [{"DynamicPorts": [{"Label": "http"}]}],
+            "Tasks": [{
+                "Name": "t",
+                "Driver": "raw_exec",
+                "Config": {"command": "/bin/sleep", "args": ["300"]},
+                "KillTimeout": 1_000_000_000u64,
+                "Services": [{"Name": "checked-web", "PortLabel": "http", "Checks": [
+                    {"Name": "alive", "Type": "tcp", "Interval": 1_000_000_000u64, "Timeout": 1_000_000_000u64},
+                ]}],
+            }],
+        }],
+    }});
+    http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");
+    let deployment = |port: u16| -> Option<Value> {
+        serde_json::from_str(&http("GET", port, "/v1/job/checked/deployment", None)?).ok()
+    };
+    wait_for(Duration::from_secs(30), || {
+        (!consul.checks.lock().unwrap().is_empty()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the service's check is registered:\n{}", agent.log()));
+    // Six reads at 500 ms apart: the task has run for well over min_healthy_time, with the
+    // check critical at every read.
+    let reads = consul.check_reads.load(std::sync::atomic::Ordering::SeqCst);
+    wait_for(Duration::from_secs(30), || {
+        (consul.check_reads.load(std::sync::atomic::Ordering::SeqCst) >= reads + 6).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client reads the checks while health waits:\n{}", agent.log()));
+    let waiting = deployment(port).expect("a deployment");
+    let group = &waiting["TaskGroups"]["g"];
+    assert_eq!(
+        (&waiting["Status"], &group["HealthyAllocs"], &group["UnhealthyAllocs"]),
+        (&json!("running"), &json!(0), &json!(0)),
+        "undecided while the check is critical: {waiting}"
+    );
+
+    *consul.check_status.lock().unwrap() = "passing".into();
+    let done = wait_for(Duration::from_secs(30), || {
+        let deployment = deployment(port)?;
+        (deployment["Status"] == "successful").then_some(deployment)
+    })
+    .unwrap_or_else(|| panic!("healthy once the check passes: {:?}\n{}", deployment(port), agent.log()));
+    assert_eq!(done["TaskGroups"]["g"]["HealthyAllocs"], 1, "{done}");
+    let allocs: Value = serde_json::from_str(&http("GET", port, "/v1/job/checked/allocations", None).unwrap()).unwrap();
+    assert_eq!(allocs[0]["DeploymentStatus"]["Healthy"], true, "{allocs}");
 }

@@ -301,6 +301,19 @@ impl ConsulHttp {
             .collect())
     }
 
+    /// The status of every check the local agent runs, by check id (`GET /v1/agent/checks`).
+    pub async fn agent_checks(&self) -> Result<std::collections::BTreeMap<String, String>, String> {
+        #[derive(Deserialize)]
+        #[serde(rename_all = "PascalCase")]
+        struct AgentCheck {
+            status: String,
+        }
+        let bytes = self.request(hyper::Method::GET, "/v1/agent/checks", Vec::new()).await?;
+        let checks: std::collections::BTreeMap<String, AgentCheck> =
+            serde_json::from_slice(&bytes).map_err(|error| format!("/v1/agent/checks: {error}"))?;
+        Ok(checks.into_iter().map(|(id, check)| (id, check.status)).collect())
+    }
+
     /// Registers a task's or group's service with the local agent, at its port's address, or
     /// at `address` when it has none; its checks and Connect sidecar with it.
     pub async fn register_task_service(

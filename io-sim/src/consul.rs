@@ -32,6 +32,10 @@ struct State {
     services: BTreeMap<String, ServiceRegistration>,
     /// Task services each node's local agent holds: node → id → service.
     agents: BTreeMap<String, BTreeMap<String, RegisteredService>>,
+    /// The checks of those services: node → check id → (service id, whether it has run).
+    /// Like Consul's, a new check is `critical` until it has run, here until the first read
+    /// after its registration; then it passes.
+    checks: BTreeMap<String, BTreeMap<String, (String, bool)>>,
     /// ACL tokens alive: accessor → (secret, description, service identity).
     tokens: BTreeMap<String, SimToken>,
     /// Numbers the tokens (deterministic ids).
@@ -60,6 +64,7 @@ impl Default for SimConsul {
                 mode: ConsulMode::Healthy,
                 services: BTreeMap::new(),
                 agents: BTreeMap::new(),
+                checks: BTreeMap::new(),
                 tokens: BTreeMap::new(),
                 tokens_made: 0,
                 calls: 0,
@@ -292,6 +297,16 @@ impl TaskServices for SimConsulAgent {
         Box::pin(async move {
             agent.consul.gate().await?;
             let mut state = agent.consul.state.lock().expect("consul lock");
+            let checks = state.checks.entry(agent.node.clone()).or_default();
+            // Registered again, a check keeps its status, as in Consul's agent.
+            checks.retain(|id, (service, _)| {
+                *service != registration.id || registration.checks.iter().any(|check| check.id == *id)
+            });
+            for check in &registration.checks {
+                checks
+                    .entry(check.id.clone())
+                    .or_insert_with(|| (registration.id.clone(), false));
+            }
             let services = state.agents.entry(agent.node.clone()).or_default();
             // Like Consul's agent, a Connect sidecar is registered with its parent.
             if let Some(sidecar) = registration
@@ -331,7 +346,30 @@ impl TaskServices for SimConsulAgent {
                 services.remove(&id);
                 services.remove(&format!("{id}{SIDECAR_SUFFIX}"));
             }
+            if let Some(checks) = state.checks.get_mut(&agent.node) {
+                checks.retain(|_, (service, _)| *service != id);
+            }
             Ok(())
+        })
+    }
+
+    fn agent_checks(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>> {
+        let agent = self.clone();
+        Box::pin(async move {
+            agent.consul.gate().await?;
+            let mut state = agent.consul.state.lock().expect("consul lock");
+            let checks = state.checks.entry(agent.node.clone()).or_default();
+            Ok(checks
+                .iter_mut()
+                .map(|(id, (_, ran))| {
+                    let status = if core::mem::replace(ran, true) {
+                        "passing"
+                    } else {
+                        "critical"
+                    };
+                    (id.clone(), status.to_string())
+                })
+                .collect())
         })
     }
 

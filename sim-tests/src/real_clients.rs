@@ -363,11 +363,24 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
                 config,
                 env: BTreeMap::from([("VERSION".to_string(), version.to_string())]),
                 volume_mounts,
-                // Registered at the dynamic port the allocation was given.
+                // Registered at the dynamic port the allocation was given. A job rolled by
+                // deployments has a check, so its allocations' health waits on Consul
+                // (`health_check = "checks"`, the default).
                 services: vec![Service {
                     name: spec.id.clone(),
                     port_label: "http".into(),
                     address_mode: "auto".into(),
+                    checks: spec
+                        .update
+                        .iter()
+                        .map(|_| drover_core::structs::ServiceCheck {
+                            name: "alive".into(),
+                            check_type: "tcp".into(),
+                            interval: Duration::from_secs(10),
+                            timeout: Duration::from_secs(2),
+                            ..Default::default()
+                        })
+                        .collect(),
                     ..Service::default()
                 }],
                 resources: TaskResources {

@@ -314,6 +314,8 @@ pub struct Client {
     link: ServerLink,
     /// Deployment health of the allocations placed by deployments.
     health: super::health::HealthTracker,
+    /// Reads Consul's check statuses while deployment health waits on them.
+    checks: super::check_poll::CheckPoll,
     services: ServiceSync,
     devices: DeviceAllocator,
     /// What [`Client::connect`] restores once the node is first registered.
@@ -358,6 +360,7 @@ impl Client {
             final_reports: BTreeMap::new(),
             link: ServerLink::default(),
             health: Default::default(),
+            checks: Default::default(),
             services: ServiceSync::default(),
             devices: DeviceAllocator::default(),
             pending_restore: None,
@@ -484,6 +487,25 @@ impl Client {
         {
             self.actions.push_back(ClientAction::Io { op, io });
         }
+        if let Some((op, io)) = self.checks.poll(now, self.wants_checks(), &mut self.ops) {
+            self.actions.push_back(ClientAction::Io { op, io });
+        }
+    }
+
+    /// Whether Consul's check statuses are to be read: some allocation's health waits on them
+    /// and the client has a Consul agent.
+    fn wants_checks(&self) -> bool {
+        self.services.enabled() && self.health.wants_checks()
+    }
+
+    /// Consul's check statuses were read (or the read failed).
+    fn checks_outcome(&mut self, now: Instant, outcome: Outcome) {
+        if let Some(statuses) = self.checks.outcome(now, outcome) {
+            for id in self.health.set_check_statuses(statuses) {
+                self.observe_health(now, &id);
+            }
+        }
+        self.drive_link(now);
     }
 
     fn link_outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
@@ -601,6 +623,9 @@ impl Client {
     fn outcome(&mut self, now: Instant, op: OpId, outcome: Outcome) {
         if self.link.owns(op) {
             return self.link_outcome(now, op, outcome);
+        }
+        if self.checks.owns(op) {
+            return self.checks_outcome(now, outcome);
         }
         if self.services.owns(op) {
             let allocs = &self.allocs;
@@ -868,9 +893,10 @@ impl Client {
             return;
         };
         let states = runner.task_states();
+        let checks = alloc_check_ids(runner);
         if self
             .health
-            .observe(now, alloc_id, runner.group(), runner.status(), &states)
+            .observe(now, alloc_id, runner.group(), runner.status(), &states, &checks)
         {
             self.report(now, Report::Allocs);
         }
@@ -887,6 +913,7 @@ impl Client {
         let reports = self.reports_retry.values().copied();
         instances
             .chain(self.health.poll_timeout())
+            .chain(self.checks.poll_timeout(self.wants_checks()))
             .chain(self.link.poll_timeout())
             .chain(self.services.poll_timeout())
             .chain(waiting)
@@ -938,6 +965,23 @@ fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, 
                 .collect::<Vec<_>>()
         })
         .map(|registration| (registration.id.clone(), registration))
+        .collect()
+}
+
+/// The ids of the Consul checks the allocation's task and group services register.
+fn alloc_check_ids(runner: &AllocRunner) -> BTreeSet<String> {
+    let resources = &runner.alloc().resources;
+    let group = group_registrations(
+        runner.alloc_id(),
+        &runner.alloc().task_group,
+        &runner.group_services(),
+        resources,
+    );
+    runner
+        .tasks()
+        .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services(), resources))
+        .chain(group)
+        .flat_map(|registration| registration.checks.into_iter().map(|check| check.id))
         .collect()
 }
 

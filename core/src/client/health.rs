@@ -10,25 +10,34 @@
 //!
 //! A task that restarts starts the `min_healthy_time` wait over. The verdict is reported once,
 //! with the allocation's status (`Node.UpdateAlloc`'s `DeploymentStatus`), and never changes
-//! within its deployment. `health_check = "manual"` is left to operators; `checks` is judged
-//! on task states like `task_states` (Consul check status does not reach the client core).
+//! within its deployment. `health_check = "manual"` is left to operators. With `checks` (the
+//! default) every Consul check of the allocation's services must also be `passing`, read by
+//! [`check_poll`](crate::client::check_poll): `min_healthy_time` counts from when both tasks
+//! and checks are healthy, and starts over when either stops being so. A failing check alone
+//! never makes the allocation unhealthy (it may yet pass); `healthy_deadline` does, as in
+//! Nomad. An allocation whose services have no checks is judged on its tasks alone.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 use core::time::Duration;
 
 use crate::structs::{
-    AllocDeploymentStatus, Allocation, ClientStatus, HEALTH_CHECK_MANUAL, LIFECYCLE_PRESTART, TaskGroup, TaskState,
-    TaskStatus,
+    AllocDeploymentStatus, Allocation, ClientStatus, HEALTH_CHECK_CHECKS, HEALTH_CHECK_MANUAL, LIFECYCLE_PRESTART,
+    TaskGroup, TaskState, TaskStatus,
 };
 use crate::time::Instant;
+
+/// A Consul check's status when it passes.
+pub const CHECK_PASSING: &str = "passing";
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Watch {
     deployment_id: String,
     min_healthy_time: Duration,
+    /// `health_check = "checks"`: the allocation's Consul checks count too.
+    checks: bool,
     /// When the allocation must be healthy by.
     deadline: Instant,
     /// Since when every main task has been running.
@@ -41,6 +50,8 @@ struct Watch {
 #[derive(Clone, Debug, Default)]
 pub struct HealthTracker {
     watches: BTreeMap<String, Watch>,
+    /// The Consul agent's check statuses by check id, as last read.
+    check_statuses: BTreeMap<String, String>,
 }
 
 /// What the allocation's tasks say about its health now: `Some(false)` failed, `Some(true)`
@@ -96,6 +107,7 @@ impl HealthTracker {
             Watch {
                 deployment_id: alloc.deployment_id.clone(),
                 min_healthy_time: strategy.min_healthy_time,
+                checks: strategy.health_check == HEALTH_CHECK_CHECKS,
                 deadline: now + strategy.healthy_deadline,
                 running_since: None,
                 verdict: None,
@@ -103,7 +115,8 @@ impl HealthTracker {
         );
     }
 
-    /// The allocation's tasks changed (or time passed): returns whether a verdict was reached.
+    /// The allocation's tasks changed, its checks were read (or time passed): returns whether
+    /// a verdict was reached. `checks` are the ids of the checks its services register.
     pub fn observe(
         &mut self,
         now: Instant,
@@ -111,6 +124,7 @@ impl HealthTracker {
         group: &TaskGroup,
         status: ClientStatus,
         states: &BTreeMap<String, TaskState>,
+        checks: &BTreeSet<String>,
     ) -> bool {
         let Some(watch) = self.watches.get_mut(alloc_id) else {
             return false;
@@ -118,8 +132,17 @@ impl HealthTracker {
         if watch.verdict.is_some() {
             return false;
         }
+        let statuses = &self.check_statuses;
+        let checks_passing = !watch.checks
+            || checks
+                .iter()
+                .all(|id| statuses.get(id).is_some_and(|status| status == CHECK_PASSING));
         match tasks_health(group, status, states) {
             Some(false) => watch.verdict = Some((false, now)),
+            Some(true) if !checks_passing => {
+                crate::cover::point("deployment health: tasks up, consul checks not yet passing");
+                watch.running_since = None;
+            }
             Some(true) => {
                 let since = *watch.running_since.get_or_insert(now);
                 if now.saturating_duration_since(since) >= watch.min_healthy_time {
@@ -132,6 +155,23 @@ impl HealthTracker {
             watch.verdict = Some((false, now));
         }
         watch.verdict.is_some()
+    }
+
+    /// Whether some undecided allocation waits on its Consul checks.
+    pub fn wants_checks(&self) -> bool {
+        self.watches
+            .values()
+            .any(|watch| watch.checks && watch.verdict.is_none())
+    }
+
+    /// The check statuses just read; returns the undecided allocations to judge again.
+    pub fn set_check_statuses(&mut self, statuses: BTreeMap<String, String>) -> Vec<String> {
+        self.check_statuses = statuses;
+        self.watches
+            .iter()
+            .filter(|(_, watch)| watch.checks && watch.verdict.is_none())
+            .map(|(id, _)| id.clone())
+            .collect()
     }
 
     /// When a watch next has something to decide: its tasks' `min_healthy_time` passing, or
@@ -238,6 +278,10 @@ mod tests {
         ])
     }
 
+    fn none() -> BTreeSet<String> {
+        BTreeSet::new()
+    }
+
     fn at(secs: u64) -> Instant {
         Instant::from_millis(secs * 1_000)
     }
@@ -249,18 +293,18 @@ mod tests {
         tracker.watch(at(0), &alloc, Some(&group));
         let running = states(TaskStatus::Dead, TaskStatus::Running, false);
         let pending = states(TaskStatus::Dead, TaskStatus::Pending, false);
-        assert!(!tracker.observe(at(1), "a", &group, ClientStatus::Running, &running));
+        assert!(!tracker.observe(at(1), "a", &group, ClientStatus::Running, &running, &none()));
         assert_eq!(tracker.poll_timeout(), Some(at(11)));
         // A restart at 5 s: the wait starts over when it runs again.
-        assert!(!tracker.observe(at(5), "a", &group, ClientStatus::Running, &pending));
-        assert!(!tracker.observe(at(6), "a", &group, ClientStatus::Running, &running));
+        assert!(!tracker.observe(at(5), "a", &group, ClientStatus::Running, &pending, &none()));
+        assert!(!tracker.observe(at(6), "a", &group, ClientStatus::Running, &running, &none()));
         assert!(tracker.due(at(11)).is_empty());
         assert_eq!(tracker.due(at(16)), vec!["a".to_string()]);
-        assert!(tracker.observe(at(16), "a", &group, ClientStatus::Running, &running));
+        assert!(tracker.observe(at(16), "a", &group, ClientStatus::Running, &running, &none()));
         let status = tracker.status("a", 1_000_000_000).unwrap();
         assert_eq!((status.healthy, status.timestamp_ms), (Some(true), 17_000));
         // The verdict stays.
-        assert!(!tracker.observe(at(17), "a", &group, ClientStatus::Failed, &running));
+        assert!(!tracker.observe(at(17), "a", &group, ClientStatus::Failed, &running, &none()));
     }
 
     #[test]
@@ -269,16 +313,16 @@ mod tests {
         let mut tracker = HealthTracker::default();
         tracker.watch(at(0), &alloc, Some(&group));
         let failed = states(TaskStatus::Dead, TaskStatus::Dead, true);
-        assert!(tracker.observe(at(3), "a", &group, ClientStatus::Failed, &failed));
+        assert!(tracker.observe(at(3), "a", &group, ClientStatus::Failed, &failed, &none()));
         assert_eq!(tracker.status("a", 0).unwrap().healthy, Some(false));
 
         let mut tracker = HealthTracker::default();
         tracker.watch(at(0), &alloc, Some(&group));
         // The prestart task never completes: not healthy, and at the deadline unhealthy.
         let stuck = states(TaskStatus::Running, TaskStatus::Pending, false);
-        assert!(!tracker.observe(at(30), "a", &group, ClientStatus::Pending, &stuck));
+        assert!(!tracker.observe(at(30), "a", &group, ClientStatus::Pending, &stuck, &none()));
         assert_eq!(tracker.poll_timeout(), Some(at(60)));
-        assert!(tracker.observe(at(60), "a", &group, ClientStatus::Pending, &stuck));
+        assert!(tracker.observe(at(60), "a", &group, ClientStatus::Pending, &stuck, &none()));
         assert_eq!(tracker.status("a", 0).unwrap().healthy, Some(false));
     }
 
@@ -289,8 +333,8 @@ mod tests {
         let mut alloc = alloc("d1");
         tracker.watch(at(0), &alloc, Some(&group));
         let running = states(TaskStatus::Dead, TaskStatus::Running, false);
-        tracker.observe(at(1), "a", &group, ClientStatus::Running, &running);
-        assert!(tracker.observe(at(11), "a", &group, ClientStatus::Running, &running));
+        tracker.observe(at(1), "a", &group, ClientStatus::Running, &running, &none());
+        assert!(tracker.observe(at(11), "a", &group, ClientStatus::Running, &running, &none()));
         // The servers recorded it; then an in-place update moves it into d2.
         alloc.deployment_status = Some(tracker.status("a", 0).unwrap());
         tracker.watch(at(12), &alloc, Some(&group));
@@ -302,13 +346,65 @@ mod tests {
         alloc.deployment_status = None;
         tracker.watch(at(20), &alloc, Some(&group));
         assert_eq!(tracker.status("a", 0), None);
-        assert!(!tracker.observe(at(21), "a", &group, ClientStatus::Running, &running));
-        assert!(tracker.observe(at(31), "a", &group, ClientStatus::Running, &running));
+        assert!(!tracker.observe(at(21), "a", &group, ClientStatus::Running, &running, &none()));
+        assert!(tracker.observe(at(31), "a", &group, ClientStatus::Running, &running, &none()));
         // Without a deployment, nothing is watched.
         let mut plain = alloc.clone();
         plain.deployment_id.clear();
         let mut other = HealthTracker::default();
         other.watch(at(0), &plain, Some(&group));
         assert_eq!(other.poll_timeout(), None);
+    }
+
+    #[test]
+    fn with_checks_every_check_must_pass_for_min_healthy_time() {
+        let (group, alloc) = (group(), alloc("d1"));
+        let mut tracker = HealthTracker::default();
+        tracker.watch(at(0), &alloc, Some(&group));
+        assert!(tracker.wants_checks());
+        let running = states(TaskStatus::Dead, TaskStatus::Running, false);
+        let checks = BTreeSet::from(["c1".to_string(), "c2".to_string()]);
+        let read = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(id, status)| (id.to_string(), status.to_string()))
+                .collect()
+        };
+        // Tasks up, but nothing read yet, then one check critical: not healthy, not failed.
+        assert!(!tracker.observe(at(1), "a", &group, ClientStatus::Running, &running, &checks));
+        assert_eq!(
+            tracker.set_check_statuses(read(&[("c1", "passing"), ("c2", "critical")])),
+            vec!["a"]
+        );
+        assert!(!tracker.observe(at(2), "a", &group, ClientStatus::Running, &running, &checks));
+        assert!(tracker.due(at(12)).is_empty(), "the wait has not started");
+        // Both pass from 5 s; a warning at 8 s starts the wait over from 9 s.
+        tracker.set_check_statuses(read(&[("c1", "passing"), ("c2", "passing")]));
+        assert!(!tracker.observe(at(5), "a", &group, ClientStatus::Running, &running, &checks));
+        tracker.set_check_statuses(read(&[("c1", "passing"), ("c2", "warning")]));
+        assert!(!tracker.observe(at(8), "a", &group, ClientStatus::Running, &running, &checks));
+        tracker.set_check_statuses(read(&[("c1", "passing"), ("c2", "passing")]));
+        assert!(!tracker.observe(at(9), "a", &group, ClientStatus::Running, &running, &checks));
+        assert!(!tracker.observe(at(15), "a", &group, ClientStatus::Running, &running, &checks));
+        assert!(tracker.observe(at(19), "a", &group, ClientStatus::Running, &running, &checks));
+        assert_eq!(tracker.status("a", 0).unwrap().healthy, Some(true));
+        assert!(!tracker.wants_checks(), "decided: no more reads");
+
+        // Checks that never pass: unhealthy at the deadline.
+        let mut tracker = HealthTracker::default();
+        tracker.watch(at(0), &alloc, Some(&group));
+        tracker.set_check_statuses(read(&[("c1", "critical")]));
+        assert!(!tracker.observe(at(30), "a", &group, ClientStatus::Running, &running, &checks));
+        assert!(tracker.observe(at(60), "a", &group, ClientStatus::Running, &running, &checks));
+        assert_eq!(tracker.status("a", 0).unwrap().healthy, Some(false));
+
+        // `task_states` ignores checks.
+        let mut group = group.clone();
+        group.update.as_mut().unwrap().health_check = crate::structs::HEALTH_CHECK_TASK_STATES.into();
+        let mut tracker = HealthTracker::default();
+        tracker.watch(at(0), &alloc, Some(&group));
+        assert!(!tracker.wants_checks());
+        assert!(!tracker.observe(at(1), "a", &group, ClientStatus::Running, &running, &checks));
+        assert!(tracker.observe(at(11), "a", &group, ClientStatus::Running, &running, &checks));
     }
 }

@@ -8,6 +8,7 @@
 //! served it.
 
 pub mod alloc_runner;
+pub mod check_poll;
 #[allow(clippy::module_inception)]
 pub mod client;
 pub mod deadlines;
@@ -433,6 +434,9 @@ pub enum Reply {
     Allocs(NodeAllocsReply),
     /// The services the Consul agent holds, by id.
     Services(BTreeMap<String, services::RegisteredService>),
+    /// The checks the Consul agent runs: each one's status (`passing`, `warning`,
+    /// `critical`) by check id.
+    Checks(BTreeMap<String, String>),
     Rendered(RenderReply),
     /// `ReadFile`: the file's text, `None` when it does not exist.
     File(Option<String>),
@@ -481,6 +485,8 @@ pub enum ConsulOp {
     },
     /// `PUT /v1/agent/service/deregister/<id>`; replies `Unit`.
     Deregister { id: String },
+    /// `GET /v1/agent/checks`: the status of every check the agent runs; replies `Checks`.
+    Checks,
 }
 
 /// Why an I/O request failed; the kind decides retries.

@@ -48,6 +48,11 @@ impl ServiceSync {
         self.next_at = Some(now);
     }
 
+    /// Whether the client has a Consul agent to sync with.
+    pub fn enabled(&self) -> bool {
+        self.address.is_some()
+    }
+
     pub fn owns(&self, op: OpId) -> bool {
         self.in_flight == Some(op)
     }

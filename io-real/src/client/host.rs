@@ -249,6 +249,11 @@ impl TaskServices for ConsulHttp {
         Box::pin(async move { consul.deregister_service(&id).await })
     }
 
+    fn agent_checks(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>> {
+        let consul = self.clone();
+        Box::pin(async move { consul.agent_checks().await })
+    }
+
     fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>> {
         let consul = self.clone();
         Box::pin(async move { consul.fingerprint().await })

@@ -73,6 +73,8 @@ pub trait TaskServices: Send + Sync + 'static {
         address: std::net::IpAddr,
     ) -> BoxFuture<Result<(), String>>;
     fn deregister(&self, id: String) -> BoxFuture<Result<(), String>>;
+    /// The status of each check the agent runs, by check id (`GET /v1/agent/checks`).
+    fn agent_checks(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
     /// The agent fingerprinted as Nomad's consul fingerprinter does (`consul.version`,
     /// `consul.server`, `unique.consul.name`, ...).
     fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
@@ -533,6 +535,7 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
                     tracing::info!(%id, "service deregistered from consul");
                     Reply::Unit
                 }),
+                ConsulOp::Checks => services.agent_checks().await.map(Reply::Checks),
             }
             .map_err(|error| IoError::new(ErrorKind::Unavailable, error))
         }
