@@ -16,8 +16,8 @@ use super::{
 };
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, Evaluation, Job, JobType, Node,
-    NodeStatus, TaskGroup, UpdateStrategy,
+    AllocMetric, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, EVAL_PENDING, Evaluation, Job,
+    JobType, Node, NodeStatus, TRIGGER_ROLLING_UPDATE, TaskGroup, UpdateStrategy,
 };
 
 /// What a group's names call for, gathered before the deployment decides how much of it
@@ -52,6 +52,9 @@ pub(super) struct Reconcile<'a> {
     placements: Vec<Placement<'a>>,
     /// The most allocations one group is given (the server's `JobLimits::group_count`).
     pub(super) group_count_max: u32,
+    /// A system job's group had more outdated allocations than its `max_parallel`: the rest
+    /// wait for a follow-up evaluation this long (its `stagger`).
+    rolling_wait: Option<core::time::Duration>,
 }
 
 impl<'a> Reconcile<'a> {
@@ -64,6 +67,7 @@ impl<'a> Reconcile<'a> {
             placements: Vec::new(),
             rollout: Rollout::default(),
             group_count_max: crate::jobspec::GROUP_COUNT_MAX,
+            rolling_wait: None,
         }
     }
 
@@ -109,10 +113,14 @@ impl<'a> Reconcile<'a> {
         }
     }
 
-    /// A system job's group: one allocation on every usable, eligible node.
+    /// A system job's group: one allocation on every usable, eligible node. With an `update`
+    /// block, at most `max_parallel` outdated allocations are replaced per evaluation; the
+    /// rest wait for a `rolling-update` evaluation `stagger` later (Nomad's system scheduler).
     pub(super) fn system_group(&mut self, job: &'a Job, group: &'a TaskGroup, allocs: &[&Allocation]) {
         let state = self.state;
         let nodes: Vec<&Node> = state.nodes().collect();
+        let rolling = group.rolling_update();
+        let mut updates_left = rolling.map_or(u32::MAX, |update| update.max_parallel);
         let mine: Vec<&&Allocation> = allocs
             .iter()
             .filter(|alloc| alloc.task_group == group.name && !alloc.server_terminal())
@@ -137,7 +145,12 @@ impl<'a> Reconcile<'a> {
                     kept = true;
                 } else if kept {
                     self.stop(alloc, ALLOC_NOT_NEEDED, false);
+                } else if alloc.job_version < job.version && updates_left == 0 {
+                    // Past this evaluation's max_parallel: updated by the next one.
+                    self.rolling_wait = rolling.map(|update| update.stagger);
+                    kept = true;
                 } else if alloc.job_version < job.version {
+                    updates_left -= 1;
                     self.stop(alloc, ALLOC_UPDATING, false);
                     self.placements.push(Placement {
                         node: Some(node.id.clone()),
@@ -462,6 +475,23 @@ impl<'a> Reconcile<'a> {
             self.plan.evals.push(processed);
             return self.plan;
         };
+        if let Some(wait) = self.rolling_wait {
+            let next = Evaluation {
+                id: new_id(),
+                namespace: eval.namespace.clone(),
+                priority: eval.priority,
+                eval_type: eval.eval_type.clone(),
+                triggered_by: TRIGGER_ROLLING_UPDATE.into(),
+                job_id: eval.job_id.clone(),
+                job_modify_index: job.job_modify_index,
+                status: EVAL_PENDING.into(),
+                previous_eval: eval.id.clone(),
+                wait_ms: wait.as_millis() as u64,
+                ..Evaluation::default()
+            };
+            processed.next_eval = next.id.clone();
+            self.plan.evals.push(next);
+        }
         let mut failed: BTreeMap<String, AllocMetric> = BTreeMap::new();
         for placement in core::mem::take(&mut self.placements) {
             let mut ask = group_resources(placement.group);

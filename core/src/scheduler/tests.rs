@@ -1155,3 +1155,93 @@ fn a_new_leaders_worker_evaluates_system_jobs_it_saw_no_node_change_for() {
             .any(|alloc| alloc.node_id == "n2" && alloc.desired_status == DesiredStatus::Run)
     );
 }
+
+/// Runs `worker` at `now` until it proposes nothing more, applying each proposal.
+fn drain_worker(world: &mut World, worker: &mut worker::Worker, now: crate::time::Instant) {
+    for _ in 0..50 {
+        let Some(command) = worker.run(now, &world.fx.state) else {
+            return;
+        };
+        world.fx.ok(command);
+        worker.proposed();
+    }
+    panic!("the worker never settles");
+}
+
+#[test]
+fn a_system_jobs_update_replaces_max_parallel_allocations_every_stagger() {
+    use core::time::Duration;
+    let mut world = World::new(&[node("n1", 4000), node("n2", 4000), node("n3", 4000)]);
+    let mut agent = job("agent", JobType::System, 1, 100);
+    agent.task_groups[0].update = Some(alloc::boxed::Box::new(crate::structs::UpdateStrategy {
+        max_parallel: 1,
+        stagger: Duration::from_secs(30),
+        ..Default::default()
+    }));
+    let eval = world.register(&agent);
+    world.run(&eval);
+    let mut worker = worker::Worker::new(7);
+    let start = crate::time::Instant::ZERO;
+    worker.set_enabled(start, true);
+    drain_worker(&mut world, &mut worker, start);
+    let version = |world: &World, version: u64| {
+        world
+            .fx
+            .state
+            .allocs()
+            .filter(|alloc| alloc.job_id == "agent" && !alloc.terminal() && alloc.job_version == version)
+            .count()
+    };
+    assert_eq!(version(&world, 0), 3);
+
+    // A new version: one node per evaluation, the next evaluation `stagger` later.
+    agent.task_groups[0].tasks[0].env.insert("V".into(), "2".into());
+    let register = world.register(&agent);
+    drain_worker(&mut world, &mut worker, start);
+    assert_eq!((version(&world, 1), version(&world, 0)), (1, 2));
+    let processed = world.fx.state.eval(&register.id).unwrap().clone();
+    let next = world
+        .fx
+        .state
+        .eval(&processed.next_eval)
+        .expect("a follow-up evaluation")
+        .clone();
+    assert_eq!(
+        (
+            next.triggered_by.as_str(),
+            next.status.as_str(),
+            next.wait_ms,
+            next.previous_eval.as_str()
+        ),
+        (
+            crate::structs::TRIGGER_ROLLING_UPDATE,
+            EVAL_PENDING,
+            30_000,
+            register.id.as_str()
+        )
+    );
+    let due = worker.poll_timeout().expect("a timer for the next batch");
+    assert!(
+        due > start + Duration::from_secs(25) && due <= start + Duration::from_secs(30),
+        "{due:?}"
+    );
+    let just_before = crate::time::Instant::from_millis(due.as_nanos() / 1_000_000 - 1);
+    drain_worker(&mut world, &mut worker, just_before);
+    assert_eq!(version(&world, 1), 1, "not before the stagger has passed");
+    drain_worker(&mut world, &mut worker, due);
+    assert_eq!((version(&world, 1), version(&world, 0)), (2, 1));
+    let due = worker.poll_timeout().expect("a timer for the last batch");
+    drain_worker(&mut world, &mut worker, due);
+    assert_eq!((version(&world, 1), version(&world, 0)), (3, 0));
+    assert!(
+        world.fx.state.pending_evals().next().is_none(),
+        "no follow-up once every node runs the new version"
+    );
+
+    // Without an update block, every node at once.
+    agent.task_groups[0].update = None;
+    agent.task_groups[0].tasks[0].env.insert("V".into(), "3".into());
+    let register = world.register(&agent);
+    world.run(&register);
+    assert_eq!(version(&world, 2), 3);
+}

@@ -51,6 +51,9 @@ pub struct Worker {
     /// input runs the worker — so an idle cluster costs no wake-ups.
     wake_at: Option<Instant>,
     reschedules: super::reschedule::Reschedules,
+    /// Pending evaluations with a `wait` (a system job's next rolling batch), with when each
+    /// becomes due on this leader's clock.
+    delayed: BTreeMap<String, Instant>,
     limits: crate::jobspec::limits::JobLimits,
     faults: crate::config::SchedulerFaults,
 }
@@ -66,6 +69,7 @@ impl Worker {
             last_unblock: None,
             wake_at: None,
             reschedules: Default::default(),
+            delayed: BTreeMap::new(),
             limits: Default::default(),
             faults: Default::default(),
         }
@@ -100,6 +104,7 @@ impl Worker {
         self.in_flight = false;
         self.nodes_seen = None;
         self.reschedules.clear();
+        self.delayed.clear();
         self.wake_at = enabled.then_some(now);
     }
 
@@ -124,7 +129,7 @@ impl Worker {
         let command = self
             .node_updates(state)
             .or_else(|| self.reschedule(now, state))
-            .or_else(|| self.next_plan(state))
+            .or_else(|| self.next_plan(now, state))
             .or_else(|| self.unblock(now, state));
         self.in_flight = command.is_some();
         command
@@ -252,8 +257,27 @@ impl Worker {
         Some(Command::EvalUpsert { evals })
     }
 
-    fn next_plan(&mut self, state: &ServerState) -> Option<Command> {
-        let eval = state.pending_evals().next()?.clone();
+    /// Whether a pending evaluation may be scheduled now: one with a `wait` is due that long
+    /// after it was created, in cluster time, mapped onto this leader's clock when first seen
+    /// (a new leader waits at most the whole `wait` again).
+    fn due(&mut self, now: Instant, state: &ServerState, eval: &Evaluation) -> bool {
+        if eval.wait_ms == 0 {
+            return true;
+        }
+        let at = *self.delayed.entry(eval.id.clone()).or_insert_with(|| {
+            let due_ms = eval.create_time_ms.saturating_add(eval.wait_ms);
+            now + Duration::from_millis(due_ms.saturating_sub(state.last_applied_time_ms()).min(eval.wait_ms))
+        });
+        if at > now {
+            self.wake_at = Some(self.wake_at.map_or(at, |wake| wake.min(at)));
+        }
+        at <= now
+    }
+
+    fn next_plan(&mut self, now: Instant, state: &ServerState) -> Option<Command> {
+        let pending: Vec<&Evaluation> = state.pending_evals().collect();
+        self.delayed.retain(|id, _| pending.iter().any(|eval| eval.id == *id));
+        let eval = pending.into_iter().find(|eval| self.due(now, state, eval))?.clone();
         let (limits, faults) = (self.limits, self.faults);
         let plan = super::schedule_with_faults(state, &eval, &mut || self.new_id(), &limits, faults);
         let mut evals = plan.evals;

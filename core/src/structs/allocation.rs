@@ -211,6 +211,14 @@ pub struct Evaluation {
     pub blocked_eval: String,
     #[serde(default)]
     pub previous_eval: String,
+    /// The evaluation that picks up where this one stopped (a system job's next rolling
+    /// batch).
+    #[serde(default)]
+    pub next_eval: String,
+    /// Scheduled no sooner than this long after it was created (Nomad's `Wait`: a system
+    /// job's `stagger` between rolling batches).
+    #[serde(default)]
+    pub wait_ms: u64,
     /// A blocked evaluation is retried once the cluster changed after this state index.
     #[serde(default)]
     pub snapshot_index: u64,
@@ -223,6 +231,8 @@ pub struct Evaluation {
 }
 
 pub const EVAL_PENDING: &str = "pending";
+/// `triggered_by` of a system job's next rolling-update batch.
+pub const TRIGGER_ROLLING_UPDATE: &str = "rolling-update";
 pub const EVAL_COMPLETE: &str = "complete";
 pub const EVAL_BLOCKED: &str = "blocked";
 pub const EVAL_CANCELED: &str = "canceled";

@@ -141,8 +141,18 @@ pub fn eval(eval: &Evaluation) -> Value {
         "JobID": eval.job_id,
         "JobModifyIndex": eval.job_modify_index,
         "NodeID": eval.node_id,
+        "NodeModifyIndex": 0,
+        "DeploymentID": "",
         "Status": eval.status,
         "StatusDescription": eval.status_description,
+        "Wait": eval.wait_ms.saturating_mul(1_000_000),
+        "WaitUntil": "0001-01-01T00:00:00Z",
+        "NextEval": eval.next_eval,
+        "RelatedEvals": Value::Null,
+        "ClassEligibility": Value::Null,
+        "EscapedComputedClass": false,
+        "QuotaLimitReached": "",
+        "AnnotatePlan": false,
         "FailedTGAllocs": if eval.failed_tg_allocs.is_empty() {
             Value::Null
         } else {
