@@ -62,9 +62,12 @@ impl Job {
         self.periodic.is_some()
     }
 
-    /// Whether the leader launches children of this job (Nomad's `IsPeriodicActive`).
+    /// Whether the leader launches children of this job (Nomad's `IsPeriodicActive`). A
+    /// parameterized parent that is also periodic is not launched itself: each child
+    /// `job dispatch` makes keeps the `periodic` block and is launched instead, as
+    /// `<child>/periodic-<unix>`.
     pub fn is_periodic_active(&self) -> bool {
-        self.periodic.as_ref().is_some_and(|periodic| periodic.enabled) && !self.stop
+        self.periodic.as_ref().is_some_and(|periodic| periodic.enabled) && !self.stop && !self.is_parameterized()
     }
 
     /// Whether the job only launches children and is never scheduled itself: a periodic or

@@ -155,3 +155,61 @@ fn an_idempotency_token_names_the_child_it_made_instead_of_a_new_one() {
     assert_ne!(id(&other).0, id(&first).0);
     assert_eq!(h.fx.state.children("default", "render").count(), 2);
 }
+
+/// Periodic and parameterized together (Nomad's `IsPeriodicActive`): the parent is never
+/// launched; each dispatched child is a periodic parent of its own, launching
+/// `<child>/periodic-<unix>` with the dispatch's payload and meta.
+#[test]
+fn a_periodic_parameterized_job_launches_its_dispatched_children_periodically() {
+    let mut h = Harness::new();
+    h.machine.set_wall_clock(h.now, 1_700_000_000_000);
+    let mut job = parent("optional", &[], &["color"]);
+    job.periodic = Some(alloc::boxed::Box::new(crate::structs::PeriodicConfig {
+        spec: "0 0 1 1 *".into(),
+        ..crate::structs::PeriodicConfig::default()
+    }));
+    let register = ServerRequest::JobRegister {
+        job: alloc::boxed::Box::new(job),
+        enforce_index: None,
+    };
+    assert!(matches!(ask(&mut h, 1, register), ServerReply::JobRegistered { .. }));
+    let parent_job = h.fx.state.job("default", "render").unwrap();
+    assert!(
+        !parent_job.is_periodic_active(),
+        "the parameterized parent is not launched"
+    );
+    let force = |id: &str| ServerRequest::PeriodicForce {
+        namespace: "default".into(),
+        job_id: id.into(),
+    };
+    assert_eq!(
+        error_text(ask(&mut h, 2, force("render"))),
+        "can't force run non-tracked job \"render\" (default)"
+    );
+
+    let ServerReply::JobDispatched {
+        dispatched_job_id,
+        eval_id,
+        ..
+    } = dispatch(&mut h, 3, b"input", &[("color", "red")], "")
+    else {
+        panic!("dispatched");
+    };
+    assert!(eval_id.is_empty(), "a periodic child is not evaluated itself");
+    let child = h.fx.state.job("default", &dispatched_job_id).unwrap().clone();
+    assert!(child.is_periodic_active() && child.is_launcher());
+
+    let ServerReply::JobRegistered { eval_id, .. } = ask(&mut h, 4, force(&dispatched_job_id)) else {
+        panic!("the dispatched child is forced like any periodic parent");
+    };
+    let grandchild_id = format!("{dispatched_job_id}/periodic-1700000000");
+    let grandchild = h.fx.state.job("default", &grandchild_id).expect("the launch").clone();
+    assert_eq!(grandchild.parent_id, dispatched_job_id);
+    assert_eq!(grandchild.payload, b"input");
+    assert_eq!(grandchild.meta.get("color").map(String::as_str), Some("red"));
+    assert!(!grandchild.is_launcher(), "the launch itself runs");
+    assert_eq!(
+        h.fx.state.eval(&eval_id).map(|eval| eval.job_id.as_str()),
+        Some(grandchild_id.as_str())
+    );
+}
