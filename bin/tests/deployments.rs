@@ -311,3 +311,367 @@ fn job_scale_moves_a_group_within_its_scaling_policy() {
     );
     http("DELETE", port, "/v1/job/scaled?purge=true", None).expect("purged");
 }
+
+/// Sorted field names of a JSON object.
+fn keys(value: &Value) -> Vec<String> {
+    let mut keys: Vec<String> = value
+        .as_object()
+        .unwrap_or_else(|| panic!("an object: {value}"))
+        .keys()
+        .cloned()
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+    names.sort();
+    names
+}
+
+/// Nomad's `AllocationListStub` (`api/allocations.go`).
+const ALLOC_STUB: &[&str] = &[
+    "ID",
+    "EvalID",
+    "Name",
+    "Namespace",
+    "NodeID",
+    "NodeName",
+    "JobID",
+    "JobType",
+    "JobVersion",
+    "TaskGroup",
+    "DesiredStatus",
+    "DesiredDescription",
+    "ClientStatus",
+    "ClientDescription",
+    "TaskStates",
+    "DeploymentStatus",
+    "FollowupEvalID",
+    "NextAllocation",
+    "RescheduleTracker",
+    "PreemptedAllocations",
+    "PreemptedByAllocation",
+    "CreateIndex",
+    "ModifyIndex",
+    "CreateTime",
+    "ModifyTime",
+];
+
+/// Nomad's `Allocation`.
+const ALLOCATION: &[&str] = &[
+    "ID",
+    "Namespace",
+    "EvalID",
+    "Name",
+    "NodeID",
+    "NodeName",
+    "JobID",
+    "Job",
+    "TaskGroup",
+    "Resources",
+    "TaskResources",
+    "AllocatedResources",
+    "Services",
+    "Metrics",
+    "DesiredStatus",
+    "DesiredDescription",
+    "DesiredTransition",
+    "ClientStatus",
+    "ClientDescription",
+    "TaskStates",
+    "DeploymentID",
+    "DeploymentStatus",
+    "FollowupEvalID",
+    "PreviousAllocation",
+    "NextAllocation",
+    "RescheduleTracker",
+    "NetworkStatus",
+    "PreemptedAllocations",
+    "PreemptedByAllocation",
+    "CreateIndex",
+    "ModifyIndex",
+    "AllocModifyIndex",
+    "CreateTime",
+    "ModifyTime",
+];
+
+/// Nomad's `Evaluation`.
+const EVALUATION: &[&str] = &[
+    "ID",
+    "Priority",
+    "Type",
+    "TriggeredBy",
+    "Namespace",
+    "JobID",
+    "JobModifyIndex",
+    "NodeID",
+    "NodeModifyIndex",
+    "DeploymentID",
+    "Status",
+    "StatusDescription",
+    "Wait",
+    "WaitUntil",
+    "NextEval",
+    "PreviousEval",
+    "BlockedEval",
+    "RelatedEvals",
+    "FailedTGAllocs",
+    "ClassEligibility",
+    "EscapedComputedClass",
+    "QuotaLimitReached",
+    "AnnotatePlan",
+    "QueuedAllocations",
+    "SnapshotIndex",
+    "CreateIndex",
+    "ModifyIndex",
+    "CreateTime",
+    "ModifyTime",
+];
+
+/// Nomad's `NodeListStub`, as listed without `resources` or `os`.
+const NODE_STUB: &[&str] = &[
+    "Address",
+    "ID",
+    "Datacenter",
+    "Name",
+    "NodePool",
+    "NodeClass",
+    "Version",
+    "Drain",
+    "SchedulingEligibility",
+    "Status",
+    "StatusDescription",
+    "Drivers",
+    "HostVolumes",
+    "LastDrain",
+    "CreateIndex",
+    "ModifyIndex",
+];
+
+/// Nomad's `Node`.
+const NODE: &[&str] = &[
+    "ID",
+    "Datacenter",
+    "Name",
+    "HTTPAddr",
+    "TLSEnabled",
+    "Attributes",
+    "NodeResources",
+    "ReservedResources",
+    "Links",
+    "Meta",
+    "NodeClass",
+    "NodePool",
+    "CgroupParent",
+    "Drain",
+    "DrainStrategy",
+    "SchedulingEligibility",
+    "Status",
+    "StatusDescription",
+    "StatusUpdatedAt",
+    "Events",
+    "Drivers",
+    "HostVolumes",
+    "HostNetworks",
+    "CSIControllerPlugins",
+    "CSINodePlugins",
+    "LastDrain",
+    "CreateIndex",
+    "ModifyIndex",
+];
+
+/// Nomad's `TaskEvent`, deprecated flat fields included.
+const TASK_EVENT: &[&str] = &[
+    "Type",
+    "Time",
+    "DisplayMessage",
+    "Details",
+    "Message",
+    "FailsTask",
+    "RestartReason",
+    "SetupError",
+    "DriverError",
+    "DriverMessage",
+    "ExitCode",
+    "Signal",
+    "KillReason",
+    "KillTimeout",
+    "KillError",
+    "StartDelay",
+    "DownloadError",
+    "ValidationError",
+    "DiskLimit",
+    "DiskSize",
+    "FailedSibling",
+    "VaultError",
+    "TaskSignalReason",
+    "TaskSignal",
+    "GenericSource",
+];
+
+/// The allocation, evaluation, node, deployment and cluster families, table-driven: each read
+/// answers exactly Nomad's field names, with Go's nulls where Nomad's Go structs hold nil.
+#[test]
+fn the_cluster_families_answer_nomads_field_names() {
+    let root = tempfile::tempdir().unwrap();
+    let (agent, port) = support::start_with_client(root.path());
+    run_job(port, root.path(), "0", false);
+    let deployment = deployment(&agent, port, 0, "successful");
+    let stubs = get_json(port, "/v1/allocations").unwrap();
+    let stub = stubs[0].clone();
+    let alloc_id = stub["ID"].as_str().unwrap().to_string();
+    let alloc = get_json(port, &format!("/v1/allocation/{alloc_id}")).unwrap();
+    let node_stub = get_json(port, "/v1/nodes").unwrap()[0].clone();
+    let node = get_json(port, &format!("/v1/node/{}", node_stub["ID"].as_str().unwrap())).unwrap();
+    let eval = get_json(port, "/v1/evaluations").unwrap()[0].clone();
+    let members = get_json(port, "/v1/agent/members").unwrap();
+    let raft = get_json(port, "/v1/operator/raft/configuration").unwrap();
+    let with_resources: Vec<&str> = ALLOC_STUB.iter().copied().chain(["AllocatedResources"]).collect();
+    let node_with_resources: Vec<&str> = NODE_STUB
+        .iter()
+        .copied()
+        .chain(["NodeResources", "ReservedResources"])
+        .collect();
+    let table: Vec<(&str, Value, Vec<String>)> = vec![
+        ("AllocationListStub", stub.clone(), sorted(ALLOC_STUB)),
+        (
+            "AllocationListStub with resources",
+            get_json(port, "/v1/allocations?resources=true").unwrap()[0].clone(),
+            sorted(&with_resources),
+        ),
+        ("Allocation", alloc.clone(), sorted(ALLOCATION)),
+        (
+            "AllocDeploymentStatus",
+            alloc["DeploymentStatus"].clone(),
+            sorted(&["Healthy", "Timestamp", "Canary", "ModifyIndex"]),
+        ),
+        (
+            "DesiredTransition",
+            alloc["DesiredTransition"].clone(),
+            sorted(&["Migrate", "Reschedule", "ForceReschedule"]),
+        ),
+        (
+            "TaskState",
+            alloc["TaskStates"]["t"].clone(),
+            sorted(&[
+                "State",
+                "Failed",
+                "Restarts",
+                "LastRestart",
+                "StartedAt",
+                "FinishedAt",
+                "Events",
+            ]),
+        ),
+        (
+            "TaskEvent",
+            alloc["TaskStates"]["t"]["Events"][0].clone(),
+            sorted(TASK_EVENT),
+        ),
+        ("Evaluation", eval.clone(), sorted(EVALUATION)),
+        ("NodeListStub", node_stub.clone(), sorted(NODE_STUB)),
+        (
+            "NodeListStub with resources",
+            get_json(port, "/v1/nodes?resources=true").unwrap()[0].clone(),
+            sorted(&node_with_resources),
+        ),
+        ("Node", node.clone(), sorted(NODE)),
+        (
+            "DriverInfo",
+            node["Drivers"]["raw_exec"].clone(),
+            sorted(&["Attributes", "Detected", "Healthy", "HealthDescription", "UpdateTime"]),
+        ),
+        (
+            "Deployment",
+            deployment.clone(),
+            sorted(&[
+                "ID",
+                "Namespace",
+                "JobID",
+                "JobVersion",
+                "JobModifyIndex",
+                "JobSpecModifyIndex",
+                "JobCreateIndex",
+                "IsMultiregion",
+                "TaskGroups",
+                "Status",
+                "StatusDescription",
+                "EvalPriority",
+                "CreateIndex",
+                "ModifyIndex",
+                "CreateTime",
+                "ModifyTime",
+            ]),
+        ),
+        (
+            "DeploymentState",
+            deployment["TaskGroups"]["g"].clone(),
+            sorted(&[
+                "AutoRevert",
+                "AutoPromote",
+                "ProgressDeadline",
+                "RequireProgressBy",
+                "Promoted",
+                "PlacedCanaries",
+                "DesiredCanaries",
+                "DesiredTotal",
+                "PlacedAllocs",
+                "HealthyAllocs",
+                "UnhealthyAllocs",
+            ]),
+        ),
+        (
+            "ServerMembers",
+            members.clone(),
+            sorted(&["ServerName", "ServerRegion", "ServerDC", "Members"]),
+        ),
+        (
+            "AgentMember",
+            members["Members"][0].clone(),
+            sorted(&[
+                "Name",
+                "Addr",
+                "Port",
+                "Tags",
+                "Status",
+                "ProtocolMin",
+                "ProtocolMax",
+                "ProtocolCur",
+                "DelegateMin",
+                "DelegateMax",
+                "DelegateCur",
+            ]),
+        ),
+        ("RaftConfiguration", raft.clone(), sorted(&["Servers", "Index"])),
+        (
+            "RaftServer",
+            raft["Servers"][0].clone(),
+            sorted(&["ID", "Node", "Address", "Leader", "Voter", "RaftProtocol"]),
+        ),
+    ];
+    for (shape, value, expected) in table {
+        assert_eq!(keys(&value), expected, "{shape}: {value}");
+    }
+    // Go's nulls where Nomad's structs hold nil; times and durations as Nomad sends them.
+    for (shape, value) in [
+        ("stub RescheduleTracker", &stub["RescheduleTracker"]),
+        ("NetworkStatus", &alloc["NetworkStatus"]),
+        ("Services", &alloc["Services"]),
+        ("Evaluation FailedTGAllocs", &eval["FailedTGAllocs"]),
+        ("Evaluation RelatedEvals", &eval["RelatedEvals"]),
+        ("Node Links", &node["Links"]),
+    ] {
+        assert!(value.is_null(), "{shape}: {value}");
+    }
+    assert_eq!(alloc["Job"]["ID"], "web", "the job as placed");
+    assert_eq!(alloc["Job"]["Version"], stub["JobVersion"]);
+    assert!(
+        stub["CreateTime"].as_i64().unwrap() > 1_000_000_000_000_000_000,
+        "nanoseconds"
+    );
+    assert_eq!(eval["Wait"], 0);
+    assert_eq!(eval["WaitUntil"], "0001-01-01T00:00:00Z");
+    assert_eq!(deployment["TaskGroups"]["g"]["ProgressDeadline"], 30_000_000_000u64);
+}

@@ -44,7 +44,7 @@ pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Fai
             vec!["Node ID".into(), "=".into(), id_of(&alloc["NodeID"])],
             vec!["Node Name".into(), "=".into(), text(&alloc["NodeName"])],
             vec!["Job ID".into(), "=".into(), text(&alloc["JobID"])],
-            vec!["Job Version".into(), "=".into(), text(&alloc["JobVersion"])],
+            vec!["Job Version".into(), "=".into(), text(&alloc["Job"]["Version"])],
             vec!["Client Status".into(), "=".into(), text(&alloc["ClientStatus"])],
             vec![
                 "Client Description".into(),

@@ -346,6 +346,10 @@ pub struct ServerState {
     allocs_by_job: PMap<(String, String, String), ()>,
     #[serde(skip)]
     allocs_by_node: PMap<(String, String), ()>,
+    /// Each replaced allocation's replacement (Nomad's `NextAllocation`), by the replaced
+    /// one's id; derived from `previous_allocation`, rebuilt on restore.
+    #[serde(skip)]
+    next_allocs: PMap<String, String>,
     evals: PMap<String, Evaluation>,
     /// Secondary index of `evals`: (namespace, job id, eval id); derived, rebuilt on restore.
     #[serde(skip)]
@@ -461,6 +465,7 @@ impl From<StateRecord> for ServerState {
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),
             allocs_by_node: PMap::default(),
+            next_allocs: PMap::default(),
             evals_by_job: PMap::default(),
             blocked_evals_by_job: PMap::default(),
             pending_evals: PMap::default(),
@@ -652,6 +657,9 @@ impl ServerState {
             .insert((alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()), ());
         self.allocs_by_node
             .insert((alloc.node_id.clone(), alloc.id.clone()), ());
+        if let Some(previous) = &alloc.previous_allocation {
+            self.next_allocs.insert(previous.clone(), alloc.id.clone());
+        }
         self.queue_failed_alloc(alloc);
         self.count_alloc(alloc, true);
     }
@@ -660,6 +668,11 @@ impl ServerState {
         self.allocs_by_job
             .delete(&(alloc.namespace.clone(), alloc.job_id.clone(), alloc.id.clone()));
         self.allocs_by_node.delete(&(alloc.node_id.clone(), alloc.id.clone()));
+        if let Some(previous) = &alloc.previous_allocation
+            && self.next_allocs.get(previous) == Some(&alloc.id)
+        {
+            self.next_allocs.delete(previous);
+        }
         self.failed_allocs.delete(&alloc.id);
         self.count_alloc(alloc, false);
     }
@@ -668,6 +681,7 @@ impl ServerState {
     fn rebuild_indexes(&mut self) {
         self.allocs_by_job = PMap::default();
         self.allocs_by_node = PMap::default();
+        self.next_allocs = PMap::default();
         self.evals_by_job = PMap::default();
         self.blocked_evals_by_job = PMap::default();
         self.pending_evals = PMap::default();
@@ -715,6 +729,11 @@ impl ServerState {
     /// and finished there — stopped by their client, lost with their node, or gone. A client
     /// sees only its own allocations; without this a replacement of an allocation on another
     /// node (a rolling update across nodes, a lost node) would wait for it forever.
+    /// The allocation that replaced `alloc_id`, if any (Nomad's `NextAllocation`).
+    pub fn next_allocation(&self, alloc_id: &str) -> Option<&str> {
+        self.next_allocs.get(alloc_id).map(String::as_str)
+    }
+
     /// The allocations placed on `node_id`, by id.
     pub fn allocs_on_node<'a>(&'a self, node_id: &str) -> impl Iterator<Item = &'a Allocation> + use<'a> {
         let node_id = node_id.to_string();
@@ -976,6 +995,10 @@ mod tests {
                     alloc("a1", "web", "n1"),
                     alloc("a2", "web", "n2"),
                     alloc("a3", "db", "n1"),
+                    Allocation {
+                        previous_allocation: Some("a1".into()),
+                        ..alloc("a4", "web", "n1")
+                    },
                 ]),
             ),
         );
@@ -1043,6 +1066,8 @@ mod tests {
             let on = |node: &str| state.allocs_by_node.keys().filter(|(n, _)| n == node).count();
             assert_eq!(on("n2"), 0, "a2 left n2");
             assert_eq!(on("n3"), 1);
+            assert_eq!(state.next_allocation("a1"), Some("a4"), "a4 replaced a1");
+            assert_eq!(state.next_allocation("a4"), None);
             assert_eq!(prefixed(&state.allocs_by_job, "default", "db").count(), 0);
         };
         check(&state);

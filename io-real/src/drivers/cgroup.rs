@@ -26,7 +26,7 @@ pub use super::CgroupUsage;
 
 const ROOT: &str = "/sys/fs/cgroup";
 /// Every task cgroup lives under this directory of each hierarchy.
-const PARENT: &str = "drover";
+pub const PARENT: &str = "drover";
 /// `statfs` magic of cgroup2.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// The v1 controllers a task gets a directory in; `freezer` first (it is the one killed by).

@@ -86,7 +86,7 @@ pub(super) fn register_response(index: u64, eval_id: &str, job_modify_index: u64
 }
 
 /// The job's status (Nomad's), from its kept summary.
-fn status(state: &ServerState, job: &Job) -> &'static str {
+pub(crate) fn status(state: &ServerState, job: &Job) -> &'static str {
     state.job_summary(&job.namespace, &job.id).status(job)
 }
 

@@ -103,15 +103,15 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         "TaskGroup": alloc.task_group,
         "DesiredStatus": format!("{:?}", alloc.desired_status).to_lowercase(),
         "DesiredDescription": alloc.desired_description,
-        "DesiredTransition": {
-            "Migrate": alloc.desired_transition.migrate.then_some(true),
-            "Reschedule": Value::Null,
-            "ForceReschedule": Value::Null,
-        },
         "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
         "ClientDescription": alloc.client_description,
         "TaskStates": task_states(alloc),
         "DeploymentStatus": alloc_deployment_status(alloc),
+        "FollowupEvalID": "",
+        "NextAllocation": state.next_allocation(&alloc.id).unwrap_or_default(),
+        "RescheduleTracker": Value::Null,
+        "PreemptedAllocations": alloc.preempted_allocations,
+        "PreemptedByAllocation": "",
         "CreateIndex": alloc.create_index,
         "ModifyIndex": alloc.modify_index,
         "CreateTime": nanos(alloc.create_time_ms),
@@ -208,8 +208,8 @@ pub fn task_states(alloc: &Allocation) -> Value {
 }
 
 /// One task event: `Type`, `Time`, `DisplayMessage` and `Details`, plus the older flat
-/// fields Nomad still fills from the details (`ExitCode`, `StartDelay`, ...). `KillTimeout`
-/// is left out: its detail is a Go duration ("5s"), and a wrong 0 is worse than none.
+/// fields Nomad still fills from the details (`ExitCode`, `StartDelay`, ...); `KillTimeout`
+/// in nanoseconds from its detail, a Go duration ("5s").
 fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
     let detail = |key: &str| event.details.get(key).cloned().unwrap_or_default();
     let number = |key: &str| event.details.get(key).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
@@ -228,6 +228,11 @@ fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
         "Signal": number("signal"),
         "KillError": detail("kill_error"),
         "KillReason": detail("kill_reason"),
+        "KillTimeout": event
+            .details
+            .get("kill_timeout")
+            .and_then(|text| drover_core::goduration::parse_nanos(text).ok())
+            .unwrap_or(0),
         "StartDelay": number("start_delay"),
         "FailedSibling": detail("failed_sibling"),
         "TaskSignal": detail("task_signal"),
@@ -236,26 +241,55 @@ fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
         "DownloadError": "",
         "VaultError": "",
         "DiskLimit": 0,
+        "DiskSize": 0,
         "GenericSource": "",
     })
 }
 
-/// One allocation in full (`GET /v1/allocation/:id`): the stub's fields plus the
-/// replacement links.
+/// One allocation in full (`GET /v1/allocation/:id`), Nomad's `Allocation`: the job as it
+/// was placed (the version it runs), the stub's fields but the job's type and version, and
+/// what only the full object carries.
 pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
     let mut value = alloc_stub(alloc, state);
+    let job = state
+        .job_version(&alloc.namespace, &alloc.job_id, alloc.job_version)
+        .or_else(|| state.job(&alloc.namespace, &alloc.job_id))
+        .map(|job| {
+            let status = crate::http::jobs::status(state, job);
+            serde_json::to_value(crate::jobs::ApiJob::from_job(job, status)).expect("a job serializes")
+        });
     if let Value::Object(map) = &mut value {
-        map.insert(
-            "PreviousAllocation".into(),
-            Value::String(alloc.previous_allocation.clone().unwrap_or_default()),
-        );
-        map.insert("PreemptedAllocations".into(), json!(alloc.preempted_allocations));
-        map.insert("DeploymentID".into(), json!(alloc.deployment_id));
-        map.insert(
-            "Metrics".into(),
-            alloc.metrics.as_ref().map_or(Value::Null, crate::http::jobs_metric),
-        );
-        map.insert("AllocatedResources".into(), allocated_resources(alloc, state));
+        map.remove("JobType");
+        map.remove("JobVersion");
+        let fields = [
+            ("Job", job.unwrap_or(Value::Null)),
+            ("Resources", Value::Null),
+            ("TaskResources", Value::Null),
+            ("AllocatedResources", allocated_resources(alloc, state)),
+            ("Services", Value::Null),
+            (
+                "Metrics",
+                alloc.metrics.as_ref().map_or(Value::Null, crate::http::jobs_metric),
+            ),
+            (
+                "DesiredTransition",
+                json!({
+                    "Migrate": alloc.desired_transition.migrate.then_some(true),
+                    "Reschedule": Value::Null,
+                    "ForceReschedule": Value::Null,
+                }),
+            ),
+            ("DeploymentID", json!(alloc.deployment_id)),
+            (
+                "PreviousAllocation",
+                Value::String(alloc.previous_allocation.clone().unwrap_or_default()),
+            ),
+            ("NetworkStatus", Value::Null),
+            ("AllocModifyIndex", json!(alloc.modify_index)),
+        ];
+        for (key, field) in fields {
+            map.insert(key.into(), field);
+        }
     }
     value
 }
@@ -475,6 +509,8 @@ fn drivers(node: &Node) -> Map<String, Value> {
                     "Detected": info.detected,
                     "Healthy": info.healthy,
                     "HealthDescription": info.health_description,
+                    // When the driver's health last changed is not kept: Go's zero time.
+                    "UpdateTime": ZERO_TIME,
                 }),
             )
         })
@@ -537,6 +573,7 @@ pub fn node_stub(node: &Node) -> Value {
         "StatusDescription": node.status_description,
         "LastDrain": last_drain(node),
         "Drivers": drivers(node),
+        "HostVolumes": host_volumes(node),
         "Address": node.http_addr.split(':').next().unwrap_or_default(),
         "CreateIndex": node.create_index,
         "ModifyIndex": node.modify_index,
@@ -561,6 +598,9 @@ pub fn node(node: &Node) -> Value {
         "TLSEnabled": false,
         "Attributes": node.attributes,
         "Meta": node.meta,
+        "Links": Value::Null,
+        "CgroupParent": crate::drivers::cgroup::PARENT,
+        "HostNetworks": Value::Null,
         "NodeResources": {
             "Cpu": {"CpuShares": node.resources.cpu},
             "Memory": {"MemoryMB": node.resources.memory_mb},
