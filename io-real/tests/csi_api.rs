@@ -536,3 +536,203 @@ async fn snapshots_and_the_plugins_own_listing_in_nomads_shapes() {
     );
     handle.shutdown().await;
 }
+
+fn keys(value: &serde_json::Value) -> Vec<String> {
+    let mut keys: Vec<String> = value
+        .as_object()
+        .unwrap_or_else(|| panic!("an object: {value}"))
+        .keys()
+        .cloned()
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn sorted(names: &[&str]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+    names.sort();
+    names
+}
+
+/// The CSI family, table-driven: the volume and plugin stubs, the plugin and the CSI info a
+/// node fingerprints answer exactly Nomad's field names (`CSIVolListStub`, `CSIVolume`,
+/// `CSIPluginListStub`, `CSIPlugin`, `CSIInfo`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_csi_family_answers_nomads_field_names() {
+    let (handle, port, _plugins, _dir) = start().await;
+    let rpc_addr = format!("127.0.0.1:{}", handle.config().ports.rpc);
+    ok(
+        &handle,
+        ServerRequest::NodeRegister {
+            node: Box::new(Node {
+                id: "n1".into(),
+                name: "client-1".into(),
+                rpc_addr,
+                status: NodeStatus::Ready,
+                csi_controller_plugins: [("hostpath".to_string(), info(false))].into(),
+                csi_node_plugins: [("hostpath".to_string(), info(true))].into(),
+                ..Node::default()
+            }),
+        },
+    )
+    .await;
+    let volume = r#"{"Volumes":[{"ID":"vol0","Name":"vol0","ExternalID":"ext-vol0","PluginID":"hostpath",
+        "RequestedCapabilities":[{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}]}]}"#;
+    let (status, body) = call("PUT", port, "/v1/volume/csi/vol0".into(), volume.into()).await;
+    assert_eq!(status, 200, "{body}");
+    let get = |path: &'static str| async move {
+        let (status, body) = call("GET", port, path.into(), String::new()).await;
+        assert_eq!(status, 200, "{path}: {body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    };
+    let plugin = get("/v1/plugin/csi/hostpath").await;
+    let volume = get("/v1/volume/csi/vol0").await;
+    let table = [
+        (
+            "CSIVolListStub",
+            get("/v1/volumes?type=csi").await[0].clone(),
+            sorted(&[
+                "ID",
+                "Namespace",
+                "Name",
+                "ExternalID",
+                "Topologies",
+                "AccessMode",
+                "AttachmentMode",
+                "CurrentReaders",
+                "CurrentWriters",
+                "Schedulable",
+                "PluginID",
+                "Provider",
+                "ControllerRequired",
+                "ControllersHealthy",
+                "ControllersExpected",
+                "NodesHealthy",
+                "NodesExpected",
+                "ResourceExhausted",
+                "CreateIndex",
+                "ModifyIndex",
+                "CreateTime",
+                "ModifyTime",
+            ]),
+        ),
+        (
+            // Nomad's volume, its claim maps included (they are shown when a volume has
+            // claims, and empty here).
+            "CSIVolume",
+            volume.clone(),
+            sorted(&[
+                "ID",
+                "Name",
+                "ExternalID",
+                "Namespace",
+                "RequestedTopologies",
+                "Topologies",
+                "AccessMode",
+                "AttachmentMode",
+                "MountOptions",
+                "Parameters",
+                "Context",
+                "Capacity",
+                "RequestedCapacityMin",
+                "RequestedCapacityMax",
+                "RequestedCapabilities",
+                "CloneID",
+                "SnapshotID",
+                "ReadAllocs",
+                "WriteAllocs",
+                "ReadClaims",
+                "WriteClaims",
+                "PastClaims",
+                "Allocations",
+                "Schedulable",
+                "PluginID",
+                "Provider",
+                "ProviderVersion",
+                "ControllerRequired",
+                "ControllersHealthy",
+                "ControllersExpected",
+                "NodesHealthy",
+                "NodesExpected",
+                "ResourceExhausted",
+                "CreateIndex",
+                "ModifyIndex",
+                "CreateTime",
+                "ModifyTime",
+            ]),
+        ),
+        (
+            "CSIPluginListStub",
+            get("/v1/plugins?type=csi").await[0].clone(),
+            sorted(&[
+                "ID",
+                "Provider",
+                "ControllerRequired",
+                "ControllersHealthy",
+                "ControllersExpected",
+                "NodesHealthy",
+                "NodesExpected",
+                "CreateIndex",
+                "ModifyIndex",
+            ]),
+        ),
+        (
+            "CSIPlugin",
+            plugin.clone(),
+            sorted(&[
+                "ID",
+                "Provider",
+                "Version",
+                "ControllerRequired",
+                "Controllers",
+                "Nodes",
+                "Allocations",
+                "ControllersHealthy",
+                "ControllersExpected",
+                "NodesHealthy",
+                "NodesExpected",
+                "CreateIndex",
+                "ModifyIndex",
+                "CreateTime",
+                "ModifyTime",
+            ]),
+        ),
+        (
+            "CSIInfo (node)",
+            plugin["Nodes"]["n1"].clone(),
+            sorted(&[
+                "PluginID",
+                "AllocID",
+                "Healthy",
+                "HealthDescription",
+                "UpdateTime",
+                "Provider",
+                "ProviderVersion",
+                "RequiresControllerPlugin",
+                "RequiresTopologies",
+                "NodeInfo",
+            ]),
+        ),
+        (
+            "CSIInfo (controller)",
+            plugin["Controllers"]["n1"].clone(),
+            sorted(&[
+                "PluginID",
+                "AllocID",
+                "Healthy",
+                "HealthDescription",
+                "UpdateTime",
+                "Provider",
+                "ProviderVersion",
+                "RequiresControllerPlugin",
+                "RequiresTopologies",
+                "ControllerInfo",
+            ]),
+        ),
+    ];
+    for (shape, value, expected) in table {
+        assert_eq!(keys(&value), expected, "{shape}: {value}");
+    }
+    assert_eq!(volume["ResourceExhausted"], "0001-01-01T00:00:00Z", "Go's zero time");
+    handle.shutdown().await;
+}

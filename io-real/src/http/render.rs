@@ -375,13 +375,17 @@ pub fn volume_stub(volume: &CsiVolume) -> Value {
         "CurrentReaders": volume.read_claims.len(),
         "CurrentWriters": volume.write_claims.len(),
         "PluginID": volume.plugin_id,
-        "ResourceExhausted": Value::Null,
+        // Go's zero time: exhaustion is not tracked.
+        "ResourceExhausted": ZERO_TIME,
         "CreateIndex": volume.create_index,
         "ModifyIndex": volume.modify_index,
         "CreateTime": nanos(volume.create_time_ms),
         "ModifyTime": nanos(volume.modify_time_ms),
     });
-    health_fields(volume, value.as_object_mut().expect("object"));
+    let map = value.as_object_mut().expect("object");
+    health_fields(volume, map);
+    // Nomad's list stub names the provider but not its version.
+    map.remove("ProviderVersion");
     value
 }
 
@@ -434,7 +438,8 @@ pub fn volume(volume: &CsiVolume, state: &ServerState) -> Value {
         "WriteClaims": volume.write_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
         "PastClaims": volume.past_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
         "Allocations": allocations,
-        "ResourceExhausted": Value::Null,
+        // Go's zero time: exhaustion is not tracked.
+        "ResourceExhausted": ZERO_TIME,
         "CreateIndex": volume.create_index,
         "ModifyIndex": volume.modify_index,
         "CreateTime": nanos(volume.create_time_ms),
