@@ -268,7 +268,33 @@ pub fn events(command: &Command, before: &ServerState, after: &ServerState) -> V
         };
         out.push(Event { kind, payload });
     }
+    out.extend(
+        plugin_changes(before, after)
+            .into_iter()
+            .map(|payload| Event { kind, payload }),
+    );
     out
+}
+
+/// The CSI plugins the command changed, as Nomad streams them under the command's type:
+/// plugins are derived from node fingerprints and plugin jobs, so rather than the command's
+/// keys the plugin table is compared, and only when the command touched it (there are few
+/// plugins). A plugin that went away is streamed as it was.
+fn plugin_changes(before: &ServerState, after: &ServerState) -> Vec<Payload> {
+    use super::Table;
+    use alloc::boxed::Box;
+    if before.table_index(Table::CsiPlugins) == after.table_index(Table::CsiPlugins) {
+        return Vec::new();
+    }
+    let changed = after
+        .plugins()
+        .filter(|plugin| before.plugin(&plugin.id) != Some(*plugin))
+        .map(|plugin| Payload::CsiPlugin(Box::new(plugin.clone())));
+    let removed = before
+        .plugins()
+        .filter(|plugin| after.plugin(&plugin.id).is_none())
+        .map(|plugin| Payload::CsiPlugin(Box::new(plugin.clone())));
+    changed.chain(removed).collect()
 }
 
 #[cfg(test)]
@@ -365,5 +391,51 @@ mod tests {
             },
         );
         assert!(nothing.is_empty(), "{nothing:?}");
+    }
+
+    #[test]
+    fn a_node_fingerprinting_a_plugin_streams_the_plugin_and_its_removal() {
+        let mut state = ServerState::default();
+        let node = crate::fsm::csi::tests::node("n1", true);
+        let registered = apply(&mut state, 1, Command::NodeRegister { node: node.clone() });
+        assert_eq!(
+            summary(&registered),
+            vec![
+                ("NodeRegistration", "Node", "n1".into()),
+                ("NodeRegistration", "CSIPlugin", "p".into())
+            ]
+        );
+        let Payload::CsiPlugin(plugin) = &registered[1].payload else {
+            panic!("a plugin")
+        };
+        assert_eq!((plugin.controllers_healthy, plugin.nodes_healthy), (1, 1));
+        // The plugin turns unhealthy on the node: streamed again, as it is now.
+        let sick = crate::fsm::csi::tests::node("n1", false);
+        let changed = apply(&mut state, 2, Command::NodeRegister { node: sick });
+        let plugins: Vec<_> = changed
+            .iter()
+            .filter_map(|event| match &event.payload {
+                Payload::CsiPlugin(plugin) => Some(plugin.nodes_healthy),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(plugins, vec![0]);
+        // The node goes: so does its plugin, streamed as it was.
+        let gone = apply(&mut state, 3, Command::NodeDeregister { node_id: "n1".into() });
+        assert_eq!(
+            summary(&gone),
+            vec![
+                ("NodeDeregistration", "Node", "n1".into()),
+                ("NodeDeregistration", "CSIPlugin", "p".into())
+            ]
+        );
+        // A command that leaves the plugins alone streams none.
+        let eval = Evaluation {
+            id: "e1".into(),
+            namespace: "default".into(),
+            ..Evaluation::default()
+        };
+        let evals = apply(&mut state, 4, Command::EvalUpsert { evals: vec![eval] });
+        assert_eq!(summary(&evals), vec![("EvaluationUpdated", "Evaluation", "e1".into())]);
     }
 }
