@@ -301,6 +301,46 @@ fn job_scale_moves_a_group_within_its_scaling_policy() {
     assert_eq!(status["TaskGroups"]["web"]["Desired"], 2);
     assert_eq!(status["JobStopped"], false);
     finished(1);
+    // An autoscaler's report without a count records an event and changes nothing.
+    let report = r#"{"Target":{"Group":"web"},"Message":"cooling down","Error":true,"Meta":{"reason":"cpu"}}"#;
+    let answer: Value =
+        serde_json::from_str(&http("PUT", port, "/v1/job/scaled/scale", Some(report)).unwrap()).unwrap();
+    assert_eq!(answer["EvalID"], "", "{answer}");
+    let events = get_json(port, "/v1/job/scaled/scale").unwrap()["TaskGroups"]["web"]["Events"].clone();
+    let events = events.as_array().unwrap_or_else(|| panic!("events: {events}"));
+    assert_eq!(events.len(), 2, "{events:?}");
+    let (report, scale) = (&events[0], &events[1]);
+    assert_eq!(
+        (
+            &report["Count"],
+            &report["Error"],
+            &report["Message"],
+            &report["Meta"]["reason"],
+            &report["EvalID"]
+        ),
+        (
+            &Value::Null,
+            &Value::Bool(true),
+            &Value::from("cooling down"),
+            &Value::from("cpu"),
+            &Value::Null
+        ),
+        "newest first: {events:?}"
+    );
+    assert_eq!(
+        (scale["Count"].as_i64(), scale["PreviousCount"].as_i64()),
+        (Some(2), Some(1))
+    );
+    assert!(scale["EvalID"].as_str().is_some_and(|id| id.len() == 36), "{scale}");
+    assert!(
+        scale["Time"].as_u64().unwrap() > 1_000_000_000_000_000_000,
+        "nanoseconds"
+    );
+    assert_eq!(
+        get_json(port, "/v1/job/scaled").unwrap()["Version"],
+        1,
+        "no new version"
+    );
 
     std::fs::write(&file, spec(5)).unwrap();
     let refused = cli(port, &["job", "run", "-detach", file.to_str().unwrap()]);

@@ -103,6 +103,7 @@ impl Command {
             Command::JobDeregister { .. } => "JobDeregister",
             Command::JobRegister { .. } => "JobRegister",
             Command::JobStop { .. } => "JobStop",
+            Command::JobScale { .. } => "JobScale",
             Command::PeriodicLaunch { .. } => "PeriodicLaunch",
             Command::PlanApply { .. } => "PlanApply",
             Command::DeploymentStatus { .. } => "DeploymentStatus",

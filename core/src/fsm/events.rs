@@ -109,7 +109,10 @@ pub fn event_type(command: &Command) -> Option<&'static str> {
         Command::AllocClientUpdate { .. } | Command::AllocClientUpdates { .. } | Command::AllocUpsert { .. } => {
             "AllocationUpdated"
         }
-        Command::JobRegister { .. } | Command::JobUpsert { .. } | Command::PeriodicLaunch { .. } => "JobRegistered",
+        Command::JobRegister { .. }
+        | Command::JobUpsert { .. }
+        | Command::PeriodicLaunch { .. }
+        | Command::JobScale { job: Some(_), .. } => "JobRegistered",
         Command::JobStop { .. } | Command::JobDeregister { .. } => "JobDeregistered",
         Command::AllocUpdateDesiredTransition { .. } => "AllocationUpdateDesiredStatus",
         Command::DeploymentStatus { .. } => "DeploymentStatusUpdate",
@@ -154,6 +157,14 @@ fn touched(command: &Command) -> Vec<(Topic, String, String)> {
             out.extend(e.iter().map(eval));
         }
         Command::JobUpsert { job: registered } => out.push(job(registered)),
+        Command::JobScale {
+            job: Some(registered),
+            eval: e,
+            ..
+        } => {
+            out.push(job(registered));
+            out.extend(e.iter().map(eval));
+        }
         Command::PeriodicLaunch { child: Some(child), .. } => {
             out.push(job(&child.0));
             out.push(eval(&child.1));

@@ -156,6 +156,7 @@ impl ServerState {
             self.job_versions.delete(&version);
         }
         self.forget_periodic(namespace, job_id);
+        self.forget_scaling_events(namespace, job_id);
         self.rebuild_summary(namespace, job_id);
     }
 

@@ -22,6 +22,7 @@ mod periodic;
 mod pmap;
 mod queues;
 pub mod rootkeys;
+mod scaling;
 mod summary;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
@@ -136,6 +137,16 @@ pub enum Command {
     JobRegister {
         job: Job,
         eval: Option<Evaluation>,
+    },
+    /// `Job.Scale`: the job with the group's new count and its evaluation, when the request
+    /// changes the count, and the scaling event, in one entry (`scaling.rs`).
+    JobScale {
+        namespace: String,
+        job_id: String,
+        group: String,
+        job: Option<Job>,
+        eval: Option<Evaluation>,
+        event: crate::structs::ScalingEvent,
     },
     /// A periodic parent's launch: its last launch moves to `launch_ms` and, unless
     /// `prohibit_overlap` skipped it, its child is registered with an evaluation, in this one
@@ -403,6 +414,9 @@ pub struct ServerState {
     /// configuration applies.
     #[serde(default)]
     autopilot: Option<crate::autopilot::AutopilotConfig>,
+    /// Each job's scaling events by group, newest first (`scaling.rs`).
+    #[serde(default)]
+    scaling_events: PMap<(String, String), BTreeMap<String, Vec<crate::structs::ScalingEvent>>>,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -436,6 +450,9 @@ struct StateRecord {
     /// configuration applies.
     #[serde(default)]
     autopilot: Option<crate::autopilot::AutopilotConfig>,
+    /// Each job's scaling events by group, newest first (`scaling.rs`).
+    #[serde(default)]
+    scaling_events: PMap<(String, String), BTreeMap<String, Vec<crate::structs::ScalingEvent>>>,
 }
 
 impl From<StateRecord> for ServerState {
@@ -461,6 +478,7 @@ impl From<StateRecord> for ServerState {
             deployments: record.deployments,
             periodic_launches: record.periodic_launches,
             autopilot: record.autopilot,
+            scaling_events: record.scaling_events,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),

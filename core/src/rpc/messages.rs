@@ -265,12 +265,18 @@ pub struct JobScaleRequest {
     pub namespace: String,
     pub job_id: String,
     pub group: String,
-    /// The new count; `None` for an autoscaler's event without one (events are not kept, so
-    /// their `Message`, `Error` and `Meta` are not carried).
+    /// The new count; `None` for an autoscaler's report that only records an event.
     pub count: Option<i64>,
     /// `EnforceIndex`-style: only when the job's `job_modify_index` is this (0: any).
     #[serde(default)]
     pub job_modify_index: u64,
+    /// The scaling event's `Message`, `Error` and `Meta`.
+    #[serde(default)]
+    pub message: String,
+    #[serde(default)]
+    pub error: bool,
+    #[serde(default)]
+    pub meta: alloc::collections::BTreeMap<String, serde_json::Value>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,6 +6,27 @@
 
 use super::*;
 
+/// How many scaling events are kept per task group, newest first (Nomad's
+/// `JobTrackedScalingEvents`).
+pub const JOB_TRACKED_SCALING_EVENTS: usize = 20;
+
+/// One scaling of a task group, or an autoscaler's report about it (Nomad's `ScalingEvent`):
+/// kept per job and group, across job versions, until the job is purged.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScalingEvent {
+    /// When the entry recording it was applied, in Unix milliseconds.
+    pub time_ms: u64,
+    /// The count asked for; `None` for a report without one.
+    pub count: Option<i64>,
+    pub previous_count: i64,
+    pub message: String,
+    pub error: bool,
+    pub meta: BTreeMap<String, serde_json::Value>,
+    /// The evaluation the scaling created, if it changed the count.
+    pub eval_id: Option<String>,
+    pub create_index: u64,
+}
+
 /// Nomad's only open-source scaling policy type.
 pub const SCALING_HORIZONTAL: &str = "horizontal";
 

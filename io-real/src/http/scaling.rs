@@ -1,7 +1,7 @@
 //! Scaling (Nomad's shapes and texts): `GET /v1/scaling/policies` (`?job=`, `?type=`),
 //! `GET /v1/scaling/policy/:id`, and a job's `GET|PUT|POST /v1/job/:id/scale` (its groups'
 //! counts, and `Job.Scale`). Policies are the jobs' group `scaling` blocks, read from the
-//! jobs as stored. Scaling events are not kept, so a status's `Events` are empty.
+//! jobs as stored; a status's `Events` are the group's scaling events (`fsm/scaling.rs`).
 
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -113,7 +113,11 @@ pub async fn status(
                         "Running": allocs.iter().filter(|alloc| alloc.client_status == ClientStatus::Running).count(),
                         "Healthy": health(true),
                         "Unhealthy": health(false),
-                        "Events": [],
+                        "Events": state
+                            .scaling_events(&namespace, &id)
+                            .and_then(|groups| groups.get(&group.name))
+                            .map(|events| events.iter().map(scaling_event).collect::<Vec<_>>())
+                            .unwrap_or_default(),
                     }),
                 );
             }
@@ -133,14 +137,31 @@ pub async fn status(
     }
 }
 
-/// Nomad's `api.ScalingRequest`, the fields a scale acts on (`Message`, `Error`, `Meta` and
-/// `PolicyOverride` are accepted and not kept: scaling events are not stored).
+/// Nomad's `ScalingEvent`: times in Unix nanoseconds.
+fn scaling_event(event: &drover_core::structs::ScalingEvent) -> serde_json::Value {
+    json!({
+        "Time": event.time_ms.saturating_mul(1_000_000),
+        "Count": event.count,
+        "PreviousCount": event.previous_count,
+        "Message": event.message,
+        "Error": event.error,
+        "Meta": if event.meta.is_empty() { serde_json::Value::Null } else { json!(event.meta) },
+        "EvalID": event.eval_id,
+        "CreateIndex": event.create_index,
+    })
+}
+
+/// Nomad's `api.ScalingRequest` (`PolicyOverride` is accepted and has nothing to override:
+/// there are no Sentinel policies).
 #[derive(Deserialize, Default)]
 #[serde(rename_all = "PascalCase", default)]
 struct ScalingBody {
     count: Option<i64>,
     target: std::collections::BTreeMap<String, String>,
     job_modify_index: u64,
+    message: String,
+    error: bool,
+    meta: Option<std::collections::BTreeMap<String, serde_json::Value>>,
 }
 
 /// `PUT|POST /v1/job/:id/scale`: answered as a register is.
@@ -160,6 +181,9 @@ pub async fn scale(
         group: group.clone(),
         count: body.count,
         job_modify_index: body.job_modify_index,
+        message: body.message,
+        error: body.error,
+        meta: body.meta.unwrap_or_default(),
     };
     match handle.request_applied(ServerRequest::JobScale(Box::new(request))).await {
         ServerReply::JobRegistered {

@@ -49,6 +49,7 @@ impl ServerState {
             | Command::DeploymentAllocHealth { .. }
             | Command::JobStability { .. } => self.apply_deployment(index, at_ms, command),
             Command::PeriodicLaunch { .. } => self.apply_periodic_launch(index, at_ms, command),
+            Command::JobScale { .. } => self.apply_job_scale(index, at_ms, command),
             Command::SystemGc { garbage } => self.apply_gc(index, at_ms, garbage),
             Command::ReconcileSummaries => self.reconcile_summaries(index),
             Command::CsiVolumeRegister { .. }

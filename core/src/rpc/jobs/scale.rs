@@ -1,7 +1,8 @@
 //! `Job.Scale`: a task group's count changed by an operator (`job scale`) or an autoscaler,
 //! within the group's scaling policy, as a new version of the job with an evaluation
-//! (triggered by `job-scaling`), with Nomad's checks and texts. A request without a count
-//! (an autoscaler's event) changes nothing: scaling events are not kept.
+//! (triggered by `job-scaling`), with Nomad's checks and texts. Every request records a
+//! scaling event for the group (its message, error and meta, the previous and new count, the
+//! evaluation); one without a count (an autoscaler's report) records only that.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -25,17 +26,26 @@ impl JobEndpoints {
             out.reply(req, ServerReply::Error(RpcError::not_found(text)));
             return;
         };
-        match scaled(&request, stored, state) {
-            Err(error) => out.reply(req, ServerReply::Error(error)),
-            Ok(None) => out.reply(
-                req,
-                ServerReply::JobRegistered {
-                    index: stored.job_modify_index,
-                    eval_id: String::new(),
-                    job_modify_index: stored.job_modify_index,
-                },
-            ),
-            Ok(Some(mut job)) => {
+        let scaled = match scaled(&request, stored, state) {
+            Ok(scaled) => scaled,
+            Err(error) => return out.reply(req, ServerReply::Error(error)),
+        };
+        let previous_count = stored
+            .task_groups
+            .iter()
+            .find(|group| group.name == request.group)
+            .map_or(0, |group| i64::from(group.count));
+        let event = crate::structs::ScalingEvent {
+            count: request.count,
+            previous_count,
+            message: request.message.clone(),
+            error: request.error,
+            meta: request.meta.clone(),
+            ..Default::default()
+        };
+        let (job, eval) = match scaled {
+            None => (None, None),
+            Some(mut job) => {
                 let errors = crate::jobspec::admit(&mut job, &self.limits);
                 if !errors.is_empty() {
                     let text = crate::jobspec::format_errors(&errors);
@@ -43,15 +53,24 @@ impl JobEndpoints {
                     return;
                 }
                 let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-scaling");
-                let flow = JobFlow::Write {
-                    req,
-                    eval_id: eval.id.clone(),
-                    namespace: job.namespace.clone(),
-                    job_id: job.id.clone(),
-                };
-                out.propose_new(Owner::Jobs(flow), Command::JobRegister { job, eval: Some(eval) });
+                (Some(job), Some(eval))
             }
-        }
+        };
+        let flow = JobFlow::Write {
+            req,
+            eval_id: eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default(),
+            namespace: request.namespace.clone(),
+            job_id: request.job_id.clone(),
+        };
+        let command = Command::JobScale {
+            namespace: request.namespace,
+            job_id: request.job_id,
+            group: request.group,
+            job,
+            eval,
+            event,
+        };
+        out.propose_new(Owner::Jobs(flow), command);
     }
 }
 

@@ -24,6 +24,8 @@ fn scale(h: &mut Harness, req: ReqId, group: &str, count: Option<i64>, index: u6
         group: group.into(),
         count,
         job_modify_index: index,
+        message: format!("to {count:?}"),
+        ..Default::default()
     };
     ask(h, req, ServerRequest::JobScale(alloc::boxed::Box::new(request)))
 }
@@ -53,6 +55,32 @@ fn a_scale_registers_a_new_version_with_the_count_and_an_evaluation() {
         "{reply:?}"
     );
     assert_eq!(h.fx.state.job("default", "web").unwrap().version, 1);
+    // Both were recorded as the group's scaling events, newest first, across versions.
+    let events = &h.fx.state.scaling_events("default", "web").expect("events")["g"];
+    let seen: Vec<(Option<i64>, i64, &str, bool)> = events
+        .iter()
+        .map(|event| {
+            (
+                event.count,
+                event.previous_count,
+                event.message.as_str(),
+                event.eval_id.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![(None, 3, "to None", false), (Some(3), 2, "to Some(3)", true)]
+    );
+    assert_eq!(events[1].eval_id.as_deref(), Some(eval_id.as_str()));
+    // A purge drops them with the job.
+    let stop = ServerRequest::JobStop {
+        namespace: "default".into(),
+        job_id: "web".into(),
+        purge: true,
+    };
+    ask(&mut h, 4, stop);
+    assert!(h.fx.state.scaling_events("default", "web").is_none());
 }
 
 #[test]
