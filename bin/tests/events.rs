@@ -178,6 +178,42 @@ fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
         (value("nomad.client.allocations.running")? == 1.0 && value("nomad.client.tasks.running")? == 1.0).then_some(())
     });
     assert!(client.is_some(), "the client's running allocation and task are counted");
+    // Its task's resource use, labelled as Nomad labels it.
+    let alloc_id = support::get_json(port, "/v1/job/metered/allocations").unwrap()[0]["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rss = support::wait_for(Duration::from_secs(30), || {
+        let metrics = support::get_json(port, "/v1/metrics")?;
+        metrics["Gauges"]
+            .as_array()?
+            .iter()
+            .find(|gauge| gauge["Name"] == "nomad.client.allocs.memory.rss" && gauge["Labels"]["task"] == "t")
+            .cloned()
+    })
+    .expect("the task's memory is a gauge");
+    assert_eq!(
+        (
+            &rss["Labels"]["job"],
+            &rss["Labels"]["task_group"],
+            &rss["Labels"]["namespace"]
+        ),
+        (&json!("metered"), &json!("web"), &json!("default")),
+        "{rss}"
+    );
+    assert_eq!(rss["Labels"]["alloc_id"], alloc_id);
+    assert!(
+        rss["Value"].as_f64().unwrap() > 0.0,
+        "a running shell has resident memory: {rss}"
+    );
+    let stats = support::get_json(port, &format!("/v1/client/allocation/{alloc_id}/stats")).unwrap();
+    assert!(
+        stats["Tasks"]["t"]["ResourceUsage"]["MemoryStats"]["RSS"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "the stats endpoint reads the same samples: {stats}"
+    );
     assert_eq!(named("Gauges", "nomad.raft.leader")["Value"], 1.0);
     assert!(named("Counters", "nomad.raft.state.leader")["Count"].as_u64().unwrap() >= 1);
     assert!(named("Samples", "nomad.raft.fsm.apply")["Count"].as_u64().unwrap() > 0);
@@ -196,6 +232,10 @@ fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
     assert!(text.content_type().starts_with("text/plain"));
     let text = text.into_string().unwrap();
     assert!(text.contains("# TYPE nomad_raft_fsm_apply summary\n"), "{text}");
+    assert!(
+        text.contains("nomad_client_allocs_cpu_total_percent{job=\"metered\""),
+        "{text}"
+    );
     assert!(
         text.contains("nomad_nomad_job_summary_running{job=\"metered\",task_group=\"web\",namespace=\"default\"} 1\n"),
         "{text}"

@@ -251,7 +251,7 @@ impl AgentHandle {
     }
 
     /// Gauges of what this agent's client runs (none without a client).
-    pub fn client_gauges(&self) -> Vec<(&'static str, f64)> {
+    pub fn client_gauges(&self) -> Vec<crate::io::LabelledGauge> {
         self.inner
             .service
             .client_csi

@@ -214,11 +214,14 @@ pub trait ClientCsi: Send + Sync + 'static {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })
     }
 
-    /// Gauges of what this client runs (`/v1/metrics`), by metric name.
-    fn gauges(&self) -> Vec<(&'static str, f64)> {
+    /// Gauges of what this client runs (`/v1/metrics`): name, labels, value.
+    fn gauges(&self) -> Vec<LabelledGauge> {
         Vec::new()
     }
 }
+
+/// One gauge reading: the metric's name, its labels, its value.
+pub type LabelledGauge = (&'static str, Vec<(&'static str, String)>, f64);
 
 /// Facts a driver reports as they happen: tracing in production, the trace recorder and
 /// invariant checkers in the simulation.

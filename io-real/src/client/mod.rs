@@ -221,8 +221,15 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
-    fn gauges(&self) -> Vec<(&'static str, f64)> {
-        self.view.get().map(ClientView::gauges).unwrap_or_default()
+    fn gauges(&self) -> Vec<crate::io::LabelledGauge> {
+        let Some(view) = self.view.get() else {
+            return Vec::new();
+        };
+        view.gauges()
+            .into_iter()
+            .map(|(name, value)| (name, Vec::new(), value))
+            .chain(view.resource_gauges())
+            .collect()
     }
 
     fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
@@ -258,6 +265,12 @@ fn persist_failed(client: &mut Client, epoch: tokio::time::Instant, record: Stri
 #[derive(Clone)]
 pub struct ClientView {
     tasks: Arc<Mutex<BTreeMap<String, BTreeMap<String, LocalTaskState>>>>,
+    /// Each allocation's namespace, job and group (the labels of its tasks' metrics).
+    labels: Arc<Mutex<BTreeMap<String, AllocLabels>>>,
+    /// The last resource sample of each running task, by (allocation, task), and when it
+    /// was taken: shared by `alloc status -stats` and `/v1/metrics`, so neither shortens the
+    /// other's CPU window to nothing.
+    samples: Arc<Mutex<TaskSamples>>,
     devices: Arc<Mutex<DeviceReservations>>,
     executor: Arc<dyn ClientExecutor>,
     /// The node's CPU (MHz) per core: Nomad's `TotalTicks` is a task's CPU percent of one
@@ -269,6 +282,31 @@ pub struct ClientView {
     #[cfg(not(madsim))]
     exec: crate::exec::ExecSessions,
 }
+
+/// Each running task's last resource sample and when it was taken, by (allocation, task).
+type TaskSamples = BTreeMap<(String, String), (tokio::time::Instant, TaskResourceUsage)>;
+
+/// An allocation's namespace, job and task group.
+#[derive(Clone, Debug, Default)]
+pub struct AllocLabels {
+    pub namespace: String,
+    pub job: String,
+    pub group: String,
+}
+
+impl AllocLabels {
+    fn of(alloc: &drover_core::structs::Allocation) -> Self {
+        AllocLabels {
+            namespace: alloc.namespace.clone(),
+            job: alloc.job_id.clone(),
+            group: alloc.task_group.clone(),
+        }
+    }
+}
+
+/// A task's resource sample younger than this is reused rather than taken again (Nomad's
+/// client samples every `collection_interval`, 1 s by default).
+pub const SAMPLE_REUSE: Duration = Duration::from_secs(1);
 
 /// One task's resource usage: CPU and memory from its driver (when it measures them and the
 /// task runs) and its devices.
@@ -392,6 +430,84 @@ impl ClientView {
     }
 
     /// `None`: this client does not run the allocation.
+    /// The task's resource usage: the last sample when younger than [`SAMPLE_REUSE`], else
+    /// a new one from its driver.
+    fn sample(&self, alloc_id: &str, task: &str, handle: &TaskHandle) -> Option<TaskResourceUsage> {
+        let key = (alloc_id.to_string(), task.to_string());
+        let now = tokio::time::Instant::now();
+        if let Some((at, usage)) = self.samples.lock().unwrap().get(&key)
+            && now.saturating_duration_since(*at) < SAMPLE_REUSE
+        {
+            return Some(usage.clone());
+        }
+        let usage = self.executor.task_stats(handle)?;
+        let mut samples = self.samples.lock().unwrap();
+        // Tasks no longer known are forgotten as new samples are taken.
+        let tasks = self.tasks.lock().unwrap();
+        samples.retain(|(alloc, task), _| tasks.get(alloc).is_some_and(|tasks| tasks.contains_key(task)));
+        samples.insert(key, (now, usage.clone()));
+        Some(usage)
+    }
+
+    /// Nomad's per-task resource gauges (`nomad.client.allocs.memory.*`, `.cpu.*`) of every
+    /// running task, labelled with its job, group, allocation, task and namespace.
+    pub fn resource_gauges(&self) -> Vec<crate::io::LabelledGauge> {
+        let running: Vec<(String, String, TaskHandle)> = {
+            let tasks = self.tasks.lock().unwrap();
+            tasks
+                .iter()
+                .flat_map(|(alloc, tasks)| {
+                    tasks.iter().filter_map(move |(task, state)| {
+                        let handle = state
+                            .handle
+                            .clone()
+                            .filter(|_| state.state.state == TaskStatus::Running)?;
+                        Some((alloc.clone(), task.clone(), handle))
+                    })
+                })
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (alloc, task, handle) in running {
+            let Some(usage) = self.sample(&alloc, &task, &handle) else {
+                continue;
+            };
+            let labels = self.labels.lock().unwrap().get(&alloc).cloned().unwrap_or_default();
+            let labels = vec![
+                ("job", labels.job),
+                ("task_group", labels.group),
+                ("alloc_id", alloc.clone()),
+                ("task", task.clone()),
+                ("namespace", labels.namespace),
+            ];
+            let total = usage.user_percent + usage.system_percent;
+            let mut gauges = vec![
+                ("nomad.client.allocs.memory.rss", usage.rss_bytes as f64),
+                ("nomad.client.allocs.cpu.total_percent", total),
+                ("nomad.client.allocs.cpu.user", usage.user_percent),
+                ("nomad.client.allocs.cpu.system", usage.system_percent),
+                ("nomad.client.allocs.cpu.total_ticks", total / 100.0 * self.mhz_per_core),
+            ];
+            if let Some(cgroup) = usage.cgroup {
+                let known = [
+                    ("nomad.client.allocs.memory.usage", cgroup.usage_bytes),
+                    ("nomad.client.allocs.memory.max_usage", cgroup.max_usage_bytes),
+                    ("nomad.client.allocs.memory.cache", cgroup.cache_bytes),
+                    ("nomad.client.allocs.memory.swap", cgroup.swap_bytes),
+                    ("nomad.client.allocs.cpu.throttled_periods", cgroup.throttled_periods),
+                    ("nomad.client.allocs.cpu.throttled_time", cgroup.throttled_time_ns),
+                ];
+                gauges.extend(
+                    known
+                        .into_iter()
+                        .filter_map(|(name, value)| Some((name, value? as f64))),
+                );
+            }
+            out.extend(gauges.into_iter().map(|(name, value)| (name, labels.clone(), value)));
+        }
+        out
+    }
+
     pub fn alloc_usage(&self, alloc_id: &str) -> Option<BTreeMap<String, TaskUsage>> {
         let tasks = self.tasks.lock().unwrap().get(alloc_id).cloned()?;
         Some(
@@ -411,7 +527,7 @@ impl ClientView {
                         .handle
                         .as_ref()
                         .filter(|_| state.state.state == drover_core::client::task_runner::TaskStatus::Running)
-                        .and_then(|handle| self.executor.task_stats(handle));
+                        .and_then(|handle| self.sample(alloc_id, &task, handle));
                     (
                         task,
                         TaskUsage {
@@ -453,6 +569,13 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
                 .map(|(alloc, _, _, tasks)| (alloc.id.clone(), tasks.clone()))
                 .collect(),
         )),
+        labels: Arc::new(Mutex::new(
+            allocs
+                .iter()
+                .map(|(alloc, _, _, _)| (alloc.id.clone(), AllocLabels::of(alloc)))
+                .collect(),
+        )),
+        samples: Arc::default(),
         executor: parts.executor.clone(),
         mhz_per_core: mhz_per_core(&parts.node),
         paths: parts.settings.paths.clone(),
@@ -668,6 +791,10 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     });
                 }
                 ClientAction::PersistSpec { alloc, job } => {
+                    view.labels
+                        .lock()
+                        .unwrap()
+                        .insert(alloc.id.clone(), AllocLabels::of(&alloc));
                     let record = format!("spec/{}", alloc.id);
                     if let Err(error) = store.put(&record, &(&*alloc, &*job)) {
                         persist_failed(&mut client, epoch, record, error);
@@ -726,6 +853,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                 }
                 ClientAction::Forget { alloc_id } => {
                     view.tasks.lock().unwrap().remove(&alloc_id);
+                    view.labels.lock().unwrap().remove(&alloc_id);
                     if let Err(error) = store.forget(&alloc_id) {
                         persist_failed(&mut client, epoch, format!("alloc/{alloc_id} (forget)"), error);
                     }

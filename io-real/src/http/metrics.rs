@@ -132,8 +132,9 @@ fn readings(handle: &AgentHandle) -> (Vec<(String, Labels, Reading)>, Duration) 
     let (metrics, uptime) = handle.metrics();
     let mut out = metrics.readings();
     gauge(&mut out, "nomad.uptime", &[], uptime.as_secs_f64());
-    for (name, value) in handle.client_gauges() {
-        gauge(&mut out, name, &[], value);
+    for (name, labels, value) in handle.client_gauges() {
+        let labels: Vec<(&str, &str)> = labels.iter().map(|(key, value)| (*key, value.as_str())).collect();
+        gauge(&mut out, name, &labels, value);
     }
     if let Some(raft) = handle.status().raft {
         gauge(&mut out, "nomad.raft.term", &[], raft.term as f64);
