@@ -67,6 +67,7 @@ impl Agent {
             )
             .with_connect(config.consul.address.is_some(), config.server.connect_faults)
             .with_job_limits(config.server.job_limits)
+            .with_core_gc(config.server.timing.core_gc)
             .with_scheduler_faults(config.server.scheduler_faults),
         });
         Agent { server }

@@ -276,6 +276,9 @@ pub struct ServerTiming {
     pub gossip: GossipTiming,
     /// CSI claim and plugin garbage collection (Nomad's intervals by default).
     pub csi_gc: crate::csi::watcher::GcConfig,
+    /// The leader's periodic GC of finished evaluations, allocations, jobs, deployments and
+    /// down nodes (Nomad's intervals and thresholds by default).
+    pub core_gc: crate::gc::periodic::CoreGcConfig,
     /// Node heartbeat TTLs (Nomad's defaults).
     pub heartbeat: crate::heartbeat::HeartbeatConfig,
     /// Raft log entries between snapshots (Nomad's `raft_snapshot_threshold`, hashicorp/raft's
@@ -340,6 +343,7 @@ impl Default for ServerTiming {
             reconcile_interval: Duration::from_secs(5),
             gossip: GossipTiming::default(),
             csi_gc: crate::csi::watcher::GcConfig::default(),
+            core_gc: crate::gc::periodic::CoreGcConfig::default(),
             heartbeat: crate::heartbeat::HeartbeatConfig::default(),
             snapshot_threshold: 8_192,
             snapshot_interval: Duration::from_secs(120),

@@ -112,6 +112,7 @@ pub struct RpcEndpoints {
     drainer: Drainer,
     deployments: crate::deploy::watcher::DeploymentWatcher,
     periodic: crate::periodic::PeriodicDispatcher,
+    core_gc: crate::gc::periodic::PeriodicGc,
     csi: csi::CsiEndpoints,
     si_tokens: connect::SiTokens,
 }
@@ -132,6 +133,7 @@ impl RpcEndpoints {
             drainer: Drainer::with_faults(faults),
             deployments: Default::default(),
             periodic: Default::default(),
+            core_gc: Default::default(),
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
             si_tokens: connect::SiTokens::new(),
         }
@@ -140,6 +142,12 @@ impl RpcEndpoints {
     /// What one job may ask (`server { job_max_* }`).
     pub fn with_job_limits(mut self, limits: crate::jobspec::limits::JobLimits) -> Self {
         self.jobs.set_limits(limits);
+        self
+    }
+
+    /// The leader's periodic garbage collection (`server { *_gc_threshold }`).
+    pub fn with_core_gc(mut self, config: crate::gc::periodic::CoreGcConfig) -> Self {
+        self.core_gc = crate::gc::periodic::PeriodicGc::new(config);
         self
     }
 
@@ -206,6 +214,7 @@ impl RpcEndpoints {
                 self.drainer.set_enabled(leader);
                 self.deployments.set_enabled(leader);
                 self.periodic.set_enabled(leader);
+                self.core_gc.set_enabled(now, leader);
                 self.si_tokens.set_enabled(leader);
             }
         }
@@ -232,6 +241,9 @@ impl RpcEndpoints {
         if let Some(command) = self.periodic.run(now, state, &mut || jobs.new_id()) {
             self.out.propose_new(Owner::Periodic, command);
         }
+        if let Some(command) = self.core_gc.run(now, state) {
+            self.out.propose_new(Owner::CoreGc, command);
+        }
         self.jobs.run(now, state, &mut self.out);
         self.si_tokens.run(now, state, &mut self.out);
     }
@@ -244,6 +256,7 @@ impl RpcEndpoints {
             self.drainer.poll_timeout(),
             self.deployments.poll_timeout(),
             self.periodic.poll_timeout(),
+            self.core_gc.poll_timeout(),
             self.si_tokens.poll_timeout(),
         ]
         .into_iter()
@@ -424,6 +437,12 @@ impl RpcEndpoints {
                 }
                 self.periodic.proposed();
             }
+            Owner::CoreGc => {
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "periodic garbage collection failed");
+                }
+                self.core_gc.proposed();
+            }
             Owner::Csi => self.csi.proposed(now, job, outcome, state, out),
             Owner::Connect(flow) => self.si_tokens.proposed(flow, outcome, out),
         }
@@ -442,6 +461,7 @@ impl RpcEndpoints {
                 Owner::Drainer => self.drainer.proposed(),
                 Owner::Deployments => self.deployments.proposed(),
                 Owner::Periodic => self.periodic.proposed(),
+                Owner::CoreGc => self.core_gc.proposed(),
             }
         }
         waiting.sort_by_key(|(job, _)| *job);

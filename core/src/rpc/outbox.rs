@@ -31,6 +31,8 @@ pub(super) enum Owner {
     Deployments,
     /// The periodic dispatcher's launch.
     Periodic,
+    /// The leader's periodic garbage collection.
+    CoreGc,
     /// A step of a CSI flow; the flow is the job of the same number in the CSI machine.
     Csi,
     /// Service identity token accessors.

@@ -146,6 +146,13 @@ pub struct ServerBlock {
     pub raft_snapshot_threshold: Option<i64>,
     /// How often to look whether a snapshot is due (Nomad's `raft_snapshot_interval`, "120s").
     pub raft_snapshot_interval: Option<String>,
+    /// The leader's periodic GC: how often, and how long each kind must have been finished.
+    pub job_gc_interval: Option<String>,
+    pub job_gc_threshold: Option<String>,
+    pub eval_gc_threshold: Option<String>,
+    pub batch_eval_gc_threshold: Option<String>,
+    pub deployment_gc_threshold: Option<String>,
+    pub node_gc_threshold: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -226,6 +233,45 @@ const KNOWN_TOP_LEVEL: &[&str] = &[
     "plugin",
     "autopilot",
 ];
+
+/// `server { job_gc_interval, *_gc_threshold }`: Go durations, each above zero.
+fn apply_core_gc(config: &mut drover_core::gc::periodic::CoreGcConfig, server: &ServerBlock) -> anyhow::Result<()> {
+    let thresholds = &mut config.thresholds;
+    let settings = [
+        ("server.job_gc_interval", &server.job_gc_interval, &mut config.interval),
+        ("server.job_gc_threshold", &server.job_gc_threshold, &mut thresholds.job),
+        (
+            "server.eval_gc_threshold",
+            &server.eval_gc_threshold,
+            &mut thresholds.eval,
+        ),
+        (
+            "server.batch_eval_gc_threshold",
+            &server.batch_eval_gc_threshold,
+            &mut thresholds.batch_eval,
+        ),
+        (
+            "server.deployment_gc_threshold",
+            &server.deployment_gc_threshold,
+            &mut thresholds.deployment,
+        ),
+        (
+            "server.node_gc_threshold",
+            &server.node_gc_threshold,
+            &mut thresholds.node,
+        ),
+    ];
+    for (field, text, setting) in settings {
+        if let Some(text) = text {
+            let value = parse_duration(field, text)?;
+            if value.is_zero() {
+                anyhow::bail!("{field} = {text:?}: it must be greater than zero");
+            }
+            *setting = value;
+        }
+    }
+    Ok(())
+}
 
 /// `server { job_max_* }` over `limits`: each a whole number from 1 to its ceiling (what one
 /// evaluation can build in memory without risk; a limit is a promise the scheduler keeps).
@@ -691,6 +737,7 @@ fn apply_file(
             config.server.bootstrap_expect = expect;
         }
         config.server.job_limits = job_limits(&server, config.server.job_limits)?;
+        apply_core_gc(&mut config.server.timing.core_gc, &server)?;
         if let Some(key) = server.encrypt {
             crate::keyring::check_key(&key).map_err(|error| anyhow::anyhow!("server.encrypt: {error}"))?;
             config.server.encrypt = Some(drover_core::structs::SecretText(key));
@@ -1117,6 +1164,24 @@ client {
         assert_eq!(autopilot.server_stabilization_time, Duration::from_secs(30));
         assert_eq!(autopilot.last_contact_threshold, Duration::from_millis(500));
         assert_eq!((autopilot.min_quorum, autopilot.max_trailing_logs), (3, 250));
+        let (config, _) = from_text(
+            "server {\n  job_gc_interval = \"1m\"\n  eval_gc_threshold = \"10m\"\n  node_gc_threshold = \"48h\"\n}\n",
+        )
+        .unwrap();
+        let gc = config.server.timing.core_gc;
+        assert_eq!(gc.interval, Duration::from_secs(60));
+        assert_eq!(gc.thresholds.eval, Duration::from_secs(600));
+        assert_eq!(gc.thresholds.node, Duration::from_secs(48 * 3_600));
+        assert_eq!(
+            gc.thresholds.job,
+            Duration::from_secs(4 * 3_600),
+            "Nomad's default stays"
+        );
+        let error = from_text("server { job_gc_threshold = \"0s\" }\n").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "server.job_gc_threshold = \"0s\": it must be greater than zero"
+        );
         let error = from_text("autopilot { server_stabilization_time = \"soon\" }\n").unwrap_err();
         assert!(
             error

@@ -1,7 +1,9 @@
-//! Garbage collection of the state store, as an operator forces it (Nomad's
-//! `System.GarbageCollect`: every core GC job at once, with no age threshold). What may go,
-//! decided by the same predicates when the leader picks it and again when the entry applies,
-//! so nothing that came back to life in between is lost:
+//! Garbage collection of the state store: as an operator forces it (Nomad's
+//! `System.GarbageCollect`: every core GC job at once, with no age threshold), and as the
+//! leader runs it every few minutes for what has been finished longer than its threshold
+//! ([`periodic`], Nomad's core GC jobs). What may go, decided by the same predicates when the
+//! leader picks it and again when the entry applies, so nothing that came back to life in
+//! between is lost:
 //! - an allocation the servers stopped and its client finished — but not a batch allocation
 //!   that completed at its live job's current version (it is what keeps the job done);
 //! - a finished evaluation (complete, failed, canceled) none of whose allocations remain;
@@ -11,6 +13,10 @@
 
 #[allow(unused_imports)]
 use crate::prelude::*;
+
+pub mod periodic;
+
+use core::time::Duration;
 
 use crate::fsm::ServerState;
 use crate::structs::{
@@ -77,13 +83,87 @@ pub fn node_collectable(node: &Node, allocs_remain: bool) -> bool {
     node.status == NodeStatus::Down && !allocs_remain
 }
 
+/// How long each kind of object must have been finished before the periodic GC removes it
+/// (Nomad's `*_gc_threshold` server settings and their defaults); all zero for a forced GC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GcThresholds {
+    /// Evaluations (and the allocations they placed) of service and system jobs.
+    pub eval: Duration,
+    /// Evaluations (and allocations) of batch jobs.
+    pub batch_eval: Duration,
+    /// Stopped jobs, counted from their last evaluation.
+    pub job: Duration,
+    /// Down nodes, counted from when they went down.
+    pub node: Duration,
+    /// Finished deployments.
+    pub deployment: Duration,
+}
+
+impl GcThresholds {
+    /// A forced GC: everything finished, however recently.
+    pub const NONE: GcThresholds = GcThresholds {
+        eval: Duration::ZERO,
+        batch_eval: Duration::ZERO,
+        job: Duration::ZERO,
+        node: Duration::ZERO,
+        deployment: Duration::ZERO,
+    };
+}
+
+impl Default for GcThresholds {
+    /// Nomad's defaults.
+    fn default() -> Self {
+        GcThresholds {
+            eval: Duration::from_secs(3_600),
+            batch_eval: Duration::from_secs(24 * 3_600),
+            job: Duration::from_secs(4 * 3_600),
+            node: Duration::from_secs(24 * 3_600),
+            deployment: Duration::from_secs(3_600),
+        }
+    }
+}
+
+/// Whether something last changed at `at_ms` (cluster time) is at least `threshold` old at
+/// `now_ms`.
+fn aged(at_ms: u64, threshold: Duration, now_ms: u64) -> bool {
+    at_ms.saturating_add(threshold.as_millis() as u64) <= now_ms
+}
+
 /// Everything a forced GC would remove from `state` now.
 pub fn collect(state: &ServerState) -> Garbage {
-    let allocs: Vec<&Allocation> = state.allocs().filter(|alloc| alloc_collectable(state, alloc)).collect();
+    collect_older(state, &GcThresholds::NONE)
+}
+
+/// What may go that has been finished at least its threshold, in cluster time (the time of
+/// the last applied entry). An allocation goes with its evaluation: when the evaluation that
+/// placed it is old enough, or is gone already.
+pub fn collect_older(state: &ServerState, thresholds: &GcThresholds) -> Garbage {
+    let now_ms = state.last_applied_time_ms();
+    let eval_old = |eval: &Evaluation| {
+        let threshold = if eval.eval_type == "batch" {
+            thresholds.batch_eval
+        } else {
+            thresholds.eval
+        };
+        aged(eval.modify_time_ms, threshold, now_ms)
+    };
+    let allocs: Vec<&Allocation> = state
+        .allocs()
+        .filter(|alloc| alloc_collectable(state, alloc))
+        .filter(|alloc| state.eval(&alloc.eval_id).is_none_or(eval_old))
+        .filter(|alloc| {
+            let threshold = state
+                .job(&alloc.namespace, &alloc.job_id)
+                .filter(|job| job.job_type == JobType::Batch)
+                .map_or(thresholds.eval, |_| thresholds.batch_eval);
+            aged(alloc.modify_time_ms, threshold, now_ms)
+        })
+        .collect();
     let gone: alloc::collections::BTreeSet<&str> = allocs.iter().map(|alloc| alloc.id.as_str()).collect();
     let remaining = |alloc: &&Allocation| !gone.contains(alloc.id.as_str());
     let evals = state
         .evals()
+        .filter(|eval| eval_old(eval))
         .filter(|eval| {
             let remain = state
                 .job_allocs(&eval.namespace, &eval.job_id)
@@ -96,6 +176,15 @@ pub fn collect(state: &ServerState) -> Garbage {
     let jobs = state
         .jobs()
         .filter(|job| {
+            let last_change = state
+                .job_evals(&job.namespace, &job.id)
+                .map(|eval| eval.modify_time_ms)
+                .max()
+                .unwrap_or(0)
+                .max(job.submit_time_ms);
+            aged(last_change, thresholds.job, now_ms)
+        })
+        .filter(|job| {
             let remain = state.job_allocs(&job.namespace, &job.id).any(|alloc| remaining(&alloc));
             job_collectable(state, &job.namespace, &job.id, remain)
         })
@@ -103,6 +192,7 @@ pub fn collect(state: &ServerState) -> Garbage {
         .collect();
     let deployments = state
         .deployments()
+        .filter(|deployment| aged(deployment.modify_time_ms, thresholds.deployment, now_ms))
         .filter(|deployment| {
             let remain = state
                 .job_allocs(&deployment.namespace, &deployment.job_id)
@@ -114,6 +204,7 @@ pub fn collect(state: &ServerState) -> Garbage {
         .collect();
     let nodes = state
         .nodes()
+        .filter(|node| aged(node.status_updated_at_ms, thresholds.node, now_ms))
         .filter(|node| node_collectable(node, state.allocs_on_node(&node.id).any(|alloc| remaining(&alloc))))
         .map(|node| node.id.clone())
         .collect();
