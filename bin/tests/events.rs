@@ -217,6 +217,13 @@ fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
     assert_eq!(named("Gauges", "nomad.raft.leader")["Value"], 1.0);
     assert!(named("Counters", "nomad.raft.state.leader")["Count"].as_u64().unwrap() >= 1);
     assert!(named("Samples", "nomad.raft.fsm.apply")["Count"].as_u64().unwrap() > 0);
+    assert!(named("Samples", "nomad.raft.commitTime")["Count"].as_u64().unwrap() > 0);
+    assert!(named("Counters", "nomad.raft.apply")["Count"].as_u64().unwrap() > 0);
+    assert_eq!(
+        named("Gauges", "nomad.nomad.heartbeat.active")["Value"],
+        1.0,
+        "the agent's own client"
+    );
     assert!(
         named("Samples", "nomad.nomad.fsm.JobRegister")["Count"]
             .as_u64()

@@ -1028,14 +1028,21 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
             rpc::Action::Propose { op, command } => {
                 let Some(raft) = self.raft.clone() else { return };
                 let inbox = self.inbox.clone();
+                let metrics = self.service.metrics.clone();
                 tokio::spawn(async move {
                     let entry = Entry {
                         at_unix_ms: unix_millis(),
                         command: *command,
                     };
-                    let result = raft
-                        .client_write(entry)
-                        .await
+                    // Nomad's `nomad.raft.apply` count and commit time; here from the
+                    // proposal until the entry is committed and applied on this leader.
+                    let started = tokio::time::Instant::now();
+                    let written = raft.client_write(entry).await;
+                    if written.is_ok() {
+                        metrics.increment("nomad.raft.apply", &[]);
+                        metrics.sample("nomad.raft.commitTime", &[], started.elapsed());
+                    }
+                    let result = written
                         .map(|response| (response.log_id.index, response.data))
                         .map_err(|error| match error {
                             RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => "not the leader".to_string(),

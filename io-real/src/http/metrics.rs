@@ -136,10 +136,11 @@ fn readings(handle: &AgentHandle) -> (Vec<(String, Labels, Reading)>, Duration) 
         let labels: Vec<(&str, &str)> = labels.iter().map(|(key, value)| (*key, value.as_str())).collect();
         gauge(&mut out, name, &labels, value);
     }
+    let mut leads = false;
     if let Some(raft) = handle.status().raft {
         gauge(&mut out, "nomad.raft.term", &[], raft.term as f64);
         gauge(&mut out, "nomad.raft.peers", &[], raft.peers.len() as f64);
-        let leads = raft.leader.as_ref().is_some_and(|(id, _)| *id == handle.node_id());
+        leads = raft.leader.as_ref().is_some_and(|(id, _)| *id == handle.node_id());
         gauge(&mut out, "nomad.raft.leader", &[], if leads { 1.0 } else { 0.0 });
         for (name, index) in [
             ("nomad.raft.lastIndex", raft.last_log_index),
@@ -151,6 +152,15 @@ fn readings(handle: &AgentHandle) -> (Vec<(String, Labels, Reading)>, Duration) 
     }
     if let Some(state) = handle.state_version() {
         state_gauges(&state.state, &mut out);
+        if leads {
+            // The leader holds a heartbeat timer for every node that is not down.
+            let active = state
+                .state
+                .nodes()
+                .filter(|node| node.status != drover_core::structs::NodeStatus::Down)
+                .count();
+            gauge(&mut out, "nomad.nomad.heartbeat.active", &[], active as f64);
+        }
     }
     out.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
     (out, uptime)
