@@ -275,9 +275,11 @@ impl Worker {
     }
 
     fn next_plan(&mut self, now: Instant, state: &ServerState) -> Option<Command> {
-        let pending: Vec<&Evaluation> = state.pending_evals().collect();
-        self.delayed.retain(|id, _| pending.iter().any(|eval| eval.id == *id));
-        let eval = pending.into_iter().find(|eval| self.due(now, state, eval))?.clone();
+        if !self.delayed.is_empty() {
+            let pending: BTreeSet<&str> = state.pending_evals().map(|eval| eval.id.as_str()).collect();
+            self.delayed.retain(|id, _| pending.contains(id.as_str()));
+        }
+        let eval = state.pending_evals().find(|eval| self.due(now, state, eval))?.clone();
         let (limits, faults) = (self.limits, self.faults);
         let plan = super::schedule_with_faults(state, &eval, &mut || self.new_id(), &limits, faults);
         let mut evals = plan.evals;
