@@ -94,22 +94,62 @@ fn a_dead_server_is_removed_after_the_stabilization_time_and_added_back_when_it_
     .expect("a healthy cluster");
     assert_eq!(health["FailureTolerance"], 1, "{health}");
     assert_eq!(health["Voters"].as_array().map(Vec::len), Some(3), "{health}");
-    let server = &health["Servers"][0];
-    for field in [
-        "ID",
-        "Name",
-        "Address",
-        "SerfStatus",
-        "Version",
-        "Leader",
-        "Voter",
-        "LastContact",
-        "LastTerm",
-        "LastIndex",
-        "Healthy",
-        "StableSince",
-    ] {
-        assert!(server.get(field).is_some(), "{field} in {server}");
+    // The operator family's shapes, exactly Nomad's field names (`AutopilotConfiguration`,
+    // `OperatorHealthReply` without the Enterprise-only fields it omits when empty,
+    // `ServerHealth`).
+    let keys = |value: &serde_json::Value| -> Vec<String> {
+        let mut keys: Vec<String> = value.as_object().expect("an object").keys().cloned().collect();
+        keys.sort();
+        keys
+    };
+    let sorted = |names: &[&str]| -> Vec<String> {
+        let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        names.sort();
+        names
+    };
+    let table = [
+        (
+            "AutopilotConfiguration",
+            &config,
+            sorted(&[
+                "CleanupDeadServers",
+                "LastContactThreshold",
+                "MaxTrailingLogs",
+                "MinQuorum",
+                "ServerStabilizationTime",
+                "EnableRedundancyZones",
+                "DisableUpgradeMigration",
+                "EnableCustomUpgrades",
+                "CreateIndex",
+                "ModifyIndex",
+            ]),
+        ),
+        (
+            "OperatorHealthReply",
+            &health,
+            sorted(&["Healthy", "FailureTolerance", "Leader", "Voters", "Servers"]),
+        ),
+        (
+            "ServerHealth",
+            &health["Servers"][0],
+            sorted(&[
+                "ID",
+                "Name",
+                "Address",
+                "SerfStatus",
+                "Version",
+                "Leader",
+                "Voter",
+                "LastContact",
+                "LastTerm",
+                "LastIndex",
+                "Healthy",
+                "StableSince",
+            ]),
+        ),
+    ];
+    for (shape, value, expected) in table {
+        assert_eq!(keys(value), expected, "{shape}: {value}");
     }
 
     let killed_at = Instant::now();
