@@ -33,7 +33,6 @@
 use crate::prelude::*;
 
 use alloc::collections::{BTreeMap, BTreeSet};
-use core::time::Duration;
 
 use crate::fsm::{Command, ServerState};
 use crate::structs::{
@@ -138,7 +137,7 @@ impl Drainer {
             let deadline = self
                 .deadlines
                 .entry(node.id.clone())
-                .or_insert_with(|| Some(now + Duration::from_millis(deadline_ms.saturating_sub(cluster_now_ms))));
+                .or_insert_with(|| Some(crate::time::cluster_time_at(now, deadline_ms, cluster_now_ms)));
             if deadline.is_some_and(|at| at <= now) {
                 *deadline = None;
             }
@@ -277,6 +276,7 @@ mod tests {
         AccessMode, AttachmentMode, ClaimMode, ClientStatus, CsiVolumeClaim, DrainStrategy, Job, NodeStatus,
         SchedulingEligibility, Task, TaskCsiPluginConfig, TaskGroup,
     };
+    use core::time::Duration;
 
     struct Fx {
         state: ServerState,

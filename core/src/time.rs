@@ -11,6 +11,14 @@ use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+/// When cluster time `at_ms` (Unix milliseconds, as log entries are stamped) comes on this
+/// node's clock: `now` plus what is left of it after `cluster_now_ms`, the time of the last
+/// applied entry (at once when it has passed). Leaders time delays recorded in the state this
+/// way, so a new leader waits at most what is left.
+pub fn cluster_time_at(now: Instant, at_ms: u64, cluster_now_ms: u64) -> Instant {
+    now + Duration::from_millis(at_ms.saturating_sub(cluster_now_ms))
+}
+
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Instant {
     nanos: u64,

@@ -943,33 +943,22 @@ impl Client {
 fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, TaskServiceRegistration> {
     allocs
         .values()
-        .flat_map(|runner| {
-            let group = group_registrations(
-                runner.alloc_id(),
-                &runner.alloc().task_group,
-                &runner.group_services(),
-                &runner.alloc().resources,
-            );
-            runner
-                .tasks()
-                .filter(|task| task.state().state == TaskStatus::Running)
-                .flat_map(|task| {
-                    registrations(
-                        runner.alloc_id(),
-                        task.name(),
-                        &task.services(),
-                        &runner.alloc().resources,
-                    )
-                })
-                .chain(group)
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|runner| alloc_registrations(runner, true))
         .map(|registration| (registration.id.clone(), registration))
         .collect()
 }
 
 /// The ids of the Consul checks the allocation's task and group services register.
 fn alloc_check_ids(runner: &AllocRunner) -> BTreeSet<String> {
+    alloc_registrations(runner, false)
+        .into_iter()
+        .flat_map(|registration| registration.checks.into_iter().map(|check| check.id))
+        .collect()
+}
+
+/// The registrations of the allocation's group services and of its tasks' services (only
+/// the running tasks' when `running_only`: a task's services are registered while it runs).
+fn alloc_registrations(runner: &AllocRunner, running_only: bool) -> Vec<TaskServiceRegistration> {
     let resources = &runner.alloc().resources;
     let group = group_registrations(
         runner.alloc_id(),
@@ -979,9 +968,9 @@ fn alloc_check_ids(runner: &AllocRunner) -> BTreeSet<String> {
     );
     runner
         .tasks()
+        .filter(|task| !running_only || task.state().state == TaskStatus::Running)
         .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services(), resources))
         .chain(group)
-        .flat_map(|registration| registration.checks.into_iter().map(|check| check.id))
         .collect()
 }
 

@@ -108,7 +108,7 @@ impl Reschedules {
             failed.insert(alloc.id.clone());
             self.due.entry(alloc.id.clone()).or_insert_with(|| {
                 let at_ms = alloc.modify_time_ms.saturating_add(delay.as_millis() as u64);
-                now + Duration::from_millis(at_ms.saturating_sub(cluster_now_ms))
+                crate::time::cluster_time_at(now, at_ms, cluster_now_ms)
             });
         }
         self.due.retain(|id, _| failed.contains(id));

@@ -259,15 +259,16 @@ impl Worker {
 
     /// Whether a pending evaluation may be scheduled now: one with a `wait` is due that long
     /// after it was created, in cluster time, mapped onto this leader's clock when first seen
-    /// (a new leader waits at most the whole `wait` again).
+    /// (a new leader waits at most what is left of it).
     fn due(&mut self, now: Instant, state: &ServerState, eval: &Evaluation) -> bool {
         if eval.wait_ms == 0 {
             return true;
         }
-        let at = *self.delayed.entry(eval.id.clone()).or_insert_with(|| {
-            let due_ms = eval.create_time_ms.saturating_add(eval.wait_ms);
-            now + Duration::from_millis(due_ms.saturating_sub(state.last_applied_time_ms()).min(eval.wait_ms))
-        });
+        let due_ms = eval.create_time_ms.saturating_add(eval.wait_ms);
+        let at = *self
+            .delayed
+            .entry(eval.id.clone())
+            .or_insert_with(|| crate::time::cluster_time_at(now, due_ms, state.last_applied_time_ms()));
         if at > now {
             self.wake_at = Some(self.wake_at.map_or(at, |wake| wake.min(at)));
         }

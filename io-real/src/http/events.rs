@@ -117,12 +117,7 @@ fn payload_json(payload: &Payload, state: &ServerState) -> Value {
             let status = state.job_summary(&job.namespace, &job.id).status(job);
             json!({"Job": serde_json::to_value(ApiJob::from_job(job, status)).expect("a job serializes")})
         }
-        // As Nomad's: without the job, to keep allocation events small.
-        Payload::Allocation(alloc) => {
-            let mut alloc = super::render::alloc(alloc, state);
-            alloc["Job"] = Value::Null;
-            json!({"Allocation": alloc})
-        }
+        Payload::Allocation(alloc) => json!({"Allocation": super::render::alloc_without_job(alloc, state)}),
         Payload::Evaluation(eval) => json!({"Evaluation": super::jobs::eval(eval)}),
         Payload::Deployment(deployment) => json!({"Deployment": super::render::deployment(deployment)}),
         Payload::Node(node) => json!({"Node": super::render::node(node)}),

@@ -246,23 +246,33 @@ fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
     })
 }
 
-/// One allocation in full (`GET /v1/allocation/:id`), Nomad's `Allocation`: the job as it
-/// was placed (the version it runs), the stub's fields but the job's type and version, and
-/// what only the full object carries.
+/// One allocation in full (`GET /v1/allocation/:id`), Nomad's `Allocation`, with the job as
+/// it was placed (the version it runs).
 pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
-    let mut value = alloc_stub(alloc, state);
     let job = state
         .job_version(&alloc.namespace, &alloc.job_id, alloc.job_version)
         .or_else(|| state.job(&alloc.namespace, &alloc.job_id))
-        .map(|job| {
+        .map_or(Value::Null, |job| {
             let status = crate::http::jobs::status(state, job);
             serde_json::to_value(crate::jobs::ApiJob::from_job(job, status)).expect("a job serializes")
         });
+    alloc_with_job(alloc, state, job)
+}
+
+/// [`alloc`] with `Job` null, as Nomad's allocation events carry it (to keep them small).
+pub fn alloc_without_job(alloc: &Allocation, state: &ServerState) -> Value {
+    alloc_with_job(alloc, state, Value::Null)
+}
+
+/// The stub's fields but the job's type and version, what only the full object carries, and
+/// `job`.
+fn alloc_with_job(alloc: &Allocation, state: &ServerState, job: Value) -> Value {
+    let mut value = alloc_stub(alloc, state);
     if let Value::Object(map) = &mut value {
         map.remove("JobType");
         map.remove("JobVersion");
         let fields = [
-            ("Job", job.unwrap_or(Value::Null)),
+            ("Job", job),
             ("Resources", Value::Null),
             ("TaskResources", Value::Null),
             ("AllocatedResources", allocated_resources(alloc, state)),
