@@ -97,16 +97,7 @@ fn a_dead_server_is_removed_after_the_stabilization_time_and_added_back_when_it_
     // The operator family's shapes, exactly Nomad's field names (`AutopilotConfiguration`,
     // `OperatorHealthReply` without the Enterprise-only fields it omits when empty,
     // `ServerHealth`).
-    let keys = |value: &serde_json::Value| -> Vec<String> {
-        let mut keys: Vec<String> = value.as_object().expect("an object").keys().cloned().collect();
-        keys.sort();
-        keys
-    };
-    let sorted = |names: &[&str]| -> Vec<String> {
-        let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
-        names.sort();
-        names
-    };
+    let (keys, sorted) = (support::field_names, support::sorted_names);
     let table = [
         (
             "AutopilotConfiguration",

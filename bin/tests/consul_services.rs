@@ -132,15 +132,11 @@ fn job() -> String {
     .to_string()
 }
 
-fn ids(consul: &FakeConsul) -> Vec<String> {
-    consul.services.lock().unwrap().keys().cloned().collect()
-}
-
-#[test]
-fn running_tasks_services_are_kept_in_the_consul_agent() {
+/// A fake Consul, and an agent (server + client) using it under `root`, once its client has
+/// registered with `raw_exec` healthy; the agent's HTTP port.
+fn start_agent_with_consul(root: &std::path::Path) -> (Arc<FakeConsul>, Agent, u16) {
     let (consul, consul_port) = start_consul();
-    let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
+    let specs = cluster_specs(root, 1);
     let mut args = server_args(&specs, 0);
     args.push("-client".into());
     args.push(format!("-consul-address=127.0.0.1:{consul_port}"));
@@ -151,6 +147,17 @@ fn running_tasks_services_are_kept_in_the_consul_agent() {
         (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
     })
     .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    (consul, agent, port)
+}
+
+fn ids(consul: &FakeConsul) -> Vec<String> {
+    consul.services.lock().unwrap().keys().cloned().collect()
+}
+
+#[test]
+fn running_tasks_services_are_kept_in_the_consul_agent() {
+    let root = tempfile::tempdir().unwrap();
+    let (consul, agent, port) = start_agent_with_consul(root.path());
     // Somebody else's service, and a leftover of ours from an allocation long gone.
     consul.services.lock().unwrap().insert(
         "redis-1".into(),
@@ -249,19 +256,8 @@ fn running_tasks_services_are_kept_in_the_consul_agent() {
 /// `min_healthy_time`; once it passes, the allocation is healthy and the deployment succeeds.
 #[test]
 fn deployment_health_waits_for_consul_checks_to_pass() {
-    let (consul, consul_port) = start_consul();
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    args.push(format!("-consul-address=127.0.0.1:{consul_port}"));
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for(Duration::from_secs(30), || {
-        let nodes: Value = serde_json::from_str(&http("GET", port, "/v1/nodes", None)?).ok()?;
-        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    let (consul, agent, port) = start_agent_with_consul(root.path());
     let job = json!({"Job": {
         "ID": "checked",
         "Update": {"HealthCheck": "checks", "MinHealthyTime": 1_000_000_000u64,

@@ -352,24 +352,6 @@ fn job_scale_moves_a_group_within_its_scaling_policy() {
     http("DELETE", port, "/v1/job/scaled?purge=true", None).expect("purged");
 }
 
-/// Sorted field names of a JSON object.
-fn keys(value: &Value) -> Vec<String> {
-    let mut keys: Vec<String> = value
-        .as_object()
-        .unwrap_or_else(|| panic!("an object: {value}"))
-        .keys()
-        .cloned()
-        .collect();
-    keys.sort();
-    keys
-}
-
-fn sorted(names: &[&str]) -> Vec<String> {
-    let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
-    names.sort();
-    names
-}
-
 /// Nomad's `AllocationListStub` (`api/allocations.go`).
 const ALLOC_STUB: &[&str] = &[
     "ID",
@@ -555,6 +537,7 @@ const TASK_EVENT: &[&str] = &[
 /// answers exactly Nomad's field names, with Go's nulls where Nomad's Go structs hold nil.
 #[test]
 fn the_cluster_families_answer_nomads_field_names() {
+    let (keys, sorted) = (support::field_names, support::sorted_names);
     let root = tempfile::tempdir().unwrap();
     let (agent, port) = support::start_with_client(root.path());
     run_job(port, root.path(), "0", false);

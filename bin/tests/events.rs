@@ -107,6 +107,13 @@ fn the_stream_follows_a_job_through_its_life() {
         "picked by the job's ID among the filter keys: {placed:#?}"
     );
     assert!(has(&placed, "Allocation", "AllocationUpdated"), "{placed:#?}");
+    assert!(
+        placed.iter().all(|event| {
+            let alloc = &event["Payload"]["Allocation"];
+            alloc["Job"].is_null() && alloc.get("Job").is_some()
+        }),
+        "allocation events carry no job, as Nomad's: {placed:#?}"
+    );
     let index = placed[0]["Index"].as_u64().unwrap();
 
     http("DELETE", port, "/v1/job/events-web?purge=true", None).expect("purged");

@@ -527,16 +527,7 @@ fn the_job_family_answers_nomads_field_names() {
     }});
     let registered: Value =
         serde_json::from_str(&http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered")).unwrap();
-    let keys = |value: &Value| -> Vec<String> {
-        let mut keys: Vec<String> = value.as_object().expect("an object").keys().cloned().collect();
-        keys.sort();
-        keys
-    };
-    let sorted = |names: &[&str]| -> Vec<String> {
-        let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
-        names.sort();
-        names
-    };
+    let (keys, sorted) = (support::field_names, support::sorted_names);
     const STUB: &[&str] = &[
         "ID",
         "ParentID",

@@ -257,12 +257,12 @@ fn claim(state: ClaimState) -> CsiVolumeClaim {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn register_claim_release_and_deregister_through_real_sockets() {
-    let (handle, port, plugins, _dir) = start().await;
+/// Registers node `n1`, at this agent's own RPC address, fingerprinting both halves of the
+/// `hostpath` plugin.
+async fn register_plugin_node(handle: &AgentHandle) {
     let rpc_addr = format!("127.0.0.1:{}", handle.config().ports.rpc);
     ok(
-        &handle,
+        handle,
         ServerRequest::NodeRegister {
             node: Box::new(Node {
                 id: "n1".into(),
@@ -276,6 +276,12 @@ async fn register_claim_release_and_deregister_through_real_sockets() {
         },
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn register_claim_release_and_deregister_through_real_sockets() {
+    let (handle, port, plugins, _dir) = start().await;
+    register_plugin_node(&handle).await;
 
     let (status, body) = call("GET", port, "/v1/plugins?type=csi".into(), String::new()).await;
     assert_eq!(status, 200, "{body}");
@@ -444,22 +450,7 @@ async fn ids_are_validated_and_reads_block_until_the_table_changes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_and_the_plugins_own_listing_in_nomads_shapes() {
     let (handle, port, plugins, _dir) = start().await;
-    let rpc_addr = format!("127.0.0.1:{}", handle.config().ports.rpc);
-    ok(
-        &handle,
-        ServerRequest::NodeRegister {
-            node: Box::new(Node {
-                id: "n1".into(),
-                name: "client-1".into(),
-                rpc_addr,
-                status: NodeStatus::Ready,
-                csi_controller_plugins: [("hostpath".to_string(), info(false))].into(),
-                csi_node_plugins: [("hostpath".to_string(), info(true))].into(),
-                ..Node::default()
-            }),
-        },
-    )
-    .await;
+    register_plugin_node(&handle).await;
     let volume = r#"{"Volumes":[{"ID":"vol0","Name":"vol0","ExternalID":"ext-vol0","PluginID":"hostpath",
         "RequestedCapabilities":[{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}],
         "Secrets":{"password":"hunter2"}}]}"#;
@@ -560,22 +551,7 @@ fn sorted(names: &[&str]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_csi_family_answers_nomads_field_names() {
     let (handle, port, _plugins, _dir) = start().await;
-    let rpc_addr = format!("127.0.0.1:{}", handle.config().ports.rpc);
-    ok(
-        &handle,
-        ServerRequest::NodeRegister {
-            node: Box::new(Node {
-                id: "n1".into(),
-                name: "client-1".into(),
-                rpc_addr,
-                status: NodeStatus::Ready,
-                csi_controller_plugins: [("hostpath".to_string(), info(false))].into(),
-                csi_node_plugins: [("hostpath".to_string(), info(true))].into(),
-                ..Node::default()
-            }),
-        },
-    )
-    .await;
+    register_plugin_node(&handle).await;
     let volume = r#"{"Volumes":[{"ID":"vol0","Name":"vol0","ExternalID":"ext-vol0","PluginID":"hostpath",
         "RequestedCapabilities":[{"AccessMode":"single-node-writer","AttachmentMode":"file-system"}]}]}"#;
     let (status, body) = call("PUT", port, "/v1/volume/csi/vol0".into(), volume.into()).await;

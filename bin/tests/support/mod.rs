@@ -328,6 +328,25 @@ pub fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
     serde_json::from_str(&http_get(port, path)?).ok()
 }
 
+/// A JSON object's field names, sorted (the shape tables compare them with Nomad's).
+pub fn field_names(value: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = value
+        .as_object()
+        .unwrap_or_else(|| panic!("an object: {value}"))
+        .keys()
+        .cloned()
+        .collect();
+    names.sort();
+    names
+}
+
+/// `names`, sorted, to compare with [`field_names`].
+pub fn sorted_names(names: &[&str]) -> Vec<String> {
+    let mut names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+    names.sort();
+    names
+}
+
 /// One agent that is server and client (under `root`), once its `raw_exec` is healthy; its
 /// HTTP port.
 pub fn start_with_client(root: &Path) -> (Agent, u16) {
