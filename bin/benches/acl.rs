@@ -6,7 +6,7 @@
 //!
 //!   cargo bench -p drover --bench acl [-- REQUESTS]     (default 3,000 per kind)
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::io::{Read, Write};

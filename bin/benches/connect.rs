@@ -13,7 +13,7 @@
 //!    the turn that finds all 10,000 allocations finished, and how long the 500-per-second
 //!    rate limit takes to issue every revocation.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};

@@ -17,7 +17,7 @@
 //!    run: register (ValidateVolumeCapabilities) + deregister of the same volumes' shape.
 //!    Also: create → schedulable (the create's answer until `GET` shows it schedulable).
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::net::SocketAddr;

@@ -20,7 +20,7 @@
 //! Baseline (measured in the same run): spawn → HTTP API answering, for `agent -dev`. Leaders
 //! are polled every 2 ms.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

@@ -10,7 +10,7 @@
 //! cgroup; `cargo bench -p drover-io-real --bench task_start` gives the driver's start with
 //! and without one.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::time::{Duration, Instant};

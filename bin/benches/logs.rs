@@ -12,7 +12,7 @@
 //! - follow mode through the server: a follower started before the task writes, timed from
 //!   the task's go to the last byte, beside the task's own writing time.
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::io::Read;

@@ -8,7 +8,7 @@
 //!
 //!   cargo bench -p drover --bench mtls [-- CALLS]     (default 2,000 per kind)
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::net::SocketAddr;

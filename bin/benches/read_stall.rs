@@ -13,7 +13,7 @@
 //!
 //!   cargo bench -p drover --bench read_stall [-- JOBS]     (default 6,000)
 
-#[path = "../tests/support/mod.rs"]
+#[path = "../tests/it/support/mod.rs"]
 mod support;
 
 use std::sync::Arc;

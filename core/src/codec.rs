@@ -7,7 +7,7 @@
 //! is self-describing (fields by name), so a field added later with `#[serde(default)]` still
 //! reads a record written before it existed, and an older agent skips fields it does not know:
 //! an upgrade, or a mixed-version cluster during a rolling upgrade, keeps its data, as Nomad's
-//! msgpack state does. `core/tests/state_format.rs` holds a record written by an earlier build
+//! msgpack state does. `core/tests/it/state_format.rs` holds a record written by an earlier build
 //! that every later build must still read.
 //!
 //! Records without the header are the positional postcard encoding written before the format

@@ -6,7 +6,7 @@
 //! starts I/O carries an [`op::OpId`] and its outcome returns as an input with the same id.
 //!
 //! Architecture invariant: this crate has no async, no clock, no threads, no files and no
-//! sockets, and iterates only ordered collections. `tests/purity.rs` checks the dependency tree.
+//! sockets, and iterates only ordered collections. `tests/it/purity.rs` checks the dependency tree.
 
 #![no_std]
 extern crate alloc;
