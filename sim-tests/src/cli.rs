@@ -23,8 +23,11 @@ use drover_core::config::{BootstrapFault, ClientFaults, ConnectFaults, CsiFaults
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
-/// Seeds per scenario when none are given; keeps CI fast.
-const DEFAULT_SEEDS: std::ops::Range<u64> = 0..100;
+/// Seeds per scenario in the fast lane (the default run, what CI runs): every scenario on a few
+/// seeds, each run replayed.
+const FAST_SEEDS: std::ops::Range<u64> = 0..6;
+/// Seeds per scenario in the long lane (`--long`), every run replayed.
+const LONG_SEEDS: std::ops::Range<u64> = 0..200;
 /// Seeds that once exposed a bug, replayed by every default run. Each was checked to fail with
 /// its fix disabled (re-check when timing defaults change).
 const REGRESSION_SEEDS: &[(&str, u64, &str)] = &[
@@ -87,6 +90,13 @@ struct Args {
     regression_switch: Option<String>,
     /// Print every scenario's real and virtual time per run, not only the five slowest.
     per_scenario: bool,
+    /// The long lane: many seeds, every switch searched from seed 0 and shrunk, coverage floors.
+    long: bool,
+    /// How long one shrink may take ([`SHRINK_BUDGET`] unless set).
+    shrink_budget: Option<Duration>,
+    /// Parse and route the arguments, say what would run, run nothing (the fast lane checks
+    /// the README's commands this way).
+    dry_run: bool,
 }
 
 fn parse_range(text: &str) -> Result<std::ops::Range<u64>, String> {
@@ -141,14 +151,16 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--bench-idle" => args.bench_idle = true,
             "--log" => args.log = true,
             "--per-scenario" => args.per_scenario = true,
+            "--long" => args.long = true,
+            "--dry-run" => args.dry_run = true,
             "--coverage" => args.coverage = Some(value("--coverage")?.into()),
             "--schedule" => args.schedule = Some(value("--schedule")?.into()),
             "--shrink" => args.shrink = true,
             "--no-shrink" => args.no_shrink = true,
             "--regression-switch" => {
                 let which = value("--regression-switch")?;
-                if !REGRESSION_SWITCHES.iter().any(|(name, ..)| *name == which) {
-                    let names: Vec<&str> = REGRESSION_SWITCHES.iter().map(|(name, ..)| *name).collect();
+                if !REGRESSION_SWITCHES.iter().any(|switch| switch.name == which) {
+                    let names: Vec<&str> = REGRESSION_SWITCHES.iter().map(|switch| switch.name).collect();
                     return Err(format!(
                         "unknown regression switch {which:?}: expected one of {}",
                         names.join(", ")
@@ -171,7 +183,19 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
 }
 
 pub fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1).collect()) {
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let raw = match crate::lanes::route(crate::lanes::Lane::Madsim, &raw) {
+        Ok(crate::lanes::Route::Run(raw)) => raw,
+        Ok(crate::lanes::Route::Skip(why)) => {
+            println!("madsim lane: skipped ({why})");
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("sim-tests: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let args = match parse_args(raw) {
         Ok(args) => args,
         Err(error) => {
             eprintln!("sim-tests: {error}");
@@ -192,6 +216,16 @@ pub fn main() -> ExitCode {
         madsim::runtime::init_logger();
         crate::runner::AGENT_LOGS.store(true, Ordering::Relaxed);
     }
+    if args.dry_run {
+        println!(
+            "madsim lane: would run {} scenario(s), seeds {}",
+            args.scenarios.len(),
+            args.seeds
+                .as_ref()
+                .map_or("(the lane's own)".to_string(), |seeds| format!("{seeds:?}"))
+        );
+        return ExitCode::SUCCESS;
+    }
     if args.bench_idle {
         crate::bench::idle_bench();
         return ExitCode::SUCCESS;
@@ -208,8 +242,15 @@ pub fn main() -> ExitCode {
             println!("{:<28} {}", scenario.name, scenario.about);
         }
         println!("\nregression switches (--regression-switch NAME):");
-        for (name, bug, _, scenarios, _) in REGRESSION_SWITCHES {
-            println!("{name:<28} {bug} [{}]", scenarios.join(", "));
+        for switch in REGRESSION_SWITCHES {
+            println!(
+                "{:<28} {} [{}]; caught by {} seed {}",
+                switch.name,
+                switch.bug,
+                switch.scenarios.join(", "),
+                switch.caught_by.0,
+                switch.caught_by.1
+            );
         }
         return ExitCode::SUCCESS;
     }
@@ -220,19 +261,152 @@ pub fn main() -> ExitCode {
         return exit(negative_control(&args));
     }
     if let Some(which) = args.regression_switch.clone() {
-        return exit(regression_switch(&args, &which));
+        return exit(regression_switch(&args, &which).is_some());
+    }
+    if args.long {
+        return exit(long_lane(args));
     }
     let explicit = args.seeds.is_some();
-    let seeds = args.seeds.clone().unwrap_or(DEFAULT_SEEDS);
+    let seeds = args.seeds.clone().unwrap_or(FAST_SEEDS);
     let mut ok = run_range(&args, seeds);
     if !explicit {
         ok &= regression_seeds();
-        ok &= negative_control(&args);
-        for (which, ..) in REGRESSION_SWITCHES {
-            ok &= regression_switch(&args, which);
-        }
+        ok &= recorded_catches(&args);
     }
     exit(ok)
+}
+
+/// The fast lane's half of the regression switches: each switch on at the run its table
+/// records (the negative control's bug among them), which must still catch it; then the
+/// catch of #13416 shrunk and replayed from its schedule file, so the log shows one whole
+/// shrink.
+fn recorded_catches(args: &Args) -> bool {
+    let started = Instant::now();
+    let jobs: Vec<(&Switch, &'static Scenario, u64)> = REGRESSION_SWITCHES
+        .iter()
+        .map(|switch| {
+            let scenario = find(switch.caught_by.0).unwrap_or_else(|| {
+                panic!(
+                    "switch #{}'s recorded catch names no scenario {:?}",
+                    switch.name, switch.caught_by.0
+                )
+            });
+            (switch, scenario, switch.caught_by.1)
+        })
+        .collect();
+    // Runs with different switches in parallel: one job list per switch's options would
+    // serialise them, so each job carries its own options.
+    let reports = run_jobs_with(
+        jobs.iter()
+            .map(|(switch, scenario, seed)| (*scenario, *seed, (switch.options)()))
+            .collect(),
+        false,
+    );
+    let mut ok = true;
+    for ((switch, _, _), report) in jobs.iter().zip(&reports) {
+        match switch.caught(report) {
+            Some(violation) => {
+                println!(
+                    "ok     regression switch #{} ({}): caught at its recorded seed {} of {}: \"{}\"",
+                    switch.name, switch.bug, report.seed, report.scenario, violation.invariant
+                );
+                if switch.name == SHRUNK_SWITCH && !args.no_shrink {
+                    ok &= shrink_switch_catch(report, (switch.options)(), switch.name, violation.invariant);
+                }
+            }
+            None => {
+                ok = false;
+                println!(
+                    "FAILED regression switch #{} ({}) is no longer caught at its recorded seed {} of {}: \
+                     search for it (cargo test -p sim-tests -- --regression-switch {}) and record the new \
+                     catch in sim-tests/src/cli.rs, or find what stopped catching it",
+                    switch.name, switch.bug, report.seed, report.scenario, switch.name
+                );
+            }
+        }
+    }
+    println!(
+        "sim: {} regression switches at their recorded seeds in {:.1} s",
+        jobs.len(),
+        started.elapsed().as_secs_f64()
+    );
+    ok
+}
+
+/// The long lane (`--long`, `scripts/test.sh --long`): hundreds of seeds per scenario with
+/// every run replayed and the coverage floors held, the seeds that once exposed bugs, and
+/// every regression switch searched from seed 0 and shrunk, timed: how fast the simulator
+/// finds each bug is the figure that matters.
+fn long_lane(mut args: Args) -> bool {
+    let started = Instant::now();
+    let seeds = args.seeds.clone().unwrap_or(LONG_SEEDS);
+    args.check_determinism = true;
+    let range_started = Instant::now();
+    let (mut ok, table, runs) = run_range_table(&args, seeds.clone());
+    let range_secs = range_started.elapsed().as_secs_f64();
+    let floors = coverage_floors(&table);
+    ok &= floors;
+    ok &= regression_seeds();
+    let search = Args {
+        seeds: None,
+        shrink: !args.no_shrink,
+        shrink_budget: Some(LONG_SHRINK_BUDGET),
+        ..Args::default()
+    };
+    let mut catches: Vec<(&'static str, Option<Catch>)> = Vec::new();
+    for switch in REGRESSION_SWITCHES {
+        let catch = regression_switch(&search, switch.name);
+        if let Some(catch) = catch
+            .as_ref()
+            .filter(|catch| (catch.scenario, catch.seed) != switch.caught_by)
+        {
+            println!(
+                "note   regression switch #{} is first caught at seed {} of {} now; the table records seed {} of {}: \
+                 update caught_by in sim-tests/src/cli.rs",
+                switch.name, catch.seed, catch.scenario, switch.caught_by.1, switch.caught_by.0
+            );
+        }
+        ok &= catch.is_some();
+        catches.push((switch.name, catch));
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!("sim: time to catch each regression switch, searching from seed 0 on {cores} cores:");
+    let mut times: Vec<f64> = Vec::new();
+    for (name, catch) in &catches {
+        match catch {
+            Some(catch) => {
+                times.push(catch.elapsed.as_secs_f64());
+                println!(
+                    "sim:   #{name:<26} {:>7.1} s  ({} runs, seed {} of {})",
+                    catch.elapsed.as_secs_f64(),
+                    catch.runs,
+                    catch.seed,
+                    catch.scenario
+                );
+            }
+            None => println!("sim:   #{name:<26}  not caught"),
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    let slowest = times.last().copied().unwrap_or(f64::NAN);
+    let within = times.iter().filter(|secs| **secs <= 60.0).count();
+    println!(
+        "sim long lane: {} | {runs} runs of {} scenarios x seeds {}..{} (each replayed) in {range_secs:.0} s \
+         ({:.0} runs/min, {:.1} virtual s per wall s) | switches caught {}/{}, {within} within 60 s, \
+         median {median:.1} s, slowest {slowest:.1} s | coverage floors {} | {:.0} s in all",
+        if ok { "PASSED" } else { "FAILED" },
+        args.scenarios.len(),
+        seeds.start,
+        seeds.end,
+        2.0 * runs as f64 * 60.0 / range_secs.max(0.001),
+        2.0 * table.virtual_secs as f64 / range_secs.max(0.001),
+        times.len(),
+        catches.len(),
+        if floors { "held" } else { "BROKEN" },
+        started.elapsed().as_secs_f64()
+    );
+    ok
 }
 
 fn exit(ok: bool) -> ExitCode {
@@ -251,6 +425,17 @@ fn run_replays(jobs: Vec<(&'static Scenario, u64)>) -> Vec<Report> {
 }
 
 fn run_jobs(jobs: Vec<(&'static Scenario, u64)>, options: Options, perturb: bool) -> Vec<Report> {
+    run_jobs_with(
+        jobs.into_iter()
+            .map(|(scenario, seed)| (scenario, seed, options))
+            .collect(),
+        perturb,
+    )
+}
+
+/// Runs each job with its own options on as many threads as there are cores; results come
+/// back in job order.
+fn run_jobs_with(jobs: Vec<(&'static Scenario, u64, Options)>, perturb: bool) -> Vec<Report> {
     let workers = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(jobs.len().max(1));
@@ -263,7 +448,7 @@ fn run_jobs(jobs: Vec<(&'static Scenario, u64)>, options: Options, perturb: bool
             std::thread::spawn(move || {
                 loop {
                     let job = next.fetch_add(1, Ordering::SeqCst);
-                    let Some((scenario, seed)) = jobs.get(job).copied() else {
+                    let Some((scenario, seed, options)) = jobs.get(job).copied() else {
                         return;
                     };
                     if perturb {
@@ -332,6 +517,13 @@ fn print_slowest(reports: &[Report], every: bool) {
 }
 
 fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
+    run_range_table(args, seeds).0
+}
+
+/// Runs every scenario of `args` on `seeds`, replays (all runs with `--check-determinism` or
+/// no explicit range, else the first seed per scenario), prints the results and the coverage
+/// table: whether all passed and replayed identically, the table, and the number of runs.
+fn run_range_table(args: &Args, seeds: std::ops::Range<u64>) -> (bool, crate::coverage::Table, usize) {
     let started = Instant::now();
     let jobs: Vec<(&'static Scenario, u64)> = seeds
         .clone()
@@ -433,6 +625,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
     for report in &reports {
         table.add(&report.coverage);
     }
+    table.virtual_secs = virtual_secs;
     print!("{}", table.render());
     let mut written = true;
     if let Some(path) = &args.coverage {
@@ -447,7 +640,7 @@ fn run_range(args: &Args, seeds: std::ops::Range<u64>) -> bool {
     if !args.no_shrink {
         shrink_failures(&failed);
     }
-    failures == 0 && deterministic && written
+    (failures == 0 && deterministic && written, table, runs)
 }
 
 /// How long one shrink may take, and all the shrinks of one invocation together.
@@ -538,8 +731,8 @@ fn switch_options(switch: Option<&str>) -> Result<Options, String> {
         }),
         Some(name) => REGRESSION_SWITCHES
             .iter()
-            .find(|(switch, ..)| *switch == name)
-            .map(|(_, _, options, ..)| options())
+            .find(|switch| switch.name == name)
+            .map(|switch| (switch.options)())
             .ok_or_else(|| format!("unknown regression switch {name:?}")),
     }
 }
@@ -716,67 +909,76 @@ const REGRESSION_SWITCH_SEEDS: u64 = 500;
 /// A historical defect re-created on purpose: its number, what it does, the faults that
 /// re-create it, the scenarios that must catch it, and the invariant that must report it
 /// (alternatives separated by `|`).
-type Switch = (
-    &'static str,
-    &'static str,
-    fn() -> Options,
-    &'static [&'static str],
-    &'static str,
-);
+struct Switch {
+    name: &'static str,
+    bug: &'static str,
+    options: fn() -> Options,
+    scenarios: &'static [&'static str],
+    /// The invariant that must report it (alternatives separated by `|`).
+    invariant: &'static str,
+    /// The run that catches it: (scenario, seed), the first catch of the long lane's search
+    /// from seed 0. The fast lane runs only this one and fails if it no longer catches the
+    /// defect; `--long` prints the new first catch to record here.
+    caught_by: (&'static str, u64),
+}
 const REGRESSION_SWITCHES: &[Switch] = &[
-    (
-        "e812954",
-        "the self-election of Nomad before e812954: a server with bootstrap disabled still stands on its own and elects itself (the negative control's bug)",
-        || Options {
+    Switch {
+        name: "e812954",
+        bug: "the self-election of Nomad before e812954: a server with bootstrap disabled still stands on its own and elects itself (the negative control's bug)",
+        options: || Options {
             negative_control: true,
             ..Options::default()
         },
-        NEGATIVE_CONTROL_SCENARIOS,
-        "split brain|one leader per term",
-    ),
-    (
-        "10927",
-        "claims leak when unpublish fails once",
-        || Options {
+        scenarios: NEGATIVE_CONTROL_SCENARIOS,
+        invariant: "split brain|one leader per term",
+        caught_by: ("partition_during_formation", 0),
+    },
+    Switch {
+        name: "10927",
+        bug: "claims leak when unpublish fails once",
+        options: || Options {
             csi_faults: CsiFaults {
                 abandon_failed_unpublish: true,
                 ..CsiFaults::default()
             },
             ..Options::default()
         },
-        &["csi_controller_faults", "csi_node_detach_hang"],
-        "leaked claims",
-    ),
-    (
-        "13416",
-        "detach blocked by a down node",
-        || Options {
+        scenarios: &["csi_controller_faults", "csi_node_detach_hang"],
+        invariant: "leaked claims",
+        caught_by: ("csi_controller_faults", 7),
+    },
+    Switch {
+        name: "13416",
+        bug: "detach blocked by a down node",
+        options: || Options {
             csi_faults: CsiFaults {
                 node_detach_on_down_node: true,
                 ..CsiFaults::default()
             },
             ..Options::default()
         },
-        &["csi_node_down"],
-        "leaked claims",
-    ),
-    (
-        "8232",
-        "a drain stops the node plugin before its volumes are released",
-        || Options {
+        scenarios: &["csi_node_down"],
+        invariant: "leaked claims",
+        caught_by: ("csi_node_down", 0),
+    },
+    Switch {
+        name: "8232",
+        bug: "a drain stops the node plugin before its volumes are released",
+        options: || Options {
             csi_faults: CsiFaults {
                 drain_plugins_before_release: true,
                 ..CsiFaults::default()
             },
             ..Options::default()
         },
-        &["jobs_node_drain"],
-        "a drain stops system and plugin allocations only after",
-    ),
-    (
-        "8336",
-        "controller RPCs serialised per volume, not per plugin: two volumes' publishes race in one plugin",
-        || Options {
+        scenarios: &["jobs_node_drain"],
+        invariant: "a drain stops system and plugin allocations only after",
+        caught_by: ("jobs_node_drain", 0),
+    },
+    Switch {
+        name: "8336",
+        bug: "controller RPCs serialised per volume, not per plugin: two volumes' publishes race in one plugin",
+        options: || Options {
             csi_faults: CsiFaults {
                 serialize_per_volume: true,
                 ..CsiFaults::default()
@@ -788,326 +990,361 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        &["csi_leader_failover", "csi_controller_faults"],
-        "at most one controller RPC in flight per plugin",
-    ),
-    (
-        "create-name",
-        "a create names the plugin's volume per request, not after the volume: a retry after a crash between create and register makes a second volume",
-        || Options {
+        scenarios: &["csi_leader_failover", "csi_controller_faults"],
+        invariant: "at most one controller RPC in flight per plugin",
+        caught_by: ("csi_leader_failover", 0),
+    },
+    Switch {
+        name: "create-name",
+        bug: "a create names the plugin's volume per request, not after the volume: a retry after a crash between create and register makes a second volume",
+        options: || Options {
             csi_faults: CsiFaults {
                 create_name_per_request: true,
                 ..CsiFaults::default()
             },
             ..Options::default()
         },
-        &["csi_create_crash"],
-        "every volume the plugin made belongs to exactly one registered volume",
-    ),
-    (
-        "create-topology",
-        "a created volume is registered without its accessible topology: its consumers are placed outside its zone",
-        || Options {
+        scenarios: &["csi_create_crash"],
+        invariant: "every volume the plugin made belongs to exactly one registered volume",
+        caught_by: ("csi_create_crash", 0),
+    },
+    Switch {
+        name: "create-topology",
+        bug: "a created volume is registered without its accessible topology: its consumers are placed outside its zone",
+        options: || Options {
             csi_faults: CsiFaults {
                 create_drops_topology: true,
                 ..CsiFaults::default()
             },
             ..Options::default()
         },
-        &["csi_two_zones"],
-        "consumers of a volume run only inside its accessible topology",
-    ),
-    (
-        "task-leak",
-        "a task's processes are not destroyed once its leader is gone (issue 16)",
-        || Options {
+        scenarios: &["csi_two_zones"],
+        invariant: "consumers of a volume run only inside its accessible topology",
+        caught_by: ("csi_two_zones", 0),
+    },
+    Switch {
+        name: "task-leak",
+        bug: "a task's processes are not destroyed once its leader is gone (issue 16)",
+        options: || Options {
             client_faults: ClientFaults {
                 skip_task_destroy: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["real_clients_job", "client_shared_stage"],
-        "no task process outlives its task",
-    ),
-    (
-        "no-anti-entropy",
-        "Consul services are synced only on change: a deregistration failed while Consul was down is never retried",
-        || Options {
+        scenarios: &["real_clients_job", "client_shared_stage"],
+        invariant: "no task process outlives its task",
+        caught_by: ("real_clients_job", 0),
+    },
+    Switch {
+        name: "no-anti-entropy",
+        bug: "Consul services are synced only on change: a deregistration failed while Consul was down is never retried",
+        options: || Options {
             client_faults: ClientFaults {
                 no_service_anti_entropy: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["real_clients_connect"],
-        "nothing is left behind after a job stop",
-    ),
-    (
-        "no-unmount-retry",
-        "a volume whose unmount fails in postrun is given up at once, not retried",
-        || Options {
+        scenarios: &["real_clients_connect"],
+        invariant: "nothing is left behind after a job stop",
+        caught_by: ("real_clients_connect", 218),
+    },
+    Switch {
+        name: "no-unmount-retry",
+        bug: "a volume whose unmount fails in postrun is given up at once, not retried",
+        options: || Options {
             client_faults: ClientFaults {
                 no_unmount_retry: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["real_clients_rolling_update", "client_plugin_crash", "swarm"],
-        "nothing is left behind after a job stop",
-    ),
-    (
-        "max-parallel",
-        "a rollout's destructive updates are not held to max_parallel: every allocation of an updated group is replaced at once",
-        || Options {
+        scenarios: &["real_clients_rolling_update", "client_plugin_crash", "swarm"],
+        invariant: "nothing is left behind after a job stop",
+        caught_by: ("swarm", 5),
+    },
+    Switch {
+        name: "max-parallel",
+        bug: "a rollout's destructive updates are not held to max_parallel: every allocation of an updated group is replaced at once",
+        options: || Options {
             scheduler_faults: SchedulerFaults {
                 ignore_max_parallel: true,
                 ..SchedulerFaults::default()
             },
             ..Options::default()
         },
-        &["real_clients_rolling_update"],
-        "a rollout never has more than max_parallel unhealthy replacements",
-    ),
-    (
-        "periodic-from-leadership",
-        "a new leader's periodic dispatcher counts from when it took office: a time that fell due during the election is never launched",
-        || Options {
+        scenarios: &["real_clients_rolling_update"],
+        invariant: "a rollout never has more than max_parallel unhealthy replacements",
+        caught_by: ("real_clients_rolling_update", 0),
+    },
+    Switch {
+        name: "periodic-from-leadership",
+        bug: "a new leader's periodic dispatcher counts from when it took office: a time that fell due during the election is never launched",
+        options: || Options {
             scheduler_faults: SchedulerFaults {
                 periodic_from_leadership: true,
                 ..SchedulerFaults::default()
             },
             ..Options::default()
         },
-        &["real_clients_periodic"],
-        "every time a periodic spec names is launched once or counted as skipped",
-    ),
-    (
-        "8609",
-        "a claim refused while the previous allocation still holds the volume is not retried: the replacement fails",
-        || Options {
+        scenarios: &["real_clients_periodic"],
+        invariant: "every time a periodic spec names is launched once or counted as skipped",
+        caught_by: ("real_clients_periodic", 6),
+    },
+    Switch {
+        name: "8609",
+        bug: "a claim refused while the previous allocation still holds the volume is not retried: the replacement fails",
+        options: || Options {
             client_faults: ClientFaults {
                 no_claim_retry: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["real_clients_rolling_update", "real_clients_csi"],
-        "a claim refused for capacity is waited out",
-    ),
-    (
-        "12744",
-        "a stopping plugin allocation deregisters its plugin by name, removing the replacement's registration",
-        || Options {
+        scenarios: &["real_clients_rolling_update", "real_clients_csi"],
+        invariant: "a claim refused for capacity is waited out",
+        caught_by: ("real_clients_rolling_update", 0),
+    },
+    Switch {
+        name: "12744",
+        bug: "a stopping plugin allocation deregisters its plugin by name, removing the replacement's registration",
+        options: || Options {
             client_faults: ClientFaults {
                 deregister_plugin_by_name: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["swarm"],
-        "liveness",
-    ),
-    (
-        "7200",
-        "a claim is not idempotent per allocation: an allocation claiming a volume it holds is refused",
-        || Options {
+        scenarios: &["swarm"],
+        invariant: "liveness",
+        caught_by: ("swarm", 71),
+    },
+    Switch {
+        name: "7200",
+        bug: "a claim is not idempotent per allocation: an allocation claiming a volume it holds is refused",
+        options: || Options {
             csi_faults: CsiFaults {
                 claims_not_idempotent: true,
                 ..CsiFaults::default()
             },
             ..Options::default()
         },
-        &["swarm", "real_clients_csi"],
-        "liveness",
-    ),
-    (
-        "restore-dup",
-        "a task that cannot be reattached after a client restart is started again without killing the old process",
-        || Options {
+        scenarios: &["swarm", "real_clients_csi"],
+        invariant: "liveness",
+        caught_by: ("swarm", 1),
+    },
+    Switch {
+        name: "restore-dup",
+        bug: "a task that cannot be reattached after a client restart is started again without killing the old process",
+        options: || Options {
             client_faults: ClientFaults {
                 restore_failure_keeps_process: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["swarm"],
-        "no task process outlives its task",
-    ),
-    (
-        "25293",
-        "a plugin that misses its health timeout is killed and left dead, not restarted",
-        || Options {
+        scenarios: &["swarm"],
+        invariant: "no task process outlives its task",
+        caught_by: ("swarm", 63),
+    },
+    Switch {
+        name: "25293",
+        bug: "a plugin that misses its health timeout is killed and left dead, not restarted",
+        options: || Options {
             client_faults: ClientFaults {
                 plugin_timeout_kills: true,
                 ..ClientFaults::default()
             },
             ..Options::default()
         },
-        &["client_plugin_never_healthy"],
-        "a plugin that never becomes ready is restarted after its health timeout",
-    ),
-    (
-        "si-leak",
-        "service identity tokens of a failed derivation are never revoked (issue 17)",
-        || Options {
+        scenarios: &["client_plugin_never_healthy"],
+        invariant: "a plugin that never becomes ready is restarted after its health timeout",
+        caught_by: ("client_plugin_never_healthy", 0),
+    },
+    Switch {
+        name: "si-leak",
+        bug: "service identity tokens of a failed derivation are never revoked (issue 17)",
+        options: || Options {
             connect_faults: ConnectFaults {
                 keep_failed_derivation_tokens: true,
             },
             ..Options::default()
         },
-        &["real_clients_connect"],
+        scenarios: &["real_clients_connect"],
         // "no SI token outlives its allocation ..." or "SI tokens alive in Consul are ...".
-        "SI token",
-    ),
-    (
-        "stale-read",
-        "consistent reads are served from the answering server's state without the read barrier (issue 19)",
-        || Options {
+        invariant: "SI token",
+        caught_by: ("real_clients_connect", 3),
+    },
+    Switch {
+        name: "stale-read",
+        bug: "consistent reads are served from the answering server's state without the read barrier (issue 19)",
+        options: || Options {
             raft_faults: RaftFaults {
                 local_consistent_reads: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["leader_killed", "lossy_network"],
-        "consistent reads are linearizable",
-    ),
-    (
-        "bootstrap-no-peer-check",
-        "a server bootstraps on seeing bootstrap_expect servers without asking for their Raft peers",
-        || Options {
+        scenarios: &["leader_killed", "lossy_network"],
+        invariant: "consistent reads are linearizable",
+        caught_by: ("leader_killed", 0),
+    },
+    Switch {
+        name: "bootstrap-no-peer-check",
+        bug: "a server bootstraps on seeing bootstrap_expect servers without asking for their Raft peers",
+        options: || Options {
             bootstrap_fault: Some(BootstrapFault::SkipPeerQuery),
             ..Options::default()
         },
-        &["late_fourth_server", "consul_discovery"],
-        "no split brain",
-    ),
-    (
-        "deposed-leader-read",
-        "the leader names a read index without confirming it still leads (Raft §8)",
-        || Options {
+        scenarios: &["late_fourth_server", "consul_discovery"],
+        invariant: "no split brain",
+        caught_by: ("late_fourth_server", 0),
+    },
+    Switch {
+        name: "deposed-leader-read",
+        bug: "the leader names a read index without confirming it still leads (Raft §8)",
+        options: || Options {
             raft_faults: RaftFaults {
                 leader_reads_without_quorum: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["swarm", "leader_killed"],
-        "consistent reads are linearizable",
-    ),
-    (
-        "read-no-apply-wait",
-        "a consistent read does not wait to apply up to the leader's read index",
-        || Options {
+        scenarios: &["swarm", "leader_killed"],
+        invariant: "consistent reads are linearizable",
+        caught_by: ("swarm", 13),
+    },
+    Switch {
+        name: "read-no-apply-wait",
+        bug: "a consistent read does not wait to apply up to the leader's read index",
+        options: || Options {
             raft_faults: RaftFaults {
                 reads_skip_apply_wait: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["leader_killed", "lossy_network", "read_storm"],
-        "consistent reads are linearizable",
-    ),
-    (
-        "unsynced-log",
-        "log entries are acknowledged before they reach the disk",
-        || Options {
+        scenarios: &["leader_killed", "lossy_network", "read_storm"],
+        invariant: "consistent reads are linearizable",
+        caught_by: ("lossy_network", 59),
+    },
+    Switch {
+        name: "unsynced-log",
+        bug: "log entries are acknowledged before they reach the disk",
+        options: || Options {
             raft_faults: RaftFaults {
                 unsynced_log: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["leader_killed", "restart_with_state"],
-        "nothing acknowledged is lost",
-    ),
-    (
-        "no-fail-stop",
-        "an agent whose Raft storage failed stays up with Raft stopped instead of exiting",
-        || Options {
+        scenarios: &["leader_killed", "restart_with_state"],
+        invariant: "nothing acknowledged is lost",
+        caught_by: ("restart_with_state", 202),
+    },
+    Switch {
+        name: "no-fail-stop",
+        bug: "an agent whose Raft storage failed stays up with Raft stopped instead of exiting",
+        options: || Options {
             raft_faults: RaftFaults {
                 linger_on_storage_error: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["swarm"],
-        "liveness",
-    ),
-    (
-        "read-joins-round",
-        "a consistent read joins the ReadIndex round already running, whose index predates it",
-        || Options {
+        scenarios: &["swarm"],
+        invariant: "liveness",
+        caught_by: ("swarm", 2),
+    },
+    Switch {
+        name: "read-joins-round",
+        bug: "a consistent read joins the ReadIndex round already running, whose index predates it",
+        options: || Options {
             raft_faults: RaftFaults {
                 reads_join_running_round: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["read_storm", "leader_killed", "lossy_network"],
-        "consistent reads are linearizable",
-    ),
-    (
-        "unsynced-vote",
-        "a vote is granted before it reaches the disk",
-        || Options {
+        scenarios: &["read_storm", "leader_killed", "lossy_network"],
+        invariant: "consistent reads are linearizable",
+        caught_by: ("read_storm", 0),
+    },
+    Switch {
+        name: "unsynced-vote",
+        bug: "a vote is granted before it reaches the disk",
+        options: || Options {
             raft_faults: RaftFaults {
                 unsynced_vote: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["restart_with_state", "leader_killed", "swarm"],
-        "a server votes once per term",
-    ),
-    (
-        "swallowed-log-error",
-        "a failed log write is reported to Raft as durable, the error only logged",
-        || Options {
+        scenarios: &["restart_with_state", "leader_killed", "swarm"],
+        invariant: "a server votes once per term",
+        caught_by: ("swarm", 1),
+    },
+    Switch {
+        name: "swallowed-log-error",
+        bug: "a failed log write is reported to Raft as durable, the error only logged",
+        options: || Options {
             raft_faults: RaftFaults {
                 swallow_log_write_errors: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["swarm"],
+        scenarios: &["swarm"],
         // openraft's own check on the leader: a follower's log went back on entries it had
         // acknowledged ("follower log reversion"), reported as the server panicking.
-        "no panic",
-    ),
-    (
-        "no-handover",
-        "a leader stopping gracefully names no successor (issue 19)",
-        || Options {
+        invariant: "no panic",
+        caught_by: ("swarm", 0),
+    },
+    Switch {
+        name: "no-handover",
+        bug: "a leader stopping gracefully names no successor (issue 19)",
+        options: || Options {
             raft_faults: RaftFaults {
                 skip_handover: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["leader_stops_gracefully"],
-        "a graceful stop hands leadership over",
-    ),
-    (
-        "rpc-no-authz",
-        "agent RPC served whoever's certificate called: a client's certificate writes to the state directly (issue 21)",
-        || Options {
+        scenarios: &["leader_stops_gracefully"],
+        invariant: "a graceful stop hands leadership over",
+        caught_by: ("leader_stops_gracefully", 0),
+    },
+    Switch {
+        name: "rpc-no-authz",
+        bug: "agent RPC served whoever's certificate called: a client's certificate writes to the state directly (issue 21)",
+        options: || Options {
             raft_faults: RaftFaults {
                 skip_caller_check: true,
                 ..RaftFaults::default()
             },
             ..Options::default()
         },
-        &["leader_killed", "read_storm"],
-        "only servers write directly",
-    ),
+        scenarios: &["leader_killed", "read_storm"],
+        invariant: "only servers write directly",
+        caught_by: ("leader_killed", 0),
+    },
 ];
 
 /// Shrinks a regression switch's catch, then replays the written schedule: it must violate the
 /// same invariant again, byte for byte the same way twice.
 fn shrink_switch_catch(report: &Report, options: Options, name: &str, invariant: &str) -> bool {
-    let Some(path) = shrink_and_write(report, options, Some(name.to_string()), invariant, SHRINK_BUDGET) else {
+    shrink_switch_catch_within(report, options, name, invariant, SHRINK_BUDGET)
+}
+
+fn shrink_switch_catch_within(
+    report: &Report,
+    options: Options,
+    name: &str,
+    invariant: &str,
+    budget: Duration,
+) -> bool {
+    let Some(path) = shrink_and_write(report, options, Some(name.to_string()), invariant, budget) else {
         return false;
     };
     let replayed = std::fs::read_to_string(&path)
@@ -1143,44 +1380,120 @@ fn shrink_switch_catch(report: &Report, options: Options, name: &str, invariant:
     }
 }
 
-fn regression_switch(args: &Args, which: &str) -> bool {
-    let (name, bug, faults, scenario_names, expected) = *REGRESSION_SWITCHES
+/// A regression switch's first catch in a search.
+struct Catch {
+    scenario: &'static str,
+    seed: u64,
+    /// Wall time from the search's first run to the catch.
+    elapsed: Duration,
+    /// Runs made, the catching one included.
+    runs: usize,
+}
+
+impl Switch {
+    /// The violation by which `report` catches this switch's defect, if it does.
+    fn caught<'a>(&self, report: &'a Report) -> Option<&'a drover_io_sim::trace::Violation> {
+        report
+            .violations
+            .iter()
+            .find(|violation| self.invariant.split('|').any(|one| violation.invariant.contains(one)))
+    }
+}
+
+/// Searches for a run that catches switch `which`, from seed 0 (or over `--seeds`), as many
+/// runs at a time as there are cores; shrinks the catch with `--shrink`.
+fn regression_switch(args: &Args, which: &str) -> Option<Catch> {
+    let switch = REGRESSION_SWITCHES
         .iter()
-        .find(|(name, ..)| *name == which)
+        .find(|switch| switch.name == which)
         .expect("known switch");
-    let scenarios: Vec<&'static Scenario> = scenario_names
+    let (name, bug) = (switch.name, switch.bug);
+    let scenarios: Vec<&'static Scenario> = switch
+        .scenarios
         .iter()
         .map(|name| find(name).expect("scenario"))
         .collect();
-    let options = faults();
+    let options = (switch.options)();
     let seeds = args.seeds.clone().unwrap_or(0..REGRESSION_SWITCH_SEEDS);
     let batch = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    let started = Instant::now();
+    let mut runs = 0;
     let mut seed = seeds.start;
     while seed < seeds.end {
         let jobs: Vec<_> = (seed..(seed + batch).min(seeds.end))
             .flat_map(|seed| scenarios.iter().map(move |scenario| (*scenario, seed)))
             .collect();
         for report in run_parallel(jobs, options) {
-            let leak = report
-                .violations
-                .iter()
-                .find(|violation| expected.split('|').any(|one| violation.invariant.contains(one)));
-            if let Some(violation) = leak {
+            runs += 1;
+            if let Some(violation) = switch.caught(&report) {
+                let catch = Catch {
+                    scenario: report.scenario,
+                    seed: report.seed,
+                    elapsed: started.elapsed(),
+                    runs,
+                };
                 println!(
-                    "ok     regression switch #{name} ({bug}): caught at seed {} of {}: \"{}\": {}",
-                    report.seed, report.scenario, violation.invariant, violation.detail
+                    "ok     regression switch #{name} ({bug}): caught at seed {} of {} after {runs} runs in {:.1} s: \"{}\": {}",
+                    report.seed,
+                    report.scenario,
+                    catch.elapsed.as_secs_f64(),
+                    violation.invariant,
+                    violation.detail
                 );
-                if args.shrink || (args.seeds.is_none() && !args.no_shrink && name == SHRUNK_SWITCH) {
-                    return shrink_switch_catch(&report, options, name, violation.invariant);
+                if args.shrink {
+                    let budget = args.shrink_budget.unwrap_or(SHRINK_BUDGET);
+                    if !shrink_switch_catch_within(&report, options, name, violation.invariant, budget) {
+                        return None;
+                    }
                 }
-                return true;
+                return Some(catch);
             }
         }
         seed += batch;
     }
     println!(
-        "FAILED regression switch #{name} ({bug}) went unnoticed over seeds {}..{} of {scenario_names:?}",
-        seeds.start, seeds.end
+        "FAILED regression switch #{name} ({bug}) went unnoticed over seeds {}..{} of {:?}",
+        seeds.start, seeds.end, switch.scenarios
     );
-    false
+    None
+}
+
+/// How long the long lane may shrink each switch's catch.
+const LONG_SHRINK_BUDGET: Duration = Duration::from_secs(120);
+
+/// Invariants that need a scenario the long lane runs by default to be checked at all; one
+/// never checked over the long lane's runs means its checker or its scenario stopped working.
+fn coverage_floors(table: &crate::coverage::Table) -> bool {
+    let mut ok = true;
+    for invariant in drover_io_sim::invariants::all() {
+        let invariant = invariant.name();
+        if table.checks.get(invariant).copied().unwrap_or(0) == 0 {
+            ok = false;
+            println!("FAILED coverage floor: the invariant \"{invariant}\" was never checked");
+        }
+    }
+    for kind in table.rare_faults() {
+        ok = false;
+        println!("FAILED coverage floor: the fault kind \"{kind}\" was played in under 1% of runs");
+    }
+    for transition in crate::coverage::EXPECTED_REACHED {
+        if table.reached.get(*transition).copied().unwrap_or(0) == 0 {
+            ok = false;
+            println!("FAILED coverage floor: \"{transition}\" was never reached");
+        }
+    }
+    for reached in table.reached.keys() {
+        if !crate::coverage::EXPECTED_REACHED.contains(&reached.as_str()) {
+            println!(
+                "note   coverage: \"{reached}\" is reached but not in coverage::EXPECTED_REACHED: add it, so the floor holds it"
+            );
+        }
+    }
+    if ok {
+        println!(
+            "ok     coverage floors: every invariant checked, every fault kind in at least 1% of runs, \
+             every expected transition reached"
+        );
+    }
+    ok
 }

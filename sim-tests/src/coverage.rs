@@ -74,6 +74,11 @@ pub const FAULT_KINDS: &[&str] = &[
     "buggify: task recover fails",
 ];
 
+/// Transitions and paths the long lane's runs must each reach at least once (its coverage
+/// floor): a machine state no run reaches any more means a scenario or a fault stopped doing
+/// what it was written for. The long lane names anything reached that is missing here.
+pub const EXPECTED_REACHED: &[&str] = &[];
+
 /// The coverage name of a BUGGIFY point that fired.
 pub fn buggify_kind(point: &str) -> Option<&'static str> {
     FAULT_KINDS
@@ -202,6 +207,8 @@ pub fn plan_faults(plan: &Plan) -> BTreeSet<&'static str> {
 #[derive(Debug, Default)]
 pub struct Table {
     pub runs: u64,
+    /// Virtual seconds simulated over all runs.
+    pub virtual_secs: u64,
     /// Runs that played each fault kind.
     pub faults: BTreeMap<&'static str, u64>,
     /// Checks per invariant, over all runs.

@@ -1,4 +1,5 @@
-//! `cargo test -p sim-tests -- --seed N` (or `--seeds A..B`, or nothing for the default range).
+//! `cargo test -p sim-tests -- --seed N` (or `--seeds A..B`, or nothing for the fast lane, or
+//! `--long` for the long one; `--lane madsim|turmoil` picks one of the two lanes).
 //!
 //! In a normal build this binary is a trampoline: it re-runs itself through cargo with
 //! `--cfg madsim` and a separate target directory (`target/madsim`), so nobody has to remember
@@ -17,6 +18,11 @@ fn main() -> ExitCode {
     use std::process::Command;
 
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // A command for the turmoil lane alone needs no madsim build.
+    if let Ok(sim_tests::lanes::Route::Skip(why)) = sim_tests::lanes::route(sim_tests::lanes::Lane::Madsim, &args) {
+        println!("madsim lane: skipped ({why})");
+        return ExitCode::SUCCESS;
+    }
     let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("sim-tests lives in the workspace");

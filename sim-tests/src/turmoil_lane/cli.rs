@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 use super::scenarios::{self, Scenario};
 use super::{Report, run};
 
-/// Seeds per scenario when none are given.
-const DEFAULT_SEEDS: std::ops::Range<u64> = 0..10;
+/// Seeds per scenario when none are given: the fast lane, what CI runs.
+const DEFAULT_SEEDS: std::ops::Range<u64> = 0..3;
+/// Seeds per scenario in the long lane (`--long`).
+const LONG_SEEDS: std::ops::Range<u64> = 0..50;
 /// A regression switch must be caught within this many seeds.
 const SWITCH_SEEDS: u64 = 100;
 const TRACE_TAIL_LINES: usize = 40;
@@ -26,6 +28,10 @@ struct Args {
     scenarios: Vec<&'static Scenario>,
     trace: bool,
     list: bool,
+    /// The long lane: more seeds, and each switch searched from seed 0.
+    long: bool,
+    /// Parse and route the arguments, say what would run, run nothing.
+    dry_run: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -36,6 +42,8 @@ fn parse(args: &[String]) -> Result<Args, String> {
         scenarios: Vec::new(),
         trace: false,
         list: false,
+        long: false,
+        dry_run: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -73,19 +81,51 @@ fn parse(args: &[String]) -> Result<Args, String> {
             }
             "--trace" => parsed.trace = true,
             "--list" => parsed.list = true,
+            "--long" => parsed.long = true,
+            "--dry-run" => parsed.dry_run = true,
             // cargo test's own flags, passed through by the harness-less target.
-            "--nocapture" | "--quiet" | "-q" | "--test-threads" => {}
+            "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored" | "--ignored" | "--exact" => {}
+            "--test-threads" | "--color" | "--format" => {
+                value(arg)?;
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
     if parsed.scenarios.is_empty() {
         parsed.scenarios = scenarios::all().iter().collect();
     }
+    if parsed.long && !parsed.explicit_seeds {
+        parsed.seeds = LONG_SEEDS;
+    }
     Ok(parsed)
 }
 
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    // What the madsim lane needs to know of this one (crate::lanes) must stay true.
+    let names: Vec<&str> = scenarios::all().iter().map(|scenario| scenario.name).collect();
+    let switches: Vec<&str> = scenarios::SWITCHES.iter().map(|switch| switch.name).collect();
+    assert_eq!(
+        names,
+        crate::lanes::TURMOIL_SCENARIOS,
+        "crate::lanes::TURMOIL_SCENARIOS is stale"
+    );
+    assert_eq!(
+        switches,
+        crate::lanes::TURMOIL_SWITCHES,
+        "crate::lanes::TURMOIL_SWITCHES is stale"
+    );
+    let args = match crate::lanes::route(crate::lanes::Lane::Turmoil, &args) {
+        Ok(crate::lanes::Route::Run(args)) => args,
+        Ok(crate::lanes::Route::Skip(why)) => {
+            println!("turmoil lane: skipped ({why})");
+            return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("turmoil lane: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
     let args = match parse(&args) {
         Ok(args) => args,
         Err(error) => {
@@ -93,6 +133,14 @@ pub fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.dry_run {
+        println!(
+            "turmoil lane: would run {} scenario(s), seeds {:?}",
+            args.scenarios.len(),
+            args.seeds
+        );
+        return ExitCode::SUCCESS;
+    }
     if args.list {
         for scenario in scenarios::all() {
             println!("{:<16} {}", scenario.name, scenario.about);
@@ -150,10 +198,16 @@ pub fn main() -> ExitCode {
         runs as f64 * 60.0 / wall.as_secs_f64().max(1e-9),
         virtual_time.as_secs_f64() / wall.as_secs_f64().max(1e-9),
     );
-    // The default run also proves the lane catches every re-created defect.
-    if !args.explicit_seeds && args.scenarios.len() == scenarios::all().len() {
+    // The default run also proves the lane catches every re-created defect: at its recorded
+    // run in the fast lane, searched from seed 0 (and timed) in the long lane.
+    if (!args.explicit_seeds || args.long) && args.scenarios.len() == scenarios::all().len() {
         for switch in scenarios::SWITCHES {
-            if !catch(switch, 0..SWITCH_SEEDS) {
+            let caught = if args.long {
+                catch(switch, 0..SWITCH_SEEDS)
+            } else {
+                caught_where_recorded(switch)
+            };
+            if !caught {
                 failed += 1;
             }
         }
@@ -162,6 +216,35 @@ pub fn main() -> ExitCode {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Runs the switch at the run its table records; it must still catch the defect.
+fn caught_where_recorded(switch: &scenarios::Switch) -> bool {
+    let (name, seed) = switch.caught_by;
+    let scenario = scenarios::find(name).expect("the switch's recorded scenario exists");
+    let report = super::run_with(scenario, seed, Some(switch));
+    match report
+        .violations
+        .iter()
+        .find(|violation| switch.invariants.contains(&violation.invariant))
+    {
+        Some(violation) => {
+            println!(
+                "ok     regression switch {} ({}) caught at its recorded seed {seed} of {name}: {}",
+                switch.name, switch.bug, violation.invariant
+            );
+            true
+        }
+        None => {
+            println!(
+                "FAILED regression switch {} is no longer caught at its recorded seed {seed} of {name}: search for it \
+                 (cargo test -p sim-tests --test turmoil -- --regression-switch {}) and record the new catch in \
+                 sim-tests/src/turmoil_lane/scenarios.rs, or find what stopped catching it",
+                switch.name, switch.name
+            );
+            false
+        }
     }
 }
 
