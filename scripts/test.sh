@@ -1,24 +1,213 @@
 #!/usr/bin/env bash
-# Every test: unit and integration tests of the whole workspace (including real-process
-# cluster tests), then the simulation lane (which rebuilds itself under --cfg madsim in
-# target/madsim). Lints first so a formatting slip fails fast.
+# scripts/test.sh — the fast lane: the README's test command and what .ci/run runs. Everything
+# that catches a defect, in at most 25 minutes on a clean clone of a 2-core machine: fmt, clippy
+# in both worlds, every unit, datadriven and real-process test (each with its own deadline,
+# the slowest ten printed), every simulation scenario on a few seeds with a replay of each, the
+# seeds that once exposed bugs, every regression switch (the negative control's among them) at
+# the run that its table records catches it, one shrink replayed from its file, the turmoil
+# lane, and the corpus replay of every fuzz target.
+#
+# scripts/test.sh --long — the long lane: what moved out of the fast one. Hundreds of seeds
+# per scenario with every run replayed, the coverage floors, each regression switch searched
+# from seed 0 (timed) and shrunk, the turmoil lane on many seeds, each fuzz target for minutes
+# from a fresh seed (crashes kept under target/fuzz-crashes). Run it before saying resolved on
+# any change to core/, io-sim/, the drivers or the simulation, and quote its summary lines.
+#
+# Each world is built once: the normal build (which is also the turmoil lane's, `tokio_unstable`
+# coming from .cargo/config.toml), and the madsim build under target/madsim, whose test binaries
+# are then run directly. Each step's wall time is printed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# rustfmt and clippy come with the toolchain; add them if this machine's toolchain lacks them.
-if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
-  rustup component add rustfmt clippy
-fi
-cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --locked -- -D warnings
-# The simulation-only crates compile to nothing in a normal build; lint them as simulated.
-# The flags must match sim-tests/tests/sim.rs's, or target/madsim is rebuilt each time;
+
+LANE=fast
+case "${1:-}" in
+  "") ;;
+  --long) LANE=long ;;
+  *)
+    echo "usage: scripts/test.sh [--long]" >&2
+    exit 2
+    ;;
+esac
+
+# The madsim world: the flags must match sim-tests/tests/sim.rs's, or target/madsim rebuilds;
 # tokio_unstable lets each simulated run seed tokio's select! generator.
 SIM_RUSTFLAGS="--cfg madsim --cfg tokio_unstable"
-RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=target/madsim \
-  cargo clippy --profile sim --locked -p drover-io-sim -p sim-tests --all-targets -- -D warnings
-# The simulated world's own unit tests (invariant checkers) exist only under --cfg madsim.
-RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=target/madsim cargo test --profile sim --locked -p drover-io-sim --lib
-cargo test --workspace --locked
-# Every fuzz target for 60 s (their corpora were already replayed above), from a fixed seed so
-# CI is reproducible; exploratory runs take a fresh seed (README, Fuzzing).
-cargo test -p drover-io-real --locked --test fuzz -- --secs 60 --seed 1
+SIM_TARGET=target/madsim
+
+STARTED=$SECONDS
+STEP_NAMES=()
+STEP_SECS=()
+summary() {
+  local status=$?
+  echo
+  echo "=== scripts/test.sh ($LANE lane): wall time per step"
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '  %-18s %6d s\n' "${STEP_NAMES[$i]}" "${STEP_SECS[$i]}"
+  done
+  printf '  %-18s %6d s  (%s)\n' total $((SECONDS - STARTED)) "$([ "$status" = 0 ] && echo passed || echo "FAILED, exit $status")"
+}
+trap summary EXIT
+
+# step NAME COMMAND...: runs one step, timed; stops the script when it fails.
+step() {
+  local name=$1
+  shift
+  echo
+  echo "=== $name"
+  local begun=$SECONDS status=0
+  "$@" || status=$?
+  STEP_NAMES+=("$name")
+  STEP_SECS+=($((SECONDS - begun)))
+  if [ "$status" != 0 ]; then
+    echo "=== $name FAILED (exit $status)"
+    exit "$status"
+  fi
+}
+
+tools() {
+  # rustfmt and clippy come with the toolchain; add them if this machine's toolchain lacks them.
+  if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    rustup component add rustfmt clippy || return
+  fi
+  # The test runner: per-test processes and deadlines. Fresh machines of this kind carry it;
+  # build it from crates.io where one does not.
+  if ! cargo nextest --version >/dev/null 2>&1; then
+    cargo install --locked cargo-nextest || return
+  fi
+}
+
+lint() {
+  cargo fmt --all -- --check || return
+  cargo clippy --workspace --all-targets --locked -- -D warnings || return
+  # The simulation-only crates compile to nothing in a normal build; lint them as simulated.
+  RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=$SIM_TARGET \
+    cargo clippy --profile sim --locked -p drover-io-sim -p sim-tests --all-targets -- -D warnings
+}
+
+# Test executables from cargo's JSON messages on stdin, as "NAME PATH" lines.
+executables() {
+  python3 -c '
+import json, sys
+for line in sys.stdin:
+    if not line.startswith("{"):
+        continue
+    message = json.loads(line)
+    if message.get("reason") == "compiler-artifact" and message.get("executable") and message["profile"]["test"]:
+        print(message["target"]["name"], message["executable"])
+'
+}
+
+# The normal world, once: every test target of the workspace (the turmoil lane's and the
+# fuzzer's binaries among them, run directly below: `cargo test -p X` would unify features over
+# X alone and build the dependency graph a second time).
+build() {
+  cargo test --workspace --locked --no-run --message-format=json-render-diagnostics |
+    executables >target/test-binaries.new || return
+  mv target/test-binaries.new target/test-binaries
+  cat target/test-binaries
+}
+
+# The madsim world, once, exactly as sim-tests/tests/sim.rs builds it (same package selection,
+# so the same features: the trampoline then finds nothing to rebuild).
+build_madsim() {
+  mkdir -p $SIM_TARGET
+  RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=$SIM_TARGET \
+    cargo test --profile sim --locked -p sim-tests --test sim --no-run --message-format=json-render-diagnostics |
+    executables >$SIM_TARGET/test-binaries || return
+  cat $SIM_TARGET/test-binaries
+}
+
+# The path of test binary NAME in list FILE.
+binary() {
+  local path
+  path=$(awk -v name="$1" '$1 == name { print $2 }' "$2" | tail -1)
+  if [ -z "$path" ]; then
+    echo "no test binary $1 in $2" >&2
+    return 1
+  fi
+  echo "$path"
+}
+
+# nextest filters: unit tests (every crate's own, and the core's datadriven traces) apart from
+# the tests that start real agents, plugins and processes.
+UNIT='kind(lib) | kind(bin) | package(drover-core)'
+REAL='not (kind(lib) | kind(bin) | package(drover-core))'
+NEXTEST=(cargo nextest run --workspace --locked --lib --bins --test it --no-fail-fast)
+
+unit() {
+  "${NEXTEST[@]}" --profile default -E "$UNIT"
+}
+
+real_process() {
+  local status=0
+  "${NEXTEST[@]}" --profile real -E "$REAL" || status=$?
+  python3 scripts/slowest.py target/nextest/real/junit.xml 10 || true
+  return "$status"
+}
+
+sim() {
+  local bin
+  bin=$(binary sim $SIM_TARGET/test-binaries) || return
+  (cd sim-tests && "$bin" "$@")
+}
+
+turmoil() {
+  local bin
+  bin=$(binary turmoil target/test-binaries) || return
+  (cd sim-tests && "$bin" "$@")
+}
+
+# The README's simulation commands, each parsed and routed by both lanes (--dry-run), and one
+# run replayed end to end through cargo as a newcomer types it (both lanes see its arguments).
+sim_commands() {
+  local lane args madsim turmoil trampoline
+  madsim=$(binary sim $SIM_TARGET/test-binaries) || return
+  turmoil=$(binary turmoil target/test-binaries) || return
+  trampoline=$(binary sim target/test-binaries) || return
+  while IFS=$'\t' read -r lane args; do
+    echo "README command ($lane lanes): -- $args"
+    if [ "$lane" = both ]; then
+      # shellcheck disable=SC2086
+      "$madsim" $args --dry-run || return
+    fi
+    # shellcheck disable=SC2086
+    "$turmoil" $args --dry-run || return
+  done < <(python3 scripts/readme_sim_commands.py README.md)
+  # What `cargo test -p sim-tests -- ARGS` runs: the madsim trampoline (which asks cargo for
+  # the madsim build, already made) and the turmoil lane, both with ARGS.
+  local replay=(--seed 42 --scenario leader_killed --trace)
+  if ! (cd sim-tests && "$trampoline" "${replay[@]}" && "$turmoil" "${replay[@]}") >target/readme-replay.log 2>&1; then
+    tail -40 target/readme-replay.log
+    return 1
+  fi
+  echo "README: -- ${replay[*]} exited 0 in both lanes ($(wc -l <target/readme-replay.log) lines of output)"
+}
+
+fuzz() {
+  local bin
+  bin=$(binary fuzz target/test-binaries) || return
+  (cd io-real && "$bin" "$@")
+}
+
+step tools tools
+if [ "$LANE" = fast ]; then
+  step build build
+  step lint lint
+  step unit unit
+  step real-process real_process
+  step build-madsim build_madsim
+  # The fast lane: every scenario on seeds 0..6 with a replay of each, the regression seeds,
+  # every switch at its recorded catch, one shrink replayed from its file.
+  step sim sim
+  step turmoil turmoil
+  step sim-commands sim_commands
+  # The corpora and the built-in seeds of every target, then 4,096 cases each from seed 0.
+  step fuzz fuzz
+else
+  step build build
+  step build-madsim build_madsim
+  step sim sim --long
+  step turmoil turmoil --long
+  # Every target for five minutes from a fresh seed (printed); crashes are kept.
+  step fuzz fuzz --secs 300
+fi

@@ -8,8 +8,8 @@
 //! `target/fuzz-crashes/<target>/`, ready to be checked in as a corpus file once fixed.
 //!
 //! ```text
-//! cargo test -p drover-io-real --test fuzz                          # corpus + 1024 cases each
-//! cargo test -p drover-io-real --test fuzz -- --secs 60             # the CI smoke run
+//! cargo test -p drover-io-real --test fuzz                          # corpus + 4096 cases each (the fast lane)
+//! cargo test -p drover-io-real --test fuzz -- --secs 300            # the long lane, a fresh seed
 //! cargo test -p drover-io-real --test fuzz -- --target jobspec_hcl --secs 3600 --seed 7
 //! cargo test -p drover-io-real --test fuzz -- --replay target/fuzz-crashes/<target>/<file>
 //! cargo test -p drover-io-real --test fuzz -- --write-seeds   # check in this build's records
