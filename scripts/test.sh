@@ -101,6 +101,7 @@ for line in sys.stdin:
 # fuzzer's binaries among them, run directly below: `cargo test -p X` would unify features over
 # X alone and build the dependency graph a second time).
 build() {
+  mkdir -p target
   cargo test --workspace --locked --no-run --message-format=json-render-diagnostics |
     executables >target/test-binaries.new || return
   mv target/test-binaries.new target/test-binaries
