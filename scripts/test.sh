@@ -34,6 +34,14 @@ esac
 SIM_RUSTFLAGS="--cfg madsim --cfg tokio_unstable"
 SIM_TARGET=target/madsim
 
+# Lints ride along with the builds: clippy-driver (what `cargo clippy` runs) lints each
+# workspace crate and then compiles it, so each world's dependency graph is compiled once rather
+# than once to check and once to build. Every cargo call below, the simulation trampoline's and
+# nextest's included, must share these, or the workspace crates' fingerprints differ and rebuild.
+CLIPPY_DRIVER=$(rustup which clippy-driver 2>/dev/null || command -v clippy-driver || true)
+export RUSTC_WORKSPACE_WRAPPER=$CLIPPY_DRIVER
+export CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+
 STARTED=$SECONDS
 STEP_NAMES=()
 STEP_SECS=()
@@ -66,8 +74,9 @@ step() {
 
 tools() {
   # rustfmt and clippy come with the toolchain; add them if this machine's toolchain lacks them.
-  if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  if ! cargo fmt --version >/dev/null 2>&1 || [ ! -x "$RUSTC_WORKSPACE_WRAPPER" ]; then
     rustup component add rustfmt clippy || return
+    RUSTC_WORKSPACE_WRAPPER=$(rustup which clippy-driver) || return
   fi
   # The test runner: per-test processes and deadlines. Fresh machines of this kind carry it;
   # build it from crates.io where one does not.
@@ -76,12 +85,9 @@ tools() {
   fi
 }
 
-lint() {
-  cargo fmt --all -- --check || return
-  cargo clippy --workspace --all-targets --locked -- -D warnings || return
-  # The simulation-only crates compile to nothing in a normal build; lint them as simulated.
-  RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=$SIM_TARGET \
-    cargo clippy --profile sim --locked -p drover-io-sim -p sim-tests --all-targets -- -D warnings
+# clippy runs inside the builds (above); what is left is the formatting.
+fmt() {
+  cargo fmt --all -- --check
 }
 
 # Test executables from cargo's JSON messages on stdin, as "NAME PATH" lines.
@@ -97,25 +103,51 @@ for line in sys.stdin:
 '
 }
 
-# The normal world, once: every test target of the workspace (the turmoil lane's and the
-# fuzzer's binaries among them, run directly below: `cargo test -p X` would unify features over
-# X alone and build the dependency graph a second time).
+# The normal world, once, linted as it is built (clippy --workspace --all-targets): every
+# target of the workspace (the turmoil lane's and the fuzzer's binaries among them, run
+# directly below: `cargo test -p X` would unify features over X alone and build the
+# dependency graph a second time; the benches are built to be linted).
 build() {
   mkdir -p target
-  cargo test --workspace --locked --no-run --message-format=json-render-diagnostics |
+  cargo test --workspace --all-targets --locked --no-run --timings --message-format=json-render-diagnostics |
     executables >target/test-binaries.new || return
   mv target/test-binaries.new target/test-binaries
   cat target/test-binaries
 }
 
-# The madsim world, once, exactly as sim-tests/tests/sim.rs builds it (same package selection,
-# so the same features: the trampoline then finds nothing to rebuild).
+# The madsim world, once, as sim-tests/tests/sim.rs builds it (the same features: the
+# trampoline then finds nothing to rebuild), io-sim and sim-tests linted as they are built
+# (the simulation-only code compiles to nothing in a normal build).
 build_madsim() {
   mkdir -p $SIM_TARGET
   RUSTFLAGS="$SIM_RUSTFLAGS" CARGO_TARGET_DIR=$SIM_TARGET \
-    cargo test --profile sim --locked -p sim-tests --test sim --no-run --message-format=json-render-diagnostics |
+    cargo test --profile sim --locked -p drover-io-sim -p sim-tests --test sim --no-run --timings \
+    --message-format=json-render-diagnostics |
     executables >$SIM_TARGET/test-binaries || return
   cat $SIM_TARGET/test-binaries
+}
+
+# Both worlds at once: two builds on two cores overlap each other's serial stretches (a big
+# crate compiling alone, a link), which one build at a time leaves idle. The madsim build's
+# output is shown when it ends; each build's own wall time is recorded beside the step's.
+build_both() {
+  local begun=$SECONDS started status=0
+  started=$(date +%s)
+  mkdir -p $SIM_TARGET
+  (
+    build_madsim >$SIM_TARGET/build.log 2>&1
+    echo $? >$SIM_TARGET/build.status
+  ) &
+  local madsim=$!
+  build || status=$?
+  STEP_NAMES+=("  build (normal)")
+  STEP_SECS+=($((SECONDS - begun)))
+  wait $madsim
+  STEP_NAMES+=("  build (madsim)")
+  STEP_SECS+=($(($(stat -c %Y $SIM_TARGET/build.status) - started)))
+  echo "=== the madsim build's output"
+  cat $SIM_TARGET/build.log
+  [ "$status" = 0 ] && [ "$(cat $SIM_TARGET/build.status)" = 0 ]
 }
 
 # The path of test binary NAME in list FILE.
@@ -192,11 +224,10 @@ fuzz() {
 
 step tools tools
 if [ "$LANE" = fast ]; then
-  step build build
-  step lint lint
+  step fmt fmt
+  step build build_both
   step unit unit
   step real-process real_process
-  step build-madsim build_madsim
   # The fast lane: every scenario on seeds 0..6 with a replay of each, the regression seeds,
   # every switch at its recorded catch, one shrink replayed from its file.
   step sim sim
@@ -205,8 +236,7 @@ if [ "$LANE" = fast ]; then
   # The corpora and the built-in seeds of every target, then 4,096 cases each from seed 0.
   step fuzz fuzz
 else
-  step build build
-  step build-madsim build_madsim
+  step build build_both
   step sim sim --long
   step turmoil turmoil --long
   # Every target for five minutes from a fresh seed (printed); crashes are kept.
