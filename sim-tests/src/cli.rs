@@ -295,14 +295,40 @@ fn recorded_catches(args: &Args) -> bool {
         })
         .collect();
     // Runs with different switches in parallel: one job list per switch's options would
-    // serialise them, so each job carries its own options.
+    // serialise them, so each job carries its own options. Each recorded run also runs with
+    // its switch off, and must then pass: the catch is the switch's, not the seed's.
     let reports = run_jobs_with(
         jobs.iter()
-            .map(|(switch, scenario, seed)| (*scenario, *seed, (switch.options)()))
+            .flat_map(|(switch, scenario, seed)| {
+                [
+                    (*scenario, *seed, (switch.options)()),
+                    (*scenario, *seed, Options::default()),
+                ]
+            })
             .collect(),
         false,
     );
+    let (reports, controls): (Vec<Report>, Vec<Report>) = {
+        let mut pairs = reports.into_iter();
+        let mut on = Vec::new();
+        let mut off = Vec::new();
+        while let (Some(with), Some(without)) = (pairs.next(), pairs.next()) {
+            on.push(with);
+            off.push(without);
+        }
+        (on, off)
+    };
     let mut ok = true;
+    for ((switch, _, _), control) in jobs.iter().zip(&controls) {
+        if !control.passed() {
+            ok = false;
+            println!(
+                "FAILED regression switch #{}'s recorded run fails with the switch off too: it proves nothing",
+                switch.name
+            );
+            print_failure(control, false);
+        }
+    }
     for ((switch, _, _), report) in jobs.iter().zip(&reports) {
         match switch.caught(report) {
             Some(violation) => {
@@ -907,8 +933,8 @@ fn negative_control(args: &Args) -> bool {
 /// suite must report the leaked claim within this many seeds of the scenarios listed.
 const REGRESSION_SWITCH_SEEDS: u64 = 500;
 /// A historical defect re-created on purpose: its number, what it does, the faults that
-/// re-create it, the scenarios that must catch it, and the invariant that must report it
-/// (alternatives separated by `|`).
+/// re-create it, the scenarios that must catch it, the invariant that must report it, and
+/// where it was last caught.
 struct Switch {
     name: &'static str,
     bug: &'static str,

@@ -219,16 +219,20 @@ pub fn main() -> ExitCode {
     }
 }
 
+/// The violation by which `report` catches `switch`'s defect, if it does.
+fn caught<'a>(switch: &scenarios::Switch, report: &'a Report) -> Option<&'a super::Violation> {
+    report
+        .violations
+        .iter()
+        .find(|violation| switch.invariants.contains(&violation.invariant))
+}
+
 /// Runs the switch at the run its table records; it must still catch the defect.
 fn caught_where_recorded(switch: &scenarios::Switch) -> bool {
     let (name, seed) = switch.caught_by;
     let scenario = scenarios::find(name).expect("the switch's recorded scenario exists");
     let report = super::run_with(scenario, seed, Some(switch));
-    match report
-        .violations
-        .iter()
-        .find(|violation| switch.invariants.contains(&violation.invariant))
-    {
+    match caught(switch, &report) {
         Some(violation) => {
             println!(
                 "ok     regression switch {} ({}) caught at its recorded seed {seed} of {name}: {}",
@@ -257,11 +261,7 @@ fn catch(switch: &scenarios::Switch, seeds: std::ops::Range<u64>) -> bool {
             let scenario = scenarios::find(name).expect("the switch's scenario exists");
             let report = super::run_with(scenario, seed, Some(switch));
             tried += 1;
-            if let Some(violation) = report
-                .violations
-                .iter()
-                .find(|violation| switch.invariants.contains(&violation.invariant))
-            {
+            if let Some(violation) = caught(switch, &report) {
                 println!(
                     "ok     regression switch {} ({}) caught by {} seed {seed} after {tried} runs in {:.1} s: {}: {}",
                     switch.name,
