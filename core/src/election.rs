@@ -32,6 +32,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+use alloc::collections::BTreeSet;
 use core::time::Duration;
 
 /// How long past its own view of the lease a named successor waits before it stands. The other
@@ -306,6 +307,21 @@ impl Elections {
         let gap = slot / 3;
         Duration::from_millis(min + u64::from(self.rank) * (slot + gap) + rng.random_range(0..slot))
     }
+}
+
+/// Whether a pre-vote is won: a majority of every configuration in force granted it, the
+/// candidate's own vote among `granted`. During a membership change Raft's joint consensus
+/// (§4.3) holds two configurations, and an election needs a majority of each: a candidate
+/// counted against the union alone (what the driver did until a swarm run with production's
+/// `retry_join` interval livelocked for 400 s) can hold a majority of the old voters yet never
+/// win the new ones, and then stands round after round, moving the term past the one server
+/// both configurations could elect. `configs` empty
+/// (no membership yet) is never won.
+pub fn pre_vote_won(configs: &[BTreeSet<u64>], granted: &BTreeSet<u64>) -> bool {
+    !configs.is_empty()
+        && configs
+            .iter()
+            .all(|config| config.iter().filter(|id| granted.contains(id)).count() * 2 > config.len())
 }
 
 #[cfg(test)]

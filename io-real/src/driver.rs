@@ -1275,14 +1275,13 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let metrics = raft.metrics().borrow().clone();
                 let me = metrics.id;
                 let membership = metrics.membership_config.membership();
-                let voters: Vec<String> = membership
+                let voters: Vec<(u64, String)> = membership
                     .voter_ids()
                     .filter(|id| *id != me)
-                    .filter_map(|id| membership.get_node(&id).map(|node| node.rpc_addr.clone()))
+                    .filter_map(|id| membership.get_node(&id).map(|node| (id, node.rpc_addr.clone())))
                     .collect();
-                // A majority of the voters, this one included.
-                let total = voters.len() + 1;
-                let needed = total / 2 + 1;
+                // Every configuration in force: two while a joint configuration is.
+                let configs = membership.get_joint_config().clone();
                 let request = crate::service::PreVoteRequest {
                     candidate: me,
                     last_log: self
@@ -1294,7 +1293,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 };
                 let (transport, inbox, region) = (self.transport.clone(), self.inbox.clone(), self.region.clone());
                 tokio::spawn(async move {
-                    let granted = pre_vote(transport, region, voters, request, needed).await;
+                    let granted = pre_vote(transport, region, voters, request, me, configs).await;
                     let _ = inbox.send(agent::Input::Server(I::PreVoteAnswered { granted }));
                 });
             }
@@ -1405,20 +1404,22 @@ fn raft_role(state: ServerState) -> RaftRole {
 /// majority granted).
 const PRE_VOTE_TIMEOUT: Duration = Duration::from_millis(250);
 
-/// Asks `voters` for a pre-vote; granted once `needed` votes (ours included) are in.
+/// Asks `voters` for a pre-vote; granted once the votes in (ours, `me`, included) win every
+/// configuration in `configs` (`election::pre_vote_won`).
 async fn pre_vote<T: Transport>(
     transport: T,
     region: String,
-    voters: Vec<String>,
+    voters: Vec<(u64, String)>,
     request: crate::service::PreVoteRequest,
-    needed: usize,
+    me: u64,
+    configs: Vec<std::collections::BTreeSet<u64>>,
 ) -> bool {
     use futures::stream::{FuturesUnordered, StreamExt};
     let json = serde_json::to_vec(&request).expect("a pre-vote serializes");
     let mut answers: FuturesUnordered<_> = voters
         .iter()
-        .filter_map(|addr| addr.parse::<SocketAddr>().ok())
-        .map(|addr| {
+        .filter_map(|(id, addr)| addr.parse::<SocketAddr>().ok().map(|addr| (*id, addr)))
+        .map(|(id, addr)| {
             let envelope = crate::service::envelope(
                 &region,
                 RequestBody::RaftPreVote(drover_proto::agent::v1::JsonPayload { json: json.clone() }),
@@ -1429,21 +1430,23 @@ async fn pre_vote<T: Transport>(
                     Ok(drover_proto::agent::v1::AgentResponse {
                         body: Some(drover_proto::agent::v1::agent_response::Body::RaftPreVote(payload)),
                         ..
-                    }) => serde_json::from_slice::<bool>(&payload.json).unwrap_or(false),
-                    _ => false,
+                    }) => (id, serde_json::from_slice::<bool>(&payload.json).unwrap_or(false)),
+                    _ => (id, false),
                 }
             }
         })
         .collect();
-    let mut granted = 1;
-    while granted < needed {
+    let mut granted = std::collections::BTreeSet::from([me]);
+    while !drover_core::election::pre_vote_won(&configs, &granted) {
         match answers.next().await {
-            Some(true) => granted += 1,
-            Some(false) => {}
+            Some((id, true)) => {
+                granted.insert(id);
+            }
+            Some((_, false)) => {}
             None => break,
         }
     }
-    granted >= needed
+    drover_core::election::pre_vote_won(&configs, &granted)
 }
 
 fn raft_view(metrics: &RaftMetrics) -> RaftView {

@@ -92,6 +92,8 @@ struct Args {
     per_scenario: bool,
     /// The long lane: many seeds, every switch searched from seed 0 and shrunk, coverage floors.
     long: bool,
+    /// Only search every regression switch from seed 0, timed (the long lane's second half).
+    catch_times: bool,
     /// How long one shrink may take ([`SHRINK_BUDGET`] unless set).
     shrink_budget: Option<Duration>,
     /// Parse and route the arguments, say what would run, run nothing (the fast lane checks
@@ -152,6 +154,7 @@ fn parse_args(raw: Vec<String>) -> Result<Args, String> {
             "--log" => args.log = true,
             "--per-scenario" => args.per_scenario = true,
             "--long" => args.long = true,
+            "--catch-times" => args.catch_times = true,
             "--dry-run" => args.dry_run = true,
             "--coverage" => args.coverage = Some(value("--coverage")?.into()),
             "--schedule" => args.schedule = Some(value("--schedule")?.into()),
@@ -266,6 +269,9 @@ pub fn main() -> ExitCode {
     if args.long {
         return exit(long_lane(args));
     }
+    if args.catch_times {
+        return exit(catch_times(!args.no_shrink).0);
+    }
     let explicit = args.seeds.is_some();
     let seeds = args.seeds.clone().unwrap_or(FAST_SEEDS);
     let mut ok = run_range(&args, seeds);
@@ -282,6 +288,7 @@ pub fn main() -> ExitCode {
 /// shrink.
 fn recorded_catches(args: &Args) -> bool {
     let started = Instant::now();
+    let mut ok = every_fault_has_a_switch();
     let jobs: Vec<(&Switch, &'static Scenario, u64)> = REGRESSION_SWITCHES
         .iter()
         .map(|switch| {
@@ -318,7 +325,6 @@ fn recorded_catches(args: &Args) -> bool {
         }
         (on, off)
     };
-    let mut ok = true;
     for ((switch, _, _), control) in jobs.iter().zip(&controls) {
         if !control.passed() {
             ok = false;
@@ -373,9 +379,47 @@ fn long_lane(mut args: Args) -> bool {
     let floors = coverage_floors(&table);
     ok &= floors;
     ok &= regression_seeds();
+    ok &= every_fault_has_a_switch();
+    let (caught, catches) = catch_times(!args.no_shrink);
+    ok &= caught;
+    println!(
+        "sim long lane: {} | {runs} runs of {} scenarios x seeds {}..{} (each replayed) in {range_secs:.0} s \
+         ({:.0} runs/min, {:.1} virtual s per wall s) | switches caught {}/{}, {} within 60 s, \
+         median {:.1} s, slowest {:.1} s | coverage floors {} | {:.0} s in all",
+        if ok { "PASSED" } else { "FAILED" },
+        args.scenarios.len(),
+        seeds.start,
+        seeds.end,
+        2.0 * runs as f64 * 60.0 / range_secs.max(0.001),
+        2.0 * table.virtual_secs as f64 / range_secs.max(0.001),
+        catches.caught,
+        catches.switches,
+        catches.within_60s,
+        catches.median,
+        catches.slowest,
+        if floors { "held" } else { "BROKEN" },
+        started.elapsed().as_secs_f64()
+    );
+    ok
+}
+
+/// How fast the simulator finds the regression switches' bugs.
+struct CatchTimes {
+    switches: usize,
+    caught: usize,
+    within_60s: usize,
+    median: f64,
+    slowest: f64,
+}
+
+/// Every regression switch searched from seed 0 (`--catch-times`, and the long lane), each
+/// catch shrunk when `shrink`: prints the wall time to each catch and where the table's
+/// recorded catch moved. Whether every switch was caught, and the figures.
+fn catch_times(shrink: bool) -> (bool, CatchTimes) {
+    let mut ok = true;
     let search = Args {
         seeds: None,
-        shrink: !args.no_shrink,
+        shrink,
         shrink_budget: Some(LONG_SHRINK_BUDGET),
         ..Args::default()
     };
@@ -417,22 +461,18 @@ fn long_lane(mut args: Args) -> bool {
     let median = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
     let slowest = times.last().copied().unwrap_or(f64::NAN);
     let within = times.iter().filter(|secs| **secs <= 60.0).count();
+    let summary = CatchTimes {
+        switches: catches.len(),
+        caught: times.len(),
+        within_60s: within,
+        median,
+        slowest,
+    };
     println!(
-        "sim long lane: {} | {runs} runs of {} scenarios x seeds {}..{} (each replayed) in {range_secs:.0} s \
-         ({:.0} runs/min, {:.1} virtual s per wall s) | switches caught {}/{}, {within} within 60 s, \
-         median {median:.1} s, slowest {slowest:.1} s | coverage floors {} | {:.0} s in all",
-        if ok { "PASSED" } else { "FAILED" },
-        args.scenarios.len(),
-        seeds.start,
-        seeds.end,
-        2.0 * runs as f64 * 60.0 / range_secs.max(0.001),
-        2.0 * table.virtual_secs as f64 / range_secs.max(0.001),
-        times.len(),
-        catches.len(),
-        if floors { "held" } else { "BROKEN" },
-        started.elapsed().as_secs_f64()
+        "sim: switches caught {}/{}, {} within 60 s, median {:.1} s, slowest {:.1} s",
+        summary.caught, summary.switches, summary.within_60s, summary.median, summary.slowest
     );
-    ok
+    (ok, summary)
 }
 
 fn exit(ok: bool) -> ExitCode {
@@ -935,6 +975,84 @@ const REGRESSION_SWITCH_SEEDS: u64 = 500;
 /// A historical defect re-created on purpose: its number, what it does, the faults that
 /// re-create it, the scenarios that must catch it, the invariant that must report it, and
 /// where it was last caught.
+/// The defects the configuration can re-create, as `path: on` pairs read from `options`'
+/// debug form (`csi_faults.abandon_failed_unpublish: false`, ...): every boolean fault flag,
+/// whichever struct it sits in, found without a list to keep up to date.
+fn fault_flags(options: &Options) -> Vec<(String, bool)> {
+    let text = format!("{options:?}");
+    let mut path: Vec<String> = Vec::new();
+    let mut flags = Vec::new();
+    for piece in text.split_inclusive(['{', '}', ',']) {
+        let piece = piece.trim();
+        if piece.ends_with('{') {
+            // `csi_faults: CsiFaults {` (or the outer `Options {`): one level down.
+            let field = piece.split(':').next().unwrap_or_default().trim().to_string();
+            path.push(field);
+        } else {
+            let field = piece.trim_end_matches([',', '}']).trim();
+            if let Some((name, value)) = field.split_once(": ")
+                && let Ok(on) = value.trim().parse::<bool>()
+            {
+                let mut qualified: Vec<&str> = path.iter().skip(1).map(String::as_str).collect();
+                qualified.push(name.trim());
+                flags.push((qualified.join("."), on));
+            }
+            for _ in piece.matches('}') {
+                path.pop();
+            }
+        }
+    }
+    flags
+}
+
+/// The formation defects `Options::bootstrap_fault` can name; the match fails to compile when
+/// one is added, so it cannot be left out of this list (and so of the switch table's check).
+fn bootstrap_faults() -> [BootstrapFault; 2] {
+    let listed = |fault: BootstrapFault| match fault {
+        BootstrapFault::SelfElectAfterElectionTimeout | BootstrapFault::SkipPeerQuery => (),
+    };
+    let all = [BootstrapFault::SelfElectAfterElectionTimeout, BootstrapFault::SkipPeerQuery];
+    all.into_iter().for_each(listed);
+    all
+}
+
+/// Every defect the simulation can re-create is in the switch table, so every run of the fast
+/// lane tries it: a switch taken out of the table (or a new fault flag never given one) fails
+/// the lane here, naming the flag.
+fn every_fault_has_a_switch() -> bool {
+    let switched: Vec<Options> = REGRESSION_SWITCHES.iter().map(|switch| (switch.options)()).collect();
+    let mut missing: Vec<String> = Vec::new();
+    for (flag, _) in fault_flags(&Options::default()) {
+        if !switched.iter().any(|options| fault_flags(options).contains(&(flag.clone(), true))) {
+            missing.push(flag);
+        }
+    }
+    for fault in bootstrap_faults() {
+        let covered = switched.iter().any(|options| {
+            options.bootstrap_fault == Some(fault)
+                || (fault == BootstrapFault::SelfElectAfterElectionTimeout && options.negative_control)
+        });
+        if !covered {
+            missing.push(format!("bootstrap_fault: {fault:?}"));
+        }
+    }
+    if missing.is_empty() {
+        println!(
+            "ok     every fault flag the simulation can set has a regression switch ({} flags, {} switches)",
+            fault_flags(&Options::default()).len() + bootstrap_faults().len(),
+            REGRESSION_SWITCHES.len()
+        );
+        return true;
+    }
+    for flag in &missing {
+        println!(
+            "FAILED fault flag {flag} has no regression switch in sim-tests/src/cli.rs: nothing proves the \
+             simulation still catches the defect it re-creates"
+        );
+    }
+    false
+}
+
 struct Switch {
     name: &'static str,
     bug: &'static str,

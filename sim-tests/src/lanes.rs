@@ -48,6 +48,7 @@ pub const MADSIM_ONLY_FLAGS: &[&str] = &[
     "--per-scenario",
     "--bench-jobs",
     "--bench-idle",
+    "--catch-times",
 ];
 
 /// What a lane does with a command line.

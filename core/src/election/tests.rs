@@ -240,3 +240,26 @@ fn a_late_pre_vote_answer_deposes_no_one() {
         );
     }
 }
+
+fn ids(list: &[u64]) -> BTreeSet<u64> {
+    list.iter().copied().collect()
+}
+
+#[test]
+fn a_pre_vote_needs_a_majority_of_every_configuration() {
+    // One configuration: two of three.
+    assert!(pre_vote_won(&[ids(&[1, 2, 3])], &ids(&[3, 2])));
+    assert!(!pre_vote_won(&[ids(&[1, 2, 3])], &ids(&[3])));
+    // Removing 3 (joint {1,2,3} and {1,2}): 3 and 2 are a majority of the old voters but not of
+    // the new, where 1 (whose log is longer) refuses. A swarm run with production's 30 s
+    // retry_join livelocked on this for 400 s: 3 stood every round with 2's vote, moving the
+    // term past 1, the only server both configurations could elect.
+    let joint = [ids(&[1, 2, 3]), ids(&[1, 2])];
+    assert!(!pre_vote_won(&joint, &ids(&[3, 2])));
+    assert!(pre_vote_won(&joint, &ids(&[1, 2])));
+    // Four voters: three are needed, two are a tie.
+    assert!(!pre_vote_won(&[ids(&[1, 2, 3, 4])], &ids(&[1, 2])));
+    assert!(pre_vote_won(&[ids(&[1, 2, 3, 4])], &ids(&[1, 2, 4])));
+    // No membership: nothing to win.
+    assert!(!pre_vote_won(&[], &ids(&[1])));
+}
