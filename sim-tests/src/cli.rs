@@ -1011,7 +1011,10 @@ fn bootstrap_faults() -> [BootstrapFault; 2] {
     let listed = |fault: BootstrapFault| match fault {
         BootstrapFault::SelfElectAfterElectionTimeout | BootstrapFault::SkipPeerQuery => (),
     };
-    let all = [BootstrapFault::SelfElectAfterElectionTimeout, BootstrapFault::SkipPeerQuery];
+    let all = [
+        BootstrapFault::SelfElectAfterElectionTimeout,
+        BootstrapFault::SkipPeerQuery,
+    ];
     all.into_iter().for_each(listed);
     all
 }
@@ -1023,7 +1026,10 @@ fn every_fault_has_a_switch() -> bool {
     let switched: Vec<Options> = REGRESSION_SWITCHES.iter().map(|switch| (switch.options)()).collect();
     let mut missing: Vec<String> = Vec::new();
     for (flag, _) in fault_flags(&Options::default()) {
-        if !switched.iter().any(|options| fault_flags(options).contains(&(flag.clone(), true))) {
+        if !switched
+            .iter()
+            .any(|options| fault_flags(options).contains(&(flag.clone(), true)))
+        {
             missing.push(flag);
         }
     }
