@@ -315,8 +315,8 @@ impl Elections {
 /// counted against the union alone (what the driver did until a swarm run with production's
 /// `retry_join` interval livelocked for 400 s) can hold a majority of the old voters yet never
 /// win the new ones, and then stands round after round, moving the term past the one server
-/// both configurations could elect. `configs` empty
-/// (no membership yet) is never won.
+/// both configurations could elect. With no configuration (no membership yet) it is never
+/// won.
 pub fn pre_vote_won(configs: &[BTreeSet<u64>], granted: &BTreeSet<u64>) -> bool {
     !configs.is_empty()
         && configs

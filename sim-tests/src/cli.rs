@@ -972,9 +972,6 @@ fn negative_control(args: &Args) -> bool {
 /// Historical Nomad CSI defects, re-created by a test-only switch: with the switch on, the
 /// suite must report the leaked claim within this many seeds of the scenarios listed.
 const REGRESSION_SWITCH_SEEDS: u64 = 500;
-/// A historical defect re-created on purpose: its number, what it does, the faults that
-/// re-create it, the scenarios that must catch it, the invariant that must report it, and
-/// where it was last caught.
 /// The defects the configuration can re-create, as `path: on` pairs read from `options`'
 /// debug form (`csi_faults.abandon_failed_unpublish: false`, ...): every boolean fault flag,
 /// whichever struct it sits in, found without a list to keep up to date.
@@ -1059,6 +1056,9 @@ fn every_fault_has_a_switch() -> bool {
     false
 }
 
+/// A historical defect re-created on purpose: its number, what it does, the faults that
+/// re-create it, the scenarios that must catch it, the invariant that must report it, and
+/// where it was last caught.
 struct Switch {
     name: &'static str,
     bug: &'static str,
