@@ -71,6 +71,24 @@ impl RaftView {
     }
 }
 
+/// The first live server of `region` the leader's Raft configuration does not hold as it
+/// asks to be held: absent altogether, or a learner though it is no non-voter. The second is
+/// a voter autopilot removed while it was gone (openraft keeps a removed voter as a learner):
+/// once it is back it votes again, as Nomad's reconciliation re-adds a live serf member that
+/// Raft lost, instead of staying a learner until it dies once more.
+pub fn server_to_add(members: &[MemberId], raft: &RaftView, region: &str) -> Option<Peer> {
+    members.iter().find_map(|member| {
+        let tags = member.tags.as_ref()?;
+        let held = raft.voters.contains(&tags.id) || (tags.nonvoter && raft.learners.contains(&tags.id));
+        (tags.region == region && !held).then(|| Peer {
+            id: tags.id,
+            name: member.name.clone(),
+            rpc_addr: tags.rpc_addr,
+            nonvoter: tags.nonvoter,
+        })
+    })
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Input {
     /// The answer to [`Action::AskLeaderContact`]: milliseconds since the last AppendEntries
@@ -555,16 +573,7 @@ impl Server {
         if self.busy(Pending::AddServer) || self.busy(Pending::RemoveServer) {
             return;
         }
-        let missing = self.membership.live_members().into_iter().find_map(|member| {
-            let tags = member.tags.as_ref()?;
-            (tags.region == self.region && !self.raft.contains(tags.id)).then(|| Peer {
-                id: tags.id,
-                name: member.name.clone(),
-                rpc_addr: tags.rpc_addr,
-                nonvoter: tags.nonvoter,
-            })
-        });
-        if let Some(peer) = missing {
+        if let Some(peer) = server_to_add(&self.membership.live_members(), &self.raft, &self.region) {
             tracing::info!(server = %peer.name, id = peer.id, nonvoter = peer.nonvoter, "adding server to the Raft configuration");
             let op = self.start(now, Pending::AddServer, RAFT_CHANGE_TIMEOUT);
             self.actions.push_back(Action::AddRaftServer { op, peer });
@@ -731,6 +740,51 @@ mod tests {
                 _ => None,
             })
             .collect()
+    }
+
+    fn member(id: u64, region: &str, nonvoter: bool) -> MemberId {
+        let addr: SocketAddr = ([10, 0, 0, id as u8], 4648).into();
+        MemberId {
+            name: format!("s{id}.{region}"),
+            addr,
+            generation: 1,
+            tags: Some(ServerTags {
+                region: region.into(),
+                datacenter: "dc1".into(),
+                id,
+                rpc_addr: ([10, 0, 0, id as u8], 4647).into(),
+                expect: 3,
+                bootstrap: false,
+                nonvoter,
+                build: "0.1.0".into(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_live_server_raft_holds_as_a_learner_is_made_a_voter_again_unless_it_is_a_nonvoter() {
+        let mut raft = leader_view(2);
+        raft.voters = [1, 2].into();
+        raft.learners = [3, 4].into();
+        let added = |members: &[MemberId]| server_to_add(members, &raft, "global").map(|peer| peer.id);
+        // Voters and a non-voter learner are held as they ask.
+        assert_eq!(
+            added(&[
+                member(1, "global", false),
+                member(2, "global", false),
+                member(4, "global", true)
+            ]),
+            None
+        );
+        // A voter autopilot removed while it was gone came back: it is left a learner by
+        // openraft, and it is added again (as a voter).
+        assert_eq!(
+            added(&[member(1, "global", false), member(3, "global", false)]),
+            Some(3)
+        );
+        // One Raft does not know at all, and never one of another region.
+        assert_eq!(added(&[member(5, "global", true)]), Some(5));
+        assert_eq!(added(&[member(6, "europe", false)]), None);
     }
 
     #[test]

@@ -1198,7 +1198,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["real_clients_connect"],
         invariant: "nothing is left behind after a job stop",
-        caught_by: ("real_clients_connect", 218),
+        caught_by: ("real_clients_connect", 257),
     },
     Switch {
         name: "no-unmount-retry",
@@ -1212,7 +1212,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["real_clients_rolling_update", "client_plugin_crash", "swarm"],
         invariant: "nothing is left behind after a job stop",
-        caught_by: ("swarm", 5),
+        caught_by: ("swarm", 168),
     },
     Switch {
         name: "max-parallel",
@@ -1240,7 +1240,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["real_clients_periodic"],
         invariant: "every time a periodic spec names is launched once or counted as skipped",
-        caught_by: ("real_clients_periodic", 6),
+        caught_by: ("real_clients_periodic", 0),
     },
     Switch {
         name: "8609",
@@ -1266,9 +1266,9 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["real_clients_csi", "swarm"],
         invariant: "liveness",
-        caught_by: ("swarm", 71),
+        caught_by: ("real_clients_csi", 1),
     },
     Switch {
         name: "7200",
@@ -1296,7 +1296,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "no task process outlives its task",
-        caught_by: ("swarm", 63),
+        caught_by: ("swarm", 132),
     },
     Switch {
         name: "25293",
@@ -1377,7 +1377,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["leader_killed", "lossy_network", "read_storm"],
         invariant: "consistent reads are linearizable",
-        caught_by: ("lossy_network", 59),
+        caught_by: ("lossy_network", 3),
     },
     Switch {
         name: "unsynced-log",
@@ -1391,7 +1391,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["leader_killed", "restart_with_state"],
         invariant: "nothing acknowledged is lost",
-        caught_by: ("restart_with_state", 202),
+        caught_by: ("restart_with_state", 2),
     },
     Switch {
         name: "no-fail-stop",
@@ -1590,6 +1590,12 @@ fn regression_switch(args: &Args, which: &str) -> Option<Catch> {
                     violation.invariant,
                     violation.detail
                 );
+                if args.trace {
+                    println!(
+                        "--- trace {} seed={} ---\n{}",
+                        report.scenario, report.seed, report.trace
+                    );
+                }
                 if args.shrink {
                     let budget = args.shrink_budget.unwrap_or(SHRINK_BUDGET);
                     if !shrink_switch_catch_within(&report, options, name, violation.invariant, budget) {

@@ -15,6 +15,7 @@ pub mod bench;
 pub mod cli;
 #[cfg(madsim)]
 pub mod coverage;
+pub mod knobs;
 pub mod lanes;
 #[cfg(madsim)]
 pub mod real_clients;

@@ -820,12 +820,26 @@ fn jobs_running(
                     .contains(&(cluster.client_name(client).to_string(), service_id(spec, &alloc.id)))
             });
             let meshed = spec.is_none_or(|spec| !spec.connect || connect_ready(cluster, client, spec, &alloc.id));
+            // A plugin allocation runs for its node's fingerprint: the servers hear that node's
+            // plugin healthy, from this allocation (#12744: a stopping predecessor took the
+            // registration with it and the node had no plugin while its task ran).
+            let fingerprinted = spec.is_some()
+                || state
+                    .node(&alloc.node_id)
+                    .and_then(|node| node.csi_node_plugins.get(PLUGIN_ID))
+                    .is_some_and(|info| info.healthy && info.alloc_id == alloc.id);
             // The task states converge too: the servers hear the task running (issue 18).
             let reported = alloc
                 .task_states
                 .get(task)
                 .is_some_and(|state| state.state == drover_core::structs::TaskStatus::Running);
-            if alloc.client_status == ClientStatus::Running && task_runs && mounted && registered && meshed && reported
+            if alloc.client_status == ClientStatus::Running
+                && task_runs
+                && mounted
+                && registered
+                && meshed
+                && reported
+                && fingerprinted
             {
                 seen.insert(alloc.id.clone());
             }

@@ -19,8 +19,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
 
 use crate::coverage::{RunCoverage, plan_faults};
+use crate::knobs::Knobs;
 use crate::real_clients::{self, RealClientPlan};
-use crate::scenarios::{self, Action, Options, Plan, Scenario, Target};
+use crate::scenarios::{self, Action, Options, Plan, Scenario, Step, Target};
 use crate::shrink::Trim;
 use crate::volume_churn::{self, Churn};
 use drover_io_sim::coverage::CoverageCounter;
@@ -69,7 +70,58 @@ pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
     if let Some(real) = &mut plan.real_clients {
         real.client_faults = options.client_faults;
     }
+    with_knobs(&mut plan, Knobs::draw(seed ^ salt(scenario.name)));
     plan
+}
+
+/// Runs every server of `plan`, those it adds later included, with `knobs`' timings, and
+/// gives the checks that wait on them the time those timings take.
+pub fn with_knobs(plan: &mut Plan, knobs: Knobs) {
+    for spec in &mut plan.servers {
+        knobs.apply(&mut spec.config.server);
+    }
+    for step in &mut plan.steps {
+        if let Action::AddServer(spec) = &mut step.action {
+            knobs.apply(&mut spec.config.server);
+        }
+    }
+    stretch_client_outages(&mut plan.steps, &knobs);
+    plan.quiet_bound += knobs.settle_extra();
+    plan.handover_bound = plan.handover_bound.map(|bound| bound * knobs.raft_multiplier);
+    plan.knobs = Some(knobs);
+}
+
+/// How long after its last heartbeat a node is marked down with the shortest timings the
+/// scenarios were written against (a 3 s TTL and 3 s of grace).
+const SHORTEST_DOWN: Duration = Duration::from_secs(6);
+
+/// Keeps what a client outage was drawn to do under the drawn timings: an outage longer than
+/// the shortest timings' time to mark a node down ends as much later as the drawn TTL and
+/// grace are longer, so the node is still marked down (its allocations lost and replaced,
+/// a plugin deregistered while its replacement registers); a shorter one is left alone. Without
+/// it, production's 20 s would outlast most of the 2–30 s outages the scenarios draw, and the
+/// down-and-back paths (#12744's) would run only in the seeds that drew short TTLs.
+fn stretch_client_outages(steps: &mut [Step], knobs: &Knobs) {
+    let drawn_down = knobs.heartbeat.min_ttl + knobs.heartbeat.grace;
+    let extra = drawn_down.saturating_sub(SHORTEST_DOWN);
+    if extra.is_zero() {
+        return;
+    }
+    for start in 0..steps.len() {
+        let (Action::KillClient(client) | Action::RebootClient(client)) = steps[start].action else {
+            continue;
+        };
+        let began = steps[start].at;
+        let restart = steps[start + 1..]
+            .iter_mut()
+            .find(|step| matches!(step.action, Action::RestartClient(c) if c == client));
+        if let Some(restart) = restart
+            && restart.at.saturating_sub(began) > SHORTEST_DOWN
+        {
+            restart.at += extra;
+        }
+    }
+    steps.sort_by_key(|step| step.at);
 }
 
 /// A client node running the production client driver, pointed at the plan's servers.
@@ -313,6 +365,9 @@ async fn play(
     probes: Arc<Mutex<Vec<DiskProbe>>>,
 ) -> (String, Vec<Violation>, u64) {
     let recorder = Recorder::new();
+    if let Some(knobs) = plan.knobs {
+        recorder.note(knobs.to_string());
+    }
     if let Some(bound) = plan.election_rounds {
         recorder.add_invariant(Box::new(drover_io_sim::invariants::elections::ElectionRounds::new(
             bound,

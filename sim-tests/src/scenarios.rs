@@ -21,6 +21,7 @@ use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::{Crash, DiskFault};
 use drover_io_sim::host::PluginFaults;
 
+use crate::knobs::Knobs;
 use crate::real_clients::{RealClientPlan, RealJob};
 use rand::Rng;
 use rand::seq::SliceRandom;
@@ -212,6 +213,8 @@ pub struct Plan {
     /// The workload seals its values under the root keyring, as the HTTP API does, and its
     /// read-backs open them.
     pub sealed_writes: bool,
+    /// The timings every server runs with (drawn per seed by `runner::plan_for`).
+    pub knobs: Option<Knobs>,
 }
 
 impl Plan {
@@ -226,6 +229,7 @@ impl Plan {
             })
             .collect();
         lines.sort();
+        lines.splice(0..0, self.knobs.map(|knobs| knobs.to_string()));
         lines.extend(self.played_steps().map(ToString::to_string));
         if let Some(real) = &self.real_clients {
             lines.extend(real.summary());
@@ -808,6 +812,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         skipped: BTreeSet::new(),
         buggify: BTreeMap::new(),
         sealed_writes: false,
+        knobs: None,
     }
 }
 

@@ -200,6 +200,7 @@ impl Schedule {
             "seed": self.seed,
             "switch": self.switch,
             "invariant": self.invariant,
+            "knobs": plan.knobs.map(|knobs| knobs.to_json()),
             "writes": self.writes,
             "keep": self.keep.iter().map(ToString::to_string).collect::<Vec<_>>(),
             "schedule": self.keep.iter().map(|event| describe(plan, event)).collect::<Vec<_>>(),
