@@ -231,6 +231,10 @@ pub struct RaftFaults {
     /// Every agent RPC is served whoever's certificate called it (no role check): a client
     /// can write to the state directly, vote or append Raft entries as if it were a server.
     pub skip_caller_check: bool,
+    /// The leader's reconciliation counts a live server Raft holds as a learner as held, even
+    /// one that is no non-voter (what Drover did before the knobs found it): a voter autopilot
+    /// removed while it was gone comes back a learner and never votes again.
+    pub learner_left_behind: bool,
 }
 
 /// A scheduler defect the simulation re-creates on purpose (regression switch).

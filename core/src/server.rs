@@ -76,10 +76,12 @@ impl RaftView {
 /// a voter autopilot removed while it was gone (openraft keeps a removed voter as a learner):
 /// once it is back it votes again, as Nomad's reconciliation re-adds a live serf member that
 /// Raft lost, instead of staying a learner until it dies once more.
-pub fn server_to_add(members: &[MemberId], raft: &RaftView, region: &str) -> Option<Peer> {
+/// `learner_left_behind` re-creates the defect (`RaftFaults::learner_left_behind`).
+pub fn server_to_add(members: &[MemberId], raft: &RaftView, region: &str, learner_left_behind: bool) -> Option<Peer> {
     members.iter().find_map(|member| {
         let tags = member.tags.as_ref()?;
-        let held = raft.voters.contains(&tags.id) || (tags.nonvoter && raft.learners.contains(&tags.id));
+        let learner_held = tags.nonvoter || learner_left_behind;
+        let held = raft.voters.contains(&tags.id) || (learner_held && raft.learners.contains(&tags.id));
         (tags.region == region && !held).then(|| Peer {
             id: tags.id,
             name: member.name.clone(),
@@ -573,7 +575,13 @@ impl Server {
         if self.busy(Pending::AddServer) || self.busy(Pending::RemoveServer) {
             return;
         }
-        if let Some(peer) = server_to_add(&self.membership.live_members(), &self.raft, &self.region) {
+        let learner_left_behind = self.config.raft_faults.learner_left_behind;
+        if let Some(peer) = server_to_add(
+            &self.membership.live_members(),
+            &self.raft,
+            &self.region,
+            learner_left_behind,
+        ) {
             tracing::info!(server = %peer.name, id = peer.id, nonvoter = peer.nonvoter, "adding server to the Raft configuration");
             let op = self.start(now, Pending::AddServer, RAFT_CHANGE_TIMEOUT);
             self.actions.push_back(Action::AddRaftServer { op, peer });
@@ -766,7 +774,7 @@ mod tests {
         let mut raft = leader_view(2);
         raft.voters = [1, 2].into();
         raft.learners = [3, 4].into();
-        let added = |members: &[MemberId]| server_to_add(members, &raft, "global").map(|peer| peer.id);
+        let added = |members: &[MemberId]| server_to_add(members, &raft, "global", false).map(|peer| peer.id);
         // Voters and a non-voter learner are held as they ask.
         assert_eq!(
             added(&[
@@ -785,6 +793,9 @@ mod tests {
         // One Raft does not know at all, and never one of another region.
         assert_eq!(added(&[member(5, "global", true)]), Some(5));
         assert_eq!(added(&[member(6, "europe", false)]), None);
+        // The regression switch leaves the learner as it is.
+        let left = server_to_add(&[member(3, "global", false)], &raft, "global", true);
+        assert_eq!(left.map(|peer| peer.id), None);
     }
 
     #[test]

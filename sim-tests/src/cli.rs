@@ -1452,6 +1452,20 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         caught_by: ("swarm", 0),
     },
     Switch {
+        name: "learner-left-behind",
+        bug: "a voter autopilot removed while it was gone comes back a Raft learner and is never made a voter again",
+        options: || Options {
+            raft_faults: RaftFaults {
+                learner_left_behind: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["swarm"],
+        invariant: "every live server ends up a voter of the one cluster",
+        caught_by: ("swarm", 26),
+    },
+    Switch {
         name: "no-handover",
         bug: "a leader stopping gracefully names no successor (issue 19)",
         options: || Options {
