@@ -43,20 +43,12 @@ pub struct Knobs {
     pub csi_gc: GcConfig,
 }
 
-/// One knob's choices: production's value first, then the alternatives the simulation draws.
-struct Choices<'a, T> {
-    production: T,
-    others: &'a [T],
-}
-
-impl<T: Copy> Choices<'_, T> {
-    /// Production's value one time in three, else one of the others.
-    fn draw(&self, rng: &mut ChaCha8Rng) -> T {
-        if rng.gen_ratio(1, 3) {
-            self.production
-        } else {
-            self.others[rng.gen_range(0..self.others.len())]
-        }
+/// One knob's draw: production's value one time in three, else one of `others`.
+fn pick<T: Copy>(rng: &mut ChaCha8Rng, production: T, others: &[T]) -> T {
+    if rng.gen_ratio(1, 3) {
+        production
+    } else {
+        others[rng.gen_range(0..others.len())]
     }
 }
 
@@ -85,57 +77,29 @@ impl Knobs {
         if rng.gen_ratio(1, 4) {
             return production;
         }
-        let raft_multiplier = Choices {
-            production: production.raft_multiplier,
-            others: &[2, 3],
-        }
-        .draw(&mut rng);
-        let min_ttl = Choices {
-            production: production.heartbeat.min_ttl,
-            others: &[secs(3), secs(5)],
-        }
-        .draw(&mut rng);
-        let grace = Choices {
-            production: production.heartbeat.grace,
-            others: &[secs(3), secs(5)],
-        }
-        .draw(&mut rng);
-        let failover_ttl = Choices {
-            production: production.heartbeat.failover_ttl,
-            others: &[secs(20), secs(60)],
-        }
-        .draw(&mut rng);
-        let snapshot_threshold = Choices {
-            production: production.snapshot_threshold,
-            others: &[64, 512],
-        }
-        .draw(&mut rng);
-        let snapshot_interval = Choices {
-            production: production.snapshot_interval,
-            others: &[secs(1), secs(10)],
-        }
-        .draw(&mut rng);
-        let retry_join = Choices {
-            production: production.retry_join,
-            others: &[secs(5), secs(15)],
-        }
-        .draw(&mut rng);
-        let (claim_gc_interval, claim_gc_threshold) = Choices {
-            production: (
+        let raft_multiplier = pick(&mut rng, production.raft_multiplier, &[2, 3]);
+        let min_ttl = pick(&mut rng, production.heartbeat.min_ttl, &[secs(3), secs(5)]);
+        let grace = pick(&mut rng, production.heartbeat.grace, &[secs(3), secs(5)]);
+        let failover_ttl = pick(&mut rng, production.heartbeat.failover_ttl, &[secs(20), secs(60)]);
+        let snapshot_threshold = pick(&mut rng, production.snapshot_threshold, &[64, 512]);
+        let snapshot_interval = pick(&mut rng, production.snapshot_interval, &[secs(1), secs(10)]);
+        let retry_join = pick(&mut rng, production.retry_join, &[secs(5), secs(15)]);
+        let (claim_gc_interval, claim_gc_threshold) = pick(
+            &mut rng,
+            (
                 production.csi_gc.claim_gc_interval,
                 production.csi_gc.claim_gc_threshold,
             ),
-            others: &[(secs(20), secs(10)), (secs(60), secs(30))],
-        }
-        .draw(&mut rng);
-        let (plugin_gc_interval, plugin_gc_threshold) = Choices {
-            production: (
+            &[(secs(20), secs(10)), (secs(60), secs(30))],
+        );
+        let (plugin_gc_interval, plugin_gc_threshold) = pick(
+            &mut rng,
+            (
                 production.csi_gc.plugin_gc_interval,
                 production.csi_gc.plugin_gc_threshold,
             ),
-            others: &[(secs(30), secs(30)), (secs(60), secs(120))],
-        }
-        .draw(&mut rng);
+            &[(secs(30), secs(30)), (secs(60), secs(120))],
+        );
         Knobs {
             raft_multiplier,
             heartbeat: HeartbeatConfig {
@@ -153,6 +117,51 @@ impl Knobs {
                 plugin_gc_interval,
                 plugin_gc_threshold,
             },
+        }
+    }
+
+    /// The compressed timings the scenarios were written against and the benches run with:
+    /// snapshots and GC within a run, a dead node marked down 6 s after its last heartbeat.
+    pub fn shortest() -> Knobs {
+        let production = Knobs::production();
+        Knobs {
+            raft_multiplier: 1,
+            heartbeat: HeartbeatConfig {
+                min_ttl: secs(3),
+                grace: secs(3),
+                failover_ttl: secs(20),
+                ..production.heartbeat
+            },
+            snapshot_threshold: 64,
+            snapshot_interval: secs(1),
+            retry_join: secs(5),
+            csi_gc: GcConfig {
+                claim_gc_interval: secs(20),
+                claim_gc_threshold: secs(10),
+                plugin_gc_interval: secs(30),
+                plugin_gc_threshold: secs(30),
+            },
+        }
+    }
+
+    /// How long after its last heartbeat a node is marked down (no leader change meanwhile).
+    pub fn down_after(&self) -> Duration {
+        self.heartbeat.min_ttl + self.heartbeat.grace
+    }
+
+    /// When a client outage from `began` to `ended`, drawn against the shortest timings,
+    /// ends under these: one that outlasted the shortest time to mark its node down ends as
+    /// much later as these TTLs take longer, so the node is still marked down (its
+    /// allocations lost and replaced, a plugin deregistered while its replacement
+    /// registers); a shorter one is left alone. Without it, production's 20 s would outlast
+    /// most of the 2–30 s outages the scenarios draw, and the down-and-back paths (#12744's)
+    /// would run only in the seeds that drew short TTLs.
+    pub fn outage_end(&self, began: Duration, ended: Duration) -> Duration {
+        let shortest = Knobs::shortest().down_after();
+        if ended.saturating_sub(began) > shortest {
+            ended + self.down_after().saturating_sub(shortest)
+        } else {
+            ended
         }
     }
 
@@ -183,16 +192,11 @@ impl Knobs {
     /// (every node's failover TTL, if a leader took office), a server that missed a join
     /// tries again only after `retry_join`, and elections take `raft_multiplier` times longer.
     pub fn settle_extra(&self) -> Duration {
-        let shortest = HeartbeatConfig {
-            min_ttl: secs(3),
-            grace: secs(3),
-            failover_ttl: secs(20),
-            ..self.heartbeat
-        };
-        let heartbeat = (self.heartbeat.failover_ttl.max(self.heartbeat.min_ttl) + self.heartbeat.grace)
-            .saturating_sub(shortest.failover_ttl + shortest.grace);
-        let join = self.retry_join.saturating_sub(secs(5));
-        let raft = secs(2) * (self.raft_multiplier - 1);
+        let shortest = Knobs::shortest();
+        let settle = |knobs: &Knobs| knobs.heartbeat.failover_ttl.max(knobs.heartbeat.min_ttl) + knobs.heartbeat.grace;
+        let heartbeat = settle(self).saturating_sub(settle(&shortest));
+        let join = self.retry_join.saturating_sub(shortest.retry_join);
+        let raft = secs(2) * (self.raft_multiplier - shortest.raft_multiplier);
         heartbeat + join + raft
     }
 
@@ -286,18 +290,18 @@ mod tests {
     #[test]
     fn production_settles_as_long_as_its_failover_ttl_allows() {
         assert_eq!(Knobs::production().settle_extra(), secs(300 + 10 + 25 - 23));
-        let shortest = Knobs {
-            raft_multiplier: 1,
-            heartbeat: HeartbeatConfig {
-                min_ttl: secs(3),
-                grace: secs(3),
-                failover_ttl: secs(20),
-                ..Knobs::production().heartbeat
-            },
-            retry_join: secs(5),
-            ..Knobs::production()
-        };
-        assert_eq!(shortest.settle_extra(), Duration::ZERO);
+        assert_eq!(Knobs::shortest().settle_extra(), Duration::ZERO);
+    }
+
+    #[test]
+    fn an_outage_long_enough_to_mark_its_node_down_still_does_under_longer_ttls() {
+        let production = Knobs::production();
+        // Longer than the shortest 6 s: ends 14 s later under production's 10 s + 10 s.
+        assert_eq!(production.outage_end(secs(10), secs(17)), secs(31));
+        // Shorter: the node was never to be marked down, and is not.
+        assert_eq!(production.outage_end(secs(10), secs(15)), secs(15));
+        // The shortest timings change nothing.
+        assert_eq!(Knobs::shortest().outage_end(secs(10), secs(40)), secs(40));
     }
 
     #[test]

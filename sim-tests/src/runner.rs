@@ -91,22 +91,8 @@ pub fn with_knobs(plan: &mut Plan, knobs: Knobs) {
     plan.knobs = Some(knobs);
 }
 
-/// How long after its last heartbeat a node is marked down with the shortest timings the
-/// scenarios were written against (a 3 s TTL and 3 s of grace).
-const SHORTEST_DOWN: Duration = Duration::from_secs(6);
-
-/// Keeps what a client outage was drawn to do under the drawn timings: an outage longer than
-/// the shortest timings' time to mark a node down ends as much later as the drawn TTL and
-/// grace are longer, so the node is still marked down (its allocations lost and replaced,
-/// a plugin deregistered while its replacement registers); a shorter one is left alone. Without
-/// it, production's 20 s would outlast most of the 2–30 s outages the scenarios draw, and the
-/// down-and-back paths (#12744's) would run only in the seeds that drew short TTLs.
+/// Ends every client outage where `knobs` keep what it was drawn to do ([`Knobs::outage_end`]).
 fn stretch_client_outages(steps: &mut [Step], knobs: &Knobs) {
-    let drawn_down = knobs.heartbeat.min_ttl + knobs.heartbeat.grace;
-    let extra = drawn_down.saturating_sub(SHORTEST_DOWN);
-    if extra.is_zero() {
-        return;
-    }
     for start in 0..steps.len() {
         let (Action::KillClient(client) | Action::RebootClient(client)) = steps[start].action else {
             continue;
@@ -115,10 +101,8 @@ fn stretch_client_outages(steps: &mut [Step], knobs: &Knobs) {
         let restart = steps[start + 1..]
             .iter_mut()
             .find(|step| matches!(step.action, Action::RestartClient(c) if c == client));
-        if let Some(restart) = restart
-            && restart.at.saturating_sub(began) > SHORTEST_DOWN
-        {
-            restart.at += extra;
+        if let Some(restart) = restart {
+            restart.at = knobs.outage_end(began, restart.at);
         }
     }
     steps.sort_by_key(|step| step.at);

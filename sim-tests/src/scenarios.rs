@@ -10,8 +10,6 @@ use std::time::Duration;
 use drover_core::config::{
     Advertise, AgentConfig, BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, Ports, RaftFaults, SchedulerFaults,
 };
-use drover_core::csi::watcher::GcConfig;
-use drover_core::heartbeat::HeartbeatConfig;
 use drover_core::structs::AccessMode;
 use drover_io_sim::cluster::ClientSpec;
 use drover_io_sim::cluster::Machine;
@@ -744,7 +742,6 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
         .filter(|peer| **peer != index)
         .map(|peer| ip(*peer).to_string())
         .collect();
-    config.server.retry_interval = Duration::from_secs(5);
     if consul {
         config.consul.address = Some("127.0.0.1:8500".to_string());
     }
@@ -757,22 +754,9 @@ fn server(index: usize, expect: u32, join: &[usize], consul: bool, delay: Durati
     config.server.connect_faults = options.connect_faults;
     config.server.scheduler_faults = options.scheduler_faults;
     config.server.raft_faults = options.raft_faults;
-    // Snapshot often and GC quickly, so restarts restore snapshots and GC runs within a run.
-    config.server.timing.snapshot_threshold = 64;
-    config.server.timing.snapshot_interval = Duration::from_secs(1);
-    config.server.timing.csi_gc = GcConfig {
-        claim_gc_interval: Duration::from_secs(20),
-        claim_gc_threshold: Duration::from_secs(10),
-        plugin_gc_interval: Duration::from_secs(30),
-        plugin_gc_threshold: Duration::from_secs(30),
-    };
-    // Short heartbeat TTLs so a dead client is marked down well within a run.
-    config.server.timing.heartbeat = HeartbeatConfig {
-        min_ttl: Duration::from_secs(3),
-        max_per_second: 50,
-        grace: Duration::from_secs(3),
-        failover_ttl: Duration::from_secs(20),
-    };
+    // Snapshot often, GC quickly and mark a dead client down in seconds, so restarts restore
+    // snapshots and GC runs within a run; `runner::plan_for` then sets each seed's own knobs.
+    Knobs::shortest().apply(&mut config.server);
     ServerSpec {
         name: format!("s{}", index + 1),
         ip: ip(index),
