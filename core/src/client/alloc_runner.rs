@@ -349,6 +349,11 @@ impl AllocRunner {
         }
     }
 
+    /// Before its tasks run (prerun, also again after an agent restart) and not asked to stop.
+    pub fn is_starting(&self) -> bool {
+        matches!(self.phase, Phase::Idle | Phase::Prerun { .. }) && !self.stop_requested
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done | Phase::Destroying { .. } | Phase::Destroyed)
     }

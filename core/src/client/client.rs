@@ -29,7 +29,7 @@ use crate::client::paths::ClientPaths;
 use crate::client::registry::{PluginInfo, PluginKind, Registry, RegistryEvent};
 use crate::client::server_link::{LinkEvent, ServerLink};
 use crate::client::service_sync::ServiceSync;
-use crate::client::services::{TaskServiceRegistration, group_registrations, registrations};
+use crate::client::services::{TaskServiceRegistration, Wanted, group_registrations, registrations};
 use crate::client::task_runner::{LocalTaskState, TaskAction, TaskStatus};
 use crate::client::volume_hook::HostVolumeConfig;
 use crate::client::volume_manager::{PluginMounts, VolumeAction, VolumeManager};
@@ -629,7 +629,7 @@ impl Client {
         }
         if self.services.owns(op) {
             let allocs = &self.allocs;
-            return self.services.outcome(now, outcome, || desired_services(allocs));
+            return self.services.outcome(now, outcome, || wanted_services(allocs));
         }
         match self.routes.remove(&op) {
             Some(Route::Alloc(id)) => {
@@ -940,12 +940,19 @@ impl Client {
 
 /// The Consul registrations the running tasks' and allocations' `service` blocks call for,
 /// by id.
-fn desired_services(allocs: &BTreeMap<String, AllocRunner>) -> BTreeMap<String, TaskServiceRegistration> {
-    allocs
-        .values()
-        .flat_map(|runner| alloc_registrations(runner, true))
-        .map(|registration| (registration.id.clone(), registration))
-        .collect()
+fn wanted_services(allocs: &BTreeMap<String, AllocRunner>) -> Wanted {
+    Wanted {
+        services: allocs
+            .values()
+            .flat_map(|runner| alloc_registrations(runner, true))
+            .map(|registration| (registration.id.clone(), registration))
+            .collect(),
+        starting: allocs
+            .values()
+            .filter(|runner| runner.is_starting())
+            .map(|runner| runner.alloc_id().to_string())
+            .collect(),
+    }
 }
 
 /// The ids of the Consul checks the allocation's task and group services register.

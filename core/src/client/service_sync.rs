@@ -12,7 +12,7 @@ use alloc::collections::{BTreeMap, VecDeque};
 use alloc::string::String;
 use core::time::Duration;
 
-use crate::client::services::{RegisteredService, TaskServiceRegistration, plan_sync};
+use crate::client::services::{RegisteredService, Wanted, plan_sync};
 use crate::client::{ConsulOp, Io, Outcome, Reply};
 use crate::op::{OpId, OpIds};
 use crate::time::Instant;
@@ -87,16 +87,11 @@ impl ServiceSync {
         Some((op, Io::Consul(call)))
     }
 
-    /// The outcome of the call in flight; `desired` is what should be registered now.
-    pub fn outcome(
-        &mut self,
-        now: Instant,
-        outcome: Outcome,
-        desired: impl FnOnce() -> BTreeMap<String, TaskServiceRegistration>,
-    ) {
+    /// The outcome of the call in flight; `wanted` is what should be registered now.
+    pub fn outcome(&mut self, now: Instant, outcome: Outcome, wanted: impl FnOnce() -> Wanted) {
         self.in_flight = None;
         match outcome {
-            Ok(Reply::Services(registered)) => self.plan(&desired(), &registered),
+            Ok(Reply::Services(registered)) => self.plan(&wanted(), &registered),
             Ok(_) => {}
             // A failed read leaves nothing queued, so it ends the pass; a failed register or
             // deregister does not stop the calls after it.
@@ -107,12 +102,8 @@ impl ServiceSync {
         }
     }
 
-    fn plan(
-        &mut self,
-        desired: &BTreeMap<String, TaskServiceRegistration>,
-        registered: &BTreeMap<String, RegisteredService>,
-    ) {
-        let plan = plan_sync(desired, registered);
+    fn plan(&mut self, wanted: &Wanted, registered: &BTreeMap<String, RegisteredService>) {
+        let plan = plan_sync(wanted, registered);
         let address = self.address.clone().unwrap_or_default();
         self.queue
             .extend(plan.register.into_iter().map(|registration| ConsulOp::Register {
@@ -148,16 +139,18 @@ mod tests {
     use crate::client::services::registrations;
     use crate::structs::Service;
 
-    fn desired() -> BTreeMap<String, TaskServiceRegistration> {
+    fn desired() -> Wanted {
         let service = Service {
             name: "api".into(),
             port_label: "8080".into(),
             ..Service::default()
         };
-        registrations("a1", "web", &[service], &Default::default())
-            .into_iter()
-            .map(|registration| (registration.id.clone(), registration))
-            .collect()
+        Wanted::only(
+            registrations("a1", "web", &[service], &Default::default())
+                .into_iter()
+                .map(|registration| (registration.id.clone(), registration))
+                .collect(),
+        )
     }
 
     fn step(sync: &mut ServiceSync, now: Instant, ops: &mut OpIds) -> Option<ConsulOp> {
@@ -200,7 +193,7 @@ mod tests {
         sync.outcome(t0, Ok(Reply::Unit), desired);
         assert_eq!(sync.poll_timeout(), Some(t0));
         assert_eq!(step(&mut sync, t0, &mut ops), Some(ConsulOp::Services));
-        sync.outcome(t0, Ok(Reply::Services(BTreeMap::new())), BTreeMap::new);
+        sync.outcome(t0, Ok(Reply::Services(BTreeMap::new())), Wanted::default);
         assert_eq!(sync.poll_timeout(), Some(t0 + SERVICE_SYNC_PERIOD));
     }
 

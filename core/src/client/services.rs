@@ -6,7 +6,11 @@
 //! [`plan_sync`] for the difference and carries it out, on every change and periodically
 //! (anti-entropy). Only services whose id
 //! carries [`TASK_SERVICE_PREFIX`] are Nomad's: anything else in the agent is left alone, and
-//! any of ours that no running task wants is removed — after a crash or an agent restart too.
+//! any of ours that no running task wants is removed — after a crash or an agent restart too,
+//! but not those of an allocation still starting: one restored after an agent restart runs its
+//! prerun hooks again before its services are wanted, and removing them meanwhile would take a
+//! running allocation out of Consul (Nomad holds back such removals for a probation period
+//! after start; we hold them per allocation, until it runs or stops).
 //! With `enable_tag_override` tags changed through Consul's catalog are not drift (§5.3,
 //! Nomad #2057); a real change of the service (name, port, meta, or its tags in a new job
 //! version) still re-registers it with the job's tags.
@@ -14,7 +18,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use alloc::collections::BTreeMap;
+use alloc::collections::{BTreeMap, BTreeSet};
 
 use crate::structs::{AllocatedResources, Service, ServiceCheck};
 
@@ -270,11 +274,40 @@ impl SyncPlan {
     }
 }
 
+/// What the client wants of the agent at one moment.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Wanted {
+    /// The services to hold, by id.
+    pub services: BTreeMap<String, TaskServiceRegistration>,
+    /// Allocations still starting (prerun, not asked to stop): whatever the agent holds of
+    /// theirs stays until they run or stop.
+    pub starting: BTreeSet<String>,
+}
+
+impl Wanted {
+    /// Just these services, no allocation starting.
+    pub fn only(services: BTreeMap<String, TaskServiceRegistration>) -> Self {
+        Wanted {
+            services,
+            starting: BTreeSet::new(),
+        }
+    }
+
+    /// Whether `id` belongs to an allocation still starting.
+    fn starting_owns(&self, id: &str) -> bool {
+        let Some(rest) = id.strip_prefix(TASK_SERVICE_PREFIX) else {
+            return false;
+        };
+        self.starting.iter().any(|alloc| {
+            rest.strip_prefix(alloc.as_str())
+                .is_some_and(|tail| tail.starts_with('-'))
+        })
+    }
+}
+
 /// Compares by id, in id order.
-pub fn plan_sync(
-    desired: &BTreeMap<String, TaskServiceRegistration>,
-    registered: &BTreeMap<String, RegisteredService>,
-) -> SyncPlan {
+pub fn plan_sync(wanted: &Wanted, registered: &BTreeMap<String, RegisteredService>) -> SyncPlan {
+    let desired = &wanted.services;
     let has_sidecar =
         |want: &TaskServiceRegistration| want.connect.as_ref().is_some_and(|connect| connect.sidecar.is_some());
     let register = desired
@@ -293,7 +326,7 @@ pub fn plan_sync(
         .cloned()
         .collect();
     // A sidecar is Consul's, derived from its parent: it stays while the parent is wanted.
-    let wanted = |id: &str| {
+    let is_desired = |id: &str| {
         desired.contains_key(id)
             || id
                 .strip_suffix(SIDECAR_SUFFIX)
@@ -302,7 +335,7 @@ pub fn plan_sync(
     };
     let deregister = registered
         .keys()
-        .filter(|id| id.starts_with(TASK_SERVICE_PREFIX) && !wanted(id))
+        .filter(|id| id.starts_with(TASK_SERVICE_PREFIX) && !is_desired(id) && !wanted.starting_owns(id))
         .cloned()
         .collect();
     SyncPlan { register, deregister }
@@ -350,9 +383,37 @@ mod tests {
             RegisteredService::default(),
         );
         have.insert("consul".to_string(), RegisteredService::default());
-        let plan = plan_sync(&want, &have);
+        let plan = plan_sync(&Wanted::only(want.clone()), &have);
         assert_eq!(plan.register, vec![want[id].clone()]);
         assert_eq!(plan.deregister, vec!["_nomad-task-gone-web-api-8080".to_string()]);
+    }
+
+    #[test]
+    fn services_of_an_allocation_still_starting_stay_until_it_runs_or_stops() {
+        // After an agent restart the restored allocation `a1` runs its prerun hooks again;
+        // its services and the sidecar Consul derived are left alone meanwhile. `a10` shares
+        // the prefix but is another allocation, and not starting: its service goes.
+        let have = BTreeMap::from([
+            (
+                "_nomad-task-a1-group-api-api-http".to_string(),
+                RegisteredService::default(),
+            ),
+            (
+                "_nomad-task-a1-group-api-api-http-sidecar-proxy".to_string(),
+                RegisteredService::default(),
+            ),
+            ("_nomad-task-a10-web-api-8080".to_string(), RegisteredService::default()),
+        ]);
+        let starting = Wanted {
+            services: BTreeMap::new(),
+            starting: BTreeSet::from(["a1".to_string()]),
+        };
+        assert_eq!(
+            plan_sync(&starting, &have).deregister,
+            vec!["_nomad-task-a10-web-api-8080".to_string()]
+        );
+        // Once it stops (or runs without them), they go.
+        assert_eq!(plan_sync(&Wanted::default(), &have).deregister.len(), 3);
     }
 
     #[test]
@@ -362,7 +423,7 @@ mod tests {
             let registration = want.values().next().unwrap();
             let have = BTreeMap::from([(registration.id.clone(), held(registration, &["edited-in-consul"]))]);
             assert_eq!(
-                !plan_sync(&want, &have).register.is_empty(),
+                !plan_sync(&Wanted::only(want.clone()), &have).register.is_empty(),
                 expect_register,
                 "enable_tag_override = {override_tags}"
             );
@@ -373,10 +434,10 @@ mod tests {
         let mut stale = held(registration, &["edited-in-consul"]);
         stale.port = 9090;
         let have = BTreeMap::from([(registration.id.clone(), stale)]);
-        assert_eq!(plan_sync(&want, &have).register.len(), 1);
+        assert_eq!(plan_sync(&Wanted::only(want.clone()), &have).register.len(), 1);
         // In sync: nothing to do.
         let have = BTreeMap::from([(registration.id.clone(), held(registration, &["v1"]))]);
-        assert!(plan_sync(&want, &have).is_empty());
+        assert!(plan_sync(&Wanted::only(want.clone()), &have).is_empty());
     }
 
     #[test]
@@ -453,10 +514,10 @@ mod tests {
             (registration.id.clone(), parent.clone()),
             (sidecar_id.clone(), RegisteredService::default()),
         ]);
-        assert!(plan_sync(&want, &both).is_empty());
+        assert!(plan_sync(&Wanted::only(want.clone()), &both).is_empty());
         let parent_only = BTreeMap::from([(registration.id.clone(), parent)]);
-        assert_eq!(plan_sync(&want, &parent_only).register.len(), 1);
-        let plan = plan_sync(&BTreeMap::new(), &both);
+        assert_eq!(plan_sync(&Wanted::only(want.clone()), &parent_only).register.len(), 1);
+        let plan = plan_sync(&Wanted::default(), &both);
         assert_eq!(plan.deregister, vec![registration.id.clone(), sidecar_id]);
     }
 }
