@@ -604,6 +604,56 @@ fn the_job_family_answers_nomads_field_names() {
     assert_eq!(registered["Warnings"], "");
 }
 
+/// A jobspec that takes hcl-rs minutes to parse (issue 54's bomb) is abandoned at the parse
+/// deadline with a 400 naming it, at most four run at once (the fifth is refused with 503 at
+/// once), and meanwhile the agent goes on serving: a job registered over JSON and reads.
+#[test]
+fn a_jobspec_that_takes_minutes_to_parse_is_abandoned_and_the_agent_keeps_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let agent = Agent::start(specs[0].clone(), server_args(&specs, 0));
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || get(port, "/v1/jobs"))
+        .unwrap_or_else(|| panic!("the server answers:\n{}", agent.log()));
+    let bomb = format!(
+        "job \"x\" {{\n  meta {{\n{}    x = \"1\"\n  }}\n}}\n",
+        "    patts = \"2= \"/srv/ {\n".repeat(30)
+    );
+    let body = json!({ "JobHCL": bomb }).to_string();
+    let parses: Vec<_> = (0..4)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || http_status("POST", port, "/v1/jobs/parse", Some(&body)))
+        })
+        .collect();
+    for parse in parses {
+        let (code, text) = parse.join().unwrap().expect("answered");
+        assert_eq!(
+            (code, text.as_str()),
+            (400, "job spec took longer than 5s to parse and was abandoned")
+        );
+    }
+    // The four still run, at nice 19, past their deadline: the next parse is refused at once.
+    let (code, text) = http_status("POST", port, "/v1/jobs/parse", Some(&body)).expect("answered");
+    assert_eq!(
+        (code, text.as_str()),
+        (503, "too many job spec parses in progress (4); try again later")
+    );
+    // The agent serves everything else meanwhile.
+    let job = json!({"Job": {
+        "ID": "after-the-bomb",
+        "Datacenters": ["dc1"],
+        "TaskGroups": [{"Name": "g", "Count": 1, "Tasks": [{
+            "Name": "t", "Driver": "raw_exec", "Config": {"command": "/bin/sleep", "args": ["600"]}
+        }]}]
+    }})
+    .to_string();
+    let (code, text) = http_status("PUT", port, "/v1/jobs", Some(&job)).expect("answered");
+    assert_eq!(code, 200, "{text}");
+    let listed = http("GET", port, "/v1/jobs", None).unwrap();
+    assert!(listed.contains("after-the-bomb"), "{listed}");
+}
+
 /// `/v1/jobs/parse` turns a jobspec into Nomad's JSON through the CLI's parser, and
 /// `/v1/validate/job` checks a job as a register would, storing nothing.
 #[test]

@@ -25,7 +25,9 @@ pub async fn parse_job(body: axum::body::Bytes) -> Result<axum::Json<Value>, Api
     if body.job_hcl.trim().is_empty() {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job spec is empty".into()));
     }
-    let api = crate::jobspec::parse(&body.job_hcl)
+    let source = body.job_hcl;
+    let api = super::hcl_guard::parse("job spec", move || crate::jobspec::parse(&source))
+        .await?
         .map_err(|problems| ApiError(StatusCode::BAD_REQUEST, problems.join("\n")))?;
     if !body.canonicalize {
         return Ok(axum::Json(serde_json::to_value(&api).expect("serializes")));

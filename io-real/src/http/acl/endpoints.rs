@@ -231,7 +231,10 @@ async fn put_policy(
         ));
     }
     drover_core::acl::validate_policy_name(&name).map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
-    let parsed = crate::acl_policy::parse(&body.rules).map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
+    let rules = body.rules.clone();
+    let parsed = crate::http::hcl_guard::parse("policy", move || crate::acl_policy::parse(&rules))
+        .await?
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
     let policy = AclPolicy {
         name,
         description: body.description,
