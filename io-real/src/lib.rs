@@ -27,6 +27,7 @@ pub mod io;
 pub mod jobs;
 pub mod jobspec;
 pub mod keyring;
+pub mod logfile;
 pub mod periodic;
 pub mod raft;
 pub mod rootkeys;

@@ -10,10 +10,12 @@
 //! line break that fits, so lines stay whole unless one line alone is longer than a file.
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use crate::logfile::LogDir;
 
 /// The agent's hidden subcommand that runs one collector.
 pub const SUBCOMMAND: &str = "logmon";
@@ -22,6 +24,8 @@ pub const SUBCOMMAND: &str = "logmon";
 #[derive(Debug)]
 pub struct Rotator {
     dir: PathBuf,
+    /// `dir`, opened: every file is opened through it, never through a link a task planted.
+    logs: LogDir,
     base: String,
     max_files: u64,
     max_size: u64,
@@ -53,10 +57,12 @@ impl Rotator {
     /// or starts at index 0.
     pub fn open(dir: &Path, base: &str, max_files: u32, max_size: u64) -> io::Result<Rotator> {
         std::fs::create_dir_all(dir)?;
+        let logs = LogDir::open(dir)?;
         let index = indexes(dir, base).last().copied().unwrap_or(0);
-        let (file, size) = Self::open_index(dir, base, index)?;
+        let (file, size) = Self::open_index(&logs, base, index)?;
         Ok(Rotator {
             dir: dir.to_path_buf(),
+            logs,
             base: base.to_string(),
             max_files: u64::from(max_files.max(1)),
             max_size: max_size.max(1),
@@ -66,11 +72,8 @@ impl Rotator {
         })
     }
 
-    fn open_index(dir: &Path, base: &str, index: u64) -> io::Result<(File, u64)> {
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(dir.join(format!("{base}.{index}")))?;
+    fn open_index(logs: &LogDir, base: &str, index: u64) -> io::Result<(File, u64)> {
+        let file = logs.append(&format!("{base}.{index}"))?;
         let size = file.metadata()?.len();
         Ok((file, size))
     }
@@ -111,12 +114,12 @@ impl Rotator {
     /// The next file; files beyond the newest `max_files` are removed.
     fn rotate(&mut self) -> io::Result<()> {
         self.index += 1;
-        let (file, size) = Self::open_index(&self.dir, &self.base, self.index)?;
+        let (file, size) = Self::open_index(&self.logs, &self.base, self.index)?;
         self.file = file;
         self.size = size;
         for old in indexes(&self.dir, &self.base) {
             if old + self.max_files <= self.index {
-                let _ = std::fs::remove_file(self.dir.join(format!("{}.{old}", self.base)));
+                let _ = self.logs.remove(&format!("{}.{old}", self.base));
             }
         }
         Ok(())
@@ -173,6 +176,31 @@ pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 54: a task that planted `t.stdout.1 -> <host file>` had the host file created and
+    /// appended as root on rotation; the rotation now writes a fresh file of its own instead.
+    #[test]
+    fn rotation_does_not_write_through_a_link_the_task_planted() {
+        let root = tempfile::tempdir().unwrap();
+        let logs = root.path().join("logs");
+        std::fs::create_dir(&logs).unwrap();
+        let host = root.path().join("host-file");
+        let mut rotator = Rotator::open(&logs, "t.stdout", 3, 8).unwrap();
+        // Planted while the collector writes file 0.
+        std::os::unix::fs::symlink(&host, logs.join("t.stdout.1")).unwrap();
+        rotator.write(b"1234567\nabcdefg\n").unwrap();
+        assert!(!host.exists(), "the link's target was created");
+        assert_eq!(
+            read(&logs, "t.stdout"),
+            vec![(0, "1234567\n".to_string()), (1, "abcdefg\n".to_string())]
+        );
+        assert!(
+            std::fs::symlink_metadata(logs.join("t.stdout.1"))
+                .unwrap()
+                .file_type()
+                .is_file()
+        );
+    }
 
     fn read(dir: &Path, base: &str) -> Vec<(u64, String)> {
         indexes(dir, base)

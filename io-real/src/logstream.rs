@@ -115,8 +115,12 @@ impl LogsRequest {
     }
 }
 
+/// The size of a log file; 0 for anything else in its place (a link's target is not looked at).
 fn size(dir: &Path, base: &str, index: u64) -> u64 {
-    std::fs::metadata(dir.join(format!("{base}.{index}"))).map_or(0, |meta| meta.len())
+    std::fs::symlink_metadata(dir.join(format!("{base}.{index}")))
+        .ok()
+        .filter(|meta| meta.file_type().is_file())
+        .map_or(0, |meta| meta.len())
 }
 
 /// The cursor `offset` points at, counted from the start or the end of what is kept; `None`
@@ -156,7 +160,10 @@ pub fn locate(dir: &Path, base: &str, from_end: bool, offset: u64) -> Option<Cur
 
 /// At most `max` bytes of the file at `cursor`, past its position.
 fn read_file(dir: &Path, base: &str, cursor: Cursor, max: usize) -> Option<Vec<u8>> {
-    let mut file = std::fs::File::open(dir.join(format!("{base}.{}", cursor.index))).ok()?;
+    // Never through a link or a FIFO a task planted in place of a log file (issue 54).
+    let mut file = crate::logfile::LogDir::open(dir)
+        .and_then(|logs| logs.read(&format!("{base}.{}", cursor.index)))
+        .ok()?;
     file.seek(SeekFrom::Start(cursor.position)).ok()?;
     let mut buffer = vec![0u8; max];
     let read = file.read(&mut buffer).ok()?;
