@@ -107,6 +107,50 @@ fn info(name: String, meta: &std::fs::Metadata) -> FileInfo {
     }
 }
 
+/// `path` (already [`confine`]d: no `..`) opened beneath `root` in one step, by the kernel
+/// (`openat2` with `RESOLVE_BENEATH`): a link is followed only while it stays inside, whatever a
+/// task swaps in between our check and the open (issue 54: a task swapping a directory for a
+/// link got 1-3 % of reads answered with the host file when the checked path was re-opened by
+/// name). Never blocks on a FIFO.
+fn open_beneath(root: &Path, path: &str) -> Result<std::fs::File, String> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    let root_dir = std::fs::File::open(root).map_err(|error| format!("{NOT_FOUND}: {error}"))?;
+    let relative: PathBuf = Path::new(path)
+        .components()
+        .filter(|component| matches!(component, Component::Normal(_)))
+        .collect();
+    let relative = if relative.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        relative
+    };
+    let relative = std::ffi::CString::new(relative.into_os_string().into_encoded_bytes())
+        .map_err(|_| format!("{NOT_FOUND}: {path}"))?;
+    // SAFETY: open_how is plain data; all-zero is its default.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_BENEATH | libc::RESOLVE_NO_MAGICLINKS;
+    // SAFETY: a NUL-terminated path relative to an open directory, and a valid open_how.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root_dir.as_raw_fd(),
+            relative.as_ptr(),
+            &how as *const libc::open_how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        let error = std::io::Error::last_os_error();
+        return Err(match error.raw_os_error() {
+            Some(libc::EXDEV) | Some(libc::ELOOP) => ESCAPES.to_string(),
+            _ => format!("{NOT_FOUND}: {path}"),
+        });
+    }
+    // SAFETY: `fd` was just opened and is owned by nothing else.
+    Ok(unsafe { std::fs::File::from_raw_fd(fd as libc::c_int) })
+}
+
 /// Carries out `request` in the allocation dir `root`.
 pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
     let path = confine(root, &request.path)?;
@@ -114,14 +158,19 @@ pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .unwrap_or_else(|| "/".into());
-    let meta = std::fs::metadata(&path).map_err(|error| format!("{NOT_FOUND}: {error}"))?;
+    // What is served is what this descriptor holds, never the path opened again.
+    let opened = open_beneath(root, &request.path)?;
+    let meta = opened.metadata().map_err(|error| format!("{NOT_FOUND}: {error}"))?;
     match &request.op {
         FsOp::Stat => Ok(FsReply::Stat(info(name, &meta))),
         FsOp::List => {
             if !meta.is_dir() {
                 return Ok(FsReply::List(vec![info(name, &meta)]));
             }
-            let mut entries: Vec<FileInfo> = std::fs::read_dir(&path)
+            // The directory the descriptor holds, by its /proc name (not the path again).
+            use std::os::fd::AsRawFd;
+            let held = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
+            let mut entries: Vec<FileInfo> = std::fs::read_dir(&held)
                 .map_err(|error| error.to_string())?
                 .flatten()
                 .filter_map(|entry| {
@@ -136,7 +185,10 @@ pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
             if meta.is_dir() {
                 return Err(format!("{:?} is a directory", request.path));
             }
-            let mut file = std::fs::File::open(&path).map_err(|error| error.to_string())?;
+            if !meta.is_file() {
+                return Err(format!("{:?} is not a regular file", request.path));
+            }
+            let mut file = opened;
             file.seek(SeekFrom::Start(*offset)).map_err(|error| error.to_string())?;
             let mut data = Vec::new();
             file.take((*limit).min(MAX_READ))
@@ -150,6 +202,51 @@ pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 54: a task swapping a directory for a link to a host directory, over and over,
+    /// while files in it are read: not one read may be answered from the host.
+    #[test]
+    fn a_directory_swapped_for_a_link_while_reading_never_leaks_the_host_file() {
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("f"), "secret").unwrap();
+        let root = tempfile::tempdir().unwrap();
+        let alloc = root.path().join("alloc");
+        std::fs::create_dir_all(&alloc).unwrap();
+        std::os::unix::fs::symlink(outside.path(), alloc.join("link")).unwrap();
+        std::fs::create_dir(alloc.join("d")).unwrap();
+        std::fs::write(alloc.join("d/f"), "inside").unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (alloc, stop) = (alloc.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    // d is a directory, then a link out, then a directory again.
+                    let _ = std::fs::rename(alloc.join("d"), alloc.join("real"));
+                    let _ = std::fs::rename(alloc.join("link"), alloc.join("d"));
+                    let _ = std::fs::rename(alloc.join("d"), alloc.join("link"));
+                    let _ = std::fs::rename(alloc.join("real"), alloc.join("d"));
+                }
+            })
+        };
+        let mut answered = 0;
+        for _ in 0..5_000 {
+            let reply = serve(
+                root.path(),
+                &FsRequest {
+                    alloc_id: "a".into(),
+                    path: "/alloc/d/f".into(),
+                    op: FsOp::Read { offset: 0, limit: 64 },
+                },
+            );
+            if let Ok(FsReply::Data { data, .. }) = reply {
+                assert_eq!(data, b"inside", "read from the host");
+                answered += 1;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
+        assert!(answered > 0, "some reads found the directory in place");
+    }
 
     #[test]
     fn paths_stay_inside_the_allocation_dir() {
