@@ -70,6 +70,9 @@ summary() {
   printf '  %-18s %6d s  (%s)\n' total $((SECONDS - STARTED)) "$([ "$status" = 0 ] && echo passed || echo "FAILED, exit $status")"
 }
 trap summary EXIT
+# Stopped by a signal: the summary says so rather than "passed".
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 # step NAME COMMAND...: runs one step, timed; stops the script when it fails.
 step() {
