@@ -62,7 +62,18 @@ pub enum FsReply {
 /// `path` inside `root`, or [`ESCAPES`]: no `..`, and nothing that resolves (through
 /// symlinks) outside `root`.
 pub fn confine(root: &Path, path: &str) -> Result<PathBuf, String> {
-    let mut inside = root.to_path_buf();
+    let inside = root.join(relative(path)?);
+    let root = root.canonicalize().map_err(|error| format!("{NOT_FOUND}: {error}"))?;
+    let resolved = inside.canonicalize().map_err(|_| format!("{NOT_FOUND}: {path}"))?;
+    if !resolved.starts_with(&root) {
+        return Err(ESCAPES.into());
+    }
+    Ok(resolved)
+}
+
+/// `path` as a path relative to the allocation dir, or [`ESCAPES`] when it names `..`.
+fn relative(path: &str) -> Result<PathBuf, String> {
+    let mut inside = PathBuf::new();
     for component in Path::new(path).components() {
         match component {
             Component::RootDir | Component::CurDir => {}
@@ -70,12 +81,7 @@ pub fn confine(root: &Path, path: &str) -> Result<PathBuf, String> {
             Component::ParentDir | Component::Prefix(_) => return Err(ESCAPES.into()),
         }
     }
-    let root = root.canonicalize().map_err(|error| format!("{NOT_FOUND}: {error}"))?;
-    let resolved = inside.canonicalize().map_err(|_| format!("{NOT_FOUND}: {path}"))?;
-    if !resolved.starts_with(&root) {
-        return Err(ESCAPES.into());
-    }
-    Ok(resolved)
+    Ok(inside)
 }
 
 /// Unix permission bits as Go's `FileMode.String` prints them (`-rw-r--r--`, `drwxr-xr-x`).
@@ -115,10 +121,7 @@ fn info(name: String, meta: &std::fs::Metadata) -> FileInfo {
 fn open_beneath(root: &Path, path: &str) -> Result<std::fs::File, String> {
     use std::os::fd::{AsRawFd, FromRawFd};
     let root_dir = std::fs::File::open(root).map_err(|error| format!("{NOT_FOUND}: {error}"))?;
-    let relative: PathBuf = Path::new(path)
-        .components()
-        .filter(|component| matches!(component, Component::Normal(_)))
-        .collect();
+    let relative = relative(path)?;
     let relative = if relative.as_os_str().is_empty() {
         PathBuf::from(".")
     } else {

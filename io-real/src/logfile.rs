@@ -23,19 +23,12 @@ pub struct LogDir(File);
 impl LogDir {
     /// Opens `dir`, refusing it when it is itself a link.
     pub fn open(dir: &Path) -> io::Result<LogDir> {
-        let path = CString::new(dir.as_os_str().as_encoded_bytes()).map_err(io::Error::other)?;
-        // SAFETY: a NUL-terminated path; the descriptor is owned by the File made from it.
-        let fd = unsafe {
-            libc::open(
-                path.as_ptr(),
-                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` was just opened and is owned by nothing else.
-        Ok(LogDir(unsafe { File::from_raw_fd(fd) }))
+        use std::os::unix::fs::OpenOptionsExt;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(dir)?;
+        Ok(LogDir(dir))
     }
 
     fn open_at(&self, name: &str, flags: libc::c_int) -> io::Result<File> {

@@ -111,19 +111,24 @@ fn lowest_priority() {
 mod tests {
     use super::*;
 
+    /// Waits (five seconds at most) for every parse thread to end and free its slot, which it
+    /// does just after answering.
+    fn until_idle(running: &AtomicUsize) {
+        for _ in 0..500 {
+            if running.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(running.load(Ordering::SeqCst), 0);
+    }
+
     #[tokio::test]
     async fn a_parse_answers_within_its_deadline_and_its_slot_is_freed() {
         static RUNNING: AtomicUsize = AtomicUsize::new(0);
         let parsed = parse_within("job", Duration::from_secs(5), 1, &RUNNING, || 42).await;
         assert_eq!(parsed, Ok(42));
-        // The thread frees its slot as it ends, just after answering.
-        for _ in 0..500 {
-            if RUNNING.load(Ordering::SeqCst) == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(RUNNING.load(Ordering::SeqCst), 0);
+        until_idle(&RUNNING);
     }
 
     #[tokio::test]
@@ -170,12 +175,6 @@ mod tests {
         let answer: Result<u8, _> =
             parse_within("policy", Duration::from_secs(5), 1, &RUNNING, || panic!("boom")).await;
         assert_eq!(answer, Err(GuardError::Panicked { what: "policy" }));
-        for _ in 0..500 {
-            if RUNNING.load(Ordering::SeqCst) == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(RUNNING.load(Ordering::SeqCst), 0);
+        until_idle(&RUNNING);
     }
 }
