@@ -263,6 +263,7 @@ else
   step build-madsim build_madsim
   step sim sim --long
   step turmoil turmoil --long
-  # Every target for five minutes from a fresh seed (printed); crashes are kept.
-  step fuzz fuzz --secs 300
+  # Every target for three minutes from a fresh seed (printed), two at a time on two cores;
+  # crashes are kept.
+  step fuzz fuzz --secs 180
 fi

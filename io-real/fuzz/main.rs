@@ -9,7 +9,7 @@
 //!
 //! ```text
 //! cargo test -p drover-io-real --test fuzz                          # corpus + 4096 cases each (the fast lane)
-//! cargo test -p drover-io-real --test fuzz -- --secs 300            # the long lane, a fresh seed
+//! cargo test -p drover-io-real --test fuzz -- --secs 180            # the long lane, a fresh seed
 //! cargo test -p drover-io-real --test fuzz -- --target jobspec_hcl --secs 3600 --seed 7
 //! cargo test -p drover-io-real --test fuzz -- --replay target/fuzz-crashes/<target>/<file>
 //! cargo test -p drover-io-real --test fuzz -- --write-seeds   # check in this build's records

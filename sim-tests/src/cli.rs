@@ -1210,9 +1210,9 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["real_clients_rolling_update", "client_plugin_crash", "swarm"],
+        scenarios: &["client_churn"],
         invariant: "nothing is left behind after a job stop",
-        caught_by: ("swarm", 168),
+        caught_by: ("client_churn", 43),
     },
     Switch {
         name: "max-parallel",
@@ -1266,7 +1266,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["real_clients_csi", "swarm"],
+        scenarios: &["real_clients_csi", "client_churn"],
         invariant: "liveness",
         caught_by: ("real_clients_csi", 1),
     },
@@ -1294,9 +1294,9 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["client_churn"],
         invariant: "no task process outlives its task",
-        caught_by: ("swarm", 132),
+        caught_by: ("client_churn", 14),
     },
     Switch {
         name: "25293",
@@ -1629,7 +1629,7 @@ fn regression_switch(args: &Args, which: &str) -> Option<Catch> {
 }
 
 /// How long the long lane may shrink each switch's catch.
-const LONG_SHRINK_BUDGET: Duration = Duration::from_secs(120);
+const LONG_SHRINK_BUDGET: Duration = Duration::from_secs(30);
 
 /// Invariants that need a scenario the long lane runs by default to be checked at all; one
 /// never checked over the long lane's runs means its checker or its scenario stopped working.

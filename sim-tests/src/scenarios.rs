@@ -460,6 +460,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         build: real_clients_periodic,
     },
     Scenario {
+        name: "client_churn",
+        about: "a swarm of the clients' faults only: client agents killed in every seed, power losses, plugin and driver failures, job updates, the client BUGGIFY points on more often",
+        build: crate::swarm::client_churn,
+    },
+    Scenario {
         name: "swarm",
         about: "swarm testing: each seed enables its own mix of fault kinds at its own rates over 3 servers and 2 real clients running a CSI job",
         build: crate::swarm::swarm,

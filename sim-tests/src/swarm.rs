@@ -305,12 +305,65 @@ pub fn swarm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     if enabled.is_empty() {
         enabled.push(rng.gen_range(0..KINDS.len()));
     }
+    let draws = enabled.into_iter().map(|kind| KINDS[kind].1).collect();
+    swarm_of(rng, options, draws, 5_000..PHASE_MS - 30_000)
+}
+
+/// What `client_churn` may add to its agent restarts: the clients' other troubles.
+const CLIENT_KINDS: &[&str] = &[
+    "power loss on a client",
+    "driver start failures",
+    "task OOM killed",
+    "system gc",
+    "a node plugin fails, hangs or is slow",
+    "a node plugin fails one call",
+];
+
+/// A swarm of the clients' troubles only (a targeted swarm, as FoundationDB runs them): every
+/// seed restarts client agents, briefly enough (under the node's heartbeat grace) that their
+/// allocations are still wanted when they come back, and updates the job, once it is running;
+/// each other client-side kind is on with probability ½, the BUGGIFY points as in `swarm`
+/// but for a failing reattach, which is always on and frequent. A
+/// bug that needs an agent restart to meet a plugin's or a task's trouble (a volume whose
+/// unmount fails while the plugin comes back, a task that cannot be reattached) meets it in a
+/// few seeds here, where the full swarm spends most of its seeds on the servers.
+pub fn client_churn(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let restart: Draw = |rng, at| {
+        let client = rng.gen_range(0..CLIENTS);
+        vec![
+            step(at, Action::KillClient(client)),
+            step(at + millis(rng, 500..8_000), Action::RestartClient(client)),
+        ]
+    };
+    let (_, update) = KINDS
+        .iter()
+        .find(|(kind, _)| *kind == "update the job")
+        .expect("a swarm kind");
+    let mut draws = vec![restart, *update];
+    for name in CLIENT_KINDS {
+        if rng.gen_bool(0.5) {
+            let (_, draw) = KINDS.iter().find(|(kind, _)| kind == name).expect("a swarm kind");
+            draws.push(*draw);
+        }
+    }
+    let mut plan = swarm_of(rng, options, draws, 15_000..PHASE_MS - 20_000);
+    // Reattaching after those restarts fails often: a few tasks per restart would otherwise
+    // rarely meet it.
+    let chance = *[0.3, 0.6].choose(rng).expect("rates");
+    plan.buggify.insert(drover_io_real::buggify::RECOVER_FAILS, chance);
+    plan
+}
+
+/// Draws `draws`' occurrences (one to three each, starting within `window` ms of the fault
+/// phase), the job and its volume, the node plugins' faults, and each BUGGIFY point, on with
+/// probability ½ at its own rate.
+fn swarm_of(rng: &mut ChaCha8Rng, options: &Options, draws: Vec<Draw>, window: std::ops::Range<u64>) -> Plan {
     let mut steps = Vec::new();
-    for kind in enabled {
+    for draw in draws {
         let occurrences = rng.gen_range(1..=3);
         for _ in 0..occurrences {
-            let at = millis(rng, 5_000..PHASE_MS - 30_000);
-            steps.extend((KINDS[kind].1)(rng, at));
+            let at = millis(rng, window.clone());
+            steps.extend(draw(rng, at));
         }
     }
     steps.sort_by_key(|step| step.at);
