@@ -305,6 +305,7 @@ impl SimCluster {
         self.handle.kill(client.node.id());
         client.alive = false;
         self.recorder.note(format!("kill client {}", client.spec.name));
+        self.recorder.record_plugin(&client.spec.name, PluginEvent::AgentKilled);
     }
 
     /// The client's machine loses power and boots again later ([`Self::restart_client`]):

@@ -29,6 +29,9 @@ pub enum PluginEvent {
     },
     /// The client node died: everything it had mounted is gone with it.
     NodeLost,
+    /// The client's agent was killed (its machine may live on): the simulated plugins answer
+    /// controller calls inside the agent's process, so a call in flight there died with it.
+    AgentKilled,
     /// A controller RPC reached the plugin (from whichever server sent it).
     ControllerCallStarted { plugin: String, call: String },
     /// The plugin answered a controller RPC (a hanging call never does).

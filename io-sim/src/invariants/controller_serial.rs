@@ -5,7 +5,7 @@
 //! forgets its own queue.
 //!
 //! A call is in flight from the moment it reaches the plugin until the plugin answers, its
-//! machine dies, or its caller's deadline ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the
+//! machine or the agent answering for it dies, or its caller's deadline ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the
 //! servers have given up on it and a retry is allowed, even if the plugin is still hanging on
 //! the first.
 
@@ -60,8 +60,11 @@ impl Invariant for ControllerSerial {
                 calls.push((at, node.to_string(), call.clone()));
                 verdict
             }
-            // The machine died with its plugin: nothing of it is in flight any more.
-            SimEvent::Plugin(PluginEvent::NodeLost) => {
+            // The machine died with its plugin, or the agent whose process answers the
+            // simulated plugin's controller calls: nothing of it is in flight any more (found
+            // by client_churn seed 73: a call hung on c2 counted as running after c2's agent
+            // was killed with it, and the leader's next call, to c1, reported as a race).
+            SimEvent::Plugin(PluginEvent::NodeLost | PluginEvent::AgentKilled) => {
                 for calls in self.in_flight.values_mut() {
                     calls.retain(|(_, other_node, _)| other_node != node);
                 }
@@ -151,6 +154,31 @@ mod tests {
             invariant
                 .observe_at(retry + secs(0.5), "c1", &started("p", "controller-attach v"))
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn a_call_dies_with_the_agent_that_answered_for_it() {
+        let mut invariant = ControllerSerial::default();
+        let agent_killed = SimEvent::Plugin(PluginEvent::AgentKilled);
+        assert!(
+            invariant
+                .observe_at(secs(28.2), "c2", &started("p", "controller-attach v"))
+                .is_ok()
+        );
+        // Another client's agent dying changes nothing.
+        assert!(invariant.observe_at(secs(30.0), "c1", &agent_killed).is_ok());
+        assert!(
+            invariant
+                .observe_at(secs(31.0), "c1", &started("p", "controller-attach v"))
+                .is_err()
+        );
+        assert!(invariant.observe_at(secs(32.4), "c2", &agent_killed).is_ok());
+        assert!(invariant.observe_at(secs(32.5), "c1", &agent_killed).is_ok());
+        assert!(
+            invariant
+                .observe_at(secs(36.6), "c1", &started("p", "controller-attach v"))
+                .is_ok()
         );
     }
 }

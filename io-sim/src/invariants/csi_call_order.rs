@@ -54,7 +54,8 @@ impl Invariant for CsiCallOrder {
             | PluginEvent::ControllerCallStarted { .. }
             | PluginEvent::ControllerCallEnded { .. }
             | PluginEvent::VolumeCreated { .. }
-            | PluginEvent::VolumeDeleted { .. } => {}
+            | PluginEvent::VolumeDeleted { .. }
+            | PluginEvent::AgentKilled => {}
         }
         Ok(())
     }
