@@ -70,11 +70,7 @@ const KINDS: &[(&str, Draw)] = &[
         ]
     }),
     ("kill a client agent", |rng, at| {
-        let client = rng.gen_range(0..CLIENTS);
-        vec![
-            step(at, Action::KillClient(client)),
-            step(at + millis(rng, 2_000..30_000), Action::RestartClient(client)),
-        ]
+        client_agent_restart(rng, at, 2_000..30_000)
     }),
     ("lossy, slow network", |rng, at| {
         let loss = rng.gen_range(1..=10);
@@ -322,28 +318,17 @@ const CLIENT_KINDS: &[&str] = &[
 /// A swarm of the clients' troubles only (a targeted swarm, as FoundationDB runs them): every
 /// seed restarts client agents, briefly enough (under the node's heartbeat grace) that their
 /// allocations are still wanted when they come back, and updates the job, once it is running;
-/// each other client-side kind is on with probability ½, the BUGGIFY points as in `swarm`
-/// but for a failing reattach, which is always on and frequent. A
-/// bug that needs an agent restart to meet a plugin's or a task's trouble (a volume whose
-/// unmount fails while the plugin comes back, a task that cannot be reattached) meets it in a
-/// few seeds here, where the full swarm spends most of its seeds on the servers.
+/// each other client-side kind is on with probability ½, the BUGGIFY points as in `swarm` but
+/// for a failing reattach, which is always on and frequent. A bug that needs an agent restart
+/// to meet a plugin's or a task's trouble (a volume whose unmount fails while the plugin comes
+/// back, a task that cannot be reattached) meets it in a few seeds here, where the full swarm
+/// spends most of its seeds on the servers.
 pub fn client_churn(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
-    let restart: Draw = |rng, at| {
-        let client = rng.gen_range(0..CLIENTS);
-        vec![
-            step(at, Action::KillClient(client)),
-            step(at + millis(rng, 500..8_000), Action::RestartClient(client)),
-        ]
-    };
-    let (_, update) = KINDS
-        .iter()
-        .find(|(kind, _)| *kind == "update the job")
-        .expect("a swarm kind");
-    let mut draws = vec![restart, *update];
+    let restart: Draw = |rng, at| client_agent_restart(rng, at, 500..8_000);
+    let mut draws = vec![restart, kind("update the job")];
     for name in CLIENT_KINDS {
         if rng.gen_bool(0.5) {
-            let (_, draw) = KINDS.iter().find(|(kind, _)| kind == name).expect("a swarm kind");
-            draws.push(*draw);
+            draws.push(kind(name));
         }
     }
     let mut plan = swarm_of(rng, options, draws, 15_000..PHASE_MS - 20_000);
@@ -352,6 +337,21 @@ pub fn client_churn(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let chance = *[0.3, 0.6].choose(rng).expect("rates");
     plan.buggify.insert(drover_io_real::buggify::RECOVER_FAILS, chance);
     plan
+}
+
+/// The swarm kind named `name`.
+fn kind(name: &str) -> Draw {
+    let (_, draw) = KINDS.iter().find(|(kind, _)| *kind == name).expect("a swarm kind");
+    *draw
+}
+
+/// A client's agent killed at `at` and started again `down` ms later (its tasks live on).
+fn client_agent_restart(rng: &mut ChaCha8Rng, at: Duration, down: std::ops::Range<u64>) -> Vec<Step> {
+    let client = rng.gen_range(0..CLIENTS);
+    vec![
+        step(at, Action::KillClient(client)),
+        step(at + millis(rng, down), Action::RestartClient(client)),
+    ]
 }
 
 /// Draws `draws`' occurrences (one to three each, starting within `window` ms of the fault

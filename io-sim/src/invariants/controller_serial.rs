@@ -5,9 +5,9 @@
 //! forgets its own queue.
 //!
 //! A call is in flight from the moment it reaches the plugin until the plugin answers, its
-//! machine or the agent answering for it dies, or its caller's deadline ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the
-//! servers have given up on it and a retry is allowed, even if the plugin is still hanging on
-//! the first.
+//! machine or the agent answering for it dies, or its caller's deadline
+//! ([`CLIENT_CSI_TIMEOUT`]) has passed: past that the servers have given up on it and a retry
+//! is allowed, even if the plugin is still hanging on the first.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
