@@ -272,6 +272,17 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         )),
         false => None,
     };
+    let mutual_rpc = tls
+        .as_ref()
+        .is_some_and(|tls| tls.settings().rpc && tls.settings().verify_server_hostname);
+    if config.acl.enabled && !mutual_rpc {
+        // Nomad's own advice: ACLs without mutual TLS protect the API, not the cluster.
+        tracing::warn!(
+            "ACLs are enabled but agent RPC has no mutual TLS (tls {{ rpc = true, verify_server_hostname = true }}): \
+             every server request is still checked against its ACL token, but whoever reaches the RPC port can \
+             send Raft's own messages as if it were a server"
+        );
+    }
     let (router, inbox) = ClientCsiRouter::new();
     let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {

@@ -107,8 +107,13 @@ impl Agent {
             Input::Server(input) => half.server.handle(now, input),
             Input::Rpc(rpc::Input::Request {
                 req,
-                request: rpc::ServerRequest::Operator(request),
-            }) => half.server.handle_operator(now, req, request),
+                request: request @ rpc::ServerRequest::Operator(_),
+                authority,
+            }) => match (rpc::authz::check(&request, &authority, state), request) {
+                (Ok(()), rpc::ServerRequest::Operator(request)) => half.server.handle_operator(now, req, request),
+                (Err(error), _) => half.rpc.refuse(req, error),
+                (Ok(()), _) => unreachable!("matched as an operator request"),
+            },
             Input::Rpc(input) => half.rpc.handle(now, input, state),
         }
         Self::sync_leadership(half, now, state);

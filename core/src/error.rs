@@ -20,4 +20,7 @@ pub enum ErrorKind {
     /// No leader, leadership lost, a peer or plugin unreachable or failing: the same request
     /// may succeed later (HTTP 500).
     Unavailable,
+    /// The caller's token (or node secret) does not allow the request (HTTP 403, Nomad's
+    /// `Permission denied`).
+    PermissionDenied,
 }

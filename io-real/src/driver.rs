@@ -309,6 +309,7 @@ impl AgentHandle {
                     region: self.inner.config.region.clone(),
                     forwarded: true,
                     version: crate::service::ENVELOPE_VERSION,
+                    auth_token: crate::service::auth::caller_token(),
                     body: Some(RequestBody::Apply(ApplyRequest {
                         command_json: serde_json::to_vec(&entry).expect("entry serializes"),
                     })),
@@ -341,8 +342,11 @@ impl AgentHandle {
 
     /// Submits a request to the servers' write endpoints (through the leader) and waits for
     /// its reply.
+    /// The request carries the ACL token of the HTTP request this task serves (none outside
+    /// one: a client's own node calls prove themselves by the node secret they carry).
     pub async fn request(&self, request: ServerRequest) -> ServerReply {
-        self.inner.service.server_request(request, false).await
+        let token = crate::service::auth::caller_token();
+        self.inner.service.server_request(request, &token, false).await
     }
 
     /// [`AgentHandle::request`], then, on a server, waits until this server has applied the
@@ -713,6 +717,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         metrics: metrics.clone(),
         observer: observer.clone(),
         skip_caller_check: config.server.raft_faults.skip_caller_check,
+        acl_enabled: config.acl.enabled,
         clients_attach: transport.can_attach(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {
@@ -1350,6 +1355,7 @@ async fn query_peers<T: Transport>(transport: &T, region: String, peer: &Peer) -
         region,
         forwarded: false,
         version: crate::service::ENVELOPE_VERSION,
+        auth_token: String::new(),
         body: Some(RequestBody::StatusPeers(StatusPeersRequest {})),
     };
     let response = transport

@@ -16,7 +16,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use drover_core::error::ErrorKind;
 use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::server::OperatorRequest;
 use drover_core::structs::{AllocClientReport, ClientStatus, Node, NodeStatus};
 use drover_io_real::io::Transport;
 use drover_io_real::net::GrpcTransport;
@@ -71,6 +73,11 @@ fn json_ok(method: &str, port: u16, path: &str, token: &str, body: Option<&str>)
 
 /// One server request over agent RPC from a process holding `tls`'s certificate.
 fn rpc(tls: &Arc<AgentTls>, to: SocketAddr, request: &ServerRequest) -> Result<ServerReply, String> {
+    rpc_as(tls, to, request, "")
+}
+
+/// [`rpc`] with an ACL token.
+fn rpc_as(tls: &Arc<AgentTls>, to: SocketAddr, request: &ServerRequest, token: &str) -> Result<ServerReply, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -78,7 +85,11 @@ fn rpc(tls: &Arc<AgentTls>, to: SocketAddr, request: &ServerRequest) -> Result<S
     runtime.block_on(async {
         GrpcTransport::default()
             .with_tls(tls.clone())
-            .call(to, server_envelope("global", request, false), Duration::from_secs(10))
+            .call(
+                to,
+                server_envelope("global", request, token, false),
+                Duration::from_secs(10),
+            )
             .await
             .map(server_reply)
             .map_err(|error| error.to_string())
@@ -147,13 +158,21 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
         })
         .collect();
     let refs: Vec<&Agent> = servers.iter().collect();
-    wait_for(Duration::from_secs(60), || agreed_leader(&refs, 3))
+    let leader = wait_for(Duration::from_secs(60), || agreed_leader(&refs, 3))
         .unwrap_or_else(|| panic!("the cluster forms over mutual TLS:\n{}", servers[0].log()));
     let port = servers[0].spec.http;
 
+    // Bootstrapped through a follower, which hands the request to the leader: a bootstrap
+    // forwarded as a bare write would be refused there (issue 54 §2).
+    let follower = servers
+        .iter()
+        .find(|server| server.rpc_addr() != leader)
+        .expect("a follower")
+        .spec
+        .http;
     let mut answers = Vec::new();
     let (code, body) = wait_for(Duration::from_secs(30), || {
-        let answer = request("POST", port, "/v1/acl/bootstrap", None, None);
+        let answer = request("POST", follower, "/v1/acl/bootstrap", None, None);
         answers.push(answer.clone());
         answer.filter(|(code, _)| *code == 200)
     })
@@ -225,6 +244,7 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
     let reader = refuses_by_token(port, &management);
     client_agent_checks_tokens(http, &alloc_id, &management, &reader);
     refuses_by_certificate(&pki, &rogue_pki, &specs[0]);
+    refuses_rpc_without_a_token(&pki, &specs, &node_id, port, &management);
     refuses_another_nodes_allocation(&pki, &specs, &node_id, &alloc_id, port, &management);
     refuses_another_gossip_key(root.path(), &pki, &specs, port, &management);
     rotates_the_gossip_key(port, &management);
@@ -436,6 +456,71 @@ fn refuses_by_certificate(pki: &Path, rogue_pki: &Path, server: &ServerSpec) {
         .unwrap();
     let text = format!("{answer:?}");
     assert!(text.contains("Permission denied"), "{text}");
+}
+
+/// Issue 54 §1: a client's certificate with no token makes only a node's calls. Over agent RPC,
+/// on a follower and on the leader alike: a secret variable is not read, another job is not
+/// purged, no garbage is collected and no server is forced to leave; a management token on
+/// the same connection does it.
+fn refuses_rpc_without_a_token(pki: &Path, specs: &[ServerSpec], node_id: &str, port: u16, management: &str) {
+    let client = Arc::new(AgentTls::load(tls::settings(pki, Role::Client), "global").unwrap());
+    let body = json!({"Items": {"password": "hunter2-4a7b"}}).to_string();
+    let (code, answer) = request(
+        "PUT",
+        port,
+        "/v1/var/nomad/jobs/db/secret",
+        Some(management),
+        Some(&body),
+    )
+    .unwrap();
+    assert_eq!(code, 200, "{answer}");
+    // Refused for its token, or, speaking for a node with another secret, as Nomad refuses it.
+    let denied = |reply: &ServerReply| {
+        matches!(reply, ServerReply::Error(error)
+            if error.kind == ErrorKind::PermissionDenied || error.message == "node secret ID does not match")
+    };
+    let attacks = [
+        ServerRequest::VariablesRead {
+            paths: vec!["nomad/jobs/db/secret".into()],
+            node_id: node_id.into(),
+            secret_id: "guessed".into(),
+        },
+        ServerRequest::VariablesRead {
+            paths: vec!["nomad/jobs/db/secret".into()],
+            node_id: String::new(),
+            secret_id: String::new(),
+        },
+        ServerRequest::JobStop {
+            namespace: "default".into(),
+            job_id: "secure".into(),
+            purge: true,
+        },
+        ServerRequest::SystemGc,
+        ServerRequest::Operator(OperatorRequest::ForceLeave {
+            node: format!("{}.global", specs[2].name),
+            prune: true,
+        }),
+    ];
+    for spec in specs {
+        let to: SocketAddr = format!("127.0.0.1:{}", spec.rpc).parse().unwrap();
+        for attack in &attacks {
+            let reply = rpc(&client, to, attack).unwrap();
+            assert!(denied(&reply), "{attack:?} through {}: {reply:?}", spec.name);
+            assert!(!format!("{reply:?}").contains("hunter2"), "{reply:?}");
+        }
+    }
+    let job = json_ok("GET", port, "/v1/job/secure", management, None).expect("the job is still there");
+    assert_eq!(job["Stop"], false, "{job}");
+    assert_eq!(alive_members(port, management), Some(3));
+    // The token is what counts, not the certificate: with the management token it is read.
+    let to: SocketAddr = format!("127.0.0.1:{}", specs[1].rpc).parse().unwrap();
+    let reply = rpc_as(&client, to, &attacks[1], management).unwrap();
+    match reply {
+        ServerReply::Variables { variables, .. } => {
+            assert!(variables.contains_key("nomad/jobs/db/secret"), "{variables:?}")
+        }
+        other => panic!("the management token reads the variable: {other:?}"),
+    }
 }
 
 /// A node may report only its own allocations, and only with its own secret.

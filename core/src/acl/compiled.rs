@@ -144,6 +144,18 @@ impl Acl {
             .is_some_and(|caps| !caps.contains(var_cap::DENY) && caps.contains(capability))
     }
 
+    /// Whether `capability` is granted on the variable at `path` in some namespace. Variables
+    /// are stored by path alone, so a write the HTTP gate let through in the request's
+    /// namespace is re-checked this way where the namespace no longer travels with it.
+    pub fn allows_variable_somewhere(&self, path: &str, capability: &str) -> bool {
+        self.management
+            || self
+                .variables
+                .values()
+                .filter_map(|paths| closest(paths, path))
+                .any(|caps| !caps.contains(var_cap::DENY) && caps.contains(capability))
+    }
+
     pub fn allows_host_volume(&self, volume: &str, capability: &str) -> bool {
         if self.management {
             return true;

@@ -932,7 +932,7 @@ impl Client {
             ..
         } = &mut action
         {
-            request.stamp_node_secret(self.link.secret_id());
+            request.stamp_node(&self.settings.node_id, self.link.secret_id());
         }
         Some(action)
     }

@@ -93,7 +93,11 @@ mod tests {
             })),
             Some(NODE_RPC_TIMEOUT)
         );
-        let read = Io::Server(ServerRequest::VariablesRead { paths: Vec::new() });
+        let read = Io::Server(ServerRequest::VariablesRead {
+            paths: Vec::new(),
+            node_id: String::new(),
+            secret_id: String::new(),
+        });
         assert_eq!(deadline(&read), None, "the leader bounds the rest");
     }
 }

@@ -199,6 +199,8 @@ impl TemplateRunner {
     fn fetch(&mut self, paths: BTreeSet<String>, ops: &mut OpIds, out: &mut Vec<TemplateOut>) {
         let request = ServerRequest::VariablesRead {
             paths: paths.iter().cloned().collect(),
+            node_id: String::new(),
+            secret_id: String::new(),
         };
         self.issue(Pending::Fetch(paths), Io::Server(request), ops, out);
     }

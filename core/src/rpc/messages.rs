@@ -150,7 +150,7 @@ pub enum ServerRequest {
         namespace: String,
         volume_id: String,
         claim: CsiVolumeClaim,
-        /// The claiming node's secret (stamped by the client, [`ServerRequest::stamp_node_secret`]).
+        /// The claiming node's secret (stamped by the client, [`ServerRequest::stamp_node`]).
         #[serde(default)]
         secret_id: String,
     },
@@ -229,6 +229,11 @@ pub enum ServerRequest {
     /// `Variables`.
     VariablesRead {
         paths: Vec<String>,
+        /// The reading node and its secret (stamped by the client, [`ServerRequest::stamp_node`]).
+        #[serde(default)]
+        node_id: String,
+        #[serde(default)]
+        secret_id: String,
     },
 }
 
@@ -238,9 +243,16 @@ impl ServerRequest {
     /// Nomad's `SecretID mismatch`).
     /// Sets the node secret a client presents on a request it makes for its node, where the
     /// maker (an allocation runner) does not hold the secret itself.
-    pub fn stamp_node_secret(&mut self, secret: &str) {
-        if let ServerRequest::VolumeClaim { secret_id, .. } | ServerRequest::VolumeUnpublish { secret_id, .. } = self {
-            *secret_id = secret.to_string();
+    pub fn stamp_node(&mut self, node: &str, secret: &str) {
+        match self {
+            ServerRequest::VolumeClaim { secret_id, .. } | ServerRequest::VolumeUnpublish { secret_id, .. } => {
+                *secret_id = secret.to_string();
+            }
+            ServerRequest::VariablesRead { node_id, secret_id, .. } => {
+                *node_id = node.to_string();
+                *secret_id = secret.to_string();
+            }
+            _ => {}
         }
     }
 
@@ -254,6 +266,7 @@ impl ServerRequest {
             ServerRequest::VolumeClaim { claim, secret_id, .. }
             | ServerRequest::VolumeUnpublish { claim, secret_id, .. } => Some((&claim.node_id, secret_id)),
             ServerRequest::NodeRegister { node } => Some((&node.id, &node.secret_id)),
+            ServerRequest::VariablesRead { node_id, secret_id, .. } => Some((node_id, secret_id)),
             _ => None,
         }
     }

@@ -15,6 +15,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+pub mod authz;
 mod connect;
 mod csi;
 mod deployments;
@@ -47,6 +48,8 @@ pub enum Input {
     Request {
         req: ReqId,
         request: ServerRequest,
+        /// What the caller proved ([`authz::check`] decides on it first).
+        authority: authz::Authority,
     },
     Proposed {
         op: OpId,
@@ -195,7 +198,11 @@ impl RpcEndpoints {
 
     pub fn handle(&mut self, now: Instant, input: Input, state: &ServerState) {
         match input {
-            Input::Request { req, request } => self.request(now, req, request, state),
+            Input::Request {
+                req,
+                request,
+                authority,
+            } => self.request(now, req, request, &authority, state),
             Input::Proposed { op, result } => {
                 if let Some((job, owner)) = self.out.take_proposal(op) {
                     self.proposed(now, job, owner, result, state);
@@ -268,10 +275,27 @@ impl RpcEndpoints {
         self.out.pop()
     }
 
-    fn request(&mut self, now: Instant, req: ReqId, request: ServerRequest, state: &ServerState) {
+    /// Answers `req` with `error` at once (a request refused before it reached its endpoint).
+    pub fn refuse(&mut self, req: ReqId, error: RpcError) {
+        self.out.reply(req, ServerReply::Error(error));
+    }
+
+    fn request(
+        &mut self,
+        now: Instant,
+        req: ReqId,
+        request: ServerRequest,
+        authority: &authz::Authority,
+        state: &ServerState,
+    ) {
         if !self.leader {
             self.out
                 .reply(req, ServerReply::Error(RpcError::unavailable("No cluster leader")));
+            return;
+        }
+        if let Err(error) = authz::check(&request, authority, state) {
+            tracing::warn!(error = %error.message, "refused a request its caller may not make");
+            self.out.reply(req, ServerReply::Error(error));
             return;
         }
         // A client speaks only for its own node: the secret it registered with (Nomad's
@@ -280,11 +304,7 @@ impl RpcEndpoints {
             && let Some(node) = state.node(node_id)
             && node.secret_id != secret_id
         {
-            let text = if matches!(request, ServerRequest::NodeRegister { .. }) {
-                "node secret ID does not match. Not registering node."
-            } else {
-                "node secret ID does not match"
-            };
+            let text = authz::node_secret_mismatch(&request);
             tracing::warn!(node = %node_id, "refused a call with the wrong node secret");
             self.out.reply(req, ServerReply::Error(RpcError::invalid(text)));
             return;
@@ -292,7 +312,7 @@ impl RpcEndpoints {
         use ServerRequest as R;
         let out = &mut self.out;
         let command = match request {
-            R::VariablesRead { paths } => {
+            R::VariablesRead { paths, .. } => {
                 out.reply(req, read_variables(&paths, state));
                 None
             }

@@ -678,7 +678,7 @@ mod client_harness {
                 ServerRequest::VolumeUnpublish { volume_id, claim, .. } => {
                     format!("server unpublish {volume_id} alloc={}", claim.allocation_id)
                 }
-                ServerRequest::VariablesRead { paths } => format!("server vars-read {}", paths.join(",")),
+                ServerRequest::VariablesRead { paths, .. } => format!("server vars-read {}", paths.join(",")),
                 ServerRequest::DeriveSiToken {
                     node_id,
                     secret_id,
@@ -1238,4 +1238,143 @@ mod link_harness {
 #[test]
 fn server_link() {
     run_dir("server_link", link_harness::new, link_harness::run);
+}
+
+/// Who may make each server request (`rpc::authz`): a state with nodes and allocations, the
+/// caller's authority, and `check` of a request given as its JSON.
+mod authz_harness {
+    use drover_core::acl::policy::PolicyRules;
+    use drover_core::acl::{Acl, ResolveError};
+    use drover_core::acl::{AclToken, TokenType};
+    use drover_core::fsm::acl::AclCommand;
+    use drover_core::fsm::{Command, Entry, Response, ServerState};
+    use drover_core::rpc::ServerRequest;
+    use drover_core::rpc::authz::{Authority, check, check_command};
+    use drover_core::structs::{Allocation, Node};
+
+    use super::Directive;
+
+    pub struct Harness {
+        state: ServerState,
+        index: u64,
+        authority: Authority,
+    }
+
+    pub fn new() -> Harness {
+        Harness {
+            state: ServerState::default(),
+            index: 0,
+            authority: Authority::Open,
+        }
+    }
+
+    fn apply(h: &mut Harness, command: Command) -> String {
+        h.index += 1;
+        let entry = Entry {
+            at_unix_ms: 1_700_000_000_000 + h.index,
+            command,
+        };
+        match h.state.apply(h.index, &entry) {
+            Response::Error(kind, message) => format!("error: {kind:?} {message}"),
+            _ => "ok".into(),
+        }
+    }
+
+    pub fn run(h: &mut Harness, d: &Directive) -> String {
+        format!("{}\n", directive(h, d))
+    }
+
+    fn directive(h: &mut Harness, d: &Directive) -> String {
+        let arg = |key: &str| d.args.get(key).cloned().unwrap_or_default();
+        match d.command.as_str() {
+            "node" => {
+                let node = Node {
+                    id: arg("id"),
+                    secret_id: arg("secret"),
+                    ..Node::default()
+                };
+                apply(h, Command::NodeRegister { node })
+            }
+            "alloc" => {
+                let alloc = Allocation {
+                    id: arg("id"),
+                    namespace: arg("namespace"),
+                    node_id: arg("node"),
+                    ..Allocation::default()
+                };
+                apply(h, Command::AllocUpsert { allocs: vec![alloc] })
+            }
+            // `acl off`, `acl management`, `acl unknown`, `acl expired`, or `acl` with the
+            // token's policy rules as JSON (the `policy` shorthands expanded as stored).
+            "acl" => {
+                h.authority = if d.args.contains_key("off") {
+                    Authority::Open
+                } else if d.args.contains_key("management") {
+                    Authority::Acl(Acl::management())
+                } else if d.args.contains_key("unknown") {
+                    Authority::Unresolved(ResolveError::NotFound)
+                } else if d.args.contains_key("expired") {
+                    Authority::Unresolved(ResolveError::Expired)
+                } else {
+                    let mut rules: PolicyRules = serde_json::from_str(&d.input.join("\n")).expect("policy rules JSON");
+                    if let Err(error) = rules.validate() {
+                        return format!("invalid policy: {error}");
+                    }
+                    Authority::Acl(Acl::from_policies([&rules]))
+                };
+                "ok".into()
+            }
+            // `check register id=.. secret=..`: a node registering (its JSON is long), else the
+            // request as JSON on the input lines.
+            "check" => {
+                let request: ServerRequest = if d.args.contains_key("register") {
+                    ServerRequest::NodeRegister {
+                        node: Box::new(Node {
+                            id: arg("id"),
+                            secret_id: arg("secret"),
+                            ..Node::default()
+                        }),
+                    }
+                } else {
+                    serde_json::from_str(&d.input.join("\n")).expect("request JSON")
+                };
+                match check(&request, &h.authority, &h.state) {
+                    Ok(()) => "allowed".into(),
+                    Err(error) => format!("denied: {:?} {}", error.kind, error.message),
+                }
+            }
+            // `token accessor=.. secret=..`: a client token stored in the ACL tables.
+            "token" => {
+                let token = AclToken {
+                    accessor_id: arg("accessor"),
+                    secret_id: arg("secret"),
+                    name: arg("accessor"),
+                    token_type: TokenType::Client,
+                    policies: Vec::new(),
+                    roles: Vec::new(),
+                    global: false,
+                    create_time_ms: 0,
+                    expiration_time_ms: None,
+                    create_index: 0,
+                    modify_index: 0,
+                };
+                apply(h, Command::Acl(AclCommand::TokensUpsert { tokens: vec![token] }))
+            }
+            // `write [secret=..]`: a direct write forwarded to the leader for a caller whose
+            // token is `secret` (resolved as the last `acl`), the command as JSON.
+            "write" => {
+                let command: Command = serde_json::from_str(&d.input.join("\n")).expect("command JSON");
+                match check_command(&command, &h.authority, &arg("secret"), &h.state) {
+                    Ok(()) => "allowed".into(),
+                    Err(error) => format!("denied: {:?} {}", error.kind, error.message),
+                }
+            }
+            other => panic!("unknown directive {other}"),
+        }
+    }
+}
+
+#[test]
+fn rpc_authz() {
+    run_dir("rpc_authz", authz_harness::new, authz_harness::run);
 }

@@ -49,11 +49,69 @@ pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, nex
             uri,
             body,
             token,
+            to_leader: false,
         })
         .await
     {
         Ok(answer) => response_of(answer),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("No path to region: {error}")).into_response(),
+    }
+}
+
+/// Marks a request handed to the leader, which answers it whatever it then believes.
+const TO_LEADER: &str = "x-drover-to-leader";
+
+/// What only the leader may answer: the writes whose proof a server checks itself before
+/// proposing them, so the leader cannot check it again from the write alone (a login's
+/// identity token, the bootstrap reset file in the leader's data dir, as Nomad's
+/// `ACL.Bootstrap` reads it). Anywhere else they would reach the leader as a bare token
+/// write, which it refuses without a management token (`rpc::authz::need_command`).
+fn leader_only(path: &str) -> bool {
+    matches!(
+        path,
+        "/v1/acl/bootstrap" | "/v1/acl/login" | "/v1/acl/oidc/auth-url" | "/v1/acl/oidc/complete-auth"
+    )
+}
+
+/// Middleware: on a server that does not lead, what only the leader may answer goes to it.
+pub async fn to_leader(State(handle): State<AgentHandle>, request: Request, next: Next) -> Response {
+    if !handle.is_server() || !leader_only(request.uri().path()) || request.headers().contains_key(TO_LEADER) {
+        return next.run(request).await;
+    }
+    let status = handle.status();
+    let leader = status.raft.as_ref().and_then(|raft| raft.leader.as_ref());
+    let addr = match leader {
+        Some((leader, _)) if *leader == handle.node_id() => return next.run(request).await,
+        Some((_, node)) => node.rpc_addr.parse::<std::net::SocketAddr>().ok(),
+        None => None,
+    };
+    let Some(addr) = addr else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, "No cluster leader").into_response();
+    };
+    let method = request.method().to_string();
+    let token = super::acl::gate::token_of(request.headers());
+    let uri = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().path().to_string(), |pq| pq.as_str().to_string());
+    let body = match axum::body::to_bytes(request.into_body(), BODY_MAX).await {
+        Ok(body) => body.to_vec(),
+        Err(error) => return (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response(),
+    };
+    let forward = HttpForward {
+        method,
+        uri,
+        body,
+        token,
+        to_leader: true,
+    };
+    match handle.forward_http_to(addr, forward).await {
+        Ok(answer) => response_of(answer),
+        Err(error) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("forwarding to the leader failed: {error}"),
+        )
+            .into_response(),
     }
 }
 
@@ -77,6 +135,9 @@ pub async fn answer(app: axum::Router, forward: HttpForward) -> HttpAnswer {
         .uri(forward.uri.as_str());
     if !forward.token.is_empty() {
         request = request.header("X-Nomad-Token", forward.token.as_str());
+    }
+    if forward.to_leader {
+        request = request.header(TO_LEADER, "1");
     }
     let request = request.body(Body::from(forward.body));
     let response = match request {

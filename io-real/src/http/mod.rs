@@ -319,12 +319,14 @@ pub fn router(handle: AgentHandle) -> Router {
         .route_layer(axum::middleware::from_fn_with_state(handle.clone(), metrics::measure))
         // Reads of cluster state wait for the Raft read barrier unless `?stale` (`reads.rs`).
         .layer(axum::middleware::from_fn_with_state(handle.clone(), reads::consistent))
+        // A follower hands what only the leader may answer to it (`forward.rs`).
+        .layer(axum::middleware::from_fn_with_state(handle.clone(), forward::to_leader))
         // A client-only agent hands cluster requests to a server (`forward.rs`).
         .layer(axum::middleware::from_fn_with_state(
             handle.clone(),
             forward::to_servers,
         ))
-        // Outermost: every request's token against its route's rule (`acl/gate.rs`).
+        // Every request's token against its route's rule (`acl/gate.rs`).
         .layer(axum::middleware::from_fn_with_state(
             acl::gate::Gate {
                 handle: handle.clone(),
@@ -333,7 +335,16 @@ pub fn router(handle: AgentHandle) -> Router {
             },
             acl::gate::enforce,
         ))
+        // Outermost: the token goes along with every server request a handler makes, and the
+        // servers check it again (`service/auth.rs`).
+        .layer(axum::middleware::from_fn(caller_token))
         .with_state(handle)
+}
+
+/// Serves `request` with its token as the caller's, for the server requests it makes.
+async fn caller_token(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let token = acl::gate::token_of(request.headers());
+    crate::service::auth::with_token(token, next.run(request)).await
 }
 
 /// An endpoint's refusal: its HTTP status and message.
@@ -363,6 +374,7 @@ impl From<RpcError> for ApiError {
         let status = match error.kind {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
             ErrorKind::Refused | ErrorKind::Unavailable => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let message = if error.kind == ErrorKind::Refused && !error.retryable {

@@ -276,6 +276,7 @@ pub async fn health(State(handle): State<AgentHandle>) -> Result<Response, ApiEr
                 uri: "/v1/operator/autopilot/health".into(),
                 body: Vec::new(),
                 token: String::new(),
+                to_leader: false,
             };
             let answer = handle
                 .forward_http_to(addr, forward)

@@ -225,6 +225,7 @@ impl<T: Transport> Connection<T> {
             region: self.region.clone(),
             forwarded: false,
             version: crate::service::ENVELOPE_VERSION,
+            auth_token: String::new(),
             body: Some(wrap(RaftPayload { json })),
         };
         let response = self.transport.call(addr, envelope, option.hard_ttl()).await;

@@ -21,6 +21,7 @@ use drover_core::client::AllocControl;
 pub use relay::{ClientCall, StatsRequest};
 
 mod acl;
+pub mod auth;
 mod keyring;
 mod rootkeys;
 pub use acl::{AclResolveReply, AclResolveRequest};
@@ -35,6 +36,7 @@ use std::time::Duration;
 
 use drover_core::agent;
 use drover_core::fsm::Entry;
+use drover_core::rpc::authz::Authority;
 use drover_core::rpc::{
     self, ClientCsiReply, ClientCsiRequest, NodeAllocsReply, NodeAllocsRequest, ReqId, RpcError as CoreRpcError,
     ServerReply, ServerRequest,
@@ -115,6 +117,8 @@ pub struct Service {
     pub observer: Arc<dyn crate::io::Observer>,
     /// Regression switch: serve every call whoever made it (`RaftFaults::skip_caller_check`).
     pub skip_caller_check: bool,
+    /// `acl { enabled }`: server requests are checked against their caller's token.
+    pub acl_enabled: bool,
 }
 
 /// A Raft pre-vote request: the candidate and its last log id as (term, index).
@@ -135,6 +139,10 @@ pub struct HttpForward {
     /// The request's ACL token, checked by the server that answers it.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub token: String,
+    /// Handed to the leader because only it may answer (`http/forward.rs`'s `to_leader`):
+    /// answered where it lands, never handed on again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub to_leader: bool,
 }
 
 /// Its answer: status, the headers that matter (content type, Nomad's index headers) and body.
@@ -205,9 +213,10 @@ fn server_error(message: impl Into<String>, retryable: bool) -> ServerReply {
 }
 
 /// Builds the envelope for a server request.
-pub fn server_envelope(region: &str, request: &ServerRequest, forwarded: bool) -> AgentRequest {
+pub fn server_envelope(region: &str, request: &ServerRequest, token: &str, forwarded: bool) -> AgentRequest {
     AgentRequest {
         forwarded,
+        auth_token: token.to_string(),
         ..envelope(region, RequestBody::Server(json_payload(request)))
     }
 }
@@ -219,6 +228,7 @@ pub fn envelope(region: &str, body: RequestBody) -> AgentRequest {
         region: region.to_string(),
         forwarded: false,
         version: ENVELOPE_VERSION,
+        auth_token: String::new(),
         body: Some(body),
     }
 }
@@ -246,6 +256,7 @@ pub fn client_csi_envelope(region: &str, request: &ClientCsiRequest) -> AgentReq
         region: region.to_string(),
         forwarded: false,
         version: crate::service::ENVELOPE_VERSION,
+        auth_token: String::new(),
         body: Some(RequestBody::ClientCsi(json_payload(request))),
     }
 }
@@ -442,6 +453,7 @@ impl Service {
     }
 
     async fn answer(&self, caller: Caller, request: AgentRequest) -> AgentResponse {
+        let token = request.auth_token.clone();
         let (incoming, forwarded) = match parse_request(request, &self.region) {
             Ok(parsed) => parsed,
             Err(response) => return response,
@@ -449,7 +461,11 @@ impl Service {
         if let Err(response) = self.authorize(caller, &incoming) {
             return response;
         }
-        if let Incoming::Apply(_) = incoming {
+        if let Incoming::Apply(entry) = &incoming {
+            if let Err(error) = self.check_direct_write(&entry.command, &token) {
+                tracing::warn!(command = entry.command.name(), error = %error.message, "refused a direct write its caller may not make");
+                return error_response(ErrorKind::PermissionDenied, error.message, String::new());
+            }
             let response = self.answer_raft_or_refuse(incoming).await;
             if let Some(ResponseBody::Apply(apply)) = &response.body {
                 self.observer.record(crate::io::AgentEvent::DirectWrite {
@@ -492,7 +508,7 @@ impl Service {
                 return respond(ResponseBody::NodeAllocs(json_payload(&reply)));
             }
             Incoming::Server(request) => {
-                let reply = self.server_request(*request, forwarded).await;
+                let reply = self.server_request(*request, &token, forwarded).await;
                 return respond(ResponseBody::Server(json_payload(&reply)));
             }
             raft_request => raft_request,
@@ -597,12 +613,14 @@ impl Service {
 
     /// Submits a request to the write endpoints: to the core when this server leads, else to
     /// the leader (once: a forwarded request that finds no leader here fails as retryable).
-    pub async fn server_request(&self, request: ServerRequest, forwarded: bool) -> ServerReply {
+    /// A server request with the caller's ACL `token` (empty for none), answered by the
+    /// leader, which checks the token against what the request needs.
+    pub async fn server_request(&self, request: ServerRequest, token: &str, forwarded: bool) -> ServerReply {
         let Some(raft) = &self.raft else {
             if forwarded || !self.knows_servers() {
                 return server_error("this agent is not a server", true);
             }
-            let envelope = server_envelope(&self.region, &request, false);
+            let envelope = server_envelope(&self.region, &request, token, false);
             return match self.call_servers(envelope, SERVER_REQUEST_TIMEOUT).await {
                 Ok(response) => server_reply(response),
                 Err(message) => server_error(message, true),
@@ -610,7 +628,7 @@ impl Service {
         };
         let metrics = raft.metrics().borrow().clone();
         if metrics.current_leader == Some(self.node_id) {
-            return self.submit_local(request).await;
+            return self.submit_local(request, token).await;
         }
         if forwarded {
             return server_error("No cluster leader", true);
@@ -625,7 +643,7 @@ impl Service {
         let Some(addr) = leader_addr.and_then(|addr| addr.parse().ok()) else {
             return server_error("No cluster leader", true);
         };
-        let envelope = server_envelope(&self.region, &request, true);
+        let envelope = server_envelope(&self.region, &request, token, true);
         match (self.forward)(addr, envelope, SERVER_REQUEST_TIMEOUT).await {
             Ok(response) => server_reply(response),
             Err(error) => server_error(format!("forwarding to the leader failed: {error}"), true),
@@ -669,6 +687,7 @@ impl Service {
             region: self.region.clone(),
             forwarded: false,
             version: crate::service::ENVELOPE_VERSION,
+            auth_token: String::new(),
             body: Some(RequestBody::NodeAllocs(json_payload(&request))),
         };
         let unavailable = |message: String| CoreRpcError::unavailable(message);
@@ -726,6 +745,7 @@ impl Service {
             region: self.region.clone(),
             forwarded: false,
             version: ENVELOPE_VERSION,
+            auth_token: String::new(),
             body: Some(RequestBody::Http(json_payload(&request))),
         };
         match self.call_servers(envelope, HTTP_FORWARD_TIMEOUT).await?.body {
@@ -744,6 +764,7 @@ impl Service {
             region: self.region.clone(),
             forwarded: true,
             version: ENVELOPE_VERSION,
+            auth_token: String::new(),
             body: Some(RequestBody::Http(json_payload(&request))),
         };
         match (self.forward)(addr, envelope, HTTP_FORWARD_TIMEOUT).await {
@@ -824,13 +845,44 @@ impl Service {
         }
     }
 
-    async fn submit_local(&self, request: ServerRequest) -> ServerReply {
+    /// What `token` proves on this server: everything with ACLs off, else its ACL resolved
+    /// from the applied state (expiry by the wall clock, as the HTTP gate's).
+    fn authority(&self, token: &str) -> Authority {
+        let (true, Some((applied, _))) = (self.acl_enabled, &self.state) else {
+            return Authority::Open;
+        };
+        applied.read(|applied| {
+            let now = crate::clock::unix_millis().max(applied.state.last_applied_time_ms());
+            match drover_core::acl::resolve(&applied.state, token, now) {
+                Ok(acl) => Authority::Acl(acl),
+                Err(error) => Authority::Unresolved(error),
+            }
+        })
+    }
+
+    /// Whether the caller of the HTTP request a direct write was made for may have it applied:
+    /// its token, forwarded with the write, against what the write needs
+    /// ([`drover_core::rpc::authz::check_command`]).
+    fn check_direct_write(&self, command: &drover_core::fsm::Command, token: &str) -> Result<(), CoreRpcError> {
+        let authority = self.authority(token);
+        let Some((applied, _)) = &self.state else {
+            return Ok(());
+        };
+        applied.read(|applied| drover_core::rpc::authz::check_command(command, &authority, token, &applied.state))
+    }
+
+    async fn submit_local(&self, request: ServerRequest, token: &str) -> ServerReply {
+        let authority = self.authority(token);
         let req = self.next_req.fetch_add(1, Ordering::SeqCst);
         let (tx, rx) = oneshot::channel();
         self.replies.lock().expect("replies lock").insert(req, tx);
         if self
             .inbox
-            .send(agent::Input::Rpc(rpc::Input::Request { req, request }))
+            .send(agent::Input::Rpc(rpc::Input::Request {
+                req,
+                request,
+                authority,
+            }))
             .is_err()
         {
             self.replies.lock().expect("replies lock").remove(&req);
@@ -887,6 +939,7 @@ mod tests {
             keyring: Arc::default(),
             observer: Arc::new(crate::io::TracingObserver),
             skip_caller_check: false,
+            acl_enabled: false,
             server_cursor: Arc::default(),
             metrics: crate::metrics::Metrics::new(),
         }
@@ -898,6 +951,7 @@ mod tests {
             region: "global".into(),
             forwarded: false,
             version,
+            auth_token: String::new(),
             body: Some(RequestBody::ClientCsi(JsonPayload { json: json.to_vec() })),
         }
     }

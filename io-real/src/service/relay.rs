@@ -40,6 +40,7 @@ fn envelope(region: &str, body: RequestBody, forwarded: bool) -> AgentRequest {
         region: region.to_string(),
         forwarded,
         version: ENVELOPE_VERSION,
+        auth_token: crate::service::auth::caller_token(),
         body: Some(body),
     }
 }

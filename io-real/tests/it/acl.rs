@@ -460,3 +460,133 @@ async fn roles_give_tokens_their_policies_and_one_time_tokens_are_spent_once() {
     assert_eq!((status, body.as_str()), (403, "Permission denied"), "spent");
     drop(server);
 }
+
+/// Issue 54 §2: with ACLs on and no TLS, whoever reaches the RPC port is a caller like any
+/// other. A forwarded direct write that mints a management token, a variable read with no
+/// node, garbage collection: each refused without a token, and served with the management
+/// token that proves the right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tls_every_rpc_is_held_to_its_token() {
+    use drover_core::acl::{AclToken, TokenType};
+    use drover_core::error::ErrorKind;
+    use drover_core::fsm::acl::AclCommand;
+    use drover_core::fsm::{Command, Entry};
+    use drover_core::rpc::{ServerReply, ServerRequest};
+    use drover_io_real::io::Transport;
+    use drover_io_real::net::GrpcTransport;
+    use drover_io_real::service::{envelope, server_envelope, server_reply};
+    use drover_proto::agent::v1::ApplyRequest;
+    use drover_proto::agent::v1::agent_request::Body;
+    use drover_proto::agent::v1::agent_response::Body as Answer;
+
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let to: std::net::SocketAddr = format!("127.0.0.1:{}", server.rpc).parse().unwrap();
+    let (status, body) = http(
+        server.http,
+        "POST",
+        "/v1/acl/bootstrap".into(),
+        String::new(),
+        String::new(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let root: Value = serde_json::from_str(&body).unwrap();
+    let root = root["SecretID"].as_str().unwrap().to_string();
+    let (status, body) = http(
+        server.http,
+        "PUT",
+        "/v1/var/nomad/jobs/db".into(),
+        root.clone(),
+        json!({"Items": {"password": "hunter2-77c1"}}).to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    let transport = GrpcTransport::default();
+    let minted = |secret: &str| AclToken {
+        accessor_id: format!("accessor-{secret}"),
+        secret_id: secret.into(),
+        name: "minted".into(),
+        token_type: TokenType::Management,
+        policies: Vec::new(),
+        roles: Vec::new(),
+        global: true,
+        create_time_ms: 0,
+        expiration_time_ms: None,
+        create_index: 0,
+        modify_index: 0,
+    };
+    let apply = |token: &str, secret: &str| {
+        let entry = Entry {
+            at_unix_ms: 0,
+            command: Command::Acl(AclCommand::TokensUpsert {
+                tokens: vec![minted(secret)],
+            }),
+        };
+        let mut request = envelope(
+            "global",
+            Body::Apply(ApplyRequest {
+                command_json: serde_json::to_vec(&entry).unwrap(),
+            }),
+        );
+        request.forwarded = true;
+        request.auth_token = token.into();
+        request
+    };
+    let answer = transport
+        .call(to, apply("", "attacker-secret"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    match answer.body {
+        Some(Answer::Error(error)) => assert_eq!(error.message, "Permission denied", "{error:?}"),
+        other => panic!("a token minted with no token: {other:?}"),
+    }
+    let get = |token: String| http(server.http, "GET", "/v1/jobs".into(), token, String::new());
+    assert_eq!(get("attacker-secret".into()).await.0, 403);
+
+    let read = ServerRequest::VariablesRead {
+        paths: vec!["nomad/jobs/db".into()],
+        node_id: String::new(),
+        secret_id: String::new(),
+    };
+    for request in [read.clone(), ServerRequest::SystemGc] {
+        let reply = server_reply(
+            transport
+                .call(
+                    to,
+                    server_envelope("global", &request, "", false),
+                    Duration::from_secs(10),
+                )
+                .await
+                .unwrap(),
+        );
+        assert!(
+            matches!(&reply, ServerReply::Error(error) if error.kind == ErrorKind::PermissionDenied),
+            "{request:?} with no token: {reply:?}"
+        );
+        assert!(!format!("{reply:?}").contains("hunter2"), "{reply:?}");
+    }
+
+    // The management token proves the right: the same write and read are served.
+    let answer = transport
+        .call(to, apply(&root, "operator-made"), Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(matches!(answer.body, Some(Answer::Apply(_))), "{answer:?}");
+    assert_eq!(get("operator-made".into()).await.0, 200);
+    let reply = server_reply(
+        transport
+            .call(
+                to,
+                server_envelope("global", &read, &root, false),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap(),
+    );
+    match reply {
+        ServerReply::Variables { variables, .. } => assert!(variables.contains_key("nomad/jobs/db"), "{variables:?}"),
+        other => panic!("the management token reads the variable: {other:?}"),
+    }
+}

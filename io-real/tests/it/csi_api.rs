@@ -198,7 +198,11 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
     // is applied (before, "No cluster leader").
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let probe = ServerRequest::VariablesRead { paths: Vec::new() };
+        let probe = ServerRequest::VariablesRead {
+            paths: Vec::new(),
+            node_id: String::new(),
+            secret_id: String::new(),
+        };
         match handle.request(probe).await {
             ServerReply::Error(error) if error.retryable => {
                 assert!(

@@ -126,7 +126,7 @@ impl FakeClient {
 
     /// Sends a server request to `server` (any server: followers forward to the leader).
     pub async fn request(&self, server: SocketAddr, request: ServerRequest) -> ServerReply {
-        let envelope = server_envelope("global", &request, false);
+        let envelope = server_envelope("global", &request, "", false);
         match self.transport.call(server, envelope, Duration::from_secs(30)).await {
             Ok(response) => server_reply(response),
             Err(error) => ServerReply::Error(drover_core::rpc::RpcError::unavailable(error.to_string())),

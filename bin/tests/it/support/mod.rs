@@ -437,7 +437,7 @@ pub fn submit(rpc: std::net::SocketAddr, request: drover_core::rpc::ServerReques
         .unwrap();
     for _ in 0..120 {
         let reply = runtime.block_on(async {
-            let envelope = server_envelope("global", &request, false);
+            let envelope = server_envelope("global", &request, "", false);
             drover_io_real::net::GrpcTransport::default()
                 .call(rpc, envelope, Duration::from_secs(10))
                 .await

@@ -195,7 +195,15 @@ fn leadership_lost_fails_every_machines_requests_in_the_order_they_came() {
         ),
     ];
     for (req, request) in sends {
-        h.machine.handle(h.now, Input::Request { req, request }, &h.fx.state);
+        h.machine.handle(
+            h.now,
+            Input::Request {
+                req,
+                request,
+                authority: crate::rpc::authz::Authority::Open,
+            },
+            &h.fx.state,
+        );
     }
     h.machine
         .handle(h.now, Input::Leadership { leader: false }, &h.fx.state);

@@ -1,3 +1,4 @@
+mod authz;
 mod connect;
 mod csi;
 mod csi_lifecycle;
@@ -86,8 +87,15 @@ impl Harness {
     }
 
     pub(super) fn request(&mut self, req: ReqId, request: ServerRequest) {
-        self.machine
-            .handle(self.now, Input::Request { req, request }, &self.fx.state);
+        self.machine.handle(
+            self.now,
+            Input::Request {
+                req,
+                request,
+                authority: crate::rpc::authz::Authority::Open,
+            },
+            &self.fx.state,
+        );
         self.pump();
     }
 

@@ -102,7 +102,11 @@ pub async fn start_server_with_tls(
 pub async fn wait_until_serving(handle: &AgentHandle) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let probe = drover_core::rpc::ServerRequest::VariablesRead { paths: Vec::new() };
+        let probe = drover_core::rpc::ServerRequest::VariablesRead {
+            paths: Vec::new(),
+            node_id: String::new(),
+            secret_id: String::new(),
+        };
         match handle.request(probe).await {
             drover_core::rpc::ServerReply::Error(error) if error.retryable => {
                 assert!(
