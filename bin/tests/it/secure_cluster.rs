@@ -161,6 +161,12 @@ fn a_cluster_with_acls_mutual_tls_and_a_gossip_key_forms_runs_and_refuses_outsid
     let leader = wait_for(Duration::from_secs(60), || agreed_leader(&refs, 3))
         .unwrap_or_else(|| panic!("the cluster forms over mutual TLS:\n{}", servers[0].log()));
     let port = servers[0].spec.http;
+    assert!(
+        !servers[0]
+            .log()
+            .contains("ACLs are enabled but agent RPC has no mutual TLS"),
+        "mutual TLS on: no warning"
+    );
 
     // Bootstrapped through a follower, which hands the request to the leader: a bootstrap
     // forwarded as a bare write would be refused there (issue 54 §2).
@@ -638,4 +644,23 @@ fn rotates_the_gossip_key(port: u16, management: &str) {
     // Gossip still flows under the new key: members stay alive past the suspicion time.
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(alive_members(port, management), Some(3));
+}
+
+/// Issue 54 §2: ACLs on and no mutual TLS on agent RPC: the agent says at start that Raft's own
+/// messages are open to whoever reaches the port; with mutual TLS it does not.
+#[test]
+fn acls_without_mutual_tls_warn_at_start() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let path = root.path().join("acl.hcl");
+    std::fs::write(&path, "acl {\n  enabled = true\n}\n").unwrap();
+    let mut args = server_args(&specs, 0);
+    args.push(format!("-config={}", path.display()));
+    let agent = Agent::start_logging(specs[0].clone(), args, "info");
+    let warning = "ACLs are enabled but agent RPC has no mutual TLS";
+    wait_for(Duration::from_secs(60), || agent.log().contains(warning).then_some(()))
+        .unwrap_or_else(|| panic!("no warning at start:\n{}", agent.log()));
+    // Started: the agent serves, it does not refuse to run.
+    wait_for(Duration::from_secs(60), || agreed_leader(&[&agent], 1))
+        .unwrap_or_else(|| panic!("the agent serves:\n{}", agent.log()));
 }
