@@ -425,6 +425,28 @@ fn propagation_flag(propagation: Propagation) -> libc::c_ulong {
     }
 }
 
+/// Nomad's shared allocation directories beside `logs`: `data` (kept across the allocation's
+/// tasks) and `tmp`, writable by a task of any user (`tmp` sticky). Made once; one that exists
+/// is left as it is, and a mode is set only through the directory just made, opened without
+/// following a link, so a link a task planted in its place never has a host path changed.
+fn shared_alloc_dirs(alloc_dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    for (name, mode) in [("data", 0o777), ("tmp", 0o1777)] {
+        let path = alloc_dir.join(name);
+        match std::fs::DirBuilder::new().mode(0o700).create(&path) {
+            Ok(()) => {}
+            Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(error) => return Err(error),
+        }
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+            .open(&path)?;
+        dir.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
 fn io_error(context: &str, error: std::io::Error) -> IoError {
     let kind = match error.kind() {
         std::io::ErrorKind::NotFound => ErrorKind::NotFound,
@@ -820,6 +842,9 @@ impl ProcessDriver {
                 .ok_or_else(|| IoError::other(format!("{}: \"args\" must be a list of strings", self.name())))?,
         };
         std::fs::create_dir_all(&config.log_dir).map_err(|e| io_error("create log dir", e))?;
+        if let Some(alloc_dir) = Path::new(&config.log_dir).parent() {
+            shared_alloc_dirs(alloc_dir).map_err(|e| io_error("create shared alloc dirs", e))?;
+        }
         let (stdout, stderr) = self.outputs(config)?;
         let join = cgroup.map(TaskCgroup::join_paths).unwrap_or_default();
         let mut shared = Vec::new();

@@ -70,6 +70,16 @@ async fn raw_exec_runs_logs_and_exits() {
     let logs = dir.path().join("alloc/logs");
     assert_eq!(std::fs::read_to_string(logs.join("t.stdout.0")).unwrap(), "hello\n");
     assert_eq!(std::fs::read_to_string(logs.join("t.stderr.0")).unwrap(), "hi there\n");
+    // Nomad's shared alloc dirs beside the logs, writable by a task of any user.
+    for (name, mode) in [("data", 0o777), ("tmp", 0o1777)] {
+        let meta = std::fs::symlink_metadata(dir.path().join("alloc").join(name)).unwrap();
+        assert!(meta.is_dir(), "alloc/{name}");
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777,
+            mode,
+            "alloc/{name}"
+        );
+    }
     let missing = driver
         .start(config(dir.path(), "u", "/nonexistent/bin", &[]))
         .await
@@ -441,4 +451,30 @@ fn a_disabled_raw_exec_is_not_detected_so_nothing_is_placed_on_it() {
     assert!(!disabled.detected && !disabled.healthy, "{disabled:?}");
     assert!(disabled.health_description.starts_with("disabled"), "{disabled:?}");
     assert!(!disabled.attributes.contains_key("driver.raw_exec"), "{disabled:?}");
+}
+
+/// A link planted where a shared alloc dir goes is left alone: the host directory it names
+/// keeps its mode (the agent, as root, never changes a host path through it).
+#[tokio::test]
+async fn a_link_planted_for_a_shared_alloc_dir_is_not_followed() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let host = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(host.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::create_dir_all(dir.path().join("alloc")).unwrap();
+    std::os::unix::fs::symlink(host.path(), dir.path().join("alloc/data")).unwrap();
+    let driver = ProcessDriver::raw_exec();
+    let handle = driver.start(config(dir.path(), "t", "/bin/true", &[])).await.unwrap();
+    driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
+    let mode = std::fs::metadata(host.path()).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o700, "the host directory behind the link keeps its mode");
+    assert!(
+        std::fs::symlink_metadata(dir.path().join("alloc/data"))
+            .unwrap()
+            .file_type()
+            .is_symlink()
+    );
+    let tmp = std::fs::symlink_metadata(dir.path().join("alloc/tmp")).unwrap();
+    assert_eq!(tmp.permissions().mode() & 0o7777, 0o1777);
 }
