@@ -55,6 +55,8 @@ pub fn validate_within(job: &Job, limits: &limits::JobLimits) -> Vec<String> {
     }
     if job.namespace.is_empty() {
         errors.push("Job must be in a namespace".to_string());
+    } else if let Err(error) = crate::structs::check_namespace(&job.namespace) {
+        errors.push(error);
     }
     if !(PRIORITY_MIN..=PRIORITY_MAX).contains(&job.priority) {
         errors.push(format!("Job priority must be between [{PRIORITY_MIN}, {PRIORITY_MAX}]"));
@@ -388,6 +390,36 @@ mod tests {
     use super::*;
     use crate::structs::{Task, TaskResources, VolumeMount};
     use alloc::collections::BTreeMap;
+
+    /// Issue 54 §9: a job's namespace is held to Nomad's names, refused by name.
+    #[test]
+    fn a_malformed_namespace_is_refused_by_name() {
+        for namespace in ["../x", "a\nb", "a/b", "x y"] {
+            let errors = validate_within(
+                &Job {
+                    namespace: namespace.into(),
+                    ..job()
+                },
+                &limits::JobLimits::default(),
+            );
+            assert!(
+                errors
+                    .iter()
+                    .any(|error| error.contains(&format!("invalid namespace {namespace:?}"))),
+                "{namespace:?}: {errors:?}"
+            );
+        }
+        for namespace in ["default", "team-a", "Prod2"] {
+            let errors = validate_within(
+                &Job {
+                    namespace: namespace.into(),
+                    ..job()
+                },
+                &limits::JobLimits::default(),
+            );
+            assert!(errors.is_empty(), "{namespace:?}: {errors:?}");
+        }
+    }
 
     fn job() -> Job {
         Job {

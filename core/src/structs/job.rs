@@ -163,6 +163,22 @@ impl Job {
 }
 
 /// `*` matches any run of characters; everything else literally.
+/// Nomad's namespace names, `^[a-zA-Z0-9-]{1,128}$`: nothing that could be a path segment
+/// (`..`), a separator or a control character. Refused by name with Nomad's text.
+pub fn check_namespace(namespace: &str) -> Result<(), String> {
+    let valid = (1..=128).contains(&namespace.len())
+        && namespace
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "invalid namespace {namespace:?}. Must match regex ^[a-zA-Z0-9-]{{1,128}}$"
+        ))
+    }
+}
+
 pub fn glob_match(pattern: &str, text: &str) -> bool {
     match pattern.split_once('*') {
         None => pattern == text,

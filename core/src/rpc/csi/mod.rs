@@ -214,6 +214,15 @@ impl CsiEndpoints {
                 force,
             }),
             ServerRequest::PluginDelete { plugin_id } => simple(Command::CsiPluginDelete { plugin_id }),
+            ServerRequest::VolumeRegister { volumes } | ServerRequest::VolumeCreate { volumes }
+                if let Some(error) = volumes
+                    .iter()
+                    .filter(|volume| !volume.namespace.is_empty())
+                    .find_map(|volume| crate::structs::check_namespace(&volume.namespace).err()) =>
+            {
+                out.reply(req, ServerReply::Error(RpcError::invalid(error)));
+                None
+            }
             ServerRequest::VolumeRegister { volumes } => {
                 self.register(now, req, volumes, state, out);
                 None

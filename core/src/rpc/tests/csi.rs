@@ -461,3 +461,23 @@ fn delete_is_refused_while_claimed_then_deletes_in_the_plugin_before_deregisteri
     };
     assert_eq!(failure.message, "volume not found: w");
 }
+
+/// Issue 54 §9: a namespace that could be a path segment, hold a separator or a control
+/// character is refused by name (Nomad's `^[a-zA-Z0-9-]{1,128}$`), before anything is stored:
+/// a claim in one could never be released.
+#[test]
+fn a_volume_in_a_malformed_namespace_is_refused_by_name() {
+    let mut h = Harness::new();
+    for (req, namespace) in [(1, "../x"), (2, "a\nb"), (3, "a/b")] {
+        let mut bad = volume("bad");
+        bad.namespace = namespace.into();
+        h.request(req, ServerRequest::VolumeRegister { volumes: vec![bad] });
+        let (_, ServerReply::Error(failure)) = h.replies.last().unwrap() else {
+            panic!("{namespace:?}: {:?}", h.replies.last())
+        };
+        assert_eq!(failure.kind, ErrorKind::Invalid, "{failure:?}");
+        assert!(failure.message.contains(&format!("{namespace:?}")), "{failure:?}");
+        assert!(h.fx.state.volume(namespace, "bad").is_none());
+    }
+    assert!(h.calls.is_empty(), "no plugin was asked");
+}
