@@ -4,8 +4,8 @@
 //! events by topic and by their key or filter keys (an allocation's job and deployment,
 //! say); `?index=N` starts at the first kept entry at or after N (the buffer holds the last
 //! [`crate::events::BUFFER_ENTRIES`] entries with events); `?namespace=` (default
-//! `default`, `*` for every one) limits namespaced events. Events a token may not read are
-//! left out.
+//! `default`, `*` for every one) limits namespaced events. A subscription to a topic its token
+//! may not read is refused (403, as Nomad's), and events it may not read are left out.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -67,6 +67,14 @@ impl Subscription {
         if topics.is_empty() {
             topics.insert("*".into(), BTreeSet::from(["*".to_string()]));
         }
+        if let Some(acl) = &acl
+            && !topics.keys().all(|topic| may_subscribe(acl, topic, &namespace))
+        {
+            return Err(ApiError(
+                StatusCode::FORBIDDEN,
+                drover_core::acl::PERMISSION_DENIED.into(),
+            ));
+        }
         Ok((Subscription { topics, namespace, acl }, index))
     }
 
@@ -96,6 +104,28 @@ impl Subscription {
                 acl.allows_namespace(namespace, cap::READ_JOB)
             }
         }
+    }
+}
+
+/// Nomad's `aclCheckForEvents`: a subscription is refused outright (403) unless its token may
+/// read every topic it names; a job's topics need `read-job` in the subscription's namespace
+/// (in some namespace for `*`), nodes `node:read`, CSI volumes `csi-read-volume`, plugins
+/// `plugin:read`, and `*` (every topic: what a subscription naming none asks for) a management
+/// token. What is let through is still filtered event by event ([`Subscription::may_read`]).
+fn may_subscribe(acl: &Acl, topic: &str, namespace: &str) -> bool {
+    let in_namespace = |capability: &str| {
+        if namespace == "*" {
+            acl.allows_some_namespace(capability)
+        } else {
+            acl.allows_namespace(namespace, capability)
+        }
+    };
+    match Topic::ALL.into_iter().find(|known| known.as_str() == topic) {
+        Some(Topic::Job | Topic::Allocation | Topic::Evaluation | Topic::Deployment) => in_namespace(cap::READ_JOB),
+        Some(Topic::Node) => acl.allows_node(false),
+        Some(Topic::CsiVolume) => in_namespace(cap::CSI_READ_VOLUME),
+        Some(Topic::CsiPlugin) => acl.allows_plugin(true),
+        None => acl.is_management(),
     }
 }
 

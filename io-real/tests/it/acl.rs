@@ -590,3 +590,62 @@ async fn without_tls_every_rpc_is_held_to_its_token() {
         other => panic!("the management token reads the variable: {other:?}"),
     }
 }
+
+/// The status of a request whose answer may never end (a stream): its first line only.
+fn status_of_stream(port: u16, path: &str, token: &str) -> u16 {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let header = if token.is_empty() {
+        String::new()
+    } else {
+        format!("X-Nomad-Token: {token}\r\n")
+    };
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{header}\r\n"
+    )
+    .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stream), &mut line).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Issue 54 §9: Nomad refuses a subscription to the event stream whose token may not read
+/// every topic it names (403); every topic at once, what a subscription naming none asks for,
+/// is a management token's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_refused_a_topic_its_token_may_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let port = server.http;
+    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let root: Value = serde_json::from_str(&body).unwrap();
+    let root = root["SecretID"].as_str().unwrap().to_string();
+    let policy = json!({"Rules": "namespace \"default\" { policy = \"read\" }"}).to_string();
+    let (status, body) = http(port, "PUT", "/v1/acl/policy/jobs".into(), root.clone(), policy).await;
+    assert_eq!(status, 200, "{body}");
+    let token = json!({"Name": "t", "Type": "client", "Policies": ["jobs"]}).to_string();
+    let (status, body) = http(port, "PUT", "/v1/acl/token".into(), root.clone(), token).await;
+    assert_eq!(status, 200, "{body}");
+    let reader: Value = serde_json::from_str(&body).unwrap();
+    let reader = reader["SecretID"].as_str().unwrap().to_string();
+    let cases = [
+        ("/v1/event/stream", "", 403),
+        ("/v1/event/stream?topic=Job:*", "", 403),
+        ("/v1/event/stream", reader.as_str(), 403),
+        ("/v1/event/stream?topic=Node:*", reader.as_str(), 403),
+        ("/v1/event/stream?topic=Job:*&namespace=other", reader.as_str(), 403),
+        ("/v1/event/stream?topic=Job:*&topic=Allocation:*", reader.as_str(), 200),
+        ("/v1/event/stream", root.as_str(), 200),
+    ];
+    for (path, token, want) in cases {
+        let status = tokio::task::spawn_blocking({
+            let (path, token) = (path.to_string(), token.to_string());
+            move || status_of_stream(port, &path, &token)
+        })
+        .await
+        .unwrap();
+        assert_eq!(status, want, "{path} with {token:?}");
+    }
+}
