@@ -402,12 +402,8 @@ mod tests {
                 },
                 &limits::JobLimits::default(),
             );
-            assert!(
-                errors
-                    .iter()
-                    .any(|error| error.contains(&format!("invalid namespace {namespace:?}"))),
-                "{namespace:?}: {errors:?}"
-            );
+            let refused = crate::structs::check_namespace(namespace).expect_err(namespace);
+            assert_eq!(errors, vec![refused], "{namespace:?}");
         }
         for namespace in ["default", "team-a", "Prod2"] {
             let errors = validate_within(

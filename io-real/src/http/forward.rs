@@ -33,29 +33,35 @@ pub async fn to_servers(State(handle): State<AgentHandle>, request: Request, nex
     if handle.is_server() || !forwarded(request.uri().path()) {
         return next.run(request).await;
     }
+    let forward = match handed_on(request, false).await {
+        Ok(forward) => forward,
+        Err(refused) => return refused,
+    };
+    match handle.forward_http(forward).await {
+        Ok(answer) => response_of(answer),
+        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("No path to region: {error}")).into_response(),
+    }
+}
+
+/// `request` as another agent's API is handed it: method, path and query, body and token (a
+/// 400 when its body cannot be read).
+async fn handed_on(request: Request, to_leader: bool) -> Result<HttpForward, Response> {
     let method = request.method().to_string();
     let token = super::acl::gate::token_of(request.headers());
     let uri = request
         .uri()
         .path_and_query()
         .map_or_else(|| request.uri().path().to_string(), |pq| pq.as_str().to_string());
-    let body = match axum::body::to_bytes(request.into_body(), BODY_MAX).await {
-        Ok(body) => body.to_vec(),
-        Err(error) => return (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response(),
-    };
-    match handle
-        .forward_http(HttpForward {
-            method,
-            uri,
-            body,
-            token,
-            to_leader: false,
-        })
+    let body = axum::body::to_bytes(request.into_body(), BODY_MAX)
         .await
-    {
-        Ok(answer) => response_of(answer),
-        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, format!("No path to region: {error}")).into_response(),
-    }
+        .map_err(|error| (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response())?;
+    Ok(HttpForward {
+        method,
+        uri,
+        body: body.to_vec(),
+        token,
+        to_leader,
+    })
 }
 
 /// Marks a request handed to the leader, which answers it whatever it then believes.
@@ -88,22 +94,9 @@ pub async fn to_leader(State(handle): State<AgentHandle>, request: Request, next
     let Some(addr) = addr else {
         return (StatusCode::INTERNAL_SERVER_ERROR, "No cluster leader").into_response();
     };
-    let method = request.method().to_string();
-    let token = super::acl::gate::token_of(request.headers());
-    let uri = request
-        .uri()
-        .path_and_query()
-        .map_or_else(|| request.uri().path().to_string(), |pq| pq.as_str().to_string());
-    let body = match axum::body::to_bytes(request.into_body(), BODY_MAX).await {
-        Ok(body) => body.to_vec(),
-        Err(error) => return (StatusCode::BAD_REQUEST, format!("failed to read the request: {error}")).into_response(),
-    };
-    let forward = HttpForward {
-        method,
-        uri,
-        body,
-        token,
-        to_leader: true,
+    let forward = match handed_on(request, true).await {
+        Ok(forward) => forward,
+        Err(refused) => return refused,
     };
     match handle.forward_http_to(addr, forward).await {
         Ok(answer) => response_of(answer),

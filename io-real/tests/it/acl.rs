@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-/// One request; `header` is a whole header line ("X-Nomad-Token: ...") or empty.
-fn call(port: u16, method: &str, path: &str, header: &str, body: &str) -> (u16, String) {
+/// Sends one request; `header` is a whole header line ("X-Nomad-Token: ...") or empty.
+fn send(port: u16, method: &str, path: &str, header: &str, body: &str) -> TcpStream {
     let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let header = if header.is_empty() {
@@ -26,6 +26,12 @@ fn call(port: u16, method: &str, path: &str, header: &str, body: &str) -> (u16, 
         body.len()
     )
     .unwrap();
+    stream
+}
+
+/// One request and its whole answer.
+fn call(port: u16, method: &str, path: &str, header: &str, body: &str) -> (u16, String) {
+    let mut stream = send(port, method, path, header, body);
     let mut response = String::new();
     stream.read_to_string(&mut response).unwrap();
     let (head, body) = response.split_once("\r\n\r\n").unwrap();
@@ -593,18 +599,12 @@ async fn without_tls_every_rpc_is_held_to_its_token() {
 
 /// The status of a request whose answer may never end (a stream): its first line only.
 fn status_of_stream(port: u16, path: &str, token: &str) -> u16 {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let header = if token.is_empty() {
         String::new()
     } else {
-        format!("X-Nomad-Token: {token}\r\n")
+        format!("X-Nomad-Token: {token}")
     };
-    write!(
-        stream,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n{header}\r\n"
-    )
-    .unwrap();
+    let stream = send(port, "GET", path, &header, "");
     let mut line = String::new();
     std::io::BufRead::read_line(&mut std::io::BufReader::new(stream), &mut line).unwrap();
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
