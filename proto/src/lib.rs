@@ -6,13 +6,13 @@
 
 pub mod csi {
     pub mod v1 {
-        tonic::include_proto!("csi.v1");
+        include!(concat!(env!("OUT_DIR"), "/csi.v1.rs"));
     }
 }
 
 pub mod agent {
     pub mod v1 {
-        tonic::include_proto!("drover.agent.v1");
+        include!(concat!(env!("OUT_DIR"), "/drover.agent.v1.rs"));
     }
 }
 
