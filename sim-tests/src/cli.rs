@@ -1198,7 +1198,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["real_clients_connect"],
         invariant: "nothing is left behind after a job stop",
-        caught_by: ("real_clients_connect", 257),
+        caught_by: ("real_clients_connect", 2),
     },
     Switch {
         name: "no-unmount-retry",

@@ -40,6 +40,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "consul hang",
     "consul slow",
     "consul 5xx",
+    "consul down during a job stop",
     "server added",
     "client node down",
     "plugin error",
@@ -77,7 +78,7 @@ pub const FAULT_KINDS: &[&str] = &[
 /// Transitions and paths the long lane's runs must each reach at least once (its coverage
 /// floor): a machine state no run reaches any more means a scenario or a fault stopped doing
 /// what it was written for. The long lane names anything reached that is missing here. These
-/// are what the fast lane's seeds 0..6 reach, a subset of the long lane's runs.
+/// are what the long lane's seeds reach, rare paths taken by a handful of runs among them.
 pub const EXPECTED_REACHED: &[&str] = &[
     "bootstrap: initializing -> bootstrapped",
     "bootstrap: querying -> bootstrapped",
@@ -88,13 +89,16 @@ pub const EXPECTED_REACHED: &[&str] = &[
     "bootstrap: waiting -> bootstrapped",
     "bootstrap: waiting -> querying",
     "plugin_supervisor: registering -> running",
+    "plugin_supervisor: registering -> stopped",
     "plugin_supervisor: running -> stopped",
     "plugin_supervisor: waiting_ready -> registering",
     "plugin_supervisor: waiting_ready -> stopped",
     "point: deployment health: tasks up, consul checks not yet passing",
+    "task_runner: destroying -> prestart",
     "task_runner: destroying -> restart_delay",
     "task_runner: destroying -> stopping",
     "task_runner: envoy -> prestart",
+    "task_runner: idle -> dead",
     "task_runner: idle -> killing",
     "task_runner: idle -> prestart",
     "task_runner: idle -> restoring",
@@ -113,6 +117,7 @@ pub const EXPECTED_REACHED: &[&str] = &[
     "task_runner: starting -> running",
     "task_runner: stopping -> dead",
     "task_runner: waiting_on_servers -> prestart",
+    "task_runner: waiting_on_servers -> stopping",
     "unpublish: node_detached -> ready_to_free",
     "unpublish: ready_to_free -> freed",
     "unpublish: unpublishing -> node_detached",
@@ -238,6 +243,9 @@ pub fn plan_faults(plan: &Plan) -> BTreeSet<&'static str> {
         if !faults.startup.is_zero() {
             kinds.insert("slow plugin start");
         }
+    }
+    if plan.real_clients.as_ref().is_some_and(|real| real.consul_down_at_stop) {
+        kinds.insert("consul down during a job stop");
     }
     kinds
 }

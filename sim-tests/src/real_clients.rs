@@ -24,6 +24,7 @@ use drover_core::structs::{
     TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use drover_io_sim::cluster::{SimCluster, retry_request};
+use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::host::PluginFaults;
 use drover_io_sim::invariants::claims_freed;
 use drover_io_sim::trace::Recorder;
@@ -90,6 +91,10 @@ pub struct RealClientPlan {
     /// The cron spec of a periodic batch job (`cron`) beside the jobs: the leaders launch a
     /// child of it at every time the spec names, whose task runs a second.
     pub periodic: Option<String>,
+    /// Consul is down while the jobs stop, and back once their tasks are gone: every
+    /// deregistration fails, and only the client's anti-entropy pass (every 30 s) removes the
+    /// services afterwards, nothing else changing on the node by then.
+    pub consul_down_at_stop: bool,
 }
 
 impl RealClientPlan {
@@ -119,6 +124,7 @@ impl RealClientPlan {
             client_faults: ClientFaults::default(),
             broken_versions: BTreeSet::new(),
             periodic: None,
+            consul_down_at_stop: false,
         }
     }
 
@@ -1088,6 +1094,10 @@ async fn stop_jobs(
     deadline: tokio::time::Instant,
 ) -> bool {
     let periodic = plan.periodic.as_ref().map(|_| PERIODIC_JOB.to_string());
+    if plan.consul_down_at_stop {
+        cluster.consul().set_mode(ConsulMode::Down);
+        recorder.note("consul Down while the jobs stop");
+    }
     for id in plan.jobs.iter().map(|spec| spec.id.clone()).chain(periodic) {
         let stop = ServerRequest::JobStop {
             namespace: "default".into(),
@@ -1101,6 +1111,9 @@ async fn stop_jobs(
                 return false;
             }
         }
+    }
+    if plan.consul_down_at_stop {
+        consul_back_once_tasks_are_gone(cluster, recorder, deadline).await;
     }
     loop {
         let state = leader_state(cluster, leader);
@@ -1237,6 +1250,20 @@ fn report_leaks(cluster: &SimCluster, recorder: &Recorder, leader: u64) {
 
 /// A plugin that never answers a probe with ready: its task is restarted once its health
 /// timeout passes, the servers never see it healthy, and stopping its job leaves nothing.
+/// Waits (until `deadline` at most) for every task process on every host to be gone, their
+/// services' deregistrations failing against the Consul that is down, then brings Consul back.
+async fn consul_back_once_tasks_are_gone(cluster: &SimCluster, recorder: &Recorder, deadline: tokio::time::Instant) {
+    while tokio::time::Instant::now() < deadline
+        && (0..cluster.client_count()).any(|client| !cluster.host(client).task_processes().is_empty())
+    {
+        tokio::time::sleep(POLL).await;
+    }
+    // A moment for the clients' sync passes after the last task stopped to fail too.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    cluster.consul().set_mode(ConsulMode::Healthy);
+    recorder.note("consul Healthy again, every task of the stopped jobs gone");
+}
+
 async fn check_never_ready(cluster: &SimCluster, recorder: &Recorder, leader: u64, deadline: tokio::time::Instant) {
     let healthy = |state: &ServerState| {
         state.nodes().any(|node| {
