@@ -16,6 +16,16 @@ impl ServerState {
     /// allocation that already finished reads as pending for good and holds its claims (found
     /// by csi_controller_faults, seed 46). As Nomad's state store does, the client's status
     /// stays unless the plan marks the allocation lost.
+    /// A plan's allocations less the new ones whose job is gone (purged after the plan was
+    /// made, before it was applied); changes to allocations already stored all stay.
+    fn of_jobs_still_stored(&self, allocs: &[Allocation]) -> Vec<Allocation> {
+        allocs
+            .iter()
+            .filter(|alloc| self.allocs.contains_key(&alloc.id) || self.job(&alloc.namespace, &alloc.job_id).is_some())
+            .cloned()
+            .collect()
+    }
+
     fn keep_client_status(&self, allocs: &[Allocation]) -> Vec<Allocation> {
         allocs
             .iter()
@@ -197,11 +207,14 @@ impl ServerState {
                 for update in deployment_updates {
                     self.update_deployment_status(index, at_ms, update);
                 }
+                // A plan made before its job was purged places nothing: its new allocations
+                // would belong to no job and stay pending for good (issue 54 §9).
+                let allocs = self.of_jobs_still_stored(allocs);
                 // An empty plan must not touch the allocs table: blocked evaluations wake on it.
                 let response = if allocs.is_empty() {
                     Response::Done
                 } else {
-                    let allocs = self.keep_client_status(allocs);
+                    let allocs = self.keep_client_status(&allocs);
                     self.apply_cluster(index, at_ms, &Command::AllocUpsert { allocs })
                 };
                 self.upsert_evals(index, at_ms, evals);

@@ -695,6 +695,35 @@ fn stopping_and_purging_a_job_stops_its_allocations() {
     assert!(world.run(&purge).allocs.is_empty(), "already stopped");
 }
 
+/// A plan made before its job was purged and applied after: it places nothing, or its
+/// allocations would belong to no job and stay pending for good (issue 54 §9).
+#[test]
+fn a_plan_applied_after_its_job_was_purged_places_nothing() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let web = job("web", JobType::Service, 2, 100);
+    let eval = world.register(&web);
+    let mut counter = 0;
+    let plan = schedule(&world.fx.state, &eval, &mut || {
+        counter += 1;
+        format!("late-{counter}")
+    });
+    assert_eq!(plan.allocs.len(), 2, "the plan places two");
+    let purge = world.eval("web");
+    world.fx.ok(Command::JobStop {
+        namespace: "default".into(),
+        job_id: "web".into(),
+        purge: true,
+        eval: purge,
+    });
+    world.fx.ok(Command::PlanApply {
+        allocs: plan.allocs.clone(),
+        evals: plan.evals.clone(),
+        deployment: plan.deployment.clone(),
+        deployment_updates: plan.deployment_updates.clone(),
+    });
+    assert_eq!(world.fx.state.allocs().count(), 0, "nothing placed for a purged job");
+}
+
 #[test]
 fn a_job_registered_again_after_a_purge_never_adopts_the_old_allocations() {
     let mut world = World::new(&[node("n1", 4000)]);
