@@ -358,7 +358,17 @@ fn secured<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'sta
             let (ready, tls) = (ready.clone(), tls.clone());
             tokio::spawn(async move {
                 let (stream, identity) = match &tls {
-                    None => (MaybeTls::Plain(Prefixed::new(stream)), Identity::Unverified),
+                    // A peer must open with something (HTTP/2's preface) by the handshake
+                    // deadline, in plaintext as over TLS: one that connects and says nothing
+                    // would otherwise hold its descriptor for good (issue 54 §9: 1,100 silent
+                    // connections took the agent's 1,024 and every request failed).
+                    None => match crate::tls::stream::sniff(stream, handshake_timeout).await {
+                        Ok((_, stream)) => (MaybeTls::Plain(stream), Identity::Unverified),
+                        Err(error) => {
+                            tracing::debug!(%peer, %error, "closed an RPC connection: nothing sent");
+                            return;
+                        }
+                    },
                     Some(tls) => {
                         // `rpc_upgrade_mode`: a connection that opens without a TLS handshake
                         // is served in plaintext, as before the cluster moved to TLS.

@@ -127,15 +127,25 @@ async fn one_client_cannot_hold_or_overload_the_api() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(blocking(leader).await.0, 200);
 
-    // The agent RPC port too: the connections held are served (the server opens HTTP/2 with
-    // its settings frame), one past the limit is closed at once with nothing said.
-    let mut rpc_held: Vec<TcpStream> = (0..RPC_MAX_CONNS).map(|_| connect(rpc)).collect();
+    // The agent RPC port too: the connections held are served (each opens with HTTP/2's
+    // preface; the server answers with its settings frame), one past the limit is closed at
+    // once with nothing said.
+    let mut rpc_held: Vec<TcpStream> = (0..RPC_MAX_CONNS)
+        .map(|_| {
+            let mut stream = connect(rpc);
+            stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+            stream
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let closed = blocking(move || until_closed(connect(rpc))).await;
     assert_eq!(closed, "");
     let settings = rpc_held[0].read(&mut [0u8; 64]).unwrap();
     assert!(settings > 0, "a held connection is served");
     drop(rpc_held);
+    // One that says nothing is closed at the handshake deadline (5 s), TLS or not, unanswered.
+    let silent = blocking(move || until_closed(connect(rpc))).await;
+    assert_eq!(silent, "", "a silent RPC peer is closed without an answer");
 
     // Too large a body, too large a head.
     let (status, body) = blocking(move || request(port, "PUT", "/v1/jobs", &vec![b' '; 100_000])).await;
