@@ -10,10 +10,13 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::{MatchedPath, RawQuery, Request, State};
 use axum::http::header;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use drover_core::acl::Acl;
+use drover_core::acl::policy::cap;
 use drover_core::fsm::ServerState;
 
 use crate::driver::AgentHandle;
@@ -166,12 +169,30 @@ fn readings(handle: &AgentHandle) -> (Vec<(String, Labels, Reading)>, Duration) 
     (out, uptime)
 }
 
+/// Whether `acl` may see a series with these labels: one naming a namespace needs `read-job`
+/// in it.
+fn may_see(acl: &Acl, labels: &Labels) -> bool {
+    labels
+        .iter()
+        .filter(|(name, _)| name == "namespace")
+        .all(|(_, namespace)| acl.allows_namespace(namespace, cap::READ_JOB))
+}
+
 /// `GET /v1/metrics[?format=prometheus]`: this agent's metrics (not handed to a server by a
 /// client-only agent: each agent has its own, as in Nomad).
-pub async fn get(State(handle): State<AgentHandle>, RawQuery(query): RawQuery) -> Response {
+/// With ACLs on, a series labelled with a namespace (a job's, a group's, an allocation's) is
+/// shown only to a token that may read jobs there: job names are not for anonymous callers.
+pub async fn get(
+    State(handle): State<AgentHandle>,
+    acl: Option<Extension<Acl>>,
+    RawQuery(query): RawQuery,
+) -> Response {
     let prometheus = form_urlencoded::parse(query.unwrap_or_default().as_bytes())
         .any(|(name, value)| name == "format" && value == "prometheus");
-    let (readings, uptime) = readings(&handle);
+    let (mut readings, uptime) = readings(&handle);
+    if let Some(Extension(acl)) = acl {
+        readings.retain(|(_, labels, _)| may_see(&acl, labels));
+    }
     if prometheus {
         let content_type = "text/plain; version=0.0.4; charset=utf-8";
         return ([(header::CONTENT_TYPE, content_type)], prometheus_text(&readings)).into_response();

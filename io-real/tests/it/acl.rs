@@ -54,6 +54,11 @@ async fn http(port: u16, method: &'static str, path: String, token: String, body
     .unwrap()
 }
 
+/// [`job`] with one allocation to place.
+fn job_of_one(namespace: &str) -> String {
+    job(namespace).replace(r#""Count":0"#, r#""Count":1"#)
+}
+
 fn job(namespace: &str) -> String {
     json!({"Job": {"ID": "web", "Namespace": namespace, "Type": "service", "Datacenters": ["dc1"],
         "TaskGroups": [{"Name": "g", "Count": 0, "Tasks": [{"Name": "t", "Driver": "raw_exec",
@@ -648,4 +653,82 @@ async fn an_event_stream_is_refused_a_topic_its_token_may_not_read() {
         .unwrap();
         assert_eq!(status, want, "{path} with {token:?}");
     }
+}
+
+/// `/v1/metrics` answers anonymous callers, as Nomad's does, but with ACLs on a series
+/// labelled with a namespace (a job's summary gauges, name and group included) is shown only
+/// to a token that may read jobs there (issue 54 §9: job names reached anonymous callers).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_show_a_job_only_to_a_token_that_may_read_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let port = server.http;
+    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
+    assert_eq!(status, 200, "{body}");
+    let root: Value = serde_json::from_str(&body).unwrap();
+    let root = root["SecretID"].as_str().unwrap().to_string();
+    // A node a job is placed on (fingerprinted, never running anything): the job's summary
+    // gauges count allocations.
+    let node = drover_core::structs::Node {
+        id: "n1".into(),
+        name: "n1".into(),
+        datacenter: "dc1".into(),
+        status: drover_core::structs::NodeStatus::Ready,
+        drivers: [(
+            "raw_exec".to_string(),
+            drover_core::structs::DriverInfo {
+                detected: true,
+                healthy: true,
+                ..Default::default()
+            },
+        )]
+        .into(),
+        resources: drover_core::structs::NodeResources {
+            cpu: 4000,
+            memory_mb: 4096,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let registered = server
+        .handle
+        .request(drover_core::rpc::ServerRequest::NodeRegister { node: Box::new(node) })
+        .await;
+    assert!(
+        !matches!(registered, drover_core::rpc::ServerReply::Error(_)),
+        "{registered:?}"
+    );
+    let (status, body) = http(port, "PUT", "/v1/jobs".into(), root.clone(), job_of_one("default")).await;
+    assert_eq!(status, 200, "{body}");
+    let placed = tokio::time::Instant::now() + Duration::from_secs(30);
+    while server.handle.state_version().unwrap().state.allocs().count() == 0 {
+        assert!(tokio::time::Instant::now() < placed, "the job was never placed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let policy = json!({"Rules": "namespace \"default\" { policy = \"read\" }"}).to_string();
+    let (status, body) = http(port, "PUT", "/v1/acl/policy/jobs".into(), root.clone(), policy).await;
+    assert_eq!(status, 200, "{body}");
+    let token = json!({"Name": "t", "Type": "client", "Policies": ["jobs"]}).to_string();
+    let (status, body) = http(port, "PUT", "/v1/acl/token".into(), root.clone(), token).await;
+    assert_eq!(status, 200, "{body}");
+    let reader: Value = serde_json::from_str(&body).unwrap();
+    let reader = reader["SecretID"].as_str().unwrap().to_string();
+    // The gauges that name the job `web`, and how many series there are in all.
+    let web_series = |token: String| async move {
+        let (status, body) = http(port, "GET", "/v1/metrics".into(), token, String::new()).await;
+        assert_eq!(status, 200, "{body}");
+        let metrics: Value = serde_json::from_str(&body).unwrap();
+        let gauges = metrics["Gauges"].as_array().unwrap();
+        let web = gauges.iter().filter(|gauge| gauge["Labels"]["job"] == "web").count();
+        (web, gauges.len())
+    };
+    let (anonymous, anonymous_all) = web_series(String::new()).await;
+    let (read, read_all) = web_series(reader).await;
+    let (management, _) = web_series(root).await;
+    assert_eq!(anonymous, 0, "an anonymous caller sees no series of the job");
+    assert!(anonymous_all > 0, "but the agent's own series");
+    assert!(read > 0 && read == management, "{read} of {management}");
+    assert!(read_all > anonymous_all);
+    let (status, _) = http(port, "GET", "/v1/metrics".into(), "no-such-token".into(), String::new()).await;
+    assert_eq!(status, 403, "an unknown token is refused, not taken for anonymous");
 }

@@ -78,8 +78,9 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "search"] | ["v1", "search", "fuzzy"] => Need::Token,
         // Any token: the stream leaves out the events it may not read.
         ["v1", "event", "stream"] => Need::Token,
-        // Nomad serves metrics without a token.
-        ["v1", "metrics"] => Need::Nothing,
+        // Nomad serves metrics without a token; here anonymous callers get them too, less the
+        // series that name a job in a namespace the token may not read (`http::metrics`).
+        ["v1", "metrics"] => Need::Token,
         ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
         ["v1", "operator", "raft", "peer"] => Need::Operator { write: true },
         ["v1", "operator", "autopilot", _] => Need::Operator { write },
@@ -299,16 +300,18 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         // A client-only agent holds no ACLs: what it hands to a server is checked there (the
         // token goes along); what it answers itself is checked here, the token resolved by a
         // server.
-        None if path.starts_with("/v1/client/") => match gate.remote.resolve(&gate.handle, &secret).await {
-            Ok(resolved) => resolved,
-            Err(error) => {
-                return (
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    format!("cannot resolve the ACL token: no server answered: {error}"),
-                )
-                    .into_response();
+        None if path.starts_with("/v1/client/") || path == "/v1/metrics" => {
+            match gate.remote.resolve(&gate.handle, &secret).await {
+                Ok(resolved) => resolved,
+                Err(error) => {
+                    return (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!("cannot resolve the ACL token: no server answered: {error}"),
+                    )
+                        .into_response();
+                }
             }
-        },
+        }
         None => return next.run(request).await,
     };
     let acl = match resolved {
