@@ -78,6 +78,7 @@ fn main() {
         seed: 1,
         faults: Default::default(),
         consul: Default::default(),
+        max_kill_timeout: drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT,
     });
     let mut now = Instant::ZERO;
     client.handle(

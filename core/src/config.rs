@@ -436,6 +436,11 @@ pub struct ClientConfig {
     pub min_dynamic_port: u16,
     #[serde(default)]
     pub max_dynamic_port: u16,
+    /// `max_kill_timeout`: no task waits longer than this between its kill signal and SIGKILL,
+    /// whatever its `kill_timeout` asks (`None`: Nomad's 30 s,
+    /// [`crate::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT`]).
+    #[serde(default)]
+    pub max_kill_timeout: Option<core::time::Duration>,
     /// Defects re-created on purpose in the simulation (regression switches); never set by
     /// an operator's config.
     #[serde(default)]

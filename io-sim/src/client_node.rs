@@ -20,6 +20,10 @@ pub fn client_identity(name: &str, config: &AgentConfig, agent_id: u64) -> (Clie
         seed: agent_id,
         faults: config.client.faults,
         consul: config.consul.for_client(),
+        max_kill_timeout: config
+            .client
+            .max_kill_timeout
+            .unwrap_or(drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT),
     };
     let node = Node {
         id,

@@ -103,6 +103,8 @@ pub struct AllocSpec {
     pub faults: crate::config::ClientFaults,
     /// Consul as Connect tasks use it (`ClientSettings::consul`).
     pub consul: crate::connect::ClientConsul,
+    /// `ClientSettings::max_kill_timeout`.
+    pub max_kill_timeout: core::time::Duration,
     /// The client's wall clock at its `Instant` zero (Unix nanoseconds).
     pub wall_epoch: i64,
     /// The job's dispatch payload, for tasks with `dispatch_payload`.
@@ -260,6 +262,7 @@ impl AllocRunner {
                     seed: spec.seed.wrapping_add(position as u64),
                     faults: spec.faults,
                     consul: spec.consul.clone(),
+                    max_kill_timeout: spec.max_kill_timeout,
                     wall_epoch: spec.wall_epoch,
                     payload: spec.job_payload.clone(),
                 };

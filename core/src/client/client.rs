@@ -73,6 +73,8 @@ pub struct ClientSettings {
     pub faults: crate::config::ClientFaults,
     /// Consul as Connect tasks use it (service identity tokens, Envoy bootstrap).
     pub consul: crate::connect::ClientConsul,
+    /// The longest a task's `kill_timeout` may be (`client { max_kill_timeout }`).
+    pub max_kill_timeout: core::time::Duration,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -412,6 +414,7 @@ impl Client {
             seed: self.settings.seed ^ fnv(&alloc.id),
             faults: self.settings.faults,
             consul: self.settings.consul.clone(),
+            max_kill_timeout: self.settings.max_kill_timeout,
             wall_epoch: self.wall_epoch,
             job_payload: job.payload.clone(),
         })

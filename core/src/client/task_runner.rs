@@ -20,6 +20,7 @@ use crate::prelude::*;
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
+use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -73,11 +74,17 @@ pub struct TaskSpec {
     pub faults: crate::config::ClientFaults,
     /// Consul as Connect tasks use it (`ClientSettings::consul`).
     pub consul: crate::connect::ClientConsul,
+    /// The client's cap on `kill_timeout` (`ClientSettings::max_kill_timeout`).
+    pub max_kill_timeout: Duration,
     /// The client's wall clock at its `Instant` zero, in Unix nanoseconds: event times.
     pub wall_epoch: i64,
     /// The job's dispatch payload (empty unless it was dispatched with one).
     pub payload: Vec<u8>,
 }
+
+/// Nomad's `max_kill_timeout` default: the longest a task waits between its kill signal and
+/// SIGKILL unless the client's config says otherwise.
+pub const DEFAULT_MAX_KILL_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskAction {
@@ -753,7 +760,7 @@ impl TaskRunner {
             devices: self.devices.clone(),
             task_dir: spec.paths.task_dir(&spec.alloc_id, &spec.task.name),
             log_dir: spec.paths.log_dir(&spec.alloc_id),
-            kill_timeout: spec.task.kill_timeout,
+            kill_timeout: self.kill_timeout(),
             cpu_mhz: spec.task.resources.cpu,
             memory_mb: spec.task.resources.memory_mb,
             memory_max_mb: spec.task.resources.memory_max_mb,
@@ -855,13 +862,14 @@ impl TaskRunner {
     }
 
     /// An operator's signal (`alloc signal`): recorded as Nomad records it; the handle to send
-    /// it to is returned. Only a running task is signalled.
+    /// it to is returned. A running task is signalled, and so is one being killed: a SIGKILL
+    /// need not wait out a long `kill_timeout` (Nomad signals any task with a driver handle).
     pub fn signal_by_user(&mut self, now: Instant, signal: &str) -> Result<TaskHandle, String> {
         let handle = self
             .local
             .handle
             .clone()
-            .filter(|_| self.phase == Phase::Running && !self.kill_requested)
+            .filter(|_| matches!(self.phase, Phase::Running | Phase::Killing { .. }))
             .ok_or_else(|| TASK_NOT_RUNNING.to_string())?;
         self.event_with(
             now,
@@ -875,6 +883,12 @@ impl TaskRunner {
         Ok(handle)
     }
 
+    /// How long the task has between its kill signal and SIGKILL: its `kill_timeout`, capped
+    /// at the client's `max_kill_timeout` (Nomad's `SetKillTimeout`).
+    fn kill_timeout(&self) -> Duration {
+        self.spec.task.kill_timeout.min(self.spec.max_kill_timeout)
+    }
+
     fn send_kill(&mut self, now: Instant, ops: &mut OpIds) {
         if let Some(templates) = &mut self.templates {
             templates.cancel();
@@ -883,7 +897,7 @@ impl TaskRunner {
             self.begin_stop(now, ops);
             return;
         };
-        let timeout = self.spec.task.kill_timeout;
+        let timeout = self.kill_timeout();
         self.event_with(
             now,
             events::KILLING,

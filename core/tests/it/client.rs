@@ -244,6 +244,7 @@ fn new_client(seed: u64) -> Client {
         seed,
         faults: Default::default(),
         consul: Default::default(),
+        max_kill_timeout: drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT,
     })
 }
 
@@ -1245,4 +1246,84 @@ fn operators_restart_and_signal_a_running_task() {
         ]),
         "{kinds:?}"
     );
+}
+
+/// A task's `kill_timeout` is capped at the client's `max_kill_timeout` (Nomad's
+/// `SetKillTimeout`), in the kill it sends and the event it records; and a task being killed
+/// still takes an operator's signal, so a SIGKILL need not wait the timeout out (issue 54 §9).
+#[test]
+fn kill_timeout_is_capped_and_a_task_being_killed_takes_a_sigkill() {
+    use drover_core::client::AllocControl;
+
+    let mut client = new_client(3);
+    let now = Instant::ZERO;
+    exec_driver(&mut client, now);
+    let mut job = app_job();
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    job.task_groups[0].tasks[0].kill_timeout = Duration::from_secs(3_600);
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("a1", &job), job.clone())],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    let mut world = World::default();
+    // Answers every I/O but the stop, which stays pending (the task ignores its signal): the
+    // stops' kill timeouts, the signals sent and the control answers.
+    let mut drive = |client: &mut Client| {
+        let (mut stops, mut signals, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+        while let Some(action) = client.poll_action() {
+            match action {
+                ClientAction::Io {
+                    io: Io::StopTask { kill_timeout, .. },
+                    ..
+                } => stops.push(kill_timeout),
+                ClientAction::Io { op, io } => {
+                    if let Io::SignalTask { signal, .. } = &io {
+                        signals.push(*signal);
+                    }
+                    let outcome = world.answer(&io);
+                    client.handle(now, ClientInput::Outcome { op, outcome });
+                }
+                ClientAction::AllocControlled { req, result } => answers.push((req, result)),
+                _ => {}
+            }
+        }
+        (stops, signals, answers)
+    };
+    drive(&mut client);
+    let restart = AllocControl::Restart {
+        alloc_id: "a1".into(),
+        task: None,
+    };
+    client.handle(
+        now,
+        ClientInput::AllocControl {
+            req: 1,
+            request: restart,
+        },
+    );
+    let (stops, _, _) = drive(&mut client);
+    assert_eq!(stops, [drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT]);
+    let web = &client.alloc("a1").unwrap().task_states()["web"];
+    let killing = web.events.iter().rev().find(|event| event.kind == "Killing").unwrap();
+    assert_eq!(killing.message, "Sent interrupt. Waiting 30s before force killing");
+    assert_eq!(killing.details.get("kill_timeout").map(String::as_str), Some("30s"));
+
+    let sigkill = AllocControl::Signal {
+        alloc_id: "a1".into(),
+        task: Some("web".into()),
+        signal: "SIGKILL".into(),
+    };
+    client.handle(
+        now,
+        ClientInput::AllocControl {
+            req: 2,
+            request: sigkill,
+        },
+    );
+    let (_, signals, answers) = drive(&mut client);
+    assert_eq!((signals, answers), (vec![9], vec![(2, Ok(()))]));
 }

@@ -469,6 +469,7 @@ mod client_harness {
                 ..drover_core::config::ClientFaults::default()
             },
             wall_epoch: 1_700_000_000_000_000_000,
+            max_kill_timeout: drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT,
             consul: drover_core::connect::ClientConsul {
                 acl: args.contains_key("consul-acl"),
                 http_addr: "127.0.0.1:8500".into(),

@@ -173,6 +173,8 @@ pub struct ClientBlock {
     /// `meta { key = "value" }`: the node's metadata (`${meta.<key>}`, constraints).
     pub meta: Option<std::collections::BTreeMap<String, String>>,
     pub node_class: Option<String>,
+    /// The cap on every task's `kill_timeout` (Nomad's default 30 s).
+    pub max_kill_timeout: Option<String>,
     /// The interface whose address tasks' ports are allocated on.
     pub network_interface: Option<String>,
     pub min_dynamic_port: Option<u32>,
@@ -806,6 +808,9 @@ fn apply_file(
         if let Some(class) = client.node_class {
             config.client.node_class = class;
         }
+        if let Some(text) = &client.max_kill_timeout {
+            config.client.max_kill_timeout = Some(parse_duration("client.max_kill_timeout", text)?);
+        }
         for (name, volume) in client.host_volume.unwrap_or_default() {
             config.client.host_volumes.insert(
                 name,
@@ -1281,6 +1286,7 @@ client {
   enabled    = true
   servers    = ["127.0.0.1"]
   node_class = "gpu"
+  max_kill_timeout = "2m"
   meta {
     rack = "r7"
   }
@@ -1334,6 +1340,7 @@ plugin "mock_driver" {
             "the scripted driver, only when asked"
         );
         assert_eq!(loaded.config.client.node_class, "gpu");
+        assert_eq!(loaded.config.client.max_kill_timeout, Some(Duration::from_secs(120)));
         assert_eq!(loaded.config.client.meta["rack"], "r7");
         assert_eq!(loaded.notes[0], "plugin \"docker\" has no settings in Drover; ignored");
         assert!(loaded.notes[1].starts_with("the HTTP API listens on 0.0.0.0:4646 with ACLs disabled"));

@@ -280,6 +280,10 @@ pub fn client_identity(
         seed: node_id,
         faults: config.client.faults,
         consul: config.consul.for_client(),
+        max_kill_timeout: config
+            .client
+            .max_kill_timeout
+            .unwrap_or(drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT),
     };
     let mut resources = host_resources();
     resources.networks = host_networks(config);
