@@ -32,6 +32,10 @@ pub const CSI_UNAVAILABLE: &str = "csi call unavailable";
 pub const CSI_SLOW: &str = "csi call slow";
 pub const RAFT_SLOW: &str = "raft message slow";
 pub const RECOVER_FAILS: &str = "task recover fails";
+/// Reattaching to a running task after an agent restart waits 0.5–3 s: what the servers say
+/// meanwhile (the allocation stopped) reaches a runner still restoring. Not among [`POINTS`]
+/// (the swarm's draw over them stays as it was): `client_churn` turns it on.
+pub const RECOVER_SLOW: &str = "task recover slow";
 
 #[cfg(madsim)]
 mod sim {

@@ -1212,7 +1212,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "nothing is left behind after a job stop",
-        caught_by: ("client_churn", 43),
+        caught_by: ("client_churn", 144),
     },
     Switch {
         name: "max-parallel",

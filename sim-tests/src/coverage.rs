@@ -73,6 +73,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "buggify: csi call slow",
     "buggify: raft message slow",
     "buggify: task recover fails",
+    "buggify: task recover slow",
 ];
 
 /// Transitions and paths the long lane's runs must each reach at least once (its coverage

@@ -336,6 +336,9 @@ pub fn client_churn(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     // rarely meet it.
     let chance = *[0.3, 0.6].choose(rng).expect("rates");
     plan.buggify.insert(drover_io_real::buggify::RECOVER_FAILS, chance);
+    // And takes its time in half the reattaches, so that a stop the servers send meanwhile
+    // meets a runner still restoring (a fixed rate: the draws above stay as they were).
+    plan.buggify.insert(drover_io_real::buggify::RECOVER_SLOW, 0.5);
     plan
 }
 

@@ -676,6 +676,9 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
             outcome
         }
         Io::RecoverTask { handle } => {
+            if buggify::fires(buggify::RECOVER_SLOW) {
+                tokio::time::sleep(buggify::delay_millis(500..3_000)).await;
+            }
             if buggify::fires(buggify::RECOVER_FAILS) {
                 // The task's process lives on; only reattaching to it failed.
                 return Err(IoError::other("failed to reattach to the task (injected)"));
