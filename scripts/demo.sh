@@ -41,6 +41,20 @@ export NOMAD_ADDR=http://127.0.0.1:$HTTP
 PIDS=()
 DATA=$WORK/data
 
+# Processes of the demo's own still running: those whose working directory or command line
+# is under $WORK (tasks, their log collectors, the plugin), this script aside.
+strays() {
+  local proc pid cmdline
+  for proc in /proc/[0-9]*; do
+    pid=${proc#/proc/}
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    cmdline=$(tr '\0' ' ' <"$proc/cmdline" 2>/dev/null) || continue
+    if [[ $(readlink "$proc/cwd" 2>/dev/null) == "$WORK"* || $cmdline == *"$WORK"* ]]; then
+      echo "$pid"
+    fi
+  done
+}
+
 cleanup() {
   local entry pid
   # The client first, so it stops its tasks while the servers still answer.
@@ -51,6 +65,15 @@ cleanup() {
       wait "$pid" 2>/dev/null || true
     fi
   done
+  # A client agent that stops leaves its tasks running, to reattach to them when it comes
+  # back (as Nomad's does): a demo that ended early, before its jobs stopped, stops them here
+  # with their log collectors, so nothing it started outlives it.
+  for pid in $(strays); do
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  # And the volumes its plugin still has staged and published, deepest first.
+  awk -v work="$WORK/" 'index($2, work) == 1 { print $2 }' /proc/mounts | sort -r |
+    while read -r point; do umount -l "$point" 2>/dev/null || true; done
 }
 trap cleanup EXIT
 

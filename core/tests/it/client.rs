@@ -1140,6 +1140,28 @@ fn the_last_report_of_a_collected_allocation_is_still_sent() {
     );
 }
 
+/// [`app_job`] without its volume.
+fn app_job_without_volumes() -> Job {
+    let mut job = app_job();
+    job.task_groups[0].volumes.clear();
+    job.task_groups[0].tasks[0].volume_mounts.clear();
+    job
+}
+
+/// A client with the `exec` driver and allocation `a1` of `job` placed on it, at time zero.
+fn placed_app(job: Job) -> Client {
+    let mut client = new_client(3);
+    exec_driver(&mut client, Instant::ZERO);
+    client.handle(
+        Instant::ZERO,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("a1", &job), job.clone())],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    client
+}
+
 /// An operator restarts and signals a running allocation's task (`alloc restart`, `alloc
 /// signal`): a signal is sent through the driver and answered once delivered; a restart kills
 /// the task and starts it again at once, outside its restart policy; bad requests are refused
@@ -1148,19 +1170,8 @@ fn the_last_report_of_a_collected_allocation_is_still_sent() {
 fn operators_restart_and_signal_a_running_task() {
     use drover_core::client::AllocControl;
 
-    let mut client = new_client(3);
     let now = Instant::ZERO;
-    exec_driver(&mut client, now);
-    let mut job = app_job();
-    job.task_groups[0].volumes.clear();
-    job.task_groups[0].tasks[0].volume_mounts.clear();
-    client.handle(
-        now,
-        ClientInput::Allocs {
-            allocs: vec![(alloc("a1", &job), job.clone())],
-            finished_elsewhere: Vec::new(),
-        },
-    );
+    let mut client = placed_app(app_job_without_volumes());
     let mut world = World::default();
     // Answers every I/O; returns the task I/O seen and the control answers.
     let mut drive = |client: &mut Client| {
@@ -1255,20 +1266,10 @@ fn operators_restart_and_signal_a_running_task() {
 fn kill_timeout_is_capped_and_a_task_being_killed_takes_a_sigkill() {
     use drover_core::client::AllocControl;
 
-    let mut client = new_client(3);
     let now = Instant::ZERO;
-    exec_driver(&mut client, now);
-    let mut job = app_job();
-    job.task_groups[0].volumes.clear();
-    job.task_groups[0].tasks[0].volume_mounts.clear();
+    let mut job = app_job_without_volumes();
     job.task_groups[0].tasks[0].kill_timeout = Duration::from_secs(3_600);
-    client.handle(
-        now,
-        ClientInput::Allocs {
-            allocs: vec![(alloc("a1", &job), job.clone())],
-            finished_elsewhere: Vec::new(),
-        },
-    );
+    let mut client = placed_app(job);
     let mut world = World::default();
     // Answers every I/O but the stop, which stays pending (the task ignores its signal): the
     // stops' kill timeouts, the signals sent and the control answers.

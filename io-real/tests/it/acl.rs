@@ -615,14 +615,9 @@ fn status_of_stream(port: u16, path: &str, token: &str) -> u16 {
     line.split_whitespace().nth(1).unwrap().parse().unwrap()
 }
 
-/// Issue 54 §9: Nomad refuses a subscription to the event stream whose token may not read
-/// every topic it names (403); every topic at once, what a subscription naming none asks for,
-/// is a management token's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_event_stream_is_refused_a_topic_its_token_may_not_read() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
-    let port = server.http;
+/// Bootstraps ACLs on the agent at `port` and makes a client token that may read the default
+/// namespace: the management and the reader secrets.
+async fn root_and_default_reader(port: u16) -> (String, String) {
     let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
     assert_eq!(status, 200, "{body}");
     let root: Value = serde_json::from_str(&body).unwrap();
@@ -635,6 +630,18 @@ async fn an_event_stream_is_refused_a_topic_its_token_may_not_read() {
     assert_eq!(status, 200, "{body}");
     let reader: Value = serde_json::from_str(&body).unwrap();
     let reader = reader["SecretID"].as_str().unwrap().to_string();
+    (root, reader)
+}
+
+/// Issue 54 §9: Nomad refuses a subscription to the event stream whose token may not read
+/// every topic it names (403); every topic at once, what a subscription naming none asks for,
+/// is a management token's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_stream_is_refused_a_topic_its_token_may_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = support::start_server(dir.path(), true, Default::default(), 100).await;
+    let port = server.http;
+    let (root, reader) = root_and_default_reader(port).await;
     let cases = [
         ("/v1/event/stream", "", 403),
         ("/v1/event/stream?topic=Job:*", "", 403),
@@ -663,10 +670,7 @@ async fn metrics_show_a_job_only_to_a_token_that_may_read_it() {
     let dir = tempfile::tempdir().unwrap();
     let server = support::start_server(dir.path(), true, Default::default(), 100).await;
     let port = server.http;
-    let (status, body) = http(port, "POST", "/v1/acl/bootstrap".into(), String::new(), String::new()).await;
-    assert_eq!(status, 200, "{body}");
-    let root: Value = serde_json::from_str(&body).unwrap();
-    let root = root["SecretID"].as_str().unwrap().to_string();
+    let (root, reader) = root_and_default_reader(port).await;
     // A node a job is placed on (fingerprinted, never running anything): the job's summary
     // gauges count allocations.
     let node = drover_core::structs::Node {
@@ -705,14 +709,6 @@ async fn metrics_show_a_job_only_to_a_token_that_may_read_it() {
         assert!(tokio::time::Instant::now() < placed, "the job was never placed");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let policy = json!({"Rules": "namespace \"default\" { policy = \"read\" }"}).to_string();
-    let (status, body) = http(port, "PUT", "/v1/acl/policy/jobs".into(), root.clone(), policy).await;
-    assert_eq!(status, 200, "{body}");
-    let token = json!({"Name": "t", "Type": "client", "Policies": ["jobs"]}).to_string();
-    let (status, body) = http(port, "PUT", "/v1/acl/token".into(), root.clone(), token).await;
-    assert_eq!(status, 200, "{body}");
-    let reader: Value = serde_json::from_str(&body).unwrap();
-    let reader = reader["SecretID"].as_str().unwrap().to_string();
     // The gauges that name the job `web`, and how many series there are in all.
     let web_series = |token: String| async move {
         let (status, body) = http(port, "GET", "/v1/metrics".into(), token, String::new()).await;
