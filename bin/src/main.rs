@@ -354,6 +354,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     }
     print_banner(&loaded, bound);
     tokio::spawn(release_start_up_code());
+    tokio::spawn(release_free_heap());
     tokio::select! {
         () = wait_for_signal() => {
             eprintln!("==> Caught signal, shutting down");
@@ -438,6 +439,31 @@ async fn release_start_up_code() {
             "released the start-up pages of the agent's code"
         ),
         Err(error) => tracing::warn!(%error, "could not release the start-up pages of the agent's code"),
+    }
+}
+
+/// How often the agent checks for free heap to hand back, and how much makes it worth it.
+const HEAP_CHECK: std::time::Duration = std::time::Duration::from_secs(15);
+const HEAP_TRIM_THRESHOLD: usize = 32 << 20;
+
+/// Hands freed heap back to the kernel (`drover_io_real::memory::release_free_heap`): after a
+/// purge and GC, or a burst of big requests, the agent's RSS falls back instead of staying at
+/// its peak.
+async fn release_free_heap() {
+    let mut ticks = tokio::time::interval(HEAP_CHECK);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        let freed =
+            tokio::task::spawn_blocking(|| drover_io_real::memory::release_free_heap(HEAP_TRIM_THRESHOLD)).await;
+        if let Ok(Some(freed)) = freed {
+            tracing::debug!(
+                free_kib = freed.free >> 10,
+                rss_before_kib = freed.rss_before_kib,
+                rss_after_kib = freed.rss_after_kib,
+                "handed free heap back to the kernel"
+            );
+        }
     }
 }
 

@@ -97,8 +97,8 @@ fn main() {
             },
         },
     );
-    let job = job();
-    let allocs: Vec<(Allocation, Job)> = (0..ALLOCS)
+    let job = std::sync::Arc::new(job());
+    let allocs: Vec<(Allocation, std::sync::Arc<Job>)> = (0..ALLOCS)
         .map(|n| {
             let alloc = Allocation {
                 id: format!("alloc-{n:03}"),

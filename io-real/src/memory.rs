@@ -68,6 +68,60 @@ pub fn release_code_pages() -> io::Result<Released> {
     Ok(released)
 }
 
+/// The heap's free memory handed back by [`release_free_heap`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FreedHeap {
+    /// Free bytes the allocator held.
+    pub free: usize,
+    /// The process's resident kibibytes before and after.
+    pub rss_before_kib: u64,
+    pub rss_after_kib: u64,
+}
+
+/// Hands the allocator's free memory back to the kernel once more than `threshold` bytes of
+/// it are free (issue 54 §8). glibc's malloc keeps what a burst freed — the allocations of
+/// a purged job, a big list's buffers — in its arenas, so the agent's resident memory stayed
+/// at its peak after purge and `system gc` until a restart. `malloc_trim(0)` returns every
+/// wholly free page of every arena (`MADV_DONTNEED`); it holds each arena's lock while it
+/// walks it, so it runs only when there is something worth returning. `None` when below the
+/// threshold or not on glibc.
+pub fn release_free_heap(threshold: usize) -> Option<FreedHeap> {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: both are plain glibc calls with no pointer arguments; mallinfo2 only reads
+        // the allocator's counters and malloc_trim only returns free pages to the kernel.
+        let free = unsafe { libc::mallinfo2() }.fordblks;
+        if free <= threshold {
+            return None;
+        }
+        let rss_before_kib = resident_kib();
+        // SAFETY: as above.
+        unsafe { libc::malloc_trim(0) };
+        Some(FreedHeap {
+            free,
+            rss_before_kib,
+            rss_after_kib: resident_kib(),
+        })
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = threshold;
+        None
+    }
+}
+
+/// This process's resident kibibytes (`/proc/self/statm`), 0 when unreadable.
+pub fn resident_kib() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    // SAFETY: sysconf reads a constant of the system.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|pages| pages.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page / 1024)
+}
+
 fn releasable(mapping: &Mapping, device: (u32, u32), inode: u64) -> bool {
     mapping.device == device
         && mapping.inode == inode
@@ -150,6 +204,27 @@ Anonymous:             0 kB
 Rss:                 544 kB
 Anonymous:           544 kB
 ";
+
+    #[test]
+    fn freed_heap_goes_back_to_the_kernel() {
+        // 96 MiB in small blocks (each far below the mmap threshold, so they live in the
+        // arena), touched, then freed out of order so nothing shrinks the heap on its own.
+        let mut blocks: Vec<Vec<u8>> = (0..96 * 1024).map(|n| vec![n as u8; 1024]).collect();
+        let kept: Vec<Vec<u8>> = blocks.iter().step_by(4096).cloned().collect();
+        let held = resident_kib();
+        blocks.reverse();
+        drop(blocks);
+        let freed = release_free_heap(32 << 20).expect("more than 32 MiB is free");
+        assert!(
+            freed.rss_after_kib + 48 * 1024 < held,
+            "RSS held {held} KiB with the blocks; after the trim {freed:?}"
+        );
+        assert!(
+            release_free_heap(usize::MAX).is_none(),
+            "below the threshold: nothing done"
+        );
+        drop(kept);
+    }
 
     #[test]
     fn only_the_executables_clean_read_only_mappings_are_released() {

@@ -21,6 +21,7 @@ use crate::prelude::*;
 
 use alloc::boxed::Box;
 use alloc::collections::{BTreeMap, BTreeSet, VecDeque};
+use alloc::sync::Arc;
 use core::time::Duration;
 
 use crate::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
@@ -49,7 +50,7 @@ use crate::time::Instant;
 
 /// One allocation as an earlier run persisted it: the allocation with its job, its runner's
 /// state and its tasks' states.
-pub type SavedAlloc = (Allocation, Job, LocalAllocState, BTreeMap<String, LocalTaskState>);
+pub type SavedAlloc = (Allocation, Arc<Job>, LocalAllocState, BTreeMap<String, LocalTaskState>);
 /// The registry and allocations [`Client::connect`] restores.
 type SavedState = (Registry, Vec<SavedAlloc>);
 
@@ -81,7 +82,7 @@ pub struct ClientSettings {
 pub enum ClientInput {
     /// The allocations the servers placed on this node, with their jobs (a successful sync).
     Allocs {
-        allocs: Vec<(Allocation, Job)>,
+        allocs: Vec<(Allocation, Arc<Job>)>,
         /// Allocations elsewhere that these wait for and that finished (see
         /// `ServerState::node_allocs`).
         finished_elsewhere: Vec<String>,
@@ -198,7 +199,7 @@ pub enum ClientAction {
     /// runner before the servers answer.
     PersistSpec {
         alloc: Box<Allocation>,
-        job: Box<Job>,
+        job: Arc<Job>,
     },
 }
 
@@ -323,7 +324,7 @@ pub struct Client {
     /// What [`Client::connect`] restores once the node is first registered.
     pending_restore: Option<SavedState>,
     /// The node as tasks see it, from the record [`Client::connect`] registers.
-    node_env: NodeEnv,
+    node_env: Arc<NodeEnv>,
     /// The wall clock at `Instant` zero, in Unix nanoseconds ([`Client::set_wall_epoch`]).
     wall_epoch: i64,
     actions: VecDeque<ClientAction>,
@@ -366,7 +367,7 @@ impl Client {
             services: ServiceSync::default(),
             devices: DeviceAllocator::default(),
             pending_restore: None,
-            node_env: NodeEnv::default(),
+            node_env: Arc::default(),
             wall_epoch: 0,
             actions: VecDeque::new(),
         }
@@ -536,7 +537,7 @@ impl Client {
         }
     }
 
-    fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Job)>, finished_elsewhere: Vec<String>) {
+    fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Arc<Job>)>, finished_elsewhere: Vec<String>) {
         let first = !self.servers_contacted;
         self.servers_contacted = true;
         if first {
@@ -578,7 +579,7 @@ impl Client {
                     let Some(spec) = self.spec(alloc, job) else { continue };
                     self.actions.push_back(ClientAction::PersistSpec {
                         alloc: Box::new(alloc.clone()),
-                        job: Box::new(job.clone()),
+                        job: job.clone(),
                     });
                     let mut runner = AllocRunner::new(spec);
                     runner.run(now, &mut self.ops);

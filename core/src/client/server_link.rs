@@ -11,11 +11,12 @@ use crate::prelude::*;
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 use core::time::Duration;
 
 use crate::client::{Io, Outcome, Reply};
 use crate::op::{OpId, OpIds};
-use crate::rpc::{NodeAllocsRequest, ServerReply, ServerRequest};
+use crate::rpc::{NodeAllocsReply, NodeAllocsRequest, ServerReply, ServerRequest};
 use crate::structs::{Allocation, Job, Node, NodeStatus};
 use crate::time::Instant;
 
@@ -39,7 +40,7 @@ pub enum LinkEvent {
     Registered { again: bool },
     /// A sync newer than any used before: the node's allocations as of that index.
     Allocs {
-        allocs: Vec<(Allocation, Job)>,
+        allocs: Vec<(Allocation, Arc<Job>)>,
         finished_elsewhere: Vec<String>,
     },
 }
@@ -252,7 +253,7 @@ impl ServerLink {
                 self.synced_index = Some(reply.index);
                 self.synced_view = Some(reply.view);
                 Some(LinkEvent::Allocs {
-                    allocs: reply.allocs,
+                    allocs: NodeAllocsReply::paired(reply.allocs, reply.jobs),
                     finished_elsewhere: reply.finished_elsewhere,
                 })
             }

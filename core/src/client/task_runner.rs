@@ -20,6 +20,7 @@ use crate::prelude::*;
 
 use alloc::boxed::Box;
 use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -60,7 +61,7 @@ pub struct TaskSpec {
     /// What the task's environment is built from (directories and hook variables are filled
     /// in when it starts).
     pub env: TaskEnvSpec,
-    pub node: NodeEnv,
+    pub node: Arc<NodeEnv>,
     pub alloc_id: String,
     pub alloc_index: u32,
     pub job_type: JobType,

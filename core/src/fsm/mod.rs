@@ -761,13 +761,17 @@ impl ServerState {
             .filter_map(|((_, id), ())| self.allocs.get(id))
     }
 
-    pub fn node_allocs(&self, node_id: &str) -> (Vec<(Allocation, Job)>, Vec<String>) {
-        let (allocs, finished) = self.node_view(node_id);
-        let allocs = allocs
-            .into_iter()
-            .map(|(alloc, job)| (alloc.clone(), job.clone()))
-            .collect();
-        (allocs, finished)
+    /// The node's allocations, their jobs (each job once, however many of its allocations
+    /// are here) and the awaited allocations that finished elsewhere.
+    pub fn node_allocs(&self, node_id: &str) -> (Vec<Allocation>, Vec<Job>, Vec<String>) {
+        let (placed, finished) = self.node_view(node_id);
+        let mut jobs: BTreeMap<(&str, &str), &Job> = BTreeMap::new();
+        let mut allocs = Vec::with_capacity(placed.len());
+        for (alloc, job) in placed {
+            jobs.insert((&job.namespace, &job.id), job);
+            allocs.push(alloc.clone());
+        }
+        (allocs, jobs.into_values().cloned().collect(), finished)
     }
 
     /// A digest of what [`ServerState::node_allocs`] answers for `node_id`: it changes when
@@ -1072,7 +1076,7 @@ mod tests {
                 assert_eq!(indexed, scanned, "evaluations of {job}");
             }
             for node in ["n1", "n2", "n3"] {
-                let indexed: Vec<String> = state.node_allocs(node).0.into_iter().map(|(a, _)| a.id).collect();
+                let indexed: Vec<String> = state.node_allocs(node).0.into_iter().map(|a| a.id).collect();
                 let scanned: Vec<String> = state
                     .allocs()
                     .filter(|a| a.node_id == node)

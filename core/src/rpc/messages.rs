@@ -5,6 +5,7 @@
 use crate::prelude::*;
 
 use alloc::collections::BTreeMap;
+use alloc::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -357,13 +358,37 @@ pub struct NodeAllocsRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeAllocsReply {
     pub index: u64,
-    pub allocs: Vec<(Allocation, Job)>,
+    /// The node's allocations; each one's job is the one in `jobs` with its namespace and job
+    /// id.
+    pub allocs: Vec<Allocation>,
+    /// The jobs of `allocs`, each once: a job of a hundred groups with a thousand allocations
+    /// here is sent (and held by the client) once, not a thousand times (issue 54 §8).
+    #[serde(default)]
+    pub jobs: Vec<Job>,
     /// Allocations on other nodes that these wait for and that have finished
     /// ([`ServerState::node_allocs`]).
     pub finished_elsewhere: Vec<String>,
     /// [`ServerState::node_allocs_view`] of this answer.
     #[serde(default)]
     pub view: u64,
+}
+
+impl NodeAllocsReply {
+    /// Each allocation with its job, the job shared by all of its allocations; an allocation
+    /// whose job is not in the reply is left out (the servers list none such).
+    pub fn paired(allocs: Vec<Allocation>, jobs: Vec<Job>) -> Vec<(Allocation, Arc<Job>)> {
+        let jobs: BTreeMap<(String, String), Arc<Job>> = jobs
+            .into_iter()
+            .map(|job| ((job.namespace.clone(), job.id.clone()), Arc::new(job)))
+            .collect();
+        allocs
+            .into_iter()
+            .filter_map(|alloc| {
+                let job = jobs.get(&(alloc.namespace.clone(), alloc.job_id.clone()))?.clone();
+                Some((alloc, job))
+            })
+            .collect()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! mount, and stopping it unpublishes, unstages and releases the claim — in that order.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use drover_core::Instant;
@@ -312,7 +313,10 @@ fn plugin_then_consumer_then_release() {
     client.handle(
         now,
         ClientInput::Allocs {
-            allocs: vec![(alloc("p1", &plugin), plugin.clone()), (alloc("a1", &app), app.clone())],
+            allocs: vec![
+                (alloc("p1", &plugin), Arc::new(plugin.clone())),
+                (alloc("a1", &app), Arc::new(app.clone())),
+            ],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -404,7 +408,10 @@ fn plugin_then_consumer_then_release() {
     client.handle(
         now,
         ClientInput::Allocs {
-            allocs: vec![(alloc("p1", &plugin), plugin.clone()), (stopped, app.clone())],
+            allocs: vec![
+                (alloc("p1", &plugin), Arc::new(plugin.clone())),
+                (stopped, Arc::new(app.clone())),
+            ],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -444,7 +451,7 @@ fn plugin_then_consumer_then_release() {
     client.handle(
         now,
         ClientInput::Allocs {
-            allocs: vec![(alloc("p1", &plugin), plugin.clone())],
+            allocs: vec![(alloc("p1", &plugin), Arc::new(plugin.clone()))],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -489,7 +496,7 @@ fn status_reports_never_go_backwards() {
     client.handle(
         now,
         ClientInput::Allocs {
-            allocs: vec![(alloc("a1", &job), job.clone())],
+            allocs: vec![(alloc("a1", &job), Arc::new(job.clone()))],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -586,7 +593,7 @@ fn a_stopped_allocation_that_never_ran_here_is_reported_complete() {
     client.handle(
         now,
         ClientInput::Allocs {
-            allocs: vec![(stopped, job.clone())],
+            allocs: vec![(stopped, Arc::new(job.clone()))],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -719,7 +726,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
     client.handle(
         later,
         ClientInput::Allocs {
-            allocs: vec![(alloc("a1", &job), job.clone())],
+            allocs: vec![(alloc("a1", &job), Arc::new(job.clone()))],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -1086,7 +1093,7 @@ fn the_last_report_of_a_collected_allocation_is_still_sent() {
     client.handle(
         now,
         ClientInput::Allocs {
-            allocs: vec![(alloc("a1", &job), job.clone())],
+            allocs: vec![(alloc("a1", &job), Arc::new(job.clone()))],
             finished_elsewhere: Vec::new(),
         },
     );
@@ -1155,7 +1162,7 @@ fn placed_app(job: Job) -> Client {
     client.handle(
         Instant::ZERO,
         ClientInput::Allocs {
-            allocs: vec![(alloc("a1", &job), job.clone())],
+            allocs: vec![(alloc("a1", &job), Arc::new(job.clone()))],
             finished_elsewhere: Vec::new(),
         },
     );

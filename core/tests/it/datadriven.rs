@@ -451,14 +451,14 @@ mod client_harness {
             job_meta: BTreeMap::new(),
             job_payload: Vec::new(),
             group,
-            node: drover_core::taskenv::NodeEnv {
+            node: std::sync::Arc::new(drover_core::taskenv::NodeEnv {
                 node: drover_core::structs::Node {
                     id: "n1".into(),
                     secret_id: "n1-secret".into(),
                     ..Default::default()
                 },
                 ..Default::default()
-            },
+            }),
             node_id: "n1".into(),
             paths: ClientPaths::new("/s", "/a"),
             host_volumes,
@@ -1157,16 +1157,16 @@ mod link_harness {
                 allocs: args["ids"]
                     .split(',')
                     .filter(|id| !id.is_empty())
-                    .map(|id| {
-                        (
-                            Allocation {
-                                id: id.to_string(),
-                                ..Allocation::default()
-                            },
-                            Job::default(),
-                        )
+                    .map(|id| Allocation {
+                        id: id.to_string(),
+                        ..Allocation::default()
                     })
                     .collect(),
+                jobs: vec![Job {
+                    namespace: Allocation::default().namespace,
+                    id: Allocation::default().job_id,
+                    ..Job::default()
+                }],
                 finished_elsewhere: Vec::new(),
                 view: ms("index"),
             })),

@@ -183,9 +183,16 @@ impl ClientStore {
                     .insert(task.to_string(), state);
             }
         }
+        // Each allocation's record holds its job; the allocations of one job version share
+        // one copy in memory, as they did before the restart.
+        let mut jobs: BTreeMap<(String, String, u64), Arc<Job>> = BTreeMap::new();
         Ok(specs
             .into_iter()
             .map(|(_, (alloc, job))| {
+                let job = jobs
+                    .entry((job.namespace.clone(), job.id.clone(), job.job_modify_index))
+                    .or_insert_with(|| Arc::new(job))
+                    .clone();
                 let state = states.get(&alloc.id).cloned().unwrap_or_default();
                 let tasks = tasks.remove(&alloc.id).unwrap_or_default();
                 (alloc, job, state, tasks)

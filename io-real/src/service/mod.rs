@@ -728,10 +728,11 @@ impl Service {
             }
         }
         Ok(applied.read(|applied| {
-            let (allocs, finished_elsewhere) = applied.state.node_allocs(&request.node_id);
+            let (allocs, jobs, finished_elsewhere) = applied.state.node_allocs(&request.node_id);
             NodeAllocsReply {
                 index: applied.last_applied.map(|log| log.index).unwrap_or(0),
                 allocs,
+                jobs,
                 finished_elsewhere,
                 view: applied.state.node_allocs_view(&request.node_id),
             }

@@ -21,10 +21,10 @@ impl Client {
     /// record, so a report that landed before it would be wiped.
     pub fn connect(&mut self, now: Instant, node: Node, registry: Registry, saved: Vec<SavedAlloc>) {
         self.pending_restore = Some((registry, saved));
-        self.node_env = NodeEnv {
+        self.node_env = Arc::new(NodeEnv {
             node: node.clone(),
             region: self.settings.region.clone(),
-        };
+        });
         self.link.connect(now, node);
         self.drive_link(now);
     }

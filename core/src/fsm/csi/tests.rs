@@ -525,8 +525,8 @@ fn node_allocs_name_awaited_allocations_that_finished_on_other_nodes() {
             preempting,
         ],
     });
-    let (allocs, finished) = fx.state.node_allocs("n1");
-    let ids: Vec<&str> = allocs.iter().map(|(placed, _)| placed.id.as_str()).collect();
+    let (allocs, jobs, finished) = fx.state.node_allocs("n1");
+    let ids: Vec<&str> = allocs.iter().map(|placed| placed.id.as_str()).collect();
     assert_eq!(
         ids,
         ["a", "b", "c", "d"],
@@ -534,6 +534,16 @@ fn node_allocs_name_awaited_allocations_that_finished_on_other_nodes() {
     );
     // Stopping but still running elsewhere: waited for. Local ones: the client knows.
     assert_eq!(finished, ["old-gone", "old-lost"]);
+    // Each listed allocation's job is in the answer, once.
+    let listed: alloc::collections::BTreeSet<(&str, &str)> = jobs
+        .iter()
+        .map(|job| (job.namespace.as_str(), job.id.as_str()))
+        .collect();
+    assert_eq!(listed.len(), jobs.len(), "no job twice");
+    assert_eq!(jobs.len(), 1, "four allocations of one job carry it once");
+    for placed in &allocs {
+        assert!(listed.contains(&(placed.namespace.as_str(), placed.job_id.as_str())));
+    }
 }
 
 /// A client's batch (`Node.UpdateAlloc`) stores each allocation's status and task states,
