@@ -203,4 +203,55 @@ mod tests {
         assert!(state.node("gone").is_none() && state.node("n1").is_some());
         assert_eq!(state.job_evals("default", "old").count(), 0);
     }
+
+    /// A batch job's allocations complete (the servers leave them `desired: run`), then the
+    /// job is stopped, or purged: a forced GC takes them, their evaluation and the stopped job.
+    #[test]
+    fn finished_batch_allocations_of_a_stopped_or_purged_job_are_collected() {
+        let mut fx = Fixture::new();
+        let mut stopped = job("stopped", JobType::Batch);
+        fx.ok(Command::JobUpsert { job: stopped.clone() });
+        fx.ok(Command::JobUpsert {
+            job: job("purged", JobType::Batch),
+        });
+        fx.ok(Command::EvalUpsert {
+            evals: vec![eval("e-stopped", "stopped"), eval("e-purged", "purged")],
+        });
+        fx.ok(Command::AllocUpsert {
+            allocs: vec![
+                alloc(
+                    "a-stopped",
+                    "stopped",
+                    "e-stopped",
+                    DesiredStatus::Run,
+                    ClientStatus::Complete,
+                ),
+                alloc(
+                    "a-purged",
+                    "purged",
+                    "e-purged",
+                    DesiredStatus::Run,
+                    ClientStatus::Complete,
+                ),
+            ],
+        });
+        assert!(
+            crate::gc::collect(&fx.state).allocs.is_empty(),
+            "while the jobs live, their completed allocations keep them done"
+        );
+        stopped.stop = true;
+        fx.ok(Command::JobUpsert { job: stopped });
+        fx.ok(Command::JobDeregister {
+            namespace: "default".into(),
+            job_id: "purged".into(),
+        });
+        let garbage = crate::gc::collect(&fx.state);
+        assert_eq!(garbage.allocs, ["a-purged", "a-stopped"]);
+        assert_eq!(garbage.evals, ["e-purged", "e-stopped"]);
+        assert_eq!(garbage.jobs, [("default".to_string(), "stopped".to_string())]);
+        fx.ok(Command::SystemGc { garbage });
+        assert_eq!(fx.state.allocs().count(), 0);
+        assert_eq!(fx.state.evals().count(), 0);
+        assert!(fx.state.job("default", "stopped").is_none());
+    }
 }

@@ -4,8 +4,9 @@
 //! ([`periodic`], Nomad's core GC jobs). What may go, decided by the same predicates when the
 //! leader picks it and again when the entry applies, so nothing that came back to life in
 //! between is lost:
-//! - an allocation the servers stopped and its client finished — but not a batch allocation
-//!   that completed at its live job's current version (it is what keeps the job done);
+//! - an allocation its client finished, whose job is purged or stopped or which the servers
+//!   stopped — but not a batch allocation that completed at its live job's current version
+//!   (it is what keeps the job done);
 //! - a finished evaluation (complete, failed, canceled) none of whose allocations remain;
 //! - a stopped job with no allocation left and no evaluation waiting;
 //! - a finished deployment no remaining allocation belongs to, unless it is its job's latest;
@@ -45,7 +46,17 @@ impl Garbage {
 }
 
 pub fn alloc_collectable(state: &ServerState, alloc: &Allocation) -> bool {
-    if !alloc.server_terminal() || !alloc.client_terminal() {
+    if !alloc.client_terminal() {
+        return false;
+    }
+    // Its job is purged or stopped: nothing will run it again or reschedule from it, even if
+    // the servers never marked it stopped — a batch allocation that completed before its job
+    // was stopped keeps `desired: run` for good, and was never collected (issue 54 §8; Nomad's
+    // `allocGCEligible`).
+    if state.job(&alloc.namespace, &alloc.job_id).is_none_or(|job| job.stop) {
+        return true;
+    }
+    if !alloc.server_terminal() {
         return false;
     }
     let keeps_batch_done = state.job(&alloc.namespace, &alloc.job_id).is_some_and(|job| {
