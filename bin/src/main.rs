@@ -174,6 +174,13 @@ fn main() -> ExitCode {
     {
         return drover_io_real::nsexec::main(std::env::args_os().skip(2));
     }
+    // A `raw_exec` task on its way in, started by this agent's client without a fork.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|arg| arg == drover_io_real::taskexec::SUBCOMMAND)
+    {
+        return drover_io_real::taskexec::main(std::env::args_os().skip(2));
+    }
     let mut cli = Cli::parse_from(normalize_args(std::env::args_os()));
     if let Some(command) = cli.command.take() {
         return cli::run(cli.global, command);

@@ -59,4 +59,6 @@ pub mod net;
 #[cfg(not(madsim))]
 pub mod nsexec;
 #[cfg(not(madsim))]
+pub mod taskexec;
+#[cfg(not(madsim))]
 pub mod tls;

@@ -153,6 +153,11 @@ pub fn args(dir: &Path, base: &str, max_files: u32, max_size: u64) -> Vec<OsStri
 /// `agent logmon <dir> <base> <max_files> <max_file_size_bytes>`: copies stdin into rotated
 /// files until every writer of it is gone.
 pub fn main(mut args: impl Iterator<Item = OsString>) -> ExitCode {
+    // A session of its own, so a signal to the agent's process group (a terminal's Ctrl-C)
+    // does not end it before the task's output; done here rather than in a `pre_exec` of
+    // the agent, which would make the agent fork to start it.
+    // SAFETY: setsid takes no arguments.
+    unsafe { libc::setsid() };
     let mut next = || args.next().and_then(|arg| arg.into_string().ok());
     let (Some(dir), Some(base), Some(files), Some(size)) = (next(), next(), next(), next()) else {
         eprintln!("usage: agent logmon <dir> <base> <max_files> <max_file_size_bytes>");

@@ -165,6 +165,16 @@ impl TaskCgroup {
     }
 
     /// Every process in the cgroup now.
+    /// Moves process `pid` into this task's cgroups from outside (the agent, right after it
+    /// spawned the task's helper, which also joins them itself before it execs the task: the
+    /// task never runs outside, and from here on the cgroup is never seen empty).
+    pub fn adopt(&self, pid: i32) -> std::io::Result<()> {
+        for dir in &self.dirs {
+            std::fs::write(dir.join("cgroup.procs"), pid.to_string())?;
+        }
+        Ok(())
+    }
+
     pub fn pids(&self) -> Vec<i32> {
         let Some(dir) = self.dirs.first() else {
             return Vec::new();

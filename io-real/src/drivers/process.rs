@@ -181,14 +181,8 @@ impl ProcessDriver {
                 .stdin(reader)
                 .stdout(std::process::Stdio::null())
                 .stderr(std::process::Stdio::null());
-            // SAFETY: setsid is async-signal-safe. Its own session: a signal to the agent's
-            // process group (a terminal's Ctrl-C) must not end it before the task's output.
-            unsafe {
-                collector.pre_exec(|| {
-                    libc::setsid();
-                    Ok(())
-                });
-            }
+            // No `pre_exec`: the collector is spawned, not forked from the agent, and makes
+            // its own session first thing (`logmon::main`).
             let mut child = collector
                 .spawn()
                 .map_err(|e| io_error(&format!("start the log collector for {base}"), e))?;
@@ -557,7 +551,7 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<Str
 /// Gives the task default signal handling whatever the agent inherited: an agent started in
 /// the background of a non-interactive shell ignores SIGINT, and ignored signals survive exec,
 /// so the task would never hear the polite half of a stop. Async-signal-safe.
-fn reset_signals() {
+pub(crate) fn reset_signals() {
     // SAFETY: signal and sigprocmask are async-signal-safe and take no pointers we own
     // beyond a local, zeroed set.
     unsafe {
@@ -774,6 +768,12 @@ impl ProcessDriver {
         // The start time is what makes the pid safe to signal later: without it a stop could
         // reach whatever process reused the pid, so a task whose start time cannot be read does
         // not start.
+        if let (Some(pid), Some(cgroup)) = (child.id(), &cgroup)
+            && let Err(error) = cgroup.adopt(pid as i32)
+        {
+            // Gone already (a helper that failed): its exit is reported as any task's.
+            tracing::debug!(pid, %error, "could not move the task into its cgroup");
+        }
         let Some((pid, start_time)) = child.id().and_then(|pid| Some((pid as i32, start_time(pid as i32)?))) else {
             let _ = child.start_kill();
             let _ = child.wait().await;
@@ -847,6 +847,28 @@ impl ProcessDriver {
         }
         let (stdout, stderr) = self.outputs(config)?;
         let join = cgroup.map(TaskCgroup::join_paths).unwrap_or_default();
+        if let (Kind::RawExec, Some(agent)) = (self.kind, self.logmon.as_ref()) {
+            std::fs::create_dir_all(&config.task_dir).map_err(|e| io_error("create task dir", e))?;
+            // Started through `agent taskexec` (see `crate::taskexec`): spawned, never a
+            // fork of the agent. What the helper will exec is resolved here, so a missing
+            // command still fails the start and names itself.
+            let path = config.env.get("PATH").map(std::ffi::OsStr::new);
+            if crate::taskexec::resolve(&command, Path::new(&config.task_dir), path).is_none() {
+                return Err(io_error(
+                    &format!("{}: start {command}", self.name()),
+                    std::io::Error::from(std::io::ErrorKind::NotFound),
+                ));
+            }
+            let mut helper = tokio::process::Command::new(agent.as_path());
+            helper
+                .args(crate::taskexec::args(&join, &command, &args))
+                .stdin(std::process::Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .current_dir(&config.task_dir)
+                .envs(&config.env);
+            return Ok((helper, command, Vec::new()));
+        }
         let mut shared = Vec::new();
         let mut cmd = tokio::process::Command::new(&command);
         cmd.args(&args)
