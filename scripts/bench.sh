@@ -46,6 +46,9 @@ echo
 echo "== every job's allocations and evaluations with 6,000 jobs: by-job indexes against a scan (cargo bench -p drover-core --bench state_reads)"
 cargo bench -p drover-core --bench state_reads
 echo
+echo "== memory per 1,000 allocations of a 1-group and a 100-group job, and after purge and GC (cargo bench -p drover --bench alloc_memory)"
+cargo bench -p drover --bench alloc_memory
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo
