@@ -58,7 +58,6 @@ pub mod metrics;
 pub mod net;
 #[cfg(not(madsim))]
 pub mod nsexec;
-#[cfg(not(madsim))]
 pub mod taskexec;
 #[cfg(not(madsim))]
 pub mod tls;

@@ -14,8 +14,12 @@
 //! The driver resolves the command before it starts the helper, so a command that does not
 //! exist still fails the start with its name, as before; one that fails to `exec` anyway (a
 //! race, a bad binary) exits 127 with the reason on the task's stderr, as a shell does.
+//!
+//! The steps themselves ([`join_in_child`], [`reset_signals`]) live here, plain libc calls
+//! compiled in both worlds, and are shared with the drivers' forked starts (`exec` tasks,
+//! `alloc exec`) that still run them between `fork` and `exec`.
 
-use std::ffi::{OsStr, OsString};
+use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -25,7 +29,7 @@ use std::process::ExitCode;
 pub const SUBCOMMAND: &str = "taskexec";
 
 /// `taskexec <cgroup.procs>... -- <program> <args...>`.
-pub fn args(join: &[std::ffi::CString], program: &str, args: &[String]) -> Vec<OsString> {
+pub fn args(join: &[CString], program: &str, args: &[String]) -> Vec<OsString> {
     let mut out: Vec<OsString> = vec![SUBCOMMAND.into()];
     out.extend(
         join.iter()
@@ -48,21 +52,59 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         eprintln!("usage: agent taskexec <cgroup.procs>... -- <program> <args...>");
         return ExitCode::from(2);
     };
-    let join: Vec<std::ffi::CString> = join
+    let join: Vec<CString> = join
         .iter()
-        .filter_map(|path| std::ffi::CString::new(path.as_bytes()).ok())
+        .filter_map(|path| CString::new(path.as_bytes()).ok())
         .collect();
-    if let Err(error) = crate::drivers::cgroup::join_in_child(&join) {
+    if let Err(error) = join_in_child(&join) {
         eprintln!("taskexec: join the task's cgroup: {error}");
         return ExitCode::from(126);
     }
     // SAFETY: setsid takes no arguments; a new session so a signal to the agent's process
     // group (a terminal's Ctrl-C) does not reach the task.
     unsafe { libc::setsid() };
-    crate::drivers::process::reset_signals();
+    reset_signals();
     let error = std::process::Command::new(program).args(rest).exec();
     eprintln!("taskexec: {}: {error}", Path::new(program).display());
     ExitCode::from(127)
+}
+
+/// Moves the calling process into the cgroups of `paths` (their `cgroup.procs`). Only
+/// async-signal-safe calls: for the child between `fork` and `exec`.
+pub fn join_in_child(paths: &[CString]) -> std::io::Result<()> {
+    for path in paths {
+        // SAFETY: the path is a valid C string made before the fork; the buffer is static.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+            libc::close(fd);
+            if written != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives the task default signal handling whatever the agent inherited: an agent started in
+/// the background of a non-interactive shell ignores SIGINT, and ignored signals survive exec,
+/// so the task would never hear the polite half of a stop. Async-signal-safe.
+pub fn reset_signals() {
+    // SAFETY: signal and sigprocmask are async-signal-safe and take no pointers we own
+    // beyond a local, zeroed set.
+    unsafe {
+        for signal in 1..32 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::signal(signal, libc::SIG_DFL);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+    }
 }
 
 /// Where `program` is found as `execvp` would find it from `dir` with `path` (the task's
@@ -112,7 +154,7 @@ mod tests {
 
     #[test]
     fn arguments_carry_the_cgroups_and_the_command() {
-        let join = vec![std::ffi::CString::new("/sys/fs/cgroup/x/cgroup.procs").unwrap()];
+        let join = vec![CString::new("/sys/fs/cgroup/x/cgroup.procs").unwrap()];
         let args = args(&join, "/bin/echo", &["--".into(), "hi".into()]);
         assert_eq!(
             args,

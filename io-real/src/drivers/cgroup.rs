@@ -301,26 +301,6 @@ impl TaskCgroup {
     }
 }
 
-/// Moves the calling process into the cgroups of `paths` (their `cgroup.procs`). Only
-/// async-signal-safe calls: for the child between `fork` and `exec`.
-pub fn join_in_child(paths: &[CString]) -> std::io::Result<()> {
-    for path in paths {
-        // SAFETY: the path is a valid C string made before the fork; the buffer is static.
-        unsafe {
-            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-            libc::close(fd);
-            if written != 1 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The pid of the agent that created a task cgroup (`<alloc>.<task>.<agent pid>.<n>`).
 pub fn creator_pid(dir: &Path) -> Option<i32> {
     let name = dir.file_name()?.to_str()?;

@@ -22,7 +22,7 @@ use drover_core::client::{
 use drover_core::structs::{ConfigValue, Propagation};
 use tokio::sync::watch;
 
-use super::cgroup::{self, Cgroups, Limits, TaskCgroup};
+use super::cgroup::{Cgroups, Limits, TaskCgroup};
 use super::{DriverFingerprint, TaskDriver, TaskResourceUsage};
 use crate::io::BoxFuture;
 
@@ -548,24 +548,6 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<Str
     Ok((cstring(&root)?, binds, shared))
 }
 
-/// Gives the task default signal handling whatever the agent inherited: an agent started in
-/// the background of a non-interactive shell ignores SIGINT, and ignored signals survive exec,
-/// so the task would never hear the polite half of a stop. Async-signal-safe.
-pub(crate) fn reset_signals() {
-    // SAFETY: signal and sigprocmask are async-signal-safe and take no pointers we own
-    // beyond a local, zeroed set.
-    unsafe {
-        for signal in 1..32 {
-            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::signal(signal, libc::SIG_DFL);
-            }
-        }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-    }
-}
-
 /// Runs in the forked child before exec: only syscalls on data prepared before the fork.
 fn enter_namespace(root: &CString, binds: &[BindMount]) -> std::io::Result<()> {
     let check = |result: libc::c_int| {
@@ -883,9 +865,9 @@ impl ProcessDriver {
                 // the signal resets are async-signal-safe.
                 unsafe {
                     cmd.pre_exec(move || {
-                        cgroup::join_in_child(&join)?;
+                        crate::taskexec::join_in_child(&join)?;
                         libc::setsid();
-                        reset_signals();
+                        crate::taskexec::reset_signals();
                         Ok(())
                     });
                 }
@@ -899,9 +881,9 @@ impl ProcessDriver {
                 // SAFETY: the closure only makes syscalls on data prepared before the fork.
                 unsafe {
                     cmd.pre_exec(move || {
-                        cgroup::join_in_child(&join)?;
+                        crate::taskexec::join_in_child(&join)?;
                         libc::setsid();
-                        reset_signals();
+                        crate::taskexec::reset_signals();
                         enter_pid_namespace()?;
                         enter_namespace(&root, &binds)
                     });
@@ -1238,7 +1220,7 @@ impl TaskDriver for ProcessDriver {
                 cmd.current_dir(cwd);
                 // SAFETY: joining the cgroup writes prepared paths (async-signal-safe).
                 unsafe {
-                    cmd.pre_exec(move || cgroup::join_in_child(&join));
+                    cmd.pre_exec(move || crate::taskexec::join_in_child(&join));
                 }
             }
             Kind::Exec if self.logmon.is_some() => {
@@ -1261,7 +1243,7 @@ impl TaskDriver for ProcessDriver {
                 unsafe {
                     helper.pre_exec(move || {
                         let _ = &keep;
-                        cgroup::join_in_child(&join)?;
+                        crate::taskexec::join_in_child(&join)?;
                         for fd in fds {
                             if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
                                 return Err(std::io::Error::last_os_error());
@@ -1284,7 +1266,7 @@ impl TaskDriver for ProcessDriver {
                 unsafe {
                     cmd.pre_exec(move || {
                         let _ = &keep;
-                        cgroup::join_in_child(&join)?;
+                        crate::taskexec::join_in_child(&join)?;
                         if libc::setns(mount_fd, libc::CLONE_NEWNS) != 0
                             || libc::fchdir(root_fd) != 0
                             || libc::chroot(c".".as_ptr()) != 0
