@@ -338,6 +338,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                 } else {
                     DeviceManager::default()
                 },
+                alloc_root: data_dir.join("alloc"),
             }),
             store: ClientStore::open(&data_dir.join("client"))?,
             inbox,

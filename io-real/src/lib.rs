@@ -16,6 +16,7 @@ pub mod attach;
 pub mod buggify;
 pub mod client;
 pub mod clock;
+pub mod confined;
 pub mod devices;
 pub mod driver;
 pub mod drivers;

@@ -229,39 +229,32 @@ pub fn render(
     })
 }
 
-/// `path` (relative to the task directory; an absolute one too, as Nomad takes it) under
-/// `task_dir`, refusing to leave the allocation directory.
+/// `path` (relative to the task directory; an absolute one too, as Nomad takes it) as a path
+/// relative to the allocation directory, refusing to leave it.
 fn inside(task_dir: &Path, path: &str) -> Result<PathBuf, IoError> {
-    let relative = path.trim_start_matches('/');
-    let alloc_dir = task_dir.parent().unwrap_or(task_dir);
-    let mut out = task_dir.to_path_buf();
-    for part in Path::new(relative).components() {
-        match part {
-            std::path::Component::Normal(name) => out.push(name),
-            std::path::Component::ParentDir => {
-                out.pop();
-            }
-            _ => {}
-        }
-    }
-    if !out.starts_with(alloc_dir) {
-        return Err(IoError::other(format!(
-            "template path {path:?} escapes the allocation directory"
-        )));
-    }
-    Ok(out)
+    let task = task_dir.file_name().map(PathBuf::from).unwrap_or_default();
+    crate::confined::normalize(&task.join(path.trim_start_matches('/')))
+        .map_err(|_| IoError::other(format!("template path {path:?} escapes the allocation directory")))
 }
 
 /// Reads the template (inline or `source`), renders it, and when complete writes it to its
-/// destination (a temporary file renamed over it, so a task never reads half a file).
+/// destination (a temporary file renamed over it, so a task never reads half a file). Both
+/// are opened beneath the allocation directory, never through a link leading out of it
+/// ([`crate::confined`]).
 pub fn render_to_file(request: &RenderRequest) -> Result<RenderReply, IoError> {
     let task_dir = Path::new(&request.task_dir);
     let template = &request.template;
+    let alloc_dir = task_dir.parent().unwrap_or(task_dir);
+    let beneath = || {
+        crate::confined::Beneath::open(alloc_dir)
+            .map_err(|error| IoError::other(format!("open {}: {error}", alloc_dir.display())))
+    };
     let text = if template.source_path.is_empty() {
         template.embedded_tmpl.clone()
     } else {
         let source = inside(task_dir, &template.source_path)?;
-        std::fs::read_to_string(&source)
+        beneath()?
+            .read_to_string(&source)
             .map_err(|error| IoError::other(format!("failed to read template source {}: {error}", source.display())))?
     };
     let reply = render(&text, &request.env, &request.variables).map_err(IoError::other)?;
@@ -269,24 +262,10 @@ pub fn render_to_file(request: &RenderRequest) -> Result<RenderReply, IoError> {
         return Ok(reply);
     }
     let destination = inside(task_dir, &template.dest_path)?;
-    write_atomically(&destination, reply.content.as_bytes(), template.mode())
+    beneath()?
+        .write_atomically(&destination, reply.content.as_bytes(), template.mode())
         .map_err(|error| IoError::other(format!("failed writing template {}: {error}", destination.display())))?;
     Ok(reply)
-}
-
-pub(crate) fn write_atomically(destination: &Path, content: &[u8], mode: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    if let Some(parent) = destination.parent() {
-        std::fs::create_dir_all(parent)?;
-    }
-    let name = destination
-        .file_name()
-        .and_then(|name| name.to_str())
-        .unwrap_or("template");
-    let temporary = destination.with_file_name(format!(".{name}.drover-tmp"));
-    std::fs::write(&temporary, content)?;
-    std::fs::set_permissions(&temporary, std::fs::Permissions::from_mode(mode))?;
-    std::fs::rename(&temporary, destination)
 }
 
 #[cfg(test)]
@@ -372,5 +351,23 @@ mod tests {
             ..request
         };
         assert!(render_to_file(&escape).unwrap_err().message.contains("escapes"));
+        // Issue 54: the task made its secrets dir a link to a host directory; the template
+        // is refused, not written there as root.
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::remove_dir_all(task_dir.join("secrets")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), task_dir.join("secrets")).unwrap();
+        let error = render_to_file(&escape_free(&escape)).unwrap_err();
+        assert!(
+            error.message.contains("escapes the allocation directory"),
+            "{}",
+            error.message
+        );
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
+    }
+
+    fn escape_free(request: &RenderRequest) -> RenderRequest {
+        let mut request = request.clone();
+        request.template.dest_path = "secrets/app.env".into();
+        request
     }
 }

@@ -215,6 +215,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         executor: Arc::new(HostExecutor {
             drivers: Drivers::builtin(true, false, Some(env!("CARGO_BIN_EXE_agent").into())),
             devices: DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(1))),
+            alloc_root: dir.path().join("alloc"),
         }),
         store: ClientStore::open(&dir.path().join("client")).unwrap(),
         inbox,

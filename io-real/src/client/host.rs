@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use drover_core::client::client::ClientSettings;
@@ -25,6 +25,32 @@ use crate::io::BoxFuture;
 pub struct HostExecutor {
     pub drivers: Drivers,
     pub devices: DeviceManager,
+    /// Where the allocation directories are (`<data_dir>/alloc`): what is made, written or read
+    /// under one is opened beneath it, never through a link its tasks planted
+    /// ([`crate::confined`]).
+    pub alloc_root: PathBuf,
+}
+
+/// The allocation directory `path` lies in and `path` relative to it; a path elsewhere (the
+/// agent's own directories) as its parent and its name.
+fn placed(alloc_root: &Path, path: &str) -> Result<(PathBuf, PathBuf), IoError> {
+    let path = Path::new(path);
+    if let Some(placed) = crate::confined::within(alloc_root, path) {
+        return Ok(placed);
+    }
+    match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => Ok((parent.to_path_buf(), PathBuf::from(name))),
+        _ => Err(IoError::other(format!("no file name in {}", path.display()))),
+    }
+}
+
+/// Writes `content` to `path` (a temporary file renamed over it), confined to its allocation
+/// directory when it lies in one.
+fn write_file(alloc_root: &Path, path: &str, content: &[u8], mode: u32) -> Result<(), IoError> {
+    let (root, relative) = placed(alloc_root, path)?;
+    crate::confined::Beneath::open(&root)
+        .and_then(|beneath| beneath.write_atomically(&relative, content, mode))
+        .map_err(|error| fs_error(&format!("write {path}"), error))
 }
 
 fn fs_error(context: &str, error: std::io::Error) -> IoError {
@@ -44,6 +70,7 @@ async fn run_command(
     env: &[(String, String)],
     stdout_path: &str,
     mode: u32,
+    alloc_root: &Path,
 ) -> Result<Reply, IoError> {
     let output = tokio::process::Command::new(program)
         .args(args)
@@ -68,9 +95,7 @@ async fn run_command(
             stderr.trim()
         )));
     }
-    crate::template::write_atomically(std::path::Path::new(stdout_path), &output.stdout, mode)
-        .map(|()| Reply::Unit)
-        .map_err(|error| fs_error(&format!("write {stdout_path}"), error))
+    write_file(alloc_root, stdout_path, &output.stdout, mode).map(|()| Reply::Unit)
 }
 
 fn is_mount_point(path: &str) -> Result<bool, IoError> {
@@ -90,6 +115,7 @@ impl ClientExecutor for HostExecutor {
     fn execute(&self, io: Io) -> BoxFuture<Outcome> {
         let drivers = self.drivers.clone();
         let devices = self.devices.clone();
+        let alloc_root = self.alloc_root.clone();
         Box::pin(async move {
             let driver = |name: &str| {
                 drivers
@@ -99,6 +125,19 @@ impl ClientExecutor for HostExecutor {
             };
             match io {
                 Io::Mkdir { path } => {
+                    if let Some((root, relative)) = crate::confined::within(&alloc_root, Path::new(&path)) {
+                        // The allocation directory is the agent's own; what is below it, the
+                        // tasks'.
+                        let mut builder = std::fs::DirBuilder::new();
+                        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+                        builder
+                            .recursive(true)
+                            .create(&root)
+                            .and_then(|()| crate::confined::Beneath::open(&root))
+                            .and_then(|beneath| beneath.create_dir_all(&relative, 0o700))
+                            .map_err(|error| fs_error(&format!("mkdir {path}"), error))?;
+                        return Ok(Reply::Unit);
+                    }
                     let mut builder = std::fs::DirBuilder::new();
                     std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
                     builder
@@ -116,20 +155,20 @@ impl ClientExecutor for HostExecutor {
                     .map(|()| Reply::Unit)
                     .map_err(|error| fs_error(&format!("rmdir {path}"), error)),
                 Io::IsMountPoint { path } => is_mount_point(&path).map(Reply::Bool),
-                Io::ReadFile { path } => match std::fs::read_to_string(&path) {
+                Io::ReadFile { path } => match placed(&alloc_root, &path).and_then(|(root, relative)| {
+                    crate::confined::Beneath::open(&root)
+                        .and_then(|beneath| beneath.read_to_string(&relative))
+                        .map_err(|error| fs_error(&format!("read {path}"), error))
+                }) {
                     Ok(text) => Ok(Reply::File(Some(text))),
-                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Reply::File(None)),
-                    Err(error) => Err(fs_error(&format!("read {path}"), error)),
+                    Err(error) if error.kind == ErrorKind::NotFound => Ok(Reply::File(None)),
+                    Err(error) => Err(error),
                 },
                 Io::WriteFile { path, content, mode } => {
-                    crate::template::write_atomically(std::path::Path::new(&path), content.as_bytes(), mode)
-                        .map(|()| Reply::Unit)
-                        .map_err(|error| fs_error(&format!("write {path}"), error))
+                    write_file(&alloc_root, &path, content.as_bytes(), mode).map(|()| Reply::Unit)
                 }
                 Io::WriteBytes { path, content, mode } => {
-                    crate::template::write_atomically(std::path::Path::new(&path), &content, mode)
-                        .map(|()| Reply::Unit)
-                        .map_err(|error| fs_error(&format!("write {path}"), error))
+                    write_file(&alloc_root, &path, &content, mode).map(|()| Reply::Unit)
                 }
                 Io::RunCommand {
                     program,
@@ -137,7 +176,7 @@ impl ClientExecutor for HostExecutor {
                     env,
                     stdout_path,
                     mode,
-                } => run_command(&program, &args, &env, &stdout_path, mode).await,
+                } => run_command(&program, &args, &env, &stdout_path, mode, &alloc_root).await,
                 Io::StartTask(config) => {
                     let driver = driver(&config.driver)?;
                     Ok(Reply::Started(driver.start(*config).await?))
@@ -525,5 +564,94 @@ mod fingerprint_tests {
         );
         assert_eq!(attributes["nomad.version"], NOMAD_COMPATIBLE_VERSION);
         assert!(!attributes["kernel.version"].is_empty() && !attributes["unique.hostname"].is_empty());
+    }
+}
+
+#[cfg(test)]
+mod confined_tests {
+    use super::*;
+
+    fn executor(alloc_root: &Path) -> HostExecutor {
+        HostExecutor {
+            drivers: Drivers::builtin(false, false, None),
+            devices: DeviceManager::default(),
+            alloc_root: alloc_root.to_path_buf(),
+        }
+    }
+
+    /// Issue 54: the secrets dir's token, the Envoy bootstrap and a dispatch payload are
+    /// written as root into directories the task owns. A task that made `secrets` a link to a
+    /// host directory, or planted a link at the file's temporary name, must not have the agent
+    /// write through it; the task dirs are made beneath the allocation directory too.
+    #[tokio::test]
+    async fn writes_into_a_task_dir_never_follow_a_link_the_task_planted() {
+        let data = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let alloc_root = data.path().join("alloc");
+        let task = alloc_root.join("a1/web");
+        let executor = executor(&alloc_root);
+        let path = |rest: &str| task.join(rest).display().to_string();
+        let run = |io| executor.execute(io);
+        run(Io::Mkdir { path: path("secrets") }).await.unwrap();
+        run(Io::WriteFile {
+            path: path("secrets/si_token"),
+            content: "token".into(),
+            mode: 0o440,
+        })
+        .await
+        .unwrap();
+        assert!(matches!(
+            run(Io::ReadFile { path: path("secrets/si_token") }).await,
+            Ok(Reply::File(Some(text))) if text == "token"
+        ));
+
+        // The temporary name planted as a link to a host file: the file is left alone.
+        let host_file = outside.path().join("shadow");
+        std::fs::write(&host_file, "root:*:").unwrap();
+        std::os::unix::fs::symlink(&host_file, task.join("secrets/.si_token.drover-tmp")).unwrap();
+        run(Io::WriteFile {
+            path: path("secrets/si_token"),
+            content: "again".into(),
+            mode: 0o440,
+        })
+        .await
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&host_file).unwrap(), "root:*:");
+
+        // `secrets` made a link to a host directory: nothing is written, made or read there.
+        std::fs::remove_dir_all(task.join("secrets")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), task.join("secrets")).unwrap();
+        let refused = run(Io::WriteBytes {
+            path: path("secrets/payload"),
+            content: b"x".to_vec(),
+            mode: 0o644,
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            refused.message.contains("escapes the allocation directory"),
+            "{}",
+            refused.message
+        );
+        assert!(
+            run(Io::Mkdir {
+                path: path("secrets/sub")
+            })
+            .await
+            .is_err()
+        );
+        assert!(
+            run(Io::ReadFile {
+                path: path("secrets/shadow")
+            })
+            .await
+            .is_err()
+        );
+        let names: Vec<_> = std::fs::read_dir(outside.path())
+            .unwrap()
+            .flatten()
+            .map(|entry| entry.file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("shadow")]);
     }
 }
