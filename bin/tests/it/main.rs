@@ -20,6 +20,7 @@ mod csi_plugin;
 mod demo;
 mod deployments;
 mod events;
+mod exec_helper;
 mod job_plan;
 mod jobs_api;
 mod memory;

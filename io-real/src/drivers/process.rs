@@ -325,21 +325,8 @@ fn cstring(path: &Path) -> Result<CString, IoError> {
         .map_err(|_| IoError::other(format!("path {} contains NUL", path.display())))
 }
 
-/// One mount the child makes before it execs.
-struct BindMount {
-    source: CString,
-    target: CString,
-    readonly: bool,
-    propagation: libc::c_ulong,
-    /// A bidirectional mount: a detached clone of the (shared) host source, made in the
-    /// agent's namespace before the fork and attached in the task's with `move_mount`, so it
-    /// stays a peer of the host source — mounts the task makes below it reach the host.
-    detached: Option<OwnedFd>,
-}
-
 const OPEN_TREE_CLONE: libc::c_uint = 1;
 const AT_RECURSIVE: libc::c_uint = 0x8000;
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// Makes `source` a shared mount on the host (bound onto itself first when it is not a mount
 /// point) and returns a detached recursive clone of it, plus whether the self-bind was ours.
@@ -449,11 +436,14 @@ fn io_error(context: &str, error: std::io::Error) -> IoError {
     IoError::new(kind, format!("{context}: {error}"))
 }
 
+/// The `PATH` an `exec` task runs with unless it sets its own.
+const EXEC_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin";
+
 /// Prepares the root of an `exec` task: directories for every bind target, created by the
 /// agent before the fork (the child only mounts and chroots).
 /// Also returns the host sources it bound onto themselves to share them (see
 /// [`release_shared`]).
-fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<String>), IoError> {
+fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<crate::taskexec::BindMount>, Vec<String>), IoError> {
     let root = PathBuf::from(&config.task_dir);
     let mut binds = Vec::new();
     let mut shared = Vec::new();
@@ -478,7 +468,7 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<Str
         } else {
             None
         };
-        binds.push(BindMount {
+        binds.push(crate::taskexec::BindMount {
             source: cstring(source)?,
             target: cstring(&target)?,
             readonly,
@@ -546,140 +536,6 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<BindMount>, Vec<Str
     }
     std::fs::create_dir_all(root.join("tmp")).map_err(|e| io_error("create tmp", e))?;
     Ok((cstring(&root)?, binds, shared))
-}
-
-/// Runs in the forked child before exec: only syscalls on data prepared before the fork.
-fn enter_namespace(root: &CString, binds: &[BindMount]) -> std::io::Result<()> {
-    let check = |result: libc::c_int| {
-        if result == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::last_os_error())
-        }
-    };
-    let none = std::ptr::null::<libc::c_char>();
-    // SAFETY: every pointer is a NUL-terminated string that outlives the call, or null where
-    // the syscall allows it; no allocation happens here.
-    unsafe {
-        check(libc::unshare(libc::CLONE_NEWNS))?;
-        // Receive host mounts, never send ours back.
-        check(libc::mount(
-            none,
-            c"/".as_ptr(),
-            none,
-            libc::MS_REC | libc::MS_SLAVE,
-            std::ptr::null(),
-        ))?;
-        for bind in binds {
-            if let Some(fd) = &bind.detached {
-                // Attach the shared clone as it is: re-marking it would cut it off the host.
-                let moved = libc::syscall(
-                    libc::SYS_move_mount,
-                    fd.as_raw_fd(),
-                    c"".as_ptr(),
-                    libc::AT_FDCWD,
-                    bind.target.as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH,
-                );
-                check(if moved == 0 { 0 } else { -1 })?;
-                continue;
-            }
-            check(libc::mount(
-                bind.source.as_ptr(),
-                bind.target.as_ptr(),
-                none,
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            ))?;
-            if bind.readonly {
-                check(libc::mount(
-                    bind.source.as_ptr(),
-                    bind.target.as_ptr(),
-                    none,
-                    libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY,
-                    std::ptr::null(),
-                ))?;
-            }
-            check(libc::mount(
-                none,
-                bind.target.as_ptr(),
-                none,
-                bind.propagation | libc::MS_REC,
-                std::ptr::null(),
-            ))?;
-        }
-        check(libc::chroot(root.as_ptr()))?;
-        check(libc::chdir(c"/".as_ptr()))?;
-        check(libc::mount(
-            c"proc".as_ptr(),
-            c"/proc".as_ptr(),
-            c"proc".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            std::ptr::null(),
-        ))?;
-    }
-    Ok(())
-}
-
-/// Runs in the forked child of an `exec` task, before `enter_namespace`: the task gets PID,
-/// IPC and UTS namespaces of its own, and is PID 1 of its PID namespace, as Nomad's `exec`
-/// makes it (a signal from the agent then reaches it only if it handles that signal, as for
-/// any PID 1; SIGKILL after `kill_timeout` always does).
-///
-/// A new PID namespace applies to the children of the caller, so this process forks once
-/// more. The child (PID 1 inside) returns and goes on to exec the task. This process stays
-/// in the host's namespace as the task's stand-in: the pid the driver tracks, signals as a
-/// group (it ignores the polite signals; the task gets them), and waits for. It closes every
-/// descriptor it inherited beyond stdio — among them the exec-error pipe of the spawning
-/// `Command`, so the spawn returns when the task itself has exec'd — waits for the task, and
-/// exits as the task exited. Async-signal-safe: syscalls only.
-fn enter_pid_namespace() -> std::io::Result<()> {
-    // SAFETY: unshare, fork, signal, close_range/close, waitpid, kill and _exit are
-    // async-signal-safe; `status` is a local.
-    unsafe {
-        if libc::unshare(libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        let task = libc::fork();
-        if task < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if task == 0 {
-            return Ok(());
-        }
-        for signal in [
-            libc::SIGINT,
-            libc::SIGTERM,
-            libc::SIGHUP,
-            libc::SIGQUIT,
-            libc::SIGUSR1,
-            libc::SIGUSR2,
-        ] {
-            libc::signal(signal, libc::SIG_IGN);
-        }
-        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
-            for fd in 3..4096 {
-                libc::close(fd);
-            }
-        }
-        let mut status = 0;
-        loop {
-            let waited = libc::waitpid(task, &mut status, 0);
-            if waited == task {
-                break;
-            }
-            if waited < 0 && *libc::__errno_location() != libc::EINTR {
-                libc::_exit(127);
-            }
-        }
-        if libc::WIFEXITED(status) {
-            libc::_exit(libc::WEXITSTATUS(status));
-        }
-        let signal = libc::WTERMSIG(status);
-        libc::signal(signal, libc::SIG_DFL);
-        libc::kill(libc::getpid(), signal);
-        libc::_exit(128 + signal)
-    }
 }
 
 fn exit_result(status: std::process::ExitStatus) -> ExitResult {
@@ -843,13 +699,45 @@ impl ProcessDriver {
             }
             let mut helper = tokio::process::Command::new(agent.as_path());
             helper
-                .args(crate::taskexec::args(&join, &command, &args))
+                .args(crate::taskexec::args(&join, None, &command, &args))
                 .stdin(std::process::Stdio::null())
                 .stdout(stdout)
                 .stderr(stderr)
                 .current_dir(&config.task_dir)
                 .envs(&config.env);
             return Ok((helper, command, Vec::new()));
+        }
+        // An `exec` task's root, prepared by the agent (its directories and bind sources).
+        let mut exec_root = match self.kind {
+            Kind::Exec => Some(prepare_root(config)?),
+            Kind::RawExec => None,
+        };
+        if let (Some((root, binds, shared)), Some(agent)) = (&exec_root, self.logmon.as_ref())
+            && binds.iter().all(|bind| bind.detached.is_none())
+        {
+            // Through `agent taskexec` as a raw_exec task, which also enters the task's
+            // namespaces and root; the command is resolved as the task will see it, so a
+            // missing one still fails the start by name. A bidirectional mount (a CSI node
+            // plugin's) is a descriptor to attach in the task's namespace: those start forked.
+            let task_path = config.env.get("PATH").map(String::as_str).unwrap_or(EXEC_PATH);
+            let root_dir = Path::new(std::ffi::OsStr::from_bytes(root.as_bytes()));
+            if crate::taskexec::resolve_in_root(&command, root_dir, binds, Some(task_path.as_ref())).is_none() {
+                return Err(io_error(
+                    &format!("{}: start {command}", self.name()),
+                    std::io::Error::from(std::io::ErrorKind::NotFound),
+                ));
+            }
+            let isolation = crate::taskexec::Isolation { root, binds };
+            let mut helper = tokio::process::Command::new(agent.as_path());
+            helper
+                .args(crate::taskexec::args(&join, Some(&isolation), &command, &args))
+                .stdin(std::process::Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .env_clear()
+                .env("PATH", EXEC_PATH)
+                .envs(&config.env);
+            return Ok((helper, command, shared.clone()));
         }
         let mut shared = Vec::new();
         let mut cmd = tokio::process::Command::new(&command);
@@ -873,19 +761,17 @@ impl ProcessDriver {
                 }
             }
             Kind::Exec => {
-                let (root, binds, prepared) = prepare_root(config)?;
+                let (root, binds, prepared) = exec_root.take().expect("prepared for an exec task");
                 shared = prepared;
-                cmd.env_clear()
-                    .env("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin")
-                    .envs(&config.env);
+                cmd.env_clear().env("PATH", EXEC_PATH).envs(&config.env);
                 // SAFETY: the closure only makes syscalls on data prepared before the fork.
                 unsafe {
                     cmd.pre_exec(move || {
                         crate::taskexec::join_in_child(&join)?;
                         libc::setsid();
                         crate::taskexec::reset_signals();
-                        enter_pid_namespace()?;
-                        enter_namespace(&root, &binds)
+                        crate::taskexec::enter_pid_namespace()?;
+                        crate::taskexec::enter_namespace(&root, &binds)
                     });
                 }
             }

@@ -1,0 +1,121 @@
+//! `exec` tasks started through `agent taskexec` (issue 54 §7): the driver spawns the agent's
+//! own binary as a helper (no fork of the agent), which joins the task's cgroups, enters its
+//! PID, IPC, UTS and mount namespaces and its root, and execs the task. What the forked start
+//! promised still holds: the task is PID 1 of its namespace, sees only its binds, cannot write
+//! a read-only one, exits with its own code, and a missing command fails the start by name.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use drover_core::client::{MountConfig, TaskConfig};
+use drover_core::structs::{ConfigValue, Propagation};
+use drover_io_real::drivers::TaskDriver;
+use drover_io_real::drivers::process::ProcessDriver;
+
+fn agent() -> PathBuf {
+    env!("CARGO_BIN_EXE_agent").into()
+}
+
+fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
+    let config = BTreeMap::from([
+        ("command".to_string(), ConfigValue::String(command.into())),
+        (
+            "args".to_string(),
+            ConfigValue::List(args.iter().map(|a| ConfigValue::String(a.to_string())).collect()),
+        ),
+    ]);
+    TaskConfig {
+        alloc_id: "a1".into(),
+        task: task.into(),
+        driver: String::new(),
+        config,
+        env: BTreeMap::from([("GREETING".to_string(), "hi there".to_string())]),
+        mounts: Vec::new(),
+        devices: Vec::new(),
+        task_dir: dir.join(task).display().to_string(),
+        log_dir: dir.join("alloc/logs").display().to_string(),
+        kill_timeout: Duration::from_millis(300),
+        cpu_mhz: 100,
+        memory_mb: 300,
+        memory_max_mb: 0,
+        logs: Default::default(),
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[tokio::test]
+async fn exec_tasks_start_through_the_helper_in_their_own_namespaces_and_root() {
+    if !is_root() {
+        eprintln!("skipped: the exec driver needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let volume = dir.path().join("volume");
+    let readonly = dir.path().join("readonly");
+    std::fs::create_dir_all(&volume).unwrap();
+    std::fs::create_dir_all(&readonly).unwrap();
+    std::fs::write(volume.join("in"), "from the host\n").unwrap();
+    let driver = ProcessDriver::exec().with_logmon(agent());
+    let mut task = config(
+        dir.path(),
+        "web",
+        "/bin/sh",
+        &[
+            "-c",
+            "echo pid=$$; ls /proc | grep -c '^[0-9]*$'; cat /data/in > /data/out; ! touch /ro/x 2>/dev/null \
+             && echo \"$GREETING\" && sleep 0.3; exit 7",
+        ],
+    );
+    task.mounts = vec![
+        MountConfig {
+            task_path: "/data".into(),
+            host_path: volume.display().to_string(),
+            readonly: false,
+            propagation: Propagation::Private,
+        },
+        MountConfig {
+            task_path: "/ro".into(),
+            host_path: readonly.display().to_string(),
+            readonly: true,
+            propagation: Propagation::HostToTask,
+        },
+    ];
+    let handle = driver.start(task).await.unwrap();
+    // The pid the driver tracks is the helper, staying behind as the task's stand-in in the
+    // host's namespaces: the agent's binary running `taskexec`, not a fork of the agent.
+    let state: serde_json::Value = serde_json::from_str(&handle.state).unwrap();
+    let pid = state["pid"].as_i64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let cmdline: Vec<String> = cmdline
+        .split(|byte| *byte == 0)
+        .map(|arg| String::from_utf8_lossy(arg).into_owned())
+        .collect();
+    assert_eq!(cmdline.get(1).map(String::as_str), Some("taskexec"), "{cmdline:?}");
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
+    let stdout = std::fs::read_to_string(dir.path().join("alloc/logs/web.stdout.0")).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/web.stderr.0")).unwrap_or_default();
+    assert_eq!(exit.exit_code, 7, "stdout: {stdout} stderr: {stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.first(), Some(&"pid=1"), "{stdout} {stderr}");
+    let count: usize = lines[1].parse().unwrap();
+    assert!(
+        (1..=4).contains(&count),
+        "the task's /proc shows {count} processes: {stdout}"
+    );
+    assert_eq!(lines.get(2), Some(&"hi there"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(volume.join("out")).unwrap(), "from the host\n");
+    assert!(!readonly.join("x").exists());
+
+    // A command that is not in the task's root fails the start, by name.
+    let error = driver
+        .start(config(dir.path(), "missing", "/bin/no-such-command", &[]))
+        .await
+        .unwrap_err();
+    assert!(error.message.contains("no-such-command"), "{}", error.message);
+}
