@@ -20,6 +20,11 @@ impl ServerState {
         self.deployments.values()
     }
 
+    /// How many deployments are running or paused.
+    pub fn active_deployment_count(&self) -> usize {
+        self.active_deployments.len()
+    }
+
     /// The running and paused deployments.
     pub fn active_deployments(&self) -> impl Iterator<Item = &Deployment> {
         self.active_deployments.keys().filter_map(|id| self.deployments.get(id))
