@@ -92,10 +92,14 @@ impl DeploymentWatcher {
             .filter(|(_, (_, at))| *at <= now)
             .map(|((id, _), _)| id.clone())
             .collect();
-        let changed: Vec<&Deployment> = state
-            .active_deployments()
-            .filter(|deployment| deployment.modify_index > since || due.contains(&deployment.id))
-            .collect();
+        let mut changed: Vec<&Deployment> = state.active_deployments_modified_after(since).collect();
+        changed.extend(
+            due.iter()
+                .filter_map(|id| state.deployment(id))
+                .filter(|deployment| deployment.active() && deployment.modify_index <= since),
+        );
+        // By id, the order of the active deployments.
+        changed.sort_by(|a, b| a.id.cmp(&b.id));
         self.track_deadlines(now, state, &changed, &due);
         let running: Vec<&Deployment> = changed
             .iter()

@@ -25,6 +25,13 @@ impl ServerState {
         self.active_deployments.len()
     }
 
+    /// The running and paused deployments modified after index `since`, oldest change first.
+    pub fn active_deployments_modified_after(&self, since: u64) -> impl Iterator<Item = &Deployment> {
+        self.active_deployments_by_modify
+            .range((since.saturating_add(1), String::new())..)
+            .filter_map(|((_, id), _)| self.deployments.get(id))
+    }
+
     /// The running and paused deployments.
     pub fn active_deployments(&self) -> impl Iterator<Item = &Deployment> {
         self.active_deployments.keys().filter_map(|id| self.deployments.get(id))
@@ -45,10 +52,12 @@ impl ServerState {
     }
 
     pub(super) fn index_deployment(&mut self, deployment: &Deployment) {
+        self.unindex_active_deployment(&deployment.id);
         if deployment.active() {
-            self.active_deployments.insert(deployment.id.clone(), ());
-        } else {
-            self.active_deployments.delete(&deployment.id);
+            self.active_deployments
+                .insert(deployment.id.clone(), deployment.modify_index);
+            self.active_deployments_by_modify
+                .insert((deployment.modify_index, deployment.id.clone()), ());
         }
         self.deployments_by_job.insert(
             (
@@ -255,10 +264,19 @@ impl ServerState {
         }
     }
 
+    /// Takes deployment `id` out of the active ones.
+    pub(super) fn unindex_active_deployment(&mut self, id: &str) {
+        if let Some(modified) = self.active_deployments.get(id).copied() {
+            self.active_deployments_by_modify.delete(&(modified, id.to_string()));
+            self.active_deployments.delete(id);
+        }
+    }
+
     /// Deployments per job, for the derived index rebuild.
     pub(super) fn rebuild_deployment_index(&mut self) {
         self.deployments_by_job = super::PMap::default();
         self.active_deployments = super::PMap::default();
+        self.active_deployments_by_modify = super::PMap::default();
         let all: Vec<Deployment> = self.deployments.values().cloned().collect();
         for deployment in &all {
             self.index_deployment(deployment);
@@ -268,4 +286,49 @@ impl ServerState {
 
 fn not_found(id: &str) -> Response {
     Response::Error(ErrorKind::NotFound, format!("Deployment ID {id:?} couldn't be found"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::structs::{DEPLOYMENT_RUNNING, DEPLOYMENT_SUCCESSFUL};
+
+    fn deployment(id: &str, status: &str) -> Deployment {
+        Deployment {
+            id: id.into(),
+            namespace: "default".into(),
+            job_id: format!("job-{id}"),
+            status: status.into(),
+            ..Default::default()
+        }
+    }
+
+    /// The deployment watcher's index: active deployments by the index they were last
+    /// modified at, kept through updates, completion, collection and a rebuild.
+    #[test]
+    fn active_deployments_are_found_by_what_changed_since() {
+        let mut state = ServerState::default();
+        let ids = |state: &ServerState, since| -> Vec<String> {
+            state
+                .active_deployments_modified_after(since)
+                .map(|deployment| deployment.id.clone())
+                .collect()
+        };
+        state.upsert_deployment(10, 0, deployment("a", DEPLOYMENT_RUNNING));
+        state.upsert_deployment(11, 0, deployment("b", DEPLOYMENT_RUNNING));
+        state.upsert_deployment(12, 0, deployment("c", DEPLOYMENT_RUNNING));
+        assert_eq!(ids(&state, 0), ["a", "b", "c"]);
+        assert_eq!(ids(&state, 11), ["c"]);
+        // An update moves it to its new index; one that finishes leaves the active ones.
+        state.upsert_deployment(13, 0, deployment("a", DEPLOYMENT_RUNNING));
+        state.upsert_deployment(14, 0, deployment("b", DEPLOYMENT_SUCCESSFUL));
+        assert_eq!(ids(&state, 11), ["c", "a"]);
+        assert_eq!(ids(&state, 12), ["a"]);
+        assert_eq!(state.active_deployment_count(), 2);
+        state.unindex_active_deployment("c");
+        assert_eq!(ids(&state, 0), ["a"]);
+        state.rebuild_deployment_index();
+        assert_eq!(ids(&state, 0), ["c", "a"]);
+        assert_eq!(ids(&state, 12), ["a"]);
+    }
 }

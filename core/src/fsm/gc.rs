@@ -31,6 +31,8 @@ impl ServerState {
                 self.evals.delete(id);
                 self.evals_by_job.delete(&key);
                 self.blocked_evals_by_job.delete(&key);
+                self.blocked_evals_by_snapshot
+                    .delete(&(eval.snapshot_index, eval.id.clone()));
                 self.pending_evals.delete(&(eval.create_index, eval.id.clone()));
                 self.touch(Table::Evals, index);
             }
@@ -57,7 +59,7 @@ impl ServerState {
                     deployment.job_id.clone(),
                     deployment.id.clone(),
                 ));
-                self.active_deployments.delete(id);
+                self.unindex_active_deployment(id);
                 self.touch(Table::Deployments, index);
             }
         }

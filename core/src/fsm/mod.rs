@@ -369,6 +369,12 @@ pub struct ServerState {
     /// `Queued`); derived, rebuilt on restore.
     #[serde(skip)]
     blocked_evals_by_job: PMap<(String, String, String), ()>,
+    /// The same blocked evaluations by (snapshot index, id): those scheduled on a state older
+    /// than the cluster's last change come first, so the worker finds what to unblock with a
+    /// range, not a pass over every blocked evaluation on every input (with thousands of
+    /// unplaceable jobs that pass was the leader's busiest loop); derived, rebuilt on restore.
+    #[serde(skip)]
+    blocked_evals_by_snapshot: PMap<(u64, String), ()>,
     /// The scheduler's queues (`queues.rs`): pending evaluations oldest first, and failed
     /// allocations that still want to run; derived, rebuilt on restore.
     #[serde(skip)]
@@ -404,9 +410,14 @@ pub struct ServerState {
     /// Secondary index of `deployments`: (namespace, job id, deployment id); derived.
     #[serde(skip)]
     deployments_by_job: PMap<(String, String, String), ()>,
-    /// The running and paused deployments (the deployment watcher's); derived.
+    /// The running and paused deployments (the deployment watcher's), with their modify index;
+    /// derived.
     #[serde(skip)]
-    active_deployments: PMap<String, ()>,
+    active_deployments: PMap<String, u64>,
+    /// The same by (modify index, id): the watcher reads those modified since it last looked
+    /// with a range; derived.
+    #[serde(skip)]
+    active_deployments_by_modify: PMap<(u64, String), ()>,
     /// The last launch of each periodic parent, by (namespace, job id) (`periodic.rs`).
     #[serde(default)]
     periodic_launches: PMap<(String, String), crate::structs::PeriodicLaunch>,
@@ -486,6 +497,7 @@ impl From<StateRecord> for ServerState {
             next_allocs: PMap::default(),
             evals_by_job: PMap::default(),
             blocked_evals_by_job: PMap::default(),
+            blocked_evals_by_snapshot: PMap::default(),
             pending_evals: PMap::default(),
             failed_allocs: PMap::default(),
             draining_nodes: PMap::default(),
@@ -493,6 +505,7 @@ impl From<StateRecord> for ServerState {
             volumes_by_node: PMap::default(),
             deployments_by_job: PMap::default(),
             active_deployments: PMap::default(),
+            active_deployments_by_modify: PMap::default(),
         };
         state.rebuild_indexes();
         state
@@ -702,6 +715,7 @@ impl ServerState {
         self.next_allocs = PMap::default();
         self.evals_by_job = PMap::default();
         self.blocked_evals_by_job = PMap::default();
+        self.blocked_evals_by_snapshot = PMap::default();
         self.pending_evals = PMap::default();
         self.failed_allocs = PMap::default();
         self.draining_nodes = PMap::default();
@@ -866,10 +880,16 @@ impl ServerState {
         prefixed(&self.blocked_evals_by_job, namespace, job_id).filter_map(|id| self.evals.get(id))
     }
 
+    /// Indexes `eval` as it will be stored; what is stored under its id now is the old one.
     pub(super) fn index_eval(&mut self, eval: &Evaluation) {
         let key = (eval.namespace.clone(), eval.job_id.clone(), eval.id.clone());
+        if let Some(old) = self.evals.get(&eval.id).map(|old| (old.snapshot_index, old.id.clone())) {
+            self.blocked_evals_by_snapshot.delete(&old);
+        }
         if eval.status == "blocked" {
             self.blocked_evals_by_job.insert(key.clone(), ());
+            self.blocked_evals_by_snapshot
+                .insert((eval.snapshot_index, eval.id.clone()), ());
         } else {
             self.blocked_evals_by_job.delete(&key);
         }

@@ -67,6 +67,14 @@ impl ServerState {
             .filter_map(|(_, _, id)| self.evals.get(id))
     }
 
+    /// The blocked evaluations scheduled on a state older than `index` (their snapshot index
+    /// is lower), by snapshot index and id.
+    pub fn blocked_evals_before(&self, index: u64) -> impl Iterator<Item = &Evaluation> {
+        self.blocked_evals_by_snapshot
+            .range(..(index, String::new()))
+            .filter_map(|((_, id), _)| self.evals.get(id))
+    }
+
     /// Allocations their client reported failed whose desired status is still run, by id.
     pub fn failed_allocs(&self) -> impl Iterator<Item = &Allocation> {
         self.failed_allocs.keys().filter_map(|id| self.allocs.get(id))

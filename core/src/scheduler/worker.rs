@@ -309,15 +309,16 @@ impl Worker {
             .map(|table| state.table_index(table))
             .max()
             .unwrap_or(0);
-        let evals: Vec<Evaluation> = state
-            .blocked_evals()
-            .filter(|eval| eval.snapshot_index < changed_at)
+        let mut evals: Vec<Evaluation> = state
+            .blocked_evals_before(changed_at)
             .map(|eval| {
                 let mut pending = eval.clone();
                 pending.status = EVAL_PENDING.into();
                 pending
             })
             .collect();
+        // In the order of the blocked evaluations by job, as before the index by snapshot.
+        evals.sort_by(|a, b| (&a.namespace, &a.job_id, &a.id).cmp(&(&b.namespace, &b.job_id, &b.id)));
         if evals.is_empty() {
             return None;
         }
