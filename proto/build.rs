@@ -11,7 +11,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={proto}");
     }
     #[cfg(feature = "regen")]
-    regen()?;
+    {
+        // Generated again when the committed code was edited too, so `--check` compares.
+        println!("cargo:rerun-if-changed=src/generated");
+        regen()?;
+    }
     Ok(())
 }
 
