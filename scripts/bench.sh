@@ -49,6 +49,9 @@ echo
 echo "== memory per 1,000 allocations of a 1-group and a 100-group job, and after purge and GC (cargo bench -p drover --bench alloc_memory)"
 cargo bench -p drover --bench alloc_memory
 echo
+echo "== job registers one after another and from 16 clients; 32 clients of mixed load, req/s second by second (cargo bench -p drover --bench write_load)"
+cargo bench -p drover --bench write_load
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo
