@@ -1296,7 +1296,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "no task process outlives its task",
-        caught_by: ("client_churn", 14),
+        caught_by: ("client_churn", 3),
     },
     Switch {
         name: "25293",
