@@ -188,7 +188,8 @@ fn mixed(secs: u64) {
             .unwrap_or_else(|| "unanswered".into());
         *statuses.entry(node.clone()).or_default() += 1;
         println!(
-            "write_load mixed: second {second:>3}: {:>5} req/s, node {node}",
+            "write_load mixed: second {second:>3} ({}): {:>5} req/s, node {node}",
+            utc_now(),
             now - last
         );
         per_second.push(now - last);
@@ -217,4 +218,21 @@ fn mixed(secs: u64) {
         "write_load mixed: the agent logged \"heartbeat missed\" {} times",
         log.matches("heartbeat missed").count()
     );
+    // What the agent itself said while under load: warnings, snapshots, leadership.
+    for line in log
+        .lines()
+        .filter(|line| line.contains("WARN") || line.contains("snapshot") || line.contains("leader"))
+        .take(40)
+    {
+        println!("write_load mixed: agent: {line}");
+    }
+}
+
+/// The wall clock as HH:MM:SS UTC, to line the seconds up with the agent's log.
+fn utc_now() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs())
+        % 86_400;
+    format!("{:02}:{:02}:{:02}", secs / 3600, secs / 60 % 60, secs % 60)
 }

@@ -654,6 +654,68 @@ fn a_jobspec_that_takes_minutes_to_parse_is_abandoned_and_the_agent_keeps_servin
     assert!(listed.contains("after-the-bomb"), "{listed}");
 }
 
+/// Issue 54 §3: the bomb sent to the leader of a 3-server cluster, four at a time (the most
+/// that run) and once more (refused), costs it nothing: every server names the same leader
+/// throughout, and a write through it commits meanwhile. Parsed inline on a runtime worker,
+/// two of them had made a leader lose leadership and autopilot remove it from Raft.
+#[test]
+fn the_bomb_sent_to_a_three_server_leader_costs_it_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 3);
+    let agents: Vec<Agent> = (0..3)
+        .map(|i| Agent::start(specs[i].clone(), server_args(&specs, i)))
+        .collect();
+    let refs: Vec<&Agent> = agents.iter().collect();
+    let leader =
+        wait_for(Duration::from_secs(60), || support::agreed_leader(&refs, 3)).expect("the servers form a cluster");
+    let at = agents
+        .iter()
+        .position(|agent| agent.rpc_addr() == leader)
+        .expect("the leader is one of them");
+    let port = agents[at].spec.http;
+    let bomb = format!(
+        "job \"x\" {{\n  meta {{\n{}    x = \"1\"\n  }}\n}}\n",
+        "    patts = \"2= \"/srv/ {\n".repeat(30)
+    );
+    let body = json!({ "JobHCL": bomb }).to_string();
+    let parses: Vec<_> = (0..5)
+        .map(|_| {
+            let body = body.clone();
+            std::thread::spawn(move || http_status("POST", port, "/v1/jobs/parse", Some(&body)))
+        })
+        .collect();
+    // While they run: every server names the same leader, every quarter second.
+    let started = std::time::Instant::now();
+    let mut looks = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        for agent in &agents {
+            assert_eq!(
+                agent.leader().as_deref(),
+                Some(leader.as_str()),
+                "leadership moved:\n{}",
+                agents[at].log()
+            );
+        }
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let write = json!({"Items": {"k": "v"}}).to_string();
+    let (code, text) = http_status("PUT", port, "/v1/var/bomb/after", Some(&write)).expect("answered");
+    assert_eq!(code, 200, "{text}");
+    let mut codes: Vec<u16> = parses
+        .into_iter()
+        .map(|parse| parse.join().unwrap().expect("answered").0)
+        .collect();
+    codes.sort();
+    assert_eq!(
+        codes,
+        [400, 400, 400, 400, 503],
+        "four abandoned at the deadline, the fifth refused"
+    );
+    assert!(looks >= 20, "looked {looks} times");
+    assert_eq!(support::agreed_leader(&refs, 3).as_deref(), Some(leader.as_str()));
+}
+
 /// `/v1/jobs/parse` turns a jobspec into Nomad's JSON through the CLI's parser, and
 /// `/v1/validate/job` checks a job as a register would, storing nothing.
 #[test]
