@@ -214,6 +214,10 @@ fn mixed(secs: u64) {
         registered.load(Ordering::Relaxed),
     );
     let log = agent.log();
+    // The whole log, for a second to be looked into (WRITE_LOAD_LOG=path).
+    if let Some(path) = std::env::var_os("WRITE_LOAD_LOG") {
+        std::fs::write(path, &log).expect("the log is written");
+    }
     println!(
         "write_load mixed: the agent logged \"heartbeat missed\" {} times",
         log.matches("heartbeat missed").count()
