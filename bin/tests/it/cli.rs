@@ -48,7 +48,7 @@ fn a_data_dir_that_cannot_be_opened_names_the_path_and_the_cause() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("not-a-dir");
     std::fs::write(&file, b"x").unwrap();
-    let [http, rpc, serf] = free_ports();
+    let [http, rpc, serf] = crate::support::free_ports();
     let (code, text) = run(&[
         "-server",
         "-bootstrap-expect=1",
@@ -79,14 +79,6 @@ fn bad_config_file_is_named() {
     );
 }
 
-fn free_ports() -> [u16; 3] {
-    let listeners: Vec<std::net::TcpListener> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
-        .collect();
-    let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
-    [ports[0], ports[1], ports[2]]
-}
-
 /// Warnings do not stop the agent: single-server bootstrap and an even bootstrap_expect.
 #[test]
 fn risky_bootstrap_expect_values_warn() {
@@ -98,7 +90,7 @@ fn risky_bootstrap_expect_values_warn() {
         ),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let [http, rpc, serf] = free_ports();
+        let [http, rpc, serf] = crate::support::free_ports();
         let mut child = Command::new(AGENT)
             .args([
                 "-server",

@@ -24,23 +24,6 @@ use drover_io_real::net::GrpcTransport;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_drover-csi-fake");
 
-/// A free port, never handed out twice in this test process: tests run in parallel, and the
-/// kernel readily gives a just-released port to the next `bind(0)`.
-fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if HANDED_OUT.lock().unwrap().insert(port) {
-            return port;
-        }
-    }
-}
-
 fn mounts_under(path: &Path) -> Vec<String> {
     let prefix = path.display().to_string();
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -175,10 +158,11 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         .try_init();
     let dir = tempfile::tempdir().unwrap();
     let _cleanup = Cleanup(dir.path().to_path_buf());
+    let ports = crate::support::free_ports();
     let ports = Ports {
-        http: free_port(),
-        rpc: free_port(),
-        serf: free_port(),
+        http: ports[0],
+        rpc: ports[1],
+        serf: ports[2],
     };
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let mut config = AgentConfig {

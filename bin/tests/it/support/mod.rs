@@ -15,24 +15,65 @@ use std::time::{Duration, Instant};
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_agent");
 
-/// Three free ports (HTTP, RPC, serf); the serf port is free for both TCP and UDP.
-/// A port is never handed out twice in one test process: tests run in parallel threads, and
-/// the kernel readily gives a just-released port to the next `bind(0)`, so two agents of two
-/// tests could otherwise be told the same port before either has bound it.
+/// Three free ports (HTTP, RPC, serf), each free for both TCP and UDP.
+///
+/// Taken below the kernel's ephemeral range (`ip_local_port_range`), so no socket that another
+/// process binds to port 0 or connects from can take one between this check and the agent's
+/// own bind: asked of `bind(0)` instead, a port was now and then handed to a concurrently
+/// running test's process in that gap ("Address already in use", issue 53). Each is claimed
+/// across test processes (nextest runs each test in its own) by a file made with `O_EXCL`
+/// under the temp dir; a claim older than 15 minutes is a finished run's and is taken over.
 pub fn free_ports() -> [u16; 3] {
     static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let listeners: Vec<TcpListener> = (0..3).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-        let ports: Vec<u16> = listeners.iter().map(|l| l.local_addr().unwrap().port()).collect();
-        let mut handed_out = HANDED_OUT.lock().unwrap();
-        if ports.iter().any(|port| handed_out.contains(port)) {
+    let claims = std::env::temp_dir().join("drover-test-ports");
+    std::fs::create_dir_all(&claims).unwrap();
+    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    let (low, high) = (10_000u16, ephemeral_low.max(10_100));
+    let mut state = u64::from(std::process::id())
+        ^ std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos() as u64);
+    let mut next_port = move || {
+        // xorshift64*: plenty for spreading test ports.
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        let value = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        low + (value % u64::from(high - low)) as u16
+    };
+    let claim = |port: u16| -> bool {
+        let file = claims.join(port.to_string());
+        let open = || std::fs::OpenOptions::new().write(true).create_new(true).open(&file);
+        if open().is_ok() {
+            return true;
+        }
+        let stale = std::fs::metadata(&file)
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|modified| modified.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(15 * 60));
+        stale && std::fs::remove_file(&file).is_ok() && open().is_ok()
+    };
+    let bindable =
+        |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok() && UdpSocket::bind(("127.0.0.1", port)).is_ok();
+    let mut ports = Vec::with_capacity(3);
+    let mut handed_out = HANDED_OUT.lock().unwrap();
+    while ports.len() < 3 {
+        let port = next_port();
+        if ports.contains(&port) || handed_out.contains(&port) || !claim(port) {
             continue;
         }
-        if UdpSocket::bind(("127.0.0.1", ports[2])).is_ok() {
-            handed_out.extend(ports.iter().copied());
-            return [ports[0], ports[1], ports[2]];
+        if bindable(port) {
+            ports.push(port);
+        } else {
+            let _ = std::fs::remove_file(claims.join(port.to_string()));
         }
     }
+    handed_out.extend(ports.iter().copied());
+    [ports[0], ports[1], ports[2]]
 }
 
 /// A client-only agent `name` under `root` that talks to the server at `server_rpc`: its
