@@ -17,7 +17,7 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use support::{Agent, dev_spec, get_json, http, wait_for, wait_for_every};
+use support::{get_json, http, start_dev_with_mock_driver, wait_for_every};
 
 fn main() {
     let allocs: usize = std::env::args()
@@ -25,24 +25,8 @@ fn main() {
         .find_map(|arg| arg.parse().ok())
         .unwrap_or(1_000);
     let root = tempfile::tempdir().unwrap();
-    let (spec, mut args) = dev_spec(root.path(), "dev");
-    std::fs::create_dir_all(&spec.data_dir).unwrap();
-    let config = root.path().join("mock.hcl");
-    std::fs::write(
-        &config,
-        "plugin \"mock_driver\" {\n  config {\n    enabled = true\n  }\n}\n",
-    )
-    .unwrap();
-    args.push(format!("-config={}", config.display()));
-    let agent = Agent::start(spec, args);
+    let agent = start_dev_with_mock_driver(root.path());
     let port = agent.spec.http;
-    wait_for(Duration::from_secs(60), || {
-        let nodes = get_json(port, "/v1/nodes")?;
-        let node = nodes.as_array()?.first()?.clone();
-        let drivers = node.get("Drivers")?;
-        (node["Status"] == "ready" && drivers.get("mock").is_some()).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the dev node is ready with the mock driver:\n{}", agent.log()));
     let pid = agent.pid().expect("running");
     settle();
     let idle = rss_kb(pid);

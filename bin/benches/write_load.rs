@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::{Agent, cluster_specs, dev_spec, get_json, http, http_status, server_args, wait_for};
+use support::{Agent, cluster_specs, get_json, http, http_status, server_args, start_dev_with_mock_driver, wait_for};
 
 const WRITERS: usize = 16;
 const MIXED_CLIENTS: usize = 32;
@@ -123,23 +123,8 @@ fn registers(jobs: usize) {
 
 fn mixed(secs: u64) {
     let root = tempfile::tempdir().unwrap();
-    let (spec, mut args) = dev_spec(root.path(), "dev");
-    std::fs::create_dir_all(&spec.data_dir).unwrap();
-    let config = root.path().join("mock.hcl");
-    std::fs::write(
-        &config,
-        "plugin \"mock_driver\" {\n  config {\n    enabled = true\n  }\n}\n",
-    )
-    .unwrap();
-    args.push(format!("-config={}", config.display()));
-    let agent = Agent::start(spec, args);
+    let agent = start_dev_with_mock_driver(root.path());
     let port = agent.spec.http;
-    wait_for(Duration::from_secs(60), || {
-        let nodes = get_json(port, "/v1/nodes")?;
-        let node = nodes.as_array()?.first()?.clone();
-        (node["Status"] == "ready" && node.get("Drivers")?.get("mock").is_some()).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the dev node is ready with the mock driver:\n{}", agent.log()));
 
     let stop = Arc::new(AtomicBool::new(false));
     let answered = Arc::new(AtomicUsize::new(0));

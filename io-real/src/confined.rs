@@ -17,14 +17,26 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::path::{Component, Path, PathBuf};
 
-/// The text of a path that leads out of the allocation directory.
-pub const ESCAPES: &str = "path escapes the allocation directory";
+/// A path that leads out of the allocation directory: the error's own type, so callers tell
+/// it apart by [`is_escape`], never by its text.
+#[derive(Debug)]
+pub struct Escapes(pub PathBuf);
+
+impl std::fmt::Display for Escapes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: path escapes the allocation directory", self.0.display())
+    }
+}
+
+impl std::error::Error for Escapes {}
 
 fn escapes(path: &Path) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::PermissionDenied,
-        format!("{}: {ESCAPES}", path.display()),
-    )
+    io::Error::new(io::ErrorKind::PermissionDenied, Escapes(path.to_path_buf()))
+}
+
+/// Whether `error` is a path leading out of the allocation directory.
+pub fn is_escape(error: &io::Error) -> bool {
+    error.get_ref().is_some_and(|inner| inner.is::<Escapes>())
 }
 
 /// Where `path` lies when it lies inside an allocation directory under `alloc_root` (the
@@ -282,17 +294,17 @@ mod tests {
         let error = beneath
             .write_atomically(Path::new("web/local/app.ini"), b"x", 0o644)
             .unwrap_err();
-        assert!(error.to_string().contains(ESCAPES), "{error}");
+        assert!(is_escape(&error), "{error}");
         let error = beneath.create_dir_all(Path::new("web/local/sub"), 0o755).unwrap_err();
-        assert!(error.to_string().contains(ESCAPES), "{error}");
+        assert!(is_escape(&error), "{error}");
         let error = beneath.read_to_string(Path::new("web/local/f")).unwrap_err();
-        assert!(error.to_string().contains(ESCAPES), "{error}");
+        assert!(is_escape(&error), "{error}");
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
         // `..` past the allocation directory is refused before anything is opened.
         let error = beneath
             .write_atomically(Path::new("web/../../x"), b"x", 0o644)
             .unwrap_err();
-        assert!(error.to_string().contains(ESCAPES), "{error}");
+        assert!(is_escape(&error), "{error}");
     }
 
     /// Issue 54: a link planted at the temporary name (or at the destination) is replaced, and

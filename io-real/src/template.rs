@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
-use drover_core::client::{IoError, RenderReply, RenderRequest};
+use drover_core::client::{ErrorKind, IoError, RenderReply, RenderRequest};
 use gtmpl::{Context, Func, FuncError, Value};
 
 /// What one render reads and finds.
@@ -233,8 +233,23 @@ pub fn render(
 /// relative to the allocation directory, refusing to leave it.
 fn inside(task_dir: &Path, path: &str) -> Result<PathBuf, IoError> {
     let task = task_dir.file_name().map(PathBuf::from).unwrap_or_default();
-    crate::confined::normalize(&task.join(path.trim_start_matches('/')))
-        .map_err(|_| IoError::other(format!("template path {path:?} escapes the allocation directory")))
+    crate::confined::normalize(&task.join(path.trim_start_matches('/'))).map_err(|_| {
+        IoError::new(
+            ErrorKind::FailedPrecondition,
+            format!("template path {path:?} escapes the allocation directory"),
+        )
+    })
+}
+
+/// A file error while rendering: a path leading out of the allocation directory (a link the
+/// task planted) is [`ErrorKind::FailedPrecondition`], anything else [`ErrorKind::Other`].
+fn file_error(error: &std::io::Error, message: String) -> IoError {
+    let kind = if crate::confined::is_escape(error) {
+        ErrorKind::FailedPrecondition
+    } else {
+        ErrorKind::Other
+    };
+    IoError::new(kind, message)
 }
 
 /// Reads the template (inline or `source`), renders it, and when complete writes it to its
@@ -253,9 +268,12 @@ pub fn render_to_file(request: &RenderRequest) -> Result<RenderReply, IoError> {
         template.embedded_tmpl.clone()
     } else {
         let source = inside(task_dir, &template.source_path)?;
-        beneath()?
-            .read_to_string(&source)
-            .map_err(|error| IoError::other(format!("failed to read template source {}: {error}", source.display())))?
+        beneath()?.read_to_string(&source).map_err(|error| {
+            file_error(
+                &error,
+                format!("failed to read template source {}: {error}", source.display()),
+            )
+        })?
     };
     let reply = render(&text, &request.env, &request.variables).map_err(IoError::other)?;
     if !reply.complete() {
@@ -264,7 +282,12 @@ pub fn render_to_file(request: &RenderRequest) -> Result<RenderReply, IoError> {
     let destination = inside(task_dir, &template.dest_path)?;
     beneath()?
         .write_atomically(&destination, reply.content.as_bytes(), template.mode())
-        .map_err(|error| IoError::other(format!("failed writing template {}: {error}", destination.display())))?;
+        .map_err(|error| {
+            file_error(
+                &error,
+                format!("failed writing template {}: {error}", destination.display()),
+            )
+        })?;
     Ok(reply)
 }
 
@@ -348,26 +371,16 @@ mod tests {
                 dest_path: "../../outside".into(),
                 ..Default::default()
             },
-            ..request
+            ..request.clone()
         };
-        assert!(render_to_file(&escape).unwrap_err().message.contains("escapes"));
+        assert_eq!(render_to_file(&escape).unwrap_err().kind, ErrorKind::FailedPrecondition);
         // Issue 54: the task made its secrets dir a link to a host directory; the template
         // is refused, not written there as root.
         let outside = tempfile::tempdir().unwrap();
         std::fs::remove_dir_all(task_dir.join("secrets")).unwrap();
         std::os::unix::fs::symlink(outside.path(), task_dir.join("secrets")).unwrap();
-        let error = render_to_file(&escape_free(&escape)).unwrap_err();
-        assert!(
-            error.message.contains("escapes the allocation directory"),
-            "{}",
-            error.message
-        );
+        let error = render_to_file(&request).unwrap_err();
+        assert_eq!(error.kind, ErrorKind::FailedPrecondition, "{}", error.message);
         assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0);
-    }
-
-    fn escape_free(request: &RenderRequest) -> RenderRequest {
-        let mut request = request.clone();
-        request.template.dest_path = "secrets/app.env".into();
-        request
     }
 }

@@ -92,6 +92,30 @@ pub fn client_spec(root: &Path, name: &str, server_rpc: u16) -> (ServerSpec, Vec
     (spec, args)
 }
 
+/// An `agent -dev` under `root` with the scripted `mock` driver enabled, started and waited
+/// for until its node is ready with that driver (the benches that place allocations without
+/// starting a process per task).
+pub fn start_dev_with_mock_driver(root: &Path) -> Agent {
+    let (spec, mut args) = dev_spec(root, "dev");
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    let config = root.join("mock.hcl");
+    std::fs::write(
+        &config,
+        "plugin \"mock_driver\" {\n  config {\n    enabled = true\n  }\n}\n",
+    )
+    .unwrap();
+    args.push(format!("-config={}", config.display()));
+    let agent = Agent::start(spec, args);
+    let port = agent.spec.http;
+    wait_for(Duration::from_secs(60), || {
+        let nodes = get_json(port, "/v1/nodes")?;
+        let node = nodes.as_array()?.first()?.clone();
+        (node["Status"] == "ready" && node.get("Drivers")?.get("mock").is_some()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the dev node is ready with the mock driver:\n{}", agent.log()));
+    agent
+}
+
 /// An `agent -dev` named `name` under `root`: its identity and its arguments.
 pub fn dev_spec(root: &Path, name: &str) -> (ServerSpec, Vec<String>) {
     let spec = fresh_spec(root, name);
