@@ -144,6 +144,19 @@ impl<S: Sockets> GrpcTransport<S> {
                 } else {
                     endpoint
                 };
+                // h2 remembers a stream this side reset (a call given up on) for one second of
+                // the host's clock, ignoring its late frames meanwhile and answering them with a
+                // reset after. In a simulation that clock is not the run's (turmoil keeps
+                // virtual time), so how fast the host ran decided which late frame got an
+                // answer, and a replay could differ (found by `--real-time-jitter`): there none
+                // is remembered, and every late frame is answered the same way. (The madsim
+                // world has its own clock under every library.)
+                #[cfg(not(madsim))]
+                let endpoint = if crate::runtime::in_simulation() {
+                    endpoint.http2_max_concurrent_reset_streams(0)
+                } else {
+                    endpoint
+                };
                 endpoint.connect_with_connector_lazy(connector)
             })
             .clone()

@@ -14,6 +14,9 @@ use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use drover_io_real::io::NoConsul;
 use drover_io_real::net::GrpcTransport;
 
+use rand::{Rng, SeedableRng};
+use rand_chacha_03::ChaCha8Rng;
+
 use super::sockets::TurmoilSockets;
 use crate::csi::PluginControl;
 use crate::disk::{Crash, SimDisk, open_db};
@@ -68,6 +71,20 @@ impl Default for NetworkSpec {
     }
 }
 
+/// Pauses of the thread that drives the simulation, in real time, between steps: a run that
+/// depends on nothing but its seed replays the same whatever they are, so a replay with them
+/// proves that no library under the production stack reads the host's clock to decide
+/// something (h2 forgets a reset stream one real second after it was reset, for one). They
+/// are drawn from their own seed, so a replay that differs can be repeated exactly.
+#[derive(Clone, Copy, Debug)]
+pub struct RealTimeJitter {
+    pub seed: u64,
+    /// Each `(one_in, longest)`: on average one step in `one_in` is followed by a pause of up
+    /// to `longest` (short frequent pauses for thresholds of milliseconds, rare long ones for
+    /// thresholds of seconds).
+    pub pauses: [(u32, Duration); 2],
+}
+
 struct ServerHost {
     spec: ServerSpec,
     disk: SimDisk,
@@ -90,6 +107,7 @@ pub struct TurmoilCluster {
     clients: Vec<ClientHost>,
     recorder: Recorder,
     sockets: TurmoilSockets,
+    jitter: Option<(RealTimeJitter, ChaCha8Rng)>,
 }
 
 /// The simulation's wall clock on whichever host is running (the epoch between steps).
@@ -171,6 +189,7 @@ impl TurmoilCluster {
             clients,
             recorder,
             sockets,
+            jitter: None,
         }
     }
 
@@ -191,7 +210,21 @@ impl TurmoilCluster {
     pub fn step(&mut self) -> Result<(), String> {
         let stepped = self.sim.step().map(|_| ()).map_err(|error| error.to_string());
         STEPPED.with(|at| at.set(self.sim.elapsed()));
+        if let Some((jitter, rng)) = &mut self.jitter {
+            for (one_in, longest) in jitter.pauses {
+                if rng.gen_ratio(1, one_in.max(1)) {
+                    let nanos = u64::try_from(longest.as_nanos()).unwrap_or(u64::MAX);
+                    std::thread::sleep(Duration::from_nanos(rng.gen_range(0..=nanos)));
+                }
+            }
+        }
         stepped
+    }
+
+    /// From now on, pauses the driving thread in real time between steps (see
+    /// [`RealTimeJitter`]).
+    pub fn jitter_real_time(&mut self, jitter: RealTimeJitter) {
+        self.jitter = Some((jitter, ChaCha8Rng::seed_from_u64(jitter.seed)));
     }
 
     /// Steps until `done` holds or `bound` of virtual time has passed; whether it held.

@@ -1,6 +1,8 @@
 //! The turmoil lane's command line: `--seed N`, `--seeds A..B`, `--scenario NAME` (repeatable),
 //! `--trace` (print each run's trace), `--list`, `--regression-switch NAME` (re-create a fixed
-//! defect; the default run checks that each is caught). Every run is replayed and its trace compared
+//! defect; the default run checks that each is caught), `--real-time-jitter` (replay every
+//! seed with the driving thread paused in real time now and then; the long lane does so for
+//! every fifth seed). Every run is replayed and its trace compared
 //! byte for byte; a failing run prints its violations and the tail of its trace, which is also
 //! written to `target/turmoil-failures/<scenario>-<seed>.trace`.
 
@@ -8,8 +10,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use drover_io_sim::turmoil::cluster::RealTimeJitter;
+
 use super::scenarios::{self, Scenario};
-use super::{Report, run};
+use super::{Report, run, run_jittered};
 
 /// Seeds per scenario when none are given: the fast lane, what CI runs.
 const DEFAULT_SEEDS: std::ops::Range<u64> = 0..3;
@@ -18,6 +22,12 @@ const LONG_SEEDS: std::ops::Range<u64> = 0..50;
 /// A regression switch must be caught within this many seeds.
 const SWITCH_SEEDS: u64 = 100;
 const TRACE_TAIL_LINES: usize = 40;
+/// In the long lane, the replay of every seed divisible by this is jittered in real time
+/// (`--real-time-jitter` jitters every replay).
+const LONG_JITTER_EVERY: u64 = 5;
+/// About 500 pauses of up to 2 ms and three of up to 1.5 s (longer than h2 remembers a reset
+/// stream) in a run of 10 virtual seconds: about three seconds added to it.
+const JITTER_PAUSES: [(u32, Duration); 2] = [(20, Duration::from_millis(2)), (3_000, Duration::from_millis(1_500))];
 
 struct Args {
     /// Seeds given on the command line (the default range otherwise).
@@ -32,6 +42,8 @@ struct Args {
     long: bool,
     /// Parse and route the arguments, say what would run, run nothing.
     dry_run: bool,
+    /// Replay every seed with the driving thread paused in real time now and then.
+    jitter: bool,
 }
 
 fn parse(args: &[String]) -> Result<Args, String> {
@@ -44,6 +56,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         list: false,
         long: false,
         dry_run: false,
+        jitter: false,
     };
     let mut args = args.iter();
     while let Some(arg) = args.next() {
@@ -83,6 +96,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--list" => parsed.list = true,
             "--long" => parsed.long = true,
             "--dry-run" => parsed.dry_run = true,
+            "--real-time-jitter" => parsed.jitter = true,
             // cargo test's own flags, passed through by the harness-less target.
             "--nocapture" | "--show-output" | "--quiet" | "-q" | "--include-ignored" | "--ignored" | "--exact" => {}
             "--test-threads" | "--color" | "--format" => {
@@ -165,7 +179,11 @@ pub fn main() -> ExitCode {
     for scenario in &args.scenarios {
         for seed in args.seeds.clone() {
             let report = run(scenario, seed);
-            let replay = run(scenario, seed);
+            let jitter = (args.jitter || (args.long && seed % LONG_JITTER_EVERY == 0)).then_some(RealTimeJitter {
+                seed,
+                pauses: JITTER_PAUSES,
+            });
+            let replay = run_jittered(scenario, seed, None, jitter);
             runs += 2;
             virtual_time += report.virtual_time + replay.virtual_time;
             if args.trace {
@@ -179,10 +197,11 @@ pub fn main() -> ExitCode {
                 report.virtual_time.as_secs_f64(),
                 report.writes_acknowledged,
                 report.reads,
-                if replayed {
-                    ", replay identical"
-                } else {
-                    ", REPLAY DIFFERS"
+                match (replayed, jitter.is_some()) {
+                    (true, false) => ", replay identical",
+                    (true, true) => ", replay identical (real time jittered)",
+                    (false, false) => ", REPLAY DIFFERS",
+                    (false, true) => ", REPLAY DIFFERS (real time jittered)",
                 },
             );
             if !report.passed() || !replayed {
@@ -313,5 +332,12 @@ fn explain(report: &Report, replay: &Report, replayed: bool) {
     match std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&file, &report.trace)) {
         Ok(()) => println!("  trace written to {}", file.display()),
         Err(error) => println!("  could not write the trace to {}: {error}", file.display()),
+    }
+    if !replayed {
+        let file = dir.join(format!("{}-{}.replay.trace", report.scenario, report.seed));
+        match std::fs::write(&file, &replay.trace) {
+            Ok(()) => println!("  the replay's trace written to {}", file.display()),
+            Err(error) => println!("  could not write the replay's trace to {}: {error}", file.display()),
+        }
     }
 }

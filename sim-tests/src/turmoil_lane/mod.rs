@@ -18,7 +18,7 @@ use std::time::Duration;
 use drover_io_sim::invariants::linearizable::{self, Op};
 use drover_io_sim::invariants::{liveness, state_equal};
 use drover_io_sim::trace::{Recorder, Violation};
-use drover_io_sim::turmoil::cluster::TurmoilCluster;
+use drover_io_sim::turmoil::cluster::{RealTimeJitter, TurmoilCluster};
 use drover_io_sim::turmoil::http;
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
@@ -73,12 +73,26 @@ pub fn run(scenario: &'static Scenario, seed: u64) -> Report {
 
 /// Runs `scenario` for `seed` once, with a regression switch on.
 pub fn run_with(scenario: &'static Scenario, seed: u64, switch: Option<&scenarios::Switch>) -> Report {
+    run_jittered(scenario, seed, switch, None)
+}
+
+/// Runs `scenario` for `seed` once, its driving thread paused in real time as `jitter` says
+/// (the trace must not change).
+pub fn run_jittered(
+    scenario: &'static Scenario,
+    seed: u64,
+    switch: Option<&scenarios::Switch>,
+    jitter: Option<RealTimeJitter>,
+) -> Report {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ salt(scenario.name));
     let keep_dead_connections = switch.is_some_and(|switch| switch.name == "no-keepalive");
     let specs = scenarios::servers(&mut rng, keep_dead_connections);
     let network = scenarios::network(&mut rng);
     let clients = scenarios::clients(scenario.clients, &mut rng, keep_dead_connections);
     let mut cluster = TurmoilCluster::new(seed, network, specs, clients, LIMIT);
+    if let Some(jitter) = jitter {
+        cluster.jitter_real_time(jitter);
+    }
     let recorder = cluster.recorder().clone();
     recorder.note(format!("turmoil lane: {} seed {seed}", scenario.name));
     let history: Arc<Mutex<Vec<Op>>> = Arc::default();
