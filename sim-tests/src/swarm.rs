@@ -336,9 +336,10 @@ pub fn client_churn(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     // rarely meet it.
     let chance = *[0.3, 0.6].choose(rng).expect("rates");
     plan.buggify.insert(drover_io_real::buggify::RECOVER_FAILS, chance);
-    // And takes its time in half the reattaches, so that a stop the servers send meanwhile
-    // meets a runner still restoring (a fixed rate: the draws above stay as they were).
-    plan.buggify.insert(drover_io_real::buggify::RECOVER_SLOW, 0.5);
+    // And takes its time in most reattaches, so that a stop the servers send meanwhile meets
+    // a runner still restoring (a fixed rate: the draws above stay as they were). At one in
+    // two it was played in 0.9 % of the long lane's runs, under the coverage floor.
+    plan.buggify.insert(drover_io_real::buggify::RECOVER_SLOW, 0.8);
     plan
 }
 
