@@ -231,6 +231,10 @@ pub struct RaftFaults {
     /// Every agent RPC is served whoever's certificate called it (no role check): a client
     /// can write to the state directly, vote or append Raft entries as if it were a server.
     pub skip_caller_check: bool,
+    /// Server calls over agent RPC are served without checking their caller's token, as with
+    /// ACLs off (what Drover did before issue 54): a client's certificate reads secret
+    /// variables, purges jobs, runs a GC and forces servers out.
+    pub skip_token_check: bool,
     /// The leader's reconciliation counts a live server Raft holds as a learner as held, even
     /// one that is no non-voter (what Drover did before the knobs found it): a voter autopilot
     /// removed while it was gone comes back a learner and never votes again.

@@ -718,6 +718,7 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         observer: observer.clone(),
         skip_caller_check: config.server.raft_faults.skip_caller_check,
         acl_enabled: config.acl.enabled,
+        skip_token_check: config.server.raft_faults.skip_token_check,
         clients_attach: transport.can_attach(),
         attached: is_server.then(|| {
             Arc::new(move |node_id: String, request, timeout| {

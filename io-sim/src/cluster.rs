@@ -95,6 +95,8 @@ pub struct SimCluster {
     rogue: Option<(NodeHandle, u64)>,
     /// The storage behind every client's plugin.
     storage: SimStorage,
+    /// The ACL token the workload's writes carry (a cluster with ACLs on).
+    token: Option<String>,
 }
 
 impl SimCluster {
@@ -110,6 +112,7 @@ impl SimCluster {
             clogged: BTreeSet::new(),
             rogue: None,
             storage: SimStorage::default(),
+            token: None,
         }
     }
 
@@ -500,6 +503,42 @@ impl SimCluster {
         crate::rogue::direct_write(node, to, region, *sent, self.recorder.clone());
     }
 
+    /// A machine holding a client's certificate makes server `index` the calls only a token
+    /// may allow ([`crate::rogue::server_calls`]); `victims` are variables it tries to read.
+    pub fn rogue_server_calls(&mut self, index: usize, victims: Vec<String>) {
+        let spec = &self.servers[index].spec;
+        let to = std::net::SocketAddr::new(spec.ip, spec.config.ports.rpc);
+        let region = spec.config.region.clone();
+        let server = spec.name.clone();
+        let handle = &self.handle;
+        let (node, sent) = self.rogue.get_or_insert_with(|| (crate::rogue::machine(handle), 0));
+        *sent += 1;
+        crate::rogue::server_calls(node, to, region, *sent, victims, server, self.recorder.clone());
+    }
+
+    /// With ACLs on: makes the first management token, with `secret`, through server `index`
+    /// (its leader, or the write fails), and has the workload's writes carry it from then on.
+    pub async fn bootstrap_acl(&mut self, index: usize, secret: String) -> Result<u64, String> {
+        let agent = self.agent(index).ok_or("the server is down")?;
+        let token = drover_core::acl::AclToken {
+            accessor_id: format!("{secret}-accessor"),
+            secret_id: secret.clone(),
+            name: "Bootstrap Token".into(),
+            token_type: drover_core::acl::TokenType::Management,
+            policies: Vec::new(),
+            roles: Vec::new(),
+            global: true,
+            create_time_ms: 0,
+            expiration_time_ms: None,
+            create_index: 0,
+            modify_index: 0,
+        };
+        let command = Command::Acl(drover_core::fsm::acl::AclCommand::Bootstrap { token, reset_index: 0 });
+        let (index, _) = agent.apply(command).await.map_err(|error| error.to_string())?;
+        self.token = Some(secret);
+        Ok(index)
+    }
+
     /// Status of every live server whose agent has started: (name, node id, status).
     pub fn live_statuses(&self) -> Vec<(String, u64, AgentStatus)> {
         self.servers
@@ -556,19 +595,22 @@ impl SimCluster {
     ) -> Option<impl std::future::Future<Output = Result<u64, String>> + use<>> {
         let agent = self.agent(index)?;
         let items: drover_core::structs::Secrets = [("v".to_string(), value)].into();
-        let task = self.servers[index].node.spawn(async move {
-            let items = if sealed {
-                agent.seal_secrets(&items).await.map_err(|error| error.to_string())?
-            } else {
-                items
-            };
-            let command = Command::VariableUpsert { path, items };
-            agent
-                .apply(command)
-                .await
-                .map(|(index, _)| index)
-                .map_err(|error| error.to_string())
-        });
+        let token = self.token.clone().unwrap_or_default();
+        let task = self.servers[index]
+            .node
+            .spawn(drover_io_real::service::auth::with_token(token, async move {
+                let items = if sealed {
+                    agent.seal_secrets(&items).await.map_err(|error| error.to_string())?
+                } else {
+                    items
+                };
+                let command = Command::VariableUpsert { path, items };
+                agent
+                    .apply(command)
+                    .await
+                    .map(|(index, _)| index)
+                    .map_err(|error| error.to_string())
+            }));
         Some(async move {
             match tokio::time::timeout(timeout, task).await {
                 Ok(Ok(result)) => result,

@@ -1493,6 +1493,20 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         invariant: "only servers write directly",
         caught_by: ("leader_killed", 0),
     },
+    Switch {
+        name: "rpc-no-token-check",
+        bug: "server calls over agent RPC carried no token and were served as with ACLs off: a client's certificate read secret variables, purged jobs, ran GC (issue 54)",
+        options: || Options {
+            raft_faults: RaftFaults {
+                skip_token_check: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["acl_rogue_client"],
+        invariant: drover_io_sim::rogue::CALLS_REFUSED,
+        caught_by: ("acl_rogue_client", 0),
+    },
 ];
 
 /// Shrinks a regression switch's catch, then replays the written schedule: it must violate the

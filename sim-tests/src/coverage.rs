@@ -62,6 +62,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "latency spike",
     "read storm",
     "client certificate makes a server's call",
+    "client certificate makes token-only calls",
     "client node power loss",
     "driver start failure",
     "task OOM killed",
@@ -207,6 +208,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         }
         Action::ReadStorm { .. } => vec!["read storm"],
         Action::RogueWrite(_) => vec!["client certificate makes a server's call"],
+        Action::RogueCalls(_) => vec!["client certificate makes token-only calls"],
     }
 }
 

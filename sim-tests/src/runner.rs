@@ -380,6 +380,9 @@ async fn play(
             recorder.violate("the jobs can be registered", error);
         }
     }
+    if plan.acl {
+        bootstrap_acl(&mut cluster, workload_seed).await;
+    }
     let mut workload = Workload {
         rng: ChaCha8Rng::seed_from_u64(workload_seed.rotate_left(17)),
         next_write_at: start + Duration::from_secs(2),
@@ -514,6 +517,17 @@ async fn play(
                     cluster.rogue_direct_write(index);
                 }
             }
+            Action::RogueCalls(target) => {
+                if let Some(index) = resolve(&cluster, *target, last_killed) {
+                    // What it tries to read: variables the workload wrote.
+                    let mut victims: Vec<String> =
+                        workload.acked.lock().expect("acked").keys().take(3).cloned().collect();
+                    if victims.is_empty() {
+                        victims.push("w0".to_string());
+                    }
+                    cluster.rogue_server_calls(index, victims);
+                }
+            }
             Action::ReadStorm {
                 per_second,
                 lasting,
@@ -617,6 +631,12 @@ async fn play(
         quiet_writes(&cluster, &mut workload).await;
         check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
         check_state_equal(&cluster, &recorder, leader, deadline).await;
+        if plan
+            .played_steps()
+            .any(|step| matches!(step.action, Action::RogueCalls(_)))
+        {
+            check_rogue_left_nothing(&cluster, &recorder, leader);
+        }
     }
     check_linearizable(&recorder, &workload);
     let virtual_secs = tokio::time::Instant::now().saturating_duration_since(start).as_secs();
@@ -874,6 +894,61 @@ pub(crate) async fn wait_for_leader(cluster: &SimCluster, bound: Duration) {
             return;
         }
         tokio::time::sleep(LIVENESS_POLL).await;
+    }
+}
+
+/// With ACLs on, the management token the workload's writes carry, made through the first
+/// leader (retried until a leader takes it).
+async fn bootstrap_acl(cluster: &mut SimCluster, seed: u64) {
+    let secret = format!("{:08x}-0000-4000-8000-{:012x}", seed >> 32, seed & 0xffff_ffff_ffff);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while tokio::time::Instant::now() < deadline {
+        wait_for_leader(cluster, Duration::from_secs(5)).await;
+        if let Some(index) = resolve(cluster, Target::Leader, None) {
+            match cluster.bootstrap_acl(index, secret.clone()).await {
+                Ok(at) => {
+                    cluster.recorder().note(format!("ACLs bootstrapped at index {at}"));
+                    return;
+                }
+                Err(error) => cluster.recorder().note(format!("ACL bootstrap: {error}")),
+            }
+        }
+        tokio::time::sleep(LIVENESS_POLL).await;
+    }
+    cluster.recorder().violate(
+        "liveness: ACLs can be bootstrapped",
+        "no leader took the bootstrap within 60 s".to_string(),
+    );
+}
+
+/// Nothing a rogue's token-only calls would have left is in the leader's state: no variable
+/// or job of its naming, not its autopilot settings (a force-leave would show in the
+/// configuration check, a purge has no job to take here: their answers are checked).
+fn check_rogue_left_nothing(cluster: &SimCluster, recorder: &Recorder, leader: u64) {
+    const INVARIANT: &str = drover_io_sim::rogue::CALLS_REFUSED;
+    let Some(state) = leader_state(cluster, leader) else {
+        return;
+    };
+    let mut marks: Vec<String> = state
+        .variables()
+        .filter(|variable| variable.path.starts_with("rogue"))
+        .map(|variable| format!("variable {}", variable.path))
+        .collect();
+    marks.extend(
+        state
+            .jobs()
+            .filter(|job| job.id.starts_with("rogue"))
+            .map(|job| format!("job {}", job.id)),
+    );
+    if state
+        .autopilot_config()
+        .is_some_and(|config| config.max_trailing_logs == drover_io_sim::rogue::ROGUE_TRAILING_LOGS)
+    {
+        marks.push("the rogue's autopilot settings".to_string());
+    }
+    recorder.checked(INVARIANT, 1);
+    if !marks.is_empty() {
+        recorder.violate(INVARIANT, format!("the leader's state holds {}", marks.join(", ")));
     }
 }
 

@@ -115,6 +115,9 @@ pub enum Action {
     /// A machine holding a client's certificate sends a server a direct write (a server-only
     /// call), which must be refused.
     RogueWrite(Target),
+    /// With ACLs on: a client's certificate makes the calls only a token may allow, with no
+    /// token and with a forged one (`drover_io_sim::rogue::server_calls`).
+    RogueCalls(Target),
 }
 
 #[derive(Clone, Debug)]
@@ -171,6 +174,7 @@ impl fmt::Display for Step {
                 )
             }
             Action::RogueWrite(target) => write!(f, "{at} a client's certificate writes directly to {target:?}"),
+            Action::RogueCalls(target) => write!(f, "{at} a client's certificate makes token-only calls to {target:?}"),
         }
     }
 }
@@ -211,6 +215,9 @@ pub struct Plan {
     /// The workload seals its values under the root keyring, as the HTTP API does, and its
     /// read-backs open them.
     pub sealed_writes: bool,
+    /// ACLs on every server: the runner makes the management token once a leader is known,
+    /// and the workload's writes carry it.
+    pub acl: bool,
     /// The timings every server runs with (drawn per seed by `runner::plan_for`).
     pub knobs: Option<Knobs>,
 }
@@ -336,6 +343,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "sealed_variables",
         about: "values sealed under the root keyring while servers are killed and restarted: every read-back opens to what was written",
         build: sealed_variables,
+    },
+    Scenario {
+        name: "acl_rogue_client",
+        about: "ACLs on: a client's certificate makes token-only calls (secret reads, purges, GC, force-leave) to the leader and a follower, before and after the leader is killed; all are refused",
+        build: acl_rogue_client,
     },
 ];
 
@@ -805,6 +817,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         skipped: BTreeSet::new(),
         buggify: BTreeMap::new(),
         sealed_writes: false,
+        acl: false,
         knobs: None,
     }
 }
@@ -902,6 +915,56 @@ fn sealed_variables(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     }
     let mut plan = plan(servers, steps);
     plan.sealed_writes = true;
+    plan
+}
+
+/// ACLs on, a management token made once a leader is known (the workload's writes carry it),
+/// and a machine holding a client's certificate making the calls only a token may allow, to
+/// the leader and to another server (which forwards them), before and after the leader is
+/// killed and restarted; a direct write besides. Every one must be refused, and no mark of
+/// them may reach the state.
+fn acl_rogue_client(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let mut servers = servers(rng, 3, 3, 4_000, false, options);
+    for spec in &mut servers {
+        spec.config.acl.enabled = true;
+    }
+    let kill_at = millis(rng, 10_000..14_000);
+    let mut steps = vec![
+        Step {
+            at: millis(rng, 7_000..9_000),
+            action: Action::RogueCalls(Target::Leader),
+        },
+        Step {
+            at: millis(rng, 7_000..9_000),
+            action: Action::RogueCalls(Target::Server(rng.gen_range(0..3))),
+        },
+        Step {
+            at: millis(rng, 7_000..10_000),
+            action: Action::RogueWrite(Target::Leader),
+        },
+        Step {
+            at: kill_at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        },
+        Step {
+            at: kill_at + millis(rng, 2_000..6_000),
+            action: Action::Restart(Target::LastKilled),
+        },
+        Step {
+            at: kill_at + millis(rng, 3_000..9_000),
+            action: Action::RogueCalls(Target::Leader),
+        },
+        Step {
+            at: kill_at + millis(rng, 3_000..9_000),
+            action: Action::RogueCalls(Target::Server(rng.gen_range(0..3))),
+        },
+    ];
+    steps.sort_by_key(|step| step.at);
+    let mut plan = plan(servers, steps);
+    plan.acl = true;
     plan
 }
 

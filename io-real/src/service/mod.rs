@@ -119,6 +119,8 @@ pub struct Service {
     pub skip_caller_check: bool,
     /// `acl { enabled }`: server requests are checked against their caller's token.
     pub acl_enabled: bool,
+    /// Regression switch: serve server calls with no token check (`RaftFaults::skip_token_check`).
+    pub skip_token_check: bool,
 }
 
 /// A Raft pre-vote request: the candidate and its last log id as (term, index).
@@ -869,7 +871,7 @@ impl Service {
     /// What `token` proves on this server: everything with ACLs off, else its ACL resolved
     /// from the applied state (expiry by the wall clock, as the HTTP gate's).
     fn authority(&self, token: &str) -> Authority {
-        let (true, Some((applied, _))) = (self.acl_enabled, &self.state) else {
+        let (true, false, Some((applied, _))) = (self.acl_enabled, self.skip_token_check, &self.state) else {
             return Authority::Open;
         };
         applied.read(|applied| {
@@ -961,6 +963,7 @@ mod tests {
             observer: Arc::new(crate::io::TracingObserver),
             skip_caller_check: false,
             acl_enabled: false,
+            skip_token_check: false,
             server_cursor: Arc::default(),
             metrics: crate::metrics::Metrics::new(),
         }
