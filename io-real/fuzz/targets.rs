@@ -283,6 +283,7 @@ fn base_commands() -> Vec<Command> {
         Command::VariableUpsert {
             path: "nomad/jobs/example".into(),
             items: BTreeMap::from([("k".to_string(), "v".to_string())]).into(),
+            cas: None,
         },
     ];
     for job in corpus_jobs() {
@@ -488,6 +489,7 @@ fn rpc_seeds() -> Vec<Case> {
         command: Command::VariableUpsert {
             path: "nomad/jobs/example".into(),
             items: BTreeMap::from([("k".to_string(), "v".to_string())]).into(),
+            cas: None,
         },
     };
     payloads.push((15, json(&upsert)));

@@ -604,7 +604,7 @@ impl SimCluster {
                 } else {
                     items
                 };
-                let command = Command::VariableUpsert { path, items };
+                let command = Command::VariableUpsert { path, items, cas: None };
                 agent
                     .apply(command)
                     .await

@@ -37,6 +37,7 @@ pub fn direct_write(node: &NodeHandle, to: SocketAddr, region: String, n: u64, r
             command: Command::VariableUpsert {
                 path: format!("rogue/{n}"),
                 items: [("v".to_string(), "written by a client".to_string())].into(),
+                cas: None,
             },
         };
         let request = drover_io_real::service::envelope(

@@ -35,4 +35,5 @@ mod support;
 mod templates;
 mod tls_cli;
 mod tls_reload;
+mod variables_api;
 mod volume_create;

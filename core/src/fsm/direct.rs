@@ -62,7 +62,7 @@ impl Command {
     /// Accepts the command as a direct write (variables, validated), or says why not.
     pub fn check_direct_write(&self) -> Result<(), DirectWriteError> {
         match self {
-            Command::VariableUpsert { path, items } => {
+            Command::VariableUpsert { path, items, .. } => {
                 validate_variable_path(path)?;
                 if items.is_empty() {
                     return Err(DirectWriteError::NoItems);
@@ -74,7 +74,7 @@ impl Command {
                         .map_err(DirectWriteError::Items),
                 }
             }
-            Command::VariableDelete { path } => validate_variable_path(path),
+            Command::VariableDelete { path, .. } => validate_variable_path(path),
             Command::Acl(command) => super::acl::AclState::check(command).map_err(DirectWriteError::Acl),
             Command::RootKey(
                 super::rootkeys::RootKeyCommand::Activate { key_id }
@@ -139,6 +139,7 @@ mod tests {
         let upsert = |path: &str, items: &[(&str, &str)]| Command::VariableUpsert {
             path: path.into(),
             items: items.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            cas: None,
         };
         assert_eq!(upsert("nomad/jobs/a-b_c~d", &[("k", "v")]).check_direct_write(), Ok(()));
         assert_eq!(upsert("a", &[]).check_direct_write(), Err(DirectWriteError::NoItems));
@@ -152,9 +153,12 @@ mod tests {
                 "{bad:?}"
             );
             assert!(
-                Command::VariableDelete { path: bad.into() }
-                    .check_direct_write()
-                    .is_err()
+                Command::VariableDelete {
+                    path: bad.into(),
+                    cas: None,
+                }
+                .check_direct_write()
+                .is_err()
             );
         }
         let claimless = Command::CsiPluginDelete { plugin_id: "p".into() };

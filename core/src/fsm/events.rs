@@ -385,7 +385,10 @@ mod tests {
         );
         assert_eq!(summary(&purged), vec![("JobDeregistered", "Job", "web".into())]);
         // Nothing Nomad streams: no events.
-        let variable = Command::VariableDelete { path: "x".into() };
+        let variable = Command::VariableDelete {
+            path: "x".into(),
+            cas: None,
+        };
         assert!(apply(&mut state, 3, variable).is_empty());
     }
 

@@ -71,9 +71,16 @@ pub enum Command {
         path: String,
         /// Values never shown by `Debug` (openraft logs entries at debug level).
         items: crate::structs::Secrets,
+        /// Nomad's `?cas=`: applied only if the variable's modify index is this (0: only if
+        /// there is none); otherwise nothing changes and the answer is the conflict.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cas: Option<u64>,
     },
     VariableDelete {
         path: String,
+        /// As [`Command::VariableUpsert`]'s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cas: Option<u64>,
     },
     /// `Node.Register`: creates or replaces the node (keeping its create index).
     NodeRegister {
@@ -280,6 +287,9 @@ pub enum Command {
 pub enum Response {
     Done,
     Variable(Variable),
+    /// A variable write whose check-and-set index did not hold: the variable as it is
+    /// (`None`: there is none). Nothing was changed.
+    VariableConflict(Option<Variable>),
     NotFound,
     /// The command was refused; nothing changed. The text is Nomad's where it has one.
     Error(ErrorKind, String),
@@ -548,33 +558,13 @@ impl ServerState {
                 }
                 Response::Done
             }
-            Command::VariableUpsert { path, items } => {
-                let variable = match self.variables.get(path) {
-                    Some(existing) => Variable {
-                        items: items.clone(),
-                        modify_index: index,
-                        modify_time_unix_ms: entry.at_unix_ms,
-                        ..existing.clone()
-                    },
-                    None => Variable {
-                        path: path.clone(),
-                        items: items.clone(),
-                        create_index: index,
-                        modify_index: index,
-                        create_time_unix_ms: entry.at_unix_ms,
-                        modify_time_unix_ms: entry.at_unix_ms,
-                    },
-                };
-                self.variables.insert(path.clone(), variable.clone());
-                self.table_index.insert(Table::Variables, index);
-                Response::Variable(variable)
-            }
-            Command::VariableDelete { path } => match self.variables.remove(path) {
-                Some(_) => {
-                    self.table_index.insert(Table::Variables, index);
-                    Response::Done
-                }
-                None => Response::NotFound,
+            Command::VariableUpsert { path, items, cas } => match self.variable_conflict(path, *cas) {
+                Some(conflict) => conflict,
+                None => self.upsert_variable(path, items, index, entry.at_unix_ms),
+            },
+            Command::VariableDelete { path, cas } => match self.variable_conflict(path, *cas) {
+                Some(conflict) => conflict,
+                None => self.delete_variable(path, index),
             },
             Command::Acl(command) => {
                 let mut changed = Vec::new();
@@ -641,6 +631,56 @@ impl ServerState {
 
     pub fn variables(&self) -> impl Iterator<Item = &Variable> {
         self.variables.values()
+    }
+
+    /// The answer to a write of `path` checked against `cas` that does not hold: the
+    /// variable as it is (`None`: there is none). `None` when the write may go ahead.
+    fn variable_conflict(&self, path: &str, cas: Option<u64>) -> Option<Response> {
+        let cas = cas?;
+        let current = self.variables.get(path);
+        let holds = match current {
+            Some(variable) => variable.modify_index == cas,
+            None => cas == 0,
+        };
+        (!holds).then(|| Response::VariableConflict(current.cloned()))
+    }
+
+    fn upsert_variable(
+        &mut self,
+        path: &str,
+        items: &crate::structs::Secrets,
+        index: u64,
+        at_unix_ms: u64,
+    ) -> Response {
+        let variable = match self.variables.get(path) {
+            Some(existing) => Variable {
+                items: items.clone(),
+                modify_index: index,
+                modify_time_unix_ms: at_unix_ms,
+                ..existing.clone()
+            },
+            None => Variable {
+                path: path.to_string(),
+                items: items.clone(),
+                create_index: index,
+                modify_index: index,
+                create_time_unix_ms: at_unix_ms,
+                modify_time_unix_ms: at_unix_ms,
+            },
+        };
+        self.variables.insert(path.to_string(), variable.clone());
+        self.table_index.insert(Table::Variables, index);
+        Response::Variable(variable)
+    }
+
+    fn delete_variable(&mut self, path: &str, index: u64) -> Response {
+        match self.variables.remove(path) {
+            Some(_) => {
+                self.table_index.insert(Table::Variables, index);
+                Response::Done
+            }
+            None => Response::NotFound,
+        }
     }
 
     fn touch(&mut self, table: Table, index: u64) {
@@ -964,6 +1004,7 @@ mod tests {
         Command::VariableUpsert {
             path: path.into(),
             items: [("v".to_string(), value.to_string())].into(),
+            cas: None,
         }
     }
 
@@ -994,10 +1035,76 @@ mod tests {
         assert_eq!((variable.create_index, variable.modify_index), (3, 5));
         assert_eq!(state.table_index(Table::Variables), 5);
         assert_eq!(
-            state.apply(6, &entry(3, Command::VariableDelete { path: "x".into() })),
+            state.apply(
+                6,
+                &entry(
+                    3,
+                    Command::VariableDelete {
+                        path: "x".into(),
+                        cas: None
+                    }
+                )
+            ),
             Response::NotFound
         );
         assert_eq!(state.table_index(Table::Variables), 5);
+    }
+
+    /// Nomad's check-and-set (`?cas=`): a write whose index does not hold changes nothing
+    /// and answers with the variable as it is; 0 means "only if there is none".
+    #[test]
+    fn a_stale_check_and_set_changes_nothing_and_answers_the_conflict() {
+        let cas_upsert = |value: &str, cas: u64| Command::VariableUpsert {
+            path: "a".into(),
+            items: [("v".to_string(), value.to_string())].into(),
+            cas: Some(cas),
+        };
+        let cas_delete = |cas: u64| Command::VariableDelete {
+            path: "a".into(),
+            cas: Some(cas),
+        };
+        let mut state = ServerState::default();
+        // Not there: only 0 holds.
+        assert_eq!(
+            state.apply(2, &entry(1, cas_upsert("x", 7))),
+            Response::VariableConflict(None)
+        );
+        assert_eq!(
+            state.apply(3, &entry(1, cas_delete(7))),
+            Response::VariableConflict(None)
+        );
+        assert!(state.variable("a").is_none());
+        let Response::Variable(created) = state.apply(4, &entry(1, cas_upsert("1", 0))) else {
+            panic!("a create with cas 0 applies")
+        };
+        assert_eq!(created.modify_index, 4);
+        // There: 0 and any other index than its modify index are stale.
+        for stale in [0, 3, 5] {
+            let Response::VariableConflict(Some(current)) =
+                state.apply(5 + stale, &entry(2, cas_upsert("lost", stale)))
+            else {
+                panic!("cas {stale} must conflict")
+            };
+            assert_eq!(current, created);
+            assert_eq!(
+                state.apply(6 + stale, &entry(2, cas_delete(stale))),
+                Response::VariableConflict(Some(created.clone()))
+            );
+        }
+        assert_eq!(state.variable("a"), Some(&created));
+        assert_eq!(state.table_index(Table::Variables), 4);
+        // The current index holds, for a write and then a delete.
+        let Response::Variable(updated) = state.apply(20, &entry(3, cas_upsert("2", 4))) else {
+            panic!("cas at the modify index applies")
+        };
+        assert_eq!((updated.create_index, updated.modify_index), (4, 20));
+        assert_eq!(state.apply(21, &entry(3, cas_delete(20))), Response::Done);
+        assert!(state.variable("a").is_none());
+        // Without cas, as before: last writer wins.
+        assert!(matches!(
+            state.apply(22, &entry(4, upsert("a", "3"))),
+            Response::Variable(_)
+        ));
     }
 
     #[test]

@@ -198,7 +198,7 @@ pub fn need_command(command: &Command) -> Need<'_> {
             paths: vec![path],
             capability: var_cap::WRITE,
         },
-        Command::VariableDelete { path } => Need::Variables {
+        Command::VariableDelete { path, .. } => Need::Variables {
             paths: vec![path],
             capability: var_cap::DESTROY,
         },

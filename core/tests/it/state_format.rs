@@ -48,6 +48,7 @@ fn representative_state() -> ServerState {
     apply(Command::VariableUpsert {
         path: "app/config".into(),
         items: BTreeMap::from([("k".into(), "v".into())]).into(),
+        cas: None,
     });
     apply(Command::NodeRegister {
         node: Node {

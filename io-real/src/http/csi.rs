@@ -530,13 +530,19 @@ pub async fn list_nodes(
             .filter(|node| filter.keeps(|| render::node(node)))
             .map(|node| (node.id.clone(), node));
         let (nodes, next) = super::page::page(matching, &options);
-        let resources = options.resources.unwrap_or(false);
+        let (resources, os) = (options.resources.unwrap_or(false), options.os.unwrap_or(false));
         let stub = |node: &drover_core::structs::Node| {
-            if resources {
+            let mut stub = if resources {
                 render::node_stub_with_resources(node)
             } else {
                 render::node_stub(node)
+            };
+            if os {
+                // Nomad's stub then carries the one attribute, `os.name`.
+                let name = node.attributes.get("os.name").cloned().unwrap_or_default();
+                stub["Attributes"] = serde_json::json!({ "os.name": name });
             }
+            stub
         };
         filter.finish((nodes.into_iter().map(stub).collect(), next))
     })

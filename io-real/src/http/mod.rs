@@ -584,6 +584,9 @@ pub(super) struct QueryOptions {
     /// `GET /v1/jobs?meta=true`: each stub carries its job's meta.
     #[serde(default, deserialize_with = "go_bool")]
     meta: Option<bool>,
+    /// `GET /v1/nodes?os=true`: each stub carries its node's `os.name` attribute.
+    #[serde(default, deserialize_with = "go_bool")]
+    os: Option<bool>,
 }
 
 /// Runs a list read on the blocking pool, against the state version current now: a list of
@@ -696,7 +699,11 @@ async fn list_variables(
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Variables, &options).await?;
     let (list, next): (Vec<Value>, Option<String>) = read_list(&handle, move |state| {
-        let matching = state.variables().map(|variable| (variable.path.clone(), variable));
+        let prefix = options.prefix.clone().unwrap_or_default();
+        let matching = state
+            .variables()
+            .filter(|variable| variable.path.starts_with(&prefix))
+            .map(|variable| (variable.path.clone(), variable));
         let (variables, next) = page::page(matching, &options);
         let list = variables
             .into_iter()
@@ -763,25 +770,82 @@ pub fn decode_variable_put(path: String, body: &[u8]) -> Result<Command, ApiErro
     Ok(Command::VariableUpsert {
         path,
         items: body.items.into(),
+        cas: None,
     })
+}
+
+/// `?cas=N` of a variable write: Nomad's check-and-set index.
+#[derive(Default, Deserialize)]
+struct CasQuery {
+    cas: Option<String>,
+}
+
+impl CasQuery {
+    fn index(&self) -> Result<Option<u64>, ApiError> {
+        self.cas
+            .as_deref()
+            .map(|cas| {
+                cas.parse::<u64>()
+                    .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse cas index {cas:?}")))
+            })
+            .transpose()
+    }
+}
+
+/// Nomad's answer to a write whose check-and-set index did not hold: 409 with the variable
+/// as it is (its values opened), or an empty one of that path when there is none.
+async fn variable_conflict(
+    handle: &AgentHandle,
+    path: String,
+    current: Option<Variable>,
+    index: u64,
+) -> Result<Response, ApiError> {
+    let variable = match current {
+        Some(mut variable) => {
+            variable.items = handle.open_secrets(&variable.items).await.map_err(root_key_error)?;
+            variable
+        }
+        None => Variable {
+            path,
+            items: Default::default(),
+            create_index: 0,
+            modify_index: 0,
+            create_time_unix_ms: 0,
+            modify_time_unix_ms: 0,
+        },
+    };
+    Ok((
+        StatusCode::CONFLICT,
+        query_headers(handle, index),
+        axum::Json(variable_json(&variable)),
+    )
+        .into_response())
 }
 
 async fn put_variable(
     State(handle): State<AgentHandle>,
     Path(path): Path<String>,
+    Query(query): Query<CasQuery>,
     body: axum::body::Bytes,
-) -> Result<impl IntoResponse, ApiError> {
-    let Command::VariableUpsert { path, items } = decode_variable_put(path, &body)? else {
+) -> Result<Response, ApiError> {
+    let cas = query.index()?;
+    let Command::VariableUpsert { path, items, .. } = decode_variable_put(path, &body)? else {
         unreachable!("a variable put decodes to an upsert")
     };
     // Sealed before Raft: the log and the snapshots never hold the values.
     let sealed = handle.seal_secrets(&items).await.map_err(root_key_error)?;
-    let (index, response) = handle.apply(Command::VariableUpsert { path, items: sealed }).await?;
+    let command = Command::VariableUpsert {
+        path: path.clone(),
+        items: sealed,
+        cas,
+    };
+    let (index, response) = handle.apply(command).await?;
     match response {
         FsmResponse::Variable(variable) => {
             let variable = Variable { items, ..variable };
-            Ok((query_headers(&handle, index), axum::Json(variable_json(&variable))))
+            Ok((query_headers(&handle, index), axum::Json(variable_json(&variable))).into_response())
         }
+        FsmResponse::VariableConflict(current) => variable_conflict(&handle, path, current, index).await,
         other => Err(ApiError(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("unexpected result {other:?}"),
@@ -792,10 +856,18 @@ async fn put_variable(
 async fn delete_variable(
     State(handle): State<AgentHandle>,
     Path(path): Path<String>,
-) -> Result<impl IntoResponse, ApiError> {
+    Query(query): Query<CasQuery>,
+) -> Result<Response, ApiError> {
+    let cas = query.index()?;
     validate_variable_path(&path)?;
-    let (index, _) = handle.apply(Command::VariableDelete { path }).await?;
-    Ok((query_headers(&handle, index), StatusCode::OK))
+    let command = Command::VariableDelete {
+        path: path.clone(),
+        cas,
+    };
+    match handle.apply(command).await? {
+        (index, FsmResponse::VariableConflict(current)) => variable_conflict(&handle, path, current, index).await,
+        (index, _) => Ok((query_headers(&handle, index), StatusCode::OK).into_response()),
+    }
 }
 
 #[cfg(test)]

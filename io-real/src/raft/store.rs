@@ -914,6 +914,7 @@ mod tests {
         let command = Command::VariableUpsert {
             path: "app".into(),
             items: BTreeMap::from([("k".into(), "v".into())]).into(),
+            cas: None,
         };
         state.apply(1, &drover_core::fsm::Entry { at_unix_ms: 1, command });
         state
@@ -935,6 +936,7 @@ mod tests {
                 command: Command::VariableUpsert {
                     path: path.into(),
                     items: BTreeMap::from([("k".into(), "v".into())]).into(),
+                    cas: None,
                 },
             }),
         }
