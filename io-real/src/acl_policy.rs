@@ -20,8 +20,7 @@ use drover_core::acl::{HostVolumeRule, NamespaceRule, PolicyRules, VariableRule}
 /// or the check's text.
 pub fn parse(text: &str) -> Result<PolicyRules, String> {
     let fail = |why: String| format!("Failed to parse ACL Policy: {why}");
-    crate::hcl_check::strings_terminated(text).map_err(|error| fail(error.to_string()))?;
-    let body: hcl::Body = hcl::from_str(text).map_err(|error| fail(error.to_string()))?;
+    let body = crate::hcl_check::parse_body(text).map_err(fail)?;
     let mut rules = PolicyRules::default();
     if let Some(attribute) = body.attributes().next() {
         return Err(fail(format!(

@@ -9,9 +9,47 @@
 //! inside `${ }` interpolations are followed as HCL reads them; anything else is left to
 //! hcl-rs.
 
-/// `Err` naming the line and column of the first quoted string that does not end on its line.
+/// `Err` naming the line and column of the first quoted string that does not end on its line,
+/// or of the first bracket that opens more than [`MAX_NESTING`] levels deep.
 pub fn strings_terminated(text: &str) -> Result<(), String> {
     Scanner::new(text).run()
+}
+
+/// How deep HCL may nest braces, brackets, parentheses and interpolations, and (with
+/// [`MAX_LABELS`]) how deep a parsed body's values may nest. hcl-rs parses and converts
+/// recursively: a jobspec nesting far deeper (the fuzzer grew one block's labels, each of which
+/// becomes a level of the value, into the thousands) overflowed the parsing thread's stack,
+/// and a stack overflow aborts the whole agent. Nomad's own jobspecs nest under ten levels.
+pub const MAX_NESTING: usize = 64;
+/// The most labels one block may carry (Nomad's blocks take at most two).
+pub const MAX_LABELS: usize = 8;
+
+/// `text` parsed into an HCL body, after the scan above, with no block carrying more than
+/// [`MAX_LABELS`] labels and no value nested deeper than [`MAX_NESTING`] levels once labels
+/// are counted: what the callers then convert cannot overflow a stack.
+pub fn parse_body(text: &str) -> Result<hcl::Body, String> {
+    strings_terminated(text)?;
+    let body = hcl::parse(text).map_err(|error| error.to_string())?;
+    body_within(&body, 0)?;
+    Ok(body)
+}
+
+fn body_within(body: &hcl::Body, depth: usize) -> Result<(), String> {
+    for block in body.blocks() {
+        let name = block.identifier();
+        if block.labels().len() > MAX_LABELS {
+            return Err(format!(
+                "block {name:?} has {} labels; a block takes at most {MAX_LABELS}",
+                block.labels().len()
+            ));
+        }
+        let inner = depth + 1 + block.labels().len();
+        if inner > MAX_NESTING {
+            return Err(format!("block {name:?} nests more than {MAX_NESTING} levels deep"));
+        }
+        body_within(block.body(), inner)?;
+    }
+    Ok(())
 }
 
 struct Scanner<'a> {
@@ -106,7 +144,23 @@ impl<'a> Scanner<'a> {
 
     fn run(mut self) -> Result<(), String> {
         let mut stack = vec![Context::Expression { braces: 0 }];
+        // Brackets and parentheses open in expressions (braces are counted per context).
+        let mut brackets = 0usize;
         while let Some(c) = self.next() {
+            let open: usize = stack
+                .iter()
+                .map(|context| match context {
+                    Context::Expression { braces } => braces + 1,
+                    Context::Quoted { .. } => 1,
+                })
+                .sum::<usize>()
+                + brackets;
+            if open > MAX_NESTING {
+                return Err(format!(
+                    "{}:{}: nested more than {MAX_NESTING} levels deep",
+                    self.line, self.column
+                ));
+            }
             match stack.last_mut().expect("the top level is never popped") {
                 Context::Quoted { line, column } => match c {
                     '\\' => {
@@ -143,6 +197,8 @@ impl<'a> Scanner<'a> {
                     }),
                     '{' => *braces += 1,
                     '}' if *braces > 0 => *braces -= 1,
+                    '[' | '(' => brackets += 1,
+                    ']' | ')' => brackets = brackets.saturating_sub(1),
                     // The `}` closing an interpolation: back in its string.
                     '}' if stack.len() > 1 => {
                         stack.pop();
@@ -169,6 +225,40 @@ fn unterminated(line: usize, column: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nesting that would overflow a parser's or a converter's stack is refused by line and
+    /// column before hcl-rs sees it, and labels (each a level of the parsed value) count.
+    #[test]
+    fn nesting_past_the_bound_is_refused_before_the_parser() {
+        let deep = |open: &str, close: &str, n: usize| format!("a = {}1{}\n", open.repeat(n), close.repeat(n));
+        for (open, close) in [("[", "]"), ("(", ")"), ("{x = ", "}")] {
+            assert!(
+                parse_body(&deep(open, close, MAX_NESTING - 2)).is_ok(),
+                "{open} within the bound"
+            );
+            let error = strings_terminated(&deep(open, close, 100_000)).unwrap_err();
+            assert!(error.contains("nested more than 64 levels deep"), "{error}");
+            assert!(error.starts_with("1:"), "named by its line: {error}");
+        }
+        // Blocks nested by braces, and a block's labels.
+        let blocks = |n: usize| format!("{}{}", "b {\n".repeat(n), "}\n".repeat(n));
+        assert!(parse_body(&blocks(MAX_NESTING - 1)).is_ok());
+        assert!(parse_body(&blocks(MAX_NESTING + 1)).is_err());
+        let labels = |n: usize| format!("config {} {{\n}}\n", "f ".repeat(n));
+        assert!(parse_body(&labels(2)).is_ok());
+        let error = parse_body(&labels(3_000)).unwrap_err();
+        assert_eq!(
+            error,
+            format!("block \"config\" has 3000 labels; a block takes at most {MAX_LABELS}")
+        );
+        // Labels deep inside nested blocks add up.
+        let stacked = format!("{}{}", "b l l l l l l l {\n".repeat(9), "}\n".repeat(9));
+        assert!(
+            parse_body(&stacked)
+                .unwrap_err()
+                .contains("nests more than 64 levels deep")
+        );
+    }
 
     #[test]
     fn well_formed_hcl_passes() {

@@ -12,10 +12,10 @@ use drover_core::humanize::ibytes;
 /// body Nomad's API takes, and its id.
 fn volume_spec(file: &str) -> Result<(String, Value), Failure> {
     let source = std::fs::read_to_string(file).map_err(|error| Failure(format!("Error reading {file}: {error}"), 1))?;
-    drover_io_real::hcl_check::strings_terminated(&source)
+    let body = drover_io_real::hcl_check::parse_body(&source)
         .map_err(|error| Failure(format!("Error parsing {file}: {error}"), 1))?;
     let spec: hcl::Value =
-        hcl::from_str(&source).map_err(|error| Failure(format!("Error parsing {file}: {error}"), 1))?;
+        hcl::from_body(body).map_err(|error| Failure(format!("Error parsing {file}: {error}"), 1))?;
     let spec = serde_json::to_value(spec)?;
     let field = |key: &str| spec.get(key).cloned().unwrap_or(Value::Null);
     if field("type") != "csi" {

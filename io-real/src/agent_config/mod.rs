@@ -353,8 +353,7 @@ pub fn parse_file(path: &Path) -> anyhow::Result<(FileConfig, Vec<String>)> {
 }
 
 pub fn parse_text(text: &str) -> anyhow::Result<(FileConfig, Vec<String>)> {
-    crate::hcl_check::strings_terminated(text).map_err(|error| anyhow::anyhow!("{error}"))?;
-    let body: hcl::Body = hcl::from_str(text).map_err(|error| anyhow::anyhow!("{error}"))?;
+    let body = crate::hcl_check::parse_body(text).map_err(|error| anyhow::anyhow!("{error}"))?;
     let mut ignored = Vec::new();
     for structure in body.iter() {
         let key = match structure {

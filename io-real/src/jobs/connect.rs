@@ -8,7 +8,7 @@ use drover_core::structs::{TaskLifecycle, TaskResources};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{ApiResources, DEFAULT_CPU, DEFAULT_MEMORY_MB, config_json, config_value, duration, nanos};
+use super::{ApiResources, DEFAULT_CPU, DEFAULT_MEMORY_MB, config_entry, config_json, duration, nanos};
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
@@ -87,11 +87,11 @@ fn config_in(
 ) -> BTreeMap<String, drover_core::structs::ConfigValue> {
     let mut out = BTreeMap::new();
     for (key, value) in config {
-        match config_value(value) {
-            Some(value) => {
+        match config_entry(at, key, value) {
+            Ok(value) => {
                 out.insert(key.clone(), value);
             }
-            None => problems.push(format!("{at}: config {key:?} has an unsupported value")),
+            Err(problem) => problems.push(problem),
         }
     }
     out

@@ -312,18 +312,48 @@ fn duration(field: &str, nanos: i64, problems: &mut Vec<String>) -> Duration {
     Duration::from_nanos(nanos as u64)
 }
 
-fn config_value(value: &Value) -> Option<ConfigValue> {
-    Some(match value {
+/// How deep a task's `config` may nest lists and maps. Drivers' configs nest a few levels;
+/// this bound keeps every accepted config far inside what the JSON of a registration may nest
+/// (serde_json stops at 128), so `job run` and the HTTP API refuse the same jobs (a fuzzed
+/// jobspec nesting `config` blocks 60 deep parsed from HCL and was refused over JSON).
+pub const CONFIG_DEPTH_MAX: usize = 32;
+
+/// Why a task's config value cannot be taken.
+enum ConfigRefusal {
+    Unsupported,
+    TooDeep,
+}
+
+fn config_value(value: &Value, depth: usize) -> Result<ConfigValue, ConfigRefusal> {
+    if depth > CONFIG_DEPTH_MAX {
+        return Err(ConfigRefusal::TooDeep);
+    }
+    Ok(match value {
         Value::Bool(flag) => ConfigValue::Bool(*flag),
-        Value::Number(number) => ConfigValue::Int(number.as_i64()?),
+        Value::Number(number) => ConfigValue::Int(number.as_i64().ok_or(ConfigRefusal::Unsupported)?),
         Value::String(text) => ConfigValue::String(text.clone()),
-        Value::Array(items) => ConfigValue::List(items.iter().map(config_value).collect::<Option<_>>()?),
+        Value::Array(items) => ConfigValue::List(
+            items
+                .iter()
+                .map(|item| config_value(item, depth + 1))
+                .collect::<Result<_, _>>()?,
+        ),
         Value::Object(map) => ConfigValue::Map(
             map.iter()
-                .map(|(key, value)| Some((key.clone(), config_value(value)?)))
-                .collect::<Option<_>>()?,
+                .map(|(key, value)| Ok((key.clone(), config_value(value, depth + 1)?)))
+                .collect::<Result<_, _>>()?,
         ),
-        Value::Null => return None,
+        Value::Null => return Err(ConfigRefusal::Unsupported),
+    })
+}
+
+/// One entry of a task's `config`, or the problem that names it (`at`: whose config).
+fn config_entry(at: &str, key: &str, value: &Value) -> Result<ConfigValue, String> {
+    config_value(value, 1).map_err(|refusal| match refusal {
+        ConfigRefusal::Unsupported => format!("{at}: config {key:?} has an unsupported value"),
+        ConfigRefusal::TooDeep => {
+            format!("{at}: config {key:?} nests lists and maps deeper than {CONFIG_DEPTH_MAX} levels")
+        }
     })
 }
 
@@ -577,11 +607,11 @@ impl ApiTask {
         let resources = self.resources.clone().unwrap_or_default();
         let mut config = BTreeMap::new();
         for (key, value) in &self.config {
-            match config_value(value) {
-                Some(value) => {
+            match config_entry(&format!("Task {}", self.name), key, value) {
+                Ok(value) => {
                     config.insert(key.clone(), value);
                 }
-                None => problems.push(format!("Task {}: config {key:?} has an unsupported value", self.name)),
+                Err(problem) => problems.push(problem),
             }
         }
         let csi_plugin = self.csi_plugin_config.as_ref().map(|plugin| {
@@ -912,6 +942,41 @@ mod tests {
         );
         let back = ApiJob::from_job(&job, "pending").to_job().unwrap();
         assert_eq!(back, job);
+    }
+
+    /// A config nested past [`CONFIG_DEPTH_MAX`] is refused by name, whether the job came
+    /// parsed (`job run`) or as JSON (the HTTP API); one level less is taken. (The fuzzer's
+    /// jobspec nesting `config` blocks 60 deep was taken from HCL and refused over JSON.)
+    #[test]
+    fn a_config_nested_too_deep_is_refused_the_same_from_hcl_and_json() {
+        let nested = |depth: usize| {
+            let mut value = serde_json::json!("leaf");
+            for _ in 1..depth {
+                value = serde_json::json!({ "f": value });
+            }
+            value
+        };
+        let job = |depth: usize| {
+            serde_json::json!({"ID":"web","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Driver":"raw_exec",
+                "Config":{"command":"/bin/true","deep":nested(depth)}}]}]})
+        };
+        let api: ApiJob = serde_json::from_value(job(CONFIG_DEPTH_MAX)).unwrap();
+        assert!(api.to_job().is_ok(), "{CONFIG_DEPTH_MAX} levels are taken");
+        let api: ApiJob = serde_json::from_value(job(CONFIG_DEPTH_MAX + 1)).unwrap();
+        let problems = api.to_job().unwrap_err();
+        assert_eq!(
+            problems,
+            [format!(
+                "Task t: config \"deep\" nests lists and maps deeper than {CONFIG_DEPTH_MAX} levels"
+            )]
+        );
+        for depth in [CONFIG_DEPTH_MAX + 1, 200] {
+            let body = serde_json::to_vec(&serde_json::json!({ "Job": job(depth) })).unwrap();
+            assert!(
+                crate::http::decode::job_register(&body, None).is_err(),
+                "{depth} levels over JSON"
+            );
+        }
     }
 
     #[test]

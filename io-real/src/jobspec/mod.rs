@@ -338,8 +338,8 @@ pub fn parse_duration(text: &str) -> Option<i64> {
 
 /// Parses one jobspec file: exactly one `job "<id>" {}` block.
 pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
-    crate::hcl_check::strings_terminated(text).map_err(|error| vec![format!("error parsing jobspec: {error}")])?;
-    let value: hcl::Value = hcl::from_str(text).map_err(|error| vec![format!("error parsing jobspec: {error}")])?;
+    let body = crate::hcl_check::parse_body(text).map_err(|error| vec![format!("error parsing jobspec: {error}")])?;
+    let value: hcl::Value = hcl::from_body(body).map_err(|error| vec![format!("error parsing jobspec: {error}")])?;
     let value = serde_json::to_value(&value).map_err(|error| vec![error.to_string()])?;
     let mut walker = Walker { problems: Vec::new() };
     let Some(root) = walker.object("jobspec", &value) else {
