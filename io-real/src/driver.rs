@@ -868,44 +868,41 @@ async fn start_raft<T: Transport, O: Observer>(
         if !observer.enabled() {
             return;
         }
-        if let openraft::EntryPayload::Normal(Entry {
-            command: Command::CsiVolumeClaim {
-                namespace, volume_id, ..
-            },
-            ..
-        }) = &entry.payload
-            && let Some(volume) = state.volume_raw(namespace, volume_id)
-        {
-            observer.record(AgentEvent::VolumeClaims {
-                volume: format!("{namespace}/{volume_id}"),
-                access_mode: volume.access_mode.as_str().to_string(),
-                writers: volume.write_claims.keys().cloned().collect(),
-                readers: volume.read_claims.len(),
-            });
-        }
-        if let openraft::EntryPayload::Normal(Entry {
-            command: Command::PlanApply { allocs, .. },
-            ..
-        }) = &entry.payload
-        {
-            for event in crate::facts::rollouts(state, allocs) {
-                observer.record(event);
-            }
-        }
-        if let openraft::EntryPayload::Normal(Entry { command, .. }) = &entry.payload
-            && let Some(event) = crate::facts::periodic_launch(state, index, command)
-        {
-            observer.record(event);
-        }
-        if let openraft::EntryPayload::Normal(Entry {
-            command: Command::AllocUpdateDesiredTransition { transitions, .. },
-            ..
-        }) = &entry.payload
-        {
-            for alloc_id in transitions.keys() {
-                if let Some(event) = crate::facts::drain_migration(state, alloc_id) {
-                    observer.record(event);
+        let members = match &entry.payload {
+            openraft::EntryPayload::Normal(Entry { command, .. }) => command.members(),
+            _ => &[],
+        };
+        // A batch's members, each as if committed alone (read from the state after the batch).
+        for command in members {
+            match command {
+                Command::CsiVolumeClaim {
+                    namespace, volume_id, ..
+                } => {
+                    if let Some(volume) = state.volume_raw(namespace, volume_id) {
+                        observer.record(AgentEvent::VolumeClaims {
+                            volume: format!("{namespace}/{volume_id}"),
+                            access_mode: volume.access_mode.as_str().to_string(),
+                            writers: volume.write_claims.keys().cloned().collect(),
+                            readers: volume.read_claims.len(),
+                        });
+                    }
                 }
+                Command::PlanApply { allocs, .. } => {
+                    for event in crate::facts::rollouts(state, allocs) {
+                        observer.record(event);
+                    }
+                }
+                Command::AllocUpdateDesiredTransition { transitions, .. } => {
+                    for alloc_id in transitions.keys() {
+                        if let Some(event) = crate::facts::drain_migration(state, alloc_id) {
+                            observer.record(event);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            if let Some(event) = crate::facts::periodic_launch(state, index, command) {
+                observer.record(event);
             }
         }
         observer.record(AgentEvent::Applied {

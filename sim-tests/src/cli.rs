@@ -1463,7 +1463,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "every live server ends up a voter of the one cluster",
-        caught_by: ("swarm", 26),
+        caught_by: ("swarm", 86),
     },
     Switch {
         name: "no-handover",

@@ -84,9 +84,18 @@ impl Command {
         }
     }
 
+    /// The commands this one applies: a batch's members, or itself.
+    pub fn members(&self) -> &[Command] {
+        match self {
+            Command::Batch(members) => members,
+            single => core::slice::from_ref(single),
+        }
+    }
+
     /// The command's name, for logs and errors.
     pub fn name(&self) -> &'static str {
         match self {
+            Command::Batch(_) => "Batch",
             Command::LeadershipEstablished { .. } => "LeadershipEstablished",
             Command::VariableUpsert { .. } => "VariableUpsert",
             Command::VariableDelete { .. } => "VariableDelete",

@@ -259,7 +259,16 @@ fn object(state: &ServerState, topic: Topic, namespace: &str, id: &str) -> Optio
 /// The events of `command`, applied on `before` to give `after`: each object it wrote as it
 /// is now, each it removed as it was, once. A command refused by the state machine wrote
 /// nothing, and has none.
+///
+/// A batch's members each give their own events, read from the state after the whole batch
+/// (they share one index, as Nomad's batched node and allocation updates do).
 pub fn events(command: &Command, before: &ServerState, after: &ServerState) -> Vec<Event> {
+    if let Command::Batch(members) = command {
+        return members
+            .iter()
+            .flat_map(|member| events(member, before, after))
+            .collect();
+    }
     let Some(kind) = event_type(command) else {
         return Vec::new();
     };

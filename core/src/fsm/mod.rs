@@ -59,6 +59,10 @@ pub struct Entry {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
+    /// Several proposals committed as one entry (group commit, [`crate::rpc`]'s outbox):
+    /// applied in order at the entry's index, answered by a [`Response::Batch`] of one
+    /// response each. Never nested.
+    Batch(Vec<Command>),
     /// Appended by every new leader. The first one applied fixes the cluster's identity.
     LeadershipEstablished {
         leader_id: u64,
@@ -295,6 +299,8 @@ pub enum Response {
     Error(ErrorKind, String),
     /// The volume as stored after the command (claims).
     Volume(alloc::boxed::Box<CsiVolume>),
+    /// A [`Command::Batch`]'s responses, one per member, in order.
+    Batch(Vec<Response>),
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -546,13 +552,31 @@ impl ServerState {
         self.check_order(index);
         self.last_applied = Some(index);
         self.last_applied_time_ms = self.last_applied_time_ms.max(entry.at_unix_ms);
-        let response = match &entry.command {
+        let response = self.apply_command(index, entry.at_unix_ms, &entry.command);
+        assert_eq!(self.last_applied, Some(index));
+        response
+    }
+
+    /// One command at `index`; a batch's members one after another, all at that index.
+    fn apply_command(&mut self, index: u64, at_unix_ms: u64, command: &Command) -> Response {
+        match command {
+            Command::Batch(commands) => Response::Batch(
+                commands
+                    .iter()
+                    .map(|member| match member {
+                        Command::Batch(_) => {
+                            Response::Error(ErrorKind::Invalid, "a batch cannot hold a batch".to_string())
+                        }
+                        member => self.apply_command(index, at_unix_ms, member),
+                    })
+                    .collect(),
+            ),
             Command::LeadershipEstablished { cluster_id, .. } => {
                 self.leader_terms += 1;
                 if self.cluster.is_none() {
                     self.cluster = Some(ClusterMeta {
                         cluster_id: cluster_id.clone(),
-                        create_time_unix_ms: entry.at_unix_ms,
+                        create_time_unix_ms: at_unix_ms,
                     });
                     self.table_index.insert(Table::ClusterMeta, index);
                 }
@@ -560,7 +584,7 @@ impl ServerState {
             }
             Command::VariableUpsert { path, items, cas } => match self.variable_conflict(path, *cas) {
                 Some(conflict) => conflict,
-                None => self.upsert_variable(path, items, index, entry.at_unix_ms),
+                None => self.upsert_variable(path, items, index, at_unix_ms),
             },
             Command::VariableDelete { path, cas } => match self.variable_conflict(path, *cas) {
                 Some(conflict) => conflict,
@@ -568,24 +592,22 @@ impl ServerState {
             },
             Command::Acl(command) => {
                 let mut changed = Vec::new();
-                let response = self.acl.apply(index, entry.at_unix_ms, command, &mut changed);
+                let response = self.acl.apply(index, at_unix_ms, command, &mut changed);
                 for table in changed {
                     self.table_index.insert(table, index);
                 }
                 response
             }
             Command::RootKey(command) => {
-                let response = self.root_keys.apply(index, entry.at_unix_ms, command);
+                let response = self.root_keys.apply(index, at_unix_ms, command);
                 if response == Response::Done {
                     self.table_index.insert(rootkeys::RootKeys::TABLE, index);
                 }
                 response
             }
             Command::AutopilotSetConfig { config, cas } => self.apply_autopilot(index, config, *cas),
-            other => self.apply_cluster(index, entry.at_unix_ms, other),
-        };
-        assert_eq!(self.last_applied, Some(index));
-        response
+            other => self.apply_cluster(index, at_unix_ms, other),
+        }
     }
 
     /// Records a log position that carries no command (blank or membership entries).
@@ -1048,6 +1070,47 @@ mod tests {
             Response::NotFound
         );
         assert_eq!(state.table_index(Table::Variables), 5);
+    }
+
+    /// A batch (group commit) applies its members in order at its one index, each answered
+    /// as it would be alone: a check-and-set against the index the batch itself writes still
+    /// catches the second of two writers racing on one version; a nested batch is refused.
+    #[test]
+    fn a_batch_applies_its_members_in_order_at_one_index() {
+        let cas_upsert = |value: &str, cas: u64| Command::VariableUpsert {
+            path: "a".into(),
+            items: [("v".to_string(), value.to_string())].into(),
+            cas: Some(cas),
+        };
+        let mut state = ServerState::default();
+        let batch = Command::Batch(vec![
+            cas_upsert("first", 0),
+            cas_upsert("second", 0),
+            upsert("b", "1"),
+            Command::Batch(vec![upsert("c", "1")]),
+        ]);
+        let Response::Batch(responses) = state.apply(7, &entry(1, batch)) else {
+            panic!("a batch answers a batch")
+        };
+        assert_eq!(responses.len(), 4);
+        let Response::Variable(first) = &responses[0] else {
+            panic!("the first writer applies: {:?}", responses[0])
+        };
+        assert_eq!((first.create_index, first.modify_index), (7, 7));
+        assert_eq!(responses[1], Response::VariableConflict(Some(first.clone())));
+        assert!(matches!(&responses[2], Response::Variable(b) if b.modify_index == 7));
+        assert!(matches!(&responses[3], Response::Error(ErrorKind::Invalid, _)));
+        assert_eq!(state.variable("a"), Some(first));
+        assert!(state.variable("c").is_none(), "nothing of a nested batch applies");
+        assert_eq!(
+            (state.last_applied(), state.table_index(Table::Variables)),
+            (Some(7), 7)
+        );
+        // The next entry carries on after the batch's index.
+        assert!(matches!(
+            state.apply(8, &entry(2, cas_upsert("third", 7))),
+            Response::Variable(_)
+        ));
     }
 
     /// Nomad's check-and-set (`?cas=`): a write whose index does not hold changes nothing

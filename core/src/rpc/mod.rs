@@ -22,7 +22,7 @@ mod deployments;
 mod jobs;
 mod messages;
 mod nodes;
-mod outbox;
+pub(crate) mod outbox;
 #[cfg(test)]
 mod tests;
 
@@ -204,7 +204,7 @@ impl RpcEndpoints {
                 authority,
             } => self.request(now, req, request, &authority, state),
             Input::Proposed { op, result } => {
-                if let Some((job, owner)) = self.out.take_proposal(op) {
+                for (job, owner, result) in self.out.landed(op, result) {
                     self.proposed(now, job, owner, result, state);
                 }
             }

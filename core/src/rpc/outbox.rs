@@ -1,16 +1,26 @@
 //! What the leader's machines share: one op id space, one action queue in order, and the
 //! proposals in flight with the machine each belongs to.
+//!
+//! Proposals are committed together when they arrive together (group commit): at most
+//! [`MAX_IN_FLIGHT`] entries are handed to Raft at a time, and the proposals made while
+//! they are in flight wait here and go out as one [`Command::Batch`] entry when one
+//! lands — one log write and one round of replication for all of them. A lone proposal goes
+//! out at once and as itself, so a quiet cluster's latency and log are as before; only
+//! concurrent writers are batched, and they wait for nothing but the entry ahead of them
+//! (no timer). Nomad batches only its plan and client updates; etcd and TigerBeetle batch
+//! every request this way.
 
 #[allow(unused_imports)]
 use crate::prelude::*;
 
 use alloc::collections::{BTreeMap, VecDeque};
+use alloc::vec::Vec;
 
 use super::connect::ConnectFlow;
 use super::jobs::JobFlow;
 use super::nodes::NodeFlow;
 use super::{Action, ReqId, ServerReply};
-use crate::fsm::Command;
+use crate::fsm::{Command, Response};
 use crate::op::{OpId, OpIds};
 
 /// One piece of work of any machine, numbered in the order work arrived (on leadership loss,
@@ -39,12 +49,27 @@ pub(super) enum Owner {
     Connect(ConnectFlow),
 }
 
+/// Raft entries of proposals in flight at once. Two keep the log busy while the leader
+/// applies and answers the one before; more would only cut the batches smaller.
+pub const MAX_IN_FLIGHT: usize = 2;
+
+/// Proposals in one batched entry at most, so an entry stays small to replicate.
+pub const MAX_BATCH: usize = 64;
+
+/// What a proposal's landing hands back to the machine that made it.
+pub(super) type Landed = (JobId, Owner, Result<(u64, Response), alloc::string::String>);
+
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
     ops: OpIds,
     next_job: JobId,
     proposals: BTreeMap<OpId, (JobId, Owner)>,
     actions: VecDeque<Action>,
+    /// Proposals made while [`MAX_IN_FLIGHT`] entries were in flight, in the order made.
+    waiting: VecDeque<(OpId, Command)>,
+    /// Entries handed to Raft and not yet landed: the op each went out as, and the
+    /// proposals it carries (itself, or a batch's members in order).
+    in_flight: BTreeMap<OpId, Vec<OpId>>,
 }
 
 impl Outbox {
@@ -61,10 +86,7 @@ impl Outbox {
         let op = self.ops.allocate();
         let previous = self.proposals.insert(op, (job, owner));
         debug_assert!(previous.is_none(), "op ids are never reused");
-        self.actions.push_back(Action::Propose {
-            op,
-            command: alloc::boxed::Box::new(command),
-        });
+        self.waiting.push_back((op, command));
     }
 
     /// A proposal of a new job of its own.
@@ -81,15 +103,69 @@ impl Outbox {
         self.actions.push_back(action);
     }
 
+    /// The next action: replies and calls in the order made, then the waiting proposals as
+    /// one entry while fewer than [`MAX_IN_FLIGHT`] are in flight.
     pub fn pop(&mut self) -> Option<Action> {
-        self.actions.pop_front()
+        if let Some(action) = self.actions.pop_front() {
+            return Some(action);
+        }
+        if self.waiting.is_empty() || self.in_flight.len() >= MAX_IN_FLIGHT {
+            return None;
+        }
+        let take = self.waiting.len().min(MAX_BATCH);
+        let (ops, mut commands): (Vec<OpId>, Vec<Command>) = self.waiting.drain(..take).unzip();
+        let (op, command) = if let [op] = ops[..] {
+            (op, commands.pop().expect("one command per op"))
+        } else {
+            (self.ops.allocate(), Command::Batch(commands))
+        };
+        debug_assert!(
+            command
+                .members()
+                .iter()
+                .all(|member| !matches!(member, Command::Batch(_))),
+            "a batch never holds a batch"
+        );
+        self.in_flight.insert(op, ops);
+        Some(Action::Propose {
+            op,
+            command: alloc::boxed::Box::new(command),
+        })
     }
 
-    pub fn take_proposal(&mut self, op: OpId) -> Option<(JobId, Owner)> {
-        self.proposals.remove(&op)
+    /// The proposals the entry that went out as `op` carried, each with its own result: a
+    /// batch's responses are dealt out in order, all at the entry's index; a failure is
+    /// every member's. Proposals already failed (leadership lost) are gone and skipped.
+    pub fn landed(&mut self, op: OpId, result: Result<(u64, Response), alloc::string::String>) -> Vec<Landed> {
+        let Some(ops) = self.in_flight.remove(&op) else {
+            return Vec::new();
+        };
+        let results: Vec<Result<(u64, Response), alloc::string::String>> = match (result, ops.len()) {
+            (result, 1) => alloc::vec![result],
+            (Ok((index, Response::Batch(responses))), members) if responses.len() == members => {
+                responses.into_iter().map(|response| Ok((index, response))).collect()
+            }
+            (Ok((index, other)), members) => {
+                debug_assert!(false, "a batch of {members} answered {other:?}");
+                let why = alloc::format!("a batch of {members} proposals at index {index} was answered {other:?}");
+                alloc::vec![Err(why); members]
+            }
+            (Err(error), members) => alloc::vec![Err(error); members],
+        };
+        ops.into_iter()
+            .zip(results)
+            .filter_map(|(op, result)| {
+                let (job, owner) = self.proposals.remove(&op)?;
+                Some((job, owner, result))
+            })
+            .collect()
     }
 
+    /// Every proposal not yet landed, to fail: those waiting are never proposed, and results
+    /// of those in flight are dropped when they come.
     pub fn take_proposals(&mut self) -> BTreeMap<OpId, (JobId, Owner)> {
+        self.waiting.clear();
+        self.in_flight.clear();
         core::mem::take(&mut self.proposals)
     }
 }

@@ -59,7 +59,8 @@ impl ServerState {
             Command::SiAccessorsUpsert { .. } | Command::SiAccessorsDelete { .. } => {
                 self.apply_si_accessors(index, command)
             }
-            Command::LeadershipEstablished { .. }
+            Command::Batch(_)
+            | Command::LeadershipEstablished { .. }
             | Command::VariableUpsert { .. }
             | Command::VariableDelete { .. }
             | Command::Acl(_)

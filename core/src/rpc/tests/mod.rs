@@ -4,6 +4,7 @@ mod csi;
 mod csi_lifecycle;
 mod deployments;
 mod dispatch;
+mod group_commit;
 mod jobs;
 mod nodes;
 mod periodic;
