@@ -1212,7 +1212,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "nothing is left behind after a job stop",
-        caught_by: ("client_churn", 144),
+        caught_by: ("client_churn", 35),
     },
     Switch {
         name: "max-parallel",
@@ -1282,7 +1282,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm", "real_clients_csi"],
         invariant: "liveness",
-        caught_by: ("swarm", 1),
+        caught_by: ("swarm", 3),
     },
     Switch {
         name: "restore-dup",
@@ -1296,7 +1296,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "no task process outlives its task",
-        caught_by: ("client_churn", 3),
+        caught_by: ("client_churn", 7),
     },
     Switch {
         name: "25293",

@@ -96,6 +96,7 @@ pub const EXPECTED_REACHED: &[&str] = &[
     "plugin_supervisor: waiting_ready -> registering",
     "plugin_supervisor: waiting_ready -> stopped",
     "point: deployment health: tasks up, consul checks not yet passing",
+    "point: group commit: concurrent proposals go out as one entry",
     "task_runner: destroying -> prestart",
     "task_runner: destroying -> restart_delay",
     "task_runner: destroying -> stopping",

@@ -117,6 +117,7 @@ impl Outbox {
         let (op, command) = if let [op] = ops[..] {
             (op, commands.pop().expect("one command per op"))
         } else {
+            crate::cover::point("group commit: concurrent proposals go out as one entry");
             (self.ops.allocate(), Command::Batch(commands))
         };
         debug_assert!(
