@@ -139,7 +139,8 @@ mod sessions {
     }
 
     impl ExecSessions {
-        /// Starts `command` (already set up in the task's context by its driver).
+        /// Starts `command`, already set up by its driver in the task's context and to lead a
+        /// session of its own (so it can be killed whole), taking the terminal when `tty`.
         pub async fn start(&self, mut command: tokio::process::Command, tty: bool) -> Result<u64, String> {
             let pty = if tty { Some(open_pty()?) } else { None };
             match pty {
@@ -148,30 +149,14 @@ mod sessions {
                     let io = |fd: i32| unsafe {
                         std::process::Stdio::from(std::os::fd::OwnedFd::from_raw_fd(libc::dup(fd)))
                     };
+                    // The driver's command takes it as its controlling terminal.
                     command.stdin(io(slave)).stdout(io(slave)).stderr(io(slave));
-                    // SAFETY: setsid and the TIOCSCTTY ioctl are async-signal-safe.
-                    unsafe {
-                        command.pre_exec(move || {
-                            libc::setsid();
-                            if libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
-                                return Err(std::io::Error::last_os_error());
-                            }
-                            Ok(())
-                        });
-                    }
                 }
                 None => {
                     command
                         .stdin(std::process::Stdio::piped())
                         .stdout(std::process::Stdio::piped())
                         .stderr(std::process::Stdio::piped());
-                    // SAFETY: setsid is async-signal-safe: the session can be killed whole.
-                    unsafe {
-                        command.pre_exec(|| {
-                            libc::setsid();
-                            Ok(())
-                        });
-                    }
                 }
             }
             command.kill_on_drop(false);

@@ -37,10 +37,11 @@ pub struct BindMount {
     pub target: CString,
     pub readonly: bool,
     pub propagation: libc::c_ulong,
-    /// A bidirectional mount: a detached clone of the (shared) host source, made in the
-    /// agent's namespace and attached in the task's with `move_mount`, so it stays a peer of
-    /// the host source — mounts the task makes below it reach the host. Only a forked child
-    /// holds one (a descriptor the helper would have to inherit).
+    /// A bidirectional mount's (`propagation` is `MS_SHARED`): a detached clone of the
+    /// (shared) host source, opened in the host's mount namespace ([`open_detached`]: by the
+    /// helper itself, or by the agent before a forked start) and attached in the task's with
+    /// `move_mount`, so it stays a peer of the host source — mounts the task makes below it
+    /// reach the host.
     pub detached: Option<OwnedFd>,
 }
 
@@ -63,10 +64,6 @@ pub fn args(join: &[CString], isolation: Option<&Isolation<'_>>, program: &str, 
         out.push("--root".into());
         out.push(bytes(isolation.root));
         for bind in isolation.binds {
-            debug_assert!(
-                bind.detached.is_none(),
-                "a detached mount cannot be handed to the helper"
-            );
             out.push("--bind".into());
             out.push(bytes(&bind.source));
             out.push(bytes(&bind.target));
@@ -145,6 +142,12 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     // group (a terminal's Ctrl-C) does not reach the task.
     unsafe { libc::setsid() };
     reset_signals();
+    let mut setup = setup;
+    // Still in the host's mount namespace: the bidirectional binds' clones are taken here.
+    if let Err(error) = open_detached(&mut setup.binds) {
+        eprintln!("taskexec: {error}");
+        return ExitCode::from(126);
+    }
     if let Some(root) = &setup.root {
         // This process stays behind as the task's stand-in (see `enter_pid_namespace`); the
         // task, PID 1 of its namespace, goes on here.
@@ -156,6 +159,41 @@ pub fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     let error = std::process::Command::new(program).args(rest).exec();
     eprintln!("taskexec: {}: {error}", Path::new(program).display());
     ExitCode::from(127)
+}
+
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const AT_RECURSIVE: libc::c_uint = 0x8000;
+
+/// Opens a detached recursive clone of the source of every bidirectional bind (one whose
+/// `propagation` is `MS_SHARED`, made a shared mount on the host by the driver) that has none
+/// yet. Must run in the host's mount namespace, before [`enter_namespace`].
+pub fn open_detached(binds: &mut [BindMount]) -> Result<(), String> {
+    use std::os::fd::FromRawFd;
+    for bind in binds
+        .iter_mut()
+        .filter(|bind| bind.propagation == libc::MS_SHARED && bind.detached.is_none())
+    {
+        // SAFETY: a NUL-terminated path that outlives the call; the descriptor returned is
+        // owned from here on.
+        let fd = unsafe {
+            libc::syscall(
+                libc::SYS_open_tree,
+                libc::AT_FDCWD,
+                bind.source.as_ptr(),
+                OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(format!(
+                "open_tree {}: {}",
+                Path::new(OsStr::from_bytes(bind.source.to_bytes())).display(),
+                std::io::Error::last_os_error()
+            ));
+        }
+        // SAFETY: a descriptor just returned by the kernel, owned by nothing else.
+        bind.detached = Some(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    }
+    Ok(())
 }
 
 /// Moves the calling process into the cgroups of `paths` (their `cgroup.procs`). Only

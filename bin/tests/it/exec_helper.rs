@@ -119,3 +119,103 @@ async fn exec_tasks_start_through_the_helper_in_their_own_namespaces_and_root() 
         .unwrap_err();
     assert!(error.message.contains("no-such-command"), "{}", error.message);
 }
+
+fn mounts_under(path: &Path) -> Vec<String> {
+    let prefix = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
+        .filter(|mount_point| mount_point.starts_with(&prefix))
+        .collect()
+}
+
+/// Unmounts everything below a directory when dropped, so a failing assertion leaves no mount.
+struct UnmountOnDrop(PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        for mount in mounts_under(&self.0).iter().rev() {
+            let _ = std::process::Command::new("umount").arg("-l").arg(mount).status();
+        }
+    }
+}
+
+/// A CSI node plugin's bidirectional mounts, started through the helper too (they were the
+/// last `exec` starts that forked the agent, for the detached mount the child had to inherit):
+/// the helper clones the shared host sources itself before it leaves the host's mount
+/// namespace, so what the task mounts below them reaches the host, and a host mount the task.
+#[tokio::test]
+async fn bidirectional_mounts_start_through_the_helper_too() {
+    if !is_root() {
+        eprintln!("skipped: the exec driver needs root (CI runs as root)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _unmount = UnmountOnDrop(dir.path().to_path_buf());
+    let root = dir.path().join("plugin-root");
+    let socket = dir.path().join("socket-dir");
+    let host_made = root.join("from-host");
+    std::fs::create_dir_all(root.join("staging")).unwrap();
+    std::fs::create_dir_all(&host_made).unwrap();
+    std::fs::create_dir_all(&socket).unwrap();
+    let driver = ProcessDriver::exec().with_logmon(agent());
+    let mut task = config(
+        dir.path(),
+        "plugin",
+        "/bin/sh",
+        &[
+            "-c",
+            "mount -t tmpfs staged /local/csi/staging && echo staged > /local/csi/staging/file && touch /csi/ready \
+             && while [ ! -e /local/csi/from-host/marker ]; do sleep 0.05; done && echo seen > /csi/host-mount-seen",
+        ],
+    );
+    task.mounts = [("/csi", &socket), ("/local/csi", &root)]
+        .map(|(task_path, host)| MountConfig {
+            task_path: task_path.into(),
+            host_path: host.display().to_string(),
+            readonly: false,
+            propagation: Propagation::Bidirectional,
+        })
+        .to_vec();
+    let handle = driver.start(task).await.unwrap();
+    let state: serde_json::Value = serde_json::from_str(&handle.state).unwrap();
+    let pid = state["pid"].as_i64().unwrap();
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let second = cmdline.split(|byte| *byte == 0).nth(1).unwrap_or_default();
+    assert_eq!(
+        String::from_utf8_lossy(second),
+        "taskexec",
+        "the helper, not a fork of the agent"
+    );
+    let ready = socket.join("ready");
+    for _ in 0..200 {
+        if ready.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready.exists(), "the task ran");
+    let staging = root.join("staging").canonicalize().unwrap();
+    assert!(
+        mounts_under(dir.path()).contains(&staging.display().to_string()),
+        "the task's mount reached the host: {:?}",
+        mounts_under(dir.path())
+    );
+    assert_eq!(std::fs::read_to_string(staging.join("file")).unwrap(), "staged\n");
+    let host_tmpfs = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "fromhost"])
+        .arg(&host_made)
+        .status()
+        .unwrap();
+    assert!(host_tmpfs.success());
+    std::fs::write(host_made.join("marker"), "").unwrap();
+    let exit = driver.wait(handle.clone()).await;
+    driver.destroy(handle).await.unwrap();
+    let stderr = std::fs::read_to_string(dir.path().join("alloc/logs/plugin.stderr.0")).unwrap_or_default();
+    assert_eq!(exit.exit_code, 0, "stderr: {stderr}");
+    assert!(
+        socket.join("host-mount-seen").exists(),
+        "the host's mount reached the task"
+    );
+}

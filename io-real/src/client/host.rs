@@ -253,12 +253,17 @@ impl ClientExecutor for HostExecutor {
         self.drivers.get(&handle.driver)?.stats(handle)
     }
 
-    fn exec_command(&self, handle: &TaskHandle, command: &[String]) -> Result<tokio::process::Command, String> {
+    fn exec_command(
+        &self,
+        handle: &TaskHandle,
+        command: &[String],
+        tty: bool,
+    ) -> Result<tokio::process::Command, String> {
         let driver = self
             .drivers
             .get(&handle.driver)
             .ok_or_else(|| format!("driver \"{}\" is not available", handle.driver))?;
-        driver.exec_command(handle, command).map_err(|error| error.message)
+        driver.exec_command(handle, command, tty).map_err(|error| error.message)
     }
 
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {

@@ -57,8 +57,14 @@ pub trait ClientExecutor: Send + Sync + 'static {
     /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>>;
     /// `command` set up to run in a running task's context (`alloc exec`).
+    /// It leads a session of its own, with its stdin as the controlling terminal when `tty`.
     #[cfg(not(madsim))]
-    fn exec_command(&self, _handle: &TaskHandle, _command: &[String]) -> Result<tokio::process::Command, String> {
+    fn exec_command(
+        &self,
+        _handle: &TaskHandle,
+        _command: &[String],
+        _tty: bool,
+    ) -> Result<tokio::process::Command, String> {
         Err("exec is not supported on this client".into())
     }
 }
@@ -365,7 +371,7 @@ impl ClientView {
                 .filter(|_| state.state.state == TaskStatus::Running)
                 .ok_or_else(|| "Task not running".to_string())?
         };
-        let command = self.executor.exec_command(&handle, &command)?;
+        let command = self.executor.exec_command(&handle, &command, tty)?;
         let session = self.exec.start(command, tty).await?;
         Ok(crate::exec::ExecReply {
             session,

@@ -50,9 +50,15 @@ pub trait TaskDriver: Send + Sync + 'static {
         None
     }
 
-    /// `command` set up to run in the running task's context (`alloc exec`).
+    /// `command` set up to run in the running task's context (`alloc exec`), leading a
+    /// session of its own (with its stdin as the controlling terminal when `tty`).
     #[cfg(not(madsim))]
-    fn exec_command(&self, _handle: &TaskHandle, _command: &[String]) -> Result<tokio::process::Command, IoError> {
+    fn exec_command(
+        &self,
+        _handle: &TaskHandle,
+        _command: &[String],
+        _tty: bool,
+    ) -> Result<tokio::process::Command, IoError> {
         Err(IoError::other(format!(
             "the {} driver does not support exec",
             self.name()

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -243,11 +243,7 @@ fn is_root() -> bool {
 }
 
 /// The start time of `pid` in clock ticks since boot (field 22 of /proc/<pid>/stat).
-fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after = &stat[stat.rfind(')')? + 2..];
-    after.split_whitespace().nth(19)?.parse().ok()
-}
+use crate::nsexec::start_time;
 
 /// Whether `pid` is the live process that started at `started`: a zombie has exited even though
 /// its /proc entry stays until its parent reaps it.
@@ -325,12 +321,9 @@ fn cstring(path: &Path) -> Result<CString, IoError> {
         .map_err(|_| IoError::other(format!("path {} contains NUL", path.display())))
 }
 
-const OPEN_TREE_CLONE: libc::c_uint = 1;
-const AT_RECURSIVE: libc::c_uint = 0x8000;
-
 /// Makes `source` a shared mount on the host (bound onto itself first when it is not a mount
-/// point) and returns a detached recursive clone of it, plus whether the self-bind was ours.
-fn shared_clone(source: &Path) -> Result<(OwnedFd, bool), IoError> {
+/// point), for a bidirectional bind to clone; returns whether the self-bind was ours.
+fn make_shared(source: &Path) -> Result<bool, IoError> {
     let path = cstring(source)?;
     let none = std::ptr::null::<libc::c_char>();
     let fail = |what: &str| {
@@ -357,17 +350,8 @@ fn shared_clone(source: &Path) -> Result<(OwnedFd, bool), IoError> {
         if libc::mount(none, path.as_ptr(), none, libc::MS_SHARED, std::ptr::null()) != 0 {
             return Err(fail("make shared"));
         }
-        let fd = libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            OPEN_TREE_CLONE | AT_RECURSIVE | libc::O_CLOEXEC as libc::c_uint,
-        );
-        if fd < 0 {
-            return Err(fail("open_tree"));
-        }
-        Ok((OwnedFd::from_raw_fd(fd as RawFd), ours))
     }
+    Ok(ours)
 }
 
 /// Whether `path` is a mount point, from the kernel's own table.
@@ -459,21 +443,17 @@ fn prepare_root(config: &TaskConfig) -> Result<(CString, Vec<crate::taskexec::Bi
                 std::fs::File::create(&target).map_err(|e| io_error(&format!("create {}", target.display()), e))?;
             }
         }
-        let detached = if propagation == Propagation::Bidirectional {
-            let (fd, ours) = shared_clone(source)?;
-            if ours {
-                shared.push(source.display().to_string());
-            }
-            Some(fd)
-        } else {
-            None
-        };
+        // The clone a bidirectional bind attaches is opened by whoever enters the namespace
+        // (`taskexec::open_detached`); the source is made shared here.
+        if propagation == Propagation::Bidirectional && make_shared(source)? {
+            shared.push(source.display().to_string());
+        }
         binds.push(crate::taskexec::BindMount {
             source: cstring(source)?,
             target: cstring(&target)?,
             readonly,
             propagation: propagation_flag(propagation),
-            detached,
+            detached: None,
         });
         Ok(())
     };
@@ -712,13 +692,11 @@ impl ProcessDriver {
             Kind::Exec => Some(prepare_root(config)?),
             Kind::RawExec => None,
         };
-        if let (Some((root, binds, shared)), Some(agent)) = (&exec_root, self.logmon.as_ref())
-            && binds.iter().all(|bind| bind.detached.is_none())
-        {
+        if let (Some((root, binds, shared)), Some(agent)) = (&exec_root, self.logmon.as_ref()) {
             // Through `agent taskexec` as a raw_exec task, which also enters the task's
-            // namespaces and root; the command is resolved as the task will see it, so a
-            // missing one still fails the start by name. A bidirectional mount (a CSI node
-            // plugin's) is a descriptor to attach in the task's namespace: those start forked.
+            // namespaces and root (and clones the sources of bidirectional binds, a CSI node
+            // plugin's); the command is resolved as the task will see it, so a missing one
+            // still fails the start by name.
             let task_path = config.env.get("PATH").map(String::as_str).unwrap_or(EXEC_PATH);
             let root_dir = Path::new(std::ffi::OsStr::from_bytes(root.as_bytes()));
             if crate::taskexec::resolve_in_root(&command, root_dir, binds, Some(task_path.as_ref())).is_none() {
@@ -761,8 +739,10 @@ impl ProcessDriver {
                 }
             }
             Kind::Exec => {
-                let (root, binds, prepared) = exec_root.take().expect("prepared for an exec task");
+                let (root, mut binds, prepared) = exec_root.take().expect("prepared for an exec task");
                 shared = prepared;
+                // Forked without the agent binary: the clones are opened here, before the fork.
+                crate::taskexec::open_detached(&mut binds).map_err(IoError::other)?;
                 cmd.env_clear().env("PATH", EXEC_PATH).envs(&config.env);
                 // SAFETY: the closure only makes syscalls on data prepared before the fork.
                 unsafe {
@@ -1079,7 +1059,12 @@ impl TaskDriver for ProcessDriver {
     /// cgroup; for `exec` also in its IPC, UTS, PID and mount namespaces under its root,
     /// through the agent's `nsexec` helper (without the agent binary, the mount namespace and
     /// root only).
-    fn exec_command(&self, handle: &TaskHandle, command: &[String]) -> Result<tokio::process::Command, IoError> {
+    fn exec_command(
+        &self,
+        handle: &TaskHandle,
+        command: &[String],
+        tty: bool,
+    ) -> Result<tokio::process::Command, IoError> {
         let state = HandleState::read(handle)?;
         if !signal_task(state.pid, state.start_time, 0) {
             return Err(IoError::new(ErrorKind::NotFound, "Task not running"));
@@ -1096,74 +1081,70 @@ impl TaskDriver for ProcessDriver {
         let (program, args) = command
             .split_first()
             .ok_or_else(|| IoError::other("must provide a command"))?;
+        let join = state.cgroup.as_ref().map(TaskCgroup::join_paths).unwrap_or_default();
+        let cwd = match self.kind {
+            Kind::RawExec => Some(
+                std::fs::read_link(format!("/proc/{pid}/cwd")).map_err(|e| io_error("read the task's directory", e))?,
+            ),
+            Kind::Exec => None,
+        };
+        if let Some(agent) = self.logmon.as_ref() {
+            // Through `agent nsexec` (see `crate::nsexec`): spawned, never a fork of the agent.
+            let enter = match self.kind {
+                Kind::RawExec => None,
+                Kind::Exec => Some(crate::nsexec::Enter {
+                    pid,
+                    start_time: start_time(pid).ok_or_else(|| IoError::new(ErrorKind::NotFound, "Task not running"))?,
+                }),
+            };
+            let mut helper = tokio::process::Command::new(agent.as_path());
+            helper
+                .args(crate::nsexec::args(&join, tty, enter, command))
+                .env_clear()
+                .envs(env);
+            if let Some(cwd) = cwd {
+                helper.current_dir(cwd);
+            }
+            return Ok(helper);
+        }
+        // Without the agent binary for the helper, forked: an `exec` task's mount namespace
+        // and root only.
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args).env_clear().envs(env.iter().cloned());
-        let join = state.cgroup.as_ref().map(TaskCgroup::join_paths).unwrap_or_default();
-        match self.kind {
-            Kind::RawExec => {
-                let cwd = std::fs::read_link(format!("/proc/{pid}/cwd"))
-                    .map_err(|e| io_error("read the task's directory", e))?;
+        let enter = match (self.kind, cwd) {
+            (Kind::RawExec, Some(cwd)) => {
                 cmd.current_dir(cwd);
-                // SAFETY: joining the cgroup writes prepared paths (async-signal-safe).
-                unsafe {
-                    cmd.pre_exec(move || crate::taskexec::join_in_child(&join));
-                }
+                None
             }
-            Kind::Exec if self.logmon.is_some() => {
+            _ => {
                 let open = |path: String| std::fs::File::open(&path).map_err(|e| io_error(&format!("open {path}"), e));
-                // Opened here, inherited by the helper, which enters them (`nsexec`).
-                let files = [
-                    open(format!("/proc/{pid}/ns/ipc"))?,
-                    open(format!("/proc/{pid}/ns/uts"))?,
-                    open(format!("/proc/{pid}/ns/pid"))?,
-                    open(format!("/proc/{pid}/ns/mnt"))?,
-                    open(format!("/proc/{pid}/root"))?,
-                ];
-                let fds = files.each_ref().map(|file| file.as_raw_fd());
-                let agent = self.logmon.as_ref().expect("checked").as_path().to_path_buf();
-                let mut helper = tokio::process::Command::new(agent);
-                helper.args(crate::nsexec::args(fds, command)).env_clear().envs(env);
-                let keep = Arc::new(files);
-                // SAFETY: the cgroup writes and fcntl on descriptors opened before the fork
-                // are async-signal-safe.
-                unsafe {
-                    helper.pre_exec(move || {
-                        let _ = &keep;
-                        crate::taskexec::join_in_child(&join)?;
-                        for fd in fds {
-                            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                                return Err(std::io::Error::last_os_error());
-                            }
-                        }
-                        Ok(())
-                    });
-                }
-                return Ok(helper);
+                Some((open(format!("/proc/{pid}/ns/mnt"))?, open(format!("/proc/{pid}/root"))?))
             }
-            Kind::Exec => {
-                let open = |path: String| std::fs::File::open(&path).map_err(|e| io_error(&format!("open {path}"), e));
-                // Without the agent binary for the helper: its mount namespace and root only.
-                let mount_ns = open(format!("/proc/{pid}/ns/mnt"))?;
-                let root = open(format!("/proc/{pid}/root"))?;
-                let (mount_fd, root_fd) = (mount_ns.as_raw_fd(), root.as_raw_fd());
-                let keep = Arc::new((mount_ns, root));
-                // SAFETY: setns, fchdir, chroot and chdir on descriptors opened before the
-                // fork, and the cgroup writes, are async-signal-safe.
-                unsafe {
-                    cmd.pre_exec(move || {
-                        let _ = &keep;
-                        crate::taskexec::join_in_child(&join)?;
-                        if libc::setns(mount_fd, libc::CLONE_NEWNS) != 0
-                            || libc::fchdir(root_fd) != 0
-                            || libc::chroot(c".".as_ptr()) != 0
-                            || libc::chdir(c"/".as_ptr()) != 0
-                        {
-                            return Err(std::io::Error::last_os_error());
-                        }
-                        Ok(())
-                    });
+        };
+        let fds = enter
+            .as_ref()
+            .map(|(mount_ns, root)| (mount_ns.as_raw_fd(), root.as_raw_fd()));
+        let keep = Arc::new(enter);
+        // SAFETY: the cgroup writes, setsid, the terminal ioctl, and setns, fchdir, chroot and
+        // chdir on descriptors opened before the fork are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let _ = &keep;
+                crate::taskexec::join_in_child(&join)?;
+                libc::setsid();
+                if tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
                 }
-            }
+                if let Some((mount_fd, root_fd)) = fds
+                    && (libc::setns(mount_fd, libc::CLONE_NEWNS) != 0
+                        || libc::fchdir(root_fd) != 0
+                        || libc::chroot(c".".as_ptr()) != 0
+                        || libc::chdir(c"/".as_ptr()) != 0)
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
         Ok(cmd)
     }
