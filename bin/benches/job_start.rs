@@ -22,7 +22,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Agent, cluster_specs, dev_spec, http, server_args, wait_for};
+use support::{Agent, cluster_specs, dev_spec, http, http_status, server_args, wait_for};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(1);
@@ -107,7 +107,10 @@ fn cold_starts(rounds: usize) {
             }]}],
         }})
         .to_string();
-        http("PUT", port, "/v1/jobs", Some(&job)).expect("registered");
+        match http_status("PUT", port, "/v1/jobs", Some(&job)) {
+            Some((200, _)) => {}
+            other => panic!("the job was not registered: {other:?}\n{}", agent.log()),
+        }
         let (mut node_ready, mut alloc_running) = (None, None);
         poll(|| {
             if node_ready.is_none() && get(port, "/v1/nodes").is_some_and(|nodes| nodes[0]["Status"] == "ready") {

@@ -139,6 +139,11 @@ impl Agent {
         if leader != half.rpc.is_leader() {
             half.rpc.handle(now, rpc::Input::Leadership { leader }, state);
         }
+        // Not leading, and no other server known to: requests wait for this one to.
+        let holding = !leader && !half.server.leader_elsewhere();
+        if holding != half.rpc.is_holding() {
+            half.rpc.set_holding(holding);
+        }
     }
 
     pub fn poll_action(&mut self) -> Option<Action> {

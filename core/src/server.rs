@@ -504,6 +504,11 @@ impl Server {
         self.raft.role == RaftRole::Leader
     }
 
+    /// Raft names another server leader.
+    pub fn leader_elsewhere(&self) -> bool {
+        self.raft.leader.is_some_and(|leader| leader != self.node_id)
+    }
+
     /// Leads, and its leadership barrier is applied: its state holds everything committed
     /// by earlier leaders (Nomad's barrier in `establishLeadership`). Before that, a new
     /// leader's scheduler could plan from a state lacking its predecessor's last plans and

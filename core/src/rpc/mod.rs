@@ -33,6 +33,7 @@ pub use connect::{
 pub use deployments::DeploymentRequest;
 pub use messages::*;
 
+use alloc::collections::VecDeque;
 use core::time::Duration;
 
 use crate::csi::watcher::{GcConfig, VolumeWatcher};
@@ -105,10 +106,22 @@ pub enum Action {
 /// Nomad wraps plugin `FailedPrecondition` errors so callers retry.
 pub const RETRYABLE_PREFIX: &str = "CSI client error (retryable)";
 
+/// How long a request waits for a leader (Nomad's `rpc_hold_timeout`).
+pub const RPC_HOLD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Requests held at most; more are refused at once, as before.
+const HELD_MAX: usize = 1024;
+
 /// The leader's machines behind one interface (see the module documentation).
 #[derive(Debug)]
 pub struct RpcEndpoints {
     leader: bool,
+    /// No other server is known to lead: this one may be about to (elected, or its barrier
+    /// not applied yet), so requests wait rather than fail.
+    holding: bool,
+    /// Requests that arrived while [`Self::holding`], each with when it gives up: served in
+    /// arrival order once this server leads (Nomad's RPC hold, `rpc_hold_timeout`).
+    held: VecDeque<(Instant, ReqId, ServerRequest, authz::Authority)>,
     out: Outbox,
     nodes: nodes::NodeEndpoints,
     jobs: jobs::JobEndpoints,
@@ -130,6 +143,9 @@ impl RpcEndpoints {
     ) -> Self {
         RpcEndpoints {
             leader: false,
+            // No leader is known when a server starts.
+            holding: true,
+            held: VecDeque::new(),
             out: Outbox::default(),
             nodes: nodes::NodeEndpoints::new(heartbeat, seed ^ 0x4ea7),
             jobs: jobs::JobEndpoints::new(seed),
@@ -187,6 +203,37 @@ impl RpcEndpoints {
         self.leader
     }
 
+    pub fn is_holding(&self) -> bool {
+        self.holding
+    }
+
+    /// Whether requests that reach this server while it does not lead are held (`true`: no
+    /// other server is known to lead, so this one may be about to — Raft elected it and the
+    /// core has not heard yet, or its barrier is not applied) or refused at once (`false`:
+    /// another leads, or this one lost its term). The driver hands a request to this machine
+    /// only when Raft names this server leader, so a hold lasts only as long as the core
+    /// takes to catch up: a client registering the moment a dev agent's server wins is served
+    /// then, where it was told "No cluster leader" and retried a second later. Held ones are
+    /// served when leadership comes ([`Input::Leadership`]), refused when holding ends first
+    /// or after [`RPC_HOLD_TIMEOUT`] (Nomad's `rpc_hold_timeout`).
+    pub fn set_holding(&mut self, holding: bool) {
+        self.holding = holding;
+        if !holding && !self.leader {
+            self.fail_held(|_| true);
+        }
+    }
+
+    fn fail_held(&mut self, which: impl Fn(Instant) -> bool) {
+        let (failed, kept): (VecDeque<_>, VecDeque<_>) = core::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(until, ..)| which(*until));
+        self.held = kept;
+        for (_, req, ..) in failed {
+            self.out
+                .reply(req, ServerReply::Error(RpcError::unavailable("No cluster leader")));
+        }
+    }
+
     pub fn heartbeats(&self) -> &Heartbeats {
         self.nodes.heartbeats()
     }
@@ -223,12 +270,18 @@ impl RpcEndpoints {
                 self.periodic.set_enabled(leader);
                 self.core_gc.set_enabled(now, leader);
                 self.si_tokens.set_enabled(leader);
+                if leader {
+                    for (_, req, request, authority) in core::mem::take(&mut self.held) {
+                        self.request(now, req, request, &authority, state);
+                    }
+                }
             }
         }
         self.run(now, state);
     }
 
     pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
+        self.fail_held(|until| until <= now);
         self.csi.handle_timeout(now, state, &mut self.out);
         self.si_tokens.handle_timeout(now, state, &mut self.out);
         self.run(now, state);
@@ -265,6 +318,7 @@ impl RpcEndpoints {
             self.periodic.poll_timeout(),
             self.core_gc.poll_timeout(),
             self.si_tokens.poll_timeout(),
+            self.held.iter().map(|(until, ..)| *until).min(),
         ]
         .into_iter()
         .flatten()
@@ -289,6 +343,11 @@ impl RpcEndpoints {
         state: &ServerState,
     ) {
         if !self.leader {
+            if self.holding && self.held.len() < HELD_MAX {
+                self.held
+                    .push_back((now + RPC_HOLD_TIMEOUT, req, request, authority.clone()));
+                return;
+            }
             self.out
                 .reply(req, ServerReply::Error(RpcError::unavailable("No cluster leader")));
             return;

@@ -613,8 +613,9 @@ impl Service {
         }
     }
 
-    /// Submits a request to the write endpoints: to the core when this server leads, else to
-    /// the leader (once: a forwarded request that finds no leader here fails as retryable).
+    /// Submits a request to the write endpoints: to the core when this server leads or no
+    /// server is known to (the core holds it until one is), else to the leader (once: a
+    /// forwarded request that finds yet another leader here fails as retryable).
     /// A server request with the caller's ACL `token` (empty for none), answered by the
     /// leader, which checks the token against what the request needs.
     pub async fn server_request(&self, request: ServerRequest, token: &str, forwarded: bool) -> ServerReply {
@@ -629,7 +630,9 @@ impl Service {
             };
         };
         let metrics = raft.metrics().borrow().clone();
-        if metrics.current_leader == Some(self.node_id) {
+        // Led here, or by no one yet: the core serves it, or holds it until a leader is known
+        // (Nomad's RPC hold; `rpc::RpcEndpoints::set_holding`).
+        if metrics.current_leader.is_none_or(|leader| leader == self.node_id) {
             return self.submit_local(request, token).await;
         }
         if forwarded {

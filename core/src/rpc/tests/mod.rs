@@ -5,6 +5,7 @@ mod csi_lifecycle;
 mod deployments;
 mod dispatch;
 mod group_commit;
+mod hold;
 mod jobs;
 mod nodes;
 mod periodic;
@@ -174,6 +175,8 @@ fn losing_leadership_fails_everything_in_flight_as_retryable() {
         panic!()
     };
     assert!(failure.retryable);
+    // Another server leads now: requests are refused at once, not held.
+    h.machine.set_holding(false);
     h.request(2, take("a2", "n2"));
     let ServerReply::Error(failure) = &h.replies[1].1 else {
         panic!()
