@@ -305,6 +305,8 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
         );
     }
     let (router, inbox) = ClientCsiRouter::new();
+    // Dev mode's client destroys its allocations when the agent stops, as Nomad's does.
+    let destroy_on_stop = (config.dev_mode && is_client).then(|| router.clone());
     let client_csi: Option<Arc<dyn drover_io_real::io::ClientCsi>> = is_client.then(|| Arc::new(router) as _);
     let handle = match &config.consul.address {
         Some(address) => {
@@ -366,6 +368,11 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     tokio::select! {
         () = wait_for_signal() => {
             eprintln!("==> Caught signal, shutting down");
+            if let Some(client) = destroy_on_stop
+                && !client.destroy_allocations(DEV_DESTROY_LIMIT).await
+            {
+                tracing::warn!(limit = ?DEV_DESTROY_LIMIT, "allocations still being destroyed; stopping anyway");
+            }
             handle.shutdown().await;
             Ok(())
         }
@@ -431,6 +438,10 @@ fn print_banner(loaded: &Loaded, http: SocketAddr) {
     println!();
     println!("==> Drover agent started! Log data will stream in below:");
 }
+
+/// How long a dev agent's shutdown waits for its client to destroy its allocations: the
+/// longest `kill_timeout` a task may have (the client's `max_kill_timeout`) and some.
+const DEV_DESTROY_LIMIT: std::time::Duration = std::time::Duration::from_secs(45);
 
 /// How long after start the agent lets go of code it ran only to start: long enough for the
 /// first leader, the client's registration, fingerprint and allocation sync.

@@ -19,6 +19,7 @@ mod csi_conformance;
 mod csi_plugin;
 mod demo;
 mod deployments;
+mod dev_shutdown;
 mod events;
 mod exec_helper;
 mod job_plan;

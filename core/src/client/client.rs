@@ -134,6 +134,13 @@ pub enum ClientInput {
     Devices {
         inventory: BTreeMap<String, Vec<DeviceInstance>>,
     },
+    /// The agent is stopping in dev mode, whose client destroys its allocations on the way
+    /// out as Nomad's does (outside dev mode tasks keep running, for a restarted agent to
+    /// reattach): every allocation is stopped and destroyed as if the servers had dropped
+    /// it — tasks killed, their log collectors ending with them, volumes unmounted,
+    /// directories removed — CSI plugins' last, so the volumes they serve are unmounted
+    /// through them first; and none starts again. [`Client::is_drained`] says when it is done.
+    Shutdown,
     /// Writing a record to the client's store failed: what survives a restart is now behind
     /// what runs. Raised to the operator as a `Storage` node event (at most one per
     /// [`PERSIST_EVENT_INTERVAL`], with the count of failures since the last one).
@@ -299,6 +306,8 @@ pub struct Client {
     statuses: BTreeMap<String, ClientStatus>,
     /// Allocations the servers no longer list: destroyed (alloc dir removed) once done.
     collect_garbage: BTreeSet<String>,
+    /// Dev mode's shutdown is under way ([`ClientInput::Shutdown`]).
+    shutting_down: bool,
     /// Reports in flight (with the request sent), acknowledged values, and retry times.
     reports_in_flight: BTreeMap<Report, (OpId, ServerRequest)>,
     /// Reports in flight when the node registered again: the registration replaced the node
@@ -354,6 +363,7 @@ impl Client {
             node_plugins: BTreeMap::new(),
             statuses: BTreeMap::new(),
             collect_garbage: BTreeSet::new(),
+            shutting_down: false,
             reports_in_flight: BTreeMap::new(),
             reports_superseded: BTreeSet::new(),
             reports_acked: BTreeMap::new(),
@@ -457,12 +467,41 @@ impl Client {
             ClientInput::AllocControl { req, request } => self.alloc_control(now, req, request),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
             ClientInput::Devices { inventory } => self.devices.set_inventory(inventory),
+            ClientInput::Shutdown => {
+                self.shutting_down = true;
+                self.shut_down_next(now);
+            }
             ClientInput::ConsulAttributes { attributes } => {
                 self.link
                     .set_attributes(now, &["consul.", "unique.consul."], attributes)
             }
         }
         self.drive_link(now);
+    }
+
+    /// Dev mode's shutdown ([`ClientInput::Shutdown`]) destroyed every allocation.
+    pub fn is_drained(&self) -> bool {
+        self.shutting_down && self.allocs.is_empty()
+    }
+
+    /// Stops every allocation that is not a CSI plugin's, then, once those are gone, the
+    /// plugins'; each is destroyed when it is done, as garbage.
+    fn shut_down_next(&mut self, now: Instant) {
+        let serves_volumes = |runner: &AllocRunner| runner.group().tasks.iter().any(|task| task.csi_plugin.is_some());
+        let others_left = self.allocs.values().any(|runner| !serves_volumes(runner));
+        let ids: Vec<String> = self
+            .allocs
+            .iter()
+            .filter(|(id, runner)| !self.collect_garbage.contains(*id) && (!others_left || !serves_volumes(runner)))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in ids {
+            if let Some(runner) = self.allocs.get_mut(&id) {
+                runner.stop(now, &mut self.ops);
+            }
+            self.collect_garbage.insert(id.clone());
+            self.collect(now, &id);
+        }
     }
 
     /// The TTL the servers gave the last heartbeat or registration.
@@ -538,6 +577,10 @@ impl Client {
     }
 
     fn sync_allocs(&mut self, now: Instant, allocs: Vec<(Allocation, Arc<Job>)>, finished_elsewhere: Vec<String>) {
+        if self.shutting_down {
+            // Nothing starts or stops on the servers' word any more: everything is going.
+            return;
+        }
         let first = !self.servers_contacted;
         self.servers_contacted = true;
         if first {
@@ -714,6 +757,10 @@ impl Client {
                         self.actions.push_back(ClientAction::Forget {
                             alloc_id: alloc_id.to_string(),
                         });
+                        if self.shutting_down {
+                            // The plugins' turn once the allocations they serve are gone.
+                            self.shut_down_next(now);
+                        }
                         return;
                     }
                     if runner.is_done() && !runner.is_destroying() {

@@ -27,6 +27,8 @@ struct World {
     mounts: BTreeSet<String>,
     running: BTreeMap<(String, String), Vec<String>>,
     stops: Vec<(String, String)>,
+    /// Task stops and CSI node calls together, in the order they happened.
+    order: Vec<String>,
 }
 
 impl World {
@@ -47,6 +49,7 @@ impl World {
             }
             Io::StopTask { handle, .. } => {
                 self.stops.push((handle.alloc_id.clone(), handle.task.clone()));
+                self.order.push(format!("stop {}", handle.alloc_id));
                 Reply::Unit
             }
             Io::RecoverTask { .. } => return Err(IoError::other("gone")),
@@ -96,6 +99,7 @@ impl World {
                 }
                 CsiCall::NodeUnpublishVolume { volume_id, target_path } => {
                     self.calls.push(format!("NodeUnpublishVolume {volume_id}"));
+                    self.order.push("NodeUnpublishVolume".into());
                     self.mounts.remove(&target_path.replace("/local/csi", "/s/csi/node/hp"));
                     CsiReply::Done
                 }
@@ -104,6 +108,7 @@ impl World {
                     staging_target_path,
                 } => {
                     self.calls.push(format!("NodeUnstageVolume {volume_id}"));
+                    self.order.push("NodeUnstageVolume".into());
                     self.mounts
                         .remove(&staging_target_path.replace("/local/csi", "/s/csi/node/hp"));
                     CsiReply::Done
@@ -1334,4 +1339,86 @@ fn kill_timeout_is_capped_and_a_task_being_killed_takes_a_sigkill() {
     );
     let (_, signals, answers) = drive(&mut client);
     assert_eq!((signals, answers), (vec![9], vec![(2, Ok(()))]));
+}
+
+/// Dev mode's shutdown (Nomad's client destroys its allocations when it stops in dev mode):
+/// the consumer is killed, its volume unpublished and unstaged through the plugin, its dir
+/// removed, and only then is the plugin stopped and destroyed; nothing the servers send
+/// afterwards starts again, and the client says when it is drained.
+#[test]
+fn a_dev_shutdown_destroys_every_allocation_plugins_last() {
+    let mut client = new_client(9);
+    let mut world = World::default();
+    let mut hooks = Vec::new();
+    let mut now = Instant::ZERO;
+    for name in ["raw_exec", "exec"] {
+        client.handle(
+            now,
+            ClientInput::Driver {
+                name: name.into(),
+                capabilities: DriverCapabilities {
+                    mount_configs: MountConfigSupport::All,
+                    fs_isolation: name == "exec",
+                },
+                info: DriverInfo {
+                    detected: true,
+                    healthy: true,
+                    health_description: "Healthy".into(),
+                    attributes: BTreeMap::new(),
+                },
+            },
+        );
+    }
+    let (plugin, app) = (plugin_job(), app_job());
+    let listed = vec![
+        (alloc("p1", &plugin), Arc::new(plugin.clone())),
+        (alloc("a1", &app), Arc::new(app.clone())),
+    ];
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: listed.clone(),
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    for _ in 0..5 {
+        settle(&mut client, &mut world, now, &mut hooks);
+        now = now + Duration::from_secs(1);
+        client.handle_timeout(now);
+    }
+    settle(&mut client, &mut world, now, &mut hooks);
+    assert_eq!(world.running.len(), 2, "both run");
+    assert!(!client.is_drained());
+
+    client.handle(now, ClientInput::Shutdown);
+    // The servers still list both: nothing starts again, nothing is kept.
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: listed,
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    for task in [("a1", "web"), ("p1", "plugin")] {
+        client.handle(
+            now,
+            ClientInput::TaskExited {
+                alloc_id: task.0.into(),
+                task: task.1.into(),
+                exit: ExitResult::default(),
+            },
+        );
+        settle(&mut client, &mut world, now, &mut hooks);
+    }
+    assert_eq!(
+        world.order,
+        ["stop a1", "NodeUnpublishVolume", "NodeUnstageVolume", "stop p1"],
+        "the consumer is stopped and unmounted through the plugin, then the plugin goes"
+    );
+    assert_eq!(world.running.len(), 2, "nothing started again");
+    assert!(client.alloc("a1").is_none());
+    assert!(client.alloc("p1").is_none());
+    assert!(client.is_drained());
+    assert!(world.mounts.is_empty(), "{:?}", world.mounts);
 }

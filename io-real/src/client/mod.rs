@@ -145,6 +145,10 @@ enum Message {
     Devices(BTreeMap<String, Vec<DeviceInstance>>),
     /// The local Consul agent's attributes (empty: unreachable).
     Consul(BTreeMap<String, String>),
+    /// Dev mode's shutdown: destroy every allocation, then answer and stop.
+    Shutdown {
+        done: oneshot::Sender<()>,
+    },
 }
 
 /// Answers the servers' `ClientCSI` calls for this client: node detach through the client's
@@ -174,6 +178,19 @@ impl ClientCsiRouter {
             },
             ClientInbox { receiver, sender, view },
         )
+    }
+}
+
+impl ClientCsiRouter {
+    /// Dev mode's shutdown (`ClientInput::Shutdown`): the client destroys every allocation —
+    /// tasks, their log collectors, volumes, directories — and stops; returns once it has,
+    /// or when `limit` runs out first (`false`).
+    pub async fn destroy_allocations(&self, limit: Duration) -> bool {
+        let (done, finished) = oneshot::channel();
+        if self.inbox.send(Message::Shutdown { done }).is_err() {
+            return true;
+        }
+        tokio::time::timeout(limit, finished).await.is_ok()
     }
 }
 
@@ -780,6 +797,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     let mut controller_turns: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> = BTreeMap::new();
     let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), String>>> = BTreeMap::new();
     let mut next_control = 0u64;
+    let mut shut_down: Option<oneshot::Sender<()>> = None;
     loop {
         // Execute everything the core asked for.
         while let Some(action) = client.poll_action() {
@@ -887,6 +905,13 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                 }
             }
         }
+        if client.is_drained()
+            && let Some(done) = shut_down.take()
+        {
+            tracing::info!("every allocation destroyed; the client stops");
+            let _ = done.send(());
+            return;
+        }
         let now = core_now(epoch);
         let sleep = client
             .poll_timeout()
@@ -908,6 +933,11 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     Message::Drivers(drivers) => client.handle(now, ClientInput::Drivers { drivers }),
                     Message::Devices(inventory) => client.handle(now, ClientInput::Devices { inventory }),
                     Message::Consul(attributes) => client.handle(now, ClientInput::ConsulAttributes { attributes }),
+                    Message::Shutdown { done } => {
+                        tracing::info!("dev mode: destroying every allocation before the agent stops");
+                        shut_down = Some(done);
+                        client.handle(now, ClientInput::Shutdown);
+                    }
                     Message::Control { request, reply } => {
                         next_control += 1;
                         controls.insert(next_control, reply);
