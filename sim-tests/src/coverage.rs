@@ -101,6 +101,8 @@ pub const EXPECTED_REACHED: &[&str] = &[
     "task_runner: destroying -> restart_delay",
     "task_runner: destroying -> stopping",
     "task_runner: envoy -> prestart",
+    "task_runner: envoy -> restart_delay",
+    "task_runner: envoy -> stopping",
     "task_runner: idle -> dead",
     "task_runner: idle -> killing",
     "task_runner: idle -> prestart",
