@@ -161,6 +161,14 @@ plugin { policy = "list" }
     }
 
     #[test]
+    fn an_empty_policy_is_valid_and_grants_nothing() {
+        for text in ["", "  \n# nothing yet\n"] {
+            let rules = parse(text).unwrap();
+            assert!(rules.is_empty(), "{text:?}");
+        }
+    }
+
+    #[test]
     fn what_the_language_does_not_have_is_refused_by_name() {
         for (text, error) in [
             (
@@ -173,7 +181,6 @@ plugin { policy = "list" }
                 "namespace \"default\" { policy = \"root\" }",
                 "Invalid namespace policy: \"root\"",
             ),
-            ("", "Invalid policy"),
             ("namespace \"default\" {", "Failed to parse ACL Policy"),
         ] {
             let got = parse(text).unwrap_err();

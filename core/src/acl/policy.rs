@@ -189,12 +189,7 @@ impl PolicyRules {
     /// Checks every block and expands each `policy` shorthand into its capabilities (kept in
     /// `capabilities`, deduplicated), with Nomad's texts.
     pub fn validate(&mut self) -> Result<(), String> {
-        if self.is_empty() {
-            return Err(
-                "Invalid policy: it names no namespace, host_volume, agent, node, operator, quota or plugin rule"
-                    .into(),
-            );
-        }
+        // A policy with no rules is valid and grants nothing, as Nomad's `acl.Parse` takes it.
         for namespace in &mut self.namespaces {
             if !valid_glob(&namespace.name) {
                 return Err(format!("Invalid namespace name: {:?}", namespace.name));
@@ -352,11 +347,6 @@ mod tests {
             with(&|rules| rules.node = Some("list".into())),
             "Invalid node policy: \"list\""
         );
-        assert!(
-            PolicyRules::default()
-                .validate()
-                .unwrap_err()
-                .starts_with("Invalid policy")
-        );
+        assert_eq!(PolicyRules::default().validate(), Ok(()), "no rules: valid, grants nothing");
     }
 }
