@@ -183,6 +183,12 @@ fn main() -> ExitCode {
     }
     let mut cli = Cli::parse_from(normalize_args(std::env::args_os()));
     if let Some(command) = cli.command.take() {
+        // An operator's command piped into `head` stops quietly when the pipe closes, as
+        // Nomad's (and every Unix tool's) does, instead of panicking in `println!`: the
+        // default action of SIGPIPE, which Rust's runtime ignores. Only here — the agent's
+        // own sockets are written with MSG_NOSIGNAL, but it never needs the signal.
+        // SAFETY: signal has no memory preconditions; no thread has been started yet.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
         return cli::run(cli.global, command);
     }
     let flags = cli.into_flags();

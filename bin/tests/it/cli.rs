@@ -113,3 +113,36 @@ fn risky_bootstrap_expect_values_warn() {
         assert!(first.contains(warning), "expect={expect}: {first}");
     }
 }
+
+/// An operator's command whose output goes to a pipe already closed (`agent node status |
+/// head -0`) ends quietly, killed by SIGPIPE as Nomad's and every Unix tool's, never with a
+/// panic. The read end is closed before the command starts, so its first write fails, every
+/// time.
+#[test]
+fn a_command_writing_into_a_closed_pipe_ends_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    use std::os::unix::process::ExitStatusExt;
+    let root = tempfile::tempdir().unwrap();
+    let agent = crate::support::start_dev_with_mock_driver(root.path());
+    let mut fds = [0; 2];
+    // SAFETY: pipe fills the two descriptors, each owned once wrapped below.
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: descriptors just made by pipe, owned by nothing else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    drop(read);
+    let output = Command::new(AGENT)
+        .args(["node", "status"])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
+        .stdout(std::process::Stdio::from(write))
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("the CLI runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(
+        output.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?} {stderr}",
+        output.status
+    );
+}

@@ -347,6 +347,10 @@ mod tests {
             with(&|rules| rules.node = Some("list".into())),
             "Invalid node policy: \"list\""
         );
-        assert_eq!(PolicyRules::default().validate(), Ok(()), "no rules: valid, grants nothing");
+        assert_eq!(
+            PolicyRules::default().validate(),
+            Ok(()),
+            "no rules: valid, grants nothing"
+        );
     }
 }

@@ -76,7 +76,10 @@ impl Server {
         let Some(member) = found else {
             // Nomad's serf takes a force-leave of a name it does not know as done (200): the
             // member may have gone already, and a script that retries must not fail.
-            tracing::info!(server = node, "operator: force-leave of a server not in the gossip pool; nothing to do");
+            tracing::info!(
+                server = node,
+                "operator: force-leave of a server not in the gossip pool; nothing to do"
+            );
             self.reply(req, Ok(()));
             return;
         };
