@@ -1,7 +1,8 @@
 //! What a user writes to the variables and nodes lists is honoured (issue 55): `?cas=` on
 //! `PUT` and `DELETE /v1/var/:path` refuses a stale index with 409 and the variable as it is
 //! (a lost update otherwise), `GET /v1/vars?prefix=` lists only that prefix, and
-//! `GET /v1/nodes?os=true` puts each node's `os.name` in its stub.
+//! `GET /v1/nodes?os=true` puts each node's `os.name` in its stub (whose `Version` is the
+//! node's agent version).
 
 use crate::support;
 
@@ -104,6 +105,9 @@ fn check_and_set_prefixes_and_os_are_honoured() {
     let node_id = nodes[0]["ID"].as_str().unwrap();
     let node = get_json(port, &format!("/v1/node/{node_id}")).expect("node");
     assert_eq!(node["Attributes"]["os.name"], os.as_str());
+    // The stub's Version is the node's agent version, as its attributes say (it was empty).
+    assert_eq!(nodes[0]["Version"], node["Attributes"]["nomad.version"], "{nodes}");
+    assert!(!nodes[0]["Version"].as_str().unwrap_or_default().is_empty());
     let plain = get_json(port, "/v1/nodes").expect("nodes");
     assert!(
         plain[0].get("Attributes").is_none(),

@@ -581,7 +581,8 @@ pub fn node_stub(node: &Node) -> Value {
         "Name": node.name,
         "NodeClass": node.node_class,
         "NodePool": "default",
-        "Version": "",
+        // Nomad's stub carries the node's agent version, its `nomad.version` attribute.
+        "Version": node.attributes.get("nomad.version").map(String::as_str).unwrap_or_default(),
         "Drain": node.drain_strategy.is_some(),
         "SchedulingEligibility": node.scheduling_eligibility.as_str(),
         "Status": node.status.as_str(),
