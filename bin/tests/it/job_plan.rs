@@ -177,6 +177,11 @@ fn job_plan_shows_the_dry_run_and_check_index_guards_the_run() {
     assert_eq!(get_json(port, "/v1/allocations").unwrap(), json!([]));
     let evals = get_json(port, "/v1/evaluations").unwrap();
     assert!(evals.as_array().unwrap().iter().all(|e| e["JobID"] != "web"), "{evals}");
+    // As Nomad's: 200 and an empty body (it was `null`).
+    assert_eq!(
+        support::http_status("PUT", port, "/v1/system/gc", None),
+        Some((200, String::new()))
+    );
     let summaries = cli(port, &["system", "reconcile", "summaries"]);
     assert!(
         out(&summaries).contains("Reconciled summaries for all jobs"),

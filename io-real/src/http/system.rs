@@ -5,7 +5,6 @@
 use axum::extract::State;
 use axum::response::IntoResponse;
 use drover_core::rpc::{ServerReply, ServerRequest};
-use serde_json::Value;
 
 use super::{ApiError, query_headers};
 use crate::driver::AgentHandle;
@@ -15,7 +14,8 @@ async fn send(handle: AgentHandle, request: ServerRequest) -> Result<axum::respo
         ServerReply::Error(error) => Err(error.into()),
         reply => {
             let index = reply.index().unwrap_or(0);
-            Ok((query_headers(&handle, index), axum::Json(Value::Null)).into_response())
+            // Nomad's handlers return no object here: 200 with an empty body, not `null`.
+            Ok((query_headers(&handle, index), "").into_response())
         }
     }
 }
