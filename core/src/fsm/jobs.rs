@@ -181,7 +181,7 @@ impl ServerState {
             job.version = old.version + 1;
             job.modify_index = index;
             job.job_modify_index = index;
-            job.submit_time_ms = at_ms;
+            // Nomad stops a copy of the job: its SubmitTime stays the register's.
             self.keep_version(&job);
             self.jobs.insert(key.clone(), job);
         }

@@ -1072,6 +1072,38 @@ mod tests {
         assert_eq!(state.table_index(Table::Variables), 5);
     }
 
+    /// A stop keeps the job's SubmitTime (Nomad stops a copy of the registered job); it is
+    /// a new version, stopped, at the stop's index.
+    #[test]
+    fn a_stopped_job_keeps_its_submit_time() {
+        let job = crate::structs::Job {
+            id: "web".into(),
+            namespace: "default".into(),
+            ..crate::structs::Job::default()
+        };
+        let mut state = ServerState::default();
+        state.apply(3, &entry(5_000, Command::JobRegister { job, eval: None }));
+        let registered = state.job("default", "web").unwrap().clone();
+        assert_eq!(registered.submit_time_ms, 5_000);
+        let stop = Command::JobStop {
+            namespace: "default".into(),
+            job_id: "web".into(),
+            purge: false,
+            eval: crate::structs::Evaluation {
+                id: "e1".into(),
+                namespace: "default".into(),
+                job_id: "web".into(),
+                ..crate::structs::Evaluation::default()
+            },
+        };
+        assert_eq!(state.apply(4, &entry(9_000, stop)), Response::Done);
+        let stopped = state.job("default", "web").unwrap();
+        assert!(stopped.stop);
+        assert_eq!(stopped.version, registered.version + 1);
+        assert_eq!(stopped.job_modify_index, 4);
+        assert_eq!(stopped.submit_time_ms, 5_000, "the register's time, not the stop's");
+    }
+
     /// A batch (group commit) applies its members in order at its one index, each answered
     /// as it would be alone: a check-and-set against the index the batch itself writes still
     /// catches the second of two writers racing on one version; a nested batch is refused.
