@@ -1282,7 +1282,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm", "real_clients_csi"],
         invariant: "liveness",
-        caught_by: ("swarm", 3),
+        caught_by: ("swarm", 1),
     },
     Switch {
         name: "restore-dup",
@@ -1296,7 +1296,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "no task process outlives its task",
-        caught_by: ("client_churn", 7),
+        caught_by: ("client_churn", 15),
     },
     Switch {
         name: "25293",
