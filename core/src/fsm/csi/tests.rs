@@ -760,7 +760,9 @@ fn node_allocs_carry_each_job_once_and_the_client_shares_it() {
     let paired = crate::rpc::NodeAllocsReply::paired(allocs, jobs);
     assert_eq!(paired.len(), 3);
     assert!(
-        paired.windows(2).all(|pair| alloc::sync::Arc::ptr_eq(&pair[0].1, &pair[1].1)),
+        paired
+            .windows(2)
+            .all(|pair| alloc::sync::Arc::ptr_eq(&pair[0].1, &pair[1].1)),
         "every allocation holds the one job"
     );
 }
