@@ -170,6 +170,20 @@ fn controller_suite() {
             again.volume.unwrap().volume_id,
             "CreateVolume is idempotent"
         );
+        // The name taken with another size: ALREADY_EXISTS, even for a size the plugin could
+        // never make (OUT_OF_RANGE came first).
+        for bytes in [2 << 30, i64::MAX] {
+            let mut bigger = create("v1", vec![writer().unwrap()]);
+            bigger.capacity_range = Some(csi::CapacityRange {
+                required_bytes: bytes,
+                limit_bytes: 0,
+            });
+            assert_eq!(
+                code(controller.create_volume(bigger).await),
+                Code::AlreadyExists,
+                "{bytes}"
+            );
+        }
 
         let validate = |id: &str, caps: Vec<csi::VolumeCapability>| csi::ValidateVolumeCapabilitiesRequest {
             volume_id: id.into(),
@@ -238,6 +252,15 @@ fn controller_suite() {
             .delete_volume(delete("v1"))
             .await
             .expect("DeleteVolume is idempotent");
+        // Gone, so unpublished from every node: the spec's SHOULD return OK (NOT_FOUND before).
+        controller
+            .controller_unpublish_volume(csi::ControllerUnpublishVolumeRequest {
+                volume_id: "v1".into(),
+                node_id: "node-1".into(),
+                ..Default::default()
+            })
+            .await
+            .expect("ControllerUnpublishVolume of a deleted volume succeeds");
         // Unimplemented optional calls say so.
         assert_eq!(
             code(controller.list_volumes(csi::ListVolumesRequest::default()).await),

@@ -204,14 +204,11 @@ impl Shared {
             check_capability(capability)?;
         }
         let args = &self.args;
-        let size = wanted_bytes(
-            request.capacity_range.as_ref(),
-            DEFAULT_VOLUME_BYTES,
-            args.max_volume_bytes,
-        )?;
-        let topology = self.place(request.accessibility_requirements.as_ref())?;
         let created = self.store.update(|state| {
             let (source, source_bytes) = self.content_source(request, state)?;
+            // A name already taken is answered first, whatever else the request asks: the
+            // volume as it is when compatible, ALREADY_EXISTS when not (CSI's CreateVolume
+            // errors), never OUT_OF_RANGE for a size that only conflicts with it.
             if let Some(held) = state.volumes.get(&request.name) {
                 let planted = self.features.bugs.contains("create-conflict-ok");
                 return if planted || compatible(held, request, &source) {
@@ -223,7 +220,13 @@ impl Shared {
                     )))
                 };
             }
-            let size = size.max(source_bytes);
+            let size = wanted_bytes(
+                request.capacity_range.as_ref(),
+                DEFAULT_VOLUME_BYTES,
+                args.max_volume_bytes,
+            )?
+            .max(source_bytes);
+            let topology = self.place(request.accessibility_requirements.as_ref())?;
             if request
                 .capacity_range
                 .as_ref()
@@ -407,10 +410,11 @@ impl Controller for Shared {
         let request = request.into_inner();
         check_id("volume_id", &request.volume_id)?;
         self.store.update(|state| {
-            let volume = state
-                .volumes
-                .get_mut(&request.volume_id)
-                .ok_or_else(|| Status::not_found(format!("volume {} does not exist", request.volume_id)))?;
+            // A volume that is gone is unpublished from every node: the spec's "SHOULD return
+            // 0 OK" (a retried unpublish after a delete must not fail for good).
+            let Some(volume) = state.volumes.get_mut(&request.volume_id) else {
+                return Ok(());
+            };
             if request.node_id.is_empty() {
                 volume.attachments.clear();
             } else {
