@@ -32,6 +32,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let given = args.work_dir.is_some();
     let work_dir = args
         .work_dir
         .unwrap_or_else(|| std::env::temp_dir().join(format!("drover-csi-check-{}", std::process::id())));
@@ -59,7 +60,16 @@ fn main() -> ExitCode {
             };
         let report = check.run().await;
         println!("{report}");
-        let _ = std::fs::remove_dir(&work_dir);
+        // Its own work dir goes; an operator's stays. Nothing that holds a file is deleted
+        // (it may be a mount a case could not undo): it is named, and the run fails.
+        let left = drover_io_real::csi_check::remove_empty_dirs(&work_dir, given);
+        if !left.is_empty() {
+            eprintln!("drover-csi-check: could not clean up the work dir; left behind:");
+            for path in &left {
+                eprintln!("  {}", path.display());
+            }
+            return ExitCode::from(1);
+        }
         if report.passed() {
             ExitCode::SUCCESS
         } else {

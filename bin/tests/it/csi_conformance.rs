@@ -35,6 +35,13 @@ impl Drop for Unmount<'_> {
 
 /// Runs the check against a fake started with `flags`: the check's exit code and report.
 fn check(flags: &[&str]) -> (i32, String) {
+    let (code, report, _) = check_with(flags, &[], true);
+    (code, report)
+}
+
+/// [`check`] with `args` for the checker, and a `--work-dir` of the test's unless
+/// `own_work_dir` is false (the checker makes its own); also the checker's pid.
+fn check_with(flags: &[&str], args: &[&str], own_work_dir: bool) -> (i32, String, u32) {
     let dir = tempfile::tempdir().unwrap();
     let _unmount = Unmount(dir.path());
     let socket = dir.path().join("csi.sock");
@@ -52,22 +59,43 @@ fn check(flags: &[&str]) -> (i32, String) {
         std::os::unix::net::UnixStream::connect(&socket).ok()
     });
     assert!(ready.is_some(), "the plugin never listened on {}", socket.display());
-    let run = ChildGuard(
-        Command::new(CHECK)
-            .arg(format!("unix://{}", socket.display()))
-            .arg(format!("--work-dir={}", dir.path().join("work").display()))
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
+    let mut command = Command::new(CHECK);
+    command.arg(format!("unix://{}", socket.display())).args(args);
+    if own_work_dir {
+        command.arg(format!("--work-dir={}", dir.path().join("work").display()));
+    }
+    let run = ChildGuard(command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap());
+    let pid = run.0.id();
     let output = run.wait_with_output(Duration::from_secs(120));
     let report = format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    (output.status.code().unwrap_or(-1), report)
+    (output.status.code().unwrap_or(-1), report, pid)
+}
+
+/// `--controller-only` on a correct plugin fails nothing (it sent an empty node id: a false
+/// INVALID_ARGUMENT, and a publish case failed for want of a node it was told not to ask
+/// for), and the work dir the checker made for itself is gone afterwards.
+#[test]
+fn controller_only_fails_nothing_on_a_correct_plugin_and_leaves_no_work_dir() {
+    let (code, report, pid) = check_with(&["--attach-detach"], &["--controller-only"], false);
+    assert_eq!((code, totals(&report).1), (0, 0), "{report}");
+    assert!(
+        skipped(&report)
+            .iter()
+            .any(|line| line.contains("repeated publish and unpublish") && line.contains("NodeGetInfo")),
+        "{report}"
+    );
+    assert!(
+        report
+            .lines()
+            .any(|line| line.starts_with("PASS") && line.contains("unknown volume or node")),
+        "{report}"
+    );
+    let work_dir = std::env::temp_dir().join(format!("drover-csi-check-{pid}"));
+    assert!(!work_dir.exists(), "{} left behind", work_dir.display());
 }
 
 /// The (passed, failed, skipped) of a report's last line.

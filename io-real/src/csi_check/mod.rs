@@ -11,7 +11,7 @@ mod cases;
 use std::collections::BTreeSet;
 use std::fmt;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::time::Duration;
 
@@ -29,6 +29,9 @@ pub enum Need {
     /// A node RPC capability.
     NodeRpc(csi::node_service_capability::rpc::Type),
     Topology,
+    /// The node's id, from the node service's `NodeGetInfo` (not asked with
+    /// `--controller-only`): a case that publishes to this node needs it.
+    NodeId,
 }
 
 impl fmt::Display for Need {
@@ -39,6 +42,7 @@ impl fmt::Display for Need {
             Need::Rpc(kind) => f.write_str(kind.as_str_name()),
             Need::NodeRpc(kind) => write!(f, "node {}", kind.as_str_name()),
             Need::Topology => f.write_str("VOLUME_ACCESSIBILITY_CONSTRAINTS"),
+            Need::NodeId => f.write_str("the node service's NodeGetInfo"),
         }
     }
 }
@@ -62,6 +66,7 @@ impl Advertised {
             Need::Rpc(kind) => self.controller_service && self.controller.contains(&(kind as i32)),
             Need::NodeRpc(kind) => self.node.contains(&(kind as i32)),
             Need::Topology => self.topology_constraints && self.node_topology.is_some(),
+            Need::NodeId => !self.node_id.is_empty(),
         }
     }
 }
@@ -254,5 +259,64 @@ impl Check {
     /// A name of this run's.
     pub(crate) fn name(&self, what: &str) -> String {
         format!("{}-{what}", self.prefix)
+    }
+}
+
+/// Removes the empty directories at and below `dir`, deepest first, and returns what is left:
+/// files and directories that are not empty (a mount a case could not undo keeps its
+/// directory busy), never deleted, only named. Links are not followed. `keep_root` leaves
+/// `dir` itself (a `--work-dir` the operator gave).
+pub fn remove_empty_dirs(dir: &Path, keep_root: bool) -> Vec<PathBuf> {
+    fn walk(dir: &Path, left: &mut Vec<PathBuf>) -> bool {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return false;
+        };
+        let mut empty = true;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let is_dir = std::fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir());
+            if !(is_dir && walk(&path, left) && std::fs::remove_dir(&path).is_ok()) {
+                if !is_dir || left.last().is_none_or(|last| !last.starts_with(&path)) {
+                    left.push(path);
+                }
+                empty = false;
+            }
+        }
+        empty
+    }
+    let mut left = Vec::new();
+    let empty = walk(dir, &mut left);
+    if empty && !keep_root {
+        let _ = std::fs::remove_dir(dir);
+    }
+    left.sort();
+    left
+}
+
+#[cfg(test)]
+mod work_dir_tests {
+    use super::*;
+
+    #[test]
+    fn empty_directories_go_and_whatever_holds_something_is_named() {
+        let root = tempfile::tempdir().unwrap();
+        let work = root.path().join("work");
+        std::fs::create_dir_all(work.join("a/b/c")).unwrap();
+        std::fs::create_dir_all(work.join("d")).unwrap();
+        std::fs::write(work.join("d/file"), "x").unwrap();
+        let outside = root.path().join("outside");
+        std::fs::create_dir_all(outside.join("kept")).unwrap();
+        std::os::unix::fs::symlink(&outside, work.join("link")).unwrap();
+        let left = remove_empty_dirs(&work, false);
+        assert_eq!(left, [work.join("d/file"), work.join("link")]);
+        assert!(!work.join("a").exists(), "empty dirs removed");
+        assert!(outside.join("kept").exists(), "a link is not followed");
+        assert!(work.exists(), "not empty: kept");
+        std::fs::remove_file(work.join("d/file")).unwrap();
+        std::fs::remove_file(work.join("link")).unwrap();
+        assert!(remove_empty_dirs(&work, true).is_empty());
+        assert!(work.exists(), "an operator's work dir stays");
+        assert!(remove_empty_dirs(&work, false).is_empty());
+        assert!(!work.exists(), "our own goes once empty");
     }
 }
