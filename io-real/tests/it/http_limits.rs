@@ -49,6 +49,55 @@ fn until_closed(mut stream: TcpStream) -> String {
     }
 }
 
+/// A keep-alive connection on which one request was answered in full: the server has
+/// accepted it and counts it, and it stays open for the next request.
+fn answered_once(port: u16) -> TcpStream {
+    let mut stream = connect(port);
+    stream
+        .write_all(b"GET /v1/status/leader HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let read = stream.read(&mut buf).unwrap();
+        assert!(
+            read > 0,
+            "closed before answering: {}",
+            String::from_utf8_lossy(&answer)
+        );
+        answer.extend_from_slice(&buf[..read]);
+        let text = String::from_utf8_lossy(&answer);
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+            let length: usize = head
+                .lines()
+                .find_map(|line| {
+                    let (name, value) = line.split_once(':')?;
+                    name.eq_ignore_ascii_case("content-length")
+                        .then(|| value.trim().parse().ok())?
+                })
+                .expect("a Content-Length");
+            if body.len() >= length {
+                return stream;
+            }
+        }
+    }
+}
+
+/// Polls `check` until it holds or [`PATIENCE`] passes.
+fn support_wait<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = std::time::Instant::now() + PATIENCE;
+    loop {
+        if let Some(value) = check() {
+            return Some(value);
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn request(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {
     let mut stream = connect(port);
     write!(
@@ -117,14 +166,33 @@ async fn one_client_cannot_hold_or_overload_the_api() {
     assert!(partial_body.starts_with("HTTP/1.1 400"), "{partial_body}");
 
     // The fifth connection of one client is refused, naming the limit; one of the four held
-    // closing frees a place.
-    let held: Vec<TcpStream> = (0..4).map(|_| connect(port)).collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let refused = blocking(move || until_closed(connect(port))).await;
+    // closing frees a place. On an agent whose idle deadline is far off, and each held
+    // connection answered once first, so all four are surely counted and still open when
+    // the fifth comes, however slow the machine (it slept 100 ms and hoped: under load the
+    // fifth came before a held one was accepted, or after the 300 ms deadline closed one).
+    let patient_dir = tempfile::tempdir().unwrap();
+    let patient = support::start_server(
+        patient_dir.path(),
+        false,
+        HttpLimits {
+            header_timeout: PATIENCE,
+            ..LIMITS
+        },
+        RPC_MAX_CONNS,
+    )
+    .await;
+    let patient_port = patient.http;
+    let held: Vec<TcpStream> = blocking(move || (0..4).map(|_| answered_once(patient_port)).collect()).await;
+    let refused = blocking(move || until_closed(connect(patient_port))).await;
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     assert!(refused.contains("the limit is 4"), "{refused}");
     drop(held);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let freed = blocking(move || {
+        support_wait(|| (request(patient_port, "GET", "/v1/status/leader", b"").0 == 200).then_some(()))
+    })
+    .await;
+    assert!(freed.is_some(), "a closed connection frees its place");
+    patient.handle.shutdown().await;
     assert_eq!(blocking(leader).await.0, 200);
 
     // The agent RPC port too: the connections held are served (each opens with HTTP/2's
