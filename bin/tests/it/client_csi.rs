@@ -3,9 +3,10 @@
 //! publishes; after it stops, the bind mounts are gone and the claim is released; a second
 //! `exec` task reads the file back from the same volume.
 
+use crate::support;
+
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,27 +24,6 @@ use drover_io_real::io::{NoConsul, TracingObserver};
 use drover_io_real::net::GrpcTransport;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_drover-csi-fake");
-
-fn mounts_under(path: &Path) -> Vec<String> {
-    let prefix = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
-        .filter(|point| point.starts_with(&prefix))
-        .collect()
-}
-
-/// Unmounts whatever a failed run left under `dir`.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        for point in mounts_under(&self.0).into_iter().rev() {
-            let _ = std::process::Command::new("umount").arg("-l").arg(&point).status();
-        }
-    }
-}
 
 async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
     let path = path.to_string();
@@ -157,7 +137,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         .with_test_writer()
         .try_init();
     let dir = tempfile::tempdir().unwrap();
-    let _cleanup = Cleanup(dir.path().to_path_buf());
+    let _cleanup = support::UnmountUnder(dir.path().to_path_buf());
     let ports = crate::support::free_ports();
     let ports = Ports {
         http: ports[0],
@@ -312,13 +292,13 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     .await;
     let plugin_root = dir.path().join("client/csi/monolith/fake");
     for _ in 0..50 {
-        if mounts_under(&plugin_root).is_empty() {
+        if support::mounts_under(&plugin_root).is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        mounts_under(&plugin_root),
+        support::mounts_under(&plugin_root),
         Vec::<String>::new(),
         "no staging or publish mount left"
     );
@@ -468,6 +448,6 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     })
     .await;
     assert!(!dir.path().join("client/csi/plugins/plugin-1").exists());
-    assert_eq!(mounts_under(dir.path()), Vec::<String>::new());
+    assert_eq!(support::mounts_under(dir.path()), Vec::<String>::new());
     handle.shutdown().await;
 }

@@ -120,27 +120,6 @@ async fn exec_tasks_start_through_the_helper_in_their_own_namespaces_and_root() 
     assert!(error.message.contains("no-such-command"), "{}", error.message);
 }
 
-fn mounts_under(path: &Path) -> Vec<String> {
-    let prefix = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
-        .filter(|mount_point| mount_point.starts_with(&prefix))
-        .collect()
-}
-
-/// Unmounts everything below a directory when dropped, so a failing assertion leaves no mount.
-struct UnmountOnDrop(PathBuf);
-
-impl Drop for UnmountOnDrop {
-    fn drop(&mut self) {
-        for mount in mounts_under(&self.0).iter().rev() {
-            let _ = std::process::Command::new("umount").arg("-l").arg(mount).status();
-        }
-    }
-}
-
 /// A CSI node plugin's bidirectional mounts, started through the helper too (they were the
 /// last `exec` starts that forked the agent, for the detached mount the child had to inherit):
 /// the helper clones the shared host sources itself before it leaves the host's mount
@@ -152,7 +131,7 @@ async fn bidirectional_mounts_start_through_the_helper_too() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let _unmount = UnmountOnDrop(dir.path().to_path_buf());
+    let _unmount = crate::support::UnmountUnder(dir.path().to_path_buf());
     let root = dir.path().join("plugin-root");
     let socket = dir.path().join("socket-dir");
     let host_made = root.join("from-host");
@@ -198,9 +177,9 @@ async fn bidirectional_mounts_start_through_the_helper_too() {
     assert!(ready.exists(), "the task ran");
     let staging = root.join("staging").canonicalize().unwrap();
     assert!(
-        mounts_under(dir.path()).contains(&staging.display().to_string()),
+        crate::support::mounts_under(dir.path()).contains(&staging.display().to_string()),
         "the task's mount reached the host: {:?}",
-        mounts_under(dir.path())
+        crate::support::mounts_under(dir.path())
     );
     assert_eq!(std::fs::read_to_string(staging.join("file")).unwrap(), "staged\n");
     let host_tmpfs = std::process::Command::new("mount")

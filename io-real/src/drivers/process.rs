@@ -1111,12 +1111,13 @@ impl TaskDriver for ProcessDriver {
         // and root only.
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(args).env_clear().envs(env.iter().cloned());
-        let enter = match (self.kind, cwd) {
-            (Kind::RawExec, Some(cwd)) => {
+        // A raw_exec task's directory, or an exec task's mount namespace and root.
+        let enter = match cwd {
+            Some(cwd) => {
                 cmd.current_dir(cwd);
                 None
             }
-            _ => {
+            None => {
                 let open = |path: String| std::fs::File::open(&path).map_err(|e| io_error(&format!("open {path}"), e));
                 Some((open(format!("/proc/{pid}/ns/mnt"))?, open(format!("/proc/{pid}/root"))?))
             }

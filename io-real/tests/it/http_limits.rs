@@ -85,7 +85,7 @@ fn answered_once(port: u16) -> TcpStream {
 }
 
 /// Polls `check` until it holds or [`PATIENCE`] passes.
-fn support_wait<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
+fn wait_for<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
     let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         if let Some(value) = check() {
@@ -187,10 +187,9 @@ async fn one_client_cannot_hold_or_overload_the_api() {
     assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
     assert!(refused.contains("the limit is 4"), "{refused}");
     drop(held);
-    let freed = blocking(move || {
-        support_wait(|| (request(patient_port, "GET", "/v1/status/leader", b"").0 == 200).then_some(()))
-    })
-    .await;
+    let freed =
+        blocking(move || wait_for(|| (request(patient_port, "GET", "/v1/status/leader", b"").0 == 200).then_some(())))
+            .await;
     assert!(freed.is_some(), "a closed connection frees its place");
     patient.handle.shutdown().await;
     assert_eq!(blocking(leader).await.0, 200);

@@ -628,3 +628,26 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     }
     files
 }
+
+/// Mount points at or below `path` (`/proc/self/mountinfo`), in the kernel's order.
+pub fn mounts_under(path: &Path) -> Vec<String> {
+    let prefix = path.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
+        .filter(|point| point.starts_with(&prefix))
+        .collect()
+}
+
+/// Lazily unmounts whatever is still mounted below a directory when dropped, so a failing
+/// test leaves no mount behind.
+pub struct UnmountUnder(pub PathBuf);
+
+impl Drop for UnmountUnder {
+    fn drop(&mut self) {
+        for point in mounts_under(&self.0).into_iter().rev() {
+            let _ = Command::new("umount").arg("-l").arg(&point).status();
+        }
+    }
+}

@@ -49,6 +49,23 @@ fn land(h: &mut Harness, op: OpId, command: Command) {
     );
 }
 
+/// Registers `first` (request 1) and `second` (request 2), each proposed alone, and returns
+/// both entries, in flight: every slot is taken.
+fn two_in_flight(h: &mut Harness, first: &str, second: &str) -> Vec<(OpId, Command)> {
+    register(h, 1, first);
+    let mut out = proposals(h);
+    register(h, 2, second);
+    out.extend(proposals(h));
+    assert!(
+        matches!(
+            out[..],
+            [(_, Command::JobRegister { .. }), (_, Command::JobRegister { .. })]
+        ),
+        "{out:?}"
+    );
+    out
+}
+
 fn registered(h: &Harness) -> Vec<(ReqId, u64)> {
     h.replies
         .iter()
@@ -118,11 +135,7 @@ fn writes_made_while_entries_are_in_flight_are_committed_as_one_entry() {
 #[test]
 fn a_batch_is_capped_and_the_rest_go_out_as_slots_free() {
     let mut h = Harness::new();
-    register(&mut h, 1, "first");
-    let mut out = proposals(&mut h);
-    register(&mut h, 2, "second");
-    out.extend(proposals(&mut h));
-    assert_eq!(out.len(), 2);
+    let out = two_in_flight(&mut h, "first", "second");
     let waiting = MAX_BATCH + 3;
     for n in 0..waiting {
         register(&mut h, 10 + n as ReqId, &format!("j{n:03}"));
@@ -154,11 +167,7 @@ fn a_batch_is_capped_and_the_rest_go_out_as_slots_free() {
 #[test]
 fn losing_leadership_fails_the_waiting_writes_and_never_proposes_them() {
     let mut h = Harness::new();
-    register(&mut h, 1, "a");
-    let mut out = proposals(&mut h);
-    register(&mut h, 2, "b");
-    out.extend(proposals(&mut h));
-    assert_eq!(out.len(), 2);
+    let out = two_in_flight(&mut h, "a", "b");
     register(&mut h, 3, "c");
     register(&mut h, 4, "d");
     assert!(proposals(&mut h).is_empty());
@@ -190,11 +199,7 @@ fn losing_leadership_fails_the_waiting_writes_and_never_proposes_them() {
 #[test]
 fn a_failed_batch_fails_each_of_its_writes() {
     let mut h = Harness::new();
-    register(&mut h, 1, "a");
-    let mut out = proposals(&mut h);
-    register(&mut h, 2, "b");
-    out.extend(proposals(&mut h));
-    assert_eq!(out.len(), 2);
+    let out = two_in_flight(&mut h, "a", "b");
     register(&mut h, 3, "c");
     register(&mut h, 4, "d");
     let (op, command) = out[0].clone();
@@ -213,14 +218,16 @@ fn a_failed_batch_fails_each_of_its_writes() {
         &h.fx.state,
     );
     proposals(&mut h);
-    let failed: Vec<(ReqId, bool)> = h
+    // Each write of the batch fails as the entry did: unavailable, for the caller to retry.
+    let failed: Vec<(ReqId, crate::error::ErrorKind, bool)> = h
         .replies
         .iter()
         .filter_map(|(req, reply)| match reply {
-            ServerReply::Error(error) => Some((*req, error.retryable && error.message.contains("log write failed"))),
+            ServerReply::Error(error) => Some((*req, error.kind, error.retryable)),
             _ => None,
         })
         .collect();
-    assert_eq!(failed, [(3, true), (4, true)]);
+    let unavailable = crate::error::ErrorKind::Unavailable;
+    assert_eq!(failed, [(3, unavailable, true), (4, unavailable, true)]);
     assert!(h.fx.state.job("default", "c").is_none());
 }
