@@ -801,11 +801,17 @@ impl Client {
                             state,
                         });
                     }
-                    TaskAction::Event(event) => self.actions.push_back(ClientAction::TaskEvent {
-                        alloc_id: alloc_id.to_string(),
-                        task,
-                        event,
-                    }),
+                    TaskAction::Event(event) => {
+                        // The event is in the task's state: the servers hear of it with the
+                        // next batch (within ALLOC_UPDATE_INTERVAL), not when something else
+                        // on the node next changes.
+                        self.report(now, Report::Allocs);
+                        self.actions.push_back(ClientAction::TaskEvent {
+                            alloc_id: alloc_id.to_string(),
+                            task,
+                            event,
+                        });
+                    }
                     TaskAction::Register(info) => {
                         if self.registry.register(info).unwrap_or(false) {
                             self.persist_registry();

@@ -243,8 +243,16 @@ impl PluginSupervisor {
         kinds
     }
 
-    /// Stops supervising and deregisters this allocation's entries.
+    /// Stops supervising and deregisters this allocation's entries. A plugin last seen
+    /// healthy is recorded unhealthy: its task is gone (it died, or is being stopped), and the
+    /// operator reading the task's events should not be left believing it still serves.
     pub fn stop(&mut self, out: &mut Vec<SupervisorOut>) {
+        if matches!(self.phase, Phase::Registering | Phase::Running { healthy: true }) {
+            out.push(SupervisorOut::Event {
+                kind: events::PLUGIN_UNHEALTHY,
+                message: format!("plugin: {}: task exited", self.config.id),
+            });
+        }
         for (kind, name) in core::mem::take(&mut self.registered) {
             out.push(SupervisorOut::Deregister {
                 kind,

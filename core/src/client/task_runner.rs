@@ -836,13 +836,17 @@ impl TaskRunner {
         }
     }
 
-    fn stop_supervisor(&mut self) {
+    fn stop_supervisor(&mut self, now: Instant) {
         if let Some(mut supervisor) = self.supervisor.take() {
             let mut out = Vec::new();
             supervisor.stop(&mut out);
             for item in out {
-                if let SupervisorOut::Deregister { kind, name, alloc_id } = item {
-                    self.actions.push(TaskAction::Deregister { kind, name, alloc_id });
+                match item {
+                    SupervisorOut::Deregister { kind, name, alloc_id } => {
+                        self.actions.push(TaskAction::Deregister { kind, name, alloc_id })
+                    }
+                    SupervisorOut::Event { kind, message } => self.event(now, kind, &message),
+                    SupervisorOut::Call { .. } | SupervisorOut::Register(_) | SupervisorOut::RestartTask { .. } => {}
                 }
             }
         }
@@ -917,7 +921,7 @@ impl TaskRunner {
     }
 
     fn begin_stop(&mut self, now: Instant, ops: &mut OpIds) {
-        self.stop_supervisor();
+        self.stop_supervisor(now);
         self.set_phase(Phase::Stopping { index: 0, op: None });
         self.run_stop(now, ops);
     }

@@ -29,6 +29,8 @@ struct World {
     stops: Vec<(String, String)>,
     /// Task stops and CSI node calls together, in the order they happened.
     order: Vec<String>,
+    /// Plugins answer their probe "not ready".
+    plugins_not_ready: bool,
 }
 
 impl World {
@@ -59,7 +61,9 @@ impl World {
             Io::WriteFile { .. } | Io::WriteBytes { .. } | Io::RunCommand { .. } => Reply::Unit,
             Io::ReserveDevices { .. } | Io::PrepareDevices { .. } => Reply::Reserved(Default::default()),
             Io::Csi { call, .. } => Reply::Csi(match call {
-                CsiCall::Probe => CsiReply::Probe { ready: true },
+                CsiCall::Probe => CsiReply::Probe {
+                    ready: !self.plugins_not_ready,
+                },
                 CsiCall::GetPluginInfo => CsiReply::PluginInfo {
                     name: "fake.drover.dev".into(),
                     version: "0.1.0".into(),
@@ -1421,4 +1425,139 @@ fn a_dev_shutdown_destroys_every_allocation_plugins_last() {
     assert!(client.alloc("p1").is_none());
     assert!(client.is_drained());
     assert!(world.mounts.is_empty(), "{:?}", world.mounts);
+}
+
+/// A task event that changes nothing else — a plugin turning healthy — reaches the servers
+/// with the next batch of allocation updates (Nomad's 200 ms), not whenever some other
+/// allocation on the node next changes (seen: 2 min 11 s); the plugin's death is recorded
+/// unhealthy and reaches them the same way.
+#[test]
+fn a_plugins_health_events_reach_the_servers_within_one_batch() {
+    let mut client = new_client(5);
+    let mut now = Instant::ZERO;
+    client.handle(
+        now,
+        ClientInput::Driver {
+            name: "raw_exec".into(),
+            capabilities: DriverCapabilities {
+                mount_configs: MountConfigSupport::None,
+                fs_isolation: false,
+            },
+            info: DriverInfo {
+                detected: true,
+                healthy: true,
+                health_description: "Healthy".into(),
+                attributes: BTreeMap::new(),
+            },
+        },
+    );
+    let plugin = plugin_job();
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: vec![(alloc("p1", &plugin), Arc::new(plugin.clone()))],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    let mut world = World {
+        plugins_not_ready: true,
+        ..World::default()
+    };
+    // Every event the servers were sent for task `plugin`, with the time it was sent.
+    let mut sent: Vec<(Instant, String)> = Vec::new();
+    fn run_until(
+        client: &mut Client,
+        world: &mut World,
+        sent: &mut Vec<(Instant, String)>,
+        now: &mut Instant,
+        until: Instant,
+    ) {
+        loop {
+            while let Some(action) = client.poll_action() {
+                if let ClientAction::Io { op, io } = action {
+                    if let Io::Server(ServerRequest::AllocClientUpdates { updates, .. }) = &io {
+                        for update in updates {
+                            for event in &update.task_states["plugin"].events {
+                                let seen = sent.iter().any(|(_, kind)| kind == &event.kind);
+                                if !seen || event.kind.starts_with("Plugin became") {
+                                    sent.push((*now, event.kind.clone()));
+                                }
+                            }
+                        }
+                    }
+                    let outcome = world.answer(&io);
+                    client.handle(*now, ClientInput::Outcome { op, outcome });
+                }
+            }
+            match client.poll_timeout() {
+                Some(at) if at <= until => {
+                    *now = at.max(*now);
+                    client.handle_timeout(*now);
+                }
+                _ => {
+                    *now = until;
+                    return;
+                }
+            }
+        }
+    }
+    run_until(
+        &mut client,
+        &mut world,
+        &mut sent,
+        &mut now,
+        Instant::ZERO + Duration::from_secs(3),
+    );
+    assert_eq!(
+        client.alloc("p1").unwrap().task_states()["plugin"].state,
+        drover_core::structs::TaskStatus::Running
+    );
+    assert!(!sent.iter().any(|(_, kind)| kind.starts_with("Plugin became")));
+    // The plugin answers its next probe: healthy, and the servers hear of it at once.
+    world.plugins_not_ready = false;
+    let healthy_at = client.poll_timeout().expect("the next probe");
+    run_until(
+        &mut client,
+        &mut world,
+        &mut sent,
+        &mut now,
+        healthy_at + Duration::from_secs(10),
+    );
+    let reported = sent
+        .iter()
+        .find(|(_, kind)| kind == "Plugin became healthy")
+        .map(|(at, _)| *at)
+        .expect("the healthy event is reported");
+    assert!(
+        reported <= healthy_at + drover_core::client::client::ALLOC_UPDATE_INTERVAL,
+        "reported {:?} after the probe",
+        reported.saturating_duration_since(healthy_at)
+    );
+    // The plugin dies: recorded unhealthy, and reported as promptly.
+    let died_at = now;
+    client.handle(
+        died_at,
+        ClientInput::TaskExited {
+            alloc_id: "p1".into(),
+            task: "plugin".into(),
+            exit: ExitResult {
+                exit_code: 137,
+                signal: 9,
+                ..ExitResult::default()
+            },
+        },
+    );
+    run_until(
+        &mut client,
+        &mut world,
+        &mut sent,
+        &mut now,
+        died_at + Duration::from_secs(1),
+    );
+    let unhealthy = sent
+        .iter()
+        .find(|(_, kind)| kind == "Plugin became unhealthy")
+        .map(|(at, _)| *at)
+        .expect("the plugin's death is recorded unhealthy and reported");
+    assert!(unhealthy <= died_at + drover_core::client::client::ALLOC_UPDATE_INTERVAL);
 }

@@ -25,7 +25,7 @@ impl TaskRunner {
         if !matches!(self.phase, Phase::Running | Phase::Killing { .. }) {
             return;
         }
-        self.stop_supervisor();
+        self.stop_supervisor(now);
         if let Some(templates) = &mut self.templates {
             templates.cancel();
         }
@@ -59,7 +59,7 @@ impl TaskRunner {
 
     /// The driver's answer to `StopTask`.
     pub(super) fn kill_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
-        self.stop_supervisor();
+        self.stop_supervisor(now);
         match outcome {
             Ok(_) => self.event(now, events::KILLED, "Task successfully killed"),
             Err(error) => self.event(now, events::KILLED, &format!("Task killed with error: {error}")),
