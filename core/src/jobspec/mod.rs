@@ -122,6 +122,18 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
     if let Some(scaling) = &group.scaling {
         errors.extend(scaling.problems(group.count));
     }
+    if let Some(policy) = &group.reschedule_policy {
+        if job.job_type == JobType::System {
+            errors.push("System jobs should not have a reschedule policy".into());
+        } else {
+            errors.extend(
+                policy
+                    .problems()
+                    .into_iter()
+                    .map(|problem| format!("Task group {}: reschedule: {problem}", group.name)),
+            );
+        }
+    }
     errors.extend(placement_rules(&group.constraints, &group.affinities));
     errors.extend(crate::structs::validate_networks(group));
     let group_ports: BTreeSet<String> = group

@@ -450,7 +450,7 @@ impl<'a> Reconcile<'a> {
     /// Whether a failed allocation is to be placed again now: its policy allows another
     /// attempt, and this is the evaluation made for it or its delay has passed in cluster time.
     fn reschedule_due(&self, job: &Job, alloc: &Allocation) -> bool {
-        let Some(delay) = reschedule::delay(self.state, alloc, job.job_type) else {
+        let Some(delay) = reschedule::delay(self.state, alloc, job) else {
             return false;
         };
         let due_ms = alloc.modify_time_ms.saturating_add(delay.as_millis() as u64);

@@ -1,12 +1,14 @@
-//! Failed allocations placed again (Nomad's reschedule policy, with its defaults; the
-//! `reschedule {}` stanza itself is not parsed yet).
+//! Failed allocations placed again, as the group's reschedule policy says
+//! ([`ReschedulePolicy`]: the `reschedule` blocks over Nomad's defaults).
 //!
 //! A service or batch allocation its client reports `failed` while the servers still want it
 //! running is evaluated again (`alloc-failure`) once its reschedule delay has passed, and the
 //! scheduler then stops it ("alloc was rescheduled because it failed") and places a
-//! replacement. Service jobs: 30 s, doubling with every failure in a row of the same
-//! allocation name, at most an hour, unlimited attempts. Batch jobs: 5 s, one attempt per
-//! 24 h. System jobs are never rescheduled.
+//! replacement. The delay grows with the failures in a row of the same allocation name
+//! (constant, exponential or fibonacci, up to `max_delay`); unless `unlimited`, at most
+//! `attempts` failures within `interval` are rescheduled. Defaults: service jobs 30 s
+//! doubling up to an hour, unlimited; batch jobs 5 s, one attempt per 24 h. System jobs are
+//! never rescheduled.
 //!
 //! Delays are kept on the leader's monotonic clock from the cluster time of the failure (the
 //! allocation's modify time) and the cluster time of the last applied entry, like the
@@ -19,16 +21,11 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use core::time::Duration;
 
 use crate::fsm::ServerState;
-use crate::structs::{Allocation, ClientStatus, JobType};
+use crate::structs::{Allocation, ClientStatus, Job};
 use crate::time::Instant;
 
 pub const TRIGGER_ALLOC_FAILURE: &str = "alloc-failure";
 pub const ALLOC_RESCHEDULED: &str = "alloc was rescheduled because it failed";
-
-const SERVICE_DELAY: Duration = Duration::from_secs(30);
-const SERVICE_MAX_DELAY: Duration = Duration::from_secs(3_600);
-const BATCH_DELAY: Duration = Duration::from_secs(5);
-const BATCH_INTERVAL: Duration = Duration::from_secs(24 * 3_600);
 
 /// The failed allocations to reschedule, and when each becomes due.
 #[derive(Debug, Default)]
@@ -72,16 +69,16 @@ fn failures_within(state: &ServerState, alloc: &Allocation, window: Duration) ->
     count
 }
 
-/// How long after its failure `alloc` is placed again; `None` when it never is.
-pub fn delay(state: &ServerState, alloc: &Allocation, job_type: JobType) -> Option<Duration> {
-    match job_type {
-        JobType::System => None,
-        JobType::Batch => (failures_within(state, alloc, BATCH_INTERVAL) <= 1).then_some(BATCH_DELAY),
-        JobType::Service => {
-            let doublings = failures_in_a_row(state, alloc).saturating_sub(1).min(16);
-            Some((SERVICE_DELAY * 2u32.pow(doublings)).min(SERVICE_MAX_DELAY))
-        }
+/// How long after its failure `alloc` of `job` is placed again; `None` when it never is.
+pub fn delay(state: &ServerState, alloc: &Allocation, job: &Job) -> Option<Duration> {
+    let policy = job.group(&alloc.task_group)?.reschedule_policy(job.job_type)?;
+    if !policy.enabled() {
+        return None;
     }
+    if !policy.unlimited && failures_within(state, alloc, policy.interval) > policy.attempts {
+        return None;
+    }
+    Some(policy.delay_after(failures_in_a_row(state, alloc)))
 }
 
 impl Reschedules {
@@ -102,7 +99,7 @@ impl Reschedules {
             else {
                 continue;
             };
-            let Some(delay) = delay(state, alloc, job.job_type) else {
+            let Some(delay) = delay(state, alloc, job) else {
                 continue;
             };
             failed.insert(alloc.id.clone());
@@ -131,30 +128,103 @@ impl Reschedules {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fsm::csi::tests::Fixture;
+    use crate::structs::{DelayFunction, JobType, ReschedulePolicy, TaskGroup};
 
-    #[test]
-    fn service_delays_double_per_failure_in_a_row_up_to_an_hour() {
-        let mut state = crate::fsm::csi::tests::Fixture::new();
+    /// `jobs` of `job_type` with `policy` on its group, and `count` allocations failed in a row.
+    fn failed_in_a_row(
+        job_type: JobType,
+        policy: Option<ReschedulePolicy>,
+        count: usize,
+    ) -> (Fixture, Job, Vec<Allocation>) {
+        let mut state = Fixture::new();
         let mut allocs = Vec::new();
         let mut previous: Option<String> = None;
-        for i in 0..10 {
+        for i in 0..count {
             let mut alloc = crate::fsm::csi::tests::alloc(&format!("a{i}"), "n1");
             alloc.client_status = ClientStatus::Failed;
             alloc.previous_allocation = previous.replace(alloc.id.clone());
             allocs.push(alloc);
         }
         state.ok(crate::fsm::Command::AllocUpsert { allocs: allocs.clone() });
-        let delays: Vec<u64> = allocs
+        let group = allocs[0].task_group.clone();
+        let job = Job {
+            job_type,
+            task_groups: vec![TaskGroup {
+                name: group,
+                reschedule_policy: policy,
+                ..TaskGroup::default()
+            }],
+            ..Job::default()
+        };
+        (state, job, allocs)
+    }
+
+    fn delays(state: &Fixture, job: &Job, allocs: &[Allocation]) -> Vec<Option<u64>> {
+        allocs
             .iter()
-            .map(|alloc| delay(&state.state, alloc, JobType::Service).unwrap().as_secs())
-            .collect();
-        assert_eq!(delays, vec![30, 60, 120, 240, 480, 960, 1_920, 3_600, 3_600, 3_600]);
-        assert_eq!(delay(&state.state, &allocs[0], JobType::System), None);
-        assert_eq!(delay(&state.state, &allocs[0], JobType::Batch), Some(BATCH_DELAY));
+            .map(|alloc| delay(&state.state, alloc, job).map(|delay| delay.as_secs()))
+            .collect()
+    }
+
+    #[test]
+    fn service_delays_double_per_failure_in_a_row_up_to_an_hour() {
+        let (state, job, allocs) = failed_in_a_row(JobType::Service, None, 10);
+        let hour = Some(3_600);
         assert_eq!(
-            delay(&state.state, &allocs[1], JobType::Batch),
-            None,
-            "one attempt a day"
+            delays(&state, &job, &allocs),
+            [
+                Some(30),
+                Some(60),
+                Some(120),
+                Some(240),
+                Some(480),
+                Some(960),
+                Some(1_920),
+                hour,
+                hour,
+                hour
+            ]
         );
+        let (state, job, allocs) = failed_in_a_row(JobType::System, None, 1);
+        assert_eq!(delays(&state, &job, &allocs), [None]);
+        let (state, job, allocs) = failed_in_a_row(JobType::Batch, None, 2);
+        assert_eq!(delays(&state, &job, &allocs), [Some(5), None], "one attempt a day");
+    }
+
+    /// A written policy is what decides: its delay function and ceiling, and its attempts
+    /// within its interval; `attempts = 0` without `unlimited` turns rescheduling off.
+    #[test]
+    fn a_groups_policy_decides_the_delay_and_the_attempts() {
+        let fibonacci = ReschedulePolicy {
+            attempts: 0,
+            interval: Duration::ZERO,
+            delay: Duration::from_secs(10),
+            delay_function: DelayFunction::Fibonacci,
+            max_delay: Duration::from_secs(60),
+            unlimited: true,
+        };
+        let (state, job, allocs) = failed_in_a_row(JobType::Service, Some(fibonacci), 7);
+        assert_eq!(
+            delays(&state, &job, &allocs),
+            [Some(10), Some(10), Some(20), Some(30), Some(50), Some(60), Some(60)]
+        );
+        let three_an_hour = ReschedulePolicy {
+            attempts: 3,
+            interval: Duration::from_secs(3_600),
+            delay: Duration::from_secs(15),
+            delay_function: DelayFunction::Constant,
+            max_delay: Duration::ZERO,
+            unlimited: false,
+        };
+        let (state, job, allocs) = failed_in_a_row(JobType::Batch, Some(three_an_hour), 4);
+        assert_eq!(delays(&state, &job, &allocs), [Some(15), Some(15), Some(15), None]);
+        let off = ReschedulePolicy {
+            attempts: 0,
+            unlimited: false,
+            ..three_an_hour
+        };
+        let (state, job, allocs) = failed_in_a_row(JobType::Service, Some(off), 1);
+        assert_eq!(delays(&state, &job, &allocs), [None]);
     }
 }

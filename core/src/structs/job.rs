@@ -35,6 +35,10 @@ pub struct TaskGroup {
     /// The `scaling` block: the bounds of `job scale` and an autoscaler's policy.
     #[serde(default)]
     pub scaling: Option<alloc::boxed::Box<ScalingPolicy>>,
+    /// The `reschedule` block merged over the job's and the type's default (`None`: the
+    /// type's default, as jobs stored before the block was read have).
+    #[serde(default)]
+    pub reschedule_policy: Option<ReschedulePolicy>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).
@@ -61,6 +65,16 @@ impl TaskGroup {
             JobType::Batch => RestartPolicy::BATCH,
             JobType::Service | JobType::System => RestartPolicy::SERVICE,
         })
+    }
+
+    /// How the group's failed allocations are placed again; `None` for system jobs, which
+    /// never are.
+    pub fn reschedule_policy(&self, job_type: JobType) -> Option<ReschedulePolicy> {
+        if job_type == JobType::System {
+            return None;
+        }
+        self.reschedule_policy
+            .or_else(|| ReschedulePolicy::default_for(job_type))
     }
 
     /// The group's update strategy when it rolls out through deployments.
@@ -129,9 +143,19 @@ pub struct Job {
     /// The dispatch's idempotency token: a second dispatch with it returns this child.
     #[serde(default)]
     pub dispatch_idempotency_token: String,
+    /// `all_at_once`: place every allocation of an evaluation or none. Drover's plans are
+    /// always committed whole (one scheduler, no partial plans), so it holds for every job;
+    /// kept as written.
+    #[serde(default)]
+    pub all_at_once: bool,
 }
 
 impl Job {
+    /// The task group named `name`.
+    pub fn group(&self, name: &str) -> Option<&TaskGroup> {
+        self.task_groups.iter().find(|group| group.name == name)
+    }
+
     /// Whether `datacenter` matches one of the job's datacenters (`*` as a glob).
     pub fn runs_in(&self, datacenter: &str) -> bool {
         self.datacenters.is_empty() || self.datacenters.iter().any(|pattern| glob_match(pattern, datacenter))

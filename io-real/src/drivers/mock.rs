@@ -2,7 +2,8 @@
 //! or fails to start, without any process. Used by tests and the simulation.
 //!
 //! `config { run_for = "5s"  exit_code = 1  start_error = "boom"  start_delay = "1s" }`;
-//! `run_for` absent means it runs until stopped.
+//! `run_for` absent means it runs until stopped. It answers to `mock` and, as Nomad's test
+//! driver is named, to `mock_driver` (Nomad's own test jobs say `driver = "mock_driver"`).
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -19,9 +20,29 @@ use crate::io::BoxFuture;
 
 type Key = (String, String);
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MockDriver {
+    name: &'static str,
     tasks: Arc<Mutex<BTreeMap<Key, watch::Sender<Option<ExitResult>>>>>,
+}
+
+impl Default for MockDriver {
+    fn default() -> Self {
+        MockDriver::named("mock")
+    }
+}
+
+impl MockDriver {
+    /// The names this driver answers to.
+    pub const NAMES: [&'static str; 2] = ["mock", "mock_driver"];
+
+    /// The driver under `name` (each name has its own tasks, as each handle names its driver).
+    pub fn named(name: &'static str) -> Self {
+        MockDriver {
+            name,
+            tasks: Arc::default(),
+        }
+    }
 }
 
 /// Go-style durations (`250ms`, `5s`, `2m`).
@@ -42,7 +63,7 @@ fn duration(config: &BTreeMap<String, ConfigValue>, key: &str) -> Result<Option<
 
 impl TaskDriver for MockDriver {
     fn name(&self) -> &'static str {
-        "mock"
+        self.name
     }
 
     fn capabilities(&self) -> DriverCapabilities {
@@ -57,12 +78,13 @@ impl TaskDriver for MockDriver {
             detected: true,
             healthy: true,
             health_description: "Healthy".into(),
-            attributes: BTreeMap::from([("driver.mock".to_string(), "1".to_string())]),
+            attributes: BTreeMap::from([(format!("driver.{}", self.name), "1".to_string())]),
         }
     }
 
     fn start(&self, config: TaskConfig) -> BoxFuture<Result<TaskHandle, IoError>> {
         let tasks = self.tasks.clone();
+        let name = self.name;
         Box::pin(async move {
             if let Some(delay) = duration(&config.config, "start_delay")? {
                 tokio::time::sleep(delay).await;
@@ -96,7 +118,7 @@ impl TaskDriver for MockDriver {
                 });
             }
             Ok(TaskHandle {
-                driver: "mock".into(),
+                driver: name.into(),
                 alloc_id: config.alloc_id,
                 task: config.task,
                 state: String::new(),

@@ -152,7 +152,9 @@ impl Drivers {
             .with(Arc::new(with_logmon(process::ProcessDriver::exec())));
         // The scripted driver only where a client asked for it (Nomad has it in test builds).
         if mock_enabled {
-            drivers.with(Arc::new(mock::MockDriver::default()))
+            mock::MockDriver::NAMES.into_iter().fold(drivers, |drivers, name| {
+                drivers.with(Arc::new(mock::MockDriver::named(name)))
+            })
         } else {
             drivers
         }
@@ -173,6 +175,7 @@ mod tests {
     fn the_mock_driver_exists_only_when_enabled() {
         assert!(Drivers::builtin(true, false, None).get("mock").is_none());
         assert!(Drivers::builtin(true, true, None).get("mock").is_some());
+        assert!(Drivers::builtin(true, true, None).get("mock_driver").is_some());
         assert!(Drivers::builtin(false, false, None).get("exec").is_some());
     }
 }

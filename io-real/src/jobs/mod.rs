@@ -9,6 +9,7 @@ pub mod diff;
 mod network;
 mod parameterized;
 mod periodic;
+mod reschedule;
 mod scaling;
 mod template;
 mod update;
@@ -22,6 +23,7 @@ pub use connect::{
 pub use network::{ApiNetworkResource, ApiPort, ApiPortMapping};
 pub use parameterized::{ApiDispatchPayloadConfig, ApiParameterizedJobConfig, bytes_base64};
 pub use periodic::ApiPeriodicConfig;
+pub use reschedule::ApiReschedulePolicy;
 pub use scaling::{ApiScalingPolicy, policy_json, policy_stub};
 pub use template::ApiTemplate;
 pub use update::ApiUpdateStrategy;
@@ -71,6 +73,11 @@ pub struct ApiJob {
     #[serde(with = "bytes_base64")]
     pub payload: Vec<u8>,
     pub dispatch_idempotency_token: String,
+    pub all_at_once: bool,
+    /// The job's `reschedule` block: laid under each group's (read back there, as Nomad's).
+    pub reschedule: Option<ApiReschedulePolicy>,
+    /// The job's `migrate` block: laid under each group's (read back there, as Nomad's).
+    pub migrate: Option<ApiMigrate>,
 }
 
 /// Nomad's `api.Constraint`.
@@ -154,6 +161,7 @@ pub struct ApiTaskGroup {
     pub services: Vec<ApiService>,
     pub update: Option<ApiUpdateStrategy>,
     pub scaling: Option<ApiScalingPolicy>,
+    pub reschedule_policy: Option<ApiReschedulePolicy>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -411,7 +419,7 @@ impl ApiJob {
         let task_groups = self
             .task_groups
             .iter()
-            .map(|group| group.to_group(&name, job_update.as_ref(), &mut problems))
+            .map(|group| group.to_group(self, job_type, &name, job_update.as_ref(), &mut problems))
             .collect();
         let update = job_update.map(|update| Box::new(update.to_strategy(&mut problems)));
         let periodic = self
@@ -449,6 +457,7 @@ impl ApiJob {
             dispatched: self.dispatched,
             payload: self.payload.clone(),
             dispatch_idempotency_token: self.dispatch_idempotency_token.clone(),
+            all_at_once: self.all_at_once,
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -486,6 +495,9 @@ impl ApiJob {
             dispatched: job.dispatched,
             payload: job.payload.clone(),
             dispatch_idempotency_token: job.dispatch_idempotency_token.clone(),
+            all_at_once: job.all_at_once,
+            reschedule: None,
+            migrate: None,
         }
     }
 }
@@ -493,6 +505,8 @@ impl ApiJob {
 impl ApiTaskGroup {
     fn to_group(
         &self,
+        job: &ApiJob,
+        job_type: JobType,
         job_name: &str,
         job_update: Option<&ApiUpdateStrategy>,
         problems: &mut Vec<String>,
@@ -521,9 +535,17 @@ impl ApiTaskGroup {
             }
             base
         });
+        // Nomad: a count left unset beside `scaling { min }` starts at the minimum.
+        let count = self
+            .count
+            .or_else(|| {
+                let min = self.scaling.as_ref()?.min?;
+                u32::try_from(min).ok()
+            })
+            .unwrap_or(1);
         TaskGroup {
             name: self.name.clone(),
-            count: self.count.unwrap_or(1),
+            count,
             tasks: self
                 .tasks
                 .iter()
@@ -543,9 +565,22 @@ impl ApiTaskGroup {
                 .iter()
                 .map(|network| network.to_network(&format!("Group {}", self.name), problems))
                 .collect(),
-            migrate: self.migrate.as_ref().map(|migrate| MigrateStrategy {
-                max_parallel: migrate.max_parallel.unwrap_or(MigrateStrategy::default().max_parallel),
-            }),
+            migrate: match (&job.migrate, &self.migrate) {
+                (None, None) => None,
+                (job, group) => Some(MigrateStrategy {
+                    max_parallel: group
+                        .as_ref()
+                        .and_then(|group| group.max_parallel)
+                        .or_else(|| job.as_ref().and_then(|job| job.max_parallel))
+                        .unwrap_or(MigrateStrategy::default().max_parallel),
+                }),
+            },
+            reschedule_policy: reschedule::group_policy(
+                job_type,
+                job.reschedule.as_ref(),
+                self.reschedule_policy.as_ref(),
+                problems,
+            ),
             services: self
                 .services
                 .iter()
@@ -557,7 +592,6 @@ impl ApiTaskGroup {
                 .collect(),
             update,
             scaling: self.scaling.as_ref().map(|scaling| {
-                let count = self.count.unwrap_or(1);
                 let mut found = Vec::new();
                 let policy = scaling.to_policy(count, &mut found);
                 problems.extend(found);
@@ -576,6 +610,7 @@ impl ApiTaskGroup {
                 max_parallel: Some(migrate.max_parallel),
             }),
             update: group.update.as_deref().map(ApiUpdateStrategy::from_strategy),
+            reschedule_policy: group.reschedule_policy.as_ref().map(ApiReschedulePolicy::from_policy),
             name: group.name.clone(),
             meta: group.meta.clone(),
             constraints: constraints_out(&group.constraints),

@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use crate::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiDispatchPayloadConfig, ApiJob, ApiLogConfig,
     ApiMigrate, ApiMountOptions, ApiNetworkResource, ApiParameterizedJobConfig, ApiPeriodicConfig, ApiPort,
-    ApiResources, ApiRestartPolicy, ApiScalingPolicy, ApiService, ApiServiceCheck, ApiTask, ApiTaskGroup, ApiTemplate,
-    ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
+    ApiReschedulePolicy, ApiResources, ApiRestartPolicy, ApiScalingPolicy, ApiService, ApiServiceCheck, ApiTask,
+    ApiTaskGroup, ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -45,9 +45,13 @@ impl Walker {
         }
     }
 
+    /// A string; a number or boolean written where text is expected is taken as its text, as
+    /// Nomad's HCL converts it (`port = 8080`, `value = true`).
     fn string(&mut self, at: &str, block: &Object, key: &str) -> Option<String> {
         match block.get(key)? {
             Value::String(text) => Some(text.clone()),
+            Value::Number(number) => Some(number.to_string()),
+            Value::Bool(flag) => Some(flag.to_string()),
             _ => {
                 self.problem(at, format!("{key} must be a string"));
                 None
@@ -55,9 +59,13 @@ impl Walker {
         }
     }
 
+    /// A boolean; `"true"` and `"false"` written as strings are converted, as Nomad's HCL
+    /// does.
     fn boolean(&mut self, at: &str, block: &Object, key: &str) -> Option<bool> {
         match block.get(key)? {
             Value::Bool(flag) => Some(*flag),
+            Value::String(text) if text == "true" => Some(true),
+            Value::String(text) if text == "false" => Some(false),
             _ => {
                 self.problem(at, format!("{key} must be true or false"));
                 None
@@ -65,9 +73,18 @@ impl Walker {
         }
     }
 
+    /// A number, or a string holding one (`count = "3"`, which Nomad's HCL converts).
+    fn numeric(block: &Object, key: &str) -> Option<Option<serde_json::Number>> {
+        Some(match block.get(key)? {
+            Value::Number(number) => Some(number.clone()),
+            Value::String(text) => serde_json::from_str::<serde_json::Number>(text.trim()).ok(),
+            _ => None,
+        })
+    }
+
     fn number(&mut self, at: &str, block: &Object, key: &str) -> Option<u32> {
-        match block.get(key)? {
-            Value::Number(number) if number.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)) => {
+        match Self::numeric(block, key)? {
+            Some(number) if number.as_u64().is_some_and(|n| n <= u64::from(u32::MAX)) => {
                 number.as_u64().map(|n| n as u32)
             }
             _ => {
@@ -78,8 +95,8 @@ impl Walker {
     }
 
     fn integer(&mut self, at: &str, block: &Object, key: &str) -> Option<i64> {
-        match block.get(key)? {
-            Value::Number(number) if number.as_i64().is_some() => number.as_i64(),
+        match Self::numeric(block, key)? {
+            Some(number) if number.as_i64().is_some() => number.as_i64(),
             _ => {
                 self.problem(at, format!("{key} must be a whole number"));
                 None
@@ -122,12 +139,21 @@ impl Walker {
 
     fn strings(&mut self, at: &str, block: &Object, key: &str) -> Option<Vec<String>> {
         match block.get(key)? {
-            Value::Array(items) if items.iter().all(Value::is_string) => Some(
-                items
+            Value::Array(items)
+                if items
                     .iter()
-                    .filter_map(|item| item.as_str().map(String::from))
-                    .collect(),
-            ),
+                    .all(|item| item.is_string() || item.is_number() || item.is_boolean()) =>
+            {
+                Some(
+                    items
+                        .iter()
+                        .map(|item| match item {
+                            Value::String(text) => text.clone(),
+                            other => other.to_string(),
+                        })
+                        .collect(),
+                )
+            }
             _ => {
                 self.problem(at, format!("{key} must be a list of strings"));
                 None
@@ -193,19 +219,6 @@ impl Walker {
             .collect()
     }
 
-    /// A value written as text, number or boolean (`value = 2` in a constraint), as text.
-    fn text(&mut self, at: &str, block: &Object, key: &str) -> Option<String> {
-        match block.get(key)? {
-            Value::String(text) => Some(text.clone()),
-            Value::Number(number) => Some(number.to_string()),
-            Value::Bool(flag) => Some(flag.to_string()),
-            _ => {
-                self.problem(at, format!("{key} must be a string"));
-                None
-            }
-        }
-    }
-
     /// `constraint { attribute operator value }` blocks, with Nomad's shorthands
     /// `distinct_hosts = true` and `distinct_property = "${meta.rack}"`; the operator defaults
     /// to `=`.
@@ -216,13 +229,29 @@ impl Walker {
             self.known(
                 &at,
                 constraint,
-                &["attribute", "operator", "value", "distinct_hosts", "distinct_property"],
+                &[
+                    "attribute",
+                    "operator",
+                    "value",
+                    "distinct_hosts",
+                    "distinct_property",
+                    "regexp",
+                    "version",
+                    "semver",
+                    "set_contains",
+                ],
             );
             let mut parsed = ApiConstraint {
                 ltarget: self.string(&at, constraint, "attribute").unwrap_or_default(),
-                rtarget: self.text(&at, constraint, "value").unwrap_or_default(),
+                rtarget: self.string(&at, constraint, "value").unwrap_or_default(),
                 operand: self.string(&at, constraint, "operator").unwrap_or_else(|| "=".into()),
             };
+            if let Some((operand, value)) =
+                self.operator_shorthand(&at, constraint, &["regexp", "version", "semver", "set_contains"])
+            {
+                parsed.operand = operand;
+                parsed.rtarget = value;
+            }
             if self.boolean(&at, constraint, "distinct_hosts") == Some(true) {
                 parsed.operand = "distinct_hosts".into();
             }
@@ -241,27 +270,63 @@ impl Walker {
         let mut out = Vec::new();
         for affinity in self.repeated(at, block, "affinity") {
             let at = format!("{at} affinity");
-            self.known(&at, affinity, &["attribute", "operator", "value", "weight"]);
-            let weight = match affinity.get("weight") {
-                None => 50,
-                Some(Value::Number(number)) if number.as_i64().is_some() => number
-                    .as_i64()
-                    .unwrap_or_default()
-                    .clamp(i64::from(i32::MIN), i64::from(i32::MAX))
-                    as i32,
-                Some(_) => {
-                    self.problem(&at, "weight must be a whole number");
-                    50
-                }
-            };
-            out.push(ApiAffinity {
+            self.known(
+                &at,
+                affinity,
+                &[
+                    "attribute",
+                    "operator",
+                    "value",
+                    "weight",
+                    "regexp",
+                    "version",
+                    "semver",
+                    "set_contains_any",
+                    "set_contains_all",
+                ],
+            );
+            let shorthand = self.operator_shorthand(
+                &at,
+                affinity,
+                &["regexp", "version", "semver", "set_contains_any", "set_contains_all"],
+            );
+            let weight = self.integer(&at, affinity, "weight").map_or(50, |weight| {
+                weight.clamp(i64::from(i32::MIN), i64::from(i32::MAX)) as i32
+            });
+            let mut parsed = ApiAffinity {
                 ltarget: self.string(&at, affinity, "attribute").unwrap_or_default(),
-                rtarget: self.text(&at, affinity, "value").unwrap_or_default(),
+                rtarget: self.string(&at, affinity, "value").unwrap_or_default(),
                 operand: self.string(&at, affinity, "operator").unwrap_or_else(|| "=".into()),
                 weight,
-            });
+            };
+            if let Some((operand, value)) = shorthand {
+                parsed.operand = operand;
+                parsed.rtarget = value;
+            }
+            out.push(parsed);
         }
         out
+    }
+
+    /// Nomad's operator shorthands (`regexp = "^r[0-9]$"` for `operator = "regexp"` and
+    /// `value = "^r[0-9]$"`): the one written, if any, as (operator, value). Two at once, or
+    /// one beside `operator`, is a contradiction and named.
+    fn operator_shorthand(&mut self, at: &str, block: &Object, keys: &[&str]) -> Option<(String, String)> {
+        let written: Vec<&str> = keys.iter().copied().filter(|key| block.contains_key(*key)).collect();
+        match written.as_slice() {
+            [] => None,
+            [key] => {
+                if block.contains_key("operator") {
+                    self.problem(at, format!("give {key} or operator, not both"));
+                }
+                let value = self.string(at, block, key)?;
+                Some(((*key).to_string(), value))
+            }
+            several => {
+                self.problem(at, format!("only one of {} may be given", several.join(", ")));
+                None
+            }
+        }
     }
 
     /// An `update` block (job or group level), fields left unset where not written.
@@ -322,6 +387,42 @@ impl Walker {
         })
     }
 
+    /// A `reschedule` block (job or group level), fields left unset where not written.
+    fn reschedule(&mut self, at: &str, block: &Object) -> Option<ApiReschedulePolicy> {
+        let reschedule = self.single(at, block, "reschedule")?;
+        let at = format!("{at} reschedule");
+        self.known(
+            &at,
+            reschedule,
+            &[
+                "attempts",
+                "interval",
+                "delay",
+                "delay_function",
+                "max_delay",
+                "unlimited",
+            ],
+        );
+        Some(ApiReschedulePolicy {
+            attempts: self.integer(&at, reschedule, "attempts"),
+            interval: self.duration(&at, reschedule, "interval"),
+            delay: self.duration(&at, reschedule, "delay"),
+            delay_function: self.string(&at, reschedule, "delay_function"),
+            max_delay: self.duration(&at, reschedule, "max_delay"),
+            unlimited: self.boolean(&at, reschedule, "unlimited"),
+        })
+    }
+
+    /// A `migrate` block (job or group level).
+    fn migrate(&mut self, at: &str, block: &Object) -> Option<ApiMigrate> {
+        let migrate = self.single(at, block, "migrate")?;
+        let at = format!("{at} migrate");
+        self.known(&at, migrate, &["max_parallel"]);
+        Some(ApiMigrate {
+            max_parallel: self.number(&at, migrate, "max_parallel"),
+        })
+    }
+
     fn single<'a>(&mut self, at: &str, block: &'a Object, key: &str) -> Option<&'a Object> {
         let found = self.repeated(at, block, key);
         if found.len() > 1 {
@@ -370,6 +471,9 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "periodic",
             "parameterized",
             "group",
+            "all_at_once",
+            "reschedule",
+            "migrate",
         ],
     );
     let update = walker.update(&at, block);
@@ -402,6 +506,9 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
         update,
         periodic,
         parameterized_job,
+        all_at_once: walker.boolean(&at, block, "all_at_once").unwrap_or(false),
+        reschedule: walker.reschedule(&at, block),
+        migrate: walker.migrate(&at, block),
         ..ApiJob::default()
     };
     if walker.problems.is_empty() {
@@ -428,6 +535,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "service",
             "task",
             "scaling",
+            "reschedule",
         ],
     );
     let update = walker.update(at, block);
@@ -446,13 +554,8 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             ..ApiScalingPolicy::default()
         }
     });
-    let migrate = walker.single(at, block, "migrate").map(|migrate| {
-        let at = format!("{at} migrate");
-        walker.known(&at, migrate, &["max_parallel"]);
-        ApiMigrate {
-            max_parallel: walker.number(&at, migrate, "max_parallel"),
-        }
-    });
+    let migrate = walker.migrate(at, block);
+    let reschedule_policy = walker.reschedule(at, block);
     let restart_policy = walker.single(at, block, "restart").map(|restart| {
         let at = format!("{at} restart");
         walker.known(&at, restart, &["attempts", "interval", "delay", "mode"]);
@@ -504,6 +607,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         .collect();
     ApiTaskGroup {
         scaling,
+        reschedule_policy,
         name,
         count: walker.number(at, block, "count"),
         tasks: walker
@@ -1007,6 +1111,227 @@ job "web" {
         );
         let api = crate::jobs::ApiJob::from_job(&job, "pending");
         assert_eq!(api.to_job().unwrap(), job);
+    }
+
+    /// What Nomad's HCL takes and Drover refused: the operator shorthands (`regexp = …`,
+    /// `version`, `semver`, `set_contains`, and for affinities `set_contains_any|all`),
+    /// numbers and booleans written as strings (and a number where text is expected, such as
+    /// a service `port = 8080`), a count left unset beside `scaling { min }`, and the mock
+    /// driver by its Nomad name.
+    #[test]
+    fn nomads_shorthands_and_hcl_type_conversions_are_taken() {
+        let job = parse(
+            r#"
+job "web" {
+  priority = "70"
+  all_at_once = "false"
+  constraint {
+    attribute = "${attr.kernel.name}"
+    regexp    = "[Ll]inux"
+  }
+  constraint {
+    attribute = "${attr.nomad.version}"
+    semver    = ">= 1.1.0"
+  }
+  affinity {
+    attribute        = "${meta.tags}"
+    set_contains_any = "ssd,nvme"
+    weight           = "40"
+  }
+  group "g" {
+    scaling {
+      min = 3
+      max = 10
+    }
+    constraint {
+      attribute    = "${meta.zones}"
+      set_contains = "a"
+    }
+    task "t" {
+      driver = "mock_driver"
+      resources {
+        cpu    = "200"
+        memory = 64
+      }
+      service {
+        port         = 8080
+        address_mode = "driver"
+      }
+      volume_mount {
+        volume      = "v"
+        destination = "/v"
+        read_only   = "true"
+      }
+    }
+    volume "v" {
+      type   = "host"
+      source = "data"
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        let constraint = |l: &str, o: &str, r: &str| drover_core::structs::Constraint {
+            ltarget: l.into(),
+            rtarget: r.into(),
+            operand: o.into(),
+        };
+        assert_eq!(job.priority, 70);
+        assert_eq!(
+            job.constraints,
+            [
+                constraint("${attr.kernel.name}", "regexp", "[Ll]inux"),
+                constraint("${attr.nomad.version}", "semver", ">= 1.1.0")
+            ]
+        );
+        assert_eq!(
+            (
+                job.affinities[0].operand.as_str(),
+                job.affinities[0].rtarget.as_str(),
+                job.affinities[0].weight
+            ),
+            ("set_contains_any", "ssd,nvme", 40)
+        );
+        let group = &job.task_groups[0];
+        assert_eq!(group.count, 3, "count starts at scaling's min");
+        assert_eq!(group.constraints, [constraint("${meta.zones}", "set_contains", "a")]);
+        let task = &group.tasks[0];
+        assert_eq!(task.driver, "mock_driver");
+        assert_eq!(task.resources.cpu, 200);
+        assert_eq!(task.services[0].port_label, "8080");
+        assert!(task.volume_mounts[0].read_only);
+        assert!(
+            drover_core::jobspec::validate(&job).is_empty(),
+            "{:?}",
+            drover_core::jobspec::validate(&job)
+        );
+        let problems = parse(
+            r#"
+job "web" {
+  group "g" {
+    count = "many"
+    constraint {
+      attribute = "${attr.kernel.name}"
+      regexp    = "linux"
+      version   = "1"
+    }
+    task "t" {
+      driver = "raw_exec"
+    }
+  }
+}
+"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            problems,
+            [
+                "job \"web\" group \"g\": count must be a non-negative whole number",
+                "job \"web\" group \"g\" constraint: only one of regexp, version may be given",
+            ]
+        );
+    }
+
+    /// `reschedule` and `migrate` at job level are laid under each group's (which read them
+    /// back, as Nomad's do), over the job type's default; a bad delay function is named.
+    #[test]
+    fn job_and_group_reschedule_and_migrate_blocks_merge_into_each_group() {
+        use drover_core::structs::{DelayFunction, ReschedulePolicy};
+        let job = parse(
+            r#"
+job "web" {
+  all_at_once = true
+  reschedule {
+    delay          = "10s"
+    delay_function = "fibonacci"
+    max_delay      = "2m"
+  }
+  migrate {
+    max_parallel = 2
+  }
+  group "a" {
+    reschedule {
+      attempts  = 4
+      interval  = "1h"
+      unlimited = false
+    }
+    task "t" {
+      driver = "raw_exec"
+    }
+  }
+  group "b" {
+    migrate {
+      max_parallel = 3
+    }
+    task "t" {
+      driver = "raw_exec"
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        assert!(job.all_at_once);
+        let a = &job.task_groups[0];
+        assert_eq!(
+            a.reschedule_policy,
+            Some(ReschedulePolicy {
+                attempts: 4,
+                interval: std::time::Duration::from_secs(3_600),
+                delay: std::time::Duration::from_secs(10),
+                delay_function: DelayFunction::Fibonacci,
+                max_delay: std::time::Duration::from_secs(120),
+                unlimited: false,
+            })
+        );
+        assert_eq!(a.migrate().max_parallel, 2, "the job's migrate");
+        let b = &job.task_groups[1];
+        assert_eq!(
+            b.reschedule_policy.unwrap().attempts,
+            ReschedulePolicy::SERVICE.attempts
+        );
+        assert!(b.reschedule_policy.unwrap().unlimited);
+        assert_eq!(b.migrate().max_parallel, 3, "the group's own");
+        assert!(
+            drover_core::jobspec::validate(&job).is_empty(),
+            "{:?}",
+            drover_core::jobspec::validate(&job)
+        );
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
+        assert_eq!(api.to_job().unwrap(), job);
+        let wire = serde_json::to_value(&api).unwrap();
+        assert_eq!(wire["AllAtOnce"], true);
+        assert_eq!(wire["TaskGroups"][0]["ReschedulePolicy"]["DelayFunction"], "fibonacci");
+        assert_eq!(wire["TaskGroups"][0]["ReschedulePolicy"]["Attempts"], 4);
+
+        // A system job has no policy unless one is written, which validation refuses.
+        let system = parse(
+            r#"
+job "sys" {
+  type = "system"
+  group "g" {
+    reschedule {
+      delay_function = "linear"
+    }
+    task "t" {
+      driver = "raw_exec"
+    }
+  }
+}
+"#,
+        )
+        .unwrap()
+        .to_job()
+        .unwrap_err();
+        assert_eq!(
+            system,
+            ["Invalid delay function \"linear\", must be one of [\"constant\" \"exponential\" \"fibonacci\"]"]
+        );
     }
 
     #[test]
