@@ -74,7 +74,7 @@ fn the_stream_follows_a_job_through_its_life() {
         "TaskGroups": [{"Name": "g", "Tasks": [{
             "Name": "t", "Driver": "raw_exec",
             "Config": {"command": "/bin/sh", "args": ["-c", "sleep 1"]},
-            "Resources": {"CPUShares": 20, "MemoryMB": 16}
+            "Resources": {"CPU": 20, "MemoryMB": 16}
         }]}],
     }});
     http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");
@@ -144,7 +144,7 @@ fn metrics_show_what_the_agent_did_and_what_its_state_holds() {
         "TaskGroups": [{"Name": "web", "Tasks": [{
             "Name": "t", "Driver": "raw_exec",
             "Config": {"command": "/bin/sh", "args": ["-c", "sleep 600"]},
-            "Resources": {"CPUShares": 20, "MemoryMB": 16}
+            "Resources": {"CPU": 20, "MemoryMB": 16}
         }]}],
     }});
     http("PUT", port, "/v1/jobs", Some(&job.to_string())).expect("registered");

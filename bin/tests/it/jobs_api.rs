@@ -784,4 +784,32 @@ fn jobspecs_parse_and_jobs_validate_without_registering() {
     );
     assert_eq!(http_status("GET", port, "/v1/job/parsed", None).unwrap().0, 404);
     assert_eq!(http_status("GET", port, "/v1/job/bad", None).unwrap().0, 404);
+
+    // A field Drover has no place for is named, not dropped: validate lists it, register and
+    // plan refuse it. One that asks for nothing (a Go client's zero value) or holds Nomad's
+    // own default for a field Drover lacks passes.
+    let with = |extra: Value| {
+        let mut job = canonical.clone();
+        for (key, value) in extra.as_object().unwrap() {
+            job[key] = value.clone();
+        }
+        job["TaskGroups"][0]["Migrate"] = json!({"MaxParallel": 1, "HealthCheck": "checks"});
+        json!({ "Job": job }).to_string()
+    };
+    let unknown = with(json!({"Multiregion": {"Strategy": {"MaxParallel": 1}}, "VaultToken": ""}));
+    let answer: Value = serde_json::from_str(&http("PUT", port, "/v1/validate/job", Some(&unknown)).unwrap()).unwrap();
+    assert_eq!(
+        answer["ValidationErrors"],
+        json!(["Job.Multiregion: not a field Drover takes; refused rather than dropped"]),
+        "{answer}"
+    );
+    for path in ["/v1/jobs", "/v1/job/parsed/plan"] {
+        let (code, text) = http_status("PUT", port, path, Some(&unknown)).unwrap();
+        assert_eq!(code, 400, "{path}: {text}");
+        assert!(text.contains("Job.Multiregion"), "{path} names the field: {text}");
+    }
+    assert_eq!(http_status("GET", port, "/v1/job/parsed", None).unwrap().0, 404);
+    let zeros = with(json!({"Multiregion": null, "VaultToken": "", "ConsulToken": ""}));
+    let (code, text) = http_status("PUT", port, "/v1/jobs", Some(&zeros)).unwrap();
+    assert_eq!(code, 200, "{text}");
 }

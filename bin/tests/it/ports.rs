@@ -16,6 +16,16 @@ fn get(port: u16, path: &str) -> Option<Value> {
     serde_json::from_str(&http("GET", port, path, None)?).ok()
 }
 
+/// The line the allocation's task wrote into its marker file, once written whole: the shell
+/// creates the file before it writes the line, so a file that exists may still be empty.
+fn told(marker: &Path, id: &str) -> Option<String> {
+    wait_for(Duration::from_secs(10), || {
+        std::fs::read_to_string(marker.join(id))
+            .ok()
+            .filter(|text| text.ends_with('\n'))
+    })
+}
+
 fn job(id: &str, count: u32, network: Value, marker: &Path) -> String {
     let script = format!(
         "echo \"$NOMAD_PORT_http $NOMAD_HOST_PORT_http $NOMAD_ADDR_http\" > {}/$NOMAD_ALLOC_ID; exec sleep 300",
@@ -113,7 +123,7 @@ fn fifty_allocations_on_one_node_get_distinct_ports_in_their_environment() {
         );
         assert!(seen.insert(value), "port {value} handed out twice");
         assert_eq!(given["HostIP"], host_ip.as_str());
-        let told = std::fs::read_to_string(marker.join(id)).unwrap();
+        let told = told(&marker, id).expect("the task wrote its port");
         assert_eq!(told.trim(), format!("{value} {value} {host_ip}:{value}"), "alloc {id}");
     }
 
@@ -164,10 +174,7 @@ fn fifty_allocations_on_one_node_get_distinct_ports_in_their_environment() {
     })
     .unwrap_or_else(|| panic!("one allocation runs:\n{}", agent.log()));
     let id = placed[0]["ID"].as_str().unwrap();
-    let told = wait_for(Duration::from_secs(10), || {
-        std::fs::read_to_string(marker.join(id)).ok()
-    })
-    .expect("the task wrote its port");
+    let told = told(&marker, id).expect("the task wrote its port");
     assert_eq!(told.trim(), format!("{fixed} {fixed} {host_ip}:{fixed}"));
     assert!(!seen.contains(&u64::from(reserved)));
 }

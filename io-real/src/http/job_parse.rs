@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, parse_body};
+use super::{ApiError, parse_body, parse_job_body};
 use crate::driver::AgentHandle;
 use crate::jobs::ApiJob;
 
@@ -52,15 +52,15 @@ pub async fn validate_job(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let body: ValidateBody = parse_body(&body, "job")?;
+    let (body, mut problems): (ValidateBody, _) = parse_job_body(&body, "job")?;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
     };
     // What the register's admission would say, under this agent's job limits.
-    let problems = match api.to_job() {
+    problems.extend(match api.to_job() {
         Ok(mut job) => drover_core::jobspec::admit(&mut job, &handle.config().server.job_limits),
         Err(problems) => problems,
-    };
+    });
     let error = if problems.is_empty() {
         String::new()
     } else {

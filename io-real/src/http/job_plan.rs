@@ -12,7 +12,7 @@ use drover_core::scheduler::dry_run::{DesiredUpdates, DryRun, dry_run};
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{ApiError, parse_body, query_headers};
+use super::{ApiError, parse_job_write, query_headers};
 use crate::driver::AgentHandle;
 use crate::jobs::ApiJob;
 use crate::jobs::diff::{GroupUpdates, job_diff};
@@ -65,7 +65,7 @@ pub async fn plan(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
-    let body: PlanBody = parse_body(&body, "plan request")?;
+    let body: PlanBody = parse_job_write(&body, "plan request")?;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
     };

@@ -12,7 +12,7 @@ use drover_core::structs::{AllocMetric, Allocation, Evaluation, Job};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, query_headers, render};
+use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, parse_job_write, query_headers, render};
 use crate::driver::AgentHandle;
 use crate::jobs::ApiJob;
 
@@ -179,7 +179,7 @@ fn reply_error(reply: ServerReply) -> ApiError {
 /// `PUT /v1/jobs` (or `/v1/job/:id`) body into the validated job it registers.
 pub fn decode_register(body: &[u8], path_id: Option<&str>) -> Result<Job, ApiError> {
     // Nomad's Go client sends unset slices and maps as `null`: read as absent.
-    let body: RegisterBody = parse_body(body, "job")?;
+    let body: RegisterBody = parse_job_write(body, "job")?;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
     };

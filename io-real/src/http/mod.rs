@@ -551,6 +551,30 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result
         .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse {what}: {error}")))
 }
 
+/// A body carrying a job (`{"Job": {...}}`): [`parse_body`], with the job's fields Drover does
+/// not take listed (`crate::jobs::strict`) rather than dropped.
+fn parse_job_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<(T, Vec<String>), ApiError> {
+    let parse_error =
+        |error: serde_json::Error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse {what}: {error}"));
+    let value = serde_json::from_slice::<Value>(body)
+        .map(crate::jobs::without_nulls)
+        .map_err(parse_error)?;
+    crate::jobs::strict::decode::<T>(value, 1).map_err(parse_error)
+}
+
+/// [`parse_job_body`] for a write: any field Drover does not take refuses the request.
+fn parse_job_write<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    let (decoded, problems) = parse_job_body(body, what)?;
+    if problems.is_empty() {
+        Ok(decoded)
+    } else {
+        Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            drover_core::jobspec::format_errors(&problems),
+        ))
+    }
+}
+
 /// [`parse_body`], where an empty body means every field's default.
 fn parse_body_or_default<T: serde::de::DeserializeOwned + Default>(body: &[u8], what: &str) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {

@@ -11,6 +11,7 @@ mod parameterized;
 mod periodic;
 mod reschedule;
 mod scaling;
+pub mod strict;
 mod template;
 mod update;
 
