@@ -41,6 +41,8 @@ struct State {
     /// Numbers the tokens (deterministic ids).
     tokens_made: u64,
     calls: u64,
+    /// `consul connect envoy -bootstrap` fails whatever the mode (the agent answers 500).
+    envoy_refused: bool,
 }
 
 /// A service identity token the simulated Consul holds.
@@ -68,6 +70,7 @@ impl Default for SimConsul {
                 tokens: BTreeMap::new(),
                 tokens_made: 0,
                 calls: 0,
+                envoy_refused: false,
             })),
         }
     }
@@ -86,6 +89,11 @@ impl SimConsul {
 
     pub fn set_mode(&self, mode: ConsulMode) {
         self.state.lock().expect("consul lock").mode = mode;
+    }
+
+    /// While `refused`, every client's Envoy bootstrap fails (Consul's agent answers 500).
+    pub fn refuse_envoy_bootstrap(&self, refused: bool) {
+        self.state.lock().expect("consul lock").envoy_refused = refused;
     }
 
     pub fn mode(&self) -> ConsulMode {
@@ -253,6 +261,9 @@ impl SimConsulAgent {
     pub async fn envoy_bootstrap(&self, sidecar_for: &str, token: Option<&str>) -> Result<String, String> {
         self.consul.gate().await?;
         let state = self.consul.state.lock().expect("consul lock");
+        if state.envoy_refused {
+            return Err("failed fetch proxy config from local agent: Unexpected response code: 500".into());
+        }
         let sidecar_id = format!("{sidecar_for}{SIDECAR_SUFFIX}");
         let Some(sidecar) = state
             .agents

@@ -1282,7 +1282,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm", "real_clients_csi"],
         invariant: "liveness",
-        caught_by: ("swarm", 1),
+        caught_by: ("swarm", 5),
     },
     Switch {
         name: "restore-dup",
@@ -1405,7 +1405,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "liveness",
-        caught_by: ("swarm", 2),
+        caught_by: ("swarm", 0),
     },
     Switch {
         name: "read-joins-round",

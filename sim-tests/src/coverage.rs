@@ -37,6 +37,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "slow disk",
     "torn writes on power loss",
     "consul down",
+    "consul refuses envoy bootstrap",
     "consul hang",
     "consul slow",
     "consul 5xx",
@@ -173,6 +174,8 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         Action::ClogOneWay(..) => vec!["one-way clog"],
         Action::Heal => vec![],
         Action::Consul(mode) => consul_kind(*mode).into_iter().collect(),
+        Action::EnvoyRefused(true) => vec!["consul refuses envoy bootstrap"],
+        Action::EnvoyRefused(false) => vec![],
         Action::AddServer(_) => vec!["server added"],
         Action::NodeDown(_) => vec!["client node down"],
         Action::Plugin(_, mode) => match mode {

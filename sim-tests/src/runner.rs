@@ -454,6 +454,10 @@ async fn play(
                 cluster.consul().set_mode(*mode);
                 recorder.note(format!("consul {mode:?}"));
             }
+            Action::EnvoyRefused(refused) => {
+                cluster.consul().refuse_envoy_bootstrap(*refused);
+                recorder.note(format!("consul refuses envoy bootstrap: {refused}"));
+            }
             Action::AddServer(spec) => {
                 let index = cluster.add_server((**spec).clone());
                 recorder.note(format!("add server {}", cluster.name(index)));
@@ -560,6 +564,7 @@ async fn play(
     cluster.heal();
     cluster.heal_disks();
     cluster.consul().set_mode(ConsulMode::Healthy);
+    cluster.consul().refuse_envoy_bootstrap(false);
     for client in 0..cluster.client_count() {
         cluster.plugins(client).set(PluginMode::Healthy);
     }
