@@ -6,6 +6,7 @@ mod acl;
 mod acl_login;
 mod acl_roles;
 mod alloc;
+mod daily;
 mod deployment;
 mod dispatch;
 mod exec;
@@ -92,6 +93,15 @@ pub enum Command {
     /// A development CA and agent certificates.
     #[command(subcommand)]
     Tls(tls::TlsCommand),
+    /// Evaluations: list, status.
+    #[command(subcommand)]
+    Eval(daily::EvalCommand),
+    /// Variables: get, put, list, purge.
+    #[command(subcommand)]
+    Var(daily::VarCommand),
+    /// The jobs, or the status of whatever an ID prefix names (job, allocation, node,
+    /// evaluation, deployment).
+    Status { id: Option<String> },
 }
 
 #[derive(Debug, Subcommand)]
@@ -141,6 +151,8 @@ pub enum JobCommand {
         #[arg(long)]
         detach: bool,
     },
+    #[command(flatten)]
+    Daily(daily::DailyJobCommand),
     /// Change a task group's count (`<job> [<group>] <count>`; the group may be left out
     /// when the job has one), within its scaling policy.
     Scale {
@@ -246,6 +258,14 @@ pub enum AllocCommand {
 pub enum NodeCommand {
     Status {
         id: Option<String>,
+    },
+    /// The servers this agent's client talks to (`-servers`), or set them
+    /// (`-update-servers <address>...`).
+    Config {
+        #[arg(long)]
+        servers: bool,
+        #[arg(long = "update-servers", num_args = 1..)]
+        update_servers: Vec<String>,
     },
     /// Drain a node: move its allocations elsewhere (system and CSI plugin jobs last), or
     /// cancel a drain. Follows the drain until it completes unless -detach.
@@ -589,6 +609,14 @@ pub fn run(global: Global, command: Command) -> ExitCode {
             dispatch::dispatch(&api, &id, input.as_deref(), options)
         }
         Command::Job(JobCommand::Scale { id, args, detach }) => scale::scale(&api, &id, &args, detach),
+        Command::Job(JobCommand::Daily(command)) => daily::run_job(&api, command),
+        Command::Eval(command) => daily::run_eval(&api, command),
+        Command::Var(command) => daily::run_var(&api, command),
+        Command::Status { id } => daily::status(&api, id.as_deref()),
+        Command::Node(NodeCommand::Config {
+            servers,
+            update_servers,
+        }) => daily::node_config(&api, servers, update_servers),
         Command::Deployment(command) => deployment::run(&api, command),
         Command::Alloc(AllocCommand::Status { id, verbose }) => alloc_status(&api, &id, verbose),
         Command::Alloc(AllocCommand::Stop { id, detach }) => alloc_stop(&api, &id, detach),

@@ -17,6 +17,7 @@ mod consul_services;
 mod csi_cluster;
 mod csi_conformance;
 mod csi_plugin;
+mod daily_cli;
 mod demo;
 mod deployments;
 mod dev_shutdown;

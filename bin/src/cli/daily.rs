@@ -1,0 +1,815 @@
+//! The daily commands Nomad users reach for: `job init|validate|inspect|history|allocs|eval`,
+//! `eval list|status`, `var get|put|list|purge`, the top-level `status` and `node config`.
+//! Each that prints an object takes Nomad's `-json` (the API's JSON, indented as Nomad's)
+//! and `-t` (a Go template over that JSON, rendered with gtmpl as Nomad renders it).
+
+use std::collections::HashMap;
+
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use super::alloc::format_unix_nanos;
+use super::{Api, Failure, escape, job_path, short, table, text};
+
+/// `-json` and `-t`: the object as JSON, or through a Go template, instead of the table.
+#[derive(Debug, Default, Clone, Args)]
+pub struct Format {
+    /// Print the API's JSON.
+    #[arg(long = "json")]
+    pub json: bool,
+    /// Print through this Go template (over the API's JSON).
+    #[arg(short = 't', value_name = "TEMPLATE")]
+    pub template: Option<String>,
+}
+
+impl Format {
+    /// Prints `value` as asked and returns true, or returns false for the caller's table.
+    fn printed(&self, value: &Value) -> Result<bool, Failure> {
+        if self.json && self.template.is_some() {
+            return Err(Failure("Both json and template formatting are not allowed".into(), 1));
+        }
+        if self.json {
+            println!("{}", indented(value));
+            return Ok(true);
+        }
+        if let Some(template) = &self.template {
+            println!("{}", go_template(template, value)?);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+}
+
+/// JSON indented by four spaces, as Nomad's `-json` prints it.
+fn indented(value: &Value) -> String {
+    let mut out = Vec::new();
+    let formatter = serde_json::ser::PrettyFormatter::with_indent(b"    ");
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, formatter);
+    serde::Serialize::serialize(value, &mut serializer).expect("JSON serializes");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+fn gtmpl_value(value: &Value) -> gtmpl::Value {
+    match value {
+        Value::Null => gtmpl::Value::Nil,
+        Value::Bool(flag) => gtmpl::Value::from(*flag),
+        Value::Number(number) => match (number.as_i64(), number.as_u64(), number.as_f64()) {
+            (Some(int), _, _) => gtmpl::Value::from(int),
+            (None, Some(uint), _) => gtmpl::Value::from(uint),
+            (_, _, Some(float)) => gtmpl::Value::from(float),
+            _ => gtmpl::Value::Nil,
+        },
+        Value::String(text) => gtmpl::Value::from(text.clone()),
+        Value::Array(items) => gtmpl::Value::Array(items.iter().map(gtmpl_value).collect()),
+        Value::Object(members) => gtmpl::Value::Map(
+            members
+                .iter()
+                .map(|(key, value)| (key.clone(), gtmpl_value(value)))
+                .collect::<HashMap<_, _>>(),
+        ),
+    }
+}
+
+/// `template` executed over `value` (Nomad: `template.New("format").Parse(t)`).
+pub(super) fn go_template(template: &str, value: &Value) -> Result<String, Failure> {
+    let mut parsed = gtmpl::Template::default();
+    parsed
+        .parse(template)
+        .map_err(|error| Failure(format!("Error formatting the data: {error}"), 1))?;
+    parsed
+        .render(&gtmpl::Context::from(gtmpl_value(value)))
+        .map_err(|error| Failure(format!("Error formatting the data: {error}"), 1))
+}
+
+fn key_values(rows: Vec<(&str, String)>) -> String {
+    let rows: Vec<Vec<String>> = rows
+        .into_iter()
+        .map(|(key, value)| vec![key.to_string(), "=".into(), value])
+        .collect();
+    table(&rows).replace("  =  ", " = ")
+}
+
+// --- job ------------------------------------------------------------------------------
+
+/// The example `job init` writes: a job that runs on `agent -dev` as it is (no image to pull).
+const EXAMPLE_JOB: &str = r#"# An example job: a service of two allocations, each a shell that says hello every ten
+# seconds. `agent job run example.nomad.hcl` runs it on `agent -dev` as it is. Every block
+# is documented as Nomad documents it: https://developer.hashicorp.com/nomad/docs/job-specification
+job "example" {
+  # Where it may run ("*" matches every datacenter).
+  datacenters = ["*"]
+  type        = "service"
+
+  update {
+    max_parallel     = 1
+    min_healthy_time = "10s"
+    healthy_deadline = "3m"
+    auto_revert      = false
+  }
+
+  group "hello" {
+    count = 2
+
+    restart {
+      attempts = 2
+      interval = "30m"
+      delay    = "15s"
+      mode     = "fail"
+    }
+
+    reschedule {
+      delay          = "30s"
+      delay_function = "exponential"
+      max_delay      = "1h"
+      unlimited      = true
+    }
+
+    task "say" {
+      driver = "raw_exec"
+
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "while true; do echo hello from $NOMAD_ALLOC_NAME; sleep 10; done"]
+      }
+
+      resources {
+        cpu    = 50 # MHz
+        memory = 32 # MB
+      }
+    }
+  }
+}
+"#;
+
+/// The shortest job `job init -short` writes.
+const SHORT_JOB: &str = r#"job "example" {
+  group "hello" {
+    task "say" {
+      driver = "raw_exec"
+
+      config {
+        command = "/bin/sh"
+        args    = ["-c", "while true; do echo hello; sleep 10; done"]
+      }
+    }
+  }
+}
+"#;
+
+#[derive(Debug, Subcommand)]
+pub enum DailyJobCommand {
+    /// Write an example job file (example.nomad.hcl) to start from.
+    Init {
+        file: Option<String>,
+        /// The shortest job, without comments.
+        #[arg(long)]
+        short: bool,
+    },
+    /// Check a job file as a registration would, registering nothing.
+    Validate { file: String },
+    /// The job as the servers store it (JSON, or through -t).
+    Inspect {
+        id: String,
+        /// That version of the job.
+        #[arg(long)]
+        version: Option<u64>,
+        #[arg(short = 't', value_name = "TEMPLATE")]
+        template: Option<String>,
+        /// Accepted as Nomad's is: inspect prints JSON anyway.
+        #[arg(long = "json")]
+        json: bool,
+    },
+    /// The job's versions, newest first.
+    History {
+        id: String,
+        /// Only this version.
+        #[arg(long)]
+        version: Option<u64>,
+        /// Show each version's diff from the one before.
+        #[arg(short = 'p')]
+        diffs: bool,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// The job's allocations.
+    Allocs {
+        id: String,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Evaluate the job again (after a node came back, say).
+    Eval {
+        id: String,
+        /// Reschedule its failed allocations now, whatever their delay.
+        #[arg(long = "force-reschedule")]
+        force_reschedule: bool,
+        /// Return once the evaluation is created.
+        #[arg(long)]
+        detach: bool,
+    },
+}
+
+pub(super) fn run_job(api: &Api, command: DailyJobCommand) -> Result<(), Failure> {
+    match command {
+        DailyJobCommand::Init { file, short } => job_init(file.as_deref(), short),
+        DailyJobCommand::Validate { file } => job_validate(api, &file),
+        DailyJobCommand::Inspect {
+            id,
+            version,
+            template,
+            json: _,
+        } => job_inspect(api, &id, version, template.as_deref()),
+        DailyJobCommand::History {
+            id,
+            version,
+            diffs,
+            format,
+        } => job_history(api, &id, version, diffs, &format),
+        DailyJobCommand::Allocs { id, format } => job_allocs(api, &id, &format),
+        DailyJobCommand::Eval {
+            id,
+            force_reschedule,
+            detach,
+        } => job_eval(api, &id, force_reschedule, detach),
+    }
+}
+
+fn job_init(file: Option<&str>, short: bool) -> Result<(), Failure> {
+    let file = file.unwrap_or("example.nomad.hcl");
+    if std::path::Path::new(file).exists() {
+        return Err(Failure(format!("Job '{file}' already exists"), 1));
+    }
+    let content = if short { SHORT_JOB } else { EXAMPLE_JOB };
+    std::fs::write(file, content).map_err(|error| Failure(format!("Failed to write '{file}': {error}"), 1))?;
+    println!("Example job file written to {file}");
+    Ok(())
+}
+
+fn job_validate(api: &Api, file: &str) -> Result<(), Failure> {
+    let job = super::job::read_job_file(file)?;
+    let answer = api.call("PUT", "/v1/validate/job", Some(&json!({ "Job": job })))?;
+    let errors: Vec<String> = answer["ValidationErrors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(text)
+        .collect();
+    if !errors.is_empty() {
+        let listed: Vec<String> = errors.iter().map(|error| format!("    * {error}")).collect();
+        return Err(Failure(
+            format!(
+                "Job validation errors:\n{} error(s) occurred:\n\n{}",
+                errors.len(),
+                listed.join("\n")
+            ),
+            1,
+        ));
+    }
+    println!("Job validation successful");
+    Ok(())
+}
+
+fn job_inspect(api: &Api, id: &str, version: Option<u64>, template: Option<&str>) -> Result<(), Failure> {
+    let job = match version {
+        None => api.get(&job_path(id)).map_err(super::job::no_such_job(id))?,
+        Some(version) => {
+            let versions = api
+                .get(&format!("{}/versions", job_path(id)))
+                .map_err(super::job::no_such_job(id))?;
+            versions["Versions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|job| job["Version"].as_u64() == Some(version))
+                .cloned()
+                .ok_or_else(|| Failure(format!("Error finding job version: version {version} not found"), 1))?
+        }
+    };
+    match template {
+        Some(template) => println!("{}", go_template(template, &job)?),
+        None => println!("{}", indented(&json!({ "Job": job }))),
+    }
+    Ok(())
+}
+
+fn job_history(api: &Api, id: &str, version: Option<u64>, diffs: bool, format: &Format) -> Result<(), Failure> {
+    let path = format!("{}/versions?diffs={diffs}", job_path(id));
+    let answer = api.get(&path).map_err(super::job::no_such_job(id))?;
+    let versions: Vec<Value> = answer["Versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|job| version.is_none_or(|wanted| job["Version"].as_u64() == Some(wanted)))
+        .cloned()
+        .collect();
+    if version.is_some() && versions.is_empty() {
+        return Err(Failure(
+            format!(
+                "Error finding job version: version {} not found",
+                version.unwrap_or_default()
+            ),
+            1,
+        ));
+    }
+    let shown = if version.is_some() {
+        versions[0].clone()
+    } else {
+        Value::Array(versions.clone())
+    };
+    if format.printed(&shown)? {
+        return Ok(());
+    }
+    let diffs = answer["Diffs"].as_array().cloned().unwrap_or_default();
+    let sections: Vec<String> = versions
+        .iter()
+        .enumerate()
+        .map(|(at, job)| {
+            let mut section = key_values(vec![
+                ("Version", text(&job["Version"])),
+                ("Stable", text(&job["Stable"])),
+                (
+                    "Submit Date",
+                    format_unix_nanos(job["SubmitTime"].as_i64().unwrap_or(0)),
+                ),
+            ]);
+            if let Some(diff) = diffs.get(at).filter(|_| version.is_none())
+                && diff["Type"] != "None"
+            {
+                section.push_str(&format!("\nDiff         =\n{}", indented(diff)));
+            }
+            section
+        })
+        .collect();
+    println!("{}", sections.join("\n\n"));
+    Ok(())
+}
+
+fn job_allocs(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
+    let allocs = api
+        .get(&format!("{}/allocations", job_path(id)))
+        .map_err(super::job::no_such_job(id))?;
+    if format.printed(&allocs)? {
+        return Ok(());
+    }
+    let mut rows = vec![
+        [
+            "ID",
+            "Node ID",
+            "Task Group",
+            "Version",
+            "Desired",
+            "Status",
+            "Created",
+            "Modified",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>(),
+    ];
+    for alloc in allocs.as_array().into_iter().flatten() {
+        rows.push(vec![
+            short(&alloc["ID"]),
+            short(&alloc["NodeID"]),
+            text(&alloc["TaskGroup"]),
+            text(&alloc["JobVersion"]),
+            text(&alloc["DesiredStatus"]),
+            text(&alloc["ClientStatus"]),
+            format_unix_nanos(alloc["CreateTime"].as_i64().unwrap_or(0)),
+            format_unix_nanos(alloc["ModifyTime"].as_i64().unwrap_or(0)),
+        ]);
+    }
+    if rows.len() == 1 {
+        println!("No allocations placed");
+    } else {
+        println!("{}", table(&rows));
+    }
+    Ok(())
+}
+
+fn job_eval(api: &Api, id: &str, force_reschedule: bool, detach: bool) -> Result<(), Failure> {
+    let body = json!({"JobID": id, "EvalOptions": {"ForceReschedule": force_reschedule}});
+    let reply = api
+        .call("PUT", &format!("{}/evaluate", job_path(id)), Some(&body))
+        .map_err(super::job::no_such_job(id))?;
+    let eval_id = text(&reply["EvalID"]);
+    if detach {
+        println!("Created eval ID: {:?}", short(&reply["EvalID"]));
+        return Ok(());
+    }
+    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
+    super::job::monitor(api, &eval_id, reply["EvalCreateIndex"].as_u64().unwrap_or(0))
+}
+
+// --- eval -----------------------------------------------------------------------------
+
+#[derive(Debug, Subcommand)]
+pub enum EvalCommand {
+    /// Evaluations, newest first.
+    List {
+        /// Only this job's.
+        #[arg(long)]
+        job: Option<String>,
+        /// Only those in this status (pending, complete, failed, blocked, canceled).
+        #[arg(long)]
+        status: Option<String>,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// One evaluation: what triggered it and what it could not place.
+    Status {
+        id: String,
+        #[command(flatten)]
+        format: Format,
+    },
+}
+
+pub(super) fn run_eval(api: &Api, command: EvalCommand) -> Result<(), Failure> {
+    match command {
+        EvalCommand::List { job, status, format } => eval_list(api, job.as_deref(), status.as_deref(), &format),
+        EvalCommand::Status { id, format } => eval_status(api, &id, &format),
+    }
+}
+
+fn eval_list(api: &Api, job: Option<&str>, status: Option<&str>, format: &Format) -> Result<(), Failure> {
+    let mut filters = Vec::new();
+    if let Some(job) = job {
+        filters.push(format!("JobID == {job:?}"));
+    }
+    if let Some(status) = status {
+        filters.push(format!("Status == {status:?}"));
+    }
+    let path = if filters.is_empty() {
+        "/v1/evaluations".to_string()
+    } else {
+        format!("/v1/evaluations?filter={}", escape(&filters.join(" and ")))
+    };
+    let evals = api.get(&path)?;
+    if format.printed(&evals)? {
+        return Ok(());
+    }
+    let mut rows = vec![
+        [
+            "ID",
+            "Priority",
+            "Triggered By",
+            "Job ID",
+            "Namespace",
+            "Node ID",
+            "Status",
+            "Placement Failures",
+        ]
+        .iter()
+        .map(|h| h.to_string())
+        .collect::<Vec<_>>(),
+    ];
+    for eval in evals.as_array().into_iter().flatten() {
+        let failures = eval["FailedTGAllocs"]
+            .as_object()
+            .is_some_and(|failed| !failed.is_empty())
+            || !text(&eval["BlockedEval"]).is_empty();
+        rows.push(vec![
+            short(&eval["ID"]),
+            text(&eval["Priority"]),
+            text(&eval["TriggeredBy"]),
+            text(&eval["JobID"]),
+            text(&eval["Namespace"]),
+            short(&eval["NodeID"]),
+            text(&eval["Status"]),
+            failures.to_string(),
+        ]);
+    }
+    if rows.len() == 1 {
+        println!("No evals found");
+    } else {
+        println!("{}", table(&rows));
+    }
+    Ok(())
+}
+
+fn eval_status(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
+    let eval = api
+        .get(&format!("/v1/evaluation/{}", escape(id)))
+        .map_err(|Failure(message, code)| {
+            if message.contains("404") {
+                Failure(format!("No evaluation(s) with prefix or id {id:?} found"), 1)
+            } else {
+                Failure(message, code)
+            }
+        })?;
+    if format.printed(&eval)? {
+        return Ok(());
+    }
+    let failed = eval["FailedTGAllocs"].as_object().cloned().unwrap_or_default();
+    println!(
+        "{}",
+        key_values(vec![
+            ("ID", text(&eval["ID"])),
+            (
+                "Create Time",
+                format_unix_nanos(eval["CreateTime"].as_i64().unwrap_or(0))
+            ),
+            (
+                "Modify Time",
+                format_unix_nanos(eval["ModifyTime"].as_i64().unwrap_or(0))
+            ),
+            ("Status", text(&eval["Status"])),
+            ("Status Description", text(&eval["StatusDescription"])),
+            ("Type", text(&eval["Type"])),
+            ("TriggeredBy", text(&eval["TriggeredBy"])),
+            ("Job ID", text(&eval["JobID"])),
+            ("Namespace", text(&eval["Namespace"])),
+            ("Priority", text(&eval["Priority"])),
+            ("Placement Failures", (!failed.is_empty()).to_string()),
+            ("Previous Eval", text(&eval["PreviousEval"])),
+            ("Next Eval", text(&eval["NextEval"])),
+            ("Blocked Eval", text(&eval["BlockedEval"])),
+        ])
+    );
+    if !failed.is_empty() {
+        println!("\n==> Failed Placements");
+        for (group, metrics) in failed {
+            println!(
+                "Task Group {group:?} (failed to place {} allocation(s)):",
+                text(&metrics["CoalescedFailures"]).parse::<u64>().unwrap_or(0) + 1
+            );
+            for (what, count) in metrics["DimensionExhausted"].as_object().into_iter().flatten() {
+                println!("  * Resources exhausted on {count} nodes: {what}");
+            }
+            for (what, count) in metrics["ConstraintFiltered"].as_object().into_iter().flatten() {
+                println!("  * Constraint {what:?}: {count} nodes excluded by filter");
+            }
+        }
+    }
+    Ok(())
+}
+
+// --- var ------------------------------------------------------------------------------
+
+#[derive(Debug, Subcommand)]
+pub enum VarCommand {
+    /// A variable's items.
+    Get {
+        path: String,
+        /// Only this item's value.
+        #[arg(long)]
+        item: Option<String>,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Write a variable: `key=value` items (all of them: the variable is replaced).
+    Put {
+        path: String,
+        items: Vec<String>,
+        /// Write only if the variable's modify index is this one (0: only if there is none).
+        #[arg(long = "check-index")]
+        check_index: Option<u64>,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Variables whose path starts with the prefix.
+    List {
+        prefix: Option<String>,
+        #[command(flatten)]
+        format: Format,
+    },
+    /// Delete a variable.
+    Purge {
+        path: String,
+        /// Delete only if the variable's modify index is this one.
+        #[arg(long = "check-index")]
+        check_index: Option<u64>,
+    },
+}
+
+fn var_path(path: &str) -> String {
+    let segments: Vec<String> = path.trim_matches('/').split('/').map(escape).collect();
+    format!("/v1/var/{}", segments.join("/"))
+}
+
+fn no_such_var(path: &str) -> impl FnOnce(Failure) -> Failure + '_ {
+    move |Failure(message, code)| {
+        if message.contains("404") {
+            Failure("Variable not found".to_string(), 1)
+        } else if message.contains("409") {
+            Failure(format!("Check-and-Set conflict on variable {path:?}: {message}"), 1)
+        } else {
+            Failure(message, code)
+        }
+    }
+}
+
+pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
+    match command {
+        VarCommand::Get { path, item, format } => {
+            let variable = api.get(&var_path(&path)).map_err(no_such_var(&path))?;
+            if let Some(item) = item {
+                let value = variable["Items"]
+                    .get(&item)
+                    .ok_or_else(|| Failure(format!("Variable at {path:?} has no item {item:?}"), 1))?;
+                println!("{}", text(value));
+                return Ok(());
+            }
+            if format.printed(&variable)? {
+                return Ok(());
+            }
+            print_variable(&variable);
+            Ok(())
+        }
+        VarCommand::Put {
+            path,
+            items,
+            check_index,
+            format,
+        } => {
+            let mut map = serde_json::Map::new();
+            for item in &items {
+                let Some((key, value)) = item.split_once('=') else {
+                    return Err(Failure(format!("Item {item:?} is not key=value"), 1));
+                };
+                map.insert(key.to_string(), Value::String(value.to_string()));
+            }
+            if map.is_empty() {
+                return Err(Failure("A variable needs at least one key=value item".into(), 1));
+            }
+            let mut url = var_path(&path);
+            if let Some(index) = check_index {
+                url.push_str(&format!("?cas={index}"));
+            }
+            let body = json!({"Path": path.trim_matches('/'), "Items": map});
+            let written = api.call("PUT", &url, Some(&body)).map_err(no_such_var(&path))?;
+            if format.printed(&written)? {
+                return Ok(());
+            }
+            println!(
+                "Created variable {:?} with modify index {}",
+                path,
+                text(&written["ModifyIndex"])
+            );
+            Ok(())
+        }
+        VarCommand::List { prefix, format } => {
+            let prefix = prefix.unwrap_or_default();
+            let listed = api.get(&format!("/v1/vars?prefix={}", escape(&prefix)))?;
+            if format.printed(&listed)? {
+                return Ok(());
+            }
+            let mut rows = vec![vec!["Namespace".to_string(), "Path".into(), "Last Updated".into()]];
+            for variable in listed.as_array().into_iter().flatten() {
+                rows.push(vec![
+                    text(&variable["Namespace"]),
+                    text(&variable["Path"]),
+                    format_unix_nanos(variable["ModifyTime"].as_i64().unwrap_or(0)),
+                ]);
+            }
+            if rows.len() == 1 {
+                println!("No matching variables found");
+            } else {
+                println!("{}", table(&rows));
+            }
+            Ok(())
+        }
+        VarCommand::Purge { path, check_index } => {
+            let mut url = var_path(&path);
+            if let Some(index) = check_index {
+                url.push_str(&format!("?cas={index}"));
+            }
+            api.call("DELETE", &url, None).map_err(no_such_var(&path))?;
+            println!("Successfully purged variable {path:?}!");
+            Ok(())
+        }
+    }
+}
+
+fn print_variable(variable: &Value) {
+    println!(
+        "{}",
+        key_values(vec![
+            ("Namespace", text(&variable["Namespace"])),
+            ("Path", text(&variable["Path"])),
+            (
+                "Create Time",
+                format_unix_nanos(variable["CreateTime"].as_i64().unwrap_or(0))
+            ),
+            ("Check Index", text(&variable["ModifyIndex"])),
+        ])
+    );
+    println!("\nItems");
+    let rows: Vec<(String, String)> = variable["Items"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(key, value)| (key.clone(), text(value)))
+        .collect();
+    println!(
+        "{}",
+        key_values(rows.iter().map(|(key, value)| (key.as_str(), value.clone())).collect())
+    );
+}
+
+// --- status and node config -----------------------------------------------------------
+
+/// `status [<id prefix>]`: the job list, or the status of whatever the prefix names (a job,
+/// an allocation, a node, an evaluation or a deployment), as Nomad's top-level `status`.
+pub(super) fn status(api: &Api, prefix: Option<&str>) -> Result<(), Failure> {
+    let Some(prefix) = prefix else {
+        return super::job::job_status(api, None);
+    };
+    let found = api.call("PUT", "/v1/search", Some(&json!({"Prefix": prefix, "Context": "all"})))?;
+    let matches = |context: &str| -> Vec<String> {
+        found["Matches"][context]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(text)
+            .collect()
+    };
+    for context in ["jobs", "allocs", "nodes", "evals", "deployment"] {
+        let ids = matches(context);
+        match ids.as_slice() {
+            [] => continue,
+            [id] => {
+                return match context {
+                    "jobs" => super::job::job_status(api, Some(id)),
+                    "allocs" => super::alloc_status(api, id, false),
+                    "nodes" => super::node_status(api, Some(id)),
+                    "evals" => eval_status(api, id, &Format::default()),
+                    _ => super::deployment::run(
+                        api,
+                        super::deployment::DeploymentCommand::Status {
+                            id: id.clone(),
+                            verbose: false,
+                        },
+                    ),
+                };
+            }
+            several if prefix != several[0] => {
+                return Err(Failure(
+                    format!("Prefix matched multiple {context}:\n\n{}", several.join("\n")),
+                    1,
+                ));
+            }
+            _ => {}
+        }
+    }
+    Err(Failure(format!("No matches found for prefix {prefix:?}"), 1))
+}
+
+/// `node config -servers` (the servers this agent's client talks to) and
+/// `node config -update-servers <addr>...`.
+pub(super) fn node_config(api: &Api, servers: bool, update: Vec<String>) -> Result<(), Failure> {
+    if !update.is_empty() {
+        let query: Vec<String> = update
+            .iter()
+            .map(|address| format!("address={}", escape(address)))
+            .collect();
+        api.call("PUT", &format!("/v1/agent/servers?{}", query.join("&")), None)?;
+        println!("Updated server list");
+        return Ok(());
+    }
+    if !servers {
+        return Err(Failure(
+            "Must specify -servers or -update-servers\nUsage: agent node config [-servers | -update-servers <address>...]"
+                .into(),
+            1,
+        ));
+    }
+    let listed = api.get("/v1/agent/servers")?;
+    for server in listed.as_array().into_iter().flatten() {
+        println!("{}", text(server));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_and_json_print_as_nomads_do() {
+        let value = json!({"ID": "web", "TaskGroups": [{"Name": "g", "Count": 3}], "Stop": false});
+        assert_eq!(
+            go_template("{{.ID}} {{range .TaskGroups}}{{.Name}}={{.Count}}{{end}}", &value).unwrap(),
+            "web g=3"
+        );
+        assert!(go_template("{{.ID", &value).is_err());
+        assert_eq!(indented(&json!({"A": [1]})), "{\n    \"A\": [\n        1\n    ]\n}");
+        let both = Format {
+            json: true,
+            template: Some("{{.ID}}".into()),
+        };
+        assert!(both.printed(&value).is_err());
+    }
+
+    #[test]
+    fn the_example_jobs_parse_and_validate() {
+        for example in [EXAMPLE_JOB, SHORT_JOB] {
+            let job = drover_io_real::jobspec::parse(example).unwrap().to_job().unwrap();
+            assert!(drover_core::jobspec::validate(&job).is_empty());
+        }
+    }
+
+    #[test]
+    fn variable_paths_are_escaped_segment_by_segment() {
+        assert_eq!(var_path("/app/db config/"), "/v1/var/app/db%20config");
+    }
+}

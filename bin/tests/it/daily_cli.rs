@@ -1,0 +1,170 @@
+//! The daily commands against a real agent: `job init|validate|inspect|history|allocs|eval`,
+//! `eval list|status`, `var get|put|list|purge` with check-and-set, the top-level `status`
+//! and `node config`, with `-json` and `-t` where Nomad has them.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::support::{self, Agent, cluster_specs, get_json as get, server_args, wait_for};
+
+fn cli(dir: &std::path::Path, port: u16, args: &[&str]) -> (i32, String) {
+    let output = std::process::Command::new(support::AGENT)
+        .args(args)
+        .current_dir(dir)
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("the CLI runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn the_daily_commands_answer_as_nomads_do() {
+    let root = tempfile::tempdir().unwrap();
+    let specs = cluster_specs(root.path(), 1);
+    let mut args = server_args(&specs, 0);
+    args.push("-client".into());
+    let agent = Agent::start(specs[0].clone(), args);
+    let port = specs[0].http;
+    wait_for(Duration::from_secs(30), || {
+        let nodes = get(port, "/v1/nodes")?;
+        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    let dir = root.path();
+    let run = |args: &[&str]| cli(dir, port, args);
+
+    // job init writes an example that validates and runs as it is; a second init refuses.
+    let (code, out) = run(&["job", "init"]);
+    assert_eq!((code, out.trim()), (0, "Example job file written to example.nomad.hcl"));
+    let (code, out) = run(&["job", "init"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("Job 'example.nomad.hcl' already exists"), "{out}");
+    let (code, out) = run(&["job", "validate", "example.nomad.hcl"]);
+    assert_eq!((code, out.trim()), (0, "Job validation successful"));
+    std::fs::write(
+        dir.join("bad.hcl"),
+        "job \"bad\" {\n  priority = 500\n  group \"g\" {\n    task \"t\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n",
+    )
+    .unwrap();
+    let (code, out) = run(&["job", "validate", "bad.hcl"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("Job priority must be between [1, 100]"), "{out}");
+    let (code, out) = run(&["job", "run", "example.nomad.hcl"]);
+    assert_eq!(code, 0, "{out}");
+
+    // inspect: the stored job as JSON, or through a template.
+    let (code, out) = run(&["job", "inspect", "example"]);
+    assert_eq!(code, 0, "{out}");
+    let inspected: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(
+        inspected["Job"]["TaskGroups"][0]["ReschedulePolicy"]["DelayFunction"],
+        "exponential"
+    );
+    assert!(out.starts_with("{\n    \"Job\""), "indented as Nomad's: {out}");
+    let (code, out) = run(&[
+        "job",
+        "inspect",
+        "-t",
+        "{{.ID}} {{range .TaskGroups}}{{.Name}}={{.Count}}{{end}}",
+        "example",
+    ]);
+    assert_eq!((code, out.trim()), (0, "example hello=2"));
+
+    // A second version: history lists both, newest first; -json and -version narrow it.
+    let spec = std::fs::read_to_string(dir.join("example.nomad.hcl")).unwrap();
+    std::fs::write(dir.join("example.nomad.hcl"), spec.replace("count = 2", "count = 1")).unwrap();
+    let (code, out) = run(&["job", "run", "-detach", "example.nomad.hcl"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run(&["job", "history", "example"]);
+    assert_eq!(code, 0, "{out}");
+    let versions: Vec<&str> = out.lines().filter(|line| line.starts_with("Version")).collect();
+    assert_eq!(versions, ["Version     = 1", "Version     = 0"], "{out}");
+    let (code, out) = run(&["job", "history", "-json", "-version", "0", "example"]);
+    assert_eq!(code, 0, "{out}");
+    let old: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(old["TaskGroups"][0]["Count"], 2);
+    let (code, out) = run(&["job", "history", "-version", "7", "example"]);
+    assert_eq!(code, 1, "{out}");
+
+    // allocs and evaluations.
+    let allocs = wait_for(Duration::from_secs(30), || {
+        let (code, out) = run(&["job", "allocs", "-json", "example"]);
+        let allocs: Value = serde_json::from_str(&out).ok()?;
+        (code == 0 && allocs.as_array()?.iter().any(|a| a["ClientStatus"] == "running")).then_some(allocs)
+    })
+    .unwrap_or_else(|| panic!("an allocation runs:\n{}", agent.log()));
+    let (code, out) = run(&["job", "allocs", "example"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("ID  "), "{out}");
+    assert!(out.contains(&allocs[0]["ID"].as_str().unwrap()[..8]), "{out}");
+    let (code, out) = run(&["job", "eval", "-detach", "example"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.starts_with("Created eval ID: "), "{out}");
+    let (code, out) = run(&["eval", "list", "-job", "example"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Triggered By") && out.contains("job-register"), "{out}");
+    let (code, out) = run(&["eval", "list", "-t", "{{range .}}{{.JobID}} {{end}}", "-job", "example"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.trim().split(' ').all(|job| job == "example"), "{out}");
+    let (code, out) = run(&["eval", "list", "-json", "-status", "complete"]);
+    let evals: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{code} {out}"));
+    let eval_id = evals[0]["ID"].as_str().unwrap().to_string();
+    assert!(evals.as_array().unwrap().iter().all(|e| e["Status"] == "complete"));
+    let (code, out) = run(&["eval", "status", &eval_id]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains(&format!("ID                 = {eval_id}")), "{out}");
+    let (code, out) = run(&["eval", "status", "-t", "{{.Status}}", &eval_id]);
+    assert_eq!((code, out.trim()), (0, "complete"));
+
+    // The top-level status: the job list, or what a prefix names.
+    let (code, out) = run(&["status"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("example"), "{out}");
+    let (code, out) = run(&["status", "examp"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("ID          = example"), "{out}");
+    let (code, out) = run(&["status", &allocs[0]["ID"].as_str().unwrap()[..8]]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("Name                = example.hello["), "{out}");
+    let (code, out) = run(&["status", "zzzz-nothing"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("No matches found for prefix \"zzzz-nothing\""), "{out}");
+
+    // Variables, with check-and-set: a stale index is refused and changes nothing.
+    let (code, out) = run(&["var", "put", "app/db", "user=web", "pass=s3cret"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run(&["var", "get", "-item", "user", "app/db"]);
+    assert_eq!((code, out.trim()), (0, "web"));
+    let (code, out) = run(&["var", "get", "-json", "app/db"]);
+    let variable: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("{code} {out}"));
+    let index = variable["ModifyIndex"].as_u64().unwrap();
+    let (code, out) = run(&["var", "put", "-check-index", "1", "app/db", "user=late"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("Check-and-Set conflict"), "{out}");
+    let (code, out) = run(&["var", "put", &format!("-check-index={index}"), "app/db", "user=next"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run(&["var", "get", "-item", "user", "app/db"]);
+    assert_eq!((code, out.trim()), (0, "next"));
+    let (code, out) = run(&["var", "put", "other/x", "k=v"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run(&["var", "list", "app"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("app/db") && !out.contains("other/x"), "{out}");
+    let (code, out) = run(&["var", "purge", "app/db"]);
+    assert_eq!(code, 0, "{out}");
+    let (code, out) = run(&["var", "get", "app/db"]);
+    assert_eq!((code, out.trim()), (1, "Variable not found"));
+
+    // node config: the servers this agent's client talks to.
+    let (code, out) = run(&["node", "config", "-servers"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.trim().contains(':'), "{out}");
+    let (code, out) = run(&["node", "config"]);
+    assert_eq!(code, 1, "{out}");
+}
