@@ -263,6 +263,8 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         }
     }
     assert_eq!(fs("cat", "/t/local/nope").0, 404);
+    // Nomad's stream refuses a missing file with 400 before it starts.
+    assert_eq!(fs("stream", "/t/local/nope&follow=false").0, 400);
 
     // Through a client-only agent that does not run it: handed to the servers, relayed on.
     let (bystander_spec, bystander_args) = support::client_spec(root.path(), "c2", specs[0].rpc);

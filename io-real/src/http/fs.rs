@@ -320,5 +320,15 @@ pub async fn stream_file(
         },
         Some(_) => return Err(ApiError(StatusCode::BAD_REQUEST, "origin must be start or end".into())),
     };
-    file_body(handle, alloc_id, query.path, offset, None, Some(follow)).await
+    // Nomad's stream answers a file that is not there with 400 (its `Stat` fails before the
+    // stream starts); an unknown allocation stays 404.
+    file_body(handle, alloc_id, query.path, offset, None, Some(follow))
+        .await
+        .map_err(|ApiError(code, message)| {
+            if code == StatusCode::NOT_FOUND && message.starts_with(crate::allocfs::NOT_FOUND) {
+                ApiError(StatusCode::BAD_REQUEST, message)
+            } else {
+                ApiError(code, message)
+            }
+        })
 }
