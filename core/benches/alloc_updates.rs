@@ -94,6 +94,7 @@ fn main() {
                 healthy: true,
                 health_description: "Healthy".into(),
                 attributes: BTreeMap::new(),
+                update_time_ms: 0,
             },
         },
     );

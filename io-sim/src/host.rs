@@ -882,6 +882,7 @@ impl ClientExecutor for SimHost {
                     healthy: true,
                     health_description: "Healthy".into(),
                     attributes: BTreeMap::new(),
+                    update_time_ms: 0,
                 },
             )
         })

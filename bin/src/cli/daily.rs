@@ -788,7 +788,8 @@ mod tests {
     fn templates_and_json_print_as_nomads_do() {
         let value = json!({"ID": "web", "TaskGroups": [{"Name": "g", "Count": 3}], "Stop": false});
         assert_eq!(
-            go_template("{{.ID}} {{range .TaskGroups}}{{.Name}}={{.Count}}{{end}}", &value).unwrap(),
+            go_template("{{.ID}} {{range .TaskGroups}}{{.Name}}={{.Count}}{{end}}", &value)
+                .unwrap_or_else(|Failure(message, _)| panic!("{message}")),
             "web g=3"
         );
         assert!(go_template("{{.ID", &value).is_err());

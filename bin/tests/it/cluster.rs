@@ -208,7 +208,13 @@ fn servers_say_no_cluster_leader_until_there_is_one_and_how_recent_its_contact_i
         assert_eq!(leaders.len(), 1, "{configuration}");
         assert_eq!(leaders[0]["Address"], leader.as_str());
         assert!(servers.iter().all(|s| s["Voter"] == true && s["RaftProtocol"] == "3"));
-        assert!(servers.iter().all(|s| s["Node"].as_str().unwrap().ends_with(".global")));
+        assert!(
+            servers.iter().all(|s| {
+                let node = s["Node"].as_str().unwrap();
+                node.ends_with(".global") && !node.ends_with(".global.global")
+            }),
+            "named <node>.<region>, as Nomad's: {configuration}"
+        );
         assert_eq!(
             http("GET", agent.spec.http, "/v1/regions", None).unwrap().trim(),
             r#"["global"]"#

@@ -39,6 +39,14 @@ fn the_daily_commands_answer_as_nomads_do() {
     let dir = root.path();
     let run = |args: &[&str]| cli(dir, port, args);
 
+    // What `node status` reads: the registration event and when each driver was fingerprinted.
+    let nodes = get(port, "/v1/nodes").unwrap();
+    let node = get(port, &format!("/v1/node/{}", nodes[0]["ID"].as_str().unwrap())).unwrap();
+    assert_eq!(node["Events"][0]["Message"], "Node registered", "{node}");
+    assert_eq!(node["Events"][0]["Subsystem"], "Cluster", "{node}");
+    let updated = node["Drivers"]["raw_exec"]["UpdateTime"].as_str().unwrap();
+    assert!(updated.starts_with("20"), "a real time, not Go's zero: {updated}");
+
     // job init writes an example that validates and runs as it is; a second init refuses.
     let (code, out) = run(&["job", "init"]);
     assert_eq!((code, out.trim()), (0, "Example job file written to example.nomad.hcl"));

@@ -35,6 +35,30 @@ pub const INELIGIBLE_EVENT: &str = "Node marked as ineligible for scheduling";
 /// Nomad's refusal to make a draining node eligible.
 pub const DRAINING_NOT_ELIGIBLE: &str = "can not set node's scheduling eligibility to eligible while it is draining";
 
+/// Nomad's node registration events.
+pub const REGISTERED_EVENT: &str = "Node registered";
+pub const REREGISTERED_EVENT: &str = "Node re-registered";
+
+/// `drivers` with each one's update time: kept from `old` while its fingerprint is the same,
+/// `at_ms` when it changed or is new (Nomad's `DriverInfo.UpdateTime`).
+fn stamped_drivers(
+    drivers: &BTreeMap<String, DriverInfo>,
+    old: Option<&BTreeMap<String, DriverInfo>>,
+    at_ms: u64,
+) -> BTreeMap<String, DriverInfo> {
+    drivers
+        .iter()
+        .map(|(name, info)| {
+            let mut info = info.clone();
+            info.update_time_ms = match old.and_then(|old| old.get(name)) {
+                Some(before) if before.same_fingerprint(&info) && before.update_time_ms != 0 => before.update_time_ms,
+                _ => at_ms,
+            };
+            (name.clone(), info)
+        })
+        .collect()
+}
+
 fn cluster_event(message: &str) -> NodeEvent {
     NodeEvent {
         message: message.into(),
@@ -158,7 +182,7 @@ impl ServerState {
                 controllers,
                 nodes,
             } => self.update_csi_info(index, at_ms, node_id, controllers, nodes),
-            Command::NodeUpdateDrivers { node_id, drivers } => self.update_drivers(index, node_id, drivers),
+            Command::NodeUpdateDrivers { node_id, drivers } => self.update_drivers(index, at_ms, node_id, drivers),
             Command::NodeEmitEvents { node_id, events } => {
                 let Some(node) = self.nodes.get_mut(node_id) else {
                     return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
@@ -198,6 +222,19 @@ impl ServerState {
         node.status_updated_at_ms = at_ms;
         if node.events.is_empty() {
             node.events = old.as_ref().map(|old| old.events.clone()).unwrap_or_default();
+        }
+        node.drivers = stamped_drivers(&node.drivers, old.as_ref().map(|old| &old.drivers), at_ms);
+        // Nomad's registration events: the first registration, and a node that comes back
+        // from down.
+        match &old {
+            None => record_events(&mut node, [cluster_event(REGISTERED_EVENT)].iter(), index, at_ms),
+            Some(old)
+                if old.status == crate::structs::NodeStatus::Down
+                    && node.status != crate::structs::NodeStatus::Down =>
+            {
+                record_events(&mut node, [cluster_event(REREGISTERED_EVENT)].iter(), index, at_ms)
+            }
+            Some(_) => {}
         }
         // A client re-registering does not end a drain or undo an operator's
         // eligibility: those belong to the servers.
@@ -243,10 +280,17 @@ impl ServerState {
     }
 
     /// A client's driver fingerprint, mirrored into the node's `driver.*` attributes.
-    fn update_drivers(&mut self, index: u64, node_id: &str, drivers: &BTreeMap<String, DriverInfo>) -> Response {
+    fn update_drivers(
+        &mut self,
+        index: u64,
+        at_ms: u64,
+        node_id: &str,
+        drivers: &BTreeMap<String, DriverInfo>,
+    ) -> Response {
         let Some(node) = self.nodes.get_mut(node_id) else {
             return Response::Error(ErrorKind::NotFound, format!("node not found: {node_id}"));
         };
+        let drivers = &stamped_drivers(drivers, Some(&node.drivers), at_ms);
         for (name, info) in drivers {
             let prefix = format!("driver.{name}");
             node.attributes
@@ -315,4 +359,71 @@ fn stamped(
             (plugin.clone(), info)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fsm::csi::tests::{Fixture, node};
+    use crate::structs::NodeStatus;
+
+    fn exec(healthy: bool) -> BTreeMap<String, DriverInfo> {
+        BTreeMap::from([(
+            "exec".to_string(),
+            DriverInfo {
+                detected: true,
+                healthy,
+                health_description: if healthy { "Healthy" } else { "Unhealthy" }.into(),
+                attributes: BTreeMap::new(),
+                update_time_ms: 0,
+            },
+        )])
+    }
+
+    /// Nomad's registration events, and each driver's `UpdateTime`: when the servers first
+    /// saw its fingerprint, kept while it says the same, moved when it changes.
+    #[test]
+    fn registration_events_and_driver_update_times_are_kept_as_nomads_are() {
+        let mut fx = Fixture::new();
+        let mut n1 = node("n1", true);
+        n1.drivers = exec(true);
+        fx.ok(Command::NodeRegister { node: n1.clone() });
+        let stored = fx.state.node("n1").unwrap().clone();
+        let messages: Vec<&str> = stored.events.iter().map(|event| event.message.as_str()).collect();
+        assert_eq!(messages, [REGISTERED_EVENT]);
+        assert_eq!(stored.events[0].subsystem, "Cluster");
+        assert_eq!(stored.events[0].timestamp_ms, 1_000);
+        assert_eq!(stored.drivers["exec"].update_time_ms, 1_000);
+
+        // The same fingerprint again: the time stays; a change moves it.
+        fx.ok(Command::NodeRegister { node: n1.clone() });
+        assert_eq!(fx.state.node("n1").unwrap().drivers["exec"].update_time_ms, 1_000);
+        assert_eq!(
+            fx.state.node("n1").unwrap().events.len(),
+            1,
+            "a re-registration of a ready node"
+        );
+        fx.ok(Command::NodeUpdateDrivers {
+            node_id: "n1".into(),
+            drivers: exec(false),
+        });
+        assert_eq!(fx.state.node("n1").unwrap().drivers["exec"].update_time_ms, 3_000);
+
+        // Down, then back: re-registered.
+        fx.ok(Command::NodeUpdateStatus {
+            node_id: "n1".into(),
+            status: NodeStatus::Down,
+            event: None,
+        });
+        fx.ok(Command::NodeRegister { node: n1 });
+        let messages: Vec<String> = fx
+            .state
+            .node("n1")
+            .unwrap()
+            .events
+            .iter()
+            .map(|event| event.message.clone())
+            .collect();
+        assert_eq!(messages.last().map(String::as_str), Some(REREGISTERED_EVENT));
+    }
 }

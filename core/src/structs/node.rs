@@ -80,6 +80,20 @@ pub struct DriverInfo {
     pub healthy: bool,
     pub health_description: String,
     pub attributes: BTreeMap<String, String>,
+    /// When the servers last saw this driver's fingerprint change (Unix ms of the entry; 0
+    /// before it reaches them). Clients leave it 0; the state store stamps it.
+    #[serde(default)]
+    pub update_time_ms: u64,
+}
+
+impl DriverInfo {
+    /// Whether `other` says the same of the driver, whenever it was stamped.
+    pub fn same_fingerprint(&self, other: &DriverInfo) -> bool {
+        self.detected == other.detected
+            && self.healthy == other.healthy
+            && self.health_description == other.health_description
+            && self.attributes == other.attributes
+    }
 }
 
 /// A node's total CPU (MHz, summed over cores) and memory (MB), its addresses, and which

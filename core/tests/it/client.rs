@@ -273,6 +273,7 @@ fn exec_driver(client: &mut Client, now: Instant) {
                 healthy: true,
                 health_description: "Healthy".into(),
                 attributes: BTreeMap::new(),
+                update_time_ms: 0,
             },
         },
     );
@@ -313,6 +314,7 @@ fn plugin_then_consumer_then_release() {
                     healthy: true,
                     health_description: "Healthy".into(),
                     attributes: BTreeMap::new(),
+                    update_time_ms: 0,
                 },
             },
         );
@@ -641,6 +643,7 @@ fn driver_fingerprints_report_changes_and_health_events() {
         healthy,
         health_description: description.into(),
         attributes: BTreeMap::from([("driver.exec".to_string(), "1".to_string())]),
+        update_time_ms: 0,
     };
     let fingerprint = |client: &mut Client, now: Instant, healthy: bool, description: &str| {
         client.handle(
@@ -765,6 +768,7 @@ fn a_fingerprint_round_is_reported_whole() {
         healthy: true,
         health_description: "Healthy".into(),
         attributes: BTreeMap::new(),
+        update_time_ms: 0,
     };
     let capabilities = DriverCapabilities {
         mount_configs: MountConfigSupport::All,
@@ -802,6 +806,7 @@ fn heartbeats_follow_the_servers_ttl_and_reregister_a_forgotten_node() {
         healthy: true,
         health_description: "Healthy".into(),
         attributes: BTreeMap::new(),
+        update_time_ms: 0,
     };
     let capabilities = DriverCapabilities {
         mount_configs: MountConfigSupport::All,
@@ -957,6 +962,7 @@ fn a_report_in_flight_across_a_registration_is_sent_again() {
                 healthy,
                 health_description: if healthy { "Healthy" } else { "Unhealthy" }.into(),
                 attributes: BTreeMap::new(),
+                update_time_ms: 0,
             },
         )],
     };
@@ -1369,6 +1375,7 @@ fn a_dev_shutdown_destroys_every_allocation_plugins_last() {
                     healthy: true,
                     health_description: "Healthy".into(),
                     attributes: BTreeMap::new(),
+                    update_time_ms: 0,
                 },
             },
         );
@@ -1448,6 +1455,7 @@ fn a_plugins_health_events_reach_the_servers_within_one_batch() {
                 healthy: true,
                 health_description: "Healthy".into(),
                 attributes: BTreeMap::new(),
+                update_time_ms: 0,
             },
         },
     );

@@ -79,6 +79,7 @@ impl TaskDriver for MockDriver {
             healthy: true,
             health_description: "Healthy".into(),
             attributes: BTreeMap::from([(format!("driver.{}", self.name), "1".to_string())]),
+            update_time_ms: 0,
         }
     }
 

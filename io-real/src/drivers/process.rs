@@ -920,6 +920,7 @@ impl TaskDriver for ProcessDriver {
                 healthy: false,
                 health_description: "disabled (enable with plugin \"raw_exec\" { config { enabled = true } })".into(),
                 attributes,
+                update_time_ms: 0,
             };
         }
         match self.kind {
@@ -930,6 +931,7 @@ impl TaskDriver for ProcessDriver {
                     healthy: true,
                     health_description: "Healthy".into(),
                     attributes,
+                    update_time_ms: 0,
                 }
             }
             Kind::Exec => {
@@ -946,6 +948,7 @@ impl TaskDriver for ProcessDriver {
                         "exec driver must run as root".into()
                     },
                     attributes,
+                    update_time_ms: 0,
                 }
             }
         }

@@ -28,7 +28,12 @@ pub async fn raft_configuration(State(handle): State<AgentHandle>) -> Result<axu
         .map(|(id, (node, voter))| {
             json!({
                 "ID": id.to_string(),
-                "Node": format!("{}.{region}", node.name),
+                // Raft members are named as gossip names servers: `<name>.<region>` already.
+                "Node": if node.name.ends_with(&format!(".{region}")) {
+                    node.name.clone()
+                } else {
+                    format!("{}.{region}", node.name)
+                },
                 "Address": node.rpc_addr,
                 "Leader": leader == Some(*id),
                 "Voter": voter,

@@ -524,8 +524,13 @@ fn drivers(node: &Node) -> Map<String, Value> {
                     "Detected": info.detected,
                     "Healthy": info.healthy,
                     "HealthDescription": info.health_description,
-                    // When the driver's health last changed is not kept: Go's zero time.
-                    "UpdateTime": ZERO_TIME,
+                    // When the servers last saw its fingerprint change (Go's zero time for a
+                    // node stored before that was kept).
+                    "UpdateTime": if info.update_time_ms == 0 {
+                        ZERO_TIME.to_string()
+                    } else {
+                        rfc3339(info.update_time_ms)
+                    },
                 }),
             )
         })

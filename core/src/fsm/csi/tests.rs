@@ -138,13 +138,15 @@ fn driver_updates_keep_csi_info_and_events_are_capped() {
         healthy: false,
         health_description: "exec driver must run as root".into(),
         attributes: BTreeMap::new(),
+        update_time_ms: 0,
     };
     fx.ok(Command::NodeUpdateDrivers {
         node_id: "n1".into(),
         drivers: [("exec".to_string(), unhealthy.clone())].into(),
     });
     let node = fx.state.node("n1").unwrap();
-    assert_eq!(node.drivers["exec"], unhealthy);
+    assert!(node.drivers["exec"].same_fingerprint(&unhealthy));
+    assert_eq!(node.drivers["exec"].update_time_ms, 2_000, "stamped with the entry's time");
     // The driver's attributes go with it; the others and the CSI info stay.
     assert_eq!(
         node.attributes.keys().collect::<Vec<_>>(),
