@@ -75,7 +75,10 @@ async fn main() {
             let handle = driver.start(config(dir.path(), &task)).await.unwrap();
             samples.entry((name, "start")).or_default().push(started.elapsed());
             let stopping = Instant::now();
-            driver.stop(handle.clone(), Duration::from_secs(5)).await.unwrap();
+            driver
+                .stop(handle.clone(), Duration::from_secs(5), libc::SIGINT)
+                .await
+                .unwrap();
             driver.wait(handle.clone()).await;
             driver.destroy(handle).await.unwrap();
             samples.entry((name, "stop")).or_default().push(stopping.elapsed());

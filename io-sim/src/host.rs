@@ -770,7 +770,9 @@ impl ClientExecutor for SimHost {
                     ..
                 } => host.run_command(program, args, stdout_path).await,
                 Io::StartTask(config) => host.start(*config),
-                Io::StopTask { handle, kill_timeout } => host.stop(&handle, kill_timeout).await,
+                Io::StopTask {
+                    handle, kill_timeout, ..
+                } => host.stop(&handle, kill_timeout).await,
                 Io::DestroyTask { handle } => host.destroy(&handle),
                 Io::SignalTask { handle, signal } => match host.with_task(&handle, SimTask::running) {
                     Some(true) => {

@@ -748,6 +748,13 @@ impl AllocRunner {
                 runner.sibling_failed(now, &failed, ops);
             }
         }
+        // A leader task that finished takes the others with it, as Nomad's allocation runner.
+        let leader_done = self.tasks.values().any(|task| task.is_leader() && task.is_dead());
+        if leader_done && self.phase == Phase::Running {
+            for runner in self.tasks.values_mut().filter(|task| !task.is_leader()) {
+                runner.leader_dead(now, ops);
+            }
+        }
         self.start_main_tasks(now, ops);
         // Every other task is done: the sidecars are stopped, as Nomad does.
         if self.phase == Phase::Running

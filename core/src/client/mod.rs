@@ -376,6 +376,8 @@ pub enum Io {
     StopTask {
         handle: TaskHandle,
         kill_timeout: Duration,
+        /// Sent first (the task's `kill_signal`); SIGKILL once `kill_timeout` has passed.
+        signal: i32,
     },
     /// Reattach to a task started before an agent restart.
     RecoverTask {
@@ -551,6 +553,7 @@ pub mod events {
     pub const RESTART_SIGNALED: &str = "Restart Signaled";
     pub const SIGNALING: &str = "Signaling";
     pub const SIBLING_FAILED: &str = "Sibling Task Failed";
+    pub const LEADER_DEAD: &str = "Leader Task Dead";
     pub const PLUGIN_HEALTHY: &str = "Plugin became healthy";
     pub const PLUGIN_UNHEALTHY: &str = "Plugin became unhealthy";
     pub const WAITING_ON_SERVERS: &str = "Waiting for servers";

@@ -23,6 +23,9 @@ use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 use core::time::Duration;
 
+/// What a stop sends first when the task names no `kill_signal` (Nomad's default).
+const SIGINT: i32 = 2;
+
 use serde::{Deserialize, Serialize};
 
 use crate::client::hooks::{AllocHookResources, HookError, HookResponse, HookState, TaskHook, TaskPhases, task_hooks};
@@ -277,6 +280,11 @@ impl TaskRunner {
     }
 
     /// `lifecycle { sidecar = true }`: runs beside the main tasks and ends with them.
+    /// Whether this is the group's `leader` task.
+    pub fn is_leader(&self) -> bool {
+        self.spec.task.leader
+    }
+
     pub fn is_sidecar(&self) -> bool {
         self.spec
             .task
@@ -911,13 +919,24 @@ impl TaskRunner {
         );
         let op = ops.allocate();
         self.set_phase(Phase::Killing { op });
+        let signal = crate::structs::signal_number(&self.spec.task.kill_signal).unwrap_or(SIGINT);
         self.actions.push(TaskAction::Io {
             op,
             io: Io::StopTask {
                 handle,
                 kill_timeout: timeout,
+                signal,
             },
         });
+    }
+
+    /// The group's leader task finished: this one is stopped too (Nomad's "Leader Task Dead").
+    pub fn leader_dead(&mut self, now: Instant, ops: &mut OpIds) {
+        if self.kill_requested || matches!(self.phase, Phase::Dead | Phase::Stopping { .. }) {
+            return;
+        }
+        self.event(now, events::LEADER_DEAD, "Leader Task in Group dead");
+        self.kill(now, ops);
     }
 
     fn begin_stop(&mut self, now: Instant, ops: &mut OpIds) {

@@ -149,6 +149,9 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
             errors.push(format!("Volume {alias}: {problem}"));
         }
     }
+    if group.tasks.iter().filter(|task| task.leader).count() > 1 {
+        errors.push("Only one task may be marked as leader".into());
+    }
     let mut task_names = BTreeSet::new();
     for (position, task) in group.tasks.iter().enumerate() {
         if task.name.is_empty() {
@@ -165,6 +168,12 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
         let mut problems: Vec<String> = limits::component("Task", &task.name).into_iter().collect();
         if task.driver.is_empty() {
             problems.push("Missing task driver".to_string());
+        }
+        if !task.kill_signal.is_empty() && crate::structs::signal_number(&task.kill_signal).is_none() {
+            problems.push(format!(
+                "kill_signal {:?} is not a signal this agent knows",
+                task.kill_signal
+            ));
         }
         if task.resources.cpu < 1 {
             problems.push("Minimum CPU value is 1; got 0".to_string());

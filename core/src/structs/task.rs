@@ -252,6 +252,12 @@ pub struct Task {
     /// `logs {}`: how the client rotates the task's stdout and stderr.
     #[serde(default)]
     pub logs: LogConfig,
+    /// `kill_signal`: what a stop sends first (empty: SIGINT, Nomad's default).
+    #[serde(default)]
+    pub kill_signal: String,
+    /// `leader`: when this task finishes, its allocation's other tasks are stopped.
+    #[serde(default)]
+    pub leader: bool,
 }
 
 /// `lifecycle` hook values Nomad accepts.
@@ -501,6 +507,8 @@ impl Default for Task {
             kind: String::new(),
             lifecycle: None,
             logs: LogConfig::default(),
+            kill_signal: String::new(),
+            leader: false,
         }
     }
 }

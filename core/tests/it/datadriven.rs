@@ -381,6 +381,8 @@ mod client_harness {
                                     ..Default::default()
                                 });
                             }
+                            "kill_signal" => task.kill_signal = value.into(),
+                            "leader" => task.leader = value == "true",
                             other => panic!("unknown task attribute {other}"),
                         }
                     }
@@ -636,7 +638,19 @@ mod client_harness {
                     mounts.join(" ")
                 )
             }
-            Io::StopTask { handle, kill_timeout } => format!("stop {} kill_timeout={kill_timeout:?}", handle.task),
+            Io::StopTask {
+                handle,
+                kill_timeout,
+                signal,
+            } => {
+                // SIGINT, the default, is left unsaid.
+                let signal = if *signal == 2 {
+                    String::new()
+                } else {
+                    format!(" signal={signal}")
+                };
+                format!("stop {} kill_timeout={kill_timeout:?}{signal}", handle.task)
+            }
             Io::RecoverTask { handle } => format!("recover {}", handle.task),
             Io::DestroyTask { handle } => format!("destroy {}", handle.task),
             Io::SignalTask { handle, signal } => format!("signal {} {signal}", handle.task),

@@ -183,9 +183,13 @@ impl ClientExecutor for HostExecutor {
                     let driver = driver(&config.driver)?;
                     Ok(Reply::Started(driver.start(*config).await?))
                 }
-                Io::StopTask { handle, kill_timeout } => {
+                Io::StopTask {
+                    handle,
+                    kill_timeout,
+                    signal,
+                } => {
                     let driver = driver(&handle.driver)?;
-                    driver.stop(handle, kill_timeout).await?;
+                    driver.stop(handle, kill_timeout, signal).await?;
                     Ok(Reply::Unit)
                 }
                 Io::RecoverTask { handle } => {

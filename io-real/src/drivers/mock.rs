@@ -155,7 +155,7 @@ impl TaskDriver for MockDriver {
         })
     }
 
-    fn stop(&self, handle: TaskHandle, _kill_timeout: Duration) -> BoxFuture<Result<(), IoError>> {
+    fn stop(&self, handle: TaskHandle, _kill_timeout: Duration, _signal: i32) -> BoxFuture<Result<(), IoError>> {
         let sender = self.tasks.lock().unwrap().get(&(handle.alloc_id, handle.task)).cloned();
         Box::pin(async move {
             if let Some(sender) = sender {
@@ -236,7 +236,10 @@ mod tests {
             .unwrap();
         assert_eq!(driver.wait(handle).await.exit_code, 3);
         let handle = driver.start(config(&[])).await.unwrap();
-        driver.stop(handle.clone(), Duration::from_secs(1)).await.unwrap();
+        driver
+            .stop(handle.clone(), Duration::from_secs(1), libc::SIGINT)
+            .await
+            .unwrap();
         assert_eq!(driver.wait(handle).await.signal, 2);
         let error = driver.start(config(&[("start_error", "boom")])).await.unwrap_err();
         assert_eq!(error.message, "boom");

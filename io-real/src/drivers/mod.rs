@@ -32,8 +32,9 @@ pub trait TaskDriver: Send + Sync + 'static {
     /// Resolves when the task exits (the driver's task-event stream, one task at a time).
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
 
-    /// Signals the task, then kills it after `kill_timeout`; resolves once it is gone.
-    fn stop(&self, handle: TaskHandle, kill_timeout: Duration) -> BoxFuture<Result<(), IoError>>;
+    /// Sends the task `signal` (its `kill_signal`), then kills it after `kill_timeout`;
+    /// resolves once it is gone.
+    fn stop(&self, handle: TaskHandle, kill_timeout: Duration, signal: i32) -> BoxFuture<Result<(), IoError>>;
 
     /// Reattaches to a task started before an agent restart.
     fn recover(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>>;

@@ -989,14 +989,14 @@ impl TaskDriver for ProcessDriver {
         })
     }
 
-    fn stop(&self, handle: TaskHandle, kill_timeout: Duration) -> BoxFuture<Result<(), IoError>> {
+    fn stop(&self, handle: TaskHandle, kill_timeout: Duration, signal: i32) -> BoxFuture<Result<(), IoError>> {
         let state = HandleState::read(&handle);
         let driver = self.clone();
         Box::pin(async move {
             let state = state?;
             // The whole process group: the task and anything it started; only while the pid
             // is still the task's (`signal_task`).
-            if signal_task(state.pid, state.start_time, libc::SIGINT) {
+            if signal_task(state.pid, state.start_time, signal) {
                 let gone = driver.wait(handle.clone());
                 if tokio::time::timeout(kill_timeout, gone).await.is_err() {
                     signal_task(state.pid, state.start_time, libc::SIGKILL);

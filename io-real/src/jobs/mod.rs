@@ -202,6 +202,8 @@ pub struct ApiTask {
     pub lifecycle: Option<connect::ApiLifecycle>,
     pub log_config: Option<ApiLogConfig>,
     pub dispatch_payload: Option<ApiDispatchPayloadConfig>,
+    pub kill_signal: String,
+    pub leader: bool,
 }
 
 /// The `logs` block (Nomad's `LogConfig`).
@@ -676,6 +678,8 @@ impl ApiTask {
             stanza
         });
         Task {
+            kill_signal: self.kill_signal.clone(),
+            leader: self.leader,
             dispatch_payload: self
                 .dispatch_payload
                 .as_ref()
@@ -756,6 +760,8 @@ impl ApiTask {
 
     fn from_task(task: &Task) -> ApiTask {
         ApiTask {
+            kill_signal: task.kill_signal.clone(),
+            leader: task.leader,
             dispatch_payload: task
                 .dispatch_payload
                 .as_ref()

@@ -651,6 +651,8 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "lifecycle",
             "logs",
             "dispatch_payload",
+            "kill_signal",
+            "leader",
         ],
     );
     let dispatch_payload = walker.single(at, block, "dispatch_payload").map(|payload| {
@@ -734,6 +736,8 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         kind: String::new(),
         log_config,
         dispatch_payload,
+        kill_signal: walker.string(at, block, "kill_signal").unwrap_or_default(),
+        leader: walker.boolean(at, block, "leader").unwrap_or(false),
         name,
     }
 }
@@ -1332,6 +1336,34 @@ job "sys" {
             system,
             ["Invalid delay function \"linear\", must be one of [\"constant\" \"exponential\" \"fibonacci\"]"]
         );
+    }
+
+    /// `leader` and `kill_signal` are kept and come back; two leaders, or a signal no one
+    /// knows, are refused by validation with what is wrong.
+    #[test]
+    fn leader_and_kill_signal_round_trip_and_are_validated() {
+        let spec = |signal: &str, second_leader: bool| {
+            format!(
+                "job \"w\" {{\n  group \"g\" {{\n    task \"main\" {{\n      driver = \"raw_exec\"\n      leader = true\n      kill_signal = \"{signal}\"\n    }}\n    task \"side\" {{\n      driver = \"raw_exec\"\n      leader = {second_leader}\n    }}\n  }}\n}}\n"
+            )
+        };
+        let job = parse(&spec("SIGTERM", false)).unwrap().to_job().unwrap();
+        let main = &job.task_groups[0].tasks[0];
+        assert_eq!((main.leader, main.kill_signal.as_str()), (true, "SIGTERM"));
+        assert!(
+            drover_core::jobspec::validate(&job).is_empty(),
+            "{:?}",
+            drover_core::jobspec::validate(&job)
+        );
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
+        let wire = serde_json::to_value(&api).unwrap();
+        assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["KillSignal"], "SIGTERM");
+        assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["Leader"], true);
+        assert_eq!(api.to_job().unwrap(), job);
+        let bad = parse(&spec("SIGWHAT", true)).unwrap().to_job().unwrap();
+        let problems = drover_core::jobspec::validate(&bad).join("\n");
+        assert!(problems.contains("Only one task may be marked as leader"), "{problems}");
+        assert!(problems.contains("kill_signal \"SIGWHAT\""), "{problems}");
     }
 
     #[test]

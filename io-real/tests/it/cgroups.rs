@@ -171,7 +171,10 @@ async fn a_stopped_task_leaves_no_process_behind() {
         measured.pids.contains(&daemon),
         "the setsid daemon {daemon} is measured with the task: {measured:?}"
     );
-    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_millis(300), libc::SIGINT)
+        .await
+        .unwrap();
     driver.wait(handle.clone()).await;
     driver.destroy(handle).await.unwrap();
     assert_eq!(
@@ -290,7 +293,10 @@ async fn memory_max_is_the_hard_limit_and_memory_the_soft_one() {
             assert_eq!(mb(read("memory.low").unwrap().parse().unwrap()), "32");
         }
     }
-    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_millis(300), libc::SIGINT)
+        .await
+        .unwrap();
     driver.wait(handle.clone()).await;
     driver.destroy(handle).await.unwrap();
     assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
@@ -335,7 +341,10 @@ async fn stats_come_from_the_tasks_cgroup() {
         "the 8 MB file it wrote is page cache charged to it: {cgroup:?}"
     );
     assert_eq!(cgroup.throttled_periods, Some(0), "{cgroup:?}");
-    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_millis(300), libc::SIGINT)
+        .await
+        .unwrap();
     driver.wait(handle.clone()).await;
     driver.destroy(handle).await.unwrap();
     assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());

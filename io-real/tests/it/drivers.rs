@@ -103,7 +103,10 @@ async fn stop_interrupts_then_kills_after_the_timeout() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
-    driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_millis(300), libc::SIGINT)
+        .await
+        .unwrap();
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(driver.wait(handle.clone()).await.signal, libc::SIGKILL);
     driver.destroy(handle).await.unwrap();
@@ -115,9 +118,24 @@ async fn stop_interrupts_then_kills_after_the_timeout() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let started = std::time::Instant::now();
-    driver.stop(handle.clone(), Duration::from_secs(10)).await.unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_secs(10), libc::SIGINT)
+        .await
+        .unwrap();
     assert!(started.elapsed() < Duration::from_secs(5));
     assert_eq!(driver.wait(handle.clone()).await.signal, libc::SIGINT);
+    driver.destroy(handle).await.unwrap();
+
+    // A task's `kill_signal` is what it is sent first.
+    let handle = driver
+        .start(config(dir.path(), "termed", "/bin/sleep", &["30"]))
+        .await
+        .unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_secs(10), libc::SIGTERM)
+        .await
+        .unwrap();
+    assert_eq!(driver.wait(handle.clone()).await.signal, libc::SIGTERM);
     driver.destroy(handle).await.unwrap();
 }
 
@@ -147,7 +165,10 @@ async fn stats_cover_the_whole_task_session() {
         "a spinning child uses CPU: {second:?}"
     );
     let members = second.pids.clone();
-    driver.stop(handle.clone(), Duration::from_secs(2)).await.unwrap();
+    driver
+        .stop(handle.clone(), Duration::from_secs(2), libc::SIGINT)
+        .await
+        .unwrap();
     driver.wait(handle.clone()).await;
     driver.destroy(handle.clone()).await.unwrap();
     assert_eq!(driver.stats(&handle), None, "a task that is gone is not measured");
@@ -175,7 +196,10 @@ async fn a_new_driver_reattaches_by_handle() {
     // The agent restarted: a fresh driver knows only the persisted handle.
     let second = ProcessDriver::raw_exec();
     second.recover(handle.clone()).await.unwrap();
-    second.stop(handle.clone(), Duration::from_secs(5)).await.unwrap();
+    second
+        .stop(handle.clone(), Duration::from_secs(5), libc::SIGINT)
+        .await
+        .unwrap();
     let exit = second.wait(handle.clone()).await;
     second.destroy(handle.clone()).await.unwrap();
     assert!(exit.err.is_some(), "exit status of a non-child is unknown: {exit:?}");
@@ -294,7 +318,10 @@ async fn exec_tasks_are_pid_1_of_their_own_pid_namespace() {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        driver.stop(handle.clone(), Duration::from_millis(300)).await.unwrap();
+        driver
+            .stop(handle.clone(), Duration::from_millis(300), libc::SIGINT)
+            .await
+            .unwrap();
         let exit = driver.wait(handle.clone()).await;
         driver.destroy(handle).await.unwrap();
         if polite {
@@ -427,10 +454,13 @@ async fn stop_never_signals_a_process_that_is_not_the_task() {
     let driver = ProcessDriver::raw_exec();
     let timeout = Duration::from_millis(100);
 
-    driver.stop(handle_for(pid.into(), actual + 1), timeout).await.unwrap();
-    driver.stop(handle_for(1, 0), timeout).await.unwrap();
-    driver.stop(handle_for(0, 0), timeout).await.unwrap();
-    driver.stop(handle_for(-1, 0), timeout).await.unwrap();
+    driver
+        .stop(handle_for(pid.into(), actual + 1), timeout, libc::SIGINT)
+        .await
+        .unwrap();
+    driver.stop(handle_for(1, 0), timeout, libc::SIGINT).await.unwrap();
+    driver.stop(handle_for(0, 0), timeout, libc::SIGINT).await.unwrap();
+    driver.stop(handle_for(-1, 0), timeout, libc::SIGINT).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         foreign.0.try_wait().unwrap().is_none(),
@@ -438,7 +468,10 @@ async fn stop_never_signals_a_process_that_is_not_the_task() {
     );
 
     // The same pid with its true start time is the task: stopped.
-    driver.stop(handle_for(pid.into(), actual), timeout).await.unwrap();
+    driver
+        .stop(handle_for(pid.into(), actual), timeout, libc::SIGINT)
+        .await
+        .unwrap();
     let status = foreign.0.wait().unwrap();
     assert!(!status.success(), "{status:?}");
 }

@@ -146,7 +146,10 @@ fn driver_updates_keep_csi_info_and_events_are_capped() {
     });
     let node = fx.state.node("n1").unwrap();
     assert!(node.drivers["exec"].same_fingerprint(&unhealthy));
-    assert_eq!(node.drivers["exec"].update_time_ms, 2_000, "stamped with the entry's time");
+    assert_eq!(
+        node.drivers["exec"].update_time_ms, 2_000,
+        "stamped with the entry's time"
+    );
     // The driver's attributes go with it; the others and the CSI info stay.
     assert_eq!(
         node.attributes.keys().collect::<Vec<_>>(),
