@@ -668,7 +668,7 @@ fn real_clients_periodic(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
 /// the first tokens are derived (flaky calls lose answers: tokens Consul keeps that nobody
 /// committed), and client agents and the leader die later, forcing derivations again. In two
 /// runs of three Consul is down again while the job stops: its services are left for
-/// anti-entropy; in one of three its agents refuse Envoy bootstraps for a while at the start.
+/// anti-entropy; in one of two its agents refuse Envoy bootstraps for a while at the start.
 fn real_clients_connect(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let clients = 2;
     let mut steps = Vec::new();
@@ -726,10 +726,11 @@ fn real_clients_connect(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut real = RealClientPlan::one_job(clients, 3, None).with_connect();
     // Drawn last, so the draws above (and the seeds recorded against them) stay as they were.
     real.consul_down_at_stop = rng.gen_ratio(2, 3);
-    // In one run of three the sidecars' Envoy bootstrap is refused for a while from the start:
+    // In every other run the sidecars' Envoy bootstrap is refused for a while from the start:
     // the hook tries its three times, the task restarts by its policy and bootstraps once
     // Consul takes it again (before, only a chance outage in that narrow window did this).
-    if rng.gen_ratio(1, 3) {
+    // One scenario of 37: one run in two keeps the fault kind over the 1% coverage floor.
+    if rng.gen_ratio(1, 2) {
         let at = millis(rng, 0..3_000);
         let until = at + millis(rng, 8_000..20_000);
         plan.steps.push(Step {

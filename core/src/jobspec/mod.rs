@@ -68,6 +68,7 @@ pub fn validate_within(job: &Job, limits: &limits::JobLimits) -> Vec<String> {
         errors.push("Missing job task groups".to_string());
     }
     errors.extend(placement_rules(&job.constraints, &job.affinities));
+    errors.extend(job.spreads.iter().flat_map(crate::structs::Spread::problems));
     let mut names = BTreeSet::new();
     for (position, group) in job.task_groups.iter().enumerate() {
         if group.name.is_empty() {
@@ -135,6 +136,7 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
         }
     }
     errors.extend(placement_rules(&group.constraints, &group.affinities));
+    errors.extend(group.spreads.iter().flat_map(crate::structs::Spread::problems));
     errors.extend(crate::structs::validate_networks(group));
     let group_ports: BTreeSet<String> = group
         .networks

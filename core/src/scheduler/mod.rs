@@ -20,6 +20,7 @@ pub mod ports;
 mod reconcile;
 pub mod reschedule;
 mod rollout;
+mod spread;
 pub mod worker;
 
 use reconcile::Reconcile;
@@ -230,6 +231,12 @@ fn select_node(
         .chain(&group.affinities)
         .chain(group.tasks.iter().flat_map(|task| &task.affinities))
         .collect();
+    let spreads: Vec<_> = job.spreads.iter().chain(&group.spreads).collect();
+    let placed = if spreads.is_empty() {
+        Vec::new()
+    } else {
+        placed_nodes(state, job, Some(group.name.as_str()), plan)
+    };
     for node in state.nodes() {
         if placement.node.as_ref().is_some_and(|wanted| *wanted != node.id) {
             continue;
@@ -267,7 +274,9 @@ fn select_node(
         // Affinities weigh as much as bin-packing (Nomad averages the two scores): a full
         // match adds what a full node scores, a full anti-match subtracts it.
         let affinity = (constraints::affinity_score(&affinities, node) * 2_000_000.0) as i64;
-        let score = binpack as i64 + affinity;
+        // Spreads weigh as affinities do.
+        let spread = (spread::score(&spreads, group, node, &placed) * 2_000_000.0) as i64;
+        let score = binpack as i64 + affinity + spread;
         let better = match &best {
             None => true,
             Some((best_score, best_id)) => score > *best_score || (score == *best_score && node.id < *best_id),

@@ -891,6 +891,48 @@ fn constraints_filter_nodes_with_nomads_reasons_at_every_level() {
     );
 }
 
+/// Bin-packing alone stacks a group on the fullest node; a `spread` over racks places it
+/// by the targets' percentages (3 of 4 on r1 here), or evenly without targets.
+#[test]
+fn spreads_place_a_group_over_node_values_as_asked() {
+    let nodes = [
+        with_node_values(node("n1", 4000), &[], &[("rack", "r1")]),
+        with_node_values(node("n2", 4000), &[], &[("rack", "r2")]),
+    ];
+    let rack_of = |alloc: &Allocation| nodes.iter().find(|n| n.id == alloc.node_id).unwrap().meta["rack"].clone();
+    let mut world = World::new(&nodes);
+    let packed = job("packed", JobType::Service, 4, 100);
+    let eval = world.register(&packed);
+    let plan = world.run(&eval);
+    let hosts: BTreeSet<String> = plan.placed().map(|alloc| alloc.node_id.clone()).collect();
+    assert_eq!(hosts.len(), 1, "bin-packing stacks them");
+
+    let mut even = job("even", JobType::Service, 4, 100);
+    even.task_groups[0].spreads.push(crate::structs::Spread {
+        attribute: "${meta.rack}".into(),
+        weight: 50,
+        targets: Vec::new(),
+    });
+    let eval = world.register(&even);
+    let plan = world.run(&eval);
+    let on_r1 = plan.placed().filter(|alloc| rack_of(alloc) == "r1").count();
+    assert_eq!((plan.placed().count(), on_r1), (4, 2), "two per rack");
+
+    let mut weighted = job("weighted", JobType::Service, 4, 100);
+    weighted.spreads.push(crate::structs::Spread {
+        attribute: "${meta.rack}".into(),
+        weight: 100,
+        targets: vec![crate::structs::SpreadTarget {
+            value: "r1".into(),
+            percent: 75,
+        }],
+    });
+    let eval = world.register(&weighted);
+    let plan = world.run(&eval);
+    let on_r1 = plan.placed().filter(|alloc| rack_of(alloc) == "r1").count();
+    assert_eq!((plan.placed().count(), on_r1), (4, 3), "75% on r1");
+}
+
 #[test]
 fn distinct_hosts_places_at_most_one_per_node_and_distinct_property_counts_values() {
     let nodes = [

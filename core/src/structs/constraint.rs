@@ -57,3 +57,57 @@ impl fmt::Display for Affinity {
         write!(f, "{} {} {} {}", self.ltarget, self.operand, self.rtarget, self.weight)
     }
 }
+
+/// A `spread` block (Nomad's `structs.Spread`): the scheduler spreads a group's allocations
+/// over the values `attribute` takes on nodes — evenly, or by the `targets`' percentages (what
+/// they leave over goes to the other values).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spread {
+    pub attribute: String,
+    /// How much this spread counts against the job's others (1..=100; Nomad's default 50).
+    pub weight: u32,
+    #[serde(default)]
+    pub targets: Vec<SpreadTarget>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpreadTarget {
+    pub value: String,
+    pub percent: u32,
+}
+
+/// Nomad's default spread weight.
+pub const SPREAD_WEIGHT_DEFAULT: u32 = 50;
+
+impl Spread {
+    /// Nomad's `Spread.Validate`, in its words.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.attribute.is_empty() {
+            problems.push("Missing spread attribute".to_string());
+        }
+        if self.weight == 0 || self.weight > 100 {
+            problems.push("Spread stanza must have a positive weight from 0 to 100".to_string());
+        }
+        let mut seen = alloc::collections::BTreeSet::new();
+        let mut sum = 0u32;
+        for target in &self.targets {
+            if !seen.insert(target.value.as_str()) {
+                problems.push(format!("Spread target value {:?} already defined", target.value));
+            }
+            if target.percent > 100 {
+                problems.push(format!(
+                    "Spread target percentage for value {:?} must be between 0 and 100",
+                    target.value
+                ));
+            }
+            sum = sum.saturating_add(target.percent);
+        }
+        if sum > 100 {
+            problems.push(format!(
+                "Sum of spread target percentages must not be greater than 100%; got {sum}%"
+            ));
+        }
+        problems
+    }
+}

@@ -39,6 +39,9 @@ pub struct TaskGroup {
     /// type's default, as jobs stored before the block was read have).
     #[serde(default)]
     pub reschedule_policy: Option<ReschedulePolicy>,
+    /// `spread` blocks: how the group's allocations spread over node values.
+    #[serde(default)]
+    pub spreads: Vec<Spread>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).
@@ -148,6 +151,9 @@ pub struct Job {
     /// kept as written.
     #[serde(default)]
     pub all_at_once: bool,
+    /// Job-level `spread` blocks: they apply to every group.
+    #[serde(default)]
+    pub spreads: Vec<Spread>,
 }
 
 impl Job {

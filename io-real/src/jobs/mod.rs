@@ -31,8 +31,8 @@ pub use update::ApiUpdateStrategy;
 
 use drover_core::structs::{
     AccessMode, Affinity, AttachmentMode, ConfigValue, Constraint, CsiMountOptions, CsiPluginType, Job, JobType,
-    MigrateStrategy, Propagation, RequestedDevice, RestartMode, RestartPolicy, Service, ServiceCheck, Task,
-    TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
+    MigrateStrategy, Propagation, RequestedDevice, RestartMode, RestartPolicy, Service, ServiceCheck, Spread,
+    SpreadTarget, Task, TaskCsiPluginConfig, TaskGroup, TaskResources, VolumeMount, VolumeRequest, VolumeType,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -75,6 +75,7 @@ pub struct ApiJob {
     pub payload: Vec<u8>,
     pub dispatch_idempotency_token: String,
     pub all_at_once: bool,
+    pub spreads: Vec<ApiSpread>,
     /// The job's `reschedule` block: laid under each group's (read back there, as Nomad's).
     pub reschedule: Option<ApiReschedulePolicy>,
     /// The job's `migrate` block: laid under each group's (read back there, as Nomad's).
@@ -102,6 +103,69 @@ pub struct ApiAffinity {
     pub rtarget: String,
     pub operand: String,
     pub weight: i32,
+}
+
+/// Nomad's `api.Spread`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiSpread {
+    pub attribute: String,
+    pub weight: Option<i64>,
+    pub spread_target: Vec<ApiSpreadTarget>,
+}
+
+/// Nomad's `api.SpreadTarget`.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct ApiSpreadTarget {
+    pub value: String,
+    pub percent: i64,
+}
+
+fn spreads_in(api: &[ApiSpread], problems: &mut Vec<String>) -> Vec<Spread> {
+    api.iter()
+        .map(|spread| {
+            let mut number = |value: i64, what: &str| {
+                u32::try_from(value).unwrap_or_else(|_| {
+                    problems.push(format!("spread {what} must not be negative: {value}"));
+                    0
+                })
+            };
+            Spread {
+                attribute: spread.attribute.clone(),
+                weight: spread
+                    .weight
+                    .map_or(drover_core::structs::SPREAD_WEIGHT_DEFAULT, |weight| {
+                        number(weight, "weight")
+                    }),
+                targets: spread
+                    .spread_target
+                    .iter()
+                    .map(|target| SpreadTarget {
+                        value: target.value.clone(),
+                        percent: number(target.percent, "percent"),
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+fn spreads_out(core: &[Spread]) -> Vec<ApiSpread> {
+    core.iter()
+        .map(|spread| ApiSpread {
+            attribute: spread.attribute.clone(),
+            weight: Some(i64::from(spread.weight)),
+            spread_target: spread
+                .targets
+                .iter()
+                .map(|target| ApiSpreadTarget {
+                    value: target.value.clone(),
+                    percent: i64::from(target.percent),
+                })
+                .collect(),
+        })
+        .collect()
 }
 
 fn constraints_in(api: &[ApiConstraint]) -> Vec<Constraint> {
@@ -163,6 +227,7 @@ pub struct ApiTaskGroup {
     pub update: Option<ApiUpdateStrategy>,
     pub scaling: Option<ApiScalingPolicy>,
     pub reschedule_policy: Option<ApiReschedulePolicy>,
+    pub spreads: Vec<ApiSpread>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -461,6 +526,7 @@ impl ApiJob {
             payload: self.payload.clone(),
             dispatch_idempotency_token: self.dispatch_idempotency_token.clone(),
             all_at_once: self.all_at_once,
+            spreads: spreads_in(&self.spreads, &mut problems),
             ..Job::default()
         };
         if problems.is_empty() { Ok(job) } else { Err(problems) }
@@ -499,6 +565,7 @@ impl ApiJob {
             payload: job.payload.clone(),
             dispatch_idempotency_token: job.dispatch_idempotency_token.clone(),
             all_at_once: job.all_at_once,
+            spreads: spreads_out(&job.spreads),
             reschedule: None,
             migrate: None,
         }
@@ -578,6 +645,7 @@ impl ApiTaskGroup {
                         .unwrap_or(MigrateStrategy::default().max_parallel),
                 }),
             },
+            spreads: spreads_in(&self.spreads, problems),
             reschedule_policy: reschedule::group_policy(
                 job_type,
                 job.reschedule.as_ref(),
@@ -614,6 +682,7 @@ impl ApiTaskGroup {
             }),
             update: group.update.as_deref().map(ApiUpdateStrategy::from_strategy),
             reschedule_policy: group.reschedule_policy.as_ref().map(ApiReschedulePolicy::from_policy),
+            spreads: spreads_out(&group.spreads),
             name: group.name.clone(),
             meta: group.meta.clone(),
             constraints: constraints_out(&group.constraints),

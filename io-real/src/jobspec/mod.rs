@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use crate::jobs::{
     ApiAffinity, ApiConstraint, ApiCsiPluginConfig, ApiDevice, ApiDispatchPayloadConfig, ApiJob, ApiLogConfig,
     ApiMigrate, ApiMountOptions, ApiNetworkResource, ApiParameterizedJobConfig, ApiPeriodicConfig, ApiPort,
-    ApiReschedulePolicy, ApiResources, ApiRestartPolicy, ApiScalingPolicy, ApiService, ApiServiceCheck, ApiTask,
-    ApiTaskGroup, ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
+    ApiReschedulePolicy, ApiResources, ApiRestartPolicy, ApiScalingPolicy, ApiService, ApiServiceCheck, ApiSpread,
+    ApiSpreadTarget, ApiTask, ApiTaskGroup, ApiTemplate, ApiUpdateStrategy, ApiVolumeMount, ApiVolumeRequest,
 };
 use serde_json::{Map, Value};
 
@@ -413,6 +413,34 @@ impl Walker {
         })
     }
 
+    /// `spread { attribute weight target "<value>" { percent } }` blocks (job or group level).
+    fn spreads(&mut self, at: &str, block: &Object) -> Vec<ApiSpread> {
+        self.repeated(at, block, "spread")
+            .into_iter()
+            .map(|spread| {
+                let at = format!("{at} spread");
+                self.known(&at, spread, &["attribute", "weight", "target"]);
+                let spread_target = self
+                    .labeled(&at, spread, "target")
+                    .into_iter()
+                    .map(|(value, target)| {
+                        let at = format!("{at} target {value:?}");
+                        self.known(&at, target, &["percent", "value"]);
+                        ApiSpreadTarget {
+                            percent: self.integer(&at, target, "percent").unwrap_or(0),
+                            value,
+                        }
+                    })
+                    .collect();
+                ApiSpread {
+                    attribute: self.string(&at, spread, "attribute").unwrap_or_default(),
+                    weight: self.integer(&at, spread, "weight"),
+                    spread_target,
+                }
+            })
+            .collect()
+    }
+
     /// A `migrate` block (job or group level).
     fn migrate(&mut self, at: &str, block: &Object) -> Option<ApiMigrate> {
         let migrate = self.single(at, block, "migrate")?;
@@ -474,6 +502,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
             "all_at_once",
             "reschedule",
             "migrate",
+            "spread",
         ],
     );
     let update = walker.update(&at, block);
@@ -507,6 +536,7 @@ pub fn parse(text: &str) -> Result<ApiJob, Vec<String>> {
         periodic,
         parameterized_job,
         all_at_once: walker.boolean(&at, block, "all_at_once").unwrap_or(false),
+        spreads: walker.spreads(&at, block),
         reschedule: walker.reschedule(&at, block),
         migrate: walker.migrate(&at, block),
         ..ApiJob::default()
@@ -536,6 +566,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "task",
             "scaling",
             "reschedule",
+            "spread",
         ],
     );
     let update = walker.update(at, block);
@@ -606,6 +637,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         })
         .collect();
     ApiTaskGroup {
+        spreads: walker.spreads(at, block),
         scaling,
         reschedule_policy,
         name,
@@ -1256,7 +1288,20 @@ job "web" {
   migrate {
     max_parallel = 2
   }
+  spread {
+    attribute = "${node.datacenter}"
+    weight    = 100
+    target "dc1" {
+      percent = 70
+    }
+    target "dc2" {
+      percent = 30
+    }
+  }
   group "a" {
+    spread {
+      attribute = "${meta.rack}"
+    }
     reschedule {
       attempts  = 4
       interval  = "1h"
@@ -1281,7 +1326,20 @@ job "web" {
         .to_job()
         .unwrap();
         assert!(job.all_at_once);
+        assert_eq!(job.spreads[0].weight, 100);
+        assert_eq!(
+            job.spreads[0]
+                .targets
+                .iter()
+                .map(|t| (t.value.as_str(), t.percent))
+                .collect::<Vec<_>>(),
+            [("dc1", 70), ("dc2", 30)]
+        );
         let a = &job.task_groups[0];
+        assert_eq!(
+            (a.spreads[0].attribute.as_str(), a.spreads[0].weight),
+            ("${meta.rack}", drover_core::structs::SPREAD_WEIGHT_DEFAULT)
+        );
         assert_eq!(
             a.reschedule_policy,
             Some(ReschedulePolicy {
@@ -1312,6 +1370,7 @@ job "web" {
         assert_eq!(wire["AllAtOnce"], true);
         assert_eq!(wire["TaskGroups"][0]["ReschedulePolicy"]["DelayFunction"], "fibonacci");
         assert_eq!(wire["TaskGroups"][0]["ReschedulePolicy"]["Attempts"], 4);
+        assert_eq!(wire["Spreads"][0]["SpreadTarget"][1]["Percent"], 30);
 
         // A system job has no policy unless one is written, which validation refuses.
         let system = parse(
