@@ -487,15 +487,11 @@ fn eval_list(api: &Api, job: Option<&str>, status: Option<&str>, format: &Format
 }
 
 fn eval_status(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
-    let eval = api
-        .get(&format!("/v1/evaluation/{}", escape(id)))
-        .map_err(|Failure(message, code)| {
-            if message.contains("404") {
-                Failure(format!("No evaluation(s) with prefix or id {id:?} found"), 1)
-            } else {
-                Failure(message, code)
-            }
-        })?;
+    let eval = match api.call_status("GET", &format!("/v1/evaluation/{}", escape(id)), None)? {
+        Ok(eval) => eval,
+        Err((404, _)) => return Err(Failure(format!("No evaluation(s) with prefix or id {id:?} found"), 1)),
+        Err((code, text)) => return Err(Failure(format!("Unexpected response code: {code} ({text})"), 1)),
+    };
     if format.printed(&eval)? {
         return Ok(());
     }
@@ -586,22 +582,24 @@ fn var_path(path: &str) -> String {
     format!("/v1/var/{}", segments.join("/"))
 }
 
-fn no_such_var(path: &str) -> impl FnOnce(Failure) -> Failure + '_ {
-    move |Failure(message, code)| {
-        if message.contains("404") {
-            Failure("Variable not found".to_string(), 1)
-        } else if message.contains("409") {
-            Failure(format!("Check-and-Set conflict on variable {path:?}: {message}"), 1)
-        } else {
-            Failure(message, code)
-        }
+/// `method path` for a variable, with Nomad's words for a missing one and a check-and-set
+/// conflict, decided by the answer's status.
+fn var_call(api: &Api, method: &str, url: &str, body: Option<&Value>, path: &str) -> Result<Value, Failure> {
+    match api.call_status(method, url, body)? {
+        Ok(value) => Ok(value),
+        Err((404, _)) => Err(Failure("Variable not found".to_string(), 1)),
+        Err((409, text)) => Err(Failure(
+            format!("Check-and-Set conflict on variable {path:?}: {text}"),
+            1,
+        )),
+        Err((code, text)) => Err(Failure(format!("Unexpected response code: {code} ({text})"), 1)),
     }
 }
 
 pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
     match command {
         VarCommand::Get { path, item, format } => {
-            let variable = api.get(&var_path(&path)).map_err(no_such_var(&path))?;
+            let variable = var_call(api, "GET", &var_path(&path), None, &path)?;
             if let Some(item) = item {
                 let value = variable["Items"]
                     .get(&item)
@@ -636,7 +634,7 @@ pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
                 url.push_str(&format!("?cas={index}"));
             }
             let body = json!({"Path": path.trim_matches('/'), "Items": map});
-            let written = api.call("PUT", &url, Some(&body)).map_err(no_such_var(&path))?;
+            let written = var_call(api, "PUT", &url, Some(&body), &path)?;
             if format.printed(&written)? {
                 return Ok(());
             }
@@ -673,7 +671,7 @@ pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
             if let Some(index) = check_index {
                 url.push_str(&format!("?cas={index}"));
             }
-            api.call("DELETE", &url, None).map_err(no_such_var(&path))?;
+            var_call(api, "DELETE", &url, None, &path)?;
             println!("Successfully purged variable {path:?}!");
             Ok(())
         }

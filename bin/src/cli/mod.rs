@@ -507,6 +507,33 @@ impl Api {
         }
     }
 
+    /// [`Self::call`], with an answer of an error status kept apart as (status, body) so the
+    /// caller decides by the status, not by a message's text.
+    fn call_status(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Result<Value, (u16, String)>, Failure> {
+        let url = format!("{}{path}", self.base);
+        let request = self.authorize(self.agent.request(method, &url).timeout(Duration::from_secs(30)));
+        let response = match body {
+            Some(body) => request.send_json(body),
+            None => request.call(),
+        };
+        match response {
+            Ok(response) => {
+                let text = response.into_string()?;
+                Ok(Ok(serde_json::from_str(&text).unwrap_or(Value::String(text))))
+            }
+            Err(ureq::Error::Status(code, response)) => Ok(Err((
+                code,
+                response.into_string().unwrap_or_default().trim().to_string(),
+            ))),
+            Err(error) => Err(Failure(format!("Error querying {url}: {error}"), 1)),
+        }
+    }
+
     fn get(&self, path: &str) -> Result<Value, Failure> {
         self.call("GET", path, None)
     }

@@ -8,21 +8,6 @@ use serde_json::Value;
 
 use crate::support::{self, Agent, cluster_specs, get_json as get, server_args, wait_for};
 
-fn cli(dir: &std::path::Path, port: u16, args: &[&str]) -> (i32, String) {
-    let output = std::process::Command::new(support::AGENT)
-        .args(args)
-        .current_dir(dir)
-        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
-        .output()
-        .expect("the CLI runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.code().unwrap_or(-1), text)
-}
-
 #[test]
 fn the_daily_commands_answer_as_nomads_do() {
     let root = tempfile::tempdir().unwrap();
@@ -37,7 +22,7 @@ fn the_daily_commands_answer_as_nomads_do() {
     })
     .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
     let dir = root.path();
-    let run = |args: &[&str]| cli(dir, port, args);
+    let run = |args: &[&str]| support::cli_in(dir, port, args);
 
     // What `node status` reads: the registration event and when each driver was fingerprinted.
     let nodes = get(port, "/v1/nodes").unwrap();
@@ -129,6 +114,9 @@ fn the_daily_commands_answer_as_nomads_do() {
     assert!(out.contains(&format!("ID                 = {eval_id}")), "{out}");
     let (code, out) = run(&["eval", "status", "-t", "{{.Status}}", &eval_id]);
     assert_eq!((code, out.trim()), (0, "complete"));
+    let (code, out) = run(&["eval", "status", "00000000-0000-0000-0000-000000000000"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("No evaluation(s) with prefix or id"), "{out}");
 
     // The top-level status: the job list, or what a prefix names.
     let (code, out) = run(&["status"]);

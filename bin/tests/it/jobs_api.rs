@@ -208,17 +208,7 @@ fn register_update_refuse_and_purge_a_job_over_http() {
 }
 
 fn cli(port: u16, args: &[&str]) -> (i32, String) {
-    let output = std::process::Command::new(support::AGENT)
-        .args(args)
-        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
-        .output()
-        .expect("the CLI runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.code().unwrap_or(-1), text)
+    support::cli_in(std::path::Path::new("."), port, args)
 }
 
 /// The operator CLI against a real agent: `job run` of an HCL file follows placement and

@@ -377,6 +377,23 @@ pub fn cli(port: u16, args: &[&str]) -> std::process::Output {
         .expect("the CLI runs")
 }
 
+/// The operator CLI against the agent at `port`, run in `dir`: its exit code and its stdout
+/// and stderr together.
+pub fn cli_in(dir: &std::path::Path, port: u16, args: &[&str]) -> (i32, String) {
+    let output = Command::new(AGENT)
+        .args(args)
+        .current_dir(dir)
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+        .output()
+        .expect("the CLI runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code().unwrap_or(-1), text)
+}
+
 /// A CLI run's stdout, once it exited 0 (its whole output in the panic otherwise).
 pub fn cli_stdout(output: &std::process::Output) -> String {
     assert!(
