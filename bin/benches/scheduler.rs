@@ -109,6 +109,7 @@ fn measure(nodes: usize, count: u32, rounds: usize, ports: bool) -> (Duration, u
             command: Command::JobRegister {
                 job: job(count, ports),
                 eval: Some(eval.clone()),
+                enforce_index: None,
             },
         },
     );

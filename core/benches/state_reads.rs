@@ -45,7 +45,14 @@ fn main() {
                 job_id: format!("job-{j}"),
                 ..Evaluation::default()
             };
-            apply(&mut state, Command::JobRegister { job, eval: Some(eval) });
+            apply(
+                &mut state,
+                Command::JobRegister {
+                    job,
+                    eval: Some(eval),
+                    enforce_index: None,
+                },
+            );
         }
         let allocs: Vec<Allocation> = chunk
             .iter()

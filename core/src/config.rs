@@ -252,6 +252,11 @@ pub struct SchedulerFaults {
     /// Nomad's dispatcher does for a job it adds, applied to a failover).
     #[serde(default)]
     pub periodic_from_leadership: bool,
+    /// `EnforceIndex` is checked only by the endpoint, against the state it sees when the
+    /// request arrives, and the entry applies whatever the state when it lands (Nomad's
+    /// `Job.Register`): two writers that read the same version, both in flight, both win.
+    #[serde(default)]
+    pub enforce_index_at_endpoint_only: bool,
 }
 
 /// A Connect defect the simulation re-creates on purpose (regression switch).

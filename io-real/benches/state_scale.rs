@@ -185,7 +185,7 @@ impl Bench {
         for n in 0..WRITES {
             self.written += 1;
             let mut update = register(&job_id(n % PAGE_JOBS), self.per_job);
-            if let Command::JobRegister { job, eval } = &mut update {
+            if let Command::JobRegister { job, eval, .. } = &mut update {
                 job.meta.insert("revision".into(), self.written.to_string());
                 if let Some(eval) = eval {
                     eval.id = format!("eval-update-{}", self.written);
@@ -242,5 +242,9 @@ fn register(id: &str, count: usize) -> Command {
         status: "complete".into(),
         ..Evaluation::default()
     };
-    Command::JobRegister { job, eval: Some(eval) }
+    Command::JobRegister {
+        job,
+        eval: Some(eval),
+        enforce_index: None,
+    }
 }

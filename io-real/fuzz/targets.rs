@@ -197,6 +197,7 @@ fn schedule(job: Job) {
             command: Command::JobRegister {
                 job,
                 eval: Some(eval.clone()),
+                enforce_index: None,
             },
         },
     );
@@ -295,6 +296,7 @@ fn base_commands() -> Vec<Command> {
                 namespace: job.namespace.clone(),
                 ..Evaluation::default()
             }),
+            enforce_index: None,
         });
     }
     commands

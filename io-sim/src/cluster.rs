@@ -348,6 +348,17 @@ impl SimCluster {
         self.recorder.note(format!("restart client {}", client.spec.name));
     }
 
+    /// Server `index`'s endpoints, following its restarts ([`ServerLink`]).
+    pub fn link(&self, index: usize) -> ServerLink {
+        let server = &self.servers[index];
+        ServerLink {
+            name: server.spec.name.clone(),
+            node: server.node.clone(),
+            agent: server.agent.clone(),
+            token: self.token.clone().unwrap_or_default(),
+        }
+    }
+
     /// A way into the servers' write endpoints through every live server, for tasks that
     /// outlive a borrow of the cluster.
     pub fn gateways(&self) -> Vec<Gateway> {
@@ -618,6 +629,82 @@ impl SimCluster {
                 Ok(Err(_)) => Err("the write task panicked".to_string()),
                 Err(_) => Err("timed out".to_string()),
             }
+        })
+    }
+}
+
+/// One server's endpoints for a task that outlives a borrow of the cluster and its faults:
+/// each call goes to the server's current incarnation (a restart gives madsim's node a new
+/// one), carries the cluster's ACL token, and finds nothing while the server is down.
+#[derive(Clone)]
+pub struct ServerLink {
+    name: String,
+    /// A handle of some incarnation: only its ID is used.
+    node: NodeHandle,
+    agent: Arc<Mutex<Option<AgentHandle>>>,
+    token: String,
+}
+
+/// What a [`ServerLink`] call resolves to.
+pub type LinkCall<R> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<R, String>> + Send>>;
+
+impl ServerLink {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Runs `call` with the agent on the server's current incarnation, bounded by `timeout`;
+    /// `None` when the server is down.
+    fn start<R: Send + 'static, F>(&self, timeout: Duration, call: impl FnOnce(AgentHandle) -> F) -> Option<LinkCall<R>>
+    where
+        F: std::future::Future<Output = Result<R, String>> + Send + 'static,
+    {
+        let agent = self.agent.lock().expect("agent slot").clone()?;
+        let node = Handle::current().get_node(self.node.id())?;
+        let task = node.spawn(drover_io_real::service::auth::with_token(
+            self.token.clone(),
+            call(agent),
+        ));
+        Some(Box::pin(async move {
+            match tokio::time::timeout(timeout, task).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) => Err("the server was killed mid-call".to_string()),
+                Err(_) => Err("timed out".to_string()),
+            }
+        }))
+    }
+
+    /// A consistent read (the read barrier, then this server's own state) of what `read`
+    /// takes from the state, as the HTTP API serves a `GET` without `?stale`.
+    pub fn start_read<R: Send + 'static>(
+        &self,
+        read: impl FnOnce(&drover_core::fsm::ServerState) -> R + Send + 'static,
+        timeout: Duration,
+    ) -> Option<LinkCall<R>> {
+        self.start(timeout, |agent| async move {
+            agent.read_barrier().await.map_err(|error| error.to_string())?;
+            agent
+                .read_state(read)
+                .ok_or_else(|| "this server holds no state".to_string())
+        })
+    }
+
+    /// `request` through the server's write endpoints (forwarded to the leader as a
+    /// client's RPC would be): the endpoint's answer, or why there was none (the write may
+    /// still land).
+    pub fn start_request(&self, request: ServerRequest, timeout: Duration) -> Option<LinkCall<ServerReply>> {
+        self.start(timeout, |agent| async move { Ok(agent.request(request).await) })
+    }
+
+    /// A direct write of `command`: its index and the state machine's response, or why
+    /// there was none (the write may still land).
+    pub fn start_apply(
+        &self,
+        command: Command,
+        timeout: Duration,
+    ) -> Option<LinkCall<(u64, drover_core::fsm::Response)>> {
+        self.start(timeout, |agent| async move {
+            agent.apply(command).await.map_err(|error| error.to_string())
         })
     }
 }

@@ -1243,6 +1243,20 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         caught_by: ("real_clients_periodic", 0),
     },
     Switch {
+        name: "cas-at-endpoint",
+        bug: "a job register's EnforceIndex is checked only by the endpoint: two writers that read the same version, both in flight, both win",
+        options: || Options {
+            scheduler_faults: SchedulerFaults {
+                enforce_index_at_endpoint_only: true,
+                ..SchedulerFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["concurrent_writers"],
+        invariant: "no acknowledged check-and-set write is silently overwritten",
+        caught_by: ("concurrent_writers", 0),
+    },
+    Switch {
         name: "8609",
         bug: "a claim refused while the previous allocation still holds the volume is not retried: the replacement fails",
         options: || Options {

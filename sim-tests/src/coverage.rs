@@ -62,6 +62,7 @@ pub const FAULT_KINDS: &[&str] = &[
     "packet loss",
     "latency spike",
     "read storm",
+    "concurrent check-and-set writers",
     "client certificate makes a server's call",
     "client certificate makes token-only calls",
     "client node power loss",
@@ -213,6 +214,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
             kinds
         }
         Action::ReadStorm { .. } => vec!["read storm"],
+        Action::CasWriters { .. } => vec!["concurrent check-and-set writers"],
         Action::RogueWrite(_) => vec!["client certificate makes a server's call"],
         Action::RogueCalls(_) => vec!["client certificate makes token-only calls"],
     }

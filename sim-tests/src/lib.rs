@@ -12,6 +12,8 @@
 #[cfg(madsim)]
 pub mod bench;
 #[cfg(madsim)]
+pub mod cas_writers;
+#[cfg(madsim)]
 pub mod cli;
 #[cfg(madsim)]
 pub mod coverage;

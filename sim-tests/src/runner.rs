@@ -402,6 +402,8 @@ async fn play(
         .filter(|real| real.volume_churn)
         .map(|_| Churn::new(workload_seed, start));
     let mut last_killed: Option<usize> = None;
+    // The check-and-set writers' checks, each made once its writers are done.
+    let mut cas_checks = Vec::new();
     recorder.note("fault phase");
     for (index, step) in plan.steps.iter().enumerate() {
         advance(
@@ -413,7 +415,7 @@ async fn play(
         )
         .await;
         if plan.skipped.contains(&index) {
-            if let Action::ReadStorm { .. } = step.action {
+            if let Action::ReadStorm { .. } | Action::CasWriters { .. } = step.action {
                 // The storm's seed is drawn all the same: later writes stay as they were.
                 let _ = workload.rng.r#gen::<u64>();
             }
@@ -540,6 +542,10 @@ async fn play(
                 let seed = workload.rng.r#gen::<u64>();
                 read_storm(&cluster, seed, *per_second, *lasting, *all_answered);
             }
+            Action::CasWriters { writers, lasting } => {
+                let seed = workload.rng.r#gen::<u64>();
+                cas_checks.push(crate::cas_writers::spawn(&cluster, seed, *writers, *lasting));
+            }
             Action::JoinLateClients => {
                 if let Some(real) = &plan.real_clients {
                     for index in real.clients - real.late_clients..real.clients {
@@ -635,6 +641,14 @@ async fn play(
         // these may pass by comparing nothing.
         quiet_writes(&cluster, &mut workload).await;
         check_acknowledged_writes(&cluster, &recorder, &workload, leader).await;
+        for check in cas_checks.drain(..) {
+            if tokio::time::timeout(Duration::from_secs(60), check).await.is_err() {
+                recorder.violate(
+                    "liveness: the check-and-set writers finish",
+                    "their check was not made within 60 s of the quiet phase's checks".to_string(),
+                );
+            }
+        }
         check_state_equal(&cluster, &recorder, leader, deadline).await;
         if plan
             .played_steps()

@@ -114,6 +114,13 @@ pub enum Action {
         /// around, reads may fail and only load the servers.
         all_answered: bool,
     },
+    /// This many writers increment a variable and a job's meta with check-and-set, through
+    /// random servers, for this long (`crate::cas_writers`): no acknowledged write may be
+    /// silently overwritten.
+    CasWriters {
+        writers: u32,
+        lasting: Duration,
+    },
     /// A machine holding a client's certificate sends a server a direct write (a server-only
     /// call), which must be refused.
     RogueWrite(Target),
@@ -176,6 +183,9 @@ impl fmt::Display for Step {
                     "{at} read storm: {per_second} consistent reads/s for {} s",
                     lasting.as_secs()
                 )
+            }
+            Action::CasWriters { writers, lasting } => {
+                write!(f, "{at} {writers} check-and-set writers for {} s", lasting.as_secs())
             }
             Action::RogueWrite(target) => write!(f, "{at} a client's certificate writes directly to {target:?}"),
             Action::RogueCalls(target) => write!(f, "{at} a client's certificate makes token-only calls to {target:?}"),
@@ -273,6 +283,8 @@ impl Plan {
             .map(|step| match step.action {
                 // Over when the storm is, and its last reads have had their time.
                 Action::ReadStorm { lasting, .. } => step.at + lasting + Duration::from_secs(7),
+                // The writers' last calls have had their time.
+                Action::CasWriters { lasting, .. } => step.at + lasting + Duration::from_secs(11),
                 _ => step.at,
             })
             .max()
@@ -347,6 +359,11 @@ pub const SCENARIOS: &[Scenario] = &[
         name: "sealed_variables",
         about: "values sealed under the root keyring while servers are killed and restarted: every read-back opens to what was written",
         build: sealed_variables,
+    },
+    Scenario {
+        name: "concurrent_writers",
+        about: "writers increment a variable and a job with check-and-set through random servers while leaders are killed and the network splits: no acknowledged write is silently overwritten",
+        build: concurrent_writers,
     },
     Scenario {
         name: "acl_rogue_client",
@@ -938,6 +955,49 @@ fn sealed_variables(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut plan = plan(servers, steps);
     plan.sealed_writes = true;
     plan
+}
+
+/// Three or five servers; check-and-set writers through random servers for 20–30 s while the
+/// leader is killed (and restarted) and, on some seeds, a minority is partitioned away.
+fn concurrent_writers(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let n = if rng.gen_bool(0.5) { 3 } else { 5 };
+    let servers = servers(rng, n, n as u32, 2_000, false, options);
+    let from = millis(rng, 6_000..8_000);
+    let lasting = millis(rng, 20_000..30_000);
+    let kill_at = from + millis(rng, 3_000..8_000);
+    let mut steps = vec![
+        Step {
+            at: from,
+            action: Action::CasWriters {
+                writers: rng.gen_range(3..=6),
+                lasting,
+            },
+        },
+        Step {
+            at: kill_at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        },
+        Step {
+            at: kill_at + millis(rng, 2_000..6_000),
+            action: Action::Restart(Target::LastKilled),
+        },
+    ];
+    if rng.gen_bool(0.5) {
+        let split_at = kill_at + millis(rng, 6_000..10_000);
+        steps.push(Step {
+            at: split_at,
+            action: Action::Partition(vec![rng.gen_range(0..n)]),
+        });
+        steps.push(Step {
+            at: split_at + millis(rng, 2_000..6_000),
+            action: Action::Heal,
+        });
+    }
+    steps.sort_by_key(|step| step.at);
+    plan(servers, steps)
 }
 
 /// ACLs on, a management token made once a leader is known (the workload's writes carry it),

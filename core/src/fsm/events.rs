@@ -152,6 +152,7 @@ fn touched(command: &Command) -> Vec<(Topic, String, String)> {
         Command::JobRegister {
             job: registered,
             eval: e,
+            ..
         } => {
             out.push(job(registered));
             out.extend(e.iter().map(eval));
@@ -371,6 +372,7 @@ mod tests {
             Command::JobRegister {
                 job: job("web"),
                 eval: Some(eval.clone()),
+                enforce_index: None,
             },
         );
         assert_eq!(

@@ -58,7 +58,14 @@ impl ServerState {
                 self.recompute_job_plugins(index, at_ms, &key);
                 Response::Done
             }
-            Command::JobRegister { job, eval } => self.register_job(index, at_ms, job, eval.as_ref()),
+            Command::JobRegister {
+                job,
+                eval,
+                enforce_index,
+            } => match enforce_index.and_then(|expected| self.enforce_index_error(&job.namespace, &job.id, expected)) {
+                Some(refused) => refused,
+                None => self.register_job(index, at_ms, job, eval.as_ref()),
+            },
             Command::JobStop {
                 namespace,
                 job_id,
@@ -98,6 +105,26 @@ impl ServerState {
         {
             self.job_versions.delete(&(key.0.clone(), key.1.clone(), *version));
         }
+    }
+
+    /// Nomad's `EnforceIndex` check, with its texts: `None` when the stored job's
+    /// `job_modify_index` is `expected` (0: when no job of that ID is stored), otherwise the
+    /// refusal. Checked by the endpoint for an early answer and again when the entry applies.
+    pub fn enforce_index_error(&self, namespace: &str, job_id: &str, expected: u64) -> Option<Response> {
+        let stored = self
+            .jobs
+            .get(&(namespace.to_string(), job_id.to_string()))
+            .map(|job| job.job_modify_index);
+        let text = match (expected, stored) {
+            (0, None) => return None,
+            (0, Some(_)) => "Enforcing job modify index 0: job already exists".to_string(),
+            (expected, None) => format!("Enforcing job modify index {expected}: job does not exist"),
+            (expected, Some(actual)) if actual != expected => {
+                format!("Enforcing job modify index {expected}: job exists with conflicting job modify index: {actual}")
+            }
+            _ => return None,
+        };
+        Some(Response::Error(ErrorKind::Invalid, text))
     }
 
     /// A register that changes nothing keeps the version (and does not un-stop nothing).

@@ -148,6 +148,11 @@ pub enum Command {
     JobRegister {
         job: Job,
         eval: Option<Evaluation>,
+        /// Nomad's `EnforceIndex`: applied only if the stored job's `job_modify_index` is
+        /// this (0: only if there is none), checked here, at apply time, so two writers that
+        /// read the same version cannot both win.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        enforce_index: Option<u64>,
     },
     /// `Job.Scale`: the job with the group's new count and its evaluation, when the request
     /// changes the count, and the scaling event, in one entry (`scaling.rs`).
@@ -158,6 +163,11 @@ pub enum Command {
         job: Option<Job>,
         eval: Option<Evaluation>,
         event: crate::structs::ScalingEvent,
+        /// The `job_modify_index` of the version `job` was made from: the scaling applies
+        /// only to that version, so a register between the request and its entry is never
+        /// overwritten by the older spec with a new count.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        based_on: Option<u64>,
     },
     /// A periodic parent's launch: its last launch moves to `launch_ms` and, unless
     /// `prohibit_overlap` skipped it, its child is registered with an evaluation, in this one
@@ -1082,7 +1092,17 @@ mod tests {
             ..crate::structs::Job::default()
         };
         let mut state = ServerState::default();
-        state.apply(3, &entry(5_000, Command::JobRegister { job, eval: None }));
+        state.apply(
+            3,
+            &entry(
+                5_000,
+                Command::JobRegister {
+                    job,
+                    eval: None,
+                    enforce_index: None,
+                },
+            ),
+        );
         let registered = state.job("default", "web").unwrap().clone();
         assert_eq!(registered.submit_time_ms, 5_000);
         let stop = Command::JobStop {

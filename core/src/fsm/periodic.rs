@@ -182,6 +182,7 @@ mod tests {
         let register = Command::JobRegister {
             job: job.clone(),
             eval: None,
+            enforce_index: None,
         };
         assert_eq!(apply(&mut state, at_ms, register), Response::Done);
         (state, job)
@@ -291,6 +292,7 @@ mod tests {
             Command::JobRegister {
                 job: job.clone(),
                 eval: None,
+                enforce_index: None,
             },
         );
         assert_eq!(last_launch(&state), Some(300_000));

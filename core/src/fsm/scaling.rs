@@ -21,10 +21,26 @@ impl ServerState {
             job,
             eval,
             event,
+            based_on,
         } = command
         else {
             unreachable!("{} is not routed here", command.name());
         };
+        if let Some(based_on) = based_on {
+            let current = self
+                .jobs
+                .get(&(namespace.clone(), job_id.clone()))
+                .map(|job| job.job_modify_index);
+            if current != Some(*based_on) {
+                // Another write landed between the request and this entry: the scaled spec is
+                // stale. Refused as a retryable failure, nothing recorded.
+                let text = format!(
+                    "job {job_id:?} was modified while being scaled (version of index {based_on}, now {}); retry",
+                    current.map_or_else(|| "purged".to_string(), |index| index.to_string())
+                );
+                return Response::Error(crate::error::ErrorKind::Unavailable, text);
+            }
+        }
         if let Some(job) = job {
             let response = self.register_job(index, at_ms, job, eval.as_ref());
             if matches!(response, Response::Error(..)) {

@@ -190,6 +190,7 @@ mod tests {
                     ..Job::default()
                 },
                 eval: Some(eval),
+                enforce_index: None,
             },
             2 => Command::JobStop {
                 namespace: "default".into(),

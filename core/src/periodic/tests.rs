@@ -57,6 +57,7 @@ impl World {
         let register = Command::JobRegister {
             job: parent(spec, prohibit_overlap),
             eval: None,
+            enforce_index: None,
         };
         assert_eq!(world.apply(register), Response::Done);
         world.leader.set_enabled(true);
@@ -239,6 +240,7 @@ fn a_disabled_or_stopped_parent_is_not_launched() {
     world.apply(Command::JobRegister {
         job: disabled,
         eval: None,
+        enforce_index: None,
     });
     world.advance_to(30_000);
     assert!(world.launched().is_empty());

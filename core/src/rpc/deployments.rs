@@ -173,7 +173,12 @@ impl JobEndpoints {
                 let eval = (!old.is_launcher())
                     .then(|| self.new_eval(&namespace, &job_id, old.job_type, old.priority, "job-register"));
                 let eval_id = eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default();
-                let command = Command::JobRegister { job: old.clone(), eval };
+                // The prior version is checked again when the entry applies, by its index.
+                let command = Command::JobRegister {
+                    job: old.clone(),
+                    eval,
+                    enforce_index: enforce_prior_version.map(|_| current.job_modify_index),
+                };
                 Ok((command, namespace, job_id, eval_id))
             }
             D::Stable {

@@ -16,19 +16,11 @@ use crate::time::Instant;
 
 mod scale;
 
-/// Nomad's `EnforceIndex` check: the register goes ahead only when the stored job's
-/// `job_modify_index` is `expected` (0: only when no job of that ID is stored).
+/// Nomad's `EnforceIndex` check against the state as the endpoint sees it (the entry checks
+/// it again when it applies: the endpoint's answer is only the early one).
 fn check_index(state: &ServerState, job: &crate::structs::Job, expected: u64) -> Result<(), RpcError> {
-    let stored = state.job(&job.namespace, &job.id).map(|job| job.job_modify_index);
-    match (expected, stored) {
-        (0, None) => Ok(()),
-        (0, Some(_)) => Err(RpcError::invalid("Enforcing job modify index 0: job already exists")),
-        (expected, None) => Err(RpcError::invalid(format!(
-            "Enforcing job modify index {expected}: job does not exist"
-        ))),
-        (expected, Some(actual)) if actual != expected => Err(RpcError::invalid(format!(
-            "Enforcing job modify index {expected}: job exists with conflicting job modify index: {actual}"
-        ))),
+    match state.enforce_index_error(&job.namespace, &job.id, expected) {
+        Some(Response::Error(kind, text)) => Err(RpcError::new(kind, text, false)),
         _ => Ok(()),
     }
 }
@@ -79,6 +71,8 @@ pub(super) struct JobEndpoints {
     /// What one job may ask (`server { job_max_* }`): registration refuses more, and the
     /// worker schedules no more.
     limits: crate::jobspec::limits::JobLimits,
+    /// Regression switch: `EnforceIndex` left out of the entry.
+    enforce_index_at_endpoint_only: bool,
 }
 
 impl JobEndpoints {
@@ -86,6 +80,7 @@ impl JobEndpoints {
         JobEndpoints {
             worker: Worker::new(seed),
             limits: Default::default(),
+            enforce_index_at_endpoint_only: false,
         }
     }
 
@@ -95,6 +90,7 @@ impl JobEndpoints {
     }
 
     pub fn set_scheduler_faults(&mut self, faults: crate::config::SchedulerFaults) {
+        self.enforce_index_at_endpoint_only = faults.enforce_index_at_endpoint_only;
         self.worker.set_faults(faults);
     }
 
@@ -155,7 +151,14 @@ impl JobEndpoints {
                     namespace: job.namespace.clone(),
                     job_id: job.id.clone(),
                 };
-                out.propose_new(Owner::Jobs(flow), Command::JobRegister { job, eval });
+                out.propose_new(
+                    Owner::Jobs(flow),
+                    Command::JobRegister {
+                        job,
+                        eval,
+                        enforce_index: enforce_index.filter(|_| !self.enforce_index_at_endpoint_only),
+                    },
+                );
                 None
             }
             ServerRequest::JobStop {
@@ -440,7 +443,14 @@ impl JobEndpoints {
             namespace,
             job_id: id,
         };
-        out.propose_new(Owner::Jobs(flow), Command::JobRegister { job: child, eval });
+        out.propose_new(
+            Owner::Jobs(flow),
+            Command::JobRegister {
+                job: child,
+                eval,
+                enforce_index: None,
+            },
+        );
     }
 
     /// One scheduling step: at most one plan in flight.

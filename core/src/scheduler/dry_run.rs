@@ -60,6 +60,7 @@ pub fn dry_run(state: &ServerState, job: &Job, limits: &crate::jobspec::limits::
         command: Command::JobRegister {
             job: job.clone(),
             eval: Some(eval.clone()),
+            enforce_index: None,
         },
     };
     if let Response::Error(_, text) = scratch.apply(index, &entry) {

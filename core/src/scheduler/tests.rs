@@ -93,6 +93,7 @@ impl World {
         self.fx.ok(Command::JobRegister {
             job: job.clone(),
             eval: Some(eval.clone()),
+            enforce_index: None,
         });
         eval
     }

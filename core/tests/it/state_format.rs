@@ -155,7 +155,11 @@ fn representative_state() -> ServerState {
         triggered_by: "job-register".into(),
         ..Default::default()
     };
-    apply(Command::JobRegister { job, eval: Some(eval) });
+    apply(Command::JobRegister {
+        job,
+        eval: Some(eval),
+        enforce_index: None,
+    });
     apply(Command::AllocUpsert {
         allocs: vec![Allocation {
             id: "alloc-1".into(),

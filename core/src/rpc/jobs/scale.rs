@@ -26,6 +26,7 @@ impl JobEndpoints {
             out.reply(req, ServerReply::Error(RpcError::not_found(text)));
             return;
         };
+        let stored_index = stored.job_modify_index;
         let scaled = match scaled(&request, stored, state) {
             Ok(scaled) => scaled,
             Err(error) => return out.reply(req, ServerReply::Error(error)),
@@ -66,6 +67,7 @@ impl JobEndpoints {
             namespace: request.namespace,
             job_id: request.job_id,
             group: request.group,
+            based_on: job.as_ref().map(|_| stored_index),
             job,
             eval,
             event,

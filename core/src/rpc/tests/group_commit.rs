@@ -23,7 +23,7 @@ fn register(h: &mut Harness, req: ReqId, id: &str) {
 }
 
 /// Takes the actions out without answering any proposal: (op, command) of each proposal.
-fn proposals(h: &mut Harness) -> Vec<(OpId, Command)> {
+pub(super) fn proposals(h: &mut Harness) -> Vec<(OpId, Command)> {
     let mut out = Vec::new();
     while let Some(action) = h.machine.poll_action() {
         match action {
@@ -36,7 +36,7 @@ fn proposals(h: &mut Harness) -> Vec<(OpId, Command)> {
 }
 
 /// Commits the entry that went out as `op` and tells the machine.
-fn land(h: &mut Harness, op: OpId, command: Command) {
+pub(super) fn land(h: &mut Harness, op: OpId, command: Command) {
     let response = h.fx.apply(command);
     let index = h.fx.index;
     h.machine.handle(

@@ -1,4 +1,5 @@
 mod authz;
+mod cas;
 mod connect;
 mod csi;
 mod csi_lifecycle;
