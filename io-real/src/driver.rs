@@ -450,6 +450,20 @@ impl AgentHandle {
             .await
     }
 
+    /// A call about a client node itself (host stats, a GC), on that node's client.
+    pub async fn node_call(&self, call: crate::service::NodeCall) -> Result<serde_json::Value, rpc::RpcError> {
+        self.inner.service.node_call(call, false).await
+    }
+
+    /// A GC of one finished allocation, on the client that ran it: the relay's failure, or
+    /// the client's answer.
+    pub async fn client_gc(&self, alloc_id: String) -> Result<Result<Vec<String>, rpc::RpcError>, String> {
+        self.inner
+            .service
+            .client_call(crate::service::GcRequest { alloc_id }, false)
+            .await
+    }
+
     /// One step of an `alloc exec` session, on the client that runs the allocation.
     pub async fn client_exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
         self.inner.service.client_call(request, false).await

@@ -194,6 +194,22 @@ pub trait ClientCsi: Send + Sync + 'static {
         Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
     }
 
+    /// This agent's client node, when it runs one.
+    fn node_id(&self) -> Option<String> {
+        None
+    }
+
+    /// Nomad's `HostStats` of this client's node.
+    fn host_stats(&self) -> BoxFuture<Result<serde_json::Value, drover_core::rpc::RpcError>> {
+        Box::pin(async { Err(drover_core::rpc::RpcError::not_found("this agent runs no client")) })
+    }
+
+    /// An operator's GC of this client's finished allocations (`None`: every eligible one):
+    /// the allocations collected.
+    fn gc(&self, _alloc_id: Option<String>) -> BoxFuture<Result<Vec<String>, drover_core::rpc::RpcError>> {
+        Box::pin(async { Err(drover_core::rpc::RpcError::not_found("this agent runs no client")) })
+    }
+
     /// The resource usage of one of this client's allocations, in Nomad's JSON.
     fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, String>> {
         Box::pin(async move { Err(format!("Unknown allocation {alloc_id:?}")) })

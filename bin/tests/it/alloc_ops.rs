@@ -152,6 +152,48 @@ fn an_operator_sees_an_allocations_tasks_and_stops_it() {
     assert_eq!(old["DesiredStatus"], "stop");
     assert_eq!(old["DesiredDescription"], "alloc is being migrated");
     assert!(!support::running(pid), "the stopped task's process {pid} is gone");
+
+    // The node's own resource usage, from its client, named or not.
+    let node_id = old["NodeID"].as_str().unwrap().to_string();
+    let status = |method: &str, path: &str| support::http_status(method, port, path, None).unwrap();
+    for path in [
+        "/v1/client/stats".to_string(),
+        format!("/v1/client/stats?node_id={node_id}"),
+    ] {
+        let (code, body) = status("GET", &path);
+        assert_eq!(code, 200, "{path}: {body}");
+        let stats: Value = serde_json::from_str(&body).unwrap();
+        assert!(stats["Memory"]["Total"].as_u64() > Some(0), "{stats:#}");
+        assert_eq!(stats["CPU"][0]["CPU"], "cpu0", "{stats:#}");
+        assert!(stats["AllocDirStats"]["Size"].as_u64() > Some(0), "{stats:#}");
+        assert!(stats["Uptime"].as_u64() > Some(0), "{stats:#}");
+    }
+    let (code, body) = status("GET", "/v1/client/stats?node_id=nope");
+    assert_eq!((code, body.trim()), (404, "Unknown node nope"));
+    assert_eq!(
+        status("GET", "/v1/client/stats?nodeid=x").0,
+        400,
+        "an unknown parameter"
+    );
+
+    // An operator's client GC: the running replacement is never collected, the finished
+    // allocation is (its directory removed), and only once the servers list it finished.
+    let alloc_dir = |id: &str| specs[0].data_dir.join("alloc").join(id);
+    assert!(alloc_dir(&first).is_dir() && alloc_dir(&second).is_dir());
+    let (code, body) = status("GET", &format!("/v1/client/allocation/{second}/gc"));
+    assert_eq!(
+        (code, body.trim()),
+        (400, "No such allocation on client or allocation not eligible for GC")
+    );
+    wait_for(Duration::from_secs(10), || {
+        assert_eq!(status("PUT", "/v1/client/gc"), (200, String::new()));
+        (!alloc_dir(&first).exists()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the finished allocation is collected:\n{}", agent.log()));
+    assert!(alloc_dir(&second).is_dir(), "the running allocation is kept");
+    assert!(support::running(
+        lines(&marks)[1].split_once(' ').unwrap().1.parse().unwrap()
+    ));
     let missing = cli(port, &["alloc", "stop", "ffffffff"]);
     assert!(!missing.status.success());
     assert!(
@@ -217,6 +259,16 @@ fn signals_and_restarts_sent_to_a_server_reach_the_task_on_its_client() {
         kinds.contains(&"Signaling") && kinds.contains(&"Restart Signaled"),
         "{kinds:?}"
     );
+
+    // The client node's own usage, asked of the server by node ID and relayed down the
+    // client's stream; the server-only agent has no client of its own to answer for.
+    let node_id = get(port, "/v1/nodes").unwrap()[0]["ID"].as_str().unwrap().to_string();
+    let (code, body) = support::http_status("GET", port, &format!("/v1/client/stats?node_id={node_id}"), None).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let host: Value = serde_json::from_str(&body).unwrap();
+    assert!(host["Memory"]["Total"].as_u64() > Some(0), "{host:#}");
+    let (code, body) = support::http_status("GET", port, "/v1/client/stats", None).unwrap();
+    assert_eq!((code, body.trim()), (400, "Nomad client not enabled"));
 
     // Its resource usage, read through the server.
     let stats = get(port, &format!("/v1/client/allocation/{alloc}/stats")).expect("stats through the server");

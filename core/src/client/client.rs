@@ -78,6 +78,12 @@ pub struct ClientSettings {
     pub max_kill_timeout: core::time::Duration,
 }
 
+/// A named allocation a client GC may not collect: not on this client, still running or
+/// stopping, or not yet listed by the servers as finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("No such allocation on client or allocation not eligible for GC")]
+pub struct GcRefused;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientInput {
     /// The allocations the servers placed on this node, with their jobs (a successful sync).
@@ -306,6 +312,9 @@ pub struct Client {
     statuses: BTreeMap<String, ClientStatus>,
     /// Allocations the servers no longer list: destroyed (alloc dir removed) once done.
     collect_garbage: BTreeSet<String>,
+    /// Allocations the servers' last sync listed as finished here (client-terminal): what an
+    /// operator's GC may collect once they are done.
+    listed_finished: BTreeSet<String>,
     /// Dev mode's shutdown is under way ([`ClientInput::Shutdown`]).
     shutting_down: bool,
     /// Reports in flight (with the request sent), acknowledged values, and retry times.
@@ -363,6 +372,7 @@ impl Client {
             node_plugins: BTreeMap::new(),
             statuses: BTreeMap::new(),
             collect_garbage: BTreeSet::new(),
+            listed_finished: BTreeSet::new(),
             shutting_down: false,
             reports_in_flight: BTreeMap::new(),
             reports_superseded: BTreeSet::new(),
@@ -479,6 +489,34 @@ impl Client {
         self.drive_link(now);
     }
 
+    /// An operator's client GC (Nomad's `/v1/client/gc`, or `/v1/client/allocation/:id/gc`
+    /// for one): every allocation that is done here and that the servers list as finished is
+    /// destroyed (its dir removed) and forgotten, as the servers dropping it would. What the
+    /// servers still count as running, or what is still stopping, is kept. Returns what is
+    /// collected; one named allocation that is not eligible is refused.
+    pub fn garbage_collect(&mut self, now: Instant, alloc_id: Option<&str>) -> Result<Vec<String>, GcRefused> {
+        let eligible = |id: &String, runner: &AllocRunner| {
+            runner.is_done() && self.listed_finished.contains(id) && !self.collect_garbage.contains(id)
+        };
+        let picked: Vec<String> = match alloc_id {
+            Some(id) => match self.allocs.get_key_value(id) {
+                Some((id, runner)) if eligible(id, runner) => vec![id.clone()],
+                _ => return Err(GcRefused),
+            },
+            None => self
+                .allocs
+                .iter()
+                .filter(|(id, runner)| eligible(id, runner))
+                .map(|(id, _)| id.clone())
+                .collect(),
+        };
+        for id in &picked {
+            self.collect_garbage.insert(id.clone());
+            self.collect(now, id);
+        }
+        Ok(picked)
+    }
+
     /// Dev mode's shutdown ([`ClientInput::Shutdown`]) destroyed every allocation.
     pub fn is_drained(&self) -> bool {
         self.shutting_down && self.allocs.is_empty()
@@ -593,6 +631,11 @@ impl Client {
             );
         }
         let mut terminal: BTreeSet<String> = finished_elsewhere.into_iter().collect();
+        self.listed_finished = allocs
+            .iter()
+            .filter(|(alloc, _)| alloc.client_terminal())
+            .map(|(alloc, _)| alloc.id.clone())
+            .collect();
         for (alloc, job) in &allocs {
             if alloc.client_terminal() || alloc.server_terminal() {
                 terminal.insert(alloc.id.clone());

@@ -1569,3 +1569,98 @@ fn a_plugins_health_events_reach_the_servers_within_one_batch() {
         .expect("the plugin's death is recorded unhealthy and reported");
     assert!(unhealthy <= died_at + drover_core::client::client::ALLOC_UPDATE_INTERVAL);
 }
+
+/// An operator's client GC (`/v1/client/gc`): only what is done here and listed by the
+/// servers as finished is destroyed and forgotten; a running allocation, or one the servers
+/// still count as running, is kept, and one named that is not eligible is refused. A
+/// collected allocation the servers list again as finished does not come back.
+#[test]
+fn a_client_gc_collects_only_what_is_done_and_listed_finished() {
+    let mut client = new_client(9);
+    let mut world = World::default();
+    let mut hooks = Vec::new();
+    let now = Instant::ZERO;
+    exec_driver(&mut client, now);
+    let job = app_job_without_volumes();
+    let listed = |done: &[&str], finished: &[&str]| {
+        ["a1", "a2", "a3"]
+            .iter()
+            .map(|id| {
+                let mut alloc = alloc(id, &job);
+                if done.contains(id) {
+                    alloc.desired_status = drover_core::structs::DesiredStatus::Stop;
+                }
+                if finished.contains(id) {
+                    alloc.client_status = drover_core::structs::ClientStatus::Complete;
+                }
+                (alloc, Arc::new(job.clone()))
+            })
+            .collect::<Vec<_>>()
+    };
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: listed(&[], &[]),
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    // a1 and a2 are stopped by the servers; a1's stop is reported and listed back finished,
+    // a2's is not yet.
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: listed(&["a1", "a2"], &[]),
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    for id in ["a1", "a2"] {
+        client.handle(
+            now,
+            ClientInput::TaskExited {
+                alloc_id: id.into(),
+                task: "web".into(),
+                exit: ExitResult::default(),
+            },
+        );
+        settle(&mut client, &mut world, now, &mut hooks);
+    }
+    assert!(client.alloc("a1").unwrap().is_done() && client.alloc("a2").unwrap().is_done());
+    // Before the servers list anything finished, nothing is eligible.
+    assert_eq!(client.garbage_collect(now, None), Ok(vec![]));
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: listed(&["a1", "a2"], &["a1"]),
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    // One named: a3 runs, a2 is not listed finished, a4 is not here.
+    for id in ["a3", "a2", "a4"] {
+        assert_eq!(
+            client.garbage_collect(now, Some(id)),
+            Err(drover_core::client::client::GcRefused),
+            "{id}"
+        );
+    }
+    assert_eq!(client.garbage_collect(now, None), Ok(vec!["a1".to_string()]));
+    settle(&mut client, &mut world, now, &mut hooks);
+    assert!(client.alloc("a1").is_none(), "collected and forgotten");
+    assert!(client.alloc("a2").is_some() && client.alloc("a3").is_some());
+    // Listed again, finished: it stays gone.
+    client.handle(
+        now,
+        ClientInput::Allocs {
+            allocs: listed(&["a1", "a2"], &["a1", "a2"]),
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    settle(&mut client, &mut world, now, &mut hooks);
+    assert!(client.alloc("a1").is_none());
+    assert_eq!(client.garbage_collect(now, Some("a2")), Ok(vec!["a2".to_string()]));
+    settle(&mut client, &mut world, now, &mut hooks);
+    assert!(client.alloc("a2").is_none());
+    assert!(client.alloc("a3").is_some(), "a running allocation is never collected");
+}

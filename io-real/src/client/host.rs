@@ -253,6 +253,10 @@ impl ClientExecutor for HostExecutor {
         self.devices.stats(picks)
     }
 
+    fn host_counters(&self) -> Option<super::hoststats::HostCounters> {
+        Some(super::hoststats::read_host_counters(&self.alloc_root))
+    }
+
     fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
         self.drivers.get(&handle.driver)?.stats(handle)
     }

@@ -9,6 +9,7 @@
 //! retry, backoff and stale-reply filter (registration, heartbeats, the alloc sync) is the
 //! core's ([`drover_core::client::server_link`]).
 
+pub mod hoststats;
 mod store;
 pub use store::{CLIENT_STATE_FILE, ClientStore, ClientStoreError};
 #[cfg(not(madsim))]
@@ -54,6 +55,10 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn device_stats(&self, picks: &[DevicePick]) -> Vec<DeviceStats>;
     /// CPU and memory of one running task, from its driver.
     fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage>;
+    /// The host's own counters (`/v1/client/stats`); `None` where none are measured.
+    fn host_counters(&self) -> Option<hoststats::HostCounters> {
+        None
+    }
     /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>>;
     /// `command` set up to run in a running task's context (`alloc exec`).
@@ -133,6 +138,11 @@ enum Message {
     Control {
         request: drover_core::client::AllocControl,
         reply: oneshot::Sender<Result<(), String>>,
+    },
+    /// An operator's client GC: every eligible allocation, or the one named.
+    Gc {
+        alloc_id: Option<String>,
+        reply: oneshot::Sender<Result<Vec<String>, drover_core::client::client::GcRefused>>,
     },
     /// A server's controller call, for the newest controller registration of its plugin.
     Controller {
@@ -265,6 +275,37 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
+    fn node_id(&self) -> Option<String> {
+        self.view.get().map(|view| view.node_id().to_string())
+    }
+
+    fn host_stats(&self) -> BoxFuture<Result<serde_json::Value, drover_core::rpc::RpcError>> {
+        let view = self.view.get().cloned();
+        Box::pin(async move {
+            let view = view.ok_or_else(|| drover_core::rpc::RpcError::unavailable("the client has not started"))?;
+            view.host_stats()
+        })
+    }
+
+    fn gc(&self, alloc_id: Option<String>) -> BoxFuture<Result<Vec<String>, drover_core::rpc::RpcError>> {
+        let inbox = self.inbox.clone();
+        let view = self.view.get().cloned();
+        Box::pin(async move {
+            if let Some(id) = &alloc_id
+                && !view.is_some_and(|view| view.has_alloc(id))
+            {
+                return Err(drover_core::rpc::RpcError::not_found(format!(
+                    "Unknown allocation {id:?}"
+                )));
+            }
+            let (reply, answer) = oneshot::channel();
+            let gone = || drover_core::rpc::RpcError::unavailable("client is shutting down");
+            inbox.send(Message::Gc { alloc_id, reply }).map_err(|_| gone())?;
+            let collected = answer.await.map_err(|_| gone())?;
+            collected.map_err(|refused| drover_core::rpc::RpcError::invalid(refused.to_string()))
+        })
+    }
+
     fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
         let inbox = self.inbox.clone();
         Box::pin(async move {
@@ -301,6 +342,10 @@ pub struct ClientView {
     mhz_per_core: f64,
     /// Where allocation directories are.
     paths: drover_core::client::paths::ClientPaths,
+    /// This client's node.
+    node_id: String,
+    /// The previous host reading, for `/v1/client/stats`' CPU percentages.
+    host_stats: Arc<hoststats::HostStatsSampler>,
     /// `alloc exec` sessions.
     #[cfg(not(madsim))]
     exec: crate::exec::ExecSessions,
@@ -434,6 +479,20 @@ impl ClientView {
     }
 
     /// Whether this client runs the allocation.
+    /// This client's node ID.
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Nomad's `HostStats` of this node, CPU over the interval since the last reading.
+    pub fn host_stats(&self) -> Result<serde_json::Value, drover_core::rpc::RpcError> {
+        let counters = self
+            .executor
+            .host_counters()
+            .ok_or_else(|| drover_core::rpc::RpcError::refused("host stats are not measured on this client"))?;
+        Ok(self.host_stats.json(&counters, self.mhz_per_core))
+    }
+
     pub fn has_alloc(&self, alloc_id: &str) -> bool {
         self.tasks.lock().unwrap().contains_key(alloc_id)
     }
@@ -602,6 +661,8 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
         executor: parts.executor.clone(),
         mhz_per_core: mhz_per_core(&parts.node),
         paths: parts.settings.paths.clone(),
+        node_id: parts.node.id.clone(),
+        host_stats: Arc::default(),
         #[cfg(not(madsim))]
         exec: crate::exec::ExecSessions::default(),
     };
@@ -937,6 +998,9 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         tracing::info!("dev mode: destroying every allocation before the agent stops");
                         shut_down = Some(done);
                         client.handle(now, ClientInput::Shutdown);
+                    }
+                    Message::Gc { alloc_id, reply } => {
+                        let _ = reply.send(client.garbage_collect(now, alloc_id.as_deref()));
                     }
                     Message::Control { request, reply } => {
                         next_control += 1;

@@ -5,7 +5,8 @@
 use std::collections::BTreeMap;
 
 use axum::Json;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
@@ -13,6 +14,7 @@ use serde_json::{Value, json};
 use crate::client::{ClientView, TaskUsage};
 use crate::devices::DeviceStats;
 use crate::drivers::TaskResourceUsage;
+use crate::service::{NodeCall, NodeCallKind};
 
 /// Nomad's `DeviceGroupStats`: one entry per device group, instances by id.
 fn device_groups(stats: &[DeviceStats]) -> Vec<Value> {
@@ -123,6 +125,70 @@ pub async fn alloc_stats(State(handle): State<crate::driver::AgentHandle>, Path(
         Ok(stats) => Json(stats).into_response(),
         Err(error) if error.starts_with("Unknown allocation") => (StatusCode::NOT_FOUND, error).into_response(),
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
+    }
+}
+
+/// `?node_id=` of the node endpoints: the node to ask (none: this agent's own client).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeQuery {
+    #[serde(default)]
+    node_id: String,
+    // The query options every endpoint takes.
+    #[serde(default)]
+    region: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
+fn node_call(query: Result<Query<NodeQuery>, QueryRejection>, kind: NodeCallKind) -> Result<NodeCall, super::ApiError> {
+    let Query(query) = query.map_err(|rejection| super::ApiError(StatusCode::BAD_REQUEST, rejection.body_text()))?;
+    let _ = (query.region, query.namespace);
+    Ok(NodeCall {
+        node_id: query.node_id,
+        kind,
+    })
+}
+
+/// `GET /v1/client/stats[?node_id=]`: Nomad's `HostStats` of this agent's client, or of the
+/// node named, relayed to it.
+pub async fn host_stats(
+    State(handle): State<crate::driver::AgentHandle>,
+    query: Result<Query<NodeQuery>, QueryRejection>,
+) -> Response {
+    let call = match node_call(query, NodeCallKind::HostStats) {
+        Ok(call) => call,
+        Err(error) => return error.into_response(),
+    };
+    match handle.node_call(call).await {
+        Ok(stats) => Json(stats).into_response(),
+        Err(error) => super::ApiError::from(error).into_response(),
+    }
+}
+
+/// `GET|PUT /v1/client/gc[?node_id=]`: the client destroys its finished allocations (those
+/// the servers list as finished and that are done here); an empty answer, as Nomad's.
+pub async fn node_gc(
+    State(handle): State<crate::driver::AgentHandle>,
+    query: Result<Query<NodeQuery>, QueryRejection>,
+) -> Response {
+    let call = match node_call(query, NodeCallKind::Gc) {
+        Ok(call) => call,
+        Err(error) => return error.into_response(),
+    };
+    match handle.node_call(call).await {
+        Ok(_) => StatusCode::OK.into_response(),
+        Err(error) => super::ApiError::from(error).into_response(),
+    }
+}
+
+/// `GET|PUT /v1/client/allocation/:id/gc`: one finished allocation destroyed by its client.
+pub async fn alloc_gc(State(handle): State<crate::driver::AgentHandle>, Path(id): Path<String>) -> Response {
+    match handle.client_gc(id).await {
+        Ok(Ok(_)) => StatusCode::OK.into_response(),
+        Ok(Err(error)) => super::ApiError::from(error).into_response(),
+        // The relay found no client with it (its text is the relay's).
+        Err(error) => (StatusCode::NOT_FOUND, error).into_response(),
     }
 }
 

@@ -282,6 +282,12 @@ pub fn router(handle: AgentHandle) -> Router {
         )
         .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
         .route("/v1/client/allocation/{id}/stats", get(client::alloc_stats))
+        .route(
+            "/v1/client/allocation/{id}/gc",
+            get(client::alloc_gc).put(client::alloc_gc),
+        )
+        .route("/v1/client/stats", get(client::host_stats))
+        .route("/v1/client/gc", get(client::node_gc).put(client::node_gc))
         .route("/v1/client/allocation/{id}/exec", get(exec::exec))
         .route("/v1/client/fs/ls/{alloc}", get(fs::ls))
         .route("/v1/client/fs/stat/{alloc}", get(fs::stat))

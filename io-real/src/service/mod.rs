@@ -18,7 +18,7 @@ use crate::allocfs::FsRequest;
 use crate::exec::ExecRequest;
 use crate::logstream::LogsRequest;
 use drover_core::client::AllocControl;
-pub use relay::{ClientCall, StatsRequest};
+pub use relay::{ClientCall, GcRequest, NodeCall, NodeCallKind, StatsRequest};
 
 mod acl;
 pub mod auth;
@@ -287,6 +287,8 @@ pub enum Incoming {
     ClientFs(FsRequest),
     ClientExec(ExecRequest),
     ClientStats(StatsRequest),
+    ClientNode(relay::NodeCall),
+    ClientGc(relay::GcRequest),
     Http(HttpForward),
     NodeAllocs(NodeAllocsRequest),
     Server(Box<ServerRequest>),
@@ -315,6 +317,8 @@ impl Incoming {
             | Incoming::ClientFs(_)
             | Incoming::ClientExec(_)
             | Incoming::ClientStats(_)
+            | Incoming::ClientNode(_)
+            | Incoming::ClientGc(_)
             | Incoming::Http(_)
             | Incoming::NodeAllocs(_)
             | Incoming::Server(_)
@@ -373,6 +377,8 @@ pub fn parse_request(request: AgentRequest, region: &str) -> Result<(Incoming, b
         RequestBody::ClientFs(payload) => Incoming::ClientFs(decode(&payload.json)?),
         RequestBody::ClientExec(payload) => Incoming::ClientExec(decode(&payload.json)?),
         RequestBody::ClientStats(payload) => Incoming::ClientStats(decode(&payload.json)?),
+        RequestBody::ClientNode(payload) => Incoming::ClientNode(decode(&payload.json)?),
+        RequestBody::ClientGc(payload) => Incoming::ClientGc(decode(&payload.json)?),
         RequestBody::Http(payload) => Incoming::Http(decode(&payload.json)?),
         RequestBody::NodeAllocs(payload) => Incoming::NodeAllocs(decode(&payload.json)?),
         RequestBody::Server(payload) => Incoming::Server(decode(&payload.json)?),
@@ -407,6 +413,8 @@ fn body_name(body: &RequestBody) -> &'static str {
         RequestBody::ClientFs(_) => "ClientFS",
         RequestBody::ClientExec(_) => "ClientExec",
         RequestBody::ClientStats(_) => "ClientStats",
+        RequestBody::ClientNode(_) => "ClientNode",
+        RequestBody::ClientGc(_) => "ClientGC",
         RequestBody::Http(_) => "HTTP",
         RequestBody::NodeAllocs(_) => "Node.GetClientAllocs",
         RequestBody::Server(_) => "Server",
@@ -498,6 +506,8 @@ impl Service {
             Incoming::ClientFs(request) => return self.relayed(request, forwarded).await,
             Incoming::ClientExec(request) => return self.relayed(request, forwarded).await,
             Incoming::ClientStats(request) => return self.relayed(request, forwarded).await,
+            Incoming::ClientGc(request) => return self.relayed(request, forwarded).await,
+            Incoming::ClientNode(call) => return self.node_relayed(call, forwarded).await,
             Incoming::Http(request) => {
                 let Some(handler) = self.http.get() else {
                     return error_response(ErrorKind::Invalid, "this agent serves no HTTP API", String::new());
@@ -592,6 +602,8 @@ impl Service {
             | Incoming::ClientFs(_)
             | Incoming::ClientExec(_)
             | Incoming::ClientStats(_)
+            | Incoming::ClientNode(_)
+            | Incoming::ClientGc(_)
             | Incoming::Http(_)
             | Incoming::NodeAllocs(_)
             | Incoming::AclResolve(_)

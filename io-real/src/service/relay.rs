@@ -25,6 +25,7 @@ use drover_proto::agent::v1::{AgentRequest, AgentResponse, JsonPayload};
 
 use super::{ENVELOPE_VERSION, Service, json_payload};
 use crate::io::{BoxFuture, ClientCsi};
+use drover_core::rpc::RpcError;
 
 /// How long a relayed request may take end to end (the client answers a restart once begun,
 /// a signal once delivered).
@@ -58,7 +59,80 @@ fn answer<T: serde::de::DeserializeOwned>(
     serde_json::from_slice::<Result<T, String>>(&json).unwrap_or_else(|error| Err(format!("malformed reply: {error}")))
 }
 
+/// A call about a client node itself (`/v1/client/stats`, `/v1/client/gc`): which node
+/// (empty: this agent's own client) and what.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct NodeCall {
+    pub node_id: String,
+    pub kind: NodeCallKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum NodeCallKind {
+    /// Nomad's `HostStats`.
+    HostStats,
+    /// A GC of every finished allocation: answered with those collected.
+    Gc,
+}
+
 impl Service {
+    /// Carries out `call` on this agent's client when it is the node named (or none is),
+    /// else relays it to that node's agent: from a server down the node's connection (as
+    /// [`Service::call_node`] reaches clients), from a client-only agent through its servers.
+    pub async fn node_call(&self, call: NodeCall, forwarded: bool) -> Result<serde_json::Value, RpcError> {
+        if let Some(client) = &self.client_csi
+            && let Some(own) = client.node_id()
+            && (call.node_id.is_empty() || call.node_id == own)
+        {
+            return match call.kind {
+                NodeCallKind::HostStats => client.host_stats().await,
+                NodeCallKind::Gc => client.gc(None).await.map(|collected| serde_json::json!(collected)),
+            };
+        }
+        if call.node_id.is_empty() {
+            return Err(RpcError::invalid("Nomad client not enabled"));
+        }
+        let unknown_node = || RpcError::not_found(format!("Unknown node {}", call.node_id));
+        if forwarded {
+            return Err(unknown_node());
+        }
+        let body = || RequestBody::ClientNode(json_payload(&call));
+        let response = match &self.state {
+            Some((applied, _)) => {
+                let rpc_addr = applied
+                    .read(|applied| applied.state.node(&call.node_id).map(|node| node.rpc_addr.clone()))
+                    .ok_or_else(unknown_node)?;
+                self.call_node(
+                    &call.node_id,
+                    &rpc_addr,
+                    envelope(&self.region, body(), true),
+                    RELAY_TIMEOUT,
+                )
+                .await
+            }
+            None => {
+                self.call_servers(envelope(&self.region, body(), false), RELAY_TIMEOUT)
+                    .await
+            }
+        }
+        .map_err(|error| RpcError::unavailable(format!("the node's client cannot be reached: {error}")))?;
+        match response.body {
+            Some(ResponseBody::ClientNode(payload)) => serde_json::from_slice(&payload.json)
+                .unwrap_or_else(|error| Err(RpcError::unavailable(format!("malformed reply: {error}")))),
+            Some(ResponseBody::Error(error)) => Err(RpcError::unavailable(error.message)),
+            other => Err(RpcError::unavailable(format!("unexpected response {other:?}"))),
+        }
+    }
+
+    /// A relayed node call arriving over RPC, answered.
+    pub(super) async fn node_relayed(&self, call: NodeCall, forwarded: bool) -> AgentResponse {
+        let result = self.node_call(call, forwarded).await;
+        AgentResponse {
+            version: ENVELOPE_VERSION,
+            body: Some(ResponseBody::ClientNode(json_payload(&result))),
+        }
+    }
+
     /// Relays a request this agent's own client could not answer: a server sends it to the
     /// allocation's node, a client-only agent to its servers; a forwarded one goes no further.
     async fn route(&self, alloc_id: &str, forwarded: bool, body: RequestBody) -> Result<AgentResponse, String> {
@@ -286,4 +360,29 @@ client_call!(
     ClientStats,
     |this| &this.alloc_id,
     |client: &dyn ClientCsi, request: StatsRequest| client.stats(request.alloc_id)
+);
+
+/// `client_gc`: a GC of one finished allocation (its JSON is the bare ID). The answer is the
+/// client's: the allocation collected, or why it may not be (not finished, or still listed
+/// as running); only an allocation the client does not have is relayed on.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct GcRequest {
+    pub alloc_id: String,
+}
+
+client_call!(
+    GcRequest,
+    Result<Vec<String>, RpcError>,
+    ClientGc,
+    |this| &this.alloc_id,
+    |client: &dyn ClientCsi, request: GcRequest| {
+        let gc = client.gc(Some(request.alloc_id.clone()));
+        Box::pin(async move {
+            match gc.await {
+                Err(error) if error.kind == drover_core::error::ErrorKind::NotFound => Err(unknown(&request.alloc_id)),
+                answer => Ok(answer),
+            }
+        }) as BoxFuture<Result<Result<Vec<String>, RpcError>, String>>
+    }
 );

@@ -158,6 +158,9 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "client", "fs", "logs", _] => Need::Namespace(cap::READ_LOGS),
         ["v1", "client", "fs", _, _] => Need::Namespace(cap::READ_FS),
         ["v1", "client", "allocation", _, "stats"] => Need::Namespace(cap::READ_JOB),
+        ["v1", "client", "allocation", _, "gc"] => Need::Namespace(cap::SUBMIT_JOB),
+        ["v1", "client", "stats"] => Need::Node { write: false },
+        ["v1", "client", "gc"] => Need::Node { write: true },
         ["v1", "client", "allocation", _, "exec"] => Need::Namespace(cap::ALLOC_EXEC),
         ["v1", "client", "allocation", _, "restart" | "signal"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
         ["v1", "nodes"] | ["v1", "node", _] | ["v1", "node", _, "allocations"] => Need::Node { write },
@@ -481,6 +484,12 @@ mod tests {
         );
         assert_eq!(need(&get, "/v1/client/fs/logs/a1", None), Need::Namespace("read-logs"));
         assert_eq!(need(&get, "/v1/client/fs/cat/a1", None), Need::Namespace("read-fs"));
+        assert_eq!(need(&get, "/v1/client/stats", None), Need::Node { write: false });
+        assert_eq!(need(&get, "/v1/client/gc", None), Need::Node { write: true });
+        assert_eq!(
+            need(&get, "/v1/client/allocation/a1/gc", None),
+            Need::Namespace("submit-job")
+        );
         assert_eq!(
             need(&get, "/v1/client/allocation/a1/exec", None),
             Need::Namespace("alloc-exec")

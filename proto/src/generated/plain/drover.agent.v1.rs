@@ -42,7 +42,7 @@ pub struct AgentRequest {
     pub auth_token: ::prost::alloc::string::String,
     #[prost(
         oneof = "agent_request::Body",
-        tags = "10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29"
+        tags = "10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31"
     )]
     pub body: ::core::option::Option<agent_request::Body>,
 }
@@ -114,6 +114,13 @@ pub mod agent_request {
         /// peers before it becomes active, or asks them for one it lacks. Servers only.
         #[prost(message, tag = "29")]
         RootKey(super::JsonPayload),
+        /// A call about a client node itself (JSON `NodeCall`: its host stats, a GC of its
+        /// finished allocations), relayed to that node's agent.
+        #[prost(message, tag = "30")]
+        ClientNode(super::JsonPayload),
+        /// A GC of one finished allocation (JSON: its ID), relayed to the client that ran it.
+        #[prost(message, tag = "31")]
+        ClientGc(super::JsonPayload),
     }
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -123,7 +130,7 @@ pub struct AgentResponse {
     pub version: u32,
     #[prost(
         oneof = "agent_response::Body",
-        tags = "10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28"
+        tags = "10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30"
     )]
     pub body: ::core::option::Option<agent_response::Body>,
 }
@@ -182,6 +189,12 @@ pub mod agent_response {
         /// JSON `Result<Option<RootKeyMaterial>, String>`.
         #[prost(message, tag = "28")]
         RootKey(super::JsonPayload),
+        /// JSON `Result<serde_json::Value, String>`: the node's answer in Nomad's JSON.
+        #[prost(message, tag = "29")]
+        ClientNode(super::JsonPayload),
+        /// JSON `Result<Vec<String>, String>`: the allocations collected.
+        #[prost(message, tag = "30")]
+        ClientGc(super::JsonPayload),
     }
 }
 /// A request or reply whose schema is a Rust type of drover-core (`rpc::ServerRequest`,
