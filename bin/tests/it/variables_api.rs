@@ -114,3 +114,49 @@ fn check_and_set_prefixes_and_os_are_honoured() {
         "no attributes unless asked: {plain}"
     );
 }
+
+/// The parameters every endpoint shares are read or refused, never ignored: an unreadable
+/// `index`, `wait`, `per_page` or boolean is a 400 naming it, another region is Nomad's
+/// `No path to region`, and `?task_states=false` leaves the allocation stubs' task states out.
+#[test]
+fn shared_query_parameters_are_read_or_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = support::start_dev_with_mock_driver(root.path());
+    let port = agent.spec.http;
+    let job = r#"{"Job":{"ID":"q","Name":"q","Type":"service","Datacenters":["dc1"],"TaskGroups":[{"Name":"g","Count":1,"Tasks":[{"Name":"t","Driver":"mock","Config":{"run_for":"60s"},"Resources":{"CPU":10,"MemoryMB":10}}]}]}}"#;
+    let (code, body) = http_status("PUT", port, "/v1/jobs", Some(job)).expect("answered");
+    assert_eq!(code, 200, "{body}");
+    let stubs = wait_for(Duration::from_secs(20), || {
+        let stubs = get_json(port, "/v1/allocations")?;
+        (stubs[0]["TaskStates"]["t"]["State"] == "running").then_some(stubs)
+    })
+    .unwrap_or_else(|| panic!("the allocation runs:\n{}", agent.log()));
+    assert!(stubs[0]["TaskStates"].is_object());
+    let without = get_json(port, "/v1/allocations?task_states=false").expect("listed");
+    assert_eq!(without[0]["TaskStates"], Value::Null, "{without}");
+    assert_eq!(without[0]["ID"], stubs[0]["ID"]);
+
+    for (query, status, text) in [
+        ("/v1/jobs?index=abc", 400, "Invalid index"),
+        ("/v1/jobs?index=1&wait=forever", 400, "Invalid wait time"),
+        ("/v1/allocations?per_page=x", 400, "Invalid per_page"),
+        ("/v1/allocations?task_states=nah", 400, "\"task_states\""),
+        ("/v1/nodes?os=maybe", 400, "\"os\""),
+        ("/v1/jobs?region=mars", 500, "No path to region"),
+        ("/v1/jobs?stale=nah", 400, "`stale`"),
+    ] {
+        let (code, body) = http_status("GET", port, query, None).expect("answered");
+        assert!(code == status && body.contains(text), "{query}: {code} {body}");
+    }
+    for query in [
+        "/v1/jobs?region=global",
+        "/v1/jobs?index=1&wait=10ms",
+        "/v1/jobs?per_page=1",
+    ] {
+        assert_eq!(
+            http_status("GET", port, query, None).expect("answered").0,
+            200,
+            "{query}"
+        );
+    }
+}

@@ -34,12 +34,16 @@ pub async fn list_allocations(
             .map(|alloc| (alloc.id.clone(), alloc));
         let (allocs, next) = super::page::page(matching, &options);
         let resources = options.resources.unwrap_or(false);
+        let task_states = options.task_states.unwrap_or(true);
         let list = allocs
             .into_iter()
             .map(|alloc| {
                 let mut stub = render::alloc_stub(alloc, state);
                 if resources {
                     stub["AllocatedResources"] = render::allocated_resources(alloc, state);
+                }
+                if !task_states {
+                    stub["TaskStates"] = Value::Null;
                 }
                 stub
             })

@@ -31,6 +31,7 @@ mod nodes;
 mod operator;
 mod page;
 mod periodic;
+mod query;
 mod reads;
 mod render;
 mod scaling;
@@ -341,6 +342,8 @@ pub fn router(handle: AgentHandle) -> Router {
             },
             acl::gate::enforce,
         ))
+        // The query parameters every endpoint shares, read or refused (`query.rs`).
+        .layer(axum::middleware::from_fn_with_state(handle.clone(), query::checked))
         // Outermost: the token goes along with every server request a handler makes, and the
         // servers check it again (`service/auth.rs`).
         .layer(axum::middleware::from_fn(caller_token))
@@ -617,6 +620,9 @@ pub(super) struct QueryOptions {
     /// `GET /v1/nodes?os=true`: each stub carries its node's `os.name` attribute.
     #[serde(default, deserialize_with = "go_bool")]
     os: Option<bool>,
+    /// `GET /v1/allocations?task_states=false`: stubs without their task states.
+    #[serde(default, deserialize_with = "go_bool")]
+    task_states: Option<bool>,
 }
 
 /// Runs a list read on the blocking pool, against the state version current now: a list of
