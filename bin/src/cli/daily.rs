@@ -24,7 +24,7 @@ pub struct Format {
 
 impl Format {
     /// Prints `value` as asked and returns true, or returns false for the caller's table.
-    fn printed(&self, value: &Value) -> Result<bool, Failure> {
+    pub(super) fn printed(&self, value: &Value) -> Result<bool, Failure> {
         if self.json && self.template.is_some() {
             return Err(Failure("Both json and template formatting are not allowed".into(), 1));
         }
@@ -81,7 +81,7 @@ pub(super) fn go_template(template: &str, value: &Value) -> Result<String, Failu
         .map_err(|error| Failure(format!("Error formatting the data: {error}"), 1))
 }
 
-fn key_values(rows: Vec<(&str, String)>) -> String {
+pub(super) fn key_values(rows: Vec<(&str, String)>) -> String {
     let rows: Vec<Vec<String>> = rows
         .into_iter()
         .map(|(key, value)| vec![key.to_string(), "=".into(), value])

@@ -14,6 +14,7 @@ mod job;
 mod job_plan;
 mod keyring;
 mod logs;
+mod namespace;
 mod node;
 mod operator;
 mod periodic;
@@ -99,6 +100,9 @@ pub enum Command {
     /// Variables: get, put, list, purge.
     #[command(subcommand)]
     Var(daily::VarCommand),
+    /// Namespaces: list, status, inspect, apply, delete.
+    #[command(subcommand)]
+    Namespace(namespace::NamespaceCommand),
     /// The jobs, or the status of whatever an ID prefix names (job, allocation, node,
     /// evaluation, deployment).
     Status { id: Option<String> },
@@ -639,6 +643,7 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Job(JobCommand::Daily(command)) => daily::run_job(&api, command),
         Command::Eval(command) => daily::run_eval(&api, command),
         Command::Var(command) => daily::run_var(&api, command),
+        Command::Namespace(command) => namespace::run(&api, command),
         Command::Status { id } => daily::status(&api, id.as_deref()),
         Command::Node(NodeCommand::Config {
             servers,

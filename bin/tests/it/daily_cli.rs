@@ -164,3 +164,80 @@ fn the_daily_commands_answer_as_nomads_do() {
     let (code, out) = run(&["node", "config"]);
     assert_eq!(code, 1, "{out}");
 }
+
+/// Namespaces: `default` always there, others made, described, listed and deleted with the
+/// CLI; a job goes only into a namespace that exists, and a namespace with a running job in it
+/// cannot be deleted.
+#[test]
+fn namespaces_are_made_used_and_deleted() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = support::start_dev_with_mock_driver(root.path());
+    let port = agent.spec.http;
+    let dir = root.path();
+    let run = |args: &[&str]| support::cli_in(dir, port, args);
+
+    let (code, out) = run(&["namespace", "list"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("default  Default shared namespace"), "{out}");
+    let (code, out) = run(&[
+        "namespace",
+        "apply",
+        "--description",
+        "Production APIs",
+        "--meta",
+        "team=api",
+        "prod",
+    ]);
+    assert_eq!((code, out.trim()), (0, "Successfully applied namespace \"prod\"!"));
+    let (code, out) = run(&["namespace", "status", "prod"]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("Name        = prod\nDescription = Production APIs\nQuota       = <none>"),
+        "{out}"
+    );
+    assert!(out.contains("Metadata\nteam = api"), "{out}");
+    // An update keeps the metadata it does not name.
+    run(&["namespace", "apply", "--description", "Prod", "prod"]);
+    let (_, out) = run(&[
+        "namespace",
+        "inspect",
+        "-t",
+        "{{ .Description }} {{ .Meta.team }}",
+        "prod",
+    ]);
+    assert_eq!(out.trim(), "Prod api");
+    let (code, out) = run(&["namespace", "apply", "no spaces"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("invalid name \"no spaces\". Must match regex"), "{out}");
+    let (code, out) = run(&["namespace", "status", "qa"]);
+    assert_eq!((code, out.trim()), (1, "Namespace \"qa\" not found"));
+
+    let job = |namespace: &str| {
+        format!(
+            r#"{{"Job":{{"ID":"web","Name":"web","Namespace":"{namespace}","Type":"service","Datacenters":["dc1"],"TaskGroups":[{{"Name":"g","Count":1,"Tasks":[{{"Name":"t","Driver":"mock","Config":{{"run_for":"60s"}},"Resources":{{"CPU":10,"MemoryMB":10}}}}]}}]}}}}"#
+        )
+    };
+    let (code, body) = support::http_status("PUT", port, "/v1/jobs", Some(&job("qa"))).unwrap();
+    assert_eq!(
+        (code, body.trim()),
+        (400, "job \"web\" is in nonexistent namespace \"qa\"")
+    );
+    let (code, body) = support::http_status("PUT", port, "/v1/jobs", Some(&job("prod"))).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let (code, out) = run(&["namespace", "delete", "prod"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("namespace \"prod\" has non-terminal jobs in regions: [global]"),
+        "{out}"
+    );
+    let (code, out) = run(&["namespace", "delete", "default"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("default namespace can not be deleted"), "{out}");
+    let (code, body) = support::http_status("DELETE", port, "/v1/job/web?namespace=prod&purge=true", None).unwrap();
+    assert_eq!(code, 200, "{body}");
+    let (code, out) = run(&["namespace", "delete", "prod"]);
+    assert_eq!((code, out.trim()), (0, "Successfully deleted namespace \"prod\"!"));
+    let (_, out) = run(&["namespace", "list", "-json"]);
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+}

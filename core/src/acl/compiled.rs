@@ -126,6 +126,14 @@ impl Acl {
                 .any(|caps| !caps.contains(super::policy::cap::DENY) && caps.contains(capability))
     }
 
+    /// Whether any capability at all is granted in `namespace` (Nomad's `AllowNamespace`: what
+    /// lets a token see the namespace itself).
+    pub fn allows_namespace_at_all(&self, namespace: &str) -> bool {
+        self.management
+            || closest(&self.namespaces, namespace)
+                .is_some_and(|caps| !caps.contains(super::policy::cap::DENY) && !caps.is_empty())
+    }
+
     /// Whether any of `capabilities` is granted in `namespace`.
     pub fn allows_namespace_any(&self, namespace: &str, capabilities: &[&str]) -> bool {
         capabilities

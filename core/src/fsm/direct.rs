@@ -80,6 +80,7 @@ impl Command {
                 super::rootkeys::RootKeyCommand::Activate { key_id }
                 | super::rootkeys::RootKeyCommand::Delete { key_id },
             ) => super::rootkeys::check_key_id(key_id).map_err(DirectWriteError::Items),
+            Command::Namespace(command) => command.check().map_err(DirectWriteError::Items),
             other => Err(DirectWriteError::NotDirect { command: other.name() }),
         }
     }
@@ -134,6 +135,7 @@ impl Command {
             Command::SiAccessorsDelete { .. } => "SiAccessorsDelete",
             Command::Acl(_) => "Acl",
             Command::RootKey(_) => "RootKey",
+            Command::Namespace(_) => "Namespace",
             Command::AutopilotSetConfig { .. } => "AutopilotSetConfig",
         }
     }

@@ -17,6 +17,7 @@ mod direct;
 pub mod events;
 mod gc;
 mod jobs;
+pub mod namespaces;
 mod nodes;
 mod periodic;
 mod pmap;
@@ -289,6 +290,8 @@ pub enum Command {
     Acl(acl::AclCommand),
     /// The root keyring's metadata (`rootkeys.rs`).
     RootKey(rootkeys::RootKeyCommand),
+    /// Namespaces (`namespaces.rs`).
+    Namespace(namespaces::NamespaceCommand),
     /// `Operator.AutopilotSetConfiguration`: the cluster's autopilot settings, only if they
     /// were last modified at `cas` when one is given (0: never set).
     AutopilotSetConfig {
@@ -351,6 +354,7 @@ pub enum Table {
     Deployments,
     PeriodicLaunches,
     Autopilot,
+    Namespaces,
 }
 
 /// Cloning is cheap (the tables are persistent [`PMap`]s: O(1) to clone, O(log n) to write
@@ -454,6 +458,9 @@ pub struct ServerState {
     /// Each job's scaling events by group, newest first (`scaling.rs`).
     #[serde(default)]
     scaling_events: PMap<(String, String), BTreeMap<String, Vec<crate::structs::ScalingEvent>>>,
+    /// Namespaces other than an undescribed `default` (`namespaces.rs`).
+    #[serde(default)]
+    namespaces: namespaces::NamespaceTable,
 }
 
 /// The stored fields of [`ServerState`], in its order (its serialised form).
@@ -490,6 +497,8 @@ struct StateRecord {
     /// Each job's scaling events by group, newest first (`scaling.rs`).
     #[serde(default)]
     scaling_events: PMap<(String, String), BTreeMap<String, Vec<crate::structs::ScalingEvent>>>,
+    #[serde(default)]
+    namespaces: namespaces::NamespaceTable,
 }
 
 impl From<StateRecord> for ServerState {
@@ -516,6 +525,7 @@ impl From<StateRecord> for ServerState {
             periodic_launches: record.periodic_launches,
             autopilot: record.autopilot,
             scaling_events: record.scaling_events,
+            namespaces: record.namespaces,
             // Derived: rebuilt below. Every other field is listed, so a stored field added to
             // ServerState and forgotten here fails to compile instead of being lost on restore.
             allocs_by_job: PMap::default(),
@@ -616,6 +626,7 @@ impl ServerState {
                 response
             }
             Command::AutopilotSetConfig { config, cas } => self.apply_autopilot(index, config, *cas),
+            Command::Namespace(command) => self.apply_namespaces(index, command),
             other => self.apply_cluster(index, at_unix_ms, other),
         }
     }

@@ -141,6 +141,11 @@ impl JobEndpoints {
                     );
                     return None;
                 }
+                if state.namespace(&job.namespace).is_none() {
+                    let text = format!("job {:?} is in nonexistent namespace {:?}", job.id, job.namespace);
+                    out.reply(req, ServerReply::Error(RpcError::invalid(text)));
+                    return None;
+                }
                 // A periodic parent is never scheduled itself: no evaluation (Nomad answers
                 // it with an empty `EvalID`).
                 let eval = (!job.is_launcher())

@@ -27,6 +27,7 @@ mod forward;
 mod fs;
 mod fuzzy;
 mod metrics;
+mod namespaces;
 mod nodes;
 mod operator;
 mod page;
@@ -170,6 +171,18 @@ pub fn router(handle: AgentHandle) -> Router {
             axum::routing::delete(rootkeys::remove),
         )
         .route("/v1/vars", get(list_variables))
+        .route("/v1/namespaces", get(namespaces::list))
+        .route(
+            "/v1/namespace",
+            axum::routing::put(namespaces::write).post(namespaces::write),
+        )
+        .route(
+            "/v1/namespace/{name}",
+            get(namespaces::read)
+                .put(namespaces::write)
+                .post(namespaces::write)
+                .delete(namespaces::delete),
+        )
         .route("/v1/volumes", get(csi::list_volumes))
         .route(
             "/v1/volumes/snapshot",

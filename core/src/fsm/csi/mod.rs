@@ -65,6 +65,7 @@ impl ServerState {
             | Command::VariableDelete { .. }
             | Command::Acl(_)
             | Command::RootKey(_)
+            | Command::Namespace(_)
             | Command::AutopilotSetConfig { .. } => unreachable!("handled by apply"),
         }
     }

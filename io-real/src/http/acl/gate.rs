@@ -104,6 +104,9 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "agent", "keyring", _] => Need::Agent { write },
         ["v1", "agent", "members"] => Need::Node { write: false },
         ["v1", "agent", "servers"] => Need::Agent { write },
+        // Any token: the endpoints show the namespaces it may do anything in.
+        ["v1", "namespaces"] => Need::Token,
+        ["v1", "namespace", _] if !write => Need::Token,
         ["v1", "vars"] => Need::Variable {
             path: query_param(query, "prefix").unwrap_or_default(),
             capability: var_cap::LIST,
@@ -485,6 +488,10 @@ mod tests {
         assert_eq!(need(&get, "/v1/client/fs/logs/a1", None), Need::Namespace("read-logs"));
         assert_eq!(need(&get, "/v1/client/fs/cat/a1", None), Need::Namespace("read-fs"));
         assert_eq!(need(&get, "/v1/client/stats", None), Need::Node { write: false });
+        assert_eq!(need(&get, "/v1/namespaces", None), Need::Token);
+        assert_eq!(need(&get, "/v1/namespace/prod", None), Need::Token);
+        assert_eq!(need(&Method::PUT, "/v1/namespace/prod", None), Need::Management);
+        assert_eq!(need(&Method::DELETE, "/v1/namespace/prod", None), Need::Management);
         assert_eq!(need(&get, "/v1/client/gc", None), Need::Node { write: true });
         assert_eq!(
             need(&get, "/v1/client/allocation/a1/gc", None),
