@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::{Api, Failure, short, table, text};
+use super::{Api, Failure, escape, short, table, text};
 
 pub(super) fn resolve_alloc(api: &Api, prefix: &str) -> Result<Value, Failure> {
     let allocs = api.get(&format!("/v1/allocations?prefix={prefix}"))?;
@@ -91,9 +91,92 @@ pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Fai
     }
     for (task, state) in alloc["TaskStates"].as_object().into_iter().flatten() {
         println!();
-        print!("{}", task_section(task, state));
+        let volumes = task_volumes(api, &alloc, task, verbose);
+        print!("{}", task_section(task, state, &volumes));
     }
     Ok(())
+}
+
+/// The volumes a task mounts, as Nomad's `outputTaskVolumes`: host volumes by source and
+/// read-only, CSI volumes by ID and read-only (verbose: with the volume's plugin, provider,
+/// schedulability and mount options, read from the volume).
+fn task_volumes(api: &Api, alloc: &Value, task: &str, verbose: bool) -> String {
+    let job = &alloc["Job"];
+    let Some(group) = job["TaskGroups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|group| group["Name"] == alloc["TaskGroup"])
+    else {
+        return String::new();
+    };
+    let Some(spec) = group["Tasks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|spec| spec["Name"] == task)
+    else {
+        return String::new();
+    };
+    let mut host = vec![vec!["ID".to_string(), "Read Only".into()]];
+    let mut csi = if verbose {
+        vec![
+            ["ID", "Plugin", "Provider", "Schedulable", "Read Only", "Mount Options"]
+                .iter()
+                .map(|header| header.to_string())
+                .collect::<Vec<_>>(),
+        ]
+    } else {
+        vec![vec!["ID".to_string(), "Read Only".into()]]
+    };
+    for mount in spec["VolumeMounts"].as_array().into_iter().flatten() {
+        let request = &group["Volumes"][text(&mount["Volume"]).as_str()];
+        let source = text(&request["Source"]);
+        let read_only = (mount["ReadOnly"] == true || request["ReadOnly"] == true).to_string();
+        match request["Type"].as_str() {
+            Some("host") => host.push(vec![source, read_only]),
+            Some("csi") if verbose => {
+                let volume = api
+                    .get(&format!(
+                        "/v1/volume/csi/{}?namespace={}",
+                        escape(&source),
+                        escape(&text(&alloc["Namespace"]))
+                    ))
+                    .unwrap_or_default();
+                let options = &request["MountOptions"];
+                let mount_options = if options.is_null() {
+                    "<none>".to_string()
+                } else {
+                    format!(
+                        "fs_type: {}; flags: {}",
+                        text(&options["FSType"]),
+                        options["MountFlags"]
+                            .as_array()
+                            .map(|flags| flags.iter().map(text).collect::<Vec<_>>().join(", "))
+                            .unwrap_or_default()
+                    )
+                };
+                csi.push(vec![
+                    source,
+                    text(&volume["PluginID"]),
+                    text(&volume["Provider"]),
+                    text(&volume["Schedulable"]),
+                    read_only,
+                    mount_options,
+                ]);
+            }
+            Some("csi") => csi.push(vec![source, read_only]),
+            _ => {}
+        }
+    }
+    let mut out = String::new();
+    if host.len() > 1 {
+        out.push_str(&format!("Host Volumes:\n{}\n\n", table(&host)));
+    }
+    if csi.len() > 1 {
+        out.push_str(&format!("CSI Volumes:\n{}\n\n", table(&csi)));
+    }
+    out
 }
 
 /// `alloc stop`: the evaluation that replaces the allocation, followed as `job run` does.
@@ -139,8 +222,9 @@ fn or_none(text: String) -> String {
 
 /// One task's section: `Task "t" is "running"`, its times and restarts, and its recent events
 /// newest first (Nomad's `outputTaskStatus`).
-fn task_section(task: &str, state: &Value) -> String {
+fn task_section(task: &str, state: &Value, volumes: &str) -> String {
     let mut out = format!("Task {task:?} is {:?}\n", text(&state["State"]));
+    out.push_str(volumes);
     let go_time = |value: &Value| match value.as_str() {
         Some(stamp) if !stamp.starts_with("0001-") => {
             stamp
@@ -228,7 +312,7 @@ mod tests {
                 {"Type": "Terminated", "Time": 1_795_514_409_000_000_000i64, "DisplayMessage": "Exit Code: 3"},
             ],
         });
-        let section = task_section("t", &state);
+        let section = task_section("t", &state, "");
         assert_eq!(
             section,
             "Task \"t\" is \"dead\"\n\

@@ -109,9 +109,17 @@ pub(super) fn run(api: &Api, command: SnapshotCommand) -> Result<(), Failure> {
             secrets,
             verbose,
         } => {
+            // CSI's CreateSnapshot requires a name (plugins refuse none): one is made from the
+            // volume and the time when the operator gives none.
+            let name = name.unwrap_or_else(|| {
+                let now = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_secs());
+                format!("{volume_id}-snapshot-{now}")
+            });
             let body = json!({ "Snapshots": [{
                 "SourceVolumeID": volume_id,
-                "Name": name.unwrap_or_default(),
+                "Name": name,
                 "Parameters": pairs("parameter", &parameters)?,
                 "Secrets": pairs("secret", &secrets)?,
             }]});

@@ -230,6 +230,24 @@ parameters {{
     let data = state.join("volumes/vol0/hello");
     wait_for(Duration::from_secs(60), || std::fs::read_to_string(&data).ok())
         .unwrap_or_else(|| panic!("the writer writes through the volume:\n{}", agent.log()));
+    // alloc status names the volume the task mounts (verbose: with its plugin).
+    let alloc_id = get(port, "/v1/job/writer/allocations").expect("listed")[0]["ID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (ok, out) = cli(port, &["alloc", "status", &alloc_id]);
+    assert!(
+        ok && out.contains("CSI Volumes:\nID    Read Only\nvol0  false"),
+        "{out}"
+    );
+    let (ok, out) = cli(port, &["alloc", "status", "--verbose", &alloc_id]);
+    assert!(ok, "{out}");
+    let csi = out.split("CSI Volumes:\n").nth(1).unwrap_or_default();
+    assert!(csi.starts_with("ID    Plugin  Provider"), "{out}");
+    assert!(
+        csi.lines().nth(1).is_some_and(|row| row.starts_with("vol0  fake")),
+        "{out}"
+    );
     let (ok, out) = cli(port, &["volume", "delete", "vol0"]);
     assert!(!ok && out.contains("volume in use: vol0"), "{out}");
     assert!(state.join("volumes/vol0").is_dir(), "nothing deleted");
@@ -271,6 +289,20 @@ parameters {{
         ok && out.lines().nth(1).is_some_and(|line| line.starts_with("nightly")),
         "{out}"
     );
+    // Without a name, one is made (CSI requires it; the fake plugin refuses none).
+    let (ok, out) = cli(port, &["volume", "snapshot", "create", "vol0"]);
+    assert!(ok, "{out}");
+    let unnamed = out
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    assert!(unnamed.starts_with("vol0-snapshot-"), "{out}");
+    let (ok, out) = cli(port, &["volume", "snapshot", "delete", "fake", &unnamed]);
+    assert!(ok, "{out}");
     let (ok, out) = cli(port, &["volume", "snapshot", "create", "nope", "x"]);
     assert!(!ok && out.contains("no such volume \"nope\""), "{out}");
     let (ok, out) = cli(port, &["volume", "snapshot", "delete", "fake", "nightly"]);
