@@ -273,11 +273,16 @@ fn log_filter(level: &str) -> tracing_subscriber::EnvFilter {
     tracing_subscriber::EnvFilter::new(directives)
 }
 
+/// The agent's log on stderr at its `-log-level`, and beside it the lines `agent monitor`
+/// watchers ask for, at their own levels (`drover_io_real::logbus`).
 fn init_logging(level: &str) {
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| log_filter(level));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_target(false).with_filter(filter))
+        .with(drover_io_real::logbus::layer())
         .init();
 }
 

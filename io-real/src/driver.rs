@@ -450,6 +450,11 @@ impl AgentHandle {
             .await
     }
 
+    /// This agent's client node ID, when it runs a client.
+    pub fn node_id_text(&self) -> Option<String> {
+        self.inner.service.client_node_id()
+    }
+
     /// A call about a client node itself (host stats, a GC), on that node's client.
     pub async fn node_call(&self, call: crate::service::NodeCall) -> Result<serde_json::Value, rpc::RpcError> {
         self.inner.service.node_call(call, false).await

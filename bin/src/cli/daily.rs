@@ -778,6 +778,56 @@ pub(super) fn node_config(api: &Api, servers: bool, update: Vec<String>) -> Resu
     Ok(())
 }
 
+// --- monitor, ui ----------------------------------------------------------------------
+
+/// `monitor`: the agent's log lines, as they come, until the agent or the reader stops.
+pub(super) fn monitor(api: &Api, level: &str, node_id: Option<&str>, server_id: Option<&str>) -> Result<(), Failure> {
+    let mut url = format!("{}/v1/agent/monitor?plain=true&log_level={}", api.base, escape(level));
+    if let Some(node) = node_id {
+        url.push_str(&format!("&node_id={}", escape(node)));
+    }
+    if let Some(server) = server_id {
+        url.push_str(&format!("&server_id={}", escape(server)));
+    }
+    // No overall timeout: the stream lasts as long as the operator watches.
+    let response = match api.authorize(api.agent.get(&url)).call() {
+        Ok(response) => response,
+        Err(ureq::Error::Status(code, response)) => {
+            let body = response.into_string().unwrap_or_default();
+            return Err(Failure(
+                format!(
+                    "Error starting monitor: Unexpected response code: {code} ({})",
+                    body.trim()
+                ),
+                1,
+            ));
+        }
+        Err(error) => return Err(Failure(format!("Error starting monitor: {error}"), 1)),
+    };
+    let mut reader = response.into_reader();
+    let mut out = std::io::stdout().lock();
+    // A closed pipe (`monitor | head`) ends it quietly, as the stream ending does.
+    let _ = std::io::copy(&mut reader, &mut out);
+    Ok(())
+}
+
+/// `ui`: where the agent's web UI is (or the page of a job by ID) — once the agent says it
+/// serves one; an agent without a UI is said to have none rather than sent to a 404.
+pub(super) fn ui(api: &Api, id: Option<&str>) -> Result<(), Failure> {
+    let url = match id {
+        Some(id) => format!("{}/ui/jobs/{}", api.base, escape(id)),
+        None => format!("{}/ui/", api.base),
+    };
+    match api.authorize(api.agent.get(&format!("{}/ui/", api.base))).call() {
+        Ok(_) => {
+            println!("Opening URL {url:?}");
+            Ok(())
+        }
+        Err(ureq::Error::Status(404, _)) => Err(Failure(format!("The agent at {} serves no web UI", api.base), 1)),
+        Err(error) => Err(Failure(format!("Error reaching the agent: {error}"), 1)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -106,6 +106,23 @@ pub enum Command {
     /// The jobs, or the status of whatever an ID prefix names (job, allocation, node,
     /// evaluation, deployment).
     Status { id: Option<String> },
+    /// Stream the agent's log lines from now on (Nomad's `monitor`).
+    Monitor {
+        /// The level to stream at: trace, debug, info, warn, error.
+        #[arg(long = "log-level", default_value = "info")]
+        log_level: String,
+        /// Only when it is the agent's own client (Drover relays no monitor).
+        #[arg(long = "node-id")]
+        node_id: Option<String>,
+        /// Only when it is the agent itself (or `leader` on it).
+        #[arg(long = "server-id")]
+        server_id: Option<String>,
+    },
+    /// Print the URL of the agent's web UI (Nomad's `ui`).
+    Ui {
+        /// Open this job's, node's or allocation's page: `ui <job id>`.
+        id: Option<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -644,6 +661,12 @@ pub fn run(global: Global, command: Command) -> ExitCode {
         Command::Eval(command) => daily::run_eval(&api, command),
         Command::Var(command) => daily::run_var(&api, command),
         Command::Namespace(command) => namespace::run(&api, command),
+        Command::Monitor {
+            log_level,
+            node_id,
+            server_id,
+        } => daily::monitor(&api, &log_level, node_id.as_deref(), server_id.as_deref()),
+        Command::Ui { id } => daily::ui(&api, id.as_deref()),
         Command::Status { id } => daily::status(&api, id.as_deref()),
         Command::Node(NodeCommand::Config {
             servers,

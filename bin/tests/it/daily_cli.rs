@@ -241,3 +241,71 @@ fn namespaces_are_made_used_and_deleted() {
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
 }
+
+/// `monitor` streams the agent's log lines as they come, at the level asked (finer than the
+/// agent's own); bad options are refused by name; `ui` says there is no UI rather than
+/// printing a URL that answers 404.
+#[test]
+fn monitor_streams_the_agents_log_lines() {
+    use std::io::BufRead as _;
+    let root = tempfile::tempdir().unwrap();
+    let agent = support::start_dev_with_mock_driver(root.path());
+    let port = agent.spec.http;
+    for (query, text) in [
+        ("log_level=loud", "Unknown log level: loud"),
+        ("node_id=nope", "node_id \"nope\" is not this agent's client"),
+        ("plain=maybe", "\"plain\""),
+    ] {
+        let (code, body) = support::http_status("GET", port, &format!("/v1/agent/monitor?{query}"), None).unwrap();
+        assert!(code == 400 && body.contains(text), "{query}: {code} {body}");
+    }
+
+    struct Killed(std::process::Child);
+    impl Drop for Killed {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut monitor = Killed(
+        std::process::Command::new(support::AGENT)
+            .args(["monitor", "--log-level", "debug"])
+            .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("the CLI starts"),
+    );
+    let stdout = monitor.0.stdout.take().unwrap();
+    let (sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if sender.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // Work for the agent to log about, until a line arrives.
+    let job = r#"{"Job":{"ID":"m","Name":"m","Type":"batch","Datacenters":["dc1"],"TaskGroups":[{"Name":"g","Count":1,"Tasks":[{"Name":"t","Driver":"mock","Config":{"run_for":"10ms"},"Resources":{"CPU":10,"MemoryMB":10}}]}]}}"#;
+    let mut seen = Vec::new();
+    let debug = wait_for(Duration::from_secs(20), || {
+        support::http_status("PUT", port, "/v1/jobs", Some(job));
+        while let Ok(line) = lines.recv_timeout(Duration::from_millis(100)) {
+            seen.push(line);
+        }
+        seen.iter().find(|line| line.contains(" [DEBUG] ")).cloned()
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "debug lines reach the monitor of an info agent: {seen:?}\n{}",
+            agent.log()
+        )
+    });
+    assert!(debug.starts_with("20"), "{debug}");
+    assert!(!seen.iter().any(|line| line.contains(" [TRACE] ")), "{seen:?}");
+    drop(monitor);
+
+    let (code, out) = support::cli_in(root.path(), port, &["ui"]);
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("serves no web UI"), "{out}");
+}

@@ -27,6 +27,7 @@ mod forward;
 mod fs;
 mod fuzzy;
 mod metrics;
+mod monitor;
 mod namespaces;
 mod nodes;
 mod operator;
@@ -301,6 +302,7 @@ pub fn router(handle: AgentHandle) -> Router {
             get(client::alloc_gc).put(client::alloc_gc),
         )
         .route("/v1/client/stats", get(client::host_stats))
+        .route("/v1/agent/monitor", get(monitor::monitor))
         .route("/v1/client/gc", get(client::node_gc).put(client::node_gc))
         .route("/v1/client/allocation/{id}/exec", get(exec::exec))
         .route("/v1/client/fs/ls/{alloc}", get(fs::ls))

@@ -76,6 +76,11 @@ pub enum NodeCallKind {
 }
 
 impl Service {
+    /// This agent's client node, when it runs one.
+    pub fn client_node_id(&self) -> Option<String> {
+        self.client_csi.as_ref()?.node_id()
+    }
+
     /// Carries out `call` on this agent's client when it is the node named (or none is),
     /// else relays it to that node's agent: from a server down the node's connection (as
     /// [`Service::call_node`] reaches clients), from a client-only agent through its servers.

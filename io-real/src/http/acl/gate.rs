@@ -100,7 +100,7 @@ pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
         ["v1", "acl", "login"] | ["v1", "acl", "oidc", "auth-url" | "complete-auth"] => Need::Nothing,
         ["v1", "acl", "auth-methods"] if !write => Need::Nothing,
         ["v1", "acl", ..] => Need::Management,
-        ["v1", "agent", "self"] => Need::Agent { write: false },
+        ["v1", "agent", "self" | "monitor"] => Need::Agent { write: false },
         ["v1", "agent", "keyring", _] => Need::Agent { write },
         ["v1", "agent", "members"] => Need::Node { write: false },
         ["v1", "agent", "servers"] => Need::Agent { write },
