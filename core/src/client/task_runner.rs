@@ -222,7 +222,10 @@ impl TaskRunner {
                 spec.paths.task_dir(&spec.alloc_id, &spec.task.name),
             )
         });
-        let policy = spec.group.restart_policy(spec.job_type);
+        let policy = spec
+            .task
+            .restart_policy
+            .unwrap_or_else(|| spec.group.restart_policy(spec.job_type));
         // Batch tasks are not restarted after a success, nor are prestart tasks other than
         // sidecars (Nomad's `NewRestartTracker`): they ran to completion.
         let on_success = match &spec.task.lifecycle {

@@ -258,6 +258,10 @@ pub struct Task {
     /// `leader`: when this task finishes, its allocation's other tasks are stopped.
     #[serde(default)]
     pub leader: bool,
+    /// The task's own `restart` block, laid over its group's (Nomad's task-level restart
+    /// policy); `None`: the group's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_policy: Option<super::RestartPolicy>,
 }
 
 /// `lifecycle` hook values Nomad accepts.
@@ -509,6 +513,7 @@ impl Default for Task {
             logs: LogConfig::default(),
             kill_signal: String::new(),
             leader: false,
+            restart_policy: None,
         }
     }
 }

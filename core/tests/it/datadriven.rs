@@ -311,6 +311,16 @@ mod client_harness {
                         let (key, value) = word.split_once('=').expect("key=value");
                         match key {
                             "driver" => task.driver = value.into(),
+                            // attempts=<n>: the task's own restart block (mode fail), laid
+                            // over whatever its group says.
+                            "attempts" => {
+                                task.restart_policy = Some(RestartPolicy {
+                                    attempts: value.parse().unwrap(),
+                                    interval: Duration::from_secs(300),
+                                    delay: Duration::from_secs(10),
+                                    mode: RestartMode::Fail,
+                                });
+                            }
                             "mount" => {
                                 let (volume, rest) = value.split_once(':').expect("alias:dest[:ro]");
                                 let (destination, read_only) = match rest.strip_suffix(":ro") {

@@ -246,6 +246,47 @@ pub struct ApiRestartPolicy {
     pub mode: Option<String>,
 }
 
+impl ApiRestartPolicy {
+    /// The fields given, laid over `base` (a group's over its job type's default, a task's
+    /// over its group's, as Nomad merges them).
+    fn laid_over(&self, base: RestartPolicy, problems: &mut Vec<String>) -> RestartPolicy {
+        let mut policy = base;
+        if let Some(attempts) = self.attempts {
+            policy.attempts = attempts;
+        }
+        if let Some(interval) = self.interval {
+            policy.interval = duration("restart interval", interval, problems);
+        }
+        if let Some(delay) = self.delay {
+            policy.delay = duration("restart delay", delay, problems);
+        }
+        if let Some(mode) = &self.mode {
+            policy.mode = match mode.as_str() {
+                "fail" => RestartMode::Fail,
+                "delay" => RestartMode::Delay,
+                other => {
+                    problems.push(format!("Unsupported restart mode: {other:?}"));
+                    RestartMode::Fail
+                }
+            };
+        }
+        policy
+    }
+
+    /// Nomad's JSON of a policy.
+    fn of(policy: RestartPolicy) -> Self {
+        ApiRestartPolicy {
+            attempts: Some(policy.attempts),
+            interval: Some(nanos(policy.interval)),
+            delay: Some(nanos(policy.delay)),
+            mode: Some(match policy.mode {
+                RestartMode::Fail => "fail".into(),
+                RestartMode::Delay => "delay".into(),
+            }),
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
 pub struct ApiTask {
@@ -269,6 +310,8 @@ pub struct ApiTask {
     pub dispatch_payload: Option<ApiDispatchPayloadConfig>,
     pub kill_signal: String,
     pub leader: bool,
+    /// The task's own `restart` block, laid over its group's.
+    pub restart_policy: Option<ApiRestartPolicy>,
 }
 
 /// The `logs` block (Nomad's `LogConfig`).
@@ -582,29 +625,15 @@ impl ApiTaskGroup {
         problems: &mut Vec<String>,
     ) -> TaskGroup {
         let update = update::group_strategy(job_update, self.update.as_ref(), problems).map(Box::new);
-        let restart_policy = self.restart_policy.as_ref().map(|policy| {
-            let mut base = RestartPolicy::SERVICE;
-            if let Some(attempts) = policy.attempts {
-                base.attempts = attempts;
-            }
-            if let Some(interval) = policy.interval {
-                base.interval = duration("restart interval", interval, problems);
-            }
-            if let Some(delay) = policy.delay {
-                base.delay = duration("restart delay", delay, problems);
-            }
-            if let Some(mode) = &policy.mode {
-                base.mode = match mode.as_str() {
-                    "fail" => RestartMode::Fail,
-                    "delay" => RestartMode::Delay,
-                    other => {
-                        problems.push(format!("Unsupported restart mode: {other:?}"));
-                        RestartMode::Fail
-                    }
-                };
-            }
-            base
-        });
+        let default_policy = match job_type {
+            JobType::Batch => RestartPolicy::BATCH,
+            JobType::Service | JobType::System => RestartPolicy::SERVICE,
+        };
+        let restart_policy = self
+            .restart_policy
+            .as_ref()
+            .map(|policy| policy.laid_over(default_policy, problems));
+        let group_policy = restart_policy.unwrap_or(default_policy);
         // Nomad: a count left unset beside `scaling { min }` starts at the minimum.
         let count = self
             .count
@@ -619,7 +648,7 @@ impl ApiTaskGroup {
             tasks: self
                 .tasks
                 .iter()
-                .map(|task| task.to_task(job_name, &self.name, problems))
+                .map(|task| task.to_task(job_name, &self.name, group_policy, problems))
                 .collect(),
             volumes: self
                 .volumes
@@ -696,21 +725,19 @@ impl ApiTaskGroup {
                 .iter()
                 .map(|(alias, request)| (alias.clone(), ApiVolumeRequest::from_request(request)))
                 .collect(),
-            restart_policy: group.restart_policy.map(|policy| ApiRestartPolicy {
-                attempts: Some(policy.attempts),
-                interval: Some(nanos(policy.interval)),
-                delay: Some(nanos(policy.delay)),
-                mode: Some(match policy.mode {
-                    RestartMode::Fail => "fail".into(),
-                    RestartMode::Delay => "delay".into(),
-                }),
-            }),
+            restart_policy: group.restart_policy.map(ApiRestartPolicy::of),
         }
     }
 }
 
 impl ApiTask {
-    fn to_task(&self, job_name: &str, group_name: &str, problems: &mut Vec<String>) -> Task {
+    fn to_task(
+        &self,
+        job_name: &str,
+        group_name: &str,
+        group_policy: RestartPolicy,
+        problems: &mut Vec<String>,
+    ) -> Task {
         let resources = self.resources.clone().unwrap_or_default();
         let mut config = BTreeMap::new();
         for (key, value) in &self.config {
@@ -747,6 +774,10 @@ impl ApiTask {
             stanza
         });
         Task {
+            restart_policy: self
+                .restart_policy
+                .as_ref()
+                .map(|policy| policy.laid_over(group_policy, problems)),
             kill_signal: self.kill_signal.clone(),
             leader: self.leader,
             dispatch_payload: self
@@ -829,6 +860,7 @@ impl ApiTask {
 
     fn from_task(task: &Task) -> ApiTask {
         ApiTask {
+            restart_policy: task.restart_policy.map(ApiRestartPolicy::of),
             kill_signal: task.kill_signal.clone(),
             leader: task.leader,
             dispatch_payload: task

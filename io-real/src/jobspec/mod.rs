@@ -442,6 +442,19 @@ impl Walker {
     }
 
     /// A `migrate` block (job or group level).
+    /// A group's or task's `restart { attempts interval delay mode }`.
+    fn restart(&mut self, at: &str, block: &Object) -> Option<ApiRestartPolicy> {
+        let restart = self.single(at, block, "restart")?;
+        let at = format!("{at} restart");
+        self.known(&at, restart, &["attempts", "interval", "delay", "mode"]);
+        Some(ApiRestartPolicy {
+            attempts: self.number(&at, restart, "attempts"),
+            interval: self.duration(&at, restart, "interval"),
+            delay: self.duration(&at, restart, "delay"),
+            mode: self.string(&at, restart, "mode"),
+        })
+    }
+
     fn migrate(&mut self, at: &str, block: &Object) -> Option<ApiMigrate> {
         let migrate = self.single(at, block, "migrate")?;
         let at = format!("{at} migrate");
@@ -587,16 +600,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
     });
     let migrate = walker.migrate(at, block);
     let reschedule_policy = walker.reschedule(at, block);
-    let restart_policy = walker.single(at, block, "restart").map(|restart| {
-        let at = format!("{at} restart");
-        walker.known(&at, restart, &["attempts", "interval", "delay", "mode"]);
-        ApiRestartPolicy {
-            attempts: walker.number(&at, restart, "attempts"),
-            interval: walker.duration(&at, restart, "interval"),
-            delay: walker.duration(&at, restart, "delay"),
-            mode: walker.string(&at, restart, "mode"),
-        }
-    });
+    let restart_policy = walker.restart(at, block);
     let volumes = walker
         .labeled(at, block, "volume")
         .into_iter()
@@ -685,6 +689,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "dispatch_payload",
             "kill_signal",
             "leader",
+            "restart",
         ],
     );
     let dispatch_payload = walker.single(at, block, "dispatch_payload").map(|payload| {
@@ -770,6 +775,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         dispatch_payload,
         kill_signal: walker.string(at, block, "kill_signal").unwrap_or_default(),
         leader: walker.boolean(at, block, "leader").unwrap_or(false),
+        restart_policy: walker.restart(at, block),
         name,
     }
 }
@@ -1423,6 +1429,40 @@ job "sys" {
         let problems = drover_core::jobspec::validate(&bad).join("\n");
         assert!(problems.contains("Only one task may be marked as leader"), "{problems}");
         assert!(problems.contains("kill_signal \"SIGWHAT\""), "{problems}");
+    }
+
+    /// A task's `restart` block is laid over its group's, field by field (and a group's over
+    /// its job type's default), kept, and read back; a task without one follows its group.
+    #[test]
+    fn a_tasks_restart_block_is_laid_over_its_groups_and_round_trips() {
+        let job = parse(
+            "job \"w\" {\n  type = \"batch\"\n  group \"g\" {\n    restart {\n      attempts = 5\n    }\n    task \"own\" {\n      driver = \"raw_exec\"\n      restart {\n        delay = \"3s\"\n        mode = \"delay\"\n      }\n    }\n    task \"plain\" {\n      driver = \"raw_exec\"\n    }\n  }\n}\n",
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        let group = &job.task_groups[0];
+        let batch = drover_core::structs::RestartPolicy::BATCH;
+        let group_policy = group.restart_policy.unwrap();
+        assert_eq!(
+            (group_policy.attempts, group_policy.delay),
+            (5, batch.delay),
+            "over the batch default"
+        );
+        let own = group.tasks[0].restart_policy.unwrap();
+        assert_eq!(own.attempts, 5, "the group's attempts");
+        assert_eq!(own.delay, std::time::Duration::from_secs(3));
+        assert_eq!(own.mode, drover_core::structs::RestartMode::Delay);
+        assert_eq!(own.interval, batch.interval);
+        assert_eq!(group.tasks[1].restart_policy, None);
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
+        let wire = serde_json::to_value(&api).unwrap();
+        assert_eq!(
+            wire["TaskGroups"][0]["Tasks"][0]["RestartPolicy"]["Delay"],
+            3_000_000_000_i64
+        );
+        assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["RestartPolicy"]["Attempts"], 5);
+        assert_eq!(api.to_job().unwrap(), job);
     }
 
     #[test]
