@@ -1075,7 +1075,7 @@ fn alloc_registrations(runner: &AllocRunner, running_only: bool) -> Vec<TaskServ
     );
     runner
         .tasks()
-        .filter(|task| !running_only || task.state().state == TaskStatus::Running)
+        .filter(|task| !running_only || (task.state().state == TaskStatus::Running && !task.is_shutting_down()))
         .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services(), resources))
         .chain(group)
         .collect()

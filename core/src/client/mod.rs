@@ -554,6 +554,7 @@ pub mod events {
     pub const SIGNALING: &str = "Signaling";
     pub const SIBLING_FAILED: &str = "Sibling Task Failed";
     pub const LEADER_DEAD: &str = "Leader Task Dead";
+    pub const WAITING_SHUTDOWN_DELAY: &str = "Waiting for shutdown delay";
     pub const PLUGIN_HEALTHY: &str = "Plugin became healthy";
     pub const PLUGIN_UNHEALTHY: &str = "Plugin became unhealthy";
     pub const WAITING_ON_SERVERS: &str = "Waiting for servers";

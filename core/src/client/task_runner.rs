@@ -128,6 +128,11 @@ enum Phase {
     Killing {
         op: OpId,
     },
+    /// Killed with a `shutdown_delay`: the task still runs, its services are out of Consul,
+    /// and its kill signal goes at `until`.
+    ShutdownDelay {
+        until: Instant,
+    },
     /// The template hook (prestart hook `index`) renders; its machine owns the I/O.
     Rendering {
         index: usize,
@@ -167,6 +172,7 @@ impl Phase {
             Phase::Running => "running",
             Phase::RestartDelay { .. } => "restart_delay",
             Phase::Killing { .. } => "killing",
+            Phase::ShutdownDelay { .. } => "shutdown_delay",
             Phase::Rendering { .. } => "rendering",
             Phase::SiToken { .. } => "si_token",
             Phase::Envoy { .. } => "envoy",
@@ -596,6 +602,11 @@ impl TaskRunner {
         {
             self.begin_prestart(now, ops);
         }
+        if let Phase::ShutdownDelay { until } = self.phase
+            && now >= until
+        {
+            self.send_kill_now(now, ops);
+        }
         if let Some(supervisor) = &mut self.supervisor {
             let mut out = Vec::new();
             supervisor.handle_timeout(now, ops, &mut out);
@@ -608,7 +619,7 @@ impl TaskRunner {
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         let delay = match self.phase {
-            Phase::RestartDelay { until } => Some(until),
+            Phase::RestartDelay { until } | Phase::ShutdownDelay { until } => Some(until),
             Phase::SiToken {
                 step: sids::Step::Waiting { until, .. },
                 ..
@@ -885,7 +896,12 @@ impl TaskRunner {
             .local
             .handle
             .clone()
-            .filter(|_| matches!(self.phase, Phase::Running | Phase::Killing { .. }))
+            .filter(|_| {
+                matches!(
+                    self.phase,
+                    Phase::Running | Phase::Killing { .. } | Phase::ShutdownDelay { .. }
+                )
+            })
             .ok_or_else(|| TASK_NOT_RUNNING.to_string())?;
         self.event_with(
             now,
@@ -905,10 +921,46 @@ impl TaskRunner {
         self.spec.task.kill_timeout.min(self.spec.max_kill_timeout)
     }
 
+    /// The wait between taking a killed task's services out of Consul and signalling it: its
+    /// group's `shutdown_delay`, then its own (Nomad runs them one after the other).
+    fn shutdown_delay(&self) -> Duration {
+        self.spec.group.shutdown_delay.unwrap_or_default() + self.spec.task.shutdown_delay
+    }
+
+    /// Whether the task waits out its `shutdown_delay` (its services are no longer wanted).
+    pub fn is_shutting_down(&self) -> bool {
+        matches!(self.phase, Phase::ShutdownDelay { .. })
+    }
+
     fn send_kill(&mut self, now: Instant, ops: &mut OpIds) {
         if let Some(templates) = &mut self.templates {
             templates.cancel();
         }
+        if self.local.handle.is_none() {
+            self.begin_stop(now, ops);
+            return;
+        }
+        let delay = self.shutdown_delay();
+        if !delay.is_zero() && !matches!(self.phase, Phase::ShutdownDelay { .. }) {
+            self.event_with(
+                now,
+                events::WAITING_SHUTDOWN_DELAY,
+                &format!(
+                    "Waiting for shutdown_delay of {} before killing the task.",
+                    go_duration(delay)
+                ),
+                details([("shutdown_delay", go_duration(delay))]),
+            );
+            self.set_phase(Phase::ShutdownDelay { until: now + delay });
+            // Persisted: the client's service sync takes the task's services out now.
+            self.persist();
+            return;
+        }
+        self.send_kill_now(now, ops);
+    }
+
+    /// The kill signal, now (the shutdown delay, if any, is over).
+    fn send_kill_now(&mut self, now: Instant, ops: &mut OpIds) {
         let Some(handle) = self.local.handle.clone() else {
             self.begin_stop(now, ops);
             return;

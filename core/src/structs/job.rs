@@ -42,6 +42,10 @@ pub struct TaskGroup {
     /// `spread` blocks: how the group's allocations spread over node values.
     #[serde(default)]
     pub spreads: Vec<Spread>,
+    /// `shutdown_delay`: on a stop, the wait between taking the group's services out of
+    /// Consul and signalling its tasks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shutdown_delay: Option<core::time::Duration>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).

@@ -262,6 +262,10 @@ pub struct Task {
     /// policy); `None`: the group's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart_policy: Option<super::RestartPolicy>,
+    /// `shutdown_delay`: on a kill, the wait between taking the task's services out of
+    /// Consul and sending its kill signal (after its group's own delay).
+    #[serde(default, skip_serializing_if = "Duration::is_zero")]
+    pub shutdown_delay: Duration,
 }
 
 /// `lifecycle` hook values Nomad accepts.
@@ -514,6 +518,7 @@ impl Default for Task {
             kill_signal: String::new(),
             leader: false,
             restart_policy: None,
+            shutdown_delay: Duration::ZERO,
         }
     }
 }

@@ -287,6 +287,9 @@ mod client_harness {
             count: 1,
             ..TaskGroup::default()
         };
+        if let Some(seconds) = args.get("group_shutdown") {
+            group.shutdown_delay = Some(Duration::from_secs(seconds.parse().unwrap()));
+        }
         if let Some(attempts) = args.get("attempts") {
             group.restart_policy = Some(RestartPolicy {
                 attempts: attempts.parse().unwrap(),
@@ -321,6 +324,8 @@ mod client_harness {
                                     mode: RestartMode::Fail,
                                 });
                             }
+                            // shutdown=<seconds>: the task's shutdown_delay.
+                            "shutdown" => task.shutdown_delay = Duration::from_secs(value.parse().unwrap()),
                             "mount" => {
                                 let (volume, rest) = value.split_once(':').expect("alias:dest[:ro]");
                                 let (destination, read_only) = match rest.strip_suffix(":ro") {

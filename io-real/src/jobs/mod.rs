@@ -228,6 +228,8 @@ pub struct ApiTaskGroup {
     pub scaling: Option<ApiScalingPolicy>,
     pub reschedule_policy: Option<ApiReschedulePolicy>,
     pub spreads: Vec<ApiSpread>,
+    /// Nanoseconds (Nomad's `ShutdownDelay`).
+    pub shutdown_delay: Option<i64>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -312,6 +314,8 @@ pub struct ApiTask {
     pub leader: bool,
     /// The task's own `restart` block, laid over its group's.
     pub restart_policy: Option<ApiRestartPolicy>,
+    /// Nanoseconds (Nomad's `ShutdownDelay`).
+    pub shutdown_delay: i64,
 }
 
 /// The `logs` block (Nomad's `LogConfig`).
@@ -675,6 +679,9 @@ impl ApiTaskGroup {
                 }),
             },
             spreads: spreads_in(&self.spreads, problems),
+            shutdown_delay: self
+                .shutdown_delay
+                .map(|nanos| duration("shutdown_delay", nanos, problems)),
             reschedule_policy: reschedule::group_policy(
                 job_type,
                 job.reschedule.as_ref(),
@@ -712,6 +719,7 @@ impl ApiTaskGroup {
             update: group.update.as_deref().map(ApiUpdateStrategy::from_strategy),
             reschedule_policy: group.reschedule_policy.as_ref().map(ApiReschedulePolicy::from_policy),
             spreads: spreads_out(&group.spreads),
+            shutdown_delay: group.shutdown_delay.map(nanos),
             name: group.name.clone(),
             meta: group.meta.clone(),
             constraints: constraints_out(&group.constraints),
@@ -774,6 +782,7 @@ impl ApiTask {
             stanza
         });
         Task {
+            shutdown_delay: duration("shutdown_delay", self.shutdown_delay, problems),
             restart_policy: self
                 .restart_policy
                 .as_ref()
@@ -860,6 +869,7 @@ impl ApiTask {
 
     fn from_task(task: &Task) -> ApiTask {
         ApiTask {
+            shutdown_delay: nanos(task.shutdown_delay),
             restart_policy: task.restart_policy.map(ApiRestartPolicy::of),
             kill_signal: task.kill_signal.clone(),
             leader: task.leader,

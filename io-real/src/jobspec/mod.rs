@@ -580,6 +580,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "scaling",
             "reschedule",
             "spread",
+            "shutdown_delay",
         ],
     );
     let update = walker.update(at, block);
@@ -642,6 +643,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         .collect();
     ApiTaskGroup {
         spreads: walker.spreads(at, block),
+        shutdown_delay: walker.duration(at, block, "shutdown_delay"),
         scaling,
         reschedule_policy,
         name,
@@ -690,6 +692,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
             "kill_signal",
             "leader",
             "restart",
+            "shutdown_delay",
         ],
     );
     let dispatch_payload = walker.single(at, block, "dispatch_payload").map(|payload| {
@@ -776,6 +779,7 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
         kill_signal: walker.string(at, block, "kill_signal").unwrap_or_default(),
         leader: walker.boolean(at, block, "leader").unwrap_or(false),
         restart_policy: walker.restart(at, block),
+        shutdown_delay: walker.duration(at, block, "shutdown_delay").unwrap_or(0),
         name,
     }
 }
@@ -1462,6 +1466,25 @@ job "sys" {
             3_000_000_000_i64
         );
         assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["RestartPolicy"]["Attempts"], 5);
+        assert_eq!(api.to_job().unwrap(), job);
+    }
+
+    /// `shutdown_delay` on a group and a task is kept and read back (JSON: nanoseconds).
+    #[test]
+    fn shutdown_delays_round_trip() {
+        let job = parse(
+            "job \"w\" {\n  group \"g\" {\n    shutdown_delay = \"2s\"\n    task \"t\" {\n      driver = \"raw_exec\"\n      shutdown_delay = \"5s\"\n    }\n  }\n}\n",
+        )
+        .unwrap()
+        .to_job()
+        .unwrap();
+        let group = &job.task_groups[0];
+        assert_eq!(group.shutdown_delay, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(group.tasks[0].shutdown_delay, std::time::Duration::from_secs(5));
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
+        let wire = serde_json::to_value(&api).unwrap();
+        assert_eq!(wire["TaskGroups"][0]["ShutdownDelay"], 2_000_000_000_i64);
+        assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["ShutdownDelay"], 5_000_000_000_i64);
         assert_eq!(api.to_job().unwrap(), job);
     }
 

@@ -22,7 +22,10 @@ pub(super) enum AfterDestroy {
 impl TaskRunner {
     /// The driver reports the task exited.
     pub fn exited(&mut self, now: Instant, exit: ExitResult, ops: &mut OpIds) {
-        if !matches!(self.phase, Phase::Running | Phase::Killing { .. }) {
+        if !matches!(
+            self.phase,
+            Phase::Running | Phase::Killing { .. } | Phase::ShutdownDelay { .. }
+        ) {
             return;
         }
         self.stop_supervisor(now);
