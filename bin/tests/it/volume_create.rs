@@ -235,11 +235,13 @@ parameters {{
         .as_str()
         .unwrap()
         .to_string();
-    let (ok, out) = cli(port, &["alloc", "status", &alloc_id]);
-    assert!(
-        ok && out.contains("CSI Volumes:\nID    Read Only\nvol0  false"),
-        "{out}"
-    );
+    // (Its task's state reaches the servers within the client's batching: waited for.)
+    let out = wait_for(Duration::from_secs(10), || {
+        let (ok, out) = cli(port, &["alloc", "status", &alloc_id]);
+        (ok && out.contains("Task \"")).then_some(out)
+    })
+    .unwrap_or_else(|| panic!("the task's state reaches the servers:\n{}", agent.log()));
+    assert!(out.contains("CSI Volumes:\nID    Read Only\nvol0  false"), "{out}");
     let (ok, out) = cli(port, &["alloc", "status", "--verbose", &alloc_id]);
     assert!(ok, "{out}");
     let csi = out.split("CSI Volumes:\n").nth(1).unwrap_or_default();

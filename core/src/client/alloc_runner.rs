@@ -361,6 +361,11 @@ impl AllocRunner {
         matches!(self.phase, Phase::Idle | Phase::Prerun { .. }) && !self.stop_requested
     }
 
+    /// Asked to stop (by the servers, a drain, a client GC or a disconnect).
+    pub fn is_stopping(&self) -> bool {
+        self.stop_requested
+    }
+
     pub fn is_done(&self) -> bool {
         matches!(self.phase, Phase::Done | Phase::Destroying { .. } | Phase::Destroyed)
     }

@@ -974,6 +974,7 @@ impl Client {
             }
             self.collect_volume(now, &plugin);
         }
+        self.stop_disconnected(now);
         let ids: Vec<String> = self.allocs.keys().cloned().collect();
         for id in ids {
             if let Some(runner) = self.allocs.get_mut(&id) {
@@ -985,6 +986,34 @@ impl Client {
             self.observe_health(now, &id);
         }
         self.drive_link(now);
+    }
+
+    /// When each allocation whose group says `stop_after_client_disconnect` is to be stopped
+    /// for want of the servers: that long after the last contact with them.
+    fn disconnect_deadlines(&self) -> impl Iterator<Item = (&String, Instant)> + '_ {
+        let last = self.link.last_contact();
+        self.allocs.iter().filter_map(move |(id, runner)| {
+            let after = runner.group().stop_after_client_disconnect?;
+            (!runner.is_stopping()).then_some((id, last? + after))
+        })
+    }
+
+    /// Stops what has been out of touch with the servers for its group's
+    /// `stop_after_client_disconnect` (Nomad's heartbeat stop): the servers, which took the
+    /// node for down, place replacements only after the same time.
+    fn stop_disconnected(&mut self, now: Instant) {
+        let due: Vec<String> = self
+            .disconnect_deadlines()
+            .filter(|(_, at)| now >= *at)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            tracing::warn!(alloc = %id, "no contact with the servers for the group's stop_after_client_disconnect: stopping it");
+            if let Some(runner) = self.allocs.get_mut(&id) {
+                runner.stop(now, &mut self.ops);
+            }
+            self.collect(now, &id);
+        }
     }
 
     /// Judges an allocation's deployment health from its tasks now; a verdict is reported.
@@ -1011,7 +1040,9 @@ impl Client {
         let volumes = self.volumes.values().filter_map(VolumeManager::poll_timeout);
         let allocs = self.allocs.values().filter_map(AllocRunner::poll_timeout);
         let reports = self.reports_retry.values().copied();
+        let disconnect = self.disconnect_deadlines().map(|(_, at)| at).min();
         instances
+            .chain(disconnect)
             .chain(self.health.poll_timeout())
             .chain(self.checks.poll_timeout(self.wants_checks()))
             .chain(self.link.poll_timeout())

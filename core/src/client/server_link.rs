@@ -82,6 +82,9 @@ pub struct ServerLink {
     register_again: bool,
     /// The first registration attempt was logged.
     registering_said: bool,
+    /// When a server last took a registration or heartbeat (what `stop_after_client_disconnect`
+    /// counts from).
+    last_contact: Option<Instant>,
 }
 
 impl ServerLink {
@@ -112,6 +115,11 @@ impl ServerLink {
     /// The node's secret, presented with every call the client makes for its node.
     pub fn secret_id(&self) -> &str {
         self.node.as_ref().map_or("", |node| node.secret_id.as_str())
+    }
+
+    /// When a server last took this node's registration or heartbeat.
+    pub fn last_contact(&self) -> Option<Instant> {
+        self.last_contact
     }
 
     pub fn ttl(&self) -> Duration {
@@ -202,6 +210,7 @@ impl ServerLink {
             Ok(Reply::Server(ServerReply::Heartbeat { heartbeat_ttl_ms, .. })) => {
                 let again = core::mem::replace(&mut self.ever_registered, true);
                 self.registered = true;
+                self.last_contact = Some(now);
                 self.ttl = Duration::from_millis(heartbeat_ttl_ms);
                 self.heartbeat.next_at = Some(now + self.ttl.max(HEARTBEAT_RETRY));
                 // The alloc sync starts with the first registration and then runs on its own.
@@ -226,6 +235,7 @@ impl ServerLink {
             Ok(Reply::Server(ServerReply::Heartbeat { heartbeat_ttl_ms, .. })) => {
                 self.ttl = Duration::from_millis(heartbeat_ttl_ms);
                 self.heartbeat.next_at = Some(now + self.ttl.max(HEARTBEAT_RETRY));
+                self.last_contact = Some(now);
             }
             Ok(Reply::Server(ServerReply::Error(error)))
                 if !error.retryable && error.message.contains("node not found") =>

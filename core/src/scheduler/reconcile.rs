@@ -55,6 +55,9 @@ pub(super) struct Reconcile<'a> {
     /// A system job's group had more outdated allocations than its `max_parallel`: the rest
     /// wait for a follow-up evaluation this long (its `stagger`).
     rolling_wait: Option<core::time::Duration>,
+    /// A lost allocation's replacement waits this long for its client to have stopped it
+    /// (`stop_after_client_disconnect`): a follow-up evaluation places it.
+    disconnect_wait: Option<core::time::Duration>,
 }
 
 impl<'a> Reconcile<'a> {
@@ -68,7 +71,33 @@ impl<'a> Reconcile<'a> {
             rollout: Rollout::default(),
             group_count_max: crate::jobspec::GROUP_COUNT_MAX,
             rolling_wait: None,
+            disconnect_wait: None,
         }
+    }
+
+    /// How long from now the replacement of `alloc`, lost, must wait: until its client, out of
+    /// touch since before it was found lost, has surely stopped it under its group's
+    /// `stop_after_client_disconnect` (`None`: due, or no such wait).
+    fn lost_wait(&self, job: &Job, alloc: &Allocation) -> Option<core::time::Duration> {
+        let after = job
+            .task_groups
+            .iter()
+            .find(|group| group.name == alloc.task_group)?
+            .stop_after_client_disconnect?;
+        let due = alloc.modify_time_ms.saturating_add(after.as_millis() as u64);
+        let now = self.state.last_applied_time_ms();
+        (now < due).then(|| core::time::Duration::from_millis(due - now))
+    }
+
+    /// Whether `alloc`'s group has its lost allocations wait for their client.
+    fn waits_for_disconnect(&self, job: &Job, alloc: &Allocation) -> bool {
+        job.task_groups
+            .iter()
+            .any(|group| group.name == alloc.task_group && group.stop_after_client_disconnect.is_some())
+    }
+
+    fn wait_for_disconnect(&mut self, wait: core::time::Duration) {
+        self.disconnect_wait = Some(self.disconnect_wait.map_or(wait, |known| known.min(wait)));
     }
 
     /// Stops `alloc` (lost: its node is gone, so its client status becomes lost too) and frees
@@ -405,10 +434,38 @@ impl<'a> Reconcile<'a> {
             // Nothing live. A batch allocation that completed at this version is done;
             // anything else is (re)placed.
             None if history.iter().any(|alloc| done_at_this_version(alloc)) => Decision::Keep,
-            None => Decision::Place(None),
+            None => {
+                let newest = history.iter().copied().max_by_key(|alloc| alloc.create_index);
+                match newest.and_then(|alloc| self.lost_wait(job, alloc).map(|wait| (alloc, wait))) {
+                    Some((_, wait)) => {
+                        self.wait_for_disconnect(wait);
+                        Decision::Keep
+                    }
+                    // The replacement of one that waited for its client replaces it.
+                    None => Decision::Place(
+                        newest
+                            .filter(|alloc| {
+                                alloc.client_status == ClientStatus::Lost && self.waits_for_disconnect(job, alloc)
+                            })
+                            .map(|alloc| alloc.id.clone()),
+                    ),
+                }
+            }
             Some(alloc) if !alloc.client_terminal() && self.node_down(alloc) => {
                 self.stop(alloc, ALLOC_LOST, true);
-                Decision::Place(Some(alloc.id.clone()))
+                let after = job
+                    .task_groups
+                    .iter()
+                    .find(|group| group.name == alloc.task_group)
+                    .and_then(|group| group.stop_after_client_disconnect);
+                match after {
+                    // Its client may still run it: replaced once that client has stopped it.
+                    Some(after) => {
+                        self.wait_for_disconnect(after);
+                        Decision::Keep
+                    }
+                    None => Decision::Place(Some(alloc.id.clone())),
+                }
             }
             Some(alloc) if alloc.desired_transition.migrate && !alloc.client_terminal() => {
                 // A drain moves it: the replacement goes to an eligible node and takes its
@@ -482,6 +539,23 @@ impl<'a> Reconcile<'a> {
                 priority: eval.priority,
                 eval_type: eval.eval_type.clone(),
                 triggered_by: TRIGGER_ROLLING_UPDATE.into(),
+                job_id: eval.job_id.clone(),
+                job_modify_index: job.job_modify_index,
+                status: EVAL_PENDING.into(),
+                previous_eval: eval.id.clone(),
+                wait_ms: wait.as_millis() as u64,
+                ..Evaluation::default()
+            };
+            processed.next_eval = next.id.clone();
+            self.plan.evals.push(next);
+        }
+        if let Some(wait) = self.disconnect_wait {
+            let next = Evaluation {
+                id: new_id(),
+                namespace: eval.namespace.clone(),
+                priority: eval.priority,
+                eval_type: eval.eval_type.clone(),
+                triggered_by: crate::structs::TRIGGER_RETRY_FAILED_ALLOC.into(),
                 job_id: eval.job_id.clone(),
                 job_modify_index: job.job_modify_index,
                 status: EVAL_PENDING.into(),

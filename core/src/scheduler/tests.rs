@@ -289,6 +289,60 @@ fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
     assert_eq!(world.live("web"), [("web.g[0]".to_string(), "n2".to_string())]);
 }
 
+/// `stop_after_client_disconnect`: an allocation on a node found down is marked lost at once,
+/// but its replacement waits until its client, out of touch, has surely stopped it — that
+/// long after it was found lost — through a follow-up evaluation; then it is replaced.
+#[test]
+fn a_lost_allocation_is_replaced_only_after_its_client_stopped_it() {
+    let mut world = World::new(&[node("n1", 4000)]);
+    let mut web = job("web", JobType::Service, 1, 100);
+    web.task_groups[0].stop_after_client_disconnect = Some(core::time::Duration::from_secs(5));
+    let eval = world.register(&web);
+    world.run(&eval);
+    let first = world.fx.state.allocs().next().unwrap().id.clone();
+    world.fx.ok(Command::NodeRegister { node: node("n2", 4000) });
+    world.fx.ok(Command::NodeUpdateStatus {
+        node_id: "n1".into(),
+        status: NodeStatus::Down,
+        event: None,
+    });
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    let lost = plan.allocs.iter().find(|a| a.id == first).unwrap();
+    assert_eq!(
+        (lost.desired_status, lost.client_status),
+        (DesiredStatus::Stop, ClientStatus::Lost)
+    );
+    assert!(
+        world.live("web").is_empty(),
+        "nothing placed yet: {:?}",
+        world.live("web")
+    );
+    let follow_up = plan
+        .evals
+        .iter()
+        .find(|e| e.triggered_by == crate::structs::TRIGGER_RETRY_FAILED_ALLOC)
+        .expect("a follow-up evaluation");
+    assert_eq!(follow_up.wait_ms, 5_000);
+    // Two seconds on (two entries), another evaluation still waits, for what is left.
+    world.fx.ok(Command::NodeRegister { node: node("n3", 4000) });
+    world.fx.ok(Command::NodeRegister { node: node("n4", 4000) });
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    assert!(world.live("web").is_empty());
+    let waits: Vec<u64> = plan.evals.iter().map(|e| e.wait_ms).filter(|w| *w > 0).collect();
+    assert!(matches!(waits[..], [w] if w < 5_000), "{waits:?}");
+    // Past the wait: replaced, as the lost allocation's replacement.
+    for name in ["n5", "n6", "n7", "n8"] {
+        world.fx.ok(Command::NodeRegister { node: node(name, 4000) });
+    }
+    let eval = world.eval("web");
+    let plan = world.run(&eval);
+    let placed = plan.allocs.iter().find(|a| a.id != first).expect("a replacement");
+    assert_eq!(placed.previous_allocation.as_deref(), Some(first.as_str()));
+    assert_eq!(world.live("web").len(), 1);
+}
+
 #[test]
 fn a_stopped_allocation_still_running_on_a_node_that_goes_down_is_lost() {
     let mut world = World::new(&[node("n1", 4000), node("n2", 4000)]);

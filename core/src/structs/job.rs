@@ -46,6 +46,10 @@ pub struct TaskGroup {
     /// Consul and signalling its tasks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shutdown_delay: Option<core::time::Duration>,
+    /// `stop_after_client_disconnect`: a client out of touch with the servers this long stops
+    /// the group's allocations, and the servers place their replacements only after that.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_after_client_disconnect: Option<core::time::Duration>,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).

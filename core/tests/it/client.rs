@@ -31,6 +31,11 @@ struct World {
     order: Vec<String>,
     /// Plugins answer their probe "not ready".
     plugins_not_ready: bool,
+    /// Registrations and heartbeats are taken with this TTL (0: answered as any other call,
+    /// which the link counts a failure).
+    heartbeat_ttl_ms: u64,
+    /// No server answers.
+    servers_unreachable: bool,
 }
 
 impl World {
@@ -134,6 +139,20 @@ impl World {
             }),
             Io::AllocSync(_) => return Err(IoError::other("this world hands allocations in directly")),
             Io::Consul(_) => return Err(IoError::other("this world has no consul")),
+            Io::Server(_) if self.servers_unreachable => {
+                return Err(IoError::new(
+                    drover_core::client::ErrorKind::Unavailable,
+                    "no server answers",
+                ));
+            }
+            Io::Server(ServerRequest::NodeRegister { .. } | ServerRequest::NodeUpdateStatus { .. })
+                if self.heartbeat_ttl_ms > 0 =>
+            {
+                Reply::Server(ServerReply::Heartbeat {
+                    index: 1,
+                    heartbeat_ttl_ms: self.heartbeat_ttl_ms,
+                })
+            }
             Io::Server(request) => Reply::Server(match request {
                 ServerRequest::VolumeClaim { volume_id, claim, .. } => {
                     self.server.push(format!("claim {volume_id} {}", claim.allocation_id));
@@ -1663,4 +1682,58 @@ fn a_client_gc_collects_only_what_is_done_and_listed_finished() {
     settle(&mut client, &mut world, now, &mut hooks);
     assert!(client.alloc("a2").is_none());
     assert!(client.alloc("a3").is_some(), "a running allocation is never collected");
+}
+
+/// `stop_after_client_disconnect`: a client out of touch with the servers for that long stops
+/// the group's allocations (and only those), counting from the last heartbeat the servers took.
+#[test]
+fn a_client_out_of_touch_stops_what_says_stop_after_client_disconnect() {
+    let mut client = new_client(9);
+    let mut world = World {
+        heartbeat_ttl_ms: 10_000,
+        ..World::default()
+    };
+    let mut hooks = Vec::new();
+    let t0 = Instant::ZERO + Duration::from_secs(1);
+    exec_driver(&mut client, t0);
+    let node = drover_core::structs::Node {
+        id: "n1".into(),
+        ..Default::default()
+    };
+    client.connect(t0, node, Default::default(), Vec::new());
+    settle(&mut client, &mut world, t0, &mut hooks);
+    let mut careful = app_job_without_volumes();
+    careful.id = "careful".into();
+    careful.task_groups[0].stop_after_client_disconnect = Some(Duration::from_secs(30));
+    let plain = app_job_without_volumes();
+    client.handle(
+        t0,
+        ClientInput::Allocs {
+            allocs: vec![
+                (alloc("c1", &careful), Arc::new(careful.clone())),
+                (alloc("p1", &plain), Arc::new(plain.clone())),
+            ],
+            finished_elsewhere: Vec::new(),
+        },
+    );
+    settle(&mut client, &mut world, t0, &mut hooks);
+    assert_eq!(world.running.len(), 2, "both run");
+    // The servers go away right after the registration: heartbeats fail from then on.
+    world.servers_unreachable = true;
+    let deadline = t0 + Duration::from_secs(30);
+    let mut now = t0;
+    while now < deadline {
+        now = client.poll_timeout().expect("something is due").min(deadline);
+        client.handle_timeout(now);
+        settle(&mut client, &mut world, now, &mut hooks);
+        if now < deadline {
+            assert!(world.stops.is_empty(), "nothing stopped at {now:?}");
+        }
+    }
+    assert_eq!(
+        world.stops,
+        [("c1".to_string(), "web".to_string())],
+        "only the careful group's"
+    );
+    assert!(client.alloc("p1").is_some_and(|runner| !runner.is_stopping()));
 }

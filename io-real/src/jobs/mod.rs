@@ -230,6 +230,8 @@ pub struct ApiTaskGroup {
     pub spreads: Vec<ApiSpread>,
     /// Nanoseconds (Nomad's `ShutdownDelay`).
     pub shutdown_delay: Option<i64>,
+    /// Nanoseconds (Nomad's `StopAfterClientDisconnect`).
+    pub stop_after_client_disconnect: Option<i64>,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -682,6 +684,9 @@ impl ApiTaskGroup {
             shutdown_delay: self
                 .shutdown_delay
                 .map(|nanos| duration("shutdown_delay", nanos, problems)),
+            stop_after_client_disconnect: self
+                .stop_after_client_disconnect
+                .map(|nanos| duration("stop_after_client_disconnect", nanos, problems)),
             reschedule_policy: reschedule::group_policy(
                 job_type,
                 job.reschedule.as_ref(),
@@ -720,6 +725,7 @@ impl ApiTaskGroup {
             reschedule_policy: group.reschedule_policy.as_ref().map(ApiReschedulePolicy::from_policy),
             spreads: spreads_out(&group.spreads),
             shutdown_delay: group.shutdown_delay.map(nanos),
+            stop_after_client_disconnect: group.stop_after_client_disconnect.map(nanos),
             name: group.name.clone(),
             meta: group.meta.clone(),
             constraints: constraints_out(&group.constraints),

@@ -581,6 +581,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "reschedule",
             "spread",
             "shutdown_delay",
+            "stop_after_client_disconnect",
         ],
     );
     let update = walker.update(at, block);
@@ -644,6 +645,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
     ApiTaskGroup {
         spreads: walker.spreads(at, block),
         shutdown_delay: walker.duration(at, block, "shutdown_delay"),
+        stop_after_client_disconnect: walker.duration(at, block, "stop_after_client_disconnect"),
         scaling,
         reschedule_policy,
         name,
@@ -1473,17 +1475,22 @@ job "sys" {
     #[test]
     fn shutdown_delays_round_trip() {
         let job = parse(
-            "job \"w\" {\n  group \"g\" {\n    shutdown_delay = \"2s\"\n    task \"t\" {\n      driver = \"raw_exec\"\n      shutdown_delay = \"5s\"\n    }\n  }\n}\n",
+            "job \"w\" {\n  group \"g\" {\n    shutdown_delay = \"2s\"\n    stop_after_client_disconnect = \"90s\"\n    task \"t\" {\n      driver = \"raw_exec\"\n      shutdown_delay = \"5s\"\n    }\n  }\n}\n",
         )
         .unwrap()
         .to_job()
         .unwrap();
         let group = &job.task_groups[0];
         assert_eq!(group.shutdown_delay, Some(std::time::Duration::from_secs(2)));
+        assert_eq!(
+            group.stop_after_client_disconnect,
+            Some(std::time::Duration::from_secs(90))
+        );
         assert_eq!(group.tasks[0].shutdown_delay, std::time::Duration::from_secs(5));
         let api = crate::jobs::ApiJob::from_job(&job, "pending");
         let wire = serde_json::to_value(&api).unwrap();
         assert_eq!(wire["TaskGroups"][0]["ShutdownDelay"], 2_000_000_000_i64);
+        assert_eq!(wire["TaskGroups"][0]["StopAfterClientDisconnect"], 90_000_000_000_i64);
         assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["ShutdownDelay"], 5_000_000_000_i64);
         assert_eq!(api.to_job().unwrap(), job);
     }

@@ -173,7 +173,17 @@ async fn tokens_are_held_to_their_policies_on_every_endpoint_family() {
     assert_eq!(status, 200, "{body}");
     let (status, _) = http(port, "PUT", "/v1/jobs".into(), submitter.clone(), job("other")).await;
     assert_eq!(status, 403);
-    // A job in another namespace is not listed to a token that may read only `default`.
+    // A job in another namespace (made first: a job goes only into one that exists) is not
+    // listed to a token that may read only `default`.
+    let (status, body) = http(
+        port,
+        "PUT",
+        "/v1/namespace/other".into(),
+        root.clone(),
+        r#"{"Name":"other"}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
     let (status, body) = http(port, "PUT", "/v1/jobs".into(), root.clone(), job("other")).await;
     assert_eq!(status, 200, "{body}");
     let namespaces = |body: String| -> Vec<String> {
