@@ -168,6 +168,9 @@ fn an_operator_sees_an_allocations_tasks_and_stops_it() {
         assert!(stats["AllocDirStats"]["Size"].as_u64() > Some(0), "{stats:#}");
         assert!(stats["Uptime"].as_u64() > Some(0), "{stats:#}");
     }
+    // The node's disk for ephemeral_disk sizes: what is free where allocation dirs live.
+    let node = get(port, &format!("/v1/node/{node_id}")).unwrap();
+    assert!(node["NodeResources"]["Disk"]["DiskMB"].as_u64() > Some(0), "{node:#}");
     let (code, body) = status("GET", "/v1/client/stats?node_id=nope");
     assert_eq!((code, body.trim()), (404, "Unknown node nope"));
     assert_eq!(

@@ -90,6 +90,7 @@ impl<'a> Placement<'a> {
 struct Usage {
     cpu: u64,
     memory_mb: u64,
+    disk_mb: u64,
     ports: BTreeSet<u16>,
     /// Ports of allocations told to stop whose tasks may still hold them (until their client
     /// reports them finished): a dynamic pick avoids them while it can.
@@ -103,6 +104,7 @@ pub fn group_resources(group: &TaskGroup) -> AllocatedResources {
         sum.cpu += u64::from(task.resources.cpu);
         sum.memory_mb += u64::from(task.resources.memory_mb);
     }
+    sum.disk_mb = group.ephemeral_disk.map_or(0, |disk| disk.size_mb);
     sum
 }
 
@@ -207,6 +209,7 @@ fn node_usage(state: &ServerState) -> BTreeMap<String, Usage> {
         }
         entry.cpu += alloc.resources.cpu;
         entry.memory_mb += alloc.resources.memory_mb;
+        entry.disk_mb += alloc.resources.disk_mb;
         entry.ports.extend(alloc.resources.host_ports());
     }
     usage
@@ -262,6 +265,12 @@ fn select_node(
             exhausted = Some("cpu".into());
         } else if exhausted.is_none() && node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {
             exhausted = Some("memory".into());
+        } else if exhausted.is_none()
+            && ask.disk_mb > 0
+            && node.resources.disk_mb > 0
+            && used.disk_mb + ask.disk_mb > node.resources.disk_mb
+        {
+            exhausted = Some("disk".into());
         }
         if let Some(dimension) = exhausted {
             metric.nodes_exhausted += 1;

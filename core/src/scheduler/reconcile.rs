@@ -112,6 +112,7 @@ impl<'a> Reconcile<'a> {
         if let Some(node) = self.usage.get_mut(&alloc.node_id) {
             node.cpu = node.cpu.saturating_sub(alloc.resources.cpu);
             node.memory_mb = node.memory_mb.saturating_sub(alloc.resources.memory_mb);
+            node.disk_mb = node.disk_mb.saturating_sub(alloc.resources.disk_mb);
             for port in alloc.resources.host_ports() {
                 node.ports.remove(&port);
                 node.releasing.insert(port);
@@ -593,6 +594,7 @@ impl<'a> Reconcile<'a> {
                     }
                     entry.cpu += ask.cpu;
                     entry.memory_mb += ask.memory_mb;
+                    entry.disk_mb += ask.disk_mb;
                     self.plan.allocs.push(Allocation {
                         id,
                         namespace: job.namespace.clone(),

@@ -480,6 +480,26 @@ fn a_system_job_runs_once_on_every_feasible_node_and_follows_a_late_node() {
     assert_eq!(plan.allocs[0].node_id, "n4");
 }
 
+/// `ephemeral_disk { size }` counts against the node's disk: two of 600 MB do not fit on a
+/// node with 1000 MB, and the one that does not is refused for "disk".
+#[test]
+fn ephemeral_disk_counts_against_the_nodes_disk() {
+    let mut small = node("n1", 4000);
+    small.resources.disk_mb = 1000;
+    let mut world = World::new(&[small]);
+    let mut web = job("web", JobType::Service, 2, 100);
+    web.task_groups[0].ephemeral_disk = Some(crate::structs::EphemeralDisk {
+        size_mb: 600,
+        ..Default::default()
+    });
+    let eval = world.register(&web);
+    let plan = world.run(&eval);
+    assert_eq!(plan.allocs.len(), 1);
+    assert_eq!(plan.allocs[0].resources.disk_mb, 600);
+    let metric = &plan.evals[0].failed_tg_allocs["g"];
+    assert_eq!(metric.dimension_exhausted["disk"], 1);
+}
+
 #[test]
 fn an_unplaceable_group_records_why_and_blocks() {
     let mut world = World::new(&[node("n1", 1000)]);

@@ -86,6 +86,9 @@ pub struct DesiredTransition {
 pub struct AllocatedResources {
     pub cpu: u64,
     pub memory_mb: u64,
+    /// The group's `ephemeral_disk` size (MB).
+    #[serde(default)]
+    pub disk_mb: u64,
     /// The group network's ports (Nomad's `AllocatedResources.Shared.Ports`).
     #[serde(default)]
     pub ports: Vec<AllocatedPort>,

@@ -50,6 +50,21 @@ pub struct TaskGroup {
     /// the group's allocations, and the servers place their replacements only after that.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_after_client_disconnect: Option<core::time::Duration>,
+    /// `ephemeral_disk`: the disk the group's allocation directory may take on its node
+    /// (`None`: not counted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral_disk: Option<EphemeralDisk>,
+}
+
+/// Nomad's `EphemeralDisk`: the size counts against the node's disk; `sticky` and `migrate`
+/// are refused at parse time (not honoured yet), so stored ones are always false.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EphemeralDisk {
+    pub size_mb: u64,
+    #[serde(default)]
+    pub sticky: bool,
+    #[serde(default)]
+    pub migrate: bool,
 }
 
 /// Nomad's `MigrateStrategy` (the part a drain reads).

@@ -102,6 +102,9 @@ impl DriverInfo {
 pub struct NodeResources {
     pub cpu: u64,
     pub memory_mb: u64,
+    /// The disk allocation directories may take (MB); 0: unknown, not counted.
+    #[serde(default)]
+    pub disk_mb: u64,
     /// The addresses tasks' ports are allocated on (the first one is used).
     #[serde(default)]
     pub networks: Vec<NodeNetwork>,

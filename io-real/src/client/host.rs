@@ -340,6 +340,17 @@ pub fn client_identity(
             .unwrap_or(drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT),
     };
     let mut resources = host_resources();
+    // The disk allocation directories may take: what is free where they live, at start (as
+    // Nomad's storage fingerprint).
+    if let Some(data_dir) = &config.data_dir {
+        let alloc_root = std::path::Path::new(data_dir).join("alloc");
+        let probe = if alloc_root.exists() {
+            alloc_root
+        } else {
+            std::path::PathBuf::from(data_dir)
+        };
+        resources.disk_mb = super::hoststats::disk_free_mb(&probe).unwrap_or(0);
+    }
     resources.networks = host_networks(config);
     resources.reserved_ports = config.client.reserved_ports.clone();
     resources.min_dynamic_port = config.client.min_dynamic_port;

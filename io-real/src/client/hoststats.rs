@@ -166,6 +166,12 @@ pub fn read_host_counters(alloc_root: &std::path::Path) -> HostCounters {
     }
 }
 
+/// The space free (to unprivileged users) on the filesystem holding `path`, in MB.
+#[cfg(not(madsim))]
+pub fn disk_free_mb(path: &std::path::Path) -> Option<u64> {
+    disk_usage(path).map(|disk| disk.available / (1024 * 1024))
+}
+
 /// `statvfs` of `path`, named by the mount that holds it (`/proc/self/mounts`).
 #[cfg(not(madsim))]
 fn disk_usage(path: &std::path::Path) -> Option<DiskUsage> {

@@ -340,6 +340,7 @@ pub fn allocated_resources(alloc: &Allocation, state: &ServerState) -> Value {
         "Shared": {
             "Ports": alloc.resources.ports.iter().map(ApiPortMapping::from_port).collect::<Vec<_>>(),
             "Networks": shared_networks,
+            "DiskMB": alloc.resources.disk_mb,
         },
         "Tasks": tasks,
         "Total": {
@@ -625,6 +626,7 @@ pub fn node(node: &Node) -> Value {
         "NodeResources": {
             "Cpu": {"CpuShares": node.resources.cpu},
             "Memory": {"MemoryMB": node.resources.memory_mb},
+            "Disk": {"DiskMB": node.resources.disk_mb},
             "Networks": node.resources.networks.iter().map(crate::jobs::ApiNetworkResource::node).collect::<Vec<_>>(),
             "MinDynamicPort": *node.resources.dynamic_range().start(),
             "MaxDynamicPort": *node.resources.dynamic_range().end(),

@@ -232,6 +232,19 @@ pub struct ApiTaskGroup {
     pub shutdown_delay: Option<i64>,
     /// Nanoseconds (Nomad's `StopAfterClientDisconnect`).
     pub stop_after_client_disconnect: Option<i64>,
+    pub ephemeral_disk: Option<ApiEphemeralDisk>,
+}
+
+/// Nomad's `EphemeralDisk` JSON.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApiEphemeralDisk {
+    #[serde(rename = "SizeMB")]
+    pub size_mb: Option<u64>,
+    #[serde(rename = "Sticky")]
+    pub sticky: bool,
+    #[serde(rename = "Migrate")]
+    pub migrate: bool,
 }
 
 /// The `migrate` block: how a node drain moves the group.
@@ -687,6 +700,23 @@ impl ApiTaskGroup {
             stop_after_client_disconnect: self
                 .stop_after_client_disconnect
                 .map(|nanos| duration("stop_after_client_disconnect", nanos, problems)),
+            ephemeral_disk: self.ephemeral_disk.as_ref().map(|disk| {
+                // Not honoured yet: refused by name rather than stored and ignored.
+                for (set, field) in [(disk.sticky, "sticky"), (disk.migrate, "migrate")] {
+                    if set {
+                        problems.push(format!(
+                            "Group {:?} ephemeral_disk: {field} is not supported by Drover",
+                            self.name
+                        ));
+                    }
+                }
+                drover_core::structs::EphemeralDisk {
+                    // Nomad's default size.
+                    size_mb: disk.size_mb.unwrap_or(300),
+                    sticky: false,
+                    migrate: false,
+                }
+            }),
             reschedule_policy: reschedule::group_policy(
                 job_type,
                 job.reschedule.as_ref(),
@@ -726,6 +756,11 @@ impl ApiTaskGroup {
             spreads: spreads_out(&group.spreads),
             shutdown_delay: group.shutdown_delay.map(nanos),
             stop_after_client_disconnect: group.stop_after_client_disconnect.map(nanos),
+            ephemeral_disk: group.ephemeral_disk.map(|disk| ApiEphemeralDisk {
+                size_mb: Some(disk.size_mb),
+                sticky: disk.sticky,
+                migrate: disk.migrate,
+            }),
             name: group.name.clone(),
             meta: group.meta.clone(),
             constraints: constraints_out(&group.constraints),

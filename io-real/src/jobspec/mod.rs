@@ -582,9 +582,19 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
             "spread",
             "shutdown_delay",
             "stop_after_client_disconnect",
+            "ephemeral_disk",
         ],
     );
     let update = walker.update(at, block);
+    let ephemeral_disk = walker.single(at, block, "ephemeral_disk").map(|disk| {
+        let at = format!("{at} ephemeral_disk");
+        walker.known(&at, disk, &["size", "sticky", "migrate"]);
+        crate::jobs::ApiEphemeralDisk {
+            size_mb: walker.number(&at, disk, "size").map(u64::from),
+            sticky: walker.boolean(&at, disk, "sticky").unwrap_or(false),
+            migrate: walker.boolean(&at, disk, "migrate").unwrap_or(false),
+        }
+    });
     let scaling = walker.single(at, block, "scaling").map(|scaling| {
         let at = format!("{at} scaling");
         walker.known(&at, scaling, &["min", "max", "enabled", "policy", "type"]);
@@ -646,6 +656,7 @@ fn parse_group(walker: &mut Walker, at: &str, name: String, block: &Object) -> A
         spreads: walker.spreads(at, block),
         shutdown_delay: walker.duration(at, block, "shutdown_delay"),
         stop_after_client_disconnect: walker.duration(at, block, "stop_after_client_disconnect"),
+        ephemeral_disk,
         scaling,
         reschedule_policy,
         name,
@@ -1493,6 +1504,30 @@ job "sys" {
         assert_eq!(wire["TaskGroups"][0]["StopAfterClientDisconnect"], 90_000_000_000_i64);
         assert_eq!(wire["TaskGroups"][0]["Tasks"][0]["ShutdownDelay"], 5_000_000_000_i64);
         assert_eq!(api.to_job().unwrap(), job);
+    }
+
+    /// `ephemeral_disk { size }` is kept and read back (JSON `EphemeralDisk.SizeMB`); `sticky`
+    /// and `migrate`, not honoured, are refused by name rather than stored and ignored.
+    #[test]
+    fn ephemeral_disk_size_round_trips_and_sticky_is_refused() {
+        let spec = |extra: &str| {
+            format!(
+                "job \"w\" {{\n  group \"g\" {{\n    ephemeral_disk {{\n      size = 500\n{extra}    }}\n    task \"t\" {{\n      driver = \"raw_exec\"\n    }}\n  }}\n}}\n"
+            )
+        };
+        let job = parse(&spec("")).unwrap().to_job().unwrap();
+        let disk = job.task_groups[0].ephemeral_disk.unwrap();
+        assert_eq!((disk.size_mb, disk.sticky, disk.migrate), (500, false, false));
+        let api = crate::jobs::ApiJob::from_job(&job, "pending");
+        let wire = serde_json::to_value(&api).unwrap();
+        assert_eq!(wire["TaskGroups"][0]["EphemeralDisk"]["SizeMB"], 500);
+        assert_eq!(api.to_job().unwrap(), job);
+        let refused = parse(&spec("      sticky = true\n"))
+            .unwrap()
+            .to_job()
+            .unwrap_err()
+            .join("\n");
+        assert!(refused.contains("ephemeral_disk: sticky is not supported"), "{refused}");
     }
 
     #[test]
