@@ -237,8 +237,9 @@ impl ServerLink {
                 self.heartbeat.next_at = Some(now + self.ttl.max(HEARTBEAT_RETRY));
                 self.last_contact = Some(now);
             }
+            // Decided by the error's kind, never its text: the servers no longer hold the node.
             Ok(Reply::Server(ServerReply::Error(error)))
-                if !error.retryable && error.message.contains("node not found") =>
+                if !error.retryable && error.kind == crate::error::ErrorKind::NotFound =>
             {
                 tracing::info!("the servers do not know this node; registering it again");
                 self.registered = false;

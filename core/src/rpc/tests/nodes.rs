@@ -74,7 +74,9 @@ fn a_down_node_that_heartbeats_is_ready_again_and_unknown_nodes_are_told_so() {
         panic!()
     };
     assert!(
-        !failure.retryable && failure.message.contains("node not found"),
+        !failure.retryable
+            && failure.kind == crate::error::ErrorKind::NotFound
+            && failure.message.contains("node not found"),
         "{failure:?}"
     );
 }
