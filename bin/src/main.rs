@@ -258,16 +258,11 @@ fn remove_dev_dir(dir: &std::path::Path) {
     }
 }
 
-/// The libraries under the agent's transports: at DEBUG and TRACE they log every HTTP/2 frame
-/// and TLS record (86 % of 463 MB in five minutes of a DEBUG agent under load, issue 54 §9),
-/// so they stay at INFO whatever `-log-level` says. `RUST_LOG` still reaches them.
-const TRANSPORT_LOG_TARGETS: &[&str] = &["h2", "hyper", "hyper_util", "tonic", "tower", "rustls", "tokio_rustls"];
-
 /// The log filter for `-log-level` (openraft's own lines are off: the agent logs Raft's
 /// events itself).
 fn log_filter(level: &str) -> tracing_subscriber::EnvFilter {
     let mut directives = format!("{},openraft=off", level.to_lowercase());
-    for target in TRANSPORT_LOG_TARGETS {
+    for target in drover_io_real::logbus::TRANSPORT_LOG_TARGETS {
         directives.push_str(&format!(",{target}=info"));
     }
     tracing_subscriber::EnvFilter::new(directives)

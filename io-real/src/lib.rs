@@ -50,7 +50,6 @@ mod csi_lifecycle;
 pub mod disk;
 #[cfg(not(madsim))]
 pub mod http;
-#[cfg(not(madsim))]
 pub mod logbus;
 pub mod logmon;
 pub mod logstream;

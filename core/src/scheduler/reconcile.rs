@@ -533,30 +533,20 @@ impl<'a> Reconcile<'a> {
             self.plan.evals.push(processed);
             return self.plan;
         };
-        if let Some(wait) = self.rolling_wait {
+        // Follow-up evaluations: the rest of a system job's rollout after its stagger, and the
+        // replacement of a lost allocation once its client has stopped it.
+        let follow_ups = [
+            (self.rolling_wait, TRIGGER_ROLLING_UPDATE),
+            (self.disconnect_wait, crate::structs::TRIGGER_RETRY_FAILED_ALLOC),
+        ];
+        for (wait, triggered_by) in follow_ups {
+            let Some(wait) = wait else { continue };
             let next = Evaluation {
                 id: new_id(),
                 namespace: eval.namespace.clone(),
                 priority: eval.priority,
                 eval_type: eval.eval_type.clone(),
-                triggered_by: TRIGGER_ROLLING_UPDATE.into(),
-                job_id: eval.job_id.clone(),
-                job_modify_index: job.job_modify_index,
-                status: EVAL_PENDING.into(),
-                previous_eval: eval.id.clone(),
-                wait_ms: wait.as_millis() as u64,
-                ..Evaluation::default()
-            };
-            processed.next_eval = next.id.clone();
-            self.plan.evals.push(next);
-        }
-        if let Some(wait) = self.disconnect_wait {
-            let next = Evaluation {
-                id: new_id(),
-                namespace: eval.namespace.clone(),
-                priority: eval.priority,
-                eval_type: eval.eval_type.clone(),
-                triggered_by: crate::structs::TRIGGER_RETRY_FAILED_ALLOC.into(),
+                triggered_by: triggered_by.into(),
                 job_id: eval.job_id.clone(),
                 job_modify_index: job.job_modify_index,
                 status: EVAL_PENDING.into(),

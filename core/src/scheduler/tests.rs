@@ -262,11 +262,10 @@ fn a_plan_computed_before_a_client_report_keeps_the_reported_status() {
     assert_eq!(world.fx.state.alloc(&first).unwrap().client_status, ClientStatus::Lost);
 }
 
-#[test]
-fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
+/// `web` placed on n1, then n2 joins and n1 goes down: the world and the first allocation.
+fn placed_then_node_down(web: &Job) -> (World, String) {
     let mut world = World::new(&[node("n1", 4000)]);
-    let web = job("web", JobType::Service, 1, 100);
-    let eval = world.register(&web);
+    let eval = world.register(web);
     world.run(&eval);
     let first = world.fx.state.allocs().next().unwrap().id.clone();
     world.fx.ok(Command::NodeRegister { node: node("n2", 4000) });
@@ -275,6 +274,12 @@ fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
         status: NodeStatus::Down,
         event: None,
     });
+    (world, first)
+}
+
+#[test]
+fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
+    let (mut world, first) = placed_then_node_down(&job("web", JobType::Service, 1, 100));
     let eval = world.eval("web");
     let plan = world.run(&eval);
     let lost = plan.allocs.iter().find(|a| a.id == first).unwrap();
@@ -294,18 +299,9 @@ fn allocations_on_a_down_node_are_lost_and_replaced_elsewhere() {
 /// long after it was found lost — through a follow-up evaluation; then it is replaced.
 #[test]
 fn a_lost_allocation_is_replaced_only_after_its_client_stopped_it() {
-    let mut world = World::new(&[node("n1", 4000)]);
     let mut web = job("web", JobType::Service, 1, 100);
     web.task_groups[0].stop_after_client_disconnect = Some(core::time::Duration::from_secs(5));
-    let eval = world.register(&web);
-    world.run(&eval);
-    let first = world.fx.state.allocs().next().unwrap().id.clone();
-    world.fx.ok(Command::NodeRegister { node: node("n2", 4000) });
-    world.fx.ok(Command::NodeUpdateStatus {
-        node_id: "n1".into(),
-        status: NodeStatus::Down,
-        event: None,
-    });
+    let (mut world, first) = placed_then_node_down(&web);
     let eval = world.eval("web");
     let plan = world.run(&eval);
     let lost = plan.allocs.iter().find(|a| a.id == first).unwrap();

@@ -254,7 +254,7 @@ impl ClientExecutor for HostExecutor {
     }
 
     fn host_counters(&self) -> Option<super::hoststats::HostCounters> {
-        Some(super::hoststats::read_host_counters(&self.alloc_root))
+        Some(read_host_counters(&self.alloc_root))
     }
 
     fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
@@ -349,7 +349,7 @@ pub fn client_identity(
         } else {
             std::path::PathBuf::from(data_dir)
         };
-        resources.disk_mb = super::hoststats::disk_free_mb(&probe).unwrap_or(0);
+        resources.disk_mb = disk_free_mb(&probe).unwrap_or(0);
     }
     resources.networks = host_networks(config);
     resources.reserved_ports = config.client.reserved_ports.clone();
@@ -566,6 +566,101 @@ pub fn host_resources() -> drover_core::structs::NodeResources {
     }
 }
 
+/// The host's counters from `/proc` and the filesystem holding `alloc_root`.
+pub fn read_host_counters(alloc_root: &std::path::Path) -> super::hoststats::HostCounters {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| {
+        meminfo
+            .lines()
+            .find(|line| line.starts_with(key))
+            .and_then(|line| line.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let cpus = stat
+        .lines()
+        .filter(|line| line.starts_with("cpu") && line.as_bytes().get(3).is_some_and(u8::is_ascii_digit))
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let name = fields.next()?.to_string();
+            let ticks: Vec<u64> = fields.filter_map(|field| field.parse().ok()).collect();
+            // user nice system idle iowait irq softirq steal (guest time is inside user).
+            let at = |index: usize| ticks.get(index).copied().unwrap_or(0);
+            Some(super::hoststats::CpuTimes {
+                name,
+                user: at(0) + at(1),
+                system: at(2) + at(5) + at(6),
+                idle: at(3) + at(4),
+                total: (0..8).map(at).sum(),
+            })
+        })
+        .collect();
+    let uptime_secs = std::fs::read_to_string("/proc/uptime")
+        .ok()
+        .and_then(|text| text.split_whitespace().next()?.parse::<f64>().ok())
+        .unwrap_or(0.0) as u64;
+    super::hoststats::HostCounters {
+        memory_total: kib("MemTotal:"),
+        memory_available: kib("MemAvailable:"),
+        memory_free: kib("MemFree:"),
+        cpus,
+        alloc_disk: disk_usage(alloc_root),
+        uptime_secs,
+        unix_nanos: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |since| since.as_nanos()),
+    }
+}
+
+/// The space free (to unprivileged users) on the filesystem holding `path`, in MB.
+pub fn disk_free_mb(path: &std::path::Path) -> Option<u64> {
+    disk_usage(path).map(|disk| disk.available / (1024 * 1024))
+}
+
+/// `statvfs` of `path`, named by the mount that holds it (`/proc/self/mounts`).
+fn disk_usage(path: &std::path::Path) -> Option<super::hoststats::DiskUsage> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = path.canonicalize().ok()?;
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c_path` is a valid C string; `stat` is written by the call before it is read.
+    let stat = unsafe {
+        let mut stat: libc::statvfs = std::mem::zeroed();
+        if libc::statvfs(c_path.as_ptr(), &mut stat) != 0 {
+            return None;
+        }
+        stat
+    };
+    let block = stat.f_frsize as u64;
+    let size = stat.f_blocks as u64 * block;
+    let available = stat.f_bavail as u64 * block;
+    let used = size.saturating_sub(stat.f_bfree as u64 * block);
+    let inodes = stat.f_files as u64;
+    let inodes_used_percent = if inodes == 0 {
+        0.0
+    } else {
+        inodes.saturating_sub(stat.f_ffree as u64) as f64 * 100.0 / inodes as f64
+    };
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let (device, mountpoint) = mounts
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            Some((fields.next()?.to_string(), fields.next()?.to_string()))
+        })
+        .filter(|(_, mountpoint)| path.starts_with(mountpoint))
+        .max_by_key(|(_, mountpoint)| mountpoint.len())
+        .unwrap_or_default();
+    Some(super::hoststats::DiskUsage {
+        device,
+        mountpoint,
+        size,
+        used,
+        available,
+        inodes_used_percent,
+    })
+}
+
 #[cfg(test)]
 mod fingerprint_tests {
     use super::*;
@@ -672,5 +767,15 @@ mod confined_tests {
             .map(|entry| entry.file_name())
             .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("shadow")]);
+    }
+
+    #[test]
+    fn this_hosts_counters_are_read() {
+        let counters = read_host_counters(&std::env::temp_dir());
+        assert!(counters.memory_total > 0 && counters.memory_available <= counters.memory_total);
+        assert!(!counters.cpus.is_empty() && counters.cpus[0].name == "cpu0");
+        let disk = counters.alloc_disk.expect("the temp dir's filesystem");
+        assert!(disk.size > 0 && !disk.mountpoint.is_empty(), "{disk:?}");
+        assert!(counters.uptime_secs > 0);
     }
 }

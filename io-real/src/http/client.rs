@@ -184,10 +184,13 @@ pub async fn node_gc(
 
 /// `GET|PUT /v1/client/allocation/:id/gc`: one finished allocation destroyed by its client.
 pub async fn alloc_gc(State(handle): State<crate::driver::AgentHandle>, Path(id): Path<String>) -> Response {
+    let known = handle.read_state(|state| state.alloc(&id).is_some());
     match handle.client_gc(id).await {
         Ok(Ok(_)) => StatusCode::OK.into_response(),
         Ok(Err(error)) => super::ApiError::from(error).into_response(),
-        // The relay found no client with it (its text is the relay's).
+        // The relay failed: an allocation the servers do not hold is unknown (404); one they
+        // hold whose client could not be reached is a failure (500).
+        Err(error) if known == Some(true) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
         Err(error) => (StatusCode::NOT_FOUND, error).into_response(),
     }
 }

@@ -2,23 +2,10 @@
 //! writers that read the same version, with both entries in flight, cannot both win, and a
 //! scaling made from a version that a later register replaced is refused, not applied over it.
 
-use super::group_commit::{land, proposals};
+use super::group_commit::{land, proposals, send};
 use super::*;
 use crate::rpc::messages::JobScaleRequest;
 use alloc::boxed::Box;
-
-fn send(h: &mut Harness, req: ReqId, request: ServerRequest) {
-    let authority = crate::rpc::authz::Authority::Open;
-    h.machine.handle(
-        h.now,
-        Input::Request {
-            req,
-            request,
-            authority,
-        },
-        &h.fx.state,
-    );
-}
 
 fn register(priority: u32, enforce_index: Option<u64>) -> ServerRequest {
     let mut job = batch_job("web");

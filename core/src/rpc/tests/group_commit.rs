@@ -10,6 +10,11 @@ fn register(h: &mut Harness, req: ReqId, id: &str) {
         job: Box::new(batch_job(id)),
         enforce_index: None,
     };
+    send(h, req, request);
+}
+
+/// Hands `request` to the machine without answering any proposal it makes.
+pub(super) fn send(h: &mut Harness, req: ReqId, request: ServerRequest) {
     let authority = crate::rpc::authz::Authority::Open;
     h.machine.handle(
         h.now,
