@@ -309,8 +309,11 @@ fn runs_a_csi_job(root: &Path, port: u16, management: &str) {
     .unwrap();
     let (ok, out) = cli(port, management, &["job", "run", "-detach", writer.to_str().unwrap()]);
     assert!(ok, "the writer job: {out}");
+    // The shell creates the file before it writes the line: wait for the whole line.
     let written = wait_for(Duration::from_secs(60), || {
-        std::fs::read_to_string(state.join("volumes/vol0/hello")).ok()
+        std::fs::read_to_string(state.join("volumes/vol0/hello"))
+            .ok()
+            .filter(|text| text.ends_with('\n'))
     });
     assert_eq!(
         written.as_deref(),
