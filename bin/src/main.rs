@@ -123,20 +123,33 @@ impl Cli {
 }
 
 /// Nomad writes long flags with one dash (`-bootstrap-expect=3`); clap wants two. The command
-/// of `alloc exec` is left as written: like Go's flag parsing, flags end at its allocation.
+/// of `alloc exec` and of `var lock` is left as written: like Go's flag parsing, flags end at
+/// the first argument that is not one (the allocation, the variable's path).
 fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
     let args: Vec<OsString> = args.collect();
-    let exec = args.get(1).is_some_and(|arg| arg == "alloc") && args.get(2).is_some_and(|arg| arg == "exec");
+    let is = |position: usize, word: &str| args.get(position).is_some_and(|arg| arg == word);
+    // The flags of such a command that take their value as the next argument.
+    let value_flags: Option<&[&str]> = if is(1, "alloc") && is(2, "exec") {
+        Some(&["task"])
+    } else if is(1, "var") && is(2, "lock") {
+        Some(&["ttl", "delay", "max-retry"])
+    } else {
+        None
+    };
     let mut verbatim = false;
     let mut previous = OsString::new();
-    args.into_iter()
+    args.iter()
         .enumerate()
         .map(|(position, arg)| {
             if verbatim {
-                return arg;
+                return arg.clone();
             }
-            // The value of `-task` is not the allocation.
-            let flag_value = previous == "-task" || previous == "--task";
+            let flag_value = value_flags.is_some_and(|flags| {
+                previous
+                    .to_str()
+                    .map(|flag| flag.trim_start_matches('-'))
+                    .is_some_and(|flag| flags.contains(&flag))
+            });
             previous = arg.clone();
             match arg.to_str() {
                 // `-i=false` is a one-letter flag with its value, not a long flag.
@@ -149,11 +162,11 @@ fn normalize_args(args: impl Iterator<Item = OsString>) -> Vec<OsString> {
                 {
                     OsString::from(format!("-{text}"))
                 }
-                Some(text) if exec && position > 2 && !text.starts_with('-') && !flag_value => {
+                Some(text) if value_flags.is_some() && position > 2 && !text.starts_with('-') && !flag_value => {
                     verbatim = true;
-                    arg
+                    arg.clone()
                 }
-                _ => arg,
+                _ => arg.clone(),
             }
         })
         .collect()
@@ -589,6 +602,33 @@ mod tests {
             ]),
             [
                 "agent", "alloc", "exec", "--task", "web", "-i=false", "abc", "sh", "-cx", "id"
+            ]
+        );
+        // `var lock`: its flags' values, then the path, then the command as written.
+        assert_eq!(
+            normalized(&[
+                "agent",
+                "var",
+                "lock",
+                "-ttl",
+                "20s",
+                "-delay=1s",
+                "app/leader",
+                "sh",
+                "-c",
+                "-x"
+            ]),
+            [
+                "agent",
+                "var",
+                "lock",
+                "--ttl",
+                "20s",
+                "--delay=1s",
+                "app/leader",
+                "sh",
+                "-c",
+                "-x"
             ]
         );
     }

@@ -172,7 +172,11 @@ fn http_body(variant: usize, bytes: &[u8]) {
             }
         }
         2 => drop(decode::volume_register("vol", bytes)),
-        3 => drop(decode::variable_put("nomad/jobs/example".into(), bytes)),
+        3 => {
+            for operation in [None, Some("lock-acquire"), Some("lock-renew")] {
+                drop(decode::variable_put("nomad/jobs/example", operation, bytes));
+            }
+        }
         4 => drop(decode::alloc_restart("a1".into(), bytes)),
         5 => drop(decode::alloc_signal("a1".into(), bytes)),
         6 => drop(decode::node_drain("n1".into(), bytes)),
@@ -285,6 +289,7 @@ fn base_commands() -> Vec<Command> {
             path: "nomad/jobs/example".into(),
             items: BTreeMap::from([("k".to_string(), "v".to_string())]).into(),
             cas: None,
+            lock_id: None,
         },
     ];
     for job in corpus_jobs() {
@@ -492,6 +497,7 @@ fn rpc_seeds() -> Vec<Case> {
             path: "nomad/jobs/example".into(),
             items: BTreeMap::from([("k".to_string(), "v".to_string())]).into(),
             cas: None,
+            lock_id: None,
         },
     };
     payloads.push((15, json(&upsert)));

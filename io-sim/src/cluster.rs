@@ -615,7 +615,12 @@ impl SimCluster {
                 } else {
                     items
                 };
-                let command = Command::VariableUpsert { path, items, cas: None };
+                let command = Command::VariableUpsert {
+                    path,
+                    items,
+                    cas: None,
+                    lock_id: None,
+                };
                 agent
                     .apply(command)
                     .await

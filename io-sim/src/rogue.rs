@@ -38,6 +38,7 @@ pub fn direct_write(node: &NodeHandle, to: SocketAddr, region: String, n: u64, r
                 path: format!("rogue/{n}"),
                 items: [("v".to_string(), "written by a client".to_string())].into(),
                 cas: None,
+                lock_id: None,
             },
         };
         let request = drover_io_real::service::envelope(

@@ -3,6 +3,11 @@
 //! conditioned on the version they read: a variable (`?cas=`) and a job (`EnforceIndex`,
 //! through the servers' register endpoint). Servers are killed and partitioned meanwhile.
 //!
+//! A third counter is written under a variable lock instead: acquire, read, write as the
+//! holder, release, sometimes dawdling past the lock's TTL so the leader takes it away and
+//! another acquires it meanwhile. A holder's write is fenced by its lock ID at apply time, so
+//! the late one is refused and the same chain holds.
+//!
 //! The invariant, checked when the writers are done and the cluster is quiet: **no
 //! acknowledged write was silently overwritten.** Every write that lands replaces exactly the
 //! version it read, so the values that land form one chain, 1, 2, 3, …: two acknowledged
@@ -15,7 +20,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::fsm::{Command, Response, ServerState};
+use drover_core::fsm::{Command, Response, ServerState, VariableLockCommand};
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{Job, JobType, Task, TaskGroup, TaskResources};
 use drover_io_sim::cluster::{ServerLink, SimCluster};
@@ -24,6 +29,10 @@ use rand_chacha_03::ChaCha8Rng;
 
 /// The variable the writers count in.
 const VARIABLE: &str = "cas/counter";
+/// The variable the writers count in under its lock.
+const LOCKED: &str = "cas/locked";
+/// The lock's TTL: shorter than a writer's longest dawdle, so some locks run out mid-write.
+const LOCK_TTL_MS: u64 = 2_000;
 /// The job whose `meta.n` the writers count in.
 const JOB: &str = "cas-counter";
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -32,6 +41,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 enum Subject {
     Variable,
     Job,
+    Locked,
 }
 
 impl Subject {
@@ -39,16 +49,20 @@ impl Subject {
         match self {
             Subject::Variable => "variable",
             Subject::Job => "job",
+            Subject::Locked => "locked variable",
         }
     }
 
     /// The counter's value and the version to condition on (0, 0 when there is none yet).
     fn read(self, state: &ServerState) -> (u64, u64) {
         match self {
-            Subject::Variable => state.variable(VARIABLE).map_or((0, 0), |variable| {
-                let value = variable.items.get("v").and_then(|v| v.parse().ok());
-                (value.unwrap_or(0), variable.modify_index)
-            }),
+            Subject::Variable | Subject::Locked => {
+                let path = if self == Subject::Variable { VARIABLE } else { LOCKED };
+                state.variable(path).map_or((0, 0), |variable| {
+                    let value = variable.items.get("v").and_then(|v| v.parse().ok());
+                    (value.unwrap_or(0), variable.modify_index)
+                })
+            }
             Subject::Job => state.job("default", JOB).map_or((0, 0), |job| {
                 let value = job.meta.get("n").and_then(|n| n.parse().ok());
                 (value.unwrap_or(0), job.job_modify_index)
@@ -63,6 +77,16 @@ struct Tally {
     acked: BTreeMap<Subject, Vec<(u64, String)>>,
     refused: u64,
     unknown: u64,
+}
+
+impl Tally {
+    fn record(&mut self, subject: Subject, value: u64, via: String, outcome: Outcome) {
+        match outcome {
+            Outcome::Acked => self.acked.entry(subject).or_default().push((value, via)),
+            Outcome::Refused => self.refused += 1,
+            Outcome::Unknown => self.unknown += 1,
+        }
+    }
 }
 
 enum Outcome {
@@ -105,23 +129,79 @@ fn counter_job(value: u64) -> Job {
     }
 }
 
+/// The answer to a variable write.
+async fn variable_outcome(via: &ServerLink, command: Command) -> Outcome {
+    let Some(write) = via.start_apply(command, TIMEOUT) else {
+        return Outcome::Unknown;
+    };
+    match write.await {
+        Ok((_, Response::VariableConflict(_))) => Outcome::Refused,
+        Ok((_, Response::Variable(_) | Response::Done)) => Outcome::Acked,
+        _ => Outcome::Unknown,
+    }
+}
+
+/// One increment under the lock: acquired through one server, the counter read through
+/// another, written as the holder after `dawdle` through a third, released. `None` when the
+/// lock was not had (held by another, or its answer lost); the value written otherwise.
+async fn locked_increment(
+    links: &[ServerLink],
+    rng: &mut ChaCha8Rng,
+    lock_id: String,
+) -> Option<(u64, String, Outcome)> {
+    let pick = |rng: &mut ChaCha8Rng| links[rng.gen_range(0..links.len())].clone();
+    let acquire = Command::VariableLock(VariableLockCommand::Acquire {
+        path: LOCKED.into(),
+        items: None,
+        lock_id: lock_id.clone(),
+        ttl_ms: LOCK_TTL_MS,
+        lock_delay_ms: 200,
+    });
+    let via = pick(rng);
+    let Ok((_, Response::Variable(_))) = via.start_apply(acquire, TIMEOUT)?.await else {
+        return None;
+    };
+    let reader = pick(rng);
+    let read = reader.start_read(|state| Subject::Locked.read(state), TIMEOUT);
+    let value = match read {
+        Some(read) => read.await.ok().map(|(value, _)| value),
+        None => None,
+    };
+    let dawdle = Duration::from_millis(rng.gen_range(0..LOCK_TTL_MS + LOCK_TTL_MS / 2));
+    let via = pick(rng);
+    let mut result = None;
+    if let Some(value) = value {
+        tokio::time::sleep(dawdle).await;
+        let write = Command::VariableUpsert {
+            path: LOCKED.into(),
+            items: [("v".to_string(), (value + 1).to_string())].into(),
+            cas: None,
+            lock_id: Some(lock_id.clone()),
+        };
+        result = Some((value + 1, via.name().to_string(), variable_outcome(&via, write).await));
+    }
+    let release = Command::VariableLock(VariableLockCommand::Release {
+        path: LOCKED.into(),
+        lock_id,
+    });
+    if let Some(released) = pick(rng).start_apply(release, TIMEOUT) {
+        let _ = released.await;
+    }
+    result
+}
+
 /// One conditioned write of `value` over the version `index`, through `via`.
 async fn write(via: &ServerLink, subject: Subject, value: u64, index: u64) -> Outcome {
     match subject {
+        Subject::Locked => unreachable!("written by locked_increment"),
         Subject::Variable => {
             let command = Command::VariableUpsert {
                 path: VARIABLE.into(),
                 items: [("v".to_string(), value.to_string())].into(),
                 cas: Some(index),
+                lock_id: None,
             };
-            let Some(write) = via.start_apply(command, TIMEOUT) else {
-                return Outcome::Unknown;
-            };
-            match write.await {
-                Ok((_, Response::VariableConflict(_))) => Outcome::Refused,
-                Ok((_, Response::Variable(_) | Response::Done)) => Outcome::Acked,
-                _ => Outcome::Unknown,
-            }
+            variable_outcome(via, command).await
         }
         Subject::Job => {
             let request = ServerRequest::JobRegister {
@@ -156,13 +236,22 @@ pub fn spawn(cluster: &SimCluster, seed: u64, writers: u32, lasting: Duration) -
         let tally = tally.clone();
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ u64::from(writer).wrapping_mul(0x9e37_79b9_7f4a_7c15));
         running.push(tokio::spawn(async move {
+            let mut attempts = 0u64;
             while tokio::time::Instant::now() < until {
                 tokio::time::sleep(Duration::from_millis(rng.gen_range(0..150))).await;
-                let subject = if rng.gen_bool(0.5) {
-                    Subject::Variable
-                } else {
-                    Subject::Job
+                attempts += 1;
+                let subject = match rng.gen_range(0..3) {
+                    0 => Subject::Variable,
+                    1 => Subject::Job,
+                    _ => Subject::Locked,
                 };
+                if subject == Subject::Locked {
+                    let lock_id = format!("writer{writer}-{attempts}");
+                    if let Some((value, via, outcome)) = locked_increment(&links, &mut rng, lock_id).await {
+                        tally.lock().expect("tally").record(subject, value, via, outcome);
+                    }
+                    continue;
+                }
                 let reader = &links[rng.gen_range(0..links.len())];
                 let via = &links[rng.gen_range(0..links.len())];
                 let Some(read) = reader.start_read(move |state| subject.read(state), TIMEOUT) else {
@@ -170,16 +259,10 @@ pub fn spawn(cluster: &SimCluster, seed: u64, writers: u32, lasting: Duration) -
                 };
                 let Ok((value, index)) = read.await else { continue };
                 let outcome = write(via, subject, value + 1, index).await;
-                let mut tally = tally.lock().expect("tally");
-                match outcome {
-                    Outcome::Acked => tally
-                        .acked
-                        .entry(subject)
-                        .or_default()
-                        .push((value + 1, via.name().to_string())),
-                    Outcome::Refused => tally.refused += 1,
-                    Outcome::Unknown => tally.unknown += 1,
-                }
+                tally
+                    .lock()
+                    .expect("tally")
+                    .record(subject, value + 1, via.name().to_string(), outcome);
             }
         }));
     }
@@ -221,6 +304,7 @@ async fn final_values(links: &[ServerLink]) -> Option<BTreeMap<Subject, u64>> {
                     BTreeMap::from([
                         (Subject::Variable, Subject::Variable.read(state).0),
                         (Subject::Job, Subject::Job.read(state).0),
+                        (Subject::Locked, Subject::Locked.read(state).0),
                     ])
                 },
                 TIMEOUT,

@@ -1,5 +1,5 @@
 //! The daily commands Nomad users reach for: `job init|validate|inspect|history|allocs|eval`,
-//! `eval list|status`, `var get|put|list|purge`, the top-level `status` and `node config`.
+//! `eval list|status`, `var get|put|list|purge` (`var lock` is `var_lock.rs`), the top-level `status` and `node config`.
 //! Each that prints an object takes Nomad's `-json` (the API's JSON, indented as Nomad's)
 //! and `-t` (a Go template over that JSON, rendered with gtmpl as Nomad renders it).
 
@@ -568,6 +568,8 @@ pub enum VarCommand {
         #[command(flatten)]
         format: Format,
     },
+    /// Run a command while holding the variable's lock.
+    Lock(super::var_lock::VarLock),
     /// Delete a variable.
     Purge {
         path: String,
@@ -598,6 +600,7 @@ fn var_call(api: &Api, method: &str, url: &str, body: Option<&Value>, path: &str
 
 pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
     match command {
+        VarCommand::Lock(lock) => super::var_lock::run(api, lock),
         VarCommand::Get { path, item, format } => {
             let variable = var_call(api, "GET", &var_path(&path), None, &path)?;
             if let Some(item) = item {

@@ -22,6 +22,7 @@ mod rootkeys;
 mod scale;
 mod server;
 mod tls;
+mod var_lock;
 mod volume;
 mod volume_snapshot;
 
@@ -425,6 +426,7 @@ impl<E: std::fmt::Display> From<E> for Failure {
     }
 }
 
+#[derive(Clone)]
 pub(super) struct Api {
     pub(super) base: String,
     /// The ACL token sent with every request (`-token`, `NOMAD_TOKEN`).

@@ -37,5 +37,6 @@ mod support;
 mod templates;
 mod tls_cli;
 mod tls_reload;
+mod var_locks;
 mod variables_api;
 mod volume_create;

@@ -75,6 +75,10 @@ impl Command {
                 }
             }
             Command::VariableDelete { path, .. } => validate_variable_path(path),
+            Command::VariableLock(command) => {
+                validate_variable_path(command.path())?;
+                command.check().map_err(DirectWriteError::Items)
+            }
             Command::Acl(command) => super::acl::AclState::check(command).map_err(DirectWriteError::Acl),
             Command::RootKey(
                 super::rootkeys::RootKeyCommand::Activate { key_id }
@@ -100,6 +104,7 @@ impl Command {
             Command::LeadershipEstablished { .. } => "LeadershipEstablished",
             Command::VariableUpsert { .. } => "VariableUpsert",
             Command::VariableDelete { .. } => "VariableDelete",
+            Command::VariableLock(_) => "VariableLock",
             Command::NodeRegister { .. } => "NodeRegister",
             Command::NodeUpdateStatus { .. } => "NodeUpdateStatus",
             Command::NodeUpdateCsiInfo { .. } => "NodeUpdateCsiInfo",
@@ -151,6 +156,7 @@ mod tests {
             path: path.into(),
             items: items.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             cas: None,
+            lock_id: None,
         };
         assert_eq!(upsert("nomad/jobs/a-b_c~d", &[("k", "v")]).check_direct_write(), Ok(()));
         assert_eq!(upsert("a", &[]).check_direct_write(), Err(DirectWriteError::NoItems));
@@ -167,6 +173,7 @@ mod tests {
                 Command::VariableDelete {
                     path: bad.into(),
                     cas: None,
+                    lock_id: None,
                 }
                 .check_direct_write()
                 .is_err()

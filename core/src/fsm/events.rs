@@ -399,6 +399,7 @@ mod tests {
         let variable = Command::VariableDelete {
             path: "x".into(),
             cas: None,
+            lock_id: None,
         };
         assert!(apply(&mut state, 3, variable).is_empty());
     }

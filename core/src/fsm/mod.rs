@@ -25,8 +25,10 @@ mod queues;
 pub mod rootkeys;
 mod scaling;
 mod summary;
+pub mod variables;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
+pub use variables::{VariableLock, VariableLockCommand};
 
 pub use pmap::PMap;
 pub use summary::{GroupSummary, JobSummary};
@@ -80,13 +82,21 @@ pub enum Command {
         /// there is none); otherwise nothing changes and the answer is the conflict.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cas: Option<u64>,
+        /// The lock the writer holds: a locked variable is written only by its holder.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lock_id: Option<String>,
     },
     VariableDelete {
         path: String,
         /// As [`Command::VariableUpsert`]'s.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cas: Option<u64>,
+        /// As [`Command::VariableUpsert`]'s.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lock_id: Option<String>,
     },
+    /// Nomad's variable locks (`PUT /v1/var/:path?lock-*`, [`variables`]).
+    VariableLock(VariableLockCommand),
     /// `Node.Register`: creates or replaces the node (keeping its create index).
     NodeRegister {
         node: Node,
@@ -330,6 +340,15 @@ pub struct Variable {
     pub modify_index: u64,
     pub create_time_unix_ms: u64,
     pub modify_time_unix_ms: u64,
+    /// Held by whoever acquired it until released or its TTL runs out ([`variables`]).
+    /// (Always written: the unversioned positional form of old snapshots is read with these
+    /// shapes, so nothing here may be skipped; `default` reads versioned records from before.)
+    #[serde(default)]
+    pub lock: Option<VariableLock>,
+    /// A lock that ran out keeps the variable from being locked again until then (its lock
+    /// delay, from the entry that expired it).
+    #[serde(default)]
+    pub lock_free_unix_ms: u64,
 }
 
 /// State-store tables, each with the Raft index of its last change (for blocking queries).
@@ -602,14 +621,16 @@ impl ServerState {
                 }
                 Response::Done
             }
-            Command::VariableUpsert { path, items, cas } => match self.variable_conflict(path, *cas) {
-                Some(conflict) => conflict,
-                None => self.upsert_variable(path, items, index, at_unix_ms),
-            },
-            Command::VariableDelete { path, cas } => match self.variable_conflict(path, *cas) {
-                Some(conflict) => conflict,
-                None => self.delete_variable(path, index),
-            },
+            Command::VariableUpsert {
+                path,
+                items,
+                cas,
+                lock_id,
+            } => self.write_variable(path, items, *cas, lock_id.as_deref(), index, at_unix_ms),
+            Command::VariableDelete { path, cas, lock_id } => {
+                self.remove_variable(path, *cas, lock_id.as_deref(), index)
+            }
+            Command::VariableLock(command) => self.apply_variable_lock(command, index, at_unix_ms),
             Command::Acl(command) => {
                 let mut changed = Vec::new();
                 let response = self.acl.apply(index, at_unix_ms, command, &mut changed);
@@ -674,56 +695,6 @@ impl ServerState {
 
     pub fn variables(&self) -> impl Iterator<Item = &Variable> {
         self.variables.values()
-    }
-
-    /// The answer to a write of `path` checked against `cas` that does not hold: the
-    /// variable as it is (`None`: there is none). `None` when the write may go ahead.
-    fn variable_conflict(&self, path: &str, cas: Option<u64>) -> Option<Response> {
-        let cas = cas?;
-        let current = self.variables.get(path);
-        let holds = match current {
-            Some(variable) => variable.modify_index == cas,
-            None => cas == 0,
-        };
-        (!holds).then(|| Response::VariableConflict(current.cloned()))
-    }
-
-    fn upsert_variable(
-        &mut self,
-        path: &str,
-        items: &crate::structs::Secrets,
-        index: u64,
-        at_unix_ms: u64,
-    ) -> Response {
-        let variable = match self.variables.get(path) {
-            Some(existing) => Variable {
-                items: items.clone(),
-                modify_index: index,
-                modify_time_unix_ms: at_unix_ms,
-                ..existing.clone()
-            },
-            None => Variable {
-                path: path.to_string(),
-                items: items.clone(),
-                create_index: index,
-                modify_index: index,
-                create_time_unix_ms: at_unix_ms,
-                modify_time_unix_ms: at_unix_ms,
-            },
-        };
-        self.variables.insert(path.to_string(), variable.clone());
-        self.table_index.insert(Table::Variables, index);
-        Response::Variable(variable)
-    }
-
-    fn delete_variable(&mut self, path: &str, index: u64) -> Response {
-        match self.variables.remove(path) {
-            Some(_) => {
-                self.table_index.insert(Table::Variables, index);
-                Response::Done
-            }
-            None => Response::NotFound,
-        }
     }
 
     fn touch(&mut self, table: Table, index: u64) {
@@ -1048,6 +1019,7 @@ mod tests {
             path: path.into(),
             items: [("v".to_string(), value.to_string())].into(),
             cas: None,
+            lock_id: None,
         }
     }
 
@@ -1084,7 +1056,8 @@ mod tests {
                     3,
                     Command::VariableDelete {
                         path: "x".into(),
-                        cas: None
+                        cas: None,
+                        lock_id: None
                     }
                 )
             ),
@@ -1144,6 +1117,7 @@ mod tests {
             path: "a".into(),
             items: [("v".to_string(), value.to_string())].into(),
             cas: Some(cas),
+            lock_id: None,
         };
         let mut state = ServerState::default();
         let batch = Command::Batch(vec![
@@ -1184,10 +1158,12 @@ mod tests {
             path: "a".into(),
             items: [("v".to_string(), value.to_string())].into(),
             cas: Some(cas),
+            lock_id: None,
         };
         let cas_delete = |cas: u64| Command::VariableDelete {
             path: "a".into(),
             cas: Some(cas),
+            lock_id: None,
         };
         let mut state = ServerState::default();
         // Not there: only 0 holds.

@@ -202,6 +202,11 @@ pub fn need_command(command: &Command) -> Need<'_> {
             paths: vec![path],
             capability: var_cap::DESTROY,
         },
+        // Nomad asks `write` of every lock operation.
+        Command::VariableLock(command) => Need::Variables {
+            paths: vec![command.path()],
+            capability: var_cap::WRITE,
+        },
         // The first bootstrap is anyone's, as at the HTTP API; the state machine refuses a
         // second. A reset names the index of the last one, which anyone could guess over RPC:
         // it is read from the leader's own data dir, so the leader's API makes it.

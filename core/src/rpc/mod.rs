@@ -25,6 +25,7 @@ mod nodes;
 pub(crate) mod outbox;
 #[cfg(test)]
 mod tests;
+mod varlocks;
 
 pub use connect::{
     CONSUL_ACL_RATE, CONSUL_ACL_TIMEOUT, ConsulAclCall, ConsulAclError, ConsulAclReply, ConsulToken,
@@ -131,6 +132,7 @@ pub struct RpcEndpoints {
     core_gc: crate::gc::periodic::PeriodicGc,
     csi: csi::CsiEndpoints,
     si_tokens: connect::SiTokens,
+    var_locks: varlocks::LockExpiry,
 }
 
 impl RpcEndpoints {
@@ -155,6 +157,7 @@ impl RpcEndpoints {
             core_gc: Default::default(),
             csi: csi::CsiEndpoints::new(client_timeout, gc, faults),
             si_tokens: connect::SiTokens::new(),
+            var_locks: Default::default(),
         }
     }
 
@@ -270,6 +273,7 @@ impl RpcEndpoints {
                 self.periodic.set_enabled(leader);
                 self.core_gc.set_enabled(now, leader);
                 self.si_tokens.set_enabled(leader);
+                self.var_locks.set_enabled(leader);
                 if leader {
                     for (_, req, request, authority) in core::mem::take(&mut self.held) {
                         self.request(now, req, request, &authority, state);
@@ -304,6 +308,9 @@ impl RpcEndpoints {
         if let Some(command) = self.core_gc.run(now, state) {
             self.out.propose_new(Owner::CoreGc, command);
         }
+        if let Some(command) = self.var_locks.run(now, self.periodic.wall_at(now), state) {
+            self.out.propose_new(Owner::VarLocks, command);
+        }
         self.jobs.run(now, state, &mut self.out);
         self.si_tokens.run(now, state, &mut self.out);
     }
@@ -318,6 +325,7 @@ impl RpcEndpoints {
             self.periodic.poll_timeout(),
             self.core_gc.poll_timeout(),
             self.si_tokens.poll_timeout(),
+            self.var_locks.poll_timeout(),
             self.held.iter().map(|(until, ..)| *until).min(),
         ]
         .into_iter()
@@ -522,6 +530,12 @@ impl RpcEndpoints {
                 }
                 self.core_gc.proposed();
             }
+            Owner::VarLocks => {
+                if let Err(failure) = outcome {
+                    tracing::warn!(error = %failure.message, "variable lock expiry failed");
+                }
+                self.var_locks.proposed();
+            }
             Owner::Csi => self.csi.proposed(now, job, outcome, state, out),
             Owner::Connect(flow) => self.si_tokens.proposed(flow, outcome, out),
         }
@@ -541,6 +555,7 @@ impl RpcEndpoints {
                 Owner::Deployments => self.deployments.proposed(),
                 Owner::Periodic => self.periodic.proposed(),
                 Owner::CoreGc => self.core_gc.proposed(),
+                Owner::VarLocks => self.var_locks.proposed(),
             }
         }
         waiting.sort_by_key(|(job, _)| *job);

@@ -43,6 +43,8 @@ pub(super) enum Owner {
     Periodic,
     /// The leader's periodic garbage collection.
     CoreGc,
+    /// A lapsed variable lock's expiry.
+    VarLocks,
     /// A step of a CSI flow; the flow is the job of the same number in the CSI machine.
     Csi,
     /// Service identity token accessors.

@@ -49,6 +49,7 @@ fn representative_state() -> ServerState {
         path: "app/config".into(),
         items: BTreeMap::from([("k".into(), "v".into())]).into(),
         cas: None,
+        lock_id: None,
     });
     apply(Command::NodeRegister {
         node: Node {

@@ -40,6 +40,7 @@ mod scaling;
 mod search;
 mod server;
 mod system;
+mod variables;
 
 pub use server::HttpLimits;
 
@@ -48,21 +49,20 @@ pub use server::HttpLimits;
 pub mod decode {
     pub use super::allocs::{decode_restart as alloc_restart, decode_signal as alloc_signal};
     pub use super::csi::decode_register as volume_register;
-    pub use super::decode_variable_put as variable_put;
     pub use super::jobs::decode_register as job_register;
     pub use super::nodes::{decode_drain as node_drain, decode_eligibility as node_eligibility};
+    pub use super::variables::decode_put as variable_put;
 }
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use drover_core::fsm::{Command, Response as FsmResponse, Table, Variable};
+use drover_core::fsm::Table;
 use drover_core::rpc::{ErrorKind, RpcError, ServerReply};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -171,7 +171,7 @@ pub fn router(handle: AgentHandle) -> Router {
             "/v1/operator/keyring/key/{key_id}",
             axum::routing::delete(rootkeys::remove),
         )
-        .route("/v1/vars", get(list_variables))
+        .route("/v1/vars", get(variables::list))
         .route("/v1/namespaces", get(namespaces::list))
         .route(
             "/v1/namespace",
@@ -331,10 +331,10 @@ pub fn router(handle: AgentHandle) -> Router {
         )
         .route(
             "/v1/var/{*path}",
-            get(get_variable)
-                .put(put_variable)
-                .post(put_variable)
-                .delete(delete_variable),
+            get(variables::get)
+                .put(variables::put)
+                .post(variables::put)
+                .delete(variables::delete),
         )
         .merge(acl::endpoints::routes())
         // Each matched request's time, by route (`metrics.rs`).
@@ -728,197 +728,10 @@ pub(super) fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
     headers
 }
 
-fn variable_json(variable: &Variable) -> Value {
-    json!({
-        "Namespace": "default",
-        "Path": variable.path,
-        "Items": variable.items,
-        "CreateIndex": variable.create_index,
-        "ModifyIndex": variable.modify_index,
-        "CreateTime": variable.create_time_unix_ms as i128 * 1_000_000,
-        "ModifyTime": variable.modify_time_unix_ms as i128 * 1_000_000,
-    })
-}
-
-fn validate_variable_path(path: &str) -> Result<(), ApiError> {
-    drover_core::fsm::validate_variable_path(path).map_err(|error| ApiError(StatusCode::BAD_REQUEST, error.to_string()))
-}
-
-async fn list_variables(
-    State(handle): State<AgentHandle>,
-    Query(options): Query<QueryOptions>,
-) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Variables, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = read_list(&handle, move |state| {
-        let prefix = options.prefix.clone().unwrap_or_default();
-        let matching = state
-            .variables()
-            .filter(|variable| variable.path.starts_with(&prefix))
-            .map(|variable| (variable.path.clone(), variable));
-        let (variables, next) = page::page(matching, &options);
-        let list = variables
-            .into_iter()
-            .map(|variable| {
-                json!({
-                    "Namespace": "default",
-                    "Path": variable.path,
-                    "CreateIndex": variable.create_index,
-                    "ModifyIndex": variable.modify_index,
-                })
-            })
-            .collect();
-        (list, next)
-    })
-    .await
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(list)))
-}
-
-async fn get_variable(
-    State(handle): State<AgentHandle>,
-    Path(path): Path<String>,
-    Query(options): Query<QueryOptions>,
-) -> Result<impl IntoResponse, ApiError> {
-    validate_variable_path(&path)?;
-    let index = block_on_table(&handle, Table::Variables, &options).await?;
-    let variable = handle.read_state(|state| state.variable(&path).cloned()).flatten();
-    match variable {
-        Some(mut variable) => {
-            variable.items = handle.open_secrets(&variable.items).await.map_err(root_key_error)?;
-            Ok((query_headers(&handle, index), axum::Json(variable_json(&variable))))
-        }
-        None => Err(ApiError(StatusCode::NOT_FOUND, "variable not found".into())),
-    }
-}
-
 /// A sealing or opening failure: the server's fault, never the request's.
 pub(crate) fn root_key_error(error: crate::rootkeys::RootKeyError) -> ApiError {
     tracing::error!(%error, "root keyring");
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "PascalCase")]
-struct VariableBody {
-    #[serde(default)]
-    items: BTreeMap<String, String>,
-}
-
-/// `PUT /v1/var/:path` body into the command it applies.
-pub fn decode_variable_put(path: String, body: &[u8]) -> Result<Command, ApiError> {
-    validate_variable_path(&path)?;
-    let body: VariableBody = parse_body(body, "variable body")?;
-    if body.items.is_empty() {
-        return Err(ApiError(
-            StatusCode::BAD_REQUEST,
-            "variable must contain at least one item".into(),
-        ));
-    }
-    drover_core::structs::check_secret_keys("variable items", body.items.keys())
-        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, error))?;
-    Ok(Command::VariableUpsert {
-        path,
-        items: body.items.into(),
-        cas: None,
-    })
-}
-
-/// `?cas=N` of a variable write: Nomad's check-and-set index.
-#[derive(Default, Deserialize)]
-struct CasQuery {
-    cas: Option<String>,
-}
-
-impl CasQuery {
-    fn index(&self) -> Result<Option<u64>, ApiError> {
-        self.cas
-            .as_deref()
-            .map(|cas| {
-                cas.parse::<u64>()
-                    .map_err(|_| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse cas index {cas:?}")))
-            })
-            .transpose()
-    }
-}
-
-/// Nomad's answer to a write whose check-and-set index did not hold: 409 with the variable
-/// as it is (its values opened), or an empty one of that path when there is none.
-async fn variable_conflict(
-    handle: &AgentHandle,
-    path: String,
-    current: Option<Variable>,
-    index: u64,
-) -> Result<Response, ApiError> {
-    let variable = match current {
-        Some(mut variable) => {
-            variable.items = handle.open_secrets(&variable.items).await.map_err(root_key_error)?;
-            variable
-        }
-        None => Variable {
-            path,
-            items: Default::default(),
-            create_index: 0,
-            modify_index: 0,
-            create_time_unix_ms: 0,
-            modify_time_unix_ms: 0,
-        },
-    };
-    Ok((
-        StatusCode::CONFLICT,
-        query_headers(handle, index),
-        axum::Json(variable_json(&variable)),
-    )
-        .into_response())
-}
-
-async fn put_variable(
-    State(handle): State<AgentHandle>,
-    Path(path): Path<String>,
-    Query(query): Query<CasQuery>,
-    body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
-    let cas = query.index()?;
-    let Command::VariableUpsert { path, items, .. } = decode_variable_put(path, &body)? else {
-        unreachable!("a variable put decodes to an upsert")
-    };
-    // Sealed before Raft: the log and the snapshots never hold the values.
-    let sealed = handle.seal_secrets(&items).await.map_err(root_key_error)?;
-    let command = Command::VariableUpsert {
-        path: path.clone(),
-        items: sealed,
-        cas,
-    };
-    let (index, response) = handle.apply(command).await?;
-    match response {
-        FsmResponse::Variable(variable) => {
-            let variable = Variable { items, ..variable };
-            Ok((query_headers(&handle, index), axum::Json(variable_json(&variable))).into_response())
-        }
-        FsmResponse::VariableConflict(current) => variable_conflict(&handle, path, current, index).await,
-        other => Err(ApiError(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("unexpected result {other:?}"),
-        )),
-    }
-}
-
-async fn delete_variable(
-    State(handle): State<AgentHandle>,
-    Path(path): Path<String>,
-    Query(query): Query<CasQuery>,
-) -> Result<Response, ApiError> {
-    let cas = query.index()?;
-    validate_variable_path(&path)?;
-    let command = Command::VariableDelete {
-        path: path.clone(),
-        cas,
-    };
-    match handle.apply(command).await? {
-        (index, FsmResponse::VariableConflict(current)) => variable_conflict(&handle, path, current, index).await,
-        (index, _) => Ok((query_headers(&handle, index), StatusCode::OK).into_response()),
-    }
 }
 
 #[cfg(test)]
@@ -932,13 +745,5 @@ mod tests {
         assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
         assert_eq!(parse_go_duration("5"), None);
         assert_eq!(parse_go_duration("abc"), None);
-    }
-
-    #[test]
-    fn variable_paths_are_validated() {
-        assert!(validate_variable_path("nomad/jobs/a-b_c~d").is_ok());
-        for bad in ["", "a/../b", "a//b", "/a", "a b", "a\u{7}", &"x".repeat(129)] {
-            assert!(validate_variable_path(bad).is_err(), "{bad:?}");
-        }
     }
 }

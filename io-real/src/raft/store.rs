@@ -915,6 +915,7 @@ mod tests {
             path: "app".into(),
             items: BTreeMap::from([("k".into(), "v".into())]).into(),
             cas: None,
+            lock_id: None,
         };
         state.apply(1, &drover_core::fsm::Entry { at_unix_ms: 1, command });
         state
@@ -937,6 +938,7 @@ mod tests {
                     path: path.into(),
                     items: BTreeMap::from([("k".into(), "v".into())]).into(),
                     cas: None,
+                    lock_id: None,
                 },
             }),
         }

@@ -63,6 +63,7 @@ impl ServerState {
             | Command::LeadershipEstablished { .. }
             | Command::VariableUpsert { .. }
             | Command::VariableDelete { .. }
+            | Command::VariableLock(_)
             | Command::Acl(_)
             | Command::RootKey(_)
             | Command::Namespace(_)

@@ -11,6 +11,7 @@ mod jobs;
 mod nodes;
 mod periodic;
 mod scale;
+mod varlocks;
 
 use super::*;
 use crate::fsm::csi::tests::{Fixture, alloc, claim, node, volume};
