@@ -554,3 +554,75 @@ fn the_cores_calls_over_grpc() {
         assert!(!is_mounted(&staging) && !is_mounted(&target));
     });
 }
+
+/// Nomad's CSI client (Go gRPC) names the socket's path as the HTTP/2 `:authority`; the
+/// plugin must answer it as Go plugins do, not reset the stream. Spoken here frame by frame,
+/// as tonic's own client cannot send such an authority.
+#[test]
+fn a_socket_path_as_the_authority_is_answered() {
+    use std::io::{Read, Write};
+
+    let fake = start(&[]);
+    let mut stream = std::os::unix::net::UnixStream::connect(&fake.socket).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let frame = |kind: u8, flags: u8, id: u32, payload: &[u8]| {
+        let mut bytes = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        bytes.extend_from_slice(&[kind, flags]);
+        bytes.extend_from_slice(&id.to_be_bytes());
+        bytes.extend_from_slice(payload);
+        bytes
+    };
+    let socket = fake.socket.to_string_lossy().into_owned();
+    let mut encoder = fluke_hpack::Encoder::new();
+    let block = encoder.encode([
+        (&b":method"[..], &b"POST"[..]),
+        (b":scheme", b"http"),
+        (b":path", b"/csi.v1.Identity/Probe"),
+        (b":authority", socket.as_bytes()),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]);
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(frame(0x4, 0, 0, &[]));
+    out.extend(frame(0x1, 0x4, 1, &block));
+    // One empty message: not compressed, length 0.
+    out.extend(frame(0x0, 0x1, 1, &[0, 0, 0, 0, 0]));
+    stream.write_all(&out).unwrap();
+
+    let mut decoder = fluke_hpack::Decoder::new();
+    let mut headers = Vec::new();
+    loop {
+        let mut head = [0u8; 9];
+        stream.read_exact(&mut head).expect("the plugin answers");
+        let length = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        let (kind, flags) = (head[3], head[4]);
+        let mut payload = vec![0u8; length];
+        stream.read_exact(&mut payload).unwrap();
+        match kind {
+            // The server's settings, acknowledged.
+            0x4 if flags & 0x1 == 0 => stream.write_all(&frame(0x4, 0x1, 0, &[])).unwrap(),
+            0x3 => panic!(
+                "the stream was reset: error code {}",
+                u32::from_be_bytes(payload[..4].try_into().unwrap())
+            ),
+            0x1 => {
+                headers.extend(decoder.decode(&payload).unwrap());
+                if flags & 0x1 != 0 {
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    let text: Vec<(String, String)> = headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                String::from_utf8_lossy(name).into_owned(),
+                String::from_utf8_lossy(value).into_owned(),
+            )
+        })
+        .collect();
+    assert!(text.contains(&(":status".into(), "200".into())), "{text:?}");
+    assert!(text.contains(&("grpc-status".into(), "0".into())), "{text:?}");
+}

@@ -16,6 +16,7 @@
 //! NodeStageVolume`, `--slow ControllerPublishVolume=2000`, `--crash NodeUnpublishVolume`
 //! (the process exits when the call arrives).
 
+mod authority;
 mod controller;
 mod node;
 mod store;
@@ -342,7 +343,10 @@ fn main() -> anyhow::Result<()> {
             .add_service(IdentityServer::new(plugin.clone()))
             .add_service(ControllerServer::new(plugin.clone()))
             .add_service(NodeServer::new(plugin))
-            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+            .serve_with_incoming(tokio_stream::StreamExt::map(
+                tokio_stream::wrappers::UnixListenerStream::new(listener),
+                |accepted| accepted.map(authority::shim),
+            ))
             .await?;
         Ok(())
     })
