@@ -1191,7 +1191,13 @@ mod tests {
         let service = &job.task_groups[0].tasks[0].services[0];
         assert_eq!(service.name, "web-g-t");
         assert_eq!(service.checks[0].timeout, Duration::from_secs(2));
-        assert_eq!(drover_core::jobspec::validate(&job), Vec::<String>::new());
+        // Read whole; its script check is then refused by name, as from HCL.
+        let errors = drover_core::jobspec::validate(&job);
+        assert_eq!(errors.len(), 1, "{errors:?}");
+        assert!(
+            errors[0].contains(drover_core::jobspec::SCRIPT_CHECKS_REFUSED),
+            "{errors:?}"
+        );
         let rendered = serde_json::to_value(ApiJob::from_job(&job, "pending")).unwrap();
         assert_eq!(
             rendered["TaskGroups"][0]["Tasks"][0]["Services"][0]["Checks"][0]["Interval"],

@@ -1569,7 +1569,12 @@ job "web" {
         )
         .unwrap();
         let job = api.to_job().unwrap();
-        assert_eq!(drover_core::jobspec::validate(&job), Vec::<String>::new());
+        let errors = drover_core::jobspec::validate(&job);
+        assert_eq!(errors.len(), 1, "only the script check is refused: {errors:?}");
+        assert!(
+            errors[0].contains(drover_core::jobspec::SCRIPT_CHECKS_REFUSED),
+            "{errors:?}"
+        );
         let services = &job.task_groups[0].tasks[0].services;
         assert_eq!(services.len(), 2);
         assert_eq!(services[0].name, "web-g-t");
