@@ -25,6 +25,7 @@ mod events;
 mod exec_helper;
 mod job_plan;
 mod jobs_api;
+mod jobspec_fields;
 mod memory;
 mod node_down;
 mod node_drain;
