@@ -248,11 +248,22 @@ fn get(port: u16, path: &str) -> Value {
 /// Every written value, read back from `job` (named `what`); the misses, all of them.
 fn misses(what: &str, job: &Value) -> Vec<String> {
     let parsed = what == "parse";
-    written()
+    // Tasks in the order the file writes them, as Nomad keeps them.
+    let order: Vec<&Value> = job["TaskGroups"][0]["Tasks"]
+        .as_array()
+        .map(|tasks| tasks.iter().map(|task| &task["Name"]).collect())
+        .unwrap_or_default();
+    let order_missed = (order != [&json!("server"), &json!("init")])
+        .then(|| format!("{what}: tasks in the order {order:?}, written server, init"));
+    order_missed
         .into_iter()
-        .filter(|(_, _, when)| *when == Always || (*when == Parsed) == parsed)
-        .filter(|(path, value, _)| at(job, path) != Some(value))
-        .map(|(path, value, _)| format!("{what}: {path} is {:?}, written {value}", at(job, path)))
+        .chain(
+            written()
+                .into_iter()
+                .filter(|(_, _, when)| *when == Always || (*when == Parsed) == parsed)
+                .filter(|(path, value, _)| at(job, path) != Some(value))
+                .map(|(path, value, _)| format!("{what}: {path} is {:?}, written {value}", at(job, path))),
+        )
         .collect()
 }
 
