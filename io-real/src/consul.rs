@@ -497,9 +497,27 @@ fn check_body(check: &drover_core::client::services::CheckRegistration, host: &s
             if !check.method.is_empty() {
                 body["Method"] = check.method.clone().into();
             }
+            if !check.header.is_empty() {
+                body["Header"] = serde_json::json!(check.header);
+            }
         }
-        "grpc" => body["GRPC"] = target.into(),
+        "grpc" => {
+            body["GRPC"] = if check.grpc_service.is_empty() {
+                target.into()
+            } else {
+                format!("{target}/{}", check.grpc_service).into()
+            };
+            if check.grpc_use_tls {
+                body["GRPCUseTLS"] = true.into();
+            }
+        }
         _ => body["TCP"] = target.into(),
+    }
+    if check.tls_skip_verify {
+        body["TLSSkipVerify"] = true.into();
+    }
+    if !check.initial_status.is_empty() {
+        body["Status"] = check.initial_status.clone().into();
     }
     body
 }

@@ -151,6 +151,21 @@ fn written() -> Vec<(&'static str, Value, When)> {
             json!(3 * S),
             Always,
         ),
+        (
+            "TaskGroups/web/Services/every-web/Checks/alive/InitialStatus",
+            json!("warning"),
+            Always,
+        ),
+        (
+            "TaskGroups/web/Services/every-web/Checks/alive/TLSSkipVerify",
+            json!(true),
+            Always,
+        ),
+        (
+            "TaskGroups/web/Services/every-web/Checks/alive/Header/X-Probe",
+            json!(["a", "b"]),
+            Always,
+        ),
         ("TaskGroups/web/Tasks/server/Driver", json!("raw_exec"), Always),
         ("TaskGroups/web/Tasks/server/KillTimeout", json!(17 * S), Always),
         ("TaskGroups/web/Tasks/server/KillSignal", json!("SIGINT"), Always),
@@ -561,9 +576,33 @@ fn every_documented_block_is_kept_or_refused_by_name_at_parse() {
         (Service, "provider = \"nomad\"", Refused("provider")),
         (Check, "name = \"c\"", Kept("TaskGroups/g/Services/walk/Checks/c")),
         (Check, "task = \"t\"", Refused("task")),
-        (Check, "initial_status = \"passing\"", Refused("initial_status")),
-        (Check, "check_restart { limit = 3 }", Refused("check_restart")),
-        (Check, "header { X = [\"y\"] }", Refused("header")),
+        (
+            Check,
+            "initial_status = \"passing\"",
+            Kept("TaskGroups/g/Services/walk/Checks/0/InitialStatus"),
+        ),
+        (
+            Check,
+            "grpc_service = \"health\"",
+            Kept("TaskGroups/g/Services/walk/Checks/0/GRPCService"),
+        ),
+        (
+            Check,
+            "grpc_use_tls = true",
+            Kept("TaskGroups/g/Services/walk/Checks/0/GRPCUseTLS"),
+        ),
+        (
+            Check,
+            "tls_skip_verify = true",
+            Kept("TaskGroups/g/Services/walk/Checks/0/TLSSkipVerify"),
+        ),
+        (
+            Check,
+            "header {\n X = [\"y\"]\n }",
+            Kept("TaskGroups/g/Services/walk/Checks/0/Header/X"),
+        ),
+        (Check, "check_restart {\n limit = 3\n }", Refused("check_restart")),
+        (Check, "body = \"{}\"", Refused("body")),
     ];
     let root = tempfile::tempdir().unwrap();
     let (agent, port) = server(root.path());

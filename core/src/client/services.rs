@@ -62,6 +62,17 @@ pub struct CheckRegistration {
     pub method: String,
     pub interval_ms: u64,
     pub timeout_ms: u64,
+    /// Consul's `Status` at registration (`""`: Consul's default).
+    #[serde(default)]
+    pub initial_status: String,
+    #[serde(default)]
+    pub grpc_service: String,
+    #[serde(default)]
+    pub grpc_use_tls: bool,
+    #[serde(default)]
+    pub tls_skip_verify: bool,
+    #[serde(default)]
+    pub header: BTreeMap<String, Vec<String>>,
 }
 
 /// How a Connect service is registered: native, or with a sidecar proxy service Consul
@@ -199,6 +210,11 @@ fn registration(id: String, task: &str, service: &Service, ports: &AllocatedReso
                 method: check.method.clone(),
                 interval_ms: check.interval.as_millis() as u64,
                 timeout_ms: check.timeout.as_millis() as u64,
+                initial_status: check.initial_status.clone(),
+                grpc_service: check.grpc_service.clone(),
+                grpc_use_tls: check.grpc_use_tls,
+                tls_skip_verify: check.tls_skip_verify,
+                header: check.header.clone(),
             }
         })
         .collect();

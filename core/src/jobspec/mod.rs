@@ -769,6 +769,18 @@ mod tests {
             Err("invalid type (\"udp\"), must be one of \"grpc\", \"tcp\", \"http\", \"script\"".to_string())
         );
         assert_eq!(check("http", 1000, 1000).validate(), Ok(()));
+        let initial = |status: &str| ServiceCheck {
+            initial_status: status.into(),
+            ..check("http", 1000, 1000)
+        };
+        assert_eq!(initial("warning").validate(), Ok(()));
+        assert_eq!(
+            initial("ok").validate(),
+            Err(
+                "invalid initial check state (ok), must be one of \"passing\", \"warning\", \"critical\" or empty"
+                    .to_string()
+            )
+        );
 
         let mut bad = job();
         let mut http = good.clone();

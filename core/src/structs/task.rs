@@ -334,6 +334,20 @@ pub struct ServiceCheck {
     pub port_label: String,
     pub interval: Duration,
     pub timeout: Duration,
+    /// The status Consul gives the check until it first runs (`""`: Consul's, critical).
+    #[serde(default)]
+    pub initial_status: String,
+    /// A `grpc` check's service name (Consul's `GRPC` target `host:port/<service>`).
+    #[serde(default)]
+    pub grpc_service: String,
+    #[serde(default)]
+    pub grpc_use_tls: bool,
+    /// An `http` or `grpc` check over TLS without verifying the task's certificate.
+    #[serde(default)]
+    pub tls_skip_verify: bool,
+    /// An `http` check's request headers.
+    #[serde(default)]
+    pub header: BTreeMap<String, Vec<String>>,
 }
 
 impl ServiceCheck {
@@ -364,6 +378,12 @@ impl ServiceCheck {
                     "invalid type ({other:?}), must be one of \"grpc\", \"tcp\", \"http\", \"script\""
                 ));
             }
+        }
+        if !matches!(self.initial_status.as_str(), "" | "passing" | "warning" | "critical") {
+            return Err(format!(
+                "invalid initial check state ({}), must be one of \"passing\", \"warning\", \"critical\" or empty",
+                self.initial_status
+            ));
         }
         if self.interval.is_zero() {
             return Err(format!(

@@ -373,6 +373,14 @@ pub struct ApiServiceCheck {
     pub port_label: String,
     pub interval: i64,
     pub timeout: i64,
+    pub initial_status: String,
+    #[serde(rename = "GRPCService")]
+    pub grpc_service: String,
+    #[serde(rename = "GRPCUseTLS")]
+    pub grpc_use_tls: bool,
+    #[serde(rename = "TLSSkipVerify")]
+    pub tls_skip_verify: bool,
+    pub header: BTreeMap<String, Vec<String>>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -999,6 +1007,11 @@ impl ApiService {
                     port_label: check.port_label.clone(),
                     interval: duration("check interval", check.interval, problems),
                     timeout: duration("check timeout", check.timeout, problems),
+                    initial_status: check.initial_status.clone(),
+                    grpc_service: check.grpc_service.clone(),
+                    grpc_use_tls: check.grpc_use_tls,
+                    tls_skip_verify: check.tls_skip_verify,
+                    header: check.header.clone(),
                 })
                 .collect(),
             connect: self
@@ -1032,6 +1045,11 @@ impl ApiService {
                     port_label: check.port_label.clone(),
                     interval: nanos(check.interval),
                     timeout: nanos(check.timeout),
+                    initial_status: check.initial_status.clone(),
+                    grpc_service: check.grpc_service.clone(),
+                    grpc_use_tls: check.grpc_use_tls,
+                    tls_skip_verify: check.tls_skip_verify,
+                    header: check.header.clone(),
                 })
                 .collect(),
             connect: service.connect.as_ref().map(connect::ApiConsulConnect::from_connect),

@@ -879,9 +879,41 @@ fn parse_service(walker: &mut Walker, at: &str, block: &Object, in_group: bool) 
                 &at,
                 check,
                 &[
-                    "name", "type", "command", "args", "path", "protocol", "method", "port", "interval", "timeout",
+                    "name",
+                    "type",
+                    "command",
+                    "args",
+                    "path",
+                    "protocol",
+                    "method",
+                    "port",
+                    "interval",
+                    "timeout",
+                    "initial_status",
+                    "grpc_service",
+                    "grpc_use_tls",
+                    "tls_skip_verify",
+                    "header",
                 ],
             );
+            let header = walker.single(&at, check, "header").map(|header| {
+                header
+                    .iter()
+                    .map(|(name, values)| {
+                        let values = match values {
+                            serde_json::Value::Array(values) => values
+                                .iter()
+                                .map(|value| value.as_str().map(str::to_string))
+                                .collect::<Option<Vec<String>>>(),
+                            _ => None,
+                        };
+                        if values.is_none() {
+                            walker.problem(&format!("{at} header"), format!("{name:?} must be a list of strings"));
+                        }
+                        (name.clone(), values.unwrap_or_default())
+                    })
+                    .collect()
+            });
             ApiServiceCheck {
                 name: walker.string(&at, check, "name").unwrap_or_default(),
                 check_type: walker.string(&at, check, "type").unwrap_or_default(),
@@ -893,6 +925,11 @@ fn parse_service(walker: &mut Walker, at: &str, block: &Object, in_group: bool) 
                 port_label: walker.string(&at, check, "port").unwrap_or_default(),
                 interval: walker.duration(&at, check, "interval").unwrap_or_default(),
                 timeout: walker.duration(&at, check, "timeout").unwrap_or_default(),
+                initial_status: walker.string(&at, check, "initial_status").unwrap_or_default(),
+                grpc_service: walker.string(&at, check, "grpc_service").unwrap_or_default(),
+                grpc_use_tls: walker.boolean(&at, check, "grpc_use_tls").unwrap_or(false),
+                tls_skip_verify: walker.boolean(&at, check, "tls_skip_verify").unwrap_or(false),
+                header: header.unwrap_or_default(),
             }
         })
         .collect();

@@ -183,6 +183,62 @@ async fn a_connect_group_service_is_registered_with_its_sidecar_and_checks() {
     );
 }
 
+/// A check's initial status, gRPC service and TLS settings, and HTTP headers reach Consul in
+/// its field names (Nomad's `createCheckReg`).
+#[tokio::test]
+async fn check_settings_are_registered_in_consuls_field_names() {
+    use drover_core::client::services::{CheckRegistration, TaskServiceRegistration};
+    let fake = FakeConsul::default();
+    let addr = serve(fake.clone()).await;
+    let consul = ConsulHttp::new(&addr.to_string(), Duration::from_secs(2));
+    let check = |id: &str, check_type: &str| CheckRegistration {
+        id: id.into(),
+        name: id.into(),
+        check_type: check_type.into(),
+        port: 9001,
+        interval_ms: 10_000,
+        timeout_ms: 2_000,
+        ..CheckRegistration::default()
+    };
+    let registration = TaskServiceRegistration {
+        id: "_nomad-task-a1-t-api-http".into(),
+        name: "api".into(),
+        port: 9001,
+        checks: vec![
+            CheckRegistration {
+                path: "/health".into(),
+                protocol: "https".into(),
+                tls_skip_verify: true,
+                initial_status: "passing".into(),
+                header: [("X-Probe".to_string(), vec!["a".to_string(), "b".to_string()])].into(),
+                ..check("h", "http")
+            },
+            CheckRegistration {
+                grpc_service: "health.v1".into(),
+                grpc_use_tls: true,
+                initial_status: "warning".into(),
+                ..check("g", "grpc")
+            },
+        ],
+        ..TaskServiceRegistration::default()
+    };
+    consul
+        .register_task_service(&registration, "10.0.0.5".parse().unwrap())
+        .await
+        .unwrap();
+    let registered = fake.registered.lock().unwrap().clone();
+    assert_eq!(
+        registered[0]["Checks"],
+        json!([
+            {"CheckID": "h", "Name": "h", "Interval": "10000ms", "Timeout": "2000ms",
+             "HTTP": "https://10.0.0.5:9001/health", "Header": {"X-Probe": ["a", "b"]},
+             "TLSSkipVerify": true, "Status": "passing"},
+            {"CheckID": "g", "Name": "g", "Interval": "10000ms", "Timeout": "2000ms",
+             "GRPC": "10.0.0.5:9001/health.v1", "GRPCUseTLS": true, "Status": "warning"}
+        ])
+    );
+}
+
 #[tokio::test]
 async fn a_hung_consul_fails_the_call_at_the_deadline() {
     let addr = serve(FakeConsul {

@@ -135,6 +135,12 @@ job "every-field" {
         protocol = "http"
         interval = "12s"
         timeout  = "3s"
+
+        initial_status  = "warning"
+        tls_skip_verify = true
+        header {
+          X-Probe = ["a", "b"]
+        }
       }
     }
 
