@@ -310,6 +310,13 @@ impl AllocRunner {
         &self.spec.alloc
     }
 
+    /// The servers promoted this canary (its deployment's group was promoted).
+    pub fn promoted(&mut self) {
+        if let Some(status) = &mut self.spec.alloc.deployment_status {
+            status.canary = false;
+        }
+    }
+
     pub fn group(&self) -> &TaskGroup {
         &self.spec.group
     }

@@ -647,6 +647,10 @@ impl Client {
                     if alloc.server_terminal() {
                         runner.stop(now, &mut self.ops);
                     }
+                    // Promoted: its services trade their canary tags for their tags.
+                    if runner.alloc().is_canary() && !alloc.is_canary() {
+                        runner.promoted();
+                    }
                 }
                 None => {
                     if alloc.client_terminal() {
@@ -1098,16 +1102,18 @@ fn alloc_check_ids(runner: &AllocRunner) -> BTreeSet<String> {
 /// the running tasks' when `running_only`: a task's services are registered while it runs).
 fn alloc_registrations(runner: &AllocRunner, running_only: bool) -> Vec<TaskServiceRegistration> {
     let resources = &runner.alloc().resources;
+    let canary = runner.alloc().is_canary();
     let group = group_registrations(
         runner.alloc_id(),
         &runner.alloc().task_group,
         &runner.group_services(),
         resources,
+        canary,
     );
     runner
         .tasks()
         .filter(|task| !running_only || (task.state().state == TaskStatus::Running && !task.is_shutting_down()))
-        .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services(), resources))
+        .flat_map(|task| registrations(runner.alloc_id(), task.name(), &task.services(), resources, canary))
         .chain(group)
         .collect()
 }

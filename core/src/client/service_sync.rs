@@ -146,7 +146,7 @@ mod tests {
             ..Service::default()
         };
         Wanted::only(
-            registrations("a1", "web", &[service], &Default::default())
+            registrations("a1", "web", &[service], &Default::default(), false)
                 .into_iter()
                 .map(|registration| (registration.id.clone(), registration))
                 .collect(),

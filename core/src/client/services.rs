@@ -144,16 +144,18 @@ fn fnv(text: &str) -> u64 {
 /// The registrations for one running task's `service` blocks. A service's `port` label is
 /// resolved against the allocation's ports (the task's own network first, then the group's)
 /// and registered at the host address and port, as Nomad's `address_mode = "auto"`/`"host"`
-/// do; a number is a literal port.
+/// do; a number is a literal port. A `canary` allocation's services carry their
+/// `canary_tags` in place of their `tags`, when they have some (Nomad's `canary_tags`).
 pub fn registrations(
     alloc_id: &str,
     task: &str,
     services: &[Service],
     ports: &AllocatedResources,
+    canary: bool,
 ) -> Vec<TaskServiceRegistration> {
     services
         .iter()
-        .map(|service| registration(service_id(alloc_id, task, service), task, service, ports))
+        .map(|service| registration(service_id(alloc_id, task, service), task, service, ports, canary))
         .collect()
 }
 
@@ -165,11 +167,12 @@ pub fn group_registrations(
     group: &str,
     services: &[Service],
     ports: &AllocatedResources,
+    canary: bool,
 ) -> Vec<TaskServiceRegistration> {
     services
         .iter()
         .map(|service| {
-            let mut registration = registration(group_service_id(alloc_id, group, service), "", service, ports);
+            let mut registration = registration(group_service_id(alloc_id, group, service), "", service, ports, canary);
             registration.connect = service
                 .connect
                 .as_ref()
@@ -187,7 +190,13 @@ fn resolve(task: &str, label: &str, ports: &AllocatedResources) -> (u16, String)
     }
 }
 
-fn registration(id: String, task: &str, service: &Service, ports: &AllocatedResources) -> TaskServiceRegistration {
+fn registration(
+    id: String,
+    task: &str,
+    service: &Service,
+    ports: &AllocatedResources,
+    canary: bool,
+) -> TaskServiceRegistration {
     let (port, address) = resolve(task, &service.port_label, ports);
     let checks = service
         .checks
@@ -221,7 +230,11 @@ fn registration(id: String, task: &str, service: &Service, ports: &AllocatedReso
     TaskServiceRegistration {
         id,
         name: service.name.clone(),
-        tags: service.tags.clone(),
+        tags: if canary && !service.canary_tags.is_empty() {
+            service.canary_tags.clone()
+        } else {
+            service.tags.clone()
+        },
         meta: service.meta.clone(),
         enable_tag_override: service.enable_tag_override,
         port,
@@ -373,7 +386,7 @@ mod tests {
     }
 
     fn desired(services: &[Service]) -> BTreeMap<String, TaskServiceRegistration> {
-        registrations("a1", "web", services, &AllocatedResources::default())
+        registrations("a1", "web", services, &AllocatedResources::default(), false)
             .into_iter()
             .map(|registration| (registration.id.clone(), registration))
             .collect()
@@ -430,6 +443,34 @@ mod tests {
         );
         // Once it stops (or runs without them), they go.
         assert_eq!(plan_sync(&Wanted::default(), &have).deregister.len(), 3);
+    }
+
+    /// A canary's services carry their `canary_tags` instead of their tags, when they have
+    /// some; once promoted (no longer a canary), their tags.
+    #[test]
+    fn a_canary_registers_its_canary_tags() {
+        let service = |canary_tags: &[&str]| Service {
+            name: "web".into(),
+            tags: vec!["v1".into()],
+            canary_tags: canary_tags.iter().map(|tag| tag.to_string()).collect(),
+            ..Service::default()
+        };
+        let tags = |canary: bool, service: Service| {
+            registrations(
+                "a1",
+                "t",
+                core::slice::from_ref(&service),
+                &AllocatedResources::default(),
+                canary,
+            )[0]
+            .tags
+            .clone()
+        };
+        assert_eq!(tags(true, service(&["canary"])), ["canary"]);
+        assert_eq!(tags(false, service(&["canary"])), ["v1"]);
+        assert_eq!(tags(true, service(&[])), ["v1"], "no canary tags: its tags");
+        let group = group_registrations("a1", "g", &[service(&["canary"])], &AllocatedResources::default(), true);
+        assert_eq!(group[0].tags, ["canary"]);
     }
 
     #[test]
@@ -495,7 +536,7 @@ mod tests {
             ports: vec![port("http", 9001), port("connect-proxy-count-api", 21000)],
             ..AllocatedResources::default()
         };
-        let registrations = group_registrations("a1", "api", &[service], &ports);
+        let registrations = group_registrations("a1", "api", &[service], &ports, false);
         let [registration] = registrations.as_slice() else {
             panic!("{registrations:?}")
         };

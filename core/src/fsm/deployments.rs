@@ -88,13 +88,30 @@ impl ServerState {
                 let Some(mut deployment) = self.deployments.get(deployment_id).cloned() else {
                     return not_found(deployment_id);
                 };
+                let mut promoted_canaries = Vec::new();
                 for (name, state) in deployment.task_groups.iter_mut() {
                     if state.desired_canaries > 0 && (groups.is_empty() || groups.contains(name)) {
                         state.promoted = true;
+                        promoted_canaries.extend(state.placed_canaries.iter().cloned());
                     }
                 }
                 deployment.status_description = deployment.running_description().into();
                 self.upsert_deployment(index, at_ms, deployment);
+                // Promoted canaries are canaries no more (Nomad's `UpdateDeploymentPromotion`):
+                // their clients register their services with their tags, not their canary tags.
+                for alloc_id in promoted_canaries {
+                    if let Some(mut alloc) = self.allocs.get(&alloc_id).cloned()
+                        && let Some(status) = alloc.deployment_status.as_mut()
+                        && status.canary
+                    {
+                        status.canary = false;
+                        status.modify_index = index;
+                        alloc.modify_index = index;
+                        alloc.modify_time_ms = at_ms;
+                        self.allocs.insert(alloc_id, alloc);
+                        self.touch(Table::Allocs, index);
+                    }
+                }
                 self.upsert_evals(index, at_ms, core::slice::from_ref(eval));
                 Response::Done
             }

@@ -239,10 +239,11 @@ fn canaries_run_beside_the_old_version_until_promoted() {
     world.all_healthy();
     let plan = world.evaluate();
     assert_eq!(plan.deployment_updates[0].status, DEPLOYMENT_SUCCESSFUL);
+    // The promoted canary is a canary no more (its services drop their canary tags).
     assert_eq!(
         world.live_versions(),
         vec![
-            ("web.g[0]".into(), 1, true),
+            ("web.g[0]".into(), 1, false),
             ("web.g[1]".into(), 1, false),
             ("web.g[2]".into(), 1, false)
         ]
