@@ -288,12 +288,12 @@ pub struct ServerTiming {
     pub reconcile_interval: Duration,
     pub gossip: GossipTiming,
     /// CSI claim and plugin garbage collection (Nomad's intervals by default).
-    pub csi_gc: crate::csi::watcher::GcConfig,
+    pub csi_gc: GcConfig,
     /// The leader's periodic GC of finished evaluations, allocations, jobs, deployments and
     /// down nodes (Nomad's intervals and thresholds by default).
-    pub core_gc: crate::gc::periodic::CoreGcConfig,
+    pub core_gc: CoreGcConfig,
     /// Node heartbeat TTLs (Nomad's defaults).
-    pub heartbeat: crate::heartbeat::HeartbeatConfig,
+    pub heartbeat: HeartbeatConfig,
     /// Raft log entries between snapshots (Nomad's `raft_snapshot_threshold`, hashicorp/raft's
     /// 8192). A snapshot encodes the whole state: at a million allocations it costs seconds of
     /// CPU (`cargo bench -p drover-io-real --bench state_scale`), so taking one every 1,000
@@ -355,9 +355,9 @@ impl Default for ServerTiming {
             peer_retries_max: 6,
             reconcile_interval: Duration::from_secs(5),
             gossip: GossipTiming::default(),
-            csi_gc: crate::csi::watcher::GcConfig::default(),
-            core_gc: crate::gc::periodic::CoreGcConfig::default(),
-            heartbeat: crate::heartbeat::HeartbeatConfig::default(),
+            csi_gc: GcConfig::default(),
+            core_gc: CoreGcConfig::default(),
+            heartbeat: HeartbeatConfig::default(),
             snapshot_threshold: 8_192,
             snapshot_interval: Duration::from_secs(120),
         }
@@ -418,7 +418,7 @@ pub struct ClientConfig {
     /// Servers a client-only agent talks to, `ip:port` (RPC port).
     pub servers: Vec<String>,
     /// `host_volume "name" { path read_only }` blocks.
-    pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
+    pub host_volumes: BTreeMap<String, crate::structs::HostVolumeConfig>,
     /// `meta {}`: the node's metadata.
     #[serde(default)]
     pub meta: BTreeMap<String, String>,
@@ -447,7 +447,7 @@ pub struct ClientConfig {
     pub max_dynamic_port: u16,
     /// `max_kill_timeout`: no task waits longer than this between its kill signal and SIGKILL,
     /// whatever its `kill_timeout` asks (`None`: Nomad's 30 s,
-    /// [`crate::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT`]).
+    /// [`DEFAULT_MAX_KILL_TIMEOUT`]).
     #[serde(default)]
     pub max_kill_timeout: Option<core::time::Duration>,
     /// Defects re-created on purpose in the simulation (regression switches); never set by
@@ -734,7 +734,7 @@ mod tests {
         assert_eq!(client.validate(), Ok(vec![]));
         client.client.host_volumes.insert(
             "data".into(),
-            crate::client::volume_hook::HostVolumeConfig {
+            crate::structs::HostVolumeConfig {
                 path: "srv/data".into(),
                 read_only: false,
             },
@@ -770,3 +770,111 @@ mod tests {
         assert_eq!(none.validate(), Err(ConfigError::NoMode));
     }
 }
+
+// --- Settings the subsystems read, defined here so that every layer above `config` may
+// read them and `config` itself reads nothing above it.
+
+/// Nomad's server defaults.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct HeartbeatConfig {
+    /// `min_heartbeat_ttl` (10 s).
+    pub min_ttl: Duration,
+    /// `max_heartbeats_per_second` (50): the TTL grows with the node count past this rate.
+    pub max_per_second: u32,
+    /// `heartbeat_grace` (10 s): added to the TTL on the server side only.
+    pub grace: Duration,
+    /// `failover_heartbeat_ttl` (5 min): every node's deadline after a leader change.
+    pub failover_ttl: Duration,
+}
+
+impl Default for HeartbeatConfig {
+    fn default() -> Self {
+        HeartbeatConfig {
+            min_ttl: Duration::from_secs(10),
+            max_per_second: 50,
+            grace: Duration::from_secs(10),
+            failover_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// Intervals and thresholds of the CSI core jobs (Nomad: 5 min / 5 min, 5 min / 1 h).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GcConfig {
+    pub claim_gc_interval: Duration,
+    pub claim_gc_threshold: Duration,
+    pub plugin_gc_interval: Duration,
+    pub plugin_gc_threshold: Duration,
+}
+
+impl Default for GcConfig {
+    fn default() -> Self {
+        GcConfig {
+            claim_gc_interval: Duration::from_secs(300),
+            claim_gc_threshold: Duration::from_secs(300),
+            plugin_gc_interval: Duration::from_secs(300),
+            plugin_gc_threshold: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The periodic GC's settings (`server { job_gc_interval, *_gc_threshold }`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CoreGcConfig {
+    /// How often the leader looks (Nomad's `job_gc_interval` and its fellows: 5 minutes).
+    pub interval: Duration,
+    pub thresholds: GcThresholds,
+}
+
+impl Default for CoreGcConfig {
+    fn default() -> Self {
+        CoreGcConfig {
+            interval: Duration::from_secs(300),
+            thresholds: GcThresholds::default(),
+        }
+    }
+}
+
+/// How long each kind of object must have been finished before the periodic GC removes it
+/// (Nomad's `*_gc_threshold` server settings and their defaults); all zero for a forced GC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GcThresholds {
+    /// Evaluations (and the allocations they placed) of service and system jobs.
+    pub eval: Duration,
+    /// Evaluations (and allocations) of batch jobs.
+    pub batch_eval: Duration,
+    /// Stopped jobs, counted from their last evaluation.
+    pub job: Duration,
+    /// Down nodes, counted from when they went down.
+    pub node: Duration,
+    /// Finished deployments.
+    pub deployment: Duration,
+}
+
+impl GcThresholds {
+    /// A forced GC: everything finished, however recently.
+    pub const NONE: GcThresholds = GcThresholds {
+        eval: Duration::ZERO,
+        batch_eval: Duration::ZERO,
+        job: Duration::ZERO,
+        node: Duration::ZERO,
+        deployment: Duration::ZERO,
+    };
+}
+
+impl Default for GcThresholds {
+    /// Nomad's defaults.
+    fn default() -> Self {
+        GcThresholds {
+            eval: Duration::from_secs(3_600),
+            batch_eval: Duration::from_secs(24 * 3_600),
+            job: Duration::from_secs(4 * 3_600),
+            node: Duration::from_secs(24 * 3_600),
+            deployment: Duration::from_secs(3_600),
+        }
+    }
+}
+
+/// Nomad's `max_kill_timeout` default: the longest a task waits between its kill signal and
+/// SIGKILL unless the client's config says otherwise.
+pub const DEFAULT_MAX_KILL_TIMEOUT: Duration = Duration::from_secs(30);

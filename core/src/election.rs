@@ -45,8 +45,8 @@ const HANDOVER_MARGIN: Duration = Duration::from_millis(15);
 use rand_010::RngExt;
 use rand_chacha::ChaCha8Rng;
 
-use crate::server::{RaftRole, RaftView};
 use crate::time::Instant;
+use serde::{Deserialize, Serialize};
 
 /// The timings of [`Elections`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -326,3 +326,26 @@ pub fn pre_vote_won(configs: &[BTreeSet<u64>], granted: &BTreeSet<u64>) -> bool 
 
 #[cfg(test)]
 mod tests;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum RaftRole {
+    #[default]
+    Follower,
+    Candidate,
+    Leader,
+    Learner,
+    Shutdown,
+}
+
+/// What the driver's Raft instance looks like right now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RaftView {
+    pub role: RaftRole,
+    pub term: u64,
+    pub leader: Option<u64>,
+    /// Whom this server voted for in `term`.
+    pub voted_for: Option<u64>,
+    pub last_log_index: Option<u64>,
+    pub voters: BTreeSet<u64>,
+    pub learners: BTreeSet<u64>,
+}

@@ -26,29 +26,7 @@ use crate::fsm::{ServerState, Table};
 use crate::structs::NodeStatus;
 use crate::time::Instant;
 
-/// Nomad's server defaults.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct HeartbeatConfig {
-    /// `min_heartbeat_ttl` (10 s).
-    pub min_ttl: Duration,
-    /// `max_heartbeats_per_second` (50): the TTL grows with the node count past this rate.
-    pub max_per_second: u32,
-    /// `heartbeat_grace` (10 s): added to the TTL on the server side only.
-    pub grace: Duration,
-    /// `failover_heartbeat_ttl` (5 min): every node's deadline after a leader change.
-    pub failover_ttl: Duration,
-}
-
-impl Default for HeartbeatConfig {
-    fn default() -> Self {
-        HeartbeatConfig {
-            min_ttl: Duration::from_secs(10),
-            max_per_second: 50,
-            grace: Duration::from_secs(10),
-            failover_ttl: Duration::from_secs(300),
-        }
-    }
-}
+pub use crate::config::HeartbeatConfig;
 
 /// The message of the node event raised when a node is marked down for a missed heartbeat.
 pub const HEARTBEAT_MISSED: &str = "Node heartbeat missed";

@@ -38,28 +38,7 @@ pub use operator::OperatorRequest;
 const RAFT_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum RaftRole {
-    #[default]
-    Follower,
-    Candidate,
-    Leader,
-    Learner,
-    Shutdown,
-}
-
-/// What the driver's Raft instance looks like right now.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RaftView {
-    pub role: RaftRole,
-    pub term: u64,
-    pub leader: Option<u64>,
-    /// Whom this server voted for in `term`.
-    pub voted_for: Option<u64>,
-    pub last_log_index: Option<u64>,
-    pub voters: BTreeSet<u64>,
-    pub learners: BTreeSet<u64>,
-}
+pub use crate::election::{RaftRole, RaftView};
 
 impl RaftView {
     pub fn peer_count(&self) -> usize {

@@ -17,8 +17,7 @@ use core::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::client::restarts::go_duration;
-use crate::fsm::acl::AclState;
+use crate::goduration::format as go_duration;
 
 /// Nomad's default token name: `JWT-<method>`.
 pub const DEFAULT_TOKEN_NAME_FORMAT: &str = "${auth_method_type}-${auth_method_name}";
@@ -364,10 +363,20 @@ fn value_vars(claims: &Claims) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// What binding reads of the ACL tables (the state machine's `AclState` holds them; this
+/// module sits below it).
+pub trait BindingTables {
+    /// Every binding rule, in ID order.
+    fn binding_rules(&self) -> impl Iterator<Item = &BindingRule>;
+    /// The ID of the role of this name, if there is one.
+    fn role_id(&self, name: &str) -> Option<&str>;
+    fn has_policy(&self, name: &str) -> bool;
+}
+
 /// Applies `method`'s binding rules (in ID order) to `claims`: each matching rule binds the
 /// role or policy it names, if it exists; a matching management rule makes a management
 /// token and ends the search (Nomad's `Binder.Bind`).
-pub fn bind(acl: &AclState, method: &AuthMethod, claims: &Claims) -> Result<Bindings, String> {
+pub fn bind(acl: &impl BindingTables, method: &AuthMethod, claims: &Claims) -> Result<Bindings, String> {
     let data = claims.selector_data();
     let vars = value_vars(claims);
     let mut bindings = Bindings::default();
@@ -391,14 +400,14 @@ pub fn bind(acl: &AclState, method: &AuthMethod, claims: &Claims) -> Result<Bind
         }
         match rule.bind_type {
             BindType::Role => {
-                if let Some(role) = acl.role_by_name(&name)
-                    && !bindings.roles.contains(&role.id)
+                if let Some(role) = acl.role_id(&name)
+                    && !bindings.roles.iter().any(|id| id == role)
                 {
-                    bindings.roles.push(role.id.clone());
+                    bindings.roles.push(role.to_string());
                 }
             }
             BindType::Policy => {
-                if acl.policy(&name).is_some() && !bindings.policies.contains(&name) {
+                if acl.has_policy(&name) && !bindings.policies.contains(&name) {
                     bindings.policies.push(name);
                 }
             }

@@ -139,30 +139,6 @@ impl fmt::Display for ResolveError {
     }
 }
 
-/// The ACL of the request carrying `secret` (empty: no token, the anonymous policy), from
-/// the applied state at cluster time `now_ms`.
-pub fn resolve(state: &crate::fsm::ServerState, secret: &str, now_ms: u64) -> Result<Acl, ResolveError> {
-    let acl = state.acl();
-    if secret.is_empty() {
-        return Ok(Acl::from_policies(
-            acl.policy(ANONYMOUS_POLICY).map(|policy| &policy.parsed),
-        ));
-    }
-    let token = acl.token_by_secret(secret).ok_or(ResolveError::NotFound)?;
-    if token.expired(now_ms) {
-        return Err(ResolveError::Expired);
-    }
-    Ok(match token.token_type {
-        TokenType::Management => Acl::management(),
-        TokenType::Client => Acl::from_policies(
-            acl.token_policy_names(token)
-                .iter()
-                .filter_map(|name| acl.policy(name))
-                .map(|policy| &policy.parsed),
-        ),
-    })
-}
-
 /// A token resolved for an agent that holds no ACL tables (a client-only agent asking a
 /// server, as Nomad's `ACL.ResolveToken`): what it needs to build the [`Acl`] itself.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,37 +158,4 @@ impl ResolvedToken {
             Acl::from_policies(&self.policies)
         }
     }
-}
-
-/// [`resolve`], as the rules an agent without the state compiles itself.
-pub fn resolve_rules(
-    state: &crate::fsm::ServerState,
-    secret: &str,
-    now_ms: u64,
-) -> Result<ResolvedToken, ResolveError> {
-    let acl = state.acl();
-    if secret.is_empty() {
-        return Ok(ResolvedToken {
-            policies: acl
-                .policy(ANONYMOUS_POLICY)
-                .map(|policy| policy.parsed.clone())
-                .into_iter()
-                .collect(),
-            ..ResolvedToken::default()
-        });
-    }
-    let token = acl.token_by_secret(secret).ok_or(ResolveError::NotFound)?;
-    if token.expired(now_ms) {
-        return Err(ResolveError::Expired);
-    }
-    Ok(ResolvedToken {
-        management: token.token_type == TokenType::Management,
-        policies: acl
-            .token_policy_names(token)
-            .iter()
-            .filter_map(|name| acl.policy(name))
-            .map(|policy| policy.parsed.clone())
-            .collect(),
-        expires_ms: token.expiration_time_ms,
-    })
 }

@@ -86,9 +86,7 @@ pub struct TaskSpec {
     pub payload: Vec<u8>,
 }
 
-/// Nomad's `max_kill_timeout` default: the longest a task waits between its kill signal and
-/// SIGKILL unless the client's config says otherwise.
-pub const DEFAULT_MAX_KILL_TIMEOUT: Duration = Duration::from_secs(30);
+pub use crate::config::DEFAULT_MAX_KILL_TIMEOUT;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskAction {

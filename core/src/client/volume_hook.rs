@@ -7,19 +7,12 @@ use crate::prelude::*;
 
 use alloc::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 use crate::client::hooks::{AllocHookResources, HookError};
 use crate::client::{DriverCapabilities, MountConfig, MountConfigSupport};
 use crate::structs::{Task, TaskGroup, VolumeType};
 use crate::taskenv::TaskEnv;
 
-/// A `host_volume` block of the client's configuration.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HostVolumeConfig {
-    pub path: String,
-    pub read_only: bool,
-}
+pub use crate::structs::HostVolumeConfig;
 
 /// The mounts of `task`; never "done", so it re-runs after a restore and every restart.
 pub fn volume_mounts(

@@ -1,5 +1,6 @@
 use super::*;
 use crate::structs::{JobType, NetworkResource, ServiceCheck};
+use core::time::Duration;
 
 fn connect_job(connect: ConsulConnect, networks: Vec<NetworkResource>) -> Job {
     let app = Task {

@@ -23,25 +23,7 @@ use crate::time::Instant;
 const PASS_INTERVAL: Duration = Duration::from_secs(1);
 const BURST: u32 = 3;
 
-/// Intervals and thresholds of the CSI core jobs (Nomad: 5 min / 5 min, 5 min / 1 h).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GcConfig {
-    pub claim_gc_interval: Duration,
-    pub claim_gc_threshold: Duration,
-    pub plugin_gc_interval: Duration,
-    pub plugin_gc_threshold: Duration,
-}
-
-impl Default for GcConfig {
-    fn default() -> Self {
-        GcConfig {
-            claim_gc_interval: Duration::from_secs(300),
-            claim_gc_threshold: Duration::from_secs(300),
-            plugin_gc_interval: Duration::from_secs(300),
-            plugin_gc_threshold: Duration::from_secs(3600),
-        }
-    }
-}
+pub use crate::config::GcConfig;
 
 #[derive(Clone, Debug)]
 struct Worker {

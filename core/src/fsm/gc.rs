@@ -6,14 +6,86 @@
 use crate::prelude::*;
 
 use super::{Command, Response, ServerState, Table};
-use crate::gc::{self, Garbage};
+use crate::structs::{
+    Allocation, ClientStatus, Deployment, EVAL_BLOCKED, EVAL_PENDING, Evaluation, JobType, Node, NodeStatus,
+};
+
+/// What a forced GC removes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Garbage {
+    pub allocs: Vec<String>,
+    pub evals: Vec<String>,
+    /// (namespace, job id)
+    pub jobs: Vec<(String, String)>,
+    pub deployments: Vec<String>,
+    pub nodes: Vec<String>,
+}
+
+impl Garbage {
+    pub fn is_empty(&self) -> bool {
+        self.allocs.is_empty()
+            && self.evals.is_empty()
+            && self.jobs.is_empty()
+            && self.deployments.is_empty()
+            && self.nodes.is_empty()
+    }
+}
+
+pub fn alloc_collectable(state: &ServerState, alloc: &Allocation) -> bool {
+    if !alloc.client_terminal() {
+        return false;
+    }
+    // Its job is purged or stopped: nothing will run it again or reschedule from it, even if
+    // the servers never marked it stopped — a batch allocation that completed before its job
+    // was stopped keeps `desired: run` for good, and was never collected (issue 54 §8; Nomad's
+    // `allocGCEligible`).
+    if state.job(&alloc.namespace, &alloc.job_id).is_none_or(|job| job.stop) {
+        return true;
+    }
+    if !alloc.server_terminal() {
+        return false;
+    }
+    let keeps_batch_done = state.job(&alloc.namespace, &alloc.job_id).is_some_and(|job| {
+        job.job_type == JobType::Batch
+            && !job.stop
+            && alloc.client_status == ClientStatus::Complete
+            && alloc.job_version == job.version
+    });
+    !keeps_batch_done
+}
+
+/// `allocs_remain`: whether an allocation of the evaluation stays.
+pub fn eval_collectable(eval: &Evaluation, allocs_remain: bool) -> bool {
+    eval.status != EVAL_PENDING && eval.status != EVAL_BLOCKED && !allocs_remain
+}
+
+pub fn job_collectable(state: &ServerState, namespace: &str, job_id: &str, allocs_remain: bool) -> bool {
+    state.job(namespace, job_id).is_some_and(|job| job.stop)
+        && !allocs_remain
+        && !state
+            .job_evals(namespace, job_id)
+            .any(|eval| eval.status == EVAL_PENDING || eval.status == EVAL_BLOCKED)
+}
+
+pub fn deployment_collectable(state: &ServerState, deployment: &Deployment, allocs_remain: bool) -> bool {
+    let latest = state
+        .latest_deployment(&deployment.namespace, &deployment.job_id)
+        .is_some_and(|latest| latest.id == deployment.id);
+    let job_kept = state.job(&deployment.namespace, &deployment.job_id).is_some();
+    let shown_by_its_job = latest && job_kept;
+    !(deployment.active() || allocs_remain || shown_by_its_job)
+}
+
+pub fn node_collectable(node: &Node, allocs_remain: bool) -> bool {
+    node.status == NodeStatus::Down && !allocs_remain
+}
 
 impl ServerState {
     pub(super) fn apply_gc(&mut self, index: u64, at_ms: u64, garbage: &Garbage) -> Response {
         let allocs: Vec<String> = garbage
             .allocs
             .iter()
-            .filter(|id| self.alloc(id).is_some_and(|alloc| gc::alloc_collectable(self, alloc)))
+            .filter(|id| self.alloc(id).is_some_and(|alloc| alloc_collectable(self, alloc)))
             .cloned()
             .collect();
         if !allocs.is_empty() {
@@ -26,7 +98,7 @@ impl ServerState {
             let remain = self
                 .job_allocs(&eval.namespace, &eval.job_id)
                 .any(|alloc| alloc.eval_id == eval.id);
-            if gc::eval_collectable(&eval, remain) {
+            if eval_collectable(&eval, remain) {
                 let key = (eval.namespace.clone(), eval.job_id.clone(), eval.id.clone());
                 self.evals.delete(id);
                 self.evals_by_job.delete(&key);
@@ -39,7 +111,7 @@ impl ServerState {
         }
         for (namespace, job_id) in &garbage.jobs {
             let remain = self.job_allocs(namespace, job_id).next().is_some();
-            if gc::job_collectable(self, namespace, job_id, remain) {
+            if job_collectable(self, namespace, job_id, remain) {
                 self.purge_job(namespace, job_id);
                 self.touch(Table::Jobs, index);
                 self.recompute_job_plugins(index, at_ms, &(namespace.clone(), job_id.clone()));
@@ -52,7 +124,7 @@ impl ServerState {
             let remain = self
                 .job_allocs(&deployment.namespace, &deployment.job_id)
                 .any(|alloc| alloc.deployment_id == deployment.id);
-            if gc::deployment_collectable(self, &deployment, remain) {
+            if deployment_collectable(self, &deployment, remain) {
                 self.deployments.delete(id);
                 self.deployments_by_job.delete(&(
                     deployment.namespace.clone(),
@@ -66,7 +138,7 @@ impl ServerState {
         for node_id in &garbage.nodes {
             let collectable = self
                 .node(node_id)
-                .is_some_and(|node| gc::node_collectable(node, self.allocs_on_node(node_id).next().is_some()));
+                .is_some_and(|node| node_collectable(node, self.allocs_on_node(node_id).next().is_some()));
             if collectable {
                 self.apply_cluster(
                     index,

@@ -28,6 +28,7 @@ mod summary;
 pub mod variables;
 
 pub use direct::{DirectWriteError, VARIABLE_PATH_LEN_MAX, validate_variable_path};
+pub use gc::{Garbage, alloc_collectable, deployment_collectable, eval_collectable, job_collectable, node_collectable};
 pub use variables::{VariableLock, VariableLockCommand};
 
 pub use pmap::PMap;
@@ -241,7 +242,7 @@ pub enum Command {
     },
     /// `System.GarbageCollect`: what the leader found collectable (each re-checked on apply).
     SystemGc {
-        garbage: crate::gc::Garbage,
+        garbage: Garbage,
     },
     /// `System.ReconcileJobSummaries`: every job summary rebuilt from the allocations.
     ReconcileSummaries,

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::pmap::PMap;
 use super::{Response, Table};
-use crate::rpc::ErrorKind;
+use crate::error::ErrorKind;
 
 /// Nomad's root key states: `active` seals every new write; `inactive` still opens what it
 /// sealed.

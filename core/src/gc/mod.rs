@@ -20,119 +20,15 @@ pub mod periodic;
 use core::time::Duration;
 
 use crate::fsm::ServerState;
-use crate::structs::{
-    Allocation, ClientStatus, Deployment, EVAL_BLOCKED, EVAL_PENDING, Evaluation, JobType, Node, NodeStatus,
+use crate::structs::{Allocation, Evaluation, JobType};
+
+// What may go is decided with the state it is read from: the predicates live beside the
+// state machine that checks them again when the entry applies (`fsm/gc.rs`).
+pub use crate::fsm::{
+    Garbage, alloc_collectable, deployment_collectable, eval_collectable, job_collectable, node_collectable,
 };
 
-/// What a forced GC removes.
-#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Garbage {
-    pub allocs: Vec<String>,
-    pub evals: Vec<String>,
-    /// (namespace, job id)
-    pub jobs: Vec<(String, String)>,
-    pub deployments: Vec<String>,
-    pub nodes: Vec<String>,
-}
-
-impl Garbage {
-    pub fn is_empty(&self) -> bool {
-        self.allocs.is_empty()
-            && self.evals.is_empty()
-            && self.jobs.is_empty()
-            && self.deployments.is_empty()
-            && self.nodes.is_empty()
-    }
-}
-
-pub fn alloc_collectable(state: &ServerState, alloc: &Allocation) -> bool {
-    if !alloc.client_terminal() {
-        return false;
-    }
-    // Its job is purged or stopped: nothing will run it again or reschedule from it, even if
-    // the servers never marked it stopped — a batch allocation that completed before its job
-    // was stopped keeps `desired: run` for good, and was never collected (issue 54 §8; Nomad's
-    // `allocGCEligible`).
-    if state.job(&alloc.namespace, &alloc.job_id).is_none_or(|job| job.stop) {
-        return true;
-    }
-    if !alloc.server_terminal() {
-        return false;
-    }
-    let keeps_batch_done = state.job(&alloc.namespace, &alloc.job_id).is_some_and(|job| {
-        job.job_type == JobType::Batch
-            && !job.stop
-            && alloc.client_status == ClientStatus::Complete
-            && alloc.job_version == job.version
-    });
-    !keeps_batch_done
-}
-
-/// `allocs_remain`: whether an allocation of the evaluation stays.
-pub fn eval_collectable(eval: &Evaluation, allocs_remain: bool) -> bool {
-    eval.status != EVAL_PENDING && eval.status != EVAL_BLOCKED && !allocs_remain
-}
-
-pub fn job_collectable(state: &ServerState, namespace: &str, job_id: &str, allocs_remain: bool) -> bool {
-    state.job(namespace, job_id).is_some_and(|job| job.stop)
-        && !allocs_remain
-        && !state
-            .job_evals(namespace, job_id)
-            .any(|eval| eval.status == EVAL_PENDING || eval.status == EVAL_BLOCKED)
-}
-
-pub fn deployment_collectable(state: &ServerState, deployment: &Deployment, allocs_remain: bool) -> bool {
-    let latest = state
-        .latest_deployment(&deployment.namespace, &deployment.job_id)
-        .is_some_and(|latest| latest.id == deployment.id);
-    let job_kept = state.job(&deployment.namespace, &deployment.job_id).is_some();
-    let shown_by_its_job = latest && job_kept;
-    !(deployment.active() || allocs_remain || shown_by_its_job)
-}
-
-pub fn node_collectable(node: &Node, allocs_remain: bool) -> bool {
-    node.status == NodeStatus::Down && !allocs_remain
-}
-
-/// How long each kind of object must have been finished before the periodic GC removes it
-/// (Nomad's `*_gc_threshold` server settings and their defaults); all zero for a forced GC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct GcThresholds {
-    /// Evaluations (and the allocations they placed) of service and system jobs.
-    pub eval: Duration,
-    /// Evaluations (and allocations) of batch jobs.
-    pub batch_eval: Duration,
-    /// Stopped jobs, counted from their last evaluation.
-    pub job: Duration,
-    /// Down nodes, counted from when they went down.
-    pub node: Duration,
-    /// Finished deployments.
-    pub deployment: Duration,
-}
-
-impl GcThresholds {
-    /// A forced GC: everything finished, however recently.
-    pub const NONE: GcThresholds = GcThresholds {
-        eval: Duration::ZERO,
-        batch_eval: Duration::ZERO,
-        job: Duration::ZERO,
-        node: Duration::ZERO,
-        deployment: Duration::ZERO,
-    };
-}
-
-impl Default for GcThresholds {
-    /// Nomad's defaults.
-    fn default() -> Self {
-        GcThresholds {
-            eval: Duration::from_secs(3_600),
-            batch_eval: Duration::from_secs(24 * 3_600),
-            job: Duration::from_secs(4 * 3_600),
-            node: Duration::from_secs(24 * 3_600),
-            deployment: Duration::from_secs(3_600),
-        }
-    }
-}
+pub use crate::config::GcThresholds;
 
 /// Whether something last changed at `at_ms` (cluster time) is at least `threshold` old at
 /// `now_ms`.

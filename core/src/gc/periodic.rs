@@ -8,28 +8,10 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
-use core::time::Duration;
-
-use super::GcThresholds;
 use crate::fsm::{Command, ServerState};
 use crate::time::Instant;
 
-/// The periodic GC's settings (`server { job_gc_interval, *_gc_threshold }`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct CoreGcConfig {
-    /// How often the leader looks (Nomad's `job_gc_interval` and its fellows: 5 minutes).
-    pub interval: Duration,
-    pub thresholds: GcThresholds,
-}
-
-impl Default for CoreGcConfig {
-    fn default() -> Self {
-        CoreGcConfig {
-            interval: Duration::from_secs(300),
-            thresholds: GcThresholds::default(),
-        }
-    }
-}
+pub use crate::config::CoreGcConfig;
 
 #[derive(Debug, Default)]
 pub struct PeriodicGc {
@@ -89,7 +71,9 @@ impl PeriodicGc {
 mod tests {
     use super::*;
     use crate::fsm::csi::tests::Fixture;
+    use crate::gc::GcThresholds;
     use crate::structs::{Allocation, ClientStatus, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType};
+    use core::time::Duration;
 
     fn world() -> Fixture {
         let mut fx = Fixture::new();

@@ -3,7 +3,7 @@
 //! for itself is proved by its node secret, and everything an operator does needs the
 //! operator's token, here as at the HTTP API (the same capabilities as `io-real`'s HTTP gate).
 //!
-//! The driver resolves the token the request came with ([`crate::acl::resolve`], at its wall
+//! The driver resolves the token the request came with ([`crate::fsm::acl::AclState::resolve`], at its wall
 //! clock) into an [`Authority`]; [`check`] decides, before any endpoint sees the request.
 //! A direct write (a state-machine command a server forwards to the leader for the HTTP
 //! request it serves: ACL tables, variables, root keys) carries the same token, and
@@ -18,7 +18,7 @@ use crate::acl::{Acl, PERMISSION_DENIED, ResolveError};
 use crate::fsm::acl::AclCommand;
 use crate::fsm::rootkeys::RootKeyCommand;
 use crate::fsm::{Command, ServerState};
-use crate::server::OperatorRequest;
+use crate::rpc::OperatorRequest;
 
 use super::deployments::DeploymentRequest;
 use super::{ErrorKind, RpcError, ServerRequest};

@@ -207,7 +207,7 @@ pub enum ServerRequest {
     },
     /// Raft peer removal and force-leave: answered by the leader's server machine, which
     /// owns the Raft configuration and gossip (`server/operator.rs`).
-    Operator(crate::server::OperatorRequest),
+    Operator(OperatorRequest),
     /// `System.ReconcileJobSummaries`.
     ReconcileSummaries,
     /// An operator's hand on a deployment or a job's versions (promote, pause, fail,
@@ -662,4 +662,14 @@ pub struct JobDispatchRequest {
     pub payload: Vec<u8>,
     pub meta: BTreeMap<String, String>,
     pub idempotency_token: String,
+}
+
+/// An operator's request that the leader's server machine answers (it owns the Raft
+/// configuration and gossip, which the write endpoints do not see).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OperatorRequest {
+    /// `Operator.RaftRemovePeerByID` (the HTTP layer resolves `?address=` to an id).
+    RemovePeer { id: u64 },
+    /// `agent force-leave`: a failed server marked left, and removed from Raft.
+    ForceLeave { node: String, prune: bool },
 }

@@ -7,23 +7,12 @@
 use crate::prelude::*;
 use alloc::collections::BTreeSet;
 
-use serde::{Deserialize, Serialize};
-
 use super::{Action, Pending, RAFT_CHANGE_TIMEOUT, Server};
 use crate::autopilot::{self, AutopilotConfig, RaftServer};
 use crate::membership::MemberStatus;
+pub use crate::rpc::OperatorRequest;
 use crate::rpc::{ReqId, RpcError, ServerReply};
 use crate::time::Instant;
-
-/// An operator's request that the leader's server machine answers (it owns the Raft
-/// configuration and gossip, which the write endpoints do not see).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum OperatorRequest {
-    /// `Operator.RaftRemovePeerByID` (the HTTP layer resolves `?address=` to an id).
-    RemovePeer { id: u64 },
-    /// `agent force-leave`: a failed server marked left, and removed from Raft.
-    ForceLeave { node: String, prune: bool },
-}
 
 impl Server {
     /// The autopilot settings in force: the replicated ones, else this agent's.

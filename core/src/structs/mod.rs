@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 pub const DEFAULT_NAMESPACE: &str = "default";
 
 mod allocation;
+mod connect;
 mod constraint;
 mod csi;
 mod deployment;
@@ -34,6 +35,7 @@ mod task_state;
 mod template;
 
 pub use allocation::*;
+pub use connect::*;
 pub use constraint::*;
 pub use csi::*;
 pub use deployment::*;

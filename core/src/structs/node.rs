@@ -181,7 +181,7 @@ pub struct Node {
     pub drivers: BTreeMap<String, DriverInfo>,
     /// The client's `host_volume` blocks by name.
     #[serde(default)]
-    pub host_volumes: BTreeMap<String, crate::client::volume_hook::HostVolumeConfig>,
+    pub host_volumes: BTreeMap<String, HostVolumeConfig>,
     /// What the node offers to allocations (fingerprinted CPU and memory).
     #[serde(default)]
     pub resources: NodeResources,
@@ -257,4 +257,11 @@ pub struct DrainMetadata {
     pub updated_at_ms: u64,
     /// `draining`, `complete` or `canceled`.
     pub status: String,
+}
+
+/// A `host_volume` block of the client's configuration.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostVolumeConfig {
+    pub path: String,
+    pub read_only: bool,
 }

@@ -313,7 +313,7 @@ pub struct Service {
     pub checks: Vec<ServiceCheck>,
     /// `connect {}` (group services only).
     #[serde(default)]
-    pub connect: Option<crate::connect::ConsulConnect>,
+    pub connect: Option<super::ConsulConnect>,
     /// The task behind a group service (Connect native), set explicitly or by the job mutator.
     #[serde(default)]
     pub task_name: String,

@@ -5,5 +5,6 @@
 
 mod client;
 mod datadriven;
+mod layers;
 mod purity;
 mod state_format;

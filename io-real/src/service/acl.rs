@@ -36,7 +36,7 @@ impl Service {
         let (applied, _) = self.state.as_ref()?;
         let reply: AclResolveReply = applied.read(|applied| {
             let now = crate::clock::unix_millis().max(applied.state.last_applied_time_ms());
-            drover_core::acl::resolve_rules(&applied.state, &request.secret, now)
+            applied.state.acl().resolve_rules(&request.secret, now)
         });
         Some(AgentResponse {
             version: ENVELOPE_VERSION,

@@ -891,7 +891,7 @@ impl Service {
         };
         applied.read(|applied| {
             let now = crate::clock::unix_millis().max(applied.state.last_applied_time_ms());
-            match drover_core::acl::resolve(&applied.state, token, now) {
+            match applied.state.acl().resolve(token, now) {
                 Ok(acl) => Authority::Acl(acl),
                 Err(error) => Authority::Unresolved(error),
             }

@@ -6,8 +6,8 @@ use crate::prelude::*;
 
 use super::AclState;
 use crate::acl::auth::{AuthMethod, BindingRule};
+use crate::error::ErrorKind;
 use crate::fsm::{Response, Table};
-use crate::rpc::ErrorKind;
 
 fn invalid(text: String) -> Response {
     Response::Error(ErrorKind::Invalid, text)
@@ -122,5 +122,19 @@ impl AclState {
         }
         changed.push(Table::AclBindingRules);
         Response::Done
+    }
+}
+
+impl crate::acl::auth::BindingTables for AclState {
+    fn binding_rules(&self) -> impl Iterator<Item = &BindingRule> {
+        AclState::binding_rules(self)
+    }
+
+    fn role_id(&self, name: &str) -> Option<&str> {
+        self.role_by_name(name).map(|role| role.id.as_str())
+    }
+
+    fn has_policy(&self, name: &str) -> bool {
+        self.policy(name).is_some()
     }
 }

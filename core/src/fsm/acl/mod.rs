@@ -10,7 +10,7 @@ use super::pmap::PMap;
 use super::{Response, Table};
 use crate::acl::auth::{AuthMethod, BindingRule};
 use crate::acl::{AclPolicy, AclRole, AclToken, OneTimeToken};
-use crate::rpc::ErrorKind;
+use crate::error::ErrorKind;
 
 mod login;
 mod roles;
@@ -260,10 +260,71 @@ impl AclState {
     }
 }
 
+/// Tokens resolved against the tables (an upward call from `acl` would make a cycle: the
+/// policy language is below the state machine, the tables that hold policies in it).
+impl AclState {
+    /// The ACL of the request carrying `secret` (empty: no token, the anonymous policy), from
+    /// the applied state at cluster time `now_ms`.
+    pub fn resolve(&self, secret: &str, now_ms: u64) -> Result<crate::acl::Acl, crate::acl::ResolveError> {
+        let acl = self;
+        if secret.is_empty() {
+            return Ok(crate::acl::Acl::from_policies(
+                acl.policy(crate::acl::ANONYMOUS_POLICY).map(|policy| &policy.parsed),
+            ));
+        }
+        let token = acl.token_by_secret(secret).ok_or(crate::acl::ResolveError::NotFound)?;
+        if token.expired(now_ms) {
+            return Err(crate::acl::ResolveError::Expired);
+        }
+        Ok(match token.token_type {
+            crate::acl::TokenType::Management => crate::acl::Acl::management(),
+            crate::acl::TokenType::Client => crate::acl::Acl::from_policies(
+                acl.token_policy_names(token)
+                    .iter()
+                    .filter_map(|name| acl.policy(name))
+                    .map(|policy| &policy.parsed),
+            ),
+        })
+    }
+
+    /// [`Self::resolve`], as the rules an agent without the state compiles itself.
+    pub fn resolve_rules(
+        &self,
+        secret: &str,
+        now_ms: u64,
+    ) -> Result<crate::acl::ResolvedToken, crate::acl::ResolveError> {
+        let acl = self;
+        if secret.is_empty() {
+            return Ok(crate::acl::ResolvedToken {
+                policies: acl
+                    .policy(crate::acl::ANONYMOUS_POLICY)
+                    .map(|policy| policy.parsed.clone())
+                    .into_iter()
+                    .collect(),
+                ..crate::acl::ResolvedToken::default()
+            });
+        }
+        let token = acl.token_by_secret(secret).ok_or(crate::acl::ResolveError::NotFound)?;
+        if token.expired(now_ms) {
+            return Err(crate::acl::ResolveError::Expired);
+        }
+        Ok(crate::acl::ResolvedToken {
+            management: token.token_type == crate::acl::TokenType::Management,
+            policies: acl
+                .token_policy_names(token)
+                .iter()
+                .filter_map(|name| acl.policy(name))
+                .map(|policy| policy.parsed.clone())
+                .collect(),
+            expires_ms: token.expiration_time_ms,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::acl::{PERMISSION_DENIED, PolicyRules, TokenType, resolve};
+    use crate::acl::{PERMISSION_DENIED, PolicyRules, TokenType};
     use crate::fsm::{Command, Entry, ServerState};
 
     fn apply(state: &mut ServerState, index: u64, command: AclCommand) -> Response {
@@ -345,12 +406,12 @@ mod tests {
         let mut reader = token("a1", "s1", TokenType::Client, &["nodes"]);
         reader.expiration_time_ms = Some(5_000);
         apply(&mut state, 2, AclCommand::TokensUpsert { tokens: vec![reader] });
-        let acl = resolve(&state, "s1", 1_000).unwrap();
+        let acl = state.acl().resolve("s1", 1_000).unwrap();
         assert!(acl.allows_node(false) && !acl.allows_node(true) && !acl.is_management());
-        assert_eq!(resolve(&state, "s1", 5_000), Err(crate::acl::ResolveError::Expired));
-        assert_eq!(resolve(&state, "nope", 0), Err(crate::acl::ResolveError::NotFound));
+        assert_eq!(state.acl().resolve("s1", 5_000), Err(crate::acl::ResolveError::Expired));
+        assert_eq!(state.acl().resolve("nope", 0), Err(crate::acl::ResolveError::NotFound));
         assert!(
-            !resolve(&state, "", 0).unwrap().allows_node(false),
+            !state.acl().resolve("", 0).unwrap().allows_node(false),
             "anonymous is denied"
         );
         // A policy updated in place keeps its create index; the token follows it.
@@ -363,7 +424,7 @@ mod tests {
         );
         let stored = state.acl().policy("nodes").unwrap();
         assert_eq!((stored.create_index, stored.modify_index), (1, 3));
-        assert!(resolve(&state, "s1", 1_000).unwrap().allows_node(true));
+        assert!(state.acl().resolve("s1", 1_000).unwrap().allows_node(true));
         apply(
             &mut state,
             4,
@@ -371,7 +432,10 @@ mod tests {
                 accessor_ids: vec!["a1".into()],
             },
         );
-        assert_eq!(resolve(&state, "s1", 1_000), Err(crate::acl::ResolveError::NotFound));
+        assert_eq!(
+            state.acl().resolve("s1", 1_000),
+            Err(crate::acl::ResolveError::NotFound)
+        );
         // The tables survive a snapshot.
         let restored = ServerState::restore(&state.snapshot()).unwrap();
         assert_eq!(restored.acl(), state.acl());
@@ -462,7 +526,7 @@ mod tests {
             apply(&mut state, 6, AclCommand::TokensUpsert { tokens: vec![linked] }),
             Response::Done
         );
-        assert!(resolve(&state, "s1", 0).unwrap().allows_node(true));
+        assert!(state.acl().resolve("s1", 0).unwrap().allows_node(true));
         // Renamed in place: the link holds; the old name is free again.
         assert_eq!(
             apply(&mut state, 7, upsert(vec![role("r1", "operators", &["nodes"])])),
@@ -471,10 +535,10 @@ mod tests {
         assert!(state.acl().role_by_name("ops").is_none());
         let renamed = state.acl().role("r1").unwrap();
         assert_eq!((renamed.create_index, renamed.modify_index), (3, 7));
-        assert!(resolve(&state, "s1", 0).unwrap().allows_node(true));
+        assert!(state.acl().resolve("s1", 0).unwrap().allows_node(true));
         apply(&mut state, 8, AclCommand::RolesDelete { ids: vec!["r1".into()] });
         assert!(
-            !resolve(&state, "s1", 0).unwrap().allows_node(false),
+            !state.acl().resolve("s1", 0).unwrap().allows_node(false),
             "a deleted role grants nothing"
         );
         assert_eq!(state.table_index(Table::AclRoles), 8);

@@ -7,8 +7,8 @@ use crate::prelude::*;
 
 use super::AclState;
 use crate::acl::{AclRole, OneTimeToken, PERMISSION_DENIED};
+use crate::error::ErrorKind;
 use crate::fsm::{Response, Table};
-use crate::rpc::ErrorKind;
 
 fn invalid(text: String) -> Response {
     Response::Error(ErrorKind::Invalid, text)

@@ -221,7 +221,7 @@ impl Cache {
             {
                 return cached.resolved.clone();
             }
-            let resolved = drover_core::acl::resolve(state, secret, now);
+            let resolved = state.acl().resolve(secret, now);
             let expires = state
                 .acl()
                 .token_by_secret(secret)
