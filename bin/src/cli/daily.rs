@@ -271,11 +271,9 @@ fn job_validate(api: &Api, file: &str) -> Result<(), Failure> {
 
 fn job_inspect(api: &Api, id: &str, version: Option<u64>, template: Option<&str>) -> Result<(), Failure> {
     let job = match version {
-        None => api.get(&job_path(id)).map_err(super::job::no_such_job(id))?,
+        None => api.job_call("GET", &job_path(id), None, id)?,
         Some(version) => {
-            let versions = api
-                .get(&format!("{}/versions", job_path(id)))
-                .map_err(super::job::no_such_job(id))?;
+            let versions = api.job_call("GET", &format!("{}/versions", job_path(id)), None, id)?;
             versions["Versions"]
                 .as_array()
                 .into_iter()
@@ -294,7 +292,7 @@ fn job_inspect(api: &Api, id: &str, version: Option<u64>, template: Option<&str>
 
 fn job_history(api: &Api, id: &str, version: Option<u64>, diffs: bool, format: &Format) -> Result<(), Failure> {
     let path = format!("{}/versions?diffs={diffs}", job_path(id));
-    let answer = api.get(&path).map_err(super::job::no_such_job(id))?;
+    let answer = api.job_call("GET", &path, None, id)?;
     let versions: Vec<Value> = answer["Versions"]
         .as_array()
         .into_iter()
@@ -345,9 +343,7 @@ fn job_history(api: &Api, id: &str, version: Option<u64>, diffs: bool, format: &
 }
 
 fn job_allocs(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
-    let allocs = api
-        .get(&format!("{}/allocations", job_path(id)))
-        .map_err(super::job::no_such_job(id))?;
+    let allocs = api.job_call("GET", &format!("{}/allocations", job_path(id)), None, id)?;
     if format.printed(&allocs)? {
         return Ok(());
     }
@@ -388,9 +384,7 @@ fn job_allocs(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
 
 fn job_eval(api: &Api, id: &str, force_reschedule: bool, detach: bool) -> Result<(), Failure> {
     let body = json!({"JobID": id, "EvalOptions": {"ForceReschedule": force_reschedule}});
-    let reply = api
-        .call("PUT", &format!("{}/evaluate", job_path(id)), Some(&body))
-        .map_err(super::job::no_such_job(id))?;
+    let reply = api.job_call("PUT", &format!("{}/evaluate", job_path(id)), Some(&body), id)?;
     let eval_id = text(&reply["EvalID"]);
     if detach {
         println!("Created eval ID: {:?}", short(&reply["EvalID"]));

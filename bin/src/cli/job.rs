@@ -121,17 +121,6 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
     Ok(())
 }
 
-/// A 404 about job `id` in Nomad's words; any other failure as it is.
-pub(super) fn no_such_job(id: &str) -> impl FnOnce(Failure) -> Failure + '_ {
-    move |Failure(message, code)| {
-        if message.contains("404") {
-            Failure(format!("No job(s) with prefix or id {id:?} found"), 1)
-        } else {
-            Failure(message, code)
-        }
-    }
-}
-
 pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
     let Some(id) = id else {
         let jobs = api.get("/v1/jobs")?;
@@ -161,7 +150,7 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
         }
         return Ok(());
     };
-    let job = api.get(&job_path(id)).map_err(no_such_job(id))?;
+    let job = api.job_call("GET", &job_path(id), None, id)?;
     let summary = api.get(&format!("{}/summary", job_path(id)))?;
     let mut rows = vec![
         vec!["ID".into(), "=".into(), text(&job["ID"])],
@@ -244,9 +233,7 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
 }
 
 pub(super) fn job_stop(api: &Api, id: &str, purge: bool) -> Result<(), Failure> {
-    let reply = api
-        .call("DELETE", &format!("{}?purge={purge}", job_path(id)), None)
-        .map_err(no_such_job(id))?;
+    let reply = api.job_call("DELETE", &format!("{}?purge={purge}", job_path(id)), None, id)?;
     println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
     monitor(
         api,

@@ -557,6 +557,15 @@ impl Api {
         }
     }
 
+    /// A call about job `id`: a 404 answer (by its status, not its text) in Nomad's words.
+    fn job_call(&self, method: &str, path: &str, body: Option<&Value>, id: &str) -> Result<Value, Failure> {
+        match self.call_status(method, path, body)? {
+            Ok(value) => Ok(value),
+            Err((404, _)) => Err(Failure(format!("No job(s) with prefix or id {id:?} found"), 1)),
+            Err((code, text)) => Err(Failure(format!("Unexpected response code: {code} ({text})"), 1)),
+        }
+    }
+
     fn get(&self, path: &str) -> Result<Value, Failure> {
         self.call("GET", path, None)
     }

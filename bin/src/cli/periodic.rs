@@ -8,9 +8,7 @@ use drover_core::periodic::Calendar as _;
 
 /// `job periodic force [-detach] <job>`.
 pub(super) fn force(api: &Api, id: &str, detach: bool) -> Result<(), Failure> {
-    let reply = api
-        .call("PUT", &format!("{}/periodic/force", job_path(id)), None)
-        .map_err(super::job::no_such_job(id))?;
+    let reply = api.job_call("PUT", &format!("{}/periodic/force", job_path(id)), None, id)?;
     let eval_id = text(&reply["EvalID"]);
     if detach {
         println!("Force periodic successful");

@@ -3,7 +3,6 @@
 
 use serde_json::json;
 
-use super::job::no_such_job;
 use super::{Api, Failure, job_path, short, text};
 
 pub(super) fn scale(api: &Api, id: &str, args: &[String], detach: bool) -> Result<(), Failure> {
@@ -18,7 +17,7 @@ pub(super) fn scale(api: &Api, id: &str, args: &[String], detach: bool) -> Resul
     let group = match group {
         Some(group) => group,
         None => {
-            let job = api.get(&job_path(id)).map_err(no_such_job(id))?;
+            let job = api.job_call("GET", &job_path(id), None, id)?;
             match job["TaskGroups"].as_array().map(Vec::as_slice) {
                 Some([only]) => text(&only["Name"]),
                 _ => {
