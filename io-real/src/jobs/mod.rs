@@ -1212,9 +1212,12 @@ mod tests {
         // Read whole; its script check is then refused by name, as from HCL.
         let errors = drover_core::jobspec::validate(&job);
         assert_eq!(errors.len(), 1, "{errors:?}");
-        assert!(
-            errors[0].contains(drover_core::jobspec::SCRIPT_CHECKS_REFUSED),
-            "{errors:?}"
+        assert_eq!(
+            errors[0],
+            format!(
+                "Task group g validation failed: Task t validation failed: {}: check \"service: \\\"web-g-t\\\" check\"",
+                drover_core::jobspec::SCRIPT_CHECKS_REFUSED
+            )
         );
         let rendered = serde_json::to_value(ApiJob::from_job(&job, "pending")).unwrap();
         assert_eq!(

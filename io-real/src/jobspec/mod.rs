@@ -1608,9 +1608,12 @@ job "web" {
         let job = api.to_job().unwrap();
         let errors = drover_core::jobspec::validate(&job);
         assert_eq!(errors.len(), 1, "only the script check is refused: {errors:?}");
-        assert!(
-            errors[0].contains(drover_core::jobspec::SCRIPT_CHECKS_REFUSED),
-            "{errors:?}"
+        assert_eq!(
+            errors[0],
+            format!(
+                "Task group g validation failed: Task t validation failed: {}: check \"service: \\\"web-g-t\\\" check\"",
+                drover_core::jobspec::SCRIPT_CHECKS_REFUSED
+            )
         );
         let services = &job.task_groups[0].tasks[0].services;
         assert_eq!(services.len(), 2);
