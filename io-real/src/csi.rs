@@ -65,6 +65,7 @@ impl CsiClient {
 // --- the core's CSI calls, executed over gRPC ----------------------------------------------
 
 use drover_core::client::{CsiCall, CsiReply, ErrorKind, IoError, Outcome, Reply, VolumeCapability};
+use drover_core::error::CsiCallError;
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ControllerCreateRequest};
 use drover_core::structs::{AccessMode, AttachmentMode, CsiCapability, CsiControllerInfo, CsiTopology};
 use drover_proto::csi::v1 as csi;
@@ -362,7 +363,7 @@ impl CsiClient {
     }
 
     /// A server's `ClientCSI` controller call, executed against this controller plugin.
-    pub async fn controller_request(&self, request: &ClientCsiRequest) -> Result<ClientCsiReply, String> {
+    pub async fn controller_request(&self, request: &ClientCsiRequest) -> Result<ClientCsiReply, CsiCallError> {
         let sealed = match request {
             ClientCsiRequest::ControllerAttach(request) => request.secrets.is_sealed(),
             ClientCsiRequest::ControllerDetach(request) => request.secrets.is_sealed(),
@@ -378,7 +379,7 @@ impl CsiClient {
             | ClientCsiRequest::NodeExpand(_) => false,
         };
         if sealed {
-            return Err(sealed_refusal("a controller call"));
+            return Err(sealed_refusal("a controller call").into());
         }
         match request {
             ClientCsiRequest::ControllerAttach(request) => {
@@ -397,7 +398,7 @@ impl CsiClient {
                         volume_context: request.volume_context.clone().into_iter().collect(),
                     })
                     .await
-                    .map_err(|status| status_error("ControllerPublishVolume", status).message)?;
+                    .map_err(|status| status_error("ControllerPublishVolume", status))?;
                 Ok(ClientCsiReply::Attached {
                     publish_context: response.into_inner().publish_context.into_iter().collect(),
                 })
@@ -410,7 +411,7 @@ impl CsiClient {
                         secrets: request.secrets.clone().into_iter().collect(),
                     })
                     .await
-                    .map_err(|status| status_error("ControllerUnpublishVolume", status).message)?;
+                    .map_err(|status| status_error("ControllerUnpublishVolume", status))?;
                 Ok(ClientCsiReply::Done)
             }
             ClientCsiRequest::ControllerValidate(request) => {
@@ -425,10 +426,10 @@ impl CsiClient {
                         mutable_parameters: Default::default(),
                     })
                     .await
-                    .map_err(|status| status_error("ValidateVolumeCapabilities", status).message)?
+                    .map_err(|status| status_error("ValidateVolumeCapabilities", status))?
                     .into_inner();
                 if response.confirmed.is_none() {
-                    return Err(format!("volume capability validation failed: {}", response.message));
+                    return Err(format!("volume capability validation failed: {}", response.message).into());
                 }
                 Ok(ClientCsiReply::Done)
             }
@@ -440,7 +441,7 @@ impl CsiClient {
                         secrets: request.secrets.clone().into_iter().collect(),
                     })
                     .await
-                    .map_err(|status| status_error("DeleteVolume", status).message)?;
+                    .map_err(|status| status_error("DeleteVolume", status))?;
                 Ok(ClientCsiReply::Done)
             }
             ClientCsiRequest::ControllerCreateSnapshot(request) => self.create_snapshot(request).await,
@@ -448,15 +449,15 @@ impl CsiClient {
             ClientCsiRequest::ControllerListSnapshots(request) => self.list_snapshots(request).await,
             ClientCsiRequest::ControllerListVolumes(request) => self.list_volumes(request).await,
             ClientCsiRequest::ControllerExpand(request) => self.expand_volume(request).await,
-            ClientCsiRequest::NodeDetach(_) | ClientCsiRequest::NodeExpand(_) => {
-                Err("node calls are served by the client's volume manager".into())
-            }
+            ClientCsiRequest::NodeDetach(_) | ClientCsiRequest::NodeExpand(_) => Err(CsiCallError::other(
+                "node calls are served by the client's volume manager",
+            )),
         }
     }
 
     /// `ControllerCreateVolume` as the CSI spec has it: the volume's name as the idempotency
     /// key, its capacity range, capabilities, source and topology requirement.
-    async fn create_volume(&self, request: &ControllerCreateRequest) -> Result<ClientCsiReply, String> {
+    async fn create_volume(&self, request: &ControllerCreateRequest) -> Result<ClientCsiReply, CsiCallError> {
         let topology = |topology: &CsiTopology| csi::Topology {
             segments: topology.segments.clone().into_iter().collect(),
         };
@@ -509,7 +510,7 @@ impl CsiClient {
                 mutable_parameters: Default::default(),
             })
             .await
-            .map_err(|status| status_error("CreateVolume", status).message)?
+            .map_err(|status| status_error("CreateVolume", status))?
             .into_inner();
         let volume = answer.volume.ok_or("CreateVolume: the plugin answered no volume")?;
         if volume.volume_id.is_empty() {

@@ -2,6 +2,7 @@
 //! snapshots (`CreateSnapshot`, `DeleteSnapshot`, `ListSnapshots`), `ListVolumes` and
 //! `ControllerExpandVolume`. Each answers the server's `ClientCSI` call it serves.
 
+use drover_core::error::CsiCallError;
 use drover_core::rpc::{
     ClientCsiReply, ControllerDeleteSnapshotRequest, ControllerExpandRequest, ControllerListRequest,
     ControllerSnapshotRequest, ListPage,
@@ -35,7 +36,10 @@ fn max_entries(page: &ListPage) -> Result<i32, String> {
 }
 
 impl CsiClient {
-    pub(crate) async fn create_snapshot(&self, request: &ControllerSnapshotRequest) -> Result<ClientCsiReply, String> {
+    pub(crate) async fn create_snapshot(
+        &self,
+        request: &ControllerSnapshotRequest,
+    ) -> Result<ClientCsiReply, CsiCallError> {
         let answer = self
             .controller()
             .create_snapshot(csi::CreateSnapshotRequest {
@@ -45,7 +49,7 @@ impl CsiClient {
                 parameters: request.parameters.clone().into_iter().collect(),
             })
             .await
-            .map_err(|status| status_error("CreateSnapshot", status).message)?
+            .map_err(|status| status_error("CreateSnapshot", status))?
             .into_inner();
         let made = answer
             .snapshot
@@ -58,18 +62,18 @@ impl CsiClient {
     pub(crate) async fn delete_snapshot(
         &self,
         request: &ControllerDeleteSnapshotRequest,
-    ) -> Result<ClientCsiReply, String> {
+    ) -> Result<ClientCsiReply, CsiCallError> {
         self.controller()
             .delete_snapshot(csi::DeleteSnapshotRequest {
                 snapshot_id: request.snapshot_id.clone(),
                 secrets: request.secrets.clone().into_iter().collect(),
             })
             .await
-            .map_err(|status| status_error("DeleteSnapshot", status).message)?;
+            .map_err(|status| status_error("DeleteSnapshot", status))?;
         Ok(ClientCsiReply::Done)
     }
 
-    pub(crate) async fn list_snapshots(&self, request: &ControllerListRequest) -> Result<ClientCsiReply, String> {
+    pub(crate) async fn list_snapshots(&self, request: &ControllerListRequest) -> Result<ClientCsiReply, CsiCallError> {
         let answer = self
             .controller()
             .list_snapshots(csi::ListSnapshotsRequest {
@@ -80,7 +84,7 @@ impl CsiClient {
                 secrets: request.secrets.clone().into_iter().collect(),
             })
             .await
-            .map_err(|status| status_error("ListSnapshots", status).message)?
+            .map_err(|status| status_error("ListSnapshots", status))?
             .into_inner();
         let snapshots = answer
             .entries
@@ -94,7 +98,7 @@ impl CsiClient {
         })
     }
 
-    pub(crate) async fn list_volumes(&self, request: &ControllerListRequest) -> Result<ClientCsiReply, String> {
+    pub(crate) async fn list_volumes(&self, request: &ControllerListRequest) -> Result<ClientCsiReply, CsiCallError> {
         let answer = self
             .controller()
             .list_volumes(csi::ListVolumesRequest {
@@ -102,7 +106,7 @@ impl CsiClient {
                 starting_token: request.page.next_token.clone(),
             })
             .await
-            .map_err(|status| status_error("ListVolumes", status).message)?
+            .map_err(|status| status_error("ListVolumes", status))?
             .into_inner();
         let volumes = answer
             .entries
@@ -134,7 +138,10 @@ impl CsiClient {
         })
     }
 
-    pub(crate) async fn expand_volume(&self, request: &ControllerExpandRequest) -> Result<ClientCsiReply, String> {
+    pub(crate) async fn expand_volume(
+        &self,
+        request: &ControllerExpandRequest,
+    ) -> Result<ClientCsiReply, CsiCallError> {
         let answer = self
             .controller()
             .controller_expand_volume(csi::ControllerExpandVolumeRequest {
@@ -147,7 +154,7 @@ impl CsiClient {
                 volume_capability: request.capability.as_ref().map(plain),
             })
             .await
-            .map_err(|status| status_error("ControllerExpandVolume", status).message)?
+            .map_err(|status| status_error("ControllerExpandVolume", status))?
             .into_inner();
         Ok(ClientCsiReply::Expanded {
             capacity: unsigned(answer.capacity_bytes),

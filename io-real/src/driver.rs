@@ -6,6 +6,7 @@
 //! started as a task whose outcome is posted back to the core as an input with the same
 //! operation id. Deadlines belong to the core; the driver only sleeps until `poll_timeout`.
 
+use drover_core::error::CsiCallError;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -1094,7 +1095,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     // The core's deadline is the real one; this only bounds the task.
                     let timeout = agent::CLIENT_CSI_TIMEOUT + Duration::from_secs(5);
                     let result = match sealed::open_request(&service, request).await {
-                        Err(error) => Err(error),
+                        Err(error) => Err(CsiCallError::other(error)),
                         // Over the client's own connection where it keeps one (see
                         // `Service::call_node`), else dialed.
                         Ok(request) => {
@@ -1108,7 +1109,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     observer.record(AgentEvent::ClientCsiDone {
                         node_id,
                         call,
-                        result: result.as_ref().map(|_| ()).map_err(Clone::clone),
+                        result: result.as_ref().map(|_| ()).map_err(|error| error.message.clone()),
                     });
                     let _ = inbox.send(agent::Input::Rpc(rpc::Input::ClientReplied { op, result }));
                 });

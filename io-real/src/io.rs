@@ -187,7 +187,7 @@ pub trait ClientCsi: Send + Sync + 'static {
     fn call(
         &self,
         request: drover_core::rpc::ClientCsiRequest,
-    ) -> BoxFuture<Result<drover_core::rpc::ClientCsiReply, String>>;
+    ) -> BoxFuture<Result<drover_core::rpc::ClientCsiReply, drover_core::error::CsiCallError>>;
 
     /// An operator's restart or signal of one of this client's allocations.
     fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use drover_core::error::CsiCallError;
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
 use drover_io_real::io::{BoxFuture, ClientCsi};
 
@@ -189,7 +190,7 @@ fn controller_call(request: &ClientCsiRequest) -> Option<(String, String)> {
 }
 
 impl ClientCsi for SimPlugins {
-    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>> {
         let plugins = self.clone();
         Box::pin(async move {
             // Counted where the plugin sees it, whichever server sent it. A call that hangs or
@@ -216,12 +217,12 @@ impl ClientCsi for SimPlugins {
 }
 
 impl SimPlugins {
-    async fn answer(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, String> {
+    async fn answer(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, CsiCallError> {
         let mode = self.control.mode();
         match mode {
             mode if mode.fails(csi_name(&request)) => {
                 tokio::time::sleep(LATENCY).await;
-                return Err("rpc error: code = Internal desc = injected plugin failure".to_string());
+                return Err("rpc error: code = Internal desc = injected plugin failure".into());
             }
             PluginMode::Hanging => std::future::pending::<()>().await,
             PluginMode::Slow => tokio::time::sleep(SLOW_LATENCY).await,
@@ -235,13 +236,13 @@ impl SimPlugins {
         );
         let reply = self.effect(request);
         if mode == PluginMode::LoseAnswers && controller {
-            return Err("rpc error: code = Unavailable desc = error reading from server: EOF".to_string());
+            return Err("rpc error: code = Unavailable desc = error reading from server: EOF".into());
         }
         reply
     }
 
     /// What a call does to the plugin and its storage, recorded, and the plugin's answer.
-    fn effect(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, String> {
+    fn effect(&self, request: ClientCsiRequest) -> Result<ClientCsiReply, CsiCallError> {
         let (event, reply) = match request {
             ClientCsiRequest::ControllerAttach(r) => (
                 Some(PluginEvent::ControllerPublished {

@@ -22,6 +22,7 @@ use drover_core::client::{
     CsiCall, CsiReply, DriverCapabilities, ErrorKind, ExitResult, Io, IoError, MountConfigSupport, Outcome, Reply,
     TaskHandle,
 };
+use drover_core::error::{CsiCallError, CsiCallFailure};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
 use drover_core::structs::{ConfigValue, CsiControllerInfo, DriverInfo};
 use drover_io_real::client::ClientExecutor;
@@ -907,12 +908,13 @@ impl ClientExecutor for SimHost {
         None
     }
 
-    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>> {
         let host = self.clone();
         Box::pin(async move {
             if !host.plugin_listening(&socket) {
-                return Err(format!(
-                    "CSI client error (retryable): dial unix {socket}: connect: connection refused"
+                return Err(CsiCallError::new(
+                    CsiCallFailure::Unreachable,
+                    format!("CSI client error (retryable): dial unix {socket}: connect: connection refused"),
                 ));
             }
             SimPlugins::new(&host.name, host.recorder.clone(), host.plugins.clone())

@@ -44,21 +44,6 @@ pub const CLAIM_BACKOFF_START: Duration = Duration::from_secs(1);
 pub const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(60);
 pub const CLAIM_RETRY_CAP: Duration = Duration::from_secs(24 * 60 * 60);
 
-/// Server answers worth waiting out (§2.3), and one more than Nomad's list: a volume whose
-/// plugin the servers do not (yet) know healthy. That is what a claim meets right after a
-/// client restart, when the allocation was placed while the agent was down and the node's
-/// re-registration has not been followed by its CSI fingerprint yet; Nomad fails the
-/// allocation and its reschedule policy places another 30 s later or more. Waiting it out
-/// here takes the volume as soon as the fingerprint lands (found by the real-client
-/// simulation, seed 76 of real_clients_csi, when the servers did not reschedule at all).
-const RETRYABLE_CLAIM_ERRORS: &[&str] = &[
-    "volume max claims reached",
-    "CSI client error (retryable)",
-    "no servers",
-    "No cluster leader",
-    "volume is currently unschedulable",
-];
-
 /// What `csi_hook` keeps per volume so it can restore instead of claiming again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CsiVolumeStub {

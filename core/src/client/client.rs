@@ -190,12 +190,12 @@ pub enum ClientAction {
     },
     NodeDetached {
         req: u64,
-        result: Result<(), String>,
+        result: Result<(), crate::error::CsiCallError>,
     },
     /// The node's capacity of the volume after `NodeExpandVolume` (0: not said).
     NodeExpanded {
         req: u64,
-        result: Result<u64, String>,
+        result: Result<u64, crate::error::CsiCallError>,
     },
     /// The answer to `ClientInput::AllocControl`.
     AllocControlled {

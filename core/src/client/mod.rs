@@ -535,6 +535,19 @@ impl fmt::Display for IoError {
     }
 }
 
+/// A plugin's failure as the servers' CSI decisions read it: `FailedPrecondition` kept,
+/// every other kind `Other`.
+impl From<IoError> for crate::error::CsiCallError {
+    fn from(error: IoError) -> Self {
+        use crate::error::{CsiCallError, CsiCallFailure};
+        let kind = match error.kind {
+            ErrorKind::FailedPrecondition => CsiCallFailure::FailedPrecondition,
+            _ => CsiCallFailure::Other,
+        };
+        CsiCallError::new(kind, error.message)
+    }
+}
+
 pub type Outcome = Result<Reply, IoError>;
 
 pub use crate::structs::TaskEvent;

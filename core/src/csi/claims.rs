@@ -4,6 +4,7 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+use crate::error::ErrorKind;
 use crate::structs::{AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, CsiVolume, CsiVolumeClaim};
 
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -18,6 +19,19 @@ pub enum ClaimError {
     AccessModeChange,
     #[error("Unknown allocation: {0}")]
     UnknownAllocation(String),
+}
+
+impl ClaimError {
+    /// Claims exhausted and an unschedulable volume pass by themselves (the holder leaves,
+    /// the plugin turns healthy): [`ErrorKind::Busy`], which a claiming client retries.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ClaimError::MaxClaimsReached | ClaimError::Unschedulable => ErrorKind::Busy,
+            ClaimError::AttachmentModeChange | ClaimError::AccessModeChange | ClaimError::UnknownAllocation(_) => {
+                ErrorKind::Refused
+            }
+        }
+    }
 }
 
 impl CsiVolume {
@@ -355,6 +369,14 @@ mod tests {
             vol.claim(other_access, Some(&alloc("c"))),
             Err(ClaimError::AccessModeChange)
         );
+    }
+
+    #[test]
+    fn refusals_that_pass_by_themselves_are_busy() {
+        assert_eq!(ClaimError::MaxClaimsReached.kind(), ErrorKind::Busy);
+        assert_eq!(ClaimError::Unschedulable.kind(), ErrorKind::Busy);
+        assert_eq!(ClaimError::AccessModeChange.kind(), ErrorKind::Refused);
+        assert_eq!(ClaimError::UnknownAllocation("a".into()).kind(), ErrorKind::Refused);
     }
 
     #[test]

@@ -46,8 +46,3 @@ pub fn external_node_id(state: &ServerState, claim: &CsiVolumeClaim, plugin_id: 
         .map(|info| info.id.clone())
         .unwrap_or_default()
 }
-
-/// Errors after which the next candidate is tried.
-pub fn is_retryable(error: &str) -> bool {
-    error.contains("CSI client error (retryable)") || error.contains("Unknown node")
-}

@@ -59,7 +59,7 @@ pub enum Input {
     },
     ClientReplied {
         op: OpId,
-        result: Result<ClientCsiReply, String>,
+        result: Result<ClientCsiReply, crate::error::CsiCallError>,
     },
     /// Consul's answer to an [`Action::Consul`] call.
     ConsulReplied {
@@ -491,7 +491,7 @@ impl RpcEndpoints {
         state: &ServerState,
     ) {
         let outcome = match result {
-            Ok((_, Response::Error(kind, message))) => Err(RpcError::new(kind, message, false)),
+            Ok((_, Response::Error(kind, message))) => Err(RpcError::new(kind, message, kind == ErrorKind::Busy)),
             Ok((index, response)) => Ok((index, response)),
             Err(message) => Err(RpcError::unavailable(message)),
         };

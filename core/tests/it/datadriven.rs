@@ -522,10 +522,17 @@ mod client_harness {
             return Err(IoError::new(kind, message.replace('_', " ")));
         }
         if let Some(message) = args.get("rpc-err") {
-            return Ok(Reply::Server(ServerReply::Error(RpcError::from_plugin(
-                message.replace('_', " "),
-                args.contains_key("retryable"),
-            ))));
+            // `busy`: a refusal the state lifts by itself (claims exhausted), by its kind alone.
+            let error = if args.contains_key("busy") {
+                RpcError::new(
+                    drover_core::error::ErrorKind::Busy,
+                    message.replace('_', " "),
+                    args.contains_key("retryable"),
+                )
+            } else {
+                RpcError::from_plugin(message.replace('_', " "), args.contains_key("retryable"))
+            };
+            return Ok(Reply::Server(ServerReply::Error(error)));
         }
         if let Some(volume) = args.get("claimed") {
             return Ok(Reply::Server(ServerReply::Claimed {

@@ -1,6 +1,7 @@
 //! The production executor: the host filesystem and mount table, the process drivers, device
 //! plugins, and CSI plugins over their unix sockets; and the host's identity and resources.
 
+use drover_core::error::{CsiCallError, CsiCallFailure};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -274,11 +275,16 @@ impl ClientExecutor for HostExecutor {
         driver.exec_command(handle, command, tty).map_err(|error| error.message)
     }
 
-    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>> {
         Box::pin(async move {
             let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)
                 .await
-                .map_err(|error| format!("CSI client error (retryable): {error}"))?;
+                .map_err(|error| {
+                    CsiCallError::new(
+                        CsiCallFailure::Unreachable,
+                        format!("CSI client error (retryable): {error}"),
+                    )
+                })?;
             client.controller_request(&request).await
         })
     }

@@ -17,6 +17,7 @@ mod host;
 #[cfg(not(madsim))]
 pub use host::{HostExecutor, client_identity, host_networks, host_resources, interfaces};
 
+use drover_core::error::{CsiCallError, CsiCallFailure};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -60,7 +61,7 @@ pub trait ClientExecutor: Send + Sync + 'static {
         None
     }
     /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
-    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>>;
+    fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>>;
     /// `command` set up to run in a running task's context (`alloc exec`).
     /// It leads a session of its own, with its stdin as the controlling terminal when `tty`.
     #[cfg(not(madsim))]
@@ -128,11 +129,11 @@ enum Message {
     },
     NodeDetach {
         request: drover_core::csi::unpublish::NodeDetachRequest,
-        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+        reply: oneshot::Sender<Result<ClientCsiReply, CsiCallError>>,
     },
     NodeExpand {
         request: drover_core::rpc::NodeExpandRequest,
-        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+        reply: oneshot::Sender<Result<ClientCsiReply, CsiCallError>>,
     },
     /// An operator's restart or signal of one of this client's allocations.
     Control {
@@ -147,7 +148,7 @@ enum Message {
     /// A server's controller call, for the newest controller registration of its plugin.
     Controller {
         request: ClientCsiRequest,
-        reply: oneshot::Sender<Result<ClientCsiReply, String>>,
+        reply: oneshot::Sender<Result<ClientCsiReply, CsiCallError>>,
     },
     /// One fingerprint round of every driver.
     Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
@@ -205,7 +206,7 @@ impl ClientCsiRouter {
 }
 
 impl ClientCsi for ClientCsiRouter {
-    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>> {
         let inbox = self.inbox.clone();
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
@@ -852,7 +853,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
         services,
     };
     tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
-    let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, String>>> = BTreeMap::new();
+    let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, CsiCallError>>> = BTreeMap::new();
     let mut next_detach = 0u64;
     // One controller call at a time per plugin from this client, whoever sends it (#8336).
     let mut controller_turns: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> = BTreeMap::new();
@@ -1024,9 +1025,12 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                             .get(PluginKind::CsiController, request.plugin_id())
                             .map(|info| info.socket_path.clone());
                         let Some(socket) = socket else {
-                            let _ = reply.send(Err(format!(
-                                "CSI client error (retryable): plugin {} for type csi-controller not found",
-                                request.plugin_id()
+                            let _ = reply.send(Err(CsiCallError::new(
+                                CsiCallFailure::Unreachable,
+                                format!(
+                                    "CSI client error (retryable): plugin {} for type csi-controller not found",
+                                    request.plugin_id()
+                                ),
                             )));
                             continue;
                         };
@@ -1049,11 +1053,12 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                             let call = tokio::spawn(async move { executor.controller(socket, request).await });
                             let result = match tokio::time::timeout(drover_core::agent::CLIENT_CSI_TIMEOUT, call).await {
                                 Ok(Ok(result)) => result,
-                                Ok(Err(error)) => Err(format!("CSI controller call failed: {error}")),
+                                Ok(Err(error)) => Err(format!("CSI controller call failed: {error}").into()),
                                 Err(_) => Err(format!(
                                     "CSI controller call still running after {:?}",
                                     drover_core::agent::CLIENT_CSI_TIMEOUT
-                                )),
+                                )
+                                .into()),
                             };
                             drop(turn);
                             let _ = reply.send(result);

@@ -399,9 +399,10 @@ impl From<RpcError> for ApiError {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Invalid => StatusCode::BAD_REQUEST,
             ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
-            ErrorKind::Refused | ErrorKind::Unavailable => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Refused | ErrorKind::Busy | ErrorKind::Unavailable => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        let message = if error.kind == ErrorKind::Refused && !error.retryable {
+        let refused = (error.kind == ErrorKind::Refused && !error.retryable) || error.kind == ErrorKind::Busy;
+        let message = if refused {
             format!("rpc error: {}", error.message)
         } else {
             error.message

@@ -18,6 +18,7 @@ use crate::allocfs::FsRequest;
 use crate::exec::ExecRequest;
 use crate::logstream::LogsRequest;
 use drover_core::client::AllocControl;
+use drover_core::error::{CsiCallError, CsiCallFailure};
 pub use relay::{ClientCall, GcRequest, NodeCall, NodeCallKind, StatsRequest};
 
 mod acl;
@@ -264,14 +265,14 @@ pub fn client_csi_envelope(region: &str, request: &ClientCsiRequest) -> AgentReq
 }
 
 /// Reads a `ClientCSI` outcome out of a response envelope.
-pub fn client_csi_reply(response: AgentResponse) -> Result<ClientCsiReply, String> {
+pub fn client_csi_reply(response: AgentResponse) -> Result<ClientCsiReply, CsiCallError> {
     match response.body {
         Some(ResponseBody::ClientCsi(payload)) => {
-            serde_json::from_slice::<Result<ClientCsiReply, String>>(&payload.json)
-                .unwrap_or_else(|error| Err(format!("malformed reply: {error}")))
+            serde_json::from_slice::<Result<ClientCsiReply, CsiCallError>>(&payload.json)
+                .unwrap_or_else(|error| Err(CsiCallError::other(format!("malformed reply: {error}"))))
         }
-        Some(ResponseBody::Error(error)) => Err(error.message),
-        other => Err(format!("unexpected response {other:?}")),
+        Some(ResponseBody::Error(error)) => Err(CsiCallError::other(error.message)),
+        other => Err(CsiCallError::other(format!("unexpected response {other:?}"))),
     }
 }
 
@@ -617,7 +618,10 @@ impl Service {
     async fn client_csi(&self, request: ClientCsiRequest) -> AgentResponse {
         let result = match &self.client_csi {
             Some(plugins) => plugins.call(request).await,
-            None => Err("Unknown node: this agent runs no CSI plugins".to_string()),
+            None => Err(CsiCallError::new(
+                CsiCallFailure::UnknownNode,
+                "Unknown node: this agent runs no CSI plugins",
+            )),
         };
         AgentResponse {
             version: ENVELOPE_VERSION,

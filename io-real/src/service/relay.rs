@@ -25,6 +25,7 @@ use drover_proto::agent::v1::{AgentRequest, AgentResponse, JsonPayload};
 
 use super::{ENVELOPE_VERSION, Service, json_payload};
 use crate::io::{BoxFuture, ClientCsi};
+use drover_core::error::{CsiCallError, CsiCallFailure};
 use drover_core::rpc::RpcError;
 
 /// How long a relayed request may take end to end (the client answers a restart once begun,
@@ -114,6 +115,7 @@ impl Service {
                     RELAY_TIMEOUT,
                 )
                 .await
+                .map_err(|error| error.message)
             }
             None => {
                 self.call_servers(envelope(&self.region, body(), false), RELAY_TIMEOUT)
@@ -198,10 +200,10 @@ impl Service {
         rpc_addr: &str,
         request: AgentRequest,
         timeout: std::time::Duration,
-    ) -> Result<AgentResponse, String> {
+    ) -> Result<AgentResponse, CsiCallError> {
         if let Some(attached) = &self.attached {
             if let Some(result) = attached(node_id.to_string(), request.clone(), timeout).await {
-                return result;
+                return result.map_err(CsiCallError::other);
             }
             if self.clients_attach {
                 for peer in self.peer_servers() {
@@ -215,12 +217,15 @@ impl Service {
                 }
             }
         }
-        let addr: std::net::SocketAddr = rpc_addr
-            .parse()
-            .map_err(|_| format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}"))?;
+        let addr: std::net::SocketAddr = rpc_addr.parse().map_err(|_| {
+            CsiCallError::new(
+                CsiCallFailure::UnknownNode,
+                format!("Unknown node {node_id}: bad RPC address {rpc_addr:?}"),
+            )
+        })?;
         (self.forward)(addr, request, timeout)
             .await
-            .map_err(|error| error.to_string())
+            .map_err(|error| CsiCallError::other(error.to_string()))
     }
 
     /// The RPC addresses of the other servers of the cluster.

@@ -34,7 +34,7 @@ impl Default for FakePlugins {
 }
 
 impl ClientCsi for FakePlugins {
-    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, String>> {
+    fn call(&self, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, drover_core::error::CsiCallError>> {
         let (name, reply) = match &request {
             ClientCsiRequest::ControllerValidate(r) => (format!("validate {}", r.volume_id), ClientCsiReply::Done),
             ClientCsiRequest::ControllerAttach(r) => (

@@ -42,14 +42,14 @@ impl Client {
             Some(VolumeRequester::NodeDetach(req)) => {
                 self.actions.push_back(ClientAction::NodeDetached {
                     req,
-                    result: outcome.map(|_| ()).map_err(|error| error.message),
+                    result: outcome.map(|_| ()).map_err(Into::into),
                 });
             }
             Some(VolumeRequester::NodeExpand(req)) => {
                 let result = match outcome {
                     Ok(Reply::Csi(CsiReply::Expanded { capacity })) => Ok(capacity),
                     Ok(_) => Ok(0),
-                    Err(error) => Err(error.message),
+                    Err(error) => Err(error.into()),
                 };
                 self.actions.push_back(ClientAction::NodeExpanded { req, result });
             }

@@ -232,7 +232,7 @@ impl ServerState {
         };
         let alloc = self.allocs.get(&claim.allocation_id);
         if let Err(error) = volume.claim(claim.clone(), alloc) {
-            return Response::Error(ErrorKind::Refused, error.to_string());
+            return Response::Error(error.kind(), error.to_string());
         }
         // Store only what is stored: synthesised past claims stay derived.
         let old = self.volume_raw(namespace, id).cloned();

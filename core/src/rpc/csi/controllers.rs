@@ -8,6 +8,7 @@ use super::*;
 use alloc::collections::BTreeMap;
 
 use crate::csi::routing::{self};
+use crate::error::{CsiCallError, CsiCallFailure};
 use crate::fsm::{Command, ServerState};
 use crate::op::OpId;
 use crate::structs::ClaimState;
@@ -104,7 +105,7 @@ impl CsiEndpoints {
         now: Instant,
         op: OpId,
         client_op: ClientOp,
-        result: Result<ClientCsiReply, String>,
+        result: Result<ClientCsiReply, CsiCallError>,
         state: &ServerState,
         out: &mut Outbox,
     ) {
@@ -115,7 +116,7 @@ impl CsiEndpoints {
             ClientOp::Node { job } => {
                 let detached = match &result {
                     Ok(_) => true,
-                    Err(message) => message.contains("Unknown node"),
+                    Err(error) => error.kind == CsiCallFailure::UnknownNode,
                 };
                 if detached {
                     let Some(Flow::Unpublish { claim, .. }) = self.jobs.get(&job) else {
@@ -125,7 +126,7 @@ impl CsiEndpoints {
                     next.state = ClaimState::NodeDetached;
                     self.checkpoint_claim(job, next, out);
                 } else {
-                    let message = format!("could not detach from node: {}", result.expect_err("failed"));
+                    let message = format!("could not detach from node: {}", result.expect_err("failed").message);
                     self.finish_unpublish(now, job, Err(RpcError::unavailable(message)), state, out);
                 }
             }
@@ -138,19 +139,18 @@ impl CsiEndpoints {
                 };
                 assert_eq!(in_flight, op, "one controller call in flight per plugin");
                 match result {
-                    Err(message) if routing::is_retryable(&message) && call.next + 1 < call.candidates.len() => {
-                        call.errors.push(message);
+                    Err(error) if error.next_candidate() && call.next + 1 < call.candidates.len() => {
+                        call.errors.push(error.message);
                         call.next += 1;
                         self.send_controller(now, &plugin_id, call, out);
                     }
-                    Err(message) => {
-                        let retryable = message.contains("FailedPrecondition") || routing::is_retryable(&message);
-                        let message =
-                            if message.contains("FailedPrecondition") && !message.starts_with(RETRYABLE_PREFIX) {
-                                format!("{RETRYABLE_PREFIX}: {message}")
-                            } else {
-                                message
-                            };
+                    Err(error) => {
+                        let retryable = error.retryable();
+                        let message = if error.kind == CsiCallFailure::FailedPrecondition {
+                            format!("{RETRYABLE_PREFIX}: {}", error.message)
+                        } else {
+                            error.message
+                        };
                         self.controller_done(now, call, Err(RpcError::from_plugin(message, retryable)), state, out);
                         self.dispatch(now, &plugin_id, state, out);
                     }

@@ -165,7 +165,12 @@ impl CsiEndpoints {
     }
 
     /// A node call of a create job answered (`NodeExpandVolume`).
-    pub(super) fn node_expanded(&mut self, job_id: JobId, result: Result<ClientCsiReply, String>, out: &mut Outbox) {
+    pub(super) fn node_expanded(
+        &mut self,
+        job_id: JobId,
+        result: Result<ClientCsiReply, crate::error::CsiCallError>,
+        out: &mut Outbox,
+    ) {
         let failure = result
             .err()
             .map(|message| RpcError::unavailable(format!("unable to expand volume on node: {message}")));

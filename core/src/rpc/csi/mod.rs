@@ -268,7 +268,8 @@ impl CsiEndpoints {
                 ..
             } => {
                 if self.faults.claims_not_idempotent && holds_claim(state, &namespace, &volume_id, &claim) {
-                    let refused = RpcError::refused(crate::csi::claims::ClaimError::MaxClaimsReached.to_string());
+                    let full = crate::csi::claims::ClaimError::MaxClaimsReached;
+                    let refused = RpcError::new(full.kind(), full.to_string(), true);
                     out.reply(req, ServerReply::Error(refused));
                     return None;
                 }
@@ -440,7 +441,7 @@ impl CsiEndpoints {
         &mut self,
         now: Instant,
         op: OpId,
-        result: Result<ClientCsiReply, String>,
+        result: Result<ClientCsiReply, crate::error::CsiCallError>,
         state: &ServerState,
         out: &mut Outbox,
     ) {
@@ -461,7 +462,14 @@ impl CsiEndpoints {
             let (client_op, _) = self.client_ops.remove(&op).expect("present");
             out.push(Action::CancelClientCall { op });
             let message = format!("CSI call timed out after {:?}", self.client_timeout);
-            self.client_replied(now, op, client_op, Err(message), state, out);
+            self.client_replied(
+                now,
+                op,
+                client_op,
+                Err(crate::error::CsiCallError::other(message)),
+                state,
+                out,
+            );
         }
     }
 

@@ -1,6 +1,7 @@
 //! The CSI flows: claims, controller queues, unpublish walks, the watcher.
 
 use super::*;
+use crate::error::{CsiCallError, CsiCallFailure};
 
 #[test]
 fn a_new_claim_is_committed_then_controller_published() {
@@ -56,9 +57,21 @@ fn retryable_controller_errors_move_to_the_next_controller_in_sorted_order() {
     let mut h = Harness::new();
     h.request(1, take("a1", "n1"));
     assert_eq!(h.calls[0].1, "n1");
-    h.answer(0, Err(format!("{RETRYABLE_PREFIX}: plugin not ready")));
+    h.answer(
+        0,
+        Err(CsiCallError::new(
+            CsiCallFailure::Unreachable,
+            format!("{RETRYABLE_PREFIX}: plugin not ready"),
+        )),
+    );
     assert_eq!(h.calls[0].1, "n2");
-    h.answer(0, Err("rpc error: code = FailedPrecondition desc = busy".into()));
+    h.answer(
+        0,
+        Err(CsiCallError::new(
+            CsiCallFailure::FailedPrecondition,
+            "rpc error: code = FailedPrecondition desc = busy",
+        )),
+    );
     let ServerReply::Error(failure) = &h.replies[0].1 else {
         panic!()
     };
@@ -183,7 +196,7 @@ fn the_watcher_releases_terminal_allocs_claims_rate_limited_and_stops_when_leade
     // A failing node: every pass re-drives, at most once a second after the burst.
     let mut passes = 0;
     for second in 1..=10 {
-        h.answer(0, Err("connection refused".into()));
+        h.answer(0, Err(CsiCallError::other("connection refused")));
         h.now = Instant::ZERO + Duration::from_secs(second);
         h.machine.handle_timeout(h.now, &h.fx.state);
         h.pump();
@@ -290,7 +303,12 @@ fn register_validates_with_a_controller_first() {
             volumes: vec![volume("y")],
         },
     );
-    h.answer(0, Err("rpc error: code = InvalidArgument desc = no such volume".into()));
+    h.answer(
+        0,
+        Err(CsiCallError::other(
+            "rpc error: code = InvalidArgument desc = no such volume",
+        )),
+    );
     let ServerReply::Error(failure) = &h.replies[1].1 else {
         panic!()
     };
@@ -406,7 +424,10 @@ fn a_failed_create_registers_nothing_and_says_why() {
             volumes: vec![volume("y")],
         },
     );
-    h.answer(0, Err("rpc error: code = OutOfRange desc = too big".into()));
+    h.answer(
+        0,
+        Err(CsiCallError::other("rpc error: code = OutOfRange desc = too big")),
+    );
     let ServerReply::Error(failure) = &h.replies[0].1 else {
         panic!("{:?}", h.replies)
     };

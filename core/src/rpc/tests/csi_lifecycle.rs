@@ -1,6 +1,7 @@
 //! Snapshots, a plugin's listings, and expansion by re-running a create.
 
 use super::*;
+use crate::error::CsiCallError;
 use crate::rpc::ListPage;
 use crate::structs::CsiSnapshot;
 
@@ -89,7 +90,10 @@ fn a_failed_snapshot_delete_says_which_snapshot() {
             snapshots: vec![snapshot("p")],
         },
     );
-    h.answer(0, Err("rpc error: code = Internal desc = disk on fire".into()));
+    h.answer(
+        0,
+        Err(CsiCallError::other("rpc error: code = Internal desc = disk on fire")),
+    );
     assert!(
         error_of(&h).starts_with("could not delete \"snap-1\": rpc error: code = Internal"),
         "{}",

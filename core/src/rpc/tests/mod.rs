@@ -103,7 +103,7 @@ impl Harness {
         self.pump();
     }
 
-    pub(super) fn answer(&mut self, index: usize, result: Result<ClientCsiReply, String>) {
+    pub(super) fn answer(&mut self, index: usize, result: Result<ClientCsiReply, crate::error::CsiCallError>) {
         let (op, _, _) = self.calls.remove(index);
         self.machine
             .handle(self.now, Input::ClientReplied { op, result }, &self.fx.state);
