@@ -27,6 +27,9 @@ pub enum ErrorKind {
     /// No leader, leadership lost, a peer or plugin unreachable or failing: the same request
     /// may succeed later (HTTP 500).
     Unavailable,
+    /// A check-and-set index no longer current: the subject was modified since the caller
+    /// read it (HTTP 409; autopilot's set-config answers `false`).
+    Conflict,
     /// The caller's token (or node secret) does not allow the request (HTTP 403, Nomad's
     /// `Permission denied`).
     PermissionDenied,

@@ -9,6 +9,7 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
 
+use drover_core::error::{AllocCallError, AllocCallFailure};
 use serde::{Deserialize, Serialize};
 
 /// The most one read returns.
@@ -17,6 +18,14 @@ pub const MAX_READ: u64 = 256 * 1024;
 pub const ESCAPES: &str = "Path escapes the alloc directory";
 /// The start of the error text of a path that does not exist (an HTTP 404).
 pub const NOT_FOUND: &str = "no such file or directory";
+
+fn escapes() -> AllocCallError {
+    AllocCallError::invalid(ESCAPES)
+}
+
+fn not_found(what: impl std::fmt::Display) -> AllocCallError {
+    AllocCallError::new(AllocCallFailure::NoSuchFile, format!("{NOT_FOUND}: {what}"))
+}
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FsOp {
@@ -61,24 +70,24 @@ pub enum FsReply {
 
 /// `path` inside `root`, or [`ESCAPES`]: no `..`, and nothing that resolves (through
 /// symlinks) outside `root`.
-pub fn confine(root: &Path, path: &str) -> Result<PathBuf, String> {
+pub fn confine(root: &Path, path: &str) -> Result<PathBuf, AllocCallError> {
     let inside = root.join(relative(path)?);
-    let root = root.canonicalize().map_err(|error| format!("{NOT_FOUND}: {error}"))?;
-    let resolved = inside.canonicalize().map_err(|_| format!("{NOT_FOUND}: {path}"))?;
+    let root = root.canonicalize().map_err(not_found)?;
+    let resolved = inside.canonicalize().map_err(|_| not_found(path))?;
     if !resolved.starts_with(&root) {
-        return Err(ESCAPES.into());
+        return Err(escapes());
     }
     Ok(resolved)
 }
 
 /// `path` as a path relative to the allocation dir, or [`ESCAPES`] when it names `..`.
-fn relative(path: &str) -> Result<PathBuf, String> {
+fn relative(path: &str) -> Result<PathBuf, AllocCallError> {
     let mut inside = PathBuf::new();
     for component in Path::new(path).components() {
         match component {
             Component::RootDir | Component::CurDir => {}
             Component::Normal(part) => inside.push(part),
-            Component::ParentDir | Component::Prefix(_) => return Err(ESCAPES.into()),
+            Component::ParentDir | Component::Prefix(_) => return Err(escapes()),
         }
     }
     Ok(inside)
@@ -118,17 +127,17 @@ fn info(name: String, meta: &std::fs::Metadata) -> FileInfo {
 /// task swaps in between our check and the open (issue 54: a task swapping a directory for a
 /// link got 1-3 % of reads answered with the host file when the checked path was re-opened by
 /// name). Never blocks on a FIFO.
-fn open_beneath(root: &Path, path: &str) -> Result<std::fs::File, String> {
+fn open_beneath(root: &Path, path: &str) -> Result<std::fs::File, AllocCallError> {
     use std::os::fd::{AsRawFd, FromRawFd};
-    let root_dir = std::fs::File::open(root).map_err(|error| format!("{NOT_FOUND}: {error}"))?;
+    let root_dir = std::fs::File::open(root).map_err(not_found)?;
     let relative = relative(path)?;
     let relative = if relative.as_os_str().is_empty() {
         PathBuf::from(".")
     } else {
         relative
     };
-    let relative = std::ffi::CString::new(relative.into_os_string().into_encoded_bytes())
-        .map_err(|_| format!("{NOT_FOUND}: {path}"))?;
+    let relative =
+        std::ffi::CString::new(relative.into_os_string().into_encoded_bytes()).map_err(|_| not_found(path))?;
     // SAFETY: open_how is plain data; all-zero is its default.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
     how.flags = (libc::O_RDONLY | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC) as u64;
@@ -146,8 +155,8 @@ fn open_beneath(root: &Path, path: &str) -> Result<std::fs::File, String> {
     if fd < 0 {
         let error = std::io::Error::last_os_error();
         return Err(match error.raw_os_error() {
-            Some(libc::EXDEV) | Some(libc::ELOOP) => ESCAPES.to_string(),
-            _ => format!("{NOT_FOUND}: {path}"),
+            Some(libc::EXDEV) | Some(libc::ELOOP) => escapes(),
+            _ => not_found(path),
         });
     }
     // SAFETY: `fd` was just opened and is owned by nothing else.
@@ -155,7 +164,7 @@ fn open_beneath(root: &Path, path: &str) -> Result<std::fs::File, String> {
 }
 
 /// Carries out `request` in the allocation dir `root`.
-pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
+pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, AllocCallError> {
     let path = confine(root, &request.path)?;
     let name = path
         .file_name()
@@ -163,7 +172,7 @@ pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
         .unwrap_or_else(|| "/".into());
     // What is served is what this descriptor holds, never the path opened again.
     let opened = open_beneath(root, &request.path)?;
-    let meta = opened.metadata().map_err(|error| format!("{NOT_FOUND}: {error}"))?;
+    let meta = opened.metadata().map_err(not_found)?;
     match &request.op {
         FsOp::Stat => Ok(FsReply::Stat(info(name, &meta))),
         FsOp::List => {
@@ -174,7 +183,7 @@ pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
             use std::os::fd::AsRawFd;
             let held = PathBuf::from(format!("/proc/self/fd/{}", opened.as_raw_fd()));
             let mut entries: Vec<FileInfo> = std::fs::read_dir(&held)
-                .map_err(|error| error.to_string())?
+                .map_err(|error| AllocCallError::failed(error.to_string()))?
                 .flatten()
                 .filter_map(|entry| {
                     let meta = entry.metadata().ok()?;
@@ -186,17 +195,21 @@ pub fn serve(root: &Path, request: &FsRequest) -> Result<FsReply, String> {
         }
         FsOp::Read { offset, limit } => {
             if meta.is_dir() {
-                return Err(format!("{:?} is a directory", request.path));
+                return Err(AllocCallError::invalid(format!("{:?} is a directory", request.path)));
             }
             if !meta.is_file() {
-                return Err(format!("{:?} is not a regular file", request.path));
+                return Err(AllocCallError::failed(format!(
+                    "{:?} is not a regular file",
+                    request.path
+                )));
             }
             let mut file = opened;
-            file.seek(SeekFrom::Start(*offset)).map_err(|error| error.to_string())?;
+            file.seek(SeekFrom::Start(*offset))
+                .map_err(|error| AllocCallError::failed(error.to_string()))?;
             let mut data = Vec::new();
             file.take((*limit).min(MAX_READ))
                 .read_to_end(&mut data)
-                .map_err(|error| error.to_string())?;
+                .map_err(|error| AllocCallError::failed(error.to_string()))?;
             Ok(FsReply::Data { data, size: meta.len() })
         }
     }
@@ -284,9 +297,9 @@ mod tests {
         );
         assert!(read("alloc/in").is_ok(), "a symlink that stays inside is followed");
         for escape in ["../secret", "/alloc/../../secret", "alloc/out", "/alloc/logs/../../.."] {
-            assert_eq!(read(escape), Err(ESCAPES.to_string()), "{escape}");
+            assert_eq!(read(escape), Err(AllocCallError::invalid(ESCAPES)), "{escape}");
         }
-        assert!(read("/alloc/nope").unwrap_err().starts_with(NOT_FOUND));
+        assert_eq!(read("/alloc/nope").unwrap_err().kind, AllocCallFailure::NoSuchFile);
         let listed = serve(
             root.path(),
             &FsRequest {

@@ -210,6 +210,8 @@ impl ConsulHttp {
             })?;
         let text = String::from_utf8_lossy(&bytes);
         if !status.is_success() {
+            // text-match: Consul answers a token that does not exist with 403 and this text
+            // (as Nomad reads it); no status tells it from a token without the permission.
             let not_found = status == hyper::StatusCode::NOT_FOUND
                 || text.contains("ACL not found")
                 || text.contains("Cannot find token");

@@ -6,7 +6,7 @@
 //! started as a task whose outcome is posted back to the core as an input with the same
 //! operation id. Deadlines belong to the core; the driver only sleeps until `poll_timeout`.
 
-use drover_core::error::CsiCallError;
+use drover_core::error::{AllocCallError, CsiCallError};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -379,7 +379,7 @@ impl AgentHandle {
 
     /// An operator's restart or signal of an allocation, carried to the client that runs it
     /// (see `service::relay`).
-    pub async fn alloc_control(&self, request: drover_core::client::AllocControl) -> Result<(), String> {
+    pub async fn alloc_control(&self, request: drover_core::client::AllocControl) -> Result<(), AllocCallError> {
         self.inner.service.client_call(request, false).await
     }
 
@@ -444,7 +444,7 @@ impl AgentHandle {
     }
 
     /// An allocation's resource usage (Nomad's JSON), from the client that runs it.
-    pub async fn client_stats(&self, alloc_id: String) -> Result<serde_json::Value, String> {
+    pub async fn client_stats(&self, alloc_id: String) -> Result<serde_json::Value, AllocCallError> {
         self.inner
             .service
             .client_call(crate::service::StatsRequest { alloc_id }, false)
@@ -463,7 +463,7 @@ impl AgentHandle {
 
     /// A GC of one finished allocation, on the client that ran it: the relay's failure, or
     /// the client's answer.
-    pub async fn client_gc(&self, alloc_id: String) -> Result<Result<Vec<String>, rpc::RpcError>, String> {
+    pub async fn client_gc(&self, alloc_id: String) -> Result<Result<Vec<String>, rpc::RpcError>, AllocCallError> {
         self.inner
             .service
             .client_call(crate::service::GcRequest { alloc_id }, false)
@@ -471,12 +471,18 @@ impl AgentHandle {
     }
 
     /// One step of an `alloc exec` session, on the client that runs the allocation.
-    pub async fn client_exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
+    pub async fn client_exec(
+        &self,
+        request: crate::exec::ExecRequest,
+    ) -> Result<crate::exec::ExecReply, AllocCallError> {
         self.inner.service.client_call(request, false).await
     }
 
     /// A listing, stat or read in an allocation dir, from the client that runs it.
-    pub async fn client_fs(&self, request: crate::allocfs::FsRequest) -> Result<crate::allocfs::FsReply, String> {
+    pub async fn client_fs(
+        &self,
+        request: crate::allocfs::FsRequest,
+    ) -> Result<crate::allocfs::FsReply, AllocCallError> {
         self.inner.service.client_call(request, false).await
     }
 
@@ -484,7 +490,7 @@ impl AgentHandle {
     pub async fn client_logs(
         &self,
         request: crate::logstream::LogsRequest,
-    ) -> Result<crate::logstream::LogsReply, String> {
+    ) -> Result<crate::logstream::LogsReply, AllocCallError> {
         self.inner.service.client_call(request, false).await
     }
 

@@ -3,6 +3,7 @@
 //! (`net.rs`, `consul.rs`, `disk.rs`).
 //!
 
+use drover_core::error::AllocCallError;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -190,8 +191,8 @@ pub trait ClientCsi: Send + Sync + 'static {
     ) -> BoxFuture<Result<drover_core::rpc::ClientCsiReply, drover_core::error::CsiCallError>>;
 
     /// An operator's restart or signal of one of this client's allocations.
-    fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
-        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
+    fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), AllocCallError>> {
+        Box::pin(async move { Err(AllocCallError::unknown_alloc(request.alloc_id())) })
     }
 
     /// This agent's client node, when it runs one.
@@ -211,23 +212,26 @@ pub trait ClientCsi: Send + Sync + 'static {
     }
 
     /// The resource usage of one of this client's allocations, in Nomad's JSON.
-    fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, String>> {
-        Box::pin(async move { Err(format!("Unknown allocation {alloc_id:?}")) })
+    fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, AllocCallError>> {
+        Box::pin(async move { Err(AllocCallError::unknown_alloc(&alloc_id)) })
     }
 
     /// One step of an `alloc exec` session in one of this client's tasks.
-    fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, String>> {
-        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id())) })
+    fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, AllocCallError>> {
+        Box::pin(async move { Err(AllocCallError::unknown_alloc(request.alloc_id())) })
     }
 
     /// A listing, stat or read in one of this client's allocation dirs.
-    fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
-        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })
+    fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, AllocCallError>> {
+        Box::pin(async move { Err(AllocCallError::unknown_alloc(&request.alloc_id)) })
     }
 
     /// One read of the log of one of this client's tasks.
-    fn logs(&self, request: crate::logstream::LogsRequest) -> BoxFuture<Result<crate::logstream::LogsReply, String>> {
-        Box::pin(async move { Err(format!("Unknown allocation {:?}", request.alloc_id)) })
+    fn logs(
+        &self,
+        request: crate::logstream::LogsRequest,
+    ) -> BoxFuture<Result<crate::logstream::LogsReply, AllocCallError>> {
+        Box::pin(async move { Err(AllocCallError::unknown_alloc(&request.alloc_id)) })
     }
 
     /// Gauges of what this client runs (`/v1/metrics`): name, labels, value.

@@ -217,7 +217,7 @@ pub fn read_at(dir: &Path, base: &str, mut cursor: Cursor, max: usize) -> Step {
 pub async fn pump<F, Fut>(mut request: LogsRequest, first: LogsReply, follow: bool, read: F, out: mpsc::Sender<Chunk>)
 where
     F: Fn(LogsRequest) -> Fut,
-    Fut: std::future::Future<Output = Result<LogsReply, String>>,
+    Fut: std::future::Future<Output = Result<LogsReply, drover_core::error::AllocCallError>>,
 {
     let mut reply = first;
     loop {

@@ -30,6 +30,7 @@ use crate::client::{
     DriverCapabilities, ExitResult, Io, MountConfigSupport, MountInfo, Outcome, Reply, TaskHandle, UsageOptions,
     VolumeOp,
 };
+use crate::error::{AllocCallError, AllocCallFailure};
 use crate::op::{OpId, OpIds};
 use crate::rpc::{ServerReply, ServerRequest};
 use crate::structs::{
@@ -410,10 +411,13 @@ impl AllocRunner {
     }
 
     /// The tasks an operator's restart or signal is for: `task`, or every running task.
-    fn targets(&self, task: Option<&str>) -> Result<Vec<String>, String> {
+    fn targets(&self, task: Option<&str>) -> Result<Vec<String>, AllocCallError> {
         match task {
             Some(name) if self.tasks.contains_key(name) => Ok(vec![name.to_string()]),
-            Some(name) => Err(format!("Could not find task runner for task: {name}")),
+            Some(name) => Err(AllocCallError::new(
+                AllocCallFailure::UnknownTask,
+                format!("Could not find task runner for task: {name}"),
+            )),
             None => {
                 let running: Vec<String> = self
                     .tasks
@@ -422,7 +426,7 @@ impl AllocRunner {
                     .map(|(name, _)| name.clone())
                     .collect();
                 if running.is_empty() {
-                    return Err(crate::client::task_runner::TASK_NOT_RUNNING.into());
+                    return Err(AllocCallError::failed(crate::client::task_runner::TASK_NOT_RUNNING));
                 }
                 Ok(running)
             }
@@ -430,14 +434,14 @@ impl AllocRunner {
     }
 
     /// `alloc restart`: `task`, or every running task, restarts at once.
-    pub fn restart_by_user(&mut self, now: Instant, task: Option<&str>, ops: &mut OpIds) -> Result<(), String> {
+    pub fn restart_by_user(&mut self, now: Instant, task: Option<&str>, ops: &mut OpIds) -> Result<(), AllocCallError> {
         if self.stop_requested || self.phase != Phase::Running {
-            return Err(crate::client::task_runner::TASK_NOT_RUNNING.into());
+            return Err(AllocCallError::failed(crate::client::task_runner::TASK_NOT_RUNNING));
         }
         let mut result = Ok(());
         for name in self.targets(task)? {
             if let Some(runner) = self.tasks.get_mut(&name) {
-                result = result.and(runner.restart_by_user(now, ops));
+                result = result.and(runner.restart_by_user(now, ops).map_err(AllocCallError::failed));
             }
         }
         self.collect_tasks(now, ops);
@@ -451,14 +455,14 @@ impl AllocRunner {
         task: Option<&str>,
         signal: &str,
         ops: &mut OpIds,
-    ) -> Result<Vec<TaskHandle>, String> {
+    ) -> Result<Vec<TaskHandle>, AllocCallError> {
         if self.stop_requested || self.phase != Phase::Running {
-            return Err(crate::client::task_runner::TASK_NOT_RUNNING.into());
+            return Err(AllocCallError::failed(crate::client::task_runner::TASK_NOT_RUNNING));
         }
         let mut handles = Vec::new();
         for name in self.targets(task)? {
             if let Some(runner) = self.tasks.get_mut(&name) {
-                handles.push(runner.signal_by_user(now, signal)?);
+                handles.push(runner.signal_by_user(now, signal).map_err(AllocCallError::failed)?);
             }
         }
         self.collect_tasks(now, ops);

@@ -200,7 +200,7 @@ pub enum ClientAction {
     /// The answer to `ClientInput::AllocControl`.
     AllocControlled {
         req: u64,
-        result: Result<(), String>,
+        result: Result<(), crate::error::AllocCallError>,
     },
     /// The allocation is gone from the servers and from this host: drop its records.
     Forget {

@@ -499,6 +499,8 @@ pub enum ErrorKind {
     ResourceExhausted,
     NotFound,
     FailedPrecondition,
+    /// The driver or host cannot do this at all (`alloc exec` in a driver without exec).
+    Unsupported,
     Other,
 }
 

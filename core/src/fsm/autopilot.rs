@@ -16,7 +16,7 @@ impl ServerState {
     pub(super) fn apply_autopilot(&mut self, index: u64, config: &AutopilotConfig, cas: Option<u64>) -> Response {
         let current = self.autopilot.as_ref().map_or(0, |config| config.modify_index);
         if cas.is_some_and(|cas| cas != current) {
-            return Response::Error(ErrorKind::Refused, CAS_MISMATCH.into());
+            return Response::Error(ErrorKind::Conflict, CAS_MISMATCH.into());
         }
         let create_index = self.autopilot.as_ref().map_or(index, |config| config.create_index);
         self.autopilot = Some(AutopilotConfig {
@@ -57,7 +57,7 @@ mod tests {
         assert_eq!(stored.server_stabilization_time.as_secs(), 30);
         assert_eq!(
             set(&mut state, 3, 40, Some(1)),
-            Response::Error(ErrorKind::Refused, CAS_MISMATCH.into())
+            Response::Error(ErrorKind::Conflict, CAS_MISMATCH.into())
         );
         assert_eq!(
             state.autopilot_config().unwrap().server_stabilization_time.as_secs(),

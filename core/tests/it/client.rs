@@ -2,6 +2,7 @@
 //! fingerprinted, a consumer allocation claims, stages, publishes and runs with the bind
 //! mount, and stopping it unpublishes, unstages and releases the claim — in that order.
 
+use drover_core::error::{AllocCallError, AllocCallFailure};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -1265,9 +1266,15 @@ fn operators_restart_and_signal_a_running_task() {
     assert_eq!(
         drive(&mut client).1,
         [
-            (2, Err("Invalid signal \"SIGNOPE\"".to_string())),
-            (3, Err("Could not find task runner for task: nope".to_string())),
-            (4, Err("Unknown allocation \"gone\"".to_string())),
+            (2, Err(AllocCallError::invalid("Invalid signal \"SIGNOPE\""))),
+            (
+                3,
+                Err(AllocCallError::new(
+                    AllocCallFailure::UnknownTask,
+                    "Could not find task runner for task: nope"
+                ))
+            ),
+            (4, Err(AllocCallError::unknown_alloc("gone"))),
         ]
     );
 

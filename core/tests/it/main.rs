@@ -8,3 +8,4 @@ mod datadriven;
 mod layers;
 mod purity;
 mod state_format;
+mod text_decisions;

@@ -1,7 +1,7 @@
 //! The production executor: the host filesystem and mount table, the process drivers, device
 //! plugins, and CSI plugins over their unix sockets; and the host's identity and resources.
 
-use drover_core::error::{CsiCallError, CsiCallFailure};
+use drover_core::error::{AllocCallError, AllocCallFailure, CsiCallError, CsiCallFailure};
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -267,12 +267,18 @@ impl ClientExecutor for HostExecutor {
         handle: &TaskHandle,
         command: &[String],
         tty: bool,
-    ) -> Result<tokio::process::Command, String> {
+    ) -> Result<tokio::process::Command, AllocCallError> {
         let driver = self
             .drivers
             .get(&handle.driver)
-            .ok_or_else(|| format!("driver \"{}\" is not available", handle.driver))?;
-        driver.exec_command(handle, command, tty).map_err(|error| error.message)
+            .ok_or_else(|| AllocCallError::failed(format!("driver \"{}\" is not available", handle.driver)))?;
+        driver.exec_command(handle, command, tty).map_err(|error| {
+            let kind = match error.kind {
+                drover_core::client::ErrorKind::Unsupported => AllocCallFailure::Invalid,
+                _ => AllocCallFailure::Failed,
+            };
+            AllocCallError::new(kind, error.message)
+        })
     }
 
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>> {

@@ -17,7 +17,7 @@ mod host;
 #[cfg(not(madsim))]
 pub use host::{HostExecutor, client_identity, host_networks, host_resources, interfaces};
 
-use drover_core::error::{CsiCallError, CsiCallFailure};
+use drover_core::error::{AllocCallError, CsiCallError, CsiCallFailure};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,8 +70,8 @@ pub trait ClientExecutor: Send + Sync + 'static {
         _handle: &TaskHandle,
         _command: &[String],
         _tty: bool,
-    ) -> Result<tokio::process::Command, String> {
-        Err("exec is not supported on this client".into())
+    ) -> Result<tokio::process::Command, AllocCallError> {
+        Err(AllocCallError::invalid("exec is not supported on this client"))
     }
 }
 
@@ -138,7 +138,7 @@ enum Message {
     /// An operator's restart or signal of one of this client's allocations.
     Control {
         request: drover_core::client::AllocControl,
-        reply: oneshot::Sender<Result<(), String>>,
+        reply: oneshot::Sender<Result<(), AllocCallError>>,
     },
     /// An operator's client GC: every eligible allocation, or the one named.
     Gc {
@@ -220,14 +220,17 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
-    fn logs(&self, request: crate::logstream::LogsRequest) -> BoxFuture<Result<crate::logstream::LogsReply, String>> {
+    fn logs(
+        &self,
+        request: crate::logstream::LogsRequest,
+    ) -> BoxFuture<Result<crate::logstream::LogsReply, AllocCallError>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
-            let unknown = || format!("Unknown allocation {:?}", request.alloc_id);
+            let unknown = || AllocCallError::unknown_alloc(&request.alloc_id);
             let view = view.ok_or_else(unknown)?;
             let Some(dir) = view.log_dir(&request.alloc_id, &request.task) else {
                 return Err(if view.has_alloc(&request.alloc_id) {
-                    format!("unknown task name {:?}", request.task)
+                    AllocCallError::unknown_task(&request.task)
                 } else {
                     unknown()
                 });
@@ -238,19 +241,19 @@ impl ClientCsi for ClientCsiRouter {
     }
 
     #[cfg(not(madsim))]
-    fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, String>> {
+    fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, AllocCallError>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
-            let view = view.ok_or_else(|| format!("Unknown allocation {alloc_id:?}"))?;
+            let view = view.ok_or_else(|| AllocCallError::unknown_alloc(&alloc_id))?;
             crate::http::client::alloc_stats_json(&view, &alloc_id)
         })
     }
 
     #[cfg(not(madsim))]
-    fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, String>> {
+    fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, AllocCallError>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
-            let view = view.ok_or_else(|| format!("Unknown allocation {:?}", request.alloc_id()))?;
+            let view = view.ok_or_else(|| AllocCallError::unknown_alloc(request.alloc_id()))?;
             view.exec(request).await
         })
     }
@@ -266,10 +269,10 @@ impl ClientCsi for ClientCsiRouter {
             .collect()
     }
 
-    fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, String>> {
+    fn fs(&self, request: crate::allocfs::FsRequest) -> BoxFuture<Result<crate::allocfs::FsReply, AllocCallError>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
-            let unknown = || format!("Unknown allocation {:?}", request.alloc_id);
+            let unknown = || AllocCallError::unknown_alloc(&request.alloc_id);
             let view = view.ok_or_else(unknown)?;
             let root = view.alloc_dir(&request.alloc_id).ok_or_else(unknown)?;
             crate::allocfs::serve(&root, &request)
@@ -307,14 +310,13 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
-    fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), String>> {
+    fn control(&self, request: drover_core::client::AllocControl) -> BoxFuture<Result<(), AllocCallError>> {
         let inbox = self.inbox.clone();
         Box::pin(async move {
             let (reply, answer) = oneshot::channel();
-            inbox
-                .send(Message::Control { request, reply })
-                .map_err(|_| "client is shutting down".to_string())?;
-            answer.await.map_err(|_| "client is shutting down".to_string())?
+            let gone = || AllocCallError::failed("client is shutting down");
+            inbox.send(Message::Control { request, reply }).map_err(|_| gone())?;
+            answer.await.map_err(|_| gone())?
         })
     }
 }
@@ -412,7 +414,7 @@ impl ClientView {
 
     /// One step of an `alloc exec` session on this client.
     #[cfg(not(madsim))]
-    pub async fn exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, String> {
+    pub async fn exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, AllocCallError> {
         let crate::exec::ExecRequest::Start {
             alloc_id,
             task,
@@ -420,22 +422,22 @@ impl ClientView {
             tty,
         } = request
         else {
-            return self.exec.step(request).await;
+            return self.exec.step(request).await.map_err(AllocCallError::failed);
         };
         let handle = {
             let tasks = self.tasks.lock().unwrap();
             let alloc = tasks
                 .get(&alloc_id)
-                .ok_or_else(|| format!("Unknown allocation {alloc_id:?}"))?;
-            let state = alloc.get(&task).ok_or_else(|| format!("unknown task name {task:?}"))?;
+                .ok_or_else(|| AllocCallError::unknown_alloc(&alloc_id))?;
+            let state = alloc.get(&task).ok_or_else(|| AllocCallError::unknown_task(&task))?;
             state
                 .handle
                 .clone()
                 .filter(|_| state.state.state == TaskStatus::Running)
-                .ok_or_else(|| "Task not running".to_string())?
+                .ok_or_else(|| AllocCallError::invalid(drover_core::client::task_runner::TASK_NOT_RUNNING))?
         };
         let command = self.executor.exec_command(&handle, &command, tty)?;
-        let session = self.exec.start(command, tty).await?;
+        let session = self.exec.start(command, tty).await.map_err(AllocCallError::failed)?;
         Ok(crate::exec::ExecReply {
             session,
             ..Default::default()
@@ -857,7 +859,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     let mut next_detach = 0u64;
     // One controller call at a time per plugin from this client, whoever sends it (#8336).
     let mut controller_turns: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> = BTreeMap::new();
-    let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), String>>> = BTreeMap::new();
+    let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), AllocCallError>>> = BTreeMap::new();
     let mut next_control = 0u64;
     let mut shut_down: Option<oneshot::Sender<()>> = None;
     loop {

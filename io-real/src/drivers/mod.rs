@@ -60,10 +60,10 @@ pub trait TaskDriver: Send + Sync + 'static {
         _command: &[String],
         _tty: bool,
     ) -> Result<tokio::process::Command, IoError> {
-        Err(IoError::other(format!(
-            "the {} driver does not support exec",
-            self.name()
-        )))
+        Err(IoError::new(
+            drover_core::client::ErrorKind::Unsupported,
+            format!("the {} driver does not support exec", self.name()),
+        ))
     }
 }
 

@@ -106,18 +106,6 @@ pub struct SignalBody {
     signal: Option<String>,
 }
 
-/// A relayed request's error as Nomad's HTTP API answers it.
-fn control_error(error: String) -> ApiError {
-    let code = if error.starts_with("Unknown allocation") || error.starts_with("Could not find task runner") {
-        StatusCode::NOT_FOUND
-    } else if error.starts_with("Invalid signal") {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
-    };
-    ApiError(code, error)
-}
-
 /// A restart request's body into the control it sends the client.
 pub fn decode_restart(alloc_id: String, body: &[u8]) -> Result<AllocControl, ApiError> {
     let body: RestartBody = super::parse_body_or_default(body, "restart request")?;
@@ -143,7 +131,7 @@ pub async fn restart_allocation(
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let request = decode_restart(id, &body)?;
-    handle.alloc_control(request).await.map_err(control_error)?;
+    handle.alloc_control(request).await.map_err(ApiError::from)?;
     Ok(axum::Json(json!({})))
 }
 
@@ -155,7 +143,7 @@ pub async fn signal_allocation(
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
     let request = decode_signal(id, &body)?;
-    handle.alloc_control(request).await.map_err(control_error)?;
+    handle.alloc_control(request).await.map_err(ApiError::from)?;
     Ok(axum::Json(json!({})))
 }
 

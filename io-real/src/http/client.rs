@@ -123,8 +123,7 @@ fn total(tasks: &BTreeMap<String, TaskUsage>) -> Option<TaskResourceUsage> {
 pub async fn alloc_stats(State(handle): State<crate::driver::AgentHandle>, Path(id): Path<String>) -> Response {
     match handle.client_stats(id).await {
         Ok(stats) => Json(stats).into_response(),
-        Err(error) if error.starts_with("Unknown allocation") => (StatusCode::NOT_FOUND, error).into_response(),
-        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
+        Err(error) => super::ApiError::from(error).into_response(),
     }
 }
 
@@ -190,15 +189,15 @@ pub async fn alloc_gc(State(handle): State<crate::driver::AgentHandle>, Path(id)
         Ok(Err(error)) => super::ApiError::from(error).into_response(),
         // The relay failed: an allocation the servers do not hold is unknown (404); one they
         // hold whose client could not be reached is a failure (500).
-        Err(error) if known == Some(true) => (StatusCode::INTERNAL_SERVER_ERROR, error).into_response(),
-        Err(error) => (StatusCode::NOT_FOUND, error).into_response(),
+        Err(error) if known == Some(true) => (StatusCode::INTERNAL_SERVER_ERROR, error.message).into_response(),
+        Err(error) => (StatusCode::NOT_FOUND, error.message).into_response(),
     }
 }
 
 /// Nomad's `AllocResourceUsage` of an allocation this client runs.
-pub fn alloc_stats_json(view: &ClientView, id: &str) -> Result<Value, String> {
+pub fn alloc_stats_json(view: &ClientView, id: &str) -> Result<Value, drover_core::error::AllocCallError> {
     let Some(tasks) = view.alloc_usage(id) else {
-        return Err(format!("Unknown allocation {id:?}"));
+        return Err(drover_core::error::AllocCallError::unknown_alloc(id));
     };
     let view = view.clone();
     let all: Vec<DeviceStats> = tasks.values().flat_map(|task| task.devices.clone()).collect();

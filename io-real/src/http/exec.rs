@@ -27,17 +27,6 @@ pub struct ExecQuery {
     tty: Option<String>,
 }
 
-fn exec_error(error: String) -> ApiError {
-    let code = if error.starts_with("Unknown allocation") || error.starts_with("unknown task") {
-        StatusCode::NOT_FOUND
-    } else if error == "Task not running" || error.contains("does not support exec") {
-        StatusCode::BAD_REQUEST
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
-    };
-    ApiError(code, error)
-}
-
 pub async fn exec(
     ws: WebSocketUpgrade,
     State(handle): State<AgentHandle>,
@@ -67,7 +56,7 @@ pub async fn exec(
         command,
         tty,
     };
-    let session = handle.client_exec(start).await.map_err(exec_error)?.session;
+    let session = handle.client_exec(start).await.map_err(ApiError::from)?.session;
     Ok(ws.on_upgrade(move |socket| run(socket, handle, alloc_id, session)))
 }
 
@@ -140,7 +129,7 @@ async fn run(socket: WebSocket, handle: AgentHandle, alloc_id: String, session: 
         let reply = match handle.client_exec(read.clone()).await {
             Ok(reply) => reply,
             Err(error) => {
-                closing = Some(error);
+                closing = Some(error.message);
                 break;
             }
         };

@@ -14,6 +14,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use drover_core::error::{AllocCallError, AllocCallFailure};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -95,14 +96,7 @@ pub async fn logs(
         max: READ_MAX,
     };
     // The first read answers errors with a status; the rest stream.
-    let first = handle.client_logs(request.clone()).await.map_err(|error| {
-        let code = if error.starts_with("Unknown allocation") || error.starts_with("unknown task") {
-            StatusCode::NOT_FOUND
-        } else {
-            StatusCode::INTERNAL_SERVER_ERROR
-        };
-        ApiError(code, error)
-    })?;
+    let first = handle.client_logs(request.clone()).await.map_err(ApiError::from)?;
     let (sender, receiver) = mpsc::channel::<Chunk>(2);
     tokio::spawn(async move {
         let read = |request: LogsRequest| {
@@ -144,18 +138,6 @@ impl FsQuery {
     }
 }
 
-/// An allocation dir error as Nomad's HTTP API answers it.
-fn fs_error(error: String) -> ApiError {
-    let code = if error == crate::allocfs::ESCAPES || error.ends_with("is a directory") {
-        StatusCode::BAD_REQUEST
-    } else if error.starts_with("Unknown allocation") || error.starts_with(crate::allocfs::NOT_FOUND) {
-        StatusCode::NOT_FOUND
-    } else {
-        StatusCode::INTERNAL_SERVER_ERROR
-    };
-    ApiError(code, error)
-}
-
 fn file_info(info: &FileInfo) -> serde_json::Value {
     json!({
         "Name": info.name,
@@ -166,11 +148,8 @@ fn file_info(info: &FileInfo) -> serde_json::Value {
     })
 }
 
-async fn fs_call(handle: &AgentHandle, alloc_id: String, path: String, op: FsOp) -> Result<FsReply, ApiError> {
-    handle
-        .client_fs(FsRequest { alloc_id, path, op })
-        .await
-        .map_err(fs_error)
+async fn fs_call(handle: &AgentHandle, alloc_id: String, path: String, op: FsOp) -> Result<FsReply, AllocCallError> {
+    handle.client_fs(FsRequest { alloc_id, path, op }).await
 }
 
 /// `GET /v1/client/fs/ls/:alloc?path=`: Nomad's `AllocFileInfo` list.
@@ -219,7 +198,7 @@ async fn file_body(
     offset: u64,
     limit: Option<u64>,
     framed: Option<bool>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, AllocCallError> {
     let follow = framed.unwrap_or(false);
     let read = |offset: u64, left: Option<u64>| FsOp::Read {
         offset,
@@ -278,7 +257,7 @@ pub async fn cat(
     Query(query): Query<FsQuery>,
 ) -> Result<Response, ApiError> {
     query.require_path()?;
-    file_body(handle, alloc_id, query.path, 0, None, None).await
+    Ok(file_body(handle, alloc_id, query.path, 0, None, None).await?)
 }
 
 /// `GET /v1/client/fs/readat/:alloc?path=&offset=&limit=`.
@@ -291,7 +270,7 @@ pub async fn readat(
     let limit = query
         .limit
         .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, "must provide limit".into()))?;
-    file_body(
+    Ok(file_body(
         handle,
         alloc_id,
         query.path,
@@ -299,7 +278,7 @@ pub async fn readat(
         Some(limit),
         None,
     )
-    .await
+    .await?)
 }
 
 /// `GET /v1/client/fs/stream/:alloc?path=&offset=&origin=&follow=`: framed, following by
@@ -324,11 +303,8 @@ pub async fn stream_file(
     // stream starts); an unknown allocation stays 404.
     file_body(handle, alloc_id, query.path, offset, None, Some(follow))
         .await
-        .map_err(|ApiError(code, message)| {
-            if code == StatusCode::NOT_FOUND && message.starts_with(crate::allocfs::NOT_FOUND) {
-                ApiError(StatusCode::BAD_REQUEST, message)
-            } else {
-                ApiError(code, message)
-            }
+        .map_err(|error| match error.kind {
+            AllocCallFailure::NoSuchFile => ApiError(StatusCode::BAD_REQUEST, error.message),
+            _ => ApiError::from(error),
         })
 }

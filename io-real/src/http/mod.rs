@@ -391,6 +391,22 @@ impl From<ApplyError> for ApiError {
     }
 }
 
+/// A client's answer about one of its allocations, as Nomad's HTTP API answers it: an
+/// unknown allocation, task or file 404, a request not servable as asked 400, the rest 500.
+impl From<drover_core::error::AllocCallError> for ApiError {
+    fn from(error: drover_core::error::AllocCallError) -> Self {
+        use drover_core::error::AllocCallFailure;
+        let status = match error.kind {
+            AllocCallFailure::UnknownAlloc | AllocCallFailure::UnknownTask | AllocCallFailure::NoSuchFile => {
+                StatusCode::NOT_FOUND
+            }
+            AllocCallFailure::Invalid => StatusCode::BAD_REQUEST,
+            AllocCallFailure::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, error.message)
+    }
+}
+
 /// The one place an endpoint's failure becomes an HTTP status, by its kind: not found 404,
 /// invalid 400, everything else 500, a non-retryable refusal with Nomad's `rpc error: ` prefix.
 impl From<RpcError> for ApiError {
@@ -399,6 +415,7 @@ impl From<RpcError> for ApiError {
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::Invalid => StatusCode::BAD_REQUEST,
             ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
             ErrorKind::Refused | ErrorKind::Busy | ErrorKind::Unavailable => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let refused = (error.kind == ErrorKind::Refused && !error.retryable) || error.kind == ErrorKind::Busy;

@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use drover_core::autopilot::{AutopilotConfig, CAS_MISMATCH, failure_tolerance};
+use drover_core::autopilot::{AutopilotConfig, failure_tolerance};
 use drover_core::goduration;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::server::OperatorRequest;
@@ -244,7 +244,7 @@ pub async fn set_config(
         .request_applied(ServerRequest::AutopilotSetConfig { config, cas })
         .await
     {
-        ServerReply::Error(error) if error.message == CAS_MISMATCH => Ok(axum::Json(false)),
+        ServerReply::Error(error) if error.kind == drover_core::error::ErrorKind::Conflict => Ok(axum::Json(false)),
         ServerReply::Error(error) => Err(error.into()),
         _ => Ok(axum::Json(true)),
     }

@@ -25,15 +25,15 @@ use drover_proto::agent::v1::{AgentRequest, AgentResponse, JsonPayload};
 
 use super::{ENVELOPE_VERSION, Service, json_payload};
 use crate::io::{BoxFuture, ClientCsi};
-use drover_core::error::{CsiCallError, CsiCallFailure};
+use drover_core::error::{AllocCallError, AllocCallFailure, CsiCallError, CsiCallFailure};
 use drover_core::rpc::RpcError;
 
 /// How long a relayed request may take end to end (the client answers a restart once begun,
 /// a signal once delivered).
 pub const RELAY_TIMEOUT: Duration = Duration::from_secs(30);
 
-fn unknown(alloc_id: &str) -> String {
-    format!("Unknown allocation {alloc_id:?}")
+fn unknown(alloc_id: &str) -> AllocCallError {
+    AllocCallError::unknown_alloc(alloc_id)
 }
 
 fn envelope(region: &str, body: RequestBody, forwarded: bool) -> AgentRequest {
@@ -51,13 +51,14 @@ fn envelope(region: &str, body: RequestBody, forwarded: bool) -> AgentRequest {
 fn answer<T: serde::de::DeserializeOwned>(
     response: AgentResponse,
     pick: fn(ResponseBody) -> Option<Vec<u8>>,
-) -> Result<T, String> {
-    let body = response.body.ok_or("empty response")?;
+) -> Result<T, AllocCallError> {
+    let body = response.body.ok_or_else(|| AllocCallError::failed("empty response"))?;
     if let ResponseBody::Error(error) = &body {
-        return Err(error.message.clone());
+        return Err(AllocCallError::failed(error.message.clone()));
     }
-    let json = pick(body).ok_or("unexpected response")?;
-    serde_json::from_slice::<Result<T, String>>(&json).unwrap_or_else(|error| Err(format!("malformed reply: {error}")))
+    let json = pick(body).ok_or_else(|| AllocCallError::failed("unexpected response"))?;
+    serde_json::from_slice::<Result<T, AllocCallError>>(&json)
+        .unwrap_or_else(|error| Err(AllocCallError::failed(format!("malformed reply: {error}"))))
 }
 
 /// A call about a client node itself (`/v1/client/stats`, `/v1/client/gc`): which node
@@ -142,7 +143,7 @@ impl Service {
 
     /// Relays a request this agent's own client could not answer: a server sends it to the
     /// allocation's node, a client-only agent to its servers; a forwarded one goes no further.
-    async fn route(&self, alloc_id: &str, forwarded: bool, body: RequestBody) -> Result<AgentResponse, String> {
+    async fn route(&self, alloc_id: &str, forwarded: bool, body: RequestBody) -> Result<AgentResponse, AllocCallError> {
         if forwarded {
             return Err(unknown(alloc_id));
         }
@@ -167,7 +168,7 @@ impl Service {
                 )
                 .await
             {
-                return result;
+                return result.map_err(AllocCallError::failed);
             }
             for peer in self.peer_servers() {
                 let mut request = envelope(&self.region, body.clone(), true);
@@ -178,15 +179,20 @@ impl Service {
                     return Ok(response);
                 }
             }
-            let addr = rpc_addr
-                .parse()
-                .map_err(|_| format!("the allocation's node has no usable RPC address ({rpc_addr:?})"))?;
+            let addr = rpc_addr.parse().map_err(|_| {
+                AllocCallError::failed(format!(
+                    "the allocation's node has no usable RPC address ({rpc_addr:?})"
+                ))
+            })?;
             return (self.forward)(addr, envelope(&self.region, body, true), RELAY_TIMEOUT)
                 .await
-                .map_err(|error| format!("the allocation's client cannot be reached: {error}"));
+                .map_err(|error| {
+                    AllocCallError::failed(format!("the allocation's client cannot be reached: {error}"))
+                });
         }
         self.call_servers(envelope(&self.region, body, false), RELAY_TIMEOUT)
             .await
+            .map_err(AllocCallError::failed)
     }
 
     /// A server's call to a client node (its `ClientCSI` calls): down the stream the node keeps
@@ -266,11 +272,11 @@ impl Service {
 
     /// Carries out `request` on this agent's client, or relays it toward the client that
     /// runs the allocation ([`Service::route`]).
-    pub async fn client_call<C: ClientCall>(&self, request: C, forwarded: bool) -> Result<C::Reply, String> {
+    pub async fn client_call<C: ClientCall>(&self, request: C, forwarded: bool) -> Result<C::Reply, AllocCallError> {
         let alloc_id = request.alloc_id().to_string();
         if let Some(client) = &self.client_csi {
             match request.clone().local(client.as_ref()).await {
-                Err(error) if error == unknown(&alloc_id) && !forwarded => {}
+                Err(error) if error.kind == AllocCallFailure::UnknownAlloc && !forwarded => {}
                 result => return result,
             }
         }
@@ -299,7 +305,7 @@ pub trait ClientCall: serde::Serialize + serde::de::DeserializeOwned + Clone + S
     fn response(payload: JsonPayload) -> ResponseBody;
     /// The JSON of this kind's answer in a response body.
     fn response_json(body: ResponseBody) -> Option<Vec<u8>>;
-    fn local(self, client: &dyn ClientCsi) -> BoxFuture<Result<Self::Reply, String>>;
+    fn local(self, client: &dyn ClientCsi) -> BoxFuture<Result<Self::Reply, AllocCallError>>;
 }
 
 /// `client_stats`: an allocation's resource usage (its JSON is the bare ID).
@@ -329,7 +335,7 @@ macro_rules! client_call {
                     _ => None,
                 }
             }
-            fn local(self, client: &dyn ClientCsi) -> BoxFuture<Result<$reply, String>> {
+            fn local(self, client: &dyn ClientCsi) -> BoxFuture<Result<$reply, AllocCallError>> {
                 $local(client, self)
             }
         }
@@ -393,6 +399,6 @@ client_call!(
                 Err(error) if error.kind == drover_core::error::ErrorKind::NotFound => Err(unknown(&request.alloc_id)),
                 answer => Ok(answer),
             }
-        }) as BoxFuture<Result<Result<Vec<String>, RpcError>, String>>
+        }) as BoxFuture<Result<Result<Vec<String>, RpcError>, AllocCallError>>
     }
 );

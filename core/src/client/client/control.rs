@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::client::AllocControl;
+use crate::error::AllocCallError;
 
 impl Client {
     pub(super) fn alloc_control(&mut self, now: Instant, req: u64, request: AllocControl) {
@@ -11,7 +12,7 @@ impl Client {
         let Some(runner) = self.allocs.get_mut(&alloc_id) else {
             self.actions.push_back(ClientAction::AllocControlled {
                 req,
-                result: Err(format!("Unknown allocation {alloc_id:?}")),
+                result: Err(AllocCallError::unknown_alloc(&alloc_id)),
             });
             return;
         };
@@ -27,7 +28,7 @@ impl Client {
                 let Some(number) = crate::structs::signal_number(&name) else {
                     self.actions.push_back(ClientAction::AllocControlled {
                         req,
-                        result: Err(format!("Invalid signal {name:?}")),
+                        result: Err(AllocCallError::invalid(format!("Invalid signal {name:?}"))),
                     });
                     return;
                 };
@@ -67,7 +68,7 @@ impl Client {
         if *left == 0 {
             let (_, error) = self.controls.remove(&req).expect("present");
             let result = match error {
-                Some(error) => Err(error),
+                Some(error) => Err(AllocCallError::failed(error)),
                 None => Ok(()),
             };
             self.actions.push_back(ClientAction::AllocControlled { req, result });

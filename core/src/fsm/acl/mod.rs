@@ -591,7 +591,7 @@ mod tests {
                 token: ott("o2", 2_000),
             },
         );
-        let denied = Response::Error(ErrorKind::Invalid, PERMISSION_DENIED.into());
+        let denied = Response::Error(ErrorKind::PermissionDenied, PERMISSION_DENIED.into());
         assert_eq!(at(&mut state, 4, 2_000, exchange("o1")), denied, "expired");
         assert_eq!(at(&mut state, 5, 1_500, exchange("o1")), Response::Done);
         assert_eq!(at(&mut state, 6, 1_500, exchange("o1")), denied, "spent");

@@ -92,7 +92,7 @@ impl AclState {
         changed: &mut Vec<Table>,
     ) -> Response {
         if !self.tokens.contains_key(&token.accessor_id) {
-            return Response::Error(ErrorKind::Invalid, PERMISSION_DENIED.into());
+            return Response::Error(ErrorKind::PermissionDenied, PERMISSION_DENIED.into());
         }
         self.one_time.retain(|_, held| held.expires_at_ms > at_ms);
         let mut token = token.clone();
@@ -108,7 +108,7 @@ impl AclState {
             Some(held) if held.expires_at_ms > at_ms && self.tokens.contains_key(&held.accessor_id) => {
                 held.accessor_id.clone()
             }
-            _ => return Response::Error(ErrorKind::Invalid, PERMISSION_DENIED.into()),
+            _ => return Response::Error(ErrorKind::PermissionDenied, PERMISSION_DENIED.into()),
         };
         self.drop_one_time_of(&accessor, changed);
         Response::Done

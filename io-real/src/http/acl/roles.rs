@@ -226,17 +226,12 @@ async fn one_time(State(handle): State<AgentHandle>, headers: HeaderMap) -> Resu
             modify_index: 0,
         },
     };
-    let index = apply(&handle, command).await.map_err(forbidden_if_denied)?;
+    let index = apply(&handle, command).await?;
     let stored = read(&handle, |state| state.acl().one_time_token(&secret).map(one_time_json))?.ok_or_else(denied)?;
     Ok((
         query_headers(&handle, index),
         axum::Json(json!({ "OneTimeToken": stored })),
     ))
-}
-
-/// The state machine refuses a one-time token with Nomad's text; the status is 403.
-fn forbidden_if_denied(error: ApiError) -> ApiError {
-    if error.1 == PERMISSION_DENIED { denied() } else { error }
 }
 
 #[derive(Default, Deserialize)]
@@ -261,8 +256,7 @@ async fn exchange(State(handle): State<AgentHandle>, body: axum::body::Bytes) ->
             secret: drover_core::structs::SecretText(secret),
         },
     )
-    .await
-    .map_err(forbidden_if_denied)?;
+    .await?;
     let token = read(&handle, |state| {
         state.acl().token(&accessor).map(|token| token_json(state, token, true))
     })?
