@@ -51,6 +51,8 @@ struct ServerHalf {
 /// only through Raft.
 #[derive(Debug)]
 pub struct Agent {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     server: Option<ServerHalf>,
 }
 
@@ -70,7 +72,10 @@ impl Agent {
             .with_core_gc(config.server.timing.core_gc)
             .with_scheduler_faults(config.server.scheduler_faults),
         });
-        Agent { server }
+        Agent {
+            clock: crate::time::Monotonic::default(),
+            server,
+        }
     }
 
     /// The cron arithmetic periodic jobs are launched by (see [`crate::periodic`]).
@@ -101,6 +106,7 @@ impl Agent {
     }
 
     pub fn handle(&mut self, now: Instant, input: Input, state: &ServerState) {
+        self.clock.observe(now);
         let Some(half) = &mut self.server else { return };
         half.server.set_autopilot(Self::autopilot(&half.server, state));
         match input {
@@ -120,6 +126,7 @@ impl Agent {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
+        self.clock.observe(now);
         let Some(half) = &mut self.server else { return };
         half.server.set_autopilot(Self::autopilot(&half.server, state));
         half.server.handle_timeout(now);

@@ -120,6 +120,8 @@ impl Phase {
 
 #[derive(Debug)]
 pub struct Bootstrap {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     expect: u32,
     region: String,
     self_id: u64,
@@ -147,6 +149,7 @@ impl Bootstrap {
         boot: BootState,
     ) -> Self {
         let mut bootstrap = Bootstrap {
+            clock: crate::time::Monotonic::default(),
             expect,
             region,
             self_id,
@@ -355,6 +358,7 @@ impl Bootstrap {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, members: &[MemberId], ops: &mut OpIds) {
+        self.clock.observe(now);
         match &mut self.phase {
             Phase::Waiting { next_evaluation } if *next_evaluation <= now => {
                 self.evaluate(now, members, ops);

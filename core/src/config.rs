@@ -878,3 +878,7 @@ impl Default for GcThresholds {
 /// Nomad's `max_kill_timeout` default: the longest a task waits between its kill signal and
 /// SIGKILL unless the client's config says otherwise.
 pub const DEFAULT_MAX_KILL_TIMEOUT: Duration = Duration::from_secs(30);
+const _: () = assert!(
+    crate::structs::DEFAULT_KILL_TIMEOUT.as_nanos() <= DEFAULT_MAX_KILL_TIMEOUT.as_nanos(),
+    "a task's default kill timeout is within the client's maximum"
+);

@@ -78,6 +78,8 @@ pub enum ElectionAction {
 
 #[derive(Debug)]
 pub struct Elections {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     self_id: u64,
     timing: ElectionTiming,
     /// The next check or candidacy.
@@ -103,6 +105,7 @@ pub struct Elections {
 impl Elections {
     pub fn new(now: Instant, self_id: u64, timing: ElectionTiming) -> Self {
         Elections {
+            clock: crate::time::Monotonic::default(),
             self_id,
             timing,
             next_at: Some(now + timing.failure_timeout),
@@ -190,6 +193,7 @@ impl Elections {
 
     /// The timer fired.
     pub fn handle_timeout(&mut self, now: Instant, rng: &mut ChaCha8Rng) -> Option<ElectionAction> {
+        self.clock.observe(now);
         if self.next_at.is_none_or(|at| at > now) || self.asking || self.pre_voting || !self.voter {
             return None;
         }

@@ -9,6 +9,7 @@
 //! sockets, and iterates only ordered collections. `tests/it/purity.rs` checks the dependency tree.
 
 #![no_std]
+#![forbid(unsafe_code)]
 extern crate alloc;
 #[cfg(test)]
 extern crate std;

@@ -139,6 +139,8 @@ pub struct MemberView {
 type Gossip = Foca<MemberId, PostcardCodec, ChaCha8Rng, NoCustomBroadcast>;
 
 pub struct Membership {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     me: MemberId,
     foca: Gossip,
     runtime: AccumulatingRuntime<MemberId>,
@@ -181,6 +183,7 @@ impl Membership {
         });
         let foca = Foca::new(me.clone(), config, ChaCha8Rng::seed_from_u64(seed), PostcardCodec);
         Membership {
+            clock: crate::time::Monotonic::default(),
             me,
             foca,
             runtime: AccumulatingRuntime::new(),
@@ -215,6 +218,7 @@ impl Membership {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock.observe(now);
         while let Some(entry) = self.timers.first_entry() {
             if entry.key().0 > now {
                 break;

@@ -201,6 +201,8 @@ enum Pending {
 
 #[derive(Debug)]
 pub struct Server {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     config: ServerConfig,
     consul: crate::config::ConsulConfig,
     region: String,
@@ -280,6 +282,7 @@ impl Server {
         );
         let consul_enabled = config.consul.address.is_some();
         let mut this = Server {
+            clock: crate::time::Monotonic::default(),
             config: server.clone(),
             consul: config.consul.clone(),
             region: config.region.clone(),
@@ -319,6 +322,7 @@ impl Server {
     }
 
     pub fn handle(&mut self, now: Instant, input: Input) {
+        self.clock.observe(now);
         match input {
             Input::GossipReceived { data } => self.membership.handle_packet(now, &data),
             Input::Join { addrs } => {
@@ -403,6 +407,7 @@ impl Server {
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock.observe(now);
         self.membership.handle_timeout(now);
         let members = self.membership.live_members();
         self.bootstrap.handle_timeout(now, &members, &mut self.ops);

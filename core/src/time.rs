@@ -19,6 +19,27 @@ pub fn cluster_time_at(now: Instant, at_ms: u64, cluster_now_ms: u64) -> Instant
     now + Duration::from_millis(at_ms.saturating_sub(cluster_now_ms))
 }
 
+/// The contract every machine keeps with its driver: the `now` handed to `handle*` never runs
+/// back. A driver that fed a wall clock stepped back would move every deadline; debug and
+/// simulation builds stop at the first such call, naming both instants.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Monotonic {
+    last: Option<Instant>,
+}
+
+impl Monotonic {
+    #[track_caller]
+    pub fn observe(&mut self, now: Instant) {
+        if let Some(last) = self.last {
+            debug_assert!(now >= last, "time ran backwards: now {now:?} after {last:?}");
+            if now < last {
+                return;
+            }
+        }
+        self.last = Some(now);
+    }
+}
+
 #[derive(Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Instant {
     nanos: u64,

@@ -44,6 +44,11 @@ use crate::time::Instant;
 pub const CLAIM_BACKOFF_START: Duration = Duration::from_secs(1);
 pub const CLAIM_BACKOFF_MAX: Duration = Duration::from_secs(60);
 pub const CLAIM_RETRY_CAP: Duration = Duration::from_secs(24 * 60 * 60);
+const _: () = assert!(
+    CLAIM_BACKOFF_START.as_nanos() < CLAIM_BACKOFF_MAX.as_nanos()
+        && CLAIM_BACKOFF_MAX.as_nanos() < CLAIM_RETRY_CAP.as_nanos(),
+    "claim backoff starts below its cap, which is below the give-up time"
+);
 
 /// What `csi_hook` keeps per volume so it can restore instead of claiming again.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -172,6 +177,8 @@ enum PrerunVerdict {
 
 #[derive(Debug)]
 pub struct AllocRunner {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     spec: AllocSpec,
     local: LocalAllocState,
     phase: Phase,
@@ -266,6 +273,7 @@ impl AllocRunner {
         let mut waiting_for: BTreeSet<String> = spec.alloc.preempted_allocations.iter().cloned().collect();
         waiting_for.extend(spec.alloc.previous_allocation.clone());
         AllocRunner {
+            clock: crate::time::Monotonic::default(),
             spec,
             local,
             phase: Phase::Idle,
@@ -546,6 +554,7 @@ impl AllocRunner {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {
+        self.clock.observe(now);
         if self.claim_retry_at.is_some_and(|at| now >= at) {
             self.claim_retry_at = None;
             if self.stop_requested {

@@ -283,6 +283,8 @@ struct Instance {
 
 #[derive(Debug)]
 pub struct Client {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     settings: ClientSettings,
     ops: OpIds,
     /// Operators' signals in flight: how many sends each still waits on, and the first error.
@@ -351,6 +353,7 @@ pub struct Client {
 impl Client {
     pub fn new(settings: ClientSettings) -> Self {
         Client {
+            clock: crate::time::Monotonic::default(),
             settings,
             ops: OpIds::default(),
             controls: BTreeMap::new(),
@@ -442,6 +445,7 @@ impl Client {
     }
 
     pub fn handle(&mut self, now: Instant, input: ClientInput) {
+        self.clock.observe(now);
         match input {
             ClientInput::Allocs {
                 allocs,
@@ -925,6 +929,7 @@ impl Client {
     // --- time -----------------------------------------------------------------------------
 
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.clock.observe(now);
         let due: Vec<Report> = self
             .reports_retry
             .iter()

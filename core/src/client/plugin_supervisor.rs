@@ -20,6 +20,10 @@ use crate::time::Instant;
 pub const PROBE_INTERVAL: Duration = Duration::from_secs(5);
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+const _: () = assert!(
+    PROBE_TIMEOUT.as_nanos() <= PROBE_INTERVAL.as_nanos() && PROBE_INTERVAL.as_nanos() < HEARTBEAT_INTERVAL.as_nanos(),
+    "a probe ends before the next one, and probes run between heartbeats"
+);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SupervisorOut {
@@ -65,6 +69,8 @@ impl Phase {
 
 #[derive(Clone, Debug)]
 pub struct PluginSupervisor {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     config: TaskCsiPluginConfig,
     alloc_id: String,
     socket: String,
@@ -93,6 +99,7 @@ impl PluginSupervisor {
     ) -> Self {
         let deadline = now + config.health_timeout;
         PluginSupervisor {
+            clock: crate::time::Monotonic::default(),
             config,
             alloc_id,
             socket,
@@ -124,6 +131,7 @@ impl PluginSupervisor {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds, out: &mut Vec<SupervisorOut>) {
+        self.clock.observe(now);
         if let Some((op, deadline)) = self.pending
             && now >= deadline
         {

@@ -183,6 +183,8 @@ impl Phase {
 
 #[derive(Debug)]
 pub struct TaskRunner {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     spec: TaskSpec,
     hooks: Vec<(TaskHook, TaskPhases)>,
     local: LocalTaskState,
@@ -238,6 +240,7 @@ impl TaskRunner {
         };
         let tracker = RestartTracker::new(policy, on_success, spec.seed);
         TaskRunner {
+            clock: crate::time::Monotonic::default(),
             spec,
             hooks,
             local,
@@ -595,6 +598,7 @@ impl TaskRunner {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {
+        self.clock.observe(now);
         if let Phase::RestartDelay { until } = self.phase
             && now >= until
         {

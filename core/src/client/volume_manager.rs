@@ -86,6 +86,8 @@ type VolumeKey = (String, String);
 
 #[derive(Debug)]
 pub struct VolumeManager {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     plugin: PluginMounts,
     /// (namespace, volume, usage) → allocations using it.
     usage: BTreeMap<(String, String, String), BTreeSet<String>>,
@@ -120,6 +122,7 @@ fn key_of(op: &VolumeOp) -> VolumeKey {
 impl VolumeManager {
     pub fn new(plugin: PluginMounts) -> Self {
         VolumeManager {
+            clock: crate::time::Monotonic::default(),
             plugin,
             usage: BTreeMap::new(),
             running: BTreeMap::new(),
@@ -604,6 +607,7 @@ impl VolumeManager {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, ops: &mut OpIds) {
+        self.clock.observe(now);
         let due: Vec<VolumeKey> = self
             .running
             .iter()

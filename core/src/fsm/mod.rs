@@ -594,7 +594,52 @@ impl ServerState {
         self.last_applied_time_ms = self.last_applied_time_ms.max(entry.at_unix_ms);
         let response = self.apply_command(index, entry.at_unix_ms, &entry.command);
         assert_eq!(self.last_applied, Some(index));
+        #[cfg(debug_assertions)]
+        self.check_derived(index);
         response
+    }
+
+    /// Debug and simulation builds: the derived indexes and summaries, as kept up by every
+    /// apply, equal what [`Self::rebuild_indexes`] derives from the tables. Every apply while
+    /// the state is small (tests, simulations), every 1024th once it is large.
+    #[cfg(debug_assertions)]
+    fn check_derived(&self, index: u64) {
+        if self.allocs.len() + self.evals.len() > 5_000 && !index.is_multiple_of(1024) {
+            return;
+        }
+        let mut derived = self.clone();
+        derived.rebuild_indexes();
+        let same =
+            |name: &str, kept: bool| assert!(kept, "derived index {name} diverged from its tables at index {index}");
+        same("allocs_by_job", derived.allocs_by_job == self.allocs_by_job);
+        same("allocs_by_node", derived.allocs_by_node == self.allocs_by_node);
+        same("next_allocs", derived.next_allocs == self.next_allocs);
+        same("evals_by_job", derived.evals_by_job == self.evals_by_job);
+        same(
+            "blocked_evals_by_job",
+            derived.blocked_evals_by_job == self.blocked_evals_by_job,
+        );
+        same(
+            "blocked_evals_by_snapshot",
+            derived.blocked_evals_by_snapshot == self.blocked_evals_by_snapshot,
+        );
+        same("pending_evals", derived.pending_evals == self.pending_evals);
+        same("failed_allocs", derived.failed_allocs == self.failed_allocs);
+        same("draining_nodes", derived.draining_nodes == self.draining_nodes);
+        same("summaries", derived.summaries == self.summaries);
+        same("volumes_by_node", derived.volumes_by_node == self.volumes_by_node);
+        same(
+            "deployments_by_job",
+            derived.deployments_by_job == self.deployments_by_job,
+        );
+        same(
+            "active_deployments",
+            derived.active_deployments == self.active_deployments,
+        );
+        same(
+            "active_deployments_by_modify",
+            derived.active_deployments_by_modify == self.active_deployments_by_modify,
+        );
     }
 
     /// One command at `index`; a batch's members one after another, all at that index.

@@ -37,6 +37,12 @@ pub const DEFAULT_LOCK_DELAY_MS: u64 = 15_000;
 /// expiries as fast as it could, and a day is Nomad's ceiling for both.
 pub const LOCK_TTL_MIN_MS: u64 = 1_000;
 pub const LOCK_DURATION_MAX_MS: u64 = 24 * 60 * 60 * 1_000;
+const _: () = assert!(
+    LOCK_TTL_MIN_MS <= DEFAULT_LOCK_TTL_MS
+        && DEFAULT_LOCK_TTL_MS <= LOCK_DURATION_MAX_MS
+        && DEFAULT_LOCK_DELAY_MS <= LOCK_DURATION_MAX_MS,
+    "a lock's defaults are within its bounds"
+);
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum VariableLockCommand {

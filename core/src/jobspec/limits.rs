@@ -19,6 +19,10 @@ use crate::structs::Job;
 pub const GROUP_COUNT_MAX: u32 = 10_000;
 /// At most this many allocations per job, over all its groups.
 pub const JOB_COUNT_MAX: u64 = 50_000;
+const _: () = assert!(
+    GROUP_COUNT_MAX as u64 <= JOB_COUNT_MAX,
+    "one group's count fits a job's"
+);
 /// At most this many task groups per job.
 pub const GROUPS_MAX: usize = 100;
 /// At most this many tasks per task group.

@@ -20,6 +20,10 @@ pub use limits::GROUP_COUNT_MAX;
 
 pub mod limits;
 pub const PRIORITY_DEFAULT: u32 = 50;
+const _: () = assert!(
+    PRIORITY_MIN <= PRIORITY_DEFAULT && PRIORITY_DEFAULT <= PRIORITY_MAX,
+    "the default priority is a valid one"
+);
 
 /// Every problem with `job` under the default limits, in order; empty when it may be
 /// registered.

@@ -116,6 +116,8 @@ const HELD_MAX: usize = 1024;
 /// The leader's machines behind one interface (see the module documentation).
 #[derive(Debug)]
 pub struct RpcEndpoints {
+    /// The last `now` handed in: time never runs back inside the machine.
+    clock: crate::time::Monotonic,
     leader: bool,
     /// No other server is known to lead: this one may be about to (elected, or its barrier
     /// not applied yet), so requests wait rather than fail.
@@ -144,6 +146,7 @@ impl RpcEndpoints {
         seed: u64,
     ) -> Self {
         RpcEndpoints {
+            clock: crate::time::Monotonic::default(),
             leader: false,
             // No leader is known when a server starts.
             holding: true,
@@ -247,6 +250,7 @@ impl RpcEndpoints {
     }
 
     pub fn handle(&mut self, now: Instant, input: Input, state: &ServerState) {
+        self.clock.observe(now);
         match input {
             Input::Request {
                 req,
@@ -285,6 +289,7 @@ impl RpcEndpoints {
     }
 
     pub fn handle_timeout(&mut self, now: Instant, state: &ServerState) {
+        self.clock.observe(now);
         self.fail_held(|until| until <= now);
         self.csi.handle_timeout(now, state, &mut self.out);
         self.si_tokens.handle_timeout(now, state, &mut self.out);

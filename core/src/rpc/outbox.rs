@@ -57,6 +57,7 @@ pub const MAX_IN_FLIGHT: usize = 2;
 
 /// Proposals in one batched entry at most, so an entry stays small to replicate.
 pub const MAX_BATCH: usize = 64;
+const _: () = assert!(MAX_IN_FLIGHT > 0 && MAX_BATCH > 0, "proposals make progress");
 
 /// What a proposal's landing hands back to the machine that made it.
 pub(super) type Landed = (JobId, Owner, Result<(u64, Response), alloc::string::String>);

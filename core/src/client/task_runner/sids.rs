@@ -21,6 +21,10 @@ pub const SI_TOKEN_MODE: u32 = 0o440;
 pub const SI_DERIVATION_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// The longest wait between two attempts.
 pub const SI_BACKOFF_CAP: Duration = Duration::from_secs(3 * 60);
+const _: () = assert!(
+    SI_BACKOFF_CAP.as_nanos() < SI_DERIVATION_TIMEOUT.as_nanos(),
+    "a derivation is retried at least once before it times out"
+);
 
 /// Where the hook is.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -48,6 +48,14 @@ pub const CONSUL_ACL_RATE: u32 = 500;
 pub const CONSUL_ACL_TIMEOUT: Duration = Duration::from_secs(10);
 pub const REVOKE_RETRY_MIN: Duration = Duration::from_secs(1);
 pub const REVOKE_RETRY_MAX: Duration = Duration::from_secs(60);
+const _: () = assert!(
+    REVOKE_RETRY_MIN.as_nanos() < REVOKE_RETRY_MAX.as_nanos(),
+    "revocation backoff grows"
+);
+const _: () = assert!(
+    MAX_PARALLEL_PER_DERIVE > 0 && CONSUL_ACL_RATE > 0,
+    "derivations make progress"
+);
 
 /// A call to Consul's ACL API the leader needs made.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
