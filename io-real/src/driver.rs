@@ -170,6 +170,7 @@ impl AgentHandle {
             .servers
             .lock()
             .expect("servers lock")
+            .servers()
             .iter()
             .map(ToString::to_string)
             .collect();
@@ -183,11 +184,12 @@ impl AgentHandle {
     /// Replaces the client's server list (`PUT /v1/agent/servers`); the next call starts at
     /// the first.
     pub fn set_client_servers(&self, servers: Vec<std::net::SocketAddr>) {
-        *self.inner.service.servers.lock().expect("servers lock") = servers;
         self.inner
             .service
-            .server_cursor
-            .store(0, std::sync::atomic::Ordering::SeqCst);
+            .servers
+            .lock()
+            .expect("servers lock")
+            .replace(servers);
     }
 
     pub fn node_id(&self) -> u64 {
@@ -723,15 +725,15 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         }),
         client_csi,
         state: applied.clone().zip(changes.clone()),
-        servers: Arc::new(Mutex::new(
+        servers: Arc::new(Mutex::new(drover_core::client::servers::ServerList::new(
             config
                 .client
                 .servers
                 .iter()
                 .filter_map(|addr| addr.parse().ok())
                 .collect(),
-        )),
-        server_cursor: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            discover.is_some(),
+        ))),
         discover,
         http: Arc::default(),
         leader_contact: leader_contact.clone(),
@@ -1708,10 +1710,8 @@ const REATTACH_PAUSE: Duration = Duration::from_secs(1);
 async fn stay_attached<T: Transport>(transport: T, service: Service, node_id: String, handler: RpcHandler) {
     let mut pause = REATTACH_FIRST;
     loop {
-        let servers = service.servers.lock().expect("servers lock").clone();
-        if !servers.is_empty() {
-            let at = service.server_cursor.load(std::sync::atomic::Ordering::SeqCst) % servers.len();
-            let addr = servers[at];
+        let preferred = service.servers.lock().expect("servers lock").preferred().copied();
+        if let Some(addr) = preferred {
             match transport.attach(addr, node_id.clone(), handler.clone()).await {
                 // A stream that was up and ended: attach again at once.
                 Ok(()) => pause = REATTACH_FIRST,

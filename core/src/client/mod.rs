@@ -20,6 +20,7 @@ pub mod plugin_supervisor;
 pub mod registry;
 pub mod restarts;
 pub mod server_link;
+pub mod servers;
 pub mod service_sync;
 pub mod services;
 pub mod task_runner;

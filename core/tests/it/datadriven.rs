@@ -1415,3 +1415,84 @@ mod authz_harness {
 fn rpc_authz() {
     run_dir("rpc_authz", authz_harness::new, authz_harness::run);
 }
+
+/// Which server a client-only agent calls (`client::servers`): `servers list=(a,b) [consul]`
+/// sets the known list (and whether Consul may be asked); `call answer=(a,b)` makes one call
+/// that the named servers would answer, each input line being what one Consul lookup
+/// returns (`-` for none); the output is every step the driver was told to take.
+mod servers_harness {
+    use drover_core::client::servers::{Next, ServerList};
+
+    use super::Directive;
+
+    pub fn new() -> ServerList<String> {
+        ServerList::new(Vec::new(), false)
+    }
+
+    fn names(text: &str) -> Vec<String> {
+        text.split([',', ' '])
+            .filter(|name| !name.is_empty() && *name != "-")
+            .map(String::from)
+            .collect()
+    }
+
+    fn describe(list: &ServerList<String>) -> String {
+        format!(
+            "known: {} preferred={}\n",
+            list.servers().join(","),
+            list.preferred().map_or("none", String::as_str)
+        )
+    }
+
+    pub fn run(list: &mut ServerList<String>, directive: &Directive) -> String {
+        let args = &directive.args;
+        match directive.command.as_str() {
+            "servers" => {
+                *list = ServerList::new(
+                    names(args.get("list").map_or("", String::as_str)),
+                    args.contains_key("consul"),
+                );
+                describe(list)
+            }
+            "call" => {
+                let answering = names(args.get("answer").map_or("", String::as_str));
+                let mut lookups = directive.input.iter();
+                let mut round = list.round();
+                let mut out = String::new();
+                loop {
+                    match list.next(&mut round) {
+                        Next::Call(server) if answering.contains(&server) => {
+                            out += &format!("call {server}: answered\n");
+                            list.answered(&round);
+                            break;
+                        }
+                        Next::Call(server) => out += &format!("call {server}: unreachable\n"),
+                        Next::Discover => {
+                            let found = names(lookups.next().map_or("-", String::as_str));
+                            out += &format!(
+                                "consul lists: {}\n",
+                                if found.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    found.join(",")
+                                }
+                            );
+                            list.discovered(&mut round, found);
+                        }
+                        Next::Exhausted => {
+                            out += "no server reachable\n";
+                            break;
+                        }
+                    }
+                }
+                out + &describe(list)
+            }
+            other => panic!("unknown directive {other}"),
+        }
+    }
+}
+
+#[test]
+fn servers() {
+    run_dir("servers", servers_harness::new, servers_harness::run);
+}

@@ -18,6 +18,7 @@ use crate::allocfs::FsRequest;
 use crate::exec::ExecRequest;
 use crate::logstream::LogsRequest;
 use drover_core::client::AllocControl;
+use drover_core::client::servers::{Next, ServerList};
 use drover_core::error::{CsiCallError, CsiCallFailure};
 pub use relay::{ClientCall, GcRequest, NodeCall, NodeCallKind, StatsRequest};
 
@@ -31,7 +32,7 @@ pub use rootkeys::RootKeyRequest;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -90,8 +91,7 @@ pub struct Service {
     pub state: Option<(AppliedState, Changes)>,
     /// A client-only agent's servers (`client { servers }`, or found through Consul), and
     /// the one to try first.
-    pub servers: Arc<Mutex<Vec<SocketAddr>>>,
-    pub server_cursor: Arc<AtomicUsize>,
+    pub servers: Arc<Mutex<ServerList<SocketAddr>>>,
     /// Finds servers in Consul's catalog (`consul { client_auto_join }`) when none is
     /// configured or none of those known answers.
     pub discover: Option<Discover>,
@@ -823,48 +823,41 @@ impl Service {
         }
     }
 
-    /// Sends `envelope` to the configured servers, starting with the last one that answered;
-    /// a transport failure moves on to the next. Errors only when none answered.
+    /// Sends `envelope` to the servers in the order the core's [`ServerList`] decides (the
+    /// last one that answered first, a Consul lookup when none is known or none answered).
+    /// Errors only when none answered.
     async fn call_servers(&self, envelope: AgentRequest, timeout: Duration) -> Result<AgentResponse, String> {
         if crate::buggify::fires(crate::buggify::CLIENT_RPC_UNREACHABLE) {
             return Err("no server reachable (injected)".into());
         }
         let mut failures = Vec::new();
-        let mut servers = self.servers.lock().expect("servers lock").clone();
-        if servers.is_empty() {
-            servers = self.discover_servers(&mut failures).await;
-        }
-        let mut rediscovered = false;
+        let mut round = self.servers.lock().expect("servers lock").round();
         loop {
-            let count = servers.len();
-            let start = self.server_cursor.load(Ordering::SeqCst);
-            for step in 0..count {
-                let position = (start + step) % count;
-                let addr = servers[position];
-                match (self.forward)(addr, envelope.clone(), timeout).await {
+            let next = self.servers.lock().expect("servers lock").next(&mut round);
+            match next {
+                Next::Call(addr) => match (self.forward)(addr, envelope.clone(), timeout).await {
                     Ok(response) => {
-                        self.server_cursor.store(position, Ordering::SeqCst);
+                        self.servers.lock().expect("servers lock").answered(&round);
                         return Ok(response);
                     }
                     Err(error) => failures.push(format!("{addr}: {error}")),
+                },
+                Next::Discover => {
+                    let found = self.discover_servers(&mut failures).await;
+                    self.servers.lock().expect("servers lock").discovered(&mut round, found);
                 }
+                Next::Exhausted => break,
             }
-            // None of those answered: servers found through Consul may have moved.
-            if rediscovered || count == 0 || self.discover.is_none() {
-                break;
-            }
-            rediscovered = true;
-            servers = self.discover_servers(&mut failures).await;
         }
         Err(format!("no server reachable ({})", failures.join("; ")))
     }
 
     /// Whether this agent can reach servers: configured ones, or Consul to find them.
     fn knows_servers(&self) -> bool {
-        self.discover.is_some() || !self.servers.lock().expect("servers lock").is_empty()
+        self.servers.lock().expect("servers lock").is_known()
     }
 
-    /// Asks Consul for the servers' RPC addresses and keeps them (`client_auto_join`).
+    /// Asks Consul for the servers' RPC addresses (`client_auto_join`).
     async fn discover_servers(&self, failures: &mut Vec<String>) -> Vec<SocketAddr> {
         let Some(discover) = &self.discover else {
             return Vec::new();
@@ -872,8 +865,6 @@ impl Service {
         match discover().await {
             Ok(found) if !found.is_empty() => {
                 tracing::info!(servers = ?found, "found servers through Consul");
-                *self.servers.lock().expect("servers lock") = found.clone();
-                self.server_cursor.store(0, Ordering::SeqCst);
                 found
             }
             Ok(_) => {
@@ -968,7 +959,7 @@ mod tests {
             }),
             client_csi: None,
             state: None,
-            servers: Arc::new(Mutex::new(Vec::new())),
+            servers: Arc::new(Mutex::new(ServerList::new(Vec::new(), false))),
             discover: None,
             attached: None,
             http: Arc::default(),
@@ -983,7 +974,6 @@ mod tests {
             skip_caller_check: false,
             acl_enabled: false,
             skip_token_check: false,
-            server_cursor: Arc::default(),
             metrics: crate::metrics::Metrics::new(),
         }
     }
