@@ -32,6 +32,7 @@ use crate::op::{OpId, OpIds};
 use crate::time::Instant;
 
 mod operator;
+pub mod snapshots;
 pub use operator::OperatorRequest;
 
 /// Deadline for adding one server to the Raft configuration (the learner must catch up).
@@ -116,6 +117,12 @@ pub enum Input {
         op: OpId,
         result: Result<u64, String>,
     },
+    /// The answer to [`Action::AskLogProgress`]: the last applied index and the last
+    /// snapshot's (0: none).
+    LogProgress {
+        applied: u64,
+        snapshot: u64,
+    },
     ConsulServersFound {
         op: OpId,
         result: Result<Vec<SocketAddr>, String>,
@@ -173,6 +180,10 @@ pub enum Action {
     AskLeaderContact,
     /// Ask every voter for a pre-vote; answer with [`Input::PreVoteAnswered`].
     PreVote,
+    /// Answer with [`Input::LogProgress`]: how far the log is applied and snapshotted.
+    AskLogProgress,
+    /// Snapshot the state now ([`snapshots::SnapshotPolicy`] decided it).
+    Snapshot,
     LookupConsul {
         op: OpId,
         service: String,
@@ -201,6 +212,8 @@ enum Pending {
 
 #[derive(Debug)]
 pub struct Server {
+    /// When to look whether a snapshot is due.
+    snapshots: snapshots::SnapshotPolicy,
     /// The last `now` handed in: time never runs back inside the machine.
     clock: crate::time::Monotonic,
     config: ServerConfig,
@@ -269,6 +282,12 @@ impl Server {
             generation: generation << 32,
             tags: Some(tags),
         };
+        let snapshots = snapshots::SnapshotPolicy::new(
+            now,
+            server.timing.snapshot_interval,
+            server.timing.snapshot_threshold,
+            seed,
+        );
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let membership = Membership::new(me, &server.timing.gossip, rng.random());
         let bootstrap = Bootstrap::new(
@@ -282,6 +301,7 @@ impl Server {
         );
         let consul_enabled = config.consul.address.is_some();
         let mut this = Server {
+            snapshots,
             clock: crate::time::Monotonic::default(),
             config: server.clone(),
             consul: config.consul.clone(),
@@ -349,6 +369,11 @@ impl Server {
             Input::PeersAnswered { op, result } => self.bootstrap.handle_peers(now, op, result, &mut self.ops),
             Input::RaftInitialized { op, result } => self.bootstrap.handle_initialized(op, result),
             Input::RaftObserved(view) => self.observe_raft(now, view),
+            Input::LogProgress { applied, snapshot } => {
+                if self.snapshots.wants_snapshot(applied, snapshot) {
+                    self.actions.push_back(Action::Snapshot);
+                }
+            }
             Input::LeaderContact { silent_for_ms } => {
                 let silent = silent_for_ms.map(Duration::from_millis);
                 let action = self.elections.contact(now, silent, &mut self.rng);
@@ -423,6 +448,9 @@ impl Server {
         }
         let action = self.elections.handle_timeout(now, &mut self.rng);
         self.election_action(action);
+        if self.snapshots.handle_timeout(now) {
+            self.actions.push_back(Action::AskLogProgress);
+        }
         self.after_input(now);
     }
 
@@ -439,6 +467,7 @@ impl Server {
             self.consul_poll_at,
             self.reconcile_at,
             self.elections.poll_timeout(),
+            Some(self.snapshots.poll_timeout()),
         ]
         .into_iter()
         .flatten()

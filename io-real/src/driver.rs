@@ -785,12 +785,6 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
             observer.clone(),
             metrics.clone(),
         ));
-        let timing = &config.server.timing;
-        tokio::spawn(crate::raft::snapshots::take_snapshots(
-            raft.clone(),
-            timing.snapshot_interval,
-            timing.snapshot_threshold,
-        ));
     }
 
     let gossip = if is_server {
@@ -1327,6 +1321,27 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     let granted = pre_vote(transport, region, voters, request, me, configs).await;
                     let _ = inbox.send(agent::Input::Server(I::PreVoteAnswered { granted }));
                 });
+            }
+            A::AskLogProgress => {
+                let Some(raft) = &self.raft else { return };
+                let metrics = raft.metrics().borrow().clone();
+                if metrics.running_state.is_err() {
+                    return;
+                }
+                let applied = metrics.last_applied.map_or(0, |log| log.index);
+                let snapshot = metrics.snapshot.map_or(0, |log| log.index);
+                let _ = self
+                    .inbox
+                    .send(agent::Input::Server(I::LogProgress { applied, snapshot }));
+            }
+            A::Snapshot => {
+                if let Some(raft) = self.raft.clone() {
+                    tokio::spawn(async move {
+                        if let Err(error) = raft.trigger().snapshot().await {
+                            tracing::debug!(%error, "no snapshot: Raft has stopped");
+                        }
+                    });
+                }
             }
             A::AskLeaderContact => {
                 let last = *self.leader_contact.lock().expect("contact lock");

@@ -1142,7 +1142,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["csi_leader_failover", "csi_controller_faults"],
         invariant: "at most one controller RPC in flight per plugin",
-        caught_by: ("csi_leader_failover", 0),
+        caught_by: ("csi_leader_failover", 1),
     },
     Switch {
         name: "create-name",
@@ -1282,7 +1282,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["real_clients_csi", "client_churn"],
         invariant: "liveness",
-        caught_by: ("real_clients_csi", 1),
+        caught_by: ("real_clients_csi", 2),
     },
     Switch {
         name: "7200",
@@ -1310,7 +1310,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "no task process outlives its task",
-        caught_by: ("client_churn", 15),
+        caught_by: ("client_churn", 14),
     },
     Switch {
         name: "25293",
@@ -1377,7 +1377,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm", "leader_killed"],
         invariant: "consistent reads are linearizable",
-        caught_by: ("swarm", 13),
+        caught_by: ("swarm", 6),
     },
     Switch {
         name: "read-no-apply-wait",
@@ -1391,7 +1391,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["leader_killed", "lossy_network", "read_storm"],
         invariant: "consistent reads are linearizable",
-        caught_by: ("lossy_network", 3),
+        caught_by: ("lossy_network", 17),
     },
     Switch {
         name: "unsynced-log",
@@ -1405,7 +1405,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["leader_killed", "restart_with_state"],
         invariant: "nothing acknowledged is lost",
-        caught_by: ("restart_with_state", 2),
+        caught_by: ("restart_with_state", 164),
     },
     Switch {
         name: "no-fail-stop",
@@ -1419,7 +1419,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "liveness",
-        caught_by: ("swarm", 0),
+        caught_by: ("swarm", 4),
     },
     Switch {
         name: "read-joins-round",
@@ -1433,7 +1433,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["read_storm", "leader_killed", "lossy_network"],
         invariant: "consistent reads are linearizable",
-        caught_by: ("read_storm", 0),
+        caught_by: ("read_storm", 3),
     },
     Switch {
         name: "unsynced-vote",
@@ -1447,7 +1447,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["restart_with_state", "leader_killed", "swarm"],
         invariant: "a server votes once per term",
-        caught_by: ("swarm", 1),
+        caught_by: ("swarm", 4),
     },
     Switch {
         name: "swallowed-log-error",
@@ -1463,7 +1463,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         // openraft's own check on the leader: a follower's log went back on entries it had
         // acknowledged ("follower log reversion"), reported as the server panicking.
         invariant: "no panic",
-        caught_by: ("swarm", 0),
+        caught_by: ("swarm", 24),
     },
     Switch {
         name: "learner-left-behind",
@@ -1477,7 +1477,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "every live server ends up a voter of the one cluster",
-        caught_by: ("swarm", 86),
+        caught_by: ("swarm", 884),
     },
     Switch {
         name: "no-handover",

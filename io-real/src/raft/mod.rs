@@ -5,7 +5,6 @@
 pub mod changes;
 mod log_cache;
 pub mod network;
-pub mod snapshots;
 pub mod store;
 
 use std::fmt;
