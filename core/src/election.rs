@@ -328,6 +328,52 @@ pub fn pre_vote_won(configs: &[BTreeSet<u64>], granted: &BTreeSet<u64>) -> bool 
             .all(|config| config.iter().filter(|id| granted.contains(id)).count() * 2 > config.len())
 }
 
+/// What a server knows of its leader when a candidate asks for its pre-vote.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaderHeard {
+    /// This server leads.
+    pub leading: bool,
+    /// This server follows a leader (another server).
+    pub following: bool,
+    /// How long since that leader's last AppendEntries arrived (`None`: none since start).
+    pub silent_for: Option<Duration>,
+    /// A follower grants only once its leader has been silent this long.
+    pub quiet: Duration,
+}
+
+/// Raft's pre-vote rule (thesis §9.6), its first half: a server grants only when it does not
+/// lead and has not heard a leader for `quiet`. A server that still hears its leader keeps a
+/// partitioned, returning server from disrupting the cluster.
+pub fn may_pre_vote(heard: &LeaderHeard) -> bool {
+    let quiet = heard.silent_for.is_none_or(|silent| silent >= heard.quiet);
+    !heard.leading && (!heard.following || quiet)
+}
+
+/// Its second half: the candidate's last log id (term, index) is at least as up to date as
+/// ours (`None`: an empty log).
+pub fn candidate_up_to_date(candidate: Option<(u64, u64)>, mine: Option<(u64, u64)>) -> bool {
+    candidate >= mine
+}
+
+/// The successor a leaving leader names: of the other voters, the one that acknowledged the
+/// most of its log (ties: the lowest id). `replication` is what the leader knows of each
+/// follower: its id and the last index it acknowledged.
+pub fn successor(me: u64, voters: &BTreeSet<u64>, replication: &[(u64, Option<u64>)]) -> Option<(u64, Option<u64>)> {
+    replication
+        .iter()
+        .filter(|(id, _)| *id != me && voters.contains(id))
+        .map(|(id, matched)| (*id, *matched))
+        .max_by_key(|(id, matched)| (*matched, core::cmp::Reverse(*id)))
+}
+
+/// Whether a leaving leader may name its successor now: some voter holds its whole log (or
+/// there is no other voter). Otherwise a write in flight can sit in one voter's log and not in
+/// the successor's, and that voter refuses the successor's vote (the simulation's
+/// `leader_stops_gracefully` seed 833: a normal election 240 ms later).
+pub fn successor_caught_up(successor: Option<(u64, Option<u64>)>, last_log_index: Option<u64>) -> bool {
+    successor.is_none_or(|(_, matched)| matched >= last_log_index)
+}
+
 #[cfg(test)]
 mod tests;
 

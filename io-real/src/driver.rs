@@ -576,13 +576,13 @@ impl AgentHandle {
     /// its log (ties: the lowest id), with the index it acknowledged.
     fn most_caught_up_voter(&self, metrics: &openraft::RaftMetrics<u64, ServerNode>) -> Option<(u64, Option<u64>)> {
         let voters: std::collections::BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
-        metrics
+        let replication: Vec<(u64, Option<u64>)> = metrics
             .replication
             .iter()
             .flatten()
-            .filter(|(id, _)| **id != self.inner.node_id && voters.contains(id))
             .map(|(id, matched)| (*id, matched.map(|log| log.index)))
-            .max_by_key(|(id, matched)| (*matched, std::cmp::Reverse(*id)))
+            .collect();
+        drover_core::election::successor(self.inner.node_id, &voters, &replication)
     }
 
     /// A leaving leader first waits, for at most a few heartbeats, until some voter has
@@ -597,8 +597,7 @@ impl AgentHandle {
         let patience = self.inner.config.server.timing.raft_heartbeat * 4;
         // Not the leader (no replication) or no other voter: nothing to wait for.
         let caught_up = |metrics: &openraft::RaftMetrics<u64, ServerNode>| {
-            self.most_caught_up_voter(metrics)
-                .is_none_or(|(_, matched)| matched >= metrics.last_log_index)
+            drover_core::election::successor_caught_up(self.most_caught_up_voter(metrics), metrics.last_log_index)
         };
         let _ = tokio::time::timeout(patience, async {
             while !caught_up(&metrics.borrow_and_update()) {

@@ -263,3 +263,63 @@ fn a_pre_vote_needs_a_majority_of_every_configuration() {
     // No membership: nothing to win.
     assert!(!pre_vote_won(&[], &ids(&[1])));
 }
+
+#[test]
+fn pre_vote_is_granted_to_an_up_to_date_candidate_once_the_leader_is_quiet() {
+    let heard = LeaderHeard {
+        leading: false,
+        following: true,
+        silent_for: Some(Duration::from_millis(100)),
+        quiet: Duration::from_millis(500),
+    };
+    assert!(!may_pre_vote(&heard), "the leader was heard 100 ms ago");
+    let quiet = LeaderHeard {
+        silent_for: Some(Duration::from_millis(500)),
+        ..heard
+    };
+    assert!(may_pre_vote(&quiet));
+    assert!(
+        may_pre_vote(&LeaderHeard {
+            silent_for: None,
+            ..heard
+        }),
+        "never heard since start"
+    );
+    assert!(
+        may_pre_vote(&LeaderHeard {
+            following: false,
+            ..heard
+        }),
+        "no leader known"
+    );
+    assert!(
+        !may_pre_vote(&LeaderHeard { leading: true, ..quiet }),
+        "a leader never grants"
+    );
+    let mine = Some((3, 10));
+    assert!(candidate_up_to_date(Some((3, 10)), mine));
+    assert!(!candidate_up_to_date(Some((3, 9)), mine), "a shorter log");
+    assert!(!candidate_up_to_date(Some((2, 50)), mine), "an older term");
+    assert!(candidate_up_to_date(Some((4, 1)), mine), "a newer term");
+    assert!(!candidate_up_to_date(None, mine), "an empty log against ours");
+    assert!(candidate_up_to_date(None, None));
+}
+
+#[test]
+fn the_successor_is_the_most_caught_up_other_voter_lowest_id_on_ties() {
+    let voters: BTreeSet<u64> = [1, 2, 3, 4].into();
+    let replication = [(2, Some(7)), (3, Some(9)), (4, Some(9)), (5, Some(12)), (1, Some(12))];
+    assert_eq!(
+        successor(1, &voters, &replication),
+        Some((3, Some(9))),
+        "5 is no voter, 1 is me"
+    );
+    assert_eq!(successor(1, &voters, &[(2, None)]), Some((2, None)));
+    assert_eq!(successor(1, &voters, &[]), None);
+    assert!(successor_caught_up(Some((3, Some(9))), Some(9)));
+    assert!(!successor_caught_up(Some((3, Some(8))), Some(9)));
+    assert!(
+        successor_caught_up(None, Some(9)),
+        "no other voter: nothing to wait for"
+    );
+}

@@ -671,25 +671,22 @@ impl Service {
         }
     }
 
-    /// Raft's pre-vote rule (thesis §9.6): granted when the candidate's log is at least as up
-    /// to date as ours and we have not heard a leader for `pre_vote_quiet` (and are none).
+    /// Raft's pre-vote rule as the core decides it (`election::may_pre_vote`, then
+    /// `election::candidate_up_to_date` against our log, read only when the first allows).
     fn pre_vote(&self, raft: &Raft, request: &PreVoteRequest) -> bool {
         let metrics = raft.metrics().borrow().clone();
-        if metrics.state == openraft::ServerState::Leader {
-            return false;
-        }
-        let quiet = self
-            .leader_contact
-            .lock()
-            .expect("contact lock")
-            .is_none_or(|at| at.elapsed() >= self.pre_vote_quiet);
-        if metrics.current_leader.is_some_and(|leader| leader != self.node_id) && !quiet {
+        let heard = drover_core::election::LeaderHeard {
+            leading: metrics.state == openraft::ServerState::Leader,
+            following: metrics.current_leader.is_some_and(|leader| leader != self.node_id),
+            silent_for: self.leader_contact.lock().expect("contact lock").map(|at| at.elapsed()),
+            quiet: self.pre_vote_quiet,
+        };
+        if !drover_core::election::may_pre_vote(&heard) {
             return false;
         }
         let Some(store) = &self.raft_store else { return false };
         let Ok(mine) = store.last_log_id() else { return false };
-        let mine = mine.map(|log| (log.leader_id.term, log.index));
-        request.last_log >= mine
+        drover_core::election::candidate_up_to_date(request.last_log, mine.map(|log| (log.leader_id.term, log.index)))
     }
 
     /// `Node.GetClientAllocs`: from this server's state, else from the configured servers.
