@@ -1240,7 +1240,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["real_clients_periodic"],
         invariant: "every time a periodic spec names is launched once or counted as skipped",
-        caught_by: ("real_clients_periodic", 0),
+        caught_by: ("real_clients_periodic", 6),
     },
     Switch {
         name: "cas-at-endpoint",
@@ -1377,7 +1377,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm", "leader_killed"],
         invariant: "consistent reads are linearizable",
-        caught_by: ("swarm", 6),
+        caught_by: ("swarm", 13),
     },
     Switch {
         name: "read-no-apply-wait",
@@ -1463,7 +1463,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         // openraft's own check on the leader: a follower's log went back on entries it had
         // acknowledged ("follower log reversion"), reported as the server panicking.
         invariant: "no panic",
-        caught_by: ("swarm", 24),
+        caught_by: ("swarm", 8),
     },
     Switch {
         name: "learner-left-behind",
@@ -1477,7 +1477,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "every live server ends up a voter of the one cluster",
-        caught_by: ("swarm", 884),
+        caught_by: ("swarm", 134),
     },
     Switch {
         name: "no-handover",

@@ -8,11 +8,13 @@
 //! serialised per volume), and tells the servers about allocation status and CSI fingerprints
 //! through the one narrow RPC interface.
 
+mod cadences;
 mod control;
 mod plugins;
 mod reports;
 mod restore;
 use crate::client::AllocControl;
+pub use cadences::{CONSUL_FINGERPRINT_INTERVAL, DRIVER_FINGERPRINT_INTERVAL, Fingerprint};
 use restore::RestoredUser;
 mod volumes;
 
@@ -161,6 +163,9 @@ pub const PERSIST_EVENT_INTERVAL: Duration = Duration::from_secs(300);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClientAction {
+    /// Take this fingerprint and hand it back (`ClientInput::Drivers` and `Devices`, or
+    /// `ConsulAttributes`): the client's cadence says it is due.
+    Fingerprint(Fingerprint),
     Io {
         op: OpId,
         io: Io,
@@ -283,6 +288,8 @@ struct Instance {
 
 #[derive(Debug)]
 pub struct Client {
+    /// When drivers and Consul are fingerprinted next.
+    cadences: cadences::Cadences,
     /// The last `now` handed in: time never runs back inside the machine.
     clock: crate::time::Monotonic,
     settings: ClientSettings,
@@ -353,6 +360,7 @@ pub struct Client {
 impl Client {
     pub fn new(settings: ClientSettings) -> Self {
         Client {
+            cadences: cadences::Cadences::default(),
             clock: crate::time::Monotonic::default(),
             settings,
             ops: OpIds::default(),
@@ -930,6 +938,7 @@ impl Client {
 
     pub fn handle_timeout(&mut self, now: Instant) {
         self.clock.observe(now);
+        self.fingerprint_due(now);
         let due: Vec<Report> = self
             .reports_retry
             .iter()
@@ -1060,6 +1069,7 @@ impl Client {
             .chain(volumes)
             .chain(allocs)
             .chain(reports)
+            .chain(self.cadences.poll_timeout())
             .min()
     }
 

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
+use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings, Fingerprint};
 use drover_core::client::deadlines;
 use drover_core::client::devices::{DeviceInstance, DevicePick, DeviceReservations};
 use drover_core::client::registry::PluginKind;
@@ -46,7 +46,7 @@ pub trait ClientExecutor: Send + Sync + 'static {
     fn execute(&self, io: Io) -> BoxFuture<Outcome>;
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult>;
     /// Every driver's fingerprint: its capabilities when detected and healthy, and its
-    /// attributes (taken again every [`DRIVER_FINGERPRINT_INTERVAL`]).
+    /// attributes (taken again at the core's cadence, `client::client::DRIVER_FINGERPRINT_INTERVAL`).
     fn fingerprint(&self) -> Vec<(String, DriverCapabilities, DriverInfo)>;
     /// Node attributes that do not belong to a driver (device fingerprints).
     fn node_attributes(&self) -> BTreeMap<String, String>;
@@ -92,8 +92,6 @@ pub trait TaskServices: Send + Sync + 'static {
     fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
 }
 
-/// How often the local Consul agent is fingerprinted (Nomad's consul fingerprinter period).
-pub const CONSUL_FINGERPRINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long one fingerprint may take before Consul counts as unreachable.
 const CONSUL_FINGERPRINT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -106,17 +104,6 @@ async fn consul_attributes(services: &Arc<dyn TaskServices>) -> BTreeMap<String,
             BTreeMap::new()
         }
         Err(_) => BTreeMap::new(),
-    }
-}
-
-/// Fingerprints Consul every [`CONSUL_FINGERPRINT_INTERVAL`] until the client stops.
-async fn fingerprint_consul(services: Arc<dyn TaskServices>, sender: mpsc::UnboundedSender<Message>) {
-    loop {
-        tokio::time::sleep(CONSUL_FINGERPRINT_INTERVAL).await;
-        let attributes = consul_attributes(&services).await;
-        if sender.send(Message::Consul(attributes)).is_err() {
-            return;
-        }
     }
 }
 
@@ -835,7 +822,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     node.status = NodeStatus::Ready;
     if let Some(services) = &services {
         node.attributes.extend(consul_attributes(services).await);
-        tokio::spawn(fingerprint_consul(services.clone(), sender.clone()));
+        client.enable_consul_fingerprint(core_now(epoch));
     }
     // The core registers the node (retrying until a server takes it), restores what the
     // store holds once it is registered, then heartbeats and syncs allocations.
@@ -854,7 +841,6 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
         executor: executor.clone(),
         services,
     };
-    tokio::spawn(fingerprint_drivers(executor.clone(), sender.clone()));
     let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, CsiCallError>>> = BTreeMap::new();
     let mut next_detach = 0u64;
     // One controller call at a time per plugin from this client, whoever sends it (#8336).
@@ -866,6 +852,24 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
         // Execute everything the core asked for.
         while let Some(action) = client.poll_action() {
             match action {
+                // The core's cadence: the driver manager's round (drivers, then devices), or
+                // the local Consul agent's attributes.
+                ClientAction::Fingerprint(Fingerprint::Drivers) => {
+                    let (executor, sender) = (world.executor.clone(), sender.clone());
+                    tokio::spawn(async move {
+                        let (fingerprints, devices) = fingerprint_off_loop(executor).await;
+                        let _ = sender.send(Message::Drivers(fingerprints));
+                        let _ = sender.send(Message::Devices(devices));
+                    });
+                }
+                ClientAction::Fingerprint(Fingerprint::Consul) => {
+                    if let Some(services) = world.services.clone() {
+                        let sender = sender.clone();
+                        tokio::spawn(async move {
+                            let _ = sender.send(Message::Consul(consul_attributes(&services).await));
+                        });
+                    }
+                }
                 ClientAction::Io { op, io } => {
                     let (sender, world) = (sender.clone(), world.clone());
                     tokio::spawn(async move {
@@ -1068,21 +1072,6 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     }
                 }
             }
-        }
-    }
-}
-
-/// How often drivers are fingerprinted again (Nomad's driver plugins re-check every 30 s).
-pub const DRIVER_FINGERPRINT_INTERVAL: Duration = Duration::from_secs(30);
-
-/// The driver manager's fingerprint stream: every driver, again and again; the core decides
-/// what changed and what to tell the servers.
-async fn fingerprint_drivers(executor: Arc<dyn ClientExecutor>, sender: mpsc::UnboundedSender<Message>) {
-    loop {
-        tokio::time::sleep(DRIVER_FINGERPRINT_INTERVAL).await;
-        let (fingerprints, devices) = fingerprint_off_loop(executor.clone()).await;
-        if sender.send(Message::Drivers(fingerprints)).is_err() || sender.send(Message::Devices(devices)).is_err() {
-            return;
         }
     }
 }

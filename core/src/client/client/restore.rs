@@ -20,6 +20,7 @@ impl Client {
     /// earlier run) are restored once the node is registered: a registration replaces the node
     /// record, so a report that landed before it would be wiped.
     pub fn connect(&mut self, now: Instant, node: Node, registry: Registry, saved: Vec<SavedAlloc>) {
+        self.cadences.start(now, cadences::Fingerprint::Drivers);
         self.pending_restore = Some((registry, saved));
         self.node_env = Arc::new(NodeEnv {
             node: node.clone(),
