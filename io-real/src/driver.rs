@@ -1713,26 +1713,20 @@ fn describe_call(request: &ClientCsiRequest) -> String {
     }
 }
 
-/// How long a client waits before attaching again: briefly at first (a client usually starts
-/// beside its servers, and until it attaches, requests for it fall back to dialing its RPC
-/// address, which may be unreachable), doubling up to [`REATTACH_PAUSE`] while attaching fails.
-const REATTACH_FIRST: Duration = Duration::from_millis(50);
-const REATTACH_PAUSE: Duration = Duration::from_secs(1);
-
 /// Keeps the client attached (`Agent.Attach`) to the server it talks to: the one that last
 /// answered it, or the next one after a stream ends.
 async fn stay_attached<T: Transport>(transport: T, service: Service, node_id: String, handler: RpcHandler) {
-    let mut pause = REATTACH_FIRST;
+    // How long to wait between attempts is the core's (`client::servers::AttachPause`).
+    let mut pause = drover_core::client::servers::AttachPause::default();
     loop {
         let preferred = service.servers.lock().expect("servers lock").preferred().copied();
         if let Some(addr) = preferred {
             match transport.attach(addr, node_id.clone(), handler.clone()).await {
                 // A stream that was up and ended: attach again at once.
-                Ok(()) => pause = REATTACH_FIRST,
+                Ok(()) => pause.stream_ended(),
                 Err(error) => tracing::debug!(%addr, %error, "attaching to a server failed"),
             }
         }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(REATTACH_PAUSE);
+        tokio::time::sleep(pause.next_pause()).await;
     }
 }

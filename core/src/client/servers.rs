@@ -11,6 +11,8 @@
 #[allow(unused_imports)]
 use crate::prelude::*;
 
+use core::time::Duration;
+
 /// The servers one agent knows, and the one to try first.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerList<A> {
@@ -122,5 +124,54 @@ impl<A: Clone + PartialEq> ServerList<A> {
         round.start = self.preferred;
         round.step = 0;
         round.list = found;
+    }
+}
+
+/// How long a client waits before attaching to its server again (`Agent.Attach`, the stream
+/// servers call the client down): briefly at first — a client usually starts beside its
+/// servers, and until it attaches, calls for it fall back to dialing its RPC address, which
+/// may be unreachable — doubling up to [`REATTACH_PAUSE`] while attaching fails; at once
+/// again after a stream that was up ends.
+pub const REATTACH_FIRST: Duration = Duration::from_millis(50);
+pub const REATTACH_PAUSE: Duration = Duration::from_secs(1);
+const _: () = assert!(REATTACH_FIRST.as_nanos() < REATTACH_PAUSE.as_nanos(), "the pause grows");
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttachPause {
+    next: Duration,
+}
+
+impl Default for AttachPause {
+    fn default() -> Self {
+        AttachPause { next: REATTACH_FIRST }
+    }
+}
+
+impl AttachPause {
+    /// A stream that was up ended: the next attach comes after the shortest pause.
+    pub fn stream_ended(&mut self) {
+        self.next = REATTACH_FIRST;
+    }
+
+    /// The pause before the next attempt; each one after it is twice as long, up to the cap.
+    pub fn next_pause(&mut self) -> Duration {
+        let pause = self.next;
+        self.next = (self.next * 2).min(REATTACH_PAUSE);
+        pause
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attach_pauses_double_to_a_second_and_start_over_after_a_stream() {
+        let mut pause = AttachPause::default();
+        let ms = |n| Duration::from_millis(n);
+        let taken: Vec<Duration> = (0..7).map(|_| pause.next_pause()).collect();
+        assert_eq!(taken, [ms(50), ms(100), ms(200), ms(400), ms(800), ms(1000), ms(1000)]);
+        pause.stream_ended();
+        assert_eq!(pause.next_pause(), ms(50));
     }
 }
