@@ -5,6 +5,7 @@
 
 mod client;
 mod datadriven;
+mod doc_paths;
 mod layers;
 mod purity;
 mod state_format;
