@@ -32,6 +32,7 @@ use crate::op::{OpId, OpIds};
 use crate::time::Instant;
 
 mod operator;
+pub mod reads;
 pub mod snapshots;
 pub use operator::OperatorRequest;
 

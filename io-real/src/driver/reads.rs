@@ -5,6 +5,7 @@
 //! A follower asks the leader for the index over the agent transport; the data never moves.
 //! `?stale` reads skip all of this and are answered from whatever the server has applied.
 
+use drover_core::server::reads::ReadRounds;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -101,48 +102,38 @@ async fn read_index(raft: &crate::raft::Raft) -> Result<u64, ReadError> {
     Ok(read.map(|log| log.index).unwrap_or(0))
 }
 
-/// Read indexes asked for at once share one quorum round (etcd batches ReadIndex the same way).
-///
-/// openraft 0.9 runs a heartbeat round to every follower for each `get_read_log_id`, and a
-/// follower's replication stream carries one request at a time: under hundreds of reads a
-/// second the rounds queued up behind each other and starved log replication (the
-/// `read_storm` simulation, seed 31: writes stalled for 20 s and 97% of the reads failed).
-/// Here at most one round runs; every read that arrives meanwhile waits for the next round,
-/// which starts after it arrived, so its index is still one the leader confirmed after the
-/// read began (what linearizability needs).
-#[derive(Clone, Default)]
+/// Runs the read-index rounds the core's [`ReadRounds`] decides (one at a time, each for the
+/// reads that were waiting when it started) against openraft.
+/// How one waiting read is answered.
+type ReadAnswer = oneshot::Sender<Result<u64, ReadError>>;
+
+#[derive(Clone)]
 pub struct ReadIndexBatcher {
-    inner: Arc<Mutex<Batch>>,
+    rounds: Arc<Mutex<ReadRounds<ReadAnswer>>>,
     /// The regression switch `RaftFaults::leader_reads_without_quorum`.
     without_quorum: bool,
-    /// The regression switch `RaftFaults::reads_join_running_round`.
-    join_running_round: bool,
 }
 
-#[derive(Default)]
-struct Batch {
-    running: bool,
-    waiting: Vec<oneshot::Sender<Result<u64, ReadError>>>,
+impl Default for ReadIndexBatcher {
+    fn default() -> Self {
+        ReadIndexBatcher::new(drover_core::config::RaftFaults::default())
+    }
 }
 
 impl ReadIndexBatcher {
-    /// A batcher that skips the quorum round when `faults` re-create that defect.
+    /// A batcher that skips the quorum round, or joins reads to the running one, when
+    /// `faults` re-create those defects.
     pub fn new(faults: drover_core::config::RaftFaults) -> Self {
         ReadIndexBatcher {
+            rounds: Arc::new(Mutex::new(ReadRounds::new(faults.reads_join_running_round))),
             without_quorum: faults.leader_reads_without_quorum,
-            join_running_round: faults.reads_join_running_round,
-            ..ReadIndexBatcher::default()
         }
     }
 
     /// The leader's read index from a quorum round that started after this call.
     pub async fn read_index(&self, raft: &crate::raft::Raft) -> Result<u64, ReadError> {
         let (answer, answered) = oneshot::channel();
-        let start = {
-            let mut batch = self.inner.lock().expect("read batch lock");
-            batch.waiting.push(answer);
-            !std::mem::replace(&mut batch.running, true)
-        };
+        let start = self.rounds.lock().expect("read rounds lock").ask(answer);
         if start {
             // Its own task: a caller that gives up must not strand the others.
             let (batcher, raft) = (self.clone(), raft.clone());
@@ -151,30 +142,19 @@ impl ReadIndexBatcher {
         answered.await.unwrap_or(Err(ReadError::NoLeader))
     }
 
-    /// Rounds until nobody waits: each answers the reads that were waiting when it started.
+    /// Rounds until nobody waits.
     async fn run(&self, raft: &crate::raft::Raft) {
         loop {
-            let mut waiting = {
-                let mut batch = self.inner.lock().expect("read batch lock");
-                if batch.waiting.is_empty() {
-                    batch.running = false;
-                    return;
-                }
-                if self.join_running_round {
-                    Vec::new()
-                } else {
-                    std::mem::take(&mut batch.waiting)
-                }
+            let Some(started_with) = self.rounds.lock().expect("read rounds lock").start_round() else {
+                return;
             };
             let index = if self.without_quorum {
                 Ok(raft.metrics().borrow().last_applied.map_or(0, |log| log.index))
             } else {
                 read_index(raft).await
             };
-            if self.join_running_round {
-                waiting = std::mem::take(&mut self.inner.lock().expect("read batch lock").waiting);
-            }
-            for answer in waiting {
+            let answering = self.rounds.lock().expect("read rounds lock").round_ended(started_with);
+            for answer in answering {
                 let _ = answer.send(index.clone());
             }
         }
