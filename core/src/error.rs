@@ -53,21 +53,58 @@ pub enum CsiCallFailure {
     Other,
 }
 
-/// A [`CsiCallFailure`] with the message the operator reads.
+/// A failure's kind — what a decision reads — with the message the operator reads. Carried
+/// over the wire as both; a bare message from an agent before the kind existed reads as
+/// [`LegacyKind::BARE`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct CsiCallError {
-    pub kind: CsiCallFailure,
+pub struct KindedError<K> {
+    pub kind: K,
     pub message: String,
 }
 
-impl CsiCallError {
-    pub fn new(kind: CsiCallFailure, message: impl Into<String>) -> Self {
-        CsiCallError {
+/// The kind a bare message from an older agent is read as.
+pub trait LegacyKind: Copy {
+    const BARE: Self;
+}
+
+impl<K> KindedError<K> {
+    pub fn new(kind: K, message: impl Into<String>) -> Self {
+        KindedError {
             kind,
             message: message.into(),
         }
     }
+}
 
+impl<K> core::fmt::Display for KindedError<K> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl<'de, K: LegacyKind + Deserialize<'de>> Deserialize<'de> for KindedError<K> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire<K> {
+            Typed { kind: K, message: String },
+            Bare(String),
+        }
+        Ok(match Wire::deserialize(deserializer)? {
+            Wire::Typed { kind, message } => KindedError { kind, message },
+            Wire::Bare(message) => KindedError::new(K::BARE, message),
+        })
+    }
+}
+
+/// A [`CsiCallFailure`] with the message the operator reads.
+pub type CsiCallError = KindedError<CsiCallFailure>;
+
+impl LegacyKind for CsiCallFailure {
+    const BARE: Self = CsiCallFailure::Other;
+}
+
+impl CsiCallError {
     pub fn other(message: impl Into<String>) -> Self {
         CsiCallError::new(CsiCallFailure::Other, message)
     }
@@ -83,12 +120,6 @@ impl CsiCallError {
     }
 }
 
-impl core::fmt::Display for CsiCallError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
 /// A failure with no kind the decisions care about.
 impl From<String> for CsiCallError {
     fn from(message: String) -> Self {
@@ -99,22 +130,6 @@ impl From<String> for CsiCallError {
 impl From<&str> for CsiCallError {
     fn from(message: &str) -> Self {
         CsiCallError::other(message)
-    }
-}
-
-/// Reads the typed error, and the bare message agents before it sent (kind `Other`).
-impl<'de> Deserialize<'de> for CsiCallError {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Wire {
-            Typed { kind: CsiCallFailure, message: String },
-            Bare(String),
-        }
-        Ok(match Wire::deserialize(deserializer)? {
-            Wire::Typed { kind, message } => CsiCallError { kind, message },
-            Wire::Bare(message) => CsiCallError::other(message),
-        })
     }
 }
 
@@ -138,20 +153,13 @@ pub enum AllocCallFailure {
 }
 
 /// An [`AllocCallFailure`] with the message the operator reads.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AllocCallError {
-    pub kind: AllocCallFailure,
-    pub message: String,
+pub type AllocCallError = KindedError<AllocCallFailure>;
+
+impl LegacyKind for AllocCallFailure {
+    const BARE: Self = AllocCallFailure::Failed;
 }
 
 impl AllocCallError {
-    pub fn new(kind: AllocCallFailure, message: impl Into<String>) -> Self {
-        AllocCallError {
-            kind,
-            message: message.into(),
-        }
-    }
-
     /// Nomad's `Unknown allocation "<id>"`.
     pub fn unknown_alloc(alloc_id: &str) -> Self {
         AllocCallError::new(
@@ -174,28 +182,6 @@ impl AllocCallError {
 
     pub fn failed(message: impl Into<String>) -> Self {
         AllocCallError::new(AllocCallFailure::Failed, message)
-    }
-}
-
-impl core::fmt::Display for AllocCallError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(&self.message)
-    }
-}
-
-/// Reads the typed error, and the bare message agents before it sent (kind `Failed`).
-impl<'de> Deserialize<'de> for AllocCallError {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Wire {
-            Typed { kind: AllocCallFailure, message: String },
-            Bare(String),
-        }
-        Ok(match Wire::deserialize(deserializer)? {
-            Wire::Typed { kind, message } => AllocCallError { kind, message },
-            Wire::Bare(message) => AllocCallError::failed(message),
-        })
     }
 }
 

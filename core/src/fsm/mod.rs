@@ -609,36 +609,30 @@ impl ServerState {
         }
         let mut derived = self.clone();
         derived.rebuild_indexes();
-        let same =
-            |name: &str, kept: bool| assert!(kept, "derived index {name} diverged from its tables at index {index}");
-        same("allocs_by_job", derived.allocs_by_job == self.allocs_by_job);
-        same("allocs_by_node", derived.allocs_by_node == self.allocs_by_node);
-        same("next_allocs", derived.next_allocs == self.next_allocs);
-        same("evals_by_job", derived.evals_by_job == self.evals_by_job);
-        same(
-            "blocked_evals_by_job",
-            derived.blocked_evals_by_job == self.blocked_evals_by_job,
-        );
-        same(
-            "blocked_evals_by_snapshot",
-            derived.blocked_evals_by_snapshot == self.blocked_evals_by_snapshot,
-        );
-        same("pending_evals", derived.pending_evals == self.pending_evals);
-        same("failed_allocs", derived.failed_allocs == self.failed_allocs);
-        same("draining_nodes", derived.draining_nodes == self.draining_nodes);
-        same("summaries", derived.summaries == self.summaries);
-        same("volumes_by_node", derived.volumes_by_node == self.volumes_by_node);
-        same(
-            "deployments_by_job",
-            derived.deployments_by_job == self.deployments_by_job,
-        );
-        same(
-            "active_deployments",
-            derived.active_deployments == self.active_deployments,
-        );
-        same(
-            "active_deployments_by_modify",
-            derived.active_deployments_by_modify == self.active_deployments_by_modify,
+        macro_rules! same {
+            ($($field:ident),+) => {$(
+                assert!(
+                    derived.$field == self.$field,
+                    "derived index {} diverged from its tables at index {index}",
+                    stringify!($field)
+                );
+            )+};
+        }
+        same!(
+            allocs_by_job,
+            allocs_by_node,
+            next_allocs,
+            evals_by_job,
+            blocked_evals_by_job,
+            blocked_evals_by_snapshot,
+            pending_evals,
+            failed_allocs,
+            draining_nodes,
+            summaries,
+            volumes_by_node,
+            deployments_by_job,
+            active_deployments,
+            active_deployments_by_modify
         );
     }
 
