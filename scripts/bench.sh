@@ -22,8 +22,8 @@ echo
 echo "== CSI claim+release cycles and 100k-volume snapshot (cargo bench -p drover --bench csi)"
 cargo bench -p drover --bench csi
 echo
-echo "== task start and stop with and without a cgroup per task (cargo bench -p drover-io-real --bench task_start)"
-cargo bench -p drover-io-real --bench task_start
+echo "== task start and stop with and without a cgroup per task (cargo bench -p drover-http --bench task_start)"
+cargo bench -p drover-http --bench task_start
 echo
 echo "== Connect: DeriveSIToken for 10 sidecars, the revocation loop with 10k accessors (cargo bench -p drover --bench connect)"
 cargo bench -p drover --bench connect
@@ -34,11 +34,11 @@ echo
 echo "== client -> server allocation updates under 1,000 task events/s (cargo bench -p drover-core --bench alloc_updates)"
 cargo bench -p drover-core --bench alloc_updates
 echo
-echo "== writes and a jobs page against 100k jobs, 1M allocations, 10k nodes (cargo bench -p drover-io-real --bench state_scale)"
-cargo bench -p drover-io-real --bench state_scale
+echo "== writes and a jobs page against 100k jobs, 1M allocations, 10k nodes (cargo bench -p drover-http --bench state_scale)"
+cargo bench -p drover-http --bench state_scale
 echo
-echo "== whole acknowledged writes through a real agent on that state, alone and with a reader looping on the jobs page (cargo bench -p drover-io-real --bench acked_writes)"
-cargo bench -p drover-io-real --bench acked_writes
+echo "== whole acknowledged writes through a real agent on that state, alone and with a reader looping on the jobs page (cargo bench -p drover-http --bench acked_writes)"
+cargo bench -p drover-http --bench acked_writes
 echo
 echo "== a big list does not stall the agent: status and writes while clients loop on GET /v1/jobs (cargo bench -p drover --bench read_stall)"
 cargo bench -p drover --bench read_stall

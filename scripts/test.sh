@@ -240,7 +240,7 @@ sim_commands() {
 fuzz() {
   local bin
   bin=$(binary fuzz target/test-binaries) || return
-  (cd io-real && "$bin" "$@")
+  (cd io-real/http && "$bin" "$@")
 }
 
 step tools tools

@@ -15,11 +15,11 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use drover_host::net::GrpcTransport;
+use drover_host::tls::agent::AgentTls;
+use drover_host::tls::issue::Role;
 use drover_io_real::io::Transport;
-use drover_io_real::net::GrpcTransport;
 use drover_io_real::service::envelope;
-use drover_io_real::tls::agent::AgentTls;
-use drover_io_real::tls::issue::Role;
 use drover_proto::agent::v1::StatusPeersRequest;
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use support::{Agent, cluster_specs, http, server_args, tls, wait_for};

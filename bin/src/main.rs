@@ -13,16 +13,16 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, HostExecutor, client_identity, start_client};
-use drover_io_real::consul::ConsulHttp;
+use drover_host::consul::ConsulHttp;
+use drover_host::net::GrpcTransport;
+use drover_host::tls::agent::AgentTls;
+use drover_host::{HostExecutor, client_identity};
+use drover_io_real::client::{ClientCsiRouter, ClientParts, start_client};
 use drover_io_real::devices::{DeviceManager, FakeDevicePlugin};
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
-use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{Consul, NoConsul, TracingObserver};
-use drover_io_real::net::GrpcTransport;
-use drover_io_real::tls::agent::AgentTls;
 
-use drover_io_real::agent_config::{self as config, Flags, Loaded};
+use drover_host::agent_config::{self as config, Flags, Loaded};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -183,9 +183,9 @@ fn main() -> ExitCode {
     // `alloc exec` into an `exec` task's namespaces, started by this agent's client.
     if std::env::args_os()
         .nth(1)
-        .is_some_and(|arg| arg == drover_io_real::nsexec::SUBCOMMAND)
+        .is_some_and(|arg| arg == drover_host::nsexec::SUBCOMMAND)
     {
-        return drover_io_real::nsexec::main(std::env::args_os().skip(2));
+        return drover_host::nsexec::main(std::env::args_os().skip(2));
     }
     // A `raw_exec` task on its way in, started by this agent's client without a fork.
     if std::env::args_os()
@@ -304,7 +304,7 @@ fn consul_http(config: &drover_core::config::AgentConfig, address: &str) -> anyh
 async fn run(loaded: Loaded) -> anyhow::Result<()> {
     let config = loaded.config.clone();
     let data_dir = PathBuf::from(config.data_dir.clone().context("no data dir")?);
-    let db = drover_io_real::disk::open_database(&data_dir)?;
+    let db = drover_host::disk::open_database(&data_dir)?;
     let is_client = config.client.enabled || config.dev_mode;
     let tls = match loaded.tls.enabled() {
         true => Some(Arc::new(
@@ -348,7 +348,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
             agent: handle.clone(),
             settings,
             executor: Arc::new(HostExecutor {
-                drivers: Drivers::builtin(
+                drivers: drover_host::drivers::builtin(
                     config.client.raw_exec_enabled,
                     config.client.mock_driver_enabled,
                     std::env::current_exe().ok(),
@@ -360,8 +360,9 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                     DeviceManager::default()
                 },
                 alloc_root: data_dir.join("alloc"),
+                exec: Default::default(),
             }),
-            store: ClientStore::open(&data_dir.join("client"))?,
+            store: drover_host::disk::open_client_store(&data_dir.join("client"))?,
             inbox,
             node,
             services: match &config.consul.address {
@@ -374,8 +375,8 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
     }
     let http_addr = SocketAddr::new(config.bind_addr, config.ports.http);
     let https = tls.clone().filter(|tls| tls.settings().http);
-    let sockets = drover_io_real::sockets::TokioSockets;
-    let bound = drover_io_real::http::serve_tls(&sockets, handle.clone(), http_addr, loaded.http_limits, https)
+    let sockets = drover_host::sockets::TokioSockets;
+    let bound = drover_http::serve_tls(&sockets, handle.clone(), http_addr, loaded.http_limits, https)
         .await
         .with_context(|| format!("failed to bind HTTP on {http_addr}"))?;
     if let Some(tls) = tls {
@@ -466,11 +467,11 @@ const DEV_DESTROY_LIMIT: std::time::Duration = std::time::Duration::from_secs(45
 /// first leader, the client's registration, fingerprint and allocation sync.
 const START_UP: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Drops the mappings of start-up-only code (`drover_io_real::memory`): most of an idle
+/// Drops the mappings of start-up-only code (`drover_host::memory`): most of an idle
 /// agent's resident memory. Code that runs again is mapped back by one minor fault.
 async fn release_start_up_code() {
     tokio::time::sleep(START_UP).await;
-    match drover_io_real::memory::release_code_pages() {
+    match drover_host::memory::release_code_pages() {
         Ok(released) => tracing::info!(
             kib = released.kib,
             mappings = released.mappings,
@@ -484,7 +485,7 @@ async fn release_start_up_code() {
 const HEAP_CHECK: std::time::Duration = std::time::Duration::from_secs(15);
 const HEAP_TRIM_THRESHOLD: usize = 32 << 20;
 
-/// Hands freed heap back to the kernel (`drover_io_real::memory::release_free_heap`): after a
+/// Hands freed heap back to the kernel (`drover_host::memory::release_free_heap`): after a
 /// purge and GC, or a burst of big requests, the agent's RSS falls back instead of staying at
 /// its peak.
 async fn release_free_heap() {
@@ -492,8 +493,7 @@ async fn release_free_heap() {
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        let freed =
-            tokio::task::spawn_blocking(|| drover_io_real::memory::release_free_heap(HEAP_TRIM_THRESHOLD)).await;
+        let freed = tokio::task::spawn_blocking(|| drover_host::memory::release_free_heap(HEAP_TRIM_THRESHOLD)).await;
         if let Ok(Some(freed)) = freed {
             tracing::debug!(
                 free_kib = freed.free >> 10,

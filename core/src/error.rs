@@ -1,7 +1,7 @@
 //! The kinds of failure the servers answer with, decided where the failure is known.
 //!
 //! A reply's [`ErrorKind`] is all the HTTP layer needs to pick a status code, in one place
-//! (`io-real/src/http/mod.rs`); no layer above the core reads an error's text to classify it.
+//! (`io-real/http/src/lib.rs`); no layer above the core reads an error's text to classify it.
 
 #[allow(unused_imports)]
 use crate::prelude::*;

@@ -328,14 +328,20 @@ pub async fn background<R: Send + 'static>(name: &str, work: impl FnOnce() -> R 
     }
 }
 
-/// Runs blocking work on tokio's blocking pool, or in place in a simulation (see
-/// [`simulate_on_this_thread`]). `None` when the work panicked.
-#[cfg(not(madsim))]
+/// Runs blocking work on tokio's blocking pool, or in place in a simulation (madsim's, and
+/// the turmoil lane's: see `simulate_on_this_thread`). `None` when the work panicked.
 pub async fn blocking<R: Send + 'static>(work: impl FnOnce() -> R + Send + 'static) -> Option<R> {
-    if in_simulation() {
-        return Some(work());
+    #[cfg(not(madsim))]
+    {
+        if in_simulation() {
+            return Some(work());
+        }
+        tokio::task::spawn_blocking(work).await.ok()
     }
-    tokio::task::spawn_blocking(work).await.ok()
+    #[cfg(madsim)]
+    {
+        Some(work())
+    }
 }
 
 /// Linux keeps a nice value per thread: this lowers the calling thread's only.

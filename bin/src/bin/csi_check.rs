@@ -49,8 +49,7 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async move {
         let check =
-            match drover_io_real::csi_check::Check::connect(&args.endpoint, work_dir.clone(), !args.controller_only)
-                .await
+            match drover_host::csi_check::Check::connect(&args.endpoint, work_dir.clone(), !args.controller_only).await
             {
                 Ok(check) => check,
                 Err(error) => {
@@ -62,7 +61,7 @@ fn main() -> ExitCode {
         println!("{report}");
         // Its own work dir goes; an operator's stays. Nothing that holds a file is deleted
         // (it may be a mount a case could not undo): it is named, and the run fails.
-        let left = drover_io_real::csi_check::remove_empty_dirs(&work_dir, given);
+        let left = drover_host::csi_check::remove_empty_dirs(&work_dir, given);
         if !left.is_empty() {
             eprintln!("drover-csi-check: could not clean up the work dir; left behind:");
             for path in &left {

@@ -184,7 +184,7 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
                 "Accessor ID".to_string(),
                 "Expired".to_string(),
             ]];
-            let now = drover_io_real::http::rfc3339(
+            let now = drover_http::rfc3339(
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
                     .map(|since| since.as_millis() as u64)
@@ -278,8 +278,8 @@ mod tests {
 
     #[test]
     fn a_token_is_expired_once_its_expiration_time_has_passed() {
-        let now = drover_io_real::http::rfc3339(1_800_000_000_000);
-        let at = |ms: u64| json!({ "ExpirationTime": drover_io_real::http::rfc3339(ms) });
+        let now = drover_http::rfc3339(1_800_000_000_000);
+        let at = |ms: u64| json!({ "ExpirationTime": drover_http::rfc3339(ms) });
         assert!(expired(&at(1_799_999_999_000), &now));
         assert!(!expired(&at(1_800_000_001_000), &now));
         assert!(!expired(&json!({ "ExpirationTime": null }), &now));

@@ -267,7 +267,7 @@ pub(super) fn format_unix_nanos(nanos: i64) -> String {
     if nanos < 1_000_000_000 {
         return String::new();
     }
-    let stamp = drover_io_real::http::rfc3339((nanos / 1_000_000) as u64);
+    let stamp = drover_http::rfc3339((nanos / 1_000_000) as u64);
     format!("{}Z", stamp.split('.').next().unwrap_or(&stamp))
 }
 

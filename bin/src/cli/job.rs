@@ -139,7 +139,7 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
                 text(&job["Status"]),
                 job["SubmitTime"]
                     .as_i64()
-                    .map(|nanos| drover_io_real::http::rfc3339((nanos / 1_000_000) as u64))
+                    .map(|nanos| drover_http::rfc3339((nanos / 1_000_000) as u64))
                     .unwrap_or_default(),
             ]);
         }

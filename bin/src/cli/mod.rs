@@ -474,13 +474,13 @@ impl Api {
         let skip = global.tls_skip_verify
             || std::env::var("NOMAD_SKIP_VERIFY")
                 .is_ok_and(|value| matches!(value.as_str(), "1" | "true" | "TRUE" | "True" | "t" | "T"));
-        let settings = drover_io_real::tls::ClientTls {
+        let settings = drover_host::tls::ClientTls {
             ca_file: &ca,
             cert_file: &cert,
             key_file: &key,
             verify: !skip,
         };
-        let config = drover_io_real::tls::client_config(&settings)
+        let config = drover_host::tls::client_config(&settings)
             .map_err(|error| Failure(format!("Error setting up TLS: {error}"), 1))?;
         Ok(std::sync::Arc::new(config))
     }

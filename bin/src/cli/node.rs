@@ -74,7 +74,7 @@ pub(super) fn now_stamp() -> String {
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |elapsed| elapsed.as_millis() as u64);
-    drover_io_real::http::rfc3339(millis)
+    drover_http::rfc3339(millis)
 }
 
 pub(super) fn node_drain(api: &Api, prefix: &str, options: DrainOptions) -> Result<(), Failure> {

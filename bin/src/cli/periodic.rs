@@ -35,7 +35,7 @@ pub(super) fn next_launch(job: &Value) -> Option<String> {
     let wait = std::time::Duration::from_secs((next.saturating_sub(now)).div_ceil(1000));
     Some(format!(
         "{} ({} from now)",
-        drover_io_real::http::rfc3339(next),
+        drover_http::rfc3339(next),
         drover_core::goduration::format(wait)
     ))
 }

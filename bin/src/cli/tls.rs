@@ -5,7 +5,7 @@ use std::net::IpAddr;
 use std::path::Path;
 
 use clap::Subcommand;
-use drover_io_real::tls::issue::{self, CertRequest, Role};
+use drover_host::tls::issue::{self, CertRequest, Role};
 
 use super::Failure;
 

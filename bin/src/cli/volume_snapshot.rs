@@ -93,7 +93,7 @@ fn snapshot_table(snapshots: &[Value], verbose: bool) -> String {
             text(&snapshot["ID"]),
             limit(&text(&snapshot["ExternalSourceVolumeID"]), length),
             drover_core::humanize::ibytes(snapshot["SizeBytes"].as_u64().unwrap_or(0)),
-            drover_io_real::http::rfc3339(seconds * 1000).replace(".000Z", "Z"),
+            drover_http::rfc3339(seconds * 1000).replace(".000Z", "Z"),
             text(&snapshot["IsReady"]),
         ]);
     }

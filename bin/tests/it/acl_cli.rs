@@ -214,7 +214,7 @@ fn the_acl_commands_bootstrap_write_policies_and_tokens_and_revoke_them() {
     assert!(out.contains("ACL token not found"), "{out}");
 }
 
-#[path = "../../../io-real/tests/it/support/idp.rs"]
+#[path = "../../../io-real/http/tests/it/support/idp.rs"]
 mod idp;
 
 /// An agent with ACLs on, bootstrapped: the agent, its HTTP port and what `acl bootstrap`

@@ -16,12 +16,12 @@ use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
     DesiredStatus, Job, JobType, Task, TaskCsiPluginConfig, TaskGroup, VolumeMount, VolumeRequest, VolumeType,
 };
-use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, HostExecutor, client_identity, start_client};
+use drover_host::net::GrpcTransport;
+use drover_host::{HostExecutor, client_identity};
+use drover_io_real::client::{ClientCsiRouter, ClientParts, start_client};
 use drover_io_real::devices::{DeviceManager, FakeDevicePlugin};
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
-use drover_io_real::drivers::Drivers;
 use drover_io_real::io::{NoConsul, TracingObserver};
-use drover_io_real::net::GrpcTransport;
 
 const PLUGIN: &str = env!("CARGO_BIN_EXE_drover-csi-fake");
 
@@ -158,7 +158,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
     config.server.bootstrap_expect = 1;
     config.client.enabled = true;
     let (router, inbox) = ClientCsiRouter::new();
-    let db = drover_io_real::disk::open_database(dir.path()).unwrap();
+    let db = drover_host::disk::open_database(dir.path()).unwrap();
     let handle = start_agent(AgentParts {
         config: config.clone(),
         db,
@@ -177,17 +177,18 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
         agent: handle.clone(),
         settings,
         executor: Arc::new(HostExecutor {
-            drivers: Drivers::builtin(true, false, Some(env!("CARGO_BIN_EXE_agent").into())),
+            drivers: drover_host::drivers::builtin(true, false, Some(env!("CARGO_BIN_EXE_agent").into())),
             devices: DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(1))),
             alloc_root: dir.path().join("alloc"),
+            exec: Default::default(),
         }),
-        store: ClientStore::open(&dir.path().join("client")).unwrap(),
+        store: drover_host::disk::open_client_store(&dir.path().join("client")).unwrap(),
         inbox,
         node,
         services: None,
     })
     .unwrap();
-    let http = drover_io_real::http::serve(handle.clone(), (ip, ports.http).into(), Default::default())
+    let http = drover_http::serve(handle.clone(), (ip, ports.http).into(), Default::default())
         .await
         .unwrap();
     until("the node to register", &handle, |state| {

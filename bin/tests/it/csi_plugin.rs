@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use drover_io_real::csi::CsiClient;
+use drover_host::csi::CsiClient;
 use drover_proto::csi::v1 as csi;
 use tonic::Code;
 

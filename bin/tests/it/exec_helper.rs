@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use drover_core::client::{MountConfig, TaskConfig};
 use drover_core::structs::{ConfigValue, Propagation};
+use drover_host::drivers::process::ProcessDriver;
 use drover_io_real::drivers::TaskDriver;
-use drover_io_real::drivers::process::ProcessDriver;
 
 fn agent() -> PathBuf {
     env!("CARGO_BIN_EXE_agent").into()

@@ -20,11 +20,11 @@ use drover_core::error::ErrorKind;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::server::OperatorRequest;
 use drover_core::structs::{AllocClientReport, ClientStatus, Node, NodeStatus};
+use drover_host::net::GrpcTransport;
+use drover_host::tls::agent::AgentTls;
+use drover_host::tls::issue::Role;
 use drover_io_real::io::Transport;
-use drover_io_real::net::GrpcTransport;
 use drover_io_real::service::{server_envelope, server_reply};
-use drover_io_real::tls::agent::AgentTls;
-use drover_io_real::tls::issue::Role;
 use serde_json::{Value, json};
 use support::{
     AGENT, Agent, ChildGuard, ServerSpec, agreed_leader, cluster_specs, free_ports, server_args, tls, wait_for,

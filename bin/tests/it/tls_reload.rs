@@ -9,19 +9,19 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_io_real::tls::issue::Role;
+use drover_host::tls::issue::Role;
 use support::{Agent, cluster_specs, server_args, tls, wait_for};
 
 /// `GET path` over HTTPS trusting only `ca`: the status, or why the request failed.
 fn https_status(port: u16, ca: &Path, path: &str) -> Result<u16, String> {
     let ca = ca.display().to_string();
-    let settings = drover_io_real::tls::ClientTls {
+    let settings = drover_host::tls::ClientTls {
         ca_file: &ca,
         cert_file: "",
         key_file: "",
         verify: true,
     };
-    let config = drover_io_real::tls::client_config(&settings).map_err(|error| error.to_string())?;
+    let config = drover_host::tls::client_config(&settings).map_err(|error| error.to_string())?;
     let agent = ureq::AgentBuilder::new()
         .tls_config(Arc::new(config))
         .timeout(Duration::from_secs(5))

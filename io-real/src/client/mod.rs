@@ -12,10 +12,7 @@
 pub mod hoststats;
 mod store;
 pub use store::{CLIENT_STATE_FILE, ClientStore, ClientStoreError};
-#[cfg(not(madsim))]
-mod host;
-#[cfg(not(madsim))]
-pub use host::{HostExecutor, client_identity, host_networks, host_resources, interfaces};
+pub mod stats;
 
 use drover_core::error::{AllocCallError, CsiCallError, CsiCallFailure};
 use std::collections::BTreeMap;
@@ -62,16 +59,22 @@ pub trait ClientExecutor: Send + Sync + 'static {
     }
     /// A server's `ClientCSI` controller call, to the controller plugin at `socket`.
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>>;
-    /// `command` set up to run in a running task's context (`alloc exec`).
-    /// It leads a session of its own, with its stdin as the controlling terminal when `tty`.
-    #[cfg(not(madsim))]
-    fn exec_command(
+    /// Starts `command` in a running task's context (`alloc exec`) as a session of its own
+    /// (with its stdin as the controlling terminal when `tty`); the session's id.
+    fn exec_start(
         &self,
         _handle: &TaskHandle,
         _command: &[String],
         _tty: bool,
-    ) -> Result<tokio::process::Command, AllocCallError> {
-        Err(AllocCallError::invalid("exec is not supported on this client"))
+    ) -> BoxFuture<Result<u64, AllocCallError>> {
+        Box::pin(async { Err(AllocCallError::invalid("exec is not supported on this client")) })
+    }
+    /// A later step of a session [`Self::exec_start`] started.
+    fn exec_step(
+        &self,
+        _request: crate::exec::ExecRequest,
+    ) -> BoxFuture<Result<crate::exec::ExecReply, AllocCallError>> {
+        Box::pin(async { Err(AllocCallError::invalid("exec is not supported on this client")) })
     }
 }
 
@@ -227,16 +230,14 @@ impl ClientCsi for ClientCsiRouter {
         })
     }
 
-    #[cfg(not(madsim))]
     fn stats(&self, alloc_id: String) -> BoxFuture<Result<serde_json::Value, AllocCallError>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
             let view = view.ok_or_else(|| AllocCallError::unknown_alloc(&alloc_id))?;
-            crate::http::client::alloc_stats_json(&view, &alloc_id)
+            stats::alloc_stats_json(&view, &alloc_id)
         })
     }
 
-    #[cfg(not(madsim))]
     fn exec(&self, request: crate::exec::ExecRequest) -> BoxFuture<Result<crate::exec::ExecReply, AllocCallError>> {
         let view = self.view.get().cloned();
         Box::pin(async move {
@@ -336,9 +337,6 @@ pub struct ClientView {
     node_id: String,
     /// The previous host reading, for `/v1/client/stats`' CPU percentages.
     host_stats: Arc<hoststats::HostStatsSampler>,
-    /// `alloc exec` sessions.
-    #[cfg(not(madsim))]
-    exec: crate::exec::ExecSessions,
 }
 
 /// Each running task's last resource sample and when it was taken, by (allocation, task).
@@ -400,7 +398,6 @@ impl ClientView {
     }
 
     /// One step of an `alloc exec` session on this client.
-    #[cfg(not(madsim))]
     pub async fn exec(&self, request: crate::exec::ExecRequest) -> Result<crate::exec::ExecReply, AllocCallError> {
         let crate::exec::ExecRequest::Start {
             alloc_id,
@@ -409,7 +406,7 @@ impl ClientView {
             tty,
         } = request
         else {
-            return self.exec.step(request).await.map_err(AllocCallError::failed);
+            return self.executor.exec_step(request).await;
         };
         let handle = {
             let tasks = self.tasks.lock().unwrap();
@@ -423,8 +420,7 @@ impl ClientView {
                 .filter(|_| state.state.state == TaskStatus::Running)
                 .ok_or_else(|| AllocCallError::invalid(drover_core::client::task_runner::TASK_NOT_RUNNING))?
         };
-        let command = self.executor.exec_command(&handle, &command, tty)?;
-        let session = self.exec.start(command, tty).await.map_err(AllocCallError::failed)?;
+        let session = self.executor.exec_start(&handle, &command, tty).await?;
         Ok(crate::exec::ExecReply {
             session,
             ..Default::default()
@@ -653,8 +649,6 @@ pub fn start_client(mut parts: ClientParts) -> Result<ClientView, ClientStoreErr
         paths: parts.settings.paths.clone(),
         node_id: parts.node.id.clone(),
         host_stats: Arc::default(),
-        #[cfg(not(madsim))]
-        exec: crate::exec::ExecSessions::default(),
     };
     let _ = parts.inbox.view.set(view.clone());
     tokio::spawn(run(parts, (registry, allocs, devices), view.clone()));
@@ -1085,16 +1079,9 @@ type Fingerprints = (
 /// run commands, so production takes them on a blocking thread; a simulated host answers from
 /// memory.
 async fn fingerprint_off_loop(executor: Arc<dyn ClientExecutor>) -> Fingerprints {
-    #[cfg(not(madsim))]
-    {
-        crate::runtime::blocking(move || (executor.fingerprint(), executor.device_inventory()))
-            .await
-            .unwrap_or_default()
-    }
-    #[cfg(madsim)]
-    {
-        (executor.fingerprint(), executor.device_inventory())
-    }
+    crate::runtime::blocking(move || (executor.fingerprint(), executor.device_inventory()))
+        .await
+        .unwrap_or_default()
 }
 
 /// The driver's task-event stream for one task: its exit goes back to the core.

@@ -1,10 +1,8 @@
 //! The client's durable records in a redb database: the plugin registry, each allocation
 //! (with its job) and its runner state, and each task's runner state. Production opens a file
-//! ([`ClientStore::open`]); the simulation hands in a database on its crash disk.
+//! (`crate::disk::open_client_store`); the simulation hands in a database on its crash disk.
 
 use std::collections::BTreeMap;
-#[cfg(not(madsim))]
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use drover_core::client::alloc_runner::LocalAllocState;
@@ -37,21 +35,6 @@ impl ClientStore {
     /// The store over a database someone else opened (the simulation's crash disk).
     pub fn new(db: redb::Database) -> ClientStore {
         ClientStore { db: Arc::new(db) }
-    }
-
-    /// Opens (or creates) `<state_dir>/client.redb`.
-    #[cfg(not(madsim))]
-    pub fn open(state_dir: &Path) -> Result<ClientStore, ClientStoreError> {
-        let open = |reason: String| ClientStoreError::Open {
-            path: PathBuf::from(state_dir).join(CLIENT_STATE_FILE).display().to_string(),
-            reason,
-        };
-        std::fs::create_dir_all(state_dir).map_err(|error| open(error.to_string()))?;
-        let file = state_dir.join(CLIENT_STATE_FILE);
-        let db = redb::Database::create(&file).map_err(|error| open(error.to_string()))?;
-        crate::disk::owner_only(&file)
-            .map_err(|error| open(format!("cannot make it readable by its owner only: {error}")))?;
-        Ok(ClientStore { db: Arc::new(db) })
     }
 
     pub(crate) fn put<T: serde::Serialize>(&self, key: &str, value: &T) -> Result<(), ClientStoreError> {
@@ -205,10 +188,14 @@ impl ClientStore {
 mod tests {
     use super::*;
 
+    fn open_in(dir: &std::path::Path) -> ClientStore {
+        ClientStore::new(redb::Database::create(dir.join(CLIENT_STATE_FILE)).unwrap())
+    }
+
     #[test]
     fn store_round_trips_and_forgets_one_allocation() {
         let dir = tempfile::tempdir().unwrap();
-        let store = ClientStore::open(dir.path()).unwrap();
+        let store = open_in(dir.path());
         for id in ["a1", "a10"] {
             let alloc = Allocation {
                 id: id.into(),
@@ -238,7 +225,7 @@ mod tests {
         store.put("devices", &devices).unwrap();
         // Reopening sees the same records (they are on disk, not in memory).
         drop(store);
-        let reopened = ClientStore::open(dir.path()).unwrap();
+        let reopened = open_in(dir.path());
         assert_eq!(reopened.allocs().unwrap().len(), 1);
         assert_eq!(reopened.devices().unwrap(), devices);
     }
@@ -246,7 +233,7 @@ mod tests {
     #[test]
     fn records_of_an_agent_from_before_the_versioned_format_are_read() {
         let dir = tempfile::tempdir().unwrap();
-        let store = ClientStore::open(dir.path()).unwrap();
+        let store = open_in(dir.path());
         let alloc = Allocation {
             id: "old".into(),
             ..Allocation::default()
@@ -288,10 +275,10 @@ mod tests {
     #[test]
     fn the_node_secret_is_made_once_and_kept() {
         let dir = tempfile::tempdir().unwrap();
-        let secret = ClientStore::open(dir.path()).unwrap().secret_id().unwrap();
+        let secret = open_in(dir.path()).secret_id().unwrap();
         assert_eq!(secret.len(), 36, "{secret}");
         assert_eq!(&secret[14..15], "4", "{secret}");
-        let reopened = ClientStore::open(dir.path()).unwrap();
+        let reopened = open_in(dir.path());
         assert_eq!(reopened.secret_id().unwrap(), secret);
     }
 }

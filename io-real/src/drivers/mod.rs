@@ -1,6 +1,7 @@
 //! Task drivers: the `TaskDriver` I/O trait the client driver executes `StartTask`,
 //! `StopTask` and `RecoverTask` with, and the built-in drivers — `raw_exec` and `exec`
-//! (real child processes, production only) and `mock` (scripted, also in the simulation).
+//! (real child processes, in `drover-host`'s `drivers`) and `mock` (scripted, also in the
+//! simulation).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,11 +11,7 @@ use drover_core::client::{DriverCapabilities, ExitResult, IoError, TaskConfig, T
 
 use crate::io::BoxFuture;
 
-#[cfg(not(madsim))]
-pub mod cgroup;
 pub mod mock;
-#[cfg(not(madsim))]
-pub mod process;
 
 /// What a driver reports about itself on this host (Nomad's `DriverInfo`).
 pub use drover_core::structs::DriverInfo as DriverFingerprint;
@@ -53,13 +50,12 @@ pub trait TaskDriver: Send + Sync + 'static {
 
     /// `command` set up to run in the running task's context (`alloc exec`), leading a
     /// session of its own (with its stdin as the controlling terminal when `tty`).
-    #[cfg(not(madsim))]
     fn exec_command(
         &self,
         _handle: &TaskHandle,
         _command: &[String],
         _tty: bool,
-    ) -> Result<tokio::process::Command, IoError> {
+    ) -> Result<std::process::Command, IoError> {
         Err(IoError::new(
             drover_core::client::ErrorKind::Unsupported,
             format!("the {} driver does not support exec", self.name()),
@@ -131,52 +127,10 @@ impl Drivers {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<dyn TaskDriver>> {
         self.drivers.values()
     }
-
-    /// The built-in drivers of a production client; `raw_exec` only fingerprints as detected
-    /// when the operator enabled it (`plugin "raw_exec" { config { enabled = true } }`), mock
-    /// only when enabled too. With `logmon` (the agent binary), task output is rotated by log
-    /// collectors run from it.
-    #[cfg(not(madsim))]
-    pub fn builtin(raw_exec_enabled: bool, mock_enabled: bool, logmon: Option<std::path::PathBuf>) -> Self {
-        let with_logmon = |driver: process::ProcessDriver| match &logmon {
-            Some(agent) => driver.with_logmon(agent.clone()),
-            None => driver,
-        };
-        let raw_exec = with_logmon(process::ProcessDriver::raw_exec());
-        let raw_exec = if raw_exec_enabled {
-            raw_exec
-        } else {
-            raw_exec.disabled()
-        };
-        let drivers = Drivers::default()
-            .with(Arc::new(raw_exec))
-            .with(Arc::new(with_logmon(process::ProcessDriver::exec())));
-        // The scripted driver only where a client asked for it (Nomad has it in test builds).
-        if mock_enabled {
-            mock::MockDriver::NAMES.into_iter().fold(drivers, |drivers, name| {
-                drivers.with(Arc::new(mock::MockDriver::named(name)))
-            })
-        } else {
-            drivers
-        }
-    }
 }
 
 impl std::fmt::Debug for Drivers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_list().entries(self.drivers.keys()).finish()
-    }
-}
-
-#[cfg(all(test, not(madsim)))]
-mod tests {
-    use super::Drivers;
-
-    #[test]
-    fn the_mock_driver_exists_only_when_enabled() {
-        assert!(Drivers::builtin(true, false, None).get("mock").is_none());
-        assert!(Drivers::builtin(true, true, None).get("mock").is_some());
-        assert!(Drivers::builtin(true, true, None).get("mock_driver").is_some());
-        assert!(Drivers::builtin(false, false, None).get("exec").is_some());
     }
 }

@@ -249,7 +249,7 @@ fn decode<T: for<'a> Deserialize<'a>>(key: &str, bytes: &[u8]) -> Result<T, Stor
 }
 
 /// One stored Raft log record into its entry, as the log reader reads it (the fuzz targets in
-/// `io-real/fuzz` drive it with damaged records).
+/// `io-real/http/fuzz` drive it with damaged records).
 pub fn decode_log_record(bytes: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
     decode("raft_log", bytes)
 }

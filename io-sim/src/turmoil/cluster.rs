@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime};
 
 use drover_core::config::{Advertise, AgentConfig, Ports};
 use drover_core::fsm::ServerState;
+use drover_host::net::GrpcTransport;
 use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, start_client};
 use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use drover_io_real::io::NoConsul;
-use drover_io_real::net::GrpcTransport;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
@@ -469,13 +469,7 @@ async fn run_server(
             return Ok(());
         }
     };
-    if let Err(error) = drover_io_real::http::serve_with(
-        &sockets,
-        agent.clone(),
-        http,
-        drover_io_real::http::HttpLimits::default(),
-    )
-    .await
+    if let Err(error) = drover_http::serve_with(&sockets, agent.clone(), http, drover_http::HttpLimits::default()).await
     {
         recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
         return Ok(());
@@ -590,13 +584,7 @@ async fn run_client(node: ClientNode) -> turmoil::Result {
         recorder.violate("client starts", format!("{}: {error}", spec.name));
         return Ok(());
     }
-    if let Err(error) = drover_io_real::http::serve_with(
-        &sockets,
-        agent.clone(),
-        http,
-        drover_io_real::http::HttpLimits::default(),
-    )
-    .await
+    if let Err(error) = drover_http::serve_with(&sockets, agent.clone(), http, drover_http::HttpLimits::default()).await
     {
         recorder.violate("agent starts", format!("{}: HTTP API: {error}", spec.name));
         return Ok(());

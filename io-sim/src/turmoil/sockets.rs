@@ -6,8 +6,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use drover_host::sockets::Sockets;
 use drover_io_real::io::GossipSocket;
-use drover_io_real::sockets::Sockets;
 
 /// turmoil's TCP and UDP, and its DNS for the hosts the lane named.
 #[derive(Clone, Debug, Default)]

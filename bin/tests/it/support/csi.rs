@@ -11,8 +11,8 @@ use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, CsiControllerInfo, CsiInfo, CsiNodeInfo,
     CsiVolumeClaim, Node, NodeStatus, Secrets,
 };
+use drover_host::net::GrpcTransport;
 use drover_io_real::io::{RpcHandler, Transport};
-use drover_io_real::net::GrpcTransport;
 use drover_io_real::service::{server_envelope, server_reply};
 use drover_proto::agent::v1::agent_request::Body as RequestBody;
 use drover_proto::agent::v1::agent_response::Body as ResponseBody;

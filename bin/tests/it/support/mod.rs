@@ -520,7 +520,7 @@ pub fn submit(rpc: std::net::SocketAddr, request: drover_core::rpc::ServerReques
     for _ in 0..120 {
         let reply = runtime.block_on(async {
             let envelope = server_envelope("global", &request, "", false);
-            drover_io_real::net::GrpcTransport::default()
+            drover_host::net::GrpcTransport::default()
                 .call(rpc, envelope, Duration::from_secs(10))
                 .await
                 .map(server_reply)

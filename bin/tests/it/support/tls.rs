@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use drover_io_real::tls::agent::TlsSettings;
-use drover_io_real::tls::issue::{self, CertRequest, Role};
+use drover_host::tls::agent::TlsSettings;
+use drover_host::tls::issue::{self, CertRequest, Role};
 
 /// A CA called `name` under `dir`, and a server and a client certificate it signed:
 /// `ca.pem`, `<role>.pem`, `<role>-key.pem`. Returns `dir`.

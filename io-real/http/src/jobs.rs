@@ -1,0 +1,486 @@
+//! Jobs and evaluations: `/v1/jobs`, `/v1/job/:id` (+ `/allocations`, `/evaluations`,
+//! `/versions`), `/v1/evaluations`, `/v1/evaluation/:id`, in Nomad's JSON shapes. A
+//! register returns the evaluation it created; a bad job is refused with every problem.
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use drover_core::fsm::JobSummary;
+use drover_core::fsm::{ServerState, Table};
+use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::structs::{AllocMetric, Allocation, Evaluation, Job};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, parse_job_write, query_headers, render};
+use drover_io_real::driver::AgentHandle;
+use drover_io_real::jobs::ApiJob;
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct RegisterBody {
+    job: Option<ApiJob>,
+    /// `job run -check-index`: register only if the stored job's modify index is
+    /// `JobModifyIndex` (0: only if there is none).
+    #[serde(default)]
+    enforce_index: bool,
+    #[serde(default)]
+    job_modify_index: u64,
+}
+
+/// Nomad's `JobSummary`: allocations per task group by client status, kept by the state
+/// store on apply (`fsm::summary`); queued counts come from the job's blocked evaluations.
+fn summary(state: &ServerState, job: &Job, kept: &JobSummary) -> Value {
+    let groups: serde_json::Map<String, Value> = job
+        .task_groups
+        .iter()
+        .map(|group| {
+            let counts = kept.group(&group.name);
+            let queued: u32 = state
+                .job_blocked_evals(&job.namespace, &job.id)
+                .filter_map(|eval| eval.queued_allocations.get(&group.name))
+                .sum();
+            (
+                group.name.clone(),
+                json!({
+                    "Queued": queued,
+                    "Complete": counts.complete,
+                    "Failed": counts.failed,
+                    "Running": counts.running,
+                    "Starting": counts.starting,
+                    "Lost": counts.lost,
+                    "Unknown": 0,
+                }),
+            )
+        })
+        .collect();
+    json!({
+        "JobID": job.id,
+        "Namespace": job.namespace,
+        "Summary": groups,
+        "Children": children(state, job),
+        "CreateIndex": job.create_index,
+        "ModifyIndex": job.modify_index,
+    })
+}
+
+/// Nomad's `JobChildrenSummary` of a periodic parent (zeros for any other job).
+fn children(state: &ServerState, job: &Job) -> Value {
+    let (pending, running, dead) = state.children_summary(&job.namespace, &job.id);
+    json!({"Pending": pending, "Running": running, "Dead": dead})
+}
+
+/// Nomad's `JobRegisterResponse` (with its `QueryMeta`), as a register, a revert or a scale
+/// answers. A periodic parent is registered without an evaluation: `EvalCreateIndex` 0.
+pub(super) fn register_response(index: u64, eval_id: &str, job_modify_index: u64) -> Value {
+    json!({
+        "EvalID": eval_id,
+        "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
+        "JobModifyIndex": job_modify_index,
+        "Warnings": "",
+        "Index": index,
+        "LastContact": 0,
+        "KnownLeader": true,
+        "NextToken": "",
+    })
+}
+
+/// The job's status (Nomad's), from its kept summary.
+pub(crate) fn status(state: &ServerState, job: &Job) -> &'static str {
+    state.job_summary(&job.namespace, &job.id).status(job)
+}
+
+fn job_stub(state: &ServerState, job: &Job) -> Value {
+    let kept = state.job_summary(&job.namespace, &job.id);
+    json!({
+        "ID": job.id,
+        "ParentID": job.parent_id,
+        "Name": job.name,
+        "Namespace": job.namespace,
+        "Datacenters": job.datacenters,
+        "Type": job.job_type.as_str(),
+        "Priority": job.priority,
+        "Periodic": job.is_periodic(),
+        "ParameterizedJob": job.is_parameterized(),
+        "Stop": job.stop,
+        "Status": kept.status(job),
+        "StatusDescription": "",
+        "JobSummary": summary(state, job, &kept),
+        "CreateIndex": job.create_index,
+        "ModifyIndex": job.modify_index,
+        "JobModifyIndex": job.job_modify_index,
+        "SubmitTime": (job.submit_time_ms as i64).saturating_mul(1_000_000),
+    })
+}
+
+pub fn metric(metric: &AllocMetric) -> Value {
+    json!({
+        "NodesEvaluated": metric.nodes_evaluated,
+        "NodesFiltered": metric.nodes_filtered,
+        "NodesInPool": metric.nodes_evaluated,
+        "NodesAvailable": metric.nodes_available,
+        "ClassFiltered": {},
+        "ConstraintFiltered": metric.constraint_filtered,
+        "NodesExhausted": metric.nodes_exhausted,
+        "ClassExhausted": {},
+        "DimensionExhausted": metric.dimension_exhausted,
+        "QuotaExhausted": [],
+        "ScoreMetaData": [],
+        "AllocationTime": 0,
+        "CoalescedFailures": metric.coalesced_failures,
+    })
+}
+
+pub fn eval(eval: &Evaluation) -> Value {
+    json!({
+        "ID": eval.id,
+        "Namespace": eval.namespace,
+        "Priority": eval.priority,
+        "Type": eval.eval_type,
+        "TriggeredBy": eval.triggered_by,
+        "JobID": eval.job_id,
+        "JobModifyIndex": eval.job_modify_index,
+        "NodeID": eval.node_id,
+        "NodeModifyIndex": 0,
+        "DeploymentID": "",
+        "Status": eval.status,
+        "StatusDescription": eval.status_description,
+        "Wait": eval.wait_ms.saturating_mul(1_000_000),
+        "WaitUntil": "0001-01-01T00:00:00Z",
+        "NextEval": eval.next_eval,
+        "RelatedEvals": Value::Null,
+        "ClassEligibility": Value::Null,
+        "EscapedComputedClass": false,
+        "QuotaLimitReached": "",
+        "AnnotatePlan": false,
+        "FailedTGAllocs": if eval.failed_tg_allocs.is_empty() {
+            Value::Null
+        } else {
+            eval.failed_tg_allocs.iter().map(|(group, m)| (group.clone(), metric(m))).collect::<serde_json::Map<_, _>>().into()
+        },
+        "QueuedAllocations": eval.queued_allocations,
+        "BlockedEval": eval.blocked_eval,
+        "PreviousEval": eval.previous_eval,
+        "SnapshotIndex": eval.snapshot_index,
+        "CreateIndex": eval.create_index,
+        "ModifyIndex": eval.modify_index,
+        "CreateTime": (eval.create_time_ms as i64).saturating_mul(1_000_000),
+        "ModifyTime": (eval.modify_time_ms as i64).saturating_mul(1_000_000),
+    })
+}
+
+fn reply_error(reply: ServerReply) -> ApiError {
+    match reply {
+        ServerReply::Error(error) => error.into(),
+        other => ApiError(StatusCode::INTERNAL_SERVER_ERROR, format!("unexpected reply {other:?}")),
+    }
+}
+
+/// `PUT /v1/jobs` (or `/v1/job/:id`) body into the validated job it registers.
+pub fn decode_register(body: &[u8], path_id: Option<&str>) -> Result<Job, ApiError> {
+    // Nomad's Go client sends unset slices and maps as `null`: read as absent.
+    let body: RegisterBody = parse_job_write(body, "job")?;
+    let Some(api) = body.job else {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
+    };
+    if let Some(id) = path_id
+        && api.id != id
+    {
+        return Err(ApiError(StatusCode::BAD_REQUEST, "Job ID does not match name".into()));
+    }
+    api.to_job()
+        .map_err(|problems| ApiError(StatusCode::BAD_REQUEST, drover_core::jobspec::format_errors(&problems)))
+}
+
+async fn register(
+    handle: &AgentHandle,
+    body: &[u8],
+    path_id: Option<&str>,
+) -> Result<axum::response::Response, ApiError> {
+    let job = decode_register(body, path_id)?;
+    let checked: RegisterBody = parse_body(body, "job")?;
+    let enforce_index = checked.enforce_index.then_some(checked.job_modify_index);
+    match handle
+        .request_applied(ServerRequest::JobRegister {
+            job: Box::new(job),
+            enforce_index,
+        })
+        .await
+    {
+        ServerReply::JobRegistered {
+            index,
+            eval_id,
+            job_modify_index,
+        } => Ok((
+            query_headers(handle, index),
+            axum::Json(register_response(index, &eval_id, job_modify_index)),
+        )
+            .into_response()),
+        other => Err(reply_error(other)),
+    }
+}
+
+pub async fn register_jobs(
+    State(handle): State<AgentHandle>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    register(&handle, &body, None).await
+}
+
+pub async fn register_job(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
+    register(&handle, &body, Some(&id)).await
+}
+
+pub async fn list_jobs(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let (list, next) = super::read_list(&handle, move |state| {
+        let listed = list_page(state, &options, &filter);
+        filter.finish(listed)
+    })
+    .await
+    .transpose()?
+    .unwrap_or_default();
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
+}
+
+/// The page of job stubs `options` asks for, and the next page's token (`GET /v1/jobs`).
+pub(super) fn list_page(
+    state: &ServerState,
+    options: &QueryOptions,
+    filter: &super::page::ItemFilter,
+) -> (Vec<Value>, Option<String>) {
+    let every_namespace = options.namespace.as_deref() == Some("*");
+    let matching = state
+        .jobs()
+        .filter(|job| {
+            options
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == "*" || *ns == job.namespace)
+        })
+        .filter(|job| options.prefix.as_ref().is_none_or(|prefix| job.id.starts_with(prefix)))
+        .filter(|job| {
+            filter.keeps(|| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+        })
+        .map(|job| {
+            let token = if every_namespace {
+                format!("{}.{}", job.namespace, job.id)
+            } else {
+                job.id.clone()
+            };
+            (token, job)
+        });
+    let (jobs, next) = if every_namespace {
+        super::page::namespaced_page(matching, options)
+    } else {
+        super::page::page(matching, options)
+    };
+    let with_meta = options.meta.unwrap_or(false);
+    let stubs = jobs
+        .into_iter()
+        .map(|job| {
+            let mut stub = job_stub(state, job);
+            // `?meta=true`: each job's meta too (Nomad 1.5's `Meta`, left out otherwise).
+            if with_meta {
+                stub["Meta"] = json!(job.meta);
+            }
+            stub
+        })
+        .collect();
+    (stubs, next)
+}
+
+pub async fn get_job(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let namespace = namespace(&options);
+    let job = handle
+        .read_state(|state| {
+            state
+                .job(&namespace, &id)
+                .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+        })
+        .flatten();
+    match job {
+        Some(job) => Ok((query_headers(&handle, index), axum::Json(job))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
+    }
+}
+
+/// `GET /v1/job/:id/summary`: Nomad's `JobSummary`, allocations per task group by client
+/// status.
+pub async fn job_summary(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let namespace = namespace(&options);
+    let found = handle
+        .read_state(|state| {
+            state
+                .job(&namespace, &id)
+                .map(|job| summary(state, job, &state.job_summary(&namespace, &id)))
+        })
+        .flatten();
+    match found {
+        Some(summary) => Ok((query_headers(&handle, index), axum::Json(summary))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
+    }
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct DeregisterOptions {
+    #[serde(default, deserialize_with = "super::go_bool")]
+    purge: Option<bool>,
+    namespace: Option<String>,
+}
+
+pub async fn deregister_job(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<DeregisterOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let request = ServerRequest::JobStop {
+        namespace: options.namespace.unwrap_or_else(|| "default".into()),
+        job_id: id,
+        purge: options.purge.unwrap_or(false),
+    };
+    match handle.request_applied(request).await {
+        ServerReply::JobRegistered {
+            index,
+            eval_id,
+            job_modify_index,
+        } => Ok((
+            query_headers(&handle, index),
+            axum::Json(json!({
+                "EvalID": eval_id,
+                "EvalCreateIndex": index,
+                "JobModifyIndex": job_modify_index,
+                "Index": index,
+                "LastContact": 0,
+                "KnownLeader": true,
+            })),
+        )),
+        other => Err(reply_error(other)),
+    }
+}
+
+pub async fn job_allocations(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Allocs, &options).await?;
+    let namespace = namespace(&options);
+    let list: Vec<Value> = handle
+        .read_state(|state| {
+            // `all=true` includes the allocations of purged jobs of the same ID (Nomad's
+            // `anyCreateIndex`).
+            let all = options.all.as_deref().and_then(super::parse_bool).unwrap_or(false);
+            let allocs: Vec<&Allocation> = if all {
+                state
+                    .allocs()
+                    .filter(|alloc| alloc.namespace == namespace && alloc.job_id == id)
+                    .collect()
+            } else {
+                state.job_allocs(&namespace, &id).collect()
+            };
+            allocs
+                .into_iter()
+                .map(|alloc| render::alloc_stub(alloc, state))
+                .collect()
+        })
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn job_evaluations(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Evals, &options).await?;
+    let namespace = namespace(&options);
+    let list: Vec<Value> = handle
+        .read_state(|state| state.job_evals(&namespace, &id).map(eval).collect())
+        .unwrap_or_default();
+    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+}
+
+pub async fn job_versions(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Jobs, &options).await?;
+    let namespace = namespace(&options);
+    let versions = handle
+        .read_state(|state| {
+            let versions = state.job_versions(&namespace, &id);
+            (!versions.is_empty()).then(|| {
+                versions
+                    .into_iter()
+                    .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .flatten();
+    match versions {
+        Some(versions) => Ok((
+            query_headers(&handle, index),
+            axum::Json(json!({ "Versions": versions, "Diffs": Value::Null })),
+        )),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "job versions not found".into())),
+    }
+}
+
+pub async fn list_evaluations(
+    State(handle): State<AgentHandle>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let filter = super::page::ItemFilter::of(&options)?;
+    let index = block_on_table(&handle, Table::Evals, &options).await?;
+    let namespace = super::namespace(&options);
+    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+        let matching = state
+            .evals()
+            .filter(|e| super::in_namespace(&namespace, &e.namespace))
+            .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
+            .filter(|e| filter.keeps(|| eval(e)))
+            .map(|e| (e.id.clone(), e));
+        let (evals, next) = super::page::page(matching, &options);
+        filter.finish((evals.into_iter().map(eval).collect(), next))
+    })
+    .await
+    .transpose()?
+    .unwrap_or_default();
+    let mut headers = query_headers(&handle, index);
+    super::page::next_token_header(&mut headers, next);
+    Ok((headers, axum::Json(Value::Array(list))))
+}
+
+pub async fn get_evaluation(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+    Query(options): Query<QueryOptions>,
+) -> Result<impl IntoResponse, ApiError> {
+    let index = block_on_table(&handle, Table::Evals, &options).await?;
+    match handle.read_state(|state| state.eval(&id).map(eval)).flatten() {
+        Some(found) => Ok((query_headers(&handle, index), axum::Json(found))),
+        None => Err(ApiError(StatusCode::NOT_FOUND, "eval not found".into())),
+    }
+}

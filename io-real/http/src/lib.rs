@@ -1,0 +1,791 @@
+//! The HTTP API, in Nomad's shapes (reference §7): status, agent, variables, CSI volumes and
+//! plugins, and nodes. Reads answer from the agent's published status and applied state
+//! (blocking queries on a table's index); writes go through Raft.
+
+mod acl;
+mod allocs;
+mod hcl_guard;
+mod job_parse;
+mod job_plan;
+mod jobs;
+mod keyring;
+mod linger;
+mod rootkeys;
+
+pub(crate) use jobs::metric as jobs_metric;
+pub use render::rfc3339;
+pub(crate) mod client;
+mod cluster;
+mod csi;
+mod csi_snapshots;
+mod deployments;
+mod dispatch;
+mod evaluate;
+mod events;
+mod exec;
+mod forward;
+mod fs;
+mod fuzzy;
+mod metrics;
+mod monitor;
+mod namespaces;
+mod nodes;
+mod operator;
+mod page;
+mod periodic;
+mod query;
+mod reads;
+mod render;
+mod scaling;
+mod search;
+mod server;
+mod system;
+mod variables;
+
+pub use server::HttpLimits;
+
+/// Every write endpoint's body decoded and validated into what the endpoint sends on, with no
+/// agent: what the handlers call first, and what the fuzz targets (`io-real/http/fuzz`) drive.
+pub mod decode {
+    pub use super::allocs::{decode_restart as alloc_restart, decode_signal as alloc_signal};
+    pub use super::csi::decode_register as volume_register;
+    pub use super::jobs::decode_register as job_register;
+    pub use super::nodes::{decode_drain as node_drain, decode_eligibility as node_eligibility};
+    pub use super::variables::decode_put as variable_put;
+}
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use drover_core::fsm::Table;
+use drover_core::rpc::{ErrorKind, RpcError, ServerReply};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use drover_io_real::driver::{AgentHandle, AgentStatus, ApplyError};
+
+/// Blocking queries wait this long when `wait` is not given, and at most `WAIT_MAX` (Nomad:
+/// 5 and 10 minutes).
+const WAIT_DEFAULT: Duration = Duration::from_secs(300);
+const WAIT_MAX: Duration = Duration::from_secs(600);
+
+/// Binds the HTTP API on `addr` and serves it in a background task, within `limits`.
+pub async fn serve(handle: AgentHandle, addr: SocketAddr, limits: HttpLimits) -> std::io::Result<SocketAddr> {
+    serve_with(&drover_host::sockets::TokioSockets, handle, addr, limits).await
+}
+
+/// [`serve`] on `sockets` (the host's, or a simulated network's).
+pub async fn serve_with<S: drover_host::sockets::Sockets>(
+    sockets: &S,
+    handle: AgentHandle,
+    addr: SocketAddr,
+    limits: HttpLimits,
+) -> std::io::Result<SocketAddr> {
+    serve_tls(sockets, handle, addr, limits, None).await
+}
+
+/// [`serve_with`], as HTTPS when `tls` is given (`tls { http = true }`).
+pub async fn serve_tls<S: drover_host::sockets::Sockets>(
+    sockets: &S,
+    handle: AgentHandle,
+    addr: SocketAddr,
+    limits: HttpLimits,
+    tls: Option<std::sync::Arc<drover_host::tls::agent::AgentTls>>,
+) -> std::io::Result<SocketAddr> {
+    let listener = sockets.listen(addr).await?;
+    let bound = S::local_addr(&listener)?;
+    // The client endpoints reach this agent's client (if any) through the agent itself.
+    let app = server::with_body_limit(router(handle.clone()), limits);
+    // Requests client-only agents hand on are answered by this same API.
+    let forwarded_app = app.clone();
+    handle.serve_forwarded_http(std::sync::Arc::new(move |request| {
+        let app = forwarded_app.clone();
+        Box::pin(forward::answer(app, request))
+    }));
+    tokio::spawn(server::accept_loop::<S>(listener, app, limits, tls));
+    Ok(bound)
+}
+
+pub fn router(handle: AgentHandle) -> Router {
+    Router::new()
+        .route("/v1/status/leader", get(status_leader))
+        .route("/v1/status/peers", get(status_peers))
+        .route("/v1/regions", get(cluster::regions))
+        .route("/v1/event/stream", get(events::stream))
+        .route("/v1/metrics", get(metrics::get))
+        .route(
+            "/v1/search",
+            axum::routing::post(search::prefix_search).put(search::prefix_search),
+        )
+        .route(
+            "/v1/search/fuzzy",
+            axum::routing::post(fuzzy::fuzzy_search).put(fuzzy::fuzzy_search),
+        )
+        .route(
+            "/v1/agent/servers",
+            get(cluster::agent_servers)
+                .put(cluster::set_agent_servers)
+                .post(cluster::set_agent_servers),
+        )
+        .route(
+            "/v1/jobs/parse",
+            axum::routing::post(job_parse::parse_job).put(job_parse::parse_job),
+        )
+        .route(
+            "/v1/validate/job",
+            axum::routing::put(job_parse::validate_job).post(job_parse::validate_job),
+        )
+        .route("/v1/operator/raft/configuration", get(cluster::raft_configuration))
+        .route("/v1/operator/raft/peer", axum::routing::delete(operator::remove_peer))
+        .route(
+            "/v1/operator/autopilot/configuration",
+            get(operator::get_config).put(operator::set_config),
+        )
+        .route("/v1/operator/autopilot/health", get(operator::health))
+        .route(
+            "/v1/agent/join",
+            axum::routing::put(operator::join).post(operator::join),
+        )
+        .route(
+            "/v1/agent/force-leave",
+            axum::routing::put(operator::force_leave).post(operator::force_leave),
+        )
+        .route("/v1/agent/members", get(agent_members))
+        .route("/v1/agent/self", get(agent_self))
+        .route("/v1/agent/keyring/list", get(keyring::list))
+        .route(
+            "/v1/agent/keyring/{op}",
+            axum::routing::post(keyring::change).put(keyring::change),
+        )
+        .route("/v1/operator/keyring/keys", get(rootkeys::list))
+        .route(
+            "/v1/operator/keyring/rotate",
+            axum::routing::put(rootkeys::rotate).post(rootkeys::rotate),
+        )
+        .route(
+            "/v1/operator/keyring/key/{key_id}",
+            axum::routing::delete(rootkeys::remove),
+        )
+        .route("/v1/vars", get(variables::list))
+        .route("/v1/namespaces", get(namespaces::list))
+        .route(
+            "/v1/namespace",
+            axum::routing::put(namespaces::write).post(namespaces::write),
+        )
+        .route(
+            "/v1/namespace/{name}",
+            get(namespaces::read)
+                .put(namespaces::write)
+                .post(namespaces::write)
+                .delete(namespaces::delete),
+        )
+        .route("/v1/volumes", get(csi::list_volumes))
+        .route(
+            "/v1/volumes/snapshot",
+            get(csi_snapshots::list_snapshots)
+                .put(csi_snapshots::create_snapshots)
+                .post(csi_snapshots::create_snapshots)
+                .delete(csi_snapshots::delete_snapshot),
+        )
+        .route("/v1/volumes/external", get(csi_snapshots::list_external))
+        .route(
+            "/v1/volume/csi/{id}",
+            get(csi::get_volume)
+                .put(csi::put_volume)
+                .post(csi::put_volume)
+                .delete(csi::delete_volume),
+        )
+        .route("/v1/volume/csi/{id}/detach", axum::routing::delete(csi::detach_volume))
+        .route(
+            "/v1/volume/csi/{id}/create",
+            axum::routing::put(csi::create_volume).post(csi::create_volume),
+        )
+        .route(
+            "/v1/volume/csi/{id}/delete",
+            axum::routing::delete(csi::delete_created_volume),
+        )
+        .route("/v1/plugins", get(csi::list_plugins))
+        .route("/v1/plugin/csi/{id}", get(csi::get_plugin).delete(csi::delete_plugin))
+        .route(
+            "/v1/jobs",
+            get(jobs::list_jobs).put(jobs::register_jobs).post(jobs::register_jobs),
+        )
+        .route(
+            "/v1/job/{id}",
+            get(jobs::get_job)
+                .put(jobs::register_job)
+                .post(jobs::register_job)
+                .delete(jobs::deregister_job),
+        )
+        .route("/v1/job/{id}/allocations", get(jobs::job_allocations))
+        .route("/v1/job/{id}/summary", get(jobs::job_summary))
+        .route(
+            "/v1/job/{id}/scale",
+            get(scaling::status).put(scaling::scale).post(scaling::scale),
+        )
+        .route("/v1/scaling/policies", get(scaling::list))
+        .route("/v1/scaling/policy/{id}", get(scaling::get))
+        .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
+        .route("/v1/job/{id}/versions", get(jobs::job_versions))
+        .route(
+            "/v1/job/{id}/plan",
+            axum::routing::put(job_plan::plan).post(job_plan::plan),
+        )
+        .route(
+            "/v1/job/{id}/dispatch",
+            axum::routing::put(dispatch::dispatch).post(dispatch::dispatch),
+        )
+        .route(
+            "/v1/job/{id}/periodic/force",
+            axum::routing::put(periodic::force).post(periodic::force),
+        )
+        .route("/v1/job/{id}/deployments", get(deployments::of_job))
+        .route("/v1/job/{id}/deployment", get(deployments::latest_of_job))
+        .route(
+            "/v1/job/{id}/revert",
+            axum::routing::put(deployments::revert).post(deployments::revert),
+        )
+        .route(
+            "/v1/job/{id}/stable",
+            axum::routing::put(deployments::stable).post(deployments::stable),
+        )
+        .route("/v1/system/gc", axum::routing::put(system::gc).post(system::gc))
+        .route(
+            "/v1/system/reconcile/summaries",
+            axum::routing::put(system::reconcile_summaries).post(system::reconcile_summaries),
+        )
+        .route("/v1/deployments", get(deployments::list))
+        .route("/v1/deployment/{id}", get(deployments::get))
+        .route("/v1/deployment/allocations/{id}", get(deployments::allocations))
+        .route(
+            "/v1/deployment/fail/{id}",
+            axum::routing::put(deployments::fail).post(deployments::fail),
+        )
+        .route(
+            "/v1/deployment/pause/{id}",
+            axum::routing::put(deployments::pause).post(deployments::pause),
+        )
+        .route(
+            "/v1/deployment/promote/{id}",
+            axum::routing::put(deployments::promote).post(deployments::promote),
+        )
+        .route(
+            "/v1/deployment/allocation-health/{id}",
+            axum::routing::put(deployments::allocation_health).post(deployments::allocation_health),
+        )
+        .route("/v1/evaluations", get(jobs::list_evaluations))
+        .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
+        .route("/v1/evaluation/{id}/allocations", get(evaluate::evaluation_allocations))
+        .route(
+            "/v1/node/{id}/evaluate",
+            axum::routing::put(evaluate::evaluate_node).post(evaluate::evaluate_node),
+        )
+        .route(
+            "/v1/job/{id}/evaluate",
+            axum::routing::put(evaluate::evaluate_job).post(evaluate::evaluate_job),
+        )
+        .route("/v1/allocations", get(allocs::list_allocations))
+        .route("/v1/allocation/{id}", get(allocs::get_allocation))
+        .route(
+            "/v1/allocation/{id}/stop",
+            axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
+        )
+        .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
+        .route("/v1/client/allocation/{id}/stats", get(client::alloc_stats))
+        .route(
+            "/v1/client/allocation/{id}/gc",
+            get(client::alloc_gc).put(client::alloc_gc),
+        )
+        .route("/v1/client/stats", get(client::host_stats))
+        .route("/v1/agent/monitor", get(monitor::monitor))
+        .route("/v1/client/gc", get(client::node_gc).put(client::node_gc))
+        .route("/v1/client/allocation/{id}/exec", get(exec::exec))
+        .route("/v1/client/fs/ls/{alloc}", get(fs::ls))
+        .route("/v1/client/fs/stat/{alloc}", get(fs::stat))
+        .route("/v1/client/fs/cat/{alloc}", get(fs::cat))
+        .route("/v1/client/fs/readat/{alloc}", get(fs::readat))
+        .route("/v1/client/fs/stream/{alloc}", get(fs::stream_file))
+        .route(
+            "/v1/client/allocation/{id}/restart",
+            axum::routing::put(allocs::restart_allocation).post(allocs::restart_allocation),
+        )
+        .route(
+            "/v1/client/allocation/{id}/signal",
+            axum::routing::put(allocs::signal_allocation).post(allocs::signal_allocation),
+        )
+        .route("/v1/nodes", get(csi::list_nodes))
+        .route("/v1/node/{id}", get(csi::get_node))
+        .route("/v1/node/{id}/allocations", get(allocs::node_allocations))
+        .route(
+            "/v1/node/{id}/drain",
+            axum::routing::put(nodes::drain).post(nodes::drain),
+        )
+        .route(
+            "/v1/node/{id}/eligibility",
+            axum::routing::put(nodes::eligibility).post(nodes::eligibility),
+        )
+        .route(
+            "/v1/var/{*path}",
+            get(variables::get)
+                .put(variables::put)
+                .post(variables::put)
+                .delete(variables::delete),
+        )
+        .merge(acl::endpoints::routes())
+        // Each matched request's time, by route (`metrics.rs`).
+        .route_layer(axum::middleware::from_fn_with_state(handle.clone(), metrics::measure))
+        // Reads of cluster state wait for the Raft read barrier unless `?stale` (`reads.rs`).
+        .layer(axum::middleware::from_fn_with_state(handle.clone(), reads::consistent))
+        // A follower hands what only the leader may answer to it (`forward.rs`).
+        .layer(axum::middleware::from_fn_with_state(handle.clone(), forward::to_leader))
+        // A client-only agent hands cluster requests to a server (`forward.rs`).
+        .layer(axum::middleware::from_fn_with_state(
+            handle.clone(),
+            forward::to_servers,
+        ))
+        // Every request's token against its route's rule (`acl/gate.rs`).
+        .layer(axum::middleware::from_fn_with_state(
+            acl::gate::Gate {
+                handle: handle.clone(),
+                cache: std::sync::Arc::default(),
+                remote: std::sync::Arc::default(),
+            },
+            acl::gate::enforce,
+        ))
+        // The query parameters every endpoint shares, read or refused (`query.rs`).
+        .layer(axum::middleware::from_fn_with_state(handle.clone(), query::checked))
+        // Outermost: the token goes along with every server request a handler makes, and the
+        // servers check it again (`service/auth.rs`).
+        .layer(axum::middleware::from_fn(caller_token))
+        .with_state(handle)
+}
+
+/// Serves `request` with its token as the caller's, for the server requests it makes.
+async fn caller_token(request: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let token = acl::gate::token_of(request.headers());
+    drover_io_real::service::auth::with_token(token, next.run(request)).await
+}
+
+/// An endpoint's refusal: its HTTP status and message.
+#[derive(Debug)]
+pub struct ApiError(pub StatusCode, pub String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
+impl From<ApplyError> for ApiError {
+    fn from(error: ApplyError) -> Self {
+        let status = match error {
+            ApplyError::Invalid(_) => StatusCode::BAD_REQUEST,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, error.to_string())
+    }
+}
+
+/// A client's answer about one of its allocations, as Nomad's HTTP API answers it: an
+/// unknown allocation, task or file 404, a request not servable as asked 400, the rest 500.
+impl From<drover_core::error::AllocCallError> for ApiError {
+    fn from(error: drover_core::error::AllocCallError) -> Self {
+        use drover_core::error::AllocCallFailure;
+        let status = match error.kind {
+            AllocCallFailure::UnknownAlloc | AllocCallFailure::UnknownTask | AllocCallFailure::NoSuchFile => {
+                StatusCode::NOT_FOUND
+            }
+            AllocCallFailure::Invalid => StatusCode::BAD_REQUEST,
+            AllocCallFailure::Failed => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError(status, error.message)
+    }
+}
+
+/// The one place an endpoint's failure becomes an HTTP status, by its kind: not found 404,
+/// invalid 400, everything else 500, a non-retryable refusal with Nomad's `rpc error: ` prefix.
+impl From<RpcError> for ApiError {
+    fn from(error: RpcError) -> Self {
+        let status = match error.kind {
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::Invalid => StatusCode::BAD_REQUEST,
+            ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
+            ErrorKind::Refused | ErrorKind::Busy | ErrorKind::Unavailable => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let refused = (error.kind == ErrorKind::Refused && !error.retryable) || error.kind == ErrorKind::Busy;
+        let message = if refused {
+            format!("rpc error: {}", error.message)
+        } else {
+            error.message
+        };
+        ApiError(status, message)
+    }
+}
+
+/// A write endpoint's reply: the index it was applied at, or its error as HTTP.
+fn reply_index(reply: ServerReply) -> Result<u64, ApiError> {
+    match reply {
+        ServerReply::Error(error) => Err(error.into()),
+        other => Ok(other.index().expect("every reply but an error has an index")),
+    }
+}
+
+fn leader_addr(status: &AgentStatus) -> String {
+    status
+        .raft
+        .as_ref()
+        .and_then(|raft| raft.leader.as_ref())
+        .map(|(_, node)| node.rpc_addr.clone())
+        .unwrap_or_default()
+}
+
+/// The leader's RPC address, or 500 `No cluster leader` when this server knows none (or has
+/// not heard from the one it knew for an election timeout), as Nomad answers.
+async fn status_leader(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+    let (known, _) = handle.leader_contact();
+    let leader = leader_addr(&handle.status());
+    if !known || leader.is_empty() {
+        return Err(ApiError(StatusCode::INTERNAL_SERVER_ERROR, "No cluster leader".into()));
+    }
+    Ok(axum::Json(json!(leader)))
+}
+
+async fn status_peers(State(handle): State<AgentHandle>) -> impl IntoResponse {
+    let status = handle.status();
+    let peers: Vec<String> = status
+        .raft
+        .iter()
+        .flat_map(|raft| raft.peers.values().map(|(node, _)| node.rpc_addr.clone()))
+        .collect();
+    axum::Json(json!(peers))
+}
+
+fn member_json(view: &drover_core::membership::MemberView) -> Value {
+    let tags = view.id.tags.as_ref().map(|tags| tags.to_map()).unwrap_or_default();
+    json!({
+        "Name": view.id.name,
+        "Addr": view.id.addr.ip().to_string(),
+        "Port": view.id.addr.port(),
+        "Tags": tags,
+        "Status": view.status.as_serf_str(),
+        "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
+        "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4,
+    })
+}
+
+async fn agent_members(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+    let status = handle.status();
+    let server = status
+        .server
+        .as_ref()
+        .ok_or_else(|| ApiError(StatusCode::NOT_IMPLEMENTED, "Nomad agent is not a server".into()))?;
+    let config = handle.config();
+    let members: Vec<Value> = server.members.iter().map(member_json).collect();
+    Ok(axum::Json(json!({
+        "ServerName": format!("{}.{}", config.name, config.region),
+        "ServerRegion": config.region,
+        "ServerDC": config.datacenter,
+        "Members": members,
+    })))
+}
+
+async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {
+    let status = handle.status();
+    let config = handle.config();
+    let member = status.server.as_ref().and_then(|server| {
+        server
+            .members
+            .iter()
+            .find(|member| member.id.tags.as_ref().is_some_and(|tags| tags.id == server.node_id))
+            .map(member_json)
+    });
+    let mut stats = serde_json::Map::new();
+    if let Some(server) = &status.server {
+        let raft = status.raft.clone().unwrap_or_default();
+        let is_leader = raft.role == Some(drover_core::server::RaftRole::Leader);
+        stats.insert(
+            "nomad".into(),
+            json!({
+                "server": "true",
+                "leader": is_leader.to_string(),
+                "leader_addr": leader_addr(&status),
+                "bootstrap": (server.bootstrap_expect == 1).to_string(),
+                "bootstrap_expect": server.bootstrap_expect.to_string(),
+                "bootstrapped": server.bootstrapped.to_string(),
+                "known_regions": "1",
+            }),
+        );
+        stats.insert(
+            "raft".into(),
+            json!({
+                "state": raft.role.map(|role| format!("{role:?}")).unwrap_or_default(),
+                "term": raft.term.to_string(),
+                "last_log_index": raft.last_log_index.map(|index| index.to_string()).unwrap_or_default(),
+                "applied_index": raft.last_applied.map(|index| index.to_string()).unwrap_or_default(),
+                "num_peers": raft.peers.len().saturating_sub(1).to_string(),
+                "latest_configuration": format!("{:?}", raft.peers.values().map(|(node, voter)| (node.rpc_addr.clone(), *voter)).collect::<Vec<_>>()),
+            }),
+        );
+    }
+    stats.insert("agent".into(), json!({ "node_id": handle.node_id().to_string() }));
+    axum::Json(json!({
+        "config": {
+            "Region": config.region,
+            "Datacenter": config.datacenter,
+            "NodeName": config.name,
+            "DataDir": config.data_dir.clone().unwrap_or_default(),
+            "BindAddr": config.bind_addr.to_string(),
+            "DevMode": config.dev_mode,
+            "Ports": { "HTTP": config.ports.http, "RPC": config.ports.rpc, "Serf": config.ports.serf },
+            "AdvertiseAddrs": {
+                "HTTP": config.advertise.http.to_string(),
+                "RPC": config.advertise.rpc.to_string(),
+                "Serf": config.advertise.serf.to_string(),
+            },
+            "Server": {
+                "Enabled": config.server.enabled || config.dev_mode,
+                "BootstrapExpect": config.server.bootstrap_expect,
+                "NonVotingServer": config.server.non_voting_server,
+                "ServerJoin": {
+                    "RetryJoin": config.server.retry_join,
+                    "RetryInterval": config.server.retry_interval.as_nanos() as u64,
+                    "RetryMaxAttempts": config.server.retry_max,
+                },
+            },
+            "Client": { "Enabled": config.client.enabled || config.dev_mode },
+            "Consul": {
+                "Addr": config.consul.address.clone().unwrap_or_default(),
+                "ServerServiceName": config.consul.server_service_name,
+                "ServerAutoJoin": config.consul.server_auto_join,
+            },
+        },
+        "member": member,
+        "stats": stats,
+    }))
+}
+
+/// The request's namespace (`?namespace=`), Nomad's `default` when absent.
+/// Whether an object in `namespace` is listed for a request of `asked` (`*`: every one; an
+/// object stored without a namespace is in the default one).
+fn in_namespace(asked: &str, namespace: &str) -> bool {
+    asked == "*" || asked == namespace || (namespace.is_empty() && asked == drover_core::structs::DEFAULT_NAMESPACE)
+}
+
+fn namespace(options: &QueryOptions) -> String {
+    options
+        .namespace
+        .clone()
+        .unwrap_or_else(|| drover_core::structs::DEFAULT_NAMESPACE.to_string())
+}
+
+/// A JSON request body, with the `null`s Nomad's Go client sends for unset fields read as
+/// absent; a 400 naming `what` when it does not parse.
+fn parse_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    serde_json::from_slice::<Value>(body)
+        .map(drover_io_real::jobs::without_nulls)
+        .and_then(serde_json::from_value)
+        .map_err(|error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse {what}: {error}")))
+}
+
+/// A body carrying a job (`{"Job": {...}}`): [`parse_body`], with the job's fields Drover does
+/// not take listed (`drover_io_real::jobs::strict`) rather than dropped.
+fn parse_job_body<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<(T, Vec<String>), ApiError> {
+    let parse_error =
+        |error: serde_json::Error| ApiError(StatusCode::BAD_REQUEST, format!("failed to parse {what}: {error}"));
+    let value = serde_json::from_slice::<Value>(body)
+        .map(drover_io_real::jobs::without_nulls)
+        .map_err(parse_error)?;
+    drover_io_real::jobs::strict::decode::<T>(value, 1).map_err(parse_error)
+}
+
+/// [`parse_job_body`] for a write: any field Drover does not take refuses the request.
+fn parse_job_write<T: serde::de::DeserializeOwned>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    let (decoded, problems) = parse_job_body(body, what)?;
+    if problems.is_empty() {
+        Ok(decoded)
+    } else {
+        Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            drover_core::jobspec::format_errors(&problems),
+        ))
+    }
+}
+
+/// [`parse_body`], where an empty body means every field's default.
+fn parse_body_or_default<T: serde::de::DeserializeOwned + Default>(body: &[u8], what: &str) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    parse_body(body, what)
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct QueryOptions {
+    index: Option<u64>,
+    wait: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    prefix: Option<String>,
+    namespace: Option<String>,
+    plugin_id: Option<String>,
+    node_id: Option<String>,
+    node: Option<String>,
+    #[serde(default, deserialize_with = "go_bool")]
+    force: Option<bool>,
+    /// `?resources=true`: list stubs carry their resources (nodes, allocations).
+    #[serde(default, deserialize_with = "go_bool")]
+    resources: Option<bool>,
+    all: Option<String>,
+    /// Pagination (`page.rs`).
+    per_page: Option<String>,
+    next_token: Option<String>,
+    /// go-bexpr over each listed item's full object, before paging (`page::ItemFilter`).
+    filter: Option<String>,
+    /// `GET /v1/jobs?meta=true`: each stub carries its job's meta.
+    #[serde(default, deserialize_with = "go_bool")]
+    meta: Option<bool>,
+    /// `GET /v1/nodes?os=true`: each stub carries its node's `os.name` attribute.
+    #[serde(default, deserialize_with = "go_bool")]
+    os: Option<bool>,
+    /// `GET /v1/allocations?task_states=false`: stubs without their task states.
+    #[serde(default, deserialize_with = "go_bool")]
+    task_states: Option<bool>,
+}
+
+/// Runs a list read on the blocking pool, against the state version current now: a list of
+/// the whole state (no `per_page`) takes as long as the state is big, and on a runtime worker
+/// it would hold up whatever else runs there, Raft heartbeats included (issue 19 §4).
+pub(crate) async fn read_list<R: Send + 'static>(
+    handle: &AgentHandle,
+    read: impl FnOnce(&drover_core::fsm::ServerState) -> R + Send + 'static,
+) -> Option<R> {
+    let version = handle.state_version()?;
+    drover_io_real::runtime::blocking(move || read(&version.state)).await
+}
+
+/// `GET /v1/jobs?<query>` answered from `state` without a server around it: what the handler
+/// computes, for benches that measure a list against the size of the state.
+pub fn jobs_list(state: &drover_core::fsm::ServerState, query: &str) -> Result<(Vec<Value>, Option<String>), String> {
+    let uri: axum::http::Uri = format!("/v1/jobs?{query}").parse().map_err(|e| format!("{e}"))?;
+    let Query(options) = Query::<QueryOptions>::try_from_uri(&uri).map_err(|e| e.body_text())?;
+    let filter = page::ItemFilter::of(&options).map_err(|error| error.1)?;
+    let listed = jobs::list_page(state, &options, &filter);
+    filter.finish(listed).map_err(|error| error.1)
+}
+
+/// A query boolean as Go's `strconv.ParseBool` reads it, which Nomad's handlers use.
+pub(crate) fn parse_bool(text: &str) -> Option<bool> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
+    }
+}
+
+/// A query boolean field (`?purge=True`) read by [`parse_bool`]; anything else is refused with
+/// Go's text.
+pub(crate) fn go_bool<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<bool>, D::Error> {
+    let text: Option<String> = serde::Deserialize::deserialize(deserializer)?;
+    match text {
+        None => Ok(None),
+        Some(text) => parse_bool(&text)
+            .map(Some)
+            .ok_or_else(|| serde::de::Error::custom(format!("strconv.ParseBool: parsing {text:?}: invalid syntax"))),
+    }
+}
+
+/// Parses Go durations as Nomad accepts them for `wait` ("5s", "1m", "250ms", "1m30s").
+fn parse_go_duration(text: &str) -> Option<Duration> {
+    drover_core::goduration::parse(text.trim()).ok()
+}
+
+/// Waits until `table` changed after `index` (a blocking query), then returns its index.
+pub(crate) async fn block_on_table(
+    handle: &AgentHandle,
+    table: Table,
+    options: &QueryOptions,
+) -> Result<u64, ApiError> {
+    let current = || handle.read_state(|state| state.table_index(table)).unwrap_or(0);
+    let Some(min_index) = options.index.filter(|index| *index > 0) else {
+        return Ok(current());
+    };
+    let wait = match &options.wait {
+        Some(text) => parse_go_duration(text)
+            .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("Invalid wait time: {text:?}")))?,
+        None => WAIT_DEFAULT,
+    }
+    .min(WAIT_MAX);
+    let Some(changes) = handle.state_changes() else {
+        return Ok(current());
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let seen = changes.count();
+        let index = current();
+        if index > min_index || !changes.changed_since(seen, deadline).await {
+            return Ok(current());
+        }
+    }
+}
+
+pub(crate) fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
+    let (known_leader, last_contact_ms) = handle.leader_contact();
+    let mut headers = HeaderMap::new();
+    headers.insert("X-Nomad-Index", HeaderValue::from(index.max(1)));
+    headers.insert(
+        "X-Nomad-KnownLeader",
+        HeaderValue::from_static(if known_leader { "true" } else { "false" }),
+    );
+    headers.insert("X-Nomad-LastContact", HeaderValue::from(last_contact_ms));
+    headers
+}
+
+/// A sealing or opening failure: the server's fault, never the request's.
+pub(crate) fn root_key_error(error: drover_io_real::rootkeys::RootKeyError) -> ApiError {
+    tracing::error!(%error, "root keyring");
+    ApiError(StatusCode::INTERNAL_SERVER_ERROR, error.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        assert_eq!(parse_go_duration("5s"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_go_duration("1m30s"), Some(Duration::from_secs(90)));
+        assert_eq!(parse_go_duration("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(parse_go_duration("5"), None);
+        assert_eq!(parse_go_duration("abc"), None);
+    }
+
+    /// A job's `config` nested past `CONFIG_DEPTH_MAX` is refused over JSON as it is from HCL
+    /// (io-real's jobs tests take the HCL side): the fuzzer's jobspec nesting `config` blocks
+    /// 60 deep was once taken from HCL and refused over JSON.
+    #[test]
+    fn a_config_nested_too_deep_is_refused_over_json() {
+        use drover_io_real::jobs::CONFIG_DEPTH_MAX;
+        let job = |depth: usize| {
+            let mut deep = json!("leaf");
+            for _ in 1..depth {
+                deep = json!({ "f": deep });
+            }
+            json!({"Job": {"ID":"web","TaskGroups":[{"Name":"g","Tasks":[{"Name":"t","Driver":"raw_exec",
+                "Config":{"command":"/bin/true","deep":deep}}]}]}})
+        };
+        let body = |depth| serde_json::to_vec(&job(depth)).unwrap();
+        assert!(decode::job_register(&body(CONFIG_DEPTH_MAX), None).is_ok());
+        for depth in [CONFIG_DEPTH_MAX + 1, 200] {
+            assert!(
+                decode::job_register(&body(depth), None).is_err(),
+                "{depth} levels over JSON"
+            );
+        }
+    }
+}

@@ -1,0 +1,710 @@
+//! Nomad's JSON shapes (reference §7.3) rendered from the state store's records. Secrets are
+//! never rendered; mount flags show as `["[REDACTED]"]`, as Nomad's encoder does.
+
+use drover_core::fsm::ServerState;
+use drover_core::structs::{
+    Allocation, CsiInfo, CsiPlugin, CsiTopology, CsiVolume, CsiVolumeClaim, Deployment, Node, NodeEvent,
+};
+use serde_json::{Map, Value, json};
+
+/// Milliseconds since the epoch as RFC 3339 (UTC, millisecond precision).
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, day_secs) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        day_secs / 3600,
+        day_secs % 3600 / 60,
+        day_secs % 60,
+        ms % 1000
+    )
+}
+
+/// Go's `time.Time` as int64 nanoseconds, as Nomad's volume and plugin times are.
+pub fn nanos(ms: u64) -> i128 {
+    i128::from(ms) * 1_000_000
+}
+
+fn topology(topology: &CsiTopology) -> Value {
+    json!({ "Segments": topology.segments })
+}
+
+pub fn csi_info(info: &CsiInfo) -> Value {
+    let mut value = json!({
+        "PluginID": info.plugin_id,
+        "AllocID": info.alloc_id,
+        "Healthy": info.healthy,
+        "HealthDescription": info.health_description,
+        "UpdateTime": rfc3339(info.update_time_ms),
+        "Provider": info.provider,
+        "ProviderVersion": info.provider_version,
+        "RequiresControllerPlugin": info.requires_controller_plugin,
+        "RequiresTopologies": info.requires_topologies,
+    });
+    if let Some(controller) = &info.controller_info {
+        value["ControllerInfo"] = json!({
+            "SupportsReadOnlyAttach": controller.supports_read_only_attach,
+            "SupportsAttachDetach": controller.supports_attach_detach,
+            "SupportsListVolumes": controller.supports_list_volumes,
+            "SupportsGetCapacity": controller.supports_get_capacity,
+            "SupportsCreateDelete": controller.supports_create_delete,
+            "SupportsCreateDeleteSnapshot": controller.supports_create_delete_snapshot,
+            "SupportsListSnapshots": controller.supports_list_snapshots,
+            "SupportsClone": controller.supports_clone,
+            "SupportsExpand": controller.supports_expand,
+            "SupportsListVolumesAttachedNodes": controller.supports_list_volumes_attached_nodes,
+            "SupportsCondition": controller.supports_condition,
+            "SupportsGet": controller.supports_get,
+        });
+    }
+    if let Some(node) = &info.node_info {
+        value["NodeInfo"] = json!({
+            "ID": node.id,
+            "MaxVolumes": node.max_volumes,
+            "AccessibleTopology": node.accessible_topology.as_ref().map(topology),
+            "RequiresNodeStageVolume": node.requires_node_stage_volume,
+            "SupportsStats": node.supports_stats,
+            "SupportsExpand": node.supports_expand,
+            "SupportsCondition": node.supports_condition,
+        });
+    }
+    value
+}
+
+pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
+    let node_name = state
+        .node(&alloc.node_id)
+        .map(|node| node.name.clone())
+        .unwrap_or_default();
+    let job_type = state
+        .job(&alloc.namespace, &alloc.job_id)
+        .map(|job| format!("{:?}", job.job_type).to_lowercase())
+        .unwrap_or_default();
+    json!({
+        "ID": alloc.id,
+        "EvalID": alloc.eval_id,
+        "Name": alloc.name,
+        "Namespace": alloc.namespace,
+        "NodeID": alloc.node_id,
+        "NodeName": node_name,
+        "JobID": alloc.job_id,
+        "JobType": job_type,
+        "JobVersion": alloc.job_version,
+        "TaskGroup": alloc.task_group,
+        "DesiredStatus": format!("{:?}", alloc.desired_status).to_lowercase(),
+        "DesiredDescription": alloc.desired_description,
+        "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
+        "ClientDescription": alloc.client_description,
+        "TaskStates": task_states(alloc),
+        "DeploymentStatus": alloc_deployment_status(alloc),
+        "FollowupEvalID": "",
+        "NextAllocation": state.next_allocation(&alloc.id).unwrap_or_default(),
+        "RescheduleTracker": Value::Null,
+        "PreemptedAllocations": alloc.preempted_allocations,
+        "PreemptedByAllocation": "",
+        "CreateIndex": alloc.create_index,
+        "ModifyIndex": alloc.modify_index,
+        "CreateTime": nanos(alloc.create_time_ms),
+        "ModifyTime": nanos(alloc.modify_time_ms),
+    })
+}
+
+/// Nomad's `AllocDeploymentStatus` (null for an allocation no deployment placed).
+fn alloc_deployment_status(alloc: &Allocation) -> Value {
+    match &alloc.deployment_status {
+        None => Value::Null,
+        Some(status) => json!({
+            "Healthy": status.healthy,
+            "Timestamp": go_time((status.timestamp_ms as i64).saturating_mul(1_000_000)),
+            "Canary": status.canary,
+            "ModifyIndex": status.modify_index,
+        }),
+    }
+}
+
+/// Nomad's `Deployment`: durations in nanoseconds, `RequireProgressBy` a time.
+pub fn deployment(deployment: &Deployment) -> Value {
+    let groups: Map<String, Value> = deployment
+        .task_groups
+        .iter()
+        .map(|(name, state)| {
+            let value = json!({
+                "AutoRevert": state.auto_revert,
+                "AutoPromote": state.auto_promote,
+                "ProgressDeadline": state.progress_deadline.as_nanos() as u64,
+                "RequireProgressBy": go_time((state.require_progress_by_ms as i64).saturating_mul(1_000_000)),
+                "Promoted": state.promoted,
+                "PlacedCanaries": (!state.placed_canaries.is_empty()).then_some(&state.placed_canaries),
+                "DesiredCanaries": state.desired_canaries,
+                "DesiredTotal": state.desired_total,
+                "PlacedAllocs": state.placed_allocs,
+                "HealthyAllocs": state.healthy_allocs,
+                "UnhealthyAllocs": state.unhealthy_allocs,
+            });
+            (name.clone(), value)
+        })
+        .collect();
+    json!({
+        "ID": deployment.id,
+        "Namespace": deployment.namespace,
+        "JobID": deployment.job_id,
+        "JobVersion": deployment.job_version,
+        "JobModifyIndex": deployment.job_modify_index,
+        "JobSpecModifyIndex": deployment.job_modify_index,
+        "JobCreateIndex": deployment.job_create_index,
+        "IsMultiregion": false,
+        "TaskGroups": groups,
+        "Status": deployment.status,
+        "StatusDescription": deployment.status_description,
+        "EvalPriority": deployment.eval_priority,
+        "CreateIndex": deployment.create_index,
+        "ModifyIndex": deployment.modify_index,
+        "CreateTime": nanos(deployment.create_time_ms),
+        "ModifyTime": nanos(deployment.modify_time_ms),
+    })
+}
+
+/// A Go `time.Time` from Unix nanoseconds; 0 is Go's zero time.
+fn go_time(unix_nanos: i64) -> String {
+    if unix_nanos <= 0 {
+        return ZERO_TIME.to_string();
+    }
+    rfc3339((unix_nanos / 1_000_000) as u64)
+}
+
+/// Nomad's `TaskStates` (null until the client reported any).
+pub fn task_states(alloc: &Allocation) -> Value {
+    if alloc.task_states.is_empty() {
+        return Value::Null;
+    }
+    let states: Map<String, Value> = alloc
+        .task_states
+        .iter()
+        .map(|(task, state)| {
+            let events: Vec<Value> = state.events.iter().map(task_event).collect();
+            let value = json!({
+                "State": state.state.as_str(),
+                "Failed": state.failed,
+                "Restarts": state.restarts,
+                "LastRestart": go_time(state.last_restart),
+                "StartedAt": go_time(state.started_at),
+                "FinishedAt": go_time(state.finished_at),
+                "Events": events,
+            });
+            (task.clone(), value)
+        })
+        .collect();
+    Value::Object(states)
+}
+
+/// One task event: `Type`, `Time`, `DisplayMessage` and `Details`, plus the older flat
+/// fields Nomad still fills from the details (`ExitCode`, `StartDelay`, ...); `KillTimeout`
+/// in nanoseconds from its detail, a Go duration ("5s").
+fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
+    let detail = |key: &str| event.details.get(key).cloned().unwrap_or_default();
+    let number = |key: &str| event.details.get(key).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
+    json!({
+        "Type": event.kind,
+        "Time": event.time,
+        "Message": "",
+        "DisplayMessage": event.message,
+        "Details": event.details,
+        "FailsTask": event.fails_task(),
+        "RestartReason": detail("restart_reason"),
+        "SetupError": detail("setup_error"),
+        "DriverError": detail("driver_error"),
+        "DriverMessage": detail("driver_message"),
+        "ExitCode": number("exit_code"),
+        "Signal": number("signal"),
+        "KillError": detail("kill_error"),
+        "KillReason": detail("kill_reason"),
+        "KillTimeout": event
+            .details
+            .get("kill_timeout")
+            .and_then(|text| drover_core::goduration::parse_nanos(text).ok())
+            .unwrap_or(0),
+        "StartDelay": number("start_delay"),
+        "FailedSibling": detail("failed_sibling"),
+        "TaskSignal": detail("task_signal"),
+        "TaskSignalReason": detail("task_signal_reason"),
+        "ValidationError": detail("validation_error"),
+        "DownloadError": "",
+        "VaultError": "",
+        "DiskLimit": 0,
+        "DiskSize": 0,
+        "GenericSource": "",
+    })
+}
+
+/// One allocation in full (`GET /v1/allocation/:id`), Nomad's `Allocation`, with the job as
+/// it was placed (the version it runs).
+pub fn alloc(alloc: &Allocation, state: &ServerState) -> Value {
+    let job = state
+        .job_version(&alloc.namespace, &alloc.job_id, alloc.job_version)
+        .or_else(|| state.job(&alloc.namespace, &alloc.job_id))
+        .map_or(Value::Null, |job| {
+            let status = crate::jobs::status(state, job);
+            serde_json::to_value(drover_io_real::jobs::ApiJob::from_job(job, status)).expect("a job serializes")
+        });
+    alloc_with_job(alloc, state, job)
+}
+
+/// [`alloc`] with `Job` null, as Nomad's allocation events carry it (to keep them small).
+pub fn alloc_without_job(alloc: &Allocation, state: &ServerState) -> Value {
+    alloc_with_job(alloc, state, Value::Null)
+}
+
+/// The stub's fields but the job's type and version, what only the full object carries, and
+/// `job`.
+fn alloc_with_job(alloc: &Allocation, state: &ServerState, job: Value) -> Value {
+    let mut value = alloc_stub(alloc, state);
+    if let Value::Object(map) = &mut value {
+        map.remove("JobType");
+        map.remove("JobVersion");
+        let fields = [
+            ("Job", job),
+            ("Resources", Value::Null),
+            ("TaskResources", Value::Null),
+            ("AllocatedResources", allocated_resources(alloc, state)),
+            ("Services", Value::Null),
+            (
+                "Metrics",
+                alloc.metrics.as_ref().map_or(Value::Null, crate::jobs_metric),
+            ),
+            (
+                "DesiredTransition",
+                json!({
+                    "Migrate": alloc.desired_transition.migrate.then_some(true),
+                    "Reschedule": Value::Null,
+                    "ForceReschedule": Value::Null,
+                }),
+            ),
+            ("DeploymentID", json!(alloc.deployment_id)),
+            (
+                "PreviousAllocation",
+                Value::String(alloc.previous_allocation.clone().unwrap_or_default()),
+            ),
+            ("NetworkStatus", Value::Null),
+            ("AllocModifyIndex", json!(alloc.modify_index)),
+        ];
+        for (key, field) in fields {
+            map.insert(key.into(), field);
+        }
+    }
+    value
+}
+
+/// Nomad's `AllocatedResources`: per task CPU, memory and own networks; the group network's
+/// ports under `Shared`; the sums under `Total`.
+pub fn allocated_resources(alloc: &Allocation, state: &ServerState) -> Value {
+    use drover_io_real::jobs::{ApiNetworkResource, ApiPortMapping};
+    // The job version the allocation runs: its ports were assigned from that one's networks.
+    let job = state
+        .job_versions(&alloc.namespace, &alloc.job_id)
+        .into_iter()
+        .find(|job| job.version == alloc.job_version)
+        .or_else(|| state.job(&alloc.namespace, &alloc.job_id));
+    let group = job.and_then(|job| job.task_groups.iter().find(|group| group.name == alloc.task_group));
+    let tasks: Map<String, Value> =
+        group
+            .map(|group| {
+                group
+                .tasks
+                .iter()
+                .map(|task| {
+                    let ports = alloc.resources.task_ports.get(&task.name).map_or(&[][..], Vec::as_slice);
+                    let value = json!({
+                        "Cpu": {"CpuShares": task.resources.cpu},
+                        "Memory": {"MemoryMB": task.resources.memory_mb, "MemoryMaxMB": task.resources.memory_max_mb},
+                        "Networks": ApiNetworkResource::allocated(&task.resources.networks, ports),
+                    });
+                    (task.name.clone(), value)
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+    let shared_networks = group.map_or_else(Vec::new, |group| {
+        ApiNetworkResource::allocated(&group.networks, &alloc.resources.ports)
+    });
+    json!({
+        "Shared": {
+            "Ports": alloc.resources.ports.iter().map(ApiPortMapping::from_port).collect::<Vec<_>>(),
+            "Networks": shared_networks,
+            "DiskMB": alloc.resources.disk_mb,
+        },
+        "Tasks": tasks,
+        "Total": {
+            "Cpu": {"CpuShares": alloc.resources.cpu},
+            "Memory": {"MemoryMB": alloc.resources.memory_mb},
+        },
+    })
+}
+
+fn claim(claim: &CsiVolumeClaim) -> Value {
+    json!({
+        "AllocationID": claim.allocation_id,
+        "NodeID": claim.node_id,
+        "ExternalNodeID": claim.external_node_id,
+        "Mode": claim.mode.as_int(),
+        "AccessMode": claim.access_mode.as_str(),
+        "AttachmentMode": claim.attachment_mode.as_str(),
+        "State": claim.state.as_int(),
+    })
+}
+
+fn health_fields(volume: &CsiVolume, value: &mut Map<String, Value>) {
+    let health = &volume.plugin_health;
+    value.insert("Schedulable".into(), json!(health.schedulable));
+    value.insert("Provider".into(), json!(health.provider));
+    value.insert("ProviderVersion".into(), json!(health.provider_version));
+    value.insert("ControllerRequired".into(), json!(health.controller_required));
+    value.insert("ControllersHealthy".into(), json!(health.controllers_healthy));
+    value.insert("ControllersExpected".into(), json!(health.controllers_expected));
+    value.insert("NodesHealthy".into(), json!(health.nodes_healthy));
+    value.insert("NodesExpected".into(), json!(health.nodes_expected));
+}
+
+pub fn volume_stub(volume: &CsiVolume) -> Value {
+    let mut value = json!({
+        "ID": volume.id,
+        "Namespace": volume.namespace,
+        "Name": volume.name,
+        "ExternalID": volume.external_id,
+        "Topologies": volume.topologies.iter().map(topology).collect::<Vec<_>>(),
+        "AccessMode": volume.access_mode.as_str(),
+        "AttachmentMode": volume.attachment_mode.as_str(),
+        "CurrentReaders": volume.read_claims.len(),
+        "CurrentWriters": volume.write_claims.len(),
+        "PluginID": volume.plugin_id,
+        // Go's zero time: exhaustion is not tracked.
+        "ResourceExhausted": ZERO_TIME,
+        "CreateIndex": volume.create_index,
+        "ModifyIndex": volume.modify_index,
+        "CreateTime": nanos(volume.create_time_ms),
+        "ModifyTime": nanos(volume.modify_time_ms),
+    });
+    let map = value.as_object_mut().expect("object");
+    health_fields(volume, map);
+    // Nomad's list stub names the provider but not its version.
+    map.remove("ProviderVersion");
+    value
+}
+
+/// The full volume (`GET /v1/volume/csi/:id`), denormalised, secrets removed.
+pub fn volume(volume: &CsiVolume, state: &ServerState) -> Value {
+    let mount_options = volume.mount_options.as_ref().map(|options| {
+        json!({
+            "FSType": options.fs_type,
+            "MountFlags": if options.mount_flags.is_empty() { json!([]) } else { json!(["[REDACTED]"]) },
+        })
+    });
+    let null_map = |claims: &std::collections::BTreeMap<String, CsiVolumeClaim>| -> Map<String, Value> {
+        claims.keys().map(|alloc| (alloc.clone(), Value::Null)).collect()
+    };
+    let allocations: Vec<Value> = volume
+        .read_claims
+        .keys()
+        .chain(volume.write_claims.keys())
+        .filter_map(|id| state.alloc(id))
+        .map(|alloc| alloc_stub(alloc, state))
+        .collect();
+    let mut value = json!({
+        "ID": volume.id,
+        "Name": volume.name,
+        "ExternalID": volume.external_id,
+        "Namespace": volume.namespace,
+        "PluginID": volume.plugin_id,
+        "AccessMode": volume.access_mode.as_str(),
+        "AttachmentMode": volume.attachment_mode.as_str(),
+        "RequestedCapabilities": volume.requested_capabilities.iter().map(|cap| json!({
+            "AccessMode": cap.access_mode.as_str(),
+            "AttachmentMode": cap.attachment_mode.as_str(),
+        })).collect::<Vec<_>>(),
+        "MountOptions": mount_options,
+        "Parameters": volume.parameters,
+        "Context": volume.context,
+        "Topologies": volume.topologies.iter().map(topology).collect::<Vec<_>>(),
+        "RequestedTopologies": volume.requested_topologies.as_ref().map(|request| json!({
+            "Required": request.required.iter().map(topology).collect::<Vec<_>>(),
+            "Preferred": request.preferred.iter().map(topology).collect::<Vec<_>>(),
+        })),
+        "Capacity": volume.capacity,
+        "RequestedCapacityMin": volume.requested_capacity_min,
+        "RequestedCapacityMax": volume.requested_capacity_max,
+        "SnapshotID": volume.snapshot_id,
+        "CloneID": volume.clone_id,
+        "ReadAllocs": null_map(&volume.read_claims),
+        "WriteAllocs": null_map(&volume.write_claims),
+        "ReadClaims": volume.read_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
+        "WriteClaims": volume.write_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
+        "PastClaims": volume.past_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
+        "Allocations": allocations,
+        // Go's zero time: exhaustion is not tracked.
+        "ResourceExhausted": ZERO_TIME,
+        "CreateIndex": volume.create_index,
+        "ModifyIndex": volume.modify_index,
+        "CreateTime": nanos(volume.create_time_ms),
+        "ModifyTime": nanos(volume.modify_time_ms),
+    });
+    health_fields(volume, value.as_object_mut().expect("object"));
+    value
+}
+
+pub fn plugin_stub(plugin: &CsiPlugin) -> Value {
+    json!({
+        "ID": plugin.id,
+        "Provider": plugin.provider,
+        "ControllerRequired": plugin.controller_required,
+        "ControllersHealthy": plugin.controllers_healthy,
+        "ControllersExpected": plugin.controllers_expected(),
+        "NodesHealthy": plugin.nodes_healthy,
+        "NodesExpected": plugin.nodes_expected(),
+        "CreateIndex": plugin.create_index,
+        "ModifyIndex": plugin.modify_index,
+    })
+}
+
+pub fn plugin(plugin: &CsiPlugin, state: &ServerState) -> Value {
+    let allocations: Vec<Value> = plugin
+        .controllers
+        .values()
+        .chain(plugin.nodes.values())
+        .map(|info| info.alloc_id.clone())
+        .collect::<std::collections::BTreeSet<_>>()
+        .iter()
+        .filter_map(|id| state.alloc(id))
+        .map(|alloc| alloc_stub(alloc, state))
+        .collect();
+    json!({
+        "ID": plugin.id,
+        "Provider": plugin.provider,
+        "Version": plugin.version,
+        "ControllerRequired": plugin.controller_required,
+        "Controllers": plugin.controllers.iter().map(|(node, info)| (node.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "Nodes": plugin.nodes.iter().map(|(node, info)| (node.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "Allocations": allocations,
+        "ControllersHealthy": plugin.controllers_healthy,
+        "ControllersExpected": plugin.controllers_expected(),
+        "NodesHealthy": plugin.nodes_healthy,
+        "NodesExpected": plugin.nodes_expected(),
+        "CreateIndex": plugin.create_index,
+        "ModifyIndex": plugin.modify_index,
+        "CreateTime": nanos(plugin.create_time_ms),
+        "ModifyTime": nanos(plugin.modify_time_ms),
+    })
+}
+
+fn event(event: &NodeEvent) -> Value {
+    json!({
+        "Message": event.message,
+        "Subsystem": event.subsystem,
+        "Details": event.details,
+        "Timestamp": rfc3339(event.timestamp_ms),
+        "CreateIndex": event.create_index,
+    })
+}
+
+fn drivers(node: &Node) -> Map<String, Value> {
+    node.drivers
+        .iter()
+        .map(|(name, info)| {
+            (
+                name.clone(),
+                json!({
+                    "Attributes": info.attributes,
+                    "Detected": info.detected,
+                    "Healthy": info.healthy,
+                    "HealthDescription": info.health_description,
+                    // When the servers last saw its fingerprint change (Go's zero time for a
+                    // node stored before that was kept).
+                    "UpdateTime": if info.update_time_ms == 0 {
+                        ZERO_TIME.to_string()
+                    } else {
+                        rfc3339(info.update_time_ms)
+                    },
+                }),
+            )
+        })
+        .collect()
+}
+
+fn host_volumes(node: &Node) -> Map<String, Value> {
+    node.host_volumes
+        .iter()
+        .map(|(name, volume)| {
+            (
+                name.clone(),
+                json!({ "Name": name, "Path": volume.path, "ReadOnly": volume.read_only }),
+            )
+        })
+        .collect()
+}
+
+/// Go's zero `time.Time`, which Nomad renders for an unset deadline.
+const ZERO_TIME: &str = "0001-01-01T00:00:00Z";
+
+fn drain_strategy(node: &Node) -> Value {
+    let Some(strategy) = &node.drain_strategy else {
+        return Value::Null;
+    };
+    json!({
+        "DrainSpec": {
+            "Deadline": strategy.deadline_ns,
+            "IgnoreSystemJobs": strategy.ignore_system_jobs,
+        },
+        "ForceDeadline": strategy.force_deadline_ms.map_or(ZERO_TIME.to_string(), rfc3339),
+        "StartedAt": rfc3339(strategy.started_at_ms),
+    })
+}
+
+fn last_drain(node: &Node) -> Value {
+    let Some(last) = &node.last_drain else {
+        return Value::Null;
+    };
+    json!({
+        "StartedAt": rfc3339(last.started_at_ms),
+        "UpdatedAt": rfc3339(last.updated_at_ms),
+        "Status": last.status,
+        "AccessorID": "",
+        "Meta": Value::Null,
+    })
+}
+
+pub fn node_stub(node: &Node) -> Value {
+    json!({
+        "ID": node.id,
+        "Datacenter": node.datacenter,
+        "Name": node.name,
+        "NodeClass": node.node_class,
+        "NodePool": "default",
+        // Nomad's stub carries the node's agent version, its `nomad.version` attribute.
+        "Version": node.attributes.get("nomad.version").map(String::as_str).unwrap_or_default(),
+        "Drain": node.drain_strategy.is_some(),
+        "SchedulingEligibility": node.scheduling_eligibility.as_str(),
+        "Status": node.status.as_str(),
+        "StatusDescription": node.status_description,
+        "LastDrain": last_drain(node),
+        "Drivers": drivers(node),
+        "HostVolumes": host_volumes(node),
+        "Address": node.http_addr.split(':').next().unwrap_or_default(),
+        "CreateIndex": node.create_index,
+        "ModifyIndex": node.modify_index,
+    })
+}
+
+/// [`node_stub`] with the node's resources (`?resources=true`), as Nomad's stub carries them.
+pub fn node_stub_with_resources(node: &Node) -> Value {
+    let mut stub = node_stub(node);
+    let full = self::node(node);
+    stub["NodeResources"] = full["NodeResources"].clone();
+    stub["ReservedResources"] = full["ReservedResources"].clone();
+    stub
+}
+
+pub fn node(node: &Node) -> Value {
+    json!({
+        "ID": node.id,
+        "Datacenter": node.datacenter,
+        "Name": node.name,
+        "HTTPAddr": node.http_addr,
+        "TLSEnabled": false,
+        "Attributes": node.attributes,
+        "Meta": node.meta,
+        "Links": Value::Null,
+        "CgroupParent": drover_host::drivers::cgroup::PARENT,
+        "HostNetworks": Value::Null,
+        "NodeResources": {
+            "Cpu": {"CpuShares": node.resources.cpu},
+            "Memory": {"MemoryMB": node.resources.memory_mb},
+            "Disk": {"DiskMB": node.resources.disk_mb},
+            "Networks": node.resources.networks.iter().map(drover_io_real::jobs::ApiNetworkResource::node).collect::<Vec<_>>(),
+            "MinDynamicPort": *node.resources.dynamic_range().start(),
+            "MaxDynamicPort": *node.resources.dynamic_range().end(),
+        },
+        "ReservedResources": {
+            "Networks": {
+                "ReservedHostPorts": drover_core::structs::format_port_ranges(&node.resources.reserved_ports),
+            },
+        },
+        "NodeClass": node.node_class,
+        "NodePool": "default",
+        "Drain": node.drain_strategy.is_some(),
+        "DrainStrategy": drain_strategy(node),
+        "LastDrain": last_drain(node),
+        "SchedulingEligibility": node.scheduling_eligibility.as_str(),
+        "Status": node.status.as_str(),
+        "StatusDescription": node.status_description,
+        "StatusUpdatedAt": node.status_updated_at_ms / 1000,
+        "Events": node.events.iter().map(event).collect::<Vec<_>>(),
+        "Drivers": drivers(node),
+        "HostVolumes": host_volumes(node),
+        "CSIControllerPlugins": node.csi_controller_plugins.iter().map(|(id, info)| (id.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "CSINodePlugins": node.csi_node_plugins.iter().map(|(id, info)| (id.clone(), csi_info(info))).collect::<Map<_, _>>(),
+        "CreateIndex": node.create_index,
+        "ModifyIndex": node.modify_index,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_matches_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_795_309_296_985), "2026-11-22T01:01:36.985Z");
+    }
+
+    #[test]
+    fn task_states_render_in_nomads_shape() {
+        use drover_core::structs::{TaskEvent, TaskState, TaskStatus};
+        let mut alloc = Allocation::default();
+        assert_eq!(task_states(&alloc), Value::Null, "null until the client reported");
+        let exited = TaskEvent {
+            kind: "Terminated".into(),
+            message: "Exit Code: 3".into(),
+            time: 1_795_309_296_985_000_000,
+            details: [("exit_code", "3"), ("signal", "0"), ("oom_killed", "false")]
+                .into_iter()
+                .map(|(key, value)| (key.to_string(), value.to_string()))
+                .collect(),
+        };
+        alloc.task_states.insert(
+            "web".into(),
+            TaskState {
+                state: TaskStatus::Dead,
+                failed: true,
+                restarts: 2,
+                started_at: 1_795_309_290_000_000_000,
+                finished_at: 1_795_309_296_985_000_000,
+                events: vec![exited],
+                ..TaskState::default()
+            },
+        );
+        let web = &task_states(&alloc)["web"];
+        assert_eq!(web["State"], "dead");
+        assert_eq!(web["Failed"], true);
+        assert_eq!(web["Restarts"], 2);
+        assert_eq!(web["StartedAt"], "2026-11-22T01:01:30.000Z");
+        assert_eq!(web["FinishedAt"], "2026-11-22T01:01:36.985Z");
+        assert_eq!(web["LastRestart"], ZERO_TIME, "Go's zero time, never 1970");
+        let event = &web["Events"][0];
+        assert_eq!(event["Type"], "Terminated");
+        assert_eq!(event["Time"], 1_795_309_296_985_000_000i64);
+        assert_eq!(event["DisplayMessage"], "Exit Code: 3");
+        assert_eq!(event["Details"]["exit_code"], "3");
+        assert_eq!(event["ExitCode"], 3, "the flat field Nomad fills from the detail");
+        assert_eq!(event["FailsTask"], false);
+    }
+}
