@@ -1,4 +1,5 @@
-//! The maps stay true: every repository path ARCHITECTURE.md and README.md name in backticks
+//! The maps stay true: every repository path ARCHITECTURE.md, README.md and the decision
+//! records in docs/decisions/ name in backticks
 //! (`core/…`, `io-real/…`, `io-sim/…`, `sim-tests/…`, `proto/…`, `bin/…`, `scripts/…`,
 //! `docs/…`, `.ci/…`) exists. A file moved or removed without its map following fails here.
 
@@ -13,8 +14,18 @@ fn every_path_the_maps_name_exists() {
         .expect("pattern compiles");
     let mut named = 0;
     let mut missing = Vec::new();
-    for doc in ["ARCHITECTURE.md", "README.md"] {
-        let text = std::fs::read_to_string(root.join(doc)).expect("the map is readable");
+    let mut docs = vec![root.join("ARCHITECTURE.md"), root.join("README.md")];
+    let decisions = root.join("docs/decisions");
+    docs.extend(
+        std::fs::read_dir(&decisions)
+            .expect("docs/decisions is readable")
+            .map(|entry| entry.expect("a directory entry").path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "md")),
+    );
+    docs.sort();
+    for file in &docs {
+        let doc = file.strip_prefix(root).unwrap_or(file).display();
+        let text = std::fs::read_to_string(file).expect("the map is readable");
         for found in path.find_iter(&text) {
             let name = text[found.range()].trim_matches('`').trim_end_matches('/');
             named += 1;
