@@ -5,8 +5,6 @@
 use crate::prelude::*;
 use alloc::vec::Vec;
 
-use core::time::Duration;
-
 use crate::bootstrap::BootState;
 use crate::config::AgentConfig;
 use crate::fsm::ServerState;
@@ -14,8 +12,7 @@ use crate::rpc::{self, RpcEndpoints};
 use crate::server::{self, Server};
 use crate::time::Instant;
 
-/// Deadline for one `ClientCSI` call made by a server.
-pub const CLIENT_CSI_TIMEOUT: Duration = Duration::from_secs(10);
+pub use crate::config::CLIENT_CSI_TIMEOUT;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {

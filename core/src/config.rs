@@ -18,6 +18,10 @@ pub const DEFAULT_SERF_PORT: u16 = 4648;
 pub const DEFAULT_REGION: &str = "global";
 pub const DEFAULT_DATACENTER: &str = "dc1";
 
+/// Deadline for one `ClientCSI` call made by a server; the client holds a controller plugin's
+/// turn for a call as long (`client::client::controller_turns`).
+pub const CLIENT_CSI_TIMEOUT: Duration = Duration::from_secs(10);
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AgentConfig {
     pub name: String,

@@ -10,6 +10,7 @@
 
 mod cadences;
 mod control;
+mod controller_turns;
 mod plugins;
 mod reports;
 mod restore;
@@ -127,6 +128,18 @@ pub enum ClientInput {
         req: u64,
         request: NodeDetachRequest,
     },
+    /// A server's controller call to a controller plugin on this node (`ClientCSI.Controller*`);
+    /// answered with `ClientAction::ControllerReply`, or started with `ControllerStart` when
+    /// its plugin's turn comes (`controller_turns`).
+    ControllerCall {
+        req: u64,
+        request: crate::rpc::ClientCsiRequest,
+    },
+    /// A call `ClientAction::ControllerStart` started returned (or was never made: its caller
+    /// had gone by then).
+    ControllerFinished {
+        req: u64,
+    },
     /// `ClientCSI.NodeExpandVolume` from a server; answered with `ClientAction::NodeExpanded`.
     NodeExpand {
         req: u64,
@@ -201,6 +214,24 @@ pub enum ClientAction {
     NodeExpanded {
         req: u64,
         result: Result<u64, crate::error::CsiCallError>,
+    },
+    /// Make controller call `req` to the plugin at `socket`, unless its caller has gone;
+    /// `ClientInput::ControllerFinished` once it returned.
+    ControllerStart {
+        req: u64,
+        socket: String,
+        request: crate::rpc::ClientCsiRequest,
+    },
+    /// The answer to controller call `req`, made without the plugin.
+    ControllerReply {
+        req: u64,
+        result: Result<crate::rpc::ClientCsiReply, crate::error::CsiCallError>,
+    },
+    /// Controller call `req` ran past its deadline: its caller gets `error`, and its turn goes
+    /// to the next call (the call itself may still end in the plugin).
+    ControllerAbandoned {
+        req: u64,
+        error: crate::error::CsiCallError,
     },
     /// The answer to `ClientInput::AllocControl`.
     AllocControlled {
@@ -290,6 +321,8 @@ struct Instance {
 pub struct Client {
     /// When drivers and Consul are fingerprinted next.
     cadences: cadences::Cadences,
+    /// Controller calls by plugin: one running at a time.
+    controller_turns: controller_turns::ControllerTurns,
     /// The last `now` handed in: time never runs back inside the machine.
     clock: crate::time::Monotonic,
     settings: ClientSettings,
@@ -361,6 +394,7 @@ impl Client {
     pub fn new(settings: ClientSettings) -> Self {
         Client {
             cadences: cadences::Cadences::default(),
+            controller_turns: controller_turns::ControllerTurns::default(),
             clock: crate::time::Monotonic::default(),
             settings,
             ops: OpIds::default(),
@@ -485,6 +519,8 @@ impl Client {
                 }
             }
             ClientInput::NodeDetach { req, request } => self.node_detach(now, req, request),
+            ClientInput::ControllerCall { req, request } => self.controller_call(now, req, request),
+            ClientInput::ControllerFinished { req } => self.controller_finished(now, req),
             ClientInput::NodeExpand { req, request } => self.node_expand(now, req, request),
             ClientInput::AllocControl { req, request } => self.alloc_control(now, req, request),
             ClientInput::PersistFailed { record, error } => self.persist_failed(now, record, error),
@@ -939,6 +975,7 @@ impl Client {
     pub fn handle_timeout(&mut self, now: Instant) {
         self.clock.observe(now);
         self.fingerprint_due(now);
+        self.controller_deadlines(now);
         let due: Vec<Report> = self
             .reports_retry
             .iter()
@@ -1070,6 +1107,7 @@ impl Client {
             .chain(allocs)
             .chain(reports)
             .chain(self.cadences.poll_timeout())
+            .chain(self.controller_turns.poll_timeout())
             .min()
     }
 

@@ -1496,3 +1496,144 @@ mod servers_harness {
 fn servers() {
     run_dir("servers", servers_harness::new, servers_harness::run);
 }
+
+/// The servers' controller calls on a client (`client::client::controller_turns`): one at a
+/// time per plugin, each given up at its deadline. The client is registered with controller
+/// plugins `p1` and `p2`; only the controller actions are shown.
+mod turns_harness {
+    use super::*;
+    use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
+    use drover_core::client::paths::ClientPaths;
+    use drover_core::client::registry::{PluginInfo, PluginKind, Registry};
+    use drover_core::client::{Io, Reply};
+    use drover_core::rpc::{ClientCsiRequest, ControllerDeleteRequest, ServerReply, ServerRequest};
+    use drover_core::structs::Node;
+
+    pub struct Harness {
+        client: Client,
+        now: Instant,
+    }
+
+    fn client(no_turn: bool) -> Client {
+        let mut settings = ClientSettings {
+            node_id: "n1".into(),
+            paths: ClientPaths::new("/s", "/a"),
+            host_volumes: BTreeMap::new(),
+            region: "global".into(),
+            seed: 1,
+            faults: Default::default(),
+            consul: Default::default(),
+            max_kill_timeout: drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT,
+        };
+        settings.faults.no_controller_turn = no_turn;
+        let mut client = Client::new(settings);
+        let mut registry = Registry::default();
+        for name in ["p1", "p2"] {
+            registry
+                .register(PluginInfo {
+                    kind: PluginKind::CsiController,
+                    name: name.into(),
+                    version: "1".into(),
+                    provider: "fake".into(),
+                    socket_path: format!("/plugins/{name}.sock"),
+                    alloc_id: format!("alloc-{name}"),
+                    mount_point: String::new(),
+                    container_mount_point: String::new(),
+                })
+                .unwrap();
+        }
+        let now = Instant::from_nanos(0);
+        let node = Node {
+            id: "n1".into(),
+            ..Node::default()
+        };
+        client.connect(now, node, registry, Vec::new());
+        // The servers take the registration; the registry is restored then.
+        let mut register = None;
+        while let Some(action) = client.poll_action() {
+            if let ClientAction::Io {
+                op,
+                io: Io::Server(ServerRequest::NodeRegister { .. }),
+            } = action
+            {
+                register = Some(op);
+            }
+        }
+        let op = register.expect("the client registers its node");
+        client.handle(
+            now,
+            ClientInput::Outcome {
+                op,
+                outcome: Ok(Reply::Server(ServerReply::Heartbeat {
+                    index: 1,
+                    heartbeat_ttl_ms: 3_600_000,
+                })),
+            },
+        );
+        while client.poll_action().is_some() {}
+        client
+    }
+
+    pub fn new() -> Harness {
+        Harness {
+            client: client(false),
+            now: Instant::from_nanos(0),
+        }
+    }
+
+    fn describe(harness: &mut Harness) -> String {
+        let mut out = String::new();
+        while let Some(action) = harness.client.poll_action() {
+            match action {
+                ClientAction::ControllerStart { req, socket, request } => {
+                    writeln!(out, "start: {req} {} on {socket}", request.plugin_id()).unwrap();
+                }
+                ClientAction::ControllerReply { req, result } => match result {
+                    Ok(reply) => writeln!(out, "reply: {req} {reply:?}").unwrap(),
+                    Err(error) => writeln!(out, "reply: {req} {:?}: {error}", error.kind).unwrap(),
+                },
+                ClientAction::ControllerAbandoned { req, error } => {
+                    writeln!(out, "abandoned: {req} {:?}: {error}", error.kind).unwrap();
+                }
+                _ => {}
+            }
+        }
+        if out.is_empty() {
+            out.push_str("ok\n");
+        }
+        out
+    }
+
+    pub fn run(harness: &mut Harness, directive: &Directive) -> String {
+        let args = &directive.args;
+        if let Some(at) = args.get("at") {
+            harness.now = Instant::from_nanos(at.parse::<u64>().expect("at=<ms>") * 1_000_000);
+        }
+        let req = || args["req"].parse::<u64>().expect("req=<n>");
+        let now = harness.now;
+        match directive.command.as_str() {
+            "no-turn" => harness.client = client(true),
+            "call" => {
+                let request = ClientCsiRequest::ControllerDelete(ControllerDeleteRequest {
+                    plugin_id: args["plugin"].clone(),
+                    external_id: "v".into(),
+                    secrets: Default::default(),
+                });
+                harness
+                    .client
+                    .handle(now, ClientInput::ControllerCall { req: req(), request });
+            }
+            "finished" => harness
+                .client
+                .handle(now, ClientInput::ControllerFinished { req: req() }),
+            "tick" => harness.client.handle_timeout(now),
+            other => panic!("unknown directive {other}"),
+        }
+        describe(harness)
+    }
+}
+
+#[test]
+fn controller_turns() {
+    run_dir("controller_turns", turns_harness::new, turns_harness::run);
+}

@@ -14,7 +14,7 @@ mod store;
 pub use store::{CLIENT_STATE_FILE, ClientStore, ClientStoreError};
 pub mod stats;
 
-use drover_core::error::{AllocCallError, CsiCallError, CsiCallFailure};
+use drover_core::error::{AllocCallError, CsiCallError};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +22,6 @@ use std::time::Duration;
 use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings, Fingerprint};
 use drover_core::client::deadlines;
 use drover_core::client::devices::{DeviceInstance, DevicePick, DeviceReservations};
-use drover_core::client::registry::PluginKind;
 use drover_core::client::services::{RegisteredService, TaskServiceRegistration};
 use drover_core::client::task_runner::{LocalTaskState, TaskStatus};
 use drover_core::client::{
@@ -139,6 +138,12 @@ enum Message {
     Controller {
         request: ClientCsiRequest,
         reply: oneshot::Sender<Result<ClientCsiReply, CsiCallError>>,
+    },
+    /// A controller call the core started returned (`None`: its caller had gone, so it was
+    /// never made).
+    ControllerDone {
+        req: u64,
+        result: Option<Result<ClientCsiReply, CsiCallError>>,
     },
     /// One fingerprint round of every driver.
     Drivers(Vec<(String, DriverCapabilities, DriverInfo)>),
@@ -793,7 +798,6 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     } = inbox;
     let epoch = tokio::time::Instant::now();
     let observer = agent.observer();
-    let controller_turns_on = !settings.faults.no_controller_turn;
     let mut client = Client::new(settings);
     // Task event times are told on the wall clock (the simulator's, in simulation).
     client.set_wall_epoch(crate::driver::unix_millis() as i64 * 1_000_000);
@@ -837,8 +841,9 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     };
     let mut detaches: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, CsiCallError>>> = BTreeMap::new();
     let mut next_detach = 0u64;
-    // One controller call at a time per plugin from this client, whoever sends it (#8336).
-    let mut controller_turns: BTreeMap<String, Arc<tokio::sync::Mutex<()>>> = BTreeMap::new();
+    // Controller calls waiting for their answer; the core decides when each runs.
+    let mut controller_replies: BTreeMap<u64, oneshot::Sender<Result<ClientCsiReply, CsiCallError>>> = BTreeMap::new();
+    let mut next_controller = 0u64;
     let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), AllocCallError>>> = BTreeMap::new();
     let mut next_control = 0u64;
     let mut shut_down: Option<oneshot::Sender<()>> = None;
@@ -965,6 +970,33 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         let _ = reply.send(result);
                     }
                 }
+                ClientAction::ControllerReply { req, result } => {
+                    if let Some(reply) = controller_replies.remove(&req) {
+                        let _ = reply.send(result);
+                    }
+                }
+                ClientAction::ControllerAbandoned { req, error } => {
+                    if let Some(reply) = controller_replies.remove(&req) {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+                ClientAction::ControllerStart { req, socket, request } => {
+                    let (executor, sender) = (world.executor.clone(), sender.clone());
+                    // A caller that gave up while its call waited for the turn: never made.
+                    let gone = controller_replies.get(&req).is_none_or(|reply| reply.is_closed());
+                    tokio::spawn(async move {
+                        let result = if gone {
+                            None
+                        } else {
+                            let call = tokio::spawn(async move { executor.controller(socket, request).await });
+                            Some(match call.await {
+                                Ok(result) => result,
+                                Err(error) => Err(format!("CSI controller call failed: {error}").into()),
+                            })
+                        };
+                        let _ = sender.send(Message::ControllerDone { req, result });
+                    });
+                }
             }
         }
         if client.is_drained()
@@ -1020,49 +1052,15 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         client.handle(now, ClientInput::NodeExpand { req: next_detach, request });
                     }
                     Message::Controller { request, reply } => {
-                        let socket = client
-                            .registry()
-                            .get(PluginKind::CsiController, request.plugin_id())
-                            .map(|info| info.socket_path.clone());
-                        let Some(socket) = socket else {
-                            let _ = reply.send(Err(CsiCallError::new(
-                                CsiCallFailure::Unreachable,
-                                format!(
-                                    "CSI client error (retryable): plugin {} for type csi-controller not found",
-                                    request.plugin_id()
-                                ),
-                            )));
-                            continue;
-                        };
-                        let executor = executor.clone();
-                        let turn = controller_turns
-                            .entry(request.plugin_id().to_string())
-                            .or_default()
-                            .clone();
-                        tokio::spawn(async move {
-                            // The servers queue their controller calls per plugin, but a new
-                            // leader, or one restarted, does not know that its predecessor's
-                            // call is still running in the plugin: the plugin's host waits for
-                            // it, for as long as a server waits for a call (past that, every
-                            // caller has given up on it and a retry may go ahead).
-                            let turn = if controller_turns_on { Some(turn.lock().await) } else { None };
-                            if reply.is_closed() {
-                                // The caller gave up while this call waited: it never starts.
-                                return;
-                            }
-                            let call = tokio::spawn(async move { executor.controller(socket, request).await });
-                            let result = match tokio::time::timeout(drover_core::agent::CLIENT_CSI_TIMEOUT, call).await {
-                                Ok(Ok(result)) => result,
-                                Ok(Err(error)) => Err(format!("CSI controller call failed: {error}").into()),
-                                Err(_) => Err(format!(
-                                    "CSI controller call still running after {:?}",
-                                    drover_core::agent::CLIENT_CSI_TIMEOUT
-                                )
-                                .into()),
-                            };
-                            drop(turn);
+                        next_controller += 1;
+                        controller_replies.insert(next_controller, reply);
+                        client.handle(now, ClientInput::ControllerCall { req: next_controller, request });
+                    }
+                    Message::ControllerDone { req, result } => {
+                        if let (Some(result), Some(reply)) = (result, controller_replies.remove(&req)) {
                             let _ = reply.send(result);
-                        });
+                        }
+                        client.handle(now, ClientInput::ControllerFinished { req });
                     }
                 }
             }
