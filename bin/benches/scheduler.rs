@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use drover_core::fsm::{Command, Entry, ServerState};
 use drover_core::scheduler::schedule;
 use drover_core::structs::{
-    DriverInfo, EVAL_PENDING, Evaluation, Job, JobType, NetworkResource, Node, NodeResources, NodeStatus, Port, Task,
+    DriverInfo, EvalStatus, Evaluation, Job, JobType, NetworkResource, Node, NodeResources, NodeStatus, Port, Task,
     TaskGroup, TaskResources,
 };
 
@@ -98,7 +98,7 @@ fn measure(nodes: usize, count: u32, rounds: usize, ports: bool) -> (Duration, u
         id: "e1".into(),
         namespace: "default".into(),
         job_id: "web".into(),
-        status: EVAL_PENDING.into(),
+        status: EvalStatus::Pending,
         ..Evaluation::default()
     };
     let index = state.last_applied().unwrap_or(0) + 1;

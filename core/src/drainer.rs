@@ -35,9 +35,7 @@ use crate::prelude::*;
 use alloc::collections::{BTreeMap, BTreeSet};
 
 use crate::fsm::{Command, ServerState};
-use crate::structs::{
-    Allocation, ClaimState, DesiredStatus, DesiredTransition, EVAL_PENDING, Evaluation, JobType, Node,
-};
+use crate::structs::{Allocation, ClaimState, DesiredStatus, DesiredTransition, EvalStatus, Evaluation, JobType, Node};
 use crate::time::Instant;
 
 #[derive(Debug, Default)]
@@ -237,7 +235,7 @@ impl Drainer {
                     triggered_by: "node-drain".into(),
                     job_id,
                     node_id,
-                    status: EVAL_PENDING.into(),
+                    status: EvalStatus::Pending,
                     ..Evaluation::default()
                 })
             })
@@ -459,7 +457,10 @@ mod tests {
         let node = fx.state.node("n1").unwrap();
         assert!(node.drain_strategy.is_none());
         assert_eq!(node.scheduling_eligibility, SchedulingEligibility::Ineligible);
-        assert_eq!(node.last_drain.as_ref().unwrap().status, "complete");
+        assert_eq!(
+            node.last_drain.as_ref().unwrap().status,
+            crate::structs::DrainStatus::Complete
+        );
         assert_eq!(node.events.last().unwrap().message, "Node drain complete");
         assert_eq!(fx.step(), None);
     }
@@ -577,7 +578,10 @@ mod tests {
             complete: false,
         });
         let node = fx.state.node("n1").unwrap();
-        assert_eq!(node.last_drain.as_ref().unwrap().status, "canceled");
+        assert_eq!(
+            node.last_drain.as_ref().unwrap().status,
+            crate::structs::DrainStatus::Canceled
+        );
         assert_eq!(node.events.last().unwrap().message, "Node drain disabled");
         assert_eq!(node.scheduling_eligibility, SchedulingEligibility::Ineligible);
         fx.apply(Command::NodeUpdateEligibility {

@@ -29,7 +29,7 @@ use core::fmt;
 use core::time::Duration;
 
 use crate::fsm::{Command, ServerState, Table};
-use crate::structs::{EVAL_PENDING, Evaluation, Job, PeriodicConfig};
+use crate::structs::{EvalStatus, Evaluation, Job, PeriodicConfig};
 use crate::time::Instant;
 
 /// Evaluations of launched children are triggered by `periodic-job`.
@@ -70,7 +70,7 @@ pub fn child_eval(child: &Job, id: String) -> Evaluation {
         eval_type: child.job_type.as_str().into(),
         triggered_by: TRIGGER_PERIODIC_JOB.into(),
         job_id: child.id.clone(),
-        status: EVAL_PENDING.into(),
+        status: EvalStatus::Pending,
         ..Evaluation::default()
     }
 }

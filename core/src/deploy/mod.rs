@@ -13,7 +13,7 @@ use crate::prelude::*;
 
 use crate::fsm::ServerState;
 use crate::structs::{
-    Deployment, DeploymentStatusUpdate, EVAL_PENDING, Evaluation, Job, no_rollback_description, rollback_description,
+    Deployment, DeploymentStatusUpdate, EvalStatus, Evaluation, Job, no_rollback_description, rollback_description,
 };
 
 /// Evaluations created for deployments are triggered by `deployment-watcher`.
@@ -29,7 +29,7 @@ pub fn eval(deployment: &Deployment, job: Option<&Job>, id: String) -> Evaluatio
         triggered_by: TRIGGER_DEPLOYMENT_WATCHER.into(),
         job_id: deployment.job_id.clone(),
         job_modify_index: job.map_or(0, |job| job.job_modify_index),
-        status: EVAL_PENDING.into(),
+        status: EvalStatus::Pending,
         ..Evaluation::default()
     }
 }
@@ -53,7 +53,7 @@ pub fn fail(state: &ServerState, deployment: &Deployment, base: &str) -> (Deploy
     }
     let update = DeploymentStatusUpdate {
         deployment_id: deployment.id.clone(),
-        status: crate::structs::DEPLOYMENT_FAILED.into(),
+        status: crate::structs::DeploymentStatus::Failed,
         status_description: description,
     };
     (update, rollback)

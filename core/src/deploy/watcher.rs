@@ -20,7 +20,7 @@ use core::time::Duration;
 
 use crate::fsm::{Command, ServerState, Table};
 use crate::structs::{
-    DEPLOYMENT_DESC_FAILED_ALLOCATIONS, DEPLOYMENT_DESC_PROGRESS_DEADLINE, DEPLOYMENT_RUNNING, Deployment,
+    DEPLOYMENT_DESC_FAILED_ALLOCATIONS, DEPLOYMENT_DESC_PROGRESS_DEADLINE, Deployment, DeploymentStatus,
 };
 use crate::time::Instant;
 
@@ -104,7 +104,7 @@ impl DeploymentWatcher {
         let running: Vec<&Deployment> = changed
             .iter()
             .copied()
-            .filter(|deployment| deployment.status == DEPLOYMENT_RUNNING)
+            .filter(|deployment| deployment.status == DeploymentStatus::Running)
             .collect();
         let command = running
             .iter()
@@ -132,7 +132,7 @@ impl DeploymentWatcher {
         let cluster_now = state.last_applied_time_ms();
         for deployment in changed {
             let before = self.remove_deadlines(&deployment.id);
-            if deployment.status != DEPLOYMENT_RUNNING {
+            if deployment.status != DeploymentStatus::Running {
                 continue;
             }
             for (group, dstate) in &deployment.task_groups {
@@ -155,7 +155,7 @@ impl DeploymentWatcher {
         for id in due {
             let running = state
                 .deployment(id)
-                .is_some_and(|deployment| deployment.status == DEPLOYMENT_RUNNING);
+                .is_some_and(|deployment| deployment.status == DeploymentStatus::Running);
             if !running {
                 self.remove_deadlines(id);
             }

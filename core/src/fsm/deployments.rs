@@ -8,7 +8,7 @@ use crate::prelude::*;
 use super::{Command, Response, ServerState, Table};
 use crate::error::ErrorKind;
 use crate::structs::{
-    AllocDeploymentStatus, Allocation, DEPLOYMENT_SUCCESSFUL, Deployment, DeploymentStatusUpdate, Evaluation, Job,
+    AllocDeploymentStatus, Allocation, Deployment, DeploymentStatus, DeploymentStatusUpdate, Evaluation, Job,
 };
 
 impl ServerState {
@@ -194,9 +194,9 @@ impl ServerState {
         let Some(mut deployment) = self.deployments.get(&update.deployment_id).cloned() else {
             return;
         };
-        deployment.status = update.status.clone();
+        deployment.status = update.status;
         deployment.status_description = update.status_description.clone();
-        if update.status == DEPLOYMENT_SUCCESSFUL {
+        if update.status == DeploymentStatus::Successful {
             let (namespace, job_id, version) = (
                 deployment.namespace.clone(),
                 deployment.job_id.clone(),
@@ -308,14 +308,14 @@ fn not_found(id: &str) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{DEPLOYMENT_RUNNING, DEPLOYMENT_SUCCESSFUL};
+    use crate::structs::DeploymentStatus;
 
-    fn deployment(id: &str, status: &str) -> Deployment {
+    fn deployment(id: &str, status: DeploymentStatus) -> Deployment {
         Deployment {
             id: id.into(),
             namespace: "default".into(),
             job_id: format!("job-{id}"),
-            status: status.into(),
+            status,
             ..Default::default()
         }
     }
@@ -331,14 +331,14 @@ mod tests {
                 .map(|deployment| deployment.id.clone())
                 .collect()
         };
-        state.upsert_deployment(10, 0, deployment("a", DEPLOYMENT_RUNNING));
-        state.upsert_deployment(11, 0, deployment("b", DEPLOYMENT_RUNNING));
-        state.upsert_deployment(12, 0, deployment("c", DEPLOYMENT_RUNNING));
+        state.upsert_deployment(10, 0, deployment("a", DeploymentStatus::Running));
+        state.upsert_deployment(11, 0, deployment("b", DeploymentStatus::Running));
+        state.upsert_deployment(12, 0, deployment("c", DeploymentStatus::Running));
         assert_eq!(ids(&state, 0), ["a", "b", "c"]);
         assert_eq!(ids(&state, 11), ["c"]);
         // An update moves it to its new index; one that finishes leaves the active ones.
-        state.upsert_deployment(13, 0, deployment("a", DEPLOYMENT_RUNNING));
-        state.upsert_deployment(14, 0, deployment("b", DEPLOYMENT_SUCCESSFUL));
+        state.upsert_deployment(13, 0, deployment("a", DeploymentStatus::Running));
+        state.upsert_deployment(14, 0, deployment("b", DeploymentStatus::Successful));
         assert_eq!(ids(&state, 11), ["c", "a"]);
         assert_eq!(ids(&state, 12), ["a"]);
         assert_eq!(state.active_deployment_count(), 2);

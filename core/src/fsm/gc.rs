@@ -6,9 +6,7 @@
 use crate::prelude::*;
 
 use super::{Command, Response, ServerState, Table};
-use crate::structs::{
-    Allocation, ClientStatus, Deployment, EVAL_BLOCKED, EVAL_PENDING, Evaluation, JobType, Node, NodeStatus,
-};
+use crate::structs::{Allocation, ClientStatus, Deployment, EvalStatus, Evaluation, JobType, Node, NodeStatus};
 
 /// What a forced GC removes.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -56,7 +54,7 @@ pub fn alloc_collectable(state: &ServerState, alloc: &Allocation) -> bool {
 
 /// `allocs_remain`: whether an allocation of the evaluation stays.
 pub fn eval_collectable(eval: &Evaluation, allocs_remain: bool) -> bool {
-    eval.status != EVAL_PENDING && eval.status != EVAL_BLOCKED && !allocs_remain
+    eval.status != EvalStatus::Pending && eval.status != EvalStatus::Blocked && !allocs_remain
 }
 
 pub fn job_collectable(state: &ServerState, namespace: &str, job_id: &str, allocs_remain: bool) -> bool {
@@ -64,7 +62,7 @@ pub fn job_collectable(state: &ServerState, namespace: &str, job_id: &str, alloc
         && !allocs_remain
         && !state
             .job_evals(namespace, job_id)
-            .any(|eval| eval.status == EVAL_PENDING || eval.status == EVAL_BLOCKED)
+            .any(|eval| eval.status == EvalStatus::Pending || eval.status == EvalStatus::Blocked)
 }
 
 pub fn deployment_collectable(state: &ServerState, deployment: &Deployment, allocs_remain: bool) -> bool {
@@ -170,7 +168,7 @@ mod tests {
     use crate::fsm::Command;
     use crate::fsm::csi::tests::Fixture;
     use crate::structs::{
-        Allocation, ClientStatus, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType, Node, NodeStatus,
+        Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, NodeStatus,
     };
 
     fn job(id: &str, job_type: JobType) -> Job {
@@ -200,7 +198,7 @@ mod tests {
             id: id.into(),
             namespace: "default".into(),
             job_id: job.into(),
-            status: EVAL_COMPLETE.into(),
+            status: EvalStatus::Complete,
             ..Evaluation::default()
         }
     }

@@ -980,7 +980,7 @@ impl ServerState {
         if let Some(old) = self.evals.get(&eval.id).map(|old| (old.snapshot_index, old.id.clone())) {
             self.blocked_evals_by_snapshot.delete(&old);
         }
-        if eval.status == "blocked" {
+        if eval.status == crate::structs::EvalStatus::Blocked {
             self.blocked_evals_by_job.insert(key.clone(), ());
             self.blocked_evals_by_snapshot
                 .insert((eval.snapshot_index, eval.id.clone()), ());
@@ -1315,7 +1315,7 @@ mod tests {
         );
         // e1 blocks, then e3 blocks and is unblocked (completed): only e1 stays blocked.
         let blocked = |id: &str, job: &str| Evaluation {
-            status: "blocked".into(),
+            status: crate::structs::EvalStatus::Blocked,
             ..eval(id, job)
         };
         let evals = vec![blocked("e1", "web"), blocked("e3", "web")];

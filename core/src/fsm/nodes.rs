@@ -114,14 +114,18 @@ impl ServerState {
                 node.last_drain = Some(DrainMetadata {
                     started_at_ms,
                     updated_at_ms: at_ms,
-                    status: "draining".into(),
+                    status: crate::structs::DrainStatus::Draining,
                 });
             }
             None => {
                 node.drain_strategy = None;
                 if let Some(last) = node.last_drain.as_mut().filter(|_| was_draining) {
                     last.updated_at_ms = at_ms;
-                    last.status = if complete { "complete" } else { "canceled" }.into();
+                    last.status = if complete {
+                        crate::structs::DrainStatus::Complete
+                    } else {
+                        crate::structs::DrainStatus::Canceled
+                    };
                 }
                 if mark_eligible {
                     node.scheduling_eligibility = SchedulingEligibility::Eligible;

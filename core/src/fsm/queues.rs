@@ -14,14 +14,14 @@
 use crate::prelude::*;
 
 use super::ServerState;
-use crate::structs::{Allocation, ClientStatus, DesiredStatus, EVAL_PENDING, Evaluation, Node};
+use crate::structs::{Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Node};
 
 impl ServerState {
     /// Files `eval` (already indexed by job) in the pending queue or out of it. The create
     /// index never changes once stored, so the key of an update is that of the original.
     pub(super) fn queue_eval(&mut self, eval: &Evaluation) {
         let key = (eval.create_index, eval.id.clone());
-        if eval.status == EVAL_PENDING {
+        if eval.status == EvalStatus::Pending {
             self.pending_evals.insert(key, ());
         } else {
             self.pending_evals.delete(&key);
@@ -85,7 +85,7 @@ impl ServerState {
 mod tests {
     use super::*;
     use crate::fsm::Command;
-    use crate::structs::{EVAL_BLOCKED, EVAL_COMPLETE};
+    use crate::structs::EvalStatus;
     use rand_010::{RngExt, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
@@ -95,7 +95,7 @@ mod tests {
     fn the_queues_match_a_scan_of_the_tables() {
         let mut fixture = crate::fsm::csi::tests::Fixture::new();
         let mut rng = ChaCha8Rng::seed_from_u64(19);
-        let statuses = [EVAL_PENDING, EVAL_BLOCKED, EVAL_COMPLETE];
+        let statuses = [EvalStatus::Pending, EvalStatus::Blocked, EvalStatus::Complete];
         let clients = [
             ClientStatus::Pending,
             ClientStatus::Running,
@@ -127,7 +127,7 @@ mod tests {
                     id: format!("e{n}"),
                     namespace: "default".into(),
                     job_id: format!("j{}", n % 3),
-                    status: statuses[rng.random_range(0..statuses.len())].into(),
+                    status: statuses[rng.random_range(0..statuses.len())],
                     ..Evaluation::default()
                 };
                 fixture.ok(Command::EvalUpsert { evals: vec![eval] });
@@ -153,13 +153,16 @@ mod tests {
     }
 
     fn check(state: &ServerState) {
-        let mut pending: Vec<&Evaluation> = state.evals().filter(|eval| eval.status == EVAL_PENDING).collect();
+        let mut pending: Vec<&Evaluation> = state
+            .evals()
+            .filter(|eval| eval.status == EvalStatus::Pending)
+            .collect();
         pending.sort_by_key(|eval| (eval.create_index, eval.id.clone()));
         let queued: Vec<&Evaluation> = state.pending_evals().collect();
         assert_eq!(queued, pending);
         let mut blocked: Vec<&str> = state
             .evals()
-            .filter(|eval| eval.status == EVAL_BLOCKED)
+            .filter(|eval| eval.status == EvalStatus::Blocked)
             .map(|eval| eval.id.as_str())
             .collect();
         let mut queued: Vec<&str> = state.blocked_evals().map(|eval| eval.id.as_str()).collect();

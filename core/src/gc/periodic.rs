@@ -72,7 +72,7 @@ mod tests {
     use super::*;
     use crate::fsm::csi::tests::Fixture;
     use crate::gc::GcThresholds;
-    use crate::structs::{Allocation, ClientStatus, DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType};
+    use crate::structs::{Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType};
     use core::time::Duration;
 
     fn world() -> Fixture {
@@ -90,7 +90,7 @@ mod tests {
             namespace: "default".into(),
             job_id: "old".into(),
             eval_type: "service".into(),
-            status: EVAL_COMPLETE.into(),
+            status: EvalStatus::Complete,
             ..Evaluation::default()
         };
         fx.ok(Command::EvalUpsert { evals: vec![eval] });

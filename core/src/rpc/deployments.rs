@@ -11,8 +11,8 @@ use super::outbox::{Outbox, Owner};
 use super::{ReqId, RpcError, ServerReply};
 use crate::fsm::{Command, ServerState};
 use crate::structs::{
-    DEPLOYMENT_DESC_FAILED_BY_USER, DEPLOYMENT_DESC_PAUSED, DEPLOYMENT_PAUSED, DEPLOYMENT_RUNNING, Deployment,
-    DeploymentStatusUpdate, Evaluation,
+    DEPLOYMENT_DESC_FAILED_BY_USER, DEPLOYMENT_DESC_PAUSED, Deployment, DeploymentStatus, DeploymentStatusUpdate,
+    Evaluation,
 };
 
 /// An operator's request about a deployment or a job's versions.
@@ -98,11 +98,11 @@ impl JobEndpoints {
                 let deployment = active(state, &deployment_id, if pause { "pause" } else { "resume" })?;
                 let keys = (deployment.namespace.clone(), deployment.job_id.clone());
                 let (status, description, eval) = if pause {
-                    (DEPLOYMENT_PAUSED, DEPLOYMENT_DESC_PAUSED.to_string(), None)
+                    (DeploymentStatus::Paused, DEPLOYMENT_DESC_PAUSED.to_string(), None)
                 } else {
                     let eval = self.deployment_eval(state, deployment);
                     (
-                        DEPLOYMENT_RUNNING,
+                        DeploymentStatus::Running,
                         deployment.running_description().to_string(),
                         Some(eval),
                     )
@@ -110,7 +110,7 @@ impl JobEndpoints {
                 let eval_id = eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default();
                 let update = DeploymentStatusUpdate {
                     deployment_id,
-                    status: status.into(),
+                    status,
                     status_description: description,
                 };
                 Ok((

@@ -304,7 +304,7 @@ impl JobEndpoints {
             eval_type: job_type.as_str().to_string(),
             triggered_by: trigger.to_string(),
             job_id: job_id.to_string(),
-            status: crate::structs::EVAL_PENDING.into(),
+            status: crate::structs::EvalStatus::Pending,
             ..Evaluation::default()
         }
     }

@@ -10,7 +10,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 
 use super::{ALLOC_MIGRATING, ALLOC_UPDATING, Plan};
 use crate::fsm::{Command, Entry, Response, ServerState};
-use crate::structs::{AllocMetric, DesiredStatus, EVAL_PENDING, Evaluation, Job};
+use crate::structs::{AllocMetric, DesiredStatus, EvalStatus, Evaluation, Job};
 
 /// What a plan would do to one task group (Nomad's `DesiredUpdates`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -51,7 +51,7 @@ pub fn dry_run(state: &ServerState, job: &Job, limits: &crate::jobspec::limits::
         eval_type: job.job_type.as_str().into(),
         triggered_by: "job-register".into(),
         job_id: job.id.clone(),
-        status: EVAL_PENDING.into(),
+        status: EvalStatus::Pending,
         ..Evaluation::default()
     };
     let index = scratch.last_applied().map_or(1, |last| last + 1);

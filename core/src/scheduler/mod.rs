@@ -33,7 +33,7 @@ use alloc::collections::{BTreeMap, BTreeSet};
 use crate::fsm::ServerState;
 use crate::structs::{
     AllocMetric, AllocatedResources, Allocation, ClientStatus, CsiVolume, DISTINCT_HOSTS, DISTINCT_PROPERTY,
-    DesiredStatus, EVAL_COMPLETE, Evaluation, Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
+    DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, NodeStatus, TaskGroup, VolumeType,
 };
 
 /// Nomad's desired-status descriptions.
@@ -147,7 +147,7 @@ pub fn schedule_with_faults(
     let stored = state.job(&eval.namespace, &eval.job_id);
     if stored.is_some_and(|job| !is_scheduled(job)) {
         let mut processed = eval.clone();
-        processed.status = EVAL_COMPLETE.into();
+        processed.status = EvalStatus::Complete;
         processed.status_description = "job is not managed by the scheduler".into();
         return Plan {
             evals: vec![processed],

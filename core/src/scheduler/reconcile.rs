@@ -16,8 +16,8 @@ use super::{
 };
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, Allocation, ClientStatus, DesiredStatus, EVAL_BLOCKED, EVAL_COMPLETE, EVAL_PENDING, Evaluation, Job,
-    JobType, Node, NodeStatus, TRIGGER_ROLLING_UPDATE, TaskGroup, UpdateStrategy,
+    AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, NodeStatus,
+    TRIGGER_ROLLING_UPDATE, TaskGroup, UpdateStrategy,
 };
 
 /// What a group's names call for, gathered before the deployment decides how much of it
@@ -525,7 +525,7 @@ impl<'a> Reconcile<'a> {
         }
         self.plan.deployment_updates = core::mem::take(&mut self.rollout.updates);
         let mut processed = eval.clone();
-        processed.status = EVAL_COMPLETE.into();
+        processed.status = EvalStatus::Complete;
         processed.status_description.clear();
         processed.failed_tg_allocs.clear();
         processed.queued_allocations.clear();
@@ -549,7 +549,7 @@ impl<'a> Reconcile<'a> {
                 triggered_by: triggered_by.into(),
                 job_id: eval.job_id.clone(),
                 job_modify_index: job.job_modify_index,
-                status: EVAL_PENDING.into(),
+                status: EvalStatus::Pending,
                 previous_eval: eval.id.clone(),
                 wait_ms: wait.as_millis() as u64,
                 ..Evaluation::default()
@@ -629,7 +629,7 @@ impl<'a> Reconcile<'a> {
         if eval.triggered_by == "queued-allocs" {
             // A retried blocked evaluation that still cannot place everything blocks again
             // itself (no new evaluation per retry).
-            processed.status = EVAL_BLOCKED.into();
+            processed.status = EvalStatus::Blocked;
             processed.status_description = "created to place remaining allocations".into();
             processed.snapshot_index = state.last_applied().unwrap_or(0);
             self.plan.evals.push(processed);
@@ -643,7 +643,7 @@ impl<'a> Reconcile<'a> {
             triggered_by: "queued-allocs".into(),
             job_id: eval.job_id.clone(),
             job_modify_index: job.job_modify_index,
-            status: EVAL_BLOCKED.into(),
+            status: EvalStatus::Blocked,
             status_description: "created to place remaining allocations".into(),
             queued_allocations: processed.queued_allocations.clone(),
             failed_tg_allocs: processed.failed_tg_allocs.clone(),

@@ -20,9 +20,8 @@ use alloc::collections::BTreeSet;
 
 use crate::fsm::ServerState;
 use crate::structs::{
-    Allocation, DEPLOYMENT_CANCELLED, DEPLOYMENT_DESC_NEWER_JOB, DEPLOYMENT_DESC_STOPPED_JOB,
-    DEPLOYMENT_DESC_SUCCESSFUL, DEPLOYMENT_FAILED, DEPLOYMENT_PAUSED, DEPLOYMENT_RUNNING, DEPLOYMENT_SUCCESSFUL,
-    Deployment, DeploymentState, DeploymentStatusUpdate, Job, JobType, TaskGroup, UpdateStrategy,
+    Allocation, DEPLOYMENT_DESC_NEWER_JOB, DEPLOYMENT_DESC_STOPPED_JOB, DEPLOYMENT_DESC_SUCCESSFUL, Deployment,
+    DeploymentState, DeploymentStatus, DeploymentStatusUpdate, Job, JobType, TaskGroup, UpdateStrategy,
 };
 
 /// The job's deployment as this plan sees and changes it.
@@ -78,23 +77,23 @@ impl Rollout {
             };
             rollout.updates.push(DeploymentStatusUpdate {
                 deployment_id: latest.id.clone(),
-                status: DEPLOYMENT_CANCELLED.into(),
+                status: DeploymentStatus::Cancelled,
                 status_description: description.into(),
             });
         }
         rollout
     }
 
-    fn status(&self) -> Option<&str> {
-        self.deployment.as_ref().map(|deployment| deployment.status.as_str())
+    fn status(&self) -> Option<DeploymentStatus> {
+        self.deployment.as_ref().map(|deployment| deployment.status)
     }
 
     pub fn failed(&self) -> bool {
-        self.status() == Some(DEPLOYMENT_FAILED)
+        self.status() == Some(DeploymentStatus::Failed)
     }
 
     pub fn paused(&self) -> bool {
-        self.status() == Some(DEPLOYMENT_PAUSED)
+        self.status() == Some(DeploymentStatus::Paused)
     }
 
     /// The id placements join: the deployment's while it is active.
@@ -131,7 +130,7 @@ impl Rollout {
             job_version: job.version,
             job_modify_index: job.job_modify_index,
             job_create_index: job.create_index,
-            status: DEPLOYMENT_RUNNING.into(),
+            status: DeploymentStatus::Running,
             eval_priority: job.priority,
             ..Deployment::default()
         };
@@ -238,7 +237,7 @@ impl Rollout {
     /// no canary awaits promotion, and it has its healthy allocations — is successful.
     pub fn finish(&mut self) {
         let Some(deployment) = &self.deployment else { return };
-        if deployment.status != DEPLOYMENT_RUNNING {
+        if deployment.status != DeploymentStatus::Running {
             return;
         }
         let done = deployment.task_groups.iter().all(|(name, state)| {
@@ -250,7 +249,7 @@ impl Rollout {
         if done {
             self.updates.push(DeploymentStatusUpdate {
                 deployment_id: deployment.id.clone(),
-                status: DEPLOYMENT_SUCCESSFUL.into(),
+                status: DeploymentStatus::Successful,
                 status_description: DEPLOYMENT_DESC_SUCCESSFUL.into(),
             });
         }

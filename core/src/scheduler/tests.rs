@@ -6,7 +6,7 @@ use crate::fsm::Command;
 use crate::fsm::csi::tests::{Fixture, volume};
 use crate::structs::{
     AccessMode, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiInfo, CsiNodeInfo, CsiVolumeClaim, DriverInfo,
-    EVAL_BLOCKED, EVAL_PENDING, NodeResources, Task, TaskResources, VolumeRequest,
+    EvalStatus, NodeResources, Task, TaskResources, VolumeRequest,
 };
 use alloc::collections::BTreeSet;
 
@@ -83,7 +83,7 @@ impl World {
             id: format!("e{}", self.next),
             namespace: "default".into(),
             job_id: job_id.into(),
-            status: EVAL_PENDING.into(),
+            status: EvalStatus::Pending,
             ..Evaluation::default()
         }
     }
@@ -177,7 +177,7 @@ fn a_service_job_gets_its_count_bin_packed_onto_the_fullest_node() {
         live.iter().all(|(_, node)| *node == filler_node),
         "packed onto {filler_node}: {live:?}"
     );
-    assert_eq!(plan.evals[0].status, EVAL_COMPLETE);
+    assert_eq!(plan.evals[0].status, EvalStatus::Complete);
     // Scheduling again changes nothing.
     let again = world.eval("web");
     assert!(world.run(&again).allocs.is_empty());
@@ -504,25 +504,25 @@ fn an_unplaceable_group_records_why_and_blocks() {
     let plan = world.run(&eval);
     assert!(plan.allocs.is_empty());
     let processed = &plan.evals[0];
-    assert_eq!(processed.status, EVAL_COMPLETE);
+    assert_eq!(processed.status, EvalStatus::Complete);
     assert_eq!(processed.queued_allocations["g"], 1);
     let metric = &processed.failed_tg_allocs["g"];
     assert_eq!((metric.nodes_evaluated, metric.nodes_exhausted), (1, 1));
     assert_eq!(metric.dimension_exhausted["cpu"], 1);
     let blocked = &plan.evals[1];
     assert_eq!(
-        (blocked.status.as_str(), blocked.triggered_by.as_str()),
-        (EVAL_BLOCKED, "queued-allocs")
+        (blocked.status, blocked.triggered_by.as_str()),
+        (EvalStatus::Blocked, "queued-allocs")
     );
     assert_eq!(processed.blocked_eval, blocked.id);
     // Retried once a bigger node joins: it places, and the blocked evaluation completes.
     world.fx.ok(Command::NodeRegister { node: node("n2", 8000) });
     let mut retry = world.fx.state.eval(&blocked.id).unwrap().clone();
-    retry.status = EVAL_PENDING.into();
+    retry.status = EvalStatus::Pending;
     let plan = world.run(&retry);
     assert_eq!(plan.allocs.len(), 1);
     assert_eq!(plan.allocs[0].node_id, "n2");
-    assert_eq!(plan.evals[0].status, EVAL_COMPLETE);
+    assert_eq!(plan.evals[0].status, EvalStatus::Complete);
 }
 
 fn csi_node(id: &str, healthy: bool, max_volumes: u64) -> Node {
@@ -1351,13 +1351,13 @@ fn a_system_jobs_update_replaces_max_parallel_allocations_every_stagger() {
     assert_eq!(
         (
             next.triggered_by.as_str(),
-            next.status.as_str(),
+            next.status,
             next.wait_ms,
             next.previous_eval.as_str()
         ),
         (
             crate::structs::TRIGGER_ROLLING_UPDATE,
-            EVAL_PENDING,
+            EvalStatus::Pending,
             30_000,
             register.id.as_str()
         )

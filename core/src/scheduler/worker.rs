@@ -26,9 +26,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_chacha::rand_core::SeedableRng;
 
 use crate::fsm::{Command, ServerState, Table};
-use crate::structs::{
-    EVAL_BLOCKED, EVAL_CANCELED, EVAL_PENDING, Evaluation, JobType, NodeStatus, SchedulingEligibility,
-};
+use crate::structs::{EvalStatus, Evaluation, JobType, NodeStatus, SchedulingEligibility};
 use crate::time::Instant;
 
 /// The least time between two wake-ups of blocked evaluations.
@@ -221,7 +219,7 @@ impl Worker {
                     triggered_by: trigger.into(),
                     job_id,
                     node_id,
-                    status: EVAL_PENDING.into(),
+                    status: EvalStatus::Pending,
                     ..Evaluation::default()
                 }
             })
@@ -249,7 +247,7 @@ impl Worker {
                     eval_type: job.job_type.as_str().to_string(),
                     triggered_by: super::reschedule::TRIGGER_ALLOC_FAILURE.into(),
                     job_id,
-                    status: EVAL_PENDING.into(),
+                    status: EvalStatus::Pending,
                     ..Evaluation::default()
                 })
             })
@@ -288,10 +286,10 @@ impl Worker {
         // One blocked evaluation per job: the older ones are superseded.
         for older in state
             .job_evals(&eval.namespace, &eval.job_id)
-            .filter(|other| other.status == EVAL_BLOCKED && !keep.contains(&other.id))
+            .filter(|other| other.status == EvalStatus::Blocked && !keep.contains(&other.id))
         {
             let mut canceled = older.clone();
-            canceled.status = EVAL_CANCELED.into();
+            canceled.status = EvalStatus::Canceled;
             canceled.status_description = format!("superseded by evaluation {}", eval.id);
             evals.push(canceled);
         }
@@ -313,7 +311,7 @@ impl Worker {
             .blocked_evals_before(changed_at)
             .map(|eval| {
                 let mut pending = eval.clone();
-                pending.status = EVAL_PENDING.into();
+                pending.status = EvalStatus::Pending;
                 pending
             })
             .collect();

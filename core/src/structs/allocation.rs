@@ -199,8 +199,7 @@ pub struct Evaluation {
     pub job_modify_index: u64,
     #[serde(default)]
     pub node_id: String,
-    /// `pending`, `complete`, `blocked`, `failed`, `canceled`.
-    pub status: String,
+    pub status: EvalStatus,
     #[serde(default)]
     pub status_description: String,
     /// Task groups that could not be placed, with what the scheduler saw.
@@ -233,12 +232,8 @@ pub struct Evaluation {
     pub modify_time_ms: u64,
 }
 
-pub const EVAL_PENDING: &str = "pending";
 /// `triggered_by` of a system job's next rolling-update batch.
 pub const TRIGGER_ROLLING_UPDATE: &str = "rolling-update";
 /// A lost allocation's replacement waited for its client to stop it
 /// (`stop_after_client_disconnect`), and is due now (Nomad's delayed reschedule trigger).
 pub const TRIGGER_RETRY_FAILED_ALLOC: &str = "alloc-failure";
-pub const EVAL_COMPLETE: &str = "complete";
-pub const EVAL_BLOCKED: &str = "blocked";
-pub const EVAL_CANCELED: &str = "canceled";

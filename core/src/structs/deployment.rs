@@ -87,12 +87,6 @@ impl UpdateStrategy {
     }
 }
 
-pub const DEPLOYMENT_RUNNING: &str = "running";
-pub const DEPLOYMENT_PAUSED: &str = "paused";
-pub const DEPLOYMENT_FAILED: &str = "failed";
-pub const DEPLOYMENT_SUCCESSFUL: &str = "successful";
-pub const DEPLOYMENT_CANCELLED: &str = "cancelled";
-
 /// Nomad's deployment status descriptions.
 pub const DEPLOYMENT_DESC_RUNNING: &str = "Deployment is running";
 pub const DEPLOYMENT_DESC_NEEDS_PROMOTION: &str = "Deployment is running but requires manual promotion";
@@ -127,7 +121,7 @@ pub struct Deployment {
     pub job_create_index: u64,
     /// By task group.
     pub task_groups: BTreeMap<String, DeploymentState>,
-    pub status: String,
+    pub status: DeploymentStatus,
     pub status_description: String,
     #[serde(default)]
     pub eval_priority: u32,
@@ -166,7 +160,7 @@ impl DeploymentState {
 impl Deployment {
     /// Running or paused: the deployment still decides how its job's allocations change.
     pub fn active(&self) -> bool {
-        matches!(self.status.as_str(), DEPLOYMENT_RUNNING | DEPLOYMENT_PAUSED)
+        self.status.is_active()
     }
 
     /// Some group's canaries wait for a promotion.
@@ -195,7 +189,7 @@ impl Deployment {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DeploymentStatusUpdate {
     pub deployment_id: String,
-    pub status: String,
+    pub status: DeploymentStatus,
     pub status_description: String,
 }
 

@@ -255,8 +255,7 @@ impl DrainStrategy {
 pub struct DrainMetadata {
     pub started_at_ms: u64,
     pub updated_at_ms: u64,
-    /// `draining`, `complete` or `canceled`.
-    pub status: String,
+    pub status: DrainStatus,
 }
 
 /// A `host_volume` block of the client's configuration.

@@ -239,7 +239,7 @@ fn register(id: &str, count: usize) -> Command {
         id: format!("eval-{id}"),
         namespace: "default".into(),
         job_id: id.into(),
-        status: "complete".into(),
+        status: drover_core::structs::EvalStatus::Complete,
         ..Evaluation::default()
     };
     Command::JobRegister {

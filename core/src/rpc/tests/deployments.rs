@@ -5,8 +5,8 @@
 
 use super::*;
 use crate::structs::{
-    AllocClientReport, AllocDeploymentStatus, DEPLOYMENT_FAILED, DEPLOYMENT_RUNNING, DEPLOYMENT_SUCCESSFUL, Deployment,
-    DriverInfo, Job, JobType, Node, NodeResources, Task, TaskGroup, TaskResources, UpdateStrategy,
+    AllocClientReport, AllocDeploymentStatus, Deployment, DeploymentStatus, DriverInfo, Job, JobType, Node,
+    NodeResources, Task, TaskGroup, TaskResources, UpdateStrategy,
 };
 use alloc::boxed::Box;
 
@@ -174,12 +174,12 @@ fn a_rolling_update_moves_on_as_clients_report_health_and_marks_the_version_stab
     r.register(web(3, "1", strategy()));
     assert_eq!(r.live_versions(), vec![0, 0, 0]);
     r.run_healthy();
-    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.deployment().status, DeploymentStatus::Successful);
     assert!(r.h.fx.state.job("default", "web").unwrap().stable);
 
     r.register(web(3, "2", strategy()));
     let second = r.deployment();
-    assert_eq!((second.job_version, second.status.as_str()), (1, DEPLOYMENT_RUNNING));
+    assert_eq!((second.job_version, second.status), (1, DeploymentStatus::Running));
     assert_eq!(r.live_versions(), vec![0, 0, 1], "max_parallel = 1");
     // Each healthy report lets the next one go.
     let first_new = r.undecided();
@@ -189,8 +189,8 @@ fn a_rolling_update_moves_on_as_clients_report_health_and_marks_the_version_stab
     assert_eq!(r.live_versions(), vec![1, 1, 1]);
     let done = r.deployment();
     assert_eq!(
-        (done.id.as_str(), done.status.as_str()),
-        (second.id.as_str(), DEPLOYMENT_SUCCESSFUL)
+        (done.id.as_str(), done.status),
+        (second.id.as_str(), DeploymentStatus::Successful)
     );
     assert_eq!(done.task_groups["g"].healthy_allocs, 3);
     assert!(r.h.fx.state.job_version("default", "web", 1).unwrap().stable);
@@ -218,7 +218,7 @@ fn an_unhealthy_allocation_fails_the_deployment_and_auto_revert_rolls_back_in_pl
     let failing = r.deployment();
     r.report(&bad, false);
     let failed = r.h.fx.state.deployment(&failing.id).unwrap().clone();
-    assert_eq!(failed.status, DEPLOYMENT_FAILED);
+    assert_eq!(failed.status, DeploymentStatus::Failed);
     assert_eq!(
         failed.status_description,
         "Failed due to unhealthy allocations - rolling back to job version 0"
@@ -239,7 +239,7 @@ fn an_unhealthy_allocation_fails_the_deployment_and_auto_revert_rolls_back_in_pl
     assert_eq!(kept.len(), 2, "the two old allocations still run");
     assert!(kept.iter().all(|a| a.job_version == 2 && a.deployment_id == revert.id));
     r.run_healthy();
-    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.deployment().status, DeploymentStatus::Successful);
     assert_eq!(r.live_versions(), vec![2, 2, 2]);
 }
 
@@ -253,12 +253,15 @@ fn a_missed_progress_deadline_fails_the_deployment() {
     // Nothing turns healthy; the leader's clock passes the 30 s deadline (measured from the
     // cluster time the watcher saw, which this fixture moves a second per entry).
     r.h.advance(Duration::from_secs(20));
-    assert_eq!(r.h.fx.state.deployment(&stuck.id).unwrap().status, DEPLOYMENT_RUNNING);
+    assert_eq!(
+        r.h.fx.state.deployment(&stuck.id).unwrap().status,
+        DeploymentStatus::Running
+    );
     r.h.advance(Duration::from_secs(11));
     let failed = r.h.fx.state.deployment(&stuck.id).unwrap();
     assert_eq!(
-        (failed.status.as_str(), failed.status_description.as_str()),
-        (DEPLOYMENT_FAILED, "Failed due to progress deadline")
+        (failed.status, failed.status_description.as_str()),
+        (DeploymentStatus::Failed, "Failed due to progress deadline")
     );
 }
 
@@ -279,7 +282,7 @@ fn healthy_canaries_are_promoted_automatically_with_auto_promote() {
     r.report(&canary, true);
     assert!(r.deployment().task_groups["g"].promoted);
     r.run_healthy();
-    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.deployment().status, DeploymentStatus::Successful);
     assert_eq!(r.live_versions(), vec![1, 1]);
 }
 
@@ -296,7 +299,7 @@ fn a_broken_canary_fails_its_deployment_and_the_revert_moves_what_runs_in_place(
     r.run_healthy();
     r.register(web(3, "2", canaries.clone()));
     r.run_healthy();
-    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.deployment().status, DeploymentStatus::Successful);
     assert_eq!(r.live_versions(), vec![1, 1, 1]);
     r.register(web(3, "broken", canaries));
     let canary = r.undecided();
@@ -333,7 +336,7 @@ fn a_broken_canary_fails_its_deployment_and_the_revert_moves_what_runs_in_place(
             .collect();
     assert!(replaced.is_empty(), "nothing placed, all moved in place: {replaced:?}");
     r.run_healthy();
-    assert_eq!(r.deployment().status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(r.deployment().status, DeploymentStatus::Successful);
     assert_eq!(r.live_versions(), vec![3, 3, 3]);
 }
 
@@ -382,7 +385,7 @@ fn operators_pause_resume_fail_and_mark_health_with_nomads_checks() {
     });
     assert_eq!(
         r.h.fx.state.deployment(&first.id).unwrap().status,
-        DEPLOYMENT_SUCCESSFUL
+        DeploymentStatus::Successful
     );
     let done = r.operate(D::Pause {
         deployment_id: first.id.clone(),
@@ -402,23 +405,26 @@ fn operators_pause_resume_fail_and_mark_health_with_nomads_checks() {
     });
     let paused = r.h.fx.state.deployment(&second.id).unwrap().clone();
     assert_eq!(
-        (paused.status.as_str(), paused.status_description.as_str()),
-        ("paused", "Deployment is paused")
+        (paused.status, paused.status_description.as_str()),
+        (DeploymentStatus::Paused, "Deployment is paused")
     );
     r.operate(D::Pause {
         deployment_id: second.id.clone(),
         pause: false,
     });
-    assert_eq!(r.h.fx.state.deployment(&second.id).unwrap().status, DEPLOYMENT_RUNNING);
+    assert_eq!(
+        r.h.fx.state.deployment(&second.id).unwrap().status,
+        DeploymentStatus::Running
+    );
     // An operator fails it: auto_revert rolls back to version 0.
     r.operate(D::Fail {
         deployment_id: second.id.clone(),
     });
     let failed = r.h.fx.state.deployment(&second.id).unwrap();
     assert_eq!(
-        (failed.status.as_str(), failed.status_description.as_str()),
+        (failed.status, failed.status_description.as_str()),
         (
-            DEPLOYMENT_FAILED,
+            DeploymentStatus::Failed,
             "Deployment marked as failed - rolling back to job version 0"
         )
     );

@@ -3,9 +3,8 @@
 
 use super::*;
 use crate::structs::{
-    AllocClientReport, AllocDeploymentStatus, DEPLOYMENT_CANCELLED, DEPLOYMENT_DESC_NEEDS_PROMOTION,
-    DEPLOYMENT_DESC_NEWER_JOB, DEPLOYMENT_DESC_SUCCESSFUL, DEPLOYMENT_FAILED, DEPLOYMENT_RUNNING,
-    DEPLOYMENT_SUCCESSFUL, Deployment, DeploymentStatusUpdate, UpdateStrategy,
+    AllocClientReport, AllocDeploymentStatus, DEPLOYMENT_DESC_NEEDS_PROMOTION, DEPLOYMENT_DESC_NEWER_JOB,
+    DEPLOYMENT_DESC_SUCCESSFUL, Deployment, DeploymentStatus, DeploymentStatusUpdate, UpdateStrategy,
 };
 
 fn rolling(count: u32, max_parallel: u32, canary: u32) -> Job {
@@ -90,7 +89,7 @@ fn a_first_version_places_everything_and_succeeds_once_healthy() {
     assert_eq!(plan.placed().count(), 3, "nothing to wait for: everything at once");
     assert!(plan.placed().all(|alloc| alloc.deployment_id == deployment.id));
     let stored = world.deployment();
-    assert_eq!((stored.status.as_str(), stored.job_version), (DEPLOYMENT_RUNNING, 0));
+    assert_eq!((stored.status, stored.job_version), (DeploymentStatus::Running, 0));
     assert_eq!(stored.task_groups["g"].desired_total, 3);
     assert_eq!(stored.task_groups["g"].placed_allocs, 3);
     assert!(stored.task_groups["g"].require_progress_by_ms > 0);
@@ -103,7 +102,7 @@ fn a_first_version_places_everything_and_succeeds_once_healthy() {
         plan.deployment_updates,
         vec![DeploymentStatusUpdate {
             deployment_id: deployment.id.clone(),
-            status: DEPLOYMENT_SUCCESSFUL.into(),
+            status: DeploymentStatus::Successful,
             status_description: DEPLOYMENT_DESC_SUCCESSFUL.into(),
         }]
     );
@@ -150,7 +149,7 @@ fn a_rolling_update_replaces_max_parallel_at_a_time_as_they_turn_healthy() {
     assert!(plan.deployment_updates.is_empty(), "the last one is not healthy yet");
     world.all_healthy();
     let plan = world.evaluate();
-    assert_eq!(plan.deployment_updates[0].status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(plan.deployment_updates[0].status, DeploymentStatus::Successful);
     assert!(world.live_versions().iter().all(|(_, version, _)| *version == 1));
     assert_eq!(world.deployment().task_groups["g"].healthy_allocs, 4);
 }
@@ -238,7 +237,7 @@ fn canaries_run_beside_the_old_version_until_promoted() {
     world.evaluate();
     world.all_healthy();
     let plan = world.evaluate();
-    assert_eq!(plan.deployment_updates[0].status, DEPLOYMENT_SUCCESSFUL);
+    assert_eq!(plan.deployment_updates[0].status, DeploymentStatus::Successful);
     // The promoted canary is a canary no more (its services drop their canary tags).
     assert_eq!(
         world.live_versions(),
@@ -265,7 +264,7 @@ fn a_failed_deployment_stops_its_canaries_and_reschedules_nothing_of_its_own() {
     world.fx.ok(Command::DeploymentStatus {
         update: DeploymentStatusUpdate {
             deployment_id: deployment.id.clone(),
-            status: DEPLOYMENT_FAILED.into(),
+            status: DeploymentStatus::Failed,
             status_description: "Deployment marked as failed".into(),
         },
         job: None,
@@ -300,12 +299,15 @@ fn a_new_version_cancels_the_running_deployment() {
         plan.deployment_updates,
         vec![DeploymentStatusUpdate {
             deployment_id: first.clone(),
-            status: DEPLOYMENT_CANCELLED.into(),
+            status: DeploymentStatus::Cancelled,
             status_description: DEPLOYMENT_DESC_NEWER_JOB.into(),
         }]
     );
     assert_ne!(world.deployment().id, first);
-    assert_eq!(world.fx.state.deployment(&first).unwrap().status, DEPLOYMENT_CANCELLED);
+    assert_eq!(
+        world.fx.state.deployment(&first).unwrap().status,
+        DeploymentStatus::Cancelled
+    );
 }
 
 #[test]
