@@ -315,7 +315,13 @@ impl Bootstrap {
     }
 
     /// Outcome of a `QueryPeers` action.
-    pub fn handle_peers(&mut self, now: Instant, op: OpId, result: Result<Vec<String>, String>, ops: &mut OpIds) {
+    pub fn handle_peers(
+        &mut self,
+        now: Instant,
+        op: OpId,
+        result: Result<Vec<String>, crate::error::Failure>,
+        ops: &mut OpIds,
+    ) {
         let Phase::Querying { queries, .. } = &mut self.phase else {
             return;
         };
@@ -338,12 +344,12 @@ impl Bootstrap {
                 query.state = QueryState::Confirmed;
                 self.maybe_initialize(now, ops);
             }
-            Err(error) => self.query_failed(now, op, &error),
+            Err(error) => self.query_failed(now, op, &error.message),
         }
     }
 
     /// Outcome of the `Initialize` action. Bootstrapped either way: never re-enter.
-    pub fn handle_initialized(&mut self, op: OpId, result: Result<(), String>) {
+    pub fn handle_initialized(&mut self, op: OpId, result: Result<(), crate::error::Failure>) {
         let Phase::Initializing { op: pending } = self.phase else {
             return;
         };

@@ -97,6 +97,21 @@ impl<'de, K: LegacyKind + Deserialize<'de>> Deserialize<'de> for KindedError<K> 
     }
 }
 
+/// A failure the driver reports to a server machine (a proposal, a Raft configuration
+/// change, a DNS or Consul lookup), with the kind the driver read off the typed error it got.
+pub type Failure = KindedError<ErrorKind>;
+
+impl LegacyKind for ErrorKind {
+    const BARE: Self = ErrorKind::Unavailable;
+}
+
+impl Failure {
+    /// The same call may succeed later (no leader, a peer or service unreachable).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        KindedError::new(ErrorKind::Unavailable, message)
+    }
+}
+
 /// A [`CsiCallFailure`] with the message the operator reads.
 pub type CsiCallError = KindedError<CsiCallFailure>;
 

@@ -94,29 +94,29 @@ pub enum Input {
     },
     JoinResolved {
         op: OpId,
-        result: Result<Vec<SocketAddr>, String>,
+        result: Result<Vec<SocketAddr>, crate::error::Failure>,
     },
     PeersAnswered {
         op: OpId,
-        result: Result<Vec<String>, String>,
+        result: Result<Vec<String>, crate::error::Failure>,
     },
     RaftInitialized {
         op: OpId,
-        result: Result<(), String>,
+        result: Result<(), crate::error::Failure>,
     },
     RaftObserved(RaftView),
     ServerAdded {
         op: OpId,
-        result: Result<(), String>,
+        result: Result<(), crate::error::Failure>,
     },
     /// The outcome of [`Action::RemoveRaftServer`].
     ServerRemoved {
         op: OpId,
-        result: Result<(), String>,
+        result: Result<(), crate::error::Failure>,
     },
     Proposed {
         op: OpId,
-        result: Result<u64, String>,
+        result: Result<u64, crate::error::Failure>,
     },
     /// The answer to [`Action::AskLogProgress`]: the last applied index and the last
     /// snapshot's (0: none).
@@ -126,11 +126,11 @@ pub enum Input {
     },
     ConsulServersFound {
         op: OpId,
-        result: Result<Vec<SocketAddr>, String>,
+        result: Result<Vec<SocketAddr>, crate::error::Failure>,
     },
     ConsulRegistered {
         op: OpId,
-        result: Result<(), String>,
+        result: Result<(), crate::error::Failure>,
     },
 }
 
@@ -676,7 +676,7 @@ impl Server {
         });
     }
 
-    fn handle_consul_servers(&mut self, now: Instant, result: Result<Vec<SocketAddr>, String>) {
+    fn handle_consul_servers(&mut self, now: Instant, result: Result<Vec<SocketAddr>, crate::error::Failure>) {
         match result {
             Ok(addrs) => {
                 let known: BTreeSet<SocketAddr> = self
@@ -838,7 +838,7 @@ mod tests {
         // Lost (a failed proposal): proposed again, still not leading.
         let lost = Input::Proposed {
             op,
-            result: Err("leadership lost".into()),
+            result: Err(crate::error::Failure::unavailable("leadership lost")),
         };
         server.handle(Instant::ZERO, lost);
         assert!(!server.leads());

@@ -6,6 +6,7 @@
 //! started as a task whose outcome is posted back to the core as an input with the same
 //! operation id. Deadlines belong to the core; the driver only sleeps until `poll_timeout`.
 
+use drover_core::error::Failure;
 use drover_core::error::{AllocCallError, CsiCallError};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -1069,8 +1070,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     let result = written
                         .map(|response| (response.log_id.index, response.data))
                         .map_err(|error| match error {
-                            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => "not the leader".to_string(),
-                            other => other.to_string(),
+                            RaftError::APIError(ClientWriteError::ForwardToLeader(_)) => {
+                                Failure::unavailable("not the leader")
+                            }
+                            other => Failure::unavailable(other.to_string()),
                         });
                     let _ = inbox.send(agent::Input::Rpc(rpc::Input::Proposed { op, result }));
                 });
@@ -1199,7 +1202,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let inbox = self.inbox.clone();
                 tokio::spawn(async move {
                     let result = transport.resolve(&target, default_port).await;
-                    let _ = inbox.send(agent::Input::Server(I::JoinResolved { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::JoinResolved {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             A::QueryPeers { op, peer } => {
@@ -1208,7 +1214,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let region = self.region.clone();
                 tokio::spawn(async move {
                     let result = query_peers(&transport, region, &peer).await;
-                    let _ = inbox.send(agent::Input::Server(I::PeersAnswered { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::PeersAnswered {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             A::InitializeRaft { op, servers } => {
@@ -1228,7 +1237,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 tokio::spawn(async move {
                     let result = raft.initialize(voters).await.map_err(|error| error.to_string());
                     observer.record(AgentEvent::BootstrapFinished { result: result.clone() });
-                    let _ = inbox.send(agent::Input::Server(I::RaftInitialized { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::RaftInitialized {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             A::PersistBootstrapped => match self.store.set_bootstrapped() {
@@ -1247,7 +1259,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                         id: peer.id,
                         result: result.clone(),
                     });
-                    let _ = inbox.send(agent::Input::Server(I::ServerAdded { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::ServerAdded {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             A::RemoveRaftServer { op, id, voter } => {
@@ -1262,7 +1277,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                         id,
                         result: result.clone(),
                     });
-                    let _ = inbox.send(agent::Input::Server(I::ServerRemoved { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::ServerRemoved {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             // The agent hands operators' answers out as endpoint replies.
@@ -1282,7 +1300,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                         .await
                         .map(|response| response.log_id.index)
                         .map_err(|error| error.to_string());
-                    let _ = inbox.send(agent::Input::Server(I::Proposed { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::Proposed {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             A::Elect => {
@@ -1354,7 +1375,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 let inbox = self.inbox.clone();
                 tokio::spawn(async move {
                     let result = consul.catalog_service(&service, &tag).await;
-                    let _ = inbox.send(agent::Input::Server(I::ConsulServersFound { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::ConsulServersFound {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
             A::RegisterConsul {
@@ -1374,7 +1398,10 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                         addr,
                     };
                     let result = consul.register_service(registration).await;
-                    let _ = inbox.send(agent::Input::Server(I::ConsulRegistered { op, result }));
+                    let _ = inbox.send(agent::Input::Server(I::ConsulRegistered {
+                        op,
+                        result: result.map_err(Failure::unavailable),
+                    }));
                 });
             }
         }

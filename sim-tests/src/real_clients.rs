@@ -1179,7 +1179,10 @@ fn rollbacks(state: &ServerState, plan: &RealClientPlan) -> Result<String, Strin
                 .iter()
                 .find(|d| label(d.job_version).as_deref() == Some(broken.to_string().as_str()));
             match failed {
-                Some(d) if d.status == drover_core::structs::DeploymentStatus::Failed && d.status_description.contains("rolling back to job version") => {
+                Some(d)
+                    if d.status == drover_core::structs::DeploymentStatus::Failed
+                        && d.status_description.contains("rolling back to job version") =>
+                {
                     notes.push(format!("{}: {}", spec.id, d.status_description));
                 }
                 Some(d) => {

@@ -673,3 +673,12 @@ pub enum OperatorRequest {
     /// `agent force-leave`: a failed server marked left, and removed from Raft.
     ForceLeave { node: String, prune: bool },
 }
+
+/// A driver's failure, as the endpoint that was waiting on it answers: its kind kept, retryable
+/// when it may pass by itself.
+impl From<crate::error::Failure> for RpcError {
+    fn from(failure: crate::error::Failure) -> Self {
+        let retryable = matches!(failure.kind, ErrorKind::Unavailable | ErrorKind::Busy);
+        RpcError::new(failure.kind, failure.message, retryable)
+    }
+}

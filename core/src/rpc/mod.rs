@@ -55,7 +55,7 @@ pub enum Input {
     },
     Proposed {
         op: OpId,
-        result: Result<(u64, Response), String>,
+        result: Result<(u64, Response), crate::error::Failure>,
     },
     ClientReplied {
         op: OpId,
@@ -492,13 +492,13 @@ impl RpcEndpoints {
         now: Instant,
         job: JobId,
         owner: Owner,
-        result: Result<(u64, Response), String>,
+        result: Result<(u64, Response), crate::error::Failure>,
         state: &ServerState,
     ) {
         let outcome = match result {
             Ok((_, Response::Error(kind, message))) => Err(RpcError::new(kind, message, kind == ErrorKind::Busy)),
             Ok((index, response)) => Ok((index, response)),
-            Err(message) => Err(RpcError::unavailable(message)),
+            Err(failure) => Err(RpcError::from(failure)),
         };
         let out = &mut self.out;
         match owner {

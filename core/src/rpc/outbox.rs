@@ -60,7 +60,7 @@ pub const MAX_BATCH: usize = 64;
 const _: () = assert!(MAX_IN_FLIGHT > 0 && MAX_BATCH > 0, "proposals make progress");
 
 /// What a proposal's landing hands back to the machine that made it.
-pub(super) type Landed = (JobId, Owner, Result<(u64, Response), alloc::string::String>);
+pub(super) type Landed = (JobId, Owner, Result<(u64, Response), crate::error::Failure>);
 
 #[derive(Debug, Default)]
 pub(super) struct Outbox {
@@ -140,11 +140,11 @@ impl Outbox {
     /// The proposals the entry that went out as `op` carried, each with its own result: a
     /// batch's responses are dealt out in order, all at the entry's index; a failure is
     /// every member's. Proposals already failed (leadership lost) are gone and skipped.
-    pub fn landed(&mut self, op: OpId, result: Result<(u64, Response), alloc::string::String>) -> Vec<Landed> {
+    pub fn landed(&mut self, op: OpId, result: Result<(u64, Response), crate::error::Failure>) -> Vec<Landed> {
         let Some(ops) = self.in_flight.remove(&op) else {
             return Vec::new();
         };
-        let results: Vec<Result<(u64, Response), alloc::string::String>> = match (result, ops.len()) {
+        let results: Vec<Result<(u64, Response), crate::error::Failure>> = match (result, ops.len()) {
             (result, 1) => alloc::vec![result],
             (Ok((index, Response::Batch(responses))), members) if responses.len() == members => {
                 responses.into_iter().map(|response| Ok((index, response))).collect()
@@ -152,7 +152,7 @@ impl Outbox {
             (Ok((index, other)), members) => {
                 debug_assert!(false, "a batch of {members} answered {other:?}");
                 let why = alloc::format!("a batch of {members} proposals at index {index} was answered {other:?}");
-                alloc::vec![Err(why); members]
+                alloc::vec![Err(crate::error::Failure::unavailable(why)); members]
             }
             (Err(error), members) => alloc::vec![Err(error); members],
         };

@@ -140,7 +140,12 @@ impl Server {
     }
 
     /// The outcome of a removal: the operator who asked is answered.
-    pub(super) fn server_removed(&mut self, now: Instant, op: crate::op::OpId, result: Result<(), String>) {
+    pub(super) fn server_removed(
+        &mut self,
+        now: Instant,
+        op: crate::op::OpId,
+        result: Result<(), crate::error::Failure>,
+    ) {
         if self.complete(op).is_none() {
             return;
         }
@@ -148,7 +153,7 @@ impl Server {
             tracing::warn!(%error, "failed to remove a server from the Raft configuration");
         }
         if let Some(req) = self.operator_replies.remove(&op) {
-            self.reply(req, result.map_err(RpcError::unavailable));
+            self.reply(req, result.map_err(RpcError::from));
         }
         self.reconcile_at = Some(now);
     }

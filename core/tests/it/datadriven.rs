@@ -181,14 +181,16 @@ fn bootstrap() {
                 "peers" => {
                     let result = match (args.get("ok"), args.get("err")) {
                         (Some(list), _) => Ok(list.split(',').filter(|p| !p.is_empty()).map(String::from).collect()),
-                        (None, Some(error)) => Err(error.replace('_', " ")),
+                        (None, Some(error)) => Err(drover_core::error::Failure::unavailable(error.replace('_', " "))),
                         _ => panic!("peers needs ok= or err="),
                     };
                     let machine = harness.machine.as_mut().expect("new first");
                     machine.handle_peers(harness.now, op(directive), result, &mut harness.ops);
                 }
                 "initialized" => {
-                    let result = args.get("err").map_or(Ok(()), |error| Err(error.replace('_', " ")));
+                    let result = args.get("err").map_or(Ok(()), |error| {
+                        Err(drover_core::error::Failure::unavailable(error.replace('_', " ")))
+                    });
                     harness
                         .machine
                         .as_mut()

@@ -218,7 +218,7 @@ fn a_failed_batch_fails_each_of_its_writes() {
         h.now,
         Input::Proposed {
             op: batch_op,
-            result: Err("log write failed".into()),
+            result: Err(crate::error::Failure::unavailable("log write failed")),
         },
         &h.fx.state,
     );
