@@ -231,8 +231,8 @@ impl Drainer {
                     id: new_id(),
                     namespace,
                     priority: job.priority,
-                    eval_type: job.job_type.as_str().to_string(),
-                    triggered_by: "node-drain".into(),
+                    eval_type: job.job_type,
+                    triggered_by: crate::structs::EvalTrigger::NodeDrain,
                     job_id,
                     node_id,
                     status: EvalStatus::Pending,
@@ -435,7 +435,7 @@ mod tests {
             unreachable!()
         };
         assert_eq!(evals.len(), 1);
-        assert_eq!(evals[0].triggered_by, "node-drain");
+        assert_eq!(evals[0].triggered_by, crate::structs::EvalTrigger::NodeDrain);
         assert_eq!(evals[0].job_id, "web");
         // Nothing more until the replacement runs.
         assert_eq!(fx.step(), None);

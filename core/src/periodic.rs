@@ -32,9 +32,6 @@ use crate::fsm::{Command, ServerState, Table};
 use crate::structs::{EvalStatus, Evaluation, Job, PeriodicConfig};
 use crate::time::Instant;
 
-/// Evaluations of launched children are triggered by `periodic-job`.
-pub const TRIGGER_PERIODIC_JOB: &str = "periodic-job";
-
 /// How many due times one step walks through to find the latest: past it (a clock stepped
 /// days ahead of a per-second spec), the step launches the latest it found and the next step
 /// walks on.
@@ -67,8 +64,8 @@ pub fn child_eval(child: &Job, id: String) -> Evaluation {
         id,
         namespace: child.namespace.clone(),
         priority: child.priority,
-        eval_type: child.job_type.as_str().into(),
-        triggered_by: TRIGGER_PERIODIC_JOB.into(),
+        eval_type: child.job_type,
+        triggered_by: crate::structs::EvalTrigger::PeriodicJob,
         job_id: child.id.clone(),
         status: EvalStatus::Pending,
         ..Evaluation::default()

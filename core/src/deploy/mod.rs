@@ -16,17 +16,14 @@ use crate::structs::{
     Deployment, DeploymentStatusUpdate, EvalStatus, Evaluation, Job, no_rollback_description, rollback_description,
 };
 
-/// Evaluations created for deployments are triggered by `deployment-watcher`.
-pub const TRIGGER_DEPLOYMENT_WATCHER: &str = "deployment-watcher";
-
 /// A pending evaluation of the deployment's job.
 pub fn eval(deployment: &Deployment, job: Option<&Job>, id: String) -> Evaluation {
     Evaluation {
         id,
         namespace: deployment.namespace.clone(),
         priority: job.map_or(deployment.eval_priority, |job| job.priority),
-        eval_type: job.map_or("service", |job| job.job_type.as_str()).into(),
-        triggered_by: TRIGGER_DEPLOYMENT_WATCHER.into(),
+        eval_type: job.map_or(crate::structs::JobType::Service, |job| job.job_type),
+        triggered_by: crate::structs::EvalTrigger::DeploymentWatcher,
         job_id: deployment.job_id.clone(),
         job_modify_index: job.map_or(0, |job| job.job_modify_index),
         status: EvalStatus::Pending,

@@ -47,7 +47,7 @@ pub fn collect(state: &ServerState) -> Garbage {
 pub fn collect_older(state: &ServerState, thresholds: &GcThresholds) -> Garbage {
     let now_ms = state.last_applied_time_ms();
     let eval_old = |eval: &Evaluation| {
-        let threshold = if eval.eval_type == JobType::Batch.as_str() {
+        let threshold = if eval.eval_type == JobType::Batch {
             thresholds.batch_eval
         } else {
             thresholds.eval

@@ -89,7 +89,7 @@ mod tests {
             id: "e1".into(),
             namespace: "default".into(),
             job_id: "old".into(),
-            eval_type: "service".into(),
+            eval_type: JobType::Service,
             status: EvalStatus::Complete,
             ..Evaluation::default()
         };

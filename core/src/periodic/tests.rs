@@ -128,7 +128,7 @@ fn each_time_the_spec_names_launches_one_child_and_not_before() {
     assert_eq!(child.parent_id, "report");
     let evals: Vec<_> = world.state.evals().filter(|eval| eval.job_id == child.id).collect();
     assert_eq!(evals.len(), 1);
-    assert_eq!(evals[0].triggered_by, TRIGGER_PERIODIC_JOB);
+    assert_eq!(evals[0].triggered_by, crate::structs::EvalTrigger::PeriodicJob);
     assert!(
         world.state.evals().all(|eval| eval.job_id != "report"),
         "the parent is never evaluated"

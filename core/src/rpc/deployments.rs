@@ -170,8 +170,15 @@ impl JobEndpoints {
                         "job {job_id:?} in namespace {namespace:?} at version {version} not found"
                     ))
                 })?;
-                let eval = (!old.is_launcher())
-                    .then(|| self.new_eval(&namespace, &job_id, old.job_type, old.priority, "job-register"));
+                let eval = (!old.is_launcher()).then(|| {
+                    self.new_eval(
+                        &namespace,
+                        &job_id,
+                        old.job_type,
+                        old.priority,
+                        crate::structs::EvalTrigger::JobRegister,
+                    )
+                });
                 let eval_id = eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default();
                 // The prior version is checked again when the entry applies, by its index.
                 let command = Command::JobRegister {

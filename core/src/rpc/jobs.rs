@@ -148,8 +148,15 @@ impl JobEndpoints {
                 }
                 // A periodic parent is never scheduled itself: no evaluation (Nomad answers
                 // it with an empty `EvalID`).
-                let eval = (!job.is_launcher())
-                    .then(|| self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-register"));
+                let eval = (!job.is_launcher()).then(|| {
+                    self.new_eval(
+                        &job.namespace,
+                        &job.id,
+                        job.job_type,
+                        job.priority,
+                        crate::structs::EvalTrigger::JobRegister,
+                    )
+                });
                 let flow = JobFlow::Write {
                     req,
                     eval_id: eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default(),
@@ -175,7 +182,13 @@ impl JobEndpoints {
                     out.reply(req, ServerReply::Error(RpcError::not_found("job not found")));
                     return None;
                 };
-                let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-deregister");
+                let eval = self.new_eval(
+                    &namespace,
+                    &job_id,
+                    job.job_type,
+                    job.priority,
+                    crate::structs::EvalTrigger::JobDeregister,
+                );
                 let flow = JobFlow::Write {
                     req,
                     eval_id: eval.id.clone(),
@@ -216,7 +229,13 @@ impl JobEndpoints {
                     out.reply(req, ServerReply::Error(error));
                     return None;
                 }
-                let eval = self.new_eval(&namespace, &job_id, job.job_type, job.priority, "job-register");
+                let eval = self.new_eval(
+                    &namespace,
+                    &job_id,
+                    job.job_type,
+                    job.priority,
+                    crate::structs::EvalTrigger::JobRegister,
+                );
                 let flow = JobFlow::Write {
                     req,
                     eval_id: eval.id.clone(),
@@ -274,7 +293,13 @@ impl JobEndpoints {
             );
             return;
         };
-        let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "alloc-stop");
+        let eval = self.new_eval(
+            &job.namespace,
+            &job.id,
+            job.job_type,
+            job.priority,
+            crate::structs::EvalTrigger::AllocStop,
+        );
         let flow = JobFlow::Write {
             req,
             eval_id: eval.id.clone(),
@@ -295,14 +320,14 @@ impl JobEndpoints {
         job_id: &str,
         job_type: JobType,
         priority: u32,
-        trigger: &str,
+        trigger: crate::structs::EvalTrigger,
     ) -> Evaluation {
         Evaluation {
             id: self.worker.new_id(),
             namespace: namespace.to_string(),
             priority,
-            eval_type: job_type.as_str().to_string(),
-            triggered_by: trigger.to_string(),
+            eval_type: job_type,
+            triggered_by: trigger,
             job_id: job_id.to_string(),
             status: crate::structs::EvalStatus::Pending,
             ..Evaluation::default()
@@ -440,8 +465,15 @@ impl JobEndpoints {
             wall_ms / 1000
         );
         let child = parent.dispatch_child(id.clone(), payload, &meta, &idempotency_token);
-        let eval = (!child.is_launcher())
-            .then(|| self.new_eval(&namespace, &id, child.job_type, child.priority, "job-register"));
+        let eval = (!child.is_launcher()).then(|| {
+            self.new_eval(
+                &namespace,
+                &id,
+                child.job_type,
+                child.priority,
+                crate::structs::EvalTrigger::JobRegister,
+            )
+        });
         let flow = JobFlow::Dispatch {
             req,
             eval_id: eval.as_ref().map(|eval| eval.id.clone()).unwrap_or_default(),

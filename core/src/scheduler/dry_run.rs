@@ -48,8 +48,8 @@ pub fn dry_run(state: &ServerState, job: &Job, limits: &crate::jobspec::limits::
         id: "plan".into(),
         namespace: job.namespace.clone(),
         priority: job.priority,
-        eval_type: job.job_type.as_str().into(),
-        triggered_by: "job-register".into(),
+        eval_type: job.job_type,
+        triggered_by: crate::structs::EvalTrigger::JobRegister,
         job_id: job.id.clone(),
         status: EvalStatus::Pending,
         ..Evaluation::default()

@@ -157,7 +157,7 @@ pub fn schedule_with_faults(
     // A periodic parent only launches children: nothing of its own is placed.
     let job = stored.filter(|job| !job.stop && !job.is_launcher());
     let allocs: Vec<&Allocation> = state.job_allocs(&eval.namespace, &eval.job_id).collect();
-    let mut reconcile = Reconcile::new(state, eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE);
+    let mut reconcile = Reconcile::new(state, eval.triggered_by == crate::structs::EvalTrigger::AllocFailure);
     reconcile.group_count_max = limits.group_count;
     reconcile.rollout = rollout::Rollout::start(state, &eval.namespace, &eval.job_id, job);
     reconcile.rollout.ignore_max_parallel = faults.ignore_max_parallel;

@@ -16,8 +16,8 @@ use super::{
 };
 use crate::fsm::ServerState;
 use crate::structs::{
-    AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, Evaluation, Job, JobType, Node, NodeStatus,
-    TRIGGER_ROLLING_UPDATE, TaskGroup, UpdateStrategy,
+    AllocMetric, Allocation, ClientStatus, DesiredStatus, EvalStatus, EvalTrigger, Evaluation, Job, JobType, Node,
+    NodeStatus, TaskGroup, UpdateStrategy,
 };
 
 /// What a group's names call for, gathered before the deployment decides how much of it
@@ -536,8 +536,8 @@ impl<'a> Reconcile<'a> {
         // Follow-up evaluations: the rest of a system job's rollout after its stagger, and the
         // replacement of a lost allocation once its client has stopped it.
         let follow_ups = [
-            (self.rolling_wait, TRIGGER_ROLLING_UPDATE),
-            (self.disconnect_wait, crate::structs::TRIGGER_RETRY_FAILED_ALLOC),
+            (self.rolling_wait, EvalTrigger::RollingUpdate),
+            (self.disconnect_wait, crate::structs::EvalTrigger::AllocFailure),
         ];
         for (wait, triggered_by) in follow_ups {
             let Some(wait) = wait else { continue };
@@ -545,8 +545,8 @@ impl<'a> Reconcile<'a> {
                 id: new_id(),
                 namespace: eval.namespace.clone(),
                 priority: eval.priority,
-                eval_type: eval.eval_type.clone(),
-                triggered_by: triggered_by.into(),
+                eval_type: eval.eval_type,
+                triggered_by,
                 job_id: eval.job_id.clone(),
                 job_modify_index: job.job_modify_index,
                 status: EvalStatus::Pending,
@@ -626,7 +626,7 @@ impl<'a> Reconcile<'a> {
             return self.plan;
         }
         processed.failed_tg_allocs = failed;
-        if eval.triggered_by == "queued-allocs" {
+        if eval.triggered_by == crate::structs::EvalTrigger::QueuedAllocs {
             // A retried blocked evaluation that still cannot place everything blocks again
             // itself (no new evaluation per retry).
             processed.status = EvalStatus::Blocked;
@@ -639,8 +639,8 @@ impl<'a> Reconcile<'a> {
             id: new_id(),
             namespace: eval.namespace.clone(),
             priority: eval.priority,
-            eval_type: eval.eval_type.clone(),
-            triggered_by: "queued-allocs".into(),
+            eval_type: eval.eval_type,
+            triggered_by: crate::structs::EvalTrigger::QueuedAllocs,
             job_id: eval.job_id.clone(),
             job_modify_index: job.job_modify_index,
             status: EvalStatus::Blocked,

@@ -24,7 +24,6 @@ use crate::fsm::ServerState;
 use crate::structs::{Allocation, ClientStatus, Job};
 use crate::time::Instant;
 
-pub const TRIGGER_ALLOC_FAILURE: &str = "alloc-failure";
 pub const ALLOC_RESCHEDULED: &str = "alloc was rescheduled because it failed";
 
 /// The failed allocations to reschedule, and when each becomes due.

@@ -317,7 +317,7 @@ fn a_lost_allocation_is_replaced_only_after_its_client_stopped_it() {
     let follow_up = plan
         .evals
         .iter()
-        .find(|e| e.triggered_by == crate::structs::TRIGGER_RETRY_FAILED_ALLOC)
+        .find(|e| e.triggered_by == crate::structs::EvalTrigger::AllocFailure)
         .expect("a follow-up evaluation");
     assert_eq!(follow_up.wait_ms, 5_000);
     // Two seconds on (two entries), another evaluation still waits, for what is left.
@@ -383,7 +383,7 @@ fn batch_allocations_that_completed_stay_done_and_failed_ones_are_replaced() {
     world.set_client_status(&find("report.g[1]"), ClientStatus::Failed);
     // The worker's evaluation for the failure, once its delay has passed.
     let mut eval = world.eval("report");
-    eval.triggered_by = reschedule::TRIGGER_ALLOC_FAILURE.into();
+    eval.triggered_by = crate::structs::EvalTrigger::AllocFailure;
     let plan = world.run(&eval);
     let placed: Vec<&Allocation> = plan
         .allocs
@@ -898,7 +898,7 @@ fn the_worker_evaluates_a_failed_allocation_when_its_delay_has_passed() {
             .fx
             .state
             .evals()
-            .any(|eval| eval.triggered_by == reschedule::TRIGGER_ALLOC_FAILURE),
+            .any(|eval| eval.triggered_by == crate::structs::EvalTrigger::AllocFailure),
         "not before its delay"
     );
     let due = worker.poll_timeout().expect("a timer for the reschedule");
@@ -911,7 +911,7 @@ fn the_worker_evaluates_a_failed_allocation_when_its_delay_has_passed() {
         panic!("an evaluation when due")
     };
     assert_eq!(evals.len(), 1);
-    assert_eq!(evals[0].triggered_by, reschedule::TRIGGER_ALLOC_FAILURE);
+    assert_eq!(evals[0].triggered_by, crate::structs::EvalTrigger::AllocFailure);
     let allocs = world.plan_after(&mut worker, due, evals);
     assert!(
         allocs
@@ -1350,13 +1350,13 @@ fn a_system_jobs_update_replaces_max_parallel_allocations_every_stagger() {
         .clone();
     assert_eq!(
         (
-            next.triggered_by.as_str(),
+            next.triggered_by,
             next.status,
             next.wait_ms,
             next.previous_eval.as_str()
         ),
         (
-            crate::structs::TRIGGER_ROLLING_UPDATE,
+            crate::structs::EvalTrigger::RollingUpdate,
             EvalStatus::Pending,
             30_000,
             register.id.as_str()

@@ -177,7 +177,7 @@ impl Worker {
     /// `node-update` evaluations for `changed` nodes: one per job with a live allocation on
     /// one of them, and one per system job (Nomad's `createNodeEvals`).
     pub fn node_evals(&mut self, state: &ServerState, changed: &BTreeSet<String>) -> Vec<Evaluation> {
-        let mut jobs: BTreeMap<(String, String), (String, &str, String)> = BTreeMap::new();
+        let mut jobs: BTreeMap<(String, String), (JobType, crate::structs::EvalTrigger, String)> = BTreeMap::new();
         // In allocation id order, as a scan of the table would find them: the last one of a
         // job names the evaluation's node.
         let mut on_changed: Vec<&crate::structs::Allocation> = changed
@@ -193,7 +193,11 @@ impl Worker {
             {
                 jobs.insert(
                     (job.namespace.clone(), job.id.clone()),
-                    (job.job_type.as_str().to_string(), "node-update", alloc.node_id.clone()),
+                    (
+                        job.job_type,
+                        crate::structs::EvalTrigger::NodeUpdate,
+                        alloc.node_id.clone(),
+                    ),
                 );
             }
         }
@@ -203,8 +207,8 @@ impl Worker {
         {
             let node = changed.iter().next().map(|id| id.to_string()).unwrap_or_default();
             jobs.entry((job.namespace.clone(), job.id.clone())).or_insert((
-                job.job_type.as_str().to_string(),
-                "node-update",
+                job.job_type,
+                crate::structs::EvalTrigger::NodeUpdate,
                 node,
             ));
         }
@@ -216,7 +220,7 @@ impl Worker {
                     namespace,
                     priority,
                     eval_type,
-                    triggered_by: trigger.into(),
+                    triggered_by: trigger,
                     job_id,
                     node_id,
                     status: EvalStatus::Pending,
@@ -244,8 +248,8 @@ impl Worker {
                     id: self.new_id(),
                     namespace,
                     priority: job.priority,
-                    eval_type: job.job_type.as_str().to_string(),
-                    triggered_by: super::reschedule::TRIGGER_ALLOC_FAILURE.into(),
+                    eval_type: job.job_type,
+                    triggered_by: crate::structs::EvalTrigger::AllocFailure,
                     job_id,
                     status: EvalStatus::Pending,
                     ..Evaluation::default()

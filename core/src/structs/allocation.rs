@@ -189,10 +189,10 @@ pub struct Evaluation {
     pub id: String,
     pub namespace: String,
     pub priority: u32,
-    /// The job's type (`service`, `batch`, `system`).
-    pub eval_type: String,
-    /// `job-register`, `job-deregister`, `node-update`, `alloc-failure`, `queued-allocs`, ...
-    pub triggered_by: String,
+    /// The job's type.
+    #[serde(with = "super::status::job_type_text")]
+    pub eval_type: JobType,
+    pub triggered_by: EvalTrigger,
     pub job_id: String,
     /// The job's `job_modify_index` when the evaluation was created.
     #[serde(default)]
@@ -231,9 +231,3 @@ pub struct Evaluation {
     #[serde(default)]
     pub modify_time_ms: u64,
 }
-
-/// `triggered_by` of a system job's next rolling-update batch.
-pub const TRIGGER_ROLLING_UPDATE: &str = "rolling-update";
-/// A lost allocation's replacement waited for its client to stop it
-/// (`stop_after_client_disconnect`), and is due now (Nomad's delayed reschedule trigger).
-pub const TRIGGER_RETRY_FAILED_ALLOC: &str = "alloc-failure";

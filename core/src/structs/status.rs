@@ -122,6 +122,59 @@ wire_enum! {
     empty = Draining
 }
 
+wire_enum! {
+    /// Why an evaluation was made (Nomad's `EvalTrigger*`).
+    #[derive(Default)]
+    pub enum EvalTrigger {
+        #[default]
+        JobRegister = "job-register",
+        JobDeregister = "job-deregister",
+        JobScaling = "job-scaling",
+        PeriodicJob = "periodic-job",
+        NodeUpdate = "node-update",
+        NodeDrain = "node-drain",
+        AllocStop = "alloc-stop",
+        /// A failed allocation's reschedule delay passed, or a lost allocation's replacement
+        /// waited for its client to stop it (Nomad's delayed reschedule).
+        AllocFailure = "alloc-failure",
+        QueuedAllocs = "queued-allocs",
+        /// A system job's next rolling-update batch.
+        RollingUpdate = "rolling-update",
+        DeploymentWatcher = "deployment-watcher",
+    }
+    empty = JobRegister
+}
+
+/// An evaluation's `eval_type`: its job's [`JobType`](super::JobType), kept on the wire and
+/// in stored records as the text the field held when it was a `String` (a job's own
+/// `job_type` is written as an enum variant, which differs in the legacy postcard records).
+pub mod job_type_text {
+    use super::super::JobType;
+    use super::*;
+
+    pub fn serialize<S: Serializer>(kind: &JobType, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(kind.as_str())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<JobType, D::Error> {
+        struct Text;
+        impl Visitor<'_> for Text {
+            type Value = JobType;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("one of `service`, `batch`, `system`")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<JobType, E> {
+                // Records from before the field was typed may hold an empty text.
+                if text.is_empty() {
+                    return Ok(JobType::default());
+                }
+                JobType::parse(text).ok_or_else(|| E::unknown_variant(text, &["service", "batch", "system"]))
+            }
+        }
+        deserializer.deserialize_str(Text)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -153,7 +153,7 @@ fn representative_state() -> ServerState {
         namespace: "default".into(),
         priority: 50,
         job_id: "web".into(),
-        triggered_by: "job-register".into(),
+        triggered_by: drover_core::structs::EvalTrigger::JobRegister,
         ..Default::default()
     };
     apply(Command::JobRegister {

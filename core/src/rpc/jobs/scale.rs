@@ -53,7 +53,13 @@ impl JobEndpoints {
                     out.reply(req, ServerReply::Error(RpcError::invalid(text)));
                     return;
                 }
-                let eval = self.new_eval(&job.namespace, &job.id, job.job_type, job.priority, "job-scaling");
+                let eval = self.new_eval(
+                    &job.namespace,
+                    &job.id,
+                    job.job_type,
+                    job.priority,
+                    crate::structs::EvalTrigger::JobScaling,
+                );
                 (Some(job), Some(eval))
             }
         };

@@ -47,7 +47,7 @@ fn a_scale_registers_a_new_version_with_the_count_and_an_evaluation() {
     let job = h.fx.state.job("default", "web").unwrap();
     assert_eq!((job.task_groups[0].count, job.version), (3, 1));
     let eval = h.fx.state.eval(&eval_id).expect("the evaluation");
-    assert_eq!(eval.triggered_by, "job-scaling");
+    assert_eq!(eval.triggered_by, crate::structs::EvalTrigger::JobScaling);
     // No count: nothing changes, and no evaluation.
     let reply = scale(&mut h, 3, "g", None, 0);
     assert!(
