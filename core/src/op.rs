@@ -32,4 +32,41 @@ impl OpIds {
         self.next += 1;
         OpId(self.next)
     }
+
+    /// Whether `op` was handed out here: an outcome for an op never issued is a driver's bug
+    /// (answering another machine's op, or inventing one), checked where outcomes come in.
+    pub fn issued(&self, op: OpId) -> bool {
+        (1..=self.next).contains(&op.0)
+    }
+}
+
+/// What a driver keeps of the ops it was asked to carry out, to check its own side of the
+/// seam: each is answered once, and only ops it was given are answered.
+#[derive(Debug, Default)]
+pub struct Outstanding {
+    ops: alloc::collections::BTreeSet<OpId>,
+    /// Cancelled by the core: an answer may still come (the work finished before it was
+    /// stopped), once.
+    cancelled: alloc::collections::BTreeSet<OpId>,
+}
+
+impl Outstanding {
+    /// The core asked for `op`.
+    pub fn started(&mut self, op: OpId) {
+        let fresh = self.ops.insert(op);
+        debug_assert!(fresh, "{op} handed to the driver twice");
+    }
+
+    /// The driver answers `op`: it must be one it was given and has not answered yet.
+    pub fn answered(&mut self, op: OpId) {
+        let known = self.ops.remove(&op) || self.cancelled.remove(&op);
+        debug_assert!(known, "{op} answered twice, or never asked for");
+    }
+
+    /// The core cancelled `op`: the driver stops it, and may or may not answer it.
+    pub fn cancelled(&mut self, op: OpId) {
+        if self.ops.remove(&op) {
+            self.cancelled.insert(op);
+        }
+    }
 }

@@ -713,6 +713,10 @@ impl Server {
     }
 
     fn complete(&mut self, op: OpId) -> Option<Pending> {
+        debug_assert!(
+            self.ops.issued(op),
+            "an outcome for {op}, which this server never issued"
+        );
         self.pending.remove(&op).map(|(kind, _)| kind)
     }
 

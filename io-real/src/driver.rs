@@ -836,6 +836,8 @@ pub async fn start_agent<T: Transport, C: Consul, O: Observer>(
         applied: applied.unwrap_or_default(),
         replies,
         client_calls: BTreeMap::new(),
+        server_ops: Default::default(),
+        rpc_ops: Default::default(),
         consul_calls: BTreeMap::new(),
         region: config.region.clone(),
         epoch,
@@ -974,6 +976,9 @@ struct Driver<T: Transport, C, O> {
     replies: Replies,
     /// `ClientCSI` calls in flight, so the core can abandon them.
     client_calls: BTreeMap<drover_core::op::OpId, (tokio::task::JoinHandle<()>, String, String)>,
+    /// The server machine's and the endpoints' ops in flight (two id spaces).
+    server_ops: drover_core::op::Outstanding,
+    rpc_ops: drover_core::op::Outstanding,
     /// Consul ACL calls in flight, abandoned when the core says so.
     consul_calls: BTreeMap<drover_core::op::OpId, tokio::task::JoinHandle<()>>,
     region: String,
@@ -1026,12 +1031,40 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
         tracing::info!("agent loop stopped");
     }
 
+    /// This driver's side of the op-id seam: each outcome it hands the core answers an op the
+    /// core gave it, once (debug and simulation builds assert it; the core asserts that it
+    /// issued the op).
+    fn answered(&mut self, input: &agent::Input) {
+        use drover_core::server::Input as S;
+        match input {
+            agent::Input::Server(
+                S::JoinResolved { op, .. }
+                | S::PeersAnswered { op, .. }
+                | S::RaftInitialized { op, .. }
+                | S::ServerAdded { op, .. }
+                | S::ServerRemoved { op, .. }
+                | S::Proposed { op, .. }
+                | S::ConsulServersFound { op, .. }
+                | S::ConsulRegistered { op, .. },
+            ) => self.server_ops.answered(*op),
+            agent::Input::Rpc(
+                rpc::Input::Proposed { op, .. }
+                | rpc::Input::ClientReplied { op, .. }
+                | rpc::Input::ConsulReplied { op, .. },
+            ) => self.rpc_ops.answered(*op),
+            _ => {}
+        }
+    }
+
     /// One step of the core: an input, or the timeout when `None`.
     fn step(&mut self, input: Option<agent::Input>) {
         let now = core_now(self.epoch);
-        let agent = &mut self.agent;
         // Cron specs name wall-clock times: the leader's periodic dispatcher reads it here.
-        agent.set_wall_clock(now, unix_millis());
+        self.agent.set_wall_clock(now, unix_millis());
+        if let Some(input) = &input {
+            self.answered(input);
+        }
+        let agent = &mut self.agent;
         self.applied.read(|applied| match input {
             Some(input) => agent.handle(now, input, &applied.state),
             None => agent.handle_timeout(now, &applied.state),
@@ -1051,6 +1084,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
     fn execute_rpc(&mut self, action: rpc::Action) {
         match action {
             rpc::Action::Propose { op, command } => {
+                self.rpc_ops.started(op);
                 let Some(raft) = self.raft.clone() else { return };
                 let inbox = self.inbox.clone();
                 let metrics = self.service.metrics.clone();
@@ -1084,6 +1118,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 rpc_addr,
                 request,
             } => {
+                self.rpc_ops.started(op);
                 let inbox = self.inbox.clone();
                 let observer = self.observer.clone();
                 let region = self.region.clone();
@@ -1120,6 +1155,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 self.client_calls.insert(op, (task, task_node, task_call));
             }
             rpc::Action::CancelClientCall { op } => {
+                self.rpc_ops.cancelled(op);
                 if let Some((task, node_id, call)) = self.client_calls.remove(&op)
                     && !task.is_finished()
                 {
@@ -1132,6 +1168,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 }
             }
             rpc::Action::Consul { op, call } => {
+                self.rpc_ops.started(op);
                 let consul = self.consul.clone();
                 let inbox = self.inbox.clone();
                 self.consul_calls.retain(|_, task| !task.is_finished());
@@ -1142,6 +1179,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 self.consul_calls.insert(op, task);
             }
             rpc::Action::CancelConsulCall { op } => {
+                self.rpc_ops.cancelled(op);
                 if let Some(task) = self.consul_calls.remove(&op) {
                     task.abort();
                 }
@@ -1198,6 +1236,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 target,
                 default_port,
             } => {
+                self.server_ops.started(op);
                 let transport = self.transport.clone();
                 let inbox = self.inbox.clone();
                 tokio::spawn(async move {
@@ -1209,6 +1248,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 });
             }
             A::QueryPeers { op, peer } => {
+                self.server_ops.started(op);
                 let transport = self.transport.clone();
                 let inbox = self.inbox.clone();
                 let region = self.region.clone();
@@ -1221,6 +1261,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 });
             }
             A::InitializeRaft { op, servers } => {
+                self.server_ops.started(op);
                 let Some(raft) = self.raft.clone() else {
                     return;
                 };
@@ -1248,6 +1289,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 Err(error) => tracing::error!(%error, "failed to persist the bootstrapped flag"),
             },
             A::AddRaftServer { op, peer } => {
+                self.server_ops.started(op);
                 let Some(raft) = self.raft.clone() else {
                     return;
                 };
@@ -1266,6 +1308,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 });
             }
             A::RemoveRaftServer { op, id, voter } => {
+                self.server_ops.started(op);
                 let Some(raft) = self.raft.clone() else {
                     return;
                 };
@@ -1286,6 +1329,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
             // The agent hands operators' answers out as endpoint replies.
             A::Reply { .. } => unreachable!("agent::Agent::poll_action maps server replies"),
             A::Propose { op, command } => {
+                self.server_ops.started(op);
                 let Some(raft) = self.raft.clone() else {
                     return;
                 };
@@ -1371,6 +1415,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                     .send(agent::Input::Server(I::LeaderContact { silent_for_ms }));
             }
             A::LookupConsul { op, service, tag } => {
+                self.server_ops.started(op);
                 let consul = self.consul.clone();
                 let inbox = self.inbox.clone();
                 tokio::spawn(async move {
@@ -1388,6 +1433,7 @@ impl<T: Transport, C: Consul, O: Observer> Driver<T, C, O> {
                 addr,
                 id,
             } => {
+                self.server_ops.started(op);
                 let consul = self.consul.clone();
                 let inbox = self.inbox.clone();
                 tokio::spawn(async move {

@@ -973,7 +973,7 @@ fn negative_control(args: &Args) -> bool {
 /// suite must report the leaked claim within this many seeds of the scenarios listed. The
 /// search stops at the first catch, so the bound costs only a switch that got harder to catch:
 /// `learner-left-behind` needs a swarm seed that keeps a server away until autopilot removes
-/// it and then brings it back (seed 1146 once the client's controller turns moved into core).
+/// it and then brings it back (seed 1306 once the client's controller turns moved into core).
 const REGRESSION_SWITCH_SEEDS: u64 = 2000;
 /// The defects the configuration can re-create, as `path: on` pairs read from `options`'
 /// debug form (`csi_faults.abandon_failed_unpublish: false`, ...): every boolean fault flag,
@@ -1480,7 +1480,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "every live server ends up a voter of the one cluster",
-        caught_by: ("swarm", 1146),
+        caught_by: ("swarm", 1306),
     },
     Switch {
         name: "no-handover",

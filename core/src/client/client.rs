@@ -493,7 +493,13 @@ impl Client {
                 allocs,
                 finished_elsewhere,
             } => self.sync_allocs(now, allocs, finished_elsewhere),
-            ClientInput::Outcome { op, outcome } => self.outcome(now, op, outcome),
+            ClientInput::Outcome { op, outcome } => {
+                debug_assert!(
+                    self.ops.issued(op),
+                    "an outcome for {op}, which this client never issued"
+                );
+                self.outcome(now, op, outcome)
+            }
             ClientInput::TaskExited { alloc_id, task, exit } => {
                 if let Some(runner) = self.allocs.get_mut(&alloc_id) {
                     runner.task_exited(now, &task, exit, &mut self.ops);

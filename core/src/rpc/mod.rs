@@ -262,7 +262,13 @@ impl RpcEndpoints {
                     self.proposed(now, job, owner, result, state);
                 }
             }
-            Input::ClientReplied { op, result } => self.csi.client_answered(now, op, result, state, &mut self.out),
+            Input::ClientReplied { op, result } => {
+                debug_assert!(
+                    self.out.issued(op),
+                    "a client's answer for {op}, which this leader never issued"
+                );
+                self.csi.client_answered(now, op, result, state, &mut self.out)
+            }
             Input::ConsulReplied { op, result } => self.si_tokens.consul_replied(now, op, result, state, &mut self.out),
             Input::Leadership { leader } => {
                 if self.leader && !leader {

@@ -140,7 +140,16 @@ impl Outbox {
     /// The proposals the entry that went out as `op` carried, each with its own result: a
     /// batch's responses are dealt out in order, all at the entry's index; a failure is
     /// every member's. Proposals already failed (leadership lost) are gone and skipped.
+    /// Whether `op` was handed out by this outbox (a proposal or a call to a client).
+    pub fn issued(&self, op: OpId) -> bool {
+        self.ops.issued(op)
+    }
+
     pub fn landed(&mut self, op: OpId, result: Result<(u64, Response), crate::error::Failure>) -> Vec<Landed> {
+        debug_assert!(
+            self.ops.issued(op),
+            "a proposal outcome for {op}, which this leader never issued"
+        );
         let Some(ops) = self.in_flight.remove(&op) else {
             return Vec::new();
         };

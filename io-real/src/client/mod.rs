@@ -847,6 +847,9 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
     let mut controls: BTreeMap<u64, oneshot::Sender<Result<(), AllocCallError>>> = BTreeMap::new();
     let mut next_control = 0u64;
     let mut shut_down: Option<oneshot::Sender<()>> = None;
+    // The ops the core handed out for I/O, each answered exactly once (checked in debug and
+    // simulation builds; the core checks that each answer is for an op it issued).
+    let mut outstanding = drover_core::op::Outstanding::default();
     loop {
         // Execute everything the core asked for.
         while let Some(action) = client.poll_action() {
@@ -870,6 +873,7 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                     }
                 }
                 ClientAction::Io { op, io } => {
+                    outstanding.started(op);
                     let (sender, world) = (sender.clone(), world.clone());
                     tokio::spawn(async move {
                         let outcome = match deadlines::deadline(&io) {
@@ -1020,7 +1024,10 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                 let Some(message) = message else { return };
                 let now = core_now(epoch);
                 match message {
-                    Message::Outcome(op, outcome) => client.handle(now, ClientInput::Outcome { op, outcome }),
+                    Message::Outcome(op, outcome) => {
+                        outstanding.answered(op);
+                        client.handle(now, ClientInput::Outcome { op, outcome });
+                    }
                     Message::Exited { alloc_id, task, exit } => {
                         client.handle(now, ClientInput::TaskExited { alloc_id, task, exit });
                     }
