@@ -243,6 +243,11 @@ pub struct RaftFaults {
     /// one that is no non-voter (what Drover did before the knobs found it): a voter autopilot
     /// removed while it was gone comes back a learner and never votes again.
     pub learner_left_behind: bool,
+    /// `retry_join` stops announcing once the server has a gossip peer and knows a Raft leader
+    /// (what Drover did before swarm seed 1146): a server on the far side of a partition whose
+    /// view still holds a dead member and its old leader, and the restarted leader that never
+    /// knew it, stay in two gossip islands, and the removed server is never added back.
+    pub no_gossip_reconnect: bool,
 }
 
 /// A scheduler defect the simulation re-creates on purpose (regression switch).

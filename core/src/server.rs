@@ -609,27 +609,35 @@ impl Server {
         self.prune_dead_servers(now);
     }
 
-    /// Re-announces to the `retry_join` targets. Nomad stops after the first successful join,
-    /// which leaves servers that came up on opposite sides of a partition in two gossip
-    /// islands forever; we keep announcing to targets that are not live members for as long
-    /// as no Raft leader is known.
+    /// Re-announces to the `retry_join` targets that are not live gossip members (the
+    /// resolved addresses of live ones are skipped when they come back). Nomad stops after the
+    /// first successful join, which leaves servers that came up on opposite sides of a
+    /// partition in two gossip islands forever. While isolated or with no Raft leader known,
+    /// each round counts against `retry_max`; with a leader it goes on uncounted, as serf's
+    /// reconnect to failed members does: a server autopilot removed while it was partitioned
+    /// away, whose view still held a member that had died meanwhile and the leader its
+    /// predecessor had been, was otherwise never seen again by the restarted leader, nor it by
+    /// the leader (swarm seed 1146).
     fn retry_join(&mut self, now: Instant) {
         self.join_retry_at = Some(now + self.config.retry_interval);
         let isolated = self.membership.peer_count() == 0;
-        if !isolated && self.raft.leader.is_some() {
+        let reconnecting = !isolated && self.raft.leader.is_some();
+        if reconnecting && self.config.raft_faults.no_gossip_reconnect {
             return;
         }
-        if self.config.retry_max != 0 && self.join_attempts >= self.config.retry_max {
-            if self.join_attempts == self.config.retry_max {
-                tracing::error!(
-                    attempts = self.join_attempts,
-                    "retry_join: giving up after retry_max attempts"
-                );
-                self.join_attempts += 1;
+        if !reconnecting {
+            if self.config.retry_max != 0 && self.join_attempts >= self.config.retry_max {
+                if self.join_attempts == self.config.retry_max {
+                    tracing::error!(
+                        attempts = self.join_attempts,
+                        "retry_join: giving up after retry_max attempts"
+                    );
+                    self.join_attempts += 1;
+                }
+                return;
             }
-            return;
+            self.join_attempts += 1;
         }
-        self.join_attempts += 1;
         for target in self.config.retry_join.clone() {
             let op = self.start(now, Pending::Join, self.config.retry_interval);
             self.actions.push_back(Action::ResolveJoin {

@@ -1313,7 +1313,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["client_churn"],
         invariant: "no task process outlives its task",
-        caught_by: ("client_churn", 14),
+        caught_by: ("client_churn", 22),
     },
     Switch {
         name: "25293",
@@ -1394,7 +1394,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["leader_killed", "lossy_network", "read_storm"],
         invariant: "consistent reads are linearizable",
-        caught_by: ("lossy_network", 17),
+        caught_by: ("lossy_network", 24),
     },
     Switch {
         name: "unsynced-log",
@@ -1481,6 +1481,20 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         scenarios: &["swarm"],
         invariant: "every live server ends up a voter of the one cluster",
         caught_by: ("swarm", 1306),
+    },
+    Switch {
+        name: "no-gossip-reconnect",
+        bug: "retry_join stops once a server has a gossip peer and a Raft leader: two gossip islands after a partition and a leader restart, and a server autopilot removed is never added back",
+        options: || Options {
+            raft_faults: RaftFaults {
+                no_gossip_reconnect: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["swarm"],
+        invariant: "every live server ends up a voter of the one cluster",
+        caught_by: ("swarm", 1146),
     },
     Switch {
         name: "no-handover",
