@@ -266,7 +266,12 @@ fn app_job() -> Job {
 
 /// A client of node `n1` whose random choices come from `seed`.
 fn new_client(seed: u64) -> Client {
-    Client::new(ClientSettings {
+    Client::new(client_settings(seed))
+}
+
+/// The settings of [`new_client`], for a test that changes some first.
+pub(crate) fn client_settings(seed: u64) -> ClientSettings {
+    ClientSettings {
         node_id: "n1".into(),
         paths: ClientPaths::new("/s", "/a"),
         host_volumes: BTreeMap::new(),
@@ -275,7 +280,7 @@ fn new_client(seed: u64) -> Client {
         faults: Default::default(),
         consul: Default::default(),
         max_kill_timeout: drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT,
-    })
+    }
 }
 
 /// The `exec` driver fingerprints detected and healthy.

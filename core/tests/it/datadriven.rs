@@ -1504,8 +1504,7 @@ fn servers() {
 /// plugins `p1` and `p2`; only the controller actions are shown.
 mod turns_harness {
     use super::*;
-    use drover_core::client::client::{Client, ClientAction, ClientInput, ClientSettings};
-    use drover_core::client::paths::ClientPaths;
+    use drover_core::client::client::{Client, ClientAction, ClientInput};
     use drover_core::client::registry::{PluginInfo, PluginKind, Registry};
     use drover_core::client::{Io, Reply};
     use drover_core::rpc::{ClientCsiRequest, ControllerDeleteRequest, ServerReply, ServerRequest};
@@ -1517,16 +1516,7 @@ mod turns_harness {
     }
 
     fn client(no_turn: bool) -> Client {
-        let mut settings = ClientSettings {
-            node_id: "n1".into(),
-            paths: ClientPaths::new("/s", "/a"),
-            host_volumes: BTreeMap::new(),
-            region: "global".into(),
-            seed: 1,
-            faults: Default::default(),
-            consul: Default::default(),
-            max_kill_timeout: drover_core::client::task_runner::DEFAULT_MAX_KILL_TIMEOUT,
-        };
+        let mut settings = crate::client::client_settings(1);
         settings.faults.no_controller_turn = no_turn;
         let mut client = Client::new(settings);
         let mut registry = Registry::default();

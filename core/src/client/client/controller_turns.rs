@@ -36,8 +36,6 @@ struct Turn {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(super) struct ControllerTurns {
     turns: BTreeMap<String, Turn>,
-    /// Which turn each running call holds.
-    holders: BTreeMap<u64, String>,
 }
 
 impl ControllerTurns {
@@ -84,12 +82,16 @@ impl Client {
 
     /// A call the driver started is over (returned, or never made: its caller had gone).
     pub(super) fn controller_finished(&mut self, now: Instant, req: u64) {
-        let Some(plugin) = self.controller_turns.holders.remove(&req) else {
-            return; // Given up at its deadline already, or started without a turn.
+        let held = self
+            .controller_turns
+            .turns
+            .iter_mut()
+            .find(|(_, turn)| turn.running.is_some_and(|(running, _)| running == req));
+        let Some((plugin, turn)) = held else {
+            return; // Given up at its deadline already.
         };
-        if let Some(turn) = self.controller_turns.turns.get_mut(&plugin) {
-            turn.running = None;
-        }
+        turn.running = None;
+        let plugin = plugin.clone();
         self.next_controller_call(now, &plugin);
     }
 
@@ -105,7 +107,6 @@ impl Client {
             })
             .collect();
         for (plugin, req) in due {
-            self.controller_turns.holders.remove(&req);
             if let Some(turn) = self.controller_turns.turns.get_mut(&plugin) {
                 turn.running = None;
             }
@@ -131,7 +132,6 @@ impl Client {
             return;
         };
         turn.running = Some((next.req, now + CLIENT_CSI_TIMEOUT));
-        self.controller_turns.holders.insert(next.req, plugin.to_string());
         self.actions.push_back(ClientAction::ControllerStart {
             req: next.req,
             socket: next.socket,
