@@ -70,3 +70,42 @@ impl Outstanding {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_ops_handed_out_count_as_issued() {
+        let mut ops = OpIds::default();
+        assert!(!ops.issued(OpId(1)));
+        let op = ops.allocate();
+        assert!(ops.issued(op));
+        assert!(!ops.issued(OpId(0)) && !ops.issued(OpId(2)));
+    }
+
+    #[test]
+    fn a_cancelled_op_may_still_be_answered_once() {
+        let mut outstanding = Outstanding::default();
+        outstanding.started(OpId(1));
+        outstanding.cancelled(OpId(1));
+        outstanding.answered(OpId(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "answered twice, or never asked for")]
+    fn an_op_answered_twice_is_caught() {
+        let mut outstanding = Outstanding::default();
+        outstanding.started(OpId(1));
+        outstanding.answered(OpId(1));
+        outstanding.answered(OpId(1));
+    }
+
+    #[test]
+    #[should_panic(expected = "handed to the driver twice")]
+    fn an_op_handed_out_twice_is_caught() {
+        let mut outstanding = Outstanding::default();
+        outstanding.started(OpId(1));
+        outstanding.started(OpId(1));
+    }
+}
