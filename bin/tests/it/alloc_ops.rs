@@ -72,11 +72,8 @@ fn unreachable_client(root: &Path, server_rpc: u16) -> Agent {
     let (spec, mut args) = support::client_spec(root, "c1", server_rpc);
     std::fs::create_dir_all(&spec.data_dir).unwrap();
     let unreachable = spec.data_dir.join("unreachable.hcl");
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port no test holds and nothing listens on.
+    let closed = drover_testkit::free_port();
     std::fs::write(
         &unreachable,
         format!("advertise {{\n  rpc = \"127.0.0.1:{closed}\"\n}}\n"),

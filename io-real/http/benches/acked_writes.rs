@@ -135,11 +135,8 @@ async fn run(jobs: usize, per_job: usize, nodes: usize, writes: usize) {
 
 async fn start(data_dir: &std::path::Path) -> AgentHandle {
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let ports = Ports {
-        http: free_port(),
-        rpc: free_port(),
-        serf: free_port(),
-    };
+    let [http, rpc, serf] = drover_testkit::free_ports::<3>();
+    let ports = Ports { http, rpc, serf };
     let mut config = AgentConfig {
         name: "bench".into(),
         data_dir: Some(data_dir.display().to_string()),
@@ -176,14 +173,6 @@ async fn start(data_dir: &std::path::Path) -> AgentHandle {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     handle
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn ok(handle: &AgentHandle, request: ServerRequest) {

@@ -6,8 +6,11 @@
 pub mod csi;
 pub mod tls;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream, UdpSocket};
+// Each test binary and bench uses a part of the kit.
+#[allow(unused_imports)]
+pub use drover_testkit::{get_json, http, http_get, http_status, wait_for, wait_for_every};
+
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -15,65 +18,10 @@ use std::time::{Duration, Instant};
 
 pub const AGENT: &str = env!("CARGO_BIN_EXE_agent");
 
-/// Three free ports (HTTP, RPC, serf), each free for both TCP and UDP.
-///
-/// Taken below the kernel's ephemeral range (`ip_local_port_range`), so no socket that another
-/// process binds to port 0 or connects from can take one between this check and the agent's
-/// own bind: asked of `bind(0)` instead, a port was now and then handed to a concurrently
-/// running test's process in that gap ("Address already in use", issue 53). Each is claimed
-/// across test processes (nextest runs each test in its own) by a file made with `O_EXCL`
-/// under the temp dir; a claim older than 15 minutes is a finished run's and is taken over.
+/// Three free ports (HTTP, RPC, serf), each free for both TCP and UDP and held by no other
+/// test (the kit's [`drover_testkit::free_ports`]).
 pub fn free_ports() -> [u16; 3] {
-    static HANDED_OUT: Mutex<std::collections::BTreeSet<u16>> = Mutex::new(std::collections::BTreeSet::new());
-    let claims = std::env::temp_dir().join("drover-test-ports");
-    std::fs::create_dir_all(&claims).unwrap();
-    let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
-    let (low, high) = (10_000u16, ephemeral_low.max(10_100));
-    let mut state = u64::from(std::process::id())
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |since| since.as_nanos() as u64);
-    let mut next_port = move || {
-        // xorshift64*: plenty for spreading test ports.
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        let value = state.wrapping_mul(0x2545_f491_4f6c_dd1d);
-        low + (value % u64::from(high - low)) as u16
-    };
-    let claim = |port: u16| -> bool {
-        let file = claims.join(port.to_string());
-        let open = || std::fs::OpenOptions::new().write(true).create_new(true).open(&file);
-        if open().is_ok() {
-            return true;
-        }
-        let stale = std::fs::metadata(&file)
-            .and_then(|meta| meta.modified())
-            .ok()
-            .and_then(|modified| modified.elapsed().ok())
-            .is_some_and(|age| age > Duration::from_secs(15 * 60));
-        stale && std::fs::remove_file(&file).is_ok() && open().is_ok()
-    };
-    let bindable =
-        |port: u16| TcpListener::bind(("127.0.0.1", port)).is_ok() && UdpSocket::bind(("127.0.0.1", port)).is_ok();
-    let mut ports = Vec::with_capacity(3);
-    let mut handed_out = HANDED_OUT.lock().unwrap();
-    while ports.len() < 3 {
-        let port = next_port();
-        if ports.contains(&port) || handed_out.contains(&port) || !claim(port) {
-            continue;
-        }
-        if bindable(port) {
-            ports.push(port);
-        } else {
-            let _ = std::fs::remove_file(claims.join(port.to_string()));
-        }
-    }
-    handed_out.extend(ports.iter().copied());
-    [ports[0], ports[1], ports[2]]
+    drover_testkit::free_ports::<3>()
 }
 
 /// A client-only agent `name` under `root` that talks to the server at `server_rpc`: its
@@ -405,11 +353,6 @@ pub fn cli_stdout(output: &std::process::Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
-/// A GET's JSON body; `None` when the agent does not answer 200 with JSON.
-pub fn get_json(port: u16, path: &str) -> Option<serde_json::Value> {
-    serde_json::from_str(&http_get(port, path)?).ok()
-}
-
 /// A JSON object's field names, sorted (the shape tables compare them with Nomad's).
 pub fn field_names(value: &serde_json::Value) -> Vec<String> {
     let mut names: Vec<String> = value
@@ -448,64 +391,6 @@ pub fn wait_for_raw_exec(agent: &Agent, port: u16) {
         (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
     })
     .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
-}
-
-/// GET over a fresh connection; `None` when the agent does not answer 200.
-pub fn http_get(port: u16, path: &str) -> Option<String> {
-    http("GET", port, path, None)
-}
-
-pub fn http(method: &str, port: u16, path: &str, body: Option<&str>) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let body = body.unwrap_or("");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
-
-/// Any status: `(code, body)`.
-pub fn http_status(method: &str, port: u16, path: &str, body: Option<&str>) -> Option<(u16, String)> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    let body = body.unwrap_or("");
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
-}
-
-/// Polls `check` until it returns `Some` or `limit` passes.
-pub fn wait_for<T>(limit: Duration, check: impl FnMut() -> Option<T>) -> Option<T> {
-    wait_for_every(limit, Duration::from_millis(50), check)
-}
-
-/// [`wait_for`], checking every `step` (benches measure to a few milliseconds).
-pub fn wait_for_every<T>(limit: Duration, step: Duration, mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(step);
-    }
 }
 
 /// Submits a server request over agent RPC, retrying while the servers answer "retry".

@@ -255,11 +255,8 @@ async fn a_hung_consul_fails_the_call_at_the_deadline() {
 
 #[tokio::test]
 async fn a_down_consul_is_an_error_not_a_hang() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // A port no test holds and nothing listens on.
+    let port = drover_testkit::free_port();
     let consul = ConsulHttp::new(&format!("127.0.0.1:{port}"), Duration::from_secs(2));
     assert!(consul.catalog_service("nomad", "serf").await.is_err());
 }

@@ -2,8 +2,7 @@
 //! go over tonic to its own recording fake plugin, driven through the HTTP API and the
 //! endpoints a client uses.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -117,36 +116,8 @@ impl ClientCsi for FakePlugins {
     }
 }
 
-/// A free port, never handed out twice in this test process: tests run in parallel, and the
-/// kernel readily gives a just-released port to the next `bind(0)`.
-fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if HANDED_OUT.lock().unwrap().insert(port) {
-            return port;
-        }
-    }
-}
-
 fn http(method: &str, port: u16, path: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
+    drover_testkit::http_status(method, port, path, Some(body)).expect("the agent answers over HTTP")
 }
 
 async fn call(method: &'static str, port: u16, path: String, body: String) -> (u16, String) {
@@ -157,11 +128,8 @@ async fn call(method: &'static str, port: u16, path: String, body: String) -> (u
 
 async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let ports = Ports {
-        http: free_port(),
-        rpc: free_port(),
-        serf: free_port(),
-    };
+    let [http, rpc, serf] = drover_testkit::free_ports::<3>();
+    let ports = Ports { http, rpc, serf };
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let mut config = AgentConfig {
         name: "dev".into(),

@@ -85,17 +85,8 @@ fn answered_once(port: u16) -> TcpStream {
 }
 
 /// Polls `check` until it holds or [`PATIENCE`] passes.
-fn wait_for<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = std::time::Instant::now() + PATIENCE;
-    loop {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        if std::time::Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
+fn wait_for<T>(check: impl FnMut() -> Option<T>) -> Option<T> {
+    drover_testkit::wait_for_every(PATIENCE, Duration::from_millis(10), check)
 }
 
 fn request(port: u16, method: &str, path: &str, body: &[u8]) -> (u16, String) {

@@ -17,14 +17,6 @@ use drover_http::HttpLimits;
 use drover_io_real::driver::{AgentHandle, AgentParts, start_agent};
 use drover_io_real::io::{NoConsul, TracingObserver};
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// A started server: its handle, HTTP port and RPC port.
 pub struct Server {
     pub handle: AgentHandle,
@@ -46,11 +38,8 @@ pub async fn start_server_with_tls(
     rpc_max_conns: usize,
     tls: Option<Arc<AgentTls>>,
 ) -> Server {
-    let ports = Ports {
-        http: 0,
-        rpc: free_port(),
-        serf: free_port(),
-    };
+    let [rpc, serf] = drover_testkit::free_ports::<2>();
+    let ports = Ports { http: 0, rpc, serf };
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let mut config = AgentConfig {
         name: "test".into(),
