@@ -288,8 +288,9 @@ impl SimCluster {
     pub fn jump_clock(&self, machine: Machine, by: Duration) {
         let (node, name) = self.machine(machine);
         drover_io_real::clock::sim::jump_monotonic(node, by);
+        let by_ms = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
         self.recorder
-            .note(format!("{name}'s monotonic clock jumps {} ms ahead", by.as_millis()));
+            .record_host(name, crate::trace::HostEvent::MonotonicJumped { by_ms });
     }
 
     /// Kills a client node's agent. Its tasks and mounts live on in its host (the agent

@@ -55,6 +55,8 @@ pub enum HostEvent {
     TaskStarted { alloc: String, task: String },
     /// No process of the task is left: its leader and everything it started are gone.
     TaskProcessesGone { alloc: String, task: String },
+    /// The machine's monotonic clock jumped ahead (a paused VM resumed).
+    MonotonicJumped { by_ms: u64 },
 }
 
 /// Everything the invariants see.
