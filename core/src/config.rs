@@ -232,6 +232,10 @@ pub struct RaftFaults {
     /// (the fsync-error handling PostgreSQL, among others, had until 2018's "fsyncgate"):
     /// the server acknowledges entries its disk never took.
     pub swallow_log_write_errors: bool,
+    /// The log is purged as far as Raft asks, whether or not a durable snapshot covers what
+    /// goes: a follower told to install a snapshot purges its log while the snapshot's own
+    /// write fails, and restarts with neither (openraft asks for entries that are gone).
+    pub purge_beyond_snapshot: bool,
     /// Every agent RPC is served whoever's certificate called it (no role check): a client
     /// can write to the state directly, vote or append Raft entries as if it were a server.
     pub skip_caller_check: bool,

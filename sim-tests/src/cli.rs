@@ -1453,6 +1453,22 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         caught_by: ("swarm", 4),
     },
     Switch {
+        name: "purge-beyond-snapshot",
+        bug: "the log is purged past what a durable snapshot covers",
+        options: || Options {
+            raft_faults: RaftFaults {
+                purge_beyond_snapshot: true,
+                ..RaftFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["swarm"],
+        // A follower installing a snapshot on a disk whose syncs fail: the purge reached the
+        // disk, the snapshot did not, and the restarted server cannot read its log.
+        invariant: "agent starts",
+        caught_by: ("swarm", 733),
+    },
+    Switch {
         name: "swallowed-log-error",
         bug: "a failed log write is reported to Raft as durable, the error only logged",
         options: || Options {

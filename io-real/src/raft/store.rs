@@ -431,6 +431,26 @@ impl LogStore {
         Ok(())
     }
 
+    /// Purges the log up to `log_id`, but never past the stored snapshot: an entry goes only
+    /// once a snapshot that covers it is on disk (read first: a snapshot only ever grows, so
+    /// one written meanwhile only means less is purged now). openraft
+    /// purges a follower's log when it installs a leader's snapshot without waiting for the
+    /// install's write; should that write fail while the purge's lands (a failed fsync leaves
+    /// the pages readable), the restarted server had neither (swarm seed 733). What is kept
+    /// past openraft's purge point is never asked for, and goes at the next purge.
+    fn purge_covered(&self, log_id: LogId<u64>) -> Result<(), StoreError> {
+        let covered = self
+            .store
+            .get_raft::<SnapshotMeta<u64, ServerNode>>(KEY_SNAPSHOT_META)?
+            .and_then(|snapshot| snapshot.last_log_id);
+        let upto = match covered {
+            Some(covered) if covered.index < log_id.index => covered,
+            Some(_) => log_id,
+            None => return Ok(()),
+        };
+        self.remove_range(..=upto.index, Some(upto))
+    }
+
     fn remove_range(&self, range: impl RangeBounds<u64>, purged: Option<LogId<u64>>) -> Result<(), StoreError> {
         let txn = self.store.begin_durable_write()?;
         {
@@ -566,7 +586,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn purge(&mut self, log_id: LogId<u64>) -> Result<(), StorageError<u64>> {
         self.store.pace().await;
         self.cache.purged(log_id.index);
-        self.remove_range(..=log_id.index, Some(log_id)).map_err(io_write)
+        if self.faults.purge_beyond_snapshot {
+            return self.remove_range(..=log_id.index, Some(log_id)).map_err(io_write);
+        }
+        self.purge_covered(log_id).map_err(io_write)
     }
 }
 
@@ -1166,6 +1189,10 @@ mod tests {
                 .unwrap();
         });
         assert_eq!(paths(&log, 3), ["1:old", "2:old"]);
+        // A snapshot covers entry 1, so it may go.
+        log.store
+            .put_snapshot(&meta(), &encode_snapshot_record(&state()))
+            .unwrap();
         runtime.block_on(async {
             log.purge(LogId::new(openraft::CommittedLeaderId::new(1, 1), 1))
                 .await
@@ -1177,5 +1204,39 @@ mod tests {
         let mut reader = runtime.block_on(log.get_log_reader());
         let read = runtime.block_on(reader.try_get_log_entries(2..=2)).unwrap();
         assert_eq!(read.len(), 1);
+    }
+
+    /// The log is purged only as far as the stored snapshot covers it (swarm seed 733: a
+    /// follower's purge landed while the snapshot it installed did not).
+    #[test]
+    fn the_log_is_never_purged_past_the_stored_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(Database::create(dir.path().join("raft.db")).unwrap()).unwrap();
+        let mut log = LogStore::new(store);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let at = |index| LogId::new(openraft::CommittedLeaderId::new(1, 1), index);
+        log.write_entries((1..=4).map(|index| raft_entry(index, "a")).collect())
+            .unwrap();
+        let kept = |log: &LogStore| -> Vec<u64> {
+            log.read_range(1, Bound::Included(4))
+                .unwrap()
+                .iter()
+                .map(|entry| entry.log_id.index)
+                .collect()
+        };
+        // No snapshot: nothing goes, and nothing is recorded as purged.
+        runtime.block_on(log.purge(at(3))).unwrap();
+        assert_eq!(kept(&log), [1, 2, 3, 4]);
+        assert_eq!(runtime.block_on(log.get_log_state()).unwrap().last_purged_log_id, None);
+        // A snapshot up to 1: only entry 1 goes, and the purge point says so.
+        log.store
+            .put_snapshot(&meta(), &encode_snapshot_record(&state()))
+            .unwrap();
+        runtime.block_on(log.purge(at(3))).unwrap();
+        assert_eq!(kept(&log), [2, 3, 4]);
+        assert_eq!(
+            runtime.block_on(log.get_log_state()).unwrap().last_purged_log_id,
+            Some(at(1))
+        );
     }
 }
