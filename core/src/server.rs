@@ -38,6 +38,11 @@ pub use operator::OperatorRequest;
 
 /// Deadline for adding one server to the Raft configuration (the learner must catch up).
 const RAFT_CHANGE_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long after a failed Raft configuration change the leader reconciles again (at most its
+/// reconcile interval): Raft refuses a change while another is uncommitted, and retried at
+/// once the removal went round some 14,000 times a second while a partition held the earlier
+/// change back (swarm seed 442).
+const RAFT_CHANGE_RETRY: Duration = Duration::from_secs(1);
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub use crate::election::{RaftRole, RaftView};
@@ -391,10 +396,10 @@ impl Server {
             }
             Input::ServerAdded { op, result } => {
                 if self.complete(op).is_some() {
-                    if let Err(error) = result {
+                    if let Err(error) = &result {
                         tracing::warn!(%error, "failed to add server to the Raft configuration");
                     }
-                    self.reconcile_at = Some(now);
+                    self.raft_change_done(now, result.is_ok());
                 }
             }
             Input::ServerRemoved { op, result } => self.server_removed(now, op, result),
@@ -581,6 +586,16 @@ impl Server {
             Some(ElectionAction::PreVote) => self.actions.push_back(Action::PreVote),
             None => {}
         }
+    }
+
+    /// A configuration change is over: the next goes at once after a success, a retry only
+    /// after [`RAFT_CHANGE_RETRY`].
+    fn raft_change_done(&mut self, now: Instant, succeeded: bool) {
+        self.reconcile_at = Some(if succeeded {
+            now
+        } else {
+            now + RAFT_CHANGE_RETRY.min(self.config.timing.reconcile_interval)
+        });
     }
 
     /// Leader duty: every live server of our region that gossip knows but Raft does not is added.

@@ -152,10 +152,11 @@ impl Server {
         if let Err(error) = &result {
             tracing::warn!(%error, "failed to remove a server from the Raft configuration");
         }
+        let succeeded = result.is_ok();
         if let Some(req) = self.operator_replies.remove(&op) {
             self.reply(req, result.map_err(RpcError::from));
         }
-        self.reconcile_at = Some(now);
+        self.raft_change_done(now, succeeded);
     }
 
     /// A removal that timed out: its operator is told so.
@@ -279,6 +280,25 @@ mod tests {
             removals(&after).is_empty(),
             "two voters left: removing the other would leave no quorum"
         );
+    }
+
+    /// Raft refuses a change while another is uncommitted: the removal is tried again a second
+    /// later, not at once (swarm seed 442 retried it some 14,000 times a second).
+    #[test]
+    fn a_failed_removal_is_retried_after_a_pause_not_at_once() {
+        let mut server = leader(&[1, 2, 3]);
+        let stabilization = server.autopilot().server_stabilization_time;
+        let at = Instant::ZERO + stabilization * 2;
+        let [(op, 2)] = removals(&run_until(&mut server, at))[..] else {
+            panic!("voter 2 removed")
+        };
+        let refused = crate::error::Failure::new(ErrorKind::Unavailable, "already undergoing a configuration change");
+        server.handle(at, Input::ServerRemoved { op, result: Err(refused) });
+        let soon = run_until(&mut server, at + Duration::from_millis(999));
+        assert!(removals(&soon).is_empty(), "retried at once: {soon:?}");
+        let [(_, 2)] = removals(&run_until(&mut server, at + Duration::from_secs(1)))[..] else {
+            panic!("voter 2 removed again a second later")
+        };
     }
 
     #[test]
