@@ -293,7 +293,13 @@ mod tests {
             panic!("voter 2 removed")
         };
         let refused = crate::error::Failure::new(ErrorKind::Unavailable, "already undergoing a configuration change");
-        server.handle(at, Input::ServerRemoved { op, result: Err(refused) });
+        server.handle(
+            at,
+            Input::ServerRemoved {
+                op,
+                result: Err(refused),
+            },
+        );
         let soon = run_until(&mut server, at + Duration::from_millis(999));
         assert!(removals(&soon).is_empty(), "retried at once: {soon:?}");
         let [(_, 2)] = removals(&run_until(&mut server, at + Duration::from_secs(1)))[..] else {

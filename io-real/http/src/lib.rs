@@ -36,6 +36,7 @@ mod periodic;
 mod query;
 mod reads;
 mod render;
+mod routes;
 mod scaling;
 mod search;
 mod server;
@@ -61,7 +62,6 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use drover_core::fsm::Table;
 use drover_core::rpc::{ErrorKind, RpcError, ServerReply};
 use serde::Deserialize;
@@ -112,231 +112,8 @@ pub async fn serve_tls<S: drover_host::sockets::Sockets>(
 }
 
 pub fn router(handle: AgentHandle) -> Router {
-    Router::new()
-        .route("/v1/status/leader", get(status_leader))
-        .route("/v1/status/peers", get(status_peers))
-        .route("/v1/regions", get(cluster::regions))
-        .route("/v1/event/stream", get(events::stream))
-        .route("/v1/metrics", get(metrics::get))
-        .route(
-            "/v1/search",
-            axum::routing::post(search::prefix_search).put(search::prefix_search),
-        )
-        .route(
-            "/v1/search/fuzzy",
-            axum::routing::post(fuzzy::fuzzy_search).put(fuzzy::fuzzy_search),
-        )
-        .route(
-            "/v1/agent/servers",
-            get(cluster::agent_servers)
-                .put(cluster::set_agent_servers)
-                .post(cluster::set_agent_servers),
-        )
-        .route(
-            "/v1/jobs/parse",
-            axum::routing::post(job_parse::parse_job).put(job_parse::parse_job),
-        )
-        .route(
-            "/v1/validate/job",
-            axum::routing::put(job_parse::validate_job).post(job_parse::validate_job),
-        )
-        .route("/v1/operator/raft/configuration", get(cluster::raft_configuration))
-        .route("/v1/operator/raft/peer", axum::routing::delete(operator::remove_peer))
-        .route(
-            "/v1/operator/autopilot/configuration",
-            get(operator::get_config).put(operator::set_config),
-        )
-        .route("/v1/operator/autopilot/health", get(operator::health))
-        .route(
-            "/v1/agent/join",
-            axum::routing::put(operator::join).post(operator::join),
-        )
-        .route(
-            "/v1/agent/force-leave",
-            axum::routing::put(operator::force_leave).post(operator::force_leave),
-        )
-        .route("/v1/agent/members", get(agent_members))
-        .route("/v1/agent/self", get(agent_self))
-        .route("/v1/agent/keyring/list", get(keyring::list))
-        .route(
-            "/v1/agent/keyring/{op}",
-            axum::routing::post(keyring::change).put(keyring::change),
-        )
-        .route("/v1/operator/keyring/keys", get(rootkeys::list))
-        .route(
-            "/v1/operator/keyring/rotate",
-            axum::routing::put(rootkeys::rotate).post(rootkeys::rotate),
-        )
-        .route(
-            "/v1/operator/keyring/key/{key_id}",
-            axum::routing::delete(rootkeys::remove),
-        )
-        .route("/v1/vars", get(variables::list))
-        .route("/v1/namespaces", get(namespaces::list))
-        .route(
-            "/v1/namespace",
-            axum::routing::put(namespaces::write).post(namespaces::write),
-        )
-        .route(
-            "/v1/namespace/{name}",
-            get(namespaces::read)
-                .put(namespaces::write)
-                .post(namespaces::write)
-                .delete(namespaces::delete),
-        )
-        .route("/v1/volumes", get(csi::list_volumes))
-        .route(
-            "/v1/volumes/snapshot",
-            get(csi_snapshots::list_snapshots)
-                .put(csi_snapshots::create_snapshots)
-                .post(csi_snapshots::create_snapshots)
-                .delete(csi_snapshots::delete_snapshot),
-        )
-        .route("/v1/volumes/external", get(csi_snapshots::list_external))
-        .route(
-            "/v1/volume/csi/{id}",
-            get(csi::get_volume)
-                .put(csi::put_volume)
-                .post(csi::put_volume)
-                .delete(csi::delete_volume),
-        )
-        .route("/v1/volume/csi/{id}/detach", axum::routing::delete(csi::detach_volume))
-        .route(
-            "/v1/volume/csi/{id}/create",
-            axum::routing::put(csi::create_volume).post(csi::create_volume),
-        )
-        .route(
-            "/v1/volume/csi/{id}/delete",
-            axum::routing::delete(csi::delete_created_volume),
-        )
-        .route("/v1/plugins", get(csi::list_plugins))
-        .route("/v1/plugin/csi/{id}", get(csi::get_plugin).delete(csi::delete_plugin))
-        .route(
-            "/v1/jobs",
-            get(jobs::list_jobs).put(jobs::register_jobs).post(jobs::register_jobs),
-        )
-        .route(
-            "/v1/job/{id}",
-            get(jobs::get_job)
-                .put(jobs::register_job)
-                .post(jobs::register_job)
-                .delete(jobs::deregister_job),
-        )
-        .route("/v1/job/{id}/allocations", get(jobs::job_allocations))
-        .route("/v1/job/{id}/summary", get(jobs::job_summary))
-        .route(
-            "/v1/job/{id}/scale",
-            get(scaling::status).put(scaling::scale).post(scaling::scale),
-        )
-        .route("/v1/scaling/policies", get(scaling::list))
-        .route("/v1/scaling/policy/{id}", get(scaling::get))
-        .route("/v1/job/{id}/evaluations", get(jobs::job_evaluations))
-        .route("/v1/job/{id}/versions", get(jobs::job_versions))
-        .route(
-            "/v1/job/{id}/plan",
-            axum::routing::put(job_plan::plan).post(job_plan::plan),
-        )
-        .route(
-            "/v1/job/{id}/dispatch",
-            axum::routing::put(dispatch::dispatch).post(dispatch::dispatch),
-        )
-        .route(
-            "/v1/job/{id}/periodic/force",
-            axum::routing::put(periodic::force).post(periodic::force),
-        )
-        .route("/v1/job/{id}/deployments", get(deployments::of_job))
-        .route("/v1/job/{id}/deployment", get(deployments::latest_of_job))
-        .route(
-            "/v1/job/{id}/revert",
-            axum::routing::put(deployments::revert).post(deployments::revert),
-        )
-        .route(
-            "/v1/job/{id}/stable",
-            axum::routing::put(deployments::stable).post(deployments::stable),
-        )
-        .route("/v1/system/gc", axum::routing::put(system::gc).post(system::gc))
-        .route(
-            "/v1/system/reconcile/summaries",
-            axum::routing::put(system::reconcile_summaries).post(system::reconcile_summaries),
-        )
-        .route("/v1/deployments", get(deployments::list))
-        .route("/v1/deployment/{id}", get(deployments::get))
-        .route("/v1/deployment/allocations/{id}", get(deployments::allocations))
-        .route(
-            "/v1/deployment/fail/{id}",
-            axum::routing::put(deployments::fail).post(deployments::fail),
-        )
-        .route(
-            "/v1/deployment/pause/{id}",
-            axum::routing::put(deployments::pause).post(deployments::pause),
-        )
-        .route(
-            "/v1/deployment/promote/{id}",
-            axum::routing::put(deployments::promote).post(deployments::promote),
-        )
-        .route(
-            "/v1/deployment/allocation-health/{id}",
-            axum::routing::put(deployments::allocation_health).post(deployments::allocation_health),
-        )
-        .route("/v1/evaluations", get(jobs::list_evaluations))
-        .route("/v1/evaluation/{id}", get(jobs::get_evaluation))
-        .route("/v1/evaluation/{id}/allocations", get(evaluate::evaluation_allocations))
-        .route(
-            "/v1/node/{id}/evaluate",
-            axum::routing::put(evaluate::evaluate_node).post(evaluate::evaluate_node),
-        )
-        .route(
-            "/v1/job/{id}/evaluate",
-            axum::routing::put(evaluate::evaluate_job).post(evaluate::evaluate_job),
-        )
-        .route("/v1/allocations", get(allocs::list_allocations))
-        .route("/v1/allocation/{id}", get(allocs::get_allocation))
-        .route(
-            "/v1/allocation/{id}/stop",
-            axum::routing::put(allocs::stop_allocation).post(allocs::stop_allocation),
-        )
-        .route("/v1/client/fs/logs/{alloc}", get(fs::logs))
-        .route("/v1/client/allocation/{id}/stats", get(client::alloc_stats))
-        .route(
-            "/v1/client/allocation/{id}/gc",
-            get(client::alloc_gc).put(client::alloc_gc),
-        )
-        .route("/v1/client/stats", get(client::host_stats))
-        .route("/v1/agent/monitor", get(monitor::monitor))
-        .route("/v1/client/gc", get(client::node_gc).put(client::node_gc))
-        .route("/v1/client/allocation/{id}/exec", get(exec::exec))
-        .route("/v1/client/fs/ls/{alloc}", get(fs::ls))
-        .route("/v1/client/fs/stat/{alloc}", get(fs::stat))
-        .route("/v1/client/fs/cat/{alloc}", get(fs::cat))
-        .route("/v1/client/fs/readat/{alloc}", get(fs::readat))
-        .route("/v1/client/fs/stream/{alloc}", get(fs::stream_file))
-        .route(
-            "/v1/client/allocation/{id}/restart",
-            axum::routing::put(allocs::restart_allocation).post(allocs::restart_allocation),
-        )
-        .route(
-            "/v1/client/allocation/{id}/signal",
-            axum::routing::put(allocs::signal_allocation).post(allocs::signal_allocation),
-        )
-        .route("/v1/nodes", get(csi::list_nodes))
-        .route("/v1/node/{id}", get(csi::get_node))
-        .route("/v1/node/{id}/allocations", get(allocs::node_allocations))
-        .route(
-            "/v1/node/{id}/drain",
-            axum::routing::put(nodes::drain).post(nodes::drain),
-        )
-        .route(
-            "/v1/node/{id}/eligibility",
-            axum::routing::put(nodes::eligibility).post(nodes::eligibility),
-        )
-        .route(
-            "/v1/var/{*path}",
-            get(variables::get)
-                .put(variables::put)
-                .post(variables::put)
-                .delete(variables::delete),
-        )
-        .merge(acl::endpoints::routes())
+    let (routes, rules) = routes::router_and_rules();
+    routes
         // Each matched request's time, by route (`metrics.rs`).
         .route_layer(axum::middleware::from_fn_with_state(handle.clone(), metrics::measure))
         // Reads of cluster state wait for the Raft read barrier unless `?stale` (`reads.rs`).
@@ -352,6 +129,7 @@ pub fn router(handle: AgentHandle) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             acl::gate::Gate {
                 handle: handle.clone(),
+                rules: std::sync::Arc::new(rules),
                 cache: std::sync::Arc::default(),
                 remote: std::sync::Arc::default(),
             },

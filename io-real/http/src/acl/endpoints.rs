@@ -3,11 +3,9 @@
 //! generator (`runtime::random_uuid`: the operating system's randomness in production), never
 //! from the core's seeded ones.
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post, put};
 use drover_core::acl::{AclPolicy, AclToken, TokenType};
 use drover_core::fsm::acl::AclCommand;
 use drover_core::fsm::{Command, Response as FsmResponse, ServerState, Table};
@@ -21,25 +19,6 @@ use drover_io_real::driver::AgentHandle;
 
 /// Nomad's reset file: holding the index of the last bootstrap lets it be done again.
 pub const BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
-
-pub fn routes() -> Router<AgentHandle> {
-    Router::new()
-        .route("/v1/acl/bootstrap", post(bootstrap).put(bootstrap))
-        .route("/v1/acl/policies", get(list_policies))
-        .route(
-            "/v1/acl/policy/{name}",
-            get(get_policy).put(put_policy).post(put_policy).delete(delete_policy),
-        )
-        .route("/v1/acl/tokens", get(list_tokens))
-        .route("/v1/acl/token", put(create_token).post(create_token))
-        .route("/v1/acl/token/self", get(token_self))
-        .merge(super::roles::routes())
-        .merge(super::login::routes())
-        .route(
-            "/v1/acl/token/{accessor}",
-            get(get_token).put(update_token).post(update_token).delete(delete_token),
-        )
-}
 
 pub(super) fn enabled(handle: &AgentHandle) -> Result<(), ApiError> {
     if handle.config().acl.enabled {
@@ -102,7 +81,7 @@ fn policy_json(policy: &AclPolicy, with_rules: bool) -> Value {
     value
 }
 
-async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let reset_index = match &handle.config().data_dir {
         Some(dir) => match std::fs::read_to_string(std::path::Path::new(dir).join(BOOTSTRAP_RESET_FILE)) {
@@ -156,7 +135,10 @@ pub(super) fn requester(state: &ServerState, headers: &HeaderMap) -> Option<AclT
     state.acl().token_by_secret(&secret).cloned()
 }
 
-async fn list_policies(State(handle): State<AgentHandle>, headers: HeaderMap) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn list_policies(
+    State(handle): State<AgentHandle>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let (index, policies) = read(&handle, |state| {
         let token = requester(state, &headers);
@@ -178,7 +160,7 @@ async fn list_policies(State(handle): State<AgentHandle>, headers: HeaderMap) ->
     Ok((query_headers(&handle, index), axum::Json(policies)))
 }
 
-async fn get_policy(
+pub(crate) async fn get_policy(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
     headers: HeaderMap,
@@ -216,7 +198,7 @@ struct PolicyBody {
     rules: String,
 }
 
-async fn put_policy(
+pub(crate) async fn put_policy(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
@@ -247,7 +229,7 @@ async fn put_policy(
     Ok((query_headers(&handle, index), StatusCode::OK))
 }
 
-async fn delete_policy(
+pub(crate) async fn delete_policy(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -258,13 +240,13 @@ async fn delete_policy(
 
 #[derive(Default, Deserialize)]
 #[serde(default)]
-struct TokenListQuery {
+pub(crate) struct TokenListQuery {
     prefix: String,
     global: Option<String>,
 }
 
 /// Every token (`?prefix=` on the accessor, `?global=true` only global ones), without secrets.
-async fn list_tokens(
+pub(crate) async fn list_tokens(
     State(handle): State<AgentHandle>,
     axum::extract::Query(query): axum::extract::Query<TokenListQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -353,7 +335,7 @@ impl TokenBody {
     }
 }
 
-async fn create_token(
+pub(crate) async fn create_token(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -415,7 +397,7 @@ async fn create_token(
     stored_token(&handle, &accessor, index, true)
 }
 
-async fn update_token(
+pub(crate) async fn update_token(
     State(handle): State<AgentHandle>,
     Path(accessor): Path<String>,
     body: axum::body::Bytes,
@@ -436,7 +418,7 @@ async fn update_token(
 }
 
 /// A token by accessor: to a management token, or to the token itself (Nomad's `GetToken`).
-async fn get_token(
+pub(crate) async fn get_token(
     State(handle): State<AgentHandle>,
     Path(accessor): Path<String>,
     headers: HeaderMap,
@@ -456,7 +438,10 @@ async fn get_token(
     stored_token(&handle, &accessor, index, true)
 }
 
-async fn token_self(State(handle): State<AgentHandle>, headers: HeaderMap) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn token_self(
+    State(handle): State<AgentHandle>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let (index, token) = read(&handle, |state| {
         let token = requester(state, &headers).map(|token| token_json(state, &token, true));
@@ -466,7 +451,7 @@ async fn token_self(State(handle): State<AgentHandle>, headers: HeaderMap) -> Re
     Ok((query_headers(&handle, index), axum::Json(token)))
 }
 
-async fn delete_token(
+pub(crate) async fn delete_token(
     State(handle): State<AgentHandle>,
     Path(accessor): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {

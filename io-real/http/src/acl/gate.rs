@@ -1,7 +1,7 @@
 //! Every request checked against its token's ACL before it reaches an endpoint (when
 //! `acl { enabled = true }`): the capability Nomad's endpoint checks, by method and route,
-//! with Nomad's `403 Permission denied`; a route this table does not name needs a management
-//! token, so an endpoint added later is closed until it is given its rule.
+//! with Nomad's `403 Permission denied`. Each route's rule sits beside its handlers in the
+//! one route table (`routes.rs`); a path no route matches needs a management token.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -10,7 +10,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use drover_core::acl::policy::{cap, var_cap};
+use drover_core::acl::policy::cap;
 use drover_core::acl::{Acl, PERMISSION_DENIED, ResolveError};
 use drover_core::fsm::Table;
 
@@ -67,112 +67,7 @@ impl Need {
     }
 }
 
-/// The rule for `method` on `path` (Nomad's per-endpoint checks).
-pub fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
-    let write = *method != Method::GET && *method != Method::HEAD;
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let namespace = |read: &'static str, written: &'static str| Need::Namespace(if write { written } else { read });
-    match segments.as_slice() {
-        ["v1", "status", "leader" | "peers"] | ["v1", "regions"] => Need::Nothing,
-        // Any token: the endpoint leaves out the contexts it may not read.
-        ["v1", "search"] | ["v1", "search", "fuzzy"] => Need::Token,
-        // Any token: the stream leaves out the events it may not read.
-        ["v1", "event", "stream"] => Need::Token,
-        // Nomad serves metrics without a token; here anonymous callers get them too, less the
-        // series that name a job in a namespace the token may not read (`http::metrics`).
-        ["v1", "metrics"] => Need::Token,
-        ["v1", "operator", "raft", "configuration"] => Need::Operator { write: false },
-        ["v1", "operator", "raft", "peer"] => Need::Operator { write: true },
-        ["v1", "operator", "autopilot", _] => Need::Operator { write },
-        ["v1", "agent", "join" | "force-leave"] => Need::Agent { write: true },
-        ["v1", "acl", "bootstrap"] => Need::Nothing,
-        ["v1", "acl", "token", "self"] => Need::Token,
-        ["v1", "acl", "policies"] if !write => Need::Token,
-        ["v1", "acl", "policy", _] if !write => Need::Token,
-        // Roles a token links are readable with it (the endpoint filters the rest).
-        ["v1", "acl", "roles"] | ["v1", "acl", "role", _] | ["v1", "acl", "role", "name", _] if !write => Need::Token,
-        // Only for the request's own token; the exchange's credential is the one-time secret.
-        ["v1", "acl", "token", "onetime"] => Need::Token,
-        ["v1", "acl", "token", "onetime", "exchange"] => Need::Nothing,
-        // A token reads itself by accessor (the endpoint checks which).
-        ["v1", "acl", "token", _] if !write => Need::Token,
-        // Logging in is how a token is got; the methods are listed for the login screen.
-        ["v1", "acl", "login"] | ["v1", "acl", "oidc", "auth-url" | "complete-auth"] => Need::Nothing,
-        ["v1", "acl", "auth-methods"] if !write => Need::Nothing,
-        ["v1", "acl", ..] => Need::Management,
-        ["v1", "agent", "self" | "monitor"] => Need::Agent { write: false },
-        ["v1", "agent", "keyring", _] => Need::Agent { write },
-        ["v1", "agent", "members"] => Need::Node { write: false },
-        ["v1", "agent", "servers"] => Need::Agent { write },
-        // Any token: the endpoints show the namespaces it may do anything in.
-        ["v1", "namespaces"] => Need::Token,
-        ["v1", "namespace", _] if !write => Need::Token,
-        ["v1", "vars"] => Need::Variable {
-            path: query_param(query, "prefix").unwrap_or_default(),
-            capability: var_cap::LIST,
-        },
-        ["v1", "var", rest @ ..] => Need::Variable {
-            path: rest.join("/"),
-            capability: match *method {
-                Method::GET | Method::HEAD => var_cap::READ,
-                Method::DELETE => var_cap::DESTROY,
-                _ => var_cap::WRITE,
-            },
-        },
-        // Snapshots and unregistered volumes are the plugin's; the namespace is the caller's.
-        ["v1", "volumes", "snapshot"] if write => Need::Namespace(cap::CSI_WRITE_VOLUME),
-        ["v1", "volumes"] | ["v1", "volumes", "snapshot" | "external"] => Need::NamespaceAny(&[
-            cap::CSI_LIST_VOLUME,
-            cap::CSI_READ_VOLUME,
-            cap::CSI_MOUNT_VOLUME,
-            cap::LIST_JOBS,
-        ]),
-        ["v1", "volume", "csi", _, ..] => namespace(cap::CSI_READ_VOLUME, cap::CSI_WRITE_VOLUME),
-        ["v1", "plugins"] => Need::Plugin { read: false },
-        ["v1", "plugin", "csi", _] if !write => Need::Plugin { read: true },
-        ["v1", "plugin", "csi", _] => Need::Operator { write: true },
-        ["v1", "jobs", "parse"] => Need::NamespaceAny(&[cap::PARSE_JOB, cap::SUBMIT_JOB]),
-        ["v1", "validate", "job"] => Need::Namespace(cap::READ_JOB),
-        ["v1", "jobs"] => namespace(cap::LIST_JOBS, cap::SUBMIT_JOB),
-        ["v1", "job", _] => namespace(cap::READ_JOB, cap::SUBMIT_JOB),
-        ["v1", "job", _, "evaluate" | "revert" | "stable"] => Need::Namespace(cap::SUBMIT_JOB),
-        ["v1", "job", _, "plan"] => Need::Namespace(cap::SUBMIT_JOB),
-        ["v1", "job", _, "periodic", "force"] => Need::Namespace(cap::SUBMIT_JOB),
-        ["v1", "job", _, "dispatch"] => Need::Namespace(cap::DISPATCH_JOB),
-        ["v1", "job", _, "scale"] if write => Need::NamespaceAny(&[cap::SCALE_JOB, cap::SUBMIT_JOB]),
-        ["v1", "job", _, "scale"] => Need::NamespaceAny(&[cap::READ_JOB_SCALING, cap::READ_JOB]),
-        ["v1", "scaling", "policies"] => Need::NamespaceAny(&[cap::LIST_SCALING_POLICIES, cap::LIST_JOBS]),
-        ["v1", "scaling", "policy", _] => Need::NamespaceAny(&[cap::READ_SCALING_POLICY, cap::READ_JOB]),
-        [
-            "v1",
-            "deployment",
-            "fail" | "pause" | "promote" | "allocation-health",
-            _,
-        ] => Need::Namespace(cap::SUBMIT_JOB),
-        ["v1", "deployments"] | ["v1", "deployment", _] | ["v1", "deployment", "allocations", _] => {
-            Need::Namespace(cap::READ_JOB)
-        }
-        ["v1", "job", _, _]
-        | ["v1", "evaluations"]
-        | ["v1", "evaluation", _]
-        | ["v1", "evaluation", _, "allocations"] => Need::Namespace(cap::READ_JOB),
-        ["v1", "allocations"] | ["v1", "allocation", _] => Need::Namespace(cap::READ_JOB),
-        ["v1", "allocation", _, "stop"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
-        ["v1", "client", "fs", "logs", _] => Need::Namespace(cap::READ_LOGS),
-        ["v1", "client", "fs", _, _] => Need::Namespace(cap::READ_FS),
-        ["v1", "client", "allocation", _, "stats"] => Need::Namespace(cap::READ_JOB),
-        ["v1", "client", "allocation", _, "gc"] => Need::Namespace(cap::SUBMIT_JOB),
-        ["v1", "client", "stats"] => Need::Node { write: false },
-        ["v1", "client", "gc"] => Need::Node { write: true },
-        ["v1", "client", "allocation", _, "exec"] => Need::Namespace(cap::ALLOC_EXEC),
-        ["v1", "client", "allocation", _, "restart" | "signal"] => Need::Namespace(cap::ALLOC_LIFECYCLE),
-        ["v1", "nodes"] | ["v1", "node", _] | ["v1", "node", _, "allocations"] => Need::Node { write },
-        ["v1", "node", _, "drain" | "eligibility" | "evaluate"] => Need::Node { write: true },
-        _ => Need::Management,
-    }
-}
-
-fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+pub(crate) fn query_param(query: Option<&str>, name: &str) -> Option<String> {
     form_urlencoded::parse(query?.as_bytes())
         .find(|(key, _)| key == name)
         .map(|(_, value)| value.into_owned())
@@ -282,6 +177,8 @@ impl RemoteCache {
 #[derive(Clone)]
 pub struct Gate {
     pub handle: AgentHandle,
+    /// Every route's rule (`routes.rs`, the table the router is built from).
+    pub rules: Arc<crate::routes::Rules>,
     pub cache: Arc<Cache>,
     pub remote: Arc<RemoteCache>,
 }
@@ -296,7 +193,7 @@ pub async fn enforce(State(gate): State<Gate>, request: Request, next: Next) -> 
         return next.run(request).await;
     }
     let path = request.uri().path().to_string();
-    let need = need(request.method(), &path, request.uri().query());
+    let need = gate.rules.need(request.method(), &path, request.uri().query());
     if need == Need::Nothing {
         return next.run(request).await;
     }
@@ -442,6 +339,10 @@ async fn namespaces_of(request: Request, need: &Need) -> Result<(Request, Vec<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn need(method: &Method, path: &str, query: Option<&str>) -> Need {
+        crate::routes::rules().need(method, path, query)
+    }
 
     #[test]
     fn every_route_family_has_nomads_rule_and_unknown_routes_need_management() {

@@ -7,11 +7,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use axum::Router;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, put};
 use drover_core::acl::auth::{self, AuthMethod, AuthMethodConfig, AuthMethodType, BindType, BindingRule, Claims};
 use drover_core::acl::{AclToken, TokenType};
 use drover_core::client::restarts::go_duration;
@@ -24,27 +22,6 @@ use super::endpoints::{apply, enabled, read, stored_token};
 use super::idp;
 use crate::{ApiError, query_headers, rfc3339};
 use drover_io_real::driver::AgentHandle;
-
-pub fn routes() -> Router<AgentHandle> {
-    Router::new()
-        .route("/v1/acl/auth-methods", get(list_methods))
-        .route("/v1/acl/auth-method", put(create_method).post(create_method))
-        .route(
-            "/v1/acl/auth-method/{name}",
-            get(get_method)
-                .put(update_method)
-                .post(update_method)
-                .delete(delete_method),
-        )
-        .route("/v1/acl/binding-rules", get(list_rules))
-        .route("/v1/acl/binding-rule", put(create_rule).post(create_rule))
-        .route(
-            "/v1/acl/binding-rule/{id}",
-            get(get_rule).put(update_rule).post(update_rule).delete(delete_rule),
-        )
-        .route("/v1/acl/login", put(login).post(login))
-        .merge(super::oidc::routes())
-}
 
 pub(super) fn bad(text: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, text.into())
@@ -251,7 +228,7 @@ fn method_from(handle: &AgentHandle, body: MethodBody, held: Option<&AuthMethod>
     Ok(method)
 }
 
-async fn list_methods(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn list_methods(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let (index, methods) = read(&handle, |state| {
         let methods: Vec<Value> = state.acl().auth_methods().map(method_stub).collect();
@@ -260,7 +237,7 @@ async fn list_methods(State(handle): State<AgentHandle>) -> Result<impl IntoResp
     Ok((query_headers(&handle, index), axum::Json(methods)))
 }
 
-async fn get_method(
+pub(crate) async fn get_method(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -291,7 +268,7 @@ fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], what: &str) -> Result<T, Ap
     serde_json::from_slice(bytes).map_err(|error| bad(format!("failed to parse the {what}: {error}")))
 }
 
-async fn create_method(
+pub(crate) async fn create_method(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -302,7 +279,7 @@ async fn create_method(
     upsert_method(&handle, method).await
 }
 
-async fn update_method(
+pub(crate) async fn update_method(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
     body: axum::body::Bytes,
@@ -320,7 +297,7 @@ async fn update_method(
     upsert_method(&handle, method).await
 }
 
-async fn delete_method(
+pub(crate) async fn delete_method(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -393,7 +370,7 @@ fn rule_from(body: RuleBody, id: String, held: Option<&BindingRule>) -> Result<B
     Ok(rule)
 }
 
-async fn list_rules(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn list_rules(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let (index, rules) = read(&handle, |state| {
         let rules: Vec<Value> = state.acl().binding_rules().map(rule_json).collect();
@@ -402,7 +379,10 @@ async fn list_rules(State(handle): State<AgentHandle>) -> Result<impl IntoRespon
     Ok((query_headers(&handle, index), axum::Json(rules)))
 }
 
-async fn get_rule(State(handle): State<AgentHandle>, Path(id): Path<String>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn get_rule(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let found = read(&handle, |state| {
         state
@@ -426,7 +406,7 @@ async fn upsert_rule(handle: &AgentHandle, rule: BindingRule) -> Result<(HeaderM
     Ok((query_headers(handle, index), axum::Json(rule)))
 }
 
-async fn create_rule(
+pub(crate) async fn create_rule(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -439,7 +419,7 @@ async fn create_rule(
     upsert_rule(&handle, rule).await
 }
 
-async fn update_rule(
+pub(crate) async fn update_rule(
     State(handle): State<AgentHandle>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
@@ -455,7 +435,10 @@ async fn update_rule(
     upsert_rule(&handle, rule).await
 }
 
-async fn delete_rule(State(handle): State<AgentHandle>, Path(id): Path<String>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn delete_rule(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let index = apply(&handle, AclCommand::BindingRulesDelete { ids: vec![id] }).await?;
     Ok((query_headers(&handle, index), StatusCode::OK))
@@ -536,7 +519,10 @@ struct LoginBody {
 }
 
 /// `POST /v1/acl/login`: a JWT from an identity provider for a Nomad token.
-async fn login(State(handle): State<AgentHandle>, body: axum::body::Bytes) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn login(
+    State(handle): State<AgentHandle>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let body: LoginBody = parse(&body, "login request")?;
     if body.login_token.is_empty() {

@@ -6,6 +6,6 @@
 pub mod endpoints;
 pub mod gate;
 mod idp;
-mod login;
-mod oidc;
-mod roles;
+pub(crate) mod login;
+pub(crate) mod oidc;
+pub(crate) mod roles;

@@ -9,10 +9,8 @@
 //! With `OIDCEnablePKCE` the code verifier is derived from the caller's nonce and the state,
 //! so whoever intercepts the redirect (code and state) cannot redeem it without the nonce.
 
-use axum::Router;
 use axum::extract::State;
 use axum::response::IntoResponse;
-use axum::routing::put;
 use base64::Engine;
 use drover_core::acl::auth::{AuthMethod, AuthMethodType};
 use serde::Deserialize;
@@ -23,12 +21,6 @@ use super::idp::{self, Discovery, Provider};
 use super::login::{bad, issue_token, login_method};
 use crate::ApiError;
 use drover_io_real::driver::AgentHandle;
-
-pub fn routes() -> Router<AgentHandle> {
-    Router::new()
-        .route("/v1/acl/oidc/auth-url", put(auth_url).post(auth_url))
-        .route("/v1/acl/oidc/complete-auth", put(complete_auth).post(complete_auth))
-}
 
 #[derive(Default, Deserialize)]
 #[serde(default)]
@@ -95,7 +87,10 @@ fn check_redirect(method: &AuthMethod, uri: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn auth_url(State(handle): State<AgentHandle>, body: axum::body::Bytes) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn auth_url(
+    State(handle): State<AgentHandle>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let body: AuthUrlBody =
         serde_json::from_slice(&body).map_err(|error| bad(format!("failed to parse the request: {error}")))?;
@@ -150,7 +145,7 @@ async fn auth_url(State(handle): State<AgentHandle>, body: axum::body::Bytes) ->
     Ok(axum::Json(json!({ "AuthURL": url })))
 }
 
-async fn complete_auth(
+pub(crate) async fn complete_auth(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {

@@ -2,11 +2,9 @@
 //! that need the state (unique names, existing policies, an unspent one-time token) are the
 //! state machine's (`fsm/acl/roles.rs`); this side draws IDs and shapes the JSON.
 
-use axum::Router;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, put};
 use drover_core::acl::roles::ONE_TIME_TOKEN_TTL_MS;
 use drover_core::acl::{AclRole, OneTimeToken, PERMISSION_DENIED, TokenType};
 use drover_core::fsm::acl::AclCommand;
@@ -17,19 +15,6 @@ use serde_json::{Value, json};
 use super::endpoints::{apply, enabled, read, requester, token_json};
 use crate::{ApiError, query_headers, rfc3339};
 use drover_io_real::driver::AgentHandle;
-
-pub fn routes() -> Router<AgentHandle> {
-    Router::new()
-        .route("/v1/acl/roles", get(list_roles))
-        .route("/v1/acl/role", put(create_role).post(create_role))
-        .route(
-            "/v1/acl/role/{id}",
-            get(get_role).put(update_role).post(update_role).delete(delete_role),
-        )
-        .route("/v1/acl/role/name/{name}", get(get_role_by_name))
-        .route("/v1/acl/token/onetime", put(one_time).post(one_time))
-        .route("/v1/acl/token/onetime/exchange", put(exchange).post(exchange))
-}
 
 fn bad(text: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, text.into())
@@ -58,11 +43,11 @@ fn may_read(state: &ServerState, headers: &HeaderMap, role: &AclRole) -> bool {
 
 #[derive(Default, Deserialize)]
 #[serde(default)]
-struct ListQuery {
+pub(crate) struct ListQuery {
     prefix: String,
 }
 
-async fn list_roles(
+pub(crate) async fn list_roles(
     State(handle): State<AgentHandle>,
     Query(query): Query<ListQuery>,
     headers: HeaderMap,
@@ -95,7 +80,7 @@ fn found_role(
     }
 }
 
-async fn get_role(
+pub(crate) async fn get_role(
     State(handle): State<AgentHandle>,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -104,7 +89,7 @@ async fn get_role(
     found_role(&handle, &headers, |state| state.acl().role(&id))
 }
 
-async fn get_role_by_name(
+pub(crate) async fn get_role_by_name(
     State(handle): State<AgentHandle>,
     Path(name): Path<String>,
     headers: HeaderMap,
@@ -166,7 +151,7 @@ async fn upsert(handle: &AgentHandle, role: AclRole) -> Result<(HeaderMap, axum:
     Ok((query_headers(handle, index), axum::Json(role)))
 }
 
-async fn create_role(
+pub(crate) async fn create_role(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -179,7 +164,7 @@ async fn create_role(
     upsert(&handle, role).await
 }
 
-async fn update_role(
+pub(crate) async fn update_role(
     State(handle): State<AgentHandle>,
     Path(id): Path<String>,
     body: axum::body::Bytes,
@@ -196,7 +181,10 @@ async fn update_role(
     upsert(&handle, role).await
 }
 
-async fn delete_role(State(handle): State<AgentHandle>, Path(id): Path<String>) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn delete_role(
+    State(handle): State<AgentHandle>,
+    Path(id): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let index = apply(&handle, AclCommand::RolesDelete { ids: vec![id] }).await?;
     Ok((query_headers(&handle, index), StatusCode::OK))
@@ -213,7 +201,10 @@ fn one_time_json(token: &OneTimeToken) -> Value {
 }
 
 /// A one-time token for the request's own ACL token (no capability needed: only your own).
-async fn one_time(State(handle): State<AgentHandle>, headers: HeaderMap) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn one_time(
+    State(handle): State<AgentHandle>,
+    headers: HeaderMap,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let token = read(&handle, |state| requester(state, &headers))?.ok_or_else(denied)?;
     let secret = drover_io_real::runtime::random_uuid();
@@ -241,7 +232,10 @@ struct ExchangeBody {
     one_time_secret_id: String,
 }
 
-async fn exchange(State(handle): State<AgentHandle>, body: axum::body::Bytes) -> Result<impl IntoResponse, ApiError> {
+pub(crate) async fn exchange(
+    State(handle): State<AgentHandle>,
+    body: axum::body::Bytes,
+) -> Result<impl IntoResponse, ApiError> {
     enabled(&handle)?;
     let body: ExchangeBody =
         serde_json::from_slice(&body).map_err(|error| bad(format!("failed to parse the exchange request: {error}")))?;
