@@ -10,7 +10,7 @@ use drover_core::fsm::Table;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, query_headers, render};
+use super::{ApiError, QueryOptions, query_headers, render};
 use drover_io_real::driver::AgentHandle;
 
 pub async fn list_allocations(
@@ -18,9 +18,8 @@ pub async fn list_allocations(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
     let namespace = super::namespace(&options);
-    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+    super::blocking_page(&handle, Table::Allocs, options, move |state, options| {
         let matching = state
             .allocs()
             .filter(|alloc| super::in_namespace(&namespace, &alloc.namespace))
@@ -32,7 +31,7 @@ pub async fn list_allocations(
             })
             .filter(|alloc| filter.keeps(|| render::alloc(alloc, state)))
             .map(|alloc| (alloc.id.clone(), alloc));
-        let (allocs, next) = super::page::page(matching, &options);
+        let (allocs, next) = super::page::page(matching, options);
         let resources = options.resources.unwrap_or(false);
         let task_states = options.task_states.unwrap_or(true);
         let list = allocs
@@ -51,11 +50,6 @@ pub async fn list_allocations(
         filter.finish((list, next))
     })
     .await
-    .transpose()?
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_allocation(
@@ -63,14 +57,10 @@ pub async fn get_allocation(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
-    let alloc = handle
-        .read_state(|state| state.alloc(&id).map(|alloc| render::alloc(alloc, state)))
-        .flatten();
-    match alloc {
-        Some(alloc) => Ok((query_headers(&handle, index), axum::Json(alloc))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "alloc not found".into())),
-    }
+    super::blocking_one(&handle, Table::Allocs, &options, "alloc not found", |state| {
+        state.alloc(&id).map(|alloc| render::alloc(alloc, state))
+    })
+    .await
 }
 
 /// `PUT|POST /v1/allocation/:id/stop`: Nomad's `Alloc.Stop`, answered with the evaluation that
@@ -154,15 +144,12 @@ pub async fn node_allocations(
     Path(node_id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            state
-                .allocs()
-                .filter(|alloc| alloc.node_id == node_id)
-                .map(|alloc| render::alloc(alloc, state))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    super::blocking_list(&handle, Table::Allocs, &options, |state| {
+        state
+            .allocs()
+            .filter(|alloc| alloc.node_id == node_id)
+            .map(|alloc| render::alloc(alloc, state))
+            .collect()
+    })
+    .await
 }

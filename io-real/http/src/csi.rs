@@ -15,7 +15,7 @@ use drover_core::structs::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, query_headers, render};
+use super::{ApiError, QueryOptions, namespace, parse_body, query_headers, render};
 use drover_io_real::driver::AgentHandle;
 
 const ID_LEN_MAX: usize = 128;
@@ -121,7 +121,7 @@ pub async fn list_volumes(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     match options.kind.as_deref() {
-        None => return Ok((query_headers(&handle, 1), axum::Json(json!([])))),
+        None => return Ok((query_headers(&handle, 1), axum::Json(Vec::new()))),
         Some("csi") => {}
         Some(other) => {
             return Err(ApiError(
@@ -131,18 +131,12 @@ pub async fn list_volumes(
         }
     }
     let filter = super::page::ItemFilter::of(&options)?;
-    let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
     let namespace = namespace(&options);
-    let (list, next) = super::read_list(&handle, move |state| {
-        let listed = volumes_page(state, &options, &namespace, &filter);
+    super::blocking_page(&handle, Table::CsiVolumes, options, move |state, options| {
+        let listed = volumes_page(state, options, &namespace, &filter);
         filter.finish(listed)
     })
     .await
-    .transpose()?
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_volume(
@@ -151,19 +145,13 @@ pub async fn get_volume(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     validate_id("volume", &id)?;
-    let index = block_on_table(&handle, Table::CsiVolumes, &options).await?;
     let namespace = namespace(&options);
-    let volume = handle
-        .read_state(|state| {
-            state
-                .volume(&namespace, &id)
-                .map(|volume| render::volume(&volume, state))
-        })
-        .flatten();
-    match volume {
-        Some(volume) => Ok((query_headers(&handle, index), axum::Json(volume))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "volume not found".into())),
-    }
+    super::blocking_one(&handle, Table::CsiVolumes, &options, "volume not found", |state| {
+        state
+            .volume(&namespace, &id)
+            .map(|volume| render::volume(&volume, state))
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -470,7 +458,7 @@ pub async fn list_plugins(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     match options.kind.as_deref() {
-        None => return Ok((query_headers(&handle, 1), axum::Json(json!([])))),
+        None => return Ok((query_headers(&handle, 1), axum::Json(Vec::new()))),
         Some("csi") => {}
         Some(other) => {
             return Err(ApiError(
@@ -479,13 +467,10 @@ pub async fn list_plugins(
             ));
         }
     }
-    let index = block_on_table(&handle, Table::CsiPlugins, &options).await?;
-    let (list, next) = super::read_list(&handle, move |state| plugins_page(state, &options))
-        .await
-        .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
+    super::blocking_page(&handle, Table::CsiPlugins, options, move |state, options| {
+        Ok(plugins_page(state, options))
+    })
+    .await
 }
 
 pub async fn get_plugin(
@@ -494,14 +479,10 @@ pub async fn get_plugin(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     validate_id("plugin", &id)?;
-    let index = block_on_table(&handle, Table::CsiPlugins, &options).await?;
-    let plugin = handle
-        .read_state(|state| state.plugin(&id).map(|plugin| render::plugin(plugin, state)))
-        .flatten();
-    match plugin {
-        Some(plugin) => Ok((query_headers(&handle, index), axum::Json(plugin))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "plugin not found".into())),
-    }
+    super::blocking_one(&handle, Table::CsiPlugins, &options, "plugin not found", |state| {
+        state.plugin(&id).map(|plugin| render::plugin(plugin, state))
+    })
+    .await
 }
 
 pub async fn delete_plugin(
@@ -522,14 +503,13 @@ pub async fn list_nodes(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
-    let index = block_on_table(&handle, Table::Nodes, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+    super::blocking_page(&handle, Table::Nodes, options, move |state, options| {
         let matching = state
             .nodes()
             .filter(|node| options.prefix.as_ref().is_none_or(|prefix| node.id.starts_with(prefix)))
             .filter(|node| filter.keeps(|| render::node(node)))
             .map(|node| (node.id.clone(), node));
-        let (nodes, next) = super::page::page(matching, &options);
+        let (nodes, next) = super::page::page(matching, options);
         let (resources, os) = (options.resources.unwrap_or(false), options.os.unwrap_or(false));
         let stub = |node: &drover_core::structs::Node| {
             let mut stub = if resources {
@@ -547,11 +527,6 @@ pub async fn list_nodes(
         filter.finish((nodes.into_iter().map(stub).collect(), next))
     })
     .await
-    .transpose()?
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_node(
@@ -559,12 +534,10 @@ pub async fn get_node(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Nodes, &options).await?;
-    let node = handle.read_state(|state| state.node(&id).map(render::node)).flatten();
-    match node {
-        Some(node) => Ok((query_headers(&handle, index), axum::Json(node))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "node not found".into())),
-    }
+    super::blocking_one(&handle, Table::Nodes, &options, "node not found", |state| {
+        state.node(&id).map(render::node)
+    })
+    .await
 }
 
 #[cfg(test)]

@@ -20,24 +20,18 @@ pub async fn list(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
-    let index = block_on_table(&handle, Table::Deployments, &options).await?;
     let namespace = namespace(&options);
-    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+    super::blocking_page(&handle, Table::Deployments, options, move |state, options| {
         let matching = state
             .deployments()
             .filter(|d| namespace == "*" || d.namespace == namespace)
             .filter(|d| options.prefix.as_ref().is_none_or(|prefix| d.id.starts_with(prefix)))
             .filter(|d| filter.keeps(|| render::deployment(d)))
             .map(|d| (d.id.clone(), d));
-        let (found, next) = super::page::page(matching, &options);
+        let (found, next) = super::page::page(matching, options);
         filter.finish((found.into_iter().map(render::deployment).collect(), next))
     })
     .await
-    .transpose()?
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 /// `GET /v1/deployment/:id`.
@@ -46,14 +40,10 @@ pub async fn get(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Deployments, &options).await?;
-    let found = handle
-        .read_state(|state| state.deployment(&id).map(render::deployment))
-        .flatten();
-    match found {
-        Some(value) => Ok((query_headers(&handle, index), axum::Json(value))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "deployment not found".into())),
-    }
+    super::blocking_one(&handle, Table::Deployments, &options, "deployment not found", |state| {
+        state.deployment(&id).map(render::deployment)
+    })
+    .await
 }
 
 /// `GET /v1/deployment/allocations/:id`: the stubs of the deployment's allocations.
@@ -62,20 +52,17 @@ pub async fn allocations(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            let Some(deployment) = state.deployment(&id) else {
-                return Vec::new();
-            };
-            state
-                .job_allocs(&deployment.namespace, &deployment.job_id)
-                .filter(|alloc| alloc.deployment_id == id)
-                .map(|alloc| render::alloc_stub(alloc, state))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    super::blocking_list(&handle, Table::Allocs, &options, |state| {
+        let Some(deployment) = state.deployment(&id) else {
+            return Vec::new();
+        };
+        state
+            .job_allocs(&deployment.namespace, &deployment.job_id)
+            .filter(|alloc| alloc.deployment_id == id)
+            .map(|alloc| render::alloc_stub(alloc, state))
+            .collect()
+    })
+    .await
 }
 
 /// `GET /v1/job/:id/deployments`, newest first.
@@ -84,18 +71,15 @@ pub async fn of_job(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Deployments, &options).await?;
     let namespace = namespace(&options);
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            state
-                .job_deployments(&namespace, &id)
-                .into_iter()
-                .map(render::deployment)
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    super::blocking_list(&handle, Table::Deployments, &options, |state| {
+        state
+            .job_deployments(&namespace, &id)
+            .into_iter()
+            .map(render::deployment)
+            .collect()
+    })
+    .await
 }
 
 /// `GET /v1/job/:id/deployment`: the newest, or `null`.

@@ -9,9 +9,9 @@ use axum::response::IntoResponse;
 use drover_core::fsm::Table;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 
-use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body_or_default, query_headers, render};
+use super::{ApiError, QueryOptions, namespace, parse_body_or_default, query_headers, render};
 use drover_io_real::driver::AgentHandle;
 
 #[derive(Deserialize, Default)]
@@ -78,17 +78,14 @@ pub async fn evaluation_allocations(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            state
-                .allocs()
-                .filter(|alloc| alloc.eval_id == id)
-                .map(|alloc| render::alloc_stub(alloc, state))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    super::blocking_list(&handle, Table::Allocs, &options, |state| {
+        state
+            .allocs()
+            .filter(|alloc| alloc.eval_id == id)
+            .map(|alloc| render::alloc_stub(alloc, state))
+            .collect()
+    })
+    .await
 }
 
 /// `PUT /v1/node/:id/evaluate`: answered with the evaluations made (Nomad's

@@ -12,7 +12,7 @@ use drover_core::structs::{AllocMetric, Allocation, Evaluation, Job};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, namespace, parse_body, parse_job_write, query_headers, render};
+use super::{ApiError, QueryOptions, namespace, parse_body, parse_job_write, query_headers, render};
 use drover_io_real::driver::AgentHandle;
 use drover_io_real::jobs::ApiJob;
 
@@ -240,17 +240,11 @@ pub async fn list_jobs(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
-    let index = block_on_table(&handle, Table::Jobs, &options).await?;
-    let (list, next) = super::read_list(&handle, move |state| {
-        let listed = list_page(state, &options, &filter);
+    super::blocking_page(&handle, Table::Jobs, options, move |state, options| {
+        let listed = list_page(state, options, &filter);
         filter.finish(listed)
     })
     .await
-    .transpose()?
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 /// The page of job stubs `options` asks for, and the next page's token (`GET /v1/jobs`).
@@ -305,19 +299,13 @@ pub async fn get_job(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Jobs, &options).await?;
     let namespace = namespace(&options);
-    let job = handle
-        .read_state(|state| {
-            state
-                .job(&namespace, &id)
-                .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
-        })
-        .flatten();
-    match job {
-        Some(job) => Ok((query_headers(&handle, index), axum::Json(job))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
-    }
+    super::blocking_one(&handle, Table::Jobs, &options, "job not found", |state| {
+        state
+            .job(&namespace, &id)
+            .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+    })
+    .await
 }
 
 /// `GET /v1/job/:id/summary`: Nomad's `JobSummary`, allocations per task group by client
@@ -327,19 +315,13 @@ pub async fn job_summary(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
     let namespace = namespace(&options);
-    let found = handle
-        .read_state(|state| {
-            state
-                .job(&namespace, &id)
-                .map(|job| summary(state, job, &state.job_summary(&namespace, &id)))
-        })
-        .flatten();
-    match found {
-        Some(summary) => Ok((query_headers(&handle, index), axum::Json(summary))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
-    }
+    super::blocking_one(&handle, Table::Allocs, &options, "job not found", |state| {
+        state
+            .job(&namespace, &id)
+            .map(|job| summary(state, job, &state.job_summary(&namespace, &id)))
+    })
+    .await
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -384,28 +366,25 @@ pub async fn job_allocations(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
     let namespace = namespace(&options);
-    let list: Vec<Value> = handle
-        .read_state(|state| {
-            // `all=true` includes the allocations of purged jobs of the same ID (Nomad's
-            // `anyCreateIndex`).
-            let all = options.all.as_deref().and_then(super::parse_bool).unwrap_or(false);
-            let allocs: Vec<&Allocation> = if all {
-                state
-                    .allocs()
-                    .filter(|alloc| alloc.namespace == namespace && alloc.job_id == id)
-                    .collect()
-            } else {
-                state.job_allocs(&namespace, &id).collect()
-            };
-            allocs
-                .into_iter()
-                .map(|alloc| render::alloc_stub(alloc, state))
+    super::blocking_list(&handle, Table::Allocs, &options, |state| {
+        // `all=true` includes the allocations of purged jobs of the same ID (Nomad's
+        // `anyCreateIndex`).
+        let all = options.all.as_deref().and_then(super::parse_bool).unwrap_or(false);
+        let allocs: Vec<&Allocation> = if all {
+            state
+                .allocs()
+                .filter(|alloc| alloc.namespace == namespace && alloc.job_id == id)
                 .collect()
-        })
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+        } else {
+            state.job_allocs(&namespace, &id).collect()
+        };
+        allocs
+            .into_iter()
+            .map(|alloc| render::alloc_stub(alloc, state))
+            .collect()
+    })
+    .await
 }
 
 pub async fn job_evaluations(
@@ -413,12 +392,11 @@ pub async fn job_evaluations(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Evals, &options).await?;
     let namespace = namespace(&options);
-    let list: Vec<Value> = handle
-        .read_state(|state| state.job_evals(&namespace, &id).map(eval).collect())
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(list))))
+    super::blocking_list(&handle, Table::Evals, &options, |state| {
+        state.job_evals(&namespace, &id).map(eval).collect()
+    })
+    .await
 }
 
 pub async fn job_versions(
@@ -426,26 +404,18 @@ pub async fn job_versions(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Jobs, &options).await?;
     let namespace = namespace(&options);
-    let versions = handle
-        .read_state(|state| {
-            let versions = state.job_versions(&namespace, &id);
-            (!versions.is_empty()).then(|| {
-                versions
-                    .into_iter()
-                    .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
-                    .collect::<Vec<_>>()
-            })
+    super::blocking_one(&handle, Table::Jobs, &options, "job versions not found", |state| {
+        let versions = state.job_versions(&namespace, &id);
+        (!versions.is_empty()).then(|| {
+            let versions: Vec<Value> = versions
+                .into_iter()
+                .map(|job| serde_json::to_value(ApiJob::from_job(job, status(state, job))).expect("serializes"))
+                .collect();
+            json!({ "Versions": versions, "Diffs": Value::Null })
         })
-        .flatten();
-    match versions {
-        Some(versions) => Ok((
-            query_headers(&handle, index),
-            axum::Json(json!({ "Versions": versions, "Diffs": Value::Null })),
-        )),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "job versions not found".into())),
-    }
+    })
+    .await
 }
 
 pub async fn list_evaluations(
@@ -453,24 +423,18 @@ pub async fn list_evaluations(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let filter = super::page::ItemFilter::of(&options)?;
-    let index = block_on_table(&handle, Table::Evals, &options).await?;
     let namespace = super::namespace(&options);
-    let (list, next): (Vec<Value>, Option<String>) = super::read_list(&handle, move |state| {
+    super::blocking_page(&handle, Table::Evals, options, move |state, options| {
         let matching = state
             .evals()
             .filter(|e| super::in_namespace(&namespace, &e.namespace))
             .filter(|e| options.prefix.as_ref().is_none_or(|prefix| e.id.starts_with(prefix)))
             .filter(|e| filter.keeps(|| eval(e)))
             .map(|e| (e.id.clone(), e));
-        let (evals, next) = super::page::page(matching, &options);
+        let (evals, next) = super::page::page(matching, options);
         filter.finish((evals.into_iter().map(eval).collect(), next))
     })
     .await
-    .transpose()?
-    .unwrap_or_default();
-    let mut headers = query_headers(&handle, index);
-    super::page::next_token_header(&mut headers, next);
-    Ok((headers, axum::Json(Value::Array(list))))
 }
 
 pub async fn get_evaluation(
@@ -478,9 +442,8 @@ pub async fn get_evaluation(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Evals, &options).await?;
-    match handle.read_state(|state| state.eval(&id).map(eval)).flatten() {
-        Some(found) => Ok((query_headers(&handle, index), axum::Json(found))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "eval not found".into())),
-    }
+    super::blocking_one(&handle, Table::Evals, &options, "eval not found", |state| {
+        state.eval(&id).map(eval)
+    })
+    .await
 }

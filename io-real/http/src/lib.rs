@@ -14,6 +14,7 @@ mod rootkeys;
 
 pub(crate) use jobs::metric as jobs_metric;
 pub use render::rfc3339;
+mod blocking;
 pub(crate) mod client;
 mod cluster;
 mod csi;
@@ -43,6 +44,7 @@ mod server;
 mod system;
 mod variables;
 
+pub(crate) use blocking::{block_on_table, blocking_list, blocking_one, blocking_page, query_headers};
 pub use server::HttpLimits;
 
 /// Every write endpoint's body decoded and validated into what the endpoint sends on, with no
@@ -60,9 +62,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use drover_core::fsm::Table;
 use drover_core::rpc::{ErrorKind, RpcError, ServerReply};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -481,47 +482,6 @@ pub(crate) fn go_bool<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Resu
 /// Parses Go durations as Nomad accepts them for `wait` ("5s", "1m", "250ms", "1m30s").
 fn parse_go_duration(text: &str) -> Option<Duration> {
     drover_core::goduration::parse(text.trim()).ok()
-}
-
-/// Waits until `table` changed after `index` (a blocking query), then returns its index.
-pub(crate) async fn block_on_table(
-    handle: &AgentHandle,
-    table: Table,
-    options: &QueryOptions,
-) -> Result<u64, ApiError> {
-    let current = || handle.read_state(|state| state.table_index(table)).unwrap_or(0);
-    let Some(min_index) = options.index.filter(|index| *index > 0) else {
-        return Ok(current());
-    };
-    let wait = match &options.wait {
-        Some(text) => parse_go_duration(text)
-            .ok_or_else(|| ApiError(StatusCode::BAD_REQUEST, format!("Invalid wait time: {text:?}")))?,
-        None => WAIT_DEFAULT,
-    }
-    .min(WAIT_MAX);
-    let Some(changes) = handle.state_changes() else {
-        return Ok(current());
-    };
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
-        let seen = changes.count();
-        let index = current();
-        if index > min_index || !changes.changed_since(seen, deadline).await {
-            return Ok(current());
-        }
-    }
-}
-
-pub(crate) fn query_headers(handle: &AgentHandle, index: u64) -> HeaderMap {
-    let (known_leader, last_contact_ms) = handle.leader_contact();
-    let mut headers = HeaderMap::new();
-    headers.insert("X-Nomad-Index", HeaderValue::from(index.max(1)));
-    headers.insert(
-        "X-Nomad-KnownLeader",
-        HeaderValue::from_static(if known_leader { "true" } else { "false" }),
-    );
-    headers.insert("X-Nomad-LastContact", HeaderValue::from(last_contact_ms));
-    headers
 }
 
 /// A sealing or opening failure: the server's fault, never the request's.

@@ -13,7 +13,7 @@ use drover_core::structs::{ClientStatus, DesiredStatus, Job, ScalingPolicy, scal
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::{ApiError, QueryOptions, block_on_table, in_namespace, namespace, parse_body, query_headers};
+use super::{ApiError, QueryOptions, in_namespace, namespace, parse_body, query_headers};
 use drover_io_real::driver::AgentHandle;
 use drover_io_real::jobs::{policy_json, policy_stub};
 
@@ -46,18 +46,15 @@ pub async fn list(
     Query(options): Query<QueryOptions>,
     Query(query): Query<PolicyQuery>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Jobs, &options).await?;
     let namespace = namespace(&options);
-    let found = handle
-        .read_state(|state| {
-            policies(state, &namespace)
-                .filter(|(job, _, _)| query.job.as_ref().is_none_or(|id| *id == job.id))
-                .filter(|_| query.kind.as_deref().is_none_or(|kind| kind == "horizontal"))
-                .map(|(job, group, policy)| policy_stub(policy, job, group))
-                .collect::<Vec<Value>>()
-        })
-        .unwrap_or_default();
-    Ok((query_headers(&handle, index), axum::Json(Value::Array(found))))
+    super::blocking_list(&handle, Table::Jobs, &options, |state| {
+        policies(state, &namespace)
+            .filter(|(job, _, _)| query.job.as_ref().is_none_or(|id| *id == job.id))
+            .filter(|_| query.kind.as_deref().is_none_or(|kind| kind == "horizontal"))
+            .map(|(job, group, policy)| policy_stub(policy, job, group))
+            .collect::<Vec<Value>>()
+    })
+    .await
 }
 
 /// `GET /v1/scaling/policy/:id`.
@@ -66,18 +63,12 @@ pub async fn get(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Jobs, &options).await?;
-    let found = handle
-        .read_state(|state| {
-            policies(state, "*")
-                .find(|(job, group, _)| scaling_policy_id(&job.namespace, &job.id, group) == id)
-                .map(|(job, group, policy)| policy_json(policy, job, group))
-        })
-        .flatten();
-    match found {
-        Some(policy) => Ok((query_headers(&handle, index), axum::Json(policy))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "scaling policy not found".into())),
-    }
+    super::blocking_one(&handle, Table::Jobs, &options, "scaling policy not found", |state| {
+        policies(state, "*")
+            .find(|(job, group, _)| scaling_policy_id(&job.namespace, &job.id, group) == id)
+            .map(|(job, group, policy)| policy_json(policy, job, group))
+    })
+    .await
 }
 
 /// `GET /v1/job/:id/scale`: Nomad's `JobScaleStatusResponse`.
@@ -86,55 +77,47 @@ pub async fn status(
     Path(id): Path<String>,
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let index = block_on_table(&handle, Table::Allocs, &options).await?;
     let namespace = namespace(&options);
-    let found = handle
-        .read_state(|state| {
-            let job = state.job(&namespace, &id)?;
-            let mut groups = Map::new();
-            for group in &job.task_groups {
-                let allocs: Vec<_> = state
-                    .job_allocs(&namespace, &id)
-                    .filter(|alloc| alloc.task_group == group.name && alloc.desired_status == DesiredStatus::Run)
-                    .collect();
-                let health = |healthy: bool| {
-                    allocs
-                        .iter()
-                        .filter(|alloc| {
-                            alloc.deployment_status.as_ref().and_then(|status| status.healthy) == Some(healthy)
-                        })
-                        .count()
-                };
-                groups.insert(
-                    group.name.clone(),
-                    json!({
-                        "Desired": group.count,
-                        "Placed": allocs.len(),
-                        "Running": allocs.iter().filter(|alloc| alloc.client_status == ClientStatus::Running).count(),
-                        "Healthy": health(true),
-                        "Unhealthy": health(false),
-                        "Events": state
-                            .scaling_events(&namespace, &id)
-                            .and_then(|groups| groups.get(&group.name))
-                            .map(|events| events.iter().map(scaling_event).collect::<Vec<_>>())
-                            .unwrap_or_default(),
-                    }),
-                );
-            }
-            Some(json!({
-                "JobID": job.id,
-                "Namespace": job.namespace,
-                "JobCreateIndex": job.create_index,
-                "JobModifyIndex": job.job_modify_index,
-                "JobStopped": job.stop,
-                "TaskGroups": groups,
-            }))
-        })
-        .flatten();
-    match found {
-        Some(status) => Ok((query_headers(&handle, index), axum::Json(status))),
-        None => Err(ApiError(StatusCode::NOT_FOUND, "job not found".into())),
-    }
+    super::blocking_one(&handle, Table::Allocs, &options, "job not found", |state| {
+        let job = state.job(&namespace, &id)?;
+        let mut groups = Map::new();
+        for group in &job.task_groups {
+            let allocs: Vec<_> = state
+                .job_allocs(&namespace, &id)
+                .filter(|alloc| alloc.task_group == group.name && alloc.desired_status == DesiredStatus::Run)
+                .collect();
+            let health = |healthy: bool| {
+                allocs
+                    .iter()
+                    .filter(|alloc| alloc.deployment_status.as_ref().and_then(|status| status.healthy) == Some(healthy))
+                    .count()
+            };
+            groups.insert(
+                group.name.clone(),
+                json!({
+                    "Desired": group.count,
+                    "Placed": allocs.len(),
+                    "Running": allocs.iter().filter(|alloc| alloc.client_status == ClientStatus::Running).count(),
+                    "Healthy": health(true),
+                    "Unhealthy": health(false),
+                    "Events": state
+                        .scaling_events(&namespace, &id)
+                        .and_then(|groups| groups.get(&group.name))
+                        .map(|events| events.iter().map(scaling_event).collect::<Vec<_>>())
+                        .unwrap_or_default(),
+                }),
+            );
+        }
+        Some(json!({
+            "JobID": job.id,
+            "Namespace": job.namespace,
+            "JobCreateIndex": job.create_index,
+            "JobModifyIndex": job.job_modify_index,
+            "JobStopped": job.stop,
+            "TaskGroups": groups,
+        }))
+    })
+    .await
 }
 
 /// Nomad's `ScalingEvent`: times in Unix nanoseconds.
