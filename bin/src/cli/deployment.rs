@@ -4,7 +4,9 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{Api, Failure, short, table, text};
+use drover_http::api::Deployment;
+
+use super::{Api, Failure, short, short_id, table, text};
 
 #[derive(Debug, Subcommand)]
 pub enum DeploymentCommand {
@@ -35,16 +37,15 @@ pub enum DeploymentCommand {
 }
 
 /// The one deployment whose ID is or starts with `prefix`.
-fn one(api: &Api, prefix: &str) -> Result<Value, Failure> {
-    let found = api.get(&format!("/v1/deployments?prefix={prefix}"))?;
-    let list = found.as_array().cloned().unwrap_or_default();
+fn one(api: &Api, prefix: &str) -> Result<Deployment, Failure> {
+    let list: Vec<Deployment> = api.get_as(&format!("/v1/deployments?prefix={prefix}"))?;
     match list.as_slice() {
         [] => Err(Failure(
             format!("No deployment(s) with prefix or ID {prefix:?} found"),
             1,
         )),
         [one] => Ok(one.clone()),
-        many => match many.iter().find(|d| text(&d["ID"]) == prefix) {
+        many => match many.iter().find(|d| d.id == prefix) {
             Some(exact) => Ok(exact.clone()),
             None => {
                 let mut rows = vec![header(&["ID", "Job ID", "Job Version", "Status", "Description"])];
@@ -62,26 +63,26 @@ fn header(names: &[&str]) -> Vec<String> {
     names.iter().map(|name| name.to_string()).collect()
 }
 
-fn id(value: &Value, verbose: bool) -> String {
-    if verbose { text(value) } else { short(value) }
+fn id(id: &str, verbose: bool) -> String {
+    if verbose { id.to_string() } else { short_id(id) }
 }
 
-fn row(deployment: &Value, verbose: bool) -> Vec<String> {
+fn row(deployment: &Deployment, verbose: bool) -> Vec<String> {
     vec![
-        id(&deployment["ID"], verbose),
-        text(&deployment["JobID"]),
-        text(&deployment["JobVersion"]),
-        text(&deployment["Status"]),
-        text(&deployment["StatusDescription"]),
+        id(&deployment.id, verbose),
+        deployment.job_id.clone(),
+        deployment.job_version.to_string(),
+        deployment.status.clone(),
+        deployment.status_description.clone(),
     ]
 }
 
 /// Nomad's `Deployed` table: `Auto Revert` when a group reverts, `Promoted` and `Canaries`
 /// when a group has canaries.
-fn deployed(deployment: &Value) -> String {
-    let groups = deployment["TaskGroups"].as_object().cloned().unwrap_or_default();
-    let revert = groups.values().any(|g| g["AutoRevert"].as_bool() == Some(true));
-    let canaries = groups.values().any(|g| g["DesiredCanaries"].as_u64().unwrap_or(0) > 0);
+fn deployed(deployment: &Deployment) -> String {
+    let groups = &deployment.task_groups;
+    let revert = groups.values().any(|g| g.auto_revert);
+    let canaries = groups.values().any(|g| g.desired_canaries > 0);
     let mut head = vec!["Task Group"];
     if revert {
         head.push("Auto Revert");
@@ -95,24 +96,32 @@ fn deployed(deployment: &Value) -> String {
     }
     head.extend(["Placed", "Healthy", "Unhealthy", "Progress Deadline"]);
     let mut rows = vec![header(&head)];
-    for (name, group) in &groups {
+    for (name, group) in groups {
         let mut cells = vec![name.clone()];
         if revert {
-            cells.push(text(&group["AutoRevert"]));
+            cells.push(group.auto_revert.to_string());
         }
         if canaries {
-            let wants = group["DesiredCanaries"].as_u64().unwrap_or(0) > 0;
-            cells.push(if wants { text(&group["Promoted"]) } else { "N/A".into() });
+            let wants = group.desired_canaries > 0;
+            cells.push(if wants {
+                group.promoted.to_string()
+            } else {
+                "N/A".into()
+            });
         }
-        cells.push(text(&group["DesiredTotal"]));
+        cells.push(group.desired_total.to_string());
         if canaries {
-            cells.push(text(&group["DesiredCanaries"]));
+            cells.push(group.desired_canaries.to_string());
         }
-        cells.push(text(&group["PlacedAllocs"]));
-        cells.push(text(&group["HealthyAllocs"]));
-        cells.push(text(&group["UnhealthyAllocs"]));
-        let by = text(&group["RequireProgressBy"]);
-        cells.push(if by.starts_with("0001-") { "N/A".into() } else { by });
+        cells.push(group.placed_allocs.to_string());
+        cells.push(group.healthy_allocs.to_string());
+        cells.push(group.unhealthy_allocs.to_string());
+        let by = &group.require_progress_by;
+        cells.push(if by.starts_with("0001-") {
+            "N/A".into()
+        } else {
+            by.clone()
+        });
         rows.push(cells);
     }
     table(&rows)
@@ -128,14 +137,14 @@ fn fields(rows: &[(&str, String)]) -> String {
 
 /// `job status`'s `Latest Deployment` section, or `None` when the job has none.
 pub(super) fn latest_section(api: &Api, job_id: &str) -> Result<Option<String>, Failure> {
-    let latest = api.get(&format!("{}/deployment", super::job_path(job_id)))?;
-    if latest.is_null() {
+    let latest: Option<Deployment> = api.get_as(&format!("{}/deployment", super::job_path(job_id)))?;
+    let Some(latest) = latest else {
         return Ok(None);
-    }
+    };
     let head = fields(&[
-        ("ID", short(&latest["ID"])),
-        ("Status", text(&latest["Status"])),
-        ("Description", text(&latest["StatusDescription"])),
+        ("ID", short_id(&latest.id)),
+        ("Status", latest.status.clone()),
+        ("Description", latest.status_description.clone()),
     ]);
     Ok(Some(format!(
         "Latest Deployment\n{head}\n\nDeployed\n{}",
@@ -158,13 +167,12 @@ pub(super) fn run(api: &Api, command: DeploymentCommand) -> Result<(), Failure> 
     let pause = matches!(command, DeploymentCommand::Pause { .. });
     match command {
         DeploymentCommand::List { verbose } => {
-            let list = api.get("/v1/deployments")?;
-            let mut deployments = list.as_array().cloned().unwrap_or_default();
+            let mut deployments: Vec<Deployment> = api.get_as("/v1/deployments")?;
             if deployments.is_empty() {
                 println!("No deployments found");
                 return Ok(());
             }
-            deployments.sort_by_key(|d| std::cmp::Reverse(d["CreateIndex"].as_u64().unwrap_or(0)));
+            deployments.sort_by_key(|d| std::cmp::Reverse(d.create_index));
             let mut rows = vec![header(&["ID", "Job ID", "Job Version", "Status", "Description"])];
             rows.extend(deployments.iter().map(|d| row(d, verbose)));
             println!("{}", table(&rows));
@@ -175,19 +183,18 @@ pub(super) fn run(api: &Api, command: DeploymentCommand) -> Result<(), Failure> 
             println!(
                 "{}",
                 fields(&[
-                    ("ID", id(&deployment["ID"], verbose)),
-                    ("Job ID", text(&deployment["JobID"])),
-                    ("Job Version", text(&deployment["JobVersion"])),
-                    ("Status", text(&deployment["Status"])),
-                    ("Description", text(&deployment["StatusDescription"])),
+                    ("ID", id(&deployment.id, verbose)),
+                    ("Job ID", deployment.job_id.clone()),
+                    ("Job Version", deployment.job_version.to_string()),
+                    ("Status", deployment.status.clone()),
+                    ("Description", deployment.status_description.clone()),
                 ])
             );
             println!("\nDeployed\n{}", deployed(&deployment));
             Ok(())
         }
         DeploymentCommand::Promote { id: prefix, groups } => {
-            let deployment = one(api, &prefix)?;
-            let id = text(&deployment["ID"]);
+            let id = one(api, &prefix)?.id;
             let body = if groups.is_empty() {
                 json!({"DeploymentID": id, "All": true})
             } else {
@@ -201,7 +208,7 @@ pub(super) fn run(api: &Api, command: DeploymentCommand) -> Result<(), Failure> 
             )
         }
         DeploymentCommand::Fail { id: prefix } => {
-            let id = text(&one(api, &prefix)?["ID"]);
+            let id = one(api, &prefix)?.id;
             update(
                 api,
                 &format!("/v1/deployment/fail/{id}"),
@@ -210,7 +217,7 @@ pub(super) fn run(api: &Api, command: DeploymentCommand) -> Result<(), Failure> 
             )
         }
         DeploymentCommand::Pause { id: prefix } | DeploymentCommand::Resume { id: prefix } => {
-            let id = text(&one(api, &prefix)?["ID"]);
+            let id = one(api, &prefix)?.id;
             let done = if pause {
                 format!("Deployment {id:?} paused")
             } else {

@@ -4,7 +4,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use super::{Api, Failure, job_path, short, table, text};
+use drover_http::api::AllocListStub;
+
+use super::{Api, Failure, job_path, short, short_id, table, text};
 
 /// A jobspec file (HCL, or JSON with or without its `{"Job": ...}` wrapper) as the API's job.
 pub(super) fn read_job_file(file: &str) -> Result<Value, Failure> {
@@ -68,18 +70,14 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
         std::thread::sleep(Duration::from_millis(200));
     };
     println!("    Evaluation triggered by job {:?}", text(&eval["JobID"]));
-    let allocs = api.get(&format!("{}/allocations", job_path(&text(&eval["JobID"]))))?;
-    for alloc in allocs
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|a| a["EvalID"] == eval_id)
-    {
+    let path = format!("{}/allocations", job_path(&text(&eval["JobID"])));
+    let allocs: Vec<AllocListStub> = api.get_as(&path)?;
+    for alloc in allocs.iter().filter(|a| a.eval_id == eval_id) {
         println!(
             "    Allocation {:?} created: node {:?}, group {:?}",
-            short(&alloc["ID"]),
-            short(&alloc["NodeID"]),
-            text(&alloc["TaskGroup"])
+            short_id(&alloc.id),
+            short_id(&alloc.node_id),
+            alloc.task_group
         );
     }
     println!(
@@ -211,21 +209,21 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
     }
     println!();
     println!("Allocations");
-    let allocs = api.get(&format!("{}/allocations", job_path(id)))?;
+    let allocs: Vec<AllocListStub> = api.get_as(&format!("{}/allocations", job_path(id)))?;
     let mut rows = vec![
         ["ID", "Node ID", "Task Group", "Version", "Desired", "Status"]
             .iter()
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
     ];
-    for alloc in allocs.as_array().into_iter().flatten() {
+    for alloc in allocs {
         rows.push(vec![
-            short(&alloc["ID"]),
-            short(&alloc["NodeID"]),
-            text(&alloc["TaskGroup"]),
-            text(&alloc["JobVersion"]),
-            text(&alloc["DesiredStatus"]),
-            text(&alloc["ClientStatus"]),
+            short_id(&alloc.id),
+            short_id(&alloc.node_id),
+            alloc.task_group,
+            alloc.job_version.to_string(),
+            alloc.desired_status,
+            alloc.client_status,
         ]);
     }
     println!("{}", table(&rows));

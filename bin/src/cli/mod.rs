@@ -569,6 +569,22 @@ impl Api {
     fn get(&self, path: &str) -> Result<Value, Failure> {
         self.call("GET", path, None)
     }
+
+    /// A GET read as one of the API's shared response types (`drover_http::api`).
+    fn get_as<T: for<'de> serde::Deserialize<'de>>(&self, path: &str) -> Result<T, Failure> {
+        let value = self.get(path)?;
+        typed(path, &value)
+    }
+}
+
+/// `value`, answered by `path`, as one of the API's shared response types.
+fn typed<T: for<'de> serde::Deserialize<'de>>(path: &str, value: &Value) -> Result<T, Failure> {
+    drover_http::api::read(value).map_err(|error| Failure(format!("Unexpected response from {path}: {error}"), 1))
+}
+
+/// The first eight characters of an ID (Nomad's short form).
+fn short_id(id: &str) -> String {
+    id.chars().take(8).collect()
 }
 
 /// Columns separated by two spaces, widths from the widest cell (Nomad's `columnize`).

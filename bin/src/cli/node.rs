@@ -4,35 +4,36 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::{Api, Failure, short, table, text};
+use drover_http::api::NodeListStub;
+
+use super::{Api, Failure, short, short_id, table, text};
 
 pub(super) fn node_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
-    let nodes = api.get("/v1/nodes")?;
+    let nodes: Vec<NodeListStub> = api.get_as("/v1/nodes")?;
     let mut rows = vec![
         ["ID", "DC", "Name", "Drivers", "Drain", "Eligibility", "Status"]
             .iter()
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
     ];
-    for node in nodes.as_array().into_iter().flatten() {
-        if id.is_some_and(|id| !text(&node["ID"]).starts_with(id)) {
+    for node in nodes {
+        if id.is_some_and(|id| !node.id.starts_with(id)) {
             continue;
         }
-        let drivers: Vec<String> = node["Drivers"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(_, info)| info["Healthy"] == true)
-            .map(|(name, _)| name.clone())
+        let drivers: Vec<&str> = node
+            .drivers
+            .iter()
+            .filter(|(_, info)| info.healthy)
+            .map(|(name, _)| name.as_str())
             .collect();
         rows.push(vec![
-            short(&node["ID"]),
-            text(&node["Datacenter"]),
-            text(&node["Name"]),
+            short_id(&node.id),
+            node.datacenter,
+            node.name,
             drivers.join(","),
-            text(&node["Drain"]),
-            text(&node["SchedulingEligibility"]),
-            text(&node["Status"]),
+            node.drain.to_string(),
+            node.scheduling_eligibility,
+            node.status,
         ]);
     }
     println!("{}", table(&rows));
@@ -41,13 +42,8 @@ pub(super) fn node_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
 
 /// The one node whose ID is `prefix` or starts with it.
 pub(super) fn resolve_node(api: &Api, prefix: &str) -> Result<String, Failure> {
-    let nodes = api.get(&format!("/v1/nodes?prefix={prefix}"))?;
-    let ids: Vec<String> = nodes
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|node| text(&node["ID"]))
-        .collect();
+    let nodes: Vec<NodeListStub> = api.get_as(&format!("/v1/nodes?prefix={prefix}"))?;
+    let ids: Vec<String> = nodes.into_iter().map(|node| node.id).collect();
     match ids.as_slice() {
         [] => Err(Failure(format!("No node(s) with prefix or id {prefix:?} found"), 1)),
         [one] => Ok(one.clone()),

@@ -4,6 +4,7 @@
 
 mod acl;
 mod allocs;
+pub mod api;
 mod hcl_guard;
 mod job_parse;
 mod job_plan;

@@ -1,6 +1,8 @@
 //! Nomad's JSON shapes (reference §7.3) rendered from the state store's records. Secrets are
 //! never rendered; mount flags show as `["[REDACTED]"]`, as Nomad's encoder does.
 
+use std::collections::BTreeMap;
+
 use drover_core::fsm::ServerState;
 use drover_core::structs::{
     Allocation, CsiInfo, CsiPlugin, CsiTopology, CsiVolume, CsiVolumeClaim, Deployment, Node, NodeEvent,
@@ -90,33 +92,34 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         .job(&alloc.namespace, &alloc.job_id)
         .map(|job| format!("{:?}", job.job_type).to_lowercase())
         .unwrap_or_default();
-    json!({
-        "ID": alloc.id,
-        "EvalID": alloc.eval_id,
-        "Name": alloc.name,
-        "Namespace": alloc.namespace,
-        "NodeID": alloc.node_id,
-        "NodeName": node_name,
-        "JobID": alloc.job_id,
-        "JobType": job_type,
-        "JobVersion": alloc.job_version,
-        "TaskGroup": alloc.task_group,
-        "DesiredStatus": format!("{:?}", alloc.desired_status).to_lowercase(),
-        "DesiredDescription": alloc.desired_description,
-        "ClientStatus": format!("{:?}", alloc.client_status).to_lowercase(),
-        "ClientDescription": alloc.client_description,
-        "TaskStates": task_states(alloc),
-        "DeploymentStatus": alloc_deployment_status(alloc),
-        "FollowupEvalID": "",
-        "NextAllocation": state.next_allocation(&alloc.id).unwrap_or_default(),
-        "RescheduleTracker": Value::Null,
-        "PreemptedAllocations": alloc.preempted_allocations,
-        "PreemptedByAllocation": "",
-        "CreateIndex": alloc.create_index,
-        "ModifyIndex": alloc.modify_index,
-        "CreateTime": nanos(alloc.create_time_ms),
-        "ModifyTime": nanos(alloc.modify_time_ms),
-    })
+    let stub = crate::api::AllocListStub {
+        id: alloc.id.clone(),
+        eval_id: alloc.eval_id.clone(),
+        name: alloc.name.clone(),
+        namespace: alloc.namespace.clone(),
+        node_id: alloc.node_id.clone(),
+        node_name,
+        job_id: alloc.job_id.clone(),
+        job_type,
+        job_version: alloc.job_version,
+        task_group: alloc.task_group.clone(),
+        desired_status: format!("{:?}", alloc.desired_status).to_lowercase(),
+        desired_description: alloc.desired_description.clone(),
+        client_status: format!("{:?}", alloc.client_status).to_lowercase(),
+        client_description: alloc.client_description.clone(),
+        task_states: task_states(alloc),
+        deployment_status: alloc_deployment_status(alloc),
+        followup_eval_id: String::new(),
+        next_allocation: state.next_allocation(&alloc.id).unwrap_or_default().to_string(),
+        reschedule_tracker: Value::Null,
+        preempted_allocations: json!(alloc.preempted_allocations),
+        preempted_by_allocation: String::new(),
+        create_index: alloc.create_index,
+        modify_index: alloc.modify_index,
+        create_time: nanos_i64(alloc.create_time_ms),
+        modify_time: nanos_i64(alloc.modify_time_ms),
+    };
+    serde_json::to_value(stub).expect("an allocation stub serializes")
 }
 
 /// Nomad's `AllocDeploymentStatus` (null for an allocation no deployment placed).
@@ -134,44 +137,50 @@ fn alloc_deployment_status(alloc: &Allocation) -> Value {
 
 /// Nomad's `Deployment`: durations in nanoseconds, `RequireProgressBy` a time.
 pub fn deployment(deployment: &Deployment) -> Value {
-    let groups: Map<String, Value> = deployment
+    let task_groups = deployment
         .task_groups
         .iter()
         .map(|(name, state)| {
-            let value = json!({
-                "AutoRevert": state.auto_revert,
-                "AutoPromote": state.auto_promote,
-                "ProgressDeadline": state.progress_deadline.as_nanos() as u64,
-                "RequireProgressBy": go_time((state.require_progress_by_ms as i64).saturating_mul(1_000_000)),
-                "Promoted": state.promoted,
-                "PlacedCanaries": (!state.placed_canaries.is_empty()).then_some(&state.placed_canaries),
-                "DesiredCanaries": state.desired_canaries,
-                "DesiredTotal": state.desired_total,
-                "PlacedAllocs": state.placed_allocs,
-                "HealthyAllocs": state.healthy_allocs,
-                "UnhealthyAllocs": state.unhealthy_allocs,
-            });
-            (name.clone(), value)
+            let state = crate::api::DeploymentState {
+                auto_revert: state.auto_revert,
+                auto_promote: state.auto_promote,
+                progress_deadline: state.progress_deadline.as_nanos() as u64,
+                require_progress_by: go_time((state.require_progress_by_ms as i64).saturating_mul(1_000_000)),
+                promoted: state.promoted,
+                placed_canaries: (!state.placed_canaries.is_empty()).then(|| state.placed_canaries.clone()),
+                desired_canaries: state.desired_canaries,
+                desired_total: state.desired_total,
+                placed_allocs: state.placed_allocs,
+                healthy_allocs: state.healthy_allocs,
+                unhealthy_allocs: state.unhealthy_allocs,
+            };
+            (name.clone(), state)
         })
         .collect();
-    json!({
-        "ID": deployment.id,
-        "Namespace": deployment.namespace,
-        "JobID": deployment.job_id,
-        "JobVersion": deployment.job_version,
-        "JobModifyIndex": deployment.job_modify_index,
-        "JobSpecModifyIndex": deployment.job_modify_index,
-        "JobCreateIndex": deployment.job_create_index,
-        "IsMultiregion": false,
-        "TaskGroups": groups,
-        "Status": deployment.status,
-        "StatusDescription": deployment.status_description,
-        "EvalPriority": deployment.eval_priority,
-        "CreateIndex": deployment.create_index,
-        "ModifyIndex": deployment.modify_index,
-        "CreateTime": nanos(deployment.create_time_ms),
-        "ModifyTime": nanos(deployment.modify_time_ms),
-    })
+    let rendered = crate::api::Deployment {
+        id: deployment.id.clone(),
+        namespace: deployment.namespace.clone(),
+        job_id: deployment.job_id.clone(),
+        job_version: deployment.job_version,
+        job_modify_index: deployment.job_modify_index,
+        job_spec_modify_index: deployment.job_modify_index,
+        job_create_index: deployment.job_create_index,
+        is_multiregion: false,
+        task_groups,
+        status: deployment.status.as_str().to_string(),
+        status_description: deployment.status_description.clone(),
+        eval_priority: deployment.eval_priority,
+        create_index: deployment.create_index,
+        modify_index: deployment.modify_index,
+        create_time: nanos_i64(deployment.create_time_ms),
+        modify_time: nanos_i64(deployment.modify_time_ms),
+    };
+    serde_json::to_value(rendered).expect("a deployment serializes")
+}
+
+/// Unix milliseconds as the API's Unix nanoseconds (in range until the year 2262).
+fn nanos_i64(ms: u64) -> i64 {
+    i64::try_from(nanos(ms)).unwrap_or(i64::MAX)
 }
 
 /// A Go `time.Time` from Unix nanoseconds; 0 is Go's zero time.
@@ -514,26 +523,24 @@ fn event(event: &NodeEvent) -> Value {
     })
 }
 
-fn drivers(node: &Node) -> Map<String, Value> {
+fn drivers(node: &Node) -> BTreeMap<String, crate::api::DriverInfo> {
     node.drivers
         .iter()
         .map(|(name, info)| {
-            (
-                name.clone(),
-                json!({
-                    "Attributes": info.attributes,
-                    "Detected": info.detected,
-                    "Healthy": info.healthy,
-                    "HealthDescription": info.health_description,
-                    // When the servers last saw its fingerprint change (Go's zero time for a
-                    // node stored before that was kept).
-                    "UpdateTime": if info.update_time_ms == 0 {
-                        ZERO_TIME.to_string()
-                    } else {
-                        rfc3339(info.update_time_ms)
-                    },
-                }),
-            )
+            let info = crate::api::DriverInfo {
+                attributes: info.attributes.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+                detected: info.detected,
+                healthy: info.healthy,
+                health_description: info.health_description.clone(),
+                // When the servers last saw its fingerprint change (Go's zero time for a
+                // node stored before that was kept).
+                update_time: if info.update_time_ms == 0 {
+                    ZERO_TIME.to_string()
+                } else {
+                    rfc3339(info.update_time_ms)
+                },
+            };
+            (name.clone(), info)
         })
         .collect()
 }
@@ -567,39 +574,38 @@ fn drain_strategy(node: &Node) -> Value {
     })
 }
 
-fn last_drain(node: &Node) -> Value {
-    let Some(last) = &node.last_drain else {
-        return Value::Null;
-    };
-    json!({
-        "StartedAt": rfc3339(last.started_at_ms),
-        "UpdatedAt": rfc3339(last.updated_at_ms),
-        "Status": last.status,
-        "AccessorID": "",
-        "Meta": Value::Null,
+fn last_drain(node: &Node) -> Option<crate::api::DrainMetadata> {
+    let last = node.last_drain.as_ref()?;
+    Some(crate::api::DrainMetadata {
+        started_at: rfc3339(last.started_at_ms),
+        updated_at: rfc3339(last.updated_at_ms),
+        status: last.status.as_str().to_string(),
+        accessor_id: String::new(),
+        meta: Value::Null,
     })
 }
 
 pub fn node_stub(node: &Node) -> Value {
-    json!({
-        "ID": node.id,
-        "Datacenter": node.datacenter,
-        "Name": node.name,
-        "NodeClass": node.node_class,
-        "NodePool": "default",
+    let stub = crate::api::NodeListStub {
+        id: node.id.clone(),
+        datacenter: node.datacenter.clone(),
+        name: node.name.clone(),
+        node_class: node.node_class.clone(),
+        node_pool: "default".into(),
         // Nomad's stub carries the node's agent version, its `nomad.version` attribute.
-        "Version": node.attributes.get("nomad.version").map(String::as_str).unwrap_or_default(),
-        "Drain": node.drain_strategy.is_some(),
-        "SchedulingEligibility": node.scheduling_eligibility.as_str(),
-        "Status": node.status.as_str(),
-        "StatusDescription": node.status_description,
-        "LastDrain": last_drain(node),
-        "Drivers": drivers(node),
-        "HostVolumes": host_volumes(node),
-        "Address": node.http_addr.split(':').next().unwrap_or_default(),
-        "CreateIndex": node.create_index,
-        "ModifyIndex": node.modify_index,
-    })
+        version: node.attributes.get("nomad.version").cloned().unwrap_or_default(),
+        drain: node.drain_strategy.is_some(),
+        scheduling_eligibility: node.scheduling_eligibility.as_str().into(),
+        status: node.status.as_str().into(),
+        status_description: node.status_description.clone(),
+        last_drain: last_drain(node),
+        drivers: drivers(node),
+        host_volumes: Value::Object(host_volumes(node)),
+        address: node.http_addr.split(':').next().unwrap_or_default().into(),
+        create_index: node.create_index,
+        modify_index: node.modify_index,
+    };
+    serde_json::to_value(stub).expect("a node stub serializes")
 }
 
 /// [`node_stub`] with the node's resources (`?resources=true`), as Nomad's stub carries them.
@@ -658,6 +664,39 @@ pub fn node(node: &Node) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the server renders is what the shared API types read back, field for field (the
+    /// CLI reads these types): nothing a render adds is lost to the type, nothing is renamed.
+    #[test]
+    fn rendered_stubs_round_trip_through_the_shared_api_types() {
+        fn round_trips<T: serde::Serialize + for<'de> serde::Deserialize<'de>>(rendered: Value) {
+            let typed: T = crate::api::read(&rendered).expect("reads back");
+            assert_eq!(serde_json::to_value(typed).unwrap(), rendered);
+        }
+        let state = ServerState::default();
+        let mut alloc = Allocation {
+            id: "a1".into(),
+            job_id: "web".into(),
+            create_time_ms: 1_795_309_296_985,
+            ..Allocation::default()
+        };
+        alloc.preempted_allocations = vec!["a0".into()];
+        round_trips::<crate::api::AllocListStub>(alloc_stub(&alloc, &state));
+        let mut node = Node {
+            id: "n1".into(),
+            http_addr: "10.0.0.1:4646".into(),
+            ..Node::default()
+        };
+        node.drivers.insert("raw_exec".into(), Default::default());
+        node.last_drain = Some(Default::default());
+        round_trips::<crate::api::NodeListStub>(node_stub(&node));
+        let mut deployment = Deployment {
+            id: "d1".into(),
+            ..Deployment::default()
+        };
+        deployment.task_groups.insert("g".into(), Default::default());
+        round_trips::<crate::api::Deployment>(self::deployment(&deployment));
+    }
 
     #[test]
     fn rfc3339_matches_known_instants() {

@@ -1,0 +1,148 @@
+//! The API's response shapes as types, shared by the server that renders them (`render.rs`)
+//! and the CLI that reads them (`bin/src/cli`), as Nomad's `api` package is shared by its
+//! agent and its command line. Field names are Nomad's; every type reads what Nomad's own
+//! servers answer too (missing fields take their defaults, extra ones are ignored).
+//!
+//! A type here serializes to exactly the JSON the endpoint answered before it existed: the
+//! render functions build the type and serialize it, so the wire cannot drift from what the
+//! CLI reads.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// Nomad's `AllocationListStub` (`GET /v1/allocations`, `/v1/job/:id/allocations`, …).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct AllocListStub {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "EvalID")]
+    pub eval_id: String,
+    pub name: String,
+    pub namespace: String,
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    pub node_name: String,
+    #[serde(rename = "JobID")]
+    pub job_id: String,
+    pub job_type: String,
+    pub job_version: u64,
+    pub task_group: String,
+    pub desired_status: String,
+    pub desired_description: String,
+    pub client_status: String,
+    pub client_description: String,
+    /// Per task: its state and events (null when no task has run).
+    pub task_states: Value,
+    pub deployment_status: Value,
+    #[serde(rename = "FollowupEvalID")]
+    pub followup_eval_id: String,
+    pub next_allocation: String,
+    pub reschedule_tracker: Value,
+    pub preempted_allocations: Value,
+    pub preempted_by_allocation: String,
+    pub create_index: u64,
+    pub modify_index: u64,
+    /// Unix nanoseconds.
+    pub create_time: i64,
+    pub modify_time: i64,
+}
+
+/// Nomad's `NodeListStub` (`GET /v1/nodes`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct NodeListStub {
+    #[serde(rename = "ID")]
+    pub id: String,
+    pub datacenter: String,
+    pub name: String,
+    pub node_class: String,
+    pub node_pool: String,
+    pub version: String,
+    pub drain: bool,
+    pub scheduling_eligibility: String,
+    pub status: String,
+    pub status_description: String,
+    pub last_drain: Option<DrainMetadata>,
+    pub drivers: BTreeMap<String, DriverInfo>,
+    pub host_volumes: Value,
+    pub address: String,
+    pub create_index: u64,
+    pub modify_index: u64,
+}
+
+/// Nomad's `DriverInfo`: what a node's fingerprint says of one task driver.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct DriverInfo {
+    pub attributes: BTreeMap<String, String>,
+    pub detected: bool,
+    pub healthy: bool,
+    pub health_description: String,
+    /// RFC 3339 (Go's zero time when never seen).
+    pub update_time: String,
+}
+
+/// Nomad's `DrainMetadata`: the node's last drain.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct DrainMetadata {
+    pub started_at: String,
+    pub updated_at: String,
+    pub status: String,
+    #[serde(rename = "AccessorID")]
+    pub accessor_id: String,
+    pub meta: Value,
+}
+
+/// Nomad's `Deployment` (`GET /v1/deployments`, `/v1/deployment/:id`, …).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct Deployment {
+    #[serde(rename = "ID")]
+    pub id: String,
+    pub namespace: String,
+    #[serde(rename = "JobID")]
+    pub job_id: String,
+    pub job_version: u64,
+    pub job_modify_index: u64,
+    pub job_spec_modify_index: u64,
+    pub job_create_index: u64,
+    pub is_multiregion: bool,
+    pub task_groups: BTreeMap<String, DeploymentState>,
+    pub status: String,
+    pub status_description: String,
+    pub eval_priority: u32,
+    pub create_index: u64,
+    pub modify_index: u64,
+    /// Unix nanoseconds.
+    pub create_time: i64,
+    pub modify_time: i64,
+}
+
+/// Nomad's `DeploymentState`: one task group's progress in a deployment.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct DeploymentState {
+    pub auto_revert: bool,
+    pub auto_promote: bool,
+    /// Nanoseconds.
+    pub progress_deadline: u64,
+    /// RFC 3339 with nanoseconds (Go's zero time when unset).
+    pub require_progress_by: String,
+    pub promoted: bool,
+    /// Null when none was placed.
+    pub placed_canaries: Option<Vec<String>>,
+    pub desired_canaries: u32,
+    pub desired_total: u32,
+    pub placed_allocs: u32,
+    pub healthy_allocs: u32,
+    pub unhealthy_allocs: u32,
+}
+
+/// `value` as `T`, or what it lacked: for the CLI, which reads the API's JSON.
+pub fn read<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, serde_json::Error> {
+    T::deserialize(value)
+}
