@@ -8,39 +8,18 @@
 //! Figures: time per evaluation, placements per second, and the time per placement as a
 //! ratio against the single-allocation job measured in the same run.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use drover_core::fsm::{Command, Entry, ServerState};
 use drover_core::scheduler::schedule;
-use drover_core::structs::{
-    DriverInfo, EvalStatus, Evaluation, Job, JobType, NetworkResource, Node, NodeResources, NodeStatus, Port, Task,
-    TaskGroup, TaskResources,
-};
+use drover_core::structs::{EvalStatus, Evaluation, Job, JobType, NetworkResource, Port};
 
 fn state_with_nodes(nodes: usize) -> ServerState {
     let mut state = ServerState::default();
     for i in 0..nodes {
-        let node = Node {
-            id: format!("node-{i:05}"),
-            name: format!("node-{i:05}"),
-            datacenter: "dc1".into(),
-            status: NodeStatus::Ready,
-            drivers: BTreeMap::from([(
-                "exec".to_string(),
-                DriverInfo {
-                    detected: true,
-                    healthy: true,
-                    ..DriverInfo::default()
-                },
-            )]),
-            resources: NodeResources {
-                cpu: 64_000,
-                memory_mb: 256_000,
-                ..NodeResources::default()
-            },
-            ..Node::default()
-        };
+        let node = drover_core::testkit::node(&format!("node-{i:05}"))
+            .with_cpu(64_000)
+            .with_memory(256_000);
         state.apply(
             i as u64 + 1,
             &Entry {
@@ -64,31 +43,11 @@ fn job(count: u32, ports: bool) -> Job {
     } else {
         Vec::new()
     };
-    Job {
-        id: "web".into(),
-        name: "web".into(),
-        namespace: "default".into(),
-        job_type: JobType::Service,
-        priority: 50,
-        datacenters: vec!["*".into()],
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                resources: TaskResources {
-                    cpu: 100,
-                    memory_mb: 128,
-                    ..TaskResources::default()
-                },
-                ..Task::default()
-            }],
-            networks,
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    }
+    let mut job = drover_core::testkit::job("web", JobType::Service)
+        .with_count(count)
+        .with_memory(128);
+    job.task_groups[0].networks = networks;
+    job
 }
 
 /// Registers the job and times one evaluation (best of `rounds`).

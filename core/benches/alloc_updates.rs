@@ -18,29 +18,14 @@ use drover_core::client::paths::ClientPaths;
 use drover_core::client::{AllocControl, DriverCapabilities, Io, MountConfigSupport, Outcome, Reply, TaskHandle};
 use drover_core::op::OpId;
 use drover_core::rpc::{ServerReply, ServerRequest};
-use drover_core::structs::{Allocation, DriverInfo, Job, JobType, Task, TaskGroup};
+use drover_core::structs::{Allocation, DriverInfo, Job, JobType};
 
 const ALLOCS: usize = 100;
 const SECONDS: u64 = 20;
 const RTT: Duration = Duration::from_millis(2);
 
 fn job() -> Job {
-    Job {
-        id: "busy".into(),
-        namespace: "default".into(),
-        job_type: JobType::Service,
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count: ALLOCS as u32,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    }
+    drover_core::testkit::job("busy", JobType::Service).with_count(ALLOCS as u32)
 }
 
 /// Answers the client's I/O at once; the updates to the servers are held for an RTT.

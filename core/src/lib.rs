@@ -52,6 +52,9 @@ pub mod scheduler;
 pub mod server;
 pub mod structs;
 pub mod taskenv;
+/// Builders for tests and benches (this crate's tests, or the `testkit` feature).
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod time;
 
 pub use time::Instant;

@@ -6,21 +6,12 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::support::{self, Agent, cluster_specs, get_json as get, server_args, wait_for};
+use crate::support::{self, get_json as get, wait_for};
 
 #[test]
 fn the_daily_commands_answer_as_nomads_do() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for(Duration::from_secs(30), || {
-        let nodes = get(port, "/v1/nodes")?;
-        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    let (agent, port) = support::start_with_client(root.path());
     let dir = root.path();
     let run = |args: &[&str]| support::cli_in(dir, port, args);
 

@@ -59,16 +59,7 @@ fn running(port: u16, version: u64) -> Option<Vec<Value>> {
 #[test]
 fn register_update_refuse_and_purge_a_job_over_http() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for(Duration::from_secs(30), || {
-        let nodes = get(port, "/v1/nodes")?;
-        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the client registers with its drivers:\n{}", agent.log()));
+    let (agent, port) = support::start_with_client(root.path());
 
     let marker = root.path().join("pids");
     let reply: Value =
@@ -217,16 +208,7 @@ fn cli(port: u16, args: &[&str]) -> (i32, String) {
 #[test]
 fn the_cli_runs_inspects_and_stops_jobs() {
     let root = tempfile::tempdir().unwrap();
-    let specs = cluster_specs(root.path(), 1);
-    let mut args = server_args(&specs, 0);
-    args.push("-client".into());
-    let agent = Agent::start(specs[0].clone(), args);
-    let port = specs[0].http;
-    wait_for(Duration::from_secs(30), || {
-        let nodes = get(port, "/v1/nodes")?;
-        (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
-    })
-    .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
+    let (_agent, port) = support::start_with_client(root.path());
     let spec = |name: &str, cpu: u64| {
         format!(
             "job \"{name}\" {{\n  group \"g\" {{\n    count = 2\n    task \"t\" {{\n      driver = \"raw_exec\"\n      config {{\n        command = \"/bin/sleep\"\n        args    = [\"300\"]\n      }}\n      resources {{\n        cpu    = {cpu}\n        memory = 32\n      }}\n    }}\n  }}\n}}\n"

@@ -5,62 +5,22 @@ use super::*;
 use crate::fsm::Command;
 use crate::fsm::csi::tests::{Fixture, volume};
 use crate::structs::{
-    AccessMode, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiInfo, CsiNodeInfo, CsiVolumeClaim, DriverInfo,
-    EvalStatus, NodeResources, Task, TaskResources, VolumeRequest,
+    AccessMode, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiInfo, CsiNodeInfo, CsiVolumeClaim, EvalStatus,
+    VolumeRequest,
 };
 use alloc::collections::BTreeSet;
 
 mod dry_run;
 mod rollout;
 
+/// A ready `exec` node with `cpu` MHz and 4,096 MB.
 fn node(id: &str, cpu: u64) -> Node {
-    Node {
-        id: id.into(),
-        name: id.into(),
-        datacenter: "dc1".into(),
-        status: NodeStatus::Ready,
-        drivers: BTreeMap::from([(
-            "exec".to_string(),
-            DriverInfo {
-                detected: true,
-                healthy: true,
-                ..DriverInfo::default()
-            },
-        )]),
-        resources: NodeResources {
-            cpu,
-            memory_mb: 4096,
-            ..NodeResources::default()
-        },
-        ..Node::default()
-    }
+    crate::testkit::node(id).with_cpu(cpu)
 }
 
+/// One group `g` of `count` allocations of task `t` on `exec`, each asking `cpu` MHz and 100 MB.
 fn job(id: &str, job_type: JobType, count: u32, cpu: u32) -> Job {
-    Job {
-        id: id.into(),
-        name: id.into(),
-        namespace: "default".into(),
-        job_type,
-        priority: 50,
-        datacenters: vec!["*".into()],
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                resources: TaskResources {
-                    cpu,
-                    memory_mb: 100,
-                    ..TaskResources::default()
-                },
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    }
+    crate::testkit::job(id, job_type).with_count(count).with_cpu(cpu)
 }
 
 struct World {

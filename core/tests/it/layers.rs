@@ -27,6 +27,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("data", &["structs", "autopilot", "election"]),
     ("job language", &["connect", "taskenv", "jobspec"]),
     ("policies and settings", &["acl", "config"]),
+    // Builders of data and settings for tests and benches (`testkit` feature).
+    ("test data", &["testkit"]),
     ("state machine", &["fsm"]),
     (
         "decisions over the state",

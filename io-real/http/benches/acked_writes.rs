@@ -19,12 +19,11 @@
 // A bench measures wall time around the code it runs.
 #![allow(clippy::disallowed_types, clippy::disallowed_methods)]
 
-use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_core::config::Ports;
 use drover_core::rpc::{ServerReply, ServerRequest};
 use drover_core::structs::{Allocation, Job};
 use drover_host::net::GrpcTransport;
@@ -134,19 +133,9 @@ async fn run(jobs: usize, per_job: usize, nodes: usize, writes: usize) {
 }
 
 async fn start(data_dir: &std::path::Path) -> AgentHandle {
-    let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let [http, rpc, serf] = drover_testkit::free_ports::<3>();
     let ports = Ports { http, rpc, serf };
-    let mut config = AgentConfig {
-        name: "bench".into(),
-        data_dir: Some(data_dir.display().to_string()),
-        bind_addr: ip,
-        ports,
-        advertise: Advertise::on(ip, ports),
-        ..AgentConfig::default()
-    };
-    config.server.enabled = true;
-    config.server.bootstrap_expect = 1;
+    let mut config = drover_core::testkit::lone_server_config("bench", &data_dir.display().to_string(), ports);
     // The bench's nodes never heartbeat: keep them up for the whole run, so no node-down
     // evaluation changes the state being measured.
     config.server.timing.heartbeat.min_ttl = Duration::from_secs(24 * 3600);

@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_core::config::Ports;
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest, ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClaimMode, ClaimState, ClientStatus, CsiControllerInfo, CsiExternalVolume,
@@ -131,17 +131,8 @@ async fn start() -> (AgentHandle, u16, Arc<FakePlugins>, tempfile::TempDir) {
     let [http, rpc, serf] = drover_testkit::free_ports::<3>();
     let ports = Ports { http, rpc, serf };
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let mut config = AgentConfig {
-        name: "dev".into(),
-        data_dir: Some(dir.path().display().to_string()),
-        bind_addr: ip,
-        ports,
-        advertise: Advertise::on(ip, ports),
-        dev_mode: true,
-        ..AgentConfig::default()
-    };
-    config.server.enabled = true;
-    config.server.bootstrap_expect = 1;
+    let mut config = drover_core::testkit::lone_server_config("dev", &dir.path().display().to_string(), ports);
+    config.dev_mode = true;
     config.client.enabled = true;
     let plugins = Arc::new(FakePlugins::default());
     let db = drover_host::disk::open_database(dir.path()).unwrap();

@@ -10,7 +10,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use drover_core::config::{Advertise, AgentConfig, Ports};
+use drover_core::config::Ports;
 use drover_host::net::GrpcTransport;
 use drover_host::tls::agent::AgentTls;
 use drover_http::HttpLimits;
@@ -41,16 +41,7 @@ pub async fn start_server_with_tls(
     let [rpc, serf] = drover_testkit::free_ports::<2>();
     let ports = Ports { http: 0, rpc, serf };
     let ip = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    let mut config = AgentConfig {
-        name: "test".into(),
-        data_dir: Some(dir.display().to_string()),
-        bind_addr: ip,
-        ports,
-        advertise: Advertise::on(ip, ports),
-        ..AgentConfig::default()
-    };
-    config.server.enabled = true;
-    config.server.bootstrap_expect = 1;
+    let mut config = drover_core::testkit::lone_server_config("test", &dir.display().to_string(), ports);
     config.acl.enabled = acl;
     // Tests watch tokens expire within milliseconds (Nomad's floor is a minute).
     config.acl.token_min_expiration_ttl = std::time::Duration::from_millis(1);
