@@ -3,6 +3,8 @@
 
 use serde_json::Value;
 
+use drover_http::api::{AllocListStub, TaskState};
+
 use super::{Api, Failure, escape, short, table, text};
 
 pub(super) fn resolve_alloc(api: &Api, prefix: &str) -> Result<Value, Failure> {
@@ -23,12 +25,12 @@ pub(super) fn resolve_alloc(api: &Api, prefix: &str) -> Result<Value, Failure> {
 
 pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Failure> {
     let alloc = resolve_alloc(api, id)?;
-    let id_of = |value: &Value| if verbose { text(value) } else { short(value) };
+    let stub: AllocListStub = super::typed("/v1/allocation", &alloc)?;
+    let id_of = |id: &str| if verbose { id.to_string() } else { super::short_id(id) };
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |since| since.as_nanos() as i64);
-    let when = |value: &Value| {
-        let nanos = value.as_i64().unwrap_or(0);
+    let when = |nanos: i64| {
         if verbose {
             format_unix_nanos(nanos)
         } else {
@@ -38,27 +40,27 @@ pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Fai
     println!(
         "{}",
         table(&[
-            vec!["ID".into(), "=".into(), text(&alloc["ID"])],
-            vec!["Eval ID".into(), "=".into(), id_of(&alloc["EvalID"])],
-            vec!["Name".into(), "=".into(), text(&alloc["Name"])],
-            vec!["Node ID".into(), "=".into(), id_of(&alloc["NodeID"])],
-            vec!["Node Name".into(), "=".into(), text(&alloc["NodeName"])],
-            vec!["Job ID".into(), "=".into(), text(&alloc["JobID"])],
+            vec!["ID".into(), "=".into(), stub.id.clone()],
+            vec!["Eval ID".into(), "=".into(), id_of(&stub.eval_id)],
+            vec!["Name".into(), "=".into(), stub.name.clone()],
+            vec!["Node ID".into(), "=".into(), id_of(&stub.node_id)],
+            vec!["Node Name".into(), "=".into(), stub.node_name.clone()],
+            vec!["Job ID".into(), "=".into(), stub.job_id.clone()],
             vec!["Job Version".into(), "=".into(), text(&alloc["Job"]["Version"])],
-            vec!["Client Status".into(), "=".into(), text(&alloc["ClientStatus"])],
+            vec!["Client Status".into(), "=".into(), stub.client_status.clone()],
             vec![
                 "Client Description".into(),
                 "=".into(),
-                or_none(text(&alloc["ClientDescription"]))
+                or_none(stub.client_description.clone())
             ],
-            vec!["Desired Status".into(), "=".into(), text(&alloc["DesiredStatus"])],
+            vec!["Desired Status".into(), "=".into(), stub.desired_status.clone()],
             vec![
                 "Desired Description".into(),
                 "=".into(),
-                or_none(text(&alloc["DesiredDescription"]))
+                or_none(stub.desired_description.clone())
             ],
-            vec!["Created".into(), "=".into(), when(&alloc["CreateTime"])],
-            vec!["Modified".into(), "=".into(), when(&alloc["ModifyTime"])],
+            vec!["Created".into(), "=".into(), when(stub.create_time)],
+            vec!["Modified".into(), "=".into(), when(stub.modify_time)],
             vec![
                 "Previous Allocation".into(),
                 "=".into(),
@@ -89,7 +91,7 @@ pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Fai
             table(&rows)
         );
     }
-    for (task, state) in alloc["TaskStates"].as_object().into_iter().flatten() {
+    for (task, state) in stub.task_states.iter().flatten() {
         println!();
         let volumes = task_volumes(api, &alloc, task, verbose);
         print!("{}", task_section(task, state, &volumes));
@@ -222,11 +224,11 @@ fn or_none(text: String) -> String {
 
 /// One task's section: `Task "t" is "running"`, its times and restarts, and its recent events
 /// newest first (Nomad's `outputTaskStatus`).
-fn task_section(task: &str, state: &Value, volumes: &str) -> String {
-    let mut out = format!("Task {task:?} is {:?}\n", text(&state["State"]));
+fn task_section(task: &str, state: &TaskState, volumes: &str) -> String {
+    let mut out = format!("Task {task:?} is {:?}\n", state.state);
     out.push_str(volumes);
-    let go_time = |value: &Value| match value.as_str() {
-        Some(stamp) if !stamp.starts_with("0001-") => {
+    let go_time = |stamp: &str| match stamp {
+        stamp if !stamp.is_empty() && !stamp.starts_with("0001-") => {
             stamp
                 .split('.')
                 .next()
@@ -240,21 +242,20 @@ fn task_section(task: &str, state: &Value, volumes: &str) -> String {
     out.push_str("Task Events:\n");
     out.push_str(
         &table(&[
-            vec!["Started At".into(), "=".into(), go_time(&state["StartedAt"])],
-            vec!["Finished At".into(), "=".into(), go_time(&state["FinishedAt"])],
-            vec!["Total Restarts".into(), "=".into(), text(&state["Restarts"])],
-            vec!["Last Restart".into(), "=".into(), go_time(&state["LastRestart"])],
+            vec!["Started At".into(), "=".into(), go_time(&state.started_at)],
+            vec!["Finished At".into(), "=".into(), go_time(&state.finished_at)],
+            vec!["Total Restarts".into(), "=".into(), state.restarts.to_string()],
+            vec!["Last Restart".into(), "=".into(), go_time(&state.last_restart)],
         ])
         .replace("  =  ", " = "),
     );
     out.push_str("\n\nRecent Events:\n");
     let mut rows = vec![vec!["Time".to_string(), "Type".into(), "Description".into()]];
-    let events = state["Events"].as_array().cloned().unwrap_or_default();
-    for event in events.iter().rev() {
+    for event in state.events.iter().rev() {
         rows.push(vec![
-            format_unix_nanos(event["Time"].as_i64().unwrap_or(0)),
-            text(&event["Type"]),
-            text(&event["DisplayMessage"]),
+            format_unix_nanos(event.time),
+            event.kind.clone(),
+            event.display_message.clone(),
         ]);
     }
     out.push_str(&table(&rows));
@@ -300,7 +301,8 @@ mod tests {
 
     #[test]
     fn a_task_section_lists_its_times_and_events_newest_first() {
-        let state = json!({
+        // Read as the CLI reads an answer: the fields it has, defaults for the rest.
+        let state: TaskState = drover_http::api::read(&json!({
             "State": "dead",
             "Failed": true,
             "Restarts": 1,
@@ -311,7 +313,8 @@ mod tests {
                 {"Type": "Received", "Time": 1_795_514_400_000_000_000i64, "DisplayMessage": "Task received by client"},
                 {"Type": "Terminated", "Time": 1_795_514_409_000_000_000i64, "DisplayMessage": "Exit Code: 3"},
             ],
-        });
+        }))
+        .unwrap();
         let section = task_section("t", &state, "");
         assert_eq!(
             section,

@@ -35,7 +35,7 @@ pub struct AllocListStub {
     pub client_status: String,
     pub client_description: String,
     /// Per task: its state and events (null when no task has run).
-    pub task_states: Value,
+    pub task_states: Option<BTreeMap<String, TaskState>>,
     pub deployment_status: Value,
     #[serde(rename = "FollowupEvalID")]
     pub followup_eval_id: String,
@@ -48,6 +48,55 @@ pub struct AllocListStub {
     /// Unix nanoseconds.
     pub create_time: i64,
     pub modify_time: i64,
+}
+
+/// Nomad's `TaskState`: one task of an allocation, with its events oldest first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct TaskState {
+    /// `pending`, `running` or `dead`.
+    pub state: String,
+    pub failed: bool,
+    pub restarts: u32,
+    /// RFC 3339 (Go's zero time when never).
+    pub last_restart: String,
+    pub started_at: String,
+    pub finished_at: String,
+    pub events: Vec<TaskEvent>,
+}
+
+/// Nomad's `TaskEvent`: the details map, and the flat fields Nomad fills from it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct TaskEvent {
+    #[serde(rename = "Type")]
+    pub kind: String,
+    /// Unix nanoseconds.
+    pub time: i64,
+    pub message: String,
+    pub display_message: String,
+    pub details: BTreeMap<String, String>,
+    pub fails_task: bool,
+    pub restart_reason: String,
+    pub setup_error: String,
+    pub driver_error: String,
+    pub driver_message: String,
+    pub exit_code: i64,
+    pub signal: i64,
+    pub kill_error: String,
+    pub kill_reason: String,
+    /// Nanoseconds.
+    pub kill_timeout: i64,
+    pub start_delay: i64,
+    pub failed_sibling: String,
+    pub task_signal: String,
+    pub task_signal_reason: String,
+    pub validation_error: String,
+    pub download_error: String,
+    pub vault_error: String,
+    pub disk_limit: i64,
+    pub disk_size: i64,
+    pub generic_source: String,
 }
 
 /// Nomad's `NodeListStub` (`GET /v1/nodes`).

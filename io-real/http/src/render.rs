@@ -107,7 +107,7 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         desired_description: alloc.desired_description.clone(),
         client_status: format!("{:?}", alloc.client_status).to_lowercase(),
         client_description: alloc.client_description.clone(),
-        task_states: task_states(alloc),
+        task_states: typed_task_states(alloc),
         deployment_status: alloc_deployment_status(alloc),
         followup_eval_id: String::new(),
         next_allocation: state.next_allocation(&alloc.id).unwrap_or_default().to_string(),
@@ -192,67 +192,69 @@ fn go_time(unix_nanos: i64) -> String {
 }
 
 /// Nomad's `TaskStates` (null until the client reported any).
+#[cfg(test)]
 pub fn task_states(alloc: &Allocation) -> Value {
+    serde_json::to_value(typed_task_states(alloc)).expect("task states serialize")
+}
+
+/// [`task_states`] as the shared API type (`None` until the client reported).
+fn typed_task_states(alloc: &Allocation) -> Option<BTreeMap<String, crate::api::TaskState>> {
     if alloc.task_states.is_empty() {
-        return Value::Null;
+        return None;
     }
-    let states: Map<String, Value> = alloc
+    let states = alloc
         .task_states
         .iter()
         .map(|(task, state)| {
-            let events: Vec<Value> = state.events.iter().map(task_event).collect();
-            let value = json!({
-                "State": state.state.as_str(),
-                "Failed": state.failed,
-                "Restarts": state.restarts,
-                "LastRestart": go_time(state.last_restart),
-                "StartedAt": go_time(state.started_at),
-                "FinishedAt": go_time(state.finished_at),
-                "Events": events,
-            });
-            (task.clone(), value)
+            let state = crate::api::TaskState {
+                state: state.state.as_str().into(),
+                failed: state.failed,
+                restarts: state.restarts,
+                last_restart: go_time(state.last_restart),
+                started_at: go_time(state.started_at),
+                finished_at: go_time(state.finished_at),
+                events: state.events.iter().map(task_event).collect(),
+            };
+            (task.clone(), state)
         })
         .collect();
-    Value::Object(states)
+    Some(states)
 }
 
-/// One task event: `Type`, `Time`, `DisplayMessage` and `Details`, plus the older flat
-/// fields Nomad still fills from the details (`ExitCode`, `StartDelay`, ...); `KillTimeout`
-/// in nanoseconds from its detail, a Go duration ("5s").
-fn task_event(event: &drover_core::structs::TaskEvent) -> Value {
+fn task_event(event: &drover_core::structs::TaskEvent) -> crate::api::TaskEvent {
     let detail = |key: &str| event.details.get(key).cloned().unwrap_or_default();
     let number = |key: &str| event.details.get(key).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
-    json!({
-        "Type": event.kind,
-        "Time": event.time,
-        "Message": "",
-        "DisplayMessage": event.message,
-        "Details": event.details,
-        "FailsTask": event.fails_task(),
-        "RestartReason": detail("restart_reason"),
-        "SetupError": detail("setup_error"),
-        "DriverError": detail("driver_error"),
-        "DriverMessage": detail("driver_message"),
-        "ExitCode": number("exit_code"),
-        "Signal": number("signal"),
-        "KillError": detail("kill_error"),
-        "KillReason": detail("kill_reason"),
-        "KillTimeout": event
+    crate::api::TaskEvent {
+        kind: event.kind.clone(),
+        time: event.time,
+        message: String::new(),
+        display_message: event.message.clone(),
+        details: event.details.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        fails_task: event.fails_task(),
+        restart_reason: detail("restart_reason"),
+        setup_error: detail("setup_error"),
+        driver_error: detail("driver_error"),
+        driver_message: detail("driver_message"),
+        exit_code: number("exit_code"),
+        signal: number("signal"),
+        kill_error: detail("kill_error"),
+        kill_reason: detail("kill_reason"),
+        kill_timeout: event
             .details
             .get("kill_timeout")
             .and_then(|text| drover_core::goduration::parse_nanos(text).ok())
             .unwrap_or(0),
-        "StartDelay": number("start_delay"),
-        "FailedSibling": detail("failed_sibling"),
-        "TaskSignal": detail("task_signal"),
-        "TaskSignalReason": detail("task_signal_reason"),
-        "ValidationError": detail("validation_error"),
-        "DownloadError": "",
-        "VaultError": "",
-        "DiskLimit": 0,
-        "DiskSize": 0,
-        "GenericSource": "",
-    })
+        start_delay: number("start_delay"),
+        failed_sibling: detail("failed_sibling"),
+        task_signal: detail("task_signal"),
+        task_signal_reason: detail("task_signal_reason"),
+        validation_error: detail("validation_error"),
+        download_error: String::new(),
+        vault_error: String::new(),
+        disk_limit: 0,
+        disk_size: 0,
+        generic_source: String::new(),
+    }
 }
 
 /// One allocation in full (`GET /v1/allocation/:id`), Nomad's `Allocation`, with the job as
