@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
+use drover_http::api::Evaluation;
+
 use super::alloc::format_unix_nanos;
 use super::{Api, Failure, escape, job_path, short, table, text};
 
@@ -456,19 +458,18 @@ fn eval_list(api: &Api, job: Option<&str>, status: Option<&str>, format: &Format
         .map(|h| h.to_string())
         .collect::<Vec<_>>(),
     ];
-    for eval in evals.as_array().into_iter().flatten() {
-        let failures = eval["FailedTGAllocs"]
-            .as_object()
-            .is_some_and(|failed| !failed.is_empty())
-            || !text(&eval["BlockedEval"]).is_empty();
+    let evals: Vec<Evaluation> = super::typed(&path, &evals)?;
+    for eval in evals {
+        let failures =
+            eval.failed_tg_allocs.as_ref().is_some_and(|failed| !failed.is_empty()) || !eval.blocked_eval.is_empty();
         rows.push(vec![
-            short(&eval["ID"]),
-            text(&eval["Priority"]),
-            text(&eval["TriggeredBy"]),
-            text(&eval["JobID"]),
-            text(&eval["Namespace"]),
-            short(&eval["NodeID"]),
-            text(&eval["Status"]),
+            super::short_id(&eval.id),
+            eval.priority.to_string(),
+            eval.triggered_by,
+            eval.job_id,
+            eval.namespace,
+            super::short_id(&eval.node_id),
+            eval.status,
             failures.to_string(),
         ]);
     }
@@ -489,30 +490,25 @@ fn eval_status(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
     if format.printed(&eval)? {
         return Ok(());
     }
-    let failed = eval["FailedTGAllocs"].as_object().cloned().unwrap_or_default();
+    let eval: Evaluation = super::typed("/v1/evaluation", &eval)?;
+    let failed = eval.failed_tg_allocs.clone().unwrap_or_default();
     println!(
         "{}",
         key_values(vec![
-            ("ID", text(&eval["ID"])),
-            (
-                "Create Time",
-                format_unix_nanos(eval["CreateTime"].as_i64().unwrap_or(0))
-            ),
-            (
-                "Modify Time",
-                format_unix_nanos(eval["ModifyTime"].as_i64().unwrap_or(0))
-            ),
-            ("Status", text(&eval["Status"])),
-            ("Status Description", text(&eval["StatusDescription"])),
-            ("Type", text(&eval["Type"])),
-            ("TriggeredBy", text(&eval["TriggeredBy"])),
-            ("Job ID", text(&eval["JobID"])),
-            ("Namespace", text(&eval["Namespace"])),
-            ("Priority", text(&eval["Priority"])),
+            ("ID", eval.id.clone()),
+            ("Create Time", format_unix_nanos(eval.create_time)),
+            ("Modify Time", format_unix_nanos(eval.modify_time)),
+            ("Status", eval.status.clone()),
+            ("Status Description", eval.status_description.clone()),
+            ("Type", eval.eval_type.clone()),
+            ("TriggeredBy", eval.triggered_by.clone()),
+            ("Job ID", eval.job_id.clone()),
+            ("Namespace", eval.namespace.clone()),
+            ("Priority", eval.priority.to_string()),
             ("Placement Failures", (!failed.is_empty()).to_string()),
-            ("Previous Eval", text(&eval["PreviousEval"])),
-            ("Next Eval", text(&eval["NextEval"])),
-            ("Blocked Eval", text(&eval["BlockedEval"])),
+            ("Previous Eval", eval.previous_eval.clone()),
+            ("Next Eval", eval.next_eval.clone()),
+            ("Blocked Eval", eval.blocked_eval.clone()),
         ])
     );
     if !failed.is_empty() {

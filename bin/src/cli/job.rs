@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use drover_http::api::AllocListStub;
+use drover_http::api::{AllocListStub, Evaluation};
 
 use super::{Api, Failure, job_path, short, short_id, table, text};
 
@@ -62,15 +62,15 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
         created_at.saturating_sub(1)
     );
     let eval = loop {
-        let eval = api.get(&path)?;
+        let eval: Evaluation = api.get_as(&path)?;
         path = format!("/v1/evaluation/{eval_id}");
-        if eval["Status"] != "pending" || Instant::now() > deadline {
+        if eval.status != "pending" || Instant::now() > deadline {
             break eval;
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    println!("    Evaluation triggered by job {:?}", text(&eval["JobID"]));
-    let path = format!("{}/allocations", job_path(&text(&eval["JobID"])));
+    println!("    Evaluation triggered by job {:?}", eval.job_id);
+    let path = format!("{}/allocations", job_path(&eval.job_id));
     let allocs: Vec<AllocListStub> = api.get_as(&path)?;
     for alloc in allocs.iter().filter(|a| a.eval_id == eval_id) {
         println!(
@@ -80,19 +80,16 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
             alloc.task_group
         );
     }
-    println!(
-        "    Evaluation status changed: \"pending\" -> {:?}",
-        text(&eval["Status"])
-    );
-    let failed = eval["FailedTGAllocs"].as_object().filter(|failed| !failed.is_empty());
+    println!("    Evaluation status changed: \"pending\" -> {:?}", eval.status);
+    let failed = eval.failed_tg_allocs.as_ref().filter(|failed| !failed.is_empty());
     if let Some(failed) = failed {
         println!(
             "==> Evaluation {:?} finished with status {:?} but failed to place all allocations:",
-            short(&eval["ID"]),
-            text(&eval["Status"])
+            short_id(&eval.id),
+            eval.status
         );
         for (group, metric) in failed {
-            let queued = eval["QueuedAllocations"][group].as_u64().unwrap_or(0);
+            let queued = eval.queued_allocations.get(group).copied().unwrap_or(0);
             let plural = if queued == 1 { "" } else { "s" };
             println!("    Task Group {group:?} (failed to place {queued} allocation{plural}):");
             for (reason, count) in metric["ConstraintFiltered"].as_object().into_iter().flatten() {
@@ -103,18 +100,18 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
                 println!("      * Dimension {dimension:?} exhausted on {count} nodes");
             }
         }
-        if !text(&eval["BlockedEval"]).is_empty() {
+        if !eval.blocked_eval.is_empty() {
             println!(
                 "    Evaluation {:?} waiting for additional capacity to place remainder",
-                short(&eval["BlockedEval"])
+                short_id(&eval.blocked_eval)
             );
         }
         return Err(Failure(String::new(), 2));
     }
     println!(
         "==> Evaluation {:?} finished with status {:?}",
-        short(&eval["ID"]),
-        text(&eval["Status"])
+        short_id(&eval.id),
+        eval.status
     );
     Ok(())
 }

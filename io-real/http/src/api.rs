@@ -191,6 +191,52 @@ pub struct DeploymentState {
     pub unhealthy_allocs: u32,
 }
 
+/// Nomad's `Evaluation` (`GET /v1/evaluations`, `/v1/evaluation/:id`, a job's evaluations).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct Evaluation {
+    #[serde(rename = "ID")]
+    pub id: String,
+    pub namespace: String,
+    pub priority: u32,
+    /// The job's type: `service`, `batch` or `system`.
+    #[serde(rename = "Type")]
+    pub eval_type: String,
+    pub triggered_by: String,
+    #[serde(rename = "JobID")]
+    pub job_id: String,
+    pub job_modify_index: u64,
+    #[serde(rename = "NodeID")]
+    pub node_id: String,
+    pub node_modify_index: u64,
+    #[serde(rename = "DeploymentID")]
+    pub deployment_id: String,
+    pub status: String,
+    pub status_description: String,
+    /// Nanoseconds.
+    pub wait: u64,
+    pub wait_until: String,
+    pub next_eval: String,
+    pub related_evals: Value,
+    pub class_eligibility: Value,
+    pub escaped_computed_class: bool,
+    pub quota_limit_reached: String,
+    pub annotate_plan: bool,
+    /// Per task group, why its allocations could not be placed (Nomad's `AllocMetric`); null
+    /// when every one was.
+    #[serde(rename = "FailedTGAllocs")]
+    pub failed_tg_allocs: Option<BTreeMap<String, Value>>,
+    pub queued_allocations: BTreeMap<String, u32>,
+    pub blocked_eval: String,
+    pub previous_eval: String,
+    pub snapshot_index: u64,
+    pub create_index: u64,
+    pub modify_index: u64,
+    /// Unix nanoseconds.
+    pub create_time: i64,
+    pub modify_time: i64,
+}
+
 /// `value` as `T`, or what it lacked: for the CLI, which reads the API's JSON.
 pub fn read<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, serde_json::Error> {
     T::deserialize(value)

@@ -132,41 +132,43 @@ pub fn metric(metric: &AllocMetric) -> Value {
 }
 
 pub fn eval(eval: &Evaluation) -> Value {
-    json!({
-        "ID": eval.id,
-        "Namespace": eval.namespace,
-        "Priority": eval.priority,
-        "Type": eval.eval_type,
-        "TriggeredBy": eval.triggered_by,
-        "JobID": eval.job_id,
-        "JobModifyIndex": eval.job_modify_index,
-        "NodeID": eval.node_id,
-        "NodeModifyIndex": 0,
-        "DeploymentID": "",
-        "Status": eval.status,
-        "StatusDescription": eval.status_description,
-        "Wait": eval.wait_ms.saturating_mul(1_000_000),
-        "WaitUntil": "0001-01-01T00:00:00Z",
-        "NextEval": eval.next_eval,
-        "RelatedEvals": Value::Null,
-        "ClassEligibility": Value::Null,
-        "EscapedComputedClass": false,
-        "QuotaLimitReached": "",
-        "AnnotatePlan": false,
-        "FailedTGAllocs": if eval.failed_tg_allocs.is_empty() {
-            Value::Null
-        } else {
-            eval.failed_tg_allocs.iter().map(|(group, m)| (group.clone(), metric(m))).collect::<serde_json::Map<_, _>>().into()
-        },
-        "QueuedAllocations": eval.queued_allocations,
-        "BlockedEval": eval.blocked_eval,
-        "PreviousEval": eval.previous_eval,
-        "SnapshotIndex": eval.snapshot_index,
-        "CreateIndex": eval.create_index,
-        "ModifyIndex": eval.modify_index,
-        "CreateTime": (eval.create_time_ms as i64).saturating_mul(1_000_000),
-        "ModifyTime": (eval.modify_time_ms as i64).saturating_mul(1_000_000),
-    })
+    let rendered = crate::api::Evaluation {
+        id: eval.id.clone(),
+        namespace: eval.namespace.clone(),
+        priority: eval.priority,
+        eval_type: eval.eval_type.as_str().into(),
+        triggered_by: eval.triggered_by.as_str().into(),
+        job_id: eval.job_id.clone(),
+        job_modify_index: eval.job_modify_index,
+        node_id: eval.node_id.clone(),
+        node_modify_index: 0,
+        deployment_id: String::new(),
+        status: eval.status.as_str().into(),
+        status_description: eval.status_description.clone(),
+        wait: eval.wait_ms.saturating_mul(1_000_000),
+        wait_until: "0001-01-01T00:00:00Z".into(),
+        next_eval: eval.next_eval.clone(),
+        related_evals: Value::Null,
+        class_eligibility: Value::Null,
+        escaped_computed_class: false,
+        quota_limit_reached: String::new(),
+        annotate_plan: false,
+        failed_tg_allocs: (!eval.failed_tg_allocs.is_empty()).then(|| {
+            eval.failed_tg_allocs
+                .iter()
+                .map(|(group, m)| (group.clone(), metric(m)))
+                .collect()
+        }),
+        queued_allocations: eval.queued_allocations.clone(),
+        blocked_eval: eval.blocked_eval.clone(),
+        previous_eval: eval.previous_eval.clone(),
+        snapshot_index: eval.snapshot_index,
+        create_index: eval.create_index,
+        modify_index: eval.modify_index,
+        create_time: (eval.create_time_ms as i64).saturating_mul(1_000_000),
+        modify_time: (eval.modify_time_ms as i64).saturating_mul(1_000_000),
+    };
+    serde_json::to_value(rendered).expect("an evaluation serializes")
 }
 
 fn reply_error(reply: ServerReply) -> ApiError {
@@ -446,4 +448,33 @@ pub async fn get_evaluation(
         state.eval(&id).map(eval)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use drover_core::structs::{EvalStatus, EvalTrigger};
+
+    /// An evaluation renders through the shared API type and reads back unchanged (the CLI
+    /// reads it so), in Nomad's words: its status, trigger and type as Nomad writes them.
+    #[test]
+    fn an_evaluation_renders_through_the_shared_type_in_nomads_words() {
+        let mut evaluation = Evaluation {
+            id: "e1".into(),
+            job_id: "web".into(),
+            status: EvalStatus::Blocked,
+            triggered_by: EvalTrigger::QueuedAllocs,
+            ..Evaluation::default()
+        };
+        evaluation.failed_tg_allocs.insert("g".into(), AllocMetric::default());
+        evaluation.queued_allocations.insert("g".into(), 2);
+        let rendered = eval(&evaluation);
+        assert_eq!(rendered["Status"], "blocked");
+        assert_eq!(rendered["TriggeredBy"], "queued-allocs");
+        assert_eq!(rendered["Type"], "service");
+        assert!(rendered["FailedTGAllocs"]["g"].is_object());
+        let typed: crate::api::Evaluation = crate::api::read(&rendered).unwrap();
+        assert_eq!(serde_json::to_value(typed).unwrap(), rendered);
+        assert!(eval(&Evaluation::default())["FailedTGAllocs"].is_null());
+    }
 }
