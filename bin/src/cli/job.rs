@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use drover_http::api::{AllocListStub, Evaluation};
+use drover_http::api::{AllocListStub, Evaluation, JobListStub};
 
 use super::{Api, Failure, job_path, short, short_id, table, text};
 
@@ -118,7 +118,7 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
 
 pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
     let Some(id) = id else {
-        let jobs = api.get("/v1/jobs")?;
+        let jobs: Vec<JobListStub> = api.get_as("/v1/jobs")?;
         let mut rows = vec![vec![
             "ID".into(),
             "Type".into(),
@@ -126,16 +126,13 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
             "Status".into(),
             "Submit Date".into(),
         ]];
-        for job in jobs.as_array().into_iter().flatten() {
+        for job in jobs {
             rows.push(vec![
-                text(&job["ID"]),
-                text(&job["Type"]),
-                text(&job["Priority"]),
-                text(&job["Status"]),
-                job["SubmitTime"]
-                    .as_i64()
-                    .map(|nanos| drover_http::rfc3339((nanos / 1_000_000) as u64))
-                    .unwrap_or_default(),
+                job.id,
+                job.job_type,
+                job.priority.to_string(),
+                job.status,
+                drover_http::rfc3339((job.submit_time / 1_000_000) as u64),
             ]);
         }
         if rows.len() == 1 {

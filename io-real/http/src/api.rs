@@ -191,6 +191,35 @@ pub struct DeploymentState {
     pub unhealthy_allocs: u32,
 }
 
+/// Nomad's `JobListStub` (`GET /v1/jobs`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct JobListStub {
+    #[serde(rename = "ID")]
+    pub id: String,
+    #[serde(rename = "ParentID")]
+    pub parent_id: String,
+    pub name: String,
+    pub namespace: String,
+    pub datacenters: Vec<String>,
+    #[serde(rename = "Type")]
+    pub job_type: String,
+    pub priority: u32,
+    pub periodic: bool,
+    pub parameterized_job: bool,
+    pub stop: bool,
+    /// `pending`, `running` or `dead`.
+    pub status: String,
+    pub status_description: String,
+    /// Allocations per task group by client status (Nomad's `JobSummary`).
+    pub job_summary: Value,
+    pub create_index: u64,
+    pub modify_index: u64,
+    pub job_modify_index: u64,
+    /// Unix nanoseconds.
+    pub submit_time: i64,
+}
+
 /// Nomad's `Evaluation` (`GET /v1/evaluations`, `/v1/evaluation/:id`, a job's evaluations).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]

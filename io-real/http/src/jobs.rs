@@ -92,25 +92,26 @@ pub(crate) fn status(state: &ServerState, job: &Job) -> &'static str {
 
 fn job_stub(state: &ServerState, job: &Job) -> Value {
     let kept = state.job_summary(&job.namespace, &job.id);
-    json!({
-        "ID": job.id,
-        "ParentID": job.parent_id,
-        "Name": job.name,
-        "Namespace": job.namespace,
-        "Datacenters": job.datacenters,
-        "Type": job.job_type.as_str(),
-        "Priority": job.priority,
-        "Periodic": job.is_periodic(),
-        "ParameterizedJob": job.is_parameterized(),
-        "Stop": job.stop,
-        "Status": kept.status(job),
-        "StatusDescription": "",
-        "JobSummary": summary(state, job, &kept),
-        "CreateIndex": job.create_index,
-        "ModifyIndex": job.modify_index,
-        "JobModifyIndex": job.job_modify_index,
-        "SubmitTime": (job.submit_time_ms as i64).saturating_mul(1_000_000),
-    })
+    let stub = crate::api::JobListStub {
+        id: job.id.clone(),
+        parent_id: job.parent_id.clone(),
+        name: job.name.clone(),
+        namespace: job.namespace.clone(),
+        datacenters: job.datacenters.clone(),
+        job_type: job.job_type.as_str().into(),
+        priority: job.priority,
+        periodic: job.is_periodic(),
+        parameterized_job: job.is_parameterized(),
+        stop: job.stop,
+        status: kept.status(job).into(),
+        status_description: String::new(),
+        job_summary: summary(state, job, &kept),
+        create_index: job.create_index,
+        modify_index: job.modify_index,
+        job_modify_index: job.job_modify_index,
+        submit_time: (job.submit_time_ms as i64).saturating_mul(1_000_000),
+    };
+    serde_json::to_value(stub).expect("a job stub serializes")
 }
 
 pub fn metric(metric: &AllocMetric) -> Value {
@@ -476,5 +477,16 @@ mod tests {
         let typed: crate::api::Evaluation = crate::api::read(&rendered).unwrap();
         assert_eq!(serde_json::to_value(typed).unwrap(), rendered);
         assert!(eval(&Evaluation::default())["FailedTGAllocs"].is_null());
+    }
+
+    /// A job stub renders through the shared API type and reads back unchanged.
+    #[test]
+    fn a_job_stub_renders_through_the_shared_type() {
+        let state = ServerState::default();
+        let job = drover_core::testkit::job("web", drover_core::structs::JobType::Batch);
+        let rendered = job_stub(&state, &job);
+        assert_eq!(rendered["Type"], "batch");
+        let typed: crate::api::JobListStub = crate::api::read(&rendered).unwrap();
+        assert_eq!(serde_json::to_value(typed).unwrap(), rendered);
     }
 }
