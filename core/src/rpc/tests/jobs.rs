@@ -2,33 +2,15 @@
 //! requests in arrival order when leadership is lost.
 
 use super::*;
-use crate::structs::{Job, JobType, Task, TaskGroup, TaskResources};
+use crate::structs::{Job, JobType};
 use alloc::boxed::Box;
 
 fn web(count: u32) -> Job {
-    Job {
-        id: "web".into(),
-        namespace: "default".into(),
-        job_type: JobType::Service,
-        priority: 50,
-        datacenters: vec!["dc1".into()],
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                resources: TaskResources {
-                    cpu: 100,
-                    memory_mb: 64,
-                    ..TaskResources::default()
-                },
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    }
+    let mut job = crate::testkit::job("web", JobType::Service)
+        .with_count(count)
+        .with_memory(64);
+    job.datacenters = vec!["dc1".into()];
+    job
 }
 
 #[test]

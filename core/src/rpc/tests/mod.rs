@@ -189,29 +189,7 @@ fn losing_leadership_fails_everything_in_flight_as_retryable() {
 
 /// A valid batch job: one group of one `exec` task (what launcher parents are built on).
 pub(super) fn batch_job(id: &str) -> crate::structs::Job {
-    use crate::structs::{Job, JobType, Task, TaskGroup, TaskResources};
-    Job {
-        id: id.into(),
-        namespace: "default".into(),
-        job_type: JobType::Batch,
-        priority: 50,
-        task_groups: vec![TaskGroup {
-            name: "g".into(),
-            count: 1,
-            tasks: vec![Task {
-                name: "t".into(),
-                driver: "exec".into(),
-                resources: TaskResources {
-                    cpu: 100,
-                    memory_mb: 64,
-                    ..TaskResources::default()
-                },
-                ..Task::default()
-            }],
-            ..TaskGroup::default()
-        }],
-        ..Job::default()
-    }
+    crate::testkit::job(id, crate::structs::JobType::Batch).with_memory(64)
 }
 
 /// The request's answer (the harness commits proposals at once).
