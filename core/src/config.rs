@@ -506,6 +506,10 @@ pub struct ClientFaults {
     /// client (Nomad's clients never had one): only the servers' queue keeps them apart, so
     /// with #8336's queue per volume two volumes' publishes race in one plugin.
     pub no_controller_turn: bool,
+    /// A restarted client takes the first allocation list any server sends, however far
+    /// behind that server is: a server still catching up after its own restart leaves out an
+    /// allocation the client restored, and the client destroys it.
+    pub trust_lagging_first_sync: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1129,6 +1129,21 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         caught_by: ("jobs_node_drain", 0),
     },
     Switch {
+        name: "lagging-first-sync",
+        bug: "a restarted client takes the first allocation list of a server still catching up, and destroys what it left out",
+        options: || Options {
+            client_faults: ClientFaults {
+                trust_lagging_first_sync: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["swarm"],
+        // The service job's allocation, destroyed and reported complete, is never replaced.
+        invariant: "liveness",
+        caught_by: ("swarm", 1063),
+    },
+    Switch {
         name: "8336",
         bug: "controller RPCs serialised per volume, not per plugin: two volumes' publishes race in one plugin",
         options: || Options {

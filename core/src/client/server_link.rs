@@ -113,6 +113,19 @@ impl ServerLink {
     }
 
     /// The node's secret, presented with every call the client makes for its node.
+    /// A restarted client already knows its allocations as of `index` (the newest modify
+    /// index among those it restored): no list older than that is used, so a server that has
+    /// not caught up with them since its own restart cannot make the client stop one of them
+    /// as if the servers had dropped it (swarm seed 1063: a lagging server's first list left
+    /// out a running allocation, the client destroyed it and reported it complete, and the
+    /// service job was never placed again).
+    pub fn known_as_of(&mut self, index: u64) {
+        let floor = index.saturating_sub(1);
+        if self.synced_index.is_none_or(|synced| synced < floor) {
+            self.synced_index = Some(floor);
+        }
+    }
+
     pub fn secret_id(&self) -> &str {
         self.node.as_ref().map_or("", |node| node.secret_id.as_str())
     }

@@ -1257,6 +1257,11 @@ mod link_harness {
                 harness.now = at(args);
                 describe(harness, None)
             }
+            "known-as-of" => {
+                let index = args["index"].parse().expect("index=<n>");
+                harness.link.known_as_of(index);
+                describe(harness, None)
+            }
             "reply" => {
                 harness.now = at(args);
                 let kind = args

@@ -72,6 +72,10 @@ impl Client {
             .collect();
         self.drain_registry(now);
         self.seed_restored_users();
+        let newest = allocs.iter().map(|(alloc, ..)| alloc.modify_index).max();
+        if let Some(newest) = newest.filter(|_| !self.settings.faults.trust_lagging_first_sync) {
+            self.link.known_as_of(newest);
+        }
         for (alloc, job, local, tasks) in allocs {
             let Some(spec) = self.spec(&alloc, &job) else { continue };
             let mut runner = AllocRunner::restore(spec, local, tasks, self.servers_contacted);
