@@ -71,22 +71,34 @@ async fn parse_within<T: Send + 'static>(
         return Err(GuardError::Busy { what, limit });
     }
     let slot = Slot(running);
-    let (done, answer) = tokio::sync::oneshot::channel();
+    let (done, answered) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new().name("hcl-parse".into()).spawn(move || {
-        let _slot = slot;
         lowest_priority();
-        let _ = done.send(parse());
+        let parsed = parse();
+        answer(slot, parsed, |parsed| {
+            let _ = done.send(parsed);
+        });
     });
     if spawned.is_err() {
         // The slot went with the closure that was never run.
         return Err(GuardError::Busy { what, limit });
     }
-    match tokio::time::timeout(deadline, answer).await {
+    match tokio::time::timeout(deadline, answered).await {
         Ok(Ok(parsed)) => Ok(parsed),
         // The parse panicked: the slot was freed as its thread unwound.
         Ok(Err(_)) => Err(GuardError::Panicked { what }),
         Err(_) => Err(GuardError::Deadline { what, deadline }),
     }
+}
+
+/// Frees the parse's place, then hands its answer on (a panic frees the place as the thread
+/// unwinds). Freed after the answer, the caller's next parse could find the place still
+/// taken for as long as the parse's thread, at nice 19, waited for the CPU again on a busy
+/// machine: a CI run answered sequential parses with 503 "too many job spec parses in
+/// progress".
+fn answer<T>(slot: Slot, parsed: T, deliver: impl FnOnce(T)) {
+    drop(slot);
+    deliver(parsed);
 }
 
 /// Frees its place among the running parses when the parse's thread ends.
@@ -127,6 +139,22 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
         }
         assert_eq!(running.load(Ordering::SeqCst), 0);
+    }
+
+    /// A parse's place is free by the time its answer is delivered, so the caller's next
+    /// parse never finds it taken by the one that just answered.
+    #[test]
+    fn a_parse_frees_its_place_before_it_answers() {
+        static RUNNING: AtomicUsize = AtomicUsize::new(1);
+        let mut delivered = None;
+        answer(Slot(&RUNNING), 42, |parsed| {
+            delivered = Some((parsed, RUNNING.load(Ordering::SeqCst)));
+        });
+        assert_eq!(
+            delivered,
+            Some((42, 0)),
+            "the place was still taken when the answer went"
+        );
     }
 
     #[tokio::test]
