@@ -646,7 +646,7 @@ pub(super) fn job_path(id: &str) -> String {
 }
 
 pub(super) fn short(id: &Value) -> String {
-    text(id).chars().take(8).collect()
+    short_id(&text(id))
 }
 
 pub fn run(global: Global, command: Command) -> ExitCode {
