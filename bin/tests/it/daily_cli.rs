@@ -251,14 +251,7 @@ fn monitor_streams_the_agents_log_lines() {
         assert!(code == 400 && body.contains(text), "{query}: {code} {body}");
     }
 
-    struct Killed(std::process::Child);
-    impl Drop for Killed {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut monitor = Killed(
+    let mut monitor = support::ChildGuard(
         std::process::Command::new(support::AGENT)
             .args(["monitor", "--log-level", "debug"])
             .env("NOMAD_ADDR", format!("http://127.0.0.1:{port}"))

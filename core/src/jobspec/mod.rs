@@ -423,7 +423,7 @@ pub fn format_errors(errors: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{Task, TaskResources, VolumeMount};
+    use crate::structs::{Task, VolumeMount};
     use alloc::collections::BTreeMap;
 
     /// Issue 54 §9: a job's namespace is held to Nomad's names, refused by name.
@@ -453,28 +453,9 @@ mod tests {
     }
 
     fn job() -> Job {
-        Job {
-            id: "web".into(),
-            name: "web".into(),
-            namespace: "default".into(),
-            priority: 50,
-            task_groups: vec![TaskGroup {
-                name: "g".into(),
-                count: 2,
-                tasks: vec![Task {
-                    name: "t".into(),
-                    driver: "exec".into(),
-                    resources: TaskResources {
-                        cpu: 100,
-                        memory_mb: 300,
-                        ..TaskResources::default()
-                    },
-                    ..Task::default()
-                }],
-                ..TaskGroup::default()
-            }],
-            ..Job::default()
-        }
+        crate::testkit::job("web", JobType::Service)
+            .with_count(2)
+            .with_memory(300)
     }
 
     #[test]

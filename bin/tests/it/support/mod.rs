@@ -8,7 +8,10 @@ pub mod tls;
 
 // Each test binary and bench uses a part of the kit.
 #[allow(unused_imports)]
-pub use drover_testkit::{get_json, http, http_get, http_status, wait_for, wait_for_every};
+pub use drover_testkit::{
+    ChildGuard, UnmountUnder, files_under, get_json, http, http_get, http_status, mounts_under, wait_for,
+    wait_for_every,
+};
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -466,90 +469,4 @@ pub fn agreed_leader(agents: &[&Agent], peers_expected: usize) -> Option<String>
     let known = agents.iter().any(|agent| agent.rpc_addr() == first);
     let shaped = agents.iter().all(|agent| agent.peers().len() == peers_expected);
     (agreed && known && shaped).then_some(first)
-}
-
-/// A CLI process a test started: killed on drop, so a failing test leaves nothing behind.
-pub struct ChildGuard(pub std::process::Child);
-
-impl ChildGuard {
-    /// Its output once it exits, read as it comes (a big output must not block it); killed
-    /// and reported when it has not exited within `limit`.
-    pub fn wait_with_output(mut self, limit: Duration) -> std::process::Output {
-        let mut stdout = self.0.stdout.take().expect("stdout piped");
-        let mut stderr = self.0.stderr.take().expect("stderr piped");
-        let out = std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = stdout.read_to_end(&mut bytes);
-            bytes
-        });
-        let err = std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            let _ = stderr.read_to_end(&mut bytes);
-            bytes
-        });
-        let deadline = std::time::Instant::now() + limit;
-        let status = loop {
-            if let Some(status) = self.0.try_wait().unwrap() {
-                break status;
-            }
-            if std::time::Instant::now() > deadline {
-                let _ = self.0.kill();
-                let _ = self.0.wait();
-                panic!("the command did not finish within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        std::process::Output {
-            status,
-            stdout: out.join().unwrap(),
-            stderr: err.join().unwrap(),
-        }
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Every file under `dir`, at any depth.
-pub fn files_under(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    let mut pending = vec![dir.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                pending.push(path);
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files
-}
-
-/// Mount points at or below `path` (`/proc/self/mountinfo`), in the kernel's order.
-pub fn mounts_under(path: &Path) -> Vec<String> {
-    let prefix = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
-        .filter(|point| point.starts_with(&prefix))
-        .collect()
-}
-
-/// Lazily unmounts whatever is still mounted below a directory when dropped, so a failing
-/// test leaves no mount behind.
-pub struct UnmountUnder(pub PathBuf);
-
-impl Drop for UnmountUnder {
-    fn drop(&mut self) {
-        for point in mounts_under(&self.0).into_iter().rev() {
-            let _ = Command::new("umount").arg("-l").arg(&point).status();
-        }
-    }
 }

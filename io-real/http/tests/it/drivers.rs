@@ -10,6 +10,7 @@ use drover_core::client::{MountConfig, TaskConfig};
 use drover_core::structs::{ConfigValue, Propagation};
 use drover_host::drivers::process::ProcessDriver;
 use drover_io_real::drivers::TaskDriver;
+use drover_testkit::mounts_under;
 
 fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
     let mut config = BTreeMap::new();
@@ -39,16 +40,6 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
 fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
-}
-
-fn mounts_under(path: &Path) -> Vec<String> {
-    let prefix = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4).map(String::from))
-        .filter(|mount_point| mount_point.starts_with(&prefix))
-        .collect()
 }
 
 #[tokio::test]
@@ -416,16 +407,6 @@ async fn exec_bidirectional_mounts_reach_the_host() {
     assert!(mounts_under(dir.path()).is_empty(), "{:?}", mounts_under(dir.path()));
 }
 
-/// Kills the process it holds when dropped, so a failing assertion leaves nothing running.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn proc_start_time(pid: u32) -> u64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     let after = &stat[stat.rfind(')').unwrap() + 2..];
@@ -448,7 +429,7 @@ async fn stop_never_signals_a_process_that_is_not_the_task() {
     use std::os::unix::process::CommandExt;
     let mut command = std::process::Command::new("sleep");
     command.arg("30").process_group(0);
-    let mut foreign = KillOnDrop(command.spawn().unwrap());
+    let mut foreign = drover_testkit::ChildGuard(command.spawn().unwrap());
     let pid = foreign.0.id();
     let actual = proc_start_time(pid);
     let driver = ProcessDriver::raw_exec();
