@@ -3,7 +3,9 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{Api, Failure, table, text};
+use drover_http::api;
+
+use super::{Api, Failure, table, typed};
 
 #[derive(Debug, Subcommand)]
 pub enum AclCommand {
@@ -92,7 +94,10 @@ pub enum TokenCommand {
 
 pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
     match command {
-        AclCommand::Bootstrap => print_token(&api.call("POST", "/v1/acl/bootstrap", None)?),
+        AclCommand::Bootstrap => print_token(&typed(
+            "/v1/acl/bootstrap",
+            &api.call("POST", "/v1/acl/bootstrap", None)?,
+        )?),
         AclCommand::Policy(PolicyCommand::Apply {
             description,
             name,
@@ -106,19 +111,19 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             Ok(())
         }
         AclCommand::Policy(PolicyCommand::Info { name }) => {
-            let policy = api.get(&format!("/v1/acl/policy/{name}"))?;
-            println!("Name        = {}", text(&policy["Name"]));
-            println!("Description = {}", text(&policy["Description"]));
-            println!("CreateIndex = {}", text(&policy["CreateIndex"]));
-            println!("ModifyIndex = {}", text(&policy["ModifyIndex"]));
-            println!("\nRules\n\n{}", text(&policy["Rules"]));
+            let policy: api::AclPolicy = api.get_as(&format!("/v1/acl/policy/{name}"))?;
+            println!("Name        = {}", policy.name);
+            println!("Description = {}", policy.description);
+            println!("CreateIndex = {}", policy.create_index);
+            println!("ModifyIndex = {}", policy.modify_index);
+            println!("\nRules\n\n{}", policy.rules.unwrap_or_default());
             Ok(())
         }
         AclCommand::Policy(PolicyCommand::List) => {
-            let policies = api.get("/v1/acl/policies")?;
+            let policies: Vec<api::AclPolicy> = api.get_as("/v1/acl/policies")?;
             let mut rows = vec![vec!["Name".to_string(), "Description".to_string()]];
-            for policy in policies.as_array().into_iter().flatten() {
-                rows.push(vec![text(&policy["Name"]), text(&policy["Description"])]);
+            for policy in policies {
+                rows.push(vec![policy.name, policy.description]);
             }
             println!("{}", table(&rows));
             Ok(())
@@ -146,7 +151,10 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
                 "Global": global,
                 "ExpirationTTL": ttl.unwrap_or_default(),
             });
-            print_token(&api.call("PUT", "/v1/acl/token", Some(&body))?)
+            print_token(&typed(
+                "/v1/acl/token",
+                &api.call("PUT", "/v1/acl/token", Some(&body))?,
+            )?)
         }
         AclCommand::Token(TokenCommand::Update {
             name,
@@ -156,27 +164,28 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
             role_ids,
             accessor,
         }) => {
-            let held = api.get(&format!("/v1/acl/token/{accessor}"))?;
+            let path = format!("/v1/acl/token/{accessor}");
+            let held: api::AclToken = api.get_as(&path)?;
             let roles = if role_ids.is_empty() && role_names.is_empty() {
-                held["Roles"].as_array().cloned().unwrap_or_default()
+                serde_json::to_value(held.roles)?
             } else {
-                role_links(&role_ids, &role_names)
+                json!(role_links(&role_ids, &role_names))
             };
             let body = json!({
                 "AccessorID": accessor,
-                "Name": name.unwrap_or_else(|| text(&held["Name"])),
-                "Type": token_type.unwrap_or_else(|| text(&held["Type"])),
-                "Policies": if policies.is_empty() { held["Policies"].clone() } else { json!(policies) },
+                "Name": name.unwrap_or(held.name),
+                "Type": token_type.unwrap_or(held.token_type),
+                "Policies": if policies.is_empty() { held.policies } else { policies },
                 "Roles": roles,
             });
-            print_token(&api.call("POST", &format!("/v1/acl/token/{accessor}"), Some(&body))?)
+            print_token(&typed(&path, &api.call("POST", &path, Some(&body))?)?)
         }
         AclCommand::Token(TokenCommand::Info { accessor }) => {
-            print_token(&api.get(&format!("/v1/acl/token/{accessor}"))?)
+            print_token(&api.get_as(&format!("/v1/acl/token/{accessor}"))?)
         }
-        AclCommand::Token(TokenCommand::SelfInfo) => print_token(&api.get("/v1/acl/token/self")?),
+        AclCommand::Token(TokenCommand::SelfInfo) => print_token(&api.get_as("/v1/acl/token/self")?),
         AclCommand::Token(TokenCommand::List) => {
-            let tokens = api.get("/v1/acl/tokens")?;
+            let tokens: Vec<api::AclToken> = api.get_as("/v1/acl/tokens")?;
             let mut rows = vec![vec![
                 "Name".to_string(),
                 "Type".to_string(),
@@ -190,13 +199,14 @@ pub(super) fn run(api: &Api, command: AclCommand) -> Result<(), Failure> {
                     .map(|since| since.as_millis() as u64)
                     .unwrap_or(0),
             );
-            for token in tokens.as_array().into_iter().flatten() {
+            for token in tokens {
+                let expired = expired(&token, &now).to_string();
                 rows.push(vec![
-                    text(&token["Name"]),
-                    text(&token["Type"]),
-                    text(&token["Global"]),
-                    text(&token["AccessorID"]),
-                    expired(token, &now).to_string(),
+                    token.name,
+                    token.token_type,
+                    token.global.to_string(),
+                    token.accessor_id,
+                    expired,
                 ]);
             }
             println!("{}", table(&rows));
@@ -224,45 +234,38 @@ fn role_links(ids: &[String], names: &[String]) -> Vec<Value> {
 
 /// Whether `token` expired before `now` (both RFC 3339 in UTC as the API writes them, whose
 /// text order is time order).
-fn expired(token: &Value, now: &str) -> bool {
-    token["ExpirationTime"]
-        .as_str()
+fn expired(token: &api::AclToken, now: &str) -> bool {
+    token
+        .expiration_time
+        .as_deref()
         .is_some_and(|expiry| !expiry.is_empty() && expiry < now)
 }
 
 /// Nomad's token block (`formatKVACLToken`).
-pub(super) fn print_token(token: &Value) -> Result<(), Failure> {
-    let policies = if token["Type"] == "management" {
+pub(super) fn print_token(token: &api::AclToken) -> Result<(), Failure> {
+    let management = token.token_type == "management";
+    let policies = if management {
         "n/a".to_string()
     } else {
-        let names: Vec<String> = token["Policies"].as_array().into_iter().flatten().map(text).collect();
-        format!("[{}]", names.join(" "))
+        format!("[{}]", token.policies.join(" "))
     };
-    let roles = if token["Type"] == "management" {
+    let roles = if management {
         "n/a".to_string()
     } else {
-        let names: Vec<String> = token["Roles"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|link| text(&link["Name"]))
-            .collect();
+        let names: Vec<&str> = token.roles.iter().map(|link| link.name.as_str()).collect();
         format!("[{}]", names.join(" "))
     };
-    let expiry = match &token["ExpirationTime"] {
-        Value::Null => "<none>".to_string(),
-        other => text(other),
-    };
+    let expiry = token.expiration_time.clone().unwrap_or_else(|| "<none>".into());
     let rows = [
-        ("Accessor ID", text(&token["AccessorID"])),
-        ("Secret ID", text(&token["SecretID"])),
-        ("Name", text(&token["Name"])),
-        ("Type", text(&token["Type"])),
-        ("Global", text(&token["Global"])),
-        ("Create Time", text(&token["CreateTime"])),
+        ("Accessor ID", token.accessor_id.clone()),
+        ("Secret ID", token.secret_id.clone().unwrap_or_default()),
+        ("Name", token.name.clone()),
+        ("Type", token.token_type.clone()),
+        ("Global", token.global.to_string()),
+        ("Create Time", token.create_time.clone()),
         ("Expiry Time", expiry),
-        ("Create Index", text(&token["CreateIndex"])),
-        ("Modify Index", text(&token["ModifyIndex"])),
+        ("Create Index", token.create_index.to_string()),
+        ("Modify Index", token.modify_index.to_string()),
         ("Policies", policies),
         ("Roles", roles),
     ];
@@ -279,9 +282,12 @@ mod tests {
     #[test]
     fn a_token_is_expired_once_its_expiration_time_has_passed() {
         let now = drover_http::rfc3339(1_800_000_000_000);
-        let at = |ms: u64| json!({ "ExpirationTime": drover_http::rfc3339(ms) });
-        assert!(expired(&at(1_799_999_999_000), &now));
-        assert!(!expired(&at(1_800_000_001_000), &now));
-        assert!(!expired(&json!({ "ExpirationTime": null }), &now));
+        let at = |expiration_time: Option<u64>| api::AclToken {
+            expiration_time: expiration_time.map(drover_http::rfc3339),
+            ..api::AclToken::default()
+        };
+        assert!(expired(&at(Some(1_799_999_999_000)), &now));
+        assert!(!expired(&at(Some(1_800_000_001_000)), &now));
+        assert!(!expired(&at(None), &now));
     }
 }

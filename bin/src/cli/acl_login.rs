@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{Api, Failure, table, text};
+use drover_http::api;
+
+use super::{Api, Failure, table, text, typed};
 
 #[derive(Debug, Subcommand)]
 pub enum AuthMethodCommand {
@@ -128,17 +130,18 @@ pub(super) fn run_method(api: &Api, command: AuthMethodCommand) -> Result<(), Fa
     match command {
         AuthMethodCommand::Create(flags) => {
             let body = method_body(flags, Value::Null)?;
-            print_method(&api.call("POST", "/v1/acl/auth-method", Some(&body))?);
+            let path = "/v1/acl/auth-method";
+            print_method(&typed(path, &api.call("POST", path, Some(&body))?)?);
         }
         AuthMethodCommand::Update { flags, method } => {
             let held = api.get(&format!("/v1/acl/auth-method/{method}"))?;
             let body = method_body(flags, held)?;
-            print_method(&api.call("POST", &format!("/v1/acl/auth-method/{method}"), Some(&body))?);
+            let path = format!("/v1/acl/auth-method/{method}");
+            print_method(&typed(&path, &api.call("POST", &path, Some(&body))?)?);
         }
-        AuthMethodCommand::Info { name } => print_method(&api.get(&format!("/v1/acl/auth-method/{name}"))?),
+        AuthMethodCommand::Info { name } => print_method(&api.get_as(&format!("/v1/acl/auth-method/{name}"))?),
         AuthMethodCommand::List => {
-            let methods = api.get("/v1/acl/auth-methods")?;
-            let methods = methods.as_array().cloned().unwrap_or_default();
+            let methods: Vec<api::AuthMethodListStub> = api.get_as("/v1/acl/auth-methods")?;
             if methods.is_empty() {
                 println!("No ACL auth methods found");
                 return Ok(());
@@ -146,8 +149,8 @@ pub(super) fn run_method(api: &Api, command: AuthMethodCommand) -> Result<(), Fa
             let mut rows = vec![["Name", "Type", "Default"].map(String::from).to_vec()];
             rows.extend(
                 methods
-                    .iter()
-                    .map(|method| vec![text(&method["Name"]), text(&method["Type"]), text(&method["Default"])]),
+                    .into_iter()
+                    .map(|method| vec![method.name, method.method_type, method.default.to_string()]),
             );
             println!("{}", table(&rows));
         }
@@ -159,20 +162,20 @@ pub(super) fn run_method(api: &Api, command: AuthMethodCommand) -> Result<(), Fa
     Ok(())
 }
 
-fn or_none(value: &Value) -> String {
-    match value {
-        Value::Null => "<none>".into(),
-        Value::String(text) if text.is_empty() => "<none>".into(),
-        Value::Array(items) if items.is_empty() => "<none>".into(),
-        Value::Object(map) if map.is_empty() => "<none>".into(),
-        Value::Array(items) => items.iter().map(text).collect::<Vec<_>>().join(","),
-        Value::Object(map) => map
-            .iter()
-            .map(|(key, value)| format!("{{{key}: {}}}", text(value)))
-            .collect::<Vec<_>>()
-            .join("; "),
-        other => text(other),
-    }
+/// Text, or `<none>` when empty.
+fn or_none(text: &str) -> String {
+    if text.is_empty() { "<none>".into() } else { text.into() }
+}
+
+/// A list joined by commas, or `<none>` when empty.
+fn list_or_none(items: &[String]) -> String {
+    or_none(&items.join(","))
+}
+
+/// A map as `{key: value}` pairs joined by `; `, or `<none>` when empty.
+fn map_or_none(map: &std::collections::BTreeMap<String, String>) -> String {
+    let pairs: Vec<String> = map.iter().map(|(key, value)| format!("{{{key}: {value}}}")).collect();
+    or_none(&pairs.join("; "))
 }
 
 fn print_block(rows: &[(&str, String)]) {
@@ -183,41 +186,45 @@ fn print_block(rows: &[(&str, String)]) {
 }
 
 /// Nomad's auth method block (`formatAuthMethod` and its config).
-fn print_method(method: &Value) {
+fn print_method(method: &api::AuthMethod) {
     print_block(&[
-        ("Name", text(&method["Name"])),
-        ("Type", text(&method["Type"])),
-        ("Locality", text(&method["TokenLocality"])),
-        ("Max Token TTL", text(&method["MaxTokenTTL"])),
-        ("Token Name Format", text(&method["TokenNameFormat"])),
-        ("Default", text(&method["Default"])),
-        ("Create Index", text(&method["CreateIndex"])),
-        ("Modify Index", text(&method["ModifyIndex"])),
+        ("Name", method.name.clone()),
+        ("Type", method.method_type.clone()),
+        ("Locality", method.token_locality.clone()),
+        ("Max Token TTL", method.max_token_ttl.clone()),
+        ("Token Name Format", method.token_name_format.clone()),
+        ("Default", method.default.to_string()),
+        ("Create Index", method.create_index.to_string()),
+        ("Modify Index", method.modify_index.to_string()),
     ]);
-    let config = &method["Config"];
+    let config = &method.config;
     println!("\nAuth Method Config\n");
-    let secret = match config["OIDCClientSecret"].as_str() {
-        Some("") | None => "<none>".to_string(),
-        Some(_) => "<redacted>".to_string(),
+    let secret = if config.oidc_client_secret.is_empty() {
+        "<none>"
+    } else {
+        "<redacted>"
     };
     print_block(&[
-        ("JWT Validation Public Keys", or_none(&config["JWTValidationPubKeys"])),
-        ("JWKS URL", or_none(&config["JWKSURL"])),
-        ("OIDC Discovery URL", or_none(&config["OIDCDiscoveryURL"])),
-        ("OIDC Client ID", or_none(&config["OIDCClientID"])),
-        ("OIDC Client Secret", secret),
-        ("OIDC Enable PKCE", text(&config["OIDCEnablePKCE"])),
-        ("OIDC Disable UserInfo", text(&config["OIDCDisableUserInfo"])),
-        ("OIDC Scopes", or_none(&config["OIDCScopes"])),
-        ("Bound audiences", or_none(&config["BoundAudiences"])),
-        ("Bound issuer", or_none(&config["BoundIssuer"])),
-        ("Allowed redirects URIs", or_none(&config["AllowedRedirectURIs"])),
-        ("Signing algorithms", or_none(&config["SigningAlgs"])),
-        ("Expiration Leeway", or_none(&config["ExpirationLeeway"])),
-        ("NotBefore Leeway", or_none(&config["NotBeforeLeeway"])),
-        ("ClockSkew Leeway", or_none(&config["ClockSkewLeeway"])),
-        ("Claim mappings", or_none(&config["ClaimMappings"])),
-        ("List claim mappings", or_none(&config["ListClaimMappings"])),
+        (
+            "JWT Validation Public Keys",
+            list_or_none(&config.jwt_validation_pub_keys),
+        ),
+        ("JWKS URL", or_none(&config.jwks_url)),
+        ("OIDC Discovery URL", or_none(&config.oidc_discovery_url)),
+        ("OIDC Client ID", or_none(&config.oidc_client_id)),
+        ("OIDC Client Secret", secret.into()),
+        ("OIDC Enable PKCE", config.oidc_enable_pkce.to_string()),
+        ("OIDC Disable UserInfo", config.oidc_disable_userinfo.to_string()),
+        ("OIDC Scopes", list_or_none(&config.oidc_scopes)),
+        ("Bound audiences", list_or_none(&config.bound_audiences)),
+        ("Bound issuer", list_or_none(&config.bound_issuer)),
+        ("Allowed redirects URIs", list_or_none(&config.allowed_redirect_uris)),
+        ("Signing algorithms", list_or_none(&config.signing_algs)),
+        ("Expiration Leeway", or_none(&config.expiration_leeway)),
+        ("NotBefore Leeway", or_none(&config.not_before_leeway)),
+        ("ClockSkew Leeway", or_none(&config.clock_skew_leeway)),
+        ("Claim mappings", map_or_none(&config.claim_mappings)),
+        ("List claim mappings", map_or_none(&config.list_claim_mappings)),
     ]);
 }
 
@@ -243,28 +250,27 @@ fn rule_body(flags: RuleFlags, id: Option<&str>) -> Value {
 pub(super) fn run_rule(api: &Api, command: BindingRuleCommand) -> Result<(), Failure> {
     match command {
         BindingRuleCommand::Create(flags) => {
-            print_rule(&api.call("POST", "/v1/acl/binding-rule", Some(&rule_body(flags, None)))?);
+            let path = "/v1/acl/binding-rule";
+            print_rule(&typed(path, &api.call("POST", path, Some(&rule_body(flags, None)))?)?);
         }
         BindingRuleCommand::Update { flags, id } => {
             let body = rule_body(flags, Some(&id));
-            print_rule(&api.call("POST", &format!("/v1/acl/binding-rule/{id}"), Some(&body))?);
+            let path = format!("/v1/acl/binding-rule/{id}");
+            print_rule(&typed(&path, &api.call("POST", &path, Some(&body))?)?);
         }
-        BindingRuleCommand::Info { id } => print_rule(&api.get(&format!("/v1/acl/binding-rule/{id}"))?),
+        BindingRuleCommand::Info { id } => print_rule(&api.get_as(&format!("/v1/acl/binding-rule/{id}"))?),
         BindingRuleCommand::List => {
-            let rules = api.get("/v1/acl/binding-rules")?;
-            let rules = rules.as_array().cloned().unwrap_or_default();
+            let rules: Vec<api::BindingRule> = api.get_as("/v1/acl/binding-rules")?;
             if rules.is_empty() {
                 println!("No ACL binding rules found");
                 return Ok(());
             }
             let mut rows = vec![["ID", "Description", "Auth Method"].map(String::from).to_vec()];
-            rows.extend(rules.iter().map(|rule| {
-                vec![
-                    text(&rule["ID"]),
-                    or_none(&rule["Description"]),
-                    text(&rule["AuthMethod"]),
-                ]
-            }));
+            rows.extend(
+                rules
+                    .into_iter()
+                    .map(|rule| vec![rule.id, or_none(&rule.description), rule.auth_method]),
+            );
             println!("{}", table(&rows));
         }
         BindingRuleCommand::Delete { id } => {
@@ -276,18 +282,18 @@ pub(super) fn run_rule(api: &Api, command: BindingRuleCommand) -> Result<(), Fai
 }
 
 /// Nomad's binding rule block.
-fn print_rule(rule: &Value) {
+fn print_rule(rule: &api::BindingRule) {
     print_block(&[
-        ("ID", text(&rule["ID"])),
-        ("Description", or_none(&rule["Description"])),
-        ("Auth Method", text(&rule["AuthMethod"])),
-        ("Selector", format!("{:?}", rule["Selector"].as_str().unwrap_or(""))),
-        ("Bind Type", text(&rule["BindType"])),
-        ("Bind Name", or_none(&rule["BindName"])),
-        ("Create Time", text(&rule["CreateTime"])),
-        ("Modify Time", text(&rule["ModifyTime"])),
-        ("Create Index", text(&rule["CreateIndex"])),
-        ("Modify Index", text(&rule["ModifyIndex"])),
+        ("ID", rule.id.clone()),
+        ("Description", or_none(&rule.description)),
+        ("Auth Method", rule.auth_method.clone()),
+        ("Selector", format!("{:?}", rule.selector)),
+        ("Bind Type", rule.bind_type.clone()),
+        ("Bind Name", or_none(&rule.bind_name)),
+        ("Create Time", rule.create_time.clone()),
+        ("Modify Time", rule.modify_time.clone()),
+        ("Create Index", rule.create_index.to_string()),
+        ("Modify Index", rule.modify_index.to_string()),
     ]);
 }
 
@@ -295,18 +301,17 @@ fn print_rule(rule: &Value) {
 const CALLBACK_WAIT: Duration = Duration::from_secs(300);
 
 pub(super) fn login(api: &Api, flags: LoginFlags) -> Result<(), Failure> {
-    let methods = api.get("/v1/acl/auth-methods")?;
-    let methods = methods.as_array().cloned().unwrap_or_default();
+    let methods: Vec<api::AuthMethodListStub> = api.get_as("/v1/acl/auth-methods")?;
     let method = match &flags.method {
-        Some(name) => methods.iter().find(|method| method["Name"] == name.as_str()),
-        None => methods.iter().find(|method| method["Default"] == true),
+        Some(name) => methods.iter().find(|method| method.name == *name),
+        None => methods.iter().find(|method| method.default),
     }
     .ok_or_else(|| match &flags.method {
         Some(name) => Failure(format!("Error: auth-method {name:?} not found"), 1),
         None => Failure("Error: no default auth method found; name one with -method".into(), 1),
     })?;
-    let name = text(&method["Name"]);
-    let method_type = flags.method_type.clone().unwrap_or_else(|| text(&method["Type"]));
+    let name = method.name.clone();
+    let method_type = flags.method_type.clone().unwrap_or_else(|| method.method_type.clone());
     let token = match method_type.to_uppercase().as_str() {
         "JWT" => {
             let login_token = flags
@@ -322,7 +327,7 @@ pub(super) fn login(api: &Api, flags: LoginFlags) -> Result<(), Failure> {
         other => return Err(Failure(format!("Error: unsupported auth method type {other:?}"), 1)),
     };
     println!("Successfully logged in via {} and {name}\n", method_type.to_uppercase());
-    super::acl::print_token(&token)
+    super::acl::print_token(&super::typed("/v1/acl/login", &token)?)
 }
 
 /// The OIDC flow: the provider's URL printed (and opened when a browser can be), its

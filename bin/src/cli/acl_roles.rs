@@ -3,7 +3,9 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{Api, Failure, table, text};
+use drover_http::api;
+
+use super::{Api, Failure, table, typed};
 
 #[derive(Debug, Subcommand)]
 pub enum RoleCommand {
@@ -63,7 +65,7 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
             }
             let body =
                 json!({"Name": name, "Description": description.unwrap_or_default(), "Policies": links(&policies)});
-            print_role(&api.call("POST", "/v1/acl/role", Some(&body))?);
+            print_role(&typed("/v1/acl/role", &api.call("POST", "/v1/acl/role", Some(&body))?)?);
             Ok(())
         }
         RoleCommand::Info { by_name, role } => {
@@ -72,7 +74,7 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
             } else {
                 format!("/v1/acl/role/{role}")
             };
-            print_role(&api.get(&path)?);
+            print_role(&api.get_as(&path)?);
             Ok(())
         }
         RoleCommand::List { prefix } => {
@@ -80,8 +82,7 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
                 Some(prefix) => format!("/v1/acl/roles?prefix={prefix}"),
                 None => "/v1/acl/roles".into(),
             };
-            let roles = api.get(&path)?;
-            let roles = roles.as_array().cloned().unwrap_or_default();
+            let roles: Vec<api::AclRole> = api.get_as(&path)?;
             if roles.is_empty() {
                 println!("No ACL roles found");
                 return Ok(());
@@ -89,9 +90,9 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
             let mut rows = vec![["ID", "Name", "Description", "Policies"].map(String::from).to_vec()];
             for role in &roles {
                 rows.push(vec![
-                    text(&role["ID"]),
-                    text(&role["Name"]),
-                    description(&role["Description"]),
+                    role.id.clone(),
+                    role.name.clone(),
+                    description(&role.description),
                     policy_names(role).join(","),
                 ]);
             }
@@ -105,10 +106,11 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
             no_merge,
             id,
         } => {
-            let held = if no_merge {
-                json!({})
+            let path = format!("/v1/acl/role/{id}");
+            let held: api::AclRole = if no_merge {
+                api::AclRole::default()
             } else {
-                api.get(&format!("/v1/acl/role/{id}"))?
+                api.get_as(&path)?
             };
             let policies = if policies.is_empty() {
                 policy_names(&held)
@@ -117,11 +119,11 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
             };
             let body = json!({
                 "ID": id,
-                "Name": name.unwrap_or_else(|| text(&held["Name"])),
-                "Description": description.unwrap_or_else(|| held["Description"].as_str().unwrap_or("").to_string()),
+                "Name": name.unwrap_or(held.name),
+                "Description": description.unwrap_or(held.description),
                 "Policies": links(&policies),
             });
-            print_role(&api.call("POST", &format!("/v1/acl/role/{id}"), Some(&body))?);
+            print_role(&typed(&path, &api.call("POST", &path, Some(&body))?)?);
             Ok(())
         }
         RoleCommand::Delete { id } => {
@@ -132,31 +134,23 @@ pub(super) fn run(api: &Api, command: RoleCommand) -> Result<(), Failure> {
     }
 }
 
-fn policy_names(role: &Value) -> Vec<String> {
-    role["Policies"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|link| text(&link["Name"]))
-        .collect()
+fn policy_names(role: &api::AclRole) -> Vec<String> {
+    role.policies.iter().map(|link| link.name.clone()).collect()
 }
 
-fn description(value: &Value) -> String {
-    match value.as_str() {
-        None | Some("") => "<none>".into(),
-        Some(text) => text.into(),
-    }
+fn description(text: &str) -> String {
+    if text.is_empty() { "<none>".into() } else { text.into() }
 }
 
 /// Nomad's role block (`formatACLRole`).
-fn print_role(role: &Value) {
+fn print_role(role: &api::AclRole) {
     let rows = [
-        ("ID", text(&role["ID"])),
-        ("Name", text(&role["Name"])),
-        ("Description", description(&role["Description"])),
+        ("ID", role.id.clone()),
+        ("Name", role.name.clone()),
+        ("Description", description(&role.description)),
         ("Policies", policy_names(role).join(",")),
-        ("Create Index", text(&role["CreateIndex"])),
-        ("Modify Index", text(&role["ModifyIndex"])),
+        ("Create Index", role.create_index.to_string()),
+        ("Modify Index", role.modify_index.to_string()),
     ];
     for (key, value) in rows {
         println!("{key:<12} = {value}");

@@ -3,9 +3,10 @@
 
 use serde_json::Value;
 
-use drover_http::api::{AllocListStub, TaskState};
+use drover_http::api::{self, AllocListStub, TaskState};
+use drover_io_real::jobs::ApiJob;
 
-use super::{Api, Failure, escape, short, table, text};
+use super::{Api, Failure, escape, short, table, text, typed};
 
 pub(super) fn resolve_alloc(api: &Api, prefix: &str) -> Result<Value, Failure> {
     let allocs = api.get(&format!("/v1/allocations?prefix={prefix}"))?;
@@ -103,21 +104,14 @@ pub(super) fn alloc_status(api: &Api, id: &str, verbose: bool) -> Result<(), Fai
 /// read-only, CSI volumes by ID and read-only (verbose: with the volume's plugin, provider,
 /// schedulability and mount options, read from the volume).
 fn task_volumes(api: &Api, alloc: &Value, task: &str, verbose: bool) -> String {
-    let job = &alloc["Job"];
-    let Some(group) = job["TaskGroups"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|group| group["Name"] == alloc["TaskGroup"])
-    else {
+    let Ok(job) = typed::<ApiJob>("the allocation's job", &alloc["Job"]) else {
         return String::new();
     };
-    let Some(spec) = group["Tasks"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .find(|spec| spec["Name"] == task)
-    else {
+    let group_name = text(&alloc["TaskGroup"]);
+    let Some(group) = job.task_groups.iter().find(|group| group.name == group_name) else {
+        return String::new();
+    };
+    let Some(spec) = group.tasks.iter().find(|spec| spec.name == task) else {
         return String::new();
     };
     let mut host = vec![vec!["ID".to_string(), "Read Only".into()]];
@@ -131,43 +125,36 @@ fn task_volumes(api: &Api, alloc: &Value, task: &str, verbose: bool) -> String {
     } else {
         vec![vec!["ID".to_string(), "Read Only".into()]]
     };
-    for mount in spec["VolumeMounts"].as_array().into_iter().flatten() {
-        let request = &group["Volumes"][text(&mount["Volume"]).as_str()];
-        let source = text(&request["Source"]);
-        let read_only = (mount["ReadOnly"] == true || request["ReadOnly"] == true).to_string();
-        match request["Type"].as_str() {
-            Some("host") => host.push(vec![source, read_only]),
-            Some("csi") if verbose => {
-                let volume = api
-                    .get(&format!(
+    for mount in &spec.volume_mounts {
+        let Some(request) = group.volumes.get(&mount.volume) else {
+            continue;
+        };
+        let source = request.source.clone();
+        let read_only = (mount.read_only || request.read_only).to_string();
+        match request.volume_type.as_str() {
+            "host" => host.push(vec![source, read_only]),
+            "csi" if verbose => {
+                let volume: Option<api::CsiVolume> = api
+                    .get_as(&format!(
                         "/v1/volume/csi/{}?namespace={}",
                         escape(&source),
                         escape(&text(&alloc["Namespace"]))
                     ))
-                    .unwrap_or_default();
-                let options = &request["MountOptions"];
-                let mount_options = if options.is_null() {
-                    "<none>".to_string()
-                } else {
-                    format!(
+                    .ok();
+                let mount_options = match &request.mount_options {
+                    None => "<none>".to_string(),
+                    Some(options) => format!(
                         "fs_type: {}; flags: {}",
-                        text(&options["FSType"]),
-                        options["MountFlags"]
-                            .as_array()
-                            .map(|flags| flags.iter().map(text).collect::<Vec<_>>().join(", "))
-                            .unwrap_or_default()
-                    )
+                        options.fs_type,
+                        options.mount_flags.join(", ")
+                    ),
                 };
-                csi.push(vec![
-                    source,
-                    text(&volume["PluginID"]),
-                    text(&volume["Provider"]),
-                    text(&volume["Schedulable"]),
-                    read_only,
-                    mount_options,
-                ]);
+                let (plugin, provider, schedulable) = volume.map_or_else(Default::default, |volume| {
+                    (volume.plugin_id, volume.provider, volume.schedulable.to_string())
+                });
+                csi.push(vec![source, plugin, provider, schedulable, read_only, mount_options]);
             }
-            Some("csi") => csi.push(vec![source, read_only]),
+            "csi" => csi.push(vec![source, read_only]),
             _ => {}
         }
     }

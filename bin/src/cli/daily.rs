@@ -516,12 +516,12 @@ fn eval_status(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
         for (group, metrics) in failed {
             println!(
                 "Task Group {group:?} (failed to place {} allocation(s)):",
-                text(&metrics["CoalescedFailures"]).parse::<u64>().unwrap_or(0) + 1
+                u64::from(metrics.coalesced_failures) + 1
             );
-            for (what, count) in metrics["DimensionExhausted"].as_object().into_iter().flatten() {
+            for (what, count) in &metrics.dimension_exhausted {
                 println!("  * Resources exhausted on {count} nodes: {what}");
             }
-            for (what, count) in metrics["ConstraintFiltered"].as_object().into_iter().flatten() {
+            for (what, count) in &metrics.constraint_filtered {
                 println!("  * Constraint {what:?}: {count} nodes excluded by filter");
             }
         }

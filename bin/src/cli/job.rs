@@ -4,9 +4,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use drover_http::api::{AllocListStub, Evaluation, JobListStub};
+use drover_http::api::{self, AllocListStub, Evaluation, JobListStub};
+use drover_io_real::jobs::ApiJob;
 
-use super::{Api, Failure, job_path, short, short_id, table, text};
+use super::{Api, Failure, job_path, short_id, table, typed};
 
 /// A jobspec file (HCL, or JSON with or without its `{"Job": ...}` wrapper) as the API's job.
 pub(super) fn read_job_file(file: &str) -> Result<Value, Failure> {
@@ -32,12 +33,13 @@ pub(super) fn job_run(api: &Api, file: &str, detach: bool, check_index: Option<u
         body["EnforceIndex"] = json!(true);
         body["JobModifyIndex"] = json!(index);
     }
-    let reply = api.call("PUT", "/v1/jobs", Some(&body))?;
-    let eval_id = text(&reply["EvalID"]);
+    let reply: api::JobRegisterResponse = typed("/v1/jobs", &api.call("PUT", "/v1/jobs", Some(&body))?)?;
+    let eval_id = reply.eval_id;
     // A periodic parent is not evaluated itself: Nomad tells when it launches instead.
     if eval_id.is_empty() {
         println!("Job registration successful");
-        if let Some(next) = super::periodic::next_launch(&job) {
+        let job: Option<ApiJob> = typed("the job file", &job).ok();
+        if let Some(next) = job.as_ref().and_then(super::periodic::next_launch) {
             println!("Approximate next launch time: {next}");
         }
         return Ok(());
@@ -47,8 +49,8 @@ pub(super) fn job_run(api: &Api, file: &str, detach: bool, check_index: Option<u
         println!("Evaluation ID: {eval_id}");
         return Ok(());
     }
-    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
-    monitor(api, &eval_id, reply["EvalCreateIndex"].as_u64().unwrap_or(0))
+    println!("==> Monitoring evaluation {:?}", short_id(&eval_id));
+    monitor(api, &eval_id, reply.eval_create_index)
 }
 
 /// Follows an evaluation (and the blocked one it leaves) until it is done; exit code 2 when
@@ -92,10 +94,10 @@ pub(super) fn monitor(api: &Api, eval_id: &str, created_at: u64) -> Result<(), F
             let queued = eval.queued_allocations.get(group).copied().unwrap_or(0);
             let plural = if queued == 1 { "" } else { "s" };
             println!("    Task Group {group:?} (failed to place {queued} allocation{plural}):");
-            for (reason, count) in metric["ConstraintFiltered"].as_object().into_iter().flatten() {
+            for (reason, count) in &metric.constraint_filtered {
                 println!("      * Constraint {reason:?}: {count} nodes excluded by filter");
             }
-            for (dimension, count) in metric["DimensionExhausted"].as_object().into_iter().flatten() {
+            for (dimension, count) in &metric.dimension_exhausted {
                 println!("      * Resources exhausted on {count} nodes");
                 println!("      * Dimension {dimension:?} exhausted on {count} nodes");
             }
@@ -142,23 +144,20 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
         }
         return Ok(());
     };
-    let job = api.job_call("GET", &job_path(id), None, id)?;
-    let summary = api.get(&format!("{}/summary", job_path(id)))?;
+    let job: ApiJob = typed(&job_path(id), &api.job_call("GET", &job_path(id), None, id)?)?;
+    let summary: api::JobSummary = api.get_as(&format!("{}/summary", job_path(id)))?;
     let mut rows = vec![
-        vec!["ID".into(), "=".into(), text(&job["ID"])],
-        vec!["Name".into(), "=".into(), text(&job["Name"])],
-        vec!["Type".into(), "=".into(), text(&job["Type"])],
-        vec!["Priority".into(), "=".into(), text(&job["Priority"])],
+        vec!["ID".into(), "=".into(), job.id.clone()],
+        vec!["Name".into(), "=".into(), job.name.clone()],
+        vec!["Type".into(), "=".into(), job.job_type.clone()],
         vec![
-            "Datacenters".into(),
+            "Priority".into(),
             "=".into(),
-            job["Datacenters"]
-                .as_array()
-                .map(|d| d.iter().map(text).collect::<Vec<_>>().join(","))
-                .unwrap_or_default(),
+            job.priority.map(|priority| priority.to_string()).unwrap_or_default(),
         ],
-        vec!["Status".into(), "=".into(), text(&job["Status"])],
-        vec!["Version".into(), "=".into(), text(&job["Version"])],
+        vec!["Datacenters".into(), "=".into(), job.datacenters.join(",")],
+        vec!["Status".into(), "=".into(), job.status.clone()],
+        vec!["Version".into(), "=".into(), job.version.to_string()],
     ];
     let parent = super::periodic::is_parent(&job);
     if parent {
@@ -185,15 +184,15 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
         .map(|h| h.to_string())
         .collect::<Vec<_>>(),
     ];
-    for (group, counts) in summary["Summary"].as_object().into_iter().flatten() {
+    for (group, counts) in summary.summary {
         rows.push(vec![
-            group.clone(),
-            text(&counts["Queued"]),
-            text(&counts["Starting"]),
-            text(&counts["Running"]),
-            text(&counts["Failed"]),
-            text(&counts["Complete"]),
-            text(&counts["Lost"]),
+            group,
+            counts.queued.to_string(),
+            counts.starting.to_string(),
+            counts.running.to_string(),
+            counts.failed.to_string(),
+            counts.complete.to_string(),
+            counts.lost.to_string(),
         ]);
     }
     println!("{}", table(&rows));
@@ -225,11 +224,8 @@ pub(super) fn job_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
 }
 
 pub(super) fn job_stop(api: &Api, id: &str, purge: bool) -> Result<(), Failure> {
-    let reply = api.job_call("DELETE", &format!("{}?purge={purge}", job_path(id)), None, id)?;
-    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
-    monitor(
-        api,
-        &text(&reply["EvalID"]),
-        reply["EvalCreateIndex"].as_u64().unwrap_or(0),
-    )
+    let path = format!("{}?purge={purge}", job_path(id));
+    let reply: api::JobDeregisterResponse = typed(&path, &api.job_call("DELETE", &path, None, id)?)?;
+    println!("==> Monitoring evaluation {:?}", short_id(&reply.eval_id));
+    monitor(api, &reply.eval_id, reply.eval_create_index)
 }

@@ -5,7 +5,11 @@
 
 use serde_json::{Value, json};
 
-use super::{Api, Failure, text};
+use std::collections::BTreeMap;
+
+use drover_http::api;
+
+use super::{Api, Failure, text, typed};
 
 fn marker(kind: &str) -> &'static str {
     match kind {
@@ -106,34 +110,25 @@ pub fn diff_lines(diff: &Value) -> Vec<String> {
 }
 
 /// The dry run's verdict: placed in full, or what could not be placed and why.
-fn dry_run_lines(failed: &Value) -> Vec<String> {
-    let Some(groups) = failed.as_object().filter(|groups| !groups.is_empty()) else {
+fn dry_run_lines(failed: Option<&BTreeMap<String, api::AllocMetric>>) -> Vec<String> {
+    let Some(groups) = failed.filter(|groups| !groups.is_empty()) else {
         return vec!["- All tasks successfully allocated.".into()];
     };
     let mut out = vec!["- WARNING: Failed to place all allocations.".to_string()];
     for (group, metric) in groups {
-        let failures = metric["CoalescedFailures"].as_u64().unwrap_or(0) + 1;
+        let failures = u64::from(metric.coalesced_failures) + 1;
         let noun = if failures == 1 { "allocation" } else { "allocations" };
         out.push(format!("  Task Group {group:?} (failed to place {failures} {noun}):"));
-        for (reason, count) in metric["ConstraintFiltered"].as_object().into_iter().flatten() {
-            out.push(format!(
-                "    * Constraint {reason:?}: {} nodes excluded by filter",
-                text(count)
-            ));
+        for (reason, count) in &metric.constraint_filtered {
+            out.push(format!("    * Constraint {reason:?}: {count} nodes excluded by filter"));
         }
-        if metric["NodesExhausted"].as_u64().unwrap_or(0) > 0 {
-            out.push(format!(
-                "    * Resources exhausted on {} nodes",
-                text(&metric["NodesExhausted"])
-            ));
+        if metric.nodes_exhausted > 0 {
+            out.push(format!("    * Resources exhausted on {} nodes", metric.nodes_exhausted));
         }
-        for (dimension, count) in metric["DimensionExhausted"].as_object().into_iter().flatten() {
-            out.push(format!(
-                "    * Dimension {dimension:?} exhausted on {} nodes",
-                text(count)
-            ));
+        for (dimension, count) in &metric.dimension_exhausted {
+            out.push(format!("    * Dimension {dimension:?} exhausted on {count} nodes"));
         }
-        if metric["NodesEvaluated"].as_u64() == Some(0) {
+        if metric.nodes_evaluated == 0 {
             out.push("    * No nodes were eligible for evaluation".into());
         }
     }
@@ -141,36 +136,36 @@ fn dry_run_lines(failed: &Value) -> Vec<String> {
 }
 
 /// Whether the plan creates or destroys allocations (Nomad's exit code 1).
-fn changes(plan: &Value) -> bool {
-    plan["Annotations"]["DesiredTGUpdates"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .any(|(_, updates)| {
-            ["Place", "Stop", "Migrate", "DestructiveUpdate", "Canary"]
-                .iter()
-                .any(|key| updates[*key].as_u64().unwrap_or(0) > 0)
-        })
+fn changes(plan: &api::JobPlanResponse) -> bool {
+    plan.annotations.desired_tg_updates.values().any(|updates| {
+        [
+            updates.place,
+            updates.stop,
+            updates.migrate,
+            updates.destructive_update,
+            updates.canary,
+        ]
+        .iter()
+        .any(|count| *count > 0)
+    })
 }
 
 pub(super) fn job_plan(api: &Api, file: &str, diff: bool) -> Result<(), Failure> {
     let job = super::job::read_job_file(file).map_err(|Failure(message, _)| Failure(message, 255))?;
     let id = text(&job["ID"]);
-    let plan = api
-        .call(
-            "PUT",
-            &format!("/v1/job/{id}/plan"),
-            Some(&json!({"Job": job, "Diff": diff})),
-        )
+    let path = format!("/v1/job/{id}/plan");
+    let plan: api::JobPlanResponse = api
+        .call("PUT", &path, Some(&json!({"Job": job, "Diff": diff})))
+        .and_then(|answer| typed(&path, &answer))
         .map_err(|Failure(message, _)| Failure(format!("Error during plan: {message}"), 255))?;
     if diff {
-        println!("{}", diff_lines(&plan["Diff"]).join("\n"));
+        println!("{}", diff_lines(&plan.diff).join("\n"));
         println!();
     }
     println!("Scheduler dry-run:");
-    println!("{}", dry_run_lines(&plan["FailedTGAllocs"]).join("\n"));
+    println!("{}", dry_run_lines(plan.failed_tg_allocs.as_ref()).join("\n"));
     println!();
-    let index = text(&plan["JobModifyIndex"]);
+    let index = plan.job_modify_index;
     println!("Job Modify Index: {index}");
     println!("To submit the job with version verification run:");
     println!();
@@ -223,10 +218,12 @@ mod tests {
 
     #[test]
     fn a_failed_placement_is_a_warning_with_its_reasons() {
-        let failed = json!({"cache": {"CoalescedFailures": 1, "NodesEvaluated": 2, "NodesExhausted": 2,
-            "ConstraintFiltered": {}, "DimensionExhausted": {"memory": 2}}});
+        let failed: BTreeMap<String, api::AllocMetric> = serde_json::from_value(json!({"cache": {
+            "CoalescedFailures": 1, "NodesEvaluated": 2, "NodesExhausted": 2,
+            "ConstraintFiltered": {}, "DimensionExhausted": {"memory": 2}}}))
+        .unwrap();
         assert_eq!(
-            dry_run_lines(&failed),
+            dry_run_lines(Some(&failed)),
             vec![
                 "- WARNING: Failed to place all allocations.",
                 "  Task Group \"cache\" (failed to place 2 allocations):",
@@ -234,6 +231,6 @@ mod tests {
                 "    * Dimension \"memory\" exhausted on 2 nodes",
             ]
         );
-        assert_eq!(dry_run_lines(&Value::Null), vec!["- All tasks successfully allocated."]);
+        assert_eq!(dry_run_lines(None), vec!["- All tasks successfully allocated."]);
     }
 }

@@ -8,8 +8,10 @@ use base64::Engine;
 use serde_json::Value;
 
 use super::alloc::resolve_alloc;
-use super::{Api, Failure, table, text};
+use super::{Api, Failure, table, text, typed};
 use drover_core::humanize::ibytes;
+use drover_http::api;
+use drover_io_real::jobs::ApiJob;
 
 /// Nomad's CLI reads about this many bytes per line it is asked to tail.
 const BYTES_PER_LINE: u64 = 120;
@@ -30,13 +32,13 @@ pub(super) fn task_of(alloc: &Value, named: Option<String>) -> Result<String, Fa
         return Ok(task);
     }
     let group = text(&alloc["TaskGroup"]);
-    let tasks: Vec<String> = alloc["Job"]["TaskGroups"]
-        .as_array()
+    let job: ApiJob = typed("the allocation's job", &alloc["Job"]).unwrap_or_default();
+    let tasks: Vec<String> = job
+        .task_groups
         .into_iter()
-        .flatten()
-        .filter(|candidate| candidate["Name"] == group.as_str())
-        .flat_map(|group| group["Tasks"].as_array().cloned().unwrap_or_default())
-        .map(|task| text(&task["Name"]))
+        .filter(|candidate| candidate.name == group)
+        .flat_map(|group| group.tasks)
+        .map(|task| task.name)
         .collect();
     let tasks = if tasks.is_empty() {
         alloc["TaskStates"]
@@ -91,7 +93,7 @@ pub(super) fn alloc_logs(api: &Api, id: &str, options: LogsOptions) -> Result<()
         }
         Err(error) => return Err(Failure(format!("Error querying {url}: {error}"), 1)),
     };
-    let frames = serde_json::Deserializer::from_reader(response.into_reader()).into_iter::<Value>();
+    let frames = serde_json::Deserializer::from_reader(response.into_reader()).into_iter::<api::StreamFrame>();
     let mut out = std::io::stdout().lock();
     // With -tail and no -c, whole lines only: the last N of what the first read returns (the
     // window asked for), then, following, everything after it.
@@ -101,7 +103,7 @@ pub(super) fn alloc_logs(api: &Api, id: &str, options: LogsOptions) -> Result<()
     for frame in frames {
         let frame = frame.map_err(|error| Failure(format!("Error reading the log stream: {error}"), 1))?;
         let data = base64::engine::general_purpose::STANDARD
-            .decode(text(&frame["Data"]))
+            .decode(&frame.data)
             .map_err(|error| Failure(format!("Error decoding the log stream: {error}"), 1))?;
         let window = std::mem::replace(&mut first, false);
         let data = match whole_lines {
@@ -140,11 +142,11 @@ pub(super) fn alloc_fs(api: &Api, id: &str, path: Option<&str>, stat: bool) -> R
     let alloc_id = text(&alloc["ID"]);
     let path = path.unwrap_or("/");
     let query = |endpoint: &str| format!("/v1/client/fs/{endpoint}/{alloc_id}?path={path}");
-    let info = api.get(&query("stat"))?;
-    let rows = if stat {
+    let info: api::AllocFileInfo = api.get_as(&query("stat"))?;
+    let rows: Vec<api::AllocFileInfo> = if stat {
         vec![info]
-    } else if info["IsDir"] == true {
-        api.get(&query("ls"))?.as_array().cloned().unwrap_or_default()
+    } else if info.is_dir {
+        api.get_as(&query("ls"))?
     } else {
         let url = format!("{}{}", api.base, query("cat"));
         let response = api
@@ -162,12 +164,11 @@ pub(super) fn alloc_fs(api: &Api, id: &str, path: Option<&str>, stat: bool) -> R
         "Name".into(),
     ]];
     for row in rows {
-        let name = text(&row["Name"]);
-        let name = if row["IsDir"] == true { format!("{name}/") } else { name };
-        let modified = text(&row["ModTime"]);
+        let name = if row.is_dir { format!("{}/", row.name) } else { row.name };
+        let modified = row.mod_time;
         table_rows.push(vec![
-            text(&row["FileMode"]),
-            ibytes(row["Size"].as_u64().unwrap_or(0)),
+            row.file_mode,
+            ibytes(row.size),
             modified
                 .split('.')
                 .next()

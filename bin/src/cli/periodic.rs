@@ -1,34 +1,35 @@
 //! Periodic jobs at the command line: `job periodic force`, the next launch `job run` prints
 //! for a periodic job, and the parent's sections of `job status` (Nomad's layout).
 
-use serde_json::Value;
+use drover_http::api;
+use drover_io_real::jobs::ApiJob;
 
-use super::{Api, Failure, job_path, short, table, text};
+use super::{Api, Failure, job_path, short_id, table, typed};
 use drover_core::periodic::Calendar as _;
 
 /// `job periodic force [-detach] <job>`.
 pub(super) fn force(api: &Api, id: &str, detach: bool) -> Result<(), Failure> {
-    let reply = api.job_call("PUT", &format!("{}/periodic/force", job_path(id)), None, id)?;
-    let eval_id = text(&reply["EvalID"]);
+    let path = format!("{}/periodic/force", job_path(id));
+    let reply: api::PeriodicForceResponse = typed(&path, &api.job_call("PUT", &path, None, id)?)?;
     if detach {
         println!("Force periodic successful");
-        println!("Evaluation ID: {eval_id}");
+        println!("Evaluation ID: {}", reply.eval_id);
         return Ok(());
     }
-    println!("==> Monitoring evaluation {:?}", short(&reply["EvalID"]));
-    super::job::monitor(api, &eval_id, reply["EvalCreateIndex"].as_u64().unwrap_or(0))
+    println!("==> Monitoring evaluation {:?}", short_id(&reply.eval_id));
+    super::job::monitor(api, &reply.eval_id, reply.eval_create_index)
 }
 
 /// The job's periodic block as the core reads it (None unless enabled).
-fn config(job: &Value) -> Option<drover_core::structs::PeriodicConfig> {
-    let api: drover_io_real::jobs::ApiPeriodicConfig = serde_json::from_value(job["Periodic"].clone()).ok()?;
-    let job_type = drover_core::structs::JobType::parse(&text(&job["Type"]))?;
-    let config = api.to_config(job_type, &mut Vec::new());
+fn config(job: &ApiJob) -> Option<drover_core::structs::PeriodicConfig> {
+    let periodic = job.periodic.as_ref()?;
+    let job_type = drover_core::structs::JobType::parse(&job.job_type)?;
+    let config = periodic.to_config(job_type, &mut Vec::new());
     config.enabled.then_some(config)
 }
 
 /// When the job launches next, from now: `2026-11-28T06:00:00Z (4m10s from now)`.
-pub(super) fn next_launch(job: &Value) -> Option<String> {
+pub(super) fn next_launch(job: &ApiJob) -> Option<String> {
     let config = config(job)?;
     let now = drover_io_real::clock::unix_millis();
     let next = drover_io_real::periodic::CronCalendar.next_after(&config, now)?;
@@ -41,18 +42,23 @@ pub(super) fn next_launch(job: &Value) -> Option<String> {
 }
 
 /// Whether the job only launches children: a periodic or parameterized parent.
-pub(super) fn is_parent(job: &Value) -> bool {
-    job["Periodic"].is_object() || (job["ParameterizedJob"].is_object() && job["Dispatched"] != true)
+pub(super) fn is_parent(job: &ApiJob) -> bool {
+    job.periodic.is_some() || parameterized_parent(job)
+}
+
+/// Whether the job is a parameterized parent (not one of its dispatched children).
+fn parameterized_parent(job: &ApiJob) -> bool {
+    job.parameterized_job.is_some() && !job.dispatched
 }
 
 /// The rows of `job status` a parent adds to the job's own.
-pub(super) fn status_rows(job: &Value) -> Vec<Vec<String>> {
+pub(super) fn status_rows(job: &ApiJob) -> Vec<Vec<String>> {
     let mut rows = vec![
-        vec!["Periodic".into(), "=".into(), job["Periodic"].is_object().to_string()],
+        vec!["Periodic".into(), "=".into(), job.periodic.is_some().to_string()],
         vec![
             "Parameterized".into(),
             "=".into(),
-            (job["ParameterizedJob"].is_object() && job["Dispatched"] != true).to_string(),
+            parameterized_parent(job).to_string(),
         ],
     ];
     if let Some(next) = next_launch(job) {
@@ -62,28 +68,22 @@ pub(super) fn status_rows(job: &Value) -> Vec<Vec<String>> {
 }
 
 /// A parent's children, in place of allocations: their summary and the launched jobs.
-pub(super) fn children_sections(api: &Api, job: &Value, summary: &Value) -> Result<String, Failure> {
-    let children = &summary["Children"];
+pub(super) fn children_sections(api: &Api, job: &ApiJob, summary: &api::JobSummary) -> Result<String, Failure> {
+    let children = &summary.children;
     let mut out = String::from("Children Job Summary\n");
     out.push_str(&table(&[
         vec!["Pending".into(), "Running".into(), "Dead".into()],
         vec![
-            text(&children["Pending"]),
-            text(&children["Running"]),
-            text(&children["Dead"]),
+            children.pending.to_string(),
+            children.running.to_string(),
+            children.dead.to_string(),
         ],
     ]));
-    let id = text(&job["ID"]);
-    let prefix = format!("{id}/");
-    let jobs = api.get(&format!("/v1/jobs?prefix={}", super::escape(&prefix)))?;
+    let prefix = format!("{}/", job.id);
+    let jobs: Vec<api::JobListStub> = api.get_as(&format!("/v1/jobs?prefix={}", super::escape(&prefix)))?;
     let mut rows = vec![vec!["ID".into(), "Status".into()]];
-    for child in jobs
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|child| child["ParentID"] == id.as_str())
-    {
-        rows.push(vec![text(&child["ID"]), text(&child["Status"])]);
+    for child in jobs.into_iter().filter(|child| child.parent_id == job.id) {
+        rows.push(vec![child.id, child.status]);
     }
     out.push_str("\n\nPreviously Launched Jobs\n");
     if rows.len() == 1 {

@@ -1,9 +1,11 @@
 //! `agent server members` and `agent operator raft list-peers`.
 
+use drover_http::api;
+
 use super::{Api, Failure, table, text};
 
 pub(super) fn server_members(api: &Api) -> Result<(), Failure> {
-    let members = api.get("/v1/agent/members")?;
+    let members: api::ServerMembers = api.get_as("/v1/agent/members")?;
     let leader = api.get("/v1/status/leader").map(|v| text(&v)).unwrap_or_default();
     let mut rows = vec![
         [
@@ -21,19 +23,19 @@ pub(super) fn server_members(api: &Api) -> Result<(), Failure> {
         .map(|h| h.to_string())
         .collect::<Vec<_>>(),
     ];
-    for member in members["Members"].as_array().into_iter().flatten() {
-        let tags = &member["Tags"];
-        let is_leader = !leader.is_empty() && leader == format!("{}:{}", text(&member["Addr"]), text(&tags["port"]));
+    for member in members.members {
+        let tag = |key: &str| member.tags.get(key).cloned().unwrap_or_default();
+        let is_leader = !leader.is_empty() && leader == format!("{}:{}", member.addr, tag("port"));
         rows.push(vec![
-            text(&member["Name"]),
-            text(&member["Addr"]),
-            text(&member["Port"]),
-            text(&member["Status"]),
+            member.name.clone(),
+            member.addr.clone(),
+            member.port.to_string(),
+            member.status.clone(),
             is_leader.to_string(),
             "3".into(),
-            text(&tags["build"]),
-            text(&tags["dc"]),
-            text(&tags["region"]),
+            tag("build"),
+            tag("dc"),
+            tag("region"),
         ]);
     }
     println!("{}", table(&rows));
@@ -41,26 +43,22 @@ pub(super) fn server_members(api: &Api) -> Result<(), Failure> {
 }
 
 pub(super) fn list_peers(api: &Api) -> Result<(), Failure> {
-    let configuration = api.get("/v1/operator/raft/configuration")?;
+    let configuration: api::RaftConfiguration = api.get_as("/v1/operator/raft/configuration")?;
     let mut rows = vec![
         ["Node", "ID", "Address", "State", "Voter", "RaftProtocol"]
             .iter()
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
     ];
-    for server in configuration["Servers"].as_array().into_iter().flatten() {
-        let state = if server["Leader"].as_bool().unwrap_or(false) {
-            "leader"
-        } else {
-            "follower"
-        };
+    for server in configuration.servers {
+        let state = if server.leader { "leader" } else { "follower" };
         rows.push(vec![
-            text(&server["Node"]),
-            text(&server["ID"]),
-            text(&server["Address"]),
+            server.node,
+            server.id,
+            server.address,
             state.into(),
-            text(&server["Voter"]),
-            text(&server["RaftProtocol"]),
+            server.voter.to_string(),
+            server.raft_protocol,
         ]);
     }
     println!("{}", table(&rows));

@@ -2,8 +2,9 @@
 
 use serde_json::{Value, json};
 
-use super::{Api, Failure, short, table, text, volume_snapshot};
+use super::{Api, Failure, short_id, table, text, typed, volume_snapshot};
 use drover_core::humanize::ibytes;
+use drover_http::api;
 
 /// A volume spec file (`id`, `name`, `type = "csi"`, `plugin_id`, `external_id`,
 /// `capability { access_mode attachment_mode }`, `mount_options`, `secrets`, `parameters`,
@@ -130,12 +131,9 @@ pub(super) fn volume_create(api: &Api, file: &str) -> Result<(), Failure> {
         &format!("/v1/volume/csi/{id}/create"),
         Some(&json!({ "Volumes": [volume] })),
     )?;
-    for created in answer["Volumes"].as_array().into_iter().flatten() {
-        println!(
-            "Created external volume {} with ID {}",
-            text(&created["ExternalID"]),
-            text(&created["ID"])
-        );
+    let created: Vec<api::CsiVolume> = typed("the volume create answer", &answer["Volumes"])?;
+    for volume in created {
+        println!("Created external volume {} with ID {}", volume.external_id, volume.id);
     }
     Ok(())
 }
@@ -173,69 +171,64 @@ pub(super) fn strip_nulls(value: Value) -> Value {
 
 pub(super) fn volume_status(api: &Api, id: Option<&str>, verbose: bool) -> Result<(), Failure> {
     let Some(id) = id else {
-        let volumes = api.get("/v1/volumes?type=csi")?;
+        let volumes: Vec<api::CsiVolumeListStub> = api.get_as("/v1/volumes?type=csi")?;
         let mut rows = vec![
             ["ID", "Name", "Plugin ID", "Schedulable", "Access Mode"]
                 .iter()
                 .map(|h| h.to_string())
                 .collect::<Vec<_>>(),
         ];
-        for volume in volumes.as_array().into_iter().flatten() {
+        for volume in volumes {
             rows.push(vec![
-                text(&volume["ID"]),
-                text(&volume["Name"]),
-                text(&volume["PluginID"]),
-                text(&volume["Schedulable"]),
-                text(&volume["AccessMode"]),
+                volume.id,
+                volume.name,
+                volume.plugin_id,
+                volume.schedulable.to_string(),
+                volume.access_mode,
             ]);
         }
         println!("{}", table(&rows));
         return if verbose { external_listings(api) } else { Ok(()) };
     };
-    let volume = api.get(&format!("/v1/volume/csi/{id}"))?;
-    let field = |key: &str| text(&volume[key]);
-    let mount_options = match volume["MountOptions"].as_object() {
-        Some(options) if options.values().any(|value| !value.is_null()) => {
-            format!(
-                "fs_type: {} flags: {}",
-                text(&options["FSType"]),
-                text(&options["MountFlags"])
-            )
-        }
-        _ => "<none>".into(),
+    let volume: api::CsiVolume = api.get_as(&format!("/v1/volume/csi/{id}"))?;
+    let mount_options = match &volume.mount_options {
+        Some(options) => format!(
+            "fs_type: {} flags: {}",
+            options.fs_type,
+            serde_json::to_string(&options.mount_flags)?
+        ),
+        None => "<none>".into(),
     };
     let rows: Vec<(&str, String)> = vec![
-        ("ID", field("ID")),
-        ("Name", field("Name")),
-        ("Namespace", field("Namespace")),
-        ("External ID", field("ExternalID")),
-        ("Plugin ID", field("PluginID")),
-        ("Provider", field("Provider")),
-        ("Version", field("ProviderVersion")),
-        ("Capacity", ibytes(volume["Capacity"].as_u64().unwrap_or(0))),
-        ("Schedulable", field("Schedulable")),
-        ("Controllers Healthy", field("ControllersHealthy")),
-        ("Controllers Expected", field("ControllersExpected")),
-        ("Nodes Healthy", field("NodesHealthy")),
-        ("Nodes Expected", field("NodesExpected")),
-        ("Access Mode", field("AccessMode")),
-        ("Attachment Mode", field("AttachmentMode")),
+        ("ID", volume.id.clone()),
+        ("Name", volume.name.clone()),
+        ("Namespace", volume.namespace.clone()),
+        ("External ID", volume.external_id.clone()),
+        ("Plugin ID", volume.plugin_id.clone()),
+        ("Provider", volume.provider.clone()),
+        ("Version", volume.provider_version.clone()),
+        ("Capacity", ibytes(volume.capacity)),
+        ("Schedulable", volume.schedulable.to_string()),
+        ("Controllers Healthy", volume.controllers_healthy.to_string()),
+        ("Controllers Expected", volume.controllers_expected.to_string()),
+        ("Nodes Healthy", volume.nodes_healthy.to_string()),
+        ("Nodes Expected", volume.nodes_expected.to_string()),
+        ("Access Mode", volume.access_mode.clone()),
+        ("Attachment Mode", volume.attachment_mode.clone()),
         ("Mount Options", mount_options),
     ];
     for (key, value) in rows {
         println!("{key:<20} = {value}");
     }
-    let topologies: Vec<Vec<String>> = volume["Topologies"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let topologies: Vec<Vec<String>> = volume
+        .topologies
+        .iter()
         .enumerate()
         .map(|(at, topology)| {
-            let segments: Vec<String> = topology["Segments"]
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(key, value)| format!("{key}={}", text(value)))
+            let segments: Vec<String> = topology
+                .segments
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
                 .collect();
             vec![format!("{:02}", at + 1), segments.join(", ")]
         })
@@ -254,18 +247,18 @@ pub(super) fn volume_status(api: &Api, id: Option<&str>, verbose: bool) -> Resul
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
     ];
-    for alloc in volume["Allocations"].as_array().into_iter().flatten() {
-        let mode = if volume["WriteAllocs"].get(text(&alloc["ID"])).is_some() {
+    for alloc in &volume.allocations {
+        let mode = if volume.write_allocs.contains_key(&alloc.id) {
             "write"
         } else {
             "read"
         };
         rows.push(vec![
-            short(&alloc["ID"]),
-            short(&alloc["NodeID"]),
+            short_id(&alloc.id),
+            short_id(&alloc.node_id),
             mode.into(),
-            text(&alloc["DesiredStatus"]),
-            text(&alloc["ClientStatus"]),
+            alloc.desired_status.clone(),
+            alloc.client_status.clone(),
         ]);
     }
     if rows.len() == 1 {
@@ -279,15 +272,13 @@ pub(super) fn volume_status(api: &Api, id: Option<&str>, verbose: bool) -> Resul
 /// Each healthy controller plugin's external volumes (Nomad's `volume status -verbose`): a
 /// plugin that cannot list is reported and skipped, and the command then fails.
 fn external_listings(api: &Api) -> Result<(), Failure> {
-    let plugins = api.get("/v1/plugins?type=csi")?;
+    let plugins: Vec<api::CsiPluginListStub> = api.get_as("/v1/plugins?type=csi")?;
     let mut failed = None;
-    for plugin in plugins.as_array().into_iter().flatten() {
-        if !plugin["ControllerRequired"].as_bool().unwrap_or(false)
-            || plugin["ControllersHealthy"].as_u64().unwrap_or(0) < 1
-        {
+    for plugin in plugins {
+        if !plugin.controller_required || plugin.controllers_healthy < 1 {
             continue;
         }
-        let id = text(&plugin["ID"]);
+        let id = plugin.id;
         match volume_snapshot::external_volumes(api, &id) {
             Ok(Some(listing)) => println!("\n{listing}"),
             Ok(None) => {}
@@ -302,7 +293,7 @@ fn external_listings(api: &Api) -> Result<(), Failure> {
 
 pub(super) fn plugin_status(api: &Api, id: Option<&str>) -> Result<(), Failure> {
     let Some(id) = id else {
-        let plugins = api.get("/v1/plugins?type=csi")?;
+        let plugins: Vec<api::CsiPluginListStub> = api.get_as("/v1/plugins?type=csi")?;
         let mut rows = vec![
             [
                 "ID",
@@ -314,56 +305,45 @@ pub(super) fn plugin_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
         ];
-        for plugin in plugins.as_array().into_iter().flatten() {
+        for plugin in plugins {
             rows.push(vec![
-                text(&plugin["ID"]),
-                text(&plugin["Provider"]),
-                format!(
-                    "{}/{}",
-                    text(&plugin["ControllersHealthy"]),
-                    text(&plugin["ControllersExpected"])
-                ),
-                format!("{}/{}", text(&plugin["NodesHealthy"]), text(&plugin["NodesExpected"])),
+                plugin.id,
+                plugin.provider,
+                format!("{}/{}", plugin.controllers_healthy, plugin.controllers_expected),
+                format!("{}/{}", plugin.nodes_healthy, plugin.nodes_expected),
             ]);
         }
         println!("{}", table(&rows));
         return Ok(());
     };
-    let plugin = api.get(&format!("/v1/plugin/csi/{id}"))?;
-    println!(
-        "{}",
-        table(&[
-            vec!["ID".into(), "=".into(), text(&plugin["ID"])],
-            vec!["Provider".into(), "=".into(), text(&plugin["Provider"])],
-            vec!["Version".into(), "=".into(), text(&plugin["Version"])],
-            vec![
-                "Controllers Healthy".into(),
-                "=".into(),
-                text(&plugin["ControllersHealthy"])
-            ],
-            vec![
-                "Controllers Expected".into(),
-                "=".into(),
-                text(&plugin["ControllersExpected"])
-            ],
-            vec!["Nodes Healthy".into(), "=".into(), text(&plugin["NodesHealthy"])],
-            vec!["Nodes Expected".into(), "=".into(), text(&plugin["NodesExpected"])],
-        ])
-        .replace("  =  ", " = ")
-    );
-    let volumes = api.get(&format!("/v1/volumes?type=csi&plugin_id={id}"))?;
+    let plugin: api::CsiPlugin = api.get_as(&format!("/v1/plugin/csi/{id}"))?;
+    let facts = [
+        ("ID", plugin.id.clone()),
+        ("Provider", plugin.provider.clone()),
+        ("Version", plugin.version.clone()),
+        ("Controllers Healthy", plugin.controllers_healthy.to_string()),
+        ("Controllers Expected", plugin.controllers_expected.to_string()),
+        ("Nodes Healthy", plugin.nodes_healthy.to_string()),
+        ("Nodes Expected", plugin.nodes_expected.to_string()),
+    ];
+    let rows: Vec<Vec<String>> = facts
+        .into_iter()
+        .map(|(key, value)| vec![key.into(), "=".into(), value])
+        .collect();
+    println!("{}", table(&rows).replace("  =  ", " = "));
+    let volumes: Vec<api::CsiVolumeListStub> = api.get_as(&format!("/v1/volumes?type=csi&plugin_id={id}"))?;
     let mut rows = vec![
         ["ID", "Name", "Schedulable", "Access Mode"]
             .iter()
             .map(|h| h.to_string())
             .collect::<Vec<_>>(),
     ];
-    for volume in volumes.as_array().into_iter().flatten() {
+    for volume in volumes {
         rows.push(vec![
-            text(&volume["ID"]),
-            text(&volume["Name"]),
-            text(&volume["Schedulable"]),
-            text(&volume["AccessMode"]),
+            volume.id,
+            volume.name,
+            volume.schedulable.to_string(),
+            volume.access_mode,
         ]);
     }
     println!("\nVolumes");
@@ -373,11 +353,11 @@ pub(super) fn plugin_status(api: &Api, id: Option<&str>) -> Result<(), Failure> 
         println!("{}", table(&rows));
     }
     // The plugin's own listing, registered or not, when its controller can list.
-    let lists = plugin["Controllers"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .any(|(_, info)| info["ControllerInfo"]["SupportsListVolumes"].as_bool().unwrap_or(false));
+    let lists = plugin.controllers.values().any(|info| {
+        info.controller_info
+            .as_ref()
+            .is_some_and(|controller| controller.supports_list_volumes)
+    });
     if lists {
         println!("\nExternal Volumes");
         match volume_snapshot::external_volumes(api, id)? {

@@ -5,7 +5,9 @@
 use clap::Subcommand;
 use serde_json::{Value, json};
 
-use super::{Api, Failure, table, text};
+use drover_http::api;
+
+use super::{Api, Failure, table, text, typed};
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
@@ -79,7 +81,7 @@ fn limit(value: &str, length: usize) -> String {
 }
 
 /// Nomad's snapshot table: `Snapshot ID  Volume ID  Size  Create Time  Ready?`.
-fn snapshot_table(snapshots: &[Value], verbose: bool) -> String {
+fn snapshot_table(snapshots: &[api::CsiSnapshot], verbose: bool) -> String {
     let length = if verbose { 30 } else { 12 };
     let mut rows = vec![
         ["Snapshot ID", "Volume ID", "Size", "Create Time", "Ready?"]
@@ -88,13 +90,13 @@ fn snapshot_table(snapshots: &[Value], verbose: bool) -> String {
             .collect::<Vec<_>>(),
     ];
     for snapshot in snapshots {
-        let seconds = snapshot["CreateTime"].as_u64().unwrap_or(0);
+        let seconds = u64::try_from(snapshot.create_time).unwrap_or(0);
         rows.push(vec![
-            text(&snapshot["ID"]),
-            limit(&text(&snapshot["ExternalSourceVolumeID"]), length),
-            drover_core::humanize::ibytes(snapshot["SizeBytes"].as_u64().unwrap_or(0)),
-            drover_http::rfc3339(seconds * 1000).replace(".000Z", "Z"),
-            text(&snapshot["IsReady"]),
+            snapshot.id.clone(),
+            limit(&snapshot.external_source_volume_id, length),
+            drover_core::humanize::ibytes(snapshot.size_bytes),
+            drover_http::rfc3339(seconds.saturating_mul(1000)).replace(".000Z", "Z"),
+            snapshot.is_ready.to_string(),
         ]);
     }
     table(&rows)
@@ -123,9 +125,9 @@ pub(super) fn run(api: &Api, command: SnapshotCommand) -> Result<(), Failure> {
                 "Parameters": pairs("parameter", &parameters)?,
                 "Secrets": pairs("secret", &secrets)?,
             }]});
-            let answer = api.call("PUT", "/v1/volumes/snapshot", Some(&body))?;
-            let made: Vec<Value> = answer["Snapshots"].as_array().cloned().unwrap_or_default();
-            println!("{}", snapshot_table(&made, verbose));
+            let path = "/v1/volumes/snapshot";
+            let made: api::CsiSnapshotListResponse = typed(path, &api.call("PUT", path, Some(&body))?)?;
+            println!("{}", snapshot_table(&made.snapshots, verbose));
             Ok(())
         }
         SnapshotCommand::Delete {
@@ -157,14 +159,14 @@ pub(super) fn run(api: &Api, command: SnapshotCommand) -> Result<(), Failure> {
             if let Some(token) = page_token {
                 path.push_str(&format!("&next_token={token}"));
             }
-            let answer = api.call_with_headers("GET", &path, None, &headers)?;
-            let snapshots: Vec<Value> = answer["Snapshots"].as_array().cloned().unwrap_or_default();
-            if snapshots.is_empty() {
+            let page: api::CsiSnapshotListResponse =
+                typed(&path, &api.call_with_headers("GET", &path, None, &headers)?)?;
+            if page.snapshots.is_empty() {
                 println!("No snapshots found");
             } else {
-                println!("{}", snapshot_table(&snapshots, verbose));
+                println!("{}", snapshot_table(&page.snapshots, verbose));
             }
-            let next = text(&answer["NextToken"]);
+            let next = page.next_token;
             if !next.is_empty() {
                 println!(
                     "\nResults have been paginated. To get the next page run:\n\nagent volume snapshot list --plugin {plugin_id} --page-token {next}"
@@ -177,13 +179,8 @@ pub(super) fn run(api: &Api, command: SnapshotCommand) -> Result<(), Failure> {
 
 /// The one plugin whose ID is or starts with `prefix` (Nomad's "Prefix matched multiple").
 fn one_plugin(api: &Api, prefix: &str) -> Result<String, Failure> {
-    let plugins = api.get(&format!("/v1/plugins?type=csi&prefix={prefix}"))?;
-    let ids: Vec<String> = plugins
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|plugin| text(&plugin["ID"]))
-        .collect();
+    let plugins: Vec<api::CsiPluginListStub> = api.get_as(&format!("/v1/plugins?type=csi&prefix={prefix}"))?;
+    let ids: Vec<String> = plugins.into_iter().map(|plugin| plugin.id).collect();
     match ids.as_slice() {
         [] => Err(Failure(format!("No plugins(s) with prefix or ID {prefix:?} found"), 1)),
         [one] => Ok(one.clone()),
@@ -210,26 +207,20 @@ pub(super) fn external_volumes(api: &Api, plugin_id: &str) -> Result<Option<Stri
         if !token.is_empty() {
             path.push_str(&format!("&next_token={token}"));
         }
-        let page = api.get(&path)?;
-        for volume in page["Volumes"].as_array().into_iter().flatten() {
-            let condition = if volume["IsAbnormal"].as_bool().unwrap_or(false) {
-                format!("Abnormal ({})", text(&volume["Status"]))
+        let page: api::CsiVolumeListExternalResponse = api.get_as(&path)?;
+        for volume in page.volumes {
+            let condition = if volume.is_abnormal {
+                format!("Abnormal ({})", volume.status)
             } else {
                 "OK".to_string()
             };
-            let nodes: Vec<String> = volume["PublishedExternalNodeIDs"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(text)
-                .collect();
             rows.push(vec![
-                text(&volume["ExternalID"]),
+                volume.external_id,
                 limit(&condition, 20),
-                nodes.join(","),
+                volume.published_external_node_ids.join(","),
             ]);
         }
-        token = text(&page["NextToken"]);
+        token = page.next_token;
         if token.is_empty() {
             break;
         }

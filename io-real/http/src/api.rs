@@ -12,6 +12,18 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+mod acl;
+mod cluster;
+mod csi;
+mod fs;
+mod jobs;
+
+pub use acl::*;
+pub use cluster::*;
+pub use csi::*;
+pub use fs::*;
+pub use jobs::*;
+
 /// Nomad's `AllocationListStub` (`GET /v1/allocations`, `/v1/job/:id/allocations`, …).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "PascalCase", default)]
@@ -211,8 +223,8 @@ pub struct JobListStub {
     /// `pending`, `running` or `dead`.
     pub status: String,
     pub status_description: String,
-    /// Allocations per task group by client status (Nomad's `JobSummary`).
-    pub job_summary: Value,
+    /// Allocations per task group by client status.
+    pub job_summary: JobSummary,
     pub create_index: u64,
     pub modify_index: u64,
     pub job_modify_index: u64,
@@ -254,7 +266,7 @@ pub struct Evaluation {
     /// Per task group, why its allocations could not be placed (Nomad's `AllocMetric`); null
     /// when every one was.
     #[serde(rename = "FailedTGAllocs")]
-    pub failed_tg_allocs: Option<BTreeMap<String, Value>>,
+    pub failed_tg_allocs: Option<BTreeMap<String, AllocMetric>>,
     pub queued_allocations: BTreeMap<String, u32>,
     pub blocked_eval: String,
     pub previous_eval: String,
@@ -269,4 +281,12 @@ pub struct Evaluation {
 /// `value` as `T`, or what it lacked: for the CLI, which reads the API's JSON.
 pub fn read<T: for<'de> Deserialize<'de>>(value: &Value) -> Result<T, serde_json::Error> {
     T::deserialize(value)
+}
+
+/// That `rendered`, what a handler answered, reads back as `T` and serializes to exactly
+/// itself: nothing the handler renders is lost to the type or renamed (the CLI reads `T`).
+#[cfg(test)]
+pub(crate) fn assert_round_trips<T: Serialize + for<'de> Deserialize<'de>>(rendered: Value) {
+    let typed: T = read(&rendered).expect("reads back");
+    assert_eq!(serde_json::to_value(typed).expect("serializes"), rendered);
 }

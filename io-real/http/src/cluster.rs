@@ -5,7 +5,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use serde_json::{Value, json};
 
-use super::ApiError;
+use super::{ApiError, api};
 use drover_io_real::driver::AgentHandle;
 
 /// `GET /v1/regions`: the regions this agent knows (one: Drover does not federate).
@@ -15,36 +15,36 @@ pub async fn regions(State(handle): State<AgentHandle>) -> axum::Json<Value> {
 
 /// `GET /v1/operator/raft/configuration`: every server of the Raft configuration, the leader
 /// and the voters marked.
-pub async fn raft_configuration(State(handle): State<AgentHandle>) -> Result<axum::Json<Value>, ApiError> {
+pub async fn raft_configuration(
+    State(handle): State<AgentHandle>,
+) -> Result<axum::Json<api::RaftConfiguration>, ApiError> {
     let status = handle.status();
     let raft = status
         .raft
         .ok_or_else(|| ApiError(StatusCode::NOT_IMPLEMENTED, "Nomad agent is not a server".into()))?;
     let region = handle.config().region.clone();
     let leader = raft.leader.as_ref().map(|(id, _)| *id);
-    let servers: Vec<Value> = raft
+    let servers = raft
         .peers
         .iter()
-        .map(|(id, (node, voter))| {
-            json!({
-                "ID": id.to_string(),
-                // Raft members are named as gossip names servers: `<name>.<region>` already.
-                "Node": if node.name.ends_with(&format!(".{region}")) {
-                    node.name.clone()
-                } else {
-                    format!("{}.{region}", node.name)
-                },
-                "Address": node.rpc_addr,
-                "Leader": leader == Some(*id),
-                "Voter": voter,
-                "RaftProtocol": "3",
-            })
+        .map(|(id, (node, voter))| api::RaftServer {
+            id: id.to_string(),
+            // Raft members are named as gossip names servers: `<name>.<region>` already.
+            node: if node.name.ends_with(&format!(".{region}")) {
+                node.name.clone()
+            } else {
+                format!("{}.{region}", node.name)
+            },
+            address: node.rpc_addr.clone(),
+            leader: leader == Some(*id),
+            voter: *voter,
+            raft_protocol: "3".into(),
         })
         .collect();
-    Ok(axum::Json(json!({
-        "Index": raft.commit_index.unwrap_or(0),
-        "Servers": servers,
-    })))
+    Ok(axum::Json(api::RaftConfiguration {
+        index: raft.commit_index.unwrap_or(0),
+        servers,
+    }))
 }
 
 /// Nomad's answer on an agent without a client.

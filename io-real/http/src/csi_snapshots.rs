@@ -7,38 +7,38 @@ use axum::http::StatusCode;
 use drover_core::rpc::{ListPage, ServerReply, ServerRequest};
 use drover_core::structs::{CsiExternalVolume, CsiSnapshot, Secrets};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::csi::{csi_secrets_header, validate_id};
-use super::{ApiError, QueryOptions, namespace, parse_body, query_headers};
+use super::{ApiError, QueryOptions, api, namespace, parse_body, query_headers};
 use drover_io_real::driver::AgentHandle;
 
-fn snapshot_json(snapshot: &CsiSnapshot) -> Value {
-    json!({
-        "ID": snapshot.id,
-        "ExternalSourceVolumeID": snapshot.external_source_volume_id,
-        "SizeBytes": snapshot.size_bytes,
-        "CreateTime": snapshot.create_time,
-        "IsReady": snapshot.is_ready,
-        "SourceVolumeID": snapshot.source_volume_id,
-        "PluginID": snapshot.plugin_id,
-        "Name": snapshot.name,
-        "Secrets": Value::Null,
-        "Parameters": snapshot.parameters,
-    })
+fn snapshot(snapshot: &CsiSnapshot) -> api::CsiSnapshot {
+    api::CsiSnapshot {
+        id: snapshot.id.clone(),
+        external_source_volume_id: snapshot.external_source_volume_id.clone(),
+        size_bytes: snapshot.size_bytes,
+        create_time: snapshot.create_time,
+        is_ready: snapshot.is_ready,
+        source_volume_id: snapshot.source_volume_id.clone(),
+        plugin_id: snapshot.plugin_id.clone(),
+        name: snapshot.name.clone(),
+        secrets: None,
+        parameters: snapshot.parameters.clone(),
+    }
 }
 
-fn external_json(volume: &CsiExternalVolume) -> Value {
-    json!({
-        "ExternalID": volume.external_id,
-        "CapacityBytes": volume.capacity_bytes,
-        "VolumeContext": volume.volume_context,
-        "CloneID": volume.clone_id,
-        "SnapshotID": volume.snapshot_id,
-        "PublishedExternalNodeIDs": volume.published_external_node_ids,
-        "IsAbnormal": volume.is_abnormal,
-        "Status": volume.status,
-    })
+fn external(volume: &CsiExternalVolume) -> api::CsiVolumeExternalStub {
+    api::CsiVolumeExternalStub {
+        external_id: volume.external_id.clone(),
+        capacity_bytes: volume.capacity_bytes,
+        volume_context: volume.volume_context.clone(),
+        clone_id: volume.clone_id.clone(),
+        snapshot_id: volume.snapshot_id.clone(),
+        published_external_node_ids: volume.published_external_node_ids.clone(),
+        is_abnormal: volume.is_abnormal,
+        status: volume.status.clone(),
+    }
 }
 
 /// `?plugin_id=` (required) and the page a listing asks for.
@@ -61,26 +61,33 @@ fn listing(options: &QueryOptions) -> Result<(String, ListPage), ApiError> {
     Ok((plugin_id, page))
 }
 
-fn answered(
-    handle: &AgentHandle,
-    reply: ServerReply,
-    key: &str,
-) -> Result<(axum::http::HeaderMap, axum::Json<Value>), ApiError> {
-    let (index, items, next_token) = match reply {
+/// A page of snapshots or of external volumes, in Nomad's response shape.
+fn answered(handle: &AgentHandle, reply: ServerReply) -> Result<(axum::http::HeaderMap, axum::Json<Value>), ApiError> {
+    let (index, page) = match reply {
         ServerReply::Snapshots {
             index,
             snapshots,
             next_token,
         } => (
             index,
-            snapshots.iter().map(snapshot_json).collect::<Vec<_>>(),
-            next_token,
+            serde_json::to_value(api::CsiSnapshotListResponse {
+                snapshots: snapshots.iter().map(snapshot).collect(),
+                next_token,
+                index,
+            }),
         ),
         ServerReply::ExternalVolumes {
             index,
             volumes,
             next_token,
-        } => (index, volumes.iter().map(external_json).collect(), next_token),
+        } => (
+            index,
+            serde_json::to_value(api::CsiVolumeListExternalResponse {
+                volumes: volumes.iter().map(external).collect(),
+                next_token,
+                index,
+            }),
+        ),
         ServerReply::Error(error) => return Err(error.into()),
         other => {
             return Err(ApiError(
@@ -89,10 +96,8 @@ fn answered(
             ));
         }
     };
-    Ok((
-        query_headers(handle, index),
-        axum::Json(json!({ key: items, "NextToken": next_token, "Index": index })),
-    ))
+    let page = page.expect("a page of snapshots or volumes serializes");
+    Ok((query_headers(handle, index), axum::Json(page)))
 }
 
 /// `GET /v1/volumes/snapshot?plugin_id=&per_page=&next_token=` (`X-Nomad-CSI-Secrets`).
@@ -110,7 +115,7 @@ pub async fn list_snapshots(
             secrets,
         })
         .await;
-    answered(&handle, reply, "Snapshots")
+    answered(&handle, reply)
 }
 
 /// `GET /v1/volumes/external?plugin_id=&per_page=&next_token=`.
@@ -122,7 +127,7 @@ pub async fn list_external(
     let reply = handle
         .request(ServerRequest::VolumeListExternal { plugin_id, page })
         .await;
-    answered(&handle, reply, "Volumes")
+    answered(&handle, reply)
 }
 
 #[derive(Deserialize, Default)]
@@ -177,7 +182,7 @@ pub async fn create_snapshots(
         snapshots,
     };
     let reply = handle.request(request).await;
-    answered(&handle, reply, "Snapshots")
+    answered(&handle, reply)
 }
 
 /// `DELETE /v1/volumes/snapshot?plugin_id=&snapshot_id=` (`X-Nomad-CSI-Secrets`).

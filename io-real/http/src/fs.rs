@@ -16,7 +16,6 @@ use axum::response::{IntoResponse, Response};
 use base64::Engine;
 use drover_core::error::{AllocCallError, AllocCallFailure};
 use serde::Deserialize;
-use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::ApiError;
@@ -51,12 +50,12 @@ fn flag(value: &Option<String>, name: &str, default: bool) -> Result<bool, ApiEr
 
 /// One frame of Nomad's `StreamFrame`.
 fn frame(chunk: &Chunk) -> Vec<u8> {
-    let frame = json!({
-        "File": chunk.file,
-        "Offset": chunk.offset,
-        "Data": base64::engine::general_purpose::STANDARD.encode(&chunk.data),
-        "FileEvent": "",
-    });
+    let frame = crate::api::StreamFrame {
+        file: chunk.file.clone(),
+        offset: chunk.offset,
+        data: base64::engine::general_purpose::STANDARD.encode(&chunk.data),
+        file_event: String::new(),
+    };
     serde_json::to_vec(&frame).expect("a frame serializes")
 }
 
@@ -138,14 +137,14 @@ impl FsQuery {
     }
 }
 
-fn file_info(info: &FileInfo) -> serde_json::Value {
-    json!({
-        "Name": info.name,
-        "IsDir": info.is_dir,
-        "Size": info.size,
-        "FileMode": info.file_mode,
-        "ModTime": super::render::rfc3339(info.mod_time_ms),
-    })
+fn file_info(info: &FileInfo) -> crate::api::AllocFileInfo {
+    crate::api::AllocFileInfo {
+        name: info.name.clone(),
+        is_dir: info.is_dir,
+        size: info.size,
+        file_mode: info.file_mode.clone(),
+        mod_time: super::render::rfc3339(info.mod_time_ms),
+    }
 }
 
 async fn fs_call(handle: &AgentHandle, alloc_id: String, path: String, op: FsOp) -> Result<FsReply, AllocCallError> {

@@ -10,9 +10,9 @@ use axum::response::IntoResponse;
 use drover_core::fsm::Table;
 use drover_core::scheduler::dry_run::{DesiredUpdates, DryRun, dry_run};
 use serde::Deserialize;
-use serde_json::{Map, Value, json};
+use serde_json::Value;
 
-use super::{ApiError, parse_job_write, query_headers};
+use super::{ApiError, api, parse_job_write, query_headers};
 use drover_io_real::driver::AgentHandle;
 use drover_io_real::jobs::ApiJob;
 use drover_io_real::jobs::diff::{GroupUpdates, job_diff};
@@ -26,17 +26,17 @@ struct PlanBody {
     // policies.
 }
 
-fn desired(updates: &DesiredUpdates) -> Value {
-    json!({
-        "Ignore": updates.ignore,
-        "Place": updates.place,
-        "Migrate": updates.migrate,
-        "Stop": updates.stop,
-        "InPlaceUpdate": updates.in_place_update,
-        "DestructiveUpdate": updates.destructive_update,
-        "Canary": updates.canary,
-        "Preemptions": updates.preemptions,
-    })
+fn desired(updates: &DesiredUpdates) -> api::DesiredUpdates {
+    api::DesiredUpdates {
+        ignore: updates.ignore,
+        place: updates.place,
+        migrate: updates.migrate,
+        stop: updates.stop,
+        in_place_update: updates.in_place_update,
+        destructive_update: updates.destructive_update,
+        canary: updates.canary,
+        preemptions: updates.preemptions,
+    }
 }
 
 /// What the plan does to a group, in the diff's words.
@@ -107,29 +107,29 @@ pub async fn plan(
     } else {
         Value::Null
     };
-    let updates: Map<String, Value> = run
-        .desired
-        .iter()
-        .map(|(group, updates)| (group.clone(), desired(updates)))
-        .collect();
-    let failed: Map<String, Value> = run
+    let failed: std::collections::BTreeMap<String, api::AllocMetric> = run
         .failed
         .iter()
         .map(|(group, metric)| (group.clone(), super::jobs_metric(metric)))
         .collect();
-    Ok((
-        query_headers(&handle, index),
-        axum::Json(json!({
-            "Annotations": {"DesiredTGUpdates": updates, "PreemptedAllocs": Value::Null},
-            "FailedTGAllocs": if failed.is_empty() { Value::Null } else { Value::Object(failed) },
-            "JobModifyIndex": run.job_modify_index,
-            "CreatedEvals": Value::Null,
-            "Diff": diff,
-            "NextPeriodicLaunch": next_launch(&run.job),
-            "Warnings": "",
-            "Index": index,
-        })),
-    ))
+    let answer = api::JobPlanResponse {
+        annotations: api::PlanAnnotations {
+            desired_tg_updates: run
+                .desired
+                .iter()
+                .map(|(group, updates)| (group.clone(), desired(updates)))
+                .collect(),
+            preempted_allocs: Value::Null,
+        },
+        failed_tg_allocs: (!failed.is_empty()).then_some(failed),
+        job_modify_index: run.job_modify_index,
+        created_evals: Value::Null,
+        diff,
+        next_periodic_launch: next_launch(&run.job),
+        warnings: String::new(),
+        index,
+    };
+    Ok((query_headers(&handle, index), axum::Json(answer)))
 }
 
 /// When a periodic job would launch next from now (Go's zero time for any other job), as

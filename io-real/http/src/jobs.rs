@@ -12,7 +12,7 @@ use drover_core::structs::{AllocMetric, Allocation, Evaluation, Job};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::{ApiError, QueryOptions, namespace, parse_body, parse_job_write, query_headers, render};
+use super::{ApiError, QueryOptions, api, namespace, parse_body, parse_job_write, query_headers, render};
 use drover_io_real::driver::AgentHandle;
 use drover_io_real::jobs::ApiJob;
 
@@ -30,8 +30,8 @@ struct RegisterBody {
 
 /// Nomad's `JobSummary`: allocations per task group by client status, kept by the state
 /// store on apply (`fsm::summary`); queued counts come from the job's blocked evaluations.
-fn summary(state: &ServerState, job: &Job, kept: &JobSummary) -> Value {
-    let groups: serde_json::Map<String, Value> = job
+fn summary(state: &ServerState, job: &Job, kept: &JobSummary) -> api::JobSummary {
+    let groups = job
         .task_groups
         .iter()
         .map(|group| {
@@ -40,49 +40,42 @@ fn summary(state: &ServerState, job: &Job, kept: &JobSummary) -> Value {
                 .job_blocked_evals(&job.namespace, &job.id)
                 .filter_map(|eval| eval.queued_allocations.get(&group.name))
                 .sum();
-            (
-                group.name.clone(),
-                json!({
-                    "Queued": queued,
-                    "Complete": counts.complete,
-                    "Failed": counts.failed,
-                    "Running": counts.running,
-                    "Starting": counts.starting,
-                    "Lost": counts.lost,
-                    "Unknown": 0,
-                }),
-            )
+            let counts = api::TaskGroupSummary {
+                queued,
+                complete: counts.complete,
+                failed: counts.failed,
+                running: counts.running,
+                starting: counts.starting,
+                lost: counts.lost,
+                unknown: 0,
+            };
+            (group.name.clone(), counts)
         })
         .collect();
-    json!({
-        "JobID": job.id,
-        "Namespace": job.namespace,
-        "Summary": groups,
-        "Children": children(state, job),
-        "CreateIndex": job.create_index,
-        "ModifyIndex": job.modify_index,
-    })
-}
-
-/// Nomad's `JobChildrenSummary` of a periodic parent (zeros for any other job).
-fn children(state: &ServerState, job: &Job) -> Value {
     let (pending, running, dead) = state.children_summary(&job.namespace, &job.id);
-    json!({"Pending": pending, "Running": running, "Dead": dead})
+    api::JobSummary {
+        job_id: job.id.clone(),
+        namespace: job.namespace.clone(),
+        summary: groups,
+        children: api::JobChildrenSummary { pending, running, dead },
+        create_index: job.create_index,
+        modify_index: job.modify_index,
+    }
 }
 
 /// Nomad's `JobRegisterResponse` (with its `QueryMeta`), as a register, a revert or a scale
 /// answers. A periodic parent is registered without an evaluation: `EvalCreateIndex` 0.
-pub(super) fn register_response(index: u64, eval_id: &str, job_modify_index: u64) -> Value {
-    json!({
-        "EvalID": eval_id,
-        "EvalCreateIndex": if eval_id.is_empty() { 0 } else { index },
-        "JobModifyIndex": job_modify_index,
-        "Warnings": "",
-        "Index": index,
-        "LastContact": 0,
-        "KnownLeader": true,
-        "NextToken": "",
-    })
+pub(super) fn register_response(index: u64, eval_id: &str, job_modify_index: u64) -> api::JobRegisterResponse {
+    api::JobRegisterResponse {
+        eval_id: eval_id.into(),
+        eval_create_index: if eval_id.is_empty() { 0 } else { index },
+        job_modify_index,
+        warnings: String::new(),
+        index,
+        last_contact: 0,
+        known_leader: true,
+        next_token: String::new(),
+    }
 }
 
 /// The job's status (Nomad's), from its kept summary.
@@ -114,22 +107,22 @@ fn job_stub(state: &ServerState, job: &Job) -> Value {
     serde_json::to_value(stub).expect("a job stub serializes")
 }
 
-pub fn metric(metric: &AllocMetric) -> Value {
-    json!({
-        "NodesEvaluated": metric.nodes_evaluated,
-        "NodesFiltered": metric.nodes_filtered,
-        "NodesInPool": metric.nodes_evaluated,
-        "NodesAvailable": metric.nodes_available,
-        "ClassFiltered": {},
-        "ConstraintFiltered": metric.constraint_filtered,
-        "NodesExhausted": metric.nodes_exhausted,
-        "ClassExhausted": {},
-        "DimensionExhausted": metric.dimension_exhausted,
-        "QuotaExhausted": [],
-        "ScoreMetaData": [],
-        "AllocationTime": 0,
-        "CoalescedFailures": metric.coalesced_failures,
-    })
+pub fn metric(metric: &AllocMetric) -> api::AllocMetric {
+    api::AllocMetric {
+        nodes_evaluated: metric.nodes_evaluated,
+        nodes_filtered: metric.nodes_filtered,
+        nodes_in_pool: metric.nodes_evaluated,
+        nodes_available: metric.nodes_available.clone(),
+        class_filtered: Default::default(),
+        constraint_filtered: metric.constraint_filtered.clone(),
+        nodes_exhausted: metric.nodes_exhausted,
+        class_exhausted: Default::default(),
+        dimension_exhausted: metric.dimension_exhausted.clone(),
+        quota_exhausted: Vec::new(),
+        score_meta_data: Vec::new(),
+        allocation_time: 0,
+        coalesced_failures: metric.coalesced_failures,
+    }
 }
 
 pub fn eval(eval: &Evaluation) -> Value {
@@ -351,14 +344,14 @@ pub async fn deregister_job(
             job_modify_index,
         } => Ok((
             query_headers(&handle, index),
-            axum::Json(json!({
-                "EvalID": eval_id,
-                "EvalCreateIndex": index,
-                "JobModifyIndex": job_modify_index,
-                "Index": index,
-                "LastContact": 0,
-                "KnownLeader": true,
-            })),
+            axum::Json(api::JobDeregisterResponse {
+                eval_id,
+                eval_create_index: index,
+                job_modify_index,
+                index,
+                last_contact: 0,
+                known_leader: true,
+            }),
         )),
         other => Err(reply_error(other)),
     }

@@ -246,17 +246,24 @@ async fn status_peers(State(handle): State<AgentHandle>) -> impl IntoResponse {
     axum::Json(json!(peers))
 }
 
+fn member(view: &drover_core::membership::MemberView) -> api::AgentMember {
+    api::AgentMember {
+        name: view.id.name.clone(),
+        addr: view.id.addr.ip().to_string(),
+        port: view.id.addr.port(),
+        tags: view.id.tags.as_ref().map(|tags| tags.to_map()).unwrap_or_default(),
+        status: view.status.as_serf_str().into(),
+        protocol_min: 1,
+        protocol_max: 5,
+        protocol_cur: 2,
+        delegate_min: 2,
+        delegate_max: 5,
+        delegate_cur: 4,
+    }
+}
+
 fn member_json(view: &drover_core::membership::MemberView) -> Value {
-    let tags = view.id.tags.as_ref().map(|tags| tags.to_map()).unwrap_or_default();
-    json!({
-        "Name": view.id.name,
-        "Addr": view.id.addr.ip().to_string(),
-        "Port": view.id.addr.port(),
-        "Tags": tags,
-        "Status": view.status.as_serf_str(),
-        "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
-        "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4,
-    })
+    serde_json::to_value(member(view)).expect("a member serializes")
 }
 
 async fn agent_members(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
@@ -266,13 +273,12 @@ async fn agent_members(State(handle): State<AgentHandle>) -> Result<impl IntoRes
         .as_ref()
         .ok_or_else(|| ApiError(StatusCode::NOT_IMPLEMENTED, "Nomad agent is not a server".into()))?;
     let config = handle.config();
-    let members: Vec<Value> = server.members.iter().map(member_json).collect();
-    Ok(axum::Json(json!({
-        "ServerName": format!("{}.{}", config.name, config.region),
-        "ServerRegion": config.region,
-        "ServerDC": config.datacenter,
-        "Members": members,
-    })))
+    Ok(axum::Json(api::ServerMembers {
+        server_name: format!("{}.{}", config.name, config.region),
+        server_region: config.region.clone(),
+        server_dc: config.datacenter.clone(),
+        members: server.members.iter().map(member).collect(),
+    }))
 }
 
 async fn agent_self(State(handle): State<AgentHandle>) -> impl IntoResponse {

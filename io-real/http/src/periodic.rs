@@ -5,7 +5,6 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use drover_core::rpc::{ServerReply, ServerRequest};
-use serde_json::json;
 
 use super::{ApiError, QueryOptions, namespace, query_headers};
 use drover_io_real::driver::AgentHandle;
@@ -22,11 +21,11 @@ pub async fn force(
     match handle.request_applied(request).await {
         ServerReply::JobRegistered { index, eval_id, .. } => Ok((
             query_headers(&handle, index),
-            axum::Json(json!({
-                "EvalID": eval_id,
-                "EvalCreateIndex": index,
-                "Index": index,
-            })),
+            axum::Json(crate::api::PeriodicForceResponse {
+                eval_id,
+                eval_create_index: index,
+                index,
+            }),
         )),
         ServerReply::Error(error) => Err(error.into()),
         other => Err(ApiError(

@@ -9,6 +9,8 @@ use drover_core::structs::{
 };
 use serde_json::{Map, Value, json};
 
+use crate::api;
+
 /// Milliseconds since the epoch as RFC 3339 (UTC, millisecond precision).
 pub fn rfc3339(ms: u64) -> String {
     let secs = ms / 1000;
@@ -37,53 +39,58 @@ pub fn nanos(ms: u64) -> i128 {
     i128::from(ms) * 1_000_000
 }
 
-fn topology(topology: &CsiTopology) -> Value {
-    json!({ "Segments": topology.segments })
+fn topology(topology: &CsiTopology) -> api::CsiTopology {
+    api::CsiTopology {
+        segments: topology.segments.clone(),
+    }
 }
 
 pub fn csi_info(info: &CsiInfo) -> Value {
-    let mut value = json!({
-        "PluginID": info.plugin_id,
-        "AllocID": info.alloc_id,
-        "Healthy": info.healthy,
-        "HealthDescription": info.health_description,
-        "UpdateTime": rfc3339(info.update_time_ms),
-        "Provider": info.provider,
-        "ProviderVersion": info.provider_version,
-        "RequiresControllerPlugin": info.requires_controller_plugin,
-        "RequiresTopologies": info.requires_topologies,
-    });
-    if let Some(controller) = &info.controller_info {
-        value["ControllerInfo"] = json!({
-            "SupportsReadOnlyAttach": controller.supports_read_only_attach,
-            "SupportsAttachDetach": controller.supports_attach_detach,
-            "SupportsListVolumes": controller.supports_list_volumes,
-            "SupportsGetCapacity": controller.supports_get_capacity,
-            "SupportsCreateDelete": controller.supports_create_delete,
-            "SupportsCreateDeleteSnapshot": controller.supports_create_delete_snapshot,
-            "SupportsListSnapshots": controller.supports_list_snapshots,
-            "SupportsClone": controller.supports_clone,
-            "SupportsExpand": controller.supports_expand,
-            "SupportsListVolumesAttachedNodes": controller.supports_list_volumes_attached_nodes,
-            "SupportsCondition": controller.supports_condition,
-            "SupportsGet": controller.supports_get,
-        });
+    serde_json::to_value(typed_csi_info(info)).expect("a CSI fingerprint serializes")
+}
+
+fn typed_csi_info(info: &CsiInfo) -> api::CsiInfo {
+    api::CsiInfo {
+        plugin_id: info.plugin_id.clone(),
+        alloc_id: info.alloc_id.clone(),
+        healthy: info.healthy,
+        health_description: info.health_description.clone(),
+        update_time: rfc3339(info.update_time_ms),
+        provider: info.provider.clone(),
+        provider_version: info.provider_version.clone(),
+        requires_controller_plugin: info.requires_controller_plugin,
+        requires_topologies: info.requires_topologies,
+        controller_info: info.controller_info.as_ref().map(|controller| api::CsiControllerInfo {
+            supports_read_only_attach: controller.supports_read_only_attach,
+            supports_attach_detach: controller.supports_attach_detach,
+            supports_list_volumes: controller.supports_list_volumes,
+            supports_get_capacity: controller.supports_get_capacity,
+            supports_create_delete: controller.supports_create_delete,
+            supports_create_delete_snapshot: controller.supports_create_delete_snapshot,
+            supports_list_snapshots: controller.supports_list_snapshots,
+            supports_clone: controller.supports_clone,
+            supports_expand: controller.supports_expand,
+            supports_list_volumes_attached_nodes: controller.supports_list_volumes_attached_nodes,
+            supports_condition: controller.supports_condition,
+            supports_get: controller.supports_get,
+        }),
+        node_info: info.node_info.as_ref().map(|node| api::CsiNodeInfo {
+            id: node.id.clone(),
+            max_volumes: node.max_volumes,
+            accessible_topology: node.accessible_topology.as_ref().map(topology),
+            requires_node_stage_volume: node.requires_node_stage_volume,
+            supports_stats: node.supports_stats,
+            supports_expand: node.supports_expand,
+            supports_condition: node.supports_condition,
+        }),
     }
-    if let Some(node) = &info.node_info {
-        value["NodeInfo"] = json!({
-            "ID": node.id,
-            "MaxVolumes": node.max_volumes,
-            "AccessibleTopology": node.accessible_topology.as_ref().map(topology),
-            "RequiresNodeStageVolume": node.requires_node_stage_volume,
-            "SupportsStats": node.supports_stats,
-            "SupportsExpand": node.supports_expand,
-            "SupportsCondition": node.supports_condition,
-        });
-    }
-    value
 }
 
 pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
+    serde_json::to_value(typed_alloc_stub(alloc, state)).expect("an allocation stub serializes")
+}
+
+fn typed_alloc_stub(alloc: &Allocation, state: &ServerState) -> api::AllocListStub {
     let node_name = state
         .node(&alloc.node_id)
         .map(|node| node.name.clone())
@@ -92,7 +99,7 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         .job(&alloc.namespace, &alloc.job_id)
         .map(|job| format!("{:?}", job.job_type).to_lowercase())
         .unwrap_or_default();
-    let stub = crate::api::AllocListStub {
+    api::AllocListStub {
         id: alloc.id.clone(),
         eval_id: alloc.eval_id.clone(),
         name: alloc.name.clone(),
@@ -118,8 +125,7 @@ pub fn alloc_stub(alloc: &Allocation, state: &ServerState) -> Value {
         modify_index: alloc.modify_index,
         create_time: nanos_i64(alloc.create_time_ms),
         modify_time: nanos_i64(alloc.modify_time_ms),
-    };
-    serde_json::to_value(stub).expect("an allocation stub serializes")
+    }
 }
 
 /// Nomad's `AllocDeploymentStatus` (null for an allocation no deployment placed).
@@ -290,7 +296,10 @@ fn alloc_with_job(alloc: &Allocation, state: &ServerState, job: Value) -> Value 
             ("Services", Value::Null),
             (
                 "Metrics",
-                alloc.metrics.as_ref().map_or(Value::Null, crate::jobs_metric),
+                alloc
+                    .metrics
+                    .as_ref()
+                    .map_or(Value::Null, |metric| json!(crate::jobs_metric(metric))),
             ),
             (
                 "DesiredTransition",
@@ -361,158 +370,178 @@ pub fn allocated_resources(alloc: &Allocation, state: &ServerState) -> Value {
     })
 }
 
-fn claim(claim: &CsiVolumeClaim) -> Value {
-    json!({
-        "AllocationID": claim.allocation_id,
-        "NodeID": claim.node_id,
-        "ExternalNodeID": claim.external_node_id,
-        "Mode": claim.mode.as_int(),
-        "AccessMode": claim.access_mode.as_str(),
-        "AttachmentMode": claim.attachment_mode.as_str(),
-        "State": claim.state.as_int(),
-    })
+fn claim(claim: &CsiVolumeClaim) -> api::CsiVolumeClaim {
+    api::CsiVolumeClaim {
+        allocation_id: claim.allocation_id.clone(),
+        node_id: claim.node_id.clone(),
+        external_node_id: claim.external_node_id.clone(),
+        mode: claim.mode.as_int(),
+        access_mode: claim.access_mode.as_str().into(),
+        attachment_mode: claim.attachment_mode.as_str().into(),
+        state: claim.state.as_int(),
+    }
 }
 
-fn health_fields(volume: &CsiVolume, value: &mut Map<String, Value>) {
-    let health = &volume.plugin_health;
-    value.insert("Schedulable".into(), json!(health.schedulable));
-    value.insert("Provider".into(), json!(health.provider));
-    value.insert("ProviderVersion".into(), json!(health.provider_version));
-    value.insert("ControllerRequired".into(), json!(health.controller_required));
-    value.insert("ControllersHealthy".into(), json!(health.controllers_healthy));
-    value.insert("ControllersExpected".into(), json!(health.controllers_expected));
-    value.insert("NodesHealthy".into(), json!(health.nodes_healthy));
-    value.insert("NodesExpected".into(), json!(health.nodes_expected));
+fn claims(claims: &BTreeMap<String, CsiVolumeClaim>) -> BTreeMap<String, api::CsiVolumeClaim> {
+    claims
+        .iter()
+        .map(|(alloc, held)| (alloc.clone(), claim(held)))
+        .collect()
 }
 
 pub fn volume_stub(volume: &CsiVolume) -> Value {
-    let mut value = json!({
-        "ID": volume.id,
-        "Namespace": volume.namespace,
-        "Name": volume.name,
-        "ExternalID": volume.external_id,
-        "Topologies": volume.topologies.iter().map(topology).collect::<Vec<_>>(),
-        "AccessMode": volume.access_mode.as_str(),
-        "AttachmentMode": volume.attachment_mode.as_str(),
-        "CurrentReaders": volume.read_claims.len(),
-        "CurrentWriters": volume.write_claims.len(),
-        "PluginID": volume.plugin_id,
-        // Go's zero time: exhaustion is not tracked.
-        "ResourceExhausted": ZERO_TIME,
-        "CreateIndex": volume.create_index,
-        "ModifyIndex": volume.modify_index,
-        "CreateTime": nanos(volume.create_time_ms),
-        "ModifyTime": nanos(volume.modify_time_ms),
-    });
-    let map = value.as_object_mut().expect("object");
-    health_fields(volume, map);
+    let health = &volume.plugin_health;
     // Nomad's list stub names the provider but not its version.
-    map.remove("ProviderVersion");
-    value
+    let stub = api::CsiVolumeListStub {
+        id: volume.id.clone(),
+        namespace: volume.namespace.clone(),
+        name: volume.name.clone(),
+        external_id: volume.external_id.clone(),
+        topologies: volume.topologies.iter().map(topology).collect(),
+        access_mode: volume.access_mode.as_str().into(),
+        attachment_mode: volume.attachment_mode.as_str().into(),
+        current_readers: volume.read_claims.len() as u64,
+        current_writers: volume.write_claims.len() as u64,
+        schedulable: health.schedulable,
+        plugin_id: volume.plugin_id.clone(),
+        provider: health.provider.clone(),
+        controller_required: health.controller_required,
+        controllers_healthy: health.controllers_healthy,
+        controllers_expected: health.controllers_expected,
+        nodes_healthy: health.nodes_healthy,
+        nodes_expected: health.nodes_expected,
+        // Go's zero time: exhaustion is not tracked.
+        resource_exhausted: ZERO_TIME.into(),
+        create_index: volume.create_index,
+        modify_index: volume.modify_index,
+        create_time: nanos_i64(volume.create_time_ms),
+        modify_time: nanos_i64(volume.modify_time_ms),
+    };
+    serde_json::to_value(stub).expect("a volume stub serializes")
 }
 
 /// The full volume (`GET /v1/volume/csi/:id`), denormalised, secrets removed.
 pub fn volume(volume: &CsiVolume, state: &ServerState) -> Value {
-    let mount_options = volume.mount_options.as_ref().map(|options| {
-        json!({
-            "FSType": options.fs_type,
-            "MountFlags": if options.mount_flags.is_empty() { json!([]) } else { json!(["[REDACTED]"]) },
-        })
-    });
-    let null_map = |claims: &std::collections::BTreeMap<String, CsiVolumeClaim>| -> Map<String, Value> {
-        claims.keys().map(|alloc| (alloc.clone(), Value::Null)).collect()
-    };
-    let allocations: Vec<Value> = volume
-        .read_claims
-        .keys()
-        .chain(volume.write_claims.keys())
-        .filter_map(|id| state.alloc(id))
-        .map(|alloc| alloc_stub(alloc, state))
-        .collect();
-    let mut value = json!({
-        "ID": volume.id,
-        "Name": volume.name,
-        "ExternalID": volume.external_id,
-        "Namespace": volume.namespace,
-        "PluginID": volume.plugin_id,
-        "AccessMode": volume.access_mode.as_str(),
-        "AttachmentMode": volume.attachment_mode.as_str(),
-        "RequestedCapabilities": volume.requested_capabilities.iter().map(|cap| json!({
-            "AccessMode": cap.access_mode.as_str(),
-            "AttachmentMode": cap.attachment_mode.as_str(),
-        })).collect::<Vec<_>>(),
-        "MountOptions": mount_options,
-        "Parameters": volume.parameters,
-        "Context": volume.context,
-        "Topologies": volume.topologies.iter().map(topology).collect::<Vec<_>>(),
-        "RequestedTopologies": volume.requested_topologies.as_ref().map(|request| json!({
-            "Required": request.required.iter().map(topology).collect::<Vec<_>>(),
-            "Preferred": request.preferred.iter().map(topology).collect::<Vec<_>>(),
-        })),
-        "Capacity": volume.capacity,
-        "RequestedCapacityMin": volume.requested_capacity_min,
-        "RequestedCapacityMax": volume.requested_capacity_max,
-        "SnapshotID": volume.snapshot_id,
-        "CloneID": volume.clone_id,
-        "ReadAllocs": null_map(&volume.read_claims),
-        "WriteAllocs": null_map(&volume.write_claims),
-        "ReadClaims": volume.read_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
-        "WriteClaims": volume.write_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
-        "PastClaims": volume.past_claims.iter().map(|(id, c)| (id.clone(), claim(c))).collect::<Map<_, _>>(),
-        "Allocations": allocations,
+    let health = &volume.plugin_health;
+    let allocs = |claims: &BTreeMap<String, CsiVolumeClaim>| claims.keys().map(|alloc| (alloc.clone(), ())).collect();
+    let full = api::CsiVolume {
+        id: volume.id.clone(),
+        name: volume.name.clone(),
+        external_id: volume.external_id.clone(),
+        namespace: volume.namespace.clone(),
+        plugin_id: volume.plugin_id.clone(),
+        access_mode: volume.access_mode.as_str().into(),
+        attachment_mode: volume.attachment_mode.as_str().into(),
+        requested_capabilities: volume
+            .requested_capabilities
+            .iter()
+            .map(|cap| api::CsiCapability {
+                access_mode: cap.access_mode.as_str().into(),
+                attachment_mode: cap.attachment_mode.as_str().into(),
+            })
+            .collect(),
+        mount_options: volume.mount_options.as_ref().map(|options| api::CsiMountOptions {
+            fs_type: options.fs_type.clone(),
+            mount_flags: if options.mount_flags.is_empty() {
+                Vec::new()
+            } else {
+                vec!["[REDACTED]".into()]
+            },
+        }),
+        parameters: volume.parameters.clone(),
+        context: volume.context.clone(),
+        topologies: volume.topologies.iter().map(topology).collect(),
+        requested_topologies: volume
+            .requested_topologies
+            .as_ref()
+            .map(|request| api::CsiTopologyRequest {
+                required: request.required.iter().map(topology).collect(),
+                preferred: request.preferred.iter().map(topology).collect(),
+            }),
+        capacity: volume.capacity,
+        requested_capacity_min: volume.requested_capacity_min,
+        requested_capacity_max: volume.requested_capacity_max,
+        snapshot_id: volume.snapshot_id.clone(),
+        clone_id: volume.clone_id.clone(),
+        read_allocs: allocs(&volume.read_claims),
+        write_allocs: allocs(&volume.write_claims),
+        read_claims: claims(&volume.read_claims),
+        write_claims: claims(&volume.write_claims),
+        past_claims: claims(&volume.past_claims),
+        allocations: volume
+            .read_claims
+            .keys()
+            .chain(volume.write_claims.keys())
+            .filter_map(|id| state.alloc(id))
+            .map(|alloc| typed_alloc_stub(alloc, state))
+            .collect(),
+        schedulable: health.schedulable,
+        provider: health.provider.clone(),
+        provider_version: health.provider_version.clone(),
+        controller_required: health.controller_required,
+        controllers_healthy: health.controllers_healthy,
+        controllers_expected: health.controllers_expected,
+        nodes_healthy: health.nodes_healthy,
+        nodes_expected: health.nodes_expected,
         // Go's zero time: exhaustion is not tracked.
-        "ResourceExhausted": ZERO_TIME,
-        "CreateIndex": volume.create_index,
-        "ModifyIndex": volume.modify_index,
-        "CreateTime": nanos(volume.create_time_ms),
-        "ModifyTime": nanos(volume.modify_time_ms),
-    });
-    health_fields(volume, value.as_object_mut().expect("object"));
-    value
+        resource_exhausted: ZERO_TIME.into(),
+        create_index: volume.create_index,
+        modify_index: volume.modify_index,
+        create_time: nanos_i64(volume.create_time_ms),
+        modify_time: nanos_i64(volume.modify_time_ms),
+    };
+    serde_json::to_value(full).expect("a volume serializes")
 }
 
 pub fn plugin_stub(plugin: &CsiPlugin) -> Value {
-    json!({
-        "ID": plugin.id,
-        "Provider": plugin.provider,
-        "ControllerRequired": plugin.controller_required,
-        "ControllersHealthy": plugin.controllers_healthy,
-        "ControllersExpected": plugin.controllers_expected(),
-        "NodesHealthy": plugin.nodes_healthy,
-        "NodesExpected": plugin.nodes_expected(),
-        "CreateIndex": plugin.create_index,
-        "ModifyIndex": plugin.modify_index,
-    })
+    let stub = api::CsiPluginListStub {
+        id: plugin.id.clone(),
+        provider: plugin.provider.clone(),
+        controller_required: plugin.controller_required,
+        controllers_healthy: plugin.controllers_healthy,
+        controllers_expected: plugin.controllers_expected(),
+        nodes_healthy: plugin.nodes_healthy,
+        nodes_expected: plugin.nodes_expected(),
+        create_index: plugin.create_index,
+        modify_index: plugin.modify_index,
+    };
+    serde_json::to_value(stub).expect("a plugin stub serializes")
 }
 
 pub fn plugin(plugin: &CsiPlugin, state: &ServerState) -> Value {
-    let allocations: Vec<Value> = plugin
-        .controllers
-        .values()
-        .chain(plugin.nodes.values())
-        .map(|info| info.alloc_id.clone())
-        .collect::<std::collections::BTreeSet<_>>()
-        .iter()
-        .filter_map(|id| state.alloc(id))
-        .map(|alloc| alloc_stub(alloc, state))
-        .collect();
-    json!({
-        "ID": plugin.id,
-        "Provider": plugin.provider,
-        "Version": plugin.version,
-        "ControllerRequired": plugin.controller_required,
-        "Controllers": plugin.controllers.iter().map(|(node, info)| (node.clone(), csi_info(info))).collect::<Map<_, _>>(),
-        "Nodes": plugin.nodes.iter().map(|(node, info)| (node.clone(), csi_info(info))).collect::<Map<_, _>>(),
-        "Allocations": allocations,
-        "ControllersHealthy": plugin.controllers_healthy,
-        "ControllersExpected": plugin.controllers_expected(),
-        "NodesHealthy": plugin.nodes_healthy,
-        "NodesExpected": plugin.nodes_expected(),
-        "CreateIndex": plugin.create_index,
-        "ModifyIndex": plugin.modify_index,
-        "CreateTime": nanos(plugin.create_time_ms),
-        "ModifyTime": nanos(plugin.modify_time_ms),
-    })
+    let instances = |by_node: &BTreeMap<String, CsiInfo>| {
+        by_node
+            .iter()
+            .map(|(node, info)| (node.clone(), typed_csi_info(info)))
+            .collect()
+    };
+    let full = api::CsiPlugin {
+        id: plugin.id.clone(),
+        provider: plugin.provider.clone(),
+        version: plugin.version.clone(),
+        controller_required: plugin.controller_required,
+        controllers: instances(&plugin.controllers),
+        nodes: instances(&plugin.nodes),
+        allocations: plugin
+            .controllers
+            .values()
+            .chain(plugin.nodes.values())
+            .map(|info| info.alloc_id.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .iter()
+            .filter_map(|id| state.alloc(id))
+            .map(|alloc| typed_alloc_stub(alloc, state))
+            .collect(),
+        controllers_healthy: plugin.controllers_healthy,
+        controllers_expected: plugin.controllers_expected(),
+        nodes_healthy: plugin.nodes_healthy,
+        nodes_expected: plugin.nodes_expected(),
+        create_index: plugin.create_index,
+        modify_index: plugin.modify_index,
+        create_time: nanos_i64(plugin.create_time_ms),
+        modify_time: nanos_i64(plugin.modify_time_ms),
+    };
+    serde_json::to_value(full).expect("a plugin serializes")
 }
 
 fn event(event: &NodeEvent) -> Value {
@@ -671,10 +700,7 @@ mod tests {
     /// CLI reads these types): nothing a render adds is lost to the type, nothing is renamed.
     #[test]
     fn rendered_stubs_round_trip_through_the_shared_api_types() {
-        fn round_trips<T: serde::Serialize + for<'de> serde::Deserialize<'de>>(rendered: Value) {
-            let typed: T = crate::api::read(&rendered).expect("reads back");
-            assert_eq!(serde_json::to_value(typed).unwrap(), rendered);
-        }
+        use crate::api::assert_round_trips as round_trips;
         let state = ServerState::default();
         let mut alloc = Allocation {
             id: "a1".into(),
@@ -698,6 +724,60 @@ mod tests {
         };
         deployment.task_groups.insert("g".into(), Default::default());
         round_trips::<crate::api::Deployment>(self::deployment(&deployment));
+
+        let claim = CsiVolumeClaim {
+            allocation_id: "a1".into(),
+            node_id: "n1".into(),
+            external_node_id: "host-1".into(),
+            mode: drover_core::structs::ClaimMode::Write,
+            access_mode: drover_core::structs::AccessMode::SingleNodeWriter,
+            attachment_mode: drover_core::structs::AttachmentMode::FileSystem,
+            state: drover_core::structs::ClaimState::Taken,
+        };
+        let rack = CsiTopology {
+            segments: BTreeMap::from([("rack".to_string(), "r1".to_string())]),
+        };
+        let mut volume = CsiVolume {
+            id: "v1".into(),
+            mount_options: Some(drover_core::structs::CsiMountOptions {
+                fs_type: "ext4".into(),
+                mount_flags: vec!["noatime".into()],
+            }),
+            topologies: vec![rack.clone()],
+            requested_topologies: Some(drover_core::structs::CsiTopologyRequest {
+                required: vec![rack.clone()],
+                preferred: Vec::new(),
+            }),
+            ..CsiVolume::default()
+        };
+        volume.write_claims.insert("a1".into(), claim.clone());
+        volume.past_claims.insert("a0".into(), claim);
+        round_trips::<crate::api::CsiVolumeListStub>(volume_stub(&volume));
+        round_trips::<crate::api::CsiVolume>(self::volume(&volume, &state));
+        let mut plugin = CsiPlugin {
+            id: "hostpath".into(),
+            controller_required: true,
+            ..CsiPlugin::default()
+        };
+        plugin.controllers.insert(
+            "n1".into(),
+            CsiInfo {
+                controller_info: Some(Default::default()),
+                ..CsiInfo::default()
+            },
+        );
+        plugin.nodes.insert(
+            "n1".into(),
+            CsiInfo {
+                node_info: Some(drover_core::structs::CsiNodeInfo {
+                    accessible_topology: Some(rack),
+                    ..Default::default()
+                }),
+                ..CsiInfo::default()
+            },
+        );
+        round_trips::<crate::api::CsiPluginListStub>(plugin_stub(&plugin));
+        round_trips::<crate::api::CsiPlugin>(self::plugin(&plugin, &state));
     }
 
     #[test]

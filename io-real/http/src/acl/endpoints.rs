@@ -11,10 +11,10 @@ use drover_core::fsm::acl::AclCommand;
 use drover_core::fsm::{Command, Response as FsmResponse, ServerState, Table};
 use drover_core::rpc::RpcError;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::gate::token_of;
-use crate::{ApiError, query_headers, rfc3339};
+use crate::{ApiError, api, query_headers, rfc3339};
 use drover_io_real::driver::AgentHandle;
 
 /// Nomad's reset file: holding the index of the last bootstrap lets it be done again.
@@ -45,40 +45,38 @@ pub(super) async fn apply(handle: &AgentHandle, command: AclCommand) -> Result<u
 
 /// A token as Nomad shows it; its role links carry the roles' current names.
 pub(super) fn token_json(state: &ServerState, token: &AclToken, with_secret: bool) -> Value {
-    let roles: Vec<Value> = token
-        .roles
-        .iter()
-        .map(|id| json!({"ID": id, "Name": state.acl().role(id).map(|role| role.name.as_str()).unwrap_or("")}))
-        .collect();
-    let mut value = json!({
-        "AccessorID": token.accessor_id,
-        "Name": token.name,
-        "Type": token.token_type.as_str(),
-        "Policies": token.policies,
-        "Roles": roles,
-        "Global": token.global,
-        "CreateTime": rfc3339(token.create_time_ms),
-        "ExpirationTime": token.expiration_time_ms.map(rfc3339),
-        "CreateIndex": token.create_index,
-        "ModifyIndex": token.modify_index,
-    });
-    if with_secret {
-        value["SecretID"] = json!(token.secret_id);
-    }
-    value
+    let shown = api::AclToken {
+        accessor_id: token.accessor_id.clone(),
+        secret_id: with_secret.then(|| token.secret_id.clone()),
+        name: token.name.clone(),
+        token_type: token.token_type.as_str().into(),
+        policies: token.policies.clone(),
+        roles: token
+            .roles
+            .iter()
+            .map(|id| api::AclTokenRoleLink {
+                id: id.clone(),
+                name: state.acl().role(id).map(|role| role.name.clone()).unwrap_or_default(),
+            })
+            .collect(),
+        global: token.global,
+        create_time: rfc3339(token.create_time_ms),
+        expiration_time: token.expiration_time_ms.map(rfc3339),
+        create_index: token.create_index,
+        modify_index: token.modify_index,
+    };
+    serde_json::to_value(shown).expect("a token serializes")
 }
 
 fn policy_json(policy: &AclPolicy, with_rules: bool) -> Value {
-    let mut value = json!({
-        "Name": policy.name,
-        "Description": policy.description,
-        "CreateIndex": policy.create_index,
-        "ModifyIndex": policy.modify_index,
-    });
-    if with_rules {
-        value["Rules"] = json!(policy.rules);
-    }
-    value
+    let shown = api::AclPolicy {
+        name: policy.name.clone(),
+        description: policy.description.clone(),
+        rules: with_rules.then(|| policy.rules.clone()),
+        create_index: policy.create_index,
+        modify_index: policy.modify_index,
+    };
+    serde_json::to_value(shown).expect("a policy serializes")
 }
 
 pub(crate) async fn bootstrap(State(handle): State<AgentHandle>) -> Result<impl IntoResponse, ApiError> {
@@ -464,4 +462,40 @@ pub(crate) async fn delete_token(
     )
     .await?;
     Ok((query_headers(&handle, index), StatusCode::OK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::assert_round_trips;
+
+    #[test]
+    fn tokens_and_policies_render_as_the_shared_api_types() {
+        let state = ServerState::default();
+        let token = AclToken {
+            accessor_id: "a".into(),
+            secret_id: "s".into(),
+            name: "ci".into(),
+            token_type: TokenType::Client,
+            policies: vec!["readonly".into()],
+            roles: vec!["r1".into()],
+            global: false,
+            create_time_ms: 1_790_000_000_000,
+            expiration_time_ms: Some(1_800_000_000_000),
+            create_index: 3,
+            modify_index: 4,
+        };
+        assert_round_trips::<api::AclToken>(token_json(&state, &token, true));
+        assert_round_trips::<api::AclToken>(token_json(&state, &token, false));
+        let policy = AclPolicy {
+            name: "readonly".into(),
+            description: "reads".into(),
+            rules: "namespace \"default\" { policy = \"read\" }".into(),
+            parsed: Default::default(),
+            create_index: 5,
+            modify_index: 6,
+        };
+        assert_round_trips::<api::AclPolicy>(policy_json(&policy, true));
+        assert_round_trips::<api::AclPolicy>(policy_json(&policy, false));
+    }
 }

@@ -16,11 +16,11 @@ use drover_core::client::restarts::go_duration;
 use drover_core::fsm::acl::AclCommand;
 use drover_core::fsm::{ServerState, Table};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::endpoints::{apply, enabled, read, stored_token};
 use super::idp;
-use crate::{ApiError, query_headers, rfc3339};
+use crate::{ApiError, api, query_headers, rfc3339};
 use drover_io_real::driver::AgentHandle;
 
 pub(super) fn bad(text: impl Into<String>) -> ApiError {
@@ -53,50 +53,52 @@ fn duration_ms(value: &Value, field: &str) -> Result<u64, ApiError> {
 
 fn method_json(method: &AuthMethod) -> Value {
     let config = &method.config;
-    json!({
-        "Name": method.name,
-        "Type": method.method_type.as_str(),
-        "TokenLocality": method.token_locality,
-        "TokenNameFormat": method.token_name_format,
-        "MaxTokenTTL": duration_text(method.max_token_ttl_ms),
-        "Default": method.default,
-        "Config": {
-            "JWTValidationPubKeys": config.jwt_validation_pub_keys,
-            "JWKSURL": config.jwks_url,
-            "JWKSCACert": config.jwks_ca_cert,
-            "OIDCDiscoveryURL": config.oidc_discovery_url,
-            "OIDCClientID": config.oidc_client_id,
-            "OIDCClientSecret": config.oidc_client_secret,
-            "OIDCEnablePKCE": config.oidc_enable_pkce,
-            "OIDCDisableUserInfo": config.oidc_disable_userinfo,
-            "OIDCScopes": config.oidc_scopes,
-            "BoundAudiences": config.bound_audiences,
-            "BoundIssuer": config.bound_issuer,
-            "AllowedRedirectURIs": config.allowed_redirect_uris,
-            "DiscoveryCaPem": config.discovery_ca_pem,
-            "SigningAlgs": config.signing_algs,
-            "ExpirationLeeway": duration_text(config.expiration_leeway_ms),
-            "NotBeforeLeeway": duration_text(config.not_before_leeway_ms),
-            "ClockSkewLeeway": duration_text(config.clock_skew_leeway_ms),
-            "ClaimMappings": config.claim_mappings,
-            "ListClaimMappings": config.list_claim_mappings,
-            "VerboseLogging": config.verbose_logging,
+    let shown = api::AuthMethod {
+        name: method.name.clone(),
+        method_type: method.method_type.as_str().into(),
+        token_locality: method.token_locality.clone(),
+        token_name_format: method.token_name_format.clone(),
+        max_token_ttl: duration_text(method.max_token_ttl_ms),
+        default: method.default,
+        config: api::AuthMethodConfig {
+            jwt_validation_pub_keys: config.jwt_validation_pub_keys.clone(),
+            jwks_url: config.jwks_url.clone(),
+            jwks_ca_cert: config.jwks_ca_cert.clone(),
+            oidc_discovery_url: config.oidc_discovery_url.clone(),
+            oidc_client_id: config.oidc_client_id.clone(),
+            oidc_client_secret: config.oidc_client_secret.clone(),
+            oidc_enable_pkce: config.oidc_enable_pkce,
+            oidc_disable_userinfo: config.oidc_disable_userinfo,
+            oidc_scopes: config.oidc_scopes.clone(),
+            bound_audiences: config.bound_audiences.clone(),
+            bound_issuer: config.bound_issuer.clone(),
+            allowed_redirect_uris: config.allowed_redirect_uris.clone(),
+            discovery_ca_pem: config.discovery_ca_pem.clone(),
+            signing_algs: config.signing_algs.clone(),
+            expiration_leeway: duration_text(config.expiration_leeway_ms),
+            not_before_leeway: duration_text(config.not_before_leeway_ms),
+            clock_skew_leeway: duration_text(config.clock_skew_leeway_ms),
+            claim_mappings: config.claim_mappings.clone(),
+            list_claim_mappings: config.list_claim_mappings.clone(),
+            verbose_logging: config.verbose_logging,
         },
-        "CreateTime": rfc3339(method.create_time_ms),
-        "ModifyTime": rfc3339(method.modify_time_ms),
-        "CreateIndex": method.create_index,
-        "ModifyIndex": method.modify_index,
-    })
+        create_time: rfc3339(method.create_time_ms),
+        modify_time: rfc3339(method.modify_time_ms),
+        create_index: method.create_index,
+        modify_index: method.modify_index,
+    };
+    serde_json::to_value(shown).expect("an auth method serializes")
 }
 
 fn method_stub(method: &AuthMethod) -> Value {
-    json!({
-        "Name": method.name,
-        "Type": method.method_type.as_str(),
-        "Default": method.default,
-        "CreateIndex": method.create_index,
-        "ModifyIndex": method.modify_index,
-    })
+    let stub = api::AuthMethodListStub {
+        name: method.name.clone(),
+        method_type: method.method_type.as_str().into(),
+        default: method.default,
+        create_index: method.create_index,
+        modify_index: method.modify_index,
+    };
+    serde_json::to_value(stub).expect("an auth method stub serializes")
 }
 
 #[derive(Default, Deserialize)]
@@ -307,18 +309,19 @@ pub(crate) async fn delete_method(
 }
 
 fn rule_json(rule: &BindingRule) -> Value {
-    json!({
-        "ID": rule.id,
-        "Description": rule.description,
-        "AuthMethod": rule.auth_method,
-        "Selector": rule.selector,
-        "BindType": rule.bind_type.as_str(),
-        "BindName": rule.bind_name,
-        "CreateTime": rfc3339(rule.create_time_ms),
-        "ModifyTime": rfc3339(rule.modify_time_ms),
-        "CreateIndex": rule.create_index,
-        "ModifyIndex": rule.modify_index,
-    })
+    let shown = api::BindingRule {
+        id: rule.id.clone(),
+        description: rule.description.clone(),
+        auth_method: rule.auth_method.clone(),
+        selector: rule.selector.clone(),
+        bind_type: rule.bind_type.as_str().into(),
+        bind_name: rule.bind_name.clone(),
+        create_time: rfc3339(rule.create_time_ms),
+        modify_time: rfc3339(rule.modify_time_ms),
+        create_index: rule.create_index,
+        modify_index: rule.modify_index,
+    };
+    serde_json::to_value(shown).expect("a binding rule serializes")
 }
 
 #[derive(Default, Deserialize)]
@@ -545,4 +548,30 @@ pub(crate) async fn login(
     };
     let verified = idp::verify(&body.login_token, &keys, &expect).map_err(unauthorized)?;
     issue_token(&handle, &method, &verified).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::assert_round_trips;
+
+    #[test]
+    fn auth_methods_and_binding_rules_render_as_the_shared_api_types() {
+        let mut method = AuthMethod {
+            name: "sso".into(),
+            max_token_ttl_ms: 3_600_000,
+            ..AuthMethod::default()
+        };
+        method.config.bound_audiences = vec!["nomad".into()];
+        method.config.claim_mappings.insert("email".into(), "email".into());
+        assert_round_trips::<api::AuthMethod>(method_json(&method));
+        assert_round_trips::<api::AuthMethodListStub>(method_stub(&method));
+        let rule = BindingRule {
+            id: "b1".into(),
+            auth_method: "sso".into(),
+            bind_name: "ops".into(),
+            ..BindingRule::default()
+        };
+        assert_round_trips::<api::BindingRule>(rule_json(&rule));
+    }
 }

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use super::endpoints::{apply, enabled, read, requester, token_json};
-use crate::{ApiError, query_headers, rfc3339};
+use crate::{ApiError, api, query_headers, rfc3339};
 use drover_io_real::driver::AgentHandle;
 
 fn bad(text: impl Into<String>) -> ApiError {
@@ -25,14 +25,19 @@ fn denied() -> ApiError {
 }
 
 fn role_json(role: &AclRole) -> Value {
-    json!({
-        "ID": role.id,
-        "Name": role.name,
-        "Description": role.description,
-        "Policies": role.policies.iter().map(|name| json!({"Name": name})).collect::<Vec<_>>(),
-        "CreateIndex": role.create_index,
-        "ModifyIndex": role.modify_index,
-    })
+    let shown = api::AclRole {
+        id: role.id.clone(),
+        name: role.name.clone(),
+        description: role.description.clone(),
+        policies: role
+            .policies
+            .iter()
+            .map(|name| api::AclRolePolicyLink { name: name.clone() })
+            .collect(),
+        create_index: role.create_index,
+        modify_index: role.modify_index,
+    };
+    serde_json::to_value(shown).expect("a role serializes")
 }
 
 /// Whether the request's token may read `role`: a management token, or one linking it.
@@ -256,4 +261,23 @@ pub(crate) async fn exchange(
     })?
     .ok_or_else(denied)?;
     Ok((query_headers(&handle, index), axum::Json(json!({ "Token": token }))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::assert_round_trips;
+
+    #[test]
+    fn roles_render_as_the_shared_api_type() {
+        let role = AclRole {
+            id: "r1".into(),
+            name: "ops".into(),
+            description: String::new(),
+            policies: vec!["readonly".into()],
+            create_index: 7,
+            modify_index: 8,
+        };
+        assert_round_trips::<api::AclRole>(role_json(&role));
+    }
 }
