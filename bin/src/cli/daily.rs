@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use drover_http::api::Evaluation;
+use drover_http::api::{self, Evaluation};
 
 use super::alloc::format_unix_nanos;
-use super::{Api, Failure, escape, job_path, short, table, text};
+use super::{Api, Failure, escape, job_path, short, table, text, typed};
 
 /// `-json` and `-t`: the object as JSON, or through a Go template, instead of the table.
 #[derive(Debug, Default, Clone, Args)]
@@ -249,13 +249,9 @@ fn job_init(file: Option<&str>, short: bool) -> Result<(), Failure> {
 
 fn job_validate(api: &Api, file: &str) -> Result<(), Failure> {
     let job = super::job::read_job_file(file)?;
-    let answer = api.call("PUT", "/v1/validate/job", Some(&json!({ "Job": job })))?;
-    let errors: Vec<String> = answer["ValidationErrors"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(text)
-        .collect();
+    let path = "/v1/validate/job";
+    let answer: api::JobValidateResponse = typed(path, &api.call("PUT", path, Some(&json!({ "Job": job })))?)?;
+    let errors = answer.validation_errors;
     if !errors.is_empty() {
         let listed: Vec<String> = errors.iter().map(|error| format!("    * {error}")).collect();
         return Err(Failure(
@@ -345,10 +341,12 @@ fn job_history(api: &Api, id: &str, version: Option<u64>, diffs: bool, format: &
 }
 
 fn job_allocs(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
-    let allocs = api.job_call("GET", &format!("{}/allocations", job_path(id)), None, id)?;
-    if format.printed(&allocs)? {
+    let path = format!("{}/allocations", job_path(id));
+    let answer = api.job_call("GET", &path, None, id)?;
+    if format.printed(&answer)? {
         return Ok(());
     }
+    let allocs: Vec<api::AllocListStub> = typed(&path, &answer)?;
     let mut rows = vec![
         [
             "ID",
@@ -364,16 +362,16 @@ fn job_allocs(api: &Api, id: &str, format: &Format) -> Result<(), Failure> {
         .map(|h| h.to_string())
         .collect::<Vec<_>>(),
     ];
-    for alloc in allocs.as_array().into_iter().flatten() {
+    for alloc in allocs {
         rows.push(vec![
-            short(&alloc["ID"]),
-            short(&alloc["NodeID"]),
-            text(&alloc["TaskGroup"]),
-            text(&alloc["JobVersion"]),
-            text(&alloc["DesiredStatus"]),
-            text(&alloc["ClientStatus"]),
-            format_unix_nanos(alloc["CreateTime"].as_i64().unwrap_or(0)),
-            format_unix_nanos(alloc["ModifyTime"].as_i64().unwrap_or(0)),
+            super::short_id(&alloc.id),
+            super::short_id(&alloc.node_id),
+            alloc.task_group,
+            alloc.job_version.to_string(),
+            alloc.desired_status,
+            alloc.client_status,
+            format_unix_nanos(alloc.create_time),
+            format_unix_nanos(alloc.modify_time),
         ]);
     }
     if rows.len() == 1 {
@@ -592,15 +590,17 @@ pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
     match command {
         VarCommand::Lock(lock) => super::var_lock::run(api, lock),
         VarCommand::Get { path, item, format } => {
-            let variable = var_call(api, "GET", &var_path(&path), None, &path)?;
+            let answer = var_call(api, "GET", &var_path(&path), None, &path)?;
+            let variable: api::Variable = typed(&var_path(&path), &answer)?;
             if let Some(item) = item {
-                let value = variable["Items"]
+                let value = variable
+                    .items
                     .get(&item)
                     .ok_or_else(|| Failure(format!("Variable at {path:?} has no item {item:?}"), 1))?;
-                println!("{}", text(value));
+                println!("{value}");
                 return Ok(());
             }
-            if format.printed(&variable)? {
+            if format.printed(&answer)? {
                 return Ok(());
             }
             print_variable(&variable);
@@ -627,29 +627,28 @@ pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
                 url.push_str(&format!("?cas={index}"));
             }
             let body = json!({"Path": path.trim_matches('/'), "Items": map});
-            let written = var_call(api, "PUT", &url, Some(&body), &path)?;
-            if format.printed(&written)? {
+            let answer = var_call(api, "PUT", &url, Some(&body), &path)?;
+            if format.printed(&answer)? {
                 return Ok(());
             }
-            println!(
-                "Created variable {:?} with modify index {}",
-                path,
-                text(&written["ModifyIndex"])
-            );
+            let written: api::Variable = typed(&url, &answer)?;
+            println!("Created variable {:?} with modify index {}", path, written.modify_index);
             Ok(())
         }
         VarCommand::List { prefix, format } => {
             let prefix = prefix.unwrap_or_default();
-            let listed = api.get(&format!("/v1/vars?prefix={}", escape(&prefix)))?;
-            if format.printed(&listed)? {
+            let url = format!("/v1/vars?prefix={}", escape(&prefix));
+            let answer = api.get(&url)?;
+            if format.printed(&answer)? {
                 return Ok(());
             }
+            let listed: Vec<api::VariableMetadata> = typed(&url, &answer)?;
             let mut rows = vec![vec!["Namespace".to_string(), "Path".into(), "Last Updated".into()]];
-            for variable in listed.as_array().into_iter().flatten() {
+            for variable in listed {
                 rows.push(vec![
-                    text(&variable["Namespace"]),
-                    text(&variable["Path"]),
-                    format_unix_nanos(variable["ModifyTime"].as_i64().unwrap_or(0)),
+                    variable.namespace,
+                    variable.path,
+                    format_unix_nanos(variable.modify_time),
                 ]);
             }
             if rows.len() == 1 {
@@ -671,29 +670,26 @@ pub(super) fn run_var(api: &Api, command: VarCommand) -> Result<(), Failure> {
     }
 }
 
-fn print_variable(variable: &Value) {
+fn print_variable(variable: &api::Variable) {
     println!(
         "{}",
         key_values(vec![
-            ("Namespace", text(&variable["Namespace"])),
-            ("Path", text(&variable["Path"])),
-            (
-                "Create Time",
-                format_unix_nanos(variable["CreateTime"].as_i64().unwrap_or(0))
-            ),
-            ("Check Index", text(&variable["ModifyIndex"])),
+            ("Namespace", variable.namespace.clone()),
+            ("Path", variable.path.clone()),
+            ("Create Time", format_unix_nanos(variable.create_time)),
+            ("Check Index", variable.modify_index.to_string()),
         ])
     );
     println!("\nItems");
-    let rows: Vec<(String, String)> = variable["Items"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .map(|(key, value)| (key.clone(), text(value)))
-        .collect();
     println!(
         "{}",
-        key_values(rows.iter().map(|(key, value)| (key.as_str(), value.clone())).collect())
+        key_values(
+            variable
+                .items
+                .iter()
+                .map(|(key, value)| (key.as_str(), value.clone()))
+                .collect()
+        )
     );
 }
 

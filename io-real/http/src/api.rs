@@ -17,12 +17,14 @@ mod cluster;
 mod csi;
 mod fs;
 mod jobs;
+mod variables;
 
 pub use acl::*;
 pub use cluster::*;
 pub use csi::*;
 pub use fs::*;
 pub use jobs::*;
+pub use variables::*;
 
 /// Nomad's `AllocationListStub` (`GET /v1/allocations`, `/v1/job/:id/allocations`, …).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

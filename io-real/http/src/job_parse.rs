@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{ApiError, parse_body, parse_job_body};
 use drover_io_real::driver::AgentHandle;
@@ -51,7 +51,7 @@ struct ValidateBody {
 pub async fn validate_job(
     State(handle): State<AgentHandle>,
     body: axum::body::Bytes,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<crate::api::JobValidateResponse>, ApiError> {
     let (body, mut problems): (ValidateBody, _) = parse_job_body(&body, "job")?;
     let Some(api) = body.job else {
         return Err(ApiError(StatusCode::BAD_REQUEST, "Job must be specified".into()));
@@ -66,10 +66,10 @@ pub async fn validate_job(
     } else {
         drover_core::jobspec::format_errors(&problems)
     };
-    Ok(axum::Json(json!({
-        "DriverConfigValidated": true,
-        "ValidationErrors": problems,
-        "Error": error,
-        "Warnings": "",
-    })))
+    Ok(axum::Json(crate::api::JobValidateResponse {
+        driver_config_validated: true,
+        validation_errors: problems,
+        error,
+        warnings: String::new(),
+    }))
 }

@@ -15,30 +15,49 @@ use axum::response::{IntoResponse, Response};
 use drover_core::fsm::variables::{DEFAULT_LOCK_DELAY_MS, DEFAULT_LOCK_TTL_MS};
 use drover_core::fsm::{Command, Response as FsmResponse, Table, Variable, VariableLockCommand};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use super::{ApiError, QueryOptions, block_on_table, page, parse_body, query_headers, read_list, root_key_error};
+use super::{ApiError, QueryOptions, api, block_on_table, page, parse_body, query_headers, read_list, root_key_error};
 use drover_io_real::driver::AgentHandle;
 
 /// A variable as Nomad's API shows it. `lock_id` only for the holder's own answers.
 fn variable_json(variable: &Variable, show_lock_id: bool) -> Value {
-    let mut json = json!({
-        "Namespace": "default",
-        "Path": variable.path,
-        "Items": variable.items,
-        "CreateIndex": variable.create_index,
-        "ModifyIndex": variable.modify_index,
-        "CreateTime": variable.create_time_unix_ms as i128 * 1_000_000,
-        "ModifyTime": variable.modify_time_unix_ms as i128 * 1_000_000,
-    });
-    if let Some(lock) = &variable.lock {
-        json["Lock"] = json!({
-            "ID": if show_lock_id { lock.id.as_str() } else { "" },
-            "TTL": drover_core::goduration::format(Duration::from_millis(lock.ttl_ms)),
-            "LockDelay": drover_core::goduration::format(Duration::from_millis(lock.lock_delay_ms)),
-        });
+    let shown = api::Variable {
+        namespace: "default".into(),
+        path: variable.path.clone(),
+        items: variable.items.0.clone(),
+        create_index: variable.create_index,
+        modify_index: variable.modify_index,
+        create_time: unix_nanos(variable.create_time_unix_ms),
+        modify_time: unix_nanos(variable.modify_time_unix_ms),
+        lock: lock(variable, show_lock_id),
+    };
+    serde_json::to_value(shown).expect("a variable serializes")
+}
+
+/// A variable without its items, as the list shows it (a lock's ID never shown).
+fn metadata(variable: &Variable) -> api::VariableMetadata {
+    api::VariableMetadata {
+        namespace: "default".into(),
+        path: variable.path.clone(),
+        create_index: variable.create_index,
+        modify_index: variable.modify_index,
+        create_time: unix_nanos(variable.create_time_unix_ms),
+        modify_time: unix_nanos(variable.modify_time_unix_ms),
+        lock: lock(variable, false),
     }
-    json
+}
+
+fn lock(variable: &Variable, show_lock_id: bool) -> Option<api::VariableLock> {
+    variable.lock.as_ref().map(|lock| api::VariableLock {
+        id: if show_lock_id { lock.id.clone() } else { String::new() },
+        ttl: drover_core::goduration::format(Duration::from_millis(lock.ttl_ms)),
+        lock_delay: drover_core::goduration::format(Duration::from_millis(lock.lock_delay_ms)),
+    })
+}
+
+fn unix_nanos(ms: u64) -> i64 {
+    i64::try_from(u128::from(ms) * 1_000_000).unwrap_or(i64::MAX)
 }
 
 fn validate_path(path: &str) -> Result<(), ApiError> {
@@ -50,23 +69,14 @@ pub(super) async fn list(
     Query(options): Query<QueryOptions>,
 ) -> Result<impl IntoResponse, ApiError> {
     let index = block_on_table(&handle, Table::Variables, &options).await?;
-    let (list, next): (Vec<Value>, Option<String>) = read_list(&handle, move |state| {
+    let (list, next): (Vec<api::VariableMetadata>, Option<String>) = read_list(&handle, move |state| {
         let prefix = options.prefix.clone().unwrap_or_default();
         let matching = state
             .variables()
             .filter(|variable| variable.path.starts_with(&prefix))
             .map(|variable| (variable.path.clone(), variable));
         let (variables, next) = page::page(matching, &options);
-        let list = variables
-            .into_iter()
-            .map(|variable| {
-                let mut json = variable_json(variable, false);
-                if let Some(map) = json.as_object_mut() {
-                    map.remove("Items");
-                }
-                json
-            })
-            .collect();
+        let list = variables.into_iter().map(metadata).collect::<Vec<_>>();
         (list, next)
     })
     .await

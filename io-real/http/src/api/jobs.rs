@@ -146,3 +146,15 @@ pub struct DesiredUpdates {
     pub canary: u64,
     pub preemptions: u64,
 }
+
+/// Nomad's `JobValidateResponse` (`PUT /v1/validate/job`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "PascalCase", default)]
+pub struct JobValidateResponse {
+    pub driver_config_validated: bool,
+    /// Each problem found, in Nomad's words; empty when the job is valid.
+    pub validation_errors: Vec<String>,
+    /// The problems as one text (empty when none).
+    pub error: String,
+    pub warnings: String,
+}
