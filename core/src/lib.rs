@@ -35,6 +35,7 @@ pub mod cover;
 pub mod csi;
 pub mod deploy;
 pub mod drainer;
+pub mod driverspec;
 pub mod election;
 pub mod error;
 pub mod fsm;

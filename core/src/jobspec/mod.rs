@@ -175,6 +175,11 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
         if task.driver.is_empty() {
             problems.push("Missing task driver".to_string());
         }
+        problems.extend(
+            crate::driverspec::check(&task.driver, &task.config)
+                .iter()
+                .map(ToString::to_string),
+        );
         if !task.kill_signal.is_empty() && crate::structs::signal_number(&task.kill_signal).is_none() {
             problems.push(format!(
                 "kill_signal {:?} is not a signal this agent knows",
@@ -423,7 +428,7 @@ pub fn format_errors(errors: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::structs::{Task, VolumeMount};
+    use crate::structs::{ConfigValue, Task, VolumeMount};
     use alloc::collections::BTreeMap;
 
     /// Issue 54 §9: a job's namespace is held to Nomad's names, refused by name.
@@ -456,6 +461,26 @@ mod tests {
         crate::testkit::job("web", JobType::Service)
             .with_count(2)
             .with_memory(300)
+    }
+
+    /// Issue 57 §1: a docker task's config is held to the docker driver's keys at admission.
+    #[test]
+    fn a_docker_tasks_unknown_config_key_is_refused_by_name() {
+        let mut job = job().with_driver("docker");
+        let config = &mut job.task_groups[0].tasks[0].config;
+        config.insert("image".into(), ConfigValue::String("busybox:1".into()));
+        assert!(validate(&job).is_empty(), "{:?}", validate(&job));
+        job.task_groups[0].tasks[0]
+            .config
+            .insert("entry_point".into(), ConfigValue::List(Vec::new()));
+        assert_eq!(
+            validate(&job),
+            vec![
+                "Task group g validation failed: Task t validation failed: config: An argument named \"entry_point\" \
+                 is not expected here. Did you mean \"entrypoint\"?"
+                    .to_string()
+            ]
+        );
     }
 
     #[test]

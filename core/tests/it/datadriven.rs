@@ -1634,3 +1634,46 @@ mod turns_harness {
 fn controller_turns() {
     run_dir("controller_turns", turns_harness::new, turns_harness::run);
 }
+
+/// A driver's config as a job is admitted (`driverspec::check`): `check driver=<name>` with the
+/// config as JSON on the input lines (as the API carries it; HCL reads to the same values).
+/// Prints `ok`, or each problem as the job's validation names it.
+mod driverspec_harness {
+    use std::collections::BTreeMap;
+
+    use drover_core::structs::ConfigValue;
+
+    use super::Directive;
+
+    fn value(json: &serde_json::Value) -> ConfigValue {
+        match json {
+            serde_json::Value::Bool(flag) => ConfigValue::Bool(*flag),
+            serde_json::Value::Number(number) => ConfigValue::Int(number.as_i64().expect("an integer")),
+            serde_json::Value::String(text) => ConfigValue::String(text.clone()),
+            serde_json::Value::Array(items) => ConfigValue::List(items.iter().map(value).collect()),
+            serde_json::Value::Object(map) => {
+                ConfigValue::Map(map.iter().map(|(key, item)| (key.clone(), value(item))).collect())
+            }
+            serde_json::Value::Null => panic!("null is not a config value"),
+        }
+    }
+
+    pub fn run(_: &mut (), directive: &Directive) -> String {
+        assert_eq!(directive.command, "check", "unknown directive");
+        let json: serde_json::Value = serde_json::from_str(&directive.input.join("\n")).expect("config as JSON");
+        let ConfigValue::Map(config) = value(&json) else {
+            panic!("the config is an object");
+        };
+        let config: BTreeMap<String, ConfigValue> = config;
+        let problems = drover_core::driverspec::check(&directive.args["driver"], &config);
+        if problems.is_empty() {
+            return "ok\n".into();
+        }
+        problems.iter().map(|problem| format!("{problem}\n")).collect()
+    }
+}
+
+#[test]
+fn driverspec() {
+    run_dir("driverspec", || (), driverspec_harness::run);
+}

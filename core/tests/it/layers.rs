@@ -25,7 +25,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         ],
     ),
     ("data", &["structs", "autopilot", "election"]),
-    ("job language", &["connect", "taskenv", "jobspec"]),
+    ("job language", &["connect", "taskenv", "driverspec", "jobspec"]),
     ("policies and settings", &["acl", "config"]),
     // Builders of data and settings for tests and benches (`testkit` feature).
     ("test data", &["testkit"]),
