@@ -75,6 +75,24 @@ struct HandleState {
     /// The task's cgroup, when it has one: every process it started, for the final kill.
     #[serde(default)]
     cgroup: Option<TaskCgroup>,
+    /// The task's log collectors (pid and start time): they exit once the task's output
+    /// closes, and the task is destroyed only once they have (`destroy_task`).
+    #[serde(default)]
+    collectors: Vec<(i32, u64)>,
+}
+
+/// A task's stdout and stderr (pipes to their collectors, or files), and the collectors.
+type Outputs = (std::process::Stdio, std::process::Stdio, Vec<(i32, u64)>);
+
+/// A task's command, ready to spawn.
+struct TaskCommand {
+    cmd: tokio::process::Command,
+    /// The command's name, for errors.
+    name: String,
+    /// The host sources shared for bidirectional mounts.
+    shared: Vec<String>,
+    /// The log collectors started for it (pid and start time).
+    collectors: Vec<(i32, u64)>,
 }
 
 /// This boot of the host, or empty where the kernel does not say.
@@ -99,6 +117,7 @@ impl HandleState {
             state.pid = 0;
             state.cgroup = None;
             state.shared.clear();
+            state.collectors.clear();
         }
         Ok(state)
     }
@@ -156,7 +175,7 @@ impl ProcessDriver {
 
     /// Where the task's stdout and stderr go: pipes read by two collectors (`logmon`), or,
     /// without one, files appended to directly.
-    fn outputs(&self, config: &TaskConfig) -> Result<(std::process::Stdio, std::process::Stdio), IoError> {
+    fn outputs(&self, config: &TaskConfig) -> Result<Outputs, IoError> {
         let dir = Path::new(&config.log_dir);
         let Some(agent) = &self.logmon else {
             let open_log = |stream: &str| {
@@ -167,9 +186,10 @@ impl ProcessDriver {
                     .open(&path)
                     .map_err(|e| io_error(&format!("open {}", path.display()), e))
             };
-            return Ok((open_log("stdout")?.into(), open_log("stderr")?.into()));
+            return Ok((open_log("stdout")?.into(), open_log("stderr")?.into(), Vec::new()));
         };
         let mut writers = Vec::new();
+        let mut collectors = Vec::new();
         for stream in ["stdout", "stderr"] {
             let (reader, writer) = std::io::pipe().map_err(|e| io_error("create a log pipe", e))?;
             let base = format!("{}.{stream}", config.task);
@@ -186,6 +206,11 @@ impl ProcessDriver {
             let mut child = collector
                 .spawn()
                 .map_err(|e| io_error(&format!("start the log collector for {base}"), e))?;
+            if let Some(pid) = child.id().map(|pid| pid as i32)
+                && let Some(started) = start_time(pid)
+            {
+                collectors.push((pid, started));
+            }
             // Reaped here while this agent lives; after a restart, by whoever adopts it.
             tokio::spawn(async move {
                 let _ = child.wait().await;
@@ -194,7 +219,7 @@ impl ProcessDriver {
         }
         let stderr = writers.pop().expect("two streams");
         let stdout = writers.pop().expect("two streams");
-        Ok((stdout.into(), stderr.into()))
+        Ok((stdout.into(), stderr.into(), collectors))
     }
 
     /// The driver as a client without `plugin "raw_exec" { config { enabled = true } }` has
@@ -571,7 +596,12 @@ impl ProcessDriver {
                 cgroup.remove();
             }
         };
-        let (mut cmd, command, shared) = match self.command(&config, cgroup.as_ref()) {
+        let TaskCommand {
+            mut cmd,
+            name: command,
+            shared,
+            collectors,
+        } = match self.command(&config, cgroup.as_ref()) {
             Ok(built) => built,
             Err(error) => {
                 undo(&[]);
@@ -635,6 +665,7 @@ impl ProcessDriver {
                 boot_id: boot_id().to_string(),
                 shared,
                 cgroup,
+                collectors,
             })
             .expect("serializable"),
         })
@@ -642,13 +673,9 @@ impl ProcessDriver {
 
     /// The task's command, ready to spawn: arguments, logs, environment, and what the child
     /// does between fork and exec (join the task's cgroup, lead a new session, and for `exec`
-    /// enter its own mount namespace and root). Also returns the command's name and the host
-    /// sources shared for bidirectional mounts.
-    fn command(
-        &self,
-        config: &TaskConfig,
-        cgroup: Option<&TaskCgroup>,
-    ) -> Result<(tokio::process::Command, String, Vec<String>), IoError> {
+    /// enter its own mount namespace and root), with its name, the host sources shared for
+    /// bidirectional mounts and the log collectors started for it.
+    fn command(&self, config: &TaskConfig, cgroup: Option<&TaskCgroup>) -> Result<TaskCommand, IoError> {
         let command = config
             .config
             .get("command")
@@ -665,7 +692,7 @@ impl ProcessDriver {
         if let Some(alloc_dir) = Path::new(&config.log_dir).parent() {
             shared_alloc_dirs(alloc_dir).map_err(|e| io_error("create shared alloc dirs", e))?;
         }
-        let (stdout, stderr) = self.outputs(config)?;
+        let (stdout, stderr, collectors) = self.outputs(config)?;
         let join = cgroup.map(TaskCgroup::join_paths).unwrap_or_default();
         if let (Kind::RawExec, Some(agent)) = (self.kind, self.logmon.as_ref()) {
             std::fs::create_dir_all(&config.task_dir).map_err(|e| io_error("create task dir", e))?;
@@ -687,7 +714,12 @@ impl ProcessDriver {
                 .stderr(stderr)
                 .current_dir(&config.task_dir)
                 .envs(&config.env);
-            return Ok((helper, command, Vec::new()));
+            return Ok(TaskCommand {
+                cmd: helper,
+                name: command,
+                shared: Vec::new(),
+                collectors,
+            });
         }
         // An `exec` task's root, prepared by the agent (its directories and bind sources).
         let mut exec_root = match self.kind {
@@ -718,7 +750,12 @@ impl ProcessDriver {
                 .env_clear()
                 .env("PATH", EXEC_PATH)
                 .envs(&config.env);
-            return Ok((helper, command, shared.clone()));
+            return Ok(TaskCommand {
+                cmd: helper,
+                name: command,
+                shared: shared.clone(),
+                collectors,
+            });
         }
         let mut shared = Vec::new();
         let mut cmd = tokio::process::Command::new(&command);
@@ -759,7 +796,12 @@ impl ProcessDriver {
                 }
             }
         }
-        Ok((cmd, command, shared))
+        Ok(TaskCommand {
+            cmd,
+            name: command,
+            shared,
+            collectors,
+        })
     }
 
     fn running(&self, handle: &TaskHandle) -> Option<Running> {
@@ -815,6 +857,7 @@ async fn destroy_task(state: &HandleState) -> Result<(), IoError> {
         }
     };
     release_shared(&state.shared);
+    collectors_done(&state.collectors).await;
     if all_gone {
         Ok(())
     } else {
@@ -822,6 +865,34 @@ async fn destroy_task(state: &HandleState) -> Result<(), IoError> {
             "processes of task {} are still in its cgroup after SIGKILL",
             state.pid
         )))
+    }
+}
+
+/// How long a task's log collectors have, once its output has closed, to write what is left
+/// and exit before they are killed.
+const COLLECTOR_DRAIN: Duration = Duration::from_secs(5);
+
+/// Once the task's processes are gone, its output pipes close and its log collectors write
+/// what is left and exit: waits for that, so nothing of the task outlives its destruction
+/// (a dev agent's shutdown), and kills any still running after [`COLLECTOR_DRAIN`].
+async fn collectors_done(collectors: &[(i32, u64)]) {
+    let deadline = tokio::time::Instant::now() + COLLECTOR_DRAIN;
+    loop {
+        let left: Vec<&(i32, u64)> = collectors
+            .iter()
+            .filter(|(pid, started)| is_running(*pid, *started))
+            .collect();
+        if left.is_empty() {
+            return;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            for (pid, started) in left {
+                tracing::warn!(pid, "a log collector did not exit once its task was gone; killing it");
+                signal_task(*pid, *started, libc::SIGKILL);
+            }
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 
