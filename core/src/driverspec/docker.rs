@@ -1,8 +1,12 @@
 //! The `docker` driver's task config: every key Nomad's docker driver takes (its
 //! `taskConfigSpec`), so that Nomad's job files pass unchanged and a misspelt key is named.
 
-use super::Field;
+use alloc::collections::BTreeMap;
+use alloc::vec::Vec;
+
 use super::Shape::{Block, Blocks, Bool, Duration, Number, NumberMap, String, StringMap, Strings};
+use super::{ConfigProblem, Field};
+use crate::structs::ConfigValue;
 
 const AUTH: &[Field] = &[
     Field::optional("username", String),
@@ -108,9 +112,247 @@ pub const FIELDS: &[Field] = &[
     Field::optional("work_dir", String),
 ];
 
+/// A docker task's config as the driver uses it, read once the client has interpolated it
+/// (`taskenv`): every value has its type by then. Defaults are Nomad's.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DockerTaskConfig {
+    pub image: alloc::string::String,
+    pub command: alloc::string::String,
+    pub args: Vec<alloc::string::String>,
+    pub entrypoint: Vec<alloc::string::String>,
+    pub work_dir: alloc::string::String,
+    /// Port labels of the group's `network` to publish.
+    pub ports: Vec<alloc::string::String>,
+    /// The older `port_map`: label to the port inside the container.
+    pub port_map: BTreeMap<alloc::string::String, i64>,
+    /// `host:container[:ro]` binds, relative hosts paths taken from the task dir.
+    pub volumes: Vec<alloc::string::String>,
+    pub mounts: Vec<DockerMount>,
+    pub privileged: bool,
+    pub cap_add: Vec<alloc::string::String>,
+    pub cap_drop: Vec<alloc::string::String>,
+    pub network_mode: alloc::string::String,
+    pub labels: BTreeMap<alloc::string::String, alloc::string::String>,
+    pub hostname: alloc::string::String,
+    pub dns_servers: Vec<alloc::string::String>,
+    pub dns_search_domains: Vec<alloc::string::String>,
+    pub dns_options: Vec<alloc::string::String>,
+    pub extra_hosts: Vec<alloc::string::String>,
+    pub devices: Vec<DockerDevice>,
+    pub init: bool,
+    pub tty: bool,
+    pub interactive: bool,
+    /// Bytes of `/dev/shm` (the engine's default when unset).
+    pub shm_size: Option<i64>,
+    pub ulimit: BTreeMap<alloc::string::String, alloc::string::String>,
+    pub sysctl: BTreeMap<alloc::string::String, alloc::string::String>,
+    pub force_pull: bool,
+    /// How long a pull may take (Nomad's default 5 minutes).
+    pub image_pull_timeout: core::time::Duration,
+    /// Registry credentials: passed to the engine, never logged.
+    pub auth: Option<DockerAuth>,
+}
+
+/// A `mount` block.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DockerMount {
+    /// `bind`, `volume` (the default) or `tmpfs`.
+    pub mount_type: alloc::string::String,
+    pub target: alloc::string::String,
+    pub source: alloc::string::String,
+    pub readonly: bool,
+    pub propagation: alloc::string::String,
+}
+
+/// A `devices` block: a host device made visible in the container.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DockerDevice {
+    pub host_path: alloc::string::String,
+    /// The host path when empty (as Docker's CLI does).
+    pub container_path: alloc::string::String,
+    /// `rwm` when empty.
+    pub cgroup_permissions: alloc::string::String,
+}
+
+/// Registry credentials from a task's `auth` block (`Debug` redacts the password).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DockerAuth {
+    pub username: alloc::string::String,
+    pub password: crate::structs::SecretText,
+    pub email: alloc::string::String,
+    pub server_address: alloc::string::String,
+}
+
+/// Nomad's default `image_pull_timeout`.
+pub const IMAGE_PULL_TIMEOUT: core::time::Duration = core::time::Duration::from_secs(5 * 60);
+
+impl DockerTaskConfig {
+    /// The interpolated config as the driver takes it; the first value that does not read
+    /// (one the admission check let through as `${…}` and that interpolated to the wrong type)
+    /// is named as admission would have named it.
+    pub fn read(config: &BTreeMap<alloc::string::String, ConfigValue>) -> Result<DockerTaskConfig, ConfigProblem> {
+        let problems = super::check("docker", config);
+        if let Some(problem) = problems.into_iter().next() {
+            return Err(problem);
+        }
+        let get = |key: &str| config.get(key);
+        let text = |key: &str| get(key).map(text_of).unwrap_or_default();
+        let flag = |key: &str| get(key).is_some_and(|value| value.as_bool().unwrap_or(value.as_str() == Some("true")));
+        let strings = |key: &str| get(key).map(strings_of).unwrap_or_default();
+        let map = |key: &str| get(key).map(string_map).unwrap_or_default();
+        let wrong = |key: &'static str, expected: &'static str| ConfigProblem::Wrong {
+            path: key.into(),
+            expected,
+        };
+        let image_pull_timeout = match get("image_pull_timeout").and_then(ConfigValue::as_str) {
+            None => IMAGE_PULL_TIMEOUT,
+            Some(text) => crate::goduration::parse(text).map_err(|_| wrong("image_pull_timeout", "duration"))?,
+        };
+        let shm_size = match get("shm_size") {
+            None => None,
+            Some(value) => Some(value.as_int().ok_or_else(|| wrong("shm_size", "number"))?),
+        };
+        let mut port_map = BTreeMap::new();
+        for block in get("port_map")
+            .map(super::maps)
+            .unwrap_or_default()
+            .into_iter()
+            .flatten()
+        {
+            for (label, port) in block {
+                port_map.insert(
+                    label.clone(),
+                    port.as_int().ok_or_else(|| wrong("port_map", "map of number"))?,
+                );
+            }
+        }
+        let blocks = |key: &str| get(key).and_then(super::blocks).unwrap_or_default();
+        let mounts = blocks("mount")
+            .into_iter()
+            .chain(blocks("mounts"))
+            .map(|block| {
+                let field = |key: &str| block.get(key).map(text_of).unwrap_or_default();
+                let propagation = block
+                    .get("bind_options")
+                    .and_then(super::blocks)
+                    .and_then(|options| {
+                        options
+                            .first()
+                            .and_then(|options| options.get("propagation"))
+                            .map(text_of)
+                    })
+                    .unwrap_or_default();
+                let mount_type = field("type");
+                DockerMount {
+                    mount_type: if mount_type.is_empty() {
+                        "volume".into()
+                    } else {
+                        mount_type
+                    },
+                    target: field("target"),
+                    source: field("source"),
+                    readonly: block
+                        .get("readonly")
+                        .is_some_and(|value| value.as_bool() == Some(true) || value.as_str() == Some("true")),
+                    propagation,
+                }
+            })
+            .collect();
+        let devices = blocks("devices")
+            .into_iter()
+            .map(|block| {
+                let field = |key: &str| block.get(key).map(text_of).unwrap_or_default();
+                let host_path = field("host_path");
+                let container_path = field("container_path");
+                let permissions = field("cgroup_permissions");
+                DockerDevice {
+                    container_path: if container_path.is_empty() {
+                        host_path.clone()
+                    } else {
+                        container_path
+                    },
+                    host_path,
+                    cgroup_permissions: if permissions.is_empty() {
+                        "rwm".into()
+                    } else {
+                        permissions
+                    },
+                }
+            })
+            .collect();
+        let auth = blocks("auth").first().map(|block| {
+            let field = |key: &str| block.get(key).map(text_of).unwrap_or_default();
+            DockerAuth {
+                username: field("username"),
+                password: crate::structs::SecretText(field("password")),
+                email: field("email"),
+                server_address: field("server_address"),
+            }
+        });
+        Ok(DockerTaskConfig {
+            image: text("image"),
+            command: text("command"),
+            args: strings("args"),
+            entrypoint: strings("entrypoint"),
+            work_dir: text("work_dir"),
+            ports: strings("ports"),
+            port_map,
+            volumes: strings("volumes"),
+            mounts,
+            privileged: flag("privileged"),
+            cap_add: strings("cap_add"),
+            cap_drop: strings("cap_drop"),
+            network_mode: text("network_mode"),
+            labels: map("labels"),
+            hostname: text("hostname"),
+            dns_servers: strings("dns_servers"),
+            dns_search_domains: strings("dns_search_domains"),
+            dns_options: strings("dns_options"),
+            extra_hosts: strings("extra_hosts"),
+            devices,
+            init: flag("init"),
+            tty: flag("tty"),
+            interactive: flag("interactive"),
+            shm_size,
+            ulimit: map("ulimit"),
+            sysctl: map("sysctl"),
+            force_pull: flag("force_pull"),
+            image_pull_timeout,
+            auth,
+        })
+    }
+}
+
+/// A scalar as text (HCL converts numbers and bools to strings).
+fn text_of(value: &ConfigValue) -> alloc::string::String {
+    match value {
+        ConfigValue::String(text) => text.clone(),
+        ConfigValue::Int(number) => alloc::format!("{number}"),
+        ConfigValue::Bool(flag) => alloc::format!("{flag}"),
+        ConfigValue::List(_) | ConfigValue::Map(_) => alloc::string::String::new(),
+    }
+}
+
+fn strings_of(value: &ConfigValue) -> Vec<alloc::string::String> {
+    match value {
+        ConfigValue::List(items) => items.iter().map(text_of).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A map, or the maps of the older block syntax merged in order.
+fn string_map(value: &ConfigValue) -> BTreeMap<alloc::string::String, alloc::string::String> {
+    super::maps(value)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|map| map.iter().map(|(key, value)| (key.clone(), text_of(value))))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
-    use alloc::collections::{BTreeMap, BTreeSet};
+    use alloc::collections::BTreeSet;
+    use alloc::string::ToString;
 
     use super::*;
 
@@ -128,5 +370,73 @@ mod tests {
         unique(FIELDS);
         assert_eq!(FIELDS.len(), 55);
         assert!(super::super::check("docker", &BTreeMap::new()).len() == 1);
+    }
+
+    fn config(json: &str) -> BTreeMap<alloc::string::String, ConfigValue> {
+        fn value(json: &serde_json::Value) -> ConfigValue {
+            match json {
+                serde_json::Value::Bool(flag) => ConfigValue::Bool(*flag),
+                serde_json::Value::Number(number) => ConfigValue::Int(number.as_i64().unwrap()),
+                serde_json::Value::String(text) => ConfigValue::String(text.clone()),
+                serde_json::Value::Array(items) => ConfigValue::List(items.iter().map(value).collect()),
+                serde_json::Value::Object(map) => {
+                    ConfigValue::Map(map.iter().map(|(key, item)| (key.clone(), value(item))).collect())
+                }
+                serde_json::Value::Null => unreachable!(),
+            }
+        }
+        match value(&serde_json::from_str(json).unwrap()) {
+            ConfigValue::Map(map) => map,
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_config_reads_with_nomads_defaults() {
+        let read = DockerTaskConfig::read(&config(r#"{"image": "busybox:1"}"#)).unwrap();
+        assert_eq!(read.image, "busybox:1");
+        assert_eq!(read.image_pull_timeout, IMAGE_PULL_TIMEOUT);
+        assert_eq!(read.shm_size, None);
+        assert!(!read.privileged && read.auth.is_none() && read.mounts.is_empty());
+    }
+
+    #[test]
+    fn every_kind_of_value_reads_as_the_driver_uses_it() {
+        let read = DockerTaskConfig::read(&config(
+            r#"{"image": "web:2", "args": ["-p", 8080], "privileged": "true", "shm_size": "1024",
+                "port_map": [{"http": 80}, {"admin": 9000}], "labels": [{"team": "a"}, {"tier": "web"}],
+                "image_pull_timeout": "90s",
+                "mount": [{"type": "bind", "source": "local/conf", "target": "/etc/app", "readonly": true,
+                           "bind_options": {"propagation": "rshared"}}, {"target": "/cache"}],
+                "devices": [{"host_path": "/dev/fuse"}],
+                "auth": {"username": "u", "password": "hunter2"}}"#,
+        ))
+        .unwrap();
+        assert_eq!(read.args, ["-p", "8080"]);
+        assert!(read.privileged);
+        assert_eq!(read.shm_size, Some(1024));
+        assert_eq!(
+            read.port_map,
+            BTreeMap::from([("admin".to_string(), 9000), ("http".to_string(), 80)])
+        );
+        assert_eq!(read.labels.len(), 2);
+        assert_eq!(read.image_pull_timeout, core::time::Duration::from_secs(90));
+        assert_eq!(read.mounts[0].propagation, "rshared");
+        assert!(read.mounts[0].readonly);
+        assert_eq!(read.mounts[1].mount_type, "volume");
+        assert_eq!(read.devices[0].container_path, "/dev/fuse");
+        assert_eq!(read.devices[0].cgroup_permissions, "rwm");
+        let auth = read.auth.unwrap();
+        assert_eq!(auth.password.expose(), "hunter2");
+        assert!(!alloc::format!("{auth:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn a_value_that_interpolated_to_the_wrong_type_is_named() {
+        let refused = DockerTaskConfig::read(&config(r#"{"image": "web", "shm_size": "lots"}"#)).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "config: Inappropriate value for attribute \"shm_size\": number required."
+        );
     }
 }
