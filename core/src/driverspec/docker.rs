@@ -197,7 +197,7 @@ impl DockerTaskConfig {
         }
         let get = |key: &str| config.get(key);
         let text = |key: &str| get(key).map(text_of).unwrap_or_default();
-        let flag = |key: &str| get(key).is_some_and(|value| value.as_bool().unwrap_or(value.as_str() == Some("true")));
+        let flag = |key: &str| get(key).is_some_and(truthy);
         let strings = |key: &str| get(key).map(strings_of).unwrap_or_default();
         let map = |key: &str| get(key).map(string_map).unwrap_or_default();
         let wrong = |key: &'static str, expected: &'static str| ConfigProblem::Wrong {
@@ -226,7 +226,7 @@ impl DockerTaskConfig {
                 );
             }
         }
-        let blocks = |key: &str| get(key).and_then(super::blocks).unwrap_or_default();
+        let blocks = |key: &str| get(key).and_then(super::maps).unwrap_or_default();
         let mounts = blocks("mount")
             .into_iter()
             .chain(blocks("mounts"))
@@ -234,7 +234,7 @@ impl DockerTaskConfig {
                 let field = |key: &str| block.get(key).map(text_of).unwrap_or_default();
                 let propagation = block
                     .get("bind_options")
-                    .and_then(super::blocks)
+                    .and_then(super::maps)
                     .and_then(|options| {
                         options
                             .first()
@@ -251,9 +251,7 @@ impl DockerTaskConfig {
                     },
                     target: field("target"),
                     source: field("source"),
-                    readonly: block
-                        .get("readonly")
-                        .is_some_and(|value| value.as_bool() == Some(true) || value.as_str() == Some("true")),
+                    readonly: block.get("readonly").is_some_and(truthy),
                     propagation,
                 }
             })
@@ -321,6 +319,11 @@ impl DockerTaskConfig {
             auth,
         })
     }
+}
+
+/// A bool, or a string HCL converts to `true`.
+fn truthy(value: &ConfigValue) -> bool {
+    value.as_bool().unwrap_or(value.as_str() == Some("true"))
 }
 
 /// A scalar as text (HCL converts numbers and bools to strings).

@@ -193,14 +193,14 @@ fn check_value(shape: Shape, value: &ConfigValue, path: &str, problems: &mut Vec
             maps.iter()
                 .all(|map| map.values().all(|item| interpolated(item) || item.as_int().is_some()))
         }),
-        Shape::Block(fields) => match blocks(value).as_deref() {
+        Shape::Block(fields) => match maps(value).as_deref() {
             Some([one]) => {
                 check_fields(fields, one, &format!("{path}."), problems);
                 true
             }
             _ => false,
         },
-        Shape::Blocks(fields) => match blocks(value) {
+        Shape::Blocks(fields) => match maps(value) {
             Some(each) => {
                 for (position, block) in each.iter().enumerate() {
                     check_fields(fields, block, &format!("{path}[{position}]."), problems);
@@ -232,7 +232,8 @@ fn parses_bool(value: &ConfigValue) -> bool {
     matches!(value.as_str(), Some("true" | "false"))
 }
 
-/// A map, or the list of maps the older block syntax reads as.
+/// A map, or the list of maps the older block syntax reads as; also a block (a map) or
+/// repeated blocks (a list of maps), as the jobspec reads them.
 fn maps(value: &ConfigValue) -> Option<Vec<&BTreeMap<String, ConfigValue>>> {
     match value {
         ConfigValue::Map(map) => Some(alloc::vec![map]),
@@ -245,11 +246,6 @@ fn maps(value: &ConfigValue) -> Option<Vec<&BTreeMap<String, ConfigValue>>> {
             .collect(),
         _ => None,
     }
-}
-
-/// A block (a map) or repeated blocks (a list of maps), as the jobspec reads them.
-fn blocks(value: &ConfigValue) -> Option<Vec<&BTreeMap<String, ConfigValue>>> {
-    maps(value)
 }
 
 /// The key of `fields` nearest `key`, if near enough to be what was meant (HCL suggests a name
