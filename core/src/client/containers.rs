@@ -24,11 +24,7 @@ use crate::Instant;
 pub const LABEL_ALLOC_ID: &str = "com.hashicorp.nomad.alloc_id";
 pub const LABEL_TASK_NAME: &str = "com.hashicorp.nomad.task_name";
 
-/// How long a labelled container no task knows is left alone (Nomad's `creation_grace`).
-pub const CREATION_GRACE: Duration = Duration::from_secs(5 * 60);
-
-/// Nomad's default `gc { image_delay }`.
-pub const IMAGE_DELAY: Duration = Duration::from_secs(3 * 60);
+pub use crate::driverspec::docker_plugin::{CREATION_GRACE, IMAGE_DELAY};
 
 /// A container as the engine lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]

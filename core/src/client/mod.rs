@@ -11,6 +11,7 @@ pub mod alloc_runner;
 pub mod check_poll;
 #[allow(clippy::module_inception)]
 pub mod client;
+pub mod container_spec;
 pub mod containers;
 pub mod deadlines;
 pub mod devices;

@@ -20,6 +20,7 @@ use core::fmt;
 use crate::structs::ConfigValue;
 
 pub mod docker;
+pub mod docker_plugin;
 
 /// What one key of a driver's config holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

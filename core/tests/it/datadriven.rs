@@ -1645,7 +1645,7 @@ mod driverspec_harness {
 
     use super::Directive;
 
-    fn value(json: &serde_json::Value) -> ConfigValue {
+    pub(super) fn value(json: &serde_json::Value) -> ConfigValue {
         match json {
             serde_json::Value::Bool(flag) => ConfigValue::Bool(*flag),
             serde_json::Value::Number(number) => ConfigValue::Int(number.as_i64().expect("an integer")),
@@ -1676,4 +1676,189 @@ mod driverspec_harness {
 #[test]
 fn driverspec() {
     run_dir("driverspec", || (), driverspec_harness::run);
+}
+
+/// The container a docker task gets (`client::container_spec`): `spec` with the plugin's
+/// settings as arguments (`allow_privileged`, `volumes`, `allow_caps=a,b`), the task's docker
+/// config as JSON on the first input line, then `env NAME=value`, `mount host:task[:ro][:propagation]`,
+/// `resources cpu=N memory=N memory_max=N`. Prints what the engine is asked for, or the refusal.
+mod container_spec_harness {
+    use std::collections::BTreeMap;
+
+    use drover_core::client::container_spec::container_spec;
+    use drover_core::client::{MountConfig, TaskConfig};
+    use drover_core::driverspec::docker::DockerTaskConfig;
+    use drover_core::driverspec::docker_plugin::DockerPluginConfig;
+    use drover_core::structs::{ConfigValue, Propagation};
+
+    use super::Directive;
+
+    pub fn run(_: &mut (), directive: &Directive) -> String {
+        assert_eq!(directive.command, "spec", "unknown directive");
+        let mut plugin = DockerPluginConfig {
+            allow_privileged: directive.args.contains_key("allow_privileged"),
+            volumes_enabled: directive.args.contains_key("volumes"),
+            ..DockerPluginConfig::default()
+        };
+        if let Some(caps) = directive.args.get("allow_caps") {
+            plugin.allow_caps = caps.split(',').map(String::from).collect();
+        }
+        let json: serde_json::Value = serde_json::from_str(&directive.input[0]).expect("config as JSON");
+        let ConfigValue::Map(config) = super::driverspec_harness::value(&json) else {
+            panic!("the config is an object");
+        };
+        let config: BTreeMap<String, ConfigValue> = config;
+        let docker = DockerTaskConfig::read(&config).expect("a config admission lets through");
+        let mut task = TaskConfig {
+            alloc_id: "a1".into(),
+            task: "web".into(),
+            driver: "docker".into(),
+            config,
+            env: BTreeMap::new(),
+            mounts: Vec::new(),
+            devices: Vec::new(),
+            task_dir: "/data/alloc/a1/web".into(),
+            log_dir: "/data/alloc/a1/alloc/logs".into(),
+            kill_timeout: std::time::Duration::from_secs(5),
+            cpu_mhz: 100,
+            memory_mb: 300,
+            memory_max_mb: 0,
+            logs: Default::default(),
+        };
+        for line in &directive.input[1..] {
+            let (what, rest) = line.split_once(' ').expect("`<what> <value>`");
+            match what {
+                "env" => {
+                    for pair in rest.split_whitespace() {
+                        let (name, value) = pair.split_once('=').expect("NAME=value");
+                        task.env.insert(name.into(), value.into());
+                    }
+                }
+                "mount" => {
+                    let parts: Vec<&str> = rest.split(':').collect();
+                    task.mounts.push(MountConfig {
+                        host_path: parts[0].into(),
+                        task_path: parts[1].into(),
+                        readonly: parts.contains(&"ro"),
+                        propagation: parts[2..]
+                            .iter()
+                            .find_map(|part| Propagation::parse(part))
+                            .unwrap_or_default(),
+                    });
+                }
+                "resources" => {
+                    for pair in rest.split_whitespace() {
+                        let (name, value) = pair.split_once('=').expect("name=N");
+                        let value: u32 = value.parse().expect("a number");
+                        match name {
+                            "cpu" => task.cpu_mhz = value,
+                            "memory" => task.memory_mb = value,
+                            "memory_max" => task.memory_max_mb = value,
+                            other => panic!("unknown resource {other}"),
+                        }
+                    }
+                }
+                other => panic!("unknown input line {other:?}"),
+            }
+        }
+        let spec = match container_spec(&task, &docker, &plugin) {
+            Ok(spec) => spec,
+            Err(refusal) => return format!("refused: {refusal}\n"),
+        };
+        let mut out = String::new();
+        let mut line = |name: &str, value: String| {
+            if !value.is_empty() {
+                out.push_str(&format!("{name}: {value}\n"));
+            }
+        };
+        line("name", spec.name.clone());
+        line("image", spec.image.clone());
+        line("entrypoint", spec.entrypoint.join(" "));
+        line("cmd", spec.cmd.join(" "));
+        line("working_dir", spec.working_dir.clone());
+        line("hostname", spec.hostname.clone());
+        line("network_mode", spec.network_mode.clone());
+        for bind in &spec.binds {
+            line("bind", bind.clone());
+        }
+        for mount in &spec.mounts {
+            line(
+                "mount",
+                format!(
+                    "{} {} -> {}{}{}",
+                    mount.kind.as_str(),
+                    mount.source,
+                    mount.target,
+                    if mount.readonly { " ro" } else { "" },
+                    if mount.propagation.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", mount.propagation)
+                    }
+                ),
+            );
+        }
+        for port in &spec.ports {
+            line(
+                "port",
+                format!(
+                    "{} {}:{} -> {}",
+                    port.label, port.host_ip, port.host_port, port.container_port
+                ),
+            );
+        }
+        for var in spec.env.iter().filter(|var| var.starts_with("NOMAD_PORT_")) {
+            line("env", var.clone());
+        }
+        line(
+            "resources",
+            format!(
+                "cpu_shares={} memory={} reservation={}",
+                spec.cpu_shares, spec.memory_bytes, spec.memory_reservation_bytes
+            ),
+        );
+        line(
+            "privileged",
+            if spec.privileged { "true".into() } else { String::new() },
+        );
+        line("cap_add", spec.cap_add.join(","));
+        line("cap_drop", spec.cap_drop.join(","));
+        for device in &spec.devices {
+            line(
+                "device",
+                format!(
+                    "{} -> {} {}",
+                    device.host_path, device.container_path, device.permissions
+                ),
+            );
+        }
+        line("dns", spec.dns_servers.join(","));
+        line("dns_search", spec.dns_search.join(","));
+        line("extra_hosts", spec.extra_hosts.join(","));
+        for ulimit in &spec.ulimits {
+            line("ulimit", format!("{} {}:{}", ulimit.name, ulimit.soft, ulimit.hard));
+        }
+        for (name, value) in &spec.sysctls {
+            line("sysctl", format!("{name}={value}"));
+        }
+        line(
+            "shm_size",
+            spec.shm_size.map(|size| size.to_string()).unwrap_or_default(),
+        );
+        let flags: Vec<&str> = [("init", spec.init), ("tty", spec.tty), ("interactive", spec.open_stdin)]
+            .into_iter()
+            .filter(|(_, on)| *on)
+            .map(|(name, _)| name)
+            .collect();
+        line("flags", flags.join(","));
+        for (name, value) in &spec.labels {
+            line("label", format!("{name}={value}"));
+        }
+        out
+    }
+}
+
+#[test]
+fn container_spec() {
+    run_dir("container_spec", || (), container_spec_harness::run);
 }

@@ -1,0 +1,602 @@
+//! The container a docker task gets (Nomad's `createContainerConfig`), decided here so that
+//! the real engine and the simulated one start the same container and every refusal is typed
+//! and tested: the task's directories bound where Nomad binds them, its `volumes` and `mount`
+//! blocks checked against what the client allows, its group ports published, its resources as
+//! limits, its capabilities checked against `allow_caps`. The driver only translates a
+//! [`ContainerSpec`] into the Engine API's request.
+
+#[allow(unused_imports)]
+use crate::prelude::*;
+
+use alloc::collections::BTreeMap;
+use core::fmt;
+
+use super::TaskConfig;
+use super::containers::{LABEL_ALLOC_ID, LABEL_TASK_NAME};
+use crate::driverspec::docker::{DockerMount, DockerTaskConfig};
+use crate::driverspec::docker_plugin::{DOCKER_DEFAULT_CAPS, DockerPluginConfig, normal_cap};
+use crate::structs::Propagation;
+
+/// Docker refuses fewer CPU shares than this.
+const MIN_CPU_SHARES: i64 = 2;
+
+/// Everything the engine is asked for, in the order the engine is told it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ContainerSpec {
+    /// `<task>-<alloc id>`, as Nomad names its containers.
+    pub name: String,
+    pub image: String,
+    /// Empty: the image's own.
+    pub entrypoint: Vec<String>,
+    /// `command` and `args`; empty: the image's own.
+    pub cmd: Vec<String>,
+    pub working_dir: String,
+    /// `NAME=value`, by name.
+    pub env: Vec<String>,
+    pub labels: BTreeMap<String, String>,
+    pub hostname: String,
+    pub tty: bool,
+    pub open_stdin: bool,
+    /// `host:container[:mode]`: the task's directories, then its `volumes`.
+    pub binds: Vec<String>,
+    /// `mount` blocks, then what the client mounts for the task (CSI volumes, host volumes).
+    pub mounts: Vec<ContainerMount>,
+    /// Empty: the engine's default network.
+    pub network_mode: String,
+    pub ports: Vec<PublishedPort>,
+    /// The hard memory limit, and the soft one when `memory_max` raised the hard one.
+    pub memory_bytes: i64,
+    pub memory_reservation_bytes: i64,
+    pub cpu_shares: i64,
+    pub privileged: bool,
+    /// Upper case, as the engine takes them.
+    pub cap_add: Vec<String>,
+    pub cap_drop: Vec<String>,
+    pub devices: Vec<ContainerDevice>,
+    pub dns_servers: Vec<String>,
+    pub dns_search: Vec<String>,
+    pub dns_options: Vec<String>,
+    pub extra_hosts: Vec<String>,
+    pub init: bool,
+    pub shm_size: Option<i64>,
+    pub ulimits: Vec<Ulimit>,
+    pub sysctls: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MountKind {
+    Bind,
+    Volume,
+    Tmpfs,
+}
+
+impl MountKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MountKind::Bind => "bind",
+            MountKind::Volume => "volume",
+            MountKind::Tmpfs => "tmpfs",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerMount {
+    pub kind: MountKind,
+    pub source: String,
+    pub target: String,
+    pub readonly: bool,
+    /// `rprivate`, `rslave` or `rshared` for binds; empty otherwise.
+    pub propagation: String,
+}
+
+/// A port of the group's network published on the host (TCP and UDP, as Nomad does).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishedPort {
+    pub label: String,
+    pub host_ip: String,
+    pub host_port: u16,
+    pub container_port: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerDevice {
+    pub host_path: String,
+    pub container_path: String,
+    pub permissions: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ulimit {
+    pub name: String,
+    pub soft: i64,
+    pub hard: i64,
+}
+
+/// Why a docker task's container cannot be made as asked (Nomad's texts).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ContainerRefusal {
+    NoImage,
+    PrivilegedDisabled,
+    /// A `volumes` entry is not `host:container[:mode]`.
+    InvalidVolume {
+        volume: String,
+    },
+    /// A host path outside the allocation directory, with `volumes` not enabled.
+    HostPathNotAllowed {
+        volume: String,
+    },
+    /// A named volume (`mount { type = "volume" }`), with `volumes` not enabled.
+    VolumeNotAllowed {
+        source: String,
+    },
+    /// A `mount` block of a type the engine does not have, or with no target.
+    InvalidMount {
+        target: String,
+        reason: &'static str,
+    },
+    PortNotFound {
+        label: String,
+    },
+    /// `port_map` with no network port to map.
+    NoNetworkToMap,
+    /// Capabilities asked for that `allow_caps` does not list.
+    CapsNotAllowed {
+        caps: Vec<String>,
+    },
+    InvalidUlimit {
+        name: String,
+        value: String,
+    },
+}
+
+impl fmt::Display for ContainerRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ContainerRefusal::NoImage => write!(f, "image name required for docker driver"),
+            ContainerRefusal::PrivilegedDisabled => {
+                write!(f, "Docker privileged mode is disabled on this Nomad agent")
+            }
+            ContainerRefusal::InvalidVolume { volume } => {
+                write!(f, "invalid docker volume {volume:?}: expected host:container[:mode]")
+            }
+            ContainerRefusal::HostPathNotAllowed { volume } => {
+                write!(f, "volumes are not enabled; cannot mount host paths: {volume:?}")
+            }
+            ContainerRefusal::VolumeNotAllowed { source } => {
+                write!(f, "volumes are not enabled; cannot mount volume: {source:?}")
+            }
+            ContainerRefusal::InvalidMount { target, reason } => {
+                write!(f, "invalid mount {target:?}: {reason}")
+            }
+            ContainerRefusal::PortNotFound { label } => {
+                write!(f, "Port {label:?} not found, check network block")
+            }
+            ContainerRefusal::NoNetworkToMap => {
+                write!(f, "Trying to map ports but no network interface is available")
+            }
+            ContainerRefusal::CapsNotAllowed { caps } => write!(
+                f,
+                "driver does not allow the following capabilities: {}",
+                caps.join(", ")
+            ),
+            ContainerRefusal::InvalidUlimit { name, value } => write!(
+                f,
+                "failed to parse ulimit configuration: {name} = {value:?} is not \"soft\" or \"soft:hard\""
+            ),
+        }
+    }
+}
+
+/// The container for `task` with its `docker` config read, on a client configured `plugin`.
+pub fn container_spec(
+    task: &TaskConfig,
+    docker: &DockerTaskConfig,
+    plugin: &DockerPluginConfig,
+) -> Result<ContainerSpec, ContainerRefusal> {
+    if docker.image.trim().is_empty() {
+        return Err(ContainerRefusal::NoImage);
+    }
+    if docker.privileged && !plugin.allow_privileged {
+        return Err(ContainerRefusal::PrivilegedDisabled);
+    }
+    let alloc_dir = parent(&task.task_dir);
+    let mut env = task.env.clone();
+    let ports = published_ports(&task.env, docker, &mut env)?;
+    let (cap_add, cap_drop) = capabilities(docker, plugin)?;
+    let (memory_bytes, memory_reservation_bytes) = memory_limits(task.memory_mb, task.memory_max_mb);
+
+    let mut binds = vec![
+        format!("{}:/alloc", join(&alloc_dir, "alloc")),
+        format!("{}:/local", join(&task.task_dir, "local")),
+        format!("{}:/secrets", join(&task.task_dir, "secrets")),
+    ];
+    for volume in &docker.volumes {
+        binds.push(user_bind(volume, &task.task_dir, &alloc_dir, plugin)?);
+    }
+    let mut mounts = Vec::new();
+    for mount in &docker.mounts {
+        mounts.push(user_mount(mount, &task.task_dir, &alloc_dir, plugin)?);
+    }
+    // What the client mounts for the task: its CSI volumes (the published path) and host
+    // volumes, bound with the propagation the job asked for.
+    for mount in &task.mounts {
+        mounts.push(ContainerMount {
+            kind: MountKind::Bind,
+            source: mount.host_path.clone(),
+            target: mount.task_path.clone(),
+            readonly: mount.readonly,
+            propagation: unix_propagation(mount.propagation).into(),
+        });
+    }
+
+    let mut labels = docker.labels.clone();
+    labels.insert(LABEL_ALLOC_ID.into(), task.alloc_id.clone());
+    labels.insert(LABEL_TASK_NAME.into(), task.task.clone());
+
+    let mut cmd = Vec::new();
+    if !docker.command.is_empty() {
+        cmd.push(docker.command.clone());
+    }
+    cmd.extend(docker.args.iter().cloned());
+
+    let devices = docker
+        .devices
+        .iter()
+        .map(|device| ContainerDevice {
+            host_path: device.host_path.clone(),
+            container_path: device.container_path.clone(),
+            permissions: device.cgroup_permissions.clone(),
+        })
+        .chain(task.devices.iter().map(|device| ContainerDevice {
+            host_path: device.host_path.clone(),
+            container_path: device.task_path.clone(),
+            permissions: if device.permissions.is_empty() {
+                "rwm".into()
+            } else {
+                device.permissions.clone()
+            },
+        }))
+        .collect();
+
+    let mut ulimits = Vec::new();
+    for (name, value) in &docker.ulimit {
+        ulimits.push(ulimit(name, value)?);
+    }
+
+    let spec = ContainerSpec {
+        name: format!("{}-{}", task.task, task.alloc_id),
+        image: docker.image.clone(),
+        entrypoint: docker.entrypoint.clone(),
+        cmd,
+        working_dir: docker.work_dir.clone(),
+        env: env.iter().map(|(name, value)| format!("{name}={value}")).collect(),
+        labels,
+        hostname: docker.hostname.clone(),
+        tty: docker.tty,
+        open_stdin: docker.interactive,
+        binds,
+        mounts,
+        network_mode: docker.network_mode.clone(),
+        ports,
+        memory_bytes,
+        memory_reservation_bytes,
+        cpu_shares: i64::from(task.cpu_mhz).max(MIN_CPU_SHARES),
+        privileged: docker.privileged,
+        cap_add,
+        cap_drop,
+        devices,
+        dns_servers: docker.dns_servers.clone(),
+        dns_search: docker.dns_search_domains.clone(),
+        dns_options: docker.dns_options.clone(),
+        extra_hosts: docker.extra_hosts.clone(),
+        init: docker.init,
+        shm_size: docker.shm_size,
+        ulimits,
+        sysctls: docker.sysctl.clone(),
+    };
+    debug_assert!(spec.binds.len() >= 3, "the task's three directories are always bound");
+    debug_assert_eq!(spec.labels.get(LABEL_ALLOC_ID), Some(&task.alloc_id));
+    Ok(spec)
+}
+
+/// Nomad's memory limits: `memory_max` is the hard limit when set, `memory` then the soft one;
+/// otherwise `memory` is the hard limit. Bytes.
+pub fn memory_limits(memory_mb: u32, memory_max_mb: u32) -> (i64, i64) {
+    let soft = i64::from(memory_mb) * 1024 * 1024;
+    if memory_max_mb > 0 {
+        (i64::from(memory_max_mb.max(memory_mb)) * 1024 * 1024, soft)
+    } else {
+        (soft, 0)
+    }
+}
+
+/// The ports to publish: each label of `ports` from the group's network (the task's
+/// `NOMAD_HOST_PORT_<label>` and `NOMAD_PORT_<label>`), or with `port_map` every port of the
+/// network, mapped to the port `port_map` names inside the container (whose
+/// `NOMAD_PORT_<label>` then says so, as Nomad's `SetPortMapEnvs` does).
+fn published_ports(
+    task_env: &BTreeMap<String, String>,
+    docker: &DockerTaskConfig,
+    env: &mut BTreeMap<String, String>,
+) -> Result<Vec<PublishedPort>, ContainerRefusal> {
+    let host_port = |label: &str| -> Option<u16> { task_env.get(&format!("NOMAD_HOST_PORT_{label}"))?.parse().ok() };
+    let host_ip = |label: &str| {
+        task_env
+            .get(&format!("NOMAD_HOST_IP_{label}"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut ports = Vec::new();
+    for label in &docker.ports {
+        let Some(value) = host_port(label) else {
+            return Err(ContainerRefusal::PortNotFound { label: label.clone() });
+        };
+        let container_port = task_env
+            .get(&format!("NOMAD_PORT_{label}"))
+            .and_then(|port| port.parse().ok())
+            .unwrap_or(value);
+        ports.push(PublishedPort {
+            label: label.clone(),
+            host_ip: host_ip(label),
+            host_port: value,
+            container_port,
+        });
+    }
+    if docker.port_map.is_empty() || !docker.ports.is_empty() {
+        return Ok(ports);
+    }
+    let labels: Vec<String> = task_env
+        .keys()
+        .filter_map(|name| name.strip_prefix("NOMAD_HOST_PORT_"))
+        .map(String::from)
+        .collect();
+    if labels.is_empty() {
+        return Err(ContainerRefusal::NoNetworkToMap);
+    }
+    if let Some(label) = docker.port_map.keys().find(|label| !labels.contains(label)) {
+        return Err(ContainerRefusal::PortNotFound { label: label.clone() });
+    }
+    for label in labels {
+        let Some(value) = host_port(&label) else {
+            continue;
+        };
+        let container_port = docker
+            .port_map
+            .get(&label)
+            .and_then(|port| u16::try_from(*port).ok())
+            .unwrap_or(value);
+        env.insert(format!("NOMAD_PORT_{label}"), container_port.to_string());
+        ports.push(PublishedPort {
+            host_ip: host_ip(&label),
+            label,
+            host_port: value,
+            container_port,
+        });
+    }
+    Ok(ports)
+}
+
+/// `cap_add` and `cap_drop` as the engine takes them: every capability the container would
+/// hold (Docker's defaults plus `cap_add`, less `cap_drop`) must be in `allow_caps`; Docker's
+/// defaults that are not (`net_raw`, by Nomad's default) are dropped. `privileged` holds every
+/// capability and is allowed or not on its own.
+fn capabilities(
+    docker: &DockerTaskConfig,
+    plugin: &DockerPluginConfig,
+) -> Result<(Vec<String>, Vec<String>), ContainerRefusal> {
+    let upper = |cap: &str| normal_cap(cap).to_ascii_uppercase();
+    let drops_all = docker.cap_drop.iter().any(|cap| normal_cap(cap) == "all");
+    let mut missing: Vec<String> = docker
+        .cap_add
+        .iter()
+        .filter(|cap| !plugin.allows_cap(cap))
+        .map(|cap| normal_cap(cap))
+        .collect();
+    missing.sort();
+    missing.dedup();
+    if !missing.is_empty() && !docker.privileged {
+        return Err(ContainerRefusal::CapsNotAllowed { caps: missing });
+    }
+    let cap_add: Vec<String> = docker.cap_add.iter().map(|cap| upper(cap)).collect();
+    let mut cap_drop: Vec<String> = docker.cap_drop.iter().map(|cap| upper(cap)).collect();
+    if !drops_all && !docker.privileged {
+        for cap in DOCKER_DEFAULT_CAPS {
+            let dropped = docker.cap_drop.iter().any(|dropped| normal_cap(dropped) == *cap);
+            let added = docker.cap_add.iter().any(|added| normal_cap(added) == *cap);
+            if !plugin.allows_cap(cap) && !dropped && !added {
+                cap_drop.push(cap.to_ascii_uppercase());
+            }
+        }
+    }
+    Ok((cap_add, cap_drop))
+}
+
+/// One `volumes` entry: a relative host path is the task directory's; a host path outside the
+/// allocation directory needs `volumes { enabled = true }`.
+fn user_bind(
+    volume: &str,
+    task_dir: &str,
+    alloc_dir: &str,
+    plugin: &DockerPluginConfig,
+) -> Result<String, ContainerRefusal> {
+    let parts: Vec<&str> = volume.split(':').collect();
+    if parts.len() < 2 || parts.len() > 3 || parts[0].is_empty() || parts[1].is_empty() {
+        return Err(ContainerRefusal::InvalidVolume { volume: volume.into() });
+    }
+    let source = host_path(parts[0], task_dir);
+    if !plugin.volumes_enabled && !is_within(&source, alloc_dir) {
+        return Err(ContainerRefusal::HostPathNotAllowed { volume: volume.into() });
+    }
+    let mut bind = format!("{source}:{}", parts[1]);
+    if let Some(mode) = parts.get(2) {
+        bind.push(':');
+        bind.push_str(mode);
+    }
+    Ok(bind)
+}
+
+fn user_mount(
+    mount: &DockerMount,
+    task_dir: &str,
+    alloc_dir: &str,
+    plugin: &DockerPluginConfig,
+) -> Result<ContainerMount, ContainerRefusal> {
+    if mount.target.is_empty() {
+        return Err(ContainerRefusal::InvalidMount {
+            target: String::new(),
+            reason: "a mount needs a target",
+        });
+    }
+    let kind = match mount.mount_type.as_str() {
+        "bind" => MountKind::Bind,
+        "volume" | "" => MountKind::Volume,
+        "tmpfs" => MountKind::Tmpfs,
+        _ => {
+            return Err(ContainerRefusal::InvalidMount {
+                target: mount.target.clone(),
+                reason: "type must be \"bind\", \"volume\" or \"tmpfs\"",
+            });
+        }
+    };
+    let source = match kind {
+        MountKind::Bind => {
+            let source = host_path(&mount.source, task_dir);
+            if !plugin.volumes_enabled && !is_within(&source, alloc_dir) {
+                return Err(ContainerRefusal::HostPathNotAllowed {
+                    volume: format!("{}:{}", mount.source, mount.target),
+                });
+            }
+            source
+        }
+        MountKind::Volume => {
+            if !plugin.volumes_enabled {
+                return Err(ContainerRefusal::VolumeNotAllowed {
+                    source: mount.source.clone(),
+                });
+            }
+            mount.source.clone()
+        }
+        MountKind::Tmpfs => String::new(),
+    };
+    let propagation = match kind {
+        MountKind::Bind if mount.propagation.is_empty() => "rprivate".into(),
+        MountKind::Bind => mount.propagation.clone(),
+        _ => String::new(),
+    };
+    Ok(ContainerMount {
+        kind,
+        source,
+        target: mount.target.clone(),
+        readonly: mount.readonly,
+        propagation,
+    })
+}
+
+/// `soft` or `soft:hard`.
+fn ulimit(name: &str, value: &str) -> Result<Ulimit, ContainerRefusal> {
+    let refuse = || ContainerRefusal::InvalidUlimit {
+        name: name.into(),
+        value: value.into(),
+    };
+    let mut parts = value.split(':');
+    let soft: i64 = parts
+        .next()
+        .and_then(|soft| soft.trim().parse().ok())
+        .ok_or_else(refuse)?;
+    let hard: i64 = match parts.next() {
+        Some(hard) => hard.trim().parse().map_err(|_| refuse())?,
+        None => soft,
+    };
+    if parts.next().is_some() || soft > hard {
+        return Err(refuse());
+    }
+    Ok(Ulimit {
+        name: name.into(),
+        soft,
+        hard,
+    })
+}
+
+fn unix_propagation(propagation: Propagation) -> &'static str {
+    match propagation {
+        Propagation::Private => "rprivate",
+        Propagation::HostToTask => "rslave",
+        Propagation::Bidirectional => "rshared",
+    }
+}
+
+/// A host path as the engine gets it: relative ones from the task directory, `.` and `..`
+/// resolved (lexically: the engine resolves links itself, inside the container's namespace).
+fn host_path(path: &str, task_dir: &str) -> String {
+    if path.starts_with('/') {
+        clean(path)
+    } else {
+        clean(&join(task_dir, path))
+    }
+}
+
+fn join(dir: &str, path: &str) -> String {
+    format!("{}/{}", dir.trim_end_matches('/'), path)
+}
+
+fn parent(path: &str) -> String {
+    let cleaned = clean(path);
+    match cleaned.rfind('/') {
+        Some(0) | None => "/".into(),
+        Some(at) => cleaned[..at].into(),
+    }
+}
+
+/// `/a/./b/../c` → `/a/c`; never above `/`.
+fn clean(path: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
+fn is_within(path: &str, dir: &str) -> bool {
+    let dir = clean(dir);
+    path == dir || path.starts_with(&format!("{}/", dir.trim_end_matches('/')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_lexically_and_never_climb_above_the_root() {
+        assert_eq!(clean("/a/./b/../c/"), "/a/c");
+        assert_eq!(clean("/../../etc"), "/etc");
+        assert_eq!(host_path("../../../../../etc", "/data/alloc/a1/web"), "/etc");
+        assert_eq!(
+            host_path("local/conf", "/data/alloc/a1/web"),
+            "/data/alloc/a1/web/local/conf"
+        );
+        assert_eq!(parent("/data/alloc/a1/web"), "/data/alloc/a1");
+        assert!(is_within("/data/alloc/a1/alloc/x", "/data/alloc/a1"));
+        assert!(!is_within("/data/alloc/a10", "/data/alloc/a1"));
+    }
+
+    #[test]
+    fn memory_max_makes_memory_the_soft_limit() {
+        assert_eq!(memory_limits(256, 0), (256 << 20, 0));
+        assert_eq!(memory_limits(256, 512), (512 << 20, 256 << 20));
+    }
+
+    #[test]
+    fn ulimits_read_soft_and_hard() {
+        assert_eq!(ulimit("nofile", "1024:2048").unwrap().hard, 2048);
+        assert_eq!(ulimit("nproc", "64").unwrap().soft, 64);
+        assert!(ulimit("nofile", "2048:1024").is_err());
+        assert!(ulimit("nofile", "many").is_err());
+    }
+}
