@@ -66,6 +66,10 @@ summary() {
   if [ -n "${MADSIM_BUILD_PID:-}" ]; then
     kill_tree "$MADSIM_BUILD_PID"
   fi
+  # Stopped while the docker tests' Engine ran: stop it too.
+  if [ -d target/docker-engine ]; then
+    scripts/docker-engine.sh stop target/docker-engine >/dev/null 2>&1 || true
+  fi
   echo
   echo "=== scripts/test.sh ($LANE lane): wall time per step"
   for i in "${!STEP_NAMES[@]}"; do
@@ -192,9 +196,18 @@ unit() {
   "${NEXTEST[@]}" --profile default -E "$UNIT"
 }
 
+# The docker driver's tests run against an Engine of their own (scripts/docker-engine.sh:
+# installed where missing, its roots and socket under target/, stopped and removed after).
+DOCKER_ENGINE_DIR=target/docker-engine
+
 real_process() {
-  local status=0
-  "${NEXTEST[@]}" --profile real -E "$REAL" || status=$?
+  local status=0 endpoint
+  endpoint=$(scripts/docker-engine.sh start "$DOCKER_ENGINE_DIR") || {
+    scripts/docker-engine.sh stop "$DOCKER_ENGINE_DIR" || true
+    return 1
+  }
+  DROVER_TEST_DOCKER_HOST=$endpoint "${NEXTEST[@]}" --profile real -E "$REAL" || status=$?
+  scripts/docker-engine.sh stop "$DOCKER_ENGINE_DIR" || status=$?
   python3 scripts/slowest.py target/nextest/real/junit.xml 10 || true
   return "$status"
 }

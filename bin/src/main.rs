@@ -352,7 +352,11 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                     config.client.raw_exec_enabled,
                     config.client.mock_driver_enabled,
                     std::env::current_exe().ok(),
-                ),
+                )
+                .with(Arc::new(drover_docker::DockerDriver::new(
+                    config.client.docker.clone(),
+                    drover_docker::endpoint(&config.client.docker, std::env::var("DOCKER_HOST").ok()),
+                ))),
                 // -dev shows the device hook at work with two fake GPUs.
                 devices: if config.dev_mode {
                     DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(2)))

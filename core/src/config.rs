@@ -446,6 +446,9 @@ pub struct ClientConfig {
     /// unless a client enables it.
     #[serde(default)]
     pub mock_driver_enabled: bool,
+    /// `plugin "docker" { config { … } }`: the socket, and what docker tasks may do here.
+    #[serde(default)]
+    pub docker: crate::driverspec::docker_plugin::DockerPluginConfig,
     /// `network_interface`: the interface whose address tasks' ports are allocated on
     /// (empty: the advertised address, or the default route's interface).
     #[serde(default)]

@@ -21,6 +21,7 @@ mod daily_cli;
 mod demo;
 mod deployments;
 mod dev_shutdown;
+mod docker;
 mod events;
 mod exec_helper;
 mod job_plan;

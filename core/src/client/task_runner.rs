@@ -23,9 +23,6 @@ use alloc::collections::BTreeMap;
 use alloc::sync::Arc;
 use core::time::Duration;
 
-/// What a stop sends first when the task names no `kill_signal` (Nomad's default).
-const SIGINT: i32 = 2;
-
 use serde::{Deserialize, Serialize};
 
 use crate::client::hooks::{AllocHookResources, HookError, HookResponse, HookState, TaskHook, TaskPhases, task_hooks};
@@ -976,7 +973,8 @@ impl TaskRunner {
         );
         let op = ops.allocate();
         self.set_phase(Phase::Killing { op });
-        let signal = crate::structs::signal_number(&self.spec.task.kill_signal).unwrap_or(SIGINT);
+        let signal = crate::structs::signal_number(&self.spec.task.kill_signal)
+            .unwrap_or_else(|| crate::driverspec::default_kill_signal(&self.spec.task.driver));
         self.actions.push(TaskAction::Io {
             op,
             io: Io::StopTask {

@@ -22,6 +22,18 @@ use crate::structs::ConfigValue;
 pub mod docker;
 pub mod docker_plugin;
 
+/// The signal a task is stopped with when it names no `kill_signal`: SIGTERM for a container
+/// (what `docker stop` sends, and what images' entrypoints handle), SIGINT for a process, as
+/// Nomad's drivers default.
+pub fn default_kill_signal(driver: &str) -> i32 {
+    const SIGINT: i32 = 2;
+    const SIGTERM: i32 = 15;
+    match driver {
+        "docker" => SIGTERM,
+        _ => SIGINT,
+    }
+}
+
 /// What one key of a driver's config holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Shape {

@@ -100,6 +100,34 @@ pub struct PluginBlock {
 #[serde(default)]
 pub struct PluginConfigBlock {
     pub enabled: Option<bool>,
+    // The docker driver's (Nomad's docker plugin `config`).
+    pub endpoint: Option<String>,
+    pub allow_privileged: Option<bool>,
+    pub allow_caps: Option<Vec<String>>,
+    pub volumes: Option<DockerVolumesBlock>,
+    pub gc: Option<DockerGcBlock>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct DockerVolumesBlock {
+    pub enabled: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct DockerGcBlock {
+    pub image: Option<bool>,
+    pub image_delay: Option<String>,
+    pub container: Option<bool>,
+    pub dangling_containers: Option<DockerDanglingBlock>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+pub struct DockerDanglingBlock {
+    pub enabled: Option<bool>,
+    pub creation_grace: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -832,6 +860,44 @@ fn apply_file(
                     config.client.mock_driver_enabled = enabled;
                 }
             }
+            "docker" => {
+                let Some(block) = plugin.config else { continue };
+                let docker = &mut config.client.docker;
+                if let Some(endpoint) = block.endpoint {
+                    if !endpoint.starts_with("unix://") {
+                        anyhow::bail!(
+                            "plugin \"docker\": endpoint {endpoint:?} is not a unix socket; Drover reaches the Engine at unix:///path"
+                        );
+                    }
+                    docker.endpoint = endpoint;
+                }
+                if let Some(allow) = block.allow_privileged {
+                    docker.allow_privileged = allow;
+                }
+                if let Some(caps) = block.allow_caps {
+                    docker.allow_caps = caps;
+                }
+                if let Some(enabled) = block.volumes.and_then(|volumes| volumes.enabled) {
+                    docker.volumes_enabled = enabled;
+                }
+                if let Some(gc) = block.gc {
+                    if let Some(image) = gc.image {
+                        docker.gc_image = image;
+                    }
+                    if let Some(delay) = gc.image_delay {
+                        docker.image_delay = parse_duration("plugin.docker.gc.image_delay", &delay)?;
+                    }
+                    if let Some(dangling) = gc.dangling_containers {
+                        if let Some(enabled) = dangling.enabled {
+                            docker.gc_containers = enabled;
+                        }
+                        if let Some(grace) = dangling.creation_grace {
+                            docker.creation_grace =
+                                parse_duration("plugin.docker.gc.dangling_containers.creation_grace", &grace)?;
+                        }
+                    }
+                }
+            }
             other => notes.push(format!("plugin {other:?} has no settings in Drover; ignored")),
         }
     }
@@ -1297,7 +1363,14 @@ plugin "raw_exec" {
 }
 plugin "docker" {
   config {
+    endpoint         = "unix:///run/engine.sock"
     allow_privileged = true
+    volumes {
+      enabled = true
+    }
+    gc {
+      image_delay = "10m"
+    }
   }
 }
 plugin "mock_driver" {
@@ -1341,9 +1414,12 @@ plugin "mock_driver" {
         assert_eq!(loaded.config.client.node_class, "gpu");
         assert_eq!(loaded.config.client.max_kill_timeout, Some(Duration::from_secs(120)));
         assert_eq!(loaded.config.client.meta["rack"], "r7");
-        assert_eq!(loaded.notes[0], "plugin \"docker\" has no settings in Drover; ignored");
-        assert!(loaded.notes[1].starts_with("the HTTP API listens on 0.0.0.0:4646 with ACLs disabled"));
-        assert_eq!(loaded.notes.len(), 2);
+        let docker = &loaded.config.client.docker;
+        assert_eq!(docker.endpoint, "unix:///run/engine.sock");
+        assert!(docker.allow_privileged && docker.volumes_enabled && docker.gc_image);
+        assert_eq!(docker.image_delay, Duration::from_secs(600));
+        assert!(loaded.notes[0].starts_with("the HTTP API listens on 0.0.0.0:4646 with ACLs disabled"));
+        assert_eq!(loaded.notes.len(), 1);
     }
 
     #[test]

@@ -1,0 +1,352 @@
+//! The `docker` driver against a real Docker Engine: the one `scripts/test.sh` starts (through
+//! `scripts/docker-engine.sh`) and names in `DROVER_TEST_DOCKER_HOST`, with the
+//! `drover-busybox:local` image imported. A container task runs, writes its logs through the
+//! same rotation as any task, carries Nomad's labels and is removed when it stops; a client
+//! killed with `kill -9` reattaches to its running container; an OOM kill and bad input are
+//! reported as task events, and nothing is left behind.
+
+use crate::support;
+
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::Value;
+use support::{Agent, dev_spec, get_json, wait_for};
+
+const IMAGE: &str = "drover-busybox:local";
+
+/// The Engine the tests use. Not skipped when missing: the test says how to start one.
+fn engine() -> String {
+    std::env::var("DROVER_TEST_DOCKER_HOST").unwrap_or_else(|_| {
+        panic!(
+            "DROVER_TEST_DOCKER_HOST is not set: start an Engine with \
+             `scripts/docker-engine.sh start target/docker-engine` and export what it prints \
+             (scripts/test.sh does both)"
+        )
+    })
+}
+
+fn docker(args: &[&str]) -> String {
+    let output = Command::new("docker")
+        .arg("-H")
+        .arg(engine())
+        .args(args)
+        .output()
+        .expect("the docker CLI runs");
+    assert!(output.status.success(), "docker {args:?}: {output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_string()
+}
+
+/// The containers labelled with `alloc`, running or not.
+fn containers_of(alloc: &str) -> Vec<String> {
+    docker(&[
+        "ps",
+        "-aq",
+        "--no-trunc",
+        "--filter",
+        &format!("label=com.hashicorp.nomad.alloc_id={alloc}"),
+    ])
+    .lines()
+    .map(String::from)
+    .collect()
+}
+
+/// An `agent -dev` using the test Engine (with `extra` in its docker plugin config), once its
+/// docker driver is healthy.
+fn start_dev(root: &std::path::Path, extra: &str) -> Agent {
+    let (spec, mut args) = dev_spec(root, "dev");
+    std::fs::create_dir_all(&spec.data_dir).unwrap();
+    let config = root.join("docker.hcl");
+    std::fs::write(
+        &config,
+        format!(
+            "plugin \"docker\" {{\n  config {{\n    endpoint = \"{}\"\n{extra}\n  }}\n}}\n",
+            engine()
+        ),
+    )
+    .unwrap();
+    args.push(format!("-config={}", config.display()));
+    let agent = Agent::start(spec, args);
+    wait_for_docker(&agent);
+    agent
+}
+
+fn wait_for_docker(agent: &Agent) {
+    let port = agent.spec.http;
+    wait_for(Duration::from_secs(60), || {
+        let nodes = get_json(port, "/v1/nodes")?;
+        let node = nodes.as_array()?.first()?.clone();
+        (node["Status"] == "ready" && node["Drivers"]["docker"]["Healthy"] == true).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the dev node is ready with a healthy docker driver:\n{}", agent.log()));
+}
+
+fn run_job(agent: &Agent, root: &std::path::Path, name: &str, spec: &str) {
+    let file = root.join(format!("{name}.hcl"));
+    std::fs::write(&file, spec).unwrap();
+    let run = Command::new(support::AGENT)
+        .args(["job", "run", "-detach", file.to_str().unwrap()])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
+        .output()
+        .unwrap();
+    assert!(run.status.success(), "{run:?}\n{}", agent.log());
+}
+
+/// The job's first allocation once `ready` says it is.
+fn wait_alloc(agent: &Agent, job: &str, ready: impl Fn(&Value) -> bool, what: &str) -> Value {
+    wait_for(Duration::from_secs(60), || {
+        let allocs = get_json(agent.spec.http, &format!("/v1/job/{job}/allocations"))?;
+        let alloc = allocs.as_array()?.first()?.clone();
+        ready(&alloc).then_some(alloc)
+    })
+    .unwrap_or_else(|| {
+        let allocs = get_json(agent.spec.http, &format!("/v1/job/{job}/allocations"));
+        panic!("{what}: {allocs:#?}\n{}", agent.log())
+    })
+}
+
+fn events(alloc: &Value, task: &str) -> Vec<String> {
+    alloc["TaskStates"][task]["Events"]
+        .as_array()
+        .map(|events| {
+            events
+                .iter()
+                .map(|event| {
+                    format!(
+                        "{}: {}",
+                        event["Type"].as_str().unwrap_or(""),
+                        event["DisplayMessage"].as_str().unwrap_or("")
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn logs(agent: &Agent, alloc: &str, task: &str, stream: &str) -> String {
+    let mut args = vec!["alloc", "logs"];
+    if stream == "stderr" {
+        args.push("-stderr");
+    }
+    args.extend([alloc, task]);
+    let output = support::cli(agent.spec.http, &args);
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+fn service_job(name: &str) -> String {
+    format!(
+        r#"job "{name}" {{
+  group "g" {{
+    task "web" {{
+      driver = "docker"
+      config {{
+        image        = "{IMAGE}"
+        network_mode = "none"
+        command      = "sh"
+        args         = ["-c", "echo hello from $NOMAD_TASK_NAME in $NOMAD_ALLOC_DIR; echo oops >&2; trap 'echo bye; exit 0' TERM; while true; do sleep 0.1; done"]
+        labels {{
+          team = "web"
+        }}
+      }}
+      resources {{
+        cpu    = 100
+        memory = 64
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+#[test]
+fn a_container_task_runs_logs_carries_its_labels_and_is_removed_when_stopped() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    run_job(&agent, root.path(), "web", &service_job("web"));
+    let alloc = wait_alloc(
+        &agent,
+        "web",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the container task runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let stdout = wait_for(Duration::from_secs(20), || {
+        let text = logs(&agent, &id, "web", "stdout");
+        text.contains("hello").then_some(text)
+    })
+    .unwrap_or_else(|| panic!("the task's stdout reaches its log:\n{}", agent.log()));
+    assert_eq!(stdout, "hello from web in /alloc\n");
+    assert_eq!(logs(&agent, &id, "web", "stderr"), "oops\n");
+
+    let containers = containers_of(&id);
+    assert_eq!(containers.len(), 1, "one container for the task");
+    let labels: Value = serde_json::from_str(&docker(&[
+        "inspect",
+        "--format",
+        "{{json .Config.Labels}}",
+        &containers[0],
+    ]))
+    .unwrap();
+    assert_eq!(labels["com.hashicorp.nomad.task_name"], "web");
+    assert_eq!(labels["team"], "web");
+    let binds = docker(&["inspect", "--format", "{{json .HostConfig.Binds}}", &containers[0]]);
+    assert!(
+        binds.contains(":/alloc\"") && binds.contains(":/local\"") && binds.contains(":/secrets\""),
+        "{binds}"
+    );
+
+    let stop = Command::new(support::AGENT)
+        .args(["job", "stop", "web"])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
+        .output()
+        .unwrap();
+    assert!(stop.status.success(), "{stop:?}");
+    wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
+    let alloc = wait_alloc(
+        &agent,
+        "web",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "dead",
+        "the task is dead",
+    );
+    let stdout = logs(&agent, &id, "web", "stdout");
+    assert!(
+        stdout.ends_with("bye\n"),
+        "the container got its SIGTERM and said so: {stdout:?} {:?}\n{}",
+        events(&alloc, "web"),
+        agent.log()
+    );
+}
+
+/// A batch job whose one task is refused or fails once, with no restart.
+fn failing_job(name: &str, config: &str, memory: u32) -> String {
+    format!(
+        r#"job "{name}" {{
+  type = "batch"
+  group "g" {{
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+    reschedule {{
+      attempts  = 0
+      unlimited = false
+    }}
+    task "t" {{
+      driver = "docker"
+      config {{
+{config}
+      }}
+      resources {{
+        memory = {memory}
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+#[test]
+fn bad_input_and_an_oom_kill_are_task_events_and_leave_no_container() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    let cases = [
+        (
+            "privileged",
+            format!("image = \"{IMAGE}\"\nprivileged = true"),
+            16,
+            "Docker privileged mode is disabled on this Nomad agent",
+        ),
+        (
+            "hostpath",
+            format!("image = \"{IMAGE}\"\nvolumes = [\"/etc:/host-etc\"]"),
+            16,
+            "volumes are not enabled; cannot mount host paths: \"/etc:/host-etc\"",
+        ),
+        (
+            "noimage",
+            "image = \"drover-no-such-image:never\"".to_string(),
+            16,
+            "Failed to pull `drover-no-such-image:never`",
+        ),
+        (
+            "oom",
+            format!(
+                "image = \"{IMAGE}\"\nnetwork_mode = \"none\"\ncommand = \"sh\"\nargs = [\"-c\", \"x=$(head -c 134217728 /dev/zero | tr '\\\\0' a); echo survived\"]"
+            ),
+            16,
+            "OOM Killed",
+        ),
+    ];
+    for (name, config, memory, _) in &cases {
+        run_job(&agent, root.path(), name, &failing_job(name, config, *memory));
+    }
+    for (name, _, _, expected) in &cases {
+        let alloc = wait_alloc(
+            &agent,
+            name,
+            |alloc| alloc["ClientStatus"] == "failed",
+            &format!("the {name} task fails"),
+        );
+        let events = events(&alloc, "t");
+        assert!(
+            events.iter().any(|event| event.contains(expected)),
+            "{name}: an event says {expected:?}: {events:#?}"
+        );
+        let id = alloc["ID"].as_str().unwrap();
+        wait_for(Duration::from_secs(20), || containers_of(id).is_empty().then_some(()))
+            .unwrap_or_else(|| panic!("{name}: no container is left: {:?}", containers_of(id)));
+    }
+}
+
+#[test]
+fn a_client_killed_with_kill_9_reattaches_to_its_running_container() {
+    let root = tempfile::tempdir().unwrap();
+    let mut agent = start_dev(root.path(), "");
+    run_job(&agent, root.path(), "keep", &service_job("keep"));
+    let alloc = wait_alloc(
+        &agent,
+        "keep",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the container task runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let before = containers_of(&id);
+    assert_eq!(before.len(), 1);
+    wait_for(Duration::from_secs(20), || {
+        logs(&agent, &id, "web", "stdout").contains("hello").then_some(())
+    })
+    .expect("the first output is logged");
+
+    agent.kill();
+    assert_eq!(
+        docker(&["inspect", "--format", "{{.State.Running}}", &before[0]]),
+        "true",
+        "the container outlives the agent"
+    );
+    agent.restart();
+    wait_for_docker(&agent);
+    let after = wait_alloc(
+        &agent,
+        "keep",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running" && alloc["ClientStatus"] == "running",
+        "the task runs after the restart",
+    );
+    assert_eq!(after["TaskStates"]["web"]["Restarts"], 0, "reattached, not restarted");
+    assert_eq!(containers_of(&id), before, "the same container, no second one");
+
+    let stop = Command::new(support::AGENT)
+        .args(["job", "stop", "keep"])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
+        .output()
+        .unwrap();
+    assert!(stop.status.success(), "{stop:?}");
+    wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the reattached container is stopped and removed:\n{}", agent.log()));
+    assert!(
+        logs(&agent, &id, "web", "stdout").ends_with("bye\n"),
+        "the reattached container's output is still followed"
+    );
+}
