@@ -353,10 +353,13 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                     config.client.mock_driver_enabled,
                     std::env::current_exe().ok(),
                 )
-                .with(Arc::new(drover_docker::DockerDriver::new(
-                    config.client.docker.clone(),
-                    drover_docker::endpoint(&config.client.docker, std::env::var("DOCKER_HOST").ok()),
-                ))),
+                .with(Arc::new(
+                    drover_docker::DockerDriver::new(
+                        config.client.docker.clone(),
+                        drover_docker::endpoint(&config.client.docker, std::env::var("DOCKER_HOST").ok()),
+                    )
+                    .with_alloc_root(&data_dir.join("alloc")),
+                )),
                 // -dev shows the device hook at work with two fake GPUs.
                 devices: if config.dev_mode {
                     DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(2)))

@@ -350,3 +350,83 @@ fn a_client_killed_with_kill_9_reattaches_to_its_running_container() {
         "the reattached container's output is still followed"
     );
 }
+
+#[test]
+fn a_labelled_container_no_task_owns_is_removed_and_nothing_else_is_touched() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(
+        root.path(),
+        "    gc {\n      dangling_containers {\n        period         = \"1s\"\n        creation_grace = \"1s\"\n      }\n    }",
+    );
+    run_job(&agent, root.path(), "owned", &service_job("owned"));
+    let alloc = wait_alloc(
+        &agent,
+        "owned",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the container task runs",
+    );
+    let owned = containers_of(alloc["ID"].as_str().unwrap());
+    // A container Drover's labels say belongs to an allocation this client does not have (as a
+    // client killed between creating and recording it leaves), and one that is not Drover's.
+    let orphan_alloc = format!("orphan-{}", std::process::id());
+    let orphan = docker(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        &format!("com.hashicorp.nomad.alloc_id={orphan_alloc}"),
+        "--label",
+        "com.hashicorp.nomad.task_name=web",
+        "--label",
+        &format!("io.drover.client={}", agent.spec.data_dir.join("alloc").display()),
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    let foreign = docker(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        "owner=someone-else",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    // Another client's on the same Engine (as the other tests' agents are).
+    let other_client = docker(&[
+        "run",
+        "-d",
+        "--network",
+        "none",
+        "--label",
+        &format!("com.hashicorp.nomad.alloc_id={orphan_alloc}-elsewhere"),
+        "--label",
+        "io.drover.client=/some/other/client/alloc",
+        IMAGE,
+        "sleep",
+        "600",
+    ]);
+    wait_for(Duration::from_secs(30), || {
+        containers_of(&orphan_alloc).is_empty().then_some(())
+    })
+    .unwrap_or_else(|| panic!("the orphan {orphan} is removed:\n{}", agent.log()));
+    for (kept, what) in [
+        (&foreign, "without Drover's labels"),
+        (&other_client, "of another client"),
+    ] {
+        assert_eq!(
+            docker(&["inspect", "--format", "{{.State.Running}}", kept]),
+            "true",
+            "a container {what} is never touched"
+        );
+        docker(&["rm", "-f", kept]);
+    }
+    assert_eq!(
+        containers_of(alloc["ID"].as_str().unwrap()),
+        owned,
+        "the task's own container stays"
+    );
+}

@@ -12,7 +12,7 @@ use alloc::collections::BTreeMap;
 use core::fmt;
 
 use super::TaskConfig;
-use super::containers::{LABEL_ALLOC_ID, LABEL_TASK_NAME};
+use super::containers::{LABEL_ALLOC_ID, LABEL_CLIENT, LABEL_TASK_NAME};
 use crate::driverspec::docker::{DockerMount, DockerTaskConfig};
 use crate::driverspec::docker_plugin::{DOCKER_DEFAULT_CAPS, DockerPluginConfig, normal_cap};
 use crate::structs::Propagation;
@@ -233,6 +233,7 @@ pub fn container_spec(
     let mut labels = docker.labels.clone();
     labels.insert(LABEL_ALLOC_ID.into(), task.alloc_id.clone());
     labels.insert(LABEL_TASK_NAME.into(), task.task.clone());
+    labels.insert(LABEL_CLIENT.into(), parent(&alloc_dir));
 
     let mut cmd = Vec::new();
     if !docker.command.is_empty() {
@@ -524,6 +525,12 @@ fn unix_propagation(propagation: Propagation) -> &'static str {
         Propagation::HostToTask => "rslave",
         Propagation::Bidirectional => "rshared",
     }
+}
+
+/// What a client's containers carry as [`LABEL_CLIENT`]: its allocation root, as the task
+/// directories under it name it.
+pub fn client_label(alloc_root: &str) -> String {
+    clean(alloc_root)
 }
 
 /// A host path as the engine gets it: relative ones from the task directory, `.` and `..`

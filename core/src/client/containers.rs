@@ -26,6 +26,10 @@ pub const LABEL_TASK_NAME: &str = "com.hashicorp.nomad.task_name";
 
 pub use crate::driverspec::docker_plugin::{CREATION_GRACE, IMAGE_DELAY};
 
+/// Drover's own label: the client whose container it is (its allocation directory), so that
+/// clients sharing one Engine never take each other's containers for orphans.
+pub const LABEL_CLIENT: &str = "io.drover.client";
+
 /// A container as the engine lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Listed {
@@ -36,16 +40,26 @@ pub struct Listed {
     pub created: Instant,
 }
 
-/// The containers to remove: those labelled with an allocation but belonging to no task this
-/// client tracks (`tracked`: allocation and task), created at least `grace` before `now`.
-/// Containers without Drover's labels are someone else's and never touched. In id order.
-pub fn orphans(listed: &[Listed], tracked: &BTreeSet<(String, String)>, now: Instant, grace: Duration) -> Vec<String> {
+/// The containers to remove: those labelled as this client's (`client`, its [`LABEL_CLIENT`])
+/// and with an allocation, but belonging to no task it tracks (`tracked`: allocation and
+/// task), created at least `grace` before `now`. Containers without Drover's labels, or
+/// another client's, are never touched. In id order.
+pub fn orphans(
+    listed: &[Listed],
+    client: &str,
+    tracked: &BTreeSet<(String, String)>,
+    now: Instant,
+    grace: Duration,
+) -> Vec<String> {
     let mut found: Vec<String> = listed
         .iter()
         .filter(|container| {
             let Some(alloc) = container.labels.get(LABEL_ALLOC_ID) else {
                 return false;
             };
+            if container.labels.get(LABEL_CLIENT).map(String::as_str) != Some(client) {
+                return false;
+            }
             let task = container.labels.get(LABEL_TASK_NAME).cloned().unwrap_or_default();
             !tracked.contains(&(alloc.clone(), task)) && now.saturating_duration_since(container.created) >= grace
         })
@@ -145,6 +159,7 @@ mod tests {
         if let Some(alloc) = alloc {
             labels.insert(LABEL_ALLOC_ID.to_string(), alloc.to_string());
             labels.insert(LABEL_TASK_NAME.to_string(), task.to_string());
+            labels.insert(LABEL_CLIENT.to_string(), "/data/alloc".to_string());
         }
         Listed {
             id: id.into(),
@@ -161,11 +176,20 @@ mod tests {
             listed("c-young", Some("a9"), "web", 590),
             listed("c-foreign", None, "", 0),
             listed("c-other-task", Some("a1"), "sidecar", 0),
+            Listed {
+                id: "c-other-client".into(),
+                labels: BTreeMap::from([
+                    (LABEL_ALLOC_ID.to_string(), "a7".to_string()),
+                    (LABEL_TASK_NAME.to_string(), "web".to_string()),
+                    (LABEL_CLIENT.to_string(), "/elsewhere/alloc".to_string()),
+                ]),
+                created: Instant::ZERO,
+            },
         ];
         let tracked = BTreeSet::from([("a1".to_string(), "web".to_string())]);
         let now = Instant::from_millis(600_000);
         assert_eq!(
-            orphans(&containers, &tracked, now, CREATION_GRACE),
+            orphans(&containers, "/data/alloc", &tracked, now, CREATION_GRACE),
             ["c-gone", "c-other-task"]
         );
     }

@@ -45,6 +45,9 @@ pub const DOCKER_DEFAULT_CAPS: &[&str] = &[
 /// Nomad's default `gc { image_delay }`.
 pub const IMAGE_DELAY: Duration = Duration::from_secs(3 * 60);
 
+/// Nomad's default `dangling_containers { period }`.
+pub const ORPHAN_PERIOD: Duration = Duration::from_secs(5 * 60);
+
 /// How long a labelled container no task knows is left alone (Nomad's `creation_grace`).
 pub const CREATION_GRACE: Duration = Duration::from_secs(5 * 60);
 
@@ -68,6 +71,8 @@ pub struct DockerPluginConfig {
     pub gc_containers: bool,
     /// `gc { dangling_containers { creation_grace } }`.
     pub creation_grace: Duration,
+    /// `gc { dangling_containers { period } }`: how often labelled containers are looked over.
+    pub orphan_period: Duration,
 }
 
 impl Default for DockerPluginConfig {
@@ -81,6 +86,7 @@ impl Default for DockerPluginConfig {
             image_delay: IMAGE_DELAY,
             gc_containers: true,
             creation_grace: CREATION_GRACE,
+            orphan_period: ORPHAN_PERIOD,
         }
     }
 }

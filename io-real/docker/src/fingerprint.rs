@@ -92,7 +92,9 @@ fn ask(socket: &std::path::Path, path: &str) -> Result<serde_json::Value, String
         .set_write_timeout(Some(ASK_TIMEOUT))
         .map_err(|error| error.to_string())?;
     // HTTP/1.0: the daemon closes the connection after the body, which is then read whole.
-    write!(stream, "GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n").map_err(|error| error.to_string())?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: docker\r\n\r\n").as_bytes())
+        .map_err(|error| error.to_string())?;
     let mut response = Vec::new();
     stream
         .take(4 * 1024 * 1024)
@@ -135,9 +137,13 @@ mod tests {
         let daemon = std::thread::spawn(move || {
             for _ in 0..2 {
                 let (mut conn, _) = listener.accept().unwrap();
-                let mut request = [0u8; 1024];
-                let read = conn.read(&mut request).unwrap();
-                let request = String::from_utf8_lossy(&request[..read]).to_string();
+                // The whole request before answering: closing on unread bytes would reset it.
+                let mut request = Vec::new();
+                let mut byte = [0u8; 1];
+                while !request.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap() == 1 {
+                    request.push(byte[0]);
+                }
+                let request = String::from_utf8_lossy(&request).to_string();
                 let body = if request.starts_with("GET /v1.41/version") {
                     r#"{"Version":"20.10.24","ApiVersion":"1.41"}"#
                 } else {

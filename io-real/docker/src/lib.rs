@@ -85,6 +85,13 @@ pub struct DockerDriver {
     /// Whether the daemon has ever answered: until then the driver is undetected, after that a
     /// daemon that does not answer makes it unhealthy.
     detected: Arc<std::sync::atomic::AtomicBool>,
+    /// Tasks between their container's creation and its watch (spared by the orphan sweep
+    /// whatever the creation grace).
+    starting: Arc<Mutex<std::collections::BTreeSet<Key>>>,
+    /// Whether the orphan sweep runs.
+    sweeping: Arc<std::sync::atomic::AtomicBool>,
+    /// This client's label on its containers (its allocation root); without it, no sweep.
+    client_label: Option<String>,
 }
 
 /// The endpoint a client uses: the plugin's `endpoint`, else `DOCKER_HOST`, else Docker's
@@ -109,7 +116,87 @@ impl DockerDriver {
             plugin: Arc::new(plugin),
             tasks: Arc::default(),
             detected: Arc::default(),
+            starting: Arc::default(),
+            sweeping: Arc::default(),
+            client_label: None,
         }
+    }
+
+    /// The client's allocation root: its containers are labelled with it, and only containers
+    /// so labelled are ever swept as orphans.
+    pub fn with_alloc_root(mut self, alloc_root: &Path) -> DockerDriver {
+        self.client_label = Some(drover_core::client::container_spec::client_label(
+            &alloc_root.to_string_lossy(),
+        ));
+        self
+    }
+
+    /// Starts the sweep for labelled containers no task of this client owns (left by a client
+    /// killed between creating a container and recording it, or by an allocation collected
+    /// while the client was away): every `period`, the first one `period` after the driver's
+    /// first fingerprint, when the tasks persisted before a restart have been reattached.
+    fn sweep_orphans(&self) {
+        use std::sync::atomic::Ordering;
+        if !self.plugin.gc_containers
+            || self.docker.is_none()
+            || self.client_label.is_none()
+            || self.sweeping.swap(true, Ordering::SeqCst)
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.sweeping.store(false, Ordering::SeqCst);
+            return;
+        };
+        let driver = self.clone();
+        runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(driver.plugin.orphan_period).await;
+                if let Err(error) = driver.remove_orphans().await {
+                    tracing::debug!(%error, "could not look for orphaned containers");
+                }
+            }
+        });
+    }
+
+    /// One sweep: the labelled containers core's `orphans` names are removed.
+    async fn remove_orphans(&self) -> Result<(), IoError> {
+        use drover_core::client::containers::{LABEL_ALLOC_ID, Listed, orphans};
+        let docker = self.client()?.clone();
+        let Some(client) = self.client_label.as_deref() else {
+            return Ok(());
+        };
+        let filters = std::collections::HashMap::from([("label".to_string(), vec![LABEL_ALLOC_ID.to_string()])]);
+        let listed = docker
+            .list_containers(Some(bollard::query_parameters::ListContainersOptions {
+                all: true,
+                filters: Some(filters),
+                ..Default::default()
+            }))
+            .await
+            .map_err(|error| engine::io_error("Failed to list containers", &error))?;
+        let listed: Vec<Listed> = listed
+            .into_iter()
+            .filter_map(|summary| {
+                Some(Listed {
+                    id: summary.id?,
+                    labels: summary.labels.unwrap_or_default().into_iter().collect(),
+                    created: drover_core::Instant::from_millis(u64::try_from(summary.created?).ok()? * 1000),
+                })
+            })
+            .collect();
+        let mut tracked: std::collections::BTreeSet<Key> = self.tasks.lock().unwrap().keys().cloned().collect();
+        tracked.extend(self.starting.lock().unwrap().iter().cloned());
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|since| since.as_millis() as u64)
+            .unwrap_or(0);
+        let now = drover_core::Instant::from_millis(now_ms);
+        for id in orphans(&listed, client, &tracked, now, self.plugin.creation_grace) {
+            tracing::info!(container = %id, "removing a container no task of this client owns");
+            remove_container(&docker, &id).await;
+        }
+        Ok(())
     }
 
     fn client(&self) -> Result<&Docker, IoError> {
@@ -131,14 +218,22 @@ impl DockerDriver {
         let spec =
             container_spec(&config, &task_config, &self.plugin).map_err(|refusal| refused(refusal.to_string()))?;
         ensure_image(&docker, &task_config).await?;
-        let id = create_container(&docker, &spec).await?;
-        if let Err(error) = docker.start_container(&id, None).await {
-            // Nothing is left behind by a container that would not start (a port taken, a
-            // bind source missing): the task's start failed and the container goes with it.
-            remove_container(&docker, &id).await;
-            return Err(engine::io_error(&format!("Failed to start container {id}"), &error));
+        let key = (config.alloc_id.clone(), config.task.clone());
+        self.starting.lock().unwrap().insert(key.clone());
+        let started = async {
+            let id = create_container(&docker, &spec).await?;
+            if let Err(error) = docker.start_container(&id, None).await {
+                // Nothing is left behind by a container that would not start (a port taken, a
+                // bind source missing): the task's start failed and the container goes with it.
+                remove_container(&docker, &id).await;
+                return Err(engine::io_error(&format!("Failed to start container {id}"), &error));
+            }
+            self.watch(&config.alloc_id, &config.task, &id, &config.log_dir, config.logs, 0);
+            Ok(id)
         }
-        self.watch(&config.alloc_id, &config.task, &id, &config.log_dir, config.logs, 0);
+        .await;
+        self.starting.lock().unwrap().remove(&key);
+        let id = started?;
         Ok(TaskHandle {
             driver: self.name().to_string(),
             alloc_id: config.alloc_id,
@@ -510,7 +605,11 @@ impl TaskDriver for DockerDriver {
     }
 
     fn fingerprint(&self) -> DriverFingerprint {
-        fingerprint::take(&self.endpoint, &self.plugin, &self.detected)
+        let fingerprint = fingerprint::take(&self.endpoint, &self.plugin, &self.detected);
+        if fingerprint.healthy {
+            self.sweep_orphans();
+        }
+        fingerprint
     }
 
     fn start(&self, config: TaskConfig) -> BoxFuture<Result<TaskHandle, IoError>> {

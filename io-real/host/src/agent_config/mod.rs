@@ -128,6 +128,7 @@ pub struct DockerGcBlock {
 pub struct DockerDanglingBlock {
     pub enabled: Option<bool>,
     pub creation_grace: Option<String>,
+    pub period: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -890,6 +891,10 @@ fn apply_file(
                     if let Some(dangling) = gc.dangling_containers {
                         if let Some(enabled) = dangling.enabled {
                             docker.gc_containers = enabled;
+                        }
+                        if let Some(period) = dangling.period {
+                            docker.orphan_period =
+                                parse_duration("plugin.docker.gc.dangling_containers.period", &period)?;
                         }
                         if let Some(grace) = dangling.creation_grace {
                             docker.creation_grace =
