@@ -92,6 +92,11 @@ fn run_job(agent: &Agent, root: &std::path::Path, name: &str, spec: &str) {
     assert!(run.status.success(), "{run:?}\n{}", agent.log());
 }
 
+fn stop_job(agent: &Agent, job: &str) {
+    let stop = support::cli(agent.spec.http, &["job", "stop", job]);
+    assert!(stop.status.success(), "{stop:?}\n{}", agent.log());
+}
+
 /// The job's first allocation once `ready` says it is.
 fn wait_alloc(agent: &Agent, job: &str, ready: impl Fn(&Value) -> bool, what: &str) -> Value {
     wait_for(Duration::from_secs(60), || {
@@ -196,12 +201,7 @@ fn a_container_task_runs_logs_carries_its_labels_and_is_removed_when_stopped() {
         "{binds}"
     );
 
-    let stop = Command::new(support::AGENT)
-        .args(["job", "stop", "web"])
-        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
-        .output()
-        .unwrap();
-    assert!(stop.status.success(), "{stop:?}");
+    stop_job(&agent, "web");
     wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
         .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
     let alloc = wait_alloc(
@@ -337,12 +337,7 @@ fn a_client_killed_with_kill_9_reattaches_to_its_running_container() {
     assert_eq!(after["TaskStates"]["web"]["Restarts"], 0, "reattached, not restarted");
     assert_eq!(containers_of(&id), before, "the same container, no second one");
 
-    let stop = Command::new(support::AGENT)
-        .args(["job", "stop", "keep"])
-        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
-        .output()
-        .unwrap();
-    assert!(stop.status.success(), "{stop:?}");
+    stop_job(&agent, "keep");
     wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
         .unwrap_or_else(|| panic!("the reattached container is stopped and removed:\n{}", agent.log()));
     assert!(

@@ -7,23 +7,6 @@ use core::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// Nomad's default `allow_caps`: Docker's default capabilities less `net_raw`.
-pub const DEFAULT_ALLOW_CAPS: &[&str] = &[
-    "audit_write",
-    "chown",
-    "dac_override",
-    "fowner",
-    "fsetid",
-    "kill",
-    "mknod",
-    "net_bind_service",
-    "setfcap",
-    "setgid",
-    "setpcap",
-    "setuid",
-    "sys_chroot",
-];
-
 /// The capabilities Docker gives a container unless told otherwise.
 pub const DOCKER_DEFAULT_CAPS: &[&str] = &[
     "audit_write",
@@ -81,7 +64,12 @@ impl Default for DockerPluginConfig {
             endpoint: String::new(),
             allow_privileged: false,
             volumes_enabled: false,
-            allow_caps: DEFAULT_ALLOW_CAPS.iter().map(|cap| String::from(*cap)).collect(),
+            // Nomad's default `allow_caps`: Docker's defaults less `net_raw`.
+            allow_caps: DOCKER_DEFAULT_CAPS
+                .iter()
+                .filter(|cap| **cap != "net_raw")
+                .map(|cap| String::from(*cap))
+                .collect(),
             gc_image: true,
             image_delay: IMAGE_DELAY,
             gc_containers: true,

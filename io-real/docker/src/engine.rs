@@ -155,11 +155,15 @@ pub fn io_error(doing: &str, error: &bollard::errors::Error) -> IoError {
     } else {
         ErrorKind::Other
     };
-    let said = match error {
+    IoError::new(kind, format!("{doing}: {}", said(error)))
+}
+
+/// What the Engine said, without bollard's wrapping; the error itself when it said nothing.
+pub fn said(error: &bollard::errors::Error) -> String {
+    match error {
         bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
         other => other.to_string(),
-    };
-    IoError::new(kind, format!("{doing}: {said}"))
+    }
 }
 
 #[cfg(test)]

@@ -345,21 +345,9 @@ impl DockerDriver {
     async fn destroy_task(&self, handle: TaskHandle) -> Result<(), IoError> {
         let docker = self.client()?.clone();
         let state = HandleState::read(&handle)?;
-        match docker
-            .remove_container(
-                &state.container_id,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    v: true,
-                    link: false,
-                }),
-            )
+        force_remove(&docker, &state.container_id)
             .await
-        {
-            Ok(()) => {}
-            Err(error) if engine::not_found(&error) => {}
-            Err(error) => return Err(engine::io_error("Failed to remove container", &error)),
-        }
+            .map_err(|error| engine::io_error("Failed to remove container", &error))?;
         self.tasks
             .lock()
             .unwrap()
@@ -428,11 +416,7 @@ async fn ensure_image(docker: &Docker, config: &DockerTaskConfig) -> Result<(), 
                 _ if engine::unreachable(&error) => ErrorKind::Unavailable,
                 _ => ErrorKind::Other,
             };
-            let said = match &error {
-                bollard::errors::Error::DockerResponseServerError { message, .. } => message.clone(),
-                other => other.to_string(),
-            };
-            Err(failed(said, kind))
+            Err(failed(engine::said(&error), kind))
         }
         Err(_) => Err(failed(
             format!("no image after image_pull_timeout ({:?})", config.image_pull_timeout),
@@ -467,15 +451,23 @@ async fn create_container(
     }
 }
 
-async fn remove_container(docker: &Docker, id: &str) {
+/// Removes the container, running or not, with its anonymous volumes; one already gone is
+/// removed.
+async fn force_remove(docker: &Docker, id: &str) -> Result<(), bollard::errors::Error> {
     let options = RemoveContainerOptions {
         force: true,
         v: true,
         link: false,
     };
-    if let Err(error) = docker.remove_container(id, Some(options)).await
-        && !engine::not_found(&error)
-    {
+    match docker.remove_container(id, Some(options)).await {
+        Err(error) if !engine::not_found(&error) => Err(error),
+        _ => Ok(()),
+    }
+}
+
+/// [`force_remove`] where a failure can only be logged (undoing a start, a sweep).
+async fn remove_container(docker: &Docker, id: &str) {
+    if let Err(error) = force_remove(docker, id).await {
         tracing::warn!(container = %id, %error, "could not remove a container");
     }
 }
