@@ -177,6 +177,61 @@ fn caller_of<T>(request: &tonic::Request<T>) -> Caller {
     Caller::new(identity)
 }
 
+/// Serves the agent RPC on each accepted connection: hyper's HTTP/2 connection with tonic's
+/// service, and the connection's peer and proven identity on every request (what
+/// [`caller_of`] reads). Not tonic's own server, because that one stamps every answer with a
+/// `date` header read from the host's wall clock; HPACK sends an unchanged date as one byte
+/// and a new one as thirty, so the bytes on the wire followed real time, and the turmoil lane,
+/// whose network draws its delays per segment, did not replay a seed exactly. gRPC has no use
+/// for the header.
+async fn serve_rpc<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static>(
+    incoming: impl futures::Stream<Item = std::io::Result<Accepted<T>>> + Send + 'static,
+    service: AgentServer<Service>,
+    keepalive: Option<Duration>,
+    keepalive_timeout: Option<Duration>,
+) {
+    use futures::StreamExt;
+    use tower::ServiceExt;
+    let mut builder = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    builder
+        .timer(hyper_util::rt::TokioTimer::new())
+        .keep_alive_interval(keepalive)
+        .auto_date_header(false);
+    if let Some(timeout) = keepalive_timeout {
+        builder.keep_alive_timeout(timeout);
+    }
+    let mut incoming = std::pin::pin!(incoming);
+    while let Some(accepted) = incoming.next().await {
+        let accepted = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::debug!(%error, "RPC connection not accepted");
+                continue;
+            }
+        };
+        let info = RpcConnectInfo {
+            remote_addr: accepted.peer,
+            identity: accepted.identity,
+        };
+        let service = service
+            .clone()
+            .map_request(move |mut request: hyper::Request<hyper::body::Incoming>| {
+                request.extensions_mut().insert(info);
+                request
+            });
+        let connection = builder.serve_connection(
+            hyper_util::rt::TokioIo::new(accepted),
+            hyper_util::service::TowerToHyperService::new(service),
+        );
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, peer = %info.remote_addr, "RPC connection ended");
+            }
+        });
+    }
+    tracing::debug!("RPC server stopped: its listener closed");
+}
+
 #[tonic::async_trait]
 impl Agent for Service {
     async fn call(
@@ -280,17 +335,7 @@ impl<S: Sockets> Transport for GrpcTransport<S> {
         });
         let keepalive = self.detect_dead_connections.then_some(KEEPALIVE_INTERVAL);
         let keepalive_timeout = self.detect_dead_connections.then_some(KEEPALIVE_TIMEOUT);
-        tokio::spawn(async move {
-            if let Err(error) = tonic::transport::Server::builder()
-                .http2_keepalive_interval(keepalive)
-                .http2_keepalive_timeout(keepalive_timeout)
-                .add_service(service)
-                .serve_with_incoming(incoming)
-                .await
-            {
-                tracing::error!(%error, "RPC server stopped");
-            }
-        });
+        tokio::spawn(serve_rpc(incoming, service, keepalive, keepalive_timeout));
         Ok(())
     }
 

@@ -106,7 +106,7 @@ pub struct Accepted<S> {
     pub identity: Identity,
 }
 
-/// What tonic hands each request of a connection: its peer and what the peer proved.
+/// What each request of a connection carries: its peer and what the peer proved.
 #[derive(Clone, Copy, Debug)]
 pub struct RpcConnectInfo {
     pub remote_addr: SocketAddr,
@@ -153,17 +153,6 @@ impl Drop for ConnSlot {
     }
 }
 
-impl<S> tonic::transport::server::Connected for Accepted<S> {
-    type ConnectInfo = RpcConnectInfo;
-
-    fn connect_info(&self) -> Self::ConnectInfo {
-        RpcConnectInfo {
-            remote_addr: self.peer,
-            identity: self.identity,
-        }
-    }
-}
-
 impl<S: AsyncRead + Unpin> AsyncRead for Accepted<S> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.stream).poll_read(cx, buf)
@@ -196,7 +185,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Accepted<S> {
     }
 }
 
-/// The connections `listener` accepts, as a stream for tonic's `serve_with_incoming`. An
+/// The connections `listener` accepts, as a stream for the RPC server (`net::serve_rpc`). An
 /// accept error (too many open files, a connection reset before it was taken) is logged and
 /// retried after a pause, as axum's own listener does, rather than ending the server.
 ///

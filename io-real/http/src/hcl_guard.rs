@@ -71,6 +71,13 @@ async fn parse_within<T: Send + 'static>(
         return Err(GuardError::Busy { what, limit });
     }
     let slot = Slot(running);
+    // A deterministic simulation runs every host on one thread: the parse runs in place (a
+    // thread of its own would finish at a moment set by the OS, not by the seed).
+    if drover_io_real::runtime::in_simulation() {
+        let parsed = parse();
+        drop(slot);
+        return Ok(parsed);
+    }
     let (done, answered) = tokio::sync::oneshot::channel();
     let spawned = std::thread::Builder::new().name("hcl-parse".into()).spawn(move || {
         lowest_priority();

@@ -114,8 +114,33 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(parsed)
 }
 
+/// With `DROVER_SIM_LOG` set to a tracing filter (`debug`, `drover_io_real=trace`), the agents'
+/// logs go to stderr stamped with the simulation's virtual time, so two runs of a seed can be
+/// compared line by line.
+fn log_on_the_simulated_clock() {
+    struct Virtual;
+    impl tracing_subscriber::fmt::time::FormatTime for Virtual {
+        fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+            match turmoil::sim_elapsed() {
+                Some(at) => write!(w, "{:>10.6}", at.as_secs_f64()),
+                None => write!(w, "{:>10}", "-"),
+            }
+        }
+    }
+    let Ok(filter) = std::env::var("DROVER_SIM_LOG") else {
+        return;
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_timer(Virtual)
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
 pub fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    log_on_the_simulated_clock();
     // What the madsim lane needs to know of this one (crate::lanes) must stay true.
     let names: Vec<&str> = scenarios::all().iter().map(|scenario| scenario.name).collect();
     let switches: Vec<&str> = scenarios::SWITCHES.iter().map(|switch| switch.name).collect();
