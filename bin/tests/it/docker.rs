@@ -220,13 +220,53 @@ fn a_container_task_runs_logs_carries_its_labels_and_is_removed_when_stopped() {
 }
 
 /// A batch job whose one task is refused or fails once, with no restart.
-fn failing_job(name: &str, config: &str, memory: u32) -> String {
+/// A registry on this host that has no image at all: `/v2/` answers as a registry does, every
+/// manifest is unknown (404), so a pull fails as it would for a misspelt image, without
+/// reaching the internet. The Engine pulls from `localhost` registries over plain HTTP. Its
+/// thread ends with the test process.
+fn empty_registry() -> String {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut first = String::new();
+            if reader.read_line(&mut first).is_err() {
+                continue;
+            }
+            // The rest of the request head.
+            let mut line = String::new();
+            while reader.read_line(&mut line).is_ok_and(|read| read > 2) {
+                line.clear();
+            }
+            let (status, body) = if first.starts_with("GET /v2/ ") {
+                ("200 OK", "{}")
+            } else {
+                (
+                    "404 Not Found",
+                    r#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}"#,
+                )
+            };
+            let _ = write!(
+                stream,
+                "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nDocker-Distribution-API-Version: registry/2.0\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    format!("localhost:{port}")
+}
+
+fn failing_job(name: &str, config: &str, memory: u32, attempts: u32) -> String {
     format!(
         r#"job "{name}" {{
   type = "batch"
   group "g" {{
     restart {{
-      attempts = 0
+      attempts = {attempts}
+      delay    = "1s"
       mode     = "fail"
     }}
     reschedule {{
@@ -252,6 +292,7 @@ fn failing_job(name: &str, config: &str, memory: u32) -> String {
 fn bad_input_and_an_oom_kill_are_task_events_and_leave_no_container() {
     let root = tempfile::tempdir().unwrap();
     let agent = start_dev(root.path(), "");
+    let registry = empty_registry();
     let cases = [
         (
             "privileged",
@@ -267,9 +308,9 @@ fn bad_input_and_an_oom_kill_are_task_events_and_leave_no_container() {
         ),
         (
             "noimage",
-            "image = \"drover-no-such-image:never\"".to_string(),
+            format!("image = \"{registry}/drover-no-such-image:never\""),
             16,
-            "Failed to pull `drover-no-such-image:never`",
+            "Failed to pull",
         ),
         (
             "oom",
@@ -280,8 +321,10 @@ fn bad_input_and_an_oom_kill_are_task_events_and_leave_no_container() {
             "OOM Killed",
         ),
     ];
+    // The policy allows two restarts: a refused configuration and a missing image fail the
+    // task at once ("Error was unrecoverable"), an OOM kill is tried again.
     for (name, config, memory, _) in &cases {
-        run_job(&agent, root.path(), name, &failing_job(name, config, *memory));
+        run_job(&agent, root.path(), name, &failing_job(name, config, *memory, 2));
     }
     for (name, _, _, expected) in &cases {
         let alloc = wait_alloc(
@@ -294,6 +337,15 @@ fn bad_input_and_an_oom_kill_are_task_events_and_leave_no_container() {
         assert!(
             events.iter().any(|event| event.contains(expected)),
             "{name}: an event says {expected:?}: {events:#?}"
+        );
+        let last = if *name == "oom" {
+            "Exceeded allowed attempts 2"
+        } else {
+            "Error was unrecoverable"
+        };
+        assert!(
+            events.iter().any(|event| event.contains(last)),
+            "{name}: an event says {last:?}: {events:#?}"
         );
         let id = alloc["ID"].as_str().unwrap();
         wait_for(Duration::from_secs(20), || containers_of(id).is_empty().then_some(()))

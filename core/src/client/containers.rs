@@ -128,7 +128,7 @@ impl ImageGc {
 }
 
 /// Why a pull failed, as the engine's answer says it (its status code, never its text).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum PullFailure {
     /// The registry has no such image or tag (404).
     NotFound,

@@ -504,6 +504,11 @@ pub enum ErrorKind {
     FailedPrecondition,
     /// The driver or host cannot do this at all (`alloc exec` in a driver without exec).
     Unsupported,
+    /// A container's image could not be pulled, and why (the engine's status, not its text).
+    ImagePull(containers::PullFailure),
+    /// The driver refused the task's own configuration (a bind mount outside the allocation,
+    /// `privileged` on a client that does not allow it): no attempt will fare better.
+    TaskConfig,
     Other,
 }
 

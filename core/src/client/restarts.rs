@@ -63,7 +63,8 @@ impl RestartTracker {
         self.on_failure(now)
     }
 
-    /// The task could not be started or set up; `recoverable` errors follow the policy.
+    /// The task could not be started or set up; `recoverable` errors follow the policy (see
+    /// [`start_error_recoverable`] for a driver's).
     pub fn on_start_error(&mut self, now: Instant, recoverable: bool) -> Decision {
         if !recoverable {
             return Decision::NotRestarting {
@@ -125,6 +126,19 @@ impl RestartTracker {
 }
 
 pub use crate::goduration::format as go_duration;
+
+/// Whether a driver's failure to start a task is worth another attempt under the restart
+/// policy. Nomad's drivers mark their errors recoverable or not; here the driver says what
+/// happened and this decides: an image the registry does not have or will not hand over, and a
+/// configuration the driver refused, fail the task at once (`Error was unrecoverable`); a
+/// pull that timed out, a daemon that was down and anything else are tried again.
+pub fn start_error_recoverable(kind: super::ErrorKind) -> bool {
+    match kind {
+        super::ErrorKind::ImagePull(failure) => super::containers::pull_failure(failure),
+        super::ErrorKind::TaskConfig => false,
+        _ => true,
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -29,7 +29,7 @@ use crate::client::hooks::{AllocHookResources, HookError, HookResponse, HookStat
 use crate::client::paths::{self, ClientPaths};
 use crate::client::plugin_supervisor::{PluginSupervisor, SupervisorOut};
 use crate::client::registry::{PluginInfo, PluginKind};
-use crate::client::restarts::{Decision, RestartTracker, go_duration};
+use crate::client::restarts::{self, Decision, RestartTracker, go_duration};
 use crate::client::volume_hook::{self, HostVolumeConfig};
 use crate::client::{
     DeviceConfig, DriverCapabilities, ExitResult, Io, MountConfig, Outcome, Reply, TaskConfig, TaskEvent, TaskHandle,
@@ -540,7 +540,7 @@ impl TaskRunner {
 
     /// The driver's answer to `StartTask`.
     fn start_outcome(&mut self, now: Instant, outcome: Outcome, ops: &mut OpIds) {
-        let message = match outcome {
+        let (message, recoverable) = match outcome {
             Ok(Reply::Started(handle)) => {
                 debug_assert!(
                     self.local.handle.is_none(),
@@ -560,8 +560,8 @@ impl TaskRunner {
                 }
                 return;
             }
-            Err(error) => error.message,
-            Ok(reply) => format!("unexpected reply {reply:?}"),
+            Err(error) => (error.message, restarts::start_error_recoverable(error.kind)),
+            Ok(reply) => (format!("unexpected reply {reply:?}"), true),
         };
         self.event_with(
             now,
@@ -572,7 +572,7 @@ impl TaskRunner {
         if self.kill_requested {
             self.begin_stop(now, ops);
         } else {
-            let decision = self.tracker.on_start_error(now, true);
+            let decision = self.tracker.on_start_error(now, recoverable);
             self.decide(now, decision, ops);
         }
     }

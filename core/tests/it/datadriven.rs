@@ -220,6 +220,7 @@ fn bootstrap() {
 mod client_harness {
     use super::*;
     use drover_core::client::alloc_runner::{AllocAction, AllocRunner, AllocSpec, LocalAllocState};
+    use drover_core::client::containers::PullFailure;
     use drover_core::client::paths::ClientPaths;
     use drover_core::client::task_runner::{LocalTaskState, TaskAction};
     use drover_core::client::volume_hook::HostVolumeConfig;
@@ -519,6 +520,11 @@ mod client_harness {
                 "timeout" => ErrorKind::Timeout,
                 "unavailable" => ErrorKind::Unavailable,
                 "notfound" => ErrorKind::NotFound,
+                "pull-notfound" => ErrorKind::ImagePull(PullFailure::NotFound),
+                "pull-unauthorized" => ErrorKind::ImagePull(PullFailure::Unauthorized),
+                "pull-timeout" => ErrorKind::ImagePull(PullFailure::Timeout),
+                "pull-daemon" => ErrorKind::ImagePull(PullFailure::Daemon),
+                "config" => ErrorKind::TaskConfig,
                 _ => ErrorKind::Other,
             };
             return Err(IoError::new(kind, message.replace('_', " ")));

@@ -18,6 +18,7 @@ use bollard::query_parameters::{
     CreateContainerOptions, CreateImageOptions, KillContainerOptions, RemoveContainerOptions, StatsOptions,
 };
 use drover_core::client::container_spec::container_spec;
+use drover_core::client::containers::PullFailure;
 use drover_core::client::{
     DriverCapabilities, ErrorKind, ExitResult, IoError, MountConfigSupport, TaskConfig, TaskHandle,
 };
@@ -213,7 +214,8 @@ impl DockerDriver {
 
     async fn start_task(&self, config: TaskConfig) -> Result<TaskHandle, IoError> {
         let docker = self.client()?.clone();
-        let refused = |text: String| IoError::new(ErrorKind::FailedPrecondition, text);
+        // The task's own configuration, refused: never worth another attempt (core decides).
+        let refused = |text: String| IoError::new(ErrorKind::TaskConfig, text);
         let task_config = DockerTaskConfig::read(&config.config).map_err(|problem| refused(problem.to_string()))?;
         let spec =
             container_spec(&config, &task_config, &self.plugin).map_err(|refusal| refused(refusal.to_string()))?;
@@ -400,7 +402,7 @@ async fn ensure_image(docker: &Docker, config: &DockerTaskConfig) -> Result<(), 
         ..Default::default()
     };
     let pull = async {
-        let mut progress = docker.create_image(Some(options), None, credentials);
+        let mut progress = docker.create_image(Some(options), None, credentials.clone());
         while let Some(step) = progress.next().await {
             step?;
         }
@@ -410,17 +412,23 @@ async fn ensure_image(docker: &Docker, config: &DockerTaskConfig) -> Result<(), 
     match tokio::time::timeout(config.image_pull_timeout, pull).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(error)) => {
-            let kind = match engine::status(&error) {
-                Some(404) => ErrorKind::NotFound,
-                Some(401) | Some(403) => ErrorKind::FailedPrecondition,
-                _ if engine::unreachable(&error) => ErrorKind::Unavailable,
-                _ => ErrorKind::Other,
+            let failure = match engine::status(&error) {
+                Some(404) => PullFailure::NotFound,
+                Some(401) | Some(403) => PullFailure::Unauthorized,
+                // dockerd 20.10 answers a registry's "manifest unknown" with a 500 (and some
+                // pulls fail inside the progress stream, with text only): its distribution
+                // endpoint asks the registry again and answers with the status that fits.
+                _ => match docker.inspect_registry_image(&config.image, credentials).await {
+                    Err(error) if engine::status(&error) == Some(404) => PullFailure::NotFound,
+                    Err(error) if matches!(engine::status(&error), Some(401) | Some(403)) => PullFailure::Unauthorized,
+                    _ => PullFailure::Daemon,
+                },
             };
-            Err(failed(engine::said(&error), kind))
+            Err(failed(engine::said(&error), ErrorKind::ImagePull(failure)))
         }
         Err(_) => Err(failed(
             format!("no image after image_pull_timeout ({:?})", config.image_pull_timeout),
-            ErrorKind::Timeout,
+            ErrorKind::ImagePull(PullFailure::Timeout),
         )),
     }
 }
