@@ -477,3 +477,34 @@ fn a_labelled_container_no_task_owns_is_removed_and_nothing_else_is_touched() {
         "the task's own container stays"
     );
 }
+
+/// `gc { image image_delay }`: an image no task has used for the delay is removed, and only
+/// that one (the test image it was tagged from stays, as does any image a task still runs).
+#[test]
+fn an_image_no_task_used_for_image_delay_is_removed() {
+    let root = tempfile::tempdir().unwrap();
+    let tag = format!("drover-gc-test:{}", std::process::id());
+    docker(&["tag", IMAGE, &tag]);
+    let agent = start_dev(root.path(), "    gc {\n      image_delay = \"2s\"\n    }");
+    let job = service_job("gc").replace(IMAGE, &tag);
+    run_job(&agent, root.path(), "gc", &job);
+    wait_alloc(
+        &agent,
+        "gc",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the container task runs",
+    );
+    let exists = |image: &str| {
+        Command::new("docker")
+            .args(["-H", &engine(), "image", "inspect", image])
+            .output()
+            .expect("the docker CLI runs")
+            .status
+            .success()
+    };
+    assert!(exists(&tag), "the task's image is there while it runs");
+    stop_job(&agent, "gc");
+    wait_for(Duration::from_secs(60), || (!exists(&tag)).then_some(()))
+        .unwrap_or_else(|| panic!("{tag} is removed after image_delay:\n{}", agent.log()));
+    assert!(exists(IMAGE), "the image it was tagged from stays");
+}

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use bollard::Docker;
 use bollard::query_parameters::{
-    CreateContainerOptions, CreateImageOptions, KillContainerOptions, RemoveContainerOptions, StatsOptions,
+    CreateContainerOptions, CreateImageOptions, KillContainerOptions, RemoveContainerOptions, RemoveImageOptions,
+    StatsOptions,
 };
 use drover_core::client::container_spec::container_spec;
-use drover_core::client::containers::PullFailure;
+use drover_core::client::containers::{ImageGc, PullFailure};
 use drover_core::client::{
     DriverCapabilities, ErrorKind, ExitResult, IoError, MountConfigSupport, TaskConfig, TaskHandle,
 };
@@ -93,6 +94,17 @@ pub struct DockerDriver {
     sweeping: Arc<std::sync::atomic::AtomicBool>,
     /// This client's label on its containers (its allocation root); without it, no sweep.
     client_label: Option<String>,
+    /// Which tasks hold which images, and since when the rest have been idle (the core's
+    /// `ImageGc` decides which are due).
+    images: Arc<Mutex<ImageGc>>,
+    /// Starts hold it shared from taking their image until its container exists (from then
+    /// on the Engine itself refuses to remove the image); a collection holds it alone while it
+    /// removes, so no image goes while a task starts with it.
+    image_use: Arc<tokio::sync::RwLock<()>>,
+    /// Whether a collection is waiting for the next image to fall due (one at a time).
+    collecting: Arc<std::sync::atomic::AtomicBool>,
+    /// The driver's start: the core's `now` is measured from it.
+    epoch: tokio::time::Instant,
 }
 
 /// The endpoint a client uses: the plugin's `endpoint`, else `DOCKER_HOST`, else Docker's
@@ -120,6 +132,69 @@ impl DockerDriver {
             starting: Arc::default(),
             sweeping: Arc::default(),
             client_label: None,
+            images: Arc::default(),
+            image_use: Arc::default(),
+            collecting: Arc::default(),
+            epoch: tokio::time::Instant::now(),
+        }
+    }
+
+    /// `task` of `alloc` takes `image` (before its pull, so the image cannot fall due).
+    fn hold_image(&self, image: &str, alloc: &str, task: &str) {
+        if self.plugin.gc_image {
+            self.images.lock().unwrap().acquire(image, alloc, task);
+        }
+    }
+
+    /// `task` of `alloc` no longer uses `image`; once no task has for `image_delay`, it is
+    /// removed (`gc { image image_delay }`).
+    fn let_go_of_image(&self, image: &str, alloc: &str, task: &str) {
+        if !self.plugin.gc_image {
+            return;
+        }
+        let now = drover_io_real::clock::core_now(self.epoch);
+        let next = {
+            let mut images = self.images.lock().unwrap();
+            images.release(image, alloc, task, now);
+            images.next_due(self.plugin.image_delay)
+        };
+        if next.is_some() && !self.collecting.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            let driver = self.clone();
+            tokio::spawn(async move { driver.collect_images().await });
+        }
+    }
+
+    /// Waits for the next idle image to fall due and removes every image due then; an image a
+    /// task took again meanwhile is no longer idle and stays. One the Engine will not remove
+    /// (another container of someone else's uses it) is the Engine's to keep.
+    async fn collect_images(&self) {
+        let Ok(docker) = self.client().cloned() else {
+            return;
+        };
+        use std::sync::atomic::Ordering;
+        loop {
+            let next = self.images.lock().unwrap().next_due(self.plugin.image_delay);
+            let Some(at) = next else {
+                self.collecting.store(false, Ordering::SeqCst);
+                // An image let go of between the look and the store would have found a
+                // collection running: look once more.
+                let again = self.images.lock().unwrap().next_due(self.plugin.image_delay).is_some();
+                if again && !self.collecting.swap(true, Ordering::SeqCst) {
+                    continue;
+                }
+                return;
+            };
+            let now = drover_io_real::clock::core_now(self.epoch);
+            tokio::time::sleep(at.saturating_duration_since(now)).await;
+            let _alone = self.image_use.write().await;
+            let now = drover_io_real::clock::core_now(self.epoch);
+            let due = self.images.lock().unwrap().due(now, self.plugin.image_delay);
+            for image in due {
+                match docker.remove_image(&image, None::<RemoveImageOptions>, None).await {
+                    Ok(_) => tracing::info!(%image, "removed an image no task used for image_delay"),
+                    Err(error) => tracing::debug!(%image, said = %engine::said(&error), "image kept"),
+                }
+            }
         }
     }
 
@@ -219,11 +294,19 @@ impl DockerDriver {
         let task_config = DockerTaskConfig::read(&config.config).map_err(|problem| refused(problem.to_string()))?;
         let spec =
             container_spec(&config, &task_config, &self.plugin).map_err(|refusal| refused(refusal.to_string()))?;
-        ensure_image(&docker, &task_config).await?;
+        self.hold_image(&task_config.image, &config.alloc_id, &config.task);
+        let using = self.image_use.read().await;
+        if let Err(error) = ensure_image(&docker, &task_config).await {
+            drop(using);
+            self.let_go_of_image(&task_config.image, &config.alloc_id, &config.task);
+            return Err(error);
+        }
         let key = (config.alloc_id.clone(), config.task.clone());
         self.starting.lock().unwrap().insert(key.clone());
         let started = async {
-            let id = create_container(&docker, &spec).await?;
+            let id = create_container(&docker, &spec).await;
+            drop(using);
+            let id = id?;
             if let Err(error) = docker.start_container(&id, None).await {
                 // Nothing is left behind by a container that would not start (a port taken, a
                 // bind source missing): the task's start failed and the container goes with it.
@@ -235,6 +318,9 @@ impl DockerDriver {
         }
         .await;
         self.starting.lock().unwrap().remove(&key);
+        if started.is_err() {
+            self.let_go_of_image(&task_config.image, &config.alloc_id, &config.task);
+        }
         let id = started?;
         Ok(TaskHandle {
             driver: self.name().to_string(),
@@ -332,6 +418,7 @@ impl DockerDriver {
             .inspect_container(&state.container_id, None)
             .await
             .map_err(|error| engine::io_error(&format!("container {} is gone", state.container_id), &error))?;
+        self.hold_image(&state.image, &handle.alloc_id, &handle.task);
         let since = logs::resume_from(Path::new(&state.log_dir), &handle.task);
         self.watch(
             &handle.alloc_id,
@@ -354,6 +441,7 @@ impl DockerDriver {
             .lock()
             .unwrap()
             .remove(&(handle.alloc_id.clone(), handle.task.clone()));
+        self.let_go_of_image(&state.image, &handle.alloc_id, &handle.task);
         Ok(())
     }
 }
