@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # scripts/docker-engine.sh start DIR — a Docker Engine of the tests' own: installs Debian's
 # docker.io and busybox-static where missing, starts dockerd with its data root, exec root,
-# pid file and socket under DIR (no bridge, no iptables chains: the host's network is left as
-# it was), imports `drover-busybox:local` (the host's /bin/busybox with its applets: no
-# registry needed), and prints the endpoint (`unix://DIR/docker.sock`).
+# pid file and socket under DIR, on a bridge of its own (named from DIR, on a /24 of
+# 10.213.0.0/16 drawn from DIR's name) with no iptables chains and no masquerading: published
+# ports go through Docker's userland proxy, and the host's firewall is left as it was. Imports
+# `drover-busybox:local` (the host's /bin/busybox with its applets: no registry needed), and
+# prints the endpoint (`unix://DIR/docker.sock`).
 #
 # scripts/docker-engine.sh stop DIR — removes every container, stops dockerd and what it
-# started, unmounts what it left mounted under DIR and removes DIR.
+# started, unmounts what it left mounted under DIR, deletes its bridge and removes DIR.
 set -euo pipefail
 
 usage() {
@@ -18,6 +20,11 @@ DIR=$(realpath -m "$2")
 SOCKET="$DIR/docker.sock"
 ENDPOINT="unix://$SOCKET"
 IMAGE=drover-busybox:local
+# The bridge: a name of at most 15 characters and a subnet, both from DIR, so two engines
+# (a developer's and CI's) on one host do not meet.
+HASH=$(printf '%s' "$DIR" | md5sum | cut -c1-8)
+BRIDGE="drv$HASH"
+SUBNET_OCTET=$((16#${HASH:0:2}))
 
 cli() {
   docker -H "$ENDPOINT" "$@"
@@ -27,6 +34,7 @@ install() {
   local missing=()
   command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
   command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
   [ -x /bin/busybox ] || missing+=(busybox-static)
   [ ${#missing[@]} -eq 0 ] && return
   if [ "$(id -u)" != 0 ]; then
@@ -45,6 +53,11 @@ start() {
     echo "$ENDPOINT"
     return
   fi
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+    ip addr add "10.213.$SUBNET_OCTET.1/24" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
   # setsid: the daemon outlives this script, in a session of its own; `stop` ends it.
   setsid dockerd \
     --data-root "$DIR/data" \
@@ -53,7 +66,7 @@ start() {
     -H "$ENDPOINT" \
     --iptables=false \
     --ip-masq=false \
-    --bridge=none \
+    --bridge="$BRIDGE" \
     --log-level=warn \
     >"$DIR/dockerd.log" 2>&1 </dev/null &
   local waited=0
@@ -112,6 +125,7 @@ stop() {
   # Whatever is still mounted under DIR (overlays, the exec root's bind mounts), deepest first.
   awk -v dir="$DIR" '$2 == dir || index($2, dir "/") == 1 { print $2 }' /proc/self/mounts |
     sort -r | while read -r mount; do umount -l "$mount" 2>/dev/null || true; done
+  ip link delete "$BRIDGE" 2>/dev/null || true
   rm -rf "$DIR"
 }
 

@@ -508,3 +508,125 @@ fn an_image_no_task_used_for_image_delay_is_removed() {
         .unwrap_or_else(|| panic!("{tag} is removed after image_delay:\n{}", agent.log()));
     assert!(exists(IMAGE), "the image it was tagged from stays");
 }
+
+/// A web service on the default (bridge) network with a dynamic port, as Nomad's example job
+/// has it: the port is published on the node's address and the container's server answers
+/// there; a static port some other process holds is a clear task event and no container is
+/// left.
+fn web_job(name: &str, port: &str) -> String {
+    format!(
+        r#"job "{name}" {{
+  group "g" {{
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+    reschedule {{
+      attempts  = 0
+      unlimited = false
+    }}
+    network {{
+      port "http" {{
+        {port}
+        to = 8080
+      }}
+    }}
+    task "web" {{
+      driver = "docker"
+      config {{
+        image   = "{IMAGE}"
+        ports   = ["http"]
+        command = "httpd"
+        args    = ["-f", "-p", "8080", "-h", "/etc"]
+      }}
+      resources {{
+        cpu    = 100
+        memory = 64
+      }}
+    }}
+  }}
+}}
+"#
+    )
+}
+
+#[test]
+fn a_web_service_answers_on_its_dynamic_port_and_a_taken_port_is_a_clear_event() {
+    use std::io::{Read, Write};
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    run_job(&agent, root.path(), "www", &web_job("www", ""));
+    let stub = wait_alloc(
+        &agent,
+        "www",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the web container runs",
+    );
+    let id = stub["ID"].as_str().unwrap().to_string();
+    let alloc = get_json(agent.spec.http, &format!("/v1/allocation/{id}")).unwrap();
+    let given = &alloc["AllocatedResources"]["Shared"]["Ports"][0];
+    assert_eq!(given["Label"], "http", "{alloc:#}");
+    assert_eq!(given["To"], 8080, "{alloc:#}");
+    let (host, port) = (
+        given["HostIP"].as_str().unwrap().to_string(),
+        given["Value"].as_u64().unwrap(),
+    );
+    let answer = wait_for(Duration::from_secs(30), || {
+        let mut stream = std::net::TcpStream::connect((host.as_str(), port as u16)).ok()?;
+        write!(stream, "GET /passwd HTTP/1.0\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        answer.lines().next()?.contains(" 200 ").then_some(answer)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "httpd answers on {host}:{port}: {}\n{}",
+            docker(&[
+                "ps",
+                "-a",
+                "--filter",
+                &format!("label=com.hashicorp.nomad.alloc_id={id}"),
+                "--format",
+                "{{.Ports}} {{.Status}} {{.Networks}}"
+            ]),
+            agent.log()
+        )
+    });
+    assert!(answer.contains("root:x:0:0"), "{answer}");
+    stop_job(&agent, "www");
+    wait_for(Duration::from_secs(20), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("no container is left after job stop: {:?}", containers_of(&id)));
+    wait_for(Duration::from_secs(20), || {
+        std::net::TcpStream::connect((host.as_str(), port as u16))
+            .is_err()
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("nothing listens on {host}:{port} once the job stopped"));
+
+    // A static port another process holds.
+    let holder = std::net::TcpListener::bind((host.as_str(), 0)).unwrap();
+    let taken = holder.local_addr().unwrap().port();
+    run_job(
+        &agent,
+        root.path(),
+        "taken",
+        &web_job("taken", &format!("static = {taken}")),
+    );
+    let stub = wait_alloc(
+        &agent,
+        "taken",
+        |alloc| alloc["ClientStatus"] == "failed",
+        "the task on a taken port fails",
+    );
+    let events = events(&stub, "web");
+    assert!(
+        events
+            .iter()
+            .any(|event| event.starts_with("Driver Failure: ") && event.contains(&taken.to_string())),
+        "an event names the taken port {taken}: {events:#?}"
+    );
+    let id = stub["ID"].as_str().unwrap();
+    wait_for(Duration::from_secs(20), || containers_of(id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("no container is left: {:?}", containers_of(id)));
+    drop(holder);
+}
