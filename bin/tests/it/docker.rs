@@ -54,15 +54,17 @@ fn containers_of(alloc: &str) -> Vec<String> {
 /// An `agent -dev` using the test Engine (with `extra` in its docker plugin config), once its
 /// docker driver is healthy.
 fn start_dev(root: &std::path::Path, extra: &str) -> Agent {
+    start_dev_at(root, &engine(), extra)
+}
+
+/// [`start_dev`] with the Engine reached at `endpoint`.
+fn start_dev_at(root: &std::path::Path, endpoint: &str, extra: &str) -> Agent {
     let (spec, mut args) = dev_spec(root, "dev");
     std::fs::create_dir_all(&spec.data_dir).unwrap();
     let config = root.join("docker.hcl");
     std::fs::write(
         &config,
-        format!(
-            "plugin \"docker\" {{\n  config {{\n    endpoint = \"{}\"\n{extra}\n  }}\n}}\n",
-            engine()
-        ),
+        format!("plugin \"docker\" {{\n  config {{\n    endpoint = \"{endpoint}\"\n{extra}\n  }}\n}}\n"),
     )
     .unwrap();
     args.push(format!("-config={}", config.display()));
@@ -629,4 +631,135 @@ fn a_web_service_answers_on_its_dynamic_port_and_a_taken_port_is_a_clear_event()
     wait_for(Duration::from_secs(20), || containers_of(id).is_empty().then_some(()))
         .unwrap_or_else(|| panic!("no container is left: {:?}", containers_of(id)));
     drop(holder);
+}
+
+/// The test Engine's socket, forwarded from `path` while the proxy is up: taking it down is a
+/// daemon that went away, as far as a client using `path` can tell.
+struct SocketProxy {
+    path: std::path::PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    accepting: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SocketProxy {
+    fn up(path: &std::path::Path) -> SocketProxy {
+        use std::os::unix::net::{UnixListener, UnixStream};
+        let _ = std::fs::remove_file(path);
+        let listener = UnixListener::bind(path).unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let engine_socket = engine().trim_start_matches("unix://").to_string();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let accepting = std::thread::spawn(move || {
+            while !stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                };
+                client.set_nonblocking(false).unwrap();
+                let Ok(daemon) = UnixStream::connect(&engine_socket) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), daemon.try_clone().unwrap()),
+                    (daemon, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Both);
+                    });
+                }
+            }
+        });
+        SocketProxy {
+            path: path.to_path_buf(),
+            stop,
+            accepting: Some(accepting),
+        }
+    }
+
+    /// No new connection reaches the daemon (the socket is gone).
+    fn down(mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(accepting) = self.accepting.take() {
+            accepting.join().unwrap();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for SocketProxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// A daemon that goes away makes the driver unhealthy on the node with Nomad's text, and a
+/// docker job is then not placed there ("missing drivers"); when the daemon answers again the
+/// driver is healthy and the waiting job is placed.
+#[test]
+fn a_daemon_that_goes_away_makes_the_driver_unhealthy_until_it_comes_back() {
+    let root = tempfile::tempdir().unwrap();
+    let socket = root.path().join("proxied-docker.sock");
+    let proxy = SocketProxy::up(&socket);
+    let agent = start_dev_at(root.path(), &format!("unix://{}", socket.display()), "");
+    let docker_driver = |agent: &Agent| -> Option<Value> {
+        let nodes = get_json(agent.spec.http, "/v1/nodes")?;
+        let id = nodes.as_array()?.first()?["ID"].as_str()?.to_string();
+        let node = get_json(agent.spec.http, &format!("/v1/node/{id}"))?;
+        Some(node["Drivers"]["docker"].clone())
+    };
+    proxy.down();
+    // Drivers are fingerprinted every 30 s, as Nomad's docker driver is.
+    let driver = wait_for(Duration::from_secs(75), || {
+        docker_driver(&agent).filter(|driver| driver["Healthy"] == false)
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the driver turns unhealthy: {:?}\n{}",
+            docker_driver(&agent),
+            agent.log()
+        )
+    });
+    assert_eq!(
+        driver["HealthDescription"], "Failed to connect to docker daemon",
+        "{driver:#}"
+    );
+    assert_eq!(driver["Detected"], true, "{driver:#}");
+
+    run_job(&agent, root.path(), "later", &service_job("later"));
+    let filtered = wait_for(Duration::from_secs(30), || {
+        let evals = get_json(agent.spec.http, "/v1/job/later/evaluations")?;
+        evals
+            .as_array()?
+            .iter()
+            .find_map(|eval| eval["FailedTGAllocs"]["g"]["ConstraintFiltered"]["missing drivers"].as_u64())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the job is not placed, for missing drivers: {:?}",
+            get_json(agent.spec.http, "/v1/job/later/evaluations")
+        )
+    });
+    assert_eq!(filtered, 1);
+    assert!(
+        get_json(agent.spec.http, "/v1/job/later/allocations").is_some_and(|allocs| allocs == serde_json::json!([]))
+    );
+
+    let proxy = SocketProxy::up(&socket);
+    wait_for(Duration::from_secs(75), || {
+        docker_driver(&agent).filter(|driver| driver["Healthy"] == true)
+    })
+    .unwrap_or_else(|| panic!("the driver is healthy again: {:?}", docker_driver(&agent)));
+    let alloc = wait_alloc(
+        &agent,
+        "later",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the waiting job is placed and runs once the daemon is back",
+    );
+    stop_job(&agent, "later");
+    let id = alloc["ID"].as_str().unwrap();
+    wait_for(Duration::from_secs(20), || containers_of(id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("no container is left: {:?}", containers_of(id)));
+    proxy.down();
 }
