@@ -8,6 +8,7 @@
 //! and the HTTP API in `drover-http` (`io-real/http`); io-sim supplies the simulated
 //! counterparts.
 
+pub mod alloc_files;
 pub mod allocfs;
 pub mod buggify;
 pub mod client;

@@ -17,6 +17,7 @@ use drover_core::structs::{DriverInfo, Node, NodeStatus};
 use crate::consul::ConsulHttp;
 use crate::csi::CsiClient;
 use crate::exec_sessions::ExecSessions;
+use drover_io_real::alloc_files::{fs_error, write as write_file};
 use drover_io_real::client::{ClientExecutor, TaskServices};
 use drover_io_real::devices::{DeviceManager, DeviceStats};
 use drover_io_real::drivers::{Drivers, TaskResourceUsage};
@@ -36,39 +37,6 @@ pub struct HostExecutor {
     pub exec: ExecSessions,
 }
 
-/// The allocation directory `path` lies in and `path` relative to it; a path elsewhere (the
-/// agent's own directories) as its parent and its name.
-fn placed(alloc_root: &Path, path: &str) -> Result<(PathBuf, PathBuf), IoError> {
-    let path = Path::new(path);
-    if let Some(placed) = drover_io_real::confined::within(alloc_root, path) {
-        return Ok(placed);
-    }
-    match (path.parent(), path.file_name()) {
-        (Some(parent), Some(name)) => Ok((parent.to_path_buf(), PathBuf::from(name))),
-        _ => Err(IoError::other(format!("no file name in {}", path.display()))),
-    }
-}
-
-/// Writes `content` to `path` (a temporary file renamed over it), confined to its allocation
-/// directory when it lies in one.
-fn write_file(alloc_root: &Path, path: &str, content: &[u8], mode: u32) -> Result<(), IoError> {
-    let (root, relative) = placed(alloc_root, path)?;
-    drover_io_real::confined::Beneath::open(&root)
-        .and_then(|beneath| beneath.write_atomically(&relative, content, mode))
-        .map_err(|error| fs_error(&format!("write {path}"), error))
-}
-
-fn fs_error(context: &str, error: std::io::Error) -> IoError {
-    let kind = match error.kind() {
-        std::io::ErrorKind::NotFound => ErrorKind::NotFound,
-        // A link the task planted leads out of its allocation dir: the dir is not as it must be.
-        _ if drover_io_real::confined::is_escape(&error) => ErrorKind::FailedPrecondition,
-        _ => ErrorKind::Other,
-    };
-    IoError::new(kind, format!("{context}: {error}"))
-}
-
-/// Whether `path` is a mount point, from the kernel's own table.
 /// Runs a helper (the `consul` CLI for Envoy bootstraps) to completion; killed if the core's
 /// deadline drops the call. Its stdout goes to `stdout_path` only when it exits 0.
 async fn run_command(
@@ -105,6 +73,7 @@ async fn run_command(
     write_file(alloc_root, stdout_path, &output.stdout, mode).map(|()| Reply::Unit)
 }
 
+/// Whether `path` is a mount point, from the kernel's own table.
 fn is_mount_point(path: &str) -> Result<bool, IoError> {
     let canonical = match std::fs::canonicalize(path) {
         Ok(path) => path,
@@ -131,28 +100,7 @@ impl ClientExecutor for HostExecutor {
                     .ok_or_else(|| IoError::other(format!("driver \"{name}\" is not available")))
             };
             match io {
-                Io::Mkdir { path } => {
-                    if let Some((root, relative)) = drover_io_real::confined::within(&alloc_root, Path::new(&path)) {
-                        // The allocation directory is the agent's own; what is below it, the
-                        // tasks'.
-                        let mut builder = std::fs::DirBuilder::new();
-                        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-                        builder
-                            .recursive(true)
-                            .create(&root)
-                            .and_then(|()| drover_io_real::confined::Beneath::open(&root))
-                            .and_then(|beneath| beneath.create_dir_all(&relative, 0o700))
-                            .map_err(|error| fs_error(&format!("mkdir {path}"), error))?;
-                        return Ok(Reply::Unit);
-                    }
-                    let mut builder = std::fs::DirBuilder::new();
-                    std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
-                    builder
-                        .recursive(true)
-                        .create(&path)
-                        .map_err(|error| fs_error(&format!("mkdir {path}"), error))?;
-                    Ok(Reply::Unit)
-                }
+                Io::Mkdir { path } => drover_io_real::alloc_files::mkdir(&alloc_root, &path).map(|()| Reply::Unit),
                 Io::RemoveAll { path } => match std::fs::remove_dir_all(&path) {
                     Ok(()) => Ok(Reply::Unit),
                     Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Reply::Unit),
@@ -162,15 +110,7 @@ impl ClientExecutor for HostExecutor {
                     .map(|()| Reply::Unit)
                     .map_err(|error| fs_error(&format!("rmdir {path}"), error)),
                 Io::IsMountPoint { path } => is_mount_point(&path).map(Reply::Bool),
-                Io::ReadFile { path } => match placed(&alloc_root, &path).and_then(|(root, relative)| {
-                    drover_io_real::confined::Beneath::open(&root)
-                        .and_then(|beneath| beneath.read_to_string(&relative))
-                        .map_err(|error| fs_error(&format!("read {path}"), error))
-                }) {
-                    Ok(text) => Ok(Reply::File(Some(text))),
-                    Err(error) if error.kind == ErrorKind::NotFound => Ok(Reply::File(None)),
-                    Err(error) => Err(error),
-                },
+                Io::ReadFile { path } => drover_io_real::alloc_files::read(&alloc_root, &path).map(Reply::File),
                 Io::WriteFile { path, content, mode } => {
                     write_file(&alloc_root, &path, content.as_bytes(), mode).map(|()| Reply::Unit)
                 }
