@@ -46,6 +46,9 @@ pub struct ClientSpec {
     pub plugin_faults: crate::host::PluginFaults,
     /// The topology segments its node plugin reports in `NodeGetInfo` (empty: none).
     pub csi_topology: BTreeMap<String, String>,
+    /// Its allocation directories are real files, which hostile tasks plant links in, and
+    /// the host's defects ([`crate::task_files`]); `None`: they are only modelled.
+    pub task_files: Option<crate::task_files::HostFaults>,
 }
 
 struct SimClient {
@@ -213,6 +216,19 @@ impl SimCluster {
         )
         .with_consul(self.consul.agent(&spec.name))
         .with_topology(spec.csi_topology.clone());
+        let host = match spec.task_files {
+            Some(faults) => {
+                let data_dir = spec
+                    .config
+                    .data_dir
+                    .clone()
+                    .unwrap_or_else(|| format!("/sim/{}", spec.name));
+                let files = crate::task_files::TaskFiles::new(&spec.name, &format!("{data_dir}/alloc"), faults)
+                    .expect("the host's scratch directory");
+                host.with_task_files(files)
+            }
+            None => host,
+        };
         let init = {
             let node = ClientNode {
                 spec: spec.clone(),

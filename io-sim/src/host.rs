@@ -32,6 +32,7 @@ use drover_io_real::io::{BoxFuture, ClientCsi};
 use tokio::sync::watch;
 
 use crate::csi::{PluginControl, PluginMode, SLOW_LATENCY, SimPlugins};
+use crate::task_files::TaskFiles;
 use crate::trace::{HostEvent, PluginEvent, Recorder};
 
 /// How long a host call takes.
@@ -135,6 +136,35 @@ pub struct SimHost {
     consul: Option<crate::consul::SimConsulAgent>,
     /// The topology segments the node plugin reports (empty: none).
     topology: BTreeMap<String, String>,
+    /// Its allocation directories as real files, with hostile tasks planting links in them
+    /// (the `task_planted_links` scenario); otherwise they are only modelled.
+    files: Option<Arc<TaskFiles>>,
+}
+
+/// The path a filesystem request names.
+fn io_path(io: &Io) -> &str {
+    match io {
+        Io::Mkdir { path }
+        | Io::RemoveAll { path }
+        | Io::Rmdir { path }
+        | Io::IsMountPoint { path }
+        | Io::ReadFile { path }
+        | Io::WriteFile { path, .. }
+        | Io::WriteBytes { path, .. } => path,
+        _ => "",
+    }
+}
+
+fn io_name(io: &Io) -> &'static str {
+    match io {
+        Io::Mkdir { .. } => "mkdir",
+        Io::RemoveAll { .. } => "rm -rf",
+        Io::Rmdir { .. } => "rmdir",
+        Io::IsMountPoint { .. } => "mountpoint",
+        Io::ReadFile { .. } => "read",
+        Io::WriteFile { .. } | Io::WriteBytes { .. } => "write",
+        _ => "request",
+    }
 }
 
 fn config_str<'a>(config: &'a BTreeMap<String, ConfigValue>, key: &str) -> Option<&'a str> {
@@ -151,7 +181,14 @@ impl SimHost {
             state: Arc::default(),
             consul: None,
             topology: BTreeMap::new(),
+            files: None,
         }
+    }
+
+    /// Keeps the host's allocation directories as real files ([`TaskFiles`]).
+    pub fn with_task_files(mut self, files: TaskFiles) -> Self {
+        self.files = Some(Arc::new(files));
+        self
     }
 
     /// The node plugin reports `segments` as its accessible topology.
@@ -382,6 +419,27 @@ impl SimHost {
             },
             other => other,
         };
+        let mut read = None;
+        if let Some(files) = self.files.as_ref().filter(|files| files.owns(io_path(&io))) {
+            let done = match &io {
+                Io::Mkdir { path } => files.mkdir(path),
+                Io::RemoveAll { path } => files.remove_all(path),
+                Io::Rmdir { path } => files.rmdir(path),
+                Io::WriteFile { path, content, mode } => files.write(path, content.as_bytes(), *mode),
+                Io::ReadFile { path } => files.read(path).map(|text| read = Some(text)),
+                _ => Ok(()),
+            };
+            let request = format!("{} {}", io_name(&io), io_path(&io));
+            files.check(
+                &self.recorder,
+                &request,
+                read.as_ref().map(|text| text.as_deref().unwrap_or("")),
+            );
+            if let Err(error) = &done {
+                self.note(format!("{request} refused: {}", error.message));
+            }
+            done?;
+        }
         let mut state = self.lock();
         match io {
             Io::Mkdir { path } => {
@@ -413,7 +471,10 @@ impl SimHost {
                 Ok(Reply::Unit)
             }
             Io::IsMountPoint { path } => Ok(Reply::Bool(state.mounts.contains(&path))),
-            Io::ReadFile { path } => Ok(Reply::File(state.files.get(&path).cloned())),
+            Io::ReadFile { path } => Ok(Reply::File(match read {
+                Some(text) => text,
+                None => state.files.get(&path).cloned(),
+            })),
             Io::WriteFile { path, content, .. } => {
                 let parent = path.rsplit_once('/').map(|(parent, _)| parent.to_string());
                 if parent.is_some_and(|parent| !state.dirs.contains(&parent)) {
@@ -521,6 +582,13 @@ impl SimHost {
         );
         drop(state);
         self.note(format!("task {}/{} started (pid {pid})", key.0, key.1));
+        if let Some(files) = &self.files
+            && matches!(config.config.get("plant_links"), Some(ConfigValue::Bool(true)))
+        {
+            for planted in files.plant(&key.0, &key.1, pid) {
+                self.note(format!("task {}/{} plants a link: {planted}", key.0, key.1));
+            }
+        }
         self.recorder.record_host(
             &self.name,
             HostEvent::TaskStarted {
@@ -782,6 +850,23 @@ impl ClientExecutor for SimHost {
                     }
                     _ => Err(IoError::new(ErrorKind::NotFound, "process gone")),
                 },
+                // Into real files, by the production code (`task_planted_links`).
+                Io::RenderTemplate(request)
+                    if host.files.as_ref().is_some_and(|files| files.owns(&request.task_dir)) =>
+                {
+                    let files = host.files.as_ref().expect("checked");
+                    let rendered = files.render(&request);
+                    let what = format!("render {}/{}", request.task_dir, request.template.dest_path);
+                    files.check(
+                        &host.recorder,
+                        &what,
+                        Some(rendered.as_ref().map(|reply| reply.content.as_str()).unwrap_or("")),
+                    );
+                    if let Err(error) = &rendered {
+                        host.note(format!("{what} refused: {}", error.message));
+                    }
+                    Ok(Reply::Rendered(rendered?))
+                }
                 // The production renderer; files are not modelled, only their directories.
                 Io::RenderTemplate(request) => {
                     if !request.template.source_path.is_empty() {

@@ -4,7 +4,8 @@
 //! (a redb backend that loses unsynced writes on a crash), [`consul`] (a catalog that can be
 //! down, hang or be slow) and [`csi`] (CSI plugins on client nodes that fail, hang or are slow
 //! on command), [`host`] (the host a production client runs on: tasks, mounts, its CSI plugin
-//! process and its faults). [`trace`] records every agent and plugin event with its virtual time and runs
+//! process and its faults), [`task_files`] (a host's allocation directories as real files, with a
+//! hostile task planting links in them). [`trace`] records every agent and plugin event with its virtual time and runs
 //! the [`invariants`] after each one (counting their checks); [`coverage`] counts the core's state
 //! machine transitions and rare paths per run; [`cluster`] starts, kills, restarts and
 //! partitions agents; [`rogue`] is a machine with a client's certificate making a server's
@@ -28,6 +29,7 @@ pub mod invariants;
 pub mod net;
 #[cfg(madsim)]
 pub mod rogue;
+pub mod task_files;
 pub mod trace;
 #[cfg(not(madsim))]
 pub mod turmoil;

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::runner::{self, Report};
 use crate::shrink::{self, Schedule};
 use drover_core::config::{BootstrapFault, ClientFaults, ConnectFaults, CsiFaults, RaftFaults, SchedulerFaults};
+use drover_io_sim::task_files::HostFaults;
 
 use crate::scenarios::{Options, Scenario, all_scenarios, find};
 
@@ -1203,6 +1204,19 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         scenarios: &["real_clients_job", "client_shared_stage"],
         invariant: "no task process outlives its task",
         caught_by: ("real_clients_job", 0),
+    },
+    Switch {
+        name: "follow-task-links",
+        bug: "files below an allocation directory are made, written and read by name: a link a task planted leads the agent, as root, onto the host's files (issue 54)",
+        options: || Options {
+            host_faults: HostFaults {
+                follow_task_links: true,
+            },
+            ..Options::default()
+        },
+        scenarios: &["task_planted_links"],
+        invariant: drover_io_sim::task_files::WRITTEN_OUTSIDE,
+        caught_by: ("task_planted_links", 0),
     },
     Switch {
         name: "no-anti-entropy",

@@ -27,6 +27,7 @@ use drover_io_sim::cluster::{SimCluster, retry_request};
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::host::PluginFaults;
 use drover_io_sim::invariants::claims_freed;
+use drover_io_sim::task_files::HostFaults;
 use drover_io_sim::trace::Recorder;
 
 /// The CSI plugin, run as a system job on every client (a monolith: controller and node).
@@ -95,6 +96,11 @@ pub struct RealClientPlan {
     /// deregistration fails, and only the client's anti-entropy pass (every 30 s) removes the
     /// services afterwards, nothing else changing on the node by then.
     pub consul_down_at_stop: bool,
+    /// Hostile tasks: every job's task plants links to host files in its allocation as it
+    /// starts, and renders two templates (into `local/` and `secrets/`) at every start; the
+    /// clients' allocation directories are real files, with these host defects
+    /// ([`drover_io_sim::task_files`]). Such tasks are not expected to keep running.
+    pub planted_links: Option<HostFaults>,
 }
 
 impl RealClientPlan {
@@ -125,6 +131,7 @@ impl RealClientPlan {
             broken_versions: BTreeSet::new(),
             periodic: None,
             consul_down_at_stop: false,
+            planted_links: None,
         }
     }
 
@@ -320,6 +327,19 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
             ConfigValue::String(format!("{}ms", run_for.as_millis())),
         );
     }
+    let templates = if plan.planted_links.is_some() {
+        config.insert("plant_links".to_string(), ConfigValue::Bool(true));
+        ["local/out.txt", "secrets/env.txt"]
+            .into_iter()
+            .map(|dest| drover_core::structs::Template {
+                dest_path: dest.into(),
+                embedded_tmpl: format!("version {version}\n"),
+                ..Default::default()
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
     let broken = plan.broken_versions.contains(&version);
     if broken {
         config.insert("run_for".to_string(), ConfigValue::String("500ms".into()));
@@ -369,6 +389,7 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
                 config,
                 env: BTreeMap::from([("VERSION".to_string(), version.to_string())]),
                 volume_mounts,
+                templates,
                 // Registered at the dynamic port the allocation was given. A job rolled by
                 // deployments has a check, so its allocations' health waits on Consul
                 // (`health_check = "checks"`, the default).
@@ -983,6 +1004,14 @@ pub async fn check_end(
     let deadline = deadline.max(tokio::time::Instant::now() + convergence_bound(plan));
     if plan.plugin_faults.never_ready {
         check_never_ready(cluster, recorder, leader, deadline).await;
+        return;
+    }
+    if plan.planted_links.is_some() {
+        // A hostile task whose links the agent refused to follow fails its starts for good
+        // (its directory is not as it must be): only what the agent did, and that a job stop
+        // still clears everything, are judged.
+        recorder.note("hostile tasks: their jobs are not expected to keep running");
+        stop_jobs(cluster, recorder, plan, leader, deadline).await;
         return;
     }
     let mut seen = BTreeSet::new();

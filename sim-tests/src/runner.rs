@@ -115,6 +115,7 @@ fn real_client(plan: &Plan, index: usize) -> ClientSpec {
         spec.plugin_faults = real.plugin_faults.clone();
         spec.csi_topology = crate::zones::segments(real, index);
         spec.config.client.faults = real.client_faults;
+        spec.task_files = real.planted_links;
         if real.connect() {
             // With a Consul ACL token, Connect sidecars get service identity tokens.
             spec.config.consul.address = Some("127.0.0.1:8500".into());
@@ -194,7 +195,18 @@ pub fn run_trimmed(scenario: &'static Scenario, seed: u64, options: Options, tri
         .spawn(move || {
             // madsim first: it seeds this thread's std hash keys, which only works before the
             // thread's first `HashMap`.
-            let runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+            let mut runtime = madsim::runtime::Runtime::with_seed_and_config(seed, madsim::Config::default());
+            // Templates render through gtmpl, whose lexer runs on a thread of its own (Go's
+            // lexer goroutine, ported) and hands back tokens over a channel it then joins: pure
+            // work, so a run that renders them allows system threads and stays deterministic
+            // (each run is replayed and compared).
+            if plan
+                .real_clients
+                .as_ref()
+                .is_some_and(|real| real.planted_links.is_some())
+            {
+                runtime.set_allow_system_thread(true);
+            }
             // The core's coverage events, counted for this run (unless `--log` installed a
             // global subscriber to print agent logs: then they go there).
             let _counting = (!AGENT_LOGS.load(std::sync::atomic::Ordering::Relaxed))

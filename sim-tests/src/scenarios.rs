@@ -18,6 +18,7 @@ use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::{Crash, DiskFault};
 use drover_io_sim::host::PluginFaults;
+use drover_io_sim::task_files::HostFaults;
 
 use crate::knobs::Knobs;
 use crate::real_clients::{RealClientPlan, RealJob};
@@ -41,6 +42,8 @@ pub struct Options {
     pub bootstrap_fault: Option<BootstrapFault>,
     /// Re-create a scheduler defect on every server (regression switch).
     pub scheduler_faults: SchedulerFaults,
+    /// Re-create a host defect on every real client's host (regression switch).
+    pub host_faults: HostFaults,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -473,6 +476,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         build: real_clients_job,
     },
     Scenario {
+        name: "task_planted_links",
+        about: "hostile tasks swap their directories and files for links to host files; the agent, restarting them and their templates and killed and restarted itself, never writes or reads through one, and a job stop clears everything",
+        build: task_planted_links,
+    },
+    Scenario {
         name: "real_clients_csi",
         about: "the same with a CSI plugin job on every client and a multi-writer volume mounted by every allocation",
         build: real_clients_csi,
@@ -631,6 +639,47 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
     let run_for = rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000));
     plan.real_clients = Some(RealClientPlan::one_job(clients, 3, run_for));
+    plan.quiet_bound = Duration::from_secs(90);
+    plan
+}
+
+/// Hostile tasks on real clients (issue 54): each allocation's task plants links out of its
+/// allocation directory as it starts (its own directories and its files, and its siblings'),
+/// exits after a few seconds and is restarted, its templates rendered again through whatever
+/// it planted; client agents are killed and restarted meanwhile, and the leader sometimes.
+fn task_planted_links(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let clients = 2;
+    let mut steps = Vec::new();
+    let client = rng.gen_range(0..clients);
+    let at = millis(rng, 10_000..40_000);
+    steps.push(Step {
+        at,
+        action: Action::KillClient(client),
+    });
+    steps.push(Step {
+        at: at + millis(rng, 3_000..40_000),
+        action: Action::RestartClient(client),
+    });
+    if rng.gen_bool(0.5) {
+        let at = millis(rng, 10_000..50_000);
+        steps.push(Step {
+            at,
+            action: Action::Kill {
+                target: Target::Leader,
+                crash: crash(rng),
+            },
+        });
+        steps.push(Step {
+            at: at + millis(rng, 2_000..15_000),
+            action: Action::Restart(Target::LastKilled),
+        });
+    }
+    steps.sort_by_key(|step| step.at);
+    let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
+    let run_for = millis(rng, 1_000..6_000);
+    let mut real = RealClientPlan::one_job(clients, 3, Some(run_for));
+    real.planted_links = Some(options.host_faults);
+    plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(90);
     plan
 }
@@ -1259,6 +1308,7 @@ pub fn client(index: usize) -> ClientSpec {
         config,
         plugin_faults: Default::default(),
         csi_topology: Default::default(),
+        task_files: None,
     }
 }
 
@@ -1310,6 +1360,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         broken_versions: BTreeSet::new(),
         periodic: None,
         consul_down_at_stop: false,
+        planted_links: None,
     }
 }
 
