@@ -69,8 +69,11 @@ impl Drop for TaskFiles {
 impl TaskFiles {
     /// Files for host `name`, whose allocations are under `sim_alloc_root`.
     pub fn new(name: &str, sim_alloc_root: &str, faults: HostFaults) -> std::io::Result<TaskFiles> {
-        let scratch = std::env::temp_dir().join(format!(
-            "drover-sim-files-{}-{}",
+        let parent = std::env::temp_dir().join("drover-sim-files");
+        static SWEPT: std::sync::Once = std::sync::Once::new();
+        SWEPT.call_once(|| sweep_dead(&parent));
+        let scratch = parent.join(format!(
+            "{}-{}",
             std::process::id(),
             SCRATCH.fetch_add(1, Ordering::Relaxed)
         ));
@@ -265,6 +268,25 @@ impl TaskFiles {
     }
 }
 
+/// Removes the scratch directories of processes that are gone (a run that panicked or was
+/// killed drops nothing): their names start with the pid that made them.
+fn sweep_dead(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let alive = name
+            .split('-')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// Replaces `base/inside` with a link to `target`, unless a link already stands on the way
 /// (the task never writes through a link itself). Whether it planted one.
 fn plant_link(base: &Path, inside: &str, target: &Path) -> bool {
@@ -392,6 +414,21 @@ mod tests {
             .map(|violation| violation.invariant)
             .collect();
         assert_eq!(found, [WRITTEN_OUTSIDE, READ_OUTSIDE]);
+    }
+
+    #[test]
+    fn a_dead_processs_scratch_directory_is_swept() {
+        let parent = std::env::temp_dir().join(format!("drover-sweep-test-{}", std::process::id()));
+        let (dead, alive) = (
+            parent.join("999999999-0"),
+            parent.join(format!("{}-0", std::process::id())),
+        );
+        for dir in [&dead, &alive] {
+            std::fs::create_dir_all(dir.join("outside")).expect("dir");
+        }
+        sweep_dead(&parent);
+        assert!(!dead.exists() && alive.exists());
+        std::fs::remove_dir_all(&parent).expect("cleaned");
     }
 
     #[test]
