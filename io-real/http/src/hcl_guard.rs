@@ -210,6 +210,19 @@ mod tests {
         assert_eq!(answered, Ok(3));
     }
 
+    /// A simulation runs every host on one thread: a parse made there runs in place, so it
+    /// ends at a moment the seed sets, and frees its slot.
+    #[tokio::test]
+    async fn in_a_simulation_a_parse_runs_in_place() {
+        static RUNNING: AtomicUsize = AtomicUsize::new(0);
+        let caller = std::thread::current().id();
+        drover_io_real::runtime::simulate_on_this_thread(7, || 0);
+        let parsed = parse_within("job", AMPLE, 1, &RUNNING, move || std::thread::current().id() == caller).await;
+        drover_io_real::runtime::stop_simulating_on_this_thread();
+        assert_eq!(parsed, Ok(true), "parsed on the caller's thread");
+        assert_eq!(RUNNING.load(Ordering::SeqCst), 0);
+    }
+
     #[tokio::test]
     async fn a_panicking_parse_is_an_error_and_frees_its_slot() {
         static RUNNING: AtomicUsize = AtomicUsize::new(0);
