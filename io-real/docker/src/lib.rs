@@ -153,12 +153,15 @@ impl DockerDriver {
             return;
         }
         let now = drover_io_real::clock::core_now(self.epoch);
-        let next = {
+        // Decided under the lock a collection also ends under: a release either finds the
+        // collection still running (it will see this image) or starts the next one.
+        let collect = {
             let mut images = self.images.lock().unwrap();
             images.release(image, alloc, task, now);
-            images.next_due(self.plugin.image_delay)
+            images.next_due(self.plugin.image_delay).is_some()
+                && !self.collecting.swap(true, std::sync::atomic::Ordering::SeqCst)
         };
-        if next.is_some() && !self.collecting.swap(true, std::sync::atomic::Ordering::SeqCst) {
+        if collect {
             let driver = self.clone();
             tokio::spawn(async move { driver.collect_images().await });
         }
@@ -168,20 +171,23 @@ impl DockerDriver {
     /// task took again meanwhile is no longer idle and stays. One the Engine will not remove
     /// (another container of someone else's uses it) is the Engine's to keep.
     async fn collect_images(&self) {
+        use std::sync::atomic::Ordering;
+        // A driver without a client starts no task, so lets go of no image; should it, the
+        // next release may try again.
         let Ok(docker) = self.client().cloned() else {
+            self.collecting.store(false, Ordering::SeqCst);
             return;
         };
-        use std::sync::atomic::Ordering;
         loop {
-            let next = self.images.lock().unwrap().next_due(self.plugin.image_delay);
-            let Some(at) = next else {
-                self.collecting.store(false, Ordering::SeqCst);
-                // An image let go of between the look and the store would have found a
-                // collection running: look once more.
-                let again = self.images.lock().unwrap().next_due(self.plugin.image_delay).is_some();
-                if again && !self.collecting.swap(true, Ordering::SeqCst) {
-                    continue;
+            let next = {
+                let images = self.images.lock().unwrap();
+                let next = images.next_due(self.plugin.image_delay);
+                if next.is_none() {
+                    self.collecting.store(false, Ordering::SeqCst);
                 }
+                next
+            };
+            let Some(at) = next else {
                 return;
             };
             let now = drover_io_real::clock::core_now(self.epoch);
