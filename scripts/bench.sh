@@ -52,6 +52,11 @@ echo
 echo "== job registers one after another and from 16 clients; 32 clients of mixed load, req/s second by second (cargo bench -p drover --bench write_load)"
 cargo bench -p drover --bench write_load
 echo
+echo "== container tasks against the Engine's own create+start: start, stop, 50 containers, RSS (cargo bench -p drover --bench docker)"
+ENGINE=$(scripts/docker-engine.sh start target/docker-engine)
+DROVER_TEST_DOCKER_HOST=$ENGINE cargo bench -p drover --bench docker || true
+scripts/docker-engine.sh stop target/docker-engine
+echo
 echo "== scheduler placements (cargo bench -p drover --bench scheduler)"
 cargo bench -p drover --bench scheduler
 echo
