@@ -977,8 +977,16 @@ impl ServerState {
     /// Indexes `eval` as it will be stored; what is stored under its id now is the old one.
     pub(super) fn index_eval(&mut self, eval: &Evaluation) {
         let key = (eval.namespace.clone(), eval.job_id.clone(), eval.id.clone());
-        if let Some(old) = self.evals.get(&eval.id).map(|old| (old.snapshot_index, old.id.clone())) {
-            self.blocked_evals_by_snapshot.delete(&old);
+        if let Some(old) = self.evals.get(&eval.id) {
+            let old_key = (old.namespace.clone(), old.job_id.clone(), old.id.clone());
+            let old_snapshot = (old.snapshot_index, old.id.clone());
+            self.blocked_evals_by_snapshot.delete(&old_snapshot);
+            // An update naming another job (never made by the scheduler, but a log entry may
+            // say so): it leaves the old job's indexes.
+            if old_key != key {
+                self.evals_by_job.delete(&old_key);
+                self.blocked_evals_by_job.delete(&old_key);
+            }
         }
         if eval.status == crate::structs::EvalStatus::Blocked {
             self.blocked_evals_by_job.insert(key.clone(), ());
@@ -1322,12 +1330,17 @@ mod tests {
         state.apply(5, &entry(5, Command::EvalUpsert { evals }));
         let evals = vec![eval("e3", "web")];
         state.apply(6, &entry(6, Command::EvalUpsert { evals }));
+        // e2 moves to another job and blocks there (never done by the scheduler, but a log
+        // entry may say so, and the index must follow: the long lane's fuzzer wrote one).
+        let evals = vec![blocked("e2", "web")];
+        state.apply(7, &entry(7, Command::EvalUpsert { evals }));
         let check = |state: &ServerState| {
             let blocked: Vec<&str> = state
                 .job_blocked_evals("default", "web")
                 .map(|e| e.id.as_str())
                 .collect();
-            assert_eq!(blocked, ["e1"]);
+            assert_eq!(blocked, ["e1", "e2"]);
+            assert_eq!(state.job_evals("default", "db").count(), 0);
             for job in ["web", "db", "none"] {
                 let indexed: Vec<&str> = state.job_allocs("default", job).map(|a| a.id.as_str()).collect();
                 let scanned: Vec<&str> = state
