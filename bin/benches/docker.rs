@@ -24,26 +24,16 @@ use bollard::Docker;
 use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{CreateContainerOptions, ListContainersOptions, RemoveContainerOptions};
 use serde_json::{Value, json};
-use support::{Agent, dev_spec, http, http_status, wait_for};
+use support::{Agent, dev_spec, get_json, http, http_status, wait_for, wait_for_every};
 
 const IMAGE: &str = "drover-busybox:local";
 const LIMIT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(1);
 const LABEL: &str = "drover-bench";
 
-fn poll<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + LIMIT;
-    while Instant::now() < deadline {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        std::thread::sleep(POLL);
-    }
-    None
-}
-
-fn get(port: u16, path: &str) -> Option<Value> {
-    serde_json::from_str(&http("GET", port, path, None)?).ok()
+/// `check` every millisecond until it holds, for at most [`LIMIT`].
+fn poll<T>(check: impl FnMut() -> Option<T>) -> Option<T> {
+    wait_for_every(LIMIT, POLL, check)
 }
 
 fn ms(duration: Duration) -> f64 {
@@ -219,7 +209,7 @@ fn main() {
     let port = spec.http;
     let agent = Agent::start(spec, args);
     wait_for(LIMIT, || {
-        let nodes = get(port, "/v1/nodes")?;
+        let nodes = get_json(port, "/v1/nodes")?;
         (nodes[0]["Drivers"]["docker"]["Healthy"] == true).then_some(())
     })
     .unwrap_or_else(|| panic!("the docker driver is healthy:\n{}", agent.log()));
@@ -235,12 +225,12 @@ fn main() {
         let (mut eval_done, mut container_up, mut alloc_running, mut alloc_id) = (None, None, None, None);
         poll(|| {
             if eval_done.is_none()
-                && get(port, &format!("/v1/evaluation/{eval_id}")).is_some_and(|eval| eval["Status"] == "complete")
+                && get_json(port, &format!("/v1/evaluation/{eval_id}")).is_some_and(|eval| eval["Status"] == "complete")
             {
                 eval_done = Some(submitted.elapsed());
             }
             if alloc_id.is_none() {
-                alloc_id = get(port, &format!("/v1/job/{id}/allocations"))
+                alloc_id = get_json(port, &format!("/v1/job/{id}/allocations"))
                     .and_then(|allocs| allocs[0]["ID"].as_str().map(String::from));
             }
             if let Some(alloc) = &alloc_id {
@@ -253,7 +243,8 @@ fn main() {
                     container_up = Some(submitted.elapsed());
                 }
                 if alloc_running.is_none()
-                    && get(port, &format!("/v1/allocation/{alloc}")).is_some_and(|a| a["ClientStatus"] == "running")
+                    && get_json(port, &format!("/v1/allocation/{alloc}"))
+                        .is_some_and(|a| a["ClientStatus"] == "running")
                 {
                     alloc_running = Some(submitted.elapsed());
                 }
@@ -297,7 +288,7 @@ fn main() {
         other => panic!("the {count}-container job was not registered: {other:?}"),
     }
     poll(|| {
-        let allocs = get(port, "/v1/job/many/allocations")?;
+        let allocs = get_json(port, "/v1/job/many/allocations")?;
         let up = allocs
             .as_array()?
             .iter()

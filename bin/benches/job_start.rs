@@ -22,24 +22,14 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use support::{Agent, cluster_specs, dev_spec, http, http_status, server_args, wait_for};
+use support::{Agent, cluster_specs, dev_spec, get_json, http, http_status, server_args, wait_for, wait_for_every};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(1);
 
-fn get(port: u16, path: &str) -> Option<Value> {
-    serde_json::from_str(&http("GET", port, path, None)?).ok()
-}
-
-fn poll<T>(mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + LIMIT;
-    while Instant::now() < deadline {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        std::thread::sleep(POLL);
-    }
-    None
+/// `check` every millisecond until it holds, for at most [`LIMIT`].
+fn poll<T>(check: impl FnMut() -> Option<T>) -> Option<T> {
+    wait_for_every(LIMIT, POLL, check)
 }
 
 fn percentiles(label: &str, samples: &mut [Duration], baseline: Option<Duration>) -> Duration {
@@ -113,11 +103,12 @@ fn cold_starts(rounds: usize) {
         }
         let (mut node_ready, mut alloc_running) = (None, None);
         poll(|| {
-            if node_ready.is_none() && get(port, "/v1/nodes").is_some_and(|nodes| nodes[0]["Status"] == "ready") {
+            if node_ready.is_none() && get_json(port, "/v1/nodes").is_some_and(|nodes| nodes[0]["Status"] == "ready") {
                 node_ready = Some(spawned.elapsed());
             }
             if alloc_running.is_none()
-                && get(port, "/v1/job/first/allocations").is_some_and(|allocs| allocs[0]["ClientStatus"] == "running")
+                && get_json(port, "/v1/job/first/allocations")
+                    .is_some_and(|allocs| allocs[0]["ClientStatus"] == "running")
             {
                 alloc_running = Some(spawned.elapsed());
             }
@@ -143,7 +134,7 @@ fn one_agent(jobs: usize) {
     let agent = Agent::start(specs[0].clone(), args);
     let port = specs[0].http;
     wait_for(LIMIT, || {
-        let nodes = get(port, "/v1/nodes")?;
+        let nodes = get_json(port, "/v1/nodes")?;
         (nodes[0]["Drivers"]["raw_exec"]["Healthy"] == true).then_some(())
     })
     .unwrap_or_else(|| panic!("the client registers:\n{}", agent.log()));
@@ -171,7 +162,7 @@ fn one_agent(jobs: usize) {
         let (mut eval_done, mut task_started, mut alloc_running) = (None, None, None);
         poll(|| {
             if eval_done.is_none()
-                && get(port, &format!("/v1/evaluation/{eval_id}")).is_some_and(|eval| eval["Status"] == "complete")
+                && get_json(port, &format!("/v1/evaluation/{eval_id}")).is_some_and(|eval| eval["Status"] == "complete")
             {
                 eval_done = Some(submitted.elapsed());
             }
@@ -179,7 +170,7 @@ fn one_agent(jobs: usize) {
                 task_started = Some(submitted.elapsed());
             }
             if alloc_running.is_none()
-                && get(port, &format!("/v1/job/{id}/allocations"))
+                && get_json(port, &format!("/v1/job/{id}/allocations"))
                     .is_some_and(|allocs| allocs[0]["ClientStatus"] == "running")
             {
                 alloc_running = Some(submitted.elapsed());

@@ -141,29 +141,16 @@ pub struct SimHost {
     files: Option<Arc<TaskFiles>>,
 }
 
-/// The path a filesystem request names.
-fn io_path(io: &Io) -> &str {
+/// What a filesystem request does and the path it names (`None`: not one).
+fn file_request(io: &Io) -> Option<(&'static str, &str)> {
     match io {
-        Io::Mkdir { path }
-        | Io::RemoveAll { path }
-        | Io::Rmdir { path }
-        | Io::IsMountPoint { path }
-        | Io::ReadFile { path }
-        | Io::WriteFile { path, .. }
-        | Io::WriteBytes { path, .. } => path,
-        _ => "",
-    }
-}
-
-fn io_name(io: &Io) -> &'static str {
-    match io {
-        Io::Mkdir { .. } => "mkdir",
-        Io::RemoveAll { .. } => "rm -rf",
-        Io::Rmdir { .. } => "rmdir",
-        Io::IsMountPoint { .. } => "mountpoint",
-        Io::ReadFile { .. } => "read",
-        Io::WriteFile { .. } | Io::WriteBytes { .. } => "write",
-        _ => "request",
+        Io::Mkdir { path } => Some(("mkdir", path)),
+        Io::RemoveAll { path } => Some(("rm -rf", path)),
+        Io::Rmdir { path } => Some(("rmdir", path)),
+        Io::IsMountPoint { path } => Some(("mountpoint", path)),
+        Io::ReadFile { path } => Some(("read", path)),
+        Io::WriteFile { path, .. } | Io::WriteBytes { path, .. } => Some(("write", path)),
+        _ => None,
     }
 }
 
@@ -409,7 +396,41 @@ impl SimHost {
         true
     }
 
+    /// A request carried out in real files: the invariants checked after it (`read`: what it
+    /// returned, if it reads), a refusal noted; its outcome passed on.
+    fn judged<T>(
+        &self,
+        files: &TaskFiles,
+        request: &str,
+        read: Option<&str>,
+        done: Result<T, IoError>,
+    ) -> Result<T, IoError> {
+        files.check(&self.recorder, request, read);
+        if let Err(error) = &done {
+            self.note(format!("{request} refused: {}", error.message));
+        }
+        done
+    }
+
     fn filesystem(&self, io: Io) -> Outcome {
+        // Below the allocation root of a host with real files, the request is carried out
+        // there first (a payload's bytes as they are); the model follows only if it succeeds.
+        let mut read = None;
+        if let Some(files) = &self.files
+            && let Some((name, path)) = file_request(&io).filter(|(_, path)| files.owns(path))
+        {
+            let done = match &io {
+                Io::Mkdir { path } => files.mkdir(path),
+                Io::RemoveAll { path } => files.remove_all(path),
+                Io::Rmdir { path } => files.rmdir(path),
+                Io::WriteFile { path, content, mode } => files.write(path, content.as_bytes(), *mode),
+                Io::WriteBytes { path, content, mode } => files.write(path, content, *mode),
+                Io::ReadFile { path } => files.read(path).map(|text| read = Some(text)),
+                _ => Ok(()),
+            };
+            let seen = read.as_ref().map(|text| text.as_deref().unwrap_or(""));
+            self.judged(files, &format!("{name} {path}"), seen, done)?;
+        }
         // The simulated files hold text; a payload's bytes are kept as (lossy) text.
         let io = match io {
             Io::WriteBytes { path, content, mode } => Io::WriteFile {
@@ -419,27 +440,6 @@ impl SimHost {
             },
             other => other,
         };
-        let mut read = None;
-        if let Some(files) = self.files.as_ref().filter(|files| files.owns(io_path(&io))) {
-            let done = match &io {
-                Io::Mkdir { path } => files.mkdir(path),
-                Io::RemoveAll { path } => files.remove_all(path),
-                Io::Rmdir { path } => files.rmdir(path),
-                Io::WriteFile { path, content, mode } => files.write(path, content.as_bytes(), *mode),
-                Io::ReadFile { path } => files.read(path).map(|text| read = Some(text)),
-                _ => Ok(()),
-            };
-            let request = format!("{} {}", io_name(&io), io_path(&io));
-            files.check(
-                &self.recorder,
-                &request,
-                read.as_ref().map(|text| text.as_deref().unwrap_or("")),
-            );
-            if let Err(error) = &done {
-                self.note(format!("{request} refused: {}", error.message));
-            }
-            done?;
-        }
         let mut state = self.lock();
         match io {
             Io::Mkdir { path } => {
@@ -857,15 +857,9 @@ impl ClientExecutor for SimHost {
                     let files = host.files.as_ref().expect("checked");
                     let rendered = files.render(&request);
                     let what = format!("render {}/{}", request.task_dir, request.template.dest_path);
-                    files.check(
-                        &host.recorder,
-                        &what,
-                        Some(rendered.as_ref().map(|reply| reply.content.as_str()).unwrap_or("")),
-                    );
-                    if let Err(error) = &rendered {
-                        host.note(format!("{what} refused: {}", error.message));
-                    }
-                    Ok(Reply::Rendered(rendered?))
+                    let seen = rendered.as_ref().map(|reply| reply.content.as_str()).unwrap_or("");
+                    let seen = seen.to_string();
+                    host.judged(files, &what, Some(&seen), rendered).map(Reply::Rendered)
                 }
                 // The production renderer; files are not modelled, only their directories.
                 Io::RenderTemplate(request) => {

@@ -596,28 +596,11 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     for _ in 0..rng.gen_range(1..=2) {
         let client = rng.gen_range(0..clients);
         let at = millis(rng, 15_000..45_000);
-        steps.push(Step {
-            at,
-            action: Action::KillClient(client),
-        });
-        steps.push(Step {
-            at: at + millis(rng, 3_000..40_000),
-            action: Action::RestartClient(client),
-        });
+        steps.extend(client_killed_and_restarted(rng, client, at, 3_000..40_000));
     }
     if rng.gen_bool(0.5) {
         let at = millis(rng, 20_000..50_000);
-        steps.push(Step {
-            at,
-            action: Action::Kill {
-                target: Target::Leader,
-                crash: crash(rng),
-            },
-        });
-        steps.push(Step {
-            at: at + millis(rng, 2_000..15_000),
-            action: Action::Restart(Target::LastKilled),
-        });
+        steps.extend(leader_killed_and_restarted(rng, at, 2_000..15_000));
     }
     // The clients' Consul agents fail for a while: service syncs fail or stall (the core's
     // deadline ends a hung call) and must catch up once Consul is back.
@@ -652,27 +635,10 @@ fn task_planted_links(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut steps = Vec::new();
     let client = rng.gen_range(0..clients);
     let at = millis(rng, 10_000..40_000);
-    steps.push(Step {
-        at,
-        action: Action::KillClient(client),
-    });
-    steps.push(Step {
-        at: at + millis(rng, 3_000..40_000),
-        action: Action::RestartClient(client),
-    });
+    steps.extend(client_killed_and_restarted(rng, client, at, 3_000..40_000));
     if rng.gen_bool(0.5) {
         let at = millis(rng, 10_000..50_000);
-        steps.push(Step {
-            at,
-            action: Action::Kill {
-                target: Target::Leader,
-                crash: crash(rng),
-            },
-        });
-        steps.push(Step {
-            at: at + millis(rng, 2_000..15_000),
-            action: Action::Restart(Target::LastKilled),
-        });
+        steps.extend(leader_killed_and_restarted(rng, at, 2_000..15_000));
     }
     steps.sort_by_key(|step| step.at);
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
@@ -682,6 +648,43 @@ fn task_planted_links(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(90);
     plan
+}
+
+/// Client `index`'s agent killed at `at` and started again `back` ms later (its tasks live on).
+fn client_killed_and_restarted(
+    rng: &mut ChaCha8Rng,
+    index: usize,
+    at: Duration,
+    back: std::ops::Range<u64>,
+) -> [Step; 2] {
+    [
+        Step {
+            at,
+            action: Action::KillClient(index),
+        },
+        Step {
+            at: at + millis(rng, back),
+            action: Action::RestartClient(index),
+        },
+    ]
+}
+
+/// Whoever leads at `at` crashed (how, drawn) and restarted `back` ms later.
+fn leader_killed_and_restarted(rng: &mut ChaCha8Rng, at: Duration, back: std::ops::Range<u64>) -> [Step; 2] {
+    let kill = Step {
+        at,
+        action: Action::Kill {
+            target: Target::Leader,
+            crash: crash(rng),
+        },
+    };
+    [
+        kill,
+        Step {
+            at: at + millis(rng, back),
+            action: Action::Restart(Target::LastKilled),
+        },
+    ]
 }
 
 /// A periodic job on real clients: its leader is killed (the new one launches what fell due
@@ -758,27 +761,10 @@ fn real_clients_connect(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     });
     let client = rng.gen_range(0..clients);
     let at = millis(rng, 15_000..45_000);
-    steps.push(Step {
-        at,
-        action: Action::KillClient(client),
-    });
-    steps.push(Step {
-        at: at + millis(rng, 3_000..40_000),
-        action: Action::RestartClient(client),
-    });
+    steps.extend(client_killed_and_restarted(rng, client, at, 3_000..40_000));
     if rng.gen_bool(0.5) {
         let at = millis(rng, 5_000..50_000);
-        steps.push(Step {
-            at,
-            action: Action::Kill {
-                target: Target::Leader,
-                crash: crash(rng),
-            },
-        });
-        steps.push(Step {
-            at: at + millis(rng, 2_000..15_000),
-            action: Action::Restart(Target::LastKilled),
-        });
+        steps.extend(leader_killed_and_restarted(rng, at, 2_000..15_000));
     }
     steps.sort_by_key(|step| step.at);
     // The servers join by address and have Consul for its ACL API (the token sweep needs it).
