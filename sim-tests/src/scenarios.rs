@@ -506,6 +506,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         build: crate::swarm::client_churn,
     },
     Scenario {
+        name: "servers_away",
+        about: "a swarm of the servers' faults in which a server stays away (killed or cut off) until autopilot removes it and then comes back, and the leader is killed too",
+        build: crate::swarm::servers_away,
+    },
+    Scenario {
         name: "swarm",
         about: "swarm testing: each seed enables its own mix of fault kinds at its own rates over 3 servers and 2 real clients running a CSI job",
         build: crate::swarm::swarm,
