@@ -825,6 +825,14 @@ impl Client {
                         self.reports_acked.insert(report.clone(), sent);
                     }
                     _ => {
+                        // A request that failed or timed out may still be applied: the leader
+                        // that took it commits it once it has a quorum again. What the servers
+                        // hold is unknown until a send is accepted, so the next one goes even if
+                        // it says what was last acknowledged (servers_away seed 158: a plugin's
+                        // unhealthy report timed out three times while the leader had no
+                        // quorum, healthy again it matched the last acknowledgement and was not
+                        // sent, and the late commit left the node's plugin unhealthy for good).
+                        self.reports_acked.remove(&report);
                         self.reports_retry.insert(report.clone(), now + REPORT_RETRY);
                         return;
                     }

@@ -782,6 +782,88 @@ fn driver_fingerprints_report_changes_and_health_events() {
     );
 }
 
+/// A report that timed out may still be applied later (its leader commits it once it has a
+/// quorum again): the client sends its latest value once more, even when that equals what
+/// the servers last acknowledged (servers_away seed 158).
+#[test]
+fn a_report_that_timed_out_is_followed_by_the_latest_even_if_acknowledged_before() {
+    let mut client = new_client(3);
+    let capabilities = DriverCapabilities {
+        mount_configs: MountConfigSupport::All,
+        fs_isolation: true,
+    };
+    let fingerprint = |client: &mut Client, now: Instant, healthy: bool| {
+        client.handle(
+            now,
+            ClientInput::Driver {
+                name: "exec".into(),
+                capabilities,
+                info: DriverInfo {
+                    detected: true,
+                    healthy,
+                    health_description: if healthy { "Healthy" } else { "Unhealthy" }.into(),
+                    attributes: BTreeMap::new(),
+                    update_time_ms: 0,
+                },
+            },
+        )
+    };
+    let drivers_sent = |client: &mut Client| -> Vec<(drover_core::op::OpId, bool)> {
+        std::iter::from_fn(|| client.poll_action())
+            .filter_map(|action| match action {
+                ClientAction::Io {
+                    op,
+                    io: Io::Server(ServerRequest::NodeUpdateDrivers { drivers, .. }),
+                } => Some((op, drivers["exec"].healthy)),
+                _ => None,
+            })
+            .collect()
+    };
+    let answer = |client: &mut Client, now: Instant, op, outcome: Outcome| {
+        client.handle(now, ClientInput::Outcome { op, outcome });
+    };
+    let now = Instant::ZERO;
+    fingerprint(&mut client, now, true);
+    let sent = drivers_sent(&mut client);
+    assert_eq!(sent.iter().map(|(_, healthy)| *healthy).collect::<Vec<_>>(), [true]);
+    answer(
+        &mut client,
+        now,
+        sent[0].0,
+        Ok(Reply::Server(ServerReply::Done { index: 1 })),
+    );
+
+    // Unhealthy: sent, and it times out; healthy again meanwhile.
+    fingerprint(&mut client, now, false);
+    let sent = drivers_sent(&mut client);
+    assert_eq!(sent.iter().map(|(_, healthy)| *healthy).collect::<Vec<_>>(), [false]);
+    fingerprint(&mut client, now, true);
+    answer(
+        &mut client,
+        now,
+        sent[0].0,
+        Err(IoError::new(drover_core::client::ErrorKind::Timeout, "timed out")),
+    );
+    assert!(drivers_sent(&mut client).is_empty(), "waits before retrying");
+
+    // The retry sends the healthy table, though the servers acknowledged it before.
+    let later = now + Duration::from_secs(2);
+    client.handle_timeout(later);
+    let sent = drivers_sent(&mut client);
+    assert_eq!(
+        sent.iter().map(|(_, healthy)| *healthy).collect::<Vec<_>>(),
+        [true],
+        "the timed-out unhealthy report may yet be applied: the healthy one must follow it"
+    );
+    answer(
+        &mut client,
+        later,
+        sent[0].0,
+        Ok(Reply::Server(ServerReply::Done { index: 2 })),
+    );
+    assert!(drivers_sent(&mut client).is_empty(), "once accepted, not sent again");
+}
+
 /// A fingerprint round of several drivers is reported as one whole table: reported driver by
 /// driver, the first update would replace the node's table with a partial one (the scheduler
 /// then saw `missing drivers` for a moment).

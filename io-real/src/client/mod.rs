@@ -686,6 +686,10 @@ fn timed_out(io: &Io) -> IoError {
         Io::Csi { call, .. } => call.name().to_string(),
         Io::AllocSync(_) => "alloc sync".to_string(),
         Io::Consul(_) => "consul call".to_string(),
+        Io::Server(_) => "server call".to_string(),
+        Io::DestroyTask { .. } => "task destroy".to_string(),
+        Io::RenderTemplate(_) => "template render".to_string(),
+        Io::SignalTask { .. } => "task signal".to_string(),
         // Never the arguments: they may carry a token.
         Io::RunCommand { program, .. } => format!("{program} run"),
         _ => "filesystem call".to_string(),
