@@ -221,6 +221,65 @@ fn a_container_task_runs_logs_carries_its_labels_and_is_removed_when_stopped() {
     );
 }
 
+/// `alloc exec` runs in the task's container through the Engine's exec API: its stdout and
+/// stderr apart, its exit code passed on, and what the operator types reaching its stdin.
+#[test]
+fn alloc_exec_runs_in_the_container_through_the_engine() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    run_job(&agent, root.path(), "shell", &service_job("shell"));
+    let alloc = wait_alloc(
+        &agent,
+        "shell",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the container task runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let container = containers_of(&id).pop().expect("the task's container");
+    let hostname = docker(&["inspect", "--format", "{{.Config.Hostname}}", &container]);
+
+    let out = support::cli(
+        agent.spec.http,
+        &[
+            "alloc",
+            "exec",
+            "-i=false",
+            &id,
+            "sh",
+            "-c",
+            "echo out $NOMAD_TASK_NAME; hostname; echo err >&2; exit 3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "{out:?}\n{}", agent.log());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        format!("out web\n{}\n", hostname.trim()),
+        "ran in the container, with the task's environment"
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "err\n");
+
+    let mut cat = Command::new(support::AGENT)
+        .args(["alloc", "exec", &id, "sh", "-c", "read line; echo got $line"])
+        .env("NOMAD_ADDR", format!("http://127.0.0.1:{}", agent.spec.http))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = cat.stdin.take().unwrap();
+        stdin.write_all(b"typed\n").unwrap();
+    }
+    let out = cat.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", agent.log());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "got typed\n");
+
+    stop_job(&agent, "shell");
+    wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
+}
+
 /// A batch job whose one task is refused or fails once, with no restart.
 /// A registry on this host that has no image at all: `/v2/` answers as a registry does, every
 /// manifest is unknown (404), so a pull fails as it would for a misspelt image, without

@@ -31,6 +31,7 @@ use futures::StreamExt;
 use tokio::sync::watch;
 
 pub mod engine;
+mod exec;
 mod fingerprint;
 mod logs;
 
@@ -773,31 +774,31 @@ impl TaskDriver for DockerDriver {
         running.usage.lock().unwrap().clone()
     }
 
-    /// `alloc exec` runs the Docker CLI's `exec` against the same daemon: the Engine's exec
-    /// API with the CLI's terminal handling.
-    fn exec_command(
+    /// `alloc exec` through the Engine's exec API (`exec`), in the task's container.
+    fn exec_launch(
         &self,
         handle: &TaskHandle,
         command: &[String],
         tty: bool,
-    ) -> Result<std::process::Command, IoError> {
-        let state = HandleState::read(handle)?;
-        if self
-            .running(handle)
-            .is_none_or(|running| running.exit.borrow().is_some())
-        {
-            return Err(IoError::new(ErrorKind::NotFound, "Task not running"));
-        }
-        if command.is_empty() {
-            return Err(IoError::other("must provide a command"));
-        }
-        let mut cli = std::process::Command::new("docker");
-        cli.arg("-H").arg(&self.endpoint).arg("exec").arg("-i");
-        if tty {
-            cli.arg("-t");
-        }
-        cli.arg(&state.container_id).args(command);
-        Ok(cli)
+    ) -> BoxFuture<Result<drover_io_real::drivers::ExecLaunch, IoError>> {
+        let ready = (|| {
+            let state = HandleState::read(handle)?;
+            if self
+                .running(handle)
+                .is_none_or(|running| running.exit.borrow().is_some())
+            {
+                return Err(IoError::new(ErrorKind::NotFound, "Task not running"));
+            }
+            if command.is_empty() {
+                return Err(IoError::other("must provide a command"));
+            }
+            Ok((self.client()?.clone(), state.container_id))
+        })();
+        let command = command.to_vec();
+        Box::pin(async move {
+            let (docker, container) = ready?;
+            exec::launch(docker, &container, command, tty).await
+        })
     }
 }
 

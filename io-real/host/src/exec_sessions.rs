@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, mpsc};
 
+use drover_io_real::drivers::{ExecControl, ExecLaunch, ExecOutput, ExecStreams};
 use drover_io_real::exec::{ExecReply, ExecRequest};
 
 /// A session nobody read for this long is killed (its websocket went away).
@@ -28,6 +29,8 @@ struct Session {
     exited: Arc<Notify>,
     pgid: i32,
     pty: Option<i32>,
+    /// A command its driver started (the Docker Engine's exec): resized and killed there.
+    control: Option<Arc<dyn ExecControl>>,
     last_read: tokio::time::Instant,
 }
 
@@ -75,9 +78,74 @@ fn take(receiver: &mut mpsc::Receiver<Vec<u8>>, into: &mut Vec<u8>) -> bool {
 }
 
 impl ExecSessions {
-    /// Starts `command`, already set up by its driver in the task's context and to lead a
+    /// Starts a session: the process its driver set up, or the command its driver started.
+    pub async fn start(&self, launch: ExecLaunch, tty: bool) -> Result<u64, String> {
+        let session = match launch {
+            ExecLaunch::Process(command) => Self::spawn(command, tty)?,
+            ExecLaunch::Streams(streams) => Self::attach(streams),
+        };
+        Ok(self.keep(session).await)
+    }
+
+    /// A command its driver started: input written to it, output split by stream (one
+    /// terminal's all goes to stdout), and its exit code asked for once the output ended.
+    fn attach(streams: ExecStreams) -> Session {
+        let ExecStreams {
+            mut input,
+            mut output,
+            control,
+        } = streams;
+        let (input_sender, mut inputs) = mpsc::channel::<Option<Vec<u8>>>(BUFFERED);
+        tokio::spawn(async move {
+            while let Some(message) = inputs.recv().await {
+                let written = match message {
+                    Some(data) => input.write_all(&data).await,
+                    // Input closed: the command reads end of file.
+                    None => input.shutdown().await,
+                };
+                if written.is_err() {
+                    return;
+                }
+            }
+        });
+        let (stdout_sender, stdout) = mpsc::channel(BUFFERED);
+        let (stderr_sender, stderr) = mpsc::channel(BUFFERED);
+        let exit = Arc::new(Mutex::new(None));
+        let exited = Arc::new(Notify::new());
+        {
+            let (exit, exited, control) = (exit.clone(), exited.clone(), control.clone());
+            tokio::spawn(async move {
+                use futures::StreamExt;
+                while let Some(piece) = output.next().await {
+                    let sent = match piece {
+                        ExecOutput::Stdout(data) => stdout_sender.send(data).await,
+                        ExecOutput::Stderr(data) => stderr_sender.send(data).await,
+                    };
+                    if sent.is_err() {
+                        break;
+                    }
+                }
+                drop((stdout_sender, stderr_sender));
+                *exit.lock().unwrap() = Some(control.exit_code().await);
+                exited.notify_waiters();
+            });
+        }
+        Session {
+            input: Some(input_sender),
+            stdout,
+            stderr: Some(stderr),
+            exit,
+            exited,
+            pgid: 0,
+            pty: None,
+            control: Some(control),
+            last_read: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Spawns `command`, already set up by its driver in the task's context and to lead a
     /// session of its own (so it can be killed whole), taking the terminal when `tty`.
-    pub async fn start(&self, command: std::process::Command, tty: bool) -> Result<u64, String> {
+    fn spawn(command: std::process::Command, tty: bool) -> Result<Session, String> {
         let mut command = tokio::process::Command::from(command);
         let pty = if tty { Some(open_pty()?) } else { None };
         match pty {
@@ -153,24 +221,27 @@ impl ExecSessions {
                 exited.notify_waiters();
             });
         }
+        Ok(Session {
+            input: Some(input_sender),
+            stdout,
+            stderr,
+            exit,
+            exited,
+            pgid,
+            pty: pty_master,
+            control: None,
+            last_read: tokio::time::Instant::now(),
+        })
+    }
+
+    /// Numbers `entry` and keeps it, with its watchdog.
+    async fn keep(&self, entry: Session) -> u64 {
         let session = {
             let mut next = self.next.lock().unwrap();
             *next += 1;
             *next
         };
-        self.sessions.lock().await.insert(
-            session,
-            Session {
-                input: Some(input_sender),
-                stdout,
-                stderr,
-                exit,
-                exited,
-                pgid,
-                pty: pty_master,
-                last_read: tokio::time::Instant::now(),
-            },
-        );
+        self.sessions.lock().await.insert(session, entry);
         // Its watchdog: a session nobody reads for [`IDLE`] (the websocket went away, or
         // never came) is killed and dropped.
         let sessions = self.sessions.clone();
@@ -186,7 +257,7 @@ impl ExecSessions {
                 }
             }
         });
-        Ok(session)
+        session
     }
 
     /// Carries out one step of an existing session.
@@ -218,17 +289,23 @@ impl ExecSessions {
             ExecRequest::Resize {
                 session, width, height, ..
             } => {
-                let sessions = self.sessions.lock().await;
-                let entry = sessions.get(&session).ok_or_else(|| gone(session))?;
-                if let Some(master) = entry.pty {
-                    let size = libc::winsize {
-                        ws_row: height,
-                        ws_col: width,
-                        ws_xpixel: 0,
-                        ws_ypixel: 0,
-                    };
-                    // SAFETY: the master descriptor is open while the session is.
-                    unsafe { libc::ioctl(master, libc::TIOCSWINSZ, &size) };
+                let control = {
+                    let sessions = self.sessions.lock().await;
+                    let entry = sessions.get(&session).ok_or_else(|| gone(session))?;
+                    if let Some(master) = entry.pty {
+                        let size = libc::winsize {
+                            ws_row: height,
+                            ws_col: width,
+                            ws_xpixel: 0,
+                            ws_ypixel: 0,
+                        };
+                        // SAFETY: the master descriptor is open while the session is.
+                        unsafe { libc::ioctl(master, libc::TIOCSWINSZ, &size) };
+                    }
+                    entry.control.clone()
+                };
+                if let Some(control) = control {
+                    control.resize(width, height).await;
                 }
                 Ok(ExecReply {
                     session,
@@ -306,6 +383,9 @@ impl ExecSessions {
 
 /// Kills what is left of the session and closes its terminal.
 fn end(session: &Session) {
+    if let Some(control) = &session.control {
+        tokio::spawn(control.kill());
+    }
     if session.pgid > 0 {
         // SAFETY: the command leads its own session and process group.
         unsafe { libc::kill(-session.pgid, libc::SIGKILL) };

@@ -207,14 +207,15 @@ impl ClientExecutor for HostExecutor {
     }
 
     fn exec_start(&self, handle: &TaskHandle, command: &[String], tty: bool) -> BoxFuture<Result<u64, AllocCallError>> {
-        let command = self
+        let launch = self
             .drivers
             .get(&handle.driver)
-            .map(|driver| driver.exec_command(handle, command, tty));
+            .map(|driver| driver.exec_launch(handle, command, tty));
         let (driver, sessions) = (handle.driver.clone(), self.exec.clone());
         Box::pin(async move {
-            let command = command
+            let launch = launch
                 .ok_or_else(|| AllocCallError::failed(format!("driver \"{driver}\" is not available")))?
+                .await
                 .map_err(|error| {
                     let kind = match error.kind {
                         drover_core::client::ErrorKind::Unsupported => AllocCallFailure::Invalid,
@@ -222,7 +223,7 @@ impl ClientExecutor for HostExecutor {
                     };
                     AllocCallError::new(kind, error.message)
                 })?;
-            sessions.start(command, tty).await.map_err(AllocCallError::failed)
+            sessions.start(launch, tty).await.map_err(AllocCallError::failed)
         })
     }
 

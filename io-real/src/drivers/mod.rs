@@ -48,6 +48,20 @@ pub trait TaskDriver: Send + Sync + 'static {
         None
     }
 
+    /// Starts `command` in the running task's context (`alloc exec`): by default the
+    /// process [`exec_command`](Self::exec_command) sets up, for the host to run; a driver
+    /// with an API of its own for it (the Docker Engine's exec) starts it there and hands
+    /// over its streams.
+    fn exec_launch(
+        &self,
+        handle: &TaskHandle,
+        command: &[String],
+        tty: bool,
+    ) -> BoxFuture<Result<ExecLaunch, IoError>> {
+        let launch = self.exec_command(handle, command, tty).map(ExecLaunch::Process);
+        Box::pin(async move { launch })
+    }
+
     /// `command` set up to run in the running task's context (`alloc exec`), leading a
     /// session of its own (with its stdin as the controlling terminal when `tty`).
     fn exec_command(
@@ -61,6 +75,36 @@ pub trait TaskDriver: Send + Sync + 'static {
             format!("the {} driver does not support exec", self.name()),
         ))
     }
+}
+
+/// How an `alloc exec` command starts: a process for the host to spawn, or one a driver
+/// started through its own API.
+pub enum ExecLaunch {
+    Process(std::process::Command),
+    Streams(ExecStreams),
+}
+
+/// A command a driver started in a task (the Docker Engine's exec): what it reads, what it
+/// writes (stdout and stderr apart, or one terminal), and its [`ExecControl`].
+pub struct ExecStreams {
+    pub input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    pub output: futures::stream::BoxStream<'static, ExecOutput>,
+    pub control: Arc<dyn ExecControl>,
+}
+
+/// A piece of a driver-started command's output.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExecOutput {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+}
+
+/// What the host may do with a command its driver started: resize its terminal, learn its
+/// exit code once its output ended, and kill it when the session is given up.
+pub trait ExecControl: Send + Sync + 'static {
+    fn resize(&self, width: u16, height: u16) -> BoxFuture<()>;
+    fn exit_code(&self) -> BoxFuture<i32>;
+    fn kill(&self) -> BoxFuture<()>;
 }
 
 /// One task's measured resource use (Nomad's `ResourceUsage` for the executor-based drivers:
