@@ -31,6 +31,7 @@ pub mod raft;
 pub mod rootkeys;
 pub mod runtime;
 pub mod service;
+pub mod shared_mounts;
 pub mod template;
 
 pub mod logbus;

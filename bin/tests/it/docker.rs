@@ -280,6 +280,203 @@ fn alloc_exec_runs_in_the_container_through_the_engine() {
         .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
 }
 
+/// An image of the project's own CSI plugin: busybox, the plugin binary and the libraries it
+/// links (read from `ldd`), imported as `drover-csi-fake:local`. No registry, no Dockerfile.
+fn plugin_image(root: &std::path::Path) -> &'static str {
+    const PLUGIN_IMAGE: &str = "drover-csi-fake:local";
+    let plugin = env!("CARGO_BIN_EXE_drover-csi-fake");
+    let rootfs = root.join("plugin-rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).unwrap();
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "mkdir", "cat", "sleep", "echo", "ls"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    std::fs::copy(plugin, rootfs.join("drover-csi-fake")).unwrap();
+    let ldd = Command::new("ldd").arg(plugin).output().expect("ldd runs");
+    for library in String::from_utf8_lossy(&ldd.stdout)
+        .split_whitespace()
+        .filter(|word| word.starts_with('/'))
+    {
+        let inside = rootfs.join(library.trim_start_matches('/'));
+        std::fs::create_dir_all(inside.parent().unwrap()).unwrap();
+        std::fs::copy(library, inside).unwrap();
+    }
+    let archive = root.join("plugin-rootfs.tar");
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(tar.success(), "tar of the plugin's rootfs");
+    let import = Command::new("docker")
+        .arg("-H")
+        .arg(engine())
+        .args(["import", archive.to_str().unwrap(), PLUGIN_IMAGE])
+        .output()
+        .unwrap();
+    assert!(import.status.success(), "{import:?}");
+    PLUGIN_IMAGE
+}
+
+/// Nomad's canonical CSI jobs with containers: the plugin a monolith container
+/// (`csi_plugin { mount_dir = "/csi" }`) with the capability to mount (`cap_add =
+/// ["sys_admin"]`: Nomad's examples say `privileged = true`, which no container can be on a
+/// host whose capability bounding set lacks one, as these test machines' lacks
+/// `CAP_SYS_RESOURCE`: the Engine's own `docker run --privileged` fails there too), a volume
+/// created through it, and a consumer container that writes through the volume: the file
+/// lands in the plugin's storage on the host. The client's CSI directory is not a shared
+/// mount here (`/` is private), which the Engine refuses for the plugin's `rshared` binds
+/// until the driver shares it. After both jobs stop, no container and no mount under the
+/// agent's data dir is left.
+#[test]
+fn a_csi_plugin_container_serves_a_volume_a_consumer_container_writes_through() {
+    let root = tempfile::tempdir().unwrap();
+    let image = plugin_image(root.path());
+    let agent = start_dev(
+        root.path(),
+        "allow_caps = [\"all\"]\n    volumes {\n      enabled = true\n    }",
+    );
+    let port = agent.spec.http;
+    let state = root.path().join("plugin-state");
+    std::fs::create_dir_all(&state).unwrap();
+    run_job(
+        &agent,
+        root.path(),
+        "plugin",
+        &format!(
+            r#"job "plugin" {{
+  type = "system"
+  group "nodes" {{
+    task "plugin" {{
+      driver = "docker"
+      config {{
+        image      = "{image}"
+        command    = "/drover-csi-fake"
+        args       = ["--state-dir=/state", "--node-id=node-1", "--stage-unstage"]
+        cap_add    = ["sys_admin"]
+        volumes    = ["{}:/state"]
+      }}
+      csi_plugin {{
+        id        = "fake"
+        type      = "monolith"
+        mount_dir = "/csi"
+      }}
+      resources {{
+        cpu    = 50
+        memory = 64
+      }}
+    }}
+  }}
+}}
+"#,
+            state.display()
+        ),
+    );
+    wait_for(Duration::from_secs(60), || {
+        let plugin = get_json(port, "/v1/plugin/csi/fake")?;
+        (plugin["ControllersHealthy"] == 1 && plugin["NodesHealthy"] == 1).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the plugin container is healthy:\n{}", agent.log()));
+
+    let spec = root.path().join("vol.hcl");
+    std::fs::write(
+        &spec,
+        r#"id        = "vol0"
+name      = "vol0"
+type      = "csi"
+plugin_id = "fake"
+
+capability {
+  access_mode     = "single-node-writer"
+  attachment_mode = "file-system"
+}
+"#,
+    )
+    .unwrap();
+    let created = support::cli(port, &["volume", "create", spec.to_str().unwrap()]);
+    assert!(created.status.success(), "{created:?}\n{}", agent.log());
+
+    run_job(
+        &agent,
+        root.path(),
+        "writer",
+        &format!(
+            r#"job "writer" {{
+  group "g" {{
+    volume "data" {{
+      type            = "csi"
+      source          = "vol0"
+      access_mode     = "single-node-writer"
+      attachment_mode = "file-system"
+    }}
+    task "w" {{
+      driver = "docker"
+      config {{
+        image        = "{IMAGE}"
+        network_mode = "none"
+        command      = "sh"
+        args         = ["-c", "echo written by $NOMAD_ALLOC_ID > /data/file; while true; do sleep 0.1; done"]
+      }}
+      volume_mount {{
+        volume      = "data"
+        destination = "/data"
+      }}
+      resources {{
+        cpu    = 50
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"#
+        ),
+    );
+    let alloc = wait_alloc(
+        &agent,
+        "writer",
+        |alloc| alloc["TaskStates"]["w"]["State"] == "running",
+        "the consumer container runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let written = wait_for(Duration::from_secs(20), || {
+        let found = walk(&state).into_iter().find(|path| path.ends_with("file"))?;
+        std::fs::read_to_string(found).ok()
+    })
+    .unwrap_or_else(|| panic!("the file reaches the plugin's storage:\n{}", agent.log()));
+    assert_eq!(written, format!("written by {id}\n"));
+
+    stop_job(&agent, "writer");
+    wait_for(Duration::from_secs(60), || {
+        let volume = get_json(port, "/v1/volume/csi/vol0")?;
+        (volume["WriteAllocs"].as_object()?.is_empty() && containers_of(&id).is_empty()).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the claim is released and the container gone:\n{}", agent.log()));
+    stop_job(&agent, "plugin");
+    let data_dir = agent.spec.data_dir.display().to_string();
+    wait_for(Duration::from_secs(60), || {
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        (!mounts.contains(&data_dir)).then_some(())
+    })
+    .unwrap_or_else(|| panic!("no mount is left under {data_dir}:\n{}", agent.log()));
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
 /// A batch job whose one task is refused or fails once, with no restart.
 /// A registry on this host that has no image at all: `/v2/` answers as a registry does, every
 /// manifest is unknown (404), so a pull fails as it would for a misspelt image, without

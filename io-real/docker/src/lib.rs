@@ -68,6 +68,10 @@ struct HandleState {
     /// The task's log directory and rotation, for the output of a container reattached to.
     log_dir: String,
     logs: drover_core::structs::LogConfig,
+    /// Bind sources the driver bound onto themselves to share them (for the task's `rshared`
+    /// binds, a CSI plugin's): undone when the task is destroyed.
+    #[serde(default)]
+    shared: Vec<String>,
 }
 
 impl HandleState {
@@ -308,6 +312,21 @@ impl DockerDriver {
             self.let_go_of_image(&task_config.image, &config.alloc_id, &config.task);
             return Err(error);
         }
+        // The Engine binds `rshared` only from a shared mount: a host whose `/` is private
+        // gets its source bound onto itself and shared (a CSI plugin's mounts reach the host).
+        let mut shared = Vec::new();
+        for mount in spec.mounts.iter().filter(|mount| mount.propagation == "rshared") {
+            match drover_io_real::shared_mounts::make_shared(Path::new(&mount.source)) {
+                Ok(true) => shared.push(mount.source.clone()),
+                Ok(false) => {}
+                Err(error) => {
+                    drop(using);
+                    drover_io_real::shared_mounts::release_shared(&shared);
+                    self.let_go_of_image(&task_config.image, &config.alloc_id, &config.task);
+                    return Err(error);
+                }
+            }
+        }
         let key = (config.alloc_id.clone(), config.task.clone());
         self.starting.lock().unwrap().insert(key.clone());
         let started = async {
@@ -326,6 +345,7 @@ impl DockerDriver {
         .await;
         self.starting.lock().unwrap().remove(&key);
         if started.is_err() {
+            drover_io_real::shared_mounts::release_shared(&shared);
             self.let_go_of_image(&task_config.image, &config.alloc_id, &config.task);
         }
         let id = started?;
@@ -338,6 +358,7 @@ impl DockerDriver {
                 image: task_config.image,
                 log_dir: config.log_dir,
                 logs: config.logs,
+                shared,
             })
             .expect("serializable"),
         })
@@ -448,6 +469,7 @@ impl DockerDriver {
             .lock()
             .unwrap()
             .remove(&(handle.alloc_id.clone(), handle.task.clone()));
+        drover_io_real::shared_mounts::release_shared(&state.shared);
         self.let_go_of_image(&state.image, &handle.alloc_id, &handle.task);
         Ok(())
     }

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use super::cgroup::{Cgroups, Limits, TaskCgroup};
 use drover_io_real::drivers::{DriverFingerprint, TaskDriver, TaskResourceUsage};
 use drover_io_real::io::BoxFuture;
+use drover_io_real::shared_mounts::{make_shared, release_shared};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -344,67 +345,6 @@ fn uptime_seconds() -> Option<f64> {
 fn cstring(path: &Path) -> Result<CString, IoError> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| IoError::other(format!("path {} contains NUL", path.display())))
-}
-
-/// Makes `source` a shared mount on the host (bound onto itself first when it is not a mount
-/// point), for a bidirectional bind to clone; returns whether the self-bind was ours.
-fn make_shared(source: &Path) -> Result<bool, IoError> {
-    let path = cstring(source)?;
-    let none = std::ptr::null::<libc::c_char>();
-    let fail = |what: &str| {
-        IoError::other(format!(
-            "{what} {}: {}",
-            source.display(),
-            std::io::Error::last_os_error()
-        ))
-    };
-    let ours = !is_mount_point(source);
-    // SAFETY: NUL-terminated paths that outlive the calls; null where the syscalls allow it.
-    unsafe {
-        if ours
-            && libc::mount(
-                path.as_ptr(),
-                path.as_ptr(),
-                none,
-                libc::MS_BIND | libc::MS_REC,
-                std::ptr::null(),
-            ) != 0
-        {
-            return Err(fail("bind"));
-        }
-        if libc::mount(none, path.as_ptr(), none, libc::MS_SHARED, std::ptr::null()) != 0 {
-            return Err(fail("make shared"));
-        }
-    }
-    Ok(ours)
-}
-
-/// Whether `path` is a mount point, from the kernel's own table.
-fn is_mount_point(path: &Path) -> bool {
-    let Ok(path) = path.canonicalize() else {
-        return false;
-    };
-    let path = path.display().to_string();
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(4))
-        .any(|point| point == path)
-}
-
-/// Undoes the self-binds `shared_clone` made, once their task is gone — unless something is
-/// still mounted below (a staged volume outlives its plugin task), in which case the shared
-/// mount stays for the next plugin task to reuse.
-fn release_shared(sources: &[String]) {
-    for source in sources {
-        let Ok(path) = CString::new(source.as_bytes()) else {
-            continue;
-        };
-        // SAFETY: a NUL-terminated path; plain umount fails with EBUSY when mounts remain.
-        unsafe {
-            libc::umount2(path.as_ptr(), 0);
-        }
-    }
 }
 
 fn propagation_flag(propagation: Propagation) -> libc::c_ulong {
