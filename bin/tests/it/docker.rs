@@ -280,6 +280,100 @@ fn alloc_exec_runs_in_the_container_through_the_engine() {
         .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
 }
 
+/// The keys Nomad's driver passes straight to the Engine reach it (read back from the
+/// container the Engine made), and a key this driver cannot honour is refused by name at
+/// `job run`, not taken and ignored.
+#[test]
+fn engine_settings_reach_the_container_and_an_unsupported_key_is_refused_by_name() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    run_job(
+        &agent,
+        root.path(),
+        "tuned",
+        &format!(
+            r#"job "tuned" {{
+  group "g" {{
+    task "t" {{
+      driver = "docker"
+      config {{
+        image           = "{IMAGE}"
+        network_mode    = "none"
+        command         = "sh"
+        args            = ["-c", "touch /root-is-writable 2>/dev/null || echo read-only; while true; do sleep 0.1; done"]
+        cpuset_cpus     = "0"
+        pids_limit      = 32
+        readonly_rootfs = true
+        security_opt    = ["no-new-privileges"]
+        group_add       = ["123"]
+        healthchecks {{
+          disable = true
+        }}
+        logging {{
+          type = "json-file"
+          config {{
+            max-size = "10m"
+          }}
+        }}
+      }}
+      resources {{
+        cpu    = 50
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"#
+        ),
+    );
+    let alloc = wait_alloc(
+        &agent,
+        "tuned",
+        |alloc| alloc["TaskStates"]["t"]["State"] == "running",
+        "the tuned container runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let container = containers_of(&id).pop().expect("the task's container");
+    let host: Value =
+        serde_json::from_str(&docker(&["inspect", "--format", "{{json .HostConfig}}", &container])).unwrap();
+    assert_eq!(host["CpusetCpus"], "0");
+    assert_eq!(host["PidsLimit"], 32);
+    assert_eq!(host["ReadonlyRootfs"], true);
+    assert_eq!(host["SecurityOpt"], serde_json::json!(["no-new-privileges"]));
+    assert_eq!(host["GroupAdd"], serde_json::json!(["123"]));
+    assert_eq!(host["LogConfig"]["Type"], "json-file");
+    assert_eq!(host["LogConfig"]["Config"]["max-size"], "10m");
+    let health = docker(&["inspect", "--format", "{{json .Config.Healthcheck}}", &container]);
+    assert!(health.contains("NONE"), "{health}");
+    let said = wait_for(Duration::from_secs(20), || {
+        let text = logs(&agent, &id, "t", "stdout");
+        text.contains("read-only").then_some(text)
+    })
+    .unwrap_or_else(|| panic!("the read-only root refuses a write:\n{}", agent.log()));
+    assert_eq!(said, "read-only\n");
+    stop_job(&agent, "tuned");
+
+    let file = root.path().join("windows.hcl");
+    std::fs::write(
+        &file,
+        format!(
+            "job \"win\" {{\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"docker\"\n      config {{\n        image     = \"{IMAGE}\"\n        isolation = \"process\"\n      }}\n    }}\n  }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    let refused = support::cli(agent.spec.http, &["job", "run", "-detach", file.to_str().unwrap()]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&refused.stdout),
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(!refused.status.success(), "{text}");
+    assert!(
+        text.contains("\"isolation\" is not supported by this agent"),
+        "named in the refusal: {text}"
+    );
+}
+
 /// An image of the project's own CSI plugin: busybox, the plugin binary and the libraries it
 /// links (read from `ldd`), imported as `drover-csi-fake:local`. No registry, no Dockerfile.
 fn plugin_image(root: &std::path::Path) -> &'static str {

@@ -61,6 +61,22 @@ pub struct ContainerSpec {
     pub shm_size: Option<i64>,
     pub ulimits: Vec<Ulimit>,
     pub sysctls: BTreeMap<String, String>,
+    /// Empty: any CPU.
+    pub cpuset_cpus: String,
+    pub pids_limit: Option<i64>,
+    pub readonly_rootfs: bool,
+    pub security_opt: Vec<String>,
+    pub group_add: Vec<String>,
+    pub ipc_mode: String,
+    pub pid_mode: String,
+    pub uts_mode: String,
+    pub userns_mode: String,
+    pub storage_opt: BTreeMap<String, String>,
+    /// The image's own HEALTHCHECK turned off.
+    pub healthcheck_disabled: bool,
+    /// The Engine's log driver and its options; `None`: the Engine's default.
+    pub log_driver: Option<(String, BTreeMap<String, String>)>,
+    pub volume_driver: String,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -204,7 +220,14 @@ pub fn container_spec(
     let mut env = task.env.clone();
     let ports = published_ports(&task.env, docker, &mut env)?;
     let (cap_add, cap_drop) = capabilities(docker, plugin)?;
-    let (memory_bytes, memory_reservation_bytes) = memory_limits(task.memory_mb, task.memory_max_mb);
+    let (memory_bytes, memory_reservation_bytes) = match docker.memory_hard_limit.filter(|mb| *mb > 0) {
+        // Nomad's older `memory_hard_limit`: the hard limit, `memory` the soft one.
+        Some(hard_mb) => (
+            hard_mb.max(i64::from(task.memory_mb)) * 1024 * 1024,
+            i64::from(task.memory_mb) * 1024 * 1024,
+        ),
+        None => memory_limits(task.memory_mb, task.memory_max_mb),
+    };
 
     let mut binds = vec![
         format!("{}:/alloc", join(&alloc_dir, "alloc")),
@@ -295,6 +318,19 @@ pub fn container_spec(
         shm_size: docker.shm_size,
         ulimits,
         sysctls: docker.sysctl.clone(),
+        cpuset_cpus: docker.cpuset_cpus.clone(),
+        pids_limit: docker.pids_limit,
+        readonly_rootfs: docker.readonly_rootfs,
+        security_opt: docker.security_opt.clone(),
+        group_add: docker.group_add.clone(),
+        ipc_mode: docker.ipc_mode.clone(),
+        pid_mode: docker.pid_mode.clone(),
+        uts_mode: docker.uts_mode.clone(),
+        userns_mode: docker.userns_mode.clone(),
+        storage_opt: docker.storage_opt.clone(),
+        healthcheck_disabled: docker.healthchecks_disabled,
+        log_driver: docker.logging.clone().filter(|(kind, _)| !kind.is_empty()),
+        volume_driver: docker.volume_driver.clone(),
     };
     debug_assert!(spec.binds.len() >= 3, "the task's three directories are always bound");
     debug_assert_eq!(spec.labels.get(LABEL_ALLOC_ID), Some(&task.alloc_id));

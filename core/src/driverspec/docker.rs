@@ -48,14 +48,26 @@ const MOUNT: &[Field] = &[
     Field::optional("source", String),
     Field::optional("readonly", Bool),
     Field::optional("bind_options", Block(BIND_OPTIONS)),
-    Field::optional("tmpfs_options", Block(TMPFS_OPTIONS)),
-    Field::optional("volume_options", Block(VOLUME_OPTIONS)),
+    Field::unsupported(
+        "tmpfs_options",
+        Block(TMPFS_OPTIONS),
+        "tmpfs size and mode are not passed yet",
+    ),
+    Field::unsupported(
+        "volume_options",
+        Block(VOLUME_OPTIONS),
+        "named volume options are not passed yet",
+    ),
 ];
 
 /// The task config, in Nomad's order of its spec (alphabetical but for a few).
 pub const FIELDS: &[Field] = &[
     Field::required("image", String),
-    Field::optional("advertise_ipv6_address", Bool),
+    Field::unsupported(
+        "advertise_ipv6_address",
+        Bool,
+        "user-defined networks are not managed by Drover's docker driver",
+    ),
     Field::optional("args", Strings),
     Field::optional("auth", Block(AUTH)),
     Field::optional("auth_soft_fail", Bool),
@@ -63,8 +75,16 @@ pub const FIELDS: &[Field] = &[
     Field::optional("cap_drop", Strings),
     Field::optional("command", String),
     Field::optional("cpuset_cpus", String),
-    Field::optional("cpu_hard_limit", Bool),
-    Field::optional("cpu_cfs_period", Number),
+    Field::unsupported(
+        "cpu_hard_limit",
+        Bool,
+        "a CPU quota from the task's share of the node is not computed yet (`cpuset_cpus` pins CPUs)",
+    ),
+    Field::unsupported(
+        "cpu_cfs_period",
+        Number,
+        "a CPU quota from the task's share of the node is not computed yet (`cpuset_cpus` pins CPUs)",
+    ),
     Field::optional("devices", Blocks(DEVICE)),
     Field::optional("dns_search_domains", Strings),
     Field::optional("dns_options", Strings),
@@ -78,18 +98,38 @@ pub const FIELDS: &[Field] = &[
     Field::optional("init", Bool),
     Field::optional("interactive", Bool),
     Field::optional("ipc_mode", String),
-    Field::optional("ipv4_address", String),
-    Field::optional("ipv6_address", String),
-    Field::optional("isolation", String),
+    Field::unsupported(
+        "ipv4_address",
+        String,
+        "user-defined networks are not managed by Drover's docker driver",
+    ),
+    Field::unsupported(
+        "ipv6_address",
+        String,
+        "user-defined networks are not managed by Drover's docker driver",
+    ),
+    Field::unsupported(
+        "isolation",
+        String,
+        "Windows isolation modes; Linux containers have none",
+    ),
     Field::optional("labels", StringMap),
     Field::optional("load", String),
     Field::optional("logging", Block(LOGGING)),
-    Field::optional("mac_address", String),
+    Field::unsupported(
+        "mac_address",
+        String,
+        "a fixed MAC address is not passed to the Engine yet",
+    ),
     Field::optional("memory_hard_limit", Number),
     // `mount` is the repeated block; `mounts` the pre-1.0 list of objects.
     Field::optional("mount", Blocks(MOUNT)),
     Field::optional("mounts", Blocks(MOUNT)),
-    Field::optional("network_aliases", Strings),
+    Field::unsupported(
+        "network_aliases",
+        Strings,
+        "user-defined networks are not managed by Drover's docker driver",
+    ),
     Field::optional("network_mode", String),
     Field::optional("runtime", String),
     Field::optional("pids_limit", Number),
@@ -151,6 +191,28 @@ pub struct DockerTaskConfig {
     pub image_pull_timeout: core::time::Duration,
     /// Registry credentials: passed to the engine, never logged.
     pub auth: Option<DockerAuth>,
+    /// CPUs the container may run on (`0-3`, `1,3`).
+    pub cpuset_cpus: alloc::string::String,
+    pub pids_limit: Option<i64>,
+    pub readonly_rootfs: bool,
+    pub security_opt: Vec<alloc::string::String>,
+    pub group_add: Vec<alloc::string::String>,
+    pub ipc_mode: alloc::string::String,
+    pub pid_mode: alloc::string::String,
+    pub uts_mode: alloc::string::String,
+    pub userns_mode: alloc::string::String,
+    pub storage_opt: BTreeMap<alloc::string::String, alloc::string::String>,
+    /// MB: the hard memory limit, `memory` then the soft one (Nomad's older `memory_max`).
+    pub memory_hard_limit: Option<i64>,
+    /// `healthchecks { disable = true }`: the image's own HEALTHCHECK is turned off.
+    pub healthchecks_disabled: bool,
+    /// `logging { type config }`: the Engine's log driver and its options (`driver` is the
+    /// older name of `type`).
+    pub logging: Option<(
+        alloc::string::String,
+        BTreeMap<alloc::string::String, alloc::string::String>,
+    )>,
+    pub volume_driver: alloc::string::String,
 }
 
 /// A `mount` block.
@@ -287,7 +349,39 @@ impl DockerTaskConfig {
                 server_address: field("server_address"),
             }
         });
+        let number = |key: &'static str| -> Result<Option<i64>, ConfigProblem> {
+            match get(key) {
+                None => Ok(None),
+                Some(value) => value.as_int().map(Some).ok_or_else(|| wrong(key, "number")),
+            }
+        };
+        let logging = blocks("logging").first().map(|block| {
+            let field = |key: &str| block.get(key).map(text_of).unwrap_or_default();
+            let kind = match field("type") {
+                kind if kind.is_empty() => field("driver"),
+                kind => kind,
+            };
+            let options = block.get("config").map(string_map).unwrap_or_default();
+            (kind, options)
+        });
+        let healthchecks_disabled = blocks("healthchecks")
+            .first()
+            .is_some_and(|block| block.get("disable").is_some_and(truthy));
         Ok(DockerTaskConfig {
+            cpuset_cpus: text("cpuset_cpus"),
+            pids_limit: number("pids_limit")?,
+            readonly_rootfs: flag("readonly_rootfs"),
+            security_opt: strings("security_opt"),
+            group_add: strings("group_add"),
+            ipc_mode: text("ipc_mode"),
+            pid_mode: text("pid_mode"),
+            uts_mode: text("uts_mode"),
+            userns_mode: text("userns_mode"),
+            storage_opt: map("storage_opt"),
+            memory_hard_limit: number("memory_hard_limit")?,
+            healthchecks_disabled,
+            logging,
+            volume_driver: text("volume_driver"),
             image: text("image"),
             command: text("command"),
             args: strings("args"),

@@ -78,6 +78,9 @@ pub struct Field {
     pub name: &'static str,
     pub shape: Shape,
     pub required: bool,
+    /// A key Nomad's driver takes that this one cannot honour yet, and why: refused by name
+    /// rather than taken and ignored.
+    pub unsupported: Option<&'static str>,
 }
 
 impl Field {
@@ -86,6 +89,7 @@ impl Field {
             name,
             shape,
             required: false,
+            unsupported: None,
         }
     }
 
@@ -94,6 +98,16 @@ impl Field {
             name,
             shape,
             required: true,
+            unsupported: None,
+        }
+    }
+
+    pub const fn unsupported(name: &'static str, shape: Shape, why: &'static str) -> Field {
+        Field {
+            name,
+            shape,
+            required: false,
+            unsupported: Some(why),
         }
     }
 }
@@ -119,6 +133,8 @@ pub enum ConfigProblem {
     Missing { path: String },
     /// A value of the wrong type.
     Wrong { path: String, expected: &'static str },
+    /// A key Nomad's driver takes that this one does not honour (yet), and why.
+    Unsupported { path: String, why: &'static str },
 }
 
 impl fmt::Display for ConfigProblem {
@@ -135,6 +151,12 @@ impl fmt::Display for ConfigProblem {
                 f,
                 "config: The argument {path:?} is required, but no definition was found."
             ),
+            ConfigProblem::Unsupported { path, why } => {
+                write!(
+                    f,
+                    "config: The argument {path:?} is not supported by this agent: {why}."
+                )
+            }
             ConfigProblem::Wrong { path, expected } => {
                 write!(
                     f,
@@ -164,6 +186,9 @@ fn check_fields(
     for (key, value) in config {
         let path = format!("{prefix}{key}");
         match fields.iter().find(|field| field.name == key) {
+            Some(Field {
+                unsupported: Some(why), ..
+            }) => problems.push(ConfigProblem::Unsupported { path, why }),
             Some(field) => check_value(field.shape, value, &path, problems),
             None => problems.push(ConfigProblem::Unknown {
                 path,

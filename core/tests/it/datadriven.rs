@@ -1851,11 +1851,40 @@ mod container_spec_harness {
             "shm_size",
             spec.shm_size.map(|size| size.to_string()).unwrap_or_default(),
         );
-        let flags: Vec<&str> = [("init", spec.init), ("tty", spec.tty), ("interactive", spec.open_stdin)]
-            .into_iter()
-            .filter(|(_, on)| *on)
-            .map(|(name, _)| name)
-            .collect();
+        line("cpuset_cpus", spec.cpuset_cpus.clone());
+        line(
+            "pids_limit",
+            spec.pids_limit.map(|limit| limit.to_string()).unwrap_or_default(),
+        );
+        line("security_opt", spec.security_opt.join(","));
+        line("group_add", spec.group_add.join(","));
+        for (name, mode) in [
+            ("ipc_mode", &spec.ipc_mode),
+            ("pid_mode", &spec.pid_mode),
+            ("uts_mode", &spec.uts_mode),
+            ("userns_mode", &spec.userns_mode),
+            ("volume_driver", &spec.volume_driver),
+        ] {
+            line(name, mode.clone());
+        }
+        for (name, value) in &spec.storage_opt {
+            line("storage_opt", format!("{name}={value}"));
+        }
+        if let Some((kind, options)) = &spec.log_driver {
+            let options: Vec<String> = options.iter().map(|(name, value)| format!("{name}={value}")).collect();
+            line("log_driver", format!("{kind} {}", options.join(",")).trim().to_string());
+        }
+        let flags: Vec<&str> = [
+            ("init", spec.init),
+            ("tty", spec.tty),
+            ("interactive", spec.open_stdin),
+            ("readonly_rootfs", spec.readonly_rootfs),
+            ("healthcheck_disabled", spec.healthcheck_disabled),
+        ]
+        .into_iter()
+        .filter(|(_, on)| *on)
+        .map(|(name, _)| name)
+        .collect();
         line("flags", flags.join(","));
         for (name, value) in &spec.labels {
             line("label", format!("{name}={value}"));

@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, DeviceMapping, HostConfig, Mount, MountBindOptions, MountBindOptionsPropagationEnum,
-    MountType, PortBinding, ResourcesUlimits,
+    ContainerCreateBody, DeviceMapping, HealthConfig, HostConfig, HostConfigLogConfig, Mount, MountBindOptions,
+    MountBindOptionsPropagationEnum, MountType, PortBinding, ResourcesUlimits,
 };
 use drover_core::client::container_spec::{ContainerSpec, MountKind};
 use drover_core::client::{ErrorKind, IoError};
@@ -49,6 +49,7 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         })
         .collect::<Vec<_>>();
     let some_vec = |items: &[String]| (!items.is_empty()).then(|| items.to_vec());
+    let some_text = |text: &str| Some(text.to_string()).filter(|text| !text.is_empty());
     let host_config = HostConfig {
         binds: Some(spec.binds.clone()),
         mounts: (!mounts.is_empty()).then_some(mounts),
@@ -89,6 +90,21 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
                 .collect()
         }),
         sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
+        cpuset_cpus: some_text(&spec.cpuset_cpus),
+        pids_limit: spec.pids_limit,
+        readonly_rootfs: spec.readonly_rootfs.then_some(true),
+        security_opt: some_vec(&spec.security_opt),
+        group_add: some_vec(&spec.group_add),
+        ipc_mode: some_text(&spec.ipc_mode),
+        pid_mode: some_text(&spec.pid_mode),
+        uts_mode: some_text(&spec.uts_mode),
+        userns_mode: some_text(&spec.userns_mode),
+        storage_opt: (!spec.storage_opt.is_empty()).then(|| spec.storage_opt.clone().into_iter().collect()),
+        log_config: spec.log_driver.as_ref().map(|(kind, options)| HostConfigLogConfig {
+            typ: Some(kind.clone()),
+            config: Some(options.clone().into_iter().collect()),
+        }),
+        volume_driver: some_text(&spec.volume_driver),
         ..HostConfig::default()
     };
     ContainerCreateBody {
@@ -103,6 +119,10 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         open_stdin: Some(spec.open_stdin),
         exposed_ports: (!exposed.is_empty()).then_some(exposed),
         host_config: Some(host_config),
+        healthcheck: spec.healthcheck_disabled.then(|| HealthConfig {
+            test: Some(vec!["NONE".to_string()]),
+            ..HealthConfig::default()
+        }),
         ..ContainerCreateBody::default()
     }
 }
