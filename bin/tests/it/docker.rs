@@ -309,6 +309,13 @@ fn engine_settings_reach_the_container_and_an_unsupported_key_is_refused_by_name
         healthchecks {{
           disable = true
         }}
+        mount {{
+          type   = "tmpfs"
+          target = "/scratch"
+          tmpfs_options {{
+            size = 1048576
+          }}
+        }}
         logging {{
           type = "json-file"
           config {{
@@ -343,6 +350,8 @@ fn engine_settings_reach_the_container_and_an_unsupported_key_is_refused_by_name
     assert_eq!(host["GroupAdd"], serde_json::json!(["123"]));
     assert_eq!(host["LogConfig"]["Type"], "json-file");
     assert_eq!(host["LogConfig"]["Config"]["max-size"], "10m");
+    assert_eq!(host["Mounts"][0]["Target"], "/scratch");
+    assert_eq!(host["Mounts"][0]["TmpfsOptions"]["SizeBytes"], 1048576);
     let health = docker(&["inspect", "--format", "{{json .Config.Healthcheck}}", &container]);
     assert!(health.contains("NONE"), "{health}");
     let said = wait_for(Duration::from_secs(20), || {

@@ -104,6 +104,19 @@ pub struct ContainerMount {
     pub readonly: bool,
     /// `rprivate`, `rslave` or `rshared` for binds; empty otherwise.
     pub propagation: String,
+    /// A tmpfs's size and mode, a named volume's options.
+    pub options: MountOptions,
+}
+
+/// What a `mount` block's `tmpfs_options` or `volume_options` ask for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MountOptions {
+    pub tmpfs_size: Option<i64>,
+    pub tmpfs_mode: Option<i64>,
+    pub volume_no_copy: bool,
+    pub volume_labels: BTreeMap<String, String>,
+    /// The volume driver's name and options.
+    pub volume_driver: Option<(String, BTreeMap<String, String>)>,
 }
 
 /// A port of the group's network published on the host (TCP and UDP, as Nomad does).
@@ -250,6 +263,7 @@ pub fn container_spec(
             target: mount.task_path.clone(),
             readonly: mount.readonly,
             propagation: unix_propagation(mount.propagation).into(),
+            options: MountOptions::default(),
         });
     }
 
@@ -521,12 +535,33 @@ fn user_mount(
         MountKind::Bind => mount.propagation.clone(),
         _ => String::new(),
     };
+    let tmpfs_asked = mount.tmpfs_size.is_some() || mount.tmpfs_mode.is_some();
+    let volume_asked = mount.volume_no_copy || !mount.volume_labels.is_empty() || mount.volume_driver.is_some();
+    if tmpfs_asked && kind != MountKind::Tmpfs {
+        return Err(ContainerRefusal::InvalidMount {
+            target: mount.target.clone(),
+            reason: "tmpfs_options apply to a tmpfs mount only",
+        });
+    }
+    if volume_asked && kind != MountKind::Volume {
+        return Err(ContainerRefusal::InvalidMount {
+            target: mount.target.clone(),
+            reason: "volume_options apply to a volume mount only",
+        });
+    }
     Ok(ContainerMount {
         kind,
         source,
         target: mount.target.clone(),
         readonly: mount.readonly,
         propagation,
+        options: MountOptions {
+            tmpfs_size: mount.tmpfs_size,
+            tmpfs_mode: mount.tmpfs_mode,
+            volume_no_copy: mount.volume_no_copy,
+            volume_labels: mount.volume_labels.clone(),
+            volume_driver: mount.volume_driver.clone(),
+        },
     })
 }
 

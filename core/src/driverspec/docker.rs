@@ -48,16 +48,8 @@ const MOUNT: &[Field] = &[
     Field::optional("source", String),
     Field::optional("readonly", Bool),
     Field::optional("bind_options", Block(BIND_OPTIONS)),
-    Field::unsupported(
-        "tmpfs_options",
-        Block(TMPFS_OPTIONS),
-        "tmpfs size and mode are not passed yet",
-    ),
-    Field::unsupported(
-        "volume_options",
-        Block(VOLUME_OPTIONS),
-        "named volume options are not passed yet",
-    ),
+    Field::optional("tmpfs_options", Block(TMPFS_OPTIONS)),
+    Field::optional("volume_options", Block(VOLUME_OPTIONS)),
 ];
 
 /// The task config, in Nomad's order of its spec (alphabetical but for a few).
@@ -224,6 +216,16 @@ pub struct DockerMount {
     pub source: alloc::string::String,
     pub readonly: bool,
     pub propagation: alloc::string::String,
+    /// `tmpfs_options { size mode }`: bytes, and the mode as a number (`0o1777` = 1023).
+    pub tmpfs_size: Option<i64>,
+    pub tmpfs_mode: Option<i64>,
+    /// `volume_options`: the named volume's `no_copy`, `labels` and `driver_config`.
+    pub volume_no_copy: bool,
+    pub volume_labels: BTreeMap<alloc::string::String, alloc::string::String>,
+    pub volume_driver: Option<(
+        alloc::string::String,
+        BTreeMap<alloc::string::String, alloc::string::String>,
+    )>,
 }
 
 /// A `devices` block: a host device made visible in the container.
@@ -305,7 +307,44 @@ impl DockerTaskConfig {
                     })
                     .unwrap_or_default();
                 let mount_type = field("type");
+                let options = |key: &str| {
+                    block
+                        .get(key)
+                        .and_then(super::maps)
+                        .and_then(|blocks| blocks.first().cloned())
+                };
+                let tmpfs = options("tmpfs_options");
+                let tmpfs_number = |key: &str| {
+                    tmpfs
+                        .as_ref()
+                        .and_then(|tmpfs| tmpfs.get(key))
+                        .and_then(ConfigValue::as_int)
+                };
+                let volume = options("volume_options");
+                let driver = volume
+                    .as_ref()
+                    .and_then(|volume| volume.get("driver_config"))
+                    .and_then(super::maps)
+                    .and_then(|blocks| blocks.first().cloned())
+                    .map(|driver| {
+                        (
+                            driver.get("name").map(text_of).unwrap_or_default(),
+                            driver.get("options").map(string_map).unwrap_or_default(),
+                        )
+                    });
                 DockerMount {
+                    tmpfs_size: tmpfs_number("size"),
+                    tmpfs_mode: tmpfs_number("mode"),
+                    volume_no_copy: volume
+                        .as_ref()
+                        .and_then(|volume| volume.get("no_copy"))
+                        .is_some_and(truthy),
+                    volume_labels: volume
+                        .as_ref()
+                        .and_then(|volume| volume.get("labels"))
+                        .map(string_map)
+                        .unwrap_or_default(),
+                    volume_driver: driver,
                     mount_type: if mount_type.is_empty() {
                         "volume".into()
                     } else {

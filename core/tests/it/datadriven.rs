@@ -1803,6 +1803,10 @@ mod container_spec_harness {
                     }
                 ),
             );
+            let options = &mount.options;
+            if options != &Default::default() {
+                line("  options", format!("{options:?}"));
+            }
         }
         for port in &spec.ports {
             line(

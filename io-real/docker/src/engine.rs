@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use bollard::models::{
     ContainerCreateBody, DeviceMapping, HealthConfig, HostConfig, HostConfigLogConfig, Mount, MountBindOptions,
-    MountBindOptionsPropagationEnum, MountType, PortBinding, ResourcesUlimits,
+    MountBindOptionsPropagationEnum, MountTmpfsOptions, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
+    PortBinding, ResourcesUlimits,
 };
 use drover_core::client::container_spec::{ContainerSpec, MountKind};
 use drover_core::client::{ErrorKind, IoError};
@@ -44,6 +45,25 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
             bind_options: (mount.kind == MountKind::Bind).then(|| MountBindOptions {
                 propagation: Some(propagation(&mount.propagation)),
                 ..MountBindOptions::default()
+            }),
+            tmpfs_options: (mount.kind == MountKind::Tmpfs
+                && (mount.options.tmpfs_size.is_some() || mount.options.tmpfs_mode.is_some()))
+            .then(|| MountTmpfsOptions {
+                size_bytes: mount.options.tmpfs_size,
+                mode: mount.options.tmpfs_mode,
+                ..MountTmpfsOptions::default()
+            }),
+            volume_options: (mount.kind == MountKind::Volume).then(|| MountVolumeOptions {
+                no_copy: mount.options.volume_no_copy.then_some(true),
+                labels: (!mount.options.volume_labels.is_empty())
+                    .then(|| mount.options.volume_labels.clone().into_iter().collect()),
+                driver_config: mount.options.volume_driver.as_ref().map(|(name, options)| {
+                    MountVolumeOptionsDriverConfig {
+                        name: Some(name.clone()).filter(|name| !name.is_empty()),
+                        options: (!options.is_empty()).then(|| options.clone().into_iter().collect()),
+                    }
+                }),
+                ..MountVolumeOptions::default()
             }),
             ..Mount::default()
         })
@@ -208,6 +228,7 @@ mod tests {
                 target: "/csi".into(),
                 readonly: false,
                 propagation: "rshared".into(),
+                options: Default::default(),
             }],
             cpu_shares: 100,
             ..ContainerSpec::default()
