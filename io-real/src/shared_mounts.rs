@@ -11,7 +11,8 @@ use std::path::Path;
 
 use drover_core::client::IoError;
 
-fn cstring(path: &Path) -> Result<CString, IoError> {
+/// `path` as the C string a syscall takes; a NUL inside it is an error.
+pub fn cstring(path: &Path) -> Result<CString, IoError> {
     CString::new(path.as_os_str().as_bytes())
         .map_err(|_| IoError::other(format!("path {} contains NUL", path.display())))
 }

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use super::cgroup::{Cgroups, Limits, TaskCgroup};
 use drover_io_real::drivers::{DriverFingerprint, TaskDriver, TaskResourceUsage};
 use drover_io_real::io::BoxFuture;
-use drover_io_real::shared_mounts::{make_shared, release_shared};
+use drover_io_real::shared_mounts::{cstring, make_shared, release_shared};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -340,11 +340,6 @@ fn uptime_seconds() -> Option<f64> {
         .next()?
         .parse()
         .ok()
-}
-
-fn cstring(path: &Path) -> Result<CString, IoError> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| IoError::other(format!("path {} contains NUL", path.display())))
 }
 
 fn propagation_flag(propagation: Propagation) -> libc::c_ulong {
