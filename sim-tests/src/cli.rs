@@ -1139,10 +1139,10 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["servers_away", "swarm"],
         // The service job's allocation, destroyed and reported complete, is never replaced.
         invariant: "liveness",
-        caught_by: ("swarm", 1063),
+        caught_by: ("servers_away", 45),
     },
     Switch {
         name: "8336",
@@ -1491,7 +1491,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["servers_away", "swarm"],
         // A follower installing a snapshot on a disk whose syncs fail: the purge reached the
         // disk, the snapshot did not, and the restarted server cannot read its log.
         invariant: "agent starts",
@@ -1525,7 +1525,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["servers_away", "swarm"],
         invariant: "every live server ends up a voter of the one cluster",
-        caught_by: ("servers_away", 79),
+        caught_by: ("servers_away", 32),
     },
     Switch {
         name: "no-gossip-reconnect",
@@ -1537,7 +1537,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["servers_away", "swarm"],
         invariant: "every live server ends up a voter of the one cluster",
         caught_by: ("swarm", 1146),
     },

@@ -17,7 +17,7 @@ use drover_core::config::ClientFaults;
 use drover_core::connect::{ConsulConnect, ConsulSidecarService, SidecarTask};
 use drover_core::fsm::ServerState;
 use drover_core::rpc::SWEEP_INTERVAL;
-use drover_core::rpc::{ServerReply, ServerRequest};
+use drover_core::rpc::{RpcError, ServerReply, ServerRequest};
 use drover_core::structs::{
     AccessMode, Allocation, AttachmentMode, ClientStatus, ConfigValue, CsiCapability, CsiPluginType, CsiVolume,
     DesiredStatus, DrainStrategy, Job, JobType, NodeStatus, RestartMode, RestartPolicy, Service, Task,
@@ -566,17 +566,31 @@ pub async fn register(cluster: &SimCluster, plan: &RealClientPlan) -> Result<(),
     Ok(())
 }
 
+/// How long an operator's command (`job run`, `system gc`) keeps trying before it gives up,
+/// as a CLI facing a cluster without a leader does. The fault schedule waits for the command:
+/// were it to keep trying for as long as the servers stay without a quorum (10 attempts of
+/// up to 10 s each), every fault after it would be shifted to the end of the outage, all at
+/// once (a targeted swarm's shapes, timed against each other, fell apart that way).
+const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
+
+/// `request`, given up after [`OPERATOR_DEADLINE`].
+async fn operator_request(cluster: &SimCluster, request: ServerRequest) -> ServerReply {
+    match tokio::time::timeout(OPERATOR_DEADLINE, self::request(cluster, request, 10)).await {
+        Ok(reply) => reply,
+        Err(_) => ServerReply::Error(RpcError::unavailable("the operator gave up: no answer within 10 s")),
+    }
+}
+
 /// Registers version `version` of every job (a destructive update); a failure is noted, not
 /// a violation (the servers may be without a leader right then).
 pub async fn update(cluster: &SimCluster, plan: &RealClientPlan, version: u64) {
     for spec in &plan.jobs {
-        let reply = request(
+        let reply = operator_request(
             cluster,
             ServerRequest::JobRegister {
                 job: Box::new(job(plan, spec, version)),
                 enforce_index: None,
             },
-            10,
         )
         .await;
         cluster.recorder().note(format!(
@@ -605,7 +619,7 @@ pub async fn gc_allocs(cluster: &SimCluster) {
         return;
     }
     let count = alloc_ids.len();
-    let reply = request(cluster, ServerRequest::AllocDelete { alloc_ids }, 10).await;
+    let reply = operator_request(cluster, ServerRequest::AllocDelete { alloc_ids }).await;
     cluster.recorder().note(format!(
         "system gc: {count} finished allocations deleted: {}",
         matches!(reply, ServerReply::Done { .. })

@@ -301,7 +301,7 @@ pub fn swarm(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     if enabled.is_empty() {
         enabled.push(rng.gen_range(0..KINDS.len()));
     }
-    let draws = enabled.into_iter().map(|kind| KINDS[kind].1).collect();
+    let draws = enabled.into_iter().map(|kind| (KINDS[kind].1, 3)).collect();
     swarm_of(rng, options, draws, 5_000..PHASE_MS - 30_000)
 }
 
@@ -325,10 +325,10 @@ const CLIENT_KINDS: &[&str] = &[
 /// spends most of its seeds on the servers.
 pub fn client_churn(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let restart: Draw = |rng, at| client_agent_restart(rng, at, 500..8_000);
-    let mut draws = vec![restart, kind("update the job")];
+    let mut draws = vec![(restart, 3), (kind("update the job"), 3)];
     for name in CLIENT_KINDS {
         if rng.gen_bool(0.5) {
-            draws.push(kind(name));
+            draws.push((kind(name), 3));
         }
     }
     let mut plan = swarm_of(rng, options, draws, 15_000..PHASE_MS - 20_000);
@@ -359,7 +359,8 @@ const SERVER_KINDS: &[&str] = &[
 
 /// A swarm of the servers' troubles, in which every seed keeps a server away (killed, or cut
 /// off alive) for longer than autopilot waits before it removes a dead server, brings it
-/// back; each other server-side kind is on with probability ½.
+/// back, and has a restarted client meet a server still catching up; each other server-side
+/// kind is on with probability ½.
 /// In the full swarm a server is rarely gone that long (its kills come back within 15 s), so
 /// the defects of a server that autopilot removed and that then returns (as a learner, on the
 /// far side of a gossip island, with a log its peers purged) took it a thousand seeds and
@@ -367,44 +368,46 @@ const SERVER_KINDS: &[&str] = &[
 pub fn servers_away(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let away: Draw = |rng, at| server_away(rng, at);
     let lagging: Draw = |rng, at| client_meets_lagging_server(rng, at);
-    let mut draws = vec![away, lagging];
+    let mut draws = vec![(away, 3), (lagging, 3)];
     for name in SERVER_KINDS {
         if rng.gen_bool(0.5) {
-            draws.push(kind(name));
+            draws.push((kind(name), 3));
         }
     }
     swarm_of(rng, options, draws, 5_000..PHASE_MS - 32_000)
 }
 
-/// A server down while the job changes comes back cut off from the other servers (clients
-/// still reach it), and a client agent restarted meanwhile may take its first allocation
-/// list from it (the shape of the lagging server of swarm seed 723, which this has not
-/// caught in 400 seeds yet: the swarm's seed 1063 stays the recorded catch).
+/// The server every client calls first after a restart (the first of its configured list)
+/// is down while the job changes and a client runs the new allocation, then comes back on a
+/// slow disk, still catching up (a snapshot to install, a log to append), when that client's
+/// agent restarts: the client registers through it and takes its first allocation list from
+/// its stale state, which leaves the new allocation out (the lagging server of swarm seed
+/// 1063, whose stale list the client's restored index must refuse). Its disk is fixed later.
 fn client_meets_lagging_server(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
-    let server = rng.gen_range(0..3);
     let client = rng.gen_range(0..CLIENTS);
-    let back = at + millis(rng, 4_000..10_000);
-    let cut = back - millis(rng, 0..500);
-    let (a, b) = ((server + 1) % 3, (server + 2) % 3);
-    let client_back = back + millis(rng, 200..3_000);
+    let back = at + millis(rng, 8_000..16_000);
+    let slow = DiskFault {
+        latency: millis(rng, 200..1_500),
+        ..DiskFault::default()
+    };
+    let client_down = back - millis(rng, 0..2_000);
+    let client_back = back + millis(rng, 100..2_000);
+    let fixed = back + millis(rng, 4_000..15_000);
     vec![
         step(
             at,
             Action::Kill {
-                target: Target::Server(server),
+                target: Target::Server(0),
                 crash: crash(rng),
             },
         ),
-        step(at + millis(rng, 0..2_000), Action::KillClient(client)),
-        step(
-            at + millis(rng, 1_000..3_000),
-            Action::UpdateJob(rng.gen_range(1..1_000)),
-        ),
-        step(cut, Action::Bridge(server, a)),
-        step(cut, Action::Bridge(server, b)),
-        step(back, Action::Restart(Target::Server(server))),
+        step(at + millis(rng, 500..3_000), Action::UpdateJob(rng.gen_range(1..1_000))),
+        step(client_down, Action::KillClient(client)),
+        step(back - millis(rng, 0..500), Action::DiskFault(0, slow)),
+        step(back, Action::Restart(Target::Server(0))),
         step(client_back, Action::RestartClient(client)),
-        step(client_back + millis(rng, 3_000..12_000), Action::Heal),
+        step(fixed, Action::DiskFault(0, DiskFault::default())),
+        step(fixed + millis(rng, 0..2_000), Action::Restart(Target::Server(0))),
     ]
 }
 
@@ -413,8 +416,11 @@ fn client_meets_lagging_server(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> 
 /// - killed, and started again on its disk, maybe while another server is down (killed, or
 ///   stopped by failing fsyncs): the leader adds it back as a learner and cannot promote it
 ///   until that one is back (the learner of swarm seed 1306);
-/// - killed, and back on a slow disk whose fsyncs then fail while it catches up (the
-///   snapshot of swarm seed 733);
+/// - killed, and back on a slow disk whose fsyncs then fail while it catches up, or stopped
+///   by failing fsyncs and started again before they are fixed (the snapshot of swarm seed
+///   733);
+/// - killed, and soon after another is killed and the last cut off, the two dead ones back
+///   together and removing it (the islands of swarm seed 1146);
 /// - killed, and while it is away another server is cut off for a moment, healed about when
 ///   the dead one comes back, and maybe the leader is killed after: each side's gossip may
 ///   then hold an old view of the other (the islands of swarm seed 1146).
@@ -438,8 +444,22 @@ fn server_away(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
         ),
         step(back, Action::Restart(Target::Server(away))),
     ];
-    let shape = rng.gen_range(0..3);
-    if shape == 0 {
+    let shape = rng.gen_range(0..4);
+    if shape == 0 && rng.gen_bool(0.5) {
+        // It stops because its fsyncs fail, and is started again while they still fail: it
+        // catches up (a snapshot installed from the leader, whose log went on past it), until
+        // its next sync fails; then the disk is fixed and it starts once more (swarm seed 733).
+        let fault = DiskFault {
+            sync_errors: true,
+            ..DiskFault::default()
+        };
+        let fixed = back + millis(rng, 1_000..10_000);
+        steps[0] = step(at, Action::DiskFault(away, fault));
+        steps.extend([
+            step(fixed, Action::DiskFault(away, DiskFault::default())),
+            step(fixed + millis(rng, 0..2_000), Action::Restart(Target::Server(away))),
+        ]);
+    } else if shape == 0 {
         // Its fsyncs fail while it catches up (a snapshot installed from the leader, whose
         // log is compacted past it): it stops, and must start again once the disk is fixed.
         // A slow disk first, so that the installation is still going when the syncs fail.
@@ -481,6 +501,27 @@ fn server_away(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
             ]);
         }
         steps.push(step(up + millis(rng, 0..1_000), Action::Restart(Target::Server(other))));
+    } else if shape == 2 {
+        // Soon after it goes, the others fall apart too: one is killed (the leader, half the
+        // time), the last is cut off, and the two dead ones come back together, a majority
+        // that removes the one cut off (for longer than autopilot waits) until the cut heals:
+        // its gossip still knows the old leader (the islands of swarm seed 1146).
+        let third = 3 - away - other;
+        let killed = at + millis(rng, 1_000..12_000);
+        let restarted = killed + millis(rng, 3_000..8_000);
+        steps[1] = step(restarted, Action::Restart(Target::Server(away)));
+        steps.extend([
+            step(
+                killed,
+                Action::Kill {
+                    target: Target::Server(other),
+                    crash: crash(rng),
+                },
+            ),
+            step(killed + millis(rng, 200..2_000), Action::Partition(vec![third])),
+            step(restarted + millis(rng, 0..500), Action::Restart(Target::Server(other))),
+            step(restarted + millis(rng, 13_000..25_000), Action::Heal),
+        ]);
     } else {
         let cut = back - millis(rng, 300..3_000);
         let healed = (back + millis(rng, 0..1_500))
@@ -510,13 +551,13 @@ fn client_agent_restart(rng: &mut ChaCha8Rng, at: Duration, down: std::ops::Rang
     ]
 }
 
-/// Draws `draws`' occurrences (one to three each, starting within `window` ms of the fault
+/// Draws `draws`' occurrences (one to the most given for each, starting within `window` ms of the fault
 /// phase), the job and its volume, the node plugins' faults, and each BUGGIFY point, on with
 /// probability ½ at its own rate.
-fn swarm_of(rng: &mut ChaCha8Rng, options: &Options, draws: Vec<Draw>, window: std::ops::Range<u64>) -> Plan {
+fn swarm_of(rng: &mut ChaCha8Rng, options: &Options, draws: Vec<(Draw, u32)>, window: std::ops::Range<u64>) -> Plan {
     let mut steps = Vec::new();
-    for draw in draws {
-        let occurrences = rng.gen_range(1..=3);
+    for (draw, most) in draws {
+        let occurrences = if most == 1 { 1 } else { rng.gen_range(1..=most) };
         for _ in 0..occurrences {
             let at = millis(rng, window.clone());
             steps.extend(draw(rng, at));
