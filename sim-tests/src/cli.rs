@@ -1491,7 +1491,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["servers_away", "swarm"],
+        scenarios: &["swarm"],
         // A follower installing a snapshot on a disk whose syncs fail: the purge reached the
         // disk, the snapshot did not, and the restarted server cannot read its log.
         invariant: "agent starts",
@@ -1537,7 +1537,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["servers_away", "swarm"],
+        scenarios: &["swarm"],
         invariant: "every live server ends up a voter of the one cluster",
         caught_by: ("swarm", 1146),
     },

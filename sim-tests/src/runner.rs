@@ -76,7 +76,10 @@ pub fn plan_for(scenario: &Scenario, seed: u64, options: &Options) -> Plan {
 
 /// Runs every server of `plan`, those it adds later included, with `knobs`' timings, and
 /// gives the checks that wait on them the time those timings take.
-pub fn with_knobs(plan: &mut Plan, knobs: Knobs) {
+pub fn with_knobs(plan: &mut Plan, mut knobs: Knobs) {
+    if let Some(threshold) = plan.snapshot_threshold {
+        knobs.snapshot_threshold = threshold;
+    }
     for spec in &mut plan.servers {
         knobs.apply(&mut spec.config.server);
     }

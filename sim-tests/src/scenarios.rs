@@ -237,6 +237,10 @@ pub struct Plan {
     pub acl: bool,
     /// The timings every server runs with (drawn per seed by `runner::plan_for`).
     pub knobs: Option<Knobs>,
+    /// A targeted swarm's own snapshot threshold, in place of the drawn one (FoundationDB's
+    /// targeted tests pin the knobs their faults need): a server that must install a
+    /// snapshot when it comes back needs its peers to have compacted their logs meanwhile.
+    pub snapshot_threshold: Option<u64>,
 }
 
 impl Plan {
@@ -895,6 +899,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         handover_bound: None,
         skipped: BTreeSet::new(),
         buggify: BTreeMap::new(),
+        snapshot_threshold: None,
         sealed_writes: false,
         acl: false,
         knobs: None,

@@ -374,7 +374,14 @@ pub fn servers_away(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
             draws.push((kind(name), 3));
         }
     }
-    swarm_of(rng, options, draws, 5_000..PHASE_MS - 32_000)
+    let mut plan = swarm_of(rng, options, draws, 5_000..PHASE_MS - 32_000);
+    // In half the seeds the servers snapshot every 64 entries, so that one coming back
+    // installs a snapshot (under production's threshold the logs are never compacted within
+    // a run); a quarter of the drawn knobs have it too.
+    if rng.gen_bool(0.5) {
+        plan.snapshot_threshold = Some(64);
+    }
+    plan
 }
 
 /// The server every client calls first after a restart (the first of its configured list)
@@ -424,6 +431,10 @@ fn client_meets_lagging_server(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> 
 /// - killed, and while it is away another server is cut off for a moment, healed about when
 ///   the dead one comes back, and maybe the leader is killed after: each side's gossip may
 ///   then hold an old view of the other (the islands of swarm seed 1146).
+///
+/// The shapes of seeds 733 and 1146 do not catch their switches here yet (not in 100 seeds,
+/// the other kinds' faults in between take them apart), so those switches search the full
+/// swarm only; learner-left-behind is caught here.
 ///
 /// Servers are named by index, not as the leader: the other kinds' kills in between would
 /// make a killed leader someone else's `LastKilled`, and it would stay dead.
