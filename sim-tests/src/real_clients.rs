@@ -577,7 +577,9 @@ const OPERATOR_DEADLINE: Duration = Duration::from_secs(10);
 async fn operator_request(cluster: &SimCluster, request: ServerRequest) -> ServerReply {
     match tokio::time::timeout(OPERATOR_DEADLINE, self::request(cluster, request, 10)).await {
         Ok(reply) => reply,
-        Err(_) => ServerReply::Error(RpcError::unavailable("the operator gave up: no answer within 10 s")),
+        Err(_) => ServerReply::Error(RpcError::unavailable(format!(
+            "the operator gave up: no answer within {OPERATOR_DEADLINE:?}"
+        ))),
     }
 }
 
