@@ -1491,11 +1491,11 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["servers_reform", "swarm"],
         // A follower installing a snapshot on a disk whose syncs fail: the purge reached the
         // disk, the snapshot did not, and the restarted server cannot read its log.
         invariant: "agent starts",
-        caught_by: ("swarm", 733),
+        caught_by: ("servers_reform", 22),
     },
     Switch {
         name: "swallowed-log-error",
@@ -1537,9 +1537,9 @@ const REGRESSION_SWITCHES: &[Switch] = &[
             },
             ..Options::default()
         },
-        scenarios: &["swarm"],
+        scenarios: &["servers_reform", "swarm"],
         invariant: "every live server ends up a voter of the one cluster",
-        caught_by: ("swarm", 1146),
+        caught_by: ("servers_reform", 61),
     },
     Switch {
         name: "no-handover",

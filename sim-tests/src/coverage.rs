@@ -152,7 +152,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         Action::Kill {
             crash: Crash::Torn(_), ..
         } => vec!["torn writes on power loss"],
-        Action::Bridge(..) => vec!["bridge partition"],
+        Action::Bridge(..) | Action::BridgeFromFollower(..) => vec!["bridge partition"],
         Action::DiskFault(_, fault) => {
             let mut kinds = Vec::new();
             if fault.sync_errors {
@@ -171,7 +171,7 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         }
         Action::Restart(_) => vec!["restart"],
         Action::StopGracefully(_) => vec!["graceful stop"],
-        Action::Partition(_) => vec!["partition"],
+        Action::Partition(_) | Action::PartitionLastStanding => vec!["partition"],
         Action::ClogOneWay(..) => vec!["one-way clog"],
         Action::Heal => vec![],
         Action::Consul(mode) => consul_kind(*mode).into_iter().collect(),

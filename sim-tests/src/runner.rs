@@ -80,6 +80,9 @@ pub fn with_knobs(plan: &mut Plan, mut knobs: Knobs) {
     if let Some(threshold) = plan.snapshot_threshold {
         knobs.snapshot_threshold = threshold;
     }
+    if let Some(interval) = plan.snapshot_interval {
+        knobs.snapshot_interval = interval;
+    }
     for spec in &mut plan.servers {
         knobs.apply(&mut spec.config.server);
     }
@@ -465,6 +468,20 @@ async fn play(
             Action::Partition(side) => cluster.partition(side),
             Action::ClogOneWay(from, to) => cluster.clog_one_way(*from, *to),
             Action::Bridge(a, b) => cluster.bridge(*a, *b),
+            Action::BridgeFromFollower(server) => {
+                let leader = resolve(&cluster, Target::Leader, last_killed);
+                match (0..cluster.len()).find(|other| other != server && Some(*other) != leader) {
+                    Some(follower) => cluster.bridge(*server, follower),
+                    None => recorder.note("no follower to cut a server apart from"),
+                }
+            }
+            Action::PartitionLastStanding => {
+                let running: Vec<usize> = (0..cluster.len()).filter(|index| cluster.is_alive(*index)).collect();
+                match running[..] {
+                    [last] => cluster.partition(&[last]),
+                    _ => recorder.note(format!("{} servers running: none is the last standing", running.len())),
+                }
+            }
             Action::DiskFault(server, fault) => cluster.set_disk_fault(*server, *fault),
             Action::Heal => cluster.heal(),
             Action::Consul(mode) => {

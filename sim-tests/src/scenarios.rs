@@ -69,6 +69,11 @@ pub enum Action {
     ClogOneWay(usize, usize),
     /// Cut these two servers apart; both still reach the others (a bridge partition).
     Bridge(usize, usize),
+    /// Cut this server apart from a follower (the first server that is neither it nor the
+    /// leader when the step runs); both still reach the leader.
+    BridgeFromFollower(usize),
+    /// Cut off the one server still running, when exactly one is (the others killed).
+    PartitionLastStanding,
     /// A server's disk starts (or, with the default, stops) misbehaving.
     DiskFault(usize, DiskFault),
     Heal,
@@ -148,6 +153,10 @@ impl fmt::Display for Step {
             Action::Partition(side) => write!(f, "{at} partition {:?} from the rest", names(side)),
             Action::ClogOneWay(from, to) => write!(f, "{at} clog s{} -> s{}", from + 1, to + 1),
             Action::Bridge(a, b) => write!(f, "{at} cut s{} and s{} apart (a bridge)", a + 1, b + 1),
+            Action::BridgeFromFollower(server) => {
+                write!(f, "{at} cut s{} apart from a follower (a bridge)", server + 1)
+            }
+            Action::PartitionLastStanding => write!(f, "{at} partition the last server running from the rest"),
             Action::DiskFault(server, fault) if *fault == DiskFault::default() => {
                 write!(f, "{at} s{}'s disk works again", server + 1)
             }
@@ -241,6 +250,8 @@ pub struct Plan {
     /// targeted tests pin the knobs their faults need): a server that must install a
     /// snapshot when it comes back needs its peers to have compacted their logs meanwhile.
     pub snapshot_threshold: Option<u64>,
+    /// And how often its servers look whether a snapshot is due, in place of the drawn one.
+    pub snapshot_interval: Option<Duration>,
 }
 
 impl Plan {
@@ -513,6 +524,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         name: "servers_away",
         about: "a swarm of the servers' faults in which a server stays away (killed or cut off) until autopilot removes it and then comes back, and the leader is killed too",
         build: crate::swarm::servers_away,
+    },
+    Scenario {
+        name: "servers_reform",
+        about: "the servers fall apart and re-form, one shape per seed: a server stopped by its failing disk comes back to a snapshot it installs on a disk that fails again, or a server away while the others die and one is cut off and removed",
+        build: crate::swarm::servers_reform,
     },
     Scenario {
         name: "swarm",
@@ -900,6 +916,7 @@ pub(crate) fn plan(servers: Vec<ServerSpec>, steps: Vec<Step>) -> Plan {
         skipped: BTreeSet::new(),
         buggify: BTreeMap::new(),
         snapshot_threshold: None,
+        snapshot_interval: None,
         sealed_writes: false,
         acl: false,
         knobs: None,
