@@ -1161,7 +1161,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["csi_leader_failover", "csi_controller_faults"],
         invariant: "at most one controller RPC in flight per plugin",
-        caught_by: ("csi_leader_failover", 1),
+        caught_by: ("csi_leader_failover", 0),
     },
     Switch {
         name: "create-name",
@@ -1328,7 +1328,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm", "real_clients_csi"],
         invariant: "liveness",
-        caught_by: ("swarm", 5),
+        caught_by: ("swarm", 3),
     },
     Switch {
         name: "restore-dup",
@@ -1451,7 +1451,7 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         },
         scenarios: &["swarm"],
         invariant: "liveness",
-        caught_by: ("swarm", 4),
+        caught_by: ("swarm", 2),
     },
     Switch {
         name: "read-joins-round",
