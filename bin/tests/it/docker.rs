@@ -302,6 +302,8 @@ fn engine_settings_reach_the_container_and_an_unsupported_key_is_refused_by_name
         command         = "sh"
         args            = ["-c", "touch /root-is-writable 2>/dev/null || echo read-only; while true; do sleep 0.1; done"]
         cpuset_cpus     = "0"
+        cpu_hard_limit  = true
+        cpu_cfs_period  = 50000
         pids_limit      = 32
         readonly_rootfs = true
         security_opt    = ["no-new-privileges"]
@@ -324,7 +326,7 @@ fn engine_settings_reach_the_container_and_an_unsupported_key_is_refused_by_name
         }}
       }}
       resources {{
-        cpu    = 50
+        cpu    = 500
         memory = 32
       }}
     }}
@@ -344,6 +346,19 @@ fn engine_settings_reach_the_container_and_an_unsupported_key_is_refused_by_name
     let host: Value =
         serde_json::from_str(&docker(&["inspect", "--format", "{{json .HostConfig}}", &container])).unwrap();
     assert_eq!(host["CpusetCpus"], "0");
+    // cpu_hard_limit: 500 MHz of the node's fingerprinted MHz, of each 50 ms period on each of
+    // its cores (Nomad's formula; 1 ms at least).
+    let node_id = alloc["NodeID"].as_str().unwrap();
+    let node = get_json(agent.spec.http, &format!("/v1/node/{node_id}")).expect("the node");
+    let node_mhz = node["NodeResources"]["Cpu"]["CpuShares"].as_i64().unwrap();
+    let cores: i64 = node["Attributes"]["cpu.numcores"].as_str().unwrap().parse().unwrap();
+    assert_eq!(host["CpuPeriod"], 50_000);
+    assert_eq!(
+        host["CpuQuota"],
+        (500 * 50_000 / node_mhz * cores).max(1_000),
+        "{node:#}"
+    );
+    assert_eq!(host["CpuShares"], 500);
     assert_eq!(host["PidsLimit"], 32);
     assert_eq!(host["ReadonlyRootfs"], true);
     assert_eq!(host["SecurityOpt"], serde_json::json!(["no-new-privileges"]));

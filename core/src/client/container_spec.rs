@@ -13,12 +13,15 @@ use core::fmt;
 
 use super::TaskConfig;
 use super::containers::{LABEL_ALLOC_ID, LABEL_CLIENT, LABEL_TASK_NAME};
-use crate::driverspec::docker::{DockerMount, DockerTaskConfig};
+use crate::driverspec::docker::{CPU_CFS_PERIOD, DockerMount, DockerTaskConfig, MAX_CPU_CFS_PERIOD};
 use crate::driverspec::docker_plugin::{DOCKER_DEFAULT_CAPS, DockerPluginConfig, normal_cap};
 use crate::structs::Propagation;
 
 /// Docker refuses fewer CPU shares than this.
 const MIN_CPU_SHARES: i64 = 2;
+
+/// The kernel's smallest CFS quota (µs).
+const MIN_CPU_QUOTA: i64 = 1_000;
 
 /// Everything the engine is asked for, in the order the engine is told it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -63,6 +66,9 @@ pub struct ContainerSpec {
     pub sysctls: BTreeMap<String, String>,
     /// Empty: any CPU.
     pub cpuset_cpus: String,
+    /// `cpu_hard_limit`: the CFS period and quota (µs) that hold the task to its `cpu`.
+    pub cpu_period: Option<i64>,
+    pub cpu_quota: Option<i64>,
     pub pids_limit: Option<i64>,
     pub readonly_rootfs: bool,
     pub security_opt: Vec<String>,
@@ -177,6 +183,10 @@ pub enum ContainerRefusal {
         name: String,
         value: String,
     },
+    /// `cpu_cfs_period` outside 0 to 1 s.
+    InvalidCfsPeriod,
+    /// `cpu_hard_limit` on a node whose CPU was not fingerprinted: no share to compute.
+    NodeCpuUnknown,
 }
 
 impl fmt::Display for ContainerRefusal {
@@ -208,6 +218,11 @@ impl fmt::Display for ContainerRefusal {
                 f,
                 "driver does not allow the following capabilities: {}",
                 caps.join(", ")
+            ),
+            ContainerRefusal::InvalidCfsPeriod => write!(f, "invalid value for cpu_cfs_period"),
+            ContainerRefusal::NodeCpuUnknown => write!(
+                f,
+                "cpu_hard_limit: the node's CPU is unknown, so the task's share of it cannot be computed"
             ),
             ContainerRefusal::InvalidUlimit { name, value } => write!(
                 f,
@@ -297,6 +312,12 @@ pub fn container_spec(
         }))
         .collect();
 
+    let cpu_limit = if docker.cpu_hard_limit {
+        Some(cpu_hard_limit(task, docker.cpu_cfs_period)?)
+    } else {
+        None
+    };
+
     let mut ulimits = Vec::new();
     for (name, value) in &docker.ulimit {
         ulimits.push(ulimit(name, value)?);
@@ -333,6 +354,8 @@ pub fn container_spec(
         ulimits,
         sysctls: docker.sysctl.clone(),
         cpuset_cpus: docker.cpuset_cpus.clone(),
+        cpu_period: cpu_limit.map(|(period, _)| period),
+        cpu_quota: cpu_limit.map(|(_, quota)| quota),
         pids_limit: docker.pids_limit,
         readonly_rootfs: docker.readonly_rootfs,
         security_opt: docker.security_opt.clone(),
@@ -349,6 +372,25 @@ pub fn container_spec(
     debug_assert!(spec.binds.len() >= 3, "the task's three directories are always bound");
     debug_assert_eq!(spec.labels.get(LABEL_ALLOC_ID), Some(&task.alloc_id));
     Ok(spec)
+}
+
+/// `cpu_hard_limit`'s CFS period and quota (µs), as Nomad computes them: the task's share of
+/// the node's CPU (`cpu` over the node's MHz) of every period on each of its cores, the share
+/// truncated to whole µs before it is multiplied by the cores. A quota under the kernel's
+/// smallest (1 ms, which Docker refuses outright) is raised to it: a small task on a large
+/// node gets slightly more than its share rather than no container.
+pub fn cpu_hard_limit(task: &TaskConfig, cfs_period: i64) -> Result<(i64, i64), ContainerRefusal> {
+    if !(0..=MAX_CPU_CFS_PERIOD).contains(&cfs_period) {
+        return Err(ContainerRefusal::InvalidCfsPeriod);
+    }
+    if task.node_cpu_mhz == 0 {
+        return Err(ContainerRefusal::NodeCpuUnknown);
+    }
+    let period = if cfs_period == 0 { CPU_CFS_PERIOD } else { cfs_period };
+    let share = i128::from(task.cpu_mhz) * i128::from(period) / i128::from(task.node_cpu_mhz);
+    let quota = share * i128::from(task.node_cores.max(1));
+    let quota = i64::try_from(quota).unwrap_or(i64::MAX).max(MIN_CPU_QUOTA);
+    Ok((period, quota))
 }
 
 /// Nomad's memory limits: `memory_max` is the hard limit when set, `memory` then the soft one;

@@ -123,6 +123,12 @@ pub struct TaskConfig {
     /// `logs {}`: how the task's stdout and stderr are rotated.
     #[serde(default)]
     pub logs: crate::structs::LogConfig,
+    /// The node's fingerprinted CPU (MHz over all its cores) and its cores: what a task's
+    /// `cpu` is a share of (the docker driver's `cpu_hard_limit` quota).
+    #[serde(default)]
+    pub node_cpu_mhz: u64,
+    #[serde(default)]
+    pub node_cores: u32,
 }
 
 /// A running task, as the driver describes it; persisted so the agent can reattach.

@@ -787,6 +787,8 @@ impl TaskRunner {
             memory_mb: spec.task.resources.memory_mb,
             memory_max_mb: spec.task.resources.memory_max_mb,
             logs: spec.task.logs,
+            node_cpu_mhz: spec.node.node.resources.cpu,
+            node_cores: spec.node.node.cores(),
         };
         let op = ops.allocate();
         self.set_phase(Phase::Starting { op });

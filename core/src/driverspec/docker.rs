@@ -67,16 +67,8 @@ pub const FIELDS: &[Field] = &[
     Field::optional("cap_drop", Strings),
     Field::optional("command", String),
     Field::optional("cpuset_cpus", String),
-    Field::unsupported(
-        "cpu_hard_limit",
-        Bool,
-        "a CPU quota from the task's share of the node is not computed yet (`cpuset_cpus` pins CPUs)",
-    ),
-    Field::unsupported(
-        "cpu_cfs_period",
-        Number,
-        "a CPU quota from the task's share of the node is not computed yet (`cpuset_cpus` pins CPUs)",
-    ),
+    Field::optional("cpu_hard_limit", Bool),
+    Field::optional("cpu_cfs_period", Number),
     Field::optional("devices", Blocks(DEVICE)),
     Field::optional("dns_search_domains", Strings),
     Field::optional("dns_options", Strings),
@@ -185,6 +177,10 @@ pub struct DockerTaskConfig {
     pub auth: Option<DockerAuth>,
     /// CPUs the container may run on (`0-3`, `1,3`).
     pub cpuset_cpus: alloc::string::String,
+    /// The task's `cpu` as a CFS quota: it may use no more than its share of the node.
+    pub cpu_hard_limit: bool,
+    /// The CFS period of that quota in µs (0: [`CPU_CFS_PERIOD`]).
+    pub cpu_cfs_period: i64,
     pub pids_limit: Option<i64>,
     pub readonly_rootfs: bool,
     pub security_opt: Vec<alloc::string::String>,
@@ -245,6 +241,25 @@ pub struct DockerAuth {
     pub password: crate::structs::SecretText,
     pub email: alloc::string::String,
     pub server_address: alloc::string::String,
+}
+
+/// The CFS period of a `cpu_hard_limit` quota when `cpu_cfs_period` names none (µs; the
+/// kernel's default, and Nomad's).
+pub const CPU_CFS_PERIOD: i64 = 100_000;
+
+/// The longest `cpu_cfs_period` the kernel takes (µs).
+pub const MAX_CPU_CFS_PERIOD: i64 = 1_000_000;
+
+/// Values the types alone do not refuse: a `cpu_cfs_period` outside 0 to 1 s (Nomad's text).
+pub fn check_values(config: &BTreeMap<alloc::string::String, ConfigValue>, problems: &mut Vec<ConfigProblem>) {
+    if let Some(period) = config.get("cpu_cfs_period").and_then(ConfigValue::as_int)
+        && !(0..=MAX_CPU_CFS_PERIOD).contains(&period)
+    {
+        problems.push(ConfigProblem::Invalid {
+            path: "cpu_cfs_period".into(),
+            message: "invalid value for cpu_cfs_period",
+        });
+    }
 }
 
 /// Nomad's default `image_pull_timeout`.
@@ -408,6 +423,8 @@ impl DockerTaskConfig {
             .is_some_and(|block| block.get("disable").is_some_and(truthy));
         Ok(DockerTaskConfig {
             cpuset_cpus: text("cpuset_cpus"),
+            cpu_hard_limit: flag("cpu_hard_limit"),
+            cpu_cfs_period: number("cpu_cfs_period")?.unwrap_or(0),
             pids_limit: number("pids_limit")?,
             readonly_rootfs: flag("readonly_rootfs"),
             security_opt: strings("security_opt"),

@@ -135,6 +135,8 @@ pub enum ConfigProblem {
     Wrong { path: String, expected: &'static str },
     /// A key Nomad's driver takes that this one does not honour (yet), and why.
     Unsupported { path: String, why: &'static str },
+    /// A value of the right type that the driver cannot take, in Nomad's words.
+    Invalid { path: String, message: &'static str },
 }
 
 impl fmt::Display for ConfigProblem {
@@ -163,6 +165,7 @@ impl fmt::Display for ConfigProblem {
                     "config: Inappropriate value for attribute {path:?}: {expected} required."
                 )
             }
+            ConfigProblem::Invalid { message, .. } => write!(f, "config: {message}"),
         }
     }
 }
@@ -173,6 +176,9 @@ pub fn check(driver: &str, config: &BTreeMap<String, ConfigValue>) -> Vec<Config
     let mut problems = Vec::new();
     if let Some(fields) = schema(driver) {
         check_fields(fields, config, "", &mut problems);
+    }
+    if driver == "docker" {
+        docker::check_values(config, &mut problems);
     }
     problems
 }

@@ -204,6 +204,15 @@ impl Node {
     pub fn eligible(&self) -> bool {
         self.scheduling_eligibility == SchedulingEligibility::Eligible
     }
+
+    /// Its fingerprinted cores (`cpu.numcores`), at least one.
+    pub fn cores(&self) -> u32 {
+        self.attributes
+            .get("cpu.numcores")
+            .and_then(|cores| cores.parse::<u32>().ok())
+            .filter(|cores| *cores > 0)
+            .unwrap_or(1)
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

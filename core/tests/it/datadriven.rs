@@ -1687,7 +1687,8 @@ fn driverspec() {
 /// The container a docker task gets (`client::container_spec`): `spec` with the plugin's
 /// settings as arguments (`allow_privileged`, `volumes`, `allow_caps=a,b`), the task's docker
 /// config as JSON on the first input line, then `env NAME=value`, `mount host:task[:ro][:propagation]`,
-/// `resources cpu=N memory=N memory_max=N`. Prints what the engine is asked for, or the refusal.
+/// `resources cpu=N memory=N memory_max=N node_cpu=N node_cores=N` (the node: 4,000 MHz over 2
+/// cores unless given). Prints what the engine is asked for, or the refusal.
 mod container_spec_harness {
     use std::collections::BTreeMap;
 
@@ -1730,6 +1731,8 @@ mod container_spec_harness {
             memory_mb: 300,
             memory_max_mb: 0,
             logs: Default::default(),
+            node_cpu_mhz: 4_000,
+            node_cores: 2,
         };
         for line in &directive.input[1..] {
             let (what, rest) = line.split_once(' ').expect("`<what> <value>`");
@@ -1760,6 +1763,8 @@ mod container_spec_harness {
                             "cpu" => task.cpu_mhz = value,
                             "memory" => task.memory_mb = value,
                             "memory_max" => task.memory_max_mb = value,
+                            "node_cpu" => task.node_cpu_mhz = u64::from(value),
+                            "node_cores" => task.node_cores = value,
                             other => panic!("unknown resource {other}"),
                         }
                     }
@@ -1856,6 +1861,9 @@ mod container_spec_harness {
             spec.shm_size.map(|size| size.to_string()).unwrap_or_default(),
         );
         line("cpuset_cpus", spec.cpuset_cpus.clone());
+        if let (Some(period), Some(quota)) = (spec.cpu_period, spec.cpu_quota) {
+            line("cpu_limit", format!("period={period} quota={quota}"));
+        }
         line(
             "pids_limit",
             spec.pids_limit.map(|limit| limit.to_string()).unwrap_or_default(),

@@ -111,6 +111,8 @@ pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
         }),
         sysctls: (!spec.sysctls.is_empty()).then(|| spec.sysctls.clone().into_iter().collect()),
         cpuset_cpus: some_text(&spec.cpuset_cpus),
+        cpu_period: spec.cpu_period,
+        cpu_quota: spec.cpu_quota,
         pids_limit: spec.pids_limit,
         readonly_rootfs: spec.readonly_rootfs.then_some(true),
         security_opt: some_vec(&spec.security_opt),

@@ -37,6 +37,8 @@ fn config(dir: &std::path::Path, task: &str) -> TaskConfig {
         memory_mb: 64,
         memory_max_mb: 0,
         logs: Default::default(),
+        node_cpu_mhz: 4_000,
+        node_cores: 2,
     }
 }
 

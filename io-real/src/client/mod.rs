@@ -380,13 +380,7 @@ pub struct TaskUsage {
 
 /// The node's fingerprinted compute divided by its cores (`cpu.numcores`, else one).
 fn mhz_per_core(node: &Node) -> f64 {
-    let cores = node
-        .attributes
-        .get("cpu.numcores")
-        .and_then(|cores| cores.parse::<u32>().ok())
-        .filter(|cores| *cores > 0)
-        .unwrap_or(1);
-    node.resources.cpu as f64 / f64::from(cores)
+    node.resources.cpu as f64 / f64::from(node.cores())
 }
 
 impl ClientView {

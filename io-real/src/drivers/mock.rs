@@ -224,6 +224,8 @@ mod tests {
             memory_mb: 300,
             memory_max_mb: 0,
             logs: Default::default(),
+            node_cpu_mhz: 4_000,
+            node_cores: 2,
         }
     }
 

@@ -40,6 +40,8 @@ fn config(dir: &Path, task: &str, marker: &str, command: &str, args: &[&str]) ->
         memory_mb: 64,
         memory_max_mb: 0,
         logs: Default::default(),
+        node_cpu_mhz: 4_000,
+        node_cores: 2,
     }
 }
 

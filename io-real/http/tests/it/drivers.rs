@@ -34,6 +34,8 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
         memory_mb: 300,
         memory_max_mb: 0,
         logs: Default::default(),
+        node_cpu_mhz: 4_000,
+        node_cores: 2,
     }
 }
 
