@@ -282,15 +282,20 @@ fn step(at: Duration, action: Action) -> Step {
     Step { at, action }
 }
 
+/// `target` killed at `at`, its crash drawn.
+fn kill(rng: &mut ChaCha8Rng, at: Duration, target: Target) -> Step {
+    step(
+        at,
+        Action::Kill {
+            target,
+            crash: crash(rng),
+        },
+    )
+}
+
 fn kill_and_restart(rng: &mut ChaCha8Rng, at: Duration, target: Target) -> Vec<Step> {
     vec![
-        step(
-            at,
-            Action::Kill {
-                target,
-                crash: crash(rng),
-            },
-        ),
+        kill(rng, at, target),
         step(at + millis(rng, 1_000..15_000), Action::Restart(Target::LastKilled)),
     ]
 }
@@ -421,16 +426,11 @@ fn snapshot_on_failing_disk(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
     let fails_again = back + millis(rng, 300..2_000);
     let leader_back = fails_again + millis(rng, 300..2_500);
     let fixed = leader_back + millis(rng, 10_000..25_000);
+    let leader_killed = back - millis(rng, 1_000..3_000);
     vec![
         step(at, Action::BridgeFromFollower(away)),
         step(stopped, Action::DiskFault(away, failing)),
-        step(
-            back - millis(rng, 1_000..3_000),
-            Action::Kill {
-                target: Target::Leader,
-                crash: crash(rng),
-            },
-        ),
+        kill(rng, leader_killed, Target::Leader),
         step(back, Action::Restart(Target::Server(away))),
         step(fails_again, Action::DiskFault(away, failing)),
         step(leader_back, Action::Restart(Target::LastKilled)),
@@ -451,21 +451,9 @@ fn islands(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
     let restarted = killed + millis(rng, 3_000..6_000);
     let healed = restarted + millis(rng, 13_000..25_000);
     vec![
-        step(
-            at,
-            Action::Kill {
-                target: Target::Server(away),
-                crash: crash(rng),
-            },
-        ),
+        kill(rng, at, Target::Server(away)),
         step(at + millis(rng, 0..3_000), lossy),
-        step(
-            killed,
-            Action::Kill {
-                target: Target::Leader,
-                crash: crash(rng),
-            },
-        ),
+        kill(rng, killed, Target::Leader),
         step(killed + millis(rng, 700..1_600), Action::PartitionLastStanding),
         step(restarted, Action::Restart(Target::Server(away))),
         step(restarted + millis(rng, 0..500), Action::Restart(Target::LastKilled)),
@@ -491,13 +479,7 @@ fn client_meets_lagging_server(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> 
     let client_back = back + millis(rng, 100..2_000);
     let fixed = back + millis(rng, 4_000..15_000);
     vec![
-        step(
-            at,
-            Action::Kill {
-                target: Target::Server(0),
-                crash: crash(rng),
-            },
-        ),
+        kill(rng, at, Target::Server(0)),
         step(at + millis(rng, 500..3_000), Action::UpdateJob(rng.gen_range(1..1_000))),
         step(client_down, Action::KillClient(client)),
         step(back - millis(rng, 0..500), Action::DiskFault(0, slow)),
@@ -535,13 +517,7 @@ fn server_away(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
         return vec![step(at, Action::Partition(vec![away])), step(back, Action::Heal)];
     }
     let mut steps = vec![
-        step(
-            at,
-            Action::Kill {
-                target: Target::Server(away),
-                crash: crash(rng),
-            },
-        ),
+        kill(rng, at, Target::Server(away)),
         step(back, Action::Restart(Target::Server(away))),
     ];
     let shape = rng.gen_range(0..4);
@@ -584,13 +560,7 @@ fn server_away(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
         let down = back - millis(rng, 0..3_000);
         let up = back + millis(rng, 1_000..8_000);
         if rng.gen_bool(0.5) {
-            steps.push(step(
-                down,
-                Action::Kill {
-                    target: Target::Server(other),
-                    crash: crash(rng),
-                },
-            ));
+            steps.push(kill(rng, down, Target::Server(other)));
         } else {
             let fault = DiskFault {
                 sync_errors: true,
@@ -612,13 +582,7 @@ fn server_away(rng: &mut ChaCha8Rng, at: Duration) -> Vec<Step> {
         let restarted = killed + millis(rng, 3_000..8_000);
         steps[1] = step(restarted, Action::Restart(Target::Server(away)));
         steps.extend([
-            step(
-                killed,
-                Action::Kill {
-                    target: Target::Server(other),
-                    crash: crash(rng),
-                },
-            ),
+            kill(rng, killed, Target::Server(other)),
             step(killed + millis(rng, 200..2_000), Action::Partition(vec![third])),
             step(restarted + millis(rng, 0..500), Action::Restart(Target::Server(other))),
             step(restarted + millis(rng, 13_000..25_000), Action::Heal),
