@@ -13,6 +13,7 @@ use drover_host::net::GrpcTransport;
 use drover_io_real::client::{ClientCsiRouter, ClientParts, ClientStore, start_client};
 use drover_io_real::driver::{AgentHandle, AgentParts, AgentStatus, start_agent};
 use drover_io_real::io::NoConsul;
+use drover_io_real::rootkeys::Keystore;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha_03::ChaCha8Rng;
@@ -88,6 +89,13 @@ pub struct RealTimeJitter {
 struct ServerHost {
     spec: ServerSpec,
     disk: SimDisk,
+    /// The server's root keys, kept across its restarts as a real keystore's files (written
+    /// and synced before a key is used) are. In memory: a keystore in a host directory
+    /// outlived the run, so a replay started with the keys its run had made, and a server
+    /// that had to fetch a key from a peer in the run did not in the replay (leader_kill
+    /// seed 45 and csi_claim seed 43 replayed differently on a machine where they had not
+    /// run before).
+    keystore: Keystore,
     slot: Arc<Mutex<Option<AgentHandle>>>,
     running: bool,
 }
@@ -135,6 +143,14 @@ impl TurmoilCluster {
         client_specs: Vec<ClientSpec>,
         limit: Duration,
     ) -> Self {
+        // This world's files are the host's: a server's data directory would outlive the run,
+        // and its replay would start from what the run left there.
+        if let Some(spec) = specs.iter().find(|spec| spec.config.data_dir.is_some()) {
+            panic!(
+                "turmoil server {} has a data_dir: its state belongs on the cluster's simulated disk and keystore",
+                spec.name
+            );
+        }
         align_task_ids();
         drover_io_real::runtime::simulate_on_this_thread(seed, wall_clock);
         STEPPED.with(|at| at.set(Duration::ZERO));
@@ -160,6 +176,7 @@ impl TurmoilCluster {
             let server = ServerHost {
                 spec,
                 disk: SimDisk::new(),
+                keystore: Keystore::in_memory(),
                 slot: Arc::default(),
                 running: true,
             };
@@ -393,18 +410,20 @@ fn align_task_ids() {
 }
 
 fn register(sim: &mut turmoil::Sim<'static>, server: &ServerHost, recorder: &Recorder, sockets: &TurmoilSockets) {
-    let (spec, disk, slot, recorder, sockets) = (
+    let (spec, disk, keystore, slot, recorder, sockets) = (
         server.spec.clone(),
         server.disk.clone(),
+        server.keystore.clone(),
         server.slot.clone(),
         recorder.clone(),
         sockets.clone(),
     );
     let first_start = Arc::new(std::sync::atomic::AtomicBool::new(true));
     sim.host(server.spec.name.as_str(), move || {
-        let (spec, disk, slot, recorder, sockets) = (
+        let (spec, disk, keystore, slot, recorder, sockets) = (
             spec.clone(),
             disk.clone(),
+            keystore.clone(),
             slot.clone(),
             recorder.clone(),
             sockets.clone(),
@@ -414,7 +433,7 @@ fn register(sim: &mut turmoil::Sim<'static>, server: &ServerHost, recorder: &Rec
             if first {
                 tokio::time::sleep(spec.first_start_delay).await;
             }
-            run_server(spec, disk, slot, recorder, sockets).await
+            run_server(spec, disk, keystore, slot, recorder, sockets).await
         }
     });
 }
@@ -441,6 +460,7 @@ fn on_this_host(mut config: AgentConfig, name: &str) -> AgentConfig {
 async fn run_server(
     spec: ServerSpec,
     disk: SimDisk,
+    keystore: Keystore,
     slot: Arc<Mutex<Option<AgentHandle>>>,
     recorder: Recorder,
     sockets: TurmoilSockets,
@@ -460,7 +480,7 @@ async fn run_server(
         observer: recorder.observer(&spec.name),
         client_csi: None,
         disk_latency: None,
-        keystore: None,
+        keystore: Some(keystore),
     };
     let agent = match start_agent(parts).await {
         Ok(agent) => agent,

@@ -66,9 +66,12 @@ pub fn servers(rng: &mut ChaCha8Rng, keep_dead_connections: bool) -> Vec<ServerS
     names
         .iter()
         .map(|name| {
+            // No data directory: this world's files are the host's, and would outlive the run
+            // (a replay would start from what its run left). The Raft store lives on the
+            // cluster's simulated disk and the root keys in its kept keystore.
             let mut config = AgentConfig {
                 name: name.clone(),
-                data_dir: Some(format!("/sim/{name}")),
+                data_dir: None,
                 ports: Ports::default(),
                 ..AgentConfig::default()
             };
