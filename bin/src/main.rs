@@ -354,9 +354,9 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                     std::env::current_exe().ok(),
                 )
                 .with(Arc::new(
-                    drover_docker::DockerDriver::new(
+                    drover_docker::driver(
                         config.client.docker.clone(),
-                        drover_docker::endpoint(&config.client.docker, std::env::var("DOCKER_HOST").ok()),
+                        &drover_docker::endpoint(&config.client.docker, std::env::var("DOCKER_HOST").ok()),
                     )
                     .with_alloc_root(&data_dir.join("alloc")),
                 )),

@@ -14,6 +14,7 @@ pub mod buggify;
 pub mod client;
 pub mod clock;
 pub mod confined;
+pub mod containers;
 pub mod devices;
 pub mod driver;
 pub mod drivers;

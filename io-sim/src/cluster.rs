@@ -49,6 +49,9 @@ pub struct ClientSpec {
     /// Its allocation directories are real files, which hostile tasks plant links in, and
     /// the host's defects ([`crate::task_files`]); `None`: they are only modelled.
     pub task_files: Option<crate::task_files::HostFaults>,
+    /// The host runs a container engine holding these images, and its client the `docker`
+    /// driver; `None`: no engine (the driver is not fingerprinted at all).
+    pub container_images: Option<Vec<String>>,
 }
 
 struct SimClient {
@@ -229,6 +232,17 @@ impl SimCluster {
             }
             None => host,
         };
+        let host = match &spec.container_images {
+            Some(images) => {
+                let images: Vec<&str> = images.iter().map(String::as_str).collect();
+                host.with_docker(crate::engine::SimEngine::new(
+                    &spec.name,
+                    self.recorder.clone(),
+                    &images,
+                ))
+            }
+            None => host,
+        };
         let init = {
             let node = ClientNode {
                 spec: spec.clone(),
@@ -282,6 +296,11 @@ impl SimCluster {
     /// The simulated host of a client node (its tasks and mounts).
     pub fn host(&self, index: usize) -> &SimHost {
         &self.clients[index].host
+    }
+
+    /// Client `index`'s container engine, when its host has one.
+    pub fn engine(&self, index: usize) -> Option<&crate::engine::SimEngine> {
+        self.clients[index].host.engine()
     }
 
     fn machine(&self, machine: Machine) -> (madsim::task::NodeId, &str) {
@@ -921,7 +940,8 @@ async fn run_client(node: ClientNode) {
     let parts = ClientParts {
         agent,
         settings,
-        executor: Arc::new(host),
+        // A new client process: a new driver, reattaching to the engine's containers.
+        executor: Arc::new(host.for_a_new_agent()),
         store: ClientStore::new(client_db),
         inbox,
         node,

@@ -26,7 +26,9 @@ use drover_core::error::{CsiCallError, CsiCallFailure};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
 use drover_core::structs::{ConfigValue, CsiControllerInfo, DriverInfo};
 use drover_io_real::client::ClientExecutor;
+use drover_io_real::containers::ContainerDriver;
 use drover_io_real::devices::DeviceStats;
+use drover_io_real::drivers::TaskDriver;
 use drover_io_real::drivers::TaskResourceUsage;
 use drover_io_real::io::{BoxFuture, ClientCsi};
 use tokio::sync::watch;
@@ -139,6 +141,9 @@ pub struct SimHost {
     /// Its allocation directories as real files, with hostile tasks planting links in them
     /// (the `task_planted_links` scenario); otherwise they are only modelled.
     files: Option<Arc<TaskFiles>>,
+    /// The `docker` driver, the production one, over the host's simulated engine (`None`: the
+    /// host has no container engine).
+    docker: Option<(crate::engine::SimEngine, ContainerDriver)>,
 }
 
 /// What a filesystem request does and the path it names (`None`: not one).
@@ -169,7 +174,49 @@ impl SimHost {
             consul: None,
             topology: BTreeMap::new(),
             files: None,
+            docker: None,
         }
+    }
+
+    /// The host runs a container engine, and its client the `docker` driver over it (the
+    /// engine outlives the client agent, as a host's daemon does; each agent start makes a new
+    /// driver, as a restarted client does, which reattaches to the containers).
+    pub fn with_docker(mut self, engine: crate::engine::SimEngine) -> Self {
+        let driver = self.container_driver(&engine);
+        self.docker = Some((engine, driver));
+        self
+    }
+
+    fn container_driver(&self, engine: &crate::engine::SimEngine) -> ContainerDriver {
+        ContainerDriver::new(
+            drover_core::driverspec::docker_plugin::DockerPluginConfig::default(),
+            Ok(Arc::new(engine.clone()) as Arc<dyn drover_io_real::containers::Engine>),
+        )
+        .with_alloc_root(std::path::Path::new(&format!("/sim/{}/alloc", self.name)))
+        .without_log_files()
+    }
+
+    /// The host as a newly started client agent finds it: the same processes, files and
+    /// engine, and a `docker` driver of its own that has yet to reattach to its containers.
+    pub fn for_a_new_agent(&self) -> SimHost {
+        let mut host = self.clone();
+        if let Some((engine, _)) = &self.docker {
+            host.docker = Some((engine.clone(), self.container_driver(engine)));
+        }
+        host
+    }
+
+    /// The host's container engine, when it has one.
+    pub fn engine(&self) -> Option<&crate::engine::SimEngine> {
+        self.docker.as_ref().map(|(engine, _)| engine)
+    }
+
+    /// The `docker` driver, when `driver` names it and the host has one.
+    fn docker(&self, driver: &str) -> Option<&ContainerDriver> {
+        self.docker
+            .as_ref()
+            .filter(|_| driver == "docker")
+            .map(|(_, driver)| driver)
     }
 
     /// Keeps the host's allocation directories as real files ([`TaskFiles`]).
@@ -838,7 +885,30 @@ impl ClientExecutor for SimHost {
                     stdout_path,
                     ..
                 } => host.run_command(program, args, stdout_path).await,
-                Io::StartTask(config) => host.start(*config),
+                Io::StartTask(config) => match host.docker(&config.driver) {
+                    Some(docker) => Ok(Reply::Started(docker.start(*config).await?)),
+                    None => host.start(*config),
+                },
+                Io::StopTask {
+                    handle,
+                    kill_timeout,
+                    signal,
+                } if host.docker(&handle.driver).is_some() => {
+                    let docker = host.docker(&handle.driver).expect("checked");
+                    docker.stop(handle, kill_timeout, signal).await.map(|()| Reply::Unit)
+                }
+                Io::DestroyTask { handle } if host.docker(&handle.driver).is_some() => {
+                    let docker = host.docker(&handle.driver).expect("checked");
+                    docker.destroy(handle).await.map(|()| Reply::Unit)
+                }
+                Io::SignalTask { handle, signal } if host.docker(&handle.driver).is_some() => {
+                    let docker = host.docker(&handle.driver).expect("checked");
+                    docker.signal(&handle, signal).map(|()| Reply::Unit)
+                }
+                Io::RecoverTask { handle } if host.docker(&handle.driver).is_some() => {
+                    let docker = host.docker(&handle.driver).expect("checked");
+                    docker.recover(handle).await.map(|()| Reply::Unit)
+                }
                 Io::StopTask {
                     handle, kill_timeout, ..
                 } => host.stop(&handle, kill_timeout).await,
@@ -907,6 +977,9 @@ impl ClientExecutor for SimHost {
     }
 
     fn wait(&self, handle: TaskHandle) -> BoxFuture<ExitResult> {
+        if let Some(docker) = self.docker(&handle.driver) {
+            return docker.wait(handle);
+        }
         let host = self.clone();
         Box::pin(async move {
             let Some((mut exit, exit_at, exit_code)) =
@@ -968,6 +1041,11 @@ impl ClientExecutor for SimHost {
                 },
             )
         })
+        .chain(
+            self.docker
+                .as_ref()
+                .map(|(_, docker)| (docker.name().to_string(), docker.capabilities(), docker.fingerprint())),
+        )
         .collect()
     }
 
@@ -983,8 +1061,8 @@ impl ClientExecutor for SimHost {
         Vec::new()
     }
 
-    fn task_stats(&self, _handle: &TaskHandle) -> Option<TaskResourceUsage> {
-        None
+    fn task_stats(&self, handle: &TaskHandle) -> Option<TaskResourceUsage> {
+        self.docker(&handle.driver)?.stats(handle)
     }
 
     fn controller(&self, socket: String, request: ClientCsiRequest) -> BoxFuture<Result<ClientCsiReply, CsiCallError>> {

@@ -23,6 +23,7 @@ pub mod consul;
 pub mod coverage;
 pub mod csi;
 pub mod disk;
+pub mod engine;
 pub mod host;
 pub mod invariants;
 #[cfg(madsim)]

@@ -1322,6 +1322,7 @@ pub fn client(index: usize) -> ClientSpec {
         plugin_faults: Default::default(),
         csi_topology: Default::default(),
         task_files: None,
+        container_images: None,
     }
 }
 

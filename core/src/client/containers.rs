@@ -150,6 +150,52 @@ pub fn pull_failure(failure: PullFailure) -> bool {
     }
 }
 
+/// What a container engine says it is, when it answers: its version, its runtimes and
+/// whether it is podman's compatible API.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineFacts {
+    pub version: Option<String>,
+    pub runtimes: Vec<String>,
+    pub podman: bool,
+}
+
+/// Nomad's text for a driver whose daemon does not answer.
+pub const ENGINE_UNREACHABLE: &str = "Failed to connect to docker daemon";
+
+/// The driver's fingerprint from what the engine answered (`None`: it did not) and whether it
+/// had answered before: a daemon never reached leaves the driver undetected; one that stopped
+/// answering makes it unhealthy, so feasibility stops placing docker tasks on the node. Returns
+/// (detected, healthy, description, Nomad's `driver.docker.*` attributes).
+pub fn fingerprint(
+    facts: Option<&EngineFacts>,
+    answered_before: bool,
+    plugin: &crate::driverspec::docker_plugin::DockerPluginConfig,
+) -> (bool, bool, &'static str, BTreeMap<String, String>) {
+    let Some(facts) = facts else {
+        return (answered_before, false, ENGINE_UNREACHABLE, BTreeMap::new());
+    };
+    let mut attributes = BTreeMap::new();
+    attributes.insert("driver.docker".into(), "true".into());
+    if let Some(version) = &facts.version {
+        attributes.insert("driver.docker.version".into(), version.clone());
+    }
+    if plugin.allow_privileged {
+        attributes.insert("driver.docker.privileged.enabled".into(), "true".into());
+    }
+    if plugin.volumes_enabled {
+        attributes.insert("driver.docker.volumes.enabled".into(), "true".into());
+    }
+    if !facts.runtimes.is_empty() {
+        let runtimes: BTreeSet<&String> = facts.runtimes.iter().collect();
+        let names: Vec<&str> = runtimes.into_iter().map(String::as_str).collect();
+        attributes.insert("driver.docker.runtimes".into(), names.join(","));
+    }
+    if facts.podman {
+        attributes.insert("driver.docker.engine".into(), "podman".into());
+    }
+    (true, true, "Healthy", attributes)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -220,5 +266,31 @@ mod tests {
         assert!(!pull_failure(PullFailure::Unauthorized));
         assert!(pull_failure(PullFailure::Timeout));
         assert!(pull_failure(PullFailure::Daemon));
+    }
+
+    #[test]
+    fn an_engine_never_reached_is_undetected_one_gone_unhealthy_one_answering_attributed() {
+        use crate::driverspec::docker_plugin::DockerPluginConfig;
+        let plugin = DockerPluginConfig {
+            allow_privileged: true,
+            ..DockerPluginConfig::default()
+        };
+        assert_eq!(
+            fingerprint(None, false, &plugin),
+            (false, false, ENGINE_UNREACHABLE, BTreeMap::new())
+        );
+        assert!(fingerprint(None, true, &plugin).0);
+        let facts = EngineFacts {
+            version: Some("20.10.24".into()),
+            runtimes: vec!["runc".into(), "io.containerd.runc.v2".into()],
+            podman: false,
+        };
+        let (detected, healthy, description, attributes) = fingerprint(Some(&facts), false, &plugin);
+        assert!(detected && healthy);
+        assert_eq!(description, "Healthy");
+        assert_eq!(attributes["driver.docker.version"], "20.10.24");
+        assert_eq!(attributes["driver.docker.runtimes"], "io.containerd.runc.v2,runc");
+        assert_eq!(attributes["driver.docker.privileged.enabled"], "true");
+        assert!(!attributes.contains_key("driver.docker.engine"));
     }
 }

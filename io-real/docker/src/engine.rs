@@ -8,8 +8,9 @@ use bollard::models::{
     MountBindOptionsPropagationEnum, MountTmpfsOptions, MountType, MountVolumeOptions, MountVolumeOptionsDriverConfig,
     PortBinding, ResourcesUlimits,
 };
+use drover_core::client::IoError;
 use drover_core::client::container_spec::{ContainerSpec, MountKind};
-use drover_core::client::{ErrorKind, IoError};
+use drover_io_real::containers::{EngineError, EngineFailure};
 
 /// The request that creates `spec`'s container (API 1.41: dockerd 20.10 and podman 4).
 pub fn create_body(spec: &ContainerSpec) -> ContainerCreateBody {
@@ -186,18 +187,24 @@ pub fn unreachable(error: &bollard::errors::Error) -> bool {
     )
 }
 
+/// The Engine's failure as the driver's typed one.
+pub fn engine_error(error: &bollard::errors::Error) -> EngineError {
+    let kind = match status(error) {
+        Some(404) => EngineFailure::NotFound,
+        Some(409) => EngineFailure::Conflict,
+        Some(304) => EngineFailure::NotModified,
+        Some(401) | Some(403) => EngineFailure::Unauthorized,
+        Some(code) => EngineFailure::Failed(Some(code)),
+        None if matches!(error, bollard::errors::Error::RequestTimeoutError) => EngineFailure::TimedOut,
+        None if unreachable(error) => EngineFailure::Unreachable,
+        None => EngineFailure::Failed(None),
+    };
+    EngineError::new(kind, said(error))
+}
+
 /// The client's error for a failed Engine call: what was being done, and what the Engine said.
 pub fn io_error(doing: &str, error: &bollard::errors::Error) -> IoError {
-    let kind = if not_found(error) {
-        ErrorKind::NotFound
-    } else if matches!(error, bollard::errors::Error::RequestTimeoutError) {
-        ErrorKind::Timeout
-    } else if unreachable(error) {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Other
-    };
-    IoError::new(kind, format!("{doing}: {}", said(error)))
+    engine_error(error).io_error(doing)
 }
 
 /// What the Engine said, without bollard's wrapping; the error itself when it said nothing.

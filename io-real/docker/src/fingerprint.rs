@@ -1,66 +1,26 @@
-//! The driver's fingerprint: whether the daemon answers, and what it is (Nomad's
+//! What the daemon is, for the driver's fingerprint (core turns it into Nomad's
 //! `driver.docker.*` attributes). Fingerprints are taken on a blocking thread, so the daemon is
 //! asked over a plain blocking socket, each question bounded by [`ASK_TIMEOUT`].
 
-use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use drover_core::driverspec::docker_plugin::DockerPluginConfig;
-use drover_io_real::drivers::DriverFingerprint;
+use drover_core::client::containers::EngineFacts;
 
 /// How long the daemon may take to answer one fingerprint question.
 const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Nomad's texts: a daemon never reached leaves the driver undetected; one that stopped
-/// answering makes it unhealthy, so feasibility stops placing docker tasks on the node.
-const UNREACHABLE: &str = "Failed to connect to docker daemon";
-
-pub fn take(endpoint: &str, plugin: &DockerPluginConfig, detected: &AtomicBool) -> DriverFingerprint {
-    let answered = super::socket_path(endpoint)
-        .ok_or_else(|| format!("docker endpoint {endpoint:?} is not a unix socket (unix:///path)"))
-        .and_then(|socket| {
-            let version = ask(&socket, "/v1.41/version")?;
-            // Runtimes come from `info`; a daemon answering `version` but not `info` is still up.
-            let info = ask(&socket, "/v1.41/info").unwrap_or_default();
-            Ok((version, info))
-        });
-    let (version, info) = match answered {
-        Ok(answers) => answers,
-        Err(error) => {
-            tracing::debug!(%endpoint, %error, "docker daemon did not answer");
-            let was_detected = detected.load(Ordering::SeqCst);
-            return DriverFingerprint {
-                detected: was_detected,
-                healthy: false,
-                health_description: UNREACHABLE.into(),
-                attributes: BTreeMap::new(),
-                update_time_ms: 0,
-            };
-        }
-    };
-    detected.store(true, Ordering::SeqCst);
-    let mut attributes = BTreeMap::new();
-    attributes.insert("driver.docker".to_string(), "true".to_string());
-    if let Some(number) = version.get("Version").and_then(|value| value.as_str()) {
-        attributes.insert("driver.docker.version".into(), number.to_string());
-    }
-    if plugin.allow_privileged {
-        attributes.insert("driver.docker.privileged.enabled".into(), "true".into());
-    }
-    if plugin.volumes_enabled {
-        attributes.insert("driver.docker.volumes.enabled".into(), "true".into());
-    }
-    if let Some(runtimes) = info.get("Runtimes").and_then(|value| value.as_object()) {
-        let mut names: Vec<&String> = runtimes.keys().collect();
-        names.sort();
-        attributes.insert(
-            "driver.docker.runtimes".into(),
-            names.into_iter().cloned().collect::<Vec<_>>().join(","),
-        );
-    }
+/// What the daemon at `socket` is: its `version` (which must answer) and its `info` (runtimes;
+/// a daemon answering `version` but not `info` is still up).
+pub fn facts(socket: &std::path::Path) -> Result<EngineFacts, String> {
+    let version = ask(socket, "/v1.41/version")?;
+    let info = ask(socket, "/v1.41/info").unwrap_or_default();
+    let runtimes = info
+        .get("Runtimes")
+        .and_then(|value| value.as_object())
+        .map(|runtimes| runtimes.keys().cloned().collect())
+        .unwrap_or_default();
     // podman's compatible API names itself among the version's components.
     let podman = version
         .get("Components")
@@ -70,16 +30,14 @@ pub fn take(endpoint: &str, plugin: &DockerPluginConfig, detected: &AtomicBool) 
                 .iter()
                 .any(|component| component.get("Name").and_then(|name| name.as_str()) == Some("Podman Engine"))
         });
-    if podman {
-        attributes.insert("driver.docker.engine".into(), "podman".into());
-    }
-    DriverFingerprint {
-        detected: true,
-        healthy: true,
-        health_description: "Healthy".into(),
-        attributes,
-        update_time_ms: 0,
-    }
+    Ok(EngineFacts {
+        version: version
+            .get("Version")
+            .and_then(|value| value.as_str())
+            .map(String::from),
+        runtimes,
+        podman,
+    })
 }
 
 /// `GET path` on the daemon's socket, its JSON body.
@@ -116,21 +74,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_daemon_never_reached_is_undetected_and_one_gone_is_unhealthy() {
+    fn a_daemon_not_there_does_not_answer() {
         let dir = tempfile::tempdir().unwrap();
-        let endpoint = format!("unix://{}/docker.sock", dir.path().display());
-        let detected = AtomicBool::new(false);
-        let plugin = DockerPluginConfig::default();
-        let first = take(&endpoint, &plugin, &detected);
-        assert!(!first.detected && !first.healthy);
-        assert_eq!(first.health_description, UNREACHABLE);
-        detected.store(true, Ordering::SeqCst);
-        let later = take(&endpoint, &plugin, &detected);
-        assert!(later.detected && !later.healthy);
+        assert!(facts(&dir.path().join("docker.sock")).is_err());
     }
 
     #[test]
-    fn a_daemon_answering_is_healthy_with_its_version_and_runtimes() {
+    fn a_daemon_answering_names_its_version_and_runtimes() {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("docker.sock");
         let listener = std::os::unix::net::UnixListener::bind(&socket).unwrap();
@@ -152,20 +102,12 @@ mod tests {
                 write!(conn, "HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{body}").unwrap();
             }
         });
-        let plugin = DockerPluginConfig {
-            allow_privileged: true,
-            ..DockerPluginConfig::default()
-        };
-        let detected = AtomicBool::new(false);
-        let fingerprint = take(&format!("unix://{}", socket.display()), &plugin, &detected);
+        let facts = facts(&socket).unwrap();
         daemon.join().unwrap();
-        assert!(fingerprint.detected && fingerprint.healthy);
-        assert_eq!(fingerprint.attributes["driver.docker.version"], "20.10.24");
-        assert_eq!(
-            fingerprint.attributes["driver.docker.runtimes"],
-            "io.containerd.runc.v2,runc"
-        );
-        assert_eq!(fingerprint.attributes["driver.docker.privileged.enabled"], "true");
-        assert!(detected.load(Ordering::SeqCst));
+        assert_eq!(facts.version.as_deref(), Some("20.10.24"));
+        let mut runtimes = facts.runtimes.clone();
+        runtimes.sort();
+        assert_eq!(runtimes, ["io.containerd.runc.v2", "runc"]);
+        assert!(!facts.podman);
     }
 }

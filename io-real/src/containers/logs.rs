@@ -7,17 +7,17 @@
 //! write. Lines written in that second may appear twice; none is lost.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-use bollard::Docker;
-use bollard::container::LogOutput;
-use bollard::query_parameters::LogsOptions;
 use drover_core::structs::LogConfig;
-use drover_io_real::logmon::{Rotator, indexes};
 use futures::StreamExt;
 
+use super::engine::{Engine, Output};
+use crate::logmon::{Rotator, indexes};
+
 /// Follows the container's output from `since` (Unix seconds; 0: all) until it exits.
-pub async fn follow(docker: Docker, id: String, dir: PathBuf, task: String, logs: LogConfig, mut since: i64) {
+pub async fn follow(engine: Arc<dyn Engine>, id: String, dir: PathBuf, task: String, logs: LogConfig, mut since: i64) {
     let size = u64::from(logs.max_file_size_mb) * 1024 * 1024;
     let open = |stream: &str| Rotator::open(&dir, &format!("{task}.{stream}"), logs.max_files, size);
     let (mut stdout, mut stderr) = match (open("stdout"), open("stderr")) {
@@ -28,19 +28,11 @@ pub async fn follow(docker: Docker, id: String, dir: PathBuf, task: String, logs
         }
     };
     loop {
-        let options = LogsOptions {
-            follow: true,
-            stdout: true,
-            stderr: true,
-            since: since.try_into().unwrap_or(0),
-            ..Default::default()
-        };
-        let mut output = docker.logs(&id, Some(options));
+        let mut output = engine.logs(&id, since);
         while let Some(chunk) = output.next().await {
             let written = match chunk {
-                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => stdout.write(&message),
-                Ok(LogOutput::StdErr { message }) => stderr.write(&message),
-                Ok(LogOutput::StdIn { .. }) => Ok(()),
+                Ok(Output::Stdout(message)) => stdout.write(&message),
+                Ok(Output::Stderr(message)) => stderr.write(&message),
                 Err(error) => {
                     tracing::debug!(container = %id, %error, "the container's output stream ended");
                     break;
@@ -52,13 +44,13 @@ pub async fn follow(docker: Docker, id: String, dir: PathBuf, task: String, logs
         }
         // The stream ends when the container exits, or when the daemon went away under it:
         // then follow again from now on while the container still runs.
-        match docker.inspect_container(&id, None).await {
-            Ok(inspected) if inspected.state.as_ref().and_then(|state| state.running) == Some(true) => {
+        match engine.inspect(&id).await {
+            Ok(state) if state.running => {
                 since = resume_from(&dir, &task);
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             Ok(_) => return,
-            Err(error) if crate::engine::not_found(&error) => return,
+            Err(error) if error.is_not_found() => return,
             Err(_) => tokio::time::sleep(Duration::from_secs(1)).await,
         }
     }
