@@ -245,6 +245,22 @@ impl SimEngine {
         ended
     }
 
+    /// The kernel's OOM killer ends one running container (the `pick`th, in id order, of
+    /// those running): its allocation and task.
+    pub fn oom_kill(&self, pick: usize) -> Option<(String, String)> {
+        let running = self.running();
+        let (id, _, alloc, task) = running.get(pick % running.len().max(1))?.clone();
+        let ended = self
+            .lock()
+            .containers
+            .get(&id)
+            .is_some_and(|container| container.end(137, true));
+        if ended {
+            self.note(format!("container {id} OOM killed"));
+        }
+        Some((alloc, task))
+    }
+
     /// The running containers: id, name, and their allocation and task labels.
     pub fn running(&self) -> Vec<(String, String, String, String)> {
         use drover_core::client::containers::{LABEL_ALLOC_ID, LABEL_TASK_NAME};

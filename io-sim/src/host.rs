@@ -279,23 +279,35 @@ impl SimHost {
 
     /// The tasks running on this host: (alloc, task).
     pub fn running_tasks(&self) -> Vec<(String, String)> {
-        self.lock()
+        let mut running: Vec<(String, String)> = self
+            .lock()
             .tasks
             .iter()
             .filter(|(_, task)| task.running())
             .map(|(key, _)| key.clone())
-            .collect()
+            .collect();
+        // A running container is its task running.
+        if let Some(engine) = self.engine() {
+            running.extend(engine.running().into_iter().map(|(_, _, alloc, task)| (alloc, task)));
+        }
+        running
     }
 
     /// The tasks with any process on this host, the leader's or what it left behind:
     /// (alloc, task).
     pub fn task_processes(&self) -> Vec<(String, String)> {
-        self.lock()
+        let mut processes: Vec<(String, String)> = self
+            .lock()
             .tasks
             .iter()
             .filter(|(_, task)| task.alive())
             .map(|(key, _)| key.clone())
-            .collect()
+            .collect();
+        // A container's main process is the task's.
+        if let Some(engine) = self.engine() {
+            processes.extend(engine.running().into_iter().map(|(_, _, alloc, task)| (alloc, task)));
+        }
+        processes
     }
 
     /// Records that no process of a task is left, once that is newly so.
@@ -334,6 +346,10 @@ impl SimHost {
 
     /// The next `count` task starts on this host fail.
     pub fn fail_next_starts(&self, count: u32) {
+        // On a host with a container engine, its creates fail (the docker driver's starts).
+        if let Some(engine) = self.engine() {
+            engine.fail_next_creates(count);
+        }
         self.lock().failing_starts = count;
         self.note(format!("the next {count} task starts fail"));
     }
@@ -342,6 +358,9 @@ impl SimHost {
     /// order, of those running); what the task started lives on until the client destroys
     /// it. Returns the task, if any ran.
     pub fn oom_kill(&self, pick: usize) -> Option<(String, String)> {
+        if let Some(engine) = self.engine() {
+            return engine.oom_kill(pick);
+        }
         let state = self.lock();
         let running: Vec<&(String, String)> = state
             .tasks

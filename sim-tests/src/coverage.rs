@@ -9,6 +9,7 @@ use std::fmt::Write as _;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::Crash;
+use drover_io_sim::engine::DaemonMode;
 
 use crate::scenarios::{Action, Plan};
 
@@ -194,6 +195,10 @@ pub fn fault_kinds(action: &Action) -> Vec<&'static str> {
         Action::RebootClient(_) => vec!["client node power loss"],
         Action::FailTaskStarts(..) => vec!["driver start failure"],
         Action::OomKill(..) => vec!["task OOM killed"],
+        Action::Engine(_, DaemonMode::Up) => vec![],
+        Action::Engine(_, DaemonMode::Down) => vec!["container engine down"],
+        Action::Engine(_, DaemonMode::Hung) => vec!["container engine hang"],
+        Action::Engine(_, DaemonMode::Slow) => vec!["container engine slow"],
         Action::RestartClient(_) => vec!["client agent restart"],
         Action::UpdateJob(_) => vec!["job update"],
         Action::GcAllocs => vec!["allocation GC"],

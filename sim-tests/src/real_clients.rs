@@ -57,6 +57,9 @@ pub struct RealJob {
     pub update: Option<drover_core::structs::UpdateStrategy>,
 }
 
+/// The image every simulated container engine holds (`RealClientPlan::containers`).
+pub const CONTAINER_IMAGE: &str = "busybox:1.36";
+
 /// The real clients and what they run.
 #[derive(Clone, Debug)]
 pub struct RealClientPlan {
@@ -101,6 +104,9 @@ pub struct RealClientPlan {
     /// clients' allocation directories are real files, with these host defects
     /// ([`drover_io_sim::task_files`]). Such tasks are not expected to keep running.
     pub planted_links: Option<HostFaults>,
+    /// Every job's task is a container (`driver = "docker"`): every client host runs a
+    /// simulated container engine holding [`CONTAINER_IMAGE`], under the production driver.
+    pub containers: bool,
 }
 
 impl RealClientPlan {
@@ -132,6 +138,7 @@ impl RealClientPlan {
             periodic: None,
             consul_down_at_stop: false,
             planted_links: None,
+            containers: false,
         }
     }
 
@@ -318,10 +325,20 @@ fn connect_service(job: &RealJob) -> Service {
 /// Version `version` of a job: each version is a destructive update (its env changes).
 pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
     let mut config = BTreeMap::new();
-    if spec.children > 0 {
+    if plan.containers {
+        config.insert("image".to_string(), ConfigValue::String(CONTAINER_IMAGE.into()));
+        // `sleep N` exits by itself (the simulated engine runs it for N seconds).
+        if let Some(run_for) = spec.run_for {
+            config.insert("command".to_string(), ConfigValue::String("sleep".into()));
+            config.insert(
+                "args".to_string(),
+                ConfigValue::List(vec![ConfigValue::String(run_for.as_secs().max(1).to_string())]),
+            );
+        }
+    } else if spec.children > 0 {
         config.insert("children".to_string(), ConfigValue::Int(i64::from(spec.children)));
     }
-    if let Some(run_for) = spec.run_for {
+    if let Some(run_for) = spec.run_for.filter(|_| !plan.containers) {
         config.insert(
             "run_for".to_string(),
             ConfigValue::String(format!("{}ms", run_for.as_millis())),
@@ -385,7 +402,14 @@ pub fn job(plan: &RealClientPlan, spec: &RealJob, version: u64) -> Job {
             tasks: vec![Task {
                 name: "server".into(),
                 // raw_exec cannot bind a volume into its task (Nomad #8030): `exec` can.
-                driver: if spec.volume.is_some() { "exec" } else { "raw_exec" }.into(),
+                driver: if plan.containers {
+                    "docker"
+                } else if spec.volume.is_some() {
+                    "exec"
+                } else {
+                    "raw_exec"
+                }
+                .into(),
                 config,
                 env: BTreeMap::from([("VERSION".to_string(), version.to_string())]),
                 volume_mounts,
@@ -1414,6 +1438,18 @@ fn leftovers(cluster: &SimCluster, state: Option<&ServerState>, plan: &RealClien
                 .filter(|(alloc, _)| ours(alloc))
                 .map(move |(alloc, task)| format!("{alloc}/{task}"))
         })
+        // A container of theirs, running or not, is left too (the driver removes a stopped
+        // task's container when the task is destroyed).
+        .chain((0..cluster.client_count()).flat_map(|client| {
+            let name = cluster.client_name(client).to_string();
+            cluster
+                .engine(client)
+                .map(|engine| engine.containers())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|(_, alloc)| ours(alloc))
+                .map(move |(id, alloc)| format!("container {id} of {alloc} on {name}"))
+        }))
         .collect();
     let services = cluster
         .consul()

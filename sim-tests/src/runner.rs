@@ -122,6 +122,9 @@ fn real_client(plan: &Plan, index: usize) -> ClientSpec {
         spec.csi_topology = crate::zones::segments(real, index);
         spec.config.client.faults = real.client_faults;
         spec.task_files = real.planted_links;
+        if real.containers {
+            spec.container_images = Some(vec![crate::real_clients::CONTAINER_IMAGE.to_string()]);
+        }
         if real.connect() {
             // With a Consul ACL token, Connect sidecars get service identity tokens.
             spec.config.consul.address = Some("127.0.0.1:8500".into());
@@ -527,6 +530,10 @@ async fn play(
             Action::WallClock(machine, ms) => cluster.set_wall_clock(*machine, *ms),
             Action::ClockJump(machine, by) => cluster.jump_clock(*machine, *by),
             Action::FailTaskStarts(client, count) => cluster.host(*client).fail_next_starts(*count),
+            Action::Engine(client, mode) => match cluster.engine(*client) {
+                Some(engine) => engine.set_mode(*mode),
+                None => recorder.note(format!("{} has no container engine", cluster.client_name(*client))),
+            },
             Action::OomKill(client, pick) => {
                 if cluster.host(*client).oom_kill(*pick).is_none() {
                     recorder.note(format!("no task runs on {} to OOM kill", cluster.client_name(*client)));

@@ -17,6 +17,7 @@ use drover_io_sim::cluster::ServerSpec;
 use drover_io_sim::consul::ConsulMode;
 use drover_io_sim::csi::PluginMode;
 use drover_io_sim::disk::{Crash, DiskFault};
+use drover_io_sim::engine::DaemonMode;
 use drover_io_sim::host::PluginFaults;
 use drover_io_sim::task_files::HostFaults;
 
@@ -100,6 +101,9 @@ pub enum Action {
     FailTaskStarts(usize, u32),
     /// The OOM killer ends one running task (the `pick`th) on a client node.
     OomKill(usize, usize),
+    /// A client node's container engine stops (its containers with it), hangs, slows down or
+    /// (with `Up`) runs again.
+    Engine(usize, DaemonMode),
     /// A killed client node's process starts again.
     RestartClient(usize),
     /// A new version of the real clients' job is registered (a destructive update).
@@ -177,6 +181,7 @@ impl fmt::Display for Step {
                 write!(f, "{at} the next {count} task starts on c{} fail", client + 1)
             }
             Action::OomKill(client, pick) => write!(f, "{at} OOM kill task #{pick} on c{}", client + 1),
+            Action::Engine(client, mode) => write!(f, "{at} container engine {mode:?} on c{}", client + 1),
             Action::RestartClient(client) => write!(f, "{at} restart client c{}", client + 1),
             Action::UpdateJob(version) => write!(f, "{at} register version {version} of the job"),
             Action::GcAllocs => write!(f, "{at} system gc: finished allocations deleted"),
@@ -491,6 +496,11 @@ pub const REAL_CLIENT_SCENARIOS: &[Scenario] = &[
         build: real_clients_job,
     },
     Scenario {
+        name: "containers",
+        about: "a docker job on real clients over simulated container engines that stop, hang, slow down, fail creates and OOM-kill, while client agents restart",
+        build: containers,
+    },
+    Scenario {
         name: "task_planted_links",
         about: "hostile tasks swap their directories and files for links to host files; the agent, restarting them and their templates and killed and restarted itself, never writes or reads through one, and a job stop clears everything",
         build: task_planted_links,
@@ -647,6 +657,59 @@ fn real_clients_job(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
     let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
     let run_for = rng.gen_bool(0.5).then(|| millis(rng, 8_000..30_000));
     plan.real_clients = Some(RealClientPlan::one_job(clients, 3, run_for));
+    plan.quiet_bound = Duration::from_secs(90);
+    plan
+}
+
+/// A docker job on real clients (issue 57 §6): every task a container of its host's simulated
+/// engine, under the production driver. The engines stop (their containers with them) and
+/// start again, hang or slow down; creates fail; the OOM killer ends containers; client agents
+/// are killed and restarted (they reattach to the running containers), the leader sometimes.
+/// Once quiet, every allocation runs in a container and no container is left that no running
+/// allocation owns (the real clients' "no stray task" check reads the engines' containers).
+fn containers(rng: &mut ChaCha8Rng, options: &Options) -> Plan {
+    let clients = 2;
+    let mut steps = Vec::new();
+    // Each of a daemon's faults once a run, on either client, in an order the seed draws.
+    for mode in [DaemonMode::Down, DaemonMode::Hung, DaemonMode::Slow] {
+        let client = rng.gen_range(0..clients);
+        let at = millis(rng, 8_000..60_000);
+        steps.push(Step {
+            at,
+            action: Action::Engine(client, mode),
+        });
+        steps.push(Step {
+            at: at + millis(rng, 2_000..40_000),
+            action: Action::Engine(client, DaemonMode::Up),
+        });
+    }
+    if rng.gen_bool(0.5) {
+        let client = rng.gen_range(0..clients);
+        let at = millis(rng, 10_000..50_000);
+        steps.extend(client_killed_and_restarted(rng, client, at, 3_000..30_000));
+    }
+    if rng.gen_bool(0.5) {
+        steps.push(Step {
+            at: millis(rng, 8_000..50_000),
+            action: Action::OomKill(rng.gen_range(0..clients), rng.gen_range(0..4)),
+        });
+    }
+    if rng.gen_bool(0.5) {
+        steps.push(Step {
+            at: millis(rng, 8_000..50_000),
+            action: Action::FailTaskStarts(rng.gen_range(0..clients), rng.gen_range(1..=3)),
+        });
+    }
+    if rng.gen_bool(0.3) {
+        let at = millis(rng, 20_000..50_000);
+        steps.extend(leader_killed_and_restarted(rng, at, 2_000..15_000));
+    }
+    steps.sort_by_key(|step| step.at);
+    let mut plan = plan(servers(rng, 3, 3, 2_000, false, options), steps);
+    let run_for = rng.gen_bool(0.3).then(|| millis(rng, 8_000..30_000));
+    let mut real = RealClientPlan::one_job(clients, 3, run_for);
+    real.containers = true;
+    plan.real_clients = Some(real);
     plan.quiet_bound = Duration::from_secs(90);
     plan
 }
@@ -1375,6 +1438,7 @@ fn mixed_workload(clients: usize) -> RealClientPlan {
         periodic: None,
         consul_down_at_stop: false,
         planted_links: None,
+        containers: false,
     }
 }
 
