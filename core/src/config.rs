@@ -513,6 +513,11 @@ pub struct ClientFaults {
     /// behind that server is: a server still catching up after its own restart leaves out an
     /// allocation the client restored, and the client destroys it.
     pub trust_lagging_first_sync: bool,
+    /// The docker driver stops watching a container whose wait broke (its daemon stopped,
+    /// restarted or hung): the container's exit is never read, and its task is reported
+    /// running for as long as the client lives (Nomad's handle logs "failed to wait for
+    /// container" and reads the container instead).
+    pub abandon_broken_waits: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

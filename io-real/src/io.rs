@@ -301,6 +301,13 @@ pub enum AgentEvent {
         alloc_id: String,
         task: String,
     },
+    /// The client's state of a task became running (`true`: started, or reattached after a
+    /// restart) or stopped being so (restarting, or dead).
+    TaskRunning {
+        alloc_id: String,
+        task: String,
+        running: bool,
+    },
     /// A claim command was applied: who holds the volume's write claims now.
     VolumeClaims {
         volume: String,

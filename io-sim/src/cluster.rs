@@ -235,11 +235,10 @@ impl SimCluster {
         let host = match &spec.container_images {
             Some(images) => {
                 let images: Vec<&str> = images.iter().map(String::as_str).collect();
-                host.with_docker(crate::engine::SimEngine::new(
-                    &spec.name,
-                    self.recorder.clone(),
-                    &images,
-                ))
+                host.with_docker(
+                    crate::engine::SimEngine::new(&spec.name, self.recorder.clone(), &images),
+                    spec.config.client.faults,
+                )
             }
             None => host,
         };

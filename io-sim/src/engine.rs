@@ -28,7 +28,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::watch;
 
-use crate::trace::Recorder;
+use crate::trace::{HostEvent, Recorder};
 
 /// How long an answer takes.
 const LATENCY: Duration = Duration::from_millis(2);
@@ -77,9 +77,17 @@ impl SimContainer {
         })
     }
 
-    /// It ends with `code` unless it already has; whether it just did.
-    fn end(&self, code: i64, oom_killed: bool) -> bool {
-        self.exit.send_if_modified(|exit| {
+    /// Its allocation and task, from its labels.
+    fn task(&self) -> (String, String) {
+        use drover_core::client::containers::{LABEL_ALLOC_ID, LABEL_TASK_NAME};
+        let label = |name: &str| self.labels.get(name).cloned().unwrap_or_default();
+        (label(LABEL_ALLOC_ID), label(LABEL_TASK_NAME))
+    }
+
+    /// It ends with `code` unless it already has; whether it just did. A container that ran
+    /// is recorded gone on `engine`'s host.
+    fn end(&self, code: i64, oom_killed: bool, engine: &SimEngine) -> bool {
+        let ended = self.exit.send_if_modified(|exit| {
             let first = exit.is_none();
             exit.get_or_insert(ContainerState {
                 running: false,
@@ -88,7 +96,14 @@ impl SimContainer {
                 error: None,
             });
             first
-        })
+        });
+        if ended && self.started {
+            let (alloc, task) = self.task();
+            engine
+                .recorder
+                .record_host(&engine.host, HostEvent::ContainerGone { alloc, task });
+        }
+        ended
     }
 }
 
@@ -179,6 +194,12 @@ impl SimEngine {
         }
         self.note(format!("daemon {mode:?}"));
         self.lock().mode = mode;
+        self.recorder.record_host(
+            &self.host,
+            HostEvent::EngineAnswers {
+                answers: mode != DaemonMode::Hung,
+            },
+        );
     }
 
     /// The daemon stops: its containers are stopped with it (SIGTERM, then killed), and waits
@@ -190,13 +211,15 @@ impl SimEngine {
             state.stops += 1;
             let mut stopped = Vec::new();
             for (id, container) in &state.containers {
-                if container.running() && container.end(143, false) {
+                if container.running() && container.end(143, false, self) {
                     stopped.push(id.clone());
                 }
             }
             self.stopped.send_replace(state.stops);
             stopped
         };
+        self.recorder
+            .record_host(&self.host, HostEvent::EngineAnswers { answers: false });
         self.note(format!("daemon stopped, and its containers {stopped:?}"));
     }
 
@@ -204,6 +227,8 @@ impl SimEngine {
     pub fn start_daemon(&self) {
         self.lock().mode = DaemonMode::Up;
         self.note("daemon started".into());
+        self.recorder
+            .record_host(&self.host, HostEvent::EngineAnswers { answers: true });
     }
 
     /// The registry lacks `image` (a pull fails with 404), and the engine does not hold it.
@@ -235,7 +260,7 @@ impl SimEngine {
                             == Some(alloc)
                 })
                 .map(|(id, container)| {
-                    container.end(code, oom_killed);
+                    container.end(code, oom_killed, self);
                     id.clone()
                 })
         };
@@ -254,7 +279,7 @@ impl SimEngine {
             .lock()
             .containers
             .get(&id)
-            .is_some_and(|container| container.end(137, true));
+            .is_some_and(|container| container.end(137, true, self));
         if ended {
             self.note(format!("container {id} OOM killed"));
         }
@@ -439,6 +464,10 @@ impl Engine for SimEngine {
                     ));
                 }
                 container.started = true;
+                let (alloc, task) = container.task();
+                engine
+                    .recorder
+                    .record_host(&engine.host, HostEvent::ContainerRunning { alloc, task });
                 container.runs_for
             };
             engine.note(format!("started {id}"));
@@ -450,7 +479,7 @@ impl Engine for SimEngine {
                         .lock()
                         .containers
                         .get(&id)
-                        .is_some_and(|container| container.end(0, false));
+                        .is_some_and(|container| container.end(0, false, &engine));
                     if ended {
                         engine.note(format!("{id} exited 0"));
                     }
@@ -470,7 +499,7 @@ impl Engine for SimEngine {
                     return Err(no_such("container", &id));
                 };
                 let container = state.containers.remove(&found).expect("resolved");
-                container.end(137, false);
+                container.end(137, false, &engine);
                 found
             };
             engine.note(format!("removed {removed}"));
@@ -493,7 +522,7 @@ impl Engine for SimEngine {
                 ));
             }
             // Every signal ends a simulated container's process (its default action).
-            container.end(128 + i64::from(signal), false);
+            container.end(128 + i64::from(signal), false, &engine);
             drop(state);
             engine.note(format!("{id} killed ({signal})"));
             Ok(())
@@ -514,7 +543,7 @@ impl Engine for SimEngine {
                     "container already stopped",
                 ));
             }
-            container.end(143, false);
+            container.end(143, false, &engine);
             drop(state);
             engine.note(format!("{id} stopped"));
             Ok(())

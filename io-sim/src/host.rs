@@ -22,6 +22,7 @@ use drover_core::client::{
     CsiCall, CsiReply, DriverCapabilities, ErrorKind, ExitResult, Io, IoError, MountConfigSupport, Outcome, Reply,
     TaskHandle,
 };
+use drover_core::config::ClientFaults;
 use drover_core::error::{CsiCallError, CsiCallFailure};
 use drover_core::rpc::{ClientCsiReply, ClientCsiRequest};
 use drover_core::structs::{ConfigValue, CsiControllerInfo, DriverInfo};
@@ -144,6 +145,8 @@ pub struct SimHost {
     /// The `docker` driver, the production one, over the host's simulated engine (`None`: the
     /// host has no container engine).
     docker: Option<(crate::engine::SimEngine, ContainerDriver)>,
+    /// The client's re-created defects, for its `docker` driver.
+    container_faults: ClientFaults,
 }
 
 /// What a filesystem request does and the path it names (`None`: not one).
@@ -175,13 +178,15 @@ impl SimHost {
             topology: BTreeMap::new(),
             files: None,
             docker: None,
+            container_faults: ClientFaults::default(),
         }
     }
 
     /// The host runs a container engine, and its client the `docker` driver over it (the
     /// engine outlives the client agent, as a host's daemon does; each agent start makes a new
     /// driver, as a restarted client does, which reattaches to the containers).
-    pub fn with_docker(mut self, engine: crate::engine::SimEngine) -> Self {
+    pub fn with_docker(mut self, engine: crate::engine::SimEngine, faults: ClientFaults) -> Self {
+        self.container_faults = faults;
         let driver = self.container_driver(&engine);
         self.docker = Some((engine, driver));
         self
@@ -194,6 +199,7 @@ impl SimHost {
         )
         .with_alloc_root(std::path::Path::new(&format!("/sim/{}/alloc", self.name)))
         .without_log_files()
+        .with_faults(self.container_faults)
     }
 
     /// The host as a newly started client agent finds it: the same processes, files and

@@ -55,6 +55,13 @@ pub enum HostEvent {
     TaskStarted { alloc: String, task: String },
     /// No process of the task is left: its leader and everything it started are gone.
     TaskProcessesGone { alloc: String, task: String },
+    /// A container of the task started on the host's engine.
+    ContainerRunning { alloc: String, task: String },
+    /// The task's running container ended (exited, killed, stopped with its daemon, removed).
+    ContainerGone { alloc: String, task: String },
+    /// The host's container engine answers calls again (`true`), or stopped answering
+    /// (stopped or hung).
+    EngineAnswers { answers: bool },
     /// The machine's monotonic clock jumped ahead (a paused VM resumed).
     MonotonicJumped { by_ms: u64 },
 }

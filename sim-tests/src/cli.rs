@@ -1345,6 +1345,20 @@ const REGRESSION_SWITCHES: &[Switch] = &[
         caught_by: ("client_churn", 22),
     },
     Switch {
+        name: "abandoned-wait",
+        bug: "the docker driver stops watching a container whose wait broke (its daemon stopped or hung): the task is reported running after its container is gone",
+        options: || Options {
+            client_faults: ClientFaults {
+                abandon_broken_waits: true,
+                ..ClientFaults::default()
+            },
+            ..Options::default()
+        },
+        scenarios: &["containers"],
+        invariant: "no task reported running whose container is gone",
+        caught_by: ("containers", 0),
+    },
+    Switch {
         name: "25293",
         bug: "a plugin that misses its health timeout is killed and left dead, not restarted",
         options: || Options {

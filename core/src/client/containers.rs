@@ -8,6 +8,8 @@
 //! - [`ImageGc`]: images in use by tasks (a start holds its image from the pull on), released
 //!   when a task is destroyed, and due for removal once unused for `image_delay` (Nomad's
 //!   `gc { image_delay = "3m" }`). An image a task takes again before then is kept.
+//! - [`after_broken_wait`]: what a wait that broke (a daemon stopped, restarted or hung)
+//!   means for the task: wait again until the engine answers, unless the container is gone.
 //! - [`pull_failure`]: whether a failed pull is worth a restart (a daemon that timed out or
 //!   went away) or final (no such image, refused credentials), as Nomad marks the error
 //!   recoverable or not.
@@ -150,6 +152,39 @@ pub fn pull_failure(failure: PullFailure) -> bool {
     }
 }
 
+/// What the driver does when its wait on a container ended without the container's exit: the
+/// daemon stopped, restarted or hung under it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BrokenWait {
+    /// The engine no longer knows the container: it is gone, with no status to read.
+    Gone,
+    /// Ask again after this pause: a daemon that comes back answers for the container (and
+    /// one stopped with its daemon is read as exited then).
+    WaitAgain(Duration),
+    /// Stop watching the container (only the regression switch `abandon_broken_waits` does
+    /// this: its task is then reported running for as long as the client lives).
+    Abandon,
+}
+
+/// The first pause before a broken wait is asked again, and the longest.
+pub const WAIT_RETRY_FIRST: Duration = Duration::from_millis(200);
+pub const WAIT_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// What follows the `attempt`th (from 0) broken wait on a container: `not_found` when the
+/// engine answered that it has no such container. A daemon that went away is waited out,
+/// the pause doubling from 200 ms to at most 5 s, however long it stays away: the task's
+/// container may be running still (a hung daemon), and only the engine can say it is not.
+pub fn after_broken_wait(not_found: bool, attempt: u32, faults: &crate::config::ClientFaults) -> BrokenWait {
+    if not_found {
+        return BrokenWait::Gone;
+    }
+    if faults.abandon_broken_waits {
+        return BrokenWait::Abandon;
+    }
+    let pause = WAIT_RETRY_FIRST.saturating_mul(1u32 << attempt.min(16));
+    BrokenWait::WaitAgain(pause.min(WAIT_RETRY_MAX))
+}
+
 /// What a container engine says it is, when it answers: its version, its runtimes and
 /// whether it is podman's compatible API.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -199,6 +234,27 @@ pub fn fingerprint(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broken_wait_is_asked_again_until_the_engine_says_the_container_is_gone() {
+        let faults = crate::config::ClientFaults::default();
+        let pauses: Vec<BrokenWait> = (0..7)
+            .map(|attempt| after_broken_wait(false, attempt, &faults))
+            .collect();
+        let ms = |ms| BrokenWait::WaitAgain(Duration::from_millis(ms));
+        assert_eq!(
+            pauses,
+            [ms(200), ms(400), ms(800), ms(1600), ms(3200), ms(5000), ms(5000)]
+        );
+        assert_eq!(after_broken_wait(false, 1_000, &faults), ms(5000));
+        assert_eq!(after_broken_wait(true, 0, &faults), BrokenWait::Gone);
+        let abandon = crate::config::ClientFaults {
+            abandon_broken_waits: true,
+            ..Default::default()
+        };
+        assert_eq!(after_broken_wait(false, 0, &abandon), BrokenWait::Abandon);
+        assert_eq!(after_broken_wait(true, 0, &abandon), BrokenWait::Gone);
+    }
 
     fn listed(id: &str, alloc: Option<&str>, task: &str, created_s: u64) -> Listed {
         let mut labels = BTreeMap::new();

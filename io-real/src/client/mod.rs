@@ -910,6 +910,14 @@ async fn run(parts: ClientParts, (registry, saved, devices): Saved, view: Client
                         .entry(alloc_id.clone())
                         .or_default()
                         .insert(task.clone(), (*state).clone());
+                    let running = |state: &LocalTaskState| state.state.state == TaskStatus::Running;
+                    if running(&state) != previous.as_ref().is_some_and(running) {
+                        observer.record(AgentEvent::TaskRunning {
+                            alloc_id: alloc_id.clone(),
+                            task: task.clone(),
+                            running: running(&state),
+                        });
+                    }
                     let dead = |state: &LocalTaskState| state.state.state == TaskStatus::Dead;
                     if dead(&state) && !previous.as_ref().is_some_and(dead) {
                         observer.record(AgentEvent::TaskDead {

@@ -12,16 +12,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use drover_core::client::container_spec::container_spec;
-use drover_core::client::containers::{ImageGc, PullFailure};
+use drover_core::client::containers::{self, BrokenWait, ImageGc, PullFailure};
 use drover_core::client::{
     DriverCapabilities, ErrorKind, ExitResult, IoError, MountConfigSupport, TaskConfig, TaskHandle,
 };
+use drover_core::config::ClientFaults;
 use drover_core::driverspec::docker::DockerTaskConfig;
 use drover_core::driverspec::docker_plugin::DockerPluginConfig;
 use futures::StreamExt;
 use tokio::sync::watch;
 
-use super::engine::{Engine, EngineFailure};
+use super::engine::{Engine, EngineError, EngineFailure};
 use super::logs;
 use crate::drivers::{DriverFingerprint, ExecLaunch, TaskDriver, TaskResourceUsage};
 use crate::io::BoxFuture;
@@ -90,6 +91,8 @@ pub struct ContainerDriver {
     /// Whether containers' output goes into the tasks' log files (a simulated host's files are
     /// modelled, not the host's: there, none is written).
     log_files: bool,
+    /// Defects re-created on purpose (the simulation's regression switches); none in production.
+    faults: ClientFaults,
 }
 
 impl ContainerDriver {
@@ -108,7 +111,14 @@ impl ContainerDriver {
             collecting: Arc::default(),
             epoch: tokio::time::Instant::now(),
             log_files: true,
+            faults: ClientFaults::default(),
         }
+    }
+
+    /// The client's re-created defects (a simulated client under a regression switch).
+    pub fn with_faults(mut self, faults: ClientFaults) -> ContainerDriver {
+        self.faults = faults;
+        self
     }
 
     /// Containers' output is left in the engine, not written into the tasks' log files (a
@@ -351,9 +361,9 @@ impl ContainerDriver {
                 since,
             ));
         }
-        let (engine, waited) = (engine.clone(), id.to_string());
+        let (engine, waited, faults) = (engine.clone(), id.to_string(), self.faults);
         tokio::spawn(async move {
-            let exit = wait_exit(engine.as_ref(), &waited).await;
+            let exit = wait_exit(engine.as_ref(), &waited, &faults).await;
             let _ = sender.send(Some(exit));
         });
         self.tasks.lock().unwrap().insert(
@@ -528,21 +538,38 @@ async fn kill(engine: &dyn Engine, id: &str, signal: i32) -> Result<(), IoError>
 /// How the container ended. A daemon that goes away while it runs is waited out (a daemon
 /// without live-restore stops its containers, whose exits are then read); a container that is
 /// gone is reported as an error.
-async fn wait_exit(engine: &dyn Engine, id: &str) -> ExitResult {
+/// After a wait or inspect of container `id` failed: whether to ask again (after the core's
+/// pause) or not (the container is gone). An abandoned container is never asked again.
+async fn retry(error: &EngineError, doing: &str, id: &str, attempt: &mut u32, faults: &ClientFaults) -> bool {
+    match containers::after_broken_wait(error.is_not_found(), *attempt, faults) {
+        BrokenWait::Gone => false,
+        BrokenWait::Abandon => std::future::pending().await,
+        BrokenWait::WaitAgain(pause) => {
+            tracing::debug!(container = %id, %error, "{doing} the container again");
+            *attempt += 1;
+            tokio::time::sleep(pause).await;
+            true
+        }
+    }
+}
+
+async fn wait_exit(engine: &dyn Engine, id: &str, faults: &ClientFaults) -> ExitResult {
     let gone = || ExitResult {
         err: Some(format!("container {id} is gone")),
         ..ExitResult::default()
     };
-    let mut pause = Duration::from_millis(200);
+    // A broken wait or inspect is asked again as the core says.
+    let mut attempt = 0;
     loop {
         loop {
             match engine.wait(id).await {
                 Ok(()) => break,
-                Err(error) if error.is_not_found() => return gone(),
-                Err(error) => tracing::debug!(container = %id, %error, "waiting on the container again"),
+                Err(error) => {
+                    if !retry(&error, "waiting on", id, &mut attempt, faults).await {
+                        return gone();
+                    }
+                }
             }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_secs(5));
         }
         loop {
             match engine.inspect(id).await {
@@ -557,11 +584,10 @@ async fn wait_exit(engine: &dyn Engine, id: &str) -> ExitResult {
                         err: state.error.filter(|error| !error.is_empty()),
                     };
                 }
-                Err(error) if error.is_not_found() => return gone(),
                 Err(error) => {
-                    tracing::debug!(container = %id, %error, "inspecting the exited container again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(5));
+                    if !retry(&error, "inspecting", id, &mut attempt, faults).await {
+                        return gone();
+                    }
                 }
             }
         }
@@ -625,7 +651,7 @@ impl TaskDriver for ContainerDriver {
                 return exit.clone().unwrap_or_default();
             }
             match (driver.engine(), HandleState::read(&handle)) {
-                (Ok(engine), Ok(state)) => wait_exit(engine.as_ref(), &state.container_id).await,
+                (Ok(engine), Ok(state)) => wait_exit(engine.as_ref(), &state.container_id, &driver.faults).await,
                 (Err(error), _) | (_, Err(error)) => ExitResult {
                     err: Some(error.message),
                     ..ExitResult::default()

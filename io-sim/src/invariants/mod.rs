@@ -2,6 +2,7 @@
 //! Liveness is checked by the scenario runner after the fault phase ([`liveness`]).
 
 pub mod claims_freed;
+pub mod containers;
 pub mod controller_serial;
 pub mod created_volumes;
 pub mod csi_call_order;
@@ -54,5 +55,6 @@ pub fn all() -> Vec<Box<dyn Invariant>> {
         Box::new(rollout::Rollout),
         Box::new(periodic::PeriodicLaunches::default()),
         Box::new(task_processes::TaskProcesses::default()),
+        Box::new(containers::ContainersRunning::default()),
     ]
 }
