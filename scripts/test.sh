@@ -2,7 +2,7 @@
 # scripts/test.sh — the fast lane: the README's test command and what .ci/run runs. Everything
 # that catches a defect, in at most 25 minutes on a clean clone of a 2-core machine: fmt, clippy
 # in both worlds, every unit, datadriven and real-process test (each with its own deadline,
-# the slowest ten printed), every simulation scenario on a few seeds with a replay of each, the
+# the slowest ten printed; the docker driver's again against podman), every simulation scenario on a few seeds with a replay of each, the
 # seeds that once exposed bugs, every regression switch (the negative control's among them) at
 # the run that its table records catches it, one shrink replayed from its file, the turmoil
 # lane, and the corpus replay of every fuzz target.
@@ -69,6 +69,9 @@ summary() {
   # Stopped while the docker tests' Engine ran: stop it too.
   if [ -d target/docker-engine ]; then
     scripts/docker-engine.sh stop target/docker-engine >/dev/null 2>&1 || true
+  fi
+  if [ -d target/podman-engine ]; then
+    scripts/podman-engine.sh stop target/podman-engine >/dev/null 2>&1 || true
   fi
   echo
   echo "=== scripts/test.sh ($LANE lane): wall time per step"
@@ -212,6 +215,22 @@ real_process() {
   return "$status"
 }
 
+# The docker driver's tests again, against podman's Docker-compatible API
+# (scripts/podman-engine.sh: installed where missing, its roots, network and socket under
+# target/, stopped and removed after). docs/podman.md lists where podman answers differently.
+PODMAN_ENGINE_DIR=target/podman-engine
+
+podman_lane() {
+  local status=0 endpoint
+  endpoint=$(scripts/podman-engine.sh start "$PODMAN_ENGINE_DIR") || {
+    scripts/podman-engine.sh stop "$PODMAN_ENGINE_DIR" || true
+    return 1
+  }
+  DROVER_TEST_DOCKER_HOST=$endpoint "${NEXTEST[@]}" --profile real -E 'test(/^docker::/)' || status=$?
+  scripts/podman-engine.sh stop "$PODMAN_ENGINE_DIR" || status=$?
+  return "$status"
+}
+
 sim() {
   local bin
   bin=$(binary sim $SIM_TARGET/test-binaries) || return
@@ -266,6 +285,7 @@ if [ "$LANE" = fast ]; then
   step build build
   step unit unit
   step real-process real_process
+  step podman podman_lane
   step turmoil turmoil
   # The corpora and the built-in seeds of every target, then 4,096 cases each from seed 0.
   step fuzz fuzz

@@ -114,6 +114,10 @@ pub struct ContainerMount {
     pub options: MountOptions,
 }
 
+/// A tmpfs mount's mode when its `tmpfs_options` name none: world-writable and sticky, as
+/// dockerd makes it (`0o1777`).
+pub const DEFAULT_TMPFS_MODE: i64 = 0o1777;
+
 /// What a `mount` block's `tmpfs_options` or `volume_options` ask for.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MountOptions {
@@ -599,7 +603,11 @@ fn user_mount(
         propagation,
         options: MountOptions {
             tmpfs_size: mount.tmpfs_size,
-            tmpfs_mode: mount.tmpfs_mode,
+            // Said even when the job does not: dockerd's default, which podman's compatible API
+            // does not apply (an unset mode makes the tmpfs mode 000 there).
+            tmpfs_mode: mount
+                .tmpfs_mode
+                .or((kind == MountKind::Tmpfs).then_some(DEFAULT_TMPFS_MODE)),
             volume_no_copy: mount.volume_no_copy,
             volume_labels: mount.volume_labels.clone(),
             volume_driver: mount.volume_driver.clone(),

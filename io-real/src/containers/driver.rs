@@ -29,6 +29,10 @@ use crate::io::BoxFuture;
 
 type Key = (String, String);
 
+/// How long an exited container's output may take to reach the task's logs before its exit
+/// is told anyway.
+const OUTPUT_DRAIN: Duration = Duration::from_secs(2);
+
 /// A container this client is watching.
 #[derive(Clone)]
 struct Running {
@@ -351,19 +355,29 @@ impl ContainerDriver {
         since: i64,
     ) {
         let (sender, receiver) = watch::channel(None);
+        // Whether the container's output has all been written (its stream ended).
+        let (written, mut output_done) = watch::channel(!self.log_files);
         if self.log_files {
-            tokio::spawn(logs::follow(
+            let follow = logs::follow(
                 engine.clone(),
                 id.to_string(),
                 PathBuf::from(log_dir),
                 task.to_string(),
                 logs,
                 since,
-            ));
+            );
+            tokio::spawn(async move {
+                follow.await;
+                let _ = written.send(true);
+            });
         }
         let (engine, waited, faults) = (engine.clone(), id.to_string(), self.faults);
         tokio::spawn(async move {
             let exit = wait_exit(engine.as_ref(), &waited, &faults).await;
+            // The exit is told once the last lines are in the task's logs (podman hands them
+            // out a moment after the wait answers), so a container is never removed, and
+            // `alloc logs` of a dead task never read, before its last words are written.
+            let _ = tokio::time::timeout(OUTPUT_DRAIN, output_done.wait_for(|done| *done)).await;
             let _ = sender.send(Some(exit));
         });
         self.tasks.lock().unwrap().insert(

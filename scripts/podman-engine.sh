@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# scripts/podman-engine.sh start DIR — podman's Docker-compatible API, as the docker tests'
+# Engine: installs Debian's podman, runc, its CNI plugins, iptables and busybox-static where missing, and
+# runs `podman system service` with its storage, run root, configuration and socket under DIR.
+# Containers on podman's default (bridge) network join a CNI network of DIR's own: a bridge
+# and a /24 of 10.214.0.0/16 both named from DIR, no masquerading and no firewall plugin, its
+# addresses recorded under DIR; published ports are CNI portmap's DNAT rules. Imports
+# `drover-busybox:local` (the host's /bin/busybox with its applets: no registry needed), and
+# prints the endpoint (`unix://DIR/podman.sock`). docs/podman.md says how it differs.
+#
+# scripts/podman-engine.sh stop DIR — removes every container, stops the service and what it
+# started (conmon), unmounts what it left mounted under DIR, deletes its bridge, the portmap
+# chains CNI made (when they were not there before `start`) and removes DIR.
+set -euo pipefail
+
+usage() {
+  echo "usage: scripts/podman-engine.sh start|stop DIR" >&2
+  exit 2
+}
+[ $# -eq 2 ] || usage
+DIR=$(realpath -m "$2")
+SOCKET="$DIR/podman.sock"
+ENDPOINT="unix://$SOCKET"
+IMAGE=drover-busybox:local
+HASH=$(printf '%s' "$DIR" | md5sum | cut -c1-8)
+BRIDGE="pdm$HASH"
+SUBNET="10.214.$((16#${HASH:0:2}))"
+# The chains CNI's portmap plugin adds to the nat table (shared by every CNI network).
+PORTMAP_CHAINS=(CNI-HOSTPORT-DNAT CNI-HOSTPORT-SETMARK CNI-HOSTPORT-MASQ)
+export CONTAINERS_CONF="$DIR/containers.conf"
+export CONTAINERS_STORAGE_CONF="$DIR/storage.conf"
+export CONTAINERS_REGISTRIES_CONF="$DIR/registries.conf"
+
+podman_() {
+  podman --root "$DIR/storage" --runroot "$DIR/run" "$@"
+}
+
+install() {
+  local missing=()
+  command -v podman >/dev/null 2>&1 || missing+=(podman)
+  command -v runc >/dev/null 2>&1 || missing+=(runc)
+  [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+  command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+  command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+  # The tests read the engine with the docker CLI, as a user of podman's API would.
+  command -v docker >/dev/null 2>&1 || missing+=(docker.io)
+  [ -x /bin/busybox ] || missing+=(busybox-static)
+  [ ${#missing[@]} -eq 0 ] && return
+  if [ "$(id -u)" != 0 ]; then
+    echo "podman-engine: ${missing[*]} missing and not root to install them" >&2
+    return 1
+  fi
+  echo "podman-engine: installing ${missing[*]}" >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+configure() {
+  # runc (Debian's podman recommends crun, which --no-install-recommends leaves out); open
+  # files and processes within the host's hard limits (podman's own default, 1048576 open
+  # files, fails every start with "error setting rlimit type 7" where the hard limit is
+  # lower); cgroups managed directly (no systemd here); events in a file under DIR.
+  cat >"$CONTAINERS_CONF" <<EOF
+[containers]
+default_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]
+
+[network]
+network_config_dir = "$DIR/networks"
+
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+events_logfile_path = "$DIR/events.log"
+tmp_dir = "$DIR/tmp"
+volume_path = "$DIR/volumes"
+EOF
+  cat >"$CONTAINERS_STORAGE_CONF" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$DIR/storage"
+runroot = "$DIR/run"
+EOF
+  # podman's default network, "podman", as DIR's own CNI network.
+  mkdir -p "$DIR/networks" "$DIR/cni"
+  cat >"$DIR/networks/podman.conflist" <<EOF
+{
+  "cniVersion": "0.4.0",
+  "name": "podman",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$BRIDGE",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$DIR/cni",
+        "routes": [{ "dst": "0.0.0.0/0" }],
+        "ranges": [[{ "subnet": "$SUBNET.0/24", "gateway": "$SUBNET.1" }]]
+      }
+    },
+    { "type": "portmap", "capabilities": { "portMappings": true } }
+  ]
+}
+EOF
+  # No registry is searched for a short name: a missing image fails at once.
+  echo 'unqualified-search-registries = []' >"$CONTAINERS_REGISTRIES_CONF"
+  mkdir -p "$DIR/tmp" "$DIR/volumes"
+}
+
+start() {
+  install
+  mkdir -p "$DIR"
+  if [ -S "$SOCKET" ] && curl -sf --unix-socket "$SOCKET" http://podman/_ping >/dev/null 2>&1; then
+    echo "$ENDPOINT"
+    return
+  fi
+  configure
+  # Which portmap chains the host had before: `stop` removes only the ones CNI adds now.
+  local chain
+  for chain in "${PORTMAP_CHAINS[@]}"; do
+    iptables -t nat -n -L "$chain" >/dev/null 2>&1 && touch "$DIR/had-$chain"
+  done
+  # setsid: the service outlives this script, in a session of its own; `stop` ends it.
+  setsid podman --root "$DIR/storage" --runroot "$DIR/run" --log-level=warn \
+    system service --time=0 "$ENDPOINT" >"$DIR/service.log" 2>&1 </dev/null &
+  echo $! >"$DIR/service.pid"
+  local waited=0
+  until curl -sf --unix-socket "$SOCKET" http://podman/_ping >/dev/null 2>&1; do
+    sleep 0.2
+    waited=$((waited + 1))
+    if [ $waited -gt 300 ]; then
+      echo "podman-engine: podman system service did not answer within 60 s:" >&2
+      tail -20 "$DIR/service.log" >&2
+      return 1
+    fi
+  done
+  if ! podman_ image exists "$IMAGE"; then
+    local rootfs="$DIR/rootfs"
+    rm -rf "$rootfs"
+    mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/tmp" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev"
+    cp /bin/busybox "$rootfs/bin/busybox"
+    local applet
+    for applet in $(/bin/busybox --list); do
+      [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
+    done
+    echo "root:x:0:0:root:/:/bin/sh" >"$rootfs/etc/passwd"
+    echo "root:x:0:" >"$rootfs/etc/group"
+    # podman names an imported image localhost/NAME; the tag makes the name the tests use
+    # resolve as docker's does.
+    tar -C "$rootfs" -c . | podman_ import --change 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
+    rm -rf "$rootfs"
+  fi
+  echo "$ENDPOINT"
+}
+
+stop() {
+  [ -d "$DIR" ] || return 0
+  if [ -f "$CONTAINERS_CONF" ]; then
+    podman_ rm -a -f -t 0 >/dev/null 2>&1 || true
+  fi
+  if [ -f "$DIR/service.pid" ]; then
+    local pid
+    pid=$(cat "$DIR/service.pid")
+    kill "$pid" 2>/dev/null || true
+    local waited=0
+    while kill -0 "$pid" 2>/dev/null; do
+      sleep 0.2
+      waited=$((waited + 1))
+      if [ $waited -gt 100 ]; then
+        kill -9 "$pid" 2>/dev/null || true
+        break
+      fi
+    done
+  fi
+  # conmon (an exec session's lingers for its exit delay, and ignores SIGTERM) and cleanup
+  # processes of containers the removal missed: anything naming DIR.
+  pkill -f -- "$DIR/" 2>/dev/null || true
+  sleep 0.5
+  pkill -9 -f -- "$DIR/" 2>/dev/null || true
+  # Whatever is still mounted under DIR (overlays, shm, netns), deepest first.
+  awk -v dir="$DIR" '$2 == dir || index($2, dir "/") == 1 { print $2 }' /proc/self/mounts |
+    sort -r | while read -r mount; do umount -l "$mount" 2>/dev/null || true; done
+  ip link delete "$BRIDGE" 2>/dev/null || true
+  remove_portmap_chains
+  rm -rf "$DIR"
+}
+
+# The portmap plugin's chains, and the jumps into them, when the host did not have them
+# before `start` and no rule of a container is left in them.
+remove_portmap_chains() {
+  local chain
+  for chain in "${PORTMAP_CHAINS[@]}"; do
+    [ -e "$DIR/had-$chain" ] && return 0
+  done
+  iptables -t nat -n -L CNI-HOSTPORT-DNAT >/dev/null 2>&1 || return 0
+  if iptables -t nat -S CNI-HOSTPORT-DNAT | grep -q -- '-j CNI-DN-'; then
+    echo "podman-engine: containers' port rules are still in CNI-HOSTPORT-DNAT; left as they are" >&2
+    return 0
+  fi
+  local hook
+  iptables -t nat -S | grep -E -- '-A (PREROUTING|OUTPUT|POSTROUTING) .*-j CNI-HOSTPORT-' |
+    while read -r hook; do
+      # eval: the rule as iptables printed it, quoted comments and all.
+      eval "iptables -t nat ${hook/-A /-D }" 2>/dev/null || true
+    done
+  for chain in "${PORTMAP_CHAINS[@]}"; do
+    iptables -t nat -F "$chain" 2>/dev/null || true
+    iptables -t nat -X "$chain" 2>/dev/null || true
+  done
+}
+
+case "$1" in
+  start) start ;;
+  stop) stop ;;
+  *) usage ;;
+esac
