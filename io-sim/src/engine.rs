@@ -685,6 +685,7 @@ mod tests {
             logs: Default::default(),
             node_cpu_mhz: 4_000,
             node_cores: 4,
+            reserved_cores: Vec::new(),
         }
     }
 

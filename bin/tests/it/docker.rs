@@ -1179,3 +1179,83 @@ fn a_daemon_that_goes_away_makes_the_driver_unhealthy_until_it_comes_back() {
         .unwrap_or_else(|| panic!("no container is left: {:?}", containers_of(id)));
     proxy.down();
 }
+
+/// `resources { cores = 1 }` (Nomad 1.1's reserved cores): the scheduler reserves one of the
+/// node's cores, the container is pinned to it (`CpusetCpus`) and told which
+/// (`NOMAD_CPU_CORES`); a second job asking for more cores than are left is not placed, the
+/// evaluation naming the "cores" dimension.
+#[test]
+fn reserved_cores_are_the_containers_cpuset_and_never_given_twice() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    let job = |name: &str, cores: u32| {
+        format!(
+            r#"job "{name}" {{
+  group "g" {{
+    task "t" {{
+      driver = "docker"
+      config {{
+        image        = "{IMAGE}"
+        network_mode = "none"
+        command      = "sh"
+        args         = ["-c", "echo cores=$NOMAD_CPU_CORES; while true; do sleep 0.1; done"]
+      }}
+      resources {{
+        cores  = {cores}
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"#
+        )
+    };
+    run_job(&agent, root.path(), "pinned", &job("pinned", 1));
+    let stub = wait_alloc(
+        &agent,
+        "pinned",
+        |alloc| alloc["TaskStates"]["t"]["State"] == "running",
+        "the pinned container runs",
+    );
+    let id = stub["ID"].as_str().unwrap().to_string();
+    let alloc = get_json(agent.spec.http, &format!("/v1/allocation/{id}")).expect("the allocation");
+    let cpu = &alloc["AllocatedResources"]["Tasks"]["t"]["Cpu"];
+    let reserved = cpu["ReservedCores"].as_array().expect("reserved cores").clone();
+    assert_eq!(reserved.len(), 1, "{cpu}");
+    let core = reserved[0].as_u64().unwrap().to_string();
+    let node_id = alloc["NodeID"].as_str().unwrap();
+    let node = get_json(agent.spec.http, &format!("/v1/node/{node_id}")).expect("the node");
+    let node_mhz = node["NodeResources"]["Cpu"]["CpuShares"].as_u64().unwrap();
+    let cores: u64 = node["Attributes"]["cpu.numcores"].as_str().unwrap().parse().unwrap();
+    assert_eq!(cpu["CpuShares"].as_u64(), Some(node_mhz / cores), "{cpu}");
+    let container = containers_of(&id).pop().expect("the task's container");
+    assert_eq!(
+        docker(&["inspect", "--format", "{{.HostConfig.CpusetCpus}}", &container]),
+        core
+    );
+    let said = wait_for(Duration::from_secs(20), || {
+        let text = logs(&agent, &id, "t", "stdout");
+        text.contains("cores=").then_some(text)
+    })
+    .unwrap_or_else(|| panic!("the task says its cores:\n{}", agent.log()));
+    assert_eq!(said, format!("cores={core}\n"));
+
+    // Every core of the node but the one taken, and one more: nowhere to go.
+    run_job(&agent, root.path(), "wide", &job("wide", cores as u32));
+    let evals = wait_for(Duration::from_secs(30), || {
+        let evals = get_json(agent.spec.http, "/v1/job/wide/evaluations")?;
+        evals
+            .as_array()?
+            .iter()
+            .find(|eval| eval["FailedTGAllocs"]["g"].is_object())
+            .cloned()
+    })
+    .unwrap_or_else(|| panic!("the wide job's evaluation fails to place:\n{}", agent.log()));
+    let metric = &evals["FailedTGAllocs"]["g"];
+    assert_eq!(metric["DimensionExhausted"]["cores"], 1, "{metric:#}");
+    assert!(containers_of(&id).len() == 1, "the pinned task keeps its one container");
+    stop_job(&agent, "wide");
+    stop_job(&agent, "pinned");
+    wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the pinned container is removed:\n{}", agent.log()));
+}

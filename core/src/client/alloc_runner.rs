@@ -135,6 +135,16 @@ enum Phase {
     Destroyed,
 }
 
+/// A task's MHz on `node`: its `cpu`, or, when cores are reserved for it, their share of the
+/// node's MHz (what the scheduler counted against the node).
+fn task_mhz(task: &crate::structs::Task, cores: &[u32], node: &crate::structs::Node) -> u32 {
+    if cores.is_empty() {
+        return task.resources.cpu;
+    }
+    let mhz = cores.len() as u64 * node.mhz_per_core();
+    u32::try_from(mhz).unwrap_or(u32::MAX)
+}
+
 /// `csi_hook`'s progress through prerun: restore checks, claims, mounts — each step for every
 /// volume before the next step.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -227,6 +237,13 @@ impl AllocRunner {
             .iter()
             .enumerate()
             .map(|(position, task)| {
+                let cores = spec
+                    .alloc
+                    .resources
+                    .task_cores
+                    .get(&task.name)
+                    .cloned()
+                    .unwrap_or_default();
                 let task_spec = TaskSpec {
                     env: TaskEnvSpec {
                         alloc_id: spec.alloc.id.clone(),
@@ -237,7 +254,8 @@ impl AllocRunner {
                         namespace: spec.alloc.namespace.clone(),
                         group: spec.group.name.clone(),
                         task: task.name.clone(),
-                        cpu_mhz: task.resources.cpu,
+                        cpu_mhz: task_mhz(task, &cores, &spec.node.node),
+                        cores,
                         memory_mb: task.resources.memory_mb,
                         memory_max_mb: task.resources.memory_max_mb,
                         dirs: TaskDirs::default(),

@@ -357,7 +357,12 @@ pub fn container_spec(
         shm_size: docker.shm_size,
         ulimits,
         sysctls: docker.sysctl.clone(),
-        cpuset_cpus: docker.cpuset_cpus.clone(),
+        // The cores the scheduler reserved win over the job's own `cpuset_cpus`, as in Nomad.
+        cpuset_cpus: if task.reserved_cores.is_empty() {
+            docker.cpuset_cpus.clone()
+        } else {
+            crate::structs::cpuset(&task.reserved_cores)
+        },
         cpu_period: cpu_limit.map(|(period, _)| period),
         cpu_quota: cpu_limit.map(|(_, quota)| quota),
         pids_limit: docker.pids_limit,

@@ -129,6 +129,9 @@ pub struct TaskConfig {
     pub node_cpu_mhz: u64,
     #[serde(default)]
     pub node_cores: u32,
+    /// The node's cores reserved for the task (`resources { cores }`); empty when it asked
+    /// for MHz (`cpu`).
+    pub reserved_cores: Vec<u32>,
 }
 
 /// A running task, as the driver describes it; persisted so the agent can reattach.

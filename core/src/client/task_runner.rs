@@ -783,12 +783,13 @@ impl TaskRunner {
             task_dir: spec.paths.task_dir(&spec.alloc_id, &spec.task.name),
             log_dir: spec.paths.log_dir(&spec.alloc_id),
             kill_timeout: self.kill_timeout(),
-            cpu_mhz: spec.task.resources.cpu,
+            cpu_mhz: spec.env.cpu_mhz,
             memory_mb: spec.task.resources.memory_mb,
             memory_max_mb: spec.task.resources.memory_max_mb,
             logs: spec.task.logs,
             node_cpu_mhz: spec.node.node.resources.cpu,
             node_cores: spec.node.node.cores(),
+            reserved_cores: spec.env.cores.clone(),
         };
         let op = ops.allocate();
         self.set_phase(Phase::Starting { op });

@@ -186,7 +186,9 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
                 task.kill_signal
             ));
         }
-        if task.resources.cpu < 1 {
+        if task.resources.cores > 0 && task.resources.cpu > 0 {
+            problems.push("Task can only ask for 'cpu' or 'cores' resource, not both.".to_string());
+        } else if task.resources.cpu < 1 && task.resources.cores == 0 {
             problems.push("Minimum CPU value is 1; got 0".to_string());
         }
         let max = task.resources.memory_max_mb;

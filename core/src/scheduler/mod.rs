@@ -15,6 +15,7 @@
 //!   filter reasons and exhausted dimensions) and a blocked evaluation is created to retry it.
 
 pub mod constraints;
+pub mod cores;
 pub mod dry_run;
 pub mod ports;
 mod reconcile;
@@ -95,6 +96,8 @@ struct Usage {
     /// Ports of allocations told to stop whose tasks may still hold them (until their client
     /// reports them finished): a dynamic pick avoids them while it can.
     releasing: BTreeSet<u16>,
+    /// Cores reserved by tasks asking for `cores`.
+    cores: BTreeSet<u32>,
 }
 
 /// The CPU and memory `group` asks for (its ports are assigned per node, [`ports::assign`]).
@@ -211,6 +214,7 @@ fn node_usage(state: &ServerState) -> BTreeMap<String, Usage> {
         entry.memory_mb += alloc.resources.memory_mb;
         entry.disk_mb += alloc.resources.disk_mb;
         entry.ports.extend(alloc.resources.host_ports());
+        entry.cores.extend(alloc.resources.task_cores.values().flatten());
     }
     usage
 }
@@ -257,11 +261,15 @@ fn select_node(
         }
         let idle = Usage::default();
         let used = usage.get(&node.id).unwrap_or(&idle);
-        let cpu_after = used.cpu + ask.cpu;
+        // Reserved cores count as their share of the node's MHz.
+        let asked_cores = cores::asked(group);
+        let cpu_after = used.cpu + ask.cpu + u64::from(asked_cores) * node.mhz_per_core();
         let memory_after = used.memory_mb + ask.memory_mb;
         // Nomad checks the network first, then CPU and memory.
         let mut exhausted = ports::fit(node, &used.ports, group).err();
-        if exhausted.is_none() && node.resources.cpu > 0 && cpu_after > node.resources.cpu {
+        if exhausted.is_none() && asked_cores > cores::free(node, &used.cores) {
+            exhausted = Some("cores".into());
+        } else if exhausted.is_none() && node.resources.cpu > 0 && cpu_after > node.resources.cpu {
             exhausted = Some("cpu".into());
         } else if exhausted.is_none() && node.resources.memory_mb > 0 && memory_after > node.resources.memory_mb {
             exhausted = Some("memory".into());

@@ -117,6 +117,9 @@ impl<'a> Reconcile<'a> {
                 node.ports.remove(&port);
                 node.releasing.insert(port);
             }
+            for core in alloc.resources.task_cores.values().flatten() {
+                node.cores.remove(core);
+            }
         }
         self.plan.allocs.push(stopped);
     }
@@ -581,6 +584,14 @@ impl<'a> Reconcile<'a> {
                         entry.ports.extend(assigned.host_ports());
                         ask.ports = assigned.shared;
                         ask.task_ports = assigned.tasks;
+                        // `select_node` found enough free cores with the same usage.
+                        let reserved = super::cores::assign(node, &entry.cores, placement.group);
+                        debug_assert!(reserved.is_some(), "too few free cores on {node_id}");
+                        let reserved = reserved.unwrap_or_default();
+                        let count: u32 = reserved.values().map(|cores| cores.len() as u32).sum();
+                        ask.cpu += u64::from(count) * node.mhz_per_core();
+                        entry.cores.extend(reserved.values().flatten());
+                        ask.task_cores = reserved;
                     }
                     entry.cpu += ask.cpu;
                     entry.memory_mb += ask.memory_mb;

@@ -457,6 +457,65 @@ fn ephemeral_disk_counts_against_the_nodes_disk() {
 }
 
 #[test]
+fn reserved_cores_are_never_shared_and_count_as_their_mhz() {
+    // 4 cores of 1,000 MHz; something already uses 1,500 MHz without cores.
+    let mut four = node("n1", 4_000);
+    four.attributes.insert("cpu.numcores".into(), "4".into());
+    let mut world = World::new(&[four]);
+    let eval = world.register(&job("filler", JobType::Service, 1, 1_500));
+    world.run(&eval);
+    let mut pinned = job("pinned", JobType::Service, 3, 0);
+    pinned.task_groups[0].tasks[0].resources.cores = 1;
+    let eval = world.register(&pinned);
+    let plan = world.run(&eval);
+    // 1,500 + 2 x 1,000 fits in 4,000 MHz; a third core would not.
+    let placed: Vec<&Allocation> = plan.allocs.iter().filter(|alloc| !alloc.terminal()).collect();
+    assert_eq!(placed.len(), 2, "{:?}", plan.allocs);
+    let mut taken = BTreeSet::new();
+    for alloc in &placed {
+        assert_eq!(alloc.resources.cpu, 1_000);
+        let cores = &alloc.resources.task_cores["t"];
+        assert_eq!(cores.len(), 1);
+        assert!(taken.insert(cores[0]), "core {} given twice", cores[0]);
+    }
+    assert_eq!(taken, BTreeSet::from([0, 1]));
+    assert_eq!(plan.evals[0].failed_tg_allocs["g"].dimension_exhausted["cpu"], 1);
+
+    // A bigger ask than the free cores is refused as "cores", whatever the MHz left.
+    let mut eight = node("n2", 64_000);
+    eight.attributes.insert("cpu.numcores".into(), "2".into());
+    let mut world = World::new(&[eight]);
+    let mut wide = job("wide", JobType::Service, 1, 0);
+    wide.task_groups[0].tasks[0].resources.cores = 3;
+    let eval = world.register(&wide);
+    let plan = world.run(&eval);
+    assert!(plan.allocs.is_empty());
+    assert_eq!(plan.evals[0].failed_tg_allocs["g"].dimension_exhausted["cores"], 1);
+
+    // A stopped allocation's cores go to the next one.
+    let mut world = World::new(&[{
+        let mut two = node("n3", 4_000);
+        two.attributes.insert("cpu.numcores".into(), "2".into());
+        two
+    }]);
+    let mut both = job("both", JobType::Service, 1, 0);
+    both.task_groups[0].tasks[0].resources.cores = 2;
+    let eval = world.register(&both);
+    let first = world.run(&eval).allocs[0].clone();
+    assert_eq!(first.resources.task_cores["t"], [0, 1]);
+    let mut again = both.clone();
+    again.meta.insert("v".into(), "2".into());
+    let eval = world.register(&again);
+    let plan = world.run(&eval);
+    let replacement = plan
+        .allocs
+        .iter()
+        .find(|alloc| !alloc.terminal())
+        .expect("a replacement");
+    assert_eq!(replacement.resources.task_cores["t"], [0, 1]);
+}
+
+#[test]
 fn an_unplaceable_group_records_why_and_blocks() {
     let mut world = World::new(&[node("n1", 1000)]);
     let big = job("big", JobType::Service, 1, 5000);

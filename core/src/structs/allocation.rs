@@ -95,6 +95,10 @@ pub struct AllocatedResources {
     /// Ports of tasks' own `resources { network {} }`, by task.
     #[serde(default)]
     pub task_ports: BTreeMap<String, Vec<AllocatedPort>>,
+    /// The node's cores reserved for tasks asking for `cores`, by task (Nomad's
+    /// `AllocatedResources.Tasks[task].Cpu.ReservedCores`), in ascending order.
+    #[serde(default)]
+    pub task_cores: BTreeMap<String, Vec<u32>>,
 }
 
 impl AllocatedResources {

@@ -205,6 +205,11 @@ impl Node {
         self.scheduling_eligibility == SchedulingEligibility::Eligible
     }
 
+    /// One core's MHz: its CPU shared evenly over its cores (what a reserved core counts as).
+    pub fn mhz_per_core(&self) -> u64 {
+        self.resources.cpu / u64::from(self.cores())
+    }
+
     /// Its fingerprinted cores (`cpu.numcores`), at least one.
     pub fn cores(&self) -> u32 {
         self.attributes
@@ -272,4 +277,42 @@ pub struct DrainMetadata {
 pub struct HostVolumeConfig {
     pub path: String,
     pub read_only: bool,
+}
+
+/// Nomad's cpuset list notation: ascending ids, runs of three or more as ranges
+/// (`0-2,5,7-9`), a run of two as both ids (`3,4`).
+pub fn cpuset(cores: &[u32]) -> String {
+    let mut sorted: Vec<u32> = cores.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut parts: Vec<String> = Vec::new();
+    let mut index = 0;
+    while index < sorted.len() {
+        let start = sorted[index];
+        let mut end = start;
+        while index + 1 < sorted.len() && sorted[index + 1] == end + 1 {
+            index += 1;
+            end += 1;
+        }
+        match end - start {
+            0 => parts.push(start.to_string()),
+            1 => parts.push(format!("{start},{end}")),
+            _ => parts.push(format!("{start}-{end}")),
+        }
+        index += 1;
+    }
+    parts.join(",")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpusets_are_written_as_nomad_writes_them() {
+        assert_eq!(cpuset(&[]), "");
+        assert_eq!(cpuset(&[3]), "3");
+        assert_eq!(cpuset(&[4, 3]), "3,4");
+        assert_eq!(cpuset(&[0, 1, 2, 5, 9, 7, 8]), "0-2,5,7-9");
+    }
 }

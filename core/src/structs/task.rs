@@ -178,6 +178,10 @@ pub struct TaskResources {
     /// 0.11-style `resources { network {} }`: ports of this task alone.
     #[serde(default)]
     pub networks: Vec<NetworkResource>,
+    /// `cores`: whole CPU cores the task has to itself (Nomad 1.1's reserved cores); the
+    /// scheduler picks which, and the task's CPU is then those cores' MHz (`cpu` is 0).
+    #[serde(default)]
+    pub cores: u32,
 }
 
 /// Nomad's default `kill_timeout`.

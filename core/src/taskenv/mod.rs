@@ -80,7 +80,10 @@ pub struct TaskEnvSpec {
     pub namespace: String,
     pub group: String,
     pub task: String,
+    /// The task's MHz: its `cpu`, or its reserved cores' share of the node's.
     pub cpu_mhz: u32,
+    /// The node's cores reserved for the task (`resources { cores }`), if it asked for any.
+    pub cores: Vec<u32>,
     pub memory_mb: u32,
     /// 0: no `memory_max`.
     pub memory_max_mb: u32,
@@ -147,6 +150,10 @@ impl<'a> TaskEnv<'a> {
         if spec.memory_max_mb > 0 {
             env.vars
                 .insert("NOMAD_MEMORY_MAX_LIMIT".to_string(), spec.memory_max_mb.to_string());
+        }
+        if !spec.cores.is_empty() {
+            env.vars
+                .insert("NOMAD_CPU_CORES".to_string(), crate::structs::cpuset(&spec.cores));
         }
         // Nomad's order: the task's own network, then other tasks' ports, then the group's.
         if let Some(own) = spec.task_ports.get(&spec.task) {
@@ -302,6 +309,7 @@ mod tests {
             group: "api".into(),
             task: "server".into(),
             cpu_mhz: 100,
+            cores: Vec::new(),
             memory_mb: 300,
             memory_max_mb: 0,
             dirs: TaskDirs {
@@ -348,6 +356,9 @@ mod tests {
         let mut spec = spec();
         spec.memory_max_mb = 512;
         assert_eq!(TaskEnv::build(&spec, &node()).vars()["NOMAD_MEMORY_MAX_LIMIT"], "512");
+        assert!(!vars.contains_key("NOMAD_CPU_CORES"), "only with reserved cores");
+        spec.cores = vec![2, 0, 1, 5];
+        assert_eq!(TaskEnv::build(&spec, &node()).vars()["NOMAD_CPU_CORES"], "0-2,5");
     }
 
     #[test]

@@ -1733,6 +1733,7 @@ mod container_spec_harness {
             logs: Default::default(),
             node_cpu_mhz: 4_000,
             node_cores: 2,
+            reserved_cores: Vec::new(),
         };
         for line in &directive.input[1..] {
             let (what, rest) = line.split_once(' ').expect("`<what> <value>`");
@@ -1754,6 +1755,9 @@ mod container_spec_harness {
                             .find_map(|part| Propagation::parse(part))
                             .unwrap_or_default(),
                     });
+                }
+                "cores" => {
+                    task.reserved_cores = rest.split(',').map(|core| core.parse().expect("a core id")).collect();
                 }
                 "resources" => {
                     for pair in rest.split_whitespace() {

@@ -39,6 +39,7 @@ fn config(dir: &std::path::Path, task: &str) -> TaskConfig {
         logs: Default::default(),
         node_cpu_mhz: 4_000,
         node_cores: 2,
+        reserved_cores: Vec::new(),
     }
 }
 

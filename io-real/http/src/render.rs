@@ -343,8 +343,16 @@ pub fn allocated_resources(alloc: &Allocation, state: &ServerState) -> Value {
                 .iter()
                 .map(|task| {
                     let ports = alloc.resources.task_ports.get(&task.name).map_or(&[][..], Vec::as_slice);
+                    let cores = alloc.resources.task_cores.get(&task.name).map_or(&[][..], Vec::as_slice);
+                    // Reserved cores are their share of the node's MHz, as the scheduler counted.
+                    let shares = match state.node(&alloc.node_id) {
+                        Some(node) if !cores.is_empty() => {
+                            cores.len() as u64 * node.mhz_per_core()
+                        }
+                        _ => u64::from(task.resources.cpu),
+                    };
                     let value = json!({
-                        "Cpu": {"CpuShares": task.resources.cpu},
+                        "Cpu": {"CpuShares": shares, "ReservedCores": cores},
                         "Memory": {"MemoryMB": task.resources.memory_mb, "MemoryMaxMB": task.resources.memory_max_mb},
                         "Networks": ApiNetworkResource::allocated(&task.resources.networks, ports),
                     });

@@ -226,6 +226,7 @@ mod tests {
             logs: Default::default(),
             node_cpu_mhz: 4_000,
             node_cores: 2,
+            reserved_cores: Vec::new(),
         }
     }
 

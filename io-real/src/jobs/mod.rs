@@ -388,6 +388,7 @@ pub struct ApiServiceCheck {
 pub struct ApiResources {
     #[serde(rename = "CPU")]
     pub cpu: Option<u32>,
+    pub cores: Option<u32>,
     #[serde(rename = "MemoryMB")]
     pub memory_mb: Option<u32>,
     #[serde(rename = "MemoryMaxMB")]
@@ -896,7 +897,12 @@ impl ApiTask {
                 }
             },
             resources: TaskResources {
-                cpu: resources.cpu.unwrap_or(DEFAULT_CPU),
+                // A task asking for cores gets no default CPU (Nomad's canonicalisation).
+                cpu: resources.cpu.unwrap_or(match resources.cores {
+                    Some(cores) if cores > 0 => 0,
+                    _ => DEFAULT_CPU,
+                }),
+                cores: resources.cores.unwrap_or(0),
                 memory_mb: resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB),
                 memory_max_mb: resources.memory_max_mb.unwrap_or(0),
                 networks: resources
@@ -932,6 +938,7 @@ impl ApiTask {
             env: task.env.clone(),
             resources: Some(ApiResources {
                 cpu: Some(task.resources.cpu),
+                cores: Some(task.resources.cores),
                 memory_mb: Some(task.resources.memory_mb),
                 memory_max_mb: (task.resources.memory_max_mb > 0).then_some(task.resources.memory_max_mb),
                 networks: task

@@ -797,12 +797,17 @@ fn parse_task(walker: &mut Walker, at: &str, name: String, block: &Object) -> Ap
     }
 }
 
-/// `resources { cpu memory memory_max device network }`.
+/// `resources { cpu cores memory memory_max device network }`.
 fn parse_resources(walker: &mut Walker, at: &str, resources: &Object) -> ApiResources {
-    walker.known(at, resources, &["cpu", "memory", "memory_max", "device", "network"]);
+    walker.known(
+        at,
+        resources,
+        &["cpu", "cores", "memory", "memory_max", "device", "network"],
+    );
     ApiResources {
         networks: walker.networks(at, resources),
         cpu: walker.number(at, resources, "cpu"),
+        cores: walker.number(at, resources, "cores"),
         memory_mb: walker.number(at, resources, "memory"),
         memory_max_mb: walker.number(at, resources, "memory_max"),
         devices: walker
@@ -1685,5 +1690,36 @@ job "web" {
         assert!(parse("job {").unwrap_err()[0].starts_with("error parsing jobspec"));
         assert_eq!(parse_duration("1m30s"), Some(90_000_000_000));
         assert_eq!(parse_duration("250ms"), Some(250_000_000));
+    }
+
+    #[test]
+    fn cores_are_read_and_take_the_place_of_cpu() {
+        let job = |resources: &str| {
+            parse(&format!(
+                "job \"j\" {{\n  group \"g\" {{\n    task \"t\" {{\n      driver = \"docker\"\n      config {{\n        image = \"busybox\"\n      }}\n      resources {{\n{resources}\n      }}\n    }}\n  }}\n}}\n"
+            ))
+            .unwrap()
+            .to_job()
+            .unwrap()
+        };
+        let pinned = job("        cores  = 2\n        memory = 256");
+        let resources = &pinned.task_groups[0].tasks[0].resources;
+        // No default CPU beside cores (Nomad's canonicalisation): validation passes.
+        assert_eq!((resources.cores, resources.cpu), (2, 0));
+        assert!(
+            drover_core::jobspec::validate(&pinned).is_empty(),
+            "{:?}",
+            drover_core::jobspec::validate(&pinned)
+        );
+        let api = crate::jobs::ApiJob::from_job(&pinned, "pending");
+        assert_eq!(api.to_job().unwrap(), pinned);
+        let both = job("        cores = 2\n        cpu   = 500");
+        assert!(
+            drover_core::jobspec::validate(&both)
+                .iter()
+                .any(|problem| problem.ends_with("Task can only ask for 'cpu' or 'cores' resource, not both.")),
+            "{:?}",
+            drover_core::jobspec::validate(&both)
+        );
     }
 }

@@ -36,6 +36,7 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
         logs: Default::default(),
         node_cpu_mhz: 4_000,
         node_cores: 2,
+        reserved_cores: Vec::new(),
     }
 }
 
