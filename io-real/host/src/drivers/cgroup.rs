@@ -30,7 +30,7 @@ pub const PARENT: &str = "drover";
 /// `statfs` magic of cgroup2.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
 /// The v1 controllers a task gets a directory in; `freezer` first (it is the one killed by).
-const V1_CONTROLLERS: [&str; 4] = ["freezer", "memory", "cpu", "pids"];
+const V1_CONTROLLERS: [&str; 5] = ["freezer", "memory", "cpu", "pids", "cpuset"];
 
 /// Which cgroup layout this host offers.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,8 +40,11 @@ pub enum Cgroups {
 }
 
 /// What a task's cgroup limits.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Limits {
+    /// The cores reserved for the task (`resources { cores }`) in cpuset notation; empty
+    /// for a task that asked for MHz, which may run on any core.
+    pub cpuset: String,
     /// CPU in MHz as the jobspec gives it: the task's CPU share (Nomad's `cpu.shares` = MHz).
     pub cpu_mhz: u32,
     /// The memory reservation, MB: the hard limit, or the soft one with `memory_max_mb`.
@@ -69,8 +72,11 @@ impl Cgroups {
             std::fs::create_dir_all(&root).map_err(|error| format!("cannot create {}: {error}", root.display()))?;
             // Limits need the controllers delegated to our subtree; what the kernel refuses is
             // simply not limited.
-            let _ = std::fs::write(Path::new(ROOT).join("cgroup.subtree_control"), "+memory +cpu +pids");
-            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory +cpu +pids");
+            let _ = std::fs::write(
+                Path::new(ROOT).join("cgroup.subtree_control"),
+                "+memory +cpu +pids +cpuset",
+            );
+            let _ = std::fs::write(root.join("cgroup.subtree_control"), "+memory +cpu +pids +cpuset");
             sweep_orphans(&root);
             return Ok(Cgroups::V2 { root });
         }
@@ -88,6 +94,12 @@ impl Cgroups {
             }
             let root = mount.join(PARENT);
             std::fs::create_dir_all(&root).map_err(|error| format!("cannot create {}: {error}", root.display()))?;
+            if controller == "cpuset" {
+                // A v1 cpuset takes no process until its cpus and mems are set: ours start as
+                // their parent's, and so do the tasks' below (clone_children).
+                inherit_cpuset(&mount, &root);
+                let _ = std::fs::write(root.join("cgroup.clone_children"), "1");
+            }
             sweep_orphans(&root);
             roots.push(root);
         }
@@ -115,13 +127,25 @@ impl Cgroups {
             dirs.push(dir);
         }
         let cgroup = TaskCgroup { version, dirs };
-        cgroup.apply(limits);
+        cgroup.apply(&limits);
         Ok(cgroup)
     }
 }
 
+/// Gives the v1 cpuset `dir` its `parent`'s cpus and mems where it has none yet.
+fn inherit_cpuset(parent: &Path, dir: &Path) {
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        let current = std::fs::read_to_string(dir.join(file)).unwrap_or_default();
+        if current.trim().is_empty()
+            && let Ok(value) = std::fs::read_to_string(parent.join(file))
+        {
+            let _ = std::fs::write(dir.join(file), value.trim());
+        }
+    }
+}
+
 impl TaskCgroup {
-    fn apply(&self, limits: Limits) {
+    fn apply(&self, limits: &Limits) {
         let reserved = u64::from(limits.memory_mb) * 1024 * 1024;
         let memory = u64::from(limits.memory_max_mb.max(limits.memory_mb)) * 1024 * 1024;
         let soft = (limits.memory_max_mb > limits.memory_mb).then_some(reserved);
@@ -140,6 +164,9 @@ impl TaskCgroup {
             // cgroup v1 shares (2..=262144) mapped onto v2 weights (1..=10000) as runc does.
             let weight = 1 + ((shares.clamp(2, 262_144) - 2) * 9999) / 262_142;
             let _ = std::fs::write(dir.join("cpu.weight"), weight.to_string());
+            if !limits.cpuset.is_empty() {
+                let _ = std::fs::write(dir.join("cpuset.cpus"), &limits.cpuset);
+            }
             return;
         }
         for dir in &self.dirs {
@@ -152,6 +179,14 @@ impl TaskCgroup {
             }
             if dir.join("cpu.shares").exists() {
                 let _ = std::fs::write(dir.join("cpu.shares"), shares.to_string());
+            }
+            if dir.join("cpuset.cpus").exists() {
+                if let Some(parent) = dir.parent() {
+                    inherit_cpuset(parent, dir);
+                }
+                if !limits.cpuset.is_empty() {
+                    let _ = std::fs::write(dir.join("cpuset.cpus"), &limits.cpuset);
+                }
             }
         }
     }

@@ -504,6 +504,7 @@ impl ProcessDriver {
         let cgroup = match &self.cgroups {
             Some(cgroups) => {
                 let limits = Limits {
+                    cpuset: drover_core::structs::cpuset(&config.reserved_cores),
                     cpu_mhz: config.cpu_mhz,
                     memory_mb: config.memory_mb,
                     memory_max_mb: config.memory_max_mb,

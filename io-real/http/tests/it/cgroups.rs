@@ -352,3 +352,46 @@ async fn stats_come_from_the_tasks_cgroup() {
     driver.destroy(handle).await.unwrap();
     assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
 }
+
+/// A task with reserved cores (`resources { cores }`) runs only on them (its cgroup's
+/// cpuset); a task without any runs on every core the agent may use.
+#[tokio::test]
+async fn reserved_cores_hold_a_task_to_them() {
+    let Some(driver) = cgroup_driver("reserved_cores_hold_a_task_to_them") else {
+        return;
+    };
+    let online = std::fs::read_to_string("/sys/devices/system/cpu/online").unwrap();
+    let reaper = Reaper::new("cgroup-cores");
+    let dir = tempfile::tempdir().unwrap();
+    let mut allowed = Vec::new();
+    for (task, cores) in [("pinned", vec![1]), ("free", Vec::new())] {
+        let mut config = config(
+            dir.path(),
+            task,
+            &reaper.0,
+            "/bin/sh",
+            &[
+                "-c",
+                "grep Cpus_allowed_list /proc/self/status | cut -f2 > cpus.tmp && mv cpus.tmp cpus && exec sleep 30",
+            ],
+        );
+        config.reserved_cores = cores;
+        let written = Path::new(&config.task_dir).join("cpus");
+        let handle = driver.start(config).await.unwrap();
+        for _ in 0..250 {
+            if written.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        allowed.push(std::fs::read_to_string(&written).unwrap_or_default().trim().to_string());
+        driver
+            .stop(handle.clone(), Duration::from_millis(300), libc::SIGINT)
+            .await
+            .unwrap();
+        driver.wait(handle.clone()).await;
+        driver.destroy(handle).await.unwrap();
+    }
+    assert_eq!(allowed, ["1".to_string(), online.trim().to_string()]);
+    assert_eq!(none_left(&reaper.0).await, Vec::<i32>::new());
+}
