@@ -1259,3 +1259,105 @@ fn reserved_cores_are_the_containers_cpuset_and_never_given_twice() {
     wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
         .unwrap_or_else(|| panic!("the pinned container is removed:\n{}", agent.log()));
 }
+
+/// One `alloc exec` session over the exec websocket, as the CLI and the UI open it.
+struct ExecSession {
+    socket: tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>,
+}
+
+impl ExecSession {
+    fn open(agent: &Agent, alloc: &str, task: &str, command: &[&str], tty: bool) -> ExecSession {
+        let command = serde_json::to_string(command).unwrap();
+        let encoded: String = command
+            .bytes()
+            .map(|byte| match byte {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (byte as char).to_string(),
+                other => format!("%{other:02X}"),
+            })
+            .collect();
+        let url = format!(
+            "ws://127.0.0.1:{}/v1/client/allocation/{alloc}/exec?task={task}&tty={tty}&command={encoded}",
+            agent.spec.http
+        );
+        let (socket, _) = tungstenite::connect(url).expect("the exec websocket opens");
+        ExecSession { socket }
+    }
+
+    fn send(&mut self, frame: serde_json::Value) {
+        self.socket
+            .send(tungstenite::Message::Text(frame.to_string().into()))
+            .expect("a frame is sent");
+    }
+
+    /// What the command wrote (stdout and stderr together) and its exit code.
+    fn finish(&mut self) -> (String, Option<i64>) {
+        use base64::Engine as _;
+        let mut output = Vec::new();
+        loop {
+            let message = match self.socket.read() {
+                Ok(message) => message,
+                Err(_) => return (String::from_utf8_lossy(&output).into_owned(), None),
+            };
+            let tungstenite::Message::Text(text) = message else {
+                continue;
+            };
+            let frame: serde_json::Value = serde_json::from_str(&text).unwrap();
+            for stream in ["stdout", "stderr"] {
+                if let Some(data) = frame[stream]["data"].as_str() {
+                    output.extend(base64::engine::general_purpose::STANDARD.decode(data).unwrap());
+                }
+            }
+            if frame["exited"] == true {
+                return (
+                    String::from_utf8_lossy(&output).into_owned(),
+                    frame["result"]["exit_code"].as_i64(),
+                );
+            }
+        }
+    }
+}
+
+/// An exec session with a terminal: the command sees a tty of the size the session sets
+/// (resized through the Engine), and a session given up kills what it ran in the container
+/// (the Engine has no call for it: the driver kills it by its host pid).
+#[test]
+fn alloc_exec_with_a_terminal_is_resized_and_killed_when_given_up() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    run_job(&agent, root.path(), "term", &service_job("term"));
+    let alloc = wait_alloc(
+        &agent,
+        "term",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running",
+        "the container task runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let container = containers_of(&id).pop().expect("the task's container");
+
+    // `stty size` once the resize has had time to land; `[ -t 0 ]` says a terminal is there.
+    let mut session = ExecSession::open(
+        &agent,
+        &id,
+        "web",
+        &["sh", "-c", "sleep 1; [ -t 0 ] && echo tty; stty size"],
+        true,
+    );
+    session.send(serde_json::json!({"tty_size": {"height": 41, "width": 123}}));
+    let (output, code) = session.finish();
+    assert_eq!(code, Some(0), "{output:?}\n{}", agent.log());
+    assert_eq!(output.replace('\r', ""), "tty\n41 123\n");
+
+    // A session whose client goes away: its command dies with it.
+    let mut session = ExecSession::open(&agent, &id, "web", &["sh", "-c", "exec sleep 4242"], true);
+    let running = || docker(&["top", &container]).contains("sleep 4242");
+    wait_for(Duration::from_secs(20), || running().then_some(()))
+        .unwrap_or_else(|| panic!("the exec'd sleep runs in the container:\n{}", agent.log()));
+    session.socket.close(None).ok();
+    drop(session);
+    wait_for(Duration::from_secs(20), || (!running()).then_some(()))
+        .unwrap_or_else(|| panic!("the given-up session's sleep is killed:\n{}", agent.log()));
+
+    stop_job(&agent, "term");
+    wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
+}

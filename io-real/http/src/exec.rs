@@ -126,6 +126,11 @@ async fn run(socket: WebSocket, handle: AgentHandle, alloc_id: String, session: 
     };
     let mut closing = None;
     loop {
+        // The client closed the websocket (or it broke): the session is given up, and its
+        // command is cancelled below even if it writes nothing (a send would never fail).
+        if inputs.is_finished() {
+            break;
+        }
         let reply = match handle.client_exec(read.clone()).await {
             Ok(reply) => reply,
             Err(error) => {
