@@ -9,8 +9,9 @@
 # prints the endpoint (`unix://DIR/podman.sock`). docs/podman.md says how it differs.
 #
 # scripts/podman-engine.sh stop DIR — removes every container, stops the service and what it
-# started (conmon), unmounts what it left mounted under DIR, deletes its bridge, the portmap
-# chains CNI made (when they were not there before `start`) and removes DIR.
+# started (conmon), unmounts what it left mounted under DIR, deletes its bridges and the CNI
+# iptables chains made since `start` (the portmap plugin's, the firewall plugin's of networks
+# the tests created) and removes DIR.
 set -euo pipefail
 
 usage() {
@@ -25,8 +26,6 @@ IMAGE=drover-busybox:local
 HASH=$(printf '%s' "$DIR" | md5sum | cut -c1-8)
 BRIDGE="pdm$HASH"
 SUBNET="10.214.$((16#${HASH:0:2}))"
-# The chains CNI's portmap plugin adds to the nat table (shared by every CNI network).
-PORTMAP_CHAINS=(CNI-HOSTPORT-DNAT CNI-HOSTPORT-SETMARK CNI-HOSTPORT-MASQ)
 export CONTAINERS_CONF="$DIR/containers.conf"
 export CONTAINERS_STORAGE_CONF="$DIR/storage.conf"
 export CONTAINERS_REGISTRIES_CONF="$DIR/registries.conf"
@@ -118,11 +117,12 @@ start() {
     return
   fi
   configure
-  # Which portmap chains the host had before: `stop` removes only the ones CNI adds now.
-  local chain
-  for chain in "${PORTMAP_CHAINS[@]}"; do
-    iptables -t nat -n -L "$chain" >/dev/null 2>&1 && touch "$DIR/had-$chain"
-  done
+  # The CNI chains the host had before: `stop` removes only the ones made from now on.
+  local table
+  for table in filter nat; do
+    iptables -t "$table" -S 2>/dev/null | awk -v table="$table" '/^-N CNI-/ { print table " " $2 }'
+  done >"$DIR/cni-chains-before"
+  ip -o link show type bridge | awk -F': ' '{ print $2 }' >"$DIR/bridges-before"
   # setsid: the service outlives this script, in a session of its own; `stop` ends it.
   setsid podman --root "$DIR/storage" --runroot "$DIR/run" --log-level=warn \
     system service --time=0 "$ENDPOINT" >"$DIR/service.log" 2>&1 </dev/null &
@@ -184,31 +184,34 @@ stop() {
   awk -v dir="$DIR" '$2 == dir || index($2, dir "/") == 1 { print $2 }' /proc/self/mounts |
     sort -r | while read -r mount; do umount -l "$mount" 2>/dev/null || true; done
   ip link delete "$BRIDGE" 2>/dev/null || true
-  remove_portmap_chains
+  # Bridges of the networks the tests created (podman names them cni-podmanN).
+  local bridge
+  for bridge in $(ip -o link show type bridge | awk -F': ' '{ print $2 }' | grep '^cni-podman'); do
+    grep -qx -- "$bridge" "$DIR/bridges-before" 2>/dev/null || ip link delete "$bridge" 2>/dev/null || true
+  done
+  remove_cni_chains
   rm -rf "$DIR"
 }
 
-# The portmap plugin's chains, and the jumps into them, when the host did not have them
-# before `start` and no rule of a container is left in them.
-remove_portmap_chains() {
-  local chain
-  for chain in "${PORTMAP_CHAINS[@]}"; do
-    [ -e "$DIR/had-$chain" ] && return 0
-  done
-  iptables -t nat -n -L CNI-HOSTPORT-DNAT >/dev/null 2>&1 || return 0
-  if iptables -t nat -S CNI-HOSTPORT-DNAT | grep -q -- '-j CNI-DN-'; then
-    echo "podman-engine: containers' port rules are still in CNI-HOSTPORT-DNAT; left as they are" >&2
-    return 0
-  fi
-  local hook
-  iptables -t nat -S | grep -E -- '-A (PREROUTING|OUTPUT|POSTROUTING) .*-j CNI-HOSTPORT-' |
-    while read -r hook; do
-      # eval: the rule as iptables printed it, quoted comments and all.
-      eval "iptables -t nat ${hook/-A /-D }" 2>/dev/null || true
+# The CNI chains (filter and nat tables) the host did not have before `start`: the portmap
+# plugin's, and the firewall plugin's of networks the tests create. Each is emptied, the jumps
+# into it are deleted, and it is removed.
+remove_cni_chains() {
+  local table chain rule
+  for table in filter nat; do
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '/^-N CNI-/ { print $2 }'); do
+      grep -qx -- "$table $chain" "$DIR/cni-chains-before" 2>/dev/null && continue
+      { iptables -t "$table" -S | grep -E -- "^-A [^ ]+ .*-j $chain( |$)" || true; } |
+        while read -r rule; do
+          # eval: the rule as iptables printed it, quoted comments and all.
+          eval "iptables -t $table ${rule/-A /-D }" 2>/dev/null || true
+        done
+      iptables -t "$table" -F "$chain" 2>/dev/null || true
     done
-  for chain in "${PORTMAP_CHAINS[@]}"; do
-    iptables -t nat -F "$chain" 2>/dev/null || true
-    iptables -t nat -X "$chain" 2>/dev/null || true
+    for chain in $(iptables -t "$table" -S 2>/dev/null | awk '/^-N CNI-/ { print $2 }'); do
+      grep -qx -- "$table $chain" "$DIR/cni-chains-before" 2>/dev/null && continue
+      iptables -t "$table" -X "$chain" 2>/dev/null || true
+    done
   done
 }
 

@@ -1361,3 +1361,104 @@ fn alloc_exec_with_a_terminal_is_resized_and_killed_when_given_up() {
     wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
         .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
 }
+
+/// Removes the test's user-defined network however the test ends.
+struct UserNetwork(String);
+
+impl Drop for UserNetwork {
+    fn drop(&mut self) {
+        let _ = Command::new("docker")
+            .args(["-H", &engine(), "network", "rm", &self.0])
+            .output();
+    }
+}
+
+/// `network_mode` naming a user-defined network: the container joins it (and only it), its
+/// endpoint there is gone once the job stops, and a network that does not exist is a clear
+/// task event that fails the task, with no container left.
+#[test]
+fn a_user_defined_network_is_joined_and_left_and_a_missing_one_is_a_clear_event() {
+    let root = tempfile::tempdir().unwrap();
+    let agent = start_dev(root.path(), "");
+    let network = UserNetwork(format!("drover-test-{}", std::process::id()));
+    docker(&["network", "create", &network.0]);
+    let job = |name: &str, mode: &str| {
+        format!(
+            r#"job "{name}" {{
+  group "g" {{
+    restart {{
+      attempts = 0
+      mode     = "fail"
+    }}
+    reschedule {{
+      attempts  = 0
+      unlimited = false
+    }}
+    task "t" {{
+      driver = "docker"
+      config {{
+        image        = "{IMAGE}"
+        network_mode = "{mode}"
+        command      = "sh"
+        args         = ["-c", "while true; do sleep 0.1; done"]
+      }}
+      resources {{
+        memory = 32
+      }}
+    }}
+  }}
+}}
+"#
+        )
+    };
+    run_job(&agent, root.path(), "joined", &job("joined", &network.0));
+    let alloc = wait_alloc(
+        &agent,
+        "joined",
+        |alloc| alloc["TaskStates"]["t"]["State"] == "running",
+        "the container on the user network runs",
+    );
+    let id = alloc["ID"].as_str().unwrap().to_string();
+    let container = containers_of(&id).pop().expect("the task's container");
+    let networks: Value = serde_json::from_str(&docker(&[
+        "inspect",
+        "--format",
+        "{{json .NetworkSettings.Networks}}",
+        &container,
+    ]))
+    .unwrap();
+    let joined: Vec<&String> = networks.as_object().unwrap().keys().collect();
+    assert_eq!(joined, [&network.0], "{networks:#}");
+    let attached = || docker(&["network", "inspect", "--format", "{{json .Containers}}", &network.0]);
+    assert!(attached().contains(&container), "{}", attached());
+    stop_job(&agent, "joined");
+    wait_for(Duration::from_secs(30), || containers_of(&id).is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the stopped task's container is removed:\n{}", agent.log()));
+    let left = attached();
+    assert!(
+        left == "{}" || left == "null",
+        "no endpoint is left on the network: {left}"
+    );
+
+    let missing = format!("{}-missing", network.0);
+    run_job(&agent, root.path(), "nowhere", &job("nowhere", &missing));
+    let alloc = wait_alloc(
+        &agent,
+        "nowhere",
+        |alloc| alloc["ClientStatus"] == "failed",
+        "the task on a missing network fails",
+    );
+    let events = events(&alloc, "t");
+    assert!(
+        events
+            .iter()
+            .any(|event| event.contains("Driver Failure") && event.contains(&missing) && event.contains("not found")),
+        "the event names the missing network: {events:#?}"
+    );
+    let id = alloc["ID"].as_str().unwrap();
+    assert!(
+        containers_of(id).is_empty(),
+        "no container is left: {:?}",
+        containers_of(id)
+    );
+}
