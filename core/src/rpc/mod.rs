@@ -110,6 +110,15 @@ pub const RETRYABLE_PREFIX: &str = "CSI client error (retryable)";
 /// How long a request waits for a leader (Nomad's `rpc_hold_timeout`).
 pub const RPC_HOLD_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// How long a consistent read that found no leader waits before it asks again, after
+/// `attempt` (from 0) such tries: 50 ms doubling to 500 ms, for at most [`RPC_HOLD_TIMEOUT`]
+/// in all, as Nomad holds every RPC (reads too) through an election.
+pub fn read_hold_pause(attempt: u32) -> Duration {
+    Duration::from_millis(50)
+        .saturating_mul(1u32 << attempt.min(8))
+        .min(Duration::from_millis(500))
+}
+
 /// Requests held at most; more are refused at once, as before.
 const HELD_MAX: usize = 1024;
 

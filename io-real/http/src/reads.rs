@@ -2,7 +2,9 @@
 //! barrier (`AgentHandle::read_barrier`) before its handler reads this server's state, so a
 //! read through a lagging follower never misses a write the cluster acknowledged before the
 //! read arrived. `?stale` (or `?stale=true`) reads are answered locally at once, with
-//! `X-Nomad-KnownLeader` and `X-Nomad-LastContact` saying how fresh they are.
+//! `X-Nomad-KnownLeader` and `X-Nomad-LastContact` saying how fresh they are. A read that
+//! finds no leader is held for up to `rpc_hold_timeout` (5 s) while one is elected, as Nomad
+//! holds its RPCs, rather than failing with "No cluster leader" at the first try.
 //!
 //! Not behind the barrier: the agent's own endpoints (`/v1/agent/*`), `/v1/status/*` (they
 //! say what this server knows), and the client endpoints (`/v1/client/*`), which read a
@@ -49,10 +51,20 @@ pub async fn consistent(State(handle): State<AgentHandle>, request: Request, nex
         Ok(false) => {}
         Err(error) => return (StatusCode::BAD_REQUEST, error).into_response(),
     }
-    match handle.read_barrier().await {
-        Ok(()) => next.run(request).await,
-        Err(error @ (ReadError::NoLeader | ReadError::Behind(_))) => {
-            (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response()
+    // Held through an election, as Nomad holds every RPC for `rpc_hold_timeout`: a read that
+    // finds no leader asks again until one is known or the hold runs out.
+    let give_up = tokio::time::Instant::now() + drover_core::rpc::RPC_HOLD_TIMEOUT;
+    let mut attempt = 0;
+    loop {
+        match handle.read_barrier().await {
+            Ok(()) => return next.run(request).await,
+            Err(ReadError::NoLeader) if tokio::time::Instant::now() < give_up => {
+                tokio::time::sleep(drover_core::rpc::read_hold_pause(attempt)).await;
+                attempt += 1;
+            }
+            Err(error @ (ReadError::NoLeader | ReadError::Behind(_))) => {
+                return (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response();
+            }
         }
     }
 }

@@ -89,3 +89,12 @@ fn held_requests_are_refused_when_the_term_is_lost_or_the_hold_runs_out() {
     assert_eq!(refused(&h).last(), Some(&(3, "No cluster leader".to_string())));
     assert_eq!(h.machine.poll_timeout(), None);
 }
+
+#[test]
+fn a_read_without_a_leader_asks_again_sooner_then_later_within_the_hold() {
+    let pauses: Vec<u64> = (0..6)
+        .map(|attempt| crate::rpc::read_hold_pause(attempt).as_millis() as u64)
+        .collect();
+    assert_eq!(pauses, [50, 100, 200, 400, 500, 500]);
+    assert_eq!(crate::rpc::read_hold_pause(u32::MAX).as_millis(), 500);
+}
