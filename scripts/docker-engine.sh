@@ -80,18 +80,8 @@ start() {
     fi
   done
   if ! cli image inspect "$IMAGE" >/dev/null 2>&1; then
-    local rootfs="$DIR/rootfs"
-    rm -rf "$rootfs"
-    mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/tmp" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev"
-    cp /bin/busybox "$rootfs/bin/busybox"
-    local applet
-    for applet in $(/bin/busybox --list); do
-      [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
-    done
-    echo "root:x:0:0:root:/:/bin/sh" >"$rootfs/etc/passwd"
-    echo "root:x:0:" >"$rootfs/etc/group"
-    tar -C "$rootfs" -c . | cli import --change 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
-    rm -rf "$rootfs"
+    "$(dirname "$0")/busybox-rootfs.sh" "$DIR/rootfs" |
+      cli import --change 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
   fi
   echo "$ENDPOINT"
 }

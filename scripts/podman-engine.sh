@@ -138,20 +138,10 @@ start() {
     fi
   done
   if ! podman_ image exists "$IMAGE"; then
-    local rootfs="$DIR/rootfs"
-    rm -rf "$rootfs"
-    mkdir -p "$rootfs/bin" "$rootfs/etc" "$rootfs/tmp" "$rootfs/proc" "$rootfs/sys" "$rootfs/dev"
-    cp /bin/busybox "$rootfs/bin/busybox"
-    local applet
-    for applet in $(/bin/busybox --list); do
-      [ -e "$rootfs/bin/$applet" ] || ln -s busybox "$rootfs/bin/$applet"
-    done
-    echo "root:x:0:0:root:/:/bin/sh" >"$rootfs/etc/passwd"
-    echo "root:x:0:" >"$rootfs/etc/group"
     # podman names an imported image localhost/NAME; the tag makes the name the tests use
     # resolve as docker's does.
-    tar -C "$rootfs" -c . | podman_ import --change 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
-    rm -rf "$rootfs"
+    "$(dirname "$0")/busybox-rootfs.sh" "$DIR/rootfs" |
+      podman_ import --change 'CMD ["/bin/sh"]' - "$IMAGE" >/dev/null
   fi
   echo "$ENDPOINT"
 }
