@@ -147,6 +147,15 @@ enum Phase {
     Destroying {
         op: OpId,
         after: exit::AfterDestroy,
+        /// Earlier attempts that failed for want of an answer, if any.
+        failed: Option<exit::DestroyFailures>,
+    },
+    /// A destroy failed for want of an answer (a daemon down or hung): it is asked again at
+    /// `until`.
+    DestroyPause {
+        until: Instant,
+        after: exit::AfterDestroy,
+        failed: exit::DestroyFailures,
     },
     Stopping {
         index: usize,
@@ -172,6 +181,7 @@ impl Phase {
             Phase::SiToken { .. } => "si_token",
             Phase::Envoy { .. } => "envoy",
             Phase::Destroying { .. } => "destroying",
+            Phase::DestroyPause { .. } => "destroy_pause",
             Phase::Stopping { .. } => "stopping",
             Phase::Dead => "dead",
         }
@@ -501,7 +511,11 @@ impl TaskRunner {
             } if pending == op => self.prestart_io_outcome(now, index, io, outcome, ops),
             Phase::Starting { op: pending } if pending == op => self.start_outcome(now, outcome, ops),
             Phase::Killing { op: pending } if pending == op => self.kill_outcome(now, outcome, ops),
-            Phase::Destroying { op: pending, after } if pending == op => self.destroy_outcome(now, after, outcome, ops),
+            Phase::Destroying {
+                op: pending,
+                after,
+                failed,
+            } if pending == op => self.destroy_outcome(now, after, failed, outcome, ops),
             Phase::Stopping {
                 index,
                 op: Some(pending),
@@ -606,6 +620,11 @@ impl TaskRunner {
         {
             self.send_kill_now(now, ops);
         }
+        if let Phase::DestroyPause { until, after, failed } = self.phase.clone()
+            && now >= until
+        {
+            self.destroy_again(now, after, failed, ops);
+        }
         if let Some(supervisor) = &mut self.supervisor {
             let mut out = Vec::new();
             supervisor.handle_timeout(now, ops, &mut out);
@@ -618,7 +637,9 @@ impl TaskRunner {
 
     pub fn poll_timeout(&self) -> Option<Instant> {
         let delay = match self.phase {
-            Phase::RestartDelay { until } | Phase::ShutdownDelay { until } => Some(until),
+            Phase::RestartDelay { until } | Phase::ShutdownDelay { until } | Phase::DestroyPause { until, .. } => {
+                Some(until)
+            }
             Phase::SiToken {
                 step: sids::Step::Waiting { until, .. },
                 ..

@@ -453,13 +453,15 @@ impl ContainerDriver {
     async fn destroy_task(&self, handle: TaskHandle) -> Result<(), IoError> {
         let engine = self.engine()?;
         let state = HandleState::read(&handle)?;
-        force_remove(engine.as_ref(), &state.container_id)
-            .await
-            .map_err(|error| error.io_error("Failed to remove container"))?;
+        // No longer the task's, whatever the engine answers: a container the runner gives up
+        // destroying (its daemon stayed away) is then the orphan sweep's to remove.
         self.tasks
             .lock()
             .unwrap()
             .remove(&(handle.alloc_id.clone(), handle.task.clone()));
+        force_remove(engine.as_ref(), &state.container_id)
+            .await
+            .map_err(|error| error.io_error("Failed to remove container"))?;
         engine.release_shared(&state.shared);
         self.let_go_of_image(&state.image, &handle.alloc_id, &handle.task);
         Ok(())

@@ -5,8 +5,41 @@
 //! kill every process of its cgroup, remove the cgroup), as Nomad's task runner calls the
 //! driver's `DestroyTask` after every exit. The handle stays persisted until that is done, so
 //! an agent restarted in between destroys the task again.
+//!
+//! A destroy that failed for want of an answer (a container daemon down or hung) is asked
+//! again ([`destroy_retry`]) before the runner goes on: Nomad logs the failure and forgets
+//! the container, which then outlives its allocation until someone removes it by hand.
 
 use super::*;
+use crate::client::IoError;
+
+/// The first pause before a destroy that got no answer is asked again, the longest, and how
+/// long after the first such failure the runner stops asking and goes on (what is left is
+/// then the driver's orphan sweep's to remove).
+pub const DESTROY_RETRY_FIRST: Duration = Duration::from_millis(200);
+pub const DESTROY_RETRY_MAX: Duration = Duration::from_secs(5);
+pub const DESTROY_RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// The destroys of one task that failed for want of an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct DestroyFailures {
+    /// How many failed.
+    pub attempts: u32,
+    /// When the first one failed.
+    pub since: Instant,
+}
+
+/// The pause before the destroy is asked again, after `failures` (this one included,
+/// counted from one) that began `failing_for` ago; `None`: go on without it. Only a failure the driver marks
+/// retryable (its backend timed out, was unreachable or out of resources) is asked again:
+/// the pause doubles from 200 ms to at most 5 s, for at most two minutes.
+pub fn destroy_retry(error: &IoError, failures: u32, failing_for: Duration) -> Option<Duration> {
+    if !error.is_retryable() || failing_for >= DESTROY_RETRY_FOR {
+        return None;
+    }
+    let pause = DESTROY_RETRY_FIRST.saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+    Some(pause.min(DESTROY_RETRY_MAX))
+}
 
 /// What the runner does once the task is destroyed.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,21 +129,76 @@ impl TaskRunner {
                 return;
             }
         };
+        self.send_destroy(handle, after, None, ops);
+    }
+
+    fn send_destroy(
+        &mut self,
+        handle: TaskHandle,
+        after: AfterDestroy,
+        failed: Option<DestroyFailures>,
+        ops: &mut OpIds,
+    ) {
         let op = ops.allocate();
-        self.phase = Phase::Destroying { op, after };
+        self.set_phase(Phase::Destroying { op, after, failed });
         self.actions.push(TaskAction::Io {
             op,
             io: Io::DestroyTask { handle },
         });
     }
 
-    pub(super) fn destroy_outcome(&mut self, now: Instant, after: AfterDestroy, outcome: Outcome, ops: &mut OpIds) {
-        if let Err(error) = outcome {
-            // Nomad logs the failure and goes on; the event tells the operator processes of
-            // the task may have survived it.
-            self.event(now, events::DRIVER_FAILURE, &format!("failed to destroy task: {error}"));
+    /// The pause after a failed destroy is over: it is asked again.
+    pub(super) fn destroy_again(
+        &mut self,
+        now: Instant,
+        after: AfterDestroy,
+        failed: DestroyFailures,
+        ops: &mut OpIds,
+    ) {
+        match self.local.handle.clone() {
+            Some(handle) => self.send_destroy(handle, after, Some(failed), ops),
+            None => self.destroyed(now, after, ops),
         }
-        self.destroyed(now, after, ops);
+    }
+
+    pub(super) fn destroy_outcome(
+        &mut self,
+        now: Instant,
+        after: AfterDestroy,
+        failed: Option<DestroyFailures>,
+        outcome: Outcome,
+        ops: &mut OpIds,
+    ) {
+        let Err(error) = outcome else {
+            self.destroyed(now, after, ops);
+            return;
+        };
+        let failed = DestroyFailures {
+            attempts: failed.map_or(1, |failed| failed.attempts + 1),
+            since: failed.map_or(now, |failed| failed.since),
+        };
+        match destroy_retry(&error, failed.attempts, now.saturating_duration_since(failed.since)) {
+            Some(pause) => {
+                // Told once; the handle stays persisted, so a restarted agent asks again too.
+                if failed.attempts == 1 {
+                    self.event(
+                        now,
+                        events::DRIVER_FAILURE,
+                        &format!("failed to destroy task: {error}; trying again"),
+                    );
+                }
+                self.set_phase(Phase::DestroyPause {
+                    until: now + pause,
+                    after,
+                    failed,
+                });
+            }
+            None => {
+                // The event tells the operator that processes of the task may have survived.
+                self.event(now, events::DRIVER_FAILURE, &format!("failed to destroy task: {error}"));
+                self.destroyed(now, after, ops);
+            }
+        }
     }
 
     /// The task's processes are gone: restart it, or stop for good.
@@ -162,5 +250,30 @@ impl TaskRunner {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::ErrorKind;
+
+    #[test]
+    fn a_destroy_without_an_answer_is_asked_again_for_two_minutes_and_no_other_is() {
+        let down = IoError::new(ErrorKind::Unavailable, "daemon down");
+        let pauses: Vec<Option<Duration>> = (1..=7)
+            .map(|failures| destroy_retry(&down, failures, Duration::from_secs(1)))
+            .collect();
+        let ms = |ms| Some(Duration::from_millis(ms));
+        assert_eq!(
+            pauses,
+            [ms(200), ms(400), ms(800), ms(1600), ms(3200), ms(5000), ms(5000)]
+        );
+        assert_eq!(destroy_retry(&down, 40, Duration::from_secs(119)), ms(5000));
+        assert_eq!(destroy_retry(&down, 41, DESTROY_RETRY_FOR), None);
+        let hung = IoError::new(ErrorKind::Timeout, "daemon hung");
+        assert_eq!(destroy_retry(&hung, 1, Duration::ZERO), ms(200));
+        let refused = IoError::new(ErrorKind::Other, "container is in use");
+        assert_eq!(destroy_retry(&refused, 1, Duration::ZERO), None);
     }
 }
