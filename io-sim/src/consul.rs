@@ -402,6 +402,19 @@ impl TaskServices for SimConsulAgent {
             .collect())
         })
     }
+
+    fn supported_proxies(&self) -> BoxFuture<Result<BTreeMap<String, Vec<String>>, String>> {
+        let agent = self.clone();
+        Box::pin(async move {
+            agent.consul.gate().await?;
+            // Consul 1.9.5's own list.
+            let envoy = ["1.16.2", "1.15.3", "1.14.6", "1.13.7"];
+            Ok(BTreeMap::from([(
+                "envoy".to_string(),
+                envoy.iter().map(|version| version.to_string()).collect(),
+            )]))
+        })
+    }
 }
 
 /// The version the simulated agents report (`${attr.consul.version}`).

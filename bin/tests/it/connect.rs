@@ -25,9 +25,9 @@ use serde_json::{Value, json};
 use support::{Agent, cluster_specs, http, server_args, wait_for};
 
 #[derive(Default)]
-struct FakeConsul {
+pub(crate) struct FakeConsul {
     /// Agent services by id, as `GET /v1/agent/services` shows them.
-    services: Mutex<BTreeMap<String, Value>>,
+    pub(crate) services: Mutex<BTreeMap<String, Value>>,
     /// ACL tokens alive: accessor → (secret, description, service identity).
     tokens: Mutex<BTreeMap<String, (String, String, String)>>,
     created: Mutex<u32>,
@@ -36,7 +36,7 @@ struct FakeConsul {
     /// The `Authorization` header of every request ("" when there was none).
     authorizations: Mutex<Vec<String>>,
     /// Every service id deregistered, in order.
-    deregistered: Mutex<Vec<String>>,
+    pub(crate) deregistered: Mutex<Vec<String>>,
 }
 
 impl FakeConsul {
@@ -45,6 +45,8 @@ impl FakeConsul {
             let agent = json!({
                 "Config": {"Datacenter": "dc1", "NodeName": "fake", "Revision": "abc", "Server": false, "Version": "1.9.5"},
                 "DebugConfig": {"ConnectEnabled": true, "GRPCPort": 8502},
+                // Consul 1.9.5's own list, newest first.
+                "xDS": {"SupportedProxies": {"envoy": ["1.16.2", "1.15.3", "1.14.6", "1.13.7"]}},
             });
             return (200, agent.to_string());
         }
@@ -162,7 +164,7 @@ fn serve<S: Read + Write>(consul: &FakeConsul, mut stream: S) {
     let _ = stream.flush();
 }
 
-fn start_consul() -> (Arc<FakeConsul>, u16) {
+pub(crate) fn start_consul() -> (Arc<FakeConsul>, u16) {
     start_consul_with(None)
 }
 

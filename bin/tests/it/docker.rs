@@ -79,12 +79,17 @@ fn start_dev(root: &std::path::Path, extra: &str) -> Agent {
 
 /// [`start_dev`] with the Engine reached at `endpoint`.
 fn start_dev_at(root: &std::path::Path, endpoint: &str, extra: &str) -> Agent {
+    start_dev_configured(root, endpoint, extra, "")
+}
+
+/// [`start_dev_at`] with `more` (whole blocks) in the agent's configuration too.
+fn start_dev_configured(root: &std::path::Path, endpoint: &str, extra: &str, more: &str) -> Agent {
     let (spec, mut args) = dev_spec(root, "dev");
     std::fs::create_dir_all(&spec.data_dir).unwrap();
     let config = root.join("docker.hcl");
     std::fs::write(
         &config,
-        format!("plugin \"docker\" {{\n  config {{\n    endpoint = \"{endpoint}\"\n{extra}\n  }}\n}}\n"),
+        format!("plugin \"docker\" {{\n  config {{\n    endpoint = \"{endpoint}\"\n{extra}\n  }}\n}}\n{more}"),
     )
     .unwrap();
     args.push(format!("-config={}", config.display()));
@@ -1461,4 +1466,188 @@ fn a_user_defined_network_is_joined_and_left_and_a_missing_one_is_a_clear_event(
         "no container is left: {:?}",
         containers_of(id)
     );
+}
+
+/// An image standing in for Envoy's, tagged as the one Consul's preferred version names
+/// (`envoyproxy/envoy:v1.16.2`): its entrypoint prints its arguments and the bootstrap file
+/// given with `-c`, then serves one page on the proxy's port, as Envoy would listen there.
+fn fake_envoy_image(root: &std::path::Path) -> &'static str {
+    const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.16.2";
+    let rootfs = root.join("envoy-rootfs");
+    for dir in ["bin", "tmp"] {
+        std::fs::create_dir_all(rootfs.join(dir)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
+    for applet in ["sh", "cat", "echo", "mkdir", "httpd"] {
+        std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
+    }
+    let script = "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\nmkdir -p /tmp/www\n\
+                  echo proxied > /tmp/www/index.html\n\
+                  exec httpd -f -p \"$NOMAD_PORT_connect_proxy_count_api\" -h /tmp/www\n";
+    std::fs::write(rootfs.join("bin/fake-envoy"), script).unwrap();
+    std::fs::set_permissions(
+        rootfs.join("bin/fake-envoy"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let archive = root.join("envoy-rootfs.tar");
+    let tar = Command::new("tar")
+        .arg("-C")
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&archive)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(tar.success(), "tar of the fake envoy's rootfs");
+    docker(&[
+        "import",
+        "--change",
+        "ENTRYPOINT [\"/bin/fake-envoy\"]",
+        archive.to_str().unwrap(),
+        ENVOY_IMAGE,
+    ]);
+    ENVOY_IMAGE
+}
+
+/// Nomad's Connect job with its default sidecar: no `sidecar_task`, so the client's
+/// `meta.connect.sidecar_image` (`envoyproxy/envoy:v${NOMAD_envoy_version}`) runs as a
+/// container, at the newest Envoy version the local Consul agent supports, sharing the
+/// host's network (Drover's Connect groups are host mode). It gets its bootstrap through
+/// `${NOMAD_SECRETS_DIR}`, answers on the proxy's dynamic port, and nothing is left behind
+/// once the job stops.
+#[test]
+fn a_connect_sidecar_runs_as_a_container_at_the_envoy_version_consul_prefers() {
+    use std::io::{Read, Write};
+    let root = tempfile::tempdir().unwrap();
+    let image = fake_envoy_image(root.path());
+    let (consul, consul_port) = crate::connect::start_consul();
+    let cli = root.path().join("consul");
+    std::fs::write(
+        &cli,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> {}/calls.log\necho '{{\"bootstrapped\": true}}'\n",
+            root.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cli, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let consul_config = format!(
+        "consul {{\n  address = \"127.0.0.1:{consul_port}\"\n  binary = \"{}\"\n}}\n",
+        cli.display()
+    );
+    let agent = start_dev_configured(root.path(), &engine(), "", &consul_config);
+    let job = format!(
+        r#"job "countdash" {{
+  group "api" {{
+    network {{
+      port "http" {{}}
+    }}
+    service {{
+      name = "count-api"
+      port = "http"
+      connect {{
+        sidecar_service {{}}
+      }}
+    }}
+    task "web" {{
+      driver = "docker"
+      config {{
+        image   = "{IMAGE}"
+        command = "sleep"
+        args    = ["300"]
+      }}
+    }}
+  }}
+}}
+"#
+    );
+    run_job(&agent, root.path(), "countdash", &job);
+    let stub = wait_alloc(
+        &agent,
+        "countdash",
+        |alloc| {
+            alloc["TaskStates"]["web"]["State"] == "running"
+                && alloc["TaskStates"]["connect-proxy-count-api"]["State"] == "running"
+        },
+        "the app and its sidecar container run",
+    );
+    let id = stub["ID"].as_str().unwrap().to_string();
+    let sidecar = docker(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=com.hashicorp.nomad.alloc_id={id}"),
+        "--filter",
+        "label=com.hashicorp.nomad.task_name=connect-proxy-count-api",
+    ]);
+    assert!(!sidecar.is_empty(), "the sidecar is a container\n{}", agent.log());
+    let inspect: Value = serde_json::from_str(&docker(&["inspect", &sidecar])).unwrap();
+    assert_eq!(inspect[0]["Config"]["Image"], image, "{inspect:#}");
+    assert_eq!(inspect[0]["HostConfig"]["NetworkMode"], "host", "{inspect:#}");
+
+    let alloc = get_json(agent.spec.http, &format!("/v1/allocation/{id}")).unwrap();
+    let proxy_port = alloc["AllocatedResources"]["Shared"]["Ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|port| port["Label"] == "connect-proxy-count-api")
+        .unwrap_or_else(|| panic!("the proxy's port: {alloc:#}"))
+        .clone();
+    let (host, port) = (
+        proxy_port["HostIP"].as_str().unwrap().to_string(),
+        proxy_port["Value"].as_u64().unwrap() as u16,
+    );
+    let answer = wait_for(Duration::from_secs(30), || {
+        let mut stream = std::net::TcpStream::connect((host.as_str(), port)).ok()?;
+        write!(stream, "GET /index.html HTTP/1.0\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        answer.contains("proxied").then_some(answer)
+    });
+    assert!(answer.is_some(), "the proxy answers on {host}:{port}\n{}", agent.log());
+    let out = logs(&agent, &id, "connect-proxy-count-api", "stdout");
+    assert!(
+        out.contains("envoy -c /secrets/envoy_bootstrap.json -l info --concurrency 1 --disable-hot-restart"),
+        "the sidecar runs with Nomad's arguments and the client's meta defaults: {out}"
+    );
+    assert!(
+        out.contains("\"bootstrapped\": true"),
+        "the bootstrap reached the container: {out}"
+    );
+    let calls = std::fs::read_to_string(root.path().join("calls.log")).unwrap();
+    assert!(
+        calls.contains("connect envoy") && calls.contains("-sidecar-for"),
+        "{calls}"
+    );
+    assert!(
+        consul
+            .services
+            .lock()
+            .unwrap()
+            .keys()
+            .any(|id| id.ends_with("-sidecar-proxy")),
+        "the sidecar service is registered"
+    );
+
+    stop_job(&agent, "countdash");
+    wait_for(Duration::from_secs(60), || containers_of(&id).is_empty().then_some(())).unwrap_or_else(|| {
+        panic!(
+            "no container of {id} is left: {:?}\n{}",
+            containers_of(&id),
+            agent.log()
+        )
+    });
+    // The agent's own (`_nomad-server-*`) stay.
+    let task_services = || -> Vec<String> {
+        let services = consul.services.lock().unwrap();
+        services
+            .keys()
+            .filter(|id| id.starts_with("_nomad-task-"))
+            .cloned()
+            .collect()
+    };
+    wait_for(Duration::from_secs(30), || task_services().is_empty().then_some(()))
+        .unwrap_or_else(|| panic!("the task services are deregistered: {:?}", task_services()));
 }

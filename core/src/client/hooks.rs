@@ -91,6 +91,8 @@ pub enum TaskHook {
     /// `consul_si_token` (Nomad's sids hook): a Consul service identity token for a Connect
     /// task, derived by the servers, in `secrets/si_token`.
     SiToken,
+    /// `envoy_version`: the Envoy version Consul prefers, in a Connect sidecar's image.
+    EnvoyVersion,
     /// `envoy_bootstrap`: Envoy's bootstrap configuration for a Connect sidecar task.
     EnvoyBootstrap,
 }
@@ -106,6 +108,7 @@ impl TaskHook {
             TaskHook::CsiPluginSupervisor => "csi_plugin_supervisor",
             TaskHook::Template => "template",
             TaskHook::SiToken => "consul_si_token",
+            TaskHook::EnvoyVersion => "envoy_version",
             TaskHook::EnvoyBootstrap => "envoy_bootstrap",
         }
     }
@@ -200,6 +203,15 @@ pub const TASK_HOOKS: &[(TaskHook, Condition, TaskPhases)] = &[
     (
         TaskHook::SiToken,
         Condition::ConnectWithAcl,
+        TaskPhases {
+            prestart: true,
+            poststart: false,
+            stop: false,
+        },
+    ),
+    (
+        TaskHook::EnvoyVersion,
+        Condition::ConnectProxy,
         TaskPhases {
             prestart: true,
             poststart: false,

@@ -454,6 +454,8 @@ pub enum Reply {
     Rendered(RenderReply),
     /// `ReadFile`: the file's text, `None` when it does not exist.
     File(Option<String>),
+    /// The proxy versions the Consul agent supports, newest first, by proxy.
+    Proxies(BTreeMap<String, Vec<String>>),
 }
 
 /// One template to render (`Io::RenderTemplate`).
@@ -501,6 +503,9 @@ pub enum ConsulOp {
     Deregister { id: String },
     /// `GET /v1/agent/checks`: the status of every check the agent runs; replies `Checks`.
     Checks,
+    /// `GET /v1/agent/self`'s `xDS.SupportedProxies`: the proxy versions the agent supports,
+    /// newest first, by proxy (`envoy`); replies `Proxies`.
+    SupportedProxies,
 }
 
 /// Why an I/O request failed; the kind decides retries.

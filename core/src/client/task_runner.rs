@@ -793,11 +793,21 @@ impl TaskRunner {
         }
         let env = self.task_env();
         let spec = &self.spec;
+        let mut task_config = env.interpolate_config(&spec.task.config);
+        // A Connect sidecar's image with the Envoy version Consul prefers (`envoy_version`).
+        if let Some(image) = self
+            .local
+            .hooks
+            .get(TaskHook::EnvoyVersion.name())
+            .and_then(|state| state.data.get(prestart::ENVOY_IMAGE))
+        {
+            task_config.insert("image".into(), crate::structs::ConfigValue::String(image.clone()));
+        }
         let config = TaskConfig {
             alloc_id: spec.alloc_id.clone(),
             task: spec.task.name.clone(),
             driver: spec.task.driver.clone(),
-            config: env.interpolate_config(&spec.task.config),
+            config: task_config,
             env: env.vars().clone(),
             mounts: self.mounts.clone(),
             devices: self.devices.clone(),

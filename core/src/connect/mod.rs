@@ -15,6 +15,7 @@ use alloc::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub mod envoy_version;
 mod transport;
 pub use transport::ConsulTransport;
 
@@ -30,8 +31,8 @@ pub const CONNECT_NATIVE_PREFIX: &str = "connect-native";
 /// Where the envoy bootstrap hook writes the proxy's configuration (Nomad's
 /// `EnvoyBootstrapPath`).
 pub const ENVOY_BOOTSTRAP_PATH: &str = "${NOMAD_SECRETS_DIR}/envoy_bootstrap.json";
-/// The image the injected sidecar runs, resolved from the client's `meta` (kept for the
-/// record: Drover has no Docker driver, so an operator gives the sidecar a `sidecar_task`).
+/// The image the injected sidecar runs, resolved from the client's `meta` (by default
+/// Envoy's image at the version Consul prefers: [`envoy_version`]).
 pub const SIDECAR_IMAGE: &str = "${meta.connect.sidecar_image}";
 
 /// A Consul service identity token the leader created for a task, by its accessor (Nomad's
@@ -121,6 +122,12 @@ fn inject_sidecar(group: &mut TaskGroup, service: &Service, connect: &ConsulConn
         Some(position) => position,
         None => {
             let mut task = sidecar_task(&service.name);
+            if group.networks[0].mode != "bridge" {
+                // Envoy listens on the proxy's host port and binds its admin API on the
+                // host's loopback, so the container shares the host's network.
+                task.config
+                    .insert("network_mode".into(), ConfigValue::String("host".into()));
+            }
             if group.tasks.iter().any(|other| other.name == task.name) {
                 // Nomad appends a random fragment; a stable one keeps a re-registration of the
                 // same job the same version.

@@ -79,6 +79,8 @@ fn a_sidecar_service_gets_nomads_injected_proxy_task_and_port() {
     assert!(is_connect_task(proxy) && !is_connect_task(&group.tasks[0]));
     assert_eq!(proxy.driver, "docker");
     assert_eq!(proxy.config["image"], ConfigValue::String(SIDECAR_IMAGE.into()));
+    // Host networking: Envoy binds the proxy's host port itself.
+    assert_eq!(proxy.config["network_mode"], ConfigValue::String("host".into()));
     let ConfigValue::List(args) = &proxy.config["args"] else {
         panic!("args")
     };

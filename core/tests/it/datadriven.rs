@@ -399,6 +399,16 @@ mod client_harness {
                                     ..Default::default()
                                 });
                             }
+                            // image=<image>: the task's `config { image }` (`meta.x` for
+                            // `${meta.x}`, as the injected Connect sidecar names it).
+                            "image" => {
+                                let image = match value.strip_prefix("meta.") {
+                                    Some(key) => format!("${{meta.{key}}}"),
+                                    None => value.to_string(),
+                                };
+                                task.config
+                                    .insert("image".into(), drover_core::structs::ConfigValue::String(image));
+                            }
                             "kill_signal" => task.kill_signal = value.into(),
                             "leader" => task.leader = value == "true",
                             other => panic!("unknown task attribute {other}"),
@@ -475,6 +485,8 @@ mod client_harness {
                 node: drover_core::structs::Node {
                     id: "n1".into(),
                     secret_id: "n1-secret".into(),
+                    // As a production client's: Nomad's `connect.*` defaults.
+                    meta: drover_core::connect::envoy_version::with_client_meta_defaults(BTreeMap::new()),
                     ..Default::default()
                 },
                 ..Default::default()
@@ -639,6 +651,10 @@ mod client_harness {
                 variables: BTreeMap::from([(path(var), variable)]),
             }));
         }
+        if let Some(versions) = args.get("proxies") {
+            let versions = versions.split(",").filter(|v| *v != "none").map(String::from).collect();
+            return Ok(Reply::Proxies(BTreeMap::from([("envoy".to_string(), versions)])));
+        }
         if args.contains_key("reserved") {
             let mut reservation = Reservation::default();
             reservation.env.insert("FAKE_DEVICE".into(), "dev0".into());
@@ -661,8 +677,12 @@ mod client_harness {
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
                 let mounts: Vec<String> = config.mounts.iter().map(|m| m.to_string()).collect();
+                let image = match config.config.get("image").and_then(|image| image.as_str()) {
+                    Some(image) => format!(" image={image}"),
+                    None => String::new(),
+                };
                 format!(
-                    "start {} env=[{}] mounts=[{}]",
+                    "start {}{image} env=[{}] mounts=[{}]",
                     config.task,
                     env.join(" "),
                     mounts.join(" ")

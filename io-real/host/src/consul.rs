@@ -342,6 +342,14 @@ impl ConsulHttp {
         Ok(consul_attributes(&agent))
     }
 
+    /// The agent's `xDS.SupportedProxies` (`{"envoy": ["1.18.3", ...]}`), newest first.
+    pub async fn supported_proxies(&self) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
+        let bytes = self.request(hyper::Method::GET, "/v1/agent/self", Vec::new()).await?;
+        let agent: serde_json::Value =
+            serde_json::from_slice(&bytes).map_err(|error| format!("/v1/agent/self: {error}"))?;
+        Ok(supported_proxies(&agent))
+    }
+
     /// Removes a service from the local agent.
     pub async fn deregister_service(&self, id: &str) -> Result<(), String> {
         self.request(
@@ -443,6 +451,31 @@ pub fn consul_attributes(agent: &serde_json::Value) -> std::collections::BTreeMa
     fields
         .into_iter()
         .filter_map(|(name, pointer)| Some((name.to_string(), agent.pointer(pointer).and_then(text)?)))
+        .collect()
+}
+
+/// `xDS.SupportedProxies` of the agent's self description; empty when it has none.
+pub fn supported_proxies(agent: &serde_json::Value) -> std::collections::BTreeMap<String, Vec<String>> {
+    let Some(proxies) = agent
+        .pointer("/xDS/SupportedProxies")
+        .and_then(serde_json::Value::as_object)
+    else {
+        return std::collections::BTreeMap::new();
+    };
+    proxies
+        .iter()
+        .map(|(proxy, versions)| {
+            let versions = versions
+                .as_array()
+                .map(|versions| {
+                    versions
+                        .iter()
+                        .filter_map(|version| version.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (proxy.clone(), versions)
+        })
         .collect()
 }
 

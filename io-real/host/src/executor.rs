@@ -275,6 +275,11 @@ impl TaskServices for ConsulHttp {
         let consul = self.clone();
         Box::pin(async move { consul.fingerprint().await })
     }
+
+    fn supported_proxies(&self) -> BoxFuture<Result<BTreeMap<String, Vec<String>>, String>> {
+        let consul = self.clone();
+        Box::pin(async move { consul.supported_proxies().await })
+    }
 }
 
 /// The client's settings and node record for an agent whose data lives in `data_dir`:
@@ -326,7 +331,8 @@ pub fn client_identity(
         http_addr: config.advertise.http.to_string(),
         status: NodeStatus::Ready,
         host_volumes,
-        meta: config.client.meta.clone(),
+        // Nomad's `connect.*` defaults where the operator set none.
+        meta: drover_core::connect::envoy_version::with_client_meta_defaults(config.client.meta.clone()),
         node_class: config.client.node_class.clone(),
         attributes: host_attributes(config, &resources),
         resources,

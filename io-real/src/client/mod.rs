@@ -92,6 +92,9 @@ pub trait TaskServices: Send + Sync + 'static {
     /// The agent fingerprinted as Nomad's consul fingerprinter does (`consul.version`,
     /// `consul.server`, `unique.consul.name`, ...).
     fn fingerprint(&self) -> BoxFuture<Result<BTreeMap<String, String>, String>>;
+    /// The proxy versions the agent supports, newest first, by proxy (`envoy`): its
+    /// `xDS.SupportedProxies`, empty when it names none (before Consul 1.9).
+    fn supported_proxies(&self) -> BoxFuture<Result<BTreeMap<String, Vec<String>>, String>>;
 }
 
 /// How long one fingerprint may take before Consul counts as unreachable.
@@ -730,6 +733,7 @@ async fn perform(io: Io, world: World, sender: mpsc::UnboundedSender<Message>) -
                     Reply::Unit
                 }),
                 ConsulOp::Checks => services.agent_checks().await.map(Reply::Checks),
+                ConsulOp::SupportedProxies => services.supported_proxies().await.map(Reply::Proxies),
             }
             .map_err(|error| IoError::new(ErrorKind::Unavailable, error))
         }

@@ -3,6 +3,11 @@
 //! the environment the task starts with.
 
 use super::*;
+use crate::client::ConsulOp;
+use crate::connect::envoy_version;
+
+/// The `envoy_version` hook's data: the sidecar's image with Consul's Envoy version.
+pub(super) const ENVOY_IMAGE: &str = "image";
 
 impl TaskRunner {
     /// The I/O a hook's prestart needs, in order; replies are collected in `self.replies`.
@@ -15,6 +20,12 @@ impl TaskRunner {
             | TaskHook::Template
             | TaskHook::SiToken
             | TaskHook::EnvoyBootstrap => Vec::new(),
+            TaskHook::EnvoyVersion => match self.sidecar_image() {
+                Some(image) if envoy_version::needs_version(&spec.task.driver, Some(&image)) => {
+                    vec![Io::Consul(ConsulOp::SupportedProxies)]
+                }
+                _ => Vec::new(),
+            },
             TaskHook::TaskDir => {
                 let dir = spec.paths.task_dir(&spec.alloc_id, &spec.task.name);
                 vec![
@@ -73,6 +84,13 @@ impl TaskRunner {
         }
     }
 
+    /// The task's `image` as its environment interpolates it (`${meta.connect.sidecar_image}`
+    /// becomes the client's image, which may ask for [`envoy_version::VERSION_VAR`]).
+    fn sidecar_image(&self) -> Option<String> {
+        let image = self.spec.task.config.get("image")?.as_str()?;
+        Some(self.task_env().interpolate(image))
+    }
+
     pub(super) fn prestart_finish(&self, hook: TaskHook) -> Result<HookResponse, HookError> {
         let spec = &self.spec;
         let task = &spec.task;
@@ -81,6 +99,20 @@ impl TaskRunner {
                 unreachable!("this hook finishes through its own phase")
             }
             TaskHook::Validate => self.validate_finish(),
+            // Asked again before every start (Consul may have been upgraded in between); the
+            // image goes to the start, not into the task's environment.
+            TaskHook::EnvoyVersion => match (self.replies.first(), self.sidecar_image()) {
+                (Some(Reply::Proxies(supported)), Some(image)) => envoy_version::resolve_image(&image, supported)
+                    .map(|image| HookResponse {
+                        data: BTreeMap::from([(ENVOY_IMAGE.to_string(), image)]),
+                        ..HookResponse::default()
+                    })
+                    .map_err(|why| {
+                        HookError::recoverable(format!("error interpreting desired Envoy version from Consul: {why}"))
+                    }),
+                (Some(other), _) => Err(HookError::recoverable(format!("unexpected reply {other:?}"))),
+                (None, _) => Ok(HookResponse::default()),
+            },
             TaskHook::TaskDir => Ok(self.task_dir_finish()),
             TaskHook::DispatchPayload => match &task.dispatch_payload {
                 Some(config) if !crate::structs::payload_file_is_local(&config.file) => Err(HookError::fatal(format!(
