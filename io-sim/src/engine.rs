@@ -686,6 +686,7 @@ mod tests {
             node_cpu_mhz: 4_000,
             node_cores: 4,
             reserved_cores: Vec::new(),
+            network: None,
         }
     }
 

@@ -934,6 +934,21 @@ impl ClientExecutor for SimHost {
                     let docker = host.docker(&handle.driver).expect("checked");
                     docker.recover(handle).await.map(|()| Reply::Unit)
                 }
+                Io::CreateNetwork {
+                    alloc_id,
+                    driver,
+                    ports,
+                } => match host.docker(&driver) {
+                    Some(docker) => docker.create_network(alloc_id, ports).await.map(Reply::Network),
+                    None => Err(IoError::new(
+                        drover_core::client::ErrorKind::Unsupported,
+                        format!("the {driver} driver cannot make a group network"),
+                    )),
+                },
+                Io::DestroyNetwork { alloc_id, network } => match host.docker(&network.driver) {
+                    Some(docker) => docker.destroy_network(alloc_id, network).await.map(|()| Reply::Unit),
+                    None => Ok(Reply::Unit),
+                },
                 Io::StopTask {
                     handle, kill_timeout, ..
                 } => host.stop(&handle, kill_timeout).await,

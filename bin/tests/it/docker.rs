@@ -1468,29 +1468,23 @@ fn a_user_defined_network_is_joined_and_left_and_a_missing_one_is_a_clear_event(
     );
 }
 
-/// An image standing in for Envoy's, tagged as the one Consul's preferred version names
-/// (`envoyproxy/envoy:v1.16.2`): its entrypoint prints its arguments and the bootstrap file
-/// given with `-c`, then serves one page on the proxy's port, as Envoy would listen there.
-fn fake_envoy_image(root: &std::path::Path) -> &'static str {
-    const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.16.2";
-    let rootfs = root.join("envoy-rootfs");
+/// Imports `tag`: busybox with a few applets and `script` as its entrypoint (`/bin/entry`).
+fn script_image(root: &std::path::Path, tag: &str, script: &str) {
+    let rootfs = root.join(format!("rootfs-{}", tag.replace(['/', ':'], "-")));
     for dir in ["bin", "tmp"] {
         std::fs::create_dir_all(rootfs.join(dir)).unwrap();
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "cat", "echo", "mkdir", "httpd"] {
+    for applet in ["sh", "cat", "echo", "mkdir", "httpd", "sleep"] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
     }
-    let script = "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\nmkdir -p /tmp/www\n\
-                  echo proxied > /tmp/www/index.html\n\
-                  exec httpd -f -p \"$NOMAD_PORT_connect_proxy_count_api\" -h /tmp/www\n";
-    std::fs::write(rootfs.join("bin/fake-envoy"), script).unwrap();
+    std::fs::write(rootfs.join("bin/entry"), script).unwrap();
     std::fs::set_permissions(
-        rootfs.join("bin/fake-envoy"),
+        rootfs.join("bin/entry"),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let archive = root.join("envoy-rootfs.tar");
+    let archive = rootfs.with_extension("tar");
     let tar = Command::new("tar")
         .arg("-C")
         .arg(&rootfs)
@@ -1499,14 +1493,25 @@ fn fake_envoy_image(root: &std::path::Path) -> &'static str {
         .arg(".")
         .status()
         .unwrap();
-    assert!(tar.success(), "tar of the fake envoy's rootfs");
+    assert!(tar.success(), "tar of {tag}'s rootfs");
     docker(&[
         "import",
         "--change",
-        "ENTRYPOINT [\"/bin/fake-envoy\"]",
+        "ENTRYPOINT [\"/bin/entry\"]",
         archive.to_str().unwrap(),
-        ENVOY_IMAGE,
+        tag,
     ]);
+}
+
+/// An image standing in for Envoy's, tagged as the one Consul's preferred version names
+/// (`envoyproxy/envoy:v1.16.2`): its entrypoint prints its arguments and the bootstrap file
+/// given with `-c`, then serves one page on the proxy's port, as Envoy would listen there.
+fn fake_envoy_image(root: &std::path::Path) -> &'static str {
+    const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.16.2";
+    let script = "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\nmkdir -p /tmp/www\n\
+                  echo proxied > /tmp/www/index.html\n\
+                  exec httpd -f -p \"$NOMAD_PORT_connect_proxy_count_api\" -h /tmp/www\n";
+    script_image(root, ENVOY_IMAGE, script);
     ENVOY_IMAGE
 }
 
@@ -1650,4 +1655,124 @@ fn a_connect_sidecar_runs_as_a_container_at_the_envoy_version_consul_prefers() {
     };
     wait_for(Duration::from_secs(30), || task_services().is_empty().then_some(()))
         .unwrap_or_else(|| panic!("the task services are deregistered: {:?}", task_services()));
+}
+
+/// A group with `network { mode = "bridge" }`, as Nomad users write it for containers: one
+/// pause container (the client's `infra_image`, here a local stand-in) holds the group's
+/// network namespace with its port published from the host (dynamic host port to `to =
+/// 8080`); both tasks join it, so one reaches the other on 127.0.0.1; the host port reaches
+/// the web task; after `job stop`, neither the tasks' containers nor the pause container is
+/// left.
+#[test]
+fn a_bridge_mode_group_shares_one_network_its_port_reaches() {
+    use std::io::{Read, Write};
+    let root = tempfile::tempdir().unwrap();
+    script_image(
+        root.path(),
+        "drover-pause:local",
+        "#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 1 & wait $!; done\n",
+    );
+    let agent = start_dev(root.path(), "    infra_image = \"drover-pause:local\"");
+    let job = format!(
+        r#"job "bridged" {{
+  group "g" {{
+    network {{
+      mode = "bridge"
+      port "http" {{
+        to = 8080
+      }}
+    }}
+    task "web" {{
+      driver = "docker"
+      config {{
+        image   = "{IMAGE}"
+        command = "httpd"
+        args    = ["-f", "-p", "8080", "-h", "/etc"]
+      }}
+    }}
+    task "probe" {{
+      driver = "docker"
+      config {{
+        image   = "{IMAGE}"
+        command = "sh"
+        args    = ["-c", "until wget -qO- http://127.0.0.1:8080/passwd; do sleep 0.2; done; echo reached; sleep 300"]
+      }}
+    }}
+  }}
+}}
+"#
+    );
+    run_job(&agent, root.path(), "bridged", &job);
+    let stub = wait_alloc(
+        &agent,
+        "bridged",
+        |alloc| alloc["TaskStates"]["web"]["State"] == "running" && alloc["TaskStates"]["probe"]["State"] == "running",
+        "both containers run",
+    );
+    let id = stub["ID"].as_str().unwrap().to_string();
+    let pause = docker(&["ps", "-q", "--no-trunc", "--filter", &format!("name=nomad_init_{id}")]);
+    assert!(
+        !pause.is_empty(),
+        "the pause container runs: {:?}\n{}",
+        containers_of(&id),
+        agent.log()
+    );
+    for task in ["web", "probe"] {
+        let container = docker(&[
+            "ps",
+            "-q",
+            "--no-trunc",
+            "--filter",
+            &format!("label=com.hashicorp.nomad.alloc_id={id}"),
+            "--filter",
+            &format!("label=com.hashicorp.nomad.task_name={task}"),
+        ]);
+        let mode = docker(&["inspect", "--format", "{{.HostConfig.NetworkMode}}", &container]);
+        assert_eq!(
+            mode,
+            format!("container:{pause}"),
+            "{task} joins the pause container's network"
+        );
+    }
+    let reached = wait_for(Duration::from_secs(30), || {
+        logs(&agent, &id, "probe", "stdout").contains("reached").then_some(())
+    });
+    assert!(
+        reached.is_some(),
+        "the probe reaches web on 127.0.0.1:8080\n{}",
+        agent.log()
+    );
+
+    let alloc = get_json(agent.spec.http, &format!("/v1/allocation/{id}")).unwrap();
+    let given = &alloc["AllocatedResources"]["Shared"]["Ports"][0];
+    assert_eq!(
+        (given["Label"].as_str(), given["To"].as_i64()),
+        (Some("http"), Some(8080)),
+        "{alloc:#}"
+    );
+    let (host, port) = (
+        given["HostIP"].as_str().unwrap().to_string(),
+        given["Value"].as_u64().unwrap() as u16,
+    );
+    let answer = wait_for(Duration::from_secs(30), || {
+        let mut stream = std::net::TcpStream::connect((host.as_str(), port)).ok()?;
+        write!(stream, "GET /passwd HTTP/1.0\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        answer.lines().next()?.contains(" 200 ").then_some(answer)
+    });
+    assert!(
+        answer.is_some(),
+        "the host port {host}:{port} reaches web\n{}",
+        agent.log()
+    );
+
+    stop_job(&agent, "bridged");
+    wait_for(Duration::from_secs(60), || containers_of(&id).is_empty().then_some(())).unwrap_or_else(|| {
+        panic!(
+            "no container of {id} is left: {:?}\n{}",
+            containers_of(&id),
+            agent.log()
+        )
+    });
 }

@@ -43,6 +43,7 @@ fn config(dir: &Path, task: &str, command: &str, args: &[&str]) -> TaskConfig {
         node_cpu_mhz: 4_000,
         node_cores: 2,
         reserved_cores: Vec::new(),
+        network: None,
     }
 }
 

@@ -11,6 +11,7 @@
 //! asks the servers to unpublish, each volume on its own.
 
 mod csi;
+mod network;
 
 #[allow(unused_imports)]
 use crate::prelude::*;
@@ -74,6 +75,10 @@ pub struct LocalAllocState {
     pub prerun_failed: Option<String>,
     pub postrun_done: bool,
     pub destroyed: bool,
+    /// The shared network namespace of a bridge-mode group, once made (until postrun
+    /// removes it).
+    #[serde(default)]
+    pub network: Option<crate::client::AllocNetwork>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -213,6 +218,10 @@ pub struct AllocRunner {
     /// Volumes claimed in this prerun, with their publish context, until mounted.
     claimed: BTreeMap<String, (Box<crate::structs::CsiVolume>, BTreeMap<String, String>)>,
     alloc_dir_requested: bool,
+    /// The `network` hook asked for the namespace in this prerun.
+    network_requested: bool,
+    /// The namespace's removal in flight (postrun).
+    network_op: Option<OpId>,
     /// The tasks without a prestart lifecycle were started (at once when there is no
     /// prestart task, else once every prestart task is ready).
     main_started: bool,
@@ -288,6 +297,10 @@ impl AllocRunner {
                 )
             })
             .collect();
+        let mut runners: BTreeMap<String, Box<TaskRunner>> = runners;
+        for runner in runners.values_mut() {
+            runner.set_network(local.network.clone());
+        }
         let mut waiting_for: BTreeSet<String> = spec.alloc.preempted_allocations.iter().cloned().collect();
         waiting_for.extend(spec.alloc.previous_allocation.clone());
         AllocRunner {
@@ -308,6 +321,8 @@ impl AllocRunner {
             reclaim: BTreeSet::new(),
             claimed: BTreeMap::new(),
             alloc_dir_requested: false,
+            network_requested: false,
+            network_op: None,
             main_started: false,
             status: ClientStatus::Pending,
             actions: Vec::new(),
@@ -549,6 +564,12 @@ impl AllocRunner {
             self.prerun_outcome(now, outcome, ops);
             return true;
         }
+        if self.network_op == Some(op) {
+            self.network_op = None;
+            self.network_removed(outcome);
+            self.advance_postrun(now, ops);
+            return true;
+        }
         let release = self
             .releases
             .iter()
@@ -680,6 +701,7 @@ impl AllocRunner {
                     HookProgress::Waiting
                 }
             }
+            AllocHook::Network => self.network_prerun(ops),
             AllocHook::Csi => self.csi_prerun(now, ops),
         }
     }
@@ -711,6 +733,7 @@ impl AllocRunner {
                 Err(error) => PrerunVerdict::Failed(error.message),
             },
             AllocHook::AwaitPrevious => PrerunVerdict::Advance,
+            AllocHook::Network => self.network_outcome(outcome),
             AllocHook::Csi => self.csi_outcome(now, outcome),
         };
         match verdict {
@@ -901,6 +924,12 @@ impl AllocRunner {
                         return;
                     }
                     self.releases.clear();
+                    self.hook_event(*hook, "postrun", Ok(()));
+                }
+                AllocHook::Network => {
+                    if !self.network_postrun(ops) {
+                        return;
+                    }
                     self.hook_event(*hook, "postrun", Ok(()));
                 }
                 AllocHook::AllocDir | AllocHook::AwaitPrevious => {

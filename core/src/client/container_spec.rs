@@ -191,6 +191,11 @@ pub enum ContainerRefusal {
     InvalidCfsPeriod,
     /// `cpu_hard_limit` on a node whose CPU was not fingerprinted: no share to compute.
     NodeCpuUnknown,
+    /// A key a container joining its group's network (bridge mode) cannot have: the pause
+    /// container holds the hostname, DNS and hosts of the whole group.
+    SharedNetworkKey {
+        key: &'static str,
+    },
 }
 
 impl fmt::Display for ContainerRefusal {
@@ -227,6 +232,11 @@ impl fmt::Display for ContainerRefusal {
             ContainerRefusal::NodeCpuUnknown => write!(
                 f,
                 "cpu_hard_limit: the node's CPU is unknown, so the task's share of it cannot be computed"
+            ),
+            ContainerRefusal::SharedNetworkKey { key } => write!(
+                f,
+                "{key} cannot be set on a task of a group with network mode \"bridge\": its tasks share \
+                 the group's network"
             ),
             ContainerRefusal::InvalidUlimit { name, value } => write!(
                 f,
@@ -327,6 +337,22 @@ pub fn container_spec(
         ulimits.push(ulimit(name, value)?);
     }
 
+    let (network_mode, joined) = match &task.network {
+        Some(network) if docker.network_mode.is_empty() => (format!("container:{}", network.id), true),
+        _ => (docker.network_mode.clone(), false),
+    };
+    if joined {
+        let shared = [
+            ("hostname", !docker.hostname.is_empty()),
+            ("dns_servers", !docker.dns_servers.is_empty()),
+            ("dns_search_domains", !docker.dns_search_domains.is_empty()),
+            ("dns_options", !docker.dns_options.is_empty()),
+            ("extra_hosts", !docker.extra_hosts.is_empty()),
+        ];
+        if let Some((key, _)) = shared.into_iter().find(|(_, set)| *set) {
+            return Err(ContainerRefusal::SharedNetworkKey { key });
+        }
+    }
     let spec = ContainerSpec {
         name: format!("{}-{}", task.task, task.alloc_id),
         image: docker.image.clone(),
@@ -335,13 +361,15 @@ pub fn container_spec(
         working_dir: docker.work_dir.clone(),
         env: env.iter().map(|(name, value)| format!("{name}={value}")).collect(),
         labels,
+        // In the group's own network (bridge mode) the pause container publishes the ports;
+        // the Engine refuses them on a container joining it.
         hostname: docker.hostname.clone(),
         tty: docker.tty,
         open_stdin: docker.interactive,
         binds,
         mounts,
-        network_mode: docker.network_mode.clone(),
-        ports,
+        network_mode,
+        ports: if joined { Vec::new() } else { ports },
         memory_bytes,
         memory_reservation_bytes,
         cpu_shares: i64::from(task.cpu_mhz).max(MIN_CPU_SHARES),
@@ -417,6 +445,39 @@ pub fn memory_limits(memory_mb: u32, memory_max_mb: u32) -> (i64, i64) {
 /// `NOMAD_HOST_PORT_<label>` and `NOMAD_PORT_<label>`), or with `port_map` every port of the
 /// network, mapped to the port `port_map` names inside the container (whose
 /// `NOMAD_PORT_<label>` then says so, as Nomad's `SetPortMapEnvs` does).
+/// The pause container of a bridge-mode allocation (Nomad's `nomad_init_<alloc id>`): the
+/// network namespace its tasks join, with every port of the group published from the host
+/// into it (the host port to the port the tasks bind). Labelled as the allocation's, with no
+/// task, so the orphan sweep knows whose it is.
+pub fn network_spec(
+    alloc_id: &str,
+    client: &str,
+    ports: &[crate::structs::AllocatedPort],
+    plugin: &DockerPluginConfig,
+) -> ContainerSpec {
+    ContainerSpec {
+        name: format!("nomad_init_{alloc_id}"),
+        image: plugin.infra_image.clone(),
+        labels: BTreeMap::from([
+            (LABEL_ALLOC_ID.to_string(), alloc_id.to_string()),
+            (LABEL_CLIENT.to_string(), client.to_string()),
+        ]),
+        ports: ports
+            .iter()
+            .map(|port| PublishedPort {
+                label: port.label.clone(),
+                host_ip: port.host_ip.clone(),
+                host_port: port.value,
+                container_port: u16::try_from(port.task_port()).unwrap_or(port.value),
+            })
+            .collect(),
+        // As little as a pause process needs.
+        memory_bytes: 0,
+        cpu_shares: MIN_CPU_SHARES,
+        ..ContainerSpec::default()
+    }
+}
+
 fn published_ports(
     task_env: &BTreeMap<String, String>,
     docker: &DockerTaskConfig,

@@ -43,8 +43,8 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         | Io::ReadFile { .. }
         | Io::WriteFile { .. }
         | Io::WriteBytes { .. } => Some(FS_TIMEOUT),
-        Io::StartTask(_) | Io::RunCommand { .. } => Some(START_TIMEOUT),
-        Io::DestroyTask { .. } => Some(DESTROY_TIMEOUT),
+        Io::StartTask(_) | Io::RunCommand { .. } | Io::CreateNetwork { .. } => Some(START_TIMEOUT),
+        Io::DestroyTask { .. } | Io::DestroyNetwork { .. } => Some(DESTROY_TIMEOUT),
         Io::RenderTemplate(_) | Io::SignalTask { .. } => Some(FS_TIMEOUT),
         Io::Csi { .. } => Some(CSI_TIMEOUT),
         Io::AllocSync(request) => Some(Duration::from_millis(request.max_wait_ms) + ALLOC_SYNC_GRACE),

@@ -1,7 +1,7 @@
 //! The hook order, written once as data (§2.2 and §2.4, for the hooks this project has), and
 //! what a hook hands back and persists.
 //!
-//! Alloc hooks, in order: `alloc_dir`, `await_previous_allocations`, `csi_hook`.
+//! Alloc hooks, in order: `alloc_dir`, `await_previous_allocations`, `network`, `csi_hook`.
 //! Task hooks, in order: `validate`, `task_dir`, `volumes`, `devices`, `csi_plugin_supervisor`
 //! (the last only for tasks with a `csi_plugin` stanza). Both Nomad 0.11 and today's Nomad
 //! keep this relative order.
@@ -20,6 +20,8 @@ use crate::structs::Task;
 pub enum AllocHook {
     AllocDir,
     AwaitPrevious,
+    /// `network`: the shared network namespace of a bridge-mode group.
+    Network,
     Csi,
 }
 
@@ -28,6 +30,7 @@ impl AllocHook {
         match self {
             AllocHook::AllocDir => "alloc_dir",
             AllocHook::AwaitPrevious => "await_previous_allocations",
+            AllocHook::Network => "network",
             AllocHook::Csi => "csi_hook",
         }
     }
@@ -61,6 +64,16 @@ pub const ALLOC_HOOKS: &[(AllocHook, AllocPhases)] = &[
         AllocPhases {
             prerun: true,
             postrun: false,
+            destroy: false,
+            shutdown: false,
+            update: false,
+        },
+    ),
+    (
+        AllocHook::Network,
+        AllocPhases {
+            prerun: true,
+            postrun: true,
             destroy: false,
             shutdown: false,
             update: false,

@@ -132,6 +132,9 @@ pub struct TaskConfig {
     /// The node's cores reserved for the task (`resources { cores }`); empty when it asked
     /// for MHz (`cpu`).
     pub reserved_cores: Vec<u32>,
+    /// The allocation's shared network namespace, in bridge mode: the task joins it.
+    #[serde(default)]
+    pub network: Option<AllocNetwork>,
 }
 
 /// A running task, as the driver describes it; persisted so the agent can reattach.
@@ -402,6 +405,20 @@ pub enum Io {
     DestroyTask {
         handle: TaskHandle,
     },
+    /// Makes the network namespace the allocation's tasks share (group `network { mode =
+    /// "bridge" }`), with the group's `ports` published from the host into it (Nomad's
+    /// driver `CreateNetwork`). Idempotent: the allocation's existing namespace is answered
+    /// again (after an agent restart). Replies `Network`.
+    CreateNetwork {
+        alloc_id: String,
+        driver: String,
+        ports: Vec<crate::structs::AllocatedPort>,
+    },
+    /// Removes the allocation's namespace once its tasks are gone. Idempotent.
+    DestroyNetwork {
+        alloc_id: String,
+        network: AllocNetwork,
+    },
     /// Sends `signal` (a Linux signal number) to the running task (a template's
     /// `change_mode = "signal"`).
     SignalTask {
@@ -456,6 +473,16 @@ pub enum Reply {
     File(Option<String>),
     /// The proxy versions the Consul agent supports, newest first, by proxy.
     Proxies(BTreeMap<String, Vec<String>>),
+    /// `CreateNetwork`: the namespace made.
+    Network(AllocNetwork),
+}
+
+/// The network namespace an allocation's tasks share, as the driver that made it names it
+/// (the docker driver: its pause container); persisted, so a restarted agent finds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocNetwork {
+    pub driver: String,
+    pub id: String,
 }
 
 /// One template to render (`Io::RenderTemplate`).

@@ -190,6 +190,8 @@ impl Phase {
 
 #[derive(Debug)]
 pub struct TaskRunner {
+    /// The allocation's shared network namespace (bridge mode), for the task to join.
+    network: Option<crate::client::AllocNetwork>,
     /// The last `now` handed in: time never runs back inside the machine.
     clock: crate::time::Monotonic,
     spec: TaskSpec,
@@ -222,6 +224,11 @@ impl TaskRunner {
         crate::cover::transition("task_runner", self.phase.name(), phase.name());
         self.phase = phase;
     }
+    /// The allocation's shared network namespace, once made (bridge mode).
+    pub fn set_network(&mut self, network: Option<crate::client::AllocNetwork>) {
+        self.network = network;
+    }
+
     pub fn new(spec: TaskSpec) -> Self {
         Self::restore(spec, LocalTaskState::default(), false)
     }
@@ -247,6 +254,7 @@ impl TaskRunner {
         };
         let tracker = RestartTracker::new(policy, on_success, spec.seed);
         TaskRunner {
+            network: None,
             clock: crate::time::Monotonic::default(),
             spec,
             hooks,
@@ -821,6 +829,7 @@ impl TaskRunner {
             node_cpu_mhz: spec.node.node.resources.cpu,
             node_cores: spec.node.node.cores(),
             reserved_cores: spec.env.cores.clone(),
+            network: self.network.clone(),
         };
         let op = ops.allocate();
         self.set_phase(Phase::Starting { op });

@@ -3,10 +3,10 @@
 //! the sidecar task `connect-proxy-<service>` (Nomad's `jobConnectHook`), so the job the API
 //! returns shows the task as Nomad's does.
 //!
-//! Nomad requires bridge networking for sidecars; Drover has only host networking, so a
-//! sidecar group runs in host mode (the proxy's port is a dynamic host port). The service
-//! identity tokens the proxies use are derived by the servers (`Node.DeriveSIToken`, 0.10.4–1.8
-//! design) in later parts of this module's work.
+//! Nomad requires bridge networking for sidecars; Drover runs a sidecar group in host mode
+//! (the proxy's port is a dynamic host port; bridge mode, which Drover has for groups of
+//! containers, is refused with a Connect sidecar). The service identity tokens the proxies use
+//! are derived by the servers (`Node.DeriveSIToken`, 0.10.4–1.8 design).
 
 #[allow(unused_imports)]
 use crate::prelude::*;

@@ -31,6 +31,9 @@ pub const IMAGE_DELAY: Duration = Duration::from_secs(3 * 60);
 /// Nomad's default `dangling_containers { period }`.
 pub const ORPHAN_PERIOD: Duration = Duration::from_secs(5 * 60);
 
+/// Nomad's default `infra_image`: the pause container of a bridge-mode group.
+pub const INFRA_IMAGE: &str = "registry.k8s.io/pause-amd64:3.3";
+
 /// How long a labelled container no task knows is left alone (Nomad's `creation_grace`).
 pub const CREATION_GRACE: Duration = Duration::from_secs(5 * 60);
 
@@ -56,6 +59,9 @@ pub struct DockerPluginConfig {
     pub creation_grace: Duration,
     /// `gc { dangling_containers { period } }`: how often labelled containers are looked over.
     pub orphan_period: Duration,
+    /// `infra_image`: what the pause container of a bridge-mode group runs (pulled when the
+    /// Engine lacks it).
+    pub infra_image: String,
 }
 
 impl Default for DockerPluginConfig {
@@ -75,6 +81,7 @@ impl Default for DockerPluginConfig {
             gc_containers: true,
             creation_grace: CREATION_GRACE,
             orphan_period: ORPHAN_PERIOD,
+            infra_image: INFRA_IMAGE.into(),
         }
     }
 }

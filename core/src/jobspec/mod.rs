@@ -854,7 +854,7 @@ mod tests {
 
         let mut bad = good.clone();
         let group = &mut bad.task_groups[0];
-        group.networks[0].mode = "bridge".into();
+        group.networks[0].mode = "cni/mynet".into();
         group.networks[0].dynamic_ports.push(port("http", 0, -2));
         group.networks[0].reserved_ports.push(port("again", 8080, 70000));
         group.tasks[0].resources.networks[0]
@@ -865,8 +865,9 @@ mod tests {
             validate(&bad),
             [
                 format!(
-                    "{prefix}network mode \"bridge\" is not supported: Drover runs tasks in the host's network only \
-                     (mode \"host\"; bridge and CNI networking are not available)"
+                    "{prefix}network mode \"cni/mynet\" is not supported: Drover runs tasks in the host's network, \
+                     or a group of containers in a network of its own (mode \"bridge\"); CNI networking is not \
+                     available"
                 ),
                 format!("{prefix}Static port 8080 already reserved by taskgroup network:http"),
                 format!("{prefix}Port \"again\" cannot be mapped to a port (70000) greater than 65535"),
@@ -874,6 +875,51 @@ mod tests {
                 format!("{prefix}Port \"http\" cannot be mapped to negative value -2"),
                 format!("{prefix}Port label admin already in use by taskgroup network"),
             ]
+        );
+
+        // A network of its own: for a group of containers only, and not yet with Connect.
+        let mut bridge = good.clone();
+        bridge.task_groups[0].networks[0].mode = "bridge".into();
+        bridge.task_groups[0].tasks[0].driver = "docker".into();
+        bridge.task_groups[0].tasks[0]
+            .config
+            .insert("image".into(), crate::structs::ConfigValue::String("busybox".into()));
+        assert_eq!(validate(&bridge), Vec::<String>::new());
+        let mut named = bridge.clone();
+        named.task_groups[0].tasks[0]
+            .config
+            .insert("hostname".into(), crate::structs::ConfigValue::String("cache".into()));
+        assert_eq!(
+            validate(&named),
+            [format!(
+                "{prefix}hostname cannot be set on task \"t\": the tasks of a group with network mode \
+                 \"bridge\" share the group's network"
+            )]
+        );
+        bridge.task_groups[0].tasks[0].driver = "raw_exec".into();
+        bridge.task_groups[0].services.push(Service {
+            name: "web".into(),
+            port_label: "http".into(),
+            connect: Some(crate::connect::ConsulConnect {
+                sidecar_service: Some(Default::default()),
+                ..Default::default()
+            }),
+            ..Service::default()
+        });
+        let errors = validate(&bridge);
+        assert!(
+            errors.contains(&format!(
+                "{prefix}network mode \"bridge\" needs every task of the group to run in a container: task \
+                 \"t\" uses driver \"raw_exec\""
+            )),
+            "{errors:?}"
+        );
+        assert!(
+            errors.contains(&format!(
+                "{prefix}network mode \"bridge\" is not supported with a Consul Connect sidecar (service \
+                 \"web\"): Drover runs Connect groups in host mode"
+            )),
+            "{errors:?}"
         );
     }
 }

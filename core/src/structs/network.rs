@@ -10,6 +10,8 @@ pub const DEFAULT_MAX_DYNAMIC_PORT: u16 = 32000;
 
 /// Network modes a jobspec may ask for. Nomad's `bridge` and `cni/*` need CNI, which Drover
 /// does not have: they are refused at validation rather than silently run in the host's.
+/// A group network of its own, shared by the group's tasks.
+pub const NETWORK_MODE_BRIDGE: &str = "bridge";
 pub const NETWORK_MODE_HOST: &str = "host";
 
 /// A `port "<label>" {}` block: `value` is the `static` port (0 for a dynamic one), `to` the
@@ -129,6 +131,54 @@ fn range_text((low, high): (u16, u16)) -> String {
     }
 }
 
+/// Why a group cannot have a network of its own (`mode = "bridge"`): Drover makes one only
+/// for containers (a pause container the group's `docker` tasks join), and not yet with a
+/// Connect sidecar (whose Envoy reaches Consul and its service through the host).
+fn bridge_refusals(group: &TaskGroup) -> Vec<String> {
+    let mut errors: Vec<String> = group
+        .tasks
+        .iter()
+        .filter(|task| task.driver != "docker")
+        .map(|task| {
+            format!(
+                "network mode \"bridge\" needs every task of the group to run in a container: task {:?} \
+                 uses driver {:?}",
+                task.name, task.driver
+            )
+        })
+        .collect();
+    // The pause container holds what the group shares; one task cannot have its own.
+    for task in group.tasks.iter().filter(|task| task.driver == "docker") {
+        for key in [
+            "hostname",
+            "dns_servers",
+            "dns_search_domains",
+            "dns_options",
+            "extra_hosts",
+        ] {
+            if task.config.contains_key(key) {
+                errors.push(format!(
+                    "{key} cannot be set on task {:?}: the tasks of a group with network mode \"bridge\" \
+                     share the group's network",
+                    task.name
+                ));
+            }
+        }
+    }
+    if let Some(service) = group
+        .services
+        .iter()
+        .find(|service| service.connect.as_ref().is_some_and(|connect| connect.has_sidecar()))
+    {
+        errors.push(format!(
+            "network mode \"bridge\" is not supported with a Consul Connect sidecar (service {:?}): \
+             Drover runs Connect groups in host mode",
+            service.name
+        ));
+    }
+    errors
+}
+
 /// Nomad's `TaskGroup.validateNetworks`: one group network, in host mode; every port label
 /// once across the group and its tasks; every static port once; `to` within `-1..=65535`.
 pub fn validate_networks(group: &TaskGroup) -> Vec<String> {
@@ -148,10 +198,14 @@ pub fn validate_networks(group: &TaskGroup) -> Vec<String> {
         .map(|network| (None, network))
         .chain(task_networks)
     {
-        if !network.mode.is_empty() && network.mode != NETWORK_MODE_HOST {
+        let group_bridge = task.is_none() && network.mode == NETWORK_MODE_BRIDGE;
+        if group_bridge {
+            errors.extend(bridge_refusals(group));
+        } else if !network.mode.is_empty() && network.mode != NETWORK_MODE_HOST {
             errors.push(format!(
-                "network mode {:?} is not supported: Drover runs tasks in the host's network only \
-                 (mode \"host\"; bridge and CNI networking are not available)",
+                "network mode {:?} is not supported: Drover runs tasks in the host's network, or a \
+                 group of containers in a network of its own (mode \"bridge\"); CNI networking is \
+                 not available",
                 network.mode
             ));
         }

@@ -453,6 +453,19 @@ mod client_harness {
             },
         );
         let mut resources = drover_core::structs::AllocatedResources::default();
+        // bridge: the group has a network of its own, its port `http` 9001 mapped to 8080.
+        if args.contains_key("bridge") {
+            group.networks = vec![drover_core::structs::NetworkResource {
+                mode: "bridge".into(),
+                ..Default::default()
+            }];
+            resources.ports.push(drover_core::structs::AllocatedPort {
+                label: "http".into(),
+                value: 9001,
+                to: 8080,
+                host_ip: "10.0.0.5".into(),
+            });
+        }
         if !group.services.is_empty() {
             resources.ports.push(drover_core::structs::AllocatedPort {
                 label: "http".into(),
@@ -651,6 +664,12 @@ mod client_harness {
                 variables: BTreeMap::from([(path(var), variable)]),
             }));
         }
+        if let Some(id) = args.get("network") {
+            return Ok(Reply::Network(drover_core::client::AllocNetwork {
+                driver: "docker".into(),
+                id: id.clone(),
+            }));
+        }
         if let Some(versions) = args.get("proxies") {
             let versions = versions.split(",").filter(|v| *v != "none").map(String::from).collect();
             return Ok(Reply::Proxies(BTreeMap::from([("envoy".to_string(), versions)])));
@@ -677,10 +696,13 @@ mod client_harness {
                     .map(|(k, v)| format!("{k}={v}"))
                     .collect();
                 let mounts: Vec<String> = config.mounts.iter().map(|m| m.to_string()).collect();
-                let image = match config.config.get("image").and_then(|image| image.as_str()) {
+                let mut image = match config.config.get("image").and_then(|image| image.as_str()) {
                     Some(image) => format!(" image={image}"),
                     None => String::new(),
                 };
+                if let Some(network) = &config.network {
+                    image.push_str(&format!(" network={}", network.id));
+                }
                 format!(
                     "start {}{image} env=[{}] mounts=[{}]",
                     config.task,
@@ -772,6 +794,18 @@ mod client_harness {
             },
             Io::AllocSync(request) => format!("alloc-sync min_index={}", request.min_index),
             Io::Consul(call) => format!("consul {call:?}"),
+            Io::CreateNetwork {
+                alloc_id,
+                driver,
+                ports,
+            } => {
+                let ports: Vec<String> = ports
+                    .iter()
+                    .map(|port| format!("{}:{}->{}", port.label, port.value, port.task_port()))
+                    .collect();
+                format!("create-network {alloc_id} driver={driver} ports=[{}]", ports.join(" "))
+            }
+            Io::DestroyNetwork { alloc_id, network } => format!("destroy-network {alloc_id} {}", network.id),
             Io::PrepareDevices { picks } => format!("prepare-devices {picks:?}"),
         }
     }
@@ -801,8 +835,12 @@ mod client_harness {
                             )
                         })
                         .collect();
+                    let network = match &local.network {
+                        Some(network) => format!(" network={}", network.id),
+                        None => String::new(),
+                    };
                     let line = format!(
-                        "persist alloc stubs=[{}]{}{}",
+                        "persist alloc stubs=[{}]{network}{}{}",
                         stubs.join(" "),
                         if local.postrun_done { " postrun-done" } else { "" },
                         if local.destroyed { " destroyed" } else { "" }
@@ -1754,6 +1792,7 @@ mod container_spec_harness {
             node_cpu_mhz: 4_000,
             node_cores: 2,
             reserved_cores: Vec::new(),
+            network: None,
         };
         for line in &directive.input[1..] {
             let (what, rest) = line.split_once(' ').expect("`<what> <value>`");
@@ -1778,6 +1817,13 @@ mod container_spec_harness {
                 }
                 "cores" => {
                     task.reserved_cores = rest.split(',').map(|core| core.parse().expect("a core id")).collect();
+                }
+                // network <id>: the allocation's pause container (bridge mode).
+                "network" => {
+                    task.network = Some(drover_core::client::AllocNetwork {
+                        driver: "docker".into(),
+                        id: rest.into(),
+                    });
                 }
                 "resources" => {
                     for pair in rest.split_whitespace() {

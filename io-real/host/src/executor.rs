@@ -153,6 +153,15 @@ impl ClientExecutor for HostExecutor {
                     driver.destroy(handle).await?;
                     Ok(Reply::Unit)
                 }
+                Io::CreateNetwork {
+                    alloc_id,
+                    driver: name,
+                    ports,
+                } => Ok(Reply::Network(driver(&name)?.create_network(alloc_id, ports).await?)),
+                Io::DestroyNetwork { alloc_id, network } => {
+                    driver(&network.driver)?.destroy_network(alloc_id, network).await?;
+                    Ok(Reply::Unit)
+                }
                 Io::PrepareDevices { picks } => devices.prepare(&picks).map(Reply::Reserved),
                 Io::Csi { socket, call } => {
                     let client = CsiClient::connect(&socket, CSI_CONNECT_TIMEOUT)

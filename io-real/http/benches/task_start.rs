@@ -40,6 +40,7 @@ fn config(dir: &std::path::Path, task: &str) -> TaskConfig {
         node_cpu_mhz: 4_000,
         node_cores: 2,
         reserved_cores: Vec::new(),
+        network: None,
     }
 }
 

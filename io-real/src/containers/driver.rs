@@ -14,11 +14,12 @@ use std::time::Duration;
 use drover_core::client::container_spec::container_spec;
 use drover_core::client::containers::{self, BrokenWait, ImageGc, PullFailure};
 use drover_core::client::{
-    DriverCapabilities, ErrorKind, ExitResult, IoError, MountConfigSupport, TaskConfig, TaskHandle,
+    AllocNetwork, DriverCapabilities, ErrorKind, ExitResult, IoError, MountConfigSupport, TaskConfig, TaskHandle,
 };
 use drover_core::config::ClientFaults;
 use drover_core::driverspec::docker::DockerTaskConfig;
 use drover_core::driverspec::docker_plugin::DockerPluginConfig;
+use drover_core::structs::AllocatedPort;
 use futures::StreamExt;
 use tokio::sync::watch;
 
@@ -97,6 +98,9 @@ pub struct ContainerDriver {
     log_files: bool,
     /// Defects re-created on purpose (the simulation's regression switches); none in production.
     faults: ClientFaults,
+    /// Allocations whose pause container (bridge mode) this client holds: spared by the
+    /// orphan sweep.
+    networks: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl ContainerDriver {
@@ -116,6 +120,7 @@ impl ContainerDriver {
             epoch: tokio::time::Instant::now(),
             log_files: true,
             faults: ClientFaults::default(),
+            networks: Arc::default(),
         }
     }
 
@@ -259,6 +264,14 @@ impl ContainerDriver {
             .collect();
         let mut tracked: BTreeSet<Key> = self.tasks.lock().unwrap().keys().cloned().collect();
         tracked.extend(self.starting.lock().unwrap().iter().cloned());
+        // A pause container is labelled with its allocation and no task.
+        tracked.extend(
+            self.networks
+                .lock()
+                .unwrap()
+                .iter()
+                .map(|alloc| (alloc.clone(), String::new())),
+        );
         let now = drover_core::Instant::from_millis(crate::clock::unix_millis());
         for id in orphans(&listed, client, &tracked, now, self.plugin.creation_grace) {
             tracing::info!(container = %id, "removing a container no task of this client owns");
@@ -465,6 +478,79 @@ impl ContainerDriver {
         engine.release_shared(&state.shared);
         self.let_go_of_image(&state.image, &handle.alloc_id, &handle.task);
         Ok(())
+    }
+}
+
+impl ContainerDriver {
+    /// The allocation's pause container, created (with the infra image pulled if missing)
+    /// unless it exists, and running.
+    async fn create_network(&self, alloc_id: String, ports: Vec<AllocatedPort>) -> Result<AllocNetwork, IoError> {
+        use drover_core::client::containers::{LABEL_ALLOC_ID, LABEL_CLIENT, LABEL_TASK_NAME};
+        let engine = self.engine()?;
+        let client = self.client_label.clone().unwrap_or_default();
+        // Spared by the sweep from before it exists.
+        self.networks.lock().unwrap().insert(alloc_id.clone());
+        let listed = engine
+            .list(LABEL_ALLOC_ID)
+            .await
+            .map_err(|error| error.io_error("Failed to list containers"))?;
+        let existing = listed.into_iter().find(|container| {
+            container.labels.get(LABEL_ALLOC_ID) == Some(&alloc_id)
+                && container.labels.get(LABEL_CLIENT) == Some(&client)
+                && !container.labels.contains_key(LABEL_TASK_NAME)
+        });
+        let id = match existing {
+            Some(container) => container.id,
+            None => {
+                let spec = drover_core::client::container_spec::network_spec(&alloc_id, &client, &ports, &self.plugin);
+                ensure_infra_image(engine.as_ref(), &spec.image).await?;
+                engine
+                    .create(&spec)
+                    .await
+                    .map_err(|error| error.io_error("Failed to create the pause container"))?
+            }
+        };
+        match engine.start(&id).await {
+            Ok(()) => {}
+            Err(error) if error.kind == EngineFailure::NotModified => {}
+            Err(error) => {
+                remove_container(engine.as_ref(), &id).await;
+                return Err(error.io_error("Failed to start the pause container"));
+            }
+        }
+        Ok(AllocNetwork {
+            driver: "docker".into(),
+            id,
+        })
+    }
+
+    async fn destroy_network(&self, alloc_id: String, network: AllocNetwork) -> Result<(), IoError> {
+        let engine = self.engine()?;
+        force_remove(engine.as_ref(), &network.id)
+            .await
+            .map_err(|error| error.io_error("Failed to remove the pause container"))?;
+        self.networks.lock().unwrap().remove(&alloc_id);
+        Ok(())
+    }
+}
+
+/// How long pulling the pause container's image may take (Nomad's default
+/// `image_pull_timeout`).
+const INFRA_PULL_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+async fn ensure_infra_image(engine: &dyn Engine, image: &str) -> Result<(), IoError> {
+    match engine.has_image(image).await {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(error) => return Err(error.io_error("Failed to inspect image")),
+    }
+    match tokio::time::timeout(INFRA_PULL_TIMEOUT, engine.pull(image, None)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(error.io_error(&format!("Failed to pull `{image}`"))),
+        Err(_) => Err(IoError::new(
+            ErrorKind::Timeout,
+            format!("Failed to pull `{image}`: timed out"),
+        )),
     }
 }
 
@@ -689,6 +775,16 @@ impl TaskDriver for ContainerDriver {
     fn destroy(&self, handle: TaskHandle) -> BoxFuture<Result<(), IoError>> {
         let driver = self.clone();
         Box::pin(async move { driver.destroy_task(handle).await })
+    }
+
+    fn create_network(&self, alloc_id: String, ports: Vec<AllocatedPort>) -> BoxFuture<Result<AllocNetwork, IoError>> {
+        let driver = self.clone();
+        Box::pin(async move { driver.create_network(alloc_id, ports).await })
+    }
+
+    fn destroy_network(&self, alloc_id: String, network: AllocNetwork) -> BoxFuture<Result<(), IoError>> {
+        let driver = self.clone();
+        Box::pin(async move { driver.destroy_network(alloc_id, network).await })
     }
 
     fn signal(&self, handle: &TaskHandle, signal: i32) -> Result<(), IoError> {

@@ -227,6 +227,7 @@ mod tests {
             node_cpu_mhz: 4_000,
             node_cores: 2,
             reserved_cores: Vec::new(),
+            network: None,
         }
     }
 

@@ -43,6 +43,30 @@ pub trait TaskDriver: Send + Sync + 'static {
     /// Sends a signal (a Linux signal number) to the running task.
     fn signal(&self, handle: &TaskHandle, signal: i32) -> Result<(), IoError>;
 
+    /// Makes the network namespace a bridge-mode allocation's tasks share, with `ports`
+    /// published into it (Nomad's `CreateNetwork`); the allocation's existing one again
+    /// after an agent restart. Only a driver whose tasks can join one does.
+    fn create_network(
+        &self,
+        _alloc_id: String,
+        _ports: Vec<drover_core::structs::AllocatedPort>,
+    ) -> BoxFuture<Result<drover_core::client::AllocNetwork, IoError>> {
+        let error = IoError::new(
+            drover_core::client::ErrorKind::Unsupported,
+            format!("the {} driver cannot make a group network", self.name()),
+        );
+        Box::pin(async move { Err(error) })
+    }
+
+    /// Removes what `create_network` made. Idempotent.
+    fn destroy_network(
+        &self,
+        _alloc_id: String,
+        _network: drover_core::client::AllocNetwork,
+    ) -> BoxFuture<Result<(), IoError>> {
+        Box::pin(async move { Ok(()) })
+    }
+
     /// The task's CPU and memory use now (`None`: not measured by this driver, or gone).
     fn stats(&self, _handle: &TaskHandle) -> Option<TaskResourceUsage> {
         None

@@ -9,7 +9,7 @@
 //! failure is recoverable (the restart policy decides). The task's environment gains
 //! `NOMAD_ENVOY_ADMIN_ADDR_<service>`.
 //!
-//! Host networking (bridge is refused at registration): `-grpc-addr` is Consul's gRPC address
+//! Host networking (a Connect group in bridge mode is refused at registration): `-grpc-addr` is Consul's gRPC address
 //! (`consul { grpc_address }`) rather than the alloc's proxied socket, and the admin API binds
 //! `127.0.0.2:<the service's port>` (unique per allocation on a host, as later Nomad does in
 //! host mode), where bridge mode's `localhost:19000 + task index` would collide.

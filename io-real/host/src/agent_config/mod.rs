@@ -106,6 +106,8 @@ pub struct PluginConfigBlock {
     pub allow_caps: Option<Vec<String>>,
     pub volumes: Option<DockerVolumesBlock>,
     pub gc: Option<DockerGcBlock>,
+    /// The image of the pause container a bridge-mode group's tasks share.
+    pub infra_image: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -877,6 +879,9 @@ fn apply_file(
                 }
                 if let Some(caps) = block.allow_caps {
                     docker.allow_caps = caps;
+                }
+                if let Some(image) = block.infra_image.filter(|image| !image.trim().is_empty()) {
+                    docker.infra_image = image;
                 }
                 if let Some(enabled) = block.volumes.and_then(|volumes| volumes.enabled) {
                     docker.volumes_enabled = enabled;
