@@ -368,6 +368,7 @@ async fn run(loaded: Loaded) -> anyhow::Result<()> {
                 },
                 alloc_root: data_dir.join("alloc"),
                 exec: Default::default(),
+                proxies: Default::default(),
             }),
             store: drover_host::disk::open_client_store(&data_dir.join("client"))?,
             inbox,

@@ -945,6 +945,15 @@ impl ClientExecutor for SimHost {
                         format!("the {driver} driver cannot make a group network"),
                     )),
                 },
+                // A simulated host serves no sockets: what reaches Consul is modelled apart.
+                Io::ProxySocket { path, target } => {
+                    host.note(format!("socket {path} forwards to {target}"));
+                    Ok(Reply::Unit)
+                }
+                Io::StopProxySocket { path } => {
+                    host.note(format!("socket {path} closed"));
+                    Ok(Reply::Unit)
+                }
                 Io::DestroyNetwork { alloc_id, network } => match host.docker(&network.driver) {
                     Some(docker) => docker.destroy_network(alloc_id, network).await.map(|()| Reply::Unit),
                     None => Ok(Reply::Unit),

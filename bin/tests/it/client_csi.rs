@@ -181,6 +181,7 @@ async fn exec_task_uses_a_volume_published_by_a_raw_exec_plugin_task() {
             devices: DeviceManager::default().with(Arc::new(FakeDevicePlugin::new(1))),
             alloc_root: dir.path().join("alloc"),
             exec: Default::default(),
+            proxies: Default::default(),
         }),
         store: drover_host::disk::open_client_store(&dir.path().join("client")).unwrap(),
         inbox,

@@ -1776,3 +1776,176 @@ fn a_bridge_mode_group_shares_one_network_its_port_reaches() {
         )
     });
 }
+
+/// Nomad's canonical Connect group, unchanged in shape: `network { mode = "bridge" }`, the
+/// service on the literal port the app binds inside (`port = "9001"`), the default sidecar.
+/// The proxy container and the app share the group's namespace: the proxy reaches the app on
+/// 127.0.0.1:9001, as Consul is told (`LocalServiceAddress`/`LocalServicePort`), finds
+/// Consul's gRPC socket at `/alloc/tmp/consul_grpc.sock` (the bootstrap's `-grpc-addr`), and
+/// answers on the proxy's host port through the pause container. Nothing is left after `job
+/// stop`, the socket included.
+#[test]
+fn a_connect_group_in_bridge_mode_runs_as_nomads_countdash_does() {
+    use std::io::{Read, Write};
+    let root = tempfile::tempdir().unwrap();
+    script_image(
+        root.path(),
+        "drover-pause:local",
+        "#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 1 & wait $!; done\n",
+    );
+    // This envoy checks what a real one needs: the bootstrap, Consul's socket, the local
+    // service on the namespace's loopback; then serves on the proxy's port.
+    script_image(
+        root.path(),
+        "envoyproxy/envoy:v1.16.2",
+        "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\n\
+         [ -S /alloc/tmp/consul_grpc.sock ] && echo 'consul grpc socket present'\n\
+         until wget -qO- http://127.0.0.1:9001/passwd >/dev/null; do sleep 0.2; done\n\
+         echo 'local service reached'\nmkdir -p /tmp/www\necho proxied > /tmp/www/index.html\n\
+         exec httpd -f -p \"$NOMAD_PORT_connect_proxy_count_api\" -h /tmp/www\n",
+    );
+    let (consul, consul_port) = crate::connect::start_consul();
+    let cli = root.path().join("consul");
+    std::fs::write(
+        &cli,
+        format!(
+            "#!/bin/sh\necho \"$@\" >> {}/calls.log\necho '{{\"bootstrapped\": true}}'\n",
+            root.path().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cli, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let consul_config = format!(
+        "consul {{\n  address = \"127.0.0.1:{consul_port}\"\n  binary = \"{}\"\n}}\n",
+        cli.display()
+    );
+    let agent = start_dev_configured(
+        root.path(),
+        &engine(),
+        "    infra_image = \"drover-pause:local\"",
+        &consul_config,
+    );
+    let job = format!(
+        r#"job "countdash" {{
+  group "api" {{
+    network {{
+      mode = "bridge"
+    }}
+    service {{
+      name = "count-api"
+      port = "9001"
+      connect {{
+        sidecar_service {{}}
+      }}
+    }}
+    task "web" {{
+      driver = "docker"
+      config {{
+        image   = "{IMAGE}"
+        command = "httpd"
+        args    = ["-f", "-p", "9001", "-h", "/etc"]
+      }}
+    }}
+  }}
+}}
+"#
+    );
+    run_job(&agent, root.path(), "countdash", &job);
+    let stub = wait_alloc(
+        &agent,
+        "countdash",
+        |alloc| {
+            alloc["TaskStates"]["web"]["State"] == "running"
+                && alloc["TaskStates"]["connect-proxy-count-api"]["State"] == "running"
+        },
+        "the app and its sidecar run",
+    );
+    let id = stub["ID"].as_str().unwrap().to_string();
+    let pause = docker(&["ps", "-q", "--no-trunc", "--filter", &format!("name=nomad_init_{id}")]);
+    assert!(!pause.is_empty(), "the pause container runs\n{}", agent.log());
+    let sidecar = docker(&[
+        "ps",
+        "-q",
+        "--no-trunc",
+        "--filter",
+        &format!("label=com.hashicorp.nomad.alloc_id={id}"),
+        "--filter",
+        "label=com.hashicorp.nomad.task_name=connect-proxy-count-api",
+    ]);
+    let mode = docker(&["inspect", "--format", "{{.HostConfig.NetworkMode}}", &sidecar]);
+    assert_eq!(
+        mode,
+        format!("container:{pause}"),
+        "the sidecar joins the group's network"
+    );
+
+    let reached = wait_for(Duration::from_secs(30), || {
+        let out = logs(&agent, &id, "connect-proxy-count-api", "stdout");
+        out.contains("local service reached").then_some(out)
+    })
+    .unwrap_or_else(|| panic!("the proxy reaches the app on 127.0.0.1:9001\n{}", agent.log()));
+    assert!(reached.contains("consul grpc socket present"), "{reached}");
+    assert!(
+        reached.contains("envoy -c /secrets/envoy_bootstrap.json -l info --concurrency 1 --disable-hot-restart"),
+        "{reached}"
+    );
+    let calls = std::fs::read_to_string(root.path().join("calls.log")).unwrap();
+    assert!(
+        calls.contains("-grpc-addr unix://alloc/tmp/consul_grpc.sock") && calls.contains("-admin-bind localhost:19000"),
+        "{calls}"
+    );
+    let parent = {
+        let services = consul.services.lock().unwrap();
+        services
+            .values()
+            .find(|service| service["Service"] == "count-api")
+            .cloned()
+            .expect("the service is registered")
+    };
+    let proxy = &parent["Connect"]["SidecarService"]["Proxy"];
+    assert_eq!(
+        (
+            proxy["LocalServiceAddress"].as_str(),
+            proxy["LocalServicePort"].as_u64()
+        ),
+        (Some("127.0.0.1"), Some(9001)),
+        "{parent:#}"
+    );
+
+    let alloc = get_json(agent.spec.http, &format!("/v1/allocation/{id}")).unwrap();
+    let proxy_port = alloc["AllocatedResources"]["Shared"]["Ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|port| port["Label"] == "connect-proxy-count-api")
+        .unwrap_or_else(|| panic!("the proxy's port: {alloc:#}"))
+        .clone();
+    let (host, port) = (
+        proxy_port["HostIP"].as_str().unwrap().to_string(),
+        proxy_port["Value"].as_u64().unwrap() as u16,
+    );
+    let answer = wait_for(Duration::from_secs(30), || {
+        let mut stream = std::net::TcpStream::connect((host.as_str(), port)).ok()?;
+        write!(stream, "GET /index.html HTTP/1.0\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        answer.contains("proxied").then_some(answer)
+    });
+    assert!(answer.is_some(), "the proxy answers on {host}:{port}\n{}", agent.log());
+
+    let socket = agent
+        .spec
+        .data_dir
+        .join(format!("alloc/{id}/alloc/tmp/consul_grpc.sock"));
+    assert!(socket.exists(), "{}", socket.display());
+    stop_job(&agent, "countdash");
+    wait_for(Duration::from_secs(60), || containers_of(&id).is_empty().then_some(())).unwrap_or_else(|| {
+        panic!(
+            "no container of {id} is left: {:?}\n{}",
+            containers_of(&id),
+            agent.log()
+        )
+    });
+    wait_for(Duration::from_secs(30), || (!socket.exists()).then_some(()))
+        .unwrap_or_else(|| panic!("the socket is removed: {}", socket.display()));
+}

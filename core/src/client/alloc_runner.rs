@@ -10,6 +10,7 @@
 //! there instead of claiming again. Postrun unmounts locally first (no server needed) and then
 //! asks the servers to unpublish, each volume on its own.
 
+mod consul_socket;
 mod csi;
 mod network;
 
@@ -222,6 +223,11 @@ pub struct AllocRunner {
     network_requested: bool,
     /// The namespace's removal in flight (postrun).
     network_op: Option<OpId>,
+    /// The `consul_grpc_socket` hook asked for its socket in this prerun.
+    grpc_socket_requested: bool,
+    /// The socket's removal in flight (postrun), and whether it was done.
+    grpc_socket_op: Option<OpId>,
+    grpc_socket_closed: bool,
     /// The tasks without a prestart lifecycle were started (at once when there is no
     /// prestart task, else once every prestart task is ready).
     main_started: bool,
@@ -323,6 +329,9 @@ impl AllocRunner {
             alloc_dir_requested: false,
             network_requested: false,
             network_op: None,
+            grpc_socket_requested: false,
+            grpc_socket_op: None,
+            grpc_socket_closed: false,
             main_started: false,
             status: ClientStatus::Pending,
             actions: Vec::new(),
@@ -564,6 +573,15 @@ impl AllocRunner {
             self.prerun_outcome(now, outcome, ops);
             return true;
         }
+        if self.grpc_socket_op == Some(op) {
+            self.grpc_socket_op = None;
+            self.grpc_socket_closed = true;
+            if let Err(error) = outcome {
+                self.hook_event(AllocHook::ConsulGrpcSocket, "postrun", Err(error.to_string()));
+            }
+            self.advance_postrun(now, ops);
+            return true;
+        }
         if self.network_op == Some(op) {
             self.network_op = None;
             self.network_removed(outcome);
@@ -702,6 +720,7 @@ impl AllocRunner {
                 }
             }
             AllocHook::Network => self.network_prerun(ops),
+            AllocHook::ConsulGrpcSocket => self.grpc_socket_prerun(ops),
             AllocHook::Csi => self.csi_prerun(now, ops),
         }
     }
@@ -734,6 +753,7 @@ impl AllocRunner {
             },
             AllocHook::AwaitPrevious => PrerunVerdict::Advance,
             AllocHook::Network => self.network_outcome(outcome),
+            AllocHook::ConsulGrpcSocket => self.grpc_socket_outcome(outcome),
             AllocHook::Csi => self.csi_outcome(now, outcome),
         };
         match verdict {
@@ -928,6 +948,12 @@ impl AllocRunner {
                 }
                 AllocHook::Network => {
                     if !self.network_postrun(ops) {
+                        return;
+                    }
+                    self.hook_event(*hook, "postrun", Ok(()));
+                }
+                AllocHook::ConsulGrpcSocket => {
+                    if !self.grpc_socket_postrun(ops) {
                         return;
                     }
                     self.hook_event(*hook, "postrun", Ok(()));

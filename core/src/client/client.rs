@@ -1176,6 +1176,7 @@ fn alloc_registrations(runner: &AllocRunner, running_only: bool) -> Vec<TaskServ
         &runner.group_services(),
         resources,
         canary,
+        runner.has_own_network(),
     );
     runner
         .tasks()

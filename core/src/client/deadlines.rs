@@ -42,7 +42,9 @@ pub fn deadline(io: &Io) -> Option<Duration> {
         | Io::IsMountPoint { .. }
         | Io::ReadFile { .. }
         | Io::WriteFile { .. }
-        | Io::WriteBytes { .. } => Some(FS_TIMEOUT),
+        | Io::WriteBytes { .. }
+        | Io::ProxySocket { .. }
+        | Io::StopProxySocket { .. } => Some(FS_TIMEOUT),
         Io::StartTask(_) | Io::RunCommand { .. } | Io::CreateNetwork { .. } => Some(START_TIMEOUT),
         Io::DestroyTask { .. } | Io::DestroyNetwork { .. } => Some(DESTROY_TIMEOUT),
         Io::RenderTemplate(_) | Io::SignalTask { .. } => Some(FS_TIMEOUT),

@@ -1,7 +1,8 @@
 //! The hook order, written once as data (§2.2 and §2.4, for the hooks this project has), and
 //! what a hook hands back and persists.
 //!
-//! Alloc hooks, in order: `alloc_dir`, `await_previous_allocations`, `network`, `csi_hook`.
+//! Alloc hooks, in order: `alloc_dir`, `await_previous_allocations`, `network`,
+//! `consul_grpc_socket`, `csi_hook`.
 //! Task hooks, in order: `validate`, `task_dir`, `volumes`, `devices`, `csi_plugin_supervisor`
 //! (the last only for tasks with a `csi_plugin` stanza). Both Nomad 0.11 and today's Nomad
 //! keep this relative order.
@@ -22,6 +23,9 @@ pub enum AllocHook {
     AwaitPrevious,
     /// `network`: the shared network namespace of a bridge-mode group.
     Network,
+    /// `consul_grpc_socket`: Consul's gRPC API as a socket in the allocation directory, for a
+    /// Connect sidecar in a bridge-mode group.
+    ConsulGrpcSocket,
     Csi,
 }
 
@@ -31,6 +35,7 @@ impl AllocHook {
             AllocHook::AllocDir => "alloc_dir",
             AllocHook::AwaitPrevious => "await_previous_allocations",
             AllocHook::Network => "network",
+            AllocHook::ConsulGrpcSocket => "consul_grpc_socket",
             AllocHook::Csi => "csi_hook",
         }
     }
@@ -71,6 +76,16 @@ pub const ALLOC_HOOKS: &[(AllocHook, AllocPhases)] = &[
     ),
     (
         AllocHook::Network,
+        AllocPhases {
+            prerun: true,
+            postrun: true,
+            destroy: false,
+            shutdown: false,
+            update: false,
+        },
+    ),
+    (
+        AllocHook::ConsulGrpcSocket,
         AllocPhases {
             prerun: true,
             postrun: true,

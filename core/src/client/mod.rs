@@ -419,6 +419,17 @@ pub enum Io {
         alloc_id: String,
         network: AllocNetwork,
     },
+    /// Serves a unix socket at `path` (created, with its parent, replacing a stale one) that
+    /// forwards each connection to the TCP address `target`: how tasks in a network of their
+    /// own reach the host's Consul (Nomad's `consul_grpc_socket` hook). Replies `Unit`.
+    ProxySocket {
+        path: String,
+        target: String,
+    },
+    /// Stops serving the socket at `path` and removes it. Idempotent.
+    StopProxySocket {
+        path: String,
+    },
     /// Sends `signal` (a Linux signal number) to the running task (a template's
     /// `change_mode = "signal"`).
     SignalTask {

@@ -41,6 +41,9 @@ pub fn join(base: &str, rest: &str) -> String {
     format!("{base}/{rest}")
 }
 
+/// Consul's gRPC socket, relative to the allocation's shared directory (`/alloc` in a task).
+pub const CONSUL_GRPC_SOCKET: &str = "tmp/consul_grpc.sock";
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientPaths {
     pub state_dir: String,
@@ -66,6 +69,11 @@ impl ClientPaths {
     /// The directory every task of the allocation shares (`NOMAD_ALLOC_DIR`, `/alloc` inside).
     pub fn alloc_shared_dir(&self, alloc_id: &str) -> String {
         join(&self.alloc(alloc_id), "alloc")
+    }
+
+    /// Consul's gRPC API inside the allocation (`alloc/tmp/consul_grpc.sock`, as Nomad's).
+    pub fn consul_grpc_socket(&self, alloc_id: &str) -> String {
+        join(&self.alloc_shared_dir(alloc_id), CONSUL_GRPC_SOCKET)
     }
 
     pub fn task_dir(&self, alloc_id: &str, task: &str) -> String {

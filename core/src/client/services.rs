@@ -168,6 +168,7 @@ pub fn group_registrations(
     services: &[Service],
     ports: &AllocatedResources,
     canary: bool,
+    bridge: bool,
 ) -> Vec<TaskServiceRegistration> {
     services
         .iter()
@@ -176,10 +177,20 @@ pub fn group_registrations(
             registration.connect = service
                 .connect
                 .as_ref()
-                .map(|connect| connect_registration(service, connect, &registration, ports));
+                .map(|connect| connect_registration(service, connect, &registration, ports, bridge));
             registration
         })
         .collect()
+}
+
+/// The port a group service binds inside its allocation's own network: its label's `to`
+/// port (or the host port, unmapped), or the literal number Nomad's Connect jobs write
+/// (`port = "9001"`).
+fn port_inside(label: &str, ports: &AllocatedResources) -> u16 {
+    match ports.port("", label) {
+        Some(allocated) => u16::try_from(allocated.task_port()).unwrap_or(allocated.value),
+        None => label.parse().unwrap_or(0),
+    }
 }
 
 /// A port label (or literal number) as the host port and its address.
@@ -244,13 +255,15 @@ fn registration(
     }
 }
 
-/// Host networking: the proxy listens on its dynamic port and reaches the service at the
-/// service's own host address and port.
+/// The proxy listens on its dynamic port. Host networking: it reaches the service at the
+/// service's own host address and port; in the allocation's own network (`bridge`), on
+/// 127.0.0.1 at the port the service binds there, as Nomad registers it.
 fn connect_registration(
     service: &Service,
     connect: &crate::connect::ConsulConnect,
     parent: &TaskServiceRegistration,
     ports: &AllocatedResources,
+    bridge: bool,
 ) -> ConnectRegistration {
     let sidecar = connect.sidecar_service.as_ref().map(|sidecar| {
         let label = if sidecar.port.is_empty() {
@@ -267,7 +280,7 @@ fn connect_registration(
                 sidecar.tags.clone()
             },
             local_service_address: if proxy.local_service_address.is_empty() {
-                if parent.address.is_empty() {
+                if parent.address.is_empty() || bridge {
                     "127.0.0.1".to_string()
                 } else {
                     parent.address.clone()
@@ -275,10 +288,12 @@ fn connect_registration(
             } else {
                 proxy.local_service_address
             },
-            local_service_port: if proxy.local_service_port == 0 {
-                parent.port
-            } else {
+            local_service_port: if proxy.local_service_port != 0 {
                 proxy.local_service_port
+            } else if bridge {
+                port_inside(&service.port_label, ports)
+            } else {
+                parent.port
             },
             upstreams: proxy.upstreams,
             config: proxy.config,
@@ -469,7 +484,14 @@ mod tests {
         assert_eq!(tags(true, service(&["canary"])), ["canary"]);
         assert_eq!(tags(false, service(&["canary"])), ["v1"]);
         assert_eq!(tags(true, service(&[])), ["v1"], "no canary tags: its tags");
-        let group = group_registrations("a1", "g", &[service(&["canary"])], &AllocatedResources::default(), true);
+        let group = group_registrations(
+            "a1",
+            "g",
+            &[service(&["canary"])],
+            &AllocatedResources::default(),
+            true,
+            false,
+        );
         assert_eq!(group[0].tags, ["canary"]);
     }
 
@@ -536,7 +558,7 @@ mod tests {
             ports: vec![port("http", 9001), port("connect-proxy-count-api", 21000)],
             ..AllocatedResources::default()
         };
-        let registrations = group_registrations("a1", "api", &[service], &ports, false);
+        let registrations = group_registrations("a1", "api", core::slice::from_ref(&service), &ports, false, false);
         let [registration] = registrations.as_slice() else {
             panic!("{registrations:?}")
         };
@@ -561,6 +583,21 @@ mod tests {
             (sidecar.local_service_address.as_str(), sidecar.local_service_port),
             ("10.0.0.5", 9001)
         );
+        // In the allocation's own network the proxy reaches the service on its loopback, at
+        // the port it binds there: a label's `to`, or Nomad's literal `port = "9001"`.
+        let mut bridged = ports.clone();
+        bridged.ports[0].to = 8080;
+        let inside = |service: &Service, ports: &AllocatedResources| {
+            let registrations = group_registrations("a1", "api", core::slice::from_ref(service), ports, false, true);
+            let sidecar = registrations[0].connect.as_ref().unwrap().sidecar.clone().unwrap();
+            (sidecar.local_service_address, sidecar.local_service_port, sidecar.port)
+        };
+        assert_eq!(inside(&service, &bridged), ("127.0.0.1".to_string(), 8080, 21000));
+        let literal = Service {
+            port_label: "9001".into(),
+            ..service.clone()
+        };
+        assert_eq!(inside(&literal, &bridged), ("127.0.0.1".to_string(), 9001, 21000));
 
         // The sidecar Consul derived is ours while its parent is wanted; a lost one is
         // re-created by registering the parent again; once the parent goes, so does it.

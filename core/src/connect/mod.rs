@@ -4,9 +4,9 @@
 //! returns shows the task as Nomad's does.
 //!
 //! Nomad requires bridge networking for sidecars; Drover runs a sidecar group in host mode
-//! (the proxy's port is a dynamic host port; bridge mode, which Drover has for groups of
-//! containers, is refused with a Connect sidecar). The service identity tokens the proxies use
-//! are derived by the servers (`Node.DeriveSIToken`, 0.10.4–1.8 design).
+//! too (the proxy's port is a dynamic host port, the sidecar container on the host's
+//! network), or in bridge mode for a group of containers. The service identity tokens the
+//! proxies use are derived by the servers (`Node.DeriveSIToken`, 0.10.4–1.8 design).
 
 #[allow(unused_imports)]
 use crate::prelude::*;

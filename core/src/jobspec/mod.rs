@@ -148,7 +148,13 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
         .flat_map(crate::structs::NetworkResource::ports)
         .map(|port| port.label.clone())
         .collect();
-    errors.extend(validate_services(&group.services, &group_ports));
+    // In a network of its own a group service may name the port it binds there by number
+    // (Nomad's Connect jobs: `port = "9001"`).
+    let own_network = group
+        .networks
+        .first()
+        .is_some_and(|network| network.mode == crate::structs::NETWORK_MODE_BRIDGE);
+    errors.extend(validate_services(&group.services, &group_ports, own_network));
     errors.extend(crate::connect::validate_group(group));
     for (alias, request) in &group.volumes {
         for problem in validate_volume(job, group, request) {
@@ -221,6 +227,7 @@ fn validate_group(job: &Job, group: &TaskGroup, limits: &limits::JobLimits) -> V
         problems.extend(validate_services(
             &task.services,
             &crate::structs::port_labels(group, task),
+            false,
         ));
         if let Some(lifecycle) = &task.lifecycle
             && let Err(problem) = lifecycle.validate()
@@ -279,8 +286,9 @@ pub const SCRIPT_CHECKS_REFUSED: &str = "script checks are not supported by Drov
 
 /// Nomad's `validateServices`: each service valid, no name twice on one port, no check name
 /// twice in a service, and every port label one of `task_ports` (the group network's and the
-/// task's own) — or a literal port number with `address_mode = "driver"`.
-fn validate_services(services: &[Service], task_ports: &BTreeSet<String>) -> Vec<String> {
+/// task's own) — or a literal port number with `address_mode = "driver"`, or in a group's own
+/// network (`numbers_inside`).
+fn validate_services(services: &[Service], task_ports: &BTreeSet<String>, numbers_inside: bool) -> Vec<String> {
     let mut errors = Vec::new();
     let mut known = BTreeSet::new();
     let mut ports: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
@@ -313,7 +321,7 @@ fn validate_services(services: &[Service], task_ports: &BTreeSet<String>) -> Vec
             }
         }
         if service.port_label.is_empty()
-            || (service.address_mode == "driver" && service.port_label.parse::<u16>().is_ok())
+            || ((service.address_mode == "driver" || numbers_inside) && service.port_label.parse::<u16>().is_ok())
         {
             continue;
         }
@@ -877,7 +885,7 @@ mod tests {
             ]
         );
 
-        // A network of its own: for a group of containers only, and not yet with Connect.
+        // A network of its own: for a group of containers only.
         let mut bridge = good.clone();
         bridge.task_groups[0].networks[0].mode = "bridge".into();
         bridge.task_groups[0].tasks[0].driver = "docker".into();
@@ -885,6 +893,23 @@ mod tests {
             .config
             .insert("image".into(), crate::structs::ConfigValue::String("busybox".into()));
         assert_eq!(validate(&bridge), Vec::<String>::new());
+        // There a group service may name the port it binds inside by number, as Nomad's
+        // Connect jobs do; on the host's network it may not.
+        let numbered = Service {
+            name: "count-api".into(),
+            port_label: "9001".into(),
+            ..Service::default()
+        };
+        bridge.task_groups[0].services.push(numbered.clone());
+        assert_eq!(validate(&bridge), Vec::<String>::new());
+        let mut hosted = good.clone();
+        hosted.task_groups[0].services.push(numbered);
+        assert_eq!(
+            validate(&hosted),
+            [format!(
+                "{prefix}port label \"9001\" referenced by services count-api does not exist"
+            )]
+        );
         let mut named = bridge.clone();
         named.task_groups[0].tasks[0]
             .config
@@ -897,27 +922,11 @@ mod tests {
             )]
         );
         bridge.task_groups[0].tasks[0].driver = "raw_exec".into();
-        bridge.task_groups[0].services.push(Service {
-            name: "web".into(),
-            port_label: "http".into(),
-            connect: Some(crate::connect::ConsulConnect {
-                sidecar_service: Some(Default::default()),
-                ..Default::default()
-            }),
-            ..Service::default()
-        });
         let errors = validate(&bridge);
         assert!(
             errors.contains(&format!(
                 "{prefix}network mode \"bridge\" needs every task of the group to run in a container: task \
                  \"t\" uses driver \"raw_exec\""
-            )),
-            "{errors:?}"
-        );
-        assert!(
-            errors.contains(&format!(
-                "{prefix}network mode \"bridge\" is not supported with a Consul Connect sidecar (service \
-                 \"web\"): Drover runs Connect groups in host mode"
             )),
             "{errors:?}"
         );

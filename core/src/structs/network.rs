@@ -132,8 +132,7 @@ fn range_text((low, high): (u16, u16)) -> String {
 }
 
 /// Why a group cannot have a network of its own (`mode = "bridge"`): Drover makes one only
-/// for containers (a pause container the group's `docker` tasks join), and not yet with a
-/// Connect sidecar (whose Envoy reaches Consul and its service through the host).
+/// for containers (a pause container the group's `docker` tasks join).
 fn bridge_refusals(group: &TaskGroup) -> Vec<String> {
     let mut errors: Vec<String> = group
         .tasks
@@ -164,17 +163,6 @@ fn bridge_refusals(group: &TaskGroup) -> Vec<String> {
                 ));
             }
         }
-    }
-    if let Some(service) = group
-        .services
-        .iter()
-        .find(|service| service.connect.as_ref().is_some_and(|connect| connect.has_sidecar()))
-    {
-        errors.push(format!(
-            "network mode \"bridge\" is not supported with a Consul Connect sidecar (service {:?}): \
-             Drover runs Connect groups in host mode",
-            service.name
-        ));
     }
     errors
 }

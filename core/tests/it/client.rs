@@ -61,7 +61,11 @@ impl World {
                 Reply::Unit
             }
             Io::RecoverTask { .. } => return Err(IoError::other("gone")),
-            Io::DestroyTask { .. } | Io::SignalTask { .. } | Io::DestroyNetwork { .. } => Reply::Unit,
+            Io::DestroyTask { .. }
+            | Io::SignalTask { .. }
+            | Io::DestroyNetwork { .. }
+            | Io::ProxySocket { .. }
+            | Io::StopProxySocket { .. } => Reply::Unit,
             Io::CreateNetwork { alloc_id, driver, .. } => Reply::Network(drover_core::client::AllocNetwork {
                 driver: driver.clone(),
                 id: format!("pause-{alloc_id}"),
@@ -389,6 +393,7 @@ fn plugin_then_consumer_then_release() {
             "a1 alloc_dir prerun",
             "a1 await_previous_allocations prerun",
             "a1 network prerun",
+            "a1 consul_grpc_socket prerun",
             "a1 csi_hook prerun"
         ]
     );

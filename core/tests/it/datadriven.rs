@@ -466,7 +466,7 @@ mod client_harness {
                 host_ip: "10.0.0.5".into(),
             });
         }
-        if !group.services.is_empty() {
+        if !group.services.is_empty() && resources.ports.is_empty() {
             resources.ports.push(drover_core::structs::AllocatedPort {
                 label: "http".into(),
                 value: 9001,
@@ -806,6 +806,8 @@ mod client_harness {
                 format!("create-network {alloc_id} driver={driver} ports=[{}]", ports.join(" "))
             }
             Io::DestroyNetwork { alloc_id, network } => format!("destroy-network {alloc_id} {}", network.id),
+            Io::ProxySocket { path, target } => format!("proxy-socket {path} -> {target}"),
+            Io::StopProxySocket { path } => format!("stop-proxy-socket {path}"),
             Io::PrepareDevices { picks } => format!("prepare-devices {picks:?}"),
         }
     }

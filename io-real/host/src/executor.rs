@@ -35,6 +35,8 @@ pub struct HostExecutor {
     pub alloc_root: PathBuf,
     /// Its `alloc exec` sessions (one set per client).
     pub exec: ExecSessions,
+    /// The unix sockets it serves into allocations (Consul's gRPC API for bridge-mode groups).
+    pub proxies: crate::socket_proxy::SocketProxies,
 }
 
 /// Runs a helper (the `consul` CLI for Envoy bootstraps) to completion; killed if the core's
@@ -92,6 +94,7 @@ impl ClientExecutor for HostExecutor {
         let drivers = self.drivers.clone();
         let devices = self.devices.clone();
         let alloc_root = self.alloc_root.clone();
+        let proxies = self.proxies.clone();
         Box::pin(async move {
             let driver = |name: &str| {
                 drivers
@@ -160,6 +163,11 @@ impl ClientExecutor for HostExecutor {
                 } => Ok(Reply::Network(driver(&name)?.create_network(alloc_id, ports).await?)),
                 Io::DestroyNetwork { alloc_id, network } => {
                     driver(&network.driver)?.destroy_network(alloc_id, network).await?;
+                    Ok(Reply::Unit)
+                }
+                Io::ProxySocket { path, target } => proxies.start(&alloc_root, &path, &target).map(|()| Reply::Unit),
+                Io::StopProxySocket { path } => {
+                    proxies.stop(&path);
                     Ok(Reply::Unit)
                 }
                 Io::PrepareDevices { picks } => devices.prepare(&picks).map(Reply::Reserved),
@@ -676,6 +684,7 @@ mod confined_tests {
             devices: DeviceManager::default(),
             alloc_root: alloc_root.to_path_buf(),
             exec: ExecSessions::default(),
+            proxies: Default::default(),
         }
     }
 

@@ -22,6 +22,7 @@ pub mod limits;
 pub mod memory;
 pub mod net;
 pub mod nsexec;
+pub mod socket_proxy;
 pub mod sockets;
 pub mod tls;
 

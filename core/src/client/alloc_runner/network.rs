@@ -9,6 +9,11 @@ use super::*;
 use crate::client::{AllocNetwork, Reply};
 
 impl AllocRunner {
+    /// Whether the group has a network of its own (`mode = "bridge"`).
+    pub fn has_own_network(&self) -> bool {
+        self.bridge()
+    }
+
     /// Whether the group asks for a namespace of its own.
     fn bridge(&self) -> bool {
         self.spec

@@ -9,10 +9,12 @@
 //! failure is recoverable (the restart policy decides). The task's environment gains
 //! `NOMAD_ENVOY_ADMIN_ADDR_<service>`.
 //!
-//! Host networking (a Connect group in bridge mode is refused at registration): `-grpc-addr` is Consul's gRPC address
-//! (`consul { grpc_address }`) rather than the alloc's proxied socket, and the admin API binds
-//! `127.0.0.2:<the service's port>` (unique per allocation on a host, as later Nomad does in
-//! host mode), where bridge mode's `localhost:19000 + task index` would collide.
+//! Host networking: `-grpc-addr` is Consul's gRPC address (`consul { grpc_address }`), and
+//! the admin API binds `127.0.0.2:<the service's port>` (unique per allocation on a host, as
+//! later Nomad does in host mode), where bridge mode's `localhost:19000 + index` would
+//! collide. In the allocation's own network (bridge mode), as Nomad: `-grpc-addr
+//! unix://alloc/tmp/consul_grpc.sock` (the `consul_grpc_socket` hook's) and `localhost:19000 +
+//! the service's index`.
 
 use super::*;
 use core::time::Duration;
@@ -83,8 +85,40 @@ impl TaskRunner {
         self.spec.group.services.iter().find(|service| service.name == name)
     }
 
-    /// `127.0.0.2:<service port>` (see the module doc).
+    /// Whether the group has a network of its own (bridge mode).
+    fn own_network(&self) -> bool {
+        self.spec
+            .group
+            .networks
+            .first()
+            .is_some_and(|network| network.mode == crate::structs::NETWORK_MODE_BRIDGE)
+    }
+
+    /// Consul's gRPC address as Envoy reaches it: in the allocation's own network, through
+    /// the `consul_grpc_socket` hook's socket (a path relative to `/`, where `/alloc` is);
+    /// else Consul's own.
+    fn envoy_grpc_addr(&self) -> String {
+        if self.own_network() {
+            format!("unix://alloc/{}", paths::CONSUL_GRPC_SOCKET)
+        } else {
+            self.spec.consul.grpc_addr.clone()
+        }
+    }
+
+    /// `127.0.0.2:<service port>` on the host's network (see the module doc); in the
+    /// allocation's own, Nomad's `localhost:19000 + <the service's index>`, unique among the
+    /// group's sidecars sharing it.
     fn envoy_admin_bind(&self, service: &crate::structs::Service) -> String {
+        if self.own_network() {
+            let index = self
+                .spec
+                .group
+                .services
+                .iter()
+                .position(|other| other.name == service.name)
+                .unwrap_or(0);
+            return format!("localhost:{}", 19000 + index);
+        }
         let port = self
             .spec
             .env
@@ -116,11 +150,12 @@ impl TaskRunner {
     fn envoy_run(&mut self, index: usize, tries: u32, token: Option<String>, ops: &mut OpIds) {
         let service = self.proxied().cloned().expect("checked at prestart");
         let consul = &self.spec.consul;
+        let grpc_addr = self.envoy_grpc_addr();
         let mut args: Vec<String> = [
             "connect",
             "envoy",
             "-grpc-addr",
-            &consul.grpc_addr,
+            &grpc_addr,
             "-http-addr",
             &consul.http_addr,
             "-admin-bind",
