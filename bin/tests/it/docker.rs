@@ -1847,19 +1847,70 @@ fn a_connect_group_in_bridge_mode_runs_as_nomads_countdash_does() {
       }}
     }}
   }}
+  group "dashboard" {{
+    network {{
+      mode = "bridge"
+      port "http" {{
+        to = 9002
+      }}
+    }}
+    service {{
+      name = "count-dashboard"
+      port = "9002"
+      connect {{
+        sidecar_service {{
+          proxy {{
+            upstreams {{
+              destination_name = "count-api"
+              local_bind_port  = 8080
+            }}
+          }}
+        }}
+      }}
+    }}
+    task "dashboard" {{
+      driver = "docker"
+      env {{
+        COUNTING_SERVICE_URL = "http://${{NOMAD_UPSTREAM_ADDR_count_api}}"
+      }}
+      config {{
+        image   = "{IMAGE}"
+        command = "sh"
+        args    = ["-c", "echo URL=$COUNTING_SERVICE_URL; sleep 300"]
+      }}
+    }}
+  }}
 }}
 "#
     );
     run_job(&agent, root.path(), "countdash", &job);
-    let stub = wait_alloc(
-        &agent,
-        "countdash",
-        |alloc| {
-            alloc["TaskStates"]["web"]["State"] == "running"
-                && alloc["TaskStates"]["connect-proxy-count-api"]["State"] == "running"
-        },
-        "the app and its sidecar run",
+    let dashboard = wait_for(Duration::from_secs(60), || {
+        let allocs = get_json(agent.spec.http, "/v1/job/countdash/allocations")?;
+        let alloc = allocs
+            .as_array()?
+            .iter()
+            .find(|alloc| alloc["TaskGroup"] == "dashboard")?
+            .clone();
+        let id = alloc["ID"].as_str()?.to_string();
+        logs(&agent, &id, "dashboard", "stdout").contains("URL=").then_some(id)
+    })
+    .unwrap_or_else(|| panic!("the dashboard runs\n{}", agent.log()));
+    assert!(
+        logs(&agent, &dashboard, "dashboard", "stdout").contains("URL=http://127.0.0.1:8080"),
+        "the dashboard finds its upstream where Nomad's countdash reads it"
     );
+    let stub = wait_for(Duration::from_secs(60), || {
+        let allocs = get_json(agent.spec.http, "/v1/job/countdash/allocations")?;
+        let alloc = allocs
+            .as_array()?
+            .iter()
+            .find(|alloc| alloc["TaskGroup"] == "api")?
+            .clone();
+        (alloc["TaskStates"]["web"]["State"] == "running"
+            && alloc["TaskStates"]["connect-proxy-count-api"]["State"] == "running")
+            .then_some(alloc)
+    })
+    .unwrap_or_else(|| panic!("the app and its sidecar run\n{}", agent.log()));
     let id = stub["ID"].as_str().unwrap().to_string();
     let pause = docker(&["ps", "-q", "--no-trunc", "--filter", &format!("name=nomad_init_{id}")]);
     assert!(!pause.is_empty(), "the pause container runs\n{}", agent.log());
@@ -1939,13 +1990,18 @@ fn a_connect_group_in_bridge_mode_runs_as_nomads_countdash_does() {
         .join(format!("alloc/{id}/alloc/tmp/consul_grpc.sock"));
     assert!(socket.exists(), "{}", socket.display());
     stop_job(&agent, "countdash");
-    wait_for(Duration::from_secs(60), || containers_of(&id).is_empty().then_some(())).unwrap_or_else(|| {
-        panic!(
-            "no container of {id} is left: {:?}\n{}",
-            containers_of(&id),
-            agent.log()
-        )
-    });
+    for alloc in [&id, &dashboard] {
+        wait_for(Duration::from_secs(60), || {
+            containers_of(alloc).is_empty().then_some(())
+        })
+        .unwrap_or_else(|| {
+            panic!(
+                "no container of {alloc} is left: {:?}\n{}",
+                containers_of(alloc),
+                agent.log()
+            )
+        });
+    }
     wait_for(Duration::from_secs(30), || (!socket.exists()).then_some(()))
         .unwrap_or_else(|| panic!("the socket is removed: {}", socket.display()));
 }

@@ -279,6 +279,18 @@ impl AllocRunner {
                         task_env: task.env.clone(),
                         ports: spec.alloc.resources.ports.clone(),
                         task_ports: spec.alloc.resources.task_ports.clone(),
+                        upstreams: spec
+                            .group
+                            .services
+                            .iter()
+                            .filter_map(|service| service.connect.as_ref()?.sidecar_service.as_ref()?.proxy.as_ref())
+                            .flat_map(|proxy| {
+                                proxy
+                                    .upstreams
+                                    .iter()
+                                    .map(|upstream| (upstream.destination_name.clone(), upstream.local_bind_port))
+                            })
+                            .collect(),
                     },
                     node: spec.node.clone(),
                     alloc_id: spec.alloc.id.clone(),

@@ -98,6 +98,8 @@ pub struct TaskEnvSpec {
     pub ports: Vec<AllocatedPort>,
     /// Ports of tasks' own networks, by task (this one's and the others').
     pub task_ports: BTreeMap<String, Vec<AllocatedPort>>,
+    /// The Connect upstreams of the group's services: destination and local bind port.
+    pub upstreams: Vec<(String, u16)>,
 }
 
 /// A task's variables and its node, ready to interpolate with.
@@ -163,6 +165,15 @@ impl<'a> TaskEnv<'a> {
             ports::other_task(&mut env.vars, task, task_ports);
         }
         ports::shared(&mut env.vars, &spec.ports);
+        // Nomad's `SetUpstreams`: each upstream where its proxy listens, on the loopback.
+        for (destination, port) in &spec.upstreams {
+            let name = ports::clean_label(destination);
+            env.vars
+                .insert(format!("NOMAD_UPSTREAM_ADDR_{name}"), format!("127.0.0.1:{port}"));
+            env.vars
+                .insert(format!("NOMAD_UPSTREAM_IP_{name}"), "127.0.0.1".to_string());
+            env.vars.insert(format!("NOMAD_UPSTREAM_PORT_{name}"), port.to_string());
+        }
         // Nomad sets each meta key twice: as written and upper-cased.
         for (key, value) in &spec.meta {
             let value = env.interpolate(value);
@@ -322,6 +333,7 @@ mod tests {
             task_env: BTreeMap::new(),
             ports: Vec::new(),
             task_ports: BTreeMap::new(),
+            upstreams: Vec::new(),
         }
     }
 
@@ -392,6 +404,18 @@ mod tests {
         assert_eq!(env.vars()["GPU"], "task");
         assert_eq!(env.vars()["NOMAD_TASK_NAME"], "mine");
         assert_eq!(env.vars()["ENDPOINT"], "unix:///csi/csi.sock");
+    }
+
+    #[test]
+    fn connect_upstreams_are_where_their_proxy_listens_as_countdash_reads_them() {
+        let mut spec = spec();
+        spec.upstreams = vec![("count-api".into(), 8080)];
+        spec.task_env = map(&[("COUNTING_SERVICE_URL", "http://${NOMAD_UPSTREAM_ADDR_count_api}")]);
+        let node_env = node();
+        let env = TaskEnv::build(&spec, &node_env);
+        assert_eq!(env.vars()["COUNTING_SERVICE_URL"], "http://127.0.0.1:8080");
+        assert_eq!(env.vars()["NOMAD_UPSTREAM_IP_count_api"], "127.0.0.1");
+        assert_eq!(env.vars()["NOMAD_UPSTREAM_PORT_count_api"], "8080");
     }
 
     #[test]

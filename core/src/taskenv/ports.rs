@@ -73,6 +73,15 @@ const CLEANED_PREFIXES: [&str; 5] = [
     "NOMAD_META_",
 ];
 
+/// `label` with every character but letters, digits and `_` replaced by `_` (Nomad's
+/// `CleanEnvVar`).
+pub fn clean_label(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '_' { c } else { '_' })
+        .collect()
+}
+
 /// `name` with every character but letters, digits and `_` replaced by `_` when it has one of
 /// the cleaned prefixes (Nomad's `CleanEnvVar`).
 pub fn clean_name(name: &str) -> String {
