@@ -1475,7 +1475,7 @@ fn script_image(root: &std::path::Path, tag: &str, script: &str) {
         std::fs::create_dir_all(rootfs.join(dir)).unwrap();
     }
     std::fs::copy("/bin/busybox", rootfs.join("bin/busybox")).unwrap();
-    for applet in ["sh", "cat", "echo", "mkdir", "httpd", "sleep"] {
+    for applet in ["sh", "cat", "echo", "mkdir", "httpd", "sleep", "wget"] {
         std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet)).unwrap();
     }
     std::fs::write(rootfs.join("bin/entry"), script).unwrap();
@@ -1508,7 +1508,13 @@ fn script_image(root: &std::path::Path, tag: &str, script: &str) {
 /// given with `-c`, then serves one page on the proxy's port, as Envoy would listen there.
 fn fake_envoy_image(root: &std::path::Path) -> &'static str {
     const ENVOY_IMAGE: &str = "envoyproxy/envoy:v1.16.2";
-    let script = "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\nmkdir -p /tmp/www\n\
+    // One script for every test that runs it (tests run at once and share the tag): in a
+    // group's own network (Consul's socket there) it first reaches the local service.
+    let script = "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\n\
+                  if [ -S /alloc/tmp/consul_grpc.sock ]; then\n\
+                  echo 'consul grpc socket present'\n\
+                  until wget -qO- http://127.0.0.1:9001/passwd >/dev/null; do sleep 0.2; done\n\
+                  echo 'local service reached'\nfi\nmkdir -p /tmp/www\n\
                   echo proxied > /tmp/www/index.html\n\
                   exec httpd -f -p \"$NOMAD_PORT_connect_proxy_count_api\" -h /tmp/www\n";
     script_image(root, ENVOY_IMAGE, script);
@@ -1793,17 +1799,8 @@ fn a_connect_group_in_bridge_mode_runs_as_nomads_countdash_does() {
         "drover-pause:local",
         "#!/bin/sh\ntrap 'exit 0' TERM INT\nwhile :; do sleep 1 & wait $!; done\n",
     );
-    // This envoy checks what a real one needs: the bootstrap, Consul's socket, the local
-    // service on the namespace's loopback; then serves on the proxy's port.
-    script_image(
-        root.path(),
-        "envoyproxy/envoy:v1.16.2",
-        "#!/bin/sh\necho \"envoy $*\"\ncat \"$2\"\necho\n\
-         [ -S /alloc/tmp/consul_grpc.sock ] && echo 'consul grpc socket present'\n\
-         until wget -qO- http://127.0.0.1:9001/passwd >/dev/null; do sleep 0.2; done\n\
-         echo 'local service reached'\nmkdir -p /tmp/www\necho proxied > /tmp/www/index.html\n\
-         exec httpd -f -p \"$NOMAD_PORT_connect_proxy_count_api\" -h /tmp/www\n",
-    );
+    // The same stand-in as the host-mode test, which checks what a real Envoy needs here.
+    fake_envoy_image(root.path());
     let (consul, consul_port) = crate::connect::start_consul();
     let cli = root.path().join("consul");
     std::fs::write(
